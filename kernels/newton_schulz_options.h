@@ -1,0 +1,70 @@
+// Options of the Newton-Schulz orthogonalization and the per-iteration
+// coefficients it uses (the fixed quintic or Polar Express).
+//
+// NS normalizes X by max(margin * ||X||_F, eps), works on the wide
+// orientation (rows <= cols), and iterates X <- a X + (b A + c A^2) X with
+// A = X X^T. Gram NS computes the same polynomial on the small side (see
+// DESIGN.md). Plain values; thread-safe.
+#ifndef MUONPS_KERNELS_NEWTON_SCHULZ_OPTIONS_H_
+#define MUONPS_KERNELS_NEWTON_SCHULZ_OPTIONS_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace muonps {
+namespace kernels {
+
+enum class NsAlgorithm {
+  kNs5,   // dense iteration on the m x n matrix
+  kGram,  // iteration on the m x m Gram matrix, Q X0 at the end
+};
+
+// Parses "ns5" or "gram"; INVALID_ARGUMENT naming `ns_algorithm` otherwise.
+absl::StatusOr<NsAlgorithm> ParseNsAlgorithm(absl::string_view name);
+absl::string_view NsAlgorithmName(NsAlgorithm algorithm);
+
+struct NsCoefficients {
+  double a;
+  double b;
+  double c;
+};
+
+// torch.optim.Muon's defaults.
+inline constexpr NsCoefficients kQuinticCoefficients = {3.4445, -4.7750,
+                                                        2.0315};
+
+struct NewtonSchulzOptions {
+  NsAlgorithm algorithm = NsAlgorithm::kNs5;
+  int steps = 5;
+  // Used for every step unless `polar_express` is set.
+  NsCoefficients coefficients = kQuinticCoefficients;
+  // Per-iteration Polar Express coefficients (safety factor applied) instead
+  // of `coefficients`; normalization then divides by 1.02 ||X||_F, since
+  // those polynomials diverge for singular values just above 1.
+  bool polar_express = false;
+  double eps = 1e-7;
+  // Gram NS only: after these iterations (1-based, < steps) X is re-formed
+  // (X <- Q X0, R <- X X^T, Q <- I) to stop rounding drift in R. A restart
+  // also happens whenever R loses positive semi-definiteness visibly (a
+  // negative or non-finite diagonal entry).
+  std::vector<int> gram_restarts = {2};
+};
+
+// INVALID_ARGUMENT naming the field unless 1 <= steps <= 100, eps > 0 and
+// finite, coefficients finite, gram_restarts each in [1, steps).
+absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options);
+
+// Coefficients of iteration `step` (0-based).
+NsCoefficients CoefficientsForStep(const NewtonSchulzOptions& options,
+                                   int step);
+
+// Factor on ||X||_F in the normalization: 1.02 with Polar Express, else 1.
+double NormalizationMargin(const NewtonSchulzOptions& options);
+
+}  // namespace kernels
+}  // namespace muonps
+
+#endif  // MUONPS_KERNELS_NEWTON_SCHULZ_OPTIONS_H_
