@@ -40,8 +40,8 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (name == "fp32" || name == "float32") return DType::kFloat32;
   if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
   if (name == "fp16" || name == "float16") return DType::kFloat16;
-  return InvalidField("dtype", absl::StrCat(Quoted(name),
-                                            " is not one of fp32, bf16, fp16"));
+  return InvalidField(
+      "dtype", absl::StrCat(Quoted(name), " is not one of fp32, bf16, fp16"));
 }
 
 uint16_t FloatToBFloat16(float value) {
@@ -102,6 +102,7 @@ float HalfToFloat(uint16_t bits) {
 }
 
 void ToFloat(DType dtype, const void* src, size_t count, float* dst) {
+  if (count == 0) return;  // empty tensors may have null data
   switch (dtype) {
     case DType::kFloat32:
       std::memcpy(dst, src, count * sizeof(float));
@@ -120,6 +121,7 @@ void ToFloat(DType dtype, const void* src, size_t count, float* dst) {
 }
 
 void FromFloat(DType dtype, const float* src, size_t count, void* dst) {
+  if (count == 0) return;  // empty tensors may have null data
   switch (dtype) {
     case DType::kFloat32:
       std::memcpy(dst, src, count * sizeof(float));

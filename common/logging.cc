@@ -28,9 +28,9 @@ absl::Status SetUpLogging(const LoggingOptions& options) {
       sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(
           options.file, /*truncate=*/false));
     } catch (const spdlog::spdlog_ex& e) {
-      return FieldError(absl::StatusCode::kUnavailable, "file",
-                        absl::StrCat("cannot open ", Quoted(options.file),
-                                     ": ", e.what()));
+      return FieldError(
+          absl::StatusCode::kUnavailable, "file",
+          absl::StrCat("cannot open ", Quoted(options.file), ": ", e.what()));
     }
   }
   auto logger = std::make_shared<spdlog::logger>(options.component,

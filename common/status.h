@@ -8,10 +8,10 @@
 #define MUONPS_COMMON_STATUS_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace muonps {
 
@@ -45,8 +45,8 @@ std::string Quoted(absl::string_view name);
 #define MUONPS_STATUS_CONCAT_(a, b) MUONPS_STATUS_CONCAT_INNER_(a, b)
 
 // `lhs` = value of the absl::StatusOr `expr`, or returns its status.
-#define MUONPS_ASSIGN_OR_RETURN(lhs, expr)                                   \
-  MUONPS_ASSIGN_OR_RETURN_IMPL_(                                             \
+#define MUONPS_ASSIGN_OR_RETURN(lhs, expr) \
+  MUONPS_ASSIGN_OR_RETURN_IMPL_(           \
       MUONPS_STATUS_CONCAT_(muonps_statusor_, __LINE__), lhs, expr)
 #define MUONPS_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
   auto statusor = (expr);                                  \

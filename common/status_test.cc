@@ -11,9 +11,9 @@ TEST(FieldErrorTest, MessageNamesTheField) {
   const absl::Status status = InvalidField("shape[0]", "-3 is negative");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "shape[0]: -3 is negative");
-  EXPECT_EQ(FieldError(absl::StatusCode::kNotFound, "job", "\"a\" not found")
-                .code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      FieldError(absl::StatusCode::kNotFound, "job", "\"a\" not found").code(),
+      absl::StatusCode::kNotFound);
 }
 
 TEST(AnnotateTest, PrependsContextAndKeepsCodeAndPayload) {

@@ -1,5 +1,6 @@
 #include "common/tensor_view.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -22,24 +23,31 @@ absl::StatusOr<TensorView> TensorView::Create(
     void* data, DType dtype, absl::Span<const int64_t> shape,
     absl::Span<const int64_t> strides) {
   if (shape.size() > static_cast<size_t>(kMaxRank)) {
-    return InvalidField("shape", absl::StrCat("rank ", shape.size(),
-                                              " exceeds ", kMaxRank));
+    return InvalidField(
+        "shape", absl::StrCat("rank ", shape.size(), " exceeds ", kMaxRank));
   }
   if (!strides.empty() && strides.size() != shape.size()) {
     return InvalidField("strides",
                         absl::StrCat("has ", strides.size(),
                                      " entries but shape has ", shape.size()));
   }
+  // `span` is the product of the dimensions with zeros counted as one: the
+  // strides of a row-major layout reach it, so it must fit in int64 even
+  // when a zero dimension makes the tensor empty. It is bounded so that
+  // size_bytes() cannot overflow either.
+  constexpr int64_t kMaxSpan = std::numeric_limits<int64_t>::max() / 8;
   int64_t count = 1;
+  int64_t span = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
       return InvalidField(absl::StrCat("shape[", i, "]"),
                           absl::StrCat(shape[i], " is negative"));
     }
-    if (shape[i] != 0 &&
-        count > std::numeric_limits<int64_t>::max() / shape[i]) {
+    const int64_t dim = std::max<int64_t>(shape[i], 1);
+    if (span > kMaxSpan / dim) {
       return InvalidField("shape", "element count overflows int64");
     }
+    span *= dim;
     count *= shape[i];
     if (!strides.empty() && strides[i] < 0) {
       return InvalidField(absl::StrCat("strides[", i, "]"),
@@ -70,8 +78,7 @@ bool TensorView::is_contiguous() const {
 }
 
 std::string TensorView::DebugString() const {
-  return absl::StrCat(DTypeName(dtype_), "[", absl::StrJoin(shape_, ", "),
-                      "]");
+  return absl::StrCat(DTypeName(dtype_), "[", absl::StrJoin(shape_, ", "), "]");
 }
 
 }  // namespace muonps

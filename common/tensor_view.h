@@ -27,10 +27,9 @@ class TensorView {
   // kMaxRank, a dimension is negative, strides and shape differ in length,
   // a stride is negative, the element count overflows int64, or `data` is
   // null while the tensor has elements.
-  static absl::StatusOr<TensorView> Create(void* data, DType dtype,
-                                           absl::Span<const int64_t> shape,
-                                           absl::Span<const int64_t> strides =
-                                               {});
+  static absl::StatusOr<TensorView> Create(
+      void* data, DType dtype, absl::Span<const int64_t> shape,
+      absl::Span<const int64_t> strides = {});
 
   TensorView() = default;
 

@@ -81,9 +81,9 @@ std::string MatrixName(absl::Span<const std::string> names, int64_t i) {
 absl::Status ValidateStack(const MatrixStack& stack, absl::string_view field,
                            const MatrixStack* like) {
   if (stack.count <= 0 || stack.rows <= 0 || stack.cols <= 0) {
-    return InvalidField(field, absl::StrCat("shape [", stack.count, ", ",
-                                            stack.rows, ", ", stack.cols,
-                                            "]: every dimension must be > 0"));
+    return InvalidField(
+        field, absl::StrCat("shape [", stack.count, ", ", stack.rows, ", ",
+                            stack.cols, "]: every dimension must be > 0"));
   }
   if (stack.data == nullptr) return InvalidField(field, "data is null");
   if (like != nullptr &&
@@ -99,15 +99,16 @@ absl::Status ValidateStack(const MatrixStack& stack, absl::string_view field,
 
 absl::Status ValidateMuonStack(const MuonStack& stack) {
   MUONPS_RETURN_IF_ERROR(ValidateStack(stack.grad, "grad"));
-  MUONPS_RETURN_IF_ERROR(ValidateStack(stack.momentum, "momentum", &stack.grad));
+  MUONPS_RETURN_IF_ERROR(
+      ValidateStack(stack.momentum, "momentum", &stack.grad));
   MUONPS_RETURN_IF_ERROR(ValidateStack(stack.param, "param", &stack.grad));
   if (stack.names.size() != 1 &&
       stack.names.size() != static_cast<size_t>(stack.grad.count)) {
-    return InvalidField("names",
-                        absl::StrCat("has ", stack.names.size(),
-                                     " entries for ", stack.grad.count,
-                                     " matrices (give one per matrix, or one "
-                                     "for an expert stack)"));
+    return InvalidField(
+        "names", absl::StrCat("has ", stack.names.size(), " entries for ",
+                              stack.grad.count,
+                              " matrices (give one per matrix, or one "
+                              "for an expert stack)"));
   }
   if (stack.momentum.data == stack.param.data ||
       stack.momentum.data == stack.grad.data) {

@@ -112,8 +112,7 @@ TEST(ValidateMuonStackTest, RejectsBadShapesNamesAndAliasing) {
               HasSubstr("momentum"));
   bad = stack;
   bad.grad.rows = 0;
-  EXPECT_THAT(std::string(ValidateMuonStack(bad).message()),
-              HasSubstr("grad"));
+  EXPECT_THAT(std::string(ValidateMuonStack(bad).message()), HasSubstr("grad"));
 }
 
 TEST(MatrixNameTest, NamesExpertsOfASingleNameStack) {

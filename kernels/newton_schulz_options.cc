@@ -49,8 +49,8 @@ absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options) {
                         absl::StrCat(options.steps, " is not in [1, 100]"));
   }
   if (!(options.eps > 0) || !Finite(options.eps)) {
-    return InvalidField("eps", absl::StrCat(options.eps,
-                                            " must be positive and finite"));
+    return InvalidField(
+        "eps", absl::StrCat(options.eps, " must be positive and finite"));
   }
   const NsCoefficients& c = options.coefficients;
   if (!Finite(c.a) || !Finite(c.b) || !Finite(c.c)) {
@@ -59,9 +59,9 @@ absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options) {
   for (size_t i = 0; i < options.gram_restarts.size(); ++i) {
     const int restart = options.gram_restarts[i];
     if (restart < 1 || restart >= options.steps) {
-      return InvalidField(absl::StrCat("gram_restarts[", i, "]"),
-                          absl::StrCat(restart, " is not in [1, ",
-                                       options.steps, ")"));
+      return InvalidField(
+          absl::StrCat("gram_restarts[", i, "]"),
+          absl::StrCat(restart, " is not in [1, ", options.steps, ")"));
     }
   }
   return absl::OkStatus();

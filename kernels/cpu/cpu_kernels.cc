@@ -92,8 +92,8 @@ absl::Status CpuKernels::ApplyUpdate(const MatrixStack& param,
   MUONPS_RETURN_IF_ERROR(ValidateStack(param, "param"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &param));
   const float decay = static_cast<float>(1.0 - lr * weight_decay);
-  const float step = static_cast<float>(
-      -AdjustedLr(lr, adjustment, param.rows, param.cols));
+  const float step =
+      static_cast<float>(-AdjustedLr(lr, adjustment, param.rows, param.cols));
   const int64_t count = param.elements();
   for (int64_t i = 0; i < count; ++i) {
     param.data[i] = param.data[i] * decay + step * update.data[i];
@@ -109,9 +109,8 @@ absl::Status CpuKernels::MuonStep(const MuonStack& stack,
   update_.resize(stack.grad.elements());
   const MatrixStack update{update_.data(), stack.grad.count, stack.grad.rows,
                            stack.grad.cols};
-  MUONPS_RETURN_IF_ERROR(UpdateMomentum(stack.grad, stack.momentum,
-                                        hyper.momentum, hyper.nesterov,
-                                        update));
+  MUONPS_RETURN_IF_ERROR(UpdateMomentum(
+      stack.grad, stack.momentum, hyper.momentum, hyper.nesterov, update));
   MUONPS_RETURN_IF_ERROR(Orthogonalize(update, update, hyper.ns));
   return ApplyUpdate(stack.param, update, hyper.lr, hyper.weight_decay,
                      hyper.lr_adjustment);

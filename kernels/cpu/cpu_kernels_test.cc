@@ -39,8 +39,9 @@ TEST(UpdateMomentumTest, MatchesFp64TwinOverTenStepsWithAndWithoutNesterov) {
       reference::Matrix want_update(grad.size());
       for (size_t i = 0; i < grad.size(); ++i) {
         want_momentum[i] += 0.05 * (grad[i] - want_momentum[i]);
-        want_update[i] = nesterov ? grad[i] + 0.95 * (want_momentum[i] - grad[i])
-                                  : want_momentum[i];
+        want_update[i] = nesterov
+                             ? grad[i] + 0.95 * (want_momentum[i] - grad[i])
+                             : want_momentum[i];
       }
       EXPECT_LT(RelativeError(momentum, want_momentum), 1e-6);
       EXPECT_LT(RelativeError(update, want_update), 1e-6);
@@ -218,8 +219,8 @@ TEST(AdamWStepTest, MatchesFp64TwinOverTenSteps) {
   CpuKernels kernels;
   for (int step = 1; step <= 10; ++step) {
     const std::vector<float> grad = GaussianMatrix(1, 500, 50 + step);
-    const AdamWTensor tensor{"bias", param.data(), grad.data(), m.data(),
-                             v.data(), 500};
+    const AdamWTensor tensor{"bias",   param.data(), grad.data(),
+                             m.data(), v.data(),     500};
     ASSERT_TRUE(kernels.AdamWStep(tensor, hyper, step).ok());
     reference::AdamWStep(reference::Matrix(grad.begin(), grad.end()), hyper,
                          step, &want_m, &want_v, &want_param);
@@ -234,8 +235,8 @@ TEST(AdamWStepTest, RejectsNonFiniteGradientAndBadStepWithoutWriting) {
   std::vector<float> grad(10, 0.5f);
   grad[7] = std::numeric_limits<float>::quiet_NaN();
   CpuKernels kernels;
-  const AdamWTensor tensor{"ln.weight", param.data(), grad.data(), m.data(),
-                           v.data(), 10};
+  const AdamWTensor tensor{"ln.weight", param.data(), grad.data(),
+                           m.data(),    v.data(),     10};
   const absl::Status status = kernels.AdamWStep(tensor, {}, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("\"ln.weight\""));

@@ -78,8 +78,8 @@ void Polynomial(const NsCoefficients& k, const float* r, const float* r2,
 // y <- q x for m x m q and m x n x.
 void LeftMultiply(const float* q, const float* x, int64_t m, int64_t n,
                   float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, q, m,
-              x, n, 0.0f, y, n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, m, 1.0f, q, m, x,
+              n, 0.0f, y, n);
 }
 
 // R = X X^T has the squared row norms of X on its diagonal: a negative or
@@ -140,9 +140,9 @@ float* IterateGram(float* x0, int64_t m, int64_t n,
       std::swap(q, tmp);
     }
     if (step + 1 == options.steps) break;
-    bool restart = std::find(options.gram_restarts.begin(),
-                             options.gram_restarts.end(),
-                             step + 1) != options.gram_restarts.end();
+    bool restart =
+        std::find(options.gram_restarts.begin(), options.gram_restarts.end(),
+                  step + 1) != options.gram_restarts.end();
     if (!restart) {
       CommutingProduct(p, r, m, tmp);
       CommutingProduct(tmp, p, m, tmp2);

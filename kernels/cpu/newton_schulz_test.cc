@@ -55,15 +55,14 @@ bool AllFinite(const std::vector<float>& v) {
 }
 
 // Both orientations of several aspect ratios, including odd sizes.
-const Shape kShapes[] = {{64, 64},  {64, 256}, {256, 64},  {33, 97},
-                         {97, 33},  {32, 512}, {512, 32}, {128, 128}};
+const Shape kShapes[] = {{64, 64}, {64, 256}, {256, 64}, {33, 97},
+                         {97, 33}, {32, 512}, {512, 32}, {128, 128}};
 
 TEST(Ns5Test, Fp32MatchesFp64TwinWithin1e5OnGaussianInputs) {
   uint32_t seed = 1;
   for (const Shape& s : kShapes) {
     const std::vector<float> in = GaussianMatrix(s.rows, s.cols, seed++);
-    const double err =
-        RelativeError(RunNs(in, s, {}), Fp64Ns(in, s, {}));
+    const double err = RelativeError(RunNs(in, s, {}), Fp64Ns(in, s, {}));
     EXPECT_LT(err, 1e-5) << s.rows << "x" << s.cols;
   }
 }
@@ -86,7 +85,8 @@ TEST(GramNsTest, MatchesNs5Within1e4ForAspectRatios1And4And16) {
       for (const bool tall : {false, true}) {
         const Shape s = tall ? Shape{m * ratio, m} : Shape{m, m * ratio};
         const std::vector<float> in = GaussianMatrix(s.rows, s.cols, seed++);
-        const double err = RelativeError(RunNs(in, s, Gram()), RunNs(in, s, {}));
+        const double err =
+            RelativeError(RunNs(in, s, Gram()), RunNs(in, s, {}));
         EXPECT_LT(err, 1e-4) << s.rows << "x" << s.cols;
       }
     }
@@ -188,8 +188,8 @@ double OrthogonalityDefect(const std::vector<float>& o, Shape s) {
 
 TEST(PolarExpressTest, ConvergesWhereTheQuinticOscillates) {
   const Shape s{64, 256};
-  const std::vector<float> in = MatrixWithSpectrum(
-      s.rows, s.cols, GeometricSpectrum(64, 1.0, 1e-2), 21);
+  const std::vector<float> in =
+      MatrixWithSpectrum(s.rows, s.cols, GeometricSpectrum(64, 1.0, 1e-2), 21);
   NewtonSchulzOptions polar;
   polar.polar_express = true;
   const double quintic_defect = OrthogonalityDefect(RunNs(in, s, {}), s);

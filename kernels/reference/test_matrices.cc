@@ -42,9 +42,9 @@ std::vector<float> GaussianMatrix(int64_t rows, int64_t cols, uint32_t seed,
   return out;
 }
 
-std::vector<float> MatrixWithSpectrum(int64_t rows, int64_t cols,
-                                      const std::vector<double>& singular_values,
-                                      uint32_t seed) {
+std::vector<float> MatrixWithSpectrum(
+    int64_t rows, int64_t cols, const std::vector<double>& singular_values,
+    uint32_t seed) {
   std::mt19937 rng(seed);
   const int64_t k = static_cast<int64_t>(singular_values.size());
   const std::vector<double> u = OrthonormalColumns(rows, k, &rng);

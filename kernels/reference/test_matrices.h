@@ -17,9 +17,9 @@ std::vector<float> GaussianMatrix(int64_t rows, int64_t cols, uint32_t seed,
 
 // U diag(singular_values) V^T with random orthonormal U (rows x k) and
 // V (cols x k), k = singular_values.size() <= min(rows, cols).
-std::vector<float> MatrixWithSpectrum(int64_t rows, int64_t cols,
-                                      const std::vector<double>& singular_values,
-                                      uint32_t seed);
+std::vector<float> MatrixWithSpectrum(
+    int64_t rows, int64_t cols, const std::vector<double>& singular_values,
+    uint32_t seed);
 
 // `count` values spaced geometrically from `largest` down to `smallest`.
 std::vector<double> GeometricSpectrum(int count, double largest,
