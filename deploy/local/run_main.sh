@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The main job, for now: installs what is needed, builds muonps, and replays
+# PyTorch's golden optimizer trajectories (../shared/testdata) through the
+# CPU kernels with both Newton-Schulz algorithms. Exits non-zero on any miss.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bash deploy/setup.sh
+GOLDEN="${GOLDEN:-$(cd .. && pwd)/shared/testdata/torch_optim_golden}"
+bazel build //tools/golden_replay
+for algorithm in ns5 gram; do
+  echo "== golden replay, --algorithm $algorithm"
+  bazel-bin/tools/golden_replay/golden_replay --golden "$GOLDEN" \
+    --algorithm "$algorithm" --backend cpu
+done

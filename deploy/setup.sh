@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything muonps needs to build and test on Debian 12, from
+# Debian's packages only. Idempotent: packages already present are skipped,
+# so a second run costs a second. The CUDA toolkit is expected at
+# /usr/local/cuda (it ships with the machine image); no GPU is needed to build.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap          # Bazel 4.2.3
+  build-essential
+  clang-format
+  googletest libgtest-dev libgmock-dev
+  libabsl-dev
+  libcpp-httplib-dev       # Prometheus /metrics endpoints
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libopenblas-dev
+  libspdlog-dev
+  nlohmann-json3-dev
+  pkg-config
+  python3
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  [[ "$pkg" == \#* ]] && continue
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$pkg")
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "setup: warning: no CUDA toolkit at /usr/local/cuda; GPU targets will not build" >&2
+fi
+echo "setup: all packages present"

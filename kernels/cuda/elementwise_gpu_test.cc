@@ -1,0 +1,120 @@
+// Runs the CUDA elementwise kernels on a GPU and checks them against the CPU
+// backend bit for bit. Needs a GPU: tagged manual, run on the GPU machine
+// (see deploy/device/README.md).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/reference/test_matrices.h"
+
+namespace muonps {
+namespace kernels {
+namespace {
+
+// A device copy of a host vector, freed on destruction.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<float>& host) : size_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&data_, size_ * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data_, host.data(), size_ * sizeof(float),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(data_); }
+
+  float* get() const { return data_; }
+  std::vector<float> ToHost() const {
+    std::vector<float> host(size_);
+    EXPECT_EQ(cudaMemcpy(host.data(), data_, size_ * sizeof(float),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return host;
+  }
+
+ private:
+  float* data_ = nullptr;
+  size_t size_;
+};
+
+class ElementwiseGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int devices = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess)
+        << "this test needs a CUDA GPU";
+    ASSERT_GT(devices, 0);
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override { cudaStreamDestroy(stream_); }
+
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(ElementwiseGpuTest, MomentumAndApplyEqualTheCpuBackendBitForBit) {
+  const int64_t rows = 257, cols = 96, n = rows * cols;
+  const std::vector<float> grad = reference::GaussianMatrix(rows, cols, 1);
+  const std::vector<float> momentum0 = reference::GaussianMatrix(rows, cols, 2);
+  const std::vector<float> param0 = reference::GaussianMatrix(rows, cols, 3);
+  for (const bool nesterov : {true, false}) {
+    std::vector<float> cpu_grad = grad, cpu_momentum = momentum0;
+    std::vector<float> cpu_update(n), cpu_param = param0;
+    CpuKernels cpu;
+    ASSERT_TRUE(cpu.UpdateMomentum({cpu_grad.data(), 1, rows, cols},
+                                   {cpu_momentum.data(), 1, rows, cols}, 0.95,
+                                   nesterov, {cpu_update.data(), 1, rows, cols})
+                    .ok());
+    ASSERT_TRUE(cpu.ApplyUpdate({cpu_param.data(), 1, rows, cols},
+                                {cpu_update.data(), 1, rows, cols}, 0.02, 0.1,
+                                LrAdjustment::kOriginal)
+                    .ok());
+
+    DeviceBuffer d_grad(grad), d_momentum(momentum0), d_param(param0);
+    DeviceBuffer d_update(std::vector<float>(n));
+    ASSERT_EQ(LaunchMomentum(d_grad.get(), d_momentum.get(), d_update.get(), n,
+                             0.95, nesterov, stream_),
+              cudaSuccess);
+    const float decay = static_cast<float>(1.0 - 0.02 * 0.1);
+    const float step = static_cast<float>(
+        -AdjustedLr(0.02, LrAdjustment::kOriginal, rows, cols));
+    ASSERT_EQ(LaunchApplyUpdate(d_param.get(), d_update.get(), n, decay, step,
+                                stream_),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    EXPECT_EQ(d_momentum.ToHost(), cpu_momentum) << nesterov;
+    EXPECT_EQ(d_update.ToHost(), cpu_update) << nesterov;
+    EXPECT_EQ(d_param.ToHost(), cpu_param) << nesterov;
+  }
+}
+
+TEST_F(ElementwiseGpuTest, FindNonFiniteReportsTheFirstBadIndex) {
+  std::vector<float> data(1 << 20, 1.0f);
+  data[777777] = std::numeric_limits<float>::infinity();
+  data[900000] = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer d_data(data);
+  unsigned long long* d_first = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_first, sizeof(*d_first)), cudaSuccess);
+  const unsigned long long none = std::numeric_limits<int64_t>::max();
+  ASSERT_EQ(cudaMemcpy(d_first, &none, sizeof(none), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(LaunchFindNonFinite(d_data.get(), data.size(), d_first, stream_),
+            cudaSuccess);
+  unsigned long long first = 0;
+  ASSERT_EQ(cudaMemcpyAsync(&first, d_first, sizeof(first),
+                            cudaMemcpyDeviceToHost, stream_),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  cudaFree(d_first);
+  EXPECT_EQ(first, 777777u);
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace muonps

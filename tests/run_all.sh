@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Runs every check CI runs: formatting, all unit and integration tests, the
+# unit tests again under AddressSanitizer and UndefinedBehaviorSanitizer, a
+# build of the GPU-only targets, and the golden replays. Installs what it
+# needs first. Ends with "N passed, M failed" (GoogleTest cases plus golden
+# cases plus the format check) and exits non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/setup.sh || exit 1
+
+passed=0
+failed=0
+count() {  # count PASSED FAILED
+  passed=$((passed + $1))
+  failed=$((failed + $2))
+}
+
+echo "== clang-format"
+mapfile -t sources < <(git ls-files '*.h' '*.cc' '*.cu')
+if clang-format --dry-run --Werror "${sources[@]}"; then count 1 0; else count 0 1; fi
+
+# Sums the GoogleTest totals of every test.xml under a testlogs folder.
+gtest_totals() {
+  python3 - "$1" <<'PY'
+import pathlib, sys, xml.etree.ElementTree as ET
+tests = bad = 0
+for xml in pathlib.Path(sys.argv[1]).rglob("test.xml"):
+    root = ET.parse(xml).getroot()
+    suites = [root] if root.tag == "testsuite" else root.iter("testsuites")
+    for s in suites:
+        tests += int(s.get("tests", 0)) - int(s.get("disabled", 0))
+        bad += int(s.get("failures", 0)) + int(s.get("errors", 0))
+print(tests - bad, bad)
+PY
+}
+
+run_bazel_tests() {  # run_bazel_tests LABEL [bazel flags...]
+  local label="$1"
+  shift
+  echo "== bazel test //... $label"
+  local logs
+  logs="$(bazel info "$@" bazel-testlogs 2>/dev/null)"
+  rm -rf "$logs"
+  bazel test "$@" --test_summary=short //...
+  local rc=$?
+  if [[ $rc -ne 0 && $rc -ne 3 ]]; then
+    echo "bazel test $label: build failed (exit $rc)"
+    count 0 1
+    return
+  fi
+  # shellcheck disable=SC2046
+  count $(gtest_totals "$logs")
+}
+
+run_bazel_tests "(optimized)"
+run_bazel_tests "(asan)" --config=asan
+run_bazel_tests "(ubsan)" --config=ubsan
+
+echo "== build of GPU-only targets (compile and link; they run on the GPU machine)"
+if bazel build $(bazel query 'attr(tags, gpu, //...)' 2>/dev/null); then
+  count 1 0
+else
+  count 0 1
+fi
+
+echo "== golden replay"
+GOLDEN="$(cd .. && pwd)/shared/testdata/torch_optim_golden"
+for algorithm in ns5 gram; do
+  out="$(bazel-bin/tools/golden_replay/golden_replay --golden "$GOLDEN" \
+    --algorithm "$algorithm" 2>&1)"
+  echo "$out"
+  summary="$(echo "$out" | tail -n 1)"
+  if [[ "$summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+  else
+    count 0 1
+  fi
+done
+
+echo "${passed} passed, ${failed} failed"
+[[ $failed -eq 0 ]]
