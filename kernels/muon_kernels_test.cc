@@ -54,7 +54,7 @@ TEST(ValidateNewtonSchulzOptionsTest, RejectsEachBadFieldByName) {
   cases.push_back({"ns_coefficients", {}});
   cases.back().options.coefficients.b = nan;
   cases.push_back({"gram_restarts[1]", {}});
-  cases.back().options.gram_restarts = {2, 5};
+  cases.back().options.gram_restarts = {2, -1};
   cases.push_back({"gram_restarts[0]", {}});
   cases.back().options.gram_restarts = {0};
   for (const BadNsOptions& c : cases) {

@@ -46,7 +46,8 @@ struct NewtonSchulzOptions {
   // those polynomials diverge for singular values just above 1.
   bool polar_express = false;
   double eps = 1e-7;
-  // Gram NS only: after these iterations (1-based, < steps) X is re-formed
+  // Gram NS only: after these iterations (1-based; values >= steps have no
+  // effect, so the default suits any step count) X is re-formed
   // (X <- Q X0, R <- X X^T, Q <- I) to stop rounding drift in R. A restart
   // also happens whenever R loses positive semi-definiteness visibly (a
   // negative or non-finite diagonal entry).
@@ -54,7 +55,7 @@ struct NewtonSchulzOptions {
 };
 
 // INVALID_ARGUMENT naming the field unless 1 <= steps <= 100, eps > 0 and
-// finite, coefficients finite, gram_restarts each in [1, steps).
+// finite, coefficients finite, gram_restarts each >= 1.
 absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options);
 
 // Coefficients of iteration `step` (0-based).

@@ -15,9 +15,9 @@ double NsExecutedFlops(int64_t rows, int64_t cols,
                        const NewtonSchulzOptions& options) {
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
-  const double gram = m * m * n;        // X X^T, one triangle
-  const double left = 2 * m * m * n;    // Q X, dense
-  const double half_cube = m * m * m;   // an m x m product, one triangle
+  const double gram = m * m * n;       // X X^T, one triangle
+  const double left = 2 * m * m * n;   // Q X, dense
+  const double half_cube = m * m * m;  // an m x m product, one triangle
   if (options.algorithm == NsAlgorithm::kNs5) {
     return options.steps * (gram + half_cube + left);
   }
@@ -25,7 +25,7 @@ double NsExecutedFlops(int64_t rows, int64_t cols,
   double flops = gram;
   bool q_is_identity = true;
   for (int step = 0; step < options.steps; ++step) {
-    flops += half_cube;  // R^2
+    flops += half_cube;                      // R^2
     if (!q_is_identity) flops += half_cube;  // Q <- P Q
     q_is_identity = false;
     if (step + 1 == options.steps) break;

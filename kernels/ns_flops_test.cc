@@ -31,8 +31,7 @@ TEST(NsFlopsTest, GramWithoutRestartsSkipsTheRebuild) {
   gram.algorithm = NsAlgorithm::kGram;
   gram.gram_restarts = {};
   // G (alpha) + 5 R^2 + 4 Q updates + 4 R updates (2 each) + Q X0 (2 alpha).
-  EXPECT_DOUBLE_EQ(NsExecutedFlops(m, 4 * m, gram) / cube,
-                   3.0 * 4 + 5 + 4 + 8);
+  EXPECT_DOUBLE_EQ(NsExecutedFlops(m, 4 * m, gram) / cube, 3.0 * 4 + 5 + 4 + 8);
 }
 
 }  // namespace

@@ -40,9 +40,9 @@ double MedianSeconds(const std::function<void()>& run) {
   while (times.size() < 3 || total < budget) {
     const auto start = std::chrono::steady_clock::now();
     run();
-    const double t = std::chrono::duration<double>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
+    const double t =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     times.push_back(t);
     total += t;
   }
@@ -76,8 +76,8 @@ void Run() {
   const int threads = absl::GetFlag(FLAGS_threads);
   kernels::CpuKernels kernels(kernels::CpuKernelOptions{.threads = threads});
   const double sgemm = SgemmGflops(1024);
-  const Case cases[] = {{1, 256, 256}, {1, 256, 1024}, {1, 1024, 256},
-                        {8, 512, 2048}};
+  const Case cases[] = {
+      {1, 256, 256}, {1, 256, 1024}, {1, 1024, 256}, {8, 512, 2048}};
   for (const Case& c : cases) {
     std::vector<float> in =
         kernels::reference::GaussianMatrix(c.batch * c.rows, c.cols, 3);
@@ -88,8 +88,7 @@ void Run() {
       kernels::NewtonSchulzOptions options;
       options.algorithm = algorithm;
       const kernels::MatrixStack in_stack{in.data(), c.batch, c.rows, c.cols};
-      const kernels::MatrixStack out_stack{out.data(), c.batch, c.rows,
-                                           c.cols};
+      const kernels::MatrixStack out_stack{out.data(), c.batch, c.rows, c.cols};
       const double seconds = MedianSeconds(
           [&] { (void)kernels.Orthogonalize(in_stack, out_stack, options); });
       if (algorithm == kernels::NsAlgorithm::kNs5) ns5_seconds = seconds;

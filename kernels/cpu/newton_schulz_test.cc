@@ -114,7 +114,7 @@ TEST(GramNsTest, RestartScheduleDoesNotChangeTheResultBeyondRounding) {
   const reference::Matrix want = Fp64Ns(in, s, {});
   for (const std::vector<int>& restarts :
        {std::vector<int>{}, std::vector<int>{1}, std::vector<int>{2},
-        std::vector<int>{1, 2, 3, 4}}) {
+        std::vector<int>{1, 2, 3, 4}, std::vector<int>{5, 9}}) {
     NewtonSchulzOptions options = Gram();
     options.gram_restarts = restarts;
     EXPECT_LT(RelativeError(RunNs(in, s, options), want), 1e-4)

@@ -17,6 +17,10 @@ namespace muonps {
 namespace kernels {
 namespace {
 
+using cuda::LaunchApplyUpdate;
+using cuda::LaunchFindNonFinite;
+using cuda::LaunchMomentum;
+
 // A device copy of a host vector, freed on destruction.
 class DeviceBuffer {
  public:
@@ -77,7 +81,7 @@ TEST_F(ElementwiseGpuTest, MomentumAndApplyEqualTheCpuBackendBitForBit) {
                     .ok());
 
     DeviceBuffer d_grad(grad), d_momentum(momentum0), d_param(param0);
-    DeviceBuffer d_update(std::vector<float>(n));
+    DeviceBuffer d_update{std::vector<float>(n)};
     ASSERT_EQ(LaunchMomentum(d_grad.get(), d_momentum.get(), d_update.get(), n,
                              0.95, nesterov, stream_),
               cudaSuccess);

@@ -1,7 +1,9 @@
 #include "tools/golden_replay/golden_manifest.h"
 
+#include <cmath>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +43,30 @@ class Fields {
       return InvalidField(Path(key), "must be a number");
     }
     return value->get<double>();
+  }
+
+  // An integral number in [lo, hi].
+  absl::StatusOr<int64_t> Integer(absl::string_view key, int64_t lo,
+                                  int64_t hi) const {
+    const Json* value = Find(key);
+    if (value == nullptr || !value->is_number()) {
+      return InvalidField(Path(key), "must be an integer");
+    }
+    const double d = value->get<double>();
+    if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(hi)) ||
+        d != std::floor(d)) {
+      return InvalidField(Path(key), absl::StrCat(d, " is not an integer in [",
+                                                  lo, ", ", hi, "]"));
+    }
+    return static_cast<int64_t>(d);
+  }
+
+  // Re-roots a status from a validator ("field: what") at this object:
+  // "<path>.field: what".
+  absl::Status Nest(const absl::Status& status) const {
+    if (status.ok()) return status;
+    return absl::Status(status.code(),
+                        absl::StrCat(path_, ".", status.message()));
   }
 
   absl::StatusOr<bool> Bool(absl::string_view key) const {
@@ -87,9 +113,9 @@ class Fields {
 };
 
 absl::Status ParseMuonHyper(const Fields& h, kernels::MuonHyperparameters* m) {
-  MUONPS_RETURN_IF_ERROR(h.OnlyKeys({"lr", "weight_decay", "momentum",
-                                     "nesterov", "ns_steps", "adjust_lr_fn",
-                                     "ns_coefficients", "eps"}));
+  MUONPS_RETURN_IF_ERROR(
+      h.OnlyKeys({"lr", "weight_decay", "momentum", "nesterov", "ns_steps",
+                  "adjust_lr_fn", "ns_coefficients", "eps"}));
   MUONPS_ASSIGN_OR_RETURN(m->lr, h.Number("lr"));
   if (h.Has("weight_decay")) {
     MUONPS_ASSIGN_OR_RETURN(m->weight_decay, h.Number("weight_decay"));
@@ -101,7 +127,7 @@ absl::Status ParseMuonHyper(const Fields& h, kernels::MuonHyperparameters* m) {
     MUONPS_ASSIGN_OR_RETURN(m->nesterov, h.Bool("nesterov"));
   }
   if (h.Has("ns_steps")) {
-    MUONPS_ASSIGN_OR_RETURN(const double steps, h.Number("ns_steps"));
+    MUONPS_ASSIGN_OR_RETURN(const int64_t steps, h.Integer("ns_steps", 1, 100));
     m->ns.steps = static_cast<int>(steps);
   }
   if (h.Has("eps")) {
@@ -117,10 +143,11 @@ absl::Status ParseMuonHyper(const Fields& h, kernels::MuonHyperparameters* m) {
   }
   if (h.Has("adjust_lr_fn")) {
     MUONPS_ASSIGN_OR_RETURN(const std::string fn, h.String("adjust_lr_fn"));
-    MUONPS_ASSIGN_OR_RETURN(m->lr_adjustment,
-                            kernels::ParseLrAdjustment(fn));
+    auto adjustment = kernels::ParseLrAdjustment(fn);
+    if (!adjustment.ok()) return h.Nest(adjustment.status());
+    m->lr_adjustment = *adjustment;
   }
-  return Annotate(kernels::ValidateMuonHyperparameters(*m), h.Path("hyper"));
+  return h.Nest(kernels::ValidateMuonHyperparameters(*m));
 }
 
 absl::Status ParseAdamWHyper(const Fields& h,
@@ -145,7 +172,7 @@ absl::Status ParseAdamWHyper(const Fields& h,
     MUONPS_ASSIGN_OR_RETURN(const bool on, h.Bool(flag));
     if (on) return InvalidField(h.Path(flag), "true is not supported");
   }
-  return kernels::ValidateAdamWHyperparameters(*a);
+  return h.Nest(kernels::ValidateAdamWHyperparameters(*a));
 }
 
 absl::Status ParseSteps(const Json& c, const std::string& path,
@@ -188,6 +215,15 @@ absl::StatusOr<GoldenCase> ParseCase(const Json& c, size_t index) {
     out.shape.push_back(static_cast<int64_t>(d));
   }
   if (out.shape.empty()) return InvalidField(f.Path("shape"), "is empty");
+  // Bounded so that element and byte counts stay far from int64 overflow.
+  constexpr int64_t kMaxElements = int64_t{1} << 31;
+  int64_t elements = 1;
+  for (int64_t d : out.shape) {
+    if (elements > kMaxElements / d) {
+      return InvalidField(f.Path("shape"), "holds more than 2^31 elements");
+    }
+    elements *= d;
+  }
   if (kind == "muon" || kind == "newton_schulz") {
     out.kind = kind == "muon" ? CaseKind::kMuon : CaseKind::kNewtonSchulz;
     if (out.shape.size() < 2 || out.shape.size() > 3) {
@@ -203,10 +239,13 @@ absl::StatusOr<GoldenCase> ParseCase(const Json& c, size_t index) {
                                      "newton_schulz"));
   }
   if (out.kind == CaseKind::kNewtonSchulz) {
+    MUONPS_RETURN_IF_ERROR(f.OnlyKeys({"kind", "name", "shape", "coefficients",
+                                       "ns_steps", "eps", "input", "output"}));
     MUONPS_ASSIGN_OR_RETURN(out.input, f.String("input"));
     MUONPS_ASSIGN_OR_RETURN(out.output, f.String("output"));
     if (f.Has("ns_steps")) {
-      MUONPS_ASSIGN_OR_RETURN(const double steps, f.Number("ns_steps"));
+      MUONPS_ASSIGN_OR_RETURN(const int64_t steps,
+                              f.Integer("ns_steps", 1, 100));
       out.ns.steps = static_cast<int>(steps);
     }
     if (f.Has("eps")) {
@@ -221,9 +260,11 @@ absl::StatusOr<GoldenCase> ParseCase(const Json& c, size_t index) {
       out.ns.coefficients = {k[0], k[1], k[2]};
     }
     MUONPS_RETURN_IF_ERROR(
-        Annotate(kernels::ValidateNewtonSchulzOptions(out.ns), path));
+        f.Nest(kernels::ValidateNewtonSchulzOptions(out.ns)));
     return out;
   }
+  MUONPS_RETURN_IF_ERROR(
+      f.OnlyKeys({"kind", "name", "shape", "hyper", "steps", "p0"}));
   MUONPS_ASSIGN_OR_RETURN(out.p0, f.String("p0"));
   auto hyper = c.find("hyper");
   if (hyper == c.end() || !hyper->is_object()) {
@@ -233,8 +274,7 @@ absl::StatusOr<GoldenCase> ParseCase(const Json& c, size_t index) {
   if (out.kind == CaseKind::kMuon) {
     MUONPS_RETURN_IF_ERROR(ParseMuonHyper(h, &out.muon));
   } else {
-    MUONPS_RETURN_IF_ERROR(
-        Annotate(ParseAdamWHyper(h, &out.adamw), f.Path("hyper")));
+    MUONPS_RETURN_IF_ERROR(ParseAdamWHyper(h, &out.adamw));
   }
   MUONPS_RETURN_IF_ERROR(
       ParseSteps(c, path, out.kind == CaseKind::kMuon, &out));
@@ -261,9 +301,7 @@ int64_t GoldenCase::elements() const {
   return n;
 }
 
-int64_t GoldenCase::batch() const {
-  return shape.size() == 3 ? shape[0] : 1;
-}
+int64_t GoldenCase::batch() const { return shape.size() == 3 ? shape[0] : 1; }
 int64_t GoldenCase::rows() const { return shape[shape.size() - 2]; }
 int64_t GoldenCase::cols() const { return shape.back(); }
 
@@ -290,8 +328,13 @@ absl::StatusOr<GoldenManifest> LoadGoldenManifest(const std::string& dir) {
   if (cases == root.end() || !cases->is_array() || cases->empty()) {
     return InvalidField("cases", "must be a non-empty array");
   }
+  std::set<std::string> names;
   for (size_t i = 0; i < cases->size(); ++i) {
     MUONPS_ASSIGN_OR_RETURN(GoldenCase c, ParseCase((*cases)[i], i));
+    if (!names.insert(c.name).second) {
+      return InvalidField(absl::StrCat("cases[", i, "].name"),
+                          absl::StrCat(Quoted(c.name), " appears twice"));
+    }
     manifest.cases.push_back(std::move(c));
   }
   return manifest;
@@ -305,6 +348,10 @@ absl::StatusOr<std::vector<float>> ReadTensor(const std::string& dir,
     return InvalidField("file", absl::StrCat(Quoted(file),
                                              " must be a plain file name "
                                              "inside the golden folder"));
+  }
+  if (elements < 0 || elements > (int64_t{1} << 31)) {
+    return InvalidField("elements",
+                        absl::StrCat(elements, " is not in [0, 2^31]"));
   }
   const std::string path = dir + "/" + file;
   std::ifstream in(path, std::ios::binary | std::ios::ate);
@@ -322,8 +369,7 @@ absl::StatusOr<std::vector<float>> ReadTensor(const std::string& dir,
   in.seekg(0);
   in.read(reinterpret_cast<char*>(data.data()), bytes);
   if (!in) {
-    return FieldError(absl::StatusCode::kDataLoss, Quoted(path),
-                      "short read");
+    return FieldError(absl::StatusCode::kDataLoss, Quoted(path), "short read");
   }
   return data;
 }

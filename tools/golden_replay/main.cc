@@ -50,9 +50,9 @@ int Run() {
     const absl::StatusOr<golden::CaseResult> result =
         golden::ReplayCase(*manifest, c, *algorithm, &kernels);
     if (result.ok()) {
-      std::printf("%s\n", golden::ResultJson(*result,
-                                             kernels::NsAlgorithmName(*algorithm),
-                                             kernels.backend_name())
+      std::printf("%s\n", golden::ResultJson(
+                              *result, kernels::NsAlgorithmName(*algorithm),
+                              kernels.backend_name())
                               .c_str());
       ++(result->ok ? passed : failed);
       continue;
