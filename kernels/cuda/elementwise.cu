@@ -37,7 +37,8 @@ __global__ void ApplyKernel(float* param, const float* update, int64_t count,
                             float decay, float step) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    param[i] = __fadd_rn(__fmul_rn(param[i], decay), __fmul_rn(step, update[i]));
+    param[i] =
+        __fadd_rn(__fmul_rn(param[i], decay), __fmul_rn(step, update[i]));
   }
 }
 
