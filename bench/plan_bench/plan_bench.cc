@@ -1,0 +1,122 @@
+// bench/plan_bench: plans real and synthetic models and prints one JSON line
+// per case: plan_ms, the plan's predicted max over the lower bound, and the
+// same ratio for FLOP-LPT (DMuon) and size-sorted round-robin
+// (KellerJordan/Muon, DeepSpeed ZeRO-3) evaluated with the same cost model
+// in the same process. The re-plan case adds moved_bytes_fraction: momentum
+// bytes moved over the bytes the lost worker owned.
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/plan_bench/model_shapes.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/planner.h"
+
+namespace muonps {
+namespace {
+
+using scheduler::OwnershipPlan;
+using scheduler::PlanInput;
+
+std::vector<scheduler::WorkerSpec> Workers(int count, int64_t memory_bytes,
+                                           bool half_slow = false) {
+  std::vector<scheduler::WorkerSpec> out(count);
+  for (int i = 0; i < count; ++i) {
+    out[i].id = absl::StrCat("worker-", i);
+    out[i].memory_bytes = memory_bytes;
+    if (half_slow && i % 2 == 1) out[i].speed = 0.5;
+  }
+  return out;
+}
+
+double Ms(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// Plans `input` with muonps and both peers; prints the case line and
+// returns muonps's plan.
+OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
+  const auto start = std::chrono::steady_clock::now();
+  const absl::StatusOr<OwnershipPlan> plan = scheduler::PlanOwnership(input);
+  const double plan_ms = Ms(start);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(),
+                 plan.status().ToString().c_str());
+    std::exit(1);
+  }
+  const OwnershipPlan lpt = *scheduler::PlanFlopLpt(input);
+  const OwnershipPlan rr = *scheduler::PlanRoundRobin(input);
+  int64_t items = 0;
+  for (const auto& m : input.matrices) items += m.experts;
+  nlohmann::ordered_json line;
+  line["what"] = "plan";
+  line["case"] = name;
+  line["matrices"] = items;
+  line["workers"] = input.workers.size();
+  line["plan_ms"] = plan_ms;
+  line["max_ms"] = plan->max_seconds * 1e3;
+  line["lower_bound_ms"] = plan->lower_bound * 1e3;
+  line["max_over_lower_bound"] = plan->max_seconds / plan->lower_bound;
+  line["imbalance"] = plan->imbalance;
+  line["flop_lpt_max_over_lower_bound"] = lpt.max_seconds / plan->lower_bound;
+  line["round_robin_max_over_lower_bound"] = rr.max_seconds / plan->lower_bound;
+  line["speedup_vs_flop_lpt"] = lpt.max_seconds / plan->max_seconds;
+  std::printf("%s\n", line.dump().c_str());
+  std::fflush(stdout);
+  return *plan;
+}
+
+void Run() {
+  constexpr int64_t kH200 = int64_t{140} << 30;
+  for (const int workers : {2, 8, 64}) {
+    RunCase(absl::StrCat("llama3_8b_w", workers),
+            {bench::Llama3_8B(), Workers(workers, kH200), {}});
+  }
+  for (const int workers : {64, 256}) {
+    RunCase(absl::StrCat("deepseek_v3_like_w", workers),
+            {bench::DeepSeekV3Like(), Workers(workers, kH200), {}});
+  }
+  RunCase("llama3_8b_w8_half_at_0.5x",
+          {bench::Llama3_8B(), Workers(8, kH200, true), {}});
+  RunCase("deepseek_v3_like_w64_half_at_0.5x",
+          {bench::DeepSeekV3Like(), Workers(64, kH200, true), {}});
+  RunCase("random_1e5_matrices_w1000",
+          {bench::RandomShapes(100000, 7), Workers(1000, kH200), {}});
+
+  // Re-plan after losing one of 64 workers.
+  const PlanInput before{bench::Llama3_8B(), Workers(64, kH200), {}};
+  const OwnershipPlan first = *scheduler::PlanOwnership(before);
+  PlanInput after = before;
+  const int lost = 17;
+  after.workers.erase(after.workers.begin() + lost);
+  const auto start = std::chrono::steady_clock::now();
+  const OwnershipPlan replanned = *scheduler::Replan(after, first);
+  const double replan_ms = Ms(start);
+  const OwnershipPlan fresh = *scheduler::PlanOwnership(after);
+  nlohmann::ordered_json line;
+  line["what"] = "replan";
+  line["case"] = "llama3_8b_w64_lose_1";
+  line["matrices"] = first.matrix_names.size();
+  line["workers"] = after.workers.size();
+  line["plan_ms"] = replan_ms;
+  line["max_over_lower_bound"] = replanned.max_seconds / replanned.lower_bound;
+  line["max_over_fresh_plan"] = replanned.max_seconds / fresh.max_seconds;
+  line["moved_bytes"] = replanned.moved_bytes;
+  line["lost_worker_bytes"] = first.worker_momentum_bytes[lost];
+  line["moved_bytes_fraction"] =
+      static_cast<double>(replanned.moved_bytes) /
+      static_cast<double>(first.worker_momentum_bytes[lost]);
+  std::printf("%s\n", line.dump().c_str());
+}
+
+}  // namespace
+}  // namespace muonps
+
+int main() {
+  muonps::Run();
+  return 0;
+}

@@ -1,0 +1,336 @@
+#include "scheduler/placement.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace scheduler {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Relative slack below which a change does not count as an improvement, so
+// rounding cannot make the search cycle.
+double Slack(double load) { return 1e-9 * load + 1e-15; }
+
+// Per worker class, a lazy min-heap of (load, worker): entries whose load
+// is no longer the worker's current load are stale and skipped.
+class LeastLoaded {
+ public:
+  explicit LeastLoaded(const Assignment& a)
+      : a_(a), heaps_(a.problem().num_classes()) {
+    for (int w = 0; w < a.problem().num_workers(); ++w) Push(w);
+  }
+
+  void Push(int w) {
+    heaps_[a_.problem().worker_class(w)].push({a_.load(w), w});
+  }
+
+  // The least loaded worker of class c with room for `item`, or -1.
+  int Find(int c, int item) {
+    Heap& heap = heaps_[c];
+    std::vector<Entry> skipped;
+    int found = -1;
+    while (!heap.empty()) {
+      const Entry top = heap.top();
+      if (top.first != a_.load(top.second)) {
+        heap.pop();
+        continue;
+      }
+      if (a_.Fits(top.second, item)) {
+        found = top.second;
+        break;
+      }
+      skipped.push_back(top);
+      heap.pop();
+    }
+    for (const Entry& e : skipped) heap.push(e);
+    return found;
+  }
+
+ private:
+  using Entry = std::pair<double, int>;
+  using Heap =
+      std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+  const Assignment& a_;
+  std::vector<Heap> heaps_;
+};
+
+// Up to this many workers, moves and swaps consider every worker as the
+// other side; above it, the least loaded per class (moves) or overall
+// (swaps), which keeps an iteration O(workers).
+constexpr int kExhaustiveWorkers = 128;
+
+// Move targets: every worker but `exclude` when there are few, else the
+// least loaded worker of each class other than `exclude`.
+std::vector<int> ClassMinima(const Assignment& a, int exclude) {
+  const Problem& p = a.problem();
+  if (p.num_workers() <= kExhaustiveWorkers) {
+    std::vector<int> all;
+    for (int w = 0; w < p.num_workers(); ++w) {
+      if (w != exclude) all.push_back(w);
+    }
+    return all;
+  }
+  std::vector<int> best(p.num_classes(), -1);
+  for (int w = 0; w < p.num_workers(); ++w) {
+    if (w == exclude) continue;
+    int& b = best[p.worker_class(w)];
+    if (b < 0 || a.load(w) < a.load(b)) b = w;
+  }
+  return best;
+}
+
+struct Change {
+  int item = -1;
+  int target = -1;
+  int swap_item = -1;  // >= 0 for a swap: this item goes to the max worker
+  double new_max = kInf;
+  int64_t bytes = 0;
+};
+
+// Whether `c` is preferable to `best` under the search's criterion.
+bool Better(const Change& c, const Change& best, bool fewest_bytes) {
+  if (best.item < 0) return true;
+  if (fewest_bytes && c.bytes != best.bytes) return c.bytes < best.bytes;
+  return c.new_max < best.new_max;
+}
+
+Change BestMove(const Assignment& a, int top, bool fewest_bytes) {
+  const Problem& p = a.problem();
+  const double limit = a.load(top) - Slack(a.load(top));
+  const std::vector<int> minima = ClassMinima(a, top);
+  Change best;
+  for (const int id : a.slots_on(top)) {
+    const int shape = a.slot(id).shape;
+    const int item = a.slot(id).newest;
+    const double without = a.LoadWithout(top, item);
+    auto consider = [&](int t) {
+      if (t < 0 || t == top || !a.Fits(t, item)) return;
+      const double with = a.LoadWith(t, item);
+      const Change c{item, t, -1, std::max(without, with),
+                     p.momentum_bytes(item)};
+      if (c.new_max < limit && Better(c, best, fewest_bytes)) best = c;
+    };
+    for (int t : minima) consider(t);
+    for (int t : a.holders(shape)) consider(t);
+  }
+  return best;
+}
+
+Change BestSwap(const Assignment& a, int top, bool fewest_bytes) {
+  const Problem& p = a.problem();
+  const double top_load = a.load(top);
+  const double limit = top_load - Slack(top_load);
+  // Partners: all workers when there are few, else the least loaded.
+  const int kPartners =
+      p.num_workers() <= kExhaustiveWorkers ? p.num_workers() : 8;
+  std::vector<int> partners;
+  for (int w = 0; w < p.num_workers(); ++w) {
+    if (w != top) partners.push_back(w);
+  }
+  const auto by_load = [&a](int x, int y) {
+    return a.load(x) != a.load(y) ? a.load(x) < a.load(y) : x < y;
+  };
+  if (static_cast<int>(partners.size()) > kPartners) {
+    std::partial_sort(partners.begin(), partners.begin() + kPartners,
+                      partners.end(), by_load);
+    partners.resize(kPartners);
+  }
+  Change best;
+  for (const int id_a : a.slots_on(top)) {
+    const int shape_a = a.slot(id_a).shape;
+    const int item_a = a.slot(id_a).newest;
+    const double top_without = a.LoadWithout(top, item_a);
+    for (int t : partners) {
+      const double t_with = a.LoadWith(t, item_a);
+      for (const int id_b : a.slots_on(t)) {
+        if (a.slot(id_b).shape == shape_a) continue;
+        const int item_b = a.slot(id_b).newest;
+        if (a.free_bytes(top) + p.owned_bytes(item_a) < p.owned_bytes(item_b) ||
+            a.free_bytes(t) + p.owned_bytes(item_b) < p.owned_bytes(item_a)) {
+          continue;
+        }
+        // Different shapes: each worker's two changes are independent.
+        const double new_top = top_without + a.LoadWith(top, item_b) - top_load;
+        const double new_t = t_with + a.LoadWithout(t, item_b) - a.load(t);
+        const Change c{item_a, t, item_b, std::max(new_top, new_t),
+                       p.momentum_bytes(item_a) + p.momentum_bytes(item_b)};
+        if (c.new_max < limit && Better(c, best, fewest_bytes)) best = c;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<int> LptOrder(const Problem& problem) {
+  std::vector<double> cost(problem.num_items());
+  for (int i = 0; i < problem.num_items(); ++i) {
+    cost[i] = problem.BestStandalone(i);
+  }
+  std::vector<int> order(problem.num_items());
+  for (int i = 0; i < problem.num_items(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&cost](int x, int y) {
+    return cost[x] != cost[y] ? cost[x] > cost[y] : x < y;
+  });
+  return order;
+}
+
+absl::Status PlaceGreedily(const std::vector<int>& order, Assignment* a) {
+  const Problem& p = a->problem();
+  LeastLoaded least(*a);
+  for (int item : order) {
+    if (a->owner(item) >= 0) continue;
+    int best = -1;
+    double best_finish = kInf;
+    auto consider = [&](int w) {
+      if (w < 0 || !a->Fits(w, item)) return;
+      const double finish = a->LoadWith(w, item);
+      if (finish < best_finish || (finish == best_finish && w < best)) {
+        best = w;
+        best_finish = finish;
+      }
+    };
+    for (int c = 0; c < p.num_classes(); ++c) consider(least.Find(c, item));
+    for (int w : a->holders(p.shape_of(item))) consider(w);
+    if (best < 0) {
+      int roomiest = 0;
+      for (int w = 1; w < p.num_workers(); ++w) {
+        if (a->free_bytes(w) > a->free_bytes(roomiest)) roomiest = w;
+      }
+      const ItemRef ref = p.item(item);
+      const MatrixSpec& m = p.input().matrices[ref.matrix];
+      return FieldError(
+          absl::StatusCode::kResourceExhausted,
+          absl::StrCat("matrix ", Quoted(m.name)),
+          absl::StrCat("expert ", ref.expert, " needs ", p.owned_bytes(item),
+                       " bytes and no worker has room: worker ",
+                       Quoted(p.input().workers[roomiest].id),
+                       " has the most free, ", a->free_bytes(roomiest),
+                       " bytes (short by ",
+                       p.owned_bytes(item) - a->free_bytes(roomiest), ")"));
+    }
+    a->Assign(item, best);
+    least.Push(best);
+  }
+  return absl::OkStatus();
+}
+
+int ImproveByLocalSearch(const SearchLimits& limits, Assignment* a) {
+  const Problem& p = a->problem();
+  int changes = 0;
+  while (changes < limits.max_improvements) {
+    const int top = a->MaxWorker();
+    if (a->load(top) <= limits.target) break;
+    // Within 1e-4 of the mean, moving work cannot lower the maximum by a
+    // margin worth the search (only batching changes the total).
+    if (a->load(top) <= (1 + 1e-4) * a->total_load() / p.num_workers()) break;
+    Change change = BestMove(*a, top, limits.fewest_bytes);
+    if (change.item < 0) change = BestSwap(*a, top, limits.fewest_bytes);
+    if (change.item < 0) break;
+    a->Unassign(change.item);
+    if (change.swap_item >= 0) {
+      a->Unassign(change.swap_item);
+      a->Assign(change.swap_item, top);
+    }
+    a->Assign(change.item, change.target);
+    ++changes;
+  }
+  return changes;
+}
+
+namespace {
+
+// Branch and bound over items in LPT order; workers that are still empty
+// and interchangeable (same class and capacity) are tried once.
+class ExactSearch {
+ public:
+  ExactSearch(const std::vector<int>& order, Assignment* a)
+      : order_(order), a_(a) {}
+
+  void Run(double incumbent) {
+    best_max_ = incumbent;
+    Visit(0, 0.0);
+  }
+  const std::vector<int>& best_owners() const { return best_owners_; }
+
+ private:
+  void Visit(size_t depth, double current_max) {
+    if (current_max >= best_max_ - Slack(best_max_)) return;
+    if (depth == order_.size()) {
+      best_max_ = current_max;
+      best_owners_.assign(order_.size(), -1);
+      for (size_t i = 0; i < order_.size(); ++i) {
+        best_owners_[i] = a_->owner(order_[i]);
+      }
+      return;
+    }
+    const Problem& p = a_->problem();
+    const int item = order_[depth];
+    for (int w = 0; w < p.num_workers(); ++w) {
+      if (!a_->Fits(w, item) || RedundantEmpty(w)) continue;
+      const double with = a_->LoadWith(w, item);
+      a_->Assign(item, w);
+      Visit(depth + 1, std::max(current_max, with));
+      a_->Unassign(item);
+    }
+  }
+
+  // An empty worker identical to an earlier empty one gives the same
+  // subtrees.
+  bool RedundantEmpty(int w) const {
+    if (!a_->slots_on(w).empty()) return false;
+    const Problem& p = a_->problem();
+    for (int v = 0; v < w; ++v) {
+      if (a_->slots_on(v).empty() && p.worker_class(v) == p.worker_class(w) &&
+          p.capacity(v) == p.capacity(w)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const std::vector<int>& order_;
+  Assignment* a_;
+  double best_max_ = kInf;
+  std::vector<int> best_owners_;
+};
+
+}  // namespace
+
+bool SolveExactly(int max_items, Assignment* a) {
+  const Problem& p = a->problem();
+  const int n = p.num_items();
+  if (n == 0 || n > max_items ||
+      std::pow(static_cast<double>(p.num_workers()), n) > 2e5) {
+    return false;
+  }
+  const std::vector<int> order = LptOrder(p);
+  std::vector<int> incumbent(n);
+  for (int i = 0; i < n; ++i) incumbent[i] = a->owner(i);
+  const double incumbent_max = a->MaxLoad();
+  for (int i = 0; i < n; ++i) a->Unassign(i);
+  ExactSearch search(order, a);
+  // Anything not strictly better than the incumbent keeps the incumbent.
+  search.Run(incumbent_max);
+  if (search.best_owners().empty()) {
+    for (int i = 0; i < n; ++i) a->Assign(i, incumbent[i]);
+  } else {
+    for (size_t k = 0; k < order.size(); ++k) {
+      a->Assign(order[k], search.best_owners()[k]);
+    }
+  }
+  return true;
+}
+
+}  // namespace scheduler
+}  // namespace muonps

@@ -1,0 +1,46 @@
+// Internal to the planner: the algorithms that change an Assignment —
+// greedy placement, local search by moves and swaps, and exact search for
+// tiny instances. Deterministic; not thread-safe.
+#ifndef MUONPS_SCHEDULER_PLACEMENT_H_
+#define MUONPS_SCHEDULER_PLACEMENT_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "scheduler/problem.h"
+
+namespace muonps {
+namespace scheduler {
+
+// Items by decreasing standalone cost on the fastest worker class (ties by
+// index): the longest-processing-time order.
+std::vector<int> LptOrder(const Problem& problem);
+
+// Places each unassigned item of `order`, in order, on the worker where it
+// finishes earliest (counting batching with the same shape there) among
+// those with room. RESOURCE_EXHAUSTED naming the matrix when none has room.
+absl::Status PlaceGreedily(const std::vector<int>& order, Assignment* a);
+
+struct SearchLimits {
+  int max_improvements = 20000;
+  // Stop as soon as the maximum load is at or below this (0: never).
+  double target = 0;
+  // Among improving moves prefer the one moving the fewest momentum bytes
+  // (stable re-planning) rather than the one lowering the maximum most.
+  bool fewest_bytes = false;
+};
+
+// Repeatedly moves one matrix off the most loaded worker, or swaps one of
+// its matrices with one of a lightly loaded worker's, while that lowers the
+// most loaded worker's load. Returns the number of changes made.
+int ImproveByLocalSearch(const SearchLimits& limits, Assignment* a);
+
+// When the instance is small (items <= max_items, workers^items <= 2e5),
+// replaces `a` by an assignment minimizing the maximum load, found by
+// branch and bound, and returns true; else returns false and leaves `a`.
+bool SolveExactly(int max_items, Assignment* a);
+
+}  // namespace scheduler
+}  // namespace muonps
+
+#endif  // MUONPS_SCHEDULER_PLACEMENT_H_

@@ -1,0 +1,119 @@
+// What the ownership planner reads and writes: matrices, workers, options,
+// and the resulting OwnershipPlan. Plain values; thread-compatible.
+#ifndef MUONPS_SCHEDULER_PLAN_TYPES_H_
+#define MUONPS_SCHEDULER_PLAN_TYPES_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/newton_schulz_options.h"
+#include "scheduler/cost_model.h"
+#include "scheduler/cost_table.h"
+
+namespace muonps {
+namespace scheduler {
+
+// How the trainer ranks hold a matrix's gradient (DESIGN.md, "One step").
+enum class Layout {
+  kReplicated,  // every rank holds the full, reduced gradient
+  kUnreduced,   // every rank holds its partial gradient: reduce to the owner
+  kRowSharded,  // each rank holds a row range: gather to the owner
+};
+
+absl::string_view LayoutName(Layout layout);
+
+struct MatrixSpec {
+  std::string name;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // > 1: a 3-D stack of `experts` rows x cols matrices; each expert is
+  // owned (and may be placed) separately.
+  int64_t experts = 1;
+  DType dtype = DType::kFloat32;  // of the trainer's gradient and param
+  Layout layout = Layout::kReplicated;
+  // Layer index in forward order; the step schedule walks layers backwards.
+  int32_t layer = 0;
+};
+
+struct WorkerSpec {
+  std::string id;
+  // Measured NS times of this worker's device; null: use `rates` only.
+  std::shared_ptr<const CostTable> costs;
+  DeviceRates rates;
+  // Multiplies the device's speed (0.5: half as fast as `costs` says).
+  double speed = 1.0;
+  // Bytes of device memory the worker may use: owned matrices plus
+  // PlanOptions::workspace_bytes of Newton-Schulz work buffers.
+  int64_t memory_bytes = int64_t{80} << 30;
+  // Shares its GPU with a trainer rank (else a dedicated optimizer worker).
+  bool colocated = true;
+};
+
+struct PlanOptions {
+  AlgorithmPolicy algorithm = AlgorithmPolicy::kAuto;
+  int ns_steps = 5;
+  // Reserved on every worker for Newton-Schulz work buffers.
+  int64_t workspace_bytes = int64_t{2} << 30;
+  // Local search stops after this many accepted moves or swaps.
+  int max_improvements = 20000;
+  // Instances with at most this many matrices (and workers^matrices at most
+  // 2e5) are solved exactly by enumeration.
+  int exact_max_items = 10;
+  // Stable re-planning: stop moving matrices once the predicted maximum is
+  // within this fraction of a fresh plan's.
+  double replan_tolerance = 0.02;
+};
+
+// Bytes a worker sets aside to own one rows x cols matrix: the fp32
+// momentum and staging for the incoming gradient and the outgoing update.
+// Newton-Schulz work buffers are transient, per batch: they come out of the
+// worker's PlanOptions::workspace_bytes.
+int64_t OwnedBytes(const MatrixSpec& matrix);
+
+// Bytes of one expert's gradient as the trainer holds it.
+int64_t PayloadBytes(const MatrixSpec& matrix);
+
+// One owned 2-D matrix: matrix index and expert index within it.
+struct ItemRef {
+  int32_t matrix = 0;
+  int32_t expert = 0;
+};
+
+struct Batch {
+  int32_t worker = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
+  std::vector<ItemRef> items;  // in matrix order
+  double seconds = 0;          // predicted NS time of the whole batch
+};
+
+struct OwnershipPlan {
+  std::vector<std::string> matrix_names;  // as in the input, in order
+  std::vector<std::string> worker_ids;
+  // owners[m][e]: index into worker_ids of the owner of expert e of matrix m.
+  std::vector<std::vector<int32_t>> owners;
+  // Same-shape batches, sorted by worker, then shape.
+  std::vector<Batch> batches;
+  // Per worker: predicted seconds (NS + transfers), bytes reserved for owned
+  // matrices, fp32 momentum bytes, and bytes over its link per step.
+  std::vector<double> worker_seconds;
+  std::vector<int64_t> worker_memory_bytes;
+  std::vector<int64_t> worker_momentum_bytes;
+  std::vector<int64_t> worker_link_bytes;
+  double max_seconds = 0;
+  double mean_seconds = 0;
+  double imbalance = 0;  // max / mean
+  // max(total / capacity, largest single matrix), see planner.h.
+  double lower_bound = 0;
+  // Momentum bytes whose owner changed against the previous plan.
+  int64_t moved_bytes = 0;
+};
+
+}  // namespace scheduler
+}  // namespace muonps
+
+#endif  // MUONPS_SCHEDULER_PLAN_TYPES_H_

@@ -1,0 +1,253 @@
+#include "scheduler/planner.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <queue>
+#include <string>
+#include <utility>
+
+#include "common/status.h"
+#include "kernels/ns_flops.h"
+#include "scheduler/placement.h"
+
+namespace muonps {
+namespace scheduler {
+namespace {
+
+// Builds the reported plan from an assignment, recomputing every load from
+// scratch (the assignment's running loads accumulate rounding).
+OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
+  const PlanInput& input = p.input();
+  OwnershipPlan plan;
+  for (const MatrixSpec& m : input.matrices) {
+    plan.matrix_names.push_back(m.name);
+    plan.owners.emplace_back(m.experts, -1);
+  }
+  const int workers = p.num_workers();
+  for (const WorkerSpec& w : input.workers) plan.worker_ids.push_back(w.id);
+  plan.worker_seconds.assign(workers, 0.0);
+  plan.worker_memory_bytes.assign(workers, 0);
+  plan.worker_momentum_bytes.assign(workers, 0);
+  plan.worker_link_bytes.assign(workers, 0);
+  for (int i = 0; i < p.num_items(); ++i) {
+    const int w = a.owner(i);
+    const ItemRef ref = p.item(i);
+    plan.owners[ref.matrix][ref.expert] = w;
+    plan.worker_seconds[w] += p.TransferSeconds(p.worker_class(w), i);
+    plan.worker_memory_bytes[w] += p.owned_bytes(i);
+    plan.worker_momentum_bytes[w] += p.momentum_bytes(i);
+    plan.worker_link_bytes[w] += p.link_bytes(i);
+  }
+  for (int w = 0; w < workers; ++w) {
+    for (const int id : a.slots_on(w)) {
+      const int shape = a.slot(id).shape;
+      Batch batch;
+      batch.worker = w;
+      batch.rows = p.rows(shape);
+      batch.cols = p.cols(shape);
+      const CostModel::Choice& choice =
+          p.Batch(p.worker_class(w), shape, a.slot(id).count);
+      batch.algorithm = choice.algorithm;
+      batch.seconds = choice.seconds;
+      for (int item = a.slot(id).newest; item >= 0; item = a.older_than(item)) {
+        batch.items.push_back(p.item(item));
+      }
+      std::sort(batch.items.begin(), batch.items.end(),
+                [](const ItemRef& x, const ItemRef& y) {
+                  return x.matrix != y.matrix ? x.matrix < y.matrix
+                                              : x.expert < y.expert;
+                });
+      plan.worker_seconds[w] += batch.seconds;
+      plan.batches.push_back(std::move(batch));
+    }
+  }
+  plan.max_seconds =
+      *std::max_element(plan.worker_seconds.begin(), plan.worker_seconds.end());
+  plan.mean_seconds = std::accumulate(plan.worker_seconds.begin(),
+                                      plan.worker_seconds.end(), 0.0) /
+                      workers;
+  plan.imbalance =
+      plan.mean_seconds > 0 ? plan.max_seconds / plan.mean_seconds : 1.0;
+  plan.lower_bound = p.LowerBound();
+  return plan;
+}
+
+void AssignAll(const std::vector<int>& owners, Assignment* a) {
+  for (size_t i = 0; i < owners.size(); ++i) {
+    a->Assign(static_cast<int>(i), owners[i]);
+  }
+}
+
+// DMuon's rule: items by dense NS5 FLOPs, largest first, each to the worker
+// with the fewest FLOPs so far. With `respect_memory`, workers without room
+// are skipped (for use as a local-search start); -1 marks an item no worker
+// had room for.
+std::vector<int> FlopLptOwners(const Problem& p, bool respect_memory) {
+  const int n = p.num_items();
+  std::vector<double> flops(n);
+  for (int i = 0; i < n; ++i) {
+    const int s = p.shape_of(i);
+    flops[i] = kernels::Ns5DenseFlops(p.rows(s), p.cols(s),
+                                      p.input().options.ns_steps);
+  }
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&flops](int x, int y) { return flops[x] > flops[y]; });
+  // Min-heap of (FLOPs so far, worker); workers without room for an item
+  // are set aside and put back after it is placed.
+  using Entry = std::pair<double, int>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> least;
+  for (int w = 0; w < p.num_workers(); ++w) least.push({0.0, w});
+  std::vector<int64_t> used(p.num_workers(), 0);
+  std::vector<int> owners(n, -1);
+  std::vector<Entry> full;
+  for (int item : order) {
+    full.clear();
+    while (!least.empty() && respect_memory &&
+           used[least.top().second] + p.owned_bytes(item) >
+               p.capacity(least.top().second)) {
+      full.push_back(least.top());
+      least.pop();
+    }
+    if (!least.empty()) {
+      const Entry e = least.top();
+      least.pop();
+      owners[item] = e.second;
+      used[e.second] += p.owned_bytes(item);
+      least.push({e.first + flops[item], e.second});
+    }
+    for (const Entry& e : full) least.push(e);
+  }
+  return owners;
+}
+
+// Greedy placement of whatever `a` leaves unassigned, then local search.
+absl::Status Complete(const Problem& p, Assignment* a) {
+  MUONPS_RETURN_IF_ERROR(PlaceGreedily(LptOrder(p), a));
+  ImproveByLocalSearch({.max_improvements = p.input().options.max_improvements},
+                       a);
+  return absl::OkStatus();
+}
+
+// The predicted maximum load of `owners` (all >= 0), without building an
+// Assignment: counts per (worker, shape) by sorting.
+double MaxLoadOf(const Problem& p, const std::vector<int>& owners) {
+  std::vector<double> load(p.num_workers(), 0.0);
+  std::vector<std::pair<int, int>> placed(owners.size());
+  for (size_t i = 0; i < owners.size(); ++i) {
+    const int w = owners[i];
+    placed[i] = {w, p.shape_of(static_cast<int>(i))};
+    load[w] += p.TransferSeconds(p.worker_class(w), static_cast<int>(i));
+  }
+  std::sort(placed.begin(), placed.end());
+  for (size_t i = 0; i < placed.size();) {
+    size_t j = i;
+    while (j < placed.size() && placed[j] == placed[i]) ++j;
+    const int w = placed[i].first;
+    load[w] += p.BatchSeconds(p.worker_class(w), placed[i].second,
+                              static_cast<int64_t>(j - i));
+    i = j;
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
+}  // namespace
+
+absl::StatusOr<OwnershipPlan> PlanOwnership(const PlanInput& input) {
+  MUONPS_RETURN_IF_ERROR(ValidatePlanInput(input));
+  const Problem p(input);
+  auto best = std::make_unique<Assignment>(p);
+  MUONPS_RETURN_IF_ERROR(Complete(p, best.get()));
+  // DMuon's FLOP-LPT placement, judged by our cost model: where it beats
+  // ours, search from it too, so the plan is never worse than that peer's.
+  const std::vector<int> flop_owners = FlopLptOwners(p, true);
+  if (std::find(flop_owners.begin(), flop_owners.end(), -1) ==
+          flop_owners.end() &&
+      MaxLoadOf(p, flop_owners) < best->MaxLoad()) {
+    auto from_flops = std::make_unique<Assignment>(p);
+    AssignAll(flop_owners, from_flops.get());
+    if (Complete(p, from_flops.get()).ok() &&
+        from_flops->MaxLoad() < best->MaxLoad()) {
+      best = std::move(from_flops);
+    }
+  }
+  SolveExactly(input.options.exact_max_items, best.get());
+  return Finalize(p, *best);
+}
+
+absl::StatusOr<OwnershipPlan> Replan(const PlanInput& input,
+                                     const OwnershipPlan& previous) {
+  MUONPS_RETURN_IF_ERROR(ValidatePlanInput(input));
+  const Problem p(input);
+  std::map<absl::string_view, int> worker_index;
+  for (size_t w = 0; w < input.workers.size(); ++w) {
+    worker_index[input.workers[w].id] = static_cast<int>(w);
+  }
+  std::map<absl::string_view, int> previous_matrix;
+  for (size_t m = 0; m < previous.matrix_names.size(); ++m) {
+    previous_matrix[previous.matrix_names[m]] = static_cast<int>(m);
+  }
+  // Where each item lived before (worker id), if it existed.
+  std::vector<const std::string*> before(p.num_items(), nullptr);
+  Assignment a(p);
+  for (int i = 0; i < p.num_items(); ++i) {
+    const ItemRef ref = p.item(i);
+    auto pm = previous_matrix.find(input.matrices[ref.matrix].name);
+    if (pm == previous_matrix.end() ||
+        ref.expert >= static_cast<int>(previous.owners[pm->second].size())) {
+      continue;
+    }
+    const int old_owner = previous.owners[pm->second][ref.expert];
+    if (old_owner < 0 ||
+        old_owner >= static_cast<int>(previous.worker_ids.size())) {
+      continue;
+    }
+    before[i] = &previous.worker_ids[old_owner];
+    auto w = worker_index.find(*before[i]);
+    if (w != worker_index.end() && a.Fits(w->second, i)) a.Assign(i, w->second);
+  }
+  MUONPS_RETURN_IF_ERROR(PlaceGreedily(LptOrder(p), &a));
+  MUONPS_ASSIGN_OR_RETURN(const OwnershipPlan fresh, PlanOwnership(input));
+  ImproveByLocalSearch(
+      {.max_improvements = input.options.max_improvements,
+       .target = fresh.max_seconds * (1 + input.options.replan_tolerance),
+       .fewest_bytes = true},
+      &a);
+  OwnershipPlan plan = Finalize(p, a);
+  for (int i = 0; i < p.num_items(); ++i) {
+    if (before[i] != nullptr && *before[i] != input.workers[a.owner(i)].id) {
+      plan.moved_bytes += p.momentum_bytes(i);
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<OwnershipPlan> PlanFlopLpt(const PlanInput& input) {
+  MUONPS_RETURN_IF_ERROR(ValidatePlanInput(input));
+  const Problem p(input);
+  Assignment a(p);
+  AssignAll(FlopLptOwners(p, false), &a);
+  return Finalize(p, a);
+}
+
+absl::StatusOr<OwnershipPlan> PlanRoundRobin(const PlanInput& input) {
+  MUONPS_RETURN_IF_ERROR(ValidatePlanInput(input));
+  const Problem p(input);
+  std::vector<int> order(p.num_items());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&p](int x, int y) {
+    return p.rows(p.shape_of(x)) * p.cols(p.shape_of(x)) >
+           p.rows(p.shape_of(y)) * p.cols(p.shape_of(y));
+  });
+  Assignment a(p);
+  for (size_t k = 0; k < order.size(); ++k) {
+    a.Assign(order[k], static_cast<int>(k % p.num_workers()));
+  }
+  return Finalize(p, a);
+}
+
+}  // namespace scheduler
+}  // namespace muonps

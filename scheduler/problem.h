@@ -1,0 +1,156 @@
+// Internal to the planner: a validated planning problem in flat arrays
+// (items = single 2-D matrices, shapes, worker classes with their cost
+// models) and a mutable Assignment of items to workers that keeps every
+// worker's predicted load current as items move.
+//
+// Not thread-safe (Problem memoizes batch times lazily).
+#ifndef MUONPS_SCHEDULER_PROBLEM_H_
+#define MUONPS_SCHEDULER_PROBLEM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "scheduler/plan_types.h"
+
+namespace muonps {
+namespace scheduler {
+
+struct PlanInput {
+  std::vector<MatrixSpec> matrices;
+  std::vector<WorkerSpec> workers;
+  PlanOptions options;
+};
+
+// INVALID_ARGUMENT naming the matrix or worker: empty or duplicate names,
+// dimensions < 1 or > 2^31, experts < 1, no workers, speed <= 0, memory
+// <= 0, bad options; RESOURCE_EXHAUSTED naming a matrix that no worker has
+// the memory to own.
+absl::Status ValidatePlanInput(const PlanInput& input);
+
+class Problem {
+ public:
+  // `input` must outlive the Problem and be valid (ValidatePlanInput).
+  explicit Problem(const PlanInput& input);
+
+  int num_items() const { return static_cast<int>(items_.size()); }
+  int num_workers() const { return static_cast<int>(worker_class_.size()); }
+  int num_shapes() const { return static_cast<int>(shapes_.size()); }
+
+  const PlanInput& input() const { return input_; }
+  const ItemRef& item(int i) const { return items_[i]; }
+  int shape_of(int i) const { return item_shape_[i]; }
+  int64_t rows(int shape) const { return shapes_[shape].rows; }
+  int64_t cols(int shape) const { return shapes_[shape].cols; }
+  int64_t owned_bytes(int i) const { return owned_bytes_[i]; }
+  int64_t momentum_bytes(int i) const { return momentum_bytes_[i]; }
+  int64_t link_bytes(int i) const { return link_bytes_[i]; }
+  int64_t capacity(int w) const { return capacity_[w]; }
+  int worker_class(int w) const { return worker_class_[w]; }
+  int num_classes() const { return static_cast<int>(models_.size()); }
+  const CostModel& model(int c) const { return models_[c]; }
+
+  // Predicted NS seconds of `n` items of `shape` batched on a worker of
+  // class `c`, with the best algorithm the options allow.
+  double BatchSeconds(int c, int shape, int64_t n) const {
+    return Batch(c, shape, n).seconds;
+  }
+  // The same with the algorithm that achieves it.
+  const CostModel::Choice& Batch(int c, int shape, int64_t n) const;
+  // Transfer seconds of item `i` on a worker of class `c`.
+  double TransferSeconds(int c, int i) const;
+  // Standalone cost of item `i` on the fastest class.
+  double BestStandalone(int i) const;
+
+  // max(total work / total speed, largest single item): see planner.h.
+  double LowerBound() const;
+
+ private:
+  struct Shape {
+    int64_t rows;
+    int64_t cols;
+  };
+  const PlanInput& input_;
+  std::vector<ItemRef> items_;
+  std::vector<int> item_shape_;
+  std::vector<int64_t> owned_bytes_, momentum_bytes_, link_bytes_;
+  std::vector<Shape> shapes_;
+  std::vector<int> shape_count_;
+  std::vector<int> worker_class_;
+  std::vector<double> class_speed_sum_;
+  std::vector<CostModel> models_;
+  std::vector<int64_t> capacity_;
+  // memo_[c][shape][n] = Batch(c, shape, n); grown on demand.
+  mutable std::vector<std::vector<std::vector<CostModel::Choice>>> memo_;
+};
+
+// Items on workers, grouped per (worker, shape) into slots, with every
+// worker's load kept current. Items of a slot form a linked list (newest
+// first); nothing allocates per item, and lookups never iterate hash maps,
+// so results do not depend on hashing.
+class Assignment {
+ public:
+  struct Slot {
+    int worker = -1;
+    int shape = -1;
+    int64_t count = 0;
+    int newest = -1;  // an item of the slot; older ones via older_than()
+  };
+
+  explicit Assignment(const Problem& problem);
+
+  const Problem& problem() const { return problem_; }
+  int owner(int item) const { return owner_[item]; }
+  double load(int w) const { return load_[w]; }
+  double total_load() const { return total_load_; }
+  int64_t used_bytes(int w) const { return used_bytes_[w]; }
+  int64_t free_bytes(int w) const {
+    return problem_.capacity(w) - used_bytes_[w];
+  }
+  int64_t count(int w, int shape) const;
+  // Slot ids on worker w, in the order their shapes arrived.
+  const std::vector<int>& slots_on(int w) const { return slots_on_[w]; }
+  const Slot& slot(int id) const { return slots_[id]; }
+  // The next older item of the same slot, or -1.
+  int older_than(int item) const { return older_[item]; }
+  // Workers holding at least one item of `shape`.
+  const std::vector<int>& holders(int shape) const { return holders_[shape]; }
+
+  // Load of w after adding item i / removing item i (which w holds).
+  double LoadWith(int w, int item) const;
+  double LoadWithout(int w, int item) const;
+  bool Fits(int w, int item) const {
+    return problem_.owned_bytes(item) <= free_bytes(w);
+  }
+
+  void Assign(int item, int w);
+  void Unassign(int item);
+  // Index of the most loaded worker (lowest index on ties).
+  int MaxWorker() const;
+  double MaxLoad() const { return load_[MaxWorker()]; }
+
+ private:
+  static int64_t Key(int w, int shape) {
+    return (static_cast<int64_t>(w) << 32) | static_cast<uint32_t>(shape);
+  }
+  int SlotOf(int w, int shape) const;
+  double ShapeSeconds(int w, int shape, int64_t n) const;
+
+  const Problem& problem_;
+  std::vector<int> owner_;
+  std::vector<int> older_, newer_;  // per item: links within its slot
+  std::vector<double> load_;
+  double total_load_ = 0;
+  std::vector<int64_t> used_bytes_;
+  std::vector<Slot> slots_;
+  std::vector<int> free_slots_;
+  absl::flat_hash_map<int64_t, int> slot_index_;
+  std::vector<std::vector<int>> slots_on_;
+  std::vector<std::vector<int>> holders_;
+};
+
+}  // namespace scheduler
+}  // namespace muonps
+
+#endif  // MUONPS_SCHEDULER_PROBLEM_H_
