@@ -1,0 +1,135 @@
+#include "scheduler/step_schedule.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace scheduler {
+namespace {
+
+absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
+                              const OwnershipPlan& plan) {
+  if (plan.owners.size() != matrices.size() ||
+      plan.matrix_names.size() != matrices.size()) {
+    return InvalidField(
+        "plan", absl::StrCat("covers ", plan.owners.size(), " matrices, not ",
+                             matrices.size()));
+  }
+  const int workers = static_cast<int>(plan.worker_ids.size());
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    const std::string field = absl::StrCat("matrix ", Quoted(matrices[m].name));
+    if (plan.matrix_names[m] != matrices[m].name) {
+      return InvalidField(
+          field, absl::StrCat("plan has ", Quoted(plan.matrix_names[m]),
+                              " in its place"));
+    }
+    if (static_cast<int64_t>(plan.owners[m].size()) != matrices[m].experts) {
+      return InvalidField(field,
+                          absl::StrCat("plan owns ", plan.owners[m].size(),
+                                       " experts, not ", matrices[m].experts));
+    }
+    for (int32_t owner : plan.owners[m]) {
+      if (owner < 0 || owner >= workers) {
+        return InvalidField(
+            field, absl::StrCat("owner ", owner, " is not a worker index"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::string_view TransferKindName(TransferKind kind) {
+  switch (kind) {
+    case TransferKind::kReduceToOwner:
+      return "reduce";
+    case TransferKind::kGatherToOwner:
+      return "gather";
+    case TransferKind::kBroadcastFromOwner:
+      return "broadcast";
+    case TransferKind::kScatterFromOwner:
+      return "scatter";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<StepSchedule> BuildStepSchedule(
+    const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
+    const ScheduleOptions& options) {
+  if (options.bucket_bytes <= 0) {
+    return InvalidField("bucket_bytes", "must be > 0");
+  }
+  MUONPS_RETURN_IF_ERROR(CheckPlanMatches(matrices, plan));
+  // Backward yields gradients from the last layer to the first, and within
+  // a layer roughly in reverse registration order.
+  std::vector<int32_t> arrival(matrices.size());
+  std::iota(arrival.begin(), arrival.end(), 0);
+  std::sort(arrival.begin(), arrival.end(), [&](int32_t x, int32_t y) {
+    return matrices[x].layer != matrices[y].layer
+               ? matrices[x].layer > matrices[y].layer
+               : x > y;
+  });
+  StepSchedule schedule;
+  for (const int32_t m : arrival) {
+    const MatrixSpec& spec = matrices[m];
+    const int64_t bytes = PayloadBytes(spec) * spec.experts;
+    if (schedule.buckets.empty() ||
+        (!schedule.buckets.back().matrices.empty() &&
+         schedule.buckets.back().bytes + bytes > options.bucket_bytes)) {
+      schedule.buckets.emplace_back();
+      schedule.buckets.back().first_layer = spec.layer;
+    }
+    Bucket& bucket = schedule.buckets.back();
+    bucket.matrices.push_back(m);
+    bucket.last_layer = spec.layer;
+    bucket.bytes += bytes;
+    for (int32_t e = 0; e < spec.experts; ++e) {
+      const int32_t owner = plan.owners[m][e];
+      const ItemRef item{m, e};
+      const int64_t payload = PayloadBytes(spec);
+      switch (spec.layout) {
+        case Layout::kReplicated:
+          bucket.from_owners.push_back(
+              {TransferKind::kBroadcastFromOwner, item, owner, payload});
+          break;
+        case Layout::kUnreduced:
+          bucket.to_owners.push_back(
+              {TransferKind::kReduceToOwner, item, owner, payload});
+          bucket.from_owners.push_back(
+              {TransferKind::kBroadcastFromOwner, item, owner, payload});
+          break;
+        case Layout::kRowSharded:
+          bucket.to_owners.push_back(
+              {TransferKind::kGatherToOwner, item, owner, payload});
+          bucket.from_owners.push_back(
+              {TransferKind::kScatterFromOwner, item, owner, payload});
+          break;
+      }
+    }
+  }
+  const int32_t count = static_cast<int32_t>(schedule.buckets.size());
+  for (int32_t k = 0; k < count; ++k) {
+    schedule.order.push_back({k, true});
+    if (k > 0) schedule.order.push_back({k - 1, false});
+  }
+  if (count > 0) schedule.order.push_back({count - 1, false});
+  return schedule;
+}
+
+std::vector<Transfer> IssueOrder(const StepSchedule& schedule) {
+  std::vector<Transfer> out;
+  for (const Phase& phase : schedule.order) {
+    const Bucket& bucket = schedule.buckets[phase.bucket];
+    const std::vector<Transfer>& transfers =
+        phase.to_owners ? bucket.to_owners : bucket.from_owners;
+    out.insert(out.end(), transfers.begin(), transfers.end());
+  }
+  return out;
+}
+
+}  // namespace scheduler
+}  // namespace muonps
