@@ -7,6 +7,7 @@ set -euo pipefail
 
 PACKAGES=(
   bazel-bootstrap          # Bazel 4.2.3
+  golang-google-grpc-dev   # reflection.proto and health.proto sources
   build-essential
   clang-format
   googletest libgtest-dev libgmock-dev

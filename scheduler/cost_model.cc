@@ -21,6 +21,12 @@ double Interpolate(const CostTable::Curve& curve, int64_t batch) {
       const auto& lo = curve[i - 1];
       const auto& hi = curve[i];
       const double slope = (hi.second - lo.second) / (hi.first - lo.first);
+      // Past the last point a falling segment (timing noise) would
+      // extrapolate to negative times: more matrices never take less.
+      if (batch > hi.first) {
+        return hi.second +
+               std::max(slope, 0.0) * static_cast<double>(batch - hi.first);
+      }
       return lo.second + slope * static_cast<double>(batch - lo.first);
     }
   }

@@ -34,8 +34,9 @@ class CostTable {
   using Curve = std::vector<std::pair<int64_t, double>>;
 
   // Parses the format above. INVALID_ARGUMENT naming "line N" and the field
-  // for malformed lines, non-positive numbers, unknown algorithms, or two
-  // lines for the same (shape, algorithm, batch).
+  // for malformed lines, non-positive numbers or unknown algorithms;
+  // ALREADY_EXISTS naming the line for a second line with the same (shape,
+  // algorithm, batch).
   static absl::StatusOr<CostTable> Parse(absl::string_view text);
 
   // Adds one measurement (same rules as a parsed line).

@@ -12,11 +12,15 @@ namespace {
 
 absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
                               const OwnershipPlan& plan) {
-  if (plan.owners.size() != matrices.size() ||
-      plan.matrix_names.size() != matrices.size()) {
-    return InvalidField(
-        "plan", absl::StrCat("covers ", plan.owners.size(), " matrices, not ",
-                             matrices.size()));
+  if (plan.owners.size() != matrices.size()) {
+    return InvalidField("plan.owners",
+                        absl::StrCat("covers ", plan.owners.size(),
+                                     " matrices, not ", matrices.size()));
+  }
+  if (plan.matrix_names.size() != matrices.size()) {
+    return InvalidField("plan.matrix_names",
+                        absl::StrCat("names ", plan.matrix_names.size(),
+                                     " matrices, not ", matrices.size()));
   }
   const int workers = static_cast<int>(plan.worker_ids.size());
   for (size_t m = 0; m < matrices.size(); ++m) {

@@ -1,0 +1,92 @@
+// muonps: the operator CLI.
+//   muonps plan    --coordinator ADDR --job NAME [--version N] [--json]
+//   muonps jobs    --coordinator ADDR [--json]
+//   muonps workers --coordinator ADDR [--job NAME] [--json]
+// Exits 0 on success, 1 with the gRPC status on stderr otherwise, 2 on
+// bad usage.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "muonps/v1/coordinator.grpc.pb.h"
+#include "tools/muonps/plan_table.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
+          "Coordinator address, HOST:PORT.");
+ABSL_FLAG(std::string, job, "", "Job name.");
+ABSL_FLAG(int64_t, version, 0, "Plan version (0: the latest).");
+ABSL_FLAG(bool, json, false, "Print JSON instead of a table.");
+ABSL_FLAG(int, timeout_ms, 10000, "Deadline of the call.");
+
+namespace muonps {
+namespace {
+
+int Fail(const grpc::Status& status) {
+  std::fprintf(stderr, "error: %s (code %d)\n", status.error_message().c_str(),
+               static_cast<int>(status.error_code()));
+  return 1;
+}
+
+template <typename Response>
+int Print(const grpc::Status& status, const Response& response,
+          std::string (*table)(const Response&)) {
+  if (!status.ok()) return Fail(status);
+  const std::string text =
+      absl::GetFlag(FLAGS_json) ? cli::ToJson(response) : table(response);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
+int Run(const std::string& command) {
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+  if (command == "plan") {
+    v1::GetPlanRequest request;
+    request.set_job(absl::GetFlag(FLAGS_job));
+    request.set_version(absl::GetFlag(FLAGS_version));
+    v1::Plan plan;
+    return Print(stub->GetPlan(&context, request, &plan), plan,
+                 &cli::PlanTable);
+  }
+  if (command == "jobs") {
+    v1::ListJobsResponse jobs;
+    return Print(stub->ListJobs(&context, v1::ListJobsRequest(), &jobs), jobs,
+                 &cli::JobsTable);
+  }
+  if (command == "workers") {
+    v1::ListWorkersRequest request;
+    request.set_job(absl::GetFlag(FLAGS_job));
+    v1::ListWorkersResponse workers;
+    return Print(stub->ListWorkers(&context, request, &workers), workers,
+                 &cli::WorkersTable);
+  }
+  std::fprintf(stderr, "unknown command \"%s\": plan, jobs or workers\n",
+               command.c_str());
+  return 2;
+}
+
+}  // namespace
+}  // namespace muonps
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "muonps operator CLI.\n"
+      "  muonps plan    --coordinator ADDR --job NAME [--version N] [--json]\n"
+      "  muonps jobs    --coordinator ADDR [--json]\n"
+      "  muonps workers --coordinator ADDR [--job NAME] [--json]");
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  return muonps::Run(args[1]);
+}

@@ -1,0 +1,106 @@
+#include "tools/muonps/plan_table.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace muonps {
+namespace cli {
+namespace {
+
+std::string Bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrCat(bytes, " B")
+                   : absl::StrFormat("%.1f %s", value, units[unit]);
+}
+
+// Owners of an expert stack, compressed: "w0 x12, w1 x12".
+std::string Owners(const v1::MatrixPlacement& m) {
+  if (m.owners_size() == 1) return m.owners(0);
+  std::map<std::string, int> counts;
+  for (const std::string& owner : m.owners()) ++counts[owner];
+  std::vector<std::string> parts;
+  for (const auto& [owner, n] : counts)
+    parts.push_back(absl::StrCat(owner, " x", n));
+  return absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
+std::string PlanTable(const v1::Plan& plan) {
+  std::string out = absl::StrFormat(
+      "%s  (%s)\n%d workers, %d matrices, %d buckets\npredicted max %.3f ms, "
+      "mean %.3f ms, imbalance %.4f, lower bound %.3f ms (max / bound %.4f)\n"
+      "moved %s against the previous version; planned in %.1f ms\n\n",
+      plan.name(), plan.reason(), plan.workers_size(), plan.matrices_size(),
+      plan.buckets_size(), plan.max_seconds() * 1e3, plan.mean_seconds() * 1e3,
+      plan.imbalance(), plan.lower_bound() * 1e3,
+      plan.lower_bound() > 0 ? plan.max_seconds() / plan.lower_bound() : 0.0,
+      Bytes(plan.moved_bytes()), plan.plan_ms());
+  absl::StrAppendFormat(&out, "%-5s %-24s %12s %12s %12s %12s\n", "RANK",
+                        "WORKER", "PREDICTED", "MOMENTUM", "MEMORY",
+                        "LINK/STEP");
+  for (int i = 0; i < plan.loads_size(); ++i) {
+    const v1::WorkerLoad& l = plan.loads(i);
+    absl::StrAppendFormat(&out, "%-5d %-24s %9.3f ms %12s %12s %12s\n", i,
+                          l.worker_id(), l.predicted_seconds() * 1e3,
+                          Bytes(l.momentum_bytes()), Bytes(l.memory_bytes()),
+                          Bytes(l.link_bytes()));
+  }
+  absl::StrAppendFormat(&out, "\n%-40s %-14s %-7s %s\n", "MATRIX", "SHAPE",
+                        "BUCKET", "OWNER");
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    absl::StrAppendFormat(&out, "%-40s %-14s %-7d %s\n", m.name(),
+                          absl::StrCat(m.rows(), "x", m.cols()), m.bucket(),
+                          Owners(m));
+  }
+  return out;
+}
+
+std::string JobsTable(const v1::ListJobsResponse& jobs) {
+  std::string out =
+      absl::StrFormat("%-24s %10s %14s %8s %8s\n", "JOB", "MATRICES",
+                      "PARAMETERS", "WORKERS", "PLAN");
+  for (const v1::JobSummary& j : jobs.jobs()) {
+    absl::StrAppendFormat(&out, "%-24s %10d %14d %8d %8d\n", j.name(),
+                          j.matrices(), j.parameters(), j.workers(),
+                          j.plan_version());
+  }
+  return out;
+}
+
+std::string WorkersTable(const v1::ListWorkersResponse& workers) {
+  std::string out =
+      absl::StrFormat("%-16s %-24s %-6s %-20s %12s %10s %6s\n", "JOB", "WORKER",
+                      "KIND", "HOST", "MEMORY", "LEASE", "PLAN");
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    absl::StrAppendFormat(&out, "%-16s %-24s %-6s %-20s %12s %7d ms %6d\n",
+                          w.job(), w.worker_id(), w.device().kind(),
+                          w.device().host(), Bytes(w.device().memory_bytes()),
+                          w.lease_remaining_ms(), w.plan_version());
+  }
+  return out;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+}  // namespace cli
+}  // namespace muonps
