@@ -316,20 +316,54 @@ bool SolveExactly(int max_items, Assignment* a) {
   }
   const std::vector<int> order = LptOrder(p);
   std::vector<int> incumbent(n);
-  for (int i = 0; i < n; ++i) incumbent[i] = a->owner(i);
-  const double incumbent_max = a->MaxLoad();
-  for (int i = 0; i < n; ++i) a->Unassign(i);
+  bool complete = true;
+  for (int i = 0; i < n; ++i) {
+    incumbent[i] = a->owner(i);
+    complete = complete && incumbent[i] >= 0;
+  }
+  const double incumbent_max = complete ? a->MaxLoad() : kInf;
+  for (int i = 0; i < n; ++i) {
+    if (a->owner(i) >= 0) a->Unassign(i);
+  }
   ExactSearch search(order, a);
   // Anything not strictly better than the incumbent keeps the incumbent.
   search.Run(incumbent_max);
   if (search.best_owners().empty()) {
-    for (int i = 0; i < n; ++i) a->Assign(i, incumbent[i]);
-  } else {
-    for (size_t k = 0; k < order.size(); ++k) {
-      a->Assign(order[k], search.best_owners()[k]);
+    for (int i = 0; i < n; ++i) {
+      if (incumbent[i] >= 0) a->Assign(i, incumbent[i]);
     }
+    return complete;
+  }
+  for (size_t k = 0; k < order.size(); ++k) {
+    a->Assign(order[k], search.best_owners()[k]);
   }
   return true;
+}
+
+absl::Status PackByBytes(const std::vector<int>& items, Assignment* a) {
+  const Problem& p = a->problem();
+  std::vector<int> order = items;
+  std::stable_sort(order.begin(), order.end(), [&p](int x, int y) {
+    return p.owned_bytes(x) > p.owned_bytes(y);
+  });
+  for (int item : order) {
+    int best = -1;
+    for (int w = 0; w < p.num_workers(); ++w) {
+      if (a->Fits(w, item) &&
+          (best < 0 || a->free_bytes(w) < a->free_bytes(best))) {
+        best = w;
+      }
+    }
+    if (best < 0) {
+      return FieldError(
+          absl::StatusCode::kResourceExhausted,
+          absl::StrCat("matrix ",
+                       Quoted(p.input().matrices[p.item(item).matrix].name)),
+          "does not fit in any worker's free memory");
+    }
+    a->Assign(item, best);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace scheduler

@@ -21,6 +21,12 @@ std::vector<int> LptOrder(const Problem& problem);
 // those with room. RESOURCE_EXHAUSTED naming the matrix when none has room.
 absl::Status PlaceGreedily(const std::vector<int>& order, Assignment* a);
 
+// Places the unassigned `items` for memory first: largest first, each on
+// the worker with the least free memory that still fits it (best-fit
+// decreasing). RESOURCE_EXHAUSTED naming the matrix when one does not fit;
+// items placed so far stay placed.
+absl::Status PackByBytes(const std::vector<int>& items, Assignment* a);
+
 struct SearchLimits {
   int max_improvements = 20000;
   // Stop as soon as the maximum load is at or below this (0: never).
@@ -36,8 +42,10 @@ struct SearchLimits {
 int ImproveByLocalSearch(const SearchLimits& limits, Assignment* a);
 
 // When the instance is small (items <= max_items, workers^items <= 2e5),
-// replaces `a` by an assignment minimizing the maximum load, found by
-// branch and bound, and returns true; else returns false and leaves `a`.
+// replaces `a` by an assignment minimizing the maximum load within memory,
+// found by branch and bound, and returns true. `a` may be complete (its
+// assignment is kept unless beaten) or empty. Returns false, leaving `a`,
+// when the instance is too large or nothing fits.
 bool SolveExactly(int max_items, Assignment* a);
 
 }  // namespace scheduler

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <queue>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "common/status.h"
@@ -63,6 +64,11 @@ OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
       plan.batches.push_back(std::move(batch));
     }
   }
+  std::sort(plan.batches.begin(), plan.batches.end(),
+            [](const Batch& x, const Batch& y) {
+              return std::tie(x.worker, x.rows, x.cols) <
+                     std::tie(y.worker, y.rows, y.cols);
+            });
   plan.max_seconds =
       *std::max_element(plan.worker_seconds.begin(), plan.worker_seconds.end());
   plan.mean_seconds = std::accumulate(plan.worker_seconds.begin(),
@@ -124,9 +130,29 @@ std::vector<int> FlopLptOwners(const Problem& p, bool respect_memory) {
   return owners;
 }
 
-// Greedy placement of whatever `a` leaves unassigned, then local search.
+// Places whatever `a` leaves unassigned, then improves by local search.
+// When the load-balancing greedy cannot fit everything in memory, packing
+// comes first: best-fit decreasing by bytes, then (tiny instances) exact
+// search; only when all fail is the greedy's error returned.
 absl::Status Complete(const Problem& p, Assignment* a) {
-  MUONPS_RETURN_IF_ERROR(PlaceGreedily(LptOrder(p), a));
+  const std::vector<int> unplaced = [&] {
+    std::vector<int> items;
+    for (int i = 0; i < p.num_items(); ++i) {
+      if (a->owner(i) < 0) items.push_back(i);
+    }
+    return items;
+  }();
+  absl::Status placed = PlaceGreedily(LptOrder(p), a);
+  if (!placed.ok() && placed.code() == absl::StatusCode::kResourceExhausted) {
+    for (int i : unplaced) {
+      if (a->owner(i) >= 0) a->Unassign(i);
+    }
+    if (PackByBytes(unplaced, a).ok() ||
+        SolveExactly(p.input().options.exact_max_items, a)) {
+      placed = absl::OkStatus();
+    }
+  }
+  MUONPS_RETURN_IF_ERROR(placed);
   ImproveByLocalSearch({.max_improvements = p.input().options.max_improvements},
                        a);
   return absl::OkStatus();

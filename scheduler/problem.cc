@@ -204,8 +204,7 @@ double Problem::BestStandalone(int i) const {
 
 double Problem::LowerBound() const {
   // Compute in "seconds at speed 1" (a class's seconds times its speed):
-  // sum_w speed_w * compute_w >= the work of batching every shape on one
-  // worker, because batch times are subadditive. Transfers do not speed up
+  // sum_w speed_w * compute_w >= the work below. Transfers do not speed up
   // with the GPU: sum_w speed_w * transfer_w >= min speed * total transfer.
   // So max load >= (work + min speed * transfers) / total speed.
   double speed_total = 0;
@@ -214,11 +213,18 @@ double Problem::LowerBound() const {
     speed_min = speed_total == 0 ? w.speed : std::min(speed_min, w.speed);
     speed_total += w.speed;
   }
+  // Per shape: N items cost at least N times the cheapest per-matrix time
+  // of any batch size up to N (for concave measured curves that is the
+  // full batch; noisy curves may make a smaller batch cheaper per matrix).
   double work = 0;
   for (int s = 0; s < num_shapes(); ++s) {
     double best = 0;
     for (int c = 0; c < num_classes(); ++c) {
-      const double t = BatchSeconds(c, s, shape_count_[s]) * models_[c].speed();
+      double per_matrix = BatchSeconds(c, s, 1);
+      for (int64_t n = 2; n <= shape_count_[s]; ++n) {
+        per_matrix = std::min(per_matrix, BatchSeconds(c, s, n) / n);
+      }
+      const double t = per_matrix * shape_count_[s] * models_[c].speed();
       if (c == 0 || t < best) best = t;
     }
     work += best;
