@@ -2,17 +2,23 @@
 //   muonps plan    --coordinator ADDR --job NAME [--version N] [--json]
 //   muonps jobs    --coordinator ADDR [--json]
 //   muonps workers --coordinator ADDR [--job NAME] [--json]
+//   muonps create-job --coordinator ADDR --spec FILE   (a JobSpec as JSON)
+//   muonps delete-job --coordinator ADDR --job NAME
 // Exits 0 on success, 1 with the gRPC status on stderr otherwise, 2 on
 // bad usage.
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "tools/muonps/plan_table.h"
 
@@ -22,6 +28,8 @@ ABSL_FLAG(std::string, job, "", "Job name.");
 ABSL_FLAG(int64_t, version, 0, "Plan version (0: the latest).");
 ABSL_FLAG(bool, json, false, "Print JSON instead of a table.");
 ABSL_FLAG(int, timeout_ms, 10000, "Deadline of the call.");
+ABSL_FLAG(std::string, spec, "",
+          "create-job: file holding a muonps.v1.JobSpec as JSON.");
 
 namespace muonps {
 namespace {
@@ -69,7 +77,43 @@ int Run(const std::string& command) {
     return Print(stub->ListWorkers(&context, request, &workers), workers,
                  &cli::WorkersTable);
   }
-  std::fprintf(stderr, "unknown command \"%s\": plan, jobs or workers\n",
+  if (command == "create-job") {
+    std::ifstream in(absl::GetFlag(FLAGS_spec));
+    if (!in) {
+      std::fprintf(stderr, "--spec: cannot open \"%s\"\n",
+                   absl::GetFlag(FLAGS_spec).c_str());
+      return 2;
+    }
+    const std::string text((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+    v1::CreateJobRequest request;
+    const auto parsed = google::protobuf::util::JsonStringToMessage(
+        text, request.mutable_job());
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "--spec: not a JobSpec: %s\n",
+                   parsed.ToString().c_str());
+      return 2;
+    }
+    request.set_request_id(absl::StrCat("cli-", request.job().name()));
+    v1::Job job;
+    const grpc::Status status = stub->CreateJob(&context, request, &job);
+    if (!status.ok()) return Fail(status);
+    std::printf("created %s (%d matrices)\n", job.name().c_str(),
+                job.spec().matrices_size());
+    return 0;
+  }
+  if (command == "delete-job") {
+    v1::DeleteJobRequest request;
+    request.set_job(absl::GetFlag(FLAGS_job));
+    v1::DeleteJobResponse response;
+    const grpc::Status status = stub->DeleteJob(&context, request, &response);
+    if (!status.ok()) return Fail(status);
+    std::printf("deleted %s\n", request.job().c_str());
+    return 0;
+  }
+  std::fprintf(stderr,
+               "unknown command \"%s\": plan, jobs, workers, create-job, "
+               "delete-job\n",
                command.c_str());
   return 2;
 }
@@ -82,7 +126,9 @@ int main(int argc, char** argv) {
       "muonps operator CLI.\n"
       "  muonps plan    --coordinator ADDR --job NAME [--version N] [--json]\n"
       "  muonps jobs    --coordinator ADDR [--json]\n"
-      "  muonps workers --coordinator ADDR [--job NAME] [--json]");
+      "  muonps workers --coordinator ADDR [--job NAME] [--json]\n"
+      "  muonps create-job --coordinator ADDR --spec FILE\n"
+      "  muonps delete-job --coordinator ADDR --job NAME");
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());

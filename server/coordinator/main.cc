@@ -1,0 +1,153 @@
+// muonps-coordinator: serves muonps.v1.Coordinator (with grpc.health.v1 and
+// server reflection) and Prometheus metrics; expires leases and re-plans.
+// Logs "listening on HOST:PORT" once it serves; exits cleanly on SIGTERM or
+// SIGINT.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/coordinator_state.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
+ABSL_FLAG(int, port, 0, "gRPC port; 0 picks a free one.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables.");
+ABSL_FLAG(int64_t, lease_ttl_ms, 6000,
+          "A worker's lease expires this long after its last heartbeat.");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
+          "How often workers are told to heartbeat.");
+ABSL_FLAG(int, plan_history, 16, "Plan versions kept per job.");
+ABSL_FLAG(int64_t, max_jobs, 1000, "Jobs the coordinator holds at most.");
+ABSL_FLAG(int64_t, max_matrices_per_job, 1000000, "Matrices per job.");
+ABSL_FLAG(int64_t, max_dim, 1 << 20, "Largest matrix dimension.");
+ABSL_FLAG(int64_t, max_experts, 65536, "Largest expert stack.");
+ABSL_FLAG(int64_t, max_name_bytes, 256, "Longest matrix name.");
+ABSL_FLAG(int64_t, max_workers_per_job, 4096, "Workers per job.");
+ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
+          "Largest request the server accepts.");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
+ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
+
+namespace muonps {
+namespace {
+
+coordinator::CoordinatorOptions OptionsFromFlags() {
+  coordinator::CoordinatorOptions o;
+  o.lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ttl_ms));
+  o.heartbeat_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  o.plan_history = absl::GetFlag(FLAGS_plan_history);
+  o.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  o.limits.max_matrices_per_job = absl::GetFlag(FLAGS_max_matrices_per_job);
+  o.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
+  o.limits.max_experts = absl::GetFlag(FLAGS_max_experts);
+  o.limits.max_name_bytes = absl::GetFlag(FLAGS_max_name_bytes);
+  o.limits.max_workers_per_job = absl::GetFlag(FLAGS_max_workers_per_job);
+  o.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  return o;
+}
+
+int Run() {
+  // Signals go to the main thread's sigwait, not to gRPC's threads.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const coordinator::CoordinatorOptions options = OptionsFromFlags();
+  if (options.lease_ttl <= absl::ZeroDuration() ||
+      options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.heartbeat_interval >= options.lease_ttl) {
+    spdlog::error("--heartbeat_interval_ms must be in (0, --lease_ttl_ms)");
+    return 2;
+  }
+  MetricsRegistry metrics;
+  coordinator::CoordinatorState state(options);
+  coordinator::CoordinatorService service(&state, &metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(options.limits.max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("cannot listen on {}:{}", host, absl::GetFlag(FLAGS_port));
+    return 1;
+  }
+  server->GetHealthCheckService()->SetServingStatus("muonps.v1.Coordinator",
+                                                    true);
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+        MetricsServer::Start(&metrics, host, absl::GetFlag(FLAGS_metrics_port));
+    if (!started.ok()) {
+      spdlog::error("metrics: {}", started.status().ToString());
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    spdlog::info("metrics on http://{}:{}/metrics", host,
+                 metrics_server->port());
+  }
+  spdlog::info("listening on {}:{}", host, port);
+
+  absl::Notification stop;
+  std::thread lease_monitor([&] {
+    const absl::Duration period = options.heartbeat_interval / 2;
+    while (!stop.WaitForNotificationWithTimeout(period)) {
+      service.CountLostLeases(static_cast<int>(state.ExpireLeases().size()));
+      service.UpdateGauges();
+    }
+  });
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("signal {}: shutting down", signal_number);
+  stop.Notify();
+  service.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  lease_monitor.join();
+  metrics_server.reset();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace muonps
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "muonps-coordinator: jobs, worker leases and ownership plans.\n"
+      "Usage: muonps-coordinator [--port N] [--metrics_port N]");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status logging =
+      muonps::SetUpLogging({.component = "coordinator",
+                            .level = absl::GetFlag(FLAGS_log_level),
+                            .file = absl::GetFlag(FLAGS_log_file)});
+  if (!logging.ok()) {
+    std::fprintf(stderr, "%s\n", logging.ToString().c_str());
+    return 2;
+  }
+  return muonps::Run();
+}

@@ -1,0 +1,216 @@
+#include "server/coordinator/request_validation.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace coordinator {
+namespace {
+
+absl::Status InRange(int64_t value, int64_t lo, int64_t hi,
+                     absl::string_view field) {
+  if (value < lo || value > hi) {
+    return InvalidField(field,
+                        absl::StrCat(value, " is not in [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonNegativeFinite(double value, absl::string_view field) {
+  if (!std::isfinite(value) || value < 0) {
+    return InvalidField(field, absl::StrCat(value, " must be finite and >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMuon(const v1::MuonHyperparameters& h) {
+  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.lr(), "job.muon.lr"));
+  MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(h.weight_decay(), "job.muon.weight_decay"));
+  if (!std::isfinite(h.momentum()) || h.momentum() < 0 || h.momentum() >= 1) {
+    return InvalidField("job.muon.momentum",
+                        absl::StrCat(h.momentum(), " is not in [0, 1)"));
+  }
+  MUONPS_RETURN_IF_ERROR(InRange(h.ns_steps(), 0, 100, "job.muon.ns_steps"));
+  if (!v1::LrAdjustment_IsValid(h.adjust_lr_fn())) {
+    return InvalidField("job.muon.adjust_lr_fn", "unknown value");
+  }
+  if (!v1::NsAlgorithm_IsValid(h.ns_algorithm())) {
+    return InvalidField("job.muon.ns_algorithm", "unknown value");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAdamW(const v1::AdamWHyperparameters& h) {
+  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.lr(), "job.adamw.lr"));
+  MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(h.weight_decay(), "job.adamw.weight_decay"));
+  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.eps(), "job.adamw.eps"));
+  for (const auto& [value, field] :
+       {std::pair<double, const char*>{h.beta1(), "job.adamw.beta1"},
+        {h.beta2(), "job.adamw.beta2"}}) {
+    if (!std::isfinite(value) || value < 0 || value >= 1) {
+      return InvalidField(field, absl::StrCat(value, " is not in [0, 1)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DType> ToDType(v1::DType dtype, absl::string_view field) {
+  switch (dtype) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FP32:
+      return DType::kFloat32;
+    case v1::DTYPE_BF16:
+      return DType::kBFloat16;
+    case v1::DTYPE_FP16:
+      return DType::kFloat16;
+    default:
+      return InvalidField(
+          field, absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
+  }
+}
+
+absl::StatusOr<scheduler::Layout> ToLayout(v1::Layout layout,
+                                           absl::string_view field) {
+  switch (layout) {
+    case v1::LAYOUT_UNSPECIFIED:
+    case v1::LAYOUT_REPLICATED:
+      return scheduler::Layout::kReplicated;
+    case v1::LAYOUT_UNREDUCED:
+      return scheduler::Layout::kUnreduced;
+    case v1::LAYOUT_ROW_SHARDED:
+      return scheduler::Layout::kRowSharded;
+    default:
+      return InvalidField(
+          field, absl::StrCat("unknown layout ", static_cast<int>(layout)));
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateId(absl::string_view value, absl::string_view field) {
+  if (value.empty() || value.size() > 128) {
+    return InvalidField(
+        field, absl::StrCat("must be 1..128 bytes, got ", value.size()));
+  }
+  for (char c : value) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return InvalidField(
+          field, absl::StrCat(Quoted(value), " may hold only [A-Za-z0-9._-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
+    const v1::JobSpec& spec, const Limits& limits) {
+  MUONPS_RETURN_IF_ERROR(ValidateId(spec.name(), "job.name"));
+  if (spec.matrices().empty()) {
+    return InvalidField("job.matrices", "is empty");
+  }
+  if (spec.matrices_size() > limits.max_matrices_per_job) {
+    return FieldError(
+        absl::StatusCode::kResourceExhausted, "job.matrices",
+        absl::StrCat(spec.matrices_size(), " exceed the limit of ",
+                     limits.max_matrices_per_job));
+  }
+  MUONPS_RETURN_IF_ERROR(ValidateMuon(spec.muon()));
+  MUONPS_RETURN_IF_ERROR(ValidateAdamW(spec.adamw()));
+  MUONPS_RETURN_IF_ERROR(
+      InRange(spec.bucket_bytes(), 0, int64_t{1} << 40, "job.bucket_bytes"));
+  std::vector<scheduler::MatrixSpec> out;
+  out.reserve(spec.matrices_size());
+  std::set<absl::string_view> names;
+  for (int i = 0; i < spec.matrices_size(); ++i) {
+    const v1::Matrix& m = spec.matrices(i);
+    const std::string field = absl::StrCat("job.matrices[", i, "]");
+    if (m.name().empty() ||
+        static_cast<int64_t>(m.name().size()) > limits.max_name_bytes) {
+      return InvalidField(field + ".name",
+                          absl::StrCat("must be 1..", limits.max_name_bytes,
+                                       " bytes, got ", m.name().size()));
+    }
+    for (unsigned char c : m.name()) {
+      if (c < 0x20 || c == 0x7f) {
+        return InvalidField(field + ".name", "holds a control character");
+      }
+    }
+    if (!names.insert(m.name()).second) {
+      return InvalidField(field + ".name",
+                          absl::StrCat(Quoted(m.name()), " appears twice"));
+    }
+    MUONPS_RETURN_IF_ERROR(
+        InRange(m.rows(), 1, limits.max_dim, field + ".rows"));
+    MUONPS_RETURN_IF_ERROR(
+        InRange(m.cols(), 1, limits.max_dim, field + ".cols"));
+    MUONPS_RETURN_IF_ERROR(
+        InRange(m.experts(), 0, limits.max_experts, field + ".experts"));
+    MUONPS_RETURN_IF_ERROR(InRange(m.layer(), 0, 1 << 20, field + ".layer"));
+    scheduler::MatrixSpec s;
+    s.name = m.name();
+    s.rows = m.rows();
+    s.cols = m.cols();
+    s.experts = std::max<int64_t>(1, m.experts());
+    s.layer = m.layer();
+    MUONPS_ASSIGN_OR_RETURN(s.dtype, ToDType(m.dtype(), field + ".dtype"));
+    MUONPS_ASSIGN_OR_RETURN(s.layout, ToLayout(m.layout(), field + ".layout"));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::Status ValidateCreateJob(const v1::CreateJobRequest& request,
+                               const Limits& limits) {
+  if (static_cast<int64_t>(request.request_id().size()) >
+      limits.max_request_id_bytes) {
+    return InvalidField("request_id",
+                        absl::StrCat("must be at most ",
+                                     limits.max_request_id_bytes, " bytes"));
+  }
+  return ValidateJobSpec(request.job(), limits).status();
+}
+
+absl::Status ValidateJoinJob(const v1::JoinJobRequest& request,
+                             const Limits& limits) {
+  MUONPS_RETURN_IF_ERROR(ValidateId(request.job(), "job"));
+  MUONPS_RETURN_IF_ERROR(ValidateId(request.worker_id(), "worker_id"));
+  if (request.instance_id().empty() || request.instance_id().size() > 128) {
+    return InvalidField("instance_id", "must be 1..128 bytes");
+  }
+  const v1::Device& d = request.device();
+  if (d.memory_bytes() <= 0) {
+    return InvalidField("device.memory_bytes",
+                        absl::StrCat(d.memory_bytes(), " must be > 0"));
+  }
+  if (d.kind() != "cuda" && d.kind() != "cpu") {
+    return InvalidField("device.kind",
+                        absl::StrCat(Quoted(d.kind()), " is not cuda or cpu"));
+  }
+  if (d.index() < 0) {
+    return InvalidField("device.index", absl::StrCat(d.index(), " is < 0"));
+  }
+  if (!std::isfinite(request.speed()) || request.speed() < 0) {
+    return InvalidField(
+        "speed", absl::StrCat(request.speed(), " must be finite and >= 0"));
+  }
+  if (static_cast<int64_t>(request.cost_table().size()) >
+      limits.max_cost_table_bytes) {
+    return FieldError(
+        absl::StatusCode::kResourceExhausted, "cost_table",
+        absl::StrCat(request.cost_table().size(), " bytes exceed the limit of ",
+                     limits.max_cost_table_bytes));
+  }
+  if (request.data_address().size() > 256) {
+    return InvalidField("data_address", "must be at most 256 bytes");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace coordinator
+}  // namespace muonps

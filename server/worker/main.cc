@@ -1,0 +1,162 @@
+// muonps-worker: joins a job through the coordinator, keeps its lease,
+// follows the job's plan, and serves the local muonps.v1.Worker control
+// service on a Unix socket (with grpc.health.v1 and reflection) plus
+// Prometheus metrics. Logs "listening on unix:PATH" once it serves; exits
+// cleanly (leaving the job) on SIGTERM or SIGINT.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "server/worker/worker_agent.h"
+#include "server/worker/worker_service.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, coordinator, "", "Coordinator address, HOST:PORT.");
+ABSL_FLAG(std::string, job, "", "Job to join.");
+ABSL_FLAG(std::string, worker_id, "",
+          "Worker id, unique in the job (default: HOSTNAME-PID).");
+ABSL_FLAG(std::string, socket, "",
+          "Unix socket of the local control service (default: "
+          "/tmp/muonps-worker-ID.sock).");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the metrics port.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables.");
+ABSL_FLAG(std::string, device_kind, "cpu", "cpu or cuda.");
+ABSL_FLAG(std::string, device_name, "", "GPU model, e.g. NVIDIA H200.");
+ABSL_FLAG(int, device_index, 0, "CUDA device ordinal.");
+ABSL_FLAG(int64_t, memory_bytes, int64_t{8} << 30,
+          "Device memory the worker may use.");
+ABSL_FLAG(bool, colocated, true, "Shares its device with a trainer rank.");
+ABSL_FLAG(std::string, cost_table, "",
+          "File of measured Newton-Schulz times (scheduler/cost_table.h).");
+ABSL_FLAG(double, speed, 1.0, "Speed relative to the cost table.");
+ABSL_FLAG(std::string, data_address, "",
+          "Where peers reach this worker's data-plane transport.");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
+ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
+
+namespace muonps {
+namespace {
+
+std::string Hostname() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+int Run() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  worker::AgentOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.job = absl::GetFlag(FLAGS_job);
+  if (options.coordinator.empty() || options.job.empty()) {
+    spdlog::error("--coordinator and --job are required");
+    return 2;
+  }
+  options.worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (options.worker_id.empty()) {
+    options.worker_id = absl::StrCat(Hostname(), "-", getpid());
+  }
+  options.device.set_host(Hostname());
+  options.device.set_kind(absl::GetFlag(FLAGS_device_kind));
+  options.device.set_name(absl::GetFlag(FLAGS_device_name));
+  options.device.set_index(absl::GetFlag(FLAGS_device_index));
+  options.device.set_memory_bytes(absl::GetFlag(FLAGS_memory_bytes));
+  options.device.set_colocated(absl::GetFlag(FLAGS_colocated));
+  options.speed = absl::GetFlag(FLAGS_speed);
+  options.data_address = absl::GetFlag(FLAGS_data_address);
+  const std::string table_path = absl::GetFlag(FLAGS_cost_table);
+  if (!table_path.empty()) {
+    std::ifstream in(table_path);
+    if (!in) {
+      spdlog::error("--cost_table: cannot open \"{}\"", table_path);
+      return 2;
+    }
+    options.cost_table.assign(std::istreambuf_iterator<char>(in),
+                              std::istreambuf_iterator<char>());
+  }
+  std::string socket = absl::GetFlag(FLAGS_socket);
+  if (socket.empty()) {
+    socket = absl::StrCat("/tmp/muonps-worker-", options.worker_id, ".sock");
+  }
+  unlink(socket.c_str());  // a stale socket from a killed process
+
+  MetricsRegistry metrics;
+  worker::WorkerAgent agent(options, &metrics);
+  worker::WorkerService service(&agent);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", socket),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    spdlog::error("cannot listen on unix:{}", socket);
+    return 1;
+  }
+  server->GetHealthCheckService()->SetServingStatus("muonps.v1.Worker", true);
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+        MetricsServer::Start(&metrics, absl::GetFlag(FLAGS_host),
+                             absl::GetFlag(FLAGS_metrics_port));
+    if (!started.ok()) {
+      spdlog::error("metrics: {}", started.status().ToString());
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    spdlog::info("metrics on http://{}:{}/metrics", absl::GetFlag(FLAGS_host),
+                 metrics_server->port());
+  }
+  agent.Start();
+  spdlog::info("worker={} listening on unix:{}", options.worker_id, socket);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("signal {}: leaving the job and shutting down", signal_number);
+  agent.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  metrics_server.reset();
+  unlink(socket.c_str());
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace muonps
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "muonps-worker: a GPU (or CPU) worker of a muonps job.\n"
+      "Usage: muonps-worker --coordinator HOST:PORT --job NAME");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status logging =
+      muonps::SetUpLogging({.component = "worker",
+                            .level = absl::GetFlag(FLAGS_log_level),
+                            .file = absl::GetFlag(FLAGS_log_file)});
+  if (!logging.ok()) {
+    std::fprintf(stderr, "%s\n", logging.ToString().c_str());
+    return 2;
+  }
+  return muonps::Run();
+}

@@ -1,0 +1,206 @@
+#include "server/worker/worker_agent.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+std::string RandomInstanceId() {
+  std::random_device device;
+  return absl::StrFormat("%08x%08x", device(), device());
+}
+
+// Deadline for unary calls to the coordinator.
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+}  // namespace
+
+WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics)
+    : options_(std::move(options)),
+      instance_id_(RandomInstanceId()),
+      channel_(grpc::CreateChannel(options_.coordinator,
+                                   grpc::InsecureChannelCredentials())),
+      stub_(v1::Coordinator::NewStub(channel_)),
+      plan_version_(metrics->AddGauge("muonps_worker_plan_version",
+                                      "Plan version the worker follows.")),
+      heartbeats_(metrics->AddCounter("muonps_worker_heartbeats_total",
+                                      "Heartbeats sent, by result.",
+                                      {"result"})),
+      joins_(metrics->AddCounter("muonps_worker_joins_total",
+                                 "Successful joins (first and re-joins).")) {}
+
+WorkerAgent::~WorkerAgent() { Stop(); }
+
+void WorkerAgent::Start() {
+  membership_thread_ = std::thread([this] { MembershipLoop(); });
+  watch_thread_ = std::thread([this] { WatchLoop(); });
+}
+
+void WorkerAgent::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  {
+    absl::MutexLock lock(&mu_);
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
+  if (membership_thread_.joinable()) membership_thread_.join();
+  if (watch_thread_.joinable()) watch_thread_.join();
+}
+
+bool WorkerAgent::JoinWithRetry() {
+  v1::JoinJobRequest request;
+  request.set_job(options_.job);
+  request.set_worker_id(options_.worker_id);
+  request.set_instance_id(instance_id_);
+  *request.mutable_device() = options_.device;
+  request.set_cost_table(options_.cost_table);
+  request.set_speed(options_.speed);
+  request.set_data_address(options_.data_address);
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (!stop_.HasBeenNotified()) {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(absl::Seconds(5)));
+    v1::JoinJobResponse response;
+    const grpc::Status status = stub_->JoinJob(&context, request, &response);
+    if (status.ok()) {
+      absl::MutexLock lock(&mu_);
+      state_ = "ready";
+      heartbeat_interval_ = absl::Milliseconds(
+          std::max<int64_t>(10, response.heartbeat_interval_ms()));
+      joins_->Increment();
+      spdlog::info("job={} worker={} joined: plan_version={}", options_.job,
+                   options_.worker_id, response.plan_version());
+      return true;
+    }
+    // Permanent errors (a bad flag) would retry forever: log them loudly.
+    spdlog::warn("job={} worker={} join failed ({}): {}; retrying",
+                 options_.job, options_.worker_id,
+                 static_cast<int>(status.error_code()), status.error_message());
+    stop_.WaitForNotificationWithTimeout(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+  return false;
+}
+
+void WorkerAgent::MembershipLoop() {
+  if (!JoinWithRetry()) return;
+  while (true) {
+    absl::Duration interval;
+    int64_t known;
+    {
+      absl::MutexLock lock(&mu_);
+      interval = heartbeat_interval_;
+      known = plan_ ? plan_->version() : 0;
+    }
+    if (stop_.WaitForNotificationWithTimeout(interval)) break;
+    v1::HeartbeatRequest request;
+    request.set_job(options_.job);
+    request.set_worker_id(options_.worker_id);
+    request.set_instance_id(instance_id_);
+    request.set_plan_version(known);
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(interval * 2));
+    v1::HeartbeatResponse response;
+    const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+    heartbeats_->Increment({status.ok() ? "ok" : "error"});
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+        status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      spdlog::warn("job={} worker={} lost its lease ({}); re-joining",
+                   options_.job, options_.worker_id, status.error_message());
+      {
+        absl::MutexLock lock(&mu_);
+        state_ = "lost";
+      }
+      if (!JoinWithRetry()) return;
+    }
+  }
+  v1::LeaveJobRequest leave;
+  leave.set_job(options_.job);
+  leave.set_worker_id(options_.worker_id);
+  leave.set_instance_id(instance_id_);
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(absl::Seconds(1)));
+  v1::LeaveJobResponse response;
+  const grpc::Status status = stub_->LeaveJob(&context, leave, &response);
+  spdlog::info("job={} worker={} left: {}", options_.job, options_.worker_id,
+               status.ok() ? "ok" : status.error_message());
+}
+
+void WorkerAgent::WatchLoop() {
+  while (!stop_.HasBeenNotified()) {
+    grpc::ClientContext context;
+    v1::WatchPlanRequest request;
+    request.set_job(options_.job);
+    request.set_worker_id(options_.worker_id);
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_known_version(plan_ ? plan_->version() : 0);
+      watch_context_ = &context;
+    }
+    if (stop_.HasBeenNotified()) context.TryCancel();
+    std::unique_ptr<grpc::ClientReader<v1::Plan>> reader =
+        stub_->WatchPlan(&context, request);
+    v1::Plan plan;
+    while (reader->Read(&plan)) {
+      int rank = -1;
+      for (int i = 0; i < plan.workers_size(); ++i) {
+        if (plan.workers(i) == options_.worker_id) rank = i;
+      }
+      spdlog::info("job={} worker={} plan_version={} rank={} ({})",
+                   options_.job, options_.worker_id, plan.version(), rank,
+                   plan.reason());
+      plan_version_->Set(static_cast<double>(plan.version()));
+      absl::MutexLock lock(&mu_);
+      plan_ = plan;
+    }
+    const grpc::Status status = reader->Finish();
+    {
+      absl::MutexLock lock(&mu_);
+      watch_context_ = nullptr;
+    }
+    if (stop_.HasBeenNotified()) break;
+    spdlog::debug("watch ended ({}); reconnecting", status.error_message());
+    stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200));
+  }
+}
+
+v1::WorkerStatus WorkerAgent::Status() const {
+  absl::MutexLock lock(&mu_);
+  v1::WorkerStatus out;
+  out.set_worker_id(options_.worker_id);
+  out.set_job(options_.job);
+  out.set_coordinator(options_.coordinator);
+  out.set_state(state_);
+  out.set_rank(-1);
+  if (!plan_) return out;
+  out.set_plan_version(plan_->version());
+  for (int i = 0; i < plan_->workers_size(); ++i) {
+    if (plan_->workers(i) == options_.worker_id) out.set_rank(i);
+  }
+  for (const v1::MatrixPlacement& m : plan_->matrices()) {
+    for (const std::string& owner : m.owners()) {
+      if (owner == options_.worker_id)
+        out.set_owned_matrices(out.owned_matrices() + 1);
+    }
+  }
+  for (const v1::WorkerLoad& load : plan_->loads()) {
+    if (load.worker_id() == options_.worker_id) {
+      out.set_owned_momentum_bytes(load.momentum_bytes());
+    }
+  }
+  return out;
+}
+
+std::optional<v1::Plan> WorkerAgent::plan() const {
+  absl::MutexLock lock(&mu_);
+  return plan_;
+}
+
+}  // namespace worker
+}  // namespace muonps

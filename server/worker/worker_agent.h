@@ -1,0 +1,84 @@
+// A worker's membership in a job: joins through the coordinator, keeps its
+// lease alive with heartbeats (re-joining if the lease was lost), and
+// follows WatchPlan so it always knows the current plan version.
+//
+// Start() spawns the two background threads; Stop() leaves the job and
+// joins them. Accessors are thread-safe.
+#ifndef MUONPS_SERVER_WORKER_WORKER_AGENT_H_
+#define MUONPS_SERVER_WORKER_WORKER_AGENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/metrics.h"
+#include "muonps/v1/coordinator.grpc.pb.h"
+#include "muonps/v1/worker.pb.h"
+
+namespace muonps {
+namespace worker {
+
+struct AgentOptions {
+  std::string coordinator;  // host:port
+  std::string job;
+  std::string worker_id;
+  v1::Device device;
+  std::string cost_table;  // text format, may be empty
+  double speed = 1.0;
+  std::string data_address;
+};
+
+class WorkerAgent {
+ public:
+  // `metrics` must outlive the agent.
+  WorkerAgent(AgentOptions options, MetricsRegistry* metrics);
+  ~WorkerAgent();
+  WorkerAgent(const WorkerAgent&) = delete;
+  WorkerAgent& operator=(const WorkerAgent&) = delete;
+
+  void Start();
+  // Leaves the job (best effort) and stops the threads. Idempotent.
+  void Stop();
+
+  // The worker's view for the local control service.
+  v1::WorkerStatus Status() const;
+  // The latest plan received, if any.
+  std::optional<v1::Plan> plan() const;
+  const std::string& instance_id() const { return instance_id_; }
+
+ private:
+  void MembershipLoop();
+  void WatchLoop();
+  // Joins, retrying until it succeeds or Stop(); returns false on Stop().
+  bool JoinWithRetry();
+
+  const AgentOptions options_;
+  const std::string instance_id_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  absl::Notification stop_;
+  std::thread membership_thread_;
+  std::thread watch_thread_;
+
+  mutable absl::Mutex mu_;
+  std::string state_ ABSL_GUARDED_BY(mu_) = "joining";
+  std::optional<v1::Plan> plan_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+
+  Gauge* plan_version_;
+  Counter* heartbeats_;
+  Counter* joins_;
+};
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_WORKER_AGENT_H_

@@ -1,0 +1,123 @@
+#include "tests/harness/child_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace muonps {
+namespace testing {
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
+    const std::vector<std::string>& argv, const std::string& log_path) {
+  const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot open ", log_path));
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fd);
+    return absl::InternalError("fork failed");
+  }
+  if (pid == 0) {
+    // The child: its own process group, output to the log, then exec.
+    setpgid(0, 0);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fd);
+  return std::unique_ptr<ChildProcess>(new ChildProcess(pid, log_path));
+}
+
+ChildProcess::~ChildProcess() {
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &wait_status_, 0);
+  }
+}
+
+std::string ChildProcess::Log() const {
+  std::ifstream in(log_path_);
+  return std::string(std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
+}
+
+bool ChildProcess::running() {
+  if (reaped_) return false;
+  if (waitpid(pid_, &wait_status_, WNOHANG) == pid_) reaped_ = true;
+  return !reaped_;
+}
+
+absl::StatusOr<std::string> ChildProcess::WaitForLog(const std::string& pattern,
+                                                     absl::Duration timeout) {
+  const std::regex re(pattern);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const std::string log = Log();
+    std::smatch match;
+    if (std::regex_search(log, match, re)) {
+      return match.size() > 1 ? match[1].str() : match[0].str();
+    }
+    if (!running()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("process ", pid_, " exited (status ", wait_status_,
+                       ") before logging /", pattern, "/; log:\n", log));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no line matching /", pattern, "/ in ", absl::FormatDuration(timeout),
+          "; log tail:\n", log.substr(log.size() > 4000 ? log.size() - 4000 : 0)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+void ChildProcess::Signal(int signal) {
+  if (!reaped_) kill(pid_, signal);
+}
+
+absl::StatusOr<int> ChildProcess::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (running()) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("process ", pid_, " still runs after ",
+                       absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return wait_status_;
+}
+
+std::string RunfilePath(const std::string& workspace_relative) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* workspace = getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr) return workspace_relative;
+  return absl::StrCat(srcdir, "/", workspace ? workspace : "muonps", "/",
+                      workspace_relative);
+}
+
+std::string NewTempDir(const std::string& prefix) {
+  const char* base = getenv("TEST_TMPDIR");
+  std::string templ =
+      absl::StrCat(base ? base : "/tmp", "/", prefix, "-XXXXXX");
+  if (mkdtemp(templ.data()) == nullptr) return "";
+  return templ;
+}
+
+}  // namespace testing
+}  // namespace muonps

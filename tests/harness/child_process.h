@@ -1,0 +1,70 @@
+// Starting the real muonps binaries from multi-process tests: a child
+// process with its output in a log file, waiting for a log line, signals,
+// and cleanup (every child still running is killed and reaped when its
+// ChildProcess is destroyed). Thread-compatible.
+#ifndef MUONPS_TESTS_HARNESS_CHILD_PROCESS_H_
+#define MUONPS_TESTS_HARNESS_CHILD_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace muonps {
+namespace testing {
+
+class ChildProcess {
+ public:
+  // Starts argv[0] (a path) with the given arguments; stdout and stderr go
+  // to `log_path` (appended). INTERNAL if fork/exec fails.
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(
+      const std::vector<std::string>& argv, const std::string& log_path);
+
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  // SIGKILLs the child if it still runs, and reaps it.
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  const std::string& log_path() const { return log_path_; }
+  // The whole log so far.
+  std::string Log() const;
+
+  // Waits until the log holds a line matching `pattern` (ECMAScript regex)
+  // and returns the first capture group (or the whole match). DEADLINE_EXCEEDED
+  // with the log's tail on timeout; FAILED_PRECONDITION if the child exits
+  // first.
+  absl::StatusOr<std::string> WaitForLog(const std::string& pattern,
+                                         absl::Duration timeout);
+
+  // Sends `signal` to the child.
+  void Signal(int signal);
+  // Waits for the child to exit and returns its wait status
+  // (DEADLINE_EXCEEDED if it does not exit in time).
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  bool running();
+
+ private:
+  ChildProcess(pid_t pid, std::string log_path)
+      : pid_(pid), log_path_(std::move(log_path)) {}
+  pid_t pid_;
+  std::string log_path_;
+  bool reaped_ = false;
+  int wait_status_ = 0;
+};
+
+// Absolute path of a file of this workspace in the test's runfiles, e.g.
+// RunfilePath("server/coordinator/muonps-coordinator").
+std::string RunfilePath(const std::string& workspace_relative);
+
+// A fresh directory under TEST_TMPDIR (or /tmp), removed by the caller.
+std::string NewTempDir(const std::string& prefix);
+
+}  // namespace testing
+}  // namespace muonps
+
+#endif  // MUONPS_TESTS_HARNESS_CHILD_PROCESS_H_
