@@ -402,10 +402,14 @@ absl::Status CoordinatorState::PutNcclId(const v1::PutNcclIdRequest& r) {
   }
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-  if (job->plans.empty() || r.plan_version() != job->latest_version) {
+  if (job->plans.empty() || !job->plan_error.empty() ||
+      r.plan_version() != job->latest_version) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "plan_version",
                       absl::StrCat(r.plan_version(), " is not the current ",
-                                   job->latest_version));
+                                   job->latest_version,
+                                   job->plan_error.empty()
+                                       ? ""
+                                       : absl::StrCat(" (", job->plan_error, ")")));
   }
   PlanRecord& plan = job->plans.back();
   if (plan.proto.workers(0) != r.worker_id()) {

@@ -33,7 +33,10 @@ ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
           "How often workers are told to heartbeat.");
 ABSL_FLAG(int, plan_history, 16, "Plan versions kept per job.");
 ABSL_FLAG(int64_t, max_jobs, 1000, "Jobs the coordinator holds at most.");
-ABSL_FLAG(int64_t, max_matrices_per_job, 1000000, "Matrices per job.");
+ABSL_FLAG(int64_t, max_matrices_per_job, 1000000,
+          "Matrices per job, each expert counted.");
+ABSL_FLAG(int64_t, max_parameters_per_job, int64_t{1} << 44,
+          "Parameters per job.");
 ABSL_FLAG(int64_t, max_dim, 1 << 20, "Largest matrix dimension.");
 ABSL_FLAG(int64_t, max_experts, 65536, "Largest expert stack.");
 ABSL_FLAG(int64_t, max_name_bytes, 256, "Longest matrix name.");
@@ -54,6 +57,8 @@ coordinator::CoordinatorOptions OptionsFromFlags() {
   o.plan_history = absl::GetFlag(FLAGS_plan_history);
   o.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.limits.max_matrices_per_job = absl::GetFlag(FLAGS_max_matrices_per_job);
+  o.limits.max_parameters_per_job =
+      absl::GetFlag(FLAGS_max_parameters_per_job);
   o.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
   o.limits.max_experts = absl::GetFlag(FLAGS_max_experts);
   o.limits.max_name_bytes = absl::GetFlag(FLAGS_max_name_bytes);

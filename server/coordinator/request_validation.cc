@@ -126,6 +126,8 @@ absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
       InRange(spec.bucket_bytes(), 0, int64_t{1} << 40, "job.bucket_bytes"));
   std::vector<scheduler::MatrixSpec> out;
   out.reserve(spec.matrices_size());
+  int64_t items = 0;
+  int64_t parameters = 0;
   std::set<absl::string_view> names;
   for (int i = 0; i < spec.matrices_size(); ++i) {
     const v1::Matrix& m = spec.matrices(i);
@@ -152,6 +154,23 @@ absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
     MUONPS_RETURN_IF_ERROR(
         InRange(m.experts(), 0, limits.max_experts, field + ".experts"));
     MUONPS_RETURN_IF_ERROR(InRange(m.layer(), 0, 1 << 20, field + ".layer"));
+    // Each factor is bounded above, so the products cannot overflow; the
+    // sums stop at their limits.
+    const int64_t experts = std::max<int64_t>(1, m.experts());
+    items += experts;
+    parameters += m.rows() * m.cols() * experts;
+    if (items > limits.max_matrices_per_job) {
+      return FieldError(absl::StatusCode::kResourceExhausted, "job.matrices",
+                        absl::StrCat("hold more than ",
+                                     limits.max_matrices_per_job,
+                                     " matrices (experts counted)"));
+    }
+    if (parameters > limits.max_parameters_per_job) {
+      return FieldError(absl::StatusCode::kResourceExhausted, "job.matrices",
+                        absl::StrCat("hold more than ",
+                                     limits.max_parameters_per_job,
+                                     " parameters"));
+    }
     scheduler::MatrixSpec s;
     s.name = m.name();
     s.rows = m.rows();

@@ -18,7 +18,10 @@ namespace coordinator {
 // Limits on what one request may ask for; flags set them in main().
 struct Limits {
   int64_t max_jobs = 1000;
+  // Matrices per job, each expert of a stack counted (the planner's items).
   int64_t max_matrices_per_job = 1000000;
+  // Parameters (rows * cols * experts summed) per job.
+  int64_t max_parameters_per_job = int64_t{1} << 44;
   int64_t max_dim = int64_t{1} << 20;
   int64_t max_experts = 65536;
   int64_t max_name_bytes = 256;

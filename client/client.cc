@@ -1,0 +1,341 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/row_ranges.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, ": ", status.error_message()));
+}
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+v1::Layout ToProto(scheduler::Layout layout) {
+  switch (layout) {
+    case scheduler::Layout::kUnreduced:
+      return v1::LAYOUT_UNREDUCED;
+    case scheduler::Layout::kRowSharded:
+      return v1::LAYOUT_ROW_SHARDED;
+    case scheduler::Layout::kReplicated:
+      break;
+  }
+  return v1::LAYOUT_REPLICATED;
+}
+
+}  // namespace
+
+Client::Client(const ClientOptions& options)
+    : options_(options),
+      coordinator_(v1::Coordinator::NewStub(grpc::CreateChannel(
+          options.coordinator, grpc::InsecureChannelCredentials()))),
+      worker_(v1::Worker::NewStub(
+          grpc::CreateChannel(absl::StrCat("unix:", options.worker_socket),
+                              grpc::InsecureChannelCredentials()))) {}
+
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(
+    const ClientOptions& options) {
+  if (options.coordinator.empty()) {
+    return InvalidField("coordinator", "is empty");
+  }
+  if (options.job.empty()) return InvalidField("job", "is empty");
+  if (options.worker_socket.empty()) {
+    return InvalidField("worker_socket", "is empty");
+  }
+  if (options.trainer_count < 1 || options.trainer_rank < 0 ||
+      options.trainer_rank >= options.trainer_count) {
+    return InvalidField("trainer_rank",
+                        absl::StrCat(options.trainer_rank, " of ",
+                                     options.trainer_count,
+                                     " is not a valid rank"));
+  }
+  return std::unique_ptr<Client>(new Client(options));
+}
+
+Client::Tensor* Client::Find(const std::string& name) {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const Client::Tensor* Client::Find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
+                               int64_t cols, const MatrixOptions& options) {
+  const std::string field = absl::StrCat("matrix ", Quoted(name));
+  if (started_) return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                                  "added after Start");
+  if (name.empty()) return InvalidField("name", "is empty");
+  if (Find(name) != nullptr) return InvalidField(field, "is declared twice");
+  if (rows < 1 || cols < 1 || options.experts < 1) {
+    return InvalidField(field, absl::StrCat("shape [", options.experts, ", ",
+                                            rows, ", ", cols,
+                                            "] must be positive"));
+  }
+  Tensor t;
+  t.name = name;
+  t.muon = true;
+  t.rows = rows;
+  t.cols = cols;
+  t.matrix = options;
+  t.layout = options.layout;
+  int64_t local_rows = rows;
+  if (options.layout == scheduler::Layout::kRowSharded) {
+    const auto [begin, end] =
+        TrainerRowRange(rows, options_.trainer_rank, options_.trainer_count);
+    local_rows = end - begin;
+    if (local_rows < 1) {
+      return InvalidField(field, absl::StrCat(rows, " rows cannot be sharded "
+                                                    "over ",
+                                              options_.trainer_count,
+                                              " trainers"));
+    }
+  }
+  t.elements = local_rows * cols * options.experts;
+  t.param_elements = options.shard_params ? t.elements
+                                          : rows * cols * options.experts;
+  index_[name] = tensors_.size();
+  tensors_.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+absl::Status Client::AddTensor(const std::string& name, int64_t elements,
+                               scheduler::Layout layout) {
+  const std::string field = absl::StrCat("tensor ", Quoted(name));
+  if (started_) return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                                  "added after Start");
+  if (name.empty()) return InvalidField("name", "is empty");
+  if (Find(name) != nullptr) return InvalidField(field, "is declared twice");
+  if (elements < 1) return InvalidField(field, "elements must be >= 1");
+  if (layout == scheduler::Layout::kRowSharded) {
+    return InvalidField(field, "AdamW tensors are replicated or unreduced");
+  }
+  Tensor t;
+  t.name = name;
+  t.layout = layout;
+  t.elements = elements;
+  t.param_elements = elements;
+  t.exp_avg.assign(elements, 0.0f);
+  t.exp_avg_sq.assign(elements, 0.0f);
+  index_[name] = tensors_.size();
+  tensors_.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+absl::Status Client::EnsureJob(const kernels::MuonHyperparameters& muon,
+                               const kernels::AdamWHyperparameters& adamw) {
+  v1::CreateJobRequest request;
+  // Every rank sends the same request id: the first creates, the others'
+  // calls are retries of it.
+  request.set_request_id(absl::StrCat("client:", options_.job));
+  v1::JobSpec* spec = request.mutable_job();
+  spec->set_name(options_.job);
+  for (const Tensor& t : tensors_) {
+    if (!t.muon) continue;
+    v1::Matrix* m = spec->add_matrices();
+    m->set_name(t.name);
+    m->set_rows(t.rows);
+    m->set_cols(t.cols);
+    m->set_experts(t.matrix.experts);
+    m->set_dtype(v1::DTYPE_FP32);
+    m->set_layout(ToProto(t.matrix.layout));
+    m->set_layer(t.matrix.layer);
+  }
+  v1::MuonHyperparameters* h = spec->mutable_muon();
+  h->set_lr(muon.lr);
+  h->set_weight_decay(muon.weight_decay);
+  h->set_momentum(muon.momentum);
+  h->set_nesterov(muon.nesterov);
+  h->set_ns_steps(muon.ns.steps);
+  h->set_adjust_lr_fn(muon.lr_adjustment == kernels::LrAdjustment::kMatchRmsAdamW
+                          ? v1::LR_ADJUSTMENT_MATCH_RMS_ADAMW
+                          : v1::LR_ADJUSTMENT_ORIGINAL);
+  v1::AdamWHyperparameters* a = spec->mutable_adamw();
+  a->set_lr(adamw.lr);
+  a->set_beta1(adamw.beta1);
+  a->set_beta2(adamw.beta2);
+  a->set_eps(adamw.eps);
+  a->set_weight_decay(adamw.weight_decay);
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  v1::Job job;
+  const grpc::Status status = coordinator_->CreateJob(&context, request, &job);
+  if (status.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
+    return FromGrpc(status, "CreateJob");
+  }
+  // A job of this name from another run: usable if its matrices match.
+  grpc::ClientContext get_context;
+  get_context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  v1::GetJobRequest get;
+  get.set_job(options_.job);
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(coordinator_->GetJob(&get_context, get, &job), "GetJob"));
+  if (job.spec().SerializeAsString() != spec->SerializeAsString()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "job",
+                      absl::StrCat(Quoted(options_.job),
+                                   " exists with other matrices or "
+                                   "hyperparameters"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::WaitAndAttach() {
+  v1::AttachRequest attach;
+  attach.set_trainer_rank(options_.trainer_rank);
+  attach.set_trainer_count(options_.trainer_count);
+  attach.set_segment(segment_->name());
+  attach.set_segment_bytes(static_cast<int64_t>(segment_->size()));
+  for (const Tensor& t : tensors_) {
+    v1::TensorBinding* b = attach.add_tensors();
+    b->set_name(t.name);
+    b->set_grad_offset(t.offset);
+    b->set_param_offset(t.offset + t.elements * 4);
+    b->set_elements(t.elements);
+    b->set_param_elements(t.param_elements);
+    b->set_dtype(v1::DTYPE_FP32);
+    b->set_layout(ToProto(t.layout));
+    b->set_muon(t.muon);
+  }
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  grpc::Status last;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(absl::Seconds(5)));
+    v1::AttachResponse response;
+    last = worker_->Attach(&context, attach, &response);
+    // FAILED_PRECONDITION: no plan yet; UNAVAILABLE: the worker is starting.
+    if (last.ok()) return absl::OkStatus();
+    if (last.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+        last.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return FromGrpc(last, absl::StrCat("Attach to the worker at ",
+                                     options_.worker_socket));
+}
+
+absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
+                           const kernels::AdamWHyperparameters& adamw) {
+  if (started_) return FieldError(absl::StatusCode::kFailedPrecondition,
+                                  "Start", "called twice");
+  MUONPS_RETURN_IF_ERROR(kernels::ValidateMuonHyperparameters(muon));
+  MUONPS_RETURN_IF_ERROR(kernels::ValidateAdamWHyperparameters(adamw));
+  bool any_matrix = false;
+  int64_t bytes = 0;
+  for (Tensor& t : tensors_) {
+    any_matrix = any_matrix || t.muon;
+    t.offset = bytes;
+    bytes += (t.elements + t.param_elements) * 4;
+  }
+  if (!any_matrix) return InvalidField("matrices", "none was added");
+  MUONPS_ASSIGN_OR_RETURN(
+      SharedMemorySegment segment,
+      SharedMemorySegment::Create(
+          // pids repeat across PID namespaces (containers, sandboxes) that
+          // share /dev/shm: add a random token.
+          absl::StrCat("/muonps-", options_.job, "-r", options_.trainer_rank,
+                       "-", getpid(), "-", std::random_device()()),
+          static_cast<size_t>(bytes)));
+  segment_ = std::move(segment);
+  adamw_ = adamw;
+  MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw));
+  MUONPS_RETURN_IF_ERROR(WaitAndAttach());
+  started_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorBuffers> Client::Buffers(const std::string& name) const {
+  const Tensor* t = Find(name);
+  if (t == nullptr) {
+    return FieldError(absl::StatusCode::kNotFound, "name",
+                      absl::StrCat(Quoted(name), " was not declared"));
+  }
+  if (!segment_.has_value()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "name",
+                      "buffers exist after Start");
+  }
+  char* base = static_cast<char*>(segment_->data());
+  TensorBuffers out;
+  out.grad = reinterpret_cast<float*>(base + t->offset);
+  out.param = reinterpret_cast<float*>(base + t->offset + t->elements * 4);
+  out.elements = t->elements;
+  out.param_elements = t->param_elements;
+  out.row_begin = 0;
+  out.row_end = t->rows;
+  if (t->muon && t->matrix.layout == scheduler::Layout::kRowSharded) {
+    std::tie(out.row_begin, out.row_end) = TrainerRowRange(
+        t->rows, options_.trainer_rank, options_.trainer_count);
+  }
+  return out;
+}
+
+absl::StatusOr<std::pair<const float*, const float*>> Client::AdamWState(
+    const std::string& name) const {
+  const Tensor* t = Find(name);
+  if (t == nullptr || t->muon) {
+    return FieldError(absl::StatusCode::kNotFound, "name",
+                      absl::StrCat(Quoted(name), " is not an AdamW tensor"));
+  }
+  return std::make_pair(t->exp_avg.data(), t->exp_avg_sq.data());
+}
+
+absl::StatusOr<StepResult> Client::Step(int64_t step_id,
+                                        const StepOptions& options) {
+  if (!started_) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
+                      "Step before Start");
+  }
+  v1::StepRequest request;
+  request.set_step_id(step_id);
+  request.set_lr(options.lr);
+  request.set_weight_decay(options.weight_decay);
+  for (const ParamGroupOptions& g : options.groups) {
+    v1::ParamGroup* group = request.add_groups();
+    for (const std::string& m : g.matrices) group->add_matrices(m);
+    group->set_lr(g.lr);
+    group->set_weight_decay(g.weight_decay);
+  }
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(options_.timeout));
+  v1::StepResponse response;
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(worker_->Step(&context, request, &response), "Step"));
+  StepResult result;
+  result.already_applied = response.already_applied();
+  result.seconds = response.seconds();
+  result.bytes_moved = response.bytes_moved();
+  result.momentum_reset = response.momentum_reset();
+  result.plan_version = response.plan_version();
+  if (result.already_applied) return result;
+  // The workers averaged the AdamW gradients; step them here.
+  kernels::AdamWHyperparameters hyper = adamw_;
+  if (options.adamw_lr >= 0) hyper.lr = options.adamw_lr;
+  ++adamw_steps_;
+  for (Tensor& t : tensors_) {
+    if (t.muon) continue;
+    MUONPS_ASSIGN_OR_RETURN(const TensorBuffers b, Buffers(t.name));
+    MUONPS_RETURN_IF_ERROR(kernels_.AdamWStep(
+        {t.name, b.param, b.grad, t.exp_avg.data(), t.exp_avg_sq.data(),
+         t.elements},
+        hyper, adamw_steps_));
+  }
+  return result;
+}
+
+}  // namespace muonps

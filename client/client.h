@@ -1,0 +1,157 @@
+// muonps::Client: a trainer rank's handle on muonps. It declares the
+// model's matrices (optimized by Muon on the workers) and its other tensors
+// (stepped here with AdamW), lends their gradient and parameter buffers to
+// the local worker through one POSIX shared-memory segment, and triggers
+// steps.
+//
+// Lifecycle: Create, AddMatrix/AddTensor for every tensor (identical on all
+// ranks), Start (creates the job if needed, waits for the local worker's
+// plan, attaches), then Buffers() to place the model in the lent memory,
+// and Step() once per optimizer step after writing the gradients. Errors
+// are absl::Status values naming the tensor or field. Not thread-safe: one
+// trainer thread uses a Client.
+#ifndef MUONPS_CLIENT_CLIENT_H_
+#define MUONPS_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/shared_memory.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "muonps/v1/coordinator.grpc.pb.h"
+#include "muonps/v1/worker.grpc.pb.h"
+#include "scheduler/plan_types.h"
+
+namespace muonps {
+
+struct ClientOptions {
+  std::string coordinator;    // "host:port"
+  std::string job;            // created by the first rank to Start
+  std::string worker_socket;  // the local worker's Unix socket path
+  int trainer_rank = 0;
+  int trainer_count = 1;
+  // How long Start waits for the worker's plan, and a step for its peers.
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+struct MatrixOptions {
+  scheduler::Layout layout = scheduler::Layout::kReplicated;
+  int32_t layer = 0;
+  int64_t experts = 1;  // > 1: a 3-D stack of expert matrices
+  // row_sharded only: the parameter is sharded like the gradient (FSDP,
+  // updates scattered), or false: the trainer keeps the whole parameter
+  // (sharded gradients only; the full update is broadcast).
+  bool shard_params = true;
+};
+
+// A tensor's lent buffers. For a row_sharded matrix the gradient holds this
+// rank's rows only: [row_begin, row_end) of every expert, expert-major; so
+// does the parameter unless shard_params is false.
+struct TensorBuffers {
+  float* param = nullptr;
+  float* grad = nullptr;
+  int64_t elements = 0;        // of grad
+  int64_t param_elements = 0;  // of param
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+};
+
+struct ParamGroupOptions {
+  std::vector<std::string> matrices;
+  double lr = 0;
+  double weight_decay = 0;
+};
+
+struct StepOptions {
+  // Muon lr and weight decay for this step; < 0 keeps the job's defaults.
+  double lr = -1;
+  double weight_decay = -1;
+  std::vector<ParamGroupOptions> groups;
+  // AdamW lr for this step; < 0 keeps Start's.
+  double adamw_lr = -1;
+};
+
+struct StepResult {
+  bool already_applied = false;
+  double seconds = 0;
+  int64_t bytes_moved = 0;
+  int64_t momentum_reset = 0;
+  int64_t plan_version = 0;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Create(
+      const ClientOptions& options);
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  ~Client();
+
+  // Declares a Muon matrix (before Start). INVALID_ARGUMENT naming the
+  // field for bad shapes or a duplicate name.
+  absl::Status AddMatrix(const std::string& name, int64_t rows, int64_t cols,
+                         const MatrixOptions& options = {});
+  // Declares a tensor stepped here with AdamW (before Start); `layout` is
+  // kUnreduced (gradients averaged over trainers by the workers) or
+  // kReplicated.
+  absl::Status AddTensor(const std::string& name, int64_t elements,
+                         scheduler::Layout layout);
+
+  // Creates the segment and the job (a job of the same name must have the
+  // same matrices), waits for the local worker to follow a plan, attaches.
+  absl::Status Start(const kernels::MuonHyperparameters& muon,
+                     const kernels::AdamWHyperparameters& adamw);
+
+  // Buffers of a declared tensor (after Start); NOT_FOUND naming it.
+  absl::StatusOr<TensorBuffers> Buffers(const std::string& name) const;
+
+  // One optimizer step: Muon on the workers, then AdamW here on the
+  // (averaged) gradients. A step id at or below the last completed one is
+  // a no-op (already_applied). On error nothing is retried.
+  absl::StatusOr<StepResult> Step(int64_t step_id,
+                                  const StepOptions& options = {});
+
+  // The AdamW moments of a tensor (for checkpoints and tests).
+  absl::StatusOr<std::pair<const float*, const float*>> AdamWState(
+      const std::string& name) const;
+
+ private:
+  struct Tensor {
+    std::string name;
+    bool muon = false;
+    int64_t rows = 0, cols = 0;
+    MatrixOptions matrix;
+    scheduler::Layout layout = scheduler::Layout::kReplicated;
+    int64_t elements = 0;        // this rank's gradient elements
+    int64_t param_elements = 0;  // this rank's parameter elements
+    int64_t offset = 0;          // grad at offset, param right after it
+    std::vector<float> exp_avg, exp_avg_sq;
+  };
+  explicit Client(const ClientOptions& options);
+  absl::Status EnsureJob(const kernels::MuonHyperparameters& muon,
+                         const kernels::AdamWHyperparameters& adamw);
+  absl::Status WaitAndAttach();
+  Tensor* Find(const std::string& name);
+  const Tensor* Find(const std::string& name) const;
+
+  const ClientOptions options_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  std::unique_ptr<v1::Worker::Stub> worker_;
+  std::vector<Tensor> tensors_;
+  std::map<std::string, size_t> index_;
+  std::optional<SharedMemorySegment> segment_;
+  kernels::AdamWHyperparameters adamw_;
+  kernels::CpuKernels kernels_;
+  int64_t adamw_steps_ = 0;
+  bool started_ = false;
+};
+
+}  // namespace muonps
+
+#endif  // MUONPS_CLIENT_CLIENT_H_

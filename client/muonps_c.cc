@@ -1,0 +1,165 @@
+#include "client/muonps_c.h"
+
+#include <memory>
+#include <string>
+
+#include "client/client.h"
+
+struct muonps_client {
+  std::unique_ptr<muonps::Client> client;
+  std::string last_error;
+};
+
+namespace {
+
+// Per-thread: the message of the last failed muonps_client_create.
+thread_local std::string create_error;
+
+int Record(muonps_client* c, const absl::Status& status) {
+  c->last_error = status.ok() ? "" : std::string(status.message());
+  return static_cast<int>(status.code());
+}
+
+muonps::scheduler::Layout ToLayout(int layout) {
+  switch (layout) {
+    case MUONPS_LAYOUT_UNREDUCED:
+      return muonps::scheduler::Layout::kUnreduced;
+    case MUONPS_LAYOUT_ROW_SHARDED:
+      return muonps::scheduler::Layout::kRowSharded;
+    default:
+      return muonps::scheduler::Layout::kReplicated;
+  }
+}
+
+bool ValidLayout(int layout) {
+  return layout == MUONPS_LAYOUT_REPLICATED ||
+         layout == MUONPS_LAYOUT_UNREDUCED || layout == MUONPS_LAYOUT_ROW_SHARDED;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* muonps_version(void) { return "muonps 0.1.0 (C ABI 1)"; }
+int muonps_abi_version(void) { return MUONPS_C_ABI_VERSION; }
+
+int muonps_client_create(const char* coordinator, const char* job,
+                         const char* worker_socket, int trainer_rank,
+                         int trainer_count, double timeout_seconds,
+                         muonps_client** out) {
+  if (out == nullptr) return MUONPS_INVALID_ARGUMENT;
+  *out = nullptr;
+  if (coordinator == nullptr || job == nullptr || worker_socket == nullptr) {
+    create_error = "coordinator, job and worker_socket must not be NULL";
+    return MUONPS_INVALID_ARGUMENT;
+  }
+  muonps::ClientOptions options;
+  options.coordinator = coordinator;
+  options.job = job;
+  options.worker_socket = worker_socket;
+  options.trainer_rank = trainer_rank;
+  options.trainer_count = trainer_count;
+  if (timeout_seconds > 0) options.timeout = absl::Seconds(timeout_seconds);
+  absl::StatusOr<std::unique_ptr<muonps::Client>> client =
+      muonps::Client::Create(options);
+  if (!client.ok()) {
+    create_error = std::string(client.status().message());
+    return static_cast<int>(client.status().code());
+  }
+  *out = new muonps_client{*std::move(client), ""};
+  return MUONPS_OK;
+}
+
+const char* muonps_last_create_error(void) { return create_error.c_str(); }
+
+void muonps_client_destroy(muonps_client* client) { delete client; }
+
+const char* muonps_client_last_error(const muonps_client* client) {
+  return client == nullptr ? "client is NULL" : client->last_error.c_str();
+}
+
+int muonps_client_add_matrix(muonps_client* c, const char* name, int64_t rows,
+                             int64_t cols, int64_t experts, int layout,
+                             int layer) {
+  if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
+  if (!ValidLayout(layout)) {
+    return Record(c, absl::InvalidArgumentError("layout: unknown value"));
+  }
+  muonps::MatrixOptions options;
+  options.layout = ToLayout(layout);
+  options.layer = layer;
+  options.experts = experts;
+  return Record(c, c->client->AddMatrix(name, rows, cols, options));
+}
+
+int muonps_client_add_tensor(muonps_client* c, const char* name,
+                             int64_t elements, int layout) {
+  if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
+  if (!ValidLayout(layout)) {
+    return Record(c, absl::InvalidArgumentError("layout: unknown value"));
+  }
+  return Record(c, c->client->AddTensor(name, elements, ToLayout(layout)));
+}
+
+int muonps_client_start(muonps_client* c, const muonps_muon_hyper* muon,
+                        const muonps_adamw_hyper* adamw) {
+  if (c == nullptr || muon == nullptr || adamw == nullptr) {
+    return MUONPS_INVALID_ARGUMENT;
+  }
+  muonps::kernels::MuonHyperparameters m;
+  m.lr = muon->lr;
+  m.weight_decay = muon->weight_decay;
+  m.momentum = muon->momentum;
+  m.nesterov = muon->nesterov != 0;
+  m.ns.steps = muon->ns_steps > 0 ? muon->ns_steps : 5;
+  m.lr_adjustment = muon->adjust_lr_fn == MUONPS_ADJUST_LR_MATCH_RMS_ADAMW
+                        ? muonps::kernels::LrAdjustment::kMatchRmsAdamW
+                        : muonps::kernels::LrAdjustment::kOriginal;
+  muonps::kernels::AdamWHyperparameters a;
+  a.lr = adamw->lr;
+  a.beta1 = adamw->beta1;
+  a.beta2 = adamw->beta2;
+  a.eps = adamw->eps;
+  a.weight_decay = adamw->weight_decay;
+  return Record(c, c->client->Start(m, a));
+}
+
+int muonps_client_buffers(const muonps_client* c, const char* name,
+                          float** param, float** grad, int64_t* elements,
+                          int64_t* row_begin, int64_t* row_end) {
+  if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
+  absl::StatusOr<muonps::TensorBuffers> b = c->client->Buffers(name);
+  if (!b.ok()) {
+    const_cast<muonps_client*>(c)->last_error =
+        std::string(b.status().message());
+    return static_cast<int>(b.status().code());
+  }
+  if (param != nullptr) *param = b->param;
+  if (grad != nullptr) *grad = b->grad;
+  if (elements != nullptr) *elements = b->elements;
+  if (row_begin != nullptr) *row_begin = b->row_begin;
+  if (row_end != nullptr) *row_end = b->row_end;
+  return MUONPS_OK;
+}
+
+int muonps_client_step(muonps_client* c, int64_t step_id, double lr,
+                       double weight_decay, double adamw_lr,
+                       muonps_step_result* result) {
+  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
+  muonps::StepOptions options;
+  options.lr = lr;
+  options.weight_decay = weight_decay;
+  options.adamw_lr = adamw_lr;
+  absl::StatusOr<muonps::StepResult> step = c->client->Step(step_id, options);
+  if (!step.ok()) return Record(c, step.status());
+  if (result != nullptr) {
+    result->already_applied = step->already_applied ? 1 : 0;
+    result->seconds = step->seconds;
+    result->bytes_moved = step->bytes_moved;
+    result->momentum_reset = step->momentum_reset;
+    result->plan_version = step->plan_version;
+  }
+  return Record(c, absl::OkStatus());
+}
+
+}  // extern "C"

@@ -1,0 +1,115 @@
+/* muonps C ABI: a stable, C-callable surface over muonps::Client for
+ * language bindings (the Python package loads it with ctypes).
+ *
+ * Handles are opaque. Every call returns a muonps_code (0 on success; the
+ * values are the gRPC/absl status codes); after a failure
+ * muonps_client_last_error() returns the message naming the field, valid
+ * until the next call on the same handle. A handle is used by one thread at
+ * a time. Strings passed in are copied; pointers returned by
+ * muonps_client_buffers stay valid until muonps_client_destroy. */
+#ifndef MUONPS_CLIENT_MUONPS_C_H_
+#define MUONPS_CLIENT_MUONPS_C_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MUONPS_C_ABI_VERSION 1
+
+typedef enum {
+  MUONPS_OK = 0,
+  MUONPS_CANCELLED = 1,
+  MUONPS_UNKNOWN = 2,
+  MUONPS_INVALID_ARGUMENT = 3,
+  MUONPS_DEADLINE_EXCEEDED = 4,
+  MUONPS_NOT_FOUND = 5,
+  MUONPS_ALREADY_EXISTS = 6,
+  MUONPS_PERMISSION_DENIED = 7,
+  MUONPS_RESOURCE_EXHAUSTED = 8,
+  MUONPS_FAILED_PRECONDITION = 9,
+  MUONPS_ABORTED = 10,
+  MUONPS_OUT_OF_RANGE = 11,
+  MUONPS_UNIMPLEMENTED = 12,
+  MUONPS_INTERNAL = 13,
+  MUONPS_UNAVAILABLE = 14,
+  MUONPS_DATA_LOSS = 15,
+} muonps_code;
+
+/* Layouts, as muonps.v1.Layout. */
+enum {
+  MUONPS_LAYOUT_REPLICATED = 1,
+  MUONPS_LAYOUT_UNREDUCED = 2,
+  MUONPS_LAYOUT_ROW_SHARDED = 3,
+};
+
+/* LR adjustments, as muonps.v1.LrAdjustment. */
+enum {
+  MUONPS_ADJUST_LR_ORIGINAL = 1,
+  MUONPS_ADJUST_LR_MATCH_RMS_ADAMW = 2,
+};
+
+typedef struct muonps_client muonps_client;
+
+typedef struct {
+  double lr;
+  double weight_decay;
+  double momentum;
+  int nesterov;      /* 0 or 1 */
+  int ns_steps;
+  int adjust_lr_fn;  /* MUONPS_ADJUST_LR_* */
+} muonps_muon_hyper;
+
+typedef struct {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+} muonps_adamw_hyper;
+
+typedef struct {
+  int already_applied;
+  double seconds;
+  int64_t bytes_moved;
+  int64_t momentum_reset;
+  int64_t plan_version;
+} muonps_step_result;
+
+/* "muonps X.Y.Z (C ABI N)"; static storage. */
+const char* muonps_version(void);
+int muonps_abi_version(void);
+
+/* Creates a client; *out is NULL on failure (the message is then in
+ * muonps_last_create_error()). */
+int muonps_client_create(const char* coordinator, const char* job,
+                         const char* worker_socket, int trainer_rank,
+                         int trainer_count, double timeout_seconds,
+                         muonps_client** out);
+const char* muonps_last_create_error(void);
+void muonps_client_destroy(muonps_client* client);
+const char* muonps_client_last_error(const muonps_client* client);
+
+int muonps_client_add_matrix(muonps_client* client, const char* name,
+                             int64_t rows, int64_t cols, int64_t experts,
+                             int layout, int layer);
+int muonps_client_add_tensor(muonps_client* client, const char* name,
+                             int64_t elements, int layout);
+int muonps_client_start(muonps_client* client, const muonps_muon_hyper* muon,
+                        const muonps_adamw_hyper* adamw);
+/* param, grad: fp32 buffers of `*elements` floats (this rank's rows of a
+ * row_sharded matrix: [*row_begin, *row_end) of each expert). */
+int muonps_client_buffers(const muonps_client* client, const char* name,
+                          float** param, float** grad, int64_t* elements,
+                          int64_t* row_begin, int64_t* row_end);
+/* lr, weight_decay, adamw_lr < 0 keep the defaults. */
+int muonps_client_step(muonps_client* client, int64_t step_id, double lr,
+                       double weight_decay, double adamw_lr,
+                       muonps_step_result* result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MUONPS_CLIENT_MUONPS_C_H_ */

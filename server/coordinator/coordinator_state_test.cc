@@ -1,0 +1,786 @@
+#include "server/coordinator/coordinator_state.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace muonps {
+namespace coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr absl::Duration kTtl = absl::Seconds(10);
+
+// The status has `code` and a message containing `part`.
+MATCHER_P2(StatusIs, code, part, "") {
+  *result_listener << "status is " << arg;
+  return arg.code() == code &&
+         std::string(arg.message()).find(part) != std::string::npos;
+}
+
+// Time that moves only when a test advances it. Thread-safe.
+class FakeClock {
+ public:
+  absl::Time Now() {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1700000000);
+};
+
+// `count` fp32 matrices of rows x cols (4 MiB of momentum each by default),
+// one per layer.
+v1::JobSpec Spec(const std::string& name, int count, int64_t rows = 1024,
+                 int64_t cols = 1024) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  for (int i = 0; i < count; ++i) {
+    v1::Matrix* m = spec.add_matrices();
+    m->set_name(absl::StrCat("layers.", i, ".w"));
+    m->set_rows(rows);
+    m->set_cols(cols);
+    m->set_layer(i);
+  }
+  return spec;
+}
+
+v1::CreateJobRequest Create(const v1::JobSpec& spec,
+                            const std::string& request_id = "") {
+  v1::CreateJobRequest r;
+  r.set_request_id(request_id);
+  *r.mutable_job() = spec;
+  return r;
+}
+
+v1::JoinJobRequest Join(const std::string& job, const std::string& worker,
+                        int64_t memory_bytes = 4 * kGiB,
+                        const std::string& instance = "") {
+  v1::JoinJobRequest r;
+  r.set_job(job);
+  r.set_worker_id(worker);
+  r.set_instance_id(instance.empty() ? "i-" + worker : instance);
+  r.mutable_device()->set_kind("cuda");
+  r.mutable_device()->set_memory_bytes(memory_bytes);
+  r.set_data_address(absl::StrCat(worker, ".local:7001"));
+  return r;
+}
+
+v1::HeartbeatRequest Beat(const std::string& job, const std::string& worker,
+                          int64_t plan_version,
+                          const std::string& instance = "") {
+  v1::HeartbeatRequest r;
+  r.set_job(job);
+  r.set_worker_id(worker);
+  r.set_instance_id(instance.empty() ? "i-" + worker : instance);
+  r.set_plan_version(plan_version);
+  return r;
+}
+
+v1::LeaveJobRequest Leave(const std::string& job, const std::string& worker) {
+  v1::LeaveJobRequest r;
+  r.set_job(job);
+  r.set_worker_id(worker);
+  r.set_instance_id("i-" + worker);
+  return r;
+}
+
+v1::GetPlanRequest PlanOf(const std::string& job, int64_t version = 0) {
+  v1::GetPlanRequest r;
+  r.set_job(job);
+  r.set_version(version);
+  return r;
+}
+
+// Matrix name -> owner of each expert.
+std::map<std::string, std::vector<std::string>> Owners(const v1::Plan& plan) {
+  std::map<std::string, std::vector<std::string>> out;
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    out[m.name()].assign(m.owners().begin(), m.owners().end());
+  }
+  return out;
+}
+
+// Matrices (2-D ones: the first owner) owned by `worker`.
+std::vector<std::string> OwnedBy(const v1::Plan& plan,
+                                 const std::string& worker) {
+  std::vector<std::string> out;
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    if (!m.owners().empty() && m.owners(0) == worker) out.push_back(m.name());
+  }
+  return out;
+}
+
+class CoordinatorStateTest : public ::testing::Test {
+ protected:
+  CoordinatorStateTest() { Reset(Options()); }
+
+  static CoordinatorOptions Options() {
+    CoordinatorOptions options;
+    options.lease_ttl = kTtl;
+    options.heartbeat_interval = absl::Seconds(2);
+    return options;
+  }
+  void Reset(const CoordinatorOptions& options) {
+    state_ = std::make_unique<CoordinatorState>(
+        options, [this] { return clock_.Now(); });
+  }
+  // Joins `worker` and returns the plan version the response names.
+  int64_t JoinOk(const std::string& job, const std::string& worker,
+                 int64_t memory_bytes = 4 * kGiB) {
+    absl::StatusOr<v1::JoinJobResponse> r =
+        state_->JoinJob(Join(job, worker, memory_bytes));
+    EXPECT_TRUE(r.ok()) << worker << ": " << r.status();
+    return r.ok() ? r->plan_version() : -1;
+  }
+  v1::Plan CurrentPlan(const std::string& job) {
+    absl::StatusOr<v1::Plan> plan = state_->GetPlan(PlanOf(job));
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? *plan : v1::Plan();
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<CoordinatorState> state_;
+};
+
+TEST_F(CoordinatorStateTest, CreateJobReturnsJobsSlashNameAtPlanVersionZero) {
+  absl::StatusOr<v1::Job> job = state_->CreateJob(Create(Spec("x", 2), "r1"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name(), "jobs/x");
+  EXPECT_EQ(job->plan_version(), 0);
+  EXPECT_THAT(job->workers(), IsEmpty());
+  EXPECT_EQ(job->spec().matrices_size(), 2);
+  EXPECT_EQ(job->create_time_ms(), int64_t{1700000000} * 1000);
+  absl::StatusOr<v1::Job> got = state_->GetJob("x");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->DebugString(), job->DebugString());
+}
+
+TEST_F(CoordinatorStateTest,
+       GetPlanBeforeAnyWorkerIsFailedPreconditionNoWorker) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  const absl::Status status = state_->GetPlan(PlanOf("x")).status();
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition, "\"x\""));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("no worker"));
+}
+
+TEST_F(CoordinatorStateTest, CreateJobRetryWithSameRequestIdReturnsSameJob) {
+  absl::StatusOr<v1::Job> first = state_->CreateJob(Create(Spec("x", 2), "r1"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  clock_.Advance(absl::Seconds(3));
+  absl::StatusOr<v1::Job> retry = state_->CreateJob(Create(Spec("x", 2), "r1"));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->DebugString(), first->DebugString());
+  EXPECT_EQ(state_->Counts().jobs, 1);
+}
+
+TEST_F(CoordinatorStateTest,
+       CreateJobOfExistingNameWithOtherRequestIsAlreadyExists) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2), "r1")).ok());
+  EXPECT_THAT(state_->CreateJob(Create(Spec("x", 2), "r2")).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, "job.name"));
+  // Without a request_id a second create is not a retry.
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("y", 1))).ok());
+  EXPECT_THAT(state_->CreateJob(Create(Spec("y", 1))).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, "\"y\""));
+}
+
+TEST_F(CoordinatorStateTest, CreateJobBeyondMaxJobsIsResourceExhausted) {
+  CoordinatorOptions options = Options();
+  options.limits.max_jobs = 2;
+  Reset(options);
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("a", 1), "ra")).ok());
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("b", 1))).ok());
+  EXPECT_THAT(state_->CreateJob(Create(Spec("c", 1))).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "limit of 2"));
+  EXPECT_TRUE(state_->CreateJob(Create(Spec("a", 1), "ra")).ok());  // retry
+  ASSERT_TRUE(state_->DeleteJob("b").ok());
+  EXPECT_TRUE(state_->CreateJob(Create(Spec("c", 1))).ok());
+}
+
+TEST_F(CoordinatorStateTest,
+       CreateJobWithBadSpecOrLongRequestIdCreatesNothing) {
+  v1::JobSpec bad = Spec("x", 3);
+  bad.mutable_matrices(2)->set_rows(0);
+  EXPECT_THAT(
+      state_->CreateJob(Create(bad)).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "job.matrices[2].rows"));
+  EXPECT_THAT(
+      state_->CreateJob(Create(Spec("x", 1), std::string(65, 'r'))).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "request_id"));
+  EXPECT_EQ(state_->Counts().jobs, 0);
+  EXPECT_THAT(state_->GetJob("x").status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"x\""));
+}
+
+TEST_F(CoordinatorStateTest, ListJobsCountsExpertsAsMatricesAndSumsParameters) {
+  v1::JobSpec spec = Spec("moe", 1, 64, 32);
+  v1::Matrix* experts = spec.add_matrices();
+  experts->set_name("layers.1.experts");
+  experts->set_rows(16);
+  experts->set_cols(8);
+  experts->set_experts(4);
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("dense", 3, 10, 10))).ok());
+  JoinOk("moe", "w1");
+  const v1::ListJobsResponse list = state_->ListJobs();
+  ASSERT_EQ(list.jobs_size(), 2);
+  const v1::JobSummary& dense = list.jobs(0);  // jobs are sorted by name
+  EXPECT_EQ(dense.name(), "dense");
+  EXPECT_EQ(dense.matrices(), 3);
+  EXPECT_EQ(dense.parameters(), 300);
+  EXPECT_EQ(dense.workers(), 0);
+  const v1::JobSummary& moe = list.jobs(1);
+  EXPECT_EQ(moe.name(), "moe");
+  EXPECT_EQ(moe.matrices(), 1 + 4);
+  EXPECT_EQ(moe.parameters(), 64 * 32 + 4 * 16 * 8);
+  EXPECT_EQ(moe.workers(), 1);
+  EXPECT_EQ(moe.plan_version(), 1);
+}
+
+TEST_F(CoordinatorStateTest,
+       JobTooLargeToCountIsRejectedOrListedWithoutOverflow) {
+  // 128 stacks of 65536 experts of 2^20 x 2^20 pass every per-matrix limit
+  // but hold 128 * 2^56 = 2^63 parameters, one more than int64 holds.
+  v1::JobSpec spec = Spec("huge", 128, int64_t{1} << 20, int64_t{1} << 20);
+  for (v1::Matrix& m : *spec.mutable_matrices()) m.set_experts(65536);
+  absl::StatusOr<v1::Job> job = state_->CreateJob(Create(spec));
+  if (!job.ok()) {
+    EXPECT_TRUE(job.status().code() == absl::StatusCode::kInvalidArgument ||
+                job.status().code() == absl::StatusCode::kResourceExhausted)
+        << job.status();
+    return;
+  }
+  const v1::ListJobsResponse list = state_->ListJobs();
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).matrices(), 128 * 65536);
+  EXPECT_GT(list.jobs(0).parameters(), 0)
+      << "the parameter count overflowed int64";
+}
+
+TEST_F(CoordinatorStateTest, JoinBeyondMaxWorkersPerJobIsResourceExhausted) {
+  CoordinatorOptions options = Options();
+  options.limits.max_workers_per_job = 2;
+  Reset(options);
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  EXPECT_THAT(state_->JoinJob(Join("x", "w3")).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "limit of 2"));
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  EXPECT_EQ(JoinOk("x", "w2"), 2);  // a retry is not a new worker
+}
+
+TEST_F(CoordinatorStateTest, FirstWorkerGetsVersionOneOwningEveryMatrix) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 6))).ok());
+  absl::StatusOr<v1::JoinJobResponse> join = state_->JoinJob(Join("x", "w1"));
+  ASSERT_TRUE(join.ok()) << join.status();
+  EXPECT_EQ(join->plan_version(), 1);
+  EXPECT_EQ(join->lease_ttl_ms(), 10000);
+  EXPECT_EQ(join->heartbeat_interval_ms(), 2000);
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 1);
+  EXPECT_EQ(plan.name(), "jobs/x/plans/1");
+  EXPECT_THAT(plan.workers(), ElementsAre("w1"));
+  ASSERT_EQ(plan.matrices_size(), 6);
+  for (const auto& [name, owners] : Owners(plan)) {
+    EXPECT_THAT(owners, ElementsAre("w1")) << name;
+  }
+  EXPECT_THAT(state_->GetJob("x")->workers(), ElementsAre("w1"));
+}
+
+TEST_F(CoordinatorStateTest, SecondWorkerGetsVersionTwoSharingTheMatrices) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 8))).ok());
+  EXPECT_EQ(JoinOk("x", "w1"), 1);
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 2);
+  EXPECT_THAT(plan.workers(), ElementsAre("w1", "w2"));
+  EXPECT_FALSE(OwnedBy(plan, "w1").empty());
+  EXPECT_FALSE(OwnedBy(plan, "w2").empty());
+  EXPECT_EQ(OwnedBy(plan, "w1").size() + OwnedBy(plan, "w2").size(), 8u);
+  EXPECT_GT(plan.moved_bytes(), 0);  // w2's share came from w1
+  // Version 1 is still there, unchanged.
+  absl::StatusOr<v1::Plan> v1 = state_->GetPlan(PlanOf("x", 1));
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_THAT(v1->workers(), ElementsAre("w1"));
+}
+
+TEST_F(CoordinatorStateTest,
+       JoinRetryWithSameInstanceKeepsVersionAndPublishesNothing) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  EXPECT_EQ(state_->Counts().plan_versions, 2);
+  EXPECT_THAT(state_->GetJob("x")->workers(), ElementsAre("w1", "w2"));
+  // The retry renewed the lease: 5 s after the first join it has 10 s left.
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_THAT(state_->ExpireLeases(), ElementsAre("x/w1"));
+}
+
+TEST_F(CoordinatorStateTest,
+       OtherInstanceTakesOverWorkerIdOnlyAfterLeaseExpires) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_THAT(state_->JoinJob(Join("x", "w2", 4 * kGiB, "restarted")).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, "worker_id"));
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "w1", 2)).ok());
+  clock_.Advance(absl::Seconds(2));  // w2's lease ran out 1 s ago
+  absl::StatusOr<v1::JoinJobResponse> takeover =
+      state_->JoinJob(Join("x", "w2", 4 * kGiB, "restarted"));
+  ASSERT_TRUE(takeover.ok()) << takeover.status();
+  EXPECT_EQ(takeover->plan_version(), 3);
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 3);
+  EXPECT_THAT(plan.workers(), UnorderedElementsAre("w1", "w2"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w2", 3)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "instance_id"));
+  EXPECT_TRUE(state_->Heartbeat(Beat("x", "w2", 3, "restarted")).ok());
+}
+
+TEST_F(CoordinatorStateTest, JoinParsesCostTableIntoPlanPredictions) {
+  v1::JobSpec spec = Spec("x", 1, 64, 64);
+  spec.mutable_muon()->set_ns_algorithm(v1::NS_ALGORITHM_NS5);
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  v1::JoinJobRequest join = Join("x", "w1");
+  join.set_cost_table(
+      "# measured\n"
+      "{\"device\": \"NVIDIA H200\"}\n"
+      "{\"rows\": 64, \"cols\": 64, \"algorithm\": \"ns5\", \"batch\": 1, "
+      "\"seconds\": 7.5}\n");
+  join.set_speed(2.0);
+  ASSERT_TRUE(state_->JoinJob(join).ok());
+  const v1::Plan plan = CurrentPlan("x");
+  ASSERT_EQ(plan.batches_size(), 1);
+  // 7.5 s measured, at twice the table's speed.
+  EXPECT_NEAR(plan.batches(0).predicted_seconds(), 3.75, 1e-9);
+  EXPECT_EQ(plan.batches(0).algorithm(), v1::NS_ALGORITHM_NS5);
+}
+
+TEST_F(CoordinatorStateTest, MalformedCostTableIsInvalidArgumentNamingLine) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 1))).ok());
+  v1::JoinJobRequest join = Join("x", "w1");
+  join.set_cost_table("# header\nnot json\n");
+  const absl::Status status = state_->JoinJob(join).status();
+  EXPECT_THAT(status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "cost_table"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("line 2"));
+  EXPECT_THAT(state_->GetJob("x")->workers(), IsEmpty());
+  EXPECT_EQ(state_->Counts().workers, 0);
+}
+
+TEST_F(CoordinatorStateTest,
+       JobTooBigForWorkersHasNoPlanUntilRoomyWorkerJoins) {
+  // One 1024 x 1024 fp32 matrix takes 12 MiB to own; 8 MiB cannot hold it.
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 1))).ok());
+  absl::StatusOr<v1::JoinJobResponse> small =
+      state_->JoinJob(Join("x", "small", 8 * kMiB));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->plan_version(), 0);
+  const absl::Status no_plan = state_->GetPlan(PlanOf("x")).status();
+  EXPECT_THAT(no_plan,
+              StatusIs(absl::StatusCode::kFailedPrecondition, "\"x\""));
+  EXPECT_THAT(std::string(no_plan.message()),
+              HasSubstr("needs 12582912 bytes"));
+  EXPECT_THAT(std::string(no_plan.message()), HasSubstr("\"small\""));
+  EXPECT_EQ(state_->Counts().plan_versions, 0);
+
+  EXPECT_EQ(JoinOk("x", "roomy", kGiB), 1);
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 1);
+  EXPECT_THAT(plan.workers(), ElementsAre("small", "roomy"));
+  EXPECT_THAT(OwnedBy(plan, "roomy"), ElementsAre("layers.0.w"));
+}
+
+TEST_F(CoordinatorStateTest,
+       HeartbeatRenewsLeaseAndExpiryMovesMatricesToSurvivors) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 12))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  EXPECT_EQ(JoinOk("x", "w3"), 3);
+  const v1::Plan before = CurrentPlan("x");
+  const std::vector<std::string> lost = OwnedBy(before, "w3");
+  ASSERT_FALSE(lost.empty());
+
+  clock_.Advance(kTtl * 0.9);
+  for (const char* w : {"w1", "w2", "w3"}) {
+    ASSERT_TRUE(state_->Heartbeat(Beat("x", w, 3)).ok()) << w;
+  }
+  clock_.Advance(kTtl * 0.9);  // 18 s after joining: only renewal keeps them
+  EXPECT_THAT(state_->ExpireLeases(), IsEmpty());
+  EXPECT_EQ(CurrentPlan("x").version(), 3);
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "w1", 3)).ok());
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "w2", 3)).ok());
+  clock_.Advance(kTtl * 0.2);  // w3's lease ran out 1 s ago
+  EXPECT_THAT(state_->ExpireLeases(), ElementsAre("x/w3"));
+
+  const v1::Plan after = CurrentPlan("x");
+  EXPECT_EQ(after.version(), 4);
+  EXPECT_THAT(after.workers(), ElementsAre("w1", "w2"));
+  EXPECT_THAT(after.reason(), HasSubstr("w3"));
+  const auto owners = Owners(after);
+  for (const auto& [name, who] : owners) {
+    EXPECT_THAT(who, testing::Each(testing::AnyOf("w1", "w2"))) << name;
+  }
+  EXPECT_EQ(owners.size(), 12u);
+  // At least every matrix w3 held moved (4 MiB of fp32 momentum each).
+  EXPECT_GE(after.moved_bytes(), static_cast<int64_t>(lost.size()) * 4 * kMiB);
+  EXPECT_THAT(state_->GetJob("x")->workers(), ElementsAre("w1", "w2"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w3", 3)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"w3\""));
+}
+
+TEST_F(CoordinatorStateTest, HeartbeatRejectsOtherInstanceAndFutureVersion) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  absl::StatusOr<v1::HeartbeatResponse> ok =
+      state_->Heartbeat(Beat("x", "w1", 1));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->plan_version(), 1);
+  EXPECT_EQ(ok->lease_ttl_ms(), 10000);
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", 1, "impostor")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "instance_id"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", 2)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "plan_version"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", -1)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "plan_version"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "nobody", 1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "worker_id"));
+  EXPECT_THAT(state_->Heartbeat(Beat("y", "w1", 1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"y\""));
+}
+
+TEST_F(CoordinatorStateTest, ListWorkersReportsLeaseLeftOnTheClock) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "w1", 1)).ok());
+  clock_.Advance(absl::Milliseconds(2500));
+  v1::ListWorkersRequest request;
+  request.set_job("x");
+  absl::StatusOr<v1::ListWorkersResponse> list = state_->ListWorkers(request);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->workers_size(), 1);
+  EXPECT_EQ(list->workers(0).worker_id(), "w1");
+  EXPECT_EQ(list->workers(0).lease_remaining_ms(), 7500);
+  EXPECT_EQ(list->workers(0).plan_version(), 1);
+  EXPECT_EQ(list->workers(0).data_address(), "w1.local:7001");
+}
+
+TEST_F(CoordinatorStateTest,
+       LeaveJobPublishesNewVersionAndLeavingTwiceIsNotFound) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  v1::LeaveJobRequest impostor = Leave("x", "w2");
+  impostor.set_instance_id("impostor");
+  EXPECT_THAT(state_->LeaveJob(impostor),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "instance_id"));
+  ASSERT_TRUE(state_->LeaveJob(Leave("x", "w2")).ok());
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 3);
+  EXPECT_THAT(plan.workers(), ElementsAre("w1"));
+  EXPECT_EQ(OwnedBy(plan, "w1").size(), 4u);
+  EXPECT_THAT(state_->LeaveJob(Leave("x", "w2")),
+              StatusIs(absl::StatusCode::kNotFound, "\"w2\""));
+  EXPECT_EQ(CurrentPlan("x").version(), 3);
+}
+
+TEST_F(CoordinatorStateTest,
+       LastWorkerLeavingLeavesNoCurrentPlanButKeepsHistory) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  ASSERT_TRUE(state_->LeaveJob(Leave("x", "w2")).ok());
+  ASSERT_TRUE(state_->LeaveJob(Leave("x", "w1")).ok());
+  EXPECT_THAT(state_->GetPlan(PlanOf("x")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no workers"));
+  for (int64_t version : {1, 2, 3}) {
+    absl::StatusOr<v1::Plan> plan = state_->GetPlan(PlanOf("x", version));
+    ASSERT_TRUE(plan.ok()) << version << ": " << plan.status();
+    EXPECT_EQ(plan->version(), version);
+  }
+  EXPECT_THAT(state_->GetJob("x")->workers(), IsEmpty());
+  // A worker coming back gets a plan again, numbered after the old ones.
+  EXPECT_EQ(JoinOk("x", "w1"), 4);
+  EXPECT_EQ(CurrentPlan("x").version(), 4);
+}
+
+TEST_F(CoordinatorStateTest, GetPlanReportsPrunedAndFutureVersionsAsNotFound) {
+  CoordinatorOptions options = Options();
+  options.plan_history = 3;
+  Reset(options);
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 8))).ok());
+  for (int i = 1; i <= 5; ++i) EXPECT_EQ(JoinOk("x", absl::StrCat("w", i)), i);
+  EXPECT_THAT(state_->GetPlan(PlanOf("x", 1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "pruned"));
+  EXPECT_THAT(state_->GetPlan(PlanOf("x", 2)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "oldest kept is 3"));
+  for (int64_t version : {3, 4, 5}) {
+    EXPECT_TRUE(state_->GetPlan(PlanOf("x", version)).ok()) << version;
+  }
+  EXPECT_THAT(state_->GetPlan(PlanOf("x", 99)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "does not exist yet"));
+  EXPECT_THAT(state_->GetPlan(PlanOf("x", -1)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "version"));
+}
+
+TEST_F(CoordinatorStateTest, WaitForPlanReturnsAtOnceWhenNewerVersionExists) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::optional<v1::Plan>> plan =
+      state_->WaitForPlan("x", 0, absl::Seconds(30));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->has_value());
+  EXPECT_EQ((*plan)->version(), 1);
+}
+
+TEST_F(CoordinatorStateTest, WaitForPlanTimesOutWithNulloptWhenNothingChanges) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::optional<v1::Plan>> plan =
+      state_->WaitForPlan("x", 1, absl::Milliseconds(100));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->has_value());
+  EXPECT_THAT(state_->WaitForPlan("nope", 0, absl::Seconds(1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"nope\""));
+}
+
+TEST_F(CoordinatorStateTest, WaitForPlanWakesWhenAnotherThreadJoinsAWorker) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  std::thread joiner([this] {
+    absl::SleepFor(absl::Milliseconds(50));
+    JoinOk("x", "w2");
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::optional<v1::Plan>> plan =
+      state_->WaitForPlan("x", 1, absl::Seconds(2));
+  const absl::Duration waited = absl::Now() - start;
+  joiner.join();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->has_value()) << "timed out after " << waited;
+  EXPECT_EQ((*plan)->version(), 2);
+  EXPECT_THAT((*plan)->workers(), ElementsAre("w1", "w2"));
+  EXPECT_LT(waited, absl::Seconds(2));
+}
+
+TEST_F(CoordinatorStateTest,
+       WaitForPlanIsNotFoundWhenJobIsDeletedWhileWaiting) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  std::thread deleter([this] {
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(state_->DeleteJob("x").ok());
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::optional<v1::Plan>> plan =
+      state_->WaitForPlan("x", 1, absl::Seconds(2));
+  const absl::Duration waited = absl::Now() - start;
+  deleter.join();
+  EXPECT_THAT(plan.status(), StatusIs(absl::StatusCode::kNotFound, "\"x\""));
+  EXPECT_LT(waited, absl::Seconds(2));
+}
+
+class NcclIdTest : public CoordinatorStateTest {
+ protected:
+  NcclIdTest() {
+    EXPECT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+    JoinOk("x", "w1");
+    JoinOk("x", "w2");
+    const v1::Plan plan = CurrentPlan("x");
+    rank0_ = plan.workers_size() > 0 ? plan.workers(0) : "";
+    other_ = rank0_ == "w1" ? "w2" : "w1";
+  }
+  static std::string Id(char seed) {
+    std::string id(128, '\0');  // binary, NULs included
+    for (size_t i = 0; i < id.size(); i += 3)
+      id[i] = static_cast<char>(seed + i);
+    return id;
+  }
+  absl::Status Put(int64_t version, const std::string& worker,
+                   const std::string& id) {
+    v1::PutNcclIdRequest r;
+    r.set_job("x");
+    r.set_plan_version(version);
+    r.set_worker_id(worker);
+    r.set_nccl_id(id);
+    return state_->PutNcclId(r);
+  }
+  absl::StatusOr<v1::GetNcclIdResponse> Get(int64_t version) {
+    v1::GetNcclIdRequest r;
+    r.set_job("x");
+    r.set_plan_version(version);
+    return state_->GetNcclId(r);
+  }
+
+  std::string rank0_;
+  std::string other_;
+};
+
+TEST_F(NcclIdTest, RankZeroPutsOnceForCurrentVersionAndOthersGetIt) {
+  ASSERT_EQ(rank0_, "w1");  // rank order is join order
+  EXPECT_THAT(Get(2).status(),
+              StatusIs(absl::StatusCode::kNotFound, "not put it"));
+  EXPECT_THAT(Put(2, rank0_, Id('a').substr(0, 127)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "nccl_id"));
+  EXPECT_THAT(Put(2, rank0_, Id('a') + "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "129 bytes"));
+  EXPECT_THAT(Put(1, rank0_, Id('a')),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "plan_version"));
+  const absl::Status not_rank0 = Put(2, other_, Id('a'));
+  EXPECT_THAT(not_rank0,
+              StatusIs(absl::StatusCode::kFailedPrecondition, "rank 0"));
+  EXPECT_THAT(std::string(not_rank0.message()),
+              HasSubstr(absl::StrCat("\"", rank0_, "\"")));
+  EXPECT_THAT(Get(2).status(),
+              StatusIs(absl::StatusCode::kNotFound, "nccl_id"));
+
+  ASSERT_TRUE(Put(2, rank0_, Id('a')).ok());
+  EXPECT_TRUE(Put(2, rank0_, Id('a')).ok());  // same id again: a no-op
+  EXPECT_THAT(Put(2, rank0_, Id('b')),
+              StatusIs(absl::StatusCode::kAlreadyExists, "nccl_id"));
+  absl::StatusOr<v1::GetNcclIdResponse> got = Get(2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->nccl_id(), Id('a'));
+  EXPECT_THAT(Get(1).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "plan_version"));
+}
+
+TEST_F(NcclIdTest, OldVersionsIdIsNotReturnedForNewVersion) {
+  ASSERT_TRUE(Put(2, rank0_, Id('a')).ok());
+  EXPECT_EQ(JoinOk("x", "w3"), 3);
+  EXPECT_THAT(Get(3).status(),
+              StatusIs(absl::StatusCode::kNotFound, "nccl_id"));
+  EXPECT_THAT(Get(2).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "plan_version"));
+  EXPECT_THAT(Put(2, rank0_, Id('a')),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "plan_version"));
+  const std::string rank0_v3 = CurrentPlan("x").workers(0);
+  ASSERT_TRUE(Put(3, rank0_v3, Id('c')).ok());
+  absl::StatusOr<v1::GetNcclIdResponse> got = Get(3);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->nccl_id(), Id('c'));
+}
+
+TEST_F(CoordinatorStateTest, ReportStepStatsValidatesStepTimesAndWorker) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  v1::ReportStepStatsRequest valid;
+  valid.set_job("x");
+  valid.set_worker_id("w1");
+  valid.set_step(7);
+  valid.set_plan_version(1);
+  valid.set_step_seconds(0.25);
+  valid.set_ns_seconds(0.125);
+  valid.set_bytes_moved(1 << 20);
+  EXPECT_TRUE(state_->ReportStepStats(valid).ok());
+
+  v1::ReportStepStatsRequest r = valid;
+  r.set_step(-1);
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, "step: "));
+  r = valid;
+  r.set_step_seconds(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, "step_seconds"));
+  r = valid;
+  r.set_ns_seconds(std::numeric_limits<double>::infinity());
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, "ns_seconds"));
+  r = valid;
+  r.set_bytes_moved(-1);
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, "bytes_moved"));
+  r = valid;
+  r.set_worker_id("w9");
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kNotFound, "\"w9\""));
+  r = valid;
+  r.set_job("y");
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kNotFound, "\"y\""));
+}
+
+TEST_F(CoordinatorStateTest, CountsTrackJobsWorkersAndPublishedVersions) {
+  EXPECT_EQ(state_->Counts().jobs, 0);
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("a", 4))).ok());
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("b", 4))).ok());
+  JoinOk("a", "w1");
+  JoinOk("a", "w2");
+  JoinOk("b", "w1");
+  StateCounts counts = state_->Counts();
+  EXPECT_EQ(counts.jobs, 2);
+  EXPECT_EQ(counts.workers, 3);
+  EXPECT_EQ(counts.plan_versions, 3);
+  ASSERT_TRUE(state_->LeaveJob(Leave("a", "w2")).ok());
+  counts = state_->Counts();
+  EXPECT_EQ(counts.workers, 2);
+  EXPECT_EQ(counts.plan_versions, 4);
+  ASSERT_TRUE(state_->DeleteJob("a").ok());
+  counts = state_->Counts();
+  EXPECT_EQ(counts.jobs, 1);
+  EXPECT_EQ(counts.workers, 1);
+  // A running total (it feeds muonps_coordinator_plan_versions_total).
+  EXPECT_EQ(counts.plan_versions, 4);
+}
+
+TEST_F(CoordinatorStateTest, DeletedJobIsNotFoundForGetJobHeartbeatAndDelete) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  ASSERT_TRUE(state_->DeleteJob("x").ok());
+  EXPECT_THAT(state_->GetJob("x").status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"x\" does not exist"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", 1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"x\""));
+  EXPECT_THAT(state_->GetPlan(PlanOf("x")).status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"x\""));
+  EXPECT_THAT(state_->DeleteJob("x"),
+              StatusIs(absl::StatusCode::kNotFound, "\"x\""));
+  EXPECT_THAT(state_->ListJobs().jobs(), IsEmpty());
+  EXPECT_THAT(state_->DeleteJob("bad/name"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "job"));
+  // The name is free again, starting over at version 0.
+  absl::StatusOr<v1::Job> again = state_->CreateJob(Create(Spec("x", 2)));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->plan_version(), 0);
+}
+
+}  // namespace
+}  // namespace coordinator
+}  // namespace muonps
