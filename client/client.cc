@@ -57,10 +57,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   }
   if (options.trainer_count < 1 || options.trainer_rank < 0 ||
       options.trainer_rank >= options.trainer_count) {
-    return InvalidField("trainer_rank",
-                        absl::StrCat(options.trainer_rank, " of ",
-                                     options.trainer_count,
-                                     " is not a valid rank"));
+    return InvalidField(
+        "trainer_rank",
+        absl::StrCat(options.trainer_rank, " of ", options.trainer_count,
+                     " is not a valid rank"));
   }
   return std::unique_ptr<Client>(new Client(options));
 }
@@ -78,14 +78,15 @@ const Client::Tensor* Client::Find(const std::string& name) const {
 absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
                                int64_t cols, const MatrixOptions& options) {
   const std::string field = absl::StrCat("matrix ", Quoted(name));
-  if (started_) return FieldError(absl::StatusCode::kFailedPrecondition, field,
-                                  "added after Start");
+  if (started_)
+    return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                      "added after Start");
   if (name.empty()) return InvalidField("name", "is empty");
   if (Find(name) != nullptr) return InvalidField(field, "is declared twice");
   if (rows < 1 || cols < 1 || options.experts < 1) {
-    return InvalidField(field, absl::StrCat("shape [", options.experts, ", ",
-                                            rows, ", ", cols,
-                                            "] must be positive"));
+    return InvalidField(
+        field, absl::StrCat("shape [", options.experts, ", ", rows, ", ", cols,
+                            "] must be positive"));
   }
   Tensor t;
   t.name = name;
@@ -100,15 +101,16 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
         TrainerRowRange(rows, options_.trainer_rank, options_.trainer_count);
     local_rows = end - begin;
     if (local_rows < 1) {
-      return InvalidField(field, absl::StrCat(rows, " rows cannot be sharded "
-                                                    "over ",
-                                              options_.trainer_count,
-                                              " trainers"));
+      return InvalidField(field,
+                          absl::StrCat(rows,
+                                       " rows cannot be sharded "
+                                       "over ",
+                                       options_.trainer_count, " trainers"));
     }
   }
   t.elements = local_rows * cols * options.experts;
-  t.param_elements = options.shard_params ? t.elements
-                                          : rows * cols * options.experts;
+  t.param_elements =
+      options.shard_params ? t.elements : rows * cols * options.experts;
   index_[name] = tensors_.size();
   tensors_.push_back(std::move(t));
   return absl::OkStatus();
@@ -117,8 +119,9 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
 absl::Status Client::AddTensor(const std::string& name, int64_t elements,
                                scheduler::Layout layout) {
   const std::string field = absl::StrCat("tensor ", Quoted(name));
-  if (started_) return FieldError(absl::StatusCode::kFailedPrecondition, field,
-                                  "added after Start");
+  if (started_)
+    return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                      "added after Start");
   if (name.empty()) return InvalidField("name", "is empty");
   if (Find(name) != nullptr) return InvalidField(field, "is declared twice");
   if (elements < 1) return InvalidField(field, "elements must be >= 1");
@@ -162,7 +165,8 @@ absl::Status Client::EnsureJob(const kernels::MuonHyperparameters& muon,
   h->set_momentum(muon.momentum);
   h->set_nesterov(muon.nesterov);
   h->set_ns_steps(muon.ns.steps);
-  h->set_adjust_lr_fn(muon.lr_adjustment == kernels::LrAdjustment::kMatchRmsAdamW
+  h->set_adjust_lr_fn(muon.lr_adjustment ==
+                              kernels::LrAdjustment::kMatchRmsAdamW
                           ? v1::LR_ADJUSTMENT_MATCH_RMS_ADAMW
                           : v1::LR_ADJUSTMENT_ORIGINAL);
   v1::AdamWHyperparameters* a = spec->mutable_adamw();
@@ -226,14 +230,15 @@ absl::Status Client::WaitAndAttach() {
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return FromGrpc(last, absl::StrCat("Attach to the worker at ",
-                                     options_.worker_socket));
+  return FromGrpc(
+      last, absl::StrCat("Attach to the worker at ", options_.worker_socket));
 }
 
 absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
                            const kernels::AdamWHyperparameters& adamw) {
-  if (started_) return FieldError(absl::StatusCode::kFailedPrecondition,
-                                  "Start", "called twice");
+  if (started_)
+    return FieldError(absl::StatusCode::kFailedPrecondition, "Start",
+                      "called twice");
   MUONPS_RETURN_IF_ERROR(kernels::ValidateMuonHyperparameters(muon));
   MUONPS_RETURN_IF_ERROR(kernels::ValidateAdamWHyperparameters(adamw));
   bool any_matrix = false;
@@ -279,8 +284,8 @@ absl::StatusOr<TensorBuffers> Client::Buffers(const std::string& name) const {
   out.row_begin = 0;
   out.row_end = t->rows;
   if (t->muon && t->matrix.layout == scheduler::Layout::kRowSharded) {
-    std::tie(out.row_begin, out.row_end) = TrainerRowRange(
-        t->rows, options_.trainer_rank, options_.trainer_count);
+    std::tie(out.row_begin, out.row_end) =
+        TrainerRowRange(t->rows, options_.trainer_rank, options_.trainer_count);
   }
   return out;
 }
@@ -330,10 +335,10 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
   for (Tensor& t : tensors_) {
     if (t.muon) continue;
     MUONPS_ASSIGN_OR_RETURN(const TensorBuffers b, Buffers(t.name));
-    MUONPS_RETURN_IF_ERROR(kernels_.AdamWStep(
-        {t.name, b.param, b.grad, t.exp_avg.data(), t.exp_avg_sq.data(),
-         t.elements},
-        hyper, adamw_steps_));
+    MUONPS_RETURN_IF_ERROR(
+        kernels_.AdamWStep({t.name, b.param, b.grad, t.exp_avg.data(),
+                            t.exp_avg_sq.data(), t.elements},
+                           hyper, adamw_steps_));
   }
   return result;
 }

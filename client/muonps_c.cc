@@ -33,7 +33,8 @@ muonps::scheduler::Layout ToLayout(int layout) {
 
 bool ValidLayout(int layout) {
   return layout == MUONPS_LAYOUT_REPLICATED ||
-         layout == MUONPS_LAYOUT_UNREDUCED || layout == MUONPS_LAYOUT_ROW_SHARDED;
+         layout == MUONPS_LAYOUT_UNREDUCED ||
+         layout == MUONPS_LAYOUT_ROW_SHARDED;
 }
 
 }  // namespace

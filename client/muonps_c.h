@@ -56,9 +56,9 @@ typedef struct {
   double lr;
   double weight_decay;
   double momentum;
-  int nesterov;      /* 0 or 1 */
+  int nesterov; /* 0 or 1 */
   int ns_steps;
-  int adjust_lr_fn;  /* MUONPS_ADJUST_LR_* */
+  int adjust_lr_fn; /* MUONPS_ADJUST_LR_* */
 } muonps_muon_hyper;
 
 typedef struct {

@@ -100,7 +100,11 @@ absl::StatusOr<CostTable> CostTable::Parse(absl::string_view text) {
     }
     absl::StatusOr<kernels::NsAlgorithm> algorithm =
         kernels::ParseNsAlgorithm(algorithm_it->get<std::string>());
-    if (!algorithm.ok()) return annotate(algorithm.status());
+    if (!algorithm.ok()) {
+      return annotate(InvalidField(
+          "algorithm", absl::StrCat(Quoted(algorithm_it->get<std::string>()),
+                                    " is not one of ns5, gram")));
+    }
     auto seconds_it = json.find("seconds");
     if (seconds_it == json.end() || !seconds_it->is_number()) {
       return annotate(InvalidField("seconds", "must be a number"));

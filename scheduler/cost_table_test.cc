@@ -158,7 +158,7 @@ TEST(CostTableParseTest, EachMalformedLineIsInvalidArgumentNamingLineAndField) {
        {"seconds"}},
       {"algorithm svd",
        R"({"rows": 4, "cols": 4, "algorithm": "svd", "batch": 1, "seconds": 0.1})",
-       {"ns_algorithm", "svd"}},
+       {"algorithm", "svd"}},
       {"algorithm missing",
        R"({"rows": 4, "cols": 4, "batch": 1, "seconds": 0.1})",
        {"algorithm"}},

@@ -74,12 +74,9 @@ v1::Job CoordinatorState::JobToProto(const std::string& name,
 
 absl::StatusOr<v1::Job> CoordinatorState::CreateJob(
     const v1::CreateJobRequest& request) {
+  MUONPS_RETURN_IF_ERROR(ValidateCreateJob(request, options_.limits));
   MUONPS_ASSIGN_OR_RETURN(std::vector<scheduler::MatrixSpec> matrices,
                           ValidateJobSpec(request.job(), options_.limits));
-  if (static_cast<int64_t>(request.request_id().size()) >
-      options_.limits.max_request_id_bytes) {
-    return InvalidField("request_id", "is too long");
-  }
   absl::MutexLock lock(&mu_);
   const std::string& name = request.job().name();
   auto it = jobs_.find(name);
@@ -395,6 +392,10 @@ absl::StatusOr<std::optional<v1::Plan>> CoordinatorState::WaitForPlan(
 }
 
 absl::Status CoordinatorState::PutNcclId(const v1::PutNcclIdRequest& r) {
+  MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
+  if (r.plan_version() < 1) {
+    return InvalidField("plan_version", absl::StrCat(r.plan_version(), " < 1"));
+  }
   if (r.nccl_id().size() != kNcclIdBytes) {
     return InvalidField(
         "nccl_id", absl::StrCat(r.nccl_id().size(),
@@ -404,12 +405,13 @@ absl::Status CoordinatorState::PutNcclId(const v1::PutNcclIdRequest& r) {
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
   if (job->plans.empty() || !job->plan_error.empty() ||
       r.plan_version() != job->latest_version) {
-    return FieldError(absl::StatusCode::kFailedPrecondition, "plan_version",
-                      absl::StrCat(r.plan_version(), " is not the current ",
-                                   job->latest_version,
-                                   job->plan_error.empty()
-                                       ? ""
-                                       : absl::StrCat(" (", job->plan_error, ")")));
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, "plan_version",
+        absl::StrCat(r.plan_version(), " is not the current ",
+                     job->latest_version,
+                     job->plan_error.empty()
+                         ? ""
+                         : absl::StrCat(" (", job->plan_error, ")")));
   }
   PlanRecord& plan = job->plans.back();
   if (plan.proto.workers(0) != r.worker_id()) {
@@ -429,6 +431,9 @@ absl::Status CoordinatorState::PutNcclId(const v1::PutNcclIdRequest& r) {
 
 absl::StatusOr<v1::GetNcclIdResponse> CoordinatorState::GetNcclId(
     const v1::GetNcclIdRequest& r) {
+  if (r.plan_version() < 1) {
+    return InvalidField("plan_version", absl::StrCat(r.plan_version(), " < 1"));
+  }
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
   if (job->plans.empty() || r.plan_version() != job->latest_version) {
@@ -459,6 +464,9 @@ absl::Status CoordinatorState::ReportStepStats(
   if (r.bytes_moved() < 0) {
     return InvalidField("bytes_moved", absl::StrCat(r.bytes_moved(), " < 0"));
   }
+  if (r.plan_version() < 0) {
+    return InvalidField("plan_version", absl::StrCat(r.plan_version(), " < 0"));
+  }
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
@@ -466,6 +474,12 @@ absl::Status CoordinatorState::ReportStepStats(
     return FieldError(absl::StatusCode::kNotFound, "worker_id",
                       absl::StrCat(Quoted(r.worker_id()), " is not in job ",
                                    Quoted(r.job())));
+  }
+  if (r.plan_version() > job->latest_version) {
+    return InvalidField(
+        "plan_version",
+        absl::StrCat(r.plan_version(), " is newer than the latest, ",
+                     job->latest_version));
   }
   return absl::OkStatus();
 }

@@ -57,8 +57,7 @@ coordinator::CoordinatorOptions OptionsFromFlags() {
   o.plan_history = absl::GetFlag(FLAGS_plan_history);
   o.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.limits.max_matrices_per_job = absl::GetFlag(FLAGS_max_matrices_per_job);
-  o.limits.max_parameters_per_job =
-      absl::GetFlag(FLAGS_max_parameters_per_job);
+  o.limits.max_parameters_per_job = absl::GetFlag(FLAGS_max_parameters_per_job);
   o.limits.max_dim = absl::GetFlag(FLAGS_max_dim);
   o.limits.max_experts = absl::GetFlag(FLAGS_max_experts);
   o.limits.max_name_bytes = absl::GetFlag(FLAGS_max_name_bytes);

@@ -160,16 +160,16 @@ absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
     items += experts;
     parameters += m.rows() * m.cols() * experts;
     if (items > limits.max_matrices_per_job) {
-      return FieldError(absl::StatusCode::kResourceExhausted, "job.matrices",
-                        absl::StrCat("hold more than ",
-                                     limits.max_matrices_per_job,
-                                     " matrices (experts counted)"));
+      return FieldError(
+          absl::StatusCode::kResourceExhausted, "job.matrices",
+          absl::StrCat("hold more than ", limits.max_matrices_per_job,
+                       " matrices (experts counted)"));
     }
     if (parameters > limits.max_parameters_per_job) {
-      return FieldError(absl::StatusCode::kResourceExhausted, "job.matrices",
-                        absl::StrCat("hold more than ",
-                                     limits.max_parameters_per_job,
-                                     " parameters"));
+      return FieldError(
+          absl::StatusCode::kResourceExhausted, "job.matrices",
+          absl::StrCat("hold more than ", limits.max_parameters_per_job,
+                       " parameters"));
     }
     scheduler::MatrixSpec s;
     s.name = m.name();

@@ -21,9 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "server/worker/worker_agent.h"
 #include "server/worker/worker_service.h"
 #include "spdlog/spdlog.h"
+#include "transport/tcp_transport.h"
 
 ABSL_FLAG(std::string, coordinator, "", "Coordinator address, HOST:PORT.");
 ABSL_FLAG(std::string, job, "", "Job to join.");
@@ -44,8 +46,10 @@ ABSL_FLAG(bool, colocated, true, "Shares its device with a trainer rank.");
 ABSL_FLAG(std::string, cost_table, "",
           "File of measured Newton-Schulz times (scheduler/cost_table.h).");
 ABSL_FLAG(double, speed, 1.0, "Speed relative to the cost table.");
-ABSL_FLAG(std::string, data_address, "",
-          "Where peers reach this worker's data-plane transport.");
+ABSL_FLAG(int, data_port, 0,
+          "TCP port of the data-plane transport (on --host); 0 picks one.");
+ABSL_FLAG(int64_t, io_timeout_ms, 10000,
+          "A peer silent this long during a step fails the step.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
 ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
@@ -83,7 +87,15 @@ int Run() {
   options.device.set_memory_bytes(absl::GetFlag(FLAGS_memory_bytes));
   options.device.set_colocated(absl::GetFlag(FLAGS_colocated));
   options.speed = absl::GetFlag(FLAGS_speed);
-  options.data_address = absl::GetFlag(FLAGS_data_address);
+  absl::StatusOr<std::unique_ptr<transport::TcpListener>> listener =
+      transport::TcpListener::Bind(absl::GetFlag(FLAGS_host),
+                                   absl::GetFlag(FLAGS_data_port));
+  if (!listener.ok()) {
+    spdlog::error("--data_port: {}", listener.status().ToString());
+    return 1;
+  }
+  options.data_address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", (*listener)->port());
   const std::string table_path = absl::GetFlag(FLAGS_cost_table);
   if (!table_path.empty()) {
     std::ifstream in(table_path);
@@ -100,9 +112,24 @@ int Run() {
   }
   unlink(socket.c_str());  // a stale socket from a killed process
 
+  transport::TcpOptions tcp;
+  tcp.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
+  tcp.connect_timeout = tcp.io_timeout;
+  transport::TcpListener* data_listener = listener->get();
+  worker::StepEngine engine(
+      options.worker_id,
+      [data_listener, tcp](int rank, const std::vector<std::string>& addresses,
+                           uint64_t session)
+          -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+        MUONPS_ASSIGN_OR_RETURN(
+            std::unique_ptr<transport::TcpTransport> connected,
+            transport::TcpTransport::Connect(data_listener, rank, addresses,
+                                             session, tcp));
+        return std::unique_ptr<transport::Transport>(std::move(connected));
+      });
   MetricsRegistry metrics;
-  worker::WorkerAgent agent(options, &metrics);
-  worker::WorkerService service(&agent);
+  worker::WorkerAgent agent(options, &metrics, &engine);
+  worker::WorkerService service(&agent, &engine);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -129,6 +156,8 @@ int Run() {
                  metrics_server->port());
   }
   agent.Start();
+  spdlog::info("worker={} data plane on {}", options.worker_id,
+               options.data_address);
   spdlog::info("worker={} listening on unix:{}", options.worker_id, socket);
 
   int signal_number = 0;

@@ -1,5 +1,6 @@
 #include "server/worker/worker_agent.h"
 
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -22,11 +23,18 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 
 }  // namespace
 
-WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics)
+WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics,
+                         StepEngine* engine)
     : options_(std::move(options)),
       instance_id_(RandomInstanceId()),
-      channel_(grpc::CreateChannel(options_.coordinator,
-                                   grpc::InsecureChannelCredentials())),
+      channel_(grpc::CreateCustomChannel(
+          options_.coordinator, grpc::InsecureChannelCredentials(),
+          [] {
+            // Plans of big jobs exceed 4 MiB.
+            grpc::ChannelArguments args;
+            args.SetMaxReceiveMessageSize(256 << 20);
+            return args;
+          }())),
       stub_(v1::Coordinator::NewStub(channel_)),
       plan_version_(metrics->AddGauge("muonps_worker_plan_version",
                                       "Plan version the worker follows.")),
@@ -34,7 +42,8 @@ WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics)
                                       "Heartbeats sent, by result.",
                                       {"result"})),
       joins_(metrics->AddCounter("muonps_worker_joins_total",
-                                 "Successful joins (first and re-joins).")) {}
+                                 "Successful joins (first and re-joins).")),
+      engine_(engine) {}
 
 WorkerAgent::~WorkerAgent() { Stop(); }
 
@@ -109,6 +118,7 @@ void WorkerAgent::MembershipLoop() {
     v1::HeartbeatResponse response;
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
     heartbeats_->Increment({status.ok() ? "ok" : "error"});
+    if (status.ok()) FlushStepStats();
     if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
         status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
       spdlog::warn("job={} worker={} lost its lease ({}); re-joining",
@@ -156,6 +166,7 @@ void WorkerAgent::WatchLoop() {
                    options_.job, options_.worker_id, plan.version(), rank,
                    plan.reason());
       plan_version_->Set(static_cast<double>(plan.version()));
+      DeliverPlan(plan);
       absl::MutexLock lock(&mu_);
       plan_ = plan;
     }
@@ -170,6 +181,78 @@ void WorkerAgent::WatchLoop() {
   }
 }
 
+void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
+  if (engine_ == nullptr) return;
+  std::optional<v1::JobSpec> spec;
+  {
+    absl::MutexLock lock(&mu_);
+    spec = job_spec_;
+  }
+  if (!spec) {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(absl::Seconds(10)));
+    v1::GetJobRequest request;
+    request.set_job(options_.job);
+    v1::Job job;
+    const grpc::Status status = stub_->GetJob(&context, request, &job);
+    if (!status.ok()) {
+      spdlog::error("job={} worker={} cannot fetch the job: {}", options_.job,
+                    options_.worker_id, status.error_message());
+      return;
+    }
+    spec = job.spec();
+    absl::MutexLock lock(&mu_);
+    job_spec_ = spec;
+  }
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(absl::Seconds(10)));
+  v1::ListWorkersRequest request;
+  request.set_job(options_.job);
+  v1::ListWorkersResponse workers;
+  const grpc::Status status = stub_->ListWorkers(&context, request, &workers);
+  if (!status.ok()) {
+    spdlog::error("job={} worker={} cannot list workers: {}", options_.job,
+                  options_.worker_id, status.error_message());
+    return;
+  }
+  std::map<std::string, std::string> addresses;
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    addresses[w.worker_id()] = w.data_address();
+  }
+  const absl::Status set = engine_->SetPlan(*spec, plan, addresses);
+  if (!set.ok()) {
+    spdlog::error("job={} worker={} plan_version={} rejected: {}", options_.job,
+                  options_.worker_id, plan.version(), set.ToString());
+  }
+}
+
+void WorkerAgent::ReportStep(const v1::StepResponse& step) {
+  absl::MutexLock lock(&mu_);
+  if (pending_stats_.size() < 1000) pending_stats_.push_back(step);
+}
+
+void WorkerAgent::FlushStepStats() {
+  std::vector<v1::StepResponse> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    pending.swap(pending_stats_);
+  }
+  for (const v1::StepResponse& step : pending) {
+    v1::ReportStepStatsRequest request;
+    request.set_job(options_.job);
+    request.set_worker_id(options_.worker_id);
+    request.set_step(step.step_id());
+    request.set_plan_version(step.plan_version());
+    request.set_step_seconds(step.seconds());
+    request.set_ns_seconds(step.ns_seconds());
+    request.set_bytes_moved(step.bytes_moved());
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(absl::Seconds(1)));
+    v1::ReportStepStatsResponse response;
+    (void)stub_->ReportStepStats(&context, request, &response);
+  }
+}
+
 v1::WorkerStatus WorkerAgent::Status() const {
   absl::MutexLock lock(&mu_);
   v1::WorkerStatus out;
@@ -178,6 +261,7 @@ v1::WorkerStatus WorkerAgent::Status() const {
   out.set_coordinator(options_.coordinator);
   out.set_state(state_);
   out.set_rank(-1);
+  out.set_last_step(engine_ != nullptr ? engine_->last_step() : -1);
   if (!plan_) return out;
   out.set_plan_version(plan_->version());
   for (int i = 0; i < plan_->workers_size(); ++i) {

@@ -21,6 +21,7 @@
 #include "common/metrics.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "muonps/v1/worker.pb.h"
+#include "server/worker/step_engine.h"
 
 namespace muonps {
 namespace worker {
@@ -37,8 +38,11 @@ struct AgentOptions {
 
 class WorkerAgent {
  public:
-  // `metrics` must outlive the agent.
-  WorkerAgent(AgentOptions options, MetricsRegistry* metrics);
+  // `metrics` and `engine` (may be null: control plane only) must outlive
+  // the agent. Every new plan goes to the engine with the job's spec and
+  // the workers' data addresses.
+  WorkerAgent(AgentOptions options, MetricsRegistry* metrics,
+              StepEngine* engine = nullptr);
   ~WorkerAgent();
   WorkerAgent(const WorkerAgent&) = delete;
   WorkerAgent& operator=(const WorkerAgent&) = delete;
@@ -53,11 +57,18 @@ class WorkerAgent {
   std::optional<v1::Plan> plan() const;
   const std::string& instance_id() const { return instance_id_; }
 
+  // Queues a finished step's statistics for the coordinator (sent after
+  // the next heartbeat, off the step's path).
+  void ReportStep(const v1::StepResponse& step);
+
  private:
   void MembershipLoop();
   void WatchLoop();
   // Joins, retrying until it succeeds or Stop(); returns false on Stop().
   bool JoinWithRetry();
+  // Hands `plan` to the engine (fetching the job spec and addresses).
+  void DeliverPlan(const v1::Plan& plan);
+  void FlushStepStats();
 
   const AgentOptions options_;
   const std::string instance_id_;
@@ -72,10 +83,13 @@ class WorkerAgent {
   std::optional<v1::Plan> plan_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  std::optional<v1::JobSpec> job_spec_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::StepResponse> pending_stats_ ABSL_GUARDED_BY(mu_);
 
   Gauge* plan_version_;
   Counter* heartbeats_;
   Counter* joins_;
+  StepEngine* engine_;
 };
 
 }  // namespace worker

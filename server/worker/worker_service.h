@@ -1,9 +1,13 @@
 // The worker's local muonps.v1.Worker control service (served on a Unix
-// socket for the trainer's client). Thread-safe.
+// socket for the trainer's client): status, buffer attachment and steps.
+// Thread-safe.
 #ifndef MUONPS_SERVER_WORKER_WORKER_SERVICE_H_
 #define MUONPS_SERVER_WORKER_WORKER_SERVICE_H_
 
+#include <string>
+
 #include "muonps/v1/worker.grpc.pb.h"
+#include "server/worker/step_engine.h"
 #include "server/worker/worker_agent.h"
 
 namespace muonps {
@@ -11,8 +15,9 @@ namespace worker {
 
 class WorkerService final : public v1::Worker::Service {
  public:
-  // `agent` must outlive the service.
-  explicit WorkerService(const WorkerAgent* agent) : agent_(agent) {}
+  // `agent` and `engine` must outlive the service.
+  WorkerService(WorkerAgent* agent, StepEngine* engine)
+      : agent_(agent), engine_(engine) {}
 
   grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
                          v1::WorkerStatus* out) override {
@@ -20,8 +25,31 @@ class WorkerService final : public v1::Worker::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest* request,
+                      v1::AttachResponse* out) override {
+    return Reply(engine_->Attach(*request), out);
+  }
+
+  grpc::Status Step(grpc::ServerContext*, const v1::StepRequest* request,
+                    v1::StepResponse* out) override {
+    absl::StatusOr<v1::StepResponse> step = engine_->Step(*request);
+    if (step.ok() && !step->already_applied()) agent_->ReportStep(*step);
+    return Reply(std::move(step), out);
+  }
+
  private:
-  const WorkerAgent* agent_;
+  template <typename T>
+  static grpc::Status Reply(absl::StatusOr<T> result, T* out) {
+    if (!result.ok()) {
+      return grpc::Status(static_cast<grpc::StatusCode>(result.status().code()),
+                          std::string(result.status().message()));
+    }
+    *out = *std::move(result);
+    return grpc::Status::OK;
+  }
+
+  WorkerAgent* agent_;
+  StepEngine* engine_;
 };
 
 }  // namespace worker

@@ -51,8 +51,12 @@ int Print(const grpc::Status& status, const Response& response,
 }
 
 int Run(const std::string& command) {
-  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-      absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
+  // Plans of big jobs exceed gRPC's default 4 MiB receive limit.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator),
+                                grpc::InsecureChannelCredentials(), args));
   grpc::ClientContext context;
   context.set_deadline(
       std::chrono::system_clock::now() +

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Local cluster: a coordinator, N workers and M trainer ranks on this
+# machine (CPU), training the example MLP through muonps.
+#
+#   deploy/local/launch.sh [--workers N] [--trainers M] [--layout L] [--steps S]
+#                          [--log_dir DIR] [--keep-running] [-- TRAINER FLAGS...]
+#
+# Waits for every process to be healthy, shows progress (step, loss, step
+# time) from trainer rank 0, writes all logs to one folder, and tears
+# everything down on exit or Ctrl-C. --keep-running stays up after training
+# (printing the coordinator's address) until Ctrl-C. The last line of output
+# is one JSON object: initial_loss, final_loss, steps, layout,
+# parity_max_rel_err (final parameters against a single-process run of the
+# same kernels).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+workers=2
+trainers=""
+layout=unreduced
+steps=30
+log_dir=""
+keep_running=0
+trainer_flags=()
+while (($#)); do
+  case "$1" in
+    --workers) workers="$2"; shift 2 ;;
+    --trainers) trainers="$2"; shift 2 ;;
+    --layout) layout="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --log_dir) log_dir="$2"; shift 2 ;;
+    --keep-running|--keep_running) keep_running=1; shift ;;
+    --) shift; trainer_flags=("$@"); break ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "launch.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+trainers="${trainers:-$workers}"
+case "$layout" in replicated|unreduced|row_sharded) ;; *)
+  echo "launch.sh: --layout must be replicated, unreduced or row_sharded" >&2; exit 2 ;;
+esac
+if [[ "$trainers" != "$workers" ]]; then
+  echo "launch.sh: the CPU data plane runs one trainer per worker (--trainers = --workers)" >&2
+  exit 2
+fi
+log_dir="${log_dir:-$(mktemp -d /tmp/muonps-run-XXXXXX)}"
+mkdir -p "$log_dir"
+job="mlp-$$"
+
+echo "== building (logs in $log_dir)"
+bazel build //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
+  //examples/trainer:mlp_trainer //tools/muonps >"$log_dir/build.log" 2>&1 \
+  || { tail -20 "$log_dir/build.log"; exit 1; }
+bin="$(bazel info bazel-bin 2>/dev/null)"
+
+pids=()
+sockets=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -f "${sockets[@]}"
+}
+trap cleanup EXIT
+trap 'echo; echo "== interrupted: stopping"; exit 130' INT TERM
+
+wait_for() {  # wait_for FILE REGEX SECONDS -> prints capture
+  local file="$1" regex="$2" deadline=$((SECONDS + $3))
+  while ((SECONDS < deadline)); do
+    if [[ -f "$file" ]]; then
+      local hit
+      hit="$(sed -n "s/.*${regex}.*/\1/p" "$file" | head -n 1)"
+      [[ -n "$hit" ]] && { echo "$hit"; return 0; }
+    fi
+    sleep 0.1
+  done
+  echo "launch.sh: timed out waiting for /$regex/ in $file" >&2
+  tail -5 "$file" >&2 || true
+  return 1
+}
+
+"$bin/server/coordinator/muonps-coordinator" --port 0 --metrics_port 0 \
+  --lease_ttl_ms 3000 --heartbeat_interval_ms 500 >"$log_dir/coordinator.log" 2>&1 &
+pids+=($!)
+coordinator="$(wait_for "$log_dir/coordinator.log" 'listening on \([0-9.:]*\)' 20)"
+echo "== coordinator on $coordinator"
+
+for ((i = 0; i < workers; i++)); do
+  socket="/tmp/muonps-$$-w$i.sock"
+  sockets+=("$socket")
+  "$bin/server/worker/muonps-worker" --coordinator "$coordinator" --job "$job" \
+    --worker_id "w$i" --socket "$socket" --metrics_port 0 \
+    --memory_bytes $((4 << 30)) >"$log_dir/worker-w$i.log" 2>&1 &
+  pids+=($!)
+done
+for ((i = 0; i < workers; i++)); do
+  wait_for "$log_dir/worker-w$i.log" 'listening on unix:\(.*\)' 20 >/dev/null
+done
+echo "== $workers workers up"
+
+trainer_pids=()
+for ((r = 0; r < trainers; r++)); do
+  "$bin/examples/trainer/mlp_trainer" --coordinator "$coordinator" --job "$job" \
+    --worker_socket "/tmp/muonps-$$-w$r.sock" --rank "$r" --ranks "$trainers" \
+    --layout "$layout" --steps "$steps" ${trainer_flags[@]+"${trainer_flags[@]}"} \
+    >"$log_dir/trainer-$r.log" 2>&1 &
+  trainer_pids+=($!)
+  pids+=($!)
+done
+
+# Progress: trainer 0 prints one JSON object per step.
+shown=0
+show_progress() {
+  local lines
+  mapfile -t lines < <(grep '^{"step"' "$log_dir/trainer-0.log" 2>/dev/null || true)
+  while ((shown < ${#lines[@]})); do
+    echo "${lines[$shown]}" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("step %4d  loss %.6f  step %7.1f ms  moved %d bytes" % (d["step"], d["loss"], d["step_ms"], d["bytes_moved"]))'
+    shown=$((shown + 1))
+  done
+}
+while kill -0 "${trainer_pids[0]}" 2>/dev/null; do
+  show_progress
+  sleep 0.2
+done
+show_progress
+status=0
+for pid in "${trainer_pids[@]}"; do wait "$pid" || status=1; done
+if ((status != 0)); then
+  echo "launch.sh: a trainer failed; see $log_dir" >&2
+  for ((r = 0; r < trainers; r++)); do tail -3 "$log_dir/trainer-$r.log" >&2; done
+  exit 1
+fi
+if ((keep_running)); then
+  echo "== training done; the cluster stays up. coordinator: $coordinator"
+  echo "   $bin/tools/muonps/muonps plan --coordinator $coordinator --job $job"
+  echo "   Ctrl-C to stop."
+  while true; do sleep 1; done
+fi
+grep '^{"initial_loss"' "$log_dir/trainer-0.log" | tail -n 1

@@ -1,0 +1,184 @@
+// mlp_trainer: one trainer rank of the example. It trains a student MLP to
+// imitate a fixed random teacher, with its weight matrices optimized by
+// Muon on the muonps workers and its biases by AdamW in the client, ranks
+// splitting the batch (unreduced) or each holding the whole gradient
+// (replicated, row_sharded). Rank 0 prints one JSON line per step
+// {"step","loss","step_ms"} and, at the end, {"initial_loss","final_loss",
+// "steps","layout","parity_max_rel_err"}: its final parameters against a
+// single-process run of the same kernels.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "common/status.h"
+#include "examples/trainer/training.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "Coordinator HOST:PORT.");
+ABSL_FLAG(std::string, job, "mlp", "Job name.");
+ABSL_FLAG(std::string, worker_socket, "", "The local worker's Unix socket.");
+ABSL_FLAG(int, rank, 0, "This trainer's rank.");
+ABSL_FLAG(int, ranks, 1, "Number of trainer ranks.");
+ABSL_FLAG(std::string, layout, "unreduced",
+          "replicated|unreduced|row_sharded.");
+ABSL_FLAG(int, steps, 30, "Optimizer steps.");
+ABSL_FLAG(std::string, widths, "64,256,256,16", "MLP widths, input first.");
+ABSL_FLAG(int64_t, batch, 256, "Global batch size.");
+ABSL_FLAG(double, lr, 0.02, "Muon learning rate.");
+ABSL_FLAG(double, weight_decay, 0.01, "Muon weight decay.");
+ABSL_FLAG(double, adamw_lr, 1e-3, "AdamW learning rate (biases).");
+ABSL_FLAG(std::string, params_out, "", "Write the final parameters here.");
+ABSL_FLAG(bool, parity, true, "Rank 0 checks against a single-process run.");
+
+namespace muonps {
+namespace example {
+namespace {
+
+absl::StatusOr<TrainConfig> ConfigFromFlags() {
+  TrainConfig config;
+  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_widths), ',')) {
+    int64_t width = 0;
+    if (!absl::SimpleAtoi(w, &width)) {
+      return InvalidField("widths", "must be comma-separated integers");
+    }
+    config.shape.widths.push_back(width);
+  }
+  config.batch = absl::GetFlag(FLAGS_batch);
+  config.steps = absl::GetFlag(FLAGS_steps);
+  config.ranks = absl::GetFlag(FLAGS_ranks);
+  const std::string layout = absl::GetFlag(FLAGS_layout);
+  if (layout == "replicated") {
+    config.layout = scheduler::Layout::kReplicated;
+  } else if (layout == "unreduced") {
+    config.layout = scheduler::Layout::kUnreduced;
+  } else if (layout == "row_sharded") {
+    config.layout = scheduler::Layout::kRowSharded;
+  } else {
+    return InvalidField("layout", "is not replicated, unreduced, row_sharded");
+  }
+  config.muon.lr = absl::GetFlag(FLAGS_lr);
+  config.muon.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  config.muon.lr_adjustment = kernels::LrAdjustment::kMatchRmsAdamW;
+  config.adamw.lr = absl::GetFlag(FLAGS_adamw_lr);
+  config.adamw.weight_decay = 0.0;
+  return config;
+}
+
+absl::Status Run() {
+  MUONPS_ASSIGN_OR_RETURN(const TrainConfig config, ConfigFromFlags());
+  const int rank = absl::GetFlag(FLAGS_rank);
+  MUONPS_ASSIGN_OR_RETURN(TeacherTask task,
+                          TeacherTask::Create({.shape = config.shape}));
+  MUONPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(config.shape));
+  model.Init(config.seed, 1.0f);
+
+  MUONPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<Client> client,
+      Client::Create({.coordinator = absl::GetFlag(FLAGS_coordinator),
+                      .job = absl::GetFlag(FLAGS_job),
+                      .worker_socket = absl::GetFlag(FLAGS_worker_socket),
+                      .trainer_rank = rank,
+                      .trainer_count = config.ranks}));
+  for (const MlpParameter& p : model.parameters()) {
+    if (p.is_matrix) {
+      MUONPS_RETURN_IF_ERROR(client->AddMatrix(
+          p.name, p.shape[0], p.shape[1],
+          {.layout = config.layout,
+           .layer = static_cast<int32_t>(&p - &model.parameters()[0]) / 2,
+           .shard_params = false}));
+    } else {
+      MUONPS_RETURN_IF_ERROR(
+          client->AddTensor(p.name, p.num_elements,
+                            config.layout == scheduler::Layout::kUnreduced
+                                ? scheduler::Layout::kUnreduced
+                                : scheduler::Layout::kReplicated));
+    }
+  }
+  MUONPS_RETURN_IF_ERROR(client->Start(config.muon, config.adamw));
+  // The client's buffers are what the workers update: copy the initial
+  // parameters in, then move gradients in and parameters out every step.
+  std::vector<TensorBuffers> buffers;
+  for (const MlpParameter& p : model.parameters()) {
+    MUONPS_ASSIGN_OR_RETURN(TensorBuffers b, client->Buffers(p.name));
+    std::memcpy(b.param, model.params_data() + p.offset,
+                b.param_elements * sizeof(float));
+    buffers.push_back(b);
+  }
+  MUONPS_ASSIGN_OR_RETURN(const double initial_loss,
+                          BatchLoss(config, &task, &model, 0));
+  double loss = initial_loss;
+  for (int step = 0; step < config.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    MUONPS_RETURN_IF_ERROR(
+        ComputeGradient(config, &task, &model, step, rank).status());
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const MlpParameter& p = model.parameters()[i];
+      const TensorBuffers& b = buffers[i];
+      // A row_sharded matrix lends only this rank's rows of its gradient.
+      const int64_t first = b.row_begin * (p.is_matrix ? p.shape[1] : 0);
+      std::memcpy(b.grad, model.grads_data() + p.offset + first,
+                  b.elements * sizeof(float));
+    }
+    MUONPS_ASSIGN_OR_RETURN(const StepResult result, client->Step(step));
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      std::memcpy(model.params_data() + model.parameters()[i].offset,
+                  buffers[i].param, buffers[i].param_elements * sizeof(float));
+    }
+    const double step_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - start)
+                               .count();
+    MUONPS_ASSIGN_OR_RETURN(loss, BatchLoss(config, &task, &model, step + 1));
+    if (rank == 0) {
+      nlohmann::ordered_json line;
+      line["step"] = step;
+      line["loss"] = loss;
+      line["step_ms"] = step_ms;
+      line["bytes_moved"] = result.bytes_moved;
+      line["plan_version"] = result.plan_version;
+      std::printf("%s\n", line.dump().c_str());
+      std::fflush(stdout);
+    }
+  }
+  const std::string out = absl::GetFlag(FLAGS_params_out);
+  if (!out.empty()) {
+    std::ofstream file(out, std::ios::binary);
+    file.write(reinterpret_cast<const char*>(model.params_data()),
+               model.block_floats() * sizeof(float));
+  }
+  if (rank != 0) return absl::OkStatus();
+  nlohmann::ordered_json summary;
+  summary["initial_loss"] = initial_loss;
+  summary["final_loss"] = loss;
+  summary["steps"] = config.steps;
+  summary["layout"] = absl::GetFlag(FLAGS_layout);
+  if (absl::GetFlag(FLAGS_parity)) {
+    MUONPS_ASSIGN_OR_RETURN(const std::vector<float> reference,
+                            TrainReference(config));
+    summary["parity_max_rel_err"] =
+        MaxRelativeError(model, model.params_data(), reference.data());
+  }
+  std::printf("%s\n", summary.dump().c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace example
+}  // namespace muonps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = muonps::example::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "mlp_trainer: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

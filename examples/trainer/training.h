@@ -1,0 +1,55 @@
+// The example's training step logic, shared by the distributed trainer
+// (through muonps::Client) and the single-process reference run that checks
+// it: which gradient each rank computes for each layout, and the reference
+// optimizer step with the same kernels. Thread-compatible.
+#ifndef MUONPS_EXAMPLES_TRAINER_TRAINING_H_
+#define MUONPS_EXAMPLES_TRAINER_TRAINING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "examples/mlp/mlp.h"
+#include "examples/mlp/teacher.h"
+#include "kernels/muon_kernels.h"
+#include "scheduler/plan_types.h"
+
+namespace muonps {
+namespace example {
+
+struct TrainConfig {
+  MlpShape shape;  // the student (and teacher) widths
+  int64_t batch = 256;
+  int steps = 30;
+  scheduler::Layout layout = scheduler::Layout::kUnreduced;
+  int ranks = 1;
+  uint32_t seed = 7;
+  kernels::MuonHyperparameters muon;
+  kernels::AdamWHyperparameters adamw;
+};
+
+// The gradient rank `rank` holds for step `step` in the model's gradient
+// block: unreduced → the mean-loss gradient of its shard of the batch (the
+// workers average them, as DDP); replicated and row_sharded → the whole
+// batch's gradient (already reduced; row_sharded ranks then lend only their
+// rows). Returns the loss that gradient belongs to.
+absl::StatusOr<double> ComputeGradient(const TrainConfig& config,
+                                       TeacherTask* task, Mlp* model, int step,
+                                       int rank);
+
+// Mean squared error of `model` on the whole batch of `step`.
+absl::StatusOr<double> BatchLoss(const TrainConfig& config, TeacherTask* task,
+                                 Mlp* model, int step);
+
+// Trains `config.steps` steps in one process with the CPU kernels, the
+// gradients of all ranks averaged as the workers do, and returns the final
+// parameter block.
+absl::StatusOr<std::vector<float>> TrainReference(const TrainConfig& config);
+
+// Largest ||a - b||_F / ||b||_F over the model's tensors.
+double MaxRelativeError(const Mlp& layout, const float* a, const float* b);
+
+}  // namespace example
+}  // namespace muonps
+
+#endif  // MUONPS_EXAMPLES_TRAINER_TRAINING_H_
