@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# The main job, for now: installs what is needed, builds muonps, replays
-# PyTorch's golden optimizer trajectories (../shared/testdata) through the
-# CPU kernels with both Newton-Schulz algorithms, then starts a coordinator
-# and two workers on loopback and shows the ownership plan they agree on.
-# Exits non-zero on any miss.
+# The main job: installs what is needed, builds muonps, replays PyTorch's
+# golden optimizer trajectories through the CPU kernels, then starts a local
+# cluster (a coordinator, 2 workers and 2 trainer ranks on this machine) that
+# trains the example MLP through muonps. The last line is one JSON object:
+# initial_loss, final_loss, steps, layout, parity_max_rel_err (the final
+# parameters against a single-process run of the same kernels).
+# Flags go to deploy/local/launch.sh (e.g. --layout row_sharded --steps 50).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash deploy/setup.sh
 GOLDEN="${GOLDEN:-$(cd .. && pwd)/shared/testdata/torch_optim_golden}"
-bazel build //tools/golden_replay
-for algorithm in ns5 gram; do
-  echo "== golden replay, --algorithm $algorithm"
-  bazel-bin/tools/golden_replay/golden_replay --golden "$GOLDEN" \
-    --algorithm "$algorithm" --backend cpu
-done
-bash deploy/local/control_plane_demo.sh
+bazel build //tools/golden_replay >/dev/null 2>&1
+echo "== golden replay (PyTorch's trajectories through the CPU kernels)"
+"$(bazel info bazel-bin 2>/dev/null)/tools/golden_replay/golden_replay" \
+  --golden "$GOLDEN" --algorithm gram | tail -n 1
+echo "== local cluster: coordinator + 2 workers + 2 trainer ranks"
+bash deploy/local/launch.sh --workers 2 --trainers 2 --steps 30 "$@"
