@@ -64,6 +64,19 @@ int64_t StepEngine::last_step() const {
   return last_step_;
 }
 
+absl::StatusOr<std::vector<float>> StepEngine::Momentum(
+    const std::string& matrix, int64_t expert) const {
+  absl::MutexLock lock(&mu_);
+  auto it = momentum_.find(ItemKey(matrix, expert));
+  if (it == momentum_.end()) {
+    return FieldError(
+        absl::StatusCode::kNotFound, "matrix",
+        absl::StrCat(Quoted(matrix), " expert ", expert,
+                     " has no momentum on worker ", Quoted(worker_id_)));
+  }
+  return it->second;
+}
+
 absl::Status StepEngine::SetPlan(
     const v1::JobSpec& job, const v1::Plan& plan,
     const std::map<std::string, std::string>& addresses) {

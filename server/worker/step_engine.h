@@ -62,6 +62,11 @@ class StepEngine {
 
   int64_t last_step() const;
 
+  // The momentum of expert `expert` of `matrix` if this worker owns it and
+  // has stepped it; NOT_FOUND otherwise.
+  absl::StatusOr<std::vector<float>> Momentum(const std::string& matrix,
+                                              int64_t expert) const;
+
  private:
   struct Binding {
     float* grad = nullptr;

@@ -37,6 +37,20 @@ class WorkerService final : public v1::Worker::Service {
     return Reply(std::move(step), out);
   }
 
+  grpc::Status GetMomentum(grpc::ServerContext*,
+                           const v1::GetMomentumRequest* request,
+                           v1::GetMomentumResponse* out) override {
+    absl::StatusOr<std::vector<float>> momentum =
+        engine_->Momentum(request->matrix(), request->expert());
+    if (!momentum.ok()) {
+      return grpc::Status(
+          static_cast<grpc::StatusCode>(momentum.status().code()),
+          std::string(momentum.status().message()));
+    }
+    out->mutable_values()->Add(momentum->begin(), momentum->end());
+    return grpc::Status::OK;
+  }
+
  private:
   template <typename T>
   static grpc::Status Reply(absl::StatusOr<T> result, T* out) {

@@ -1,0 +1,55 @@
+// Moving one batch of framed messages over a transport's connections. Every
+// message to or from every peer progresses at once through a single poll()
+// loop on the calling thread, so ranks that all send large messages before
+// receiving cannot block one another on full socket buffers; messages to one
+// peer go out, and messages from one peer are expected, in the order given.
+// Each message travels as a FrameHeader (wire_format.h) and its payload.
+// Thread-compatible: one batch per set of connections at a time.
+#ifndef MUONPS_TRANSPORT_MESSAGE_TRANSFER_H_
+#define MUONPS_TRANSPORT_MESSAGE_TRANSFER_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "transport/socket_io.h"
+#include "transport/wire_format.h"
+
+namespace muonps {
+namespace transport {
+
+// `header.bytes` bytes at `data` (unowned; untouched until the transfer
+// returns) for rank `peer`.
+struct OutgoingMessage {
+  int peer = -1;
+  FrameHeader header;
+  const void* data = nullptr;
+};
+
+// A message from rank `peer` whose header must equal `expected`; its
+// `expected.bytes` payload bytes land at `data` (unowned).
+struct IncomingMessage {
+  int peer = -1;
+  FrameHeader expected;
+  void* data = nullptr;
+};
+
+// Sends every `outgoing` and receives every `incoming` message over
+// `sockets` (indexed by rank; non-blocking, valid for every peer named).
+// OK once every outgoing message is handed to the kernel whole and every
+// incoming one has arrived whole. Otherwise the first failure, naming the
+// peer rank and the message: UNAVAILABLE when the peer closed or reset the
+// connection; DEADLINE_EXCEEDED when no byte moved to or from a peer with
+// messages pending for `io_timeout`; INTERNAL when an arriving header is not
+// the expected one (kind, sequence number or length differ: the ranks issued
+// different calls). After a failure the connections are out of step and
+// unfinished incoming buffers hold unspecified bytes.
+absl::Status TransferMessages(const std::vector<Socket>& sockets,
+                              const std::vector<OutgoingMessage>& outgoing,
+                              const std::vector<IncomingMessage>& incoming,
+                              absl::Duration io_timeout);
+
+}  // namespace transport
+}  // namespace muonps
+
+#endif  // MUONPS_TRANSPORT_MESSAGE_TRANSFER_H_

@@ -1,0 +1,263 @@
+#include "transport/tcp_transport.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "transport/tcp_mesh.h"
+
+namespace muonps {
+namespace transport {
+namespace {
+
+// out = ((parts[0] + parts[1]) + parts[2]) + ... elementwise, in float. One
+// cache-sized block at a time through a local accumulator, so `out` may be
+// one of the parts (the root's own send buffer) without changing the result.
+void SumInRankOrder(const std::vector<const float*>& parts, float* out,
+                    size_t count) {
+  constexpr size_t kBlock = 1024;
+  float block[kBlock];
+  for (size_t begin = 0; begin < count; begin += kBlock) {
+    const size_t n = std::min(kBlock, count - begin);
+    std::copy_n(parts[0] + begin, n, block);
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const float* part = parts[i] + begin;
+      for (size_t k = 0; k < n; ++k) block[k] += part[k];
+    }
+    std::copy_n(block, n, out + begin);
+  }
+}
+
+bool PartlyOverlap(const float* a, const float* b, size_t count) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  const uintptr_t bytes = count * sizeof(float);
+  return x != y && x < y + bytes && y < x + bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Bind(
+    const std::string& host, int port) {
+  MUONPS_ASSIGN_OR_RETURN(Socket socket, ListenOn(host, port));
+  MUONPS_ASSIGN_OR_RETURN(const int bound, LocalPort(socket));
+  return absl::WrapUnique(new TcpListener(host, bound, std::move(socket)));
+}
+
+std::string TcpListener::address() const {
+  return FormatHostPort({host_, port_});
+}
+
+absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
+    TcpListener* listener, int rank,
+    const std::vector<std::string>& peer_addresses, uint64_t session,
+    const TcpOptions& options) {
+  if (listener == nullptr) {
+    return absl::InvalidArgumentError("listener: must not be null");
+  }
+  const int world = static_cast<int>(peer_addresses.size());
+  if (rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": must be in [0, ", world,
+                     ") (the number of peer_addresses)"));
+  }
+  if (options.connect_timeout <= absl::ZeroDuration() ||
+      options.io_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "options: connect_timeout and io_timeout must be positive");
+  }
+  std::vector<HostPort> addresses;
+  for (int peer = 0; peer < world; ++peer) {
+    absl::StatusOr<HostPort> address = ParseHostPort(peer_addresses[peer]);
+    if (!address.ok()) {
+      return Annotate(address.status(),
+                      absl::StrCat("peer_addresses[", peer, "]"));
+    }
+    addresses.push_back(*std::move(address));
+  }
+  MUONPS_ASSIGN_OR_RETURN(
+      std::vector<Socket> sockets,
+      ConnectMesh(listener->socket(), rank, addresses, session,
+                  options.connect_timeout, options.io_timeout));
+  return absl::WrapUnique(
+      new TcpTransport(rank, session, options, std::move(sockets)));
+}
+
+TcpTransport::TcpTransport(int rank, uint64_t session,
+                           const TcpOptions& options,
+                           std::vector<Socket> sockets)
+    : rank_(rank),
+      session_(session),
+      options_(options),
+      sockets_(std::move(sockets)),
+      next_send_sequence_(sockets_.size(), 0),
+      next_recv_sequence_(sockets_.size(), 0) {}
+
+absl::Status TcpTransport::Usable() const {
+  if (broken_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("transport is broken by an earlier error and must be "
+                   "rebuilt; the error was: ",
+                   broken_.ToString()));
+}
+
+absl::Status TcpTransport::Fail(const absl::Status& status) {
+  broken_ = Annotate(status, absl::StrCat("TCP transport rank ", rank_,
+                                          " (session ", session_, ")"));
+  outgoing_.clear();
+  incoming_.clear();
+  sums_.clear();
+  scratch_in_use_ = 0;
+  group_depth_ = 0;
+  return broken_;
+}
+
+absl::Status TcpTransport::CheckRank(int peer, const char* role,
+                                     bool allow_self) const {
+  if (peer >= 0 && peer < size() && (allow_self || peer != rank_)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      role, " ", peer, ": must be a rank in [0, ", size(), ")",
+      allow_self ? "" : absl::StrCat(" other than this rank (", rank_, ")")));
+}
+
+void TcpTransport::QueueSend(int peer, MessageKind kind, const void* data,
+                             size_t bytes) {
+  OutgoingMessage message;
+  message.peer = peer;
+  message.header = {kind, next_send_sequence_[peer]++, bytes};
+  message.data = data;
+  outgoing_.push_back(message);
+}
+
+void TcpTransport::QueueRecv(int peer, MessageKind kind, void* data,
+                             size_t bytes) {
+  IncomingMessage message;
+  message.peer = peer;
+  message.expected = {kind, next_recv_sequence_[peer]++, bytes};
+  message.data = data;
+  incoming_.push_back(message);
+}
+
+float* TcpTransport::Scratch(size_t count) {
+  // Growing the outer vector moves the inner ones, which keeps their data
+  // where it is: pointers handed out earlier in this batch stay valid.
+  if (scratch_in_use_ == scratch_.size()) scratch_.emplace_back();
+  std::vector<float>& buffer = scratch_[scratch_in_use_++];
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
+absl::Status TcpTransport::RunUnlessGrouped() {
+  if (group_depth_ > 0) return absl::OkStatus();
+  const absl::Status moved =
+      TransferMessages(sockets_, outgoing_, incoming_, options_.io_timeout);
+  if (!moved.ok()) return Fail(moved);
+  for (const PendingSum& sum : sums_) {
+    SumInRankOrder(sum.parts, sum.recv, sum.count);
+  }
+  outgoing_.clear();
+  incoming_.clear();
+  sums_.clear();
+  scratch_in_use_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status TcpTransport::GroupStart() {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  ++group_depth_;
+  return absl::OkStatus();
+}
+
+absl::Status TcpTransport::GroupEnd() {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  if (group_depth_ == 0) {
+    return Fail(absl::FailedPreconditionError(
+        "GroupEnd without a matching GroupStart"));
+  }
+  --group_depth_;
+  return RunUnlessGrouped();
+}
+
+absl::Status TcpTransport::Send(const void* data, size_t bytes, int peer) {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  absl::Status valid = CheckRank(peer, "Send: peer", /*allow_self=*/false);
+  if (valid.ok() && data == nullptr && bytes > 0) {
+    valid = absl::InvalidArgumentError("Send: data is null");
+  }
+  if (!valid.ok()) return Fail(valid);
+  QueueSend(peer, MessageKind::kPointToPoint, data, bytes);
+  return RunUnlessGrouped();
+}
+
+absl::Status TcpTransport::Recv(void* data, size_t bytes, int peer) {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  absl::Status valid = CheckRank(peer, "Recv: peer", /*allow_self=*/false);
+  if (valid.ok() && data == nullptr && bytes > 0) {
+    valid = absl::InvalidArgumentError("Recv: data is null");
+  }
+  if (!valid.ok()) return Fail(valid);
+  QueueRecv(peer, MessageKind::kPointToPoint, data, bytes);
+  return RunUnlessGrouped();
+}
+
+absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
+                                     size_t count, int root) {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  absl::Status valid = CheckRank(root, "ReduceSum: root", /*allow_self=*/true);
+  if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
+    valid = absl::InvalidArgumentError("ReduceSum: count is too large");
+  } else if (valid.ok() && count > 0 && send == nullptr) {
+    valid = absl::InvalidArgumentError("ReduceSum: send is null");
+  } else if (valid.ok() && root == rank_ && count > 0 && recv == nullptr) {
+    valid = absl::InvalidArgumentError("ReduceSum: recv is null on the root");
+  } else if (valid.ok() && root == rank_ && PartlyOverlap(send, recv, count)) {
+    valid = absl::InvalidArgumentError(
+        "ReduceSum: recv partly overlaps send (it may only be send itself)");
+  }
+  if (!valid.ok()) return Fail(valid);
+  const size_t bytes = count * sizeof(float);
+  if (root != rank_) {
+    QueueSend(root, MessageKind::kReduce, send, bytes);
+    return RunUnlessGrouped();
+  }
+  PendingSum sum;
+  sum.parts.resize(sockets_.size());
+  sum.recv = recv;
+  sum.count = count;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank_) {
+      sum.parts[peer] = send;
+      continue;
+    }
+    float* part = Scratch(count);
+    QueueRecv(peer, MessageKind::kReduce, part, bytes);
+    sum.parts[peer] = part;
+  }
+  sums_.push_back(std::move(sum));
+  return RunUnlessGrouped();
+}
+
+absl::Status TcpTransport::Broadcast(void* data, size_t bytes, int root) {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  absl::Status valid = CheckRank(root, "Broadcast: root", /*allow_self=*/true);
+  if (valid.ok() && data == nullptr && bytes > 0) {
+    valid = absl::InvalidArgumentError("Broadcast: data is null");
+  }
+  if (!valid.ok()) return Fail(valid);
+  if (root != rank_) {
+    QueueRecv(root, MessageKind::kBroadcast, data, bytes);
+  } else {
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer != rank_) QueueSend(peer, MessageKind::kBroadcast, data, bytes);
+    }
+  }
+  return RunUnlessGrouped();
+}
+
+}  // namespace transport
+}  // namespace muonps

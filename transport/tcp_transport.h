@@ -1,0 +1,183 @@
+// The CPU transport: Transport over one TCP connection per pair of ranks.
+//
+// Setup. Each worker binds a TcpListener on its data port once at startup
+// and announces "host:port". For each session (a plan version) every rank
+// calls TcpTransport::Connect with the same address list and session; the
+// lower rank of each pair accepts and the higher rank connects, and a
+// handshake {wire version, session, from rank, to rank, world size} confirms
+// every connection, so a stale connection from an older session or one meant
+// for another rank is refused rather than mistaken for a new one
+// (tcp_mesh.h).
+//
+// Framing. Every message carries a 24-byte header {kind, sequence number,
+// bytes} (wire_format.h). Sizes are not negotiated: the receiver knows what
+// it expects, and a header that differs (the ranks issued different calls,
+// sizes, or orders) fails the call with INTERNAL naming the peer instead of
+// corrupting data.
+//
+// Groups. Calls between GroupStart() and GroupEnd() are checked and queued
+// (returning OK or INVALID_ARGUMENT) and all run at the outermost GroupEnd()
+// (groups nest, as with ncclGroupStart). There, every message of the group,
+// to and from every peer, progresses at once through one poll() loop on the
+// calling thread, so ranks that all send before they receive cannot block
+// one another on full socket buffers. Messages between two ranks keep call
+// order, so both must queue their shared calls in the same order. Every
+// buffer of a queued call must stay valid and unchanged until GroupEnd()
+// returns, and no call of a group may read what another call of the same
+// group writes; ReduceSum results are summed after all transfers of the
+// group have arrived. Outside a group each call is a group of one and has
+// completed when it returns (a sent message may still sit in kernel buffers).
+//
+// Collectives. ReduceSum is a star: the root receives every other rank's
+// buffer (concurrently, into a scratch buffer per peer, kept between calls
+// for reuse) and sums in float in rank order 0, 1, 2, ... whoever the root
+// is, so results are bit-identical from run to run. Broadcast: the root
+// sends to every other rank. With a single rank, ReduceSum copies and
+// Broadcast does nothing.
+//
+// Errors. A call waiting on a peer past io_timeout with no byte moving fails
+// with DEADLINE_EXCEEDED, a peer that closed or reset its connection with
+// UNAVAILABLE, each naming the peer rank. After any failed call (including
+// INVALID_ARGUMENT: the peers expected that call's messages) the transport
+// is broken: later calls fail at once with FAILED_PRECONDITION quoting the
+// first error, and the transport must be rebuilt with Connect.
+//
+// Thread safety: a TcpTransport is used by one thread at a time.
+#ifndef MUONPS_TRANSPORT_TCP_TRANSPORT_H_
+#define MUONPS_TRANSPORT_TCP_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "transport/message_transfer.h"
+#include "transport/socket_io.h"
+#include "transport/transport.h"
+
+namespace muonps {
+namespace transport {
+
+struct TcpOptions {
+  // How long Connect keeps trying to open and confirm every connection.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // How long a call waits while no byte moves to or from a peer it is
+  // exchanging with before failing with DEADLINE_EXCEEDED.
+  absl::Duration io_timeout = absl::Seconds(10);
+};
+
+// A worker's data port: a TCP socket listening on host:port. Bound once at
+// startup and lent to each TcpTransport::Connect in turn (one at a time).
+// Thread-compatible; not copyable.
+class TcpListener {
+ public:
+  // Listens on `host` (a name or address literal; "0.0.0.0" for every IPv4
+  // interface) and `port` (0 picks a free one). INVALID_ARGUMENT for a port
+  // outside [0, 65535]; UNAVAILABLE if the address cannot be resolved or
+  // bound (for example, the port is taken).
+  static absl::StatusOr<std::unique_ptr<TcpListener>> Bind(
+      const std::string& host, int port);
+
+  TcpListener(const TcpListener&) = delete;
+  TcpListener& operator=(const TcpListener&) = delete;
+
+  // The port actually bound.
+  int port() const { return port_; }
+  // "host:port" as given to Bind with the bound port; announce a reachable
+  // host name instead when bound to a wildcard address.
+  std::string address() const;
+  // The listening socket, for TcpTransport::Connect.
+  const Socket& socket() const { return socket_; }
+
+ private:
+  TcpListener(std::string host, int port, Socket socket)
+      : host_(std::move(host)), port_(port), socket_(std::move(socket)) {}
+
+  std::string host_;
+  int port_;
+  Socket socket_;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  // Connects `rank` to every other rank of `peer_addresses` ("host:port",
+  // index = rank, this rank's own entry included; size() is its length) for
+  // `session` (for example the plan version; every rank must pass the same).
+  // `listener` is this rank's listener, not owned, used only during the call.
+  // Returns the connected transport. INVALID_ARGUMENT for a null listener, a
+  // rank out of range, a malformed address or a non-positive timeout; when
+  // options.connect_timeout passes first, FAILED_PRECONDITION if a peer
+  // disagreed in the handshake (the message names the peer and the values,
+  // for example the two sessions) and DEADLINE_EXCEEDED if one never
+  // answered.
+  static absl::StatusOr<std::unique_ptr<TcpTransport>> Connect(
+      TcpListener* listener, int rank,
+      const std::vector<std::string>& peer_addresses, uint64_t session,
+      const TcpOptions& options);
+
+  // Closes every connection; peers waiting on this rank see UNAVAILABLE.
+  ~TcpTransport() override = default;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(sockets_.size()); }
+
+  // FAILED_PRECONDITION if broken.
+  absl::Status GroupStart() override;
+  // Runs the queued calls (see the file comment); FAILED_PRECONDITION
+  // without a matching GroupStart.
+  absl::Status GroupEnd() override;
+
+  absl::Status Send(const void* data, size_t bytes, int peer) override;
+  absl::Status Recv(void* data, size_t bytes, int peer) override;
+  // `recv` may be `send` itself but must not partly overlap it.
+  absl::Status ReduceSum(const float* send, float* recv, size_t count,
+                         int root) override;
+  absl::Status Broadcast(void* data, size_t bytes, int root) override;
+
+ private:
+  // The root's share of one ReduceSum, summed once its transfers arrived.
+  struct PendingSum {
+    std::vector<const float*> parts;  // Index = rank.
+    float* recv = nullptr;
+    size_t count = 0;
+  };
+
+  TcpTransport(int rank, uint64_t session, const TcpOptions& options,
+               std::vector<Socket> sockets);
+
+  // FAILED_PRECONDITION quoting the first error once broken.
+  absl::Status Usable() const;
+  // Marks the transport broken by `status` (annotated with rank and
+  // session) and returns it.
+  absl::Status Fail(const absl::Status& status);
+  absl::Status CheckRank(int peer, const char* role, bool allow_self) const;
+  // Runs the queue unless inside a group.
+  absl::Status RunUnlessGrouped();
+  void QueueSend(int peer, MessageKind kind, const void* data, size_t bytes);
+  void QueueRecv(int peer, MessageKind kind, void* data, size_t bytes);
+  float* Scratch(size_t count);
+
+  const int rank_;
+  const uint64_t session_;
+  const TcpOptions options_;
+  std::vector<Socket> sockets_;  // Index = rank; this rank's is empty.
+  std::vector<uint64_t> next_send_sequence_;
+  std::vector<uint64_t> next_recv_sequence_;
+  int group_depth_ = 0;
+  std::vector<OutgoingMessage> outgoing_;
+  std::vector<IncomingMessage> incoming_;
+  std::vector<PendingSum> sums_;
+  std::vector<std::vector<float>> scratch_;
+  size_t scratch_in_use_ = 0;
+  absl::Status broken_;
+};
+
+}  // namespace transport
+}  // namespace muonps
+
+#endif  // MUONPS_TRANSPORT_TCP_TRANSPORT_H_

@@ -1,0 +1,323 @@
+// Data-path tests of TcpTransport: worlds of 1 to 4 ranks as threads of one
+// process over loopback TCP.
+#include "transport/tcp_transport.h"
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "transport/loopback_ranks.h"
+
+namespace muonps {
+namespace transport {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+std::vector<unsigned char> BytePattern(size_t bytes, uint32_t seed) {
+  std::vector<unsigned char> pattern(bytes);
+  uint32_t state = seed * 2654435761u + 1;
+  for (size_t i = 0; i < bytes; ++i) {
+    state = state * 1664525u + 1013904223u;
+    pattern[i] = static_cast<unsigned char>(state >> 24);
+  }
+  return pattern;
+}
+
+// Integers in [-1000, 1000]: every sum over up to 4 ranks is exact in float.
+std::vector<float> IntegerValues(size_t count, int rank, int salt) {
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) {
+    values[i] = static_cast<float>(
+        static_cast<int>((i * 7919 + rank * 104729 + salt * 31) % 2001) - 1000);
+  }
+  return values;
+}
+
+// Fractions whose float sums round, so the summation order shows.
+std::vector<float> FractionValues(size_t count, int rank, int salt) {
+  std::vector<float> values(count);
+  std::mt19937 random(static_cast<uint32_t>(rank * 1000003 + salt));
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& value : values) value = uniform(random) * (1 + rank * 1000);
+  return values;
+}
+
+// ((x0 + x1) + x2) + ... in float: what the transport promises bit for bit.
+template <typename Values>
+std::vector<float> SumInRankOrder(int world, size_t count, int salt,
+                                  Values values) {
+  std::vector<float> sum = values(count, 0, salt);
+  for (int rank = 1; rank < world; ++rank) {
+    const std::vector<float> part = values(count, rank, salt);
+    for (size_t i = 0; i < count; ++i) sum[i] += part[i];
+  }
+  return sum;
+}
+
+class TcpTransportWorldTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    TcpOptions options;
+    options.io_timeout = absl::Seconds(5);  // A bug fails fast, never hangs.
+    absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
+        ConnectLoopbackWorld(world(), /*session=*/42, options);
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    ranks_ = *std::move(ranks);
+  }
+
+  int world() const { return GetParam(); }
+  Transport& at(int rank) { return *ranks_[rank]; }
+
+  std::vector<std::unique_ptr<TcpTransport>> ranks_;
+};
+
+TEST_P(TcpTransportWorldTest, ReportsRankAndSize) {
+  for (int rank = 0; rank < world(); ++rank) {
+    EXPECT_EQ(at(rank).rank(), rank);
+    EXPECT_EQ(at(rank).size(), world());
+  }
+}
+
+TEST_P(TcpTransportWorldTest, SendRecvDeliversEmptySmallAnd64MiBMessages) {
+  struct Transfer {
+    int from, to;
+    size_t bytes;
+  };
+  std::vector<Transfer> transfers;
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{4099}}) {
+    for (int from = 0; from < world(); ++from) {
+      for (int to = 0; to < world(); ++to) {
+        if (from != to) transfers.push_back({from, to, bytes});
+      }
+    }
+  }
+  for (int peer = 1; peer < world(); ++peer) {
+    transfers.push_back({0, peer, 64 * kMiB});
+    transfers.push_back({peer, 0, 64 * kMiB});
+  }
+  RunOnEveryRank(world(), [&](int rank) {
+    for (size_t n = 0; n < transfers.size(); ++n) {
+      const Transfer& t = transfers[n];
+      const uint32_t seed = static_cast<uint32_t>(n);
+      if (rank == t.from) {
+        const std::vector<unsigned char> data = BytePattern(t.bytes, seed);
+        EXPECT_TRUE(at(rank).Send(data.data(), t.bytes, t.to).ok());
+      } else if (rank == t.to) {
+        std::vector<unsigned char> got(t.bytes, 0xEE);
+        ASSERT_TRUE(at(rank).Recv(got.data(), t.bytes, t.from).ok());
+        EXPECT_TRUE(got == BytePattern(t.bytes, seed))
+            << "transfer " << n << ": " << t.bytes << " bytes " << t.from
+            << " -> " << t.to;
+      }
+    }
+  });
+}
+
+TEST_P(TcpTransportWorldTest, ReduceSumOfIntegersIsExactAtEveryRoot) {
+  const size_t count = kMiB + 3;  // Not a multiple of any block size.
+  for (int root = 0; root < world(); ++root) {
+    const std::vector<float> expected =
+        SumInRankOrder(world(), count, root, IntegerValues);
+    RunOnEveryRank(world(), [&](int rank) {
+      const std::vector<float> send = IntegerValues(count, rank, root);
+      std::vector<float> recv(count, -1.0f);
+      ASSERT_TRUE(
+          at(rank).ReduceSum(send.data(), recv.data(), count, root).ok());
+      if (rank == root) {
+        EXPECT_TRUE(recv == expected) << "root " << root;
+      }
+    });
+  }
+}
+
+TEST_P(TcpTransportWorldTest, ReduceSumAddsInRankOrderBitForBitOnEveryRun) {
+  const size_t count = 100003;
+  for (int root = 0; root < world(); ++root) {
+    const std::vector<float> expected =
+        SumInRankOrder(world(), count, root, FractionValues);
+    for (int run = 0; run < 3; ++run) {
+      const bool in_place = run == 2;  // recv == send on the root.
+      RunOnEveryRank(world(), [&](int rank) {
+        std::vector<float> send = FractionValues(count, rank, root);
+        std::vector<float> separate(count);
+        float* recv = in_place ? send.data() : separate.data();
+        ASSERT_TRUE(at(rank).ReduceSum(send.data(), recv, count, root).ok());
+        if (rank != root) return;
+        EXPECT_EQ(std::memcmp(recv, expected.data(), count * sizeof(float)), 0)
+            << "root " << root << " run " << run;
+      });
+    }
+  }
+}
+
+TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
+  for (size_t bytes : {size_t{0}, 3 * kMiB + 5}) {
+    for (int root = 0; root < world(); ++root) {
+      const std::vector<unsigned char> data = BytePattern(bytes, root + 7);
+      RunOnEveryRank(world(), [&](int rank) {
+        std::vector<unsigned char> buffer =
+            rank == root ? data : std::vector<unsigned char>(bytes, 0);
+        ASSERT_TRUE(at(rank).Broadcast(buffer.data(), bytes, root).ok());
+        EXPECT_TRUE(buffer == data) << "root " << root << " rank " << rank;
+      });
+    }
+  }
+}
+
+// Every rank queues all its sends before any receive. The two socket
+// buffers of a connection absorb about 16 MiB here, so each message is twice
+// that: run call by call this deadlocks (tcp_transport_failure_test checks).
+TEST_P(TcpTransportWorldTest, GroupedAllToAllOf32MiBPerPairCompletes) {
+  const size_t bytes = 32 * kMiB;
+  const auto seed = [this](int from, int to) {
+    return static_cast<uint32_t>(from * world() + to);
+  };
+  RunOnEveryRank(world(), [&](int rank) {
+    std::vector<std::vector<unsigned char>> out(world()), in(world());
+    ASSERT_TRUE(at(rank).GroupStart().ok());
+    for (int peer = 0; peer < world(); ++peer) {
+      if (peer == rank) continue;
+      out[peer] = BytePattern(bytes, seed(rank, peer));
+      ASSERT_TRUE(at(rank).Send(out[peer].data(), bytes, peer).ok());
+    }
+    for (int peer = 0; peer < world(); ++peer) {
+      if (peer == rank) continue;
+      in[peer].resize(bytes);
+      ASSERT_TRUE(at(rank).Recv(in[peer].data(), bytes, peer).ok());
+    }
+    ASSERT_TRUE(at(rank).GroupEnd().ok());
+    for (int peer = 0; peer < world(); ++peer) {
+      if (peer == rank) continue;
+      EXPECT_TRUE(in[peer] == BytePattern(bytes, seed(peer, rank)))
+          << "rank " << rank << " from " << peer;
+    }
+  });
+}
+
+TEST_P(TcpTransportWorldTest, NestedGroupsRunAtTheOutermostGroupEnd) {
+  const size_t bytes = kMiB;
+  const std::vector<unsigned char> data = BytePattern(bytes, 99);
+  RunOnEveryRank(world(), [&](int rank) {
+    std::vector<unsigned char> buffer =
+        rank == 0 ? data : std::vector<unsigned char>(bytes, 0);
+    ASSERT_TRUE(at(rank).GroupStart().ok());
+    ASSERT_TRUE(at(rank).GroupStart().ok());
+    ASSERT_TRUE(at(rank).Broadcast(buffer.data(), bytes, 0).ok());
+    ASSERT_TRUE(at(rank).GroupEnd().ok());
+    if (rank != 0) {
+      EXPECT_TRUE(buffer == std::vector<unsigned char>(bytes, 0))
+          << "rank " << rank << ": the inner GroupEnd must not run the call";
+    }
+    ASSERT_TRUE(at(rank).GroupEnd().ok());
+    EXPECT_TRUE(buffer == data) << "rank " << rank;
+  });
+}
+
+struct MixedOp {
+  enum class Kind { kSendRecv, kReduceSum, kBroadcast } kind;
+  int from;  // Sender, or the root of a collective.
+  int to;    // Receiver of a send/recv.
+  size_t count;
+  int group;  // Ops with the same id >= 0 form one group; -1: ungrouped.
+};
+
+std::vector<MixedOp> RandomSchedule(int world, int ops, uint32_t seed) {
+  std::mt19937 random(seed);
+  const auto pick = [&random](int n) {
+    return static_cast<int>(random() % static_cast<uint32_t>(n));
+  };
+  std::vector<MixedOp> schedule;
+  int next_group = 0;
+  while (static_cast<int>(schedule.size()) < ops) {
+    const int group = pick(3) == 0 ? next_group++ : -1;
+    const int members = group < 0 ? 1 : 2 + pick(4);
+    for (int m = 0; m < members; ++m) {
+      MixedOp op;
+      op.kind = static_cast<MixedOp::Kind>(pick(world > 1 ? 3 : 2) +
+                                           (world > 1 ? 0 : 1));
+      op.from = pick(world);
+      op.to = world > 1 ? (op.from + 1 + pick(world - 1)) % world : 0;
+      op.count = pick(5) == 0 ? 0 : static_cast<size_t>(1 + pick(20000));
+      op.group = group;
+      schedule.push_back(op);
+    }
+  }
+  return schedule;
+}
+
+TEST_P(TcpTransportWorldTest, HundredMixedOperationsMatchTheReference) {
+  const std::vector<MixedOp> schedule = RandomSchedule(world(), 100, 2024);
+  RunOnEveryRank(world(), [&](int rank) {
+    // Buffers live until their group has run; a sender's are read then.
+    struct Check {
+      std::vector<float> got, expected;
+      bool verify;
+      size_t op;
+    };
+    std::vector<Check> checks;
+    for (size_t n = 0; n < schedule.size(); ++n) {
+      const MixedOp& op = schedule[n];
+      const int salt = static_cast<int>(n);
+      const bool opens =
+          op.group >= 0 && (n == 0 || schedule[n - 1].group != op.group);
+      const bool closes = op.group >= 0 && (n + 1 == schedule.size() ||
+                                            schedule[n + 1].group != op.group);
+      if (opens) {
+        ASSERT_TRUE(at(rank).GroupStart().ok());
+      }
+      checks.push_back({FractionValues(op.count, rank, salt), {}, false, n});
+      Check& check = checks.back();
+      absl::Status status;
+      switch (op.kind) {
+        case MixedOp::Kind::kSendRecv:
+          if (rank == op.from) {
+            status = at(rank).Send(check.got.data(), op.count * 4, op.to);
+          } else if (rank == op.to) {
+            status = at(rank).Recv(check.got.data(), op.count * 4, op.from);
+            check.expected = FractionValues(op.count, op.from, salt);
+            check.verify = true;
+          }
+          break;
+        case MixedOp::Kind::kReduceSum:
+          status = at(rank).ReduceSum(check.got.data(), check.got.data(),
+                                      op.count, op.from);
+          if (rank == op.from) {
+            check.expected =
+                SumInRankOrder(world(), op.count, salt, FractionValues);
+            check.verify = true;
+          }
+          break;
+        case MixedOp::Kind::kBroadcast:
+          status = at(rank).Broadcast(check.got.data(), op.count * 4, op.from);
+          check.expected = FractionValues(op.count, op.from, salt);
+          check.verify = true;
+          break;
+      }
+      ASSERT_TRUE(status.ok()) << "op " << n << ": " << status;
+      if (op.group >= 0 && !closes) continue;
+      if (closes) {
+        ASSERT_TRUE(at(rank).GroupEnd().ok());
+      }
+      for (const Check& done : checks) {
+        if (!done.verify) continue;
+        EXPECT_TRUE(done.got == done.expected)
+            << "rank " << rank << " op " << done.op;
+      }
+      checks.clear();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, TcpTransportWorldTest,
+                         ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "World" + std::to_string(info.param);
+                         });
+
+}  // namespace
+}  // namespace transport
+}  // namespace muonps
