@@ -107,7 +107,8 @@ class MetricsRegistry {
 
  private:
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Counter>> counters_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Counter>> counters_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Gauge>> gauges_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Histogram>> histograms_
       ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,6 @@
 // How row_sharded matrices split among trainer ranks: rank r of n holds
-// rows [rows * r / n, rows * (r + 1) / n). The client library, the workers and any
-// trainer agree on this one rule. Pure functions.
+// rows [rows * r / n, rows * (r + 1) / n). The client library, the workers and
+// any trainer agree on this one rule. Pure functions.
 #ifndef MUONPS_COMMON_ROW_RANGES_H_
 #define MUONPS_COMMON_ROW_RANGES_H_
 

@@ -650,7 +650,7 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
        "job"},
       {"job without a plan", "PutNcclId", p([](auto& r) {
          r.set_job("idle");
-         r.set_plan_version(0);
+         r.set_plan_version(1);
        }),
        kPrecondition, "plan_version"},
       {"before rank 0 put it", "GetNcclId", g([](auto& r) {

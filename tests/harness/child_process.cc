@@ -23,7 +23,8 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
     return absl::InternalError(absl::StrCat("cannot open ", log_path));
   }
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) {
@@ -78,9 +79,10 @@ absl::StatusOr<std::string> ChildProcess::WaitForLog(const std::string& pattern,
                        ") before logging /", pattern, "/; log:\n", log));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no line matching /", pattern, "/ in ", absl::FormatDuration(timeout),
-          "; log tail:\n", log.substr(log.size() > 4000 ? log.size() - 4000 : 0)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no line matching /", pattern, "/ in ",
+                       absl::FormatDuration(timeout), "; log tail:\n",
+                       log.substr(log.size() > 4000 ? log.size() - 4000 : 0)));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
