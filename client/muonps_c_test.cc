@@ -1,0 +1,85 @@
+// The C ABI's contract without a running service: version, handles, error
+// codes and messages naming the field. The whole flow (start, buffers,
+// steps) runs against real processes in tests/ and the Python package.
+#include "client/muonps_c.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(MuonpsCTest, VersionNamesTheAbi) {
+  EXPECT_EQ(muonps_abi_version(), MUONPS_C_ABI_VERSION);
+  EXPECT_THAT(std::string(muonps_version()), HasSubstr("C ABI 1"));
+}
+
+TEST(MuonpsCTest, CreateRejectsBadArgumentsWithAMessage) {
+  muonps_client* client = reinterpret_cast<muonps_client*>(0x1);
+  EXPECT_EQ(muonps_client_create(nullptr, "job", "/tmp/s", 0, 1, 0, &client),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(client, nullptr);
+  EXPECT_THAT(std::string(muonps_last_create_error()), HasSubstr("NULL"));
+  EXPECT_EQ(
+      muonps_client_create("127.0.0.1:1", "job", "/tmp/s", 2, 2, 0, &client),
+      MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_last_create_error()),
+              HasSubstr("trainer_rank"));
+  EXPECT_EQ(muonps_client_create("127.0.0.1:1", "", "/tmp/s", 0, 1, 0, &client),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_last_create_error()), HasSubstr("job"));
+}
+
+TEST(MuonpsCTest, DeclarationErrorsNameTheTensorAndField) {
+  muonps_client* client = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/none.sock", 0, 1,
+                                 0.5, &client),
+            MUONPS_OK);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(muonps_client_add_matrix(client, "w", 4, 8, 1,
+                                     MUONPS_LAYOUT_UNREDUCED, 0),
+            MUONPS_OK);
+  EXPECT_EQ(muonps_client_add_matrix(client, "w", 4, 8, 1,
+                                     MUONPS_LAYOUT_UNREDUCED, 0),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("\"w\""));
+  EXPECT_EQ(muonps_client_add_matrix(client, "z", 0, 8, 1,
+                                     MUONPS_LAYOUT_REPLICATED, 0),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(muonps_client_add_matrix(client, "x", 4, 8, 1, 42, 0),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("layout"));
+  EXPECT_EQ(muonps_client_add_tensor(client, "b", 8, MUONPS_LAYOUT_ROW_SHARDED),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(muonps_client_add_tensor(client, "b", 8, MUONPS_LAYOUT_UNREDUCED),
+            MUONPS_OK);
+  float* param = nullptr;
+  EXPECT_EQ(muonps_client_buffers(client, "w", &param, nullptr, nullptr,
+                                  nullptr, nullptr),
+            MUONPS_FAILED_PRECONDITION);
+  EXPECT_EQ(muonps_client_buffers(client, "nope", &param, nullptr, nullptr,
+                                  nullptr, nullptr),
+            MUONPS_NOT_FOUND);
+  EXPECT_EQ(muonps_client_step(client, 0, -1, -1, -1, nullptr),
+            MUONPS_FAILED_PRECONDITION);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("Start"));
+  // No coordinator listens on port 1: Start fails with a status, not a hang.
+  const muonps_muon_hyper muon{0.02, 0.1, 0.95,
+                               1,    5,   MUONPS_ADJUST_LR_ORIGINAL};
+  const muonps_adamw_hyper adamw{1e-3, 0.9, 0.999, 1e-8, 0.0};
+  const int code = muonps_client_start(client, &muon, &adamw);
+  EXPECT_TRUE(code == MUONPS_UNAVAILABLE || code == MUONPS_DEADLINE_EXCEEDED)
+      << code << " " << muonps_client_last_error(client);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("CreateJob"));
+  muonps_client_destroy(client);
+  muonps_client_destroy(nullptr);
+}
+
+}  // namespace
