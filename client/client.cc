@@ -290,6 +290,51 @@ absl::StatusOr<TensorBuffers> Client::Buffers(const std::string& name) const {
   return out;
 }
 
+absl::StatusOr<std::vector<float>> Client::OwnedMomentum(
+    const std::string& name, int64_t expert) const {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(30)));
+  v1::GetMomentumRequest request;
+  request.set_matrix(name);
+  request.set_expert(expert);
+  v1::GetMomentumResponse response;
+  MUONPS_RETURN_IF_ERROR(FromGrpc(
+      worker_->GetMomentum(&context, request, &response), "GetMomentum"));
+  return std::vector<float>(response.values().begin(), response.values().end());
+}
+
+absl::Status Client::RestoreMomentum(const std::string& name, int64_t expert,
+                                     const std::vector<float>& values) {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(30)));
+  v1::SetMomentumRequest request;
+  request.set_matrix(name);
+  request.set_expert(expert);
+  request.mutable_values()->Add(values.begin(), values.end());
+  v1::SetMomentumResponse response;
+  return FromGrpc(worker_->SetMomentum(&context, request, &response),
+                  "SetMomentum");
+}
+
+absl::Status Client::RestoreAdamW(const std::string& name,
+                                  const std::vector<float>& exp_avg,
+                                  const std::vector<float>& exp_avg_sq) {
+  Tensor* t = Find(name);
+  if (t == nullptr || t->muon) {
+    return FieldError(absl::StatusCode::kNotFound, "name",
+                      absl::StrCat(Quoted(name), " is not an AdamW tensor"));
+  }
+  if (static_cast<int64_t>(exp_avg.size()) != t->elements ||
+      static_cast<int64_t>(exp_avg_sq.size()) != t->elements) {
+    return InvalidField(
+        absl::StrCat("tensor ", Quoted(name)),
+        absl::StrCat("moments must hold ", t->elements, " floats"));
+  }
+  t->exp_avg = exp_avg;
+  t->exp_avg_sq = exp_avg_sq;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::pair<const float*, const float*>> Client::AdamWState(
     const std::string& name) const {
   const Tensor* t = Find(name);

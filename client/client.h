@@ -117,6 +117,20 @@ class Client {
   absl::StatusOr<StepResult> Step(int64_t step_id,
                                   const StepOptions& options = {});
 
+  // The momentum of expert `expert` of a matrix if the local worker owns
+  // it (NOT_FOUND otherwise: another rank's worker holds it).
+  absl::StatusOr<std::vector<float>> OwnedMomentum(const std::string& name,
+                                                   int64_t expert) const;
+  // Restores it on the local worker (NOT_FOUND unless that worker owns it).
+  absl::Status RestoreMomentum(const std::string& name, int64_t expert,
+                               const std::vector<float>& values);
+  // Restores the AdamW moments and step count (checkpoints).
+  absl::Status RestoreAdamW(const std::string& name,
+                            const std::vector<float>& exp_avg,
+                            const std::vector<float>& exp_avg_sq);
+  int64_t adamw_steps() const { return adamw_steps_; }
+  void set_adamw_steps(int64_t steps) { adamw_steps_ = steps; }
+
   // The AdamW moments of a tensor (for checkpoints and tests).
   absl::StatusOr<std::pair<const float*, const float*>> AdamWState(
       const std::string& name) const;

@@ -1,8 +1,10 @@
 #include "client/muonps_c.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 
 struct muonps_client {
@@ -14,6 +16,8 @@ namespace {
 
 // Per-thread: the message of the last failed muonps_client_create.
 thread_local std::string create_error;
+
+std::string Quote(const char* name) { return absl::StrCat("\"", name, "\""); }
 
 int Record(muonps_client* c, const absl::Status& status) {
   c->last_error = status.ok() ? "" : std::string(status.message());
@@ -161,6 +165,70 @@ int muonps_client_step(muonps_client* c, int64_t step_id, double lr,
     result->plan_version = step->plan_version;
   }
   return Record(c, absl::OkStatus());
+}
+
+int muonps_client_get_momentum(muonps_client* c, const char* name,
+                               int64_t expert, float* out, int64_t count) {
+  if (c == nullptr || name == nullptr || out == nullptr) {
+    return MUONPS_INVALID_ARGUMENT;
+  }
+  absl::StatusOr<std::vector<float>> m = c->client->OwnedMomentum(name, expert);
+  if (!m.ok()) return Record(c, m.status());
+  if (static_cast<int64_t>(m->size()) != count) {
+    return Record(c, absl::InvalidArgumentError(absl::StrCat(
+                         "count: ", count, " but the momentum has ", m->size(),
+                         " floats")));
+  }
+  std::copy(m->begin(), m->end(), out);
+  return Record(c, absl::OkStatus());
+}
+
+int muonps_client_set_momentum(muonps_client* c, const char* name,
+                               int64_t expert, const float* values,
+                               int64_t count) {
+  if (c == nullptr || name == nullptr || values == nullptr || count < 0) {
+    return MUONPS_INVALID_ARGUMENT;
+  }
+  return Record(c,
+                c->client->RestoreMomentum(
+                    name, expert, std::vector<float>(values, values + count)));
+}
+
+int muonps_client_get_adamw(muonps_client* c, const char* name, float* exp_avg,
+                            float* exp_avg_sq, int64_t elements,
+                            int64_t* steps) {
+  if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
+  absl::StatusOr<std::pair<const float*, const float*>> state =
+      c->client->AdamWState(name);
+  if (!state.ok()) return Record(c, state.status());
+  absl::StatusOr<muonps::TensorBuffers> b = c->client->Buffers(name);
+  if (!b.ok()) return Record(c, b.status());
+  if (b->elements != elements) {
+    return Record(c, absl::InvalidArgumentError(
+                         absl::StrCat("elements: ", elements, " but ",
+                                      Quote(name), " has ", b->elements)));
+  }
+  if (exp_avg != nullptr)
+    std::copy(state->first, state->first + elements, exp_avg);
+  if (exp_avg_sq != nullptr) {
+    std::copy(state->second, state->second + elements, exp_avg_sq);
+  }
+  if (steps != nullptr) *steps = c->client->adamw_steps();
+  return Record(c, absl::OkStatus());
+}
+
+int muonps_client_set_adamw(muonps_client* c, const char* name,
+                            const float* exp_avg, const float* exp_avg_sq,
+                            int64_t elements, int64_t steps) {
+  if (c == nullptr || name == nullptr || exp_avg == nullptr ||
+      exp_avg_sq == nullptr || elements < 0 || steps < 0) {
+    return MUONPS_INVALID_ARGUMENT;
+  }
+  const absl::Status status = c->client->RestoreAdamW(
+      name, std::vector<float>(exp_avg, exp_avg + elements),
+      std::vector<float>(exp_avg_sq, exp_avg_sq + elements));
+  if (status.ok()) c->client->set_adamw_steps(steps);
+  return Record(c, status);
 }
 
 }  // extern "C"

@@ -108,6 +108,22 @@ int muonps_client_step(muonps_client* client, int64_t step_id, double lr,
                        double weight_decay, double adamw_lr,
                        muonps_step_result* result);
 
+/* Momentum of expert `expert` of matrix `name`, `count` = rows * cols
+ * floats, if the local worker owns it (MUONPS_NOT_FOUND otherwise). */
+int muonps_client_get_momentum(muonps_client* client, const char* name,
+                               int64_t expert, float* out, int64_t count);
+int muonps_client_set_momentum(muonps_client* client, const char* name,
+                               int64_t expert, const float* values,
+                               int64_t count);
+/* AdamW state of a tensor: moments (elements floats each) and the step
+ * count shared by all AdamW tensors. */
+int muonps_client_get_adamw(muonps_client* client, const char* name,
+                            float* exp_avg, float* exp_avg_sq, int64_t elements,
+                            int64_t* steps);
+int muonps_client_set_adamw(muonps_client* client, const char* name,
+                            const float* exp_avg, const float* exp_avg_sq,
+                            int64_t elements, int64_t steps);
+
 #ifdef __cplusplus
 }
 #endif

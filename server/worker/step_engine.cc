@@ -77,6 +77,34 @@ absl::StatusOr<std::vector<float>> StepEngine::Momentum(
   return it->second;
 }
 
+absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
+                                     std::vector<float> values) {
+  absl::MutexLock lock(&mu_);
+  for (size_t m = 0; m < matrices_.size(); ++m) {
+    const scheduler::MatrixSpec& spec = matrices_[m];
+    if (spec.name != matrix) continue;
+    if (expert < 0 || expert >= spec.experts ||
+        plan_.owners[m][expert] != rank_) {
+      return FieldError(
+          absl::StatusCode::kNotFound, "matrix",
+          absl::StrCat(Quoted(matrix), " expert ", expert,
+                       " is not owned by worker ", Quoted(worker_id_)));
+    }
+    if (static_cast<int64_t>(values.size()) != spec.rows * spec.cols) {
+      return InvalidField(
+          "values", absl::StrCat(values.size(), " floats; the matrix has ",
+                                 spec.rows * spec.cols));
+    }
+    for (float v : values) {
+      if (!std::isfinite(v)) return InvalidField("values", "non-finite");
+    }
+    momentum_[ItemKey(matrix, expert)] = std::move(values);
+    return absl::OkStatus();
+  }
+  return FieldError(absl::StatusCode::kNotFound, "matrix",
+                    absl::StrCat(Quoted(matrix), " is not in the job"));
+}
+
 absl::Status StepEngine::SetPlan(
     const v1::JobSpec& job, const v1::Plan& plan,
     const std::map<std::string, std::string>& addresses) {

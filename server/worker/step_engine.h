@@ -66,6 +66,10 @@ class StepEngine {
   // has stepped it; NOT_FOUND otherwise.
   absl::StatusOr<std::vector<float>> Momentum(const std::string& matrix,
                                               int64_t expert) const;
+  // Restores it: NOT_FOUND unless this worker owns the expert in the
+  // current plan; INVALID_ARGUMENT for a wrong size or non-finite values.
+  absl::Status SetMomentum(const std::string& matrix, int64_t expert,
+                           std::vector<float> values);
 
  private:
   struct Binding {

@@ -51,6 +51,16 @@ class WorkerService final : public v1::Worker::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status SetMomentum(grpc::ServerContext*,
+                           const v1::SetMomentumRequest* request,
+                           v1::SetMomentumResponse*) override {
+    const absl::Status status = engine_->SetMomentum(
+        request->matrix(), request->expert(),
+        std::vector<float>(request->values().begin(), request->values().end()));
+    return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                        std::string(status.message()));
+  }
+
  private:
   template <typename T>
   static grpc::Status Reply(absl::StatusOr<T> result, T* out) {
