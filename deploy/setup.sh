@@ -19,6 +19,7 @@ PACKAGES=(
   nlohmann-json3-dev
   pkg-config
   python3
+  python3-torch python3-numpy python3-matplotlib python3-pytest python3-setuptools  # Python package
 )
 
 missing=()

@@ -63,6 +63,10 @@ else
   count 0 1
 fi
 
+# Back to the default configuration, so bazel-bin (golden replay, the Python
+# package's library and services) is the uninstrumented build.
+bazel build //... >/dev/null 2>&1 || { echo "bazel build //... failed"; count 0 1; }
+
 echo "== golden replay"
 GOLDEN="$(cd .. && pwd)/shared/testdata/torch_optim_golden"
 for algorithm in ns5 gram; do
@@ -76,6 +80,19 @@ for algorithm in ns5 gram; do
     count 0 1
   fi
 done
+
+if [[ -x client/python/run_tests.sh ]]; then
+  echo "== Python package (Debian's python3-torch)"
+  bazel build //client:libmuonps.so //server/coordinator:muonps-coordinator \
+    //server/worker:muonps-worker >/dev/null 2>&1
+  out="$(bash client/python/run_tests.sh 2>&1)"
+  echo "$out" | tail -n 30
+  summary="$(echo "$out" | grep -E '[0-9]+ (passed|failed)' | tail -n 1)"
+  p="$(echo "$summary" | sed -n 's/.*\b\([0-9][0-9]*\) passed.*/\1/p')"
+  f="$(echo "$summary" | sed -n 's/.*\b\([0-9][0-9]*\) failed.*/\1/p')"
+  e="$(echo "$summary" | sed -n 's/.*\b\([0-9][0-9]*\) error.*/\1/p')"
+  if [[ -z "$p$f$e" ]]; then count 0 1; else count "${p:-0}" $(( ${f:-0} + ${e:-0} )); fi
+fi
 
 echo "${passed} passed, ${failed} failed"
 [[ $failed -eq 0 ]]
