@@ -140,8 +140,10 @@ absl::Status Client::AddTensor(const std::string& name, int64_t elements,
   return absl::OkStatus();
 }
 
-absl::Status Client::EnsureJob(const kernels::MuonHyperparameters& muon,
-                               const kernels::AdamWHyperparameters& adamw) {
+absl::Status Client::EnsureJob(
+    const kernels::MuonHyperparameters& muon,
+    const kernels::AdamWHyperparameters& adamw,
+    std::optional<kernels::NsAlgorithm> ns_algorithm) {
   v1::CreateJobRequest request;
   // Every rank sends the same request id: the first creates, the others'
   // calls are retries of it.
@@ -165,6 +167,18 @@ absl::Status Client::EnsureJob(const kernels::MuonHyperparameters& muon,
   h->set_momentum(muon.momentum);
   h->set_nesterov(muon.nesterov);
   h->set_ns_steps(muon.ns.steps);
+  h->set_polar_express(muon.ns.polar_express);
+  h->set_ns_eps(muon.ns.eps);
+  if (!muon.ns.polar_express) {
+    h->add_ns_coefficients(muon.ns.coefficients.a);
+    h->add_ns_coefficients(muon.ns.coefficients.b);
+    h->add_ns_coefficients(muon.ns.coefficients.c);
+  }
+  if (ns_algorithm.has_value()) {
+    h->set_ns_algorithm(*ns_algorithm == kernels::NsAlgorithm::kGram
+                            ? v1::NS_ALGORITHM_GRAM
+                            : v1::NS_ALGORITHM_NS5);
+  }
   h->set_adjust_lr_fn(muon.lr_adjustment ==
                               kernels::LrAdjustment::kMatchRmsAdamW
                           ? v1::LR_ADJUSTMENT_MATCH_RMS_ADAMW
@@ -235,12 +249,18 @@ absl::Status Client::WaitAndAttach() {
 }
 
 absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
-                           const kernels::AdamWHyperparameters& adamw) {
+                           const kernels::AdamWHyperparameters& adamw,
+                           std::optional<kernels::NsAlgorithm> ns_algorithm) {
   if (started_)
     return FieldError(absl::StatusCode::kFailedPrecondition, "Start",
                       "called twice");
   MUONPS_RETURN_IF_ERROR(kernels::ValidateMuonHyperparameters(muon));
   MUONPS_RETURN_IF_ERROR(kernels::ValidateAdamWHyperparameters(adamw));
+  if (muon.ns.gram_restarts != kernels::NewtonSchulzOptions().gram_restarts) {
+    return InvalidField("muon.ns.gram_restarts",
+                        "the workers restart Gram NS on their own schedule; "
+                        "leave the default");
+  }
   bool any_matrix = false;
   int64_t bytes = 0;
   for (Tensor& t : tensors_) {
@@ -259,7 +279,7 @@ absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
           static_cast<size_t>(bytes)));
   segment_ = std::move(segment);
   adamw_ = adamw;
-  MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw));
+  MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw, ns_algorithm));
   MUONPS_RETURN_IF_ERROR(WaitAndAttach());
   started_ = true;
   return absl::OkStatus();

@@ -105,8 +105,13 @@ class Client {
 
   // Creates the segment and the job (a job of the same name must have the
   // same matrices), waits for the local worker to follow a plan, attaches.
-  absl::Status Start(const kernels::MuonHyperparameters& muon,
-                     const kernels::AdamWHyperparameters& adamw);
+  // `ns_algorithm` forces NS5 or Gram NS for every matrix; unset lets the
+  // plan pick per shape (muon.ns.algorithm is not consulted: the owner
+  // chooses). muon.ns.gram_restarts must keep its default.
+  absl::Status Start(
+      const kernels::MuonHyperparameters& muon,
+      const kernels::AdamWHyperparameters& adamw,
+      std::optional<kernels::NsAlgorithm> ns_algorithm = std::nullopt);
 
   // Buffers of a declared tensor (after Start); NOT_FOUND naming it.
   absl::StatusOr<TensorBuffers> Buffers(const std::string& name) const;
@@ -149,7 +154,8 @@ class Client {
   };
   explicit Client(const ClientOptions& options);
   absl::Status EnsureJob(const kernels::MuonHyperparameters& muon,
-                         const kernels::AdamWHyperparameters& adamw);
+                         const kernels::AdamWHyperparameters& adamw,
+                         std::optional<kernels::NsAlgorithm> ns_algorithm);
   absl::Status WaitAndAttach();
   Tensor* Find(const std::string& name);
   const Tensor* Find(const std::string& name) const;

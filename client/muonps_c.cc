@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -45,7 +46,7 @@ bool ValidLayout(int layout) {
 
 extern "C" {
 
-const char* muonps_version(void) { return "muonps 0.1.0 (C ABI 1)"; }
+const char* muonps_version(void) { return "muonps 0.1.0 (C ABI 2)"; }
 int muonps_abi_version(void) { return MUONPS_C_ABI_VERSION; }
 
 int muonps_client_create(const char* coordinator, const char* job,
@@ -120,13 +121,34 @@ int muonps_client_start(muonps_client* c, const muonps_muon_hyper* muon,
   m.lr_adjustment = muon->adjust_lr_fn == MUONPS_ADJUST_LR_MATCH_RMS_ADAMW
                         ? muonps::kernels::LrAdjustment::kMatchRmsAdamW
                         : muonps::kernels::LrAdjustment::kOriginal;
+  m.ns.polar_express = muon->polar_express != 0;
+  if (muon->ns_eps != 0) m.ns.eps = muon->ns_eps;
+  const double* abc = muon->ns_coefficients;
+  if (abc[0] != 0 || abc[1] != 0 || abc[2] != 0) {
+    m.ns.coefficients = {abc[0], abc[1], abc[2]};
+  }
+  std::optional<muonps::kernels::NsAlgorithm> algorithm;
+  switch (muon->ns_algorithm) {
+    case MUONPS_NS_AUTO:
+      break;
+    case MUONPS_NS_NS5:
+      algorithm = muonps::kernels::NsAlgorithm::kNs5;
+      break;
+    case MUONPS_NS_GRAM:
+      algorithm = muonps::kernels::NsAlgorithm::kGram;
+      break;
+    default:
+      return Record(c,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "ns_algorithm: unknown value ", muon->ns_algorithm)));
+  }
   muonps::kernels::AdamWHyperparameters a;
   a.lr = adamw->lr;
   a.beta1 = adamw->beta1;
   a.beta2 = adamw->beta2;
   a.eps = adamw->eps;
   a.weight_decay = adamw->weight_decay;
-  return Record(c, c->client->Start(m, a));
+  return Record(c, c->client->Start(m, a, algorithm));
 }
 
 int muonps_client_buffers(const muonps_client* c, const char* name,

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 1
+#define MUONPS_C_ABI_VERSION 2
 
 typedef enum {
   MUONPS_OK = 0,
@@ -52,13 +52,25 @@ enum {
 
 typedef struct muonps_client muonps_client;
 
+/* Newton-Schulz variants, as muonps.v1.NsAlgorithm. */
+enum {
+  MUONPS_NS_AUTO = 0, /* the plan picks per shape */
+  MUONPS_NS_NS5 = 1,
+  MUONPS_NS_GRAM = 2,
+};
+
+/* torch.optim.Muon's arguments; zero-initialize, then set. */
 typedef struct {
   double lr;
   double weight_decay;
-  double momentum;
-  int nesterov; /* 0 or 1 */
-  int ns_steps;
-  int adjust_lr_fn; /* MUONPS_ADJUST_LR_* */
+  double momentum;           /* taken as given: 0 means no momentum */
+  int nesterov;              /* 0 or 1 */
+  int ns_steps;              /* 0: 5 */
+  int adjust_lr_fn;          /* MUONPS_ADJUST_LR_* */
+  int ns_algorithm;          /* MUONPS_NS_* */
+  int polar_express;         /* 1: Polar Express coefficients per iteration */
+  double ns_eps;             /* 0: 1e-7 */
+  double ns_coefficients[3]; /* (a, b, c); all 0: torch's defaults */
 } muonps_muon_hyper;
 
 typedef struct {

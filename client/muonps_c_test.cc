@@ -14,7 +14,7 @@ using ::testing::HasSubstr;
 
 TEST(MuonpsCTest, VersionNamesTheAbi) {
   EXPECT_EQ(muonps_abi_version(), MUONPS_C_ABI_VERSION);
-  EXPECT_THAT(std::string(muonps_version()), HasSubstr("C ABI 1"));
+  EXPECT_THAT(std::string(muonps_version()), HasSubstr("C ABI 2"));
 }
 
 TEST(MuonpsCTest, CreateRejectsBadArgumentsWithAMessage) {
@@ -70,9 +70,26 @@ TEST(MuonpsCTest, DeclarationErrorsNameTheTensorAndField) {
   EXPECT_THAT(std::string(muonps_client_last_error(client)),
               HasSubstr("Start"));
   // No coordinator listens on port 1: Start fails with a status, not a hang.
-  const muonps_muon_hyper muon{0.02, 0.1, 0.95,
-                               1,    5,   MUONPS_ADJUST_LR_ORIGINAL};
+  muonps_muon_hyper muon{};
+  muon.lr = 0.02;
+  muon.weight_decay = 0.1;
+  muon.momentum = 0.95;
+  muon.nesterov = 1;
+  muon.ns_steps = 5;
+  muon.adjust_lr_fn = MUONPS_ADJUST_LR_ORIGINAL;
   const muonps_adamw_hyper adamw{1e-3, 0.9, 0.999, 1e-8, 0.0};
+  // Hyperparameters are checked before anything is sent.
+  muon.ns_algorithm = 9;
+  EXPECT_EQ(muonps_client_start(client, &muon, &adamw),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("ns_algorithm"));
+  muon.ns_algorithm = MUONPS_NS_AUTO;
+  muon.ns_eps = -1;
+  EXPECT_EQ(muonps_client_start(client, &muon, &adamw),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)), HasSubstr("eps"));
+  muon.ns_eps = 0;
   const int code = muonps_client_start(client, &muon, &adamw);
   EXPECT_TRUE(code == MUONPS_UNAVAILABLE || code == MUONPS_DEADLINE_EXCEEDED)
       << code << " " << muonps_client_last_error(client);

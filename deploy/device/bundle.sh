@@ -5,12 +5,13 @@
 # libstdc++, the CUDA driver, cudart, cuBLAS and NCCL itself (see
 # ../shared/DEVICE.md); everything else from `ldd` travels.
 #
-# Usage: deploy/device/bundle.sh TARGET...   (e.g. //kernels/cuda:elementwise_gpu_test)
+# Usage: [BUNDLE_DIR=dir] deploy/device/bundle.sh TARGET...
+#   (e.g. //kernels/cuda:elementwise_gpu_test; BUNDLE_DIR defaults to device_bundle)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 (($#)) || { echo "usage: $0 TARGET..." >&2; exit 2; }
 
-bundle=device_bundle
+bundle="${BUNDLE_DIR:-device_bundle}"
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
 bazel build "$@"

@@ -41,6 +41,18 @@ absl::Status ValidateMuon(const v1::MuonHyperparameters& h) {
   if (!v1::NsAlgorithm_IsValid(h.ns_algorithm())) {
     return InvalidField("job.muon.ns_algorithm", "unknown value");
   }
+  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.ns_eps(), "job.muon.ns_eps"));
+  if (h.ns_coefficients_size() != 0 && h.ns_coefficients_size() != 3) {
+    return InvalidField("job.muon.ns_coefficients",
+                        absl::StrCat("has ", h.ns_coefficients_size(),
+                                     " values; expected none or 3 (a, b, c)"));
+  }
+  for (double c : h.ns_coefficients()) {
+    if (!std::isfinite(c)) {
+      return InvalidField("job.muon.ns_coefficients",
+                          absl::StrCat(c, " is not finite"));
+    }
+  }
   return absl::OkStatus();
 }
 

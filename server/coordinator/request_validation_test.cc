@@ -288,6 +288,21 @@ TEST(ValidateJobSpecTest, MuonHyperparametersOutsideTheirRangesAreNamed) {
        [](v1::MuonHyperparameters* h) {
          h->set_ns_algorithm(static_cast<v1::NsAlgorithm>(9));
        }},
+      {"job.muon.ns_eps",
+       [](v1::MuonHyperparameters* h) { h->set_ns_eps(-1); }},
+      {"job.muon.ns_eps",
+       [](v1::MuonHyperparameters* h) { h->set_ns_eps(kNaN); }},
+      {"job.muon.ns_coefficients",
+       [](v1::MuonHyperparameters* h) {
+         h->add_ns_coefficients(3.4445);
+         h->add_ns_coefficients(-4.775);
+       }},
+      {"job.muon.ns_coefficients",
+       [](v1::MuonHyperparameters* h) {
+         h->add_ns_coefficients(3.4445);
+         h->add_ns_coefficients(kInf);
+         h->add_ns_coefficients(2.0315);
+       }},
   };
   for (const Case& c : cases) {
     const absl::Status status =

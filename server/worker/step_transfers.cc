@@ -122,10 +122,16 @@ absl::Status StepEngine::ToOwners(const scheduler::Bucket& bucket,
 absl::Status StepEngine::Compute(const scheduler::Bucket& bucket,
                                  StepContext* step) {
   const v1::MuonHyperparameters& h = job_.muon();
-  const double mu = h.momentum() > 0 ? h.momentum() : 0.95;
+  const double mu = h.has_momentum() ? h.momentum() : 0.95;
   const bool nesterov = h.has_nesterov() ? h.nesterov() : true;
   kernels::NewtonSchulzOptions ns;
   ns.steps = h.ns_steps() > 0 ? h.ns_steps() : 5;
+  ns.polar_express = h.polar_express();
+  if (h.ns_eps() > 0) ns.eps = h.ns_eps();
+  if (h.ns_coefficients_size() == 3) {
+    ns.coefficients = {h.ns_coefficients(0), h.ns_coefficients(1),
+                       h.ns_coefficients(2)};
+  }
   const auto start = std::chrono::steady_clock::now();
   for (int32_t m : bucket.matrices) {
     const scheduler::MatrixSpec& spec = matrices_[m];

@@ -1,0 +1,35 @@
+"""Start-up errors that say which muonps service is missing and what to start."""
+
+from . import _native
+
+_UNREACHABLE = (_native.UNAVAILABLE, _native.DEADLINE_EXCEEDED)
+
+
+def explain_start_error(error, coordinator, job, socket):
+    """A MuonpsError from starting a client, reworded when the coordinator or
+    the worker could not be reached (or the worker serves another job); any
+    other error is returned as is."""
+    message = str(error)
+    if error.code in _UNREACHABLE and ("CreateJob" in message or
+                                       "GetJob" in message):
+        host, _, port = coordinator.rpartition(":")
+        return _native.MuonpsError(error.code, (
+            f"no muonps coordinator at {coordinator} ({message}): start "
+            f"`muonps-coordinator --host {host} --port {port}` "
+            "(bazel-bin/server/coordinator/) or `deploy/local/launch.sh "
+            "--keep-running`, or pass coordinator='HOST:PORT'"))
+    if "Attach to the worker" not in message:
+        return error
+    start = (f"`muonps-worker --coordinator {coordinator} --job {job} "
+             f"--socket {socket}` (bazel-bin/server/worker/; one per trainer "
+             "rank) or `deploy/local/launch.sh`")
+    if error.code in _UNREACHABLE:
+        return _native.MuonpsError(error.code, (
+            f"no muonps worker at unix:{socket} ({message}): start {start}, "
+            "or pass worker_socket=PATH"))
+    if error.code == _native.FAILED_PRECONDITION:
+        return _native.MuonpsError(error.code, (
+            f"the muonps worker at unix:{socket} has no plan for job {job!r} "
+            f"({message}): is it a worker of another job or coordinator? "
+            f"Start {start}"))
+    return error

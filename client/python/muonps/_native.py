@@ -1,0 +1,288 @@
+"""ctypes bindings of muonps's C ABI (client/muonps_c.h).
+
+`load_library()` finds and loads libmuonps.so once per process; `NativeClient`
+owns one `muonps_client` handle and turns every non-zero muonps_code into a
+`MuonpsError` carrying the code and the library's message. A NativeClient is
+used by one thread at a time, like the handle it wraps.
+"""
+
+import ctypes
+import os
+import pathlib
+import threading
+
+ABI_VERSION = 2
+BUILD_COMMAND = "bazel build //client:libmuonps.so"
+
+LAYOUT_REPLICATED = 1
+LAYOUT_UNREDUCED = 2
+LAYOUT_ROW_SHARDED = 3
+ADJUST_LR_ORIGINAL = 1
+ADJUST_LR_MATCH_RMS_ADAMW = 2
+NS_AUTO = 0
+NS_NS5 = 1
+NS_GRAM = 2
+
+CODE_NAMES = {
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND", 6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL",
+    14: "UNAVAILABLE", 15: "DATA_LOSS",
+}
+NOT_FOUND = 5
+UNAVAILABLE = 14
+DEADLINE_EXCEEDED = 4
+FAILED_PRECONDITION = 9
+
+
+class MuonpsError(RuntimeError):
+    """A failed C ABI call: `code` is the muonps_code (gRPC/absl numbering)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.code_name = CODE_NAMES.get(code, str(code))
+
+
+class LibraryNotFoundError(ImportError):
+    """libmuonps.so could not be found or loaded; the message lists the paths."""
+
+
+class _MuonHyper(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_double), ("weight_decay", ctypes.c_double),
+                ("momentum", ctypes.c_double), ("nesterov", ctypes.c_int),
+                ("ns_steps", ctypes.c_int), ("adjust_lr_fn", ctypes.c_int),
+                ("ns_algorithm", ctypes.c_int), ("polar_express", ctypes.c_int),
+                ("ns_eps", ctypes.c_double),
+                ("ns_coefficients", ctypes.c_double * 3)]
+
+
+class _AdamWHyper(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_double), ("beta1", ctypes.c_double),
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
+                ("weight_decay", ctypes.c_double)]
+
+
+class _StepResult(ctypes.Structure):
+    _fields_ = [("already_applied", ctypes.c_int), ("seconds", ctypes.c_double),
+                ("bytes_moved", ctypes.c_int64),
+                ("momentum_reset", ctypes.c_int64),
+                ("plan_version", ctypes.c_int64)]
+
+
+_c_int, _c_i64, _c_dbl, _c_str = (ctypes.c_int, ctypes.c_int64, ctypes.c_double,
+                                  ctypes.c_char_p)
+_f32p = ctypes.POINTER(ctypes.c_float)
+_i64p = ctypes.POINTER(ctypes.c_int64)
+_handle = ctypes.c_void_p
+_SIGNATURES = {
+    "muonps_version": (_c_str, []),
+    "muonps_abi_version": (_c_int, []),
+    "muonps_client_create": (_c_int, [_c_str, _c_str, _c_str, _c_int, _c_int,
+                                      _c_dbl, ctypes.POINTER(_handle)]),
+    "muonps_last_create_error": (_c_str, []),
+    "muonps_client_destroy": (None, [_handle]),
+    "muonps_client_last_error": (_c_str, [_handle]),
+    "muonps_client_add_matrix": (_c_int, [_handle, _c_str, _c_i64, _c_i64,
+                                          _c_i64, _c_int, _c_int]),
+    "muonps_client_add_tensor": (_c_int, [_handle, _c_str, _c_i64, _c_int]),
+    "muonps_client_start": (_c_int, [_handle, ctypes.POINTER(_MuonHyper),
+                                     ctypes.POINTER(_AdamWHyper)]),
+    "muonps_client_buffers": (_c_int, [_handle, _c_str, ctypes.POINTER(_f32p),
+                                       ctypes.POINTER(_f32p), _i64p, _i64p,
+                                       _i64p]),
+    "muonps_client_step": (_c_int, [_handle, _c_i64, _c_dbl, _c_dbl, _c_dbl,
+                                    ctypes.POINTER(_StepResult)]),
+    "muonps_client_get_momentum": (_c_int, [_handle, _c_str, _c_i64, _f32p,
+                                            _c_i64]),
+    "muonps_client_set_momentum": (_c_int, [_handle, _c_str, _c_i64, _f32p,
+                                            _c_i64]),
+    "muonps_client_get_adamw": (_c_int, [_handle, _c_str, _f32p, _f32p,
+                                         _c_i64, _i64p]),
+    "muonps_client_set_adamw": (_c_int, [_handle, _c_str, _f32p, _f32p,
+                                         _c_i64, _c_i64]),
+}
+
+_lock = threading.Lock()
+_library = None
+
+
+def candidate_paths(environ=None):
+    """Where libmuonps.so is looked for, in order (existing or not)."""
+    environ = os.environ if environ is None else environ
+    package = pathlib.Path(__file__).resolve().parent
+    paths = []
+    if environ.get("MUONPS_LIB"):
+        paths.append(pathlib.Path(environ["MUONPS_LIB"]))
+    paths.append(package / "lib" / "libmuonps.so")
+    # In a checkout the package sits at <repo>/client/python/muonps.
+    paths.append(package.parents[2] / "bazel-bin" / "client" / "libmuonps.so")
+    paths.append(pathlib.Path.cwd() / "bazel-bin" / "client" / "libmuonps.so")
+    unique = []
+    for p in paths:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
+def _open(path):
+    """Loads one library and declares the C ABI's signatures on it."""
+    lib = ctypes.CDLL(str(path))
+    missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
+    if missing:
+        # A shared library linked without the C ABI's objects (the cc_library
+        # behind it needs alwayslink) loads fine but exports nothing.
+        raise LibraryNotFoundError(
+            f"{path} exports none of muonps's C ABI ({missing[0]} is missing): "
+            "it was linked without client/muonps_c.cc's objects; the "
+            "muonps_c cc_library in client/BUILD needs `alwayslink = True`, "
+            f"then `{BUILD_COMMAND}`")
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    if lib.muonps_abi_version() != ABI_VERSION:
+        raise LibraryNotFoundError(
+            f"{path} has C ABI {lib.muonps_abi_version()}; this package needs "
+            f"{ABI_VERSION}: rebuild it with `{BUILD_COMMAND}`")
+    return lib
+
+
+def load_library(environ=None):
+    """Loads libmuonps.so from the first candidate path that works.
+
+    A $MUONPS_LIB that exists must work; other candidates that fail to load
+    are skipped. Raises LibraryNotFoundError naming every path tried (and
+    why it failed) and the bazel command that builds the library.
+    `environ` (tests) replaces os.environ and bypasses the process's cache.
+    """
+    global _library
+    with _lock:
+        if _library is not None and environ is None:
+            return _library
+        env = os.environ if environ is None else environ
+        explicit = env.get("MUONPS_LIB")
+        tried = []
+        for path in candidate_paths(environ):
+            if not path.is_file():
+                tried.append(f"{path} (absent)")
+                continue
+            try:
+                lib = _open(path)
+            except (OSError, LibraryNotFoundError) as e:
+                if explicit and path == pathlib.Path(explicit):
+                    raise LibraryNotFoundError(f"MUONPS_LIB: {e}") from e
+                tried.append(f"{path} ({e})")
+                continue
+            if environ is None:
+                _library = lib
+            return lib
+        raise LibraryNotFoundError(
+            "cannot load libmuonps.so; tried:\n  " + "\n  ".join(tried) +
+            f"\nBuild it in the muonps repository with `{BUILD_COMMAND}` "
+            "(then `pip install client/python` copies it into the package), "
+            "or set MUONPS_LIB to its path.")
+
+
+def version():
+    return load_library().muonps_version().decode()
+
+
+class NativeClient:
+    """One muonps_client handle: declare, start, lend buffers, step."""
+
+    def __init__(self, coordinator, job, worker_socket, rank, world_size,
+                 timeout_seconds):
+        self._lib = load_library()
+        handle = _handle()
+        code = self._lib.muonps_client_create(
+            coordinator.encode(), job.encode(), worker_socket.encode(), rank,
+            world_size, float(timeout_seconds), ctypes.byref(handle))
+        if code != 0:
+            raise MuonpsError(code, self._lib.muonps_last_create_error().decode())
+        self._handle = handle
+
+    def _check(self, code):
+        if code != 0:
+            message = self._lib.muonps_client_last_error(self._handle).decode()
+            raise MuonpsError(code, message or CODE_NAMES.get(code, str(code)))
+
+    def close(self):
+        """Destroys the handle; its shared-memory segment is unlinked."""
+        if self._handle:
+            self._lib.muonps_client_destroy(self._handle)
+            self._handle = None
+
+    def add_matrix(self, name, rows, cols, experts, layout, layer):
+        self._check(self._lib.muonps_client_add_matrix(
+            self._handle, name.encode(), rows, cols, experts, layout, layer))
+
+    def add_tensor(self, name, elements, layout):
+        self._check(self._lib.muonps_client_add_tensor(
+            self._handle, name.encode(), elements, layout))
+
+    def start(self, lr, weight_decay, momentum, nesterov, ns_steps,
+              adjust_lr_fn, adamw_lr, betas, eps, adamw_weight_decay,
+              ns_algorithm=NS_AUTO, ns_eps=1e-7,
+              ns_coefficients=(3.4445, -4.775, 2.0315)):
+        muon = _MuonHyper(lr, weight_decay, momentum, int(bool(nesterov)),
+                          ns_steps, adjust_lr_fn, ns_algorithm, 0, ns_eps,
+                          (ctypes.c_double * 3)(*ns_coefficients))
+        adamw = _AdamWHyper(adamw_lr, betas[0], betas[1], eps,
+                            adamw_weight_decay)
+        self._check(self._lib.muonps_client_start(
+            self._handle, ctypes.byref(muon), ctypes.byref(adamw)))
+
+    def buffers(self, name):
+        """(param address, grad address, elements) of a declared tensor."""
+        param, grad = _f32p(), _f32p()
+        elements, begin, end = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+        self._check(self._lib.muonps_client_buffers(
+            self._handle, name.encode(), ctypes.byref(param), ctypes.byref(grad),
+            ctypes.byref(elements), ctypes.byref(begin), ctypes.byref(end)))
+        return (ctypes.cast(param, ctypes.c_void_p).value,
+                ctypes.cast(grad, ctypes.c_void_p).value, elements.value)
+
+    def step(self, step_id, lr, weight_decay, adamw_lr):
+        """Runs one step; returns True if the worker had already applied it."""
+        result = _StepResult()
+        self._check(self._lib.muonps_client_step(
+            self._handle, step_id, lr, weight_decay, adamw_lr,
+            ctypes.byref(result)))
+        return bool(result.already_applied)
+
+    def get_momentum(self, name, expert, out):
+        """Fills `out` (a contiguous fp32 tensor); False if another worker owns it."""
+        code = self._lib.muonps_client_get_momentum(
+            self._handle, name.encode(), expert, _as_f32p(out), out.numel())
+        if code == NOT_FOUND:
+            return False
+        self._check(code)
+        return True
+
+    def set_momentum(self, name, expert, values):
+        """Restores it; False if the local worker does not own it."""
+        code = self._lib.muonps_client_set_momentum(
+            self._handle, name.encode(), expert, _as_f32p(values), values.numel())
+        if code == NOT_FOUND:
+            return False
+        self._check(code)
+        return True
+
+    def get_adamw(self, name, exp_avg, exp_avg_sq):
+        """Fills the moments; returns the shared AdamW step count."""
+        steps = ctypes.c_int64()
+        self._check(self._lib.muonps_client_get_adamw(
+            self._handle, name.encode(), _as_f32p(exp_avg), _as_f32p(exp_avg_sq),
+            exp_avg.numel(), ctypes.byref(steps)))
+        return steps.value
+
+    def set_adamw(self, name, exp_avg, exp_avg_sq, steps):
+        self._check(self._lib.muonps_client_set_adamw(
+            self._handle, name.encode(), _as_f32p(exp_avg), _as_f32p(exp_avg_sq),
+            exp_avg.numel(), steps))
+
+
+def _as_f32p(tensor):
+    return ctypes.cast(ctypes.c_void_p(tensor.data_ptr()), _f32p)

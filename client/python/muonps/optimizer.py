@@ -1,0 +1,411 @@
+"""muonps.Muon: a torch.optim.Optimizer whose matrices are stepped by muonps.
+
+The Muon arguments mean exactly what torch.optim.Muon's mean: per matrix,
+`buf.lerp_(g, 1 - momentum)`; the update is `g.lerp(buf, momentum)` with
+nesterov, else `buf`; it is orthogonalized by `ns_steps` quintic
+Newton-Schulz iterations; then `p *= 1 - lr * weight_decay` (the unadjusted
+lr) and `p -= adjusted_lr * update` with adjusted_lr = lr * sqrt(max(1,
+rows/cols)) ("original") or lr * 0.2 * sqrt(max(rows, cols))
+("match_rms_adamw"). The muonps workers run it (a 3-D parameter is a stack
+of expert matrices, each its own matrix); every other parameter gets
+torch.optim.AdamW's update in the client.
+
+Not thread-safe: one trainer thread uses an optimizer, as with torch's.
+"""
+
+import math
+import os
+import re
+import warnings
+import weakref
+
+import torch
+
+from . import _native
+from ._binding import LentTensor, release
+from ._messages import explain_start_error
+from .routing import default_is_matrix, split_named
+
+DEFAULT_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+DEFAULT_EPS = 1e-7
+_LAYOUTS = {"replicated": _native.LAYOUT_REPLICATED,
+            "unreduced": _native.LAYOUT_UNREDUCED}
+_ADJUST_LR = {"original": _native.ADJUST_LR_ORIGINAL,
+              "match_rms_adamw": _native.ADJUST_LR_MATCH_RMS_ADAMW}
+# Fixed for the whole job when it starts, so every group must share them.
+_JOB_KEYS = ("momentum", "nesterov", "ns_coefficients", "eps", "ns_steps",
+             "adjust_lr_fn", "adamw_betas", "adamw_eps", "ns_algorithm")
+_NS_ALGORITHMS = {"auto": _native.NS_AUTO, "ns5": _native.NS_NS5,
+                  "gram": _native.NS_GRAM}
+
+
+class Muon(torch.optim.Optimizer):
+    """torch.optim.Muon's update, run by a muonps job; AdamW for the rest.
+
+    params: parameters, (name, parameter) pairs as `model.named_parameters()`
+        yields, or param groups of either. Unnamed ones are "param.{i}".
+        Names must be unique; every rank passes the same ones in the same
+        order. Parameters with requires_grad=False at start are left alone.
+    lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,
+    adjust_lr_fn: torch.optim.Muon's.
+    ns_algorithm: "auto" (the workers' plan picks NS5 or Gram NS per shape),
+        "ns5" or "gram" (equal in exact arithmetic; see DESIGN.md).
+    adamw_lr: AdamW's lr; None follows each group's "lr" (so schedulers move
+        both). A set value is scaled by a scheduler as "lr" is (by
+        group["lr"] / group["initial_lr"]).
+    adamw_betas, adamw_eps, adamw_weight_decay: torch.optim.AdamW's.
+    coordinator: "HOST:PORT" (default $MUONPS_COORDINATOR or 127.0.0.1:7070).
+    job: the job's name (default $MUONPS_JOB or "default"); its workers are
+        started with --job JOB.
+    worker_socket: this rank's worker (default $MUONPS_WORKER_SOCKET, else
+        /tmp/muonps-worker-w{LOCAL_RANK or rank}.sock, the socket of a
+        worker started with --worker_id w{LOCAL_RANK or rank}).
+    rank, world_size: default torch.distributed's, else 0 and 1.
+    layout: "replicated" (every rank passes the reduced gradient, as after
+        DDP) or "unreduced" (each its own; the workers average them).
+    is_matrix(name, param) -> bool: which parameters Muon steps; default
+        `muonps.default_is_matrix` (2-D/3-D, not embeddings or heads).
+    timeout: seconds to wait for the worker's plan and for a step.
+
+    Param groups may set their own "lr", "weight_decay", "adamw_lr" and
+    "adamw_weight_decay"; the other hyperparameters are the job's. The
+    client starts in the constructor (lazily at the first step if some
+    parameter is not materialized yet): parameters then live in buffers
+    shared with the local worker (`param.data` is re-pointed there; views of
+    the old storage taken before do not follow). `close()` moves them back.
+    """
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95,
+                 nesterov=True, ns_coefficients=DEFAULT_NS_COEFFICIENTS,
+                 eps=DEFAULT_EPS, ns_steps=5, adjust_lr_fn=None, *,
+                 ns_algorithm="auto", adamw_lr=None, adamw_betas=(0.9, 0.999),
+                 adamw_eps=1e-8, adamw_weight_decay=0.01, coordinator=None,
+                 job=None, worker_socket=None, rank=None, world_size=None,
+                 layout="replicated", is_matrix=None, timeout=60.0):
+        _validate(lr, weight_decay, momentum, ns_steps, adamw_lr, adamw_betas,
+                  adamw_eps, adamw_weight_decay)
+        if adjust_lr_fn not in (None, *_ADJUST_LR):
+            raise ValueError(f"adjust_lr_fn: {adjust_lr_fn!r} is not "
+                             "'original', 'match_rms_adamw' or None")
+        ns_coefficients = tuple(float(v) for v in ns_coefficients)
+        if len(ns_coefficients) != 3 or not all(map(math.isfinite,
+                                                    ns_coefficients)):
+            raise ValueError(f"ns_coefficients: {ns_coefficients!r} is not "
+                             "three finite numbers (a, b, c)")
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps: {eps!r} must be positive and finite")
+        if ns_algorithm not in _NS_ALGORITHMS:
+            raise ValueError(f"ns_algorithm: {ns_algorithm!r} is not 'auto', "
+                             "'ns5' or 'gram'")
+        if layout not in _LAYOUTS:
+            raise ValueError(f"layout: {layout!r} is not one of {sorted(_LAYOUTS)}")
+        self._names = {}  # parameter -> name
+        self._param_count = 0
+        self._client = None
+        self._lent = []
+        self._frozen = []
+        self._finalizer = None
+        self._step_id = 0
+        self._failed_step = None  # a step id whose call raised
+        self._is_matrix = is_matrix or default_is_matrix
+        self._connection = {
+            "coordinator": coordinator or os.environ.get(
+                "MUONPS_COORDINATOR", "127.0.0.1:7070"),
+            "job": job or os.environ.get("MUONPS_JOB", "default"),
+            "worker_socket": worker_socket, "rank": rank,
+            "world_size": world_size, "layout": layout, "timeout": timeout}
+        defaults = dict(
+            lr=lr, weight_decay=weight_decay, momentum=momentum,
+            nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
+            ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, adamw_lr=adamw_lr,
+            adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps,
+            adamw_weight_decay=adamw_weight_decay, ns_algorithm=ns_algorithm)
+        super().__init__(params, defaults)
+        if all(_materialized(p) for g in self.param_groups for p in g["params"]):
+            self._start()
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_client", None) is not None:
+            raise RuntimeError("muonps.Muon: the job's tensors are fixed once "
+                               "it started; add param groups before the "
+                               "first step")
+        group = dict(param_group)
+        tensors, names = split_named(group["params"], self._param_count)
+        self._param_count += len(tensors)
+        self._names.update(zip(tensors, names))
+        group["params"] = tensors
+        super().add_param_group(group)
+
+    @property
+    def job(self):
+        return self._connection["job"]
+
+    @property
+    def step_id(self):
+        """The id the next step() sends (0, 1, 2, ...)."""
+        return self._step_id
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimizer step on every parameter; returns closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_open()
+        if self._client is None:
+            self._start()
+        for p in self._frozen:
+            if p.grad is not None:
+                raise RuntimeError(
+                    f"muonps.Muon: {self._names[p]!r} has a gradient but did "
+                    "not require one when the job started, so it is not in it")
+        for t in self._lent:
+            t.rebind()
+            t.load_grad()
+        (muon_lr, muon_wd), adamw_lr, fixes = self._reference_hyperparameters()
+        before = [(t, ref, t.value.double()) for t, ref in fixes]
+        step_id = self._step_id
+        try:
+            already = self._client.step(step_id, muon_lr, muon_wd, adamw_lr)
+        except _native.MuonpsError:
+            self._failed_step = step_id
+            raise
+        if already and self._failed_step != step_id:
+            raise RuntimeError(
+                f"muonps.Muon: the worker at unix:{self._socket} had already "
+                f"applied step {step_id} of job {self.job!r}: another "
+                "optimizer stepped this job further. Resume with "
+                "load_state_dict() of its latest state, or use a new job")
+        if already:
+            warnings.warn(f"muonps: step {step_id} was applied by an earlier "
+                          "attempt that raised; not applied again")
+        else:
+            for t, (ref_lr, ref_wd), p0 in before:
+                lr, wd = self._hyperparameters(t)
+                _rescale_update(t.value, p0, lr, wd, ref_lr, ref_wd)
+        self._failed_step = None
+        self._step_id += 1
+        return loss
+
+    def state_dict(self):
+        """torch's state dict plus "muonps": the next step id, AdamW moments
+        and step count, and the momentum of the matrices this rank's worker
+        owns, keyed "name[expert]" (save every rank's to keep them all)."""
+        self._check_open()
+        state = super().state_dict()
+        saved = {"step": self._step_id, "adamw_step": 0, "adamw": {},
+                 "momentum": {}}
+        for t in self._lent:
+            if t.muon:
+                for e in range(t.experts):
+                    buf = torch.empty(t.shape[-2:], dtype=torch.float32)
+                    if self._client.get_momentum(t.name, e, buf):
+                        saved["momentum"][f"{t.name}[{e}]"] = buf
+            else:
+                m = torch.empty(t.shape, dtype=torch.float32)
+                v = torch.empty(t.shape, dtype=torch.float32)
+                saved["adamw_step"] = self._client.get_adamw(t.name, m, v)
+                saved["adamw"][t.name] = {"exp_avg": m, "exp_avg_sq": v}
+        state["muonps"] = saved
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Restores groups, the step id, AdamW state and the momentum of the
+        matrices this rank's worker owns (others' entries are skipped)."""
+        self._check_open()
+        state_dict = dict(state_dict)
+        saved = state_dict.pop("muonps", None)
+        super().load_state_dict(state_dict)
+        if saved is None:
+            return
+        if self._client is None:
+            self._start()
+        lent = {t.name: t for t in self._lent}
+        for name, moments in saved["adamw"].items():
+            if name not in lent or lent[name].muon:
+                raise ValueError(f"muonps.Muon: the state has AdamW moments "
+                                 f"of {name!r}, not an AdamW parameter here")
+            self._client.set_adamw(name, _f32(moments["exp_avg"]),
+                                   _f32(moments["exp_avg_sq"]),
+                                   int(saved["adamw_step"]))
+        for key, values in saved["momentum"].items():
+            match = re.fullmatch(r"(.*)\[(\d+)\]", key)
+            if not match or match[1] not in lent or not lent[match[1]].muon:
+                raise ValueError(f"muonps.Muon: the state has momentum "
+                                 f"{key!r}, not a matrix here")
+            self._client.set_momentum(match[1], int(match[2]), _f32(values))
+        self._step_id = int(saved["step"])
+        self._failed_step = None
+
+    def close(self):
+        """Moves the parameters back to their own memory and releases the
+        client (and its shared memory). The optimizer cannot step after."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def _check_open(self):
+        if self._finalizer is not None and not self._finalizer.alive:
+            raise RuntimeError("muonps.Muon: the optimizer was closed")
+
+    def _hyperparameters(self, t):
+        """(lr, weight_decay) of a lent tensor's group, for its route."""
+        group = self.param_groups[t.group]
+        if t.muon:
+            return group["lr"], group["weight_decay"]
+        lr = group["adamw_lr"]
+        if lr is None:
+            lr = group["lr"]
+        elif group.get("initial_lr"):
+            lr = lr * group["lr"] / group["initial_lr"]
+        return lr, group["adamw_weight_decay"]
+
+    def _reference_hyperparameters(self):
+        """What the step call gets, and the tensors whose group differs.
+
+        The C ABI takes one Muon lr/wd and one AdamW lr per step (AdamW's wd
+        is the job's). The call uses the largest lr; a tensor of another
+        group then gets its own update by rescaling (the update is affine in
+        lr and wd: see _rescale_update).
+        """
+        def largest(muon):
+            best = None
+            for t in self._lent:
+                if t.muon == muon:
+                    hyper = self._hyperparameters(t)
+                    if best is None or hyper[0] > best[0]:
+                        best = hyper
+            return best
+
+        muon_ref = largest(True)
+        adamw = largest(False)
+        adamw_ref = None if adamw is None else (
+            adamw[0], self.defaults["adamw_weight_decay"])
+        fixes = []
+        for t in self._lent:
+            ref = muon_ref if t.muon else adamw_ref
+            if self._hyperparameters(t) != ref:
+                fixes.append((t, ref))
+        return muon_ref, -1.0 if adamw_ref is None else adamw_ref[0], fixes
+
+    def _start(self):
+        c = self._connection
+        first = self.param_groups[0]
+        for group in self.param_groups:
+            for key in _JOB_KEYS:
+                if group[key] != first[key]:
+                    raise ValueError(
+                        f"muonps.Muon: param groups differ in {key!r}; only "
+                        "lr, weight_decay, adamw_lr and adamw_weight_decay "
+                        "may differ (the others are the job's)")
+        rank, world_size = _ranks(c["rank"], c["world_size"])
+        self._socket = c["worker_socket"] or os.environ.get(
+            "MUONPS_WORKER_SOCKET") or (
+            f"/tmp/muonps-worker-w{os.environ.get('LOCAL_RANK', rank)}.sock")
+        lent, frozen, seen = [], [], set()
+        for index, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                name = self._names[p]
+                if name in seen:
+                    raise ValueError(f"muonps.Muon: two parameters are named {name!r}")
+                seen.add(name)
+                if not p.requires_grad:
+                    frozen.append(p)
+                    continue
+                if p.dtype != torch.float32 or p.device.type != "cpu":
+                    raise TypeError(
+                        f"muonps.Muon: {name!r} is {p.dtype} on {p.device}; "
+                        "the CPU data plane takes float32 CPU parameters")
+                muon = bool(self._is_matrix(name, p))
+                if muon and p.dim() not in (2, 3):
+                    raise ValueError(f"muonps.Muon: is_matrix chose {name!r} "
+                                     f"of shape {tuple(p.shape)}; Muon takes "
+                                     "2-D matrices and 3-D expert stacks")
+                lent.append(LentTensor(name, p, index, muon))
+        if not any(t.muon for t in lent):
+            raise ValueError("muonps.Muon: no parameter is a matrix (see "
+                             "is_matrix); a muonps job needs at least one")
+        layout = _LAYOUTS[c["layout"]]
+        client = _native.NativeClient(c["coordinator"], c["job"], self._socket,
+                                      rank, world_size, c["timeout"])
+        try:
+            layer = 0
+            for t in lent:
+                if t.muon:
+                    rows, cols = t.shape[-2:]
+                    client.add_matrix(t.name, rows, cols, t.experts, layout, layer)
+                    layer += 1
+                else:
+                    client.add_tensor(t.name, t.param.numel(), layout)
+            d = self.defaults
+            client.start(d["lr"], d["weight_decay"], d["momentum"],
+                         d["nesterov"], d["ns_steps"],
+                         _ADJUST_LR[d["adjust_lr_fn"] or "original"],
+                         d["lr"] if d["adamw_lr"] is None else d["adamw_lr"],
+                         d["adamw_betas"], d["adamw_eps"],
+                         d["adamw_weight_decay"],
+                         _NS_ALGORITHMS[d["ns_algorithm"]], d["eps"],
+                         d["ns_coefficients"])
+            for t in lent:
+                t.bind(*client.buffers(t.name))
+        except _native.MuonpsError as e:
+            release(lent)
+            client.close()
+            raise explain_start_error(e, c["coordinator"], c["job"],
+                                      self._socket) from e
+        self._client, self._lent, self._frozen = client, lent, frozen
+        self._finalizer = weakref.finalize(self, _shut_down, client, lent)
+
+
+def _rescale_update(value, p0, lr, wd, ref_lr, ref_wd):
+    """Turns the step taken with (ref_lr, ref_wd) into one with (lr, wd).
+
+    Both Muon and AdamW compute p1 = p0 * (1 - lr * wd) - lr * u with u
+    independent of lr and wd, so u * ref_lr = p0 * (1 - ref_lr * ref_wd) - p1
+    (in float64: off by p1's fp32 rounding only) and the wanted result is
+    p0 * (1 - lr * wd) - (lr / ref_lr) * that. ref_lr is the largest lr, so
+    ref_lr == 0 means lr == 0: the parameter keeps p0.
+    """
+    if ref_lr == 0:
+        value.copy_(p0)
+        return
+    step = p0 * (1 - ref_lr * ref_wd) - value.double()
+    value.copy_(p0 * (1 - lr * wd) - (lr / ref_lr) * step)
+
+
+def _shut_down(client, lent):
+    release(lent)
+    client.close()
+
+
+def _materialized(p):
+    return not (p.is_meta or isinstance(p, torch.nn.parameter.UninitializedParameter))
+
+
+def _ranks(rank, world_size):
+    dist = torch.distributed
+    initialized = dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if initialized else 0
+    if world_size is None:
+        world_size = dist.get_world_size() if initialized else 1
+    return rank, world_size
+
+
+def _f32(tensor):
+    return tensor.detach().to(device="cpu", dtype=torch.float32).contiguous()
+
+
+def _validate(lr, weight_decay, momentum, ns_steps, adamw_lr, betas, eps,
+              adamw_weight_decay):
+    checks = [("lr", lr, lr >= 0), ("weight_decay", weight_decay,
+                                    weight_decay >= 0),
+              ("momentum", momentum, 0 <= momentum < 1),
+              ("ns_steps", ns_steps, isinstance(ns_steps, int) and 1 <= ns_steps <= 100),
+              ("adamw_lr", adamw_lr, adamw_lr is None or adamw_lr >= 0),
+              ("adamw_betas", betas, len(betas) == 2 and all(0 <= b < 1 for b in betas)),
+              ("adamw_eps", eps, eps >= 0),
+              ("adamw_weight_decay", adamw_weight_decay, adamw_weight_decay >= 0)]
+    for name, value, ok in checks:
+        if not ok:
+            raise ValueError(f"Invalid {name}: {value}")

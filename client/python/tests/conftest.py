@@ -1,0 +1,157 @@
+"""Fixtures: local muonps clusters made of the binaries Bazel built.
+
+`cluster(workers=1)` starts a coordinator and N workers of a new job on
+loopback (coordinator port picked by the OS, worker sockets in a fresh
+folder under /tmp) and returns a `Cluster`; every process is stopped, every
+socket folder removed and the job's /dev/shm segments checked (and removed)
+when the test ends. Nothing is built here: run
+`bazel build //client:libmuonps.so //server/coordinator:muonps-coordinator
+//server/worker:muonps-worker` first (or point $MUONPS_BAZEL_BIN at a copy).
+"""
+
+import itertools
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+PACKAGE_ROOT = REPO / "client" / "python"
+# $MUONPS_BAZEL_BIN: another folder laid out like bazel-bin (e.g. a copy that
+# a concurrent `bazel build --config=asan` cannot swap out under the tests).
+BIN = pathlib.Path(os.environ.get("MUONPS_BAZEL_BIN", REPO / "bazel-bin"))
+COORDINATOR_BIN = BIN / "server" / "coordinator" / "muonps-coordinator"
+WORKER_BIN = BIN / "server" / "worker" / "muonps-worker"
+GOLDEN = REPO.parent / "shared" / "testdata" / "torch_optim_golden"
+START_SECONDS = 20
+
+sys.path.insert(0, str(PACKAGE_ROOT))
+_jobs = itertools.count()
+
+
+class Cluster:
+    """A coordinator and workers of one job; `sockets[i]` is worker i's."""
+
+    def __init__(self, workers, log_dir):
+        self.job = f"pytest-{os.getpid()}-{next(_jobs)}"
+        self.log_dir = log_dir
+        self.socket_dir = pathlib.Path(tempfile.mkdtemp(prefix="mps-", dir="/tmp"))
+        self.processes = []
+        self.sockets = []
+        try:
+            coordinator = self._spawn(
+                "coordinator", [COORDINATOR_BIN, "--port", "0",
+                                "--metrics_port", "-1", "--lease_ttl_ms", "3000",
+                                "--heartbeat_interval_ms", "500"])
+            port = self._wait_for(coordinator, r"listening on ([0-9.]+:[0-9]+)")
+            self.coordinator = port
+            for i in range(workers):
+                socket = str(self.socket_dir / f"w{i}.sock")
+                self.sockets.append(socket)
+                self._spawn(f"worker-w{i}", [
+                    WORKER_BIN, "--coordinator", self.coordinator, "--job",
+                    self.job, "--worker_id", f"w{i}", "--socket", socket,
+                    "--metrics_port", "-1", "--memory_bytes", str(1 << 30)])
+            for process in self.processes[1:]:
+                self._wait_for(process, r"listening on unix:(\S+)")
+        except BaseException:
+            self.stop()
+            raise
+
+    def options(self, rank=0, world_size=1):
+        """Muon keyword arguments that reach this cluster as `rank`."""
+        return dict(coordinator=self.coordinator, job=self.job,
+                    worker_socket=self.sockets[rank], rank=rank,
+                    world_size=world_size)
+
+    def _spawn(self, name, argv):
+        log = open(self.log_dir / f"{self.job}-{name}.log", "wb")
+        process = subprocess.Popen([str(a) for a in argv], stdout=log,
+                                   stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+        process.log_path = log.name
+        log.close()
+        self.processes.append(process)
+        return process
+
+    @staticmethod
+    def _wait_for(process, pattern):
+        deadline = time.monotonic() + START_SECONDS
+        text = ""
+        while time.monotonic() < deadline:
+            text = pathlib.Path(process.log_path).read_text(errors="replace")
+            match = re.search(pattern, text)
+            if match:
+                return match.group(1)
+            if process.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError(f"{process.args[0]} did not log /{pattern}/ "
+                           f"(exit {process.poll()}); log tail:\n{text[-2000:]}")
+
+    def stop(self):
+        """SIGTERM (then SIGKILL) every process, newest first, and reap it."""
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in reversed(self.processes):
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes = []
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    def leftover_segments(self):
+        return sorted(pathlib.Path("/dev/shm").glob(f"muonps-{self.job}-*"))
+
+
+def _require_binaries():
+    missing = [str(p) for p in (COORDINATOR_BIN, WORKER_BIN) if not p.is_file()]
+    if missing:
+        pytest.fail("missing " + ", ".join(missing) + ": run `bazel build "
+                    "//client:libmuonps.so //server/coordinator:muonps-coordinator"
+                    " //server/worker:muonps-worker` first", pytrace=False)
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """cluster(workers=1) -> a started Cluster, torn down after the test."""
+    _require_binaries()
+    import muonps
+    started = []
+    # Optimizers a test left open (a failed test's traceback keeps them) are
+    # closed before their cluster stops.
+    opened = weakref.WeakSet()
+    construct = muonps.Muon.__init__
+
+    def tracked(self, *args, **kwargs):
+        opened.add(self)
+        construct(self, *args, **kwargs)
+
+    monkeypatch.setattr(muonps.Muon, "__init__", tracked)
+
+    def start(workers=1):
+        c = Cluster(workers, tmp_path)
+        started.append(c)
+        return c
+
+    yield start
+    for opt in list(opened):
+        opt.close()
+    leftovers = []
+    for c in started:
+        c.stop()
+        for segment in c.leftover_segments():
+            leftovers.append(str(segment))
+            segment.unlink()
+    assert not leftovers, f"shared memory left behind: {leftovers}"

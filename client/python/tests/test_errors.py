@@ -1,0 +1,108 @@
+"""What a user sees when something is missing: the unreachable coordinator
+or worker (by address, with what to start), a library that cannot be found
+or exports nothing, and arguments the C ABI cannot honour."""
+
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import muonps
+from muonps import _native
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model():
+    return [("w", torch.nn.Parameter(torch.randn(8, 4))),
+            ("b", torch.nn.Parameter(torch.randn(4)))]
+
+
+def test_unreachable_coordinator_error_names_the_address_and_what_to_start(
+        tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RuntimeError) as raised:
+        muonps.Muon(model(), coordinator=address, job="nobody",
+                    worker_socket=str(tmp_path / "w.sock"), timeout=5)
+    message = str(raised.value)
+    assert f"no muonps coordinator at {address}" in message
+    assert "muonps-coordinator" in message and "launch.sh" in message
+
+
+def test_unreachable_worker_error_names_the_socket_and_what_to_start(cluster):
+    c = cluster(workers=0)
+    path = f"{c.socket_dir}/absent.sock"
+    begin = time.monotonic()
+    with pytest.raises(RuntimeError) as raised:
+        muonps.Muon(model(), coordinator=c.coordinator, job=c.job,
+                    worker_socket=path, timeout=1.5)
+    assert time.monotonic() - begin < 30
+    message = str(raised.value)
+    assert f"no muonps worker at unix:{path}" in message
+    assert (f"muonps-worker --coordinator {c.coordinator} --job {c.job} "
+            f"--socket {path}") in message
+
+
+def test_worker_of_another_job_error_says_it_has_no_plan_for_this_job(cluster):
+    c = cluster()
+    with pytest.raises(RuntimeError, match="has no plan for job 'other-job'"):
+        muonps.Muon(model(), coordinator=c.coordinator, job="other-job",
+                    worker_socket=c.sockets[0], timeout=1.5)
+
+
+def test_missing_library_error_lists_every_path_and_the_bazel_command(tmp_path):
+    # A copy of the package outside the repository, run from elsewhere, so
+    # no candidate path exists.
+    shutil.copytree(pathlib.Path(muonps.__file__).parent, tmp_path / "muonps",
+                    ignore=shutil.ignore_patterns("lib", "__pycache__"))
+    absent = tmp_path / "nowhere" / "libmuonps.so"
+    script = ("import muonps._native as n\n"
+              "try:\n    n.load_library()\n"
+              "except n.LibraryNotFoundError as e:\n    print(e)\n")
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+        text=True, env=dict(os.environ, MUONPS_LIB=str(absent),
+                            PYTHONPATH=str(tmp_path)), check=True).stdout
+    assert f"{absent} (absent)" in out
+    assert f"{tmp_path / 'muonps' / 'lib' / 'libmuonps.so'} (absent)" in out
+    assert "bazel build //client:libmuonps.so" in out
+
+
+def test_library_without_the_c_abi_is_reported_with_the_fix():
+    libz = pathlib.Path("/lib/x86_64-linux-gnu/libz.so.1")
+    if not libz.is_file():
+        pytest.skip("no libz to stand in for an empty library")
+    with pytest.raises(_native.LibraryNotFoundError, match="alwayslink"):
+        _native.load_library(environ={"MUONPS_LIB": str(libz)})
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    (dict(ns_algorithm="svd"), "ns_algorithm"),
+    (dict(ns_coefficients=(3.0, -3.0)), "ns_coefficients"),
+    (dict(ns_coefficients=(3.0, float("nan"), 1.0)), "ns_coefficients"),
+    (dict(eps=0.0), "eps"),
+    (dict(layout="row_sharded"), "layout"),
+    (dict(lr=-1.0), "lr"),
+    (dict(adjust_lr_fn="sqrt"), "adjust_lr_fn"),
+])
+def test_arguments_the_service_cannot_honour_are_refused_up_front(kwargs, what):
+    with pytest.raises((ValueError, NotImplementedError), match=what):
+        muonps.Muon(model(), **kwargs)
+
+
+def test_groups_that_differ_in_a_job_hyperparameter_are_refused(cluster):
+    c = cluster()
+    w, b = model()
+    groups = [{"params": [w]}, {"params": [b], "momentum": 0.9}]
+    with pytest.raises(ValueError, match="'momentum'"):
+        muonps.Muon(groups, **c.options())

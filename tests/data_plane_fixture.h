@@ -1,0 +1,240 @@
+// Shared setup of the data-plane integration tests: one muonps-coordinator
+// and N muonps-worker processes on loopback, N trainer ranks in the test
+// process (one muonps::Client each, trainer rank r lending its buffers to
+// worker r, steps run from one thread per trainer), deterministic parameters
+// and gradients for every layout, and a single-process reference of the
+// same optimizer steps with the CPU kernels.
+//
+// Every process, socket, log and shared-memory segment a fixture starts is
+// removed when it is destroyed, after a failed assertion too; a failed test
+// prints the processes' logs. Thread-compatible: the test's main thread
+// drives the fixture; RunStep runs one thread per trainer and joins them.
+#ifndef MUONPS_TESTS_DATA_PLANE_FIXTURE_H_
+#define MUONPS_TESTS_DATA_PLANE_FIXTURE_H_
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "muonps/v1/coordinator.grpc.pb.h"
+#include "muonps/v1/worker.grpc.pb.h"
+#include "scheduler/plan_types.h"
+#include "tests/harness/child_process.h"
+
+namespace muonps {
+namespace testing {
+
+// A Muon matrix (or expert stack) as every trainer declares it.
+struct MatrixDecl {
+  std::string name;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  MatrixOptions options;
+};
+
+// An AdamW tensor as every trainer declares it.
+struct TensorDecl {
+  std::string name;
+  int64_t elements = 0;
+  scheduler::Layout layout = scheduler::Layout::kUnreduced;
+};
+
+// A model: what every trainer declares, and the job's hyperparameters.
+struct ModelDecl {
+  std::vector<MatrixDecl> matrices;
+  std::vector<TensorDecl> tensors;
+  kernels::MuonHyperparameters muon;
+  kernels::AdamWHyperparameters adamw;
+};
+
+// Five small matrices over layers 0..2, all with `layout` (and
+// `shard_params` when row_sharded): 64x64 twice (a same-shape batch), a
+// tall 48x32, a wide 32x80 and a 3-expert stack of 40x24 (whose 40 rows do
+// not split evenly over 3 trainers); two AdamW tensors, one unreduced and
+// one replicated. Muon lr 0.02, weight decay 0.1, momentum 0.9, Nesterov.
+ModelDecl SmallModel(scheduler::Layout layout, bool shard_params = true);
+
+// The same shapes with every layout in one job (replicated, unreduced,
+// row_sharded with and without sharded parameters), no Nesterov and the
+// match_rms_adamw learning-rate scaling.
+ModelDecl MixedModel();
+
+// Deterministic data. Gradients are multiples of 2^-10 in [-1, 1], so sums
+// of a few ranks' gradients are exact in fp32 and the workers' mean is
+// bit-identical to the reference's whatever order they add in. `rank` -1
+// is the gradient every rank holds (replicated, row_sharded); ranks >= 0
+// hold their own partial gradients (unreduced). `index` is into the full
+// tensor (every expert, every row).
+float InitialParam(int tensor, int64_t index);
+float Gradient(int tensor, int64_t step, int rank, int64_t index);
+
+// (matrix name, expert) -> the Newton-Schulz variant its owner runs.
+using AlgorithmMap =
+    std::map<std::pair<std::string, int64_t>, kernels::NsAlgorithm>;
+
+// The model stepped in one process: the mean (or full) gradient of every
+// step through CpuKernels::MuonStep per expert and AdamWStep, exactly as the
+// job's hyperparameters say. Tensors are numbered as in ModelDecl:
+// matrices first, then AdamW tensors.
+class ReferenceModel {
+ public:
+  ReferenceModel(ModelDecl model, int trainers, AlgorithmMap algorithms);
+
+  // One step with the clean gradients of `step`.
+  absl::Status Step(int64_t step);
+
+  // The full parameter (every expert, every row) of a tensor.
+  const std::vector<float>& param(const std::string& name) const;
+  // The momentum of one expert of a matrix (rows * cols floats).
+  std::vector<float> momentum(const std::string& name, int64_t expert) const;
+  // The mean gradient of tensor `tensor` at `step` as the workers form it.
+  std::vector<float> MeanGradient(int tensor, int64_t step) const;
+
+ private:
+  const ModelDecl model_;
+  const int trainers_;
+  const AlgorithmMap algorithms_;
+  std::map<std::string, std::vector<float>> params_;
+  std::map<std::string, std::vector<float>> momentum_;  // whole stacks
+  std::map<std::string, std::vector<float>> exp_avg_, exp_avg_sq_;
+  int64_t adamw_steps_ = 0;
+  kernels::CpuKernels kernels_;
+};
+
+// Largest |actual - expected| / max(|expected|, rms(expected)) over the
+// elements; infinity for different sizes or any non-finite actual value.
+double MaxRelativeError(absl::Span<const float> actual,
+                        absl::Span<const float> expected);
+
+struct ClusterOptions {
+  int workers = 1;
+  int64_t io_timeout_ms = 10000;
+  int64_t lease_ttl_ms = 3000;
+  int64_t heartbeat_interval_ms = 300;
+};
+
+// What one trainer's Step returned and how long the call took.
+struct StepOutcome {
+  absl::StatusOr<StepResult> result;
+  absl::Duration elapsed;
+};
+
+// How RunStep drives each trainer; the defaults write the clean gradients
+// of the step and call Step at once on every rank.
+struct StepScript {
+  std::set<int> silent;                 // ranks that never call Step
+  std::map<int, absl::Duration> delay;  // before writing and stepping
+  // Runs on the rank's thread after its gradients are written (to poison
+  // or replace them).
+  std::function<void(int rank)> after_write;
+  bool write_gradients = true;
+};
+
+// Every trainer's parameters (by rank, then tensor, as its buffers hold
+// them) and every owned expert's momentum (by "name[expert]"; absent before
+// its first step).
+struct StateSnapshot {
+  std::vector<std::map<std::string, std::vector<float>>> params;
+  std::map<std::string, std::vector<float>> momentum;
+  std::vector<int64_t> adamw_steps;
+};
+
+class DataPlaneFixture : public ::testing::Test {
+ protected:
+  DataPlaneFixture() = default;
+  ~DataPlaneFixture() override;
+  void TearDown() override;
+
+  // Starts the coordinator and `options.workers` workers, then one trainer
+  // per worker declaring `model` (all Starts concurrently), puts
+  // InitialParam in their parameter buffers and waits until every worker
+  // follows a plan of all the workers. Fails the test (fatally) otherwise,
+  // except that with `start_status` a trainer's failed Start is stored
+  // there (the first one) and StartJob returns at once.
+  void StartJob(const ModelDecl& model, const ClusterOptions& options,
+                absl::Status* start_status = nullptr);
+
+  // Runs Step(step) on every rank not in script.silent, each on its own
+  // thread, concurrently; entries of silent ranks are empty.
+  std::vector<std::optional<StepOutcome>> RunStep(
+      int64_t step, const StepScript& script = {});
+
+  // Writes rank `rank`'s clean gradients of `step` into its buffers.
+  void WriteGradients(int rank, int64_t step);
+
+  // The buffers of a tensor of rank `rank` (fails the test if absent).
+  TensorBuffers Buffers(int rank, const std::string& name) const;
+  Client& client(int rank) { return *clients_.at(rank); }
+
+  StateSnapshot Snapshot();
+
+  // Expects every rank's parameters (its rows, for sharded parameters),
+  // AdamW parameters and every owner's momentum to match `reference`
+  // within `tolerance` (MaxRelativeError).
+  void ExpectMatchesReference(const ReferenceModel& reference,
+                              double tolerance);
+
+  // The momentum of one expert from the worker `worker` (an index).
+  absl::StatusOr<std::vector<float>> Momentum(int worker,
+                                              const std::string& matrix,
+                                              int64_t expert);
+
+  // The plan every worker followed when StartJob returned, and who owns
+  // what in it.
+  const v1::Plan& plan() const { return plan_; }
+  int WorkerIndex(const std::string& worker_id) const;
+  int Owner(const std::string& matrix, int64_t expert) const;
+  // The worker index at rank `plan_rank` of the plan.
+  int WorkerAtPlanRank(int plan_rank) const;
+  AlgorithmMap PlannedAlgorithms() const;
+
+  // SIGKILLs worker `worker` and reaps it.
+  void KillWorker(int worker);
+  // Sends `signal` to worker `worker`.
+  void SignalWorker(int worker, int signal);
+
+  int workers() const { return static_cast<int>(workers_.size()); }
+  const ModelDecl& model() const { return model_; }
+
+ private:
+  struct WorkerProcess {
+    std::string id;
+    std::string socket;
+    std::unique_ptr<ChildProcess> process;
+    std::unique_ptr<v1::Worker::Stub> stub;
+  };
+
+  void StartCoordinator(const ClusterOptions& options);
+  void StartWorker(int index, const ClusterOptions& options);
+  void StartTrainers(absl::Status* start_status);
+  absl::Status WaitForFullPlan(absl::Duration timeout);
+
+  ModelDecl model_;
+  std::string job_;
+  std::string log_dir_;
+  std::string socket_dir_;
+  std::unique_ptr<ChildProcess> coordinator_;
+  std::string coordinator_address_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
+  std::vector<WorkerProcess> workers_;
+  std::vector<std::unique_ptr<Client>> clients_;
+  v1::Plan plan_;
+};
+
+}  // namespace testing
+}  // namespace muonps
+
+#endif  // MUONPS_TESTS_DATA_PLANE_FIXTURE_H_
