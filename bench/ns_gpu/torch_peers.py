@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""PyTorch peers of bench/ns_gpu, measured on the same GPU in the same run.
+
+Prints one JSON line per figure (and writes them to --out for ns_gpu_bench,
+which computes muonps's ratios against them):
+
+  gemm_bf16             torch.matmul n^3 in bf16 (tflops): the GEMM rate
+  torch_ns5             per Llama shape: torch.optim.Muon's NS5 in bf16
+  torch_gram_ns         per Llama shape: Gram NS with plain bf16 bmm, one
+                        restart after step 2
+  torch_ns5_all, torch_gram_ns_all   the same over the whole 56-matrix set
+  torch_muon_step_1gpu  torch.optim.Muon.step() over the set (fp32 params)
+  adamw_fused_step      torch.optim.AdamW(fused=True).step() over the set
+
+NS5 runs two ways: torch's own torch.optim._muon._zeropower_via_newtonschulz
+called per matrix (as torch.optim.Muon does; it takes 2-D input only), and a
+batched copy of its formula (bmm/baddbmm per shape). `ms` is the faster of
+the two, so muonps is compared with the stronger peer; both are in the line.
+`tflops` counts the FLOPs each variant executes (every product a dense GEMM).
+Times: CUDA events, warm-up calls first, median of the repeats.
+
+--device cpu --small runs the same logic on tiny shapes (a logic check).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+EPS = 1e-7
+STEPS = 5
+GRAM_RESTARTS = (2,)
+# (rows, cols, count) over 8 Llama-3-8B layers: q+o, k+v, gate+up, down.
+LLAMA_GROUPS = [(4096, 4096, 16), (1024, 4096, 16), (14336, 4096, 16),
+                (4096, 14336, 8)]
+# One layer's matrices in order (q, k, v, o, gate, up, down).
+LLAMA_LAYER = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096),
+               (14336, 4096), (14336, 4096), (4096, 14336)]
+SMALL_DIVISOR = 64
+
+
+def own_ns5():
+    """torch's own NS5 function, or None where this torch lacks it."""
+    try:
+        from torch.optim._muon import _zeropower_via_newtonschulz
+    except ImportError:
+        return None
+    return _zeropower_via_newtonschulz
+
+
+def ns5_batched(grad):
+    """torch.optim.Muon's NS5 formula on a (batch, rows, cols) stack: bf16,
+    wide orientation, each matrix divided by max(||X||_F, eps), then
+    X <- a X + (b A + c A^2) X with A = X X^T."""
+    a, b, c = COEFFICIENTS
+    x = grad.bfloat16()
+    tall = grad.size(-2) > grad.size(-1)
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=EPS)
+    for _ in range(STEPS):
+        gram = torch.bmm(x, x.mT)
+        update = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, update, x, beta=a)
+    return x.mT if tall else x
+
+
+def gram_ns_batched(grad):
+    """Gram NS (DESIGN.md) with plain bf16 bmm: iterate on R = X X^T,
+    P = a I + b R + c R^2, Q <- P Q, R <- P R P; after step 2 restart
+    (X <- Q X, R <- X X^T, Q <- I); finally X <- Q X."""
+    a, b, c = COEFFICIENTS
+    x = grad.bfloat16()
+    tall = grad.size(-2) > grad.size(-1)
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=EPS)
+    r = torch.bmm(x, x.mT)
+    q = None
+    for step in range(STEPS):
+        p = torch.baddbmm(r, r, r, beta=b, alpha=c)
+        p.diagonal(dim1=-2, dim2=-1).add_(a)
+        q = p if q is None else torch.bmm(p, q)
+        if step + 1 == STEPS:
+            break
+        if step + 1 in GRAM_RESTARTS:
+            x = torch.bmm(q, x)
+            r = torch.bmm(x, x.mT)
+            q = None
+        else:
+            r = torch.bmm(torch.bmm(p, r), p)
+    if q is not None:
+        x = torch.bmm(q, x)
+    return x.mT if tall else x
+
+
+def ns5_flops(rows, cols):
+    m, n = min(rows, cols), max(rows, cols)
+    return STEPS * (4 * m * m * n + 2 * m ** 3)
+
+
+def gram_flops(rows, cols):
+    """Mirrors gram_ns_batched: every product a dense GEMM."""
+    m, n = min(rows, cols), max(rows, cols)
+    flops, q_set = 2 * m * m * n, False
+    for step in range(STEPS):
+        flops += 2 * m ** 3 + (2 * m ** 3 if q_set else 0)
+        q_set = True
+        if step + 1 == STEPS:
+            break
+        if step + 1 in GRAM_RESTARTS:
+            flops += 4 * m * m * n
+            q_set = False
+        else:
+            flops += 4 * m ** 3
+    return flops + (2 * m * m * n if q_set else 0)
+
+
+class Timer:
+    def __init__(self, device, warmup, repeats):
+        self.cuda = device.type == "cuda"
+        self.warmup, self.repeats = warmup, repeats
+
+    def median_ms(self, fn, repeats=None):
+        for _ in range(self.warmup):
+            fn()
+        self.sync()
+        times = []
+        for _ in range(repeats or self.repeats):
+            if self.cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                begin = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - begin) * 1e3)
+        return statistics.median(times)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def relative_difference(x, ref):
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm())
+
+
+class Report:
+    def __init__(self, path):
+        self.file = open(path, "w") if path else None
+
+    def line(self, **fields):
+        text = json.dumps(fields)
+        print(text, flush=True)
+        if self.file:
+            self.file.write(text + "\n")
+            self.file.flush()
+
+
+def bench_gemm(report, timer, device, n):
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = timer.median_ms(lambda: torch.matmul(a, b))
+    tflops = 2 * n ** 3 / ms / 1e9
+    report.line(what="gemm_bf16", m=n, n=n, k=n, ms=ms, tflops=tflops)
+    return tflops
+
+
+def bench_ns(report, timer, device, groups, gemm_tflops):
+    own = own_ns5()
+    inputs = [torch.randn(count, rows, cols, device=device)
+              for rows, cols, count in groups]
+
+    def own_all(stacks):
+        for stack in stacks:
+            for matrix in stack:
+                own(matrix, COEFFICIENTS, STEPS, EPS)
+
+    def ns5_all(stacks):
+        for stack in stacks:
+            ns5_batched(stack)
+
+    def gram_all(stacks):
+        for stack in stacks:
+            gram_ns_batched(stack)
+
+    totals = {"ns5": 0.0, "gram": 0.0}
+    for (rows, cols, count), stack in zip(groups, inputs):
+        shape = dict(rows=rows, cols=cols, batch=count)
+        ns5_ref = ns5_batched(stack[:1]).float()
+        batched_ms = timer.median_ms(lambda: ns5_batched(stack))
+        fields = dict(batched_ms=batched_ms)
+        if own is not None:
+            own_out = own(stack[0], COEFFICIENTS, STEPS, EPS).float()
+            fields["own_per_matrix_ms"] = timer.median_ms(
+                lambda: own_all([stack]))
+            fields["batched_rel_diff_vs_own"] = relative_difference(
+                ns5_ref[0], own_out)
+        ms = min(fields.values() if own is None else
+                 (batched_ms, fields["own_per_matrix_ms"]))
+        source = ("batched copy" if ms == batched_ms else
+                  "torch.optim._muon._zeropower_via_newtonschulz per matrix")
+        flops = count * ns5_flops(rows, cols)
+        report.line(what="torch_ns5", **shape, ms=ms,
+                    tflops=flops / ms / 1e9, source=source,
+                    fraction_of_gemm_peak=flops / ms / 1e9 / gemm_tflops,
+                    **fields)
+        gram_ms = timer.median_ms(lambda: gram_ns_batched(stack))
+        gram_out = gram_ns_batched(stack[:1]).float()
+        gflops = count * gram_flops(rows, cols)
+        report.line(what="torch_gram_ns", **shape, ms=gram_ms,
+                    tflops=gflops / gram_ms / 1e9,
+                    speedup_vs_torch_ns5=ms / gram_ms,
+                    rel_diff_vs_ns5=relative_difference(gram_out, ns5_ref))
+        totals["ns5"] += flops
+        totals["gram"] += gflops
+
+    matrices = sum(count for _, _, count in groups)
+    batched_ms = timer.median_ms(lambda: ns5_all(inputs))
+    fields = dict(batched_ms=batched_ms)
+    if own is not None:
+        fields["own_per_matrix_ms"] = timer.median_ms(lambda: own_all(inputs))
+    ms = min(fields.values())
+    source = ("batched copy" if ms == batched_ms else
+              "torch.optim._muon._zeropower_via_newtonschulz per matrix")
+    report.line(what="torch_ns5_all", matrices=matrices, ms=ms,
+                tflops=totals["ns5"] / ms / 1e9,
+                fraction_of_gemm_peak=totals["ns5"] / ms / 1e9 / gemm_tflops,
+                source=source, **fields)
+    gram_ms = timer.median_ms(lambda: gram_all(inputs))
+    report.line(what="torch_gram_ns_all", matrices=matrices, ms=gram_ms,
+                tflops=totals["gram"] / gram_ms / 1e9,
+                speedup_vs_torch_ns5=ms / gram_ms)
+
+
+def llama_parameters(device, layers, divisor):
+    params = []
+    for _ in range(layers):
+        for rows, cols in LLAMA_LAYER:
+            p = torch.nn.Parameter(
+                torch.randn(rows // divisor, cols // divisor, device=device)
+                * 0.02)
+            p.grad = torch.randn_like(p) * 1e-3
+            params.append(p)
+    return params
+
+
+def bench_steps(report, timer, device, layers, divisor):
+    params = llama_parameters(device, layers, divisor)
+    count = sum(p.numel() for p in params)
+    muon_ms = None
+    if hasattr(torch.optim, "Muon"):
+        muon = torch.optim.Muon(params, lr=0.02, weight_decay=0.1,
+                                momentum=0.95, nesterov=True)
+        muon_ms = timer.median_ms(muon.step, repeats=5)
+        report.line(what="torch_muon_step_1gpu", ms=muon_ms,
+                    matrices=len(params), params=count)
+        del muon
+    else:
+        report.line(what="torch_muon_step_1gpu", skipped=(
+            "torch.optim.Muon is missing in torch " + torch.__version__))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        adamw = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01,
+                                  fused=True)
+        fused = True
+    except (RuntimeError, TypeError):  # fused=True needs CUDA in old torch
+        adamw = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+        fused = False
+    adamw_ms = timer.median_ms(adamw.step, repeats=5)
+    fields = {}
+    if muon_ms is not None:
+        fields["torch_muon_over_adamw"] = muon_ms / adamw_ms
+    report.line(what="adamw_fused_step", ms=adamw_ms, fused=fused,
+                matrices=len(params), params=count, **fields)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true",
+                        help="shapes divided by 64 (logic check)")
+    parser.add_argument("--out", default="", help="JSON lines file")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--gemm_n", type=int, default=8192)
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("torch_peers.py: no CUDA device visible")
+    torch.manual_seed(0)
+    divisor = SMALL_DIVISOR if args.small else 1
+    groups = [(r // divisor, c // divisor, n) for r, c, n in LLAMA_GROUPS]
+    report = Report(args.out)
+    timer = Timer(device, args.warmup, args.repeats)
+    report.line(what="torch_env", torch=torch.__version__,
+                device=(torch.cuda.get_device_name(device)
+                        if device.type == "cuda" else "cpu"),
+                own_ns5=own_ns5() is not None,
+                muon=hasattr(torch.optim, "Muon"), small=args.small)
+    with torch.no_grad():
+        gemm = bench_gemm(report, timer, device, args.gemm_n // divisor)
+        bench_ns(report, timer, device, groups, gemm)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    bench_steps(report, timer, device, args.layers, divisor)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+#include "tools/autotune/autotune.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/status.h"
+#include "scheduler/cost_table.h"
+
+namespace muonps {
+namespace autotune {
+namespace {
+
+using kernels::NsAlgorithm;
+
+constexpr NsAlgorithm kAlgorithms[] = {NsAlgorithm::kNs5, NsAlgorithm::kGram};
+
+absl::StatusOr<int64_t> ParseBounded(absl::string_view field,
+                                     absl::string_view text, int64_t max) {
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < 1 || value > max) {
+    return InvalidField(
+        field,
+        absl::StrCat(Quoted(text), " is not an integer in [1, ", max, "]"));
+  }
+  return value;
+}
+
+std::string ShapeName(const MatrixShape& shape) {
+  return absl::StrCat(shape.rows, "x", shape.cols);
+}
+
+// Uniform values in [-1, 1) from a splitmix64 stream: cheap enough for the
+// largest matrices, and never zero-filled.
+std::vector<float> RandomMatrix(int64_t count, uint64_t seed) {
+  std::vector<float> values(count);
+  uint64_t state = seed;
+  for (float& v : values) {
+    state += 0x9E3779B97F4A7C15ull;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    v = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
+  }
+  return values;
+}
+
+// Fills `batch` matrices of `matrix` elements at `device_data`, matrix i
+// with `host` rotated by a different offset, so no two are equal.
+absl::Status FillStack(MeasurementDevice& device,
+                       const std::vector<float>& host, int64_t batch,
+                       float* device_data) {
+  const int64_t size = static_cast<int64_t>(host.size());
+  const absl::Span<const float> all(host);
+  for (int64_t i = 0; i < batch; ++i) {
+    const int64_t offset = (i * 4099) % size;
+    float* matrix = device_data + i * size;
+    MUONPS_RETURN_IF_ERROR(device.CopyFromHost(all.subspan(offset), matrix));
+    if (offset > 0) {
+      MUONPS_RETURN_IF_ERROR(device.CopyFromHost(all.subspan(0, offset),
+                                                 matrix + (size - offset)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<MatrixShape>> ParseShapes(absl::string_view text) {
+  std::vector<MatrixShape> shapes;
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    const std::vector<absl::string_view> dims = absl::StrSplit(entry, 'x');
+    if (dims.size() != 2) {
+      return InvalidField("shapes",
+                          absl::StrCat(Quoted(entry), " is not ROWSxCOLS"));
+    }
+    MatrixShape shape;
+    MUONPS_ASSIGN_OR_RETURN(shape.rows, ParseBounded("shapes", dims[0], 1e6));
+    MUONPS_ASSIGN_OR_RETURN(shape.cols, ParseBounded("shapes", dims[1], 1e6));
+    shapes.push_back(shape);
+  }
+  return shapes;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseBatches(absl::string_view text) {
+  std::vector<int64_t> batches;
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    MUONPS_ASSIGN_OR_RETURN(
+        const int64_t batch,
+        ParseBounded("batches", absl::StripAsciiWhitespace(entry), 100000));
+    batches.push_back(batch);
+  }
+  return batches;
+}
+
+std::vector<MatrixShape> Llama3_8BShapes() {
+  return {{4096, 4096}, {1024, 4096}, {14336, 4096}};
+}
+
+absl::Status ValidateAutotuneOptions(const AutotuneOptions& options) {
+  if (options.shapes.empty()) return InvalidField("shapes", "is empty");
+  std::set<std::pair<int64_t, int64_t>> seen;
+  for (const MatrixShape& shape : options.shapes) {
+    if (shape.rows < 1 || shape.cols < 1) {
+      return InvalidField("shapes", absl::StrCat(ShapeName(shape),
+                                                 ": dimensions must be >= 1"));
+    }
+    if (!seen.insert({std::min(shape.rows, shape.cols),
+                      std::max(shape.rows, shape.cols)})
+             .second) {
+      return InvalidField(
+          "shapes",
+          absl::StrCat(ShapeName(shape),
+                       " repeats an earlier shape up to orientation (the cost "
+                       "table does not tell orientations apart)"));
+    }
+  }
+  if (options.batches.empty()) return InvalidField("batches", "is empty");
+  std::set<int64_t> batches;
+  for (const int64_t batch : options.batches) {
+    if (batch < 1) return InvalidField("batches", absl::StrCat(batch, " < 1"));
+    if (!batches.insert(batch).second) {
+      return InvalidField("batches", absl::StrCat(batch, " appears twice"));
+    }
+  }
+  if (options.warmup < 0) {
+    return InvalidField("warmup", absl::StrCat(options.warmup, " < 0"));
+  }
+  if (options.repeats < 1 || options.repeats > 1000) {
+    return InvalidField("repeats",
+                        absl::StrCat(options.repeats, " is not in [1, 1000]"));
+  }
+  MUONPS_RETURN_IF_ERROR(
+      Annotate(kernels::ValidateNewtonSchulzOptions(options.ns), "ns"));
+  if (options.ns.steps != 5) {
+    return InvalidField(
+        "ns.steps",
+        absl::StrCat(options.ns.steps, ": the cost table's format fixes 5"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Measurement>> MeasureShape(
+    kernels::MuonKernels& kernels, MeasurementDevice& device,
+    const MatrixShape& shape, const AutotuneOptions& options,
+    const ProgressFn& progress) {
+  MUONPS_RETURN_IF_ERROR(ValidateAutotuneOptions(options));
+  std::vector<int64_t> batches = options.batches;
+  std::sort(batches.begin(), batches.end());
+  const int64_t elements = shape.rows * shape.cols;
+  const int64_t largest = batches.back();
+  MUONPS_ASSIGN_OR_RETURN(DeviceBuffer in,
+                          DeviceBuffer::Allocate(device, largest * elements));
+  MUONPS_ASSIGN_OR_RETURN(DeviceBuffer out,
+                          DeviceBuffer::Allocate(device, largest * elements));
+  MUONPS_RETURN_IF_ERROR(
+      FillStack(device, RandomMatrix(elements, static_cast<uint64_t>(elements)),
+                largest, in.data()));
+  MUONPS_RETURN_IF_ERROR(device.Synchronize());
+
+  std::vector<Measurement> measurements;
+  for (const int64_t batch : batches) {
+    const kernels::MatrixStack in_stack{in.data(), batch, shape.rows,
+                                        shape.cols};
+    const kernels::MatrixStack out_stack{out.data(), batch, shape.rows,
+                                         shape.cols};
+    for (const NsAlgorithm algorithm : kAlgorithms) {
+      kernels::NewtonSchulzOptions ns = options.ns;
+      ns.algorithm = algorithm;
+      const std::string what =
+          absl::StrCat(ShapeName(shape), " ",
+                       kernels::NsAlgorithmName(algorithm), " batch ", batch);
+      for (int i = 0; i < options.warmup; ++i) {
+        MUONPS_RETURN_IF_ERROR(
+            Annotate(kernels.Orthogonalize(in_stack, out_stack, ns), what));
+        MUONPS_RETURN_IF_ERROR(Annotate(device.Synchronize(), what));
+      }
+      std::vector<double> times;
+      for (int i = 0; i < options.repeats; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        MUONPS_RETURN_IF_ERROR(
+            Annotate(kernels.Orthogonalize(in_stack, out_stack, ns), what));
+        MUONPS_RETURN_IF_ERROR(Annotate(device.Synchronize(), what));
+        times.push_back(std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - start)
+                            .count());
+      }
+      const double seconds = Median(times);
+      measurements.push_back({shape, algorithm, batch, seconds});
+      if (progress) {
+        progress(absl::StrFormat("autotune: %s: %.3f ms (median of %d)", what,
+                                 seconds * 1e3, options.repeats));
+      }
+    }
+  }
+  return measurements;
+}
+
+absl::StatusOr<std::string> CostTableText(
+    absl::string_view device, absl::Span<const Measurement> measurements) {
+  scheduler::CostTable table;
+  for (const Measurement& m : measurements) {
+    MUONPS_RETURN_IF_ERROR(
+        table.Add(m.shape.rows, m.shape.cols, m.algorithm, m.batch, m.seconds));
+  }
+  nlohmann::ordered_json device_line;
+  device_line["device"] = std::string(device);
+  const std::string text =
+      absl::StrCat(device_line.dump(), "\n", table.Serialize());
+  MUONPS_RETURN_IF_ERROR(
+      Annotate(scheduler::CostTable::Parse(text).status(), "cost table"));
+  return text;
+}
+
+BatchSplit BestSplit(
+    int64_t batch, absl::Span<const std::pair<int64_t, double>> best_seconds) {
+  BatchSplit split;
+  split.batch = batch;
+  for (const auto& [size, seconds] : best_seconds) {
+    if (size == batch) split.seconds = seconds;
+  }
+  // cost[k]: least seconds to run k matrices as a sum of sizes < batch;
+  // last[k]: the size that ends that sum.
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  std::vector<double> cost(batch + 1, kNone);
+  std::vector<int64_t> last(batch + 1, 0);
+  cost[0] = 0;
+  for (int64_t k = 1; k <= batch; ++k) {
+    for (const auto& [size, seconds] : best_seconds) {
+      if (size >= batch || size > k || cost[k - size] == kNone) continue;
+      if (cost[k - size] + seconds < cost[k]) {
+        cost[k] = cost[k - size] + seconds;
+        last[k] = size;
+      }
+    }
+  }
+  if (cost[batch] == kNone) return split;
+  split.split_seconds = cost[batch];
+  for (int64_t k = batch; k > 0; k -= last[k]) split.parts.push_back(last[k]);
+  std::sort(split.parts.rbegin(), split.parts.rend());
+  return split;
+}
+
+absl::StatusOr<ShapeSummary> Summarize(
+    absl::Span<const Measurement> measurements) {
+  if (measurements.empty()) return InvalidField("measurements", "is empty");
+  ShapeSummary summary;
+  summary.shape = measurements.front().shape;
+  // batch -> (ns5 seconds, gram seconds); NaN marks "not measured".
+  const double kMissing = std::numeric_limits<double>::quiet_NaN();
+  std::map<int64_t, std::pair<double, double>> by_batch;
+  for (const Measurement& m : measurements) {
+    if (m.shape.rows != summary.shape.rows ||
+        m.shape.cols != summary.shape.cols) {
+      return InvalidField("measurements",
+                          absl::StrCat("mix shapes ", ShapeName(summary.shape),
+                                       " and ", ShapeName(m.shape)));
+    }
+    auto [it, inserted] = by_batch.try_emplace(m.batch, kMissing, kMissing);
+    (m.algorithm == NsAlgorithm::kNs5 ? it->second.first : it->second.second) =
+        m.seconds;
+  }
+  double ns5_total = 0;
+  double gram_total = 0;
+  std::vector<std::pair<int64_t, double>> best;
+  for (const auto& [batch, times] : by_batch) {
+    if (std::isnan(times.first) || std::isnan(times.second)) {
+      return InvalidField("measurements",
+                          absl::StrCat(ShapeName(summary.shape), " batch ",
+                                       batch, " lacks an algorithm"));
+    }
+    ShapeSummary::AtBatch at{
+        batch, times.first, times.second,
+        times.second < times.first ? NsAlgorithm::kGram : NsAlgorithm::kNs5};
+    summary.batches.push_back(at);
+    ns5_total += times.first;
+    gram_total += times.second;
+    best.emplace_back(batch, std::min(times.first, times.second));
+  }
+  summary.winner =
+      gram_total < ns5_total ? NsAlgorithm::kGram : NsAlgorithm::kNs5;
+  for (const auto& [batch, seconds] : best) {
+    BatchSplit split = BestSplit(batch, best);
+    if (!split.parts.empty() &&
+        split.split_seconds < seconds * (1 - kSplitMargin)) {
+      summary.worth_splitting.push_back(std::move(split));
+    }
+  }
+  return summary;
+}
+
+nlohmann::ordered_json ShapeSummaryJson(const ShapeSummary& summary) {
+  nlohmann::ordered_json line;
+  line["what"] = "autotune_shape";
+  line["rows"] = summary.shape.rows;
+  line["cols"] = summary.shape.cols;
+  line["winner"] = std::string(kernels::NsAlgorithmName(summary.winner));
+  nlohmann::ordered_json batches = nlohmann::ordered_json::array();
+  for (const ShapeSummary::AtBatch& at : summary.batches) {
+    nlohmann::ordered_json entry;
+    entry["batch"] = at.batch;
+    entry["ns5_seconds"] = at.ns5_seconds;
+    entry["gram_seconds"] = at.gram_seconds;
+    entry["winner"] = std::string(kernels::NsAlgorithmName(at.winner));
+    entry["gram_speedup"] = at.ns5_seconds / at.gram_seconds;
+    batches.push_back(entry);
+  }
+  line["batches"] = batches;
+  nlohmann::ordered_json splits = nlohmann::ordered_json::array();
+  for (const BatchSplit& split : summary.worth_splitting) {
+    nlohmann::ordered_json entry;
+    entry["batch"] = split.batch;
+    entry["into"] = split.parts;
+    entry["seconds"] = split.seconds;
+    entry["split_seconds"] = split.split_seconds;
+    entry["speedup"] = split.seconds / split.split_seconds;
+    splits.push_back(entry);
+  }
+  line["worth_splitting"] = splits;
+  return line;
+}
+
+}  // namespace autotune
+}  // namespace muonps

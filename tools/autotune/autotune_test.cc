@@ -1,0 +1,245 @@
+#include "tools/autotune/autotune.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "scheduler/cost_table.h"
+#include "tools/autotune/measurement_device.h"
+
+namespace muonps {
+namespace autotune {
+namespace {
+
+using kernels::NsAlgorithm;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+AutotuneOptions SmallOptions() {
+  AutotuneOptions options;
+  options.shapes = {{32, 96}, {48, 48}};
+  options.batches = {1, 2, 3};
+  options.repeats = 2;
+  return options;
+}
+
+// A host device whose Synchronize fails, as a GPU's does after a bad launch.
+class FailingDevice final : public MeasurementDevice {
+ public:
+  std::string name() const override { return "failing"; }
+  absl::StatusOr<float*> Allocate(int64_t count) override {
+    return host_.Allocate(count);
+  }
+  void Free(float* data) override { host_.Free(data); }
+  absl::Status CopyFromHost(absl::Span<const float> host,
+                            float* device) override {
+    return host_.CopyFromHost(host, device);
+  }
+  absl::Status Synchronize() override {
+    return absl::InternalError("cudaErrorIllegalAddress");
+  }
+
+ private:
+  HostMeasurementDevice host_;
+};
+
+TEST(AutotuneTest, CpuTableParsesAndHoldsEveryShapeAlgorithmAndBatch) {
+  const AutotuneOptions options = SmallOptions();
+  kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
+  HostMeasurementDevice device(1);
+  std::vector<Measurement> all;
+  for (const MatrixShape& shape : options.shapes) {
+    absl::StatusOr<std::vector<Measurement>> measured =
+        MeasureShape(cpu, device, shape, options, nullptr);
+    ASSERT_TRUE(measured.ok()) << measured.status();
+    EXPECT_EQ(measured->size(), 2 * options.batches.size());
+    for (const Measurement& m : *measured) EXPECT_GT(m.seconds, 0);
+    all.insert(all.end(), measured->begin(), measured->end());
+  }
+  absl::StatusOr<std::string> text = CostTableText(device.name(), all);
+  ASSERT_TRUE(text.ok()) << text.status();
+
+  const std::vector<std::string> lines =
+      absl::StrSplit(*text, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1 + all.size());
+  EXPECT_EQ(lines[0].rfind("{\"device\":", 0), 0u) << lines[0];
+
+  absl::StatusOr<scheduler::CostTable> table =
+      scheduler::CostTable::Parse(*text);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->device(), device.name());
+  for (const MatrixShape& shape : options.shapes) {
+    for (const NsAlgorithm algorithm :
+         {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
+      const scheduler::CostTable::Curve* curve =
+          table->Find(shape.rows, shape.cols, algorithm);
+      ASSERT_NE(curve, nullptr) << shape.rows << "x" << shape.cols;
+      ASSERT_EQ(curve->size(), 3u);
+      for (size_t i = 0; i < curve->size(); ++i) {
+        EXPECT_EQ((*curve)[i].first, options.batches[i]);
+        EXPECT_GT((*curve)[i].second, 0);
+      }
+    }
+  }
+}
+
+TEST(AutotuneTest, SummaryOfCpuMeasurementsCoversEveryBatch) {
+  AutotuneOptions options = SmallOptions();
+  kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
+  HostMeasurementDevice device(1);
+  absl::StatusOr<std::vector<Measurement>> measured =
+      MeasureShape(cpu, device, {64, 16}, options, nullptr);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  absl::StatusOr<ShapeSummary> summary = Summarize(*measured);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(summary->batches.size(), 3u);
+  for (const ShapeSummary::AtBatch& at : summary->batches) {
+    EXPECT_EQ(at.winner, at.gram_seconds < at.ns5_seconds ? NsAlgorithm::kGram
+                                                          : NsAlgorithm::kNs5);
+  }
+  const nlohmann::ordered_json json = ShapeSummaryJson(*summary);
+  EXPECT_EQ(json["what"], "autotune_shape");
+  EXPECT_EQ(json["rows"], 64);
+  EXPECT_EQ(json["batches"].size(), 3u);
+  EXPECT_TRUE(json["worth_splitting"].is_array());
+}
+
+TEST(AutotuneTest, ProgressReportsEveryMeasurement) {
+  AutotuneOptions options = SmallOptions();
+  options.batches = {1};
+  kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
+  HostMeasurementDevice device(1);
+  std::vector<std::string> lines;
+  ASSERT_TRUE(
+      MeasureShape(cpu, device, {16, 32}, options, [&](absl::string_view line) {
+        lines.emplace_back(line);
+      }).ok());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[0], HasSubstr("16x32 ns5 batch 1"));
+  EXPECT_THAT(lines[1], HasSubstr("16x32 gram batch 1"));
+}
+
+TEST(AutotuneTest, DeviceErrorsNameTheMeasurement) {
+  kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
+  FailingDevice device;
+  absl::StatusOr<std::vector<Measurement>> measured =
+      MeasureShape(cpu, device, {16, 32}, SmallOptions(), nullptr);
+  ASSERT_FALSE(measured.ok());
+  EXPECT_EQ(measured.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(measured.status().message(),
+              HasSubstr("cudaErrorIllegalAddress"));
+}
+
+TEST(AutotuneTest, KernelErrorsPropagate) {
+  kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
+  HostMeasurementDevice device(1);
+  AutotuneOptions options = SmallOptions();
+  options.ns.eps = -1;
+  absl::StatusOr<std::vector<Measurement>> measured =
+      MeasureShape(cpu, device, {16, 32}, options, nullptr);
+  ASSERT_FALSE(measured.ok());
+  EXPECT_EQ(measured.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(measured.status().message(), HasSubstr("eps"));
+}
+
+TEST(AutotuneTest, BestSplitFindsTheCheapestSumOfSmallerBatches) {
+  const std::vector<std::pair<int64_t, double>> best = {
+      {1, 1.0}, {2, 1.5}, {4, 4.0}, {8, 5.0}};
+  const BatchSplit four = BestSplit(4, best);
+  EXPECT_THAT(four.parts, ElementsAre(2, 2));
+  EXPECT_DOUBLE_EQ(four.seconds, 4.0);
+  EXPECT_DOUBLE_EQ(four.split_seconds, 3.0);
+  const BatchSplit eight = BestSplit(8, best);
+  EXPECT_THAT(eight.parts, ElementsAre(2, 2, 2, 2));
+  EXPECT_DOUBLE_EQ(eight.split_seconds, 6.0);
+  EXPECT_TRUE(BestSplit(1, best).parts.empty());
+  // Only sizes 2 and 4 measured: 3 matrices are no sum of smaller sizes.
+  EXPECT_TRUE(BestSplit(3, {{2, 1.0}, {3, 2.0}}).parts.empty());
+}
+
+TEST(AutotuneTest, SummaryReportsOnlySplitsThatSaveMoreThanTheMargin) {
+  const MatrixShape shape{64, 256};
+  std::vector<Measurement> measurements;
+  // Best per batch: 1 -> 0.99 (gram), 2 -> 1.9 (ns5; 1+1 at 1.98 loses),
+  // 4 -> 5.0 (ns5; 2+2 at 3.8 wins).
+  const double ns5[] = {1.0, 1.9, 5.0};
+  const double gram[] = {0.99, 2.5, 6.0};
+  const int64_t batches[] = {1, 2, 4};
+  for (int i = 0; i < 3; ++i) {
+    measurements.push_back({shape, NsAlgorithm::kNs5, batches[i], ns5[i]});
+    measurements.push_back({shape, NsAlgorithm::kGram, batches[i], gram[i]});
+  }
+  absl::StatusOr<ShapeSummary> summary = Summarize(measurements);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->winner, NsAlgorithm::kNs5);
+  EXPECT_EQ(summary->batches[0].winner, NsAlgorithm::kGram);
+  EXPECT_EQ(summary->batches[1].winner, NsAlgorithm::kNs5);
+  ASSERT_EQ(summary->worth_splitting.size(), 1u);
+  EXPECT_EQ(summary->worth_splitting[0].batch, 4);
+  EXPECT_THAT(summary->worth_splitting[0].parts, ElementsAre(2, 2));
+  EXPECT_DOUBLE_EQ(summary->worth_splitting[0].split_seconds, 3.8);
+}
+
+TEST(AutotuneTest, SummaryRejectsMixedShapesAndMissingAlgorithms) {
+  std::vector<Measurement> mixed = {{{8, 8}, NsAlgorithm::kNs5, 1, 1.0},
+                                    {{8, 16}, NsAlgorithm::kGram, 1, 1.0}};
+  EXPECT_THAT(Summarize(mixed).status().message(), HasSubstr("mix shapes"));
+  std::vector<Measurement> lacking = {{{8, 8}, NsAlgorithm::kNs5, 1, 1.0}};
+  EXPECT_THAT(Summarize(lacking).status().message(),
+              HasSubstr("lacks an algorithm"));
+  EXPECT_EQ(Summarize({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AutotuneTest, CostTableTextRejectsAMeasurementTakenTwice) {
+  const std::vector<Measurement> twice = {{{8, 16}, NsAlgorithm::kNs5, 1, 1.0},
+                                          {{16, 8}, NsAlgorithm::kNs5, 1, 2.0}};
+  EXPECT_EQ(CostTableText("cpu", twice).status().code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST(AutotuneTest, OptionsRejectShapesEqualUpToOrientationAndBadFields) {
+  AutotuneOptions options = SmallOptions();
+  EXPECT_TRUE(ValidateAutotuneOptions(options).ok());
+  options.shapes = {{14336, 4096}, {4096, 14336}};
+  EXPECT_THAT(ValidateAutotuneOptions(options).message(),
+              HasSubstr("orientation"));
+  options = SmallOptions();
+  options.batches = {1, 2, 1};
+  EXPECT_THAT(ValidateAutotuneOptions(options).message(),
+              HasSubstr("batches: 1 appears twice"));
+  options = SmallOptions();
+  options.repeats = 0;
+  EXPECT_THAT(ValidateAutotuneOptions(options).message(), HasSubstr("repeats"));
+  options = SmallOptions();
+  options.ns.steps = 6;
+  EXPECT_THAT(ValidateAutotuneOptions(options).message(),
+              HasSubstr("ns.steps"));
+  options = SmallOptions();
+  options.shapes.clear();
+  EXPECT_THAT(ValidateAutotuneOptions(options).message(), HasSubstr("shapes"));
+}
+
+TEST(AutotuneTest, ParsesShapesAndBatchesAndNamesBadEntries) {
+  absl::StatusOr<std::vector<MatrixShape>> shapes =
+      ParseShapes("4096x4096, 1024x4096");
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  ASSERT_EQ(shapes->size(), 2u);
+  EXPECT_EQ((*shapes)[1].rows, 1024);
+  EXPECT_EQ((*shapes)[1].cols, 4096);
+  EXPECT_THAT(ParseShapes("4096x").status().message(), HasSubstr("shapes"));
+  EXPECT_THAT(ParseShapes("4096").status().message(),
+              HasSubstr("is not ROWSxCOLS"));
+  EXPECT_THAT(ParseShapes("0x5").status().message(), HasSubstr("\"0\""));
+  absl::StatusOr<std::vector<int64_t>> batches = ParseBatches("1,2,4,8,16");
+  ASSERT_TRUE(batches.ok());
+  EXPECT_THAT(*batches, ElementsAre(1, 2, 4, 8, 16));
+  EXPECT_THAT(ParseBatches("1,x").status().message(), HasSubstr("batches"));
+  EXPECT_EQ(Llama3_8BShapes().size(), 3u);
+}
+
+}  // namespace
+}  // namespace autotune
+}  // namespace muonps
