@@ -16,6 +16,12 @@ __device__ __forceinline__ float Lerp(float start, float end, float weight) {
                                         __fsub_rn(1.0f, weight)));
 }
 
+// True when a guard holds the index of a non-finite element.
+__device__ __forceinline__ bool Rejected(const unsigned long long* first_bad) {
+  return first_bad != nullptr &&
+         *first_bad < static_cast<unsigned long long>(INT64_MAX);
+}
+
 int Blocks(int64_t count) {
   const int64_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<int>(blocks < 65535 * 16 ? blocks : 65535 * 16);
@@ -23,7 +29,9 @@ int Blocks(int64_t count) {
 
 __global__ void MomentumKernel(const float* grad, float* momentum,
                                float* update, int64_t count, float mu,
-                               float keep, bool nesterov) {
+                               float keep, bool nesterov,
+                               const unsigned long long* first_bad) {
+  if (Rejected(first_bad)) return;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = grad[i];
@@ -34,11 +42,32 @@ __global__ void MomentumKernel(const float* grad, float* momentum,
 }
 
 __global__ void ApplyKernel(float* param, const float* update, int64_t count,
-                            float decay, float step) {
+                            float decay, float step,
+                            const unsigned long long* first_bad) {
+  if (Rejected(first_bad)) return;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     param[i] =
         __fadd_rn(__fmul_rn(param[i], decay), __fmul_rn(step, update[i]));
+  }
+}
+
+__global__ void AdamWKernel(float* param, const float* grad, float* exp_avg,
+                            float* exp_avg_sq, int64_t count, AdamWScalars s,
+                            const unsigned long long* first_bad) {
+  if (Rejected(first_bad)) return;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = grad[i];
+    const float p = __fmul_rn(param[i], s.decay);
+    const float m = Lerp(exp_avg[i], g, s.keep1);
+    const float v = __fadd_rn(__fmul_rn(exp_avg_sq[i], s.beta2),
+                              __fmul_rn(s.keep2, __fmul_rn(g, g)));
+    const float denom =
+        __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias2_sqrt), s.eps);
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    param[i] = __fsub_rn(p, __fmul_rn(s.step_size, __fdiv_rn(m, denom)));
   }
 }
 
@@ -56,19 +85,31 @@ __global__ void FindNonFiniteKernel(const float* data, int64_t count,
 
 cudaError_t LaunchMomentum(const float* grad, float* momentum, float* update,
                            int64_t count, double mu, bool nesterov,
-                           cudaStream_t stream) {
+                           cudaStream_t stream,
+                           const unsigned long long* first_bad) {
   if (count <= 0) return cudaSuccess;
   MomentumKernel<<<Blocks(count), kThreads, 0, stream>>>(
       grad, momentum, update, count, static_cast<float>(mu),
-      static_cast<float>(1.0 - mu), nesterov);
+      static_cast<float>(1.0 - mu), nesterov, first_bad);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchApplyUpdate(float* param, const float* update, int64_t count,
-                              float decay, float step, cudaStream_t stream) {
+                              float decay, float step, cudaStream_t stream,
+                              const unsigned long long* first_bad) {
   if (count <= 0) return cudaSuccess;
   ApplyKernel<<<Blocks(count), kThreads, 0, stream>>>(param, update, count,
-                                                      decay, step);
+                                                      decay, step, first_bad);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdamW(float* param, const float* grad, float* exp_avg,
+                        float* exp_avg_sq, int64_t count,
+                        const AdamWScalars& scalars, cudaStream_t stream,
+                        const unsigned long long* first_bad) {
+  if (count <= 0) return cudaSuccess;
+  AdamWKernel<<<Blocks(count), kThreads, 0, stream>>>(
+      param, grad, exp_avg, exp_avg_sq, count, scalars, first_bad);
   return cudaGetLastError();
 }
 

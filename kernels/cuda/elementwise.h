@@ -5,6 +5,11 @@
 //
 // All pointers are device pointers; launches are asynchronous on `stream`
 // and return the launch error (cudaSuccess if queued). Thread-safe.
+//
+// `first_bad` guards: a kernel given a non-null `first_bad` (the result of
+// LaunchFindNonFinite) writes nothing when it holds an index, i.e. a value
+// below INT64_MAX, so a step rejected on the device leaves state untouched
+// without a host synchronization.
 #ifndef MUONPS_KERNELS_CUDA_ELEMENTWISE_H_
 #define MUONPS_KERNELS_CUDA_ELEMENTWISE_H_
 
@@ -21,14 +26,35 @@ namespace cuda {
 // update <- nesterov ? lerp(grad, momentum, mu) : momentum.
 cudaError_t LaunchMomentum(const float* grad, float* momentum, float* update,
                            int64_t count, double mu, bool nesterov,
-                           cudaStream_t stream);
+                           cudaStream_t stream,
+                           const unsigned long long* first_bad = nullptr);
 
 // param <- param * decay + step * update (step = -adjusted lr).
 cudaError_t LaunchApplyUpdate(float* param, const float* update, int64_t count,
-                              float decay, float step, cudaStream_t stream);
+                              float decay, float step, cudaStream_t stream,
+                              const unsigned long long* first_bad = nullptr);
+
+// One torch.optim.AdamW step over `count` elements, operation for operation
+// as the CPU backend: param *= decay; exp_avg <- lerp(exp_avg, grad, keep1);
+// exp_avg_sq <- exp_avg_sq * beta2 + keep2 * grad^2;
+// param -= step_size * exp_avg / (sqrt(exp_avg_sq) / bias2_sqrt + eps).
+struct AdamWScalars {
+  float decay;
+  float keep1;
+  float beta2;
+  float keep2;
+  float step_size;
+  float bias2_sqrt;
+  float eps;
+};
+cudaError_t LaunchAdamW(float* param, const float* grad, float* exp_avg,
+                        float* exp_avg_sq, int64_t count,
+                        const AdamWScalars& scalars, cudaStream_t stream,
+                        const unsigned long long* first_bad = nullptr);
 
 // *first_bad <- min(*first_bad, index of any non-finite element). The caller
-// sets *first_bad to INT64_MAX before the launch.
+// sets *first_bad to INT64_MAX (or any larger value, such as all bits set)
+// before the launch.
 cudaError_t LaunchFindNonFinite(const float* data, int64_t count,
                                 unsigned long long* first_bad,
                                 cudaStream_t stream);

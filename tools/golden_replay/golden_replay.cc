@@ -135,12 +135,13 @@ absl::StatusOr<CaseResult> ReplayCase(const GoldenManifest& manifest,
 }
 
 std::string ResultJson(const CaseResult& result, absl::string_view algorithm,
-                       absl::string_view backend) {
+                       absl::string_view backend, absl::string_view precision) {
   nlohmann::ordered_json line;
   line["case"] = result.name;
   line["kind"] = std::string(CaseKindName(result.kind));
   line["algorithm"] = std::string(algorithm);
   line["backend"] = std::string(backend);
+  line["precision"] = std::string(precision);
   line["max_rel_err_param"] = result.max_rel_err_param;
   line["max_rel_err_momentum"] =
       result.max_rel_err_momentum.has_value()

@@ -51,9 +51,11 @@ absl::StatusOr<CaseResult> ReplayCase(const GoldenManifest& manifest,
                                       const Tolerances& tolerances = {});
 
 // One JSON line: case, kind, max_rel_err_param, max_rel_err_momentum,
-// tolerance, tolerance_momentum, ok (plus algorithm and backend).
+// tolerance, tolerance_momentum, ok (plus algorithm, backend and the
+// Newton-Schulz GEMM input precision).
 std::string ResultJson(const CaseResult& result, absl::string_view algorithm,
-                       absl::string_view backend);
+                       absl::string_view backend,
+                       absl::string_view precision = "fp32");
 
 }  // namespace golden
 }  // namespace muonps

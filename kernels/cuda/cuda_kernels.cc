@@ -1,0 +1,320 @@
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/ns_engine.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+namespace {
+
+// cuBLAS's recommended workspace on Hopper; graph capture needs one set.
+constexpr size_t kCublasWorkspaceBytes = 64 << 20;
+
+// The symmetric-product plan Newton-Schulz runs with (measured on an H200,
+// see notes_issue8_a.md).
+SymmetricPlan DefaultPlan() {
+  SymmetricPlan plan;
+  plan.mode = SymmetricMode::kRowBlocks;
+  plan.blocks = 4;
+  plan.min_block_rows = 256;
+  return plan;
+}
+
+cudaDataType LowType(Precision precision) {
+  switch (precision) {
+    case Precision::kBf16:
+      return CUDA_R_16BF;
+    case Precision::kFp16:
+      return CUDA_R_16F;
+    case Precision::kFp32:
+      return CUDA_R_32F;
+  }
+  return CUDA_R_32F;
+}
+
+// The GPU kernels index matrices of a stack by grid dimension and cuBLAS
+// takes 32-bit sizes.
+absl::Status ValidateGpuStack(const MatrixStack& stack,
+                              absl::string_view field) {
+  constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+  if (stack.count > 65535 || stack.rows > kMaxDim || stack.cols > kMaxDim) {
+    return InvalidField(
+        field,
+        absl::StrCat("shape [", stack.count, ", ", stack.rows, ", ", stack.cols,
+                     "]: the CUDA backend takes at most 65535 "
+                     "matrices of at most 2^31 - 1 rows and columns"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonFiniteError(absl::string_view what, absl::string_view where,
+                            absl::string_view kind) {
+  return InvalidField(what, absl::StrCat("element ", where, " is ", kind,
+                                         "; the step was rejected and "
+                                         "nothing was written"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaKernels>> CudaKernels::Create(
+    const CudaKernelsOptions& options) {
+  if (options.device < 0) {
+    return InvalidField("device",
+                        absl::StrCat(options.device, " must be >= 0"));
+  }
+  int devices = 0;
+  const cudaError_t found = cudaGetDeviceCount(&devices);
+  if (found != cudaSuccess || devices == 0) {
+    cudaGetLastError();  // clear the sticky-free error for later callers
+    return FieldError(
+        absl::StatusCode::kUnavailable, "device",
+        absl::StrCat(
+            "no usable CUDA GPU on this machine (",
+            found != cudaSuccess ? cudaGetErrorString(found) : "no devices",
+            "); the cuda backend needs one"));
+  }
+  if (options.device >= devices) {
+    return InvalidField(
+        "device", absl::StrCat(options.device, " is not below the ", devices,
+                               " CUDA devices present"));
+  }
+  int major = 0, minor = 0;
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &major, cudaDevAttrComputeCapabilityMajor, options.device));
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &minor, cudaDevAttrComputeCapabilityMinor, options.device));
+  if (major < 9) {
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, "device",
+        absl::StrCat("CUDA device ", options.device, " has compute capability ",
+                     major, ".", minor,
+                     "; the cuda backend is built for 9.0 (Hopper) or newer"));
+  }
+  std::unique_ptr<CudaKernels> kernels(new CudaKernels(options));
+  MUONPS_RETURN_IF_ERROR(kernels->Init(options));
+  return kernels;
+}
+
+CudaKernels::CudaKernels(const CudaKernelsOptions& options)
+    : device_(options.device), precision_(options.precision) {}
+
+absl::Status CudaKernels::Init(const CudaKernelsOptions& options) {
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  if (options.stream != nullptr) {
+    stream_ = options.stream;
+  } else {
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    owns_stream_ = true;
+  }
+  MUONPS_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+  MUONPS_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+  MUONPS_ASSIGN_OR_RETURN(
+      cublas_workspace_,
+      DeviceBuffer::Allocate(kCublasWorkspaceBytes, "the cuBLAS workspace"));
+  MUONPS_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(
+      cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
+  MUONPS_ASSIGN_OR_RETURN(first_bad_,
+                          DeviceBuffer::Allocate(sizeof(unsigned long long),
+                                                 "the finite-check flag"));
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaHostAlloc(
+      &host_first_bad_, sizeof(unsigned long long), cudaHostAllocDefault));
+  engine_ = std::make_unique<NsEngine>(cublas_, stream_, LowType(precision_),
+                                       DefaultPlan(), options.use_graphs);
+  return absl::OkStatus();
+}
+
+CudaKernels::~CudaKernels() {
+  if (stream_ != nullptr) {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+  }
+  engine_.reset();
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (host_first_bad_ != nullptr) cudaFreeHost(host_first_bad_);
+  if (owns_stream_) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaKernels::UseDevice() const {
+  return CudaStatus(cudaSetDevice(device_),
+                    absl::StrCat("cudaSetDevice(", device_, ")"));
+}
+
+absl::Status CudaKernels::Synchronize() {
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::Status CudaKernels::QueueFiniteCheck(const float* data, int64_t count) {
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      first_bad_.get(), 0xff, sizeof(unsigned long long), stream_));
+  MUONPS_CUDA_RETURN_IF_ERROR(LaunchFindNonFinite(
+      data, count, first_bad_.as<unsigned long long>(), stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaKernels::ReadFiniteCheck() {
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_first_bad_, first_bad_.get(),
+                                              sizeof(unsigned long long),
+                                              cudaMemcpyDeviceToHost, stream_));
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  const unsigned long long first = *host_first_bad_;
+  if (first >= static_cast<unsigned long long>(INT64_MAX)) return -1;
+  return static_cast<int64_t>(first);
+}
+
+absl::StatusOr<std::string> CudaKernels::NonFiniteKind(const float* data,
+                                                       int64_t index) {
+  float value = 0;
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      &value, data + index, sizeof(value), cudaMemcpyDeviceToHost, stream_));
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return std::string(std::isnan(value) ? "NaN" : "Inf");
+}
+
+absl::Status CudaKernels::CheckFinite(const MatrixStack& stack,
+                                      absl::Span<const std::string> names) {
+  MUONPS_RETURN_IF_ERROR(ValidateStack(stack, "grad"));
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(stack.data, stack.elements()));
+  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck());
+  if (bad < 0) return absl::OkStatus();
+  const int64_t matrix = bad / stack.matrix_elements();
+  const int64_t at = bad % stack.matrix_elements();
+  MUONPS_ASSIGN_OR_RETURN(const std::string kind,
+                          NonFiniteKind(stack.data, bad));
+  return NonFiniteError(
+      absl::StrCat("grad of matrix ", MatrixName(names, matrix)),
+      absl::StrCat("[", at / stack.cols, ", ", at % stack.cols, "]"), kind);
+}
+
+absl::Status CudaKernels::UpdateMomentum(const MatrixStack& grad,
+                                         const MatrixStack& momentum, double mu,
+                                         bool nesterov,
+                                         const MatrixStack& update) {
+  MUONPS_RETURN_IF_ERROR(ValidateStack(grad, "grad"));
+  MUONPS_RETURN_IF_ERROR(ValidateStack(momentum, "momentum", &grad));
+  MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &grad));
+  if (momentum.data == update.data) {
+    return InvalidField("update", "must not alias momentum");
+  }
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(LaunchMomentum(grad.data, momentum.data, update.data,
+                                   grad.elements(), mu, nesterov, stream_),
+                    "momentum kernel");
+}
+
+absl::Status CudaKernels::Orthogonalize(const MatrixStack& in,
+                                        const MatrixStack& out,
+                                        const NewtonSchulzOptions& options) {
+  MUONPS_RETURN_IF_ERROR(ValidateStack(in, "in"));
+  MUONPS_RETURN_IF_ERROR(ValidateStack(out, "out", &in));
+  MUONPS_RETURN_IF_ERROR(ValidateGpuStack(in, "in"));
+  MUONPS_RETURN_IF_ERROR(ValidateNewtonSchulzOptions(options));
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return engine_->Run(in.data, out.data, in.count, in.rows, in.cols, options);
+}
+
+absl::Status CudaKernels::ApplyUpdate(const MatrixStack& param,
+                                      const MatrixStack& update, double lr,
+                                      double weight_decay,
+                                      LrAdjustment adjustment) {
+  MUONPS_RETURN_IF_ERROR(ValidateStack(param, "param"));
+  MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &param));
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float step =
+      static_cast<float>(-AdjustedLr(lr, adjustment, param.rows, param.cols));
+  return CudaStatus(LaunchApplyUpdate(param.data, update.data, param.elements(),
+                                      decay, step, stream_),
+                    "apply-update kernel");
+}
+
+absl::Status CudaKernels::MuonStep(const MuonStack& stack,
+                                   const MuonHyperparameters& hyper) {
+  MUONPS_RETURN_IF_ERROR(ValidateMuonStack(stack));
+  MUONPS_RETURN_IF_ERROR(ValidateGpuStack(stack.grad, "grad"));
+  MUONPS_RETURN_IF_ERROR(ValidateMuonHyperparameters(hyper));
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  const MatrixStack& grad = stack.grad;
+  const int64_t elements = grad.elements();
+  const size_t bytes = static_cast<size_t>(elements) * sizeof(float);
+  if (update_.bytes() < bytes) {
+    // Nothing queued uses the old buffer: every MuonStep ends synchronized.
+    MUONPS_ASSIGN_OR_RETURN(update_,
+                            DeviceBuffer::Allocate(bytes, "the Muon update"));
+  }
+  float* update = update_.as<float>();
+  const unsigned long long* flag = first_bad_.as<unsigned long long>();
+  MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(grad.data, elements));
+  MUONPS_CUDA_RETURN_IF_ERROR(LaunchMomentum(grad.data, stack.momentum.data,
+                                             update, elements, hyper.momentum,
+                                             hyper.nesterov, stream_, flag));
+  MUONPS_RETURN_IF_ERROR(
+      engine_->Run(update, update, grad.count, grad.rows, grad.cols, hyper.ns));
+  const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
+  const float step = static_cast<float>(
+      -AdjustedLr(hyper.lr, hyper.lr_adjustment, grad.rows, grad.cols));
+  MUONPS_CUDA_RETURN_IF_ERROR(LaunchApplyUpdate(
+      stack.param.data, update, elements, decay, step, stream_, flag));
+  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck());
+  if (bad < 0) return absl::OkStatus();
+  const int64_t matrix = bad / grad.matrix_elements();
+  const int64_t at = bad % grad.matrix_elements();
+  MUONPS_ASSIGN_OR_RETURN(const std::string kind,
+                          NonFiniteKind(grad.data, bad));
+  return NonFiniteError(
+      absl::StrCat("grad of matrix ", MatrixName(stack.names, matrix)),
+      absl::StrCat("[", at / grad.cols, ", ", at % grad.cols, "]"), kind);
+}
+
+absl::Status CudaKernels::AdamWStep(const AdamWTensor& t,
+                                    const AdamWHyperparameters& hyper,
+                                    int64_t step) {
+  MUONPS_RETURN_IF_ERROR(ValidateAdamWHyperparameters(hyper));
+  if (t.size <= 0) {
+    return InvalidField(absl::StrCat("size of tensor ", Quoted(t.name)),
+                        absl::StrCat(t.size, " must be > 0"));
+  }
+  if (t.param == nullptr || t.grad == nullptr || t.exp_avg == nullptr ||
+      t.exp_avg_sq == nullptr) {
+    return InvalidField(absl::StrCat("tensor ", Quoted(t.name)),
+                        "param, grad, exp_avg and exp_avg_sq must be set");
+  }
+  if (step < 1) {
+    return InvalidField("step", absl::StrCat(step, " must be >= 1"));
+  }
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  // torch.optim.AdamW's scalars, rounded to fp32 as the CPU backend does.
+  const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
+  AdamWScalars s;
+  s.decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
+  s.keep1 = static_cast<float>(1.0 - hyper.beta1);
+  s.beta2 = static_cast<float>(hyper.beta2);
+  s.keep2 = static_cast<float>(1.0 - hyper.beta2);
+  s.step_size = static_cast<float>(hyper.lr / bias1);
+  s.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  s.eps = static_cast<float>(hyper.eps);
+  const unsigned long long* flag = first_bad_.as<unsigned long long>();
+  MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(t.grad, t.size));
+  MUONPS_CUDA_RETURN_IF_ERROR(LaunchAdamW(
+      t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.size, s, stream_, flag));
+  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck());
+  if (bad < 0) return absl::OkStatus();
+  MUONPS_ASSIGN_OR_RETURN(const std::string kind, NonFiniteKind(t.grad, bad));
+  return NonFiniteError(absl::StrCat("grad of tensor ", Quoted(t.name)),
+                        absl::StrCat(bad), kind);
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps

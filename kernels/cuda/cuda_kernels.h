@@ -1,0 +1,115 @@
+// The CUDA backend of MuonKernels: cuBLAS GEMMs with bf16, fp16 or fp32
+// inputs and fp32 accumulation for Newton-Schulz (NS5 and Gram NS, batched
+// over same-shape stacks, one CUDA graph per shape), own fused kernels for
+// momentum, normalization, the NS polynomial, the update and AdamW.
+//
+// Every pointer in MatrixStack, MuonStack and AdamWTensor handed to this
+// class is a DEVICE pointer to fp32 data on the object's device. All work
+// runs on one stream (stream()). UpdateMomentum, Orthogonalize and
+// ApplyUpdate only queue work and return (call Synchronize() before reading
+// results on the host); CheckFinite, MuonStep and AdamWStep synchronize
+// once at their end, to read the device's finite check and return it as a
+// status. MuonStep and AdamWStep never write anything when a gradient is not
+// finite: the kernels that write skip on the device's flag.
+//
+// Not safe for concurrent use (it owns the stream, cuBLAS handle and
+// workspaces); create one per thread. Not copyable.
+#ifndef MUONPS_KERNELS_CUDA_CUDA_KERNELS_H_
+#define MUONPS_KERNELS_CUDA_CUDA_KERNELS_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/precision.h"
+#include "kernels/muon_kernels.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+
+class NsEngine;
+
+struct CudaKernelsOptions {
+  int device = 0;
+  // GEMM input precision of Newton-Schulz; accumulation is always fp32.
+  Precision precision = Precision::kBf16;
+  // nullptr: the object creates and owns its own (non-blocking) stream.
+  cudaStream_t stream = nullptr;
+  // Per-shape CUDA graph capture of the Newton-Schulz iteration.
+  bool use_graphs = true;
+};
+
+class CudaKernels : public MuonKernels {
+ public:
+  // INVALID_ARGUMENT naming `device` for a negative or absent device;
+  // UNAVAILABLE when there is no usable CUDA driver or GPU (a machine
+  // without a GPU gets this, never a crash); FAILED_PRECONDITION for a GPU
+  // older than compute capability 9.0.
+  static absl::StatusOr<std::unique_ptr<CudaKernels>> Create(
+      const CudaKernelsOptions& options);
+  ~CudaKernels() override;
+
+  // The stream all work is queued on.
+  cudaStream_t stream() const { return stream_; }
+  Precision precision() const { return precision_; }
+  // Waits for the stream; returns any CUDA error (including one raised
+  // asynchronously by earlier work) as a status.
+  absl::Status Synchronize();
+
+  absl::string_view backend_name() const override { return "cuda"; }
+  absl::Status CheckFinite(const MatrixStack& stack,
+                           absl::Span<const std::string> names) override;
+  absl::Status UpdateMomentum(const MatrixStack& grad,
+                              const MatrixStack& momentum, double mu,
+                              bool nesterov,
+                              const MatrixStack& update) override;
+  absl::Status Orthogonalize(const MatrixStack& in, const MatrixStack& out,
+                             const NewtonSchulzOptions& options) override;
+  absl::Status ApplyUpdate(const MatrixStack& param, const MatrixStack& update,
+                           double lr, double weight_decay,
+                           LrAdjustment adjustment) override;
+  absl::Status MuonStep(const MuonStack& stack,
+                        const MuonHyperparameters& hyper) override;
+  absl::Status AdamWStep(const AdamWTensor& tensor,
+                         const AdamWHyperparameters& hyper,
+                         int64_t step) override;
+
+ private:
+  explicit CudaKernels(const CudaKernelsOptions& options);
+  absl::Status Init(const CudaKernelsOptions& options);
+  absl::Status UseDevice() const;
+  // Queues the reset of the device's finite-check flag and the check of
+  // `count` elements at `data`.
+  absl::Status QueueFiniteCheck(const float* data, int64_t count);
+  // Copies the flag back (synchronizing the stream) and returns the index of
+  // the first non-finite element, or -1.
+  absl::StatusOr<int64_t> ReadFiniteCheck();
+  // "NaN" or "Inf": the value at data[index] (one more synchronous copy,
+  // only on the error path).
+  absl::StatusOr<std::string> NonFiniteKind(const float* data, int64_t index);
+
+  int device_;
+  Precision precision_;
+  cudaStream_t stream_ = nullptr;
+  bool owns_stream_ = false;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer cublas_workspace_;
+  DeviceBuffer first_bad_;                        // one unsigned long long
+  unsigned long long* host_first_bad_ = nullptr;  // pinned
+  DeviceBuffer update_;  // MuonStep's update, grown on demand
+  std::unique_ptr<NsEngine> engine_;
+};
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps
+
+#endif  // MUONPS_KERNELS_CUDA_CUDA_KERNELS_H_

@@ -1,0 +1,126 @@
+// Host-side checks of the CUDA backend that need no GPU (they run in CI):
+// precision names, the symmetric-product plan choice, fp16 storage scales,
+// and that creating the backend where no GPU is usable fails with a clean
+// status (never a crash). On a GPU machine Create() must succeed instead.
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/host_staging_kernels.h"
+#include "kernels/cuda/ns_iteration.h"
+#include "kernels/cuda/symmetric_gemm.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+bool GpuPresent() {
+  int devices = 0;
+  const bool present =
+      cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+  cudaGetLastError();
+  return present;
+}
+
+TEST(PrecisionTest, ParsesEveryNameAndRoundTrips) {
+  for (const Precision p :
+       {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    const absl::StatusOr<Precision> parsed = ParsePrecision(PrecisionName(p));
+    ASSERT_TRUE(parsed.ok()) << PrecisionName(p);
+    EXPECT_EQ(*parsed, p);
+  }
+  EXPECT_EQ(PrecisionName(Precision::kBf16), "bf16");
+}
+
+TEST(PrecisionTest, RejectsUnknownNamesNamingTheField) {
+  for (const char* name : {"", "tf32", "BF16", "fp8"}) {
+    const absl::StatusOr<Precision> parsed = ParsePrecision(name);
+    ASSERT_FALSE(parsed.ok()) << name;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("precision"));
+  }
+}
+
+TEST(SymmetricPlanTest, BlocksShrinkToKeepRowsAndTilesNeedEvenSplits) {
+  const SymmetricPlan tiles{SymmetricMode::kTiles, 4, 256};
+  EXPECT_EQ(EffectivePlan(tiles, 4096).mode, SymmetricMode::kTiles);
+  EXPECT_EQ(EffectivePlan(tiles, 4096).blocks, 4);
+  // 1024 rows allow 4 blocks of 256; 640 rows only 2; 300 rows none.
+  EXPECT_EQ(EffectivePlan(tiles, 1024).blocks, 4);
+  EXPECT_EQ(EffectivePlan(tiles, 640).blocks, 2);
+  EXPECT_EQ(EffectivePlan(tiles, 640).mode, SymmetricMode::kTiles);
+  EXPECT_EQ(EffectivePlan(tiles, 300).mode, SymmetricMode::kDense);
+  // 600 / 2 = 300 rows is not a multiple of 8: row blocks instead.
+  EXPECT_EQ(EffectivePlan(tiles, 600).mode, SymmetricMode::kRowBlocks);
+  EXPECT_EQ(EffectivePlan(tiles, 600).blocks, 2);
+  EXPECT_EQ(EffectivePlan({SymmetricMode::kDense, 8, 1}, 4096).mode,
+            SymmetricMode::kDense);
+}
+
+TEST(NsScalesTest, Fp16ScalesArePowersOfTwoAndOthersAreOne) {
+  const NsScales bf16 = ScalesFor(CUDA_R_16BF, 4096, 14336);
+  EXPECT_EQ(bf16.x, 1.0f);
+  EXPECT_EQ(bf16.square, 1.0f);
+  const NsScales fp16 = ScalesFor(CUDA_R_16F, 4096, 14336);
+  for (const float s : {fp16.x, fp16.square, fp16.q}) {
+    int exponent = 0;
+    EXPECT_EQ(std::frexp(s, &exponent), 0.5f) << s;
+  }
+  // Largest normalized entry (1) and the largest polynomial value times the
+  // scale stay finite in fp16 (65504).
+  EXPECT_LE(fp16.x, 4096.0f);
+  EXPECT_LE(fp16.square * 8.3f, 65504.0f);
+  EXPECT_EQ(ScalesFor(CUDA_R_16F, 1, 1).x, 1.0f);
+}
+
+TEST(CudaKernelsCreateTest, NegativeDeviceIsRejectedBeforeTouchingCuda) {
+  CudaKernelsOptions options;
+  options.device = -1;
+  const auto kernels = CudaKernels::Create(options);
+  ASSERT_FALSE(kernels.ok());
+  EXPECT_EQ(kernels.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(kernels.status().message()), HasSubstr("device"));
+}
+
+TEST(CudaKernelsCreateTest, FailsCleanlyWithoutAGpuAndWorksWithOne) {
+  const auto kernels = CudaKernels::Create({});
+  const auto staged = HostStagingKernels::Create({});
+  if (GpuPresent()) {
+    ASSERT_TRUE(kernels.ok()) << kernels.status();
+    EXPECT_EQ((*kernels)->backend_name(), "cuda");
+    EXPECT_TRUE((*kernels)->Synchronize().ok());
+    EXPECT_TRUE(staged.ok()) << staged.status();
+    return;
+  }
+  for (const absl::Status& status : {kernels.status(), staged.status()}) {
+    ASSERT_FALSE(status.ok());
+    EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kUnavailable,
+                                     absl::StatusCode::kFailedPrecondition));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("device"));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("GPU"));
+  }
+}
+
+TEST(CudaKernelsCreateTest, AbsentDeviceIsAnErrorNotACrash) {
+  CudaKernelsOptions options;
+  options.device = 1000;
+  const auto kernels = CudaKernels::Create(options);
+  ASSERT_FALSE(kernels.ok());
+  EXPECT_THAT(kernels.status().code(), AnyOf(absl::StatusCode::kInvalidArgument,
+                                             absl::StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(kernels.status().message()), HasSubstr("device"));
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps

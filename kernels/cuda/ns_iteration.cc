@@ -1,0 +1,258 @@
+#include "kernels/cuda/ns_iteration.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ns_elementwise.h"
+#include "kernels/cuda/symmetric_gemm.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+namespace {
+
+float PowerOfTwoNear(double v, int max_exponent) {
+  const int e =
+      std::clamp(static_cast<int>(std::floor(std::log2(v))), 0, max_exponent);
+  return std::ldexp(1.0f, e);
+}
+
+// Issues the steps of one algorithm; holds what every step needs.
+class Issuer {
+ public:
+  Issuer(cublasHandle_t handle, cudaStream_t stream,
+         const NewtonSchulzOptions& options, NsWorkspace* ws)
+      : handle_(handle),
+        stream_(stream),
+        options_(options),
+        ws_(ws),
+        m_(ws->m()),
+        n_(ws->n()),
+        count_(ws->count()),
+        low_(ws->low()),
+        s_(ScalesFor(ws->low(), ws->m(), ws->n())) {}
+
+  absl::Status Normalize(const float* in, float* out32, void* x_low) {
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        LaunchSumOfSquares(in, count_, m_ * n_, ws_->sums(), stream_));
+    MUONPS_CUDA_RETURN_IF_ERROR(LaunchNormalize(
+        in, count_, m_ * n_, ws_->sums(), NormalizationMargin(options_),
+        options_.eps, out32, x_low, low_, s_.x, stream_));
+    return absl::OkStatus();
+  }
+
+  // c (lower) <- alpha l r^T + beta c.
+  absl::Status Lower(const void* l, const StackOperand& lo, const void* r,
+                     const StackOperand& ro, int64_t k, float alpha, float beta,
+                     float* c) {
+    return LowerProduct(handle_, ws_->plan(), low_, count_, m_, k, alpha, lo,
+                        ro, beta, c, ws_->Tiles(l, r, c));
+  }
+  absl::Status Gram(const void* x, float* c) {
+    return Lower(x, ws_->Wide(x), x, ws_->Wide(x), n_, 1.0f / (s_.x * s_.x),
+                 0.0f, c);
+  }
+  // c (lower) <- alpha l r + beta c for m x m low-precision l and r.
+  absl::Status Square(const void* l, const void* r, float alpha, float beta,
+                      float* c) {
+    return Lower(l, SquareStack(l, m_), r, SquareStack(r, m_), m_, alpha, beta,
+                 c);
+  }
+
+  absl::Status Combine(SymmetricCombine args) {
+    args.count = count_;
+    args.m = m_;
+    args.low_type = low_;
+    MUONPS_CUDA_RETURN_IF_ERROR(LaunchSymmetricCombine(args, stream_));
+    return absl::OkStatus();
+  }
+  // dst_low <- scale * mirror(src).
+  absl::Status Mirror(const float* src, void* dst_low, float scale,
+                      bool check = false) {
+    SymmetricCombine args;
+    args.a = src;
+    args.value_low = dst_low;
+    args.value_scale = scale;
+    if (check) args.unhealthy = ws_->unhealthy();
+    return Combine(args);
+  }
+
+  absl::Status Ns5(const float* in, float* out);
+  absl::Status GramNs(const float* in, float* out);
+
+ private:
+  cublasHandle_t handle_;
+  cudaStream_t stream_;
+  const NewtonSchulzOptions& options_;
+  NsWorkspace* ws_;
+  int64_t m_, n_, count_;
+  cudaDataType low_;
+  NsScales s_;
+};
+
+absl::Status Issuer::Ns5(const float* in, float* out) {
+  void* x = ws_->x_low();
+  float* a32 = ws_->square32(0);
+  float* a2 = ws_->square32(1);
+  void* a_low = ws_->square_low(0);
+  void* b_low = ws_->square_low(1);
+  // The fp32 iterate lives in `out`, so the last step writes the result.
+  MUONPS_RETURN_IF_ERROR(Normalize(in, out, x));
+  for (int step = 0; step < options_.steps; ++step) {
+    const NsCoefficients k = CoefficientsForStep(options_, step);
+    MUONPS_RETURN_IF_ERROR(Gram(x, a32));
+    MUONPS_RETURN_IF_ERROR(Mirror(a32, a_low, s_.square));
+    MUONPS_RETURN_IF_ERROR(
+        Square(a_low, a_low, 1.0f / (s_.square * s_.square), 0.0f, a2));
+    SymmetricCombine b;
+    b.a = a32;
+    b.a2 = a2;
+    b.coef_a = static_cast<float>(k.b);
+    b.coef_a2 = static_cast<float>(k.c);
+    b.value_low = b_low;
+    b.value_scale = s_.square;
+    MUONPS_RETURN_IF_ERROR(Combine(b));
+    // X <- a X + B X with X in fp32: the `a` term is the GEMM's beta.
+    MUONPS_RETURN_IF_ERROR(LeftMultiply(
+        handle_, low_, CUDA_R_32F, count_, m_, n_, 1.0f / (s_.square * s_.x),
+        b_low, ws_->Wide(x), static_cast<float>(k.a), out));
+    if (step + 1 < options_.steps) {
+      MUONPS_CUDA_RETURN_IF_ERROR(
+          LaunchCast(out, count_ * m_ * n_, x, low_, s_.x, stream_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Q is kept as its constant term c (a product of the steps' `a`, in fp32)
+// plus D = Q - c I: D32 in fp32 (updated as D <- a D + M Q, the `a` term as
+// the GEMM's beta) and Q = D + c I as a GEMM input. In the first segment
+// (up to the first restart) X <- c X + D X with X in fp32: rounding noise
+// of X's 16-bit copy in directions X does not span (rank-deficient or
+// ill-conditioned inputs) then meets D, which is ~0 there, instead of Q,
+// which would multiply it by c (a^2 ~ 12 with the default restart; this cut
+// the bf16 error on rank-1 inputs from 1.1 to 0.19). Later segments start
+// from converged singular values, where D ~ 1 - c would amplify D's own
+// rounding instead, so they multiply by Q; their noise in unspanned
+// directions still grows by their c (a^3 ~ 41), which is why Gram NS in
+// 16-bit is less accurate than NS5 on such inputs.
+absl::Status Issuer::GramNs(const float* in, float* out) {
+  void* x = ws_->x_low();
+  float* r32 = ws_->square32(0);
+  float* r2 = ws_->square32(1);
+  float* d32 = ws_->square32(2);
+  void* r_low = ws_->square_low(0);
+  void* m_low = ws_->square_low(1);
+  void* q_low = ws_->square_low(2);
+  void* t_low = ws_->square_low(3);
+  const float sr = s_.square;
+  float constant = 1.0f;
+  // Splitting pays where the first segment starts far from converged: the
+  // normalized X has singular values near 1 / sqrt(m) at full rank. Below
+  // 64 rows (and at rank 1) D ~ 1 - c and its rounding dominates.
+  bool split = m_ >= 64;
+  // X <- Q X in fp32 (in `out`), from X's fp32 copy and its 16-bit twin.
+  const auto apply_q = [&]() -> absl::Status {
+    const float alpha = 1.0f / (s_.q * s_.x);
+    if (!split) {
+      return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_, alpha,
+                          q_low, ws_->Wide(x), 0.0f, out);
+    }
+    MUONPS_RETURN_IF_ERROR(Mirror(d32, t_low, s_.q));
+    return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_, alpha, t_low,
+                        ws_->Wide(x), constant, out);
+  };
+  MUONPS_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(ws_->unhealthy(), 0, sizeof(unsigned int), stream_));
+  MUONPS_RETURN_IF_ERROR(Normalize(in, out, x));
+  MUONPS_RETURN_IF_ERROR(Gram(x, r32));
+  MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
+  bool q_is_identity = true;
+  for (int step = 0; step < options_.steps; ++step) {
+    const NsCoefficients k = CoefficientsForStep(options_, step);
+    const float a = static_cast<float>(k.a);
+    MUONPS_RETURN_IF_ERROR(Square(r_low, r_low, 1.0f / (sr * sr), 0.0f, r2));
+    // M = b R + c R^2, so P = a I + M.
+    SymmetricCombine poly;
+    poly.a = r32;
+    poly.a2 = r2;
+    poly.coef_a = static_cast<float>(k.b);
+    poly.coef_a2 = static_cast<float>(k.c);
+    poly.value_low = m_low;
+    poly.value_scale = sr;
+    if (q_is_identity) {
+      // Q = P: D = M, c = a.
+      poly.value32 = d32;
+      poly.diag = a;
+      poly.with_diag_low = q_low;
+      poly.with_diag_scale = s_.q;
+      MUONPS_RETURN_IF_ERROR(Combine(poly));
+      constant = a;
+      q_is_identity = false;
+    } else {
+      // P Q = a D + M Q + a c I: D <- a D + M Q, c <- a c.
+      MUONPS_RETURN_IF_ERROR(Combine(poly));
+      MUONPS_RETURN_IF_ERROR(Square(m_low, q_low, 1.0f / (sr * s_.q), a, d32));
+      constant *= a;
+      SymmetricCombine q;
+      q.a = d32;
+      q.diag = constant;
+      q.with_diag_low = q_low;
+      q.with_diag_scale = s_.q;
+      MUONPS_RETURN_IF_ERROR(Combine(q));
+    }
+    if (step + 1 == options_.steps) break;
+    const bool restart =
+        std::find(options_.gram_restarts.begin(), options_.gram_restarts.end(),
+                  step + 1) != options_.gram_restarts.end();
+    if (!restart) {
+      // R <- P (P R), each product a M + a-term in fp32.
+      MUONPS_RETURN_IF_ERROR(Square(m_low, r_low, 1.0f / (sr * sr), a, r32));
+      MUONPS_RETURN_IF_ERROR(Mirror(r32, t_low, sr));
+      MUONPS_RETURN_IF_ERROR(Square(m_low, t_low, 1.0f / (sr * sr), a, r32));
+      MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
+      continue;
+    }
+    // X <- Q X, R <- X X^T, Q <- I.
+    MUONPS_RETURN_IF_ERROR(apply_q());
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        LaunchCast(out, count_ * m_ * n_, x, low_, s_.x, stream_));
+    MUONPS_RETURN_IF_ERROR(Gram(x, r32));
+    MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
+    q_is_identity = true;
+    split = false;
+  }
+  return apply_q();
+}
+
+}  // namespace
+
+NsScales ScalesFor(cudaDataType low, int64_t m, int64_t n) {
+  NsScales s;
+  if (low != CUDA_R_16F) return s;
+  // Normalized X has ||X||_F <= 1, so entries are <= 1 and typically
+  // 1 / sqrt(m n); R = X X^T has trace <= 1, diagonal entries near 1 / m
+  // and off-diagonal ones far smaller. Scaling lifts typical values to
+  // about 1/16 and 1, while the largest possible ones stay below fp16's
+  // 65504: 2^12 for X, and 2^11 times |b x + c x^2| on [0, 1] for the
+  // polynomials (at most 2.8 for the quintic, 8.3 for Polar Express; fp16
+  // assumes coefficients with that bound under 32).
+  s.x = PowerOfTwoNear(std::sqrt(static_cast<double>(m) * n) / 16, 12);
+  s.square = PowerOfTwoNear(static_cast<double>(m), 11);
+  return s;
+}
+
+absl::Status IssueNewtonSchulz(cublasHandle_t handle, cudaStream_t stream,
+                               const float* in, float* out,
+                               const NewtonSchulzOptions& options,
+                               NsWorkspace* ws) {
+  Issuer issuer(handle, stream, options, ws);
+  return options.algorithm == NsAlgorithm::kGram ? issuer.GramNs(in, out)
+                                                 : issuer.Ns5(in, out);
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps

@@ -1,0 +1,49 @@
+// Issues one batched Newton-Schulz orthogonalization (NS5 or Gram NS, see
+// DESIGN.md) on a stream: fp32 normalization with the CPU backend's
+// margin and eps, GEMMs on `low`-precision inputs with fp32 accumulation,
+// symmetric products computing one triangle, the polynomial's `a` terms in
+// fp32 (as the GEMM's beta on an fp32 accumulator), and the result written
+// to `out` in fp32 in the input's orientation.
+//
+// Everything is asynchronous and capturable into a CUDA graph: no host
+// synchronization, no allocation (the workspace must be prepared for the
+// algorithm). Gram NS restarts at the scheduled steps of
+// `options.gram_restarts`; the CPU backend's extra restart on an unhealthy
+// diagonal of R would need the host to look, so the GPU only counts such
+// diagonals (NsWorkspace::unhealthy) and relies on the schedule.
+#ifndef MUONPS_KERNELS_CUDA_NS_ITERATION_H_
+#define MUONPS_KERNELS_CUDA_NS_ITERATION_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/ns_workspace.h"
+#include "kernels/newton_schulz_options.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+
+// Power-of-two factors the GEMM-input copies are stored with, so fp16
+// copies of small values stay normal numbers (all 1 for bf16 and fp32):
+// the iterate X, the m x m matrices R (or A) and their polynomials, and Q.
+struct NsScales {
+  float x = 1.0f;
+  float square = 1.0f;
+  float q = 1.0f;
+};
+NsScales ScalesFor(cudaDataType low, int64_t m, int64_t n);
+
+// out_i <- NS(in_i) for the workspace's stack shape. `handle` must run on
+// `stream`; `out` may alias `in`.
+absl::Status IssueNewtonSchulz(cublasHandle_t handle, cudaStream_t stream,
+                               const float* in, float* out,
+                               const NewtonSchulzOptions& options,
+                               NsWorkspace* ws);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps
+
+#endif  // MUONPS_KERNELS_CUDA_NS_ITERATION_H_

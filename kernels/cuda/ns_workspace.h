@@ -1,0 +1,85 @@
+// GPU scratch memory of the Newton-Schulz iteration for one stack shape
+// (count matrices of rows x cols) and GEMM input type: allocated once, on
+// first use of each algorithm, and reused by every later call (and by the
+// CUDA graphs captured over it), so steady-state steps allocate nothing.
+//
+// Not thread-safe; owned by one NsEngine.
+#ifndef MUONPS_KERNELS_CUDA_NS_WORKSPACE_H_
+#define MUONPS_KERNELS_CUDA_NS_WORKSPACE_H_
+
+#include <library_types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/symmetric_gemm.h"
+#include "kernels/newton_schulz_options.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+
+class NsWorkspace {
+ public:
+  NsWorkspace(int64_t count, int64_t rows, int64_t cols, cudaDataType low,
+              const SymmetricPlan& plan);
+  NsWorkspace(const NsWorkspace&) = delete;
+  NsWorkspace& operator=(const NsWorkspace&) = delete;
+
+  // Allocates what `algorithm` needs and was not allocated yet, and builds
+  // the GEMM tile pointers it uses. Must not run during a graph capture.
+  absl::Status Prepare(NsAlgorithm algorithm);
+
+  int64_t count() const { return count_; }
+  int64_t m() const { return m_; }  // min(rows, cols)
+  int64_t n() const { return n_; }  // max(rows, cols)
+  cudaDataType low() const { return low_; }
+  const SymmetricPlan& plan() const { return plan_; }
+
+  // The wide m x n view of a stack of this shape stored at `data` (row-major
+  // when rows <= cols, else the column-major transpose).
+  StackOperand Wide(const void* data) const;
+
+  // count * m * n GEMM-input copy of the iterate.
+  void* x_low() const { return x_low_.get(); }
+  // count * m * m fp32 matrices (A or R, A^2 or R^2, Gram's D = Q - c I).
+  float* square32(int i) const { return square32_[i].as<float>(); }
+  // count * m * m GEMM-input matrices (A or R, B or M, Q, P R).
+  void* square_low(int i) const { return square_low_[i].get(); }
+  // count doubles: per-matrix sums of squares.
+  double* sums() const { return sums_.as<double>(); }
+  // One counter of unhealthy Gram diagonals (see SymmetricCombine).
+  unsigned int* unhealthy() const { return unhealthy_.as<unsigned int>(); }
+
+  // Tile pointers for LowerProduct(l, r, c) in kTiles mode, or null when the
+  // effective plan does not use tiles (or the triple was never prepared).
+  const TilePointers* Tiles(const void* l, const void* r, const float* c) const;
+
+ private:
+  absl::Status Ensure(DeviceBuffer* buffer, size_t bytes, const char* what);
+  absl::Status AddTiles(const void* l, const StackOperand& lo, const void* r,
+                        const StackOperand& ro, float* c);
+
+  int64_t count_, m_, n_;
+  bool row_major_;
+  cudaDataType low_;
+  SymmetricPlan plan_;
+  DeviceBuffer x_low_;
+  DeviceBuffer square32_[3];
+  DeviceBuffer square_low_[4];
+  DeviceBuffer sums_;
+  DeviceBuffer unhealthy_;
+  std::map<std::tuple<const void*, const void*, const float*>, TilePointers>
+      tiles_;
+};
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps
+
+#endif  // MUONPS_KERNELS_CUDA_NS_WORKSPACE_H_

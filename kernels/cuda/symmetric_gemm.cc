@@ -1,0 +1,169 @@
+#include "kernels/cuda/symmetric_gemm.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+namespace {
+
+// cuBLAS is column-major: a row-major block of rows is a column-major
+// matrix of columns. For C = L R^T (row-major) the column-major call
+// computes C^T = R L^T: A is a block of rows of R (M x K), B is a block of
+// rows of L, transposed (K x N).
+cublasOperation_t RowsAsA(const StackOperand& x) {
+  return x.row_major ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+cublasOperation_t RowsAsB(const StackOperand& x) {
+  return x.row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
+}
+
+// Address of row `row` of matrix `matrix` of x.
+const void* RowAddress(const StackOperand& x, size_t bytes, int64_t matrix,
+                       int64_t row) {
+  const int64_t offset = matrix * x.stride + (x.row_major ? row * x.ld : row);
+  return static_cast<const char*>(x.data) + offset * bytes;
+}
+
+int AsInt(int64_t v) { return static_cast<int>(v); }
+
+// Lower-triangle block: rows [r0, r0 + rows) and columns [c0, c0 + cols).
+absl::Status BlockProduct(cublasHandle_t handle, cudaDataType input_type,
+                          int64_t count, int64_t m, int64_t k, float alpha,
+                          const StackOperand& l, const StackOperand& r,
+                          float beta, float* c, int64_t r0, int64_t rows,
+                          int64_t c0, int64_t cols) {
+  const size_t bytes = ElementBytes(input_type);
+  return CublasStatus(
+      cublasGemmStridedBatchedEx(
+          handle, RowsAsA(r), RowsAsB(l), AsInt(cols), AsInt(rows), AsInt(k),
+          &alpha, RowAddress(r, bytes, 0, c0), input_type, AsInt(r.ld),
+          r.stride, RowAddress(l, bytes, 0, r0), input_type, AsInt(l.ld),
+          l.stride, &beta, c + r0 * m + c0, CUDA_R_32F, AsInt(m), m * m,
+          AsInt(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      absl::StrCat("cublasGemmStridedBatchedEx (lower block ", rows, "x", cols,
+                   "x", k, ", batch ", count, ")"));
+}
+
+}  // namespace
+
+size_t ElementBytes(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
+
+SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m) {
+  SymmetricPlan out = plan;
+  const int64_t min_rows = std::max(1, plan.min_block_rows);
+  const int64_t blocks = std::min<int64_t>(std::max(1, plan.blocks),
+                                           std::max<int64_t>(1, m / min_rows));
+  out.blocks = static_cast<int>(blocks);
+  if (plan.mode == SymmetricMode::kDense || blocks <= 1) {
+    out.mode = SymmetricMode::kDense;
+    out.blocks = 1;
+    return out;
+  }
+  if (out.mode == SymmetricMode::kTiles &&
+      (m % blocks != 0 || (m / blocks) % 8 != 0)) {
+    out.mode = SymmetricMode::kRowBlocks;
+  }
+  return out;
+}
+
+absl::StatusOr<TilePointers> TilePointers::Build(const StackOperand& l,
+                                                 const StackOperand& r,
+                                                 float* c, size_t input_bytes,
+                                                 int64_t count, int64_t m,
+                                                 int blocks) {
+  const int64_t t = m / blocks;
+  const int64_t per_matrix = static_cast<int64_t>(blocks) * (blocks + 1) / 2;
+  TilePointers tiles;
+  tiles.tiles_ = count * per_matrix;
+  std::vector<const void*> host(3 * tiles.tiles_);
+  int64_t at = 0;
+  for (int64_t b = 0; b < count; ++b) {
+    for (int64_t i = 0; i < blocks; ++i) {
+      for (int64_t j = 0; j <= i; ++j, ++at) {
+        host[at] = RowAddress(r, input_bytes, b, j * t);
+        host[tiles.tiles_ + at] = RowAddress(l, input_bytes, b, i * t);
+        host[2 * tiles.tiles_ + at] = c + b * m * m + i * t * m + j * t;
+      }
+    }
+  }
+  const size_t bytes = host.size() * sizeof(void*);
+  MUONPS_ASSIGN_OR_RETURN(tiles.arrays_,
+                          DeviceBuffer::Allocate(bytes, "GEMM tile pointers"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(tiles.arrays_.get(), host.data(),
+                                               bytes, cudaMemcpyHostToDevice),
+                                    "copying GEMM tile pointers to the GPU"));
+  return tiles;
+}
+
+absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
+                          cudaDataType input_type, int64_t count, int64_t m,
+                          int64_t k, float alpha, const StackOperand& l,
+                          const StackOperand& r, float beta, float* c,
+                          const TilePointers* tiles) {
+  const SymmetricPlan run = EffectivePlan(plan, m);
+  switch (run.mode) {
+    case SymmetricMode::kDense:
+      return BlockProduct(handle, input_type, count, m, k, alpha, l, r, beta, c,
+                          0, m, 0, m);
+    case SymmetricMode::kRowBlocks: {
+      const int64_t rows = (m + run.blocks - 1) / run.blocks;
+      for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        const int64_t height = std::min(rows, m - r0);
+        MUONPS_RETURN_IF_ERROR(BlockProduct(handle, input_type, count, m, k,
+                                            alpha, l, r, beta, c, r0, height, 0,
+                                            r0 + height));
+      }
+      return absl::OkStatus();
+    }
+    case SymmetricMode::kTiles: {
+      if (tiles == nullptr) {
+        return absl::InternalError("LowerProduct: tile pointers missing");
+      }
+      const int64_t t = m / run.blocks;
+      return CublasStatus(
+          cublasGemmBatchedEx(
+              handle, RowsAsA(r), RowsAsB(l), AsInt(t), AsInt(t), AsInt(k),
+              &alpha, tiles->a(), input_type, AsInt(r.ld), tiles->b(),
+              input_type, AsInt(l.ld), &beta, tiles->c(), CUDA_R_32F, AsInt(m),
+              AsInt(tiles->tiles()), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          absl::StrCat("cublasGemmBatchedEx (", tiles->tiles(), " tiles ", t,
+                       "x", t, "x", k, ")"));
+    }
+  }
+  return absl::InternalError("LowerProduct: unknown mode");
+}
+
+absl::Status LeftMultiply(cublasHandle_t handle, cudaDataType input_type,
+                          cudaDataType output_type, int64_t count, int64_t m,
+                          int64_t n, float alpha, const void* q,
+                          const StackOperand& w, float beta, void* y) {
+  // Row-major W: Y^T = W^T Q (column-major n x m). Column-major W: Y = Q W.
+  const bool row_major = w.row_major;
+  const void* a = row_major ? w.data : q;
+  const void* b = row_major ? q : w.data;
+  const int64_t lda = row_major ? w.ld : m;
+  const int64_t ldb = row_major ? m : w.ld;
+  const int64_t stride_a = row_major ? w.stride : m * m;
+  const int64_t stride_b = row_major ? m * m : w.stride;
+  const int64_t rows = row_major ? n : m;
+  const int64_t cols = row_major ? m : n;
+  return CublasStatus(
+      cublasGemmStridedBatchedEx(
+          handle, CUBLAS_OP_N, CUBLAS_OP_N, AsInt(rows), AsInt(cols), AsInt(m),
+          &alpha, a, input_type, AsInt(lda), stride_a, b, input_type,
+          AsInt(ldb), stride_b, &beta, y, output_type, AsInt(w.ld), w.stride,
+          AsInt(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      absl::StrCat("cublasGemmStridedBatchedEx (left multiply ", m, "x", m,
+                   " by ", m, "x", n, ", batch ", count, ")"));
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps

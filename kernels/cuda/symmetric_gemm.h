@@ -1,0 +1,107 @@
+// The cuBLAS products of the GPU Newton-Schulz iteration, on stacks of
+// same-shape matrices, with fp32 accumulation:
+//  - LowerProduct: C <- alpha L R^T + beta C where the result is known to be
+//    symmetric (X X^T, or a product of commuting symmetric matrices), so
+//    only its lower triangle is computed (dense, in row blocks, or as
+//    equal lower-triangle tiles in one pointer-array batched GEMM);
+//  - LeftMultiply: Y <- alpha Q W + beta Y for symmetric m x m Q.
+//
+// Wide m x k operands are addressed in place, row-major or column-major (a
+// tall row-major matrix is its wide transpose stored column-major), so no
+// transpose is ever materialized. Calls are asynchronous on the handle's
+// stream and can be captured into CUDA graphs. Thread-compatible.
+#ifndef MUONPS_KERNELS_CUDA_SYMMETRIC_GEMM_H_
+#define MUONPS_KERNELS_CUDA_SYMMETRIC_GEMM_H_
+
+#include <cublas_v2.h>
+#include <library_types.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/device_buffer.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+
+// A stack of `count` m x k matrices: matrix i starts `stride` elements after
+// matrix i - 1; element (r, c) lies at r * ld + c (row_major) or c * ld + r.
+struct StackOperand {
+  const void* data = nullptr;
+  int64_t stride = 0;
+  int64_t ld = 0;
+  bool row_major = true;
+};
+
+// Row-major m x m matrices stored back to back (symmetric ones are the same
+// in either layout).
+inline StackOperand SquareStack(const void* data, int64_t m) {
+  return {data, m * m, m, true};
+}
+
+enum class SymmetricMode {
+  kDense,      // one full GEMM; the lower triangle is read from it
+  kRowBlocks,  // row block i computes columns [0, end of block i)
+  kTiles,      // the blocks (blocks + 1) / 2 lower tiles in one call
+};
+
+struct SymmetricPlan {
+  SymmetricMode mode = SymmetricMode::kRowBlocks;
+  int blocks = 4;
+  // Fewer blocks are used where blocks would have fewer rows than this.
+  int min_block_rows = 128;
+};
+
+// The plan actually run for m: as many blocks as allowed (at most `blocks`)
+// of at least `min_block_rows` rows, kDense when that is one; kTiles needs
+// m divisible by the blocks (tiles a multiple of 8 rows) and falls back to
+// kRowBlocks otherwise.
+SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m);
+
+// Device arrays of per-tile operand pointers for one (l, r, c) triple of
+// LowerProduct in kTiles mode, built once (outside any graph capture) and
+// reused by every call on those buffers.
+class TilePointers {
+ public:
+  static absl::StatusOr<TilePointers> Build(const StackOperand& l,
+                                            const StackOperand& r, float* c,
+                                            size_t input_bytes, int64_t count,
+                                            int64_t m, int blocks);
+  const void* const* a() const { return arrays_.as<const void* const>(); }
+  const void* const* b() const { return a() + tiles_; }
+  void* const* c() const { return arrays_.as<void* const>() + 2 * tiles_; }
+  int64_t tiles() const { return tiles_; }
+
+ private:
+  DeviceBuffer arrays_;
+  int64_t tiles_ = 0;
+};
+
+// Lower triangle (row >= col) of c_i <- alpha * l_i r_i^T + beta * c_i for
+// `count` m x k operands of `input_type` and row-major fp32 m x m c. The
+// upper triangle of c is unspecified afterwards. `tiles` is required for an
+// effective kTiles plan and must have been built for these buffers.
+absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
+                          cudaDataType input_type, int64_t count, int64_t m,
+                          int64_t k, float alpha, const StackOperand& l,
+                          const StackOperand& r, float beta, float* c,
+                          const TilePointers* tiles);
+
+// y_i <- alpha * q_i w_i + beta * y_i for symmetric row-major m x m q (of
+// `input_type`) and m x n w (of `input_type`); y (of `output_type`) has w's
+// layout and stride.
+absl::Status LeftMultiply(cublasHandle_t handle, cudaDataType input_type,
+                          cudaDataType output_type, int64_t count, int64_t m,
+                          int64_t n, float alpha, const void* q,
+                          const StackOperand& w, float beta, void* y);
+
+// Bytes per element of CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F.
+size_t ElementBytes(cudaDataType type);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps
+
+#endif  // MUONPS_KERNELS_CUDA_SYMMETRIC_GEMM_H_
