@@ -43,13 +43,25 @@ LLAMA_LAYER = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096),
 SMALL_DIVISOR = 64
 
 
-def own_ns5():
-    """torch's own NS5 function, or None where this torch lacks it."""
+def own_ns5(device):
+    """torch's own NS5 function and whether it takes a (batch, m, n) stack,
+    or (None, reason) where this torch lacks it or it fails on a tiny
+    input."""
     try:
-        from torch.optim._muon import _zeropower_via_newtonschulz
-    except ImportError:
-        return None
-    return _zeropower_via_newtonschulz
+        from torch.optim._muon import _zeropower_via_newtonschulz as own
+    except ImportError as error:
+        return None, f"not importable: {error}"
+    try:
+        own(torch.randn(8, 16, device=device), COEFFICIENTS, STEPS, EPS)
+    except Exception as error:  # a changed signature: fall back, say why
+        return None, f"fails on an 8x16 matrix: {error!r}"
+    try:
+        out = own(torch.randn(2, 8, 16, device=device), COEFFICIENTS, STEPS,
+                  EPS)
+        batched = tuple(out.shape) == (2, 8, 16)
+    except Exception:
+        batched = False
+    return own, "batched" if batched else "2-D only"
 
 
 def ns5_batched(grad):
@@ -176,8 +188,23 @@ def bench_gemm(report, timer, device, n):
     return tflops
 
 
+SOURCES = {
+    "batched_ms": "copy of torch's formula, batched per shape",
+    "own_per_matrix_ms":
+        "torch.optim._muon._zeropower_via_newtonschulz per matrix",
+    "own_batched_ms":
+        "torch.optim._muon._zeropower_via_newtonschulz per shape stack",
+}
+
+
+def fastest(fields):
+    """The least of the NS5 variants' times and which variant it was."""
+    key = min((k for k in fields if k in SOURCES), key=fields.get)
+    return fields[key], SOURCES[key]
+
+
 def bench_ns(report, timer, device, groups, gemm_tflops):
-    own = own_ns5()
+    own, own_kind = own_ns5(device)
     inputs = [torch.randn(count, rows, cols, device=device)
               for rows, cols, count in groups]
 
@@ -204,12 +231,12 @@ def bench_ns(report, timer, device, groups, gemm_tflops):
             own_out = own(stack[0], COEFFICIENTS, STEPS, EPS).float()
             fields["own_per_matrix_ms"] = timer.median_ms(
                 lambda: own_all([stack]))
+            if own_kind == "batched":
+                fields["own_batched_ms"] = timer.median_ms(
+                    lambda: own(stack, COEFFICIENTS, STEPS, EPS))
             fields["batched_rel_diff_vs_own"] = relative_difference(
                 ns5_ref[0], own_out)
-        ms = min(fields.values() if own is None else
-                 (batched_ms, fields["own_per_matrix_ms"]))
-        source = ("batched copy" if ms == batched_ms else
-                  "torch.optim._muon._zeropower_via_newtonschulz per matrix")
+        ms, source = fastest(fields)
         flops = count * ns5_flops(rows, cols)
         report.line(what="torch_ns5", **shape, ms=ms,
                     tflops=flops / ms / 1e9, source=source,
@@ -230,9 +257,10 @@ def bench_ns(report, timer, device, groups, gemm_tflops):
     fields = dict(batched_ms=batched_ms)
     if own is not None:
         fields["own_per_matrix_ms"] = timer.median_ms(lambda: own_all(inputs))
-    ms = min(fields.values())
-    source = ("batched copy" if ms == batched_ms else
-              "torch.optim._muon._zeropower_via_newtonschulz per matrix")
+        if own_kind == "batched":
+            fields["own_batched_ms"] = timer.median_ms(
+                lambda: [own(x, COEFFICIENTS, STEPS, EPS) for x in inputs])
+    ms, source = fastest(fields)
     report.line(what="torch_ns5_all", matrices=matrices, ms=ms,
                 tflops=totals["ns5"] / ms / 1e9,
                 fraction_of_gemm_peak=totals["ns5"] / ms / 1e9 / gemm_tflops,
@@ -309,7 +337,7 @@ def main():
     report.line(what="torch_env", torch=torch.__version__,
                 device=(torch.cuda.get_device_name(device)
                         if device.type == "cuda" else "cpu"),
-                own_ns5=own_ns5() is not None,
+                own_ns5=own_ns5(device)[1],
                 muon=hasattr(torch.optim, "Muon"), small=args.small)
     with torch.no_grad():
         gemm = bench_gemm(report, timer, device, args.gemm_n // divisor)

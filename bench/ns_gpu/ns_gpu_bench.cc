@@ -1,0 +1,310 @@
+// bench/ns_gpu: times muonps's CUDA backend on the Llama-3-8B matrix set (8
+// layers: 4096x4096 x16, 1024x4096 x16, 14336x4096 x16, 4096x14336 x8) and
+// prints JSON lines with ratios against the PyTorch peers that
+// torch_peers.py measured on the same GPU in the same run (--torch_results;
+// run.sh runs both).
+//
+// Lines: `gemm_bf16_cublas` (cuBLAS bf16 GEMM rate); `muonps_ns` per shape
+// (NS5 and Gram NS timed, the faster kept); `muonps_ns_all` (the whole set,
+// each shape with its faster algorithm, as one timed region); and
+// `muonps_update_1gpu` (MuonStep over the set: finite check, momentum, NS,
+// weight decay and update). `tflops` counts the FLOPs the executed algorithm
+// performs (kernels/ns_flops.h); `ns5_equiv_tflops` divides dense NS5's
+// FLOPs by the same time. Exits 1 with the error on stderr on any failure
+// (e.g. no GPU).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "bench/ns_gpu/gpu_timing.h"
+#include "bench/ns_gpu/peer_results.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/ns_flops.h"
+#include "nlohmann/json.hpp"
+#include "tools/autotune/cuda_measurement_device.h"
+#include "tools/autotune/measurement_device.h"
+
+ABSL_FLAG(std::string, torch_results, "",
+          "JSON lines from torch_peers.py measured in the same run.");
+ABSL_FLAG(std::string, precision, "bf16", "NS precision: bf16, fp16, fp32.");
+ABSL_FLAG(int, device, 0, "GPU index.");
+ABSL_FLAG(int, warmup, 2, "Untimed calls before each measurement.");
+ABSL_FLAG(int, repeats, 7, "Timed calls per measurement (median kept).");
+ABSL_FLAG(int, gemm_n, 8192, "Size of the cuBLAS bf16 GEMM (n^3).");
+
+namespace muonps {
+namespace {
+
+using kernels::NsAlgorithm;
+using Json = nlohmann::ordered_json;
+
+// Targets from issue 8, stated in the lines so a reader sees pass or miss.
+constexpr double kTargetSpeedupVsTorchNs5 = 2.1;
+constexpr double kTargetFractionOfGemm = 0.65;
+constexpr double kTargetRatioToTorchMuon = 0.5;
+
+// One same-shape stack of the set with its buffers and measured times.
+struct Group {
+  int64_t rows, cols, count;
+  autotune::DeviceBuffer grad, momentum, param, out;
+  NsAlgorithm best = NsAlgorithm::kNs5;
+
+  kernels::MatrixStack Stack(const autotune::DeviceBuffer& buffer) const {
+    return {buffer.data(), count, rows, cols};
+  }
+  kernels::NewtonSchulzOptions Ns(NsAlgorithm algorithm) const {
+    kernels::NewtonSchulzOptions ns;
+    ns.algorithm = algorithm;
+    return ns;
+  }
+  double Flops(NsAlgorithm algorithm) const {
+    return count * kernels::NsExecutedFlops(rows, cols, Ns(algorithm));
+  }
+  double DenseFlops() const {
+    return count * kernels::Ns5DenseFlops(rows, cols, 5);
+  }
+};
+
+void Print(const Json& line) {
+  std::printf("%s\n", line.dump().c_str());
+  std::fflush(stdout);
+}
+
+// Fills `buffer` with random values in [-1, 1): copies of one random
+// host matrix of `matrix` elements, each rotated differently.
+absl::Status Fill(autotune::MeasurementDevice& device,
+                  const std::vector<float>& host, int64_t matrix,
+                  const autotune::DeviceBuffer& buffer) {
+  const absl::Span<const float> source(host.data(), matrix);
+  for (int64_t i = 0; i * matrix < buffer.size(); ++i) {
+    const int64_t offset = (i * 7919) % matrix;
+    float* target = buffer.data() + i * matrix;
+    MUONPS_RETURN_IF_ERROR(device.CopyFromHost(source.subspan(offset), target));
+    MUONPS_RETURN_IF_ERROR(device.CopyFromHost(source.subspan(0, offset),
+                                               target + matrix - offset));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<float> RandomHost(int64_t count) {
+  std::vector<float> values(count);
+  uint64_t state = 12345;
+  for (float& v : values) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<float>(static_cast<double>(state >> 40) * 0x1.0p-23 - 1.0);
+  }
+  return values;
+}
+
+absl::Status Run() {
+  bench::PeerResults peers;
+  const std::string torch_path = absl::GetFlag(FLAGS_torch_results);
+  if (!torch_path.empty()) {
+    MUONPS_ASSIGN_OR_RETURN(peers, bench::PeerResults::Load(torch_path));
+  }
+  MUONPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<autotune::CudaMeasurementDevice> device,
+      autotune::CudaMeasurementDevice::Create(absl::GetFlag(FLAGS_device)));
+  cudaStream_t stream = nullptr;
+  MUONPS_RETURN_IF_ERROR(bench::CudaCheck(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+      "cudaStreamCreate"));
+  kernels::cuda::CudaKernelsOptions options;
+  options.device = absl::GetFlag(FLAGS_device);
+  options.stream = stream;
+  MUONPS_ASSIGN_OR_RETURN(
+      options.precision,
+      kernels::cuda::ParsePrecision(absl::GetFlag(FLAGS_precision)));
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::cuda::CudaKernels> cuda,
+                          kernels::cuda::CudaKernels::Create(options));
+  MUONPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<bench::EventTimer> timer,
+      bench::EventTimer::Create(stream, absl::GetFlag(FLAGS_warmup),
+                                absl::GetFlag(FLAGS_repeats)));
+  const std::string precision(kernels::cuda::PrecisionName(options.precision));
+  int runtime = 0;
+  int driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  Json env;
+  env["what"] = "ns_gpu_env";
+  env["device"] = device->name();
+  env["precision"] = precision;
+  env["cuda_runtime"] = runtime;
+  env["cuda_driver"] = driver;
+  env["torch_results"] = !torch_path.empty();
+  Print(env);
+
+  const int64_t gemm_n = absl::GetFlag(FLAGS_gemm_n);
+  MUONPS_ASSIGN_OR_RETURN(const double gemm_ms,
+                          bench::CublasBf16GemmMs(*timer, gemm_n));
+  const double cublas_tflops = 2.0 * gemm_n * gemm_n * gemm_n / gemm_ms / 1e9;
+  const std::optional<double> torch_gemm = peers.Number("gemm_bf16", "tflops");
+  // The GEMM ceiling: torch.matmul's rate when measured, else cuBLAS's.
+  const double gemm_tflops = torch_gemm.value_or(cublas_tflops);
+  Json gemm;
+  gemm["what"] = "gemm_bf16_cublas";
+  gemm["m"] = gemm["n"] = gemm["k"] = gemm_n;
+  gemm["ms"] = gemm_ms;
+  gemm["tflops"] = cublas_tflops;
+  gemm["ratio_to_torch_gemm_bf16"] = bench::Ratio(cublas_tflops, torch_gemm);
+  Print(gemm);
+
+  std::vector<Group> groups;
+  for (const auto& [rows, cols, count] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{4096, 4096, 16},
+                                                          {1024, 4096, 16},
+                                                          {14336, 4096, 16},
+                                                          {4096, 14336, 8}}) {
+    Group g{rows, cols, count, {}, {}, {}, {}};
+    const int64_t elements = rows * cols * count;
+    for (autotune::DeviceBuffer* buffer :
+         {&g.grad, &g.momentum, &g.param, &g.out}) {
+      MUONPS_ASSIGN_OR_RETURN(
+          *buffer, autotune::DeviceBuffer::Allocate(*device, elements));
+    }
+    groups.push_back(std::move(g));
+  }
+  const std::vector<float> host = RandomHost(14336 * 4096);
+  for (const Group& g : groups) {
+    for (const autotune::DeviceBuffer* buffer :
+         {&g.grad, &g.momentum, &g.param}) {
+      MUONPS_RETURN_IF_ERROR(Fill(*device, host, g.rows * g.cols, *buffer));
+    }
+  }
+
+  int64_t matrices = 0;
+  double best_flops = 0;
+  double dense_flops = 0;
+  Json algorithms = Json::object();
+  for (Group& g : groups) {
+    double ms[2] = {0, 0};
+    for (const NsAlgorithm algorithm :
+         {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
+      MUONPS_ASSIGN_OR_RETURN(
+          ms[static_cast<int>(algorithm)], timer->MedianMs([&]() {
+            return cuda->Orthogonalize(g.Stack(g.grad), g.Stack(g.out),
+                                       g.Ns(algorithm));
+          }));
+    }
+    g.best = ms[1] < ms[0] ? NsAlgorithm::kGram : NsAlgorithm::kNs5;
+    const double best_ms = ms[static_cast<int>(g.best)];
+    const std::optional<double> torch_ns5 =
+        peers.Number("torch_ns5", "ms", g.rows, g.cols, g.count);
+    const std::optional<double> torch_gram =
+        peers.Number("torch_gram_ns", "ms", g.rows, g.cols, g.count);
+    const double tflops = g.Flops(g.best) / best_ms / 1e9;
+    Json line;
+    line["what"] = "muonps_ns";
+    line["rows"] = g.rows;
+    line["cols"] = g.cols;
+    line["batch"] = g.count;
+    line["algorithm"] = std::string(kernels::NsAlgorithmName(g.best));
+    line["precision"] = precision;
+    line["ms"] = best_ms;
+    line["tflops"] = tflops;
+    line["ns5_equiv_tflops"] = g.DenseFlops() / best_ms / 1e9;
+    line["ns5_ms"] = ms[0];
+    line["gram_ms"] = ms[1];
+    line["ns5_tflops"] = g.Flops(NsAlgorithm::kNs5) / ms[0] / 1e9;
+    line["gram_tflops"] = g.Flops(NsAlgorithm::kGram) / ms[1] / 1e9;
+    line["torch_ns5_ms"] = torch_ns5 ? Json(*torch_ns5) : Json();
+    line["speedup_vs_torch_ns5"] = bench::Ratio(torch_ns5, best_ms);
+    line["torch_gram_ns_ms"] = torch_gram ? Json(*torch_gram) : Json();
+    line["speedup_vs_torch_gram_ns"] = bench::Ratio(torch_gram, best_ms);
+    line["fraction_of_gemm_peak"] = tflops / gemm_tflops;
+    Print(line);
+    matrices += g.count;
+    best_flops += g.Flops(g.best);
+    dense_flops += g.DenseFlops();
+    algorithms[absl::StrCat(g.rows, "x", g.cols)] =
+        std::string(kernels::NsAlgorithmName(g.best));
+  }
+
+  MUONPS_ASSIGN_OR_RETURN(const double all_ms, timer->MedianMs([&]() {
+    for (const Group& g : groups) {
+      MUONPS_RETURN_IF_ERROR(
+          cuda->Orthogonalize(g.Stack(g.grad), g.Stack(g.out), g.Ns(g.best)));
+    }
+    return absl::OkStatus();
+  }));
+  const std::optional<double> torch_ns5_all =
+      peers.Number("torch_ns5_all", "ms");
+  const std::optional<double> torch_gram_all =
+      peers.Number("torch_gram_ns_all", "ms");
+  const double all_tflops = best_flops / all_ms / 1e9;
+  Json all;
+  all["what"] = "muonps_ns_all";
+  all["matrices"] = matrices;
+  all["precision"] = precision;
+  all["algorithms"] = algorithms;
+  all["ms"] = all_ms;
+  all["tflops"] = all_tflops;
+  all["ns5_equiv_tflops"] = dense_flops / all_ms / 1e9;
+  all["torch_ns5_all_ms"] = torch_ns5_all ? Json(*torch_ns5_all) : Json();
+  all["speedup_vs_torch_ns5"] = bench::Ratio(torch_ns5_all, all_ms);
+  all["torch_gram_ns_all_ms"] = torch_gram_all ? Json(*torch_gram_all) : Json();
+  all["speedup_vs_torch_gram_ns"] = bench::Ratio(torch_gram_all, all_ms);
+  all["gemm_bf16_tflops"] = gemm_tflops;
+  all["fraction_of_gemm_peak"] = all_tflops / gemm_tflops;
+  all["fraction_of_cublas_gemm"] = all_tflops / cublas_tflops;
+  all["target_speedup_vs_torch_ns5"] = kTargetSpeedupVsTorchNs5;
+  all["target_fraction_of_gemm_peak"] = kTargetFractionOfGemm;
+  Print(all);
+
+  MUONPS_ASSIGN_OR_RETURN(const double update_ms, timer->MedianMs([&]() {
+    for (const Group& g : groups) {
+      kernels::MuonStack stack;
+      stack.names = {absl::StrCat("llama.", g.rows, "x", g.cols)};
+      stack.grad = g.Stack(g.grad);
+      stack.momentum = g.Stack(g.momentum);
+      stack.param = g.Stack(g.param);
+      kernels::MuonHyperparameters hyper;
+      hyper.lr = 0.02;
+      hyper.ns = g.Ns(g.best);
+      MUONPS_RETURN_IF_ERROR(cuda->MuonStep(stack, hyper));
+    }
+    return absl::OkStatus();
+  }));
+  const std::optional<double> torch_muon =
+      peers.Number("torch_muon_step_1gpu", "ms");
+  const std::optional<double> adamw = peers.Number("adamw_fused_step", "ms");
+  Json update;
+  update["what"] = "muonps_update_1gpu";
+  update["matrices"] = matrices;
+  update["precision"] = precision;
+  update["ms"] = update_ms;
+  update["ns_all_ms"] = all_ms;
+  update["torch_muon_step_ms"] = torch_muon ? Json(*torch_muon) : Json();
+  update["ratio_to_torch_muon"] = bench::Ratio(update_ms, torch_muon);
+  update["adamw_fused_step_ms"] = adamw ? Json(*adamw) : Json();
+  update["ratio_to_adamw_fused"] = bench::Ratio(update_ms, adamw);
+  update["target_ratio_to_torch_muon"] = kTargetRatioToTorchMuon;
+  Print(update);
+
+  groups.clear();
+  cuda.reset();
+  return bench::CudaCheck(cudaStreamDestroy(stream), "cudaStreamDestroy");
+}
+
+}  // namespace
+}  // namespace muonps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = muonps::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "ns_gpu_bench: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
