@@ -129,7 +129,8 @@ void LtSearch(cudaStream_t stream, const Gemm& g, const void* a, const void* b,
 
 }  // namespace
 
-bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream) {
+bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream,
+                        bool gemms) {
   const int64_t big = kBatch * kM * kN;
   auto f32 = DeviceBuffer::Allocate(big * 4, "micro fp32");
   auto c32 = DeviceBuffer::Allocate(big * 4, "micro out fp32");
@@ -157,7 +158,7 @@ bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream) {
                   stream);
   if (cudaStreamSynchronize(stream) != cudaSuccess) return false;
 
-  const Gemm gemms[] = {
+  const Gemm gemms_list[] = {
       {"tn_4096^3_bf16out", CUBLAS_OP_T, CUBLAS_OP_N, kM, kM, kM, kM, kM, kM,
        CUDA_R_16BF, 0.0f},
       {"tn_4096^3_fp32out", CUBLAS_OP_T, CUBLAS_OP_N, kM, kM, kM, kM, kM, kM,
@@ -173,7 +174,8 @@ bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream) {
       {"nt_4096x4096x14336_fp32", CUBLAS_OP_N, CUBLAS_OP_T, kM, kM, kN, kM, kM,
        kM, CUDA_R_32F, 0.0f},
   };
-  for (const Gemm& g : gemms) {
+  for (const Gemm& g : gemms_list) {
+    if (!gemms) break;
     const float alpha = 1.0f;
     const int64_t sa = g.m * g.k, sb = g.k * g.n, sc = g.m * g.n;
     const double ms = TimeMs(stream, 10, [&]() {
@@ -186,7 +188,9 @@ bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream) {
     });
     Report(g.name, ms, 2.0 * kBatch * g.m * g.n * g.k, 0);
   }
-  for (const Gemm& g : {gemms[1], gemms[3], gemms[4], gemms[5]}) {
+  for (const Gemm& g :
+       {gemms_list[1], gemms_list[3], gemms_list[4], gemms_list[5]}) {
+    if (!gemms) break;
     LtSearch(stream, g, a16->get(), b16->get(), c32->get(), ws->get(),
              ws->bytes());
   }

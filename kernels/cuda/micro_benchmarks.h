@@ -12,8 +12,9 @@ namespace muonps {
 namespace kernels {
 namespace cuda {
 
-// Returns false on any CUDA or cuBLAS error (after printing it).
-bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream);
+// Times the elementwise kernels and, with `gemms`, the cuBLAS GEMMs and
+// cuBLASLt's alternatives. Returns false on any CUDA or cuBLAS error.
+bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream, bool gemms);
 
 }  // namespace cuda
 }  // namespace kernels

@@ -17,49 +17,92 @@ namespace {
 // Everything a captured graph bakes in: shape, buffers and options.
 std::string GraphKey(const float* in, const float* out, int64_t count,
                      int64_t rows, int64_t cols, const NewtonSchulzOptions& o) {
-  return absl::StrCat(
-      count, "x", rows, "x", cols, " ", reinterpret_cast<uintptr_t>(in), ">",
-      reinterpret_cast<uintptr_t>(out), " ", NsAlgorithmName(o.algorithm), " ",
-      o.steps, " ", o.coefficients.a, ",", o.coefficients.b, ",",
-      o.coefficients.c, " ", o.polar_express, " ", o.eps, " [",
-      absl::StrJoin(o.gram_restarts, ","), "]");
+  // Doubles in hex-float form: exact, so different values never collide.
+  return absl::StrFormat("%dx%dx%d %p>%p %s %d %a,%a,%a %d %a [%s]", count,
+                         rows, cols, in, out, NsAlgorithmName(o.algorithm),
+                         o.steps, o.coefficients.a, o.coefficients.b,
+                         o.coefficients.c, o.polar_express ? 1 : 0, o.eps,
+                         absl::StrJoin(o.gram_restarts, ","));
 }
 
 }  // namespace
 
-NsEngine::NsEngine(cublasHandle_t handle, cudaStream_t stream, cudaDataType low,
+NsEngine::NsEngine(std::vector<NsLane> lanes, cudaDataType low,
                    const SymmetricPlan& plan, bool use_graphs)
-    : handle_(handle),
-      stream_(stream),
+    : lanes_(std::move(lanes)),
       low_(low),
       plan_(plan),
       use_graphs_(use_graphs) {}
 
 NsEngine::~NsEngine() {
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  if (fork_ != nullptr) cudaEventDestroy(fork_);
+  if (join_ != nullptr) cudaEventDestroy(join_);
 }
 
-absl::StatusOr<NsWorkspace*> NsEngine::Workspace(int64_t count, int64_t rows,
-                                                 int64_t cols,
-                                                 NsAlgorithm algorithm) {
-  std::unique_ptr<NsWorkspace>& ws = workspaces_[{count, rows, cols}];
-  if (ws == nullptr) {
-    ws = std::make_unique<NsWorkspace>(count, rows, cols, low_, plan_);
+absl::StatusOr<std::vector<NsEngine::Chain>> NsEngine::Prepare(
+    int64_t count, int64_t rows, int64_t cols, NsAlgorithm algorithm) {
+  const int lanes = count >= 2 && lanes_.size() >= 2 ? 2 : 1;
+  if (lanes == 2 && fork_ == nullptr) {
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
   }
-  MUONPS_RETURN_IF_ERROR(ws->Prepare(algorithm));
-  return ws.get();
+  std::vector<Chain> chains;
+  int64_t first = 0;
+  for (int lane = 0; lane < lanes; ++lane) {
+    const int64_t share =
+        lane == 0 ? (count + lanes - 1) / lanes : count - first;
+    std::unique_ptr<NsWorkspace>& ws =
+        workspaces_[ShapeKey{share, rows, cols, lane}];
+    if (ws == nullptr) {
+      ws = std::make_unique<NsWorkspace>(share, rows, cols, low_, plan_);
+    }
+    MUONPS_RETURN_IF_ERROR(ws->Prepare(algorithm));
+    chains.push_back({lane, first, ws.get()});
+    first += share;
+  }
+  return chains;
 }
 
-absl::Status NsEngine::Capture(const float* in, float* out,
-                               const NewtonSchulzOptions& options,
-                               NsWorkspace* ws, cudaGraphExec_t* exec) {
+absl::Status NsEngine::Issue(const float* in, float* out, int64_t rows,
+                             int64_t cols, const NewtonSchulzOptions& options,
+                             const std::vector<Chain>& chains) {
+  cudaStream_t main = lanes_[0].stream;
+  if (chains.size() > 1) {
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, main));
+    for (size_t i = 1; i < chains.size(); ++i) {
+      MUONPS_CUDA_RETURN_IF_ERROR(
+          cudaStreamWaitEvent(lanes_[chains[i].lane].stream, fork_, 0));
+    }
+  }
+  for (const Chain& chain : chains) {
+    const NsLane& lane = lanes_[chain.lane];
+    const int64_t offset = chain.first * rows * cols;
+    MUONPS_RETURN_IF_ERROR(IssueNewtonSchulz(lane.handle, lane.stream,
+                                             in + offset, out + offset, options,
+                                             chain.ws));
+  }
+  for (size_t i = 1; i < chains.size(); ++i) {
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(join_, lanes_[chains[i].lane].stream));
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main, join_, 0));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NsEngine::Capture(const float* in, float* out, int64_t rows,
+                               int64_t cols, const NewtonSchulzOptions& options,
+                               const std::vector<Chain>& chains,
+                               cudaGraphExec_t* exec) {
+  cudaStream_t main = lanes_[0].stream;
   MUONPS_CUDA_RETURN_IF_ERROR(
-      cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  const absl::Status issued =
-      IssueNewtonSchulz(handle_, stream_, in, out, options, ws);
+      cudaStreamBeginCapture(main, cudaStreamCaptureModeThreadLocal));
+  const absl::Status issued = Issue(in, out, rows, cols, options, chains);
   cudaGraph_t graph = nullptr;
-  // End the capture whatever happened, so the stream is usable again.
-  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  // End the capture whatever happened, so the streams are usable again.
+  const cudaError_t ended = cudaStreamEndCapture(main, &graph);
   if (!issued.ok() || ended != cudaSuccess) {
     if (graph != nullptr) cudaGraphDestroy(graph);
     MUONPS_RETURN_IF_ERROR(issued);
@@ -73,11 +116,9 @@ absl::Status NsEngine::Capture(const float* in, float* out,
 absl::Status NsEngine::Run(const float* in, float* out, int64_t count,
                            int64_t rows, int64_t cols,
                            const NewtonSchulzOptions& options) {
-  MUONPS_ASSIGN_OR_RETURN(NsWorkspace * ws,
-                          Workspace(count, rows, cols, options.algorithm));
-  if (!use_graphs_) {
-    return IssueNewtonSchulz(handle_, stream_, in, out, options, ws);
-  }
+  MUONPS_ASSIGN_OR_RETURN(const std::vector<Chain> chains,
+                          Prepare(count, rows, cols, options.algorithm));
+  if (!use_graphs_) return Issue(in, out, rows, cols, options, chains);
   const std::string key = GraphKey(in, out, count, rows, cols, options);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
@@ -87,26 +128,40 @@ absl::Status NsEngine::Run(const float* in, float* out, int64_t count,
       graphs_.erase(graphs_.begin());
     }
     cudaGraphExec_t exec = nullptr;
-    MUONPS_RETURN_IF_ERROR(Capture(in, out, options, ws, &exec));
+    MUONPS_RETURN_IF_ERROR(
+        Capture(in, out, rows, cols, options, chains, &exec));
     it = graphs_.emplace(key, exec).first;
   }
-  return CudaStatus(cudaGraphLaunch(it->second, stream_),
+  return CudaStatus(cudaGraphLaunch(it->second, lanes_[0].stream),
                     "cudaGraphLaunch (Newton-Schulz graph)");
 }
 
 absl::StatusOr<unsigned int> NsEngine::DriftCount(int64_t count, int64_t rows,
                                                   int64_t cols) {
-  const auto it = workspaces_.find({count, rows, cols});
-  if (it == workspaces_.end()) {
+  unsigned int total = 0;
+  bool found = false;
+  for (const auto& [key, ws] : workspaces_) {
+    if (std::get<1>(key) != rows || std::get<2>(key) != cols) continue;
+    const int lanes = count >= 2 && lanes_.size() >= 2 ? 2 : 1;
+    const int64_t first_share = (count + lanes - 1) / lanes;
+    const int lane = std::get<3>(key);
+    if (lane >= lanes ||
+        std::get<0>(key) != (lane == 0 ? first_share : count - first_share)) {
+      continue;
+    }
+    unsigned int drift = 0;
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&drift, ws->unhealthy(), sizeof(drift),
+                        cudaMemcpyDeviceToHost, lanes_[0].stream));
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(lanes_[0].stream));
+    total += drift;
+    found = true;
+  }
+  if (!found) {
     return absl::NotFoundError(absl::StrCat("no Newton-Schulz run on shape ",
                                             count, "x", rows, "x", cols));
   }
-  unsigned int drift = 0;
-  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&drift, it->second->unhealthy(),
-                                              sizeof(drift),
-                                              cudaMemcpyDeviceToHost, stream_));
-  MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return drift;
+  return total;
 }
 
 }  // namespace cuda

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -46,8 +47,20 @@ class NsEngineTest : public ::testing::Test {
     workspace_ = std::move(*ws);
     ASSERT_EQ(cublasSetWorkspace(handle_, workspace_.get(), 64 << 20),
               CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking),
+              cudaSuccess);
+    ASSERT_EQ(cublasCreate(&side_handle_), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasSetStream(side_handle_, side_stream_),
+              CUBLAS_STATUS_SUCCESS);
+    auto side = DeviceBuffer::Allocate(64 << 20, "second cuBLAS workspace");
+    ASSERT_TRUE(side.ok()) << side.status();
+    side_workspace_ = std::move(*side);
+    ASSERT_EQ(cublasSetWorkspace(side_handle_, side_workspace_.get(), 64 << 20),
+              CUBLAS_STATUS_SUCCESS);
   }
   void TearDown() override {
+    cublasDestroy(side_handle_);
+    cudaStreamDestroy(side_stream_);
     cublasDestroy(handle_);
     cudaStreamDestroy(stream_);
   }
@@ -56,8 +69,10 @@ class NsEngineTest : public ::testing::Test {
   std::vector<float> Run(cudaDataType low, const SymmetricPlan& plan,
                          const std::vector<float>& in, int64_t count, Shape s,
                          const NewtonSchulzOptions& options,
-                         unsigned int* drift = nullptr) {
-    NsEngine engine(handle_, stream_, low, plan, /*use_graphs=*/true);
+                         unsigned int* drift = nullptr, int lanes = 1) {
+    std::vector<NsLane> lane_list = {{handle_, stream_}};
+    if (lanes == 2) lane_list.push_back({side_handle_, side_stream_});
+    NsEngine engine(lane_list, low, plan, /*use_graphs=*/true);
     const size_t bytes = in.size() * sizeof(float);
     auto x = DeviceBuffer::Allocate(bytes, "input");
     auto y = DeviceBuffer::Allocate(bytes, "output");
@@ -83,6 +98,9 @@ class NsEngineTest : public ::testing::Test {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
+  cudaStream_t side_stream_ = nullptr;
+  cublasHandle_t side_handle_ = nullptr;
+  DeviceBuffer side_workspace_;
 };
 
 NewtonSchulzOptions Gram() {
@@ -125,6 +143,26 @@ TEST_F(NsEngineTest, DenseRowBlockAndTilePlansAgreeWithinFp32Rounding) {
       const std::vector<float> bf16 = Run(CUDA_R_16BF, dense, in, 3, s, o);
       EXPECT_LT(RelativeError(Run(CUDA_R_16BF, tiles, in, 3, s, o), bf16),
                 16 * std::ldexp(1.0, -8));
+    }
+  }
+}
+
+TEST_F(NsEngineTest, TwoLanesComputeWhatOneLaneComputes) {
+  const SymmetricPlan plan{SymmetricMode::kTiles, 4, 32};
+  const Shape s{128, 384};
+  const std::vector<float> in = GaussianMatrix(5 * s.rows, s.cols, 77);
+  for (const NsAlgorithm a : {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
+    NewtonSchulzOptions o;
+    o.algorithm = a;
+    // 5 matrices split 3 + 2: each half's batched GEMMs may pick other
+    // kernels, so fp32 results agree to rounding, not bit for bit.
+    const std::vector<float> one = Run(CUDA_R_32F, plan, in, 5, s, o);
+    unsigned int drift = 1;
+    const std::vector<float> two =
+        Run(CUDA_R_32F, plan, in, 5, s, o, &drift, /*lanes=*/2);
+    EXPECT_LT(RelativeError(two, one), 2e-5) << NsAlgorithmName(a);
+    if (a == NsAlgorithm::kGram) {
+      EXPECT_EQ(drift, 0u);
     }
   }
 }

@@ -28,7 +28,9 @@ ABSL_FLAG(int, repeats, 5, "Timed runs of the whole set per variant.");
 ABSL_FLAG(std::string, only, "",
           "Run only variants whose name contains this text.");
 ABSL_FLAG(bool, micro, true,
-          "First time the GEMMs and kernels NS is made of (micro_benchmarks).");
+          "First time the kernels NS is made of (micro_benchmarks).");
+ABSL_FLAG(bool, micro_gemm, false,
+          "With --micro, also time cuBLAS GEMMs and cuBLASLt's algorithms.");
 
 namespace muonps {
 namespace kernels {
@@ -47,6 +49,7 @@ struct Variant {
   bool graphs = true;
   bool all_ns5 = false;
   bool no_restart = false;
+  int lanes = 1;
 };
 
 const StackSpec kLlamaSet[] = {{16, 4096, 4096, NsAlgorithm::kNs5},
@@ -55,30 +58,26 @@ const StackSpec kLlamaSet[] = {{16, 4096, 4096, NsAlgorithm::kNs5},
                                {8, 4096, 14336, NsAlgorithm::kGram}};
 
 std::vector<Variant> Variants() {
-  const auto plan = [](SymmetricMode mode, int blocks) {
-    return SymmetricPlan{mode, blocks, 256};
+  const auto plan = [](SymmetricMode mode, int blocks, int min_rows = 256) {
+    return SymmetricPlan{mode, blocks, min_rows};
   };
   std::vector<Variant> v = {
-      {"bf16_dense", CUDA_R_16BF, plan(SymmetricMode::kDense, 1)},
-      {"bf16_rows2", CUDA_R_16BF, plan(SymmetricMode::kRowBlocks, 2)},
-      {"bf16_rows4", CUDA_R_16BF, plan(SymmetricMode::kRowBlocks, 4)},
-      {"bf16_rows8", CUDA_R_16BF, plan(SymmetricMode::kRowBlocks, 8)},
-      {"bf16_tiles2", CUDA_R_16BF, plan(SymmetricMode::kTiles, 2)},
-      {"bf16_tiles4", CUDA_R_16BF, plan(SymmetricMode::kTiles, 4)},
-      {"bf16_tiles8", CUDA_R_16BF, plan(SymmetricMode::kTiles, 8)},
       {"bf16_tiles16", CUDA_R_16BF, plan(SymmetricMode::kTiles, 16)},
-      {"bf16_rows16", CUDA_R_16BF, plan(SymmetricMode::kRowBlocks, 16)},
-      {"fp16_tiles8", CUDA_R_16F, plan(SymmetricMode::kTiles, 8)},
+      {"bf16_tiles8", CUDA_R_16BF, plan(SymmetricMode::kTiles, 8)},
+      {"bf16_tiles16_2lanes", CUDA_R_16BF, plan(SymmetricMode::kTiles, 16)},
+      {"fp16_tiles16", CUDA_R_16F, plan(SymmetricMode::kTiles, 16)},
+      {"fp32_tiles16", CUDA_R_32F, plan(SymmetricMode::kTiles, 16)},
   };
-  const Variant base = v[6];  // bf16_tiles8
+  v[2].lanes = 2;
+  const Variant base = v[0];  // bf16_tiles16, CudaKernels' default
   Variant eager = base;
-  eager.name = "bf16_tiles8_nographs";
+  eager.name = "bf16_tiles16_nographs";
   eager.graphs = false;
   Variant ns5 = base;
-  ns5.name = "bf16_tiles8_all_ns5";
+  ns5.name = "bf16_tiles16_all_ns5";
   ns5.all_ns5 = true;
   Variant no_restart = base;
-  no_restart.name = "bf16_tiles8_gram_no_restart";
+  no_restart.name = "bf16_tiles16_gram_no_restart";
   no_restart.no_restart = true;
   v.push_back(eager);
   v.push_back(ns5);
@@ -126,7 +125,19 @@ int Main() {
   auto cublas_ws = DeviceBuffer::Allocate(64 << 20, "cuBLAS workspace");
   if (!cublas_ws.ok()) return 1;
   cublasSetWorkspace(handle, cublas_ws->get(), cublas_ws->bytes());
-  if (absl::GetFlag(FLAGS_micro) && !RunMicroBenchmarks(handle, stream)) {
+  cudaStream_t side_stream = nullptr;
+  cublasHandle_t side_handle = nullptr;
+  if (!Check(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking),
+             "side stream") ||
+      cublasCreate(&side_handle) != CUBLAS_STATUS_SUCCESS) {
+    return 1;
+  }
+  cublasSetStream(side_handle, side_stream);
+  auto side_ws = DeviceBuffer::Allocate(64 << 20, "second cuBLAS workspace");
+  if (!side_ws.ok()) return 1;
+  cublasSetWorkspace(side_handle, side_ws->get(), side_ws->bytes());
+  if (absl::GetFlag(FLAGS_micro) &&
+      !RunMicroBenchmarks(handle, stream, absl::GetFlag(FLAGS_micro_gemm))) {
     std::fprintf(stderr, "micro benchmarks failed\n");
     return 1;
   }
@@ -153,7 +164,9 @@ int Main() {
   std::vector<std::string> table;
   for (const Variant& v : Variants()) {
     if (!absl::StrContains(v.name, absl::GetFlag(FLAGS_only))) continue;
-    NsEngine engine(handle, stream, v.low, v.plan, v.graphs);
+    std::vector<NsLane> lanes = {{handle, stream}};
+    if (v.lanes == 2) lanes.push_back({side_handle, side_stream});
+    NsEngine engine(lanes, v.low, v.plan, v.graphs);
     std::vector<NewtonSchulzOptions> options;
     double flops = 0;
     for (const Stack& s : stacks) {
@@ -230,6 +243,8 @@ int Main() {
     table.push_back(row);
   }
   for (const std::string& row : table) std::printf("%s\n", row.c_str());
+  cublasDestroy(side_handle);
+  cudaStreamDestroy(side_stream);
   cublasDestroy(handle);
   cudaStreamDestroy(stream);
   return 0;

@@ -49,7 +49,7 @@ class NsWorkspace {
   void* x_low() const { return x_low_.get(); }
   // count * m * m fp32 matrices (A or R, A^2 or R^2, Gram's D = Q - c I).
   float* square32(int i) const { return square32_[i].as<float>(); }
-  // count * m * m GEMM-input matrices (A or R, B or M, Q, P R).
+  // count * m * m GEMM-input matrices (A or R, B or M, Q, P R or D).
   void* square_low(int i) const { return square_low_[i].get(); }
   // count doubles: per-matrix sums of squares.
   double* sums() const { return sums_.as<double>(); }
