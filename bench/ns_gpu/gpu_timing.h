@@ -54,7 +54,8 @@ class EventTimer {
 
 // Milliseconds of one n x n x n cublasGemmEx with bf16 A, B and C and fp32
 // accumulation (what torch.matmul runs for bf16) on random data, timed by
-// `timer`. Allocates and frees its three matrices.
+// `timer`, after 100 untimed products that bring the clocks up. Allocates
+// and frees its three matrices.
 absl::StatusOr<double> CublasBf16GemmMs(EventTimer& timer, int64_t n);
 
 }  // namespace bench
