@@ -46,7 +46,13 @@ __device__ __forceinline__ void StoreRow(T* out, int64_t at, const float* v,
     Store4<T>(out + at, v, scale);  // aligned: m % 4 == 0, aligned bases
     return;
   }
-  for (int i = 0; i < count; ++i) out[at + i] = FromFloat<T>(v[i] * scale);
+  // Unrolled with a predicate, not a loop to `count`: a runtime bound would
+  // index v dynamically and put it in local memory (measured: ncu showed
+  // the spills making the kernel L2-bound).
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    if (i < count) out[at + i] = FromFloat<T>(v[i] * scale);
+  }
 }
 
 template <typename T, int V>
