@@ -158,6 +158,12 @@ absl::Status ValidateStack(const MatrixStack& stack, absl::string_view field,
 // param distinct buffers.
 absl::Status ValidateMuonStack(const MuonStack& stack);
 
+// Validates an AdamW step's arguments: the hyperparameters, a positive size,
+// every buffer set, and step >= 1; INVALID_ARGUMENT naming the tensor or
+// field otherwise.
+absl::Status ValidateAdamWStep(const AdamWTensor& tensor,
+                               const AdamWHyperparameters& hyper, int64_t step);
+
 }  // namespace kernels
 }  // namespace muonps
 

@@ -284,19 +284,7 @@ absl::Status CudaKernels::MuonStep(const MuonStack& stack,
 absl::Status CudaKernels::AdamWStep(const AdamWTensor& t,
                                     const AdamWHyperparameters& hyper,
                                     int64_t step) {
-  MUONPS_RETURN_IF_ERROR(ValidateAdamWHyperparameters(hyper));
-  if (t.size <= 0) {
-    return InvalidField(absl::StrCat("size of tensor ", Quoted(t.name)),
-                        absl::StrCat(t.size, " must be > 0"));
-  }
-  if (t.param == nullptr || t.grad == nullptr || t.exp_avg == nullptr ||
-      t.exp_avg_sq == nullptr) {
-    return InvalidField(absl::StrCat("tensor ", Quoted(t.name)),
-                        "param, grad, exp_avg and exp_avg_sq must be set");
-  }
-  if (step < 1) {
-    return InvalidField("step", absl::StrCat(step, " must be >= 1"));
-  }
+  MUONPS_RETURN_IF_ERROR(ValidateAdamWStep(t, hyper, step));
   MUONPS_RETURN_IF_ERROR(UseDevice());
   // torch.optim.AdamW's scalars, rounded to fp32 as the CPU backend does.
   const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
