@@ -117,6 +117,18 @@ absl::Status ValidateMuonStack(const MuonStack& stack) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateMomentumArgs(const MatrixStack& grad,
+                                  const MatrixStack& momentum,
+                                  const MatrixStack& update) {
+  MUONPS_RETURN_IF_ERROR(ValidateStack(grad, "grad"));
+  MUONPS_RETURN_IF_ERROR(ValidateStack(momentum, "momentum", &grad));
+  MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &grad));
+  if (momentum.data == update.data) {
+    return InvalidField("update", "must not alias momentum");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateAdamWStep(const AdamWTensor& t,
                                const AdamWHyperparameters& hyper,
                                int64_t step) {

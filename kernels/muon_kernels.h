@@ -158,6 +158,12 @@ absl::Status ValidateStack(const MatrixStack& stack, absl::string_view field,
 // param distinct buffers.
 absl::Status ValidateMuonStack(const MuonStack& stack);
 
+// Validates UpdateMomentum's stacks: grad valid, momentum and update of its
+// shape, update not aliasing momentum.
+absl::Status ValidateMomentumArgs(const MatrixStack& grad,
+                                  const MatrixStack& momentum,
+                                  const MatrixStack& update);
+
 // Validates an AdamW step's arguments: the hyperparameters, a positive size,
 // every buffer set, and step >= 1; INVALID_ARGUMENT naming the tensor or
 // field otherwise.

@@ -8,7 +8,7 @@
 // 1e-5 relative, whichever worker the plan made the owner, and whether the
 // reference runs the Newton-Schulz variant the planner chose or plain NS5.
 // Also: hyperparameters that Client::Start accepts reach the steps (or are
-// refused), never silently replaced (target data_plane_hyperparameter_test).
+// refused), never silently replaced.
 #include <gtest/gtest.h>
 
 #include <optional>

@@ -15,6 +15,28 @@ double Ms(SteadyTime a, SteadyTime b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+// Per step of `steps`: ms from the first rank's start to the last rank's
+// end. Clears *plan_stable if any rank stepped under another plan version or
+// had momentum reset.
+std::vector<double> StepSpansMs(const InterleavedRun& run,
+                                std::vector<RankStep> TrainerRankResult::*steps,
+                                bool* plan_stable) {
+  std::vector<double> spans;
+  for (size_t s = 0; s < (run.ranks[0].*steps).size(); ++s) {
+    SteadyTime first = (run.ranks[0].*steps)[s].start;
+    SteadyTime last = (run.ranks[0].*steps)[s].end;
+    for (const TrainerRankResult& r : run.ranks) {
+      const RankStep& step = (r.*steps)[s];
+      first = std::min(first, step.start);
+      last = std::max(last, step.end);
+      *plan_stable = *plan_stable && step.plan_version == run.plan_version &&
+                     step.momentum_reset == 0;
+    }
+    spans.push_back(Ms(first, last));
+  }
+  return spans;
+}
+
 }  // namespace
 
 double Median(std::vector<double> values) {
@@ -29,32 +51,11 @@ nlohmann::ordered_json StepCpuLine(const InterleavedRun& run,
   const std::vector<StepMatrix>& matrices = context.matrices;
   const size_t ranks = run.ranks.size();
   const size_t timed = run.ranks[0].timed.size();
-  std::vector<double> step_ms, probe_ms;
   bool plan_stable = true;
-  for (size_t s = 0; s < timed; ++s) {
-    SteadyTime first = run.ranks[0].timed[s].start;
-    SteadyTime last = run.ranks[0].timed[s].end;
-    for (const TrainerRankResult& r : run.ranks) {
-      first = std::min(first, r.timed[s].start);
-      last = std::max(last, r.timed[s].end);
-      plan_stable = plan_stable &&
-                    r.timed[s].plan_version == run.plan_version &&
-                    r.timed[s].momentum_reset == 0;
-    }
-    step_ms.push_back(Ms(first, last));
-  }
-  for (size_t s = 0; s < run.ranks[0].probes.size(); ++s) {
-    SteadyTime first = run.ranks[0].probes[s].start;
-    SteadyTime last = run.ranks[0].probes[s].end;
-    for (const TrainerRankResult& r : run.ranks) {
-      first = std::min(first, r.probes[s].start);
-      last = std::max(last, r.probes[s].end);
-      plan_stable = plan_stable &&
-                    r.probes[s].plan_version == run.plan_version &&
-                    r.probes[s].momentum_reset == 0;
-    }
-    probe_ms.push_back(Ms(first, last));
-  }
+  const std::vector<double> step_ms =
+      StepSpansMs(run, &TrainerRankResult::timed, &plan_stable);
+  const std::vector<double> probe_ms =
+      StepSpansMs(run, &TrainerRankResult::probes, &plan_stable);
   std::vector<int64_t> bytes_by_worker;
   std::vector<double> ns_by_worker, worker_step_by_worker;
   for (const TrainerRankResult& r : run.ranks) {

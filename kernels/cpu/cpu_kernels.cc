@@ -54,12 +54,7 @@ absl::Status CpuKernels::UpdateMomentum(const MatrixStack& grad,
                                         const MatrixStack& momentum, double mu,
                                         bool nesterov,
                                         const MatrixStack& update) {
-  MUONPS_RETURN_IF_ERROR(ValidateStack(grad, "grad"));
-  MUONPS_RETURN_IF_ERROR(ValidateStack(momentum, "momentum", &grad));
-  MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &grad));
-  if (momentum.data == update.data) {
-    return InvalidField("update", "must not alias momentum");
-  }
+  MUONPS_RETURN_IF_ERROR(ValidateMomentumArgs(grad, momentum, update));
   const float keep = static_cast<float>(1.0 - mu);
   const float mu_f = static_cast<float>(mu);
   const int64_t count = grad.elements();

@@ -205,12 +205,7 @@ absl::Status CudaKernels::UpdateMomentum(const MatrixStack& grad,
                                          const MatrixStack& momentum, double mu,
                                          bool nesterov,
                                          const MatrixStack& update) {
-  MUONPS_RETURN_IF_ERROR(ValidateStack(grad, "grad"));
-  MUONPS_RETURN_IF_ERROR(ValidateStack(momentum, "momentum", &grad));
-  MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &grad));
-  if (momentum.data == update.data) {
-    return InvalidField("update", "must not alias momentum");
-  }
+  MUONPS_RETURN_IF_ERROR(ValidateMomentumArgs(grad, momentum, update));
   MUONPS_RETURN_IF_ERROR(UseDevice());
   return CudaStatus(LaunchMomentum(grad.data, momentum.data, update.data,
                                    grad.elements(), mu, nesterov, stream_),
