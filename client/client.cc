@@ -355,6 +355,32 @@ absl::Status Client::RestoreAdamW(const std::string& name,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>>
+Client::NsAlgorithms() const {
+  if (!started_) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "NsAlgorithms",
+                      "called before Start");
+  }
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  v1::GetPlanRequest request;
+  request.set_job(options_.job);
+  v1::Plan plan;
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(coordinator_->GetPlan(&context, request, &plan), "GetPlan"));
+  std::map<std::string, kernels::NsAlgorithm> out;
+  for (const v1::Batch& batch : plan.batches()) {
+    for (const std::string& member : batch.matrices()) {
+      // Members are "name" or "name[expert]".
+      const std::string name = member.substr(0, member.find('['));
+      out.emplace(name, batch.algorithm() == v1::NS_ALGORITHM_GRAM
+                            ? kernels::NsAlgorithm::kGram
+                            : kernels::NsAlgorithm::kNs5);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::pair<const float*, const float*>> Client::AdamWState(
     const std::string& name) const {
   const Tensor* t = Find(name);

@@ -136,6 +136,14 @@ class Client {
   int64_t adamw_steps() const { return adamw_steps_; }
   void set_adamw_steps(int64_t steps) { adamw_steps_ = steps; }
 
+  // The Newton-Schulz algorithm the job's current plan runs each matrix
+  // with (by matrix name; an expert stack reports its first expert's), as
+  // chosen by the planner per owner and shape. After Start; UNAVAILABLE
+  // naming the coordinator when it cannot be reached. A single-process run
+  // that must reproduce the service bit for bit uses these.
+  absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> NsAlgorithms()
+      const;
+
   // The AdamW moments of a tensor (for checkpoints and tests).
   absl::StatusOr<std::pair<const float*, const float*>> AdamWState(
       const std::string& name) const;

@@ -1,7 +1,7 @@
 // The data plane with real processes on loopback: a muonps-coordinator, 1 to
 // 3 muonps-worker daemons and as many trainer ranks (muonps::Client, one
 // thread each) stepping a small model of every layout together. Proves that
-// after five concurrent steps every trainer's parameters (its rows, when
+// after fifty concurrent steps every trainer's parameters (its rows, when
 // parameters are sharded) and AdamW tensors, and every owner's momentum as
 // GetMomentum reports it, equal a single-process run of the same kernels on
 // the mean (unreduced) or full (replicated, row_sharded) gradients within
@@ -32,7 +32,7 @@ using testing::ReferenceModel;
 using testing::SmallModel;
 using testing::StepOutcome;
 
-constexpr int kSteps = 5;
+constexpr int kSteps = 50;
 constexpr double kTolerance = 1e-5;
 
 struct LayoutCase {
@@ -48,7 +48,7 @@ void PrintTo(const LayoutCase& c, std::ostream* os) { *os << c.name; }
 class DataPlaneTest : public DataPlaneFixture,
                       public ::testing::WithParamInterface<LayoutCase> {};
 
-TEST_P(DataPlaneTest, FiveStepsMatchTheSingleProcessReferenceOnEveryRank) {
+TEST_P(DataPlaneTest, FiftyStepsMatchTheSingleProcessReferenceOnEveryRank) {
   const LayoutCase& c = GetParam();
   const ModelDecl model =
       c.mixed ? MixedModel() : SmallModel(c.layout, c.shard_params);

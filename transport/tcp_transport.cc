@@ -16,8 +16,8 @@ namespace {
 // out = ((parts[0] + parts[1]) + parts[2]) + ... elementwise, in float. One
 // cache-sized block at a time through a local accumulator, so `out` may be
 // one of the parts (the root's own send buffer) without changing the result.
-void SumInRankOrder(const std::vector<const float*>& parts, float* out,
-                    size_t count) {
+void SumInOrder(const std::vector<const float*>& parts, float* out,
+                size_t count) {
   constexpr size_t kBlock = 1024;
   float block[kBlock];
   for (size_t begin = 0; begin < count; begin += kBlock) {
@@ -158,7 +158,7 @@ absl::Status TcpTransport::RunUnlessGrouped() {
       TransferMessages(sockets_, outgoing_, incoming_, options_.io_timeout);
   if (!moved.ok()) return Fail(moved);
   for (const PendingSum& sum : sums_) {
-    SumInRankOrder(sum.parts, sum.recv, sum.count);
+    SumInOrder(sum.parts, sum.recv, sum.count);
   }
   outgoing_.clear();
   incoming_.clear();
@@ -206,7 +206,8 @@ absl::Status TcpTransport::Recv(void* data, size_t bytes, int peer) {
 }
 
 absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
-                                     size_t count, int root) {
+                                     size_t count, int root,
+                                     absl::Span<const int> order) {
   MUONPS_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckRank(root, "ReduceSum: root", /*allow_self=*/true);
   if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
@@ -219,6 +220,18 @@ absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
     valid = absl::InvalidArgumentError(
         "ReduceSum: recv partly overlaps send (it may only be send itself)");
   }
+  if (valid.ok() && !order.empty()) {
+    std::vector<bool> seen(size(), false);
+    bool permutation = static_cast<int>(order.size()) == size();
+    for (int r : order) {
+      permutation = permutation && r >= 0 && r < size() && !seen[r];
+      if (permutation) seen[r] = true;
+    }
+    if (!permutation) {
+      valid = absl::InvalidArgumentError(absl::StrCat(
+          "ReduceSum: order is not a permutation of the ", size(), " ranks"));
+    }
+  }
   if (!valid.ok()) return Fail(valid);
   const size_t bytes = count * sizeof(float);
   if (root != rank_) {
@@ -226,17 +239,22 @@ absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
     return RunUnlessGrouped();
   }
   PendingSum sum;
-  sum.parts.resize(sockets_.size());
+  std::vector<const float*> by_rank(sockets_.size());
   sum.recv = recv;
   sum.count = count;
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank_) {
-      sum.parts[peer] = send;
+      by_rank[peer] = send;
       continue;
     }
     float* part = Scratch(count);
     QueueRecv(peer, MessageKind::kReduce, part, bytes);
-    sum.parts[peer] = part;
+    by_rank[peer] = part;
+  }
+  if (order.empty()) {
+    sum.parts = std::move(by_rank);
+  } else {
+    for (int r : order) sum.parts.push_back(by_rank[r]);
   }
   sums_.push_back(std::move(sum));
   return RunUnlessGrouped();

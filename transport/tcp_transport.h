@@ -30,8 +30,9 @@
 //
 // Collectives. ReduceSum is a star: the root receives every other rank's
 // buffer (concurrently, into a scratch buffer per peer, kept between calls
-// for reuse) and sums in float in rank order 0, 1, 2, ... whoever the root
-// is, so results are bit-identical from run to run. Broadcast: the root
+// for reuse) and sums in float in the caller's order (rank order 0, 1, 2,
+// ... by default) whoever the root is, so results are bit-identical from
+// run to run. Broadcast: the root
 // sends to every other rank. With a single rank, ReduceSum copies and
 // Broadcast does nothing.
 //
@@ -135,14 +136,14 @@ class TcpTransport final : public Transport {
   absl::Status Send(const void* data, size_t bytes, int peer) override;
   absl::Status Recv(void* data, size_t bytes, int peer) override;
   // `recv` may be `send` itself but must not partly overlap it.
-  absl::Status ReduceSum(const float* send, float* recv, size_t count,
-                         int root) override;
+  absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
+                         absl::Span<const int> order) override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
 
  private:
   // The root's share of one ReduceSum, summed once its transfers arrived.
   struct PendingSum {
-    std::vector<const float*> parts;  // Index = rank.
+    std::vector<const float*> parts;  // In summation order.
     float* recv = nullptr;
     size_t count = 0;
   };

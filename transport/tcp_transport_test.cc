@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/loopback_ranks.h"
 
@@ -126,7 +127,7 @@ TEST_P(TcpTransportWorldTest, ReduceSumOfIntegersIsExactAtEveryRoot) {
       const std::vector<float> send = IntegerValues(count, rank, root);
       std::vector<float> recv(count, -1.0f);
       ASSERT_TRUE(
-          at(rank).ReduceSum(send.data(), recv.data(), count, root).ok());
+          at(rank).ReduceSum(send.data(), recv.data(), count, root, {}).ok());
       if (rank == root) {
         EXPECT_TRUE(recv == expected) << "root " << root;
       }
@@ -145,13 +146,49 @@ TEST_P(TcpTransportWorldTest, ReduceSumAddsInRankOrderBitForBitOnEveryRun) {
         std::vector<float> send = FractionValues(count, rank, root);
         std::vector<float> separate(count);
         float* recv = in_place ? send.data() : separate.data();
-        ASSERT_TRUE(at(rank).ReduceSum(send.data(), recv, count, root).ok());
+        ASSERT_TRUE(
+            at(rank).ReduceSum(send.data(), recv, count, root, {}).ok());
         if (rank != root) return;
         EXPECT_EQ(std::memcmp(recv, expected.data(), count * sizeof(float)), 0)
             << "root " << root << " run " << run;
       });
     }
   }
+}
+
+TEST_P(TcpTransportWorldTest, ReduceSumAddsInTheCallersOrderBitForBit) {
+  // Reversed rank order: a different fp32 association than rank order for
+  // three or more ranks, and the exact one the caller asked for.
+  const size_t count = 100003;
+  std::vector<int> order(world());
+  for (int r = 0; r < world(); ++r) order[r] = world() - 1 - r;
+  for (int root = 0; root < world(); ++root) {
+    std::vector<float> expected = FractionValues(count, order[0], root);
+    for (int i = 1; i < world(); ++i) {
+      const std::vector<float> part = FractionValues(count, order[i], root);
+      for (size_t k = 0; k < count; ++k) expected[k] += part[k];
+    }
+    RunOnEveryRank(world(), [&](int rank) {
+      std::vector<float> send = FractionValues(count, rank, root);
+      ASSERT_TRUE(at(rank)
+                      .ReduceSum(send.data(), send.data(), count, root, order)
+                      .ok());
+      if (rank != root) return;
+      EXPECT_EQ(std::memcmp(send.data(), expected.data(), count * 4), 0)
+          << "root " << root;
+    });
+  }
+}
+
+TEST(TcpTransportTest, ReduceSumRefusesAnOrderThatIsNotAPermutation) {
+  absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
+      ConnectLoopbackWorld(1, /*session=*/43, TcpOptions{});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  float x = 1;
+  const std::vector<int> twice = {0, 0};
+  const absl::Status status = (*ranks)[0]->ReduceSum(&x, &x, 1, 0, twice);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("order"));
 }
 
 TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
@@ -284,7 +321,7 @@ TEST_P(TcpTransportWorldTest, HundredMixedOperationsMatchTheReference) {
           break;
         case MixedOp::Kind::kReduceSum:
           status = at(rank).ReduceSum(check.got.data(), check.got.data(),
-                                      op.count, op.from);
+                                      op.count, op.from, {});
           if (rank == op.from) {
             check.expected =
                 SumInRankOrder(world(), op.count, salt, FractionValues);

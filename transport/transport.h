@@ -23,6 +23,7 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 
 namespace muonps {
 namespace transport {
@@ -46,9 +47,14 @@ class Transport {
   virtual absl::Status Recv(void* data, size_t bytes, int peer) = 0;
 
   // Sum of every rank's `send` (count floats) into `recv` on `root`; `recv`
-  // is ignored elsewhere and may alias `send` on the root.
+  // is ignored elsewhere and may alias `send` on the root. `order` is empty
+  // (rank order) or a permutation of the ranks: the fp32 parts are added
+  // left to right in that order, which fixes the result's bits (a caller
+  // that wants results independent of how ranks were numbered passes its
+  // own order; only the root's `order` matters). INVALID_ARGUMENT for an
+  // `order` that is not a permutation.
   virtual absl::Status ReduceSum(const float* send, float* recv, size_t count,
-                                 int root) = 0;
+                                 int root, absl::Span<const int> order) = 0;
   // `bytes` of `data` from `root` to every rank.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
 };

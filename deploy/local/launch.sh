@@ -18,7 +18,7 @@ cd "$(dirname "$0")/../.."
 workers=2
 trainers=""
 layout=unreduced
-steps=30
+steps=50
 log_dir=""
 keep_running=0
 trainer_flags=()

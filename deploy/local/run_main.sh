@@ -15,4 +15,4 @@ echo "== golden replay (PyTorch's trajectories through the CPU kernels)"
 "$(bazel info bazel-bin 2>/dev/null)/tools/golden_replay/golden_replay" \
   --golden "$GOLDEN" --algorithm gram | tail -n 1
 echo "== local cluster: coordinator + 2 workers + 2 trainer ranks"
-bash deploy/local/launch.sh --workers 2 --trainers 2 --steps 30 "$@"
+bash deploy/local/launch.sh --workers 2 --trainers 2 --steps 50 "$@"

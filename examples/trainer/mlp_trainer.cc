@@ -160,8 +160,12 @@ absl::Status Run() {
   summary["steps"] = config.steps;
   summary["layout"] = absl::GetFlag(FLAGS_layout);
   if (absl::GetFlag(FLAGS_parity)) {
+    // The reference runs each matrix with the algorithm the plan chose.
+    TrainConfig reference_config = config;
+    MUONPS_ASSIGN_OR_RETURN(reference_config.algorithms,
+                            client->NsAlgorithms());
     MUONPS_ASSIGN_OR_RETURN(const std::vector<float> reference,
-                            TrainReference(config));
+                            TrainReference(reference_config));
     summary["parity_max_rel_err"] =
         MaxRelativeError(model, model.params_data(), reference.data());
   }

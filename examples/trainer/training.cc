@@ -58,13 +58,18 @@ absl::StatusOr<std::vector<float>> TrainReference(const TrainConfig& config) {
       float* param = model.params_data() + p.offset;
       float* grad = grad_sum.data() + p.offset;
       if (p.is_matrix) {
+        kernels::MuonHyperparameters muon = config.muon;
+        auto chosen = config.algorithms.find(p.name);
+        if (chosen != config.algorithms.end()) {
+          muon.ns.algorithm = chosen->second;
+        }
         kernels::MuonStack stack;
         stack.names = {p.name};
         stack.grad = {grad, 1, p.shape[0], p.shape[1]};
         stack.momentum = {momentum.data() + p.offset, 1, p.shape[0],
                           p.shape[1]};
         stack.param = {param, 1, p.shape[0], p.shape[1]};
-        MUONPS_RETURN_IF_ERROR(kernels.MuonStep(stack, config.muon));
+        MUONPS_RETURN_IF_ERROR(kernels.MuonStep(stack, muon));
       } else {
         MUONPS_RETURN_IF_ERROR(
             kernels.AdamWStep({p.name, param, grad, exp_avg.data() + p.offset,

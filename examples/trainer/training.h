@@ -6,6 +6,8 @@
 #define MUONPS_EXAMPLES_TRAINER_TRAINING_H_
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,6 +28,12 @@ struct TrainConfig {
   uint32_t seed = 7;
   kernels::MuonHyperparameters muon;
   kernels::AdamWHyperparameters adamw;
+  // The Newton-Schulz algorithm of each matrix, by name, as the service's
+  // plan runs it (Client::NsAlgorithms); matrices not named use
+  // muon.ns.algorithm. NS5 and Gram NS agree only to rounding, and the
+  // training loop amplifies rounding (see TrainReference), so a reference
+  // that must match the service bit for bit runs the same algorithms.
+  std::map<std::string, kernels::NsAlgorithm> algorithms;
 };
 
 // The gradient rank `rank` holds for step `step` in the model's gradient
@@ -42,8 +50,15 @@ absl::StatusOr<double> BatchLoss(const TrainConfig& config, TeacherTask* task,
                                  Mlp* model, int step);
 
 // Trains `config.steps` steps in one process with the CPU kernels, the
-// gradients of all ranks averaged as the workers do, and returns the final
-// parameter block.
+// gradients of all ranks averaged as the workers do (an fp32 sum in rank
+// order, times the fp32 inverse), and returns the final parameter block.
+//
+// The closed loop is ill-conditioned: a difference of one rounding in one
+// step (e.g. NS5 against Gram NS, 1e-6 relative) moves a ReLU unit across
+// its kink a few steps later and the trajectories part by 1e-3..1e-2 within
+// 50 steps (training_test.cc measures it). So a distributed run matches
+// this only when it computes the same bits: same algorithms per matrix
+// (config.algorithms), same reduction order.
 absl::StatusOr<std::vector<float>> TrainReference(const TrainConfig& config);
 
 // Largest ||a - b||_F / ||b||_F over the model's tensors.

@@ -170,6 +170,17 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
                       absl::StrCat("worker ", Quoted(worker_id_),
                                    " has no plan yet (or is not in it)"));
   }
+  // The CPU data plane pairs every worker of the plan with one trainer, so
+  // a plan with another number of workers is one the others have not
+  // joined yet: the client retries until they have.
+  if (static_cast<int>(plan_.worker_ids.size()) != request.trainer_count()) {
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, "plan",
+        absl::StrCat("plan version ", plan_version_, " has ",
+                     plan_.worker_ids.size(), " workers and the job ",
+                     request.trainer_count(),
+                     " trainers: waiting for the workers to join"));
+  }
   std::map<std::string, int> index;
   for (size_t m = 0; m < matrices_.size(); ++m) index[matrices_[m].name] = m;
   std::vector<Binding> bindings(matrices_.size());

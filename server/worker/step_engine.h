@@ -55,7 +55,9 @@ class StepEngine {
 
   // Maps the trainer's segment and checks every binding against the job:
   // every job matrix bound once with the right element count, offsets
-  // inside the segment, fp32 buffers. FAILED_PRECONDITION before a plan.
+  // inside the segment, fp32 buffers. FAILED_PRECONDITION before a plan,
+  // and while the plan's worker count differs from the trainer count (the
+  // other workers have not joined yet; the client retries).
   absl::StatusOr<v1::AttachResponse> Attach(const v1::AttachRequest& request);
 
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);

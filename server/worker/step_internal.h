@@ -51,6 +51,9 @@ inline double Seconds(std::chrono::steady_clock::time_point start) {
 struct StepEngine::StepContext {
   std::map<std::string, std::vector<float>> staged;  // by item key
   std::vector<int32_t> trainer_rank_of;
+  // Worker ranks ordered by their trainer's rank: every mean is summed in
+  // trainer order, so its bits do not depend on the order workers joined.
+  std::vector<int> reduce_order;
   double ns_seconds = 0;
   int64_t bytes = 0;
 };

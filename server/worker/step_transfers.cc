@@ -58,6 +58,12 @@ absl::Status StepEngine::AgreeOnStep(const v1::StepRequest& request,
   MUONPS_RETURN_IF_ERROR(t.Broadcast(&decision, sizeof(decision), 0));
   MUONPS_RETURN_IF_ERROR(
       t.Broadcast(step->trainer_rank_of.data(), sizeof(int32_t) * size, 0));
+  step->reduce_order.assign(size, 0);
+  for (int r = 0; r < size; ++r) {
+    // A permutation once agreed (rank 0 checked it); clamp before that.
+    const int32_t trainer = step->trainer_rank_of[r];
+    if (trainer >= 0 && trainer < size) step->reduce_order[trainer] = r;
+  }
   if (!decision.go) {
     decision.problem[kProblemBytes - 1] = 0;
     return absl::InvalidArgumentError(
@@ -88,8 +94,9 @@ absl::Status StepEngine::ToOwners(const scheduler::Bucket& bucket,
           if (mine) std::memcpy(staged->data(), b.grad + e * size, size * 4);
           break;
         case scheduler::Layout::kUnreduced:
-          MUONPS_RETURN_IF_ERROR(t.ReduceSum(
-              b.grad + e * size, mine ? staged->data() : nullptr, size, owner));
+          MUONPS_RETURN_IF_ERROR(t.ReduceSum(b.grad + e * size,
+                                             mine ? staged->data() : nullptr,
+                                             size, owner, step->reduce_order));
           step->bytes += size * 4;
           break;
         case scheduler::Layout::kRowSharded: {
@@ -238,7 +245,8 @@ absl::Status StepEngine::AverageAdamWGradients(StepContext* step) {
   const float inverse = 1.0f / static_cast<float>(trainer_count_);
   for (auto& [name, b] : adamw_bindings_) {
     if (b.layout != scheduler::Layout::kUnreduced) continue;
-    MUONPS_RETURN_IF_ERROR(t.ReduceSum(b.grad, b.grad, b.elements, 0));
+    MUONPS_RETURN_IF_ERROR(
+        t.ReduceSum(b.grad, b.grad, b.elements, 0, step->reduce_order));
     if (rank_ == 0) {
       for (int64_t i = 0; i < b.elements; ++i) b.grad[i] *= inverse;
     }

@@ -1,0 +1,161 @@
+// The example's closed training loop through the real service, as
+// deploy/local/launch.sh runs it: a muonps-coordinator, N muonps-worker
+// daemons and N mlp_trainer processes train the MLP for 50 steps, and
+// trainer rank 0 compares its final parameters (weights and the biases
+// that AdamW steps in the clients) with a single-process run of the same
+// kernels. The loop amplifies any rounding difference by orders of
+// magnitude within 50 steps (examples/trainer/training_test.cc), so the
+// 1e-5 bound holds only if the service computes exactly what the
+// reference does: the plan's Newton-Schulz algorithm per matrix, means
+// summed in trainer order whichever order the workers joined in. Every
+// layout, 1, 2 and 3 workers.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <ostream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/harness/child_process.h"
+
+namespace muonps {
+namespace {
+
+using testing::ChildProcess;
+using testing::NewTempDir;
+using testing::RunfilePath;
+
+constexpr int kSteps = 50;
+constexpr double kTolerance = 1e-5;
+constexpr absl::Duration kStartTimeout = absl::Seconds(30);
+constexpr absl::Duration kTrainTimeout = absl::Seconds(240);
+
+struct ParityCase {
+  std::string layout;
+  int workers = 1;
+};
+
+void PrintTo(const ParityCase& c, std::ostream* os) {
+  *os << c.layout << "_" << c.workers;
+}
+
+class TrainingParityTest : public ::testing::TestWithParam<ParityCase> {
+ protected:
+  void SetUp() override {
+    log_dir_ = NewTempDir("training_parity");
+    ASSERT_FALSE(log_dir_.empty());
+    // Unix socket paths hold at most 108 bytes, too few for TEST_TMPDIR.
+    char socket_dir[] = "/tmp/muonps-tp-XXXXXX";
+    ASSERT_NE(mkdtemp(socket_dir), nullptr);
+    socket_dir_ = socket_dir;
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      for (const auto& p : processes_) {
+        std::cerr << "== " << p->log_path() << "\n" << p->Log();
+      }
+    }
+    processes_.clear();  // kills and reaps what still runs
+    std::system(absl::StrCat("rm -rf ", socket_dir_, " ", log_dir_).c_str());
+  }
+
+  ChildProcess* Start(const std::vector<std::string>& argv,
+                      const std::string& log) {
+    absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+        ChildProcess::Start(argv, absl::StrCat(log_dir_, "/", log, ".log"));
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return nullptr;
+    processes_.push_back(*std::move(started));
+    return processes_.back().get();
+  }
+
+  std::string log_dir_, socket_dir_;
+  std::vector<std::unique_ptr<ChildProcess>> processes_;
+};
+
+TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
+  const ParityCase& c = GetParam();
+  ChildProcess* coordinator =
+      Start({RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
+             "--metrics_port=-1", "--lease_ttl_ms=3000",
+             "--heartbeat_interval_ms=500"},
+            "coordinator");
+  ASSERT_NE(coordinator, nullptr);
+  absl::StatusOr<std::string> port = coordinator->WaitForLog(
+      R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
+  ASSERT_TRUE(port.ok()) << port.status();
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
+  std::vector<ChildProcess*> workers;
+  for (int i = 0; i < c.workers; ++i) {
+    workers.push_back(Start(
+        {RunfilePath("server/worker/muonps-worker"), "--coordinator=" + address,
+         "--job=mlp", absl::StrCat("--worker_id=w", i),
+         absl::StrCat("--socket=", socket_dir_, "/w", i, ".sock"),
+         "--metrics_port=-1", "--device_kind=cpu"},
+        absl::StrCat("worker-w", i)));
+    ASSERT_NE(workers.back(), nullptr);
+  }
+  for (ChildProcess* w : workers) {
+    ASSERT_TRUE(w->WaitForLog("listening on unix:", kStartTimeout).ok());
+  }
+  std::vector<ChildProcess*> trainers;
+  for (int r = 0; r < c.workers; ++r) {
+    trainers.push_back(
+        Start({RunfilePath("examples/trainer/mlp_trainer"),
+               "--coordinator=" + address, "--job=mlp",
+               absl::StrCat("--worker_socket=", socket_dir_, "/w", r, ".sock"),
+               absl::StrCat("--rank=", r), absl::StrCat("--ranks=", c.workers),
+               "--layout=" + c.layout, absl::StrCat("--steps=", kSteps),
+               absl::StrCat("--parity=", r == 0 ? "true" : "false")},
+              absl::StrCat("trainer-", r)));
+    ASSERT_NE(trainers.back(), nullptr);
+  }
+  for (ChildProcess* t : trainers) {
+    absl::StatusOr<int> status = t->Wait(kTrainTimeout);
+    ASSERT_TRUE(status.ok()) << status.status();
+    ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << t->log_path() << ":\n"
+        << t->Log();
+  }
+  std::smatch match;
+  const std::string log = trainers[0]->Log();
+  ASSERT_TRUE(std::regex_search(
+      log, match, std::regex(R"re("parity_max_rel_err":([0-9.eE+-]+))re")))
+      << log;
+  double err = 0;
+  ASSERT_TRUE(absl::SimpleAtod(match[1].str(), &err)) << match[1];
+  EXPECT_LE(err, kTolerance) << c.layout << " with " << c.workers
+                             << " workers after " << kSteps << " steps";
+  ASSERT_TRUE(std::regex_search(
+      log, match, std::regex(R"re("final_loss":([0-9.eE+-]+))re")));
+  double final_loss = 0;
+  ASSERT_TRUE(absl::SimpleAtod(match[1].str(), &final_loss));
+  EXPECT_LT(final_loss, 0.6) << "training should make progress";
+}
+
+std::vector<ParityCase> AllCases() {
+  std::vector<ParityCase> cases;
+  for (const char* layout : {"replicated", "unreduced", "row_sharded"}) {
+    for (int workers = 1; workers <= 3; ++workers) {
+      cases.push_back({layout, workers});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TrainingParityTest,
+                         ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<ParityCase>& info) {
+                           return absl::StrCat(info.param.layout, "_",
+                                               info.param.workers, "Workers");
+                         });
+
+}  // namespace
+}  // namespace muonps
