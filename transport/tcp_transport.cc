@@ -1,5 +1,7 @@
 #include "transport/tcp_transport.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -96,7 +98,38 @@ TcpTransport::TcpTransport(int rank, uint64_t session,
       next_send_sequence_(sockets_.size(), 0),
       next_recv_sequence_(sockets_.size(), 0) {}
 
+absl::Status TcpTransport::HostStreamOnly(Stream stream) {
+  if (stream == kHostStream) return absl::OkStatus();
+  return Fail(absl::InvalidArgumentError(
+      "the TCP transport moves host memory: stream must be kHostStream"));
+}
+
+absl::Status TcpTransport::Synchronize(Stream stream, absl::Duration) {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  return HostStreamOnly(stream);
+}
+
+void TcpTransport::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (aborted_.ok())
+      aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
+  }
+  // Wakes a call blocked in poll() on any of them; the descriptors stay
+  // open (owned by the sockets) until the transport is destroyed.
+  for (const Socket& socket : sockets_) {
+    if (socket.valid()) shutdown(socket.fd(), SHUT_RDWR);
+  }
+}
+
 absl::Status TcpTransport::Usable() const {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (!aborted_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "transport was aborted and must be rebuilt: ", aborted_.ToString()));
+    }
+  }
   if (broken_.ok()) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("transport is broken by an earlier error and must be "
@@ -183,8 +216,10 @@ absl::Status TcpTransport::GroupEnd() {
   return RunUnlessGrouped();
 }
 
-absl::Status TcpTransport::Send(const void* data, size_t bytes, int peer) {
+absl::Status TcpTransport::Send(const void* data, size_t bytes, int peer,
+                                Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
+  MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
   absl::Status valid = CheckRank(peer, "Send: peer", /*allow_self=*/false);
   if (valid.ok() && data == nullptr && bytes > 0) {
     valid = absl::InvalidArgumentError("Send: data is null");
@@ -194,8 +229,10 @@ absl::Status TcpTransport::Send(const void* data, size_t bytes, int peer) {
   return RunUnlessGrouped();
 }
 
-absl::Status TcpTransport::Recv(void* data, size_t bytes, int peer) {
+absl::Status TcpTransport::Recv(void* data, size_t bytes, int peer,
+                                Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
+  MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
   absl::Status valid = CheckRank(peer, "Recv: peer", /*allow_self=*/false);
   if (valid.ok() && data == nullptr && bytes > 0) {
     valid = absl::InvalidArgumentError("Recv: data is null");
@@ -207,8 +244,10 @@ absl::Status TcpTransport::Recv(void* data, size_t bytes, int peer) {
 
 absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
                                      size_t count, int root,
-                                     absl::Span<const int> order) {
+                                     absl::Span<const int> order,
+                                     Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
+  MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
   absl::Status valid = CheckRank(root, "ReduceSum: root", /*allow_self=*/true);
   if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
     valid = absl::InvalidArgumentError("ReduceSum: count is too large");
@@ -260,8 +299,10 @@ absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
   return RunUnlessGrouped();
 }
 
-absl::Status TcpTransport::Broadcast(void* data, size_t bytes, int root) {
+absl::Status TcpTransport::Broadcast(void* data, size_t bytes, int root,
+                                     Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
+  MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
   absl::Status valid = CheckRank(root, "Broadcast: root", /*allow_self=*/true);
   if (valid.ok() && data == nullptr && bytes > 0) {
     valid = absl::InvalidArgumentError("Broadcast: data is null");

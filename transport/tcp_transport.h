@@ -56,6 +56,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "transport/message_transfer.h"
 #include "transport/socket_io.h"
@@ -126,6 +127,7 @@ class TcpTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(sockets_.size()); }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
 
   // FAILED_PRECONDITION if broken.
   absl::Status GroupStart() override;
@@ -133,12 +135,19 @@ class TcpTransport final : public Transport {
   // without a matching GroupStart.
   absl::Status GroupEnd() override;
 
-  absl::Status Send(const void* data, size_t bytes, int peer) override;
-  absl::Status Recv(void* data, size_t bytes, int peer) override;
+  absl::Status Send(const void* data, size_t bytes, int peer,
+                    Stream stream) override;
+  absl::Status Recv(void* data, size_t bytes, int peer, Stream stream) override;
   // `recv` may be `send` itself but must not partly overlap it.
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
-                         absl::Span<const int> order) override;
-  absl::Status Broadcast(void* data, size_t bytes, int root) override;
+                         absl::Span<const int> order, Stream stream) override;
+  absl::Status Broadcast(void* data, size_t bytes, int root,
+                         Stream stream) override;
+  // Calls have finished when they return: OK unless broken.
+  absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
+  // Shuts every connection down: a call blocked on a peer (in this or
+  // another thread) fails at once, and so does every later call.
+  void Abort(const absl::Status& reason) override;
 
  private:
   // The root's share of one ReduceSum, summed once its transfers arrived.
@@ -153,6 +162,8 @@ class TcpTransport final : public Transport {
 
   // FAILED_PRECONDITION quoting the first error once broken.
   absl::Status Usable() const;
+  // INVALID_ARGUMENT (breaking the transport) unless kHostStream.
+  absl::Status HostStreamOnly(Stream stream);
   // Marks the transport broken by `status` (annotated with rank and
   // session) and returns it.
   absl::Status Fail(const absl::Status& status);
@@ -176,6 +187,8 @@ class TcpTransport final : public Transport {
   std::vector<std::vector<float>> scratch_;
   size_t scratch_in_use_ = 0;
   absl::Status broken_;
+  mutable absl::Mutex abort_mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(abort_mu_);
 };
 
 }  // namespace transport

@@ -53,12 +53,14 @@ TEST(TcpTransportFailureTest, PeerThatClosesFailsPendingRecvsUnavailable) {
     }
     char buffer[64];
     const Clock::time_point start = Clock::now();
-    const absl::Status status = ranks[rank]->Recv(buffer, sizeof(buffer), 2);
+    const absl::Status status =
+        ranks[rank]->Recv(buffer, sizeof(buffer), 2, kHostStream);
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
     EXPECT_THAT(status.message(), HasSubstr("peer rank 2"));
     EXPECT_LT(SecondsSince(start), 0.9) << "must not wait for io_timeout";
     // Broken: even a call between the two healthy ranks fails at once.
-    const absl::Status after = ranks[rank]->Send(buffer, 1, 1 - rank);
+    const absl::Status after =
+        ranks[rank]->Send(buffer, 1, 1 - rank, kHostStream);
     EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
     EXPECT_THAT(after.message(), HasSubstr("peer rank 2"));
   });
@@ -69,14 +71,15 @@ TEST(TcpTransportFailureTest, PeerThatNeverSendsGivesDeadlineExceeded) {
   ASSERT_EQ(ranks.size(), 2u);
   char buffer[1024];
   const Clock::time_point start = Clock::now();
-  const absl::Status status = ranks[0]->Recv(buffer, sizeof(buffer), 1);
+  const absl::Status status =
+      ranks[0]->Recv(buffer, sizeof(buffer), 1, kHostStream);
   const double seconds = SecondsSince(start);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("peer rank 1"), HasSubstr("io_timeout")));
   EXPECT_GE(seconds, 0.95);
   EXPECT_LT(seconds, 2.0);
-  EXPECT_EQ(ranks[0]->Recv(buffer, sizeof(buffer), 1).code(),
+  EXPECT_EQ(ranks[0]->Recv(buffer, sizeof(buffer), 1, kHostStream).code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -86,7 +89,8 @@ TEST(TcpTransportFailureTest, PeerThatNeverReceivesGivesDeadlineExceeded) {
   // Far beyond what the socket buffers of both ends can hold.
   const std::vector<char> data(64 << 20, 'x');
   const Clock::time_point start = Clock::now();
-  const absl::Status status = ranks[1]->Send(data.data(), data.size(), 0);
+  const absl::Status status =
+      ranks[1]->Send(data.data(), data.size(), 0, kHostStream);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_THAT(status.message(), HasSubstr("peer rank 0"));
   EXPECT_LT(SecondsSince(start), 2.0);
@@ -102,7 +106,7 @@ TEST(TcpTransportFailureTest, UngroupedCrossingSendsOf32MiBTimeOutNotHang) {
   RunOnEveryRank(2, [&](int rank) {
     const Clock::time_point start = Clock::now();
     const absl::Status status =
-        ranks[rank]->Send(data.data(), data.size(), 1 - rank);
+        ranks[rank]->Send(data.data(), data.size(), 1 - rank, kHostStream);
     EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
     EXPECT_LT(SecondsSince(start), 2.0);
   });
@@ -146,7 +150,8 @@ TEST(TcpTransportFailureTest, StaleConnectionFromAnOlderSessionIsNotReused) {
   ASSERT_TRUE(fresh[1].ok()) << fresh[1].status();
   RunOnEveryRank(2, [&](int rank) {
     int value = rank == 1 ? 12345 : 0;
-    ASSERT_TRUE((*fresh[rank])->Broadcast(&value, sizeof(value), 1).ok());
+    ASSERT_TRUE(
+        (*fresh[rank])->Broadcast(&value, sizeof(value), 1, kHostStream).ok());
     EXPECT_EQ(value, 12345);
   });
 }
@@ -169,7 +174,8 @@ TEST(TcpTransportFailureTest, RetryOnTheSameSessionSkipsAbandonedAttempts) {
   ASSERT_TRUE(retry[1].ok()) << retry[1].status();
   RunOnEveryRank(2, [&](int rank) {
     int value = rank == 0 ? 777 : 0;
-    ASSERT_TRUE((*retry[rank])->Broadcast(&value, sizeof(value), 0).ok());
+    ASSERT_TRUE(
+        (*retry[rank])->Broadcast(&value, sizeof(value), 0, kHostStream).ok());
     EXPECT_EQ(value, 777);
   });
 }
@@ -181,10 +187,10 @@ TEST(TcpTransportFailureTest, MismatchedMessageSizesGiveInternalNamingPeer) {
   absl::Status received;
   RunOnEveryRank(2, [&](int rank) {
     if (rank == 0) {
-      EXPECT_TRUE(ranks[0]->Send(buffer.data(), 200, 1).ok());
+      EXPECT_TRUE(ranks[0]->Send(buffer.data(), 200, 1, kHostStream).ok());
     } else {
       std::vector<char> small(100);
-      received = ranks[1]->Recv(small.data(), small.size(), 0);
+      received = ranks[1]->Recv(small.data(), small.size(), 0, kHostStream);
     }
   });
   EXPECT_EQ(received.code(), absl::StatusCode::kInternal) << received;
@@ -200,9 +206,9 @@ TEST(TcpTransportFailureTest, MismatchedCallKindsGiveInternalNamingPeer) {
   RunOnEveryRank(2, [&](int rank) {
     char data[64] = {};
     if (rank == 0) {
-      EXPECT_TRUE(ranks[0]->Broadcast(data, sizeof(data), 0).ok());
+      EXPECT_TRUE(ranks[0]->Broadcast(data, sizeof(data), 0, kHostStream).ok());
     } else {
-      received = ranks[1]->Recv(data, sizeof(data), 0);
+      received = ranks[1]->Recv(data, sizeof(data), 0, kHostStream);
     }
   });
   EXPECT_EQ(received.code(), absl::StatusCode::kInternal) << received;
@@ -214,9 +220,9 @@ TEST(TcpTransportFailureTest, InvalidCallsAreRejectedAndBreakTheTransport) {
   std::vector<std::unique_ptr<TcpTransport>> ranks = World(1);
   ASSERT_EQ(ranks.size(), 1u);
   char byte = 0;
-  EXPECT_EQ(ranks[0]->Send(&byte, 1, 0).code(),
+  EXPECT_EQ(ranks[0]->Send(&byte, 1, 0, kHostStream).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ranks[0]->Broadcast(&byte, 1, 0).code(),
+  EXPECT_EQ(ranks[0]->Broadcast(&byte, 1, 0, kHostStream).code(),
             absl::StatusCode::kFailedPrecondition);
 
   std::vector<std::unique_ptr<TcpTransport>> fresh = World(1);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -106,10 +107,12 @@ TEST_P(TcpTransportWorldTest, SendRecvDeliversEmptySmallAnd64MiBMessages) {
       const uint32_t seed = static_cast<uint32_t>(n);
       if (rank == t.from) {
         const std::vector<unsigned char> data = BytePattern(t.bytes, seed);
-        EXPECT_TRUE(at(rank).Send(data.data(), t.bytes, t.to).ok());
+        EXPECT_TRUE(
+            at(rank).Send(data.data(), t.bytes, t.to, kHostStream).ok());
       } else if (rank == t.to) {
         std::vector<unsigned char> got(t.bytes, 0xEE);
-        ASSERT_TRUE(at(rank).Recv(got.data(), t.bytes, t.from).ok());
+        ASSERT_TRUE(
+            at(rank).Recv(got.data(), t.bytes, t.from, kHostStream).ok());
         EXPECT_TRUE(got == BytePattern(t.bytes, seed))
             << "transfer " << n << ": " << t.bytes << " bytes " << t.from
             << " -> " << t.to;
@@ -127,7 +130,9 @@ TEST_P(TcpTransportWorldTest, ReduceSumOfIntegersIsExactAtEveryRoot) {
       const std::vector<float> send = IntegerValues(count, rank, root);
       std::vector<float> recv(count, -1.0f);
       ASSERT_TRUE(
-          at(rank).ReduceSum(send.data(), recv.data(), count, root, {}).ok());
+          at(rank)
+              .ReduceSum(send.data(), recv.data(), count, root, {}, kHostStream)
+              .ok());
       if (rank == root) {
         EXPECT_TRUE(recv == expected) << "root " << root;
       }
@@ -147,7 +152,9 @@ TEST_P(TcpTransportWorldTest, ReduceSumAddsInRankOrderBitForBitOnEveryRun) {
         std::vector<float> separate(count);
         float* recv = in_place ? send.data() : separate.data();
         ASSERT_TRUE(
-            at(rank).ReduceSum(send.data(), recv, count, root, {}).ok());
+            at(rank)
+                .ReduceSum(send.data(), recv, count, root, {}, kHostStream)
+                .ok());
         if (rank != root) return;
         EXPECT_EQ(std::memcmp(recv, expected.data(), count * sizeof(float)), 0)
             << "root " << root << " run " << run;
@@ -171,7 +178,8 @@ TEST_P(TcpTransportWorldTest, ReduceSumAddsInTheCallersOrderBitForBit) {
     RunOnEveryRank(world(), [&](int rank) {
       std::vector<float> send = FractionValues(count, rank, root);
       ASSERT_TRUE(at(rank)
-                      .ReduceSum(send.data(), send.data(), count, root, order)
+                      .ReduceSum(send.data(), send.data(), count, root, order,
+                                 kHostStream)
                       .ok());
       if (rank != root) return;
       EXPECT_EQ(std::memcmp(send.data(), expected.data(), count * 4), 0)
@@ -186,9 +194,33 @@ TEST(TcpTransportTest, ReduceSumRefusesAnOrderThatIsNotAPermutation) {
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   float x = 1;
   const std::vector<int> twice = {0, 0};
-  const absl::Status status = (*ranks)[0]->ReduceSum(&x, &x, 1, 0, twice);
+  const absl::Status status =
+      (*ranks)[0]->ReduceSum(&x, &x, 1, 0, twice, kHostStream);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("order"));
+}
+
+TEST(TcpTransportTest, AbortFromAnotherThreadEndsABlockedRecvAndLaterCalls) {
+  TcpOptions options;
+  options.io_timeout = absl::Seconds(60);  // Abort, not the timeout, ends it.
+  absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
+      ConnectLoopbackWorld(2, /*session=*/44, options);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  TcpTransport& waiting = *(*ranks)[0];
+  const absl::Time start = absl::Now();
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    waiting.Abort(absl::UnavailableError("peer w1 lost its lease"));
+  });
+  float x = 0;
+  const absl::Status status = waiting.Recv(&x, 4, 1, kHostStream);
+  aborter.join();
+  EXPECT_FALSE(status.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  const absl::Status later = waiting.Send(&x, 4, 1, kHostStream);
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(later.message()),
+              ::testing::HasSubstr("peer w1 lost its lease"));
 }
 
 TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
@@ -198,7 +230,8 @@ TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
       RunOnEveryRank(world(), [&](int rank) {
         std::vector<unsigned char> buffer =
             rank == root ? data : std::vector<unsigned char>(bytes, 0);
-        ASSERT_TRUE(at(rank).Broadcast(buffer.data(), bytes, root).ok());
+        ASSERT_TRUE(
+            at(rank).Broadcast(buffer.data(), bytes, root, kHostStream).ok());
         EXPECT_TRUE(buffer == data) << "root " << root << " rank " << rank;
       });
     }
@@ -219,12 +252,14 @@ TEST_P(TcpTransportWorldTest, GroupedAllToAllOf32MiBPerPairCompletes) {
     for (int peer = 0; peer < world(); ++peer) {
       if (peer == rank) continue;
       out[peer] = BytePattern(bytes, seed(rank, peer));
-      ASSERT_TRUE(at(rank).Send(out[peer].data(), bytes, peer).ok());
+      ASSERT_TRUE(
+          at(rank).Send(out[peer].data(), bytes, peer, kHostStream).ok());
     }
     for (int peer = 0; peer < world(); ++peer) {
       if (peer == rank) continue;
       in[peer].resize(bytes);
-      ASSERT_TRUE(at(rank).Recv(in[peer].data(), bytes, peer).ok());
+      ASSERT_TRUE(
+          at(rank).Recv(in[peer].data(), bytes, peer, kHostStream).ok());
     }
     ASSERT_TRUE(at(rank).GroupEnd().ok());
     for (int peer = 0; peer < world(); ++peer) {
@@ -243,7 +278,7 @@ TEST_P(TcpTransportWorldTest, NestedGroupsRunAtTheOutermostGroupEnd) {
         rank == 0 ? data : std::vector<unsigned char>(bytes, 0);
     ASSERT_TRUE(at(rank).GroupStart().ok());
     ASSERT_TRUE(at(rank).GroupStart().ok());
-    ASSERT_TRUE(at(rank).Broadcast(buffer.data(), bytes, 0).ok());
+    ASSERT_TRUE(at(rank).Broadcast(buffer.data(), bytes, 0, kHostStream).ok());
     ASSERT_TRUE(at(rank).GroupEnd().ok());
     if (rank != 0) {
       EXPECT_TRUE(buffer == std::vector<unsigned char>(bytes, 0))
@@ -312,16 +347,18 @@ TEST_P(TcpTransportWorldTest, HundredMixedOperationsMatchTheReference) {
       switch (op.kind) {
         case MixedOp::Kind::kSendRecv:
           if (rank == op.from) {
-            status = at(rank).Send(check.got.data(), op.count * 4, op.to);
+            status = at(rank).Send(check.got.data(), op.count * 4, op.to,
+                                   kHostStream);
           } else if (rank == op.to) {
-            status = at(rank).Recv(check.got.data(), op.count * 4, op.from);
+            status = at(rank).Recv(check.got.data(), op.count * 4, op.from,
+                                   kHostStream);
             check.expected = FractionValues(op.count, op.from, salt);
             check.verify = true;
           }
           break;
         case MixedOp::Kind::kReduceSum:
           status = at(rank).ReduceSum(check.got.data(), check.got.data(),
-                                      op.count, op.from, {});
+                                      op.count, op.from, {}, kHostStream);
           if (rank == op.from) {
             check.expected =
                 SumInRankOrder(world(), op.count, salt, FractionValues);
@@ -329,7 +366,8 @@ TEST_P(TcpTransportWorldTest, HundredMixedOperationsMatchTheReference) {
           }
           break;
         case MixedOp::Kind::kBroadcast:
-          status = at(rank).Broadcast(check.got.data(), op.count * 4, op.from);
+          status = at(rank).Broadcast(check.got.data(), op.count * 4, op.from,
+                                      kHostStream);
           check.expected = FractionValues(op.count, op.from, salt);
           check.verify = true;
           break;

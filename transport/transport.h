@@ -1,29 +1,37 @@
 // Moving tensor bytes among the workers of one plan version: point-to-point
 // sends and receives and the collectives a step needs, rooted at a matrix's
-// owner. The TCP transport (this machine's CPU path) and the NCCL transport
-// (GPUs) implement this one interface.
+// owner. Implementations: TcpTransport (host memory; this machine's CPU
+// path) and NcclTransport (device memory, one rank per GPU).
 //
-// Every rank issues the same calls in the same order (the step schedule
-// fixes it); calls between GroupStart() and GroupEnd() may progress
-// concurrently and complete at GroupEnd(), as with ncclGroupStart/End.
-// Outside a group each call completes before it returns. A peer that
-// disappears or stalls past the transport's timeout makes the pending call
-// fail with UNAVAILABLE or DEADLINE_EXCEEDED naming the peer rank; the
-// transport is then broken and must be rebuilt. A Transport is used by one
-// thread at a time.
+// Streams (NCCL's rule). Every data call names the stream it is ordered on.
+// A device transport (memory() is kCuda) enqueues the call on that stream
+// and returns; the transfer is done when the stream reaches it, and later
+// work on the same stream (or on a stream that waits on an event recorded
+// after it) sees the data. A host transport (memory() is kHost) takes
+// kHostStream only and has finished a call, or a group, when it returns.
 //
-// Buffers handed to a call inside a group must stay valid, and those the
-// call reads unchanged, until GroupEnd() returns; within one group no call
-// may read what another writes. Messages between two ranks match up in call
-// order, so both must issue their shared calls in the same order, grouped
-// or not. Implementations: TcpTransport (tcp_transport.h).
+// Order. Every rank issues the same calls in the same order (the step
+// schedule fixes it); calls between GroupStart() and GroupEnd() may progress
+// concurrently and complete together (ncclGroupStart/End). Buffers handed to
+// a call inside a group must stay valid, and those the call reads unchanged,
+// until the group's work is done; within one group no call may read what
+// another writes. Messages between two ranks match up in call order.
+//
+// Failure. A peer that disappears or stalls past the transport's timeout
+// makes a pending call (host) or Synchronize (device) fail with UNAVAILABLE
+// or DEADLINE_EXCEEDED naming the peer rank; Abort() makes every pending
+// and later call fail at once (ncclCommAbort). A failed transport is broken
+// for good: build a new one. A Transport is used by one thread at a time;
+// Abort() may be called from any thread.
 #ifndef MUONPS_TRANSPORT_TRANSPORT_H_
 #define MUONPS_TRANSPORT_TRANSPORT_H_
 
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/device.h"
 
 namespace muonps {
 namespace transport {
@@ -37,26 +45,41 @@ class Transport {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Where the buffers of every data call must live.
+  virtual MemoryKind memory() const = 0;
 
   virtual absl::Status GroupStart() = 0;
   virtual absl::Status GroupEnd() = 0;
 
   // `bytes` from `data` to `peer` (!= rank()).
-  virtual absl::Status Send(const void* data, size_t bytes, int peer) = 0;
+  virtual absl::Status Send(const void* data, size_t bytes, int peer,
+                            Stream stream) = 0;
   // `bytes` from `peer` into `data`.
-  virtual absl::Status Recv(void* data, size_t bytes, int peer) = 0;
+  virtual absl::Status Recv(void* data, size_t bytes, int peer,
+                            Stream stream) = 0;
 
   // Sum of every rank's `send` (count floats) into `recv` on `root`; `recv`
   // is ignored elsewhere and may alias `send` on the root. `order` is empty
   // (rank order) or a permutation of the ranks: the fp32 parts are added
   // left to right in that order, which fixes the result's bits (a caller
   // that wants results independent of how ranks were numbered passes its
-  // own order; only the root's `order` matters). INVALID_ARGUMENT for an
-  // `order` that is not a permutation.
+  // own order; only the root's `order` matters). A transport whose library
+  // picks its own order (NCCL) says so and may ignore it. INVALID_ARGUMENT
+  // for an `order` that is not a permutation.
   virtual absl::Status ReduceSum(const float* send, float* recv, size_t count,
-                                 int root, absl::Span<const int> order) = 0;
+                                 int root, absl::Span<const int> order,
+                                 Stream stream) = 0;
   // `bytes` of `data` from `root` to every rank.
-  virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root,
+                                 Stream stream) = 0;
+
+  // Waits until the work this transport enqueued on `stream` is done,
+  // failing (and aborting) if a peer is lost or nothing progresses for
+  // `timeout`. Host transports return at once (their calls have finished).
+  virtual absl::Status Synchronize(Stream stream, absl::Duration timeout) = 0;
+
+  // Breaks the transport: pending and later calls fail with `reason`.
+  virtual void Abort(const absl::Status& reason) = 0;
 };
 
 }  // namespace transport

@@ -29,7 +29,7 @@ absl::Status StepEngine::AgreeOnStep(const v1::StepRequest& request,
     std::vector<bool> seen(size, false);
     for (int r = 0; r < size; ++r) {
       StepHeader h = mine;
-      if (r > 0) MUONPS_RETURN_IF_ERROR(t.Recv(&h, sizeof(h), r));
+      if (r > 0) MUONPS_RETURN_IF_ERROR(t.Recv(&h, sizeof(h), r, kHostStream));
       h.problem[kProblemBytes - 1] = 0;
       step->trainer_rank_of[r] = h.trainer_rank;
       if (!problem.empty()) continue;
@@ -53,11 +53,12 @@ absl::Status StepEngine::AgreeOnStep(const v1::StepRequest& request,
     decision.go = problem.empty() ? 1 : 0;
     CopyProblem(problem, decision.problem);
   } else {
-    MUONPS_RETURN_IF_ERROR(t.Send(&mine, sizeof(mine), 0));
+    MUONPS_RETURN_IF_ERROR(t.Send(&mine, sizeof(mine), 0, kHostStream));
   }
-  MUONPS_RETURN_IF_ERROR(t.Broadcast(&decision, sizeof(decision), 0));
   MUONPS_RETURN_IF_ERROR(
-      t.Broadcast(step->trainer_rank_of.data(), sizeof(int32_t) * size, 0));
+      t.Broadcast(&decision, sizeof(decision), 0, kHostStream));
+  MUONPS_RETURN_IF_ERROR(t.Broadcast(step->trainer_rank_of.data(),
+                                     sizeof(int32_t) * size, 0, kHostStream));
   step->reduce_order.assign(size, 0);
   for (int r = 0; r < size; ++r) {
     // A permutation once agreed (rank 0 checked it); clamp before that.
@@ -94,9 +95,9 @@ absl::Status StepEngine::ToOwners(const scheduler::Bucket& bucket,
           if (mine) std::memcpy(staged->data(), b.grad + e * size, size * 4);
           break;
         case scheduler::Layout::kUnreduced:
-          MUONPS_RETURN_IF_ERROR(t.ReduceSum(b.grad + e * size,
-                                             mine ? staged->data() : nullptr,
-                                             size, owner, step->reduce_order));
+          MUONPS_RETURN_IF_ERROR(
+              t.ReduceSum(b.grad + e * size, mine ? staged->data() : nullptr,
+                          size, owner, step->reduce_order, kHostStream));
           step->bytes += size * 4;
           break;
         case scheduler::Layout::kRowSharded: {
@@ -104,7 +105,7 @@ absl::Status StepEngine::ToOwners(const scheduler::Bucket& bucket,
           const int64_t local = (end - begin) * spec.cols;
           const float* rows = b.grad + e * local;
           if (!mine) {
-            MUONPS_RETURN_IF_ERROR(t.Send(rows, local * 4, owner));
+            MUONPS_RETURN_IF_ERROR(t.Send(rows, local * 4, owner, kHostStream));
             step->bytes += local * 4;
             break;
           }
@@ -114,7 +115,8 @@ absl::Status StepEngine::ToOwners(const scheduler::Bucket& bucket,
             if (r == rank_) {
               std::memcpy(dst, rows, local * 4);
             } else {
-              MUONPS_RETURN_IF_ERROR(t.Recv(dst, (re - rb) * spec.cols * 4, r));
+              MUONPS_RETURN_IF_ERROR(
+                  t.Recv(dst, (re - rb) * spec.cols * 4, r, kHostStream));
               step->bytes += (re - rb) * spec.cols * 4;
             }
           }
@@ -217,19 +219,21 @@ absl::Status StepEngine::FromOwners(const scheduler::Bucket& bucket,
             const auto [rb, re] = RowRange(spec.rows, step->trainer_rank_of[r]);
             if (r != rank_) {
               MUONPS_RETURN_IF_ERROR(t.Send(update + rb * spec.cols,
-                                            (re - rb) * spec.cols * 4, r));
+                                            (re - rb) * spec.cols * 4, r,
+                                            kHostStream));
               step->bytes += (re - rb) * spec.cols * 4;
             }
           }
           update += begin * spec.cols;
         } else {
-          MUONPS_RETURN_IF_ERROR(t.Recv(update, count * 4, owner));
+          MUONPS_RETURN_IF_ERROR(t.Recv(update, count * 4, owner, kHostStream));
           step->bytes += count * 4;
         }
       } else {
         count = size;
         param = b.param + e * size;
-        MUONPS_RETURN_IF_ERROR(t.Broadcast(update, size * 4, owner));
+        MUONPS_RETURN_IF_ERROR(
+            t.Broadcast(update, size * 4, owner, kHostStream));
         step->bytes += size * 4;
       }
       for (int64_t i = 0; i < count; ++i) {
@@ -245,12 +249,12 @@ absl::Status StepEngine::AverageAdamWGradients(StepContext* step) {
   const float inverse = 1.0f / static_cast<float>(trainer_count_);
   for (auto& [name, b] : adamw_bindings_) {
     if (b.layout != scheduler::Layout::kUnreduced) continue;
-    MUONPS_RETURN_IF_ERROR(
-        t.ReduceSum(b.grad, b.grad, b.elements, 0, step->reduce_order));
+    MUONPS_RETURN_IF_ERROR(t.ReduceSum(b.grad, b.grad, b.elements, 0,
+                                       step->reduce_order, kHostStream));
     if (rank_ == 0) {
       for (int64_t i = 0; i < b.elements; ++i) b.grad[i] *= inverse;
     }
-    MUONPS_RETURN_IF_ERROR(t.Broadcast(b.grad, b.elements * 4, 0));
+    MUONPS_RETURN_IF_ERROR(t.Broadcast(b.grad, b.elements * 4, 0, kHostStream));
     step->bytes += 2 * b.elements * 4;
   }
   return absl::OkStatus();
