@@ -52,6 +52,13 @@ __global__ void ApplyKernel(float* param, const float* update, int64_t count,
   }
 }
 
+__global__ void ScaleKernel(float* data, int64_t count, float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    data[i] = __fmul_rn(data[i], factor);
+  }
+}
+
 __global__ void AdamWKernel(float* param, const float* grad, float* exp_avg,
                             float* exp_avg_sq, int64_t count, AdamWScalars s,
                             const unsigned long long* first_bad) {
@@ -100,6 +107,13 @@ cudaError_t LaunchApplyUpdate(float* param, const float* update, int64_t count,
   if (count <= 0) return cudaSuccess;
   ApplyKernel<<<Blocks(count), kThreads, 0, stream>>>(param, update, count,
                                                       decay, step, first_bad);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScale(float* data, int64_t count, float factor,
+                        cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  ScaleKernel<<<Blocks(count), kThreads, 0, stream>>>(data, count, factor);
   return cudaGetLastError();
 }
 

@@ -34,6 +34,10 @@ cudaError_t LaunchApplyUpdate(float* param, const float* update, int64_t count,
                               float decay, float step, cudaStream_t stream,
                               const unsigned long long* first_bad = nullptr);
 
+// data <- data * factor (fp32, rounded to nearest as on the CPU).
+cudaError_t LaunchScale(float* data, int64_t count, float factor,
+                        cudaStream_t stream);
+
 // One torch.optim.AdamW step over `count` elements, operation for operation
 // as the CPU backend: param *= decay; exp_avg <- lerp(exp_avg, grad, keep1);
 // exp_avg_sq <- exp_avg_sq * beta2 + keep2 * grad^2;

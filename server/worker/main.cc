@@ -117,7 +117,7 @@ int Run() {
   tcp.connect_timeout = tcp.io_timeout;
   transport::TcpListener* data_listener = listener->get();
   worker::StepEngine engine(
-      options.worker_id,
+      options.worker_id, worker::CpuStepBackend(tcp.io_timeout),
       [data_listener, tcp](int rank, const std::vector<std::string>& addresses,
                            uint64_t session)
           -> absl::StatusOr<std::unique_ptr<transport::Transport>> {

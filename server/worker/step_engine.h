@@ -1,15 +1,18 @@
-// A worker's part of the data plane: the trainer's lent buffers, the
-// momentum of the matrices it owns, and one optimizer step run together
-// with the other workers of the plan over a Transport.
+// StepEngine: a worker's part of the data plane. It holds the plan
+// version's state (owned matrices' momentum on the worker's device, in
+// same-shape stacks allocated once per plan version), the trainer's lent
+// buffers (shared memory or CUDA IPC, through a TrainerBuffers), and runs
+// one StepRun per optimizer step with the other workers of the plan over a
+// Transport built for that plan version (TCP among CPU workers, NCCL among
+// GPU workers).
 //
-// Per step: agree on the step id and on gradient finiteness (any NaN/Inf
-// anywhere rejects the step on every worker before anything changes); then
-// per bucket of the step schedule move gradients to owners (replicated:
-// nothing; unreduced: mean reduce; row_sharded: gather rows), run momentum
-// and Newton-Schulz on the owner, move the update back (broadcast, or
-// scatter rows) and apply weight decay and the scaled update in place in
-// the trainer's parameters; finally average the AdamW tensors' gradients
-// (unreduced) for the client. Thread-safe (one step at a time).
+// The engine is device-agnostic: its factory (server/worker/main.cc) hands
+// it the backend, a MuonKernels and DeviceOps pair on one device and stream
+// (CPU: OpenBLAS on host memory; CUDA: cuBLAS on the GPU), and a way to
+// open the trainer's buffers.
+//
+// Thread-safe: every call takes the engine's lock, so one step runs at a
+// time and a plan change waits for the step in progress.
 #ifndef MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 #define MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 
@@ -24,39 +27,60 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/shared_memory.h"
-#include "kernels/cpu/cpu_kernels.h"
+#include "absl/time/time.h"
+#include "kernels/device_ops.h"
+#include "kernels/muon_kernels.h"
 #include "muonps/v1/coordinator.pb.h"
 #include "muonps/v1/worker.pb.h"
-#include "scheduler/plan_types.h"
-#include "scheduler/step_schedule.h"
+#include "server/worker/step_run.h"
+#include "server/worker/trainer_buffers.h"
 #include "transport/transport.h"
 
 namespace muonps {
 namespace worker {
 
 // Builds the transport for a plan version: (rank, peer addresses by rank,
-// session) -> a connected transport.
+// session = the plan version) -> a connected transport.
 using TransportFactory =
     std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
         int rank, const std::vector<std::string>& addresses, uint64_t session)>;
 
+// What the engine computes with: kernels and ops on one device, ordered on
+// ops->stream() (the kernels must enqueue on that same stream).
+struct StepBackend {
+  std::unique_ptr<kernels::MuonKernels> kernels;
+  std::unique_ptr<kernels::DeviceOps> ops;
+  TrainerBuffersOpener open_buffers;
+  // A step whose transfers do not progress for this long fails.
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+// The CPU backend: CpuKernels and CpuDeviceOps, shared-memory buffers.
+StepBackend CpuStepBackend(absl::Duration timeout);
+
 class StepEngine {
  public:
-  StepEngine(std::string worker_id, TransportFactory make_transport);
+  StepEngine(std::string worker_id, StepBackend backend,
+             TransportFactory make_transport);
   StepEngine(const StepEngine&) = delete;
   StepEngine& operator=(const StepEngine&) = delete;
+  ~StepEngine();
+
+  Device device() const { return device_; }
 
   // A new plan version with the job's spec and every worker's data address
-  // (by worker id). Momentum of matrices this worker keeps owning survives;
-  // the transport is rebuilt at the next step.
+  // (by worker id). Momentum of matrices this worker keeps owning moves to
+  // the new stacks; newly owned ones start at zero (counted in the next
+  // Step response's momentum_reset). The transport is rebuilt at the next
+  // step. INVALID_ARGUMENT naming the plan field for an inconsistent plan,
+  // RESOURCE_EXHAUSTED when the stacks do not fit the device.
   absl::Status SetPlan(const v1::JobSpec& job, const v1::Plan& plan,
                        const std::map<std::string, std::string>& addresses);
 
-  // Maps the trainer's segment and checks every binding against the job:
-  // every job matrix bound once with the right element count, offsets
-  // inside the segment, fp32 buffers. FAILED_PRECONDITION before a plan,
-  // and while the plan's worker count differs from the trainer count (the
+  // Maps the trainer's buffers and checks every binding against the job:
+  // every job matrix bound once with the right element count, buffers
+  // inside the lent memory, fp32. FAILED_PRECONDITION before a plan, and
+  // while the plan's worker count differs from the trainer count (the
   // other workers have not joined yet; the client retries).
   absl::StatusOr<v1::AttachResponse> Attach(const v1::AttachRequest& request);
 
@@ -65,7 +89,7 @@ class StepEngine {
   int64_t last_step() const;
 
   // The momentum of expert `expert` of `matrix` if this worker owns it and
-  // has stepped it; NOT_FOUND otherwise.
+  // has stepped (or restored) it; NOT_FOUND otherwise.
   absl::StatusOr<std::vector<float>> Momentum(const std::string& matrix,
                                               int64_t expert) const;
   // Restores it: NOT_FOUND unless this worker owns the expert in the
@@ -74,60 +98,22 @@ class StepEngine {
                            std::vector<float> values);
 
  private:
-  struct Binding {
-    float* grad = nullptr;
-    float* param = nullptr;
-    int64_t elements = 0;
-    // Row-sharded gradient with the whole parameter on the trainer.
-    bool full_param = false;
-    scheduler::Layout layout = scheduler::Layout::kReplicated;
-  };
-  struct StepContext;
-
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AgreeOnStep(const v1::StepRequest& request,
-                           const std::string& local_problem, StepContext* step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string FirstNonFinite() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ToOwners(const scheduler::Bucket& bucket, StepContext* step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Compute(const scheduler::Bucket& bucket, StepContext* step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status FromOwners(const scheduler::Bucket& bucket,
-                          const v1::StepRequest& request, StepContext* step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AverageAdamWGradients(StepContext* step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The rows of a row_sharded matrix that trainer `trainer_rank` holds.
-  std::pair<int64_t, int64_t> RowRange(int64_t rows, int trainer_rank) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slot of (matrix, expert) if owned here; NOT_FOUND naming it.
+  absl::StatusOr<ItemSlot> OwnedSlot(const std::string& matrix,
+                                     int64_t expert) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string worker_id_;
   const TransportFactory make_transport_;
+  const Device device_;
   mutable absl::Mutex mu_;
-  // The plan.
-  v1::JobSpec job_ ABSL_GUARDED_BY(mu_);
-  int64_t plan_version_ ABSL_GUARDED_BY(mu_) = 0;
-  int rank_ ABSL_GUARDED_BY(mu_) = -1;
-  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
-  std::vector<scheduler::MatrixSpec> matrices_ ABSL_GUARDED_BY(mu_);
-  scheduler::OwnershipPlan plan_ ABSL_GUARDED_BY(mu_);
-  scheduler::StepSchedule schedule_ ABSL_GUARDED_BY(mu_);
-  // NS algorithm of each of this worker's batches, by (min dim, max dim).
-  std::map<std::pair<int64_t, int64_t>, kernels::NsAlgorithm> algorithms_
-      ABSL_GUARDED_BY(mu_);
+  StepBackend backend_ ABSL_GUARDED_BY(mu_);
+  PlanState plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_ ABSL_GUARDED_BY(mu_);
-  // Momentum of owned experts, by "name[expert]".
-  std::map<std::string, std::vector<float>> momentum_ ABSL_GUARDED_BY(mu_);
   int64_t momentum_resets_ ABSL_GUARDED_BY(mu_) = 0;
-  // The trainer's buffers.
-  std::optional<SharedMemorySegment> segment_ ABSL_GUARDED_BY(mu_);
-  int trainer_rank_ ABSL_GUARDED_BY(mu_) = 0;
-  int trainer_count_ ABSL_GUARDED_BY(mu_) = 1;
-  std::vector<Binding> matrix_bindings_ ABSL_GUARDED_BY(mu_);  // by matrix
-  std::map<std::string, Binding> adamw_bindings_ ABSL_GUARDED_BY(mu_);
+  std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
-  kernels::CpuKernels kernels_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace worker

@@ -1,0 +1,92 @@
+#include "kernels/cpu/cpu_device_ops.h"
+
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace muonps {
+namespace kernels {
+namespace {
+
+class HostBuffer final : public FloatBuffer {
+ public:
+  explicit HostBuffer(std::vector<float> values) : values_(std::move(values)) {}
+  float* data() const override { return const_cast<float*>(values_.data()); }
+  int64_t size() const override { return static_cast<int64_t>(values_.size()); }
+
+ private:
+  std::vector<float> values_;
+};
+
+absl::Status HostOnly(Stream stream) {
+  if (stream == kHostStream) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "CPU device ops run on host memory: stream must be kHostStream");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FloatBuffer>> CpuDeviceOps::Allocate(
+    int64_t count, const char* what) {
+  if (count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": negative size ", count));
+  }
+  std::vector<float> values;
+  try {
+    values.assign(static_cast<size_t>(count), 0.0f);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": cannot allocate ", count * 4, " bytes"));
+  }
+  return std::unique_ptr<FloatBuffer>(new HostBuffer(std::move(values)));
+}
+
+absl::Status CpuDeviceOps::Copy(float* dst, const float* src, int64_t count,
+                                Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  if (count > 0 && dst != src) std::memcpy(dst, src, count * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuDeviceOps::Scale(float* data, int64_t count, float factor,
+                                 Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  for (int64_t i = 0; i < count; ++i) data[i] *= factor;
+  return absl::OkStatus();
+}
+
+absl::Status CpuDeviceOps::ApplyScaled(float* param, const float* update,
+                                       int64_t count, float decay, float step,
+                                       Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  for (int64_t i = 0; i < count; ++i) {
+    param[i] = param[i] * decay + step * update[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> CpuDeviceOps::FirstNonFinite(
+    absl::Span<const FloatSpan> spans, Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  std::vector<int64_t> out(spans.size(), -1);
+  for (size_t k = 0; k < spans.size(); ++k) {
+    for (int64_t i = 0; i < spans[k].count; ++i) {
+      if (!std::isfinite(spans[k].data[i])) {
+        out[k] = i;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status CpuDeviceOps::Synchronize(Stream stream) {
+  return HostOnly(stream);
+}
+
+}  // namespace kernels
+}  // namespace muonps

@@ -1,0 +1,59 @@
+#include "kernels/cpu/cpu_device_ops.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace muonps {
+namespace kernels {
+namespace {
+
+TEST(CpuDeviceOpsTest, AllocatesZeroedBuffersAndRefusesNegativeSizes) {
+  CpuDeviceOps ops;
+  absl::StatusOr<std::unique_ptr<FloatBuffer>> b = ops.Allocate(5, "scratch");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->size(), 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ((*b)->data()[i], 0.0f);
+  EXPECT_EQ(ops.Allocate(-1, "scratch").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuDeviceOpsTest, ScaleCopyAndApplyUseTheStepsFp32Arithmetic) {
+  CpuDeviceOps ops;
+  std::vector<float> a = {1.5f, -2.0f, 3.25f}, b(3);
+  ASSERT_TRUE(ops.Copy(b.data(), a.data(), 3, kHostStream).ok());
+  EXPECT_EQ(a, b);
+  ASSERT_TRUE(ops.Scale(b.data(), 3, 0.5f, kHostStream).ok());
+  EXPECT_EQ(b, (std::vector<float>{0.75f, -1.0f, 1.625f}));
+  std::vector<float> p = {1.0f, 2.0f, 3.0f};
+  ASSERT_TRUE(
+      ops.ApplyScaled(p.data(), a.data(), 3, 0.9f, -0.1f, kHostStream).ok());
+  for (int i = 0; i < 3; ++i) {
+    const float want = (i + 1.0f) * 0.9f + -0.1f * a[i];
+    EXPECT_EQ(p[i], want);
+  }
+}
+
+TEST(CpuDeviceOpsTest, FirstNonFiniteFindsEachSpansFirstBadElement) {
+  CpuDeviceOps ops;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> good = {1, 2, 3}, bad = {1, NAN, inf};
+  absl::StatusOr<std::vector<int64_t>> found = ops.FirstNonFinite(
+      {{good.data(), 3}, {bad.data(), 3}, {bad.data() + 2, 1}}, kHostStream);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, (std::vector<int64_t>{-1, 1, 0}));
+}
+
+TEST(CpuDeviceOpsTest, RefusesADeviceStream) {
+  CpuDeviceOps ops;
+  float x = 1;
+  Stream device_stream = reinterpret_cast<Stream>(0x10);
+  EXPECT_EQ(ops.Scale(&x, 1, 2.0f, device_stream).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace muonps

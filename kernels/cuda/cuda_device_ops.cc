@@ -1,0 +1,135 @@
+#include "kernels/cuda/cuda_device_ops.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/elementwise.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+namespace {
+
+class CudaFloatBuffer final : public FloatBuffer {
+ public:
+  CudaFloatBuffer(DeviceBuffer buffer, int64_t count)
+      : buffer_(std::move(buffer)), count_(count) {}
+  float* data() const override { return buffer_.as<float>(); }
+  int64_t size() const override { return count_; }
+
+ private:
+  DeviceBuffer buffer_;
+  int64_t count_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(
+    int device, cudaStream_t stream) {
+  int count = 0;
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count) {
+    return InvalidField("device", absl::StrCat("cuda:", device, " of ", count,
+                                               " CUDA devices"));
+  }
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  bool owns = false;
+  if (stream == nullptr) {
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    owns = true;
+  }
+  return std::unique_ptr<CudaDeviceOps>(
+      new CudaDeviceOps(device, stream, owns));
+}
+
+CudaDeviceOps::~CudaDeviceOps() {
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
+  if (owns_stream_) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaDeviceOps::UseDevice() const {
+  return CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+}
+
+absl::StatusOr<std::unique_ptr<FloatBuffer>> CudaDeviceOps::Allocate(
+    int64_t count, const char* what) {
+  if (count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": negative size ", count));
+  }
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  MUONPS_ASSIGN_OR_RETURN(
+      DeviceBuffer buffer,
+      DeviceBuffer::Allocate(static_cast<size_t>(count) * sizeof(float), what));
+  return std::unique_ptr<FloatBuffer>(
+      new CudaFloatBuffer(std::move(buffer), count));
+}
+
+absl::Status CudaDeviceOps::Copy(float* dst, const float* src, int64_t count,
+                                 Stream stream) {
+  if (count <= 0 || dst == src) return absl::OkStatus();
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(cudaMemcpyAsync(dst, src, count * sizeof(float),
+                                    cudaMemcpyDefault, stream),
+                    "cudaMemcpyAsync");
+}
+
+absl::Status CudaDeviceOps::Scale(float* data, int64_t count, float factor,
+                                  Stream stream) {
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(LaunchScale(data, count, factor, stream), "LaunchScale");
+}
+
+absl::Status CudaDeviceOps::ApplyScaled(float* param, const float* update,
+                                        int64_t count, float decay, float step,
+                                        Stream stream) {
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(
+      LaunchApplyUpdate(param, update, count, decay, step, stream, nullptr),
+      "LaunchApplyUpdate");
+}
+
+absl::StatusOr<std::vector<int64_t>> CudaDeviceOps::FirstNonFinite(
+    absl::Span<const FloatSpan> spans, Stream stream) {
+  std::vector<int64_t> out(spans.size(), -1);
+  if (spans.empty()) return out;
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  const size_t bytes = spans.size() * sizeof(unsigned long long);
+  if (flags_.bytes() < bytes) {
+    // Earlier calls ended synchronized: nothing queued uses the old ones.
+    MUONPS_ASSIGN_OR_RETURN(flags_,
+                            DeviceBuffer::Allocate(bytes, "finite flags"));
+    if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
+    host_flags_ = nullptr;
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host_flags_, bytes));
+    host_flag_count_ = spans.size();
+  }
+  unsigned long long* flags = flags_.as<unsigned long long>();
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0xFF, bytes, stream));
+  for (size_t k = 0; k < spans.size(); ++k) {
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        LaunchFindNonFinite(spans[k].data, spans[k].count, flags + k, stream));
+  }
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_flags_, flags, bytes,
+                                              cudaMemcpyDeviceToHost, stream));
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  for (size_t k = 0; k < spans.size(); ++k) {
+    if (host_flags_[k] < static_cast<unsigned long long>(INT64_MAX)) {
+      out[k] = static_cast<int64_t>(host_flags_[k]);
+    }
+  }
+  return out;
+}
+
+absl::Status CudaDeviceOps::Synchronize(Stream stream) {
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps

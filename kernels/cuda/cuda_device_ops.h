@@ -1,0 +1,60 @@
+// DeviceOps on one CUDA device: cudaMemcpyAsync and the fused elementwise
+// kernels of kernels/cuda/elementwise.h, enqueued on the stream each call
+// names (a stream of this device). The default stream() is one the object
+// creates (non-blocking) unless the caller hands one in.
+//
+// Thread rule: one thread at a time; not copyable. Create returns
+// UNAVAILABLE without a usable GPU (never a crash on a CPU-only machine).
+#ifndef MUONPS_KERNELS_CUDA_CUDA_DEVICE_OPS_H_
+#define MUONPS_KERNELS_CUDA_CUDA_DEVICE_OPS_H_
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/device_ops.h"
+
+namespace muonps {
+namespace kernels {
+namespace cuda {
+
+class CudaDeviceOps final : public DeviceOps {
+ public:
+  // `stream` null: creates and owns a non-blocking stream on `device`.
+  static absl::StatusOr<std::unique_ptr<CudaDeviceOps>> Create(
+      int device, cudaStream_t stream = nullptr);
+  ~CudaDeviceOps() override;
+
+  Device device() const override { return {MemoryKind::kCuda, device_}; }
+  Stream stream() const override { return stream_; }
+  absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
+      int64_t count, const char* what) override;
+  absl::Status Copy(float* dst, const float* src, int64_t count,
+                    Stream stream) override;
+  absl::Status Scale(float* data, int64_t count, float factor,
+                     Stream stream) override;
+  absl::Status ApplyScaled(float* param, const float* update, int64_t count,
+                           float decay, float step, Stream stream) override;
+  absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
+      absl::Span<const FloatSpan> spans, Stream stream) override;
+  absl::Status Synchronize(Stream stream) override;
+
+ private:
+  CudaDeviceOps(int device, cudaStream_t stream, bool owns_stream)
+      : device_(device), stream_(stream), owns_stream_(owns_stream) {}
+  absl::Status UseDevice() const;
+
+  const int device_;
+  cudaStream_t stream_;
+  const bool owns_stream_;
+  DeviceBuffer flags_;  // one unsigned long long per span, grown on demand
+  unsigned long long* host_flags_ = nullptr;  // pinned, same size
+  size_t host_flag_count_ = 0;
+};
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace muonps
+
+#endif  // MUONPS_KERNELS_CUDA_CUDA_DEVICE_OPS_H_

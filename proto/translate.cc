@@ -1,0 +1,135 @@
+#include "proto/translate.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace proto {
+
+scheduler::Layout LayoutFromProto(v1::Layout layout) {
+  switch (layout) {
+    case v1::LAYOUT_UNREDUCED:
+      return scheduler::Layout::kUnreduced;
+    case v1::LAYOUT_ROW_SHARDED:
+      return scheduler::Layout::kRowSharded;
+    default:
+      return scheduler::Layout::kReplicated;
+  }
+}
+
+v1::Layout LayoutToProto(scheduler::Layout layout) {
+  switch (layout) {
+    case scheduler::Layout::kUnreduced:
+      return v1::LAYOUT_UNREDUCED;
+    case scheduler::Layout::kRowSharded:
+      return v1::LAYOUT_ROW_SHARDED;
+    case scheduler::Layout::kReplicated:
+      break;
+  }
+  return v1::LAYOUT_REPLICATED;
+}
+
+kernels::NsAlgorithm NsAlgorithmFromProto(v1::NsAlgorithm algorithm) {
+  return algorithm == v1::NS_ALGORITHM_GRAM ? kernels::NsAlgorithm::kGram
+                                            : kernels::NsAlgorithm::kNs5;
+}
+
+v1::NsAlgorithm NsAlgorithmToProto(kernels::NsAlgorithm algorithm) {
+  return algorithm == kernels::NsAlgorithm::kGram ? v1::NS_ALGORITHM_GRAM
+                                                  : v1::NS_ALGORITHM_NS5;
+}
+
+std::vector<scheduler::MatrixSpec> MatricesFromJob(const v1::JobSpec& job) {
+  std::vector<scheduler::MatrixSpec> out;
+  out.reserve(job.matrices_size());
+  for (const v1::Matrix& m : job.matrices()) {
+    scheduler::MatrixSpec s;
+    s.name = m.name();
+    s.rows = m.rows();
+    s.cols = m.cols();
+    s.experts = std::max<int64_t>(1, m.experts());
+    s.layer = m.layer();
+    s.layout = LayoutFromProto(m.layout());
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+kernels::MuonHyperparameters MuonFromProto(const v1::MuonHyperparameters& h) {
+  kernels::MuonHyperparameters out;
+  out.lr = h.lr();
+  out.weight_decay = h.weight_decay();
+  out.momentum = h.has_momentum() ? h.momentum() : 0.95;
+  out.nesterov = h.has_nesterov() ? h.nesterov() : true;
+  out.lr_adjustment = h.adjust_lr_fn() == v1::LR_ADJUSTMENT_MATCH_RMS_ADAMW
+                          ? kernels::LrAdjustment::kMatchRmsAdamW
+                          : kernels::LrAdjustment::kOriginal;
+  out.ns.steps = h.ns_steps() > 0 ? h.ns_steps() : 5;
+  out.ns.polar_express = h.polar_express();
+  if (h.ns_eps() > 0) out.ns.eps = h.ns_eps();
+  if (h.ns_coefficients_size() == 3) {
+    out.ns.coefficients = {h.ns_coefficients(0), h.ns_coefficients(1),
+                           h.ns_coefficients(2)};
+  }
+  return out;
+}
+
+absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
+    const v1::Plan& plan, const std::vector<scheduler::MatrixSpec>& matrices) {
+  scheduler::OwnershipPlan out;
+  std::map<std::string, int> rank_of;
+  for (int r = 0; r < plan.workers_size(); ++r) {
+    out.worker_ids.push_back(plan.workers(r));
+    rank_of[plan.workers(r)] = r;
+  }
+  std::map<std::string, int> index;
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    index[matrices[m].name] = static_cast<int>(m);
+    out.matrix_names.push_back(matrices[m].name);
+  }
+  out.owners.resize(matrices.size());
+  for (int i = 0; i < plan.matrices_size(); ++i) {
+    const v1::MatrixPlacement& p = plan.matrices(i);
+    auto m = index.find(p.name());
+    if (m == index.end()) {
+      return InvalidField(absl::StrCat("plan.matrices[", i, "].name"),
+                          absl::StrCat(Quoted(p.name()), " is not in the job"));
+    }
+    for (int e = 0; e < p.owners_size(); ++e) {
+      auto r = rank_of.find(p.owners(e));
+      if (r == rank_of.end()) {
+        return InvalidField(
+            absl::StrCat("plan.matrices[", i, "].owners[", e, "]"),
+            absl::StrCat(Quoted(p.owners(e)), " is not a worker of the plan"));
+      }
+      out.owners[m->second].push_back(r->second);
+    }
+  }
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    if (static_cast<int64_t>(out.owners[m].size()) != matrices[m].experts) {
+      return InvalidField(
+          "plan.matrices",
+          absl::StrCat("matrix ", Quoted(matrices[m].name), " has ",
+                       out.owners[m].size(), " owners for ",
+                       matrices[m].experts, " experts"));
+    }
+  }
+  return out;
+}
+
+std::map<std::pair<int64_t, int64_t>, kernels::NsAlgorithm> AlgorithmsOfWorker(
+    const v1::Plan& plan, const std::string& worker_id) {
+  std::map<std::pair<int64_t, int64_t>, kernels::NsAlgorithm> out;
+  for (const v1::Batch& batch : plan.batches()) {
+    if (batch.worker_id() != worker_id) continue;
+    out[{std::min(batch.rows(), batch.cols()),
+         std::max(batch.rows(), batch.cols())}] =
+        NsAlgorithmFromProto(batch.algorithm());
+  }
+  return out;
+}
+
+}  // namespace proto
+}  // namespace muonps

@@ -1,0 +1,50 @@
+// The one place muonps.v1 messages become the C++ types the scheduler and
+// the kernels use (and back), with every default of the API filled in here
+// (momentum 0.95, Nesterov on, 5 NS steps, eps 1e-7, torch's quintic), so
+// no reader of a proto repeats them. Pure functions; thread-safe.
+#ifndef MUONPS_PROTO_TRANSLATE_H_
+#define MUONPS_PROTO_TRANSLATE_H_
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/muon_kernels.h"
+#include "muonps/v1/coordinator.pb.h"
+#include "muonps/v1/plan.pb.h"
+#include "muonps/v1/types.pb.h"
+#include "scheduler/plan_types.h"
+
+namespace muonps {
+namespace proto {
+
+scheduler::Layout LayoutFromProto(v1::Layout layout);
+v1::Layout LayoutToProto(scheduler::Layout layout);
+// NS5 for anything but NS_ALGORITHM_GRAM.
+kernels::NsAlgorithm NsAlgorithmFromProto(v1::NsAlgorithm algorithm);
+v1::NsAlgorithm NsAlgorithmToProto(kernels::NsAlgorithm algorithm);
+
+// The job's matrices in job order (experts >= 1).
+std::vector<scheduler::MatrixSpec> MatricesFromJob(const v1::JobSpec& job);
+
+// The job's Muon hyperparameters with the API's defaults filled in
+// (ns.algorithm is left at NS5: the plan picks per batch).
+kernels::MuonHyperparameters MuonFromProto(const v1::MuonHyperparameters& h);
+
+// Owners by matrix and expert (ranks = indices into plan.workers()), in
+// the order of `matrices`. INVALID_ARGUMENT naming the plan field when the
+// plan names a matrix or worker the job does not have.
+absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
+    const v1::Plan& plan, const std::vector<scheduler::MatrixSpec>& matrices);
+
+// The algorithm of every batch of `worker_id` in the plan, by (min dim,
+// max dim) of its shape.
+std::map<std::pair<int64_t, int64_t>, kernels::NsAlgorithm> AlgorithmsOfWorker(
+    const v1::Plan& plan, const std::string& worker_id);
+
+}  // namespace proto
+}  // namespace muonps
+
+#endif  // MUONPS_PROTO_TRANSLATE_H_

@@ -1,0 +1,365 @@
+#include "server/worker/step_run.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/row_ranges.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+constexpr size_t kProblemBytes = 480;
+
+// What every rank tells rank 0 before a step (a multiple of 4 bytes, so it
+// travels as floats through device memory too).
+struct StepHeader {
+  int64_t step_id;
+  int32_t trainer_rank;
+  int32_t trainer_count;
+  char problem[kProblemBytes];  // "" or why this rank cannot step
+};
+
+// Rank 0's answer: go, or the first problem any rank reported.
+struct StepDecision {
+  int32_t go;
+  char problem[kProblemBytes];
+};
+
+static_assert(sizeof(StepHeader) % 4 == 0 && sizeof(StepDecision) % 4 == 0,
+              "control messages travel as floats");
+
+void CopyProblem(const std::string& text, char* out) {
+  std::memset(out, 0, kProblemBytes);
+  std::memcpy(out, text.data(), std::min(text.size(), kProblemBytes - 1));
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+}  // namespace
+
+float* PlanState::SlotData(const ItemSlot& s, bool momentum_buffer) const {
+  const ComputeBatch& b = batches[s.batch];
+  const kernels::FloatBuffer& buffer =
+      momentum_buffer ? *b.momentum : *b.staged;
+  return buffer.data() + s.slot * b.rows * b.cols;
+}
+
+StepRun::StepRun(const std::string& worker_id, PlanState* plan,
+                 const AttachedTrainer* trainer,
+                 transport::Transport* transport, kernels::DeviceOps* ops,
+                 kernels::MuonKernels* kernels, absl::Duration timeout)
+    : worker_id_(worker_id),
+      plan_(*plan),
+      trainer_(*trainer),
+      t_(*transport),
+      ops_(*ops),
+      kernels_(*kernels),
+      stream_(ops->stream()),
+      timeout_(timeout) {}
+
+std::pair<int64_t, int64_t> StepRun::RowsOfTrainer(int64_t rows,
+                                                   int trainer) const {
+  return TrainerRowRange(rows, trainer, trainer_.count);
+}
+
+absl::Status StepRun::ThroughTransportMemory(
+    void* host, size_t bytes,
+    const std::function<absl::Status(void* data)>& exchange) {
+  if (t_.memory() == MemoryKind::kHost) return exchange(host);
+  const int64_t floats = static_cast<int64_t>(bytes / 4);
+  if (plan_.scratch == nullptr || plan_.scratch->size() < floats) {
+    return absl::InternalError("control scratch smaller than a message");
+  }
+  float* device = plan_.scratch->data();
+  MUONPS_RETURN_IF_ERROR(
+      ops_.Copy(device, static_cast<const float*>(host), floats, stream_));
+  MUONPS_RETURN_IF_ERROR(exchange(device));
+  MUONPS_RETURN_IF_ERROR(t_.Synchronize(stream_, timeout_));
+  MUONPS_RETURN_IF_ERROR(
+      ops_.Copy(static_cast<float*>(host), device, floats, stream_));
+  return ops_.Synchronize(stream_);
+}
+
+std::string StepRun::LocalProblem() {
+  std::vector<kernels::FloatSpan> spans;
+  std::vector<std::string> names;
+  for (size_t m = 0; m < plan_.matrices.size(); ++m) {
+    spans.push_back({trainer_.matrices[m].grad, trainer_.matrices[m].elements});
+    names.push_back(plan_.matrices[m].name);
+  }
+  for (const auto& [name, b] : trainer_.adamw) {
+    spans.push_back({b.grad, b.elements});
+    names.push_back(name);
+  }
+  absl::StatusOr<std::vector<int64_t>> bad =
+      ops_.FirstNonFinite(spans, stream_);
+  if (!bad.ok()) return absl::StrCat("finite check: ", bad.status().message());
+  for (size_t k = 0; k < spans.size(); ++k) {
+    if ((*bad)[k] < 0) continue;
+    float value = 0;
+    const bool read =
+        ops_.Copy(&value, spans[k].data + (*bad)[k], 1, stream_).ok() &&
+        ops_.Synchronize(stream_).ok();
+    return absl::StrCat("grad of ", Quoted(names[k]), ": element ", (*bad)[k],
+                        " is ",
+                        !read               ? "not finite"
+                        : std::isnan(value) ? "NaN"
+                                            : "Inf");
+  }
+  return "";
+}
+
+absl::Status StepRun::Agree(const v1::StepRequest& request) {
+  const int size = t_.size();
+  const std::string local_problem = LocalProblem();
+  StepHeader mine{};
+  mine.step_id = request.step_id();
+  mine.trainer_rank = trainer_.rank;
+  mine.trainer_count = trainer_.count;
+  CopyProblem(local_problem, mine.problem);
+  StepDecision decision{};
+  trainer_rank_of_.assign(size, 0);
+  if (plan_.rank == 0) {
+    std::string problem = local_problem;
+    std::vector<bool> seen(size, false);
+    for (int r = 0; r < size; ++r) {
+      StepHeader h = mine;
+      if (r > 0) {
+        MUONPS_RETURN_IF_ERROR(ThroughTransportMemory(
+            &h, sizeof(h),
+            [&](void* data) { return t_.Recv(data, sizeof(h), r, stream_); }));
+      }
+      h.problem[kProblemBytes - 1] = 0;
+      trainer_rank_of_[r] = h.trainer_rank;
+      if (!problem.empty()) continue;
+      const std::string& who = plan_.ownership.worker_ids[r];
+      if (h.problem[0] != 0) {
+        problem = absl::StrCat("worker ", Quoted(who), ": ", h.problem);
+      } else if (h.step_id != mine.step_id) {
+        problem = absl::StrCat(
+            "worker ", Quoted(who), " is at step ", h.step_id, ", worker ",
+            Quoted(plan_.ownership.worker_ids[0]), " at ", mine.step_id);
+      } else if (h.trainer_count != size || h.trainer_rank < 0 ||
+                 h.trainer_rank >= size || seen[h.trainer_rank]) {
+        problem = absl::StrCat("every worker needs exactly one trainer of ",
+                               size, "; worker ", Quoted(who), " has trainer ",
+                               h.trainer_rank, " of ", h.trainer_count);
+      } else {
+        seen[h.trainer_rank] = true;
+      }
+    }
+    decision.go = problem.empty() ? 1 : 0;
+    CopyProblem(problem, decision.problem);
+  } else {
+    MUONPS_RETURN_IF_ERROR(ThroughTransportMemory(
+        &mine, sizeof(mine),
+        [&](void* data) { return t_.Send(data, sizeof(mine), 0, stream_); }));
+  }
+  MUONPS_RETURN_IF_ERROR(
+      ThroughTransportMemory(&decision, sizeof(decision), [&](void* data) {
+        return t_.Broadcast(data, sizeof(decision), 0, stream_);
+      }));
+  MUONPS_RETURN_IF_ERROR(ThroughTransportMemory(
+      trainer_rank_of_.data(), sizeof(int32_t) * size, [&](void* data) {
+        return t_.Broadcast(data, sizeof(int32_t) * size, 0, stream_);
+      }));
+  reduce_order_.assign(size, 0);
+  for (int r = 0; r < size; ++r) {
+    // A permutation once agreed (rank 0 checked it); clamp before that.
+    const int32_t trainer = trainer_rank_of_[r];
+    if (trainer >= 0 && trainer < size) reduce_order_[trainer] = r;
+  }
+  if (!decision.go) {
+    decision.problem[kProblemBytes - 1] = 0;
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", request.step_id(),
+                     " rejected, nothing was changed: ", decision.problem));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
+  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
+  for (const scheduler::Transfer& x : bucket.to_owners) {
+    const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
+    const Binding& b = trainer_.matrices[x.item.matrix];
+    const int64_t e = x.item.expert;
+    const int64_t size = spec.rows * spec.cols;
+    const bool mine = x.owner == plan_.rank;
+    float* staged =
+        mine ? plan_.SlotData(plan_.slots[x.item.matrix][e], false) : nullptr;
+    if (x.kind == scheduler::TransferKind::kReduceToOwner) {
+      MUONPS_RETURN_IF_ERROR(t_.ReduceSum(b.grad + e * size, staged, size,
+                                          x.owner, reduce_order_, stream_));
+      bytes_ += size * 4;
+      continue;
+    }
+    // kGatherToOwner: row ranges of every trainer onto the owner.
+    const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_.rank);
+    const int64_t local = (end - begin) * spec.cols;
+    const float* rows = b.grad + e * local;
+    if (!mine) {
+      MUONPS_RETURN_IF_ERROR(t_.Send(rows, local * 4, x.owner, stream_));
+      bytes_ += local * 4;
+      continue;
+    }
+    for (int r = 0; r < t_.size(); ++r) {
+      const auto [rb, re] = RowsOfTrainer(spec.rows, trainer_rank_of_[r]);
+      float* dst = staged + rb * spec.cols;
+      if (r == plan_.rank) {
+        MUONPS_RETURN_IF_ERROR(ops_.Copy(dst, rows, local, stream_));
+      } else {
+        MUONPS_RETURN_IF_ERROR(
+            t_.Recv(dst, (re - rb) * spec.cols * 4, r, stream_));
+        bytes_ += (re - rb) * spec.cols * 4;
+      }
+    }
+  }
+  return t_.GroupEnd();
+}
+
+absl::Status StepRun::Compute(int bucket) {
+  const auto start = std::chrono::steady_clock::now();
+  const kernels::MuonHyperparameters& h = plan_.muon;
+  for (int index : plan_.bucket_batches[bucket]) {
+    ComputeBatch& batch = plan_.batches[index];
+    const int64_t size = batch.rows * batch.cols;
+    for (size_t s = 0; s < batch.items.size(); ++s) {
+      const scheduler::ItemRef& item = batch.items[s];
+      const scheduler::MatrixSpec& spec = plan_.matrices[item.matrix];
+      float* staged = batch.staged->data() + s * size;
+      if (spec.layout == scheduler::Layout::kReplicated) {
+        const Binding& b = trainer_.matrices[item.matrix];
+        MUONPS_RETURN_IF_ERROR(
+            ops_.Copy(staged, b.grad + item.expert * size, size, stream_));
+      } else if (spec.layout == scheduler::Layout::kUnreduced) {
+        // The mean, as DDP: the fp32 sum times the fp32 inverse.
+        MUONPS_RETURN_IF_ERROR(ops_.Scale(
+            staged, size, 1.0f / static_cast<float>(trainer_.count), stream_));
+      }
+    }
+    const int64_t count = static_cast<int64_t>(batch.items.size());
+    const kernels::MatrixStack grad{batch.staged->data(), count, batch.rows,
+                                    batch.cols};
+    const kernels::MatrixStack buf{batch.momentum->data(), count, batch.rows,
+                                   batch.cols};
+    // The update overwrites the staged gradient (allowed to alias).
+    MUONPS_RETURN_IF_ERROR(
+        kernels_.UpdateMomentum(grad, buf, h.momentum, h.nesterov, grad));
+    batch.has_momentum.assign(batch.items.size(), true);
+    kernels::NewtonSchulzOptions ns = h.ns;
+    ns.algorithm = batch.algorithm;  // the plan's choice for this batch
+    MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(grad, grad, ns));
+  }
+  ns_seconds_ += SecondsSince(start);
+  return absl::OkStatus();
+}
+
+absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
+                                 const v1::StepRequest& request) {
+  const kernels::MuonHyperparameters& h = plan_.muon;
+  for (const scheduler::Transfer& x : bucket.from_owners) {
+    const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
+    const Binding& b = trainer_.matrices[x.item.matrix];
+    double lr = request.lr() >= 0 ? request.lr() : h.lr;
+    double wd =
+        request.weight_decay() >= 0 ? request.weight_decay() : h.weight_decay;
+    for (const v1::ParamGroup& g : request.groups()) {
+      for (const std::string& name : g.matrices()) {
+        if (name == spec.name) {
+          lr = g.lr();
+          wd = g.weight_decay();
+        }
+      }
+    }
+    // Step size from the whole matrix's shape, even for a row shard.
+    const float decay = static_cast<float>(1.0 - lr * wd);
+    const float scale = static_cast<float>(
+        -kernels::AdjustedLr(lr, h.lr_adjustment, spec.rows, spec.cols));
+    const int64_t size = spec.rows * spec.cols;
+    const int64_t e = x.item.expert;
+    const bool mine = x.owner == plan_.rank;
+    float* update = mine ? plan_.SlotData(plan_.slots[x.item.matrix][e], false)
+                         : plan_.scratch->data();
+    float* param = nullptr;
+    int64_t count = 0;
+    if (x.kind == scheduler::TransferKind::kScatterFromOwner && !b.full_param) {
+      const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_.rank);
+      count = (end - begin) * spec.cols;
+      param = b.param + e * count;
+      if (mine) {
+        for (int r = 0; r < t_.size(); ++r) {
+          if (r == plan_.rank) continue;
+          const auto [rb, re] = RowsOfTrainer(spec.rows, trainer_rank_of_[r]);
+          MUONPS_RETURN_IF_ERROR(t_.Send(
+              update + rb * spec.cols, (re - rb) * spec.cols * 4, r, stream_));
+          bytes_ += (re - rb) * spec.cols * 4;
+        }
+        update += begin * spec.cols;
+      } else {
+        MUONPS_RETURN_IF_ERROR(t_.Recv(update, count * 4, x.owner, stream_));
+        bytes_ += count * 4;
+      }
+    } else {
+      count = size;
+      param = b.param + e * size;
+      MUONPS_RETURN_IF_ERROR(t_.Broadcast(update, size * 4, x.owner, stream_));
+      bytes_ += size * 4;
+    }
+    MUONPS_RETURN_IF_ERROR(
+        ops_.ApplyScaled(param, update, count, decay, scale, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRun::AverageAdamWGradients() {
+  const float inverse = 1.0f / static_cast<float>(trainer_.count);
+  for (const auto& [name, b] : trainer_.adamw) {
+    if (b.layout != scheduler::Layout::kUnreduced) continue;
+    MUONPS_RETURN_IF_ERROR(
+        t_.ReduceSum(b.grad, b.grad, b.elements, 0, reduce_order_, stream_));
+    if (plan_.rank == 0) {
+      MUONPS_RETURN_IF_ERROR(ops_.Scale(b.grad, b.elements, inverse, stream_));
+    }
+    MUONPS_RETURN_IF_ERROR(t_.Broadcast(b.grad, b.elements * 4, 0, stream_));
+    bytes_ += 2 * b.elements * 4;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::StepResponse> StepRun::Run(const v1::StepRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
+  MUONPS_RETURN_IF_ERROR(Agree(request));
+  for (const scheduler::Phase& phase : plan_.schedule.order) {
+    const scheduler::Bucket& bucket = plan_.schedule.buckets[phase.bucket];
+    if (phase.to_owners) {
+      MUONPS_RETURN_IF_ERROR(ToOwners(bucket));
+    } else {
+      MUONPS_RETURN_IF_ERROR(Compute(phase.bucket));
+      MUONPS_RETURN_IF_ERROR(FromOwners(bucket, request));
+    }
+  }
+  MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
+  // Done when the transport's work and the stream are: a lost peer fails
+  // here within the timeout instead of hanging.
+  MUONPS_RETURN_IF_ERROR(t_.Synchronize(stream_, timeout_));
+  MUONPS_RETURN_IF_ERROR(ops_.Synchronize(stream_));
+  v1::StepResponse out;
+  out.set_step_id(request.step_id());
+  out.set_plan_version(plan_.version);
+  out.set_seconds(SecondsSince(start));
+  out.set_ns_seconds(ns_seconds_);
+  out.set_bytes_moved(bytes_);
+  return out;
+}
+
+}  // namespace worker
+}  // namespace muonps

@@ -1,0 +1,73 @@
+#include "server/worker/trainer_buffers.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/shared_memory.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+class SharedMemoryBuffers final : public TrainerBuffers {
+ public:
+  explicit SharedMemoryBuffers(SharedMemorySegment segment)
+      : segment_(std::move(segment)) {}
+
+  Device device() const override { return kHostDevice; }
+
+  absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t,
+                                 int64_t grad_elements,
+                                 int64_t param_elements) override {
+    const std::string field = absl::StrCat("tensor ", Quoted(t.name()));
+    if (t.dtype() != v1::DTYPE_FP32 && t.dtype() != v1::DTYPE_UNSPECIFIED) {
+      return FieldError(absl::StatusCode::kUnimplemented, field,
+                        "shared-memory buffers are fp32 only");
+    }
+    const int64_t size = static_cast<int64_t>(segment_.size());
+    for (const auto& [offset, elements] :
+         {std::pair<int64_t, int64_t>{t.grad_offset(), grad_elements},
+          {t.param_offset(), param_elements}}) {
+      // Compared without overflow: elements * 4 <= size - offset.
+      if (elements < 1 || offset < 0 || offset % sizeof(float) != 0 ||
+          offset > size || elements > (size - offset) / 4) {
+        return InvalidField(
+            field, absl::StrCat("buffers of ", grad_elements, " and ",
+                                param_elements, " floats at offsets ",
+                                t.grad_offset(), " and ", t.param_offset(),
+                                " do not fit the ", size, "-byte segment"));
+      }
+    }
+    char* base = static_cast<char*>(segment_.data());
+    return LentTensor{reinterpret_cast<float*>(base + t.grad_offset()),
+                      reinterpret_cast<float*>(base + t.param_offset())};
+  }
+
+ private:
+  SharedMemorySegment segment_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
+    const v1::AttachRequest& request) {
+  if (request.segment().empty()) {
+    return InvalidField("segment",
+                        "is empty: this worker takes host buffers in a "
+                        "shared-memory segment");
+  }
+  if (request.segment_bytes() <= 0) {
+    return InvalidField("segment_bytes",
+                        absl::StrCat(request.segment_bytes(), " <= 0"));
+  }
+  MUONPS_ASSIGN_OR_RETURN(
+      SharedMemorySegment segment,
+      SharedMemorySegment::Open(request.segment(),
+                                static_cast<size_t>(request.segment_bytes())));
+  return std::unique_ptr<TrainerBuffers>(
+      new SharedMemoryBuffers(std::move(segment)));
+}
+
+}  // namespace worker
+}  // namespace muonps

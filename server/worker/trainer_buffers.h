@@ -1,0 +1,61 @@
+// TrainerBuffers: the gradient and parameter buffers a trainer lends to its
+// worker, as the worker maps them. One interface for the two ways to lend:
+// a POSIX shared-memory segment (host memory, the CPU path) and CUDA IPC
+// (device memory of the trainer's GPU; cuda_trainer_buffers.h).
+//
+// Ownership: the object owns the mappings and releases them (munmap,
+// cudaIpcCloseMemHandle) when destroyed; the trainer keeps the memory
+// alive while attached. Thread-compatible.
+#ifndef MUONPS_SERVER_WORKER_TRAINER_BUFFERS_H_
+#define MUONPS_SERVER_WORKER_TRAINER_BUFFERS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/device.h"
+#include "muonps/v1/worker.pb.h"
+
+namespace muonps {
+namespace worker {
+
+// One lent tensor: `grad_elements` and `param_elements` fp32 values.
+struct LentTensor {
+  float* grad = nullptr;
+  float* param = nullptr;
+};
+
+class TrainerBuffers {
+ public:
+  TrainerBuffers() = default;
+  TrainerBuffers(const TrainerBuffers&) = delete;
+  TrainerBuffers& operator=(const TrainerBuffers&) = delete;
+  virtual ~TrainerBuffers() = default;
+
+  // Where the lent memory lives.
+  virtual Device device() const = 0;
+
+  // The buffers of `binding`, holding `grad_elements` and `param_elements`
+  // floats. INVALID_ARGUMENT naming the tensor when they do not fit the
+  // lent memory, are misaligned, or are not fp32.
+  virtual absl::StatusOr<LentTensor> Map(const v1::TensorBinding& binding,
+                                         int64_t grad_elements,
+                                         int64_t param_elements) = 0;
+};
+
+// Opens what an AttachRequest lends (the worker's choice per device).
+using TrainerBuffersOpener =
+    std::function<absl::StatusOr<std::unique_ptr<TrainerBuffers>>(
+        const v1::AttachRequest& request)>;
+
+// The request's shared-memory segment. INVALID_ARGUMENT naming `segment`
+// when the request lends CUDA memory instead; NOT_FOUND or
+// FAILED_PRECONDITION (size) from opening the segment.
+absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
+    const v1::AttachRequest& request);
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_TRAINER_BUFFERS_H_
