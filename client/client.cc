@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "client/cuda_lending.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
 
@@ -128,6 +129,11 @@ absl::Status Client::AddTensor(const std::string& name, int64_t elements,
   if (layout == scheduler::Layout::kRowSharded) {
     return InvalidField(field, "AdamW tensors are replicated or unreduced");
   }
+  if (options_.device.is_cuda()) {
+    return FieldError(absl::StatusCode::kUnimplemented, field,
+                      "AdamW tensors of a CUDA trainer are stepped by the "
+                      "trainer itself (muonps.Muon uses torch's AdamW)");
+  }
   Tensor t;
   t.name = name;
   t.layout = layout;
@@ -137,6 +143,30 @@ absl::Status Client::AddTensor(const std::string& name, int64_t elements,
   t.exp_avg_sq.assign(elements, 0.0f);
   index_[name] = tensors_.size();
   tensors_.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+absl::Status Client::LendCuda(const std::string& name, float* grad,
+                              float* param) {
+  const std::string field = absl::StrCat("matrix ", Quoted(name));
+  if (started_) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                      "lent after Start");
+  }
+  if (!options_.device.is_cuda()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                      "LendCuda needs ClientOptions.device cuda:N");
+  }
+  Tensor* t = Find(name);
+  if (t == nullptr || !t->muon) {
+    return FieldError(absl::StatusCode::kNotFound, field, "was not declared");
+  }
+  if (t->cuda_grad != nullptr) return InvalidField(field, "is lent twice");
+  if (grad == nullptr || param == nullptr) {
+    return InvalidField(field, "grad and param must be device buffers");
+  }
+  t->cuda_grad = grad;
+  t->cuda_param = param;
   return absl::OkStatus();
 }
 
@@ -216,11 +246,26 @@ absl::Status Client::WaitAndAttach() {
   v1::AttachRequest attach;
   attach.set_trainer_rank(options_.trainer_rank);
   attach.set_trainer_count(options_.trainer_count);
-  attach.set_segment(segment_->name());
-  attach.set_segment_bytes(static_cast<int64_t>(segment_->size()));
+  if (segment_.has_value()) {
+    attach.set_segment(segment_->name());
+    attach.set_segment_bytes(static_cast<int64_t>(segment_->size()));
+  } else {
+    attach.set_device(DeviceName(options_.device));
+  }
   for (const Tensor& t : tensors_) {
     v1::TensorBinding* b = attach.add_tensors();
     b->set_name(t.name);
+    if (options_.device.is_cuda()) {
+      const std::string field = absl::StrCat("matrix ", Quoted(t.name));
+      MUONPS_ASSIGN_OR_RETURN(
+          *b->mutable_grad_cuda(),
+          client_internal::ExportCudaBuffer(t.cuda_grad, t.elements,
+                                            options_.device, field + " grad"));
+      MUONPS_ASSIGN_OR_RETURN(
+          *b->mutable_param_cuda(),
+          client_internal::ExportCudaBuffer(t.cuda_param, t.param_elements,
+                                            options_.device, field + " param"));
+    }
     b->set_grad_offset(t.offset);
     b->set_param_offset(t.offset + t.elements * 4);
     b->set_elements(t.elements);
@@ -269,6 +314,20 @@ absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
     bytes += (t.elements + t.param_elements) * 4;
   }
   if (!any_matrix) return InvalidField("matrices", "none was added");
+  if (options_.device.is_cuda()) {
+    for (const Tensor& t : tensors_) {
+      if (t.cuda_grad == nullptr) {
+        return FieldError(absl::StatusCode::kFailedPrecondition,
+                          absl::StrCat("matrix ", Quoted(t.name)),
+                          "was not lent (LendCuda) before Start");
+      }
+    }
+    adamw_ = adamw;
+    MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw, ns_algorithm));
+    MUONPS_RETURN_IF_ERROR(WaitAndAttach());
+    started_ = true;
+    return absl::OkStatus();
+  }
   MUONPS_ASSIGN_OR_RETURN(
       SharedMemorySegment segment,
       SharedMemorySegment::Create(
@@ -291,14 +350,18 @@ absl::StatusOr<TensorBuffers> Client::Buffers(const std::string& name) const {
     return FieldError(absl::StatusCode::kNotFound, "name",
                       absl::StrCat(Quoted(name), " was not declared"));
   }
-  if (!segment_.has_value()) {
+  TensorBuffers out;
+  if (options_.device.is_cuda()) {
+    out.grad = t->cuda_grad;
+    out.param = t->cuda_param;
+  } else if (!segment_.has_value()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "name",
                       "buffers exist after Start");
+  } else {
+    char* base = static_cast<char*>(segment_->data());
+    out.grad = reinterpret_cast<float*>(base + t->offset);
+    out.param = reinterpret_cast<float*>(base + t->offset + t->elements * 4);
   }
-  char* base = static_cast<char*>(segment_->data());
-  TensorBuffers out;
-  out.grad = reinterpret_cast<float*>(base + t->offset);
-  out.param = reinterpret_cast<float*>(base + t->offset + t->elements * 4);
   out.elements = t->elements;
   out.param_elements = t->param_elements;
   out.row_begin = 0;
@@ -406,6 +469,11 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
     for (const std::string& m : g.matrices) group->add_matrices(m);
     group->set_lr(g.lr);
     group->set_weight_decay(g.weight_decay);
+  }
+  if (options_.device.is_cuda()) {
+    // The worker reads the gradients once the trainer's stream made them.
+    MUONPS_RETURN_IF_ERROR(
+        client_internal::WaitForTrainerStream(options_.device, options.stream));
   }
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(options_.timeout));

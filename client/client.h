@@ -1,8 +1,11 @@
 // muonps::Client: a trainer rank's handle on muonps. It declares the
 // model's matrices (optimized by Muon on the workers) and its other tensors
 // (stepped here with AdamW), lends their gradient and parameter buffers to
-// the local worker through one POSIX shared-memory segment, and triggers
-// steps.
+// the local worker, and triggers steps. Host trainers lend one POSIX
+// shared-memory segment the client creates (Buffers() places the model in
+// it); GPU trainers (options.device cuda:N) lend their own CUDA buffers by
+// CUDA IPC (LendCuda), and the worker on the same GPU updates their
+// parameters in place.
 //
 // Lifecycle: Create, AddMatrix/AddTensor for every tensor (identical on all
 // ranks), Start (creates the job if needed, waits for the local worker's
@@ -22,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/device.h"
 #include "common/shared_memory.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
@@ -38,6 +42,10 @@ struct ClientOptions {
   int trainer_count = 1;
   // How long Start waits for the worker's plan, and a step for its peers.
   absl::Duration timeout = absl::Seconds(60);
+  // Where the trainer's buffers live: the host (a shared segment), or a
+  // CUDA device (buffers lent with LendCuda; the local worker must run on
+  // that same GPU).
+  Device device = kHostDevice;
 };
 
 struct MatrixOptions {
@@ -69,6 +77,9 @@ struct ParamGroupOptions {
 };
 
 struct StepOptions {
+  // CUDA trainers: the stream the gradients were produced on. Step waits
+  // for it before the worker reads them; kHostStream waits for the device.
+  Stream stream = kHostStream;
   // Muon lr and weight decay for this step; < 0 keeps the job's defaults.
   double lr = -1;
   double weight_decay = -1;
@@ -103,10 +114,18 @@ class Client {
   absl::Status AddTensor(const std::string& name, int64_t elements,
                          scheduler::Layout layout);
 
-  // Creates the segment and the job (a job of the same name must have the
-  // same matrices), waits for the local worker to follow a plan, attaches.
-  // `ns_algorithm` forces NS5 or Gram NS for every matrix; unset lets the
-  // plan pick per shape (muon.ns.algorithm is not consulted: the owner
+  // CUDA trainers: lends a declared matrix's gradient and parameter, device
+  // memory of options.device holding Buffers()' element counts (fp32). The
+  // trainer keeps them allocated and in place while attached; sub-blocks of
+  // larger allocations (PyTorch's caching allocator) are fine. Before
+  // Start; INVALID_ARGUMENT naming the matrix for host memory, another
+  // device's, or a matrix lent twice.
+  absl::Status LendCuda(const std::string& name, float* grad, float* param);
+
+  // Creates the segment (host trainers) and the job (a job of the same name
+  // must have the same matrices), waits for the local worker to follow a plan,
+  // attaches. `ns_algorithm` forces NS5 or Gram NS for every matrix; unset lets
+  // the plan pick per shape (muon.ns.algorithm is not consulted: the owner
   // chooses). muon.ns.gram_restarts must keep its default.
   absl::Status Start(
       const kernels::MuonHyperparameters& muon,
@@ -158,6 +177,8 @@ class Client {
     int64_t elements = 0;        // this rank's gradient elements
     int64_t param_elements = 0;  // this rank's parameter elements
     int64_t offset = 0;          // grad at offset, param right after it
+    float* cuda_grad = nullptr;  // LendCuda's buffers (CUDA trainers)
+    float* cuda_param = nullptr;
     std::vector<float> exp_avg, exp_avg_sq;
   };
   explicit Client(const ClientOptions& options);

@@ -426,7 +426,7 @@ class ControlPlaneTest : public ::testing::Test {
         {RunfilePath("server/worker/muonps-worker"),
          "--coordinator=" + address_, absl::StrCat("--job=", kJob),
          "--worker_id=" + id, "--socket=" + w.socket, "--metrics_port=0",
-         "--device_kind=cpu",
+         "--device=cpu",
          absl::StrCat("--memory_bytes=", kWorkerMemoryBytes)},
         log);
     ASSERT_TRUE(started.ok()) << started.status();

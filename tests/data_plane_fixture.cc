@@ -284,7 +284,7 @@ void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
       {RunfilePath("server/worker/muonps-worker"),
        "--coordinator=" + coordinator_address_, absl::StrCat("--job=", kJob),
        "--worker_id=" + w.id, "--socket=" + w.socket, "--metrics_port=-1",
-       "--device_kind=cpu",
+       "--device=cpu",
        absl::StrCat("--io_timeout_ms=", options.io_timeout_ms)},
       absl::StrCat(log_dir_, "/", w.id, ".log"));
   ASSERT_TRUE(started.ok()) << started.status();

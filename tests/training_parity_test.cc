@@ -98,7 +98,7 @@ TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
         {RunfilePath("server/worker/muonps-worker"), "--coordinator=" + address,
          "--job=mlp", absl::StrCat("--worker_id=w", i),
          absl::StrCat("--socket=", socket_dir_, "/w", i, ".sock"),
-         "--metrics_port=-1", "--device_kind=cpu"},
+         "--metrics_port=-1", "--device=cpu"},
         absl::StrCat("worker-w", i)));
     ASSERT_NE(workers.back(), nullptr);
   }

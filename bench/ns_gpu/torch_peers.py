@@ -335,6 +335,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--gemm_n", type=int, default=8192)
+    parser.add_argument("--skip_ns", action="store_true",
+                        help="GEMM and optimizer steps only (bench/step_gpu)")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -352,7 +354,8 @@ def main():
                 muon=hasattr(torch.optim, "Muon"), small=args.small)
     with torch.no_grad():
         gemm = bench_gemm(report, timer, device, args.gemm_n // divisor)
-        bench_ns(report, timer, device, groups, gemm)
+        if not args.skip_ns:
+            bench_ns(report, timer, device, groups, gemm)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     bench_steps(report, timer, device, args.layers, divisor)

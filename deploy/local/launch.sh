@@ -88,7 +88,7 @@ for ((i = 0; i < workers; i++)); do
   socket="/tmp/muonps-$$-w$i.sock"
   sockets+=("$socket")
   "$bin/server/worker/muonps-worker" --coordinator "$coordinator" --job "$job" \
-    --worker_id "w$i" --socket "$socket" --metrics_port 0 \
+    --worker_id "w$i" --socket "$socket" --metrics_port 0 --device cpu \
     --memory_bytes $((4 << 30)) >"$log_dir/worker-w$i.log" 2>&1 &
   pids+=($!)
 done

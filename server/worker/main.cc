@@ -19,9 +19,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/device.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "kernels/cuda/precision.h"
+#include "server/worker/cuda_step_backend.h"
+#include "server/worker/nccl_bootstrap.h"
 #include "server/worker/worker_agent.h"
 #include "server/worker/worker_service.h"
 #include "spdlog/spdlog.h"
@@ -37,11 +41,17 @@ ABSL_FLAG(std::string, socket, "",
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the metrics port.");
 ABSL_FLAG(int, metrics_port, 0,
           "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables.");
-ABSL_FLAG(std::string, device_kind, "cpu", "cpu or cuda.");
-ABSL_FLAG(std::string, device_name, "", "GPU model, e.g. NVIDIA H200.");
-ABSL_FLAG(int, device_index, 0, "CUDA device ordinal.");
-ABSL_FLAG(int64_t, memory_bytes, int64_t{8} << 30,
-          "Device memory the worker may use.");
+ABSL_FLAG(std::string, device, "auto",
+          "cpu, cuda:N, or auto (cuda:0 when a GPU is usable, else cpu). "
+          "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "
+          "talks to the other GPU workers over NCCL; a CPU worker takes "
+          "shared memory and TCP.");
+ABSL_FLAG(std::string, precision, "bf16",
+          "GPU Newton-Schulz GEMM inputs: bf16 (as torch.optim.Muon), fp16 "
+          "or fp32; accumulation is fp32.");
+ABSL_FLAG(int64_t, memory_bytes, 0,
+          "Device memory the worker may use; 0: the GPU's free memory (8 GiB "
+          "on the CPU).");
 ABSL_FLAG(bool, colocated, true, "Shares its device with a trainer rank.");
 ABSL_FLAG(std::string, cost_table, "",
           "File of measured Newton-Schulz times (scheduler/cost_table.h).");
@@ -80,12 +90,29 @@ int Run() {
   if (options.worker_id.empty()) {
     options.worker_id = absl::StrCat(Hostname(), "-", getpid());
   }
+  std::string device_flag = absl::GetFlag(FLAGS_device);
+  if (device_flag == "auto") {
+    device_flag = worker::CudaDeviceUsable(0) ? "cuda:0" : "cpu";
+  }
+  absl::StatusOr<Device> device = ParseDevice(device_flag);
+  if (!device.ok()) {
+    spdlog::error("--device: {}", device.status().ToString());
+    return 2;
+  }
   options.device.set_host(Hostname());
-  options.device.set_kind(absl::GetFlag(FLAGS_device_kind));
-  options.device.set_name(absl::GetFlag(FLAGS_device_name));
-  options.device.set_index(absl::GetFlag(FLAGS_device_index));
+  options.device.set_kind("cpu");
   options.device.set_memory_bytes(absl::GetFlag(FLAGS_memory_bytes));
   options.device.set_colocated(absl::GetFlag(FLAGS_colocated));
+  if (device->is_cuda()) {
+    const absl::Status described =
+        worker::DescribeCudaDevice(device->ordinal, &options.device);
+    if (!described.ok()) {
+      spdlog::error("--device={}: {}", device_flag, described.ToString());
+      return 1;
+    }
+  } else if (options.device.memory_bytes() <= 0) {
+    options.device.set_memory_bytes(int64_t{8} << 30);
+  }
   options.speed = absl::GetFlag(FLAGS_speed);
   absl::StatusOr<std::unique_ptr<transport::TcpListener>> listener =
       transport::TcpListener::Bind(absl::GetFlag(FLAGS_host),
@@ -116,17 +143,46 @@ int Run() {
   tcp.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
   tcp.connect_timeout = tcp.io_timeout;
   transport::TcpListener* data_listener = listener->get();
-  worker::StepEngine engine(
-      options.worker_id, worker::CpuStepBackend(tcp.io_timeout),
-      [data_listener, tcp](int rank, const std::vector<std::string>& addresses,
-                           uint64_t session)
-          -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-        MUONPS_ASSIGN_OR_RETURN(
-            std::unique_ptr<transport::TcpTransport> connected,
-            transport::TcpTransport::Connect(data_listener, rank, addresses,
-                                             session, tcp));
-        return std::unique_ptr<transport::Transport>(std::move(connected));
-      });
+  worker::StepBackend backend;
+  worker::TransportFactory make_transport;
+  if (device->is_cuda()) {
+    absl::StatusOr<kernels::cuda::Precision> precision =
+        kernels::cuda::ParsePrecision(absl::GetFlag(FLAGS_precision));
+    if (!precision.ok()) {
+      spdlog::error("--precision: {}", precision.status().ToString());
+      return 2;
+    }
+    absl::StatusOr<worker::StepBackend> cuda =
+        worker::CudaStepBackend({.device = device->ordinal,
+                                 .precision = *precision,
+                                 .timeout = tcp.io_timeout});
+    if (!cuda.ok()) {
+      spdlog::error("--device={}: {}", device_flag, cuda.status().ToString());
+      return 1;
+    }
+    backend = *std::move(cuda);
+    make_transport = worker::NcclTransportFactory(
+        {.coordinator = grpc::CreateChannel(options.coordinator,
+                                            grpc::InsecureChannelCredentials()),
+         .job = options.job,
+         .worker_id = options.worker_id,
+         .cuda_device = device->ordinal,
+         .timeout = tcp.io_timeout});
+  } else {
+    backend = worker::CpuStepBackend(tcp.io_timeout);
+    make_transport = [data_listener, tcp](
+                         int rank, const std::vector<std::string>& addresses,
+                         uint64_t session)
+        -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+      MUONPS_ASSIGN_OR_RETURN(
+          std::unique_ptr<transport::TcpTransport> connected,
+          transport::TcpTransport::Connect(data_listener, rank, addresses,
+                                           session, tcp));
+      return std::unique_ptr<transport::Transport>(std::move(connected));
+    };
+  }
+  worker::StepEngine engine(options.worker_id, std::move(backend),
+                            std::move(make_transport));
   MetricsRegistry metrics;
   worker::WorkerAgent agent(options, &metrics, &engine);
   worker::WorkerService service(&agent, &engine);
@@ -156,7 +212,9 @@ int Run() {
                  metrics_server->port());
   }
   agent.Start();
-  spdlog::info("worker={} data plane on {}", options.worker_id,
+  spdlog::info("worker={} on {} ({}), data plane on {}", options.worker_id,
+               device_flag,
+               options.device.name().empty() ? "host" : options.device.name(),
                options.data_address);
   spdlog::info("worker={} listening on unix:{}", options.worker_id, socket);
 

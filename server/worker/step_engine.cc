@@ -40,7 +40,7 @@ StepEngine::StepEngine(std::string worker_id, StepBackend backend,
 StepEngine::~StepEngine() {
   absl::MutexLock lock(&mu_);
   // The transport goes before the buffers its pending work may touch.
-  transport_.reset();
+  DropTransport(absl::CancelledError("the worker is shutting down"));
   trainer_.reset();
 }
 
@@ -201,8 +201,10 @@ absl::Status StepEngine::SetPlan(
   }
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
   // The transport of the old version goes first: its pending work may
-  // still name the old buffers.
-  transport_.reset();
+  // still name the old buffers. Aborted, not finalized: a finalize waits
+  // for peers that may be gone.
+  DropTransport(absl::CancelledError(
+      absl::StrCat("plan version ", next.version, " replaced it")));
   plan_ = std::move(next);
   return absl::OkStatus();
 }
@@ -320,7 +322,7 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
   trainer.buffers = std::move(buffers);
   // A pending transfer may name the old trainer's memory: drop the
   // transport (rebuilt at the next step) before unmapping it.
-  transport_.reset();
+  DropTransport(absl::CancelledError("a trainer attached"));
   trainer_ = std::move(trainer);
   spdlog::info("worker={} trainer {}/{} attached {} tensors ({})", worker_id_,
                trainer_->rank, trainer_->count, request.tensors_size(),
@@ -329,6 +331,12 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
   out.set_plan_version(plan_.version);
   out.set_rank(plan_.rank);
   return out;
+}
+
+void StepEngine::DropTransport(const absl::Status& reason) {
+  if (transport_ == nullptr) return;
+  transport_->Abort(reason);
+  transport_.reset();
 }
 
 absl::Status StepEngine::EnsureTransport() {
@@ -376,8 +384,7 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   if (!out.ok()) {
     // Rejected steps leave the transport usable; anything else broke it.
     if (out.status().code() != absl::StatusCode::kInvalidArgument) {
-      transport_->Abort(out.status());
-      transport_.reset();
+      DropTransport(out.status());
       return Annotate(out.status(), absl::StrCat("step ", request.step_id()));
     }
     return out.status();

@@ -99,6 +99,9 @@ class StepEngine {
 
  private:
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Aborts and destroys the transport (if any) with `reason`.
+  void DropTransport(const absl::Status& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The slot of (matrix, expert) if owned here; NOT_FOUND naming it.
   absl::StatusOr<ItemSlot> OwnedSlot(const std::string& matrix,
                                      int64_t expert) const

@@ -52,6 +52,11 @@ class SharedMemoryBuffers final : public TrainerBuffers {
 
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
     const v1::AttachRequest& request) {
+  if (!request.device().empty() && request.device() != "cpu") {
+    return InvalidField("device",
+                        absl::StrCat("the trainer lends ", request.device(),
+                                     " memory; this worker runs on cpu"));
+  }
   if (request.segment().empty()) {
     return InvalidField("segment",
                         "is empty: this worker takes host buffers in a "

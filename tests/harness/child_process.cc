@@ -113,6 +113,16 @@ std::string RunfilePath(const std::string& workspace_relative) {
                       workspace_relative);
 }
 
+std::string BinaryPath(const std::string& workspace_relative) {
+  const char* dir = getenv("MUONPS_BIN_DIR");
+  if (dir == nullptr || *dir == 0) return RunfilePath(workspace_relative);
+  const size_t slash = workspace_relative.rfind('/');
+  return absl::StrCat(dir, "/",
+                      slash == std::string::npos
+                          ? workspace_relative
+                          : workspace_relative.substr(slash + 1));
+}
+
 std::string NewTempDir(const std::string& prefix) {
   const char* base = getenv("TEST_TMPDIR");
   std::string templ =

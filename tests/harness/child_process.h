@@ -61,6 +61,11 @@ class ChildProcess {
 // RunfilePath("server/coordinator/muonps-coordinator").
 std::string RunfilePath(const std::string& workspace_relative);
 
+// Where a muonps binary is: $MUONPS_BIN_DIR/<basename> when that is set
+// (bundles for the GPU machine carry binaries without Bazel runfiles),
+// else RunfilePath(workspace_relative).
+std::string BinaryPath(const std::string& workspace_relative);
+
 // A fresh directory under TEST_TMPDIR (or /tmp), removed by the caller.
 std::string NewTempDir(const std::string& prefix);
 

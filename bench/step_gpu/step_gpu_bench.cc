@@ -1,0 +1,273 @@
+// step_gpu_bench: a trainer lending 1.74 B fp32 parameters shaped as 8
+// layers of Llama-3-8B (per layer q, k, v, o, gate, up, down) to the
+// muonps-worker on its GPU by CUDA IPC, through real coordinator and worker
+// processes (run.sh starts them), stepping random gradients. Prints JSON
+// lines (what, ms, ratios against the peers torch_peers.py measured in the
+// same run on the same GPU):
+//   muonps_ns_all       momentum + Newton-Schulz of the whole set with the
+//                       plan's algorithms, batched by shape, in this process
+//   muonps_step_1gpu    one trainer + one worker: from the Step call until
+//                       the trainer's stream sees the parameters updated
+//   muonps_step_return  how long Step blocks the trainer's host thread
+//   muonps_step_1gpu_2workers (two trainers + two workers sharing the GPU
+//                       over IPC peer copies) is reported as skipped until
+//                       that transport exists.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "bench/ns_gpu/peer_results.h"
+#include "client/client.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/precision.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "Coordinator address.");
+ABSL_FLAG(std::string, worker_socket, "", "The worker's Unix socket.");
+ABSL_FLAG(std::string, job, "step-gpu", "Job name.");
+ABSL_FLAG(std::string, torch_results, "", "torch_peers.py's JSON lines.");
+ABSL_FLAG(int, layers, 8, "Llama-3-8B layers.");
+ABSL_FLAG(int, divisor, 1, "Divide every dimension (a quick logic check).");
+ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
+ABSL_FLAG(int, repeats, 10, "Timed steps (median reported).");
+ABSL_FLAG(std::string, precision, "bf16",
+          "NS precision of the in-process "
+          "kernels (as the worker's).");
+
+namespace muonps {
+namespace {
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Line(nlohmann::ordered_json line) {
+  std::printf("%s\n", line.dump().c_str());
+  std::fflush(stdout);
+}
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+absl::Status Run() {
+  bench::PeerResults peers;
+  if (!absl::GetFlag(FLAGS_torch_results).empty()) {
+    MUONPS_ASSIGN_OR_RETURN(
+        peers, bench::PeerResults::Load(absl::GetFlag(FLAGS_torch_results)));
+  }
+  const int d = absl::GetFlag(FLAGS_divisor);
+  const std::vector<Shape> layer = {
+      {4096 / d, 4096 / d}, {1024 / d, 4096 / d},  {1024 / d, 4096 / d},
+      {4096 / d, 4096 / d}, {14336 / d, 4096 / d}, {14336 / d, 4096 / d},
+      {4096 / d, 14336 / d}};
+  const char* names[] = {"q", "k", "v", "o", "gate", "up", "down"};
+  std::vector<std::pair<std::string, Shape>> matrices;
+  for (int l = 0; l < absl::GetFlag(FLAGS_layers); ++l) {
+    for (size_t i = 0; i < layer.size(); ++i) {
+      matrices.push_back({absl::StrCat("layers.", l, ".", names[i]), layer[i]});
+    }
+  }
+  int64_t total = 0, largest = 0;
+  for (const auto& [name, s] : matrices) {
+    total += s.rows * s.cols;
+    largest = std::max(largest, s.rows * s.cols);
+  }
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
+  // Trainer memory: one allocation for gradients, one for parameters.
+  float *grads = nullptr, *params = nullptr;
+  MUONPS_RETURN_IF_ERROR(
+      Cuda(cudaMalloc(&grads, total * sizeof(float)), "cudaMalloc grads"));
+  MUONPS_RETURN_IF_ERROR(
+      Cuda(cudaMalloc(&params, total * sizeof(float)), "cudaMalloc params"));
+  {
+    std::vector<float> pattern(largest);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : pattern) v = normal(rng) * 1e-3f;
+    int64_t at = 0;
+    for (const auto& [name, s] : matrices) {
+      const int64_t n = s.rows * s.cols;
+      MUONPS_RETURN_IF_ERROR(Cuda(
+          cudaMemcpy(grads + at, pattern.data(), n * 4, cudaMemcpyHostToDevice),
+          "fill grads"));
+      MUONPS_RETURN_IF_ERROR(Cuda(cudaMemcpy(params + at, pattern.data(), n * 4,
+                                             cudaMemcpyHostToDevice),
+                                  "fill params"));
+      at += n;
+    }
+  }
+  MUONPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<Client> client,
+      Client::Create({.coordinator = absl::GetFlag(FLAGS_coordinator),
+                      .job = absl::GetFlag(FLAGS_job),
+                      .worker_socket = absl::GetFlag(FLAGS_worker_socket),
+                      .device = {MemoryKind::kCuda, 0}}));
+  {
+    int64_t at = 0;
+    for (size_t m = 0; m < matrices.size(); ++m) {
+      const auto& [name, s] = matrices[m];
+      MUONPS_RETURN_IF_ERROR(
+          client->AddMatrix(name, s.rows, s.cols,
+                            {.layout = scheduler::Layout::kReplicated,
+                             .layer = static_cast<int32_t>(m / layer.size())}));
+      MUONPS_RETURN_IF_ERROR(client->LendCuda(name, grads + at, params + at));
+      at += s.rows * s.cols;
+    }
+  }
+  kernels::MuonHyperparameters muon;
+  muon.lr = 0.02;
+  muon.weight_decay = 0.1;
+  MUONPS_RETURN_IF_ERROR(client->Start(muon, {}));
+  MUONPS_ASSIGN_OR_RETURN(const auto algorithms, client->NsAlgorithms());
+
+  cudaStream_t stream = nullptr;
+  MUONPS_RETURN_IF_ERROR(Cuda(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
+  std::vector<double> step_ms, return_ms;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  for (int step = 0; step < warmup + repeats; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    MUONPS_ASSIGN_OR_RETURN(
+        const StepResult result,
+        client->Step(step, {.stream = reinterpret_cast<Stream>(stream)}));
+    const auto returned = std::chrono::steady_clock::now();
+    MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "sync"));
+    const auto seen = std::chrono::steady_clock::now();
+    if (result.already_applied) return absl::InternalError("already applied");
+    if (step < warmup) continue;
+    step_ms.push_back(
+        std::chrono::duration<double, std::milli>(seen - start).count());
+    return_ms.push_back(
+        std::chrono::duration<double, std::milli>(returned - start).count());
+  }
+
+  // The kernels alone, in this process: the same stacks the worker runs.
+  MUONPS_ASSIGN_OR_RETURN(
+      const kernels::cuda::Precision precision,
+      kernels::cuda::ParsePrecision(absl::GetFlag(FLAGS_precision)));
+  MUONPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<kernels::cuda::CudaKernels> k,
+      kernels::cuda::CudaKernels::Create(
+          {.device = 0, .precision = precision, .stream = stream}));
+  std::map<std::pair<int64_t, int64_t>, int64_t> counts;
+  for (const auto& [name, s] : matrices) ++counts[{s.rows, s.cols}];
+  struct Stack {
+    Shape shape;
+    int64_t count;
+    kernels::NsAlgorithm algorithm;
+    float *grad, *momentum;
+  };
+  std::vector<Stack> stacks;
+  for (const auto& [shape, count] : counts) {
+    Stack s{{shape.first, shape.second},
+            count,
+            kernels::NsAlgorithm::kNs5,
+            nullptr,
+            nullptr};
+    for (const auto& [name, m] : matrices) {
+      if (m.rows == shape.first && m.cols == shape.second) {
+        s.algorithm = algorithms.at(name);
+        break;
+      }
+    }
+    const int64_t n = count * shape.first * shape.second;
+    MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&s.grad, n * 4), "stack"));
+    MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&s.momentum, n * 4), "stack"));
+    MUONPS_RETURN_IF_ERROR(
+        Cuda(cudaMemcpy(s.grad, grads, std::min(n, total) * 4,
+                        cudaMemcpyDeviceToDevice),
+             "stack"));
+    MUONPS_RETURN_IF_ERROR(Cuda(cudaMemset(s.momentum, 0, n * 4), "stack"));
+    stacks.push_back(s);
+  }
+  std::vector<double> ns_ms;
+  for (int r = 0; r < warmup + repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const Stack& s : stacks) {
+      const kernels::MatrixStack g{s.grad, s.count, s.shape.rows, s.shape.cols};
+      const kernels::MatrixStack b{s.momentum, s.count, s.shape.rows,
+                                   s.shape.cols};
+      MUONPS_RETURN_IF_ERROR(k->UpdateMomentum(g, b, 0.95, true, g));
+      kernels::NewtonSchulzOptions ns;
+      ns.algorithm = s.algorithm;
+      MUONPS_RETURN_IF_ERROR(k->Orthogonalize(g, g, ns));
+    }
+    MUONPS_RETURN_IF_ERROR(k->Synchronize());
+    if (r >= warmup) {
+      ns_ms.push_back(std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count());
+    }
+  }
+  for (const Stack& s : stacks) {
+    cudaFree(s.grad);
+    cudaFree(s.momentum);
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const double ns_all = Median(ns_ms);
+  const double step = Median(step_ms);
+  const double ret = Median(return_ms);
+  const auto torch_muon = peers.Number("torch_muon_step_1gpu", "ms");
+  const auto adamw = peers.Number("adamw_fused_step", "ms");
+  Line({{"what", "muonps_ns_all"},
+        {"device", prop.name},
+        {"matrices", matrices.size()},
+        {"params", total},
+        {"precision", absl::GetFlag(FLAGS_precision)},
+        {"ms", ns_all},
+        {"over_torch_muon_step", bench::Ratio(ns_all, torch_muon)}});
+  Line({{"what", "muonps_step_1gpu"},
+        {"ms", step},
+        {"over_muonps_ns_all", step / ns_all},
+        {"over_torch_muon_step", bench::Ratio(step, torch_muon)},
+        {"over_adamw_fused_step", bench::Ratio(step, adamw)},
+        {"targets", "<= 1.10 x muonps_ns_all, < 0.65 x torch_muon_step_1gpu"}});
+  Line({{"what", "muonps_step_return"},
+        {"ms", ret},
+        {"target_ms", 1.0},
+        {"note",
+         "Step waits for the trainer's stream and the worker's "
+         "whole step (synchronous data path)"}});
+  Line({{"what", "muonps_step_1gpu_2workers"},
+        {"skipped", "needs the same-host CUDA IPC peer transport"}});
+  if (const auto gemm = peers.Number("gemm_bf16", "tflops")) {
+    Line({{"what", "gemm_bf16"}, {"tflops", *gemm}, {"source", "torch"}});
+  }
+  client.reset();
+  cudaFree(grads);
+  cudaFree(params);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace muonps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = muonps::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "step_gpu_bench: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

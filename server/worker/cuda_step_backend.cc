@@ -1,0 +1,139 @@
+#include "server/worker/cuda_step_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_ipc.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_device_ops.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+absl::Status Cuda(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+// The trainer's allocations, mapped by CUDA IPC into this process.
+class CudaIpcBuffers final : public TrainerBuffers {
+ public:
+  explicit CudaIpcBuffers(int device) : device_(device) {}
+
+  Device device() const override { return {MemoryKind::kCuda, device_}; }
+
+  absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t,
+                                 int64_t grad_elements,
+                                 int64_t param_elements) override {
+    const std::string field = absl::StrCat("tensor ", Quoted(t.name()));
+    if (t.dtype() != v1::DTYPE_FP32 && t.dtype() != v1::DTYPE_UNSPECIFIED) {
+      return FieldError(absl::StatusCode::kUnimplemented, field,
+                        "CUDA buffers must be fp32");
+    }
+    LentTensor out;
+    for (auto [buffer, elements, pointer, what] :
+         {std::tuple<const v1::CudaBuffer*, int64_t, float**, const char*>{
+              &t.grad_cuda(), grad_elements, &out.grad, "grad_cuda"},
+          {&t.param_cuda(), param_elements, &out.param, "param_cuda"}}) {
+      if (buffer->ipc_handle().empty() || buffer->offset() < 0 ||
+          buffer->offset() % 4 != 0 || elements < 1) {
+        return InvalidField(
+            absl::StrCat(field, ".", what),
+            "needs an IPC handle and a 4-byte aligned offset >= 0");
+      }
+      IpcMemoryRef ref;
+      ref.handle = buffer->ipc_handle();
+      ref.offset = static_cast<uint64_t>(buffer->offset());
+      ref.bytes = static_cast<uint64_t>(elements) * sizeof(float);
+      ref.device = device_;
+      absl::StatusOr<void*> mapped = map_.Open(ref);
+      if (!mapped.ok()) {
+        return Annotate(mapped.status(), absl::StrCat(field, ".", what));
+      }
+      *pointer = static_cast<float*>(*mapped);
+    }
+    return out;
+  }
+
+ private:
+  const int device_;
+  IpcMemoryMap map_;
+};
+
+}  // namespace
+
+bool CudaDeviceUsable(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return false;
+  }
+  return device >= 0 && device < count;
+}
+
+absl::Status DescribeCudaDevice(int device, v1::Device* out) {
+  cudaDeviceProp prop{};
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, device),
+                              absl::StrCat("cuda:", device)));
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "cudaSetDevice"));
+  size_t free_bytes = 0, total_bytes = 0;
+  MUONPS_RETURN_IF_ERROR(
+      Cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  out->set_kind("cuda");
+  out->set_name(prop.name);
+  out->set_index(device);
+  char uuid[64] = {};
+  const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  std::snprintf(uuid, sizeof(uuid),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%"
+                "02x%02x%02x",
+                u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9],
+                u[10], u[11], u[12], u[13], u[14], u[15]);
+  out->set_uuid(uuid);
+  if (out->memory_bytes() <= 0) {
+    out->set_memory_bytes(static_cast<int64_t>(free_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepBackend> CudaStepBackend(const CudaBackendOptions& options) {
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::cuda::CudaDeviceOps> ops,
+                          kernels::cuda::CudaDeviceOps::Create(options.device));
+  kernels::cuda::CudaKernelsOptions k;
+  k.device = options.device;
+  k.precision = options.precision;
+  k.stream = reinterpret_cast<cudaStream_t>(ops->stream());
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::cuda::CudaKernels> kernels,
+                          kernels::cuda::CudaKernels::Create(k));
+  StepBackend backend;
+  backend.kernels = std::move(kernels);
+  backend.ops = std::move(ops);
+  backend.open_buffers = CudaIpcBuffersOpener(options.device);
+  backend.timeout = options.timeout;
+  return backend;
+}
+
+TrainerBuffersOpener CudaIpcBuffersOpener(int device) {
+  return [device](const v1::AttachRequest& request)
+             -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
+    const std::string mine = absl::StrCat("cuda:", device);
+    if (request.device() != mine &&
+        !(device == 0 && request.device() == "cuda")) {
+      return InvalidField(
+          "device",
+          absl::StrCat("the trainer lends ",
+                       request.device().empty() ? "cpu" : request.device(),
+                       " memory; this worker runs on ", mine,
+                       " (a trainer lends memory of the worker's GPU)"));
+    }
+    return std::unique_ptr<TrainerBuffers>(new CudaIpcBuffers(device));
+  };
+}
+
+}  // namespace worker
+}  // namespace muonps

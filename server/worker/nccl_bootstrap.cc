@@ -1,0 +1,86 @@
+#include "server/worker/nccl_bootstrap.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "muonps/v1/coordinator.grpc.pb.h"
+#include "spdlog/spdlog.h"
+#include "transport/nccl_transport.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
+                                       v1::Coordinator::Stub& stub, int rank,
+                                       uint64_t version) {
+  if (rank == 0) {
+    MUONPS_ASSIGN_OR_RETURN(std::string id,
+                            transport::NcclTransport::NewUniqueId());
+    v1::PutNcclIdRequest put;
+    put.set_job(o.job);
+    put.set_plan_version(static_cast<int64_t>(version));
+    put.set_worker_id(o.worker_id);
+    put.set_nccl_id(id);
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(o.timeout));
+    v1::PutNcclIdResponse response;
+    const grpc::Status status = stub.PutNcclId(&context, put, &response);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("PutNcclId for plan version ", version,
+                                       ": ", status.error_message()));
+    }
+    return id;
+  }
+  const absl::Time deadline = absl::Now() + o.timeout;
+  std::string last;
+  while (absl::Now() < deadline) {
+    v1::GetNcclIdRequest get;
+    get.set_job(o.job);
+    get.set_plan_version(static_cast<int64_t>(version));
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(absl::Seconds(2)));
+    v1::GetNcclIdResponse response;
+    const grpc::Status status = stub.GetNcclId(&context, get, &response);
+    if (status.ok()) return response.nccl_id();
+    last = status.error_message();
+    if (status.error_code() != grpc::StatusCode::NOT_FOUND &&
+        status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("no NCCL id from rank 0 for plan version ", version,
+                   " within ", absl::FormatDuration(o.timeout), ": ", last));
+}
+
+}  // namespace
+
+TransportFactory NcclTransportFactory(NcclBootstrapOptions options) {
+  auto stub = std::shared_ptr<v1::Coordinator::Stub>(
+      v1::Coordinator::NewStub(options.coordinator));
+  return [options, stub](int rank, const std::vector<std::string>& addresses,
+                         uint64_t session)
+             -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+    MUONPS_ASSIGN_OR_RETURN(const std::string id,
+                            ExchangeId(options, *stub, rank, session));
+    MUONPS_ASSIGN_OR_RETURN(
+        std::unique_ptr<transport::NcclTransport> nccl,
+        transport::NcclTransport::Create(options.cuda_device, rank,
+                                         static_cast<int>(addresses.size()), id,
+                                         {.timeout = options.timeout}));
+    spdlog::info(
+        "job={} worker={} plan_version={} NCCL rank {} of {} on cuda:{}",
+        options.job, options.worker_id, session, rank, addresses.size(),
+        options.cuda_device);
+    return std::unique_ptr<transport::Transport>(std::move(nccl));
+  };
+}
+
+}  // namespace worker
+}  // namespace muonps

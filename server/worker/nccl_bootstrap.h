@@ -1,0 +1,36 @@
+// The GPU workers' transport per plan version: an NCCL communicator among
+// the plan's workers (one rank per GPU; trainers never join it), whose
+// unique id travels through the coordinator (rank 0 creates it and
+// PutNcclId's it for the plan version; the other ranks GetNcclId until it
+// is there). Thread-safe (the factory holds only immutable state).
+#ifndef MUONPS_SERVER_WORKER_NCCL_BOOTSTRAP_H_
+#define MUONPS_SERVER_WORKER_NCCL_BOOTSTRAP_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "server/worker/step_engine.h"
+
+namespace muonps {
+namespace worker {
+
+struct NcclBootstrapOptions {
+  std::shared_ptr<grpc::Channel> coordinator;
+  std::string job;
+  std::string worker_id;
+  int cuda_device = 0;
+  // For the id exchange and for NCCL (communicator setup, stalled steps).
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+// A TransportFactory building NcclTransports. Its errors name the plan
+// version and, when the id never arrives, rank 0's worker.
+TransportFactory NcclTransportFactory(NcclBootstrapOptions options);
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_NCCL_BOOTSTRAP_H_

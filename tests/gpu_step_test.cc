@@ -1,0 +1,372 @@
+// The GPU data path on one GPU, with real processes: a muonps-coordinator
+// and a muonps-worker --device cuda:0 as children, and a trainer (this
+// process, muonps::Client with ClientOptions.device cuda:0) lending CUDA
+// buffers by IPC: sub-blocks of one cudaMalloc, as PyTorch's caching
+// allocator hands them out. Per case (layout x NS precision): 50 steps of
+// fixed gradients; the trainer's parameters, as the worker updated them in
+// place, match a single-process run of the same CUDA kernels within the
+// CUDA backend's tolerances; and the owner's momentum matches too. Also: a
+// non-finite gradient is rejected with nothing written, and a killed worker
+// fails the trainer's step with an error instead of a hang.
+//
+// Needs a GPU: tagged gpu + manual; deploy/device/run_gpu_step_suite.sh
+// runs it on the GPU machine (MUONPS_BIN_DIR names the bundled binaries).
+#include <cuda_runtime.h>
+#include <signal.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/precision.h"
+#include "tests/harness/child_process.h"
+
+namespace muonps {
+namespace {
+
+using testing::BinaryPath;
+using testing::ChildProcess;
+using testing::NewTempDir;
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(60);
+
+struct MatrixCase {
+  std::string name;
+  int64_t rows, cols, experts;
+};
+
+// Two same-shape matrices (one stack on the owner), a wide, a tall and a
+// square one, and a 3-expert stack.
+const std::vector<MatrixCase>& Matrices() {
+  static const auto* m = new std::vector<MatrixCase>{
+      {"attn.q", 256, 256, 1}, {"attn.k", 256, 256, 1},
+      {"mlp.up", 512, 256, 1}, {"mlp.down", 256, 512, 1},
+      {"proj", 384, 128, 1},   {"experts", 128, 256, 3}};
+  return *m;
+}
+
+float GradValue(int64_t step, int matrix, int64_t i) {
+  // Deterministic, varied magnitude and sign.
+  const uint64_t x = (static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^
+                     (static_cast<uint64_t>(matrix) << 40) ^
+                     static_cast<uint64_t>(i) * 0xBF58476D1CE4E5B9ull;
+  const uint64_t y = (x ^ (x >> 31)) * 0x94D049BB133111EBull;
+  return static_cast<float>(static_cast<double>(y >> 11) / 9007199254740992.0 -
+                            0.5) *
+         (1.0f + static_cast<float>(matrix % 3));
+}
+
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff +=
+        (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(ref, 1e-30));
+}
+
+struct GpuCase {
+  std::string layout;
+  std::string precision;
+};
+
+class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no GPU";
+    }
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    log_dir_ = NewTempDir("gpu_step");
+    char socket_dir[] = "/tmp/muonps-gs-XXXXXX";
+    ASSERT_NE(mkdtemp(socket_dir), nullptr);
+    socket_ = absl::StrCat(socket_dir, "/w0.sock");
+    absl::StatusOr<std::unique_ptr<ChildProcess>> c = ChildProcess::Start(
+        {BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
+         "--metrics_port=-1", "--lease_ttl_ms=3000",
+         "--heartbeat_interval_ms=500"},
+        log_dir_ + "/coordinator.log");
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+    absl::StatusOr<std::string> port = coordinator_->WaitForLog(
+        R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
+    ASSERT_TRUE(port.ok()) << port.status();
+    address_ = absl::StrCat("127.0.0.1:", *port);
+    absl::StatusOr<std::unique_ptr<ChildProcess>> w = ChildProcess::Start(
+        {BinaryPath("server/worker/muonps-worker"), "--coordinator=" + address_,
+         "--job=gpu", "--worker_id=w0", "--socket=" + socket_,
+         "--metrics_port=-1", "--device=cuda:0",
+         "--precision=" + GetParam().precision, "--io_timeout_ms=10000"},
+        log_dir_ + "/worker.log");
+    ASSERT_TRUE(w.ok()) << w.status();
+    worker_ = *std::move(w);
+    ASSERT_TRUE(worker_->WaitForLog("listening on unix:", kStartTimeout).ok())
+        << worker_->Log();
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      if (coordinator_) std::cerr << "== coordinator\n" << coordinator_->Log();
+      if (worker_) std::cerr << "== worker\n" << worker_->Log();
+    }
+    client_.reset();
+    if (device_block_ != nullptr) cudaFree(device_block_);
+    worker_.reset();
+    coordinator_.reset();
+  }
+
+  scheduler::Layout Layout() const {
+    const std::string& l = GetParam().layout;
+    return l == "unreduced"     ? scheduler::Layout::kUnreduced
+           : l == "row_sharded" ? scheduler::Layout::kRowSharded
+                                : scheduler::Layout::kReplicated;
+  }
+
+  // Declares the matrices, lends sub-blocks of one allocation, starts.
+  void StartTrainer(const kernels::MuonHyperparameters& muon) {
+    absl::StatusOr<std::unique_ptr<Client>> created =
+        Client::Create({.coordinator = address_,
+                        .job = "gpu",
+                        .worker_socket = socket_,
+                        .trainer_rank = 0,
+                        .trainer_count = 1,
+                        .device = {MemoryKind::kCuda, 0}});
+    ASSERT_TRUE(created.ok()) << created.status();
+    client_ = *std::move(created);
+    int64_t total = 0;
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixCase& c = Matrices()[m];
+      ASSERT_TRUE(client_
+                      ->AddMatrix(c.name, c.rows, c.cols,
+                                  {.layout = Layout(),
+                                   .layer = static_cast<int32_t>(m),
+                                   .experts = c.experts})
+                      .ok());
+      // 256-byte aligned sub-blocks, grad then param.
+      const int64_t n = c.rows * c.cols * c.experts;
+      offsets_.push_back(total);
+      total += 2 * ((n + 63) / 64 * 64);
+    }
+    ASSERT_EQ(cudaMalloc(&device_block_, total * sizeof(float)), cudaSuccess);
+    params_.resize(Matrices().size());
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixCase& c = Matrices()[m];
+      const int64_t n = c.rows * c.cols * c.experts;
+      float* grad = device_block_ + offsets_[m];
+      float* param = grad + (n + 63) / 64 * 64;
+      std::vector<float>& p = params_[m];
+      p.resize(n);
+      std::mt19937 rng(11 + m);
+      std::normal_distribution<float> normal(0.0f, 0.02f);
+      for (float& v : p) v = normal(rng);
+      ASSERT_EQ(cudaMemcpy(param, p.data(), n * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_TRUE(client_->LendCuda(c.name, grad, param).ok());
+    }
+    const absl::Status started = client_->Start(muon, {});
+    ASSERT_TRUE(started.ok()) << started;
+  }
+
+  void WriteGradients(int64_t step, int poison_matrix = -1) {
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixCase& c = Matrices()[m];
+      std::vector<float> g(c.rows * c.cols * c.experts);
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = GradValue(step, static_cast<int>(m), static_cast<int64_t>(i));
+      }
+      if (static_cast<int>(m) == poison_matrix) g[g.size() / 2] = NAN;
+      ASSERT_EQ(cudaMemcpy(device_block_ + offsets_[m], g.data(), g.size() * 4,
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+  }
+
+  std::vector<float> DeviceParams(size_t m) {
+    const MatrixCase& c = Matrices()[m];
+    const int64_t n = c.rows * c.cols * c.experts;
+    std::vector<float> out(n);
+    EXPECT_EQ(
+        cudaMemcpy(out.data(), device_block_ + offsets_[m] + (n + 63) / 64 * 64,
+                   n * 4, cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    return out;
+  }
+
+  std::string log_dir_, socket_, address_;
+  std::unique_ptr<ChildProcess> coordinator_, worker_;
+  std::unique_ptr<Client> client_;
+  float* device_block_ = nullptr;
+  std::vector<int64_t> offsets_;
+  std::vector<std::vector<float>> params_;  // initial values
+};
+
+TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
+  kernels::MuonHyperparameters muon;
+  muon.lr = 0.02;
+  muon.weight_decay = 0.1;
+  ASSERT_NO_FATAL_FAILURE(StartTrainer(muon));
+  absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> algorithms =
+      client_->NsAlgorithms();
+  ASSERT_TRUE(algorithms.ok()) << algorithms.status();
+
+  // The reference: the same CUDA kernels and precision in this process.
+  absl::StatusOr<kernels::cuda::Precision> precision =
+      kernels::cuda::ParsePrecision(GetParam().precision);
+  ASSERT_TRUE(precision.ok());
+  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaKernels>> reference =
+      kernels::cuda::CudaKernels::Create(
+          {.device = 0, .precision = *precision});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  struct RefMatrix {
+    float *grad, *momentum, *param;
+  };
+  std::vector<RefMatrix> ref;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const int64_t n =
+        Matrices()[m].rows * Matrices()[m].cols * Matrices()[m].experts;
+    RefMatrix r{};
+    ASSERT_EQ(cudaMalloc(&r.grad, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&r.momentum, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&r.param, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(r.momentum, 0, n * 4), cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpy(r.param, params_[m].data(), n * 4, cudaMemcpyHostToDevice),
+        cudaSuccess);
+    ref.push_back(r);
+  }
+  constexpr int kSteps = 50;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    ASSERT_NO_FATAL_FAILURE(WriteGradients(step));
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixCase& c = Matrices()[m];
+      ASSERT_EQ(
+          cudaMemcpy(ref[m].grad, device_block_ + offsets_[m],
+                     c.rows * c.cols * c.experts * 4, cudaMemcpyDeviceToDevice),
+          cudaSuccess);
+    }
+    absl::StatusOr<StepResult> result = client_->Step(step);
+    ASSERT_TRUE(result.ok()) << "step " << step << ": " << result.status();
+    ASSERT_FALSE(result->already_applied);
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixCase& c = Matrices()[m];
+      kernels::MuonHyperparameters h = muon;
+      h.ns.algorithm = algorithms->at(c.name);
+      kernels::MuonStack stack;
+      stack.names = {c.name};
+      stack.grad = {ref[m].grad, c.experts, c.rows, c.cols};
+      stack.momentum = {ref[m].momentum, c.experts, c.rows, c.cols};
+      stack.param = {ref[m].param, c.experts, c.rows, c.cols};
+      const absl::Status s = (*reference)->MuonStep(stack, h);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  }
+  // fp32 NS: rounding only; 16-bit NS: the backend's bf16/fp16 spread.
+  const double tolerance = GetParam().precision == "fp32" ? 1e-5 : 5e-3;
+  double worst = 0;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const MatrixCase& c = Matrices()[m];
+    const int64_t n = c.rows * c.cols * c.experts;
+    std::vector<float> want(n);
+    ASSERT_EQ(
+        cudaMemcpy(want.data(), ref[m].param, n * 4, cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    const double err = RelativeError(DeviceParams(m), want);
+    worst = std::max(worst, err);
+    EXPECT_LE(err, tolerance) << c.name;
+    // The owner's momentum (one worker owns everything here).
+    for (int64_t e = 0; e < c.experts; ++e) {
+      absl::StatusOr<std::vector<float>> got =
+          client_->OwnedMomentum(c.name, e);
+      ASSERT_TRUE(got.ok()) << got.status();
+      std::vector<float> expected(c.rows * c.cols);
+      ASSERT_EQ(
+          cudaMemcpy(expected.data(), ref[m].momentum + e * c.rows * c.cols,
+                     expected.size() * 4, cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      EXPECT_LE(RelativeError(*got, expected), 1e-6)
+          << c.name << "[" << e << "]";
+    }
+    cudaFree(ref[m].grad);
+    cudaFree(ref[m].momentum);
+    cudaFree(ref[m].param);
+  }
+  std::printf(
+      "{\"what\":\"gpu_step_parity\",\"layout\":\"%s\",\"precision\":"
+      "\"%s\",\"steps\":%d,\"max_rel_err\":%g}\n",
+      GetParam().layout.c_str(), GetParam().precision.c_str(), kSteps, worst);
+}
+
+TEST_P(GpuStepTest, NonFiniteGradientIsRejectedWithNothingWritten) {
+  if (GetParam().layout != "replicated" || GetParam().precision != "bf16") {
+    GTEST_SKIP() << "one case is enough";
+  }
+  ASSERT_NO_FATAL_FAILURE(StartTrainer({}));
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(0));
+  ASSERT_TRUE(client_->Step(0).ok());
+  std::vector<std::vector<float>> before;
+  for (size_t m = 0; m < Matrices().size(); ++m)
+    before.push_back(DeviceParams(m));
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(1, /*poison_matrix=*/3));
+  absl::StatusOr<StepResult> result = client_->Step(1);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(result.status().message().find("mlp.down"), std::string::npos)
+      << result.status();
+  EXPECT_NE(result.status().message().find("NaN"), std::string::npos);
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    EXPECT_EQ(DeviceParams(m), before[m]) << Matrices()[m].name;
+  }
+  // And the job goes on.
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(1));
+  absl::StatusOr<StepResult> retry = client_->Step(1);
+  EXPECT_TRUE(retry.ok()) << retry.status();
+}
+
+TEST_P(GpuStepTest, KilledWorkerFailsTheStepInsteadOfHanging) {
+  if (GetParam().layout != "replicated" || GetParam().precision != "bf16") {
+    GTEST_SKIP() << "one case is enough";
+  }
+  ASSERT_NO_FATAL_FAILURE(StartTrainer({}));
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(0));
+  ASSERT_TRUE(client_->Step(0).ok());
+  worker_->Signal(SIGKILL);
+  ASSERT_TRUE(worker_->Wait(absl::Seconds(10)).ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<StepResult> result = client_->Step(1);
+  EXPECT_FALSE(result.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_NE(result.status().message().find("Step"), std::string::npos)
+      << result.status();
+  // The trainer's memory is intact and usable after the worker died.
+  std::vector<float> p = DeviceParams(0);
+  EXPECT_EQ(p.size(), static_cast<size_t>(256 * 256));
+}
+
+std::vector<GpuCase> Cases() {
+  std::vector<GpuCase> out;
+  for (const char* precision : {"fp32", "bf16"}) {
+    for (const char* layout : {"replicated", "unreduced", "row_sharded"}) {
+      out.push_back({layout, precision});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(OneGpu, GpuStepTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<GpuCase>& info) {
+                           return info.param.layout + "_" +
+                                  info.param.precision;
+                         });
+
+}  // namespace
+}  // namespace muonps

@@ -1,0 +1,220 @@
+// The GPU transport: Transport over one NCCL communicator, one rank per GPU,
+// moving device memory (memory() is kCuda) on the caller's CUDA streams.
+//
+// Who joins. Only workers form the communicator, one rank per GPU: NCCL
+// refuses two ranks on one GPU ("Duplicate GPU detected"), so a trainer
+// never joins; it lends its buffers to the worker on its own GPU (CUDA IPC)
+// and that worker moves them.
+//
+// Setup. For each plan version, rank 0 calls NewUniqueId() and the id travels
+// through the coordinator to every rank, which calls Create with it. The
+// communicator is non-blocking (ncclConfig_t::blocking = 0): Create, GroupEnd
+// and the destructor wait for NCCL by polling, each bounded by
+// NcclOptions::timeout, so a rank that never joins or a peer that stalls
+// gives DEADLINE_EXCEEDED instead of a hang.
+//
+// Calls. Data calls check their arguments and are queued; the outermost
+// GroupEnd() (or the call itself, outside a group) issues the queue as one
+// ncclGroupStart/ncclGroupEnd, waits until NCCL has enqueued every transfer
+// on its stream, and returns: the transfers are done when the stream reaches
+// them (see Synchronize). Issuing a whole group inside one call keeps NCCL's
+// per-thread group state closed between calls, so an Abort() from another
+// thread never meets a half-built NCCL group. Buffers are device pointers on
+// the communicator's GPU; `stream` is a CUDA stream created on that GPU
+// (kHostStream, the null stream, is refused: host memory has no place here).
+// Zero-byte calls are checked and do nothing (every rank skips them alike).
+//
+// Summation order. NCCL picks its own order (it depends on the topology
+// and the algorithm): ReduceSum checks `order` and otherwise ignores it, so
+// its results are not bit-identical to TcpTransport's.
+//
+// Errors. INVALID_ARGUMENT for a bad argument (the message names it), errors
+// of NCCL calls as UNAVAILABLE (system or remote errors: a lost peer) or
+// INTERNAL, each naming the call, the rank and NCCL's error text, and
+// DEADLINE_EXCEEDED when NCCL does not finish within the timeout. Any failed
+// call breaks the transport (the peers expected the call): its communicator
+// is aborted at once and every later call fails with FAILED_PRECONDITION
+// quoting the first error. Build a new transport, with a fresh unique id.
+//
+// Ownership: the transport owns its communicator; buffers and streams stay
+// the caller's, and must outlive the work enqueued on them.
+//
+// Thread safety: a NcclTransport is used by one thread at a time; Abort()
+// may be called from any thread at any time before destruction (for example
+// while the owner is inside Synchronize()). Not copyable.
+#ifndef MUONPS_TRANSPORT_NCCL_TRANSPORT_H_
+#define MUONPS_TRANSPORT_NCCL_TRANSPORT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "transport/transport.h"
+
+// NCCL's communicator handle (ncclComm_t); named here so that users of this
+// header need no NCCL header.
+struct ncclComm;
+
+namespace muonps {
+namespace transport {
+
+struct NcclOptions {
+  // How long Create waits for every rank to join, GroupEnd for NCCL to
+  // enqueue a group (the first transfer to a peer also connects to it), and
+  // the destructor for NCCL to finalize, before aborting.
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+class NcclTransport final : public Transport {
+ public:
+  // The NCCL unique id of a new communicator: 128 opaque bytes
+  // (ncclGetUniqueId) that every rank passes to Create. The calling process
+  // hosts NCCL's bootstrap root for that id: it must keep running until
+  // every rank's Create has returned. UNAVAILABLE if NCCL cannot make one
+  // (for example, no usable network interface).
+  static absl::StatusOr<std::string> NewUniqueId();
+
+  // Makes CUDA device `cuda_device` current on the calling thread (it stays
+  // current) and joins the communicator `unique_id` of `size` ranks as
+  // `rank`, waiting until all `size` ranks have joined. Returns the ready
+  // transport. INVALID_ARGUMENT naming the field for a negative or absent
+  // `cuda_device`, a `size` below 1, a `rank` outside [0, size), a
+  // `unique_id` that is not 128 bytes or a non-positive options.timeout;
+  // DEADLINE_EXCEEDED (the communicator is aborted) if not every rank joined
+  // within options.timeout; UNAVAILABLE or INTERNAL naming the NCCL or CUDA
+  // call that failed otherwise.
+  static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(
+      int cuda_device, int rank, int size, const std::string& unique_id,
+      const NcclOptions& options);
+
+  // Healthy: finalizes the communicator (flushing its pending work) and
+  // destroys it, aborting it instead if that takes longer than
+  // options.timeout. Broken or aborted: aborts it (if not done already).
+  // Never waits longer than about options.timeout. Must not race with
+  // Abort() from another thread.
+  ~NcclTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MemoryKind memory() const override { return MemoryKind::kCuda; }
+  // The CUDA device of the communicator: every buffer and stream lives there.
+  int cuda_device() const { return cuda_device_; }
+
+  // FAILED_PRECONDITION if broken. Groups nest.
+  absl::Status GroupStart() override;
+  // At the outermost level, issues the queued calls as one NCCL group and
+  // waits (up to options.timeout) until NCCL has enqueued them.
+  // FAILED_PRECONDITION without a matching GroupStart.
+  absl::Status GroupEnd() override;
+
+  // Bytes (ncclUint8). INVALID_ARGUMENT for peer == rank() or out of range,
+  // or null data with bytes > 0.
+  absl::Status Send(const void* data, size_t bytes, int peer,
+                    Stream stream) override;
+  absl::Status Recv(void* data, size_t bytes, int peer, Stream stream) override;
+  // ncclReduce(ncclFloat, ncclSum). `recv` may be `send` itself on the root
+  // (in place) but must not partly overlap it; off the root it may be null.
+  // `order` is checked (empty or a permutation of the ranks) and otherwise
+  // ignored: NCCL picks its own summation order.
+  absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
+                         absl::Span<const int> order, Stream stream) override;
+  // ncclBroadcast in place (bytes, ncclUint8).
+  absl::Status Broadcast(void* data, size_t bytes, int root,
+                         Stream stream) override;
+
+  // Polls `stream` (cudaStreamQuery) and the communicator's asynchronous
+  // error every 0.1 to 1 ms until the stream has finished everything
+  // enqueued on it. OK when it has; on an asynchronous NCCL error
+  // UNAVAILABLE with NCCL's error text, and when `timeout` passes first
+  // DEADLINE_EXCEEDED ("stream not done after ..."), both after Abort().
+  // FAILED_PRECONDITION quoting the reason, at once, when the transport is
+  // aborted (also from another thread while this waits) or broken. After a
+  // failure NCCL's kernels on `stream` end early and leave their buffers
+  // undefined; wait for the stream before freeing them.
+  absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
+
+  // Aborts the communicator (ncclCommAbort, once; later calls only keep the
+  // first reason) so that NCCL kernels waiting on peers end and pending and
+  // later calls fail with FAILED_PRECONDITION quoting `reason`. Thread-safe;
+  // may block while NCCL tears the communicator down.
+  void Abort(const absl::Status& reason) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  // One queued data call.
+  struct Call {
+    enum class Kind { kSend, kRecv, kReduce, kBroadcast };
+    Kind kind;
+    const void* send;  // kSend, kReduce, kBroadcast (== recv)
+    void* recv;        // kRecv, kReduce (root only), kBroadcast
+    size_t count;      // Bytes; floats for kReduce.
+    int peer;          // The peer for kSend/kRecv, the root otherwise.
+    Stream stream;
+  };
+
+  NcclTransport(int cuda_device, int rank, int size, const NcclOptions& options,
+                ncclComm* comm);
+
+  // FAILED_PRECONDITION quoting the first failure once broken or aborted.
+  absl::Status Usable() const;
+  // Usable(), for when the communicator is gone (never OK).
+  absl::Status Gone() const;
+  // Records `status` (annotated with rank and size) as the first failure,
+  // aborts the communicator, drops the queue, and returns the annotated
+  // status.
+  absl::Status Fail(const absl::Status& status);
+  // ncclCommAbort once; the handle is gone afterwards.
+  void AbortCommunicator();
+  absl::Status CheckPeer(int peer, const char* field, bool allow_self) const;
+  // INVALID_ARGUMENT for kHostStream: NCCL work needs a CUDA stream.
+  absl::Status CheckStream(Stream stream, const char* call) const;
+  // Queues `call` (unless it moves nothing), then issues the queue unless
+  // inside a group.
+  absl::Status Queue(const Call& call);
+  // Issues the queued calls as one NCCL group and waits until NCCL has
+  // enqueued them.
+  absl::Status IssueQueue();
+  // The communicator's state (ncclCommGetAsyncError), an ncclResult_t:
+  // ncclSuccess, ncclInProgress or an error, whose NCCL text goes to *text.
+  // Fails only with Usable()'s status, at once after Abort() from any thread.
+  absl::Status ReadState(int* state, std::string* text);
+  // Polls ReadState until the communicator leaves ncclInProgress, up to
+  // `deadline`; `what` names the call waited for. Fails (breaking the
+  // transport) on an error state or at the deadline.
+  absl::Status WaitUntilReady(const char* what, Clock::time_point deadline);
+  // "ncclSend of 64 bytes to rank 1", for messages.
+  static std::string Describe(const Call& call);
+  // "NCCL rank R of N".
+  std::string Who() const;
+
+  const int cuda_device_;
+  const int rank_;
+  const int size_;
+  const NcclOptions options_;
+  // Owner-thread state.
+  int group_depth_ = 0;
+  std::vector<Call> queue_;
+
+  mutable absl::Mutex status_mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(status_mu_);
+  bool aborted_ ABSL_GUARDED_BY(status_mu_) = false;  // failure_ by Abort().
+  // Every NCCL call on the communicator holds comm_mu_, so that Abort() from
+  // another thread never runs into the owner's calls; none of them blocks
+  // for long (the communicator is non-blocking), except ncclCommAbort.
+  absl::Mutex comm_mu_;
+  ncclComm* comm_ ABSL_GUARDED_BY(comm_mu_);  // Null once aborted.
+};
+
+}  // namespace transport
+}  // namespace muonps
+
+#endif  // MUONPS_TRANSPORT_NCCL_TRANSPORT_H_
