@@ -45,7 +45,9 @@ Client::Client(const ClientOptions& options)
           grpc::CreateChannel(absl::StrCat("unix:", options.worker_socket),
                               grpc::InsecureChannelCredentials()))) {}
 
-Client::~Client() = default;
+Client::~Client() {
+  if (pending_.valid()) pending_.wait();
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(
     const ClientOptions& options) {
@@ -251,6 +253,8 @@ absl::Status Client::WaitAndAttach() {
     attach.set_segment_bytes(static_cast<int64_t>(segment_->size()));
   } else {
     attach.set_device(DeviceName(options_.device));
+    if (signals_ != nullptr)
+      MUONPS_RETURN_IF_ERROR(signals_->Describe(&attach));
   }
   for (const Tensor& t : tensors_) {
     v1::TensorBinding* b = attach.add_tensors();
@@ -323,6 +327,8 @@ absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
       }
     }
     adamw_ = adamw;
+    MUONPS_ASSIGN_OR_RETURN(
+        signals_, client_internal::CudaStepSignals::Create(options_.device));
     MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw, ns_algorithm));
     MUONPS_RETURN_IF_ERROR(WaitAndAttach());
     started_ = true;
@@ -470,16 +476,36 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
     group->set_lr(g.lr);
     group->set_weight_decay(g.weight_decay);
   }
-  if (options_.device.is_cuda()) {
-    // The worker reads the gradients once the trainer's stream made them.
-    MUONPS_RETURN_IF_ERROR(
-        client_internal::WaitForTrainerStream(options_.device, options.stream));
-  }
+  if (!options_.device.is_cuda()) return StepOnWorker(request, options);
+  // A previous async step first: its failure is this call's answer.
+  if (pending_.valid()) MUONPS_RETURN_IF_ERROR(pending_.get().status());
+  MUONPS_RETURN_IF_ERROR(signals_->BeforeStep(options.stream, step_id));
+  if (!options.async) return StepOnWorker(request, options);
+  pending_ = std::async(std::launch::async, [this, request, options] {
+    return StepOnWorker(request, options);
+  });
+  StepResult enqueued;
+  enqueued.pending = true;
+  return enqueued;
+}
+
+absl::StatusOr<StepResult> Client::Wait() {
+  if (!pending_.valid()) return StepResult{};
+  return pending_.get();
+}
+
+absl::StatusOr<StepResult> Client::StepOnWorker(const v1::StepRequest& request,
+                                                const StepOptions& options) {
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(options_.timeout));
   v1::StepResponse response;
-  MUONPS_RETURN_IF_ERROR(
-      FromGrpc(worker_->Step(&context, request, &response), "Step"));
+  const absl::Status rpc =
+      FromGrpc(worker_->Step(&context, request, &response), "Step");
+  if (!rpc.ok()) {
+    // The worker may not have released the trainer's stream.
+    if (signals_ != nullptr) signals_->Release(request.step_id()).IgnoreError();
+    return rpc;
+  }
   StepResult result;
   result.already_applied = response.already_applied();
   result.seconds = response.seconds();

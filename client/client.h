@@ -17,6 +17,7 @@
 #define MUONPS_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/cuda_lending.h"
 #include "common/device.h"
 #include "common/shared_memory.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -77,9 +79,14 @@ struct ParamGroupOptions {
 };
 
 struct StepOptions {
-  // CUDA trainers: the stream the gradients were produced on. Step waits
-  // for it before the worker reads them; kHostStream waits for the device.
+  // CUDA trainers: the stream the gradients were produced on (kHostStream:
+  // the legacy default stream). The worker's stream waits for it, and it
+  // waits for the worker's updates, on the device: no host waits.
   Stream stream = kHostStream;
+  // CUDA trainers: return once the step is enqueued (the trainer's stream
+  // sees the updated parameters when it gets there); Wait() returns the
+  // step's result, and the next Step waits for it first.
+  bool async = false;
   // Muon lr and weight decay for this step; < 0 keeps the job's defaults.
   double lr = -1;
   double weight_decay = -1;
@@ -89,6 +96,8 @@ struct StepOptions {
 };
 
 struct StepResult {
+  // Step(..., {.async = true}) returned before the step finished.
+  bool pending = false;
   bool already_applied = false;
   double seconds = 0;
   int64_t bytes_moved = 0;
@@ -141,6 +150,11 @@ class Client {
   absl::StatusOr<StepResult> Step(int64_t step_id,
                                   const StepOptions& options = {});
 
+  // The result of the step an async Step started (and OK with a default
+  // result when none is pending). A failed step leaves the parameters as
+  // they were and has released the trainer's stream.
+  absl::StatusOr<StepResult> Wait();
+
   // The momentum of expert `expert` of a matrix if the local worker owns
   // it (NOT_FOUND otherwise: another rank's worker holds it).
   absl::StatusOr<std::vector<float>> OwnedMomentum(const std::string& name,
@@ -186,6 +200,10 @@ class Client {
                          const kernels::AdamWHyperparameters& adamw,
                          std::optional<kernels::NsAlgorithm> ns_algorithm);
   absl::Status WaitAndAttach();
+  // The Step RPC and AdamW part (CUDA trainers: also the release of the
+  // trainer's stream when the worker cannot do it).
+  absl::StatusOr<StepResult> StepOnWorker(const v1::StepRequest& request,
+                                          const StepOptions& options);
   Tensor* Find(const std::string& name);
   const Tensor* Find(const std::string& name) const;
 
@@ -199,6 +217,9 @@ class Client {
   kernels::CpuKernels kernels_;
   int64_t adamw_steps_ = 0;
   bool started_ = false;
+  // CUDA trainers.
+  std::unique_ptr<client_internal::CudaStepSignals> signals_;
+  std::future<absl::StatusOr<StepResult>> pending_;
 };
 
 }  // namespace muonps

@@ -36,16 +36,72 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const float* data,
   return out;
 }
 
-absl::Status WaitForTrainerStream(const Device& device, Stream stream) {
-  cudaError_t error = cudaSetDevice(device.ordinal);
-  if (error == cudaSuccess) {
-    error = stream == kHostStream
-                ? cudaDeviceSynchronize()
-                : cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
-  }
+namespace {
+
+absl::Status Cuda(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("waiting for the trainer's stream: ",
-                                          cudaGetErrorString(error)));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
+    const Device& device) {
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device.ordinal), "cudaSetDevice"));
+  MUONPS_ASSIGN_OR_RETURN(IpcEvent ready, IpcEvent::Create(device.ordinal));
+  std::unique_ptr<CudaStepSignals> out(
+      new CudaStepSignals(device, std::move(ready)));
+  // 256 bytes: an allocation of its own, so its IPC handle lends nothing
+  // else.
+  MUONPS_RETURN_IF_ERROR(
+      Cuda(cudaMalloc(reinterpret_cast<void**>(&out->done_), 256),
+           "cudaMalloc done counter"));
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaMemset(out->done_, 0, 256), "cudaMemset"));
+  MUONPS_RETURN_IF_ERROR(
+      Cuda(cudaMallocHost(reinterpret_cast<void**>(&out->host_value_),
+                          sizeof(uint64_t)),
+           "cudaMallocHost"));
+  cudaStream_t stream = nullptr;
+  MUONPS_RETURN_IF_ERROR(Cuda(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
+  out->release_stream_ = stream;
+  MUONPS_RETURN_IF_ERROR(
+      Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+  return out;
+}
+
+CudaStepSignals::~CudaStepSignals() {
+  cudaSetDevice(device_.ordinal);
+  if (release_stream_ != nullptr) cudaStreamDestroy(release_stream_);
+  if (host_value_ != nullptr) cudaFreeHost(host_value_);
+  if (done_ != nullptr) cudaFree(done_);
+}
+
+absl::Status CudaStepSignals::Describe(v1::AttachRequest* request) const {
+  MUONPS_ASSIGN_OR_RETURN(*request->mutable_ready_event(), ready_.Export());
+  MUONPS_ASSIGN_OR_RETURN(IpcMemoryRef ref,
+                          ExportDeviceMemory(done_, sizeof(uint64_t)));
+  request->mutable_done_counter()->set_ipc_handle(ref.handle);
+  request->mutable_done_counter()->set_offset(static_cast<int64_t>(ref.offset));
+  return absl::OkStatus();
+}
+
+absl::Status CudaStepSignals::BeforeStep(Stream stream, int64_t step_id) {
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(ready_.Record(stream));
+  return StreamWaitAtLeast(stream, done_, static_cast<uint64_t>(step_id + 1));
+}
+
+absl::Status CudaStepSignals::Release(int64_t step_id) {
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
+  *host_value_ = static_cast<uint64_t>(step_id + 1);
+  MUONPS_RETURN_IF_ERROR(
+      Cuda(cudaMemcpyAsync(done_, host_value_, sizeof(uint64_t),
+                           cudaMemcpyHostToDevice, release_stream_),
+           "releasing the trainer's stream"));
+  return Cuda(cudaStreamSynchronize(release_stream_),
+              "releasing the trainer's stream");
 }
 
 }  // namespace client_internal

@@ -392,4 +392,30 @@ absl::StatusOr<bool> IpcEvent::Done() {
   return true;
 }
 
+absl::Status StreamWaitAtLeast(Stream stream, const void* device_address,
+                               uint64_t value) {
+  MUONPS_ASSIGN_OR_RETURN(
+      PFN_cuStreamWaitValue64_v11070 wait,
+      DriverEntryPoint<PFN_cuStreamWaitValue64_v11070>("cuStreamWaitValue64"));
+  const CUresult result = wait(reinterpret_cast<CUstream>(stream),
+                               reinterpret_cast<CUdeviceptr>(device_address),
+                               value, CU_STREAM_WAIT_VALUE_GEQ);
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cuStreamWaitValue64: ", DriverErrorText(result)));
+}
+
+absl::Status StreamWriteValue(Stream stream, void* device_address,
+                              uint64_t value) {
+  MUONPS_ASSIGN_OR_RETURN(PFN_cuStreamWriteValue64_v11070 write,
+                          DriverEntryPoint<PFN_cuStreamWriteValue64_v11070>(
+                              "cuStreamWriteValue64"));
+  const CUresult result = write(reinterpret_cast<CUstream>(stream),
+                                reinterpret_cast<CUdeviceptr>(device_address),
+                                value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cuStreamWriteValue64: ", DriverErrorText(result)));
+}
+
 }  // namespace muonps

@@ -12,3 +12,7 @@ BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
 cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
 cp bench/ns_gpu/torch_peers.py deploy/device/run_gpu_step_suite.sh device_bundle/
 du -sh device_bundle
+# The device tool carries at most 64 MiB: ship the bundle compressed
+# (about 13 MiB); on the GPU machine: tar -xJf device_bundle.tar.xz
+tar -cJf device_bundle.tar.xz device_bundle
+ls -la device_bundle.tar.xz

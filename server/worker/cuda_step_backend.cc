@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_ipc.h"
@@ -24,6 +25,37 @@ absl::Status Cuda(cudaError_t error, absl::string_view what) {
 class CudaIpcBuffers final : public TrainerBuffers {
  public:
   explicit CudaIpcBuffers(int device) : device_(device) {}
+
+  // The request's ready event and done counter, if it lends them.
+  absl::Status OpenSignals(const v1::AttachRequest& request) {
+    if (!request.ready_event().empty()) {
+      absl::StatusOr<IpcEvent> ready =
+          IpcEvent::Open(request.ready_event(), device_);
+      if (!ready.ok()) return Annotate(ready.status(), "ready_event");
+      ready_.emplace(*std::move(ready));
+    }
+    if (!request.done_counter().ipc_handle().empty()) {
+      IpcMemoryRef ref;
+      ref.handle = request.done_counter().ipc_handle();
+      ref.offset = static_cast<uint64_t>(request.done_counter().offset());
+      ref.bytes = sizeof(uint64_t);
+      ref.device = device_;
+      absl::StatusOr<void*> mapped = map_.Open(ref);
+      if (!mapped.ok()) return Annotate(mapped.status(), "done_counter");
+      done_ = *mapped;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitForTrainer(Stream stream) override {
+    return ready_.has_value() ? ready_->MakeStreamWait(stream)
+                              : absl::OkStatus();
+  }
+
+  absl::Status SignalTrainer(Stream stream, int64_t step_id) override {
+    if (done_ == nullptr) return absl::OkStatus();
+    return StreamWriteValue(stream, done_, static_cast<uint64_t>(step_id + 1));
+  }
 
   Device device() const override { return {MemoryKind::kCuda, device_}; }
 
@@ -63,6 +95,8 @@ class CudaIpcBuffers final : public TrainerBuffers {
  private:
   const int device_;
   IpcMemoryMap map_;
+  std::optional<IpcEvent> ready_;
+  void* done_ = nullptr;
 };
 
 }  // namespace
@@ -131,7 +165,9 @@ TrainerBuffersOpener CudaIpcBuffersOpener(int device) {
                        " memory; this worker runs on ", mine,
                        " (a trainer lends memory of the worker's GPU)"));
     }
-    return std::unique_ptr<TrainerBuffers>(new CudaIpcBuffers(device));
+    auto buffers = std::make_unique<CudaIpcBuffers>(device);
+    MUONPS_RETURN_IF_ERROR(buffers->OpenSignals(request));
+    return std::unique_ptr<TrainerBuffers>(std::move(buffers));
   };
 }
 

@@ -139,10 +139,12 @@ absl::Status StepEngine::SetPlan(
   for (const scheduler::MatrixSpec& spec : next.matrices) {
     largest = std::max(largest, spec.rows * spec.cols);
   }
-  next.bucket_batches.resize(next.schedule.buckets.size());
-  for (size_t k = 0; k < next.schedule.buckets.size(); ++k) {
-    std::map<std::pair<int64_t, int64_t>, int> by_shape;
-    for (int32_t m : next.schedule.buckets[k].matrices) {
+  // Same-shape owned items become one stack, across buckets: Newton-Schulz
+  // runs batched over the whole step's matrices of a shape (the kernels are
+  // far faster on stacks than on single matrices).
+  std::map<std::pair<int64_t, int64_t>, int> by_shape;
+  for (const scheduler::Bucket& bucket : next.schedule.buckets) {
+    for (int32_t m : bucket.matrices) {
       const scheduler::MatrixSpec& spec = next.matrices[m];
       for (int64_t e = 0; e < spec.experts; ++e) {
         if (next.ownership.owners[m][e] != next.rank) continue;
@@ -158,7 +160,6 @@ absl::Status StepEngine::SetPlan(
                                 ? kernels::NsAlgorithm::kNs5
                                 : chosen->second;
           next.batches.push_back(std::move(batch));
-          next.bucket_batches[k].push_back(it->second);
         }
         ComputeBatch& batch = next.batches[it->second];
         next.slots[m][e] = {it->second, static_cast<int>(batch.items.size())};

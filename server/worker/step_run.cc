@@ -226,34 +226,37 @@ absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
   return t_.GroupEnd();
 }
 
-absl::Status StepRun::Compute(int bucket) {
+absl::Status StepRun::Compute() {
   const auto start = std::chrono::steady_clock::now();
   const kernels::MuonHyperparameters& h = plan_.muon;
-  for (int index : plan_.bucket_batches[bucket]) {
-    ComputeBatch& batch = plan_.batches[index];
+  for (ComputeBatch& batch : plan_.batches) {
     const int64_t size = batch.rows * batch.cols;
-    for (size_t s = 0; s < batch.items.size(); ++s) {
-      const scheduler::ItemRef& item = batch.items[s];
-      const scheduler::MatrixSpec& spec = plan_.matrices[item.matrix];
-      float* staged = batch.staged->data() + s * size;
-      if (spec.layout == scheduler::Layout::kReplicated) {
-        const Binding& b = trainer_.matrices[item.matrix];
-        MUONPS_RETURN_IF_ERROR(
-            ops_.Copy(staged, b.grad + item.expert * size, size, stream_));
-      } else if (spec.layout == scheduler::Layout::kUnreduced) {
-        // The mean, as DDP: the fp32 sum times the fp32 inverse.
-        MUONPS_RETURN_IF_ERROR(ops_.Scale(
-            staged, size, 1.0f / static_cast<float>(trainer_.count), stream_));
-      }
-    }
     const int64_t count = static_cast<int64_t>(batch.items.size());
     const kernels::MatrixStack grad{batch.staged->data(), count, batch.rows,
                                     batch.cols};
     const kernels::MatrixStack buf{batch.momentum->data(), count, batch.rows,
                                    batch.cols};
-    // The update overwrites the staged gradient (allowed to alias).
-    MUONPS_RETURN_IF_ERROR(
-        kernels_.UpdateMomentum(grad, buf, h.momentum, h.nesterov, grad));
+    for (size_t s = 0; s < batch.items.size(); ++s) {
+      const scheduler::ItemRef& item = batch.items[s];
+      const scheduler::MatrixSpec& spec = plan_.matrices[item.matrix];
+      const kernels::MatrixStack update{grad.matrix(s), 1, batch.rows,
+                                        batch.cols};
+      const kernels::MatrixStack momentum{buf.matrix(s), 1, batch.rows,
+                                          batch.cols};
+      kernels::MatrixStack source = update;  // staged: reduced or gathered
+      if (spec.layout == scheduler::Layout::kReplicated) {
+        // Momentum reads the trainer's gradient in place: no staging copy.
+        source.data = trainer_.matrices[item.matrix].grad + item.expert * size;
+      } else if (spec.layout == scheduler::Layout::kUnreduced) {
+        // The mean, as DDP: the fp32 sum times the fp32 inverse.
+        MUONPS_RETURN_IF_ERROR(
+            ops_.Scale(update.data, size,
+                       1.0f / static_cast<float>(trainer_.count), stream_));
+      }
+      // The update goes to the stack slot (it may alias a staged source).
+      MUONPS_RETURN_IF_ERROR(kernels_.UpdateMomentum(
+          source, momentum, h.momentum, h.nesterov, update));
+    }
     batch.has_momentum.assign(batch.items.size(), true);
     kernels::NewtonSchulzOptions ns = h.ns;
     ns.algorithm = batch.algorithm;  // the plan's choice for this batch
@@ -336,16 +339,33 @@ absl::Status StepRun::AverageAdamWGradients() {
 }
 
 absl::StatusOr<v1::StepResponse> StepRun::Run(const v1::StepRequest& request) {
+  // The worker's stream waits for the trainer's gradients (CUDA: an event,
+  // no host waits); whatever happens, the trainer's stream is released in
+  // this stream's order once the step is done or refused.
+  absl::StatusOr<v1::StepResponse> out =
+      [&]() -> absl::StatusOr<v1::StepResponse> {
+    MUONPS_RETURN_IF_ERROR(trainer_.buffers->WaitForTrainer(stream_));
+    return RunWithTrainerReady(request);
+  }();
+  const absl::Status signaled =
+      trainer_.buffers->SignalTrainer(stream_, request.step_id());
+  if (out.ok() && !signaled.ok()) return signaled;
+  return out;
+}
+
+absl::StatusOr<v1::StepResponse> StepRun::RunWithTrainerReady(
+    const v1::StepRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   MUONPS_RETURN_IF_ERROR(Agree(request));
   for (const scheduler::Phase& phase : plan_.schedule.order) {
-    const scheduler::Bucket& bucket = plan_.schedule.buckets[phase.bucket];
-    if (phase.to_owners) {
-      MUONPS_RETURN_IF_ERROR(ToOwners(bucket));
-    } else {
-      MUONPS_RETURN_IF_ERROR(Compute(phase.bucket));
-      MUONPS_RETURN_IF_ERROR(FromOwners(bucket, request));
-    }
+    if (!phase.to_owners) continue;
+    MUONPS_RETURN_IF_ERROR(ToOwners(plan_.schedule.buckets[phase.bucket]));
+  }
+  MUONPS_RETURN_IF_ERROR(Compute());
+  for (const scheduler::Phase& phase : plan_.schedule.order) {
+    if (phase.to_owners) continue;
+    MUONPS_RETURN_IF_ERROR(
+        FromOwners(plan_.schedule.buckets[phase.bucket], request));
   }
   MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
   // Done when the transport's work and the stream are: a lost peer fails

@@ -1,15 +1,19 @@
 // One optimizer step of one worker, run together with the other workers of
 // the plan over a Transport: the data path of "One step" in DESIGN.md.
 //
-// StepRun walks the plan's step schedule in its one issue order (every
-// worker issues the same transfers in the same order, so none deadlocks):
+// StepRun walks the plan's step schedule (every worker issues the same
+// transfers in the same order, so none deadlocks):
 //   agree on the step id and on gradient finiteness (a NaN/Inf anywhere
 //   rejects the step on every worker before anything changes);
-//   per bucket: gradients to owners (replicated: none; unreduced: reduce,
-//   mean in trainer order; row_sharded: gather rows), momentum + batched
-//   Newton-Schulz on the owner's same-shape stacks, updates back (broadcast,
-//   or scatter rows) applied in place to the trainer's parameters;
-//   finally the AdamW tensors' gradients averaged for the clients.
+//   every bucket's gradients to owners, in schedule order (replicated:
+//   none; unreduced: reduce, mean in trainer order; row_sharded: gather
+//   rows); momentum + Newton-Schulz on the owner's same-shape stacks, each
+//   stack holding all its owned matrices of that shape; every bucket's
+//   updates back, in schedule order (broadcast, or scatter rows), applied
+//   in place to the trainer's parameters; finally the AdamW tensors'
+//   gradients averaged for the clients.
+// (Whole-step stacks run NS faster than per-bucket ones; the price is that
+// transfers do not overlap compute yet: one stream carries both.)
 // Every data call is enqueued on the device's stream (kHostStream on the
 // CPU, where it has finished when it returns); the run ends by waiting for
 // the transport and the stream, so a lost peer fails the step within the
@@ -68,10 +72,9 @@ struct PlanState {
   std::vector<scheduler::MatrixSpec> matrices;
   scheduler::OwnershipPlan ownership;
   scheduler::StepSchedule schedule;
-  kernels::MuonHyperparameters muon;  // the job's, defaults filled in
-  std::vector<ComputeBatch> batches;
-  std::vector<std::vector<int>> bucket_batches;  // by bucket
-  std::vector<std::vector<ItemSlot>> slots;      // by matrix, expert
+  kernels::MuonHyperparameters muon;         // the job's, defaults filled in
+  std::vector<ComputeBatch> batches;         // by shape, across buckets
+  std::vector<std::vector<ItemSlot>> slots;  // by matrix, expert
   // Receives updates of matrices owned elsewhere (the largest matrix).
   std::unique_ptr<kernels::FloatBuffer> scratch;
 
@@ -115,10 +118,12 @@ class StepRun {
   absl::StatusOr<v1::StepResponse> Run(const v1::StepRequest& request);
 
  private:
+  absl::StatusOr<v1::StepResponse> RunWithTrainerReady(
+      const v1::StepRequest& request);
   absl::Status Agree(const v1::StepRequest& request);
   std::string LocalProblem();
   absl::Status ToOwners(const scheduler::Bucket& bucket);
-  absl::Status Compute(int bucket);
+  absl::Status Compute();
   absl::Status FromOwners(const scheduler::Bucket& bucket,
                           const v1::StepRequest& request);
   absl::Status AverageAdamWGradients();

@@ -42,6 +42,19 @@ class TrainerBuffers {
   virtual absl::StatusOr<LentTensor> Map(const v1::TensorBinding& binding,
                                          int64_t grad_elements,
                                          int64_t param_elements) = 0;
+
+  // Makes `stream` wait until the trainer's gradients of the step are
+  // written (CUDA: its ready event). Host memory: nothing to wait for (the
+  // trainer wrote them before its Step call).
+  virtual absl::Status WaitForTrainer(Stream /*stream*/) {
+    return absl::OkStatus();
+  }
+  // Tells the trainer, in `stream` order, that step `step_id` is done
+  // (CUDA: its done counter becomes step_id + 1). Host memory: the Step
+  // response says it.
+  virtual absl::Status SignalTrainer(Stream /*stream*/, int64_t /*step_id*/) {
+    return absl::OkStatus();
+  }
 };
 
 // Opens what an AttachRequest lends (the worker's choice per device).
