@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
@@ -11,6 +12,8 @@
 struct muonps_client {
   std::unique_ptr<muonps::Client> client;
   std::string last_error;
+  // muonps_client_set_group's groups, by index.
+  std::vector<std::vector<std::string>> groups;
 };
 
 namespace {
@@ -42,17 +45,41 @@ bool ValidLayout(int layout) {
          layout == MUONPS_LAYOUT_ROW_SHARDED;
 }
 
+constexpr int kMaxGroups = 64;
+
+int Finish(muonps_client* c, const absl::StatusOr<muonps::StepResult>& step,
+           muonps_step_result* result) {
+  if (!step.ok()) return Record(c, step.status());
+  if (result != nullptr) {
+    result->pending = step->pending ? 1 : 0;
+    result->already_applied = step->already_applied ? 1 : 0;
+    result->seconds = step->seconds;
+    result->bytes_moved = step->bytes_moved;
+    result->momentum_reset = step->momentum_reset;
+    result->plan_version = step->plan_version;
+  }
+  return Record(c, absl::OkStatus());
+}
+
 }  // namespace
 
 extern "C" {
 
-const char* muonps_version(void) { return "muonps 0.1.0 (C ABI 2)"; }
+const char* muonps_version(void) { return "muonps 0.2.0 (C ABI 3)"; }
 int muonps_abi_version(void) { return MUONPS_C_ABI_VERSION; }
 
 int muonps_client_create(const char* coordinator, const char* job,
                          const char* worker_socket, int trainer_rank,
                          int trainer_count, double timeout_seconds,
                          muonps_client** out) {
+  return muonps_client_create_on(coordinator, job, worker_socket, trainer_rank,
+                                 trainer_count, timeout_seconds, "cpu", out);
+}
+
+int muonps_client_create_on(const char* coordinator, const char* job,
+                            const char* worker_socket, int trainer_rank,
+                            int trainer_count, double timeout_seconds,
+                            const char* device, muonps_client** out) {
   if (out == nullptr) return MUONPS_INVALID_ARGUMENT;
   *out = nullptr;
   if (coordinator == nullptr || job == nullptr || worker_socket == nullptr) {
@@ -66,13 +93,20 @@ int muonps_client_create(const char* coordinator, const char* job,
   options.trainer_rank = trainer_rank;
   options.trainer_count = trainer_count;
   if (timeout_seconds > 0) options.timeout = absl::Seconds(timeout_seconds);
+  absl::StatusOr<muonps::Device> parsed =
+      muonps::ParseDevice(device == nullptr ? "cpu" : device);
+  if (!parsed.ok()) {
+    create_error = std::string(parsed.status().message());
+    return static_cast<int>(parsed.status().code());
+  }
+  options.device = *parsed;
   absl::StatusOr<std::unique_ptr<muonps::Client>> client =
       muonps::Client::Create(options);
   if (!client.ok()) {
     create_error = std::string(client.status().message());
     return static_cast<int>(client.status().code());
   }
-  *out = new muonps_client{*std::move(client), ""};
+  *out = new muonps_client{*std::move(client), "", {}};
   return MUONPS_OK;
 }
 
@@ -177,16 +211,68 @@ int muonps_client_step(muonps_client* c, int64_t step_id, double lr,
   options.lr = lr;
   options.weight_decay = weight_decay;
   options.adamw_lr = adamw_lr;
-  absl::StatusOr<muonps::StepResult> step = c->client->Step(step_id, options);
-  if (!step.ok()) return Record(c, step.status());
-  if (result != nullptr) {
-    result->already_applied = step->already_applied ? 1 : 0;
-    result->seconds = step->seconds;
-    result->bytes_moved = step->bytes_moved;
-    result->momentum_reset = step->momentum_reset;
-    result->plan_version = step->plan_version;
+  return Finish(c, c->client->Step(step_id, options), result);
+}
+
+int muonps_client_lend_cuda(muonps_client* c, const char* name,
+                            uint64_t grad_ptr, uint64_t param_ptr) {
+  if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
+  return Record(c, c->client->LendCuda(name, reinterpret_cast<float*>(grad_ptr),
+                                       reinterpret_cast<float*>(param_ptr)));
+}
+
+int muonps_client_set_group(muonps_client* c, int group,
+                            const char* const* matrices, int count) {
+  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
+  if (group < 0 || group >= kMaxGroups) {
+    return Record(c,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "group: ", group, " is not in [0, ", kMaxGroups, ")")));
+  }
+  if (count < 0 || (count > 0 && matrices == nullptr)) {
+    return Record(c, absl::InvalidArgumentError("matrices: NULL or count < 0"));
+  }
+  if (static_cast<int>(c->groups.size()) <= group) c->groups.resize(group + 1);
+  c->groups[group].clear();
+  for (int i = 0; i < count; ++i) {
+    if (matrices[i] == nullptr) {
+      return Record(c, absl::InvalidArgumentError(
+                           absl::StrCat("matrices[", i, "]: NULL")));
+    }
+    c->groups[group].push_back(matrices[i]);
   }
   return Record(c, absl::OkStatus());
+}
+
+int muonps_client_step_with(muonps_client* c, int64_t step_id,
+                            const muonps_step_options* o,
+                            muonps_step_result* result) {
+  if (c == nullptr || o == nullptr) return MUONPS_INVALID_ARGUMENT;
+  muonps::StepOptions options;
+  options.lr = o->lr;
+  options.weight_decay = o->weight_decay;
+  options.adamw_lr = o->adamw_lr;
+  options.stream = reinterpret_cast<muonps::Stream>(o->stream);
+  options.async = o->async != 0;
+  if (o->group_count < 0 ||
+      o->group_count > static_cast<int>(c->groups.size()) ||
+      (o->group_count > 0 &&
+       (o->group_lr == nullptr || o->group_weight_decay == nullptr))) {
+    return Record(c, absl::InvalidArgumentError(
+                         absl::StrCat("group_count: ", o->group_count, " with ",
+                                      c->groups.size(), " groups set")));
+  }
+  for (int g = 0; g < o->group_count; ++g) {
+    if (c->groups[g].empty()) continue;
+    options.groups.push_back(
+        {c->groups[g], o->group_lr[g], o->group_weight_decay[g]});
+  }
+  return Finish(c, c->client->Step(step_id, options), result);
+}
+
+int muonps_client_wait(muonps_client* c, muonps_step_result* result) {
+  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
+  return Finish(c, c->client->Wait(), result);
 }
 
 int muonps_client_get_momentum(muonps_client* c, const char* name,

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 2
+#define MUONPS_C_ABI_VERSION 3
 
 typedef enum {
   MUONPS_OK = 0,
@@ -82,6 +82,7 @@ typedef struct {
 } muonps_adamw_hyper;
 
 typedef struct {
+  int pending; /* an async step was enqueued; muonps_client_wait ends it */
   int already_applied;
   double seconds;
   int64_t bytes_moved;
@@ -135,6 +136,43 @@ int muonps_client_get_adamw(muonps_client* client, const char* name,
 int muonps_client_set_adamw(muonps_client* client, const char* name,
                             const float* exp_avg, const float* exp_avg_sq,
                             int64_t elements, int64_t steps);
+
+/* ABI 3: GPU trainers, parameter groups, steps that return once enqueued.
+ *
+ * muonps_client_create_on: as muonps_client_create, with the device the
+ * trainer's buffers live on: "cpu" (a shared segment, muonps_client_buffers)
+ * or "cuda:N" (the trainer's own CUDA buffers, muonps_client_lend_cuda; the
+ * local worker must run on that GPU). */
+int muonps_client_create_on(const char* coordinator, const char* job,
+                            const char* worker_socket, int trainer_rank,
+                            int trainer_count, double timeout_seconds,
+                            const char* device, muonps_client** out);
+/* CUDA trainers, before start: a declared matrix's gradient and parameter
+ * (device pointers, fp32, of the element counts muonps_client_buffers
+ * would report), kept allocated and in place while attached. */
+int muonps_client_lend_cuda(muonps_client* client, const char* name,
+                            uint64_t grad_ptr, uint64_t param_ptr);
+/* Puts `count` matrices in group `group` (0 <= group < 64); a step's
+ * group_lr[group] and group_weight_decay[group] then apply to them. */
+int muonps_client_set_group(muonps_client* client, int group,
+                            const char* const* matrices, int count);
+
+typedef struct {
+  double lr;           /* < 0: the job's default (matrices in no group) */
+  double weight_decay; /* < 0: the job's default */
+  double adamw_lr;     /* < 0: start's */
+  int group_count;     /* entries of group_lr / group_weight_decay */
+  const double* group_lr;
+  const double* group_weight_decay;
+  uint64_t stream; /* CUDA trainers: the gradients' cudaStream_t (0: legacy) */
+  int async;       /* CUDA trainers: return once enqueued */
+} muonps_step_options;
+
+int muonps_client_step_with(muonps_client* client, int64_t step_id,
+                            const muonps_step_options* options,
+                            muonps_step_result* result);
+/* The result of the step an async step enqueued (pending = 0 after). */
+int muonps_client_wait(muonps_client* client, muonps_step_result* result);
 
 #ifdef __cplusplus
 }

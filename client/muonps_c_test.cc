@@ -14,7 +14,7 @@ using ::testing::HasSubstr;
 
 TEST(MuonpsCTest, VersionNamesTheAbi) {
   EXPECT_EQ(muonps_abi_version(), MUONPS_C_ABI_VERSION);
-  EXPECT_THAT(std::string(muonps_version()), HasSubstr("C ABI 2"));
+  EXPECT_THAT(std::string(muonps_version()), HasSubstr("C ABI 3"));
 }
 
 TEST(MuonpsCTest, CreateRejectsBadArgumentsWithAMessage) {
@@ -31,6 +31,38 @@ TEST(MuonpsCTest, CreateRejectsBadArgumentsWithAMessage) {
   EXPECT_EQ(muonps_client_create("127.0.0.1:1", "", "/tmp/s", 0, 1, 0, &client),
             MUONPS_INVALID_ARGUMENT);
   EXPECT_THAT(std::string(muonps_last_create_error()), HasSubstr("job"));
+}
+
+TEST(MuonpsCTest, Abi3RefusesBadDevicesGroupsAndLending) {
+  muonps_client* client = reinterpret_cast<muonps_client*>(0x1);
+  EXPECT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/s", 0, 1, 0,
+                                    "gpu", &client),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(client, nullptr);
+  EXPECT_THAT(std::string(muonps_last_create_error()), HasSubstr("device"));
+  ASSERT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/s", 0, 1, 0.5,
+                                    "cpu", &client),
+            MUONPS_OK);
+  const char* names[] = {"w"};
+  EXPECT_EQ(muonps_client_set_group(client, 64, names, 1),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("group"));
+  EXPECT_EQ(muonps_client_set_group(client, 0, names, 1), MUONPS_OK);
+  ASSERT_EQ(muonps_client_add_matrix(client, "w", 4, 8, 1,
+                                     MUONPS_LAYOUT_REPLICATED, 0),
+            MUONPS_OK);
+  // Lending CUDA buffers needs a CUDA client.
+  EXPECT_EQ(muonps_client_lend_cuda(client, "w", 0x1000, 0x2000),
+            MUONPS_FAILED_PRECONDITION);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)), HasSubstr("cuda"));
+  muonps_step_options options{};
+  options.group_count = 2;  // only one group was set
+  EXPECT_EQ(muonps_client_step_with(client, 0, &options, nullptr),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("group_count"));
+  muonps_client_destroy(client);
 }
 
 TEST(MuonpsCTest, DeclarationErrorsNameTheTensorAndField) {
