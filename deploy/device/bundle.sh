@@ -23,7 +23,7 @@ for target in "$@"; do
   pkg="${target#//}"
   file="bazel-bin/${pkg%%:*}/${pkg##*:}"
   for file in "$file"; do
-    [[ -x "$file" && -f "$file" ]] || { echo "no binary at $file" >&2; exit 1; }
+    [[ -f "$file" ]] || { echo "no binary at $file" >&2; exit 1; }
     cp "$file" "$bundle/bin/"
     ldd "$file" | awk '/=>/ {print $1, $3}' | while read -r name path; do
       [[ "$name" =~ $provided ]] && continue

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Bundles the GPU data path for the GPU machine into device_bundle/: the
 # coordinator and worker, the GPU tests of the data path (CUDA IPC, NCCL
-# transport, the worker on a GPU) and bench/step_gpu with its torch peers.
+# transport, the worker on a GPU), libmuonps.so for the Python package's
+# GPU tests (client/python travels with the working tree) and bench/step_gpu
+# with its torch peers.
 # On the GPU machine: bash device_bundle/run_gpu_step_suite.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
   //common:cuda_ipc_gpu_test //transport:nccl_transport_gpu_test \
-  //tests:gpu_step_test //bench/step_gpu:step_gpu_bench
+  //tests:gpu_step_test //bench/step_gpu:step_gpu_bench //client:libmuonps.so
 cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
 cp bench/ns_gpu/torch_peers.py deploy/device/run_gpu_step_suite.sh device_bundle/
 du -sh device_bundle

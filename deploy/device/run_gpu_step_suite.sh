@@ -7,6 +7,17 @@ here="$(cd "$(dirname "$0")" && pwd)"
 export MUONPS_BIN_DIR="$here/bin"
 bash "$here/run_gpu_tests.sh"
 tests=$?
+# muonps.Muon on CUDA tensors against torch.optim.Muon (the working tree's
+# client/python, the bundle's libmuonps.so and binaries).
+repo="$(cd "$here/.." && pwd)"
+if [[ -d "$repo/client/python/tests" ]]; then
+  nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
+  echo "== python: client/python/tests/test_cuda.py"
+  LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${nccl_lib}" \
+    MUONPS_LIB="$here/bin/libmuonps.so" \
+    python3 -m pytest -q -s -p no:cacheprovider "$repo/client/python/tests/test_cuda.py" \
+    || tests=1
+fi
 if [[ "${BENCH:-1}" == 1 ]]; then
   bash "$here/run_step_gpu.sh" || tests=1
 fi

@@ -1,8 +1,14 @@
 """Start-up errors that say which muonps service is missing and what to start."""
 
+import re
+
 from . import _native
 
 _UNREACHABLE = (_native.UNAVAILABLE, _native.DEADLINE_EXCEEDED)
+# A worker refuses to attach (FAILED_PRECONDITION) while the job's plan has
+# another number of workers than there are trainers (StepEngine::Attach);
+# the client retries until its timeout, then this is what it reports.
+_PLAN_SIZE = re.compile(r"has (\d+) workers and the job (\d+) trainers")
 
 
 def explain_start_error(error, coordinator, job, socket):
@@ -27,6 +33,12 @@ def explain_start_error(error, coordinator, job, socket):
         return _native.MuonpsError(error.code, (
             f"no muonps worker at unix:{socket} ({message}): start {start}, "
             "or pass worker_socket=PATH"))
+    sizes = _PLAN_SIZE.search(message)
+    if error.code == _native.FAILED_PRECONDITION and sizes is not None:
+        return _native.MuonpsError(error.code, (
+            f"job {job!r} has {sizes[1]} worker(s) for {sizes[2]} trainers "
+            f"({message}); start one worker per trainer rank, each with "
+            f"--job {job}: {start}"))
     if error.code == _native.FAILED_PRECONDITION:
         return _native.MuonpsError(error.code, (
             f"the muonps worker at unix:{socket} has no plan for job {job!r} "

@@ -11,7 +11,7 @@ import os
 import pathlib
 import threading
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 BUILD_COMMAND = "bazel build //client:libmuonps.so"
 
 LAYOUT_REPLICATED = 1
@@ -30,6 +30,7 @@ CODE_NAMES = {
     10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL",
     14: "UNAVAILABLE", 15: "DATA_LOSS",
 }
+INVALID_ARGUMENT = 3
 NOT_FOUND = 5
 UNAVAILABLE = 14
 DEADLINE_EXCEEDED = 4
@@ -65,10 +66,19 @@ class _AdamWHyper(ctypes.Structure):
 
 
 class _StepResult(ctypes.Structure):
-    _fields_ = [("already_applied", ctypes.c_int), ("seconds", ctypes.c_double),
+    _fields_ = [("pending", ctypes.c_int),
+                ("already_applied", ctypes.c_int), ("seconds", ctypes.c_double),
                 ("bytes_moved", ctypes.c_int64),
                 ("momentum_reset", ctypes.c_int64),
                 ("plan_version", ctypes.c_int64)]
+
+
+class _StepOptions(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_double), ("weight_decay", ctypes.c_double),
+                ("adamw_lr", ctypes.c_double), ("group_count", ctypes.c_int),
+                ("group_lr", ctypes.POINTER(ctypes.c_double)),
+                ("group_weight_decay", ctypes.POINTER(ctypes.c_double)),
+                ("stream", ctypes.c_uint64), ("async_", ctypes.c_int)]
 
 
 _c_int, _c_i64, _c_dbl, _c_str = (ctypes.c_int, ctypes.c_int64, ctypes.c_double,
@@ -102,6 +112,17 @@ _SIGNATURES = {
                                          _c_i64, _i64p]),
     "muonps_client_set_adamw": (_c_int, [_handle, _c_str, _f32p, _f32p,
                                          _c_i64, _c_i64]),
+    "muonps_client_create_on": (_c_int, [_c_str, _c_str, _c_str, _c_int,
+                                         _c_int, _c_dbl, _c_str,
+                                         ctypes.POINTER(_handle)]),
+    "muonps_client_lend_cuda": (_c_int, [_handle, _c_str, ctypes.c_uint64,
+                                         ctypes.c_uint64]),
+    "muonps_client_set_group": (_c_int, [_handle, _c_int,
+                                         ctypes.POINTER(_c_str), _c_int]),
+    "muonps_client_step_with": (_c_int, [_handle, _c_i64,
+                                         ctypes.POINTER(_StepOptions),
+                                         ctypes.POINTER(_StepResult)]),
+    "muonps_client_wait": (_c_int, [_handle, ctypes.POINTER(_StepResult)]),
 }
 
 _lock = threading.Lock()
@@ -193,12 +214,13 @@ class NativeClient:
     """One muonps_client handle: declare, start, lend buffers, step."""
 
     def __init__(self, coordinator, job, worker_socket, rank, world_size,
-                 timeout_seconds):
+                 timeout_seconds, device="cpu"):
         self._lib = load_library()
         handle = _handle()
-        code = self._lib.muonps_client_create(
+        code = self._lib.muonps_client_create_on(
             coordinator.encode(), job.encode(), worker_socket.encode(), rank,
-            world_size, float(timeout_seconds), ctypes.byref(handle))
+            world_size, float(timeout_seconds), device.encode(),
+            ctypes.byref(handle))
         if code != 0:
             raise MuonpsError(code, self._lib.muonps_last_create_error().decode())
         self._handle = handle
@@ -250,6 +272,36 @@ class NativeClient:
         self._check(self._lib.muonps_client_step(
             self._handle, step_id, lr, weight_decay, adamw_lr,
             ctypes.byref(result)))
+        return bool(result.already_applied)
+
+    def lend_cuda(self, name, grad, param):
+        """Lends a matrix's CUDA gradient and parameter tensors (fp32)."""
+        self._check(self._lib.muonps_client_lend_cuda(
+            self._handle, name.encode(), grad.data_ptr(), param.data_ptr()))
+
+    def set_group(self, group, names):
+        array = (_c_str * max(1, len(names)))(*[n.encode() for n in names])
+        self._check(self._lib.muonps_client_set_group(
+            self._handle, group, array, len(names)))
+
+    def step_with(self, step_id, group_lr, group_weight_decay, stream=0,
+                  async_=False, lr=-1.0, weight_decay=-1.0, adamw_lr=-1.0):
+        """One step with per-group lr/wd; returns the raw result fields."""
+        count = len(group_lr)
+        lrs = (ctypes.c_double * max(1, count))(*group_lr)
+        wds = (ctypes.c_double * max(1, count))(*group_weight_decay)
+        options = _StepOptions(lr, weight_decay, adamw_lr, count, lrs, wds,
+                               int(stream), int(bool(async_)))
+        result = _StepResult()
+        self._check(self._lib.muonps_client_step_with(
+            self._handle, step_id, ctypes.byref(options), ctypes.byref(result)))
+        return bool(result.pending), bool(result.already_applied)
+
+    def wait(self):
+        """Ends an async step; returns whether it had already been applied."""
+        result = _StepResult()
+        self._check(self._lib.muonps_client_wait(self._handle,
+                                                 ctypes.byref(result)))
         return bool(result.already_applied)
 
     def get_momentum(self, name, expert, out):

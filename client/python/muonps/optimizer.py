@@ -23,6 +23,7 @@ import torch
 
 from . import _native
 from ._binding import LentTensor, release
+from ._cuda import CudaPath
 from ._messages import explain_start_error
 from .routing import default_is_matrix, split_named
 
@@ -65,7 +66,9 @@ class Muon(torch.optim.Optimizer):
         DDP) or "unreduced" (each its own; the workers average them).
     is_matrix(name, param) -> bool: which parameters Muon steps; default
         `muonps.default_is_matrix` (2-D/3-D, not embeddings or heads).
-    timeout: seconds to wait for the worker's plan and for a step.
+    timeout: seconds to wait for the worker's plan (one holding a worker per
+        trainer rank: the first step waits for the other ranks' workers to
+        join) and for a step.
 
     Param groups may set their own "lr", "weight_decay", "adamw_lr" and
     "adamw_weight_decay"; the other hyperparameters are the job's. The
@@ -102,6 +105,7 @@ class Muon(torch.optim.Optimizer):
         self._names = {}  # parameter -> name
         self._param_count = 0
         self._client = None
+        self._cuda = None  # CudaPath when the parameters are on a GPU
         self._lent = []
         self._frozen = []
         self._finalizer = None
@@ -160,6 +164,10 @@ class Muon(torch.optim.Optimizer):
                 raise RuntimeError(
                     f"muonps.Muon: {self._names[p]!r} has a gradient but did "
                     "not require one when the job started, so it is not in it")
+        if self._cuda is not None:
+            self._cuda.step(self._step_id, self.param_groups, _adamw_lr)
+            self._step_id += 1
+            return loss
         for t in self._lent:
             t.rebind()
             t.load_grad()
@@ -188,6 +196,19 @@ class Muon(torch.optim.Optimizer):
         self._step_id += 1
         return loss
 
+    def synchronize(self):
+        """GPU parameters: waits for the last step (step() returns once it
+        is enqueued) and raises its error, if it failed (the parameters are
+        then as before it). A no-op on the CPU path, whose steps finish
+        before step() returns."""
+        if self._cuda is not None:
+            self._cuda.wait()
+
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none=set_to_none)
+        if self._cuda is not None:
+            self._cuda.zero_grad()  # lent gradients stay in place
+
     def state_dict(self):
         """torch's state dict plus "muonps": the next step id, AdamW moments
         and step count, and the momentum of the matrices this rank's worker
@@ -196,6 +217,16 @@ class Muon(torch.optim.Optimizer):
         state = super().state_dict()
         saved = {"step": self._step_id, "adamw_step": 0, "adamw": {},
                  "momentum": {}}
+        if self._cuda is not None:
+            self._cuda.wait()
+            for name, p, _ in self._cuda.matrices:
+                experts = p.shape[0] if p.dim() == 3 else 1
+                for e in range(experts):
+                    buf = torch.empty(p.shape[-2:], dtype=torch.float32)
+                    if self._client.get_momentum(name, e, buf):
+                        saved["momentum"][f"{name}[{e}]"] = buf
+            if self._cuda.adamw is not None:
+                saved["adamw_torch"] = self._cuda.adamw.state_dict()
         for t in self._lent:
             if t.muon:
                 for e in range(t.experts):
@@ -221,6 +252,20 @@ class Muon(torch.optim.Optimizer):
             return
         if self._client is None:
             self._start()
+        if self._cuda is not None:
+            self._cuda.wait()
+            if "adamw_torch" in saved and self._cuda.adamw is not None:
+                self._cuda.adamw.load_state_dict(saved["adamw_torch"])
+            names = {name for name, _, _ in self._cuda.matrices}
+            for key, values in saved["momentum"].items():
+                match = re.fullmatch(r"(.*)\[(\d+)\]", key)
+                if not match or match[1] not in names:
+                    raise ValueError(f"muonps.Muon: the state has momentum "
+                                     f"{key!r}, not a matrix here")
+                self._client.set_momentum(match[1], int(match[2]),
+                                          _f32(values))
+            self._step_id = int(saved["step"])
+            return
         lent = {t.name: t for t in self._lent}
         for name, moments in saved["adamw"].items():
             if name not in lent or lent[name].muon:
@@ -312,10 +357,10 @@ class Muon(torch.optim.Optimizer):
                 if not p.requires_grad:
                     frozen.append(p)
                     continue
-                if p.dtype != torch.float32 or p.device.type != "cpu":
+                if p.dtype != torch.float32:
                     raise TypeError(
-                        f"muonps.Muon: {name!r} is {p.dtype} on {p.device}; "
-                        "the CPU data plane takes float32 CPU parameters")
+                        f"muonps.Muon: {name!r} is {p.dtype}; muonps takes "
+                        "float32 parameters (on the CPU or one GPU)")
                 muon = bool(self._is_matrix(name, p))
                 if muon and p.dim() not in (2, 3):
                     raise ValueError(f"muonps.Muon: is_matrix chose {name!r} "
@@ -325,7 +370,15 @@ class Muon(torch.optim.Optimizer):
         if not any(t.muon for t in lent):
             raise ValueError("muonps.Muon: no parameter is a matrix (see "
                              "is_matrix); a muonps job needs at least one")
+        devices = {t.param.device for t in lent}
+        if len(devices) != 1:
+            raise TypeError(f"muonps.Muon: parameters on {sorted(map(str, devices))}; "
+                            "one optimizer takes the parameters of one device")
+        device = devices.pop()
         layout = _LAYOUTS[c["layout"]]
+        if device.type == "cuda":
+            self._start_cuda(device, lent, frozen, rank, world_size, layout)
+            return
         client = _native.NativeClient(c["coordinator"], c["job"], self._socket,
                                       rank, world_size, c["timeout"])
         try:
@@ -356,6 +409,56 @@ class Muon(torch.optim.Optimizer):
         self._client, self._lent, self._frozen = client, lent, frozen
         self._finalizer = weakref.finalize(self, _shut_down, client, lent)
 
+    def _start_cuda(self, device, lent, frozen, rank, world_size, layout):
+        """Matrices lent in place to the worker on `device`; the rest
+        stepped by torch's AdamW (see muonps/_cuda.py)."""
+        c = self._connection
+        index = device.index if device.index is not None else (
+            torch.cuda.current_device())
+        client = _native.NativeClient(c["coordinator"], c["job"], self._socket,
+                                      rank, world_size, c["timeout"],
+                                      device=f"cuda:{index}")
+        matrices = [(t.name, t.param, t.group) for t in lent if t.muon]
+        others = [(t.name, t.param, t.group) for t in lent if not t.muon]
+        try:
+            for layer, (name, p, _) in enumerate(matrices):
+                rows, cols = p.shape[-2:]
+                experts = p.shape[0] if p.dim() == 3 else 1
+                client.add_matrix(name, rows, cols, experts, layout, layer)
+                if not p.is_contiguous():
+                    raise TypeError(f"muonps.Muon: {name!r} is not contiguous; "
+                                    "the worker updates it in place")
+            d = self.defaults
+            # Lends the matrices (before start: the worker maps them then).
+            cuda = CudaPath(client, device, matrices, others,
+                            self.param_groups, d)
+            client.start(d["lr"], d["weight_decay"], d["momentum"],
+                         d["nesterov"], d["ns_steps"],
+                         _ADJUST_LR[d["adjust_lr_fn"] or "original"],
+                         d["lr"] if d["adamw_lr"] is None else d["adamw_lr"],
+                         d["adamw_betas"], d["adamw_eps"],
+                         d["adamw_weight_decay"],
+                         _NS_ALGORITHMS[d["ns_algorithm"]], d["eps"],
+                         d["ns_coefficients"])
+            self._cuda = cuda
+        except _native.MuonpsError as e:
+            client.close()
+            raise explain_start_error(e, c["coordinator"], c["job"],
+                                      self._socket) from e
+        self._client, self._frozen = client, frozen
+        self._finalizer = weakref.finalize(self, _shut_down_cuda, client)
+
+
+def _adamw_lr(group):
+    """A group's AdamW lr: its "adamw_lr" (scaled as "lr" by schedulers) or,
+    when unset, its "lr"."""
+    lr = group["adamw_lr"]
+    if lr is None:
+        return group["lr"]
+    if group.get("initial_lr"):
+        return lr * group["lr"] / group["initial_lr"]
+    return lr
+
 
 def _rescale_update(value, p0, lr, wd, ref_lr, ref_wd):
     """Turns the step taken with (ref_lr, ref_wd) into one with (lr, wd).
@@ -371,6 +474,14 @@ def _rescale_update(value, p0, lr, wd, ref_lr, ref_wd):
         return
     step = p0 * (1 - ref_lr * ref_wd) - value.double()
     value.copy_(p0 * (1 - lr * wd) - (lr / ref_lr) * step)
+
+
+def _shut_down_cuda(client):
+    try:
+        client.wait()
+    except _native.MuonpsError:
+        pass  # the step's error was the user's to collect
+    client.close()
 
 
 def _shut_down(client, lent):

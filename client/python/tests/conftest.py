@@ -30,6 +30,10 @@ PACKAGE_ROOT = REPO / "client" / "python"
 BIN = pathlib.Path(os.environ.get("MUONPS_BAZEL_BIN", REPO / "bazel-bin"))
 COORDINATOR_BIN = BIN / "server" / "coordinator" / "muonps-coordinator"
 WORKER_BIN = BIN / "server" / "worker" / "muonps-worker"
+# $MUONPS_BIN_DIR: a flat folder of the binaries (a GPU machine's bundle).
+if os.environ.get("MUONPS_BIN_DIR"):
+    COORDINATOR_BIN = pathlib.Path(os.environ["MUONPS_BIN_DIR"]) / "muonps-coordinator"
+    WORKER_BIN = pathlib.Path(os.environ["MUONPS_BIN_DIR"]) / "muonps-worker"
 GOLDEN = REPO.parent / "shared" / "testdata" / "torch_optim_golden"
 START_SECONDS = 20
 
@@ -40,7 +44,7 @@ _jobs = itertools.count()
 class Cluster:
     """A coordinator and workers of one job; `sockets[i]` is worker i's."""
 
-    def __init__(self, workers, log_dir):
+    def __init__(self, workers, log_dir, device="cpu"):
         self.job = f"pytest-{os.getpid()}-{next(_jobs)}"
         self.log_dir = log_dir
         self.socket_dir = pathlib.Path(tempfile.mkdtemp(prefix="mps-", dir="/tmp"))
@@ -59,7 +63,8 @@ class Cluster:
                 self._spawn(f"worker-w{i}", [
                     WORKER_BIN, "--coordinator", self.coordinator, "--job",
                     self.job, "--worker_id", f"w{i}", "--socket", socket,
-                    "--metrics_port", "-1", "--memory_bytes", str(1 << 30)])
+                    "--metrics_port", "-1", "--device", device,
+                    "--memory_bytes", str(0 if device != "cpu" else 1 << 30)])
             for process in self.processes[1:]:
                 self._wait_for(process, r"listening on unix:(\S+)")
         except BaseException:
@@ -140,8 +145,8 @@ def cluster(tmp_path, monkeypatch):
 
     monkeypatch.setattr(muonps.Muon, "__init__", tracked)
 
-    def start(workers=1):
-        c = Cluster(workers, tmp_path)
+    def start(workers=1, device="cpu"):
+        c = Cluster(workers, tmp_path, device)
         started.append(c)
         return c
 

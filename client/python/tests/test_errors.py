@@ -1,5 +1,6 @@
 """What a user sees when something is missing: the unreachable coordinator
-or worker (by address, with what to start), a library that cannot be found
+or worker (by address, with what to start), a job with fewer workers than
+trainers (after start waited for them), a library that cannot be found
 or exports nothing, and arguments the C ABI cannot honour."""
 
 import os
@@ -58,6 +59,17 @@ def test_worker_of_another_job_error_says_it_has_no_plan_for_this_job(cluster):
     with pytest.raises(RuntimeError, match="has no plan for job 'other-job'"):
         muonps.Muon(model(), coordinator=c.coordinator, job="other-job",
                     worker_socket=c.sockets[0], timeout=1.5)
+
+
+def test_start_without_a_worker_per_trainer_waits_then_names_the_counts(
+        cluster):
+    c = cluster()  # one worker for a job of two trainers
+    params = model()
+    begin = time.monotonic()
+    with pytest.raises(muonps.MuonpsError, match=r"has 1 worker\(s\) for 2 "
+                       r"trainers .*start one worker per trainer rank"):
+        muonps.Muon(params, timeout=1.5, **c.options(rank=0, world_size=2))
+    assert 1.5 <= time.monotonic() - begin < 30
 
 
 def test_missing_library_error_lists_every_path_and_the_bazel_command(tmp_path):

@@ -1,15 +1,21 @@
 """Routing, names, and the parameters' life in shared memory: who goes to
 Muon, how unnamed parameters are called, that a training loop with closure
-and zero_grad works, that frozen parameters are left alone, and that
+and zero_grad works, that frozen parameters are left alone, that
 close() (or collecting the optimizer) hands the parameters back and removes
-the shared-memory segment."""
+the shared-memory segment, and that a rank stepping before every rank's
+worker joined the job waits for them."""
 
+import concurrent.futures
 import gc
+import signal
+import time
 
 import pytest
 import torch
 
 import muonps
+import toy
+from reference import relative_error
 
 
 @pytest.mark.parametrize("name, shape, expected", [
@@ -130,3 +136,46 @@ def test_parameter_replaced_by_the_user_is_lent_again(cluster):
     opt.step()
     assert torch.equal(w.detach(), torch.full((6, 4), 3.0))
     opt.close()
+
+
+def test_step_before_the_other_ranks_worker_joined_waits_for_it(cluster):
+    # Workers join a job once a trainer created it, each at its next retry,
+    # so the first plan may hold rank 0's worker alone. Its worker refuses
+    # to attach until the plan holds a worker per trainer, so rank 0's
+    # first step waits (here: until worker w1 may join) instead of failing.
+    c = cluster(workers=2)
+    late = c.processes[2]  # worker w1: [0] is the coordinator
+    late.send_signal(signal.SIGSTOP)
+    init, grads = toy.initial(seed=12), toy.gradients(1, seed=13)
+    params = [toy.parameters(init) for _ in range(2)]
+    hyper = dict(lr=0.02, weight_decay=0.1, adamw_weight_decay=0.01,
+                 timeout=60)
+    opts = [None, None]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(muonps.Muon, list(params[0].items()), **hyper,
+                                **c.options(0, 2))
+            time.sleep(1.0)  # rank 0's worker plans the job alone meanwhile
+            assert not first.done(), first.result()
+            late.send_signal(signal.SIGCONT)
+            opts[1] = muonps.Muon(list(params[1].items()), **hyper,
+                                  **c.options(1, 2))
+            opts[0] = first.result(timeout=120)
+            for rank in range(2):
+                toy.set_grads(params[rank], grads[0])
+            steps = [pool.submit(opt.step) for opt in opts]
+            for s in steps:
+                s.result(timeout=120)
+    finally:
+        late.send_signal(signal.SIGCONT)
+    assert [opt.step_id for opt in opts] == [1, 1]
+    for opt in opts:
+        opt.close()
+    table = {n: (0.02, 0.1) if n in toy.MATRICES else (0.02, 0.01)
+             for n in init}
+    expected = toy.reference_trajectory(init, grads, torch.float64,
+                                        lambda step, n: table[n])[-1]
+    for rank, p in enumerate(params):
+        for n in init:
+            error = relative_error(p[n], expected[n])
+            assert error <= 1e-5, f"rank {rank} {n}: {error:.2e}"

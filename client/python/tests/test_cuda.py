@@ -1,0 +1,114 @@
+"""muonps.Muon on CUDA parameters against torch.optim.Muon and AdamW.
+
+Runs where a GPU and a torch with torch.optim.Muon exist (the GPU machine:
+`deploy/device/run_gpu_step_suite.sh` runs it); skipped elsewhere. A worker
+--device cuda:0 updates the model's matrices in place; biases go through
+torch's AdamW. Over 10 steps with two param groups of their own lr and
+weight decay, every parameter stays within the golden tolerance (5e-3
+relative: torch runs Newton-Schulz in bf16, as the worker does by
+default) of torch's own optimizers fed the same gradients.
+"""
+
+import pytest
+import torch
+
+import muonps
+from reference import relative_error
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or not hasattr(torch.optim, "Muon"),
+    reason="needs a GPU and torch.optim.Muon")
+
+SHAPES = {"a.weight": (96, 64), "b.weight": (64, 160), "c.weight": (128, 128),
+          "d.weight": (160, 96)}
+
+
+def model(seed):
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for name, shape in SHAPES.items():
+        params[name] = torch.nn.Parameter(
+            (torch.randn(shape, generator=g) * 0.05).cuda())
+        params[name.replace("weight", "bias")] = torch.nn.Parameter(
+            (torch.randn(shape[0], generator=g) * 0.05).cuda())
+    return params
+
+
+def groups(params, names):
+    """Two groups: a/b with lr 0.02, wd 0.1; c/d with lr 0.01, wd 0.05."""
+    first = [n for n in names if n[0] in "ab"]
+    second = [n for n in names if n[0] in "cd"]
+    return [{"params": [(n, params[n]) for n in first], "lr": 0.02,
+             "weight_decay": 0.1, "adamw_weight_decay": 0.01},
+            {"params": [(n, params[n]) for n in second], "lr": 0.01,
+             "weight_decay": 0.05, "adamw_weight_decay": 0.02}]
+
+
+@pytest.mark.parametrize("sync_each_step", [False, True])
+def test_cuda_parameters_follow_torch_optim_muon_per_group(cluster,
+                                                           sync_each_step):
+    c = cluster(workers=1, device="cuda:0")
+    ours, theirs = model(3), model(3)
+    opt = muonps.Muon(groups(ours, list(ours)), **c.options())
+    matrices = [n for n in theirs if n.endswith("weight")]
+    vectors = [n for n in theirs if n.endswith("bias")]
+    reference = [
+        torch.optim.Muon([theirs[n] for n in matrices if n[0] in "ab"],
+                         lr=0.02, weight_decay=0.1),
+        torch.optim.Muon([theirs[n] for n in matrices if n[0] in "cd"],
+                         lr=0.01, weight_decay=0.05),
+        torch.optim.AdamW([
+            {"params": [theirs[n] for n in vectors if n[0] in "ab"],
+             "weight_decay": 0.01, "lr": 0.02},
+            {"params": [theirs[n] for n in vectors if n[0] in "cd"],
+             "weight_decay": 0.02, "lr": 0.01}])]
+    g = torch.Generator().manual_seed(11)
+    worst = 0.0
+    for step in range(10):
+        for n in ours:
+            grad = torch.randn(ours[n].shape, generator=g).cuda()
+            ours[n].grad = grad.clone()
+            theirs[n].grad = grad.clone()
+        opt.step()
+        if sync_each_step:
+            opt.synchronize()
+        for r in reference:
+            r.step()
+        torch.cuda.synchronize()
+        for n in ours:
+            error = relative_error(ours[n].detach().double().cpu(),
+                                   theirs[n].detach().double().cpu())
+            worst = max(worst, error)
+            assert error <= 5e-3, f"step {step} {n}: {error:.2e}"
+        opt.zero_grad()
+    opt.synchronize()
+    print(f'{{"what":"python_cuda_vs_torch_muon","steps":10,'
+          f'"max_rel_err":{worst:.3e}}}')
+    # Momentum held on the worker, through state_dict, equals torch's.
+    state = opt.state_dict()["muonps"]["momentum"]
+    for n in matrices:
+        torch_buf = next(r.state[theirs[n]]["momentum_buffer"]
+                         for r in reference[:2] if theirs[n] in r.state)
+        assert relative_error(state[f"{n}[0]"].double(),
+                              torch_buf.double().cpu()) <= 1e-5, n
+    opt.close()
+
+
+def test_nan_gradient_is_refused_on_the_gpu_with_nothing_changed(cluster):
+    c = cluster(workers=1, device="cuda:0")
+    ours = model(5)
+    opt = muonps.Muon(list(ours.items()), lr=0.02, **c.options())
+    for p in ours.values():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    opt.synchronize()
+    before = {n: p.detach().clone() for n, p in ours.items()}
+    for p in ours.values():
+        p.grad = torch.ones_like(p)
+    ours["b.weight"].grad[3, 7] = float("nan")
+    opt.step()
+    with pytest.raises(muonps.MuonpsError, match=r"b\.weight.*NaN"):
+        opt.synchronize()
+    for n in SHAPES:
+        assert torch.equal(ours[n].detach(), before[n]), n
+    opt.close()
