@@ -1,0 +1,321 @@
+// Three StepEngines in one process, each with its "trainer" in host memory,
+// over loopback TCP transports: the worker's data path without processes
+// or a coordinator. Proves the renovated step path: every layout reaches
+// the single-process result of the same kernels (bit for bit: the mean is
+// summed in trainer order), a non-finite gradient on one trainer rejects
+// the step on all three with nothing changed, a retried step id is a
+// no-op, and a new plan version keeps the momentum of items whose owner
+// did not change (and counts the ones that start over).
+#include "server/worker/step_engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "transport/loopback_ranks.h"
+#include "transport/tcp_transport.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+constexpr int kWorkers = 3;
+
+struct MatrixDecl {
+  std::string name;
+  int64_t rows, cols;
+  v1::Layout layout;
+};
+
+// Same-shape pairs (one stack per owner), all three layouts.
+const std::vector<MatrixDecl>& Matrices() {
+  static const auto* m = new std::vector<MatrixDecl>{
+      {"rep.a", 24, 40, v1::LAYOUT_REPLICATED},
+      {"rep.b", 24, 40, v1::LAYOUT_REPLICATED},
+      {"unr.a", 32, 16, v1::LAYOUT_UNREDUCED},
+      {"unr.b", 20, 20, v1::LAYOUT_UNREDUCED},
+      {"row.a", 30, 12, v1::LAYOUT_ROW_SHARDED},
+  };
+  return *m;
+}
+
+float GradValue(int64_t step, int matrix, int trainer, int64_t i) {
+  return std::sin(0.37f * static_cast<float>(i + 1) + 1.3f * matrix +
+                  0.7f * step + 0.11f * trainer);
+}
+
+// A trainer's lent memory: plain vectors, found by tensor name.
+class HostBuffers final : public TrainerBuffers {
+ public:
+  explicit HostBuffers(std::map<std::string, LentTensor> tensors)
+      : tensors_(std::move(tensors)) {}
+  Device device() const override { return kHostDevice; }
+  absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t, int64_t,
+                                 int64_t) override {
+    auto it = tensors_.find(t.name());
+    if (it == tensors_.end()) return absl::NotFoundError(t.name());
+    return it->second;
+  }
+
+ private:
+  std::map<std::string, LentTensor> tensors_;
+};
+
+struct Trainer {
+  int rank = 0;
+  std::map<std::string, std::vector<float>> grad, param;
+};
+
+v1::JobSpec Job() {
+  v1::JobSpec job;
+  job.set_name("engine-test");
+  for (const MatrixDecl& d : Matrices()) {
+    v1::Matrix* m = job.add_matrices();
+    m->set_name(d.name);
+    m->set_rows(d.rows);
+    m->set_cols(d.cols);
+    m->set_layout(d.layout);
+  }
+  job.mutable_muon()->set_lr(0.02);
+  job.mutable_muon()->set_weight_decay(0.1);
+  return job;
+}
+
+// Matrix m is owned by worker (m + shift) % kWorkers.
+v1::Plan PlanWithOwners(int64_t version, int shift) {
+  v1::Plan plan;
+  plan.set_version(version);
+  for (int w = 0; w < kWorkers; ++w) plan.add_workers(absl::StrCat("w", w));
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    v1::MatrixPlacement* p = plan.add_matrices();
+    p->set_name(Matrices()[m].name);
+    p->add_owners(absl::StrCat("w", (m + shift) % kWorkers));
+  }
+  return plan;
+}
+
+class StepEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::vector<std::unique_ptr<transport::TcpListener>>> l =
+        transport::BindLoopbackListeners(kWorkers);
+    ASSERT_TRUE(l.ok()) << l.status();
+    listeners_ = *std::move(l);
+    const std::vector<std::string> addresses =
+        transport::AddressesOf(listeners_);
+    for (int w = 0; w < kWorkers; ++w) {
+      addresses_[absl::StrCat("w", w)] = addresses[w];
+      trainers_[w].rank = w;
+      for (const MatrixDecl& d : Matrices()) {
+        int64_t n = d.rows * d.cols;
+        if (d.layout == v1::LAYOUT_ROW_SHARDED) {
+          n = (d.rows * (w + 1) / kWorkers - d.rows * w / kWorkers) * d.cols;
+        }
+        trainers_[w].grad[d.name].assign(n, 0.0f);
+        trainers_[w].param[d.name].assign(n, 0.5f);
+      }
+      transport::TcpListener* listener = listeners_[w].get();
+      StepBackend backend = CpuStepBackend(absl::Seconds(10));
+      Trainer* trainer = &trainers_[w];
+      backend.open_buffers = [trainer](const v1::AttachRequest&)
+          -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
+        std::map<std::string, LentTensor> lent;
+        for (auto& [name, g] : trainer->grad) {
+          lent[name] = {g.data(), trainer->param[name].data()};
+        }
+        return std::unique_ptr<TrainerBuffers>(new HostBuffers(lent));
+      };
+      engines_[w] = std::make_unique<StepEngine>(
+          absl::StrCat("w", w), std::move(backend),
+          [listener](int rank, const std::vector<std::string>& peers,
+                     uint64_t session)
+              -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+            transport::TcpOptions options;
+            options.io_timeout = absl::Seconds(10);
+            options.connect_timeout = absl::Seconds(10);
+            auto t = transport::TcpTransport::Connect(listener, rank, peers,
+                                                      session, options);
+            if (!t.ok()) return t.status();
+            return std::unique_ptr<transport::Transport>(*std::move(t));
+          });
+    }
+  }
+
+  void SetPlanEverywhere(const v1::Plan& plan) {
+    for (auto& e : engines_) {
+      ASSERT_TRUE(e->SetPlan(Job(), plan, addresses_).ok());
+    }
+  }
+
+  void AttachEverywhere() {
+    for (int w = 0; w < kWorkers; ++w) {
+      v1::AttachRequest request;
+      request.set_trainer_rank(w);
+      request.set_trainer_count(kWorkers);
+      for (const MatrixDecl& d : Matrices()) {
+        v1::TensorBinding* b = request.add_tensors();
+        b->set_name(d.name);
+        b->set_muon(true);
+        b->set_dtype(v1::DTYPE_FP32);
+        b->set_elements(static_cast<int64_t>(trainers_[w].grad[d.name].size()));
+      }
+      absl::StatusOr<v1::AttachResponse> attached =
+          engines_[w]->Attach(request);
+      ASSERT_TRUE(attached.ok()) << attached.status();
+    }
+  }
+
+  void WriteGradients(int64_t step) {
+    for (int w = 0; w < kWorkers; ++w) {
+      for (size_t m = 0; m < Matrices().size(); ++m) {
+        const MatrixDecl& d = Matrices()[m];
+        std::vector<float>& g = trainers_[w].grad[d.name];
+        const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
+                                  ? d.rows * w / kWorkers * d.cols
+                                  : 0;
+        const int source = d.layout == v1::LAYOUT_UNREDUCED ? w : 0;
+        for (size_t i = 0; i < g.size(); ++i) {
+          g[i] = GradValue(step, static_cast<int>(m), source, first + i);
+        }
+      }
+    }
+  }
+
+  // Every engine steps `step` at once; the statuses by worker.
+  std::vector<absl::StatusOr<v1::StepResponse>> StepEverywhere(int64_t step) {
+    std::vector<absl::StatusOr<v1::StepResponse>> out(
+        kWorkers, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int w = 0; w < kWorkers; ++w) {
+      threads.emplace_back([&, w] {
+        v1::StepRequest request;
+        request.set_step_id(step);
+        request.set_lr(-1);
+        request.set_weight_decay(-1);
+        out[w] = engines_[w]->Step(request);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  }
+
+  std::vector<std::unique_ptr<transport::TcpListener>> listeners_;
+  std::map<std::string, std::string> addresses_;
+  Trainer trainers_[kWorkers];
+  std::unique_ptr<StepEngine> engines_[kWorkers];
+};
+
+TEST_F(StepEngineTest, EveryLayoutMatchesTheKernelsInOneProcessBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  kernels::CpuKernels reference_kernels(kernels::CpuKernelOptions{});
+  std::map<std::string, std::vector<float>> param, momentum;
+  for (const MatrixDecl& d : Matrices()) {
+    param[d.name].assign(d.rows * d.cols, 0.5f);
+    momentum[d.name].assign(d.rows * d.cols, 0.0f);
+  }
+  kernels::MuonHyperparameters h;
+  h.lr = 0.02;
+  h.weight_decay = 0.1;
+  for (int64_t step = 0; step < 5; ++step) {
+    WriteGradients(step);
+    for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixDecl& d = Matrices()[m];
+      std::vector<float> g(d.rows * d.cols, 0.0f);
+      const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
+      for (int s = 0; s < sources; ++s) {
+        for (size_t i = 0; i < g.size(); ++i) {
+          g[i] += GradValue(step, static_cast<int>(m), s, i);
+        }
+      }
+      if (sources > 1) {
+        for (float& v : g) v *= 1.0f / static_cast<float>(sources);
+      }
+      kernels::MuonStack stack;
+      stack.names = {d.name};
+      stack.grad = {g.data(), 1, d.rows, d.cols};
+      stack.momentum = {momentum[d.name].data(), 1, d.rows, d.cols};
+      stack.param = {param[d.name].data(), 1, d.rows, d.cols};
+      ASSERT_TRUE(reference_kernels.MuonStep(stack, h).ok());
+    }
+  }
+  for (int w = 0; w < kWorkers; ++w) {
+    for (const MatrixDecl& d : Matrices()) {
+      const std::vector<float>& got = trainers_[w].param[d.name];
+      const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
+                                ? d.rows * w / kWorkers * d.cols
+                                : 0;
+      EXPECT_EQ(
+          std::memcmp(got.data(), param[d.name].data() + first, got.size() * 4),
+          0)
+          << d.name << " on trainer " << w;
+    }
+  }
+}
+
+TEST_F(StepEngineTest, NonFiniteGradientOnOneTrainerRejectsTheStepEverywhere) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  trainers_[2].grad["unr.b"][7] = NAN;
+  const std::vector<absl::StatusOr<v1::StepResponse>> out = StepEverywhere(0);
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_FALSE(out[w].ok());
+    EXPECT_EQ(out[w].status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(out[w].status().message().find("\"unr.b\": element 7 is NaN"),
+              std::string::npos)
+        << out[w].status();
+    for (const MatrixDecl& d : Matrices()) {
+      for (float v : trainers_[w].param[d.name]) ASSERT_EQ(v, 0.5f) << d.name;
+    }
+  }
+  // The transports survive a rejection: the same step id, now finite.
+  WriteGradients(0);
+  for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
+  // And a retried id is a no-op.
+  const std::vector<float> before = trainers_[0].param["rep.a"];
+  for (const auto& r : StepEverywhere(0)) {
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->already_applied());
+  }
+  EXPECT_EQ(trainers_[0].param["rep.a"], before);
+}
+
+TEST_F(StepEngineTest, NewPlanKeepsMomentumOfUnmovedItemsAndCountsTheOthers) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  for (const auto& r : StepEverywhere(0)) ASSERT_TRUE(r.ok()) << r.status();
+  // A shift of 3 keeps every owner (3 workers); a shift of 1 moves all.
+  absl::StatusOr<std::vector<float>> kept = engines_[0]->Momentum("rep.a", 0);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(2, 3)));
+  absl::StatusOr<std::vector<float>> after = engines_[0]->Momentum("rep.a", 0);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*kept, *after);
+  // Now move everything: the new owners start over and say so.
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(3, 1)));
+  EXPECT_EQ(engines_[0]->Momentum("rep.a", 0).status().code(),
+            absl::StatusCode::kNotFound);  // w1 owns it now, not stepped
+  WriteGradients(1);
+  int64_t resets = 0;
+  for (const auto& r : StepEverywhere(1)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    resets += r->momentum_reset();
+  }
+  EXPECT_EQ(resets, static_cast<int64_t>(Matrices().size()));
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace muonps
