@@ -9,33 +9,10 @@
 #include "client/cuda_lending.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
+#include "proto/grpc_status.h"
+#include "proto/translate.h"
 
 namespace muonps {
-namespace {
-
-absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", status.error_message()));
-}
-
-std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
-
-v1::Layout ToProto(scheduler::Layout layout) {
-  switch (layout) {
-    case scheduler::Layout::kUnreduced:
-      return v1::LAYOUT_UNREDUCED;
-    case scheduler::Layout::kRowSharded:
-      return v1::LAYOUT_ROW_SHARDED;
-    case scheduler::Layout::kReplicated:
-      break;
-  }
-  return v1::LAYOUT_REPLICATED;
-}
-
-}  // namespace
 
 Client::Client(const ClientOptions& options)
     : options_(options),
@@ -190,7 +167,7 @@ absl::Status Client::EnsureJob(
     m->set_cols(t.cols);
     m->set_experts(t.matrix.experts);
     m->set_dtype(v1::DTYPE_FP32);
-    m->set_layout(ToProto(t.matrix.layout));
+    m->set_layout(proto::LayoutToProto(t.matrix.layout));
     m->set_layer(t.matrix.layer);
   }
   v1::MuonHyperparameters* h = spec->mutable_muon();
@@ -275,7 +252,7 @@ absl::Status Client::WaitAndAttach() {
     b->set_elements(t.elements);
     b->set_param_elements(t.param_elements);
     b->set_dtype(v1::DTYPE_FP32);
-    b->set_layout(ToProto(t.layout));
+    b->set_layout(proto::LayoutToProto(t.layout));
     b->set_muon(t.muon);
   }
   const absl::Time deadline = absl::Now() + options_.timeout;

@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "muonps/v1/worker.grpc.pb.h"
+#include "proto/grpc_status.h"
 #include "tests/harness/child_process.h"
 
 namespace muonps {
@@ -52,12 +53,11 @@ constexpr absl::Duration kStartTimeout = absl::Seconds(30);
 constexpr absl::Duration kWaitTimeout = absl::Seconds(15);
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+  return DeadlineIn(d);
 }
 
 absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
+  return ::muonps::FromGrpc(s, "");
 }
 
 // Eight layers of a small MoE transformer: square and rectangular attention
@@ -426,8 +426,7 @@ class ControlPlaneTest : public ::testing::Test {
         {RunfilePath("server/worker/muonps-worker"),
          "--coordinator=" + address_, absl::StrCat("--job=", kJob),
          "--worker_id=" + id, "--socket=" + w.socket, "--metrics_port=0",
-         "--device=cpu",
-         absl::StrCat("--memory_bytes=", kWorkerMemoryBytes)},
+         "--device=cpu", absl::StrCat("--memory_bytes=", kWorkerMemoryBytes)},
         log);
     ASSERT_TRUE(started.ok()) << started.status();
     w.process = *std::move(started);

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/grpc_status.h"
 
 namespace muonps {
 namespace testing {
@@ -26,12 +27,11 @@ constexpr char kJob[] = "data-plane";
 constexpr absl::Duration kStartTimeout = absl::Seconds(30);
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+  return DeadlineIn(d);
 }
 
 absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
+  return ::muonps::FromGrpc(s, "");
 }
 
 // splitmix64's finalizer, folded over the parts.
@@ -284,8 +284,7 @@ void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
       {RunfilePath("server/worker/muonps-worker"),
        "--coordinator=" + coordinator_address_, absl::StrCat("--job=", kJob),
        "--worker_id=" + w.id, "--socket=" + w.socket, "--metrics_port=-1",
-       "--device=cpu",
-       absl::StrCat("--io_timeout_ms=", options.io_timeout_ms)},
+       "--device=cpu", absl::StrCat("--io_timeout_ms=", options.io_timeout_ms)},
       absl::StrCat(log_dir_, "/", w.id, ".log"));
   ASSERT_TRUE(started.ok()) << started.status();
   w.process = *std::move(started);

@@ -57,6 +57,7 @@
 #include "common/status.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "proto/grpc_status.h"
 
 ABSL_FLAG(std::string, widths, "1024,2560,2560,2560,1024",
           "MLP widths, input first; its weight matrices are the model.");
@@ -118,11 +119,8 @@ absl::StatusOr<NsAlgorithms> PlanAlgorithms(const std::string& coordinator,
   v1::GetPlanRequest request;
   request.set_job(job);
   v1::Plan plan;
-  const grpc::Status status = stub->GetPlan(&context, request, &plan);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat("GetPlan: ", status.error_message()));
-  }
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(stub->GetPlan(&context, request, &plan), "GetPlan"));
   if (plan.workers_size() != workers) {
     return absl::FailedPreconditionError(absl::StrCat(
         "plan ", plan.version(), " has ", plan.workers_size(), " workers"));

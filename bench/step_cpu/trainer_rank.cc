@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "muonps/v1/worker.grpc.pb.h"
+#include "proto/grpc_status.h"
 
 namespace muonps {
 namespace bench {
@@ -17,16 +18,6 @@ namespace {
 
 constexpr absl::Duration kPlanTimeout = absl::Seconds(60);
 constexpr absl::Duration kStepTimeout = absl::Seconds(120);
-
-absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", status.error_message()));
-}
-
-std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
 
 // Waits until the coordinator's latest plan has every worker and this
 // rank's worker follows it: a worker that joined second triggers a

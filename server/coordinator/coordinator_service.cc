@@ -9,12 +9,6 @@
 namespace muonps {
 namespace coordinator {
 
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
-
 CoordinatorService::CoordinatorService(CoordinatorState* state,
                                        MetricsRegistry* metrics)
     : state_(state),

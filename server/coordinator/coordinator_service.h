@@ -8,13 +8,11 @@
 
 #include "common/metrics.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
+#include "proto/grpc_status.h"
 #include "server/coordinator/coordinator_state.h"
 
 namespace muonps {
 namespace coordinator {
-
-// absl::Status to grpc::Status, same code and message.
-grpc::Status ToGrpc(const absl::Status& status);
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:

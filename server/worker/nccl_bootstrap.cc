@@ -3,16 +3,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
+#include "proto/grpc_status.h"
 #include "spdlog/spdlog.h"
 #include "transport/nccl_transport.h"
 
 namespace muonps {
 namespace worker {
 namespace {
-
-std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
 
 absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
                                        v1::Coordinator::Stub& stub, int rank,

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "muonps/v1/worker.grpc.pb.h"
+#include "proto/grpc_status.h"
 #include "server/worker/step_engine.h"
 #include "server/worker/worker_agent.h"
 
@@ -57,16 +58,14 @@ class WorkerService final : public v1::Worker::Service {
     const absl::Status status = engine_->SetMomentum(
         request->matrix(), request->expert(),
         std::vector<float>(request->values().begin(), request->values().end()));
-    return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                        std::string(status.message()));
+    return ToGrpc(status);
   }
 
  private:
   template <typename T>
   static grpc::Status Reply(absl::StatusOr<T> result, T* out) {
     if (!result.ok()) {
-      return grpc::Status(static_cast<grpc::StatusCode>(result.status().code()),
-                          std::string(result.status().message()));
+      return ToGrpc(result.status());
     }
     *out = *std::move(result);
     return grpc::Status::OK;
