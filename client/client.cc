@@ -225,6 +225,7 @@ absl::Status Client::WaitAndAttach() {
   v1::AttachRequest attach;
   attach.set_trainer_rank(options_.trainer_rank);
   attach.set_trainer_count(options_.trainer_count);
+  attach.set_trainer_pid(getpid());
   if (segment_.has_value()) {
     attach.set_segment(segment_->name());
     attach.set_segment_bytes(static_cast<int64_t>(segment_->size()));

@@ -365,6 +365,90 @@ TEST_P(GpuStepTest, KilledWorkerFailsTheStepInsteadOfHanging) {
   EXPECT_EQ(p.size(), static_cast<size_t>(256 * 256));
 }
 
+// The child mode of this binary: a trainer process lending a 1 GiB
+// allocation's sub-blocks and stepping until it is killed.
+int RunChildTrainer(const std::string& address, const std::string& socket) {
+  absl::StatusOr<std::unique_ptr<Client>> created =
+      Client::Create({.coordinator = address,
+                      .job = "gpu",
+                      .worker_socket = socket,
+                      .device = {MemoryKind::kCuda, 0}});
+  if (!created.ok()) return 2;
+  Client& client = **created;
+  float* block = nullptr;
+  if (cudaMalloc(&block, size_t{1} << 30) != cudaSuccess) return 3;
+  cudaMemset(block, 0, size_t{1} << 30);
+  constexpr int64_t kDim = 2048;
+  if (!client.AddMatrix("m", kDim, kDim).ok()) return 4;
+  if (!client.LendCuda("m", block, block + kDim * kDim).ok()) return 5;
+  if (!client.Start({}, {}).ok()) return 6;
+  for (int64_t step = 0;; ++step) {
+    if (!client.Step(step, {.async = true}).ok()) return 7;
+    if (!client.Wait().ok()) return 8;
+    std::printf("stepped %lld\n", static_cast<long long>(step));
+    std::fflush(stdout);
+  }
+}
+
+TEST_P(GpuStepTest, KilledTrainerMidStepHasItsMappingsReleased) {
+  if (GetParam().layout != "replicated" || GetParam().precision != "bf16") {
+    GTEST_SKIP() << "one case is enough";
+  }
+  size_t total = 0;
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(
+      {"/proc/self/exe", "--trainer_child=" + address_ + "," + socket_},
+      log_dir_ + "/trainer.log");
+  ASSERT_TRUE(child.ok()) << child.status();
+  ASSERT_TRUE((*child)->WaitForLog("stepped 20", kStartTimeout).ok())
+      << (*child)->Log() << worker_->Log();
+  size_t free_alive = 0;  // the trainer's context and 1 GiB are held
+  ASSERT_EQ(cudaMemGetInfo(&free_alive, &total), cudaSuccess);
+  (*child)->Signal(SIGKILL);  // steps run back to back: mid-step
+  ASSERT_TRUE((*child)->Wait(absl::Seconds(10)).ok());
+  ASSERT_TRUE(
+      worker_->WaitForLog("released its buffers", absl::Seconds(20)).ok())
+      << worker_->Log();
+  // The trainer's 1 GiB allocation (and its context) is freed once no
+  // mapping holds it.
+  size_t free_after = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  do {
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  } while (free_after < free_alive + (size_t{1} << 30) &&
+           absl::Now() < deadline);
+  EXPECT_GE(free_after, free_alive + (size_t{1} << 30))
+      << "GPU memory returned after the trainer died: "
+      << (static_cast<int64_t>(free_after) - static_cast<int64_t>(free_alive)) /
+             (1 << 20)
+      << " MiB";
+  std::printf(
+      "{\"what\":\"killed_trainer_memory_returned_mib\",\"mib\":%lld}\n",
+      static_cast<long long>((static_cast<int64_t>(free_after) -
+                              static_cast<int64_t>(free_alive)) >>
+                             20));
+  // The worker goes on: a new trainer of the job attaches and steps.
+  absl::StatusOr<std::unique_ptr<Client>> created =
+      Client::Create({.coordinator = address_,
+                      .job = "gpu",
+                      .worker_socket = socket_,
+                      .device = {MemoryKind::kCuda, 0}});
+  ASSERT_TRUE(created.ok()) << created.status();
+  client_ = *std::move(created);
+  constexpr int64_t kDim = 2048;
+  ASSERT_EQ(cudaMalloc(&device_block_, 2 * kDim * kDim * sizeof(float)),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(device_block_, 0, 2 * kDim * kDim * sizeof(float)),
+            cudaSuccess);
+  ASSERT_TRUE(client_->AddMatrix("m", kDim, kDim).ok());
+  ASSERT_TRUE(
+      client_->LendCuda("m", device_block_, device_block_ + kDim * kDim).ok());
+  const absl::Status started = client_->Start({}, {});
+  ASSERT_TRUE(started.ok()) << started;
+  absl::StatusOr<StepResult> next = client_->Step(1000000);
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
 std::vector<GpuCase> Cases() {
   std::vector<GpuCase> out;
   for (const char* precision : {"fp32", "bf16"}) {
@@ -383,3 +467,18 @@ INSTANTIATE_TEST_SUITE_P(OneGpu, GpuStepTest, ::testing::ValuesIn(Cases()),
 
 }  // namespace
 }  // namespace muonps
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::string flag = "--trainer_child=";
+    if (arg.rfind(flag, 0) == 0) {
+      const std::string value = arg.substr(flag.size());
+      const size_t comma = value.find(',');
+      return muonps::RunChildTrainer(value.substr(0, comma),
+                                     value.substr(comma + 1));
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

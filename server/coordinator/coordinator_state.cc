@@ -419,13 +419,27 @@ absl::Status CoordinatorState::PutNcclId(const v1::PutNcclIdRequest& r) {
                       absl::StrCat(Quoted(r.worker_id()), " is not rank 0 (",
                                    Quoted(plan.proto.workers(0)), " is)"));
   }
+  if (r.generation() < 0) {
+    return InvalidField("generation", absl::StrCat(r.generation(), " < 0"));
+  }
   if (!plan.nccl_id.empty()) {
-    if (plan.nccl_id == r.nccl_id()) return absl::OkStatus();
-    return FieldError(absl::StatusCode::kAlreadyExists, "nccl_id",
-                      absl::StrCat("plan_version ", r.plan_version(),
-                                   " already has a different id"));
+    if (r.generation() < plan.nccl_generation) {
+      return FieldError(
+          absl::StatusCode::kFailedPrecondition, "generation",
+          absl::StrCat(r.generation(), " is older than the stored ",
+                       plan.nccl_generation, " of plan_version ",
+                       r.plan_version()));
+    }
+    if (r.generation() == plan.nccl_generation) {
+      if (plan.nccl_id == r.nccl_id()) return absl::OkStatus();
+      return FieldError(
+          absl::StatusCode::kAlreadyExists, "nccl_id",
+          absl::StrCat("plan_version ", r.plan_version(), " generation ",
+                       r.generation(), " already has a different id"));
+    }
   }
   plan.nccl_id = r.nccl_id();
+  plan.nccl_generation = r.generation();
   return absl::OkStatus();
 }
 
@@ -441,13 +455,16 @@ absl::StatusOr<v1::GetNcclIdResponse> CoordinatorState::GetNcclId(
                       absl::StrCat(r.plan_version(), " is not the current ",
                                    job->latest_version));
   }
-  if (job->plans.back().nccl_id.empty()) {
+  const PlanRecord& plan = job->plans.back();
+  if (plan.nccl_id.empty() || plan.nccl_generation < r.min_generation()) {
     return FieldError(absl::StatusCode::kNotFound, "nccl_id",
-                      absl::StrCat("rank 0 has not put it for plan_version ",
+                      absl::StrCat("rank 0 has not put it (generation >= ",
+                                   r.min_generation(), ") for plan_version ",
                                    r.plan_version(), " yet"));
   }
   v1::GetNcclIdResponse out;
-  out.set_nccl_id(job->plans.back().nccl_id);
+  out.set_nccl_id(plan.nccl_id);
+  out.set_generation(plan.nccl_generation);
   return out;
 }
 

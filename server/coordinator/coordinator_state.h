@@ -97,6 +97,7 @@ class CoordinatorState {
     v1::Plan proto;
     scheduler::OwnershipPlan plan;
     std::string nccl_id;
+    int64_t nccl_generation = 0;
   };
   struct JobRecord {
     v1::JobSpec spec;

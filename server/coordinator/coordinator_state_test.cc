@@ -634,18 +634,21 @@ class NcclIdTest : public CoordinatorStateTest {
     return id;
   }
   absl::Status Put(int64_t version, const std::string& worker,
-                   const std::string& id) {
+                   const std::string& id, int64_t generation = 0) {
     v1::PutNcclIdRequest r;
     r.set_job("x");
     r.set_plan_version(version);
     r.set_worker_id(worker);
     r.set_nccl_id(id);
+    r.set_generation(generation);
     return state_->PutNcclId(r);
   }
-  absl::StatusOr<v1::GetNcclIdResponse> Get(int64_t version) {
+  absl::StatusOr<v1::GetNcclIdResponse> Get(int64_t version,
+                                            int64_t min_generation = 0) {
     v1::GetNcclIdRequest r;
     r.set_job("x");
     r.set_plan_version(version);
+    r.set_min_generation(min_generation);
     return state_->GetNcclId(r);
   }
 
@@ -680,6 +683,27 @@ TEST_F(NcclIdTest, RankZeroPutsOnceForCurrentVersionAndOthersGetIt) {
   EXPECT_EQ(got->nccl_id(), Id('a'));
   EXPECT_THAT(Get(1).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "plan_version"));
+}
+
+TEST_F(NcclIdTest, ACommunicatorRebuiltWithinAVersionGetsTheNextGeneration) {
+  ASSERT_TRUE(Put(2, rank0_, Id('a')).ok());
+  // The others ask for a newer one than the broken communicator's.
+  EXPECT_THAT(Get(2, 1).status(),
+              StatusIs(absl::StatusCode::kNotFound, "generation >= 1"));
+  ASSERT_TRUE(Put(2, rank0_, Id('b'), 1).ok());
+  absl::StatusOr<v1::GetNcclIdResponse> got = Get(2, 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->nccl_id(), Id('b'));
+  EXPECT_EQ(got->generation(), 1);
+  // A late rank asking for any generation gets the newest.
+  EXPECT_EQ(Get(2, 0)->nccl_id(), Id('b'));
+  // Going back is refused; the same generation keeps its id.
+  EXPECT_THAT(Put(2, rank0_, Id('c'), 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "generation"));
+  EXPECT_THAT(Put(2, rank0_, Id('c'), 1),
+              StatusIs(absl::StatusCode::kAlreadyExists, "nccl_id"));
+  EXPECT_THAT(Put(2, rank0_, Id('c'), -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, "generation"));
 }
 
 TEST_F(NcclIdTest, OldVersionsIdIsNotReturnedForNewVersion) {

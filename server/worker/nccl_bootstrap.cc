@@ -1,6 +1,11 @@
 #include "server/worker/nccl_bootstrap.h"
 
+#include <algorithm>
+#include <map>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "proto/grpc_status.h"
@@ -11,9 +16,30 @@ namespace muonps {
 namespace worker {
 namespace {
 
+// How many communicators this worker built per plan version: rank 0 puts
+// each rebuilt one's id under the next generation; the others ask for one
+// newer than the last they used.
+class Generations {
+ public:
+  int64_t Next(uint64_t version) {
+    absl::MutexLock lock(&mu_);
+    return next_[version];
+  }
+  void Used(uint64_t version, int64_t generation) {
+    absl::MutexLock lock(&mu_);
+    next_[version] = std::max(next_[version], generation + 1);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<uint64_t, int64_t> next_ ABSL_GUARDED_BY(mu_);
+};
+
 absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
                                        v1::Coordinator::Stub& stub, int rank,
-                                       uint64_t version) {
+                                       uint64_t version,
+                                       Generations& generations) {
+  const int64_t generation = generations.Next(version);
   if (rank == 0) {
     MUONPS_ASSIGN_OR_RETURN(std::string id,
                             transport::NcclTransport::NewUniqueId());
@@ -22,15 +48,14 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
     put.set_plan_version(static_cast<int64_t>(version));
     put.set_worker_id(o.worker_id);
     put.set_nccl_id(id);
+    put.set_generation(generation);
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(o.timeout));
     v1::PutNcclIdResponse response;
-    const grpc::Status status = stub.PutNcclId(&context, put, &response);
-    if (!status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                          absl::StrCat("PutNcclId for plan version ", version,
-                                       ": ", status.error_message()));
-    }
+    MUONPS_RETURN_IF_ERROR(
+        FromGrpc(stub.PutNcclId(&context, put, &response),
+                 absl::StrCat("PutNcclId for plan version ", version)));
+    generations.Used(version, generation);
     return id;
   }
   const absl::Time deadline = absl::Now() + o.timeout;
@@ -39,11 +64,15 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
     v1::GetNcclIdRequest get;
     get.set_job(o.job);
     get.set_plan_version(static_cast<int64_t>(version));
+    get.set_min_generation(generation);
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(absl::Seconds(2)));
     v1::GetNcclIdResponse response;
     const grpc::Status status = stub.GetNcclId(&context, get, &response);
-    if (status.ok()) return response.nccl_id();
+    if (status.ok()) {
+      generations.Used(version, response.generation());
+      return response.nccl_id();
+    }
     last = status.error_message();
     if (status.error_code() != grpc::StatusCode::NOT_FOUND &&
         status.error_code() != grpc::StatusCode::UNAVAILABLE) {
@@ -61,22 +90,25 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
 TransportFactory NcclTransportFactory(NcclBootstrapOptions options) {
   auto stub = std::shared_ptr<v1::Coordinator::Stub>(
       v1::Coordinator::NewStub(options.coordinator));
-  return [options, stub](int rank, const std::vector<std::string>& addresses,
-                         uint64_t session)
-             -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-    MUONPS_ASSIGN_OR_RETURN(const std::string id,
-                            ExchangeId(options, *stub, rank, session));
-    MUONPS_ASSIGN_OR_RETURN(
-        std::unique_ptr<transport::NcclTransport> nccl,
-        transport::NcclTransport::Create(options.cuda_device, rank,
-                                         static_cast<int>(addresses.size()), id,
-                                         {.timeout = options.timeout}));
-    spdlog::info(
-        "job={} worker={} plan_version={} NCCL rank {} of {} on cuda:{}",
-        options.job, options.worker_id, session, rank, addresses.size(),
-        options.cuda_device);
-    return std::unique_ptr<transport::Transport>(std::move(nccl));
-  };
+  auto generations = std::make_shared<Generations>();
+  return
+      [options, stub, generations](
+          int rank, const std::vector<std::string>& addresses, uint64_t session)
+          -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+        MUONPS_ASSIGN_OR_RETURN(
+            const std::string id,
+            ExchangeId(options, *stub, rank, session, *generations));
+        MUONPS_ASSIGN_OR_RETURN(
+            std::unique_ptr<transport::NcclTransport> nccl,
+            transport::NcclTransport::Create(options.cuda_device, rank,
+                                             static_cast<int>(addresses.size()),
+                                             id, {.timeout = options.timeout}));
+        spdlog::info(
+            "job={} worker={} plan_version={} NCCL rank {} of {} on cuda:{}",
+            options.job, options.worker_id, session, rank, addresses.size(),
+            options.cuda_device);
+        return std::unique_ptr<transport::Transport>(std::move(nccl));
+      };
 }
 
 }  // namespace worker

@@ -1,6 +1,9 @@
 #include "server/worker/step_engine.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +50,28 @@ StepEngine::~StepEngine() {
 int64_t StepEngine::last_step() const {
   absl::MutexLock lock(&mu_);
   return last_step_;
+}
+
+bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const int64_t pid = trainer_pid_.load();
+  if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) {
+    return false;
+  }
+  if (!mu_.TryLock()) return false;  // a step runs: a later call retries
+  bool released = false;
+  if (trainer_.has_value() && trainer_pid_.load() == pid) {
+    DropTransport(absl::CancelledError(
+        absl::StrCat("trainer process ", pid, " is gone")));
+    trainer_.reset();
+    trainer_pid_.store(0);
+    released = true;
+  }
+  mu_.Unlock();
+  if (released) {
+    spdlog::warn("worker={} trainer process {} is gone: released its buffers",
+                 worker_id_, pid);
+  }
+  return released;
 }
 
 absl::StatusOr<ItemSlot> StepEngine::OwnedSlot(const std::string& matrix,
@@ -325,6 +350,7 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
   // transport (rebuilt at the next step) before unmapping it.
   DropTransport(absl::CancelledError("a trainer attached"));
   trainer_ = std::move(trainer);
+  trainer_pid_.store(request.trainer_pid());
   spdlog::info("worker={} trainer {}/{} attached {} tensors ({})", worker_id_,
                trainer_->rank, trainer_->count, request.tensors_size(),
                DeviceName(device_));

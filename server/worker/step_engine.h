@@ -16,6 +16,7 @@
 #ifndef MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 #define MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -88,6 +89,12 @@ class StepEngine {
 
   int64_t last_step() const;
 
+  // Releases the attached trainer's buffers (unmapping its CUDA IPC or
+  // shared memory, so its GPU memory can be freed) when its process is
+  // gone. Never waits for a step: with one in progress it does nothing and
+  // a later call retries. Returns true if it released them. Thread-safe.
+  bool ReleaseTrainerIfGone();
+
   // The momentum of expert `expert` of `matrix` if this worker owns it and
   // has stepped (or restored) it; NOT_FOUND otherwise.
   absl::StatusOr<std::vector<float>> Momentum(const std::string& matrix,
@@ -117,6 +124,8 @@ class StepEngine {
   int64_t momentum_resets_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // The attached trainer's pid (0: none or unknown), readable without mu_.
+  std::atomic<int64_t> trainer_pid_{0};
 };
 
 }  // namespace worker

@@ -8,6 +8,9 @@
 // did not change (and counts the ones that start over).
 #include "server/worker/step_engine.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -154,9 +157,10 @@ class StepEngineTest : public ::testing::Test {
     }
   }
 
-  void AttachEverywhere() {
+  void AttachEverywhere(int64_t trainer_pid = 0) {
     for (int w = 0; w < kWorkers; ++w) {
       v1::AttachRequest request;
+      request.set_trainer_pid(trainer_pid);
       request.set_trainer_rank(w);
       request.set_trainer_count(kWorkers);
       for (const MatrixDecl& d : Matrices()) {
@@ -314,6 +318,28 @@ TEST_F(StepEngineTest, NewPlanKeepsMomentumOfUnmovedItemsAndCountsTheOthers) {
     resets += r->momentum_reset();
   }
   EXPECT_EQ(resets, static_cast<int64_t>(Matrices().size()));
+}
+
+TEST_F(StepEngineTest, BuffersOfATrainerWhoseProcessIsGoneAreReleased) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  // A live trainer (this process) keeps its buffers.
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(getpid()));
+  EXPECT_FALSE(engines_[0]->ReleaseTrainerIfGone());
+  // A trainer process that exited (and was reaped) loses them.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(child));
+  EXPECT_TRUE(engines_[0]->ReleaseTrainerIfGone());
+  EXPECT_FALSE(engines_[0]->ReleaseTrainerIfGone());  // once
+  v1::StepRequest request;
+  request.set_step_id(0);
+  absl::StatusOr<v1::StepResponse> step = engines_[0]->Step(request);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(step.status().message().find("no trainer buffers"),
+            std::string::npos)
+      << step.status();
 }
 
 }  // namespace

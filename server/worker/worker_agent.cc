@@ -108,6 +108,7 @@ void WorkerAgent::MembershipLoop() {
       known = plan_ ? plan_->version() : 0;
     }
     if (stop_.WaitForNotificationWithTimeout(interval)) break;
+    if (engine_ != nullptr) engine_->ReleaseTrainerIfGone();
     v1::HeartbeatRequest request;
     request.set_job(options_.job);
     request.set_worker_id(options_.worker_id);

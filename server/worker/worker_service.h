@@ -44,9 +44,7 @@ class WorkerService final : public v1::Worker::Service {
     absl::StatusOr<std::vector<float>> momentum =
         engine_->Momentum(request->matrix(), request->expert());
     if (!momentum.ok()) {
-      return grpc::Status(
-          static_cast<grpc::StatusCode>(momentum.status().code()),
-          std::string(momentum.status().message()));
+      return ToGrpc(momentum.status());
     }
     out->mutable_values()->Add(momentum->begin(), momentum->end());
     return grpc::Status::OK;
