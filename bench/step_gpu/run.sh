@@ -28,4 +28,23 @@ coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$logs/coordinator.
 pids+=($!)
 for _ in $(seq 300); do grep -q "listening on unix" "$logs/worker.log" && break; sleep 0.1; done
 "$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" \
-  --torch_results "$torch_results" || { tail -20 "$logs/worker.log" >&2; exit 1; }
+  --torch_results "$torch_results" | tee "$logs/one.jsonl" || { tail -20 "$logs/worker.log" >&2; exit 1; }
+cleanup
+pids=()
+# Two trainers and two workers sharing the GPU (CUDA IPC peer transport).
+"$here/bin/muonps-coordinator" --port 0 --metrics_port -1 >"$logs/coordinator2.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q "listening on" "$logs/coordinator2.log" && break; sleep 0.1; done
+coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$logs/coordinator2.log" | head -1)"
+for w in 0 1; do
+  "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu2 --worker_id "v$w" \
+    --socket "$logs/v$w.sock" --metrics_port -1 --device cuda:0 --gpu_transport ipc \
+    --io_timeout_ms 60000 >"$logs/worker-v$w.log" 2>&1 &
+  pids+=($!)
+done
+for w in 0 1; do
+  for _ in $(seq 300); do grep -q "listening on unix" "$logs/worker-v$w.log" && break; sleep 0.1; done
+done
+"$here/bin/step_gpu_bench" --coordinator "$coordinator" --job step-gpu2 \
+  --worker_sockets "$logs/v0.sock,$logs/v1.sock" --torch_results "$torch_results" \
+  --one_worker_results "$logs/one.jsonl" || { tail -20 "$logs/worker-v0.log" >&2; exit 1; }

@@ -9,9 +9,8 @@
 //   muonps_step_1gpu    one trainer + one worker: from the Step call until
 //                       the trainer's stream sees the parameters updated
 //   muonps_step_return  how long Step blocks the trainer's host thread
-//   muonps_step_1gpu_2workers (two trainers + two workers sharing the GPU
-//                       over IPC peer copies) is reported as skipped until
-//                       that transport exists.
+//   muonps_step_1gpu_2workers  (--worker_sockets A,B) two trainers and two
+//                       workers sharing the GPU over CUDA IPC peer copies
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,11 +20,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "bench/ns_gpu/peer_results.h"
 #include "client/client.h"
 #include "common/status.h"
@@ -37,6 +38,10 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "Coordinator address.");
 ABSL_FLAG(std::string, worker_socket, "", "The worker's Unix socket.");
 ABSL_FLAG(std::string, job, "step-gpu", "Job name.");
 ABSL_FLAG(std::string, torch_results, "", "torch_peers.py's JSON lines.");
+ABSL_FLAG(std::string, worker_sockets, "",
+          "Two workers' sockets: the two-trainer, two-worker run instead.");
+ABSL_FLAG(std::string, one_worker_results, "",
+          "The one-worker run's JSON lines (for the two-worker ratio).");
 ABSL_FLAG(int, layers, 8, "Llama-3-8B layers.");
 ABSL_FLAG(int, divisor, 1, "Divide every dimension (a quick logic check).");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
@@ -67,12 +72,8 @@ absl::Status Cuda(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
-absl::Status Run() {
-  bench::PeerResults peers;
-  if (!absl::GetFlag(FLAGS_torch_results).empty()) {
-    MUONPS_ASSIGN_OR_RETURN(
-        peers, bench::PeerResults::Load(absl::GetFlag(FLAGS_torch_results)));
-  }
+// The 8-layer Llama-3-8B matrix set (names and shapes, layer order).
+std::vector<std::pair<std::string, Shape>> LlamaMatrices() {
   const int d = absl::GetFlag(FLAGS_divisor);
   const std::vector<Shape> layer = {
       {4096 / d, 4096 / d}, {1024 / d, 4096 / d},  {1024 / d, 4096 / d},
@@ -85,6 +86,129 @@ absl::Status Run() {
       matrices.push_back({absl::StrCat("layers.", l, ".", names[i]), layer[i]});
     }
   }
+  return matrices;
+}
+
+// Two trainers (clients of this process, each with its own copy of the
+// parameters and its own stream, as two processes would have) and two
+// workers sharing the GPU over CUDA IPC: muonps_step_1gpu_2workers, from
+// both Step calls until both streams see their parameters updated.
+absl::Status RunTwoTrainers(const std::vector<std::string>& sockets) {
+  bench::PeerResults peers, one_worker;
+  if (!absl::GetFlag(FLAGS_torch_results).empty()) {
+    MUONPS_ASSIGN_OR_RETURN(
+        peers, bench::PeerResults::Load(absl::GetFlag(FLAGS_torch_results)));
+  }
+  if (!absl::GetFlag(FLAGS_one_worker_results).empty()) {
+    MUONPS_ASSIGN_OR_RETURN(
+        one_worker,
+        bench::PeerResults::Load(absl::GetFlag(FLAGS_one_worker_results)));
+  }
+  const auto matrices = LlamaMatrices();
+  int64_t total = 0;
+  for (const auto& [name, s] : matrices) total += s.rows * s.cols;
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<float*> blocks;
+  std::vector<cudaStream_t> streams(2, nullptr);
+  for (int t = 0; t < 2; ++t) {
+    float* block = nullptr;
+    MUONPS_RETURN_IF_ERROR(
+        Cuda(cudaMalloc(&block, 2 * total * sizeof(float)), "cudaMalloc"));
+    MUONPS_RETURN_IF_ERROR(
+        Cuda(cudaMemset(block, 0, 2 * total * sizeof(float)), "cudaMemset"));
+    blocks.push_back(block);
+    MUONPS_RETURN_IF_ERROR(
+        Cuda(cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking),
+             "stream"));
+    MUONPS_ASSIGN_OR_RETURN(
+        std::unique_ptr<Client> client,
+        Client::Create({.coordinator = absl::GetFlag(FLAGS_coordinator),
+                        .job = absl::GetFlag(FLAGS_job),
+                        .worker_socket = sockets[t],
+                        .trainer_rank = t,
+                        .trainer_count = 2,
+                        .device = {MemoryKind::kCuda, 0}}));
+    int64_t at = 0;
+    for (size_t m = 0; m < matrices.size(); ++m) {
+      const auto& [name, s] = matrices[m];
+      MUONPS_RETURN_IF_ERROR(client->AddMatrix(
+          name, s.rows, s.cols,
+          {.layer = static_cast<int32_t>(m / 7)} /* 7 per layer */));
+      MUONPS_RETURN_IF_ERROR(
+          client->LendCuda(name, block + at, block + total + at));
+      at += s.rows * s.cols;
+    }
+    clients.push_back(std::move(client));
+  }
+  kernels::MuonHyperparameters muon;
+  muon.lr = 0.02;
+  muon.weight_decay = 0.1;
+  std::vector<absl::Status> started(2);
+  {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back(
+          [&, t] { started[t] = clients[t]->Start(muon, {}); });
+    }
+    for (auto& th : threads) th.join();
+  }
+  for (const absl::Status& st : started) MUONPS_RETURN_IF_ERROR(st);
+  std::vector<double> step_ms;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  for (int step = 0; step < warmup + absl::GetFlag(FLAGS_repeats); ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int t = 0; t < 2; ++t) {
+      MUONPS_RETURN_IF_ERROR(
+          clients[t]
+              ->Step(step, {.stream = reinterpret_cast<Stream>(streams[t]),
+                            .async = true})
+              .status());
+    }
+    for (int t = 0; t < 2; ++t) {
+      MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(streams[t]), "sync"));
+    }
+    const auto seen = std::chrono::steady_clock::now();
+    for (int t = 0; t < 2; ++t) {
+      MUONPS_RETURN_IF_ERROR(clients[t]->Wait().status());
+    }
+    if (step >= warmup) {
+      step_ms.push_back(
+          std::chrono::duration<double, std::milli>(seen - start).count());
+    }
+  }
+  const double ms = Median(step_ms);
+  Line({{"what", "muonps_step_1gpu_2workers"},
+        {"ms", ms},
+        {"transport", "cuda_ipc"},
+        {"over_muonps_step_1gpu",
+         bench::Ratio(ms, one_worker.Number("muonps_step_1gpu", "ms"))},
+        {"over_torch_muon_step",
+         bench::Ratio(ms, peers.Number("torch_muon_step_1gpu", "ms"))},
+        {"note",
+         "two trainers and two workers share one GPU: the same "
+         "Newton-Schulz work split in two, plus IPC peer copies"}});
+  clients.clear();
+  for (float* b : blocks) cudaFree(b);
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  const std::string two = absl::GetFlag(FLAGS_worker_sockets);
+  if (!two.empty()) {
+    const std::vector<std::string> sockets = absl::StrSplit(two, ',');
+    if (sockets.size() != 2) {
+      return absl::InvalidArgumentError("--worker_sockets: two paths");
+    }
+    return RunTwoTrainers(sockets);
+  }
+  bench::PeerResults peers;
+  if (!absl::GetFlag(FLAGS_torch_results).empty()) {
+    MUONPS_ASSIGN_OR_RETURN(
+        peers, bench::PeerResults::Load(absl::GetFlag(FLAGS_torch_results)));
+  }
+  const auto matrices = LlamaMatrices();
+  constexpr size_t kPerLayer = 7;
   int64_t total = 0, largest = 0;
   for (const auto& [name, s] : matrices) {
     total += s.rows * s.cols;
@@ -127,7 +251,7 @@ absl::Status Run() {
       MUONPS_RETURN_IF_ERROR(
           client->AddMatrix(name, s.rows, s.cols,
                             {.layout = scheduler::Layout::kReplicated,
-                             .layer = static_cast<int32_t>(m / layer.size())}));
+                             .layer = static_cast<int32_t>(m / kPerLayer)}));
       MUONPS_RETURN_IF_ERROR(client->LendCuda(name, grads + at, params + at));
       at += s.rows * s.cols;
     }
@@ -252,8 +376,6 @@ absl::Status Run() {
          "Step(async): records the trainer's ready event, enqueues its "
          "stream's wait for the worker's done counter, sends the RPC from "
          "a background thread"}});
-  Line({{"what", "muonps_step_1gpu_2workers"},
-        {"skipped", "needs the same-host CUDA IPC peer transport"}});
   if (const auto gemm = peers.Number("gemm_bf16", "tflops")) {
     Line({{"what", "gemm_bf16"}, {"tflops", *gemm}, {"source", "torch"}});
   }

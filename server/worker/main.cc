@@ -29,6 +29,7 @@
 #include "server/worker/worker_agent.h"
 #include "server/worker/worker_service.h"
 #include "spdlog/spdlog.h"
+#include "transport/cuda_ipc_transport.h"
 #include "transport/tcp_transport.h"
 
 ABSL_FLAG(std::string, coordinator, "", "Coordinator address, HOST:PORT.");
@@ -46,6 +47,10 @@ ABSL_FLAG(std::string, device, "auto",
           "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "
           "talks to the other GPU workers over NCCL; a CPU worker takes "
           "shared memory and TCP.");
+ABSL_FLAG(std::string, gpu_transport, "nccl",
+          "How GPU workers move tensors: nccl (one rank per GPU) or ipc "
+          "(same-host CUDA IPC peer copies: several workers on one GPU, or "
+          "no NCCL). Every worker of a job must use the same.");
 ABSL_FLAG(std::string, precision, "bf16",
           "GPU Newton-Schulz GEMM inputs: bf16 (as torch.optim.Muon), fp16 "
           "or fp32; accumulation is fp32.");
@@ -161,13 +166,36 @@ int Run() {
       return 1;
     }
     backend = *std::move(cuda);
-    make_transport = worker::NcclTransportFactory(
-        {.coordinator = grpc::CreateChannel(options.coordinator,
-                                            grpc::InsecureChannelCredentials()),
-         .job = options.job,
-         .worker_id = options.worker_id,
-         .cuda_device = device->ordinal,
-         .timeout = tcp.io_timeout});
+    const std::string gpu_transport = absl::GetFlag(FLAGS_gpu_transport);
+    if (gpu_transport != "nccl" && gpu_transport != "ipc") {
+      spdlog::error("--gpu_transport: \"{}\" is not nccl or ipc",
+                    gpu_transport);
+      return 2;
+    }
+    const int ordinal = device->ordinal;
+    if (gpu_transport == "ipc") {
+      make_transport = [data_listener, tcp, ordinal](
+                           int rank, const std::vector<std::string>& addresses,
+                           uint64_t session)
+          -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+        MUONPS_ASSIGN_OR_RETURN(
+            std::unique_ptr<transport::TcpTransport> control,
+            transport::TcpTransport::Connect(data_listener, rank, addresses,
+                                             session, tcp));
+        MUONPS_ASSIGN_OR_RETURN(
+            std::unique_ptr<transport::CudaIpcTransport> ipc,
+            transport::CudaIpcTransport::Create(ordinal, std::move(control)));
+        return std::unique_ptr<transport::Transport>(std::move(ipc));
+      };
+    } else {
+      make_transport = worker::NcclTransportFactory(
+          {.coordinator = grpc::CreateChannel(
+               options.coordinator, grpc::InsecureChannelCredentials()),
+           .job = options.job,
+           .worker_id = options.worker_id,
+           .cuda_device = device->ordinal,
+           .timeout = tcp.io_timeout});
+    }
   } else {
     backend = worker::CpuStepBackend(tcp.io_timeout);
     make_transport = [data_listener, tcp](

@@ -412,7 +412,16 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
     // Rejected steps leave the transport usable; anything else broke it.
     if (out.status().code() != absl::StatusCode::kInvalidArgument) {
       DropTransport(out.status());
-      return Annotate(out.status(), absl::StrCat("step ", request.step_id()));
+      // Transport errors name peer ranks: say whose they are.
+      std::string ranks;
+      for (size_t r = 0; r < plan_.ownership.worker_ids.size(); ++r) {
+        absl::StrAppend(&ranks, r == 0 ? "" : ", ", r, " = ",
+                        Quoted(plan_.ownership.worker_ids[r]));
+      }
+      return Annotate(
+          out.status(),
+          absl::StrCat("step ", request.step_id(), " (plan version ",
+                       plan_.version, "; ranks ", ranks, ")"));
     }
     return out.status();
   }

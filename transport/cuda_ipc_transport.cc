@@ -1,0 +1,335 @@
+#include "transport/cuda_ipc_transport.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "transport/ipc_add.h"
+
+namespace muonps {
+namespace transport {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+// Where a sent message lies in the sender's arena.
+struct Descriptor {
+  char handle[kCudaIpcHandleBytes];
+  uint64_t offset;
+  uint64_t bytes;
+};
+
+absl::Status Cuda(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+cudaStream_t AsCuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaIpcTransport>> CudaIpcTransport::Create(
+    int cuda_device, std::unique_ptr<TcpTransport> control) {
+  if (control == nullptr) return InvalidField("control", "is null");
+  int count = 0;
+  MUONPS_RETURN_IF_ERROR(
+      Cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  if (cuda_device < 0 || cuda_device >= count) {
+    return InvalidField("cuda_device",
+                        absl::StrCat(cuda_device, " of ", count, " devices"));
+  }
+  return std::unique_ptr<CudaIpcTransport>(
+      new CudaIpcTransport(cuda_device, std::move(control)));
+}
+
+CudaIpcTransport::~CudaIpcTransport() {
+  cudaSetDevice(device_);
+  if (arena_ != nullptr) cudaFree(arena_);
+  for (auto& [p, bytes] : scratch_) cudaFree(p);
+}
+
+absl::Status CudaIpcTransport::Fail(const absl::Status& status) {
+  if (broken_.ok()) {
+    broken_ = Annotate(
+        status, absl::StrCat("CUDA IPC transport rank ", control_->rank()));
+  }
+  ops_.clear();
+  sums_.clear();
+  group_depth_ = 0;
+  return broken_;
+}
+
+void CudaIpcTransport::Abort(const absl::Status& reason) {
+  control_->Abort(reason);
+}
+
+absl::StatusOr<char*> CudaIpcTransport::Arena(size_t bytes) {
+  if (bytes > arena_bytes_) {
+    if (arena_ != nullptr) cudaFree(arena_);
+    arena_ = nullptr;
+    arena_bytes_ = 0;
+    const size_t grown = std::max(bytes, size_t{64} << 20);
+    MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&arena_, grown), "staging arena"));
+    arena_bytes_ = grown;
+    MUONPS_ASSIGN_OR_RETURN(arena_ref_, ExportDeviceMemory(arena_, grown));
+  }
+  return static_cast<char*>(arena_);
+}
+
+absl::StatusOr<float*> CudaIpcTransport::Scratch(size_t index, size_t bytes) {
+  if (scratch_.size() <= index) scratch_.resize(index + 1, {nullptr, 0});
+  auto& [p, have] = scratch_[index];
+  if (have < bytes) {
+    if (p != nullptr) cudaFree(p);
+    p = nullptr;
+    have = 0;
+    MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&p, bytes), "reduce scratch"));
+    have = bytes;
+  }
+  return static_cast<float*>(p);
+}
+
+absl::Status CudaIpcTransport::GroupStart() {
+  if (!broken_.ok()) return broken_;
+  ++group_depth_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcTransport::GroupEnd() {
+  if (!broken_.ok()) return broken_;
+  if (group_depth_ == 0) {
+    return Fail(absl::FailedPreconditionError("GroupEnd without GroupStart"));
+  }
+  if (--group_depth_ > 0) return absl::OkStatus();
+  const absl::Status ran = Run();
+  return ran.ok() ? ran : Fail(ran);
+}
+
+absl::Status CudaIpcTransport::Send(const void* data, size_t bytes, int peer,
+                                    Stream stream) {
+  if (!broken_.ok()) return broken_;
+  if (peer < 0 || peer >= size() || peer == rank()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "Send: peer ", peer, " of ", size(), " (self: ", rank(), ")")));
+  }
+  ops_.push_back({Op::Kind::kSend, peer, data, nullptr, bytes, stream});
+  if (group_depth_ > 0) return absl::OkStatus();
+  const absl::Status ran = Run();
+  return ran.ok() ? ran : Fail(ran);
+}
+
+absl::Status CudaIpcTransport::Recv(void* data, size_t bytes, int peer,
+                                    Stream stream) {
+  if (!broken_.ok()) return broken_;
+  if (peer < 0 || peer >= size() || peer == rank()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "Recv: peer ", peer, " of ", size(), " (self: ", rank(), ")")));
+  }
+  ops_.push_back({Op::Kind::kRecv, peer, nullptr, data, bytes, stream});
+  if (group_depth_ > 0) return absl::OkStatus();
+  const absl::Status ran = Run();
+  return ran.ok() ? ran : Fail(ran);
+}
+
+absl::Status CudaIpcTransport::Broadcast(void* data, size_t bytes, int root,
+                                         Stream stream) {
+  if (!broken_.ok()) return broken_;
+  if (root < 0 || root >= size()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("Broadcast: root ", root, " of ", size())));
+  }
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    if (rank() == root) {
+      ops_.push_back({Op::Kind::kSend, r, data, nullptr, bytes, stream});
+    } else if (r == root) {
+      ops_.push_back({Op::Kind::kRecv, r, nullptr, data, bytes, stream});
+    }
+  }
+  if (group_depth_ > 0) return absl::OkStatus();
+  const absl::Status ran = Run();
+  return ran.ok() ? ran : Fail(ran);
+}
+
+absl::Status CudaIpcTransport::ReduceSum(const float* send, float* recv,
+                                         size_t count, int root,
+                                         absl::Span<const int> order,
+                                         Stream stream) {
+  if (!broken_.ok()) return broken_;
+  if (root < 0 || root >= size()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("ReduceSum: root ", root, " of ", size())));
+  }
+  std::vector<int> sum_order(order.begin(), order.end());
+  if (sum_order.empty()) {
+    for (int r = 0; r < size(); ++r) sum_order.push_back(r);
+  }
+  std::set<int> seen(sum_order.begin(), sum_order.end());
+  if (static_cast<int>(sum_order.size()) != size() ||
+      static_cast<int>(seen.size()) != size() || *seen.begin() != 0 ||
+      *seen.rbegin() != size() - 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "ReduceSum: order is not a permutation of the ", size(), " ranks")));
+  }
+  const size_t bytes = count * sizeof(float);
+  if (rank() != root) {
+    ops_.push_back({Op::Kind::kSend, root, send, nullptr, bytes, stream});
+  } else {
+    PendingSum sum;
+    sum.order = std::move(sum_order);
+    sum.own = send;
+    sum.out = recv;
+    sum.count = count;
+    sum.stream = stream;
+    sum.parts.assign(size(), nullptr);
+    // One scratch per part of each pending sum (grown, kept for reuse).
+    size_t index = 0;
+    for (const PendingSum& earlier : sums_) index += earlier.parts.size() + 1;
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      MUONPS_ASSIGN_OR_RETURN(sum.parts[r], Scratch(index + r, bytes));
+      ops_.push_back(
+          {Op::Kind::kRecv, r, nullptr, sum.parts[r], bytes, stream});
+    }
+    // The result is formed in a scratch of its own: `recv` may be `send`.
+    MUONPS_ASSIGN_OR_RETURN(float* total, Scratch(index + size(), bytes));
+    sum.parts.push_back(total);
+    sums_.push_back(std::move(sum));
+  }
+  if (group_depth_ > 0) return absl::OkStatus();
+  const absl::Status ran = Run();
+  return ran.ok() ? ran : Fail(ran);
+}
+
+absl::Status CudaIpcTransport::Run() {
+  std::vector<Op> ops = std::move(ops_);
+  std::vector<PendingSum> sums = std::move(sums_);
+  ops_.clear();
+  sums_.clear();
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
+  // 1. Sends: stage every payload in the arena, then describe it.
+  size_t total = 0;
+  std::vector<size_t> offsets(ops.size(), 0);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind != Op::Kind::kSend) continue;
+    offsets[i] = total;
+    total += (ops[i].bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  std::set<Stream> streams;
+  if (total > 0) {
+    MUONPS_ASSIGN_OR_RETURN(char* arena, Arena(total));
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind != Op::Kind::kSend || ops[i].bytes == 0) continue;
+      MUONPS_RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(arena + offsets[i], ops[i].send, ops[i].bytes,
+                               cudaMemcpyDeviceToDevice, AsCuda(ops[i].stream)),
+               "staging a send"));
+      streams.insert(ops[i].stream);
+    }
+  }
+  for (Stream s : streams) {
+    MUONPS_RETURN_IF_ERROR(
+        Cuda(cudaStreamSynchronize(AsCuda(s)), "staging a send"));
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind != Op::Kind::kSend) continue;
+    Descriptor d{};
+    std::memcpy(d.handle, arena_ref_.handle.data(),
+                std::min(arena_ref_.handle.size(), sizeof(d.handle)));
+    d.offset = arena_ref_.offset + offsets[i];
+    d.bytes = ops[i].bytes;
+    MUONPS_RETURN_IF_ERROR(
+        control_->Send(&d, sizeof(d), ops[i].peer, kHostStream));
+  }
+  // 2. Receives: copy each payload out of its sender's arena, then ack.
+  streams.clear();
+  for (const Op& op : ops) {
+    if (op.kind != Op::Kind::kRecv) continue;
+    Descriptor d{};
+    MUONPS_RETURN_IF_ERROR(control_->Recv(&d, sizeof(d), op.peer, kHostStream));
+    if (d.bytes != op.bytes) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", op.peer, " sent ", d.bytes, " bytes; rank ",
+                       rank(), " expected ", op.bytes));
+    }
+    if (op.bytes == 0) continue;
+    IpcMemoryRef ref;
+    ref.handle.assign(d.handle, sizeof(d.handle));
+    ref.offset = d.offset;
+    ref.bytes = d.bytes;
+    ref.device = device_;
+    absl::StatusOr<void*> source = peers_.Open(ref);
+    if (!source.ok()) {
+      return Annotate(source.status(),
+                      absl::StrCat("rank ", op.peer, "'s staging arena"));
+    }
+    MUONPS_RETURN_IF_ERROR(
+        Cuda(cudaMemcpyAsync(op.recv, *source, op.bytes,
+                             cudaMemcpyDeviceToDevice, AsCuda(op.stream)),
+             "copying from a peer"));
+    streams.insert(op.stream);
+  }
+  for (Stream s : streams) {
+    MUONPS_RETURN_IF_ERROR(
+        Cuda(cudaStreamSynchronize(AsCuda(s)), "copying from a peer"));
+  }
+  const uint32_t ack = 1;
+  for (const Op& op : ops) {
+    if (op.kind != Op::Kind::kRecv) continue;
+    MUONPS_RETURN_IF_ERROR(
+        control_->Send(&ack, sizeof(ack), op.peer, kHostStream));
+  }
+  // 3. The senders' arena is free again once every receiver acknowledged.
+  for (const Op& op : ops) {
+    if (op.kind != Op::Kind::kSend) continue;
+    uint32_t got = 0;
+    MUONPS_RETURN_IF_ERROR(
+        control_->Recv(&got, sizeof(got), op.peer, kHostStream));
+  }
+  // 4. The root's sums, in the caller's order.
+  for (PendingSum& sum : sums) {
+    const size_t bytes = sum.count * sizeof(float);
+    float* total_buffer = sum.parts.back();
+    sum.parts[rank()] = const_cast<float*>(sum.own);
+    cudaStream_t s = AsCuda(sum.stream);
+    MUONPS_RETURN_IF_ERROR(
+        Cuda(cudaMemcpyAsync(total_buffer, sum.parts[sum.order[0]], bytes,
+                             cudaMemcpyDeviceToDevice, s),
+             "ReduceSum"));
+    for (size_t i = 1; i < sum.order.size(); ++i) {
+      MUONPS_RETURN_IF_ERROR(Cuda(
+          LaunchAddInto(total_buffer, sum.parts[sum.order[i]], sum.count, s),
+          "ReduceSum"));
+    }
+    MUONPS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(sum.out, total_buffer, bytes,
+                                                cudaMemcpyDeviceToDevice, s),
+                                "ReduceSum"));
+    MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(s), "ReduceSum"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcTransport::Synchronize(Stream stream,
+                                           absl::Duration timeout) {
+  if (!broken_.ok()) return broken_;
+  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const cudaError_t e = cudaStreamQuery(AsCuda(stream));
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return Fail(Cuda(e, "Synchronize"));
+    if (absl::Now() > deadline) {
+      return Fail(absl::DeadlineExceededError(absl::StrCat(
+          "stream not done after ", absl::FormatDuration(timeout))));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+}
+
+}  // namespace transport
+}  // namespace muonps
