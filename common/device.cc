@@ -1,8 +1,8 @@
 #include "common/device.h"
 
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/status.h"
 
 namespace muonps {
