@@ -108,10 +108,11 @@ absl::Status Client::AddTensor(const std::string& name, int64_t elements,
   if (layout == scheduler::Layout::kRowSharded) {
     return InvalidField(field, "AdamW tensors are replicated or unreduced");
   }
-  if (options_.device.is_cuda()) {
-    return FieldError(absl::StatusCode::kUnimplemented, field,
-                      "AdamW tensors of a CUDA trainer are stepped by the "
-                      "trainer itself (muonps.Muon uses torch's AdamW)");
+  if (options_.device.is_cuda() && layout != scheduler::Layout::kUnreduced) {
+    return FieldError(absl::StatusCode::kInvalidArgument, field,
+                      "a CUDA trainer steps its AdamW tensors itself; lend "
+                      "only unreduced ones (the workers average their "
+                      "gradients)");
   }
   Tensor t;
   t.name = name;
@@ -137,7 +138,7 @@ absl::Status Client::LendCuda(const std::string& name, float* grad,
                       "LendCuda needs ClientOptions.device cuda:N");
   }
   Tensor* t = Find(name);
-  if (t == nullptr || !t->muon) {
+  if (t == nullptr) {
     return FieldError(absl::StatusCode::kNotFound, field, "was not declared");
   }
   if (t->cuda_grad != nullptr) return InvalidField(field, "is lent twice");
@@ -491,6 +492,9 @@ absl::StatusOr<StepResult> Client::StepOnWorker(const v1::StepRequest& request,
   result.momentum_reset = response.momentum_reset();
   result.plan_version = response.plan_version();
   if (result.already_applied) return result;
+  // A CUDA trainer steps its AdamW tensors itself, on its stream, after
+  // the workers averaged their gradients.
+  if (options_.device.is_cuda()) return result;
   // The workers averaged the AdamW gradients; step them here.
   kernels::AdamWHyperparameters hyper = adamw_;
   if (options.adamw_lr >= 0) hyper.lr = options.adamw_lr;

@@ -123,7 +123,9 @@ class Client {
   absl::Status AddTensor(const std::string& name, int64_t elements,
                          scheduler::Layout layout);
 
-  // CUDA trainers: lends a declared matrix's gradient and parameter, device
+  // CUDA trainers: lends a declared matrix's (or unreduced AdamW tensor's,
+  // whose gradient the workers then average in place) gradient and
+  // parameter, device
   // memory of options.device holding Buffers()' element counts (fp32). The
   // trainer keeps them allocated and in place while attached; sub-blocks of
   // larger allocations (PyTorch's caching allocator) are fine. Before

@@ -12,10 +12,11 @@ tests=$?
 repo="$(cd "$here/.." && pwd)"
 if [[ -d "$repo/client/python/tests" ]]; then
   nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
-  echo "== python: client/python/tests/test_cuda.py"
+  echo "== python: client/python/tests/test_cuda.py, GPU cases of test_ddp.py"
   LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${nccl_lib}" \
     MUONPS_LIB="$here/bin/libmuonps.so" \
     python3 -m pytest -q -s -p no:cacheprovider "$repo/client/python/tests/test_cuda.py" \
+    "$repo/client/python/tests/test_ddp.py" -k "cuda or gpu" \
     || tests=1
 fi
 if [[ "${BENCH:-1}" == 1 ]]; then

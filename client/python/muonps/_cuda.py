@@ -19,20 +19,24 @@ class CudaPath:
     """One optimizer's lent matrices and its AdamW for the other tensors."""
 
     def __init__(self, client, device, matrices, others, param_groups,
-                 defaults):
-        """`matrices` and `others`: (name, param, group index) triples."""
+                 defaults, average_others=False):
+        """`matrices` and `others`: (name, param, group index) triples.
+        `average_others` (layout "unreduced"): the other tensors' gradients
+        are lent too, and the workers average them over the trainers before
+        this rank's AdamW (as DDP's all-reduce would have)."""
         self.client = client
         self.device = device
         self.matrices = matrices
+        self.lent = list(matrices) + (list(others) if average_others else [])
         self.grads = {}
-        for name, p, _ in matrices:
+        for name, p, _ in self.lent:
             buffer = torch.zeros_like(p, memory_format=torch.contiguous_format)
             if p.grad is not None:
                 buffer.copy_(p.grad)
             self.grads[name] = buffer
             p.grad = buffer
             client.lend_cuda(name, buffer, p)
-        self.data_ptrs = {name: p.data_ptr() for name, p, _ in matrices}
+        self.data_ptrs = {name: p.data_ptr() for name, p, _ in self.lent}
         for index in range(len(param_groups)):
             client.set_group(index, [n for n, _, g in matrices if g == index])
         self.adamw = None
@@ -50,7 +54,7 @@ class CudaPath:
 
     def step(self, step_id, param_groups, adamw_lr_of):
         """Enqueues one step; raises a previous async step's error."""
-        for name, p, _ in self.matrices:
+        for name, p, _ in self.lent:
             if p.data_ptr() != self.data_ptrs[name]:
                 raise RuntimeError(
                     f"muonps.Muon: {name!r}.data was replaced after the job "
@@ -82,7 +86,7 @@ class CudaPath:
 
     def zero_grad(self):
         """Lent gradients are zeroed in place (never set to None)."""
-        for name, p, _ in self.matrices:
+        for name, p, _ in self.lent:
             buffer = self.grads[name]
             buffer.zero_()
             p.grad = buffer

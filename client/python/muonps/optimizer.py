@@ -428,10 +428,15 @@ class Muon(torch.optim.Optimizer):
                 if not p.is_contiguous():
                     raise TypeError(f"muonps.Muon: {name!r} is not contiguous; "
                                     "the worker updates it in place")
+            # Unreduced: the workers average the AdamW tensors' gradients.
+            average = c["layout"] == "unreduced"
+            if average:
+                for name, p, _ in others:
+                    client.add_tensor(name, p.numel(), layout)
             d = self.defaults
             # Lends the matrices (before start: the worker maps them then).
             cuda = CudaPath(client, device, matrices, others,
-                            self.param_groups, d)
+                            self.param_groups, d, average_others=average)
             client.start(d["lr"], d["weight_decay"], d["momentum"],
                          d["nesterov"], d["ns_steps"],
                          _ADJUST_LR[d["adjust_lr_fn"] or "original"],

@@ -44,7 +44,7 @@ _jobs = itertools.count()
 class Cluster:
     """A coordinator and workers of one job; `sockets[i]` is worker i's."""
 
-    def __init__(self, workers, log_dir, device="cpu"):
+    def __init__(self, workers, log_dir, device="cpu", worker_args=()):
         self.job = f"pytest-{os.getpid()}-{next(_jobs)}"
         self.log_dir = log_dir
         self.socket_dir = pathlib.Path(tempfile.mkdtemp(prefix="mps-", dir="/tmp"))
@@ -64,7 +64,8 @@ class Cluster:
                     WORKER_BIN, "--coordinator", self.coordinator, "--job",
                     self.job, "--worker_id", f"w{i}", "--socket", socket,
                     "--metrics_port", "-1", "--device", device,
-                    "--memory_bytes", str(0 if device != "cpu" else 1 << 30)])
+                    "--memory_bytes", str(0 if device != "cpu" else 1 << 30),
+                    *worker_args])
             for process in self.processes[1:]:
                 self._wait_for(process, r"listening on unix:(\S+)")
         except BaseException:
@@ -145,8 +146,8 @@ def cluster(tmp_path, monkeypatch):
 
     monkeypatch.setattr(muonps.Muon, "__init__", tracked)
 
-    def start(workers=1, device="cpu"):
-        c = Cluster(workers, tmp_path, device)
+    def start(workers=1, device="cpu", worker_args=()):
+        c = Cluster(workers, tmp_path, device, worker_args)
         started.append(c)
         return c
 
