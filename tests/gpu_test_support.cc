@@ -1,0 +1,39 @@
+#include "tests/gpu_test_support.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace muonps {
+namespace testing {
+
+const std::vector<MatrixCase>& Matrices() {
+  static const auto* m = new std::vector<MatrixCase>{
+      {"attn.q", 256, 256, 1}, {"attn.k", 256, 256, 1},
+      {"mlp.up", 512, 256, 1}, {"mlp.down", 256, 512, 1},
+      {"proj", 384, 128, 1},   {"experts", 128, 256, 3}};
+  return *m;
+}
+
+float GradValue(int64_t step, int matrix, int64_t i) {
+  // Deterministic, varied magnitude and sign.
+  const uint64_t x = (static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^
+                     (static_cast<uint64_t>(matrix) << 40) ^
+                     static_cast<uint64_t>(i) * 0xBF58476D1CE4E5B9ull;
+  const uint64_t y = (x ^ (x >> 31)) * 0x94D049BB133111EBull;
+  return static_cast<float>(static_cast<double>(y >> 11) / 9007199254740992.0 -
+                            0.5) *
+         (1.0f + static_cast<float>(matrix % 3));
+}
+
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff +=
+        (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(ref, 1e-30));
+}
+
+}  // namespace testing
+}  // namespace muonps

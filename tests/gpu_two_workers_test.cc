@@ -1,0 +1,332 @@
+// Two workers and two trainers sharing one GPU over the CUDA IPC transport
+// (NCCL refuses two ranks on one GPU), with real coordinator and worker
+// processes: 50-step parity per layout with the same kernels in one process,
+// and a worker killed mid-step failing both trainers' steps without a hang.
+// Needs a GPU: tagged gpu + manual; run by deploy/device/run_gpu_step_suite.sh.
+#include <cuda_runtime.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "tests/gpu_test_support.h"
+#include "tests/harness/child_process.h"
+
+namespace muonps {
+namespace {
+
+using testing::BinaryPath;
+using testing::ChildProcess;
+using testing::GradValue;
+using testing::Matrices;
+using testing::MatrixCase;
+using testing::NewTempDir;
+using testing::RelativeError;
+constexpr absl::Duration kStartTimeout = testing::kGpuStartTimeout;
+
+// Two workers and two trainers sharing one GPU over the CUDA IPC transport
+// (NCCL refuses two ranks on one GPU): the trainers (two clients of this
+// process) lend their buffers to their own workers; parity per layout with
+// the same kernels in one process on the mean or whole gradients.
+class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no GPU";
+    }
+    log_dir_ = NewTempDir("gpu_two");
+    char socket_dir[] = "/tmp/muonps-g2-XXXXXX";
+    ASSERT_NE(mkdtemp(socket_dir), nullptr);
+    socket_dir_ = socket_dir;
+    absl::StatusOr<std::unique_ptr<ChildProcess>> c = ChildProcess::Start(
+        {BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
+         "--metrics_port=-1", "--lease_ttl_ms=3000",
+         "--heartbeat_interval_ms=500"},
+        log_dir_ + "/coordinator.log");
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+    absl::StatusOr<std::string> port = coordinator_->WaitForLog(
+        R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
+    ASSERT_TRUE(port.ok()) << port.status();
+    address_ = absl::StrCat("127.0.0.1:", *port);
+    for (int w = 0; w < 2; ++w) {
+      absl::StatusOr<std::unique_ptr<ChildProcess>> worker =
+          ChildProcess::Start(
+              {BinaryPath("server/worker/muonps-worker"),
+               "--coordinator=" + address_, "--job=gpu2",
+               absl::StrCat("--worker_id=w", w),
+               absl::StrCat("--socket=", socket_dir_, "/w", w, ".sock"),
+               "--metrics_port=-1", "--device=cuda:0", "--gpu_transport=ipc",
+               "--io_timeout_ms=10000"},
+              absl::StrCat(log_dir_, "/worker", w, ".log"));
+      ASSERT_TRUE(worker.ok()) << worker.status();
+      workers_.push_back(*std::move(worker));
+    }
+    for (auto& w : workers_) {
+      ASSERT_TRUE(w->WaitForLog("listening on unix:", kStartTimeout).ok())
+          << w->Log();
+    }
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      for (auto& w : workers_) std::cerr << "== worker\n" << w->Log();
+    }
+    clients_.clear();
+    for (float* b : blocks_) cudaFree(b);
+    workers_.clear();
+    coordinator_.reset();
+  }
+
+  scheduler::Layout Layout() const {
+    return GetParam() == "unreduced"     ? scheduler::Layout::kUnreduced
+           : GetParam() == "row_sharded" ? scheduler::Layout::kRowSharded
+                                         : scheduler::Layout::kReplicated;
+  }
+
+  // Rows of matrix `m` that trainer `t` holds.
+  std::pair<int64_t, int64_t> Rows(const MatrixCase& c, int t) const {
+    if (Layout() != scheduler::Layout::kRowSharded) return {0, c.rows};
+    return {c.rows * t / 2, c.rows * (t + 1) / 2};
+  }
+
+  // Starts both trainers (threads: each Start waits for the other's worker).
+  // Each has a stream of its own, as separate trainer processes would: on
+  // one shared stream the second trainer's ready event would queue behind
+  // the first one's wait for its step, which needs the second's gradients.
+  void StartTrainers() {
+    for (Stream& s : streams_) {
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                cudaSuccess);
+      s = reinterpret_cast<Stream>(stream);
+    }
+    clients_.resize(2);
+    grads_.assign(2, {});
+    params_.assign(2, {});
+    std::vector<absl::Status> started(2);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      absl::StatusOr<std::unique_ptr<Client>> created = Client::Create(
+          {.coordinator = address_,
+           .job = "gpu2",
+           .worker_socket = absl::StrCat(socket_dir_, "/w", t, ".sock"),
+           .trainer_rank = t,
+           .trainer_count = 2,
+           .device = {MemoryKind::kCuda, 0}});
+      ASSERT_TRUE(created.ok()) << created.status();
+      clients_[t] = *std::move(created);
+      for (size_t m = 0; m < Matrices().size(); ++m) {
+        const MatrixCase& c = Matrices()[m];
+        ASSERT_TRUE(clients_[t]
+                        ->AddMatrix(c.name, c.rows, c.cols,
+                                    {.layout = Layout(),
+                                     .layer = static_cast<int32_t>(m),
+                                     .experts = c.experts})
+                        .ok());
+        const auto [b, e] = Rows(c, t);
+        const int64_t n = (e - b) * c.cols * c.experts;
+        float* block = nullptr;
+        ASSERT_EQ(cudaMalloc(&block, 2 * n * sizeof(float)), cudaSuccess);
+        blocks_.push_back(block);
+        std::vector<float> init(n);
+        for (int64_t ex = 0; ex < c.experts; ++ex) {
+          for (int64_t i = 0; i < (e - b) * c.cols; ++i) {
+            init[ex * (e - b) * c.cols + i] =
+                InitialParam(m, ex * c.rows * c.cols + b * c.cols + i);
+          }
+        }
+        ASSERT_EQ(
+            cudaMemcpy(block + n, init.data(), n * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+        grads_[t].push_back(block);
+        params_[t].push_back(block + n);
+        ASSERT_TRUE(clients_[t]->LendCuda(c.name, block, block + n).ok());
+      }
+    }
+    kernels::MuonHyperparameters muon;
+    muon.lr = 0.02;
+    muon.weight_decay = 0.1;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back(
+          [&, t] { started[t] = clients_[t]->Start(muon, {}); });
+    }
+    for (auto& th : threads) th.join();
+    for (const absl::Status& s : started) ASSERT_TRUE(s.ok()) << s;
+  }
+
+  static float InitialParam(size_t m, int64_t i) {
+    return 0.02f * std::sin(0.1f * static_cast<float>(i) + m);
+  }
+
+  // The gradient trainer `t` holds of matrix `m` (whole-matrix index `i`).
+  float Grad(int64_t step, size_t m, int t, int64_t i) const {
+    const int source = Layout() == scheduler::Layout::kUnreduced ? t : 0;
+    return GradValue(step * 2 + source, static_cast<int>(m), i);
+  }
+
+  void WriteGradients(int64_t step) {
+    for (int t = 0; t < 2; ++t) {
+      for (size_t m = 0; m < Matrices().size(); ++m) {
+        const MatrixCase& c = Matrices()[m];
+        const auto [b, e] = Rows(c, t);
+        std::vector<float> g((e - b) * c.cols * c.experts);
+        for (int64_t ex = 0; ex < c.experts; ++ex) {
+          for (int64_t i = 0; i < (e - b) * c.cols; ++i) {
+            g[ex * (e - b) * c.cols + i] =
+                Grad(step, m, t, ex * c.rows * c.cols + b * c.cols + i);
+          }
+        }
+        ASSERT_EQ(cudaMemcpy(grads_[t][m], g.data(), g.size() * 4,
+                             cudaMemcpyHostToDevice),
+                  cudaSuccess);
+      }
+    }
+  }
+
+  std::string log_dir_, socket_dir_, address_;
+  std::unique_ptr<ChildProcess> coordinator_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::vector<std::unique_ptr<Client>> clients_;
+  std::vector<float*> blocks_;
+  std::vector<std::vector<float*>> grads_, params_;  // by trainer, matrix
+  Stream streams_[2] = {kHostStream, kHostStream};
+};
+
+TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
+  ASSERT_NO_FATAL_FAILURE(StartTrainers());
+  absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> algorithms =
+      clients_[0]->NsAlgorithms();
+  ASSERT_TRUE(algorithms.ok()) << algorithms.status();
+  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaKernels>> reference =
+      kernels::cuda::CudaKernels::Create({.device = 0});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::vector<float*> grad(Matrices().size()), momentum(Matrices().size()),
+      param(Matrices().size());
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const MatrixCase& c = Matrices()[m];
+    const int64_t n = c.rows * c.cols * c.experts;
+    ASSERT_EQ(cudaMalloc(&grad[m], n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&momentum[m], n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&param[m], n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(momentum[m], 0, n * 4), cudaSuccess);
+    std::vector<float> init(n);
+    for (int64_t i = 0; i < n; ++i) init[i] = InitialParam(m, i);
+    ASSERT_EQ(cudaMemcpy(param[m], init.data(), n * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  constexpr int kSteps = 50;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    ASSERT_NO_FATAL_FAILURE(WriteGradients(step));
+    for (int t = 0; t < 2; ++t) {
+      absl::StatusOr<StepResult> r =
+          clients_[t]->Step(step, {.stream = streams_[t], .async = true});
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    for (int t = 0; t < 2; ++t) {
+      absl::StatusOr<StepResult> r = clients_[t]->Wait();
+      ASSERT_TRUE(r.ok()) << "step " << step << " trainer " << t << ": "
+                          << r.status();
+    }
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixCase& c = Matrices()[m];
+      const int64_t n = c.rows * c.cols * c.experts;
+      std::vector<float> g(n);
+      for (int64_t i = 0; i < n; ++i) {
+        g[i] = Layout() == scheduler::Layout::kUnreduced
+                   ? (Grad(step, m, 0, i) + Grad(step, m, 1, i)) * 0.5f
+                   : Grad(step, m, 0, i);
+      }
+      ASSERT_EQ(cudaMemcpy(grad[m], g.data(), n * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      kernels::MuonHyperparameters h;
+      h.lr = 0.02;
+      h.weight_decay = 0.1;
+      h.ns.algorithm = algorithms->at(c.name);
+      kernels::MuonStack stack;
+      stack.names = {c.name};
+      stack.grad = {grad[m], c.experts, c.rows, c.cols};
+      stack.momentum = {momentum[m], c.experts, c.rows, c.cols};
+      stack.param = {param[m], c.experts, c.rows, c.cols};
+      const absl::Status s = (*reference)->MuonStep(stack, h);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  }
+  double worst = 0;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const MatrixCase& c = Matrices()[m];
+    const int64_t n = c.rows * c.cols * c.experts;
+    std::vector<float> want(n);
+    ASSERT_EQ(cudaMemcpy(want.data(), param[m], n * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int t = 0; t < 2; ++t) {
+      const auto [b, e] = Rows(c, t);
+      const int64_t local = (e - b) * c.cols;
+      std::vector<float> got(local * c.experts), expected;
+      ASSERT_EQ(cudaMemcpy(got.data(), params_[t][m], got.size() * 4,
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (int64_t ex = 0; ex < c.experts; ++ex) {
+        expected.insert(expected.end(),
+                        want.begin() + ex * c.rows * c.cols + b * c.cols,
+                        want.begin() + ex * c.rows * c.cols + e * c.cols);
+      }
+      const double err = RelativeError(got, expected);
+      worst = std::max(worst, err);
+      EXPECT_LE(err, 5e-3) << c.name << " trainer " << t;
+    }
+    cudaFree(grad[m]);
+    cudaFree(momentum[m]);
+    cudaFree(param[m]);
+  }
+  std::printf(
+      "{\"what\":\"gpu_two_workers_parity\",\"layout\":\"%s\","
+      "\"steps\":%d,\"max_rel_err\":%g}\n",
+      GetParam().c_str(), kSteps, worst);
+}
+
+TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
+  if (GetParam() != "unreduced") GTEST_SKIP() << "one case is enough";
+  ASSERT_NO_FATAL_FAILURE(StartTrainers());
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(0));
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_TRUE(
+        clients_[t]->Step(0, {.stream = streams_[t], .async = true}).ok());
+  }
+  for (int t = 0; t < 2; ++t) ASSERT_TRUE(clients_[t]->Wait().ok());
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(1));
+  const absl::Time start = absl::Now();
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_TRUE(
+        clients_[t]->Step(1, {.stream = streams_[t], .async = true}).ok());
+  }
+  workers_[1]->Signal(SIGKILL);  // mid-step
+  for (int t = 0; t < 2; ++t) {
+    absl::StatusOr<StepResult> r = clients_[t]->Wait();
+    EXPECT_FALSE(r.ok()) << "trainer " << t;
+    std::printf("trainer %d: %s\n", t, r.status().ToString().c_str());
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  // The trainers' streams were released: their memory is usable.
+  std::vector<float> p(16);
+  EXPECT_EQ(cudaMemcpy(p.data(), params_[0][0], 64, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+}
+
+INSTANTIATE_TEST_SUITE_P(OneGpu, TwoWorkersOneGpuTest,
+                         ::testing::Values("replicated", "unreduced",
+                                           "row_sharded"));
+
+}  // namespace
+}  // namespace muonps
