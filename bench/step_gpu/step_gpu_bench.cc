@@ -31,6 +31,7 @@
 #include "client/client.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/precision.h"
 #include "nlohmann/json.hpp"
 
@@ -65,11 +66,6 @@ double Median(std::vector<double> v) {
 void Line(nlohmann::ordered_json line) {
   std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
-}
-
-absl::Status Cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
 // The 8-layer Llama-3-8B matrix set (names and shapes, layer order).
@@ -107,20 +103,21 @@ absl::Status RunTwoTrainers(const std::vector<std::string>& sockets) {
   const auto matrices = LlamaMatrices();
   int64_t total = 0;
   for (const auto& [name, s] : matrices) total += s.rows * s.cols;
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(
+      kernels::cuda::CudaStatus(cudaSetDevice(0), "cudaSetDevice"));
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<float*> blocks;
   std::vector<cudaStream_t> streams(2, nullptr);
   for (int t = 0; t < 2; ++t) {
     float* block = nullptr;
-    MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaMalloc(&block, 2 * total * sizeof(float)), "cudaMalloc"));
-    MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaMemset(block, 0, 2 * total * sizeof(float)), "cudaMemset"));
+    MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+        cudaMalloc(&block, 2 * total * sizeof(float)), "cudaMalloc"));
+    MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+        cudaMemset(block, 0, 2 * total * sizeof(float)), "cudaMemset"));
     blocks.push_back(block);
-    MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking),
-             "stream"));
+    MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+        cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking),
+        "stream"));
     MUONPS_ASSIGN_OR_RETURN(
         std::unique_ptr<Client> client,
         Client::Create({.coordinator = absl::GetFlag(FLAGS_coordinator),
@@ -166,7 +163,8 @@ absl::Status RunTwoTrainers(const std::vector<std::string>& sockets) {
               .status());
     }
     for (int t = 0; t < 2; ++t) {
-      MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(streams[t]), "sync"));
+      MUONPS_RETURN_IF_ERROR(
+          kernels::cuda::CudaStatus(cudaStreamSynchronize(streams[t]), "sync"));
     }
     const auto seen = std::chrono::steady_clock::now();
     for (int t = 0; t < 2; ++t) {
@@ -214,13 +212,14 @@ absl::Status Run() {
     total += s.rows * s.cols;
     largest = std::max(largest, s.rows * s.cols);
   }
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(
+      kernels::cuda::CudaStatus(cudaSetDevice(0), "cudaSetDevice"));
   // Trainer memory: one allocation for gradients, one for parameters.
   float *grads = nullptr, *params = nullptr;
-  MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMalloc(&grads, total * sizeof(float)), "cudaMalloc grads"));
-  MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMalloc(&params, total * sizeof(float)), "cudaMalloc params"));
+  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+      cudaMalloc(&grads, total * sizeof(float)), "cudaMalloc grads"));
+  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+      cudaMalloc(&params, total * sizeof(float)), "cudaMalloc params"));
   {
     std::vector<float> pattern(largest);
     std::mt19937 rng(1);
@@ -229,12 +228,13 @@ absl::Status Run() {
     int64_t at = 0;
     for (const auto& [name, s] : matrices) {
       const int64_t n = s.rows * s.cols;
-      MUONPS_RETURN_IF_ERROR(Cuda(
+      MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
           cudaMemcpy(grads + at, pattern.data(), n * 4, cudaMemcpyHostToDevice),
           "fill grads"));
-      MUONPS_RETURN_IF_ERROR(Cuda(cudaMemcpy(params + at, pattern.data(), n * 4,
-                                             cudaMemcpyHostToDevice),
-                                  "fill params"));
+      MUONPS_RETURN_IF_ERROR(
+          kernels::cuda::CudaStatus(cudaMemcpy(params + at, pattern.data(),
+                                               n * 4, cudaMemcpyHostToDevice),
+                                    "fill params"));
       at += n;
     }
   }
@@ -263,7 +263,7 @@ absl::Status Run() {
   MUONPS_ASSIGN_OR_RETURN(const auto algorithms, client->NsAlgorithms());
 
   cudaStream_t stream = nullptr;
-  MUONPS_RETURN_IF_ERROR(Cuda(
+  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   std::vector<double> step_ms, return_ms;
   const int warmup = absl::GetFlag(FLAGS_warmup);
@@ -276,7 +276,8 @@ absl::Status Run() {
                    {.stream = reinterpret_cast<Stream>(stream), .async = true})
             .status());
     const auto returned = std::chrono::steady_clock::now();
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "sync"));
+    MUONPS_RETURN_IF_ERROR(
+        kernels::cuda::CudaStatus(cudaStreamSynchronize(stream), "sync"));
     const auto seen = std::chrono::steady_clock::now();
     MUONPS_ASSIGN_OR_RETURN(const StepResult result, client->Wait());
     if (result.already_applied) return absl::InternalError("already applied");
@@ -317,13 +318,16 @@ absl::Status Run() {
       }
     }
     const int64_t n = count * shape.first * shape.second;
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&s.grad, n * 4), "stack"));
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&s.momentum, n * 4), "stack"));
     MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaMemcpy(s.grad, grads, std::min(n, total) * 4,
-                        cudaMemcpyDeviceToDevice),
-             "stack"));
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaMemset(s.momentum, 0, n * 4), "stack"));
+        kernels::cuda::CudaStatus(cudaMalloc(&s.grad, n * 4), "stack"));
+    MUONPS_RETURN_IF_ERROR(
+        kernels::cuda::CudaStatus(cudaMalloc(&s.momentum, n * 4), "stack"));
+    MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+        cudaMemcpy(s.grad, grads, std::min(n, total) * 4,
+                   cudaMemcpyDeviceToDevice),
+        "stack"));
+    MUONPS_RETURN_IF_ERROR(
+        kernels::cuda::CudaStatus(cudaMemset(s.momentum, 0, n * 4), "stack"));
     stacks.push_back(s);
   }
   std::vector<double> ns_ms;

@@ -10,16 +10,11 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace muonps {
 namespace worker {
 namespace {
-
-absl::Status Cuda(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat(what, ": ", cudaGetErrorString(error)));
-}
 
 // The trainer's allocations, mapped by CUDA IPC into this process.
 class CudaIpcBuffers final : public TrainerBuffers {
@@ -112,12 +107,13 @@ bool CudaDeviceUsable(int device) {
 
 absl::Status DescribeCudaDevice(int device, v1::Device* out) {
   cudaDeviceProp prop{};
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, device),
-                              absl::StrCat("cuda:", device)));
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "cudaSetDevice"));
-  size_t free_bytes = 0, total_bytes = 0;
+  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+      cudaGetDeviceProperties(&prop, device), absl::StrCat("cuda:", device)));
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+      kernels::cuda::CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  size_t free_bytes = 0, total_bytes = 0;
+  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+      cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   out->set_kind("cuda");
   out->set_name(prop.name);
   out->set_index(device);

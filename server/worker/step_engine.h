@@ -67,8 +67,6 @@ class StepEngine {
   StepEngine& operator=(const StepEngine&) = delete;
   ~StepEngine();
 
-  Device device() const { return device_; }
-
   // A new plan version with the job's spec and every worker's data address
   // (by worker id). Momentum of matrices this worker keeps owning moves to
   // the new stacks; newly owned ones start at zero (counted in the next
