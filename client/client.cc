@@ -421,9 +421,7 @@ Client::NsAlgorithms() const {
     for (const std::string& member : batch.matrices()) {
       // Members are "name" or "name[expert]".
       const std::string name = member.substr(0, member.find('['));
-      out.emplace(name, batch.algorithm() == v1::NS_ALGORITHM_GRAM
-                            ? kernels::NsAlgorithm::kGram
-                            : kernels::NsAlgorithm::kNs5);
+      out.emplace(name, proto::NsAlgorithmFromProto(batch.algorithm()));
     }
   }
   return out;

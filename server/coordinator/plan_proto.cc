@@ -1,14 +1,10 @@
 #include "server/coordinator/plan_proto.h"
 
 #include "absl/strings/str_cat.h"
+#include "proto/translate.h"
 
 namespace muonps {
 namespace coordinator {
-
-v1::NsAlgorithm AlgorithmToProto(kernels::NsAlgorithm algorithm) {
-  return algorithm == kernels::NsAlgorithm::kGram ? v1::NS_ALGORITHM_GRAM
-                                                  : v1::NS_ALGORITHM_NS5;
-}
 
 v1::Plan PlanToProto(const PlanContext& context,
                      const std::vector<scheduler::MatrixSpec>& matrices,
@@ -48,7 +44,7 @@ v1::Plan PlanToProto(const PlanContext& context,
     proto->set_worker_id(plan.worker_ids[batch.worker]);
     proto->set_rows(batch.rows);
     proto->set_cols(batch.cols);
-    proto->set_algorithm(AlgorithmToProto(batch.algorithm));
+    proto->set_algorithm(proto::NsAlgorithmToProto(batch.algorithm));
     proto->set_predicted_seconds(batch.seconds);
     for (const scheduler::ItemRef& item : batch.items) {
       const scheduler::MatrixSpec& spec = matrices[item.matrix];

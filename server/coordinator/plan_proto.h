@@ -25,8 +25,6 @@ v1::Plan PlanToProto(const PlanContext& context,
                      const scheduler::OwnershipPlan& plan,
                      const scheduler::StepSchedule& schedule);
 
-v1::NsAlgorithm AlgorithmToProto(kernels::NsAlgorithm algorithm);
-
 }  // namespace coordinator
 }  // namespace muonps
 
