@@ -298,12 +298,7 @@ class Muon(torch.optim.Optimizer):
         group = self.param_groups[t.group]
         if t.muon:
             return group["lr"], group["weight_decay"]
-        lr = group["adamw_lr"]
-        if lr is None:
-            lr = group["lr"]
-        elif group.get("initial_lr"):
-            lr = lr * group["lr"] / group["initial_lr"]
-        return lr, group["adamw_weight_decay"]
+        return _adamw_lr(group), group["adamw_weight_decay"]
 
     def _reference_hyperparameters(self):
         """What the step call gets, and the tensors whose group differs.
@@ -391,14 +386,7 @@ class Muon(torch.optim.Optimizer):
                 else:
                     client.add_tensor(t.name, t.param.numel(), layout)
             d = self.defaults
-            client.start(d["lr"], d["weight_decay"], d["momentum"],
-                         d["nesterov"], d["ns_steps"],
-                         _ADJUST_LR[d["adjust_lr_fn"] or "original"],
-                         d["lr"] if d["adamw_lr"] is None else d["adamw_lr"],
-                         d["adamw_betas"], d["adamw_eps"],
-                         d["adamw_weight_decay"],
-                         _NS_ALGORITHMS[d["ns_algorithm"]], d["eps"],
-                         d["ns_coefficients"])
+            _start_client(client, d)
             for t in lent:
                 t.bind(*client.buffers(t.name))
         except _native.MuonpsError as e:
@@ -437,14 +425,7 @@ class Muon(torch.optim.Optimizer):
             # Lends the matrices (before start: the worker maps them then).
             cuda = CudaPath(client, device, matrices, others,
                             self.param_groups, d, average_others=average)
-            client.start(d["lr"], d["weight_decay"], d["momentum"],
-                         d["nesterov"], d["ns_steps"],
-                         _ADJUST_LR[d["adjust_lr_fn"] or "original"],
-                         d["lr"] if d["adamw_lr"] is None else d["adamw_lr"],
-                         d["adamw_betas"], d["adamw_eps"],
-                         d["adamw_weight_decay"],
-                         _NS_ALGORITHMS[d["ns_algorithm"]], d["eps"],
-                         d["ns_coefficients"])
+            _start_client(client, d)
             self._cuda = cuda
         except _native.MuonpsError as e:
             client.close()
@@ -452,6 +433,16 @@ class Muon(torch.optim.Optimizer):
                                       self._socket) from e
         self._client, self._frozen = client, frozen
         self._finalizer = weakref.finalize(self, _shut_down_cuda, client)
+
+
+def _start_client(client, d):
+    """Starts `client` with the optimizer's defaults `d` as the job's."""
+    client.start(d["lr"], d["weight_decay"], d["momentum"], d["nesterov"],
+                 d["ns_steps"], _ADJUST_LR[d["adjust_lr_fn"] or "original"],
+                 d["lr"] if d["adamw_lr"] is None else d["adamw_lr"],
+                 d["adamw_betas"], d["adamw_eps"], d["adamw_weight_decay"],
+                 _NS_ALGORITHMS[d["ns_algorithm"]], d["eps"],
+                 d["ns_coefficients"])
 
 
 def _adamw_lr(group):
