@@ -64,17 +64,11 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
     char socket_dir[] = "/tmp/muonps-gs-XXXXXX";
     ASSERT_NE(mkdtemp(socket_dir), nullptr);
     socket_ = absl::StrCat(socket_dir, "/w0.sock");
-    absl::StatusOr<std::unique_ptr<ChildProcess>> c = ChildProcess::Start(
-        {BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
-         "--metrics_port=-1", "--lease_ttl_ms=3000",
-         "--heartbeat_interval_ms=500"},
-        log_dir_ + "/coordinator.log");
+    absl::StatusOr<testing::RunningCoordinator> c =
+        testing::StartCoordinator(log_dir_ + "/coordinator.log", kStartTimeout);
     ASSERT_TRUE(c.ok()) << c.status();
-    coordinator_ = *std::move(c);
-    absl::StatusOr<std::string> port = coordinator_->WaitForLog(
-        R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
-    ASSERT_TRUE(port.ok()) << port.status();
-    address_ = absl::StrCat("127.0.0.1:", *port);
+    coordinator_ = std::move(c->process);
+    address_ = c->address;
     absl::StatusOr<std::unique_ptr<ChildProcess>> w = ChildProcess::Start(
         {BinaryPath("server/worker/muonps-worker"), "--coordinator=" + address_,
          "--job=gpu", "--worker_id=w0", "--socket=" + socket_,

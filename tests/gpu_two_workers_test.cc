@@ -49,17 +49,11 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     char socket_dir[] = "/tmp/muonps-g2-XXXXXX";
     ASSERT_NE(mkdtemp(socket_dir), nullptr);
     socket_dir_ = socket_dir;
-    absl::StatusOr<std::unique_ptr<ChildProcess>> c = ChildProcess::Start(
-        {BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
-         "--metrics_port=-1", "--lease_ttl_ms=3000",
-         "--heartbeat_interval_ms=500"},
-        log_dir_ + "/coordinator.log");
+    absl::StatusOr<testing::RunningCoordinator> c =
+        testing::StartCoordinator(log_dir_ + "/coordinator.log", kStartTimeout);
     ASSERT_TRUE(c.ok()) << c.status();
-    coordinator_ = *std::move(c);
-    absl::StatusOr<std::string> port = coordinator_->WaitForLog(
-        R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
-    ASSERT_TRUE(port.ok()) << port.status();
-    address_ = absl::StrCat("127.0.0.1:", *port);
+    coordinator_ = std::move(c->process);
+    address_ = c->address;
     for (int w = 0; w < 2; ++w) {
       absl::StatusOr<std::unique_ptr<ChildProcess>> worker =
           ChildProcess::Start(

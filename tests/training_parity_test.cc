@@ -92,16 +92,11 @@ class TrainingParityTest : public ::testing::TestWithParam<ParityCase> {
 
 TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
   const ParityCase& c = GetParam();
-  ChildProcess* coordinator =
-      Start({RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
-             "--metrics_port=-1", "--lease_ttl_ms=3000",
-             "--heartbeat_interval_ms=500"},
-            "coordinator");
-  ASSERT_NE(coordinator, nullptr);
-  absl::StatusOr<std::string> port = coordinator->WaitForLog(
-      R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
-  ASSERT_TRUE(port.ok()) << port.status();
-  const std::string address = absl::StrCat("127.0.0.1:", *port);
+  absl::StatusOr<testing::RunningCoordinator> coordinator =
+      testing::StartCoordinator(log_dir_ + "/coordinator.log", kStartTimeout);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  processes_.push_back(std::move(coordinator->process));
+  const std::string address = coordinator->address;
   std::vector<ChildProcess*> workers;
   for (int i = 0; i < c.workers; ++i) {
     workers.push_back(Start(

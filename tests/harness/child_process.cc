@@ -123,6 +123,23 @@ std::string BinaryPath(const std::string& workspace_relative) {
                           : workspace_relative.substr(slash + 1));
 }
 
+absl::StatusOr<RunningCoordinator> StartCoordinator(const std::string& log_path,
+                                                    absl::Duration timeout) {
+  RunningCoordinator out;
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
+      {BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
+       "--metrics_port=-1", "--lease_ttl_ms=3000",
+       "--heartbeat_interval_ms=500"},
+      log_path);
+  if (!started.ok()) return started.status();
+  out.process = *std::move(started);
+  absl::StatusOr<std::string> port =
+      out.process->WaitForLog(R"(listening on 127\.0\.0\.1:(\d+))", timeout);
+  if (!port.ok()) return port.status();
+  out.address = absl::StrCat("127.0.0.1:", *port);
+  return out;
+}
+
 std::string NewTempDir(const std::string& prefix) {
   const char* base = getenv("TEST_TMPDIR");
   std::string templ =

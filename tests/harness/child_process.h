@@ -66,6 +66,16 @@ std::string RunfilePath(const std::string& workspace_relative);
 // else RunfilePath(workspace_relative).
 std::string BinaryPath(const std::string& workspace_relative);
 
+// A muonps-coordinator on a free loopback port (no metrics port; a 3 s
+// lease renewed every 500 ms), logging to `log_path`, and the address it
+// listens on ("127.0.0.1:PORT") once it does, within `timeout`.
+struct RunningCoordinator {
+  std::unique_ptr<ChildProcess> process;
+  std::string address;
+};
+absl::StatusOr<RunningCoordinator> StartCoordinator(const std::string& log_path,
+                                                    absl::Duration timeout);
+
 // A fresh directory under TEST_TMPDIR (or /tmp), removed by the caller.
 std::string NewTempDir(const std::string& prefix);
 
