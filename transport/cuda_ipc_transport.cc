@@ -182,23 +182,21 @@ absl::Status CudaIpcTransport::ReduceSum(const float* send, float* recv,
   } else {
     PendingSum sum;
     sum.order = std::move(sum_order);
-    sum.own = send;
     sum.out = recv;
     sum.count = count;
     sum.stream = stream;
     sum.parts.assign(size(), nullptr);
-    // One scratch per part of each pending sum (grown, kept for reuse).
-    size_t index = 0;
-    for (const PendingSum& earlier : sums_) index += earlier.parts.size() + 1;
+    sum.parts[rank()] = send;
+    // Scratch slots [base, base + size()] are this sum's: a part per peer,
+    // then the total. Earlier sums of the group hold the slots before.
+    const size_t base = sums_.size() * (static_cast<size_t>(size()) + 1);
     for (int r = 0; r < size(); ++r) {
       if (r == rank()) continue;
-      MUONPS_ASSIGN_OR_RETURN(sum.parts[r], Scratch(index + r, bytes));
-      ops_.push_back(
-          {Op::Kind::kRecv, r, nullptr, sum.parts[r], bytes, stream});
+      MUONPS_ASSIGN_OR_RETURN(float* part, Scratch(base + r, bytes));
+      sum.parts[r] = part;
+      ops_.push_back({Op::Kind::kRecv, r, nullptr, part, bytes, stream});
     }
-    // The result is formed in a scratch of its own: `recv` may be `send`.
-    MUONPS_ASSIGN_OR_RETURN(float* total, Scratch(index + size(), bytes));
-    sum.parts.push_back(total);
+    MUONPS_ASSIGN_OR_RETURN(sum.total, Scratch(base + size(), bytes));
     sums_.push_back(std::move(sum));
   }
   if (group_depth_ > 0) return absl::OkStatus();
@@ -292,23 +290,21 @@ absl::Status CudaIpcTransport::Run() {
         control_->Recv(&got, sizeof(got), op.peer, kHostStream));
   }
   // 4. The root's sums, in the caller's order.
-  for (PendingSum& sum : sums) {
+  for (const PendingSum& sum : sums) {
     const size_t bytes = sum.count * sizeof(float);
-    float* total_buffer = sum.parts.back();
-    sum.parts[rank()] = const_cast<float*>(sum.own);
     cudaStream_t s = AsCuda(sum.stream);
     MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaMemcpyAsync(total_buffer, sum.parts[sum.order[0]], bytes,
+        Cuda(cudaMemcpyAsync(sum.total, sum.parts[sum.order[0]], bytes,
                              cudaMemcpyDeviceToDevice, s),
              "ReduceSum"));
     for (size_t i = 1; i < sum.order.size(); ++i) {
-      MUONPS_RETURN_IF_ERROR(Cuda(
-          LaunchAddInto(total_buffer, sum.parts[sum.order[i]], sum.count, s),
-          "ReduceSum"));
+      MUONPS_RETURN_IF_ERROR(
+          Cuda(LaunchAddInto(sum.total, sum.parts[sum.order[i]], sum.count, s),
+               "ReduceSum"));
     }
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(sum.out, total_buffer, bytes,
-                                                cudaMemcpyDeviceToDevice, s),
-                                "ReduceSum"));
+    MUONPS_RETURN_IF_ERROR(Cuda(
+        cudaMemcpyAsync(sum.out, sum.total, bytes, cudaMemcpyDeviceToDevice, s),
+        "ReduceSum"));
     MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(s), "ReduceSum"));
   }
   return absl::OkStatus();

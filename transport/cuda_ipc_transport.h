@@ -67,13 +67,14 @@ class CudaIpcTransport final : public Transport {
     size_t bytes = 0;
     Stream stream = kHostStream;
   };
-  // A ReduceSum's root share: parts land in scratch, summed at the end.
+  // A ReduceSum's root share: the peers' parts land in scratch, summed at
+  // the end into `total` (a scratch of its own: `out` may be the own part).
   struct PendingSum {
     std::vector<int> order;
-    const float* own = nullptr;
+    std::vector<const float*> parts;  // by rank; the root's is its send
+    float* total = nullptr;
     float* out = nullptr;
     size_t count = 0;
-    std::vector<float*> parts;  // by rank; own rank's unused
     Stream stream = kHostStream;
   };
 
