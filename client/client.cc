@@ -9,6 +9,7 @@
 #include "client/cuda_lending.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
+#include "kernels/device_ops.h"
 #include "proto/grpc_status.h"
 #include "proto/translate.h"
 
@@ -126,8 +127,8 @@ absl::Status Client::AddTensor(const std::string& name, int64_t elements,
   return absl::OkStatus();
 }
 
-absl::Status Client::LendCuda(const std::string& name, float* grad,
-                              float* param) {
+absl::Status Client::LendCuda(const std::string& name, void* grad, void* param,
+                              DType dtype) {
   const std::string field = absl::StrCat("matrix ", Quoted(name));
   if (started_) {
     return FieldError(absl::StatusCode::kFailedPrecondition, field,
@@ -145,8 +146,12 @@ absl::Status Client::LendCuda(const std::string& name, float* grad,
   if (grad == nullptr || param == nullptr) {
     return InvalidField(field, "grad and param must be device buffers");
   }
+  if (absl::Status s = kernels::CheckLentDType(dtype); !s.ok()) {
+    return Annotate(s, field);
+  }
   t->cuda_grad = grad;
   t->cuda_param = param;
+  t->dtype = dtype;
   return absl::OkStatus();
 }
 
@@ -167,7 +172,7 @@ absl::Status Client::EnsureJob(
     m->set_rows(t.rows);
     m->set_cols(t.cols);
     m->set_experts(t.matrix.experts);
-    m->set_dtype(v1::DTYPE_FP32);
+    m->set_dtype(proto::DTypeToProto(t.dtype));
     m->set_layout(proto::LayoutToProto(t.matrix.layout));
     m->set_layer(t.matrix.layer);
   }
@@ -242,18 +247,18 @@ absl::Status Client::WaitAndAttach() {
       const std::string field = absl::StrCat("matrix ", Quoted(t.name));
       MUONPS_ASSIGN_OR_RETURN(
           *b->mutable_grad_cuda(),
-          client_internal::ExportCudaBuffer(t.cuda_grad, t.elements,
+          client_internal::ExportCudaBuffer(t.cuda_grad, t.elements, t.dtype,
                                             options_.device, field + " grad"));
-      MUONPS_ASSIGN_OR_RETURN(
-          *b->mutable_param_cuda(),
-          client_internal::ExportCudaBuffer(t.cuda_param, t.param_elements,
-                                            options_.device, field + " param"));
+      MUONPS_ASSIGN_OR_RETURN(*b->mutable_param_cuda(),
+                              client_internal::ExportCudaBuffer(
+                                  t.cuda_param, t.param_elements, t.dtype,
+                                  options_.device, field + " param"));
     }
     b->set_grad_offset(t.offset);
     b->set_param_offset(t.offset + t.elements * 4);
     b->set_elements(t.elements);
     b->set_param_elements(t.param_elements);
-    b->set_dtype(v1::DTYPE_FP32);
+    b->set_dtype(proto::DTypeToProto(t.dtype));
     b->set_layout(proto::LayoutToProto(t.layout));
     b->set_muon(t.muon);
   }
@@ -337,8 +342,9 @@ absl::StatusOr<TensorBuffers> Client::Buffers(const std::string& name) const {
   }
   TensorBuffers out;
   if (options_.device.is_cuda()) {
-    out.grad = t->cuda_grad;
-    out.param = t->cuda_param;
+    out.grad = static_cast<float*>(t->cuda_grad);
+    out.param = static_cast<float*>(t->cuda_param);
+    out.dtype = t->dtype;
   } else if (!segment_.has_value()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "name",
                       "buffers exist after Start");
@@ -503,7 +509,7 @@ absl::StatusOr<StepResult> Client::StepOnWorker(const v1::StepRequest& request,
     MUONPS_RETURN_IF_ERROR(
         kernels_.AdamWStep({t.name, b.param, b.grad, t.exp_avg.data(),
                             t.exp_avg_sq.data(), t.elements},
-                           hyper, adamw_steps_));
+                           hyper, adamw_steps_, kHostStream));
   }
   return result;
 }

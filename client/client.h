@@ -64,8 +64,11 @@ struct MatrixOptions {
 // rank's rows only: [row_begin, row_end) of every expert, expert-major; so
 // does the parameter unless shard_params is false.
 struct TensorBuffers {
+  // Of `dtype`: fp32 in the shared segment; a CUDA trainer's lent buffers
+  // are of the dtype it lent them with (cast a bf16 one before use).
   float* param = nullptr;
   float* grad = nullptr;
+  DType dtype = DType::kFloat32;
   int64_t elements = 0;        // of grad
   int64_t param_elements = 0;  // of param
   int64_t row_begin = 0;
@@ -125,13 +128,15 @@ class Client {
 
   // CUDA trainers: lends a declared matrix's (or unreduced AdamW tensor's,
   // whose gradient the workers then average in place) gradient and
-  // parameter, device
-  // memory of options.device holding Buffers()' element counts (fp32). The
-  // trainer keeps them allocated and in place while attached; sub-blocks of
-  // larger allocations (PyTorch's caching allocator) are fine. Before
-  // Start; INVALID_ARGUMENT naming the matrix for host memory, another
-  // device's, or a matrix lent twice.
-  absl::Status LendCuda(const std::string& name, float* grad, float* param);
+  // parameter, device memory of options.device holding Buffers()' element
+  // counts of `dtype` (fp32 or bf16: the worker keeps fp32 momentum, widens
+  // bf16 gradients and rounds each updated parameter once). The trainer
+  // keeps them allocated and in place while attached; sub-blocks of larger
+  // allocations (PyTorch's caching allocator) are fine. Before Start;
+  // INVALID_ARGUMENT naming the matrix for host memory, another device's,
+  // a dtype other than fp32 and bf16, or a matrix lent twice.
+  absl::Status LendCuda(const std::string& name, void* grad, void* param,
+                        DType dtype = DType::kFloat32);
 
   // Creates the segment (host trainers) and the job (a job of the same name
   // must have the same matrices), waits for the local worker to follow a plan,
@@ -193,8 +198,9 @@ class Client {
     int64_t elements = 0;        // this rank's gradient elements
     int64_t param_elements = 0;  // this rank's parameter elements
     int64_t offset = 0;          // grad at offset, param right after it
-    float* cuda_grad = nullptr;  // LendCuda's buffers (CUDA trainers)
-    float* cuda_param = nullptr;
+    void* cuda_grad = nullptr;   // LendCuda's buffers (CUDA trainers)
+    void* cuda_param = nullptr;
+    DType dtype = DType::kFloat32;  // of the lent buffers
     std::vector<float> exp_avg, exp_avg_sq;
   };
   explicit Client(const ClientOptions& options);

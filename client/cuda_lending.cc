@@ -9,12 +9,12 @@
 namespace muonps {
 namespace client_internal {
 
-absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const float* data,
-                                                int64_t elements,
+absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
+                                                int64_t elements, DType dtype,
                                                 const Device& device,
                                                 const std::string& what) {
   if (data == nullptr || elements < 1) {
-    return InvalidField(what, "needs a device buffer of at least 1 float");
+    return InvalidField(what, "needs a device buffer of at least 1 element");
   }
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess ||
@@ -27,8 +27,8 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const float* data,
         what, absl::StrCat("is memory of cuda:", attributes.device, ", not of ",
                            DeviceName(device)));
   }
-  absl::StatusOr<IpcMemoryRef> ref =
-      ExportDeviceMemory(data, static_cast<uint64_t>(elements) * sizeof(float));
+  absl::StatusOr<IpcMemoryRef> ref = ExportDeviceMemory(
+      data, static_cast<uint64_t>(elements) * DTypeSize(dtype));
   if (!ref.ok()) return Annotate(ref.status(), what);
   v1::CudaBuffer out;
   out.set_ipc_handle(ref->handle);

@@ -12,15 +12,17 @@
 #include "absl/status/statusor.h"
 #include "common/cuda_ipc.h"
 #include "common/device.h"
+#include "common/dtype.h"
 #include "muonps/v1/worker.pb.h"
 
 namespace muonps {
 namespace client_internal {
 
-// The IPC handle and offset of `elements` floats at `data`, which must be
-// device memory of `device`. INVALID_ARGUMENT naming `what` otherwise.
-absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const float* data,
-                                                int64_t elements,
+// The IPC handle and offset of `elements` values of `dtype` at `data`,
+// which must be device memory of `device`. INVALID_ARGUMENT naming `what`
+// otherwise.
+absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
+                                                int64_t elements, DType dtype,
                                                 const Device& device,
                                                 const std::string& what);
 

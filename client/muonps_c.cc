@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/dtype.h"
 
 struct muonps_client {
   std::unique_ptr<muonps::Client> client;
@@ -215,10 +216,15 @@ int muonps_client_step(muonps_client* c, int64_t step_id, double lr,
 }
 
 int muonps_client_lend_cuda(muonps_client* c, const char* name,
-                            uint64_t grad_ptr, uint64_t param_ptr) {
+                            uint64_t grad_ptr, uint64_t param_ptr,
+                            const char* dtype) {
   if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
-  return Record(c, c->client->LendCuda(name, reinterpret_cast<float*>(grad_ptr),
-                                       reinterpret_cast<float*>(param_ptr)));
+  absl::StatusOr<muonps::DType> parsed =
+      muonps::ParseDType(dtype == nullptr ? "fp32" : dtype);
+  if (!parsed.ok()) return Record(c, parsed.status());
+  return Record(
+      c, c->client->LendCuda(name, reinterpret_cast<void*>(grad_ptr),
+                             reinterpret_cast<void*>(param_ptr), *parsed));
 }
 
 int muonps_client_set_group(muonps_client* c, int group,

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 3
+#define MUONPS_C_ABI_VERSION 4
 
 typedef enum {
   MUONPS_OK = 0,
@@ -137,7 +137,8 @@ int muonps_client_set_adamw(muonps_client* client, const char* name,
                             const float* exp_avg, const float* exp_avg_sq,
                             int64_t elements, int64_t steps);
 
-/* ABI 3: GPU trainers, parameter groups, steps that return once enqueued.
+/* ABI 3: GPU trainers, parameter groups, steps that return once enqueued
+ * (ABI 4: muonps_client_lend_cuda takes the buffers' dtype, fp32 or bf16).
  *
  * muonps_client_create_on: as muonps_client_create, with the device the
  * trainer's buffers live on: "cpu" (a shared segment, muonps_client_buffers)
@@ -148,10 +149,12 @@ int muonps_client_create_on(const char* coordinator, const char* job,
                             int trainer_count, double timeout_seconds,
                             const char* device, muonps_client** out);
 /* CUDA trainers, before start: a declared matrix's gradient and parameter
- * (device pointers, fp32, of the element counts muonps_client_buffers
- * would report), kept allocated and in place while attached. */
+ * (device pointers of the element counts muonps_client_buffers would
+ * report, both of `dtype`: "fp32" (also NULL) or "bf16"), kept allocated
+ * and in place while attached. */
 int muonps_client_lend_cuda(muonps_client* client, const char* name,
-                            uint64_t grad_ptr, uint64_t param_ptr);
+                            uint64_t grad_ptr, uint64_t param_ptr,
+                            const char* dtype);
 /* Puts `count` matrices in group `group` (0 <= group < 64); a step's
  * group_lr[group] and group_weight_decay[group] then apply to them. */
 int muonps_client_set_group(muonps_client* client, int group,

@@ -53,9 +53,14 @@ TEST(MuonpsCTest, Abi3RefusesBadDevicesGroupsAndLending) {
                                      MUONPS_LAYOUT_REPLICATED, 0),
             MUONPS_OK);
   // Lending CUDA buffers needs a CUDA client.
-  EXPECT_EQ(muonps_client_lend_cuda(client, "w", 0x1000, 0x2000),
+  EXPECT_EQ(muonps_client_lend_cuda(client, "w", 0x1000, 0x2000, "bf16"),
             MUONPS_FAILED_PRECONDITION);
   EXPECT_THAT(std::string(muonps_client_last_error(client)), HasSubstr("cuda"));
+  // An element type the workers cannot take is named before anything else.
+  EXPECT_EQ(muonps_client_lend_cuda(client, "w", 0x1000, 0x2000, "int8"),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("dtype"));
   muonps_step_options options{};
   options.group_count = 2;  // only one group was set
   EXPECT_EQ(muonps_client_step_with(client, 0, &options, nullptr),

@@ -1,7 +1,8 @@
 // DeviceOps: the memory and elementwise work of a worker's step besides
 // momentum and Newton-Schulz (MuonKernels), on one device and ordered on
-// streams: owned fp32 buffers, copies, the mean's scaling, the scaled
-// update, and the finite check of lent gradients. The CPU implementation
+// streams: owned fp32 buffers, copies, conversions of lent bf16 tensors to
+// and from fp32, the mean's scaling, the scaled update, and the finite
+// check of gradients. The CPU implementation
 // (kernels/cpu/cpu_device_ops.h) runs on host memory with kHostStream; the
 // CUDA one (kernels/cuda/cuda_device_ops.h) enqueues on CUDA streams.
 //
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/device.h"
+#include "common/dtype.h"
 
 namespace muonps {
 namespace kernels {
@@ -43,6 +45,20 @@ struct FloatSpan {
   int64_t count = 0;
 };
 
+// OK for the element types lent tensors may have (fp32, bf16);
+// INVALID_ARGUMENT naming `dtype` otherwise.
+absl::Status CheckLentDType(DType dtype);
+
+// `elements` elements of `dtype` past `data` (byte arithmetic on a lent
+// tensor of either type).
+inline void* ElementsPast(void* data, DType dtype, int64_t elements) {
+  return static_cast<char*>(data) + elements * DTypeSize(dtype);
+}
+inline const void* ElementsPast(const void* data, DType dtype,
+                                int64_t elements) {
+  return static_cast<const char*>(data) + elements * DTypeSize(dtype);
+}
+
 class DeviceOps {
  public:
   DeviceOps() = default;
@@ -51,8 +67,16 @@ class DeviceOps {
   virtual ~DeviceOps() = default;
 
   virtual Device device() const = 0;
-  // The stream work is ordered on: kHostStream for the host.
+  // The streams of a step: stream() carries transfers and the trainer's
+  // signals, compute_stream() momentum and Newton-Schulz, so that one
+  // bucket's transfers overlap another's compute. kHostStream for both on
+  // the host.
   virtual Stream stream() const = 0;
+  virtual Stream compute_stream() const = 0;
+  // Work enqueued on `waiter` after this call starts only once the work
+  // enqueued on `signaler` before it is done (CUDA: an event recorded on
+  // one, waited for by the other; no host wait). Nothing to do on the host.
+  virtual absl::Status Order(Stream waiter, Stream signaler) = 0;
 
   // `count` zeroed floats; RESOURCE_EXHAUSTED naming `what` when the device
   // is full. Synchronous (allocation is not on the step's hot path).
@@ -63,13 +87,25 @@ class DeviceOps {
   // block until done.
   virtual absl::Status Copy(float* dst, const float* src, int64_t count,
                             Stream stream) = 0;
+  // Lent tensors are fp32 or bf16: the calls below that take a DType
+  // answer INVALID_ARGUMENT naming `dtype` for any other.
+  //
+  // dst[i] <- float(src[i]) for `count` elements of `src_dtype` (fp32 is a
+  // copy). Device memory on both sides.
+  virtual absl::Status ToFloat(float* dst, const void* src, DType src_dtype,
+                               int64_t count, Stream stream) = 0;
+  // dst[i] <- src[i] rounded to `dst_dtype` (fp32 or bf16; round to
+  // nearest even, as torch's .to(torch.bfloat16)).
+  virtual absl::Status FromFloat(void* dst, DType dst_dtype, const float* src,
+                                 int64_t count, Stream stream) = 0;
   // data[i] <- data[i] * factor (fp32).
   virtual absl::Status Scale(float* data, int64_t count, float factor,
                              Stream stream) = 0;
-  // param[i] <- param[i] * decay + step * update[i] (fp32, in that order).
-  virtual absl::Status ApplyScaled(float* param, const float* update,
-                                   int64_t count, float decay, float step,
-                                   Stream stream) = 0;
+  // param[i] <- param[i] * decay + step * update[i], computed in fp32 in
+  // that order and rounded once to `param_dtype` (fp32 or bf16).
+  virtual absl::Status ApplyScaled(void* param, DType param_dtype,
+                                   const float* update, int64_t count,
+                                   float decay, float step, Stream stream) = 0;
   // For every span, the index of its first non-finite element, or -1.
   // Waits for `stream` (one host synchronization for all spans).
   virtual absl::StatusOr<std::vector<int64_t>> FirstNonFinite(

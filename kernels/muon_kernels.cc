@@ -129,6 +129,14 @@ absl::Status ValidateMomentumArgs(const MatrixStack& grad,
   return absl::OkStatus();
 }
 
+absl::Status ValidateHostStream(Stream stream, absl::string_view backend) {
+  if (stream == kHostStream) return absl::OkStatus();
+  return InvalidField("stream",
+                      absl::StrCat("the ", backend,
+                                   " kernels work on host memory and take "
+                                   "kHostStream (null), not a device stream"));
+}
+
 absl::Status ValidateAdamWStep(const AdamWTensor& t,
                                const AdamWHyperparameters& hyper,
                                int64_t step) {

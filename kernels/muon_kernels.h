@@ -4,9 +4,19 @@
 // Kernels work on stacks of same-shape row-major fp32 matrices, so that one
 // call runs a whole same-shape batch (a 3-D expert stack is such a batch).
 // Semantics match torch.optim.Muon and torch.optim.AdamW exactly (see
-// DESIGN.md, "Optimizer semantics"). A MuonKernels object is not safe for
-// concurrent use: give each thread its own. Memory passed in stays owned by
-// the caller and must stay valid for the duration of the call.
+// DESIGN.md, "Optimizer semantics").
+//
+// Streams (NCCL's rule): every data-path call names the stream it is
+// ordered on, enqueues its work there and returns; the work is done when
+// the stream reaches it. UpdateMomentum, Orthogonalize and ApplyUpdate never
+// wait. CheckFinite, MuonStep and AdamWStep return the device's finite check
+// as their status, so they wait for `stream` before returning (everything
+// queued on it before them is then done too). Host-memory backends take
+// kHostStream and have finished when they return.
+//
+// A MuonKernels object is not safe for concurrent use: give each thread its
+// own. Memory passed in stays owned by the caller and must stay valid until
+// the call's work is done (until the stream reaches it).
 #ifndef MUONPS_KERNELS_MUON_KERNELS_H_
 #define MUONPS_KERNELS_MUON_KERNELS_H_
 
@@ -17,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/device.h"
 #include "kernels/newton_schulz_options.h"
 
 namespace muonps {
@@ -110,43 +121,49 @@ class MuonKernels {
   virtual absl::string_view backend_name() const = 0;
 
   // OK if every element of `stack` is finite; otherwise INVALID_ARGUMENT
-  // naming the first offending matrix (see MatrixName) and element.
+  // naming the first offending matrix (see MatrixName) and element. Waits
+  // for `stream`.
   virtual absl::Status CheckFinite(const MatrixStack& stack,
-                                   absl::Span<const std::string> names) = 0;
+                                   absl::Span<const std::string> names,
+                                   Stream stream) = 0;
 
   // momentum <- momentum + (1 - mu) * (grad - momentum); then
   // update <- nesterov ? grad + mu * (momentum - grad) : momentum.
-  // `update` may alias `grad` but not `momentum`.
+  // `update` may alias `grad` but not `momentum`. Enqueues on `stream`.
   virtual absl::Status UpdateMomentum(const MatrixStack& grad,
                                       const MatrixStack& momentum, double mu,
-                                      bool nesterov,
-                                      const MatrixStack& update) = 0;
+                                      bool nesterov, const MatrixStack& update,
+                                      Stream stream) = 0;
 
   // out_i <- NS(in_i) for every matrix of the stack; `out` may alias `in`.
   // Fails with INVALID_ARGUMENT for invalid `options` or mismatched shapes.
+  // Enqueues on `stream`.
   virtual absl::Status Orthogonalize(const MatrixStack& in,
                                      const MatrixStack& out,
-                                     const NewtonSchulzOptions& options) = 0;
+                                     const NewtonSchulzOptions& options,
+                                     Stream stream) = 0;
 
   // param <- param * (1 - lr * weight_decay) - adjusted_lr * update, with
-  // adjusted_lr from AdjustedLr for the stack's shape.
+  // adjusted_lr from AdjustedLr for the stack's shape. Enqueues on `stream`.
   virtual absl::Status ApplyUpdate(const MatrixStack& param,
                                    const MatrixStack& update, double lr,
-                                   double weight_decay,
-                                   LrAdjustment adjustment) = 0;
+                                   double weight_decay, LrAdjustment adjustment,
+                                   Stream stream) = 0;
 
   // One full Muon step on a stack: finite check of the gradients, momentum,
   // Newton-Schulz, weight decay and the scaled update. On any error nothing
-  // is written (the momentum and params are unchanged).
+  // is written (the momentum and params are unchanged). Waits for `stream`.
   virtual absl::Status MuonStep(const MuonStack& stack,
-                                const MuonHyperparameters& hyper) = 0;
+                                const MuonHyperparameters& hyper,
+                                Stream stream) = 0;
 
   // One torch.optim.AdamW step; `step` counts steps including this one
   // (>= 1) and sets the bias corrections. A non-finite gradient fails with
-  // INVALID_ARGUMENT naming the tensor and writes nothing.
+  // INVALID_ARGUMENT naming the tensor and writes nothing. Waits for
+  // `stream`.
   virtual absl::Status AdamWStep(const AdamWTensor& tensor,
                                  const AdamWHyperparameters& hyper,
-                                 int64_t step) = 0;
+                                 int64_t step, Stream stream) = 0;
 };
 
 // INVALID_ARGUMENT naming `field` unless the stack is non-empty in every
@@ -163,6 +180,10 @@ absl::Status ValidateMuonStack(const MuonStack& stack);
 absl::Status ValidateMomentumArgs(const MatrixStack& grad,
                                   const MatrixStack& momentum,
                                   const MatrixStack& update);
+
+// INVALID_ARGUMENT naming `stream` unless it is kHostStream: what backends
+// that work on host memory (and finish before returning) accept.
+absl::Status ValidateHostStream(Stream stream, absl::string_view backend);
 
 // Validates an AdamW step's arguments: the hyperparameters, a positive size,
 // every buffer set, and step >= 1; INVALID_ARGUMENT naming the tensor or

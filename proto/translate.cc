@@ -19,6 +19,29 @@ scheduler::Layout LayoutFromProto(v1::Layout layout) {
   }
 }
 
+DType DTypeFromProto(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_BF16:
+      return DType::kBFloat16;
+    case v1::DTYPE_FP16:
+      return DType::kFloat16;
+    default:
+      return DType::kFloat32;
+  }
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return v1::DTYPE_BF16;
+    case DType::kFloat16:
+      return v1::DTYPE_FP16;
+    case DType::kFloat32:
+      break;
+  }
+  return v1::DTYPE_FP32;
+}
+
 v1::Layout LayoutToProto(scheduler::Layout layout) {
   switch (layout) {
     case scheduler::Layout::kUnreduced:
@@ -51,6 +74,7 @@ std::vector<scheduler::MatrixSpec> MatricesFromJob(const v1::JobSpec& job) {
     s.cols = m.cols();
     s.experts = std::max<int64_t>(1, m.experts());
     s.layer = m.layer();
+    s.dtype = DTypeFromProto(m.dtype());
     s.layout = LayoutFromProto(m.layout());
     out.push_back(std::move(s));
   }

@@ -20,6 +20,10 @@
 namespace muonps {
 namespace proto {
 
+// fp32 for DTYPE_UNSPECIFIED (the API's default); requests are validated
+// before they get here (request_validation names an unknown value).
+DType DTypeFromProto(v1::DType dtype);
+v1::DType DTypeToProto(DType dtype);
 scheduler::Layout LayoutFromProto(v1::Layout layout);
 v1::Layout LayoutToProto(scheduler::Layout layout);
 // NS5 for anything but NS_ALGORITHM_GRAM.

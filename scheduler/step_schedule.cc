@@ -1,7 +1,9 @@
 #include "scheduler/step_schedule.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -45,6 +47,75 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
   return absl::OkStatus();
 }
 
+// Stacks per owner and shape in arrival order (closing at stack_bytes),
+// then the order: each bucket's gradients, the stacks they complete, and
+// the updates of every bucket whose stacks are then all computed.
+void BuildStacksAndOrder(const std::vector<MatrixSpec>& matrices,
+                         const OwnershipPlan& plan,
+                         const ScheduleOptions& options,
+                         StepSchedule* schedule) {
+  // The open stack of each (owner, rows, cols).
+  std::map<std::tuple<int32_t, int64_t, int64_t>, int32_t> open;
+  // stack_of[m][e]: the stack item (m, e) is in.
+  std::vector<std::vector<int32_t>> stack_of(matrices.size());
+  const int32_t count = static_cast<int32_t>(schedule->buckets.size());
+  for (int32_t k = 0; k < count; ++k) {
+    for (const int32_t m : schedule->buckets[k].matrices) {
+      const MatrixSpec& spec = matrices[m];
+      const int64_t item_bytes = 4 * spec.rows * spec.cols;
+      stack_of[m].assign(spec.experts, -1);
+      for (int32_t e = 0; e < spec.experts; ++e) {
+        const int32_t owner = plan.owners[m][e];
+        const auto key = std::make_tuple(owner, spec.rows, spec.cols);
+        auto it = open.find(key);
+        if (it == open.end() || static_cast<int64_t>(
+                                    schedule->stacks[it->second].items.size() +
+                                    1) * item_bytes >
+                                    options.stack_bytes) {
+          OwnerStack stack;
+          stack.owner = owner;
+          stack.rows = spec.rows;
+          stack.cols = spec.cols;
+          schedule->stacks.push_back(std::move(stack));
+          it = open.insert_or_assign(
+                       key, static_cast<int32_t>(schedule->stacks.size() - 1))
+                   .first;
+        }
+        OwnerStack& stack = schedule->stacks[it->second];
+        stack.items.push_back({m, e});
+        stack.ready_bucket = k;
+        stack_of[m][e] = it->second;
+      }
+    }
+  }
+  // ready_with[j]: the stacks bucket j completes; from_after[j]: the
+  // buckets whose stacks are all computed once bucket j's are.
+  std::vector<std::vector<int32_t>> ready_with(count);
+  std::vector<std::vector<int32_t>> from_after(count);
+  for (size_t s = 0; s < schedule->stacks.size(); ++s) {
+    ready_with[schedule->stacks[s].ready_bucket].push_back(
+        static_cast<int32_t>(s));
+  }
+  for (int32_t k = 0; k < count; ++k) {
+    int32_t ready = k;
+    for (const int32_t m : schedule->buckets[k].matrices) {
+      for (const int32_t s : stack_of[m]) {
+        ready = std::max(ready, schedule->stacks[s].ready_bucket);
+      }
+    }
+    from_after[ready].push_back(k);
+  }
+  for (int32_t j = 0; j < count; ++j) {
+    schedule->order.push_back({PhaseKind::kToOwners, j});
+    for (const int32_t s : ready_with[j]) {
+      schedule->order.push_back({PhaseKind::kCompute, s});
+    }
+    for (const int32_t k : from_after[j]) {
+      schedule->order.push_back({PhaseKind::kFromOwners, k});
+    }
+  }
+}
+
 }  // namespace
 
 absl::string_view TransferKindName(TransferKind kind) {
@@ -66,6 +137,9 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
     const ScheduleOptions& options) {
   if (options.bucket_bytes <= 0) {
     return InvalidField("bucket_bytes", "must be > 0");
+  }
+  if (options.stack_bytes <= 0) {
+    return InvalidField("stack_bytes", "must be > 0");
   }
   MUONPS_RETURN_IF_ERROR(CheckPlanMatches(matrices, plan));
   // Backward yields gradients from the last layer to the first, and within
@@ -115,21 +189,18 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
       }
     }
   }
-  const int32_t count = static_cast<int32_t>(schedule.buckets.size());
-  for (int32_t k = 0; k < count; ++k) {
-    schedule.order.push_back({k, true});
-    if (k > 0) schedule.order.push_back({k - 1, false});
-  }
-  if (count > 0) schedule.order.push_back({count - 1, false});
+  BuildStacksAndOrder(matrices, plan, options, &schedule);
   return schedule;
 }
 
 std::vector<Transfer> IssueOrder(const StepSchedule& schedule) {
   std::vector<Transfer> out;
   for (const Phase& phase : schedule.order) {
-    const Bucket& bucket = schedule.buckets[phase.bucket];
-    const std::vector<Transfer>& transfers =
-        phase.to_owners ? bucket.to_owners : bucket.from_owners;
+    if (phase.kind == PhaseKind::kCompute) continue;
+    const Bucket& bucket = schedule.buckets[phase.index];
+    const std::vector<Transfer>& transfers = phase.kind == PhaseKind::kToOwners
+                                                 ? bucket.to_owners
+                                                 : bucket.from_owners;
     out.insert(out.end(), transfers.begin(), transfers.end());
   }
   return out;

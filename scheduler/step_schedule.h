@@ -45,18 +45,37 @@ struct Bucket {
   std::vector<Transfer> from_owners;
 };
 
-// One entry of the issue order: a bucket's gradients to the owners, or its
-// updates back from them.
+// Same-shape items of one owner, stacked (in arrival order) so that their
+// momentum and Newton-Schulz run as one batched call.
+struct OwnerStack {
+  int32_t owner = 0;  // index into the plan's worker_ids
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<ItemRef> items;
+  // The bucket whose gradients to owners complete the stack.
+  int32_t ready_bucket = 0;
+};
+
+enum class PhaseKind {
+  kToOwners,    // a bucket's gradients to their owners
+  kCompute,     // a stack's momentum + Newton-Schulz (on its owner only)
+  kFromOwners,  // a bucket's updates back from their owners
+};
+
+// One entry of the step's order: `index` is a bucket (transfers) or a
+// stack (compute).
 struct Phase {
-  int32_t bucket = 0;
-  bool to_owners = true;
+  PhaseKind kind = PhaseKind::kToOwners;
+  int32_t index = 0;
 };
 
 struct StepSchedule {
   std::vector<Bucket> buckets;
-  // to_owners(0), then for k >= 1: to_owners(k), from_owners(k - 1); then
-  // from_owners(last). Gradients of bucket k + 1 move while bucket k
-  // computes.
+  std::vector<OwnerStack> stacks;
+  // For each bucket j in arrival order: to_owners(j); compute of every
+  // stack ready with j; from_owners(k) of every bucket k whose stacks have
+  // all been computed by then. So later gradients move while earlier
+  // stacks compute, and updates go back as soon as their stacks are done.
   std::vector<Phase> order;
 };
 
@@ -64,15 +83,21 @@ struct ScheduleOptions {
   // A bucket closes before it would exceed this many gradient bytes; a
   // single larger matrix gets a bucket of its own.
   int64_t bucket_bytes = int64_t{64} << 20;
+  // A stack closes before it would exceed this many fp32 bytes; a single
+  // larger item gets a stack of its own. Larger stacks run Newton-Schulz
+  // closer to the GPU's peak; smaller ones let updates go back sooner.
+  int64_t stack_bytes = int64_t{1} << 30;
 };
 
-// INVALID_ARGUMENT naming the field if bucket_bytes <= 0 or `plan` does not
+// INVALID_ARGUMENT naming the field if bucket_bytes or stack_bytes <= 0 or
+// `plan` does not
 // belong to `matrices` (names, expert counts, owners out of range).
 absl::StatusOr<StepSchedule> BuildStepSchedule(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const ScheduleOptions& options = {});
 
-// Every transfer in issue order: what each worker walks through per step.
+// Every transfer in issue order (the order without its compute phases):
+// what each worker walks through per step.
 std::vector<Transfer> IssueOrder(const StepSchedule& schedule);
 
 }  // namespace scheduler

@@ -208,7 +208,7 @@ absl::Status ReferenceModel::Step(int64_t step) {
       stack.grad = {grad.data() + e * size, 1, m.rows, m.cols};
       stack.momentum = {momentum_[m.name].data() + e * size, 1, m.rows, m.cols};
       stack.param = {params_[m.name].data() + e * size, 1, m.rows, m.cols};
-      absl::Status status = kernels_.MuonStep(stack, hyper);
+      absl::Status status = kernels_.MuonStep(stack, hyper, kHostStream);
       if (!status.ok()) return status;
     }
   }
@@ -218,7 +218,7 @@ absl::Status ReferenceModel::Step(int64_t step) {
     absl::Status status = kernels_.AdamWStep(
         {d.name, params_[d.name].data(), grad.data(), exp_avg_[d.name].data(),
          exp_avg_sq_[d.name].data(), d.elements},
-        model_.adamw, adamw_steps_);
+        model_.adamw, adamw_steps_, kHostStream);
     if (!status.ok()) return status;
   }
   return absl::OkStatus();

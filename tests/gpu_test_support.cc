@@ -1,7 +1,11 @@
 #include "tests/gpu_test_support.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
+
+#include "absl/strings/str_cat.h"
 
 namespace muonps {
 namespace testing {
@@ -12,6 +16,30 @@ const std::vector<MatrixCase>& Matrices() {
       {"mlp.up", 512, 256, 1}, {"mlp.down", 256, 512, 1},
       {"proj", 384, 128, 1},   {"experts", 128, 256, 3}};
   return *m;
+}
+
+absl::Status UploadAs(DType dtype, const std::vector<float>& values,
+                      void* device) {
+  std::vector<char> narrow(values.size() * DTypeSize(dtype));
+  FromFloat(dtype, values.data(), values.size(), narrow.data());
+  const cudaError_t e =
+      cudaMemcpy(device, narrow.data(), narrow.size(), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("upload: ", cudaGetErrorString(e)));
+}
+
+absl::StatusOr<std::vector<float>> DownloadAs(DType dtype, const void* device,
+                                              int64_t count) {
+  std::vector<char> narrow(count * DTypeSize(dtype));
+  const cudaError_t e =
+      cudaMemcpy(narrow.data(), device, narrow.size(), cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("download: ", cudaGetErrorString(e)));
+  }
+  std::vector<float> out(count);
+  ToFloat(dtype, narrow.data(), count, out.data());
+  return out;
 }
 
 float GradValue(int64_t step, int matrix, int64_t i) {

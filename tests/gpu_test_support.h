@@ -1,6 +1,7 @@
 // Shared by the GPU data-path tests (tests/gpu_step_test.cc,
 // tests/gpu_two_workers_test.cc): the matrix set every case lends,
-// deterministic gradients and the relative error they are judged by.
+// deterministic gradients, copies to and from lent buffers of either
+// dtype, and the relative error they are judged by.
 #ifndef MUONPS_TESTS_GPU_TEST_SUPPORT_H_
 #define MUONPS_TESTS_GPU_TEST_SUPPORT_H_
 
@@ -8,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
 
 namespace muonps {
 namespace testing {
@@ -26,6 +29,14 @@ const std::vector<MatrixCase>& Matrices();
 
 // A deterministic gradient value, of varied magnitude and sign.
 float GradValue(int64_t step, int matrix, int64_t i);
+
+// `values` rounded to `dtype` (fp32 or bf16), copied to device memory at
+// `device`; and `count` values of `dtype` at `device`, widened to float.
+// INTERNAL with the CUDA error otherwise.
+absl::Status UploadAs(DType dtype, const std::vector<float>& values,
+                      void* device);
+absl::StatusOr<std::vector<float>> DownloadAs(DType dtype, const void* device,
+                                              int64_t count);
 
 // ||a - b||_F / ||b||_F in double.
 double RelativeError(const std::vector<float>& a, const std::vector<float>& b);

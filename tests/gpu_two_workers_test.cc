@@ -17,7 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/gpu_test_support.h"
 #include "tests/harness/child_process.h"
@@ -78,15 +80,24 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
       for (auto& w : workers_) std::cerr << "== worker\n" << w->Log();
     }
     clients_.clear();
-    for (float* b : blocks_) cudaFree(b);
+    for (char* b : blocks_) cudaFree(b);
     workers_.clear();
     coordinator_.reset();
   }
 
+  // The parameter: "<layout>" (fp32 buffers) or "<layout>/bf16".
+  std::string LayoutName() const {
+    return GetParam().substr(0, GetParam().find('/'));
+  }
+  DType Dtype() const {
+    return GetParam().find("/bf16") != std::string::npos ? DType::kBFloat16
+                                                         : DType::kFloat32;
+  }
+  int64_t Width() const { return static_cast<int64_t>(DTypeSize(Dtype())); }
   scheduler::Layout Layout() const {
-    return GetParam() == "unreduced"     ? scheduler::Layout::kUnreduced
-           : GetParam() == "row_sharded" ? scheduler::Layout::kRowSharded
-                                         : scheduler::Layout::kReplicated;
+    return LayoutName() == "unreduced"     ? scheduler::Layout::kUnreduced
+           : LayoutName() == "row_sharded" ? scheduler::Layout::kRowSharded
+                                           : scheduler::Layout::kReplicated;
   }
 
   // Rows of matrix `m` that trainer `t` holds.
@@ -131,8 +142,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
                         .ok());
         const auto [b, e] = Rows(c, t);
         const int64_t n = (e - b) * c.cols * c.experts;
-        float* block = nullptr;
-        ASSERT_EQ(cudaMalloc(&block, 2 * n * sizeof(float)), cudaSuccess);
+        char* block = nullptr;
+        ASSERT_EQ(cudaMalloc(&block, 2 * n * Width()), cudaSuccess);
         blocks_.push_back(block);
         std::vector<float> init(n);
         for (int64_t ex = 0; ex < c.experts; ++ex) {
@@ -141,12 +152,12 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
                 InitialParam(m, ex * c.rows * c.cols + b * c.cols + i);
           }
         }
-        ASSERT_EQ(
-            cudaMemcpy(block + n, init.data(), n * 4, cudaMemcpyHostToDevice),
-            cudaSuccess);
+        char* param = block + n * Width();
+        const absl::Status up = testing::UploadAs(Dtype(), init, param);
+        ASSERT_TRUE(up.ok()) << up;
         grads_[t].push_back(block);
-        params_[t].push_back(block + n);
-        ASSERT_TRUE(clients_[t]->LendCuda(c.name, block, block + n).ok());
+        params_[t].push_back(param);
+        ASSERT_TRUE(clients_[t]->LendCuda(c.name, block, param, Dtype()).ok());
       }
     }
     kernels::MuonHyperparameters muon;
@@ -182,9 +193,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
                 Grad(step, m, t, ex * c.rows * c.cols + b * c.cols + i);
           }
         }
-        ASSERT_EQ(cudaMemcpy(grads_[t][m], g.data(), g.size() * 4,
-                             cudaMemcpyHostToDevice),
-                  cudaSuccess);
+        const absl::Status up = testing::UploadAs(Dtype(), g, grads_[t][m]);
+        ASSERT_TRUE(up.ok()) << up;
       }
     }
   }
@@ -193,8 +203,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<ChildProcess> coordinator_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::vector<std::unique_ptr<Client>> clients_;
-  std::vector<float*> blocks_;
-  std::vector<std::vector<float*>> grads_, params_;  // by trainer, matrix
+  std::vector<char*> blocks_;
+  std::vector<std::vector<char*>> grads_, params_;  // by trainer, matrix
   Stream streams_[2] = {kHostStream, kHostStream};
 };
 
@@ -206,19 +216,32 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   absl::StatusOr<std::unique_ptr<kernels::cuda::CudaKernels>> reference =
       kernels::cuda::CudaKernels::Create({.device = 0});
   ASSERT_TRUE(reference.ok()) << reference.status();
-  std::vector<float*> grad(Matrices().size()), momentum(Matrices().size()),
-      param(Matrices().size());
+  // Blocking: ordered with this test's cudaMemcpy calls (legacy stream).
+  cudaStream_t ref_stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&ref_stream), cudaSuccess);
+  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)>
+      ref_stream_owner(ref_stream, &cudaStreamDestroy);
+  // bf16 parameters: the update is applied with the workers' own DeviceOps
+  // (fp32 arithmetic, one rounding), on the gradients as lent (rounded).
+  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaDeviceOps>> ops =
+      kernels::cuda::CudaDeviceOps::Create(0, ref_stream);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  auto as_lent = [&](float v) {
+    return Dtype() == DType::kFloat32 ? v : BFloat16ToFloat(FloatToBFloat16(v));
+  };
+  std::vector<float*> grad(Matrices().size()), momentum(Matrices().size());
+  std::vector<char*> param(Matrices().size());
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];
     const int64_t n = c.rows * c.cols * c.experts;
     ASSERT_EQ(cudaMalloc(&grad[m], n * 4), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&momentum[m], n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&param[m], n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&param[m], n * Width()), cudaSuccess);
     ASSERT_EQ(cudaMemset(momentum[m], 0, n * 4), cudaSuccess);
     std::vector<float> init(n);
     for (int64_t i = 0; i < n; ++i) init[i] = InitialParam(m, i);
-    ASSERT_EQ(cudaMemcpy(param[m], init.data(), n * 4, cudaMemcpyHostToDevice),
-              cudaSuccess);
+    const absl::Status up = testing::UploadAs(Dtype(), init, param[m]);
+    ASSERT_TRUE(up.ok()) << up;
   }
   constexpr int kSteps = 50;
   for (int64_t step = 0; step < kSteps; ++step) {
@@ -239,8 +262,10 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       std::vector<float> g(n);
       for (int64_t i = 0; i < n; ++i) {
         g[i] = Layout() == scheduler::Layout::kUnreduced
-                   ? (Grad(step, m, 0, i) + Grad(step, m, 1, i)) * 0.5f
-                   : Grad(step, m, 0, i);
+                   ? (as_lent(Grad(step, m, 0, i)) +
+                      as_lent(Grad(step, m, 1, i))) *
+                         0.5f
+                   : as_lent(Grad(step, m, 0, i));
       }
       ASSERT_EQ(cudaMemcpy(grad[m], g.data(), n * 4, cudaMemcpyHostToDevice),
                 cudaSuccess);
@@ -252,25 +277,47 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       stack.names = {c.name};
       stack.grad = {grad[m], c.experts, c.rows, c.cols};
       stack.momentum = {momentum[m], c.experts, c.rows, c.cols};
-      stack.param = {param[m], c.experts, c.rows, c.cols};
-      const absl::Status s = (*reference)->MuonStep(stack, h);
-      ASSERT_TRUE(s.ok()) << s;
+      if (Dtype() == DType::kFloat32) {
+        stack.param = {reinterpret_cast<float*>(param[m]), c.experts, c.rows,
+                       c.cols};
+        const absl::Status s = (*reference)->MuonStep(stack, h, ref_stream);
+        ASSERT_TRUE(s.ok()) << s;
+        continue;
+      }
+      ASSERT_TRUE((*reference)
+                      ->UpdateMomentum(stack.grad, stack.momentum, h.momentum,
+                                       h.nesterov, stack.grad, ref_stream)
+                      .ok());
+      ASSERT_TRUE((*reference)
+                      ->Orthogonalize(stack.grad, stack.grad, h.ns, ref_stream)
+                      .ok());
+      ASSERT_TRUE(
+          (*ops)
+              ->ApplyScaled(param[m], DType::kBFloat16, grad[m], n,
+                            static_cast<float>(1.0 - h.lr * h.weight_decay),
+                            static_cast<float>(-kernels::AdjustedLr(
+                                h.lr, h.lr_adjustment, c.rows, c.cols)),
+                            ref_stream)
+              .ok());
+      ASSERT_EQ(cudaStreamSynchronize(ref_stream), cudaSuccess);
     }
   }
   double worst = 0;
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];
     const int64_t n = c.rows * c.cols * c.experts;
-    std::vector<float> want(n);
-    ASSERT_EQ(cudaMemcpy(want.data(), param[m], n * 4, cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    absl::StatusOr<std::vector<float>> wanted =
+        testing::DownloadAs(Dtype(), param[m], n);
+    ASSERT_TRUE(wanted.ok()) << wanted.status();
+    const std::vector<float>& want = *wanted;
     for (int t = 0; t < 2; ++t) {
       const auto [b, e] = Rows(c, t);
       const int64_t local = (e - b) * c.cols;
-      std::vector<float> got(local * c.experts), expected;
-      ASSERT_EQ(cudaMemcpy(got.data(), params_[t][m], got.size() * 4,
-                           cudaMemcpyDeviceToHost),
-                cudaSuccess);
+      absl::StatusOr<std::vector<float>> lent =
+          testing::DownloadAs(Dtype(), params_[t][m], local * c.experts);
+      ASSERT_TRUE(lent.ok()) << lent.status();
+      const std::vector<float>& got = *lent;
+      std::vector<float> expected;
       for (int64_t ex = 0; ex < c.experts; ++ex) {
         expected.insert(expected.end(),
                         want.begin() + ex * c.rows * c.cols + b * c.cols,
@@ -286,12 +333,13 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   }
   std::printf(
       "{\"what\":\"gpu_two_workers_parity\",\"layout\":\"%s\","
-      "\"steps\":%d,\"max_rel_err\":%g}\n",
-      GetParam().c_str(), kSteps, worst);
+      "\"dtype\":\"%s\",\"steps\":%d,\"max_rel_err\":%g}\n",
+      LayoutName().c_str(), std::string(DTypeName(Dtype())).c_str(), kSteps,
+      worst);
 }
 
 TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
-  if (GetParam() != "unreduced") GTEST_SKIP() << "one case is enough";
+  if (GetParam() != "unreduced/bf16") GTEST_SKIP() << "one case is enough";
   ASSERT_NO_FATAL_FAILURE(StartTrainers());
   ASSERT_NO_FATAL_FAILURE(WriteGradients(0));
   for (int t = 0; t < 2; ++t) {
@@ -320,7 +368,9 @@ TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
 
 INSTANTIATE_TEST_SUITE_P(OneGpu, TwoWorkersOneGpuTest,
                          ::testing::Values("replicated", "unreduced",
-                                           "row_sharded"));
+                                           "row_sharded", "replicated/bf16",
+                                           "unreduced/bf16",
+                                           "row_sharded/bf16"));
 
 }  // namespace
 }  // namespace muonps

@@ -89,8 +89,9 @@ void Run() {
       options.algorithm = algorithm;
       const kernels::MatrixStack in_stack{in.data(), c.batch, c.rows, c.cols};
       const kernels::MatrixStack out_stack{out.data(), c.batch, c.rows, c.cols};
-      const double seconds = MedianSeconds(
-          [&] { (void)kernels.Orthogonalize(in_stack, out_stack, options); });
+      const double seconds = MedianSeconds([&] {
+        (void)kernels.Orthogonalize(in_stack, out_stack, options, kHostStream);
+      });
       if (algorithm == kernels::NsAlgorithm::kNs5) ns5_seconds = seconds;
       const double executed =
           c.batch * kernels::NsExecutedFlops(c.rows, c.cols, options);

@@ -32,11 +32,12 @@
 #include "bench/ns_gpu/gpu_timing.h"
 #include "bench/ns_gpu/peer_results.h"
 #include "common/status.h"
+#include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/device_name.h"
+#include "kernels/device_ops.h"
 #include "kernels/ns_flops.h"
 #include "nlohmann/json.hpp"
-#include "tools/autotune/cuda_measurement_device.h"
-#include "tools/autotune/measurement_device.h"
 
 ABSL_FLAG(std::string, torch_results, "",
           "JSON lines from torch_peers.py measured in the same run.");
@@ -60,11 +61,12 @@ constexpr double kTargetRatioToTorchMuon = 0.5;
 // One same-shape stack of the set with its buffers and measured times.
 struct Group {
   int64_t rows, cols, count;
-  autotune::DeviceBuffer grad, momentum, param, out;
+  std::unique_ptr<kernels::FloatBuffer> grad, momentum, param, out;
   NsAlgorithm best = NsAlgorithm::kNs5;
 
-  kernels::MatrixStack Stack(const autotune::DeviceBuffer& buffer) const {
-    return {buffer.data(), count, rows, cols};
+  kernels::MatrixStack Stack(
+      const std::unique_ptr<kernels::FloatBuffer>& buffer) const {
+    return {buffer->data(), count, rows, cols};
   }
   kernels::NewtonSchulzOptions Ns(NsAlgorithm algorithm) const {
     kernels::NewtonSchulzOptions ns;
@@ -85,17 +87,17 @@ void Print(const Json& line) {
 }
 
 // Fills `buffer` with random values in [-1, 1): copies of one random
-// host matrix of `matrix` elements, each rotated differently.
-absl::Status Fill(autotune::MeasurementDevice& device,
-                  const std::vector<float>& host, int64_t matrix,
-                  const autotune::DeviceBuffer& buffer) {
-  const absl::Span<const float> source(host.data(), matrix);
+// host matrix of `matrix` elements, each rotated differently, on the ops'
+// stream (`host` must stay valid until it is synchronized).
+absl::Status Fill(kernels::DeviceOps& ops, const std::vector<float>& host,
+                  int64_t matrix, const kernels::FloatBuffer& buffer) {
   for (int64_t i = 0; i * matrix < buffer.size(); ++i) {
     const int64_t offset = (i * 7919) % matrix;
     float* target = buffer.data() + i * matrix;
-    MUONPS_RETURN_IF_ERROR(device.CopyFromHost(source.subspan(offset), target));
-    MUONPS_RETURN_IF_ERROR(device.CopyFromHost(source.subspan(0, offset),
-                                               target + matrix - offset));
+    MUONPS_RETURN_IF_ERROR(
+        ops.Copy(target, host.data() + offset, matrix - offset, ops.stream()));
+    MUONPS_RETURN_IF_ERROR(
+        ops.Copy(target + matrix - offset, host.data(), offset, ops.stream()));
   }
   return absl::OkStatus();
 }
@@ -116,16 +118,15 @@ absl::Status Run() {
   if (!torch_path.empty()) {
     MUONPS_ASSIGN_OR_RETURN(peers, bench::PeerResults::Load(torch_path));
   }
-  MUONPS_ASSIGN_OR_RETURN(
-      std::unique_ptr<autotune::CudaMeasurementDevice> device,
-      autotune::CudaMeasurementDevice::Create(absl::GetFlag(FLAGS_device)));
-  cudaStream_t stream = nullptr;
-  MUONPS_RETURN_IF_ERROR(bench::CudaCheck(
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-      "cudaStreamCreate"));
+  const int device = absl::GetFlag(FLAGS_device);
+  MUONPS_ASSIGN_OR_RETURN(const std::string device_name,
+                          kernels::cuda::CudaDeviceName(device));
+  // Memory, copies and the stream every timed call runs on.
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::cuda::CudaDeviceOps> ops,
+                          kernels::cuda::CudaDeviceOps::Create(device));
+  const Stream stream = ops->stream();
   kernels::cuda::CudaKernelsOptions options;
-  options.device = absl::GetFlag(FLAGS_device);
-  options.stream = stream;
+  options.device = device;
   MUONPS_ASSIGN_OR_RETURN(
       options.precision,
       kernels::cuda::ParsePrecision(absl::GetFlag(FLAGS_precision)));
@@ -142,7 +143,7 @@ absl::Status Run() {
   cudaDriverGetVersion(&driver);
   Json env;
   env["what"] = "ns_gpu_env";
-  env["device"] = device->name();
+  env["device"] = device_name;
   env["precision"] = precision;
   env["cuda_runtime"] = runtime;
   env["cuda_driver"] = driver;
@@ -180,20 +181,20 @@ absl::Status Run() {
                                                           {4096, 14336, 8}}) {
     Group g{rows, cols, count, {}, {}, {}, {}};
     const int64_t elements = rows * cols * count;
-    for (autotune::DeviceBuffer* buffer :
+    for (std::unique_ptr<kernels::FloatBuffer>* buffer :
          {&g.grad, &g.momentum, &g.param, &g.out}) {
-      MUONPS_ASSIGN_OR_RETURN(
-          *buffer, autotune::DeviceBuffer::Allocate(*device, elements));
+      MUONPS_ASSIGN_OR_RETURN(*buffer, ops->Allocate(elements, "a stack"));
     }
     groups.push_back(std::move(g));
   }
   const std::vector<float> host = RandomHost(14336 * 4096);
   for (const Group& g : groups) {
-    for (const autotune::DeviceBuffer* buffer :
-         {&g.grad, &g.momentum, &g.param}) {
-      MUONPS_RETURN_IF_ERROR(Fill(*device, host, g.rows * g.cols, *buffer));
+    for (const kernels::FloatBuffer* buffer :
+         {g.grad.get(), g.momentum.get(), g.param.get()}) {
+      MUONPS_RETURN_IF_ERROR(Fill(*ops, host, g.rows * g.cols, *buffer));
     }
   }
+  MUONPS_RETURN_IF_ERROR(ops->Synchronize(stream));
 
   int64_t matrices = 0;
   double best_flops = 0;
@@ -206,7 +207,7 @@ absl::Status Run() {
       MUONPS_ASSIGN_OR_RETURN(
           ms[static_cast<int>(algorithm)], timer->MedianMs([&]() {
             return cuda->Orthogonalize(g.Stack(g.grad), g.Stack(g.out),
-                                       g.Ns(algorithm));
+                                       g.Ns(algorithm), stream);
           }));
     }
     g.best = ms[1] < ms[0] ? NsAlgorithm::kGram : NsAlgorithm::kNs5;
@@ -245,8 +246,8 @@ absl::Status Run() {
 
   MUONPS_ASSIGN_OR_RETURN(const double all_ms, timer->MedianMs([&]() {
     for (const Group& g : groups) {
-      MUONPS_RETURN_IF_ERROR(
-          cuda->Orthogonalize(g.Stack(g.grad), g.Stack(g.out), g.Ns(g.best)));
+      MUONPS_RETURN_IF_ERROR(cuda->Orthogonalize(
+          g.Stack(g.grad), g.Stack(g.out), g.Ns(g.best), stream));
     }
     return absl::OkStatus();
   }));
@@ -284,7 +285,7 @@ absl::Status Run() {
       kernels::MuonHyperparameters hyper;
       hyper.lr = 0.02;
       hyper.ns = g.Ns(g.best);
-      MUONPS_RETURN_IF_ERROR(cuda->MuonStep(stack, hyper));
+      MUONPS_RETURN_IF_ERROR(cuda->MuonStep(stack, hyper, stream));
     }
     return absl::OkStatus();
   }));
@@ -304,9 +305,7 @@ absl::Status Run() {
   update["target_ratio_to_torch_muon"] = kTargetRatioToTorchMuon;
   Print(update);
 
-  groups.clear();
-  cuda.reset();
-  return bench::CudaCheck(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  return ops->Synchronize(stream);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ absl::StatusOr<double> OneProcessStepper::Step() {
                            .grad = {grads_[i].data(), 1, m.rows, m.cols},
                            .momentum = {momenta_[i].data(), 1, m.rows, m.cols},
                            .param = {params_[i].data(), 1, m.rows, m.cols}},
-                          hyper));
+                          hyper, kHostStream));
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();

@@ -32,6 +32,7 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_name.h"
 #include "kernels/cuda/precision.h"
 #include "nlohmann/json.hpp"
 
@@ -292,10 +293,9 @@ absl::Status Run() {
   MUONPS_ASSIGN_OR_RETURN(
       const kernels::cuda::Precision precision,
       kernels::cuda::ParsePrecision(absl::GetFlag(FLAGS_precision)));
-  MUONPS_ASSIGN_OR_RETURN(
-      std::unique_ptr<kernels::cuda::CudaKernels> k,
-      kernels::cuda::CudaKernels::Create(
-          {.device = 0, .precision = precision, .stream = stream}));
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::cuda::CudaKernels> k,
+                          kernels::cuda::CudaKernels::Create(
+                              {.device = 0, .precision = precision}));
   std::map<std::pair<int64_t, int64_t>, int64_t> counts;
   for (const auto& [name, s] : matrices) ++counts[{s.rows, s.cols}];
   struct Stack {
@@ -337,12 +337,12 @@ absl::Status Run() {
       const kernels::MatrixStack g{s.grad, s.count, s.shape.rows, s.shape.cols};
       const kernels::MatrixStack b{s.momentum, s.count, s.shape.rows,
                                    s.shape.cols};
-      MUONPS_RETURN_IF_ERROR(k->UpdateMomentum(g, b, 0.95, true, g));
+      MUONPS_RETURN_IF_ERROR(k->UpdateMomentum(g, b, 0.95, true, g, stream));
       kernels::NewtonSchulzOptions ns;
       ns.algorithm = s.algorithm;
-      MUONPS_RETURN_IF_ERROR(k->Orthogonalize(g, g, ns));
+      MUONPS_RETURN_IF_ERROR(k->Orthogonalize(g, g, ns, stream));
     }
-    MUONPS_RETURN_IF_ERROR(k->Synchronize());
+    MUONPS_RETURN_IF_ERROR(k->Synchronize(stream));
     if (r >= warmup) {
       ns_ms.push_back(std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - start)
@@ -353,15 +353,15 @@ absl::Status Run() {
     cudaFree(s.grad);
     cudaFree(s.momentum);
   }
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
+  MUONPS_ASSIGN_OR_RETURN(const std::string device_name,
+                          kernels::cuda::CudaDeviceName(0));
   const double ns_all = Median(ns_ms);
   const double step = Median(step_ms);
   const double ret = Median(return_ms);
   const auto torch_muon = peers.Number("torch_muon_step_1gpu", "ms");
   const auto adamw = peers.Number("adamw_fused_step", "ms");
   Line({{"what", "muonps_ns_all"},
-        {"device", prop.name},
+        {"device", device_name},
         {"matrices", matrices.size()},
         {"params", total},
         {"precision", absl::GetFlag(FLAGS_precision)},

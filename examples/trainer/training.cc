@@ -69,12 +69,12 @@ absl::StatusOr<std::vector<float>> TrainReference(const TrainConfig& config) {
         stack.momentum = {momentum.data() + p.offset, 1, p.shape[0],
                           p.shape[1]};
         stack.param = {param, 1, p.shape[0], p.shape[1]};
-        MUONPS_RETURN_IF_ERROR(kernels.MuonStep(stack, muon));
+        MUONPS_RETURN_IF_ERROR(kernels.MuonStep(stack, muon, kHostStream));
       } else {
         MUONPS_RETURN_IF_ERROR(
             kernels.AdamWStep({p.name, param, grad, exp_avg.data() + p.offset,
                                exp_avg_sq.data() + p.offset, p.num_elements},
-                              config.adamw, step + 1));
+                              config.adamw, step + 1, kHostStream));
       }
     }
   }

@@ -59,12 +59,37 @@ absl::Status CpuDeviceOps::Scale(float* data, int64_t count, float factor,
   return absl::OkStatus();
 }
 
-absl::Status CpuDeviceOps::ApplyScaled(float* param, const float* update,
-                                       int64_t count, float decay, float step,
-                                       Stream stream) {
+absl::Status CpuDeviceOps::ToFloat(float* dst, const void* src, DType src_dtype,
+                                   int64_t count, Stream stream) {
   if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  if (absl::Status s = CheckLentDType(src_dtype); !s.ok()) return s;
+  if (count > 0) muonps::ToFloat(src_dtype, src, count, dst);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDeviceOps::FromFloat(void* dst, DType dst_dtype,
+                                     const float* src, int64_t count,
+                                     Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  if (absl::Status s = CheckLentDType(dst_dtype); !s.ok()) return s;
+  if (count > 0) muonps::FromFloat(dst_dtype, src, count, dst);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDeviceOps::ApplyScaled(void* param, DType param_dtype,
+                                       const float* update, int64_t count,
+                                       float decay, float step, Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  if (absl::Status s = CheckLentDType(param_dtype); !s.ok()) return s;
+  if (param_dtype == DType::kFloat32) {
+    float* p = static_cast<float*>(param);
+    for (int64_t i = 0; i < count; ++i) p[i] = p[i] * decay + step * update[i];
+    return absl::OkStatus();
+  }
+  uint16_t* p = static_cast<uint16_t*>(param);
   for (int64_t i = 0; i < count; ++i) {
-    param[i] = param[i] * decay + step * update[i];
+    const float value = BFloat16ToFloat(p[i]) * decay + step * update[i];
+    p[i] = FloatToBFloat16(value);
   }
   return absl::OkStatus();
 }
@@ -82,6 +107,11 @@ absl::StatusOr<std::vector<int64_t>> CpuDeviceOps::FirstNonFinite(
     }
   }
   return out;
+}
+
+absl::Status CpuDeviceOps::Order(Stream waiter, Stream signaler) {
+  if (absl::Status s = HostOnly(waiter); !s.ok()) return s;
+  return HostOnly(signaler);
 }
 
 absl::Status CpuDeviceOps::Synchronize(Stream stream) {

@@ -13,14 +13,21 @@ class CpuDeviceOps final : public DeviceOps {
  public:
   Device device() const override { return kHostDevice; }
   Stream stream() const override { return kHostStream; }
+  Stream compute_stream() const override { return kHostStream; }
+  absl::Status Order(Stream waiter, Stream signaler) override;
   absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,
                     Stream stream) override;
+  absl::Status ToFloat(float* dst, const void* src, DType src_dtype,
+                       int64_t count, Stream stream) override;
+  absl::Status FromFloat(void* dst, DType dst_dtype, const float* src,
+                         int64_t count, Stream stream) override;
   absl::Status Scale(float* data, int64_t count, float factor,
                      Stream stream) override;
-  absl::Status ApplyScaled(float* param, const float* update, int64_t count,
-                           float decay, float step, Stream stream) override;
+  absl::Status ApplyScaled(void* param, DType param_dtype, const float* update,
+                           int64_t count, float decay, float step,
+                           Stream stream) override;
   absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
       absl::Span<const FloatSpan> spans, Stream stream) override;
   absl::Status Synchronize(Stream stream) override;

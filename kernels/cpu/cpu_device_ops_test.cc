@@ -29,11 +29,47 @@ TEST(CpuDeviceOpsTest, ScaleCopyAndApplyUseTheStepsFp32Arithmetic) {
   EXPECT_EQ(b, (std::vector<float>{0.75f, -1.0f, 1.625f}));
   std::vector<float> p = {1.0f, 2.0f, 3.0f};
   ASSERT_TRUE(
-      ops.ApplyScaled(p.data(), a.data(), 3, 0.9f, -0.1f, kHostStream).ok());
+      ops.ApplyScaled(p.data(), DType::kFloat32, a.data(), 3, 0.9f, -0.1f,
+                      kHostStream)
+          .ok());
   for (int i = 0; i < 3; ++i) {
     const float want = (i + 1.0f) * 0.9f + -0.1f * a[i];
     EXPECT_EQ(p[i], want);
   }
+}
+
+TEST(CpuDeviceOpsTest, Bf16TensorsConvertExactlyAndRoundTheUpdateOnce) {
+  CpuDeviceOps ops;
+  const std::vector<float> values = {1.0f, -0.3f, 1e-3f, 3.0e4f};
+  std::vector<uint16_t> lent(values.size());
+  ASSERT_TRUE(ops.FromFloat(lent.data(), DType::kBFloat16, values.data(), 4,
+                            kHostStream)
+                  .ok());
+  std::vector<float> widened(values.size());
+  ASSERT_TRUE(ops.ToFloat(widened.data(), lent.data(), DType::kBFloat16, 4,
+                          kHostStream)
+                  .ok());
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_EQ(lent[i], FloatToBFloat16(values[i]));
+    EXPECT_EQ(widened[i], BFloat16ToFloat(lent[i]));
+  }
+  const std::vector<float> update = {0.5f, 0.25f, -1.0f, 2.0f};
+  ASSERT_TRUE(ops.ApplyScaled(lent.data(), DType::kBFloat16, update.data(), 4,
+                              0.99f, -0.01f, kHostStream)
+                  .ok());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float want = widened[i] * 0.99f + -0.01f * update[i];
+    EXPECT_EQ(lent[i], FloatToBFloat16(want)) << i;
+  }
+}
+
+TEST(CpuDeviceOpsTest, RefusesFp16LentTensorsNamingTheDtype) {
+  CpuDeviceOps ops;
+  uint16_t half = 0;
+  float x = 0;
+  const absl::Status s = ops.ToFloat(&x, &half, DType::kFloat16, 1, kHostStream);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("dtype: fp16"), absl::string_view::npos);
 }
 
 TEST(CpuDeviceOpsTest, FirstNonFiniteFindsEachSpansFirstBadElement) {

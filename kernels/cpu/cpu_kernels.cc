@@ -33,7 +33,9 @@ CpuKernels::CpuKernels(const CpuKernelOptions& options) {
 }
 
 absl::Status CpuKernels::CheckFinite(const MatrixStack& stack,
-                                     absl::Span<const std::string> names) {
+                                     absl::Span<const std::string> names,
+                                     Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, backend_name()));
   MUONPS_RETURN_IF_ERROR(ValidateStack(stack, "grad"));
   for (int64_t i = 0; i < stack.count; ++i) {
     const int64_t bad =
@@ -53,7 +55,9 @@ absl::Status CpuKernels::CheckFinite(const MatrixStack& stack,
 absl::Status CpuKernels::UpdateMomentum(const MatrixStack& grad,
                                         const MatrixStack& momentum, double mu,
                                         bool nesterov,
-                                        const MatrixStack& update) {
+                                        const MatrixStack& update,
+                                        Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, backend_name()));
   MUONPS_RETURN_IF_ERROR(ValidateMomentumArgs(grad, momentum, update));
   const float keep = static_cast<float>(1.0 - mu);
   const float mu_f = static_cast<float>(mu);
@@ -69,7 +73,9 @@ absl::Status CpuKernels::UpdateMomentum(const MatrixStack& grad,
 
 absl::Status CpuKernels::Orthogonalize(const MatrixStack& in,
                                        const MatrixStack& out,
-                                       const NewtonSchulzOptions& options) {
+                                       const NewtonSchulzOptions& options,
+                                       Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, backend_name()));
   MUONPS_RETURN_IF_ERROR(ValidateStack(in, "in"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(out, "out", &in));
   MUONPS_RETURN_IF_ERROR(ValidateNewtonSchulzOptions(options));
@@ -83,7 +89,8 @@ absl::Status CpuKernels::Orthogonalize(const MatrixStack& in,
 absl::Status CpuKernels::ApplyUpdate(const MatrixStack& param,
                                      const MatrixStack& update, double lr,
                                      double weight_decay,
-                                     LrAdjustment adjustment) {
+                                     LrAdjustment adjustment, Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, backend_name()));
   MUONPS_RETURN_IF_ERROR(ValidateStack(param, "param"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &param));
   const float decay = static_cast<float>(1.0 - lr * weight_decay);
@@ -97,23 +104,27 @@ absl::Status CpuKernels::ApplyUpdate(const MatrixStack& param,
 }
 
 absl::Status CpuKernels::MuonStep(const MuonStack& stack,
-                                  const MuonHyperparameters& hyper) {
+                                  const MuonHyperparameters& hyper,
+                                  Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, backend_name()));
   MUONPS_RETURN_IF_ERROR(ValidateMuonStack(stack));
   MUONPS_RETURN_IF_ERROR(ValidateMuonHyperparameters(hyper));
-  MUONPS_RETURN_IF_ERROR(CheckFinite(stack.grad, stack.names));
+  MUONPS_RETURN_IF_ERROR(CheckFinite(stack.grad, stack.names, stream));
   update_.resize(stack.grad.elements());
   const MatrixStack update{update_.data(), stack.grad.count, stack.grad.rows,
                            stack.grad.cols};
-  MUONPS_RETURN_IF_ERROR(UpdateMomentum(
-      stack.grad, stack.momentum, hyper.momentum, hyper.nesterov, update));
-  MUONPS_RETURN_IF_ERROR(Orthogonalize(update, update, hyper.ns));
+  MUONPS_RETURN_IF_ERROR(UpdateMomentum(stack.grad, stack.momentum,
+                                        hyper.momentum, hyper.nesterov, update,
+                                        stream));
+  MUONPS_RETURN_IF_ERROR(Orthogonalize(update, update, hyper.ns, stream));
   return ApplyUpdate(stack.param, update, hyper.lr, hyper.weight_decay,
-                     hyper.lr_adjustment);
+                     hyper.lr_adjustment, stream);
 }
 
 absl::Status CpuKernels::AdamWStep(const AdamWTensor& t,
                                    const AdamWHyperparameters& hyper,
-                                   int64_t step) {
+                                   int64_t step, Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, backend_name()));
   MUONPS_RETURN_IF_ERROR(ValidateAdamWStep(t, hyper, step));
   const int64_t bad = FirstNonFinite(t.grad, t.size);
   if (bad >= 0) {

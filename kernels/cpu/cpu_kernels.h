@@ -1,4 +1,7 @@
 // The CPU backend of MuonKernels: fp32 throughout, OpenBLAS underneath.
+// Works on host memory: every call takes kHostStream and has finished when
+// it returns; any other stream is refused with INVALID_ARGUMENT naming
+// `stream`, before anything is read or written.
 //
 // Not safe for concurrent use (it owns scratch buffers); create one per
 // thread. Construction sets OpenBLAS's thread count, which is process-wide.
@@ -26,21 +29,24 @@ class CpuKernels final : public MuonKernels {
 
   absl::string_view backend_name() const override { return "cpu"; }
   absl::Status CheckFinite(const MatrixStack& stack,
-                           absl::Span<const std::string> names) override;
+                           absl::Span<const std::string> names,
+                           Stream stream) override;
   absl::Status UpdateMomentum(const MatrixStack& grad,
                               const MatrixStack& momentum, double mu,
-                              bool nesterov,
-                              const MatrixStack& update) override;
+                              bool nesterov, const MatrixStack& update,
+                              Stream stream) override;
   absl::Status Orthogonalize(const MatrixStack& in, const MatrixStack& out,
-                             const NewtonSchulzOptions& options) override;
+                             const NewtonSchulzOptions& options,
+                             Stream stream) override;
   absl::Status ApplyUpdate(const MatrixStack& param, const MatrixStack& update,
                            double lr, double weight_decay,
-                           LrAdjustment adjustment) override;
+                           LrAdjustment adjustment, Stream stream) override;
   absl::Status MuonStep(const MuonStack& stack,
-                        const MuonHyperparameters& hyper) override;
+                        const MuonHyperparameters& hyper,
+                        Stream stream) override;
   absl::Status AdamWStep(const AdamWTensor& tensor,
-                         const AdamWHyperparameters& hyper,
-                         int64_t step) override;
+                         const AdamWHyperparameters& hyper, int64_t step,
+                         Stream stream) override;
 
  private:
   cpu::NsWorkspace workspace_;

@@ -32,9 +32,9 @@ TEST(UpdateMomentumTest, MatchesFp64TwinOverTenStepsWithAndWithoutNesterov) {
     for (uint32_t step = 0; step < 10; ++step) {
       std::vector<float> grad = GaussianMatrix(40, 30, step);
       ASSERT_TRUE(kernels
-                      .UpdateMomentum(Stack(grad, 1, 40, 30),
-                                      Stack(momentum, 1, 40, 30), 0.95,
-                                      nesterov, Stack(update, 1, 40, 30))
+                      .UpdateMomentum(
+                          Stack(grad, 1, 40, 30), Stack(momentum, 1, 40, 30),
+                          0.95, nesterov, Stack(update, 1, 40, 30), kHostStream)
                       .ok());
       reference::Matrix want_update(grad.size());
       for (size_t i = 0; i < grad.size(); ++i) {
@@ -77,7 +77,7 @@ TwinErrors MuonStepsAgainstTwin(int64_t count, int64_t rows, int64_t cols,
     stack.grad = Stack(grad, count, rows, cols);
     stack.momentum = Stack(momentum, count, rows, cols);
     stack.param = Stack(param, count, rows, cols);
-    EXPECT_TRUE(kernels.MuonStep(stack, hyper).ok());
+    EXPECT_TRUE(kernels.MuonStep(stack, hyper, kHostStream).ok());
     for (int64_t b = 0; b < count; ++b) {
       const reference::Matrix g(grad.begin() + b * size,
                                 grad.begin() + (b + 1) * size);
@@ -129,13 +129,13 @@ TEST(MuonStepTest, BatchOf64EqualsSixtyFourSingleCallsBitForBit) {
                   Stack(grad, count, rows, cols),
                   Stack(momentum, count, rows, cols),
                   Stack(param, count, rows, cols)};
-  ASSERT_TRUE(kernels.MuonStep(batch, hyper).ok());
+  ASSERT_TRUE(kernels.MuonStep(batch, hyper, kHostStream).ok());
   for (int64_t b = 0; b < count; ++b) {
     MuonStack one{{"one"},
                   {grad.data() + b * size, 1, rows, cols},
                   {single_momentum.data() + b * size, 1, rows, cols},
                   {single_param.data() + b * size, 1, rows, cols}};
-    ASSERT_TRUE(kernels.MuonStep(one, hyper).ok());
+    ASSERT_TRUE(kernels.MuonStep(one, hyper, kHostStream).ok());
   }
   EXPECT_EQ(param, single_param);
   EXPECT_EQ(momentum, single_momentum);
@@ -155,7 +155,7 @@ TEST(MuonStepTest, NonFiniteGradientIsRejectedByNameAndNothingIsWritten) {
                     Stack(momentum, 4, 8, 8),
                     Stack(param, 4, 8, 8)};
     CpuKernels kernels;
-    const absl::Status status = kernels.MuonStep(stack, {});
+    const absl::Status status = kernels.MuonStep(stack, {}, kHostStream);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(status.message()), HasSubstr("\"l.2\""));
     EXPECT_THAT(std::string(status.message()), HasSubstr("[3, 5]"));
@@ -174,7 +174,7 @@ TEST(MuonStepTest, ExpertStackErrorsNameTheExpert) {
                   Stack(momentum, 3, 4, 4),
                   Stack(param, 3, 4, 4)};
   CpuKernels kernels;
-  EXPECT_THAT(std::string(kernels.MuonStep(stack, {}).message()),
+  EXPECT_THAT(std::string(kernels.MuonStep(stack, {}, kHostStream).message()),
               HasSubstr("\"moe.w1\"[expert 2]"));
 }
 
@@ -187,7 +187,7 @@ TEST(MuonStepTest, HugeGradientsStayFinite) {
                   Stack(momentum, 1, 12, 20),
                   Stack(param, 1, 12, 20)};
   CpuKernels kernels;
-  ASSERT_TRUE(kernels.MuonStep(stack, {}).ok());
+  ASSERT_TRUE(kernels.MuonStep(stack, {}, kHostStream).ok());
   for (float v : param) ASSERT_TRUE(std::isfinite(v));
   for (float v : momentum) ASSERT_TRUE(std::isfinite(v));
 }
@@ -201,8 +201,9 @@ TEST(MuonStepTest, BadHyperparametersAreRejectedBeforeAnyWrite) {
   MuonHyperparameters hyper;
   hyper.ns.steps = 0;
   CpuKernels kernels;
-  EXPECT_THAT(std::string(kernels.MuonStep(stack, hyper).message()),
-              HasSubstr("ns_steps"));
+  EXPECT_THAT(
+      std::string(kernels.MuonStep(stack, hyper, kHostStream).message()),
+      HasSubstr("ns_steps"));
   EXPECT_EQ(param, std::vector<float>(16, 2.0f));
   EXPECT_EQ(momentum, std::vector<float>(16, 3.0f));
 }
@@ -221,7 +222,7 @@ TEST(AdamWStepTest, MatchesFp64TwinOverTenSteps) {
     const std::vector<float> grad = GaussianMatrix(1, 500, 50 + step);
     const AdamWTensor tensor{"bias",   param.data(), grad.data(),
                              m.data(), v.data(),     500};
-    ASSERT_TRUE(kernels.AdamWStep(tensor, hyper, step).ok());
+    ASSERT_TRUE(kernels.AdamWStep(tensor, hyper, step, kHostStream).ok());
     reference::AdamWStep(reference::Matrix(grad.begin(), grad.end()), hyper,
                          step, &want_m, &want_v, &want_param);
     EXPECT_LT(RelativeError(param, want_param), 1e-6) << step;
@@ -237,16 +238,47 @@ TEST(AdamWStepTest, RejectsNonFiniteGradientAndBadStepWithoutWriting) {
   CpuKernels kernels;
   const AdamWTensor tensor{"ln.weight", param.data(), grad.data(),
                            m.data(),    v.data(),     10};
-  const absl::Status status = kernels.AdamWStep(tensor, {}, 1);
+  const absl::Status status = kernels.AdamWStep(tensor, {}, 1, kHostStream);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("\"ln.weight\""));
   EXPECT_THAT(std::string(status.message()), HasSubstr("element 7"));
   EXPECT_EQ(param, std::vector<float>(10, 1.0f));
   EXPECT_EQ(m, std::vector<float>(10, 0.0f));
   grad[7] = 0.5f;
-  EXPECT_THAT(std::string(kernels.AdamWStep(tensor, {}, 0).message()),
-              HasSubstr("step"));
+  EXPECT_THAT(
+      std::string(kernels.AdamWStep(tensor, {}, 0, kHostStream).message()),
+      HasSubstr("step"));
   EXPECT_EQ(param, std::vector<float>(10, 1.0f));
+}
+
+// The CPU backend works on host memory: a device stream is a caller's
+// mistake, refused by name before any call reads or writes.
+TEST(CpuKernelsTest, EveryCallRefusesADeviceStreamBeforeWriting) {
+  std::vector<float> grad(16, 1.0f), param(16, 2.0f), momentum(16, 3.0f);
+  std::vector<float> update(16, 4.0f), m(16, 0.0f), v(16, 0.0f);
+  const MatrixStack g = Stack(grad, 1, 4, 4), p = Stack(param, 1, 4, 4);
+  const MatrixStack b = Stack(momentum, 1, 4, 4), u = Stack(update, 1, 4, 4);
+  CpuKernels kernels;
+  alignas(8) char not_a_stream[8] = {};
+  const Stream device = reinterpret_cast<Stream>(not_a_stream);
+  const AdamWTensor tensor{"bias",   param.data(), grad.data(),
+                           m.data(), v.data(),     16};
+  const absl::Status refused[] = {
+      kernels.CheckFinite(g, {"w"}, device),
+      kernels.UpdateMomentum(g, b, 0.9, true, u, device),
+      kernels.Orthogonalize(g, u, {}, device),
+      kernels.ApplyUpdate(p, u, 0.1, 0.1, LrAdjustment::kOriginal, device),
+      kernels.MuonStep({{"w"}, g, b, p}, {}, device),
+      kernels.AdamWStep(tensor, {}, 1, device),
+  };
+  for (const absl::Status& status : refused) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("stream"));
+  }
+  EXPECT_EQ(param, std::vector<float>(16, 2.0f));
+  EXPECT_EQ(momentum, std::vector<float>(16, 3.0f));
+  EXPECT_EQ(update, std::vector<float>(16, 4.0f));
+  EXPECT_EQ(m, std::vector<float>(16, 0.0f));
 }
 
 }  // namespace

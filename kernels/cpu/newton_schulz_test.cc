@@ -31,7 +31,8 @@ std::vector<float> RunNs(const std::vector<float>& in, Shape s,
   std::vector<float> out(in.size());
   const MatrixStack in_stack{data.data(), 1, s.rows, s.cols};
   const MatrixStack out_stack{out.data(), 1, s.rows, s.cols};
-  EXPECT_TRUE(kernels.Orthogonalize(in_stack, out_stack, options).ok());
+  EXPECT_TRUE(
+      kernels.Orthogonalize(in_stack, out_stack, options, kHostStream).ok());
   return out;
 }
 

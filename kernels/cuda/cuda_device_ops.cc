@@ -40,13 +40,35 @@ absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(
         cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     owns = true;
   }
-  return std::unique_ptr<CudaDeviceOps>(
-      new CudaDeviceOps(device, stream, owns));
+  std::unique_ptr<CudaDeviceOps> ops(new CudaDeviceOps(device, stream, owns));
+  MUONPS_RETURN_IF_ERROR(ops->Init());
+  return ops;
+}
+
+absl::Status CudaDeviceOps::Init() {
+  MUONPS_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&compute_stream_, cudaStreamNonBlocking));
+  MUONPS_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceOps::Order(Stream waiter, Stream signaler) {
+  if (waiter == signaler) return absl::OkStatus();
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(order_event_, signaler));
+  return CudaStatus(cudaStreamWaitEvent(waiter, order_event_, 0),
+                    "cudaStreamWaitEvent");
 }
 
 CudaDeviceOps::~CudaDeviceOps() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (compute_stream_ != nullptr) {
+    cudaStreamSynchronize(compute_stream_);
+    cudaStreamDestroy(compute_stream_);
+  }
+  if (order_event_ != nullptr) cudaEventDestroy(order_event_);
   if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
   if (owns_stream_) cudaStreamDestroy(stream_);
 }
@@ -84,13 +106,46 @@ absl::Status CudaDeviceOps::Scale(float* data, int64_t count, float factor,
   return CudaStatus(LaunchScale(data, count, factor, stream), "LaunchScale");
 }
 
-absl::Status CudaDeviceOps::ApplyScaled(float* param, const float* update,
-                                        int64_t count, float decay, float step,
-                                        Stream stream) {
+absl::Status CudaDeviceOps::ToFloat(float* dst, const void* src,
+                                    DType src_dtype, int64_t count,
+                                    Stream stream) {
+  MUONPS_RETURN_IF_ERROR(CheckLentDType(src_dtype));
+  if (src_dtype == DType::kFloat32) {
+    return Copy(dst, static_cast<const float*>(src), count, stream);
+  }
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(LaunchBf16ToFloat(static_cast<const __nv_bfloat16*>(src),
+                                      dst, count, stream),
+                    "LaunchBf16ToFloat");
+}
+
+absl::Status CudaDeviceOps::FromFloat(void* dst, DType dst_dtype,
+                                      const float* src, int64_t count,
+                                      Stream stream) {
+  MUONPS_RETURN_IF_ERROR(CheckLentDType(dst_dtype));
+  if (dst_dtype == DType::kFloat32) {
+    return Copy(static_cast<float*>(dst), src, count, stream);
+  }
   MUONPS_RETURN_IF_ERROR(UseDevice());
   return CudaStatus(
-      LaunchApplyUpdate(param, update, count, decay, step, stream, nullptr),
-      "LaunchApplyUpdate");
+      LaunchFloatToBf16(src, static_cast<__nv_bfloat16*>(dst), count, stream),
+      "LaunchFloatToBf16");
+}
+
+absl::Status CudaDeviceOps::ApplyScaled(void* param, DType param_dtype,
+                                        const float* update, int64_t count,
+                                        float decay, float step,
+                                        Stream stream) {
+  MUONPS_RETURN_IF_ERROR(CheckLentDType(param_dtype));
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  if (param_dtype == DType::kBFloat16) {
+    return CudaStatus(LaunchApplyUpdateBf16(static_cast<__nv_bfloat16*>(param),
+                                            update, count, decay, step, stream),
+                      "LaunchApplyUpdateBf16");
+  }
+  return CudaStatus(LaunchApplyUpdate(static_cast<float*>(param), update, count,
+                                      decay, step, stream, nullptr),
+                    "LaunchApplyUpdate");
 }
 
 absl::StatusOr<std::vector<int64_t>> CudaDeviceOps::FirstNonFinite(

@@ -1,7 +1,8 @@
 // DeviceOps on one CUDA device: cudaMemcpyAsync and the fused elementwise
 // kernels of kernels/cuda/elementwise.h, enqueued on the stream each call
-// names (a stream of this device). The default stream() is one the object
-// creates (non-blocking) unless the caller hands one in.
+// names (a stream of this device). stream() is one the object creates
+// (non-blocking) unless the caller hands one in; compute_stream() is always
+// its own.
 //
 // Thread rule: one thread at a time; not copyable. Create returns
 // UNAVAILABLE without a usable GPU (never a crash on a CPU-only machine).
@@ -28,14 +29,21 @@ class CudaDeviceOps final : public DeviceOps {
 
   Device device() const override { return {MemoryKind::kCuda, device_}; }
   Stream stream() const override { return stream_; }
+  Stream compute_stream() const override { return compute_stream_; }
+  absl::Status Order(Stream waiter, Stream signaler) override;
   absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,
                     Stream stream) override;
+  absl::Status ToFloat(float* dst, const void* src, DType src_dtype,
+                       int64_t count, Stream stream) override;
+  absl::Status FromFloat(void* dst, DType dst_dtype, const float* src,
+                         int64_t count, Stream stream) override;
   absl::Status Scale(float* data, int64_t count, float factor,
                      Stream stream) override;
-  absl::Status ApplyScaled(float* param, const float* update, int64_t count,
-                           float decay, float step, Stream stream) override;
+  absl::Status ApplyScaled(void* param, DType param_dtype, const float* update,
+                           int64_t count, float decay, float step,
+                           Stream stream) override;
   absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
       absl::Span<const FloatSpan> spans, Stream stream) override;
   absl::Status Synchronize(Stream stream) override;
@@ -43,11 +51,16 @@ class CudaDeviceOps final : public DeviceOps {
  private:
   CudaDeviceOps(int device, cudaStream_t stream, bool owns_stream)
       : device_(device), stream_(stream), owns_stream_(owns_stream) {}
+  absl::Status Init();
   absl::Status UseDevice() const;
 
   const int device_;
   cudaStream_t stream_;
   const bool owns_stream_;
+  cudaStream_t compute_stream_ = nullptr;  // owned, non-blocking
+  // Re-recorded by every Order: a stream wait takes the record current at
+  // the time of the wait call.
+  cudaEvent_t order_event_ = nullptr;
   DeviceBuffer flags_;  // one unsigned long long per span, grown on demand
   unsigned long long* host_flags_ = nullptr;  // pinned, same size
   size_t host_flag_count_ = 0;

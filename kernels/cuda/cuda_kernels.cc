@@ -110,21 +110,11 @@ CudaKernels::CudaKernels(const CudaKernelsOptions& options)
     : device_(options.device), precision_(options.precision) {}
 
 absl::Status CudaKernels::Init(const CudaKernelsOptions& options) {
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  if (options.stream != nullptr) {
-    stream_ = options.stream;
-  } else {
-    MUONPS_CUDA_RETURN_IF_ERROR(
-        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    owns_stream_ = true;
-  }
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   MUONPS_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
-  MUONPS_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
   MUONPS_ASSIGN_OR_RETURN(
       cublas_workspace_,
       DeviceBuffer::Allocate(kCublasWorkspaceBytes, "the cuBLAS workspace"));
-  MUONPS_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(
-      cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
   MUONPS_ASSIGN_OR_RETURN(first_bad_,
                           DeviceBuffer::Allocate(sizeof(unsigned long long),
                                                  "the finite-check flag"));
@@ -132,70 +122,85 @@ absl::Status CudaKernels::Init(const CudaKernelsOptions& options) {
       &host_first_bad_, sizeof(unsigned long long), cudaHostAllocDefault));
   // One lane: splitting stacks over two streams (NsEngine's lanes) measured
   // slower, 175 ms against 168 ms on the Llama set (H200).
-  engine_ = std::make_unique<NsEngine>(cublas_, stream_, LowType(precision_),
-                                       DefaultPlan(), options.use_graphs);
+  NsLane lane;
+  lane.handle = cublas_;
+  lane.workspace = cublas_workspace_.get();
+  lane.workspace_bytes = cublas_workspace_.bytes();
+  engine_ =
+      std::make_unique<NsEngine>(std::vector<NsLane>{lane}, LowType(precision_),
+                                 DefaultPlan(), options.use_graphs);
   return absl::OkStatus();
 }
 
 CudaKernels::~CudaKernels() {
-  if (stream_ != nullptr) {
-    cudaSetDevice(device_);
-    cudaStreamSynchronize(stream_);
-  }
+  cudaSetDevice(device_);
+  // Waits for the Newton-Schulz work still queued (the only work that can
+  // still use this object's memory: every other call that does ends
+  // synchronized).
   engine_.reset();
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (host_first_bad_ != nullptr) cudaFreeHost(host_first_bad_);
-  if (owns_stream_) cudaStreamDestroy(stream_);
 }
 
-absl::Status CudaKernels::UseDevice() const {
+absl::Status CudaKernels::Enter(Stream stream) const {
+  if (stream == kHostStream) {
+    return InvalidField(
+        "stream",
+        absl::StrCat("the cuda kernels enqueue on a CUDA stream of "
+                     "device ",
+                     device_, "; kHostStream (null) names host memory"));
+  }
   return CudaStatus(cudaSetDevice(device_),
                     absl::StrCat("cudaSetDevice(", device_, ")"));
 }
 
-absl::Status CudaKernels::Synchronize() {
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+absl::Status CudaKernels::Synchronize(Stream stream) {
+  MUONPS_RETURN_IF_ERROR(Enter(stream));
+  return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
-absl::Status CudaKernels::QueueFiniteCheck(const float* data, int64_t count) {
+absl::Status CudaKernels::QueueFiniteCheck(const float* data, int64_t count,
+                                           Stream stream) {
   MUONPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-      first_bad_.get(), 0xff, sizeof(unsigned long long), stream_));
+      first_bad_.get(), 0xff, sizeof(unsigned long long), stream));
   MUONPS_CUDA_RETURN_IF_ERROR(LaunchFindNonFinite(
-      data, count, first_bad_.as<unsigned long long>(), stream_));
+      data, count, first_bad_.as<unsigned long long>(), stream));
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> CudaKernels::ReadFiniteCheck() {
+absl::StatusOr<int64_t> CudaKernels::ReadFiniteCheck(Stream stream) {
   MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_first_bad_, first_bad_.get(),
                                               sizeof(unsigned long long),
-                                              cudaMemcpyDeviceToHost, stream_));
-  MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+                                              cudaMemcpyDeviceToHost, stream));
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   const unsigned long long first = *host_first_bad_;
   if (first >= static_cast<unsigned long long>(INT64_MAX)) return -1;
   return static_cast<int64_t>(first);
 }
 
 absl::StatusOr<std::string> CudaKernels::NonFiniteKind(const float* data,
-                                                       int64_t index) {
+                                                       int64_t index,
+                                                       Stream stream) {
   float value = 0;
   MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      &value, data + index, sizeof(value), cudaMemcpyDeviceToHost, stream_));
-  MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      &value, data + index, sizeof(value), cudaMemcpyDeviceToHost, stream));
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return std::string(std::isnan(value) ? "NaN" : "Inf");
 }
 
 absl::Status CudaKernels::CheckFinite(const MatrixStack& stack,
-                                      absl::Span<const std::string> names) {
+                                      absl::Span<const std::string> names,
+                                      Stream stream) {
   MUONPS_RETURN_IF_ERROR(ValidateStack(stack, "grad"));
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(stack.data, stack.elements()));
-  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck());
+  MUONPS_RETURN_IF_ERROR(Enter(stream));
+  MUONPS_RETURN_IF_ERROR(
+      QueueFiniteCheck(stack.data, stack.elements(), stream));
+  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck(stream));
   if (bad < 0) return absl::OkStatus();
   const int64_t matrix = bad / stack.matrix_elements();
   const int64_t at = bad % stack.matrix_elements();
   MUONPS_ASSIGN_OR_RETURN(const std::string kind,
-                          NonFiniteKind(stack.data, bad));
+                          NonFiniteKind(stack.data, bad, stream));
   return NonFiniteError(
       absl::StrCat("grad of matrix ", MatrixName(names, matrix)),
       absl::StrCat("[", at / stack.cols, ", ", at % stack.cols, "]"), kind);
@@ -204,46 +209,50 @@ absl::Status CudaKernels::CheckFinite(const MatrixStack& stack,
 absl::Status CudaKernels::UpdateMomentum(const MatrixStack& grad,
                                          const MatrixStack& momentum, double mu,
                                          bool nesterov,
-                                         const MatrixStack& update) {
+                                         const MatrixStack& update,
+                                         Stream stream) {
   MUONPS_RETURN_IF_ERROR(ValidateMomentumArgs(grad, momentum, update));
-  MUONPS_RETURN_IF_ERROR(UseDevice());
+  MUONPS_RETURN_IF_ERROR(Enter(stream));
   return CudaStatus(LaunchMomentum(grad.data, momentum.data, update.data,
-                                   grad.elements(), mu, nesterov, stream_),
+                                   grad.elements(), mu, nesterov, stream),
                     "momentum kernel");
 }
 
 absl::Status CudaKernels::Orthogonalize(const MatrixStack& in,
                                         const MatrixStack& out,
-                                        const NewtonSchulzOptions& options) {
+                                        const NewtonSchulzOptions& options,
+                                        Stream stream) {
   MUONPS_RETURN_IF_ERROR(ValidateStack(in, "in"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(out, "out", &in));
   MUONPS_RETURN_IF_ERROR(ValidateGpuStack(in, "in"));
   MUONPS_RETURN_IF_ERROR(ValidateNewtonSchulzOptions(options));
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  return engine_->Run(in.data, out.data, in.count, in.rows, in.cols, options);
+  MUONPS_RETURN_IF_ERROR(Enter(stream));
+  return engine_->Run(in.data, out.data, in.count, in.rows, in.cols, options,
+                      stream);
 }
 
 absl::Status CudaKernels::ApplyUpdate(const MatrixStack& param,
                                       const MatrixStack& update, double lr,
                                       double weight_decay,
-                                      LrAdjustment adjustment) {
+                                      LrAdjustment adjustment, Stream stream) {
   MUONPS_RETURN_IF_ERROR(ValidateStack(param, "param"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &param));
-  MUONPS_RETURN_IF_ERROR(UseDevice());
+  MUONPS_RETURN_IF_ERROR(Enter(stream));
   const float decay = static_cast<float>(1.0 - lr * weight_decay);
   const float step =
       static_cast<float>(-AdjustedLr(lr, adjustment, param.rows, param.cols));
   return CudaStatus(LaunchApplyUpdate(param.data, update.data, param.elements(),
-                                      decay, step, stream_),
+                                      decay, step, stream),
                     "apply-update kernel");
 }
 
 absl::Status CudaKernels::MuonStep(const MuonStack& stack,
-                                   const MuonHyperparameters& hyper) {
+                                   const MuonHyperparameters& hyper,
+                                   Stream stream) {
   MUONPS_RETURN_IF_ERROR(ValidateMuonStack(stack));
   MUONPS_RETURN_IF_ERROR(ValidateGpuStack(stack.grad, "grad"));
   MUONPS_RETURN_IF_ERROR(ValidateMuonHyperparameters(hyper));
-  MUONPS_RETURN_IF_ERROR(UseDevice());
+  MUONPS_RETURN_IF_ERROR(Enter(stream));
   const MatrixStack& grad = stack.grad;
   const int64_t elements = grad.elements();
   const size_t bytes = static_cast<size_t>(elements) * sizeof(float);
@@ -254,23 +263,23 @@ absl::Status CudaKernels::MuonStep(const MuonStack& stack,
   }
   float* update = update_.as<float>();
   const unsigned long long* flag = first_bad_.as<unsigned long long>();
-  MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(grad.data, elements));
+  MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(grad.data, elements, stream));
   MUONPS_CUDA_RETURN_IF_ERROR(LaunchMomentum(grad.data, stack.momentum.data,
                                              update, elements, hyper.momentum,
-                                             hyper.nesterov, stream_, flag));
-  MUONPS_RETURN_IF_ERROR(
-      engine_->Run(update, update, grad.count, grad.rows, grad.cols, hyper.ns));
+                                             hyper.nesterov, stream, flag));
+  MUONPS_RETURN_IF_ERROR(engine_->Run(update, update, grad.count, grad.rows,
+                                      grad.cols, hyper.ns, stream));
   const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
   const float step = static_cast<float>(
       -AdjustedLr(hyper.lr, hyper.lr_adjustment, grad.rows, grad.cols));
   MUONPS_CUDA_RETURN_IF_ERROR(LaunchApplyUpdate(
-      stack.param.data, update, elements, decay, step, stream_, flag));
-  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck());
+      stack.param.data, update, elements, decay, step, stream, flag));
+  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck(stream));
   if (bad < 0) return absl::OkStatus();
   const int64_t matrix = bad / grad.matrix_elements();
   const int64_t at = bad % grad.matrix_elements();
   MUONPS_ASSIGN_OR_RETURN(const std::string kind,
-                          NonFiniteKind(grad.data, bad));
+                          NonFiniteKind(grad.data, bad, stream));
   return NonFiniteError(
       absl::StrCat("grad of matrix ", MatrixName(stack.names, matrix)),
       absl::StrCat("[", at / grad.cols, ", ", at % grad.cols, "]"), kind);
@@ -278,9 +287,9 @@ absl::Status CudaKernels::MuonStep(const MuonStack& stack,
 
 absl::Status CudaKernels::AdamWStep(const AdamWTensor& t,
                                     const AdamWHyperparameters& hyper,
-                                    int64_t step) {
+                                    int64_t step, Stream stream) {
   MUONPS_RETURN_IF_ERROR(ValidateAdamWStep(t, hyper, step));
-  MUONPS_RETURN_IF_ERROR(UseDevice());
+  MUONPS_RETURN_IF_ERROR(Enter(stream));
   // torch.optim.AdamW's scalars, rounded to fp32 as the CPU backend does.
   const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
@@ -293,12 +302,13 @@ absl::Status CudaKernels::AdamWStep(const AdamWTensor& t,
   s.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
   s.eps = static_cast<float>(hyper.eps);
   const unsigned long long* flag = first_bad_.as<unsigned long long>();
-  MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(t.grad, t.size));
+  MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(t.grad, t.size, stream));
   MUONPS_CUDA_RETURN_IF_ERROR(LaunchAdamW(
-      t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.size, s, stream_, flag));
-  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck());
+      t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.size, s, stream, flag));
+  MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck(stream));
   if (bad < 0) return absl::OkStatus();
-  MUONPS_ASSIGN_OR_RETURN(const std::string kind, NonFiniteKind(t.grad, bad));
+  MUONPS_ASSIGN_OR_RETURN(const std::string kind,
+                          NonFiniteKind(t.grad, bad, stream));
   return NonFiniteError(absl::StrCat("grad of tensor ", Quoted(t.name)),
                         absl::StrCat(bad), kind);
 }

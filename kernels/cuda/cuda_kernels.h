@@ -4,16 +4,25 @@
 // momentum, normalization, the NS polynomial, the update and AdamW.
 //
 // Every pointer in MatrixStack, MuonStack and AdamWTensor handed to this
-// class is a DEVICE pointer to fp32 data on the object's device. All work
-// runs on one stream (stream()). UpdateMomentum, Orthogonalize and
-// ApplyUpdate only queue work and return (call Synchronize() before reading
-// results on the host); CheckFinite, MuonStep and AdamWStep synchronize
-// once at their end, to read the device's finite check and return it as a
-// status. MuonStep and AdamWStep never write anything when a gradient is not
-// finite: the kernels that write skip on the device's flag.
+// class is a DEVICE pointer to fp32 data on the object's device. Every call
+// runs on the stream it names: a CUDA stream of that device (the legacy
+// default stream, kHostStream, is refused with INVALID_ARGUMENT naming
+// `stream`); the object owns no stream. UpdateMomentum, Orthogonalize and
+// ApplyUpdate only enqueue and return (synchronize the stream before
+// reading results on the host); CheckFinite, MuonStep and AdamWStep wait for
+// their stream once, at their end, to read the device's finite check and
+// return it as a status. MuonStep and AdamWStep never write anything when a
+// gradient is not finite: the kernels that write skip on the device's flag.
 //
-// Not safe for concurrent use (it owns the stream, cuBLAS handle and
-// workspaces); create one per thread. Not copyable.
+// Calls may name different streams. Newton-Schulz's workspaces, graphs and
+// cuBLAS handle are shared by all of them, so a call on a stream other than
+// the previous Newton-Schulz call's waits for that call's work first (see
+// NsEngine): calls are ordered in call order, never run concurrently; the
+// finite-check flag and MuonStep's update buffer are only used by calls
+// that end synchronized. Graphs captured on one call replay on any stream.
+//
+// Not safe for concurrent use (it owns the cuBLAS handle and workspaces);
+// create one per thread. Not copyable.
 #ifndef MUONPS_KERNELS_CUDA_CUDA_KERNELS_H_
 #define MUONPS_KERNELS_CUDA_CUDA_KERNELS_H_
 
@@ -27,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/precision.h"
 #include "kernels/muon_kernels.h"
@@ -41,8 +51,6 @@ struct CudaKernelsOptions {
   int device = 0;
   // GEMM input precision of Newton-Schulz; accumulation is always fp32.
   Precision precision = Precision::kBf16;
-  // nullptr: the object creates and owns its own (non-blocking) stream.
-  cudaStream_t stream = nullptr;
   // Per-shape CUDA graph capture of the Newton-Schulz iteration.
   bool use_graphs = true;
 };
@@ -57,49 +65,52 @@ class CudaKernels : public MuonKernels {
       const CudaKernelsOptions& options);
   ~CudaKernels() override;
 
-  // The stream all work is queued on.
-  cudaStream_t stream() const { return stream_; }
   Precision precision() const { return precision_; }
-  // Waits for the stream; returns any CUDA error (including one raised
+  // Waits for `stream`; returns any CUDA error (including one raised
   // asynchronously by earlier work) as a status.
-  absl::Status Synchronize();
+  absl::Status Synchronize(Stream stream);
 
   absl::string_view backend_name() const override { return "cuda"; }
   absl::Status CheckFinite(const MatrixStack& stack,
-                           absl::Span<const std::string> names) override;
+                           absl::Span<const std::string> names,
+                           Stream stream) override;
   absl::Status UpdateMomentum(const MatrixStack& grad,
                               const MatrixStack& momentum, double mu,
-                              bool nesterov,
-                              const MatrixStack& update) override;
+                              bool nesterov, const MatrixStack& update,
+                              Stream stream) override;
   absl::Status Orthogonalize(const MatrixStack& in, const MatrixStack& out,
-                             const NewtonSchulzOptions& options) override;
+                             const NewtonSchulzOptions& options,
+                             Stream stream) override;
   absl::Status ApplyUpdate(const MatrixStack& param, const MatrixStack& update,
                            double lr, double weight_decay,
-                           LrAdjustment adjustment) override;
+                           LrAdjustment adjustment, Stream stream) override;
   absl::Status MuonStep(const MuonStack& stack,
-                        const MuonHyperparameters& hyper) override;
+                        const MuonHyperparameters& hyper,
+                        Stream stream) override;
   absl::Status AdamWStep(const AdamWTensor& tensor,
-                         const AdamWHyperparameters& hyper,
-                         int64_t step) override;
+                         const AdamWHyperparameters& hyper, int64_t step,
+                         Stream stream) override;
 
  private:
   explicit CudaKernels(const CudaKernelsOptions& options);
   absl::Status Init(const CudaKernelsOptions& options);
-  absl::Status UseDevice() const;
+  // Checks that `stream` is a CUDA stream (not null) and makes the object's
+  // device current.
+  absl::Status Enter(Stream stream) const;
   // Queues the reset of the device's finite-check flag and the check of
-  // `count` elements at `data`.
-  absl::Status QueueFiniteCheck(const float* data, int64_t count);
-  // Copies the flag back (synchronizing the stream) and returns the index of
+  // `count` elements at `data` on `stream`.
+  absl::Status QueueFiniteCheck(const float* data, int64_t count,
+                                Stream stream);
+  // Copies the flag back (waiting for `stream`) and returns the index of
   // the first non-finite element, or -1.
-  absl::StatusOr<int64_t> ReadFiniteCheck();
+  absl::StatusOr<int64_t> ReadFiniteCheck(Stream stream);
   // "NaN" or "Inf": the value at data[index] (one more synchronous copy,
   // only on the error path).
-  absl::StatusOr<std::string> NonFiniteKind(const float* data, int64_t index);
+  absl::StatusOr<std::string> NonFiniteKind(const float* data, int64_t index,
+                                            Stream stream);
 
   int device_;
   Precision precision_;
-  cudaStream_t stream_ = nullptr;
-  bool owns_stream_ = false;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer cublas_workspace_;
   DeviceBuffer first_bad_;                        // one unsigned long long

@@ -1,8 +1,10 @@
 // Runs the CUDA backend on a GPU against the CPU backend: Newton-Schulz
 // (NS5 and Gram, wide, tall and square, batched) within the GEMM input
 // precision's rounding, Muon and AdamW steps, the finite check that names
-// the matrix and leaves device state untouched, and graph reuse. Needs a
-// GPU: tagged manual, run on the GPU machine by deploy/device.
+// the matrix and leaves device state untouched, graph reuse, and calls on
+// several streams (graph replay, shared workspaces, the null stream
+// refused). Needs a GPU: tagged manual, run on the GPU machine by
+// deploy/device.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -72,12 +74,21 @@ std::unique_ptr<HostStagingKernels> Gpu(Precision precision,
   return kernels.ok() ? std::move(*kernels) : nullptr;
 }
 
+// A non-blocking stream of the current device, or null (the test then
+// fails on its first use).
+Stream NewStream() {
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            cudaSuccess);
+  return stream;
+}
+
 std::vector<float> RunNs(MuonKernels* kernels, const std::vector<float>& in,
                          Shape s, const NewtonSchulzOptions& options) {
   std::vector<float> data = in, out(in.size(), -1.0f);
-  const absl::Status status =
-      kernels->Orthogonalize({data.data(), s.count, s.rows, s.cols},
-                             {out.data(), s.count, s.rows, s.cols}, options);
+  const absl::Status status = kernels->Orthogonalize(
+      {data.data(), s.count, s.rows, s.cols},
+      {out.data(), s.count, s.rows, s.cols}, options, kHostStream);
   EXPECT_TRUE(status.ok()) << status;
   return out;
 }
@@ -182,7 +193,8 @@ TEST(CudaNsTest, GraphsOnOffAndNewBuffersGiveTheSameResult) {
               1e-6);
     std::vector<float> data = in;
     const MatrixStack stack{data.data(), s.count, s.rows, s.cols};
-    ASSERT_TRUE(graphed->Orthogonalize(stack, stack, Options(a)).ok());
+    ASSERT_TRUE(
+        graphed->Orthogonalize(stack, stack, Options(a), kHostStream).ok());
     EXPECT_LT(RelativeError(data, want), 1e-6);
   }
 }
@@ -212,8 +224,10 @@ void MuonStepsAgree(Precision p, NsAlgorithm algorithm, Shape s,
                        {m.data(), s.count, s.rows, s.cols},
                        {param.data(), s.count, s.rows, s.cols}};
     };
-    ASSERT_TRUE(gpu->MuonStep(stack(gpu_momentum, gpu_param), hyper).ok());
-    ASSERT_TRUE(cpu.MuonStep(stack(cpu_momentum, cpu_param), hyper).ok());
+    ASSERT_TRUE(
+        gpu->MuonStep(stack(gpu_momentum, gpu_param), hyper, kHostStream).ok());
+    ASSERT_TRUE(
+        cpu.MuonStep(stack(cpu_momentum, cpu_param), hyper, kHostStream).ok());
   }
   // Momentum never touches NS: the fused kernel equals the CPU bit for bit.
   EXPECT_EQ(gpu_momentum, cpu_momentum);
@@ -236,6 +250,8 @@ TEST(CudaMuonStepTest, NonFiniteGradientIsRejectedByNameAndNothingIsWritten) {
   auto created = CudaKernels::Create({});
   ASSERT_TRUE(created.ok()) << created.status();
   CudaKernels& gpu = **created;
+  const Stream stream = NewStream();
+  ASSERT_NE(stream, nullptr);
   const int64_t count = 4, rows = 8, cols = 8, size = count * rows * cols;
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
                           std::numeric_limits<float>::infinity()}) {
@@ -255,7 +271,7 @@ TEST(CudaMuonStepTest, NonFiniteGradientIsRejectedByNameAndNothingIsWritten) {
                           {device[0], count, rows, cols},
                           {device[1], count, rows, cols},
                           {device[2], count, rows, cols}};
-    const absl::Status status = gpu.MuonStep(stack, {});
+    const absl::Status status = gpu.MuonStep(stack, {}, stream);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(status.message()), HasSubstr("\"l.2\""));
     EXPECT_THAT(std::string(status.message()), HasSubstr("[3, 5]"));
@@ -270,16 +286,18 @@ TEST(CudaMuonStepTest, NonFiniteGradientIsRejectedByNameAndNothingIsWritten) {
     }
     for (float* d : device) cudaFree(d);
   }
+  cudaStreamDestroy(stream);
 }
 
 TEST(CudaMuonStepTest, CheckFiniteNamesTheExpert) {
   auto gpu = Gpu(Precision::kBf16);
   ASSERT_NE(gpu, nullptr);
   std::vector<float> grad(3 * 4 * 4, 1.0f);
-  EXPECT_TRUE(gpu->CheckFinite({grad.data(), 3, 4, 4}, {"moe.w1"}).ok());
+  EXPECT_TRUE(
+      gpu->CheckFinite({grad.data(), 3, 4, 4}, {"moe.w1"}, kHostStream).ok());
   grad[2 * 16 + 7] = -std::numeric_limits<float>::infinity();
   const absl::Status status =
-      gpu->CheckFinite({grad.data(), 3, 4, 4}, {"moe.w1"});
+      gpu->CheckFinite({grad.data(), 3, 4, 4}, {"moe.w1"}, kHostStream);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("\"moe.w1\"[expert 2]"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("[1, 3] is Inf"));
@@ -299,11 +317,11 @@ TEST(CudaAdamWTest, TenStepsEqualTheCpuBitForBitAndNaNWritesNothing) {
     const std::vector<float> grad = GaussianMatrix(1, n, 10 + step);
     ASSERT_TRUE(gpu->AdamWStep({"b", gpu_p.data(), grad.data(), gpu_m.data(),
                                 gpu_v.data(), n},
-                               hyper, step)
+                               hyper, step, kHostStream)
                     .ok());
     ASSERT_TRUE(cpu.AdamWStep({"b", cpu_p.data(), grad.data(), cpu_m.data(),
                                cpu_v.data(), n},
-                              hyper, step)
+                              hyper, step, kHostStream)
                     .ok());
   }
   EXPECT_EQ(gpu_p, cpu_p);
@@ -314,10 +332,125 @@ TEST(CudaAdamWTest, TenStepsEqualTheCpuBitForBitAndNaNWritesNothing) {
   const std::vector<float> before = gpu_p;
   const absl::Status status = gpu->AdamWStep(
       {"b", gpu_p.data(), grad.data(), gpu_m.data(), gpu_v.data(), n}, hyper,
-      11);
+      11, kHostStream);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("element 321 is NaN"));
   EXPECT_EQ(gpu_p, before);
+}
+
+// A device copy of `host` (freed by the caller with cudaFree).
+float* DeviceCopy(const std::vector<float>& host) {
+  float* device = nullptr;
+  EXPECT_EQ(cudaMalloc(&device, host.size() * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(float),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return device;
+}
+
+std::vector<float> HostCopy(const float* device, size_t count) {
+  std::vector<float> host(count);
+  EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(float),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return host;
+}
+
+// One CudaKernels serving calls on two streams: a graph captured for a
+// call on stream A replays on stream B, two same-shape stacks (one shared
+// workspace) queued back to back on A and B without a host wait both come
+// out as the eager single-stream results, and a call on B after A was
+// destroyed still works.
+TEST(CudaStreamsTest,
+     GraphsReplayOnAnyStreamAndStreamsSharingWorkspacesAreOrdered) {
+  const Shape s{4, 512, 1536};
+  const std::vector<float> x = GaussianMatrix(s.count * s.rows, s.cols, 71);
+  const std::vector<float> y = GaussianMatrix(s.count * s.rows, s.cols, 72);
+  for (const NsAlgorithm a : {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
+    auto eager = Gpu(Precision::kBf16, /*graphs=*/false);
+    ASSERT_NE(eager, nullptr);
+    const std::vector<float> want_x = RunNs(eager.get(), x, s, Options(a));
+    const std::vector<float> want_y = RunNs(eager.get(), y, s, Options(a));
+
+    CudaKernelsOptions options;
+    options.precision = Precision::kBf16;
+    auto created = CudaKernels::Create(options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    CudaKernels& gpu = **created;
+    Stream first = NewStream(), second = NewStream();
+    ASSERT_TRUE(first != nullptr && second != nullptr);
+    float* in_x = DeviceCopy(x);
+    float* in_y = DeviceCopy(y);
+    float* out_x = DeviceCopy(std::vector<float>(s.size(), -1.0f));
+    float* out_y = DeviceCopy(std::vector<float>(s.size(), -1.0f));
+    const MatrixStack stack_x{in_x, s.count, s.rows, s.cols};
+    const MatrixStack stack_y{in_y, s.count, s.rows, s.cols};
+    const MatrixStack result_x{out_x, s.count, s.rows, s.cols};
+    const MatrixStack result_y{out_y, s.count, s.rows, s.cols};
+
+    // Captured for (and first launched on) the first stream, then replayed
+    // on the second.
+    ASSERT_TRUE(gpu.Orthogonalize(stack_x, result_x, Options(a), first).ok());
+    ASSERT_TRUE(gpu.Synchronize(first).ok());
+    ASSERT_EQ(cudaMemset(out_x, 0, s.size() * sizeof(float)), cudaSuccess);
+    ASSERT_TRUE(gpu.Orthogonalize(stack_x, result_x, Options(a), second).ok());
+    ASSERT_TRUE(gpu.Synchronize(second).ok());
+    EXPECT_LT(RelativeError(HostCopy(out_x, s.size()), want_x), 1e-6)
+        << NsAlgorithmName(a) << " replay";
+
+    // Two graphs over one workspace, queued on two streams at once.
+    ASSERT_EQ(cudaMemset(out_x, 0, s.size() * sizeof(float)), cudaSuccess);
+    for (int round = 0; round < 3; ++round) {
+      ASSERT_TRUE(gpu.Orthogonalize(stack_x, result_x, Options(a), first).ok());
+      ASSERT_TRUE(
+          gpu.Orthogonalize(stack_y, result_y, Options(a), second).ok());
+    }
+    ASSERT_TRUE(gpu.Synchronize(first).ok());
+    ASSERT_TRUE(gpu.Synchronize(second).ok());
+    EXPECT_LT(RelativeError(HostCopy(out_x, s.size()), want_x), 1e-6)
+        << NsAlgorithmName(a) << " two streams, first";
+    EXPECT_LT(RelativeError(HostCopy(out_y, s.size()), want_y), 1e-6)
+        << NsAlgorithmName(a) << " two streams, second";
+
+    // The previous call's stream is gone: the next call still orders after
+    // it without touching it.
+    ASSERT_TRUE(gpu.Orthogonalize(stack_x, result_x, Options(a), first).ok());
+    ASSERT_EQ(cudaStreamDestroy(first), cudaSuccess);
+    ASSERT_TRUE(gpu.Orthogonalize(stack_y, result_y, Options(a), second).ok());
+    ASSERT_TRUE(gpu.Synchronize(second).ok());
+    EXPECT_LT(RelativeError(HostCopy(out_y, s.size()), want_y), 1e-6)
+        << NsAlgorithmName(a) << " after the first stream was destroyed";
+
+    for (float* d : {in_x, in_y, out_x, out_y}) cudaFree(d);
+    cudaStreamDestroy(second);
+  }
+}
+
+TEST(CudaStreamsTest, EveryCallRefusesTheHostStream) {
+  auto created = CudaKernels::Create({});
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudaKernels& gpu = **created;
+  float* data = DeviceCopy(std::vector<float>(16, 1.0f));
+  float* other = DeviceCopy(std::vector<float>(16, 2.0f));
+  float* third = DeviceCopy(std::vector<float>(16, 3.0f));
+  const MatrixStack a{data, 1, 4, 4}, b{other, 1, 4, 4}, c{third, 1, 4, 4};
+  const AdamWTensor tensor{"bias", data, other, third, third, 16};
+  const absl::Status refused[] = {
+      gpu.CheckFinite(a, {"w"}, kHostStream),
+      gpu.UpdateMomentum(a, b, 0.9, true, c, kHostStream),
+      gpu.Orthogonalize(a, c, {}, kHostStream),
+      gpu.ApplyUpdate(a, b, 0.1, 0.1, LrAdjustment::kOriginal, kHostStream),
+      gpu.MuonStep({{"w"}, a, b, c}, {}, kHostStream),
+      gpu.AdamWStep(tensor, {}, 1, kHostStream),
+      gpu.Synchronize(kHostStream),
+  };
+  for (const absl::Status& status : refused) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("stream"));
+  }
+  EXPECT_EQ(HostCopy(data, 16), std::vector<float>(16, 1.0f));
+  EXPECT_EQ(HostCopy(other, 16), std::vector<float>(16, 2.0f));
+  for (float* d : {data, other, third}) cudaFree(d);
 }
 
 }  // namespace

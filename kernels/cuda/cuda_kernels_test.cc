@@ -97,7 +97,13 @@ TEST(CudaKernelsCreateTest, FailsCleanlyWithoutAGpuAndWorksWithOne) {
   if (GpuPresent()) {
     ASSERT_TRUE(kernels.ok()) << kernels.status();
     EXPECT_EQ((*kernels)->backend_name(), "cuda");
-    EXPECT_TRUE((*kernels)->Synchronize().ok());
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+              cudaSuccess);
+    EXPECT_TRUE((*kernels)->Synchronize(stream).ok());
+    EXPECT_EQ((*kernels)->Synchronize(kHostStream).code(),
+              absl::StatusCode::kInvalidArgument);
+    cudaStreamDestroy(stream);
     EXPECT_TRUE(staged.ok()) << staged.status();
     return;
   }

@@ -52,6 +52,32 @@ __global__ void ApplyKernel(float* param, const float* update, int64_t count,
   }
 }
 
+__global__ void ApplyBf16Kernel(__nv_bfloat16* param, const float* update,
+                                int64_t count, float decay, float step) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float p = __bfloat162float(param[i]);
+    param[i] = __float2bfloat16_rn(
+        __fadd_rn(__fmul_rn(p, decay), __fmul_rn(step, update[i])));
+  }
+}
+
+__global__ void Bf16ToFloatKernel(const __nv_bfloat16* src, float* dst,
+                                  int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = __bfloat162float(src[i]);
+  }
+}
+
+__global__ void FloatToBf16Kernel(const float* src, __nv_bfloat16* dst,
+                                  int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = __float2bfloat16_rn(src[i]);
+  }
+}
+
 __global__ void ScaleKernel(float* data, int64_t count, float factor) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -107,6 +133,29 @@ cudaError_t LaunchApplyUpdate(float* param, const float* update, int64_t count,
   if (count <= 0) return cudaSuccess;
   ApplyKernel<<<Blocks(count), kThreads, 0, stream>>>(param, update, count,
                                                       decay, step, first_bad);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchApplyUpdateBf16(__nv_bfloat16* param, const float* update,
+                                  int64_t count, float decay, float step,
+                                  cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  ApplyBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(param, update, count,
+                                                          decay, step);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBf16ToFloat(const __nv_bfloat16* src, float* dst,
+                              int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  Bf16ToFloatKernel<<<Blocks(count), kThreads, 0, stream>>>(src, dst, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFloatToBf16(const float* src, __nv_bfloat16* dst,
+                              int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  FloatToBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(src, dst, count);
   return cudaGetLastError();
 }
 

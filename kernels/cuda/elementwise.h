@@ -13,6 +13,7 @@
 #ifndef MUONPS_KERNELS_CUDA_ELEMENTWISE_H_
 #define MUONPS_KERNELS_CUDA_ELEMENTWISE_H_
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,6 +34,18 @@ cudaError_t LaunchMomentum(const float* grad, float* momentum, float* update,
 cudaError_t LaunchApplyUpdate(float* param, const float* update, int64_t count,
                               float decay, float step, cudaStream_t stream,
                               const unsigned long long* first_bad = nullptr);
+
+// The same for a bf16 parameter: computed in fp32 from float(param), in the
+// same order, and rounded once to bf16 (nearest even).
+cudaError_t LaunchApplyUpdateBf16(__nv_bfloat16* param, const float* update,
+                                  int64_t count, float decay, float step,
+                                  cudaStream_t stream);
+
+// dst <- float(src) and dst <- bf16(src) (nearest even), `count` elements.
+cudaError_t LaunchBf16ToFloat(const __nv_bfloat16* src, float* dst,
+                              int64_t count, cudaStream_t stream);
+cudaError_t LaunchFloatToBf16(const float* src, __nv_bfloat16* dst,
+                              int64_t count, cudaStream_t stream);
 
 // data <- data * factor (fp32, rounded to nearest as on the CPU).
 cudaError_t LaunchScale(float* data, int64_t count, float factor,

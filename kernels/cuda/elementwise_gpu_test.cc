@@ -73,11 +73,12 @@ TEST_F(ElementwiseGpuTest, MomentumAndApplyEqualTheCpuBackendBitForBit) {
     CpuKernels cpu;
     ASSERT_TRUE(cpu.UpdateMomentum({cpu_grad.data(), 1, rows, cols},
                                    {cpu_momentum.data(), 1, rows, cols}, 0.95,
-                                   nesterov, {cpu_update.data(), 1, rows, cols})
+                                   nesterov, {cpu_update.data(), 1, rows, cols},
+                                   kHostStream)
                     .ok());
     ASSERT_TRUE(cpu.ApplyUpdate({cpu_param.data(), 1, rows, cols},
                                 {cpu_update.data(), 1, rows, cols}, 0.02, 0.1,
-                                LrAdjustment::kOriginal)
+                                LrAdjustment::kOriginal, kHostStream)
                     .ok());
 
     DeviceBuffer d_grad(grad), d_momentum(momentum0), d_param(param0);

@@ -16,8 +16,17 @@ absl::StatusOr<std::unique_ptr<HostStagingKernels>> HostStagingKernels::Create(
     const CudaKernelsOptions& options) {
   MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<CudaKernels> device,
                           CudaKernels::Create(options));
+  // Create left the kernels' device current: the stream is made on it.
+  cudaStream_t stream = nullptr;
+  MUONPS_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   return std::unique_ptr<HostStagingKernels>(
-      new HostStagingKernels(std::move(device)));
+      new HostStagingKernels(std::move(device), stream));
+}
+
+HostStagingKernels::~HostStagingKernels() {
+  // Every call ends synchronized, so nothing is left on the stream.
+  cudaStreamDestroy(stream_);
 }
 
 absl::StatusOr<float*> HostStagingKernels::Upload(int slot, const float* data,
@@ -33,7 +42,7 @@ absl::StatusOr<float*> HostStagingKernels::Upload(int slot, const float* data,
   }
   if (data != nullptr) {
     MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        buffer.get(), data, bytes, cudaMemcpyHostToDevice, device_->stream()));
+        buffer.get(), data, bytes, cudaMemcpyHostToDevice, stream_));
   }
   return buffer.as<float>();
 }
@@ -51,21 +60,25 @@ absl::Status HostStagingKernels::Download(const float* device, float* host,
                                           int64_t count) {
   return CudaStatus(
       cudaMemcpyAsync(host, device, static_cast<size_t>(count) * sizeof(float),
-                      cudaMemcpyDeviceToHost, device_->stream()),
+                      cudaMemcpyDeviceToHost, stream_),
       "copying results to the host");
 }
 
 absl::Status HostStagingKernels::CheckFinite(
-    const MatrixStack& stack, absl::Span<const std::string> names) {
+    const MatrixStack& stack, absl::Span<const std::string> names,
+    Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, "host-staging cuda"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(stack, "grad"));
   MUONPS_ASSIGN_OR_RETURN(const MatrixStack d, UploadStack(0, stack));
-  return device_->CheckFinite(d, names);
+  return device_->CheckFinite(d, names, stream_);
 }
 
 absl::Status HostStagingKernels::UpdateMomentum(const MatrixStack& grad,
                                                 const MatrixStack& momentum,
                                                 double mu, bool nesterov,
-                                                const MatrixStack& update) {
+                                                const MatrixStack& update,
+                                                Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, "host-staging cuda"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(grad, "grad"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(momentum, "momentum", &grad));
   MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &grad));
@@ -76,15 +89,17 @@ absl::Status HostStagingKernels::UpdateMomentum(const MatrixStack& grad,
     MUONPS_ASSIGN_OR_RETURN(u, UploadStack(2, update, /*copy=*/false));
   }
   if (momentum.data == update.data) u = m;  // rejected by the device call
-  MUONPS_RETURN_IF_ERROR(device_->UpdateMomentum(g, m, mu, nesterov, u));
+  MUONPS_RETURN_IF_ERROR(
+      device_->UpdateMomentum(g, m, mu, nesterov, u, stream_));
   MUONPS_RETURN_IF_ERROR(Download(m.data, momentum.data, m.elements()));
   MUONPS_RETURN_IF_ERROR(Download(u.data, update.data, u.elements()));
-  return device_->Synchronize();
+  return device_->Synchronize(stream_);
 }
 
 absl::Status HostStagingKernels::Orthogonalize(
     const MatrixStack& in, const MatrixStack& out,
-    const NewtonSchulzOptions& options) {
+    const NewtonSchulzOptions& options, Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, "host-staging cuda"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(in, "in"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(out, "out", &in));
   MUONPS_ASSIGN_OR_RETURN(const MatrixStack d_in, UploadStack(0, in));
@@ -92,47 +107,53 @@ absl::Status HostStagingKernels::Orthogonalize(
   if (out.data != in.data) {
     MUONPS_ASSIGN_OR_RETURN(d_out, UploadStack(1, out, /*copy=*/false));
   }
-  MUONPS_RETURN_IF_ERROR(device_->Orthogonalize(d_in, d_out, options));
+  MUONPS_RETURN_IF_ERROR(device_->Orthogonalize(d_in, d_out, options, stream_));
   MUONPS_RETURN_IF_ERROR(Download(d_out.data, out.data, out.elements()));
-  return device_->Synchronize();
+  return device_->Synchronize(stream_);
 }
 
 absl::Status HostStagingKernels::ApplyUpdate(const MatrixStack& param,
                                              const MatrixStack& update,
                                              double lr, double weight_decay,
-                                             LrAdjustment adjustment) {
+                                             LrAdjustment adjustment,
+                                             Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, "host-staging cuda"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(param, "param"));
   MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &param));
   MUONPS_ASSIGN_OR_RETURN(const MatrixStack p, UploadStack(0, param));
   MUONPS_ASSIGN_OR_RETURN(const MatrixStack u, UploadStack(1, update));
   MUONPS_RETURN_IF_ERROR(
-      device_->ApplyUpdate(p, u, lr, weight_decay, adjustment));
+      device_->ApplyUpdate(p, u, lr, weight_decay, adjustment, stream_));
   MUONPS_RETURN_IF_ERROR(Download(p.data, param.data, p.elements()));
-  return device_->Synchronize();
+  return device_->Synchronize(stream_);
 }
 
 absl::Status HostStagingKernels::MuonStep(const MuonStack& stack,
-                                          const MuonHyperparameters& hyper) {
+                                          const MuonHyperparameters& hyper,
+                                          Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, "host-staging cuda"));
   MUONPS_RETURN_IF_ERROR(ValidateMuonStack(stack));
   MuonStack d;
   d.names = stack.names;
   MUONPS_ASSIGN_OR_RETURN(d.grad, UploadStack(0, stack.grad));
   MUONPS_ASSIGN_OR_RETURN(d.momentum, UploadStack(1, stack.momentum));
   MUONPS_ASSIGN_OR_RETURN(d.param, UploadStack(2, stack.param));
-  MUONPS_RETURN_IF_ERROR(device_->MuonStep(d, hyper));
+  MUONPS_RETURN_IF_ERROR(device_->MuonStep(d, hyper, stream_));
   MUONPS_RETURN_IF_ERROR(
       Download(d.momentum.data, stack.momentum.data, d.momentum.elements()));
   MUONPS_RETURN_IF_ERROR(
       Download(d.param.data, stack.param.data, d.param.elements()));
-  return device_->Synchronize();
+  return device_->Synchronize(stream_);
 }
 
 absl::Status HostStagingKernels::AdamWStep(const AdamWTensor& t,
                                            const AdamWHyperparameters& hyper,
-                                           int64_t step) {
+                                           int64_t step, Stream stream) {
+  MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, "host-staging cuda"));
   if (t.size <= 0 || t.param == nullptr || t.grad == nullptr ||
       t.exp_avg == nullptr || t.exp_avg_sq == nullptr) {
-    return device_->AdamWStep(t, hyper, step);  // the device call says why
+    // The device call says why.
+    return device_->AdamWStep(t, hyper, step, stream_);
   }
   AdamWTensor d = t;
   MUONPS_ASSIGN_OR_RETURN(d.param, Upload(0, t.param, t.size));
@@ -140,11 +161,11 @@ absl::Status HostStagingKernels::AdamWStep(const AdamWTensor& t,
   d.grad = grad;
   MUONPS_ASSIGN_OR_RETURN(d.exp_avg, Upload(2, t.exp_avg, t.size));
   MUONPS_ASSIGN_OR_RETURN(d.exp_avg_sq, Upload(3, t.exp_avg_sq, t.size));
-  MUONPS_RETURN_IF_ERROR(device_->AdamWStep(d, hyper, step));
+  MUONPS_RETURN_IF_ERROR(device_->AdamWStep(d, hyper, step, stream_));
   MUONPS_RETURN_IF_ERROR(Download(d.param, t.param, t.size));
   MUONPS_RETURN_IF_ERROR(Download(d.exp_avg, t.exp_avg, t.size));
   MUONPS_RETURN_IF_ERROR(Download(d.exp_avg_sq, t.exp_avg_sq, t.size));
-  return device_->Synchronize();
+  return device_->Synchronize(stream_);
 }
 
 }  // namespace cuda

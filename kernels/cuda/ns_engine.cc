@@ -35,9 +35,42 @@ NsEngine::NsEngine(std::vector<NsLane> lanes, cudaDataType low,
       use_graphs_(use_graphs) {}
 
 NsEngine::~NsEngine() {
+  // The workspaces are freed next: let the queued work finish with them.
+  if (done_ != nullptr) cudaEventSynchronize(done_);
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   if (fork_ != nullptr) cudaEventDestroy(fork_);
   if (join_ != nullptr) cudaEventDestroy(join_);
+  if (done_ != nullptr) cudaEventDestroy(done_);
+  if (capture_ != nullptr) cudaStreamDestroy(capture_);
+}
+
+absl::Status NsEngine::OrderAfterPrevious(cudaStream_t stream) {
+  if (stream == nullptr) {
+    return InvalidField("stream",
+                        "Newton-Schulz runs on a CUDA stream of the device, "
+                        "not the legacy default stream (null)");
+  }
+  if (done_ == nullptr) {
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  // The previous Run recorded done_ at its end, so waiting for it never
+  // touches that stream (which its owner may have destroyed since).
+  if (last_stream_ != nullptr && last_stream_ != stream) {
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, done_, 0));
+  }
+  last_stream_ = stream;
+  return absl::OkStatus();
+}
+
+absl::Status NsEngine::BindLane(int lane, cudaStream_t stream) {
+  const NsLane& l = lanes_[lane];
+  MUONPS_CUBLAS_RETURN_IF_ERROR(cublasSetStream(l.handle, stream));
+  // cublasSetStream resets the workspace to cuBLAS's default pool, which
+  // allocates on first use and so cannot be captured.
+  MUONPS_CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(l.handle, l.workspace, l.workspace_bytes));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<NsEngine::Chain>> NsEngine::Prepare(
@@ -68,8 +101,12 @@ absl::StatusOr<std::vector<NsEngine::Chain>> NsEngine::Prepare(
 
 absl::Status NsEngine::Issue(const float* in, float* out, int64_t rows,
                              int64_t cols, const NewtonSchulzOptions& options,
-                             const std::vector<Chain>& chains) {
-  cudaStream_t main = lanes_[0].stream;
+                             const std::vector<Chain>& chains,
+                             cudaStream_t main) {
+  for (const Chain& chain : chains) {
+    MUONPS_RETURN_IF_ERROR(BindLane(
+        chain.lane, chain.lane == 0 ? main : lanes_[chain.lane].stream));
+  }
   if (chains.size() > 1) {
     MUONPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, main));
     for (size_t i = 1; i < chains.size(); ++i) {
@@ -80,9 +117,9 @@ absl::Status NsEngine::Issue(const float* in, float* out, int64_t rows,
   for (const Chain& chain : chains) {
     const NsLane& lane = lanes_[chain.lane];
     const int64_t offset = chain.first * rows * cols;
-    MUONPS_RETURN_IF_ERROR(IssueNewtonSchulz(lane.handle, lane.stream,
-                                             in + offset, out + offset, options,
-                                             chain.ws));
+    MUONPS_RETURN_IF_ERROR(
+        IssueNewtonSchulz(lane.handle, chain.lane == 0 ? main : lane.stream,
+                          in + offset, out + offset, options, chain.ws));
   }
   for (size_t i = 1; i < chains.size(); ++i) {
     MUONPS_CUDA_RETURN_IF_ERROR(
@@ -96,13 +133,19 @@ absl::Status NsEngine::Capture(const float* in, float* out, int64_t rows,
                                int64_t cols, const NewtonSchulzOptions& options,
                                const std::vector<Chain>& chains,
                                cudaGraphExec_t* exec) {
-  cudaStream_t main = lanes_[0].stream;
+  if (capture_ == nullptr) {
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&capture_, cudaStreamNonBlocking));
+  }
+  // Captured work is recorded, not run: the graph holds no stream, and its
+  // launch on the call's stream orders it there.
   MUONPS_CUDA_RETURN_IF_ERROR(
-      cudaStreamBeginCapture(main, cudaStreamCaptureModeThreadLocal));
-  const absl::Status issued = Issue(in, out, rows, cols, options, chains);
+      cudaStreamBeginCapture(capture_, cudaStreamCaptureModeThreadLocal));
+  const absl::Status issued =
+      Issue(in, out, rows, cols, options, chains, capture_);
   cudaGraph_t graph = nullptr;
   // End the capture whatever happened, so the streams are usable again.
-  const cudaError_t ended = cudaStreamEndCapture(main, &graph);
+  const cudaError_t ended = cudaStreamEndCapture(capture_, &graph);
   if (!issued.ok() || ended != cudaSuccess) {
     if (graph != nullptr) cudaGraphDestroy(graph);
     MUONPS_RETURN_IF_ERROR(issued);
@@ -113,12 +156,15 @@ absl::Status NsEngine::Capture(const float* in, float* out, int64_t rows,
   return CudaStatus(made, "cudaGraphInstantiate (Newton-Schulz graph)");
 }
 
-absl::Status NsEngine::Run(const float* in, float* out, int64_t count,
-                           int64_t rows, int64_t cols,
-                           const NewtonSchulzOptions& options) {
+absl::Status NsEngine::Enqueue(const float* in, float* out, int64_t count,
+                               int64_t rows, int64_t cols,
+                               const NewtonSchulzOptions& options,
+                               cudaStream_t stream) {
   MUONPS_ASSIGN_OR_RETURN(const std::vector<Chain> chains,
                           Prepare(count, rows, cols, options.algorithm));
-  if (!use_graphs_) return Issue(in, out, rows, cols, options, chains);
+  if (!use_graphs_) {
+    return Issue(in, out, rows, cols, options, chains, stream);
+  }
   const std::string key = GraphKey(in, out, count, rows, cols, options);
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
@@ -132,12 +178,28 @@ absl::Status NsEngine::Run(const float* in, float* out, int64_t count,
         Capture(in, out, rows, cols, options, chains, &exec));
     it = graphs_.emplace(key, exec).first;
   }
-  return CudaStatus(cudaGraphLaunch(it->second, lanes_[0].stream),
+  return CudaStatus(cudaGraphLaunch(it->second, stream),
                     "cudaGraphLaunch (Newton-Schulz graph)");
+}
+
+absl::Status NsEngine::Run(const float* in, float* out, int64_t count,
+                           int64_t rows, int64_t cols,
+                           const NewtonSchulzOptions& options,
+                           cudaStream_t stream) {
+  MUONPS_RETURN_IF_ERROR(OrderAfterPrevious(stream));
+  const absl::Status queued =
+      Enqueue(in, out, count, rows, cols, options, stream);
+  // Recorded even after a failure: whatever part was queued is covered.
+  const cudaError_t recorded = cudaEventRecord(done_, stream);
+  MUONPS_RETURN_IF_ERROR(queued);
+  return CudaStatus(recorded, "cudaEventRecord (end of Newton-Schulz)");
 }
 
 absl::StatusOr<unsigned int> NsEngine::DriftCount(int64_t count, int64_t rows,
                                                   int64_t cols) {
+  if (done_ != nullptr) {
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_));
+  }
   unsigned int total = 0;
   bool found = false;
   for (const auto& [key, ws] : workspaces_) {
@@ -150,10 +212,9 @@ absl::StatusOr<unsigned int> NsEngine::DriftCount(int64_t count, int64_t rows,
       continue;
     }
     unsigned int drift = 0;
-    MUONPS_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(&drift, ws->unhealthy(), sizeof(drift),
-                        cudaMemcpyDeviceToHost, lanes_[0].stream));
-    MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(lanes_[0].stream));
+    // The engine's work is done (above): a plain copy reads the counter.
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+        &drift, ws->unhealthy(), sizeof(drift), cudaMemcpyDeviceToHost));
     total += drift;
     found = true;
   }

@@ -36,27 +36,22 @@ struct Shape {
 
 class NsEngineTest : public ::testing::Test {
  protected:
+  // Handles and workspaces for two lanes; the engine points each handle
+  // at its stream and workspace itself.
   void SetUp() override {
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
               cudaSuccess)
         << "this test needs a CUDA GPU";
     ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
-    ASSERT_EQ(cublasSetStream(handle_, stream_), CUBLAS_STATUS_SUCCESS);
     auto ws = DeviceBuffer::Allocate(64 << 20, "cuBLAS workspace");
     ASSERT_TRUE(ws.ok()) << ws.status();
     workspace_ = std::move(*ws);
-    ASSERT_EQ(cublasSetWorkspace(handle_, workspace_.get(), 64 << 20),
-              CUBLAS_STATUS_SUCCESS);
     ASSERT_EQ(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking),
               cudaSuccess);
     ASSERT_EQ(cublasCreate(&side_handle_), CUBLAS_STATUS_SUCCESS);
-    ASSERT_EQ(cublasSetStream(side_handle_, side_stream_),
-              CUBLAS_STATUS_SUCCESS);
     auto side = DeviceBuffer::Allocate(64 << 20, "second cuBLAS workspace");
     ASSERT_TRUE(side.ok()) << side.status();
     side_workspace_ = std::move(*side);
-    ASSERT_EQ(cublasSetWorkspace(side_handle_, side_workspace_.get(), 64 << 20),
-              CUBLAS_STATUS_SUCCESS);
   }
   void TearDown() override {
     cublasDestroy(side_handle_);
@@ -70,8 +65,12 @@ class NsEngineTest : public ::testing::Test {
                          const std::vector<float>& in, int64_t count, Shape s,
                          const NewtonSchulzOptions& options,
                          unsigned int* drift = nullptr, int lanes = 1) {
-    std::vector<NsLane> lane_list = {{handle_, stream_}};
-    if (lanes == 2) lane_list.push_back({side_handle_, side_stream_});
+    std::vector<NsLane> lane_list = {
+        {handle_, workspace_.get(), workspace_.bytes()}};
+    if (lanes == 2) {
+      lane_list.push_back({side_handle_, side_workspace_.get(),
+                           side_workspace_.bytes(), side_stream_});
+    }
     NsEngine engine(lane_list, low, plan, /*use_graphs=*/true);
     const size_t bytes = in.size() * sizeof(float);
     auto x = DeviceBuffer::Allocate(bytes, "input");
@@ -79,8 +78,9 @@ class NsEngineTest : public ::testing::Test {
     EXPECT_TRUE(x.ok() && y.ok());
     EXPECT_EQ(cudaMemcpy(x->get(), in.data(), bytes, cudaMemcpyHostToDevice),
               cudaSuccess);
-    const absl::Status status = engine.Run(x->as<float>(), y->as<float>(),
-                                           count, s.rows, s.cols, options);
+    const absl::Status status =
+        engine.Run(x->as<float>(), y->as<float>(), count, s.rows, s.cols,
+                   options, stream_);
     EXPECT_TRUE(status.ok()) << status;
     std::vector<float> out(in.size());
     EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);

@@ -164,8 +164,12 @@ int Main() {
   std::vector<std::string> table;
   for (const Variant& v : Variants()) {
     if (!absl::StrContains(v.name, absl::GetFlag(FLAGS_only))) continue;
-    std::vector<NsLane> lanes = {{handle, stream}};
-    if (v.lanes == 2) lanes.push_back({side_handle, side_stream});
+    std::vector<NsLane> lanes = {
+        {handle, cublas_ws->get(), cublas_ws->bytes()}};
+    if (v.lanes == 2) {
+      lanes.push_back(
+          {side_handle, side_ws->get(), side_ws->bytes(), side_stream});
+    }
     NsEngine engine(lanes, v.low, v.plan, v.graphs);
     std::vector<NewtonSchulzOptions> options;
     double flops = 0;
@@ -187,7 +191,7 @@ int Main() {
         const Stack& s = stacks[i];
         const absl::Status status =
             engine.Run(s.in.as<float>(), s.out.as<float>(), s.spec.count,
-                       s.spec.rows, s.spec.cols, options[i]);
+                       s.spec.rows, s.spec.cols, options[i], stream);
         if (!status.ok()) {
           std::fprintf(stderr, "%s: %s\n", v.name.c_str(),
                        status.ToString().c_str());

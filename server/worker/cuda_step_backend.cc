@@ -58,31 +58,29 @@ class CudaIpcBuffers final : public TrainerBuffers {
                                  int64_t grad_elements,
                                  int64_t param_elements) override {
     const std::string field = absl::StrCat("tensor ", Quoted(t.name()));
-    if (t.dtype() != v1::DTYPE_FP32 && t.dtype() != v1::DTYPE_UNSPECIFIED) {
-      return FieldError(absl::StatusCode::kUnimplemented, field,
-                        "CUDA buffers must be fp32");
-    }
     LentTensor out;
+    MUONPS_ASSIGN_OR_RETURN(out.dtype, LentDType(t));
+    const int64_t width = static_cast<int64_t>(DTypeSize(out.dtype));
     for (auto [buffer, elements, pointer, what] :
-         {std::tuple<const v1::CudaBuffer*, int64_t, float**, const char*>{
+         {std::tuple<const v1::CudaBuffer*, int64_t, void**, const char*>{
               &t.grad_cuda(), grad_elements, &out.grad, "grad_cuda"},
           {&t.param_cuda(), param_elements, &out.param, "param_cuda"}}) {
       if (buffer->ipc_handle().empty() || buffer->offset() < 0 ||
-          buffer->offset() % 4 != 0 || elements < 1) {
-        return InvalidField(
-            absl::StrCat(field, ".", what),
-            "needs an IPC handle and a 4-byte aligned offset >= 0");
+          buffer->offset() % width != 0 || elements < 1) {
+        return InvalidField(absl::StrCat(field, ".", what),
+                            absl::StrCat("needs an IPC handle and a ", width,
+                                         "-byte aligned offset >= 0"));
       }
       IpcMemoryRef ref;
       ref.handle = buffer->ipc_handle();
       ref.offset = static_cast<uint64_t>(buffer->offset());
-      ref.bytes = static_cast<uint64_t>(elements) * sizeof(float);
+      ref.bytes = static_cast<uint64_t>(elements * width);
       ref.device = device_;
       absl::StatusOr<void*> mapped = map_.Open(ref);
       if (!mapped.ok()) {
         return Annotate(mapped.status(), absl::StrCat(field, ".", what));
       }
-      *pointer = static_cast<float*>(*mapped);
+      *pointer = *mapped;
     }
     return out;
   }
@@ -137,7 +135,6 @@ absl::StatusOr<StepBackend> CudaStepBackend(const CudaBackendOptions& options) {
   kernels::cuda::CudaKernelsOptions k;
   k.device = options.device;
   k.precision = options.precision;
-  k.stream = reinterpret_cast<cudaStream_t>(ops->stream());
   MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<kernels::cuda::CudaKernels> kernels,
                           kernels::cuda::CudaKernels::Create(k));
   StepBackend backend;

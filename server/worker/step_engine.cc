@@ -155,7 +155,6 @@ absl::Status StepEngine::SetPlan(
           {.bucket_bytes = job.bucket_bytes() > 0 ? job.bucket_bytes()
                                                   : int64_t{64} << 20}));
   const auto algorithms = proto::AlgorithmsOfWorker(plan, worker_id_);
-  // Same-shape owned items of each bucket become one stack.
   next.slots.resize(next.matrices.size());
   for (size_t m = 0; m < next.matrices.size(); ++m) {
     next.slots[m].assign(next.matrices[m].experts, ItemSlot{});
@@ -164,33 +163,26 @@ absl::Status StepEngine::SetPlan(
   for (const scheduler::MatrixSpec& spec : next.matrices) {
     largest = std::max(largest, spec.rows * spec.cols);
   }
-  // Same-shape owned items become one stack, across buckets: Newton-Schulz
-  // runs batched over the whole step's matrices of a shape (the kernels are
-  // far faster on stacks than on single matrices).
-  std::map<std::pair<int64_t, int64_t>, int> by_shape;
-  for (const scheduler::Bucket& bucket : next.schedule.buckets) {
-    for (int32_t m : bucket.matrices) {
-      const scheduler::MatrixSpec& spec = next.matrices[m];
-      for (int64_t e = 0; e < spec.experts; ++e) {
-        if (next.ownership.owners[m][e] != next.rank) continue;
-        auto [it, added] = by_shape.try_emplace(
-            {spec.rows, spec.cols}, static_cast<int>(next.batches.size()));
-        if (added) {
-          ComputeBatch batch;
-          batch.rows = spec.rows;
-          batch.cols = spec.cols;
-          auto chosen = algorithms.find(
-              {std::min(spec.rows, spec.cols), std::max(spec.rows, spec.cols)});
-          batch.algorithm = chosen == algorithms.end()
-                                ? kernels::NsAlgorithm::kNs5
-                                : chosen->second;
-          next.batches.push_back(std::move(batch));
-        }
-        ComputeBatch& batch = next.batches[it->second];
-        next.slots[m][e] = {it->second, static_cast<int>(batch.items.size())};
-        batch.items.push_back({m, static_cast<int32_t>(e)});
-      }
+  // The schedule's stacks this worker owns become its compute batches.
+  next.batch_of_stack.assign(next.schedule.stacks.size(), -1);
+  for (size_t k = 0; k < next.schedule.stacks.size(); ++k) {
+    const scheduler::OwnerStack& stack = next.schedule.stacks[k];
+    if (stack.owner != next.rank) continue;
+    next.batch_of_stack[k] = static_cast<int>(next.batches.size());
+    ComputeBatch batch;
+    batch.rows = stack.rows;
+    batch.cols = stack.cols;
+    auto chosen = algorithms.find(
+        {std::min(stack.rows, stack.cols), std::max(stack.rows, stack.cols)});
+    batch.algorithm = chosen == algorithms.end() ? kernels::NsAlgorithm::kNs5
+                                                 : chosen->second;
+    batch.items = stack.items;
+    for (size_t slot = 0; slot < stack.items.size(); ++slot) {
+      const scheduler::ItemRef& item = stack.items[slot];
+      next.slots[item.matrix][item.expert] = {next.batch_of_stack[k],
+                                              static_cast<int>(slot)};
     }
+    next.batches.push_back(std::move(batch));
   }
   absl::MutexLock lock(&mu_);
   kernels::DeviceOps& ops = *backend_.ops;
@@ -295,8 +287,7 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
     if (!t.muon()) {
       MUONPS_ASSIGN_OR_RETURN(const LentTensor lent,
                               buffers->Map(t, t.elements(), param_elements));
-      b.grad = lent.grad;
-      b.param = lent.param;
+      b.Lend(lent);
       b.layout =
           proto::LayoutFromProto(t.layout()) == scheduler::Layout::kUnreduced
               ? scheduler::Layout::kUnreduced
@@ -328,8 +319,7 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
     }
     MUONPS_ASSIGN_OR_RETURN(const LentTensor lent,
                             buffers->Map(t, t.elements(), param_elements));
-    b.grad = lent.grad;
-    b.param = lent.param;
+    b.Lend(lent);
     b.full_param = spec.layout == scheduler::Layout::kRowSharded &&
                    param_elements == full && full != t.elements();
     b.layout = spec.layout;
@@ -345,6 +335,7 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
   }
   std::sort(trainer.adamw.begin(), trainer.adamw.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
+  MUONPS_RETURN_IF_ERROR(trainer.AllocateWidened(*backend_.ops));
   trainer.buffers = std::move(buffers);
   // A pending transfer may name the old trainer's memory: drop the
   // transport (rebuilt at the next step) before unmapping it.

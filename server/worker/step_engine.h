@@ -46,8 +46,9 @@ using TransportFactory =
     std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
         int rank, const std::vector<std::string>& addresses, uint64_t session)>;
 
-// What the engine computes with: kernels and ops on one device, ordered on
-// ops->stream() (the kernels must enqueue on that same stream).
+// What the engine computes with: kernels and ops on one device. A step
+// passes its streams on every call: transfers on ops->stream(), momentum
+// and Newton-Schulz on ops->compute_stream().
 struct StepBackend {
   std::unique_ptr<kernels::MuonKernels> kernels;
   std::unique_ptr<kernels::DeviceOps> ops;

@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "transport/loopback_ranks.h"
 #include "transport/tcp_transport.h"
@@ -74,7 +76,18 @@ class HostBuffers final : public TrainerBuffers {
 struct Trainer {
   int rank = 0;
   std::map<std::string, std::vector<float>> grad, param;
+  // bf16 trainers lend these instead (same element counts).
+  bool bf16 = false;
+  std::map<std::string, std::vector<uint16_t>> grad16, param16;
 };
+
+// The job's hyperparameters as the workers run them.
+kernels::MuonHyperparameters MuonFromJob() {
+  kernels::MuonHyperparameters h;
+  h.lr = 0.02;
+  h.weight_decay = 0.1;
+  return h;
+}
 
 v1::JobSpec Job() {
   v1::JobSpec job;
@@ -132,6 +145,10 @@ class StepEngineTest : public ::testing::Test {
         std::map<std::string, LentTensor> lent;
         for (auto& [name, g] : trainer->grad) {
           lent[name] = {g.data(), trainer->param[name].data()};
+          if (trainer->bf16) {
+            lent[name] = {trainer->grad16[name].data(),
+                          trainer->param16[name].data(), DType::kBFloat16};
+          }
         }
         return std::unique_ptr<TrainerBuffers>(new HostBuffers(lent));
       };
@@ -157,6 +174,17 @@ class StepEngineTest : public ::testing::Test {
     }
   }
 
+  // Every trainer lends bf16 buffers (params 0.5, as the fp32 ones).
+  void UseBf16Everywhere() {
+    for (Trainer& t : trainers_) {
+      t.bf16 = true;
+      for (auto& [name, g] : t.grad) {
+        t.grad16[name].assign(g.size(), 0);
+        t.param16[name].assign(g.size(), FloatToBFloat16(0.5f));
+      }
+    }
+  }
+
   void AttachEverywhere(int64_t trainer_pid = 0) {
     for (int w = 0; w < kWorkers; ++w) {
       v1::AttachRequest request;
@@ -167,7 +195,7 @@ class StepEngineTest : public ::testing::Test {
         v1::TensorBinding* b = request.add_tensors();
         b->set_name(d.name);
         b->set_muon(true);
-        b->set_dtype(v1::DTYPE_FP32);
+        b->set_dtype(trainers_[w].bf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
         b->set_elements(static_cast<int64_t>(trainers_[w].grad[d.name].size()));
       }
       absl::StatusOr<v1::AttachResponse> attached =
@@ -187,6 +215,10 @@ class StepEngineTest : public ::testing::Test {
         const int source = d.layout == v1::LAYOUT_UNREDUCED ? w : 0;
         for (size_t i = 0; i < g.size(); ++i) {
           g[i] = GradValue(step, static_cast<int>(m), source, first + i);
+        }
+        if (trainers_[w].bf16) {
+          FromFloat(DType::kBFloat16, g.data(), g.size(),
+                    trainers_[w].grad16[d.name].data());
         }
       }
     }
@@ -250,7 +282,7 @@ TEST_F(StepEngineTest, EveryLayoutMatchesTheKernelsInOneProcessBitForBit) {
       stack.grad = {g.data(), 1, d.rows, d.cols};
       stack.momentum = {momentum[d.name].data(), 1, d.rows, d.cols};
       stack.param = {param[d.name].data(), 1, d.rows, d.cols};
-      ASSERT_TRUE(reference_kernels.MuonStep(stack, h).ok());
+      ASSERT_TRUE(reference_kernels.MuonStep(stack, h, kHostStream).ok());
     }
   }
   for (int w = 0; w < kWorkers; ++w) {
@@ -263,6 +295,72 @@ TEST_F(StepEngineTest, EveryLayoutMatchesTheKernelsInOneProcessBitForBit) {
           std::memcmp(got.data(), param[d.name].data() + first, got.size() * 4),
           0)
           << d.name << " on trainer " << w;
+    }
+  }
+}
+
+// bf16 trainers: the workers widen the gradients, keep fp32 momentum, and
+// round each updated parameter once; the same as the kernels in one
+// process on the widened gradients, followed by that one rounding.
+TEST_F(StepEngineTest, Bf16ParametersMatchTheKernelsInOneProcessBitForBit) {
+  UseBf16Everywhere();
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  kernels::CpuKernels reference_kernels(kernels::CpuKernelOptions{});
+  kernels::CpuDeviceOps ops;
+  std::map<std::string, std::vector<uint16_t>> param;
+  std::map<std::string, std::vector<float>> momentum;
+  for (const MatrixDecl& d : Matrices()) {
+    param[d.name].assign(d.rows * d.cols, FloatToBFloat16(0.5f));
+    momentum[d.name].assign(d.rows * d.cols, 0.0f);
+  }
+  const kernels::MuonHyperparameters h = MuonFromJob();
+  for (int64_t step = 0; step < 12; ++step) {
+    WriteGradients(step);
+    for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixDecl& d = Matrices()[m];
+      std::vector<float> g(d.rows * d.cols, 0.0f);
+      const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
+      for (int s = 0; s < sources; ++s) {
+        for (size_t i = 0; i < g.size(); ++i) {
+          g[i] += BFloat16ToFloat(
+              FloatToBFloat16(GradValue(step, static_cast<int>(m), s, i)));
+        }
+      }
+      if (sources > 1) {
+        for (float& v : g) v *= 1.0f / static_cast<float>(sources);
+      }
+      const kernels::MatrixStack grad{g.data(), 1, d.rows, d.cols};
+      ASSERT_TRUE(reference_kernels
+                      .UpdateMomentum(
+                          grad, {momentum[d.name].data(), 1, d.rows, d.cols},
+                          h.momentum, h.nesterov, grad, kHostStream)
+                      .ok());
+      ASSERT_TRUE(
+          reference_kernels.Orthogonalize(grad, grad, h.ns, kHostStream).ok());
+      const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+      const float scale = static_cast<float>(
+          -kernels::AdjustedLr(h.lr, h.lr_adjustment, d.rows, d.cols));
+      ASSERT_TRUE(ops.ApplyScaled(param[d.name].data(), DType::kBFloat16,
+                                  g.data(), d.rows * d.cols, decay, scale,
+                                  kHostStream)
+                      .ok());
+    }
+  }
+  for (int w = 0; w < kWorkers; ++w) {
+    for (const MatrixDecl& d : Matrices()) {
+      const std::vector<uint16_t>& got = trainers_[w].param16[d.name];
+      const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
+                                ? d.rows * w / kWorkers * d.cols
+                                : 0;
+      EXPECT_EQ(
+          std::memcmp(got.data(), param[d.name].data() + first, got.size() * 2),
+          0)
+          << d.name << " on trainer " << w;
+      EXPECT_NE(got[0], FloatToBFloat16(0.5f)) << d.name << " never moved";
     }
   }
 }

@@ -52,6 +52,28 @@ float* PlanState::SlotData(const ItemSlot& s, bool momentum_buffer) const {
   return buffer.data() + s.slot * b.rows * b.cols;
 }
 
+absl::Status AttachedTrainer::AllocateWidened(kernels::DeviceOps& ops) {
+  std::vector<Binding*> narrow;
+  int64_t total = 0;
+  for (Binding& b : matrices) {
+    if (b.dtype != DType::kFloat32) narrow.push_back(&b);
+  }
+  for (auto& [name, b] : adamw) {
+    if (b.dtype != DType::kFloat32) narrow.push_back(&b);
+  }
+  for (Binding* b : narrow) total += b->elements;
+  widened.reset();
+  if (total == 0) return absl::OkStatus();
+  MUONPS_ASSIGN_OR_RETURN(widened,
+                          ops.Allocate(total, "fp32 copies of bf16 gradients"));
+  float* next = widened->data();
+  for (Binding* b : narrow) {
+    b->grad = next;
+    next += b->elements;
+  }
+  return absl::OkStatus();
+}
+
 StepRun::StepRun(const std::string& worker_id, PlanState* plan,
                  const AttachedTrainer* trainer,
                  transport::Transport* transport, kernels::DeviceOps* ops,
@@ -63,6 +85,7 @@ StepRun::StepRun(const std::string& worker_id, PlanState* plan,
       ops_(*ops),
       kernels_(*kernels),
       stream_(ops->stream()),
+      compute_(ops->compute_stream()),
       timeout_(timeout) {}
 
 std::pair<int64_t, int64_t> StepRun::RowsOfTrainer(int64_t rows,
@@ -115,6 +138,20 @@ std::string StepRun::LocalProblem() {
                                             : "Inf");
   }
   return "";
+}
+
+absl::Status StepRun::WidenGradients() {
+  auto widen = [&](const Binding& b) {
+    if (b.dtype == DType::kFloat32) return absl::OkStatus();
+    return ops_.ToFloat(b.grad, b.lent_grad, b.dtype, b.elements, stream_);
+  };
+  for (const Binding& b : trainer_.matrices) {
+    MUONPS_RETURN_IF_ERROR(widen(b));
+  }
+  for (const auto& [name, b] : trainer_.adamw) {
+    MUONPS_RETURN_IF_ERROR(widen(b));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StepRun::Agree(const v1::StepRequest& request) {
@@ -226,42 +263,40 @@ absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
   return t_.GroupEnd();
 }
 
-absl::Status StepRun::Compute() {
+absl::Status StepRun::Compute(ComputeBatch& batch) {
   const auto start = std::chrono::steady_clock::now();
   const kernels::MuonHyperparameters& h = plan_.muon;
-  for (ComputeBatch& batch : plan_.batches) {
-    const int64_t size = batch.rows * batch.cols;
-    const int64_t count = static_cast<int64_t>(batch.items.size());
-    const kernels::MatrixStack grad{batch.staged->data(), count, batch.rows,
-                                    batch.cols};
-    const kernels::MatrixStack buf{batch.momentum->data(), count, batch.rows,
-                                   batch.cols};
-    for (size_t s = 0; s < batch.items.size(); ++s) {
-      const scheduler::ItemRef& item = batch.items[s];
-      const scheduler::MatrixSpec& spec = plan_.matrices[item.matrix];
-      const kernels::MatrixStack update{grad.matrix(s), 1, batch.rows,
+  const int64_t size = batch.rows * batch.cols;
+  const int64_t count = static_cast<int64_t>(batch.items.size());
+  const kernels::MatrixStack grad{batch.staged->data(), count, batch.rows,
+                                  batch.cols};
+  const kernels::MatrixStack buf{batch.momentum->data(), count, batch.rows,
+                                 batch.cols};
+  for (size_t s = 0; s < batch.items.size(); ++s) {
+    const scheduler::ItemRef& item = batch.items[s];
+    const scheduler::MatrixSpec& spec = plan_.matrices[item.matrix];
+    const kernels::MatrixStack update{grad.matrix(s), 1, batch.rows,
+                                      batch.cols};
+    const kernels::MatrixStack momentum{buf.matrix(s), 1, batch.rows,
                                         batch.cols};
-      const kernels::MatrixStack momentum{buf.matrix(s), 1, batch.rows,
-                                          batch.cols};
-      kernels::MatrixStack source = update;  // staged: reduced or gathered
-      if (spec.layout == scheduler::Layout::kReplicated) {
-        // Momentum reads the trainer's gradient in place: no staging copy.
-        source.data = trainer_.matrices[item.matrix].grad + item.expert * size;
-      } else if (spec.layout == scheduler::Layout::kUnreduced) {
-        // The mean, as DDP: the fp32 sum times the fp32 inverse.
-        MUONPS_RETURN_IF_ERROR(
-            ops_.Scale(update.data, size,
-                       1.0f / static_cast<float>(trainer_.count), stream_));
-      }
-      // The update goes to the stack slot (it may alias a staged source).
-      MUONPS_RETURN_IF_ERROR(kernels_.UpdateMomentum(
-          source, momentum, h.momentum, h.nesterov, update));
+    kernels::MatrixStack source = update;  // staged: reduced or gathered
+    if (spec.layout == scheduler::Layout::kReplicated) {
+      // Momentum reads the trainer's gradient in place: no staging copy.
+      source.data = trainer_.matrices[item.matrix].grad + item.expert * size;
+    } else if (spec.layout == scheduler::Layout::kUnreduced) {
+      // The mean, as DDP: the fp32 sum times the fp32 inverse.
+      MUONPS_RETURN_IF_ERROR(
+          ops_.Scale(update.data, size,
+                     1.0f / static_cast<float>(trainer_.count), compute_));
     }
-    batch.has_momentum.assign(batch.items.size(), true);
-    kernels::NewtonSchulzOptions ns = h.ns;
-    ns.algorithm = batch.algorithm;  // the plan's choice for this batch
-    MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(grad, grad, ns));
+    // The update goes to the stack slot (it may alias a staged source).
+    MUONPS_RETURN_IF_ERROR(kernels_.UpdateMomentum(
+        source, momentum, h.momentum, h.nesterov, update, compute_));
   }
+  batch.has_momentum.assign(batch.items.size(), true);
+  kernels::NewtonSchulzOptions ns = h.ns;
+  ns.algorithm = batch.algorithm;  // the plan's choice for this batch
+  MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(grad, grad, ns, compute_));
   ns_seconds_ += SecondsSince(start);
   return absl::OkStatus();
 }
@@ -292,12 +327,12 @@ absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
     const bool mine = x.owner == plan_.rank;
     float* update = mine ? plan_.SlotData(plan_.slots[x.item.matrix][e], false)
                          : plan_.scratch->data();
-    float* param = nullptr;
+    void* param = nullptr;
     int64_t count = 0;
     if (x.kind == scheduler::TransferKind::kScatterFromOwner && !b.full_param) {
       const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_.rank);
       count = (end - begin) * spec.cols;
-      param = b.param + e * count;
+      param = kernels::ElementsPast(b.param, b.dtype, e * count);
       if (mine) {
         for (int r = 0; r < t_.size(); ++r) {
           if (r == plan_.rank) continue;
@@ -313,12 +348,12 @@ absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
       }
     } else {
       count = size;
-      param = b.param + e * size;
+      param = kernels::ElementsPast(b.param, b.dtype, e * size);
       MUONPS_RETURN_IF_ERROR(t_.Broadcast(update, size * 4, x.owner, stream_));
       bytes_ += size * 4;
     }
     MUONPS_RETURN_IF_ERROR(
-        ops_.ApplyScaled(param, update, count, decay, scale, stream_));
+        ops_.ApplyScaled(param, b.dtype, update, count, decay, scale, stream_));
   }
   return absl::OkStatus();
 }
@@ -334,6 +369,10 @@ absl::Status StepRun::AverageAdamWGradients() {
     }
     MUONPS_RETURN_IF_ERROR(t_.Broadcast(b.grad, b.elements * 4, 0, stream_));
     bytes_ += 2 * b.elements * 4;
+    if (b.dtype != DType::kFloat32) {  // the mean, back into the lent buffer
+      MUONPS_RETURN_IF_ERROR(
+          ops_.FromFloat(b.lent_grad, b.dtype, b.grad, b.elements, stream_));
+    }
   }
   return absl::OkStatus();
 }
@@ -345,6 +384,7 @@ absl::StatusOr<v1::StepResponse> StepRun::Run(const v1::StepRequest& request) {
   absl::StatusOr<v1::StepResponse> out =
       [&]() -> absl::StatusOr<v1::StepResponse> {
     MUONPS_RETURN_IF_ERROR(trainer_.buffers->WaitForTrainer(stream_));
+    MUONPS_RETURN_IF_ERROR(WidenGradients());
     return RunWithTrainerReady(request);
   }();
   const absl::Status signaled =
@@ -357,16 +397,34 @@ absl::StatusOr<v1::StepResponse> StepRun::RunWithTrainerReady(
     const v1::StepRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   MUONPS_RETURN_IF_ERROR(Agree(request));
+  // The schedule's order: transfers on stream_, this worker's stacks on
+  // compute_, each side waiting for the other only where it reads what the
+  // other wrote (no host waits).
+  bool computed = false;  // compute_ has work stream_ has not waited for
   for (const scheduler::Phase& phase : plan_.schedule.order) {
-    if (!phase.to_owners) continue;
-    MUONPS_RETURN_IF_ERROR(ToOwners(plan_.schedule.buckets[phase.bucket]));
+    switch (phase.kind) {
+      case scheduler::PhaseKind::kToOwners:
+        MUONPS_RETURN_IF_ERROR(ToOwners(plan_.schedule.buckets[phase.index]));
+        break;
+      case scheduler::PhaseKind::kCompute: {
+        const int batch = plan_.batch_of_stack[phase.index];
+        if (batch < 0) break;  // another worker's stack
+        MUONPS_RETURN_IF_ERROR(ops_.Order(compute_, stream_));
+        MUONPS_RETURN_IF_ERROR(Compute(plan_.batches[batch]));
+        computed = true;
+        break;
+      }
+      case scheduler::PhaseKind::kFromOwners:
+        if (computed) {
+          MUONPS_RETURN_IF_ERROR(ops_.Order(stream_, compute_));
+          computed = false;
+        }
+        MUONPS_RETURN_IF_ERROR(
+            FromOwners(plan_.schedule.buckets[phase.index], request));
+        break;
+    }
   }
-  MUONPS_RETURN_IF_ERROR(Compute());
-  for (const scheduler::Phase& phase : plan_.schedule.order) {
-    if (phase.to_owners) continue;
-    MUONPS_RETURN_IF_ERROR(
-        FromOwners(plan_.schedule.buckets[phase.bucket], request));
-  }
+  if (computed) MUONPS_RETURN_IF_ERROR(ops_.Order(stream_, compute_));
   MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
   // Done when the transport's work and the stream are: a lost peer fails
   // here within the timeout instead of hanging.

@@ -5,18 +5,19 @@
 // transfers in the same order, so none deadlocks):
 //   agree on the step id and on gradient finiteness (a NaN/Inf anywhere
 //   rejects the step on every worker before anything changes);
-//   every bucket's gradients to owners, in schedule order (replicated:
-//   none; unreduced: reduce, mean in trainer order; row_sharded: gather
-//   rows); momentum + Newton-Schulz on the owner's same-shape stacks, each
-//   stack holding all its owned matrices of that shape; every bucket's
-//   updates back, in schedule order (broadcast, or scatter rows), applied
-//   in place to the trainer's parameters; finally the AdamW tensors'
-//   gradients averaged for the clients.
-// (Whole-step stacks run NS faster than per-bucket ones; the price is that
-// transfers do not overlap compute yet: one stream carries both.)
-// Every data call is enqueued on the device's stream (kHostStream on the
-// CPU, where it has finished when it returns); the run ends by waiting for
-// the transport and the stream, so a lost peer fails the step within the
+//   then the schedule's order: each bucket's gradients to owners
+//   (replicated: none; unreduced: reduce, mean in trainer order;
+//   row_sharded: gather rows); momentum + Newton-Schulz of every stack of
+//   this worker those gradients complete (same-shape items, batched); the
+//   updates of every bucket whose stacks are all computed, back (broadcast,
+//   or scatter rows) and applied in place to the trainer's parameters;
+//   finally the AdamW tensors' gradients averaged for the clients.
+// Transfers run on the ops' stream() and compute on its compute_stream():
+// bucket k+1's gradients move while bucket k's stacks compute. Each side
+// waits for the other (DeviceOps::Order, an event on CUDA) only where it
+// reads what the other wrote. On the CPU both are kHostStream and every
+// call has finished when it returns. The run ends by waiting for the
+// transport and the stream, so a lost peer fails the step within the
 // transport's timeout instead of hanging.
 //
 // The structs here are the state a plan version and an attached trainer
@@ -32,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "muonps/v1/coordinator.pb.h"
@@ -44,8 +46,8 @@
 namespace muonps {
 namespace worker {
 
-// Same-shape owned matrices of one bucket, stacked contiguously so that
-// momentum and Newton-Schulz run as one batched call.
+// One schedule stack owned here (same-shape items, stacked contiguously so
+// that momentum and Newton-Schulz run as one batched call).
 struct ComputeBatch {
   int64_t rows = 0;
   int64_t cols = 0;
@@ -73,7 +75,8 @@ struct PlanState {
   scheduler::OwnershipPlan ownership;
   scheduler::StepSchedule schedule;
   kernels::MuonHyperparameters muon;         // the job's, defaults filled in
-  std::vector<ComputeBatch> batches;         // by shape, across buckets
+  std::vector<ComputeBatch> batches;         // the schedule's stacks owned here
+  std::vector<int> batch_of_stack;           // by schedule stack; -1: not owned
   std::vector<std::vector<ItemSlot>> slots;  // by matrix, expert
   // Receives updates of matrices owned elsewhere (the largest matrix).
   std::unique_ptr<kernels::FloatBuffer> scratch;
@@ -84,9 +87,21 @@ struct PlanState {
 
 // One lent tensor as the step uses it.
 struct Binding {
+  // The fp32 gradient the step reads: the lent buffer itself (fp32), or the
+  // worker's copy of it (bf16), widened at the start of every step.
   float* grad = nullptr;
-  float* param = nullptr;
+  void* lent_grad = nullptr;
+  void* param = nullptr;  // lent, of `dtype`
+  DType dtype = DType::kFloat32;
   int64_t elements = 0;  // of grad
+  // Takes the lent buffers (`grad` reads the lent one until
+  // AttachedTrainer::AllocateWidened gives a bf16 binding its fp32 copy).
+  void Lend(const LentTensor& lent) {
+    grad = static_cast<float*>(lent.grad);
+    lent_grad = lent.grad;
+    param = lent.param;
+    dtype = lent.dtype;
+  }
   // Row-sharded gradient with the whole parameter on the trainer.
   bool full_param = false;
   scheduler::Layout layout = scheduler::Layout::kReplicated;
@@ -99,6 +114,12 @@ struct AttachedTrainer {
   int count = 1;
   std::vector<Binding> matrices;                       // by job matrix
   std::vector<std::pair<std::string, Binding>> adamw;  // name order
+  // fp32 copies of the bf16 gradients (Binding::grad points into it).
+  std::unique_ptr<kernels::FloatBuffer> widened;
+
+  // Points every bf16 binding's `grad` at its own range of a new `widened`
+  // buffer from `ops`; fp32 bindings read the lent gradient in place.
+  absl::Status AllocateWidened(kernels::DeviceOps& ops);
 };
 
 class StepRun {
@@ -120,10 +141,12 @@ class StepRun {
  private:
   absl::StatusOr<v1::StepResponse> RunWithTrainerReady(
       const v1::StepRequest& request);
+  // Widens the bf16 gradients into fp32 copies (in stream order).
+  absl::Status WidenGradients();
   absl::Status Agree(const v1::StepRequest& request);
   std::string LocalProblem();
   absl::Status ToOwners(const scheduler::Bucket& bucket);
-  absl::Status Compute();
+  absl::Status Compute(ComputeBatch& batch);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
                           const v1::StepRequest& request);
   absl::Status AverageAdamWGradients();
@@ -140,7 +163,8 @@ class StepRun {
   transport::Transport& t_;
   kernels::DeviceOps& ops_;
   kernels::MuonKernels& kernels_;
-  const Stream stream_;
+  const Stream stream_;   // transfers, the trainer's signals
+  const Stream compute_;  // momentum and Newton-Schulz
   const absl::Duration timeout_;
   std::vector<int32_t> trainer_rank_of_;  // by worker rank
   std::vector<int> reduce_order_;         // worker ranks by trainer rank

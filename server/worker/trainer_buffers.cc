@@ -21,27 +21,25 @@ class SharedMemoryBuffers final : public TrainerBuffers {
                                  int64_t grad_elements,
                                  int64_t param_elements) override {
     const std::string field = absl::StrCat("tensor ", Quoted(t.name()));
-    if (t.dtype() != v1::DTYPE_FP32 && t.dtype() != v1::DTYPE_UNSPECIFIED) {
-      return FieldError(absl::StatusCode::kUnimplemented, field,
-                        "shared-memory buffers are fp32 only");
-    }
+    MUONPS_ASSIGN_OR_RETURN(const DType dtype, LentDType(t));
+    const int64_t width = static_cast<int64_t>(DTypeSize(dtype));
     const int64_t size = static_cast<int64_t>(segment_.size());
     for (const auto& [offset, elements] :
          {std::pair<int64_t, int64_t>{t.grad_offset(), grad_elements},
           {t.param_offset(), param_elements}}) {
-      // Compared without overflow: elements * 4 <= size - offset.
-      if (elements < 1 || offset < 0 || offset % sizeof(float) != 0 ||
-          offset > size || elements > (size - offset) / 4) {
+      // Compared without overflow: elements * width <= size - offset.
+      if (elements < 1 || offset < 0 || offset % width != 0 || offset > size ||
+          elements > (size - offset) / width) {
         return InvalidField(
-            field, absl::StrCat("buffers of ", grad_elements, " and ",
-                                param_elements, " floats at offsets ",
-                                t.grad_offset(), " and ", t.param_offset(),
-                                " do not fit the ", size, "-byte segment"));
+            field,
+            absl::StrCat("buffers of ", grad_elements, " and ", param_elements,
+                         " ", DTypeName(dtype), " values at offsets ",
+                         t.grad_offset(), " and ", t.param_offset(),
+                         " do not fit the ", size, "-byte segment"));
       }
     }
     char* base = static_cast<char*>(segment_.data());
-    return LentTensor{reinterpret_cast<float*>(base + t.grad_offset()),
-                      reinterpret_cast<float*>(base + t.param_offset())};
+    return LentTensor{base + t.grad_offset(), base + t.param_offset(), dtype};
   }
 
  private:
@@ -49,6 +47,21 @@ class SharedMemoryBuffers final : public TrainerBuffers {
 };
 
 }  // namespace
+
+absl::StatusOr<DType> LentDType(const v1::TensorBinding& binding) {
+  switch (binding.dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FP32:
+      return DType::kFloat32;
+    case v1::DTYPE_BF16:
+      return DType::kBFloat16;
+    default:
+      return InvalidField(
+          absl::StrCat("tensor ", Quoted(binding.name()), ".dtype"),
+          absl::StrCat(v1::DType_Name(binding.dtype()),
+                       " is not supported; lend fp32 or bf16 tensors"));
+  }
+}
 
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
     const v1::AttachRequest& request) {

@@ -15,16 +15,23 @@
 
 #include "absl/status/statusor.h"
 #include "common/device.h"
+#include "common/dtype.h"
 #include "muonps/v1/worker.pb.h"
 
 namespace muonps {
 namespace worker {
 
-// One lent tensor: `grad_elements` and `param_elements` fp32 values.
+// One lent tensor: `grad_elements` and `param_elements` values of `dtype`
+// (fp32 or bf16) each.
 struct LentTensor {
-  float* grad = nullptr;
-  float* param = nullptr;
+  void* grad = nullptr;
+  void* param = nullptr;
+  DType dtype = DType::kFloat32;
 };
+
+// The element type a binding lends (unspecified: fp32); INVALID_ARGUMENT
+// naming `tensor "<name>".dtype` unless fp32 or bf16.
+absl::StatusOr<DType> LentDType(const v1::TensorBinding& binding);
 
 class TrainerBuffers {
  public:
@@ -37,8 +44,9 @@ class TrainerBuffers {
   virtual Device device() const = 0;
 
   // The buffers of `binding`, holding `grad_elements` and `param_elements`
-  // floats. INVALID_ARGUMENT naming the tensor when they do not fit the
-  // lent memory, are misaligned, or are not fp32.
+  // elements of LentDType(binding). INVALID_ARGUMENT naming the tensor when
+  // they do not fit the lent memory, are misaligned, or are neither fp32
+  // nor bf16.
   virtual absl::StatusOr<LentTensor> Map(const v1::TensorBinding& binding,
                                          int64_t grad_elements,
                                          int64_t param_elements) = 0;

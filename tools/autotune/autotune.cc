@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 #include <utility>
 
@@ -55,20 +56,20 @@ std::vector<float> RandomMatrix(int64_t count, uint64_t seed) {
   return values;
 }
 
-// Fills `batch` matrices of `matrix` elements at `device_data`, matrix i
-// with `host` rotated by a different offset, so no two are equal.
-absl::Status FillStack(MeasurementDevice& device,
-                       const std::vector<float>& host, int64_t batch,
-                       float* device_data) {
+// Fills `batch` matrices of host.size() elements at `device_data`, matrix
+// i with `host` rotated by a different offset, so no two are equal. `host`
+// must stay valid until the stream is synchronized.
+absl::Status FillStack(kernels::DeviceOps& ops, const std::vector<float>& host,
+                       int64_t batch, float* device_data) {
   const int64_t size = static_cast<int64_t>(host.size());
-  const absl::Span<const float> all(host);
   for (int64_t i = 0; i < batch; ++i) {
     const int64_t offset = (i * 4099) % size;
     float* matrix = device_data + i * size;
-    MUONPS_RETURN_IF_ERROR(device.CopyFromHost(all.subspan(offset), matrix));
+    MUONPS_RETURN_IF_ERROR(
+        ops.Copy(matrix, host.data() + offset, size - offset, ops.stream()));
     if (offset > 0) {
-      MUONPS_RETURN_IF_ERROR(device.CopyFromHost(all.subspan(0, offset),
-                                                 matrix + (size - offset)));
+      MUONPS_RETURN_IF_ERROR(ops.Copy(matrix + (size - offset), host.data(),
+                                      offset, ops.stream()));
     }
   }
   return absl::OkStatus();
@@ -158,7 +159,7 @@ absl::Status ValidateAutotuneOptions(const AutotuneOptions& options) {
 }
 
 absl::StatusOr<std::vector<Measurement>> MeasureShape(
-    kernels::MuonKernels& kernels, MeasurementDevice& device,
+    kernels::MuonKernels& kernels, kernels::DeviceOps& ops,
     const MatrixShape& shape, const AutotuneOptions& options,
     const ProgressFn& progress) {
   MUONPS_RETURN_IF_ERROR(ValidateAutotuneOptions(options));
@@ -166,20 +167,23 @@ absl::StatusOr<std::vector<Measurement>> MeasureShape(
   std::sort(batches.begin(), batches.end());
   const int64_t elements = shape.rows * shape.cols;
   const int64_t largest = batches.back();
-  MUONPS_ASSIGN_OR_RETURN(DeviceBuffer in,
-                          DeviceBuffer::Allocate(device, largest * elements));
-  MUONPS_ASSIGN_OR_RETURN(DeviceBuffer out,
-                          DeviceBuffer::Allocate(device, largest * elements));
-  MUONPS_RETURN_IF_ERROR(
-      FillStack(device, RandomMatrix(elements, static_cast<uint64_t>(elements)),
-                largest, in.data()));
-  MUONPS_RETURN_IF_ERROR(device.Synchronize());
+  const Stream stream = ops.stream();
+  MUONPS_ASSIGN_OR_RETURN(
+      const std::unique_ptr<kernels::FloatBuffer> in,
+      ops.Allocate(largest * elements, "the autotune input stack"));
+  MUONPS_ASSIGN_OR_RETURN(
+      const std::unique_ptr<kernels::FloatBuffer> out,
+      ops.Allocate(largest * elements, "the autotune output stack"));
+  const std::vector<float> host =
+      RandomMatrix(elements, static_cast<uint64_t>(elements));
+  MUONPS_RETURN_IF_ERROR(FillStack(ops, host, largest, in->data()));
+  MUONPS_RETURN_IF_ERROR(ops.Synchronize(stream));
 
   std::vector<Measurement> measurements;
   for (const int64_t batch : batches) {
-    const kernels::MatrixStack in_stack{in.data(), batch, shape.rows,
+    const kernels::MatrixStack in_stack{in->data(), batch, shape.rows,
                                         shape.cols};
-    const kernels::MatrixStack out_stack{out.data(), batch, shape.rows,
+    const kernels::MatrixStack out_stack{out->data(), batch, shape.rows,
                                          shape.cols};
     for (const NsAlgorithm algorithm : kAlgorithms) {
       kernels::NewtonSchulzOptions ns = options.ns;
@@ -188,16 +192,16 @@ absl::StatusOr<std::vector<Measurement>> MeasureShape(
           absl::StrCat(ShapeName(shape), " ",
                        kernels::NsAlgorithmName(algorithm), " batch ", batch);
       for (int i = 0; i < options.warmup; ++i) {
-        MUONPS_RETURN_IF_ERROR(
-            Annotate(kernels.Orthogonalize(in_stack, out_stack, ns), what));
-        MUONPS_RETURN_IF_ERROR(Annotate(device.Synchronize(), what));
+        MUONPS_RETURN_IF_ERROR(Annotate(
+            kernels.Orthogonalize(in_stack, out_stack, ns, stream), what));
+        MUONPS_RETURN_IF_ERROR(Annotate(ops.Synchronize(stream), what));
       }
       std::vector<double> times;
       for (int i = 0; i < options.repeats; ++i) {
         const auto start = std::chrono::steady_clock::now();
-        MUONPS_RETURN_IF_ERROR(
-            Annotate(kernels.Orthogonalize(in_stack, out_stack, ns), what));
-        MUONPS_RETURN_IF_ERROR(Annotate(device.Synchronize(), what));
+        MUONPS_RETURN_IF_ERROR(Annotate(
+            kernels.Orthogonalize(in_stack, out_stack, ns, stream), what));
+        MUONPS_RETURN_IF_ERROR(Annotate(ops.Synchronize(stream), what));
         times.push_back(std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - start)
                             .count());

@@ -5,9 +5,11 @@
 // per-shape summary: which algorithm wins, and which batch sizes are better
 // run as several smaller batches.
 //
-// Generic over the backend: the kernels and the MeasurementDevice that owns
-// their memory are passed in. Functions here are thread-compatible (the
-// kernels and device are used by the calling thread only).
+// Generic over the backend: the kernels and the kernels::DeviceOps of their
+// device (memory, copies, and the stream everything runs on) are passed in,
+// so it runs, and is tested, on the CPU backend with host memory exactly as
+// it runs on the GPU. Functions here are thread-compatible (the kernels and
+// ops are used by the calling thread only).
 #ifndef MUONPS_TOOLS_AUTOTUNE_AUTOTUNE_H_
 #define MUONPS_TOOLS_AUTOTUNE_AUTOTUNE_H_
 
@@ -20,10 +22,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "kernels/newton_schulz_options.h"
 #include "nlohmann/json.hpp"
-#include "tools/autotune/measurement_device.h"
 
 namespace muonps {
 namespace autotune {
@@ -70,7 +72,7 @@ struct Measurement {
   kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
   int64_t batch = 0;
   // Median over the repeats of one Orthogonalize call on the whole stack,
-  // the device synchronized before and after each call.
+  // the stream synchronized before and after each call.
   double seconds = 0;
 };
 
@@ -79,12 +81,13 @@ using ProgressFn = std::function<void(absl::string_view)>;
 
 // Measures `shape` with both algorithms at every batch size of `options`
 // (which must be valid): allocates an input and an output stack of the
-// largest batch on `device`, fills the input with uniform random values in
-// [-1, 1) (never zeros, which can time faster than real data), and times
-// kernels.Orthogonalize. Fails with the first error of the kernels or the
-// device; `progress` may be null.
+// largest batch with `ops` (on the kernels' device), fills the input with
+// uniform random values in [-1, 1) (never zeros, which can time faster than
+// real data), and times kernels.Orthogonalize. Every copy, kernel call and
+// synchronization runs on ops.stream(). Fails with the first error of the
+// kernels or the ops, naming the measurement; `progress` may be null.
 absl::StatusOr<std::vector<Measurement>> MeasureShape(
-    kernels::MuonKernels& kernels, MeasurementDevice& device,
+    kernels::MuonKernels& kernels, kernels::DeviceOps& ops,
     const MatrixShape& shape, const AutotuneOptions& options,
     const ProgressFn& progress);
 

@@ -3,12 +3,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "scheduler/cost_table.h"
-#include "tools/autotune/measurement_device.h"
+#include "tools/autotune/cpu_description.h"
 
 namespace muonps {
 namespace autotune {
@@ -26,40 +28,72 @@ AutotuneOptions SmallOptions() {
   return options;
 }
 
-// A host device whose Synchronize fails, as a GPU's does after a bad launch.
-class FailingDevice final : public MeasurementDevice {
+// CPU kernels whose Orthogonalize fails from its `fail_at`-th call on, as
+// a GPU's calls do once an earlier launch went wrong.
+class FailingKernels final : public kernels::MuonKernels {
  public:
-  std::string name() const override { return "failing"; }
-  absl::StatusOr<float*> Allocate(int64_t count) override {
-    return host_.Allocate(count);
+  explicit FailingKernels(int fail_at) : fail_at_(fail_at) {}
+  absl::string_view backend_name() const override { return "failing"; }
+  absl::Status CheckFinite(const kernels::MatrixStack& stack,
+                           absl::Span<const std::string> names,
+                           Stream stream) override {
+    return cpu_.CheckFinite(stack, names, stream);
   }
-  void Free(float* data) override { host_.Free(data); }
-  absl::Status CopyFromHost(absl::Span<const float> host,
-                            float* device) override {
-    return host_.CopyFromHost(host, device);
+  absl::Status UpdateMomentum(const kernels::MatrixStack& grad,
+                              const kernels::MatrixStack& momentum, double mu,
+                              bool nesterov, const kernels::MatrixStack& update,
+                              Stream stream) override {
+    return cpu_.UpdateMomentum(grad, momentum, mu, nesterov, update, stream);
   }
-  absl::Status Synchronize() override {
-    return absl::InternalError("cudaErrorIllegalAddress");
+  absl::Status Orthogonalize(const kernels::MatrixStack& in,
+                             const kernels::MatrixStack& out,
+                             const kernels::NewtonSchulzOptions& options,
+                             Stream stream) override {
+    if (++calls_ >= fail_at_) {
+      return absl::InternalError("cudaErrorIllegalAddress");
+    }
+    return cpu_.Orthogonalize(in, out, options, stream);
+  }
+  absl::Status ApplyUpdate(const kernels::MatrixStack& param,
+                           const kernels::MatrixStack& update, double lr,
+                           double weight_decay,
+                           kernels::LrAdjustment adjustment,
+                           Stream stream) override {
+    return cpu_.ApplyUpdate(param, update, lr, weight_decay, adjustment,
+                            stream);
+  }
+  absl::Status MuonStep(const kernels::MuonStack& stack,
+                        const kernels::MuonHyperparameters& hyper,
+                        Stream stream) override {
+    return cpu_.MuonStep(stack, hyper, stream);
+  }
+  absl::Status AdamWStep(const kernels::AdamWTensor& tensor,
+                         const kernels::AdamWHyperparameters& hyper,
+                         int64_t step, Stream stream) override {
+    return cpu_.AdamWStep(tensor, hyper, step, stream);
   }
 
  private:
-  HostMeasurementDevice host_;
+  kernels::CpuKernels cpu_{kernels::CpuKernelOptions{.threads = 1}};
+  const int fail_at_;
+  int calls_ = 0;
 };
 
 TEST(AutotuneTest, CpuTableParsesAndHoldsEveryShapeAlgorithmAndBatch) {
   const AutotuneOptions options = SmallOptions();
   kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
-  HostMeasurementDevice device(1);
+  kernels::CpuDeviceOps ops;
   std::vector<Measurement> all;
   for (const MatrixShape& shape : options.shapes) {
     absl::StatusOr<std::vector<Measurement>> measured =
-        MeasureShape(cpu, device, shape, options, nullptr);
+        MeasureShape(cpu, ops, shape, options, nullptr);
     ASSERT_TRUE(measured.ok()) << measured.status();
     EXPECT_EQ(measured->size(), 2 * options.batches.size());
     for (const Measurement& m : *measured) EXPECT_GT(m.seconds, 0);
     all.insert(all.end(), measured->begin(), measured->end());
   }
-  absl::StatusOr<std::string> text = CostTableText(device.name(), all);
+  const std::string device = CpuDescription(1);
+  absl::StatusOr<std::string> text = CostTableText(device, all);
   ASSERT_TRUE(text.ok()) << text.status();
 
   const std::vector<std::string> lines =
@@ -70,7 +104,7 @@ TEST(AutotuneTest, CpuTableParsesAndHoldsEveryShapeAlgorithmAndBatch) {
   absl::StatusOr<scheduler::CostTable> table =
       scheduler::CostTable::Parse(*text);
   ASSERT_TRUE(table.ok()) << table.status();
-  EXPECT_EQ(table->device(), device.name());
+  EXPECT_EQ(table->device(), device);
   for (const MatrixShape& shape : options.shapes) {
     for (const NsAlgorithm algorithm :
          {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
@@ -89,9 +123,9 @@ TEST(AutotuneTest, CpuTableParsesAndHoldsEveryShapeAlgorithmAndBatch) {
 TEST(AutotuneTest, SummaryOfCpuMeasurementsCoversEveryBatch) {
   AutotuneOptions options = SmallOptions();
   kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
-  HostMeasurementDevice device(1);
+  kernels::CpuDeviceOps ops;
   absl::StatusOr<std::vector<Measurement>> measured =
-      MeasureShape(cpu, device, {64, 16}, options, nullptr);
+      MeasureShape(cpu, ops, {64, 16}, options, nullptr);
   ASSERT_TRUE(measured.ok()) << measured.status();
   absl::StatusOr<ShapeSummary> summary = Summarize(*measured);
   ASSERT_TRUE(summary.ok()) << summary.status();
@@ -111,10 +145,10 @@ TEST(AutotuneTest, ProgressReportsEveryMeasurement) {
   AutotuneOptions options = SmallOptions();
   options.batches = {1};
   kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
-  HostMeasurementDevice device(1);
+  kernels::CpuDeviceOps ops;
   std::vector<std::string> lines;
   ASSERT_TRUE(
-      MeasureShape(cpu, device, {16, 32}, options, [&](absl::string_view line) {
+      MeasureShape(cpu, ops, {16, 32}, options, [&](absl::string_view line) {
         lines.emplace_back(line);
       }).ok());
   ASSERT_EQ(lines.size(), 2u);
@@ -122,24 +156,32 @@ TEST(AutotuneTest, ProgressReportsEveryMeasurement) {
   EXPECT_THAT(lines[1], HasSubstr("16x32 gram batch 1"));
 }
 
-TEST(AutotuneTest, DeviceErrorsNameTheMeasurement) {
-  kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
-  FailingDevice device;
+TEST(AutotuneTest, ErrorsOfTimedCallsNameTheMeasurement) {
+  // Warm-up (1) and the first timed call of 16x32 ns5 batch 1 succeed.
+  FailingKernels kernels(/*fail_at=*/3);
+  kernels::CpuDeviceOps ops;
   absl::StatusOr<std::vector<Measurement>> measured =
-      MeasureShape(cpu, device, {16, 32}, SmallOptions(), nullptr);
+      MeasureShape(kernels, ops, {16, 32}, SmallOptions(), nullptr);
   ASSERT_FALSE(measured.ok());
   EXPECT_EQ(measured.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(measured.status().message(),
-              HasSubstr("cudaErrorIllegalAddress"));
+              HasSubstr("16x32 ns5 batch 1: cudaErrorIllegalAddress"));
+}
+
+TEST(AutotuneTest, CpuDescriptionNamesTheThreadCount) {
+  EXPECT_FALSE(CpuDescription(0).empty());
+  EXPECT_FALSE(absl::StrContains(CpuDescription(0), "threads"));
+  EXPECT_TRUE(absl::EndsWith(CpuDescription(3), " (3 threads)"))
+      << CpuDescription(3);
 }
 
 TEST(AutotuneTest, KernelErrorsPropagate) {
   kernels::CpuKernels cpu(kernels::CpuKernelOptions{.threads = 1});
-  HostMeasurementDevice device(1);
+  kernels::CpuDeviceOps ops;
   AutotuneOptions options = SmallOptions();
   options.ns.eps = -1;
   absl::StatusOr<std::vector<Measurement>> measured =
-      MeasureShape(cpu, device, {16, 32}, options, nullptr);
+      MeasureShape(cpu, ops, {16, 32}, options, nullptr);
   ASSERT_FALSE(measured.ok());
   EXPECT_EQ(measured.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(measured.status().message(), HasSubstr("eps"));

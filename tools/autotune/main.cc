@@ -20,11 +20,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/device_name.h"
+#include "kernels/device_ops.h"
 #include "tools/autotune/autotune.h"
-#include "tools/autotune/cuda_measurement_device.h"
-#include "tools/autotune/measurement_device.h"
+#include "tools/autotune/cpu_description.h"
 
 ABSL_FLAG(std::string, backend, "cuda", "Kernels to measure: cpu or cuda.");
 ABSL_FLAG(std::string, precision, "",
@@ -42,10 +45,12 @@ ABSL_FLAG(int, device, 0, "cuda: GPU index.");
 namespace muonps {
 namespace {
 
-// The kernels under test and the device that owns their memory.
+// The kernels under test, the ops of their device (memory and the stream
+// they run on), and what the cost table calls that device.
 struct Backend {
-  std::unique_ptr<autotune::MeasurementDevice> device;
   std::unique_ptr<kernels::MuonKernels> kernels;
+  std::unique_ptr<kernels::DeviceOps> ops;
+  std::string device_name;
   std::string precision;
 };
 
@@ -57,9 +62,10 @@ absl::StatusOr<Backend> MakeCpuBackend(const std::string& precision,
                                                   "fp32 only"));
   }
   Backend backend;
-  backend.device = std::make_unique<autotune::HostMeasurementDevice>(threads);
   backend.kernels = std::make_unique<kernels::CpuKernels>(
       kernels::CpuKernelOptions{.threads = threads});
+  backend.ops = std::make_unique<kernels::CpuDeviceOps>();
+  backend.device_name = autotune::CpuDescription(threads);
   backend.precision = "fp32";
   return backend;
 }
@@ -73,11 +79,13 @@ absl::StatusOr<Backend> MakeCudaBackend(const std::string& precision,
                             kernels::cuda::ParsePrecision(precision));
   }
   Backend backend;
-  // The device first: it fails cleanly (FAILED_PRECONDITION) with no GPU.
-  MUONPS_ASSIGN_OR_RETURN(backend.device,
-                          autotune::CudaMeasurementDevice::Create(device));
+  // The kernels first: they fail cleanly (UNAVAILABLE) with no GPU.
   MUONPS_ASSIGN_OR_RETURN(backend.kernels,
                           kernels::cuda::CudaKernels::Create(options));
+  MUONPS_ASSIGN_OR_RETURN(backend.ops,
+                          kernels::cuda::CudaDeviceOps::Create(device));
+  MUONPS_ASSIGN_OR_RETURN(backend.device_name,
+                          kernels::cuda::CudaDeviceName(device));
   backend.precision =
       std::string(kernels::cuda::PrecisionName(options.precision));
   return backend;
@@ -129,7 +137,7 @@ absl::Status Run() {
                                                 " is not one of cpu, cuda"));
   }
   if (!backend.ok()) return backend.status();
-  const std::string device_name = backend->device->name();
+  const std::string device_name = backend->device_name;
   std::fprintf(stderr, "autotune: %s backend on %s, %s\n", backend_name.c_str(),
                device_name.c_str(), backend->precision.c_str());
 
@@ -140,8 +148,8 @@ absl::Status Run() {
   for (const autotune::MatrixShape& shape : options.shapes) {
     MUONPS_ASSIGN_OR_RETURN(
         const std::vector<autotune::Measurement> measurements,
-        autotune::MeasureShape(*backend->kernels, *backend->device, shape,
-                               options, progress));
+        autotune::MeasureShape(*backend->kernels, *backend->ops, shape, options,
+                               progress));
     MUONPS_ASSIGN_OR_RETURN(const autotune::ShapeSummary summary,
                             autotune::Summarize(measurements));
     nlohmann::ordered_json line = autotune::ShapeSummaryJson(summary);

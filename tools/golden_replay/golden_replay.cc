@@ -48,7 +48,7 @@ absl::Status ReplayMuon(const GoldenManifest& m, const GoldenCase& c,
     stack.grad = {grad.data(), c.batch(), c.rows(), c.cols()};
     stack.momentum = {momentum.data(), c.batch(), c.rows(), c.cols()};
     stack.param = {param.data(), c.batch(), c.rows(), c.cols()};
-    MUONPS_RETURN_IF_ERROR(kernels->MuonStep(stack, hyper));
+    MUONPS_RETURN_IF_ERROR(kernels->MuonStep(stack, hyper, kHostStream));
     MUONPS_ASSIGN_OR_RETURN(const std::vector<float> want_param,
                             ReadTensor(m.dir, step.param, n));
     MUONPS_ASSIGN_OR_RETURN(const std::vector<float> want_momentum,
@@ -74,7 +74,8 @@ absl::Status ReplayAdamW(const GoldenManifest& m, const GoldenCase& c,
     const kernels::AdamWTensor tensor{
         c.name,         param.data(),      grad.data(),
         exp_avg.data(), exp_avg_sq.data(), n};
-    MUONPS_RETURN_IF_ERROR(kernels->AdamWStep(tensor, c.adamw, ++step_count));
+    MUONPS_RETURN_IF_ERROR(
+        kernels->AdamWStep(tensor, c.adamw, ++step_count, kHostStream));
     MUONPS_ASSIGN_OR_RETURN(const std::vector<float> want,
                             ReadTensor(m.dir, step.param, n));
     result->max_rel_err_param =
@@ -95,7 +96,8 @@ absl::Status ReplayNewtonSchulz(const GoldenManifest& m, const GoldenCase& c,
   kernels::NewtonSchulzOptions options = c.ns;
   options.algorithm = algorithm;
   const kernels::MatrixStack stack{data.data(), c.batch(), c.rows(), c.cols()};
-  MUONPS_RETURN_IF_ERROR(kernels->Orthogonalize(stack, stack, options));
+  MUONPS_RETURN_IF_ERROR(
+      kernels->Orthogonalize(stack, stack, options, kHostStream));
   result->max_rel_err_param = RelativeError(data, want);
   return absl::OkStatus();
 }

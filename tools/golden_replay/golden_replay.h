@@ -43,7 +43,9 @@ struct CaseResult {
 
 // Replays one case of `manifest` with Newton-Schulz `algorithm`. Errors
 // (unreadable files, a kernel rejecting input) come back as a status naming
-// the case; a numeric miss is a result with ok = false.
+// the case; a numeric miss is a result with ok = false. `kernels` takes
+// host memory (its calls name kHostStream): CpuKernels or
+// HostStagingKernels.
 absl::StatusOr<CaseResult> ReplayCase(const GoldenManifest& manifest,
                                       const GoldenCase& golden_case,
                                       kernels::NsAlgorithm algorithm,

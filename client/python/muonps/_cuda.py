@@ -3,7 +3,8 @@
 Matrices are lent to the muonps-worker on the same GPU by CUDA IPC: the
 parameter's own storage (updated in place by the worker) and one gradient
 buffer per matrix that becomes `param.grad` (backward accumulates into it in
-place; a gradient that lands elsewhere is copied in at the step). The
+place; a gradient that lands elsewhere is copied in at the step), fp32 or
+bf16 (the worker keeps fp32 momentum and rounds each bf16 update once). The
 trainer's current stream records an event the worker's stream waits on and
 then waits, on the device, for the worker's updates, so `step()` returns
 once the step is enqueued. Per-group lr and weight decay travel with the
@@ -13,6 +14,10 @@ thread-safe (the optimizer's thread only).
 """
 
 import torch
+
+# What the worker takes: fp32 momentum either way; a bf16 parameter gets
+# each update rounded once.
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
 class CudaPath:
@@ -35,7 +40,7 @@ class CudaPath:
                 buffer.copy_(p.grad)
             self.grads[name] = buffer
             p.grad = buffer
-            client.lend_cuda(name, buffer, p)
+            client.lend_cuda(name, buffer, p, _DTYPES[p.dtype])
         self.data_ptrs = {name: p.data_ptr() for name, p, _ in self.lent}
         for index in range(len(param_groups)):
             client.set_group(index, [n for n, _, g in matrices if g == index])

@@ -11,7 +11,7 @@ import os
 import pathlib
 import threading
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 BUILD_COMMAND = "bazel build //client:libmuonps.so"
 
 LAYOUT_REPLICATED = 1
@@ -115,7 +115,7 @@ _SIGNATURES = {
                                          _c_int, _c_dbl, _c_str,
                                          ctypes.POINTER(_handle)]),
     "muonps_client_lend_cuda": (_c_int, [_handle, _c_str, ctypes.c_uint64,
-                                         ctypes.c_uint64]),
+                                         ctypes.c_uint64, _c_str]),
     "muonps_client_set_group": (_c_int, [_handle, _c_int,
                                          ctypes.POINTER(_c_str), _c_int]),
     "muonps_client_step_with": (_c_int, [_handle, _c_i64,
@@ -273,10 +273,12 @@ class NativeClient:
             ctypes.byref(result)))
         return bool(result.already_applied)
 
-    def lend_cuda(self, name, grad, param):
-        """Lends a matrix's CUDA gradient and parameter tensors (fp32)."""
+    def lend_cuda(self, name, grad, param, dtype="fp32"):
+        """Lends a matrix's CUDA gradient and parameter tensors, both of
+        `dtype` ("fp32" or "bf16")."""
         self._check(self._lib.muonps_client_lend_cuda(
-            self._handle, name.encode(), grad.data_ptr(), param.data_ptr()))
+            self._handle, name.encode(), grad.data_ptr(), param.data_ptr(),
+            dtype.encode()))
 
     def set_group(self, group, names):
         array = (_c_str * max(1, len(names)))(*[n.encode() for n in names])

@@ -352,10 +352,12 @@ class Muon(torch.optim.Optimizer):
                 if not p.requires_grad:
                     frozen.append(p)
                     continue
-                if p.dtype != torch.float32:
+                if p.dtype not in (torch.float32, torch.bfloat16) or (
+                        p.dtype == torch.bfloat16 and p.device.type != "cuda"):
                     raise TypeError(
-                        f"muonps.Muon: {name!r} is {p.dtype}; muonps takes "
-                        "float32 parameters (on the CPU or one GPU)")
+                        f"muonps.Muon: {name!r} is {p.dtype} on {p.device}; "
+                        "muonps takes float32 parameters on the CPU and "
+                        "float32 or bfloat16 parameters on one GPU")
                 muon = bool(self._is_matrix(name, p))
                 if muon and p.dim() not in (2, 3):
                     raise ValueError(f"muonps.Muon: is_matrix chose {name!r} "
