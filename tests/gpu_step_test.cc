@@ -296,11 +296,13 @@ TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       ASSERT_EQ(cudaStreamSynchronize(ref_stream), cudaSuccess);
     }
   }
-  // fp32 NS: rounding only (bf16 parameters: the odd element rounded the
-  // other way); 16-bit NS: the backend's bf16/fp16 spread.
+  // fp32 NS: rounding only; with bf16 parameters, the odd element whose
+  // update lands the other side of a rounding boundary sits one bf16 ulp
+  // (2^-8 relative) away: 3e-4 after 50 steps on an H100. 16-bit NS: the
+  // backend's bf16/fp16 spread.
   const double tolerance = GetParam().precision != "fp32" ? 5e-3
                            : Dtype() == DType::kFloat32   ? 1e-5
-                                                          : 1e-4;
+                                                          : 1e-3;
   double worst = 0;
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/../.."
 BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
   //common:cuda_ipc_gpu_test //transport:nccl_transport_gpu_test \
+  //kernels/cuda:elementwise_gpu_test //kernels/cuda:cuda_kernels_gpu_test \
   //tests:gpu_step_test //tests:gpu_two_workers_test //bench/step_gpu:step_gpu_bench //client:libmuonps.so
 cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
 cp bench/ns_gpu/torch_peers.py deploy/device/run_gpu_step_suite.sh device_bundle/

@@ -8,8 +8,11 @@
 #include <limits>
 #include <vector>
 
+#include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/reference/test_matrices.h"
 
@@ -118,6 +121,87 @@ TEST_F(ElementwiseGpuTest, FindNonFiniteReportsTheFirstBadIndex) {
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   cudaFree(d_first);
   EXPECT_EQ(first, 777777u);
+}
+
+// The worker's DeviceOps on the GPU against the CPU's, bit for bit: both
+// dtypes of a lent parameter, the bf16 conversions, and odd sizes and
+// offsets (the kernels' four-wide path, its tail, and misaligned starts).
+TEST_F(ElementwiseGpuTest, DeviceOpsEqualTheCpusForBothDtypes) {
+  absl::StatusOr<std::unique_ptr<cuda::CudaDeviceOps>> gpu =
+      cuda::CudaDeviceOps::Create(0, stream_);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  CpuDeviceOps cpu;
+  const int64_t n = 1003;
+  const std::vector<float> update = reference::GaussianMatrix(1, n, 4);
+  const std::vector<float> start = reference::GaussianMatrix(1, n, 5);
+  for (const int64_t offset : {0, 1}) {
+    const int64_t count = n - offset;
+    // fp32 parameter.
+    std::vector<float> cpu_param = start;
+    ASSERT_TRUE(cpu.ApplyScaled(cpu_param.data() + offset, DType::kFloat32,
+                                update.data() + offset, count, 0.998f, -0.03f,
+                                kHostStream)
+                    .ok());
+    DeviceBuffer d_param(start), d_update(update);
+    ASSERT_TRUE((*gpu)
+                    ->ApplyScaled(d_param.get() + offset, DType::kFloat32,
+                                  d_update.get() + offset, count, 0.998f,
+                                  -0.03f, stream_)
+                    .ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    EXPECT_EQ(d_param.ToHost(), cpu_param) << offset;
+    // bf16 parameter: narrowed on both, updated, widened back.
+    std::vector<uint16_t> cpu16(n);
+    ASSERT_TRUE(cpu.FromFloat(cpu16.data(), DType::kBFloat16, start.data(), n,
+                              kHostStream)
+                    .ok());
+    ASSERT_TRUE(cpu.ApplyScaled(cpu16.data() + offset, DType::kBFloat16,
+                                update.data() + offset, count, 0.998f, -0.03f,
+                                kHostStream)
+                    .ok());
+    std::vector<float> cpu_wide(n);
+    ASSERT_TRUE(cpu.ToFloat(cpu_wide.data(), cpu16.data(), DType::kBFloat16, n,
+                            kHostStream)
+                    .ok());
+    DeviceBuffer d_start(start), d_wide{std::vector<float>(n)};
+    uint16_t* d16 = nullptr;
+    ASSERT_EQ(cudaMalloc(&d16, n * 2), cudaSuccess);
+    ASSERT_TRUE(
+        (*gpu)
+            ->FromFloat(d16, DType::kBFloat16, d_start.get(), n, stream_)
+            .ok());
+    ASSERT_TRUE((*gpu)
+                    ->ApplyScaled(d16 + offset, DType::kBFloat16,
+                                  d_update.get() + offset, count, 0.998f,
+                                  -0.03f, stream_)
+                    .ok());
+    ASSERT_TRUE(
+        (*gpu)->ToFloat(d_wide.get(), d16, DType::kBFloat16, n, stream_).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    std::vector<uint16_t> gpu16(n);
+    ASSERT_EQ(cudaMemcpy(gpu16.data(), d16, n * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    cudaFree(d16);
+    EXPECT_EQ(gpu16, cpu16) << offset;
+    EXPECT_EQ(d_wide.ToHost(), cpu_wide) << offset;
+  }
+  // Momentum over an odd count at a misaligned start (the scalar path).
+  const std::vector<float> grad = reference::GaussianMatrix(1, n, 6);
+  std::vector<float> cpu_momentum = start, cpu_out(n);
+  CpuKernels cpu_kernels;
+  ASSERT_TRUE(
+      cpu_kernels
+          .UpdateMomentum({const_cast<float*>(grad.data()) + 1, 1, 1, n - 1},
+                          {cpu_momentum.data() + 1, 1, 1, n - 1}, 0.9, true,
+                          {cpu_out.data() + 1, 1, 1, n - 1}, kHostStream)
+          .ok());
+  DeviceBuffer d_grad(grad), d_momentum(start), d_out{std::vector<float>(n)};
+  ASSERT_EQ(LaunchMomentum(d_grad.get() + 1, d_momentum.get() + 1,
+                           d_out.get() + 1, n - 1, 0.9, true, stream_),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(d_momentum.ToHost(), cpu_momentum);
+  EXPECT_EQ(d_out.ToHost(), cpu_out);
 }
 
 }  // namespace
