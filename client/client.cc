@@ -127,6 +127,19 @@ absl::Status Client::AddTensor(const std::string& name, int64_t elements,
   return absl::OkStatus();
 }
 
+absl::Status Client::ExpectDedicatedWorkers(int count) {
+  if (started_) {
+    return FieldError(absl::StatusCode::kFailedPrecondition,
+                      "dedicated_workers", "set after Start");
+  }
+  if (count < 0 || count > 1024) {
+    return InvalidField("dedicated_workers",
+                        absl::StrCat(count, " is not in [0, 1024]"));
+  }
+  dedicated_workers_ = count;
+  return absl::OkStatus();
+}
+
 absl::Status Client::LendCuda(const std::string& name, void* grad, void* param,
                               DType dtype) {
   const std::string field = absl::StrCat("matrix ", Quoted(name));
@@ -165,6 +178,7 @@ absl::Status Client::EnsureJob(
   request.set_request_id(absl::StrCat("client:", options_.job));
   v1::JobSpec* spec = request.mutable_job();
   spec->set_name(options_.job);
+  spec->set_dedicated_workers(dedicated_workers_);
   for (const Tensor& t : tensors_) {
     if (!t.muon) continue;
     v1::Matrix* m = spec->add_matrices();

@@ -138,6 +138,12 @@ class Client {
   absl::Status LendCuda(const std::string& name, void* grad, void* param,
                         DType dtype = DType::kFloat32);
 
+  // Before Start: the job expects `count` workers with no trainer
+  // (muonps-worker --dedicated, JobSpec.dedicated_workers), and Start waits
+  // for a plan that has them. The same on every rank; INVALID_ARGUMENT
+  // naming `dedicated_workers` outside 0..1024.
+  absl::Status ExpectDedicatedWorkers(int count);
+
   // Creates the segment (host trainers) and the job (a job of the same name
   // must have the same matrices), waits for the local worker to follow a plan,
   // attaches. `ns_algorithm` forces NS5 or Gram NS for every matrix; unset lets
@@ -216,6 +222,7 @@ class Client {
   const Tensor* Find(const std::string& name) const;
 
   const ClientOptions options_;
+  int dedicated_workers_ = 0;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   std::unique_ptr<v1::Worker::Stub> worker_;
   std::vector<Tensor> tensors_;

@@ -227,6 +227,11 @@ int muonps_client_lend_cuda(muonps_client* c, const char* name,
                              reinterpret_cast<void*>(param_ptr), *parsed));
 }
 
+int muonps_client_expect_dedicated_workers(muonps_client* c, int count) {
+  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
+  return Record(c, c->client->ExpectDedicatedWorkers(count));
+}
+
 int muonps_client_set_group(muonps_client* c, int group,
                             const char* const* matrices, int count) {
   if (c == nullptr) return MUONPS_INVALID_ARGUMENT;

@@ -155,6 +155,9 @@ int muonps_client_create_on(const char* coordinator, const char* job,
 int muonps_client_lend_cuda(muonps_client* client, const char* name,
                             uint64_t grad_ptr, uint64_t param_ptr,
                             const char* dtype);
+/* Before start: the job expects `count` workers with no trainer
+ * (muonps-worker --dedicated); start waits for a plan that has them. */
+int muonps_client_expect_dedicated_workers(muonps_client* client, int count);
 /* Puts `count` matrices in group `group` (0 <= group < 64); a step's
  * group_lr[group] and group_weight_decay[group] then apply to them. */
 int muonps_client_set_group(muonps_client* client, int group,

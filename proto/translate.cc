@@ -108,6 +108,7 @@ absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
     out.worker_ids.push_back(plan.workers(r));
     rank_of[plan.workers(r)] = r;
   }
+  out.dedicated = plan.dedicated_workers();
   std::map<std::string, int> index;
   for (size_t m = 0; m < matrices.size(); ++m) {
     index[matrices[m].name] = static_cast<int>(m);

@@ -94,6 +94,9 @@ struct Batch {
 struct OwnershipPlan {
   std::vector<std::string> matrix_names;  // as in the input, in order
   std::vector<std::string> worker_ids;
+  // The last `dedicated` workers have no trainer: a replicated matrix they
+  // own gets its gradient sent to them (TransferKind::kSendToOwner).
+  int32_t dedicated = 0;
   // owners[m][e]: index into worker_ids of the owner of expert e of matrix m.
   std::vector<std::vector<int32_t>> owners;
   // Same-shape batches, sorted by worker, then shape.

@@ -25,6 +25,11 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
                                      " matrices, not ", matrices.size()));
   }
   const int workers = static_cast<int>(plan.worker_ids.size());
+  if (plan.dedicated < 0 || (plan.dedicated > 0 && plan.dedicated >= workers)) {
+    return InvalidField("plan.dedicated",
+                        absl::StrCat(plan.dedicated, " of ", workers,
+                                     " workers: at least one needs a trainer"));
+  }
   for (size_t m = 0; m < matrices.size(); ++m) {
     const std::string field = absl::StrCat("matrix ", Quoted(matrices[m].name));
     if (plan.matrix_names[m] != matrices[m].name) {
@@ -124,6 +129,8 @@ absl::string_view TransferKindName(TransferKind kind) {
       return "reduce";
     case TransferKind::kGatherToOwner:
       return "gather";
+    case TransferKind::kSendToOwner:
+      return "send";
     case TransferKind::kBroadcastFromOwner:
       return "broadcast";
     case TransferKind::kScatterFromOwner:
@@ -152,6 +159,7 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
                : x > y;
   });
   StepSchedule schedule;
+  const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
   for (const int32_t m : arrival) {
     const MatrixSpec& spec = matrices[m];
     const int64_t bytes = PayloadBytes(spec) * spec.experts;
@@ -171,6 +179,10 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
       const int64_t payload = PayloadBytes(spec);
       switch (spec.layout) {
         case Layout::kReplicated:
+          if (owner >= workers - plan.dedicated) {
+            bucket.to_owners.push_back(
+                {TransferKind::kSendToOwner, item, owner, payload});
+          }
           bucket.from_owners.push_back(
               {TransferKind::kBroadcastFromOwner, item, owner, payload});
           break;

@@ -21,6 +21,8 @@ namespace scheduler {
 enum class TransferKind {
   kReduceToOwner,       // unreduced gradients: sum (mean) onto the owner
   kGatherToOwner,       // row-sharded gradients: row ranges onto the owner
+  kSendToOwner,         // a replicated gradient to an owner with no trainer
+                        // (from the worker of trainer 0)
   kBroadcastFromOwner,  // the update, to every rank (replicated, unreduced)
   kScatterFromOwner,    // the update's row ranges back (row_sharded)
 };

@@ -37,11 +37,12 @@ constexpr absl::Duration kTrainTimeout = absl::Seconds(240);
 
 struct ParityCase {
   std::string layout;
-  int workers = 1;
+  int workers = 1;    // each with a trainer
+  int dedicated = 0;  // workers with no trainer (--dedicated)
 };
 
 void PrintTo(const ParityCase& c, std::ostream* os) {
-  *os << c.layout << "_" << c.workers;
+  *os << c.layout << "_" << c.workers << "_" << c.dedicated;
 }
 
 // The number after "key": in the trainer's JSON summary line.
@@ -110,6 +111,18 @@ TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
   for (ChildProcess* w : workers) {
     ASSERT_TRUE(w->WaitForLog("listening on unix:", kStartTimeout).ok());
   }
+  // Dedicated workers: the trainers' job expects them
+  // (--dedicated_workers), so no trainer attaches to a plan without them.
+  std::vector<ChildProcess*> dedicated;
+  for (int i = 0; i < c.dedicated; ++i) {
+    dedicated.push_back(Start(
+        {RunfilePath("server/worker/muonps-worker"), "--coordinator=" + address,
+         "--job=mlp", absl::StrCat("--worker_id=d", i),
+         absl::StrCat("--socket=", socket_dir_, "/d", i, ".sock"),
+         "--metrics_port=-1", "--device=cpu", "--dedicated"},
+        absl::StrCat("worker-d", i)));
+    ASSERT_NE(dedicated.back(), nullptr);
+  }
   std::vector<ChildProcess*> trainers;
   for (int r = 0; r < c.workers; ++r) {
     trainers.push_back(
@@ -118,7 +131,8 @@ TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
                absl::StrCat("--worker_socket=", socket_dir_, "/w", r, ".sock"),
                absl::StrCat("--rank=", r), absl::StrCat("--ranks=", c.workers),
                "--layout=" + c.layout, absl::StrCat("--steps=", kSteps),
-               absl::StrCat("--parity=", r == 0 ? "true" : "false")},
+               absl::StrCat("--parity=", r == 0 ? "true" : "false"),
+               absl::StrCat("--dedicated_workers=", c.dedicated)},
               absl::StrCat("trainer-", r)));
     ASSERT_NE(trainers.back(), nullptr);
   }
@@ -128,6 +142,10 @@ TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
     ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
         << t->log_path() << ":\n"
         << t->Log();
+  }
+  for (ChildProcess* d : dedicated) {
+    EXPECT_NE(d->Log().find("(dedicated) first step"), std::string::npos)
+        << d->Log();
   }
   const std::string log = trainers[0]->Log();
   double err = 0;
@@ -145,16 +163,20 @@ std::vector<ParityCase> AllCases() {
     for (int workers = 1; workers <= 3; ++workers) {
       cases.push_back({layout, workers});
     }
+    cases.push_back({layout, 2, 1});
   }
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, TrainingParityTest,
-                         ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<ParityCase>& info) {
-                           return absl::StrCat(info.param.layout, "_",
-                                               info.param.workers, "Workers");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TrainingParityTest, ::testing::ValuesIn(AllCases()),
+    [](const ::testing::TestParamInfo<ParityCase>& info) {
+      return absl::StrCat(
+          info.param.layout, "_", info.param.workers, "Workers",
+          info.param.dedicated > 0
+              ? absl::StrCat("_", info.param.dedicated, "Dedicated")
+              : "");
+    });
 
 }  // namespace
 }  // namespace muonps

@@ -310,6 +310,11 @@ absl::Status CudaIpcTransport::Run() {
   return absl::OkStatus();
 }
 
+absl::Status CudaIpcTransport::AwaitFrom(int peer, absl::Duration timeout) {
+  // Every transfer starts with a control message.
+  return control_->AwaitFrom(peer, timeout);
+}
+
 absl::Status CudaIpcTransport::Synchronize(Stream stream,
                                            absl::Duration timeout) {
   if (!broken_.ok()) return broken_;

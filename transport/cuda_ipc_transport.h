@@ -56,6 +56,7 @@ class CudaIpcTransport final : public Transport {
                          Stream stream) override;
   // Waits for `stream` (bounded by `timeout`).
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
+  absl::Status AwaitFrom(int peer, absl::Duration timeout) override;
   void Abort(const absl::Status& reason) override;
 
  private:

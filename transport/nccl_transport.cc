@@ -517,6 +517,14 @@ absl::Status NcclTransport::Broadcast(void* data, size_t bytes, int root,
   return Queue({Call::Kind::kBroadcast, data, data, bytes, root, stream});
 }
 
+absl::Status NcclTransport::AwaitFrom(int peer, absl::Duration) {
+  return absl::UnimplementedError(absl::StrCat(
+      Who(), ": NCCL cannot wait for a message from rank ", peer,
+      " without posting its receive, so a worker with no trainer cannot "
+      "wait for steps on it: run dedicated workers with --gpu_transport=ipc "
+      "(GPUs of one host)"));
+}
+
 absl::Status NcclTransport::Synchronize(Stream stream, absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckStream(stream, "Synchronize");

@@ -140,6 +140,7 @@ class NcclTransport final : public Transport {
   // failure NCCL's kernels on `stream` end early and leave their buffers
   // undefined; wait for the stream before freeing them.
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
+  absl::Status AwaitFrom(int peer, absl::Duration timeout) override;
 
   // Aborts the communicator (ncclCommAbort, once; later calls only keep the
   // first reason) so that NCCL kernels waiting on peers end and pending and

@@ -1,9 +1,12 @@
 #include "transport/tcp_transport.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "absl/memory/memory.h"
@@ -107,6 +110,36 @@ absl::Status TcpTransport::HostStreamOnly(Stream stream) {
 absl::Status TcpTransport::Synchronize(Stream stream, absl::Duration) {
   MUONPS_RETURN_IF_ERROR(Usable());
   return HostStreamOnly(stream);
+}
+
+absl::Status TcpTransport::AwaitFrom(int peer, absl::Duration timeout) {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  MUONPS_RETURN_IF_ERROR(CheckRank(peer, "peer", /*allow_self=*/false));
+  if (group_depth_ > 0) {
+    return absl::FailedPreconditionError("AwaitFrom inside a group");
+  }
+  pollfd p{};
+  p.fd = sockets_[peer].fd();
+  p.events = POLLIN;
+  const absl::Time deadline = absl::Now() + timeout;
+  int ready = 0;
+  do {
+    const int64_t ms = std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(deadline - absl::Now()), 0, 1 << 30);
+    ready = poll(&p, 1, static_cast<int>(ms));
+  } while (ready < 0 && errno == EINTR);
+  if (ready < 0) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("poll on rank ", peer, ": ", std::strerror(errno))));
+  }
+  // Abort shuts the sockets down, which wakes this poll: say so.
+  MUONPS_RETURN_IF_ERROR(Usable());
+  if (ready == 0) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("no message from rank ", peer, " within ",
+                     absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
 }
 
 void TcpTransport::Abort(const absl::Status& reason) {

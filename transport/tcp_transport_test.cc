@@ -223,6 +223,35 @@ TEST(TcpTransportTest, AbortFromAnotherThreadEndsABlockedRecvAndLaterCalls) {
               ::testing::HasSubstr("peer w1 lost its lease"));
 }
 
+// What a worker with no trainer waits on between steps: nothing yet is a
+// timeout that leaves the transport usable; a message makes it return
+// without consuming it; Abort wakes it.
+TEST(TcpTransportTest, AwaitFromWaitsForTheNextMessageWithoutTakingIt) {
+  absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
+      ConnectLoopbackWorld(2, /*session=*/45, TcpOptions{});
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  TcpTransport& follower = *(*ranks)[1];
+  const absl::Status idle = follower.AwaitFrom(0, absl::Milliseconds(50));
+  EXPECT_EQ(idle.code(), absl::StatusCode::kDeadlineExceeded) << idle;
+  float sent = 2.5f, got = 0;
+  ASSERT_TRUE((*ranks)[0]->Send(&sent, 4, 1, kHostStream).ok());
+  EXPECT_TRUE(follower.AwaitFrom(0, absl::Seconds(10)).ok());
+  ASSERT_TRUE(follower.Recv(&got, 4, 0, kHostStream).ok());
+  EXPECT_EQ(got, 2.5f);
+  EXPECT_EQ(follower.AwaitFrom(1, absl::Seconds(1)).code(),
+            absl::StatusCode::kInvalidArgument);  // itself
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    follower.Abort(absl::CancelledError("plan version 2 replaced it"));
+  });
+  const absl::Time start = absl::Now();
+  const absl::Status woken = follower.AwaitFrom(0, absl::Seconds(60));
+  aborter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(std::string(woken.message()),
+              ::testing::HasSubstr("plan version 2 replaced it"));
+}
+
 TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
   for (size_t bytes : {size_t{0}, 3 * kMiB + 5}) {
     for (int root = 0; root < world(); ++root) {

@@ -78,6 +78,14 @@ class Transport {
   // `timeout`. Host transports return at once (their calls have finished).
   virtual absl::Status Synchronize(Stream stream, absl::Duration timeout) = 0;
 
+  // Waits up to `timeout` for the next message from `peer` to arrive,
+  // without receiving it (outside a group): OK once one has (or the peer
+  // closed: the receive then fails); DEADLINE_EXCEEDED when none came, the
+  // transport still usable. What a worker with no trainer of its own waits
+  // on between steps. UNIMPLEMENTED where the library cannot wait for a
+  // message without posting its receive (NCCL).
+  virtual absl::Status AwaitFrom(int peer, absl::Duration timeout) = 0;
+
   // Breaks the transport: pending and later calls fail with `reason`.
   virtual void Abort(const absl::Status& reason) = 0;
 };

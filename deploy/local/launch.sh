@@ -2,8 +2,9 @@
 # Local cluster: a coordinator, N workers and M trainer ranks on this
 # machine (CPU), training the example MLP through muonps.
 #
-#   deploy/local/launch.sh [--workers N] [--trainers M] [--layout L] [--steps S]
-#                          [--log_dir DIR] [--keep-running] [-- TRAINER FLAGS...]
+#   deploy/local/launch.sh [--workers N] [--trainers M] [--dedicated K]
+#                          [--layout L] [--steps S] [--log_dir DIR]
+#                          [--keep-running] [-- TRAINER FLAGS...]
 #
 # Waits for every process to be healthy, shows progress (step, loss, step
 # time) from trainer rank 0, writes all logs to one folder, and tears
@@ -16,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 workers=2
+dedicated=0
 trainers=""
 layout=unreduced
 steps=50
@@ -26,12 +28,13 @@ while (($#)); do
   case "$1" in
     --workers) workers="$2"; shift 2 ;;
     --trainers) trainers="$2"; shift 2 ;;
+    --dedicated) dedicated="$2"; shift 2 ;;
     --layout) layout="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --log_dir) log_dir="$2"; shift 2 ;;
     --keep-running|--keep_running) keep_running=1; shift ;;
     --) shift; trainer_flags=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "launch.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -92,16 +95,29 @@ for ((i = 0; i < workers; i++)); do
     --memory_bytes $((4 << 30)) >"$log_dir/worker-w$i.log" 2>&1 &
   pids+=($!)
 done
+# Dedicated workers (no trainer) own matrices too; the job waits for them.
+for ((i = 0; i < dedicated; i++)); do
+  socket="/tmp/muonps-$$-d$i.sock"
+  sockets+=("$socket")
+  "$bin/server/worker/muonps-worker" --coordinator "$coordinator" --job "$job" \
+    --worker_id "d$i" --socket "$socket" --metrics_port 0 --device cpu \
+    --memory_bytes $((4 << 30)) --dedicated >"$log_dir/worker-d$i.log" 2>&1 &
+  pids+=($!)
+done
 for ((i = 0; i < workers; i++)); do
   wait_for "$log_dir/worker-w$i.log" 'listening on unix:\(.*\)' 20 >/dev/null
 done
-echo "== $workers workers up"
+for ((i = 0; i < dedicated; i++)); do
+  wait_for "$log_dir/worker-d$i.log" 'listening on unix:\(.*\)' 20 >/dev/null
+done
+echo "== $workers workers up (and $dedicated dedicated)"
 
 trainer_pids=()
 for ((r = 0; r < trainers; r++)); do
   "$bin/examples/trainer/mlp_trainer" --coordinator "$coordinator" --job "$job" \
     --worker_socket "/tmp/muonps-$$-w$r.sock" --rank "$r" --ranks "$trainers" \
-    --layout "$layout" --steps "$steps" ${trainer_flags[@]+"${trainer_flags[@]}"} \
+    --layout "$layout" --steps "$steps" --dedicated_workers "$dedicated" \
+    ${trainer_flags[@]+"${trainer_flags[@]}"} \
     >"$log_dir/trainer-$r.log" 2>&1 &
   trainer_pids+=($!)
   pids+=($!)

@@ -37,6 +37,8 @@ ABSL_FLAG(double, weight_decay, 0.01, "Muon weight decay.");
 ABSL_FLAG(double, adamw_lr, 1e-3, "AdamW learning rate (biases).");
 ABSL_FLAG(std::string, params_out, "", "Write the final parameters here.");
 ABSL_FLAG(bool, parity, true, "Rank 0 checks against a single-process run.");
+ABSL_FLAG(int, dedicated_workers, 0,
+          "Workers with no trainer (muonps-worker --dedicated) to wait for.");
 
 namespace muonps {
 namespace example {
@@ -87,6 +89,8 @@ absl::Status Run() {
                       .worker_socket = absl::GetFlag(FLAGS_worker_socket),
                       .trainer_rank = rank,
                       .trainer_count = config.ranks}));
+  MUONPS_RETURN_IF_ERROR(
+      client->ExpectDedicatedWorkers(absl::GetFlag(FLAGS_dedicated_workers)));
   for (const MlpParameter& p : model.parameters()) {
     if (p.is_matrix) {
       MUONPS_RETURN_IF_ERROR(client->AddMatrix(

@@ -149,7 +149,17 @@ void CoordinatorState::Replan(const std::string& name, JobRecord* job,
   input.options.ns_steps = muon.ns_steps() > 0 ? muon.ns_steps() : 5;
   input.options.algorithm = PolicyOf(muon);
   int64_t smallest = 0;
-  for (const std::string& id : job->join_order) {
+  // Ranks: workers with trainers in join order, then dedicated ones.
+  std::vector<std::string> ranked;
+  int32_t dedicated = 0;
+  for (const bool want_dedicated : {false, true}) {
+    for (const std::string& id : job->join_order) {
+      if (job->workers.at(id).join.dedicated() != want_dedicated) continue;
+      ranked.push_back(id);
+      dedicated += want_dedicated ? 1 : 0;
+    }
+  }
+  for (const std::string& id : ranked) {
     const WorkerRecord& w = job->workers.at(id);
     scheduler::WorkerSpec spec;
     spec.id = id;
@@ -169,6 +179,7 @@ void CoordinatorState::Replan(const std::string& name, JobRecord* job,
   absl::StatusOr<scheduler::OwnershipPlan> plan =
       job->plans.empty() ? scheduler::PlanOwnership(input)
                          : scheduler::Replan(input, job->plans.back().plan);
+  if (plan.ok()) plan->dedicated = dedicated;
   absl::StatusOr<scheduler::StepSchedule> schedule =
       plan.ok() ? scheduler::BuildStepSchedule(
                       job->matrices, *plan,

@@ -314,6 +314,22 @@ TEST_F(CoordinatorStateTest, FirstWorkerGetsVersionOneOwningEveryMatrix) {
   EXPECT_THAT(state_->GetJob("x")->workers(), ElementsAre("w1"));
 }
 
+TEST_F(CoordinatorStateTest, DedicatedWorkersRankLastAndOwnMatricesToo) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 8))).ok());
+  v1::JoinJobRequest pool = Join("x", "pool0");
+  pool.set_dedicated(true);
+  ASSERT_TRUE(state_->JoinJob(pool).ok());
+  // Only a dedicated worker: no plan can step (nothing has a trainer).
+  EXPECT_FALSE(state_->GetPlan(PlanOf("x", 1)).ok());
+  EXPECT_EQ(JoinOk("x", "w1"), 1);
+  const v1::Plan plan = CurrentPlan("x");
+  // The worker with a trainer first, whatever the join order.
+  EXPECT_THAT(plan.workers(), ElementsAre("w1", "pool0"));
+  EXPECT_EQ(plan.dedicated_workers(), 1);
+  EXPECT_FALSE(OwnedBy(plan, "pool0").empty());
+  EXPECT_FALSE(OwnedBy(plan, "w1").empty());
+}
+
 TEST_F(CoordinatorStateTest, SecondWorkerGetsVersionTwoSharingTheMatrices) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 8))).ok());
   EXPECT_EQ(JoinOk("x", "w1"), 1);

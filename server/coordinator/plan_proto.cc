@@ -17,6 +17,7 @@ v1::Plan PlanToProto(const PlanContext& context,
   out.set_reason(context.reason);
   out.set_plan_ms(context.plan_ms);
   for (const std::string& id : plan.worker_ids) out.add_workers(id);
+  out.set_dedicated_workers(plan.dedicated);
   std::vector<int32_t> bucket_of(matrices.size(), 0);
   for (size_t b = 0; b < schedule.buckets.size(); ++b) {
     const scheduler::Bucket& bucket = schedule.buckets[b];

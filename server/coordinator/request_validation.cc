@@ -136,6 +136,8 @@ absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
   MUONPS_RETURN_IF_ERROR(ValidateAdamW(spec.adamw()));
   MUONPS_RETURN_IF_ERROR(
       InRange(spec.bucket_bytes(), 0, int64_t{1} << 40, "job.bucket_bytes"));
+  MUONPS_RETURN_IF_ERROR(
+      InRange(spec.dedicated_workers(), 0, 1024, "job.dedicated_workers"));
   std::vector<scheduler::MatrixSpec> out;
   out.reserve(spec.matrices_size());
   int64_t items = 0;

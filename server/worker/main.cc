@@ -58,6 +58,10 @@ ABSL_FLAG(int64_t, memory_bytes, 0,
           "Device memory the worker may use; 0: the GPU's free memory (8 GiB "
           "on the CPU).");
 ABSL_FLAG(bool, colocated, true, "Shares its device with a trainer rank.");
+ABSL_FLAG(bool, dedicated, false,
+          "No trainer attaches to this worker (a GPU of a dedicated "
+          "optimizer pool): it owns matrices and steps whenever the "
+          "trainers' workers do. CPU, or --gpu_transport=ipc.");
 ABSL_FLAG(std::string, cost_table, "",
           "File of measured Newton-Schulz times (scheduler/cost_table.h).");
 ABSL_FLAG(double, speed, 1.0, "Speed relative to the cost table.");
@@ -119,6 +123,7 @@ int Run() {
     options.device.set_memory_bytes(int64_t{8} << 30);
   }
   options.speed = absl::GetFlag(FLAGS_speed);
+  options.dedicated = absl::GetFlag(FLAGS_dedicated);
   absl::StatusOr<std::unique_ptr<transport::TcpListener>> listener =
       transport::TcpListener::Bind(absl::GetFlag(FLAGS_host),
                                    absl::GetFlag(FLAGS_data_port));
@@ -170,6 +175,12 @@ int Run() {
     if (gpu_transport != "nccl" && gpu_transport != "ipc") {
       spdlog::error("--gpu_transport: \"{}\" is not nccl or ipc",
                     gpu_transport);
+      return 2;
+    }
+    if (gpu_transport == "nccl" && options.dedicated) {
+      spdlog::error(
+          "--dedicated: a worker with no trainer waits for steps on its "
+          "transport, which NCCL cannot do; use --gpu_transport=ipc");
       return 2;
     }
     const int ordinal = device->ordinal;

@@ -240,6 +240,15 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
   {
     absl::MutexLock lock(&mu_);
     open = backend_.open_buffers;
+    if (plan_.rank >= 0 &&
+        plan_.rank >= static_cast<int>(plan_.ownership.worker_ids.size()) -
+                          plan_.ownership.dedicated) {
+      return FieldError(
+          absl::StatusCode::kFailedPrecondition, "device",
+          absl::StrCat("worker ", Quoted(worker_id_),
+                       " is dedicated (--dedicated): it takes no trainer; "
+                       "attach to the worker of your GPU"));
+    }
   }
   // Mapping is slow (shm_open, cudaIpcOpenMemHandle): outside the lock.
   MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
@@ -257,17 +266,21 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
                       absl::StrCat("worker ", Quoted(worker_id_),
                                    " has no plan yet (or is not in it)"));
   }
-  // The data plane pairs every worker of the plan with one trainer, so a
-  // plan with another number of workers is one the others have not joined
-  // yet: the client retries until they have.
-  if (static_cast<int>(plan_.ownership.worker_ids.size()) !=
-      request.trainer_count()) {
+  const int with_trainers =
+      static_cast<int>(plan_.ownership.worker_ids.size()) -
+      plan_.ownership.dedicated;
+  // The data plane pairs every worker but the dedicated ones with one
+  // trainer, so a plan with another number of them is one the others have
+  // not joined yet: the client retries until they have.
+  if (with_trainers != request.trainer_count() ||
+      plan_.ownership.dedicated != plan_.job.dedicated_workers()) {
     return FieldError(
         absl::StatusCode::kFailedPrecondition, "plan",
-        absl::StrCat("plan version ", plan_.version, " has ",
-                     plan_.ownership.worker_ids.size(), " workers and the job ",
-                     request.trainer_count(),
-                     " trainers: waiting for the workers to join"));
+        absl::StrCat("plan version ", plan_.version, " has ", with_trainers,
+                     " workers with trainers and ", plan_.ownership.dedicated,
+                     " dedicated ones; the job has ", request.trainer_count(),
+                     " trainers and expects ", plan_.job.dedicated_workers(),
+                     " dedicated workers: waiting for the workers to join"));
   }
   std::map<std::string, int> index;
   for (size_t m = 0; m < plan_.matrices.size(); ++m) {
@@ -396,8 +409,37 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
                                      : "no trainer buffers are attached");
   }
   MUONPS_RETURN_IF_ERROR(EnsureTransport());
-  StepRun run(worker_id_, &plan_, &*trainer_, transport_.get(),
-              backend_.ops.get(), backend_.kernels.get(), backend_.timeout);
+  return RunStep(request, &*trainer_);
+}
+
+absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
+    absl::Duration wait) {
+  {
+    absl::MutexLock lock(&mu_);
+    const int size = static_cast<int>(plan_.ownership.worker_ids.size());
+    if (plan_.rank >= 0 && plan_.rank >= size - plan_.ownership.dedicated) {
+      MUONPS_RETURN_IF_ERROR(EnsureTransport());
+      // Rank 0 has a trainer; its first message opens every step.
+      const absl::Status opened = transport_->AwaitFrom(0, wait);
+      if (absl::IsDeadlineExceeded(opened)) return std::nullopt;
+      if (!opened.ok()) {
+        DropTransport(opened);
+        return opened;
+      }
+      v1::StepRequest request;  // the step id comes from rank 0
+      MUONPS_ASSIGN_OR_RETURN(v1::StepResponse out,
+                              RunStep(request, /*trainer=*/nullptr));
+      return out;
+    }
+  }
+  absl::SleepFor(wait);  // not a dedicated rank of a plan (yet)
+  return std::nullopt;
+}
+
+absl::StatusOr<v1::StepResponse> StepEngine::RunStep(
+    const v1::StepRequest& request, const AttachedTrainer* trainer) {
+  StepRun run(worker_id_, &plan_, trainer, transport_.get(), backend_.ops.get(),
+              backend_.kernels.get(), backend_.timeout);
   absl::StatusOr<v1::StepResponse> out = run.Run(request);
   if (!out.ok()) {
     // Rejected steps leave the transport usable; anything else broke it.
@@ -411,12 +453,14 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
       }
       return Annotate(
           out.status(),
-          absl::StrCat("step ", request.step_id(), " (plan version ",
-                       plan_.version, "; ranks ", ranks, ")"));
+          absl::StrCat(
+              "step ",
+              trainer == nullptr ? "" : absl::StrCat(request.step_id(), " "),
+              "(plan version ", plan_.version, "; ranks ", ranks, ")"));
     }
     return out.status();
   }
-  last_step_ = request.step_id();
+  last_step_ = out->step_id();
   out->set_momentum_reset(momentum_resets_);
   momentum_resets_ = 0;
   return out;

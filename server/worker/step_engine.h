@@ -86,6 +86,16 @@ class StepEngine {
 
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
 
+  // A dedicated worker (no trainer; the plan ranks it among its last
+  // `dedicated_workers`): waits up to `wait` for the trainers' workers to
+  // open the next step on the transport and runs its part of it (its
+  // matrices' momentum and Newton-Schulz, zeros into every sum). nullopt
+  // when no step opened (or this worker is not a dedicated rank of a plan:
+  // it then sleeps `wait`); the step's response otherwise. One thread calls
+  // it in a loop. Holds the engine's lock for at most `wait` while idle.
+  absl::StatusOr<std::optional<v1::StepResponse>> FollowStep(
+      absl::Duration wait);
+
   int64_t last_step() const;
 
   // Releases the attached trainer's buffers (unmapping its CUDA IPC or
@@ -105,6 +115,11 @@ class StepEngine {
 
  private:
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a step on the transport (which exists) for `trainer`, or for no
+  // trainer (a dedicated worker); a broken transport is dropped.
+  absl::StatusOr<v1::StepResponse> RunStep(const v1::StepRequest& request,
+                                           const AttachedTrainer* trainer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Aborts and destroys the transport (if any) with `reason`.
   void DropTransport(const absl::Status& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

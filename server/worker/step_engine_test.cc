@@ -11,10 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +78,9 @@ class HostBuffers final : public TrainerBuffers {
 struct Trainer {
   int rank = 0;
   std::map<std::string, std::vector<float>> grad, param;
+  // An unreduced AdamW tensor whose gradient the workers average.
+  std::vector<float> bias_grad = std::vector<float>(7),
+                     bias = std::vector<float>(7);
   // bf16 trainers lend these instead (same element counts).
   bool bf16 = false;
   std::map<std::string, std::vector<uint16_t>> grad16, param16;
@@ -89,8 +94,9 @@ kernels::MuonHyperparameters MuonFromJob() {
   return h;
 }
 
-v1::JobSpec Job() {
+v1::JobSpec Job(int dedicated = 0) {
   v1::JobSpec job;
+  job.set_dedicated_workers(dedicated);
   job.set_name("engine-test");
   for (const MatrixDecl& d : Matrices()) {
     v1::Matrix* m = job.add_matrices();
@@ -104,30 +110,53 @@ v1::JobSpec Job() {
   return job;
 }
 
-// Matrix m is owned by worker (m + shift) % kWorkers.
-v1::Plan PlanWithOwners(int64_t version, int shift) {
+// Matrix m is owned by worker owners[m], of `workers` ("w0".."wN"; the
+// last `dedicated` of them have no trainer).
+v1::Plan PlanWithOwnerList(int64_t version, const std::vector<int>& owners,
+                           int workers = kWorkers, int dedicated = 0) {
   v1::Plan plan;
   plan.set_version(version);
-  for (int w = 0; w < kWorkers; ++w) plan.add_workers(absl::StrCat("w", w));
+  for (int w = 0; w < workers; ++w) plan.add_workers(absl::StrCat("w", w));
+  plan.set_dedicated_workers(dedicated);
   for (size_t m = 0; m < Matrices().size(); ++m) {
     v1::MatrixPlacement* p = plan.add_matrices();
     p->set_name(Matrices()[m].name);
-    p->add_owners(absl::StrCat("w", (m + shift) % kWorkers));
+    p->add_owners(absl::StrCat("w", owners[m]));
   }
   return plan;
 }
 
+// Matrix m is owned by worker (m + shift) % kWorkers.
+v1::Plan PlanWithOwners(int64_t version, int shift) {
+  std::vector<int> owners;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    owners.push_back(static_cast<int>((m + shift) % kWorkers));
+  }
+  return PlanWithOwnerList(version, owners);
+}
+
 class StepEngineTest : public ::testing::Test {
  protected:
+  // Workers with no trainer, ranked after the kWorkers with one.
+  virtual int Dedicated() const { return 0; }
+
   void SetUp() override {
+    const int total = kWorkers + Dedicated();
     absl::StatusOr<std::vector<std::unique_ptr<transport::TcpListener>>> l =
-        transport::BindLoopbackListeners(kWorkers);
+        transport::BindLoopbackListeners(total);
     ASSERT_TRUE(l.ok()) << l.status();
     listeners_ = *std::move(l);
     const std::vector<std::string> addresses =
         transport::AddressesOf(listeners_);
-    for (int w = 0; w < kWorkers; ++w) {
+    engines_.resize(total);
+    for (int w = 0; w < total; ++w) {
       addresses_[absl::StrCat("w", w)] = addresses[w];
+      if (w >= kWorkers) {
+        engines_[w] = std::make_unique<StepEngine>(
+            absl::StrCat("w", w), CpuStepBackend(absl::Seconds(10)),
+            Connector(listeners_[w].get()));
+        continue;
+      }
       trainers_[w].rank = w;
       for (const MatrixDecl& d : Matrices()) {
         int64_t n = d.rows * d.cols;
@@ -143,6 +172,7 @@ class StepEngineTest : public ::testing::Test {
       backend.open_buffers = [trainer](const v1::AttachRequest&)
           -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
         std::map<std::string, LentTensor> lent;
+        lent["bias"] = {trainer->bias_grad.data(), trainer->bias.data()};
         for (auto& [name, g] : trainer->grad) {
           lent[name] = {g.data(), trainer->param[name].data()};
           if (trainer->bf16) {
@@ -153,24 +183,47 @@ class StepEngineTest : public ::testing::Test {
         return std::unique_ptr<TrainerBuffers>(new HostBuffers(lent));
       };
       engines_[w] = std::make_unique<StepEngine>(
-          absl::StrCat("w", w), std::move(backend),
-          [listener](int rank, const std::vector<std::string>& peers,
-                     uint64_t session)
-              -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-            transport::TcpOptions options;
-            options.io_timeout = absl::Seconds(10);
-            options.connect_timeout = absl::Seconds(10);
-            auto t = transport::TcpTransport::Connect(listener, rank, peers,
-                                                      session, options);
-            if (!t.ok()) return t.status();
-            return std::unique_ptr<transport::Transport>(*std::move(t));
-          });
+          absl::StrCat("w", w), std::move(backend), Connector(listener));
+    }
+  }
+
+  void TearDown() override {
+    following_.store(false);
+    for (std::thread& t : followers_) t.join();
+  }
+
+  static TransportFactory Connector(transport::TcpListener* listener) {
+    return [listener](int rank, const std::vector<std::string>& peers,
+                      uint64_t session)
+               -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+      transport::TcpOptions options;
+      options.io_timeout = absl::Seconds(10);
+      options.connect_timeout = absl::Seconds(10);
+      auto t = transport::TcpTransport::Connect(listener, rank, peers, session,
+                                                options);
+      if (!t.ok()) return t.status();
+      return std::unique_ptr<transport::Transport>(*std::move(t));
+    };
+  }
+
+  // The dedicated engines step whenever the others do, as the worker
+  // daemon's follow thread runs them.
+  void StartFollowing() {
+    following_.store(true);
+    for (int w = kWorkers; w < kWorkers + Dedicated(); ++w) {
+      followers_.emplace_back([this, w] {
+        while (following_.load()) {
+          absl::StatusOr<std::optional<v1::StepResponse>> step =
+              engines_[w]->FollowStep(absl::Milliseconds(50));
+          if (step.ok() && step->has_value()) followed_steps_.fetch_add(1);
+        }
+      });
     }
   }
 
   void SetPlanEverywhere(const v1::Plan& plan) {
     for (auto& e : engines_) {
-      ASSERT_TRUE(e->SetPlan(Job(), plan, addresses_).ok());
+      ASSERT_TRUE(e->SetPlan(Job(Dedicated()), plan, addresses_).ok());
     }
   }
 
@@ -185,9 +238,16 @@ class StepEngineTest : public ::testing::Test {
     }
   }
 
-  void AttachEverywhere(int64_t trainer_pid = 0) {
+  void AttachEverywhere(int64_t trainer_pid = 0, bool with_bias = false) {
     for (int w = 0; w < kWorkers; ++w) {
       v1::AttachRequest request;
+      if (with_bias) {
+        v1::TensorBinding* b = request.add_tensors();
+        b->set_name("bias");
+        b->set_muon(false);
+        b->set_layout(v1::LAYOUT_UNREDUCED);
+        b->set_elements(7);
+      }
       request.set_trainer_pid(trainer_pid);
       request.set_trainer_rank(w);
       request.set_trainer_count(kWorkers);
@@ -206,6 +266,9 @@ class StepEngineTest : public ::testing::Test {
 
   void WriteGradients(int64_t step) {
     for (int w = 0; w < kWorkers; ++w) {
+      for (int i = 0; i < 7; ++i) {
+        trainers_[w].bias_grad[i] = GradValue(step, 99, w, i);
+      }
       for (size_t m = 0; m < Matrices().size(); ++m) {
         const MatrixDecl& d = Matrices()[m];
         std::vector<float>& g = trainers_[w].grad[d.name];
@@ -242,61 +305,68 @@ class StepEngineTest : public ::testing::Test {
     return out;
   }
 
+  // Steps every engine with a trainer `steps` times and checks their
+  // parameters against the CPU kernels in one process, bit for bit.
+  void StepAndMatchTheKernelsInOneProcess(int64_t steps) {
+    kernels::CpuKernels reference_kernels(kernels::CpuKernelOptions{});
+    std::map<std::string, std::vector<float>> param, momentum;
+    for (const MatrixDecl& d : Matrices()) {
+      param[d.name].assign(d.rows * d.cols, 0.5f);
+      momentum[d.name].assign(d.rows * d.cols, 0.0f);
+    }
+    const kernels::MuonHyperparameters h = MuonFromJob();
+    for (int64_t step = 0; step < steps; ++step) {
+      WriteGradients(step);
+      for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
+        ASSERT_TRUE(r.ok()) << r.status();
+      }
+      for (size_t m = 0; m < Matrices().size(); ++m) {
+        const MatrixDecl& d = Matrices()[m];
+        std::vector<float> g(d.rows * d.cols, 0.0f);
+        const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
+        for (int s = 0; s < sources; ++s) {
+          for (size_t i = 0; i < g.size(); ++i) {
+            g[i] += GradValue(step, static_cast<int>(m), s, i);
+          }
+        }
+        if (sources > 1) {
+          for (float& v : g) v *= 1.0f / static_cast<float>(sources);
+        }
+        kernels::MuonStack stack;
+        stack.names = {d.name};
+        stack.grad = {g.data(), 1, d.rows, d.cols};
+        stack.momentum = {momentum[d.name].data(), 1, d.rows, d.cols};
+        stack.param = {param[d.name].data(), 1, d.rows, d.cols};
+        ASSERT_TRUE(reference_kernels.MuonStep(stack, h, kHostStream).ok());
+      }
+    }
+    for (int w = 0; w < kWorkers; ++w) {
+      for (const MatrixDecl& d : Matrices()) {
+        const std::vector<float>& got = trainers_[w].param[d.name];
+        const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
+                                  ? d.rows * w / kWorkers * d.cols
+                                  : 0;
+        EXPECT_EQ(std::memcmp(got.data(), param[d.name].data() + first,
+                              got.size() * 4),
+                  0)
+            << d.name << " on trainer " << w;
+      }
+    }
+  }
+
   std::vector<std::unique_ptr<transport::TcpListener>> listeners_;
   std::map<std::string, std::string> addresses_;
   Trainer trainers_[kWorkers];
-  std::unique_ptr<StepEngine> engines_[kWorkers];
+  std::vector<std::unique_ptr<StepEngine>> engines_;
+  std::atomic<bool> following_{false};
+  std::atomic<int> followed_steps_{0};
+  std::vector<std::thread> followers_;
 };
 
 TEST_F(StepEngineTest, EveryLayoutMatchesTheKernelsInOneProcessBitForBit) {
   ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
-  kernels::CpuKernels reference_kernels(kernels::CpuKernelOptions{});
-  std::map<std::string, std::vector<float>> param, momentum;
-  for (const MatrixDecl& d : Matrices()) {
-    param[d.name].assign(d.rows * d.cols, 0.5f);
-    momentum[d.name].assign(d.rows * d.cols, 0.0f);
-  }
-  kernels::MuonHyperparameters h;
-  h.lr = 0.02;
-  h.weight_decay = 0.1;
-  for (int64_t step = 0; step < 5; ++step) {
-    WriteGradients(step);
-    for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
-      ASSERT_TRUE(r.ok()) << r.status();
-    }
-    for (size_t m = 0; m < Matrices().size(); ++m) {
-      const MatrixDecl& d = Matrices()[m];
-      std::vector<float> g(d.rows * d.cols, 0.0f);
-      const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
-      for (int s = 0; s < sources; ++s) {
-        for (size_t i = 0; i < g.size(); ++i) {
-          g[i] += GradValue(step, static_cast<int>(m), s, i);
-        }
-      }
-      if (sources > 1) {
-        for (float& v : g) v *= 1.0f / static_cast<float>(sources);
-      }
-      kernels::MuonStack stack;
-      stack.names = {d.name};
-      stack.grad = {g.data(), 1, d.rows, d.cols};
-      stack.momentum = {momentum[d.name].data(), 1, d.rows, d.cols};
-      stack.param = {param[d.name].data(), 1, d.rows, d.cols};
-      ASSERT_TRUE(reference_kernels.MuonStep(stack, h, kHostStream).ok());
-    }
-  }
-  for (int w = 0; w < kWorkers; ++w) {
-    for (const MatrixDecl& d : Matrices()) {
-      const std::vector<float>& got = trainers_[w].param[d.name];
-      const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
-                                ? d.rows * w / kWorkers * d.cols
-                                : 0;
-      EXPECT_EQ(
-          std::memcmp(got.data(), param[d.name].data() + first, got.size() * 4),
-          0)
-          << d.name << " on trainer " << w;
-    }
-  }
+  StepAndMatchTheKernelsInOneProcess(5);
 }
 
 // bf16 trainers: the workers widen the gradients, keep fp32 momentum, and
@@ -438,6 +508,49 @@ TEST_F(StepEngineTest, BuffersOfATrainerWhoseProcessIsGoneAreReleased) {
   EXPECT_NE(step.status().message().find("no trainer buffers"),
             std::string::npos)
       << step.status();
+}
+
+// A fourth worker with no trainer (a GPU of a dedicated optimizer pool),
+// ranked last: it owns a replicated matrix (trainer 0's worker sends it the
+// gradient), an unreduced one (its part of the sum is zeros) and a
+// row-sharded one (it gathers every trainer's rows and scatters the update
+// back), steps whenever the others do, and the trainers' parameters stay
+// bit-identical to the kernels in one process; the unreduced AdamW
+// gradient is still the trainers' mean.
+class StepEngineDedicatedTest : public StepEngineTest {
+ protected:
+  int Dedicated() const override { return 1; }
+};
+
+TEST_F(StepEngineDedicatedTest, AWorkerWithNoTrainerOwnsMatricesOfEveryLayout) {
+  // rep.a, unr.a and row.a on the dedicated w3; rep.b on w0, unr.b on w1.
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(
+      PlanWithOwnerList(1, {3, 0, 3, 1, 3}, kWorkers + 1, /*dedicated=*/1)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+  StartFollowing();
+  StepAndMatchTheKernelsInOneProcess(6);
+  EXPECT_EQ(followed_steps_.load(), 6);
+  for (const char* owned : {"rep.a", "unr.a", "row.a"}) {
+    EXPECT_TRUE(engines_[3]->Momentum(owned, 0).ok()) << owned;
+  }
+  // The last step's bias gradients: their mean, summed in trainer order.
+  for (int i = 0; i < 7; ++i) {
+    float sum = 0;
+    for (int t = 0; t < kWorkers; ++t) sum += GradValue(5, 99, t, i);
+    const float mean = sum * (1.0f / static_cast<float>(kWorkers));
+    for (int w = 0; w < kWorkers; ++w) {
+      EXPECT_EQ(trainers_[w].bias_grad[i], mean) << w << " " << i;
+    }
+  }
+  // The dedicated worker takes no trainer.
+  v1::AttachRequest request;
+  request.set_trainer_rank(0);
+  request.set_trainer_count(kWorkers);
+  const absl::StatusOr<v1::AttachResponse> refused =
+      engines_[3]->Attach(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("dedicated"), std::string::npos)
+      << refused.status();
 }
 
 }  // namespace

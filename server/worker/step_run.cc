@@ -24,10 +24,22 @@ struct StepHeader {
   char problem[kProblemBytes];  // "" or why this rank cannot step
 };
 
-// Rank 0's answer: go, or the first problem any rank reported.
+// Rank 0's answer: go (with the step id, for workers with no trainer),
+// or the first problem any rank reported.
 struct StepDecision {
+  int64_t step_id;
   int32_t go;
+  int32_t padding;
   char problem[kProblemBytes];
+};
+
+// What workers with no trainer learn from rank 0 before a step's
+// transfers, as int64 values: the unreduced AdamW tensors' sizes (name
+// order), then per job matrix whether its trainers keep the whole
+// parameter of a row-sharded gradient (1) or not (0).
+struct FollowerInfoHeader {
+  int64_t adamw_count;
+  int64_t matrix_count;
 };
 
 static_assert(sizeof(StepHeader) % 4 == 0 && sizeof(StepDecision) % 4 == 0,
@@ -80,17 +92,19 @@ StepRun::StepRun(const std::string& worker_id, PlanState* plan,
                  kernels::MuonKernels* kernels, absl::Duration timeout)
     : worker_id_(worker_id),
       plan_(*plan),
-      trainer_(*trainer),
+      trainer_(trainer),
       t_(*transport),
       ops_(*ops),
       kernels_(*kernels),
       stream_(ops->stream()),
       compute_(ops->compute_stream()),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      trainers_(static_cast<int>(plan->ownership.worker_ids.size()) -
+                plan->ownership.dedicated) {}
 
 std::pair<int64_t, int64_t> StepRun::RowsOfTrainer(int64_t rows,
                                                    int trainer) const {
-  return TrainerRowRange(rows, trainer, trainer_.count);
+  return TrainerRowRange(rows, trainer, trainers_);
 }
 
 absl::Status StepRun::ThroughTransportMemory(
@@ -98,10 +112,12 @@ absl::Status StepRun::ThroughTransportMemory(
     const std::function<absl::Status(void* data)>& exchange) {
   if (t_.memory() == MemoryKind::kHost) return exchange(host);
   const int64_t floats = static_cast<int64_t>(bytes / 4);
-  if (plan_.scratch == nullptr || plan_.scratch->size() < floats) {
-    return absl::InternalError("control scratch smaller than a message");
-  }
+  std::unique_ptr<kernels::FloatBuffer> larger;
   float* device = plan_.scratch->data();
+  if (plan_.scratch->size() < floats) {  // a long list of sizes
+    MUONPS_ASSIGN_OR_RETURN(larger, ops_.Allocate(floats, "control message"));
+    device = larger->data();
+  }
   MUONPS_RETURN_IF_ERROR(
       ops_.Copy(device, static_cast<const float*>(host), floats, stream_));
   MUONPS_RETURN_IF_ERROR(exchange(device));
@@ -112,13 +128,15 @@ absl::Status StepRun::ThroughTransportMemory(
 }
 
 std::string StepRun::LocalProblem() {
+  if (trainer_ == nullptr) return "";
+  const AttachedTrainer& trainer = *trainer_;
   std::vector<kernels::FloatSpan> spans;
   std::vector<std::string> names;
   for (size_t m = 0; m < plan_.matrices.size(); ++m) {
-    spans.push_back({trainer_.matrices[m].grad, trainer_.matrices[m].elements});
+    spans.push_back({trainer.matrices[m].grad, trainer.matrices[m].elements});
     names.push_back(plan_.matrices[m].name);
   }
-  for (const auto& [name, b] : trainer_.adamw) {
+  for (const auto& [name, b] : trainer.adamw) {
     spans.push_back({b.grad, b.elements});
     names.push_back(name);
   }
@@ -145,10 +163,10 @@ absl::Status StepRun::WidenGradients() {
     if (b.dtype == DType::kFloat32) return absl::OkStatus();
     return ops_.ToFloat(b.grad, b.lent_grad, b.dtype, b.elements, stream_);
   };
-  for (const Binding& b : trainer_.matrices) {
+  for (const Binding& b : trainer_->matrices) {
     MUONPS_RETURN_IF_ERROR(widen(b));
   }
-  for (const auto& [name, b] : trainer_.adamw) {
+  for (const auto& [name, b] : trainer_->adamw) {
     MUONPS_RETURN_IF_ERROR(widen(b));
   }
   return absl::OkStatus();
@@ -159,15 +177,17 @@ absl::Status StepRun::Agree(const v1::StepRequest& request) {
   const std::string local_problem = LocalProblem();
   StepHeader mine{};
   mine.step_id = request.step_id();
-  mine.trainer_rank = trainer_.rank;
-  mine.trainer_count = trainer_.count;
+  mine.trainer_rank = trainer_ == nullptr ? -1 : trainer_->rank;
+  mine.trainer_count = trainer_ == nullptr ? 0 : trainer_->count;
   CopyProblem(local_problem, mine.problem);
   StepDecision decision{};
-  trainer_rank_of_.assign(size, 0);
+  // Ranks with no trainer (the last ones) send no header: they wait for
+  // the decision.
+  trainer_rank_of_.assign(size, -1);
   if (plan_.rank == 0) {
     std::string problem = local_problem;
-    std::vector<bool> seen(size, false);
-    for (int r = 0; r < size; ++r) {
+    std::vector<bool> seen(trainers_, false);
+    for (int r = 0; r < trainers_; ++r) {
       StepHeader h = mine;
       if (r > 0) {
         MUONPS_RETURN_IF_ERROR(ThroughTransportMemory(
@@ -184,18 +204,20 @@ absl::Status StepRun::Agree(const v1::StepRequest& request) {
         problem = absl::StrCat(
             "worker ", Quoted(who), " is at step ", h.step_id, ", worker ",
             Quoted(plan_.ownership.worker_ids[0]), " at ", mine.step_id);
-      } else if (h.trainer_count != size || h.trainer_rank < 0 ||
-                 h.trainer_rank >= size || seen[h.trainer_rank]) {
-        problem = absl::StrCat("every worker needs exactly one trainer of ",
-                               size, "; worker ", Quoted(who), " has trainer ",
-                               h.trainer_rank, " of ", h.trainer_count);
+      } else if (h.trainer_count != trainers_ || h.trainer_rank < 0 ||
+                 h.trainer_rank >= trainers_ || seen[h.trainer_rank]) {
+        problem = absl::StrCat(
+            "every worker with a trainer needs exactly one trainer of ",
+            trainers_, "; worker ", Quoted(who), " has trainer ",
+            h.trainer_rank, " of ", h.trainer_count);
       } else {
         seen[h.trainer_rank] = true;
       }
     }
+    decision.step_id = mine.step_id;
     decision.go = problem.empty() ? 1 : 0;
     CopyProblem(problem, decision.problem);
-  } else {
+  } else if (trainer_ != nullptr) {
     MUONPS_RETURN_IF_ERROR(ThroughTransportMemory(
         &mine, sizeof(mine),
         [&](void* data) { return t_.Send(data, sizeof(mine), 0, stream_); }));
@@ -204,59 +226,133 @@ absl::Status StepRun::Agree(const v1::StepRequest& request) {
       ThroughTransportMemory(&decision, sizeof(decision), [&](void* data) {
         return t_.Broadcast(data, sizeof(decision), 0, stream_);
       }));
+  step_id_ = decision.step_id;
   MUONPS_RETURN_IF_ERROR(ThroughTransportMemory(
       trainer_rank_of_.data(), sizeof(int32_t) * size, [&](void* data) {
         return t_.Broadcast(data, sizeof(int32_t) * size, 0, stream_);
       }));
+  // Trainer order, then the ranks with no trainer (their parts are zeros,
+  // added last: the sums keep the bits of the trainers' parts alone).
   reduce_order_.assign(size, 0);
   for (int r = 0; r < size; ++r) {
     // A permutation once agreed (rank 0 checked it); clamp before that.
     const int32_t trainer = trainer_rank_of_[r];
-    if (trainer >= 0 && trainer < size) reduce_order_[trainer] = r;
+    if (trainer >= 0 && trainer < trainers_) reduce_order_[trainer] = r;
+    if (r >= trainers_) reduce_order_[r] = r;
   }
   if (!decision.go) {
     decision.problem[kProblemBytes - 1] = 0;
     return absl::InvalidArgumentError(
-        absl::StrCat("step ", request.step_id(),
+        absl::StrCat("step ", step_id_,
                      " rejected, nothing was changed: ", decision.problem));
   }
+  if (plan_.ownership.dedicated > 0) {
+    MUONPS_RETURN_IF_ERROR(ShareFollowerInfo());
+  }
   return absl::OkStatus();
+}
+
+absl::Status StepRun::ShareFollowerInfo() {
+  FollowerInfoHeader header{};
+  std::vector<int64_t> values;
+  if (plan_.rank == 0) {
+    for (const auto& [name, b] : trainer_->adamw) {
+      if (b.layout == scheduler::Layout::kUnreduced) {
+        values.push_back(b.elements);
+      }
+    }
+    header.adamw_count = static_cast<int64_t>(values.size());
+    header.matrix_count = static_cast<int64_t>(plan_.matrices.size());
+    for (const Binding& b : trainer_->matrices) values.push_back(b.full_param);
+  }
+  MUONPS_RETURN_IF_ERROR(
+      ThroughTransportMemory(&header, sizeof(header), [&](void* data) {
+        return t_.Broadcast(data, sizeof(header), 0, stream_);
+      }));
+  if (header.matrix_count != static_cast<int64_t>(plan_.matrices.size()) ||
+      header.adamw_count < 0 || header.adamw_count > (int64_t{1} << 24)) {
+    return absl::InternalError("rank 0 described another job");
+  }
+  values.resize(header.adamw_count + header.matrix_count);
+  MUONPS_RETURN_IF_ERROR(ThroughTransportMemory(
+      values.data(), values.size() * sizeof(int64_t), [&](void* data) {
+        return t_.Broadcast(data, values.size() * sizeof(int64_t), 0, stream_);
+      }));
+  if (trainer_ != nullptr) return absl::OkStatus();
+  follower_adamw_.assign(values.begin(), values.begin() + header.adamw_count);
+  follower_full_param_.assign(values.begin() + header.adamw_count,
+                              values.end());
+  int64_t largest = 1;
+  for (int64_t n : follower_adamw_) largest = std::max(largest, n);
+  for (const scheduler::MatrixSpec& spec : plan_.matrices) {
+    largest = std::max(largest, spec.rows * spec.cols);
+  }
+  if (plan_.zeros == nullptr || plan_.zeros->size() < largest) {
+    // Zero-filled once: the parts this rank adds to every sum.
+    MUONPS_ASSIGN_OR_RETURN(plan_.zeros, ops_.Allocate(largest, "zero parts"));
+    MUONPS_ASSIGN_OR_RETURN(plan_.sink,
+                            ops_.Allocate(largest, "received means"));
+  }
+  return absl::OkStatus();
+}
+
+bool StepRun::FullParam(int32_t matrix) const {
+  return trainer_ != nullptr ? trainer_->matrices[matrix].full_param
+                             : follower_full_param_[matrix] != 0;
 }
 
 absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.to_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
-    const Binding& b = trainer_.matrices[x.item.matrix];
+    const Binding* b =
+        trainer_ == nullptr ? nullptr : &trainer_->matrices[x.item.matrix];
     const int64_t e = x.item.expert;
     const int64_t size = spec.rows * spec.cols;
     const bool mine = x.owner == plan_.rank;
     float* staged =
         mine ? plan_.SlotData(plan_.slots[x.item.matrix][e], false) : nullptr;
     if (x.kind == scheduler::TransferKind::kReduceToOwner) {
-      MUONPS_RETURN_IF_ERROR(t_.ReduceSum(b.grad + e * size, staged, size,
-                                          x.owner, reduce_order_, stream_));
+      const float* part =
+          b == nullptr ? plan_.zeros->data() : b->grad + e * size;
+      MUONPS_RETURN_IF_ERROR(
+          t_.ReduceSum(part, staged, size, x.owner, reduce_order_, stream_));
       bytes_ += size * 4;
       continue;
     }
+    if (x.kind == scheduler::TransferKind::kSendToOwner) {
+      // The owner has no trainer: trainer 0's worker sends the gradient.
+      const int source = reduce_order_[0];
+      if (plan_.rank == source) {
+        MUONPS_RETURN_IF_ERROR(
+            t_.Send(b->grad + e * size, size * 4, x.owner, stream_));
+        bytes_ += size * 4;
+      } else if (mine) {
+        MUONPS_RETURN_IF_ERROR(t_.Recv(staged, size * 4, source, stream_));
+      }
+      continue;
+    }
     // kGatherToOwner: row ranges of every trainer onto the owner.
-    const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_.rank);
-    const int64_t local = (end - begin) * spec.cols;
-    const float* rows = b.grad + e * local;
     if (!mine) {
-      MUONPS_RETURN_IF_ERROR(t_.Send(rows, local * 4, x.owner, stream_));
+      if (b == nullptr) continue;  // no trainer, no rows
+      const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_->rank);
+      const int64_t local = (end - begin) * spec.cols;
+      MUONPS_RETURN_IF_ERROR(
+          t_.Send(b->grad + e * local, local * 4, x.owner, stream_));
       bytes_ += local * 4;
       continue;
     }
     for (int r = 0; r < t_.size(); ++r) {
+      if (trainer_rank_of_[r] < 0) continue;  // no trainer, no rows
       const auto [rb, re] = RowsOfTrainer(spec.rows, trainer_rank_of_[r]);
       float* dst = staged + rb * spec.cols;
+      const int64_t count = (re - rb) * spec.cols;
       if (r == plan_.rank) {
-        MUONPS_RETURN_IF_ERROR(ops_.Copy(dst, rows, local, stream_));
-      } else {
         MUONPS_RETURN_IF_ERROR(
-            t_.Recv(dst, (re - rb) * spec.cols * 4, r, stream_));
-        bytes_ += (re - rb) * spec.cols * 4;
+            ops_.Copy(dst, b->grad + e * count, count, stream_));
+      } else {
+        MUONPS_RETURN_IF_ERROR(t_.Recv(dst, count * 4, r, stream_));
+        bytes_ += count * 4;
       }
     }
   }
@@ -280,14 +376,13 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
     const kernels::MatrixStack momentum{buf.matrix(s), 1, batch.rows,
                                         batch.cols};
     kernels::MatrixStack source = update;  // staged: reduced or gathered
-    if (spec.layout == scheduler::Layout::kReplicated) {
+    if (spec.layout == scheduler::Layout::kReplicated && trainer_ != nullptr) {
       // Momentum reads the trainer's gradient in place: no staging copy.
-      source.data = trainer_.matrices[item.matrix].grad + item.expert * size;
+      source.data = trainer_->matrices[item.matrix].grad + item.expert * size;
     } else if (spec.layout == scheduler::Layout::kUnreduced) {
       // The mean, as DDP: the fp32 sum times the fp32 inverse.
-      MUONPS_RETURN_IF_ERROR(
-          ops_.Scale(update.data, size,
-                     1.0f / static_cast<float>(trainer_.count), compute_));
+      MUONPS_RETURN_IF_ERROR(ops_.Scale(
+          update.data, size, 1.0f / static_cast<float>(trainers_), compute_));
     }
     // The update goes to the stack slot (it may alias a staged source).
     MUONPS_RETURN_IF_ERROR(kernels_.UpdateMomentum(
@@ -306,7 +401,8 @@ absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
   const kernels::MuonHyperparameters& h = plan_.muon;
   for (const scheduler::Transfer& x : bucket.from_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
-    const Binding& b = trainer_.matrices[x.item.matrix];
+    const Binding* b =
+        trainer_ == nullptr ? nullptr : &trainer_->matrices[x.item.matrix];
     double lr = request.lr() >= 0 ? request.lr() : h.lr;
     double wd =
         request.weight_decay() >= 0 ? request.weight_decay() : h.weight_decay;
@@ -327,40 +423,55 @@ absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
     const bool mine = x.owner == plan_.rank;
     float* update = mine ? plan_.SlotData(plan_.slots[x.item.matrix][e], false)
                          : plan_.scratch->data();
-    void* param = nullptr;
-    int64_t count = 0;
-    if (x.kind == scheduler::TransferKind::kScatterFromOwner && !b.full_param) {
-      const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_.rank);
-      count = (end - begin) * spec.cols;
-      param = kernels::ElementsPast(b.param, b.dtype, e * count);
+    int64_t count = size;  // of the update this rank applies
+    int64_t first = 0;     // its first element in the lent parameter
+    if (x.kind == scheduler::TransferKind::kScatterFromOwner &&
+        !FullParam(x.item.matrix)) {
       if (mine) {
         for (int r = 0; r < t_.size(); ++r) {
-          if (r == plan_.rank) continue;
+          if (r == plan_.rank || trainer_rank_of_[r] < 0) continue;
           const auto [rb, re] = RowsOfTrainer(spec.rows, trainer_rank_of_[r]);
           MUONPS_RETURN_IF_ERROR(t_.Send(
               update + rb * spec.cols, (re - rb) * spec.cols * 4, r, stream_));
           bytes_ += (re - rb) * spec.cols * 4;
         }
+      }
+      if (b == nullptr) continue;  // no rows to apply here
+      const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_->rank);
+      count = (end - begin) * spec.cols;
+      first = e * count;
+      if (mine) {
         update += begin * spec.cols;
       } else {
         MUONPS_RETURN_IF_ERROR(t_.Recv(update, count * 4, x.owner, stream_));
         bytes_ += count * 4;
       }
     } else {
-      count = size;
-      param = kernels::ElementsPast(b.param, b.dtype, e * size);
+      first = e * size;
       MUONPS_RETURN_IF_ERROR(t_.Broadcast(update, size * 4, x.owner, stream_));
       bytes_ += size * 4;
+      if (b == nullptr) continue;  // no parameter here
     }
     MUONPS_RETURN_IF_ERROR(
-        ops_.ApplyScaled(param, b.dtype, update, count, decay, scale, stream_));
+        ops_.ApplyScaled(kernels::ElementsPast(b->param, b->dtype, first),
+                         b->dtype, update, count, decay, scale, stream_));
   }
   return absl::OkStatus();
 }
 
 absl::Status StepRun::AverageAdamWGradients() {
-  const float inverse = 1.0f / static_cast<float>(trainer_.count);
-  for (const auto& [name, b] : trainer_.adamw) {
+  const float inverse = 1.0f / static_cast<float>(trainers_);
+  if (trainer_ == nullptr) {  // zeros in, the means received and dropped
+    for (const int64_t n : follower_adamw_) {
+      MUONPS_RETURN_IF_ERROR(t_.ReduceSum(plan_.zeros->data(),
+                                          plan_.sink->data(), n, 0,
+                                          reduce_order_, stream_));
+      MUONPS_RETURN_IF_ERROR(
+          t_.Broadcast(plan_.sink->data(), n * 4, 0, stream_));
+    }
+    return absl::OkStatus();
+  }
+  for (const auto& [name, b] : trainer_->adamw) {
     if (b.layout != scheduler::Layout::kUnreduced) continue;
     MUONPS_RETURN_IF_ERROR(
         t_.ReduceSum(b.grad, b.grad, b.elements, 0, reduce_order_, stream_));
@@ -378,17 +489,18 @@ absl::Status StepRun::AverageAdamWGradients() {
 }
 
 absl::StatusOr<v1::StepResponse> StepRun::Run(const v1::StepRequest& request) {
+  if (trainer_ == nullptr) return RunWithTrainerReady(request);
   // The worker's stream waits for the trainer's gradients (CUDA: an event,
   // no host waits); whatever happens, the trainer's stream is released in
   // this stream's order once the step is done or refused.
   absl::StatusOr<v1::StepResponse> out =
       [&]() -> absl::StatusOr<v1::StepResponse> {
-    MUONPS_RETURN_IF_ERROR(trainer_.buffers->WaitForTrainer(stream_));
+    MUONPS_RETURN_IF_ERROR(trainer_->buffers->WaitForTrainer(stream_));
     MUONPS_RETURN_IF_ERROR(WidenGradients());
     return RunWithTrainerReady(request);
   }();
   const absl::Status signaled =
-      trainer_.buffers->SignalTrainer(stream_, request.step_id());
+      trainer_->buffers->SignalTrainer(stream_, request.step_id());
   if (out.ok() && !signaled.ok()) return signaled;
   return out;
 }
@@ -431,7 +543,7 @@ absl::StatusOr<v1::StepResponse> StepRun::RunWithTrainerReady(
   MUONPS_RETURN_IF_ERROR(t_.Synchronize(stream_, timeout_));
   MUONPS_RETURN_IF_ERROR(ops_.Synchronize(stream_));
   v1::StepResponse out;
-  out.set_step_id(request.step_id());
+  out.set_step_id(step_id_);
   out.set_plan_version(plan_.version);
   out.set_seconds(SecondsSince(start));
   out.set_ns_seconds(ns_seconds_);

@@ -80,6 +80,9 @@ struct PlanState {
   std::vector<std::vector<ItemSlot>> slots;  // by matrix, expert
   // Receives updates of matrices owned elsewhere (the largest matrix).
   std::unique_ptr<kernels::FloatBuffer> scratch;
+  // A worker with no trainer: the zero parts it adds to every sum, and
+  // where it receives means it does not keep (grown as needed).
+  std::unique_ptr<kernels::FloatBuffer> zeros, sink;
 
   // The stack slot of `item` (owned here), as a pointer into `buffer`.
   float* SlotData(const ItemSlot& s, bool momentum) const;
@@ -124,7 +127,10 @@ struct AttachedTrainer {
 
 class StepRun {
  public:
-  // Everything must outlive the run.
+  // Everything must outlive the run. `trainer` is null on a worker with no
+  // trainer (PlanState's ownership.dedicated ranks, the last ones): it
+  // sends no header, learns the step id and what it needs of the trainers'
+  // tensors from rank 0, adds zeros to every sum, and applies nothing.
   StepRun(const std::string& worker_id, PlanState* plan,
           const AttachedTrainer* trainer, transport::Transport* transport,
           kernels::DeviceOps* ops, kernels::MuonKernels* kernels,
@@ -144,6 +150,12 @@ class StepRun {
   // Widens the bf16 gradients into fp32 copies (in stream order).
   absl::Status WidenGradients();
   absl::Status Agree(const v1::StepRequest& request);
+  // Rank 0 tells workers with no trainer the unreduced AdamW sizes and
+  // which row-sharded matrices have whole parameters on the trainers.
+  absl::Status ShareFollowerInfo();
+  // Whether the trainers keep the whole parameter of `matrix` (row_sharded
+  // gradients with replicated parameters: the update is broadcast).
+  bool FullParam(int32_t matrix) const;
   std::string LocalProblem();
   absl::Status ToOwners(const scheduler::Bucket& bucket);
   absl::Status Compute(ComputeBatch& batch);
@@ -159,15 +171,20 @@ class StepRun {
 
   const std::string& worker_id_;
   PlanState& plan_;
-  const AttachedTrainer& trainer_;
+  const AttachedTrainer* const trainer_;  // null: no trainer
   transport::Transport& t_;
   kernels::DeviceOps& ops_;
   kernels::MuonKernels& kernels_;
   const Stream stream_;   // transfers, the trainer's signals
   const Stream compute_;  // momentum and Newton-Schulz
   const absl::Duration timeout_;
-  std::vector<int32_t> trainer_rank_of_;  // by worker rank
-  std::vector<int> reduce_order_;         // worker ranks by trainer rank
+  const int trainers_;    // ranks with a trainer (the first ones)
+  int64_t step_id_ = -1;  // agreed
+  std::vector<int32_t> trainer_rank_of_;  // by worker rank; -1: no trainer
+  // Worker ranks by trainer rank, then those with no trainer.
+  std::vector<int> reduce_order_;
+  std::vector<int64_t> follower_adamw_;       // no trainer: unreduced sizes
+  std::vector<int64_t> follower_full_param_;  // no trainer: by matrix
   double ns_seconds_ = 0;
   int64_t bytes_ = 0;
 };

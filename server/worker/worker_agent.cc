@@ -50,6 +50,35 @@ WorkerAgent::~WorkerAgent() { Stop(); }
 void WorkerAgent::Start() {
   membership_thread_ = std::thread([this] { MembershipLoop(); });
   watch_thread_ = std::thread([this] { WatchLoop(); });
+  if (options_.dedicated && engine_ != nullptr) {
+    follow_thread_ = std::thread([this] { FollowLoop(); });
+  }
+}
+
+void WorkerAgent::FollowLoop() {
+  int64_t failures = 0, stepped = 0;
+  while (!stop_.HasBeenNotified()) {
+    absl::StatusOr<std::optional<v1::StepResponse>> step =
+        engine_->FollowStep(absl::Seconds(1));
+    if (!step.ok()) {
+      // Expected while the trainers' workers have not connected yet, and
+      // after a peer was lost until the next plan: say it, then retry.
+      if (failures++ % 30 == 0) {
+        spdlog::warn("job={} worker={} (dedicated) step: {}", options_.job,
+                     options_.worker_id, step.status().ToString());
+      }
+      stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200));
+      continue;
+    }
+    failures = 0;
+    if (step->has_value()) {
+      if (stepped++ == 0) {
+        spdlog::info("job={} worker={} (dedicated) first step {}", options_.job,
+                     options_.worker_id, (*step)->step_id());
+      }
+      ReportStep(**step);
+    }
+  }
 }
 
 void WorkerAgent::Stop() {
@@ -60,6 +89,7 @@ void WorkerAgent::Stop() {
   }
   if (membership_thread_.joinable()) membership_thread_.join();
   if (watch_thread_.joinable()) watch_thread_.join();
+  if (follow_thread_.joinable()) follow_thread_.join();
 }
 
 bool WorkerAgent::JoinWithRetry() {
@@ -71,6 +101,7 @@ bool WorkerAgent::JoinWithRetry() {
   request.set_cost_table(options_.cost_table);
   request.set_speed(options_.speed);
   request.set_data_address(options_.data_address);
+  request.set_dedicated(options_.dedicated);
   absl::Duration backoff = absl::Milliseconds(100);
   while (!stop_.HasBeenNotified()) {
     grpc::ClientContext context;

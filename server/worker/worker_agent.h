@@ -34,6 +34,9 @@ struct AgentOptions {
   std::string cost_table;  // text format, may be empty
   double speed = 1.0;
   std::string data_address;
+  // No trainer attaches here (a GPU of a dedicated optimizer pool): the
+  // agent runs the engine's FollowStep in a thread of its own.
+  bool dedicated = false;
 };
 
 class WorkerAgent {
@@ -64,6 +67,8 @@ class WorkerAgent {
  private:
   void MembershipLoop();
   void WatchLoop();
+  // Dedicated workers: steps whenever the trainers' workers open one.
+  void FollowLoop();
   // Joins, retrying until it succeeds or Stop(); returns false on Stop().
   bool JoinWithRetry();
   // Hands `plan` to the engine (fetching the job spec and addresses).
@@ -77,6 +82,7 @@ class WorkerAgent {
   absl::Notification stop_;
   std::thread membership_thread_;
   std::thread watch_thread_;
+  std::thread follow_thread_;
 
   mutable absl::Mutex mu_;
   std::string state_ ABSL_GUARDED_BY(mu_) = "joining";

@@ -8,7 +8,9 @@ _UNREACHABLE = (_native.UNAVAILABLE, _native.DEADLINE_EXCEEDED)
 # A worker refuses to attach (FAILED_PRECONDITION) while the job's plan has
 # another number of workers than there are trainers (StepEngine::Attach);
 # the client retries until its timeout, then this is what it reports.
-_PLAN_SIZE = re.compile(r"has (\d+) workers and the job (\d+) trainers")
+_PLAN_SIZE = re.compile(
+    r"has (\d+) workers with trainers and (\d+) dedicated ones; the job has "
+    r"(\d+) trainers and expects (\d+) dedicated")
 
 
 def explain_start_error(error, coordinator, job, socket):
@@ -35,10 +37,13 @@ def explain_start_error(error, coordinator, job, socket):
             "or pass worker_socket=PATH"))
     sizes = _PLAN_SIZE.search(message)
     if error.code == _native.FAILED_PRECONDITION and sizes is not None:
+        dedicated = (f" and {sizes[2]} of {sizes[4]} dedicated worker(s) "
+                     "(muonps-worker --dedicated)"
+                     if sizes[2] != sizes[4] else "")
         return _native.MuonpsError(error.code, (
-            f"job {job!r} has {sizes[1]} worker(s) for {sizes[2]} trainers "
-            f"({message}); start one worker per trainer rank, each with "
-            f"--job {job}: {start}"))
+            f"job {job!r} has {sizes[1]} worker(s) for {sizes[3]} trainers"
+            f"{dedicated} ({message}); start one worker per trainer rank, "
+            f"each with --job {job}: {start}"))
     if error.code == _native.FAILED_PRECONDITION:
         return _native.MuonpsError(error.code, (
             f"the muonps worker at unix:{socket} has no plan for job {job!r} "

@@ -116,6 +116,7 @@ _SIGNATURES = {
                                          ctypes.POINTER(_handle)]),
     "muonps_client_lend_cuda": (_c_int, [_handle, _c_str, ctypes.c_uint64,
                                          ctypes.c_uint64, _c_str]),
+    "muonps_client_expect_dedicated_workers": (_c_int, [_handle, _c_int]),
     "muonps_client_set_group": (_c_int, [_handle, _c_int,
                                          ctypes.POINTER(_c_str), _c_int]),
     "muonps_client_step_with": (_c_int, [_handle, _c_i64,
@@ -279,6 +280,11 @@ class NativeClient:
         self._check(self._lib.muonps_client_lend_cuda(
             self._handle, name.encode(), grad.data_ptr(), param.data_ptr(),
             dtype.encode()))
+
+    def expect_dedicated_workers(self, count):
+        """The job expects `count` workers with no trainer (before start)."""
+        self._check(self._lib.muonps_client_expect_dedicated_workers(
+            self._handle, count))
 
     def set_group(self, group, names):
         array = (_c_str * max(1, len(names)))(*[n.encode() for n in names])

@@ -69,6 +69,8 @@ class Muon(torch.optim.Optimizer):
     timeout: seconds to wait for the worker's plan (one holding a worker per
         trainer rank: the first step waits for the other ranks' workers to
         join) and for a step.
+    dedicated_workers: workers with no trainer (muonps-worker --dedicated,
+        a dedicated optimizer pool) the job waits for; 0 by default.
 
     Param groups may set their own "lr", "weight_decay", "adamw_lr" and
     "adamw_weight_decay"; the other hyperparameters are the job's. The
@@ -84,7 +86,8 @@ class Muon(torch.optim.Optimizer):
                  ns_algorithm="auto", adamw_lr=None, adamw_betas=(0.9, 0.999),
                  adamw_eps=1e-8, adamw_weight_decay=0.01, coordinator=None,
                  job=None, worker_socket=None, rank=None, world_size=None,
-                 layout="replicated", is_matrix=None, timeout=60.0):
+                 layout="replicated", is_matrix=None, timeout=60.0,
+                 dedicated_workers=0):
         _validate(lr, weight_decay, momentum, ns_steps, adamw_lr, adamw_betas,
                   adamw_eps, adamw_weight_decay)
         if adjust_lr_fn not in (None, *_ADJUST_LR):
@@ -117,7 +120,8 @@ class Muon(torch.optim.Optimizer):
                 "MUONPS_COORDINATOR", "127.0.0.1:7070"),
             "job": job or os.environ.get("MUONPS_JOB", "default"),
             "worker_socket": worker_socket, "rank": rank,
-            "world_size": world_size, "layout": layout, "timeout": timeout}
+            "world_size": world_size, "layout": layout, "timeout": timeout,
+            "dedicated_workers": int(dedicated_workers)}
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum,
             nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
@@ -388,7 +392,7 @@ class Muon(torch.optim.Optimizer):
                 else:
                     client.add_tensor(t.name, t.param.numel(), layout)
             d = self.defaults
-            _start_client(client, d)
+            _start_client(client, d, c["dedicated_workers"])
             for t in lent:
                 t.bind(*client.buffers(t.name))
         except _native.MuonpsError as e:
@@ -427,7 +431,7 @@ class Muon(torch.optim.Optimizer):
             # Lends the matrices (before start: the worker maps them then).
             cuda = CudaPath(client, device, matrices, others,
                             self.param_groups, d, average_others=average)
-            _start_client(client, d)
+            _start_client(client, d, c["dedicated_workers"])
             self._cuda = cuda
         except _native.MuonpsError as e:
             client.close()
@@ -437,8 +441,10 @@ class Muon(torch.optim.Optimizer):
         self._finalizer = weakref.finalize(self, _shut_down_cuda, client)
 
 
-def _start_client(client, d):
-    """Starts `client` with the optimizer's defaults `d` as the job's."""
+def _start_client(client, d, dedicated_workers):
+    """Starts `client` with the optimizer's defaults `d` as the job's (which
+    expects `dedicated_workers` workers with no trainer)."""
+    client.expect_dedicated_workers(dedicated_workers)
     client.start(d["lr"], d["weight_decay"], d["momentum"], d["nesterov"],
                  d["ns_steps"], _ADJUST_LR[d["adjust_lr_fn"] or "original"],
                  d["lr"] if d["adamw_lr"] is None else d["adamw_lr"],

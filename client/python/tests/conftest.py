@@ -44,12 +44,14 @@ _jobs = itertools.count()
 class Cluster:
     """A coordinator and workers of one job; `sockets[i]` is worker i's."""
 
-    def __init__(self, workers, log_dir, device="cpu", worker_args=()):
+    def __init__(self, workers, log_dir, device="cpu", worker_args=(),
+                 dedicated=0):
         self.job = f"pytest-{os.getpid()}-{next(_jobs)}"
         self.log_dir = log_dir
         self.socket_dir = pathlib.Path(tempfile.mkdtemp(prefix="mps-", dir="/tmp"))
         self.processes = []
         self.sockets = []
+        self.dedicated = dedicated
         try:
             coordinator = self._spawn(
                 "coordinator", [COORDINATOR_BIN, "--port", "0",
@@ -66,6 +68,14 @@ class Cluster:
                     "--metrics_port", "-1", "--device", device,
                     "--memory_bytes", str(0 if device != "cpu" else 1 << 30),
                     *worker_args])
+            for i in range(dedicated):  # no trainer: a dedicated pool
+                self._spawn(f"worker-d{i}", [
+                    WORKER_BIN, "--coordinator", self.coordinator, "--job",
+                    self.job, "--worker_id", f"d{i}", "--socket",
+                    str(self.socket_dir / f"d{i}.sock"), "--metrics_port",
+                    "-1", "--device", device, "--dedicated",
+                    "--memory_bytes", str(0 if device != "cpu" else 1 << 30),
+                    *worker_args])
             for process in self.processes[1:]:
                 self._wait_for(process, r"listening on unix:(\S+)")
         except BaseException:
@@ -76,7 +86,7 @@ class Cluster:
         """Muon keyword arguments that reach this cluster as `rank`."""
         return dict(coordinator=self.coordinator, job=self.job,
                     worker_socket=self.sockets[rank], rank=rank,
-                    world_size=world_size)
+                    world_size=world_size, dedicated_workers=self.dedicated)
 
     def _spawn(self, name, argv):
         log = open(self.log_dir / f"{self.job}-{name}.log", "wb")
@@ -146,8 +156,8 @@ def cluster(tmp_path, monkeypatch):
 
     monkeypatch.setattr(muonps.Muon, "__init__", tracked)
 
-    def start(workers=1, device="cpu", worker_args=()):
-        c = Cluster(workers, tmp_path, device, worker_args)
+    def start(workers=1, device="cpu", worker_args=(), dedicated=0):
+        c = Cluster(workers, tmp_path, device, worker_args, dedicated)
         started.append(c)
         return c
 

@@ -94,6 +94,47 @@ def test_cuda_parameters_follow_torch_optim_muon_per_group(cluster,
     opt.close()
 
 
+def test_a_dedicated_worker_on_the_gpu_owns_matrices_too(cluster):
+    """A worker with no trainer (--dedicated, a dedicated optimizer pool;
+    here it shares the one GPU, over the CUDA IPC transport) joins the
+    trainer's worker: the matrices spread over both and the parameters
+    still follow torch.optim.Muon."""
+    c = cluster(workers=1, device="cuda:0",
+                worker_args=("--gpu_transport", "ipc"), dedicated=1)
+    ours, theirs = model(9), model(9)
+    opt = muonps.Muon(list(ours.items()), lr=0.02, weight_decay=0.1,
+                      adamw_weight_decay=0.01, **c.options())
+    matrices = [n for n in theirs if n.endswith("weight")]
+    vectors = [n for n in theirs if n.endswith("bias")]
+    reference = [torch.optim.Muon([theirs[n] for n in matrices], lr=0.02,
+                                  weight_decay=0.1),
+                 torch.optim.AdamW([theirs[n] for n in vectors], lr=0.02,
+                                   weight_decay=0.01)]
+    g = torch.Generator().manual_seed(17)
+    worst = 0.0
+    for step in range(10):
+        for n in ours:
+            grad = torch.randn(ours[n].shape, generator=g).cuda()
+            ours[n].grad = grad.clone()
+            theirs[n].grad = grad.clone()
+        opt.step()
+        for r in reference:
+            r.step()
+        opt.synchronize()
+        torch.cuda.synchronize()
+        for n in ours:
+            error = relative_error(ours[n].detach().double().cpu(),
+                                   theirs[n].detach().double().cpu())
+            worst = max(worst, error)
+            assert error <= 5e-3, f"step {step} {n}: {error:.2e}"
+        opt.zero_grad()
+    opt.close()
+    log = (c.log_dir / f"{c.job}-worker-d0.log").read_text()
+    assert "(dedicated) first step" in log, log
+    print(f'{{"what":"python_cuda_dedicated_worker_vs_torch_muon",'
+          f'"steps":10,"max_rel_err":{worst:.3e}}}')
+
+
 def test_nan_gradient_is_refused_on_the_gpu_with_nothing_changed(cluster):
     c = cluster(workers=1, device="cuda:0")
     ours = model(5)

@@ -8,6 +8,8 @@ to ~2e-7 relative and per-step updates to ~2e-6 (measured); 1e-5 and 1e-4
 leave margin while a wrong lr, momentum or scaling is off by far more.
 """
 
+import pathlib
+
 import pytest
 import torch
 
@@ -59,6 +61,26 @@ def test_trajectory_matches_torch_muon_formula_in_fp32_and_fp64(cluster, layout)
 
     check_trajectory(opt, params, init, grads, hyper)
     opt.close()
+
+
+def test_dedicated_workers_own_matrices_on_the_same_trajectory(cluster):
+    # Two workers with no trainer (muonps-worker --dedicated) join the one
+    # with the trainer: the matrices spread over all three, the trajectory
+    # is the same.
+    c = cluster(dedicated=2)
+    init, grads = toy.initial(seed=8), toy.gradients(STEPS, seed=9)
+    params = toy.parameters(init)
+    opt = muonps.Muon(list(params.items()), lr=0.02, weight_decay=0.1,
+                      adamw_lr=0.01, adamw_weight_decay=0.01, **c.options())
+
+    def hyper(step, name):
+        return (0.02, 0.1) if name in toy.MATRICES else (0.01, 0.01)
+
+    check_trajectory(opt, params, init, grads, hyper)
+    opt.close()
+    for i in range(2):
+        log = pathlib.Path(c.log_dir / f"{c.job}-worker-d{i}.log").read_text()
+        assert "(dedicated) first step" in log, log
 
 
 def test_match_rms_adamw_without_nesterov_matches_reference(cluster):
