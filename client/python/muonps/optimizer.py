@@ -21,7 +21,7 @@ import weakref
 
 import torch
 
-from . import _native
+from . import _native, _service
 from ._binding import LentTensor, release
 from ._cuda import CudaPath
 from ._messages import explain_start_error
@@ -55,7 +55,10 @@ class Muon(torch.optim.Optimizer):
         both). A set value is scaled by a scheduler as "lr" is (by
         group["lr"] / group["initial_lr"]).
     adamw_betas, adamw_eps, adamw_weight_decay: torch.optim.AdamW's.
-    coordinator: "HOST:PORT" (default $MUONPS_COORDINATOR or 127.0.0.1:7070).
+    coordinator: "HOST:PORT" of a running service (default
+        $MUONPS_COORDINATOR). With neither, and one rank, the optimizer
+        starts a private coordinator and worker as child processes on
+        loopback (muonps/_service.py) and stops them on close() or exit.
     job: the job's name (default $MUONPS_JOB or "default"); its workers are
         started with --job JOB.
     worker_socket: this rank's worker (default $MUONPS_WORKER_SOCKET, else
@@ -112,12 +115,13 @@ class Muon(torch.optim.Optimizer):
         self._lent = []
         self._frozen = []
         self._finalizer = None
+        self._service = None  # a private LocalService (zero setup)
         self._step_id = 0
         self._failed_step = None  # a step id whose call raised
         self._is_matrix = is_matrix or default_is_matrix
         self._connection = {
-            "coordinator": coordinator or os.environ.get(
-                "MUONPS_COORDINATOR", "127.0.0.1:7070"),
+            # None: a private service, started with the client.
+            "coordinator": coordinator or os.environ.get("MUONPS_COORDINATOR"),
             "job": job or os.environ.get("MUONPS_JOB", "default"),
             "worker_socket": worker_socket, "rank": rank,
             "world_size": world_size, "layout": layout, "timeout": timeout,
@@ -377,9 +381,24 @@ class Muon(torch.optim.Optimizer):
                             "one optimizer takes the parameters of one device")
         device = devices.pop()
         layout = _LAYOUTS[c["layout"]]
-        if device.type == "cuda":
-            self._start_cuda(device, lent, frozen, rank, world_size, layout)
-            return
+        if c["coordinator"] is None:
+            self._start_private_service(device, world_size)
+        try:
+            if device.type == "cuda":
+                self._start_cuda(device, lent, frozen, rank, world_size,
+                                 layout)
+            else:
+                self._start_cpu(lent, frozen, rank, world_size, layout)
+        except BaseException:
+            if self._service is not None:
+                self._service.close()
+                self._service = None
+            raise
+
+    def _start_cpu(self, lent, frozen, rank, world_size, layout):
+        """Matrices and the other tensors moved into memory shared with the
+        local worker (see muonps/_binding.py)."""
+        c = self._connection
         client = _native.NativeClient(c["coordinator"], c["job"], self._socket,
                                       rank, world_size, c["timeout"])
         try:
@@ -401,7 +420,27 @@ class Muon(torch.optim.Optimizer):
             raise explain_start_error(e, c["coordinator"], c["job"],
                                       self._socket) from e
         self._client, self._lent, self._frozen = client, lent, frozen
-        self._finalizer = weakref.finalize(self, _shut_down, client, lent)
+        self._finalizer = weakref.finalize(self, _shut_down, client, lent,
+                                           self._service)
+
+    def _start_private_service(self, device, world_size):
+        """Zero setup: this process's own coordinator and worker."""
+        if world_size != 1:
+            raise ValueError(
+                f"muonps.Muon: {world_size} ranks need one shared muonps "
+                "service: pass coordinator='HOST:PORT' or set "
+                "MUONPS_COORDINATOR (start it with `muonps-coordinator` and "
+                "one `muonps-worker` per rank, or deploy/local/launch.sh)")
+        worker_device = "cpu"
+        if device.type == "cuda":
+            index = device.index if device.index is not None else (
+                torch.cuda.current_device())
+            worker_device = f"cuda:{index}"
+        self._service = _service.LocalService(worker_device,
+                                              self._connection["timeout"])
+        self._connection.update(coordinator=self._service.coordinator,
+                                job=self._service.job)
+        self._socket = self._service.socket
 
     def _start_cuda(self, device, lent, frozen, rank, world_size, layout):
         """Matrices lent in place to the worker on `device`; the rest
@@ -438,7 +477,8 @@ class Muon(torch.optim.Optimizer):
             raise explain_start_error(e, c["coordinator"], c["job"],
                                       self._socket) from e
         self._client, self._frozen = client, frozen
-        self._finalizer = weakref.finalize(self, _shut_down_cuda, client)
+        self._finalizer = weakref.finalize(self, _shut_down_cuda, client,
+                                           self._service)
 
 
 def _start_client(client, d, dedicated_workers):
@@ -480,17 +520,21 @@ def _rescale_update(value, p0, lr, wd, ref_lr, ref_wd):
     value.copy_(p0 * (1 - lr * wd) - (lr / ref_lr) * step)
 
 
-def _shut_down_cuda(client):
+def _shut_down_cuda(client, service=None):
     try:
         client.wait()
     except _native.MuonpsError:
         pass  # the step's error was the user's to collect
     client.close()
+    if service is not None:
+        service.close()
 
 
-def _shut_down(client, lent):
+def _shut_down(client, lent, service=None):
     release(lent)
     client.close()
+    if service is not None:
+        service.close()
 
 
 def _materialized(p):

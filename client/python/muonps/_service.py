@@ -1,0 +1,147 @@
+"""A private muonps service for one training process: zero-setup Muon.
+
+`muonps.Muon(params, lr=...)` with no coordinator (no `coordinator=` and no
+$MUONPS_COORDINATOR) starts a `muonps-coordinator` and a `muonps-worker` on
+loopback as children of this process, for this process's job alone, and stops
+them when the optimizer is closed or the process exits. If the process dies
+without cleaning up (kill -9), the kernel stops them too (PR_SET_PDEATHSIG).
+
+The binaries come from, in order: $MUONPS_BIN_DIR, the installed wheel
+(`muonps/bin`), or a repository checkout's `bazel-bin/`. Not thread-safe: the
+optimizer's thread only (the children stop if the thread that started them
+exits).
+"""
+
+import ctypes
+import itertools
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+_BUILD = ("bazel build //server/coordinator:muonps-coordinator "
+          "//server/worker:muonps-worker")
+_SUBDIRS = {"muonps-coordinator": "server/coordinator",
+            "muonps-worker": "server/worker"}
+_START_SECONDS = 60.0
+_jobs = itertools.count()
+_PR_SET_PDEATHSIG = 1
+
+
+class ServiceError(RuntimeError):
+    """The private service could not start; says which command fixes it."""
+
+
+def binary_candidates(name, environ=None):
+    """Where `name` (muonps-coordinator, muonps-worker) is looked for."""
+    environ = os.environ if environ is None else environ
+    package = pathlib.Path(__file__).resolve().parent
+    paths = []
+    if environ.get("MUONPS_BIN_DIR"):
+        paths.append(pathlib.Path(environ["MUONPS_BIN_DIR"]) / name)
+    paths.append(package / "bin" / name)
+    for root in (package.parents[2], pathlib.Path.cwd()):
+        paths.append(root / "bazel-bin" / _SUBDIRS[name] / name)
+    return paths
+
+
+def find_binary(name, environ=None):
+    """The first executable candidate; ServiceError naming them otherwise."""
+    tried = binary_candidates(name, environ)
+    for path in tried:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise ServiceError(
+        f"muonps.Muon: no {name} to start a private service; tried:\n  " +
+        "\n  ".join(map(str, tried)) +
+        "\nInstall the muonps wheel (it carries the binaries), build them in "
+        f"the repository with `{_BUILD}`, set MUONPS_BIN_DIR, or pass "
+        "coordinator='HOST:PORT' (or set MUONPS_COORDINATOR) to use a running "
+        "service")
+
+
+def _die_with_parent():
+    """In the child before exec: stop when the parent thread dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class LocalService:
+    """A coordinator and one worker (on `device`: "cpu" or "cuda:N") for one
+    job, as child processes; `coordinator`, `job` and `socket` say where."""
+
+    def __init__(self, device="cpu", timeout=_START_SECONDS, environ=None):
+        self._processes = []
+        self._dir = pathlib.Path(tempfile.mkdtemp(prefix="muonps-local-"))
+        self.job = f"local-{os.getpid()}-{next(_jobs)}"
+        self.socket = str(self._dir / "w0.sock")
+        self.coordinator = None
+        try:
+            coordinator = self._spawn("coordinator", [
+                find_binary("muonps-coordinator", environ), "--host",
+                "127.0.0.1", "--port", "0", "--metrics_port", "-1"])
+            self.coordinator = self._wait_for(
+                coordinator, r"listening on ([0-9.]+:[0-9]+)", timeout)
+            worker = self._spawn("worker", [
+                find_binary("muonps-worker", environ), "--coordinator",
+                self.coordinator, "--job", self.job, "--worker_id", "w0",
+                "--socket", self.socket, "--metrics_port", "-1", "--device",
+                device])
+            self._wait_for(worker, r"listening on unix:(\S+)", timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self):
+        return [p.pid for p in self._processes]
+
+    def _spawn(self, name, argv):
+        log = open(self._dir / f"{name}.log", "wb")
+        try:
+            process = subprocess.Popen(
+                [str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        process.log_path = self._dir / f"{name}.log"
+        process.role = name
+        self._processes.append(process)
+        return process
+
+    @staticmethod
+    def _wait_for(process, pattern, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            text = process.log_path.read_text(errors="replace")
+            match = re.search(pattern, text)
+            if match:
+                return match.group(1)
+            if process.poll() is not None or time.monotonic() > deadline:
+                why = (f"exited with {process.returncode}"
+                       if process.poll() is not None
+                       else f"did not start within {timeout:.0f} s")
+                tail = "\n    ".join(text.strip().splitlines()[-8:])
+                raise ServiceError(
+                    f"muonps.Muon: the private muonps-{process.role} {why}; "
+                    f"its log ({process.log_path}):\n    {tail}")
+            time.sleep(0.05)
+
+    def close(self):
+        """Stops the children (TERM, then KILL after 5 s) and removes their
+        folder. Idempotent."""
+        for p in reversed(self._processes):
+            if p.poll() is None:
+                p.terminate()
+        for p in reversed(self._processes):
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._processes = []
+        shutil.rmtree(self._dir, ignore_errors=True)
