@@ -11,6 +11,7 @@ import os
 import pathlib
 import shutil
 
+import setuptools
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
@@ -48,4 +49,33 @@ class BuildPyWithLibrary(build_py):
         self.announce(f"copied {source} to {target}", level=2)
 
 
-setup(packages=["muonps"], cmdclass={"build_py": BuildPyWithLibrary})
+class Distribution(setuptools.Distribution):
+    """Platform-specific when the service's binaries travel with the package
+    (client/python/build_wheel.sh stages them in muonps/bin)."""
+
+    def has_ext_modules(self):
+        return (HERE / "muonps" / "bin").is_dir()
+
+
+COMMANDS = {"build_py": BuildPyWithLibrary}
+try:
+    from wheel.bdist_wheel import bdist_wheel
+
+    class PlatformWheel(bdist_wheel):
+        """Any Python 3 (ctypes, no extension module), this platform: the
+        binaries need glibc 2.36 (Debian 12) or newer."""
+
+        def get_tag(self):
+            _, _, platform = super().get_tag()
+            if platform == "linux_x86_64":
+                platform = "manylinux_2_36_x86_64"
+            return "py3", "none", platform
+
+    COMMANDS["bdist_wheel"] = PlatformWheel
+except ImportError:  # no wheel package: sdist and plain installs still work
+    pass
+
+
+setup(packages=["muonps"], cmdclass=COMMANDS,
+      distclass=Distribution,
+      package_data={"muonps": ["bin/*", "lib/*"]})

@@ -24,9 +24,9 @@ import tempfile
 import time
 
 _BUILD = ("bazel build //server/coordinator:muonps-coordinator "
-          "//server/worker:muonps-worker")
+          "//server/worker:muonps-worker //tools/muonps")
 _SUBDIRS = {"muonps-coordinator": "server/coordinator",
-            "muonps-worker": "server/worker"}
+            "muonps-worker": "server/worker", "muonps": "tools/muonps"}
 _START_SECONDS = 60.0
 _jobs = itertools.count()
 _PR_SET_PDEATHSIG = 1
@@ -37,7 +37,8 @@ class ServiceError(RuntimeError):
 
 
 def binary_candidates(name, environ=None):
-    """Where `name` (muonps-coordinator, muonps-worker) is looked for."""
+    """Where `name` (muonps-coordinator, muonps-worker, muonps) is looked
+    for."""
     environ = os.environ if environ is None else environ
     package = pathlib.Path(__file__).resolve().parent
     paths = []
@@ -56,7 +57,7 @@ def find_binary(name, environ=None):
         if path.is_file() and os.access(path, os.X_OK):
             return path
     raise ServiceError(
-        f"muonps.Muon: no {name} to start a private service; tried:\n  " +
+        f"muonps: no {name} binary; tried:\n  " +
         "\n  ".join(map(str, tried)) +
         "\nInstall the muonps wheel (it carries the binaries), build them in "
         f"the repository with `{_BUILD}`, set MUONPS_BIN_DIR, or pass "
