@@ -94,5 +94,14 @@ if [[ -x client/python/run_tests.sh ]]; then
   if [[ -z "$p$f$e" ]]; then count 0 1; else count "${p:-0}" $(( ${f:-0} + ${e:-0} )); fi
 fi
 
+echo "== Helm chart (real helm lint/template, offline schema validation, bad values)"
+out="$(bash tests/deploy/helm_checks.sh 2>&1)"
+echo "$out" | grep -v '^PASS '
+if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+else
+  count 0 1
+fi
+
 echo "${passed} passed, ${failed} failed"
 [[ $failed -eq 0 ]]

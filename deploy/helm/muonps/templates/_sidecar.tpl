@@ -1,0 +1,130 @@
+{{/*
+Sidecar mode: named templates a trainer chart includes to put a muonps-worker
+beside its trainer container. Each takes a dict:
+  root:   the including chart's top context ($)
+  muonps: $.Subcharts.muonps when muonps is a dependency of the including
+          chart (its values and appVersion); omit when including from muonps
+  job:    the job name (default: workers.job)
+Example (a trainer chart's pod template):
+  {{- $m := dict "root" $ "muonps" $.Subcharts.muonps "job" "llama-7b" }}
+  metadata:
+    labels: {{- include "muonps.worker.podLabels" $m | nindent 6 }}
+  spec:
+    {{- include "muonps.worker.podSpec" $m | nindent 4 }}
+    containers:
+      - name: trainer
+        env: {{- include "muonps.trainer.env" $m | nindent 10 }}
+        volumeMounts: {{- include "muonps.trainer.volumeMounts" $m | nindent 10 }}
+      {{- include "muonps.worker.container" $m | nindent 6 }}
+    volumes: {{- include "muonps.worker.volumes" $m | nindent 6 }}
+*/}}
+
+{{/* This chart's own context rebuilt from the including chart's: from
+"muonps" ($.Subcharts.muonps, when muonps is a dependency) or from "root". */}}
+{{- define "muonps.sidecar.ctx" -}}
+{{- $src := .muonps | default .root -}}
+{{- toYaml (dict "Values" $src.Values "Release" .root.Release "Chart" (dict "Name" $src.Chart.Name "Version" $src.Chart.Version "AppVersion" $src.Chart.AppVersion)) -}}
+{{- end -}}
+
+{{- define "muonps.sidecar.job" -}}
+{{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
+{{- $job := default $ctx.Values.workers.job .job -}}
+{{- if not $job -}}{{- fail "muonps sidecar: no job: pass \"job\" to the include or set workers.job" -}}{{- end -}}
+{{- $job -}}
+{{- end -}}
+
+{{- define "muonps.worker.podLabels" -}}
+{{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
+{{ include "muonps.memberLabel" $ctx }}
+muonps.io/job: {{ include "muonps.sidecar.job" . | quote }}
+{{- end -}}
+
+{{- define "muonps.worker.podSpec" -}}
+{{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
+{{- $s := $ctx.Values.workers.sidecar -}}
+shareProcessNamespace: {{ $s.shareProcessNamespace }}
+{{- if $s.hostIPC }}
+hostIPC: true
+{{- end }}
+{{- end -}}
+
+{{- define "muonps.worker.volumes" -}}
+{{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
+- name: muonps-shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ $ctx.Values.workers.sidecar.shmSizeLimit }}
+- name: muonps-socket
+  emptyDir: {}
+- name: muonps-tmp
+  emptyDir: {}
+{{- end -}}
+
+{{- define "muonps.trainer.volumeMounts" -}}
+{{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
+- name: muonps-shm
+  mountPath: /dev/shm
+- name: muonps-socket
+  mountPath: {{ $ctx.Values.workers.sidecar.socketDir }}
+{{- end -}}
+
+{{- define "muonps.trainer.env" -}}
+{{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
+- name: MUONPS_COORDINATOR
+  value: {{ include "muonps.coordinatorAddress" $ctx | quote }}
+- name: MUONPS_JOB
+  value: {{ include "muonps.sidecar.job" . | quote }}
+- name: MUONPS_WORKER_SOCKET
+  value: {{ printf "%s/worker.sock" $ctx.Values.workers.sidecar.socketDir | quote }}
+{{- end -}}
+
+{{- define "muonps.worker.container" -}}
+{{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
+{{- $v := $ctx.Values -}}
+{{- $s := $v.workers.sidecar -}}
+- name: muonps-worker
+  image: {{ include "muonps.image" (dict "ctx" $ctx "role" "worker") }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  args:
+    - --coordinator={{ include "muonps.coordinatorAddress" $ctx }}
+    - --job={{ include "muonps.sidecar.job" . }}
+    - --socket={{ $s.socketDir }}/worker.sock
+    - --device={{ $s.device }}
+    - --gpu_transport={{ $s.gpuTransport }}
+    - --precision={{ $v.workers.precision }}
+    - --memory_bytes={{ int64 $s.memoryBytes }}
+    - --host=$(POD_IP)
+    - --data_port={{ $v.workers.dataPort }}
+    - --metrics_port={{ $v.workers.metricsPort }}
+    - --io_timeout_ms={{ int64 $v.workers.ioTimeoutMs }}
+    - --log_level={{ $v.workers.logLevel }}
+    {{- range $v.workers.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  env:
+    {{- include "muonps.worker.env" $ctx | nindent 4 }}
+  ports:
+    - name: muonps-data
+      containerPort: {{ $v.workers.dataPort }}
+    - name: muonps-metrics
+      containerPort: {{ $v.workers.metricsPort }}
+  readinessProbe:
+    tcpSocket:
+      port: muonps-metrics
+    periodSeconds: 5
+  resources:
+    {{- toYaml $s.resources | nindent 4 }}
+    {{- with $s.gpuClaimName }}
+    claims:
+      - name: {{ . }}
+    {{- end }}
+  securityContext:
+    {{- include "muonps.securityContext" $ctx | nindent 4 }}
+  volumeMounts:
+    - name: muonps-shm
+      mountPath: /dev/shm
+    - name: muonps-socket
+      mountPath: {{ $s.socketDir }}
+    - name: muonps-tmp
+      mountPath: /tmp
+{{- end -}}

