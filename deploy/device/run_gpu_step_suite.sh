@@ -18,6 +18,13 @@ if [[ -d "$repo/client/python/tests" ]]; then
     python3 -m pytest -q -s -p no:cacheprovider "$repo/client/python/tests/test_cuda.py" \
     "$repo/client/python/tests/test_ddp.py" -k "cuda or gpu" \
     || tests=1
+  # torchrun and `python -m muonps.run` (Debian's torch 1.13 cannot run
+  # torchrun, so CI skips them), and zero setup on this machine's torch.
+  echo "== python: torchrun, muonps.run, zero setup (torch $(python3 -c 'import torch; print(torch.__version__)'))"
+  LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${nccl_lib}" \
+    MUONPS_LIB="$here/bin/libmuonps.so" \
+    python3 -m pytest -q -p no:cacheprovider "$repo/client/python/tests/test_torchrun.py" \
+    "$repo/client/python/tests/test_zero_setup.py" || tests=1
 fi
 if [[ "${BENCH:-1}" == 1 ]]; then
   bash "$here/run_step_gpu.sh" || tests=1

@@ -72,27 +72,32 @@ def _die_with_parent():
 
 
 class LocalService:
-    """A coordinator and one worker (on `device`: "cpu" or "cuda:N") for one
-    job, as child processes; `coordinator`, `job` and `socket` say where."""
+    """Child processes of this one on loopback: a coordinator (unless
+    `coordinator` names a running one, then `job` is its job) and a worker
+    `worker_id` on `device` ("cpu" or "cuda:N"; None: no worker), for one
+    job; `coordinator`, `job` and `socket` say where they are."""
 
-    def __init__(self, device="cpu", timeout=_START_SECONDS, environ=None):
+    def __init__(self, device="cpu", timeout=_START_SECONDS, environ=None,
+                 coordinator=None, job=None, worker_id="w0"):
         self._processes = []
         self._dir = pathlib.Path(tempfile.mkdtemp(prefix="muonps-local-"))
-        self.job = f"local-{os.getpid()}-{next(_jobs)}"
-        self.socket = str(self._dir / "w0.sock")
-        self.coordinator = None
+        self.job = job or f"local-{os.getpid()}-{next(_jobs)}"
+        self.socket = str(self._dir / f"{worker_id}.sock")
+        self.coordinator = coordinator
         try:
-            coordinator = self._spawn("coordinator", [
-                find_binary("muonps-coordinator", environ), "--host",
-                "127.0.0.1", "--port", "0", "--metrics_port", "-1"])
-            self.coordinator = self._wait_for(
-                coordinator, r"listening on ([0-9.]+:[0-9]+)", timeout)
-            worker = self._spawn("worker", [
-                find_binary("muonps-worker", environ), "--coordinator",
-                self.coordinator, "--job", self.job, "--worker_id", "w0",
-                "--socket", self.socket, "--metrics_port", "-1", "--device",
-                device])
-            self._wait_for(worker, r"listening on unix:(\S+)", timeout)
+            if coordinator is None:
+                process = self._spawn("coordinator", [
+                    find_binary("muonps-coordinator", environ), "--host",
+                    "127.0.0.1", "--port", "0", "--metrics_port", "-1"])
+                self.coordinator = self._wait_for(
+                    process, r"listening on ([0-9.]+:[0-9]+)", timeout)
+            if device is not None:
+                worker = self._spawn("worker", [
+                    find_binary("muonps-worker", environ), "--coordinator",
+                    self.coordinator, "--job", self.job, "--worker_id",
+                    worker_id, "--socket", self.socket, "--metrics_port", "-1",
+                    "--device", device])
+                self._wait_for(worker, r"listening on unix:(\S+)", timeout)
         except BaseException:
             self.close()
             raise

@@ -381,8 +381,9 @@ class Muon(torch.optim.Optimizer):
                             "one optimizer takes the parameters of one device")
         device = devices.pop()
         layout = _LAYOUTS[c["layout"]]
-        if c["coordinator"] is None:
-            self._start_private_service(device, world_size)
+        if c["coordinator"] is None or os.environ.get(
+                "MUONPS_LOCAL_WORKERS") == "1":
+            self._start_private_service(device, rank, world_size)
         try:
             if device.type == "cuda":
                 self._start_cuda(device, lent, frozen, rank, world_size,
@@ -423,23 +424,39 @@ class Muon(torch.optim.Optimizer):
         self._finalizer = weakref.finalize(self, _shut_down, client, lent,
                                            self._service)
 
-    def _start_private_service(self, device, world_size):
-        """Zero setup: this process's own coordinator and worker."""
-        if world_size != 1:
-            raise ValueError(
-                f"muonps.Muon: {world_size} ranks need one shared muonps "
-                "service: pass coordinator='HOST:PORT' or set "
-                "MUONPS_COORDINATOR (start it with `muonps-coordinator` and "
-                "one `muonps-worker` per rank, or deploy/local/launch.sh)")
+    def _start_private_service(self, device, rank, world_size):
+        """Zero setup: this rank's own worker (as a child process) and, with
+        no coordinator given, rank 0's coordinator, whose address the other
+        ranks learn through torch.distributed (torchrun)."""
+        c = self._connection
         worker_device = "cpu"
         if device.type == "cuda":
             index = device.index if device.index is not None else (
                 torch.cuda.current_device())
             worker_device = f"cuda:{index}"
-        self._service = _service.LocalService(worker_device,
-                                              self._connection["timeout"])
-        self._connection.update(coordinator=self._service.coordinator,
-                                job=self._service.job)
+        coordinator = c["coordinator"]
+        job = c["job"] if coordinator is not None else None
+        if coordinator is None and world_size > 1:
+            import torch.distributed as dist
+            if not (dist.is_available() and dist.is_initialized()):
+                raise ValueError(
+                    f"muonps.Muon: {world_size} ranks share one muonps "
+                    "service: call torch.distributed.init_process_group "
+                    "first (rank 0 then starts it), launch with `python -m "
+                    "muonps.run`, or pass coordinator='HOST:PORT' / set "
+                    "MUONPS_COORDINATOR")
+            where = [None, None]
+            if rank == 0:
+                self._service = _service.LocalService(
+                    worker_device, c["timeout"], worker_id="w0")
+                where = [self._service.coordinator, self._service.job]
+            dist.broadcast_object_list(where, src=0)
+            coordinator, job = where
+        if self._service is None:
+            self._service = _service.LocalService(
+                worker_device, c["timeout"], coordinator=coordinator,
+                job=job, worker_id=f"w{rank}")
+        c.update(coordinator=self._service.coordinator, job=self._service.job)
         self._socket = self._service.socket
 
     def _start_cuda(self, device, lent, frozen, rank, world_size, layout):
