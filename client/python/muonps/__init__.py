@@ -2,8 +2,10 @@
 torch.optim.Muon's semantics whose Newton-Schulz work runs on muonps workers.
 
     import muonps
-    opt = muonps.Muon(model.named_parameters(), lr=0.02,
-                      coordinator="127.0.0.1:7070", job="my-run")
+    opt = muonps.Muon(model.named_parameters(), lr=0.02)
+
+With no coordinator it starts a private one and a worker as child processes
+(see muonps/_service.py); coordinator="HOST:PORT" joins a running service.
 
 It loads muonps's C ABI (libmuonps.so) through ctypes: from $MUONPS_LIB,
 the package's lib/ folder, or the repository's bazel-bin/ (build it with
@@ -11,9 +13,11 @@ the package's lib/ folder, or the repository's bazel-bin/ (build it with
 """
 
 from ._native import LibraryNotFoundError, MuonpsError, load_library, version
+from ._service import ServiceError
 from .optimizer import Muon
+from .qk_clip import QKClip
 from .routing import default_is_matrix
 
-__all__ = ["Muon", "MuonpsError", "LibraryNotFoundError", "default_is_matrix",
-           "load_library", "version"]
+__all__ = ["Muon", "MuonpsError", "LibraryNotFoundError", "QKClip",
+           "ServiceError", "default_is_matrix", "load_library", "version"]
 __version__ = "0.1.0"

@@ -74,6 +74,9 @@ class Muon(torch.optim.Optimizer):
         join) and for a step.
     dedicated_workers: workers with no trainer (muonps-worker --dedicated,
         a dedicated optimizer pool) the job waits for; 0 by default.
+    qk_clip: a muonps.QKClip (Kimi K2's MuonClip): after each step given
+        max_logits, the attention heads whose largest logit exceeded its
+        threshold are shrunk (see muonps/qk_clip.py).
 
     Param groups may set their own "lr", "weight_decay", "adamw_lr" and
     "adamw_weight_decay"; the other hyperparameters are the job's. The
@@ -90,7 +93,7 @@ class Muon(torch.optim.Optimizer):
                  adamw_eps=1e-8, adamw_weight_decay=0.01, coordinator=None,
                  job=None, worker_socket=None, rank=None, world_size=None,
                  layout="replicated", is_matrix=None, timeout=60.0,
-                 dedicated_workers=0):
+                 dedicated_workers=0, qk_clip=None):
         _validate(lr, weight_decay, momentum, ns_steps, adamw_lr, adamw_betas,
                   adamw_eps, adamw_weight_decay)
         if adjust_lr_fn not in (None, *_ADJUST_LR):
@@ -119,6 +122,7 @@ class Muon(torch.optim.Optimizer):
         self._step_id = 0
         self._failed_step = None  # a step id whose call raised
         self._is_matrix = is_matrix or default_is_matrix
+        self._qk_clip = qk_clip
         self._connection = {
             # None: a private service, started with the client.
             "coordinator": coordinator or os.environ.get("MUONPS_COORDINATOR"),
@@ -158,8 +162,20 @@ class Muon(torch.optim.Optimizer):
         return self._step_id
 
     @torch.no_grad()
-    def step(self, closure=None):
-        """One optimizer step on every parameter; returns closure's loss."""
+    def step(self, closure=None, *, max_logits=None):
+        """One optimizer step on every parameter; returns closure's loss.
+        `max_logits` ({query weight name: per-head maximum attention logits
+        of this step}) drives qk_clip after the update."""
+        loss = self._step(closure)
+        if self._qk_clip is not None and max_logits:
+            by_name = {n: p for p, n in self._names.items()}
+            self._qk_clip.check(by_name)
+            self._qk_clip.apply(by_name, max_logits)
+        elif max_logits:
+            raise ValueError("muonps.Muon: max_logits without qk_clip")
+        return loss
+
+    def _step(self, closure):
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -190,3 +190,53 @@ def test_bf16_parameters_stay_as_close_to_fp32_as_torch_does(cluster):
     for p in ours.values():
         assert p.dtype == torch.bfloat16
     opt.close()
+
+
+def test_moe_experts_match_per_expert_torch_muon_with_qk_clip(cluster):
+    """A MoE layer's 3-D expert weight [8, out, in] is one stack on the GPU
+    worker, orthogonalized per expert: the same as eight torch.optim.Muon
+    matrices. And QK-clip on CUDA parameters lands after the step's update
+    (the trainer's stream waits for the worker): the same as the formula
+    applied to torch's result."""
+    c = cluster(workers=1, device="cuda:0")
+    g = torch.Generator().manual_seed(23)
+    experts0 = torch.randn(8, 64, 32, generator=g) * 0.05
+    q0, k0 = (torch.randn(64, 32, generator=g) * 0.2 for _ in range(2))
+    ours = {"moe.experts": torch.nn.Parameter(experts0.clone().cuda()),
+            "attn.q": torch.nn.Parameter(q0.clone().cuda()),
+            "attn.k": torch.nn.Parameter(k0.clone().cuda())}
+    experts = [torch.nn.Parameter(experts0[e].clone().cuda()) for e in range(8)]
+    q, k = (torch.nn.Parameter(t.clone().cuda()) for t in (q0, k0))
+    opt = muonps.Muon(list(ours.items()), lr=0.02, weight_decay=0.1,
+                      qk_clip=muonps.QKClip({"attn.q": ("attn.k", 4)},
+                                            threshold=50.0), **c.options())
+    reference = torch.optim.Muon([*experts, q, k], lr=0.02, weight_decay=0.1)
+    worst = 0.0
+    for step in range(10):
+        grads = {n: torch.randn(p.shape, generator=g).cuda()
+                 for n, p in ours.items()}
+        for n, p in ours.items():
+            p.grad = grads[n].clone()
+        for e in range(8):
+            experts[e].grad = grads["moe.experts"][e].clone()
+        q.grad, k.grad = grads["attn.q"].clone(), grads["attn.k"].clone()
+        logits = torch.tensor([10.0, 60.0 + step, 400.0, 49.0])
+        opt.step(max_logits={"attn.q": logits})
+        reference.step()
+        with torch.no_grad():
+            for h in range(4):
+                if logits[h] > 50.0:
+                    scale = (50.0 / logits[h].item()) ** 0.5
+                    q[h * 16:(h + 1) * 16] *= scale
+                    k[h * 16:(h + 1) * 16] *= scale
+        opt.synchronize()
+        pairs = [(ours["moe.experts"][e], experts[e]) for e in range(8)]
+        pairs += [(ours["attn.q"], q), (ours["attn.k"], k)]
+        for mine, theirs in pairs:
+            error = relative_error(mine.detach().double().cpu(),
+                                   theirs.detach().double().cpu())
+            worst = max(worst, error)
+            assert error <= 5e-3, f"step {step}: {error:.2e}"
+    opt.close()
+    print(f'{{"what":"python_cuda_moe_qk_clip_vs_torch_muon","experts":8,'
+          f'"steps":10,"max_rel_err":{worst:.3e}}}')
