@@ -28,10 +28,9 @@ TEST(CpuDeviceOpsTest, ScaleCopyAndApplyUseTheStepsFp32Arithmetic) {
   ASSERT_TRUE(ops.Scale(b.data(), 3, 0.5f, kHostStream).ok());
   EXPECT_EQ(b, (std::vector<float>{0.75f, -1.0f, 1.625f}));
   std::vector<float> p = {1.0f, 2.0f, 3.0f};
-  ASSERT_TRUE(
-      ops.ApplyScaled(p.data(), DType::kFloat32, a.data(), 3, 0.9f, -0.1f,
-                      kHostStream)
-          .ok());
+  ASSERT_TRUE(ops.ApplyScaled(p.data(), DType::kFloat32, a.data(), 3, 0.9f,
+                              -0.1f, kHostStream)
+                  .ok());
   for (int i = 0; i < 3; ++i) {
     const float want = (i + 1.0f) * 0.9f + -0.1f * a[i];
     EXPECT_EQ(p[i], want);
@@ -46,9 +45,9 @@ TEST(CpuDeviceOpsTest, Bf16TensorsConvertExactlyAndRoundTheUpdateOnce) {
                             kHostStream)
                   .ok());
   std::vector<float> widened(values.size());
-  ASSERT_TRUE(ops.ToFloat(widened.data(), lent.data(), DType::kBFloat16, 4,
-                          kHostStream)
-                  .ok());
+  ASSERT_TRUE(
+      ops.ToFloat(widened.data(), lent.data(), DType::kBFloat16, 4, kHostStream)
+          .ok());
   for (size_t i = 0; i < values.size(); ++i) {
     EXPECT_EQ(lent[i], FloatToBFloat16(values[i]));
     EXPECT_EQ(widened[i], BFloat16ToFloat(lent[i]));
@@ -67,7 +66,8 @@ TEST(CpuDeviceOpsTest, RefusesFp16LentTensorsNamingTheDtype) {
   CpuDeviceOps ops;
   uint16_t half = 0;
   float x = 0;
-  const absl::Status s = ops.ToFloat(&x, &half, DType::kFloat16, 1, kHostStream);
+  const absl::Status s =
+      ops.ToFloat(&x, &half, DType::kFloat16, 1, kHostStream);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("dtype: fp16"), absl::string_view::npos);
 }
