@@ -333,6 +333,15 @@ TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       "\"%s\",\"dtype\":\"%s\",\"steps\":%d,\"max_rel_err\":%g}\n",
       GetParam().layout.c_str(), GetParam().precision.c_str(),
       GetParam().dtype.c_str(), kSteps, worst);
+  // An async Step returns once the step is enqueued: no host wait for the
+  // worker on the trainer's path (bench/step_gpu measures 0.12-0.16 ms at
+  // 1.74 B parameters). The median, so that one scheduling hiccup of the
+  // host does not decide it.
+  std::sort(return_ms.begin(), return_ms.end());
+  ASSERT_FALSE(return_ms.empty());
+  const double median = return_ms[return_ms.size() / 2];
+  std::printf("{\"what\":\"gpu_step_return\",\"median_ms\":%g}\n", median);
+  EXPECT_LT(median, 1.0) << "Step(async) blocked the trainer's thread";
 }
 
 TEST_P(GpuStepTest, NonFiniteGradientIsRejectedWithNothingWritten) {
