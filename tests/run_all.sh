@@ -102,6 +102,14 @@ if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; 
 else
   count 0 1
 fi
+echo "== Container images (build from Debian with mmdebstrap + umoci, run coordinator and CPU worker from them)"
+out="$(bash tests/deploy/image_checks.sh 2>&1)"
+echo "$out" | tail -n 12
+if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+else
+  count 0 1
+fi
 
 echo "${passed} passed, ${failed} failed"
 [[ $failed -eq 0 ]]

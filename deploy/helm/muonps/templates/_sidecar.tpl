@@ -119,7 +119,7 @@ hostIPC: true
       - name: {{ . }}
     {{- end }}
   securityContext:
-    {{- include "muonps.securityContext" $ctx | nindent 4 }}
+    {{- include "muonps.securityContext" $ctx | replace "65532" (toString (int64 $s.runAsUser)) | nindent 4 }}
   volumeMounts:
     - name: muonps-shm
       mountPath: /dev/shm
