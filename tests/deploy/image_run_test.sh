@@ -153,5 +153,13 @@ assert "muonps_" in text' "$metrics"; then
 else
   fail "coordinator /metrics from the image"
 fi
+# What the chart's `helm test` runs: the image's CLI asks grpc.health.v1.
+if health="$(chroot --userspec=65532:65532 "$work/muonps-coordinator/rootfs" \
+    /usr/local/bin/muonps health --coordinator "$coordinator" 2>&1)" &&
+    [[ "$health" == SERVING ]]; then
+  pass "the image's muonps health (helm test) reports the coordinator SERVING"
+else
+  fail "the image's muonps health: $health"
+fi
 echo "${passed} passed, ${failed} failed"
 [[ $failed -eq 0 ]]

@@ -4,6 +4,9 @@
 //   muonps workers --coordinator ADDR [--job NAME] [--json]
 //   muonps create-job --coordinator ADDR --spec FILE   (a JobSpec as JSON)
 //   muonps delete-job --coordinator ADDR --job NAME
+//   muonps health  --coordinator ADDR [--service NAME]   (grpc.health.v1;
+//                  exits 0 only when SERVING; NAME defaults to
+//                  muonps.v1.Coordinator, "" asks for the whole server)
 // Exits 0 on success, 1 with the gRPC status on stderr otherwise, 2 on
 // bad usage.
 #include <google/protobuf/util/json_util.h>
@@ -19,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "tools/muonps/plan_table.h"
 
@@ -28,6 +32,8 @@ ABSL_FLAG(std::string, job, "", "Job name.");
 ABSL_FLAG(int64_t, version, 0, "Plan version (0: the latest).");
 ABSL_FLAG(bool, json, false, "Print JSON instead of a table.");
 ABSL_FLAG(int, timeout_ms, 10000, "Deadline of the call.");
+ABSL_FLAG(std::string, service, "muonps.v1.Coordinator",
+          "health: the service to ask about (\"\": the whole server).");
 ABSL_FLAG(std::string, spec, "",
           "create-job: file holding a muonps.v1.JobSpec as JSON.");
 
@@ -61,6 +67,23 @@ int Run(const std::string& command) {
   context.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+  if (command == "health") {
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator),
+                                  grpc::InsecureChannelCredentials(), args));
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(absl::GetFlag(FLAGS_service));
+    grpc::health::v1::HealthCheckResponse response;
+    const grpc::Status status = health->Check(&context, request, &response);
+    if (!status.ok()) return Fail(status);
+    const std::string name =
+        grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+            response.status());
+    std::printf("%s\n", name.c_str());
+    return response.status() == grpc::health::v1::HealthCheckResponse::SERVING
+               ? 0
+               : 1;
+  }
   if (command == "plan") {
     v1::GetPlanRequest request;
     request.set_job(absl::GetFlag(FLAGS_job));
@@ -132,7 +155,8 @@ int main(int argc, char** argv) {
       "  muonps jobs    --coordinator ADDR [--json]\n"
       "  muonps workers --coordinator ADDR [--job NAME] [--json]\n"
       "  muonps create-job --coordinator ADDR --spec FILE\n"
-      "  muonps delete-job --coordinator ADDR --job NAME");
+      "  muonps delete-job --coordinator ADDR --job NAME\n"
+      "  muonps health  --coordinator ADDR [--service NAME]");
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
