@@ -15,13 +15,25 @@
 
 namespace muonps {
 
+namespace {
+
+// A matrix's momentum (worker) or a big job's plan (coordinator) travels in
+// one message: gRPC's 4 MiB default stops at 1024 x 1024 floats.
+std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(1 << 30);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+}  // namespace
+
 Client::Client(const ClientOptions& options)
     : options_(options),
-      coordinator_(v1::Coordinator::NewStub(grpc::CreateChannel(
-          options.coordinator, grpc::InsecureChannelCredentials()))),
+      coordinator_(v1::Coordinator::NewStub(Channel(options.coordinator))),
       worker_(v1::Worker::NewStub(
-          grpc::CreateChannel(absl::StrCat("unix:", options.worker_socket),
-                              grpc::InsecureChannelCredentials()))) {}
+          Channel(absl::StrCat("unix:", options.worker_socket)))) {}
 
 Client::~Client() {
   if (pending_.valid()) pending_.wait();

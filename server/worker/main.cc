@@ -58,6 +58,9 @@ ABSL_FLAG(int64_t, memory_bytes, 0,
           "Device memory the worker may use; 0: the GPU's free memory (8 GiB "
           "on the CPU).");
 ABSL_FLAG(bool, colocated, true, "Shares its device with a trainer rank.");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
+          "Largest gRPC message on the local socket (a matrix's momentum "
+          "travels in one); at most 2 GiB - 1.");
 ABSL_FLAG(bool, dedicated, false,
           "No trainer attaches to this worker (a GPU of a dedicated "
           "optimizer pool): it owns matrices and steps whenever the "
@@ -228,6 +231,17 @@ int Run() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // A matrix's momentum travels in one message (GetMomentum/SetMomentum):
+  // gRPC's 4 MiB default stops at 1024 x 1024.
+  const int64_t max_message_flag = absl::GetFlag(FLAGS_max_message_bytes);
+  if (max_message_flag < (int64_t{4} << 20) || max_message_flag > INT32_MAX) {
+    spdlog::error("--max_message_bytes: {} is not in [4 MiB, 2 GiB - 1]",
+                  max_message_flag);
+    return 2;
+  }
+  const int max_message = static_cast<int>(max_message_flag);
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
   builder.AddListeningPort(absl::StrCat("unix:", socket),
                            grpc::InsecureServerCredentials());
   builder.RegisterService(&service);

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -287,8 +288,11 @@ class StepEngineTest : public ::testing::Test {
     }
   }
 
-  // Every engine steps `step` at once; the statuses by worker.
-  std::vector<absl::StatusOr<v1::StepResponse>> StepEverywhere(int64_t step) {
+  // Every engine steps `step` at once; the statuses by worker. `edit`
+  // changes worker w's request first.
+  std::vector<absl::StatusOr<v1::StepResponse>> StepEverywhere(
+      int64_t step,
+      const std::function<void(int, v1::StepRequest*)>& edit = nullptr) {
     std::vector<absl::StatusOr<v1::StepResponse>> out(
         kWorkers, absl::UnknownError("not run"));
     std::vector<std::thread> threads;
@@ -298,6 +302,7 @@ class StepEngineTest : public ::testing::Test {
         request.set_step_id(step);
         request.set_lr(-1);
         request.set_weight_decay(-1);
+        if (edit) edit(w, &request);
         out[w] = engines_[w]->Step(request);
       });
     }
@@ -461,6 +466,46 @@ TEST_F(StepEngineTest, NonFiniteGradientOnOneTrainerRejectsTheStepEverywhere) {
     EXPECT_TRUE(r->already_applied());
   }
   EXPECT_EQ(trainers_[0].param["rep.a"], before);
+}
+
+// Hyperparameters are checked and agreed like gradients: a NaN group lr on
+// one trainer, or trainers whose lr differ, refuse the step on every worker
+// with the reason, and nothing changes.
+TEST_F(StepEngineTest, BadOrDisagreeingHyperparametersRefuseTheStepEverywhere) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  const std::vector<float> before = trainers_[1].param["rep.a"];
+  const std::vector<
+      std::pair<std::string, std::function<void(int, v1::StepRequest*)>>>
+      cases = {
+          {"groups[0].lr: nan",
+           [](int w, v1::StepRequest* r) {
+             v1::ParamGroup* g = r->add_groups();
+             g->add_matrices("rep.a");
+             g->set_lr(w == 2 ? NAN : 0.01);
+             g->set_weight_decay(0.1);
+           }},
+          {"lr: inf",
+           [](int w, v1::StepRequest* r) {
+             if (w == 0) r->set_lr(INFINITY);
+           }},
+          {"different lr, weight_decay or param groups",
+           [](int w, v1::StepRequest* r) { r->set_lr(w == 1 ? 0.03 : 0.02); }},
+      };
+  for (const auto& [reason, edit] : cases) {
+    const std::vector<absl::StatusOr<v1::StepResponse>> out =
+        StepEverywhere(0, edit);
+    for (int w = 0; w < kWorkers; ++w) {
+      ASSERT_FALSE(out[w].ok()) << reason;
+      EXPECT_EQ(out[w].status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(out[w].status().message().find(reason), std::string::npos)
+          << out[w].status();
+    }
+    EXPECT_EQ(trainers_[1].param["rep.a"], before) << reason;
+  }
+  // The transports survive: the same step with good hyperparameters.
+  for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
 }
 
 TEST_F(StepEngineTest, NewPlanKeepsMomentumOfUnmovedItemsAndCountsTheOthers) {

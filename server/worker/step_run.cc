@@ -19,6 +19,7 @@ constexpr size_t kProblemBytes = 480;
 // travels as floats through device memory too).
 struct StepHeader {
   int64_t step_id;
+  uint64_t hyper_hash;  // HyperHash of the trainer's request
   int32_t trainer_rank;
   int32_t trainer_count;
   char problem[kProblemBytes];  // "" or why this rank cannot step
@@ -48,6 +49,51 @@ static_assert(sizeof(StepHeader) % 4 == 0 && sizeof(StepDecision) % 4 == 0,
 void CopyProblem(const std::string& text, char* out) {
   std::memset(out, 0, kProblemBytes);
   std::memcpy(out, text.data(), std::min(text.size(), kProblemBytes - 1));
+}
+
+// A digest of a step's lr, weight decay and groups (FNV-1a over their
+// bytes): trainers that disagree about them would update their replicas
+// differently, so the step is refused instead.
+uint64_t HyperHash(const v1::StepRequest& r) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  auto mix_double = [&](double v) { mix(&v, sizeof(v)); };
+  mix_double(r.lr());
+  mix_double(r.weight_decay());
+  for (const v1::ParamGroup& g : r.groups()) {
+    mix_double(g.lr());
+    mix_double(g.weight_decay());
+    for (const std::string& name : g.matrices())
+      mix(name.data(), name.size() + 1);
+    mix("|", 1);
+  }
+  return h;
+}
+
+// Why the request's hyperparameters cannot be applied, or "".
+std::string HyperProblem(const v1::StepRequest& r) {
+  auto bad = [](double v, bool may_default) {
+    return !std::isfinite(v) || (v < 0 && !may_default);
+  };
+  if (bad(r.lr(), true)) return absl::StrCat("lr: ", r.lr(), " is not finite");
+  if (bad(r.weight_decay(), true)) {
+    return absl::StrCat("weight_decay: ", r.weight_decay(), " is not finite");
+  }
+  for (int i = 0; i < r.groups_size(); ++i) {
+    const v1::ParamGroup& g = r.groups(i);
+    if (bad(g.lr(), false)) {
+      return absl::StrCat("groups[", i, "].lr: ", g.lr(),
+                          " is not a finite number >= 0");
+    }
+    if (bad(g.weight_decay(), false)) {
+      return absl::StrCat("groups[", i, "].weight_decay: ", g.weight_decay(),
+                          " is not a finite number >= 0");
+    }
+  }
+  return "";
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
@@ -174,9 +220,11 @@ absl::Status StepRun::WidenGradients() {
 
 absl::Status StepRun::Agree(const v1::StepRequest& request) {
   const int size = t_.size();
-  const std::string local_problem = LocalProblem();
+  std::string local_problem = trainer_ == nullptr ? "" : HyperProblem(request);
+  if (local_problem.empty()) local_problem = LocalProblem();
   StepHeader mine{};
   mine.step_id = request.step_id();
+  mine.hyper_hash = HyperHash(request);
   mine.trainer_rank = trainer_ == nullptr ? -1 : trainer_->rank;
   mine.trainer_count = trainer_ == nullptr ? 0 : trainer_->count;
   CopyProblem(local_problem, mine.problem);
@@ -204,6 +252,11 @@ absl::Status StepRun::Agree(const v1::StepRequest& request) {
         problem = absl::StrCat(
             "worker ", Quoted(who), " is at step ", h.step_id, ", worker ",
             Quoted(plan_.ownership.worker_ids[0]), " at ", mine.step_id);
+      } else if (h.hyper_hash != mine.hyper_hash) {
+        problem = absl::StrCat(
+            "the trainers of worker ", Quoted(who), " and worker ",
+            Quoted(plan_.ownership.worker_ids[0]),
+            " step with different lr, weight_decay or param groups");
       } else if (h.trainer_count != trainers_ || h.trainer_rank < 0 ||
                  h.trainer_rank >= trainers_ || seen[h.trainer_rank]) {
         problem = absl::StrCat(

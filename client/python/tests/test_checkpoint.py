@@ -160,3 +160,26 @@ def test_each_ranks_state_holds_the_momentum_its_worker_owns(cluster):
         for n in init:
             error = relative_error(params[n], expected[n])
             assert error <= 1e-5, f"rank {rank} {n}: {error:.2e}"
+
+
+def test_momentum_of_a_large_matrix_survives_state_dict(cluster):
+    # 1024 x 1024 floats are exactly gRPC's 4 MiB default message; with the
+    # header, more. The worker's socket and the client's channels allow more.
+    c = cluster()
+    g = torch.Generator().manual_seed(31)
+    w = torch.nn.Parameter(torch.randn(1024, 1024, generator=g) * 0.01)
+    opt = muonps.Muon([("big", w)], lr=0.02, **c.options())
+    w.grad = torch.randn(1024, 1024, generator=g)
+    opt.step()
+    state = through_file(opt.state_dict())
+    momentum = state["muonps"]["momentum"]["big[0]"]
+    assert momentum.shape == (1024, 1024)
+    assert torch.count_nonzero(momentum) > 0
+    opt.close()
+    fresh = cluster()  # a worker that holds no momentum
+    w2 = torch.nn.Parameter(w.detach().clone())
+    opt2 = muonps.Muon([("big", w2)], lr=0.02, **fresh.options())
+    opt2.load_state_dict(state)
+    again = opt2.state_dict()["muonps"]["momentum"]["big[0]"]
+    assert torch.equal(again, momentum)
+    opt2.close()
