@@ -100,9 +100,8 @@ absl::StatusOr<SharedMemorySegment> SharedMemorySegment::Create(
   if (fallocate_error != 0) return fail("posix_fallocate", fallocate_error);
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) return fail("mmap", errno);
-  // The mapping keeps the segment alive; the descriptor is not needed.
-  close(fd);
-  return SharedMemorySegment(name, data, bytes, /*owner=*/true);
+  // The descriptor stays open for CheckSize.
+  return SharedMemorySegment(name, data, bytes, /*owner=*/true, fd);
 }
 
 absl::StatusOr<SharedMemorySegment> SharedMemorySegment::Open(
@@ -129,16 +128,19 @@ absl::StatusOr<SharedMemorySegment> SharedMemorySegment::Open(
   void* data =
       mmap(nullptr, expected_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int mmap_error = errno;
-  close(fd);
-  if (data == MAP_FAILED) return SystemError("mmap", name, mmap_error);
-  return SharedMemorySegment(name, data, expected_bytes, /*owner=*/false);
+  if (data == MAP_FAILED) {
+    close(fd);
+    return SystemError("mmap", name, mmap_error);
+  }
+  return SharedMemorySegment(name, data, expected_bytes, /*owner=*/false, fd);
 }
 
 SharedMemorySegment::SharedMemorySegment(SharedMemorySegment&& other) noexcept
     : name_(std::move(other.name_)),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      owner_(std::exchange(other.owner_, false)) {
+      owner_(std::exchange(other.owner_, false)),
+      fd_(std::exchange(other.fd_, -1)) {
   other.name_.clear();
 }
 
@@ -151,6 +153,7 @@ SharedMemorySegment& SharedMemorySegment::operator=(
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     owner_ = std::exchange(other.owner_, false);
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }
@@ -162,10 +165,24 @@ void SharedMemorySegment::Release() {
   // Unlinking fails only if someone else already removed the name; there is
   // nothing left to clean up then.
   if (owner_) shm_unlink(name_.c_str());
+  if (fd_ >= 0) close(fd_);
   name_.clear();
   data_ = nullptr;
   size_ = 0;
   owner_ = false;
+  fd_ = -1;
+}
+
+absl::Status SharedMemorySegment::CheckSize() const {
+  if (fd_ < 0) return absl::OkStatus();  // empty (moved-from) object
+  struct stat info;
+  if (fstat(fd_, &info) != 0) return SystemError("fstat", name_, errno);
+  if (info.st_size < 0 || static_cast<uint64_t>(info.st_size) < size_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared memory segment ", Quoted(name_), ": truncated to ",
+                     info.st_size, " of its ", size_, " bytes while attached"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muonps

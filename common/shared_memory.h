@@ -103,9 +103,19 @@ class SharedMemorySegment {
   // True for the object returned by Create() (and whatever it moves to).
   bool is_owner() const { return owner_; }
 
+  // OK while the memory object behind the mapping still holds size()
+  // bytes; FAILED_PRECONDITION naming the segment once something truncated
+  // it (touching the lost pages would raise SIGBUS). One fstat.
+  absl::Status CheckSize() const;
+
  private:
-  SharedMemorySegment(std::string name, void* data, size_t size, bool owner)
-      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  SharedMemorySegment(std::string name, void* data, size_t size, bool owner,
+                      int fd)
+      : name_(std::move(name)),
+        data_(data),
+        size_(size),
+        owner_(owner),
+        fd_(fd) {}
 
   // Unmaps, removes the name if owned, and leaves the object empty.
   void Release();
@@ -114,6 +124,7 @@ class SharedMemorySegment {
   void* data_ = nullptr;
   size_t size_ = 0;
   bool owner_ = false;
+  int fd_ = -1;  // the memory object, kept for CheckSize
 };
 
 }  // namespace muonps

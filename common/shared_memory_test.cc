@@ -62,6 +62,31 @@ TEST(SharedMemorySegmentTest, CreateGivesZeroedPageAlignedOwnedMapping) {
   }
 }
 
+// A segment truncated under a mapping would raise SIGBUS on the lost
+// pages: CheckSize says so first, naming the segment.
+TEST(SharedMemorySegmentTest, CheckSizeNoticesATruncatedSegment) {
+  const std::string name = UniqueName("truncated");
+  absl::StatusOr<SharedMemorySegment> owner =
+      SharedMemorySegment::Create(name, 1 << 16);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  absl::StatusOr<SharedMemorySegment> opened =
+      SharedMemorySegment::Open(name, 1 << 16);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_TRUE(opened->CheckSize().ok());
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
+  const absl::Status truncated = opened->CheckSize();
+  EXPECT_EQ(truncated.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(truncated.message().find(name), absl::string_view::npos)
+      << truncated;
+  EXPECT_NE(truncated.message().find("truncated to 4096"),
+            absl::string_view::npos)
+      << truncated;
+  EXPECT_FALSE(owner->CheckSize().ok());
+}
+
 TEST(SharedMemorySegmentTest, WritesThroughOneMappingAreSeenThroughTheOther) {
   const std::string name = UniqueName("two-mappings");
   constexpr size_t kFloats = 4096;

@@ -62,9 +62,11 @@ float GradValue(int64_t step, int matrix, int trainer, int64_t i) {
 // A trainer's lent memory: plain vectors, found by tensor name.
 class HostBuffers final : public TrainerBuffers {
  public:
-  explicit HostBuffers(std::map<std::string, LentTensor> tensors)
-      : tensors_(std::move(tensors)) {}
+  HostBuffers(std::map<std::string, LentTensor> tensors,
+              const absl::Status* intact)
+      : tensors_(std::move(tensors)), intact_(intact) {}
   Device device() const override { return kHostDevice; }
+  absl::Status CheckIntact() const override { return *intact_; }
   absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t, int64_t,
                                  int64_t) override {
     auto it = tensors_.find(t.name());
@@ -74,6 +76,7 @@ class HostBuffers final : public TrainerBuffers {
 
  private:
   std::map<std::string, LentTensor> tensors_;
+  const absl::Status* intact_;  // the trainer's
 };
 
 struct Trainer {
@@ -84,6 +87,8 @@ struct Trainer {
                      bias = std::vector<float>(7);
   // bf16 trainers lend these instead (same element counts).
   bool bf16 = false;
+  // What CheckIntact answers (a truncated segment, say).
+  absl::Status intact;
   std::map<std::string, std::vector<uint16_t>> grad16, param16;
 };
 
@@ -181,7 +186,8 @@ class StepEngineTest : public ::testing::Test {
                           trainer->param16[name].data(), DType::kBFloat16};
           }
         }
-        return std::unique_ptr<TrainerBuffers>(new HostBuffers(lent));
+        return std::unique_ptr<TrainerBuffers>(
+            new HostBuffers(lent, &trainer->intact));
       };
       engines_[w] = std::make_unique<StepEngine>(
           absl::StrCat("w", w), std::move(backend), Connector(listener));
@@ -505,6 +511,27 @@ TEST_F(StepEngineTest, BadOrDisagreeingHyperparametersRefuseTheStepEverywhere) {
     EXPECT_EQ(trainers_[1].param["rep.a"], before) << reason;
   }
   // The transports survive: the same step with good hyperparameters.
+  for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
+}
+
+// Lent memory that is no longer whole (a truncated segment) is not read:
+// the step is refused on every worker naming it, and the next one runs.
+TEST_F(StepEngineTest, MemoryNoLongerIntactRefusesTheStepEverywhere) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  trainers_[1].intact = absl::FailedPreconditionError(
+      "shared memory segment \"/muonps-x\": truncated to 0 of its 4096 bytes");
+  for (const auto& r : StepEverywhere(0)) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("truncated to 0"), std::string::npos)
+        << r.status();
+  }
+  for (const MatrixDecl& d : Matrices()) {
+    for (float v : trainers_[0].param[d.name]) ASSERT_EQ(v, 0.5f) << d.name;
+  }
+  trainers_[1].intact = absl::OkStatus();
   for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
 }
 

@@ -220,7 +220,9 @@ absl::Status StepRun::WidenGradients() {
 
 absl::Status StepRun::Agree(const v1::StepRequest& request) {
   const int size = t_.size();
-  std::string local_problem = trainer_ == nullptr ? "" : HyperProblem(request);
+  std::string local_problem = trainer_ == nullptr ? ""
+                              : !intact_.ok() ? std::string(intact_.message())
+                                              : HyperProblem(request);
   if (local_problem.empty()) local_problem = LocalProblem();
   StepHeader mine{};
   mine.step_id = request.step_id();
@@ -548,8 +550,13 @@ absl::StatusOr<v1::StepResponse> StepRun::Run(const v1::StepRequest& request) {
   // this stream's order once the step is done or refused.
   absl::StatusOr<v1::StepResponse> out =
       [&]() -> absl::StatusOr<v1::StepResponse> {
-    MUONPS_RETURN_IF_ERROR(trainer_->buffers->WaitForTrainer(stream_));
-    MUONPS_RETURN_IF_ERROR(WidenGradients());
+    // Memory that is no longer whole is not read (the step is refused
+    // everywhere through Agree).
+    intact_ = trainer_->buffers->CheckIntact();
+    if (intact_.ok()) {
+      MUONPS_RETURN_IF_ERROR(trainer_->buffers->WaitForTrainer(stream_));
+      MUONPS_RETURN_IF_ERROR(WidenGradients());
+    }
     return RunWithTrainerReady(request);
   }();
   const absl::Status signaled =

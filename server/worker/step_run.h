@@ -180,6 +180,7 @@ class StepRun {
   const absl::Duration timeout_;
   const int trainers_;    // ranks with a trainer (the first ones)
   int64_t step_id_ = -1;  // agreed
+  absl::Status intact_;   // of the trainer's memory, checked at the start
   std::vector<int32_t> trainer_rank_of_;  // by worker rank; -1: no trainer
   // Worker ranks by trainer rank, then those with no trainer.
   std::vector<int> reduce_order_;

@@ -16,6 +16,7 @@ class SharedMemoryBuffers final : public TrainerBuffers {
       : segment_(std::move(segment)) {}
 
   Device device() const override { return kHostDevice; }
+  absl::Status CheckIntact() const override { return segment_.CheckSize(); }
 
   absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t,
                                  int64_t grad_elements,

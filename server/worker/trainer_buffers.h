@@ -51,6 +51,11 @@ class TrainerBuffers {
                                          int64_t grad_elements,
                                          int64_t param_elements) = 0;
 
+  // OK while the lent memory is intact; FAILED_PRECONDITION naming it once
+  // it is not (a truncated shared-memory segment, whose lost pages would
+  // raise SIGBUS). Checked before every step reads it.
+  virtual absl::Status CheckIntact() const { return absl::OkStatus(); }
+
   // Makes `stream` wait until the trainer's gradients of the step are
   // written (CUDA: its ready event). Host memory: nothing to wait for (the
   // trainer wrote them before its Step call).
