@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -474,6 +475,19 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
   if (!started_) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
                       "Step before Start");
+  }
+  // AdamW's part is checked before the workers apply anything: a bad
+  // adamw_lr must not leave the Muon part applied and the step counted.
+  if (std::isnan(options.adamw_lr)) {
+    return InvalidField("adamw_lr", "is NaN");
+  }
+  if (options.adamw_lr >= 0) {
+    kernels::AdamWHyperparameters hyper = adamw_;
+    hyper.lr = options.adamw_lr;
+    if (absl::Status s = kernels::ValidateAdamWHyperparameters(hyper);
+        !s.ok()) {
+      return InvalidField("adamw_lr", s.message());
+    }
   }
   v1::StepRequest request;
   request.set_step_id(step_id);

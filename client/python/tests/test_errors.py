@@ -118,3 +118,23 @@ def test_groups_that_differ_in_a_job_hyperparameter_are_refused(cluster):
     groups = [{"params": [w]}, {"params": [b], "momentum": 0.9}]
     with pytest.raises(ValueError, match="'momentum'"):
         muonps.Muon(groups, **c.options())
+
+
+def test_a_bad_adamw_lr_is_refused_before_anything_is_applied(cluster):
+    # AdamW's lr is checked before the workers step: nothing changes, the
+    # step id is not used up, and a good lr then steps normally.
+    c = cluster()
+    params = dict(model())
+    opt = muonps.Muon(list(params.items()), lr=0.02, **c.options())
+    for p in params.values():
+        p.grad = torch.ones_like(p)
+    before = {n: p.detach().clone() for n, p in params.items()}
+    opt.param_groups[0]["adamw_lr"] = float("inf")
+    with pytest.raises(muonps.MuonpsError, match="adamw_lr"):
+        opt.step()
+    for n, p in params.items():
+        assert torch.equal(p.detach(), before[n]), n
+    opt.param_groups[0]["adamw_lr"] = 0.01
+    opt.step()
+    assert opt.step_id == 1
+    opt.close()
