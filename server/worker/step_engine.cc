@@ -47,10 +47,7 @@ StepEngine::~StepEngine() {
   trainer_.reset();
 }
 
-int64_t StepEngine::last_step() const {
-  absl::MutexLock lock(&mu_);
-  return last_step_;
-}
+int64_t StepEngine::last_step() const { return last_step_.load(); }
 
 bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const int64_t pid = trainer_pid_.load();
@@ -212,7 +209,7 @@ absl::Status StepEngine::SetPlan(
                                         plan_.SlotData(plan_.slots[m][e], true),
                                         nb.rows * nb.cols, ops.stream()));
         next.batches[to.batch].has_momentum[to.slot] = true;
-      } else if (last_step_ >= 0) {
+      } else if (last_step_.load() >= 0) {
         ++momentum_resets_;  // an owner change: no checkpoint to restore
       }
     }
@@ -396,7 +393,7 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   if (request.step_id() < 0) {
     return InvalidField("step_id", absl::StrCat(request.step_id(), " < 0"));
   }
-  if (request.step_id() <= last_step_) {
+  if (request.step_id() <= last_step_.load()) {
     v1::StepResponse out;
     out.set_step_id(request.step_id());
     out.set_plan_version(plan_.version);
@@ -460,7 +457,7 @@ absl::StatusOr<v1::StepResponse> StepEngine::RunStep(
     }
     return out.status();
   }
-  last_step_ = out->step_id();
+  last_step_.store(out->step_id());
   out->set_momentum_reset(momentum_resets_);
   momentum_resets_ = 0;
   return out;

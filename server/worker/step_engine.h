@@ -96,6 +96,8 @@ class StepEngine {
   absl::StatusOr<std::optional<v1::StepResponse>> FollowStep(
       absl::Duration wait);
 
+  // The last step id completed (-1 before the first). Never waits for a
+  // step in progress. Thread-safe.
   int64_t last_step() const;
 
   // Releases the attached trainer's buffers (unmapping its CUDA IPC or
@@ -137,7 +139,9 @@ class StepEngine {
   std::unique_ptr<transport::Transport> transport_ ABSL_GUARDED_BY(mu_);
   int64_t momentum_resets_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
-  int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // Written under mu_; read without it (status and heartbeats never wait
+  // for a step in progress).
+  std::atomic<int64_t> last_step_{-1};
   // The attached trainer's pid (0: none or unknown), readable without mu_.
   std::atomic<int64_t> trainer_pid_{0};
 };

@@ -535,6 +535,32 @@ TEST_F(StepEngineTest, MemoryNoLongerIntactRefusesTheStepEverywhere) {
   for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
 }
 
+// Status and heartbeats read last_step() while a step waits on its peers:
+// it must answer at once, not after the step (or its timeout).
+TEST_F(StepEngineTest, LastStepNeverWaitsForAStepInProgress) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  v1::StepRequest request;
+  request.set_step_id(0);
+  request.set_lr(-1);
+  request.set_weight_decay(-1);
+  absl::StatusOr<v1::StepResponse> first = absl::UnknownError("not run");
+  std::thread waiting([&] { first = engines_[0]->Step(request); });
+  absl::SleepFor(absl::Milliseconds(200));  // rank 0 now waits on the others
+  const absl::Time asked = absl::Now();
+  EXPECT_EQ(engines_[0]->last_step(), -1);
+  EXPECT_LT(absl::Now() - asked, absl::Milliseconds(100));
+  std::vector<std::thread> others;
+  for (int w = 1; w < kWorkers; ++w) {
+    others.emplace_back([&, w] { (void)engines_[w]->Step(request); });
+  }
+  for (std::thread& t : others) t.join();
+  waiting.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(engines_[0]->last_step(), 0);
+}
+
 TEST_F(StepEngineTest, NewPlanKeepsMomentumOfUnmovedItemsAndCountsTheOthers) {
   ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());

@@ -286,6 +286,9 @@ void WorkerAgent::FlushStepStats() {
 }
 
 v1::WorkerStatus WorkerAgent::Status() const {
+  // Read before taking mu_, which the heartbeat loop needs: never hold it
+  // while anything else may wait.
+  const int64_t last_step = engine_ != nullptr ? engine_->last_step() : -1;
   absl::MutexLock lock(&mu_);
   v1::WorkerStatus out;
   out.set_worker_id(options_.worker_id);
@@ -293,7 +296,7 @@ v1::WorkerStatus WorkerAgent::Status() const {
   out.set_coordinator(options_.coordinator);
   out.set_state(state_);
   out.set_rank(-1);
-  out.set_last_step(engine_ != nullptr ? engine_->last_step() : -1);
+  out.set_last_step(last_step);
   if (!plan_) return out;
   out.set_plan_version(plan_->version());
   for (int i = 0; i < plan_->workers_size(); ++i) {
