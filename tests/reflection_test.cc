@@ -259,6 +259,32 @@ TEST_F(ReflectionTest, DescriptorsFromReflectionDriveCreateJoinAndGetPlan) {
   EXPECT_NEAR(plan.at("imbalance").get<double>(), 1.0, 1e-9);
 }
 
+// grpcurl resolves grpc.health.v1.Health/Check through reflection before
+// it calls it: the server must serve that service's file (gRPC's built-in
+// health service has none to serve).
+TEST_F(ReflectionTest, ReflectionServesTheHealthServicesDescriptor) {
+  reflection::ServerReflectionRequest request;
+  request.set_file_containing_symbol("grpc.health.v1.Health");
+  const reflection::ServerReflectionResponse response = Reflect(request);
+  ASSERT_TRUE(response.has_file_descriptor_response())
+      << response.DebugString();
+  bool found = false;
+  for (const std::string& bytes :
+       response.file_descriptor_response().file_descriptor_proto()) {
+    pb::FileDescriptorProto file;
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    for (const pb::ServiceDescriptorProto& service : file.service()) {
+      if (file.package() != "grpc.health.v1" || service.name() != "Health") {
+        continue;
+      }
+      for (const pb::MethodDescriptorProto& method : service.method()) {
+        found |= method.name() == "Check";
+      }
+    }
+  }
+  EXPECT_TRUE(found) << response.DebugString();
+}
+
 TEST_F(ReflectionTest, HealthCheckReportsCoordinatorServing) {
   auto stub = grpc::health::v1::Health::NewStub(channel_);
   grpc::ClientContext context;

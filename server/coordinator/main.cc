@@ -4,7 +4,6 @@
 // SIGINT.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
 #include <atomic>
@@ -21,6 +20,7 @@
 #include "common/metrics.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/coordinator_state.h"
+#include "server/health/health_service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
@@ -85,7 +85,7 @@ int Run() {
   coordinator::CoordinatorState state(options);
   coordinator::CoordinatorService service(&state, &metrics);
 
-  grpc::EnableDefaultHealthCheckService(true);
+  server::HealthService health;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string host = absl::GetFlag(FLAGS_host);
@@ -95,13 +95,13 @@ int Run() {
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(options.limits.max_message_bytes));
   builder.RegisterService(&service);
+  builder.RegisterService(&health);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     spdlog::error("cannot listen on {}:{}", host, absl::GetFlag(FLAGS_port));
     return 1;
   }
-  server->GetHealthCheckService()->SetServingStatus("muonps.v1.Coordinator",
-                                                    true);
+  health.SetServing("muonps.v1.Coordinator", true);
   std::unique_ptr<MetricsServer> metrics_server;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> started =
@@ -130,6 +130,7 @@ int Run() {
   spdlog::info("signal {}: shutting down", signal_number);
   stop.Notify();
   service.Shutdown();
+  health.Shutdown();  // ends Watch streams before the server waits on them
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   lease_monitor.join();
   metrics_server.reset();

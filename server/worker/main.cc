@@ -5,7 +5,6 @@
 // cleanly (leaving the job) on SIGTERM or SIGINT.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +23,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "kernels/cuda/precision.h"
+#include "server/health/health_service.h"
 #include "server/worker/cuda_step_backend.h"
 #include "server/worker/nccl_bootstrap.h"
 #include "server/worker/worker_agent.h"
@@ -228,7 +228,7 @@ int Run() {
   MetricsRegistry metrics;
   worker::WorkerAgent agent(options, &metrics, &engine);
   worker::WorkerService service(&agent, &engine);
-  grpc::EnableDefaultHealthCheckService(true);
+  server::HealthService health;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // A matrix's momentum travels in one message (GetMomentum/SetMomentum):
@@ -245,12 +245,13 @@ int Run() {
   builder.AddListeningPort(absl::StrCat("unix:", socket),
                            grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
+  builder.RegisterService(&health);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     spdlog::error("cannot listen on unix:{}", socket);
     return 1;
   }
-  server->GetHealthCheckService()->SetServingStatus("muonps.v1.Worker", true);
+  health.SetServing("muonps.v1.Worker", true);
   std::unique_ptr<MetricsServer> metrics_server;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> started =
@@ -275,6 +276,7 @@ int Run() {
   sigwait(&signals, &signal_number);
   spdlog::info("signal {}: leaving the job and shutting down", signal_number);
   agent.Stop();
+  health.Shutdown();  // ends Watch streams before the server waits on them
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   metrics_server.reset();
   unlink(socket.c_str());
