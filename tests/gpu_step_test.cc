@@ -270,30 +270,10 @@ TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       stack.names = {c.name};
       stack.grad = {ref[m].grad, c.experts, c.rows, c.cols};
       stack.momentum = {ref[m].momentum, c.experts, c.rows, c.cols};
-      if (Dtype() == DType::kFloat32) {
-        stack.param = {reinterpret_cast<float*>(ref[m].param), c.experts,
-                       c.rows, c.cols};
-        const absl::Status s = (*reference)->MuonStep(stack, h, ref_stream);
-        ASSERT_TRUE(s.ok()) << s;
-        continue;
-      }
-      ASSERT_TRUE((*reference)
-                      ->UpdateMomentum(stack.grad, stack.momentum, h.momentum,
-                                       h.nesterov, stack.grad, ref_stream)
-                      .ok());
-      ASSERT_TRUE((*reference)
-                      ->Orthogonalize(stack.grad, stack.grad, h.ns, ref_stream)
-                      .ok());
-      ASSERT_TRUE(
-          (*ops)
-              ->ApplyScaled(ref[m].param, DType::kBFloat16, ref[m].grad,
-                            stack.grad.elements(),
-                            static_cast<float>(1.0 - h.lr * h.weight_decay),
-                            static_cast<float>(-kernels::AdjustedLr(
-                                h.lr, h.lr_adjustment, c.rows, c.cols)),
-                            ref_stream)
-              .ok());
-      ASSERT_EQ(cudaStreamSynchronize(ref_stream), cudaSuccess);
+      const absl::Status s = testing::ReferenceStep(
+          **reference, **ops, stack.grad, stack.momentum, ref[m].param, Dtype(),
+          h, reinterpret_cast<Stream>(ref_stream));
+      ASSERT_TRUE(s.ok()) << s;
     }
   }
   // fp32 NS: rounding only; with bf16 parameters, the odd element whose

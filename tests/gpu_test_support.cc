@@ -42,6 +42,35 @@ absl::StatusOr<std::vector<float>> DownloadAs(DType dtype, const void* device,
   return out;
 }
 
+absl::Status ReferenceStep(kernels::MuonKernels& kernels,
+                           kernels::DeviceOps& ops,
+                           const kernels::MatrixStack& grad,
+                           const kernels::MatrixStack& momentum, void* param,
+                           DType dtype, const kernels::MuonHyperparameters& h,
+                           Stream stream) {
+  if (dtype == DType::kFloat32) {
+    kernels::MuonStack stack;
+    stack.names = {"reference"};
+    stack.grad = grad;
+    stack.momentum = momentum;
+    stack.param = {static_cast<float*>(param), grad.count, grad.rows,
+                   grad.cols};
+    return kernels.MuonStep(stack, h, stream);
+  }
+  absl::Status s = kernels.UpdateMomentum(grad, momentum, h.momentum,
+                                          h.nesterov, grad, stream);
+  if (s.ok()) s = kernels.Orthogonalize(grad, grad, h.ns, stream);
+  if (s.ok()) {
+    s = ops.ApplyScaled(param, dtype, grad.data, grad.elements(),
+                        static_cast<float>(1.0 - h.lr * h.weight_decay),
+                        static_cast<float>(-kernels::AdjustedLr(
+                            h.lr, h.lr_adjustment, grad.rows, grad.cols)),
+                        stream);
+  }
+  if (s.ok()) s = ops.Synchronize(stream);
+  return s;
+}
+
 float GradValue(int64_t step, int matrix, int64_t i) {
   // Deterministic, varied magnitude and sign.
   const uint64_t x = (static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^

@@ -11,7 +11,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/device.h"
 #include "common/dtype.h"
+#include "kernels/device_ops.h"
+#include "kernels/muon_kernels.h"
 
 namespace muonps {
 namespace testing {
@@ -37,6 +40,19 @@ absl::Status UploadAs(DType dtype, const std::vector<float>& values,
                       void* device);
 absl::StatusOr<std::vector<float>> DownloadAs(DType dtype, const void* device,
                                               int64_t count);
+
+// The single-process reference of one step of `grad`/`momentum` (fp32
+// device stacks; `grad` is overwritten) applied to the parameter at
+// `param`, of `dtype`, on `stream` (synchronized before returning): fp32
+// parameters through MuonStep; bf16 ones through momentum, Newton-Schulz
+// and the worker's own DeviceOps::ApplyScaled (fp32 arithmetic, one
+// rounding), as the worker does.
+absl::Status ReferenceStep(kernels::MuonKernels& kernels,
+                           kernels::DeviceOps& ops,
+                           const kernels::MatrixStack& grad,
+                           const kernels::MatrixStack& momentum, void* param,
+                           DType dtype, const kernels::MuonHyperparameters& h,
+                           Stream stream);
 
 // ||a - b||_F / ||b||_F in double.
 double RelativeError(const std::vector<float>& a, const std::vector<float>& b);

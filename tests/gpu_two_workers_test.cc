@@ -277,29 +277,10 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       stack.names = {c.name};
       stack.grad = {grad[m], c.experts, c.rows, c.cols};
       stack.momentum = {momentum[m], c.experts, c.rows, c.cols};
-      if (Dtype() == DType::kFloat32) {
-        stack.param = {reinterpret_cast<float*>(param[m]), c.experts, c.rows,
-                       c.cols};
-        const absl::Status s = (*reference)->MuonStep(stack, h, ref_stream);
-        ASSERT_TRUE(s.ok()) << s;
-        continue;
-      }
-      ASSERT_TRUE((*reference)
-                      ->UpdateMomentum(stack.grad, stack.momentum, h.momentum,
-                                       h.nesterov, stack.grad, ref_stream)
-                      .ok());
-      ASSERT_TRUE((*reference)
-                      ->Orthogonalize(stack.grad, stack.grad, h.ns, ref_stream)
-                      .ok());
-      ASSERT_TRUE(
-          (*ops)
-              ->ApplyScaled(param[m], DType::kBFloat16, grad[m], n,
-                            static_cast<float>(1.0 - h.lr * h.weight_decay),
-                            static_cast<float>(-kernels::AdjustedLr(
-                                h.lr, h.lr_adjustment, c.rows, c.cols)),
-                            ref_stream)
-              .ok());
-      ASSERT_EQ(cudaStreamSynchronize(ref_stream), cudaSuccess);
+      const absl::Status s = testing::ReferenceStep(
+          **reference, **ops, stack.grad, stack.momentum, param[m], Dtype(), h,
+          reinterpret_cast<Stream>(ref_stream));
+      ASSERT_TRUE(s.ok()) << s;
     }
   }
   double worst = 0;
