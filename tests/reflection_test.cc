@@ -285,6 +285,34 @@ TEST_F(ReflectionTest, ReflectionServesTheHealthServicesDescriptor) {
   EXPECT_TRUE(found) << response.DebugString();
 }
 
+// grpcurl's `describe` prints the comments of the descriptors reflection
+// sends: the coordinator's file carries them (source info), e.g. GetPlan's.
+TEST_F(ReflectionTest, ReflectionSendsTheProtoComments) {
+  reflection::ServerReflectionRequest request;
+  request.set_file_containing_symbol("muonps.v1.Coordinator.GetPlan");
+  const reflection::ServerReflectionResponse response = Reflect(request);
+  ASSERT_TRUE(response.has_file_descriptor_response())
+      << response.DebugString();
+  std::string comments;
+  std::set<std::string> names;
+  for (const std::string& bytes :
+       response.file_descriptor_response().file_descriptor_proto()) {
+    pb::FileDescriptorProto file;
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    names.insert(file.name());
+    for (const auto& location : file.source_code_info().location()) {
+      comments += location.leading_comments();
+    }
+  }
+  // The file and its imports, each once.
+  EXPECT_EQ(names, (std::set<std::string>{"muonps/v1/coordinator.proto",
+                                          "muonps/v1/plan.proto",
+                                          "muonps/v1/types.proto"}));
+  EXPECT_NE(comments.find("One plan version, whole (version 0: the latest)."),
+            std::string::npos)
+      << comments.substr(0, 400);
+}
+
 TEST_F(ReflectionTest, HealthCheckReportsCoordinatorServing) {
   auto stub = grpc::health::v1::Health::NewStub(channel_);
   grpc::ClientContext context;

@@ -2,7 +2,6 @@
 // server reflection) and Prometheus metrics; expires leases and re-plans.
 // Logs "listening on HOST:PORT" once it serves; exits cleanly on SIGTERM or
 // SIGINT.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -21,6 +20,7 @@
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/coordinator_state.h"
 #include "server/health/health_service.h"
+#include "server/reflection/reflection_service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on.");
@@ -86,7 +86,9 @@ int Run() {
   coordinator::CoordinatorService service(&state, &metrics);
 
   server::HealthService health;
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  server::ReflectionService reflection(
+      {"muonps.v1.Coordinator", "grpc.health.v1.Health",
+       "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   const std::string host = absl::GetFlag(FLAGS_host);
   int port = 0;
@@ -96,6 +98,7 @@ int Run() {
       static_cast<int>(options.limits.max_message_bytes));
   builder.RegisterService(&service);
   builder.RegisterService(&health);
+  builder.RegisterService(&reflection);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     spdlog::error("cannot listen on {}:{}", host, absl::GetFlag(FLAGS_port));

@@ -3,7 +3,6 @@
 // service on a Unix socket (with grpc.health.v1 and reflection) plus
 // Prometheus metrics. Logs "listening on unix:PATH" once it serves; exits
 // cleanly (leaving the job) on SIGTERM or SIGINT.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 #include "common/status.h"
 #include "kernels/cuda/precision.h"
 #include "server/health/health_service.h"
+#include "server/reflection/reflection_service.h"
 #include "server/worker/cuda_step_backend.h"
 #include "server/worker/nccl_bootstrap.h"
 #include "server/worker/worker_agent.h"
@@ -229,7 +229,9 @@ int Run() {
   worker::WorkerAgent agent(options, &metrics, &engine);
   worker::WorkerService service(&agent, &engine);
   server::HealthService health;
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  server::ReflectionService reflection(
+      {"muonps.v1.Worker", "grpc.health.v1.Health",
+       "grpc.reflection.v1alpha.ServerReflection"});
   grpc::ServerBuilder builder;
   // A matrix's momentum travels in one message (GetMomentum/SetMomentum):
   // gRPC's 4 MiB default stops at 1024 x 1024.
@@ -246,6 +248,7 @@ int Run() {
                            grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   builder.RegisterService(&health);
+  builder.RegisterService(&reflection);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     spdlog::error("cannot listen on unix:{}", socket);
