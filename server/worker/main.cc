@@ -5,9 +5,12 @@
 // cleanly (leaving the job) on SIGTERM or SIGINT.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -249,9 +252,19 @@ int Run() {
   builder.RegisterService(&service);
   builder.RegisterService(&health);
   builder.RegisterService(&reflection);
+  // The socket is the trainer's door to its buffers: only this user may
+  // connect (a Unix socket needs write permission). Created under umask
+  // 077 so that no other user can connect even before the chmod.
+  const mode_t old_umask = umask(077);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  umask(old_umask);
   if (server == nullptr) {
     spdlog::error("cannot listen on unix:{}", socket);
+    return 1;
+  }
+  if (chmod(socket.c_str(), 0600) != 0) {
+    spdlog::error("cannot make unix:{} private: {}", socket,
+                  std::strerror(errno));
     return 1;
   }
   health.SetServing("muonps.v1.Worker", true);

@@ -138,3 +138,11 @@ def test_a_bad_adamw_lr_is_refused_before_anything_is_applied(cluster):
     opt.step()
     assert opt.step_id == 1
     opt.close()
+
+
+def test_the_workers_socket_is_private_to_its_user(cluster):
+    # The socket leads to the trainer's buffers: mode 0600, so only the
+    # worker's user can connect (a Unix socket needs write permission).
+    c = cluster()
+    mode = os.stat(c.sockets[0]).st_mode & 0o777
+    assert mode == 0o600, oct(mode)
