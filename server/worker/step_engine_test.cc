@@ -627,6 +627,12 @@ TEST_F(StepEngineDedicatedTest, AWorkerWithNoTrainerOwnsMatricesOfEveryLayout) {
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
   StartFollowing();
   StepAndMatchTheKernelsInOneProcess(6);
+  // The dedicated engine returns from its part of the last step a moment
+  // after the others may have.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (followed_steps_.load() < 6 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   EXPECT_EQ(followed_steps_.load(), 6);
   for (const char* owned : {"rep.a", "unr.a", "row.a"}) {
     EXPECT_TRUE(engines_[3]->Momentum(owned, 0).ok()) << owned;
