@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/shared_memory.h"
 #include "common/status.h"
+#include "kernels/device_ops.h"
+#include "proto/translate.h"
 
 namespace muonps {
 namespace worker {
@@ -50,18 +52,16 @@ class SharedMemoryBuffers final : public TrainerBuffers {
 }  // namespace
 
 absl::StatusOr<DType> LentDType(const v1::TensorBinding& binding) {
-  switch (binding.dtype()) {
-    case v1::DTYPE_UNSPECIFIED:
-    case v1::DTYPE_FP32:
-      return DType::kFloat32;
-    case v1::DTYPE_BF16:
-      return DType::kBFloat16;
-    default:
-      return InvalidField(
-          absl::StrCat("tensor ", Quoted(binding.name()), ".dtype"),
-          absl::StrCat(v1::DType_Name(binding.dtype()),
-                       " is not supported; lend fp32 or bf16 tensors"));
+  const std::string tensor = absl::StrCat("tensor ", Quoted(binding.name()));
+  if (!v1::DType_IsValid(binding.dtype())) {
+    return InvalidField(
+        absl::StrCat(tensor, ".dtype"),
+        absl::StrCat("unknown value ", static_cast<int>(binding.dtype())));
   }
+  // The one proto conversion, then the one check of what may be lent.
+  const DType dtype = proto::DTypeFromProto(binding.dtype());
+  MUONPS_RETURN_IF_ERROR(Annotate(kernels::CheckLentDType(dtype), tensor));
+  return dtype;
 }
 
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(

@@ -30,7 +30,7 @@ struct LentTensor {
 };
 
 // The element type a binding lends (unspecified: fp32); INVALID_ARGUMENT
-// naming `tensor "<name>".dtype` unless fp32 or bf16.
+// naming the tensor and `dtype` unless fp32 or bf16.
 absl::StatusOr<DType> LentDType(const v1::TensorBinding& binding);
 
 class TrainerBuffers {
