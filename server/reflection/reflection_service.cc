@@ -44,18 +44,19 @@ std::string ReflectionService::FileOfSymbol(const std::string& symbol) const {
   return "";
 }
 
-void ReflectionService::AddWithImports(const std::string& name,
+bool ReflectionService::AddWithImports(const std::string& name,
                                        std::set<std::string>* sent,
                                        rv::FileDescriptorResponse* out) const {
-  if (!sent->insert(name).second) return;
+  if (!sent->insert(name).second) return true;
   const std::string bytes = FileBytes(name);
-  if (bytes.empty()) return;
+  if (bytes.empty()) return false;
   out->add_file_descriptor_proto(bytes);
   pb::FileDescriptorProto proto;
-  if (!proto.ParseFromString(bytes)) return;
+  if (!proto.ParseFromString(bytes)) return true;
   for (const std::string& dependency : proto.dependency()) {
     AddWithImports(dependency, sent, out);
   }
+  return true;
 }
 
 grpc::Status ReflectionService::ServerReflectionInfo(
@@ -87,14 +88,13 @@ grpc::Status ReflectionService::ServerReflectionInfo(
         const std::string name =
             by_name ? request.file_by_filename()
                     : FileOfSymbol(request.file_containing_symbol());
-        if (name.empty() || FileBytes(name).empty()) {
-          not_found(by_name ? "file not found" : "symbol not found");
-          break;
-        }
         // The asked-for file always comes back, even if sent before.
         sent.erase(name);
-        AddWithImports(name, &sent,
-                       response.mutable_file_descriptor_response());
+        if (name.empty() ||
+            !AddWithImports(name, &sent,
+                            response.mutable_file_descriptor_response())) {
+          not_found(by_name ? "file not found" : "symbol not found");
+        }
         break;
       }
       case rv::ServerReflectionRequest::kFileContainingExtension: {

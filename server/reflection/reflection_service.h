@@ -42,8 +42,9 @@ class ReflectionService final
   std::string FileBytes(const std::string& name) const;
   // The file defining `symbol` (held files first), or "".
   std::string FileOfSymbol(const std::string& symbol) const;
-  // Adds `name` and its imports not yet in `sent` to `out`.
-  void AddWithImports(
+  // Adds `name` and its imports not yet in `sent` to `out`; false if
+  // `name` is a file it does not know.
+  bool AddWithImports(
       const std::string& name, std::set<std::string>* sent,
       grpc::reflection::v1alpha::FileDescriptorResponse* out) const;
 

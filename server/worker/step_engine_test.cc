@@ -316,6 +316,25 @@ class StepEngineTest : public ::testing::Test {
     return out;
   }
 
+  // Matrix m's whole gradient of `step` as the owner uses it: the
+  // trainers' mean summed in trainer order (unreduced), else trainer 0's;
+  // `bf16`: each part as lent in bf16, widened.
+  static std::vector<float> WholeGradient(int64_t step, int m, bool bf16) {
+    const MatrixDecl& d = Matrices()[m];
+    std::vector<float> g(d.rows * d.cols, 0.0f);
+    const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
+    for (int s = 0; s < sources; ++s) {
+      for (size_t i = 0; i < g.size(); ++i) {
+        const float v = GradValue(step, m, s, i);
+        g[i] += bf16 ? BFloat16ToFloat(FloatToBFloat16(v)) : v;
+      }
+    }
+    if (sources > 1) {
+      for (float& v : g) v *= 1.0f / static_cast<float>(sources);
+    }
+    return g;
+  }
+
   // Steps every engine with a trainer `steps` times and checks their
   // parameters against the CPU kernels in one process, bit for bit.
   void StepAndMatchTheKernelsInOneProcess(int64_t steps) {
@@ -333,16 +352,7 @@ class StepEngineTest : public ::testing::Test {
       }
       for (size_t m = 0; m < Matrices().size(); ++m) {
         const MatrixDecl& d = Matrices()[m];
-        std::vector<float> g(d.rows * d.cols, 0.0f);
-        const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
-        for (int s = 0; s < sources; ++s) {
-          for (size_t i = 0; i < g.size(); ++i) {
-            g[i] += GradValue(step, static_cast<int>(m), s, i);
-          }
-        }
-        if (sources > 1) {
-          for (float& v : g) v *= 1.0f / static_cast<float>(sources);
-        }
+        std::vector<float> g = WholeGradient(step, static_cast<int>(m), false);
         kernels::MuonStack stack;
         stack.names = {d.name};
         stack.grad = {g.data(), 1, d.rows, d.cols};
@@ -403,17 +413,7 @@ TEST_F(StepEngineTest, Bf16ParametersMatchTheKernelsInOneProcessBitForBit) {
     }
     for (size_t m = 0; m < Matrices().size(); ++m) {
       const MatrixDecl& d = Matrices()[m];
-      std::vector<float> g(d.rows * d.cols, 0.0f);
-      const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
-      for (int s = 0; s < sources; ++s) {
-        for (size_t i = 0; i < g.size(); ++i) {
-          g[i] += BFloat16ToFloat(
-              FloatToBFloat16(GradValue(step, static_cast<int>(m), s, i)));
-        }
-      }
-      if (sources > 1) {
-        for (float& v : g) v *= 1.0f / static_cast<float>(sources);
-      }
+      std::vector<float> g = WholeGradient(step, static_cast<int>(m), true);
       const kernels::MatrixStack grad{g.data(), 1, d.rows, d.cols};
       ASSERT_TRUE(reference_kernels
                       .UpdateMomentum(

@@ -445,11 +445,7 @@ class Muon(torch.optim.Optimizer):
         no coordinator given, rank 0's coordinator, whose address the other
         ranks learn through torch.distributed (torchrun)."""
         c = self._connection
-        worker_device = "cpu"
-        if device.type == "cuda":
-            index = device.index if device.index is not None else (
-                torch.cuda.current_device())
-            worker_device = f"cuda:{index}"
+        worker_device = _worker_device(device)
         coordinator = c["coordinator"]
         job = c["job"] if coordinator is not None else None
         if coordinator is None and world_size > 1:
@@ -479,11 +475,9 @@ class Muon(torch.optim.Optimizer):
         """Matrices lent in place to the worker on `device`; the rest
         stepped by torch's AdamW (see muonps/_cuda.py)."""
         c = self._connection
-        index = device.index if device.index is not None else (
-            torch.cuda.current_device())
         client = _native.NativeClient(c["coordinator"], c["job"], self._socket,
                                       rank, world_size, c["timeout"],
-                                      device=f"cuda:{index}")
+                                      device=_worker_device(device))
         matrices = [(t.name, t.param, t.group) for t in lent if t.muon]
         others = [(t.name, t.param, t.group) for t in lent if not t.muon]
         try:
@@ -512,6 +506,16 @@ class Muon(torch.optim.Optimizer):
         self._client, self._frozen = client, frozen
         self._finalizer = weakref.finalize(self, _shut_down_cuda, client,
                                            self._service)
+
+
+def _worker_device(device):
+    """The worker's --device for parameters on `device`: "cpu" or
+    "cuda:N" (an index-less "cuda" is the current device)."""
+    if device.type != "cuda":
+        return "cpu"
+    index = device.index if device.index is not None else (
+        torch.cuda.current_device())
+    return f"cuda:{index}"
 
 
 def _start_client(client, d, dedicated_workers):

@@ -171,3 +171,18 @@ def cluster(tmp_path, monkeypatch):
             leftovers.append(str(segment))
             segment.unlink()
     assert not leftovers, f"shared memory left behind: {leftovers}"
+
+
+@pytest.fixture
+def private(monkeypatch, tmp_path):
+    """muonps.Muon on its own: no coordinator in the environment, and the
+    binaries the tests use where its private service looks for them."""
+    _require_binaries()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "muonps-coordinator").symlink_to(COORDINATOR_BIN)
+    (bin_dir / "muonps-worker").symlink_to(WORKER_BIN)
+    monkeypatch.delenv("MUONPS_COORDINATOR", raising=False)
+    monkeypatch.delenv("MUONPS_WORKER_SOCKET", raising=False)
+    monkeypatch.setenv("MUONPS_BIN_DIR", str(bin_dir))
+    return bin_dir

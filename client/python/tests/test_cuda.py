@@ -44,6 +44,23 @@ def groups(params, names):
              "weight_decay": 0.05, "adamw_weight_decay": 0.02}]
 
 
+def torch_groups(params, fused=False):
+    """torch.optim.Muon and AdamW over `params` with groups()'s two groups
+    (AdamW fused or not)."""
+    matrices = [n for n in params if n.endswith("weight")]
+    vectors = [n for n in params if n.endswith("bias")]
+    return [
+        torch.optim.Muon([params[n] for n in matrices if n[0] in "ab"],
+                         lr=0.02, weight_decay=0.1),
+        torch.optim.Muon([params[n] for n in matrices if n[0] in "cd"],
+                         lr=0.01, weight_decay=0.05),
+        torch.optim.AdamW([
+            {"params": [params[n] for n in vectors if n[0] in "ab"],
+             "weight_decay": 0.01, "lr": 0.02},
+            {"params": [params[n] for n in vectors if n[0] in "cd"],
+             "weight_decay": 0.02, "lr": 0.01}], fused=fused)]
+
+
 @pytest.mark.parametrize("sync_each_step,dedicated",
                          [(False, 0), (True, 0), (False, 1)])
 def test_cuda_parameters_follow_torch_optim_muon_per_group(
@@ -59,17 +76,7 @@ def test_cuda_parameters_follow_torch_optim_muon_per_group(
     ours, theirs = model(3), model(3)
     opt = muonps.Muon(groups(ours, list(ours)), **c.options())
     matrices = [n for n in theirs if n.endswith("weight")]
-    vectors = [n for n in theirs if n.endswith("bias")]
-    reference = [
-        torch.optim.Muon([theirs[n] for n in matrices if n[0] in "ab"],
-                         lr=0.02, weight_decay=0.1),
-        torch.optim.Muon([theirs[n] for n in matrices if n[0] in "cd"],
-                         lr=0.01, weight_decay=0.05),
-        torch.optim.AdamW([
-            {"params": [theirs[n] for n in vectors if n[0] in "ab"],
-             "weight_decay": 0.01, "lr": 0.02},
-            {"params": [theirs[n] for n in vectors if n[0] in "cd"],
-             "weight_decay": 0.02, "lr": 0.01}])]
+    reference = torch_groups(theirs)
     g = torch.Generator().manual_seed(11)
     worst = 0.0
     for step in range(10):
@@ -145,19 +152,8 @@ def test_bf16_parameters_stay_as_close_to_fp32_as_torch_does(cluster):
     opt = muonps.Muon(groups(ours, list(ours)), **c.options())
     matrices = [n for n in ours if n.endswith("weight")]
     vectors = [n for n in ours if n.endswith("bias")]
-
-    def torch_optimizers(params):
-        return [
-            torch.optim.Muon([params[n] for n in matrices if n[0] in "ab"],
-                             lr=0.02, weight_decay=0.1),
-            torch.optim.Muon([params[n] for n in matrices if n[0] in "cd"],
-                             lr=0.01, weight_decay=0.05),
-            torch.optim.AdamW([
-                {"params": [params[n] for n in vectors if n[0] in "ab"],
-                 "weight_decay": 0.01, "lr": 0.02},
-                {"params": [params[n] for n in vectors if n[0] in "cd"],
-                 "weight_decay": 0.02, "lr": 0.01}], fused=True)]
-    references = torch_optimizers(torch_bf16) + torch_optimizers(fp32)
+    references = (torch_groups(torch_bf16, fused=True) +
+                  torch_groups(fp32, fused=True))
     g = torch.Generator().manual_seed(13)
     worst_ours, worst_torch = 0.0, 0.0
     for step in range(10):

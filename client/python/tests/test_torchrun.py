@@ -14,7 +14,6 @@ import textwrap
 import pytest
 
 from conftest import PACKAGE_ROOT
-from test_zero_setup import private  # noqa: F401 (fixture)
 
 TESTS = PACKAGE_ROOT / "tests"
 

@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from conftest import PACKAGE_ROOT
-from test_zero_setup import private  # noqa: F401 (fixture)
 
 SCRIPT = PACKAGE_ROOT.parents[1] / "examples" / "train_gpt.py"
 SOURCES = pathlib.Path("/usr/share/doc/python3.11/html/_sources")

@@ -19,23 +19,10 @@ import pytest
 
 import muonps
 import toy
-from conftest import COORDINATOR_BIN, PACKAGE_ROOT, WORKER_BIN, _require_binaries
+from conftest import PACKAGE_ROOT
 from muonps import _service
 from test_trajectory import STEPS, check_trajectory
 
-
-@pytest.fixture
-def private(monkeypatch, tmp_path):
-    """No coordinator in the environment; the binaries the tests use."""
-    _require_binaries()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "muonps-coordinator").symlink_to(COORDINATOR_BIN)
-    (bin_dir / "muonps-worker").symlink_to(WORKER_BIN)
-    monkeypatch.delenv("MUONPS_COORDINATOR", raising=False)
-    monkeypatch.delenv("MUONPS_WORKER_SOCKET", raising=False)
-    monkeypatch.setenv("MUONPS_BIN_DIR", str(bin_dir))
-    return bin_dir
 
 
 def alive(pid):
