@@ -1,0 +1,279 @@
+#include "proto/credentials.h"
+
+#include <arpa/inet.h>
+#include <grpcpp/support/client_interceptor.h>
+#include <sys/random.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "spdlog/spdlog.h"
+
+namespace muonps {
+namespace {
+
+constexpr size_t kMinTokenLength = 16;
+
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": cannot read \"", path, "\""));
+  }
+  std::stringstream contents;
+  contents << in.rdbuf();
+  if (contents.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": \"", path, "\" is empty"));
+  }
+  return contents.str();
+}
+
+// Adds "authorization: Bearer TOKEN" to every call of a channel.
+class BearerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;  // owned by the factory, which the channel keeps
+};
+
+class BearerInterceptorFactory
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(std::string token)
+      : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+}  // namespace
+
+SecurityConfig WithEnvironmentDefaults(SecurityConfig config) {
+  const auto fill = [](std::string* field, const char* variable) {
+    const char* value = std::getenv(variable);
+    if (field->empty() && value != nullptr) *field = value;
+  };
+  fill(&config.token_file, "MUONPS_TOKEN_FILE");
+  fill(&config.tls_cert_file, "MUONPS_TLS_CERT_FILE");
+  fill(&config.tls_key_file, "MUONPS_TLS_KEY_FILE");
+  fill(&config.tls_ca_file, "MUONPS_TLS_CA_FILE");
+  return config;
+}
+
+absl::StatusOr<std::string> ReadToken(const std::string& path,
+                                      absl::string_view what) {
+  absl::StatusOr<std::string> contents = ReadFile(path, what);
+  if (!contents.ok()) return contents.status();
+  absl::string_view line = *contents;
+  line = line.substr(0, line.find('\n'));
+  line = absl::StripAsciiWhitespace(line);
+  if (line.size() < kMinTokenLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the token in \"", path, "\" has ", line.size(),
+                     " characters; at least ", kMinTokenLength, " needed"));
+  }
+  for (char c : line) {
+    if (c <= ' ' || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the token in \"", path,
+                       "\" holds a space or control character"));
+    }
+  }
+  return std::string(line);
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  host = absl::StripPrefix(absl::StripSuffix(host, "]"), "[");
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  const std::string text(host);
+  in_addr v4;
+  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&v6);
+  }
+  return false;
+}
+
+absl::StatusOr<ServerSecurity> LoadServerSecurity(const SecurityConfig& config,
+                                                  absl::string_view host) {
+  ServerSecurity out;
+  if (!config.token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadToken(config.token_file, "--token_file");
+    if (!token.ok()) return token.status();
+    out.token = *std::move(token);
+  }
+  const bool has_cert = !config.tls_cert_file.empty();
+  const bool has_key = !config.tls_key_file.empty();
+  if (has_cert != has_key) {
+    return absl::InvalidArgumentError(
+        "--tls_cert_file and --tls_key_file: give both or neither");
+  }
+  const bool loopback = IsLoopbackHost(host);
+  if (has_cert) {
+    grpc::SslServerCredentialsOptions ssl;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    absl::StatusOr<std::string> cert =
+        ReadFile(config.tls_cert_file, "--tls_cert_file");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key =
+        ReadFile(config.tls_key_file, "--tls_key_file");
+    if (!key.ok()) return key.status();
+    pair.cert_chain = *std::move(cert);
+    pair.private_key = *std::move(key);
+    ssl.pem_key_cert_pairs.push_back(std::move(pair));
+    if (!config.tls_ca_file.empty()) {
+      absl::StatusOr<std::string> ca =
+          ReadFile(config.tls_ca_file, "--tls_ca_file");
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *std::move(ca);
+      ssl.client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    out.credentials = grpc::SslServerCredentials(ssl);
+    out.tls = true;
+    if (!loopback && out.token.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "listening on ", host,
+          " (not loopback) needs a bearer token as well as TLS: set "
+          "--token_file or MUONPS_TOKEN_FILE"));
+    }
+    if (out.token.empty()) {
+      spdlog::warn("TLS without a bearer token on {}: any client may call",
+                   std::string(host));
+    }
+    return out;
+  }
+  if (!loopback) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listening on ", host,
+        " (not loopback) needs TLS and a bearer token: set --tls_cert_file, "
+        "--tls_key_file and --token_file (or MUONPS_TLS_CERT_FILE, "
+        "MUONPS_TLS_KEY_FILE, MUONPS_TOKEN_FILE)"));
+  }
+  if (!config.insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no TLS certificate: set --tls_cert_file and --tls_key_file, or "
+        "pass --insecure to serve plaintext on ",
+        host, " (loopback only)"));
+  }
+  spdlog::warn("--insecure: serving plaintext gRPC on {} ({})",
+               std::string(host),
+               out.token.empty() ? "no bearer token checked"
+                                 : "bearer token checked");
+  out.credentials = grpc::InsecureServerCredentials();
+  return out;
+}
+
+absl::Status CheckBearerToken(const grpc::ServerContext& context,
+                              absl::string_view expected) {
+  if (expected.empty()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "missing \"authorization: Bearer TOKEN\" metadata (the client has "
+        "no --token_file or MUONPS_TOKEN_FILE)");
+  }
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&value, "Bearer ")) {
+    return absl::UnauthenticatedError(
+        "the authorization metadata is not \"Bearer TOKEN\"");
+  }
+  if (!SecretsEqual(value, expected)) {
+    return absl::UnauthenticatedError("the bearer token is not this server's");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
+    const std::string& target, const SecurityConfig& config,
+    const grpc::ChannelArguments& args) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  const bool unix_socket = absl::StartsWith(target, "unix:");
+  if (!unix_socket && !config.tls_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    absl::StatusOr<std::string> ca =
+        ReadFile(config.tls_ca_file, "tls_ca_file");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+    if (!config.tls_cert_file.empty() || !config.tls_key_file.empty()) {
+      absl::StatusOr<std::string> cert =
+          ReadFile(config.tls_cert_file, "tls_cert_file");
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key =
+          ReadFile(config.tls_key_file, "tls_key_file");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *std::move(cert);
+      ssl.pem_private_key = *std::move(key);
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  if (!config.token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadToken(config.token_file, "token_file");
+    if (!token.ok()) return token.status();
+    interceptors.push_back(
+        std::make_unique<BearerInterceptorFactory>(*std::move(token)));
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      target, credentials, args, std::move(interceptors));
+}
+
+std::string RandomHex(int bytes) {
+  std::vector<unsigned char> raw(static_cast<size_t>(bytes));
+  size_t filled = 0;
+  while (filled < raw.size()) {
+    const ssize_t n = getrandom(raw.data() + filled, raw.size() - filled, 0);
+    if (n > 0) filled += static_cast<size_t>(n);
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(raw.size() * 2);
+  for (unsigned char b : raw) {
+    out.push_back(kDigits[b >> 4]);
+    out.push_back(kDigits[b & 15]);
+  }
+  return out;
+}
+
+bool SecretsEqual(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace muonps
