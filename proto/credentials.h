@@ -92,13 +92,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     const std::string& target, const SecurityConfig& config,
     const grpc::ChannelArguments& args = grpc::ChannelArguments());
 
-// 2 * `bytes` lowercase hex characters from the kernel's random source
-// (tokens and secrets the coordinator hands out).
-std::string RandomHex(int bytes);
-
-// Constant-time equality of two secrets (time depends only on the lengths).
-bool SecretsEqual(absl::string_view a, absl::string_view b);
-
 }  // namespace muonps
 
 #endif  // MUONPS_PROTO_CREDENTIALS_H_

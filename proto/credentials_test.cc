@@ -98,14 +98,6 @@ TEST(LoadServerSecurityTest, CertificateWithoutKeyIsRefused) {
             std::string::npos);
 }
 
-TEST(SecretsEqualTest, ComparesWholeSecrets) {
-  EXPECT_TRUE(SecretsEqual("abcdef", "abcdef"));
-  EXPECT_FALSE(SecretsEqual("abcdef", "abcdeg"));
-  EXPECT_FALSE(SecretsEqual("abcdef", "abcde"));
-  EXPECT_EQ(RandomHex(32).size(), 64u);
-  EXPECT_NE(RandomHex(16), RandomHex(16));
-}
-
 // A Coordinator whose ListJobs checks the token as the real services do.
 class GuardedService final : public v1::Coordinator::Service {
  public:

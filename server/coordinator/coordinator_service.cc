@@ -10,8 +10,12 @@ namespace muonps {
 namespace coordinator {
 
 CoordinatorService::CoordinatorService(CoordinatorState* state,
-                                       MetricsRegistry* metrics)
+                                       MetricsRegistry* metrics,
+                                       std::string token,
+                                       int max_watch_streams)
     : state_(state),
+      token_(std::move(token)),
+      max_watch_streams_(max_watch_streams),
       rpcs_(metrics->AddCounter("muonps_coordinator_rpcs_total",
                                 "RPCs served, by method and status code.",
                                 {"method", "code"})),
@@ -47,9 +51,16 @@ void CoordinatorService::CountLostLeases(int n) {
 }
 
 template <typename Body>
-grpc::Status CoordinatorService::Serve(const char* method, Body body) {
+grpc::Status CoordinatorService::Serve(grpc::ServerContext* context,
+                                       const char* method, Body body) {
   const auto start = std::chrono::steady_clock::now();
-  const absl::Status status = body();
+  absl::Status status = CheckBearerToken(*context, token_);
+  if (status.ok()) {
+    status = body();
+  } else {
+    spdlog::warn("rpc {} from {} refused: {}", method, context->peer(),
+                 std::string(status.message()));
+  }
   rpc_seconds_->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count(),
@@ -64,79 +75,90 @@ grpc::Status CoordinatorService::Serve(const char* method, Body body) {
 }
 
 // For handlers whose state call returns StatusOr<T>: copy the value out.
-#define MUONPS_SERVE_VALUE(method, call, response) \
-  Serve(method, [&]() -> absl::Status {            \
+#define MUONPS_SERVE_VALUE(context, method, call, response) \
+  Serve(context, method, [&]() -> absl::Status {            \
     auto result = (call);                          \
     if (!result.ok()) return result.status();      \
     *(response) = *std::move(result);              \
     return absl::OkStatus();                       \
   })
 
-grpc::Status CoordinatorService::CreateJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::CreateJob(grpc::ServerContext* context,
                                            const v1::CreateJobRequest* r,
                                            v1::Job* out) {
-  return MUONPS_SERVE_VALUE("CreateJob", state_->CreateJob(*r), out);
+  return MUONPS_SERVE_VALUE(context, "CreateJob", state_->CreateJob(*r), out);
 }
 
-grpc::Status CoordinatorService::GetJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
                                         const v1::GetJobRequest* r,
                                         v1::Job* out) {
-  return MUONPS_SERVE_VALUE("GetJob", state_->GetJob(r->job()), out);
+  return MUONPS_SERVE_VALUE(context, "GetJob", state_->GetJob(r->job()), out);
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
                                           const v1::ListJobsRequest*,
                                           v1::ListJobsResponse* out) {
-  return Serve("ListJobs", [&] {
+  return Serve(context, "ListJobs", [&] {
     *out = state_->ListJobs();
     return absl::OkStatus();
   });
 }
 
-grpc::Status CoordinatorService::DeleteJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::DeleteJob(grpc::ServerContext* context,
                                            const v1::DeleteJobRequest* r,
                                            v1::DeleteJobResponse*) {
-  return Serve("DeleteJob", [&] { return state_->DeleteJob(r->job()); });
+  return Serve(context, "DeleteJob", [&] { return state_->DeleteJob(*r); });
 }
 
-grpc::Status CoordinatorService::JoinJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* context,
                                          const v1::JoinJobRequest* r,
                                          v1::JoinJobResponse* out) {
-  return MUONPS_SERVE_VALUE("JoinJob", state_->JoinJob(*r), out);
+  return MUONPS_SERVE_VALUE(context, "JoinJob", state_->JoinJob(*r), out);
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const v1::HeartbeatRequest* r,
                                            v1::HeartbeatResponse* out) {
-  return MUONPS_SERVE_VALUE("Heartbeat", state_->Heartbeat(*r), out);
+  return MUONPS_SERVE_VALUE(context, "Heartbeat", state_->Heartbeat(*r), out);
 }
 
-grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* context,
                                           const v1::LeaveJobRequest* r,
                                           v1::LeaveJobResponse*) {
-  return Serve("LeaveJob", [&] { return state_->LeaveJob(*r); });
+  return Serve(context, "LeaveJob", [&] { return state_->LeaveJob(*r); });
 }
 
-grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*,
+grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
                                              const v1::ListWorkersRequest* r,
                                              v1::ListWorkersResponse* out) {
-  return MUONPS_SERVE_VALUE("ListWorkers", state_->ListWorkers(*r), out);
+  return MUONPS_SERVE_VALUE(context, "ListWorkers", state_->ListWorkers(*r), out);
 }
 
-grpc::Status CoordinatorService::GetPlan(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* context,
                                          const v1::GetPlanRequest* r,
                                          v1::Plan* out) {
-  return MUONPS_SERVE_VALUE("GetPlan", state_->GetPlan(*r), out);
+  return MUONPS_SERVE_VALUE(context, "GetPlan", state_->GetPlan(*r), out);
 }
 
 grpc::Status CoordinatorService::WatchPlan(
     grpc::ServerContext* context, const v1::WatchPlanRequest* r,
     grpc::ServerWriter<v1::Plan>* writer) {
-  return Serve("WatchPlan", [&]() -> absl::Status {
+  return Serve(context, "WatchPlan", [&]() -> absl::Status {
     if (r->known_version() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("known_version: ", r->known_version(), " < 0"));
     }
+    if (watch_streams_.fetch_add(1) >= max_watch_streams_) {
+      watch_streams_.fetch_sub(1);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "WatchPlan: ", max_watch_streams_,
+          " streams are open, the coordinator's limit "
+          "(--max_watch_streams); poll GetPlan instead"));
+    }
+    struct Release {
+      std::atomic<int>* open;
+      ~Release() { open->fetch_sub(1); }
+    } release{&watch_streams_};
     int64_t known = r->known_version();
     // Wake up now and then to notice a cancelled call or a shutdown.
     while (!context->IsCancelled() && !shutting_down_) {
@@ -151,22 +173,22 @@ grpc::Status CoordinatorService::WatchPlan(
   });
 }
 
-grpc::Status CoordinatorService::PutNcclId(grpc::ServerContext*,
+grpc::Status CoordinatorService::PutNcclId(grpc::ServerContext* context,
                                            const v1::PutNcclIdRequest* r,
                                            v1::PutNcclIdResponse*) {
-  return Serve("PutNcclId", [&] { return state_->PutNcclId(*r); });
+  return Serve(context, "PutNcclId", [&] { return state_->PutNcclId(*r); });
 }
 
-grpc::Status CoordinatorService::GetNcclId(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetNcclId(grpc::ServerContext* context,
                                            const v1::GetNcclIdRequest* r,
                                            v1::GetNcclIdResponse* out) {
-  return MUONPS_SERVE_VALUE("GetNcclId", state_->GetNcclId(*r), out);
+  return MUONPS_SERVE_VALUE(context, "GetNcclId", state_->GetNcclId(*r), out);
 }
 
 grpc::Status CoordinatorService::ReportStepStats(
-    grpc::ServerContext*, const v1::ReportStepStatsRequest* r,
+    grpc::ServerContext* context, const v1::ReportStepStatsRequest* r,
     v1::ReportStepStatsResponse*) {
-  return Serve("ReportStepStats", [&]() -> absl::Status {
+  return Serve(context, "ReportStepStats", [&]() -> absl::Status {
     const absl::Status status = state_->ReportStepStats(*r);
     if (status.ok()) step_seconds_->Observe(r->step_seconds());
     return status;

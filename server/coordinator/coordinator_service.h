@@ -1,12 +1,15 @@
 // The muonps.v1.Coordinator gRPC service over CoordinatorState: the one
-// place where absl::Status becomes grpc::Status, and where every RPC is
-// counted and timed for /metrics. Thread-safe.
+// place where absl::Status becomes grpc::Status, where every RPC is counted
+// and timed for /metrics, and where every RPC's bearer token is checked
+// before its handler runs (proto/credentials.h). Thread-safe.
 #ifndef MUONPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define MUONPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <atomic>
+#include <string>
 
 #include "common/metrics.h"
+#include "proto/credentials.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "proto/grpc_status.h"
 #include "server/coordinator/coordinator_state.h"
@@ -16,8 +19,13 @@ namespace coordinator {
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  // `state` and `metrics` must outlive the service.
-  CoordinatorService(CoordinatorState* state, MetricsRegistry* metrics);
+  // `state` and `metrics` must outlive the service. Every RPC must carry
+  // `token` as "authorization: Bearer TOKEN" (UNAUTHENTICATED otherwise,
+  // nothing changed); an empty `token` checks nothing. At most
+  // `max_watch_streams` WatchPlan streams are open at once (each holds a
+  // server thread); more are RESOURCE_EXHAUSTED.
+  CoordinatorService(CoordinatorState* state, MetricsRegistry* metrics,
+                     std::string token, int max_watch_streams = 32);
 
   // Ends open WatchPlan streams (for shutdown).
   void Shutdown() { shutting_down_ = true; }
@@ -56,11 +64,16 @@ class CoordinatorService final : public v1::Coordinator::Service {
                                v1::ReportStepStatsResponse*) override;
 
  private:
-  // Runs `body`, converts its status, and records count and latency.
+  // Checks the caller's token, runs `body`, converts its status, and
+  // records count and latency.
   template <typename Body>
-  grpc::Status Serve(const char* method, Body body);
+  grpc::Status Serve(grpc::ServerContext* context, const char* method,
+                     Body body);
 
   CoordinatorState* state_;
+  const std::string token_;
+  const int max_watch_streams_;
+  std::atomic<int> watch_streams_{0};
   Counter* rpcs_;
   Histogram* rpc_seconds_;
   Gauge* jobs_;

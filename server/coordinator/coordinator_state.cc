@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/secret.h"
 #include "common/status.h"
 #include "scheduler/planner.h"
 #include "scheduler/step_schedule.h"
@@ -83,7 +84,9 @@ absl::StatusOr<v1::Job> CoordinatorState::CreateJob(
   if (it != jobs_.end()) {
     if (!request.request_id().empty() &&
         request.request_id() == it->second.create_request_id) {
-      return JobToProto(name, it->second);  // a retry
+      v1::Job retry = JobToProto(name, it->second);
+      retry.set_job_token(it->second.job_token);
+      return retry;
     }
     return FieldError(absl::StatusCode::kAlreadyExists, "job.name",
                       absl::StrCat(Quoted(name), " already exists"));
@@ -99,8 +102,12 @@ absl::StatusOr<v1::Job> CoordinatorState::CreateJob(
   job.create_time = clock_();
   job.matrices = std::move(matrices);
   job.plan_error = "no worker has joined";
+  job.job_token = RandomHex(32);
+  job.data_plane_secret = RandomHex(32);
   spdlog::info("job={} created: {} matrices", name, job.matrices.size());
-  return JobToProto(name, job);
+  v1::Job out = JobToProto(name, job);
+  out.set_job_token(job.job_token);
+  return out;
 }
 
 absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job) {
@@ -128,9 +135,17 @@ v1::ListJobsResponse CoordinatorState::ListJobs() {
   return out;
 }
 
-absl::Status CoordinatorState::DeleteJob(const std::string& job) {
+absl::Status CoordinatorState::DeleteJob(const v1::DeleteJobRequest& r) {
+  const std::string& job = r.job();
   absl::MutexLock lock(&mu_);
-  MUONPS_RETURN_IF_ERROR(FindJob(job).status());
+  MUONPS_ASSIGN_OR_RETURN(JobRecord * record, FindJob(job));
+  if (!SecretsEqual(r.job_token(), record->job_token)) {
+    return FieldError(absl::StatusCode::kUnauthenticated, "job_token",
+                      absl::StrCat(r.job_token().empty() ? "missing" : "wrong",
+                                   ": DeleteJob needs the token CreateJob "
+                                   "returned for job ",
+                                   Quoted(job)));
+  }
   jobs_.erase(job);
   plan_changed_.SignalAll();
   spdlog::info("job={} deleted", job);
@@ -242,6 +257,8 @@ absl::StatusOr<v1::JoinJobResponse> CoordinatorState::JoinJob(
     if (old.join.instance_id() == r.instance_id()) {
       old.lease_expiry = now + options_.lease_ttl;  // a retry
       out.set_plan_version(job->latest_version);
+      out.set_worker_token(old.token);
+      out.set_data_plane_secret(job->data_plane_secret);
       return out;
     }
     if (old.lease_expiry > now) {
@@ -265,12 +282,37 @@ absl::StatusOr<v1::JoinJobResponse> CoordinatorState::JoinJob(
   w.costs = std::move(costs);
   w.join_time = now;
   w.lease_expiry = now + options_.lease_ttl;
+  w.token = RandomHex(32);
   job->join_order.push_back(r.worker_id());
   spdlog::info("job={} worker={} joined ({} {} on {})", r.job(), r.worker_id(),
                r.device().kind(), r.device().name(), r.device().host());
   Replan(r.job(), job, absl::StrCat("worker ", r.worker_id(), " joined"));
   out.set_plan_version(job->latest_version);
+  out.set_worker_token(w.token);
+  out.set_data_plane_secret(job->data_plane_secret);
   return out;
+}
+
+absl::StatusOr<CoordinatorState::WorkerRecord*>
+CoordinatorState::AuthenticateWorker(const std::string& job_name,
+                                     JobRecord* job,
+                                     const std::string& worker_id,
+                                     const std::string& worker_token) {
+  auto it = job->workers.find(worker_id);
+  if (it == job->workers.end()) {
+    return FieldError(absl::StatusCode::kNotFound, "worker_id",
+                      absl::StrCat(Quoted(worker_id),
+                                   " holds no lease in job ", Quoted(job_name),
+                                   " (expired or never joined): join again"));
+  }
+  if (!SecretsEqual(worker_token, it->second.token)) {
+    return FieldError(
+        absl::StatusCode::kUnauthenticated, "worker_token",
+        absl::StrCat(worker_token.empty() ? "missing" : "wrong",
+                     ": not the token JoinJob gave worker ",
+                     Quoted(worker_id), " of job ", Quoted(job_name)));
+  }
+  return &it->second;
 }
 
 void CoordinatorState::RemoveWorker(JobRecord* job,
@@ -289,14 +331,10 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorState::Heartbeat(
   }
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-  auto it = job->workers.find(r.worker_id());
-  if (it == job->workers.end()) {
-    return FieldError(absl::StatusCode::kNotFound, "worker_id",
-                      absl::StrCat(Quoted(r.worker_id()),
-                                   " holds no lease in job ", Quoted(r.job()),
-                                   " (expired or never joined): join again"));
-  }
-  if (it->second.join.instance_id() != r.instance_id()) {
+  MUONPS_ASSIGN_OR_RETURN(
+      WorkerRecord * worker,
+      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token()));
+  if (worker->join.instance_id() != r.instance_id()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "instance_id",
                       "the lease belongs to another instance of this worker");
   }
@@ -306,8 +344,8 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorState::Heartbeat(
                                                      "latest, ",
                                                      job->latest_version));
   }
-  it->second.lease_expiry = clock_() + options_.lease_ttl;
-  it->second.reported_version = r.plan_version();
+  worker->lease_expiry = clock_() + options_.lease_ttl;
+  worker->reported_version = r.plan_version();
   v1::HeartbeatResponse out;
   out.set_lease_ttl_ms(ToMs(options_.lease_ttl));
   out.set_plan_version(job->latest_version);
@@ -318,13 +356,10 @@ absl::Status CoordinatorState::LeaveJob(const v1::LeaveJobRequest& r) {
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-  auto it = job->workers.find(r.worker_id());
-  if (it == job->workers.end()) {
-    return FieldError(absl::StatusCode::kNotFound, "worker_id",
-                      absl::StrCat(Quoted(r.worker_id()), " is not in job ",
-                                   Quoted(r.job())));
-  }
-  if (it->second.join.instance_id() != r.instance_id()) {
+  MUONPS_ASSIGN_OR_RETURN(
+      WorkerRecord * worker,
+      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token()));
+  if (worker->join.instance_id() != r.instance_id()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "instance_id",
                       "the lease belongs to another instance of this worker");
   }
@@ -414,6 +449,9 @@ absl::Status CoordinatorState::PutNcclId(const v1::PutNcclIdRequest& r) {
   }
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
+  MUONPS_RETURN_IF_ERROR(
+      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token())
+          .status());
   if (job->plans.empty() || !job->plan_error.empty() ||
       r.plan_version() != job->latest_version) {
     return FieldError(
@@ -459,14 +497,25 @@ absl::StatusOr<v1::GetNcclIdResponse> CoordinatorState::GetNcclId(
   if (r.plan_version() < 1) {
     return InvalidField("plan_version", absl::StrCat(r.plan_version(), " < 1"));
   }
+  MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
+  MUONPS_RETURN_IF_ERROR(
+      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token())
+          .status());
   if (job->plans.empty() || r.plan_version() != job->latest_version) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "plan_version",
                       absl::StrCat(r.plan_version(), " is not the current ",
                                    job->latest_version));
   }
   const PlanRecord& plan = job->plans.back();
+  if (std::find(plan.proto.workers().begin(), plan.proto.workers().end(),
+                r.worker_id()) == plan.proto.workers().end()) {
+    return FieldError(absl::StatusCode::kPermissionDenied, "worker_id",
+                      absl::StrCat(Quoted(r.worker_id()),
+                                   " is not a worker of plan_version ",
+                                   r.plan_version()));
+  }
   if (plan.nccl_id.empty() || plan.nccl_generation < r.min_generation()) {
     return FieldError(absl::StatusCode::kNotFound, "nccl_id",
                       absl::StrCat("rank 0 has not put it (generation >= ",
@@ -498,11 +547,9 @@ absl::Status CoordinatorState::ReportStepStats(
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-  if (job->workers.count(r.worker_id()) == 0) {
-    return FieldError(absl::StatusCode::kNotFound, "worker_id",
-                      absl::StrCat(Quoted(r.worker_id()), " is not in job ",
-                                   Quoted(r.job())));
-  }
+  MUONPS_RETURN_IF_ERROR(
+      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token())
+          .status());
   if (r.plan_version() > job->latest_version) {
     return InvalidField(
         "plan_version",

@@ -57,7 +57,8 @@ class CoordinatorState {
   absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(const std::string& job);
   v1::ListJobsResponse ListJobs();
-  absl::Status DeleteJob(const std::string& job);
+  // UNAUTHENTICATED unless `r.job_token` is the one CreateJob returned.
+  absl::Status DeleteJob(const v1::DeleteJobRequest& r);
 
   absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& r);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
@@ -92,6 +93,8 @@ class CoordinatorState {
     absl::Time join_time;
     absl::Time lease_expiry;
     int64_t reported_version = 0;
+    // The credential JoinJob handed out; the worker's other calls carry it.
+    std::string token;
   };
   struct PlanRecord {
     v1::Plan proto;
@@ -103,6 +106,10 @@ class CoordinatorState {
     v1::JobSpec spec;
     std::string create_request_id;
     absl::Time create_time;
+    // Handed out by CreateJob (DeleteJob requires it) and by JoinJob (the
+    // data plane's handshake key).
+    std::string job_token;
+    std::string data_plane_secret;
     std::vector<scheduler::MatrixSpec> matrices;
     std::map<std::string, WorkerRecord> workers;
     std::vector<std::string> join_order;
@@ -120,6 +127,13 @@ class CoordinatorState {
   void Replan(const std::string& name, JobRecord* job,
               const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveWorker(JobRecord* job, const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `worker_id`'s record in `job` if `worker_token` is the token JoinJob gave
+  // it: NOT_FOUND naming worker_id when it holds no lease, UNAUTHENTICATED
+  // naming worker_token otherwise.
+  absl::StatusOr<WorkerRecord*> AuthenticateWorker(
+      const std::string& job_name, JobRecord* job,
+      const std::string& worker_id, const std::string& worker_token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;

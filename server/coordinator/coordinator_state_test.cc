@@ -54,6 +54,89 @@ class FakeClock {
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
 };
 
+// A CoordinatorState whose callers hold the credentials it hands out, as
+// real workers and trainers do: it keeps the job token of every CreateJob
+// and the worker token of every JoinJob, and fills them into requests that
+// leave them empty (tests of the credentials themselves set them).
+class CredentialedState {
+ public:
+  template <typename... Args>
+  explicit CredentialedState(Args&&... args)
+      : state_(std::forward<Args>(args)...) {}
+
+  absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& r) {
+    absl::StatusOr<v1::Job> job = state_.CreateJob(r);
+    if (job.ok()) job_tokens_[r.job().name()] = job->job_token();
+    return job;
+  }
+  absl::StatusOr<v1::Job> GetJob(const std::string& job) {
+    return state_.GetJob(job);
+  }
+  v1::ListJobsResponse ListJobs() { return state_.ListJobs(); }
+  absl::Status DeleteJob(const std::string& job) {
+    v1::DeleteJobRequest r;
+    r.set_job(job);
+    r.set_job_token(job_tokens_[job]);
+    return state_.DeleteJob(r);
+  }
+  absl::Status DeleteJob(const v1::DeleteJobRequest& r) {
+    return state_.DeleteJob(r);
+  }
+  absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& r) {
+    absl::StatusOr<v1::JoinJobResponse> out = state_.JoinJob(r);
+    if (out.ok()) worker_tokens_[{r.job(), r.worker_id()}] = out->worker_token();
+    return out;
+  }
+  template <typename Request>
+  Request WithToken(Request r) {
+    if (r.worker_token().empty()) {
+      r.set_worker_token(worker_tokens_[{r.job(), r.worker_id()}]);
+    }
+    return r;
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(v1::HeartbeatRequest r) {
+    return state_.Heartbeat(WithToken(std::move(r)));
+  }
+  absl::Status LeaveJob(v1::LeaveJobRequest r) {
+    return state_.LeaveJob(WithToken(std::move(r)));
+  }
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers(
+      const v1::ListWorkersRequest& r) {
+    return state_.ListWorkers(r);
+  }
+  absl::StatusOr<v1::Plan> GetPlan(const v1::GetPlanRequest& r) {
+    return state_.GetPlan(r);
+  }
+  absl::StatusOr<std::optional<v1::Plan>> WaitForPlan(const std::string& job,
+                                                      int64_t known_version,
+                                                      absl::Duration timeout) {
+    return state_.WaitForPlan(job, known_version, timeout);
+  }
+  absl::Status PutNcclId(v1::PutNcclIdRequest r) {
+    return state_.PutNcclId(WithToken(std::move(r)));
+  }
+  absl::StatusOr<v1::GetNcclIdResponse> GetNcclId(v1::GetNcclIdRequest r) {
+    return state_.GetNcclId(WithToken(std::move(r)));
+  }
+  absl::Status ReportStepStats(v1::ReportStepStatsRequest r) {
+    return state_.ReportStepStats(WithToken(std::move(r)));
+  }
+  std::vector<std::string> ExpireLeases() { return state_.ExpireLeases(); }
+  StateCounts Counts() { return state_.Counts(); }
+  const std::string& job_token(const std::string& job) {
+    return job_tokens_[job];
+  }
+  const std::string& worker_token(const std::string& job,
+                                  const std::string& worker) {
+    return worker_tokens_[{job, worker}];
+  }
+
+ private:
+  CoordinatorState state_;
+  std::map<std::string, std::string> job_tokens_;
+  std::map<std::pair<std::string, std::string>, std::string> worker_tokens_;
+};
+
 // `count` fp32 matrices of rows x cols (4 MiB of momentum each by default),
 // one per layer.
 v1::JobSpec Spec(const std::string& name, int count, int64_t rows = 1024,
@@ -147,7 +230,7 @@ class CoordinatorStateTest : public ::testing::Test {
     return options;
   }
   void Reset(const CoordinatorOptions& options) {
-    state_ = std::make_unique<CoordinatorState>(
+    state_ = std::make_unique<CredentialedState>(
         options, [this] { return clock_.Now(); });
   }
   // Joins `worker` and returns the plan version the response names.
@@ -165,7 +248,7 @@ class CoordinatorStateTest : public ::testing::Test {
   }
 
   FakeClock clock_;
-  std::unique_ptr<CoordinatorState> state_;
+  std::unique_ptr<CredentialedState> state_;
 };
 
 TEST_F(CoordinatorStateTest, CreateJobReturnsJobsSlashNameAtPlanVersionZero) {
@@ -178,7 +261,9 @@ TEST_F(CoordinatorStateTest, CreateJobReturnsJobsSlashNameAtPlanVersionZero) {
   EXPECT_EQ(job->create_time_ms(), int64_t{1700000000} * 1000);
   absl::StatusOr<v1::Job> got = state_->GetJob("x");
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->DebugString(), job->DebugString());
+  v1::Job without_token = *job;
+  without_token.clear_job_token();  // CreateJob's answer alone holds it
+  EXPECT_EQ(got->DebugString(), without_token.DebugString());
 }
 
 TEST_F(CoordinatorStateTest,
@@ -663,6 +748,7 @@ class NcclIdTest : public CoordinatorStateTest {
                                             int64_t min_generation = 0) {
     v1::GetNcclIdRequest r;
     r.set_job("x");
+    r.set_worker_id(other_);
     r.set_plan_version(version);
     r.set_min_generation(min_generation);
     return state_->GetNcclId(r);
@@ -819,6 +905,110 @@ TEST_F(CoordinatorStateTest, DeletedJobIsNotFoundForGetJobHeartbeatAndDelete) {
   absl::StatusOr<v1::Job> again = state_->CreateJob(Create(Spec("x", 2)));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->plan_version(), 0);
+}
+
+TEST_F(CoordinatorStateTest, WorkerCallsNeedTheTokenJoinJobGaveThatWorker) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("y", 2))).ok());
+  JoinOk("x", "w1");
+  JoinOk("y", "w1");
+  const std::string mine = state_->worker_token("x", "w1");
+  const std::string other_job = state_->worker_token("y", "w1");
+  ASSERT_EQ(mine.size(), 64u);
+  ASSERT_NE(mine, other_job);
+
+  v1::HeartbeatRequest beat = Beat("x", "w1", 1);
+  beat.set_worker_token("0123456789abcdef0123456789abcdef");
+  EXPECT_THAT(state_->Heartbeat(beat).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+  beat.set_worker_token(other_job);  // a token of another job
+  EXPECT_THAT(state_->Heartbeat(beat).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, "wrong"));
+  beat.set_worker_token(mine);
+  EXPECT_TRUE(state_->Heartbeat(beat).ok());
+
+  v1::LeaveJobRequest leave = Leave("x", "w1");
+  leave.set_worker_token(other_job);
+  EXPECT_THAT(state_->LeaveJob(leave),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+  v1::ReportStepStatsRequest stats;
+  stats.set_job("x");
+  stats.set_worker_id("w1");
+  stats.set_worker_token(other_job);
+  EXPECT_THAT(state_->ReportStepStats(stats),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+  // Nothing changed: w1 still holds its lease in x.
+  EXPECT_EQ(CurrentPlan("x").workers_size(), 1);
+}
+
+TEST_F(CoordinatorStateTest, JoinRetryKeepsTheTokenTakeoverGetsANewOne) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  absl::StatusOr<v1::JoinJobResponse> first =
+      state_->JoinJob(Join("x", "w1"));
+  ASSERT_TRUE(first.ok());
+  absl::StatusOr<v1::JoinJobResponse> retry =
+      state_->JoinJob(Join("x", "w1"));
+  ASSERT_TRUE(retry.ok());
+  EXPECT_EQ(retry->worker_token(), first->worker_token());
+  EXPECT_EQ(retry->data_plane_secret(), first->data_plane_secret());
+  EXPECT_EQ(first->data_plane_secret().size(), 64u);
+
+  clock_.Advance(kTtl + absl::Seconds(1));
+  absl::StatusOr<v1::JoinJobResponse> takeover =
+      state_->JoinJob(Join("x", "w1", 4 * kGiB, "another-instance"));
+  ASSERT_TRUE(takeover.ok()) << takeover.status();
+  EXPECT_NE(takeover->worker_token(), first->worker_token());
+  v1::HeartbeatRequest old = Beat("x", "w1", 1);
+  old.set_worker_token(first->worker_token());
+  EXPECT_THAT(state_->Heartbeat(old).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+}
+
+TEST_F(CoordinatorStateTest, DeleteJobNeedsTheJobsOwnToken) {
+  absl::StatusOr<v1::Job> x = state_->CreateJob(Create(Spec("x", 2), "r"));
+  absl::StatusOr<v1::Job> y = state_->CreateJob(Create(Spec("y", 2)));
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_EQ(x->job_token().size(), 64u);
+  // GetJob never shows it; a retry of the create does.
+  EXPECT_EQ(state_->GetJob("x")->job_token(), "");
+  EXPECT_EQ(state_->CreateJob(Create(Spec("x", 2), "r"))->job_token(),
+            x->job_token());
+  v1::DeleteJobRequest r;
+  r.set_job("x");
+  EXPECT_THAT(state_->DeleteJob(r),
+              StatusIs(absl::StatusCode::kUnauthenticated, "job_token"));
+  r.set_job_token(y->job_token());
+  EXPECT_THAT(state_->DeleteJob(r),
+              StatusIs(absl::StatusCode::kUnauthenticated, "job_token"));
+  EXPECT_TRUE(state_->GetJob("x").ok());
+  r.set_job_token(x->job_token());
+  EXPECT_TRUE(state_->DeleteJob(r).ok());
+}
+
+TEST_F(NcclIdTest, OnlyRankZeroWithItsOwnTokenPutsAndOnlyMembersGet) {
+  v1::PutNcclIdRequest put;
+  put.set_job("x");
+  put.set_plan_version(2);
+  put.set_worker_id(rank0_);
+  put.set_nccl_id(Id('a'));
+  // Naming rank 0 with another worker's token does not make one rank 0.
+  put.set_worker_token(state_->worker_token("x", other_));
+  EXPECT_THAT(state_->PutNcclId(put),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+  put.set_worker_token(state_->worker_token("x", rank0_));
+  ASSERT_TRUE(state_->PutNcclId(put).ok());
+
+  v1::GetNcclIdRequest get;
+  get.set_job("x");
+  get.set_plan_version(2);
+  get.set_worker_id(other_);
+  get.set_worker_token("ffffffffffffffffffffffffffffffff");
+  EXPECT_THAT(state_->GetNcclId(get).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+  get.set_worker_id("stranger");
+  get.clear_worker_token();
+  EXPECT_THAT(state_->GetNcclId(get).status(),
+              StatusIs(absl::StatusCode::kNotFound, "worker_id"));
 }
 
 }  // namespace

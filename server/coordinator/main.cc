@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "proto/credentials.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/coordinator_state.h"
 #include "server/health/health_service.h"
@@ -43,6 +44,27 @@ ABSL_FLAG(int64_t, max_name_bytes, 256, "Longest matrix name.");
 ABSL_FLAG(int64_t, max_workers_per_job, 4096, "Workers per job.");
 ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
           "Largest request the server accepts.");
+ABSL_FLAG(int, max_concurrent_streams, 256,
+          "Concurrent calls per client connection (HTTP/2 streams).");
+ABSL_FLAG(int, max_threads, 64,
+          "Threads the gRPC server may use; calls beyond them wait or are "
+          "refused (RESOURCE_EXHAUSTED), so a flood cannot exhaust the "
+          "process.");
+ABSL_FLAG(int, max_watch_streams, 32,
+          "Open WatchPlan streams at most (each holds a thread); more are "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the bearer token every RPC but health must carry "
+          "(default: $MUONPS_TOKEN_FILE).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "TLS certificate chain (default: $MUONPS_TLS_CERT_FILE).");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "TLS private key (default: $MUONPS_TLS_KEY_FILE).");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "CA of client certificates: turns on mutual TLS (default: "
+          "$MUONPS_TLS_CA_FILE).");
+ABSL_FLAG(bool, insecure, false,
+          "Serve plaintext gRPC (loopback only; logged as a warning).");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
 ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
@@ -81,21 +103,42 @@ int Run() {
     spdlog::error("--heartbeat_interval_ms must be in (0, --lease_ttl_ms)");
     return 2;
   }
+  const std::string host = absl::GetFlag(FLAGS_host);
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
+      WithEnvironmentDefaults({.token_file = absl::GetFlag(FLAGS_token_file),
+                               .tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file),
+                               .tls_key_file = absl::GetFlag(FLAGS_tls_key_file),
+                               .tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file),
+                               .insecure = absl::GetFlag(FLAGS_insecure)}),
+      host);
+  if (!security.ok()) {
+    spdlog::error("{}", std::string(security.status().message()));
+    return 2;
+  }
   MetricsRegistry metrics;
   coordinator::CoordinatorState state(options);
-  coordinator::CoordinatorService service(&state, &metrics);
+  coordinator::CoordinatorService service(
+      &state, &metrics, security->token,
+      absl::GetFlag(FLAGS_max_watch_streams));
 
   server::HealthService health;
   server::ReflectionService reflection(
       {"muonps.v1.Coordinator", "grpc.health.v1.Health",
-       "grpc.reflection.v1alpha.ServerReflection"});
+       "grpc.reflection.v1alpha.ServerReflection"},
+      security->token);
   grpc::ServerBuilder builder;
-  const std::string host = absl::GetFlag(FLAGS_host);
   int port = 0;
   builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
-                           grpc::InsecureServerCredentials(), &port);
+                           security->credentials, &port);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(options.limits.max_message_bytes));
+  builder.SetMaxSendMessageSize(
+      static_cast<int>(options.limits.max_message_bytes));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             absl::GetFlag(FLAGS_max_concurrent_streams));
+  grpc::ResourceQuota quota("muonps-coordinator");
+  quota.SetMaxThreads(absl::GetFlag(FLAGS_max_threads));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(&service);
   builder.RegisterService(&health);
   builder.RegisterService(&reflection);
@@ -117,7 +160,9 @@ int Run() {
     spdlog::info("metrics on http://{}:{}/metrics", host,
                  metrics_server->port());
   }
-  spdlog::info("listening on {}:{}", host, port);
+  spdlog::info("listening on {}:{} ({}{})", host, port,
+               security->tls ? "TLS" : "plaintext",
+               security->token.empty() ? "" : ", bearer token");
 
   absl::Notification stop;
   std::thread lease_monitor([&] {

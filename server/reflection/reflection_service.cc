@@ -1,5 +1,8 @@
 #include "server/reflection/reflection_service.h"
 
+#include "proto/credentials.h"
+#include "proto/grpc_status.h"
+
 #include <google/protobuf/descriptor.pb.h>
 
 #include "proto/v1_descriptors.h"
@@ -10,8 +13,9 @@ namespace server {
 namespace pb = google::protobuf;
 namespace rv = grpc::reflection::v1alpha;
 
-ReflectionService::ReflectionService(std::vector<std::string> services)
-    : services_(std::move(services)) {
+ReflectionService::ReflectionService(std::vector<std::string> services,
+                                     std::string token)
+    : services_(std::move(services)), token_(std::move(token)) {
   pb::FileDescriptorSet set;
   if (set.ParseFromArray(proto::kV1Descriptors,
                          static_cast<int>(proto::kV1DescriptorsSize))) {
@@ -63,6 +67,8 @@ grpc::Status ReflectionService::ServerReflectionInfo(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<rv::ServerReflectionResponse,
                              rv::ServerReflectionRequest>* stream) {
+  const absl::Status allowed = CheckBearerToken(*context, token_);
+  if (!allowed.ok()) return ToGrpc(allowed);
   std::set<std::string> sent;  // files this stream has had
   rv::ServerReflectionRequest request;
   while (stream->Read(&request)) {

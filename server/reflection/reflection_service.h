@@ -29,7 +29,10 @@ class ReflectionService final
     : public grpc::reflection::v1alpha::ServerReflection::Service {
  public:
   // `services`: the full names ListServices reports (the server's).
-  explicit ReflectionService(std::vector<std::string> services);
+  // Streams must carry `token` as "authorization: Bearer TOKEN"
+  // (UNAUTHENTICATED otherwise; empty: no check), as the server's own
+  // methods do: the API's shape is not given to strangers.
+  ReflectionService(std::vector<std::string> services, std::string token);
 
   grpc::Status ServerReflectionInfo(
       grpc::ServerContext* context,
@@ -49,6 +52,7 @@ class ReflectionService final
       grpc::reflection::v1alpha::FileDescriptorResponse* out) const;
 
   const std::vector<std::string> services_;
+  const std::string token_;
   std::map<std::string, std::string> held_;  // file name -> serialized
   google::protobuf::SimpleDescriptorDatabase database_;
   std::unique_ptr<google::protobuf::DescriptorPool> pool_;

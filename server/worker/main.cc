@@ -24,6 +24,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "proto/credentials.h"
 #include "kernels/cuda/precision.h"
 #include "server/health/health_service.h"
 #include "server/reflection/reflection_service.h"
@@ -75,6 +76,18 @@ ABSL_FLAG(int, data_port, 0,
           "TCP port of the data-plane transport (on --host); 0 picks one.");
 ABSL_FLAG(int64_t, io_timeout_ms, 10000,
           "A peer silent this long during a step fails the step.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the bearer token: sent to the coordinator, and "
+          "required of every call on the local socket (default: "
+          "$MUONPS_TOKEN_FILE).");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "CA of the coordinator's certificate: turns on TLS to it (default: "
+          "$MUONPS_TLS_CA_FILE).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "This worker's client certificate, for a coordinator that requires "
+          "mutual TLS (default: $MUONPS_TLS_CERT_FILE).");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "Its private key (default: $MUONPS_TLS_KEY_FILE).");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
 ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
@@ -101,6 +114,32 @@ int Run() {
     spdlog::error("--coordinator and --job are required");
     return 2;
   }
+  const SecurityConfig security = WithEnvironmentDefaults(
+      {.token_file = absl::GetFlag(FLAGS_token_file),
+       .tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file),
+       .tls_key_file = absl::GetFlag(FLAGS_tls_key_file),
+       .tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file)});
+  std::string token;
+  if (!security.token_file.empty()) {
+    absl::StatusOr<std::string> read =
+        ReadToken(security.token_file, "--token_file");
+    if (!read.ok()) {
+      spdlog::error("{}", std::string(read.status().message()));
+      return 2;
+    }
+    token = *std::move(read);
+  }
+  grpc::ChannelArguments coordinator_args;
+  // Plans of big jobs exceed gRPC's 4 MiB default.
+  coordinator_args.SetMaxReceiveMessageSize(256 << 20);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> coordinator_channel =
+      OpenChannel(options.coordinator, security, coordinator_args);
+  if (!coordinator_channel.ok()) {
+    spdlog::error("{}", std::string(coordinator_channel.status().message()));
+    return 2;
+  }
+  options.coordinator_channel = *coordinator_channel;
+  options.credentials = std::make_shared<worker::JoinCredentials>();
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   if (options.worker_id.empty()) {
     options.worker_id = absl::StrCat(Hostname(), "-", getpid());
@@ -206,10 +245,10 @@ int Run() {
       };
     } else {
       make_transport = worker::NcclTransportFactory(
-          {.coordinator = grpc::CreateChannel(
-               options.coordinator, grpc::InsecureChannelCredentials()),
+          {.coordinator = options.coordinator_channel,
            .job = options.job,
            .worker_id = options.worker_id,
+           .credentials = options.credentials,
            .cuda_device = device->ordinal,
            .timeout = tcp.io_timeout});
     }
@@ -230,11 +269,12 @@ int Run() {
                             std::move(make_transport));
   MetricsRegistry metrics;
   worker::WorkerAgent agent(options, &metrics, &engine);
-  worker::WorkerService service(&agent, &engine);
+  worker::WorkerService service(&agent, &engine, token);
   server::HealthService health;
   server::ReflectionService reflection(
       {"muonps.v1.Worker", "grpc.health.v1.Health",
-       "grpc.reflection.v1alpha.ServerReflection"});
+       "grpc.reflection.v1alpha.ServerReflection"},
+      token);
   grpc::ServerBuilder builder;
   // A matrix's momentum travels in one message (GetMomentum/SetMomentum):
   // gRPC's 4 MiB default stops at 1024 x 1024.

@@ -49,6 +49,7 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
     put.set_worker_id(o.worker_id);
     put.set_nccl_id(id);
     put.set_generation(generation);
+    put.set_worker_token(o.credentials->worker_token());
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(o.timeout));
     v1::PutNcclIdResponse response;
@@ -65,6 +66,8 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
     get.set_job(o.job);
     get.set_plan_version(static_cast<int64_t>(version));
     get.set_min_generation(generation);
+    get.set_worker_id(o.worker_id);
+    get.set_worker_token(o.credentials->worker_token());
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(absl::Seconds(2)));
     v1::GetNcclIdResponse response;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "server/worker/join_credentials.h"
 #include "server/worker/step_engine.h"
 
 namespace muonps {
@@ -21,6 +22,8 @@ struct NcclBootstrapOptions {
   std::shared_ptr<grpc::Channel> coordinator;
   std::string job;
   std::string worker_id;
+  // The worker token the id calls carry (written by the agent at join).
+  std::shared_ptr<JoinCredentials> credentials;
   int cuda_device = 0;
   // For the id exchange and for NCCL (communicator setup, stalled steps).
   absl::Duration timeout = absl::Seconds(10);

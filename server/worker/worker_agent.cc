@@ -27,15 +27,7 @@ WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics,
                          StepEngine* engine)
     : options_(std::move(options)),
       instance_id_(RandomInstanceId()),
-      channel_(grpc::CreateCustomChannel(
-          options_.coordinator, grpc::InsecureChannelCredentials(),
-          [] {
-            // Plans of big jobs exceed 4 MiB.
-            grpc::ChannelArguments args;
-            args.SetMaxReceiveMessageSize(256 << 20);
-            return args;
-          }())),
-      stub_(v1::Coordinator::NewStub(channel_)),
+      stub_(v1::Coordinator::NewStub(options_.coordinator_channel)),
       plan_version_(metrics->AddGauge("muonps_worker_plan_version",
                                       "Plan version the worker follows.")),
       heartbeats_(metrics->AddCounter("muonps_worker_heartbeats_total",
@@ -109,6 +101,8 @@ bool WorkerAgent::JoinWithRetry() {
     v1::JoinJobResponse response;
     const grpc::Status status = stub_->JoinJob(&context, request, &response);
     if (status.ok()) {
+      options_.credentials->Set(response.worker_token(),
+                                response.data_plane_secret());
       absl::MutexLock lock(&mu_);
       state_ = "ready";
       heartbeat_interval_ = absl::Milliseconds(
@@ -145,6 +139,7 @@ void WorkerAgent::MembershipLoop() {
     request.set_worker_id(options_.worker_id);
     request.set_instance_id(instance_id_);
     request.set_plan_version(known);
+    request.set_worker_token(options_.credentials->worker_token());
     grpc::ClientContext context;
     context.set_deadline(Deadline(interval * 2));
     v1::HeartbeatResponse response;
@@ -166,6 +161,7 @@ void WorkerAgent::MembershipLoop() {
   leave.set_job(options_.job);
   leave.set_worker_id(options_.worker_id);
   leave.set_instance_id(instance_id_);
+  leave.set_worker_token(options_.credentials->worker_token());
   grpc::ClientContext context;
   context.set_deadline(Deadline(absl::Seconds(1)));
   v1::LeaveJobResponse response;
@@ -278,6 +274,7 @@ void WorkerAgent::FlushStepStats() {
     request.set_step_seconds(step.seconds());
     request.set_ns_seconds(step.ns_seconds());
     request.set_bytes_moved(step.bytes_moved());
+    request.set_worker_token(options_.credentials->worker_token());
     grpc::ClientContext context;
     context.set_deadline(Deadline(absl::Seconds(1)));
     v1::ReportStepStatsResponse response;

@@ -21,13 +21,18 @@
 #include "common/metrics.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "muonps/v1/worker.pb.h"
+#include "server/worker/join_credentials.h"
 #include "server/worker/step_engine.h"
 
 namespace muonps {
 namespace worker {
 
 struct AgentOptions {
-  std::string coordinator;  // host:port
+  std::string coordinator;  // host:port, for logs
+  // The channel to it, with the process's credentials (proto/credentials.h).
+  std::shared_ptr<grpc::Channel> coordinator_channel;
+  // Receives the worker token and data-plane secret of every join.
+  std::shared_ptr<JoinCredentials> credentials;
   std::string job;
   std::string worker_id;
   v1::Device device;
@@ -77,7 +82,6 @@ class WorkerAgent {
 
   const AgentOptions options_;
   const std::string instance_id_;
-  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   absl::Notification stop_;
   std::thread membership_thread_;

@@ -1,5 +1,6 @@
 // The worker's local muonps.v1.Worker control service (served on a Unix
 // socket for the trainer's client): status, buffer attachment and steps.
+// Every method first checks the caller's bearer token (proto/credentials.h).
 // Thread-safe.
 #ifndef MUONPS_SERVER_WORKER_WORKER_SERVICE_H_
 #define MUONPS_SERVER_WORKER_WORKER_SERVICE_H_
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "muonps/v1/worker.grpc.pb.h"
+#include "proto/credentials.h"
 #include "proto/grpc_status.h"
 #include "server/worker/step_engine.h"
 #include "server/worker/worker_agent.h"
@@ -14,33 +16,45 @@
 namespace muonps {
 namespace worker {
 
+#define MUONPS_RETURN_IF_UNAUTHENTICATED(context)                    \
+  do {                                                               \
+    const absl::Status allowed = CheckBearerToken(*context, token_); \
+    if (!allowed.ok()) return ToGrpc(allowed);                       \
+  } while (0)
+
 class WorkerService final : public v1::Worker::Service {
  public:
-  // `agent` and `engine` must outlive the service.
-  WorkerService(WorkerAgent* agent, StepEngine* engine)
-      : agent_(agent), engine_(engine) {}
+  // `agent` and `engine` must outlive the service. Every call must carry
+  // `token` as "authorization: Bearer TOKEN" (UNAUTHENTICATED otherwise;
+  // empty: no check).
+  WorkerService(WorkerAgent* agent, StepEngine* engine, std::string token)
+      : agent_(agent), engine_(engine), token_(std::move(token)) {}
 
-  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest*,
                          v1::WorkerStatus* out) override {
+    MUONPS_RETURN_IF_UNAUTHENTICATED(context);
     *out = agent_->Status();
     return grpc::Status::OK;
   }
 
-  grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest* request,
+  grpc::Status Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
                       v1::AttachResponse* out) override {
+    MUONPS_RETURN_IF_UNAUTHENTICATED(context);
     return Reply(engine_->Attach(*request), out);
   }
 
-  grpc::Status Step(grpc::ServerContext*, const v1::StepRequest* request,
+  grpc::Status Step(grpc::ServerContext* context, const v1::StepRequest* request,
                     v1::StepResponse* out) override {
+    MUONPS_RETURN_IF_UNAUTHENTICATED(context);
     absl::StatusOr<v1::StepResponse> step = engine_->Step(*request);
     if (step.ok() && !step->already_applied()) agent_->ReportStep(*step);
     return Reply(std::move(step), out);
   }
 
-  grpc::Status GetMomentum(grpc::ServerContext*,
+  grpc::Status GetMomentum(grpc::ServerContext* context,
                            const v1::GetMomentumRequest* request,
                            v1::GetMomentumResponse* out) override {
+    MUONPS_RETURN_IF_UNAUTHENTICATED(context);
     absl::StatusOr<std::vector<float>> momentum =
         engine_->Momentum(request->matrix(), request->expert());
     if (!momentum.ok()) {
@@ -50,9 +64,10 @@ class WorkerService final : public v1::Worker::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status SetMomentum(grpc::ServerContext*,
+  grpc::Status SetMomentum(grpc::ServerContext* context,
                            const v1::SetMomentumRequest* request,
                            v1::SetMomentumResponse*) override {
+    MUONPS_RETURN_IF_UNAUTHENTICATED(context);
     const absl::Status status = engine_->SetMomentum(
         request->matrix(), request->expert(),
         std::vector<float>(request->values().begin(), request->values().end()));
@@ -71,7 +86,10 @@ class WorkerService final : public v1::Worker::Service {
 
   WorkerAgent* agent_;
   StepEngine* engine_;
+  const std::string token_;
 };
+
+#undef MUONPS_RETURN_IF_UNAUTHENTICATED
 
 }  // namespace worker
 }  // namespace muonps
