@@ -20,21 +20,22 @@ namespace {
 
 // A matrix's momentum (worker) or a big job's plan (coordinator) travels in
 // one message: gRPC's 4 MiB default stops at 1024 x 1024 floats.
-std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(
+    const std::string& target, const SecurityConfig& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(1 << 30);
   args.SetMaxSendMessageSize(1 << 30);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
-                                   args);
+  return OpenChannel(target, security, args);
 }
 
 }  // namespace
 
-Client::Client(const ClientOptions& options)
+Client::Client(const ClientOptions& options,
+               std::shared_ptr<grpc::Channel> coordinator,
+               std::shared_ptr<grpc::Channel> worker)
     : options_(options),
-      coordinator_(v1::Coordinator::NewStub(Channel(options.coordinator))),
-      worker_(v1::Worker::NewStub(
-          Channel(absl::StrCat("unix:", options.worker_socket)))) {}
+      coordinator_(v1::Coordinator::NewStub(std::move(coordinator))),
+      worker_(v1::Worker::NewStub(std::move(worker))) {}
 
 Client::~Client() {
   if (pending_.valid()) pending_.wait();
@@ -56,7 +57,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
         absl::StrCat(options.trainer_rank, " of ", options.trainer_count,
                      " is not a valid rank"));
   }
-  return std::unique_ptr<Client>(new Client(options));
+  ClientOptions resolved = options;
+  resolved.security = WithEnvironmentDefaults(options.security);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> coordinator =
+      Channel(resolved.coordinator, resolved.security);
+  if (!coordinator.ok()) return coordinator.status();
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> worker =
+      Channel(absl::StrCat("unix:", resolved.worker_socket), resolved.security);
+  if (!worker.ok()) return worker.status();
+  return std::unique_ptr<Client>(
+      new Client(resolved, *std::move(coordinator), *std::move(worker)));
 }
 
 Client::Tensor* Client::Find(const std::string& name) {

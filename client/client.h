@@ -32,6 +32,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "muonps/v1/worker.grpc.pb.h"
+#include "proto/credentials.h"
 #include "scheduler/plan_types.h"
 
 namespace muonps {
@@ -48,6 +49,12 @@ struct ClientOptions {
   // CUDA device (buffers lent with LendCuda; the local worker must run on
   // that same GPU).
   Device device = kHostDevice;
+  // Credential files (proto/credentials.h): the bearer token the
+  // coordinator and the worker check, the CA of the coordinator's TLS
+  // certificate, a client certificate for mutual TLS. Empty fields come
+  // from MUONPS_TOKEN_FILE, MUONPS_TLS_CA_FILE, MUONPS_TLS_CERT_FILE and
+  // MUONPS_TLS_KEY_FILE.
+  SecurityConfig security;
 };
 
 struct MatrixOptions {
@@ -209,7 +216,9 @@ class Client {
     DType dtype = DType::kFloat32;  // of the lent buffers
     std::vector<float> exp_avg, exp_avg_sq;
   };
-  explicit Client(const ClientOptions& options);
+  Client(const ClientOptions& options,
+         std::shared_ptr<grpc::Channel> coordinator,
+         std::shared_ptr<grpc::Channel> worker);
   absl::Status EnsureJob(const kernels::MuonHyperparameters& muon,
                          const kernels::AdamWHyperparameters& adamw,
                          std::optional<kernels::NsAlgorithm> ns_algorithm);

@@ -41,7 +41,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path,
 class BearerInterceptor : public grpc::experimental::Interceptor {
  public:
   explicit BearerInterceptor(const std::string* header) : header_(header) {}
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::
                 PRE_SEND_INITIAL_METADATA)) {
@@ -79,6 +80,7 @@ SecurityConfig WithEnvironmentDefaults(SecurityConfig config) {
   fill(&config.tls_cert_file, "MUONPS_TLS_CERT_FILE");
   fill(&config.tls_key_file, "MUONPS_TLS_KEY_FILE");
   fill(&config.tls_ca_file, "MUONPS_TLS_CA_FILE");
+  fill(&config.tls_client_ca_file, "MUONPS_TLS_CLIENT_CA_FILE");
   return config;
 }
 
@@ -147,9 +149,9 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const SecurityConfig& config,
     pair.cert_chain = *std::move(cert);
     pair.private_key = *std::move(key);
     ssl.pem_key_cert_pairs.push_back(std::move(pair));
-    if (!config.tls_ca_file.empty()) {
+    if (!config.tls_client_ca_file.empty()) {
       absl::StatusOr<std::string> ca =
-          ReadFile(config.tls_ca_file, "--tls_ca_file");
+          ReadFile(config.tls_client_ca_file, "--tls_client_ca_file");
       if (!ca.ok()) return ca.status();
       ssl.pem_root_certs = *std::move(ca);
       ssl.client_certificate_request =
@@ -182,10 +184,9 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const SecurityConfig& config,
         "pass --insecure to serve plaintext on ",
         host, " (loopback only)"));
   }
-  spdlog::warn("--insecure: serving plaintext gRPC on {} ({})",
-               std::string(host),
-               out.token.empty() ? "no bearer token checked"
-                                 : "bearer token checked");
+  spdlog::warn(
+      "--insecure: serving plaintext gRPC on {} ({})", std::string(host),
+      out.token.empty() ? "no bearer token checked" : "bearer token checked");
   out.credentials = grpc::InsecureServerCredentials();
   return out;
 }

@@ -7,8 +7,8 @@
 // below), never from a command line, and never appear in logs or statuses.
 //
 // Rules a server applies (LoadServerSecurity):
-//   - TLS when a certificate and key are given; with a CA file as well,
-//     mutual TLS (clients must present a certificate the CA signed).
+//   - TLS when a certificate and key are given; with a client CA file as
+//     well, mutual TLS (clients must present a certificate it signed).
 //   - Plaintext only with `insecure`, and only on a loopback address.
 //   - A non-loopback address needs TLS and a token, or the server refuses
 //     to start.
@@ -43,16 +43,17 @@ struct SecurityConfig {
   // key, for servers that require mutual TLS.
   std::string tls_cert_file;
   std::string tls_key_file;
-  // Server: the CA that signs client certificates (turns on mutual TLS).
   // Client: the CA that signs the server's certificate (turns on TLS).
   std::string tls_ca_file;
+  // Server: the CA that signs client certificates (turns on mutual TLS).
+  std::string tls_client_ca_file;
   // Server: allows plaintext on a loopback address (logged as a warning).
   bool insecure = false;
 };
 
 // `config` with each empty path taken from the environment:
 // MUONPS_TOKEN_FILE, MUONPS_TLS_CERT_FILE, MUONPS_TLS_KEY_FILE,
-// MUONPS_TLS_CA_FILE.
+// MUONPS_TLS_CA_FILE, MUONPS_TLS_CLIENT_CA_FILE.
 SecurityConfig WithEnvironmentDefaults(SecurityConfig config);
 
 // The token in `path`: its first line without surrounding whitespace.

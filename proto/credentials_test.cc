@@ -22,8 +22,7 @@ std::string TlsFile(const std::string& name) {
 }
 
 std::string WriteTemp(const std::string& name, const std::string& contents) {
-  const std::string path =
-      absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
   std::ofstream(path) << contents;
   return path;
 }
@@ -43,8 +42,7 @@ TEST(ReadTokenTest, RefusesShortSpacedMissingAndEmptyTokensNamingTheFlag) {
     absl::StatusOr<std::string> token =
         ReadToken(WriteTemp("bad", contents), "--token_file");
     EXPECT_EQ(token.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(token.status().message().find("--token_file"),
-              std::string::npos);
+    EXPECT_NE(token.status().message().find("--token_file"), std::string::npos);
   }
   EXPECT_EQ(ReadToken("/nonexistent/token", "--token_file").status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -91,8 +89,8 @@ TEST(LoadServerSecurityTest, NonLoopbackNeedsTlsAndToken) {
 }
 
 TEST(LoadServerSecurityTest, CertificateWithoutKeyIsRefused) {
-  absl::StatusOr<ServerSecurity> refused = LoadServerSecurity(
-      {.tls_cert_file = TlsFile("server.pem")}, "127.0.0.1");
+  absl::StatusOr<ServerSecurity> refused =
+      LoadServerSecurity({.tls_cert_file = TlsFile("server.pem")}, "127.0.0.1");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("--tls_key_file"),
             std::string::npos);
@@ -157,9 +155,9 @@ TEST(CredentialsEndToEndTest, TlsWithTokenAcceptsOnlyTheRightToken) {
                          .tls_cert_file = TlsFile("server.pem"),
                          .tls_key_file = TlsFile("server.key")});
   const std::string ca = TlsFile("ca.pem");
-  EXPECT_EQ(Call(served.target,
-                 {.token_file = TlsFile("token"), .tls_ca_file = ca}),
-            grpc::StatusCode::OK);
+  EXPECT_EQ(
+      Call(served.target, {.token_file = TlsFile("token"), .tls_ca_file = ca}),
+      grpc::StatusCode::OK);
   EXPECT_EQ(Call(served.target, {.tls_ca_file = ca}),
             grpc::StatusCode::UNAUTHENTICATED);
   const std::string wrong =
@@ -184,7 +182,7 @@ TEST(CredentialsEndToEndTest, ClientRefusesAServerItsCaDidNotSign) {
 TEST(CredentialsEndToEndTest, MutualTlsRequiresAClientCertificate) {
   Served served = Serve({.tls_cert_file = TlsFile("server.pem"),
                          .tls_key_file = TlsFile("server.key"),
-                         .tls_ca_file = TlsFile("ca.pem")});
+                         .tls_client_ca_file = TlsFile("ca.pem")});
   EXPECT_EQ(Call(served.target, {.tls_ca_file = TlsFile("ca.pem")}),
             grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Call(served.target, {.tls_cert_file = TlsFile("client.pem"),

@@ -378,11 +378,15 @@ class ControlPlaneTest : public ::testing::Test {
     std::string socket_dir = "/tmp/muonps-test-XXXXXX";
     ASSERT_NE(mkdtemp(socket_dir.data()), nullptr);
     socket_dir_ = socket_dir;
-    absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
-        {RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
-         "--metrics_port=0", absl::StrCat("--lease_ttl_ms=", kLeaseTtlMs),
-         absl::StrCat("--heartbeat_interval_ms=", kHeartbeatMs)},
-        dir_ + "/coordinator.log");
+    std::vector<std::string> argv = {
+        RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
+        "--metrics_port=0", absl::StrCat("--lease_ttl_ms=", kLeaseTtlMs),
+        absl::StrCat("--heartbeat_interval_ms=", kHeartbeatMs)};
+    for (std::string& flag : testing::SecuredCoordinatorFlags()) {
+      argv.push_back(std::move(flag));
+    }
+    absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+        ChildProcess::Start(argv, dir_ + "/coordinator.log");
     ASSERT_TRUE(started.ok()) << started.status();
     coordinator_ = *std::move(started);
     absl::StatusOr<std::string> port = coordinator_->WaitForLog(
@@ -393,8 +397,7 @@ class ControlPlaneTest : public ::testing::Test {
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     ASSERT_TRUE(absl::SimpleAtoi(*metrics, &metrics_port_));
     address_ = absl::StrCat("127.0.0.1:", *port);
-    stub_ = v1::Coordinator::NewStub(
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    stub_ = v1::Coordinator::NewStub(testing::TestChannel(address_));
 
     v1::CreateJobRequest request;
     request.set_request_id("control-plane-test-create");
@@ -487,8 +490,7 @@ class ControlPlaneTest : public ::testing::Test {
   absl::StatusOr<v1::WorkerStatus> WaitForWorker(const std::string& id,
                                                  int64_t version) {
     std::unique_ptr<v1::Worker::Stub> stub = v1::Worker::NewStub(
-        grpc::CreateChannel("unix:" + workers_.at(id).socket,
-                            grpc::InsecureChannelCredentials()));
+        testing::TestChannel("unix:" + workers_.at(id).socket));
     const absl::Time deadline = absl::Now() + kWaitTimeout;
     v1::WorkerStatus status;
     grpc::Status rpc;

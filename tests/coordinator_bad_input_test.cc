@@ -15,8 +15,10 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +27,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
+#include "proto/credentials.h"
 #include "tests/harness/child_process.h"
 
 namespace muonps {
@@ -106,19 +110,27 @@ class CoordinatorBadInputTest : public ::testing::Test {
   void SetUp() override {
     dir_ = testing::NewTempDir("bad-input");
     ASSERT_FALSE(dir_.empty());
-    auto child = ChildProcess::Start(
-        {testing::RunfilePath("server/coordinator/muonps-coordinator"),
-         "--port=0", "--metrics_port=-1", "--lease_ttl_ms=60000",
-         "--max_message_bytes=1000000", "--max_matrices_per_job=10",
-         "--max_workers_per_job=2", "--max_jobs=3"},
-        dir_ + "/coordinator.log");
+    std::vector<std::string> argv = {
+        testing::RunfilePath("server/coordinator/muonps-coordinator"),
+        "--port=0",
+        "--metrics_port=-1",
+        "--lease_ttl_ms=60000",
+        "--max_message_bytes=1000000",
+        "--max_matrices_per_job=10",
+        "--max_workers_per_job=2",
+        "--max_jobs=3",
+        "--max_watch_streams=4"};
+    for (std::string& flag : testing::SecuredCoordinatorFlags()) {
+      argv.push_back(std::move(flag));
+    }
+    auto child = ChildProcess::Start(argv, dir_ + "/coordinator.log");
     ASSERT_TRUE(child.ok()) << child.status();
     coordinator_ = *std::move(child);
     auto port = coordinator_->WaitForLog("listening on [^:]+:([0-9]+)",
                                          absl::Seconds(30));
     ASSERT_TRUE(port.ok()) << port.status();
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port),
-                                   grpc::InsecureChannelCredentials());
+    address_ = absl::StrCat("127.0.0.1:", *port);
+    channel_ = testing::TestChannel(address_);
     stub_ = v1::Coordinator::NewStub(channel_);
   }
 
@@ -136,8 +148,10 @@ class CoordinatorBadInputTest : public ::testing::Test {
 
   // Calls `method` with raw request bytes; fills `response` on success.
   grpc::Status Call(const std::string& method, const std::string& request,
-                    std::string* response) {
-    grpc::GenericStub stub(channel_);
+                    std::string* response,
+                    const std::string& service = "muonps.v1.Coordinator",
+                    std::shared_ptr<grpc::Channel> channel = nullptr) {
+    grpc::GenericStub stub(channel ? channel : channel_);
     grpc::ClientContext context;
     context.set_deadline(Deadline());
     grpc::Slice slice(request);
@@ -145,7 +159,7 @@ class CoordinatorBadInputTest : public ::testing::Test {
     grpc::ByteBuffer response_buffer;
     grpc::Status status;
     absl::Notification done;
-    stub.UnaryCall(&context, absl::StrCat("/muonps.v1.Coordinator/", method),
+    stub.UnaryCall(&context, absl::StrCat("/", service, "/", method),
                    grpc::StubOptions(), &request_buffer, &response_buffer,
                    [&](grpc::Status s) {
                      status = std::move(s);
@@ -212,17 +226,24 @@ class CoordinatorBadInputTest : public ::testing::Test {
   // (two workers, plan version 2, rank 0 has put NcclId('A')) and "idle"
   // (no worker, so no plan). Three jobs: the --max_jobs limit.
   void CreateJobs() {
-    Ok<v1::CreateJobRequest, v1::Job>("CreateJob", ValidCreate("keep"));
-    Ok<v1::JoinJobRequest, v1::JoinJobResponse>("JoinJob",
-                                                ValidJoin("keep", "k0", "ik0"));
+    job_tokens_["keep"] =
+        Ok<v1::CreateJobRequest, v1::Job>("CreateJob", ValidCreate("keep"))
+            .job_token();
+    tokens_["k0"] = Ok<v1::JoinJobRequest, v1::JoinJobResponse>(
+                        "JoinJob", ValidJoin("keep", "k0", "ik0"))
+                        .worker_token();
     keep_job_ = KeepJob();
     keep_plan_ = KeepPlan();
     ASSERT_EQ(keep_plan_.name(), "jobs/keep/plans/1");
-    Ok<v1::CreateJobRequest, v1::Job>("CreateJob", ValidCreate("boot"));
-    Ok<v1::JoinJobRequest, v1::JoinJobResponse>("JoinJob",
-                                                ValidJoin("boot", "b0", "ib0"));
-    Ok<v1::JoinJobRequest, v1::JoinJobResponse>("JoinJob",
-                                                ValidJoin("boot", "b1", "ib1"));
+    job_tokens_["boot"] =
+        Ok<v1::CreateJobRequest, v1::Job>("CreateJob", ValidCreate("boot"))
+            .job_token();
+    tokens_["b0"] = Ok<v1::JoinJobRequest, v1::JoinJobResponse>(
+                        "JoinJob", ValidJoin("boot", "b0", "ib0"))
+                        .worker_token();
+    tokens_["b1"] = Ok<v1::JoinJobRequest, v1::JoinJobResponse>(
+                        "JoinJob", ValidJoin("boot", "b1", "ib1"))
+                        .worker_token();
     v1::GetPlanRequest boot_plan;
     boot_plan.set_job("boot");
     const v1::Plan plan =
@@ -236,6 +257,7 @@ class CoordinatorBadInputTest : public ::testing::Test {
     put.set_plan_version(2);
     put.set_worker_id(boot_rank0_);
     put.set_nccl_id(NcclId('A'));
+    put.set_worker_token(tokens_.at(boot_rank0_));
     Ok<v1::PutNcclIdRequest, v1::PutNcclIdResponse>("PutNcclId", put);
     Ok<v1::CreateJobRequest, v1::Job>("CreateJob", ValidCreate("idle"));
   }
@@ -249,6 +271,10 @@ class CoordinatorBadInputTest : public ::testing::Test {
   v1::Job keep_job_;
   v1::Plan keep_plan_;
   std::string boot_rank0_, boot_rank1_;
+  std::string address_;
+  // The credentials CreateJob and JoinJob handed out, by job and worker.
+  std::map<std::string, std::string> job_tokens_;
+  std::map<std::string, std::string> tokens_;
 };
 
 std::vector<Row> CoordinatorBadInputTest::Rows() const {
@@ -277,11 +303,13 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
   beat.set_worker_id("k0");
   beat.set_instance_id("ik0");
   beat.set_plan_version(1);
+  beat.set_worker_token(tokens_.at("k0"));
   auto h = [&](auto edit) { return Bytes(beat, edit); };
   v1::LeaveJobRequest leave;
   leave.set_job("keep");
   leave.set_worker_id("k0");
   leave.set_instance_id("ik0");
+  leave.set_worker_token(tokens_.at("k0"));
   auto l = [&](auto edit) { return Bytes(leave, edit); };
   auto job = [](auto request, const std::string& name) {
     request.set_job(name);
@@ -297,10 +325,13 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
   put.set_plan_version(2);
   put.set_worker_id(boot_rank0_);
   put.set_nccl_id(NcclId('A'));
+  put.set_worker_token(tokens_.at(boot_rank0_));
   auto p = [&](auto edit) { return Bytes(put, edit); };
   v1::GetNcclIdRequest get;
   get.set_job("boot");
   get.set_plan_version(2);
+  get.set_worker_id(boot_rank1_);
+  get.set_worker_token(tokens_.at(boot_rank1_));
   auto g = [&](auto edit) { return Bytes(get, edit); };
   v1::ReportStepStatsRequest stats;
   stats.set_job("keep");
@@ -310,6 +341,7 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
   stats.set_step_seconds(0.1);
   stats.set_ns_seconds(0.05);
   stats.set_bytes_moved(100);
+  stats.set_worker_token(tokens_.at("k0"));
   auto s = [&](auto edit) { return Bytes(stats, edit); };
   // A cost table just over 2 MB, each line valid.
   std::string big_table;
@@ -459,9 +491,12 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
        kExists, "job.name"},
       {"existing name, same request_id (a retry)", "CreateJob",
        ValidCreate("keep").SerializeAsString(), StatusCode::OK, "", false,
-       [keep](const std::string& bytes) {
+       [keep, token = job_tokens_.at("keep")](const std::string& bytes) {
          v1::Job retried;
          ASSERT_TRUE(retried.ParseFromString(bytes));
+         // A retry is answered as the create was, token included.
+         EXPECT_EQ(retried.job_token(), token);
+         retried.clear_job_token();
          EXPECT_EQ(Deterministic(retried), Deterministic(keep));
        }},
       {"a fourth job over --max_jobs 3", "CreateJob",
@@ -635,9 +670,44 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
       // and Heartbeat answer; "not the current" is for real versions.
       {"negative plan_version", "PutNcclId",
        p([](auto& r) { r.set_plan_version(-1); }), kInvalid, "plan_version"},
-      {"not rank 0", "PutNcclId",
-       p([&](auto& r) { r.set_worker_id(boot_rank1_); }), kPrecondition,
-       "worker_id"},
+      {"not rank 0", "PutNcclId", p([&](auto& r) {
+         r.set_worker_id(boot_rank1_);
+         r.set_worker_token(tokens_.at(boot_rank1_));
+       }),
+       kPrecondition, "worker_id"},
+      {"rank 0's id with another worker's token", "PutNcclId",
+       p([&](auto& r) { r.set_worker_token(tokens_.at(boot_rank1_)); }),
+       StatusCode::UNAUTHENTICATED, "worker_token"},
+      {"no worker_token", "PutNcclId",
+       p([](auto& r) { r.clear_worker_token(); }), StatusCode::UNAUTHENTICATED,
+       "worker_token"},
+      {"a worker of another job", "GetNcclId", g([&](auto& r) {
+         r.set_worker_id("k0");
+         r.set_worker_token(tokens_.at("k0"));
+       }),
+       kNotFound, "worker_id"},
+      {"no worker_token", "GetNcclId",
+       g([](auto& r) { r.clear_worker_token(); }), StatusCode::UNAUTHENTICATED,
+       "worker_token"},
+      {"another job's token", "Heartbeat",
+       h([&](auto& r) { r.set_worker_token(tokens_.at("b0")); }),
+       StatusCode::UNAUTHENTICATED, "worker_token"},
+      {"no worker_token", "LeaveJob",
+       l([](auto& r) { r.clear_worker_token(); }), StatusCode::UNAUTHENTICATED,
+       "worker_token"},
+      {"no worker_token", "ReportStepStats",
+       s([](auto& r) { r.clear_worker_token(); }), StatusCode::UNAUTHENTICATED,
+       "worker_token"},
+      {"no job_token", "DeleteJob", job(v1::DeleteJobRequest(), "keep"),
+       StatusCode::UNAUTHENTICATED, "job_token"},
+      {"another job's token", "DeleteJob",
+       [&] {
+         v1::DeleteJobRequest r;
+         r.set_job("keep");
+         r.set_job_token(job_tokens_.at("boot"));
+         return r.SerializeAsString();
+       }(),
+       StatusCode::UNAUTHENTICATED, "job_token"},
       // Every other RPC checks ids before state: "" is no worker at all.
       {"empty worker_id", "PutNcclId", p([](auto& r) { r.clear_worker_id(); }),
        kInvalid, "worker_id"},
@@ -648,14 +718,17 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
        kNotFound, "job"},
       {"empty job", "PutNcclId", p([](auto& r) { r.set_job(""); }), kInvalid,
        "job"},
-      {"job without a plan", "PutNcclId", p([](auto& r) {
+      // Membership is checked before the plan: b0 is no worker of "idle".
+      {"a worker of another job", "PutNcclId", p([](auto& r) {
          r.set_job("idle");
          r.set_plan_version(1);
        }),
-       kPrecondition, "plan_version"},
-      {"before rank 0 put it", "GetNcclId", g([](auto& r) {
+       kNotFound, "worker_id"},
+      {"before rank 0 put it", "GetNcclId", g([&](auto& r) {
          r.set_job("keep");
          r.set_plan_version(1);
+         r.set_worker_id("k0");
+         r.set_worker_token(tokens_.at("k0"));
        }),
        kNotFound, "nccl_id"},
       {"stale plan_version 1", "GetNcclId",
@@ -757,6 +830,86 @@ TEST_F(CoordinatorBadInputTest,
     names.push_back(summary.name());
   }
   EXPECT_EQ(names, (std::vector<std::string>{"boot", "idle", "keep"}));
+}
+
+// Every method of every service but health refuses a caller without the
+// bearer token, or with a wrong one, before its handler runs: the methods
+// come from the service descriptors, so a method added later is covered.
+TEST_F(CoordinatorBadInputTest,
+       EveryMethodButHealthRefusesCallersWithoutTheToken) {
+  CreateJobs();
+  const v1::Job job_before = KeepJob();
+  const std::string wrong_token = testing::NewTempDir("wrong-token") + "/token";
+  std::ofstream(wrong_token) << "ffffffffffffffffffffffffffffffff\n";
+  const std::string ca = testing::TestCredential("ca.pem");
+  for (const std::string& token_file : {std::string(), wrong_token}) {
+    auto channel =
+        OpenChannel(address_, {.token_file = token_file, .tls_ca_file = ca});
+    ASSERT_TRUE(channel.ok());
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+            "muonps.v1.Coordinator");
+    ASSERT_NE(service, nullptr);
+    for (int i = 0; i < service->method_count(); ++i) {
+      const google::protobuf::MethodDescriptor* method = service->method(i);
+      std::string response;
+      // A real request, so that only the token can be wrong.
+      v1::DeleteJobRequest valid_delete;
+      valid_delete.set_job("keep");
+      valid_delete.set_job_token(job_tokens_.at("keep"));
+      const std::string request = method->name() == "DeleteJob"
+                                      ? valid_delete.SerializeAsString()
+                                      : std::string();
+      grpc::Status status;
+      if (method->server_streaming()) {
+        v1::WatchPlanRequest watch;
+        watch.set_job("keep");
+        grpc::ClientContext context;
+        context.set_deadline(Deadline());
+        auto reader =
+            v1::Coordinator::NewStub(*channel)->WatchPlan(&context, watch);
+        v1::Plan plan;
+        EXPECT_FALSE(reader->Read(&plan));
+        status = reader->Finish();
+      } else {
+        status = Call(method->name(), request, &response,
+                      "muonps.v1.Coordinator", *channel);
+      }
+      EXPECT_EQ(status.error_code(), StatusCode::UNAUTHENTICATED)
+          << method->name() << " with token file \"" << token_file
+          << "\": " << status.error_message();
+      EXPECT_EQ(status.error_message().find("ffff"), std::string::npos)
+          << "a refusal must not echo the token";
+    }
+    // Reflection is behind the token too; health is not.
+    std::string response;
+    auto reflection =
+        grpc::reflection::v1alpha::ServerReflection::NewStub(*channel);
+    grpc::ClientContext context;
+    context.set_deadline(Deadline());
+    auto stream = reflection->ServerReflectionInfo(&context);
+    grpc::reflection::v1alpha::ServerReflectionRequest list;
+    list.set_list_services("");
+    stream->Write(list);
+    stream->WritesDone();
+    grpc::reflection::v1alpha::ServerReflectionResponse listed;
+    EXPECT_FALSE(stream->Read(&listed));
+    EXPECT_EQ(stream->Finish().error_code(), StatusCode::UNAUTHENTICATED);
+    auto health = grpc::health::v1::Health::NewStub(*channel);
+    grpc::ClientContext health_context;
+    health_context.set_deadline(Deadline());
+    grpc::health::v1::HealthCheckResponse serving;
+    EXPECT_TRUE(health->Check(&health_context, {}, &serving).ok());
+  }
+  // Plaintext against the TLS port never reaches a handler.
+  auto plaintext =
+      OpenChannel(address_, {.token_file = testing::TestCredential("token")});
+  ASSERT_TRUE(plaintext.ok());
+  std::string response;
+  EXPECT_EQ(Call("ListJobs", "", &response, "muonps.v1.Coordinator", *plaintext)
+                .error_code(),
+            StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Deterministic(KeepJob()), Deterministic(job_before));
 }
 
 }  // namespace

@@ -260,20 +260,24 @@ void DataPlaneFixture::TearDown() {
 }
 
 void DataPlaneFixture::StartCoordinator(const ClusterOptions& options) {
-  absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
-      {RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
-       "--metrics_port=-1",
-       absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
-       absl::StrCat("--heartbeat_interval_ms=", options.heartbeat_interval_ms)},
-      log_dir_ + "/coordinator.log");
+  std::vector<std::string> argv = {
+      RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
+      "--metrics_port=-1",
+      absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
+      absl::StrCat("--heartbeat_interval_ms=", options.heartbeat_interval_ms)};
+  for (std::string& flag : SecuredCoordinatorFlags()) {
+    argv.push_back(std::move(flag));
+  }
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+      ChildProcess::Start(argv, log_dir_ + "/coordinator.log");
   ASSERT_TRUE(started.ok()) << started.status();
   coordinator_ = *std::move(started);
   absl::StatusOr<std::string> port = coordinator_->WaitForLog(
       R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
   ASSERT_TRUE(port.ok()) << port.status();
   coordinator_address_ = absl::StrCat("127.0.0.1:", *port);
-  coordinator_stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
-      coordinator_address_, grpc::InsecureChannelCredentials()));
+  coordinator_stub_ =
+      v1::Coordinator::NewStub(TestChannel(coordinator_address_));
 }
 
 void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
@@ -288,8 +292,7 @@ void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
       absl::StrCat(log_dir_, "/", w.id, ".log"));
   ASSERT_TRUE(started.ok()) << started.status();
   w.process = *std::move(started);
-  w.stub = v1::Worker::NewStub(grpc::CreateChannel(
-      "unix:" + w.socket, grpc::InsecureChannelCredentials()));
+  w.stub = v1::Worker::NewStub(TestChannel("unix:" + w.socket));
 }
 
 void DataPlaneFixture::StartTrainers(absl::Status* start_status) {

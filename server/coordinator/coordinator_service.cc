@@ -11,8 +11,7 @@ namespace coordinator {
 
 CoordinatorService::CoordinatorService(CoordinatorState* state,
                                        MetricsRegistry* metrics,
-                                       std::string token,
-                                       int max_watch_streams)
+                                       std::string token, int max_watch_streams)
     : state_(state),
       token_(std::move(token)),
       max_watch_streams_(max_watch_streams),
@@ -77,10 +76,10 @@ grpc::Status CoordinatorService::Serve(grpc::ServerContext* context,
 // For handlers whose state call returns StatusOr<T>: copy the value out.
 #define MUONPS_SERVE_VALUE(context, method, call, response) \
   Serve(context, method, [&]() -> absl::Status {            \
-    auto result = (call);                          \
-    if (!result.ok()) return result.status();      \
-    *(response) = *std::move(result);              \
-    return absl::OkStatus();                       \
+    auto result = (call);                                   \
+    if (!result.ok()) return result.status();               \
+    *(response) = *std::move(result);                       \
+    return absl::OkStatus();                                \
   })
 
 grpc::Status CoordinatorService::CreateJob(grpc::ServerContext* context,
@@ -131,7 +130,8 @@ grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
                                              const v1::ListWorkersRequest* r,
                                              v1::ListWorkersResponse* out) {
-  return MUONPS_SERVE_VALUE(context, "ListWorkers", state_->ListWorkers(*r), out);
+  return MUONPS_SERVE_VALUE(context, "ListWorkers", state_->ListWorkers(*r),
+                            out);
 }
 
 grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* context,
@@ -150,10 +150,10 @@ grpc::Status CoordinatorService::WatchPlan(
     }
     if (watch_streams_.fetch_add(1) >= max_watch_streams_) {
       watch_streams_.fetch_sub(1);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "WatchPlan: ", max_watch_streams_,
-          " streams are open, the coordinator's limit "
-          "(--max_watch_streams); poll GetPlan instead"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("WatchPlan: ", max_watch_streams_,
+                       " streams are open, the coordinator's limit "
+                       "(--max_watch_streams); poll GetPlan instead"));
     }
     struct Release {
       std::atomic<int>* open;

@@ -301,16 +301,16 @@ CoordinatorState::AuthenticateWorker(const std::string& job_name,
   auto it = job->workers.find(worker_id);
   if (it == job->workers.end()) {
     return FieldError(absl::StatusCode::kNotFound, "worker_id",
-                      absl::StrCat(Quoted(worker_id),
-                                   " holds no lease in job ", Quoted(job_name),
+                      absl::StrCat(Quoted(worker_id), " holds no lease in job ",
+                                   Quoted(job_name),
                                    " (expired or never joined): join again"));
   }
   if (!SecretsEqual(worker_token, it->second.token)) {
     return FieldError(
         absl::StatusCode::kUnauthenticated, "worker_token",
         absl::StrCat(worker_token.empty() ? "missing" : "wrong",
-                     ": not the token JoinJob gave worker ",
-                     Quoted(worker_id), " of job ", Quoted(job_name)));
+                     ": not the token JoinJob gave worker ", Quoted(worker_id),
+                     " of job ", Quoted(job_name)));
   }
   return &it->second;
 }
@@ -511,10 +511,10 @@ absl::StatusOr<v1::GetNcclIdResponse> CoordinatorState::GetNcclId(
   const PlanRecord& plan = job->plans.back();
   if (std::find(plan.proto.workers().begin(), plan.proto.workers().end(),
                 r.worker_id()) == plan.proto.workers().end()) {
-    return FieldError(absl::StatusCode::kPermissionDenied, "worker_id",
-                      absl::StrCat(Quoted(r.worker_id()),
-                                   " is not a worker of plan_version ",
-                                   r.plan_version()));
+    return FieldError(
+        absl::StatusCode::kPermissionDenied, "worker_id",
+        absl::StrCat(Quoted(r.worker_id()), " is not a worker of plan_version ",
+                     r.plan_version()));
   }
   if (plan.nccl_id.empty() || plan.nccl_generation < r.min_generation()) {
     return FieldError(absl::StatusCode::kNotFound, "nccl_id",

@@ -84,7 +84,8 @@ class CredentialedState {
   }
   absl::StatusOr<v1::JoinJobResponse> JoinJob(const v1::JoinJobRequest& r) {
     absl::StatusOr<v1::JoinJobResponse> out = state_.JoinJob(r);
-    if (out.ok()) worker_tokens_[{r.job(), r.worker_id()}] = out->worker_token();
+    if (out.ok())
+      worker_tokens_[{r.job(), r.worker_id()}] = out->worker_token();
     return out;
   }
   template <typename Request>
@@ -943,11 +944,9 @@ TEST_F(CoordinatorStateTest, WorkerCallsNeedTheTokenJoinJobGaveThatWorker) {
 
 TEST_F(CoordinatorStateTest, JoinRetryKeepsTheTokenTakeoverGetsANewOne) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
-  absl::StatusOr<v1::JoinJobResponse> first =
-      state_->JoinJob(Join("x", "w1"));
+  absl::StatusOr<v1::JoinJobResponse> first = state_->JoinJob(Join("x", "w1"));
   ASSERT_TRUE(first.ok());
-  absl::StatusOr<v1::JoinJobResponse> retry =
-      state_->JoinJob(Join("x", "w1"));
+  absl::StatusOr<v1::JoinJobResponse> retry = state_->JoinJob(Join("x", "w1"));
   ASSERT_TRUE(retry.ok());
   EXPECT_EQ(retry->worker_token(), first->worker_token());
   EXPECT_EQ(retry->data_plane_secret(), first->data_plane_secret());

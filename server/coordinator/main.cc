@@ -60,9 +60,9 @@ ABSL_FLAG(std::string, tls_cert_file, "",
           "TLS certificate chain (default: $MUONPS_TLS_CERT_FILE).");
 ABSL_FLAG(std::string, tls_key_file, "",
           "TLS private key (default: $MUONPS_TLS_KEY_FILE).");
-ABSL_FLAG(std::string, tls_ca_file, "",
+ABSL_FLAG(std::string, tls_client_ca_file, "",
           "CA of client certificates: turns on mutual TLS (default: "
-          "$MUONPS_TLS_CA_FILE).");
+          "$MUONPS_TLS_CLIENT_CA_FILE).");
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext gRPC (loopback only; logged as a warning).");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
@@ -105,11 +105,12 @@ int Run() {
   }
   const std::string host = absl::GetFlag(FLAGS_host);
   absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
-      WithEnvironmentDefaults({.token_file = absl::GetFlag(FLAGS_token_file),
-                               .tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file),
-                               .tls_key_file = absl::GetFlag(FLAGS_tls_key_file),
-                               .tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file),
-                               .insecure = absl::GetFlag(FLAGS_insecure)}),
+      WithEnvironmentDefaults(
+          {.token_file = absl::GetFlag(FLAGS_token_file),
+           .tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file),
+           .tls_key_file = absl::GetFlag(FLAGS_tls_key_file),
+           .tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file),
+           .insecure = absl::GetFlag(FLAGS_insecure)}),
       host);
   if (!security.ok()) {
     spdlog::error("{}", std::string(security.status().message()));

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "proto/credentials.h"
 
 namespace muonps {
 namespace testing {
@@ -123,14 +124,43 @@ std::string BinaryPath(const std::string& workspace_relative) {
                           : workspace_relative.substr(slash + 1));
 }
 
+std::string TestCredential(const std::string& name) {
+  return BinaryPath("tests/testdata/tls/" + name);
+}
+
+std::vector<std::string> SecuredCoordinatorFlags() {
+  setenv("MUONPS_TOKEN_FILE", TestCredential("token").c_str(), 1);
+  setenv("MUONPS_TLS_CA_FILE", TestCredential("ca.pem").c_str(), 1);
+  return {"--tls_cert_file=" + TestCredential("server.pem"),
+          "--tls_key_file=" + TestCredential("server.key")};
+}
+
+std::shared_ptr<grpc::Channel> TestChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(1 << 30);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(target, WithEnvironmentDefaults({}), args);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "TestChannel(%s): %s\n", target.c_str(),
+                 std::string(channel.status().message()).c_str());
+    std::abort();
+  }
+  return *channel;
+}
+
 absl::StatusOr<RunningCoordinator> StartCoordinator(const std::string& log_path,
                                                     absl::Duration timeout) {
   RunningCoordinator out;
-  absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
-      {BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
-       "--metrics_port=-1", "--lease_ttl_ms=3000",
-       "--heartbeat_interval_ms=500"},
-      log_path);
+  std::vector<std::string> argv = {
+      BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
+      "--metrics_port=-1", "--lease_ttl_ms=3000",
+      "--heartbeat_interval_ms=500"};
+  for (std::string& flag : SecuredCoordinatorFlags()) {
+    argv.push_back(std::move(flag));
+  }
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+      ChildProcess::Start(argv, log_path);
   if (!started.ok()) return started.status();
   out.process = *std::move(started);
   absl::StatusOr<std::string> port =

@@ -5,6 +5,7 @@
 #ifndef MUONPS_TESTS_HARNESS_CHILD_PROCESS_H_
 #define MUONPS_TESTS_HARNESS_CHILD_PROCESS_H_
 
+#include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -66,9 +67,24 @@ std::string RunfilePath(const std::string& workspace_relative);
 // else RunfilePath(workspace_relative).
 std::string BinaryPath(const std::string& workspace_relative);
 
-// A muonps-coordinator on a free loopback port (no metrics port; a 3 s
-// lease renewed every 500 ms), logging to `log_path`, and the address it
-// listens on ("127.0.0.1:PORT") once it does, within `timeout`.
+// Secures this test process and its children with the credentials of
+// //tests/testdata:tls (a throwaway CA, the coordinator's certificate and
+// key, a bearer token; found with BinaryPath, so GPU bundles carry them
+// beside the binaries): sets MUONPS_TOKEN_FILE and MUONPS_TLS_CA_FILE, which
+// workers, trainers (muonps::Client) and TestChannel read, and returns the
+// flags that make a muonps-coordinator serve TLS and require the token.
+std::vector<std::string> SecuredCoordinatorFlags();
+
+// The path of test credential `name` ("ca.pem", "token", "client.pem", ...).
+std::string TestCredential(const std::string& name);
+
+// A channel to `target` with the credentials SecuredCoordinatorFlags set up
+// (plaintext, no token, before it is called).
+std::shared_ptr<grpc::Channel> TestChannel(const std::string& target);
+
+// A muonps-coordinator on a free loopback port, secured as above (no metrics
+// port; a 3 s lease renewed every 500 ms), logging to `log_path`, and the
+// address it listens on ("127.0.0.1:PORT") once it does, within `timeout`.
 struct RunningCoordinator {
   std::unique_ptr<ChildProcess> process;
   std::string address;

@@ -11,6 +11,7 @@
 // bad usage.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <fstream>
@@ -24,11 +25,25 @@
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
+#include "proto/credentials.h"
 #include "tools/muonps/plan_table.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "Coordinator address, HOST:PORT.");
 ABSL_FLAG(std::string, job, "", "Job name.");
+ABSL_FLAG(std::string, token_file, "",
+          "Bearer token file (default: $MUONPS_TOKEN_FILE).");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "CA of the coordinator's certificate: use TLS (default: "
+          "$MUONPS_TLS_CA_FILE).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "Client certificate for mutual TLS (default: "
+          "$MUONPS_TLS_CERT_FILE).");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "Its key (default: $MUONPS_TLS_KEY_FILE).");
+ABSL_FLAG(std::string, job_token_file, "",
+          "create-job writes the job's token here (mode 0600; printed when "
+          "unset); delete-job reads it.");
 ABSL_FLAG(int64_t, version, 0, "Plan version (0: the latest).");
 ABSL_FLAG(bool, json, false, "Print JSON instead of a table.");
 ABSL_FLAG(int, timeout_ms, 10000, "Deadline of the call.");
@@ -60,17 +75,26 @@ int Run(const std::string& command) {
   // Plans of big jobs exceed gRPC's default 4 MiB receive limit.
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
-  auto stub = v1::Coordinator::NewStub(
-      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator),
-                                grpc::InsecureChannelCredentials(), args));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(absl::GetFlag(FLAGS_coordinator),
+                  WithEnvironmentDefaults(
+                      {.token_file = absl::GetFlag(FLAGS_token_file),
+                       .tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file),
+                       .tls_key_file = absl::GetFlag(FLAGS_tls_key_file),
+                       .tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file)}),
+                  args);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = v1::Coordinator::NewStub(*channel);
   grpc::ClientContext context;
   context.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
   if (command == "health") {
-    auto health = grpc::health::v1::Health::NewStub(
-        grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator),
-                                  grpc::InsecureChannelCredentials(), args));
+    auto health = grpc::health::v1::Health::NewStub(*channel);
     grpc::health::v1::HealthCheckRequest request;
     request.set_service(absl::GetFlag(FLAGS_service));
     grpc::health::v1::HealthCheckResponse response;
@@ -127,11 +151,33 @@ int Run(const std::string& command) {
     if (!status.ok()) return Fail(status);
     std::printf("created %s (%d matrices)\n", job.name().c_str(),
                 job.spec().matrices_size());
+    const std::string token_path = absl::GetFlag(FLAGS_job_token_file);
+    if (token_path.empty()) {
+      std::printf("job token: %s\n", job.job_token().c_str());
+      return 0;
+    }
+    const mode_t old_umask = umask(077);
+    std::ofstream out(token_path, std::ios::trunc);
+    umask(old_umask);
+    out << job.job_token() << "\n";
+    if (!out.flush()) {
+      std::fprintf(stderr, "--job_token_file: cannot write \"%s\"\n",
+                   token_path.c_str());
+      return 1;
+    }
     return 0;
   }
   if (command == "delete-job") {
     v1::DeleteJobRequest request;
     request.set_job(absl::GetFlag(FLAGS_job));
+    absl::StatusOr<std::string> job_token =
+        ReadToken(absl::GetFlag(FLAGS_job_token_file), "--job_token_file");
+    if (!job_token.ok()) {
+      std::fprintf(stderr, "%s (delete-job needs the job's token)\n",
+                   std::string(job_token.status().message()).c_str());
+      return 2;
+    }
+    request.set_job_token(*job_token);
     v1::DeleteJobResponse response;
     const grpc::Status status = stub->DeleteJob(&context, request, &response);
     if (!status.ok()) return Fail(status);
