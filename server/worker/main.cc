@@ -193,12 +193,14 @@ int Run() {
     if (gpu_transport == "ipc") {
       make_transport = [data_listener, tcp, ordinal](
                            int rank, const std::vector<std::string>& addresses,
-                           uint64_t session)
+                           uint64_t session, const std::string& secret)
           -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+        transport::TcpOptions options = tcp;
+        options.data_plane_secret = secret;
         MUONPS_ASSIGN_OR_RETURN(
             std::unique_ptr<transport::TcpTransport> control,
             transport::TcpTransport::Connect(data_listener, rank, addresses,
-                                             session, tcp));
+                                             session, options));
         MUONPS_ASSIGN_OR_RETURN(
             std::unique_ptr<transport::CudaIpcTransport> ipc,
             transport::CudaIpcTransport::Create(ordinal, std::move(control)));
@@ -217,12 +219,14 @@ int Run() {
     backend = worker::CpuStepBackend(tcp.io_timeout);
     make_transport = [data_listener, tcp](
                          int rank, const std::vector<std::string>& addresses,
-                         uint64_t session)
+                         uint64_t session, const std::string& secret)
         -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+      transport::TcpOptions options = tcp;
+      options.data_plane_secret = secret;
       MUONPS_ASSIGN_OR_RETURN(
           std::unique_ptr<transport::TcpTransport> connected,
           transport::TcpTransport::Connect(data_listener, rank, addresses,
-                                           session, tcp));
+                                           session, options));
       return std::unique_ptr<transport::Transport>(std::move(connected));
     };
   }

@@ -192,6 +192,9 @@ class StepEngineTest : public ::testing::Test {
       engines_[w] = std::make_unique<StepEngine>(
           absl::StrCat("w", w), std::move(backend), Connector(listener));
     }
+    for (auto& engine : engines_) {
+      engine->SetDataPlaneSecret(transport::kLoopbackSecret);
+    }
   }
 
   void TearDown() override {
@@ -199,11 +202,14 @@ class StepEngineTest : public ::testing::Test {
     for (std::thread& t : followers_) t.join();
   }
 
+  // Builds TCP transports with the secret the engine hands over (the one
+  // SetUp gives every engine, as the worker's agent does on joining).
   static TransportFactory Connector(transport::TcpListener* listener) {
     return [listener](int rank, const std::vector<std::string>& peers,
-                      uint64_t session)
+                      uint64_t session, const std::string& secret)
                -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
       transport::TcpOptions options;
+      options.data_plane_secret = secret;
       options.io_timeout = absl::Seconds(10);
       options.connect_timeout = absl::Seconds(10);
       auto t = transport::TcpTransport::Connect(listener, rank, peers, session,
