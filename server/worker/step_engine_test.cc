@@ -480,6 +480,27 @@ TEST_F(StepEngineTest, NonFiniteGradientOnOneTrainerRejectsTheStepEverywhere) {
   EXPECT_EQ(trainers_[0].param["rep.a"], before);
 }
 
+// The engine hands the factory the secret it was last given: with none the
+// TCP transport refuses to connect, naming the field; once the job's
+// secret arrives the next step connects and runs.
+TEST_F(StepEngineTest, StepsNeedTheDataPlaneSecretGivenToTheEngine) {
+  for (auto& engine : engines_) engine->SetDataPlaneSecret("");
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  for (const auto& r : StepEverywhere(0)) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("TcpOptions.data_plane_secret"),
+              std::string::npos)
+        << r.status();
+  }
+  for (auto& engine : engines_) {
+    engine->SetDataPlaneSecret(transport::kLoopbackSecret);
+  }
+  for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
+}
+
 // Hyperparameters are checked and agreed like gradients: a NaN group lr on
 // one trainer, or trainers whose lr differ, refuse the step on every worker
 // with the reason, and nothing changes.
