@@ -75,6 +75,9 @@ ABSL_FLAG(int, data_port, 0,
           "TCP port of the data-plane transport (on --host); 0 picks one.");
 ABSL_FLAG(int64_t, io_timeout_ms, 10000,
           "A peer silent this long during a step fails the step.");
+ABSL_FLAG(int64_t, call_timeout_ms, 120000,
+          "A CPU data-plane call (a step's grouped transfers) not done this "
+          "long after it began fails the step, however its bytes trickle.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
 ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
@@ -158,6 +161,7 @@ int Run() {
   transport::TcpOptions tcp;
   tcp.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
   tcp.connect_timeout = tcp.io_timeout;
+  tcp.call_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_call_timeout_ms));
   transport::TcpListener* data_listener = listener->get();
   worker::StepBackend backend;
   worker::TransportFactory make_transport;
