@@ -16,6 +16,7 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libopenblas-dev
   libspdlog-dev
+  libssl-dev               # libcrypto: the data plane's HMAC-SHA256 membership proof
   nlohmann-json3-dev
   pkg-config
   python3

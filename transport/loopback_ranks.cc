@@ -6,6 +6,12 @@
 namespace muonps {
 namespace transport {
 
+TcpOptions LoopbackOptions() {
+  TcpOptions options;
+  options.data_plane_secret = kLoopbackSecret;
+  return options;
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<TcpListener>>> BindLoopbackListeners(
     int world) {
   std::vector<std::unique_ptr<TcpListener>> listeners;

@@ -15,6 +15,12 @@
 namespace muonps {
 namespace transport {
 
+// The data-plane secret every loopback rank holds (test-only; fixed).
+constexpr char kLoopbackSecret[] = "loopback ranks' test secret 0123";
+
+// TcpOptions with kLoopbackSecret and the default timeouts.
+TcpOptions LoopbackOptions();
+
 // `world` listeners on 127.0.0.1, each on a free port.
 absl::StatusOr<std::vector<std::unique_ptr<TcpListener>>> BindLoopbackListeners(
     int world);

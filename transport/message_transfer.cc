@@ -62,19 +62,27 @@ absl::Status CheckHeader(int peer, const PeerState& state) {
   const FrameHeader& expected = state.incoming[state.next_in]->expected;
   FrameHeader got;
   if (!DecodeFrameHeader(state.in_header, &got)) {
-    return absl::InternalError(absl::StrCat(
-        "peer rank ", peer, ": stream out of sync (no frame header) while ",
+    return absl::DataLossError(absl::StrCat(
+        "peer rank ", peer,
+        " sent bytes that are not a muonps frame header (bad magic; the "
+        "stream is out of sync or not from a muonps rank) while ",
         DescribeProgress(state)));
   }
   if (got.kind == expected.kind && got.sequence == expected.sequence &&
       got.bytes == expected.bytes) {
     return absl::OkStatus();
   }
+  const char* what = got.kind != expected.kind           ? "kind"
+                     : got.sequence != expected.sequence ? "sequence number"
+                     : got.bytes > expected.bytes        ? "length (larger)"
+                                                         : "length (smaller)";
   return absl::InternalError(absl::StrCat(
       "peer rank ", peer, " sent ", MessageKindName(got.kind), " message #",
       got.sequence, " of ", got.bytes, " bytes where this rank expected ",
       MessageKindName(expected.kind), " message #", expected.sequence, " of ",
-      expected.bytes, " bytes: the ranks issued different calls"));
+      expected.bytes, " bytes (", what,
+      " differs; no payload byte was read): the ranks issued different "
+      "calls"));
 }
 
 // Sends what the kernel takes without blocking; `moved` when any byte went.
@@ -119,21 +127,20 @@ absl::Status PumpOut(int fd, int peer, PeerState& state, bool* moved) {
 }
 
 // Receives what has arrived without blocking; `moved` when any byte came.
+// A message's header is read whole and checked before any byte of its
+// payload is read, so a garbled or unexpected frame never touches `data`.
 absl::Status PumpIn(int fd, int peer, PeerState& state, bool* moved) {
   while (state.receiving()) {
     const IncomingMessage& message = *state.incoming[state.next_in];
-    iovec parts[2];
-    int count = 0;
-    if (state.in_offset < kFrameHeaderBytes) {
-      parts[count++] = {state.in_header + state.in_offset,
-                        kFrameHeaderBytes - state.in_offset};
-    }
-    const size_t done = PayloadDone(state.in_offset);
-    if (done < message.expected.bytes) {
-      parts[count++] = {static_cast<char*>(message.data) + done,
-                        message.expected.bytes - done};
-    }
-    const ssize_t got = readv(fd, parts, count);
+    const bool in_header = state.in_offset < kFrameHeaderBytes;
+    char* into =
+        in_header
+            ? reinterpret_cast<char*>(state.in_header) + state.in_offset
+            : static_cast<char*>(message.data) + PayloadDone(state.in_offset);
+    const size_t want =
+        in_header ? kFrameHeaderBytes - state.in_offset
+                  : message.expected.bytes - PayloadDone(state.in_offset);
+    const ssize_t got = recv(fd, into, want, 0);
     if (got == 0) return Lost(peer, state, "closed the connection");
     if (got < 0) {
       if (errno == EINTR) continue;
@@ -143,9 +150,8 @@ absl::Status PumpIn(int fd, int peer, PeerState& state, bool* moved) {
                                ConnectionError("recv", errno).message(), ")"));
     }
     *moved = true;
-    const size_t before = state.in_offset;
     state.in_offset += static_cast<size_t>(got);
-    if (before < kFrameHeaderBytes && state.in_offset >= kFrameHeaderBytes) {
+    if (in_header && state.in_offset == kFrameHeaderBytes) {
       absl::Status header = CheckHeader(peer, state);
       if (!header.ok()) return header;
     }
@@ -162,7 +168,8 @@ absl::Status PumpIn(int fd, int peer, PeerState& state, bool* moved) {
 absl::Status TransferMessages(const std::vector<Socket>& sockets,
                               const std::vector<OutgoingMessage>& outgoing,
                               const std::vector<IncomingMessage>& incoming,
-                              absl::Duration io_timeout) {
+                              absl::Duration io_timeout,
+                              absl::Duration call_timeout) {
   const int world = static_cast<int>(sockets.size());
   std::vector<PeerState> states(sockets.size());
   const auto connected = [&](int peer) {
@@ -182,7 +189,10 @@ absl::Status TransferMessages(const std::vector<Socket>& sockets,
     }
     states[message.peer].incoming.push_back(&message);
   }
-  const Deadline first_deadline = DeadlineAfter(io_timeout);
+  // However a peer trickles bytes, the whole batch ends by this.
+  const Deadline call_deadline = DeadlineAfter(call_timeout);
+  const Deadline first_deadline =
+      std::min(call_deadline, DeadlineAfter(io_timeout));
   for (PeerState& state : states) state.deadline = first_deadline;
 
   std::vector<pollfd> polled;
@@ -222,12 +232,21 @@ absl::Status TransferMessages(const std::vector<Socket>& sockets,
         absl::Status status = PumpOut(polled[i].fd, peer, state, &moved);
         if (!status.ok()) return status;
       }
-      if (moved) state.deadline = DeadlineAfter(io_timeout);
+      if (moved) {
+        state.deadline = std::min(call_deadline, DeadlineAfter(io_timeout));
+      }
     }
     const Deadline now = std::chrono::steady_clock::now();
     for (int peer : polled_peer) {
       const PeerState& state = states[peer];
-      if ((state.sending() || state.receiving()) && now >= state.deadline) {
+      if (!state.sending() && !state.receiving()) continue;
+      if (now >= call_deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "peer rank ", peer, ": the call did not finish within ",
+            absl::FormatDuration(call_timeout), " (call_timeout) while ",
+            DescribeProgress(state)));
+      }
+      if (now >= state.deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat("peer rank ", peer, ": nothing moved for ",
                          absl::FormatDuration(io_timeout),

@@ -40,14 +40,22 @@ struct IncomingMessage {
 // incoming one has arrived whole. Otherwise the first failure, naming the
 // peer rank and the message: UNAVAILABLE when the peer closed or reset the
 // connection; DEADLINE_EXCEEDED when no byte moved to or from a peer with
-// messages pending for `io_timeout`; INTERNAL when an arriving header is not
-// the expected one (kind, sequence number or length differ: the ranks issued
-// different calls). After a failure the connections are out of step and
-// unfinished incoming buffers hold unspecified bytes.
+// messages pending for `io_timeout`, or when the whole batch is not done
+// `call_timeout` after the call began (a peer trickling bytes cannot extend
+// it); DATA_LOSS when the bytes where a frame header belongs are not one
+// (bad magic); INTERNAL when an arriving header is not the expected one
+// (kind, sequence number or length differ: the ranks issued different
+// calls, or a peer sent more than the receiver expects). Every header is
+// read whole and checked before any payload byte is read, so after a
+// failure an incoming buffer whose header failed its check, or had not yet
+// arrived, is untouched; one whose payload had begun to arrive holds
+// unspecified bytes. The connections on which messages were left partly
+// moved are out of step.
 absl::Status TransferMessages(const std::vector<Socket>& sockets,
                               const std::vector<OutgoingMessage>& outgoing,
                               const std::vector<IncomingMessage>& incoming,
-                              absl::Duration io_timeout);
+                              absl::Duration io_timeout,
+                              absl::Duration call_timeout);
 
 }  // namespace transport
 }  // namespace muonps

@@ -213,6 +213,29 @@ absl::StatusOr<Socket> AcceptBefore(const Socket& listener, Deadline deadline) {
   }
 }
 
+std::string RemoteAddress(const Socket& socket) {
+  sockaddr_storage address = {};
+  socklen_t length = sizeof(address);
+  if (getpeername(socket.fd(), reinterpret_cast<sockaddr*>(&address),
+                  &length) != 0) {
+    return "unknown peer";
+  }
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (address.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address);
+    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host));
+    port = ntohs(v6->sin6_port);
+  } else if (address.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);
+    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host));
+    port = ntohs(v4->sin_port);
+  } else {
+    return "unknown peer";
+  }
+  return FormatHostPort({host, port});
+}
+
 absl::StatusOr<Socket> ConnectOnce(const HostPort& address, Deadline deadline) {
   absl::StatusOr<AddrInfoList> found =
       Resolve(address.host, address.port, /*passive=*/false);

@@ -78,6 +78,10 @@ absl::StatusOr<int> LocalPort(const Socket& socket);
 // before `deadline`.
 absl::StatusOr<Socket> AcceptBefore(const Socket& listener, Deadline deadline);
 
+// "host:port" of the remote end of `socket`, for logs; "unknown peer" if
+// the kernel cannot say (it has already closed).
+std::string RemoteAddress(const Socket& socket);
+
 // One attempt to connect to `address`; UNAVAILABLE if refused or
 // unreachable, DEADLINE_EXCEEDED if not established before `deadline`.
 absl::StatusOr<Socket> ConnectOnce(const HostPort& address, Deadline deadline);

@@ -7,8 +7,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "transport/membership_proof.h"
+#include "transport/mesh_acceptor.h"
 #include "transport/wire_format.h"
 
 namespace muonps {
@@ -17,15 +19,6 @@ namespace {
 
 constexpr std::chrono::milliseconds kFirstRetryDelay(10);
 constexpr std::chrono::milliseconds kLongestRetryDelay(200);
-
-struct MeshParams {
-  int rank = 0;
-  int world = 0;
-  uint64_t session = 0;
-  Deadline deadline;
-  absl::Duration connect_timeout;
-  absl::Duration handshake_timeout;
-};
 
 absl::StatusOr<Handshake> ExchangeHello(const Socket& socket,
                                         const Handshake& hello,
@@ -66,152 +59,102 @@ std::string DescribeRefusal(const Handshake& hello, const Handshake& reply) {
   }
 }
 
-absl::StatusOr<Socket> ConnectToLowerRank(int peer, const HostPort& address,
-                                          const MeshParams& params) {
+bool IsAcceptanceOf(const Handshake& reply, const Handshake& hello) {
+  return reply.verdict == HandshakeVerdict::kAccepted &&
+         reply.version == kWireVersion && reply.session == hello.session &&
+         reply.from_rank == hello.to_rank && reply.to_rank == hello.from_rank &&
+         reply.world_size == hello.world_size;
+}
+
+// One attempt: hello, acceptance (checked against the secret), confirmation.
+// The connected socket; UNAVAILABLE or DEADLINE_EXCEEDED for a connection
+// that failed, FAILED_PRECONDITION for a refusal or a failed proof.
+absl::StatusOr<Socket> TryConnect(int peer, const HostPort& address,
+                                  const MeshParams& params) {
   Handshake hello;
   hello.session = params.session;
   hello.from_rank = params.rank;
   hello.to_rank = peer;
   hello.world_size = params.world;
+  MUONPS_ASSIGN_OR_RETURN(hello.nonce, FreshNonce());
+  MUONPS_ASSIGN_OR_RETURN(Socket socket, ConnectOnce(address, params.deadline));
+  MUONPS_ASSIGN_OR_RETURN(Handshake reply,
+                          ExchangeHello(socket, hello, params.deadline));
+  if (!IsAcceptanceOf(reply, hello)) {
+    return absl::FailedPreconditionError(DescribeRefusal(hello, reply));
+  }
+  HandshakeTranscript transcript;
+  transcript.session = params.session;
+  transcript.connecting_rank = params.rank;
+  transcript.accepting_rank = peer;
+  transcript.world_size = params.world;
+  transcript.connecting_nonce = hello.nonce;
+  transcript.accepting_nonce = reply.nonce;
+  if (!VerifyMembership(params.secret, ProvingSide::kAcceptingRank, transcript,
+                        reply.proof)) {
+    const std::string why = absl::StrCat(
+        "its acceptance failed the job's membership proof (it, or this "
+        "rank, holds another job's data-plane secret)");
+    spdlog::warn("session={} rank={} peer rank {} at {}: {}", params.session,
+                 params.rank, peer, RemoteAddress(socket), why);
+    return absl::FailedPreconditionError(why);
+  }
+  Handshake confirmation = hello;
+  confirmation.verdict = HandshakeVerdict::kConfirmed;
+  confirmation.nonce = {};
+  MUONPS_ASSIGN_OR_RETURN(
+      confirmation.proof,
+      ProveMembership(params.secret, ProvingSide::kConnectingRank, transcript));
+  unsigned char bytes[kHandshakeBytes];
+  EncodeHandshake(confirmation, bytes);
+  MUONPS_RETURN_IF_ERROR(
+      Annotate(WriteAllBefore(socket, bytes, sizeof(bytes), params.deadline),
+               "sending the confirmation"));
+  return socket;
+}
+
+absl::StatusOr<Socket> ConnectToLowerRank(int peer, const HostPort& address,
+                                          const MeshParams& params) {
+  // A refusal says more than a later attempt that merely timed out (the
+  // peer gave up at its own deadline), so the last refusal is what is told.
   std::string last_failure = "no attempt finished";
-  bool last_was_refusal = false;
+  std::string last_refusal;
   std::chrono::milliseconds delay = kFirstRetryDelay;
   while (true) {
-    absl::StatusOr<Socket> socket = ConnectOnce(address, params.deadline);
-    absl::StatusOr<Handshake> reply =
-        socket.ok() ? ExchangeHello(*socket, hello, params.deadline)
-                    : absl::StatusOr<Handshake>(socket.status());
-    if (reply.ok() && reply->verdict == HandshakeVerdict::kAccepted &&
-        reply->session == params.session && reply->from_rank == peer &&
-        reply->to_rank == params.rank && reply->world_size == params.world) {
-      Handshake confirmation = hello;
-      confirmation.verdict = HandshakeVerdict::kConfirmed;
-      unsigned char bytes[kHandshakeBytes];
-      EncodeHandshake(confirmation, bytes);
-      const absl::Status confirmed =
-          WriteAllBefore(*socket, bytes, sizeof(bytes), params.deadline);
-      if (confirmed.ok()) return std::move(*socket);
-      reply = Annotate(confirmed, "sending the confirmation");
+    absl::StatusOr<Socket> socket = TryConnect(peer, address, params);
+    if (socket.ok()) return socket;
+    if (absl::IsFailedPrecondition(socket.status())) {
+      last_refusal = std::string(socket.status().message());
+    } else {
+      last_failure = std::string(socket.status().message());
     }
-    last_was_refusal = reply.ok();
-    last_failure = reply.ok() ? DescribeRefusal(hello, *reply)
-                              : std::string(reply.status().message());
     if (std::chrono::steady_clock::now() + delay >= params.deadline) break;
     std::this_thread::sleep_for(delay);
     delay = std::min(delay * 2, kLongestRetryDelay);
   }
+  const bool refused = !last_refusal.empty();
   return absl::Status(
-      last_was_refusal ? absl::StatusCode::kFailedPrecondition
-                       : absl::StatusCode::kDeadlineExceeded,
+      refused ? absl::StatusCode::kFailedPrecondition
+              : absl::StatusCode::kDeadlineExceeded,
       absl::StrCat("rank ", params.rank, " could not connect to peer rank ",
                    peer, " at ", FormatHostPort(address),
                    " within connect_timeout ",
                    absl::FormatDuration(params.connect_timeout),
-                   "; last attempt: ", last_failure));
-}
-
-HandshakeVerdict Judge(const Handshake& hello, const MeshParams& params) {
-  // Session first: a stale connection from an older session most likely
-  // also disagrees on the world size, and the session is the real cause.
-  if (hello.version != kWireVersion) return HandshakeVerdict::kWrongVersion;
-  if (hello.session != params.session) return HandshakeVerdict::kWrongSession;
-  if (hello.world_size != params.world) {
-    return HandshakeVerdict::kWrongWorldSize;
-  }
-  if (hello.to_rank != params.rank || hello.from_rank <= params.rank ||
-      hello.from_rank >= params.world) {
-    return HandshakeVerdict::kWrongRank;
-  }
-  return HandshakeVerdict::kAccepted;
-}
-
-std::string DescribeRefusedHello(const Handshake& hello,
-                                 HandshakeVerdict verdict,
-                                 const MeshParams& params) {
-  return absl::StrCat("refused a connection claiming to be peer rank ",
-                      hello.from_rank, " (", HandshakeVerdictName(verdict),
-                      "): it offered session ", hello.session, ", ",
-                      hello.world_size, " ranks, addressed to rank ",
-                      hello.to_rank, "; this rank is rank ", params.rank,
-                      " of ", params.world, " on session ", params.session);
-}
-
-absl::Status AcceptHigherRanks(const Socket& listener, const MeshParams& params,
-                               std::vector<Socket>* sockets) {
-  int missing = params.world - 1 - params.rank;
-  std::string last_refusal;
-  while (missing > 0) {
-    absl::StatusOr<Socket> socket = AcceptBefore(listener, params.deadline);
-    if (absl::IsDeadlineExceeded(socket.status())) break;
-    if (!socket.ok()) {
-      return Annotate(socket.status(),
-                      absl::StrCat("rank ", params.rank, " accepting peers"));
-    }
-    const Deadline hello_deadline =
-        std::min(params.deadline, DeadlineAfter(params.handshake_timeout));
-    unsigned char bytes[kHandshakeBytes];
-    Handshake hello;
-    // A connection that closes or says nothing recognizable (an abandoned
-    // attempt, a port scanner) is dropped; its rank, if any, retries.
-    if (!ReadAllBefore(*socket, bytes, sizeof(bytes), hello_deadline).ok() ||
-        !DecodeHandshake(bytes, &hello)) {
-      continue;
-    }
-    Handshake reply;
-    reply.session = params.session;
-    reply.from_rank = params.rank;
-    reply.to_rank = hello.from_rank;
-    reply.world_size = params.world;
-    reply.verdict = Judge(hello, params);
-    EncodeHandshake(reply, bytes);
-    const absl::Status answered =
-        WriteAllBefore(*socket, bytes, sizeof(bytes), hello_deadline);
-    if (reply.verdict != HandshakeVerdict::kAccepted) {
-      last_refusal = DescribeRefusedHello(hello, reply.verdict, params);
-      continue;
-    }
-    // A hello whose sender gave up while it waited in the accept queue (an
-    // earlier attempt of this same session) ends here: no confirmation.
-    Handshake confirmation;
-    if (!answered.ok() ||
-        !ReadAllBefore(*socket, bytes, sizeof(bytes), hello_deadline).ok() ||
-        !DecodeHandshake(bytes, &confirmation) ||
-        confirmation.verdict != HandshakeVerdict::kConfirmed ||
-        confirmation.session != params.session ||
-        confirmation.from_rank != hello.from_rank) {
-      continue;
-    }
-    // A rank opens a second connection to this one only after giving up on
-    // the first, so the newest confirmed one is the live one.
-    Socket& slot = (*sockets)[hello.from_rank];
-    if (!slot.valid()) --missing;
-    slot = std::move(*socket);
-  }
-  if (missing == 0) return absl::OkStatus();
-  std::vector<int> absent;
-  for (int peer = params.rank + 1; peer < params.world; ++peer) {
-    if (!(*sockets)[peer].valid()) absent.push_back(peer);
-  }
-  return absl::Status(
-      last_refusal.empty() ? absl::StatusCode::kDeadlineExceeded
-                           : absl::StatusCode::kFailedPrecondition,
-      absl::StrCat("rank ", params.rank, " waited connect_timeout ",
-                   absl::FormatDuration(params.connect_timeout),
-                   " for peer ranks [", absl::StrJoin(absent, ", "),
-                   "] to connect", last_refusal.empty() ? "" : "; ",
-                   last_refusal));
+                   refused ? "; last refusal: " : "; last attempt: ",
+                   refused ? last_refusal : last_failure));
 }
 
 }  // namespace
 
 absl::StatusOr<std::vector<Socket>> ConnectMesh(
     const Socket& listener, int rank, const std::vector<HostPort>& addresses,
-    uint64_t session, absl::Duration connect_timeout,
+    uint64_t session, absl::string_view secret, absl::Duration connect_timeout,
     absl::Duration handshake_timeout) {
   MeshParams params;
   params.rank = rank;
   params.world = static_cast<int>(addresses.size());
   params.session = session;
+  params.secret = std::string(secret);
   params.deadline = DeadlineAfter(connect_timeout);
   params.connect_timeout = connect_timeout;
   params.handshake_timeout = handshake_timeout;

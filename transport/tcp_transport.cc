@@ -12,6 +12,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "transport/membership_proof.h"
 #include "transport/tcp_mesh.h"
 
 namespace muonps {
@@ -34,6 +35,12 @@ void SumInOrder(const std::vector<const float*>& parts, float* out,
     }
     std::copy_n(block, n, out + begin);
   }
+}
+
+// The transport keeps its options for the calls, which need no secret.
+TcpOptions WithoutSecret(TcpOptions options) {
+  options.data_plane_secret.clear();
+  return options;
 }
 
 bool PartlyOverlap(const float* a, const float* b, size_t count) {
@@ -70,10 +77,14 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
                      ") (the number of peer_addresses)"));
   }
   if (options.connect_timeout <= absl::ZeroDuration() ||
-      options.io_timeout <= absl::ZeroDuration()) {
+      options.io_timeout <= absl::ZeroDuration() ||
+      options.call_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "options: connect_timeout and io_timeout must be positive");
+        "options: connect_timeout, io_timeout and call_timeout must be "
+        "positive");
   }
+  MUONPS_RETURN_IF_ERROR(CheckDataPlaneSecret(options.data_plane_secret,
+                                              "TcpOptions.data_plane_secret"));
   std::vector<HostPort> addresses;
   for (int peer = 0; peer < world; ++peer) {
     absl::StatusOr<HostPort> address = ParseHostPort(peer_addresses[peer]);
@@ -86,7 +97,8 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
   MUONPS_ASSIGN_OR_RETURN(
       std::vector<Socket> sockets,
       ConnectMesh(listener->socket(), rank, addresses, session,
-                  options.connect_timeout, options.io_timeout));
+                  options.data_plane_secret, options.connect_timeout,
+                  options.io_timeout));
   return absl::WrapUnique(
       new TcpTransport(rank, session, options, std::move(sockets)));
 }
@@ -96,7 +108,7 @@ TcpTransport::TcpTransport(int rank, uint64_t session,
                            std::vector<Socket> sockets)
     : rank_(rank),
       session_(session),
-      options_(options),
+      options_(WithoutSecret(options)),
       sockets_(std::move(sockets)),
       next_send_sequence_(sockets_.size(), 0),
       next_recv_sequence_(sockets_.size(), 0) {}
@@ -221,7 +233,8 @@ float* TcpTransport::Scratch(size_t count) {
 absl::Status TcpTransport::RunUnlessGrouped() {
   if (group_depth_ > 0) return absl::OkStatus();
   const absl::Status moved =
-      TransferMessages(sockets_, outgoing_, incoming_, options_.io_timeout);
+      TransferMessages(sockets_, outgoing_, incoming_, options_.io_timeout,
+                       options_.call_timeout);
   if (!moved.ok()) return Fail(moved);
   for (const PendingSum& sum : sums_) {
     SumInOrder(sum.parts, sum.recv, sum.count);

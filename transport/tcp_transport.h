@@ -4,16 +4,24 @@
 // and announces "host:port". For each session (a plan version) every rank
 // calls TcpTransport::Connect with the same address list and session; the
 // lower rank of each pair accepts and the higher rank connects, and a
-// handshake {wire version, session, from rank, to rank, world size} confirms
-// every connection, so a stale connection from an older session or one meant
-// for another rank is refused rather than mistaken for a new one
-// (tcp_mesh.h).
+// handshake {wire version, session, from rank, to rank, world size, a fresh
+// nonce from each side} confirms every connection, so a stale connection
+// from an older session or one meant for another rank is refused rather
+// than mistaken for a new one (tcp_mesh.h). Both ends of every connection
+// prove they hold the job's data-plane secret (TcpOptions) with an
+// HMAC-SHA256 over that handshake (membership_proof.h): a process that
+// knows the session, ranks and addresses but not the secret can neither
+// take a rank nor pass for one, and a recorded handshake cannot be
+// replayed. Slow or idle connections to the listener do not delay the real
+// peers' handshakes (mesh_acceptor.h).
 //
 // Framing. Every message carries a 24-byte header {kind, sequence number,
 // bytes} (wire_format.h). Sizes are not negotiated: the receiver knows what
-// it expects, and a header that differs (the ranks issued different calls,
-// sizes, or orders) fails the call with INTERNAL naming the peer instead of
-// corrupting data.
+// it expects, and reads and checks each header before it reads any payload:
+// a header that differs (the ranks issued different calls, sizes, or
+// orders; a peer sending more than expected) fails the call with INTERNAL
+// naming the peer, and bytes that are not a header with DATA_LOSS, leaving
+// the receiving buffer untouched.
 //
 // Groups. Calls between GroupStart() and GroupEnd() are checked and queued
 // (returning OK or INVALID_ARGUMENT) and all run at the outermost GroupEnd()
@@ -36,8 +44,10 @@
 // sends to every other rank. With a single rank, ReduceSum copies and
 // Broadcast does nothing.
 //
-// Errors. A call waiting on a peer past io_timeout with no byte moving fails
-// with DEADLINE_EXCEEDED, a peer that closed or reset its connection with
+// Errors. A call waiting on a peer past io_timeout with no byte moving, or
+// not finished call_timeout after it began (a peer trickling bytes cannot
+// hold it longer), fails with DEADLINE_EXCEEDED, a peer that closed or
+// reset its connection with
 // UNAVAILABLE, each naming the peer rank. After any failed call (including
 // INVALID_ARGUMENT: the peers expected that call's messages) the transport
 // is broken: later calls fail at once with FAILED_PRECONDITION quoting the
@@ -66,11 +76,20 @@ namespace muonps {
 namespace transport {
 
 struct TcpOptions {
+  // The job's data-plane secret (bytes; at least kMinDataPlaneSecretBytes =
+  // 16), which the coordinator hands only to workers that joined the job.
+  // Required: Connect refuses an empty or shorter one. Every rank of a
+  // session must hold the same one. Never logged.
+  std::string data_plane_secret;
   // How long Connect keeps trying to open and confirm every connection.
   absl::Duration connect_timeout = absl::Seconds(10);
   // How long a call waits while no byte moves to or from a peer it is
-  // exchanging with before failing with DEADLINE_EXCEEDED.
+  // exchanging with before failing with DEADLINE_EXCEEDED. Also the time
+  // each accepted connection has to complete its handshake.
   absl::Duration io_timeout = absl::Seconds(10);
+  // The most one call (or one group, from its GroupEnd) may take in all,
+  // however its bytes trickle, before failing with DEADLINE_EXCEEDED.
+  absl::Duration call_timeout = absl::Seconds(60);
 };
 
 // A worker's data port: a TCP socket listening on host:port. Bound once at
@@ -112,11 +131,13 @@ class TcpTransport final : public Transport {
   // `session` (for example the plan version; every rank must pass the same).
   // `listener` is this rank's listener, not owned, used only during the call.
   // Returns the connected transport. INVALID_ARGUMENT for a null listener, a
-  // rank out of range, a malformed address or a non-positive timeout; when
+  // rank out of range, a malformed address, a non-positive timeout or a
+  // missing or short options.data_plane_secret (the message names the
+  // field, never the secret); when
   // options.connect_timeout passes first, FAILED_PRECONDITION if a peer
   // disagreed in the handshake (the message names the peer and the values,
-  // for example the two sessions) and DEADLINE_EXCEEDED if one never
-  // answered.
+  // for example the two sessions) or failed the job's membership proof, and
+  // DEADLINE_EXCEEDED if one never answered.
   static absl::StatusOr<std::unique_ptr<TcpTransport>> Connect(
       TcpListener* listener, int rank,
       const std::vector<std::string>& peer_addresses, uint64_t session,

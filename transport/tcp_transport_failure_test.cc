@@ -28,7 +28,7 @@ double SecondsSince(Clock::time_point start) {
 }
 
 TcpOptions ShortTimeouts() {
-  TcpOptions options;
+  TcpOptions options = LoopbackOptions();
   options.connect_timeout = absl::Seconds(1);
   options.io_timeout = absl::Seconds(1);
   return options;
@@ -236,14 +236,42 @@ TEST(TcpTransportFailureTest, ConnectRejectsBadArguments) {
   ASSERT_TRUE(listeners.ok()) << listeners.status();
   TcpListener* listener = (*listeners)[0].get();
   const std::vector<std::string> one = {listener->address()};
-  EXPECT_EQ(TcpTransport::Connect(nullptr, 0, one, 1, {}).status().code(),
+  const TcpOptions options = LoopbackOptions();
+  EXPECT_EQ(TcpTransport::Connect(nullptr, 0, one, 1, options).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(TcpTransport::Connect(listener, 1, one, 1, {}).status().code(),
+  EXPECT_EQ(TcpTransport::Connect(listener, 1, one, 1, options).status().code(),
             absl::StatusCode::kInvalidArgument);
   const absl::Status bad_address =
-      TcpTransport::Connect(listener, 0, {"no-port-here"}, 1, {}).status();
+      TcpTransport::Connect(listener, 0, {"no-port-here"}, 1, options).status();
   EXPECT_EQ(bad_address.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad_address.message(), HasSubstr("peer_addresses[0]"));
+}
+
+TEST(TcpTransportFailureTest, ConnectRequiresADataPlaneSecretOf16Bytes) {
+  absl::StatusOr<std::vector<std::unique_ptr<TcpListener>>> listeners =
+      BindLoopbackListeners(1);
+  ASSERT_TRUE(listeners.ok()) << listeners.status();
+  TcpListener* listener = (*listeners)[0].get();
+  const std::vector<std::string> one = {listener->address()};
+  TcpOptions options;  // No secret.
+  const absl::Status missing =
+      TcpTransport::Connect(listener, 0, one, 1, options).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument) << missing;
+  EXPECT_THAT(
+      missing.message(),
+      AllOf(HasSubstr("TcpOptions.data_plane_secret"), HasSubstr("empty")));
+  options.data_plane_secret = "fifteen-bytes!!";
+  ASSERT_EQ(options.data_plane_secret.size(), 15u);
+  const absl::Status short_secret =
+      TcpTransport::Connect(listener, 0, one, 1, options).status();
+  EXPECT_EQ(short_secret.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_secret.message(),
+              AllOf(HasSubstr("TcpOptions.data_plane_secret"),
+                    HasSubstr("15 bytes"), HasSubstr("at least 16")));
+  EXPECT_THAT(std::string(short_secret.message()),
+              ::testing::Not(HasSubstr("fifteen")));
+  options.data_plane_secret = "sixteen-bytes!!!";
+  EXPECT_TRUE(TcpTransport::Connect(listener, 0, one, 1, options).ok());
 }
 
 }  // namespace

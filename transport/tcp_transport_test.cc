@@ -63,8 +63,12 @@ std::vector<float> SumInRankOrder(int world, size_t count, int salt,
 class TcpTransportWorldTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    TcpOptions options;
-    options.io_timeout = absl::Seconds(5);  // A bug fails fast, never hangs.
+    TcpOptions options = LoopbackOptions();
+    // A bug fails, never hangs. Not 5 s: in the ungrouped 64 MiB sequence
+    // a rank waits for its turn while the others move (and, unoptimized,
+    // generate and compare) 128 MiB, which took over 5 s on a loaded
+    // 2-core machine, at this commit's parent too.
+    options.io_timeout = absl::Seconds(30);
     absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
         ConnectLoopbackWorld(world(), /*session=*/42, options);
     ASSERT_TRUE(ranks.ok()) << ranks.status();
@@ -111,8 +115,9 @@ TEST_P(TcpTransportWorldTest, SendRecvDeliversEmptySmallAnd64MiBMessages) {
             at(rank).Send(data.data(), t.bytes, t.to, kHostStream).ok());
       } else if (rank == t.to) {
         std::vector<unsigned char> got(t.bytes, 0xEE);
-        ASSERT_TRUE(
-            at(rank).Recv(got.data(), t.bytes, t.from, kHostStream).ok());
+        const absl::Status received =
+            at(rank).Recv(got.data(), t.bytes, t.from, kHostStream);
+        ASSERT_TRUE(received.ok()) << received;
         EXPECT_TRUE(got == BytePattern(t.bytes, seed))
             << "transfer " << n << ": " << t.bytes << " bytes " << t.from
             << " -> " << t.to;
@@ -190,7 +195,7 @@ TEST_P(TcpTransportWorldTest, ReduceSumAddsInTheCallersOrderBitForBit) {
 
 TEST(TcpTransportTest, ReduceSumRefusesAnOrderThatIsNotAPermutation) {
   absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
-      ConnectLoopbackWorld(1, /*session=*/43, TcpOptions{});
+      ConnectLoopbackWorld(1, /*session=*/43, LoopbackOptions());
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   float x = 1;
   const std::vector<int> twice = {0, 0};
@@ -201,7 +206,7 @@ TEST(TcpTransportTest, ReduceSumRefusesAnOrderThatIsNotAPermutation) {
 }
 
 TEST(TcpTransportTest, AbortFromAnotherThreadEndsABlockedRecvAndLaterCalls) {
-  TcpOptions options;
+  TcpOptions options = LoopbackOptions();
   options.io_timeout = absl::Seconds(60);  // Abort, not the timeout, ends it.
   absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
       ConnectLoopbackWorld(2, /*session=*/44, options);
@@ -228,7 +233,7 @@ TEST(TcpTransportTest, AbortFromAnotherThreadEndsABlockedRecvAndLaterCalls) {
 // without consuming it; Abort wakes it.
 TEST(TcpTransportTest, AwaitFromWaitsForTheNextMessageWithoutTakingIt) {
   absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
-      ConnectLoopbackWorld(2, /*session=*/45, TcpOptions{});
+      ConnectLoopbackWorld(2, /*session=*/45, LoopbackOptions());
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   TcpTransport& follower = *(*ranks)[1];
   const absl::Status idle = follower.AwaitFrom(0, absl::Milliseconds(50));

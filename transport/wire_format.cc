@@ -1,5 +1,7 @@
 #include "transport/wire_format.h"
 
+#include <algorithm>
+
 namespace muonps {
 namespace transport {
 namespace {
@@ -60,6 +62,9 @@ void EncodeHandshake(const Handshake& handshake,
   PutU32(static_cast<uint32_t>(handshake.to_rank), out + 20);
   PutU32(static_cast<uint32_t>(handshake.world_size), out + 24);
   PutU32(static_cast<uint32_t>(handshake.verdict), out + 28);
+  std::copy(handshake.nonce.begin(), handshake.nonce.end(), out + 32);
+  std::copy(handshake.proof.begin(), handshake.proof.end(),
+            out + 32 + kNonceBytes);
 }
 
 bool DecodeHandshake(const unsigned char in[kHandshakeBytes], Handshake* out) {
@@ -70,6 +75,8 @@ bool DecodeHandshake(const unsigned char in[kHandshakeBytes], Handshake* out) {
   out->to_rank = static_cast<int32_t>(GetU32(in + 20));
   out->world_size = static_cast<int32_t>(GetU32(in + 24));
   out->verdict = static_cast<HandshakeVerdict>(GetU32(in + 28));
+  std::copy(in + 32, in + 32 + kNonceBytes, out->nonce.begin());
+  std::copy(in + 32 + kNonceBytes, in + kHandshakeBytes, out->proof.begin());
   return true;
 }
 

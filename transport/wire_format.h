@@ -5,6 +5,7 @@
 #ifndef MUONPS_TRANSPORT_WIRE_FORMAT_H_
 #define MUONPS_TRANSPORT_WIRE_FORMAT_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -14,8 +15,9 @@ namespace muonps {
 namespace transport {
 
 // Bumped whenever either layout below changes; peers on different versions
-// refuse each other at the handshake.
-constexpr uint32_t kWireVersion = 1;
+// refuse each other at the handshake. Version 2 added the nonce and the
+// membership proof (membership_proof.h) to every handshake step.
+constexpr uint32_t kWireVersion = 2;
 
 // The stage or outcome a Handshake message carries. A connection opens with
 // three: the connecting rank's kHello, the accepting rank's verdict, and,
@@ -35,9 +37,19 @@ enum class HandshakeVerdict : uint32_t {
 // Human-readable reason for `verdict`, e.g. "session mismatch".
 absl::string_view HandshakeVerdictName(HandshakeVerdict verdict);
 
+// Sizes of a handshake's fresh random nonce and of its HMAC-SHA256
+// membership proof.
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMembershipProofBytes = 32;
+using Nonce = std::array<unsigned char, kNonceBytes>;
+using MembershipProof = std::array<unsigned char, kMembershipProofBytes>;
+
 // One step of the handshake, sent by the connecting (higher) rank (hello,
 // confirmation) or the accepting (lower) rank (verdict); each side fills in
-// its own version, session, rank and world size.
+// its own version, session, rank and world size. `nonce` is the sender's
+// fresh nonce (in the hello and in an acceptance; zero otherwise); `proof`
+// is the sender's membership proof (in an acceptance and in the
+// confirmation; zero otherwise).
 struct Handshake {
   uint32_t version = kWireVersion;
   uint64_t session = 0;
@@ -45,9 +57,12 @@ struct Handshake {
   int32_t to_rank = 0;
   int32_t world_size = 0;
   HandshakeVerdict verdict = HandshakeVerdict::kHello;
+  Nonce nonce = {};
+  MembershipProof proof = {};
 };
 
-constexpr size_t kHandshakeBytes = 32;
+// Version 1's 32 bytes, then the nonce and the proof.
+constexpr size_t kHandshakeBytes = 32 + kNonceBytes + kMembershipProofBytes;
 void EncodeHandshake(const Handshake& handshake,
                      unsigned char out[kHandshakeBytes]);
 // False if `in` does not start with the handshake magic: not a muonps peer.

@@ -88,6 +88,9 @@ ABSL_FLAG(std::string, tls_cert_file, "",
           "mutual TLS (default: $MUONPS_TLS_CERT_FILE).");
 ABSL_FLAG(std::string, tls_key_file, "",
           "Its private key (default: $MUONPS_TLS_KEY_FILE).");
+ABSL_FLAG(int64_t, call_timeout_ms, 120000,
+          "A CPU data-plane call (a step's grouped transfers) not done this "
+          "long after it began fails the step, however its bytes trickle.");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
 ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
@@ -197,6 +200,7 @@ int Run() {
   transport::TcpOptions tcp;
   tcp.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
   tcp.connect_timeout = tcp.io_timeout;
+  tcp.call_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_call_timeout_ms));
   transport::TcpListener* data_listener = listener->get();
   worker::StepBackend backend;
   worker::TransportFactory make_transport;
@@ -232,12 +236,14 @@ int Run() {
     if (gpu_transport == "ipc") {
       make_transport = [data_listener, tcp, ordinal](
                            int rank, const std::vector<std::string>& addresses,
-                           uint64_t session)
+                           uint64_t session, const std::string& secret)
           -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+        transport::TcpOptions options = tcp;
+        options.data_plane_secret = secret;
         MUONPS_ASSIGN_OR_RETURN(
             std::unique_ptr<transport::TcpTransport> control,
             transport::TcpTransport::Connect(data_listener, rank, addresses,
-                                             session, tcp));
+                                             session, options));
         MUONPS_ASSIGN_OR_RETURN(
             std::unique_ptr<transport::CudaIpcTransport> ipc,
             transport::CudaIpcTransport::Create(ordinal, std::move(control)));
@@ -256,12 +262,14 @@ int Run() {
     backend = worker::CpuStepBackend(tcp.io_timeout);
     make_transport = [data_listener, tcp](
                          int rank, const std::vector<std::string>& addresses,
-                         uint64_t session)
+                         uint64_t session, const std::string& secret)
         -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+      transport::TcpOptions options = tcp;
+      options.data_plane_secret = secret;
       MUONPS_ASSIGN_OR_RETURN(
           std::unique_ptr<transport::TcpTransport> connected,
           transport::TcpTransport::Connect(data_listener, rank, addresses,
-                                           session, tcp));
+                                           session, options));
       return std::unique_ptr<transport::Transport>(std::move(connected));
     };
   }

@@ -94,24 +94,26 @@ TransportFactory NcclTransportFactory(NcclBootstrapOptions options) {
   auto stub = std::shared_ptr<v1::Coordinator::Stub>(
       v1::Coordinator::NewStub(options.coordinator));
   auto generations = std::make_shared<Generations>();
-  return
-      [options, stub, generations](
-          int rank, const std::vector<std::string>& addresses, uint64_t session)
-          -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-        MUONPS_ASSIGN_OR_RETURN(
-            const std::string id,
-            ExchangeId(options, *stub, rank, session, *generations));
-        MUONPS_ASSIGN_OR_RETURN(
-            std::unique_ptr<transport::NcclTransport> nccl,
-            transport::NcclTransport::Create(options.cuda_device, rank,
-                                             static_cast<int>(addresses.size()),
-                                             id, {.timeout = options.timeout}));
-        spdlog::info(
-            "job={} worker={} plan_version={} NCCL rank {} of {} on cuda:{}",
-            options.job, options.worker_id, session, rank, addresses.size(),
-            options.cuda_device);
-        return std::unique_ptr<transport::Transport>(std::move(nccl));
-      };
+  return [options, stub, generations](
+             int rank, const std::vector<std::string>& addresses,
+             uint64_t session, const std::string& /*data_plane_secret*/)
+             -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+    // NCCL's ranks meet through the id the coordinator relays, not
+    // through our TCP handshake, so the secret has no use here.
+    MUONPS_ASSIGN_OR_RETURN(
+        const std::string id,
+        ExchangeId(options, *stub, rank, session, *generations));
+    MUONPS_ASSIGN_OR_RETURN(
+        std::unique_ptr<transport::NcclTransport> nccl,
+        transport::NcclTransport::Create(options.cuda_device, rank,
+                                         static_cast<int>(addresses.size()), id,
+                                         {.timeout = options.timeout}));
+    spdlog::info(
+        "job={} worker={} plan_version={} NCCL rank {} of {} on cuda:{}",
+        options.job, options.worker_id, session, rank, addresses.size(),
+        options.cuda_device);
+    return std::unique_ptr<transport::Transport>(std::move(nccl));
+  };
 }
 
 }  // namespace worker

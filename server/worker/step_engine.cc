@@ -361,6 +361,15 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
   return out;
 }
 
+void StepEngine::SetDataPlaneSecret(std::string secret) {
+  absl::MutexLock lock(&mu_);
+  if (secret == data_plane_secret_) return;
+  data_plane_secret_ = std::move(secret);
+  DropTransport(absl::CancelledError(
+      absl::StrCat("worker ", Quoted(worker_id_),
+                   " got a new data-plane secret; reconnecting")));
+}
+
 void StepEngine::DropTransport(const absl::Status& reason) {
   if (transport_ == nullptr) return;
   transport_->Abort(reason);
@@ -375,9 +384,10 @@ absl::Status StepEngine::EnsureTransport() {
                         absl::StrCat("no data address for rank ", r));
     }
   }
-  MUONPS_ASSIGN_OR_RETURN(
-      transport_, make_transport_(plan_.rank, plan_.addresses,
-                                  static_cast<uint64_t>(plan_.version)));
+  MUONPS_ASSIGN_OR_RETURN(transport_,
+                          make_transport_(plan_.rank, plan_.addresses,
+                                          static_cast<uint64_t>(plan_.version),
+                                          data_plane_secret_));
   if (transport_->memory() != device_.kind) {
     transport_.reset();
     return absl::InternalError(

@@ -41,10 +41,14 @@ namespace muonps {
 namespace worker {
 
 // Builds the transport for a plan version: (rank, peer addresses by rank,
-// session = the plan version) -> a connected transport.
+// session = the plan version, the job's data-plane secret as last given to
+// StepEngine::SetDataPlaneSecret, empty if never) -> a connected transport.
+// The TCP transport proves membership with the secret and refuses an empty
+// or short one (TcpOptions::data_plane_secret); the NCCL one ignores it.
 using TransportFactory =
     std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
-        int rank, const std::vector<std::string>& addresses, uint64_t session)>;
+        int rank, const std::vector<std::string>& addresses, uint64_t session,
+        const std::string& data_plane_secret)>;
 
 // What the engine computes with: kernels and ops on one device. A step
 // passes its streams on every call: transfers on ops->stream(), momentum
@@ -67,6 +71,15 @@ class StepEngine {
   StepEngine(const StepEngine&) = delete;
   StepEngine& operator=(const StepEngine&) = delete;
   ~StepEngine();
+
+  // Sets the job's data-plane secret (JoinJobResponse's, at least 16 bytes),
+  // which every transport built from now on gets from the factory; call it
+  // on joining the job, before the first plan is applied. Not validated
+  // here: a bad one fails the next transport build (the next Step), naming
+  // the field. A secret that differs from the current one drops the
+  // transport, so the next step reconnects with it. Waits for a step in
+  // progress. The engine keeps the secret in memory and never logs it.
+  void SetDataPlaneSecret(std::string secret);
 
   // A new plan version with the job's spec and every worker's data address
   // (by worker id). Momentum of matrices this worker keeps owning moves to
@@ -137,6 +150,7 @@ class StepEngine {
   StepBackend backend_ ABSL_GUARDED_BY(mu_);
   PlanState plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_ ABSL_GUARDED_BY(mu_);
+  std::string data_plane_secret_ ABSL_GUARDED_BY(mu_);
   int64_t momentum_resets_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
   // Written under mu_; read without it (status and heartbeats never wait

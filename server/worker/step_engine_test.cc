@@ -192,6 +192,9 @@ class StepEngineTest : public ::testing::Test {
       engines_[w] = std::make_unique<StepEngine>(
           absl::StrCat("w", w), std::move(backend), Connector(listener));
     }
+    for (auto& engine : engines_) {
+      engine->SetDataPlaneSecret(transport::kLoopbackSecret);
+    }
   }
 
   void TearDown() override {
@@ -199,11 +202,14 @@ class StepEngineTest : public ::testing::Test {
     for (std::thread& t : followers_) t.join();
   }
 
+  // Builds TCP transports with the secret the engine hands over (the one
+  // SetUp gives every engine, as the worker's agent does on joining).
   static TransportFactory Connector(transport::TcpListener* listener) {
     return [listener](int rank, const std::vector<std::string>& peers,
-                      uint64_t session)
+                      uint64_t session, const std::string& secret)
                -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
       transport::TcpOptions options;
+      options.data_plane_secret = secret;
       options.io_timeout = absl::Seconds(10);
       options.connect_timeout = absl::Seconds(10);
       auto t = transport::TcpTransport::Connect(listener, rank, peers, session,
@@ -472,6 +478,27 @@ TEST_F(StepEngineTest, NonFiniteGradientOnOneTrainerRejectsTheStepEverywhere) {
     EXPECT_TRUE(r->already_applied());
   }
   EXPECT_EQ(trainers_[0].param["rep.a"], before);
+}
+
+// The engine hands the factory the secret it was last given: with none the
+// TCP transport refuses to connect, naming the field; once the job's
+// secret arrives the next step connects and runs.
+TEST_F(StepEngineTest, StepsNeedTheDataPlaneSecretGivenToTheEngine) {
+  for (auto& engine : engines_) engine->SetDataPlaneSecret("");
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  for (const auto& r : StepEverywhere(0)) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("TcpOptions.data_plane_secret"),
+              std::string::npos)
+        << r.status();
+  }
+  for (auto& engine : engines_) {
+    engine->SetDataPlaneSecret(transport::kLoopbackSecret);
+  }
+  for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
 }
 
 // Hyperparameters are checked and agreed like gradients: a NaN group lr on

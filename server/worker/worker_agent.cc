@@ -103,6 +103,9 @@ bool WorkerAgent::JoinWithRetry() {
     if (status.ok()) {
       options_.credentials->Set(response.worker_token(),
                                 response.data_plane_secret());
+      if (engine_ != nullptr) {
+        engine_->SetDataPlaneSecret(response.data_plane_secret());
+      }
       absl::MutexLock lock(&mu_);
       state_ = "ready";
       heartbeat_interval_ = absl::Milliseconds(
