@@ -48,17 +48,21 @@ class ReflectionTest : public ::testing::Test {
   void SetUp() override {
     dir_ = testing::NewTempDir("reflection");
     ASSERT_FALSE(dir_.empty());
-    auto child = ChildProcess::Start(
-        {testing::RunfilePath("server/coordinator/muonps-coordinator"),
-         "--port=0", "--metrics_port=-1"},
-        dir_ + "/coordinator.log");
+    // Secured as the README's local cluster is: TLS and a bearer token,
+    // which grpcurl passes as -cacert and -H 'authorization: Bearer ...'.
+    std::vector<std::string> argv = {
+        testing::RunfilePath("server/coordinator/muonps-coordinator"),
+        "--port=0", "--metrics_port=-1"};
+    for (std::string& flag : testing::SecuredCoordinatorFlags()) {
+      argv.push_back(std::move(flag));
+    }
+    auto child = ChildProcess::Start(argv, dir_ + "/coordinator.log");
     ASSERT_TRUE(child.ok()) << child.status();
     coordinator_ = *std::move(child);
     auto port = coordinator_->WaitForLog("listening on [^:]+:([0-9]+)",
                                          absl::Seconds(30));
     ASSERT_TRUE(port.ok()) << port.status();
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port),
-                                   grpc::InsecureChannelCredentials());
+    channel_ = testing::TestChannel(absl::StrCat("127.0.0.1:", *port));
   }
 
   void TearDown() override {

@@ -14,7 +14,10 @@ pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
+bash deploy/local/make_credentials.sh "$log_dir/credentials"
+export MUONPS_TOKEN_FILE="$log_dir/credentials/token" MUONPS_TLS_CA_FILE="$log_dir/credentials/ca.pem"
 "$bin/server/coordinator/muonps-coordinator" --port 0 --metrics_port 0 \
+  --tls_cert_file "$log_dir/credentials/server.pem" --tls_key_file "$log_dir/credentials/server.key" \
   --lease_ttl_ms 2000 --heartbeat_interval_ms 400 >"$log_dir/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
@@ -24,7 +27,8 @@ for _ in $(seq 100); do
 done
 [[ -n "$addr" ]] || { echo "coordinator did not start; see $log_dir" >&2; exit 1; }
 echo "== coordinator on $addr (logs in $log_dir)"
-"$bin/tools/muonps/muonps" create-job --coordinator "$addr" --spec examples/jobs/demo.json
+"$bin/tools/muonps/muonps" create-job --coordinator "$addr" --spec examples/jobs/demo.json \
+  --job_token_file "$log_dir/credentials/job-demo.token"
 for i in $(seq 0 $((workers - 1))); do
   "$bin/server/worker/muonps-worker" --coordinator "$addr" --job demo --worker_id "w$i" \
     --socket "/tmp/muonps-demo-$$-w$i.sock" --metrics_port -1 \

@@ -81,11 +81,17 @@ wait_for() {  # wait_for FILE REGEX SECONDS -> prints capture
   return 1
 }
 
+# Secured by default: a throwaway CA, the coordinator's certificate and a
+# bearer token; every process below finds them through MUONPS_*.
+credentials="$log_dir/credentials"
+bash "$(dirname "$0")/make_credentials.sh" "$credentials"
+export MUONPS_TOKEN_FILE="$credentials/token" MUONPS_TLS_CA_FILE="$credentials/ca.pem"
 "$bin/server/coordinator/muonps-coordinator" --port 0 --metrics_port 0 \
+  --tls_cert_file "$credentials/server.pem" --tls_key_file "$credentials/server.key" \
   --lease_ttl_ms 3000 --heartbeat_interval_ms 500 >"$log_dir/coordinator.log" 2>&1 &
 pids+=($!)
 coordinator="$(wait_for "$log_dir/coordinator.log" 'listening on \([0-9.:]*\)' 20)"
-echo "== coordinator on $coordinator"
+echo "== coordinator on $coordinator (TLS, bearer token; credentials in $credentials)"
 
 for ((i = 0; i < workers; i++)); do
   socket="/tmp/muonps-$$-w$i.sock"
@@ -147,7 +153,10 @@ if ((status != 0)); then
 fi
 if ((keep_running)); then
   echo "== training done; the cluster stays up. coordinator: $coordinator"
+  echo "   export MUONPS_TOKEN_FILE=$MUONPS_TOKEN_FILE MUONPS_TLS_CA_FILE=$MUONPS_TLS_CA_FILE"
   echo "   $bin/tools/muonps/muonps plan --coordinator $coordinator --job $job"
+  echo "   grpcurl -cacert $MUONPS_TLS_CA_FILE -H \"authorization: Bearer \$(cat $MUONPS_TOKEN_FILE)\" \\"
+  echo "       -d '{\"job\": \"$job\"}' $coordinator muonps.v1.Coordinator/GetPlan"
   echo "   Ctrl-C to stop."
   while true; do sleep 1; done
 fi

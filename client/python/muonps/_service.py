@@ -17,6 +17,7 @@ import itertools
 import os
 import pathlib
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -75,20 +76,36 @@ class LocalService:
     """Child processes of this one on loopback: a coordinator (unless
     `coordinator` names a running one, then `job` is its job) and a worker
     `worker_id` on `device` ("cpu" or "cuda:N"; None: no worker), for one
-    job; `coordinator`, `job` and `socket` say where they are."""
+    job; `coordinator`, `job` and `socket` say where they are.
+
+    A coordinator it starts requires a fresh bearer token (plaintext on
+    loopback, `--insecure`), written to `token_file` (mode 0600, in a folder
+    only this user reaches); `token` is its value, for other ranks. Joining a
+    running coordinator, it uses `token` when given (another rank's), else
+    $MUONPS_TOKEN_FILE. Its worker requires the same token on its socket.
+    `environ()` is the environment its clients need."""
 
     def __init__(self, device="cpu", timeout=_START_SECONDS, environ=None,
-                 coordinator=None, job=None, worker_id="w0"):
+                 coordinator=None, job=None, worker_id="w0", token=None):
         self._processes = []
         self._dir = pathlib.Path(tempfile.mkdtemp(prefix="muonps-local-"))
         self.job = job or f"local-{os.getpid()}-{next(_jobs)}"
         self.socket = str(self._dir / f"{worker_id}.sock")
         self.coordinator = coordinator
+        self.token_file = (os.environ if environ is None else environ).get(
+            "MUONPS_TOKEN_FILE")
+        if coordinator is None or token is not None:
+            self.token_file = str(self._dir / "token")
+            descriptor = os.open(self.token_file,
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as f:
+                f.write((token or secrets.token_hex(32)) + "\n")
         try:
             if coordinator is None:
                 process = self._spawn("coordinator", [
                     find_binary("muonps-coordinator", environ), "--host",
-                    "127.0.0.1", "--port", "0", "--metrics_port", "-1"])
+                    "127.0.0.1", "--port", "0", "--metrics_port", "-1",
+                    "--insecure"])
                 self.coordinator = self._wait_for(
                     process, r"listening on ([0-9.]+:[0-9]+)", timeout)
             if device is not None:
@@ -106,12 +123,28 @@ class LocalService:
     def pids(self):
         return [p.pid for p in self._processes]
 
+    @property
+    def token(self):
+        """The bearer token's value (None when there is none)."""
+        if not self.token_file:
+            return None
+        with open(self.token_file) as f:
+            return f.readline().strip()
+
+    def environ(self):
+        """os.environ with MUONPS_TOKEN_FILE naming this service's token."""
+        env = dict(os.environ)
+        if self.token_file:
+            env["MUONPS_TOKEN_FILE"] = self.token_file
+        return env
+
     def _spawn(self, name, argv):
         log = open(self._dir / f"{name}.log", "wb")
         try:
             process = subprocess.Popen(
                 [str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                env=self.environ())
         finally:
             log.close()
         process.log_path = self._dir / f"{name}.log"

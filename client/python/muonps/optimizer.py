@@ -448,6 +448,7 @@ class Muon(torch.optim.Optimizer):
         worker_device = _worker_device(device)
         coordinator = c["coordinator"]
         job = c["job"] if coordinator is not None else None
+        token = None  # another rank's private coordinator's token
         if coordinator is None and world_size > 1:
             import torch.distributed as dist
             if not (dist.is_available() and dist.is_initialized()):
@@ -457,19 +458,23 @@ class Muon(torch.optim.Optimizer):
                     "first (rank 0 then starts it), launch with `python -m "
                     "muonps.run`, or pass coordinator='HOST:PORT' / set "
                     "MUONPS_COORDINATOR")
-            where = [None, None]
+            where = [None, None, None]
             if rank == 0:
                 self._service = _service.LocalService(
                     worker_device, c["timeout"], worker_id="w0")
-                where = [self._service.coordinator, self._service.job]
+                where = [self._service.coordinator, self._service.job,
+                         self._service.token]
             dist.broadcast_object_list(where, src=0)
-            coordinator, job = where
+            coordinator, job, token = where
         if self._service is None:
             self._service = _service.LocalService(
                 worker_device, c["timeout"], coordinator=coordinator,
-                job=job, worker_id=f"w{rank}")
+                job=job, worker_id=f"w{rank}", token=token)
         c.update(coordinator=self._service.coordinator, job=self._service.job)
         self._socket = self._service.socket
+        # This process's client (muonps::Client) reads its token from here.
+        if self._service.token_file:
+            os.environ["MUONPS_TOKEN_FILE"] = self._service.token_file
 
     def _start_cuda(self, device, lent, frozen, rank, world_size, layout):
         """Matrices lent in place to the worker on `device`; the rest

@@ -22,6 +22,7 @@ def main(argv=None):
         service = _service.LocalService(device=None)
         os.environ["MUONPS_COORDINATOR"] = service.coordinator
         os.environ["MUONPS_JOB"] = service.job
+        os.environ["MUONPS_TOKEN_FILE"] = service.token_file
     os.environ["MUONPS_LOCAL_WORKERS"] = "1"
     try:
         from torch.distributed.run import main as torchrun

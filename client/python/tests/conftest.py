@@ -13,6 +13,7 @@ import itertools
 import os
 import pathlib
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -52,11 +53,18 @@ class Cluster:
         self.processes = []
         self.sockets = []
         self.dedicated = dedicated
+        # Secured as a private service is: a fresh bearer token that the
+        # coordinator, the workers' sockets and this process's clients use.
+        self.token_file = self.socket_dir / "token"
+        self.token_file.write_text(secrets.token_hex(32) + "\n")
+        self.token_file.chmod(0o600)
+        self._previous_token_file = os.environ.get("MUONPS_TOKEN_FILE")
+        os.environ["MUONPS_TOKEN_FILE"] = str(self.token_file)
         try:
             coordinator = self._spawn(
                 "coordinator", [COORDINATOR_BIN, "--port", "0",
                                 "--metrics_port", "-1", "--lease_ttl_ms", "3000",
-                                "--heartbeat_interval_ms", "500"])
+                                "--heartbeat_interval_ms", "500", "--insecure"])
             port = self._wait_for(coordinator, r"listening on ([0-9.]+:[0-9]+)")
             self.coordinator = port
             for i in range(workers):
@@ -126,6 +134,11 @@ class Cluster:
                 process.wait()
         self.processes = []
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if os.environ.get("MUONPS_TOKEN_FILE") == str(self.token_file):
+            if self._previous_token_file is None:
+                os.environ.pop("MUONPS_TOKEN_FILE")
+            else:
+                os.environ["MUONPS_TOKEN_FILE"] = self._previous_token_file
 
     def leftover_segments(self):
         return sorted(pathlib.Path("/dev/shm").glob(f"muonps-{self.job}-*"))

@@ -86,7 +86,7 @@ def test_wheel_carries_the_service_and_trains_with_no_repository(tmp_path):
     # The console entry point runs the wheel's coordinator.
     coordinator = subprocess.Popen(
         [str(venv / "bin" / "muonps-coordinator"), "--port", "0",
-         "--metrics_port", "-1"], env=env, stdout=subprocess.PIPE,
+         "--metrics_port", "-1", "--insecure"], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     try:
         assert "listening on" in coordinator.stdout.readline()
