@@ -2,13 +2,17 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/secret.h"
 #include "common/status.h"
 
 namespace muonps {
@@ -104,10 +108,20 @@ absl::StatusOr<std::unique_ptr<LoopbackCluster>> LoopbackCluster::Start(
   std::unique_ptr<LoopbackCluster> cluster(
       new LoopbackCluster(options, cleanup, folder));
 
+  // A fresh bearer token, as a private service has: the coordinator and
+  // the workers check it; the workers, trainers and this process send it
+  // (MUONPS_TOKEN_FILE, inherited by the children).
+  const std::string token_file = folder + "/token";
+  {
+    const mode_t old_umask = umask(077);
+    std::ofstream(token_file) << RandomHex(32) << "\n";
+    umask(old_umask);
+  }
+  setenv("MUONPS_TOKEN_FILE", token_file.c_str(), 1);
   MUONPS_ASSIGN_OR_RETURN(
       cluster->coordinator_process_,
       cluster->Launch({options.coordinator_binary, "--host=127.0.0.1",
-                       "--port=0", "--metrics_port=-1",
+                       "--port=0", "--metrics_port=-1", "--insecure",
                        absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
                        absl::StrCat("--heartbeat_interval_ms=",
                                     options.heartbeat_interval_ms)},

@@ -57,6 +57,7 @@
 #include "common/status.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "proto/credentials.h"
 #include "proto/grpc_status.h"
 
 ABSL_FLAG(std::string, widths, "1024,2560,2560,2560,1024",
@@ -112,7 +113,7 @@ absl::StatusOr<NsAlgorithms> PlanAlgorithms(const std::string& coordinator,
                                             const std::string& job, int workers,
                                             int64_t* version) {
   auto stub = v1::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+      *OpenChannel(coordinator, WithEnvironmentDefaults({})));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(10));

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "muonps/v1/worker.grpc.pb.h"
+#include "proto/credentials.h"
 #include "proto/grpc_status.h"
 
 namespace muonps {
@@ -24,8 +25,8 @@ constexpr absl::Duration kStepTimeout = absl::Seconds(120);
 // re-plan, and a step under a stale plan would time a transport rebuild.
 absl::Status WaitForFullPlan(const TrainerRankOptions& options,
                              v1::Worker::Stub* worker) {
-  auto coordinator = v1::Coordinator::NewStub(grpc::CreateChannel(
-      options.coordinator, grpc::InsecureChannelCredentials()));
+  auto coordinator = v1::Coordinator::NewStub(
+      *OpenChannel(options.coordinator, WithEnvironmentDefaults({})));
   const absl::Time deadline = absl::Now() + kPlanTimeout;
   std::string last;
   while (absl::Now() < deadline) {
@@ -84,8 +85,8 @@ absl::StatusOr<v1::StepResponse> RpcStep(v1::Worker::Stub* worker,
 absl::StatusOr<TrainerRankResult> Run(const TrainerRankOptions& options,
                                       LockstepBarrier* barrier) {
   auto worker = v1::Worker::NewStub(
-      grpc::CreateChannel(absl::StrCat("unix:", options.worker_socket),
-                          grpc::InsecureChannelCredentials()));
+      *OpenChannel(absl::StrCat("unix:", options.worker_socket),
+                   WithEnvironmentDefaults({})));
   MUONPS_ASSIGN_OR_RETURN(
       std::unique_ptr<Client> client,
       Client::Create({.coordinator = options.coordinator,

@@ -15,10 +15,13 @@ logs="$(mktemp -d /tmp/step-gpu-XXXXXX)"
 torch_results="$logs/torch.jsonl"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 python3 "$here/torch_peers.py" --skip_ns --out "$torch_results" "${@}"
+# A fresh bearer token, as a private service has (plaintext on loopback).
+(umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' >"$logs/token")
+export MUONPS_TOKEN_FILE="$logs/token"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
-"$here/bin/muonps-coordinator" --port 0 --metrics_port -1 >"$logs/coordinator.log" 2>&1 &
+"$here/bin/muonps-coordinator" --port 0 --metrics_port -1 --insecure >"$logs/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on" "$logs/coordinator.log" && break; sleep 0.1; done
 coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$logs/coordinator.log" | head -1)"
@@ -32,7 +35,7 @@ for _ in $(seq 300); do grep -q "listening on unix" "$logs/worker.log" && break;
 cleanup
 pids=()
 # Two trainers and two workers sharing the GPU (CUDA IPC peer transport).
-"$here/bin/muonps-coordinator" --port 0 --metrics_port -1 >"$logs/coordinator2.log" 2>&1 &
+"$here/bin/muonps-coordinator" --port 0 --metrics_port -1 --insecure >"$logs/coordinator2.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on" "$logs/coordinator2.log" && break; sleep 0.1; done
 coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$logs/coordinator2.log" | head -1)"

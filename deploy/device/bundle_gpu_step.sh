@@ -13,6 +13,10 @@ BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //kernels/cuda:elementwise_gpu_test //kernels/cuda:cuda_kernels_gpu_test \
   //tests:gpu_step_test //tests:gpu_two_workers_test //bench/step_gpu:step_gpu_bench //client:libmuonps.so
 cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
+# The tests' TLS credentials (tests/harness finds them beside the binaries).
+bazel build //tests/testdata:tls
+cp bazel-bin/tests/testdata/tls/* device_bundle/bin/
+chmod u+w device_bundle/bin/*
 cp bench/ns_gpu/torch_peers.py deploy/device/run_gpu_step_suite.sh device_bundle/
 du -sh device_bundle
 # The device tool carries at most 64 MiB: ship the bundle compressed

@@ -69,7 +69,10 @@ for a in p["args"]: print(a)' "$work/$1/config.json"
 
 shared="$work/shared"       # the pod's socket emptyDir
 mkdir -p "$shared"
-chown 65532:65532 "$shared"
+# TLS and the bearer token, mounted as a pod's Secret volume would be.
+bash "$root/deploy/local/make_credentials.sh" "$shared/credentials"
+chown -R 65532:65532 "$shared"
+creds=/var/run/muonps/credentials  # where the images see them
 
 # run_image ROLE LOG ARGS...: the image's entrypoint with ARGS appended.
 run_image() {
@@ -105,7 +108,8 @@ wait_for() {  # wait_for FILE REGEX SECONDS -> prints capture
 }
 
 echo "== coordinator from the muonps-coordinator image"
-run_image muonps-coordinator "$work/coordinator.log" --host 127.0.0.1 --port 0 --metrics_port 0
+run_image muonps-coordinator "$work/coordinator.log" --host 127.0.0.1 --port 0 --metrics_port 0 \
+  --tls_cert_file "$creds/server.pem" --tls_key_file "$creds/server.key" --token_file "$creds/token"
 if coordinator="$(wait_for "$work/coordinator.log" 'listening on \([0-9.:]*\)' 20)"; then
   pass "coordinator from the image listens on $coordinator (as uid $(process muonps-coordinator | head -n 1))"
 else
@@ -118,6 +122,7 @@ echo "== CPU worker from the muonps-worker image"
 job="image-test-$$"
 run_image muonps-worker "$work/worker.log" --coordinator "$coordinator" --job "$job" \
   --worker_id w0 --socket /var/run/muonps/worker.sock --device cpu --metrics_port 0 \
+  --token_file "$creds/token" --tls_ca_file "$creds/ca.pem" \
   --memory_bytes $((1 << 30))
 if wait_for "$work/worker.log" 'listening on unix:\(.*\)' 20 >/dev/null; then
   pass "worker from the image joined job $job (CUDA libraries load, CPU device)"
@@ -129,7 +134,8 @@ fi
 echo "== the example trainer (outside the images) trains $steps steps"
 cp "$trainer" "$work/mlp_trainer"
 chmod 0755 "$work" "$work/mlp_trainer"
-if setpriv --reuid=65532 --regid=65532 --clear-groups "$work/mlp_trainer" \
+if MUONPS_TOKEN_FILE="$shared/credentials/token" MUONPS_TLS_CA_FILE="$shared/credentials/ca.pem" \
+    setpriv --reuid=65532 --regid=65532 --clear-groups "$work/mlp_trainer" \
     --coordinator "$coordinator" --job "$job" --worker_socket "$shared/worker.sock" \
     --rank 0 --ranks 1 --steps "$steps" >"$work/trainer.log" 2>&1; then
   summary="$(grep '^{"initial_loss"' "$work/trainer.log" | tail -n 1)"
@@ -154,8 +160,10 @@ else
   fail "coordinator /metrics from the image"
 fi
 # What the chart's `helm test` runs: the image's CLI asks grpc.health.v1.
+cp "$shared/credentials/ca.pem" "$work/muonps-coordinator/rootfs/ca.pem"
 if health="$(chroot --userspec=65532:65532 "$work/muonps-coordinator/rootfs" \
-    /usr/local/bin/muonps health --coordinator "$coordinator" 2>&1)" &&
+    /usr/local/bin/muonps health --coordinator "$coordinator" \
+    --tls_ca_file /ca.pem 2>&1)" &&
     [[ "$health" == SERVING ]]; then
   pass "the image's muonps health (helm test) reports the coordinator SERVING"
 else
