@@ -207,6 +207,9 @@ class DataPlaneFixture : public ::testing::Test {
   void SignalWorker(int worker, int signal);
 
   int workers() const { return static_cast<int>(workers_.size()); }
+  const std::string& coordinator_address() const {
+    return coordinator_address_;
+  }
   const ModelDecl& model() const { return model_; }
 
  private:
