@@ -76,6 +76,11 @@ ABSL_FLAG(int, data_port, 0,
           "TCP port of the data-plane transport (on --host); 0 picks one.");
 ABSL_FLAG(int64_t, io_timeout_ms, 10000,
           "A peer silent this long during a step fails the step.");
+ABSL_FLAG(int, max_threads, 32,
+          "Threads the local gRPC server may use; calls beyond them wait or "
+          "are refused (RESOURCE_EXHAUSTED).");
+ABSL_FLAG(int, max_concurrent_streams, 64,
+          "Concurrent calls per connection on the local socket.");
 ABSL_FLAG(std::string, token_file, "",
           "File holding the bearer token: sent to the coordinator, and "
           "required of every call on the local socket (default: "
@@ -295,6 +300,13 @@ int Run() {
   const int max_message = static_cast<int>(max_message_flag);
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
+  // The socket serves this worker's trainers only: a few threads and
+  // streams are plenty, and a runaway client cannot exhaust the process.
+  grpc::ResourceQuota quota("muonps-worker");
+  quota.SetMaxThreads(absl::GetFlag(FLAGS_max_threads));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             absl::GetFlag(FLAGS_max_concurrent_streams));
   builder.AddListeningPort(absl::StrCat("unix:", socket),
                            grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
