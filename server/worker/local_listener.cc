@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -281,6 +282,28 @@ void LocalListener::AcceptLoop(AcceptFn accept) {
     }
     accept(connection);
   }
+}
+
+absl::StatusOr<std::unique_ptr<LocalListener>> OpenWorkerSocket(
+    const std::string& socket_flag, const std::string& worker_id,
+    std::optional<gid_t> allowed_group) {
+  const uid_t uid = geteuid();
+  std::string path = socket_flag;
+  if (path.empty()) {
+    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+    path = DefaultSocketPath(worker_id, runtime != nullptr ? runtime : "", uid);
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  struct stat info;
+  if (socket_flag.empty() || lstat(dir.c_str(), &info) != 0) {
+    MUONPS_RETURN_IF_ERROR(PreparePrivateDirectory(dir, uid, allowed_group));
+  }
+  return LocalListener::Bind(
+      {.path = path,
+       .policy = {.allowed_uid = uid, .allowed_group = allowed_group}});
 }
 
 }  // namespace worker

@@ -123,6 +123,17 @@ class LocalListener {
   std::thread thread_;
 };
 
+// The worker's socket as main() opens it: `socket_flag` (--socket) or, when
+// empty, DefaultSocketPath(worker_id, $XDG_RUNTIME_DIR, euid); the parent
+// directory is made private (PreparePrivateDirectory) when it is the
+// default one or when this call creates it; a --socket in an existing
+// directory is used as it is (the socket itself is still 0600). Then
+// LocalListener::Bind for the worker's euid and `allowed_group`. Errors
+// as those calls' (each names the path).
+absl::StatusOr<std::unique_ptr<LocalListener>> OpenWorkerSocket(
+    const std::string& socket_flag, const std::string& worker_id,
+    std::optional<gid_t> allowed_group);
+
 }  // namespace worker
 }  // namespace muonps
 

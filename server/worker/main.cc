@@ -4,6 +4,7 @@
 // Prometheus metrics. Logs "listening on unix:PATH" once it serves; exits
 // cleanly (leaving the job) on SIGTERM or SIGINT.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -29,6 +31,7 @@
 #include "server/health/health_service.h"
 #include "server/reflection/reflection_service.h"
 #include "server/worker/cuda_step_backend.h"
+#include "server/worker/local_listener.h"
 #include "server/worker/nccl_bootstrap.h"
 #include "server/worker/worker_agent.h"
 #include "server/worker/worker_service.h"
@@ -42,7 +45,12 @@ ABSL_FLAG(std::string, worker_id, "",
           "Worker id, unique in the job (default: HOSTNAME-PID).");
 ABSL_FLAG(std::string, socket, "",
           "Unix socket of the local control service (default: "
-          "/tmp/muonps-worker-ID.sock).");
+          "$XDG_RUNTIME_DIR/muonps/worker-ID.sock, else "
+          "/tmp/muonps-UID/worker-ID.sock, in a directory private to this "
+          "user).");
+ABSL_FLAG(std::string, allow_group, "",
+          "Also let processes of this group (primary or supplementary) talk "
+          "to the socket; by default only this worker's user may.");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the metrics port.");
 ABSL_FLAG(int, metrics_port, 0,
           "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables.");
@@ -191,11 +199,27 @@ int Run() {
     options.cost_table.assign(std::istreambuf_iterator<char>(in),
                               std::istreambuf_iterator<char>());
   }
-  std::string socket = absl::GetFlag(FLAGS_socket);
-  if (socket.empty()) {
-    socket = absl::StrCat("/tmp/muonps-worker-", options.worker_id, ".sock");
+  // The socket is the trainer's door to its buffers: the worker accepts on
+  // it itself and lets in only its own user (or --allow_group), checked by
+  // SO_PEERCRED, then hands the connection to the gRPC server below.
+  std::optional<gid_t> allowed_group;
+  if (!absl::GetFlag(FLAGS_allow_group).empty()) {
+    absl::StatusOr<gid_t> group =
+        worker::GroupId(absl::GetFlag(FLAGS_allow_group));
+    if (!group.ok()) {
+      spdlog::error("--allow_group: {}", group.status().ToString());
+      return 2;
+    }
+    allowed_group = *group;
   }
-  unlink(socket.c_str());  // a stale socket from a killed process
+  absl::StatusOr<std::unique_ptr<worker::LocalListener>> local_listener =
+      worker::OpenWorkerSocket(absl::GetFlag(FLAGS_socket), options.worker_id,
+                               allowed_group);
+  if (!local_listener.ok()) {
+    spdlog::error("--socket: {}", local_listener.status().ToString());
+    return 1;
+  }
+  const std::string socket = (*local_listener)->path();
 
   transport::TcpOptions tcp;
   tcp.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
@@ -295,24 +319,12 @@ int Run() {
   const int max_message = static_cast<int>(max_message_flag);
   builder.SetMaxReceiveMessageSize(max_message);
   builder.SetMaxSendMessageSize(max_message);
-  builder.AddListeningPort(absl::StrCat("unix:", socket),
-                           grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   builder.RegisterService(&health);
   builder.RegisterService(&reflection);
-  // The socket is the trainer's door to its buffers: only this user may
-  // connect (a Unix socket needs write permission). Created under umask
-  // 077 so that no other user can connect even before the chmod.
-  const mode_t old_umask = umask(077);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  umask(old_umask);
   if (server == nullptr) {
-    spdlog::error("cannot listen on unix:{}", socket);
-    return 1;
-  }
-  if (chmod(socket.c_str(), 0600) != 0) {
-    spdlog::error("cannot make unix:{} private: {}", socket,
-                  std::strerror(errno));
+    spdlog::error("cannot start the gRPC server for unix:{}", socket);
     return 1;
   }
   health.SetServing("muonps.v1.Worker", true);
@@ -329,6 +341,11 @@ int Run() {
     spdlog::info("metrics on http://{}:{}/metrics", absl::GetFlag(FLAGS_host),
                  metrics_server->port());
   }
+  // Accepting starts last: no early return may leave the listener's
+  // thread handing connections to a destroyed server.
+  (*local_listener)->Start([&server](int fd) {
+    grpc::AddInsecureChannelFromFd(server.get(), fd);
+  });
   agent.Start();
   spdlog::info("worker={} on {} ({}), data plane on {}", options.worker_id,
                device_flag,
@@ -341,9 +358,9 @@ int Run() {
   spdlog::info("signal {}: leaving the job and shutting down", signal_number);
   agent.Stop();
   health.Shutdown();  // ends Watch streams before the server waits on them
+  local_listener->reset();  // no new connections; removes the socket file
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   metrics_server.reset();
-  unlink(socket.c_str());
   spdlog::info("stopped");
   return 0;
 }
