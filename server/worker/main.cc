@@ -26,6 +26,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/trainer_segment.h"
 #include "proto/credentials.h"
 #include "kernels/cuda/precision.h"
 #include "server/health/health_service.h"
@@ -220,6 +221,13 @@ int Run() {
     return 1;
   }
   const std::string socket = (*local_listener)->path();
+  // Segments of trainers killed by SIGKILL keep their memory until removed.
+  absl::StatusOr<int> stale = RemoveStaleTrainerSegments("/dev/shm", geteuid());
+  if (!stale.ok()) {
+    spdlog::warn("stale trainer segments: {}", stale.status().ToString());
+  } else if (*stale > 0) {
+    spdlog::info("removed {} shared-memory segments of dead trainers", *stale);
+  }
 
   transport::TcpOptions tcp;
   tcp.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
