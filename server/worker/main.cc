@@ -52,9 +52,20 @@ ABSL_FLAG(std::string, socket, "",
 ABSL_FLAG(std::string, allow_group, "",
           "Also let processes of this group (primary or supplementary) talk "
           "to the socket; by default only this worker's user may.");
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the metrics port.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address of the data-plane port (--data_port).");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
+          "Prometheus /metrics HTTP address, HOST:PORT (port 0 picks a free "
+          "one). Off loopback it needs --metrics_token_file.");
 ABSL_FLAG(int, metrics_port, 0,
-          "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables.");
+          "-1 disables /metrics; a port > 0 replaces --metrics_address's.");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "File holding the bearer token every /metrics request must carry "
+          "(default: $MUONPS_METRICS_TOKEN_FILE); required off loopback.");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate: serve /metrics over HTTPS (with "
+          "--metrics_tls_key).");
+ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
 ABSL_FLAG(std::string, device, "auto",
           "cpu, cuda:N, or auto (cuda:0 when a GPU is usable, else cpu). "
           "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "
@@ -337,17 +348,25 @@ int Run() {
   }
   health.SetServing("muonps.v1.Worker", true);
   std::unique_ptr<MetricsServer> metrics_server;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+  absl::StatusOr<std::optional<MetricsServerOptions>> metrics_options =
+      MetricsServerOptionsFromFlags(absl::GetFlag(FLAGS_metrics_address),
+                                    absl::GetFlag(FLAGS_metrics_port),
+                                    absl::GetFlag(FLAGS_metrics_token_file),
+                                    absl::GetFlag(FLAGS_metrics_tls_cert),
+                                    absl::GetFlag(FLAGS_metrics_tls_key));
+  if (!metrics_options.ok()) {
+    spdlog::error("metrics: {}", metrics_options.status().ToString());
+    return 2;
+  }
+  if (metrics_options->has_value()) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::Start(&metrics, absl::GetFlag(FLAGS_host),
-                             absl::GetFlag(FLAGS_metrics_port));
+        MetricsServer::Start(&metrics, **metrics_options);
     if (!started.ok()) {
       spdlog::error("metrics: {}", started.status().ToString());
       return 1;
     }
     metrics_server = *std::move(started);
-    spdlog::info("metrics on http://{}:{}/metrics", absl::GetFlag(FLAGS_host),
-                 metrics_server->port());
+    spdlog::info("metrics on {}", metrics_server->url());
   }
   // Accepting starts last: no early return may leave the listener's
   // thread handing connections to a destroyed server.
