@@ -143,9 +143,6 @@ MetricsServerOptionsFromFlags(const std::string& address, int port,
                               const std::string& tls_cert_file,
                               const std::string& tls_key_file);
 
-// True for 127.0.0.0/8, ::1 and "localhost".
-bool IsLoopbackHost(absl::string_view host);
-
 // Serves GET /metrics (the registry's text, Content-Type
 // "text/plain; version=0.0.4") and GET /healthz ("ok") in a background
 // thread until destroyed. Thread-safe: the registry may change while it

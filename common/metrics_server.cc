@@ -14,26 +14,16 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/metrics.h"
+#include "common/secret.h"
 #include "common/status.h"
 
 namespace muonps {
 namespace {
 
 constexpr char kContentType[] = "text/plain; version=0.0.4";
-
-// Compares in time that depends only on `expected`'s length, so a scraper
-// cannot learn the token byte by byte from response times.
-bool SameToken(absl::string_view expected, absl::string_view given) {
-  unsigned char diff = expected.size() != given.size() ? 1 : 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const char other = i < given.size() ? given[i] : 0;
-    diff |= static_cast<unsigned char>(expected[i] ^ other);
-  }
-  return diff == 0;
-}
 
 // The token in the file at `path`, without surrounding whitespace.
 absl::StatusOr<std::string> ReadToken(const std::string& path) {
@@ -54,15 +44,17 @@ absl::StatusOr<std::string> ReadToken(const std::string& path) {
   return token;
 }
 
-}  // namespace
-
-bool IsLoopbackHost(absl::string_view host) {
+// True for 127.0.0.0/8, ::1 and "localhost". (proto/credentials.h has the
+// gRPC ports' own; common/ may not reach up to proto/.)
+bool IsLoopback(absl::string_view host) {
   if (host == "localhost" || host == "::1") return true;
   in_addr v4;
   const std::string text(host);
   return inet_pton(AF_INET, text.c_str(), &v4) == 1 &&
          (ntohl(v4.s_addr) >> 24) == 127;
 }
+
+}  // namespace
 
 absl::StatusOr<std::optional<MetricsServerOptions>>
 MetricsServerOptionsFromFlags(const std::string& address, int port,
@@ -100,7 +92,7 @@ MetricsServerOptionsFromFlags(const std::string& address, int port,
   }
   if (!token_path.empty()) {
     MUONPS_ASSIGN_OR_RETURN(options.bearer_token, ReadToken(token_path));
-  } else if (!IsLoopbackHost(options.host)) {
+  } else if (!IsLoopback(options.host)) {
     return InvalidField(
         "--metrics_address",
         absl::StrCat(Quoted(address),
@@ -138,7 +130,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     return InvalidField("metrics port",
                         absl::StrCat(port, " is not in [0, 65535]"));
   }
-  if (options.bearer_token.empty() && !IsLoopbackHost(host)) {
+  if (options.bearer_token.empty() && !IsLoopback(host)) {
     return InvalidField(absl::StrCat("metrics endpoint ", host, ":", port),
                         "is not on a loopback address and has no bearer token");
   }
@@ -166,19 +158,20 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   // Scrapes are rare and cheap; two workers are plenty.
   http.new_task_queue = [] { return new httplib::ThreadPool(2); };
   if (!options.bearer_token.empty()) {
-    http.set_pre_routing_handler([token = options.bearer_token](
-                                     const httplib::Request& request,
-                                     httplib::Response& response) {
-      const std::string header = request.get_header_value("Authorization");
-      absl::string_view given = header;
-      if (absl::ConsumePrefix(&given, "Bearer ") && SameToken(token, given)) {
-        return httplib::Server::HandlerResponse::Unhandled;
-      }
-      response.status = 401;
-      response.set_header("WWW-Authenticate", "Bearer");
-      response.set_content("unauthorized\n", "text/plain");
-      return httplib::Server::HandlerResponse::Handled;
-    });
+    http.set_pre_routing_handler(
+        [token = options.bearer_token](const httplib::Request& request,
+                                       httplib::Response& response) {
+          const std::string header = request.get_header_value("Authorization");
+          absl::string_view given = header;
+          if (absl::ConsumePrefix(&given, "Bearer ") &&
+              SecretsEqual(token, given)) {
+            return httplib::Server::HandlerResponse::Unhandled;
+          }
+          response.status = 401;
+          response.set_header("WWW-Authenticate", "Bearer");
+          response.set_content("unauthorized\n", "text/plain");
+          return httplib::Server::HandlerResponse::Handled;
+        });
   }
   http.Get("/metrics",
            [registry](const httplib::Request&, httplib::Response& response) {

@@ -95,15 +95,18 @@ TEST(MetricsServerOptionsTest, ReadsAddressPortOverrideTokenAndDisable) {
           .ok());
 }
 
-TEST(MetricsServerOptionsTest, KnowsLoopbackHosts) {
-  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
-  EXPECT_TRUE(IsLoopbackHost("127.8.9.10"));
-  EXPECT_TRUE(IsLoopbackHost("::1"));
-  EXPECT_TRUE(IsLoopbackHost("localhost"));
-  EXPECT_FALSE(IsLoopbackHost("0.0.0.0"));
-  EXPECT_FALSE(IsLoopbackHost("::"));
-  EXPECT_FALSE(IsLoopbackHost("10.1.2.3"));
-  EXPECT_FALSE(IsLoopbackHost("128.0.0.1"));
+TEST(MetricsServerOptionsTest, OnlyLoopbackHostsGoWithoutAToken) {
+  unsetenv("MUONPS_METRICS_TOKEN_FILE");
+  for (const char* address :
+       {"127.0.0.1:0", "127.8.9.10:0", "[::1]:0", "localhost:0"}) {
+    EXPECT_TRUE(MetricsServerOptionsFromFlags(address, 0, "", "", "").ok())
+        << address;
+  }
+  for (const char* address :
+       {"0.0.0.0:0", "[::]:0", "10.1.2.3:0", "128.0.0.1:0", "example.com:0"}) {
+    EXPECT_FALSE(MetricsServerOptionsFromFlags(address, 0, "", "", "").ok())
+        << address;
+  }
 }
 
 TEST(MetricsServerTest, TokenGuardsEveryPath401WithoutOrWrongAnd200WithIt) {
