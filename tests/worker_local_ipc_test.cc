@@ -158,10 +158,12 @@ TEST_F(WorkerLocalIpcTest, MetricsOffLoopbackWithoutTokenRefusedAtStart) {
   EXPECT_NE(worker->Log().find("--metrics_token_file"), std::string::npos)
       << worker->Log();
 
+  std::vector<std::string> argv = testing::SecuredCoordinatorFlags();
+  argv.insert(argv.begin(),
+              {BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
+               "--metrics_address=0.0.0.0:0"});
   absl::StatusOr<std::unique_ptr<ChildProcess>> coordinator =
-      ChildProcess::Start({BinaryPath("server/coordinator/muonps-coordinator"),
-                           "--port=0", "--metrics_address=0.0.0.0:0"},
-                          dir_ + "/open-coordinator.log");
+      ChildProcess::Start(argv, dir_ + "/open-coordinator.log");
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   exited = (*coordinator)->Wait(kStartTimeout);
   ASSERT_TRUE(exited.ok()) << exited.status();
