@@ -10,6 +10,7 @@
 #include "client/cuda_lending.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
+#include "common/trainer_segment.h"
 #include "kernels/device_ops.h"
 #include "proto/grpc_status.h"
 #include "proto/translate.h"
@@ -358,10 +359,9 @@ absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
   MUONPS_ASSIGN_OR_RETURN(
       SharedMemorySegment segment,
       SharedMemorySegment::Create(
-          // pids repeat across PID namespaces (containers, sandboxes) that
-          // share /dev/shm: add a random token.
-          absl::StrCat("/muonps-", options_.job, "-r", options_.trainer_rank,
-                       "-", getpid(), "-", std::random_device()()),
+          // The form the worker checks (common/trainer_segment.h).
+          TrainerSegmentName(options_.job, options_.trainer_rank, getpid(),
+                             std::random_device()()),
           static_cast<size_t>(bytes)));
   segment_ = std::move(segment);
   adamw_ = adamw;

@@ -1,11 +1,7 @@
 #include "common/metrics.h"
 
-#include <httplib.h>
-
 #include <algorithm>
-#include <atomic>
 #include <charconv>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -27,8 +23,6 @@
 
 namespace muonps {
 namespace {
-
-constexpr char kContentType[] = "text/plain; version=0.0.4";
 
 bool IsNameStart(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
@@ -341,68 +335,6 @@ std::string MetricsRegistry::RenderText() const {
   std::string text;
   for (const auto& [name, block] : families) text += block;
   return text;
-}
-
-struct MetricsServer::Impl {
-  httplib::Server http;
-  std::thread listener;
-  std::atomic<bool> listen_returned{false};
-};
-
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const MetricsRegistry* registry, const std::string& host, int port) {
-  if (port < 0 || port > 65535) {
-    return InvalidField("metrics port",
-                        absl::StrCat(port, " is not in [0, 65535]"));
-  }
-  std::unique_ptr<MetricsServer> server(new MetricsServer());
-  server->impl_ = std::make_unique<Impl>();
-  Impl* impl = server->impl_.get();
-  // Scrapes are rare and cheap; two workers are plenty.
-  impl->http.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  impl->http.Get("/metrics", [registry](const httplib::Request&,
-                                        httplib::Response& response) {
-    response.set_content(registry->RenderText(), kContentType);
-  });
-  impl->http.Get("/healthz",
-                 [](const httplib::Request&, httplib::Response& response) {
-                   response.set_content("ok", "text/plain");
-                 });
-
-  const std::string endpoint = absl::StrCat(host, ":", port);
-  const int bound = port == 0
-                        ? impl->http.bind_to_any_port(host)
-                        : (impl->http.bind_to_port(host, port) ? port : -1);
-  if (bound <= 0) {
-    return FieldError(absl::StatusCode::kUnavailable,
-                      absl::StrCat("metrics endpoint ", endpoint),
-                      "cannot bind (address in use, not local, or host "
-                      "not resolvable)");
-  }
-  server->port_ = bound;
-
-  impl->listener = std::thread([impl] {
-    impl->http.listen_after_bind();
-    impl->listen_returned = true;
-  });
-  // stop() is a no-op until the listener thread marks the server running, so
-  // a server destroyed right after Start would otherwise never stop. Wait
-  // until it runs (or has already given up).
-  while (!impl->http.is_running() && !impl->listen_returned) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!impl->http.is_running()) {
-    return FieldError(absl::StatusCode::kUnavailable,
-                      absl::StrCat("metrics endpoint ", host, ":", bound),
-                      "stopped listening right after binding");
-  }
-  return server;
-}
-
-MetricsServer::~MetricsServer() {
-  if (impl_ == nullptr) return;
-  impl_->http.stop();
-  if (impl_->listener.joinable()) impl_->listener.join();
 }
 
 }  // namespace muonps

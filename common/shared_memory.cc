@@ -118,6 +118,12 @@ absl::StatusOr<SharedMemorySegment> SharedMemorySegment::Open(
     close(fd);
     return SystemError("fstat", name, error);
   }
+  if (info.st_uid != geteuid()) {
+    close(fd);
+    return absl::PermissionDeniedError(
+        absl::StrCat("shared memory segment ", Quoted(name), ": owned by uid ",
+                     info.st_uid, ", not by this process's uid ", geteuid()));
+  }
   if (info.st_size < 0 ||
       static_cast<uint64_t>(info.st_size) != expected_bytes) {
     close(fd);

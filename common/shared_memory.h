@@ -69,6 +69,9 @@ class SharedMemorySegment {
   //   INVALID_ARGUMENT naming "name" for a malformed name (same rules as
   //     Create), naming "expected_bytes" if it is 0;
   //   NOT_FOUND if no segment has that name;
+  //   PERMISSION_DENIED naming the segment if another user owns it (a
+  //     process may lend only its own user's memory; checked before
+  //     mapping);
   //   FAILED_PRECONDITION if the segment's size is not `expected_bytes`
   //     (the message gives both), so a worker never maps a buffer laid out
   //     for another model;

@@ -4,6 +4,7 @@
 // Prometheus metrics. Logs "listening on unix:PATH" once it serves; exits
 // cleanly (leaving the job) on SIGTERM or SIGINT.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -24,11 +26,13 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/trainer_segment.h"
 #include "proto/credentials.h"
 #include "kernels/cuda/precision.h"
 #include "server/health/health_service.h"
 #include "server/reflection/reflection_service.h"
 #include "server/worker/cuda_step_backend.h"
+#include "server/worker/local_listener.h"
 #include "server/worker/nccl_bootstrap.h"
 #include "server/worker/worker_agent.h"
 #include "server/worker/worker_service.h"
@@ -42,10 +46,26 @@ ABSL_FLAG(std::string, worker_id, "",
           "Worker id, unique in the job (default: HOSTNAME-PID).");
 ABSL_FLAG(std::string, socket, "",
           "Unix socket of the local control service (default: "
-          "/tmp/muonps-worker-ID.sock).");
-ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the metrics port.");
+          "$XDG_RUNTIME_DIR/muonps/worker-ID.sock, else "
+          "/tmp/muonps-UID/worker-ID.sock, in a directory private to this "
+          "user).");
+ABSL_FLAG(std::string, allow_group, "",
+          "Also let processes of this group (primary or supplementary) talk "
+          "to the socket; by default only this worker's user may.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address of the data-plane port (--data_port).");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
+          "Prometheus /metrics HTTP address, HOST:PORT (port 0 picks a free "
+          "one). Off loopback it needs --metrics_token_file.");
 ABSL_FLAG(int, metrics_port, 0,
-          "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables.");
+          "-1 disables /metrics; a port > 0 replaces --metrics_address's.");
+ABSL_FLAG(std::string, metrics_token_file, "",
+          "File holding the bearer token every /metrics request must carry "
+          "(default: $MUONPS_METRICS_TOKEN_FILE); required off loopback.");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate: serve /metrics over HTTPS (with "
+          "--metrics_tls_key).");
+ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
 ABSL_FLAG(std::string, device, "auto",
           "cpu, cuda:N, or auto (cuda:0 when a GPU is usable, else cpu). "
           "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "
@@ -196,11 +216,34 @@ int Run() {
     options.cost_table.assign(std::istreambuf_iterator<char>(in),
                               std::istreambuf_iterator<char>());
   }
-  std::string socket = absl::GetFlag(FLAGS_socket);
-  if (socket.empty()) {
-    socket = absl::StrCat("/tmp/muonps-worker-", options.worker_id, ".sock");
+  // The socket is the trainer's door to its buffers: the worker accepts on
+  // it itself and lets in only its own user (or --allow_group), checked by
+  // SO_PEERCRED, then hands the connection to the gRPC server below.
+  std::optional<gid_t> allowed_group;
+  if (!absl::GetFlag(FLAGS_allow_group).empty()) {
+    absl::StatusOr<gid_t> group =
+        worker::GroupId(absl::GetFlag(FLAGS_allow_group));
+    if (!group.ok()) {
+      spdlog::error("--allow_group: {}", group.status().ToString());
+      return 2;
+    }
+    allowed_group = *group;
   }
-  unlink(socket.c_str());  // a stale socket from a killed process
+  absl::StatusOr<std::unique_ptr<worker::LocalListener>> local_listener =
+      worker::OpenWorkerSocket(absl::GetFlag(FLAGS_socket), options.worker_id,
+                               allowed_group);
+  if (!local_listener.ok()) {
+    spdlog::error("--socket: {}", local_listener.status().ToString());
+    return 1;
+  }
+  const std::string socket = (*local_listener)->path();
+  // Segments of trainers killed by SIGKILL keep their memory until removed.
+  absl::StatusOr<int> stale = RemoveStaleTrainerSegments("/dev/shm", geteuid());
+  if (!stale.ok()) {
+    spdlog::warn("stale trainer segments: {}", stale.status().ToString());
+  } else if (*stale > 0) {
+    spdlog::info("removed {} shared-memory segments of dead trainers", *stale);
+  }
 
   transport::TcpOptions tcp;
   tcp.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_io_timeout_ms));
@@ -307,40 +350,41 @@ int Run() {
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              absl::GetFlag(FLAGS_max_concurrent_streams));
-  builder.AddListeningPort(absl::StrCat("unix:", socket),
-                           grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   builder.RegisterService(&health);
   builder.RegisterService(&reflection);
-  // The socket is the trainer's door to its buffers: only this user may
-  // connect (a Unix socket needs write permission). Created under umask
-  // 077 so that no other user can connect even before the chmod.
-  const mode_t old_umask = umask(077);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  umask(old_umask);
   if (server == nullptr) {
-    spdlog::error("cannot listen on unix:{}", socket);
-    return 1;
-  }
-  if (chmod(socket.c_str(), 0600) != 0) {
-    spdlog::error("cannot make unix:{} private: {}", socket,
-                  std::strerror(errno));
+    spdlog::error("cannot start the gRPC server for unix:{}", socket);
     return 1;
   }
   health.SetServing("muonps.v1.Worker", true);
   std::unique_ptr<MetricsServer> metrics_server;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+  absl::StatusOr<std::optional<MetricsServerOptions>> metrics_options =
+      MetricsServerOptionsFromFlags(absl::GetFlag(FLAGS_metrics_address),
+                                    absl::GetFlag(FLAGS_metrics_port),
+                                    absl::GetFlag(FLAGS_metrics_token_file),
+                                    absl::GetFlag(FLAGS_metrics_tls_cert),
+                                    absl::GetFlag(FLAGS_metrics_tls_key));
+  if (!metrics_options.ok()) {
+    spdlog::error("metrics: {}", metrics_options.status().ToString());
+    return 2;
+  }
+  if (metrics_options->has_value()) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::Start(&metrics, absl::GetFlag(FLAGS_host),
-                             absl::GetFlag(FLAGS_metrics_port));
+        MetricsServer::Start(&metrics, **metrics_options);
     if (!started.ok()) {
       spdlog::error("metrics: {}", started.status().ToString());
       return 1;
     }
     metrics_server = *std::move(started);
-    spdlog::info("metrics on http://{}:{}/metrics", absl::GetFlag(FLAGS_host),
-                 metrics_server->port());
+    spdlog::info("metrics on {}", metrics_server->url());
   }
+  // Accepting starts last: no early return may leave the listener's
+  // thread handing connections to a destroyed server.
+  (*local_listener)->Start([&server](int fd) {
+    grpc::AddInsecureChannelFromFd(server.get(), fd);
+  });
   agent.Start();
   spdlog::info("worker={} on {} ({}), data plane on {}", options.worker_id,
                device_flag,
@@ -353,9 +397,9 @@ int Run() {
   spdlog::info("signal {}: leaving the job and shutting down", signal_number);
   agent.Stop();
   health.Shutdown();  // ends Watch streams before the server waits on them
+  local_listener->reset();  // no new connections; removes the socket file
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   metrics_server.reset();
-  unlink(socket.c_str());
   spdlog::info("stopped");
   return 0;
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
+#include "common/trainer_segment.h"
 #include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "proto/translate.h"
@@ -224,6 +225,12 @@ absl::Status StepEngine::SetPlan(
   return absl::OkStatus();
 }
 
+absl::Status StepEngine::NoPlanYet() const {
+  return FieldError(absl::StatusCode::kFailedPrecondition, "plan",
+                    absl::StrCat("worker ", Quoted(worker_id_),
+                                 " has no plan yet (or is not in it)"));
+}
+
 absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
     const v1::AttachRequest& request) {
   if (request.trainer_count() < 1 || request.trainer_rank() < 0 ||
@@ -246,6 +253,14 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
                        " is dedicated (--dedicated): it takes no trainer; "
                        "attach to the worker of your GPU"));
     }
+    // A shared-memory segment is mapped only when it is named for this job
+    // and the attaching trainer (common/trainer_segment.h).
+    if (!request.segment().empty()) {
+      if (plan_.rank < 0) return NoPlanYet();
+      MUONPS_RETURN_IF_ERROR(CheckTrainerSegmentName(
+          request.segment(), plan_.job.name(), request.trainer_rank(),
+          request.trainer_pid()));
+    }
   }
   // Mapping is slow (shm_open, cudaIpcOpenMemHandle): outside the lock.
   MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
@@ -258,11 +273,7 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
                      DeviceName(device_)));
   }
   absl::MutexLock lock(&mu_);
-  if (plan_.rank < 0) {
-    return FieldError(absl::StatusCode::kFailedPrecondition, "plan",
-                      absl::StrCat("worker ", Quoted(worker_id_),
-                                   " has no plan yet (or is not in it)"));
-  }
+  if (plan_.rank < 0) return NoPlanYet();
   const int with_trainers =
       static_cast<int>(plan_.ownership.worker_ids.size()) -
       plan_.ownership.dedicated;

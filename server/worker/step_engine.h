@@ -95,6 +95,9 @@ class StepEngine {
   // inside the lent memory, fp32. FAILED_PRECONDITION before a plan, and
   // while the plan's worker count differs from the trainer count (the
   // other workers have not joined yet; the client retries).
+  // INVALID_ARGUMENT naming `segment` when a shared-memory segment is not
+  // named for this job, the trainer's rank and pid (trainer_segment.h);
+  // PERMISSION_DENIED when another user owns it.
   absl::StatusOr<v1::AttachResponse> Attach(const v1::AttachRequest& request);
 
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
@@ -129,6 +132,8 @@ class StepEngine {
                            std::vector<float> values);
 
  private:
+  // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
+  absl::Status NoPlanYet() const;
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs a step on the transport (which exists) for `trainer`, or for no
   // trainer (a dedicated worker); a broken transport is dropped.

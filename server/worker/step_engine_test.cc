@@ -562,6 +562,29 @@ TEST_F(StepEngineTest, MemoryNoLongerIntactRefusesTheStepEverywhere) {
   for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
 }
 
+// A shared-memory segment not named for the job, the trainer's rank and
+// pid is refused before anything maps it, naming the field.
+TEST_F(StepEngineTest, SegmentNotNamedForThisJobAndTrainerIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  for (const char* name :
+       {"/muonps-other-job-r0-77-1", "/muonps-engine-test-r1-77-1",
+        "/muonps-engine-test-r0-78-1", "/muonps-engine-test-r0-77",
+        "/anything"}) {
+    v1::AttachRequest request;
+    request.set_trainer_rank(0);
+    request.set_trainer_count(kWorkers);
+    request.set_trainer_pid(77);
+    request.set_segment(name);
+    request.set_segment_bytes(4096);
+    const absl::StatusOr<v1::AttachResponse> attached =
+        engines_[0]->Attach(request);
+    EXPECT_EQ(attached.status().code(), absl::StatusCode::kInvalidArgument)
+        << name;
+    EXPECT_NE(attached.status().message().find("segment"), std::string::npos)
+        << attached.status();
+  }
+}
+
 // Status and heartbeats read last_step() while a step waits on its peers:
 // it must answer at once, not after the step (or its timeout).
 TEST_F(StepEngineTest, LastStepNeverWaitsForAStepInProgress) {

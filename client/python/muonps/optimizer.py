@@ -40,6 +40,16 @@ _NS_ALGORITHMS = {"auto": _native.NS_AUTO, "ns5": _native.NS_NS5,
                   "gram": _native.NS_GRAM}
 
 
+def default_worker_socket(worker_id):
+    """The socket `muonps-worker --worker_id ID` listens on by default:
+    $XDG_RUNTIME_DIR/muonps/worker-ID.sock, else
+    /tmp/muonps-UID/worker-ID.sock (server/worker/local_listener.h)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return f"{runtime}/muonps/worker-{worker_id}.sock"
+    return f"/tmp/muonps-{os.geteuid()}/worker-{worker_id}.sock"
+
+
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's update, run by a muonps job; AdamW for the rest.
 
@@ -62,7 +72,8 @@ class Muon(torch.optim.Optimizer):
     job: the job's name (default $MUONPS_JOB or "default"); its workers are
         started with --job JOB.
     worker_socket: this rank's worker (default $MUONPS_WORKER_SOCKET, else
-        /tmp/muonps-worker-w{LOCAL_RANK or rank}.sock, the socket of a
+        $XDG_RUNTIME_DIR/muonps/worker-w{LOCAL_RANK or rank}.sock (else
+        /tmp/muonps-UID/worker-w{...}.sock), the socket of a
         worker started with --worker_id w{LOCAL_RANK or rank}).
     rank, world_size: default torch.distributed's, else 0 and 1.
     layout: "replicated" (every rank passes the reduced gradient, as after
@@ -365,7 +376,7 @@ class Muon(torch.optim.Optimizer):
         rank, world_size = _ranks(c["rank"], c["world_size"])
         self._socket = c["worker_socket"] or os.environ.get(
             "MUONPS_WORKER_SOCKET") or (
-            f"/tmp/muonps-worker-w{os.environ.get('LOCAL_RANK', rank)}.sock")
+            default_worker_socket(f"w{os.environ.get('LOCAL_RANK', rank)}"))
         lent, frozen, seen = [], [], set()
         for index, group in enumerate(self.param_groups):
             for p in group["params"]:

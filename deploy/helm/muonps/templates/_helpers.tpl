@@ -47,6 +47,11 @@ muonps.io/member: {{ include "muonps.fullname" . }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret holding the /metrics bearer token (key "token"). */}}
+{{- define "muonps.metricsTokenSecret" -}}
+{{- .Values.metrics.tokenSecret | default (printf "%s-metrics-token" (include "muonps.fullname" .)) -}}
+{{- end -}}
+
 {{- define "muonps.coordinatorAddress" -}}
 {{- if .Values.workers.sidecar.coordinatorAddress -}}
 {{- .Values.workers.sidecar.coordinatorAddress -}}

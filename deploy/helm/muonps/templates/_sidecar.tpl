@@ -58,6 +58,9 @@ hostIPC: true
   emptyDir: {}
 - name: muonps-tmp
   emptyDir: {}
+- name: muonps-metrics-token
+  secret:
+    secretName: {{ include "muonps.metricsTokenSecret" $ctx }}
 {{- end -}}
 
 {{- define "muonps.trainer.volumeMounts" -}}
@@ -95,7 +98,8 @@ hostIPC: true
     - --memory_bytes={{ int64 $s.memoryBytes }}
     - --host=$(POD_IP)
     - --data_port={{ $v.workers.dataPort }}
-    - --metrics_port={{ $v.workers.metricsPort }}
+    - --metrics_address=$(POD_IP):{{ $v.workers.metricsPort }}
+    - --metrics_token_file=/var/run/muonps-metrics/token
     - --io_timeout_ms={{ int64 $v.workers.ioTimeoutMs }}
     - --log_level={{ $v.workers.logLevel }}
     {{- range $v.workers.extraArgs }}
@@ -127,4 +131,7 @@ hostIPC: true
       mountPath: {{ $s.socketDir }}
     - name: muonps-tmp
       mountPath: /tmp
+    - name: muonps-metrics-token
+      mountPath: /var/run/muonps-metrics
+      readOnly: true
 {{- end -}}
