@@ -13,9 +13,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status.h"
 
 namespace muonps {
@@ -81,7 +81,10 @@ absl::Status CheckTrainerSegmentName(const std::string& name,
 }
 
 absl::StatusOr<int> RemoveStaleTrainerSegments(const std::string& shm_dir,
+                                               const std::string& job,
                                                uid_t uid) {
+  // The job's names: "muonps-JOB-r..." (kPrefix is "muonps-").
+  const std::string job_prefix = absl::StrCat(kPrefix, job, "-r");
   DIR* dir = opendir(shm_dir.c_str());
   if (dir == nullptr) {
     return absl::InternalError(
@@ -90,7 +93,7 @@ absl::StatusOr<int> RemoveStaleTrainerSegments(const std::string& shm_dir,
   std::vector<std::string> stale;
   while (const dirent* entry = readdir(dir)) {
     const absl::string_view name = entry->d_name;
-    if (!absl::StartsWith(name, kPrefix)) continue;
+    if (!absl::StartsWith(name, job_prefix)) continue;
     struct stat info;
     if (fstatat(dirfd(dir), entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0 ||
         !S_ISREG(info.st_mode) || info.st_uid != uid) {

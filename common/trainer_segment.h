@@ -38,13 +38,17 @@ absl::Status CheckTrainerSegmentName(const std::string& name,
                                      const std::string& job, int rank,
                                      int64_t pid);
 
-// Removes from `shm_dir` (/dev/shm) the muonps-* segments of user `uid`
-// whose creating pid, read from the name, no longer runs in this PID
-// namespace: the leftovers of killed trainers (kill -9 runs no
-// destructor). Leaves alone other users' files, names not of the form
-// above, and segments of live pids. Returns how many it removed; INTERNAL
-// naming the directory if it cannot be read.
+// Removes from `shm_dir` (/dev/shm) the segments of job `job`'s trainers
+// owned by user `uid` whose creating pid, read from the name, no longer runs
+// in this PID namespace: the leftovers of killed trainers of this job
+// (kill -9 runs no destructor). Only the worker's own job: a pid is judged
+// in this process's PID namespace, and trainers of other jobs may live in
+// other namespaces that share /dev/shm (containers, test sandboxes), where
+// their live pids look dead from here. Leaves alone other jobs' and users'
+// files, names not of the form above, and segments of live pids. Returns
+// how many it removed; INTERNAL naming the directory if it cannot be read.
 absl::StatusOr<int> RemoveStaleTrainerSegments(const std::string& shm_dir,
+                                               const std::string& job,
                                                uid_t uid);
 
 }  // namespace muonps

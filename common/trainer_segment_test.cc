@@ -66,7 +66,7 @@ TEST(RemoveStaleTrainerSegmentsTest, RemovesDeadPidsSegmentsAndKeepsLiveOnes) {
   ASSERT_TRUE(dead.ok()) << dead.status();
   ASSERT_TRUE(live.ok()) << live.status();
   absl::StatusOr<int> removed =
-      RemoveStaleTrainerSegments("/dev/shm", geteuid());
+      RemoveStaleTrainerSegments("/dev/shm", job, geteuid());
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_GE(*removed, 1);
   EXPECT_FALSE(SegmentExists(dead_name));
@@ -79,7 +79,19 @@ TEST(RemoveStaleTrainerSegmentsTest, LeavesOtherUsersSegments) {
   absl::StatusOr<SharedMemorySegment> segment =
       SharedMemorySegment::Create(name, 4096);
   ASSERT_TRUE(segment.ok()) << segment.status();
-  ASSERT_TRUE(RemoveStaleTrainerSegments("/dev/shm", geteuid() + 1).ok());
+  ASSERT_TRUE(RemoveStaleTrainerSegments("/dev/shm", job, geteuid() + 1).ok());
+  EXPECT_TRUE(SegmentExists(name));
+}
+
+TEST(RemoveStaleTrainerSegmentsTest, LeavesOtherJobsSegments) {
+  // A trainer of another job may live in another PID namespace sharing
+  // /dev/shm, where its live pid looks dead from here.
+  const std::string name = TrainerSegmentName(UniqueJob(), 0, DeadPid(), 1);
+  absl::StatusOr<SharedMemorySegment> segment =
+      SharedMemorySegment::Create(name, 4096);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  ASSERT_TRUE(
+      RemoveStaleTrainerSegments("/dev/shm", UniqueJob(), geteuid()).ok());
   EXPECT_TRUE(SegmentExists(name));
 }
 

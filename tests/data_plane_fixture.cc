@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <initializer_list>
 #include <iostream>
 #include <limits>
+#include <random>
 #include <thread>
 #include <tuple>
 
@@ -23,7 +25,6 @@ namespace {
 
 using scheduler::Layout;
 
-constexpr char kJob[] = "data-plane";
 constexpr absl::Duration kStartTimeout = absl::Seconds(30);
 
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
@@ -286,7 +287,7 @@ void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
   w.socket = absl::StrCat(socket_dir_, "/", w.id, ".sock");
   absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
       {RunfilePath("server/worker/muonps-worker"),
-       "--coordinator=" + coordinator_address_, absl::StrCat("--job=", kJob),
+       "--coordinator=" + coordinator_address_, absl::StrCat("--job=", job_),
        "--worker_id=" + w.id, "--socket=" + w.socket, "--metrics_port=-1",
        "--device=cpu", absl::StrCat("--io_timeout_ms=", options.io_timeout_ms)},
       absl::StrCat(log_dir_, "/", w.id, ".log"));
@@ -300,7 +301,7 @@ void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
   for (int r = 0; r < n; ++r) {
     absl::StatusOr<std::unique_ptr<Client>> created =
         Client::Create({.coordinator = coordinator_address_,
-                        .job = kJob,
+                        .job = job_,
                         .worker_socket = workers_[r].socket,
                         .trainer_rank = r,
                         .trainer_count = n,
@@ -363,7 +364,7 @@ absl::Status DataPlaneFixture::WaitForFullPlan(absl::Duration timeout) {
     grpc::ClientContext context;
     context.set_deadline(Deadline(absl::Seconds(5)));
     v1::GetPlanRequest request;
-    request.set_job(kJob);
+    request.set_job(job_);
     v1::Plan plan;
     const grpc::Status got =
         coordinator_stub_->GetPlan(&context, request, &plan);
@@ -399,6 +400,10 @@ void DataPlaneFixture::StartJob(const ModelDecl& model,
                                 const ClusterOptions& options,
                                 absl::Status* start_status) {
   model_ = model;
+  // Unique, since the tests' sandboxes share /dev/shm and a worker removes
+  // the segments of its own job's trainers that look dead from its PID
+  // namespace.
+  job_ = absl::StrCat("data-plane-", getpid(), "-", std::random_device()());
   log_dir_ = NewTempDir("data_plane");
   ASSERT_FALSE(log_dir_.empty());
   // Unix socket paths hold at most 108 bytes, too few for TEST_TMPDIR.

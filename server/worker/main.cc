@@ -27,8 +27,8 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/trainer_segment.h"
-#include "proto/credentials.h"
 #include "kernels/cuda/precision.h"
+#include "proto/credentials.h"
 #include "server/health/health_service.h"
 #include "server/reflection/reflection_service.h"
 #include "server/worker/cuda_step_backend.h"
@@ -238,7 +238,8 @@ int Run() {
   }
   const std::string socket = (*local_listener)->path();
   // Segments of trainers killed by SIGKILL keep their memory until removed.
-  absl::StatusOr<int> stale = RemoveStaleTrainerSegments("/dev/shm", geteuid());
+  absl::StatusOr<int> stale =
+      RemoveStaleTrainerSegments("/dev/shm", options.job, geteuid());
   if (!stale.ok()) {
     spdlog::warn("stale trainer segments: {}", stale.status().ToString());
   } else if (*stale > 0) {
