@@ -37,11 +37,15 @@ for t in "${targets[@]}"; do labels+=("//fuzz:$t"); done
 
 echo "== building ${#targets[@]} fuzz targets with clang (--config=fuzz)"
 start=$(date +%s)
-if ! "${bazel_fuzz[@]}" build --config=fuzz "${labels[@]}"; then
+build_log="$(mktemp /tmp/muonps-fuzz-build.XXXXXX)"
+if ! "${bazel_fuzz[@]}" build --config=fuzz "${labels[@]}" >"$build_log" 2>&1; then
+  grep -v "Cannot export local symbol" "$build_log" | tail -n 40
+  rm -f "$build_log"
   echo "fuzz targets: build failed"
   echo "0 passed, ${#targets[@]} failed"
   exit 1
 fi
+rm -f "$build_log"
 echo "build took $(($(date +%s) - start)) s"
 bin="$("${bazel_fuzz[@]}" info --config=fuzz bazel-bin 2>/dev/null)/fuzz"
 
