@@ -14,6 +14,7 @@
 #include "client/muonps_c.h"
 #include "fuzz/c_abi_tags.h"
 #include "fuzz/fuzz_input.h"
+#include "grpc/grpc.h"
 
 namespace muonps {
 namespace fuzz {
@@ -236,6 +237,13 @@ class CAbiUnderFuzz {
 }  // namespace muonps
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // gRPC stays initialized across inputs (else every client would start
+  // and stop the library: most of an input's time).
+  static const bool once = [] {
+    grpc_init();
+    return true;
+  }();
+  (void)once;
   (void)muonps_version();
   (void)muonps_abi_version();
   muonps::fuzz::FuzzInput input(data, size);

@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "fuzz/coordinator_rpc_tags.h"
 #include "fuzz/fuzz_input.h"
+#include "grpc/grpc.h"
 #include "grpcpp/server_context.h"
 #include "muonps/v1/coordinator.pb.h"
 #include "server/coordinator/coordinator_service.h"
@@ -142,11 +143,14 @@ class CoordinatorUnderFuzz {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Every job and plan logs a line; millions of inputs would drown the
   // fuzzer's own output.
-  static const bool quiet = [] {
+  // gRPC stays initialized across inputs (else every ServerContext would
+  // start and stop the library: most of an input's time).
+  static const bool once = [] {
     spdlog::set_level(spdlog::level::off);
+    grpc_init();
     return true;
   }();
-  (void)quiet;
+  (void)once;
   muonps::fuzz::FuzzInput input(data, size);
   muonps::fuzz::CoordinatorUnderFuzz coordinator;
   muonps::fuzz::FuzzRecord record;

@@ -62,8 +62,13 @@ for t in "${targets[@]}"; do
   cp fuzz/corpus/"$t"/* "$corpus"/
   log="$work/$t.log"
   # -timeout: one input running 10 s is a hang; leaks count as crashes.
+  # -entropic=0: libFuzzer's entropic scheduling spent most of the time
+  # updating feature frequencies here (4x fewer executions in 10 s, the same
+  # coverage). FUZZ_FLAGS adds more (e.g. -jobs, -dict).
+  # shellcheck disable=SC2086
   "$bin/$t" -max_total_time="$seconds" -max_len="$(max_len "$t")" \
-    -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+    -timeout=10 -rss_limit_mb=4096 -entropic=0 -print_final_stats=1 \
+    ${FUZZ_FLAGS:-} \
     -artifact_prefix="$artifacts/$t-" "$corpus" >"$log" 2>&1
   rc=$?
   execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)"

@@ -94,6 +94,15 @@ if [[ -x client/python/run_tests.sh ]]; then
   if [[ -z "$p$f$e" ]]; then count 0 1; else count "${p:-0}" $(( ${f:-0} + ${e:-0} )); fi
 fi
 
+echo "== fuzz targets, 30 s each (clang + libFuzzer + ASan/UBSan, own Bazel output base)"
+out="$(bash fuzz/run_fuzzers.sh 30 2>&1)"
+echo "$out" | grep -vE '^(INFO|Loading|Analyzing)'
+if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+else
+  count 0 1
+fi
+
 echo "== Helm chart (real helm lint/template, offline schema validation, bad values)"
 out="$(bash tests/deploy/helm_checks.sh 2>&1)"
 echo "$out" | grep -v '^PASS '
