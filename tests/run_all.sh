@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, all unit and integration tests, the
 # unit tests again under AddressSanitizer and UndefinedBehaviorSanitizer, a
-# build of the GPU-only targets, and the golden replays. Installs what it
-# needs first. Ends with "N passed, M failed" (GoogleTest cases plus golden
-# cases plus the format check) and exits non-zero if anything failed.
+# build of the GPU-only targets, the golden replays, and every libFuzzer
+# target for 30 s (fuzz/run_fuzzers.sh). Installs what it needs first. Ends
+# with "N passed, M failed" (GoogleTest cases plus golden cases plus fuzz
+# targets plus the format check) and exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh || exit 1
