@@ -40,11 +40,15 @@ struct WorkerWorld {
   std::unique_ptr<transport::TcpListener> listener;
 };
 
+// The name is unique to the process and moment (sandboxed test runs share
+// /dev/shm but may share pids too); the segment is removed at exit.
 WorkerWorld* World() {
-  static WorkerWorld* world = [] {
+  static WorkerWorld world = [] {
     spdlog::set_level(spdlog::level::off);
     auto segment = SharedMemorySegment::Create(
-        absl::StrCat("/muonps-fuzz-worker-", getpid()), kFuzzSegmentBytes);
+        absl::StrCat("/muonps-fuzz-worker-", getpid(), "-",
+                     absl::ToUnixNanos(absl::Now())),
+        kFuzzSegmentBytes);
     auto listener = transport::TcpListener::Bind("127.0.0.1", 0);
     if (!segment.ok() || !listener.ok()) {
       std::fprintf(stderr, "worker_rpc_fuzzer: setup failed: %s %s\n",
@@ -52,9 +56,9 @@ WorkerWorld* World() {
                    listener.status().ToString().c_str());
       std::abort();
     }
-    return new WorkerWorld{*std::move(segment), *std::move(listener)};
+    return WorkerWorld{*std::move(segment), *std::move(listener)};
   }();
-  return world;
+  return &world;
 }
 
 std::unique_ptr<worker::StepEngine> MakeEngine(WorkerWorld* world) {
