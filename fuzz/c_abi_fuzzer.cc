@@ -25,7 +25,7 @@ namespace {
 // (or negative) count goes with NULL.
 constexpr int64_t kMaxFloats = 4096;
 constexpr int kMaxGroupNames = 16;
-constexpr int64_t kMaxDeclaredElements = int64_t{1} << 24;
+constexpr int64_t kMaxDeclaredElements = int64_t{1} << 16;
 
 bool Bit(int32_t mask, int bit) { return (mask >> bit) & 1; }
 
