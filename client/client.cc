@@ -93,6 +93,14 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
         field, absl::StrCat("shape [", options.experts, ", ", rows, ", ", cols,
                             "] must be positive"));
   }
+  if (rows > kMaxDimension || cols > kMaxDimension ||
+      options.experts > kMaxDimension ||
+      rows * cols > kMaxTensorElements / options.experts) {
+    return InvalidField(
+        field, absl::StrCat("shape [", options.experts, ", ", rows, ", ", cols,
+                            "] is larger than ", kMaxTensorElements,
+                            " elements or ", kMaxDimension, " in a dimension"));
+  }
   Tensor t;
   t.name = name;
   t.muon = true;
@@ -129,7 +137,10 @@ absl::Status Client::AddTensor(const std::string& name, int64_t elements,
                       "added after Start");
   if (name.empty()) return InvalidField("name", "is empty");
   if (Find(name) != nullptr) return InvalidField(field, "is declared twice");
-  if (elements < 1) return InvalidField(field, "elements must be >= 1");
+  if (elements < 1 || elements > kMaxTensorElements) {
+    return InvalidField(field, absl::StrCat("elements must be in [1, ",
+                                            kMaxTensorElements, "]"));
+  }
   if (layout == scheduler::Layout::kRowSharded) {
     return InvalidField(field, "AdamW tensors are replicated or unreduced");
   }

@@ -124,9 +124,16 @@ class Client {
   ~Client();
 
   // Declares a Muon matrix (before Start). INVALID_ARGUMENT naming the
-  // field for bad shapes or a duplicate name.
+  // field for bad shapes (a dimension below 1 or above kMaxDimension, more
+  // than kMaxTensorElements in all) or a duplicate name.
   absl::Status AddMatrix(const std::string& name, int64_t rows, int64_t cols,
                          const MatrixOptions& options = {});
+  // The largest dimension and element count a tensor may declare: far
+  // above any model's, low enough that sizes, offsets and row ranges
+  // computed from them never overflow.
+  static constexpr int64_t kMaxDimension = (int64_t{1} << 31) - 1;
+  static constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
+
   // Declares a tensor stepped here with AdamW (before Start); `layout` is
   // kUnreduced (gradients averaged over trainers by the workers) or
   // kReplicated.

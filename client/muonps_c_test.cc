@@ -137,3 +137,33 @@ TEST(MuonpsCTest, DeclarationErrorsNameTheTensorAndField) {
 }
 
 }  // namespace
+
+// Found by fuzz/c_abi_fuzzer: a shape whose element count overflows int64
+// (signed overflow, undefined behaviour) is refused naming the matrix, as
+// are dimensions and element counts past the client's bounds.
+TEST(MuonpsCTest, ShapesPastTheBoundsAreRefusedWithoutOverflow) {
+  muonps_client* client = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/none.sock", 0, 2,
+                                 0.5, &client),
+            MUONPS_OK);
+  EXPECT_EQ(
+      muonps_client_add_matrix(client, "huge", 64, int64_t{720575940379279361},
+                               1, MUONPS_LAYOUT_ROW_SHARDED, 0),
+      MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("\"huge\""));
+  EXPECT_EQ(muonps_client_add_matrix(client, "tall", int64_t{1} << 40, 1, 1,
+                                     MUONPS_LAYOUT_ROW_SHARDED, 0),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(muonps_client_add_matrix(client, "many", 1 << 20, 1 << 20, 2,
+                                     MUONPS_LAYOUT_REPLICATED, 0),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(muonps_client_add_tensor(client, "bias", int64_t{1} << 62,
+                                     MUONPS_LAYOUT_UNREDUCED),
+            MUONPS_INVALID_ARGUMENT);
+  // At the bounds, declarations still succeed (nothing is allocated yet).
+  EXPECT_EQ(muonps_client_add_matrix(client, "edge", 1 << 20, 1 << 20, 1,
+                                     MUONPS_LAYOUT_ROW_SHARDED, 0),
+            MUONPS_OK);
+  muonps_client_destroy(client);
+}

@@ -10,6 +10,7 @@ PACKAGES=(
   golang-google-grpc-dev   # reflection.proto and health.proto sources
   build-essential
   clang-format
+  clang libclang-rt-14-dev  # fuzz/: clang 14 with libFuzzer, ASan, UBSan
   googletest libgtest-dev libgmock-dev
   libabsl-dev
   libcpp-httplib-dev       # Prometheus /metrics endpoints

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, all unit and integration tests, the
 # unit tests again under AddressSanitizer and UndefinedBehaviorSanitizer, a
-# build of the GPU-only targets, and the golden replays. Installs what it
-# needs first. Ends with "N passed, M failed" (GoogleTest cases plus golden
-# cases plus the format check) and exits non-zero if anything failed.
+# build of the GPU-only targets, the golden replays, and every libFuzzer
+# target for 30 s (fuzz/run_fuzzers.sh). Installs what it needs first. Ends
+# with "N passed, M failed" (GoogleTest cases plus golden cases plus fuzz
+# targets plus the format check) and exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh || exit 1
@@ -92,6 +93,15 @@ if [[ -x client/python/run_tests.sh ]]; then
   f="$(echo "$summary" | sed -n 's/.*\b\([0-9][0-9]*\) failed.*/\1/p')"
   e="$(echo "$summary" | sed -n 's/.*\b\([0-9][0-9]*\) error.*/\1/p')"
   if [[ -z "$p$f$e" ]]; then count 0 1; else count "${p:-0}" $(( ${f:-0} + ${e:-0} )); fi
+fi
+
+echo "== fuzz targets, 30 s each (clang + libFuzzer + ASan/UBSan, own Bazel output base)"
+out="$(bash fuzz/run_fuzzers.sh 30 2>&1)"
+echo "$out" | grep -vE '^(INFO|Loading|Analyzing)'
+if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+else
+  count 0 1
 fi
 
 echo "== Helm chart (real helm lint/template, offline schema validation, bad values)"

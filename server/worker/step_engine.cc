@@ -456,7 +456,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
 
 absl::StatusOr<v1::StepResponse> StepEngine::RunStep(
     const v1::StepRequest& request, const AttachedTrainer* trainer) {
-  StepRun run(worker_id_, &plan_, trainer, transport_.get(), backend_.ops.get(),
+  StepRun run(&plan_, trainer, transport_.get(), backend_.ops.get(),
               backend_.kernels.get(), backend_.timeout);
   absl::StatusOr<v1::StepResponse> out = run.Run(request);
   if (!out.ok()) {

@@ -132,12 +132,10 @@ absl::Status AttachedTrainer::AllocateWidened(kernels::DeviceOps& ops) {
   return absl::OkStatus();
 }
 
-StepRun::StepRun(const std::string& worker_id, PlanState* plan,
-                 const AttachedTrainer* trainer,
+StepRun::StepRun(PlanState* plan, const AttachedTrainer* trainer,
                  transport::Transport* transport, kernels::DeviceOps* ops,
                  kernels::MuonKernels* kernels, absl::Duration timeout)
-    : worker_id_(worker_id),
-      plan_(*plan),
+    : plan_(*plan),
       trainer_(trainer),
       t_(*transport),
       ops_(*ops),

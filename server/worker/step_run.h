@@ -131,10 +131,9 @@ class StepRun {
   // trainer (PlanState's ownership.dedicated ranks, the last ones): it
   // sends no header, learns the step id and what it needs of the trainers'
   // tensors from rank 0, adds zeros to every sum, and applies nothing.
-  StepRun(const std::string& worker_id, PlanState* plan,
-          const AttachedTrainer* trainer, transport::Transport* transport,
-          kernels::DeviceOps* ops, kernels::MuonKernels* kernels,
-          absl::Duration timeout);
+  StepRun(PlanState* plan, const AttachedTrainer* trainer,
+          transport::Transport* transport, kernels::DeviceOps* ops,
+          kernels::MuonKernels* kernels, absl::Duration timeout);
   StepRun(const StepRun&) = delete;
   StepRun& operator=(const StepRun&) = delete;
 
@@ -169,7 +168,6 @@ class StepRun {
       const std::function<absl::Status(void* data)>& exchange);
   std::pair<int64_t, int64_t> RowsOfTrainer(int64_t rows, int trainer) const;
 
-  const std::string& worker_id_;
   PlanState& plan_;
   const AttachedTrainer* const trainer_;  // null: no trainer
   transport::Transport& t_;
