@@ -7,7 +7,10 @@
 // a sanitizer report or a hang is a finding.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/time/time.h"
 #include "common/metrics.h"
@@ -37,29 +40,35 @@ coordinator::CoordinatorOptions FuzzOptions() {
   return options;
 }
 
-// Parses `payload` as a Request and calls `method` of `service` with it.
-template <typename Request, typename Response, typename Method>
-void Call(coordinator::CoordinatorService* service, Method method,
-          const std::string& payload) {
-  Request request;
-  if (!request.ParseFromString(payload)) return;
-  Response response;
-  grpc::ServerContext context;
-  const grpc::Status status = (service->*method)(&context, &request, &response);
-  TraceCall(-1, status.error_code(), status.error_message());
-}
-
 // One input: a fresh coordinator on a clock the input moves.
 class CoordinatorUnderFuzz {
  public:
   CoordinatorUnderFuzz()
       : state_(FuzzOptions(), [this] { return now_; }),
-        service_(&state_, &metrics_),
-        stopped_service_(&state_, &stopped_metrics_) {
+        // No bearer token: the fuzzer drives the handlers behind it.
+        service_(&state_, &metrics_, /*token=*/""),
+        stopped_service_(&state_, &stopped_metrics_, /*token=*/"") {
     // WatchPlan on the live service would wait for a new plan (its loop
     // notices a cancelled call only every 500 ms); the stopped one checks
     // the request and returns at once.
     stopped_service_.Shutdown();
+  }
+
+  // Parses `payload` as a Request and calls `method` of the live service
+  // with it, the caller's credentials filled in where the input left them
+  // empty (so inputs reach what lies behind the checks; inputs that set
+  // them test the checks).
+  template <typename Request, typename Response, typename Method>
+  void Call(Method method, const std::string& payload) {
+    Request request;
+    if (!request.ParseFromString(payload)) return;
+    FillCredentials(&request);
+    Response response;
+    grpc::ServerContext context;
+    const grpc::Status status =
+        (service_.*method)(&context, &request, &response);
+    if (status.ok()) Remember(request, response);
+    TraceCall(-1, status.error_code(), status.error_message());
   }
 
   void Run(const FuzzRecord& record) {
@@ -67,40 +76,37 @@ class CoordinatorUnderFuzz {
     const std::string& p = record.payload;
     switch (static_cast<CoordinatorRpc>(record.tag % kCoordinatorRpcCount)) {
       case CoordinatorRpc::kCreateJob:
-        return Call<v1::CreateJobRequest, v1::Job>(&service_, &S::CreateJob, p);
+        return Call<v1::CreateJobRequest, v1::Job>(&S::CreateJob, p);
       case CoordinatorRpc::kGetJob:
-        return Call<v1::GetJobRequest, v1::Job>(&service_, &S::GetJob, p);
+        return Call<v1::GetJobRequest, v1::Job>(&S::GetJob, p);
       case CoordinatorRpc::kListJobs:
-        return Call<v1::ListJobsRequest, v1::ListJobsResponse>(&service_,
-                                                               &S::ListJobs, p);
+        return Call<v1::ListJobsRequest, v1::ListJobsResponse>(&S::ListJobs, p);
       case CoordinatorRpc::kDeleteJob:
-        return Call<v1::DeleteJobRequest, v1::DeleteJobResponse>(
-            &service_, &S::DeleteJob, p);
+        return Call<v1::DeleteJobRequest, v1::DeleteJobResponse>(&S::DeleteJob,
+                                                                 p);
       case CoordinatorRpc::kJoinJob:
-        return Call<v1::JoinJobRequest, v1::JoinJobResponse>(&service_,
-                                                             &S::JoinJob, p);
+        return Call<v1::JoinJobRequest, v1::JoinJobResponse>(&S::JoinJob, p);
       case CoordinatorRpc::kHeartbeat:
-        return Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-            &service_, &S::Heartbeat, p);
+        return Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(&S::Heartbeat,
+                                                                 p);
       case CoordinatorRpc::kLeaveJob:
-        return Call<v1::LeaveJobRequest, v1::LeaveJobResponse>(&service_,
-                                                               &S::LeaveJob, p);
+        return Call<v1::LeaveJobRequest, v1::LeaveJobResponse>(&S::LeaveJob, p);
       case CoordinatorRpc::kListWorkers:
         return Call<v1::ListWorkersRequest, v1::ListWorkersResponse>(
-            &service_, &S::ListWorkers, p);
+            &S::ListWorkers, p);
       case CoordinatorRpc::kGetPlan:
-        return Call<v1::GetPlanRequest, v1::Plan>(&service_, &S::GetPlan, p);
+        return Call<v1::GetPlanRequest, v1::Plan>(&S::GetPlan, p);
       case CoordinatorRpc::kWatchPlan:
         return WatchPlan(p);
       case CoordinatorRpc::kPutNcclId:
-        return Call<v1::PutNcclIdRequest, v1::PutNcclIdResponse>(
-            &service_, &S::PutNcclId, p);
+        return Call<v1::PutNcclIdRequest, v1::PutNcclIdResponse>(&S::PutNcclId,
+                                                                 p);
       case CoordinatorRpc::kGetNcclId:
-        return Call<v1::GetNcclIdRequest, v1::GetNcclIdResponse>(
-            &service_, &S::GetNcclId, p);
+        return Call<v1::GetNcclIdRequest, v1::GetNcclIdResponse>(&S::GetNcclId,
+                                                                 p);
       case CoordinatorRpc::kReportStepStats:
         return Call<v1::ReportStepStatsRequest, v1::ReportStepStatsResponse>(
-            &service_, &S::ReportStepStats, p);
+            &S::ReportStepStats, p);
       case CoordinatorRpc::kAdvanceClock:
         return AdvanceClock(p);
     }
@@ -128,6 +134,35 @@ class CoordinatorUnderFuzz {
     service_.UpdateGauges();
   }
 
+  // The credentials CreateJob and JoinJob handed out, as their callers
+  // keep them.
+  template <typename Request, typename Response>
+  void Remember(const Request&, const Response&) {}
+  void Remember(const v1::CreateJobRequest& r, const v1::Job& job) {
+    job_tokens_[r.job().name()] = job.job_token();
+  }
+  void Remember(const v1::JoinJobRequest& r, const v1::JoinJobResponse& out) {
+    worker_tokens_[{r.job(), r.worker_id()}] = out.worker_token();
+  }
+  template <typename Request>
+  void FillCredentials(Request*) {}
+  template <typename Request>
+  void FillWorkerToken(Request* r) {
+    if (r->worker_token().empty()) {
+      r->set_worker_token(worker_tokens_[{r->job(), r->worker_id()}]);
+    }
+  }
+  void FillCredentials(v1::HeartbeatRequest* r) { FillWorkerToken(r); }
+  void FillCredentials(v1::LeaveJobRequest* r) { FillWorkerToken(r); }
+  void FillCredentials(v1::PutNcclIdRequest* r) { FillWorkerToken(r); }
+  void FillCredentials(v1::GetNcclIdRequest* r) { FillWorkerToken(r); }
+  void FillCredentials(v1::ReportStepStatsRequest* r) { FillWorkerToken(r); }
+  void FillCredentials(v1::DeleteJobRequest* r) {
+    if (r->job_token().empty()) r->set_job_token(job_tokens_[r->job()]);
+  }
+
+  std::map<std::string, std::string> job_tokens_;
+  std::map<std::pair<std::string, std::string>, std::string> worker_tokens_;
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
   MetricsRegistry metrics_;
   MetricsRegistry stopped_metrics_;

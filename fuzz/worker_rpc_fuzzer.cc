@@ -72,10 +72,10 @@ std::unique_ptr<worker::StepEngine> MakeEngine(WorkerWorld* world) {
     return worker::OpenSharedMemoryBuffers(ours);
   };
   transport::TcpListener* listener = world->listener.get();
-  return std::make_unique<worker::StepEngine>(
+  auto engine = std::make_unique<worker::StepEngine>(
       kFuzzWorkerId, std::move(backend),
       [listener](int rank, const std::vector<std::string>& peers,
-                 uint64_t session)
+                 uint64_t session, const std::string& data_plane_secret)
           -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
         if (peers.size() != 1) {
           return absl::UnavailableError("fuzz harness: one rank only");
@@ -83,11 +83,16 @@ std::unique_ptr<worker::StepEngine> MakeEngine(WorkerWorld* world) {
         transport::TcpOptions options;
         options.io_timeout = absl::Seconds(2);
         options.connect_timeout = absl::Seconds(2);
+        options.data_plane_secret = data_plane_secret;
         auto t = transport::TcpTransport::Connect(listener, rank, peers,
                                                   session, options);
         if (!t.ok()) return t.status();
         return std::unique_ptr<transport::Transport>(*std::move(t));
       });
+  // What JoinJob hands a worker; one rank never handshakes, but the
+  // transport requires a secret all the same.
+  engine->SetDataPlaneSecret("fuzz-data-plane-secret-0123456789abcdef");
+  return engine;
 }
 
 void Trace(const FuzzRecord& record, const absl::Status& status) {
