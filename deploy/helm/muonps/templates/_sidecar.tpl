@@ -5,6 +5,11 @@ beside its trainer container. Each takes a dict:
   muonps: $.Subcharts.muonps when muonps is a dependency of the including
           chart (its values and appVersion); omit when including from muonps
   job:    the job name (default: workers.job)
+The worker and the trainer both get the release's credentials, read-only
+under /etc/muonps/ (ca/ca.crt, token/token, client-tls/ under mutual TLS):
+the worker as flags, the trainer as MUONPS_TLS_CA_FILE, MUONPS_TOKEN_FILE
+(and MUONPS_TLS_CERT_FILE/KEY) through "muonps.trainer.env" and
+"muonps.trainer.volumeMounts".
 Example (a trainer chart's pod template):
   {{- $m := dict "root" $ "muonps" $.Subcharts.muonps "job" "llama-7b" }}
   metadata:
