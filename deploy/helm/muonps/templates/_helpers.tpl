@@ -52,6 +52,121 @@ muonps.io/member: {{ include "muonps.fullname" . }}
 {{- .Values.metrics.tokenSecret | default (printf "%s-metrics-token" (include "muonps.fullname" .)) -}}
 {{- end -}}
 
+{{/* The coordinator's server TLS Secret (tls.crt, tls.key, ca.crt). */}}
+{{- define "muonps.tlsSecret" -}}
+{{- .Values.tls.secretName | default (printf "%s-coordinator-tls" (include "muonps.fullname" .)) -}}
+{{- end -}}
+
+{{/* The clients' TLS Secret (tls.crt, tls.key) under mutual TLS. */}}
+{{- define "muonps.clientTlsSecret" -}}
+{{- .Values.tls.clientSecretName | default (printf "%s-client-tls" (include "muonps.fullname" .)) -}}
+{{- end -}}
+
+{{/* DNS names of the coordinator's server certificate (generated or
+cert-manager): its Service's names, localhost (port-forward, the probe),
+and tls.extraDnsNames. */}}
+{{- define "muonps.serverDnsNames" -}}
+{{- $svc := printf "%s-coordinator" (include "muonps.fullname" .) -}}
+{{- $ns := .Release.Namespace -}}
+{{- toYaml (concat (list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) "localhost") .Values.tls.extraDnsNames) -}}
+{{- end -}}
+
+{{/* The Secret holding the bearer token, and its key. */}}
+{{- define "muonps.tokenSecret" -}}
+{{- .Values.auth.secretName | default (printf "%s-token" (include "muonps.fullname" .)) -}}
+{{- end -}}
+{{- define "muonps.tokenKey" -}}
+{{- if .Values.auth.secretName -}}{{- .Values.auth.secretKey -}}{{- else -}}token{{- end -}}
+{{- end -}}
+
+{{/* Where every client (workers, trainers, helm test, the probe) finds its
+credentials: the CA, the token, and its certificate under mutual TLS. */}}
+{{- define "muonps.client.caFile" -}}/etc/muonps/ca/ca.crt{{- end -}}
+{{- define "muonps.client.tokenFile" -}}/etc/muonps/token/token{{- end -}}
+{{- define "muonps.client.certFile" -}}/etc/muonps/client-tls/tls.crt{{- end -}}
+{{- define "muonps.client.keyFile" -}}/etc/muonps/client-tls/tls.key{{- end -}}
+
+{{/* Client credential flags (muonps-worker, muonps CLI). */}}
+{{- define "muonps.client.args" -}}
+- --token_file={{ include "muonps.client.tokenFile" . }}
+- --tls_ca_file={{ include "muonps.client.caFile" . }}
+{{- if .Values.tls.mutual }}
+- --tls_cert_file={{ include "muonps.client.certFile" . }}
+- --tls_key_file={{ include "muonps.client.keyFile" . }}
+{{- end }}
+{{- end -}}
+
+{{/* Client credential environment (the trainer's client library). */}}
+{{- define "muonps.client.env" -}}
+- name: MUONPS_TOKEN_FILE
+  value: {{ include "muonps.client.tokenFile" . }}
+- name: MUONPS_TLS_CA_FILE
+  value: {{ include "muonps.client.caFile" . }}
+{{- if .Values.tls.mutual }}
+- name: MUONPS_TLS_CERT_FILE
+  value: {{ include "muonps.client.certFile" . }}
+- name: MUONPS_TLS_KEY_FILE
+  value: {{ include "muonps.client.keyFile" . }}
+{{- end }}
+{{- end -}}
+
+{{/* Client credential volumes: the server Secret's ca.crt only (never its
+key), the token, and the client certificate under mutual TLS. Volume names
+take the prefix given as "prefix" (pods that also hold other volumes). */}}
+{{- define "muonps.client.volumes" -}}
+- name: {{ .prefix }}ca
+  secret:
+    secretName: {{ include "muonps.tlsSecret" .ctx }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+- name: {{ .prefix }}token
+  secret:
+    secretName: {{ include "muonps.tokenSecret" .ctx }}
+    items:
+      - key: {{ include "muonps.tokenKey" .ctx }}
+        path: token
+{{- if .ctx.Values.tls.mutual }}
+- name: {{ .prefix }}client-tls
+  secret:
+    secretName: {{ include "muonps.clientTlsSecret" .ctx }}
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- end }}
+{{- end -}}
+
+{{- define "muonps.client.volumeMounts" -}}
+- name: {{ .prefix }}ca
+  mountPath: /etc/muonps/ca
+  readOnly: true
+- name: {{ .prefix }}token
+  mountPath: /etc/muonps/token
+  readOnly: true
+{{- if .ctx.Values.tls.mutual }}
+- name: {{ .prefix }}client-tls
+  mountPath: /etc/muonps/client-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The coordinator's exec health check: the CLI over TLS to 127.0.0.1
+(health needs no token; under mutual TLS it presents the client
+certificate). */}}
+{{- define "muonps.coordinator.healthCommand" -}}
+- /usr/local/bin/muonps
+- health
+- --coordinator=127.0.0.1:{{ .Values.coordinator.port }}
+- --tls_ca_file={{ include "muonps.client.caFile" . }}
+{{- if .Values.tls.mutual }}
+- --tls_cert_file={{ include "muonps.client.certFile" . }}
+- --tls_key_file={{ include "muonps.client.keyFile" . }}
+{{- end }}
+- --timeout_ms={{ mul (int .Values.coordinator.probes.timeoutSeconds) 800 }}
+{{- end -}}
+
 {{- define "muonps.coordinatorAddress" -}}
 {{- if .Values.workers.sidecar.coordinatorAddress -}}
 {{- .Values.workers.sidecar.coordinatorAddress -}}
@@ -63,11 +178,31 @@ muonps.io/member: {{ include "muonps.fullname" . }}
 {{/* Settings the chart cannot express in values.schema.json: fails with a
 message naming the value. */}}
 {{- define "muonps.validate" -}}
-{{- if .Values.tls.enabled -}}
-{{- fail "tls.enabled: TLS is not implemented in muonps yet (issue 16); the coordinator and workers listen in plaintext. Leave tls.enabled false." -}}
+{{- if not .Values.tls.enabled -}}
+{{- fail "tls.enabled=false: the muonps coordinator refuses to start on a non-loopback address (a pod listens on its pod IP) without TLS and a bearer token, so a plaintext install could never run. Keep tls.enabled true: with tls.secretName and tls.certManager unset the chart generates the certificates itself." -}}
 {{- end -}}
-{{- if .Values.auth.enabled -}}
-{{- fail "auth.enabled: bearer tokens are not implemented in muonps yet (issue 16). Leave auth.enabled false." -}}
+{{- if not .Values.auth.enabled -}}
+{{- fail "auth.enabled=false: the muonps coordinator refuses to start on a non-loopback address (a pod listens on its pod IP) without TLS and a bearer token, so an install without a token could never run. Keep auth.enabled true: with auth.secretName unset the chart generates a random token itself." -}}
+{{- end -}}
+{{- if and .Values.tls.secretName .Values.tls.certManager.enabled -}}
+{{- fail "tls.secretName and tls.certManager.enabled are both set: give an existing Secret or let cert-manager issue one, not both" -}}
+{{- end -}}
+{{- if and .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) -}}
+{{- fail "tls.certManager.issuerRef.name: cert-manager needs the Issuer (or ClusterIssuer, with kind) that signs the certificates" -}}
+{{- end -}}
+{{- if and .Values.tls.mutual .Values.tls.secretName (not .Values.tls.clientSecretName) -}}
+{{- fail "tls.clientSecretName: with tls.mutual and an existing tls.secretName the chart cannot sign client certificates; give a kubernetes.io/tls Secret with the clients' tls.crt and tls.key (signed by the CA in the server Secret's ca.crt)" -}}
+{{- end -}}
+{{- if and .Values.tls.clientSecretName (not .Values.tls.secretName) -}}
+{{- fail "tls.clientSecretName is used only with an existing tls.secretName: generated and cert-manager server certificates come with a client certificate from the same CA" -}}
+{{- end -}}
+{{- if not .Values.coordinator.enabled -}}
+{{- if not .Values.tls.secretName -}}
+{{- fail "tls.secretName: with coordinator.enabled false the workers need the CA of the coordinator of another release; name its server Secret (RELEASE-muonps-coordinator-tls; only ca.crt is mounted)" -}}
+{{- end -}}
+{{- if not .Values.auth.secretName -}}
+{{- fail "auth.secretName: with coordinator.enabled false the workers need the token of the coordinator of another release; name its Secret (RELEASE-muonps-token)" -}}
+{{- end -}}
 {{- end -}}
 {{- if ge (int .Values.coordinator.heartbeatIntervalMs) (int .Values.coordinator.leaseTtlMs) -}}
 {{- fail (printf "coordinator.heartbeatIntervalMs (%v) must be below coordinator.leaseTtlMs (%v), or every lease expires between heartbeats" .Values.coordinator.heartbeatIntervalMs .Values.coordinator.leaseTtlMs) -}}

@@ -5,6 +5,11 @@ beside its trainer container. Each takes a dict:
   muonps: $.Subcharts.muonps when muonps is a dependency of the including
           chart (its values and appVersion); omit when including from muonps
   job:    the job name (default: workers.job)
+The worker and the trainer both get the release's credentials, read-only
+under /etc/muonps/ (ca/ca.crt, token/token, client-tls/ under mutual TLS):
+the worker as flags, the trainer as MUONPS_TLS_CA_FILE, MUONPS_TOKEN_FILE
+(and MUONPS_TLS_CERT_FILE/KEY) through "muonps.trainer.env" and
+"muonps.trainer.volumeMounts".
 Example (a trainer chart's pod template):
   {{- $m := dict "root" $ "muonps" $.Subcharts.muonps "job" "llama-7b" }}
   metadata:
@@ -61,6 +66,7 @@ hostIPC: true
 - name: muonps-metrics-token
   secret:
     secretName: {{ include "muonps.metricsTokenSecret" $ctx }}
+{{ include "muonps.client.volumes" (dict "ctx" $ctx "prefix" "muonps-") }}
 {{- end -}}
 
 {{- define "muonps.trainer.volumeMounts" -}}
@@ -69,6 +75,7 @@ hostIPC: true
   mountPath: /dev/shm
 - name: muonps-socket
   mountPath: {{ $ctx.Values.workers.sidecar.socketDir }}
+{{ include "muonps.client.volumeMounts" (dict "ctx" $ctx "prefix" "muonps-") }}
 {{- end -}}
 
 {{- define "muonps.trainer.env" -}}
@@ -79,6 +86,7 @@ hostIPC: true
   value: {{ include "muonps.sidecar.job" . | quote }}
 - name: MUONPS_WORKER_SOCKET
   value: {{ printf "%s/worker.sock" $ctx.Values.workers.sidecar.socketDir | quote }}
+{{ include "muonps.client.env" $ctx }}
 {{- end -}}
 
 {{- define "muonps.worker.container" -}}
@@ -102,6 +110,7 @@ hostIPC: true
     - --metrics_token_file=/var/run/muonps-metrics/token
     - --io_timeout_ms={{ int64 $v.workers.ioTimeoutMs }}
     - --log_level={{ $v.workers.logLevel }}
+    {{- include "muonps.client.args" $ctx | nindent 4 }}
     {{- range $v.workers.extraArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -134,4 +143,5 @@ hostIPC: true
     - name: muonps-metrics-token
       mountPath: /var/run/muonps-metrics
       readOnly: true
+    {{- include "muonps.client.volumeMounts" (dict "ctx" $ctx "prefix" "muonps-") | nindent 4 }}
 {{- end -}}
