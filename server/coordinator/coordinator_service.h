@@ -9,8 +9,8 @@
 #include <string>
 
 #include "common/metrics.h"
-#include "proto/credentials.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
+#include "proto/credentials.h"
 #include "proto/grpc_status.h"
 #include "server/coordinator/coordinator_state.h"
 

@@ -132,9 +132,8 @@ class CoordinatorState {
   // it: NOT_FOUND naming worker_id when it holds no lease, UNAUTHENTICATED
   // naming worker_token otherwise.
   absl::StatusOr<WorkerRecord*> AuthenticateWorker(
-      const std::string& job_name, JobRecord* job,
-      const std::string& worker_id, const std::string& worker_token)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      const std::string& job_name, JobRecord* job, const std::string& worker_id,
+      const std::string& worker_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   const Clock clock_;

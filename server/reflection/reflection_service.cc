@@ -1,10 +1,9 @@
 #include "server/reflection/reflection_service.h"
 
-#include "proto/credentials.h"
-#include "proto/grpc_status.h"
-
 #include <google/protobuf/descriptor.pb.h>
 
+#include "proto/credentials.h"
+#include "proto/grpc_status.h"
 #include "proto/v1_descriptors.h"
 
 namespace muonps {

@@ -30,20 +30,23 @@ class WorkerService final : public v1::Worker::Service {
   WorkerService(WorkerAgent* agent, StepEngine* engine, std::string token)
       : agent_(agent), engine_(engine), token_(std::move(token)) {}
 
-  grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* context,
+                         const v1::GetStatusRequest*,
                          v1::WorkerStatus* out) override {
     MUONPS_RETURN_IF_UNAUTHENTICATED(context);
     *out = agent_->Status();
     return grpc::Status::OK;
   }
 
-  grpc::Status Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
+  grpc::Status Attach(grpc::ServerContext* context,
+                      const v1::AttachRequest* request,
                       v1::AttachResponse* out) override {
     MUONPS_RETURN_IF_UNAUTHENTICATED(context);
     return Reply(engine_->Attach(*request), out);
   }
 
-  grpc::Status Step(grpc::ServerContext* context, const v1::StepRequest* request,
+  grpc::Status Step(grpc::ServerContext* context,
+                    const v1::StepRequest* request,
                     v1::StepResponse* out) override {
     MUONPS_RETURN_IF_UNAUTHENTICATED(context);
     absl::StatusOr<v1::StepResponse> step = engine_->Step(*request);
