@@ -18,7 +18,7 @@ shift
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
   targets=(coordinator_rpc_fuzzer worker_rpc_fuzzer wire_format_fuzzer
-    plan_decoder_fuzzer c_abi_fuzzer)
+    plan_decoder_fuzzer c_abi_fuzzer checkpoint_manifest_fuzzer)
 fi
 
 # The longest input each target reads: a handful of requests, a handshake

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fuzz/seed_sessions.h"
+#include "server/worker/checkpoint_manifest.h"
 #include "transport/wire_format.h"
 
 namespace muonps {
@@ -67,6 +68,34 @@ void WriteWireSeeds(SeedWriter* out) {
              std::string(reinterpret_cast<char*>(handshake), kHandshakeBytes));
 }
 
+// A real manifest of two tensors, whole and without its CRC (the fuzzer
+// appends one), so both of its tries start from valid bytes.
+void WriteCheckpointSeeds(SeedWriter* out) {
+  CheckpointManifest manifest;
+  manifest.step = 12;
+  manifest.plan_version = 3;
+  manifest.worker_id = "w0";
+  manifest.data_bytes = 4 * (64 * 32 + 3 * 16 * 8);
+  CheckpointTensor a;
+  a.name = "layers.0.q";
+  a.rows = 64;
+  a.cols = 32;
+  a.offset = 0;
+  a.length = 4 * 64 * 32;
+  CheckpointTensor b;
+  b.name = "moe.w1";
+  b.expert = 2;
+  b.rows = 16;
+  b.cols = 8;
+  b.offset = a.length;
+  b.length = 4 * 16 * 8;
+  manifest.tensors = {a, b};
+  const std::string bytes = SerializeCheckpointManifest(manifest);
+  out->Write("checkpoint_manifest_fuzzer", "two_tensors", bytes);
+  out->Write("checkpoint_manifest_fuzzer", "two_tensors_body",
+             bytes.substr(0, bytes.size() - 4));
+}
+
 }  // namespace
 }  // namespace fuzz
 }  // namespace muonps
@@ -79,6 +108,7 @@ int main(int argc, char** argv) {
   using namespace muonps::fuzz;
   SeedWriter out(argv[1]);
   WriteWireSeeds(&out);
+  WriteCheckpointSeeds(&out);
   for (const NamedSeed& seed : CoordinatorSeeds()) {
     out.Write("coordinator_rpc_fuzzer", seed.name, seed.bytes);
   }
