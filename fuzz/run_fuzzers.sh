@@ -38,7 +38,11 @@ for t in "${targets[@]}"; do labels+=("//fuzz:$t"); done
 echo "== building ${#targets[@]} fuzz targets with clang (--config=fuzz)"
 start=$(date +%s)
 build_log="$(mktemp /tmp/muonps-fuzz-build.XXXXXX)"
-if ! "${bazel_fuzz[@]}" build --config=fuzz "${labels[@]}" >"$build_log" 2>&1; then
+# --symlink_prefix=/: no bazel-bin/bazel-out links in the checkout, which
+# would otherwise point at this output base and hide the gcc build's
+# binaries from whatever runs next (CI's image build).
+if ! "${bazel_fuzz[@]}" build --config=fuzz --symlink_prefix=/ "${labels[@]}" \
+    >"$build_log" 2>&1; then
   grep -v "Cannot export local symbol" "$build_log" | tail -n 40
   rm -f "$build_log"
   echo "fuzz targets: build failed"

@@ -131,6 +131,14 @@ class LocalService:
         with open(self.token_file) as f:
             return f.readline().strip()
 
+    def export_token(self):
+        """Points this process's MUONPS_TOKEN_FILE (which its muonps::Client
+        reads) at this service's token until close()."""
+        if not self.token_file:
+            return
+        self._exported = (os.environ.get("MUONPS_TOKEN_FILE"),)
+        os.environ["MUONPS_TOKEN_FILE"] = self.token_file
+
     def environ(self):
         """os.environ with MUONPS_TOKEN_FILE naming this service's token."""
         env = dict(os.environ)
@@ -184,3 +192,10 @@ class LocalService:
                 p.wait()
         self._processes = []
         shutil.rmtree(self._dir, ignore_errors=True)
+        exported = getattr(self, "_exported", None)
+        if exported and os.environ.get("MUONPS_TOKEN_FILE") == self.token_file:
+            if exported[0] is None:
+                os.environ.pop("MUONPS_TOKEN_FILE", None)
+            else:
+                os.environ["MUONPS_TOKEN_FILE"] = exported[0]
+        self._exported = None

@@ -483,9 +483,9 @@ class Muon(torch.optim.Optimizer):
                 job=job, worker_id=f"w{rank}", token=token)
         c.update(coordinator=self._service.coordinator, job=self._service.job)
         self._socket = self._service.socket
-        # This process's client (muonps::Client) reads its token from here.
-        if self._service.token_file:
-            os.environ["MUONPS_TOKEN_FILE"] = self._service.token_file
+        # This process's client (muonps::Client) reads its token from
+        # $MUONPS_TOKEN_FILE; restored when the service closes.
+        self._service.export_token()
 
     def _start_cuda(self, device, lent, frozen, rank, world_size, layout):
         """Matrices lent in place to the worker on `device`; the rest

@@ -9,6 +9,7 @@ when the test ends. Nothing is built here: run
 //server/worker:muonps-worker` first (or point $MUONPS_BAZEL_BIN at a copy).
 """
 
+import atexit
 import itertools
 import os
 import pathlib
@@ -42,6 +43,25 @@ sys.path.insert(0, str(PACKAGE_ROOT))
 _jobs = itertools.count()
 
 
+_token_dir = None
+
+
+def _session_token_file():
+    """A fresh bearer token for this test session, in a 0700 folder removed
+    at exit; $MUONPS_TOKEN_FILE names it (clusters may overlap, so one token
+    for all of them rather than one each)."""
+    global _token_dir
+    if _token_dir is None:
+        _token_dir = pathlib.Path(tempfile.mkdtemp(prefix="mps-token-"))
+        atexit.register(shutil.rmtree, _token_dir, True)
+        token = _token_dir / "token"
+        token.write_text(secrets.token_hex(32) + "\n")
+        token.chmod(0o600)
+    path = _token_dir / "token"
+    os.environ["MUONPS_TOKEN_FILE"] = str(path)
+    return path
+
+
 class Cluster:
     """A coordinator and workers of one job; `sockets[i]` is worker i's."""
 
@@ -53,13 +73,10 @@ class Cluster:
         self.processes = []
         self.sockets = []
         self.dedicated = dedicated
-        # Secured as a private service is: a fresh bearer token that the
-        # coordinator, the workers' sockets and this process's clients use.
-        self.token_file = self.socket_dir / "token"
-        self.token_file.write_text(secrets.token_hex(32) + "\n")
-        self.token_file.chmod(0o600)
-        self._previous_token_file = os.environ.get("MUONPS_TOKEN_FILE")
-        os.environ["MUONPS_TOKEN_FILE"] = str(self.token_file)
+        # Secured as a private service is: a bearer token that the
+        # coordinator, the workers' sockets and this process's clients use
+        # (one per test session, see _session_token_file).
+        self.token_file = _session_token_file()
         try:
             coordinator = self._spawn(
                 "coordinator", [COORDINATOR_BIN, "--port", "0",
@@ -134,11 +151,6 @@ class Cluster:
                 process.wait()
         self.processes = []
         shutil.rmtree(self.socket_dir, ignore_errors=True)
-        if os.environ.get("MUONPS_TOKEN_FILE") == str(self.token_file):
-            if self._previous_token_file is None:
-                os.environ.pop("MUONPS_TOKEN_FILE")
-            else:
-                os.environ["MUONPS_TOKEN_FILE"] = self._previous_token_file
 
     def leftover_segments(self):
         return sorted(pathlib.Path("/dev/shm").glob(f"muonps-{self.job}-*"))

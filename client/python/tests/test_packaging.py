@@ -89,7 +89,9 @@ def test_wheel_carries_the_service_and_trains_with_no_repository(tmp_path):
          "--metrics_port", "-1", "--insecure"], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     try:
-        assert "listening on" in coordinator.stdout.readline()
+        # --insecure logs its warning first.
+        lines = [coordinator.stdout.readline() for _ in range(2)]
+        assert any("listening on" in line for line in lines), lines
     finally:
         coordinator.kill()
         coordinator.wait()
