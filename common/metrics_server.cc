@@ -1,6 +1,5 @@
 // MetricsServer (declared in metrics.h): the /metrics HTTP(S) endpoint, its
 // address and bearer-token rules.
-#include <arpa/inet.h>
 #include <httplib.h>
 
 #include <atomic>
@@ -44,16 +43,6 @@ absl::StatusOr<std::string> ReadToken(const std::string& path) {
   return token;
 }
 
-// True for 127.0.0.0/8, ::1 and "localhost". (proto/credentials.h has the
-// gRPC ports' own; common/ may not reach up to proto/.)
-bool IsLoopback(absl::string_view host) {
-  if (host == "localhost" || host == "::1") return true;
-  in_addr v4;
-  const std::string text(host);
-  return inet_pton(AF_INET, text.c_str(), &v4) == 1 &&
-         (ntohl(v4.s_addr) >> 24) == 127;
-}
-
 }  // namespace
 
 absl::StatusOr<std::optional<MetricsServerOptions>>
@@ -92,7 +81,7 @@ MetricsServerOptionsFromFlags(const std::string& address, int port,
   }
   if (!token_path.empty()) {
     MUONPS_ASSIGN_OR_RETURN(options.bearer_token, ReadToken(token_path));
-  } else if (!IsLoopback(options.host)) {
+  } else if (!IsLoopbackHost(options.host)) {
     return InvalidField(
         "--metrics_address",
         absl::StrCat(Quoted(address),
@@ -130,7 +119,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     return InvalidField("metrics port",
                         absl::StrCat(port, " is not in [0, 65535]"));
   }
-  if (options.bearer_token.empty() && !IsLoopback(host)) {
+  if (options.bearer_token.empty() && !IsLoopbackHost(host)) {
     return InvalidField(absl::StrCat("metrics endpoint ", host, ":", port),
                         "is not on a loopback address and has no bearer token");
   }

@@ -1,9 +1,14 @@
 #include "common/secret.h"
 
+#include <arpa/inet.h>
 #include <sys/random.h>
 
 #include <cerrno>
+#include <string>
 #include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 
 namespace muonps {
 
@@ -31,6 +36,21 @@ bool SecretsEqual(absl::string_view a, absl::string_view b) {
     diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   }
   return diff == 0;
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  host = absl::StripPrefix(absl::StripSuffix(host, "]"), "[");
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  const std::string text(host);
+  in_addr v4;
+  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&v6);
+  }
+  return false;
 }
 
 }  // namespace muonps

@@ -26,5 +26,17 @@ TEST(SecretsEqualTest, ComparesWholeSecrets) {
   EXPECT_FALSE(SecretsEqual("abcdef", "abcde"));
 }
 
+TEST(IsLoopbackHostTest, KnowsLoopbackAddresses) {
+  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackHost("127.3.2.1"));
+  EXPECT_TRUE(IsLoopbackHost("::1"));
+  EXPECT_TRUE(IsLoopbackHost("[::1]"));
+  EXPECT_TRUE(IsLoopbackHost("localhost"));
+  EXPECT_FALSE(IsLoopbackHost("0.0.0.0"));
+  EXPECT_FALSE(IsLoopbackHost("::"));
+  EXPECT_FALSE(IsLoopbackHost("10.0.0.1"));
+  EXPECT_FALSE(IsLoopbackHost("example.com"));
+}
+
 }  // namespace
 }  // namespace muonps

@@ -106,21 +106,6 @@ absl::StatusOr<std::string> ReadToken(const std::string& path,
   return std::string(line);
 }
 
-bool IsLoopbackHost(absl::string_view host) {
-  host = absl::StripPrefix(absl::StripSuffix(host, "]"), "[");
-  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
-  const std::string text(host);
-  in_addr v4;
-  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) {
-    return (ntohl(v4.s_addr) >> 24) == 127;
-  }
-  in6_addr v6;
-  if (inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
-    return IN6_IS_ADDR_LOOPBACK(&v6);
-  }
-  return false;
-}
-
 absl::StatusOr<ServerSecurity> LoadServerSecurity(const SecurityConfig& config,
                                                   absl::string_view host) {
   ServerSecurity out;

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/secret.h"  // IsLoopbackHost
 
 namespace muonps {
 
@@ -61,9 +62,6 @@ SecurityConfig WithEnvironmentDefaults(SecurityConfig config);
 // empty, shorter than 16 characters or holds a space or control character.
 absl::StatusOr<std::string> ReadToken(const std::string& path,
                                       absl::string_view what);
-
-// True for 127.0.0.0/8, ::1 and "localhost" (brackets allowed).
-bool IsLoopbackHost(absl::string_view host);
 
 // A server's credentials and the token its methods check ("" for none).
 struct ServerSecurity {

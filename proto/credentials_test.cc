@@ -48,18 +48,6 @@ TEST(ReadTokenTest, RefusesShortSpacedMissingAndEmptyTokensNamingTheFlag) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(IsLoopbackHostTest, KnowsLoopbackAddresses) {
-  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
-  EXPECT_TRUE(IsLoopbackHost("127.3.2.1"));
-  EXPECT_TRUE(IsLoopbackHost("::1"));
-  EXPECT_TRUE(IsLoopbackHost("[::1]"));
-  EXPECT_TRUE(IsLoopbackHost("localhost"));
-  EXPECT_FALSE(IsLoopbackHost("0.0.0.0"));
-  EXPECT_FALSE(IsLoopbackHost("::"));
-  EXPECT_FALSE(IsLoopbackHost("10.0.0.1"));
-  EXPECT_FALSE(IsLoopbackHost("example.com"));
-}
-
 TEST(LoadServerSecurityTest, PlaintextNeedsInsecureAndLoopback) {
   absl::StatusOr<ServerSecurity> refused = LoadServerSecurity({}, "127.0.0.1");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
