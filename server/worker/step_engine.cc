@@ -2,25 +2,28 @@
 
 #include <signal.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/row_ranges.h"
 #include "common/status.h"
-#include "common/trainer_segment.h"
 #include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "proto/translate.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
 namespace {
 
-// Floats the control messages of a step need in transport memory.
-constexpr int64_t kControlFloats = 1024;
+// Rounds one Step call may take: a retry settles an older step in one, the
+// step its peers' trainers come back with runs in the next.
+constexpr int kMaxRounds = 4;
+
+uint64_t RandomInstance() {
+  std::random_device random;
+  return (static_cast<uint64_t>(random()) << 32) ^ random();
+}
 
 }  // namespace
 
@@ -39,7 +42,8 @@ StepEngine::StepEngine(std::string worker_id, StepBackend backend,
     : worker_id_(std::move(worker_id)),
       make_transport_(std::move(make_transport)),
       device_(backend.ops->device()),
-      backend_(std::move(backend)) {}
+      backend_(std::move(backend)),
+      ledger_(RandomInstance()) {}
 
 StepEngine::~StepEngine() {
   absl::MutexLock lock(&mu_);
@@ -48,7 +52,12 @@ StepEngine::~StepEngine() {
   trainer_.reset();
 }
 
-int64_t StepEngine::last_step() const { return last_step_.load(); }
+int64_t StepEngine::last_step() const { return ledger_.last.load(); }
+
+void StepEngine::set_step_hook(StepHook hook) {
+  absl::MutexLock lock(&mu_);
+  hook_ = std::move(hook);
+}
 
 bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const int64_t pid = trainer_pid_.load();
@@ -60,6 +69,7 @@ bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (trainer_.has_value() && trainer_pid_.load() == pid) {
     DropTransport(absl::CancelledError(
         absl::StrCat("trainer process ", pid, " is gone")));
+    DropStaged(ledger_, plan_);  // its memory went with it
     trainer_.reset();
     trainer_pid_.store(0);
     released = true;
@@ -122,6 +132,12 @@ absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
   for (float v : values) {
     if (!std::isfinite(v)) return InvalidField("values", "non-finite");
   }
+  if (ledger_.staged.step_id >= 0) {
+    spdlog::warn("worker={} step={} staged in doubt: dropped, momentum is "
+                 "being restored",
+                 worker_id_, ledger_.staged.step_id);
+    DropStaged(ledger_, plan_);
+  }
   kernels::DeviceOps& ops = *backend_.ops;
   MUONPS_RETURN_IF_ERROR(ops.Copy(plan_.SlotData(slot, true), values.data(),
                                   static_cast<int64_t>(values.size()),
@@ -131,254 +147,18 @@ absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
   return absl::OkStatus();
 }
 
-absl::Status StepEngine::SetPlan(
-    const v1::JobSpec& job, const v1::Plan& plan,
-    const std::map<std::string, std::string>& addresses) {
-  PlanState next;
-  next.job = job;
-  next.version = plan.version();
-  next.matrices = proto::MatricesFromJob(job);
-  next.muon = proto::MuonFromProto(job.muon());
-  MUONPS_ASSIGN_OR_RETURN(next.ownership,
-                          proto::OwnershipFromPlan(plan, next.matrices));
-  for (int r = 0; r < plan.workers_size(); ++r) {
-    if (plan.workers(r) == worker_id_) next.rank = r;
-    auto it = addresses.find(plan.workers(r));
-    next.addresses.push_back(it == addresses.end() ? "" : it->second);
-  }
-  MUONPS_ASSIGN_OR_RETURN(
-      next.schedule,
-      scheduler::BuildStepSchedule(
-          next.matrices, next.ownership,
-          {.bucket_bytes = job.bucket_bytes() > 0 ? job.bucket_bytes()
-                                                  : int64_t{64} << 20}));
-  const auto algorithms = proto::AlgorithmsOfWorker(plan, worker_id_);
-  next.slots.resize(next.matrices.size());
-  for (size_t m = 0; m < next.matrices.size(); ++m) {
-    next.slots[m].assign(next.matrices[m].experts, ItemSlot{});
-  }
-  int64_t largest = kControlFloats;
-  for (const scheduler::MatrixSpec& spec : next.matrices) {
-    largest = std::max(largest, spec.rows * spec.cols);
-  }
-  // The schedule's stacks this worker owns become its compute batches.
-  next.batch_of_stack.assign(next.schedule.stacks.size(), -1);
-  for (size_t k = 0; k < next.schedule.stacks.size(); ++k) {
-    const scheduler::OwnerStack& stack = next.schedule.stacks[k];
-    if (stack.owner != next.rank) continue;
-    next.batch_of_stack[k] = static_cast<int>(next.batches.size());
-    ComputeBatch batch;
-    batch.rows = stack.rows;
-    batch.cols = stack.cols;
-    auto chosen = algorithms.find(
-        {std::min(stack.rows, stack.cols), std::max(stack.rows, stack.cols)});
-    batch.algorithm = chosen == algorithms.end() ? kernels::NsAlgorithm::kNs5
-                                                 : chosen->second;
-    batch.items = stack.items;
-    for (size_t slot = 0; slot < stack.items.size(); ++slot) {
-      const scheduler::ItemRef& item = stack.items[slot];
-      next.slots[item.matrix][item.expert] = {next.batch_of_stack[k],
-                                              static_cast<int>(slot)};
-    }
-    next.batches.push_back(std::move(batch));
-  }
-  absl::MutexLock lock(&mu_);
-  kernels::DeviceOps& ops = *backend_.ops;
-  for (ComputeBatch& batch : next.batches) {
-    const int64_t floats =
-        static_cast<int64_t>(batch.items.size()) * batch.rows * batch.cols;
-    MUONPS_ASSIGN_OR_RETURN(batch.staged,
-                            ops.Allocate(floats, "staged gradients"));
-    MUONPS_ASSIGN_OR_RETURN(batch.momentum, ops.Allocate(floats, "momentum"));
-    batch.has_momentum.assign(batch.items.size(), false);
-  }
-  MUONPS_ASSIGN_OR_RETURN(next.scratch, ops.Allocate(largest, "scratch"));
-  // Momentum of items this worker keeps owning moves to the new stacks.
-  const bool same_job = plan_.matrices.size() == next.matrices.size();
-  for (size_t m = 0; m < next.matrices.size(); ++m) {
-    for (int64_t e = 0; e < next.matrices[m].experts; ++e) {
-      const ItemSlot& to = next.slots[m][e];
-      if (to.batch < 0) continue;
-      const bool had = same_job &&
-                       e < static_cast<int64_t>(plan_.slots[m].size()) &&
-                       plan_.slots[m][e].batch >= 0 &&
-                       plan_.batches[plan_.slots[m][e].batch]
-                           .has_momentum[plan_.slots[m][e].slot];
-      if (had) {
-        const ComputeBatch& nb = next.batches[to.batch];
-        MUONPS_RETURN_IF_ERROR(ops.Copy(next.SlotData(to, true),
-                                        plan_.SlotData(plan_.slots[m][e], true),
-                                        nb.rows * nb.cols, ops.stream()));
-        next.batches[to.batch].has_momentum[to.slot] = true;
-      } else if (last_step_.load() >= 0) {
-        ++momentum_resets_;  // an owner change: no checkpoint to restore
-      }
-    }
-  }
-  MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
-  // The transport of the old version goes first: its pending work may
-  // still name the old buffers. Aborted, not finalized: a finalize waits
-  // for peers that may be gone.
-  DropTransport(absl::CancelledError(
-      absl::StrCat("plan version ", next.version, " replaced it")));
-  plan_ = std::move(next);
-  return absl::OkStatus();
-}
-
 absl::Status StepEngine::NoPlanYet() const {
   return FieldError(absl::StatusCode::kFailedPrecondition, "plan",
                     absl::StrCat("worker ", Quoted(worker_id_),
                                  " has no plan yet (or is not in it)"));
 }
 
-absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
-    const v1::AttachRequest& request) {
-  if (request.trainer_count() < 1 || request.trainer_rank() < 0 ||
-      request.trainer_rank() >= request.trainer_count()) {
-    return InvalidField(
-        "trainer_rank",
-        absl::StrCat(request.trainer_rank(), " of ", request.trainer_count(),
-                     " is not a valid rank"));
-  }
-  TrainerBuffersOpener open;
-  {
-    absl::MutexLock lock(&mu_);
-    open = backend_.open_buffers;
-    if (plan_.rank >= 0 &&
-        plan_.rank >= static_cast<int>(plan_.ownership.worker_ids.size()) -
-                          plan_.ownership.dedicated) {
-      return FieldError(
-          absl::StatusCode::kFailedPrecondition, "device",
-          absl::StrCat("worker ", Quoted(worker_id_),
-                       " is dedicated (--dedicated): it takes no trainer; "
-                       "attach to the worker of your GPU"));
-    }
-    // A shared-memory segment is mapped only when it is named for this job
-    // and the attaching trainer (common/trainer_segment.h).
-    if (!request.segment().empty()) {
-      if (plan_.rank < 0) return NoPlanYet();
-      MUONPS_RETURN_IF_ERROR(CheckTrainerSegmentName(
-          request.segment(), plan_.job.name(), request.trainer_rank(),
-          request.trainer_pid()));
-    }
-  }
-  // Mapping is slow (shm_open, cudaIpcOpenMemHandle): outside the lock.
-  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
-                          open(request));
-  if (buffers->device() != device_) {
-    return InvalidField(
-        "device",
-        absl::StrCat("the trainer lends ", DeviceName(buffers->device()),
-                     " memory; worker ", Quoted(worker_id_), " runs on ",
-                     DeviceName(device_)));
-  }
-  absl::MutexLock lock(&mu_);
-  if (plan_.rank < 0) return NoPlanYet();
-  const int with_trainers =
-      static_cast<int>(plan_.ownership.worker_ids.size()) -
-      plan_.ownership.dedicated;
-  // The data plane pairs every worker but the dedicated ones with one
-  // trainer, so a plan with another number of them is one the others have
-  // not joined yet: the client retries until they have.
-  if (with_trainers != request.trainer_count() ||
-      plan_.ownership.dedicated != plan_.job.dedicated_workers()) {
-    return FieldError(
-        absl::StatusCode::kFailedPrecondition, "plan",
-        absl::StrCat("plan version ", plan_.version, " has ", with_trainers,
-                     " workers with trainers and ", plan_.ownership.dedicated,
-                     " dedicated ones; the job has ", request.trainer_count(),
-                     " trainers and expects ", plan_.job.dedicated_workers(),
-                     " dedicated workers: waiting for the workers to join"));
-  }
-  std::map<std::string, int> index;
-  for (size_t m = 0; m < plan_.matrices.size(); ++m) {
-    index[plan_.matrices[m].name] = static_cast<int>(m);
-  }
-  AttachedTrainer trainer;
-  trainer.rank = request.trainer_rank();
-  trainer.count = request.trainer_count();
-  trainer.matrices.resize(plan_.matrices.size());
-  std::vector<bool> bound(plan_.matrices.size(), false);
-  for (const v1::TensorBinding& t : request.tensors()) {
-    const std::string field = absl::StrCat("tensor ", Quoted(t.name()));
-    const int64_t param_elements =
-        t.param_elements() > 0 ? t.param_elements() : t.elements();
-    Binding b;
-    b.elements = t.elements();
-    if (!t.muon()) {
-      MUONPS_ASSIGN_OR_RETURN(const LentTensor lent,
-                              buffers->Map(t, t.elements(), param_elements));
-      b.Lend(lent);
-      b.layout =
-          proto::LayoutFromProto(t.layout()) == scheduler::Layout::kUnreduced
-              ? scheduler::Layout::kUnreduced
-              : scheduler::Layout::kReplicated;
-      trainer.adamw.emplace_back(t.name(), b);
-      continue;
-    }
-    auto it = index.find(t.name());
-    if (it == index.end()) {
-      return InvalidField(field, "is not a matrix of the job");
-    }
-    const scheduler::MatrixSpec& spec = plan_.matrices[it->second];
-    int64_t expected = spec.rows * spec.cols * spec.experts;
-    if (spec.layout == scheduler::Layout::kRowSharded) {
-      const auto [begin, end] = TrainerRowRange(
-          spec.rows, request.trainer_rank(), request.trainer_count());
-      expected = (end - begin) * spec.cols * spec.experts;
-    }
-    if (t.elements() != expected || bound[it->second]) {
-      return InvalidField(
-          field, absl::StrCat("binds ", t.elements(),
-                              " elements; the job needs ", expected, ", once"));
-    }
-    const int64_t full = spec.rows * spec.cols * spec.experts;
-    if (param_elements != t.elements() && param_elements != full) {
-      return InvalidField(
-          field, absl::StrCat("param_elements ", param_elements, " is neither ",
-                              t.elements(), " nor ", full));
-    }
-    MUONPS_ASSIGN_OR_RETURN(const LentTensor lent,
-                            buffers->Map(t, t.elements(), param_elements));
-    b.Lend(lent);
-    b.full_param = spec.layout == scheduler::Layout::kRowSharded &&
-                   param_elements == full && full != t.elements();
-    b.layout = spec.layout;
-    trainer.matrices[it->second] = b;
-    bound[it->second] = true;
-  }
-  for (size_t m = 0; m < plan_.matrices.size(); ++m) {
-    if (!bound[m]) {
-      return FieldError(absl::StatusCode::kFailedPrecondition,
-                        absl::StrCat("matrix ", Quoted(plan_.matrices[m].name)),
-                        "is not bound by the trainer");
-    }
-  }
-  std::sort(trainer.adamw.begin(), trainer.adamw.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  MUONPS_RETURN_IF_ERROR(trainer.AllocateWidened(*backend_.ops));
-  trainer.buffers = std::move(buffers);
-  // A pending transfer may name the old trainer's memory: drop the
-  // transport (rebuilt at the next step) before unmapping it.
-  DropTransport(absl::CancelledError("a trainer attached"));
-  trainer_ = std::move(trainer);
-  trainer_pid_.store(request.trainer_pid());
-  spdlog::info("worker={} trainer {}/{} attached {} tensors ({})", worker_id_,
-               trainer_->rank, trainer_->count, request.tensors_size(),
-               DeviceName(device_));
-  v1::AttachResponse out;
-  out.set_plan_version(plan_.version);
-  out.set_rank(plan_.rank);
-  return out;
-}
-
 void StepEngine::SetDataPlaneSecret(std::string secret) {
-  absl::MutexLock lock(&mu_);
-  if (secret == data_plane_secret_) return;
+  // Not mu_: a step may hold it for the transport's timeout, and the agent
+  // calls this from its heartbeat thread when it re-joins. A transport
+  // built with another secret is rebuilt at the next step.
+  absl::MutexLock lock(&secret_mu_);
   data_plane_secret_ = std::move(secret);
-  DropTransport(absl::CancelledError(
-      absl::StrCat("worker ", Quoted(worker_id_),
-                   " got a new data-plane secret; reconnecting")));
 }
 
 void StepEngine::DropTransport(const absl::Status& reason) {
@@ -388,6 +168,16 @@ void StepEngine::DropTransport(const absl::Status& reason) {
 }
 
 absl::Status StepEngine::EnsureTransport() {
+  std::string secret;
+  {
+    absl::MutexLock lock(&secret_mu_);
+    secret = data_plane_secret_;
+  }
+  if (transport_ != nullptr && secret != transport_secret_) {
+    DropTransport(absl::CancelledError(
+        absl::StrCat("worker ", Quoted(worker_id_),
+                     " got a new data-plane secret; reconnecting")));
+  }
   if (transport_ != nullptr) return absl::OkStatus();
   for (size_t r = 0; r < plan_.addresses.size(); ++r) {
     if (plan_.addresses[r].empty()) {
@@ -395,10 +185,10 @@ absl::Status StepEngine::EnsureTransport() {
                         absl::StrCat("no data address for rank ", r));
     }
   }
-  MUONPS_ASSIGN_OR_RETURN(transport_,
-                          make_transport_(plan_.rank, plan_.addresses,
-                                          static_cast<uint64_t>(plan_.version),
-                                          data_plane_secret_));
+  MUONPS_ASSIGN_OR_RETURN(
+      transport_, make_transport_(plan_.rank, plan_.addresses,
+                                  static_cast<uint64_t>(plan_.version), secret));
+  transport_secret_ = secret;
   if (transport_->memory() != device_.kind) {
     transport_.reset();
     return absl::InternalError(
@@ -408,26 +198,54 @@ absl::Status StepEngine::EnsureTransport() {
   return absl::OkStatus();
 }
 
+v1::StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
+  v1::StepResponse out;
+  out.set_step_id(step_id);
+  out.set_plan_version(plan_.version);
+  out.set_already_applied(true);
+  return out;
+}
+
 absl::StatusOr<v1::StepResponse> StepEngine::Step(
-    const v1::StepRequest& request) {
+    const v1::StepRequest& request, const StepCancelled& cancelled) {
   absl::MutexLock lock(&mu_);
   if (request.step_id() < 0) {
     return InvalidField("step_id", absl::StrCat(request.step_id(), " < 0"));
   }
-  if (request.step_id() <= last_step_.load()) {
-    v1::StepResponse out;
-    out.set_step_id(request.step_id());
-    out.set_plan_version(plan_.version);
-    out.set_already_applied(true);
-    return out;
+  // Committed on every worker: nobody needs this round.
+  if (request.step_id() <= ledger_.settled) {
+    return AlreadyApplied(request.step_id());
   }
   if (plan_.rank < 0 || !trainer_.has_value()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
                       plan_.rank < 0 ? "the worker is not in the current plan"
                                      : "no trainer buffers are attached");
   }
-  MUONPS_RETURN_IF_ERROR(EnsureTransport());
-  return RunStep(request, &*trainer_);
+  RoundResult round;
+  for (int rounds = 0;; ++rounds) {
+    if (rounds == kMaxRounds) {
+      round.status = absl::AbortedError(absl::StrCat(
+          "step ", request.step_id(), ": after ", kMaxRounds,
+          " rounds the trainers still ask for different steps"));
+      break;
+    }
+    round.status = EnsureTransport();
+    if (!round.status.ok()) break;
+    round = RunRound(request, &*trainer_, cancelled);
+    if (!round.status.ok() || round.kind != RoundResult::Kind::kAgain) break;
+  }
+  // The trainer's stream waits for this (CUDA), whatever happened.
+  kernels::DeviceOps& ops = *backend_.ops;
+  const absl::Status signaled =
+      trainer_->buffers->SignalTrainer(ops.stream(), request.step_id());
+  if (!round.status.ok()) return round.status;
+  if (!signaled.ok()) return signaled;
+  if (round.kind == RoundResult::Kind::kAlreadyApplied) {
+    return AlreadyApplied(request.step_id());
+  }
+  round.response.set_momentum_reset(momentum_resets_);
+  momentum_resets_ = 0;
+  return round.response;
 }
 
 absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
@@ -437,7 +255,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
     const int size = static_cast<int>(plan_.ownership.worker_ids.size());
     if (plan_.rank >= 0 && plan_.rank >= size - plan_.ownership.dedicated) {
       MUONPS_RETURN_IF_ERROR(EnsureTransport());
-      // Rank 0 has a trainer; its first message opens every step.
+      // Rank 0 has a trainer; its first message opens every round.
       const absl::Status opened = transport_->AwaitFrom(0, wait);
       if (absl::IsDeadlineExceeded(opened)) return std::nullopt;
       if (!opened.ok()) {
@@ -445,42 +263,47 @@ absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
         return opened;
       }
       v1::StepRequest request;  // the step id comes from rank 0
-      MUONPS_ASSIGN_OR_RETURN(v1::StepResponse out,
-                              RunStep(request, /*trainer=*/nullptr));
-      return out;
+      RoundResult round = RunRound(request, /*trainer=*/nullptr, nullptr);
+      if (!round.status.ok()) return round.status;
+      if (round.kind != RoundResult::Kind::kStepped) return std::nullopt;
+      round.response.set_momentum_reset(momentum_resets_);
+      momentum_resets_ = 0;
+      return round.response;
     }
   }
   absl::SleepFor(wait);  // not a dedicated rank of a plan (yet)
   return std::nullopt;
 }
 
-absl::StatusOr<v1::StepResponse> StepEngine::RunStep(
-    const v1::StepRequest& request, const AttachedTrainer* trainer) {
-  StepRun run(&plan_, trainer, transport_.get(), backend_.ops.get(),
-              backend_.kernels.get(), backend_.timeout);
-  absl::StatusOr<v1::StepResponse> out = run.Run(request);
-  if (!out.ok()) {
-    // Rejected steps leave the transport usable; anything else broke it.
-    if (out.status().code() != absl::StatusCode::kInvalidArgument) {
-      DropTransport(out.status());
-      // Transport errors name peer ranks: say whose they are.
-      std::string ranks;
-      for (size_t r = 0; r < plan_.ownership.worker_ids.size(); ++r) {
-        absl::StrAppend(&ranks, r == 0 ? "" : ", ", r, " = ",
-                        Quoted(plan_.ownership.worker_ids[r]));
-      }
-      return Annotate(
-          out.status(),
-          absl::StrCat(
-              "step ",
-              trainer == nullptr ? "" : absl::StrCat(request.step_id(), " "),
-              "(plan version ", plan_.version, "; ranks ", ranks, ")"));
-    }
-    return out.status();
+RoundResult StepEngine::RunRound(const v1::StepRequest& request,
+                                 const AttachedTrainer* trainer,
+                                 const StepCancelled& cancelled) {
+  StepContext context;
+  context.plan = &plan_;
+  context.trainer = trainer;
+  context.transport = transport_.get();
+  context.ops = backend_.ops.get();
+  context.kernels = backend_.kernels.get();
+  context.ledger = &ledger_;
+  context.timeout = backend_.timeout;
+  context.cancelled = cancelled;
+  context.hook = hook_;
+  StepRun run(context);
+  RoundResult out = run.Run(request);
+  if (out.status.ok() || out.transport_ok) return out;
+  DropTransport(out.status);
+  // Transport errors name peer ranks: say whose they are.
+  std::string ranks;
+  for (size_t r = 0; r < plan_.ownership.worker_ids.size(); ++r) {
+    absl::StrAppend(&ranks, r == 0 ? "" : ", ", r, " = ",
+                    Quoted(plan_.ownership.worker_ids[r]));
   }
-  last_step_.store(out->step_id());
-  out->set_momentum_reset(momentum_resets_);
-  momentum_resets_ = 0;
+  out.status = Annotate(
+      out.status,
+      absl::StrCat(
+          "worker ", Quoted(worker_id_), ": step ",
+          trainer == nullptr ? "" : absl::StrCat(request.step_id(), " "),
+          "(plan version ", plan_.version, "; ranks ", ranks, ")"));
   return out;
 }
 

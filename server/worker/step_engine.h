@@ -2,17 +2,22 @@
 // version's state (owned matrices' momentum on the worker's device, in
 // same-shape stacks allocated once per plan version), the trainer's lent
 // buffers (shared memory or CUDA IPC, through a TrainerBuffers), and runs
-// one StepRun per optimizer step with the other workers of the plan over a
-// Transport built for that plan version (TCP among CPU workers, NCCL among
-// GPU workers).
+// each optimizer step as StepRun rounds with the other workers of the plan
+// over a Transport built for that plan version (TCP among CPU workers, NCCL
+// among GPU workers). Steps are atomic and idempotent: step_run.h has the
+// protocol (staging, votes, commit, and how a retry settles a step some
+// workers committed).
 //
 // The engine is device-agnostic: its factory (server/worker/main.cc) hands
 // it the backend, a MuonKernels and DeviceOps pair on one device and stream
 // (CPU: OpenBLAS on host memory; CUDA: cuBLAS on the GPU), and a way to
 // open the trainer's buffers.
 //
-// Thread-safe: every call takes the engine's lock, so one step runs at a
-// time and a plan change waits for the step in progress.
+// Thread-safe. One lock serializes steps, plan changes, attachments and
+// momentum reads, and a step holds it across its network I/O (up to the
+// transport's timeout). What status and heartbeats call never waits for
+// it: last_step() is an atomic read, SetDataPlaneSecret takes its own small
+// lock, ReleaseTrainerIfGone only tries the lock.
 #ifndef MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 #define MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 
@@ -33,7 +38,9 @@
 #include "kernels/muon_kernels.h"
 #include "muonps/v1/coordinator.pb.h"
 #include "muonps/v1/worker.pb.h"
+#include "server/worker/step_commit.h"
 #include "server/worker/step_run.h"
+#include "server/worker/step_state.h"
 #include "server/worker/trainer_buffers.h"
 #include "transport/transport.h"
 
@@ -76,10 +83,15 @@ class StepEngine {
   // which every transport built from now on gets from the factory; call it
   // on joining the job, before the first plan is applied. Not validated
   // here: a bad one fails the next transport build (the next Step), naming
-  // the field. A secret that differs from the current one drops the
-  // transport, so the next step reconnects with it. Waits for a step in
-  // progress. The engine keeps the secret in memory and never logs it.
+  // the field. A transport built with another secret is rebuilt at the next
+  // step. Never waits for a step in progress (the agent calls it when it
+  // re-joins, on its heartbeat thread). The engine keeps the secret in
+  // memory and never logs it.
   void SetDataPlaneSecret(std::string secret);
+
+  // Test-only (the chaos tests' worker flag): called at each StepPoint of
+  // every step. Set before the first step.
+  void set_step_hook(StepHook hook);
 
   // A new plan version with the job's spec and every worker's data address
   // (by worker id). Momentum of matrices this worker keeps owning moves to
@@ -91,16 +103,35 @@ class StepEngine {
                        const std::map<std::string, std::string>& addresses);
 
   // Maps the trainer's buffers and checks every binding against the job:
-  // every job matrix bound once with the right element count, buffers
-  // inside the lent memory, fp32. FAILED_PRECONDITION before a plan, and
-  // while the plan's worker count differs from the trainer count (the
-  // other workers have not joined yet; the client retries).
-  // INVALID_ARGUMENT naming `segment` when a shared-memory segment is not
-  // named for this job, the trainer's rank and pid (trainer_segment.h);
-  // PERMISSION_DENIED when another user owns it.
+  // every job matrix bound once with the right element count, every other
+  // tensor named once (not as a job matrix) with 1..kMaxLentElements
+  // elements, buffers inside the lent memory, fp32 or bf16.
+  // INVALID_ARGUMENT naming the tensor otherwise (before anything is
+  // mapped). FAILED_PRECONDITION before a plan, and while the plan's worker
+  // count differs from the trainer count (the other workers have not joined
+  // yet; the client retries). INVALID_ARGUMENT naming `segment` when a
+  // shared-memory segment is not named for this job, the trainer's rank and
+  // pid (trainer_segment.h); PERMISSION_DENIED when another user owns it.
+  // Drops a step staged for the previous trainer.
   absl::StatusOr<v1::AttachResponse> Attach(const v1::AttachRequest& request);
+  // The most elements a lent tensor may have (client.h's
+  // kMaxTensorElements): sizes and offsets computed from it never overflow.
+  static constexpr int64_t kMaxLentElements = int64_t{1} << 40;
 
-  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
+  // One step, atomic across the workers (step_run.h). A step id at or
+  // below the last one this worker knows every worker committed answers
+  // already_applied at once; a retry of a step that may be in doubt
+  // somewhere runs a round with the peers, which commits it from staging or
+  // redoes it cleanly. Errors: INVALID_ARGUMENT naming the field for a bad
+  // request (rejected everywhere, nothing changed); FAILED_PRECONDITION
+  // with no plan or trainer; UNAVAILABLE or DEADLINE_EXCEEDED for a lost
+  // peer, saying whether this worker applied the step; ABORTED or
+  // CANCELLED when a trainer's call was cancelled before the commit
+  // (nothing applied); DATA_LOSS when the workers cannot tell whether a
+  // trainer's parameters hold a step. `cancelled` (may be null) says
+  // whether the caller gave up: checked before the vote.
+  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request,
+                                        const StepCancelled& cancelled = {});
 
   // A dedicated worker (no trainer; the plan ranks it among its last
   // `dedicated_workers`): waits up to `wait` for the trainers' workers to
@@ -112,8 +143,8 @@ class StepEngine {
   absl::StatusOr<std::optional<v1::StepResponse>> FollowStep(
       absl::Duration wait);
 
-  // The last step id completed (-1 before the first). Never waits for a
-  // step in progress. Thread-safe.
+  // The last step id committed here (-1 before the first). Never waits for
+  // a step in progress. Thread-safe.
   int64_t last_step() const;
 
   // Releases the attached trainer's buffers (unmapping its CUDA IPC or
@@ -128,6 +159,7 @@ class StepEngine {
                                               int64_t expert) const;
   // Restores it: NOT_FOUND unless this worker owns the expert in the
   // current plan; INVALID_ARGUMENT for a wrong size or non-finite values.
+  // Drops a step staged in doubt (a restore starts from the checkpoint).
   absl::Status SetMomentum(const std::string& matrix, int64_t expert,
                            std::vector<float> values);
 
@@ -135,11 +167,16 @@ class StepEngine {
   // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
   absl::Status NoPlanYet() const;
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs a step on the transport (which exists) for `trainer`, or for no
-  // trainer (a dedicated worker); a broken transport is dropped.
-  absl::StatusOr<v1::StepResponse> RunStep(const v1::StepRequest& request,
-                                           const AttachedTrainer* trainer)
+  // Runs one round for `trainer`, or for no trainer (a dedicated worker);
+  // a transport out of step with the peers is dropped, and errors name the
+  // ranks' workers.
+  RoundResult RunRound(const v1::StepRequest& request,
+                       const AttachedTrainer* trainer,
+                       const StepCancelled& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The response for a step answered without running it.
+  v1::StepResponse AlreadyApplied(int64_t step_id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Aborts and destroys the transport (if any) with `reason`.
   void DropTransport(const absl::Status& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -155,12 +192,17 @@ class StepEngine {
   StepBackend backend_ ABSL_GUARDED_BY(mu_);
   PlanState plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_ ABSL_GUARDED_BY(mu_);
-  std::string data_plane_secret_ ABSL_GUARDED_BY(mu_);
+  // The secret transport_ was built with.
+  std::string transport_secret_ ABSL_GUARDED_BY(mu_);
   int64_t momentum_resets_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
-  // Written under mu_; read without it (status and heartbeats never wait
-  // for a step in progress).
-  std::atomic<int64_t> last_step_{-1};
+  StepHook hook_ ABSL_GUARDED_BY(mu_);
+  // Its `last` is written under mu_ and read without it (status and
+  // heartbeats never wait for a step in progress).
+  StepLedger ledger_;
+  // Never held across anything slow.
+  mutable absl::Mutex secret_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::string data_plane_secret_ ABSL_GUARDED_BY(secret_mu_);
   // The attached trainer's pid (0: none or unknown), readable without mu_.
   std::atomic<int64_t> trainer_pid_{0};
 };

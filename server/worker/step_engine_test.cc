@@ -523,7 +523,7 @@ TEST_F(StepEngineTest, BadOrDisagreeingHyperparametersRefuseTheStepEverywhere) {
            [](int w, v1::StepRequest* r) {
              if (w == 0) r->set_lr(INFINITY);
            }},
-          {"different lr, weight_decay or param groups",
+          {"step with different lr, weight_decay",
            [](int w, v1::StepRequest* r) { r->set_lr(w == 1 ? 0.03 : 0.02); }},
       };
   for (const auto& [reason, edit] : cases) {

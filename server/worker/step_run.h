@@ -1,171 +1,146 @@
-// One optimizer step of one worker, run together with the other workers of
-// the plan over a Transport: the data path of "One step" in DESIGN.md.
+// One round of one worker's step, run together with the other workers of
+// the plan over a Transport: the data path of "One step" in DESIGN.md, made
+// atomic. StepEngine runs rounds until one answers the trainer.
 //
-// StepRun walks the plan's step schedule (every worker issues the same
-// transfers in the same order, so none deadlocks):
-//   agree on the step id and on gradient finiteness (a NaN/Inf anywhere
-//   rejects the step on every worker before anything changes);
-//   then the schedule's order: each bucket's gradients to owners
-//   (replicated: none; unreduced: reduce, mean in trainer order;
-//   row_sharded: gather rows); momentum + Newton-Schulz of every stack of
-//   this worker those gradients complete (same-shape items, batched); the
-//   updates of every bucket whose stacks are all computed, back (broadcast,
-//   or scatter rows) and applied in place to the trainer's parameters;
-//   finally the AdamW tensors' gradients averaged for the clients.
-// Transfers run on the ops' stream() and compute on its compute_stream():
-// bucket k+1's gradients move while bucket k's stacks compute. Each side
-// waits for the other (DeviceOps::Order, an event on CUDA) only where it
-// reads what the other wrote. On the CPU both are kHostStream and every
-// call has finished when it returns. The run ends by waiting for the
-// transport and the stream, so a lost peer fails the step within the
-// transport's timeout instead of hanging.
+// The protocol (every rank issues the same calls in the same order, so none
+// deadlocks; control messages are step_protocol.h's):
+//  1. Open. Every rank with a trainer sends rank 0 a header: the step its
+//     trainer asks for, its last committed step, the step it holds staged
+//     in doubt (and the instance of the rank 0 that ran it), digests of the
+//     hyperparameters (lr, weight decay, groups, AdamW lr) and of its AdamW
+//     tensors, and any local problem (a non-finite gradient or
+//     hyperparameter, memory no longer intact, a cancelled call). Workers
+//     with no trainer send theirs once rank 0 opens the round for them.
+//  2. Decide (DecideRound). Rank 0 broadcasts: the highest step committed
+//     anywhere (C) and whether to resolve staged steps: a staged step <= C
+//     commits from its staging (some rank committed it, and a rank commits
+//     only after rank 0 decided), one > C is dropped (its rank 0 is here and
+//     did not commit it); DATA_LOSS when nobody can tell (that rank 0
+//     restarted, or a restarted worker's trainer retries a committed step).
+//     Then kNoStep when a trainer asks for a step <= C (those answer
+//     already_applied, the others open another round), a kReject naming
+//     any disagreement, or kGo with the step id.
+//  3. Stage. The schedule's order: each bucket's gradients to owners
+//     (replicated: none; unreduced: reduce, mean in trainer order;
+//     row_sharded: gather rows); momentum + Newton-Schulz of every stack
+//     this worker owns, the new momentum into the batch's next_momentum
+//     (the old one untouched); the updates back (broadcast, or scatter rows)
+//     into the trainer's staging buffer; the AdamW means into it too.
+//     Nothing the trainer or a later step sees has changed.
+//  4. Vote (RunCommitPhases). Each rank waits for its transfers, then votes
+//     (no if its call was cancelled or passed its deadline); a yes makes it
+//     prepared before the vote leaves. Rank 0 decides commit iff every vote
+//     arrived and was yes, and broadcasts it.
+//  5. Commit (CommitStaged): the staged updates into the parameters, the
+//     means into the AdamW gradients, next_momentum swapped in; last step
+//     advances. Rank 0 commits once it decided, whatever its broadcast did.
+//  6. Confirm. Every rank tells rank 0 it committed; rank 0 broadcasts
+//     that all did, and each rank records the step as settled: a retry of
+//     a settled step is answered locally (already_applied).
+// Failures: before a rank votes, its staging is dropped (nothing changed
+// anywhere: the retry redoes the step). A rank that voted and heard no
+// decision is in doubt: it answers UNAVAILABLE saying so and keeps its
+// staging; the retry's round commits or drops it (2.). A rank that
+// committed but saw no confirmation answers UNAVAILABLE saying it applied
+// the step, and its retry goes to a round too (peers may be in doubt). So
+// once any rank commits, every live rank either committed or holds the
+// staging to commit on its own, and a retry never applies a step twice.
+// Trainers retry a failed step id until it is answered; the client applies
+// AdamW once per committed step id (client.h).
 //
-// The structs here are the state a plan version and an attached trainer
-// fix; StepEngine owns them and hands them to one StepRun per step (under
-// its lock). A StepRun is used once, by one thread.
+// Streams: transfers on the ops' stream(), compute on compute_stream():
+// bucket k+1's gradients move while bucket k's stacks compute; each side
+// waits for the other (DeviceOps::Order) only where it reads what the other
+// wrote. The vote waits for the transport and the stream, so a lost peer
+// fails the step within the transport's timeout instead of hanging.
+//
+// A StepRun is used once, by one thread, under the engine's lock.
 #ifndef MUONPS_SERVER_WORKER_STEP_RUN_H_
 #define MUONPS_SERVER_WORKER_STEP_RUN_H_
 
 #include <cstdint>
-#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/dtype.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
-#include "muonps/v1/coordinator.pb.h"
 #include "muonps/v1/worker.pb.h"
-#include "scheduler/plan_types.h"
 #include "scheduler/step_schedule.h"
-#include "server/worker/trainer_buffers.h"
+#include "server/worker/step_commit.h"
+#include "server/worker/step_control.h"
+#include "server/worker/step_protocol.h"
+#include "server/worker/step_state.h"
 #include "transport/transport.h"
 
 namespace muonps {
 namespace worker {
 
-// One schedule stack owned here (same-shape items, stacked contiguously so
-// that momentum and Newton-Schulz run as one batched call).
-struct ComputeBatch {
-  int64_t rows = 0;
-  int64_t cols = 0;
-  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
-  std::vector<scheduler::ItemRef> items;  // stack order
-  // Gradients in (staged from the trainer or the transport), updates out.
-  std::unique_ptr<kernels::FloatBuffer> staged;
-  std::unique_ptr<kernels::FloatBuffer> momentum;  // fp32, on the device
-  std::vector<bool> has_momentum;  // per slot: stepped or restored
+// What a round runs with. Everything must outlive the run. `trainer` is
+// null on a worker with no trainer (the plan's dedicated ranks, the last
+// ones): its request is empty, it learns the step and what it needs of the
+// trainers' tensors from rank 0, adds zeros to every sum, applies nothing.
+struct StepContext {
+  PlanState* plan = nullptr;
+  const AttachedTrainer* trainer = nullptr;
+  transport::Transport* transport = nullptr;
+  kernels::DeviceOps* ops = nullptr;
+  kernels::MuonKernels* kernels = nullptr;
+  StepLedger* ledger = nullptr;
+  absl::Duration timeout;
+  StepCancelled cancelled;  // may be null
+  StepHook hook;            // may be null
 };
 
-// Where an owned item's stack slot is; batch < 0: not owned here.
-struct ItemSlot {
-  int batch = -1;
-  int slot = 0;
-};
-
-// What a plan version fixes for this worker (built by StepEngine::SetPlan).
-struct PlanState {
-  v1::JobSpec job;
-  int64_t version = 0;
-  int rank = -1;  // this worker's rank; -1: not in the plan
-  std::vector<std::string> addresses;  // data addresses by rank
-  std::vector<scheduler::MatrixSpec> matrices;
-  scheduler::OwnershipPlan ownership;
-  scheduler::StepSchedule schedule;
-  kernels::MuonHyperparameters muon;         // the job's, defaults filled in
-  std::vector<ComputeBatch> batches;         // the schedule's stacks owned here
-  std::vector<int> batch_of_stack;           // by schedule stack; -1: not owned
-  std::vector<std::vector<ItemSlot>> slots;  // by matrix, expert
-  // Receives updates of matrices owned elsewhere (the largest matrix).
-  std::unique_ptr<kernels::FloatBuffer> scratch;
-  // A worker with no trainer: the zero parts it adds to every sum, and
-  // where it receives means it does not keep (grown as needed).
-  std::unique_ptr<kernels::FloatBuffer> zeros, sink;
-
-  // The stack slot of `item` (owned here), as a pointer into `buffer`.
-  float* SlotData(const ItemSlot& s, bool momentum) const;
-};
-
-// One lent tensor as the step uses it.
-struct Binding {
-  // The fp32 gradient the step reads: the lent buffer itself (fp32), or the
-  // worker's copy of it (bf16), widened at the start of every step.
-  float* grad = nullptr;
-  void* lent_grad = nullptr;
-  void* param = nullptr;  // lent, of `dtype`
-  DType dtype = DType::kFloat32;
-  int64_t elements = 0;  // of grad
-  // Takes the lent buffers (`grad` reads the lent one until
-  // AttachedTrainer::AllocateWidened gives a bf16 binding its fp32 copy).
-  void Lend(const LentTensor& lent) {
-    grad = static_cast<float*>(lent.grad);
-    lent_grad = lent.grad;
-    param = lent.param;
-    dtype = lent.dtype;
-  }
-  // Row-sharded gradient with the whole parameter on the trainer.
-  bool full_param = false;
-  scheduler::Layout layout = scheduler::Layout::kReplicated;
-};
-
-// The trainer attached to this worker.
-struct AttachedTrainer {
-  std::unique_ptr<TrainerBuffers> buffers;
-  int rank = 0;
-  int count = 1;
-  std::vector<Binding> matrices;                       // by job matrix
-  std::vector<std::pair<std::string, Binding>> adamw;  // name order
-  // fp32 copies of the bf16 gradients (Binding::grad points into it).
-  std::unique_ptr<kernels::FloatBuffer> widened;
-
-  // Points every bf16 binding's `grad` at its own range of a new `widened`
-  // buffer from `ops`; fp32 bindings read the lent gradient in place.
-  absl::Status AllocateWidened(kernels::DeviceOps& ops);
+// How a round ended.
+struct RoundResult {
+  enum class Kind {
+    kStepped,         // the step committed everywhere: `response`
+    kAlreadyApplied,  // the trainer's step was committed before
+    kNoStep,          // no trainer here, and no step ran
+    kAgain,           // the peers settled an older step: another round
+  };
+  Kind kind = Kind::kNoStep;
+  // Not OK: the trainer's error (saying whether anything was applied).
+  absl::Status status;
+  // False: the transport is out of step with the peers; rebuild it.
+  bool transport_ok = true;
+  v1::StepResponse response;
 };
 
 class StepRun {
  public:
-  // Everything must outlive the run. `trainer` is null on a worker with no
-  // trainer (PlanState's ownership.dedicated ranks, the last ones): it
-  // sends no header, learns the step id and what it needs of the trainers'
-  // tensors from rank 0, adds zeros to every sum, and applies nothing.
-  StepRun(PlanState* plan, const AttachedTrainer* trainer,
-          transport::Transport* transport, kernels::DeviceOps* ops,
-          kernels::MuonKernels* kernels, absl::Duration timeout);
+  explicit StepRun(const StepContext& context);
   StepRun(const StepRun&) = delete;
   StepRun& operator=(const StepRun&) = delete;
 
-  // Runs the step. INVALID_ARGUMENT when it was rejected on every worker
-  // with nothing changed (non-finite gradient, mismatched step ids or
-  // trainers; the transport stays usable); any other error means the
-  // transport broke and must be rebuilt.
-  absl::StatusOr<v1::StepResponse> Run(const v1::StepRequest& request);
+  // Runs one round for `request` (empty without a trainer).
+  RoundResult Run(const v1::StepRequest& request);
 
  private:
-  absl::StatusOr<v1::StepResponse> RunWithTrainerReady(
-      const v1::StepRequest& request);
+  // The round's agreement (1. and 2.); `decision` holds it.
+  absl::Status Agree(const v1::StepRequest& request, RoundDecision* decision);
+  // Commits or drops a staged step as rank 0 decided.
+  absl::Status Resolve(const RoundDecision& decision);
+  // 3., then 4. to 6.
+  RoundResult Stage(const v1::StepRequest& request,
+                    const RoundDecision& decision);
   // Widens the bf16 gradients into fp32 copies (in stream order).
   absl::Status WidenGradients();
-  absl::Status Agree(const v1::StepRequest& request);
+  std::string LocalProblem(const v1::StepRequest& request);
   // Rank 0 tells workers with no trainer the unreduced AdamW sizes and
   // which row-sharded matrices have whole parameters on the trainers.
   absl::Status ShareFollowerInfo();
   // Whether the trainers keep the whole parameter of `matrix` (row_sharded
   // gradients with replicated parameters: the update is broadcast).
   bool FullParam(int32_t matrix) const;
-  std::string LocalProblem();
   absl::Status ToOwners(const scheduler::Bucket& bucket);
   absl::Status Compute(ComputeBatch& batch);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
                           const v1::StepRequest& request);
   absl::Status AverageAdamWGradients();
-  // Moves `bytes` (a multiple of 4) of host memory through the transport's
-  // memory: `exchange` runs the transport calls on the staged copy.
-  absl::Status ThroughTransportMemory(
-      void* host, size_t bytes,
-      const std::function<absl::Status(void* data)>& exchange);
   std::pair<int64_t, int64_t> RowsOfTrainer(int64_t rows, int trainer) const;
 
   PlanState& plan_;
@@ -173,10 +148,12 @@ class StepRun {
   transport::Transport& t_;
   kernels::DeviceOps& ops_;
   kernels::MuonKernels& kernels_;
+  StepLedger& ledger_;
+  const StepContext context_;
   const Stream stream_;   // transfers, the trainer's signals
   const Stream compute_;  // momentum and Newton-Schulz
-  const absl::Duration timeout_;
   const int trainers_;    // ranks with a trainer (the first ones)
+  ControlChannel control_;
   int64_t step_id_ = -1;  // agreed
   absl::Status intact_;   // of the trainer's memory, checked at the start
   std::vector<int32_t> trainer_rank_of_;  // by worker rank; -1: no trainer

@@ -49,7 +49,11 @@ class WorkerService final : public v1::Worker::Service {
                     const v1::StepRequest* request,
                     v1::StepResponse* out) override {
     MUONPS_RETURN_IF_UNAUTHENTICATED(context);
-    absl::StatusOr<v1::StepResponse> step = engine_->Step(*request);
+    // A call cancelled, or past its deadline, before the step commits
+    // aborts it on every worker: nothing is applied behind the trainer's
+    // back (a later retry runs it).
+    absl::StatusOr<v1::StepResponse> step = engine_->Step(
+        *request, [context] { return context->IsCancelled(); });
     if (step.ok() && !step->already_applied()) agent_->ReportStep(*step);
     return Reply(std::move(step), out);
   }

@@ -1,0 +1,241 @@
+#include "server/worker/step_commit.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/worker/step_protocol.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+std::string Who(const std::vector<std::string>& ids, int rank) {
+  return rank >= 0 && rank < static_cast<int>(ids.size())
+             ? absl::StrCat("worker ", Quoted(ids[rank]))
+             : absl::StrCat("rank ", rank);
+}
+
+// This rank voted yes and did not hear the decision.
+absl::Status InDoubt(int64_t step, const absl::Status& why) {
+  return absl::UnavailableError(absl::StrCat(
+      "step ", step, ": the commit decision of rank 0 did not arrive (",
+      why.message(),
+      "); nothing was applied on this worker yet and it keeps the step "
+      "staged: a retry of step ",
+      step, " applies it exactly once or redoes it"));
+}
+
+// Committed here; not every rank confirmed it.
+absl::Status Unconfirmed(int64_t step, const absl::Status& why) {
+  return absl::UnavailableError(absl::StrCat(
+      "step ", step,
+      " was applied on this worker, but not every worker confirmed it (",
+      why.message(), "): retry step ", step,
+      ", which reports it already applied once every worker has it"));
+}
+
+absl::Status Aborted(int64_t step, const std::string& why) {
+  return absl::AbortedError(absl::StrCat("step ", step,
+                                         " aborted on every worker, nothing "
+                                         "was applied: ",
+                                         why));
+}
+
+}  // namespace
+
+const char* StepPointName(StepPoint point) {
+  switch (point) {
+    case StepPoint::kExchange:
+      return "exchange";
+    case StepPoint::kTransfer:
+      return "transfer";
+    case StepPoint::kPrepared:
+      return "prepared";
+    case StepPoint::kCommitted:
+      return "committed";
+  }
+  return "?";
+}
+
+absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
+                          const AttachedTrainer* trainer,
+                          kernels::DeviceOps& ops) {
+  StagedStep& staged = ledger.staged;
+  const Stream stream = ops.stream();
+  if (trainer != nullptr) {
+    const float* staging = trainer->staging->data();
+    for (const ParamApply& a : staged.applies) {
+      const Binding& b = trainer->matrices[a.matrix];
+      MUONPS_RETURN_IF_ERROR(
+          ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
+                          b.dtype, staging + a.staged_at, a.count, a.decay,
+                          a.step, stream));
+    }
+    for (const int i : staged.means) {
+      const Binding& b = trainer->adamw[i].second;
+      const float* mean = staging + b.staged_at;
+      MUONPS_RETURN_IF_ERROR(
+          b.dtype == DType::kFloat32
+              ? ops.Copy(static_cast<float*>(b.lent_grad), mean, b.elements,
+                         stream)
+              : ops.FromFloat(b.lent_grad, b.dtype, mean, b.elements, stream));
+    }
+  }
+  for (ComputeBatch& batch : plan.batches) {
+    if (!batch.next_valid) continue;
+    std::swap(batch.momentum, batch.next_momentum);
+    batch.has_momentum = batch.next_has_momentum;
+    batch.next_valid = false;
+  }
+  const int64_t step = staged.step_id;
+  staged = StagedStep{};
+  MUONPS_RETURN_IF_ERROR(ops.Synchronize(stream));
+  ledger.last.store(step);
+  return absl::OkStatus();
+}
+
+void DropStaged(StepLedger& ledger, PlanState& plan) {
+  ledger.staged = StagedStep{};
+  for (ComputeBatch& batch : plan.batches) batch.next_valid = false;
+}
+
+CommitOutcome RunCommitPhases(int64_t step, const absl::Status& ready,
+                              ControlChannel& control, int rank, int size,
+                              const std::vector<std::string>& ids,
+                              StepLedger& ledger, PlanState& plan,
+                              const AttachedTrainer* trainer,
+                              kernels::DeviceOps& ops,
+                              const StepCancelled& cancelled,
+                              const StepHook& hook) {
+  CommitOutcome out;
+  absl::Status refusal = ready;
+  if (refusal.ok() && cancelled && cancelled()) {
+    refusal = absl::CancelledError(absl::StrCat(
+        "step ", step,
+        ": the trainer's Step call was cancelled or passed its deadline "
+        "before the step committed; nothing was applied"));
+  }
+  StepVote vote{};
+  vote.step_id = step;
+  vote.yes = refusal.ok() ? 1 : 0;
+  vote.code = static_cast<int32_t>(refusal.code());
+  CopyProblem(std::string(refusal.message()), vote.reason);
+  auto at = [&](StepPoint point) {
+    if (hook) hook(point, step);
+  };
+  // Phase one: the votes meet on rank 0, which decides.
+  CommitDecision decision{};
+  absl::Status told;
+  if (rank != 0) {
+    // Prepared before the vote leaves: once it may have arrived, rank 0
+    // may commit, and this staging is what this rank then applies.
+    ledger.staged.voted = vote.yes != 0;
+    absl::Status sent = control.Send(vote, 0);
+    if (sent.ok()) at(StepPoint::kPrepared);
+    if (sent.ok()) sent = control.Broadcast(&decision, 0);
+    if (!sent.ok() || decision.step_id != step) {
+      if (sent.ok()) {
+        sent = absl::InternalError(absl::StrCat(
+            "rank 0 decided step ", decision.step_id, ", not ", step));
+      }
+      if (ledger.staged.voted) {
+        out.status = InDoubt(step, sent);
+      } else {
+        DropStaged(ledger, plan);
+        out.status = refusal.ok() ? sent : refusal;
+      }
+      return out;
+    }
+  } else {
+    std::string why = refusal.ok() ? ""
+                                   : absl::StrCat(Who(ids, 0), ": ",
+                                                  refusal.message());
+    absl::StatusCode code = refusal.code();
+    for (int r = 1; r < size; ++r) {
+      StepVote theirs{};
+      absl::Status heard = control.Recv(&theirs, r);
+      if (heard.ok() && theirs.step_id != step) {
+        heard = absl::InternalError(absl::StrCat(
+            Who(ids, r), " voted on step ", theirs.step_id, ", not ", step));
+      }
+      if (!heard.ok()) {
+        // Unheard: the step cannot commit. The peers that voted yes are
+        // in doubt until a retry's round tells them this rank did not
+        // commit it.
+        DropStaged(ledger, plan);
+        out.status = Annotate(
+            heard, absl::StrCat("step ", step,
+                                " aborted before it committed (nothing was "
+                                "applied): the vote of ",
+                                Who(ids, r), " did not arrive"));
+        return out;
+      }
+      if (!theirs.yes && why.empty()) {
+        why = absl::StrCat(Who(ids, r), ": ", ProblemText(theirs.reason));
+        code = static_cast<absl::StatusCode>(theirs.code);
+      }
+    }
+    at(StepPoint::kPrepared);
+    decision.step_id = step;
+    decision.commit = why.empty() ? 1 : 0;
+    decision.code = static_cast<int32_t>(code);
+    CopyProblem(why, decision.reason);
+    told = control.Broadcast(&decision, 0);
+  }
+  if (!decision.commit || !vote.yes) {
+    DropStaged(ledger, plan);
+    out.transport_ok = told.ok();
+    out.status = !refusal.ok()
+                     ? refusal
+                     : Aborted(step, ProblemText(decision.reason));
+    return out;
+  }
+  // Phase two: commit (rank 0 whether or not its decision reached every
+  // rank: it made it), then confirm.
+  const absl::Status applied = CommitStaged(ledger, plan, trainer, ops);
+  if (!applied.ok()) {
+    out.status = absl::DataLossError(
+        absl::StrCat("step ", step, ": applying it failed part-way on this "
+                     "worker: ",
+                     applied.message()));
+    return out;
+  }
+  out.committed = true;
+  if (!told.ok()) {
+    out.status = Unconfirmed(step, told);
+    return out;
+  }
+  at(StepPoint::kCommitted);
+  CommitConfirmation mine{step, 1, 0};
+  absl::Status confirmed;
+  if (rank != 0) {
+    confirmed = control.Send(mine, 0);
+  } else {
+    for (int r = 1; r < size && confirmed.ok(); ++r) {
+      CommitConfirmation theirs{};
+      confirmed = control.Recv(&theirs, r);
+      if (confirmed.ok() && (theirs.step_id != step || !theirs.done)) {
+        confirmed = absl::InternalError(
+            absl::StrCat(Who(ids, r), " confirmed step ", theirs.step_id));
+      }
+    }
+  }
+  CommitConfirmation all{};
+  if (rank == 0) all = mine;
+  if (confirmed.ok()) confirmed = control.Broadcast(&all, 0);
+  if (confirmed.ok() && (all.step_id != step || !all.done)) {
+    confirmed = absl::InternalError(
+        absl::StrCat("rank 0 confirmed step ", all.step_id, ", not ", step));
+  }
+  if (!confirmed.ok()) {
+    out.status = Unconfirmed(step, confirmed);
+    return out;
+  }
+  ledger.settled = step;
+  out.transport_ok = true;
+  return out;
+}
+
+}  // namespace worker
+}  // namespace muonps

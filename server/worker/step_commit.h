@@ -1,0 +1,77 @@
+// The commit of a step (step_run.h describes the whole protocol): applying
+// a staged step to the trainer's parameters and the owned momentum, dropping
+// one, and the two phases that decide between them on every rank at once
+// (votes to rank 0, its decision back, then confirmations).
+//
+// The commit point: CommitStaged is the one place where a step changes
+// anything that outlives it (the trainer's parameters and AdamW gradients,
+// the momentum, StepLedger::last). A checkpoint of the momentum belongs
+// right after it. Used by the step's thread under the engine's lock.
+#ifndef MUONPS_SERVER_WORKER_STEP_COMMIT_H_
+#define MUONPS_SERVER_WORKER_STEP_COMMIT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/device_ops.h"
+#include "server/worker/step_control.h"
+#include "server/worker/step_state.h"
+
+namespace muonps {
+namespace worker {
+
+// Points of a step where the chaos tests stop a worker (StepHook).
+enum class StepPoint {
+  kExchange,   // the round opens: nothing sent yet
+  kTransfer,   // the first bucket's gradients moved
+  kPrepared,   // staged and voted (rank 0: every vote received, undecided)
+  kCommitted,  // committed here, not confirmed
+};
+const char* StepPointName(StepPoint point);
+// Called at each point with the step id (the request's at kExchange); may
+// block (a test stops the process there). Null in production.
+using StepHook = std::function<void(StepPoint point, int64_t step_id)>;
+// True once the trainer's Step call was cancelled or passed its deadline.
+using StepCancelled = std::function<bool()>;
+
+// Applies `ledger`'s staged step: the parameters' updates and the AdamW
+// means into the trainer's lent memory (`trainer` may be null: a worker
+// with no trainer, or one whose trainer is gone), the new momentum into
+// the plan's batches; then sets ledger.last and clears the staging. Waits
+// for the stream. An error means the device failed mid-way.
+absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
+                          const AttachedTrainer* trainer,
+                          kernels::DeviceOps& ops);
+// Forgets the staged step (momentum and parameters stay as they were).
+void DropStaged(StepLedger& ledger, PlanState& plan);
+
+// How the two phases ended on this rank.
+struct CommitOutcome {
+  // OK: committed everywhere (confirmed). Otherwise the error for the
+  // trainer, saying whether this rank applied the step.
+  absl::Status status;
+  // The step was applied here (confirmed or not).
+  bool committed = false;
+  // The transport is still in step with the peers (an abort every rank
+  // heard); false: it must be rebuilt.
+  bool transport_ok = false;
+};
+
+// Runs the two phases of step `step_id` once this rank's part is staged
+// (`ready` OK) or failed locally (`ready` says why; the rank votes no if it
+// still can). `worker_ids` by rank name the voters in messages.
+CommitOutcome RunCommitPhases(int64_t step_id, const absl::Status& ready,
+                              ControlChannel& control, int rank, int size,
+                              const std::vector<std::string>& worker_ids,
+                              StepLedger& ledger, PlanState& plan,
+                              const AttachedTrainer* trainer,
+                              kernels::DeviceOps& ops,
+                              const StepCancelled& cancelled,
+                              const StepHook& hook);
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_STEP_COMMIT_H_

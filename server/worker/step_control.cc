@@ -1,0 +1,30 @@
+#include "server/worker/step_control.h"
+
+#include "common/status.h"
+
+namespace muonps {
+namespace worker {
+
+absl::Status ControlChannel::Exchange(
+    void* host, size_t bytes,
+    const std::function<absl::Status(void* data)>& move) {
+  if (t_.memory() == MemoryKind::kHost) return move(host);
+  const int64_t floats = static_cast<int64_t>(bytes / 4);
+  std::unique_ptr<kernels::FloatBuffer> larger;
+  float* device = scratch_->data();
+  if (scratch_->size() < floats) {  // a long list of sizes
+    MUONPS_ASSIGN_OR_RETURN(larger, ops_.Allocate(floats, "control message"));
+    device = larger->data();
+  }
+  const Stream stream = ops_.stream();
+  MUONPS_RETURN_IF_ERROR(
+      ops_.Copy(device, static_cast<const float*>(host), floats, stream));
+  MUONPS_RETURN_IF_ERROR(move(device));
+  MUONPS_RETURN_IF_ERROR(t_.Synchronize(stream, timeout_));
+  MUONPS_RETURN_IF_ERROR(
+      ops_.Copy(static_cast<float*>(host), device, floats, stream));
+  return ops_.Synchronize(stream);
+}
+
+}  // namespace worker
+}  // namespace muonps

@@ -1,0 +1,246 @@
+#include "server/worker/step_protocol.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+// FNV-1a.
+class Digest {
+ public:
+  void Mix(const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) h_ = (h_ ^ p[i]) * 1099511628211ull;
+  }
+  void Mix(double v) { Mix(&v, sizeof(v)); }
+  void Mix(int64_t v) { Mix(&v, sizeof(v)); }
+  void Mix(const std::string& s) { Mix(s.data(), s.size() + 1); }
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 1469598103934665603ull;
+};
+
+std::string Who(absl::Span<const std::string> ids, int rank) {
+  return rank >= 0 && rank < static_cast<int>(ids.size())
+             ? absl::StrCat("worker ", Quoted(ids[rank]))
+             : absl::StrCat("rank ", rank);
+}
+
+RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
+                       int64_t committed, bool resolve) {
+  RoundDecision d{};
+  d.kind = static_cast<int32_t>(RoundKind::kReject);
+  d.code = static_cast<int32_t>(code);
+  d.step_id = -1;
+  d.committed = committed;
+  d.resolve = resolve ? 1 : 0;
+  CopyProblem(problem, d.problem);
+  return d;
+}
+
+}  // namespace
+
+void CopyProblem(const std::string& text, char* out) {
+  std::memset(out, 0, kProblemBytes);
+  std::memcpy(out, text.data(), std::min(text.size(), kProblemBytes - 1));
+}
+
+std::string ProblemText(const char* field) {
+  return std::string(field, strnlen(field, kProblemBytes));
+}
+
+uint64_t HyperHash(const v1::StepRequest& r) {
+  Digest d;
+  d.Mix(r.lr());
+  d.Mix(r.weight_decay());
+  d.Mix(r.adamw_lr());
+  for (const v1::ParamGroup& g : r.groups()) {
+    d.Mix(g.lr());
+    d.Mix(g.weight_decay());
+    for (const std::string& name : g.matrices()) d.Mix(name);
+    d.Mix("|", 1);
+  }
+  return d.value();
+}
+
+uint64_t TensorsHash(absl::Span<const AdamWTensorSpec> tensors) {
+  Digest d;
+  for (const AdamWTensorSpec& t : tensors) {
+    d.Mix(t.name);
+    d.Mix(t.elements);
+    d.Mix(static_cast<int64_t>(t.unreduced));
+  }
+  return d.value();
+}
+
+std::string StepRequestProblem(
+    const v1::StepRequest& r,
+    absl::Span<const scheduler::MatrixSpec> matrices) {
+  // Negative values select the default, but not -Inf (nor NaN).
+  for (const auto& [field, value] :
+       {std::pair<const char*, double>{"lr", r.lr()},
+        {"weight_decay", r.weight_decay()},
+        {"adamw_lr", r.adamw_lr()}}) {
+    if (!std::isfinite(value)) {
+      return absl::StrCat(field, ": ", value,
+                          " is not finite (a negative value keeps the "
+                          "default)");
+    }
+  }
+  std::map<std::string, int> group_of;
+  for (const scheduler::MatrixSpec& m : matrices) group_of[m.name] = -1;
+  for (int i = 0; i < r.groups_size(); ++i) {
+    const v1::ParamGroup& g = r.groups(i);
+    for (const auto& [field, value] :
+         {std::pair<const char*, double>{"lr", g.lr()},
+          {"weight_decay", g.weight_decay()}}) {
+      if (!std::isfinite(value) || value < 0) {
+        return absl::StrCat("groups[", i, "].", field, ": ", value,
+                            " is not a finite number >= 0");
+      }
+    }
+    for (int j = 0; j < g.matrices_size(); ++j) {
+      const std::string field = absl::StrCat("groups[", i, "].matrices[", j,
+                                             "]: ", Quoted(g.matrices(j)));
+      auto it = group_of.find(g.matrices(j));
+      if (it == group_of.end()) {
+        return absl::StrCat(field, " is not a matrix of the job");
+      }
+      if (it->second >= 0) {
+        return absl::StrCat(field, " is in groups[", it->second, "] too");
+      }
+      it->second = i;
+    }
+  }
+  return "";
+}
+
+RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
+                          absl::Span<const std::string> ids, uint64_t decider) {
+  const int n = static_cast<int>(h.size());
+  int64_t committed = -1;
+  int committer = 0;
+  for (int r = 0; r < n; ++r) {
+    if (h[r].last_step > committed) {
+      committed = h[r].last_step;
+      committer = r;
+    }
+  }
+  // Staged steps: commit, drop, or nobody can tell.
+  for (int r = 0; r < n; ++r) {
+    const int64_t staged = h[r].staged_step;
+    if (staged < 0 || staged == committed) continue;
+    if (staged < committed) {
+      return Rejected(
+          absl::StatusCode::kDataLoss,
+          absl::StrCat(Who(ids, r), " holds step ", staged,
+                       " staged, but step ", committed, " was committed since"),
+          committed, false);
+    }
+    bool decider_here = false;
+    for (int q = 0; q < n; ++q) {
+      decider_here = decider_here || h[q].instance == h[r].staged_decider;
+    }
+    if (!decider_here) {
+      return Rejected(
+          absl::StatusCode::kDataLoss,
+          absl::StrCat(Who(ids, r), " holds step ", staged,
+                       " staged, and the worker that decided it restarted: "
+                       "whether that worker's trainer applied it is unknown; "
+                       "restore the job from a checkpoint"),
+          committed, false);
+    }
+  }
+  bool settled = false, asking = false;
+  for (int r = 0; r < trainers && r < n; ++r) {
+    const bool fresh = h[r].last_step < 0 && h[r].staged_step < 0;
+    if (committed >= 0 && fresh && h[r].step_id <= committed) {
+      return Rejected(
+          absl::StatusCode::kDataLoss,
+          absl::StrCat(Who(ids, r), " restarted and its trainer retries step ",
+                       h[r].step_id, ", which ", Who(ids, committer),
+                       " committed (up to step ", committed,
+                       "): whether that trainer's parameters hold it is "
+                       "unknown; restore the job from a checkpoint"),
+          committed, false);
+    }
+    if (!fresh && h[r].last_step < committed &&
+        h[r].staged_step != committed) {
+      return Rejected(absl::StatusCode::kDataLoss,
+                      absl::StrCat(Who(ids, r), " lost step ", committed,
+                                   ", which ", Who(ids, committer),
+                                   " committed: its trainer's parameters lack "
+                                   "it; restore the job from a checkpoint"),
+                      committed, false);
+    }
+    if (h[r].step_id <= committed) {
+      settled = true;
+    } else {
+      asking = true;
+    }
+  }
+  RoundDecision d{};
+  d.committed = committed;
+  d.resolve = 1;
+  d.decider = decider;
+  d.step_id = -1;
+  if (settled || !asking) {
+    d.kind = static_cast<int32_t>(RoundKind::kNoStep);
+    return d;
+  }
+  // Every trainer asks for a new step: the same one, the same way?
+  const StepHeader& first = h[0];
+  std::vector<bool> seen(trainers, false);
+  std::string problem = ProblemText(first.problem);
+  if (!problem.empty()) problem = absl::StrCat(Who(ids, 0), ": ", problem);
+  for (int r = 0; r < trainers && r < n && problem.empty(); ++r) {
+    const StepHeader& x = h[r];
+    if (x.problem[0] != 0) {
+      problem = absl::StrCat(Who(ids, r), ": ", ProblemText(x.problem));
+    } else if (x.step_id != first.step_id) {
+      problem = absl::StrCat(Who(ids, r), " is at step ", x.step_id, ", ",
+                             Who(ids, 0), " at ", first.step_id);
+    } else if (x.hyper_hash != first.hyper_hash) {
+      problem = absl::StrCat("the trainers of ", Who(ids, r), " and ",
+                             Who(ids, 0),
+                             " step with different lr, weight_decay, "
+                             "adamw_lr or param groups");
+    } else if (x.tensors_hash != first.tensors_hash) {
+      problem = absl::StrCat("the trainers of ", Who(ids, r), " and ",
+                             Who(ids, 0),
+                             " lend different AdamW tensors (names, sizes "
+                             "or layouts)");
+    } else if (x.trainer_count != trainers || x.trainer_rank < 0 ||
+               x.trainer_rank >= trainers || seen[x.trainer_rank]) {
+      problem = absl::StrCat(
+          "every worker with a trainer needs exactly one trainer of ",
+          trainers, "; ", Who(ids, r), " has trainer ", x.trainer_rank, " of ",
+          x.trainer_count);
+    } else {
+      seen[x.trainer_rank] = true;
+    }
+  }
+  if (!problem.empty()) {
+    RoundDecision rejected = Rejected(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("step ", first.step_id,
+                     " rejected, nothing was changed: ", problem),
+        committed, true);
+    rejected.decider = decider;
+    return rejected;
+  }
+  d.kind = static_cast<int32_t>(RoundKind::kGo);
+  d.step_id = first.step_id;
+  return d;
+}
+
+}  // namespace worker
+}  // namespace muonps

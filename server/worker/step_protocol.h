@@ -1,0 +1,153 @@
+// The control messages of a step and the decisions taken on them: what every
+// worker tells rank 0 when a round opens, how rank 0 settles staged steps
+// and picks the step that runs, and the votes and confirmations of the
+// commit (step_run.h describes the protocol as a whole). Plain data and pure
+// functions: no transport, no device. Every struct is a multiple of 4 bytes,
+// so it travels as floats through device memory too. Thread-compatible.
+#ifndef MUONPS_SERVER_WORKER_STEP_PROTOCOL_H_
+#define MUONPS_SERVER_WORKER_STEP_PROTOCOL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "muonps/v1/worker.pb.h"
+#include "scheduler/plan_types.h"
+
+namespace muonps {
+namespace worker {
+
+constexpr size_t kProblemBytes = 480;
+
+// What every rank tells rank 0 when a round opens.
+struct StepHeader {
+  int64_t step_id;         // the trainer's request; -1: no trainer
+  int64_t last_step;       // committed here (-1: none since it started)
+  int64_t staged_step;     // staged and voted for, undecided here; -1: none
+  uint64_t staged_decider;  // instance of the rank 0 that ran staged_step
+  uint64_t instance;        // this worker process (random at start)
+  uint64_t hyper_hash;      // HyperHash of the trainer's request
+  uint64_t tensors_hash;    // TensorsHash of the trainer's AdamW bindings
+  int32_t trainer_rank;     // -1: no trainer
+  int32_t trainer_count;
+  char problem[kProblemBytes];  // "" or why this rank cannot step
+};
+
+// What rank 0 decides for a round.
+enum class RoundKind : int32_t {
+  // Every trainer asks for the same new step: it runs.
+  kGo = 1,
+  // No step runs: a rank whose trainer asked for a step at or below
+  // `committed` answers already_applied; any other goes to a new round
+  // (its peers' trainers come back with its step next).
+  kNoStep = 2,
+  // Refused on every rank with `code` and `problem`; nothing changed.
+  kReject = 3,
+};
+
+struct RoundDecision {
+  int32_t kind;  // RoundKind
+  int32_t code;  // absl::StatusCode of a rejection
+  int64_t step_id;    // kGo: the step that runs
+  int64_t committed;  // the highest step id committed on any rank
+  // 1: every staged step at or below `committed` commits from its staging,
+  // every other is dropped. 0: staging stays as it is (a kReject for
+  // DATA_LOSS: the facts do not tell what to do).
+  int32_t resolve;
+  int32_t padding;
+  uint64_t decider;  // rank 0's instance
+  char problem[kProblemBytes];
+};
+
+// Rank r -> rank 0 once its part of a step is staged: whether it may
+// commit (voting yes makes the rank "prepared": from then on only the
+// decision, or a later round's resolution, decides what its staging
+// becomes).
+struct StepVote {
+  int64_t step_id;
+  int32_t yes;
+  int32_t code;  // absl::StatusCode why not
+  char reason[kProblemBytes];
+};
+
+// Rank 0 -> every rank: commit (every vote was yes) or drop the staging.
+struct CommitDecision {
+  int64_t step_id;
+  int32_t commit;
+  int32_t code;  // absl::StatusCode of an abort
+  char reason[kProblemBytes];
+};
+
+// Rank r -> rank 0 after committing; then rank 0 -> every rank once every
+// rank has: the step is complete everywhere, a retry of it can be answered
+// locally.
+struct CommitConfirmation {
+  int64_t step_id;
+  int32_t done;
+  int32_t padding;
+};
+
+// What rank 0 sends a worker with no trainer to open a round (that worker
+// cannot know when its peers' trainers call Step).
+struct RoundOpening {
+  int64_t magic;
+  int64_t padding;
+};
+constexpr int64_t kRoundOpeningMagic = 0x6d756f6e70730001;
+
+static_assert(sizeof(StepHeader) % 4 == 0 && sizeof(RoundDecision) % 4 == 0 &&
+                  sizeof(StepVote) % 4 == 0 && sizeof(CommitDecision) % 4 == 0 &&
+                  sizeof(CommitConfirmation) % 4 == 0 &&
+                  sizeof(RoundOpening) % 4 == 0,
+              "control messages travel as floats");
+
+// Copies `text` into a fixed problem field (cut, NUL-terminated).
+void CopyProblem(const std::string& text, char* out);
+// The text of a received problem field (which may lack its NUL).
+std::string ProblemText(const char* field);
+
+// A digest of a step's lr, weight decay, groups and AdamW lr (FNV-1a over
+// their bytes): trainers that disagree about them would update their
+// replicas differently, so the step is refused instead.
+uint64_t HyperHash(const v1::StepRequest& request);
+
+// One AdamW tensor as a trainer lends it.
+struct AdamWTensorSpec {
+  std::string name;
+  int64_t elements = 0;
+  bool unreduced = false;
+};
+// A digest of the AdamW tensors a trainer lends (names, sizes, layouts):
+// the workers average unreduced ones element by element, so every trainer
+// must lend the same.
+uint64_t TensorsHash(absl::Span<const AdamWTensorSpec> tensors);
+
+// Why `request` cannot run on `matrices`, naming the field, or "": lr,
+// weight_decay and adamw_lr finite (negative: the default), every group's lr
+// and weight_decay finite and >= 0, every group naming matrices of the job,
+// none twice.
+std::string StepRequestProblem(
+    const v1::StepRequest& request,
+    absl::Span<const scheduler::MatrixSpec> matrices);
+
+// Rank 0's decision for a round from every rank's header (by rank; the first
+// `trainers` ranks have a trainer), `worker_ids` by rank for messages.
+// Staged steps: one at or below the highest committed step anywhere commits
+// (a rank commits only after its rank 0 decided to, so it was decided);
+// one above it is dropped when the rank 0 that ran it is still here (it
+// knows it did not commit); otherwise the round is refused with DATA_LOSS,
+// as it is when a restarted worker's trainer retries a step its peers
+// committed (whether that trainer's parameters hold it is unknown). Then a
+// kNoStep if any trainer asks for a committed step, else a kGo once the
+// requests, hyperparameters, AdamW tensors and trainer ranks agree (a
+// kReject with INVALID_ARGUMENT naming the disagreement otherwise).
+RoundDecision DecideRound(absl::Span<const StepHeader> headers, int trainers,
+                          absl::Span<const std::string> worker_ids,
+                          uint64_t decider);
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_STEP_PROTOCOL_H_

@@ -1,0 +1,173 @@
+// The state a worker's steps run on, owned by StepEngine and handed to one
+// StepRun per round (under the engine's lock): what a plan version fixes
+// (owned stacks of momentum, the schedule), what an attached trainer lends,
+// and what outlives a step (StepLedger: the steps committed here and the
+// one staged, in doubt, between its vote and its decision).
+//
+// Memory of the staging (the price of atomic steps). Besides the stacks'
+// momentum and gradients, an owner keeps a second momentum stack per
+// batch (the step's new momentum, swapped in at commit), and a worker with
+// a trainer one fp32 buffer the size of that trainer's Muon parameters (its
+// rows of sharded ones) plus its unreduced AdamW gradients: the updates and
+// means a step stages before it commits. Thread-compatible.
+#ifndef MUONPS_SERVER_WORKER_STEP_STATE_H_
+#define MUONPS_SERVER_WORKER_STEP_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+#include "kernels/device_ops.h"
+#include "kernels/muon_kernels.h"
+#include "muonps/v1/coordinator.pb.h"
+#include "scheduler/plan_types.h"
+#include "scheduler/step_schedule.h"
+#include "server/worker/trainer_buffers.h"
+
+namespace muonps {
+namespace worker {
+
+// One schedule stack owned here (same-shape items, stacked contiguously so
+// that momentum and Newton-Schulz run as one batched call).
+struct ComputeBatch {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
+  std::vector<scheduler::ItemRef> items;  // stack order
+  // Gradients in (staged from the trainer or the transport), updates out.
+  std::unique_ptr<kernels::FloatBuffer> staged;
+  std::unique_ptr<kernels::FloatBuffer> momentum;  // fp32, on the device
+  std::vector<bool> has_momentum;  // per slot: stepped or restored
+  // The staged step's new momentum (valid while next_valid), swapped with
+  // `momentum` when it commits.
+  std::unique_ptr<kernels::FloatBuffer> next_momentum;
+  std::vector<bool> next_has_momentum;
+  bool next_valid = false;
+};
+
+// Where an owned item's stack slot is; batch < 0: not owned here.
+struct ItemSlot {
+  int batch = -1;
+  int slot = 0;
+};
+
+// What a plan version fixes for this worker (built by StepEngine::SetPlan).
+struct PlanState {
+  v1::JobSpec job;
+  int64_t version = 0;
+  int rank = -1;  // this worker's rank; -1: not in the plan
+  std::vector<std::string> addresses;  // data addresses by rank
+  std::vector<scheduler::MatrixSpec> matrices;
+  scheduler::OwnershipPlan ownership;
+  scheduler::StepSchedule schedule;
+  kernels::MuonHyperparameters muon;         // the job's, defaults filled in
+  std::vector<ComputeBatch> batches;         // the schedule's stacks owned here
+  std::vector<int> batch_of_stack;           // by schedule stack; -1: not owned
+  std::vector<std::vector<ItemSlot>> slots;  // by matrix, expert
+  // Receives updates of matrices owned elsewhere (the largest matrix).
+  std::unique_ptr<kernels::FloatBuffer> scratch;
+  // A worker with no trainer: the zero parts it adds to every sum, and
+  // where it receives means it does not keep (grown as needed).
+  std::unique_ptr<kernels::FloatBuffer> zeros, sink;
+
+  // The stack slot of `item` (owned here), as a pointer into `buffer`.
+  float* SlotData(const ItemSlot& s, bool momentum) const;
+  // Ranks with a trainer (the first ones).
+  int trainers() const {
+    return static_cast<int>(ownership.worker_ids.size()) - ownership.dedicated;
+  }
+};
+
+// One lent tensor as the step uses it.
+struct Binding {
+  // The fp32 gradient the step reads: the lent buffer itself (fp32), or the
+  // worker's copy of it (bf16), widened at the start of every step.
+  float* grad = nullptr;
+  void* lent_grad = nullptr;
+  void* param = nullptr;  // lent, of `dtype`
+  DType dtype = DType::kFloat32;
+  int64_t elements = 0;        // of grad
+  int64_t param_elements = 0;  // of param
+  // Where its step's updates (Muon matrices) or mean gradient (unreduced
+  // AdamW tensors) wait in AttachedTrainer::staging until the step commits.
+  int64_t staged_at = 0;
+  // Takes the lent buffers (`grad` reads the lent one until
+  // AttachedTrainer::AllocateWidened gives a bf16 binding its fp32 copy).
+  void Lend(const LentTensor& lent) {
+    grad = static_cast<float*>(lent.grad);
+    lent_grad = lent.grad;
+    param = lent.param;
+    dtype = lent.dtype;
+  }
+  // Row-sharded gradient with the whole parameter on the trainer.
+  bool full_param = false;
+  scheduler::Layout layout = scheduler::Layout::kReplicated;
+};
+
+// The trainer attached to this worker.
+struct AttachedTrainer {
+  std::unique_ptr<TrainerBuffers> buffers;
+  int rank = 0;
+  int count = 1;
+  std::vector<Binding> matrices;                       // by job matrix
+  std::vector<std::pair<std::string, Binding>> adamw;  // name order
+  // fp32 copies of the bf16 gradients (Binding::grad points into it).
+  std::unique_ptr<kernels::FloatBuffer> widened;
+  // A step's updates of every matrix and means of the unreduced AdamW
+  // gradients, until it commits (Binding::staged_at).
+  std::unique_ptr<kernels::FloatBuffer> staging;
+
+  // Points every bf16 binding's `grad` at its own range of a new `widened`
+  // buffer from `ops`, and allocates `staging`; fp32 bindings read the lent
+  // gradient in place. RESOURCE_EXHAUSTED naming the buffer when the device
+  // is full.
+  absl::Status AllocateWorkBuffers(kernels::DeviceOps& ops);
+};
+
+// What the parameters get when a staged step commits: param[first, +count)
+// of matrix `matrix` <- param * decay + step * staging[staged_at, +count).
+struct ParamApply {
+  int matrix = 0;
+  int64_t first = 0;
+  int64_t count = 0;
+  int64_t staged_at = 0;
+  float decay = 1;
+  float step = 0;
+};
+
+// A step computed here and not committed yet: its momentum in the batches'
+// next_momentum, its updates and AdamW means in the trainer's staging.
+struct StagedStep {
+  int64_t step_id = -1;  // -1: nothing staged
+  // This rank voted yes: only rank 0's decision (or a later round's
+  // resolution) may commit or drop it. Until then it is in doubt.
+  bool voted = false;
+  uint64_t decider = 0;  // instance of the rank 0 that ran it
+  std::vector<ParamApply> applies;
+  // Unreduced AdamW tensors (indices into AttachedTrainer::adamw) whose mean
+  // gradient is staged.
+  std::vector<int> means;
+};
+
+// What a worker knows of the job's steps across rounds and plan versions.
+struct StepLedger {
+  explicit StepLedger(uint64_t instance_id) : instance(instance_id) {}
+  // This worker process (random): a restarted worker is another instance.
+  const uint64_t instance;
+  // Committed here; read without the engine's lock by status calls.
+  std::atomic<int64_t> last{-1};
+  // Known committed on every rank: a retry at or below it is answered
+  // here, without the peers.
+  int64_t settled = -1;
+  StagedStep staged;
+};
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_STEP_STATE_H_
