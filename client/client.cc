@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cuda_lending.h"
 #include "common/row_ranges.h"
@@ -514,6 +515,9 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
   request.set_step_id(step_id);
   request.set_lr(options.lr);
   request.set_weight_decay(options.weight_decay);
+  // Agreed among the trainers like lr (the workers refuse a step whose
+  // trainers' AdamW lr differ).
+  request.set_adamw_lr(options.adamw_lr);
   for (const ParamGroupOptions& g : options.groups) {
     v1::ParamGroup* group = request.add_groups();
     for (const std::string& m : g.matrices) group->add_matrices(m);
@@ -538,13 +542,27 @@ absl::StatusOr<StepResult> Client::Wait() {
   return pending_.get();
 }
 
+absl::Status Client::CallStep(const v1::StepRequest& request,
+                              v1::StepResponse* response) {
+  absl::Status rpc;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(options_.timeout));
+    rpc = FromGrpc(worker_->Step(&context, request, response), "Step");
+    // A worker that restarted has no buffers of this trainer: nothing ran.
+    if (attempt > 0 || !absl::IsFailedPrecondition(rpc) ||
+        !absl::StrContains(rpc.message(), kNoTrainerAttached)) {
+      break;
+    }
+    MUONPS_RETURN_IF_ERROR(WaitAndAttach());
+  }
+  return rpc;
+}
+
 absl::StatusOr<StepResult> Client::StepOnWorker(const v1::StepRequest& request,
                                                 const StepOptions& options) {
-  grpc::ClientContext context;
-  context.set_deadline(DeadlineIn(options_.timeout));
   v1::StepResponse response;
-  const absl::Status rpc =
-      FromGrpc(worker_->Step(&context, request, &response), "Step");
+  const absl::Status rpc = CallStep(request, &response);
   if (!rpc.ok()) {
     // The worker may not have released the trainer's stream.
     if (signals_ != nullptr) signals_->Release(request.step_id()).IgnoreError();
@@ -556,22 +574,26 @@ absl::StatusOr<StepResult> Client::StepOnWorker(const v1::StepRequest& request,
   result.bytes_moved = response.bytes_moved();
   result.momentum_reset = response.momentum_reset();
   result.plan_version = response.plan_version();
-  if (result.already_applied) return result;
   // A CUDA trainer steps its AdamW tensors itself, on its stream, after
   // the workers averaged their gradients.
   if (options_.device.is_cuda()) return result;
-  // The workers averaged the AdamW gradients; step them here.
+  // Committed (fresh, or by an earlier call whose answer was lost): the
+  // workers averaged the AdamW gradients into the lent buffers when it
+  // committed. Step them here, once per step id.
+  if (request.step_id() <= last_adamw_step_) return result;
   kernels::AdamWHyperparameters hyper = adamw_;
   if (options.adamw_lr >= 0) hyper.lr = options.adamw_lr;
-  ++adamw_steps_;
   for (Tensor& t : tensors_) {
     if (t.muon) continue;
     MUONPS_ASSIGN_OR_RETURN(const TensorBuffers b, Buffers(t.name));
     MUONPS_RETURN_IF_ERROR(
         kernels_.AdamWStep({t.name, b.param, b.grad, t.exp_avg.data(),
                             t.exp_avg_sq.data(), t.elements},
-                           hyper, adamw_steps_, kHostStream));
+                           hyper, adamw_steps_ + 1, kHostStream));
   }
+  ++adamw_steps_;
+  last_adamw_step_ = request.step_id();
+  result.adamw_applied = true;
   return result;
 }
 

@@ -108,7 +108,13 @@ struct StepOptions {
 struct StepResult {
   // Step(..., {.async = true}) returned before the step finished.
   bool pending = false;
+  // The workers had committed this step id before (an earlier call whose
+  // answer was lost, or a retry that settled it).
   bool already_applied = false;
+  // This call stepped the AdamW tensors (host trainers): the first answer
+  // that the step id is committed, fresh or already applied. Once per
+  // committed step id.
+  bool adamw_applied = false;
   double seconds = 0;
   int64_t bytes_moved = 0;
   int64_t momentum_reset = 0;
@@ -171,9 +177,16 @@ class Client {
   // Buffers of a declared tensor (after Start); NOT_FOUND naming it.
   absl::StatusOr<TensorBuffers> Buffers(const std::string& name) const;
 
-  // One optimizer step: Muon on the workers, then AdamW here on the
-  // (averaged) gradients. A step id at or below the last completed one is
-  // a no-op (already_applied). On error nothing is retried.
+  // One optimizer step: Muon on the workers (atomic: it commits on every
+  // worker or on none), then AdamW here on the (averaged) gradients. A step
+  // id at or below the last committed one is a no-op for the workers
+  // (already_applied). AdamW runs exactly once per committed step id: on
+  // the first answer that says the step committed, fresh or
+  // already_applied, so retrying a step whose first call failed (its answer
+  // lost, or its deadline passed) completes it without doubling anything.
+  // Errors say whether the local worker applied the step; retry the same
+  // step id until it is answered. A worker that restarted is attached again
+  // (and the step sent again) once. Nothing else is retried.
   absl::StatusOr<StepResult> Step(int64_t step_id,
                                   const StepOptions& options = {});
 
@@ -195,6 +208,11 @@ class Client {
                             const std::vector<float>& exp_avg_sq);
   int64_t adamw_steps() const { return adamw_steps_; }
   void set_adamw_steps(int64_t steps) { adamw_steps_ = steps; }
+  // The last step id whose AdamW part this client applied (-1: none): a
+  // step at or below it is not stepped by AdamW again. Restoring a
+  // checkpoint sets it to the checkpoint's last step.
+  int64_t last_adamw_step() const { return last_adamw_step_; }
+  void set_last_adamw_step(int64_t step_id) { last_adamw_step_ = step_id; }
 
   // The Newton-Schulz algorithm the job's current plan runs each matrix
   // with (by matrix name; an expert stack reports its first expert's), as
@@ -230,6 +248,9 @@ class Client {
                          const kernels::AdamWHyperparameters& adamw,
                          std::optional<kernels::NsAlgorithm> ns_algorithm);
   absl::Status WaitAndAttach();
+  // The Step RPC, attaching again (once) to a worker that restarted.
+  absl::Status CallStep(const v1::StepRequest& request,
+                        v1::StepResponse* response);
   // The Step RPC and AdamW part (CUDA trainers: also the release of the
   // trainer's stream when the worker cannot do it).
   absl::StatusOr<StepResult> StepOnWorker(const v1::StepRequest& request,
@@ -247,6 +268,7 @@ class Client {
   kernels::AdamWHyperparameters adamw_;
   kernels::CpuKernels kernels_;
   int64_t adamw_steps_ = 0;
+  int64_t last_adamw_step_ = -1;
   bool started_ = false;
   // CUDA trainers.
   std::unique_ptr<client_internal::CudaStepSignals> signals_;

@@ -58,6 +58,7 @@ int Finish(muonps_client* c, const absl::StatusOr<muonps::StepResult>& step,
     result->bytes_moved = step->bytes_moved;
     result->momentum_reset = step->momentum_reset;
     result->plan_version = step->plan_version;
+    result->adamw_applied = step->adamw_applied ? 1 : 0;
   }
   return Record(c, absl::OkStatus());
 }
@@ -66,7 +67,12 @@ int Finish(muonps_client* c, const absl::StatusOr<muonps::StepResult>& step,
 
 extern "C" {
 
-const char* muonps_version(void) { return "muonps 0.2.0 (C ABI 3)"; }
+#define MUONPS_C_STRINGIFY_(x) #x
+#define MUONPS_C_STRINGIFY(x) MUONPS_C_STRINGIFY_(x)
+
+const char* muonps_version(void) {
+  return "muonps 0.2.0 (C ABI " MUONPS_C_STRINGIFY(MUONPS_C_ABI_VERSION) ")";
+}
 int muonps_abi_version(void) { return MUONPS_C_ABI_VERSION; }
 
 int muonps_client_create(const char* coordinator, const char* job,
@@ -348,6 +354,16 @@ int muonps_client_set_adamw(muonps_client* c, const char* name,
       std::vector<float>(exp_avg_sq, exp_avg_sq + elements));
   if (status.ok()) c->client->set_adamw_steps(steps);
   return Record(c, status);
+}
+
+int muonps_client_set_last_adamw_step(muonps_client* c, int64_t step_id) {
+  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
+  if (step_id < -1) {
+    return Record(c, absl::InvalidArgumentError(
+                         absl::StrCat("step_id: ", step_id, " < -1")));
+  }
+  c->client->set_last_adamw_step(step_id);
+  return Record(c, absl::OkStatus());
 }
 
 }  // extern "C"

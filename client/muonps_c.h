@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 4
+#define MUONPS_C_ABI_VERSION 5
 
 typedef enum {
   MUONPS_OK = 0,
@@ -83,11 +83,14 @@ typedef struct {
 
 typedef struct {
   int pending; /* an async step was enqueued; muonps_client_wait ends it */
-  int already_applied;
+  int already_applied; /* committed by an earlier call (or a retry settled it) */
   double seconds;
   int64_t bytes_moved;
   int64_t momentum_reset;
   int64_t plan_version;
+  /* ABI 5: this call stepped the AdamW tensors (host trainers): once per
+   * committed step id, on its first answer, fresh or already applied. */
+  int adamw_applied;
 } muonps_step_result;
 
 /* "muonps X.Y.Z (C ABI N)"; static storage. */
@@ -116,7 +119,9 @@ int muonps_client_start(muonps_client* client, const muonps_muon_hyper* muon,
 int muonps_client_buffers(const muonps_client* client, const char* name,
                           float** param, float** grad, int64_t* elements,
                           int64_t* row_begin, int64_t* row_end);
-/* lr, weight_decay, adamw_lr < 0 keep the defaults. */
+/* lr, weight_decay, adamw_lr < 0 keep the defaults. A step is atomic on
+ * the workers; after a failure retry the same step_id until it succeeds:
+ * nothing (Muon or AdamW) is applied twice. */
 int muonps_client_step(muonps_client* client, int64_t step_id, double lr,
                        double weight_decay, double adamw_lr,
                        muonps_step_result* result);
@@ -136,6 +141,10 @@ int muonps_client_get_adamw(muonps_client* client, const char* name,
 int muonps_client_set_adamw(muonps_client* client, const char* name,
                             const float* exp_avg, const float* exp_avg_sq,
                             int64_t elements, int64_t steps);
+/* ABI 5: the last step id whose AdamW part the client's state includes
+ * (-1: none; restoring a checkpoint taken before step N sets N - 1): a step
+ * at or below it is not stepped by AdamW again. */
+int muonps_client_set_last_adamw_step(muonps_client* client, int64_t step_id);
 
 /* ABI 3: GPU trainers, parameter groups, steps that return once enqueued
  * (ABI 4: muonps_client_lend_cuda takes the buffers' dtype, fp32 or bf16).

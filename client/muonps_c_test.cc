@@ -14,7 +14,26 @@ using ::testing::HasSubstr;
 
 TEST(MuonpsCTest, VersionNamesTheAbi) {
   EXPECT_EQ(muonps_abi_version(), MUONPS_C_ABI_VERSION);
-  EXPECT_THAT(std::string(muonps_version()), HasSubstr("C ABI 3"));
+  EXPECT_THAT(std::string(muonps_version()),
+              HasSubstr("C ABI " + std::to_string(MUONPS_C_ABI_VERSION)));
+}
+
+// ABI 5: the restored AdamW state's last step; -1 is "none", below refused.
+TEST(MuonpsCTest, SetLastAdamWStepChecksItsArguments) {
+  EXPECT_EQ(muonps_client_set_last_adamw_step(nullptr, 3),
+            MUONPS_INVALID_ARGUMENT);
+  muonps_client* client = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/muonps-none.sock",
+                                 0, 1, 1, &client),
+            MUONPS_OK)
+      << muonps_last_create_error();
+  EXPECT_EQ(muonps_client_set_last_adamw_step(client, -2),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("step_id"));
+  EXPECT_EQ(muonps_client_set_last_adamw_step(client, -1), MUONPS_OK);
+  EXPECT_EQ(muonps_client_set_last_adamw_step(client, 41), MUONPS_OK);
+  muonps_client_destroy(client);
 }
 
 TEST(MuonpsCTest, CreateRejectsBadArgumentsWithAMessage) {

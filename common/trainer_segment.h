@@ -26,6 +26,10 @@
 
 namespace muonps {
 
+// How a worker says it holds no buffers of a trainer (FAILED_PRECONDITION
+// of Step): it restarted, or released them. The client attaches again.
+constexpr char kNoTrainerAttached[] = "no trainer buffers are attached";
+
 // The segment name of trainer `rank` of `job`, created by process `pid`
 // with random `token`.
 std::string TrainerSegmentName(const std::string& job, int rank, int64_t pid,

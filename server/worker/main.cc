@@ -21,6 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/device.h"
 #include "common/logging.h"
@@ -116,6 +117,10 @@ ABSL_FLAG(std::string, tls_key_file, "",
 ABSL_FLAG(int64_t, call_timeout_ms, 120000,
           "A CPU data-plane call (a step's grouped transfers) not done this "
           "long after it began fails the step, however its bytes trickle.");
+ABSL_FLAG(std::string, test_pause_at, "",
+          "Chaos tests only: POINT@STEP stops this process (SIGSTOP) at that "
+          "point of that step id: exchange, transfer, prepared or "
+          "committed (server/worker/step_commit.h).");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
 ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
@@ -126,6 +131,32 @@ std::string Hostname() {
   char name[256] = {};
   gethostname(name, sizeof(name) - 1);
   return name;
+}
+
+// --test_pause_at: the chaos tests stop the worker at one point of one
+// step, then kill it (kill -9) or let it go on (SIGCONT).
+absl::StatusOr<worker::StepHook> PauseHook(const std::string& flag) {
+  const size_t at = flag.find('@');
+  int64_t step = -1;
+  if (at == std::string::npos || !absl::SimpleAtoi(flag.substr(at + 1), &step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected POINT@STEP"));
+  }
+  const std::string point = flag.substr(0, at);
+  for (worker::StepPoint p :
+       {worker::StepPoint::kExchange, worker::StepPoint::kTransfer,
+        worker::StepPoint::kPrepared, worker::StepPoint::kCommitted}) {
+    if (point != worker::StepPointName(p)) continue;
+    return worker::StepHook([p, step](worker::StepPoint reached, int64_t id) {
+      if (reached != p || id != step) return;
+      spdlog::warn("step={} paused at {} (--test_pause_at)", id,
+                   worker::StepPointName(p));
+      spdlog::default_logger()->flush();
+      raise(SIGSTOP);
+    });
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(point, ": not exchange, transfer, prepared or committed"));
 }
 
 int Run() {
@@ -324,6 +355,15 @@ int Run() {
   }
   worker::StepEngine engine(options.worker_id, std::move(backend),
                             std::move(make_transport));
+  if (const std::string pause = absl::GetFlag(FLAGS_test_pause_at);
+      !pause.empty()) {
+    absl::StatusOr<worker::StepHook> hook = PauseHook(pause);
+    if (!hook.ok()) {
+      spdlog::error("--test_pause_at: {}", hook.status().ToString());
+      return 2;
+    }
+    engine.set_step_hook(*std::move(hook));
+  }
   MetricsRegistry metrics;
   worker::WorkerAgent agent(options, &metrics, &engine);
   worker::WorkerService service(&agent, &engine, token);

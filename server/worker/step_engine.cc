@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/trainer_segment.h"
 #include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "spdlog/spdlog.h"
@@ -219,7 +220,7 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   if (plan_.rank < 0 || !trainer_.has_value()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
                       plan_.rank < 0 ? "the worker is not in the current plan"
-                                     : "no trainer buffers are attached");
+                                     : kNoTrainerAttached);
   }
   RoundResult round;
   for (int rounds = 0;; ++rounds) {

@@ -11,7 +11,7 @@ import os
 import pathlib
 import threading
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 BUILD_COMMAND = "bazel build //client:libmuonps.so"
 
 LAYOUT_REPLICATED = 1
@@ -69,7 +69,8 @@ class _StepResult(ctypes.Structure):
                 ("already_applied", ctypes.c_int), ("seconds", ctypes.c_double),
                 ("bytes_moved", ctypes.c_int64),
                 ("momentum_reset", ctypes.c_int64),
-                ("plan_version", ctypes.c_int64)]
+                ("plan_version", ctypes.c_int64),
+                ("adamw_applied", ctypes.c_int)]
 
 
 class _StepOptions(ctypes.Structure):
@@ -111,6 +112,7 @@ _SIGNATURES = {
                                          _c_i64, _i64p]),
     "muonps_client_set_adamw": (_c_int, [_handle, _c_str, _f32p, _f32p,
                                          _c_i64, _c_i64]),
+    "muonps_client_set_last_adamw_step": (_c_int, [_handle, _c_i64]),
     "muonps_client_create_on": (_c_int, [_c_str, _c_str, _c_str, _c_int,
                                          _c_int, _c_dbl, _c_str,
                                          ctypes.POINTER(_handle)]),
@@ -273,6 +275,25 @@ class NativeClient:
             self._handle, step_id, lr, weight_decay, adamw_lr,
             ctypes.byref(result)))
         return bool(result.already_applied)
+
+    def step_groups(self, step_id, group_lr, group_weight_decay, adamw_lr):
+        """A host step with per-group Muon lr/wd (set_group's groups);
+        returns (already_applied, adamw_applied): whether the workers had
+        committed it before, and whether this call stepped AdamW (once per
+        committed step id)."""
+        count = len(group_lr)
+        lrs = (ctypes.c_double * max(1, count))(*group_lr)
+        wds = (ctypes.c_double * max(1, count))(*group_weight_decay)
+        options = _StepOptions(-1.0, -1.0, adamw_lr, count, lrs, wds, 0, 0)
+        result = _StepResult()
+        self._check(self._lib.muonps_client_step_with(
+            self._handle, step_id, ctypes.byref(options), ctypes.byref(result)))
+        return bool(result.already_applied), bool(result.adamw_applied)
+
+    def set_last_adamw_step(self, step_id):
+        """The last step id whose AdamW part the restored state includes."""
+        self._check(self._lib.muonps_client_set_last_adamw_step(
+            self._handle, step_id))
 
     def lend_cuda(self, name, grad, param, dtype="fp32"):
         """Lends a matrix's CUDA gradient and parameter tensors, both of

@@ -206,11 +206,15 @@ class Muon(torch.optim.Optimizer):
         for t in self._lent:
             t.rebind()
             t.load_grad()
-        (muon_lr, muon_wd), adamw_lr, fixes = self._reference_hyperparameters()
+        adamw_lr, fixes = self._reference_hyperparameters()
         before = [(t, ref, t.value.double()) for t, ref in fixes]
         step_id = self._step_id
         try:
-            already = self._client.step(step_id, muon_lr, muon_wd, adamw_lr)
+            # Each group's Muon lr/wd goes to the workers, which apply it
+            # atomically; AdamW runs here once per committed step id.
+            already, adamw_applied = self._client.step_groups(
+                step_id, [g["lr"] for g in self.param_groups],
+                [g["weight_decay"] for g in self.param_groups], adamw_lr)
         except _native.MuonpsError:
             self._failed_step = step_id
             raise
@@ -221,9 +225,9 @@ class Muon(torch.optim.Optimizer):
                 "optimizer stepped this job further. Resume with "
                 "load_state_dict() of its latest state, or use a new job")
         if already:
-            warnings.warn(f"muonps: step {step_id} was applied by an earlier "
-                          "attempt that raised; not applied again")
-        else:
+            warnings.warn(f"muonps: step {step_id} was committed by an earlier "
+                          "attempt that raised; it was not applied again")
+        if adamw_applied:
             for t, (ref_lr, ref_wd), p0 in before:
                 lr, wd = self._hyperparameters(t)
                 _rescale_update(t.value, p0, lr, wd, ref_lr, ref_wd)
@@ -315,6 +319,8 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError(f"muonps.Muon: the state has momentum "
                                  f"{key!r}, not a matrix here")
             self._client.set_momentum(match[1], int(match[2]), _f32(values))
+        # AdamW state as of the checkpoint: its steps are not stepped again.
+        self._client.set_last_adamw_step(int(saved["step"]) - 1)
         self._step_id = int(saved["step"])
         self._failed_step = None
 
@@ -336,32 +342,26 @@ class Muon(torch.optim.Optimizer):
         return _adamw_lr(group), group["adamw_weight_decay"]
 
     def _reference_hyperparameters(self):
-        """What the step call gets, and the tensors whose group differs.
+        """The AdamW lr the step call gets, and the AdamW tensors whose group
+        differs.
 
-        The C ABI takes one Muon lr/wd and one AdamW lr per step (AdamW's wd
-        is the job's). The call uses the largest lr; a tensor of another
+        Muon matrices get their group's lr/wd from the workers (param
+        groups of the step). The C ABI takes one AdamW lr per step (AdamW's
+        wd is the job's): the call uses the largest; a tensor of another
         group then gets its own update by rescaling (the update is affine in
-        lr and wd: see _rescale_update).
+        lr and wd: see _rescale_update), in the call that applied AdamW.
         """
-        def largest(muon):
-            best = None
-            for t in self._lent:
-                if t.muon == muon:
-                    hyper = self._hyperparameters(t)
-                    if best is None or hyper[0] > best[0]:
-                        best = hyper
-            return best
-
-        muon_ref = largest(True)
-        adamw = largest(False)
-        adamw_ref = None if adamw is None else (
-            adamw[0], self.defaults["adamw_weight_decay"])
-        fixes = []
+        best = None
         for t in self._lent:
-            ref = muon_ref if t.muon else adamw_ref
-            if self._hyperparameters(t) != ref:
-                fixes.append((t, ref))
-        return muon_ref, -1.0 if adamw_ref is None else adamw_ref[0], fixes
+            if not t.muon:
+                hyper = self._hyperparameters(t)
+                if best is None or hyper[0] > best[0]:
+                    best = hyper
+        adamw_ref = None if best is None else (
+            best[0], self.defaults["adamw_weight_decay"])
+        fixes = [(t, adamw_ref) for t in self._lent
+                 if not t.muon and self._hyperparameters(t) != adamw_ref]
+        return -1.0 if adamw_ref is None else adamw_ref[0], fixes
 
     def _start(self):
         c = self._connection
@@ -442,6 +442,9 @@ class Muon(torch.optim.Optimizer):
             _start_client(client, d, c["dedicated_workers"])
             for t in lent:
                 t.bind(*client.buffers(t.name))
+            for index in range(len(self.param_groups)):
+                client.set_group(index, [t.name for t in lent
+                                         if t.muon and t.group == index])
         except _native.MuonpsError as e:
             release(lent)
             client.close()
