@@ -11,13 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
-#include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,368 +24,12 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "server/worker/step_engine_fixture.h"
 #include "transport/loopback_ranks.h"
-#include "transport/tcp_transport.h"
 
 namespace muonps {
 namespace worker {
 namespace {
-
-constexpr int kWorkers = 3;
-
-struct MatrixDecl {
-  std::string name;
-  int64_t rows, cols;
-  v1::Layout layout;
-};
-
-// Same-shape pairs (one stack per owner), all three layouts.
-const std::vector<MatrixDecl>& Matrices() {
-  static const auto* m = new std::vector<MatrixDecl>{
-      {"rep.a", 24, 40, v1::LAYOUT_REPLICATED},
-      {"rep.b", 24, 40, v1::LAYOUT_REPLICATED},
-      {"unr.a", 32, 16, v1::LAYOUT_UNREDUCED},
-      {"unr.b", 20, 20, v1::LAYOUT_UNREDUCED},
-      {"row.a", 30, 12, v1::LAYOUT_ROW_SHARDED},
-  };
-  return *m;
-}
-
-float GradValue(int64_t step, int matrix, int trainer, int64_t i) {
-  return std::sin(0.37f * static_cast<float>(i + 1) + 1.3f * matrix +
-                  0.7f * step + 0.11f * trainer);
-}
-
-// A trainer's lent memory: plain vectors, found by tensor name.
-class HostBuffers final : public TrainerBuffers {
- public:
-  HostBuffers(std::map<std::string, LentTensor> tensors,
-              const absl::Status* intact)
-      : tensors_(std::move(tensors)), intact_(intact) {}
-  Device device() const override { return kHostDevice; }
-  absl::Status CheckIntact() const override { return *intact_; }
-  absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t, int64_t,
-                                 int64_t) override {
-    auto it = tensors_.find(t.name());
-    if (it == tensors_.end()) return absl::NotFoundError(t.name());
-    return it->second;
-  }
-
- private:
-  std::map<std::string, LentTensor> tensors_;
-  const absl::Status* intact_;  // the trainer's
-};
-
-struct Trainer {
-  int rank = 0;
-  std::map<std::string, std::vector<float>> grad, param;
-  // An unreduced AdamW tensor whose gradient the workers average.
-  std::vector<float> bias_grad = std::vector<float>(7),
-                     bias = std::vector<float>(7);
-  // bf16 trainers lend these instead (same element counts).
-  bool bf16 = false;
-  // What CheckIntact answers (a truncated segment, say).
-  absl::Status intact;
-  std::map<std::string, std::vector<uint16_t>> grad16, param16;
-};
-
-// The job's hyperparameters as the workers run them.
-kernels::MuonHyperparameters MuonFromJob() {
-  kernels::MuonHyperparameters h;
-  h.lr = 0.02;
-  h.weight_decay = 0.1;
-  return h;
-}
-
-v1::JobSpec Job(int dedicated = 0) {
-  v1::JobSpec job;
-  job.set_dedicated_workers(dedicated);
-  job.set_name("engine-test");
-  for (const MatrixDecl& d : Matrices()) {
-    v1::Matrix* m = job.add_matrices();
-    m->set_name(d.name);
-    m->set_rows(d.rows);
-    m->set_cols(d.cols);
-    m->set_layout(d.layout);
-  }
-  job.mutable_muon()->set_lr(0.02);
-  job.mutable_muon()->set_weight_decay(0.1);
-  return job;
-}
-
-// Matrix m is owned by worker owners[m], of `workers` ("w0".."wN"; the
-// last `dedicated` of them have no trainer).
-v1::Plan PlanWithOwnerList(int64_t version, const std::vector<int>& owners,
-                           int workers = kWorkers, int dedicated = 0) {
-  v1::Plan plan;
-  plan.set_version(version);
-  for (int w = 0; w < workers; ++w) plan.add_workers(absl::StrCat("w", w));
-  plan.set_dedicated_workers(dedicated);
-  for (size_t m = 0; m < Matrices().size(); ++m) {
-    v1::MatrixPlacement* p = plan.add_matrices();
-    p->set_name(Matrices()[m].name);
-    p->add_owners(absl::StrCat("w", owners[m]));
-  }
-  return plan;
-}
-
-// Matrix m is owned by worker (m + shift) % kWorkers.
-v1::Plan PlanWithOwners(int64_t version, int shift) {
-  std::vector<int> owners;
-  for (size_t m = 0; m < Matrices().size(); ++m) {
-    owners.push_back(static_cast<int>((m + shift) % kWorkers));
-  }
-  return PlanWithOwnerList(version, owners);
-}
-
-class StepEngineTest : public ::testing::Test {
- protected:
-  // Workers with no trainer, ranked after the kWorkers with one.
-  virtual int Dedicated() const { return 0; }
-
-  void SetUp() override {
-    const int total = kWorkers + Dedicated();
-    absl::StatusOr<std::vector<std::unique_ptr<transport::TcpListener>>> l =
-        transport::BindLoopbackListeners(total);
-    ASSERT_TRUE(l.ok()) << l.status();
-    listeners_ = *std::move(l);
-    const std::vector<std::string> addresses =
-        transport::AddressesOf(listeners_);
-    engines_.resize(total);
-    for (int w = 0; w < total; ++w) {
-      addresses_[absl::StrCat("w", w)] = addresses[w];
-      if (w >= kWorkers) {
-        engines_[w] = std::make_unique<StepEngine>(
-            absl::StrCat("w", w), CpuStepBackend(absl::Seconds(10)),
-            Connector(listeners_[w].get()));
-        continue;
-      }
-      trainers_[w].rank = w;
-      for (const MatrixDecl& d : Matrices()) {
-        int64_t n = d.rows * d.cols;
-        if (d.layout == v1::LAYOUT_ROW_SHARDED) {
-          n = (d.rows * (w + 1) / kWorkers - d.rows * w / kWorkers) * d.cols;
-        }
-        trainers_[w].grad[d.name].assign(n, 0.0f);
-        trainers_[w].param[d.name].assign(n, 0.5f);
-      }
-      transport::TcpListener* listener = listeners_[w].get();
-      StepBackend backend = CpuStepBackend(absl::Seconds(10));
-      Trainer* trainer = &trainers_[w];
-      backend.open_buffers = [trainer](const v1::AttachRequest&)
-          -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
-        std::map<std::string, LentTensor> lent;
-        lent["bias"] = {trainer->bias_grad.data(), trainer->bias.data()};
-        for (auto& [name, g] : trainer->grad) {
-          lent[name] = {g.data(), trainer->param[name].data()};
-          if (trainer->bf16) {
-            lent[name] = {trainer->grad16[name].data(),
-                          trainer->param16[name].data(), DType::kBFloat16};
-          }
-        }
-        return std::unique_ptr<TrainerBuffers>(
-            new HostBuffers(lent, &trainer->intact));
-      };
-      engines_[w] = std::make_unique<StepEngine>(
-          absl::StrCat("w", w), std::move(backend), Connector(listener));
-    }
-    for (auto& engine : engines_) {
-      engine->SetDataPlaneSecret(transport::kLoopbackSecret);
-    }
-  }
-
-  void TearDown() override {
-    following_.store(false);
-    for (std::thread& t : followers_) t.join();
-  }
-
-  // Builds TCP transports with the secret the engine hands over (the one
-  // SetUp gives every engine, as the worker's agent does on joining).
-  static TransportFactory Connector(transport::TcpListener* listener) {
-    return [listener](int rank, const std::vector<std::string>& peers,
-                      uint64_t session, const std::string& secret)
-               -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-      transport::TcpOptions options;
-      options.data_plane_secret = secret;
-      options.io_timeout = absl::Seconds(10);
-      options.connect_timeout = absl::Seconds(10);
-      auto t = transport::TcpTransport::Connect(listener, rank, peers, session,
-                                                options);
-      if (!t.ok()) return t.status();
-      return std::unique_ptr<transport::Transport>(*std::move(t));
-    };
-  }
-
-  // The dedicated engines step whenever the others do, as the worker
-  // daemon's follow thread runs them.
-  void StartFollowing() {
-    following_.store(true);
-    for (int w = kWorkers; w < kWorkers + Dedicated(); ++w) {
-      followers_.emplace_back([this, w] {
-        while (following_.load()) {
-          absl::StatusOr<std::optional<v1::StepResponse>> step =
-              engines_[w]->FollowStep(absl::Milliseconds(50));
-          if (step.ok() && step->has_value()) followed_steps_.fetch_add(1);
-        }
-      });
-    }
-  }
-
-  void SetPlanEverywhere(const v1::Plan& plan) {
-    for (auto& e : engines_) {
-      ASSERT_TRUE(e->SetPlan(Job(Dedicated()), plan, addresses_).ok());
-    }
-  }
-
-  // Every trainer lends bf16 buffers (params 0.5, as the fp32 ones).
-  void UseBf16Everywhere() {
-    for (Trainer& t : trainers_) {
-      t.bf16 = true;
-      for (auto& [name, g] : t.grad) {
-        t.grad16[name].assign(g.size(), 0);
-        t.param16[name].assign(g.size(), FloatToBFloat16(0.5f));
-      }
-    }
-  }
-
-  void AttachEverywhere(int64_t trainer_pid = 0, bool with_bias = false) {
-    for (int w = 0; w < kWorkers; ++w) {
-      v1::AttachRequest request;
-      if (with_bias) {
-        v1::TensorBinding* b = request.add_tensors();
-        b->set_name("bias");
-        b->set_muon(false);
-        b->set_layout(v1::LAYOUT_UNREDUCED);
-        b->set_elements(7);
-      }
-      request.set_trainer_pid(trainer_pid);
-      request.set_trainer_rank(w);
-      request.set_trainer_count(kWorkers);
-      for (const MatrixDecl& d : Matrices()) {
-        v1::TensorBinding* b = request.add_tensors();
-        b->set_name(d.name);
-        b->set_muon(true);
-        b->set_dtype(trainers_[w].bf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
-        b->set_elements(static_cast<int64_t>(trainers_[w].grad[d.name].size()));
-      }
-      absl::StatusOr<v1::AttachResponse> attached =
-          engines_[w]->Attach(request);
-      ASSERT_TRUE(attached.ok()) << attached.status();
-    }
-  }
-
-  void WriteGradients(int64_t step) {
-    for (int w = 0; w < kWorkers; ++w) {
-      for (int i = 0; i < 7; ++i) {
-        trainers_[w].bias_grad[i] = GradValue(step, 99, w, i);
-      }
-      for (size_t m = 0; m < Matrices().size(); ++m) {
-        const MatrixDecl& d = Matrices()[m];
-        std::vector<float>& g = trainers_[w].grad[d.name];
-        const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
-                                  ? d.rows * w / kWorkers * d.cols
-                                  : 0;
-        const int source = d.layout == v1::LAYOUT_UNREDUCED ? w : 0;
-        for (size_t i = 0; i < g.size(); ++i) {
-          g[i] = GradValue(step, static_cast<int>(m), source, first + i);
-        }
-        if (trainers_[w].bf16) {
-          FromFloat(DType::kBFloat16, g.data(), g.size(),
-                    trainers_[w].grad16[d.name].data());
-        }
-      }
-    }
-  }
-
-  // Every engine steps `step` at once; the statuses by worker. `edit`
-  // changes worker w's request first.
-  std::vector<absl::StatusOr<v1::StepResponse>> StepEverywhere(
-      int64_t step,
-      const std::function<void(int, v1::StepRequest*)>& edit = nullptr) {
-    std::vector<absl::StatusOr<v1::StepResponse>> out(
-        kWorkers, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (int w = 0; w < kWorkers; ++w) {
-      threads.emplace_back([&, w] {
-        v1::StepRequest request;
-        request.set_step_id(step);
-        request.set_lr(-1);
-        request.set_weight_decay(-1);
-        if (edit) edit(w, &request);
-        out[w] = engines_[w]->Step(request);
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    return out;
-  }
-
-  // Matrix m's whole gradient of `step` as the owner uses it: the
-  // trainers' mean summed in trainer order (unreduced), else trainer 0's;
-  // `bf16`: each part as lent in bf16, widened.
-  static std::vector<float> WholeGradient(int64_t step, int m, bool bf16) {
-    const MatrixDecl& d = Matrices()[m];
-    std::vector<float> g(d.rows * d.cols, 0.0f);
-    const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
-    for (int s = 0; s < sources; ++s) {
-      for (size_t i = 0; i < g.size(); ++i) {
-        const float v = GradValue(step, m, s, i);
-        g[i] += bf16 ? BFloat16ToFloat(FloatToBFloat16(v)) : v;
-      }
-    }
-    if (sources > 1) {
-      for (float& v : g) v *= 1.0f / static_cast<float>(sources);
-    }
-    return g;
-  }
-
-  // Steps every engine with a trainer `steps` times and checks their
-  // parameters against the CPU kernels in one process, bit for bit.
-  void StepAndMatchTheKernelsInOneProcess(int64_t steps) {
-    kernels::CpuKernels reference_kernels(kernels::CpuKernelOptions{});
-    std::map<std::string, std::vector<float>> param, momentum;
-    for (const MatrixDecl& d : Matrices()) {
-      param[d.name].assign(d.rows * d.cols, 0.5f);
-      momentum[d.name].assign(d.rows * d.cols, 0.0f);
-    }
-    const kernels::MuonHyperparameters h = MuonFromJob();
-    for (int64_t step = 0; step < steps; ++step) {
-      WriteGradients(step);
-      for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
-        ASSERT_TRUE(r.ok()) << r.status();
-      }
-      for (size_t m = 0; m < Matrices().size(); ++m) {
-        const MatrixDecl& d = Matrices()[m];
-        std::vector<float> g = WholeGradient(step, static_cast<int>(m), false);
-        kernels::MuonStack stack;
-        stack.names = {d.name};
-        stack.grad = {g.data(), 1, d.rows, d.cols};
-        stack.momentum = {momentum[d.name].data(), 1, d.rows, d.cols};
-        stack.param = {param[d.name].data(), 1, d.rows, d.cols};
-        ASSERT_TRUE(reference_kernels.MuonStep(stack, h, kHostStream).ok());
-      }
-    }
-    for (int w = 0; w < kWorkers; ++w) {
-      for (const MatrixDecl& d : Matrices()) {
-        const std::vector<float>& got = trainers_[w].param[d.name];
-        const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
-                                  ? d.rows * w / kWorkers * d.cols
-                                  : 0;
-        EXPECT_EQ(std::memcmp(got.data(), param[d.name].data() + first,
-                              got.size() * 4),
-                  0)
-            << d.name << " on trainer " << w;
-      }
-    }
-  }
-
-  std::vector<std::unique_ptr<transport::TcpListener>> listeners_;
-  std::map<std::string, std::string> addresses_;
-  Trainer trainers_[kWorkers];
-  std::vector<std::unique_ptr<StepEngine>> engines_;
-  std::atomic<bool> following_{false};
-  std::atomic<int> followed_steps_{0};
-  std::vector<std::thread> followers_;
-};
 
 TEST_F(StepEngineTest, EveryLayoutMatchesTheKernelsInOneProcessBitForBit) {
   ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
@@ -656,6 +297,117 @@ TEST_F(StepEngineTest, BuffersOfATrainerWhoseProcessIsGoneAreReleased) {
   EXPECT_NE(step.status().message().find("no trainer buffers"),
             std::string::npos)
       << step.status();
+}
+
+// Every Attach field is checked before anything is mapped: an AdamW tensor
+// of more elements than any offset computed from stays safe with (2^62
+// would overflow a byte count), bound twice, named like a job matrix, or
+// row-sharded is refused naming the tensor.
+TEST_F(StepEngineTest, AttachRefusesAdamWBindingsOutsideTheJobsBounds) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  const std::vector<
+      std::pair<std::string, std::function<void(v1::AttachRequest*)>>>
+      cases = {
+          {"tensor \"bias\".elements",
+           [](v1::AttachRequest* r) {
+             r->mutable_tensors(0)->set_elements(int64_t{1} << 62);
+           }},
+          {"tensor \"bias\".param_elements",
+           [](v1::AttachRequest* r) {
+             r->mutable_tensors(0)->set_param_elements(int64_t{1} << 62);
+           }},
+          {"tensor \"bias\": is bound twice",
+           [](v1::AttachRequest* r) { *r->add_tensors() = r->tensors(0); }},
+          {"tensor \"rep.a\": is a matrix of the job",
+           [](v1::AttachRequest* r) {
+             r->mutable_tensors(0)->set_name("rep.a");
+           }},
+          {"tensor \"bias\".layout",
+           [](v1::AttachRequest* r) {
+             r->mutable_tensors(0)->set_layout(v1::LAYOUT_ROW_SHARDED);
+           }},
+          {"trainer_pid",
+           [](v1::AttachRequest* r) { r->set_trainer_pid(-5); }},
+      };
+  for (const auto& [field, edit] : cases) {
+    v1::AttachRequest request = AttachRequestOf(0, 0, /*with_bias=*/true);
+    edit(&request);
+    const absl::StatusOr<v1::AttachResponse> attached =
+        engines_[0]->Attach(request);
+    EXPECT_EQ(attached.status().code(), absl::StatusCode::kInvalidArgument)
+        << field;
+    EXPECT_NE(attached.status().message().find(field), std::string::npos)
+        << attached.status();
+  }
+}
+
+// Trainers lending different AdamW tensors (a size here) would average
+// element ranges that do not match: the step is refused on every worker,
+// and nothing changes.
+TEST_F(StepEngineTest, TrainersLendingDifferentAdamWTensorsAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+  v1::AttachRequest smaller = AttachRequestOf(1, 0, /*with_bias=*/true);
+  smaller.mutable_tensors(0)->set_elements(6);
+  ASSERT_TRUE(engines_[1]->Attach(smaller).ok());
+  WriteGradients(0);
+  const std::vector<float> before = trainers_[2].param["unr.a"];
+  for (const auto& r : StepEverywhere(0)) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("different AdamW tensors"),
+              std::string::npos)
+        << r.status();
+  }
+  EXPECT_EQ(trainers_[2].param["unr.a"], before);
+  // Attaching again drops worker 1's transport: its peers' first call on
+  // theirs may fail, and their trainers retry.
+  ASSERT_TRUE(engines_[1]->Attach(AttachRequestOf(1, 0, true)).ok());
+  RunTrainerLoops(0, 0);
+}
+
+// Groups name matrices of the job, each once; the AdamW lr is finite and
+// the same on every trainer: otherwise refused everywhere, naming it.
+TEST_F(StepEngineTest, GroupsAndAdamWLrAreCheckedAndAgreed) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  const std::vector<float> before = trainers_[1].param["rep.b"];
+  const std::vector<
+      std::pair<std::string, std::function<void(int, v1::StepRequest*)>>>
+      cases = {
+          {"groups[0].matrices[1]: \"rep.c\" is not a matrix of the job",
+           [](int, v1::StepRequest* r) {
+             v1::ParamGroup* g = r->add_groups();
+             g->add_matrices("rep.a");
+             g->add_matrices("rep.c");
+             g->set_lr(0.01);
+           }},
+          {"groups[1].matrices[0]: \"rep.a\" is in groups[0] too",
+           [](int, v1::StepRequest* r) {
+             for (int i = 0; i < 2; ++i) {
+               v1::ParamGroup* g = r->add_groups();
+               g->add_matrices("rep.a");
+               g->set_lr(0.01);
+             }
+           }},
+          {"adamw_lr: nan",
+           [](int w, v1::StepRequest* r) {
+             if (w == 2) r->set_adamw_lr(NAN);
+           }},
+          {"adamw_lr or param groups",
+           [](int w, v1::StepRequest* r) { r->set_adamw_lr(w == 0 ? 1e-3 : 2e-3); }},
+      };
+  for (const auto& [reason, edit] : cases) {
+    for (const auto& r : StepEverywhere(0, edit)) {
+      ASSERT_FALSE(r.ok()) << reason;
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(r.status().message().find(reason), std::string::npos)
+          << r.status();
+    }
+    EXPECT_EQ(trainers_[1].param["rep.b"], before) << reason;
+  }
+  for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
 }
 
 // A fourth worker with no trainer (a GPU of a dedicated optimizer pool),

@@ -1,0 +1,256 @@
+// Atomic, idempotent steps (issue 15), on three StepEngines in one process
+// over loopback TCP whose transports fail or stall at a chosen call: a
+// failure at any call of a step, on any rank, followed by the trainers'
+// retries, leaves every parameter bit for bit where a failure-free run
+// puts it (nothing applied twice, nothing half-applied); a call cancelled
+// before the vote aborts the step everywhere; a step in doubt survives a new
+// plan version; status and heartbeat calls never wait for a step.
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/worker/step_engine_fixture.h"
+#include "transport/loopback_ranks.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+// Several buckets per step, so that transfers of later buckets follow the
+// updates of earlier ones (applied at once before this change).
+constexpr int64_t kSmallBuckets = 4096;
+
+class StepAtomicityTest : public StepEngineTest {
+ protected:
+  // A lost peer shows up as a closed connection at once; a stalled one
+  // after this.
+  absl::Duration IoTimeout() const override { return absl::Seconds(1); }
+
+  void SetUpJob() {
+    ASSERT_NO_FATAL_FAILURE(
+        SetPlanEverywhere(PlanWithOwners(1, 0), kSmallBuckets));
+    ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+  }
+
+  // Transport calls worker w makes in step `step` (run clean).
+  int64_t ProbeCalls(int w, int64_t step) {
+    SetFault(w, {.step = step, .call = int64_t{1} << 40});
+    const std::vector<int> failures = RunTrainerLoops(step, step);
+    const int64_t calls = CallsCounted(w);
+    SetFault(w, {});
+    EXPECT_EQ(failures, std::vector<int>(kWorkers, 0));
+    return calls;
+  }
+
+  // The last step's AdamW gradient on every trainer: the trainers' mean,
+  // summed in trainer order, once.
+  void ExpectBiasGradientIsTheMeanOf(int64_t step) {
+    for (int i = 0; i < 7; ++i) {
+      float sum = 0;
+      for (int t = 0; t < kWorkers; ++t) sum += GradValue(step, 99, t, i);
+      const float mean = sum * (1.0f / static_cast<float>(kWorkers));
+      for (int w = 0; w < kWorkers; ++w) {
+        EXPECT_EQ(trainers_[w].bias_grad[i], mean) << w << " " << i;
+      }
+    }
+  }
+};
+
+// Every call of a step on ranks 0, 1 and 2 fails once in turn (the
+// transport aborts there, as a cut connection or a killed peer's would):
+// the trainers retry until the step is answered and go on; at the end the
+// parameters are the failure-free run's, bit for bit. Before staging, a
+// failure after some buckets left them applied and the retry applied them
+// again (or was refused: one rank already at the next step).
+TEST_F(StepAtomicityTest,
+       AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  int64_t step = 0;
+  std::vector<int64_t> calls;
+  for (int w = 0; w < kWorkers; ++w) {
+    calls.push_back(ProbeCalls(w, step));
+    reference.Step(step++);
+    ASSERT_GT(calls.back(), 10) << "worker " << w;
+  }
+  int fired = 0;
+  for (int w = 0; w < kWorkers; ++w) {
+    for (int64_t call = 0; call < calls[w]; ++call) {
+      SetFault(w, {.step = step, .call = call});
+      const std::vector<int> failures = RunTrainerLoops(step, step + 1);
+      EXPECT_GT(failures[0] + failures[1] + failures[2], 0)
+          << "the failure at call " << call << " of worker " << w
+          << " went unnoticed";
+      reference.Step(step);
+      reference.Step(step + 1);
+      step += 2;
+      fired += CallsCounted(w) > call ? 1 : 0;
+      SetFault(w, {});
+      ASSERT_FALSE(HasFailure())
+          << "failure at call " << call << " of worker " << w;
+    }
+  }
+  EXPECT_EQ(fired, calls[0] + calls[1] + calls[2]);
+  std::cerr << "failures injected at " << fired << " calls (per worker "
+            << calls[0] << ", " << calls[1] << ", " << calls[2] << ")\n";
+  ExpectParamsMatch(reference);
+  ExpectBiasGradientIsTheMeanOf(step - 1);
+}
+
+class StepStallTest : public StepAtomicityTest {
+ protected:
+  absl::Duration IoTimeout() const override {
+    return absl::Milliseconds(300);
+  }
+};
+
+// A peer that stalls past the I/O timeout at the vote, the decision or the
+// confirmation (a SIGSTOPped worker, then SIGCONT): the step commits on
+// every rank or on none, and the retries finish it exactly once.
+TEST_F(StepStallTest, AStallAtTheCommitPhasesCommitsOnceOrNowhere) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  int64_t step = 0;
+  std::vector<int64_t> calls;
+  for (int w = 0; w < kWorkers; ++w) {
+    calls.push_back(ProbeCalls(w, step));
+    reference.Step(step++);
+  }
+  // The last calls of a step are the commit phases': rank 0 receives two
+  // votes, broadcasts the decision, receives two confirmations and
+  // broadcasts that all confirmed; the others send and receive one each.
+  for (const int w : {0, 2}) {
+    const int64_t phases = w == 0 ? 6 : 4;
+    for (int64_t call = calls[w] - phases; call < calls[w]; ++call) {
+      SetFault(w, {.step = step, .call = call, .stall = absl::Milliseconds(700)});
+      RunTrainerLoops(step, step + 1);
+      reference.Step(step);
+      reference.Step(step + 1);
+      step += 2;
+      SetFault(w, {});
+      ASSERT_FALSE(HasFailure()) << "stall at call " << call << " of " << w;
+    }
+  }
+  ExpectParamsMatch(reference);
+  ExpectBiasGradientIsTheMeanOf(step - 1);
+}
+
+// The issue's wedge: rank 0 finished the step and a peer failed at its very
+// last call. The peer's retry finishes (already applied, nothing twice)
+// once rank 0's trainer goes on; before, rank 0 answered already_applied,
+// went on alone, and the two were refused at different steps for good.
+TEST_F(StepAtomicityTest, APeerThatFailedAfterRankZeroFinishedCatchesUp) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  const int64_t calls = ProbeCalls(2, 0);
+  reference.Step(0);
+  SetFault(2, {.step = 1, .call = calls - 1});
+  const std::vector<int> failures = RunTrainerLoops(1, 3);
+  EXPECT_GE(failures[2], 1);
+  for (int64_t s = 1; s <= 3; ++s) reference.Step(s);
+  ExpectParamsMatch(reference);
+  ExpectBiasGradientIsTheMeanOf(3);
+}
+
+// A trainer's call cancelled (or past its deadline) before the vote: the
+// step aborts on every worker with nothing applied, naming why; the retry
+// runs it once.
+TEST_F(StepAtomicityTest, ACallCancelledBeforeTheVoteAbortsTheStepEverywhere) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  WriteGradients(0);
+  for (const auto& r : StepEverywhere(0)) ASSERT_TRUE(r.ok()) << r.status();
+  reference.Step(0);
+  WriteGradients(1);
+  const std::vector<float> before = trainers_[0].param["rep.a"];
+  std::vector<absl::StatusOr<v1::StepResponse>> out(
+      kWorkers, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      v1::StepRequest request;
+      request.set_step_id(1);
+      request.set_lr(-1);
+      request.set_weight_decay(-1);
+      request.set_adamw_lr(-1);
+      // Worker 1's caller gives up after the round opened.
+      int asked = 0;
+      out[w] = engines_[w]->Step(
+          request, w != 1 ? StepCancelled() : [&asked] { return ++asked > 1; });
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(out[1].status().code(), absl::StatusCode::kCancelled)
+      << out[1].status();
+  for (const int w : {0, 2}) {
+    EXPECT_EQ(out[w].status().code(), absl::StatusCode::kAborted)
+        << out[w].status();
+    EXPECT_TRUE(absl::StrContains(out[w].status().message(), "\"w1\""))
+        << out[w].status();
+  }
+  EXPECT_EQ(trainers_[0].param["rep.a"], before);
+  EXPECT_EQ(engines_[0]->last_step(), 0);
+  for (const auto& r : StepEverywhere(1)) ASSERT_TRUE(r.ok()) << r.status();
+  reference.Step(1);
+  ExpectParamsMatch(reference);
+  ExpectBiasGradientIsTheMeanOf(1);
+}
+
+// A worker that voted and lost the decision keeps the step staged through
+// a new plan version (same owners): the retry commits it from staging.
+TEST_F(StepAtomicityTest, AStepInDoubtSurvivesANewPlanVersion) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  const int64_t calls = ProbeCalls(1, 0);
+  reference.Step(0);
+  // Worker 1's decision broadcast (its third call from the end).
+  SetFault(1, {.step = 1, .call = calls - 3});
+  WriteGradients(1);
+  const std::vector<absl::StatusOr<v1::StepResponse>> out = StepEverywhere(1);
+  ASSERT_FALSE(out[1].ok());
+  EXPECT_TRUE(absl::StrContains(out[1].status().message(), "keeps the step"))
+      << out[1].status();
+  EXPECT_EQ(engines_[1]->last_step(), 0);
+  EXPECT_EQ(engines_[0]->last_step(), 1);  // rank 0 decided and committed
+  ASSERT_NO_FATAL_FAILURE(
+      SetPlanEverywhere(PlanWithOwners(2, kWorkers), kSmallBuckets));
+  for (const auto& r : StepEverywhere(1)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->already_applied());
+  }
+  EXPECT_EQ(engines_[1]->last_step(), 1);
+  reference.Step(1);
+  RunTrainerLoops(2, 3);
+  reference.Step(2);
+  reference.Step(3);
+  ExpectParamsMatch(reference);
+}
+
+// Status and heartbeats never wait for a step: SetDataPlaneSecret (which
+// the agent calls when it re-joins, on its heartbeat thread) and
+// last_step() answer at once while a step waits on its peers.
+TEST_F(StepAtomicityTest, SecretAndLastStepNeverWaitForAStepInProgress) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  WriteGradients(0);
+  v1::StepRequest request;
+  request.set_step_id(0);
+  request.set_lr(-1);
+  request.set_weight_decay(-1);
+  std::thread waiting([&] { (void)engines_[0]->Step(request); });
+  absl::SleepFor(absl::Milliseconds(200));  // rank 0 waits for the others
+  const absl::Time asked = absl::Now();
+  engines_[0]->SetDataPlaneSecret(transport::kLoopbackSecret);
+  EXPECT_EQ(engines_[0]->last_step(), -1);
+  EXPECT_LT(absl::Now() - asked, absl::Milliseconds(100));
+  waiting.join();
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace muonps

@@ -1,0 +1,475 @@
+#include "server/worker/step_engine_fixture.h"
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "transport/loopback_ranks.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+class HostBuffers final : public TrainerBuffers {
+ public:
+  HostBuffers(std::map<std::string, LentTensor> tensors,
+              const absl::Status* intact)
+      : tensors_(std::move(tensors)), intact_(intact) {}
+  Device device() const override { return kHostDevice; }
+  absl::Status CheckIntact() const override { return *intact_; }
+  absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t, int64_t,
+                                 int64_t) override {
+    auto it = tensors_.find(t.name());
+    if (it == tensors_.end()) return absl::NotFoundError(t.name());
+    return it->second;
+  }
+
+ private:
+  std::map<std::string, LentTensor> tensors_;
+  const absl::Status* intact_;  // the trainer's
+};
+
+// A transport that fails (or stalls at) the call its FaultState is armed
+// for; every other call goes through.
+class FaultyTransport final : public transport::Transport {
+ public:
+  FaultyTransport(std::unique_ptr<transport::Transport> inner,
+                  FaultState* state)
+      : inner_(std::move(inner)), state_(state) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  MemoryKind memory() const override { return inner_->memory(); }
+  absl::Status GroupStart() override { return inner_->GroupStart(); }
+  absl::Status GroupEnd() override { return inner_->GroupEnd(); }
+  absl::Status Send(const void* data, size_t bytes, int peer,
+                    Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->Send(data, bytes, peer, stream);
+  }
+  absl::Status Recv(void* data, size_t bytes, int peer,
+                    Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->Recv(data, bytes, peer, stream);
+  }
+  absl::Status ReduceSum(const float* send, float* recv, size_t count,
+                         int root, absl::Span<const int> order,
+                         Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->ReduceSum(send, recv, count, root, order, stream);
+  }
+  absl::Status Broadcast(void* data, size_t bytes, int root,
+                         Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->Broadcast(data, bytes, root, stream);
+  }
+  absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
+    return inner_->Synchronize(stream, timeout);
+  }
+  absl::Status AwaitFrom(int peer, absl::Duration timeout) override {
+    return inner_->AwaitFrom(peer, timeout);
+  }
+  void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+
+ private:
+  absl::Status Count() {
+    absl::Duration stall;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (!state_->armed) return absl::OkStatus();
+      if (state_->counted++ != state_->fault.call) return absl::OkStatus();
+      state_->armed = false;
+      state_->fired = true;
+      stall = state_->fault.stall;
+    }
+    if (stall > absl::ZeroDuration()) {
+      absl::SleepFor(stall);
+      return absl::OkStatus();
+    }
+    const absl::Status fault = absl::UnavailableError("injected fault");
+    inner_->Abort(fault);
+    return fault;
+  }
+
+  std::unique_ptr<transport::Transport> inner_;
+  FaultState* const state_;
+};
+
+}  // namespace
+
+const std::vector<MatrixDecl>& Matrices() {
+  static const auto* m = new std::vector<MatrixDecl>{
+      {"rep.a", 24, 40, v1::LAYOUT_REPLICATED},
+      {"rep.b", 24, 40, v1::LAYOUT_REPLICATED},
+      {"unr.a", 32, 16, v1::LAYOUT_UNREDUCED},
+      {"unr.b", 20, 20, v1::LAYOUT_UNREDUCED},
+      {"row.a", 30, 12, v1::LAYOUT_ROW_SHARDED},
+  };
+  return *m;
+}
+
+float GradValue(int64_t step, int matrix, int trainer, int64_t i) {
+  return std::sin(0.37f * static_cast<float>(i + 1) + 1.3f * matrix +
+                  0.7f * step + 0.11f * trainer);
+}
+
+kernels::MuonHyperparameters MuonFromJob() {
+  kernels::MuonHyperparameters h;
+  h.lr = 0.02;
+  h.weight_decay = 0.1;
+  return h;
+}
+
+v1::JobSpec Job(int dedicated, int64_t bucket_bytes) {
+  v1::JobSpec job;
+  job.set_dedicated_workers(dedicated);
+  job.set_name("engine-test");
+  job.set_bucket_bytes(bucket_bytes);
+  for (const MatrixDecl& d : Matrices()) {
+    v1::Matrix* m = job.add_matrices();
+    m->set_name(d.name);
+    m->set_rows(d.rows);
+    m->set_cols(d.cols);
+    m->set_layout(d.layout);
+  }
+  job.mutable_muon()->set_lr(0.02);
+  job.mutable_muon()->set_weight_decay(0.1);
+  return job;
+}
+
+v1::Plan PlanWithOwnerList(int64_t version, const std::vector<int>& owners,
+                           int workers, int dedicated) {
+  v1::Plan plan;
+  plan.set_version(version);
+  for (int w = 0; w < workers; ++w) plan.add_workers(absl::StrCat("w", w));
+  plan.set_dedicated_workers(dedicated);
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    v1::MatrixPlacement* p = plan.add_matrices();
+    p->set_name(Matrices()[m].name);
+    p->add_owners(absl::StrCat("w", owners[m]));
+  }
+  return plan;
+}
+
+v1::Plan PlanWithOwners(int64_t version, int shift) {
+  std::vector<int> owners;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    owners.push_back(static_cast<int>((m + shift) % kWorkers));
+  }
+  return PlanWithOwnerList(version, owners);
+}
+
+ReferenceSteps::ReferenceSteps() : kernels_(kernels::CpuKernelOptions{}) {
+  for (const MatrixDecl& d : Matrices()) {
+    param_[d.name].assign(d.rows * d.cols, 0.5f);
+    momentum_[d.name].assign(d.rows * d.cols, 0.0f);
+  }
+}
+
+void ReferenceSteps::Step(int64_t step) {
+  const kernels::MuonHyperparameters h = MuonFromJob();
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const MatrixDecl& d = Matrices()[m];
+    std::vector<float> g =
+        WholeGradient(step, static_cast<int>(m), false);
+    kernels::MuonStack stack;
+    stack.names = {d.name};
+    stack.grad = {g.data(), 1, d.rows, d.cols};
+    stack.momentum = {momentum_[d.name].data(), 1, d.rows, d.cols};
+    stack.param = {param_[d.name].data(), 1, d.rows, d.cols};
+    ASSERT_TRUE(kernels_.MuonStep(stack, h, kHostStream).ok());
+  }
+}
+
+void StepEngineTest::SetUp() {
+  const int total = kWorkers + Dedicated();
+  absl::StatusOr<std::vector<std::unique_ptr<transport::TcpListener>>> l =
+      transport::BindLoopbackListeners(total);
+  ASSERT_TRUE(l.ok()) << l.status();
+  listeners_ = *std::move(l);
+  const std::vector<std::string> addresses = transport::AddressesOf(listeners_);
+  engines_.resize(total);
+  for (int w = 0; w < total; ++w) {
+    faults_.push_back(std::make_unique<FaultState>());
+    addresses_[absl::StrCat("w", w)] = addresses[w];
+    if (w >= kWorkers) {
+      engines_[w] = std::make_unique<StepEngine>(
+          absl::StrCat("w", w), CpuStepBackend(IoTimeout()), Connector(w));
+      continue;
+    }
+    trainers_[w].rank = w;
+    for (const MatrixDecl& d : Matrices()) {
+      int64_t n = d.rows * d.cols;
+      if (d.layout == v1::LAYOUT_ROW_SHARDED) {
+        n = (d.rows * (w + 1) / kWorkers - d.rows * w / kWorkers) * d.cols;
+      }
+      trainers_[w].grad[d.name].assign(n, 0.0f);
+      trainers_[w].param[d.name].assign(n, 0.5f);
+    }
+    StepBackend backend = CpuStepBackend(IoTimeout());
+    Trainer* trainer = &trainers_[w];
+    backend.open_buffers = [trainer](const v1::AttachRequest&)
+        -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
+      std::map<std::string, LentTensor> lent;
+      lent["bias"] = {trainer->bias_grad.data(), trainer->bias.data()};
+      for (auto& [name, g] : trainer->grad) {
+        lent[name] = {g.data(), trainer->param[name].data()};
+        if (trainer->bf16) {
+          lent[name] = {trainer->grad16[name].data(),
+                        trainer->param16[name].data(), DType::kBFloat16};
+        }
+      }
+      return std::unique_ptr<TrainerBuffers>(
+          new HostBuffers(lent, &trainer->intact));
+    };
+    engines_[w] = std::make_unique<StepEngine>(absl::StrCat("w", w),
+                                               std::move(backend), Connector(w));
+    FaultState* state = faults_[w].get();
+    engines_[w]->set_step_hook([state](StepPoint point, int64_t step) {
+      absl::MutexLock lock(&state->mu);
+      if (point != StepPoint::kExchange || state->fired ||
+          step != state->fault.step) {
+        return;
+      }
+      if (!state->armed) state->counted = 0;
+      state->armed = true;
+    });
+  }
+  for (auto& engine : engines_) {
+    engine->SetDataPlaneSecret(transport::kLoopbackSecret);
+  }
+}
+
+void StepEngineTest::TearDown() {
+  following_.store(false);
+  for (std::thread& t : followers_) t.join();
+}
+
+TransportFactory StepEngineTest::Connector(int worker) {
+  transport::TcpListener* listener = listeners_[worker].get();
+  FaultState* state = faults_[worker].get();
+  const absl::Duration timeout = IoTimeout();
+  return [listener, state, timeout](
+             int rank, const std::vector<std::string>& peers, uint64_t session,
+             const std::string& secret)
+             -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+    transport::TcpOptions options;
+    options.data_plane_secret = secret;
+    options.io_timeout = timeout;
+    options.connect_timeout = timeout;
+    auto t = transport::TcpTransport::Connect(listener, rank, peers, session,
+                                              options);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<transport::Transport>(
+        new FaultyTransport(*std::move(t), state));
+  };
+}
+
+void StepEngineTest::SetFault(int w, const Fault& fault) {
+  FaultState& state = *faults_[w];
+  absl::MutexLock lock(&state.mu);
+  state.fault = fault;
+  state.armed = false;
+  state.fired = false;
+  state.counted = 0;
+}
+
+int64_t StepEngineTest::CallsCounted(int w) {
+  FaultState& state = *faults_[w];
+  absl::MutexLock lock(&state.mu);
+  return state.counted;
+}
+
+void StepEngineTest::StartFollowing() {
+  following_.store(true);
+  for (int w = kWorkers; w < kWorkers + Dedicated(); ++w) {
+    followers_.emplace_back([this, w] {
+      while (following_.load()) {
+        absl::StatusOr<std::optional<v1::StepResponse>> step =
+            engines_[w]->FollowStep(absl::Milliseconds(50));
+        if (step.ok() && step->has_value()) followed_steps_.fetch_add(1);
+      }
+    });
+  }
+}
+
+void StepEngineTest::SetPlanEverywhere(const v1::Plan& plan,
+                                       int64_t bucket_bytes) {
+  for (auto& e : engines_) {
+    ASSERT_TRUE(e->SetPlan(Job(Dedicated(), bucket_bytes), plan, addresses_)
+                    .ok());
+  }
+}
+
+void StepEngineTest::UseBf16Everywhere() {
+  for (Trainer& t : trainers_) {
+    t.bf16 = true;
+    for (auto& [name, g] : t.grad) {
+      t.grad16[name].assign(g.size(), 0);
+      t.param16[name].assign(g.size(), FloatToBFloat16(0.5f));
+    }
+  }
+}
+
+v1::AttachRequest StepEngineTest::AttachRequestOf(int w, int64_t trainer_pid,
+                                                  bool with_bias) {
+  v1::AttachRequest request;
+  if (with_bias) {
+    v1::TensorBinding* b = request.add_tensors();
+    b->set_name("bias");
+    b->set_muon(false);
+    b->set_layout(v1::LAYOUT_UNREDUCED);
+    b->set_elements(7);
+  }
+  request.set_trainer_pid(trainer_pid);
+  request.set_trainer_rank(w);
+  request.set_trainer_count(kWorkers);
+  for (const MatrixDecl& d : Matrices()) {
+    v1::TensorBinding* b = request.add_tensors();
+    b->set_name(d.name);
+    b->set_muon(true);
+    b->set_dtype(trainers_[w].bf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
+    b->set_elements(static_cast<int64_t>(trainers_[w].grad[d.name].size()));
+  }
+  return request;
+}
+
+void StepEngineTest::AttachEverywhere(int64_t trainer_pid, bool with_bias) {
+  for (int w = 0; w < kWorkers; ++w) {
+    absl::StatusOr<v1::AttachResponse> attached =
+        engines_[w]->Attach(AttachRequestOf(w, trainer_pid, with_bias));
+    ASSERT_TRUE(attached.ok()) << attached.status();
+  }
+}
+
+void StepEngineTest::WriteGradientsOf(int w, int64_t step) {
+  for (int i = 0; i < 7; ++i) {
+    trainers_[w].bias_grad[i] = GradValue(step, 99, w, i);
+  }
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const MatrixDecl& d = Matrices()[m];
+    std::vector<float>& g = trainers_[w].grad[d.name];
+    const int64_t first =
+        d.layout == v1::LAYOUT_ROW_SHARDED ? d.rows * w / kWorkers * d.cols : 0;
+    const int source = d.layout == v1::LAYOUT_UNREDUCED ? w : 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = GradValue(step, static_cast<int>(m), source, first + i);
+    }
+    if (trainers_[w].bf16) {
+      FromFloat(DType::kBFloat16, g.data(), g.size(),
+                trainers_[w].grad16[d.name].data());
+    }
+  }
+}
+
+void StepEngineTest::WriteGradients(int64_t step) {
+  for (int w = 0; w < kWorkers; ++w) WriteGradientsOf(w, step);
+}
+
+std::vector<absl::StatusOr<v1::StepResponse>> StepEngineTest::StepEverywhere(
+    int64_t step, const std::function<void(int, v1::StepRequest*)>& edit) {
+  std::vector<absl::StatusOr<v1::StepResponse>> out(
+      kWorkers, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      v1::StepRequest request;
+      request.set_step_id(step);
+      request.set_lr(-1);
+      request.set_weight_decay(-1);
+      request.set_adamw_lr(-1);
+      if (edit) edit(w, &request);
+      out[w] = engines_[w]->Step(request);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+std::vector<int> StepEngineTest::RunTrainerLoops(int64_t first, int64_t last,
+                                                 int attempts) {
+  std::vector<int> failures(kWorkers, 0);
+  std::vector<std::string> gave_up(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t step = first; step <= last; ++step) {
+        WriteGradientsOf(w, step);
+        v1::StepRequest request;
+        request.set_step_id(step);
+        request.set_lr(-1);
+        request.set_weight_decay(-1);
+        request.set_adamw_lr(-1);
+        absl::Status last_error;
+        bool done = false;
+        for (int attempt = 0; attempt < attempts && !done; ++attempt) {
+          absl::StatusOr<v1::StepResponse> r = engines_[w]->Step(request);
+          done = r.ok();
+          if (!done) {
+            ++failures[w];
+            last_error = r.status();
+          }
+        }
+        if (!done) {
+          gave_up[w] = absl::StrCat("step ", step, ": ", last_error.ToString());
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_TRUE(gave_up[w].empty()) << "trainer " << w << " " << gave_up[w];
+  }
+  return failures;
+}
+
+std::vector<float> WholeGradient(int64_t step, int m, bool bf16) {
+  const MatrixDecl& d = Matrices()[m];
+  std::vector<float> g(d.rows * d.cols, 0.0f);
+  const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
+  for (int s = 0; s < sources; ++s) {
+    for (size_t i = 0; i < g.size(); ++i) {
+      const float v = GradValue(step, m, s, i);
+      g[i] += bf16 ? BFloat16ToFloat(FloatToBFloat16(v)) : v;
+    }
+  }
+  if (sources > 1) {
+    for (float& v : g) v *= 1.0f / static_cast<float>(sources);
+  }
+  return g;
+}
+
+void StepEngineTest::ExpectParamsMatch(const ReferenceSteps& reference) {
+  for (int w = 0; w < kWorkers; ++w) {
+    for (const MatrixDecl& d : Matrices()) {
+      const std::vector<float>& got = trainers_[w].param[d.name];
+      const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
+                                ? d.rows * w / kWorkers * d.cols
+                                : 0;
+      EXPECT_EQ(std::memcmp(got.data(), reference.param(d.name).data() + first,
+                            got.size() * 4),
+                0)
+          << d.name << " on trainer " << w;
+    }
+  }
+}
+
+void StepEngineTest::StepAndMatchTheKernelsInOneProcess(int64_t steps) {
+  ReferenceSteps reference;
+  for (int64_t step = 0; step < steps; ++step) {
+    WriteGradients(step);
+    for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    reference.Step(step);
+  }
+  ExpectParamsMatch(reference);
+}
+
+}  // namespace worker
+}  // namespace muonps

@@ -1,0 +1,167 @@
+// Test fixture: three StepEngines in one process, each with its "trainer"
+// in host memory, over loopback TCP transports (the worker's data path
+// without processes or a coordinator), optionally with dedicated engines,
+// a transport that fails or stalls at a chosen call of a chosen step, and
+// the same steps run by the CPU kernels in one process for bitwise checks.
+// Thread-compatible: the test's thread drives it; steps run one thread per
+// engine.
+#ifndef MUONPS_SERVER_WORKER_STEP_ENGINE_FIXTURE_H_
+#define MUONPS_SERVER_WORKER_STEP_ENGINE_FIXTURE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "server/worker/step_engine.h"
+#include "transport/tcp_transport.h"
+
+namespace muonps {
+namespace worker {
+
+constexpr int kWorkers = 3;
+
+struct MatrixDecl {
+  std::string name;
+  int64_t rows, cols;
+  v1::Layout layout;
+};
+
+// Same-shape pairs (one stack per owner), all three layouts.
+const std::vector<MatrixDecl>& Matrices();
+float GradValue(int64_t step, int matrix, int trainer, int64_t i);
+
+// A trainer's lent memory: plain vectors, found by tensor name.
+struct Trainer {
+  int rank = 0;
+  std::map<std::string, std::vector<float>> grad, param;
+  // An unreduced AdamW tensor whose gradient the workers average.
+  std::vector<float> bias_grad = std::vector<float>(7),
+                     bias = std::vector<float>(7);
+  // bf16 trainers lend these instead (same element counts).
+  bool bf16 = false;
+  // What CheckIntact answers (a truncated segment, say).
+  absl::Status intact;
+  std::map<std::string, std::vector<uint16_t>> grad16, param16;
+};
+
+// The job's hyperparameters as the workers run them.
+kernels::MuonHyperparameters MuonFromJob();
+v1::JobSpec Job(int dedicated = 0, int64_t bucket_bytes = 0);
+// Matrix m is owned by worker owners[m], of `workers` ("w0".."wN"; the
+// last `dedicated` of them have no trainer).
+v1::Plan PlanWithOwnerList(int64_t version, const std::vector<int>& owners,
+                           int workers = kWorkers, int dedicated = 0);
+// Matrix m is owned by worker (m + shift) % kWorkers.
+v1::Plan PlanWithOwners(int64_t version, int shift);
+
+// Where a worker's transport fails: at call `call` (0-based, counting
+// Send, Recv, ReduceSum and Broadcast) of the first round of step `step`.
+// With `stall` the call instead waits that long first (a frozen peer).
+struct Fault {
+  int64_t step = -1;
+  int64_t call = -1;
+  absl::Duration stall = absl::ZeroDuration();
+};
+
+// A worker's Fault as its transports see it: armed by the step's first
+// round (the engine's StepHook), fired once.
+struct FaultState {
+  absl::Mutex mu;
+  Fault fault ABSL_GUARDED_BY(mu);
+  bool armed ABSL_GUARDED_BY(mu) = false;
+  bool fired ABSL_GUARDED_BY(mu) = false;
+  int64_t counted ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Matrix m's whole gradient of `step` as the owner uses it: the trainers'
+// mean summed in trainer order (unreduced), else trainer 0's; `bf16`: each
+// part as lent in bf16, widened.
+std::vector<float> WholeGradient(int64_t step, int m, bool bf16);
+
+// The trainers' parameters as the kernels make them in one process.
+class ReferenceSteps {
+ public:
+  ReferenceSteps();
+  // One step of every matrix with the trainers' gradients of `step`.
+  void Step(int64_t step);
+  const std::vector<float>& param(const std::string& name) const {
+    return param_.at(name);
+  }
+
+ private:
+  kernels::CpuKernels kernels_;
+  std::map<std::string, std::vector<float>> param_, momentum_;
+};
+
+class StepEngineTest : public ::testing::Test {
+ protected:
+  // Workers with no trainer, ranked after the kWorkers with one.
+  virtual int Dedicated() const { return 0; }
+  virtual absl::Duration IoTimeout() const { return absl::Seconds(10); }
+
+  void SetUp() override;
+  void TearDown() override;
+
+  // Builds TCP transports with the secret the engine hands over (the one
+  // SetUp gives every engine, as the worker's agent does on joining),
+  // wrapped to fail as `faults_[worker]` says.
+  TransportFactory Connector(int worker);
+  // The dedicated engines step whenever the others do, as the worker
+  // daemon's follow thread runs them.
+  void StartFollowing();
+  void SetPlanEverywhere(const v1::Plan& plan, int64_t bucket_bytes = 0);
+  // Every trainer lends bf16 buffers (params 0.5, as the fp32 ones).
+  void UseBf16Everywhere();
+  void AttachEverywhere(int64_t trainer_pid = 0, bool with_bias = false);
+  // The request AttachEverywhere sends for worker w.
+  v1::AttachRequest AttachRequestOf(int w, int64_t trainer_pid,
+                                    bool with_bias);
+  void WriteGradients(int64_t step);
+  void WriteGradientsOf(int w, int64_t step);
+  // Every engine steps `step` at once; the statuses by worker. `edit`
+  // changes worker w's request first.
+  std::vector<absl::StatusOr<v1::StepResponse>> StepEverywhere(
+      int64_t step,
+      const std::function<void(int, v1::StepRequest*)>& edit = nullptr);
+  // Every trainer runs steps [first, last] as a training loop does: it
+  // writes a step's gradients once, then calls Step until it succeeds (at
+  // most `attempts` times) and goes on. Returns the number of failed calls
+  // (per worker); a trainer that runs out of attempts stops, failing the
+  // test.
+  std::vector<int> RunTrainerLoops(int64_t first, int64_t last,
+                                   int attempts = 6);
+  // Arms `fault` on worker w (replacing any earlier one).
+  void SetFault(int w, const Fault& fault);
+  // Calls worker w's transports made in the first round of its last
+  // armed step (a probe: arm with a call past the end).
+  int64_t CallsCounted(int w);
+  // Expects every trainer's parameters to equal `reference`'s, bit for bit.
+  void ExpectParamsMatch(const ReferenceSteps& reference);
+  // Steps every engine with a trainer `steps` times and checks their
+  // parameters against the CPU kernels in one process, bit for bit.
+  void StepAndMatchTheKernelsInOneProcess(int64_t steps);
+
+  std::vector<std::unique_ptr<transport::TcpListener>> listeners_;
+  std::map<std::string, std::string> addresses_;
+  Trainer trainers_[kWorkers];
+  std::vector<std::unique_ptr<StepEngine>> engines_;
+  std::vector<std::unique_ptr<FaultState>> faults_;
+  std::atomic<bool> following_{false};
+  std::atomic<int> followed_steps_{0};
+  std::vector<std::thread> followers_;
+};
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_STEP_ENGINE_FIXTURE_H_
