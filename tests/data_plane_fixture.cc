@@ -285,12 +285,21 @@ void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
   WorkerProcess& w = workers_[index];
   w.id = absl::StrCat("w", index);
   w.socket = absl::StrCat(socket_dir_, "/", w.id, ".sock");
-  absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
-      {RunfilePath("server/worker/muonps-worker"),
-       "--coordinator=" + coordinator_address_, absl::StrCat("--job=", job_),
-       "--worker_id=" + w.id, "--socket=" + w.socket, "--metrics_port=-1",
-       "--device=cpu", absl::StrCat("--io_timeout_ms=", options.io_timeout_ms)},
-      absl::StrCat(log_dir_, "/", w.id, ".log"));
+  std::vector<std::string> argv = {
+      RunfilePath("server/worker/muonps-worker"),
+      "--coordinator=" + coordinator_address_,
+      absl::StrCat("--job=", job_),
+      "--worker_id=" + w.id,
+      "--socket=" + w.socket,
+      "--metrics_port=-1",
+      "--device=cpu",
+      absl::StrCat("--io_timeout_ms=", options.io_timeout_ms)};
+  auto extra = options.worker_flags.find(index);
+  if (extra != options.worker_flags.end()) {
+    argv.insert(argv.end(), extra->second.begin(), extra->second.end());
+  }
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+      ChildProcess::Start(argv, absl::StrCat(log_dir_, "/", w.id, ".log"));
   ASSERT_TRUE(started.ok()) << started.status();
   w.process = *std::move(started);
   w.stub = v1::Worker::NewStub(TestChannel("unix:" + w.socket));
@@ -305,7 +314,7 @@ void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
                         .worker_socket = workers_[r].socket,
                         .trainer_rank = r,
                         .trainer_count = n,
-                        .timeout = absl::Seconds(30)});
+                        .timeout = options_.client_timeout});
     ASSERT_TRUE(created.ok()) << created.status();
     for (const MatrixDecl& m : model_.matrices) {
       ASSERT_TRUE((*created)->AddMatrix(m.name, m.rows, m.cols, m.options).ok())
@@ -400,6 +409,7 @@ void DataPlaneFixture::StartJob(const ModelDecl& model,
                                 const ClusterOptions& options,
                                 absl::Status* start_status) {
   model_ = model;
+  options_ = options;
   // Unique, since the tests' sandboxes share /dev/shm and a worker removes
   // the segments of its own job's trainers that look dead from its PID
   // namespace.

@@ -102,6 +102,9 @@ class ReferenceModel {
   std::vector<float> momentum(const std::string& name, int64_t expert) const;
   // The mean gradient of tensor `tensor` at `step` as the workers form it.
   std::vector<float> MeanGradient(int tensor, int64_t step) const;
+  // Zeroes one expert's momentum, as a new owner with nothing to restore
+  // starts it.
+  void ResetMomentum(const std::string& name, int64_t expert);
 
  private:
   const ModelDecl model_;
@@ -124,12 +127,22 @@ struct ClusterOptions {
   int64_t io_timeout_ms = 10000;
   int64_t lease_ttl_ms = 3000;
   int64_t heartbeat_interval_ms = 300;
+  // Extra flags of worker i's first process (--test_pause_at, say).
+  std::map<int, std::vector<std::string>> worker_flags;
+  // The trainers' clients' deadline for every call (ClientOptions.timeout).
+  absl::Duration client_timeout = absl::Seconds(30);
 };
 
 // What one trainer's Step returned and how long the call took.
 struct StepOutcome {
   absl::StatusOr<StepResult> result;
   absl::Duration elapsed;
+};
+
+// What one trainer's loop of steps did (RunTrainerLoops).
+struct LoopOutcome {
+  std::vector<StepOutcome> attempts;  // every call, in order
+  bool finished = false;              // every step was answered OK
 };
 
 // How RunStep drives each trainer; the defaults write the clean gradients
@@ -172,6 +185,12 @@ class DataPlaneFixture : public ::testing::Test {
   std::vector<std::optional<StepOutcome>> RunStep(
       int64_t step, const StepScript& script = {});
 
+  // Every trainer runs steps [first, last] as a training loop does, each on
+  // its own thread: it writes a step's clean gradients once, calls Step
+  // until it is answered OK (at most `attempts` calls), then goes on.
+  std::vector<LoopOutcome> RunTrainerLoops(int64_t first, int64_t last,
+                                           int attempts);
+
   // Writes rank `rank`'s clean gradients of `step` into its buffers.
   void WriteGradients(int rank, int64_t step);
 
@@ -203,6 +222,17 @@ class DataPlaneFixture : public ::testing::Test {
 
   // SIGKILLs worker `worker` and reaps it.
   void KillWorker(int worker);
+  // Starts worker `worker` again (same id and socket, without its
+  // worker_flags); its trainer's client attaches again at its next Step.
+  void RestartWorker(int worker);
+  // Waits until worker `worker` stopped itself (--test_pause_at).
+  absl::Status WaitUntilStopped(int worker, absl::Duration timeout);
+  // Waits until every worker follows one plan of all of them; plan() is
+  // then that plan.
+  absl::Status WaitForFullPlan(absl::Duration timeout);
+  // The worker's GetStatus, answered within `deadline`.
+  absl::StatusOr<v1::WorkerStatus> WorkerStatusOf(int worker,
+                                                  absl::Duration deadline);
   // Sends `signal` to worker `worker`.
   void SignalWorker(int worker, int signal);
 
@@ -223,9 +253,9 @@ class DataPlaneFixture : public ::testing::Test {
   void StartCoordinator(const ClusterOptions& options);
   void StartWorker(int index, const ClusterOptions& options);
   void StartTrainers(absl::Status* start_status);
-  absl::Status WaitForFullPlan(absl::Duration timeout);
 
   ModelDecl model_;
+  ClusterOptions options_;
   std::string job_;
   std::string log_dir_;
   std::string socket_dir_;

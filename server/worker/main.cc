@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "common/device.h"
 #include "common/logging.h"
@@ -118,9 +121,9 @@ ABSL_FLAG(int64_t, call_timeout_ms, 120000,
           "A CPU data-plane call (a step's grouped transfers) not done this "
           "long after it began fails the step, however its bytes trickle.");
 ABSL_FLAG(std::string, test_pause_at, "",
-          "Chaos tests only: POINT@STEP stops this process (SIGSTOP) at that "
-          "point of that step id: exchange, transfer, prepared or "
-          "committed (server/worker/step_commit.h).");
+          "Chaos tests only: POINT@STEP[@rankN] stops this process (SIGSTOP) "
+          "at that point of that step id (with plan rank N): exchange, "
+          "transfer, prepared or committed (server/worker/step_commit.h).");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
 ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
@@ -134,29 +137,36 @@ std::string Hostname() {
 }
 
 // --test_pause_at: the chaos tests stop the worker at one point of one
-// step, then kill it (kill -9) or let it go on (SIGCONT).
+// step (when it has plan rank RANK, if given), then kill it (kill -9) or let
+// it go on (SIGCONT).
 absl::StatusOr<worker::StepHook> PauseHook(const std::string& flag) {
-  const size_t at = flag.find('@');
+  const std::vector<std::string> parts = absl::StrSplit(flag, '@');
   int64_t step = -1;
-  if (at == std::string::npos || !absl::SimpleAtoi(flag.substr(at + 1), &step)) {
+  int rank = -1;
+  if (parts.size() < 2 || parts.size() > 3 ||
+      !absl::SimpleAtoi(parts[1], &step) ||
+      (parts.size() == 3 && (!absl::StartsWith(parts[2], "rank") ||
+                             !absl::SimpleAtoi(parts[2].substr(4), &rank)))) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected POINT@STEP"));
+        absl::StrCat(flag, ": expected POINT@STEP or POINT@STEP@rankN"));
   }
-  const std::string point = flag.substr(0, at);
   for (worker::StepPoint p :
        {worker::StepPoint::kExchange, worker::StepPoint::kTransfer,
         worker::StepPoint::kPrepared, worker::StepPoint::kCommitted}) {
-    if (point != worker::StepPointName(p)) continue;
-    return worker::StepHook([p, step](worker::StepPoint reached, int64_t id) {
-      if (reached != p || id != step) return;
-      spdlog::warn("step={} paused at {} (--test_pause_at)", id,
-                   worker::StepPointName(p));
-      spdlog::default_logger()->flush();
-      raise(SIGSTOP);
-    });
+    if (parts[0] != worker::StepPointName(p)) continue;
+    auto paused = std::make_shared<std::atomic<bool>>(false);
+    return worker::StepHook(
+        [p, step, rank, paused](worker::StepPoint reached, int64_t id, int at) {
+          if (reached != p || id != step || (rank >= 0 && at != rank)) return;
+          if (paused->exchange(true)) return;  // once: retries run through
+          spdlog::warn("step={} rank={} paused at {} (--test_pause_at)", id, at,
+                       worker::StepPointName(p));
+          spdlog::default_logger()->flush();
+          raise(SIGSTOP);
+        });
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(point, ": not exchange, transfer, prepared or committed"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      parts[0], ": not exchange, transfer, prepared or committed"));
 }
 
 int Run() {

@@ -58,6 +58,24 @@ const char* StepPointName(StepPoint point) {
   return "?";
 }
 
+// Staged means of the trainer's unreduced AdamW tensors `means` into its
+// lent gradients, in stream order.
+absl::Status WriteMeans(const std::vector<int>& means,
+                        const AttachedTrainer& trainer,
+                        kernels::DeviceOps& ops) {
+  for (const int i : means) {
+    const Binding& b = trainer.adamw[i].second;
+    const float* mean = trainer.staging->data() + b.staged_at;
+    MUONPS_RETURN_IF_ERROR(
+        b.dtype == DType::kFloat32
+            ? ops.Copy(static_cast<float*>(b.lent_grad), mean, b.elements,
+                       ops.stream())
+            : ops.FromFloat(b.lent_grad, b.dtype, mean, b.elements,
+                            ops.stream()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
                           kernels::DeviceOps& ops) {
@@ -72,15 +90,7 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           b.dtype, staging + a.staged_at, a.count, a.decay,
                           a.step, stream));
     }
-    for (const int i : staged.means) {
-      const Binding& b = trainer->adamw[i].second;
-      const float* mean = staging + b.staged_at;
-      MUONPS_RETURN_IF_ERROR(
-          b.dtype == DType::kFloat32
-              ? ops.Copy(static_cast<float*>(b.lent_grad), mean, b.elements,
-                         stream)
-              : ops.FromFloat(b.lent_grad, b.dtype, mean, b.elements, stream));
-    }
+    MUONPS_RETURN_IF_ERROR(WriteMeans(staged.means, *trainer, ops));
   }
   for (ComputeBatch& batch : plan.batches) {
     if (!batch.next_valid) continue;
@@ -92,7 +102,22 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
   staged = StagedStep{};
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(stream));
   ledger.last.store(step);
+  ledger.means_step = trainer != nullptr ? step : -1;
   return absl::OkStatus();
+}
+
+absl::Status RedeliverMeans(const StepLedger& ledger, int64_t step_id,
+                            const AttachedTrainer& trainer,
+                            kernels::DeviceOps& ops) {
+  if (step_id != ledger.means_step) return absl::OkStatus();
+  std::vector<int> means;
+  for (size_t i = 0; i < trainer.adamw.size(); ++i) {
+    if (trainer.adamw[i].second.layout == scheduler::Layout::kUnreduced) {
+      means.push_back(static_cast<int>(i));
+    }
+  }
+  MUONPS_RETURN_IF_ERROR(WriteMeans(means, trainer, ops));
+  return ops.Synchronize(ops.stream());
 }
 
 void DropStaged(StepLedger& ledger, PlanState& plan) {
@@ -122,7 +147,7 @@ CommitOutcome RunCommitPhases(int64_t step, const absl::Status& ready,
   vote.code = static_cast<int32_t>(refusal.code());
   CopyProblem(std::string(refusal.message()), vote.reason);
   auto at = [&](StepPoint point) {
-    if (hook) hook(point, step);
+    if (hook) hook(point, step, rank);
   };
   // Phase one: the votes meet on rank 0, which decides.
   CommitDecision decision{};

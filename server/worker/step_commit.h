@@ -30,9 +30,11 @@ enum class StepPoint {
   kCommitted,  // committed here, not confirmed
 };
 const char* StepPointName(StepPoint point);
-// Called at each point with the step id (the request's at kExchange); may
-// block (a test stops the process there). Null in production.
-using StepHook = std::function<void(StepPoint point, int64_t step_id)>;
+// Called at each point with the step id (the request's at kExchange) and
+// this worker's rank in the plan; may block (a test stops the process
+// there). Null in production.
+using StepHook =
+    std::function<void(StepPoint point, int64_t step_id, int rank)>;
 // True once the trainer's Step call was cancelled or passed its deadline.
 using StepCancelled = std::function<bool()>;
 
@@ -46,6 +48,13 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           kernels::DeviceOps& ops);
 // Forgets the staged step (momentum and parameters stay as they were).
 void DropStaged(StepLedger& ledger, PlanState& plan);
+// A retry of step `step_id` answered already_applied: when the trainer's
+// staging still holds that step's AdamW means (StepLedger::means_step),
+// writes them into the lent gradients again (the client steps AdamW on
+// them). Waits for the stream.
+absl::Status RedeliverMeans(const StepLedger& ledger, int64_t step_id,
+                            const AttachedTrainer& trainer,
+                            kernels::DeviceOps& ops);
 
 // How the two phases ended on this rank.
 struct CommitOutcome {

@@ -215,6 +215,10 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   }
   // Committed on every worker: nobody needs this round.
   if (request.step_id() <= ledger_.settled) {
+    if (trainer_.has_value()) {
+      MUONPS_RETURN_IF_ERROR(RedeliverMeans(ledger_, request.step_id(),
+                                            *trainer_, *backend_.ops));
+    }
     return AlreadyApplied(request.step_id());
   }
   if (plan_.rank < 0 || !trainer_.has_value()) {
@@ -242,6 +246,8 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   if (!round.status.ok()) return round.status;
   if (!signaled.ok()) return signaled;
   if (round.kind == RoundResult::Kind::kAlreadyApplied) {
+    MUONPS_RETURN_IF_ERROR(RedeliverMeans(ledger_, request.step_id(),
+                                          *trainer_, ops));
     return AlreadyApplied(request.step_id());
   }
   round.response.set_momentum_reset(momentum_resets_);

@@ -229,7 +229,7 @@ void StepEngineTest::SetUp() {
     engines_[w] = std::make_unique<StepEngine>(absl::StrCat("w", w),
                                                std::move(backend), Connector(w));
     FaultState* state = faults_[w].get();
-    engines_[w]->set_step_hook([state](StepPoint point, int64_t step) {
+    engines_[w]->set_step_hook([state](StepPoint point, int64_t step, int) {
       absl::MutexLock lock(&state->mu);
       if (point != StepPoint::kExchange || state->fired ||
           step != state->fault.step) {

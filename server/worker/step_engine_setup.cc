@@ -328,6 +328,7 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
                  worker_id_, ledger_.staged.step_id);
   }
   DropStaged(ledger_, plan_);
+  ledger_.means_step = -1;
   trainer_ = std::move(trainer);
   trainer_pid_.store(request.trainer_pid());
   spdlog::info("worker={} trainer {}/{} attached {} tensors ({})", worker_id_,

@@ -185,7 +185,7 @@ RoundResult StepRun::Run(const v1::StepRequest& request) {
     }
   }
   if (context_.hook && trainer_ != nullptr) {
-    context_.hook(StepPoint::kExchange, request.step_id());
+    context_.hook(StepPoint::kExchange, request.step_id(), plan_.rank);
   }
   RoundDecision decision;
   out.status = Agree(request, &decision);
@@ -219,6 +219,7 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
   const auto start = std::chrono::steady_clock::now();
   step_id_ = decision.step_id;
   DropStaged(ledger_, plan_);  // a voted one was resolved in Agree's round
+  ledger_.means_step = -1;     // the staging is about to be overwritten
   StagedStep& staged = ledger_.staged;
   staged.step_id = step_id_;
   staged.decider = decision.decider;
@@ -234,7 +235,7 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
           MUONPS_RETURN_IF_ERROR(
               ToOwners(plan_.schedule.buckets[phase.index]));
           if (!moved && context_.hook) {
-            context_.hook(StepPoint::kTransfer, step_id_);
+            context_.hook(StepPoint::kTransfer, step_id_, plan_.rank);
           }
           moved = true;
           break;

@@ -165,6 +165,11 @@ struct StepLedger {
   // here, without the peers.
   int64_t settled = -1;
   StagedStep staged;
+  // The committed step whose AdamW means the trainer's staging still holds
+  // (until the next step stages): a retry answered already_applied writes
+  // them into the lent gradients again, in case the trainer wrote its own
+  // gradients back before retrying. -1: none.
+  int64_t means_step = -1;
 };
 
 }  // namespace worker

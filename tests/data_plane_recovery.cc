@@ -1,0 +1,98 @@
+// DataPlaneFixture's failure and recovery helpers: trainer loops that retry
+// until answered, a worker restarted in place, a worker stopped at a step
+// point, status within a deadline.
+#include <signal.h>
+
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "proto/grpc_status.h"
+#include "tests/data_plane_fixture.h"
+
+namespace muonps {
+namespace testing {
+
+void ReferenceModel::ResetMomentum(const std::string& name, int64_t expert) {
+  for (const MatrixDecl& m : model_.matrices) {
+    if (m.name != name) continue;
+    const int64_t size = m.rows * m.cols;
+    std::vector<float>& all = momentum_.at(name);
+    std::fill(all.begin() + expert * size, all.begin() + (expert + 1) * size,
+              0.0f);
+  }
+}
+
+std::vector<LoopOutcome> DataPlaneFixture::RunTrainerLoops(int64_t first,
+                                                           int64_t last,
+                                                           int attempts) {
+  std::vector<LoopOutcome> out(workers());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < workers(); ++r) {
+    threads.emplace_back([this, r, first, last, attempts, &out] {
+      for (int64_t step = first; step <= last; ++step) {
+        WriteGradients(r, step);
+        bool answered = false;
+        for (int attempt = 0; attempt < attempts && !answered; ++attempt) {
+          const absl::Time start = absl::Now();
+          absl::StatusOr<StepResult> result = clients_[r]->Step(step);
+          answered = result.ok();
+          out[r].attempts.push_back({std::move(result), absl::Now() - start});
+        }
+        if (!answered) return;
+      }
+      out[r].finished = true;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+void DataPlaneFixture::RestartWorker(int worker) {
+  ClusterOptions plain = options_;
+  plain.worker_flags.clear();
+  WorkerProcess& w = workers_.at(worker);
+  const std::string old_log = w.process ? w.process->Log() : "";
+  w.process.reset();
+  ASSERT_NO_FATAL_FAILURE(StartWorker(worker, plain));
+  absl::StatusOr<std::string> up =
+      w.process->WaitForLog("listening on unix:", absl::Seconds(30));
+  ASSERT_TRUE(up.ok()) << up.status() << "\n(before the restart)\n"
+                       << old_log;
+}
+
+absl::Status DataPlaneFixture::WaitUntilStopped(int worker,
+                                                absl::Duration timeout) {
+  const pid_t pid = workers_.at(worker).process->pid();
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string stat;
+  while (absl::Now() < deadline) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+    std::getline(in, stat);
+    // "pid (comm) S ...": the state follows the last ')'.
+    const size_t close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() &&
+        stat[close + 2] == 'T') {
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("worker ", worker, " (pid ", pid,
+                   ") did not stop; /proc stat: ", stat));
+}
+
+absl::StatusOr<v1::WorkerStatus> DataPlaneFixture::WorkerStatusOf(
+    int worker, absl::Duration deadline) {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(deadline));
+  v1::WorkerStatus status;
+  const grpc::Status s = workers_.at(worker).stub->GetStatus(
+      &context, v1::GetStatusRequest(), &status);
+  if (!s.ok()) return FromGrpc(s, "GetStatus");
+  return status;
+}
+
+}  // namespace testing
+}  // namespace muonps

@@ -1,0 +1,293 @@
+// Atomic steps with real processes (a coordinator, two CPU workers over TLS
+// and tokens, two trainer ranks stepping a model of every layout): a worker
+// stops itself (--test_pause_at) at a point of step 3, on plan rank 0 or 1:
+// before the exchange, after the first bucket's transfers, after its vote,
+// after its commit. Then either
+//  - it is frozen past the I/O timeout and let go (SIGSTOP, SIGCONT: the
+//    same processes after a transient failure): the other trainer sees a
+//    named error within the timeout (or the step), its worker's status
+//    answers at once meanwhile, no lease expires, and the trainers' retries
+//    finish the step exactly once: parameters, momentum and AdamW equal a
+//    failure-free run; or
+//  - it is killed (kill -9) and restarted: the other trainer sees a named
+//    error within the timeout; a step nobody committed then runs once
+//    (the new owner's momentum starts over, which the replay does too);
+//    one that was committed anywhere is refused with DATA_LOSS naming the
+//    restarted worker, and nothing is applied twice.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <iostream>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "tests/data_plane_fixture.h"
+
+namespace muonps {
+namespace {
+
+using testing::ClusterOptions;
+using testing::DataPlaneFixture;
+using testing::LoopOutcome;
+using testing::MaxRelativeError;
+using testing::MixedModel;
+using testing::ModelDecl;
+using testing::ReferenceModel;
+using testing::StepOutcome;
+
+constexpr int kWorkers = 2;
+constexpr int64_t kIoTimeoutMs = 1500;
+constexpr absl::Duration kIoTimeout = absl::Milliseconds(kIoTimeoutMs);
+// Scheduling and the gRPC hop on a loaded two-core machine.
+constexpr absl::Duration kMargin = absl::Seconds(3);
+constexpr double kTolerance = 1e-5;
+constexpr int64_t kFailingStep = 3;
+
+struct ChaosCase {
+  const char* point;  // --test_pause_at's
+  int rank;           // of the worker that stops
+};
+
+std::string CaseName(const ::testing::TestParamInfo<ChaosCase>& info) {
+  std::string point = info.param.point;
+  point[0] = static_cast<char>(point[0] - 'a' + 'A');
+  return absl::StrCat(point, "OnRank", info.param.rank);
+}
+
+class StepChaosTest : public DataPlaneFixture,
+                      public ::testing::WithParamInterface<ChaosCase> {
+ protected:
+  // Starts the job with every worker set to stop at the case's point of
+  // step 3 if it has the case's rank, and runs steps 1 and 2.
+  void StartAndStep(int64_t lease_ttl_ms) {
+    ClusterOptions cluster = {.workers = kWorkers,
+                              .io_timeout_ms = kIoTimeoutMs,
+                              .lease_ttl_ms = lease_ttl_ms,
+                              .heartbeat_interval_ms = 300};
+    for (int w = 0; w < kWorkers; ++w) {
+      cluster.worker_flags[w] = {absl::StrCat(
+          "--test_pause_at=", GetParam().point, "@", kFailingStep, "@rank",
+          GetParam().rank)};
+    }
+    ASSERT_NO_FATAL_FAILURE(StartJob(model_decl_, cluster));
+    before_.emplace(model_decl_, kWorkers, PlannedAlgorithms());
+    after_.emplace(model_decl_, kWorkers, PlannedAlgorithms());
+    for (int64_t step = 1; step < kFailingStep; ++step) {
+      for (const auto& o : RunStep(step)) {
+        ASSERT_TRUE(o.has_value() && o->result.ok()) << o->result.status();
+      }
+      ASSERT_TRUE(before_->Step(step).ok());
+      ASSERT_TRUE(after_->Step(step).ok());
+    }
+    victim_ = WorkerAtPlanRank(GetParam().rank);
+    survivor_ = 1 - victim_;  // trainer r uses worker r
+  }
+
+  // Step 3 on every trainer, in the background, until the victim stopped.
+  void StartFailingStep() {
+    stepping_ = std::thread([this] { first_ = RunStep(kFailingStep); });
+    const absl::Status stopped = WaitUntilStopped(victim_, absl::Seconds(30));
+    if (!stopped.ok()) SignalWorker(victim_, SIGKILL);
+    ASSERT_TRUE(stopped.ok()) << stopped;
+  }
+
+  // The survivor's trainer: the step, or a named error within the timeout.
+  void ExpectSurvivorAnsweredInTime() {
+    ASSERT_TRUE(first_[survivor_].has_value());
+    const StepOutcome& o = *first_[survivor_];
+    std::cerr << "survivor's first answer after " << o.elapsed << ": "
+              << o.result.status() << "\n";
+    EXPECT_LT(o.elapsed, kIoTimeout + kMargin) << o.result.status();
+    if (o.result.ok()) return;
+    const absl::StatusCode code = o.result.status().code();
+    EXPECT_TRUE(code == absl::StatusCode::kUnavailable ||
+                code == absl::StatusCode::kDeadlineExceeded ||
+                code == absl::StatusCode::kAborted)
+        << o.result.status();
+    EXPECT_TRUE(absl::StrContains(o.result.status().message(), "step 3"))
+        << o.result.status();
+  }
+
+  // Trainer `rank`'s Muon matrices against `reference` (AdamW tensors are
+  // the client's: stepped only when its Step call is answered).
+  double MatrixError(int rank, const ReferenceModel& reference) {
+    double worst = 0;
+    for (const testing::MatrixDecl& m : model_decl_.matrices) {
+      const TensorBuffers b = Buffers(rank, m.name);
+      const std::vector<float>& full = reference.param(m.name);
+      if (b.param_elements == static_cast<int64_t>(full.size())) {
+        worst = std::max(worst, MaxRelativeError(absl::MakeConstSpan(
+                                                     b.param, b.param_elements),
+                                                 full));
+        continue;
+      }
+      // Its rows of every expert.
+      std::vector<float> rows;
+      const int64_t size = m.rows * m.cols;
+      for (int64_t e = 0; e < m.options.experts; ++e) {
+        rows.insert(rows.end(), full.begin() + e * size + b.row_begin * m.cols,
+                    full.begin() + e * size + b.row_end * m.cols);
+      }
+      worst = std::max(worst, MaxRelativeError(absl::MakeConstSpan(
+                                                   b.param, b.param_elements),
+                                               rows));
+    }
+    return worst;
+  }
+
+  const ModelDecl model_decl_ = MixedModel();
+  std::optional<ReferenceModel> before_;  // failure-free run to step 2
+  std::optional<ReferenceModel> after_;   // ... to the last step run
+  int victim_ = 0;
+  int survivor_ = 1;
+  std::thread stepping_;
+  std::vector<std::optional<StepOutcome>> first_;
+};
+
+class StepChaosFreezeTest : public StepChaosTest {};
+
+TEST_P(StepChaosFreezeTest, TheRetriesFinishTheStepExactlyOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(/*lease_ttl_ms=*/8000));
+  ASSERT_NO_FATAL_FAILURE(StartFailingStep());
+  // The survivor's worker waits on the frozen one: its status (what
+  // heartbeats and operators read) still answers at once.
+  const absl::Time asked = absl::Now();
+  absl::StatusOr<v1::WorkerStatus> status =
+      WorkerStatusOf(survivor_, absl::Seconds(2));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_LT(absl::Now() - asked, absl::Milliseconds(500));
+  absl::SleepFor(kIoTimeout + absl::Seconds(1));
+  SignalWorker(victim_, SIGCONT);
+  stepping_.join();
+  ExpectSurvivorAnsweredInTime();
+  // Every trainer retries step 3 until it is answered, then steps 4.
+  const std::vector<LoopOutcome> loops =
+      RunTrainerLoops(kFailingStep, kFailingStep + 1, 4);
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
+  }
+  ASSERT_TRUE(after_->Step(kFailingStep).ok());
+  ASSERT_TRUE(after_->Step(kFailingStep + 1).ok());
+  ExpectMatchesReference(*after_, kTolerance);
+  // No lease expired: the plan is the one the job started with.
+  status = WorkerStatusOf(survivor_, absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->plan_version(), plan().version());
+}
+
+INSTANTIATE_TEST_SUITE_P(Points, StepChaosFreezeTest,
+                         ::testing::Values(ChaosCase{"exchange", 1},
+                                           ChaosCase{"transfer", 1},
+                                           ChaosCase{"prepared", 1},
+                                           ChaosCase{"committed", 1},
+                                           ChaosCase{"prepared", 0},
+                                           ChaosCase{"committed", 0}),
+                         CaseName);
+
+class StepChaosKillTest : public StepChaosTest {};
+
+TEST_P(StepChaosKillTest, NothingAppliesTwiceAfterARestart) {
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(/*lease_ttl_ms=*/2000));
+  ASSERT_NO_FATAL_FAILURE(StartFailingStep());
+  ASSERT_NO_FATAL_FAILURE(KillWorker(victim_));
+  stepping_.join();
+  ExpectSurvivorAnsweredInTime();
+  ASSERT_TRUE(first_[victim_].has_value());
+  EXPECT_FALSE(first_[victim_]->result.ok());
+  const std::string point = GetParam().point;
+  const bool victim_is_rank0 = GetParam().rank == 0;
+  // Who applied step 3 before the kill: rank 0 commits once every vote is
+  // in, the others when they hear its decision.
+  const bool committed_anywhere =
+      (point == "prepared" && !victim_is_rank0) || point == "committed";
+  const bool victim_applied = point == "committed";
+  ASSERT_TRUE(after_->Step(kFailingStep).ok());
+  EXPECT_LE(MatrixError(victim_, victim_applied ? *after_ : *before_),
+            kTolerance);
+  EXPECT_LE(MatrixError(survivor_, committed_anywhere ? *after_ : *before_),
+            kTolerance);
+
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(victim_));
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
+  ASSERT_TRUE(planned.ok()) << planned;
+  // Owners of the new plan with no momentum start from zero.
+  std::set<std::pair<std::string, int64_t>> restarting;
+  for (const testing::MatrixDecl& m : model_decl_.matrices) {
+    for (int64_t e = 0; e < m.options.experts; ++e) {
+      if (absl::IsNotFound(Momentum(Owner(m.name, e), m.name, e).status())) {
+        restarting.insert({m.name, e});
+      }
+    }
+  }
+  const std::vector<LoopOutcome> retry =
+      RunTrainerLoops(kFailingStep, kFailingStep, 2);
+  if (committed_anywhere || point == "prepared") {
+    // Nobody can tell whether a trainer holds step 3 (the restarted
+    // worker's, or the one of the rank 0 that decided and died): refused
+    // everywhere with DATA_LOSS, naming who restarted (or who holds the
+    // step its restarted rank 0 decided).
+    const std::string named =
+        absl::StrCat("\"w", victim_is_rank0 ? survivor_ : victim_, "\"");
+    for (int r = 0; r < kWorkers; ++r) {
+      EXPECT_FALSE(retry[r].finished) << "trainer " << r;
+      bool refused = false;
+      for (const StepOutcome& o : retry[r].attempts) {
+        const absl::Status& s = o.result.status();
+        if (s.code() != absl::StatusCode::kDataLoss) {
+          // The other trainer not there yet: a peer failure, not a step.
+          EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))
+              << s;
+          continue;
+        }
+        refused = true;
+        EXPECT_TRUE(absl::StrContains(s.message(), named)) << s;
+        EXPECT_TRUE(absl::StrContains(s.message(), "restarted")) << s;
+      }
+      EXPECT_TRUE(refused) << "trainer " << r;
+    }
+    EXPECT_LE(MatrixError(victim_, victim_applied ? *after_ : *before_),
+              kTolerance);
+    EXPECT_LE(MatrixError(survivor_, committed_anywhere ? *after_ : *before_),
+              kTolerance);
+    return;
+  }
+  // Nothing was applied: step 3 runs once on the new plan, whose owners
+  // without momentum (the restarted worker's, and any that moved) start
+  // from zero, as the replay does.
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_TRUE(retry[r].finished)
+        << "trainer " << r << ": " << retry[r].attempts.back().result.status();
+  }
+  std::optional<ReferenceModel> replay;
+  replay.emplace(model_decl_, kWorkers, PlannedAlgorithms());
+  for (int64_t step = 1; step < kFailingStep; ++step) {
+    ASSERT_TRUE(replay->Step(step).ok());
+  }
+  for (const testing::MatrixDecl& m : model_decl_.matrices) {
+    for (int64_t e = 0; e < m.options.experts; ++e) {
+      if (restarting.count({m.name, e}) != 0) {
+        replay->ResetMomentum(m.name, e);
+      }
+    }
+  }
+  ASSERT_TRUE(replay->Step(kFailingStep).ok());
+  ExpectMatchesReference(*replay, kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Points, StepChaosKillTest,
+                         ::testing::Values(ChaosCase{"exchange", 1},
+                                           ChaosCase{"transfer", 1},
+                                           ChaosCase{"prepared", 1},
+                                           ChaosCase{"committed", 1},
+                                           ChaosCase{"prepared", 0}),
+                         CaseName);
+
+}  // namespace
+}  // namespace muonps
