@@ -65,11 +65,14 @@ class StepChaosTest : public DataPlaneFixture,
  protected:
   // Starts the job with every worker set to stop at the case's point of
   // step 3 if it has the case's rank, and runs steps 1 and 2.
-  void StartAndStep(int64_t lease_ttl_ms) {
+  void StartAndStep(int64_t lease_ttl_ms,
+                    int64_t io_timeout_ms = kIoTimeoutMs,
+                    absl::Duration client_timeout = absl::Seconds(30)) {
     ClusterOptions cluster = {.workers = kWorkers,
-                              .io_timeout_ms = kIoTimeoutMs,
+                              .io_timeout_ms = io_timeout_ms,
                               .lease_ttl_ms = lease_ttl_ms,
-                              .heartbeat_interval_ms = 300};
+                              .heartbeat_interval_ms = 300,
+                              .client_timeout = client_timeout};
     for (int w = 0; w < kWorkers; ++w) {
       cluster.worker_flags[w] = {absl::StrCat(
           "--test_pause_at=", GetParam().point, "@", kFailingStep, "@rank",
@@ -287,6 +290,50 @@ INSTANTIATE_TEST_SUITE_P(Points, StepChaosKillTest,
                                            ChaosCase{"prepared", 1},
                                            ChaosCase{"committed", 1},
                                            ChaosCase{"prepared", 0}),
+                         CaseName);
+
+// The trainers' Step calls pass their deadline (1 s) while a worker is
+// stopped before the exchange (the step is then refused: the calls were
+// cancelled) or after its commit (rank 0 committed too, and the step
+// completes behind the callers' backs). Either way the retries answer, and
+// AdamW runs once per step: before, the worker ignored the cancellation
+// and the client skipped AdamW on the already_applied retry.
+class StepChaosDeadlineTest : public StepChaosTest {};
+
+TEST_P(StepChaosDeadlineTest, AdamWRunsOncePerStepWhatTheDeadlineCut) {
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(/*lease_ttl_ms=*/8000,
+                                       /*io_timeout_ms=*/5000,
+                                       /*client_timeout=*/absl::Seconds(1)));
+  ASSERT_NO_FATAL_FAILURE(StartFailingStep());
+  absl::SleepFor(absl::Milliseconds(1500));
+  SignalWorker(victim_, SIGCONT);
+  stepping_.join();
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_TRUE(first_[r].has_value());
+    EXPECT_EQ(first_[r]->result.status().code(),
+              absl::StatusCode::kDeadlineExceeded)
+        << "trainer " << r << ": " << first_[r]->result.status();
+  }
+  absl::SleepFor(absl::Seconds(1));  // the workers finish what they began
+  const std::vector<LoopOutcome> loops =
+      RunTrainerLoops(kFailingStep, kFailingStep + 1, 4);
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
+    ASSERT_TRUE(loops[r].attempts[0].result.ok());
+    EXPECT_EQ(loops[r].attempts[0].result->already_applied,
+              std::string(GetParam().point) == "committed")
+        << "trainer " << r;
+    EXPECT_TRUE(loops[r].attempts[0].result->adamw_applied);
+  }
+  ASSERT_TRUE(after_->Step(kFailingStep).ok());
+  ASSERT_TRUE(after_->Step(kFailingStep + 1).ok());
+  ExpectMatchesReference(*after_, kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Points, StepChaosDeadlineTest,
+                         ::testing::Values(ChaosCase{"exchange", 1},
+                                           ChaosCase{"committed", 1}),
                          CaseName);
 
 }  // namespace

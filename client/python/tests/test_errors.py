@@ -140,6 +140,24 @@ def test_a_bad_adamw_lr_is_refused_before_anything_is_applied(cluster):
     opt.close()
 
 
+def test_a_committed_step_sent_again_applies_nothing_twice(cluster):
+    # A retry of a committed step id (its first answer lost, say) is
+    # already applied on the workers, and AdamW, which the client ran on the
+    # first answer, does not run again: once per committed step id.
+    c = cluster()
+    params = dict(model())
+    opt = muonps.Muon(list(params.items()), lr=0.02, **c.options())
+    for p in params.values():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    after = {n: p.detach().clone() for n, p in params.items()}
+    already, adamw_applied = opt._client.step_groups(0, [0.02], [0.0], 0.01)
+    assert already and not adamw_applied
+    for n, p in params.items():
+        assert torch.equal(p.detach(), after[n]), n
+    opt.close()
+
+
 def test_the_workers_socket_is_private_to_its_user(cluster):
     # The socket leads to the trainer's buffers: mode 0600, so only the
     # worker's user can connect (a Unix socket needs write permission).
