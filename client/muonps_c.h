@@ -83,7 +83,7 @@ typedef struct {
 
 typedef struct {
   int pending; /* an async step was enqueued; muonps_client_wait ends it */
-  int already_applied; /* committed by an earlier call (or a retry settled it) */
+  int already_applied; /* committed before (a retry settled it, say) */
   double seconds;
   int64_t bytes_moved;
   int64_t momentum_reset;

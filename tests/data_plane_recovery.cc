@@ -58,8 +58,7 @@ void DataPlaneFixture::RestartWorker(int worker) {
   ASSERT_NO_FATAL_FAILURE(StartWorker(worker, plain));
   absl::StatusOr<std::string> up =
       w.process->WaitForLog("listening on unix:", absl::Seconds(30));
-  ASSERT_TRUE(up.ok()) << up.status() << "\n(before the restart)\n"
-                       << old_log;
+  ASSERT_TRUE(up.ok()) << up.status() << "\n(before the restart)\n" << old_log;
 }
 
 absl::Status DataPlaneFixture::WaitUntilStopped(int worker,
@@ -78,9 +77,8 @@ absl::Status DataPlaneFixture::WaitUntilStopped(int worker,
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("worker ", worker, " (pid ", pid,
-                   ") did not stop; /proc stat: ", stat));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker ", worker, " (pid ", pid, ") did not stop; /proc stat: ", stat));
 }
 
 absl::StatusOr<v1::WorkerStatus> DataPlaneFixture::WorkerStatusOf(

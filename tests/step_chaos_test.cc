@@ -65,8 +65,7 @@ class StepChaosTest : public DataPlaneFixture,
  protected:
   // Starts the job with every worker set to stop at the case's point of
   // step 3 if it has the case's rank, and runs steps 1 and 2.
-  void StartAndStep(int64_t lease_ttl_ms,
-                    int64_t io_timeout_ms = kIoTimeoutMs,
+  void StartAndStep(int64_t lease_ttl_ms, int64_t io_timeout_ms = kIoTimeoutMs,
                     absl::Duration client_timeout = absl::Seconds(30)) {
     ClusterOptions cluster = {.workers = kWorkers,
                               .io_timeout_ms = io_timeout_ms,
@@ -74,9 +73,9 @@ class StepChaosTest : public DataPlaneFixture,
                               .heartbeat_interval_ms = 300,
                               .client_timeout = client_timeout};
     for (int w = 0; w < kWorkers; ++w) {
-      cluster.worker_flags[w] = {absl::StrCat(
-          "--test_pause_at=", GetParam().point, "@", kFailingStep, "@rank",
-          GetParam().rank)};
+      cluster.worker_flags[w] = {
+          absl::StrCat("--test_pause_at=", GetParam().point, "@", kFailingStep,
+                       "@rank", GetParam().rank)};
     }
     ASSERT_NO_FATAL_FAILURE(StartJob(model_decl_, cluster));
     before_.emplace(model_decl_, kWorkers, PlannedAlgorithms());
@@ -125,9 +124,9 @@ class StepChaosTest : public DataPlaneFixture,
       const TensorBuffers b = Buffers(rank, m.name);
       const std::vector<float>& full = reference.param(m.name);
       if (b.param_elements == static_cast<int64_t>(full.size())) {
-        worst = std::max(worst, MaxRelativeError(absl::MakeConstSpan(
-                                                     b.param, b.param_elements),
-                                                 full));
+        worst = std::max(
+            worst, MaxRelativeError(
+                       absl::MakeConstSpan(b.param, b.param_elements), full));
         continue;
       }
       // Its rows of every expert.
@@ -137,9 +136,9 @@ class StepChaosTest : public DataPlaneFixture,
         rows.insert(rows.end(), full.begin() + e * size + b.row_begin * m.cols,
                     full.begin() + e * size + b.row_end * m.cols);
       }
-      worst = std::max(worst, MaxRelativeError(absl::MakeConstSpan(
-                                                   b.param, b.param_elements),
-                                               rows));
+      worst = std::max(
+          worst, MaxRelativeError(
+                     absl::MakeConstSpan(b.param, b.param_elements), rows));
     }
     return worst;
   }
@@ -185,14 +184,12 @@ TEST_P(StepChaosFreezeTest, TheRetriesFinishTheStepExactlyOnce) {
   EXPECT_EQ(status->plan_version(), plan().version());
 }
 
-INSTANTIATE_TEST_SUITE_P(Points, StepChaosFreezeTest,
-                         ::testing::Values(ChaosCase{"exchange", 1},
-                                           ChaosCase{"transfer", 1},
-                                           ChaosCase{"prepared", 1},
-                                           ChaosCase{"committed", 1},
-                                           ChaosCase{"prepared", 0},
-                                           ChaosCase{"committed", 0}),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Points, StepChaosFreezeTest,
+    ::testing::Values(ChaosCase{"exchange", 1}, ChaosCase{"transfer", 1},
+                      ChaosCase{"prepared", 1}, ChaosCase{"committed", 1},
+                      ChaosCase{"prepared", 0}, ChaosCase{"committed", 0}),
+    CaseName);
 
 class StepChaosKillTest : public StepChaosTest {};
 

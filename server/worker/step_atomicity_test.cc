@@ -105,9 +105,7 @@ TEST_F(StepAtomicityTest,
 
 class StepStallTest : public StepAtomicityTest {
  protected:
-  absl::Duration IoTimeout() const override {
-    return absl::Milliseconds(300);
-  }
+  absl::Duration IoTimeout() const override { return absl::Milliseconds(300); }
 };
 
 // A peer that stalls past the I/O timeout at the vote, the decision or the
@@ -128,7 +126,8 @@ TEST_F(StepStallTest, AStallAtTheCommitPhasesCommitsOnceOrNowhere) {
   for (const int w : {0, 2}) {
     const int64_t phases = w == 0 ? 6 : 4;
     for (int64_t call = calls[w] - phases; call < calls[w]; ++call) {
-      SetFault(w, {.step = step, .call = call, .stall = absl::Milliseconds(700)});
+      SetFault(w,
+               {.step = step, .call = call, .stall = absl::Milliseconds(700)});
       RunTrainerLoops(step, step + 1);
       reference.Step(step);
       reference.Step(step + 1);

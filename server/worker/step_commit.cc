@@ -66,12 +66,11 @@ absl::Status WriteMeans(const std::vector<int>& means,
   for (const int i : means) {
     const Binding& b = trainer.adamw[i].second;
     const float* mean = trainer.staging->data() + b.staged_at;
-    MUONPS_RETURN_IF_ERROR(
-        b.dtype == DType::kFloat32
-            ? ops.Copy(static_cast<float*>(b.lent_grad), mean, b.elements,
-                       ops.stream())
-            : ops.FromFloat(b.lent_grad, b.dtype, mean, b.elements,
-                            ops.stream()));
+    MUONPS_RETURN_IF_ERROR(b.dtype == DType::kFloat32
+                               ? ops.Copy(static_cast<float*>(b.lent_grad),
+                                          mean, b.elements, ops.stream())
+                               : ops.FromFloat(b.lent_grad, b.dtype, mean,
+                                               b.elements, ops.stream()));
   }
   return absl::OkStatus();
 }
@@ -85,10 +84,9 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
     const float* staging = trainer->staging->data();
     for (const ParamApply& a : staged.applies) {
       const Binding& b = trainer->matrices[a.matrix];
-      MUONPS_RETURN_IF_ERROR(
-          ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
-                          b.dtype, staging + a.staged_at, a.count, a.decay,
-                          a.step, stream));
+      MUONPS_RETURN_IF_ERROR(ops.ApplyScaled(
+          kernels::ElementsPast(b.param, b.dtype, a.first), b.dtype,
+          staging + a.staged_at, a.count, a.decay, a.step, stream));
     }
     MUONPS_RETURN_IF_ERROR(WriteMeans(staged.means, *trainer, ops));
   }
@@ -125,14 +123,11 @@ void DropStaged(StepLedger& ledger, PlanState& plan) {
   for (ComputeBatch& batch : plan.batches) batch.next_valid = false;
 }
 
-CommitOutcome RunCommitPhases(int64_t step, const absl::Status& ready,
-                              ControlChannel& control, int rank, int size,
-                              const std::vector<std::string>& ids,
-                              StepLedger& ledger, PlanState& plan,
-                              const AttachedTrainer* trainer,
-                              kernels::DeviceOps& ops,
-                              const StepCancelled& cancelled,
-                              const StepHook& hook) {
+CommitOutcome RunCommitPhases(
+    int64_t step, const absl::Status& ready, ControlChannel& control, int rank,
+    int size, const std::vector<std::string>& ids, StepLedger& ledger,
+    PlanState& plan, const AttachedTrainer* trainer, kernels::DeviceOps& ops,
+    const StepCancelled& cancelled, const StepHook& hook) {
   CommitOutcome out;
   absl::Status refusal = ready;
   if (refusal.ok() && cancelled && cancelled()) {
@@ -173,9 +168,8 @@ CommitOutcome RunCommitPhases(int64_t step, const absl::Status& ready,
       return out;
     }
   } else {
-    std::string why = refusal.ok() ? ""
-                                   : absl::StrCat(Who(ids, 0), ": ",
-                                                  refusal.message());
+    std::string why =
+        refusal.ok() ? "" : absl::StrCat(Who(ids, 0), ": ", refusal.message());
     absl::StatusCode code = refusal.code();
     for (int r = 1; r < size; ++r) {
       StepVote theirs{};
@@ -211,9 +205,8 @@ CommitOutcome RunCommitPhases(int64_t step, const absl::Status& ready,
   if (!decision.commit || !vote.yes) {
     DropStaged(ledger, plan);
     out.transport_ok = told.ok();
-    out.status = !refusal.ok()
-                     ? refusal
-                     : Aborted(step, ProblemText(decision.reason));
+    out.status =
+        !refusal.ok() ? refusal : Aborted(step, ProblemText(decision.reason));
     return out;
   }
   // Phase two: commit (rank 0 whether or not its decision reached every
@@ -221,7 +214,8 @@ CommitOutcome RunCommitPhases(int64_t step, const absl::Status& ready,
   const absl::Status applied = CommitStaged(ledger, plan, trainer, ops);
   if (!applied.ok()) {
     out.status = absl::DataLossError(
-        absl::StrCat("step ", step, ": applying it failed part-way on this "
+        absl::StrCat("step ", step,
+                     ": applying it failed part-way on this "
                      "worker: ",
                      applied.message()));
     return out;

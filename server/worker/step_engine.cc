@@ -134,9 +134,10 @@ absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
     if (!std::isfinite(v)) return InvalidField("values", "non-finite");
   }
   if (ledger_.staged.step_id >= 0) {
-    spdlog::warn("worker={} step={} staged in doubt: dropped, momentum is "
-                 "being restored",
-                 worker_id_, ledger_.staged.step_id);
+    spdlog::warn(
+        "worker={} step={} staged in doubt: dropped, momentum is "
+        "being restored",
+        worker_id_, ledger_.staged.step_id);
     DropStaged(ledger_, plan_);
   }
   kernels::DeviceOps& ops = *backend_.ops;
@@ -187,8 +188,9 @@ absl::Status StepEngine::EnsureTransport() {
     }
   }
   MUONPS_ASSIGN_OR_RETURN(
-      transport_, make_transport_(plan_.rank, plan_.addresses,
-                                  static_cast<uint64_t>(plan_.version), secret));
+      transport_,
+      make_transport_(plan_.rank, plan_.addresses,
+                      static_cast<uint64_t>(plan_.version), secret));
   transport_secret_ = secret;
   if (transport_->memory() != device_.kind) {
     transport_.reset();
@@ -216,8 +218,8 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   // Committed on every worker: nobody needs this round.
   if (request.step_id() <= ledger_.settled) {
     if (trainer_.has_value()) {
-      MUONPS_RETURN_IF_ERROR(RedeliverMeans(ledger_, request.step_id(),
-                                            *trainer_, *backend_.ops));
+      MUONPS_RETURN_IF_ERROR(
+          RedeliverMeans(ledger_, request.step_id(), *trainer_, *backend_.ops));
     }
     return AlreadyApplied(request.step_id());
   }
@@ -229,9 +231,9 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   RoundResult round;
   for (int rounds = 0;; ++rounds) {
     if (rounds == kMaxRounds) {
-      round.status = absl::AbortedError(absl::StrCat(
-          "step ", request.step_id(), ": after ", kMaxRounds,
-          " rounds the trainers still ask for different steps"));
+      round.status = absl::AbortedError(
+          absl::StrCat("step ", request.step_id(), ": after ", kMaxRounds,
+                       " rounds the trainers still ask for different steps"));
       break;
     }
     round.status = EnsureTransport();
@@ -246,8 +248,8 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   if (!round.status.ok()) return round.status;
   if (!signaled.ok()) return signaled;
   if (round.kind == RoundResult::Kind::kAlreadyApplied) {
-    MUONPS_RETURN_IF_ERROR(RedeliverMeans(ledger_, request.step_id(),
-                                          *trainer_, ops));
+    MUONPS_RETURN_IF_ERROR(
+        RedeliverMeans(ledger_, request.step_id(), *trainer_, ops));
     return AlreadyApplied(request.step_id());
   }
   round.response.set_momentum_reset(momentum_resets_);

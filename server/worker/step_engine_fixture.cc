@@ -56,9 +56,8 @@ class FaultyTransport final : public transport::Transport {
     MUONPS_RETURN_IF_ERROR(Count());
     return inner_->Recv(data, bytes, peer, stream);
   }
-  absl::Status ReduceSum(const float* send, float* recv, size_t count,
-                         int root, absl::Span<const int> order,
-                         Stream stream) override {
+  absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
+                         absl::Span<const int> order, Stream stream) override {
     MUONPS_RETURN_IF_ERROR(Count());
     return inner_->ReduceSum(send, recv, count, root, order, stream);
   }
@@ -174,8 +173,7 @@ void ReferenceSteps::Step(int64_t step) {
   const kernels::MuonHyperparameters h = MuonFromJob();
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixDecl& d = Matrices()[m];
-    std::vector<float> g =
-        WholeGradient(step, static_cast<int>(m), false);
+    std::vector<float> g = WholeGradient(step, static_cast<int>(m), false);
     kernels::MuonStack stack;
     stack.names = {d.name};
     stack.grad = {g.data(), 1, d.rows, d.cols};
@@ -226,8 +224,8 @@ void StepEngineTest::SetUp() {
       return std::unique_ptr<TrainerBuffers>(
           new HostBuffers(lent, &trainer->intact));
     };
-    engines_[w] = std::make_unique<StepEngine>(absl::StrCat("w", w),
-                                               std::move(backend), Connector(w));
+    engines_[w] = std::make_unique<StepEngine>(
+        absl::StrCat("w", w), std::move(backend), Connector(w));
     FaultState* state = faults_[w].get();
     engines_[w]->set_step_hook([state](StepPoint point, int64_t step, int) {
       absl::MutexLock lock(&state->mu);
@@ -253,9 +251,9 @@ TransportFactory StepEngineTest::Connector(int worker) {
   transport::TcpListener* listener = listeners_[worker].get();
   FaultState* state = faults_[worker].get();
   const absl::Duration timeout = IoTimeout();
-  return [listener, state, timeout](
-             int rank, const std::vector<std::string>& peers, uint64_t session,
-             const std::string& secret)
+  return [listener, state, timeout](int rank,
+                                    const std::vector<std::string>& peers,
+                                    uint64_t session, const std::string& secret)
              -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
     transport::TcpOptions options;
     options.data_plane_secret = secret;
@@ -300,8 +298,8 @@ void StepEngineTest::StartFollowing() {
 void StepEngineTest::SetPlanEverywhere(const v1::Plan& plan,
                                        int64_t bucket_bytes) {
   for (auto& e : engines_) {
-    ASSERT_TRUE(e->SetPlan(Job(Dedicated(), bucket_bytes), plan, addresses_)
-                    .ok());
+    ASSERT_TRUE(
+        e->SetPlan(Job(Dedicated(), bucket_bytes), plan, addresses_).ok());
   }
 }
 

@@ -124,8 +124,7 @@ class StepEngineTest : public ::testing::Test {
   void UseBf16Everywhere();
   void AttachEverywhere(int64_t trainer_pid = 0, bool with_bias = false);
   // The request AttachEverywhere sends for worker w.
-  v1::AttachRequest AttachRequestOf(int w, int64_t trainer_pid,
-                                    bool with_bias);
+  v1::AttachRequest AttachRequestOf(int w, int64_t trainer_pid, bool with_bias);
   void WriteGradients(int64_t step);
   void WriteGradientsOf(int w, int64_t step);
   // Every engine steps `step` at once; the statuses by worker. `edit`

@@ -50,9 +50,9 @@ absl::Status CheckAdamWBinding(const v1::TensorBinding& t,
                                      StepEngine::kMaxLentElements, "]"));
   }
   if (t.param_elements() != 0 && t.param_elements() != t.elements()) {
-    return InvalidField(absl::StrCat(field, ".param_elements"),
-                        absl::StrCat(t.param_elements(), " is neither 0 nor ",
-                                     t.elements()));
+    return InvalidField(
+        absl::StrCat(field, ".param_elements"),
+        absl::StrCat(t.param_elements(), " is neither 0 nor ", t.elements()));
   }
   if (t.layout() != v1::LAYOUT_UNSPECIFIED &&
       t.layout() != v1::LAYOUT_REPLICATED &&
@@ -165,9 +165,9 @@ absl::Status StepEngine::SetPlan(
         MUONPS_RETURN_IF_ERROR(
             ops.Copy(nb.next_momentum->data() + to.slot * size,
                      source.data() + at, size, ops.stream()));
-        nb.next_has_momentum[to.slot] =
-            old->next_valid ? old->next_has_momentum[from.slot]
-                            : old->has_momentum[from.slot];
+        nb.next_has_momentum[to.slot] = old->next_valid
+                                            ? old->next_has_momentum[from.slot]
+                                            : old->has_momentum[from.slot];
       }
     }
   }
@@ -323,9 +323,10 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
   // staged for it.
   DropTransport(absl::CancelledError("a trainer attached"));
   if (ledger_.staged.step_id >= 0) {
-    spdlog::warn("worker={} step={} staged in doubt: dropped, a trainer "
-                 "attached",
-                 worker_id_, ledger_.staged.step_id);
+    spdlog::warn(
+        "worker={} step={} staged in doubt: dropped, a trainer "
+        "attached",
+        worker_id_, ledger_.staged.step_id);
   }
   DropStaged(ledger_, plan_);
   ledger_.means_step = -1;

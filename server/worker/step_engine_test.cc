@@ -326,8 +326,7 @@ TEST_F(StepEngineTest, AttachRefusesAdamWBindingsOutsideTheJobsBounds) {
            [](v1::AttachRequest* r) {
              r->mutable_tensors(0)->set_layout(v1::LAYOUT_ROW_SHARDED);
            }},
-          {"trainer_pid",
-           [](v1::AttachRequest* r) { r->set_trainer_pid(-5); }},
+          {"trainer_pid", [](v1::AttachRequest* r) { r->set_trainer_pid(-5); }},
       };
   for (const auto& [field, edit] : cases) {
     v1::AttachRequest request = AttachRequestOf(0, 0, /*with_bias=*/true);
@@ -396,7 +395,9 @@ TEST_F(StepEngineTest, GroupsAndAdamWLrAreCheckedAndAgreed) {
              if (w == 2) r->set_adamw_lr(NAN);
            }},
           {"adamw_lr or param groups",
-           [](int w, v1::StepRequest* r) { r->set_adamw_lr(w == 0 ? 1e-3 : 2e-3); }},
+           [](int w, v1::StepRequest* r) {
+             r->set_adamw_lr(w == 0 ? 1e-3 : 2e-3);
+           }},
       };
   for (const auto& [reason, edit] : cases) {
     for (const auto& r : StepEverywhere(0, edit)) {

@@ -172,8 +172,7 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                        "unknown; restore the job from a checkpoint"),
           committed, false);
     }
-    if (!fresh && h[r].last_step < committed &&
-        h[r].staged_step != committed) {
+    if (!fresh && h[r].last_step < committed && h[r].staged_step != committed) {
       return Rejected(absl::StatusCode::kDataLoss,
                       absl::StrCat(Who(ids, r), " lost step ", committed,
                                    ", which ", Who(ids, committer),
@@ -209,31 +208,31 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
       problem = absl::StrCat(Who(ids, r), " is at step ", x.step_id, ", ",
                              Who(ids, 0), " at ", first.step_id);
     } else if (x.hyper_hash != first.hyper_hash) {
-      problem = absl::StrCat("the trainers of ", Who(ids, r), " and ",
-                             Who(ids, 0),
-                             " step with different lr, weight_decay, "
-                             "adamw_lr or param groups");
+      problem =
+          absl::StrCat("the trainers of ", Who(ids, r), " and ", Who(ids, 0),
+                       " step with different lr, weight_decay, "
+                       "adamw_lr or param groups");
     } else if (x.tensors_hash != first.tensors_hash) {
-      problem = absl::StrCat("the trainers of ", Who(ids, r), " and ",
-                             Who(ids, 0),
-                             " lend different AdamW tensors (names, sizes "
-                             "or layouts)");
+      problem =
+          absl::StrCat("the trainers of ", Who(ids, r), " and ", Who(ids, 0),
+                       " lend different AdamW tensors (names, sizes "
+                       "or layouts)");
     } else if (x.trainer_count != trainers || x.trainer_rank < 0 ||
                x.trainer_rank >= trainers || seen[x.trainer_rank]) {
       problem = absl::StrCat(
-          "every worker with a trainer needs exactly one trainer of ",
-          trainers, "; ", Who(ids, r), " has trainer ", x.trainer_rank, " of ",
+          "every worker with a trainer needs exactly one trainer of ", trainers,
+          "; ", Who(ids, r), " has trainer ", x.trainer_rank, " of ",
           x.trainer_count);
     } else {
       seen[x.trainer_rank] = true;
     }
   }
   if (!problem.empty()) {
-    RoundDecision rejected = Rejected(
-        absl::StatusCode::kInvalidArgument,
-        absl::StrCat("step ", first.step_id,
-                     " rejected, nothing was changed: ", problem),
-        committed, true);
+    RoundDecision rejected =
+        Rejected(absl::StatusCode::kInvalidArgument,
+                 absl::StrCat("step ", first.step_id,
+                              " rejected, nothing was changed: ", problem),
+                 committed, true);
     rejected.decider = decider;
     return rejected;
   }

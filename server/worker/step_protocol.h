@@ -23,9 +23,9 @@ constexpr size_t kProblemBytes = 480;
 
 // What every rank tells rank 0 when a round opens.
 struct StepHeader {
-  int64_t step_id;         // the trainer's request; -1: no trainer
-  int64_t last_step;       // committed here (-1: none since it started)
-  int64_t staged_step;     // staged and voted for, undecided here; -1: none
+  int64_t step_id;          // the trainer's request; -1: no trainer
+  int64_t last_step;        // committed here (-1: none since it started)
+  int64_t staged_step;      // staged and voted for, undecided here; -1: none
   uint64_t staged_decider;  // instance of the rank 0 that ran staged_step
   uint64_t instance;        // this worker process (random at start)
   uint64_t hyper_hash;      // HyperHash of the trainer's request
@@ -48,8 +48,8 @@ enum class RoundKind : int32_t {
 };
 
 struct RoundDecision {
-  int32_t kind;  // RoundKind
-  int32_t code;  // absl::StatusCode of a rejection
+  int32_t kind;       // RoundKind
+  int32_t code;       // absl::StatusCode of a rejection
   int64_t step_id;    // kGo: the step that runs
   int64_t committed;  // the highest step id committed on any rank
   // 1: every staged step at or below `committed` commits from its staging,
@@ -98,7 +98,8 @@ struct RoundOpening {
 constexpr int64_t kRoundOpeningMagic = 0x6d756f6e70730001;
 
 static_assert(sizeof(StepHeader) % 4 == 0 && sizeof(RoundDecision) % 4 == 0 &&
-                  sizeof(StepVote) % 4 == 0 && sizeof(CommitDecision) % 4 == 0 &&
+                  sizeof(StepVote) % 4 == 0 &&
+                  sizeof(CommitDecision) % 4 == 0 &&
                   sizeof(CommitConfirmation) % 4 == 0 &&
                   sizeof(RoundOpening) % 4 == 0,
               "control messages travel as floats");

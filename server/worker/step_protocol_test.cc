@@ -18,8 +18,7 @@ namespace {
 
 const std::vector<std::string> kIds = {"w0", "w1", "w2"};
 
-StepHeader Header(int rank, int64_t step, int64_t last,
-                  uint64_t instance = 0) {
+StepHeader Header(int rank, int64_t step, int64_t last, uint64_t instance = 0) {
   StepHeader h{};
   h.step_id = step;
   h.last_step = last;

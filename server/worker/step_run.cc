@@ -18,7 +18,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 std::vector<AdamWTensorSpec> AdamWTensorsOf(const AttachedTrainer& trainer) {
   std::vector<AdamWTensorSpec> out;
   for (const auto& [name, b] : trainer.adamw) {
-    out.push_back({name, b.elements, b.layout == scheduler::Layout::kUnreduced});
+    out.push_back(
+        {name, b.elements, b.layout == scheduler::Layout::kUnreduced});
   }
   return out;
 }
@@ -232,8 +233,7 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
     for (const scheduler::Phase& phase : plan_.schedule.order) {
       switch (phase.kind) {
         case scheduler::PhaseKind::kToOwners:
-          MUONPS_RETURN_IF_ERROR(
-              ToOwners(plan_.schedule.buckets[phase.index]));
+          MUONPS_RETURN_IF_ERROR(ToOwners(plan_.schedule.buckets[phase.index]));
           if (!moved && context_.hook) {
             context_.hook(StepPoint::kTransfer, step_id_, plan_.rank);
           }
@@ -272,10 +272,10 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
     out.transport_ok = false;
     return out;
   }
-  const CommitOutcome commit = RunCommitPhases(
-      step_id_, ready, control_, plan_.rank, t_.size(),
-      plan_.ownership.worker_ids, ledger_, plan_, trainer_, ops_,
-      context_.cancelled, context_.hook);
+  const CommitOutcome commit =
+      RunCommitPhases(step_id_, ready, control_, plan_.rank, t_.size(),
+                      plan_.ownership.worker_ids, ledger_, plan_, trainer_,
+                      ops_, context_.cancelled, context_.hook);
   out.status = commit.status;
   out.transport_ok = commit.transport_ok;
   out.kind = RoundResult::Kind::kStepped;

@@ -144,8 +144,8 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
   MUONPS_RETURN_IF_ERROR(ops_.Copy(batch.next_momentum->data(),
                                    batch.momentum->data(), count * size,
                                    compute_));
-  const kernels::MatrixStack buf{batch.next_momentum->data(), count,
-                                 batch.rows, batch.cols};
+  const kernels::MatrixStack buf{batch.next_momentum->data(), count, batch.rows,
+                                 batch.cols};
   for (size_t s = 0; s < batch.items.size(); ++s) {
     const scheduler::ItemRef& item = batch.items[s];
     const scheduler::MatrixSpec& spec = plan_.matrices[item.matrix];
@@ -171,9 +171,9 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
   kernels::NewtonSchulzOptions ns = h.ns;
   ns.algorithm = batch.algorithm;  // the plan's choice for this batch
   MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(grad, grad, ns, compute_));
-  ns_seconds_ += std::chrono::duration<double>(
-                     std::chrono::steady_clock::now() - start)
-                     .count();
+  ns_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   return absl::OkStatus();
 }
 

@@ -52,8 +52,8 @@ class WorkerService final : public v1::Worker::Service {
     // A call cancelled, or past its deadline, before the step commits
     // aborts it on every worker: nothing is applied behind the trainer's
     // back (a later retry runs it).
-    absl::StatusOr<v1::StepResponse> step = engine_->Step(
-        *request, [context] { return context->IsCancelled(); });
+    absl::StatusOr<v1::StepResponse> step =
+        engine_->Step(*request, [context] { return context->IsCancelled(); });
     if (step.ok() && !step->already_applied()) agent_->ReportStep(*step);
     return Reply(std::move(step), out);
   }
