@@ -3,11 +3,14 @@
 rank lending its own rows) and DDP, two ranks on the CPU with gloo, and the
 same script with CUDA tensors and one rank on the GPU. After ten steps
 every rank's parameters must equal a single-process run on the whole batch
-of torch.optim.Muon (within the golden tolerance, 5e-3: torch runs
-Newton-Schulz in bfloat16) and of torch.optim.Muon's formula in float64
-(reference.py; 1e-5 on the CPU, whose workers run it in fp32; 2e-2 on the
-GPU, whose worker runs it in bf16 by default, as torch does: 1e-2 from
-torch.optim.Muon there). A tensor-parallel DTensor
+of torch.optim.Muon's formula in float64 (reference.py; 1e-5 on the CPU,
+whose workers run Newton-Schulz in fp32; 2e-2 on the GPU, whose worker runs
+it in bf16 by default, as torch does) and of torch.optim.Muon itself: within
+the golden tolerance (5e-3) or twice torch's own drift from the float64
+run, whichever is larger. torch runs Newton-Schulz in bf16, and over ten
+steps that drift reaches 1.3e-2 on the 24 x 31 matrix (measured on an H200
+machine with torch 2.11; muonps's fp32 CPU path is 1e-6 from the float64
+run there). A tensor-parallel DTensor
 (Shard(1)) is refused, naming the parameter and its placement.
 
 FSDP2 and a working torchrun need torch >= 2.4: the cases skip on
@@ -197,7 +200,7 @@ def references(model_module):
     return results
 
 
-def assert_matches(results, model_module, tolerance, torch_tolerance=5e-3):
+def assert_matches(results, model_module, tolerance):
     torch_muon, exact = references(model_module)
     for rank, result in enumerate(results):
         for name, want in exact.items():
@@ -208,9 +211,12 @@ def assert_matches(results, model_module, tolerance, torch_tolerance=5e-3):
                   "from torch.optim.Muon")
             assert error <= tolerance, (
                 f"rank {rank}: {name} is {error:.2e} from the float64 run")
+            # torch.optim.Muon's own bf16 drift from the exact formula.
+            drift = relative_error(torch_muon[name], want)
             error = relative_error(got, torch_muon[name])
-            assert error <= torch_tolerance, (
-                f"rank {rank}: {name} is {error:.2e} from torch.optim.Muon")
+            assert error <= max(5e-3, 2 * drift), (
+                f"rank {rank}: {name} is {error:.2e} from torch.optim.Muon, "
+                f"which is {drift:.2e} from the float64 formula")
 
 
 @needs_modern_torch
@@ -227,8 +233,7 @@ def test_two_cpu_ranks_match_one_process_torch_muon(tmp_path, mode):
 @pytest.mark.parametrize("mode", ["fsdp", "ddp"])
 def test_one_gpu_rank_matches_one_process_torch_muon(tmp_path, mode):
     _, results = run_torchrun(tmp_path, mode, "cuda", 1)
-    assert_matches(results, load_model(tmp_path), tolerance=2e-2,
-                   torch_tolerance=1e-2)
+    assert_matches(results, load_model(tmp_path), tolerance=2e-2)
 
 
 @needs_modern_torch
