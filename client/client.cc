@@ -115,11 +115,11 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
         TrainerRowRange(rows, options_.trainer_rank, options_.trainer_count);
     local_rows = end - begin;
     if (local_rows < 1) {
-      return InvalidField(field,
-                          absl::StrCat(rows,
-                                       " rows cannot be sharded "
-                                       "over ",
-                                       options_.trainer_count, " trainers"));
+      return InvalidField(
+          field, absl::StrCat(rows, " rows split over ", options_.trainer_count,
+                              " trainers as torch.chunk splits them leave "
+                              "none to trainer ",
+                              options_.trainer_rank));
     }
   }
   t.elements = local_rows * cols * options.experts;

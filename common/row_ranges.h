@@ -1,9 +1,14 @@
-// How row_sharded matrices split among trainer ranks: rank r of n holds
-// rows [rows * r / n, rows * (r + 1) / n). The client library, the workers and
-// any trainer agree on this one rule. Pure functions.
+// How row_sharded matrices split among trainer ranks, the rule of
+// torch.chunk and of a DTensor sharded on dimension 0 (FSDP2's fully_shard,
+// Shard(0)): with chunk = ceil(rows / n), rank r of n holds rows
+// [min(r * chunk, rows), min((r + 1) * chunk, rows)), so the last ranks may
+// hold fewer rows, or none. The client library, the workers and any trainer
+// agree on this one rule, so a model sharded by PyTorch lends its own shards
+// as they are. Pure functions.
 #ifndef MUONPS_COMMON_ROW_RANGES_H_
 #define MUONPS_COMMON_ROW_RANGES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -11,7 +16,9 @@ namespace muonps {
 
 inline std::pair<int64_t, int64_t> TrainerRowRange(int64_t rows, int rank,
                                                    int count) {
-  return {rows * rank / count, rows * (rank + 1) / count};
+  const int64_t chunk = (rows + count - 1) / count;
+  const int64_t begin = std::min(rows, chunk * rank);
+  return {begin, std::min(rows, begin + chunk)};
 }
 
 }  // namespace muonps

@@ -24,6 +24,7 @@ PACKAGES=(
   python3-torch python3-numpy python3-matplotlib python3-pytest python3-setuptools  # Python package
   python3-pip python3-venv python3-wheel patchelf  # its wheel (client/python/build_wheel.sh)
   python3-doc  # examples/train_gpt.py's corpus
+  iproute2 iptables  # failure tests: network namespaces that cut links (tests/harness)
 )
 
 missing=()

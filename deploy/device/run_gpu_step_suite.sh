@@ -24,7 +24,7 @@ if [[ -d "$repo/client/python/tests" ]]; then
   LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${nccl_lib}" \
     MUONPS_LIB="$here/bin/libmuonps.so" \
     python3 -m pytest -q -p no:cacheprovider "$repo/client/python/tests/test_torchrun.py" \
-    "$repo/client/python/tests/test_zero_setup.py" || tests=1
+    "$repo/client/python/tests/test_zero_setup.py" "$repo/client/python/tests/test_fsdp.py" || tests=1
 fi
 if [[ "${BENCH:-1}" == 1 ]]; then
   bash "$here/run_step_gpu.sh" || tests=1

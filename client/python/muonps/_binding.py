@@ -5,7 +5,10 @@ buffers in the client's POSIX shared-memory segment: `bind()` copies the
 parameter's values in and re-points `param.data` at the buffer, so the
 workers' in-place updates are the model's weights with no copy;
 `release()` copies them back out into ordinary memory before the segment
-goes away. Not thread-safe (the optimizer's thread only).
+goes away. A `ShardLent` does the same for a DTensor's local shard (FSDP2),
+whose storage FSDP2 keeps: it copies the shard and its gradient in before
+each step and the updated shard back after it. Not thread-safe (the
+optimizer's thread only).
 """
 
 import ctypes
@@ -64,10 +67,55 @@ class LentTensor:
                                "takes dense gradients")
         self.grad.copy_(grad)
 
+    def store(self):
+        """After a step: the parameter already is the lent buffer."""
+
+    def release(self):
+        """Moves the parameter back to its own memory if it lives in the
+        lent buffer."""
+        if self.value is not None and (
+                self.param.data.data_ptr() == self.value.data_ptr()):
+            self.param.data = self.value.clone()
+        self.value = self.grad = None
+
+
+class ShardLent(LentTensor):
+    """A row-sharded DTensor matrix: the lent buffers hold this rank's
+    shard (its rows); the DTensor keeps its own storage, copied to and
+    from them around each step."""
+
+    def bind(self, param_address, grad_address, elements):
+        shard = self.param.to_local()
+        if elements != shard.numel():
+            raise RuntimeError(
+                f"muonps lent {elements} floats for {self.name!r}, whose "
+                f"shard on this rank has {shard.numel()} elements")
+        self.value = buffer_view(param_address, elements, tuple(shard.shape))
+        self.grad = buffer_view(grad_address, elements, tuple(shard.shape))
+        self.rebind()
+
+    def rebind(self):
+        """Copies the shard's current values in (the user may have set
+        them since the last step)."""
+        with torch.no_grad():
+            self.value.copy_(self.param.to_local())
+
+    def load_grad(self):
+        grad = self.param.grad
+        if grad is None:
+            self.grad.zero_()
+            return
+        self.grad.copy_(grad.to_local())
+
+    def store(self):
+        with torch.no_grad():
+            self.param.to_local().copy_(self.value)
+
+    def release(self):
+        self.value = self.grad = None
+
 
 def release(lent):
     """Moves every parameter still in a lent buffer back to its own memory."""
     for t in lent:
-        if t.value is not None and t.param.data.data_ptr() == t.value.data_ptr():
-            t.param.data = t.value.clone()
-        t.value = t.grad = None
+        t.release()

@@ -9,11 +9,15 @@ trainer's current stream records an event the worker's stream waits on and
 then waits, on the device, for the worker's updates, so `step()` returns
 once the step is enqueued. Per-group lr and weight decay travel with the
 step (no passes over the parameters in Python). Every other tensor is
-stepped by torch's own fused AdamW on the trainer's stream. Not
-thread-safe (the optimizer's thread only).
+stepped by torch's own fused AdamW on the trainer's stream. A DTensor
+(FSDP2) lends its local shard in place; its gradient, a DTensor FSDP2
+reduce-scatters anew each step, is copied into the lent buffer at the step
+(see muonps/_dtensor.py). Not thread-safe (the optimizer's thread only).
 """
 
 import torch
+
+from ._dtensor import TorchAdamW, is_dtensor, local
 
 # What the worker takes: fp32 momentum either way; a bf16 parameter gets
 # each update rounded once.
@@ -35,32 +39,31 @@ class CudaPath:
         self.lent = list(matrices) + (list(others) if average_others else [])
         self.grads = {}
         for name, p, _ in self.lent:
-            buffer = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            shard = local(p)
+            if not shard.is_contiguous():
+                raise TypeError(f"muonps.Muon: {name!r} is not contiguous; "
+                                "the worker updates it in place")
+            buffer = torch.zeros_like(shard,
+                                      memory_format=torch.contiguous_format)
             if p.grad is not None:
-                buffer.copy_(p.grad)
+                buffer.copy_(local(p.grad))
             self.grads[name] = buffer
-            p.grad = buffer
-            client.lend_cuda(name, buffer, p, _DTYPES[p.dtype])
-        self.data_ptrs = {name: p.data_ptr() for name, p, _ in self.lent}
+            if not is_dtensor(p):
+                p.grad = buffer
+            client.lend_cuda(name, buffer, shard, _DTYPES[p.dtype])
+        self.data_ptrs = {name: local(p).data_ptr() for name, p, _ in self.lent}
         for index in range(len(param_groups)):
             client.set_group(index, [n for n, _, g in matrices if g == index])
         self.adamw = None
         if others:
-            groups = []
-            for index, group in enumerate(param_groups):
-                params = [p for _, p, g in others if g == index]
-                if params:
-                    groups.append({"params": params, "group": index,
-                                   "weight_decay": group["adamw_weight_decay"]})
-            self.adamw = torch.optim.AdamW(
-                groups, lr=1e-3, betas=defaults["adamw_betas"],
-                eps=defaults["adamw_eps"],
-                weight_decay=defaults["adamw_weight_decay"], fused=True)
+            self.adamw = TorchAdamW(
+                others, param_groups, defaults,
+                fused=not any(is_dtensor(p) for _, p, _ in others))
 
     def step(self, step_id, param_groups, adamw_lr_of):
         """Enqueues one step; raises a previous async step's error."""
         for name, p, _ in self.lent:
-            if p.data_ptr() != self.data_ptrs[name]:
+            if local(p).data_ptr() != self.data_ptrs[name]:
                 raise RuntimeError(
                     f"muonps.Muon: {name!r}.data was replaced after the job "
                     "started; the worker updates the original storage (copy "
@@ -68,20 +71,17 @@ class CudaPath:
             buffer = self.grads[name]
             if p.grad is None:
                 buffer.zero_()
-            elif p.grad.data_ptr() != buffer.data_ptr():
-                buffer.copy_(p.grad)
-            p.grad = buffer
+            elif local(p.grad).data_ptr() != buffer.data_ptr():
+                buffer.copy_(local(p.grad))
+            if not is_dtensor(p):
+                p.grad = buffer
         stream = torch.cuda.current_stream(self.device).cuda_stream
         pending, already = self.client.step_with(
             step_id, [g["lr"] for g in param_groups],
             [g["weight_decay"] for g in param_groups], stream=stream,
             async_=True)
         if self.adamw is not None and not already:
-            for group in self.adamw.param_groups:
-                group["lr"] = adamw_lr_of(param_groups[group["group"]])
-                group["weight_decay"] = (
-                    param_groups[group["group"]]["adamw_weight_decay"])
-            self.adamw.step()
+            self.adamw.step(param_groups, adamw_lr_of)
         return already
 
     def wait(self):
@@ -94,4 +94,5 @@ class CudaPath:
         for name, p, _ in self.lent:
             buffer = self.grads[name]
             buffer.zero_()
-            p.grad = buffer
+            if not is_dtensor(p):
+                p.grad = buffer

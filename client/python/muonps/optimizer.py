@@ -22,8 +22,9 @@ import weakref
 import torch
 
 from . import _native, _service
-from ._binding import LentTensor, release
+from ._binding import LentTensor, ShardLent, release
 from ._cuda import CudaPath
+from ._dtensor import TorchAdamW, check_row_sharded, is_dtensor
 from ._messages import explain_start_error
 from .routing import default_is_matrix, split_named
 
@@ -78,6 +79,10 @@ class Muon(torch.optim.Optimizer):
     rank, world_size: default torch.distributed's, else 0 and 1.
     layout: "replicated" (every rank passes the reduced gradient, as after
         DDP) or "unreduced" (each its own; the workers average them).
+        Parameters that are DTensors (FSDP2's fully_shard) need no layout:
+        their matrices are "row_sharded" as PyTorch sharded them (each rank
+        lends its own rows; see muonps/_dtensor.py) and their other tensors
+        go to torch.optim.AdamW.
     is_matrix(name, param) -> bool: which parameters Muon steps; default
         `muonps.default_is_matrix` (2-D/3-D, not embeddings or heads).
     timeout: seconds to wait for the worker's plan (one holding a worker per
@@ -128,6 +133,7 @@ class Muon(torch.optim.Optimizer):
         self._cuda = None  # CudaPath when the parameters are on a GPU
         self._lent = []
         self._frozen = []
+        self._adamw_torch = None  # torch's AdamW for DTensors not lent
         self._finalizer = None
         self._service = None  # a private LocalService (zero setup)
         self._step_id = 0
@@ -231,6 +237,10 @@ class Muon(torch.optim.Optimizer):
             for t, (ref_lr, ref_wd), p0 in before:
                 lr, wd = self._hyperparameters(t)
                 _rescale_update(t.value, p0, lr, wd, ref_lr, ref_wd)
+            if self._adamw_torch is not None:
+                self._adamw_torch.step(self.param_groups, _adamw_lr)
+        for t in self._lent:
+            t.store()
         self._failed_step = None
         self._step_id += 1
         return loss
@@ -266,6 +276,8 @@ class Muon(torch.optim.Optimizer):
                         saved["momentum"][f"{name}[{e}]"] = buf
             if self._cuda.adamw is not None:
                 saved["adamw_torch"] = self._cuda.adamw.state_dict()
+        if self._adamw_torch is not None:
+            saved["adamw_torch"] = self._adamw_torch.state_dict()
         for t in self._lent:
             if t.muon:
                 for e in range(t.experts):
@@ -305,6 +317,8 @@ class Muon(torch.optim.Optimizer):
                                           _f32(values))
             self._step_id = int(saved["step"])
             return
+        if "adamw_torch" in saved and self._adamw_torch is not None:
+            self._adamw_torch.load_state_dict(saved["adamw_torch"])
         lent = {t.name: t for t in self._lent}
         for name, moments in saved["adamw"].items():
             if name not in lent or lent[name].muon:
@@ -398,7 +412,12 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"muonps.Muon: is_matrix chose {name!r} "
                                      f"of shape {tuple(p.shape)}; Muon takes "
                                      "2-D matrices and 3-D expert stacks")
-                lent.append(LentTensor(name, p, index, muon))
+                kind = LentTensor
+                if is_dtensor(p):
+                    kind = ShardLent
+                    if muon:
+                        check_row_sharded(name, p, rank, world_size)
+                lent.append(kind(name, p, index, muon))
         if not any(t.muon for t in lent):
             raise ValueError("muonps.Muon: no parameter is a matrix (see "
                              "is_matrix); a muonps job needs at least one")
@@ -408,6 +427,16 @@ class Muon(torch.optim.Optimizer):
                             "one optimizer takes the parameters of one device")
         device = devices.pop()
         layout = _LAYOUTS[c["layout"]]
+        sharded = [t.name for t in lent if isinstance(t, ShardLent)]
+        if sharded:
+            plain = [t.name for t in lent if not isinstance(t, ShardLent)]
+            if plain or c["layout"] != "replicated":
+                raise ValueError(
+                    f"muonps.Muon: {sharded[0]!r} is a DTensor (FSDP2), so "
+                    "every trainable parameter must be one and the layout is "
+                    "theirs (row_sharded); "
+                    + (f"{plain[0]!r} is not a DTensor" if plain else
+                       f"layout={c['layout']!r} was given"))
         if c["coordinator"] is None or os.environ.get(
                 "MUONPS_LOCAL_WORKERS") == "1":
             self._start_private_service(device, rank, world_size)
@@ -429,12 +458,19 @@ class Muon(torch.optim.Optimizer):
         c = self._connection
         client = _native.NativeClient(c["coordinator"], c["job"], self._socket,
                                       rank, world_size, c["timeout"])
+        # DTensors that are not matrices: torch's AdamW, on their shards.
+        others = [(t.name, t.param, t.group) for t in lent
+                  if isinstance(t, ShardLent) and not t.muon]
+        lent = [t for t in lent if t.muon or not isinstance(t, ShardLent)]
         try:
             layer = 0
             for t in lent:
                 if t.muon:
                     rows, cols = t.shape[-2:]
-                    client.add_matrix(t.name, rows, cols, t.experts, layout, layer)
+                    client.add_matrix(
+                        t.name, rows, cols, t.experts,
+                        _native.LAYOUT_ROW_SHARDED
+                        if isinstance(t, ShardLent) else layout, layer)
                     layer += 1
                 else:
                     client.add_tensor(t.name, t.param.numel(), layout)
@@ -450,6 +486,9 @@ class Muon(torch.optim.Optimizer):
             client.close()
             raise explain_start_error(e, c["coordinator"], c["job"],
                                       self._socket) from e
+        if others:
+            self._adamw_torch = TorchAdamW(others, self.param_groups,
+                                           self.defaults, fused=False)
         self._client, self._lent, self._frozen = client, lent, frozen
         self._finalizer = weakref.finalize(self, _shut_down, client, lent,
                                            self._service)
@@ -503,10 +542,9 @@ class Muon(torch.optim.Optimizer):
             for layer, (name, p, _) in enumerate(matrices):
                 rows, cols = p.shape[-2:]
                 experts = p.shape[0] if p.dim() == 3 else 1
-                client.add_matrix(name, rows, cols, experts, layout, layer)
-                if not p.is_contiguous():
-                    raise TypeError(f"muonps.Muon: {name!r} is not contiguous; "
-                                    "the worker updates it in place")
+                client.add_matrix(name, rows, cols, experts,
+                                  _native.LAYOUT_ROW_SHARDED if is_dtensor(p)
+                                  else layout, layer)
             # Unreduced: the workers average the AdamW tensors' gradients.
             average = c["layout"] == "unreduced"
             if average:
