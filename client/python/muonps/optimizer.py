@@ -209,8 +209,13 @@ class Muon(torch.optim.Optimizer):
             self._cuda.step(self._step_id, self.param_groups, _adamw_lr)
             self._step_id += 1
             return loss
+        # A retry of a step whose call raised: the lent buffers may hold
+        # what the workers committed, which the parameters (DTensor shards)
+        # have not been given yet; copying those in again would lose it.
+        retrying = self._failed_step == self._step_id
         for t in self._lent:
-            t.rebind()
+            if not retrying:
+                t.rebind()
             t.load_grad()
         adamw_lr, fixes = self._reference_hyperparameters()
         before = [(t, ref, t.value.double()) for t, ref in fixes]
