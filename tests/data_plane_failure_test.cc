@@ -7,7 +7,8 @@
 // changes nothing; and that a SIGKILLed worker or a trainer that never
 // calls Step makes the others' Step fail with UNAVAILABLE or
 // DEADLINE_EXCEEDED within the workers' --io_timeout_ms (not hang), while a
-// trainer late by less than that still steps.
+// trainer late by less than that still steps; and that Step calls cut by
+// their deadline while a peer is frozen step AdamW exactly once on retry.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -15,6 +16,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -193,6 +195,44 @@ TEST_F(DataPlaneFailureTest, TrainerLateByLessThanTheIoTimeoutStillSteps) {
   ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(3, script), 3));
   ASSERT_TRUE(reference_->Step(3).ok());
   ExpectMatchesReference(*reference_, kTolerance);
+}
+
+// Issue 15 item 5: the trainers' Step calls pass their deadline (1 s)
+// while a peer worker is frozen; it then thaws and finishes what it began.
+// Whatever the workers did with the cancelled calls (refused them, or, as
+// before, ran the step behind the callers' backs), the retries step AdamW
+// exactly once: before, the already_applied retry skipped it.
+TEST_F(DataPlaneFailureTest, AStepPastTheClientsDeadlineStepsAdamWOnce) {
+  ClusterOptions cluster = kCluster;
+  cluster.workers = 2;
+  cluster.io_timeout_ms = 5000;
+  cluster.lease_ttl_ms = 8000;
+  cluster.client_timeout = absl::Seconds(1);
+  ASSERT_NO_FATAL_FAILURE(StartJob(mixed_, cluster));
+  ReferenceModel reference(mixed_, 2, PlannedAlgorithms());
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  const int frozen = WorkerAtPlanRank(1);
+  ASSERT_NO_FATAL_FAILURE(SignalWorker(frozen, SIGSTOP));
+  std::thread stepping([&] {
+    for (const auto& o : RunStep(3)) {
+      EXPECT_EQ(o->result.status().code(), absl::StatusCode::kDeadlineExceeded)
+          << o->result.status();
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(1500));
+  ASSERT_NO_FATAL_FAILURE(SignalWorker(frozen, SIGCONT));
+  stepping.join();
+  absl::SleepFor(absl::Seconds(6));  // past the workers' io timeout
+  const std::vector<testing::LoopOutcome> loops = RunTrainerLoops(3, 3, 3);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
+  }
+  ASSERT_TRUE(reference.Step(3).ok());
+  ExpectMatchesReference(reference, kTolerance);
 }
 
 // A failure that a peer, not the data, causes.
