@@ -46,7 +46,13 @@
 // once any rank commits, every live rank either committed or holds the
 // staging to commit on its own, and a retry never applies a step twice.
 // Trainers retry a failed step id until it is answered; the client applies
-// AdamW once per committed step id (client.h).
+// AdamW once per committed step id (client.h). Liveness: a retry that needs
+// a round is answered once every peer's trainer calls Step again (its retry,
+// or its next step, which the round then settles first); a trainer blocked
+// elsewhere (DDP's all-reduce waiting on the retrying rank) leaves it to
+// fail within the timeout, with nothing applied twice. A worker that
+// restarted knows nothing of its trainer's parameters: with a step committed
+// elsewhere the round is refused with DATA_LOSS (checkpoints recover it).
 //
 // Streams: transfers on the ops' stream(), compute on compute_stream():
 // bucket k+1's gradients move while bucket k's stacks compute; each side

@@ -1,0 +1,157 @@
+// StepEngineTest's faults (transports that fail or stall at a chosen call)
+// and trainer loops that retry until answered.
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/worker/step_engine_fixture.h"
+#include "transport/loopback_ranks.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+// A transport that fails (or stalls at) the call its FaultState is armed
+// for; every other call goes through.
+class FaultyTransport final : public transport::Transport {
+ public:
+  FaultyTransport(std::unique_ptr<transport::Transport> inner,
+                  FaultState* state)
+      : inner_(std::move(inner)), state_(state) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  MemoryKind memory() const override { return inner_->memory(); }
+  absl::Status GroupStart() override { return inner_->GroupStart(); }
+  absl::Status GroupEnd() override { return inner_->GroupEnd(); }
+  absl::Status Send(const void* data, size_t bytes, int peer,
+                    Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->Send(data, bytes, peer, stream);
+  }
+  absl::Status Recv(void* data, size_t bytes, int peer,
+                    Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->Recv(data, bytes, peer, stream);
+  }
+  absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
+                         absl::Span<const int> order, Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->ReduceSum(send, recv, count, root, order, stream);
+  }
+  absl::Status Broadcast(void* data, size_t bytes, int root,
+                         Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->Broadcast(data, bytes, root, stream);
+  }
+  absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
+    return inner_->Synchronize(stream, timeout);
+  }
+  absl::Status AwaitFrom(int peer, absl::Duration timeout) override {
+    return inner_->AwaitFrom(peer, timeout);
+  }
+  void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+
+ private:
+  absl::Status Count() {
+    absl::Duration stall;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (!state_->armed) return absl::OkStatus();
+      if (state_->counted++ != state_->fault.call) return absl::OkStatus();
+      state_->armed = false;
+      state_->fired = true;
+      stall = state_->fault.stall;
+    }
+    if (stall > absl::ZeroDuration()) {
+      absl::SleepFor(stall);
+      return absl::OkStatus();
+    }
+    const absl::Status fault = absl::UnavailableError("injected fault");
+    inner_->Abort(fault);
+    return fault;
+  }
+
+  std::unique_ptr<transport::Transport> inner_;
+  FaultState* const state_;
+};
+
+}  // namespace
+
+TransportFactory StepEngineTest::Connector(int worker) {
+  transport::TcpListener* listener = listeners_[worker].get();
+  FaultState* state = faults_[worker].get();
+  const absl::Duration timeout = IoTimeout();
+  return [listener, state, timeout](int rank,
+                                    const std::vector<std::string>& peers,
+                                    uint64_t session, const std::string& secret)
+             -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+    transport::TcpOptions options;
+    options.data_plane_secret = secret;
+    options.io_timeout = timeout;
+    options.connect_timeout = timeout;
+    auto t = transport::TcpTransport::Connect(listener, rank, peers, session,
+                                              options);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<transport::Transport>(
+        new FaultyTransport(*std::move(t), state));
+  };
+}
+
+void StepEngineTest::SetFault(int w, const Fault& fault) {
+  FaultState& state = *faults_[w];
+  absl::MutexLock lock(&state.mu);
+  state.fault = fault;
+  state.armed = false;
+  state.fired = false;
+  state.counted = 0;
+}
+
+int64_t StepEngineTest::CallsCounted(int w) {
+  FaultState& state = *faults_[w];
+  absl::MutexLock lock(&state.mu);
+  return state.counted;
+}
+
+std::vector<int> StepEngineTest::RunTrainerLoops(int64_t first, int64_t last,
+                                                 int attempts) {
+  std::vector<int> failures(kWorkers, 0);
+  std::vector<std::string> gave_up(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t step = first; step <= last; ++step) {
+        WriteGradientsOf(w, step);
+        v1::StepRequest request;
+        request.set_step_id(step);
+        request.set_lr(-1);
+        request.set_weight_decay(-1);
+        request.set_adamw_lr(-1);
+        absl::Status last_error;
+        bool done = false;
+        for (int attempt = 0; attempt < attempts && !done; ++attempt) {
+          absl::StatusOr<v1::StepResponse> r = engines_[w]->Step(request);
+          done = r.ok();
+          if (!done) {
+            ++failures[w];
+            last_error = r.status();
+          }
+        }
+        if (!done) {
+          gave_up[w] = absl::StrCat("step ", step, ": ", last_error.ToString());
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_TRUE(gave_up[w].empty()) << "trainer " << w << " " << gave_up[w];
+  }
+  return failures;
+}
+
+}  // namespace worker
+}  // namespace muonps
