@@ -120,7 +120,8 @@ absl::StatusOr<int64_t> CoordinatorState::PlanAtLeast(const std::string& name,
                                                       uint64_t incarnation,
                                                       int64_t generation) {
   // The job of `name` and `incarnation` (nullptr once deleted).
-  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> JobRecord* {
+  // Called with mu_ held.
+  auto find = [&]() -> JobRecord* {
     auto it = jobs_.find(name);
     return it == jobs_.end() || it->second.incarnation != incarnation
                ? nullptr

@@ -183,7 +183,7 @@ void CoordinatorState::RemoveWorker(const std::string& name, JobRecord* job,
       std::remove(job->join_order.begin(), job->join_order.end(), worker_id),
       job->join_order.end());
   ++job->membership_generation;
-  job->pending_reasons.push_back(reason);
+  if (!reason.empty()) job->pending_reasons.push_back(reason);
   Enqueue(store_op::DeleteWorker{name, worker_id});
 }
 
@@ -591,10 +591,12 @@ std::vector<std::string> CoordinatorState::ExpireLeases() {
       }
       if (lost.empty()) continue;
       for (const std::string& id : lost) {
-        RemoveWorker(name, &job, id, absl::StrCat("lease of ", id, " expired"));
+        RemoveWorker(name, &job, id, "");
         expired.push_back(absl::StrCat(name, "/", id));
         spdlog::warn("job={} worker={} lease expired", name, id);
       }
+      job.pending_reasons.push_back(
+          absl::StrCat("lease expired: ", absl::StrJoin(lost, ", ")));
       replans.push_back({name, job.incarnation, job.membership_generation});
     }
     seq = enqueued_seq_;

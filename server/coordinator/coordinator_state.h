@@ -218,6 +218,7 @@ class CoordinatorState {
       ABSL_LOCKS_EXCLUDED(mu_, store_mu_);
   void AddWorker(const std::string& name, JobRecord* job, WorkerRecord worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `reason` ("" for none) becomes part of the next plan's.
   void RemoveWorker(const std::string& name, JobRecord* job,
                     const std::string& worker_id, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
