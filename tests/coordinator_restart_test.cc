@@ -70,8 +70,7 @@ class CoordinatorRestartTest : public DataPlaneFixture {
     v1::GetPlanRequest request;
     request.set_job(job());
     v1::Plan plan;
-    const grpc::Status s =
-        coordinator_stub().GetPlan(&context, request, &plan);
+    const grpc::Status s = coordinator_stub().GetPlan(&context, request, &plan);
     if (!s.ok()) return FromGrpc(s, "GetPlan");
     return plan;
   }
@@ -92,11 +91,10 @@ class CoordinatorRestartTest : public DataPlaneFixture {
         all = status.ok() && status->state() == "ready" &&
               status->plan_version() == plan->version();
         if (!all) {
-          last = absl::StrCat(
-              "coordinator at plan_version ", plan->version(), "; worker ", w,
-              ": ",
-              status.ok() ? status->ShortDebugString()
-                          : status.status().ToString());
+          last = absl::StrCat("coordinator at plan_version ", plan->version(),
+                              "; worker ", w, ": ",
+                              status.ok() ? status->ShortDebugString()
+                                          : status.status().ToString());
         }
       }
       if (all) return plan;
@@ -146,8 +144,8 @@ TEST_F(CoordinatorRestartTest,
     for (int r = 0; r < kWorkers; ++r) {
       ASSERT_TRUE(outcomes[step][r].has_value());
       const absl::StatusOr<StepResult>& result = outcomes[step][r]->result;
-      ASSERT_TRUE(result.ok()) << "step " << step << " trainer " << r << ": "
-                               << result.status();
+      ASSERT_TRUE(result.ok())
+          << "step " << step << " trainer " << r << ": " << result.status();
       EXPECT_FALSE(result->already_applied) << "step " << step;
       EXPECT_EQ(result->momentum_reset, 0) << "step " << step;
       EXPECT_EQ(result->plan_version, version) << "step " << step;
@@ -172,8 +170,8 @@ TEST_F(CoordinatorRestartTest,
 TEST_F(CoordinatorRestartTest, ASecondCoordinatorOnTheStateDirExitsNamingIt) {
   const std::string dir = root_ + "/state";
   std::vector<std::string> argv = {
-      testing::RunfilePath("server/coordinator/muonps-coordinator"),
-      "--port=0", "--metrics_port=-1", "--state_dir=" + dir};
+      testing::RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
+      "--metrics_port=-1", "--state_dir=" + dir};
   for (std::string& flag : testing::SecuredCoordinatorFlags()) {
     argv.push_back(std::move(flag));
   }

@@ -283,10 +283,10 @@ void DataPlaneFixture::RestartCoordinator() {
         "--port=",
         coordinator_address_.substr(coordinator_address_.rfind(':') + 1));
   }
-  const std::string log =
-      coordinator_starts_ == 0
-          ? log_dir_ + "/coordinator.log"
-          : absl::StrCat(log_dir_, "/coordinator.", coordinator_starts_, ".log");
+  const std::string log = coordinator_starts_ == 0
+                              ? log_dir_ + "/coordinator.log"
+                              : absl::StrCat(log_dir_, "/coordinator.",
+                                             coordinator_starts_, ".log");
   ++coordinator_starts_;
   absl::StatusOr<std::unique_ptr<ChildProcess>> started =
       ChildProcess::Start(coordinator_argv_, log);

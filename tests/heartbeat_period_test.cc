@@ -29,12 +29,11 @@ constexpr int64_t kHeartbeatMs = 300;
 class HeartbeatPeriodTest : public DataPlaneFixture {};
 
 TEST_F(HeartbeatPeriodTest, LeasesStayFreshWhileAStepWaitsTwiceTheLease) {
-  ASSERT_NO_FATAL_FAILURE(StartJob(MixedModel(),
-                                   ClusterOptions{.workers = 2,
-                                                  .io_timeout_ms = 10000,
-                                                  .lease_ttl_ms = kLeaseTtlMs,
-                                                  .heartbeat_interval_ms =
-                                                      kHeartbeatMs}));
+  ASSERT_NO_FATAL_FAILURE(StartJob(
+      MixedModel(), ClusterOptions{.workers = 2,
+                                   .io_timeout_ms = 10000,
+                                   .lease_ttl_ms = kLeaseTtlMs,
+                                   .heartbeat_interval_ms = kHeartbeatMs}));
   const int64_t version = plan().version();
   std::atomic<bool> stepping{true};
   int64_t lowest_lease_ms = kLeaseTtlMs;

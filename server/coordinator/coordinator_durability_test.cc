@@ -253,10 +253,10 @@ TEST_F(CoordinatorDurabilityTest, AStoredMemberWithoutItsPlanIsPlannedOnOpen) {
     w.join = Join("x", "w1");
     w.token = "wt";
     w.join_seq = 1;
-    ASSERT_TRUE((*store)
-                    ->Apply({store_op::PutJob{job},
-                             store_op::PutWorker{"x", w}})
-                    .ok());
+    ASSERT_TRUE(
+        (*store)
+            ->Apply({store_op::PutJob{job}, store_op::PutWorker{"x", w}})
+            .ok());
   }
   ASSERT_NO_FATAL_FAILURE(Restart());
   const v1::Plan plan = Current("x");

@@ -78,7 +78,8 @@ TEST(CoordinatorLockingTest,
     while (!done.WaitForNotificationWithTimeout(kPeriod)) {
       const bool busy = planning.load();
       const auto start = std::chrono::steady_clock::now();
-      const absl::StatusOr<v1::HeartbeatResponse> answer = state.Heartbeat(beat);
+      const absl::StatusOr<v1::HeartbeatResponse> answer =
+          state.Heartbeat(beat);
       const absl::StatusOr<v1::ListWorkersResponse> workers =
           state.ListWorkers(list);
       latencies_ms.push_back(Ms(std::chrono::steady_clock::now() - start));
@@ -113,8 +114,8 @@ TEST(CoordinatorLockingTest,
   heartbeats.join();
 
   ASSERT_FALSE(latencies_ms.empty());
-  const double worst = *std::max_element(latencies_ms.begin(),
-                                         latencies_ms.end());
+  const double worst =
+      *std::max_element(latencies_ms.begin(), latencies_ms.end());
   // The test means something only if heartbeats overlapped re-plans.
   EXPECT_GE(during_planning, 2) << "re-plans were too quick to overlap";
   EXPECT_LT(worst, absl::ToDoubleMilliseconds(kPeriod / 2))

@@ -51,8 +51,8 @@ CoordinatorState::PlanSnapshot CoordinatorState::SnapshotForPlanning(
   const v1::MuonHyperparameters& muon = job.spec.muon();
   s.ns_steps = muon.ns_steps() > 0 ? muon.ns_steps() : 5;
   s.algorithm = PolicyOf(muon);
-  s.bucket_bytes = job.spec.bucket_bytes() > 0 ? job.spec.bucket_bytes()
-                                               : int64_t{64} << 20;
+  s.bucket_bytes =
+      job.spec.bucket_bytes() > 0 ? job.spec.bucket_bytes() : int64_t{64} << 20;
   // Ranks: workers with trainers in join order, then dedicated ones.
   for (const bool want_dedicated : {false, true}) {
     for (const std::string& id : job.join_order) {
@@ -86,8 +86,8 @@ CoordinatorState::PlanOutcome CoordinatorState::ComputePlan(
   input.workers = s.workers;
   int64_t smallest = 0;
   for (const scheduler::WorkerSpec& w : s.workers) {
-    smallest = smallest == 0 ? w.memory_bytes
-                             : std::min(smallest, w.memory_bytes);
+    smallest =
+        smallest == 0 ? w.memory_bytes : std::min(smallest, w.memory_bytes);
   }
   // Work buffers: 2 GiB, or an eighth of the smallest worker's memory.
   input.options.workspace_bytes =
@@ -108,10 +108,12 @@ CoordinatorState::PlanOutcome CoordinatorState::ComputePlan(
     out.status = schedule.status();
     return out;
   }
-  out.proto = std::make_shared<v1::Plan>(PlanToProto(
-      {.job = s.job, .version = s.version, .reason = s.reason,
-       .plan_ms = plan_ms},
-      *s.matrices, *plan, *schedule));
+  out.proto =
+      std::make_shared<v1::Plan>(PlanToProto({.job = s.job,
+                                              .version = s.version,
+                                              .reason = s.reason,
+                                              .plan_ms = plan_ms},
+                                             *s.matrices, *plan, *schedule));
   out.plan = std::make_shared<scheduler::OwnershipPlan>(*std::move(plan));
   return out;
 }
@@ -179,8 +181,8 @@ absl::StatusOr<int64_t> CoordinatorState::PlanAtLeast(const std::string& name,
                                    job->pending_reasons.begin() + reasons);
         job->planning = false;
         plan_changed_.SignalAll();
-        spdlog::warn("job={} cannot be planned ({}): {}", name,
-                     snapshot.reason, job->plan_error);
+        spdlog::warn("job={} cannot be planned ({}): {}", name, snapshot.reason,
+                     job->plan_error);
         continue;
       }
       seq = Enqueue(store_op::PutPlan{name, outcome.proto, "", 0});

@@ -55,16 +55,16 @@ absl::Status CoordinatorState::Persist(int64_t seq) {
   }
   const auto start = std::chrono::steady_clock::now();
   absl::Status applied = store_->Apply(batch);
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   if (store_write_observer_) store_write_observer_(seconds, batch.size());
   if (!applied.ok()) {
     store_failure_ = applied;
     spdlog::critical("state store write failed, memory and disk differ: {}",
                      applied.ToString());
-    return absl::UnavailableError(absl::StrCat(
-        "the change is not durable: ", applied.message()));
+    return absl::UnavailableError(
+        absl::StrCat("the change is not durable: ", applied.message()));
   }
   durable_seq_ = last;
   return absl::OkStatus();
@@ -73,9 +73,9 @@ absl::Status CoordinatorState::Persist(int64_t seq) {
 absl::Status CoordinatorState::Restore(const StoredState& stored) {
   // What the coordinator accepted once it keeps, whatever today's limits.
   Limits unlimited;
-  for (int64_t* limit :
-       {&unlimited.max_matrices_per_job, &unlimited.max_parameters_per_job,
-        &unlimited.max_dim, &unlimited.max_experts, &unlimited.max_name_bytes}) {
+  for (int64_t* limit : {&unlimited.max_matrices_per_job,
+                         &unlimited.max_parameters_per_job, &unlimited.max_dim,
+                         &unlimited.max_experts, &unlimited.max_name_bytes}) {
     *limit = std::numeric_limits<int64_t>::max();
   }
   struct Replan {
@@ -92,10 +92,9 @@ absl::Status CoordinatorState::Restore(const StoredState& stored) {
       absl::StatusOr<std::vector<scheduler::MatrixSpec>> matrices =
           ValidateJobSpec(s.spec, unlimited);
       if (!matrices.ok()) {
-        return absl::DataLossError(
-            absl::StrCat("state store: job ", Quoted(s.name),
-                         ": stored spec is invalid: ",
-                         matrices.status().message()));
+        return absl::DataLossError(absl::StrCat(
+            "state store: job ", Quoted(s.name),
+            ": stored spec is invalid: ", matrices.status().message()));
       }
       JobRecord& job = jobs_[s.name];
       job.spec = s.spec;
@@ -134,11 +133,10 @@ absl::Status CoordinatorState::Restore(const StoredState& stored) {
         absl::StatusOr<scheduler::OwnershipPlan> ownership =
             proto::OwnershipFromPlan(s.plan->plan, *matrices);
         if (ownership.ok()) {
-          job.plans.push_back(
-              {std::make_shared<const v1::Plan>(s.plan->plan),
-               std::make_shared<const scheduler::OwnershipPlan>(
-                   *std::move(ownership)),
-               s.plan->nccl_id, s.plan->nccl_generation});
+          job.plans.push_back({std::make_shared<const v1::Plan>(s.plan->plan),
+                               std::make_shared<const scheduler::OwnershipPlan>(
+                                   *std::move(ownership)),
+                               s.plan->nccl_id, s.plan->nccl_generation});
         } else {
           spdlog::warn("job={} stored plan_version={} dropped: {}", s.name,
                        s.plan->plan.version(), ownership.status().ToString());

@@ -402,8 +402,7 @@ absl::StatusOr<v1::Plan> CoordinatorState::GetPlan(
             r.version() > job->latest_version
                 ? absl::StrCat(r.version(), " does not exist yet (latest ",
                                job->latest_version, ")")
-                : absl::StrCat(r.version(),
-                               " was pruned (the oldest kept is ",
+                : absl::StrCat(r.version(), " was pruned (the oldest kept is ",
                                job->plans.empty()
                                    ? 0
                                    : job->plans.front().proto->version(),
@@ -466,10 +465,9 @@ absl::Status CoordinatorState::PutNcclId(const v1::PutNcclIdRequest& r) {
     }
     PlanRecord& plan = job->plans.back();
     if (plan.proto->workers(0) != r.worker_id()) {
-      return FieldError(
-          absl::StatusCode::kFailedPrecondition, "worker_id",
-          absl::StrCat(Quoted(r.worker_id()), " is not rank 0 (",
-                       Quoted(plan.proto->workers(0)), " is)"));
+      return FieldError(absl::StatusCode::kFailedPrecondition, "worker_id",
+                        absl::StrCat(Quoted(r.worker_id()), " is not rank 0 (",
+                                     Quoted(plan.proto->workers(0)), " is)"));
     }
     if (r.generation() < 0) {
       return InvalidField("generation", absl::StrCat(r.generation(), " < 0"));

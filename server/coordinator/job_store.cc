@@ -75,7 +75,8 @@ class Statement {
   std::string ColumnBytes(int c) {
     const void* p = sqlite3_column_blob(stmt_, c);
     const int n = sqlite3_column_bytes(stmt_, c);
-    return p == nullptr ? std::string() : std::string(static_cast<const char*>(p), n);
+    return p == nullptr ? std::string()
+                        : std::string(static_cast<const char*>(p), n);
   }
 
  private:
@@ -115,9 +116,8 @@ absl::StatusOr<int> LockDirectory(const std::string& dir) {
                      "overwrite each other's jobs"));
   }
   const std::string pid = absl::StrCat(getpid(), "\n");
-  if (ftruncate(fd, 0) != 0 ||
-      pwrite(fd, pid.data(), pid.size(), 0) !=
-          static_cast<ssize_t>(pid.size())) {
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) !=
+                                   static_cast<ssize_t>(pid.size())) {
     close(fd);
     return absl::InternalError(Errno("cannot write", path));
   }
@@ -128,9 +128,8 @@ template <typename Message>
 absl::Status ParseRow(Message* out, const std::string& bytes,
                       const std::string& what) {
   if (!out->ParseFromString(bytes)) {
-    return absl::DataLossError(
-        absl::StrCat("state store: ", what, " does not parse as ",
-                     out->GetTypeName()));
+    return absl::DataLossError(absl::StrCat(
+        "state store: ", what, " does not parse as ", out->GetTypeName()));
   }
   return absl::OkStatus();
 }
@@ -171,8 +170,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
     if (check.Step() != SQLITE_ROW) return store->Error("integrity check");
     const std::string verdict = check.ColumnBytes(0);
     if (verdict != "ok") {
-      return absl::DataLossError(absl::StrCat(
-          "state store ", Quoted(path), " is corrupt: ", verdict));
+      return absl::DataLossError(
+          absl::StrCat("state store ", Quoted(path), " is corrupt: ", verdict));
     }
   }
   for (const char* sql : kSchema) MUONPS_RETURN_IF_ERROR(store->Exec(sql));
@@ -181,10 +180,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
   if (step == SQLITE_ROW) {
     const int64_t version = read.ColumnInt(0);
     if (version != kSchemaVersion) {
-      return FieldError(absl::StatusCode::kFailedPrecondition, "state_dir",
-                        absl::StrCat(Quoted(dir), " holds schema version ",
-                                     version, "; this build reads ",
-                                     kSchemaVersion));
+      return FieldError(
+          absl::StatusCode::kFailedPrecondition, "state_dir",
+          absl::StrCat(Quoted(dir), " holds schema version ", version,
+                       "; this build reads ", kSchemaVersion));
     }
   } else if (step == SQLITE_DONE) {
     Statement write(db,
@@ -203,9 +202,9 @@ JobStore::~JobStore() {
 }
 
 absl::Status JobStore::Error(const std::string& what) const {
-  return absl::InternalError(absl::StrCat("state store ",
-                                          Quoted(dir_ + "/coordinator.db"),
-                                          ": ", what, ": ", sqlite3_errmsg(db_)));
+  return absl::InternalError(
+      absl::StrCat("state store ", Quoted(dir_ + "/coordinator.db"), ": ", what,
+                   ": ", sqlite3_errmsg(db_)));
 }
 
 absl::Status JobStore::Exec(const char* sql) {
@@ -256,10 +255,10 @@ absl::StatusOr<StoredState> JobStore::Load() {
       const std::string job = s.ColumnBytes(0);
       StoredWorker w;
       w.worker_id = s.ColumnBytes(1);
-      MUONPS_RETURN_IF_ERROR(ParseRow(
-          &w.join, s.ColumnBytes(2),
-          absl::StrCat("worker ", Quoted(w.worker_id), " of job ",
-                       Quoted(job))));
+      MUONPS_RETURN_IF_ERROR(
+          ParseRow(&w.join, s.ColumnBytes(2),
+                   absl::StrCat("worker ", Quoted(w.worker_id), " of job ",
+                                Quoted(job))));
       w.join_time_ms = s.ColumnInt(3);
       w.token = s.ColumnBytes(4);
       w.join_seq = s.ColumnInt(5);
@@ -270,14 +269,14 @@ absl::StatusOr<StoredState> JobStore::Load() {
     if (rc != SQLITE_DONE) return Error("reading workers");
   }
   {
-    Statement s(db_,
-                "SELECT job, plan, nccl_id, nccl_generation FROM plans");
+    Statement s(db_, "SELECT job, plan, nccl_id, nccl_generation FROM plans");
     int rc;
     while ((rc = s.Step()) == SQLITE_ROW) {
       const std::string job = s.ColumnBytes(0);
       StoredPlan plan;
-      MUONPS_RETURN_IF_ERROR(ParseRow(&plan.plan, s.ColumnBytes(1),
-                                      absl::StrCat("plan of job ", Quoted(job))));
+      MUONPS_RETURN_IF_ERROR(
+          ParseRow(&plan.plan, s.ColumnBytes(1),
+                   absl::StrCat("plan of job ", Quoted(job))));
       plan.nccl_id = s.ColumnBytes(2);
       plan.nccl_generation = s.ColumnInt(3);
       auto it = index.find(job);
@@ -346,8 +345,9 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
                     .Int(6, o.worker.join_seq);
               });
         } else if constexpr (std::is_same_v<T, store_op::DeleteWorker>) {
-          return run("DELETE FROM workers WHERE job = ? AND worker_id = ?",
-                     [&](Statement& s) { s.Text(1, o.job).Text(2, o.worker_id); });
+          return run(
+              "DELETE FROM workers WHERE job = ? AND worker_id = ?",
+              [&](Statement& s) { s.Text(1, o.job).Text(2, o.worker_id); });
         } else if constexpr (std::is_same_v<T, store_op::PutPlan>) {
           return run(
               "INSERT OR REPLACE INTO plans(job, version, plan, nccl_id, "
@@ -361,15 +361,15 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
               });
         } else {
           static_assert(std::is_same_v<T, store_op::PutNcclId>);
-          MUONPS_RETURN_IF_ERROR(run(
-              "UPDATE plans SET nccl_id = ?, nccl_generation = ? "
-              "WHERE job = ? AND version = ?",
-              [&](Statement& s) {
-                s.Blob(1, o.nccl_id)
-                    .Int(2, o.nccl_generation)
-                    .Text(3, o.job)
-                    .Int(4, o.plan_version);
-              }));
+          MUONPS_RETURN_IF_ERROR(
+              run("UPDATE plans SET nccl_id = ?, nccl_generation = ? "
+                  "WHERE job = ? AND version = ?",
+                  [&](Statement& s) {
+                    s.Blob(1, o.nccl_id)
+                        .Int(2, o.nccl_generation)
+                        .Text(3, o.job)
+                        .Int(4, o.plan_version);
+                  }));
           if (sqlite3_changes(db_) != 1) {
             return FieldError(
                 absl::StatusCode::kFailedPrecondition, "plan_version",

@@ -117,9 +117,9 @@ struct PutNcclId {
 };
 }  // namespace store_op
 
-using StoreOp =
-    std::variant<store_op::PutJob, store_op::DeleteJob, store_op::PutWorker,
-                 store_op::DeleteWorker, store_op::PutPlan, store_op::PutNcclId>;
+using StoreOp = std::variant<store_op::PutJob, store_op::DeleteJob,
+                             store_op::PutWorker, store_op::DeleteWorker,
+                             store_op::PutPlan, store_op::PutNcclId>;
 
 class JobStore {
  public:

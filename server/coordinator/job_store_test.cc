@@ -91,20 +91,20 @@ TEST_F(JobStoreTest, AppliedChangesAreLoadedBackAfterReopen) {
   {
     std::unique_ptr<JobStore> store = OpenOk();
     ASSERT_NE(store, nullptr);
-    ASSERT_TRUE(store
-                    ->Apply({store_op::PutJob{Job("a")},
-                             store_op::PutWorker{"a", Worker("w1", 1)},
-                             store_op::PutWorker{"a", Worker("w2", 2)},
-                             store_op::PutPlan{"a", Plan("a", 2, {"w1", "w2"}),
-                                               "", 0}})
-                    .ok());
-    ASSERT_TRUE(store
-                    ->Apply({store_op::PutNcclId{"a", 2, std::string(128, 'n'),
-                                                 3},
-                             store_op::PutJob{Job("b")},
-                             store_op::PutWorker{"b", Worker("w1", 1)},
-                             store_op::DeleteWorker{"a", "w1"}})
-                    .ok());
+    ASSERT_TRUE(
+        store
+            ->Apply({store_op::PutJob{Job("a")},
+                     store_op::PutWorker{"a", Worker("w1", 1)},
+                     store_op::PutWorker{"a", Worker("w2", 2)},
+                     store_op::PutPlan{"a", Plan("a", 2, {"w1", "w2"}), "", 0}})
+            .ok());
+    ASSERT_TRUE(
+        store
+            ->Apply({store_op::PutNcclId{"a", 2, std::string(128, 'n'), 3},
+                     store_op::PutJob{Job("b")},
+                     store_op::PutWorker{"b", Worker("w1", 1)},
+                     store_op::DeleteWorker{"a", "w1"}})
+            .ok());
   }
   std::unique_ptr<JobStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
@@ -156,9 +156,9 @@ TEST_F(JobStoreTest, AFailedBatchAppliesNothingOfIt) {
   std::unique_ptr<JobStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   // The NCCL id names a plan that is not stored: the whole batch fails.
-  const absl::Status failed = store->Apply(
-      {store_op::PutJob{Job("a")},
-       store_op::PutNcclId{"a", 5, std::string(128, 'n'), 0}});
+  const absl::Status failed =
+      store->Apply({store_op::PutJob{Job("a")},
+                    store_op::PutNcclId{"a", 5, std::string(128, 'n'), 0}});
   EXPECT_EQ(failed.code(), absl::StatusCode::kFailedPrecondition) << failed;
   EXPECT_THAT(std::string(failed.message()), HasSubstr("plan_version"));
   const absl::StatusOr<StoredState> state = store->Load();

@@ -165,8 +165,9 @@ int Run() {
   Histogram* store_writes = metrics.AddHistogram(
       "muonps_coordinator_store_write_seconds",
       "Commits of the durable state (--state_dir), fsync included.");
-  state.set_store_write_observer(
-      [store_writes](double seconds, size_t) { store_writes->Observe(seconds); });
+  state.set_store_write_observer([store_writes](double seconds, size_t) {
+    store_writes->Observe(seconds);
+  });
   coordinator::CoordinatorService service(
       &state, &metrics, security->token,
       absl::GetFlag(FLAGS_max_watch_streams));

@@ -26,8 +26,8 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 class Backoff {
  public:
   absl::Duration Next() {
-    const absl::Duration out = current_ * std::uniform_real_distribution<double>(
-                                              0.75, 1.25)(random_);
+    const absl::Duration out =
+        current_ * std::uniform_real_distribution<double>(0.75, 1.25)(random_);
     current_ = std::min(current_ * 2, absl::Seconds(2));
     return out;
   }
@@ -269,7 +269,7 @@ void WorkerAgent::WatchLoop() {
       // A stale plan's version means nothing to the coordinator: ask for
       // its current plan, whatever its version.
       request.set_known_version(plan_ && lost_at_epoch_ < 0 ? plan_->version()
-                                                           : 0);
+                                                            : 0);
       epoch = join_epoch_;
       watch_context_ = &context;
     }
@@ -299,9 +299,10 @@ void WorkerAgent::WatchLoop() {
       if (lost_at_epoch_ >= 0 && join_epoch_ == epoch) {
         lost_at_epoch_ = -1;  // the coordinator's current plan: step again
         state_ = "ready";
-        spdlog::info("job={} worker={} follows the coordinator's plan_version={}"
-                     " again",
-                     options_.job, options_.worker_id, plan.version());
+        spdlog::info(
+            "job={} worker={} follows the coordinator's plan_version={}"
+            " again",
+            options_.job, options_.worker_id, plan.version());
       }
     }
     const grpc::Status status = reader->Finish();
