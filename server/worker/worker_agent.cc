@@ -149,7 +149,8 @@ bool WorkerAgent::JoinWithRetry() {
       }
       absl::MutexLock lock(&mu_);
       ++join_epoch_;
-      state_ = lost_at_epoch_ >= 0 ? "joined" : "ready";
+      // After a lost lease it stays "lost" until the current plan arrives.
+      if (lost_at_epoch_ < 0) state_ = "ready";
       heartbeat_interval_ = absl::Milliseconds(
           std::max<int64_t>(10, response.heartbeat_interval_ms()));
       joins_->Increment();
