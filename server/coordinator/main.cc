@@ -143,7 +143,6 @@ int Run() {
   std::unique_ptr<coordinator::CoordinatorState> opened;
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) {
-    spdlog::info("state in memory only (no --state_dir): a restart loses it");
     opened = std::make_unique<coordinator::CoordinatorState>(options);
   } else {
     absl::StatusOr<std::unique_ptr<coordinator::JobStore>> store =
@@ -220,9 +219,11 @@ int Run() {
     metrics_server = *std::move(started);
     spdlog::info("metrics on {}", metrics_server->url());
   }
-  spdlog::info("listening on {}:{} ({}{})", host, port,
+  spdlog::info("listening on {}:{} ({}{}; state {})", host, port,
                security->tls ? "TLS" : "plaintext",
-               security->token.empty() ? "" : ", bearer token");
+               security->token.empty() ? "" : ", bearer token",
+               state_dir.empty() ? "in memory only, lost on restart"
+                                 : "in " + state_dir);
 
   absl::Notification stop;
   std::atomic<bool> store_failed{false};
