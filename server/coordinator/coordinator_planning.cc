@@ -48,11 +48,11 @@ CoordinatorState::PlanSnapshot CoordinatorState::SnapshotForPlanning(
   s.job = name;
   s.version = job.latest_version + 1;
   s.matrices = job.matrices;
-  const v1::MuonHyperparameters& muon = job.spec.muon();
+  const v1::MuonHyperparameters& muon = job.spec->muon();
   s.ns_steps = muon.ns_steps() > 0 ? muon.ns_steps() : 5;
   s.algorithm = PolicyOf(muon);
-  s.bucket_bytes =
-      job.spec.bucket_bytes() > 0 ? job.spec.bucket_bytes() : int64_t{64} << 20;
+  s.bucket_bytes = job.spec->bucket_bytes() > 0 ? job.spec->bucket_bytes()
+                                                : int64_t{64} << 20;
   // Ranks: workers with trainers in join order, then dedicated ones.
   for (const bool want_dedicated : {false, true}) {
     for (const std::string& id : job.join_order) {

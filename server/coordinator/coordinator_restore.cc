@@ -97,7 +97,7 @@ absl::Status CoordinatorState::Restore(const StoredState& stored) {
             ": stored spec is invalid: ", matrices.status().message()));
       }
       JobRecord& job = jobs_[s.name];
-      job.spec = s.spec;
+      job.spec = std::make_shared<const v1::JobSpec>(s.spec);
       job.create_request_id = s.create_request_id;
       job.create_time = absl::FromUnixMillis(s.create_time_ms);
       job.job_token = s.job_token;

@@ -43,7 +43,6 @@ v1::Job CoordinatorState::JobToProto(const std::string& name,
                                      const JobRecord& job) const {
   v1::Job out;
   out.set_name(absl::StrCat("jobs/", name));
-  *out.mutable_spec() = job.spec;
   for (const std::string& id : job.join_order) out.add_workers(id);
   out.set_plan_version(job.latest_version);
   out.set_create_time_ms(absl::ToUnixMillis(job.create_time));
@@ -56,7 +55,25 @@ absl::StatusOr<v1::Job> CoordinatorState::CreateJob(
   MUONPS_ASSIGN_OR_RETURN(std::vector<scheduler::MatrixSpec> matrices,
                           ValidateJobSpec(request.job(), options_.limits));
   const std::string& name = request.job().name();
+  // Specs of big jobs are megabytes: copied outside the mutex.
+  JobRecord fresh;
+  fresh.spec = std::make_shared<const v1::JobSpec>(request.job());
+  fresh.create_request_id = request.request_id();
+  fresh.create_time = clock_();
+  fresh.matrices = std::make_shared<const std::vector<scheduler::MatrixSpec>>(
+      std::move(matrices));
+  fresh.plan_error = "no worker has joined";
+  fresh.job_token = RandomHex(32);
+  fresh.data_plane_secret = RandomHex(32);
+  StoredJob stored;
+  stored.name = name;
+  stored.spec = *fresh.spec;
+  stored.create_request_id = fresh.create_request_id;
+  stored.create_time_ms = absl::ToUnixMillis(fresh.create_time);
+  stored.job_token = fresh.job_token;
+  stored.data_plane_secret = fresh.data_plane_secret;
   v1::Job out;
+  std::shared_ptr<const v1::JobSpec> spec;
   int64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -69,6 +86,7 @@ absl::StatusOr<v1::Job> CoordinatorState::CreateJob(
       }
       out = JobToProto(name, it->second);  // a retry
       out.set_job_token(it->second.job_token);
+      spec = it->second.spec;
       seq = enqueued_seq_;  // the original may still be on its way to disk
     } else {
       if (static_cast<int64_t>(jobs_.size()) >= options_.limits.max_jobs) {
@@ -77,24 +95,10 @@ absl::StatusOr<v1::Job> CoordinatorState::CreateJob(
                                        options_.limits.max_jobs, " jobs"));
       }
       JobRecord& job = jobs_[name];
-      job.spec = request.job();
-      job.create_request_id = request.request_id();
-      job.create_time = clock_();
-      job.matrices = std::make_shared<const std::vector<scheduler::MatrixSpec>>(
-          std::move(matrices));
-      job.plan_error = "no worker has joined";
-      job.job_token = RandomHex(32);
-      job.data_plane_secret = RandomHex(32);
+      job = std::move(fresh);
       job.incarnation = next_incarnation_++;
       auto floor = version_floors_.find(name);
       if (floor != version_floors_.end()) job.latest_version = floor->second;
-      StoredJob stored;
-      stored.name = name;
-      stored.spec = job.spec;
-      stored.create_request_id = job.create_request_id;
-      stored.create_time_ms = absl::ToUnixMillis(job.create_time);
-      stored.job_token = job.job_token;
-      stored.data_plane_secret = job.data_plane_secret;
       seq = Enqueue(store_op::PutJob{std::move(stored)});
       spdlog::info("job={} created: {} matrices{}", name, job.matrices->size(),
                    job.latest_version > 0
@@ -103,16 +107,25 @@ absl::StatusOr<v1::Job> CoordinatorState::CreateJob(
                        : "");
       out = JobToProto(name, job);
       out.set_job_token(job.job_token);
+      spec = job.spec;
     }
   }
+  *out.mutable_spec() = *spec;
   MUONPS_RETURN_IF_ERROR(Persist(seq));
   return out;
 }
 
 absl::StatusOr<v1::Job> CoordinatorState::GetJob(const std::string& job) {
-  absl::MutexLock lock(&mu_);
-  MUONPS_ASSIGN_OR_RETURN(JobRecord * record, FindJob(job));
-  return JobToProto(job, *record);
+  v1::Job out;
+  std::shared_ptr<const v1::JobSpec> spec;
+  {
+    absl::MutexLock lock(&mu_);
+    MUONPS_ASSIGN_OR_RETURN(JobRecord * record, FindJob(job));
+    out = JobToProto(job, *record);
+    spec = record->spec;
+  }
+  *out.mutable_spec() = *spec;
+  return out;
 }
 
 v1::ListJobsResponse CoordinatorState::ListJobs() {
@@ -137,6 +150,7 @@ v1::ListJobsResponse CoordinatorState::ListJobs() {
 absl::Status CoordinatorState::DeleteJob(const v1::DeleteJobRequest& r) {
   const std::string& job = r.job();
   int64_t seq = 0;
+  JobRecord doomed;
   {
     absl::MutexLock lock(&mu_);
     MUONPS_ASSIGN_OR_RETURN(JobRecord * record, FindJob(job));
@@ -151,6 +165,7 @@ absl::Status CoordinatorState::DeleteJob(const v1::DeleteJobRequest& r) {
     int64_t& floor = version_floors_[job];
     floor = std::max(floor, record->latest_version);
     seq = Enqueue(store_op::DeleteJob{job, floor});
+    doomed = std::move(*record);  // freed outside the mutex: megabytes
     jobs_.erase(job);
     plan_changed_.SignalAll();
     spdlog::info("job={} deleted", job);

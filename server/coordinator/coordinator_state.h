@@ -154,7 +154,7 @@ class CoordinatorState {
     int64_t nccl_generation = 0;
   };
   struct JobRecord {
-    v1::JobSpec spec;
+    std::shared_ptr<const v1::JobSpec> spec;
     std::string create_request_id;
     absl::Time create_time;
     // Handed out by CreateJob (DeleteJob requires it) and by JoinJob (the
@@ -202,6 +202,7 @@ class CoordinatorState {
 
   absl::StatusOr<JobRecord*> FindJob(const std::string& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job without its spec (callers copy that outside the mutex).
   v1::Job JobToProto(const std::string& name, const JobRecord& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PlanSnapshot SnapshotForPlanning(const std::string& name,
