@@ -118,17 +118,17 @@ CoordinatorState::PlanOutcome CoordinatorState::ComputePlan(
   return out;
 }
 
+CoordinatorState::JobRecord* CoordinatorState::FindIncarnation(
+    const std::string& name, uint64_t incarnation) {
+  auto it = jobs_.find(name);
+  return it == jobs_.end() || it->second.incarnation != incarnation
+             ? nullptr
+             : &it->second;
+}
+
 absl::StatusOr<int64_t> CoordinatorState::PlanAtLeast(const std::string& name,
                                                       uint64_t incarnation,
                                                       int64_t generation) {
-  // The job of `name` and `incarnation` (nullptr once deleted).
-  // Called with mu_ held.
-  auto find = [&]() -> JobRecord* {
-    auto it = jobs_.find(name);
-    return it == jobs_.end() || it->second.incarnation != incarnation
-               ? nullptr
-               : &it->second;
-  };
   auto deleted = [&] {
     return FieldError(absl::StatusCode::kNotFound, "job",
                       absl::StrCat(Quoted(name), " was deleted"));
@@ -139,12 +139,12 @@ absl::StatusOr<int64_t> CoordinatorState::PlanAtLeast(const std::string& name,
     size_t reasons = 0;
     {
       absl::MutexLock lock(&mu_);
-      JobRecord* job = find();
+      JobRecord* job = FindIncarnation(name, incarnation);
       // One planner per job: the others wait for what it publishes.
       while (job != nullptr && job->planned_generation < generation &&
              job->planning) {
         plan_changed_.Wait(&mu_);
-        job = find();
+        job = FindIncarnation(name, incarnation);
       }
       if (job == nullptr) return deleted();
       if (job->planned_generation >= generation) return job->latest_version;
@@ -164,7 +164,7 @@ absl::StatusOr<int64_t> CoordinatorState::PlanAtLeast(const std::string& name,
     int64_t seq = 0;
     {
       absl::MutexLock lock(&mu_);
-      JobRecord* job = find();
+      JobRecord* job = FindIncarnation(name, incarnation);
       if (job == nullptr) {
         plan_changed_.SignalAll();
         return deleted();
@@ -190,7 +190,7 @@ absl::StatusOr<int64_t> CoordinatorState::PlanAtLeast(const std::string& name,
     // Durable before anyone can see it, so no restart takes it back.
     const absl::Status persisted = Persist(seq);
     absl::MutexLock lock(&mu_);
-    JobRecord* job = find();
+    JobRecord* job = FindIncarnation(name, incarnation);
     if (job == nullptr) {
       plan_changed_.SignalAll();
       return deleted();

@@ -273,11 +273,9 @@ absl::StatusOr<v1::JoinJobResponse> CoordinatorState::JoinJob(
   out.set_plan_version(version);
   // The lease runs from the answer, not from the start of planning.
   absl::MutexLock lock(&mu_);
-  auto job = jobs_.find(r.job());
-  if (job != jobs_.end() && job->second.incarnation == incarnation) {
-    auto w = job->second.workers.find(r.worker_id());
-    if (w != job->second.workers.end() &&
-        w->second.token == out.worker_token()) {
+  if (JobRecord* job = FindIncarnation(r.job(), incarnation)) {
+    auto w = job->workers.find(r.worker_id());
+    if (w != job->workers.end() && w->second.token == out.worker_token()) {
       w->second.lease_expiry = clock_() + options_.lease_ttl;
     }
   }

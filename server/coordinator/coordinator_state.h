@@ -205,6 +205,9 @@ class CoordinatorState {
   // The job without its spec (callers copy that outside the mutex).
   v1::Job JobToProto(const std::string& name, const JobRecord& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Job `name` if it is still the one of `incarnation`, else nullptr.
+  JobRecord* FindIncarnation(const std::string& name, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PlanSnapshot SnapshotForPlanning(const std::string& name,
                                    const JobRecord& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
