@@ -65,6 +65,8 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
   }
   MUONPS_RETURN_IF_ERROR(
       Ensure(&sums_, static_cast<size_t>(count_) * sizeof(double), "norms"));
+  MUONPS_RETURN_IF_ERROR(Ensure(
+      &scales_, static_cast<size_t>(count_ * m_) * sizeof(float), "scales"));
   MUONPS_RETURN_IF_ERROR(
       Ensure(&unhealthy_, sizeof(unsigned int), "drift counter"));
   // Every (l, r, c) triple the iterations multiply (see NsEngine).

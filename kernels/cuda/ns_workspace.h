@@ -53,6 +53,8 @@ class NsWorkspace {
   void* square_low(int i) const { return square_low_[i].get(); }
   // count doubles: per-matrix sums of squares.
   double* sums() const { return sums_.as<double>(); }
+  // count * m floats: per-row AOL scales (NewtonSchulzOptions::aol).
+  float* scales() const { return scales_.as<float>(); }
   // One counter of unhealthy Gram diagonals (see SymmetricCombine).
   unsigned int* unhealthy() const { return unhealthy_.as<unsigned int>(); }
 
@@ -73,6 +75,7 @@ class NsWorkspace {
   DeviceBuffer square32_[3];
   DeviceBuffer square_low_[4];
   DeviceBuffer sums_;
+  DeviceBuffer scales_;
   DeviceBuffer unhealthy_;
   std::map<std::tuple<const void*, const void*, const float*>, TilePointers>
       tiles_;
