@@ -23,9 +23,9 @@ constexpr size_t kCublasWorkspaceBytes = 64 << 20;
 // FLOPs) in one pointer-array batched GEMM. Measured on an H200 on the
 // 56-matrix Llama-3-8B set in bf16: 168 ms, against 171 ms for 8 blocks,
 // about 180 ms for 8 row blocks and 232 ms for dense products.
-SymmetricPlan DefaultPlan() {
+SymmetricPlan DefaultPlan(bool lt_tiles) {
   SymmetricPlan plan;
-  plan.mode = SymmetricMode::kTiles;
+  plan.mode = lt_tiles ? SymmetricMode::kLtTiles : SymmetricMode::kTiles;
   plan.blocks = 16;
   plan.min_block_rows = 256;
   return plan;
@@ -128,7 +128,8 @@ absl::Status CudaKernels::Init(const CudaKernelsOptions& options) {
   lane.workspace_bytes = cublas_workspace_.bytes();
   engine_ =
       std::make_unique<NsEngine>(std::vector<NsLane>{lane}, LowType(precision_),
-                                 DefaultPlan(), options.use_graphs);
+                                 DefaultPlan(options.lt_tiles),
+                                 options.use_graphs);
   return absl::OkStatus();
 }
 

@@ -53,6 +53,10 @@ struct CudaKernelsOptions {
   Precision precision = Precision::kBf16;
   // Per-shape CUDA graph capture of the Newton-Schulz iteration.
   bool use_graphs = true;
+  // Symmetric products through cuBLASLt with the algorithm chosen by timing
+  // on first use of each shape (SymmetricMode::kLtTiles; cuBLAS's own
+  // batched GEMM where it is faster), instead of cuBLAS's choice.
+  bool lt_tiles = false;
 };
 
 class CudaKernels : public MuonKernels {

@@ -126,6 +126,7 @@ TEST_F(NsEngineTest, DenseRowBlockAndTilePlansAgreeWithinFp32Rounding) {
   const SymmetricPlan dense{SymmetricMode::kDense, 1, 1};
   const SymmetricPlan rows{SymmetricMode::kRowBlocks, 4, 32};
   const SymmetricPlan tiles{SymmetricMode::kTiles, 4, 32};
+  const SymmetricPlan lt_tiles{SymmetricMode::kLtTiles, 4, 32};
   uint32_t seed = 1;
   for (const Shape s : {Shape{256, 640}, Shape{640, 256}, Shape{200, 200}}) {
     const std::vector<float> in = GaussianMatrix(3 * s.rows, s.cols, seed++);
@@ -133,7 +134,7 @@ TEST_F(NsEngineTest, DenseRowBlockAndTilePlansAgreeWithinFp32Rounding) {
       NewtonSchulzOptions o;
       o.algorithm = a;
       const std::vector<float> want = Run(CUDA_R_32F, dense, in, 3, s, o);
-      for (const SymmetricPlan& plan : {rows, tiles}) {
+      for (const SymmetricPlan& plan : {rows, tiles, lt_tiles}) {
         EXPECT_LT(RelativeError(Run(CUDA_R_32F, plan, in, 3, s, o), want), 2e-5)
             << s.rows << "x" << s.cols << " mode "
             << static_cast<int>(plan.mode);
@@ -143,6 +144,8 @@ TEST_F(NsEngineTest, DenseRowBlockAndTilePlansAgreeWithinFp32Rounding) {
       // cuda_kernels_gpu_test (16 u).
       const std::vector<float> bf16 = Run(CUDA_R_16BF, dense, in, 3, s, o);
       EXPECT_LT(RelativeError(Run(CUDA_R_16BF, tiles, in, 3, s, o), bf16),
+                16 * std::ldexp(1.0, -8));
+      EXPECT_LT(RelativeError(Run(CUDA_R_16BF, lt_tiles, in, 3, s, o), bf16),
                 16 * std::ldexp(1.0, -8));
     }
   }

@@ -91,7 +91,10 @@ std::vector<Variant> Variants() {
       {"bf16_tiles32", plan(SymmetricMode::kTiles, 32, 128)},
       {"bf16_rows4", plan(SymmetricMode::kRowBlocks, 4)},
       {"bf16_rows8", plan(SymmetricMode::kRowBlocks, 8)},
-      {"bf16_dense", plan(SymmetricMode::kDense, 1)}};
+      {"bf16_dense", plan(SymmetricMode::kDense, 1)},
+      {"bf16_lttiles16", plan(SymmetricMode::kLtTiles, 16)},
+      {"bf16_lttiles8", plan(SymmetricMode::kLtTiles, 8)},
+      {"bf16_lttiles4", plan(SymmetricMode::kLtTiles, 4)}};
   for (const auto& [name, p] : plans) {
     Variant x = base;
     x.name = name;
