@@ -66,9 +66,10 @@ if has ncu; then
   ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
   echo "ncu at: ${ncu_bin:-none}"
   if [[ -n "$ncu_bin" ]]; then
-    # Every kernel of one eager pass of the Llama set (the second of two:
-    # the first is the warm-up), Speed of Light per kernel.
+    # The kernels of one eager pass of the Llama set (the second of two:
+    # the first, about 150 launches, is the warm-up), Speed of Light each.
     timeout "${NCU_TIMEOUT:-120}" "$ncu_bin" --clock-control none \
+      --launch-skip "${NCU_SKIP:-150}" --launch-count "${NCU_COUNT:-170}" \
       --section SpeedOfLight --csv --page details \
       "$B/bin/ns_gpu_timing" --micro=false --repeats=1 \
       --only="${NCU_VARIANT:-bf16_tiles16_nographs}" >"$OUT/ncu.csv" 2>>"$E"

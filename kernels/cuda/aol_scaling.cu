@@ -53,19 +53,41 @@ __global__ void AolScalesKernel(const T* a, int64_t m, float inv_scale,
   }
 }
 
+// One block per contiguous line of the stack: a row of a row-major wide
+// matrix (one scale for the line) or a row of a tall matrix stored
+// row-major (element j of the line belongs to wide row j). No per-element
+// index division; 4-wide accesses where the line allows.
 template <typename T>
 __global__ void ScaleRowsKernel(float* x32, T* x_low, float low_scale,
-                                int64_t total, int64_t m, int64_t n,
-                                bool row_major, const float* scales) {
-  const int64_t per_matrix = m * n;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       e < total; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t matrix = e / per_matrix;
-    const int64_t local = e - matrix * per_matrix;
-    const int64_t row = row_major ? local / n : local % m;
-    const float v = x32[e] * scales[matrix * m + row];
-    x32[e] = v;
-    if (x_low != nullptr) x_low[e] = FromFloat<T>(v * low_scale);
+                                int64_t line_length, int64_t m, int64_t n,
+                                bool row_major, const float* scales,
+                                bool vectorized) {
+  const int64_t line = blockIdx.x;
+  float* x = x32 + line * line_length;
+  T* low = x_low != nullptr ? x_low + line * line_length : nullptr;
+  // Row-major: line = matrix * m + row. Tall: line = matrix * n + column.
+  const float* s = row_major ? scales + line : scales + (line / n) * m;
+  if (vectorized) {
+    for (int64_t j = 4 * threadIdx.x; j < line_length; j += 4 * blockDim.x) {
+      float4 v = *reinterpret_cast<const float4*>(x + j);
+      if (row_major) {
+        const float f = s[0];
+        v.x *= f, v.y *= f, v.z *= f, v.w *= f;
+      } else {
+        v.x *= s[j], v.y *= s[j + 1], v.z *= s[j + 2], v.w *= s[j + 3];
+      }
+      *reinterpret_cast<float4*>(x + j) = v;
+      if (low != nullptr) {
+        const float w[4] = {v.x, v.y, v.z, v.w};
+        Store4<T>(low + j, w, low_scale);
+      }
+    }
+    return;
+  }
+  for (int64_t j = threadIdx.x; j < line_length; j += blockDim.x) {
+    const float v = x[j] * (row_major ? s[0] : s[j]);
+    x[j] = v;
+    if (low != nullptr) low[j] = FromFloat<T>(v * low_scale);
   }
 }
 
@@ -100,9 +122,13 @@ template <typename T>
 cudaError_t Rows(float* x32, void* x_low, float low_scale, int64_t count,
                  int64_t m, int64_t n, bool row_major, const float* scales,
                  cudaStream_t stream) {
-  const int64_t total = count * m * n;
-  ScaleRowsKernel<T><<<Blocks(total), kThreads, 0, stream>>>(
-      x32, static_cast<T*>(x_low), low_scale, total, m, n, row_major, scales);
+  const int64_t line_length = row_major ? n : m;
+  const int64_t lines = count * (row_major ? m : n);
+  const bool vectorized = line_length % 4 == 0 && Aligned(x32, 16) &&
+                          Aligned(x_low, 4 * sizeof(T));
+  ScaleRowsKernel<T><<<static_cast<unsigned>(lines), kThreads, 0, stream>>>(
+      x32, static_cast<T*>(x_low), low_scale, line_length, m, n, row_major,
+      scales, vectorized);
   return cudaGetLastError();
 }
 

@@ -234,17 +234,18 @@ TEST_F(NsEngineTest, GramIsFiniteAndAccurateOnIllConditionedAndLowRank) {
   }
 }
 
-// Gram NS with restarts after steps 2 and 3 (segments of 2, 1 and 2 steps,
-// D = Q - c I applied in each; see GramNs in ns_iteration.cc) against NS5 in
-// the same 16-bit precision, on the rank-deficient inputs of the test above
-// plus a larger shape: the largest Gram error stays within 4 times the
-// largest NS5 error (a CPU emulation of these roundings measured 3.4x in
-// bf16 and 3.8x in fp16; the default single restart measured 34x and 28x,
+// Gram NS with restarts after steps 1, 3 and 4 (segments of 1, 2, 1 and 1
+// steps, D = Q - c I applied in each; see GramNs in ns_iteration.cc)
+// against NS5 in the same 16-bit precision, on the rank-deficient inputs
+// of the test above plus a larger shape: the largest Gram error stays
+// within 4 times the largest NS5 error (a CPU emulation of these roundings
+// measured 2.3x in bf16 and 2.6x in fp16; restarts after 2 and 3 measured
+// 4.7x and 4.4x on an H100; the default single restart 29x and 30x there,
 // printed here for the record).
-TEST_F(NsEngineTest, GramWithTwoRestartsIsWithin4xOfNs5OnRankDeficientInputs) {
+TEST_F(NsEngineTest, GramWithRestarts134IsWithin4xOfNs5OnRankDeficientInputs) {
   const SymmetricPlan plan{SymmetricMode::kTiles, 4, 32};
   NewtonSchulzOptions accurate = Gram();
-  accurate.gram_restarts = {2, 3};
+  accurate.gram_restarts = {1, 3, 4};
   for (const cudaDataType low : {CUDA_R_16BF, CUDA_R_16F}) {
     double ns5_max = 0, gram_max = 0, default_max = 0;
     uint32_t seed = 700;
@@ -264,7 +265,7 @@ TEST_F(NsEngineTest, GramWithTwoRestartsIsWithin4xOfNs5OnRankDeficientInputs) {
         const double gram_default =
             RelativeError(Run(low, plan, in, 1, s, Gram()), want);
         std::printf(
-            "rank-deficient low=%d %lldx%lld rank %d: ns5 %.3g gram(2,3) %.3g "
+            "rank-deficient low=%d %lldx%lld rank %d: ns5 %.3g gram(1,3,4) %.3g "
             "(%.2fx) gram(2) %.3g (%.2fx) drift %u\n",
             static_cast<int>(low), static_cast<long long>(s.rows),
             static_cast<long long>(s.cols), rank, ns5, gram, gram / ns5,
@@ -275,7 +276,7 @@ TEST_F(NsEngineTest, GramWithTwoRestartsIsWithin4xOfNs5OnRankDeficientInputs) {
         default_max = std::max(default_max, gram_default);
       }
     }
-    std::printf("rank-deficient low=%d max: ns5 %.3g gram(2,3) %.3g (%.2fx) "
+    std::printf("rank-deficient low=%d max: ns5 %.3g gram(1,3,4) %.3g (%.2fx) "
                 "gram(2) %.3g (%.2fx)\n",
                 static_cast<int>(low), ns5_max, gram_max, gram_max / ns5_max,
                 default_max, default_max / ns5_max);

@@ -151,18 +151,25 @@ absl::Status Issuer::Ns5(const float* in, float* out) {
 
 // Q is kept as its constant term c (a product of the steps' `a`, in fp32)
 // plus D = Q - c I: D32 in fp32 (updated as D <- a D + M Q, the `a` term as
-// the GEMM's beta) and Q = D + c I as a GEMM input. Every segment (up to a
-// restart, and the last) applies X <- c X + D X with X in fp32: rounding
-// noise of X's 16-bit copy in directions X does not span (rank-deficient
-// or ill-conditioned inputs) then meets D, which is ~0 there, instead of Q,
-// which would multiply it by c (a^k after k steps). The error left is D's
-// own rounding, ~ (c - 1) u where singular values have converged, so it
-// grows with the segment's length: the default restart after step 2 leaves
-// segments of 2 and 3 steps (measured in a CPU emulation of these roundings
-// at rank 1: 55 u in bf16 with D in both, 64 u with Q in the second);
-// restarts after steps 2 and 3 (segments 2, 1, 2) bring rank-deficient
-// inputs to 3.4-3.8 times NS5's error (ns_gpu_test checks 4x on the GPU).
-// D's 16-bit copy comes out of the combine that forms Q (no extra pass).
+// the GEMM's beta) and Q = D + c I as a GEMM input. A segment (the steps up
+// to a restart, or to the end) may apply X <- c X + D X with X in fp32:
+// rounding noise of X's 16-bit copy in directions X does not span
+// (rank-deficient or ill-conditioned inputs) then meets D, which is ~0
+// there, instead of Q, which would multiply it by c (a^k after k steps).
+// That pays in the first segment, which starts far from converged (the
+// normalized X has singular values near 1 / sqrt(m) at full rank), and in
+// later segments of at most 2 steps. Later, longer segments start from
+// converged singular values, where D ~ 1 - c amplifies D's own rounding
+// (a CPU emulation of these roundings, Gaussian 64 x 256 in bf16: 31 u
+// with D in the 3-step second segment of the default schedule, 12 u with
+// Q), so they multiply by Q; their noise in unspanned directions then
+// grows by c (a^3 ~ 41), which is why Gram NS with the default single
+// restart is 20-40 times less accurate than NS5 in 16-bit on rank-deficient
+// inputs. Restarts after steps 1, 3 and 4 (segments of 1, 2, 1 and 1
+// steps, all with D) bring that to 2.3-2.6x in the emulation at 6 alpha +
+// 4 m^3 multiply-adds against 3 alpha + 7 (alpha = n / m); ns_gpu_test
+// checks 4x on the GPU. Where D is applied, its 16-bit copy comes out of the
+// combine that forms Q (no extra pass).
 absl::Status Issuer::GramNs(const float* in, float* out) {
   void* x = ws_->x_low();
   float* r32 = ws_->square32(0);
@@ -176,7 +183,16 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
   float constant = 1.0f;
   // Below 64 rows the normalized X starts near converged (singular values
   // near 1 / sqrt(m)), where D ~ 1 - c and its rounding dominates.
-  const bool split = m_ >= 64;
+  const bool split_allowed = m_ >= 64;
+  // Where the segment starting at `step` ends (its restart, or the end).
+  const auto segment_end = [&](int step) {
+    int end = options_.steps;
+    for (const int r : options_.gram_restarts) {
+      if (r > step && r < end) end = r;
+    }
+    return end;
+  };
+  bool split = split_allowed;
   // D's 16-bit copy and its storage scale, set with D.
   const void* d_low = nullptr;
   float d_scale = 1.0f;
@@ -261,6 +277,7 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
     MUONPS_RETURN_IF_ERROR(Gram(x, r32));
     MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
     q_is_identity = true;
+    split = split_allowed && segment_end(step + 1) - (step + 1) <= 2;
   }
   return apply_q();
 }
