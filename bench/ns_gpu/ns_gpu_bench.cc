@@ -46,9 +46,9 @@ ABSL_FLAG(int, device, 0, "GPU index.");
 ABSL_FLAG(int, warmup, 2, "Untimed calls before each measurement.");
 ABSL_FLAG(int, repeats, 7, "Timed calls per measurement (median kept).");
 ABSL_FLAG(int, gemm_n, 8192, "Size of the cuBLAS bf16 GEMM (n^3).");
-ABSL_FLAG(bool, lt_tiles, false,
+ABSL_FLAG(bool, lt_tiles, true,
           "Symmetric products through cuBLASLt with a timed algorithm search "
-          "(CudaKernelsOptions::lt_tiles).");
+          "(CudaKernelsOptions::lt_tiles); false: cuBLAS's batched GEMM.");
 
 namespace muonps {
 namespace {
@@ -154,7 +154,7 @@ absl::Status Run() {
   env["cuda_driver"] = driver;
   env["torch_results"] = !torch_path.empty();
   env["symmetric_products"] = options.lt_tiles
-                                  ? "cublaslt_tiles16_searched"
+                                  ? "cublaslt_tiles8_searched"
                                   : "cublas_batched_tiles16";
   Print(env);
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14's GPU run in one command, from a bundle made by bundle_ns_suite.sh:
 # bench/ns_gpu against its torch peers (PHASES has "bench"; LT=1 adds the
-# cuBLASLt-tile bench beside the cuBLAS one), ns_gpu_timing's plan,
+# cuBLAS-tile bench, --lt_tiles=false, beside the default cuBLASLt one), ns_gpu_timing's plan,
 # restart-schedule and AOL variants with the cuBLASLt search figures
 # ("timing"), the CUDA NS tests and golden replay per precision and
 # algorithm ("tests"), and an ncu profile of one eager Llama-set pass
@@ -30,8 +30,8 @@ if has bench; then
   grep -E '"what":"(muonps_ns_all|muonps_update_1gpu)"' "$OUT/bench.jsonl"
   if [[ "${LT:-0}" == 1 ]]; then
     timeout 60 "$B/bin/ns_gpu_bench" --torch_results "$T/torch.jsonl" \
-      --lt_tiles >"$OUT/bench_lt.jsonl" 2>>"$E"
-    echo "bench lt rc=$?"
+      --lt_tiles=false >"$OUT/bench_lt.jsonl" 2>>"$E"
+    echo "bench cublas tiles rc=$?"
     grep -E '"what":"(muonps_ns_all|muonps_update_1gpu)"' "$OUT/bench_lt.jsonl"
   fi
 fi
