@@ -153,9 +153,8 @@ absl::Status Run() {
   env["cuda_runtime"] = runtime;
   env["cuda_driver"] = driver;
   env["torch_results"] = !torch_path.empty();
-  env["symmetric_products"] = options.lt_tiles
-                                  ? "cublaslt_tiles8_searched"
-                                  : "cublas_batched_tiles16";
+  env["symmetric_products"] =
+      options.lt_tiles ? "cublaslt_tiles8_searched" : "cublas_batched_tiles16";
   Print(env);
 
   // The GEMM ceiling: the highest bf16 GEMM rate measured in the run

@@ -234,9 +234,9 @@ const Shape kAolShapes[] = {{64, 256}, {128, 128}, {256, 64}};
 
 double PolarError(const std::vector<float>& out, const std::vector<float>& in,
                   Shape s) {
-  return RelativeError(out, reference::PolarFactor(
-                                reference::Matrix(in.begin(), in.end()),
-                                s.rows, s.cols));
+  return RelativeError(
+      out, reference::PolarFactor(reference::Matrix(in.begin(), in.end()),
+                                  s.rows, s.cols));
 }
 
 TEST(AolTest, PolarExpressInFourStepsWithAolMatchesFiveStepsWithout) {
@@ -272,10 +272,11 @@ TEST(AolTest, QuinticInFourStepsWithAolStaysNearFiveStepNs5) {
     const double e5 = PolarError(ns5, in, s);
     const double a4 = PolarError(aol, in, s);
     const double to_ns5 = RelativeError(aol, ns5);
-    std::printf("aol %lldx%lld quintic: ns5 %.3f aol4 %.3f from U V^T, aol4 "
-                "%.3f from ns5\n",
-                static_cast<long long>(s.rows), static_cast<long long>(s.cols),
-                e5, a4, to_ns5);
+    std::printf(
+        "aol %lldx%lld quintic: ns5 %.3f aol4 %.3f from U V^T, aol4 "
+        "%.3f from ns5\n",
+        static_cast<long long>(s.rows), static_cast<long long>(s.cols), e5, a4,
+        to_ns5);
     // Both land in the quintic's band [0.68, 1.2] around U V^T (measured
     // 1.0-1.1 times NS5's error) but at other points in it: 0.08-0.3 apart.
     EXPECT_LT(a4, 1.25 * e5) << s.rows << "x" << s.cols;

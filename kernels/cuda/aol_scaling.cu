@@ -1,10 +1,9 @@
-#include "kernels/cuda/aol_scaling.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/aol_scaling.h"
 #include "kernels/cuda/low_precision.cuh"
 
 namespace muonps {
@@ -110,9 +109,8 @@ unsigned Blocks(int64_t total) {
 }
 
 template <typename T>
-cudaError_t Scales(const void* a_low, float low_scale, int64_t count,
-                   int64_t m, double margin, float* scales,
-                   cudaStream_t stream) {
+cudaError_t Scales(const void* a_low, float low_scale, int64_t count, int64_t m,
+                   double margin, float* scales, cudaStream_t stream) {
   AolScalesKernel<T><<<static_cast<unsigned>(count * m), kThreads, 0, stream>>>(
       static_cast<const T*>(a_low), m, 1.0f / low_scale, margin, scales);
   return cudaGetLastError();
@@ -124,8 +122,8 @@ cudaError_t Rows(float* x32, void* x_low, float low_scale, int64_t count,
                  cudaStream_t stream) {
   const int64_t line_length = row_major ? n : m;
   const int64_t lines = count * (row_major ? m : n);
-  const bool vectorized = line_length % 4 == 0 && Aligned(x32, 16) &&
-                          Aligned(x_low, 4 * sizeof(T));
+  const bool vectorized =
+      line_length % 4 == 0 && Aligned(x32, 16) && Aligned(x_low, 4 * sizeof(T));
   ScaleRowsKernel<T><<<static_cast<unsigned>(lines), kThreads, 0, stream>>>(
       x32, static_cast<T*>(x_low), low_scale, line_length, m, n, row_major,
       scales, vectorized);
@@ -136,8 +134,7 @@ cudaError_t Rows(float* x32, void* x_low, float low_scale, int64_t count,
 
 cudaError_t LaunchAolScales(const void* a_low, cudaDataType low_type,
                             float low_scale, int64_t count, int64_t m,
-                            double margin, float* scales,
-                            cudaStream_t stream) {
+                            double margin, float* scales, cudaStream_t stream) {
   if (count <= 0 || m <= 0) return cudaSuccess;
   switch (low_type) {
     case CUDA_R_16BF:

@@ -129,10 +129,9 @@ absl::Status CudaKernels::Init(const CudaKernelsOptions& options) {
   lane.handle = cublas_;
   lane.workspace = cublas_workspace_.get();
   lane.workspace_bytes = cublas_workspace_.bytes();
-  engine_ =
-      std::make_unique<NsEngine>(std::vector<NsLane>{lane}, LowType(precision_),
-                                 DefaultPlan(options.lt_tiles),
-                                 options.use_graphs);
+  engine_ = std::make_unique<NsEngine>(
+      std::vector<NsLane>{lane}, LowType(precision_),
+      DefaultPlan(options.lt_tiles), options.use_graphs);
   return absl::OkStatus();
 }
 

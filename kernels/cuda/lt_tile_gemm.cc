@@ -156,11 +156,10 @@ absl::StatusOr<std::unique_ptr<LtTileGemm>> LtTileGemm::Search(
 absl::Status LtTileGemm::Run(float alpha, const void* const* a,
                              const void* const* b, float beta, void* const* c,
                              cudaStream_t stream) const {
-  return CublasStatus(
-      cublasLtMatmul(lt_, desc_, &alpha, a, la_, b, lb_, &beta, c, lc_,
-                     Mutable(c), lc_, &algo_, workspace_, workspace_bytes_,
-                     stream),
-      "cublasLtMatmul (tiles)");
+  return CublasStatus(cublasLtMatmul(lt_, desc_, &alpha, a, la_, b, lb_, &beta,
+                                     c, lc_, Mutable(c), lc_, &algo_,
+                                     workspace_, workspace_bytes_, stream),
+                      "cublasLtMatmul (tiles)");
 }
 
 }  // namespace cuda

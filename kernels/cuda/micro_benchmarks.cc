@@ -155,18 +155,17 @@ void LtTileSearch(cublasHandle_t handle, const void* x16, const void* sq16,
       const float one = 1.0f;
       const int t = static_cast<int>(shape.t);
       return cublasSetStream(handle, stream) == CUBLAS_STATUS_SUCCESS &&
-             cublasGemmBatchedEx(handle, shape.ta, shape.tb, t, t,
-                                 static_cast<int>(k), &one, tiles->a(),
-                                 CUDA_R_16BF, static_cast<int>(k), tiles->b(),
-                                 CUDA_R_16BF, static_cast<int>(k), &one,
-                                 tiles->c(), CUDA_R_32F, static_cast<int>(kM),
-                                 static_cast<int>(shape.batch),
-                                 CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+             cublasGemmBatchedEx(
+                 handle, shape.ta, shape.tb, t, t, static_cast<int>(k), &one,
+                 tiles->a(), CUDA_R_16BF, static_cast<int>(k), tiles->b(),
+                 CUDA_R_16BF, static_cast<int>(k), &one, tiles->c(), CUDA_R_32F,
+                 static_cast<int>(kM), static_cast<int>(shape.batch),
+                 CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
     };
-    auto gemm = LtTileGemm::Search(lt, shape, tiles->a(), tiles->b(),
-                                   tiles->c(), ws->get(), ws->bytes(), baseline,
-                                   32);
+    auto gemm =
+        LtTileGemm::Search(lt, shape, tiles->a(), tiles->b(), tiles->c(),
+                           ws->get(), ws->bytes(), baseline, 32);
     // Lower-triangle FLOPs the tiles compute.
     const double flops = 2.0 * shape.t * shape.t * k * shape.batch;
     if (!gemm.ok()) {

@@ -256,16 +256,18 @@ TEST_F(NsEngineTest, GramWithRestarts134IsWithin4xOfNs5OnRankDeficientInputs) {
         const std::vector<float> in = MatrixWithSpectrum(
             s.rows, s.cols, GeometricSpectrum(rank, 1.0, 1e-6), seed++);
         const reference::Matrix want = Fp64Ns(in, s);
-        const double ns5 =
-            RelativeError(Run(low, plan, in, 1, s, NewtonSchulzOptions{}), want);
+        const double ns5 = RelativeError(
+            Run(low, plan, in, 1, s, NewtonSchulzOptions{}), want);
         unsigned int drift = 0;
-        const std::vector<float> out = Run(low, plan, in, 1, s, accurate, &drift);
+        const std::vector<float> out =
+            Run(low, plan, in, 1, s, accurate, &drift);
         ASSERT_TRUE(AllFinite(out));
         const double gram = RelativeError(out, want);
         const double gram_default =
             RelativeError(Run(low, plan, in, 1, s, Gram()), want);
         std::printf(
-            "rank-deficient low=%d %lldx%lld rank %d: ns5 %.3g gram(1,3,4) %.3g "
+            "rank-deficient low=%d %lldx%lld rank %d: ns5 %.3g gram(1,3,4) "
+            "%.3g "
             "(%.2fx) gram(2) %.3g (%.2fx) drift %u\n",
             static_cast<int>(low), static_cast<long long>(s.rows),
             static_cast<long long>(s.cols), rank, ns5, gram, gram / ns5,
@@ -276,10 +278,11 @@ TEST_F(NsEngineTest, GramWithRestarts134IsWithin4xOfNs5OnRankDeficientInputs) {
         default_max = std::max(default_max, gram_default);
       }
     }
-    std::printf("rank-deficient low=%d max: ns5 %.3g gram(1,3,4) %.3g (%.2fx) "
-                "gram(2) %.3g (%.2fx)\n",
-                static_cast<int>(low), ns5_max, gram_max, gram_max / ns5_max,
-                default_max, default_max / ns5_max);
+    std::printf(
+        "rank-deficient low=%d max: ns5 %.3g gram(1,3,4) %.3g (%.2fx) "
+        "gram(2) %.3g (%.2fx)\n",
+        static_cast<int>(low), ns5_max, gram_max, gram_max / ns5_max,
+        default_max, default_max / ns5_max);
     EXPECT_LT(gram_max, 4 * ns5_max) << "type " << low;
   }
 }
@@ -311,12 +314,12 @@ TEST_F(NsEngineTest, AolMatchesItsFp64TwinAndSavesAPolarExpressStep) {
                       std::string(NsAlgorithmName(a)).c_str(), polar,
                       static_cast<int>(low), static_cast<long long>(s.rows),
                       static_cast<long long>(s.cols), err);
-          const double bound = low == CUDA_R_32F
-                                   ? (a == NsAlgorithm::kGram ? 1e-4 : 2e-5)
-                                   : (a == NsAlgorithm::kGram ? 80 : 16) *
-                                         std::ldexp(1.0, -8);
-          EXPECT_LT(err, bound) << NsAlgorithmName(a) << " polar " << polar
-                                << " low " << low;
+          const double bound =
+              low == CUDA_R_32F
+                  ? (a == NsAlgorithm::kGram ? 1e-4 : 2e-5)
+                  : (a == NsAlgorithm::kGram ? 80 : 16) * std::ldexp(1.0, -8);
+          EXPECT_LT(err, bound)
+              << NsAlgorithmName(a) << " polar " << polar << " low " << low;
         }
       }
     }
@@ -331,7 +334,8 @@ TEST_F(NsEngineTest, AolMatchesItsFp64TwinAndSavesAPolarExpressStep) {
   aol4.steps = 4;
   aol4.aol = true;
   const double e5 = RelativeError(Run(CUDA_R_16BF, plan, in, 1, s, pe5), polar);
-  const double a4 = RelativeError(Run(CUDA_R_16BF, plan, in, 1, s, aol4), polar);
+  const double a4 =
+      RelativeError(Run(CUDA_R_16BF, plan, in, 1, s, aol4), polar);
   std::printf("aol bf16 128x512 from U V^T: pe5 %.4f aol+pe4 %.4f\n", e5, a4);
   EXPECT_LT(a4, 1.5 * e5);
 }

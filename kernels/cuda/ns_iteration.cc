@@ -87,9 +87,9 @@ class Issuer {
     void* x = ws_->x_low();
     MUONPS_RETURN_IF_ERROR(Gram(x, a32));
     MUONPS_RETURN_IF_ERROR(Mirror(a32, a_low, s_.square));
-    MUONPS_CUDA_RETURN_IF_ERROR(LaunchAolScales(
-        a_low, low_, s_.square, count_, m_, NormalizationMargin(options_),
-        ws_->scales(), stream_));
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        LaunchAolScales(a_low, low_, s_.square, count_, m_,
+                        NormalizationMargin(options_), ws_->scales(), stream_));
     MUONPS_CUDA_RETURN_IF_ERROR(LaunchScaleRows(out, x, low_, s_.x, count_, m_,
                                                 n_, ws_->Wide(x).row_major,
                                                 ws_->scales(), stream_));
@@ -200,8 +200,7 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
   const auto apply_q = [&]() -> absl::Status {
     if (!split) {
       return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_,
-                          1.0f / (s_.q * s_.x), q_low, ws_->Wide(x), 0.0f,
-                          out);
+                          1.0f / (s_.q * s_.x), q_low, ws_->Wide(x), 0.0f, out);
     }
     return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_,
                         1.0f / (d_scale * s_.x), d_low, ws_->Wide(x), constant,

@@ -72,18 +72,18 @@ absl::StatusOr<const LtTileGemm*> NsWorkspace::LtFor(
   const auto baseline = [&](cudaStream_t stream) {
     const float alpha = 1.0f, beta = 1.0f;
     const int t = static_cast<int>(shape.t);
-    return cublasSetStream(baseline_handle_, stream) ==
-               CUBLAS_STATUS_SUCCESS &&
+    return cublasSetStream(baseline_handle_, stream) == CUBLAS_STATUS_SUCCESS &&
            cublasGemmBatchedEx(
                baseline_handle_, ta, tb, t, t, static_cast<int>(k), &alpha,
                tiles.a(), low_, static_cast<int>(ro.ld), tiles.b(), low_,
                static_cast<int>(lo.ld), &beta, tiles.c(), CUDA_R_32F,
                static_cast<int>(m_), static_cast<int>(tiles.tiles()),
-               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+               CUBLAS_COMPUTE_32F,
+               CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
   };
-  absl::StatusOr<std::unique_ptr<LtTileGemm>> gemm = LtTileGemm::Search(
-      lt_, shape, tiles.a(), tiles.b(), tiles.c(), lt_workspace_.get(),
-      lt_workspace_.bytes(), baseline);
+  absl::StatusOr<std::unique_ptr<LtTileGemm>> gemm =
+      LtTileGemm::Search(lt_, shape, tiles.a(), tiles.b(), tiles.c(),
+                         lt_workspace_.get(), lt_workspace_.bytes(), baseline);
   // No cuBLASLt algorithm, or none faster than cuBLAS's own batched GEMM:
   // cublasGemmBatchedEx runs these tiles.
   std::unique_ptr<LtTileGemm> kept =
@@ -139,8 +139,8 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
       Ensure(&unhealthy_, sizeof(unsigned int), "drift counter"));
   // Every (l, r, c) triple the iterations multiply (see NsEngine).
   const auto sq = [this](int i) { return SquareStack(square_low(i), m_); };
-  MUONPS_RETURN_IF_ERROR(
-      AddTiles(x_low(), Wide(x_low()), x_low(), Wide(x_low()), square32(0), n_));
+  MUONPS_RETURN_IF_ERROR(AddTiles(x_low(), Wide(x_low()), x_low(),
+                                  Wide(x_low()), square32(0), n_));
   MUONPS_RETURN_IF_ERROR(
       AddTiles(square_low(0), sq(0), square_low(0), sq(0), square32(1), m_));
   if (gram) {

@@ -131,8 +131,8 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
         cudaStream_t stream = nullptr;
         MUONPS_RETURN_IF_ERROR(
             CublasStatus(cublasGetStream(handle, &stream), "cublasGetStream"));
-        return tiles->lt()->Run(alpha, tiles->a(), tiles->b(), beta,
-                                tiles->c(), stream);
+        return tiles->lt()->Run(alpha, tiles->a(), tiles->b(), beta, tiles->c(),
+                                stream);
       }
       [[fallthrough]];
     case SymmetricMode::kTiles: {
