@@ -17,6 +17,7 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libopenblas-dev
   libspdlog-dev
+  libsqlite3-dev           # the coordinator's durable state (--state_dir)
   libssl-dev               # libcrypto: the data plane's HMAC-SHA256 membership proof
   nlohmann-json3-dev
   pkg-config

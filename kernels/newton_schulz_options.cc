@@ -70,6 +70,7 @@ absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options) {
 NsCoefficients CoefficientsForStep(const NewtonSchulzOptions& options,
                                    int step) {
   if (!options.polar_express) return options.coefficients;
+  if (options.aol) ++step;
   const int last = static_cast<int>(kPolarExpressRaw.size()) - 1;
   if (step >= last) return kPolarExpressRaw[last];
   const NsCoefficients& raw = kPolarExpressRaw[step];

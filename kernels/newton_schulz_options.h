@@ -52,13 +52,25 @@ struct NewtonSchulzOptions {
   // also happens whenever R loses positive semi-definiteness visibly (a
   // negative or non-finite diagonal entry).
   std::vector<int> gram_restarts = {2};
+  // Opt-in AOL preconditioning (Turbo-Muon: Boissin et al. 2025,
+  // arXiv:2512.04632): after the Frobenius normalization, X <- S X with
+  // S = diag(1 / (margin * sqrt(sum_j |(X X^T)_ij|))), which bounds
+  // ||S X||_2 by 1 (the row sums of |S X X^T S| are <= 1) and lifts the
+  // small singular values above where ||X||_F puts them, so one iteration
+  // fewer reaches the same error on well-conditioned inputs (set `steps` to
+  // 4). The first iteration reuses X X^T, so it costs one pass over an m x m
+  // matrix. With Polar Express the table's first polynomial is skipped
+  // (iteration k uses the table's k + 1), as the Turbo-Muon record does.
+  // Off by default: torch.optim.Muon has no preconditioning.
+  bool aol = false;
 };
 
 // INVALID_ARGUMENT naming the field unless 1 <= steps <= 100, eps > 0 and
 // finite, coefficients finite, gram_restarts each >= 1.
 absl::Status ValidateNewtonSchulzOptions(const NewtonSchulzOptions& options);
 
-// Coefficients of iteration `step` (0-based).
+// Coefficients of iteration `step` (0-based), after the skip that `aol`
+// implies for Polar Express.
 NsCoefficients CoefficientsForStep(const NewtonSchulzOptions& options,
                                    int step);
 

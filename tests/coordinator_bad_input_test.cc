@@ -619,8 +619,11 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
        "job"},
       {"negative plan_version", "Heartbeat",
        h([](auto& r) { r.set_plan_version(-1); }), kInvalid, "plan_version"},
+      // A plan this coordinator never published: the worker must join
+      // again (FAILED_PRECONDITION, which workers take for a lost lease).
       {"future plan_version", "Heartbeat",
-       h([](auto& r) { r.set_plan_version(999); }), kInvalid, "plan_version"},
+       h([](auto& r) { r.set_plan_version(999); }), kPrecondition,
+       "plan_version"},
       {"another instance", "LeaveJob",
        l([](auto& r) { r.set_instance_id("intruder"); }), kPrecondition,
        "instance_id"},

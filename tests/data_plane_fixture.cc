@@ -261,24 +261,57 @@ void DataPlaneFixture::TearDown() {
 }
 
 void DataPlaneFixture::StartCoordinator(const ClusterOptions& options) {
-  std::vector<std::string> argv = {
+  coordinator_argv_ = {
       RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
       "--metrics_port=-1",
       absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
       absl::StrCat("--heartbeat_interval_ms=", options.heartbeat_interval_ms)};
-  for (std::string& flag : SecuredCoordinatorFlags()) {
-    argv.push_back(std::move(flag));
+  if (!options.state_dir.empty()) {
+    coordinator_argv_.push_back("--state_dir=" + options.state_dir);
   }
+  for (std::string& flag : SecuredCoordinatorFlags()) {
+    coordinator_argv_.push_back(std::move(flag));
+  }
+  ASSERT_NO_FATAL_FAILURE(RestartCoordinator());
+  coordinator_stub_ =
+      v1::Coordinator::NewStub(TestChannel(coordinator_address_));
+}
+
+void DataPlaneFixture::RestartCoordinator() {
+  if (!coordinator_address_.empty()) {  // the same port again
+    coordinator_argv_[1] = absl::StrCat(
+        "--port=",
+        coordinator_address_.substr(coordinator_address_.rfind(':') + 1));
+  }
+  const std::string log = coordinator_starts_ == 0
+                              ? log_dir_ + "/coordinator.log"
+                              : absl::StrCat(log_dir_, "/coordinator.",
+                                             coordinator_starts_, ".log");
+  ++coordinator_starts_;
   absl::StatusOr<std::unique_ptr<ChildProcess>> started =
-      ChildProcess::Start(argv, log_dir_ + "/coordinator.log");
+      ChildProcess::Start(coordinator_argv_, log);
   ASSERT_TRUE(started.ok()) << started.status();
   coordinator_ = *std::move(started);
   absl::StatusOr<std::string> port = coordinator_->WaitForLog(
       R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
   ASSERT_TRUE(port.ok()) << port.status();
   coordinator_address_ = absl::StrCat("127.0.0.1:", *port);
-  coordinator_stub_ =
-      v1::Coordinator::NewStub(TestChannel(coordinator_address_));
+}
+
+void DataPlaneFixture::KillCoordinator() {
+  coordinator_->Signal(SIGKILL);
+  const absl::StatusOr<int> waited = coordinator_->Wait(absl::Seconds(10));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+}
+
+absl::StatusOr<v1::WorkerStatus> DataPlaneFixture::WorkerStatus(int worker) {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(absl::Seconds(5)));
+  v1::WorkerStatus status;
+  const grpc::Status s = workers_.at(worker).stub->GetStatus(
+      &context, v1::GetStatusRequest(), &status);
+  if (!s.ok()) return FromGrpc(s);
+  return status;
 }
 
 void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {

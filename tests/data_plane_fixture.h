@@ -131,6 +131,8 @@ struct ClusterOptions {
   std::map<int, std::vector<std::string>> worker_flags;
   // The trainers' clients' deadline for every call (ClientOptions.timeout).
   absl::Duration client_timeout = absl::Seconds(30);
+  // The coordinator's --state_dir; empty: its state is in memory only.
+  std::string state_dir;
 };
 
 // What one trainer's Step returned and how long the call took.
@@ -230,9 +232,16 @@ class DataPlaneFixture : public ::testing::Test {
   // Waits until every worker follows one plan of all of them; plan() is
   // then that plan.
   absl::Status WaitForFullPlan(absl::Duration timeout);
-  // The worker's GetStatus, answered within `deadline`.
-  absl::StatusOr<v1::WorkerStatus> WorkerStatusOf(int worker,
-                                                  absl::Duration deadline);
+  // SIGKILLs the coordinator and reaps it.
+  void KillCoordinator();
+  // Starts the coordinator again with the same flags on the same port
+  // (logging to a new file) and waits until it listens.
+  void RestartCoordinator();
+  // The running coordinator's process, and a stub to it.
+  ChildProcess& coordinator_process() { return *coordinator_; }
+  v1::Coordinator::Stub& coordinator_stub() { return *coordinator_stub_; }
+  // Worker `worker`'s status from its local socket.
+  absl::StatusOr<v1::WorkerStatus> WorkerStatus(int worker);
   // Sends `signal` to worker `worker`.
   void SignalWorker(int worker, int signal);
 
@@ -241,6 +250,8 @@ class DataPlaneFixture : public ::testing::Test {
     return coordinator_address_;
   }
   const ModelDecl& model() const { return model_; }
+  const std::string& job() const { return job_; }
+  const std::string& log_dir() const { return log_dir_; }
 
  private:
   struct WorkerProcess {
@@ -260,6 +271,8 @@ class DataPlaneFixture : public ::testing::Test {
   std::string log_dir_;
   std::string socket_dir_;
   std::unique_ptr<ChildProcess> coordinator_;
+  std::vector<std::string> coordinator_argv_;
+  int coordinator_starts_ = 0;
   std::string coordinator_address_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
   std::vector<WorkerProcess> workers_;

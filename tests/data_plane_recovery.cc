@@ -1,6 +1,6 @@
 // DataPlaneFixture's failure and recovery helpers: trainer loops that retry
 // until answered, a worker restarted in place, a worker stopped at a step
-// point, status within a deadline.
+// point.
 #include <signal.h>
 
 #include <fstream>
@@ -79,17 +79,6 @@ absl::Status DataPlaneFixture::WaitUntilStopped(int worker,
   }
   return absl::DeadlineExceededError(absl::StrCat(
       "worker ", worker, " (pid ", pid, ") did not stop; /proc stat: ", stat));
-}
-
-absl::StatusOr<v1::WorkerStatus> DataPlaneFixture::WorkerStatusOf(
-    int worker, absl::Duration deadline) {
-  grpc::ClientContext context;
-  context.set_deadline(DeadlineIn(deadline));
-  v1::WorkerStatus status;
-  const grpc::Status s = workers_.at(worker).stub->GetStatus(
-      &context, v1::GetStatusRequest(), &status);
-  if (!s.ok()) return FromGrpc(s, "GetStatus");
-  return status;
 }
 
 }  // namespace testing

@@ -65,6 +65,21 @@ void Normalize(float* x, int64_t count, double margin, double eps) {
   }
 }
 
+// AOL preconditioning (NewtonSchulzOptions::aol): x <- S x with
+// S = diag(1 / (margin * sqrt(sum_j |(x x^T)_ij|))). Rows of zeros keep
+// S_ii = 1 (they stay zero).
+void AolPrecondition(float* x, int64_t m, int64_t n, double margin,
+                     float* gram) {
+  GramMatrix(x, m, n, gram);
+  for (int64_t i = 0; i < m; ++i) {
+    double sum = 0;
+    for (int64_t j = 0; j < m; ++j) sum += std::fabs(gram[i * m + j]);
+    if (!(sum > 0) || !std::isfinite(sum)) continue;
+    const float s = static_cast<float>(1.0 / (margin * std::sqrt(sum)));
+    for (int64_t j = 0; j < n; ++j) x[i * n + j] *= s;
+  }
+}
+
 // p <- a I + b r + c r2, all m x m.
 void Polynomial(const NsCoefficients& k, const float* r, const float* r2,
                 int64_t m, float* p) {
@@ -178,6 +193,10 @@ void Orthogonalize(const float* in, int64_t rows, int64_t cols,
   float* x = ws->Buffer(kX, m * n);
   LoadWide(in, rows, cols, x);
   Normalize(x, m * n, NormalizationMargin(options), options.eps);
+  if (options.aol) {
+    AolPrecondition(x, m, n, NormalizationMargin(options),
+                    ws->Buffer(kTmp, m * m));
+  }
   float* result = options.algorithm == NsAlgorithm::kGram
                       ? IterateGram(x, m, n, options, ws)
                       : IterateNs5(x, m, n, options, ws);

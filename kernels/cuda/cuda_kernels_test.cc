@@ -64,6 +64,13 @@ TEST(SymmetricPlanTest, BlocksShrinkToKeepRowsAndTilesNeedEvenSplits) {
   EXPECT_EQ(EffectivePlan(tiles, 600).blocks, 2);
   EXPECT_EQ(EffectivePlan({SymmetricMode::kDense, 8, 1}, 4096).mode,
             SymmetricMode::kDense);
+  // cuBLASLt tiles need the same even split, and fall back the same way.
+  const SymmetricPlan lt{SymmetricMode::kLtTiles, 8, 256};
+  EXPECT_EQ(EffectivePlan(lt, 4096).mode, SymmetricMode::kLtTiles);
+  EXPECT_EQ(EffectivePlan(lt, 4096).blocks, 8);
+  EXPECT_EQ(EffectivePlan(lt, 1024).blocks, 4);
+  EXPECT_EQ(EffectivePlan(lt, 600).mode, SymmetricMode::kRowBlocks);
+  EXPECT_EQ(EffectivePlan(lt, 300).mode, SymmetricMode::kDense);
 }
 
 TEST(NsScalesTest, Fp16ScalesArePowersOfTwoAndOthersAreOne) {

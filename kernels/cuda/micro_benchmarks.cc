@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/lt_tile_gemm.h"
 #include "kernels/cuda/ns_elementwise.h"
+#include "kernels/cuda/symmetric_gemm.h"
 
 namespace muonps {
 namespace kernels {
@@ -127,6 +129,71 @@ void LtSearch(cudaStream_t stream, const Gemm& g, const void* a, const void* b,
   cublasLtDestroy(lt);
 }
 
+// The lower-triangle tile GEMMs of LowerProduct (16 blocks of 256 rows at
+// m = 4096, 16 matrices) for the squares (k = 4096) and X X^T (k = 14336):
+// every cuBLASLt candidate of the kLtTiles search and cuBLAS's
+// cublasGemmBatchedEx, as JSON lines.
+void LtTileSearch(cublasHandle_t handle, const void* x16, const void* sq16,
+                  float* c32) {
+  cublasLtHandle_t lt = nullptr;
+  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return;
+  auto ws = DeviceBuffer::Allocate(32 << 20, "lt search workspace");
+  const int blocks = 16;
+  for (const int64_t k : {kM, kN}) {
+    const StackOperand op{k == kM ? sq16 : x16, kM * k, k, true};
+    auto tiles = TilePointers::Build(op, op, c32, 2, kBatch, kM, blocks);
+    if (!ws.ok() || !tiles.ok()) break;
+    LtTileGemm::Shape shape;
+    shape.ta = TileOpA(op);
+    shape.tb = TileOpB(op);
+    shape.t = kM / blocks;
+    shape.k = k;
+    shape.lda = shape.ldb = k;
+    shape.ldc = kM;
+    shape.batch = tiles->tiles();
+    const auto baseline = [&](cudaStream_t stream) {
+      const float one = 1.0f;
+      const int t = static_cast<int>(shape.t);
+      return cublasSetStream(handle, stream) == CUBLAS_STATUS_SUCCESS &&
+             cublasGemmBatchedEx(
+                 handle, shape.ta, shape.tb, t, t, static_cast<int>(k), &one,
+                 tiles->a(), CUDA_R_16BF, static_cast<int>(k), tiles->b(),
+                 CUDA_R_16BF, static_cast<int>(k), &one, tiles->c(), CUDA_R_32F,
+                 static_cast<int>(kM), static_cast<int>(shape.batch),
+                 CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+    };
+    auto gemm =
+        LtTileGemm::Search(lt, shape, tiles->a(), tiles->b(), tiles->c(),
+                           ws->get(), ws->bytes(), baseline, 32);
+    // Lower-triangle FLOPs the tiles compute.
+    const double flops = 2.0 * shape.t * shape.t * k * shape.batch;
+    if (!gemm.ok()) {
+      std::printf("{\"what\":\"lt_tile_search\",\"k\":%lld,\"error\":\"%s\"}\n",
+                  static_cast<long long>(k),
+                  std::string(gemm.status().message()).c_str());
+      continue;
+    }
+    std::printf(
+        "{\"what\":\"lt_tile_search\",\"k\":%lld,\"tiles\":%lld,"
+        "\"tile_rows\":%lld,\"cublas_batched_ms\":%.4f,\"cublas_batched_"
+        "tflops\":%.1f,\"best_ms\":%.4f,\"best_tflops\":%.1f,\"trials\":[",
+        static_cast<long long>(k), static_cast<long long>(shape.batch),
+        static_cast<long long>(shape.t), (*gemm)->baseline_ms(),
+        flops / ((*gemm)->baseline_ms() * 1e9),
+        (*gemm)->trials()[(*gemm)->best()].ms,
+        flops / ((*gemm)->trials()[(*gemm)->best()].ms * 1e9));
+    for (size_t i = 0; i < (*gemm)->trials().size(); ++i) {
+      const LtTileGemm::Trial& t = (*gemm)->trials()[i];
+      std::printf("%s{\"rank\":%d,\"tile\":%d,\"cluster\":%d,\"ms\":%.4f}",
+                  i ? "," : "", t.rank, t.tile, t.cluster, t.ms);
+    }
+    std::printf("]}\n");
+    std::fflush(stdout);
+  }
+  cublasLtDestroy(lt);
+}
+
 }  // namespace
 
 bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream,
@@ -194,6 +261,8 @@ bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream,
     LtSearch(stream, g, a16->get(), b16->get(), c32->get(), ws->get(),
              ws->bytes());
   }
+  LtTileSearch(handle, a16->get(), b16->get(), c32->as<float>());
+  cublasSetStream(handle, stream);
   // Elementwise kernels on 16 x 4096^2 (m x m) and 16 x 4096 x 14336.
   const int64_t sq = kBatch * kM * kM;
   SymmetricCombine combine;

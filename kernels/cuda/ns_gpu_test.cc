@@ -8,6 +8,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -125,6 +126,7 @@ TEST_F(NsEngineTest, DenseRowBlockAndTilePlansAgreeWithinFp32Rounding) {
   const SymmetricPlan dense{SymmetricMode::kDense, 1, 1};
   const SymmetricPlan rows{SymmetricMode::kRowBlocks, 4, 32};
   const SymmetricPlan tiles{SymmetricMode::kTiles, 4, 32};
+  const SymmetricPlan lt_tiles{SymmetricMode::kLtTiles, 4, 32};
   uint32_t seed = 1;
   for (const Shape s : {Shape{256, 640}, Shape{640, 256}, Shape{200, 200}}) {
     const std::vector<float> in = GaussianMatrix(3 * s.rows, s.cols, seed++);
@@ -132,7 +134,7 @@ TEST_F(NsEngineTest, DenseRowBlockAndTilePlansAgreeWithinFp32Rounding) {
       NewtonSchulzOptions o;
       o.algorithm = a;
       const std::vector<float> want = Run(CUDA_R_32F, dense, in, 3, s, o);
-      for (const SymmetricPlan& plan : {rows, tiles}) {
+      for (const SymmetricPlan& plan : {rows, tiles, lt_tiles}) {
         EXPECT_LT(RelativeError(Run(CUDA_R_32F, plan, in, 3, s, o), want), 2e-5)
             << s.rows << "x" << s.cols << " mode "
             << static_cast<int>(plan.mode);
@@ -142,6 +144,8 @@ TEST_F(NsEngineTest, DenseRowBlockAndTilePlansAgreeWithinFp32Rounding) {
       // cuda_kernels_gpu_test (16 u).
       const std::vector<float> bf16 = Run(CUDA_R_16BF, dense, in, 3, s, o);
       EXPECT_LT(RelativeError(Run(CUDA_R_16BF, tiles, in, 3, s, o), bf16),
+                16 * std::ldexp(1.0, -8));
+      EXPECT_LT(RelativeError(Run(CUDA_R_16BF, lt_tiles, in, 3, s, o), bf16),
                 16 * std::ldexp(1.0, -8));
     }
   }
@@ -228,6 +232,112 @@ TEST_F(NsEngineTest, GramIsFiniteAndAccurateOnIllConditionedAndLowRank) {
       }
     }
   }
+}
+
+// Gram NS with restarts after steps 1, 3 and 4 (segments of 1, 2, 1 and 1
+// steps, D = Q - c I applied in each; see GramNs in ns_iteration.cc)
+// against NS5 in the same 16-bit precision, on the rank-deficient inputs
+// of the test above plus a larger shape: the largest Gram error stays
+// within 4 times the largest NS5 error (a CPU emulation of these roundings
+// measured 2.3x in bf16 and 2.6x in fp16; restarts after 2 and 3 measured
+// 4.7x and 4.4x on an H100; the default single restart 29x and 30x there,
+// printed here for the record).
+TEST_F(NsEngineTest, GramWithRestarts134IsWithin4xOfNs5OnRankDeficientInputs) {
+  const SymmetricPlan plan{SymmetricMode::kTiles, 4, 32};
+  NewtonSchulzOptions accurate = Gram();
+  accurate.gram_restarts = {1, 3, 4};
+  for (const cudaDataType low : {CUDA_R_16BF, CUDA_R_16F}) {
+    double ns5_max = 0, gram_max = 0, default_max = 0;
+    uint32_t seed = 700;
+    for (const Shape s : {Shape{64, 256}, Shape{256, 64}, Shape{128, 512},
+                          Shape{96, 96}, Shape{256, 1024}}) {
+      const int k = static_cast<int>(std::min(s.rows, s.cols));
+      for (const int rank : {k / 2, 1}) {
+        const std::vector<float> in = MatrixWithSpectrum(
+            s.rows, s.cols, GeometricSpectrum(rank, 1.0, 1e-6), seed++);
+        const reference::Matrix want = Fp64Ns(in, s);
+        const double ns5 = RelativeError(
+            Run(low, plan, in, 1, s, NewtonSchulzOptions{}), want);
+        unsigned int drift = 0;
+        const std::vector<float> out =
+            Run(low, plan, in, 1, s, accurate, &drift);
+        ASSERT_TRUE(AllFinite(out));
+        const double gram = RelativeError(out, want);
+        const double gram_default =
+            RelativeError(Run(low, plan, in, 1, s, Gram()), want);
+        std::printf(
+            "rank-deficient low=%d %lldx%lld rank %d: ns5 %.3g gram(1,3,4) "
+            "%.3g "
+            "(%.2fx) gram(2) %.3g (%.2fx) drift %u\n",
+            static_cast<int>(low), static_cast<long long>(s.rows),
+            static_cast<long long>(s.cols), rank, ns5, gram, gram / ns5,
+            gram_default, gram_default / ns5, drift);
+        EXPECT_EQ(drift, 0u);
+        ns5_max = std::max(ns5_max, ns5);
+        gram_max = std::max(gram_max, gram);
+        default_max = std::max(default_max, gram_default);
+      }
+    }
+    std::printf(
+        "rank-deficient low=%d max: ns5 %.3g gram(1,3,4) %.3g (%.2fx) "
+        "gram(2) %.3g (%.2fx)\n",
+        static_cast<int>(low), ns5_max, gram_max, gram_max / ns5_max,
+        default_max, default_max / ns5_max);
+    EXPECT_LT(gram_max, 4 * ns5_max) << "type " << low;
+  }
+}
+
+// AOL (NewtonSchulzOptions::aol) on the GPU: its fp32 path matches the fp64
+// twin for both algorithms and both orientations, its 16-bit paths stay
+// within the random-input bounds, and Polar Express in 4 steps with AOL is
+// as close to the exact polar factor U V^T as 5 steps without (bf16).
+TEST_F(NsEngineTest, AolMatchesItsFp64TwinAndSavesAPolarExpressStep) {
+  const SymmetricPlan plan{SymmetricMode::kTiles, 4, 32};
+  uint32_t seed = 800;
+  for (const Shape s : {Shape{128, 384}, Shape{384, 128}, Shape{40, 90}}) {
+    const std::vector<float> in = GaussianMatrix(2 * s.rows, s.cols, seed++);
+    for (const bool polar : {false, true}) {
+      NewtonSchulzOptions o;
+      o.aol = true;
+      o.steps = 4;
+      o.polar_express = polar;
+      const std::vector<float> first(in.begin(), in.begin() + s.rows * s.cols);
+      const reference::Matrix want = reference::NewtonSchulz(
+          reference::Matrix(first.begin(), first.end()), s.rows, s.cols, o);
+      for (const NsAlgorithm a : {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
+        o.algorithm = a;
+        for (const cudaDataType low : {CUDA_R_32F, CUDA_R_16BF}) {
+          std::vector<float> out = Run(low, plan, in, 2, s, o);
+          out.resize(s.rows * s.cols);
+          const double err = RelativeError(out, want);
+          std::printf("aol %s polar=%d low=%d %lldx%lld rel_err %.3g\n",
+                      std::string(NsAlgorithmName(a)).c_str(), polar,
+                      static_cast<int>(low), static_cast<long long>(s.rows),
+                      static_cast<long long>(s.cols), err);
+          const double bound =
+              low == CUDA_R_32F
+                  ? (a == NsAlgorithm::kGram ? 1e-4 : 2e-5)
+                  : (a == NsAlgorithm::kGram ? 80 : 16) * std::ldexp(1.0, -8);
+          EXPECT_LT(err, bound)
+              << NsAlgorithmName(a) << " polar " << polar << " low " << low;
+        }
+      }
+    }
+  }
+  const Shape s{128, 512};
+  const std::vector<float> in = GaussianMatrix(s.rows, s.cols, 31);
+  const reference::Matrix polar = reference::PolarFactor(
+      reference::Matrix(in.begin(), in.end()), s.rows, s.cols);
+  NewtonSchulzOptions pe5;
+  pe5.polar_express = true;
+  NewtonSchulzOptions aol4 = pe5;
+  aol4.steps = 4;
+  aol4.aol = true;
+  const double e5 = RelativeError(Run(CUDA_R_16BF, plan, in, 1, s, pe5), polar);
+  const double a4 =
+      RelativeError(Run(CUDA_R_16BF, plan, in, 1, s, aol4), polar);
+  std::printf("aol bf16 128x512 from U V^T: pe5 %.4f aol+pe4 %.4f\n", e5, a4);
+  EXPECT_LT(a4, 1.5 * e5);
 }
 
 TEST_F(NsEngineTest, ValuesNearFp32LimitsAndZerosBehaveAsOnTheCpu) {

@@ -50,6 +50,9 @@ struct Variant {
   bool all_ns5 = false;
   bool no_restart = false;
   int lanes = 1;
+  std::vector<int> gram_restarts = {2};
+  bool aol = false;
+  int steps = 5;
 };
 
 const StackSpec kLlamaSet[] = {{16, 4096, 4096, NsAlgorithm::kNs5},
@@ -82,6 +85,33 @@ std::vector<Variant> Variants() {
   v.push_back(eager);
   v.push_back(ns5);
   v.push_back(no_restart);
+  // The symmetric-product plans beside the default's 16 tiles.
+  const std::pair<const char*, SymmetricPlan> plans[] = {
+      {"bf16_tiles4", plan(SymmetricMode::kTiles, 4)},
+      {"bf16_tiles32", plan(SymmetricMode::kTiles, 32, 128)},
+      {"bf16_rows4", plan(SymmetricMode::kRowBlocks, 4)},
+      {"bf16_rows8", plan(SymmetricMode::kRowBlocks, 8)},
+      {"bf16_dense", plan(SymmetricMode::kDense, 1)},
+      {"bf16_lttiles16", plan(SymmetricMode::kLtTiles, 16)},
+      {"bf16_lttiles8", plan(SymmetricMode::kLtTiles, 8)},
+      {"bf16_lttiles4", plan(SymmetricMode::kLtTiles, 4)}};
+  for (const auto& [name, p] : plans) {
+    Variant x = base;
+    x.name = name;
+    x.plan = p;
+    v.push_back(x);
+  }
+  // Gram's accurate schedule (restarts after steps 1, 3 and 4) and AOL with
+  // one step fewer (opt-in), both on the default plan.
+  Variant restarts134 = base;
+  restarts134.name = "bf16_tiles16_gram_restarts134";
+  restarts134.gram_restarts = {1, 3, 4};
+  v.push_back(restarts134);
+  Variant aol = base;
+  aol.name = "bf16_tiles16_aol4";
+  aol.aol = true;
+  aol.steps = 4;
+  v.push_back(aol);
   return v;
 }
 
@@ -176,6 +206,9 @@ int Main() {
     for (const Stack& s : stacks) {
       NewtonSchulzOptions o;
       o.algorithm = v.all_ns5 ? NsAlgorithm::kNs5 : s.spec.algorithm;
+      o.gram_restarts = v.gram_restarts;
+      o.aol = v.aol;
+      o.steps = v.steps;
       if (v.no_restart) o.gram_restarts.clear();
       flops += s.spec.count * NsExecutedFlops(s.spec.rows, s.spec.cols, o);
       options.push_back(o);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/status.h"
+#include "kernels/cuda/aol_scaling.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ns_elementwise.h"
 #include "kernels/cuda/symmetric_gemm.h"
@@ -79,6 +80,25 @@ class Issuer {
     return Combine(args);
   }
 
+  // AOL (NewtonSchulzOptions::aol) after Normalize: a32 (lower) and
+  // a_low <- A = X X^T, then X <- S X (fp32 `out` and x_low) and
+  // A <- S A S (both copies), so the first step starts from A.
+  absl::Status Aol(float* out, float* a32, void* a_low) {
+    void* x = ws_->x_low();
+    MUONPS_RETURN_IF_ERROR(Gram(x, a32));
+    MUONPS_RETURN_IF_ERROR(Mirror(a32, a_low, s_.square));
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        LaunchAolScales(a_low, low_, s_.square, count_, m_,
+                        NormalizationMargin(options_), ws_->scales(), stream_));
+    MUONPS_CUDA_RETURN_IF_ERROR(LaunchScaleRows(out, x, low_, s_.x, count_, m_,
+                                                n_, ws_->Wide(x).row_major,
+                                                ws_->scales(), stream_));
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        LaunchScaleSymmetric(a32, count_, m_, ws_->scales(), stream_));
+    return Mirror(a32, a_low, s_.square,
+                  /*check=*/options_.algorithm == NsAlgorithm::kGram);
+  }
+
   absl::Status Ns5(const float* in, float* out);
   absl::Status GramNs(const float* in, float* out);
 
@@ -100,10 +120,13 @@ absl::Status Issuer::Ns5(const float* in, float* out) {
   void* b_low = ws_->square_low(1);
   // The fp32 iterate lives in `out`, so the last step writes the result.
   MUONPS_RETURN_IF_ERROR(Normalize(in, out, x));
+  if (options_.aol) MUONPS_RETURN_IF_ERROR(Aol(out, a32, a_low));
   for (int step = 0; step < options_.steps; ++step) {
     const NsCoefficients k = CoefficientsForStep(options_, step);
-    MUONPS_RETURN_IF_ERROR(Gram(x, a32));
-    MUONPS_RETURN_IF_ERROR(Mirror(a32, a_low, s_.square));
+    if (step > 0 || !options_.aol) {
+      MUONPS_RETURN_IF_ERROR(Gram(x, a32));
+      MUONPS_RETURN_IF_ERROR(Mirror(a32, a_low, s_.square));
+    }
     MUONPS_RETURN_IF_ERROR(
         Square(a_low, a_low, 1.0f / (s_.square * s_.square), 0.0f, a2));
     SymmetricCombine b;
@@ -128,16 +151,25 @@ absl::Status Issuer::Ns5(const float* in, float* out) {
 
 // Q is kept as its constant term c (a product of the steps' `a`, in fp32)
 // plus D = Q - c I: D32 in fp32 (updated as D <- a D + M Q, the `a` term as
-// the GEMM's beta) and Q = D + c I as a GEMM input. In the first segment
-// (up to the first restart) X <- c X + D X with X in fp32: rounding noise
-// of X's 16-bit copy in directions X does not span (rank-deficient or
-// ill-conditioned inputs) then meets D, which is ~0 there, instead of Q,
-// which would multiply it by c (a^2 ~ 12 with the default restart; this cut
-// the bf16 error on rank-1 inputs from 1.1 to 0.19). Later segments start
-// from converged singular values, where D ~ 1 - c would amplify D's own
-// rounding instead, so they multiply by Q; their noise in unspanned
-// directions still grows by their c (a^3 ~ 41), which is why Gram NS in
-// 16-bit is less accurate than NS5 on such inputs.
+// the GEMM's beta) and Q = D + c I as a GEMM input. A segment (the steps up
+// to a restart, or to the end) may apply X <- c X + D X with X in fp32:
+// rounding noise of X's 16-bit copy in directions X does not span
+// (rank-deficient or ill-conditioned inputs) then meets D, which is ~0
+// there, instead of Q, which would multiply it by c (a^k after k steps).
+// That pays in the first segment, which starts far from converged (the
+// normalized X has singular values near 1 / sqrt(m) at full rank), and in
+// later segments of at most 2 steps. Later, longer segments start from
+// converged singular values, where D ~ 1 - c amplifies D's own rounding
+// (a CPU emulation of these roundings, Gaussian 64 x 256 in bf16: 31 u
+// with D in the 3-step second segment of the default schedule, 12 u with
+// Q), so they multiply by Q; their noise in unspanned directions then
+// grows by c (a^3 ~ 41), which is why Gram NS with the default single
+// restart is 20-40 times less accurate than NS5 in 16-bit on rank-deficient
+// inputs. Restarts after steps 1, 3 and 4 (segments of 1, 2, 1 and 1
+// steps, all with D) bring that to 2.3-2.6x in the emulation at 6 alpha +
+// 4 m^3 multiply-adds against 3 alpha + 7 (alpha = n / m); ns_gpu_test
+// checks 4x on the GPU. Where D is applied, its 16-bit copy comes out of the
+// combine that forms Q (no extra pass).
 absl::Status Issuer::GramNs(const float* in, float* out) {
   void* x = ws_->x_low();
   float* r32 = ws_->square32(0);
@@ -149,26 +181,40 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
   void* t_low = ws_->square_low(3);
   const float sr = s_.square;
   float constant = 1.0f;
-  // Splitting pays where the first segment starts far from converged: the
-  // normalized X has singular values near 1 / sqrt(m) at full rank. Below
-  // 64 rows (and at rank 1) D ~ 1 - c and its rounding dominates.
-  bool split = m_ >= 64;
+  // Below 64 rows the normalized X starts near converged (singular values
+  // near 1 / sqrt(m)), where D ~ 1 - c and its rounding dominates.
+  const bool split_allowed = m_ >= 64;
+  // Where the segment starting at `step` ends (its restart, or the end).
+  const auto segment_end = [&](int step) {
+    int end = options_.steps;
+    for (const int r : options_.gram_restarts) {
+      if (r > step && r < end) end = r;
+    }
+    return end;
+  };
+  bool split = split_allowed;
+  // D's 16-bit copy and its storage scale, set with D.
+  const void* d_low = nullptr;
+  float d_scale = 1.0f;
   // X <- Q X in fp32 (in `out`), from X's fp32 copy and its 16-bit twin.
   const auto apply_q = [&]() -> absl::Status {
-    const float alpha = 1.0f / (s_.q * s_.x);
     if (!split) {
-      return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_, alpha,
-                          q_low, ws_->Wide(x), 0.0f, out);
+      return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_,
+                          1.0f / (s_.q * s_.x), q_low, ws_->Wide(x), 0.0f, out);
     }
-    MUONPS_RETURN_IF_ERROR(Mirror(d32, t_low, s_.q));
-    return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_, alpha, t_low,
-                        ws_->Wide(x), constant, out);
+    return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_,
+                        1.0f / (d_scale * s_.x), d_low, ws_->Wide(x), constant,
+                        out);
   };
   MUONPS_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(ws_->unhealthy(), 0, sizeof(unsigned int), stream_));
   MUONPS_RETURN_IF_ERROR(Normalize(in, out, x));
-  MUONPS_RETURN_IF_ERROR(Gram(x, r32));
-  MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
+  if (options_.aol) {
+    MUONPS_RETURN_IF_ERROR(Aol(out, r32, r_low));
+  } else {
+    MUONPS_RETURN_IF_ERROR(Gram(x, r32));
+    MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
+  }
   bool q_is_identity = true;
   for (int step = 0; step < options_.steps; ++step) {
     const NsCoefficients k = CoefficientsForStep(options_, step);
@@ -190,6 +236,8 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
       poly.with_diag_scale = s_.q;
       MUONPS_RETURN_IF_ERROR(Combine(poly));
       constant = a;
+      d_low = m_low;
+      d_scale = sr;
       q_is_identity = false;
     } else {
       // P Q = a D + M Q + a c I: D <- a D + M Q, c <- a c.
@@ -201,6 +249,12 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
       q.diag = constant;
       q.with_diag_low = q_low;
       q.with_diag_scale = s_.q;
+      if (split) {
+        q.value_low = t_low;
+        q.value_scale = s_.q;
+        d_low = t_low;
+        d_scale = s_.q;
+      }
       MUONPS_RETURN_IF_ERROR(Combine(q));
     }
     if (step + 1 == options_.steps) break;
@@ -222,7 +276,7 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
     MUONPS_RETURN_IF_ERROR(Gram(x, r32));
     MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
     q_is_identity = true;
-    split = false;
+    split = split_allowed && segment_end(step + 1) - (step + 1) <= 2;
   }
   return apply_q();
 }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace muonps {
 namespace kernels {
@@ -18,6 +19,12 @@ NsWorkspace::NsWorkspace(int64_t count, int64_t rows, int64_t cols,
       row_major_(rows <= cols),
       low_(low),
       plan_(plan) {}
+
+NsWorkspace::~NsWorkspace() {
+  lt_gemms_.clear();
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
+  if (baseline_handle_ != nullptr) cublasDestroy(baseline_handle_);
+}
 
 StackOperand NsWorkspace::Wide(const void* data) const {
   return {data, m_ * n_, row_major_ ? n_ : m_, row_major_};
@@ -33,16 +40,77 @@ absl::Status NsWorkspace::Ensure(DeviceBuffer* buffer, size_t bytes,
   return absl::OkStatus();
 }
 
+absl::StatusOr<const LtTileGemm*> NsWorkspace::LtFor(
+    const StackOperand& lo, const StackOperand& ro, int64_t k,
+    const TilePointers& tiles) {
+  const cublasOperation_t ta = TileOpA(ro), tb = TileOpB(lo);
+  const auto key = std::make_tuple(k, static_cast<int>(ta),
+                                   static_cast<int>(tb), ro.ld, lo.ld);
+  const auto it = lt_gemms_.find(key);
+  if (it != lt_gemms_.end()) return it->second.get();
+  if (lt_ == nullptr) {
+    MUONPS_RETURN_IF_ERROR(
+        CublasStatus(cublasLtCreate(&lt_), "cublasLtCreate"));
+  }
+  MUONPS_RETURN_IF_ERROR(
+      Ensure(&lt_workspace_, size_t{32} << 20, "cuBLASLt workspace"));
+  const SymmetricPlan run = EffectivePlan(plan_, m_);
+  LtTileGemm::Shape shape;
+  shape.input_type = low_;
+  shape.ta = ta;
+  shape.tb = tb;
+  shape.t = m_ / run.blocks;
+  shape.k = k;
+  shape.lda = ro.ld;
+  shape.ldb = lo.ld;
+  shape.ldc = m_;
+  shape.batch = tiles.tiles();
+  if (baseline_handle_ == nullptr) {
+    MUONPS_RETURN_IF_ERROR(
+        CublasStatus(cublasCreate(&baseline_handle_), "cublasCreate"));
+  }
+  const auto baseline = [&](cudaStream_t stream) {
+    const float alpha = 1.0f, beta = 1.0f;
+    const int t = static_cast<int>(shape.t);
+    return cublasSetStream(baseline_handle_, stream) == CUBLAS_STATUS_SUCCESS &&
+           cublasGemmBatchedEx(
+               baseline_handle_, ta, tb, t, t, static_cast<int>(k), &alpha,
+               tiles.a(), low_, static_cast<int>(ro.ld), tiles.b(), low_,
+               static_cast<int>(lo.ld), &beta, tiles.c(), CUDA_R_32F,
+               static_cast<int>(m_), static_cast<int>(tiles.tiles()),
+               CUBLAS_COMPUTE_32F,
+               CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  };
+  absl::StatusOr<std::unique_ptr<LtTileGemm>> gemm =
+      LtTileGemm::Search(lt_, shape, tiles.a(), tiles.b(), tiles.c(),
+                         lt_workspace_.get(), lt_workspace_.bytes(), baseline);
+  // No cuBLASLt algorithm, or none faster than cuBLAS's own batched GEMM:
+  // cublasGemmBatchedEx runs these tiles.
+  std::unique_ptr<LtTileGemm> kept =
+      gemm.ok() ? std::move(*gemm) : std::unique_ptr<LtTileGemm>();
+  const LtTileGemm* found =
+      kept != nullptr && kept->beats_baseline() ? kept.get() : nullptr;
+  lt_gemms_.emplace(key, std::move(kept));
+  return found;
+}
+
 absl::Status NsWorkspace::AddTiles(const void* l, const StackOperand& lo,
                                    const void* r, const StackOperand& ro,
-                                   float* c) {
+                                   float* c, int64_t k) {
   const SymmetricPlan run = EffectivePlan(plan_, m_);
-  if (run.mode != SymmetricMode::kTiles) return absl::OkStatus();
+  if (run.mode != SymmetricMode::kTiles &&
+      run.mode != SymmetricMode::kLtTiles) {
+    return absl::OkStatus();
+  }
   const auto key = std::make_tuple(l, r, static_cast<const float*>(c));
   if (tiles_.count(key) > 0) return absl::OkStatus();
   MUONPS_ASSIGN_OR_RETURN(TilePointers tiles,
                           TilePointers::Build(lo, ro, c, ElementBytes(low_),
                                               count_, m_, run.blocks));
+  if (run.mode == SymmetricMode::kLtTiles) {
+    MUONPS_ASSIGN_OR_RETURN(const LtTileGemm* lt, LtFor(lo, ro, k, tiles));
+    tiles.set_lt(lt);
+  }
   tiles_.emplace(key, std::move(tiles));
   return absl::OkStatus();
 }
@@ -65,21 +133,23 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
   }
   MUONPS_RETURN_IF_ERROR(
       Ensure(&sums_, static_cast<size_t>(count_) * sizeof(double), "norms"));
+  MUONPS_RETURN_IF_ERROR(Ensure(
+      &scales_, static_cast<size_t>(count_ * m_) * sizeof(float), "scales"));
   MUONPS_RETURN_IF_ERROR(
       Ensure(&unhealthy_, sizeof(unsigned int), "drift counter"));
   // Every (l, r, c) triple the iterations multiply (see NsEngine).
   const auto sq = [this](int i) { return SquareStack(square_low(i), m_); };
+  MUONPS_RETURN_IF_ERROR(AddTiles(x_low(), Wide(x_low()), x_low(),
+                                  Wide(x_low()), square32(0), n_));
   MUONPS_RETURN_IF_ERROR(
-      AddTiles(x_low(), Wide(x_low()), x_low(), Wide(x_low()), square32(0)));
-  MUONPS_RETURN_IF_ERROR(
-      AddTiles(square_low(0), sq(0), square_low(0), sq(0), square32(1)));
+      AddTiles(square_low(0), sq(0), square_low(0), sq(0), square32(1), m_));
   if (gram) {
     MUONPS_RETURN_IF_ERROR(
-        AddTiles(square_low(1), sq(1), square_low(2), sq(2), square32(2)));
+        AddTiles(square_low(1), sq(1), square_low(2), sq(2), square32(2), m_));
     MUONPS_RETURN_IF_ERROR(
-        AddTiles(square_low(1), sq(1), square_low(0), sq(0), square32(0)));
+        AddTiles(square_low(1), sq(1), square_low(0), sq(0), square32(0), m_));
     MUONPS_RETURN_IF_ERROR(
-        AddTiles(square_low(1), sq(1), square_low(3), sq(3), square32(0)));
+        AddTiles(square_low(1), sq(1), square_low(3), sq(3), square32(0), m_));
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #ifndef MUONPS_KERNELS_CUDA_NS_WORKSPACE_H_
 #define MUONPS_KERNELS_CUDA_NS_WORKSPACE_H_
 
+#include <cublas_v2.h>
 #include <library_types.h>
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/lt_tile_gemm.h"
 #include "kernels/cuda/symmetric_gemm.h"
 #include "kernels/newton_schulz_options.h"
 
@@ -30,6 +32,7 @@ class NsWorkspace {
               const SymmetricPlan& plan);
   NsWorkspace(const NsWorkspace&) = delete;
   NsWorkspace& operator=(const NsWorkspace&) = delete;
+  ~NsWorkspace();
 
   // Allocates what `algorithm` needs and was not allocated yet, and builds
   // the GEMM tile pointers it uses. Must not run during a graph capture.
@@ -53,6 +56,8 @@ class NsWorkspace {
   void* square_low(int i) const { return square_low_[i].get(); }
   // count doubles: per-matrix sums of squares.
   double* sums() const { return sums_.as<double>(); }
+  // count * m floats: per-row AOL scales (NewtonSchulzOptions::aol).
+  float* scales() const { return scales_.as<float>(); }
   // One counter of unhealthy Gram diagonals (see SymmetricCombine).
   unsigned int* unhealthy() const { return unhealthy_.as<unsigned int>(); }
 
@@ -62,8 +67,15 @@ class NsWorkspace {
 
  private:
   absl::Status Ensure(DeviceBuffer* buffer, size_t bytes, const char* what);
+  // `k` is the operands' inner dimension (n for X, m for squares).
   absl::Status AddTiles(const void* l, const StackOperand& lo, const void* r,
-                        const StackOperand& ro, float* c);
+                        const StackOperand& ro, float* c, int64_t k);
+  // The timed cuBLASLt GEMM for tiles of this layout (kLtTiles), searched on
+  // first use on `tiles`' buffers; null where cuBLASLt offers none or none
+  // faster than cublasGemmBatchedEx on the same tiles.
+  absl::StatusOr<const LtTileGemm*> LtFor(const StackOperand& lo,
+                                          const StackOperand& ro, int64_t k,
+                                          const TilePointers& tiles);
 
   int64_t count_, m_, n_;
   bool row_major_;
@@ -73,9 +85,17 @@ class NsWorkspace {
   DeviceBuffer square32_[3];
   DeviceBuffer square_low_[4];
   DeviceBuffer sums_;
+  DeviceBuffer scales_;
   DeviceBuffer unhealthy_;
   std::map<std::tuple<const void*, const void*, const float*>, TilePointers>
       tiles_;
+  cublasLtHandle_t lt_ = nullptr;  // created on first kLtTiles search
+  cublasHandle_t baseline_handle_ = nullptr;  // times cuBLAS's own, beside
+  DeviceBuffer lt_workspace_;
+  // (k, op A, op B, lda, ldb) -> the searched GEMM, or null.
+  std::map<std::tuple<int64_t, int, int, int64_t, int64_t>,
+           std::unique_ptr<LtTileGemm>>
+      lt_gemms_;
 };
 
 }  // namespace cuda

@@ -55,6 +55,9 @@ absl::Status BlockProduct(cublasHandle_t handle, cudaDataType input_type,
 
 size_t ElementBytes(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
 
+cublasOperation_t TileOpA(const StackOperand& r) { return RowsAsA(r); }
+cublasOperation_t TileOpB(const StackOperand& l) { return RowsAsB(l); }
+
 SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m) {
   SymmetricPlan out = plan;
   const int64_t min_rows = std::max(1, plan.min_block_rows);
@@ -66,7 +69,8 @@ SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m) {
     out.blocks = 1;
     return out;
   }
-  if (out.mode == SymmetricMode::kTiles &&
+  if ((out.mode == SymmetricMode::kTiles ||
+       out.mode == SymmetricMode::kLtTiles) &&
       (m % blocks != 0 || (m / blocks) % 8 != 0)) {
     out.mode = SymmetricMode::kRowBlocks;
   }
@@ -122,6 +126,15 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
       }
       return absl::OkStatus();
     }
+    case SymmetricMode::kLtTiles:
+      if (tiles != nullptr && tiles->lt() != nullptr) {
+        cudaStream_t stream = nullptr;
+        MUONPS_RETURN_IF_ERROR(
+            CublasStatus(cublasGetStream(handle, &stream), "cublasGetStream"));
+        return tiles->lt()->Run(alpha, tiles->a(), tiles->b(), beta, tiles->c(),
+                                stream);
+      }
+      [[fallthrough]];
     case SymmetricMode::kTiles: {
       if (tiles == nullptr) {
         return absl::InternalError("LowerProduct: tile pointers missing");

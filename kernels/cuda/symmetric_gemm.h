@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/lt_tile_gemm.h"
 
 namespace muonps {
 namespace kernels {
@@ -45,6 +46,7 @@ enum class SymmetricMode {
   kDense,      // one full GEMM; the lower triangle is read from it
   kRowBlocks,  // row block i computes columns [0, end of block i)
   kTiles,      // the blocks (blocks + 1) / 2 lower tiles in one call
+  kLtTiles,    // the same tiles in one cuBLASLt call, algorithm by timing
 };
 
 struct SymmetricPlan {
@@ -57,7 +59,7 @@ struct SymmetricPlan {
 // The plan actually run for m: as many blocks as allowed (at most `blocks`)
 // of at least `min_block_rows` rows, kDense when that is one; kTiles needs
 // m divisible by the blocks (tiles a multiple of 8 rows) and falls back to
-// kRowBlocks otherwise.
+// kRowBlocks otherwise; so does kLtTiles.
 SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m);
 
 // Device arrays of per-tile operand pointers for one (l, r, c) triple of
@@ -73,10 +75,15 @@ class TilePointers {
   const void* const* b() const { return a() + tiles_; }
   void* const* c() const { return arrays_.as<void* const>() + 2 * tiles_; }
   int64_t tiles() const { return tiles_; }
+  // The timed cuBLASLt GEMM for kLtTiles (not owned), or null: cuBLAS's
+  // cublasGemmBatchedEx then runs the tiles.
+  const LtTileGemm* lt() const { return lt_; }
+  void set_lt(const LtTileGemm* lt) { lt_ = lt; }
 
  private:
   DeviceBuffer arrays_;
   int64_t tiles_ = 0;
+  const LtTileGemm* lt_ = nullptr;
 };
 
 // Lower triangle (row >= col) of c_i <- alpha * l_i r_i^T + beta * c_i for
@@ -96,6 +103,11 @@ absl::Status LeftMultiply(cublasHandle_t handle, cudaDataType input_type,
                           cudaDataType output_type, int64_t count, int64_t m,
                           int64_t n, float alpha, const void* q,
                           const StackOperand& w, float beta, void* y);
+
+// The operations LowerProduct's tile GEMM applies to r and l (cuBLAS's
+// column-major A and B).
+cublasOperation_t TileOpA(const StackOperand& r);
+cublasOperation_t TileOpB(const StackOperand& l);
 
 // Bytes per element of CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F.
 size_t ElementBytes(cudaDataType type);

@@ -38,6 +38,16 @@ Matrix NewtonSchulz(const Matrix& in, int64_t rows, int64_t cols,
   const double denom =
       std::max(NormalizationMargin(options) * std::sqrt(norm), options.eps);
   for (double& v : x) v /= denom;
+  if (options.aol) {
+    const Matrix a = MatMul(x, Transpose(x, m, n), m, n, m);
+    for (int64_t i = 0; i < m; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < m; ++j) sum += std::fabs(a[i * m + j]);
+      if (!(sum > 0)) continue;
+      const double s = 1.0 / (NormalizationMargin(options) * std::sqrt(sum));
+      for (int64_t j = 0; j < n; ++j) x[i * n + j] *= s;
+    }
+  }
   for (int step = 0; step < options.steps; ++step) {
     const NsCoefficients k = CoefficientsForStep(options, step);
     const Matrix a = MatMul(x, Transpose(x, m, n), m, n, m);
@@ -46,6 +56,25 @@ Matrix NewtonSchulz(const Matrix& in, int64_t rows, int64_t cols,
     for (int64_t i = 0; i < m * m; ++i) b[i] = k.b * a[i] + k.c * a2[i];
     const Matrix bx = MatMul(b, x, m, m, n);
     for (int64_t i = 0; i < m * n; ++i) x[i] = k.a * x[i] + bx[i];
+  }
+  return tall ? Transpose(x, m, n) : x;
+}
+
+Matrix PolarFactor(const Matrix& in, int64_t rows, int64_t cols,
+                   int iterations) {
+  const bool tall = rows > cols;
+  const int64_t m = std::min(rows, cols);
+  const int64_t n = std::max(rows, cols);
+  Matrix x = tall ? Transpose(in, rows, cols) : in;
+  double norm = 0;
+  for (double v : x) norm += v * v;
+  for (double& v : x) v /= std::sqrt(norm);
+  // The cubic x <- 1.5 x - 0.5 x x^T x maps (0, sqrt(3)) into itself and
+  // converges to 1 there.
+  for (int i = 0; i < iterations; ++i) {
+    const Matrix a = MatMul(x, Transpose(x, m, n), m, n, m);
+    const Matrix ax = MatMul(a, x, m, m, n);
+    for (int64_t j = 0; j < m * n; ++j) x[j] = 1.5 * x[j] - 0.5 * ax[j];
   }
   return tall ? Transpose(x, m, n) : x;
 }

@@ -25,6 +25,13 @@ Matrix Transpose(const Matrix& a, int64_t rows, int64_t cols);
 Matrix NewtonSchulz(const Matrix& in, int64_t rows, int64_t cols,
                     const NewtonSchulzOptions& options);
 
+// The polar factor U V^T of a full-rank rows x cols matrix U S V^T, in
+// double, by `iterations` steps of the convergent cubic Newton-Schulz
+// iteration from X / ||X||_F (quadratic once the smallest singular value
+// nears 1: 60 suffice for singular values down to 1e-4 ||X||_F).
+Matrix PolarFactor(const Matrix& in, int64_t rows, int64_t cols,
+                   int iterations = 60);
+
 // One torch.optim.Muon step on one matrix, in double.
 void MuonStep(const Matrix& grad, int64_t rows, int64_t cols,
               const MuonHyperparameters& hyper, Matrix* momentum,

@@ -573,8 +573,12 @@ TEST_F(CoordinatorStateTest, HeartbeatRejectsOtherInstanceAndFutureVersion) {
   EXPECT_EQ(ok->lease_ttl_ms(), 10000);
   EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", 1, "impostor")).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "instance_id"));
+  // A version above the latest is a plan this coordinator never published
+  // (a restart without state): the worker must join again, so not
+  // INVALID_ARGUMENT, which workers do not take for a lost lease.
   EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", 2)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "plan_version"));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "plan_version: 2 is newer"));
   EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", -1)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "plan_version"));
   EXPECT_THAT(state_->Heartbeat(Beat("x", "nobody", 1)).status(),
@@ -681,6 +685,25 @@ TEST_F(CoordinatorStateTest, WaitForPlanTimesOutWithNulloptWhenNothingChanges) {
   EXPECT_FALSE(plan->has_value());
   EXPECT_THAT(state_->WaitForPlan("nope", 0, absl::Seconds(1)).status(),
               StatusIs(absl::StatusCode::kNotFound, "\"nope\""));
+}
+
+TEST_F(CoordinatorStateTest,
+       WaitForPlanSendsTheCurrentPlanAtOnceToAWatcherAheadOfTheJob) {
+  // A worker that followed version 7 of a job this coordinator no longer
+  // knows (it restarted without its state, and the job was created again)
+  // must get the current plan, not wait for a version above 7.
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  absl::StatusOr<std::optional<v1::Plan>> plan =
+      state_->WaitForPlan("x", 7, absl::Milliseconds(200));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->has_value()) << "timed out instead of sending version 2";
+  EXPECT_EQ((*plan)->version(), 2);
+  // A watcher on the current version still waits.
+  plan = state_->WaitForPlan("x", 2, absl::Milliseconds(10));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->has_value());
 }
 
 TEST_F(CoordinatorStateTest, WaitForPlanWakesWhenAnotherThreadJoinsAWorker) {
@@ -887,7 +910,8 @@ TEST_F(CoordinatorStateTest, CountsTrackJobsWorkersAndPublishedVersions) {
   EXPECT_EQ(counts.plan_versions, 4);
 }
 
-TEST_F(CoordinatorStateTest, DeletedJobIsNotFoundForGetJobHeartbeatAndDelete) {
+TEST_F(CoordinatorStateTest,
+       DeletedJobIsNotFoundAndItsNameContinuesItsPlanVersions) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
   JoinOk("x", "w1");
   ASSERT_TRUE(state_->DeleteJob("x").ok());
@@ -902,10 +926,13 @@ TEST_F(CoordinatorStateTest, DeletedJobIsNotFoundForGetJobHeartbeatAndDelete) {
   EXPECT_THAT(state_->ListJobs().jobs(), IsEmpty());
   EXPECT_THAT(state_->DeleteJob("bad/name"),
               StatusIs(absl::StatusCode::kInvalidArgument, "job"));
-  // The name is free again, starting over at version 0.
+  // The name is free again; its versions continue after the deleted job's,
+  // so a worker still on the old job's plan never takes the new job's for
+  // an older one.
   absl::StatusOr<v1::Job> again = state_->CreateJob(Create(Spec("x", 2)));
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->plan_version(), 0);
+  EXPECT_EQ(again->plan_version(), 1);
+  EXPECT_EQ(JoinOk("x", "w1"), 2);
 }
 
 TEST_F(CoordinatorStateTest, WorkerCallsNeedTheTokenJoinJobGaveThatWorker) {

@@ -1,11 +1,16 @@
 // muonps-coordinator: serves muonps.v1.Coordinator (with grpc.health.v1 and
 // server reflection) and Prometheus metrics; expires leases and re-plans.
-// Logs "listening on HOST:PORT" once it serves; exits cleanly on SIGTERM or
-// SIGINT.
+// With --state_dir its state is durable (server/coordinator/job_store.h):
+// a restart on the same directory carries on where it stopped, and a second
+// coordinator on it exits with status 2. Logs "listening on HOST:PORT" once
+// it serves; exits cleanly on SIGTERM or SIGINT, and with status 1 when a
+// state store write fails (memory and disk then differ: a restart reloads
+// the last durable state).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +26,7 @@
 #include "proto/credentials.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/job_store.h"
 #include "server/health/health_service.h"
 #include "server/reflection/reflection_service.h"
 #include "spdlog/spdlog.h"
@@ -44,6 +50,12 @@ ABSL_FLAG(int64_t, lease_ttl_ms, 6000,
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
           "How often workers are told to heartbeat.");
 ABSL_FLAG(int, plan_history, 16, "Plan versions kept per job.");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory of the durable state: jobs, members and their tokens, "
+          "plan versions, NCCL ids (SQLite, fsynced before every change is "
+          "acknowledged; locked by one coordinator at a time). A restart on "
+          "it continues where the last one stopped. Empty: memory only, "
+          "lost on restart.");
 ABSL_FLAG(int64_t, max_jobs, 1000, "Jobs the coordinator holds at most.");
 ABSL_FLAG(int64_t, max_matrices_per_job, 1000000,
           "Matrices per job, each expert counted.");
@@ -128,7 +140,33 @@ int Run() {
     return 2;
   }
   MetricsRegistry metrics;
-  coordinator::CoordinatorState state(options);
+  std::unique_ptr<coordinator::CoordinatorState> opened;
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) {
+    opened = std::make_unique<coordinator::CoordinatorState>(options);
+  } else {
+    absl::StatusOr<std::unique_ptr<coordinator::JobStore>> store =
+        coordinator::JobStore::Open(state_dir);
+    if (!store.ok()) {
+      spdlog::error("{}", store.status().ToString());
+      return 2;
+    }
+    absl::StatusOr<std::unique_ptr<coordinator::CoordinatorState>> loaded =
+        coordinator::CoordinatorState::Open(options, *std::move(store));
+    if (!loaded.ok()) {
+      spdlog::error("--state_dir={}: {}", state_dir,
+                    loaded.status().ToString());
+      return 1;
+    }
+    opened = *std::move(loaded);
+  }
+  coordinator::CoordinatorState& state = *opened;
+  Histogram* store_writes = metrics.AddHistogram(
+      "muonps_coordinator_store_write_seconds",
+      "Commits of the durable state (--state_dir), fsync included.");
+  state.set_store_write_observer([store_writes](double seconds, size_t) {
+    store_writes->Observe(seconds);
+  });
   coordinator::CoordinatorService service(
       &state, &metrics, security->token,
       absl::GetFlag(FLAGS_max_watch_streams));
@@ -181,16 +219,27 @@ int Run() {
     metrics_server = *std::move(started);
     spdlog::info("metrics on {}", metrics_server->url());
   }
-  spdlog::info("listening on {}:{} ({}{})", host, port,
+  spdlog::info("listening on {}:{} ({}{}; state {})", host, port,
                security->tls ? "TLS" : "plaintext",
-               security->token.empty() ? "" : ", bearer token");
+               security->token.empty() ? "" : ", bearer token",
+               state_dir.empty() ? "in memory only, lost on restart"
+                                 : "in " + state_dir);
 
   absl::Notification stop;
+  std::atomic<bool> store_failed{false};
   std::thread lease_monitor([&] {
     const absl::Duration period = options.heartbeat_interval / 2;
     while (!stop.WaitForNotificationWithTimeout(period)) {
       service.CountLostLeases(static_cast<int>(state.ExpireLeases().size()));
       service.UpdateGauges();
+      const absl::Status store = state.store_status();
+      if (!store.ok() && !store_failed.exchange(true)) {
+        spdlog::critical(
+            "state store failed ({}): exiting so that a restart reloads the "
+            "last durable state",
+            store.ToString());
+        kill(getpid(), SIGTERM);  // to the sigwait below
+      }
     }
   });
 
@@ -204,7 +253,7 @@ int Run() {
   lease_monitor.join();
   metrics_server.reset();
   spdlog::info("stopped");
-  return 0;
+  return store_failed ? 1 : 0;
 }
 
 }  // namespace
@@ -213,7 +262,8 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "muonps-coordinator: jobs, worker leases and ownership plans.\n"
-      "Usage: muonps-coordinator [--port N] [--metrics_address HOST:PORT]");
+      "Usage: muonps-coordinator [--port N] [--metrics_address HOST:PORT] "
+      "[--state_dir DIR]");
   absl::ParseCommandLine(argc, argv);
   const absl::Status logging =
       muonps::SetUpLogging({.component = "coordinator",

@@ -21,6 +21,37 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
 }
 
+// Exponential backoff with +-25% jitter (so restarted workers do not all
+// knock at once), from 100 ms up to 2 s.
+class Backoff {
+ public:
+  absl::Duration Next() {
+    const absl::Duration out =
+        current_ * std::uniform_real_distribution<double>(0.75, 1.25)(random_);
+    current_ = std::min(current_ * 2, absl::Seconds(2));
+    return out;
+  }
+  void Reset() { current_ = absl::Milliseconds(100); }
+
+ private:
+  absl::Duration current_ = absl::Milliseconds(100);
+  std::minstd_rand random_{std::random_device()()};
+};
+
+// A heartbeat answer that says the coordinator no longer knows this
+// membership (as opposed to one that is down or slow: those are retried).
+bool LeaseIsLost(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::NOT_FOUND:            // the job or the worker
+    case grpc::StatusCode::FAILED_PRECONDITION:  // instance, stale version
+    case grpc::StatusCode::INVALID_ARGUMENT:     // stale version, old servers
+    case grpc::StatusCode::UNAUTHENTICATED:      // a token it never issued
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics,
@@ -50,6 +81,10 @@ void WorkerAgent::Start() {
 void WorkerAgent::FollowLoop() {
   int64_t failures = 0, stepped = 0;
   while (!stop_.HasBeenNotified()) {
+    if (!CheckPlanCurrent().ok()) {  // no step on a plan that may be gone
+      stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
+      continue;
+    }
     absl::StatusOr<std::optional<v1::StepResponse>> step =
         engine_->FollowStep(absl::Seconds(1));
     if (!step.ok()) {
@@ -94,7 +129,8 @@ bool WorkerAgent::JoinWithRetry() {
   request.set_speed(options_.speed);
   request.set_data_address(options_.data_address);
   request.set_dedicated(options_.dedicated);
-  absl::Duration backoff = absl::Milliseconds(100);
+  Backoff backoff;
+  int64_t failures = 0;
   while (!stop_.HasBeenNotified()) {
     grpc::ClientContext context;
     context.set_deadline(Deadline(absl::Seconds(5)));
@@ -103,37 +139,77 @@ bool WorkerAgent::JoinWithRetry() {
     if (status.ok()) {
       options_.credentials->Set(response.worker_token(),
                                 response.data_plane_secret());
-      if (engine_ != nullptr) {
+      // The engine takes its lock for a new secret (waiting for a step in
+      // progress): only when it changed, so a re-join after a coordinator
+      // restart keeps heartbeats from waiting on a step.
+      if (engine_ != nullptr &&
+          response.data_plane_secret() != engine_secret_) {
         engine_->SetDataPlaneSecret(response.data_plane_secret());
+        engine_secret_ = response.data_plane_secret();
       }
       absl::MutexLock lock(&mu_);
-      state_ = "ready";
+      ++join_epoch_;
+      // After a lost lease it stays "lost" until the current plan arrives.
+      if (lost_at_epoch_ < 0) state_ = "ready";
       heartbeat_interval_ = absl::Milliseconds(
           std::max<int64_t>(10, response.heartbeat_interval_ms()));
       joins_->Increment();
+      // A watch opened before this join may wait for a version this
+      // coordinator never publishes: start it over.
+      if (lost_at_epoch_ >= 0 && watch_context_ != nullptr) {
+        watch_context_->TryCancel();
+      }
       spdlog::info("job={} worker={} joined: plan_version={}", options_.job,
                    options_.worker_id, response.plan_version());
       return true;
     }
-    // Permanent errors (a bad flag) would retry forever: log them loudly.
-    spdlog::warn("job={} worker={} join failed ({}): {}; retrying",
-                 options_.job, options_.worker_id,
-                 static_cast<int>(status.error_code()), status.error_message());
-    stop_.WaitForNotificationWithTimeout(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(2));
+    // Permanent errors (a bad flag) would retry forever: say so, without
+    // flooding the log while a coordinator restarts.
+    if (failures++ % 10 == 0) {
+      spdlog::warn("job={} worker={} join failed ({}): {}; retrying",
+                   options_.job, options_.worker_id,
+                   static_cast<int>(status.error_code()),
+                   status.error_message());
+    }
+    stop_.WaitForNotificationWithTimeout(backoff.Next());
   }
   return false;
 }
 
+void WorkerAgent::LoseLease(const std::string& why) {
+  spdlog::warn(
+      "job={} worker={} lost its lease ({}); joining again, no step runs "
+      "until the coordinator's current plan arrives",
+      options_.job, options_.worker_id, why);
+  absl::MutexLock lock(&mu_);
+  state_ = "lost";
+  if (lost_at_epoch_ < 0) lost_at_epoch_ = join_epoch_;
+  lost_reason_ = why;
+  job_spec_.reset();  // a job created again may have another spec
+  if (watch_context_ != nullptr) watch_context_->TryCancel();
+}
+
+absl::Status WorkerAgent::CheckPlanCurrent() const {
+  absl::MutexLock lock(&mu_);
+  if (lost_at_epoch_ < 0) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "worker \"", options_.worker_id, "\" lost its lease in job \"",
+      options_.job, "\" (", lost_reason_,
+      ") and is joining again: its plan may no longer be the coordinator's; "
+      "retry the step"));
+}
+
 void WorkerAgent::MembershipLoop() {
   if (!JoinWithRetry()) return;
+  int64_t unreachable = 0;  // heartbeats failed in a row, lease not lost
   while (true) {
     absl::Duration interval;
     int64_t known;
     {
       absl::MutexLock lock(&mu_);
       interval = heartbeat_interval_;
-      known = plan_ ? plan_->version() : 0;
+      // A stale plan's version would read as a lost lease again.
+      known = plan_ && lost_at_epoch_ < 0 ? plan_->version() : 0;
     }
     if (stop_.WaitForNotificationWithTimeout(interval)) break;
     if (engine_ != nullptr) engine_->ReleaseTrainerIfGone();
@@ -148,16 +224,24 @@ void WorkerAgent::MembershipLoop() {
     v1::HeartbeatResponse response;
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
     heartbeats_->Increment({status.ok() ? "ok" : "error"});
-    if (status.ok()) FlushStepStats();
-    if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
-        status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      spdlog::warn("job={} worker={} lost its lease ({}); re-joining",
-                   options_.job, options_.worker_id, status.error_message());
-      {
-        absl::MutexLock lock(&mu_);
-        state_ = "lost";
+    if (status.ok()) {
+      if (unreachable > 0) {
+        spdlog::info("job={} worker={} coordinator reachable again",
+                     options_.job, options_.worker_id);
       }
+      unreachable = 0;
+      FlushStepStats();
+    } else if (LeaseIsLost(status.error_code())) {
+      unreachable = 0;
+      LoseLease(absl::StrCat("heartbeat: ", status.error_message()));
       if (!JoinWithRetry()) return;
+    } else if (unreachable++ % 10 == 0) {
+      // Down or restarting: the lease (renewed by the coordinator when it
+      // is back) is not lost; steps go on meanwhile.
+      spdlog::warn("job={} worker={} heartbeat failed ({}): {}; retrying",
+                   options_.job, options_.worker_id,
+                   static_cast<int>(status.error_code()),
+                   status.error_message());
     }
   }
   v1::LeaveJobRequest leave;
@@ -174,14 +258,20 @@ void WorkerAgent::MembershipLoop() {
 }
 
 void WorkerAgent::WatchLoop() {
+  Backoff backoff;
   while (!stop_.HasBeenNotified()) {
     grpc::ClientContext context;
     v1::WatchPlanRequest request;
     request.set_job(options_.job);
     request.set_worker_id(options_.worker_id);
+    int64_t epoch = 0;
     {
       absl::MutexLock lock(&mu_);
-      request.set_known_version(plan_ ? plan_->version() : 0);
+      // A stale plan's version means nothing to the coordinator: ask for
+      // its current plan, whatever its version.
+      request.set_known_version(plan_ && lost_at_epoch_ < 0 ? plan_->version()
+                                                            : 0);
+      epoch = join_epoch_;
       watch_context_ = &context;
     }
     if (stop_.HasBeenNotified()) context.TryCancel();
@@ -189,6 +279,13 @@ void WorkerAgent::WatchLoop() {
         stub_->WatchPlan(&context, request);
     v1::Plan plan;
     while (reader->Read(&plan)) {
+      backoff.Reset();
+      {
+        absl::MutexLock lock(&mu_);
+        // Opened before the re-join: the join cancels it and the next
+        // stream brings the plan that holds this worker again.
+        if (lost_at_epoch_ >= 0 && epoch <= lost_at_epoch_) continue;
+      }
       int rank = -1;
       for (int i = 0; i < plan.workers_size(); ++i) {
         if (plan.workers(i) == options_.worker_id) rank = i;
@@ -200,6 +297,14 @@ void WorkerAgent::WatchLoop() {
       DeliverPlan(plan);
       absl::MutexLock lock(&mu_);
       plan_ = plan;
+      if (lost_at_epoch_ >= 0 && join_epoch_ == epoch) {
+        lost_at_epoch_ = -1;  // the coordinator's current plan: step again
+        state_ = "ready";
+        spdlog::info(
+            "job={} worker={} follows the coordinator's plan_version={}"
+            " again",
+            options_.job, options_.worker_id, plan.version());
+      }
     }
     const grpc::Status status = reader->Finish();
     {
@@ -208,7 +313,7 @@ void WorkerAgent::WatchLoop() {
     }
     if (stop_.HasBeenNotified()) break;
     spdlog::debug("watch ended ({}); reconnecting", status.error_message());
-    stop_.WaitForNotificationWithTimeout(absl::Milliseconds(200));
+    stop_.WaitForNotificationWithTimeout(backoff.Next());
   }
 }
 

@@ -2,6 +2,17 @@
 // lease alive with heartbeats (re-joining if the lease was lost), and
 // follows WatchPlan so it always knows the current plan version.
 //
+// A coordinator that is down (UNAVAILABLE, DEADLINE_EXCEEDED) changes
+// nothing: heartbeats and the watch retry with backoff while steps go on,
+// and a coordinator restarted on its --state_dir takes them back as they
+// were. A coordinator that no longer knows the membership (NOT_FOUND for
+// the job or worker, a rejected token, or a plan version above its latest:
+// FAILED_PRECONDITION, or INVALID_ARGUMENT from older coordinators) means
+// the lease is lost: the agent joins again with backoff and takes the
+// coordinator's current plan, whatever its version, and until it has it
+// CheckPlanCurrent refuses steps, so no step runs on a plan the
+// coordinator no longer has. The heartbeat thread never waits on a step.
+//
 // Start() spawns the two background threads; Stop() leaves the job and
 // joins them. Accessors are thread-safe.
 #ifndef MUONPS_SERVER_WORKER_WORKER_AGENT_H_
@@ -69,13 +80,23 @@ class WorkerAgent {
   // the next heartbeat, off the step's path).
   void ReportStep(const v1::StepResponse& step);
 
+  // OK unless the lease was lost and the coordinator's current plan has not
+  // arrived since: then UNAVAILABLE naming the worker, the job and why (a
+  // step would run on a plan the coordinator no longer has; the trainer
+  // retries it once the agent has joined again). Never waits.
+  absl::Status CheckPlanCurrent() const;
+
  private:
   void MembershipLoop();
   void WatchLoop();
   // Dedicated workers: steps whenever the trainers' workers open one.
   void FollowLoop();
-  // Joins, retrying until it succeeds or Stop(); returns false on Stop().
+  // Joins, retrying with backoff until it succeeds or Stop(); returns false
+  // on Stop().
   bool JoinWithRetry();
+  // The coordinator no longer knows this membership (`why`): refuse steps
+  // until the plan of the next join arrives, and restart the watch.
+  void LoseLease(const std::string& why);
   // Hands `plan` to the engine (fetching the job spec and addresses).
   void DeliverPlan(const v1::Plan& plan);
   void FlushStepStats();
@@ -95,6 +116,14 @@ class WorkerAgent {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   std::optional<v1::JobSpec> job_spec_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::StepResponse> pending_stats_ ABSL_GUARDED_BY(mu_);
+  // Successful joins so far; a watch stream remembers the one it opened in.
+  int64_t join_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // While >= 0 the lease was lost at that epoch and the plan is stale: only
+  // a plan from a watch opened after a later join is current again.
+  int64_t lost_at_epoch_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string lost_reason_ ABSL_GUARDED_BY(mu_);
+  // The data-plane secret last given to the engine (membership thread only).
+  std::string engine_secret_;
 
   Gauge* plan_version_;
   Counter* heartbeats_;

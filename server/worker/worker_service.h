@@ -49,6 +49,11 @@ class WorkerService final : public v1::Worker::Service {
                     const v1::StepRequest* request,
                     v1::StepResponse* out) override {
     MUONPS_RETURN_IF_UNAUTHENTICATED(context);
+    // No step on a plan the coordinator may no longer have (a lost lease).
+    if (const absl::Status current = agent_->CheckPlanCurrent();
+        !current.ok()) {
+      return ToGrpc(current);
+    }
     // A call cancelled, or past its deadline, before the step commits
     // aborts it on every worker: nothing is applied behind the trainer's
     // back (a later retry runs it).

