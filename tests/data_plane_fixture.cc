@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "proto/grpc_status.h"
 
@@ -262,8 +263,10 @@ void DataPlaneFixture::TearDown() {
 
 void DataPlaneFixture::StartCoordinator(const ClusterOptions& options) {
   coordinator_argv_ = {
-      RunfilePath("server/coordinator/muonps-coordinator"), "--port=0",
+      RunfilePath("server/coordinator/muonps-coordinator"),
+      "--port=0",
       "--metrics_port=-1",
+      "--host=" + options.host,
       absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),
       absl::StrCat("--heartbeat_interval_ms=", options.heartbeat_interval_ms)};
   if (!options.state_dir.empty()) {
@@ -292,10 +295,13 @@ void DataPlaneFixture::RestartCoordinator() {
       ChildProcess::Start(coordinator_argv_, log);
   ASSERT_TRUE(started.ok()) << started.status();
   coordinator_ = *std::move(started);
+  const std::string host = options_.host;
   absl::StatusOr<std::string> port = coordinator_->WaitForLog(
-      R"(listening on 127\.0\.0\.1:(\d+))", kStartTimeout);
+      absl::StrCat("listening on ", absl::StrReplaceAll(host, {{".", "\\."}}),
+                   ":(\\d+)"),
+      kStartTimeout);
   ASSERT_TRUE(port.ok()) << port.status();
-  coordinator_address_ = absl::StrCat("127.0.0.1:", *port);
+  coordinator_address_ = absl::StrCat(host, ":", *port);
 }
 
 void DataPlaneFixture::KillCoordinator() {
@@ -327,9 +333,17 @@ void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
       "--metrics_port=-1",
       "--device=cpu",
       absl::StrCat("--io_timeout_ms=", options.io_timeout_ms)};
+  auto host = options.worker_host.find(index);
+  argv.push_back("--host=" + (host != options.worker_host.end()
+                                  ? host->second
+                                  : options.host));
   auto extra = options.worker_flags.find(index);
   if (extra != options.worker_flags.end()) {
     argv.insert(argv.end(), extra->second.begin(), extra->second.end());
+  }
+  auto wrapper = options.worker_wrapper.find(index);
+  if (wrapper != options.worker_wrapper.end()) {
+    argv.insert(argv.begin(), wrapper->second.begin(), wrapper->second.end());
   }
   absl::StatusOr<std::unique_ptr<ChildProcess>> started =
       ChildProcess::Start(argv, absl::StrCat(log_dir_, "/", w.id, ".log"));

@@ -133,6 +133,15 @@ struct ClusterOptions {
   absl::Duration client_timeout = absl::Seconds(30);
   // The coordinator's --state_dir; empty: its state is in memory only.
   std::string state_dir;
+  // The address the coordinator and the workers listen on (--host); a
+  // non-loopback one must be among the test certificate's names
+  // (//tests/testdata:tls).
+  std::string host = "127.0.0.1";
+  // Worker i's own --host, where it differs (a worker inside a network
+  // namespace), and the argv prefix its process starts under
+  // (NetworkNamespace::Wrap's).
+  std::map<int, std::string> worker_host;
+  std::map<int, std::vector<std::string>> worker_wrapper;
 };
 
 // What one trainer's Step returned and how long the call took.
