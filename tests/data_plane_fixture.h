@@ -253,6 +253,10 @@ class DataPlaneFixture : public ::testing::Test {
   absl::StatusOr<v1::WorkerStatus> WorkerStatus(int worker);
   // Sends `signal` to worker `worker`.
   void SignalWorker(int worker, int signal);
+  // Worker `worker`'s process id.
+  pid_t WorkerPid(int worker) const {
+    return workers_.at(worker).process->pid();
+  }
 
   int workers() const { return static_cast<int>(workers_.size()); }
   const std::string& coordinator_address() const {
