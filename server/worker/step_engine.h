@@ -143,6 +143,13 @@ class StepEngine {
   absl::StatusOr<std::optional<v1::StepResponse>> FollowStep(
       absl::Duration wait);
 
+  // How many owned matrices (experts) have started from zero momentum
+  // because their owner changed with no momentum to carry over, since the
+  // engine started. Never waits for a step. Thread-safe.
+  int64_t momentum_resets_total() const {
+    return momentum_resets_total_.load();
+  }
+
   // The last step id committed here (-1 before the first). Never waits for
   // a step in progress. Thread-safe.
   int64_t last_step() const;
@@ -195,6 +202,8 @@ class StepEngine {
   // The secret transport_ was built with.
   std::string transport_secret_ ABSL_GUARDED_BY(mu_);
   int64_t momentum_resets_ ABSL_GUARDED_BY(mu_) = 0;
+  // Every reset since the engine started (momentum_resets_total()).
+  std::atomic<int64_t> momentum_resets_total_{0};
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
   StepHook hook_ ABSL_GUARDED_BY(mu_);
   // Its `last` is written under mu_ and read without it (status and

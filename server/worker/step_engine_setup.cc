@@ -149,7 +149,10 @@ absl::Status StepEngine::SetPlan(
       const bool staged = carry && old != nullptr && old->next_valid &&
                           old->next_has_momentum[from.slot];
       if (old == nullptr || (!old->has_momentum[from.slot] && !staged)) {
-        if (ledger_.last.load() >= 0) ++momentum_resets_;  // no checkpoint
+        if (ledger_.last.load() >= 0) {  // no checkpoint
+          ++momentum_resets_;
+          ++momentum_resets_total_;
+        }
         continue;
       }
       ComputeBatch& nb = next.batches[to.batch];

@@ -275,6 +275,9 @@ TEST_F(StepEngineTest, NewPlanKeepsMomentumOfUnmovedItemsAndCountsTheOthers) {
     resets += r->momentum_reset();
   }
   EXPECT_EQ(resets, static_cast<int64_t>(Matrices().size()));
+  int64_t total = 0;
+  for (const auto& engine : engines_) total += engine->momentum_resets_total();
+  EXPECT_EQ(total, static_cast<int64_t>(Matrices().size()));
 }
 
 TEST_F(StepEngineTest, BuffersOfATrainerWhoseProcessIsGoneAreReleased) {

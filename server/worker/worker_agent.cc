@@ -66,6 +66,10 @@ WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics,
                                       {"result"})),
       joins_(metrics->AddCounter("muonps_worker_joins_total",
                                  "Successful joins (first and re-joins).")),
+      momentum_resets_(metrics->AddCounter(
+          "muonps_worker_momentum_resets_total",
+          "Owned matrices (experts) that started from zero momentum: their "
+          "owner changed and no momentum could be carried over.")),
       engine_(engine) {}
 
 WorkerAgent::~WorkerAgent() { Stop(); }
@@ -355,10 +359,19 @@ void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
   for (const v1::WorkerInfo& w : workers.workers()) {
     addresses[w.worker_id()] = w.data_address();
   }
+  const int64_t resets_before = engine_->momentum_resets_total();
   const absl::Status set = engine_->SetPlan(*spec, plan, addresses);
   if (!set.ok()) {
     spdlog::error("job={} worker={} plan_version={} rejected: {}", options_.job,
                   options_.worker_id, plan.version(), set.ToString());
+  }
+  const int64_t resets = engine_->momentum_resets_total() - resets_before;
+  if (resets > 0) {
+    momentum_resets_->Increment({}, static_cast<double>(resets));
+    spdlog::warn(
+        "job={} worker={} plan_version={} {} owned matrices start from zero "
+        "momentum: their owner changed and no momentum could be carried over",
+        options_.job, options_.worker_id, plan.version(), resets);
   }
 }
 

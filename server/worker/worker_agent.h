@@ -128,6 +128,7 @@ class WorkerAgent {
   Gauge* plan_version_;
   Counter* heartbeats_;
   Counter* joins_;
+  Counter* momentum_resets_;
   StepEngine* engine_;
 };
 

@@ -278,9 +278,10 @@ class NativeClient:
 
     def step_groups(self, step_id, group_lr, group_weight_decay, adamw_lr):
         """A host step with per-group Muon lr/wd (set_group's groups);
-        returns (already_applied, adamw_applied): whether the workers had
-        committed it before, and whether this call stepped AdamW (once per
-        committed step id)."""
+        returns (already_applied, adamw_applied, momentum_reset): whether
+        the workers had committed it before, whether this call stepped AdamW
+        (once per committed step id), and how many matrices the local worker
+        started from zero momentum (their owner changed)."""
         count = len(group_lr)
         lrs = (ctypes.c_double * max(1, count))(*group_lr)
         wds = (ctypes.c_double * max(1, count))(*group_weight_decay)
@@ -288,7 +289,8 @@ class NativeClient:
         result = _StepResult()
         self._check(self._lib.muonps_client_step_with(
             self._handle, step_id, ctypes.byref(options), ctypes.byref(result)))
-        return bool(result.already_applied), bool(result.adamw_applied)
+        return (bool(result.already_applied), bool(result.adamw_applied),
+                int(result.momentum_reset))
 
     def set_last_adamw_step(self, step_id):
         """The last step id whose AdamW part the restored state includes."""

@@ -223,7 +223,7 @@ class Muon(torch.optim.Optimizer):
         try:
             # Each group's Muon lr/wd goes to the workers, which apply it
             # atomically; AdamW runs here once per committed step id.
-            already, adamw_applied = self._client.step_groups(
+            already, adamw_applied, reset = self._client.step_groups(
                 step_id, [g["lr"] for g in self.param_groups],
                 [g["weight_decay"] for g in self.param_groups], adamw_lr)
         except _native.MuonpsError:
@@ -238,6 +238,11 @@ class Muon(torch.optim.Optimizer):
         if already:
             warnings.warn(f"muonps: step {step_id} was committed by an earlier "
                           "attempt that raised; it was not applied again")
+        if reset:
+            warnings.warn(f"muonps: {reset} matrices of this rank's worker "
+                          f"started step {step_id} from zero momentum: their "
+                          "owner changed (a worker left or restarted) and no "
+                          "momentum could be carried over")
         if adamw_applied:
             for t, (ref_lr, ref_wd), p0 in before:
                 lr, wd = self._hyperparameters(t)
