@@ -304,6 +304,21 @@ CoordinatorState::AuthenticateWorker(const std::string& job_name,
   return &it->second;
 }
 
+absl::StatusOr<CoordinatorState::WorkerRecord*>
+CoordinatorState::AuthenticateLease(const std::string& job_name, JobRecord* job,
+                                    const std::string& worker_id,
+                                    const std::string& worker_token,
+                                    const std::string& instance_id) {
+  MUONPS_ASSIGN_OR_RETURN(
+      WorkerRecord * worker,
+      AuthenticateWorker(job_name, job, worker_id, worker_token));
+  if (worker->join.instance_id() != instance_id) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "instance_id",
+                      "the lease belongs to another instance of this worker");
+  }
+  return worker;
+}
+
 absl::StatusOr<v1::HeartbeatResponse> CoordinatorState::Heartbeat(
     const v1::HeartbeatRequest& r) {
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
@@ -312,13 +327,9 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorState::Heartbeat(
   }
   absl::MutexLock lock(&mu_);
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-  MUONPS_ASSIGN_OR_RETURN(
-      WorkerRecord * worker,
-      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token()));
-  if (worker->join.instance_id() != r.instance_id()) {
-    return FieldError(absl::StatusCode::kFailedPrecondition, "instance_id",
-                      "the lease belongs to another instance of this worker");
-  }
+  MUONPS_ASSIGN_OR_RETURN(WorkerRecord * worker,
+                          AuthenticateLease(r.job(), job, r.worker_id(),
+                                            r.worker_token(), r.instance_id()));
   if (r.plan_version() > job->latest_version) {
     return FieldError(
         absl::StatusCode::kFailedPrecondition, "plan_version",
@@ -342,13 +353,9 @@ absl::Status CoordinatorState::LeaveJob(const v1::LeaveJobRequest& r) {
   {
     absl::MutexLock lock(&mu_);
     MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-    MUONPS_ASSIGN_OR_RETURN(
-        WorkerRecord * worker,
-        AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token()));
-    if (worker->join.instance_id() != r.instance_id()) {
-      return FieldError(absl::StatusCode::kFailedPrecondition, "instance_id",
-                        "the lease belongs to another instance of this worker");
-    }
+    MUONPS_RETURN_IF_ERROR(AuthenticateLease(r.job(), job, r.worker_id(),
+                                             r.worker_token(), r.instance_id())
+                               .status());
     RemoveWorker(r.job(), job, r.worker_id(),
                  absl::StrCat("worker ", r.worker_id(), " left"));
     spdlog::info("job={} worker={} left", r.job(), r.worker_id());

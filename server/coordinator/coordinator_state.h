@@ -232,6 +232,12 @@ class CoordinatorState {
   absl::StatusOr<WorkerRecord*> AuthenticateWorker(
       const std::string& job_name, JobRecord* job, const std::string& worker_id,
       const std::string& worker_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AuthenticateWorker, and the lease must be held by `instance_id` (the
+  // process that joined): FAILED_PRECONDITION naming instance_id otherwise.
+  absl::StatusOr<WorkerRecord*> AuthenticateLease(
+      const std::string& job_name, JobRecord* job, const std::string& worker_id,
+      const std::string& worker_token, const std::string& instance_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a store write (nothing without a store) and returns its sequence
   // number for Persist.
   int64_t Enqueue(StoreOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
