@@ -13,6 +13,17 @@ to Muon; embeddings, the head and norms to AdamW (torch.optim.Muon's advice).
     # there: every optimizer and seed; JSON lines, then a PNG
     python3 examples/train_gpt.py --corpus corpus.bin --device cuda \\
         --out bench/results/gpt.jsonl --plot docs/train_gpt_loss.png
+    # there, on two GPUs: one rank a GPU, DDP or FSDP2 (fully_shard)
+    torchrun --standalone --nproc-per-node 2 examples/train_gpt.py \\
+        --corpus corpus.bin --parallel fsdp --out gpt-2gpu.jsonl
+
+Under torchrun each rank takes its slice of the same global batch (--batch
+is the global batch) on cuda:LOCAL_RANK. With --parallel ddp the model is
+wrapped in DistributedDataParallel (muonps.Muon takes the all-reduced
+gradients as `replicated` matrices); with --parallel fsdp each block and the
+root are fully_shard-ed, and muonps.Muon takes the DTensor matrices as
+`row_sharded` (the workers gather rows; nothing is gathered in Python).
+Rank 0 writes --out, with the loss averaged over the ranks.
 
 muonps.Muon needs no service started by hand (it starts its own; see
 client/python/muonps/_service.py). Each line of --out is one step of one
@@ -94,8 +105,65 @@ def is_block_matrix(name, p):
     return p.dim() == 2 and name.startswith("blocks.")
 
 
+class Ranks:
+    """This process's place under torchrun (one rank a GPU), or a single
+    process (world 1) otherwise."""
+
+    def __init__(self, args):
+        import os
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.parallel = args.parallel if self.world > 1 else "none"
+        if self.world == 1:
+            self.device = torch.device(args.device)
+            return
+        import torch.distributed as dist
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available() and args.device != "cpu":
+            self.device = torch.device("cuda", local)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        dist.init_process_group(
+            "nccl" if self.device.type == "cuda" else "gloo")
+        if args.batch % self.world:
+            sys.exit(f"--batch {args.batch} does not split over "
+                     f"{self.world} ranks")
+
+    def wrap(self, model):
+        if self.parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            return DistributedDataParallel(
+                model, device_ids=[self.device] if self.device.type == "cuda"
+                else None)
+        if self.parallel == "fsdp":
+            try:
+                from torch.distributed.fsdp import fully_shard
+            except ImportError:  # torch 2.4/2.5
+                from torch.distributed._composable.fsdp import fully_shard
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+        return model
+
+    def mean(self, value):
+        """`value` (a 0-d tensor) averaged over the ranks, as a float."""
+        if self.world > 1:
+            import torch.distributed as dist
+            value = value.detach().clone()
+            dist.all_reduce(value)
+            value /= self.world
+        return value.item()
+
+    def close(self):
+        if self.world > 1:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+
+
 def make_optimizer(kind, model, args):
-    named = list(model.named_parameters())
+    # DDP's wrapper prefixes names with "module."; FSDP2 keeps them.
+    named = list(getattr(model, "module", model).named_parameters())
     matrices = [p for n, p in named if is_block_matrix(n, p)]
     others = [p for n, p in named if not is_block_matrix(n, p)]
     adamw = dict(lr=args.lr_adamw, betas=(0.9, 0.95), weight_decay=0.0)
@@ -115,36 +183,45 @@ def make_optimizer(kind, model, args):
     raise ValueError(f"--optimizers: unknown {kind!r}")
 
 
-def batches(data, seed, args, device):
-    """The same sequence of (input, target) batches for every optimizer."""
+def batches(data, seed, args, device, ranks=None):
+    """The same sequence of (input, target) batches for every optimizer;
+    under torchrun each rank's slice of the global batch."""
     g = torch.Generator().manual_seed(1000 + seed)
     train = len(data) - len(data) // 20  # the last 5% is held out
     while True:
         start = torch.randint(0, train - args.seq - 1, (args.batch,), generator=g)
         rows = torch.stack([data[s:s + args.seq + 1] for s in start.tolist()])
+        if ranks is not None and ranks.world > 1:
+            share = args.batch // ranks.world
+            rows = rows[ranks.rank * share:(ranks.rank + 1) * share]
         rows = rows.to(device=device, dtype=torch.long)
         yield rows[:, :-1], rows[:, 1:]
 
 
 @torch.no_grad()
-def held_out_loss(model, data, args, device):
+def held_out_loss(model, data, args, device, ranks):
     g = torch.Generator().manual_seed(7)
     train = len(data) - len(data) // 20
     start = torch.randint(train, len(data) - args.seq - 1, (args.batch,),
                           generator=g)
     rows = torch.stack([data[s:s + args.seq + 1] for s in start.tolist()])
+    if ranks.world > 1:
+        share = args.batch // ranks.world
+        rows = rows[ranks.rank * share:(ranks.rank + 1) * share]
     rows = rows.to(device=device, dtype=torch.long)
     logits = model(rows[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()).item()
+    return ranks.mean(
+        F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()))
 
 
-def run(kind, seed, data, args, out):
-    device = torch.device(args.device)
+def run(kind, seed, data, args, out, ranks):
+    device = ranks.device
     torch.manual_seed(seed)
-    model = Gpt(args.layers, args.width, args.heads, args.seq).to(device)
+    model = ranks.wrap(
+        Gpt(args.layers, args.width, args.heads, args.seq).to(device))
     optimizers = make_optimizer(kind, model, args)
     sync = (torch.cuda.synchronize if device.type == "cuda" else lambda: None)
-    data_iter = batches(data, seed, args, device)
+    data_iter = batches(data, seed, args, device, ranks)
     begin = time.perf_counter()
     for step in range(args.steps):
         x, y = next(data_iter)
@@ -162,13 +239,17 @@ def run(kind, seed, data, args, out):
         sync()
         step_ms = (time.perf_counter() - start) * 1e3
         line = {"optimizer": kind, "seed": seed, "step": step,
-                "loss": loss.item(), "step_ms": step_ms,
+                "loss": ranks.mean(loss), "step_ms": step_ms,
                 "elapsed_s": time.perf_counter() - begin}
+        if ranks.world > 1:
+            line.update(world=ranks.world, parallel=ranks.parallel)
         if args.eval_every and (step + 1) % args.eval_every == 0:
-            line["held_out_loss"] = held_out_loss(model, data, args, device)
-        out.write(json.dumps(line) + "\n")
-        out.flush()
-        if step % 10 == 0 or step == args.steps - 1:
+            line["held_out_loss"] = held_out_loss(model, data, args, device,
+                                                  ranks)
+        if out is not None:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+        if ranks.rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"{kind} seed {seed} step {step}: loss {line['loss']:.4f} "
                   f"({step_ms:.1f} ms)", file=sys.stderr)
     for o in optimizers:
@@ -221,6 +302,8 @@ def main():
     ap.add_argument("--eval_every", type=int, default=50)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available()
                     else "cpu")
+    ap.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
+                    help="under torchrun: DistributedDataParallel or FSDP2")
     ap.add_argument("--out", default="train_gpt.jsonl")
     ap.add_argument("--plot", help="PNG of loss against steps and wall time")
     args = ap.parse_args()
@@ -236,11 +319,17 @@ def main():
     if "torch_muon" in kinds and not hasattr(torch.optim, "Muon"):
         sys.exit(f"torch {torch.__version__} has no torch.optim.Muon: drop "
                  "torch_muon from --optimizers")
-    with open(args.out, "w") as out:
+    ranks = Ranks(args)
+    out = open(args.out, "w") if ranks.rank == 0 else None
+    try:
         for seed in (int(s) for s in args.seeds.split(",")):
             for kind in kinds:
-                run(kind, seed, data, args, out)
-    if args.plot:
+                run(kind, seed, data, args, out, ranks)
+    finally:
+        if out is not None:
+            out.close()
+        ranks.close()
+    if args.plot and ranks.rank == 0:
         lines = [json.loads(l) for l in open(args.out)]
         plot(lines, args.plot)
 

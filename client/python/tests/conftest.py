@@ -63,7 +63,8 @@ def _session_token_file():
 
 
 class Cluster:
-    """A coordinator and workers of one job; `sockets[i]` is worker i's."""
+    """A coordinator and workers of one job; `sockets[i]` is worker i's.
+    `device` is every worker's --device, or a list of one per worker."""
 
     def __init__(self, workers, log_dir, device="cpu", worker_args=(),
                  dedicated=0):
@@ -84,7 +85,9 @@ class Cluster:
                                 "--heartbeat_interval_ms", "500", "--insecure"])
             port = self._wait_for(coordinator, r"listening on ([0-9.]+:[0-9]+)")
             self.coordinator = port
-            for i in range(workers):
+            devices = ([device] * workers if isinstance(device, str)
+                       else list(device))
+            for i, device in enumerate(devices):
                 socket = str(self.socket_dir / f"w{i}.sock")
                 self.sockets.append(socket)
                 self._spawn(f"worker-w{i}", [

@@ -15,7 +15,9 @@ fp32, and pick NS5 or Gram NS per shape), and equal each other.
 The same two cases run on one GPU where there is one (the GPU machine): the
 model on cuda:0, two workers --device cuda:0 sharing it over CUDA IPC peer
 copies (NCCL refuses two ranks on one GPU; DDP's gloo handles CUDA tensors),
-Newton-Schulz in fp32, within 1e-4 of the float64 run.
+Newton-Schulz in fp32, within 1e-4 of the float64 run. And on two GPUs
+where there are two: each rank's model on its own GPU, DDP over NCCL, one
+worker a GPU (--device cuda:RANK) moving tensors over the NCCL transport.
 """
 
 import json
@@ -82,9 +84,12 @@ def trainer_main(config):
     import muonps.ddp
 
     rank = config["rank"]
-    dist.init_process_group("gloo", init_method=config["init_method"],
-                            rank=rank, world_size=WORLD)
     device = torch.device(config.get("device", "cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(config.get("backend", "gloo"),
+                            init_method=config["init_method"],
+                            rank=rank, world_size=WORLD)
     model = DistributedDataParallel(make_model().to(device))
     if config["layout"] == "unreduced":
         model.register_comm_hook(None, muonps.ddp.skip_allreduce_hook)
@@ -149,9 +154,18 @@ def local_grads(rank):
 
 
 def run_ddp(cluster, tmp_path, layout, device="cpu"):
-    """Runs the two trainer ranks; returns their saved results."""
+    """Runs the two trainer ranks; returns their saved results. `device`:
+    "cpu", "cuda:0" (both ranks and workers on one GPU, CUDA IPC among the
+    workers) or "cuda:rank" (rank r and worker r on GPU r, NCCL among the
+    workers and for DDP)."""
+    devices, backend = [device] * WORLD, "gloo"
     if device == "cpu":
         c = cluster(workers=WORLD)
+    elif device == "cuda:rank":
+        devices, backend = [f"cuda:{r}" for r in range(WORLD)], "nccl"
+        c = cluster(workers=WORLD, device=devices,
+                    worker_args=("--gpu_transport", "nccl", "--precision",
+                                 "fp32"))
     else:
         c = cluster(workers=WORLD, device=device,
                     worker_args=("--gpu_transport", "ipc", "--precision",
@@ -164,7 +178,7 @@ def run_ddp(cluster, tmp_path, layout, device="cpu"):
         config = dict(rank=rank, layout=layout, init_method=init_method,
                       socket=c.sockets[rank], coordinator=c.coordinator,
                       job=c.job, out=str(out), package_root=PACKAGE_ROOT,
-                      device=device)
+                      device=devices[rank], backend=backend)
         log = open(tmp_path / f"{layout}-trainer{rank}.log", "wb")
         processes.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), json.dumps(config)],
@@ -239,6 +253,14 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
 def test_ddp_on_one_gpu_with_two_workers_matches_one_process(
         cluster, tmp_path, layout):
     results = run_ddp(cluster, tmp_path, layout, device="cuda:0")
+    assert_matches_single_process(results, tolerance=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("layout", ["replicated", "unreduced"])
+def test_ddp_on_two_gpus_over_nccl_matches_one_process(
+        cluster, tmp_path, layout):
+    results = run_ddp(cluster, tmp_path, layout, device="cuda:rank")
     assert_matches_single_process(results, tolerance=1e-4)
 
 

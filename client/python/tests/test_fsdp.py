@@ -71,7 +71,10 @@ SCRIPT = textwrap.dedent("""
     mode, device_type, out = sys.argv[1], sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo" if device_type == "cpu" else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(device_type if device_type == "cpu" else "cuda:0")
+    local = int(__import__("os").environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cpu" if device_type == "cpu" else f"cuda:{{local}}")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     hyper, adamw, steps, size = {hyper!r}, {adamw!r}, {steps}, {batch}
     if mode == "tp":
         from torch.distributed.tensor import Shard, distribute_tensor
@@ -233,6 +236,18 @@ def test_two_cpu_ranks_match_one_process_torch_muon(tmp_path, mode):
 @pytest.mark.parametrize("mode", ["fsdp", "ddp"])
 def test_one_gpu_rank_matches_one_process_torch_muon(tmp_path, mode):
     _, results = run_torchrun(tmp_path, mode, "cuda", 1)
+    assert_matches(results, load_model(tmp_path), tolerance=2e-2)
+
+
+@needs_modern_torch
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("mode", ["fsdp", "ddp"])
+def test_two_gpu_ranks_match_one_process_torch_muon(tmp_path, mode):
+    # One rank a GPU (zero setup: each rank's worker on its own GPU, NCCL
+    # among the workers), the workers' Newton-Schulz in bf16.
+    _, results = run_torchrun(tmp_path, mode, "cuda", 2)
+    if mode == "fsdp":
+        assert results[0]["kinds"] == ["DTensor"], results[0]["kinds"]
     assert_matches(results, load_model(tmp_path), tolerance=2e-2)
 
 

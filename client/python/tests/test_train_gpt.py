@@ -39,3 +39,53 @@ def test_tiny_run_writes_losses_and_a_plot(private, tmp_path):
     assert lines[0]["loss"] == pytest.approx(lines[4]["loss"], rel=1e-5)
     assert all("held_out_loss" in l for l in lines if l["step"] % 2 == 1)
     assert png.stat().st_size > 10_000
+
+
+def _fsdp2_available():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except Exception:  # torch 1.13 (Debian's) has no FSDP2 nor torchrun
+        return False
+    return True
+
+
+@pytest.mark.skipif(not SOURCES.is_dir() and not os.environ.get(
+    "MUONPS_CORPUS"), reason="needs python3-doc or MUONPS_CORPUS")
+@pytest.mark.skipif(not _fsdp2_available(), reason="needs torch >= 2.6")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_under_torchrun_see_the_one_process_loss(
+        private, tmp_path, parallel):
+    # Two CPU ranks (gloo), each on its half of the global batch: the first
+    # step's loss averaged over the ranks is the one process's on the whole
+    # batch (same seed, same model), and training goes on from there.
+    corpus = pathlib.Path(os.environ.get("MUONPS_CORPUS", tmp_path / "c.bin"))
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+    if not corpus.exists():
+        subprocess.run([sys.executable, str(SCRIPT), "--prepare", str(corpus)],
+                       check=True, env=env, capture_output=True)
+    tiny = ["--corpus", str(corpus), "--device", "cpu", "--optimizers",
+            "muonps,adamw", "--seeds", "0", "--steps", "3", "--batch", "4",
+            "--seq", "32", "--layers", "2", "--width", "32", "--heads", "2",
+            "--eval_every", "0"]
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    run = subprocess.run([sys.executable, str(SCRIPT), *tiny, "--out",
+                          str(one)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         "--nproc_per_node", "2", str(SCRIPT), *tiny, "--parallel", parallel,
+         "--out", str(two)], env=env, capture_output=True, text=True,
+        timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    alone = [json.loads(l) for l in one.read_text().splitlines()]
+    ranks = [json.loads(l) for l in two.read_text().splitlines()]
+    assert [(l["optimizer"], l["step"]) for l in ranks] == [
+        (k, s) for k in ("muonps", "adamw") for s in range(3)]
+    assert all(l["world"] == 2 and l["parallel"] == parallel for l in ranks)
+    assert ranks[0]["loss"] == pytest.approx(alone[0]["loss"], rel=1e-4)
+    assert ranks[3]["loss"] == pytest.approx(alone[3]["loss"], rel=1e-4)
+    # The next steps' losses follow the one process's (same updates, up to
+    # float rounding of the split batch).
+    for a, b in zip(alone, ranks):
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-2), (a, b)
