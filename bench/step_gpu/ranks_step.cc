@@ -88,7 +88,8 @@ absl::StatusOr<TransportBytes> Scrape(const std::string& address) {
     if (line.empty() || line[0] == '#') continue;
     const size_t name_end = line.find_first_of("{ ");
     const size_t value_at = line.rfind(' ');
-    if (name_end == absl::string_view::npos || value_at == name_end - 1) {
+    if (name_end == absl::string_view::npos ||
+        value_at == absl::string_view::npos) {
       continue;
     }
     const absl::string_view name = line.substr(0, name_end);
