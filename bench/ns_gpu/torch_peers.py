@@ -21,10 +21,31 @@ the two, so muonps is compared with the stronger peer; both are in the line.
 Times: CUDA events, warm-up calls first, median of the repeats.
 
 --device cpu --small runs the same logic on tiny shapes (a logic check).
+
+--owner_world N runs only the multi-GPU peers instead, as N processes (one
+per GPU, NCCL; gloo with --device cpu), over the same parameters, and
+appends their lines to --out:
+
+  torch_owner_muon_step_<N>gpu  owner-based Muon: the matrices dealt out
+                        round-robin by size (largest first), each owner runs
+                        torch.optim.Muon (momentum, NS5 in bf16, update) on
+                        its own, then every parameter is broadcast from its
+                        owner (async per-matrix dist.broadcast, all waited)
+  torch_ddp_allreduce_<N>gpu    an all-reduce of the fp32 gradients (async,
+                        per matrix, as DDP with one bucket per large
+                        parameter): the NCCL bandwidth peer; busbw_gbs is
+                        nccl-tests' bus bandwidth in GB/s
+Times are per step, the slowest rank's, median over the repeats. --small
+also checks the owner split against one process's Muon step
+(owner_check_max_rel_diff).
 """
 
 import argparse
+import datetime
 import json
+import math
+import os
+import socket
 import statistics
 import sys
 import time
@@ -169,10 +190,17 @@ def relative_difference(x, ref):
 
 
 class Report:
-    def __init__(self, path):
-        self.file = open(path, "w") if path else None
+    """JSON lines on stdout and into `path`; `echo` False: nothing at all
+    (the multi-GPU peers' ranks other than 0)."""
+
+    def __init__(self, path, append=False, echo=True):
+        self.echo = echo
+        self.file = (open(path, "a" if append else "w")
+                     if path and echo else None)
 
     def line(self, **fields):
+        if not self.echo:
+            return
         text = json.dumps(fields)
         print(text, flush=True)
         if self.file:
@@ -325,6 +353,182 @@ def bench_steps(report, timer, device, layers, divisor):
                 matrices=len(params), params=count, **fields)
 
 
+def owners_by_size(sizes, world):
+    """Owner rank per matrix: sorted by size, largest first (ties by index),
+    dealt out to the ranks in turn."""
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    owner = [0] * len(sizes)
+    for k, i in enumerate(order):
+        owner[i] = k % world
+    return owner
+
+
+def muon_reference_ns5(update):
+    """torch.optim.Muon's NS5 on one matrix: torch's own function where this
+    torch has it, else the same formula (ns5_batched on a stack of one)."""
+    own, _ = own_ns5(update.device)
+    if own is not None:
+        return own(update, COEFFICIENTS, STEPS, EPS)
+    return ns5_batched(update[None])[0]
+
+
+class ManualMuon:
+    """torch.optim.Muon's step (momentum lerp, Nesterov, NS5 in bf16,
+    "original" lr adjustment, decoupled weight decay), for a torch that has
+    no torch.optim.Muon (the CPU logic check on torch 1.13)."""
+
+    def __init__(self, params, lr, weight_decay, momentum, nesterov):
+        self.params = list(params)
+        self.lr, self.wd = lr, weight_decay
+        self.momentum, self.nesterov = momentum, nesterov
+        self.bufs = [torch.zeros_like(p) for p in self.params]
+
+    def step(self):
+        mu = self.momentum
+        for p, buf in zip(self.params, self.bufs):
+            grad = p.grad
+            buf.lerp_(grad, 1 - mu)
+            update = grad.lerp(buf, mu) if self.nesterov else buf
+            update = muon_reference_ns5(update)
+            rows, cols = p.shape[:2]
+            adjusted = self.lr * math.sqrt(max(1, rows / cols))
+            p.mul_(1 - self.lr * self.wd)
+            p.add_(update.to(p.dtype), alpha=-adjusted)
+
+
+def make_muon(params):
+    kwargs = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
+    if hasattr(torch.optim, "Muon"):
+        return torch.optim.Muon(params, **kwargs), "torch.optim.Muon"
+    return ManualMuon(params, **kwargs), "copy of torch.optim.Muon's step"
+
+
+def median_slowest_ms(fn, device, warmup, repeats):
+    """Runs fn warmup times, then times repeats calls that all ranks start
+    together (barrier); returns the median over repeats of the slowest
+    rank's time, and this rank's own median."""
+    import torch.distributed as dist
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        dist.barrier()
+        sync()
+        begin = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - begin) * 1e3)
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return statistics.median(slowest.tolist()), statistics.median(times)
+
+
+def owner_rank_main(rank, world, args, port):
+    """One rank of the multi-GPU peers (torch.multiprocessing.spawn)."""
+    import torch.distributed as dist
+    cuda = args.device != "cpu"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    init = dict(backend="nccl" if cuda else "gloo",
+                init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                world_size=world, timeout=datetime.timedelta(seconds=300))
+    try:
+        dist.init_process_group(**init, **(dict(device_id=device)
+                                           if cuda else {}))
+    except TypeError:  # a torch without device_id
+        dist.init_process_group(**init)
+    report = Report(args.out, append=True, echo=rank == 0)
+    divisor = SMALL_DIVISOR if args.small else 1
+    torch.manual_seed(0)  # the same parameters and gradients on every rank
+    with torch.no_grad():
+        params = llama_parameters(device, args.layers, divisor)
+        count = sum(p.numel() for p in params)
+        owner = owners_by_size([p.numel() for p in params], world)
+        owned = [p for p, o in zip(params, owner) if o == rank]
+        per_rank = [sum(p.numel() for p, o in zip(params, owner) if o == r)
+                    for r in range(world)]
+        muon, source = make_muon(owned)
+        reference = None
+        if args.small and rank == 0:
+            reference = [p.detach().clone() for p in params]
+            for r, p in zip(reference, params):
+                r.grad = p.grad.clone()
+
+        def owner_step():
+            if owned:
+                muon.step()
+            handles = [dist.broadcast(p.data, src=o, async_op=True)
+                       for p, o in zip(params, owner)]
+            for handle in handles:
+                handle.wait()
+
+        check = {}
+        if args.small:
+            owner_step()  # the first step, checked against one process
+            if rank == 0:
+                make_muon(reference)[0].step()
+                check["owner_check_max_rel_diff"] = max(
+                    relative_difference(p.detach(), r)
+                    for p, r in zip(params, reference))
+        ms, own_ms = median_slowest_ms(owner_step, device, args.warmup,
+                                       args.owner_repeats)
+        report.line(what=f"torch_owner_muon_step_{world}gpu", ms=ms,
+                    rank0_ms=own_ms, ranks=world, matrices=len(params),
+                    params=count, source=source,
+                    owned_params_max_over_mean=(
+                        max(per_rank) / (sum(per_rank) / world)),
+                    backend=init["backend"], **check)
+        del muon
+        if cuda:
+            torch.cuda.empty_cache()
+
+        def allreduce():
+            handles = [dist.all_reduce(p.grad, async_op=True) for p in params]
+            for handle in handles:
+                handle.wait()
+
+        ms, own_ms = median_slowest_ms(allreduce, device, args.warmup,
+                                       args.owner_repeats)
+        grad_bytes = 4 * count
+        per_rank_bytes = 2 * (world - 1) / world * grad_bytes
+        report.line(what=f"torch_ddp_allreduce_{world}gpu", ms=ms,
+                    rank0_ms=own_ms, ranks=world, bytes=grad_bytes,
+                    bytes_sent_per_rank=per_rank_bytes,
+                    busbw_gbs=per_rank_bytes / ms / 1e6,
+                    calls=len(params), dtype="float32")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_owner_world(args):
+    """The multi-GPU peers on args.owner_world processes."""
+    import torch.multiprocessing as mp
+    # NVLink multicast stays off (KINDS.md); the children inherit these.
+    for name, value in (("NCCL_NVLS_ENABLE", "0"),
+                        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                        ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(name, value)
+    world = args.owner_world
+    if args.device != "cpu":
+        if not torch.cuda.is_available():
+            sys.exit("torch_peers.py: no CUDA device visible")
+        if torch.cuda.device_count() < world:
+            sys.exit(f"torch_peers.py: --owner_world {world} needs {world} "
+                     f"GPUs, {torch.cuda.device_count()} visible")
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(owner_rank_main, args=(world, args, port), nprocs=world,
+             join=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -337,7 +541,16 @@ def main():
     parser.add_argument("--gemm_n", type=int, default=8192)
     parser.add_argument("--skip_ns", action="store_true",
                         help="GEMM and optimizer steps only (bench/step_gpu)")
+    parser.add_argument("--owner_world", type=int, default=0,
+                        help="> 1: only the multi-GPU peers, on this many "
+                        "GPUs (processes), appended to --out")
+    parser.add_argument("--owner_repeats", type=int, default=7)
     args = parser.parse_args()
+    if args.owner_world:
+        if args.owner_world < 2:
+            sys.exit("torch_peers.py: --owner_world needs 2 or more")
+        run_owner_world(args)
+        return
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -2,9 +2,20 @@
 # bench/step_gpu on the GPU machine, in one run: the PyTorch peers first
 # (fused AdamW, torch.optim.Muon, bf16 GEMM; torch_peers.py --skip_ns), then
 # a muonps-coordinator and a muonps-worker --device cuda:0 and the
-# step_gpu_bench trainer against them. JSON lines on stdout (torch's, then
-# muonps's); logs and progress on stderr. Run from a bundle made by
-# deploy/device/bundle_gpu_step.sh (bin/, lib/, this script, torch_peers.py).
+# step_gpu_bench trainer against them. With GPUS=N > 1 (default: every
+# visible GPU), then the torch owner-based Muon and all-reduce peers on N
+# GPUs (torch_peers.py --owner_world N), and per layout in
+# ${LAYOUTS:-replicated unreduced row_sharded} a fresh coordinator, N
+# workers (--device cuda:w --gpu_transport nccl, each with its own socket
+# and loopback /metrics) and N step_gpu_bench ranks started together. With
+# one GPU (or IPC_VARIANT=1) two trainers and two workers also share GPU 0
+# over CUDA IPC. JSON lines on stdout (torch's, then muonps's); logs and
+# progress on stderr and under a /tmp/step-gpu-* folder. Every wait is
+# bounded; a failure prints the log tails of the processes involved. Run
+# from a bundle made by deploy/device/bundle_gpu_step.sh (bin/, lib/, this
+# script, torch_peers.py).
+#   GPUS, LAYOUTS, MULTI_WARMUP (2), MULTI_REPEATS (8), BENCH_TIMEOUT (240 s
+#   per bench run), TORCH_TIMEOUT (300 s per torch_peers.py run)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
@@ -12,42 +23,186 @@ export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${nccl_lib}${LD_LIBRARY_
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 logs="$(mktemp -d /tmp/step-gpu-XXXXXX)"
+echo "run.sh: logs in $logs" >&2
 torch_results="$logs/torch.jsonl"
+bench_timeout="${BENCH_TIMEOUT:-240}"
+torch_timeout="${TORCH_TIMEOUT:-300}"
+if [[ -z "${GPUS:-}" ]]; then
+  if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+    GPUS="$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c . || true)"
+  else
+    GPUS="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+  fi
+fi
+GPUS="${GPUS:-1}"
+((GPUS >= 1)) || GPUS=1
+echo "run.sh: GPUS=$GPUS" >&2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
-python3 "$here/torch_peers.py" --skip_ns --out "$torch_results" "${@}"
+timeout --kill-after=10 "$torch_timeout" \
+  python3 "$here/torch_peers.py" --skip_ns --out "$torch_results" "${@}"
 # A fresh bearer token, as a private service has (plaintext on loopback).
 (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' >"$logs/token")
 export MUONPS_TOKEN_FILE="$logs/token"
+
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-"$here/bin/muonps-coordinator" --port 0 --metrics_port -1 --insecure >"$logs/coordinator.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do grep -q "listening on" "$logs/coordinator.log" && break; sleep 0.1; done
-coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$logs/coordinator.log" | head -1)"
+# Stops every process started (SIGTERM, then SIGKILL after 15 s).
+stop_all() {
+  local p
+  for p in "${pids[@]+"${pids[@]}"}"; do kill "$p" 2>/dev/null || true; done
+  for _ in $(seq 150); do
+    local alive=0
+    for p in "${pids[@]+"${pids[@]}"}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 0.1
+  done
+  for p in "${pids[@]+"${pids[@]}"}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  pids=()
+}
+trap stop_all EXIT
+# wait_for LOG PATTERN SECONDS PID: until LOG holds PATTERN; fails (with the
+# log's tail) when PID exits first or the time runs out.
+wait_for() {
+  local log="$1" pattern="$2" seconds="$3" pid="$4"
+  for _ in $(seq $((seconds * 10))); do
+    grep -q "$pattern" "$log" 2>/dev/null && return 0
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "run.sh: $log: its process exited before \"$pattern\"; its tail:" >&2
+      tail -30 "$log" >&2 || true
+      return 1
+    fi
+    sleep 0.1
+  done
+  echo "run.sh: $log: no \"$pattern\" after ${seconds} s; its tail:" >&2
+  tail -30 "$log" >&2 || true
+  return 1
+}
+# start_coordinator LOG: sets $coordinator to its HOST:PORT.
+start_coordinator() {
+  "$here/bin/muonps-coordinator" --port 0 --metrics_port -1 --insecure >"$1" 2>&1 &
+  pids+=($!)
+  wait_for "$1" "listening on" 20 "$!"
+  coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$1" | head -1)"
+}
+# tails FILE...: the last lines of each log, on stderr.
+tails() {
+  local f
+  for f in "$@"; do
+    [[ -f "$f" ]] || continue
+    echo "---- tail of $f" >&2
+    tail -25 "$f" >&2 || true
+  done
+}
+
+start_coordinator "$logs/coordinator.log"
 "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu --worker_id w0 \
   --socket "$logs/w0.sock" --metrics_port -1 --device cuda:0 --io_timeout_ms 60000 \
   >"$logs/worker.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 300); do grep -q "listening on unix" "$logs/worker.log" && break; sleep 0.1; done
-"$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" \
+wait_for "$logs/worker.log" "listening on unix" 60 "$!"
+timeout --kill-after=10 "$bench_timeout" \
+  "$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" \
   --torch_results "$torch_results" | tee "$logs/one.jsonl" || { tail -20 "$logs/worker.log" >&2; exit 1; }
-cleanup
-pids=()
-# Two trainers and two workers sharing the GPU (CUDA IPC peer transport).
-"$here/bin/muonps-coordinator" --port 0 --metrics_port -1 --insecure >"$logs/coordinator2.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do grep -q "listening on" "$logs/coordinator2.log" && break; sleep 0.1; done
-coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$logs/coordinator2.log" | head -1)"
-for w in 0 1; do
-  "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu2 --worker_id "v$w" \
-    --socket "$logs/v$w.sock" --metrics_port -1 --device cuda:0 --gpu_transport ipc \
-    --io_timeout_ms 60000 >"$logs/worker-v$w.log" 2>&1 &
-  pids+=($!)
+stop_all
+
+if ((GPUS == 1)) || [[ "${IPC_VARIANT:-0}" == 1 ]]; then
+  # Two trainers and two workers sharing the GPU (CUDA IPC peer transport).
+  start_coordinator "$logs/coordinator2.log"
+  for w in 0 1; do
+    "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu2 --worker_id "v$w" \
+      --socket "$logs/v$w.sock" --metrics_port -1 --device cuda:0 --gpu_transport ipc \
+      --io_timeout_ms 60000 >"$logs/worker-v$w.log" 2>&1 &
+    pids+=($!)
+    wait_for "$logs/worker-v$w.log" "listening on unix" 60 "$!"
+  done
+  timeout --kill-after=10 "$bench_timeout" \
+    "$here/bin/step_gpu_bench" --coordinator "$coordinator" --job step-gpu2 \
+    --worker_sockets "$logs/v0.sock,$logs/v1.sock" --torch_results "$torch_results" \
+    --one_worker_results "$logs/one.jsonl" || { tail -20 "$logs/worker-v0.log" >&2; exit 1; }
+  stop_all
+fi
+((GPUS > 1)) || exit 0
+
+# N GPUs: the torch peers, then muonps per layout.
+failed=0
+echo "run.sh: torch owner-based Muon and all-reduce on $GPUS GPUs" >&2
+timeout --kill-after=10 "$torch_timeout" \
+  python3 "$here/torch_peers.py" --owner_world "$GPUS" --out "$torch_results" \
+  --warmup 2 --owner_repeats 7 \
+  || { echo "run.sh: torch_peers.py --owner_world $GPUS failed (rc $?); muonps runs on, its ratios null" >&2; failed=1; }
+
+# run_layout LAYOUT: coordinator, $GPUS workers, $GPUS bench ranks.
+run_layout() {
+  local layout="$1" dir="$logs/$1" w r p
+  mkdir -p "$dir"
+  echo "run.sh: muonps on $GPUS GPUs, layout $layout (logs in $dir)" >&2
+  start_coordinator "$dir/coordinator.log" || return 1
+  local metrics=() workers=()
+  for ((w = 0; w < GPUS; w++)); do
+    "$here/bin/muonps-worker" --coordinator "$coordinator" --job "step-gpu-$layout" \
+      --worker_id "w$w" --socket "$dir/w$w.sock" --device "cuda:$w" --gpu_transport nccl \
+      --metrics_address 127.0.0.1:0 --metrics_port 0 --io_timeout_ms 60000 \
+      >"$dir/worker$w.log" 2>&1 &
+    pids+=($!)
+    workers+=($!)
+  done
+  for ((w = 0; w < GPUS; w++)); do
+    wait_for "$dir/worker$w.log" "listening on unix" 60 "${workers[$w]}" || return 1
+    wait_for "$dir/worker$w.log" "metrics on http://" 10 "${workers[$w]}" || return 1
+    metrics+=("$(sed -n 's#.*metrics on http://\([0-9.:]*\)/metrics.*#\1#p' "$dir/worker$w.log" | head -1)")
+  done
+  local list
+  list="$(IFS=,; echo "${metrics[*]}")"
+  echo "run.sh: workers' metrics at $list" >&2
+  local benches=()
+  for ((r = 0; r < GPUS; r++)); do
+    local extra=()
+    ((r == 0)) && extra=(--worker_metrics "$list")
+    timeout --kill-after=10 "$bench_timeout" \
+      "$here/bin/step_gpu_bench" --coordinator "$coordinator" --job "step-gpu-$layout" \
+      --worker_socket "$dir/w$r.sock" --rank "$r" --ranks "$GPUS" --layout "$layout" \
+      --warmup "${MULTI_WARMUP:-2}" --repeats "${MULTI_REPEATS:-8}" \
+      --torch_results "$torch_results" --one_worker_results "$logs/one.jsonl" \
+      "${extra[@]+"${extra[@]}"}" >"$dir/bench$r.jsonl" 2>"$dir/bench$r.err" &
+    benches+=($!)
+  done
+  # All ranks, bounded; the first failure stops the others (they would wait
+  # for it until their timeout).
+  local bad=0 left
+  while :; do
+    left=0
+    for ((r = 0; r < GPUS; r++)); do
+      p="${benches[$r]}"
+      [[ "$p" == finished ]] && continue
+      if kill -0 "$p" 2>/dev/null; then
+        left=1
+      else
+        if wait "$p"; then :; else
+          echo "run.sh: $layout: bench rank $r exited with $? (124: timed out after $bench_timeout s)" >&2
+          bad=1
+        fi
+        benches[$r]=finished
+      fi
+    done
+    ((left)) || break
+    if ((bad)); then
+      for p in "${benches[@]}"; do [[ "$p" == finished ]] || kill "$p" 2>/dev/null || true; done
+    fi
+    sleep 0.2
+  done
+  for ((r = 0; r < GPUS; r++)); do cat "$dir/bench$r.jsonl"; done
+  if ((bad)); then
+    local files=("$dir/coordinator.log")
+    for ((r = 0; r < GPUS; r++)); do files+=("$dir/bench$r.err" "$dir/worker$r.log"); done
+    tails "${files[@]}"
+  else
+    for ((r = 0; r < GPUS; r++)); do tail -3 "$dir/bench$r.err" >&2 || true; done
+  fi
+  stop_all
+  return "$bad"
+}
+
+for layout in ${LAYOUTS:-replicated unreduced row_sharded}; do
+  run_layout "$layout" || { failed=1; stop_all; }
 done
-for w in 0 1; do
-  for _ in $(seq 300); do grep -q "listening on unix" "$logs/worker-v$w.log" && break; sleep 0.1; done
-done
-"$here/bin/step_gpu_bench" --coordinator "$coordinator" --job step-gpu2 \
-  --worker_sockets "$logs/v0.sock,$logs/v1.sock" --torch_results "$torch_results" \
-  --one_worker_results "$logs/one.jsonl" || { tail -20 "$logs/worker-v0.log" >&2; exit 1; }
+exit "$failed"

@@ -11,6 +11,9 @@
 //   muonps_step_return  how long Step blocks the trainer's host thread
 //   muonps_step_1gpu_2workers  (--worker_sockets A,B) two trainers and two
 //                       workers sharing the GPU over CUDA IPC peer copies
+// With --ranks N > 1 it is trainer --rank r of N on GPU r instead, in a
+// --layout (ranks_step.h): muonps_step_<N>gpu and, per worker,
+// muonps_bytes_sent_per_step.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +31,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/ns_gpu/peer_results.h"
+#include "bench/step_gpu/llama_matrices.h"
+#include "bench/step_gpu/ranks_step.h"
 #include "client/client.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -44,6 +49,17 @@ ABSL_FLAG(std::string, worker_sockets, "",
           "Two workers' sockets: the two-trainer, two-worker run instead.");
 ABSL_FLAG(std::string, one_worker_results, "",
           "The one-worker run's JSON lines (for the two-worker ratio).");
+ABSL_FLAG(int, rank, 0,
+          "Trainer rank (and its CUDA device) of the multi-GPU run.");
+ABSL_FLAG(int, ranks, 1,
+          "Trainers, one per GPU and process (> 1: the multi-GPU run, "
+          "all ranks started together, each with its GPU's worker).");
+ABSL_FLAG(std::string, layout, "replicated",
+          "Multi-GPU run: replicated | unreduced | row_sharded (each rank "
+          "lends only its torch.chunk rows).");
+ABSL_FLAG(std::string, worker_metrics, "",
+          "Multi-GPU run, rank 0: each worker's /metrics HOST:PORT, "
+          "comma-separated, in worker (GPU) order: bytes sent per step.");
 ABSL_FLAG(int, layers, 8, "Llama-3-8B layers.");
 ABSL_FLAG(int, divisor, 1, "Divide every dimension (a quick logic check).");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
@@ -55,35 +71,14 @@ ABSL_FLAG(std::string, precision, "bf16",
 namespace muonps {
 namespace {
 
-struct Shape {
-  int64_t rows, cols;
-};
+using bench::Median;
+using bench::Shape;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+void Line(const nlohmann::ordered_json& line) { bench::PrintLine(line); }
 
-void Line(nlohmann::ordered_json line) {
-  std::printf("%s\n", line.dump().c_str());
-  std::fflush(stdout);
-}
-
-// The 8-layer Llama-3-8B matrix set (names and shapes, layer order).
 std::vector<std::pair<std::string, Shape>> LlamaMatrices() {
-  const int d = absl::GetFlag(FLAGS_divisor);
-  const std::vector<Shape> layer = {
-      {4096 / d, 4096 / d}, {1024 / d, 4096 / d},  {1024 / d, 4096 / d},
-      {4096 / d, 4096 / d}, {14336 / d, 4096 / d}, {14336 / d, 4096 / d},
-      {4096 / d, 14336 / d}};
-  const char* names[] = {"q", "k", "v", "o", "gate", "up", "down"};
-  std::vector<std::pair<std::string, Shape>> matrices;
-  for (int l = 0; l < absl::GetFlag(FLAGS_layers); ++l) {
-    for (size_t i = 0; i < layer.size(); ++i) {
-      matrices.push_back({absl::StrCat("layers.", l, ".", names[i]), layer[i]});
-    }
-  }
-  return matrices;
+  return bench::LlamaMatrices(absl::GetFlag(FLAGS_layers),
+                              absl::GetFlag(FLAGS_divisor));
 }
 
 // Two trainers (clients of this process, each with its own copy of the
@@ -192,7 +187,50 @@ absl::Status RunTwoTrainers(const std::vector<std::string>& sockets) {
   return absl::OkStatus();
 }
 
+// The multi-GPU run (ranks_step.h) from the flags.
+absl::Status RunRanks() {
+  bench::RanksStepOptions o;
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.job = absl::GetFlag(FLAGS_job);
+  o.worker_socket = absl::GetFlag(FLAGS_worker_socket);
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.ranks = absl::GetFlag(FLAGS_ranks);
+  const std::string layout = absl::GetFlag(FLAGS_layout);
+  if (layout == "replicated") {
+    o.layout = scheduler::Layout::kReplicated;
+  } else if (layout == "unreduced") {
+    o.layout = scheduler::Layout::kUnreduced;
+  } else if (layout == "row_sharded") {
+    o.layout = scheduler::Layout::kRowSharded;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--layout: \"", layout,
+                     "\" is not replicated, unreduced or "
+                     "row_sharded"));
+  }
+  o.matrices = LlamaMatrices();
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.repeats = absl::GetFlag(FLAGS_repeats);
+  o.torch_results = absl::GetFlag(FLAGS_torch_results);
+  o.one_worker_results = absl::GetFlag(FLAGS_one_worker_results);
+  if (const std::string m = absl::GetFlag(FLAGS_worker_metrics); !m.empty()) {
+    o.worker_metrics = absl::StrSplit(m, ',');
+    if (static_cast<int>(o.worker_metrics.size()) != o.ranks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--worker_metrics: ", o.worker_metrics.size(),
+                       " addresses for ", o.ranks, " workers"));
+    }
+  }
+  return bench::RunRanksStep(o);
+}
+
 absl::Status Run() {
+  if (absl::GetFlag(FLAGS_ranks) > 1) return RunRanks();
+  if (absl::GetFlag(FLAGS_rank) != 0 ||
+      absl::GetFlag(FLAGS_layout) != "replicated") {
+    return absl::InvalidArgumentError(
+        "--rank and --layout are for the multi-GPU run (--ranks > 1)");
+  }
   const std::string two = absl::GetFlag(FLAGS_worker_sockets);
   if (!two.empty()) {
     const std::vector<std::string> sockets = absl::StrSplit(two, ',');
@@ -396,7 +434,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = muonps::Run();
   if (!status.ok()) {
-    std::fprintf(stderr, "step_gpu_bench: %s\n", status.ToString().c_str());
+    std::fprintf(stderr, "step_gpu_bench rank %d: %s\n",
+                 absl::GetFlag(FLAGS_rank), status.ToString().c_str());
     return 1;
   }
   return 0;

@@ -41,6 +41,7 @@
 #include "server/worker/worker_agent.h"
 #include "server/worker/worker_service.h"
 #include "spdlog/spdlog.h"
+#include "transport/counting_transport.h"
 #include "transport/cuda_ipc_transport.h"
 #include "transport/tcp_transport.h"
 
@@ -368,8 +369,23 @@ int Run() {
       return std::unique_ptr<transport::Transport>(std::move(connected));
     };
   }
+  // Declared before the engine, whose transports count into it.
+  MetricsRegistry metrics;
+  // Every byte a step moves between workers is counted here, in one place,
+  // whatever transport carries it.
+  worker::TransportFactory counted_transport =
+      [inner = std::move(make_transport),
+       bytes = transport::AddTransportByteCounters(&metrics)](
+          int rank, const std::vector<std::string>& addresses, uint64_t session,
+          const std::string& secret)
+      -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+    MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> t,
+                            inner(rank, addresses, session, secret));
+    return std::unique_ptr<transport::Transport>(
+        std::make_unique<transport::CountingTransport>(std::move(t), bytes));
+  };
   worker::StepEngine engine(options.worker_id, std::move(backend),
-                            std::move(make_transport));
+                            std::move(counted_transport));
   if (const std::string pause = absl::GetFlag(FLAGS_test_pause_at);
       !pause.empty()) {
     absl::StatusOr<worker::StepHook> hook = PauseHook(pause);
@@ -379,7 +395,6 @@ int Run() {
     }
     engine.set_step_hook(*std::move(hook));
   }
-  MetricsRegistry metrics;
   worker::WorkerAgent agent(options, &metrics, &engine);
   worker::WorkerService service(&agent, &engine, token);
   server::HealthService health;

@@ -1,0 +1,79 @@
+#include "transport/counting_transport.h"
+
+#include <utility>
+
+namespace muonps {
+namespace transport {
+
+TransportByteCounters AddTransportByteCounters(MetricsRegistry* registry) {
+  return {
+      .sent = registry->AddCounter(
+          "muonps_worker_transport_bytes_sent_total",
+          "Bytes this worker sent to other workers over its data transport "
+          "(tensors and step control), by operation; a collective counts "
+          "this rank's share of a chain schedule.",
+          {"op"}),
+      .received = registry->AddCounter(
+          "muonps_worker_transport_bytes_received_total",
+          "Bytes this worker received from other workers over its data "
+          "transport, by operation, counted as the sent bytes are.",
+          {"op"}),
+  };
+}
+
+CountingTransport::CountingTransport(std::unique_ptr<Transport> inner,
+                                     TransportByteCounters counters)
+    : inner_(std::move(inner)), counters_(counters) {}
+
+void CountingTransport::Count(const char* op, double sent, double received) {
+  if (counters_.sent != nullptr && sent > 0) {
+    counters_.sent->Increment({op}, sent);
+  }
+  if (counters_.received != nullptr && received > 0) {
+    counters_.received->Increment({op}, received);
+  }
+}
+
+absl::Status CountingTransport::Send(const void* data, size_t bytes, int peer,
+                                     Stream stream) {
+  absl::Status status = inner_->Send(data, bytes, peer, stream);
+  if (status.ok()) Count("send", static_cast<double>(bytes), 0);
+  return status;
+}
+
+absl::Status CountingTransport::Recv(void* data, size_t bytes, int peer,
+                                     Stream stream) {
+  absl::Status status = inner_->Recv(data, bytes, peer, stream);
+  if (status.ok()) Count("recv", 0, static_cast<double>(bytes));
+  return status;
+}
+
+absl::Status CountingTransport::ReduceSum(const float* send, float* recv,
+                                          size_t count, int root,
+                                          absl::Span<const int> order,
+                                          Stream stream) {
+  absl::Status status =
+      inner_->ReduceSum(send, recv, count, root, order, stream);
+  if (!status.ok()) return status;
+  const int n = size(), r = rank();
+  const double bytes = static_cast<double>(count) * sizeof(float);
+  // The chain root+1 -> ... -> root: its first rank receives nothing, the
+  // root sends nothing.
+  Count("reduce", r != root ? bytes : 0,
+        n > 1 && r != (root + 1) % n ? bytes : 0);
+  return status;
+}
+
+absl::Status CountingTransport::Broadcast(void* data, size_t bytes, int root,
+                                          Stream stream) {
+  absl::Status status = inner_->Broadcast(data, bytes, root, stream);
+  if (!status.ok()) return status;
+  const int n = size(), r = rank();
+  const double b = static_cast<double>(bytes);
+  // The chain root -> ... -> root-1: its last rank forwards nothing.
+  Count("broadcast", r != (root + n - 1) % n ? b : 0, r != root ? b : 0);
+  return status;
+}
+
+}  // namespace transport
+}  // namespace muonps

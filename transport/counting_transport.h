@@ -1,0 +1,78 @@
+// CountingTransport: a Transport that forwards every call to another one and
+// counts the bytes this rank sends and receives through it, into Prometheus
+// counters labelled by operation (send, recv, reduce, broadcast). The one
+// place a worker's step traffic (tensors and control messages alike) is
+// measured, whatever transport carries it.
+//
+// What a collective counts is the share of one rank in a chain (ring)
+// schedule, the way NCCL runs a rooted collective and the way the bytes of
+// a ring all-reduce are usually counted: for ReduceSum of S bytes the chain
+// runs root+1 -> root+2 -> ... -> root, so every rank but the root sends S
+// and every rank but root+1 receives S; for Broadcast of S bytes it runs
+// root -> root+1 -> ... -> root-1, so every rank but root-1 sends S and
+// every rank but the root receives S (ranks mod size). Whatever tree or
+// ring the library picks, the totals over the ranks are the same ((size-1)
+// S each way); only which rank forwards may differ. With two ranks every
+// figure is exact. Send and Recv count their bytes. A call counts once it
+// was accepted (returned OK), when it is enqueued, not when it completes.
+//
+// Thread-compatible like the Transport it wraps (one thread at a time);
+// Abort() may be called from any thread. The counters must outlive it.
+#ifndef MUONPS_TRANSPORT_COUNTING_TRANSPORT_H_
+#define MUONPS_TRANSPORT_COUNTING_TRANSPORT_H_
+
+#include <memory>
+
+#include "common/metrics.h"
+#include "transport/transport.h"
+
+namespace muonps {
+namespace transport {
+
+// Counters with one label, "op" (send, recv, reduce, broadcast), in bytes.
+// Either may be null (not counted).
+struct TransportByteCounters {
+  Counter* sent = nullptr;
+  Counter* received = nullptr;
+};
+
+// Registers muonps_worker_transport_bytes_sent_total and
+// muonps_worker_transport_bytes_received_total in `registry`.
+TransportByteCounters AddTransportByteCounters(MetricsRegistry* registry);
+
+class CountingTransport : public Transport {
+ public:
+  CountingTransport(std::unique_ptr<Transport> inner,
+                    TransportByteCounters counters);
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  MemoryKind memory() const override { return inner_->memory(); }
+  absl::Status GroupStart() override { return inner_->GroupStart(); }
+  absl::Status GroupEnd() override { return inner_->GroupEnd(); }
+  absl::Status Send(const void* data, size_t bytes, int peer,
+                    Stream stream) override;
+  absl::Status Recv(void* data, size_t bytes, int peer, Stream stream) override;
+  absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
+                         absl::Span<const int> order, Stream stream) override;
+  absl::Status Broadcast(void* data, size_t bytes, int root,
+                         Stream stream) override;
+  absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
+    return inner_->Synchronize(stream, timeout);
+  }
+  absl::Status AwaitFrom(int peer, absl::Duration timeout) override {
+    return inner_->AwaitFrom(peer, timeout);
+  }
+  void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+
+ private:
+  void Count(const char* op, double sent, double received);
+
+  const std::unique_ptr<Transport> inner_;
+  const TransportByteCounters counters_;
+};
+
+}  // namespace transport
+}  // namespace muonps
+
+#endif  // MUONPS_TRANSPORT_COUNTING_TRANSPORT_H_

@@ -1,0 +1,132 @@
+#include "transport/counting_transport.h"
+
+#include <memory>
+#include <utility>
+
+#include "gtest/gtest.h"
+
+namespace muonps {
+namespace transport {
+namespace {
+
+// Accepts every call (or fails every data call) and moves nothing.
+class AcceptingTransport : public Transport {
+ public:
+  AcceptingTransport(int rank, int size, absl::Status answer = {})
+      : rank_(rank), size_(size), answer_(std::move(answer)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+  absl::Status GroupStart() override { return absl::OkStatus(); }
+  absl::Status GroupEnd() override { return absl::OkStatus(); }
+  absl::Status Send(const void*, size_t, int, Stream) override {
+    return answer_;
+  }
+  absl::Status Recv(void*, size_t, int, Stream) override { return answer_; }
+  absl::Status ReduceSum(const float*, float*, size_t, int,
+                         absl::Span<const int>, Stream) override {
+    return answer_;
+  }
+  absl::Status Broadcast(void*, size_t, int, Stream) override {
+    return answer_;
+  }
+  absl::Status Synchronize(Stream, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  absl::Status AwaitFrom(int, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  void Abort(const absl::Status&) override {}
+
+ private:
+  const int rank_, size_;
+  const absl::Status answer_;
+};
+
+struct Totals {
+  double sent = 0, received = 0;
+};
+
+// Runs the same calls on every rank of a `size`-rank world, each with its
+// own registry, and returns each rank's sent and received totals.
+template <typename Calls>
+std::vector<Totals> RunOnWorld(int size, Calls calls) {
+  std::vector<Totals> totals;
+  for (int r = 0; r < size; ++r) {
+    MetricsRegistry registry;
+    const TransportByteCounters counters = AddTransportByteCounters(&registry);
+    CountingTransport t(std::make_unique<AcceptingTransport>(r, size),
+                        counters);
+    calls(t);
+    Totals rank;
+    for (const char* op : {"send", "recv", "reduce", "broadcast"}) {
+      rank.sent += counters.sent->Value({op});
+      rank.received += counters.received->Value({op});
+    }
+    totals.push_back(rank);
+  }
+  return totals;
+}
+
+TEST(CountingTransportTest, TwoRanksCountExactlyWhatEachSendsAndReceives) {
+  const auto totals = RunOnWorld(2, [](Transport& t) {
+    float x[4] = {};
+    // Rank 1 sends 16 bytes to the root 0; root 0 broadcasts 8 bytes.
+    ASSERT_TRUE(t.ReduceSum(x, x, 4, 0, {}, kHostStream).ok());
+    ASSERT_TRUE(t.Broadcast(x, 8, 0, kHostStream).ok());
+    if (t.rank() == 0) {
+      ASSERT_TRUE(t.Send(x, 12, 1, kHostStream).ok());
+    } else {
+      ASSERT_TRUE(t.Recv(x, 12, 0, kHostStream).ok());
+    }
+  });
+  EXPECT_EQ(totals[0].sent, 8 + 12);
+  EXPECT_EQ(totals[0].received, 16);
+  EXPECT_EQ(totals[1].sent, 16);
+  EXPECT_EQ(totals[1].received, 8 + 12);
+}
+
+TEST(CountingTransportTest, CollectivesMoveSizeMinusOneCopiesEachWay) {
+  for (int size : {1, 3, 4}) {
+    for (int root = 0; root < size; ++root) {
+      const auto totals = RunOnWorld(size, [root](Transport& t) {
+        float x[25] = {};
+        ASSERT_TRUE(t.ReduceSum(x, x, 25, root, {}, kHostStream).ok());
+        ASSERT_TRUE(t.Broadcast(x, 100, root, kHostStream).ok());
+      });
+      double sent = 0, received = 0;
+      for (const Totals& r : totals) {
+        sent += r.sent;
+        received += r.received;
+        EXPECT_LE(r.sent, 200);
+      }
+      EXPECT_EQ(sent, 2 * 100 * (size - 1)) << "size " << size;
+      EXPECT_EQ(received, 2 * 100 * (size - 1)) << "size " << size;
+      // The root sends only its broadcast, when there is anyone to send to.
+      EXPECT_EQ(totals[root].sent, size > 1 ? 100 : 0);
+      EXPECT_EQ(totals[root].received, size > 1 ? 100 : 0);
+    }
+  }
+}
+
+TEST(CountingTransportTest, RefusedCallsCountNothing) {
+  MetricsRegistry registry;
+  const TransportByteCounters counters = AddTransportByteCounters(&registry);
+  CountingTransport t(std::make_unique<AcceptingTransport>(
+                          1, 2, absl::UnavailableError("peer 0 is gone")),
+                      counters);
+  float x[4] = {};
+  EXPECT_FALSE(t.Send(x, 16, 0, kHostStream).ok());
+  EXPECT_FALSE(t.ReduceSum(x, x, 4, 0, {}, kHostStream).ok());
+  EXPECT_FALSE(t.Broadcast(x, 16, 1, kHostStream).ok());
+  EXPECT_EQ(counters.sent->Value({"send"}), 0);
+  EXPECT_EQ(counters.sent->Value({"reduce"}), 0);
+  EXPECT_EQ(counters.sent->Value({"broadcast"}), 0);
+  EXPECT_NE(
+      registry.RenderText().find("muonps_worker_transport_bytes_sent_total"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace transport
+}  // namespace muonps
