@@ -1,0 +1,420 @@
+#include "bench/scale_sim/scale_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "bench/plan_bench/model_shapes.h"
+#include "common/status.h"
+#include "scheduler/cost_model.h"
+#include "scheduler/planner.h"
+
+namespace muonps {
+namespace bench {
+namespace {
+
+using scheduler::MatrixSpec;
+using scheduler::Transfer;
+using scheduler::TransferKind;
+
+// Rates the planner accepts must be finite; an infinite link (a test's
+// "free transfers") becomes a very fast one.
+constexpr double kFastestLink = 1e18;
+
+absl::Status Positive(double value, absl::string_view flag) {
+  if (!(value > 0)) {
+    return InvalidField(flag, absl::StrCat(value, " must be > 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonNegativeFinite(double value, absl::string_view flag) {
+  if (!(value >= 0) || !std::isfinite(value)) {
+    return InvalidField(flag, absl::StrCat(value, " must be finite and >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+// Wire bytes each rank moves in one phase, over NVLink and over its NIC.
+struct RankBytes {
+  double nvlink_sent = 0, nvlink_received = 0;
+  double nic_sent = 0, nic_received = 0;
+};
+
+// Accumulates the transfers of one grouped phase (see the header's model)
+// and clocks it.
+class Phase {
+ public:
+  Phase(const SimConfig& config, std::vector<RankBytes>* totals)
+      : config_(config),
+        n_(config.gpus),
+        g_(std::min(config.gpus, config.gpus_per_node)),
+        ranks_(config.gpus),
+        totals_(*totals) {}
+
+  void Add(const Transfer& x, const MatrixSpec& spec) {
+    if (n_ == 1) return;  // NCCL with one rank moves nothing
+    ++messages_;
+    const double s = static_cast<double>(spec.rows * spec.cols *
+                                         config_.wire_bytes_per_element);
+    switch (x.kind) {
+      case TransferKind::kReduceToOwner:
+      case TransferKind::kBroadcastFromOwner:
+        ring_ = true;
+        if (n_ <= g_) {
+          ring_nvlink_ += s;
+        } else {
+          ring_nvlink_ += s * (g_ - 1) / g_;
+          ring_nic_ += s / g_;
+        }
+        break;
+      case TransferKind::kGatherToOwner:
+      case TransferKind::kScatterFromOwner: {
+        const bool in = x.kind == TransferKind::kGatherToOwner;
+        const double part = s / n_;
+        for (int r = 0; r < n_; ++r) {
+          if (r != x.owner) Move(in ? r : x.owner, in ? x.owner : r, part);
+        }
+        break;
+      }
+      case TransferKind::kSendToOwner:
+        Move(0, x.owner, s);
+        break;
+    }
+  }
+
+  // Seconds of the phase (0 with no transfers); adds its bytes to the
+  // totals and its latency to `*latency_seconds`.
+  double Finish(double* latency_seconds) {
+    if (messages_ == 0) return 0;
+    const LinkFigures& l = config_.links;
+    double latency = messages_ * l.latency_us * 1e-6;
+    if (ring_) latency += (n_ - 1) * l.hop_latency_us * 1e-6;
+    double bandwidth_seconds = 0;
+    for (int r = 0; r < n_; ++r) {
+      const RankBytes& b = ranks_[r];
+      const double nvlink =
+          ring_nvlink_ + std::max(b.nvlink_sent, b.nvlink_received);
+      const double nic = ring_nic_ + std::max(b.nic_sent, b.nic_received);
+      bandwidth_seconds =
+          std::max({bandwidth_seconds, nvlink / (l.nvlink_gbs * 1e9),
+                    nic / (l.inter_node_gbs * 1e9)});
+      RankBytes& t = totals_[r];
+      t.nvlink_sent += ring_nvlink_ + b.nvlink_sent;
+      t.nvlink_received += ring_nvlink_ + b.nvlink_received;
+      t.nic_sent += ring_nic_ + b.nic_sent;
+      t.nic_received += ring_nic_ + b.nic_received;
+    }
+    *latency_seconds += latency;
+    return latency + bandwidth_seconds;
+  }
+
+ private:
+  void Move(int from, int to, double bytes) {
+    if (from / config_.gpus_per_node == to / config_.gpus_per_node) {
+      ranks_[from].nvlink_sent += bytes;
+      ranks_[to].nvlink_received += bytes;
+    } else {
+      ranks_[from].nic_sent += bytes;
+      ranks_[to].nic_received += bytes;
+    }
+  }
+
+  const SimConfig& config_;
+  const int n_;
+  const int g_;                   // GPUs per node, at most N
+  std::vector<RankBytes> ranks_;  // point-to-point bytes of this phase
+  std::vector<RankBytes>& totals_;
+  double ring_nvlink_ = 0;  // every rank's ring bytes, each direction
+  double ring_nic_ = 0;
+  bool ring_ = false;
+  int64_t messages_ = 0;
+};
+
+enum class Overlap { kAsWorkerRuns, kDependenciesOnly };
+
+struct Clocked {
+  double end = 0;       // the last update lands
+  double transfer = 0;  // busy time of the transfer timeline(s)
+  double latency = 0;
+  int phases = 0;
+};
+
+// Walks the schedule's order with the header's clock model
+// (kAsWorkerRuns), or with only the data dependencies
+// (kDependenciesOnly): a stack waits for its own gradients' phase, a
+// bucket's updates for its own stacks, and gradients and updates move on
+// two independent timelines, each at full bandwidth.
+Clocked Clock(const SimConfig& config, const scheduler::StepSchedule& schedule,
+              const std::vector<double>& stack_seconds, Overlap overlap,
+              std::vector<RankBytes>* totals) {
+  const int n = config.gpus;
+  const bool as_run = overlap == Overlap::kAsWorkerRuns;
+  std::vector<double> compute_free(n, 0.0);  // each compute stream's end
+  std::vector<char> computed(n, 0);          // compute the transfers wait for
+  // kDependenciesOnly: when each bucket's gradients have arrived, and when
+  // each bucket's stacks are all done.
+  const size_t buckets = schedule.buckets.size();
+  std::vector<double> arrived(buckets, 0.0), done(buckets, 0.0);
+  std::vector<int32_t> bucket_of(config.matrices.size(), 0);
+  for (size_t b = 0; b < buckets; ++b) {
+    for (const int32_t m : schedule.buckets[b].matrices) bucket_of[m] = b;
+  }
+  Clocked out;
+  double in_timeline = 0;   // end of the last phase (both, as run)
+  double out_timeline = 0;  // kDependenciesOnly: updates back
+  for (const scheduler::Phase& p : schedule.order) {
+    if (p.kind == scheduler::PhaseKind::kCompute) {
+      const scheduler::OwnerStack& stack = schedule.stacks[p.index];
+      const int w = stack.owner;
+      const double ready = as_run ? in_timeline : arrived[stack.ready_bucket];
+      compute_free[w] =
+          std::max(compute_free[w], ready) + stack_seconds[p.index];
+      computed[w] = 1;
+      for (const scheduler::ItemRef& item : stack.items) {
+        double& d = done[bucket_of[item.matrix]];
+        d = std::max(d, compute_free[w]);
+      }
+      continue;
+    }
+    const scheduler::Bucket& bucket = schedule.buckets[p.index];
+    const bool to_owners = p.kind == scheduler::PhaseKind::kToOwners;
+    double& timeline = as_run || to_owners ? in_timeline : out_timeline;
+    double start = timeline;
+    if (!to_owners && as_run) {
+      for (int w = 0; w < n; ++w) {
+        if (computed[w]) start = std::max(start, compute_free[w]);
+        computed[w] = 0;
+      }
+    } else if (!to_owners) {
+      start = std::max(start, done[p.index]);
+    }
+    Phase phase(config, totals);
+    for (const Transfer& x :
+         to_owners ? bucket.to_owners : bucket.from_owners) {
+      phase.Add(x, config.matrices[x.item.matrix]);
+    }
+    const double seconds = phase.Finish(&out.latency);
+    if (seconds > 0) ++out.phases;
+    out.transfer += seconds;
+    timeline = start + seconds;
+    if (to_owners) arrived[p.index] = timeline;
+  }
+  out.end = std::max(in_timeline, out_timeline);
+  for (int w = 0; w < n; ++w) {
+    if (as_run && computed[w]) out.end = std::max(out.end, compute_free[w]);
+  }
+  return out;
+}
+
+// All-reduce of `elements` in `collectives` calls: a ring's bandwidth term
+// (2 (N-1) / N of the bytes through every rank, split over NVLink and NIC
+// as for reduce and broadcast) with a tree's fill, 2 log2(N) hops per call
+// (NCCL has trees for all-reduce, not for reduce or broadcast).
+double AllReduceSeconds(const SimConfig& config, int64_t collectives,
+                        double elements) {
+  const int n = config.gpus;
+  if (n == 1) return 0;
+  const int g = std::min(n, config.gpus_per_node);
+  const double bytes =
+      2.0 * (n - 1) / n * elements * config.wire_bytes_per_element;
+  const double nvlink = n <= g ? bytes : bytes * (g - 1) / g;
+  const double nic = n <= g ? 0 : bytes / g;
+  const LinkFigures& l = config.links;
+  return collectives *
+             (l.latency_us + 2.0 * std::ceil(std::log2(n)) * l.hop_latency_us) *
+             1e-6 +
+         std::max(nvlink / (l.nvlink_gbs * 1e9),
+                  nic / (l.inter_node_gbs * 1e9));
+}
+
+scheduler::PlanInput MakePlanInput(const SimConfig& config) {
+  scheduler::PlanInput input;
+  input.matrices = config.matrices;
+  input.options = config.plan;
+  for (int w = 0; w < config.gpus; ++w) {
+    scheduler::WorkerSpec spec;
+    spec.id = absl::StrCat("gpu-", w);
+    spec.costs = config.costs;
+    spec.rates.link_bytes_per_second =
+        std::min(config.links.nvlink_gbs * 1e9, kFastestLink);
+    spec.memory_bytes = config.gpu_memory_bytes;
+    input.workers.push_back(std::move(spec));
+  }
+  return input;
+}
+
+}  // namespace
+
+absl::Status ValidateSimConfig(const SimConfig& config) {
+  if (config.matrices.empty()) {
+    return InvalidField("--model",
+                        absl::StrCat(Quoted(config.model), " has no matrices"));
+  }
+  if (config.gpus < 1) {
+    return InvalidField("--gpus", absl::StrCat(config.gpus, " must be >= 1"));
+  }
+  if (config.gpus_per_node < 1) {
+    return InvalidField("--gpus_per_node",
+                        absl::StrCat(config.gpus_per_node, " must be >= 1"));
+  }
+  MUONPS_RETURN_IF_ERROR(Positive(config.links.nvlink_gbs, "--nvlink_gbs"));
+  MUONPS_RETURN_IF_ERROR(
+      Positive(config.links.inter_node_gbs, "--inter_node_gbs"));
+  MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(config.links.latency_us, "--latency_us"));
+  MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(config.links.hop_latency_us, "--hop_latency_us"));
+  if (config.costs == nullptr) {
+    return InvalidField("--cost_table", "required");
+  }
+  if (config.wire_bytes_per_element < 1) {
+    return InvalidField(
+        "--wire_bytes_per_element",
+        absl::StrCat(config.wire_bytes_per_element, " must be >= 1"));
+  }
+  MUONPS_RETURN_IF_ERROR(
+      Positive(config.adamw_reference_ms, "--adamw_reference_ms"));
+  MUONPS_RETURN_IF_ERROR(
+      Positive(config.adamw_reference_params, "--adamw_reference_params"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
+  MUONPS_RETURN_IF_ERROR(ValidateSimConfig(config));
+  const scheduler::PlanInput input = MakePlanInput(config);
+  absl::StatusOr<scheduler::OwnershipPlan> plan =
+      scheduler::PlanOwnership(input);
+  if (!plan.ok()) return Annotate(plan.status(), "planner");
+  absl::StatusOr<scheduler::StepSchedule> schedule =
+      scheduler::BuildStepSchedule(config.matrices, *plan, config.schedule);
+  if (!schedule.ok()) return Annotate(schedule.status(), "step schedule");
+
+  // A stack runs with the algorithm its owner's batch of that shape uses.
+  std::map<std::tuple<int32_t, int64_t, int64_t>, kernels::NsAlgorithm>
+      algorithm;
+  for (const scheduler::Batch& b : plan->batches) {
+    algorithm[{b.worker, std::min(b.rows, b.cols), std::max(b.rows, b.cols)}] =
+        b.algorithm;
+  }
+  const scheduler::CostModel model(config.costs, input.workers[0].rates, 1.0,
+                                   config.plan.ns_steps);
+  std::vector<double> stack_seconds;
+  for (const scheduler::OwnerStack& s : schedule->stacks) {
+    const auto it = algorithm.find(
+        {s.owner, std::min(s.rows, s.cols), std::max(s.rows, s.cols)});
+    if (it == algorithm.end()) {
+      return absl::InternalError(absl::StrCat("stack of ", s.rows, "x", s.cols,
+                                              " on worker ", s.owner,
+                                              " has no batch in the plan"));
+    }
+    stack_seconds.push_back(model.NsSeconds(
+        s.rows, s.cols, static_cast<int64_t>(s.items.size()), it->second));
+  }
+
+  SimResult result;
+  const int n = config.gpus;
+  std::vector<RankBytes> totals(n);
+  result.worker_compute_seconds.assign(n, 0.0);
+  for (size_t s = 0; s < schedule->stacks.size(); ++s) {
+    result.worker_compute_seconds[schedule->stacks[s].owner] +=
+        stack_seconds[s];
+  }
+  const Clocked as_run =
+      Clock(config, *schedule, stack_seconds, Overlap::kAsWorkerRuns, &totals);
+  std::vector<RankBytes> unused(n);
+  const Clocked dependencies = Clock(config, *schedule, stack_seconds,
+                                     Overlap::kDependenciesOnly, &unused);
+  result.predicted_seconds = as_run.end;
+  result.predicted_dependencies_seconds = dependencies.end;
+  result.transfer_seconds = as_run.transfer;
+  result.latency_seconds = as_run.latency;
+  result.phases = as_run.phases;
+
+  const std::vector<double>& c = result.worker_compute_seconds;
+  result.compute_seconds_max = *std::max_element(c.begin(), c.end());
+  result.compute_seconds_mean = std::accumulate(c.begin(), c.end(), 0.0) / n;
+  result.imbalance =
+      result.compute_seconds_mean > 0
+          ? result.compute_seconds_max / result.compute_seconds_mean
+          : 1.0;
+  double bytes = 0;
+  for (const RankBytes& t : totals) {
+    bytes = std::max({bytes, t.nvlink_sent + t.nic_sent,
+                      t.nvlink_received + t.nic_received});
+  }
+  result.bytes_per_gpu = std::llround(bytes);
+  for (const MatrixSpec& m : config.matrices) {
+    result.parameters += m.rows * m.cols * m.experts;
+  }
+  result.owning_workers = static_cast<int>(
+      std::count_if(c.begin(), c.end(), [](double s) { return s > 0; }));
+  result.plan_max_seconds = plan->max_seconds;
+  result.adamw_data_parallel_seconds = config.adamw_reference_ms * 1e-3 *
+                                       static_cast<double>(result.parameters) /
+                                       config.adamw_reference_params;
+  result.adamw_sharded_seconds = result.adamw_data_parallel_seconds / n;
+  result.allreduce_seconds =
+      AllReduceSeconds(config, static_cast<int64_t>(schedule->buckets.size()),
+                       static_cast<double>(result.parameters));
+  return result;
+}
+
+absl::StatusOr<std::shared_ptr<const scheduler::CostTable>> LoadCostTable(
+    const std::string& path) {
+  if (path.empty()) return InvalidField("--cost_table", "required");
+  std::ifstream file(path);
+  if (!file) {
+    return InvalidField("--cost_table",
+                        absl::StrCat("cannot read ", Quoted(path)));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  absl::StatusOr<scheduler::CostTable> table =
+      scheduler::CostTable::Parse(text.str());
+  if (!table.ok()) {
+    return InvalidField("--cost_table", absl::StrCat(Quoted(path), ": ",
+                                                     table.status().message()));
+  }
+  return std::make_shared<const scheduler::CostTable>(*std::move(table));
+}
+
+absl::StatusOr<std::vector<MatrixSpec>> ModelMatrices(
+    absl::string_view model, scheduler::Layout layout) {
+  std::vector<MatrixSpec> out;
+  if (model == "llama3_8b_8layers") {
+    out = Llama3_8B(8);
+  } else if (model == "llama3_8b") {
+    out = Llama3_8B(32);
+  } else if (model == "deepseek_v3_like") {
+    out = DeepSeekV3Like();
+  } else {
+    return InvalidField("--model",
+                        absl::StrCat(Quoted(model),
+                                     " is not llama3_8b_8layers, llama3_8b or "
+                                     "deepseek_v3_like"));
+  }
+  for (MatrixSpec& m : out) m.layout = layout;
+  return out;
+}
+
+absl::StatusOr<scheduler::Layout> ParseLayout(absl::string_view name,
+                                              absl::string_view flag) {
+  for (const scheduler::Layout layout :
+       {scheduler::Layout::kReplicated, scheduler::Layout::kUnreduced,
+        scheduler::Layout::kRowSharded}) {
+    if (name == scheduler::LayoutName(layout)) return layout;
+  }
+  return InvalidField(flag, absl::StrCat(Quoted(name),
+                                         " is not replicated, unreduced or "
+                                         "row_sharded"));
+}
+
+}  // namespace bench
+}  // namespace muonps

@@ -1,0 +1,167 @@
+// A simulated clock for one muonps optimizer step on N GPUs (issue 20).
+//
+// The ownership planner (scheduler/planner.h) and the step schedule
+// (scheduler/step_schedule.h) run for real on the model's matrices and N
+// colocated workers; only time is simulated, from a measured cost table
+// (per shape, algorithm and batch seconds) and link figures.
+//
+// The clock model follows what a worker does (server/worker/step_run.cc):
+// - Two streams per worker. Transfers of every worker run on its transfer
+//   stream in the schedule's one order; each phase (a bucket's gradients to
+//   owners, or its updates back) is one grouped NCCL launch among all N
+//   workers, so it starts on every worker at once and ends at once: the
+//   transfer streams form a single global timeline, phases never overlap
+//   each other.
+// - A stack's momentum + Newton-Schulz runs on its owner's compute stream,
+//   after every transfer issued before it in the order (the worker makes
+//   its compute stream wait for the transfer stream), and after the
+//   owner's earlier stacks. Compute of different workers overlaps freely,
+//   and compute overlaps the transfer phases issued after it.
+// - An updates-back phase starts once every worker that computed since its
+//   last such phase has finished all that compute (the worker makes its
+//   transfer stream wait for its compute stream).
+// - So every updates-back phase is a barrier: compute issued after it waits
+//   (through the transfer stream) for all compute issued before it, on
+//   every worker. SimResult also reports the dependency-only time.
+// - The step ends when the last phase (the last update) lands on every
+//   worker. Gradients are all ready at time 0 (the step starts after
+//   backward); momentum, scaling, applying updates and AdamW are not
+//   timed (the cost table is Newton-Schulz only).
+//
+// Phase time = message latency + ring fill + bandwidth term:
+// - each collective (reduce, broadcast) or point-to-point batch of the
+//   phase costs `latency_us`; a phase with a ring collective (NCCL has
+//   only rings for reduce and broadcast) pays `hop_latency_us` per hop of
+//   the N-1 hop ring once (the group's collectives pipeline behind one
+//   another). Defaults are NCCL's own tuning model for ring/Simple.
+// - bytes on the wire are `wire_bytes_per_element` per element (the worker
+//   widens bf16 gradients to fp32 before sending). A reduce or broadcast
+//   moves the matrix's S bytes through every rank (ring): within one node
+//   over NVLink; across nodes S (G-1)/G over NVLink and S/G over each GPU's
+//   NIC (NCCL spreads its rings' node crossings over the G NICs). A row
+//   gather moves S/N from each rank to the owner (S (N-1)/N into it), a
+//   row scatter the reverse; off-node parts go over the owner's own NIC.
+//   The phase's bandwidth term is the slowest rank's
+//   max(NVLink bytes / nvlink rate, NIC bytes / NIC rate), with bytes per
+//   rank the larger of sent and received.
+//
+// Functions are thread-safe (they share no state).
+#ifndef MUONPS_BENCH_SCALE_SIM_SCALE_SIM_H_
+#define MUONPS_BENCH_SCALE_SIM_SCALE_SIM_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "scheduler/cost_table.h"
+#include "scheduler/plan_types.h"
+#include "scheduler/step_schedule.h"
+
+namespace muonps {
+namespace bench {
+
+// Link figures per GPU, per direction. Defaults: NVLink is the NCCL
+// all-to-all bus bandwidth measured among 4 H200s (shared/DEVICE.md); the
+// NIC is one 400 Gb/s port per GPU (not measured); latencies are NCCL's
+// tuning model for ring/Simple (not measured).
+struct LinkFigures {
+  double nvlink_gbs = 300;      // among the GPUs of one node
+  double inter_node_gbs = 50;   // each GPU's network port
+  double latency_us = 8.4;      // per collective or point-to-point batch
+  double hop_latency_us = 3.4;  // per ring hop, once per phase
+};
+
+struct SimConfig {
+  std::string model;  // a name for the output only
+  std::vector<scheduler::MatrixSpec> matrices;
+  int gpus = 0;           // N: one colocated worker per GPU
+  int gpus_per_node = 8;  // G
+  LinkFigures links;
+  // Measured Newton-Schulz times (required; shapes it lacks fall back to
+  // the cost model's roofline).
+  std::shared_ptr<const scheduler::CostTable> costs;
+  int wire_bytes_per_element = 4;
+  int64_t gpu_memory_bytes = int64_t{140} << 30;
+  scheduler::PlanOptions plan;
+  scheduler::ScheduleOptions schedule;
+  // Fused AdamW reference: `adamw_reference_ms` for
+  // `adamw_reference_params` fp32 parameters on one GPU (H200, 14.2 ms for
+  // 1.74 B, shared/DEVICE.md).
+  double adamw_reference_ms = 14.2;
+  double adamw_reference_params = 1.74e9;
+};
+
+struct SimResult {
+  // The last update lands, with the streams ordered as the worker orders
+  // them (the model above).
+  double predicted_seconds = 0;
+  // The same with only data dependencies: a stack waits for its own
+  // bucket's gradients, a bucket's updates for its own stacks, gradients
+  // and updates move on two timelines at full bandwidth each. What the
+  // schedule would give if the worker's stream waits were per bucket.
+  double predicted_dependencies_seconds = 0;
+  // Sum of each worker's stack times; max and mean over all N workers.
+  double compute_seconds_max = 0;
+  double compute_seconds_mean = 0;
+  double imbalance = 1;  // max / mean compute
+  // Busy time of the transfer timeline, and the latency part of it.
+  double transfer_seconds = 0;
+  double latency_seconds = 0;
+  // Largest per-GPU wire bytes of the step (max of sent and received).
+  int64_t bytes_per_gpu = 0;
+  int64_t parameters = 0;  // elements of all matrices
+  int owning_workers = 0;  // workers that own at least one matrix
+  int phases = 0;          // transfer phases with at least one transfer
+  // The planner's own prediction (max worker seconds) for comparison.
+  double plan_max_seconds = 0;
+  std::vector<double> worker_compute_seconds;
+  // AdamW of the same parameters: data parallel (every GPU steps all of
+  // them) and FSDP-style sharded (each GPU steps 1/N).
+  double adamw_data_parallel_seconds = 0;
+  double adamw_sharded_seconds = 0;
+  // What DDP's all-reduce of the same gradients (at the same wire bytes,
+  // one all-reduce per bucket, ring bandwidth, tree latency) costs on the
+  // same links: the
+  // unreduced layout replaces it, so an unreduced step compares with AdamW
+  // plus this.
+  double allreduce_seconds = 0;
+};
+
+// INVALID_ARGUMENT naming the flag the field comes from (--gpus,
+// --gpus_per_node, --nvlink_gbs, --inter_node_gbs, --latency_us,
+// --hop_latency_us, --cost_table, --wire_bytes_per_element, --model) for
+// values out of range; OK otherwise.
+absl::Status ValidateSimConfig(const SimConfig& config);
+
+// Plans, schedules and clocks one step. Errors: those of
+// ValidateSimConfig, then the planner's and the schedule's (annotated).
+absl::StatusOr<SimResult> SimulateStep(const SimConfig& config);
+
+// Reads and parses a cost table file. INVALID_ARGUMENT naming
+// --cost_table when `path` is empty, unreadable or malformed.
+absl::StatusOr<std::shared_ptr<const scheduler::CostTable>> LoadCostTable(
+    const std::string& path);
+
+// The matrix sets the simulation knows, every matrix given `layout`:
+//   llama3_8b_8layers  8 layers of Llama-3-8B (1.74 B parameters; the set
+//                      the H200 measurements used)
+//   llama3_8b          all 32 layers (6.98 B)
+//   deepseek_v3_like   bench/plan_bench's DeepSeek-V3-like set: 61 MLA
+//                      layers, 58 MoE layers of 256 routed experts
+//                      (2048x7168 gate/up, 7168x2048 down, 3-D stacks)
+// INVALID_ARGUMENT naming --model for other names.
+absl::StatusOr<std::vector<scheduler::MatrixSpec>> ModelMatrices(
+    absl::string_view model, scheduler::Layout layout);
+
+// "replicated" | "unreduced" | "row_sharded"; INVALID_ARGUMENT naming
+// `flag` otherwise.
+absl::StatusOr<scheduler::Layout> ParseLayout(absl::string_view name,
+                                              absl::string_view flag);
+
+}  // namespace bench
+}  // namespace muonps
+
+#endif  // MUONPS_BENCH_SCALE_SIM_SCALE_SIM_H_
