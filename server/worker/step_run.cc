@@ -226,10 +226,17 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
   staged.decider = decision.decider;
   // The schedule's order: transfers on stream_, this worker's stacks on
   // compute_, each side waiting for the other only where it reads what the
-  // other wrote (no host waits).
+  // other wrote (no host waits). Compute reads what the trainer's wait and
+  // the gradients to owners put on stream_, never the updates going back
+  // (each stack has its own slot, and updates are read from slots into the
+  // trainer's staging): so compute_ waits for stream_ only when gradients
+  // moved since its last wait, and a stack never waits for earlier buckets'
+  // updates to reach the peers (which would make every bucket a barrier
+  // among the workers).
   absl::Status ready = [&]() -> absl::Status {
     bool computed = false;  // compute_ has work stream_ has not waited for
     bool moved = false;
+    bool inputs = true;  // stream_ has work compute_ has not waited for
     for (const scheduler::Phase& phase : plan_.schedule.order) {
       switch (phase.kind) {
         case scheduler::PhaseKind::kToOwners:
@@ -238,11 +245,14 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
             context_.hook(StepPoint::kTransfer, step_id_, plan_.rank);
           }
           moved = true;
+          inputs = inputs ||
+                   !plan_.schedule.buckets[phase.index].to_owners.empty();
           break;
         case scheduler::PhaseKind::kCompute: {
           const int batch = plan_.batch_of_stack[phase.index];
           if (batch < 0) break;  // another worker's stack
-          MUONPS_RETURN_IF_ERROR(ops_.Order(compute_, stream_));
+          if (inputs) MUONPS_RETURN_IF_ERROR(ops_.Order(compute_, stream_));
+          inputs = false;
           MUONPS_RETURN_IF_ERROR(Compute(plan_.batches[batch]));
           computed = true;
           break;
