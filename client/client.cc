@@ -548,7 +548,11 @@ absl::Status Client::CallStep(const v1::StepRequest& request,
   for (int attempt = 0; attempt < 2; ++attempt) {
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(options_.timeout));
-    rpc = FromGrpc(worker_->Step(&context, request, response), "Step");
+    // Named by its socket: when the worker died mid-step, gRPC's own text
+    // ("Socket closed", "Connection refused") would not say which one.
+    rpc = FromGrpc(
+        worker_->Step(&context, request, response),
+        absl::StrCat("Step on the worker at unix:", options_.worker_socket));
     // A worker that restarted has no buffers of this trainer: nothing ran.
     if (attempt > 0 || !absl::IsFailedPrecondition(rpc) ||
         !absl::StrContains(rpc.message(), kNoTrainerAttached)) {

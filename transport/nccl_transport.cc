@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace transport {
@@ -221,6 +222,10 @@ NcclTransport::~NcclTransport() {
   if (healthy) {
     (void)ncclCommDestroy(comm_);
   } else {
+    spdlog::warn(
+        "{} on cuda:{}: finalizing the communicator failed or took over {}; "
+        "aborting it (ncclCommAbort)",
+        Who(), cuda_device_, absl::FormatDuration(options_.timeout));
     (void)ncclCommAbort(comm_);
   }
   comm_ = nullptr;
@@ -251,10 +256,23 @@ absl::Status NcclTransport::Gone() const {
 }
 
 void NcclTransport::AbortCommunicator() {
+  std::string reason;
+  {
+    absl::MutexLock lock(&status_mu_);
+    reason = failure_.ToString();
+  }
   absl::MutexLock lock(&comm_mu_);
   if (comm_ == nullptr) return;
+  // An abort is what frees a rank whose peer died mid-step (its kernels
+  // wait on that peer until then): logged before and after, so that a
+  // run that hangs in ncclCommAbort itself shows where.
+  spdlog::warn("{} on cuda:{}: aborting the communicator (ncclCommAbort): {}",
+               Who(), cuda_device_, reason);
+  const absl::Time start = absl::Now();
   (void)ncclCommAbort(comm_);
   comm_ = nullptr;
+  spdlog::info("{} on cuda:{}: communicator aborted in {}", Who(), cuda_device_,
+               absl::FormatDuration(absl::Now() - start));
 }
 
 absl::Status NcclTransport::Fail(const absl::Status& status) {

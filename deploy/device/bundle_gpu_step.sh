@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bundles the GPU data path for the GPU machine into device_bundle/: the
 # coordinator and worker, the GPU tests of the data path (CUDA IPC, NCCL
-# transport, the worker on a GPU), libmuonps.so for the Python package's
+# transport, the worker on a GPU, two workers on two GPUs: that one skips
+# on a machine of one GPU), libmuonps.so for the Python package's
 # GPU tests (client/python travels with the working tree) and bench/step_gpu
 # with its torch peers.
 # On the GPU machine: bash device_bundle/run_gpu_step_suite.sh
@@ -11,7 +12,8 @@ BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
   //common:cuda_ipc_gpu_test //transport:nccl_transport_gpu_test \
   //kernels/cuda:elementwise_gpu_test //kernels/cuda:cuda_kernels_gpu_test \
-  //tests:gpu_step_test //tests:gpu_two_workers_test //bench/step_gpu:step_gpu_bench //client:libmuonps.so
+  //tests:gpu_step_test //tests:gpu_two_workers_test //tests:gpu_two_gpus_test \
+  //bench/step_gpu:step_gpu_bench //client:libmuonps.so
 cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
 # The tests' TLS credentials (tests/harness finds them beside the binaries).
 bazel build //tests/testdata:tls
