@@ -5,7 +5,8 @@
 # on a machine of one GPU), libmuonps.so for the Python package's
 # GPU tests (client/python travels with the working tree) and bench/step_gpu
 # with its torch peers.
-# On the GPU machine: bash device_bundle/run_gpu_step_suite.sh
+# On the GPU machine: bash device_bundle/run_gpu_step_suite.sh (one GPU) or
+# bash device_bundle/run_multi_gpu_suite.sh (several GPUs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
@@ -19,7 +20,10 @@ cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
 bazel build //tests/testdata:tls
 cp bazel-bin/tests/testdata/tls/* device_bundle/bin/
 chmod u+w device_bundle/bin/*
-cp bench/ns_gpu/torch_peers.py deploy/device/run_gpu_step_suite.sh device_bundle/
+cp bench/ns_gpu/torch_peers.py deploy/device/run_gpu_step_suite.sh \
+  deploy/device/run_multi_gpu_suite.sh device_bundle/
+# examples/train_gpt.py's corpus (the GPU machine has no python3-doc).
+"${PYTHON:-/usr/bin/python3}" examples/train_gpt.py --prepare device_bundle/corpus.bin
 du -sh device_bundle
 # The device tool carries at most 64 MiB: ship the bundle compressed
 # (about 13 MiB); on the GPU machine: tar -xJf device_bundle.tar.xz
