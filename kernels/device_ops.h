@@ -77,6 +77,18 @@ class DeviceOps {
   // enqueued on `signaler` before it is done (CUDA: an event recorded on
   // one, waited for by the other; no host wait). Nothing to do on the host.
   virtual absl::Status Order(Stream waiter, Stream signaler) = 0;
+  // Marks: points in a stream's work that another stream waits for later,
+  // and that time a step. Mark(stream) records mark number i (0, 1, ...
+  // since the last ClearMarks) at the end of the work enqueued on `stream`
+  // so far (CUDA: an event recorded there; host: the clock now) and
+  // returns i. WaitForMark(waiter, i): work enqueued on `waiter` after this
+  // call starts only once the work before mark i is done. MarkTimesMs waits
+  // for every mark and returns each one's time in ms after mark 0.
+  // ClearMarks forgets them (one step's marks at a time).
+  virtual absl::StatusOr<int> Mark(Stream stream) = 0;
+  virtual absl::Status WaitForMark(Stream waiter, int mark) = 0;
+  virtual absl::StatusOr<std::vector<double>> MarkTimesMs() = 0;
+  virtual void ClearMarks() = 0;
 
   // `count` zeroed floats; RESOURCE_EXHAUSTED naming `what` when the device
   // is full. Synchronous (allocation is not on the step's hot path).

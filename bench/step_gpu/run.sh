@@ -142,7 +142,7 @@ run_layout() {
     "$here/bin/muonps-worker" --coordinator "$coordinator" --job "step-gpu-$layout" \
       --worker_id "w$w" --socket "$dir/w$w.sock" --device "cuda:$w" --gpu_transport nccl \
       --metrics_address 127.0.0.1:0 --metrics_port 0 --io_timeout_ms 60000 \
-      >"$dir/worker$w.log" 2>&1 &
+      --log_level debug >"$dir/worker$w.log" 2>&1 &
     pids+=($!)
     workers+=($!)
   done
@@ -191,6 +191,12 @@ run_layout() {
     sleep 0.2
   done
   for ((r = 0; r < GPUS; r++)); do cat "$dir/bench$r.jsonl"; done
+  # Each worker's device timeline of its last step (debug log, CUDA events:
+  # when each bucket's transfers and each stack's compute were done).
+  for ((w = 0; w < GPUS; w++)); do
+    sed -n 's/.*step timeline \({.*}\)$/\1/p' "$dir/worker$w.log" | tail -1 |
+      sed "s/^{/{\"what\":\"muonps_step_timeline\",\"layout\":\"$layout\",\"gpus\":$GPUS,/"
+  done
   if ((bad)); then
     local files=("$dir/coordinator.log")
     for ((r = 0; r < GPUS; r++)); do files+=("$dir/bench$r.err" "$dir/worker$r.log"); done

@@ -22,6 +22,9 @@ export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${nccl_lib}${LD_LIBRARY_
 export MUONPS_LIB="$here/bin/libmuonps.so"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
+# The working tree's muonps package, and train_gpt's corpus for its tests.
+export PYTHONPATH="$repo/client/python${PYTHONPATH:+:$PYTHONPATH}"
+export MUONPS_CORPUS="$here/corpus.bin"
 GPUS="${GPUS:-$(nvidia-smi -L | grep -c '^GPU')}"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -$((GPUS + 2)) || true

@@ -114,6 +114,30 @@ absl::Status CpuDeviceOps::Order(Stream waiter, Stream signaler) {
   return HostOnly(signaler);
 }
 
+absl::StatusOr<int> CpuDeviceOps::Mark(Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  marks_.push_back(std::chrono::steady_clock::now());
+  return static_cast<int>(marks_.size()) - 1;
+}
+
+absl::Status CpuDeviceOps::WaitForMark(Stream waiter, int mark) {
+  if (absl::Status s = HostOnly(waiter); !s.ok()) return s;
+  if (mark < 0 || mark >= static_cast<int>(marks_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mark: ", mark, " of ", marks_.size(), " marks"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> CpuDeviceOps::MarkTimesMs() {
+  std::vector<double> out;
+  for (const auto& t : marks_) {
+    out.push_back(
+        std::chrono::duration<double, std::milli>(t - marks_.front()).count());
+  }
+  return out;
+}
+
 absl::Status CpuDeviceOps::Synchronize(Stream stream) {
   return HostOnly(stream);
 }

@@ -4,6 +4,9 @@
 #ifndef MUONPS_KERNELS_CPU_CPU_DEVICE_OPS_H_
 #define MUONPS_KERNELS_CPU_CPU_DEVICE_OPS_H_
 
+#include <chrono>
+#include <vector>
+
 #include "kernels/device_ops.h"
 
 namespace muonps {
@@ -15,6 +18,10 @@ class CpuDeviceOps final : public DeviceOps {
   Stream stream() const override { return kHostStream; }
   Stream compute_stream() const override { return kHostStream; }
   absl::Status Order(Stream waiter, Stream signaler) override;
+  absl::StatusOr<int> Mark(Stream stream) override;
+  absl::Status WaitForMark(Stream waiter, int mark) override;
+  absl::StatusOr<std::vector<double>> MarkTimesMs() override;
+  void ClearMarks() override { marks_.clear(); }
   absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,
@@ -31,6 +38,9 @@ class CpuDeviceOps final : public DeviceOps {
   absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
       absl::Span<const FloatSpan> spans, Stream stream) override;
   absl::Status Synchronize(Stream stream) override;
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
 }  // namespace kernels

@@ -61,6 +61,38 @@ absl::Status CudaDeviceOps::Order(Stream waiter, Stream signaler) {
                     "cudaStreamWaitEvent");
 }
 
+absl::StatusOr<int> CudaDeviceOps::Mark(Stream stream) {
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  if (marks_used_ == marks_.size()) {
+    cudaEvent_t event = nullptr;
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
+    marks_.push_back(event);
+  }
+  MUONPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(marks_[marks_used_], stream));
+  return static_cast<int>(marks_used_++);
+}
+
+absl::Status CudaDeviceOps::WaitForMark(Stream waiter, int mark) {
+  if (mark < 0 || static_cast<size_t>(mark) >= marks_used_) {
+    return InvalidField("mark", absl::StrCat(mark, " of ", marks_used_));
+  }
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(cudaStreamWaitEvent(waiter, marks_[mark], 0),
+                    "cudaStreamWaitEvent");
+}
+
+absl::StatusOr<std::vector<double>> CudaDeviceOps::MarkTimesMs() {
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  std::vector<double> out;
+  for (size_t i = 0; i < marks_used_; ++i) {
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(marks_[i]));
+    float ms = 0;
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, marks_[0], marks_[i]));
+    out.push_back(ms);
+  }
+  return out;
+}
+
 CudaDeviceOps::~CudaDeviceOps() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
@@ -69,6 +101,7 @@ CudaDeviceOps::~CudaDeviceOps() {
     cudaStreamDestroy(compute_stream_);
   }
   if (order_event_ != nullptr) cudaEventDestroy(order_event_);
+  for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
   if (owns_stream_) cudaStreamDestroy(stream_);
 }

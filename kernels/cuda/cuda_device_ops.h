@@ -13,6 +13,8 @@
 
 #include <memory>
 
+#include <vector>
+
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/device_ops.h"
 
@@ -31,6 +33,10 @@ class CudaDeviceOps final : public DeviceOps {
   Stream stream() const override { return stream_; }
   Stream compute_stream() const override { return compute_stream_; }
   absl::Status Order(Stream waiter, Stream signaler) override;
+  absl::StatusOr<int> Mark(Stream stream) override;
+  absl::Status WaitForMark(Stream waiter, int mark) override;
+  absl::StatusOr<std::vector<double>> MarkTimesMs() override;
+  void ClearMarks() override { marks_used_ = 0; }
   absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,
@@ -61,6 +67,10 @@ class CudaDeviceOps final : public DeviceOps {
   // Re-recorded by every Order: a stream wait takes the record current at
   // the time of the wait call.
   cudaEvent_t order_event_ = nullptr;
+  // Mark events (timed), reused step after step: the first marks_used_
+  // hold this step's marks.
+  std::vector<cudaEvent_t> marks_;
+  size_t marks_used_ = 0;
   DeviceBuffer flags_;  // one unsigned long long per span, grown on demand
   unsigned long long* host_flags_ = nullptr;  // pinned, same size
   size_t host_flag_count_ = 0;

@@ -4,7 +4,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
@@ -224,47 +226,71 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
   StagedStep& staged = ledger_.staged;
   staged.step_id = step_id_;
   staged.decider = decision.decider;
-  // The schedule's order: transfers on stream_, this worker's stacks on
-  // compute_, each side waiting for the other only where it reads what the
-  // other wrote (no host waits). Compute reads what the trainer's wait and
-  // the gradients to owners put on stream_, never the updates going back
-  // (each stack has its own slot, and updates are read from slots into the
-  // trainer's staging): so compute_ waits for stream_ only when gradients
-  // moved since its last wait, and a stack never waits for earlier buckets'
-  // updates to reach the peers (which would make every bucket a barrier
-  // among the workers).
+  // Transfers on stream_, this worker's stacks on compute_, each side
+  // waiting for the other only where it reads what the other wrote (no
+  // host waits). Every bucket's gradients to owners are issued first, in
+  // the schedule's order, each followed by a mark; then the schedule's
+  // compute and updates back. A stack waits for the mark of the bucket
+  // that completes it, never for updates going back (each stack has its
+  // own slot, read from there into the trainer's staging), so no bucket is
+  // a barrier among the workers, and gradients keep moving while stacks
+  // compute. Every rank issues the same transfers in the same order.
   absl::Status ready = [&]() -> absl::Status {
+    ops_.ClearMarks();
+    timeline_.clear();
+    MUONPS_ASSIGN_OR_RETURN(const int begin, ops_.Mark(stream_));
+    timeline_.push_back({"begin", -1, begin});
+    // bucket_mark[j]: the mark after the gradients of buckets up to j (in
+    // arrival order) moved; a stack ready with j reads nothing later.
+    std::vector<int> bucket_mark(plan_.schedule.buckets.size(), begin);
+    int moved = begin;
+    bool first = true;
+    for (const scheduler::Phase& phase : plan_.schedule.order) {
+      if (phase.kind != scheduler::PhaseKind::kToOwners) continue;
+      const scheduler::Bucket& bucket = plan_.schedule.buckets[phase.index];
+      MUONPS_RETURN_IF_ERROR(ToOwners(bucket));
+      if (first && context_.hook) {
+        context_.hook(StepPoint::kTransfer, step_id_, plan_.rank);
+      }
+      first = false;
+      if (!bucket.to_owners.empty()) {
+        MUONPS_ASSIGN_OR_RETURN(moved, ops_.Mark(stream_));
+        timeline_.push_back({"to_owners", phase.index, moved});
+      }
+      bucket_mark[phase.index] = moved;
+    }
     bool computed = false;  // compute_ has work stream_ has not waited for
-    bool moved = false;
-    bool inputs = true;  // stream_ has work compute_ has not waited for
+    int waited = -1;        // the last mark compute_ waits for
     for (const scheduler::Phase& phase : plan_.schedule.order) {
       switch (phase.kind) {
         case scheduler::PhaseKind::kToOwners:
-          MUONPS_RETURN_IF_ERROR(ToOwners(plan_.schedule.buckets[phase.index]));
-          if (!moved && context_.hook) {
-            context_.hook(StepPoint::kTransfer, step_id_, plan_.rank);
-          }
-          moved = true;
-          inputs = inputs ||
-                   !plan_.schedule.buckets[phase.index].to_owners.empty();
-          break;
+          break;  // issued above
         case scheduler::PhaseKind::kCompute: {
           const int batch = plan_.batch_of_stack[phase.index];
           if (batch < 0) break;  // another worker's stack
-          if (inputs) MUONPS_RETURN_IF_ERROR(ops_.Order(compute_, stream_));
-          inputs = false;
+          const int needed =
+              bucket_mark[plan_.schedule.stacks[phase.index].ready_bucket];
+          if (needed > waited) {
+            MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, needed));
+            waited = needed;
+          }
           MUONPS_RETURN_IF_ERROR(Compute(plan_.batches[batch]));
+          MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(compute_));
+          timeline_.push_back({"compute", phase.index, done});
           computed = true;
           break;
         }
-        case scheduler::PhaseKind::kFromOwners:
+        case scheduler::PhaseKind::kFromOwners: {
           if (computed) {
             MUONPS_RETURN_IF_ERROR(ops_.Order(stream_, compute_));
             computed = false;
           }
           MUONPS_RETURN_IF_ERROR(
               FromOwners(plan_.schedule.buckets[phase.index], request));
+          MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(stream_));
+          timeline_.push_back({"from_owners", phase.index, done});
           break;
+        }
       }
     }
     if (computed) MUONPS_RETURN_IF_ERROR(ops_.Order(stream_, compute_));
@@ -272,7 +298,9 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
     // Staged when the transport's work and the stream are: a lost peer
     // fails here within the timeout instead of hanging.
     MUONPS_RETURN_IF_ERROR(t_.Synchronize(stream_, context_.timeout));
-    return ops_.Synchronize(stream_);
+    MUONPS_RETURN_IF_ERROR(ops_.Synchronize(stream_));
+    LogTimeline();
+    return absl::OkStatus();
   }();
   RoundResult out;
   if (!ready.ok()) {
@@ -295,6 +323,27 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
   out.response.set_ns_seconds(ns_seconds_);
   out.response.set_bytes_moved(bytes_);
   return out;
+}
+
+void StepRun::LogTimeline() {
+  if (!spdlog::should_log(spdlog::level::debug)) return;
+  absl::StatusOr<std::vector<double>> ms = ops_.MarkTimesMs();
+  if (!ms.ok()) {
+    spdlog::debug("step {}: no timeline: {}", step_id_, ms.status().ToString());
+    return;
+  }
+  // One JSON line: when each phase's work was done, in ms after the step's
+  // transfers began (device time: CUDA events).
+  std::string line;
+  for (const TimelineMark& m : timeline_) {
+    if (m.mark >= static_cast<int>(ms->size())) continue;
+    absl::StrAppend(&line, line.empty() ? "" : ",", "[\"", m.what, "\",",
+                    m.index, ",", absl::StrFormat("%.3f", (*ms)[m.mark]), "]");
+  }
+  spdlog::debug(
+      "step timeline {{\"step\":{},\"rank\":{},\"version\":{},"
+      "\"marks\":[{}]}}",
+      step_id_, plan_.rank, plan_.version, line);
 }
 
 }  // namespace worker

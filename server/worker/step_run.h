@@ -169,6 +169,16 @@ class StepRun {
   std::vector<int64_t> follower_full_param_;  // no trainer: by matrix
   double ns_seconds_ = 0;
   int64_t bytes_ = 0;
+  // The step's marks (DeviceOps::Mark) with what each one ends: "begin",
+  // "to_owners" / "from_owners" of bucket `index`, "compute" of stack
+  // `index`. Logged at debug level once the step's work is done.
+  struct TimelineMark {
+    const char* what;
+    int index;
+    int mark;
+  };
+  std::vector<TimelineMark> timeline_;
+  void LogTimeline();
 };
 
 }  // namespace worker
