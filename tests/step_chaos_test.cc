@@ -13,7 +13,11 @@
 //    error within the timeout; a step nobody committed then runs once
 //    (the new owner's momentum starts over, which the replay does too);
 //    one that was committed anywhere is refused with DATA_LOSS naming the
-//    restarted worker, and nothing is applied twice.
+//    restarted worker, and nothing is applied twice; or
+//  - it is frozen in its transfers until its lease expires (I/O timeout far
+//    longer): the new plan aborts the other worker's step at once, which
+//    fails within the lease naming the lost worker; after a restart,
+//    training goes on.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -287,6 +291,85 @@ INSTANTIATE_TEST_SUITE_P(Points, StepChaosKillTest,
                                            ChaosCase{"committed", 1},
                                            ChaosCase{"prepared", 0}),
                          CaseName);
+
+// A worker frozen inside step 3's transfers whose lease then expires (as
+// one killed beside an NCCL peer, which waits on it until the I/O timeout):
+// the plan that drops it aborts the survivor's step at once, so that
+// trainer's step fails within the lease (plus the watch and scheduling)
+// naming the lost worker, not after the I/O timeout, and nothing is
+// applied. The frozen worker is then killed and restarted, and training
+// goes on.
+class StepChaosLeaseTest : public StepChaosTest {};
+
+TEST_P(StepChaosLeaseTest, TheSurvivorsStepFailsWithinTheLeaseNamingTheLost) {
+  constexpr int64_t kLeaseMs = 1500;
+  constexpr int64_t kLongIoTimeoutMs = 20000;
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(kLeaseMs, kLongIoTimeoutMs));
+  // A thread per trainer: the victim's does not return while it is frozen.
+  std::vector<std::optional<StepOutcome>> outcome(kWorkers);
+  std::vector<std::thread> trainers;
+  for (int r = 0; r < kWorkers; ++r) {
+    trainers.emplace_back([this, r, &outcome] {
+      WriteGradients(r, kFailingStep);
+      const absl::Time start = absl::Now();
+      absl::StatusOr<StepResult> result = client(r).Step(kFailingStep);
+      outcome[r] = StepOutcome{std::move(result), absl::Now() - start};
+    });
+  }
+  const absl::Status stopped = WaitUntilStopped(victim_, absl::Seconds(30));
+  if (!stopped.ok()) KillWorker(victim_);
+  trainers[survivor_].join();
+  ASSERT_TRUE(stopped.ok()) << stopped;
+  const StepOutcome& o = *outcome[survivor_];
+  std::cerr << "survivor's step failed after " << o.elapsed << ": "
+            << o.result.status() << "\n";
+  EXPECT_LT(o.elapsed, absl::Milliseconds(kLeaseMs) + absl::Seconds(2));
+  EXPECT_TRUE(absl::IsUnavailable(o.result.status())) << o.result.status();
+  for (const std::string& part :
+       {absl::StrCat("worker \"w", victim_, "\" left the job"),
+        std::string("lease expired"), std::string("step 3")}) {
+    EXPECT_TRUE(absl::StrContains(o.result.status().message(), part))
+        << part << " not in " << o.result.status();
+  }
+  ASSERT_NO_FATAL_FAILURE(KillWorker(victim_));
+  trainers[victim_].join();
+  EXPECT_FALSE(outcome[victim_]->result.ok());
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_LE(MatrixError(r, *before_), kTolerance) << "trainer " << r;
+  }
+
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(victim_));
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
+  ASSERT_TRUE(planned.ok()) << planned;
+  std::set<std::pair<std::string, int64_t>> restarting;
+  for (const testing::MatrixDecl& m : model_decl_.matrices) {
+    for (int64_t e = 0; e < m.options.experts; ++e) {
+      if (absl::IsNotFound(Momentum(Owner(m.name, e), m.name, e).status())) {
+        restarting.insert({m.name, e});
+      }
+    }
+  }
+  const std::vector<LoopOutcome> loops =
+      RunTrainerLoops(kFailingStep, kFailingStep + 1, 4);
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
+  }
+  // Step 3 ran once, on the new plan: owners without momentum started over.
+  ReferenceModel replay(model_decl_, kWorkers, PlannedAlgorithms());
+  for (int64_t step = 1; step < kFailingStep; ++step) {
+    ASSERT_TRUE(replay.Step(step).ok());
+  }
+  for (const auto& [name, expert] : restarting) {
+    replay.ResetMomentum(name, expert);
+  }
+  ASSERT_TRUE(replay.Step(kFailingStep).ok());
+  ASSERT_TRUE(replay.Step(kFailingStep + 1).ok());
+  ExpectMatchesReference(replay, kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Points, StepChaosLeaseTest,
+                         ::testing::Values(ChaosCase{"transfer", 1}), CaseName);
 
 // The trainers' Step calls pass their deadline (1 s) while a worker is
 // stopped before the exchange (the step is then refused: the calls were

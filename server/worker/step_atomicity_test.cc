@@ -4,7 +4,8 @@
 // retries, leaves every parameter bit for bit where a failure-free run
 // puts it (nothing applied twice, nothing half-applied); a call cancelled
 // before the vote aborts the step everywhere; a step in doubt survives a new
-// plan version; status and heartbeat calls never wait for a step.
+// plan version; a plan that drops a frozen peer aborts the step at once;
+// status and heartbeat calls never wait for a step.
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -248,6 +249,82 @@ TEST_F(StepAtomicityTest, SecretAndLastStepNeverWaitForAStepInProgress) {
   EXPECT_EQ(engines_[0]->last_step(), -1);
   EXPECT_LT(absl::Now() - asked, absl::Milliseconds(100));
   waiting.join();
+}
+
+class StepPlanChangeTest : public StepAtomicityTest {
+ protected:
+  absl::Duration IoTimeout() const override { return absl::Seconds(10); }
+};
+
+// A peer frozen mid-step (its call stalls 3 s, the I/O timeout is 10 s)
+// whose lease then expires: the plan that drops it, handed to the others
+// from another thread (the agent's) while their steps wait on it, aborts
+// those steps at once without waiting for the step lock. They fail with
+// UNAVAILABLE naming the lost worker and the plan's reason, nothing is
+// applied, and every retry is refused at once until the new plan is set.
+TEST_F(StepPlanChangeTest, APlanDroppingAFrozenPeerFailsTheStepAtOnceNamingIt) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  const int64_t calls = ProbeCalls(2, 0);
+  reference.Step(0);
+  SetFault(2, {.step = 1, .call = calls / 2, .stall = absl::Seconds(3)});
+  std::vector<int> owners;
+  for (size_t m = 0; m < Matrices().size(); ++m)
+    owners.push_back(static_cast<int>(m % 2));
+  v1::Plan next = PlanWithOwnerList(2, owners, /*workers=*/2);
+  next.set_reason("lease expired: w2");
+  WriteGradients(1);
+  v1::StepRequest request;
+  request.set_step_id(1);
+  request.set_lr(-1);
+  request.set_weight_decay(-1);
+  request.set_adamw_lr(-1);
+  std::vector<absl::StatusOr<v1::StepResponse>> out(
+      kWorkers, absl::UnknownError("not run"));
+  std::vector<absl::Duration> took(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      const absl::Time start = absl::Now();
+      out[w] = engines_[w]->Step(request);
+      took[w] = absl::Now() - start;
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // 0 and 1 wait on 2
+  const absl::Time asked = absl::Now();
+  EXPECT_TRUE(engines_[0]->AbortForPlan(next));
+  EXPECT_TRUE(engines_[1]->AbortForPlan(next));
+  EXPECT_LT(absl::Now() - asked, absl::Milliseconds(100));
+  for (std::thread& t : threads) t.join();
+  const std::string reason =
+      "plan version 1 replaced by 2: worker \"w2\" left the job (lease "
+      "expired: w2)";
+  for (int w = 0; w < 2; ++w) {
+    std::cerr << "worker " << w << " failed after " << took[w] << ": "
+              << out[w].status() << "\n";
+    EXPECT_LT(took[w], absl::Seconds(1.5));
+    ASSERT_FALSE(out[w].ok());
+    EXPECT_TRUE(absl::IsUnavailable(out[w].status())) << out[w].status();
+    EXPECT_TRUE(absl::StrContains(out[w].status().message(), reason))
+        << out[w].status();
+    EXPECT_TRUE(absl::StrContains(out[w].status().message(),
+                                  "step 1 was not applied on this worker"))
+        << out[w].status();
+  }
+  EXPECT_FALSE(out[2].ok());
+  for (int w = 0; w < kWorkers; ++w) EXPECT_EQ(engines_[w]->last_step(), 0);
+  ExpectParamsMatch(reference);
+  // No step runs on the replaced plan's transport (its peer is gone).
+  const absl::Time retried = absl::Now();
+  const absl::StatusOr<v1::StepResponse> retry = engines_[0]->Step(request);
+  EXPECT_LT(absl::Now() - retried, absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsUnavailable(retry.status())) << retry.status();
+  EXPECT_TRUE(absl::StrContains(retry.status().message(), reason))
+      << retry.status();
+  EXPECT_FALSE(engines_[0]->AbortForPlan(next));  // once per plan version
+  EXPECT_TRUE(
+      engines_[0]->SetPlan(Job(0, kSmallBuckets), next, addresses_).ok());
+  EXPECT_FALSE(engines_[0]->AbortForPlan(next));
 }
 
 }  // namespace

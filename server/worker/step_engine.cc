@@ -165,6 +165,11 @@ void StepEngine::SetDataPlaneSecret(std::string secret) {
 
 void StepEngine::DropTransport(const absl::Status& reason) {
   if (transport_ == nullptr) return;
+  {
+    // AbortForPlan may be aborting it: it is gone only after that.
+    absl::MutexLock lock(&abort_mu_);
+    published_transport_ = nullptr;
+  }
   transport_->Abort(reason);
   transport_.reset();
 }
@@ -179,6 +184,12 @@ absl::Status StepEngine::EnsureTransport() {
     DropTransport(absl::CancelledError(
         absl::StrCat("worker ", Quoted(worker_id_),
                      " got a new data-plane secret; reconnecting")));
+  }
+  // A newer plan dropped some of this one's workers: no step of it can
+  // finish, so none starts (SetPlan brings the new one).
+  if (const absl::Status replaced = PlanReplaced(); !replaced.ok()) {
+    DropTransport(replaced);
+    return replaced;
   }
   if (transport_ != nullptr) return absl::OkStatus();
   for (size_t r = 0; r < plan_.addresses.size(); ++r) {
@@ -197,6 +208,15 @@ absl::Status StepEngine::EnsureTransport() {
     return absl::InternalError(
         absl::StrCat("worker ", Quoted(worker_id_), " on ", DeviceName(device_),
                      " got a transport for the other kind of memory"));
+  }
+  {
+    absl::MutexLock lock(&abort_mu_);
+    published_transport_ = transport_.get();
+  }
+  // The plan may have been replaced while the transport was built.
+  if (const absl::Status replaced = PlanReplaced(); !replaced.ok()) {
+    DropTransport(replaced);
+    return replaced;
   }
   return absl::OkStatus();
 }
@@ -300,6 +320,7 @@ RoundResult StepEngine::RunRound(const v1::StepRequest& request,
   StepRun run(context);
   RoundResult out = run.Run(request);
   if (out.status.ok() || out.transport_ok) return out;
+  out.status = ExplainReplaced(out.status, request, trainer);
   DropTransport(out.status);
   // Transport errors name peer ranks: say whose they are.
   std::string ranks;

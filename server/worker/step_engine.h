@@ -17,7 +17,11 @@
 // momentum reads, and a step holds it across its network I/O (up to the
 // transport's timeout). What status and heartbeats call never waits for
 // it: last_step() is an atomic read, SetDataPlaneSecret takes its own small
-// lock, ReleaseTrainerIfGone only tries the lock.
+// lock, ReleaseTrainerIfGone only tries the lock. AbortForPlan (the agent's
+// watch thread, as soon as a new plan arrives) takes only another small
+// lock, which guards the current plan's membership and transport and is
+// never held across the step's I/O: it aborts a step waiting on a worker
+// the new plan dropped, so that SetPlan need not wait for the timeout.
 #ifndef MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 #define MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 
@@ -101,6 +105,20 @@ class StepEngine {
   // RESOURCE_EXHAUSTED when the stacks do not fit the device.
   absl::Status SetPlan(const v1::JobSpec& job, const v1::Plan& plan,
                        const std::map<std::string, std::string>& addresses);
+
+  // Call with every plan as soon as it arrives, before SetPlan (which waits
+  // for a step in progress). When `next` is newer than the current plan and
+  // leaves out some of its workers, no step of the current plan can finish:
+  // its transport (TCP or NCCL) is aborted at once, so a step waiting on a
+  // lost worker fails now instead of at the transport's timeout. That step
+  // fails as for any lost peer (step_run.h: before its vote nothing was
+  // applied; a rank in doubt keeps its staging for the retry), with
+  // UNAVAILABLE saying `plan version N replaced by M: worker "w1" left the
+  // job (<the plan's reason>)`, and so does every step until a plan at
+  // least as new as `next` is set (none runs on the old plan's transport).
+  // Returns whether `next` replaced the current plan that way. Never waits
+  // for a step. Thread-safe.
+  bool AbortForPlan(const v1::Plan& next);
 
   // Maps the trainer's buffers and checks every binding against the job:
   // every job matrix bound once with the right element count, every other
@@ -187,6 +205,16 @@ class StepEngine {
   // Aborts and destroys the transport (if any) with `reason`.
   void DropTransport(const absl::Status& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the current plan can no longer step (AbortForPlan); OK if it can.
+  absl::Status PlanReplaced() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A failed round's status once AbortForPlan aborted its transport:
+  // UNAVAILABLE with the reason first (DATA_LOSS stays DATA_LOSS).
+  absl::Status ExplainReplaced(const absl::Status& failed,
+                               const v1::StepRequest& request,
+                               const AttachedTrainer* trainer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes plan_'s version and workers for AbortForPlan.
+  void PublishPlan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The slot of (matrix, expert) if owned here; NOT_FOUND naming it.
   absl::StatusOr<ItemSlot> OwnedSlot(const std::string& matrix,
                                      int64_t expert) const
@@ -214,6 +242,19 @@ class StepEngine {
   std::string data_plane_secret_ ABSL_GUARDED_BY(secret_mu_);
   // The attached trainer's pid (0: none or unknown), readable without mu_.
   std::atomic<int64_t> trainer_pid_{0};
+  // What AbortForPlan reads without mu_: plan_'s version and workers, and
+  // transport_ (published while mu_ is held, cleared before it is
+  // destroyed). Held across nothing slower than Transport::Abort, which
+  // records the reason and wakes the waiting call; never across I/O.
+  mutable absl::Mutex abort_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  int64_t published_version_ ABSL_GUARDED_BY(abort_mu_) = -1;
+  std::vector<std::string> published_workers_ ABSL_GUARDED_BY(abort_mu_);
+  transport::Transport* published_transport_ ABSL_GUARDED_BY(abort_mu_) =
+      nullptr;
+  // The newest plan version that dropped workers of published_version_
+  // (-1: none), and the status steps of the older plan fail with.
+  int64_t replaced_by_ ABSL_GUARDED_BY(abort_mu_) = -1;
+  absl::Status replaced_why_ ABSL_GUARDED_BY(abort_mu_);
 };
 
 }  // namespace worker

@@ -182,6 +182,7 @@ absl::Status StepEngine::SetPlan(
   DropTransport(absl::CancelledError(
       absl::StrCat("plan version ", next.version, " replaced it")));
   plan_ = std::move(next);
+  PublishPlan();
   return absl::OkStatus();
 }
 

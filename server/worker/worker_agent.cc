@@ -298,6 +298,10 @@ void WorkerAgent::WatchLoop() {
                    options_.job, options_.worker_id, plan.version(), rank,
                    plan.reason());
       plan_version_->Set(static_cast<double>(plan.version()));
+      // At once, not behind DeliverPlan's calls and SetPlan's wait for the
+      // step lock: a step waiting on a worker this plan dropped fails now,
+      // naming it, instead of at the transport's timeout.
+      if (engine_ != nullptr) engine_->AbortForPlan(plan);
       DeliverPlan(plan);
       absl::MutexLock lock(&mu_);
       plan_ = plan;

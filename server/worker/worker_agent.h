@@ -59,7 +59,8 @@ class WorkerAgent {
  public:
   // `metrics` and `engine` (may be null: control plane only) must outlive
   // the agent. Every new plan goes to the engine with the job's spec and
-  // the workers' data addresses.
+  // the workers' data addresses, after StepEngine::AbortForPlan (a step
+  // waiting on a worker the plan dropped fails at once).
   WorkerAgent(AgentOptions options, MetricsRegistry* metrics,
               StepEngine* engine = nullptr);
   ~WorkerAgent();
