@@ -14,7 +14,8 @@
 # bounded; a failure prints the log tails of the processes involved. Run
 # from a bundle made by deploy/device/bundle_gpu_step.sh (bin/, lib/, this
 # script, torch_peers.py).
-#   GPUS, LAYOUTS, MULTI_WARMUP (2), MULTI_REPEATS (8), BENCH_TIMEOUT (240 s
+#   GPUS, LAYOUTS, LAYERS (8), ONE_GPU (1), MULTI_WARMUP (2), MULTI_REPEATS
+#   (8), BENCH_TIMEOUT (240 s
 #   per bench run), TORCH_TIMEOUT (300 s per torch_peers.py run)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -27,6 +28,8 @@ echo "run.sh: logs in $logs" >&2
 torch_results="$logs/torch.jsonl"
 bench_timeout="${BENCH_TIMEOUT:-240}"
 torch_timeout="${TORCH_TIMEOUT:-300}"
+# LAYERS: Llama-3-8B layers in the set (8: the 1.74 B set; 32: all of it).
+layers="${LAYERS:-8}"
 if [[ -z "${GPUS:-}" ]]; then
   if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
     GPUS="$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c . || true)"
@@ -38,8 +41,10 @@ GPUS="${GPUS:-1}"
 ((GPUS >= 1)) || GPUS=1
 echo "run.sh: GPUS=$GPUS" >&2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
+if [[ "${ONE_GPU:-1}" == 1 ]]; then
 timeout --kill-after=10 "$torch_timeout" \
-  python3 "$here/torch_peers.py" --skip_ns --out "$torch_results" "${@}"
+  python3 "$here/torch_peers.py" --skip_ns --out "$torch_results" --layers "$layers" "${@}"
+fi
 # A fresh bearer token, as a private service has (plaintext on loopback).
 (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' >"$logs/token")
 export MUONPS_TOKEN_FILE="$logs/token"
@@ -94,6 +99,9 @@ tails() {
   done
 }
 
+# ONE_GPU=0 skips the one-GPU runs (and the ratios to them): for trying
+# settings of the multi-GPU runs quickly.
+if [[ "${ONE_GPU:-1}" == 1 ]]; then
 start_coordinator "$logs/coordinator.log"
 "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu --worker_id w0 \
   --socket "$logs/w0.sock" --metrics_port -1 --device cuda:0 --io_timeout_ms 60000 \
@@ -101,11 +109,13 @@ start_coordinator "$logs/coordinator.log"
 pids+=($!)
 wait_for "$logs/worker.log" "listening on unix" 60 "$!"
 timeout --kill-after=10 "$bench_timeout" \
-  "$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" \
+  "$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" --layers "$layers" \
   --torch_results "$torch_results" | tee "$logs/one.jsonl" || { tail -20 "$logs/worker.log" >&2; exit 1; }
 stop_all
+fi
+touch "$torch_results" "$logs/one.jsonl"
 
-if ((GPUS == 1)) || [[ "${IPC_VARIANT:-0}" == 1 ]]; then
+if [[ "${ONE_GPU:-1}" == 1 ]] && { ((GPUS == 1)) || [[ "${IPC_VARIANT:-0}" == 1 ]]; }; then
   # Two trainers and two workers sharing the GPU (CUDA IPC peer transport).
   start_coordinator "$logs/coordinator2.log"
   for w in 0 1; do
@@ -127,7 +137,7 @@ fi
 failed=0
 echo "run.sh: torch owner-based Muon and all-reduce on $GPUS GPUs" >&2
 timeout --kill-after=10 "$torch_timeout" \
-  python3 "$here/torch_peers.py" --owner_world "$GPUS" --out "$torch_results" \
+  python3 "$here/torch_peers.py" --owner_world "$GPUS" --out "$torch_results" --layers "$layers" \
   --warmup 2 --owner_repeats 7 \
   || { echo "run.sh: torch_peers.py --owner_world $GPUS failed (rc $?); muonps runs on, its ratios null" >&2; failed=1; }
 
@@ -159,7 +169,7 @@ run_layout() {
     local extra=()
     ((r == 0)) && extra=(--worker_metrics "$list")
     timeout --kill-after=10 "$bench_timeout" \
-      "$here/bin/step_gpu_bench" --coordinator "$coordinator" --job "step-gpu-$layout" \
+      "$here/bin/step_gpu_bench" --coordinator "$coordinator" --job "step-gpu-$layout" --layers "$layers" \
       --worker_socket "$dir/w$r.sock" --rank "$r" --ranks "$GPUS" --layout "$layout" \
       --warmup "${MULTI_WARMUP:-2}" --repeats "${MULTI_REPEATS:-8}" \
       --torch_results "$torch_results" --one_worker_results "$logs/one.jsonl" \

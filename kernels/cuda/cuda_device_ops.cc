@@ -87,7 +87,8 @@ absl::StatusOr<std::vector<double>> CudaDeviceOps::MarkTimesMs() {
   for (size_t i = 0; i < marks_used_; ++i) {
     MUONPS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(marks_[i]));
     float ms = 0;
-    MUONPS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, marks_[0], marks_[i]));
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(&ms, marks_[0], marks_[i]));
     out.push_back(ms);
   }
   return out;

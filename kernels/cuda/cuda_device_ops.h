@@ -12,7 +12,6 @@
 #include <cuda_runtime.h>
 
 #include <memory>
-
 #include <vector>
 
 #include "kernels/cuda/device_buffer.h"

@@ -172,6 +172,7 @@ absl::Status StepRun::Resolve(const RoundDecision& decision) {
 }
 
 RoundResult StepRun::Run(const v1::StepRequest& request) {
+  host_.begin = std::chrono::steady_clock::now();
   RoundResult out;
   if (trainer_ != nullptr) {
     // The worker's stream waits for the trainer's gradients (CUDA: an
@@ -192,6 +193,7 @@ RoundResult StepRun::Run(const v1::StepRequest& request) {
   }
   RoundDecision decision;
   out.status = Agree(request, &decision);
+  host_.agreed = std::chrono::steady_clock::now();
   if (out.status.ok()) out.status = Resolve(decision);
   if (!out.status.ok()) {
     out.transport_ok = false;
@@ -299,7 +301,7 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
     // fails here within the timeout instead of hanging.
     MUONPS_RETURN_IF_ERROR(t_.Synchronize(stream_, context_.timeout));
     MUONPS_RETURN_IF_ERROR(ops_.Synchronize(stream_));
-    LogTimeline();
+    host_.staged = std::chrono::steady_clock::now();
     return absl::OkStatus();
   }();
   RoundResult out;
@@ -322,6 +324,7 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
   out.response.set_seconds(SecondsSince(start));
   out.response.set_ns_seconds(ns_seconds_);
   out.response.set_bytes_moved(bytes_);
+  if (commit.status.ok()) LogTimeline();
   return out;
 }
 
@@ -340,10 +343,17 @@ void StepRun::LogTimeline() {
     absl::StrAppend(&line, line.empty() ? "" : ",", "[\"", m.what, "\",",
                     m.index, ",", absl::StrFormat("%.3f", (*ms)[m.mark]), "]");
   }
+  // And the host's view: ms after Run began when the ranks agreed, the
+  // staged work was done, and the step committed (vote, apply, confirm).
+  const auto since = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t - host_.begin).count();
+  };
   spdlog::debug(
       "step timeline {{\"step\":{},\"rank\":{},\"version\":{},"
-      "\"marks\":[{}]}}",
-      step_id_, plan_.rank, plan_.version, line);
+      "\"host_ms\":{{\"agreed\":{:.3f},\"staged\":{:.3f},"
+      "\"committed\":{:.3f}}},\"marks\":[{}]}}",
+      step_id_, plan_.rank, plan_.version, since(host_.agreed),
+      since(host_.staged), since(std::chrono::steady_clock::now()), line);
 }
 
 }  // namespace worker

@@ -64,6 +64,7 @@
 #ifndef MUONPS_SERVER_WORKER_STEP_RUN_H_
 #define MUONPS_SERVER_WORKER_STEP_RUN_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -178,6 +179,10 @@ class StepRun {
     int mark;
   };
   std::vector<TimelineMark> timeline_;
+  struct HostTimes {
+    std::chrono::steady_clock::time_point begin, agreed, staged;
+  };
+  HostTimes host_;
   void LogTimeline();
 };
 
