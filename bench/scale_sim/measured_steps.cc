@@ -1,7 +1,9 @@
 #include "bench/scale_sim/measured_steps.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -28,6 +30,74 @@ int GpusOf(absl::string_view what) {
   int gpus = 0;
   if (what.empty() || !absl::SimpleAtoi(what, &gpus)) return 0;
   return gpus;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    return InvalidField("--measured",
+                        absl::StrCat("cannot read ", Quoted(path)));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<MeasuredTimeline> ParseTimeline(const nlohmann::json& j,
+                                               const std::string& field) {
+  MeasuredTimeline t;
+  if (!j.contains("gpus") || !j["gpus"].is_number_integer() ||
+      j["gpus"].get<int>() < 1) {
+    return InvalidField(field, "gpus must be an integer >= 1");
+  }
+  t.gpus = j["gpus"].get<int>();
+  if (!j.contains("rank") || !j["rank"].is_number_integer() ||
+      j["rank"].get<int>() < 0) {
+    return InvalidField(field, "rank must be an integer >= 0");
+  }
+  t.rank = j["rank"].get<int>();
+  if (j.contains("layout")) {
+    if (!j["layout"].is_string()) {
+      return InvalidField(field, "layout must be a string");
+    }
+    MUONPS_ASSIGN_OR_RETURN(t.layout,
+                            ParseLayout(j["layout"].get<std::string>(),
+                                        absl::StrCat(field, " layout")));
+  }
+  if (!j.contains("host_ms") || !j["host_ms"].is_object()) {
+    return InvalidField(field, "host_ms must be an object");
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, double*>{"agreed", &t.agreed_ms},
+        {"staged", &t.staged_ms},
+        {"committed", &t.committed_ms}}) {
+    const nlohmann::json& h = j["host_ms"];
+    if (!h.contains(name) || !h[name].is_number()) {
+      return InvalidField(field,
+                          absl::StrCat("host_ms.", name, " must be a number"));
+    }
+    *value = h[name].get<double>();
+  }
+  if (!j.contains("marks") || !j["marks"].is_array()) {
+    return InvalidField(field, "marks must be an array");
+  }
+  for (const nlohmann::json& m : j["marks"]) {
+    if (!m.is_array() || m.size() != 3 || !m[0].is_string() ||
+        !m[1].is_number_integer() || !m[2].is_number()) {
+      return InvalidField(field, "each mark must be [what, index, ms]");
+    }
+    const std::string what = m[0].get<std::string>();
+    const double ms = m[2].get<double>();
+    if (what == "to_owners") {
+      t.gradients_landed_ms = std::max(t.gradients_landed_ms, ms);
+    } else if (what == "compute") {
+      t.compute_end_ms = std::max(t.compute_end_ms, ms);
+      t.stacks.push_back(m[1].get<int>());
+    } else if (what == "from_owners") {
+      t.updates_landed_ms = std::max(t.updates_landed_ms, ms);
+    }
+  }
+  return t;
 }
 
 }  // namespace
@@ -79,14 +149,38 @@ absl::StatusOr<std::vector<MeasuredStep>> ParseMeasuredSteps(
 
 absl::StatusOr<std::vector<MeasuredStep>> LoadMeasuredSteps(
     const std::string& path) {
-  std::ifstream file(path);
-  if (!file) {
-    return InvalidField("--measured",
-                        absl::StrCat("cannot read ", Quoted(path)));
+  MUONPS_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  return ParseMeasuredSteps(text);
+}
+
+absl::StatusOr<std::vector<MeasuredTimeline>> ParseMeasuredTimelines(
+    absl::string_view text) {
+  std::vector<MeasuredTimeline> out;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || absl::StartsWith(line, "#")) continue;
+    const std::string field = absl::StrCat("--measured line ", number);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      return InvalidField(field, "not a JSON object");
+    }
+    if (!j.contains("what") || !j["what"].is_string() ||
+        j["what"].get<std::string>() != "muonps_step_timeline") {
+      continue;
+    }
+    MUONPS_ASSIGN_OR_RETURN(MeasuredTimeline t, ParseTimeline(j, field));
+    t.line = number;
+    out.push_back(std::move(t));
   }
-  std::stringstream text;
-  text << file.rdbuf();
-  return ParseMeasuredSteps(text.str());
+  return out;
+}
+
+absl::StatusOr<std::vector<MeasuredTimeline>> LoadMeasuredTimelines(
+    const std::string& path) {
+  MUONPS_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  return ParseMeasuredTimelines(text);
 }
 
 }  // namespace bench

@@ -30,6 +30,20 @@ struct MeasuredStep {
   int line = 0;  // 1-based, in the file
 };
 
+// One worker's step timeline (see above). Times in ms; a kind of mark the
+// line lacks reads 0.
+struct MeasuredTimeline {
+  int gpus = 0;
+  scheduler::Layout layout = scheduler::Layout::kReplicated;
+  int rank = 0;
+  double agreed_ms = 0, staged_ms = 0, committed_ms = 0;  // host, from 0
+  double gradients_landed_ms = 0;  // the last "to_owners" mark
+  double compute_end_ms = 0;       // the last "compute" mark
+  double updates_landed_ms = 0;    // the last "from_owners" mark
+  std::vector<int> stacks;         // "compute" indices, in mark order
+  int line = 0;
+};
+
 // INVALID_ARGUMENT naming "--measured line N" and the field for a line that
 // is not a JSON object, a counted line whose "ms" is missing or not > 0, a
 // GPU count < 1 or an unknown layout.
@@ -39,6 +53,15 @@ absl::StatusOr<std::vector<MeasuredStep>> ParseMeasuredSteps(
 // Reads `path` and parses it; INVALID_ARGUMENT naming --measured when it
 // cannot be read.
 absl::StatusOr<std::vector<MeasuredStep>> LoadMeasuredSteps(
+    const std::string& path);
+
+// The muonps_step_timeline lines; INVALID_ARGUMENT naming "--measured line
+// N" and the field for one without gpus >= 1, rank >= 0, host_ms or marks
+// of [string, number, number], or with an unknown layout (other lines are
+// skipped as by ParseMeasuredSteps).
+absl::StatusOr<std::vector<MeasuredTimeline>> ParseMeasuredTimelines(
+    absl::string_view text);
+absl::StatusOr<std::vector<MeasuredTimeline>> LoadMeasuredTimelines(
     const std::string& path);
 
 }  // namespace bench

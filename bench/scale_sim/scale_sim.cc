@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -137,79 +138,59 @@ class Phase {
   int64_t messages_ = 0;
 };
 
-enum class Overlap { kAsWorkerRuns, kDependenciesOnly };
-
 struct Clocked {
-  double end = 0;       // the last update lands
-  double transfer = 0;  // busy time of the transfer timeline(s)
+  double gradients_landed = 0;  // the last gradients-to-owners phase ends
+  double stage = 0;             // every update landed, compute done
+  double transfer = 0;          // busy time of the transfer timeline
   double latency = 0;
   int phases = 0;
+  std::vector<double> compute_end;  // per worker
 };
 
-// Walks the schedule's order with the header's clock model
-// (kAsWorkerRuns), or with only the data dependencies
-// (kDependenciesOnly): a stack waits for its own gradients' phase, a
-// bucket's updates for its own stacks, and gradients and updates move on
-// two independent timelines, each at full bandwidth.
+// Clocks the schedule as the header's model says: every gradients-to-owners
+// phase first, then the order's compute (each stack after its ready
+// bucket's gradients) and updates back (each after all compute issued
+// before it, on every worker).
 Clocked Clock(const SimConfig& config, const scheduler::StepSchedule& schedule,
-              const std::vector<double>& stack_seconds, Overlap overlap,
+              const std::vector<double>& stack_seconds,
               std::vector<RankBytes>* totals) {
-  const int n = config.gpus;
-  const bool as_run = overlap == Overlap::kAsWorkerRuns;
-  std::vector<double> compute_free(n, 0.0);  // each compute stream's end
-  std::vector<char> computed(n, 0);          // compute the transfers wait for
-  // kDependenciesOnly: when each bucket's gradients have arrived, and when
-  // each bucket's stacks are all done.
-  const size_t buckets = schedule.buckets.size();
-  std::vector<double> arrived(buckets, 0.0), done(buckets, 0.0);
-  std::vector<int32_t> bucket_of(config.matrices.size(), 0);
-  for (size_t b = 0; b < buckets; ++b) {
-    for (const int32_t m : schedule.buckets[b].matrices) bucket_of[m] = b;
-  }
   Clocked out;
-  double in_timeline = 0;   // end of the last phase (both, as run)
-  double out_timeline = 0;  // kDependenciesOnly: updates back
-  for (const scheduler::Phase& p : schedule.order) {
-    if (p.kind == scheduler::PhaseKind::kCompute) {
-      const scheduler::OwnerStack& stack = schedule.stacks[p.index];
-      const int w = stack.owner;
-      const double ready = as_run ? in_timeline : arrived[stack.ready_bucket];
-      compute_free[w] =
-          std::max(compute_free[w], ready) + stack_seconds[p.index];
-      computed[w] = 1;
-      for (const scheduler::ItemRef& item : stack.items) {
-        double& d = done[bucket_of[item.matrix]];
-        d = std::max(d, compute_free[w]);
-      }
-      continue;
-    }
-    const scheduler::Bucket& bucket = schedule.buckets[p.index];
-    const bool to_owners = p.kind == scheduler::PhaseKind::kToOwners;
-    double& timeline = as_run || to_owners ? in_timeline : out_timeline;
-    double start = timeline;
-    if (!to_owners && as_run) {
-      for (int w = 0; w < n; ++w) {
-        if (computed[w]) start = std::max(start, compute_free[w]);
-        computed[w] = 0;
-      }
-    } else if (!to_owners) {
-      start = std::max(start, done[p.index]);
-    }
+  double timeline = 0;  // end of the last phase on the transfer timeline
+  auto run = [&](const std::vector<Transfer>& transfers) {
     Phase phase(config, totals);
-    for (const Transfer& x :
-         to_owners ? bucket.to_owners : bucket.from_owners) {
+    for (const Transfer& x : transfers) {
       phase.Add(x, config.matrices[x.item.matrix]);
     }
     const double seconds = phase.Finish(&out.latency);
     if (seconds > 0) ++out.phases;
     out.transfer += seconds;
-    timeline = start + seconds;
-    if (to_owners) arrived[p.index] = timeline;
+    timeline += seconds;
+  };
+  // A bucket without transfers lands with the one before it.
+  std::vector<double> landed(schedule.buckets.size(), 0.0);
+  for (const scheduler::Phase& p : schedule.order) {
+    if (p.kind != scheduler::PhaseKind::kToOwners) continue;
+    run(schedule.buckets[p.index].to_owners);
+    landed[p.index] = timeline;
   }
-  out.end = std::max(in_timeline, out_timeline);
-  for (int w = 0; w < n; ++w) {
-    if (as_run && computed[w]) out.end = std::max(out.end, compute_free[w]);
+  out.gradients_landed = timeline;
+  // Compute issued so far ends by `compute_free[w]` on worker w.
+  std::vector<double>& compute_free = out.compute_end;
+  compute_free.assign(config.gpus, 0.0);
+  double compute_so_far = 0;  // max of compute_free
+  for (const scheduler::Phase& p : schedule.order) {
+    if (p.kind == scheduler::PhaseKind::kCompute) {
+      const scheduler::OwnerStack& stack = schedule.stacks[p.index];
+      double& free = compute_free[stack.owner];
+      free =
+          std::max(free, landed[stack.ready_bucket]) + stack_seconds[p.index];
+      compute_so_far = std::max(compute_so_far, free);
+    } else if (p.kind == scheduler::PhaseKind::kFromOwners) {
+      timeline = std::max(timeline, compute_so_far);
+      run(schedule.buckets[p.index].from_owners);
+    }
   }
+  out.stage = std::max(timeline, compute_so_far);
   return out;
 }
 
@@ -242,6 +223,7 @@ scheduler::PlanInput MakePlanInput(const SimConfig& config) {
     scheduler::WorkerSpec spec;
     spec.id = absl::StrCat("gpu-", w);
     spec.costs = config.costs;
+    spec.speed = 1.0 / config.cost_scale;
     spec.rates.link_bytes_per_second =
         std::min(config.links.nvlink_gbs * 1e9, kFastestLink);
     spec.memory_bytes = config.gpu_memory_bytes;
@@ -283,6 +265,14 @@ absl::Status ValidateSimConfig(const SimConfig& config) {
       Positive(config.adamw_reference_ms, "--adamw_reference_ms"));
   MUONPS_RETURN_IF_ERROR(
       Positive(config.adamw_reference_params, "--adamw_reference_params"));
+  if (!std::isfinite(config.cost_scale)) {
+    return InvalidField("--cost_scale",
+                        absl::StrCat(config.cost_scale, " must be finite"));
+  }
+  MUONPS_RETURN_IF_ERROR(Positive(config.cost_scale, "--cost_scale"));
+  MUONPS_RETURN_IF_ERROR(Positive(config.hbm_bytes_per_second, "--hbm_bw"));
+  MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(config.control_rounds_ms, "--control_rounds_ms"));
   return absl::OkStatus();
 }
 
@@ -303,7 +293,8 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
     algorithm[{b.worker, std::min(b.rows, b.cols), std::max(b.rows, b.cols)}] =
         b.algorithm;
   }
-  const scheduler::CostModel model(config.costs, input.workers[0].rates, 1.0,
+  const scheduler::CostModel model(config.costs, input.workers[0].rates,
+                                   1.0 / config.cost_scale,
                                    config.plan.ns_steps);
   std::vector<double> stack_seconds;
   for (const scheduler::OwnerStack& s : schedule->stacks) {
@@ -322,20 +313,52 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   const int n = config.gpus;
   std::vector<RankBytes> totals(n);
   result.worker_compute_seconds.assign(n, 0.0);
-  for (size_t s = 0; s < schedule->stacks.size(); ++s) {
-    result.worker_compute_seconds[schedule->stacks[s].owner] +=
-        stack_seconds[s];
+  result.worker_stacks.assign(n, {});
+  for (const scheduler::Phase& p : schedule->order) {
+    if (p.kind != scheduler::PhaseKind::kCompute) continue;
+    const int w = schedule->stacks[p.index].owner;
+    result.worker_compute_seconds[w] += stack_seconds[p.index];
+    result.worker_stacks[w].push_back(p.index);
   }
-  const Clocked as_run =
-      Clock(config, *schedule, stack_seconds, Overlap::kAsWorkerRuns, &totals);
-  std::vector<RankBytes> unused(n);
-  const Clocked dependencies = Clock(config, *schedule, stack_seconds,
-                                     Overlap::kDependenciesOnly, &unused);
-  result.predicted_seconds = as_run.end;
-  result.predicted_dependencies_seconds = dependencies.end;
-  result.transfer_seconds = as_run.transfer;
-  result.latency_seconds = as_run.latency;
-  result.phases = as_run.phases;
+  Clocked clock = Clock(config, *schedule, stack_seconds, &totals);
+  result.stage_seconds = clock.stage;
+  result.gradients_landed_seconds = clock.gradients_landed;
+  result.transfer_seconds = clock.transfer;
+  result.latency_seconds = clock.latency;
+  result.phases = clock.phases;
+  result.worker_compute_end_seconds = std::move(clock.compute_end);
+
+  // The commit: every worker applies what its trainer holds.
+  double applied = 0;  // parameters per worker
+  for (const MatrixSpec& m : config.matrices) {
+    const double elements = static_cast<double>(m.rows * m.cols * m.experts);
+    applied +=
+        m.layout == scheduler::Layout::kRowSharded ? elements / n : elements;
+  }
+  result.apply_seconds = applied * 3 * 4 / config.hbm_bytes_per_second;
+  result.commit_seconds =
+      config.control_rounds_ms * 1e-3 + result.apply_seconds;
+  result.predicted_seconds = result.stage_seconds + result.commit_seconds;
+
+  const std::vector<double>& ends = result.worker_compute_end_seconds;
+  const int last = static_cast<int>(std::max_element(ends.begin(), ends.end()) -
+                                    ends.begin());
+  result.compute_end_seconds_max = ends[last];
+  result.critical_compute_seconds = result.worker_compute_seconds[last];
+  result.critical_wait_seconds =
+      ends[last] - result.worker_compute_seconds[last];
+  result.updates_tail_seconds =
+      result.stage_seconds - result.compute_end_seconds_max;
+  const std::pair<double, const char*> parts[] = {
+      {result.critical_compute_seconds, "compute"},
+      {result.critical_wait_seconds, "gradients"},
+      {result.updates_tail_seconds, "updates_back"},
+      {result.commit_seconds, "commit"}};
+  result.limited_by = std::max_element(std::begin(parts), std::end(parts),
+                                       [](const auto& a, const auto& b) {
+                                         return a.first < b.first;
+                                       })
+                          ->second;
 
   const std::vector<double>& c = result.worker_compute_seconds;
   result.compute_seconds_max = *std::max_element(c.begin(), c.end());

@@ -5,28 +5,38 @@
 // colocated workers; only time is simulated, from a measured cost table
 // (per shape, algorithm and batch seconds) and link figures.
 //
-// The clock model follows what a worker does (server/worker/step_run.cc):
-// - Two streams per worker. Transfers of every worker run on its transfer
-//   stream in the schedule's one order; each phase (a bucket's gradients to
-//   owners, or its updates back) is one grouped NCCL launch among all N
-//   workers, so it starts on every worker at once and ends at once: the
-//   transfer streams form a single global timeline, phases never overlap
-//   each other.
-// - A stack's momentum + Newton-Schulz runs on its owner's compute stream,
-//   after every transfer issued before it in the order (the worker makes
-//   its compute stream wait for the transfer stream), and after the
-//   owner's earlier stacks. Compute of different workers overlaps freely,
-//   and compute overlaps the transfer phases issued after it.
-// - An updates-back phase starts once every worker that computed since its
-//   last such phase has finished all that compute (the worker makes its
-//   transfer stream wait for its compute stream).
-// - So every updates-back phase is a barrier: compute issued after it waits
-//   (through the transfer stream) for all compute issued before it, on
-//   every worker. SimResult also reports the dependency-only time.
-// - The step ends when the last phase (the last update) lands on every
-//   worker. Gradients are all ready at time 0 (the step starts after
-//   backward); momentum, scaling, applying updates and AdamW are not
-//   timed (the cost table is Newton-Schulz only).
+// The clock model follows what a worker does (server/worker/step_run.cc,
+// StepRun::Stage):
+// - Two streams per worker. Every phase that moves data (a bucket's
+//   gradients to owners, or its updates back) is one grouped NCCL launch
+//   among all N workers, issued in the same order on every rank, so it
+//   starts on every worker at once (when the last rank reaches it) and
+//   ends at once: the transfer streams form one global timeline.
+// - Every bucket's gradients-to-owners phase is issued first, in the
+//   schedule's order, back to back from time 0 (gradients are all ready
+//   when the step starts, after backward). A bucket's gradients have
+//   landed when its phase ends (a bucket without such transfers: when the
+//   previous one's did; none at all, as with replicated gradients: at 0).
+// - A stack's momentum + Newton-Schulz runs on its owner's compute stream
+//   in the schedule's order, once the bucket that completes it
+//   (OwnerStack::ready_bucket) has landed. Compute never waits for
+//   updates going back, nor for other workers.
+// - The updates-back phases follow on the transfer stream, after all the
+//   gradients. Before each, every worker's transfer stream waits for all
+//   compute that worker has issued so far (the stacks before the phase in
+//   the order); the collective starts when the last rank gets there, so it
+//   starts at max(previous phase's end, every worker's compute so far).
+// - The stage ends when the last update has landed and every compute
+//   stream is done. Then the commit, a fixed cost per step: the control
+//   rounds (agree, vote, confirm: `control_rounds_ms`) plus applying the
+//   staged updates to the trainer's fp32 parameters, memory bound at 3
+//   accesses of 4 bytes per parameter the worker's trainer holds (all of
+//   them; 1/N of a row-sharded matrix's rows) over `hbm_bytes_per_second`.
+//   Momentum, scaling and AdamW of non-matrix parameters are not timed
+//   (the cost table is Newton-Schulz only).
+// - So the step is limited by one of: a worker's compute, its wait for
+//   its gradients (transfer bound), the updates still going back after the
+//   last compute ends (transfer bound), or the commit.
 //
 // Phase time = message latency + ring fill + bandwidth term:
 // - each collective (reduce, broadcast) or point-to-point batch of the
@@ -81,8 +91,12 @@ struct SimConfig {
   int gpus_per_node = 8;  // G
   LinkFigures links;
   // Measured Newton-Schulz times (required; shapes it lacks fall back to
-  // the cost model's roofline).
+  // the cost model's roofline), multiplied by `cost_scale` (another
+  // device: 176.2 / 165.3 turns the H200 table into H100 times, the ratio
+  // of muonps_ns_all on one H100, bench/results/2026-11-27-h100x2.jsonl,
+  // to one H200).
   std::shared_ptr<const scheduler::CostTable> costs;
+  double cost_scale = 1.0;
   int wire_bytes_per_element = 4;
   int64_t gpu_memory_bytes = int64_t{140} << 30;
   scheduler::PlanOptions plan;
@@ -92,21 +106,43 @@ struct SimConfig {
   // 1.74 B, shared/DEVICE.md).
   double adamw_reference_ms = 14.2;
   double adamw_reference_params = 1.74e9;
+  // The commit (see the model above). HBM bytes per second for applying
+  // the updates: 4.3e12 (H200; 3.0e12 on H100), nominal bandwidth less
+  // what a streaming kernel reaches (not measured here). Control rounds:
+  // 4 ms, the agree round the H100 timelines show (host_ms.agreed, 2.3 to
+  // 4.3 ms) plus their vote and confirm.
+  double hbm_bytes_per_second = 4.3e12;
+  double control_rounds_ms = 4.0;
 };
 
 struct SimResult {
-  // The last update lands, with the streams ordered as the worker orders
-  // them (the model above).
+  // The step: stage_seconds + commit_seconds.
   double predicted_seconds = 0;
-  // The same with only data dependencies: a stack waits for its own
-  // bucket's gradients, a bucket's updates for its own stacks, gradients
-  // and updates move on two timelines at full bandwidth each. What the
-  // schedule would give if the worker's stream waits were per bucket.
-  double predicted_dependencies_seconds = 0;
+  // Every update has landed and every compute stream is done.
+  double stage_seconds = 0;
+  // Control rounds + apply (apply_seconds).
+  double commit_seconds = 0;
+  double apply_seconds = 0;
+  // The last bucket's gradients have landed (0 with none to move).
+  double gradients_landed_seconds = 0;
   // Sum of each worker's stack times; max and mean over all N workers.
   double compute_seconds_max = 0;
   double compute_seconds_mean = 0;
   double imbalance = 1;  // max / mean compute
+  // When each worker's compute stream is done (0 for a worker that owns
+  // nothing), and the latest of them.
+  std::vector<double> worker_compute_end_seconds;
+  double compute_end_seconds_max = 0;
+  // The step's critical path, in four parts that add up to
+  // predicted_seconds: the compute of the worker whose compute ends last,
+  // the time its compute stream waited for gradients, the updates still
+  // going back after that (stage_seconds - compute_end_seconds_max), and
+  // the commit. `limited_by` names the largest: "compute", "gradients",
+  // "updates_back" or "commit".
+  double critical_compute_seconds = 0;
+  double critical_wait_seconds = 0;
+  double updates_tail_seconds = 0;
+  std::string limited_by;
   // Busy time of the transfer timeline, and the latency part of it.
   double transfer_seconds = 0;
   double latency_seconds = 0;
@@ -118,21 +154,24 @@ struct SimResult {
   // The planner's own prediction (max worker seconds) for comparison.
   double plan_max_seconds = 0;
   std::vector<double> worker_compute_seconds;
+  // The stacks (StepSchedule::stacks indices) each worker computes, in
+  // the order it runs them.
+  std::vector<std::vector<int>> worker_stacks;
   // AdamW of the same parameters: data parallel (every GPU steps all of
   // them) and FSDP-style sharded (each GPU steps 1/N).
   double adamw_data_parallel_seconds = 0;
   double adamw_sharded_seconds = 0;
   // What DDP's all-reduce of the same gradients (at the same wire bytes,
   // one all-reduce per bucket, ring bandwidth, tree latency) costs on the
-  // same links: the
-  // unreduced layout replaces it, so an unreduced step compares with AdamW
-  // plus this.
+  // same links: the unreduced layout replaces it, so an unreduced step
+  // compares with AdamW plus this.
   double allreduce_seconds = 0;
 };
 
 // INVALID_ARGUMENT naming the flag the field comes from (--gpus,
 // --gpus_per_node, --nvlink_gbs, --inter_node_gbs, --latency_us,
-// --hop_latency_us, --cost_table, --wire_bytes_per_element, --model) for
+// --hop_latency_us, --cost_table, --cost_scale, --wire_bytes_per_element,
+// --hbm_bw, --control_rounds_ms, --model) for
 // values out of range; OK otherwise.
 absl::Status ValidateSimConfig(const SimConfig& config);
 

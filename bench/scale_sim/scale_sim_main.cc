@@ -9,11 +9,14 @@
 //     --models=llama3_8b_8layers,llama3_8b --gpus=64,128,256,512,1024
 // prints one line per (model, layout, N):
 //   {"what":"sim_step","model":..,"gpus":N,"layout":..,"predicted_ms":..,
-//    "predicted_dependencies_ms":..,"compute_ms_max":..,"transfer_ms_max":..,"imbalance":..,
-//    "adamw_ms":..,"ratio_vs_adamw":..,"adamw_sharded_ms":..,
-//    "ratio_vs_adamw_sharded":..,"bytes_per_gpu":..,...}
-// predicted_dependencies_ms: the same schedule with only data dependencies
-// between streams (scale_sim.h); predicted_ms is as the worker runs it.
+//    "limited_by":..,"stage_ms":..,"commit_ms":..,"critical_compute_ms":..,
+//    "critical_wait_ms":..,"updates_tail_ms":..,"adamw_ms":..,
+//    "ratio_vs_adamw":..,"bytes_per_gpu":..,...}
+// predicted_ms = stage_ms + commit_ms (scale_sim.h's clock of the worker:
+// all gradients first, each stack after its own bucket, updates back after
+// the compute issued before them); the critical path parts
+// (critical_compute_ms + critical_wait_ms + updates_tail_ms + commit_ms)
+// add up to it and limited_by names the largest.
 // transfer_ms_max: every worker takes part in every phase, so it is the
 // busy time of the one transfer timeline (latency_ms of it is latency).
 // adamw_ms: fused AdamW of the same parameters when every GPU steps all of
@@ -29,8 +32,25 @@
 // measured_steps.h) it instead simulates each muonps_step_<N>gpu line with
 // the first --models entry and the line's layout, and prints
 //   {"what":"sim_validation","gpus":N,"layout":..,"predicted_ms":..,
-//    "measured_ms":..,"error":(predicted - measured) / measured}
+//    "measured_ms":..,"error":(predicted - measured) / measured,
+//    "predicted_gradients_landed_ms":..,"measured_gradients_landed_ms":..,
+//    ... compute_end_ms_max, stage_ms, commit_ms likewise}
+// (measured parts from the file's muonps_step_timeline lines: the latest
+// mark over the ranks; commit_ms is the host's agree + vote/apply/confirm),
+// then per timeline line
+//   {"what":"sim_validation_worker","rank":..,"predicted_compute_end_ms":..,
+//    "measured_compute_end_ms":..,"error":..,"same_stacks":..}
+// For H100 runs pass the H100 settings: --cost_scale=1.06594 (176.2 /
+// 165.3, muonps_ns_all on one H100 over one H200) --hbm_bw=3.0e12
+// --gpu_memory_gib=80 and --nvlink_gbs the measured NCCL bus bandwidth.
 //
+// Commit flags (the commit is a fixed cost per step, scale_sim.h):
+//   --hbm_bw             B/s applying the updates (12 B per parameter a
+//                        trainer holds); default 4.3e12 (H200; H100 3.0e12)
+//   --control_rounds_ms  agree + vote + confirm; default 4 (the H100
+//                        timelines' agree round, host_ms.agreed 2.3-4.3 ms,
+//                        plus vote and confirm)
+//   --cost_scale         multiplies the cost table's times; default 1
 // Link flags:
 //   --nvlink_gbs      per GPU per direction among one node's GPUs; default
 //                     300, the NCCL all-to-all bus bandwidth among 4 H200s
@@ -40,7 +60,9 @@
 //   --hop_latency_us  per ring hop; default 3.4   } ring/Simple (not measured)
 // Exits 2 with the error on stderr for bad flags (INVALID_ARGUMENT naming
 // the flag), 1 for other failures.
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,6 +97,13 @@ ABSL_FLAG(double, adamw_reference_ms, 14.2,
           "Fused AdamW ms for --adamw_reference_params on one GPU.");
 ABSL_FLAG(double, adamw_reference_params, 1.74e9,
           "Parameters of the AdamW reference.");
+ABSL_FLAG(double, cost_scale, 1.0,
+          "Multiplies the cost table's times (H200 table to H100: "
+          "176.2/165.3).");
+ABSL_FLAG(double, hbm_bw, 4.3e12,
+          "HBM bytes/s for applying updates (H200 4.3e12; H100 3.0e12).");
+ABSL_FLAG(double, control_rounds_ms, 4.0,
+          "Agree + vote + confirm rounds per step (ms).");
 ABSL_FLAG(std::string, measured, "",
           "Measured step lines: validate against them instead.");
 
@@ -102,6 +131,9 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.links.latency_us = absl::GetFlag(FLAGS_latency_us);
   c.links.hop_latency_us = absl::GetFlag(FLAGS_hop_latency_us);
   c.costs = std::move(costs);
+  c.cost_scale = absl::GetFlag(FLAGS_cost_scale);
+  c.hbm_bytes_per_second = absl::GetFlag(FLAGS_hbm_bw);
+  c.control_rounds_ms = absl::GetFlag(FLAGS_control_rounds_ms);
   c.wire_bytes_per_element = absl::GetFlag(FLAGS_wire_bytes_per_element);
   c.gpu_memory_bytes =
       static_cast<int64_t>(absl::GetFlag(FLAGS_gpu_memory_gib) * (1 << 30));
@@ -127,7 +159,15 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["gpus_per_node"] = c.gpus_per_node;
   j["layout"] = std::string(scheduler::LayoutName(layout));
   j["predicted_ms"] = r.predicted_seconds * 1e3;
-  j["predicted_dependencies_ms"] = r.predicted_dependencies_seconds * 1e3;
+  j["limited_by"] = r.limited_by;
+  j["stage_ms"] = r.stage_seconds * 1e3;
+  j["commit_ms"] = r.commit_seconds * 1e3;
+  j["apply_ms"] = r.apply_seconds * 1e3;
+  j["critical_compute_ms"] = r.critical_compute_seconds * 1e3;
+  j["critical_wait_ms"] = r.critical_wait_seconds * 1e3;
+  j["updates_tail_ms"] = r.updates_tail_seconds * 1e3;
+  j["gradients_landed_ms"] = r.gradients_landed_seconds * 1e3;
+  j["compute_end_ms_max"] = r.compute_end_seconds_max * 1e3;
   j["compute_ms_max"] = r.compute_seconds_max * 1e3;
   j["compute_ms_mean"] = r.compute_seconds_mean * 1e3;
   j["transfer_ms_max"] = r.transfer_seconds * 1e3;
@@ -153,7 +193,100 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["latency_us"] = c.links.latency_us;
   j["hop_latency_us"] = c.links.hop_latency_us;
   j["cost_table_device"] = c.costs->device();
+  j["cost_scale"] = c.cost_scale;
+  j["hbm_bw"] = c.hbm_bytes_per_second;
+  j["control_rounds_ms"] = c.control_rounds_ms;
   return j;
+}
+
+double Error(double predicted, double measured) {
+  return (predicted - measured) / measured;
+}
+
+// One sim_validation line per measured step (with the timelines' means and
+// maxima of the same N and layout), then one sim_validation_worker line
+// per timeline: that rank's compute end against the simulated worker of
+// the same rank, and whether both compute the same stacks.
+absl::Status Validate(
+    const std::string& path, const std::string& model,
+    const std::shared_ptr<const scheduler::CostTable>& costs) {
+  MUONPS_ASSIGN_OR_RETURN(const std::vector<bench::MeasuredStep> steps,
+                          bench::LoadMeasuredSteps(path));
+  MUONPS_ASSIGN_OR_RETURN(const std::vector<bench::MeasuredTimeline> timelines,
+                          bench::LoadMeasuredTimelines(path));
+  for (const bench::MeasuredStep& m : steps) {
+    bench::SimConfig c = BaseConfig(costs);
+    c.model = model;
+    c.gpus = m.gpus;
+    MUONPS_ASSIGN_OR_RETURN(c.matrices,
+                            bench::ModelMatrices(c.model, m.layout));
+    MUONPS_ASSIGN_OR_RETURN(const bench::SimResult r, bench::SimulateStep(c));
+    const std::string layout(scheduler::LayoutName(m.layout));
+    nlohmann::ordered_json j;
+    j["what"] = "sim_validation";
+    j["model"] = c.model;
+    j["gpus"] = m.gpus;
+    j["layout"] = layout;
+    j["predicted_ms"] = r.predicted_seconds * 1e3;
+    j["measured_ms"] = m.ms;
+    j["error"] = Error(r.predicted_seconds * 1e3, m.ms);
+    j["limited_by"] = r.limited_by;
+    // Parts, predicted and measured (device ms since the stage began;
+    // measured: the latest over the ranks' timelines).
+    double landed = 0, compute_end = 0, stage = 0, outside = 0;
+    int ranks = 0;
+    for (const bench::MeasuredTimeline& t : timelines) {
+      if (t.gpus != m.gpus || t.layout != m.layout) continue;
+      ++ranks;
+      landed = std::max(landed, t.gradients_landed_ms);
+      compute_end = std::max(compute_end, t.compute_end_ms);
+      stage = std::max({stage, t.compute_end_ms, t.updates_landed_ms});
+      outside += t.agreed_ms + t.committed_ms - t.staged_ms;
+    }
+    j["predicted_gradients_landed_ms"] = r.gradients_landed_seconds * 1e3;
+    j["predicted_compute_end_ms_max"] = r.compute_end_seconds_max * 1e3;
+    j["predicted_stage_ms"] = r.stage_seconds * 1e3;
+    j["predicted_commit_ms"] = r.commit_seconds * 1e3;
+    if (ranks > 0) {
+      j["measured_gradients_landed_ms"] = landed;
+      j["measured_compute_end_ms_max"] = compute_end;
+      j["measured_stage_ms"] = stage;
+      // host: agree before the stage, vote + apply + confirm after it
+      j["measured_commit_ms"] = outside / ranks;
+      j["timeline_ranks"] = ranks;
+    }
+    if (m.predicted_ms) j["bench_predicted_ms"] = *m.predicted_ms;
+    j["measured_line"] = m.line;
+    j["cost_table_device"] = costs->device();
+    j["cost_scale"] = c.cost_scale;
+    j["nvlink_gbs"] = c.links.nvlink_gbs;
+    j["hbm_bw"] = c.hbm_bytes_per_second;
+    j["control_rounds_ms"] = c.control_rounds_ms;
+    Print(j);
+    for (const bench::MeasuredTimeline& t : timelines) {
+      if (t.gpus != m.gpus || t.layout != m.layout || t.rank >= m.gpus) {
+        continue;
+      }
+      nlohmann::ordered_json w;
+      w["what"] = "sim_validation_worker";
+      w["gpus"] = m.gpus;
+      w["layout"] = layout;
+      w["rank"] = t.rank;
+      const double predicted = r.worker_compute_end_seconds[t.rank] * 1e3;
+      w["predicted_compute_end_ms"] = predicted;
+      w["measured_compute_end_ms"] = t.compute_end_ms;
+      if (t.compute_end_ms > 0) {
+        w["error"] = Error(predicted, t.compute_end_ms);
+      }
+      w["predicted_compute_ms"] = r.worker_compute_seconds[t.rank] * 1e3;
+      w["predicted_stacks"] = r.worker_stacks[t.rank];
+      w["measured_stacks"] = t.stacks;
+      w["same_stacks"] = r.worker_stacks[t.rank] == t.stacks;
+      w["measured_line"] = t.line;
+      Print(w);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Run() {
@@ -162,31 +295,7 @@ absl::Status Run() {
   const std::vector<std::string> models =
       absl::StrSplit(absl::GetFlag(FLAGS_models), ',');
   const std::string measured = absl::GetFlag(FLAGS_measured);
-  if (!measured.empty()) {
-    MUONPS_ASSIGN_OR_RETURN(const std::vector<bench::MeasuredStep> steps,
-                            bench::LoadMeasuredSteps(measured));
-    for (const bench::MeasuredStep& m : steps) {
-      bench::SimConfig c = BaseConfig(costs);
-      c.model = models[0];
-      c.gpus = m.gpus;
-      MUONPS_ASSIGN_OR_RETURN(c.matrices,
-                              bench::ModelMatrices(c.model, m.layout));
-      MUONPS_ASSIGN_OR_RETURN(const bench::SimResult r, bench::SimulateStep(c));
-      nlohmann::ordered_json j;
-      j["what"] = "sim_validation";
-      j["model"] = c.model;
-      j["gpus"] = m.gpus;
-      j["layout"] = std::string(scheduler::LayoutName(m.layout));
-      j["predicted_ms"] = r.predicted_seconds * 1e3;
-      j["measured_ms"] = m.ms;
-      j["error"] = (r.predicted_seconds * 1e3 - m.ms) / m.ms;
-      if (m.predicted_ms) j["bench_predicted_ms"] = *m.predicted_ms;
-      j["measured_line"] = m.line;
-      j["cost_table_device"] = costs->device();
-      Print(j);
-    }
-    return absl::OkStatus();
-  }
+  if (!measured.empty()) return Validate(measured, models[0], costs);
   MUONPS_ASSIGN_OR_RETURN(const std::vector<int> gpus,
                           ParseGpus(absl::GetFlag(FLAGS_gpus)));
   for (const std::string& model : models) {

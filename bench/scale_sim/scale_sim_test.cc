@@ -1,5 +1,6 @@
 #include "bench/scale_sim/scale_sim.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -69,6 +70,8 @@ SimConfig Tiny(int gpus, int per_node, Layout layout, int matrices = 2) {
   c.costs = LlamaCosts();
   c.links.latency_us = 0;
   c.links.hop_latency_us = 0;
+  c.control_rounds_ms = 0;
+  c.hbm_bytes_per_second = std::numeric_limits<double>::infinity();
   return c;
 }
 
@@ -83,36 +86,46 @@ TEST(ScaleSimTest, SameInputGivesTheSameResultFieldForField) {
   EXPECT_EQ(a.transfer_seconds, b.transfer_seconds);
   EXPECT_EQ(a.bytes_per_gpu, b.bytes_per_gpu);
   EXPECT_EQ(a.worker_compute_seconds, b.worker_compute_seconds);
+  EXPECT_EQ(a.worker_compute_end_seconds, b.worker_compute_end_seconds);
+  EXPECT_EQ(a.worker_stacks, b.worker_stacks);
+  EXPECT_EQ(a.limited_by, b.limited_by);
   EXPECT_GT(a.predicted_seconds, 0);
 }
 
+// Infinite links and a free commit.
 SimConfig FreeTransfers(SimConfig c) {
   c.links.nvlink_gbs = std::numeric_limits<double>::infinity();
   c.links.inter_node_gbs = std::numeric_limits<double>::infinity();
   c.links.latency_us = 0;
   c.links.hop_latency_us = 0;
+  c.control_rounds_ms = 0;
+  c.hbm_bytes_per_second = std::numeric_limits<double>::infinity();
   // One stack per owner and shape, as the planner batches.
   c.schedule.stack_bytes = int64_t{1} << 50;
   return c;
 }
 
-TEST(ScaleSimTest, InfiniteBandwidthPredictsThePlannersMaxWorkerCompute) {
-  for (const int gpus : {1, 8, 64}) {
-    SimConfig c = FreeTransfers(Config("llama3_8b_8layers", gpus));
-    // mlp.down as 14336 x 4096, like gate and up: the schedule stacks r x c
-    // and c x r apart, the planner batches them together.
-    for (scheduler::MatrixSpec& m : c.matrices) {
-      if (m.rows < m.cols && m.cols == 14336) std::swap(m.rows, m.cols);
+TEST(ScaleSimTest, FreeTransfersAndCommitPredictTheMaxWorkerCompute) {
+  for (const Layout layout :
+       {Layout::kReplicated, Layout::kUnreduced, Layout::kRowSharded}) {
+    for (const int gpus : {1, 8, 64}) {
+      SimConfig c = FreeTransfers(Config("llama3_8b_8layers", gpus, layout));
+      // mlp.down as 14336 x 4096, like gate and up: the schedule stacks
+      // r x c and c x r apart, the planner batches them together.
+      for (scheduler::MatrixSpec& m : c.matrices) {
+        if (m.rows < m.cols && m.cols == 14336) std::swap(m.rows, m.cols);
+      }
+      const SimResult r = *SimulateStep(c);
+      // No worker waits: gradients land at 0 and compute never waits for
+      // updates going back, which take no time.
+      EXPECT_EQ(r.predicted_seconds, r.compute_seconds_max) << gpus;
+      EXPECT_EQ(r.worker_compute_end_seconds, r.worker_compute_seconds) << gpus;
+      EXPECT_EQ(r.commit_seconds, 0) << gpus;
+      EXPECT_EQ(r.transfer_seconds, 0) << gpus;
+      EXPECT_EQ(r.limited_by, "compute") << gpus;
+      // The plan's max also counts transfers at 1e18 B/s: under 0.1 us.
+      EXPECT_NEAR(r.predicted_seconds, r.plan_max_seconds, 1e-7) << gpus;
     }
-    const SimResult r = *SimulateStep(c);
-    EXPECT_DOUBLE_EQ(r.predicted_dependencies_seconds, r.compute_seconds_max)
-        << gpus;
-    // The plan's max also counts transfers at 1e18 B/s: under 0.1 us.
-    EXPECT_NEAR(r.predicted_dependencies_seconds, r.plan_max_seconds, 1e-7)
-        << gpus;
-    EXPECT_EQ(r.transfer_seconds, 0) << gpus;
-    // As the worker orders its streams, updates-back phases are barriers.
-    EXPECT_GE(r.predicted_seconds, r.compute_seconds_max) << gpus;
   }
 }
 
@@ -120,10 +133,82 @@ TEST(ScaleSimTest, SplitOrientationsCostUnderOnePercentAgainstThePlan) {
   for (const int gpus : {1, 8, 64}) {
     const SimResult r =
         *SimulateStep(FreeTransfers(Config("llama3_8b_8layers", gpus)));
-    EXPECT_NEAR(r.predicted_dependencies_seconds, r.plan_max_seconds,
+    EXPECT_NEAR(r.predicted_seconds, r.plan_max_seconds,
                 1e-2 * r.plan_max_seconds)
         << gpus;
   }
+}
+
+TEST(ScaleSimTest, CostScaleMultipliesEveryStack) {
+  SimConfig c = FreeTransfers(Config("llama3_8b_8layers", 8));
+  const SimResult one = *SimulateStep(c);
+  c.cost_scale = 2;
+  const SimResult two = *SimulateStep(c);
+  EXPECT_EQ(two.worker_stacks, one.worker_stacks);
+  EXPECT_DOUBLE_EQ(two.compute_seconds_max, 2 * one.compute_seconds_max);
+  EXPECT_DOUBLE_EQ(two.predicted_seconds, 2 * one.predicted_seconds);
+}
+
+TEST(ScaleSimTest, CommitIsControlRoundsPlusApplyingHeldParameters) {
+  SimConfig c = FreeTransfers(Config("llama3_8b_8layers", 8));
+  c.control_rounds_ms = 4;
+  c.hbm_bytes_per_second = 3e12;
+  const SimResult r = *SimulateStep(c);
+  EXPECT_DOUBLE_EQ(r.apply_seconds, r.parameters * 12.0 / 3e12);
+  EXPECT_DOUBLE_EQ(r.commit_seconds, 4e-3 + r.apply_seconds);
+  EXPECT_DOUBLE_EQ(r.predicted_seconds, r.stage_seconds + r.commit_seconds);
+  // Each trainer holds 1/N of a row-sharded matrix's rows.
+  c.matrices = *ModelMatrices("llama3_8b_8layers", Layout::kRowSharded);
+  EXPECT_DOUBLE_EQ(SimulateStep(c)->apply_seconds,
+                   r.parameters * 12.0 / 3e12 / 8);
+}
+
+TEST(ScaleSimTest, CriticalPathPartsAddUpToTheStep) {
+  for (const Layout layout :
+       {Layout::kReplicated, Layout::kUnreduced, Layout::kRowSharded}) {
+    for (const int gpus : {2, 64, 512}) {
+      const SimResult r =
+          *SimulateStep(Config("llama3_8b_8layers", gpus, layout));
+      EXPECT_NEAR(r.critical_compute_seconds + r.critical_wait_seconds +
+                      r.updates_tail_seconds + r.commit_seconds,
+                  r.predicted_seconds, 1e-12)
+          << gpus;
+      EXPECT_GE(r.critical_wait_seconds, 0) << gpus;
+      EXPECT_GE(r.updates_tail_seconds, 0) << gpus;
+      EXPECT_LE(r.compute_end_seconds_max, r.stage_seconds) << gpus;
+      EXPECT_FALSE(r.limited_by.empty()) << gpus;
+    }
+  }
+}
+
+TEST(ScaleSimTest, ReplicatedComputeNeverWaitsWhateverTheLinks) {
+  SimConfig c = Config("llama3_8b_8layers", 16, Layout::kReplicated);
+  c.links.nvlink_gbs = 1;  // updates back take seconds
+  c.links.inter_node_gbs = 1;
+  const SimResult r = *SimulateStep(c);
+  EXPECT_EQ(r.gradients_landed_seconds, 0);
+  EXPECT_EQ(r.worker_compute_end_seconds, r.worker_compute_seconds);
+  EXPECT_EQ(r.limited_by, "updates_back");
+  EXPECT_GT(r.updates_tail_seconds, 1);
+}
+
+TEST(ScaleSimTest, AStackWaitsOnlyForItsOwnBucket) {
+  // Two matrices in two buckets on one GPU pair at 1 GB/s: all gradients
+  // go first, so the stack of the first bucket starts when that bucket has
+  // landed, not after both.
+  SimConfig c = Tiny(2, 2, Layout::kUnreduced);
+  c.links.nvlink_gbs = 1;
+  c.schedule.bucket_bytes = kTinyWireBytes / 2;  // one matrix per bucket
+  c.schedule.stack_bytes = 1;                    // one matrix per stack
+  const SimResult r = *SimulateStep(c);
+  EXPECT_DOUBLE_EQ(r.gradients_landed_seconds, 2 * kTinyWireBytes / 1e9);
+  double first_start = r.stage_seconds;
+  for (int w = 0; w < 2; ++w) {
+    if (r.worker_compute_seconds[w] == 0) continue;
+    first_start = std::min(first_start, r.worker_compute_end_seconds[w] -
+                                            r.worker_compute_seconds[w]);
+  }
+  EXPECT_DOUBLE_EQ(first_start, kTinyWireBytes / 1e9);
 }
 
 TEST(ScaleSimTest, DoublingGpusNeverRaisesComputeMaxByMoreThanOneMs) {
@@ -166,10 +251,14 @@ TEST(ScaleSimTest, TransferTimeIsBytesOverTheLinkPerPhase) {
   SimConfig c = Tiny(4, 4, Layout::kUnreduced, 1);
   c.links.nvlink_gbs = 1;  // 1e9 B/s
   const SimResult r = *SimulateStep(c);
-  // One reduce phase and one broadcast phase of S bytes each.
+  // One reduce phase and one broadcast phase of S bytes each, with the
+  // stack between them.
   EXPECT_DOUBLE_EQ(r.transfer_seconds, 2 * kTinyWireBytes / 1e9);
+  EXPECT_DOUBLE_EQ(r.gradients_landed_seconds, kTinyWireBytes / 1e9);
   EXPECT_DOUBLE_EQ(r.predicted_seconds,
                    r.transfer_seconds + r.compute_seconds_max);
+  EXPECT_DOUBLE_EQ(r.critical_wait_seconds, kTinyWireBytes / 1e9);
+  EXPECT_DOUBLE_EQ(r.updates_tail_seconds, kTinyWireBytes / 1e9);
   // Across nodes the NIC carries S / G of each ring collective.
   c.gpus_per_node = 2;
   c.links.nvlink_gbs = 1000;
@@ -218,6 +307,16 @@ TEST(ScaleSimTest, BadInputNamesTheFlag) {
               HasSubstr("--inter_node_gbs"));
 
   c.links.inter_node_gbs = 50;
+  c.cost_scale = 0;
+  EXPECT_THAT(SimulateStep(c).status().message(), HasSubstr("--cost_scale"));
+  c.cost_scale = 1;
+  c.hbm_bytes_per_second = 0;
+  EXPECT_THAT(SimulateStep(c).status().message(), HasSubstr("--hbm_bw"));
+  c.hbm_bytes_per_second = 3e12;
+  c.control_rounds_ms = -1;
+  EXPECT_THAT(SimulateStep(c).status().message(),
+              HasSubstr("--control_rounds_ms"));
+  c.control_rounds_ms = 4;
   c.costs = nullptr;
   r = SimulateStep(c);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
@@ -269,6 +368,36 @@ TEST(MeasuredStepsTest, MalformedLinesNameTheLine) {
               HasSubstr("layout"));
   EXPECT_EQ(LoadMeasuredSteps("/nonexistent").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MeasuredStepsTest, TimelinesGiveEachRanksLastMarks) {
+  const auto timelines = ParseMeasuredTimelines(
+      "{\"what\":\"muonps_step_4gpu\",\"ms\":60}\n"
+      "{\"what\":\"muonps_step_timeline\",\"layout\":\"unreduced\","
+      "\"gpus\":4,\"rank\":1,\"host_ms\":{\"agreed\":4,\"staged\":50,"
+      "\"committed\":60},\"marks\":[[\"begin\",-1,0],[\"to_owners\",0,1],"
+      "[\"to_owners\",1,2],[\"compute\",3,20],[\"from_owners\",0,21],"
+      "[\"compute\",1,30],[\"from_owners\",1,31]]}\n");
+  ASSERT_TRUE(timelines.ok()) << timelines.status();
+  ASSERT_EQ(timelines->size(), 1u);
+  const MeasuredTimeline& t = (*timelines)[0];
+  EXPECT_EQ(t.gpus, 4);
+  EXPECT_EQ(t.rank, 1);
+  EXPECT_EQ(t.layout, Layout::kUnreduced);
+  EXPECT_EQ(t.agreed_ms, 4);
+  EXPECT_EQ(t.staged_ms, 50);
+  EXPECT_EQ(t.committed_ms, 60);
+  EXPECT_EQ(t.gradients_landed_ms, 2);
+  EXPECT_EQ(t.compute_end_ms, 30);
+  EXPECT_EQ(t.updates_landed_ms, 31);
+  EXPECT_EQ(t.stacks, (std::vector<int>{3, 1}));
+  EXPECT_EQ(t.line, 2);
+  EXPECT_THAT(
+      ParseMeasuredTimelines("{\"what\":\"muonps_step_timeline\",\"gpus\":2,"
+                             "\"rank\":0,\"host_ms\":{},\"marks\":[]}")
+          .status()
+          .message(),
+      HasSubstr("host_ms.agreed"));
 }
 
 }  // namespace
