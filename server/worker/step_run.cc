@@ -51,9 +51,25 @@ std::string StepRun::LocalProblem(const v1::StepRequest& request) {
   std::string problem = StepRequestProblem(request, plan_.matrices);
   if (!problem.empty()) return problem;
   const AttachedTrainer& trainer = *trainer_;
+  // Each worker checks the gradients this step reads from its trainer, so
+  // every gradient the step reads is checked before anything changes. A
+  // replicated gradient is read only by its owner's worker (every trainer
+  // holds the same one), or, for an owner with no trainer, by trainer 0's
+  // worker, which sends it: checking it everywhere read it N times over.
+  const auto reads = [&](size_t m) {
+    if (plan_.matrices[m].layout != scheduler::Layout::kReplicated) {
+      return true;  // every trainer's part or rows are read
+    }
+    for (const int32_t owner : plan_.ownership.owners[m]) {
+      if (owner == plan_.rank) return true;
+      if (owner >= plan_.trainers() && trainer.rank == 0) return true;
+    }
+    return false;
+  };
   std::vector<kernels::FloatSpan> spans;
   std::vector<std::string> names;
   for (size_t m = 0; m < plan_.matrices.size(); ++m) {
+    if (!reads(m)) continue;
     spans.push_back({trainer.matrices[m].grad, trainer.matrices[m].elements});
     names.push_back(plan_.matrices[m].name);
   }
