@@ -1,5 +1,5 @@
-// StepEngine's setup: a new plan version (its stacks, and the momentum that
-// stays with its owner) and a trainer's attachment (every binding checked
+// StepEngine's setup: a new plan version (its stacks, the momentum that
+// stays with its owner, and what moves away kept for the handover) and a trainer's attachment (every binding checked
 // against the job before anything is mapped).
 #include <algorithm>
 #include <set>
@@ -148,11 +148,8 @@ absl::Status StepEngine::SetPlan(
           from.batch >= 0 ? &plan_.batches[from.batch] : nullptr;
       const bool staged = carry && old != nullptr && old->next_valid &&
                           old->next_has_momentum[from.slot];
+      // Moved here: the handover brings it (momentum_handover.h).
       if (old == nullptr || (!old->has_momentum[from.slot] && !staged)) {
-        if (ledger_.last.load() >= 0) {  // no checkpoint
-          ++momentum_resets_;
-          ++momentum_resets_total_;
-        }
         continue;
       }
       ComputeBatch& nb = next.batches[to.batch];
@@ -175,15 +172,64 @@ absl::Status StepEngine::SetPlan(
     }
   }
   for (ComputeBatch& batch : next.batches) batch.next_valid = carry;
+  // What moves away waits here for the handover. The same version set
+  // again keeps what its handover needs.
+  PreviousOwnership previous;
+  if (next.version == plan_.version) {
+    previous = std::move(previous_);
+  } else if (plan_.rank >= 0 && same_job) {
+    MUONPS_ASSIGN_OR_RETURN(previous, KeepForHandover(next));
+  }
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
   // The transport of the old version goes first: its pending work may
   // still name the old buffers. Aborted, not finalized: a finalize waits
   // for peers that may be gone.
   DropTransport(absl::CancelledError(
       absl::StrCat("plan version ", next.version, " replaced it")));
+  if (next.version != plan_.version) {
+    handed_over_version_ = -1;
+    handover_failed_ = absl::OkStatus();
+  }
   plan_ = std::move(next);
+  previous_ = std::move(previous);
   PublishPlan();
   return absl::OkStatus();
+}
+
+absl::StatusOr<PreviousOwnership> StepEngine::KeepForHandover(
+    const PlanState& next) {
+  kernels::DeviceOps& ops = *backend_.ops;
+  PreviousOwnership previous;
+  previous.version = plan_.version;
+  int64_t floats = 0;
+  for (size_t m = 0; m < plan_.matrices.size(); ++m) {
+    for (int64_t e = 0; e < plan_.matrices[m].experts; ++e) {
+      const ItemSlot from = plan_.slots[m][e];
+      if (from.batch < 0) continue;
+      const ComputeBatch& batch = plan_.batches[from.batch];
+      const bool has = batch.has_momentum[from.slot];
+      previous.held.push_back(
+          {static_cast<int32_t>(m), static_cast<int32_t>(e), has ? 1 : 0});
+      const bool moves = e >= static_cast<int64_t>(next.slots[m].size()) ||
+                         next.slots[m][e].batch < 0;
+      previous.outgoing_at.push_back(moves && has ? floats : -1);
+      if (moves && has) floats += batch.rows * batch.cols;
+    }
+  }
+  if (floats == 0) return previous;
+  MUONPS_ASSIGN_OR_RETURN(previous.outgoing,
+                          ops.Allocate(floats, "momentum to hand over"));
+  for (size_t i = 0; i < previous.held.size(); ++i) {
+    if (previous.outgoing_at[i] < 0) continue;
+    const HeldItem& item = previous.held[i];
+    const ItemSlot from = plan_.slots[item.matrix][item.expert];
+    const ComputeBatch& batch = plan_.batches[from.batch];
+    MUONPS_RETURN_IF_ERROR(
+        ops.Copy(previous.outgoing->data() + previous.outgoing_at[i],
+                 plan_.SlotData(from, true), batch.rows * batch.cols,
+                 ops.stream()));
+  }
+  return previous;
 }
 
 absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
