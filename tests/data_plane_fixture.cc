@@ -371,6 +371,8 @@ void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
       ASSERT_TRUE((*created)->AddTensor(t.name, t.elements, t.layout).ok())
           << t.name;
     }
+    ASSERT_TRUE(
+        (*created)->AllowMomentumReset(options_.allow_momentum_reset).ok());
     clients_.push_back(*std::move(created));
   }
   // Every rank starts at once, as trainer processes would.

@@ -142,6 +142,9 @@ struct ClusterOptions {
   // (NetworkNamespace::Wrap's).
   std::map<int, std::string> worker_host;
   std::map<int, std::vector<std::string>> worker_wrapper;
+  // The job's allow_momentum_reset (Client::AllowMomentumReset): tests
+  // that lose a worker and train on without a checkpoint set it.
+  bool allow_momentum_reset = false;
 };
 
 // What one trainer's Step returned and how long the call took.

@@ -29,6 +29,7 @@ struct Unresolved {
 struct PreviousOwner {
   int rank = -1;  // -1: none among the ranks
   bool has_momentum = false;
+  bool lost = false;
   int64_t outgoing_at = -1;  // on this rank, if it is the previous owner
 };
 
@@ -90,13 +91,14 @@ absl::Status HandOverMomentum(const HandoverContext& c,
             item.matrix >= static_cast<int32_t>(previous.size()) ||
             item.expert < 0 ||
             item.expert >= static_cast<int32_t>(previous[item.matrix].size())) {
-          return transport_failed(absl::DataLossError(absl::StrCat(
-              "rank ", r, " announced item ", item.matrix, "/", item.expert,
-              ", which is not in the job")));
+          return transport_failed(absl::DataLossError(
+              absl::StrCat("rank ", r, " announced item ", item.matrix, "/",
+                           item.expert, ", which is not in the job")));
         }
         PreviousOwner& owner = previous[item.matrix][item.expert];
         owner.rank = r;
-        owner.has_momentum = item.has_momentum != 0;
+        owner.has_momentum = item.has_momentum == HeldItem::kHasMomentum;
+        owner.lost = item.has_momentum == HeldItem::kLostMomentum;
         if (r == plan.rank) owner.outgoing_at = mine.outgoing_at[i];
       }
     }
@@ -111,8 +113,10 @@ absl::Status HandOverMomentum(const HandoverContext& c,
     for (int64_t e = 0; e < plan.matrices[m].experts; ++e) {
       const int owner = plan.ownership.owners[m][e];
       const PreviousOwner& from = previous[m][e];
-      if (from.rank < 0) {
-        if (last_step >= 0) lost.emplace_back(static_cast<int>(m), e);
+      if (from.rank < 0 || from.lost) {
+        if (last_step >= 0 || from.lost) {
+          lost.emplace_back(static_cast<int>(m), e);
+        }
         continue;
       }
       if (from.rank == owner || !from.has_momentum) continue;
@@ -161,10 +165,9 @@ absl::Status HandOverMomentum(const HandoverContext& c,
     ComputeBatch& batch = plan.batches[slot.batch];
     if (!batch.next_valid) continue;
     const int64_t floats = batch.rows * batch.cols;
-    MUONPS_RETURN_IF_ERROR(ops.Copy(batch.next_momentum->data() +
-                                        static_cast<int64_t>(slot.slot) * floats,
-                                    plan.SlotData(slot, true), floats,
-                                    ops.stream()));
+    MUONPS_RETURN_IF_ERROR(ops.Copy(
+        batch.next_momentum->data() + static_cast<int64_t>(slot.slot) * floats,
+        plan.SlotData(slot, true), floats, ops.stream()));
     batch.next_has_momentum[slot.slot] = true;
   }
   outcome->lost = static_cast<int64_t>(lost.size());
@@ -177,16 +180,16 @@ absl::Status HandOverMomentum(const HandoverContext& c,
       ComputeBatch& batch = plan.batches[slot.batch];
       const int64_t floats = batch.rows * batch.cols;
       float* into = plan.SlotData(slot, true);
-      const absl::Status loaded =
-          c.checkpoint ? c.checkpoint(m, e, into)
-                       : absl::NotFoundError("no checkpoint");
+      const absl::Status loaded = c.checkpoint
+                                      ? c.checkpoint(m, e, into)
+                                      : absl::NotFoundError("no checkpoint");
       if (loaded.ok()) {
         batch.has_momentum[slot.slot] = true;
         ++outcome->restored;
       } else if (!absl::IsNotFound(loaded)) {
-        return Annotate(loaded, absl::StrCat("momentum of matrix ",
-                                             Quoted(plan.matrices[m].name),
-                                             " expert ", e));
+        return Annotate(
+            loaded, absl::StrCat("momentum of matrix ",
+                                 Quoted(plan.matrices[m].name), " expert ", e));
       } else {
         // Whatever SetPlan kept here is from an older version: zero.
         if (zeros == nullptr || zeros->size() < floats) {
@@ -199,6 +202,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
           ++outcome->reset;
         } else {
           if (unresolved.count++ == 0) unresolved.first = i;
+          if (c.unresolved != nullptr) c.unresolved->emplace_back(m, e);
         }
       }
       if (batch.next_valid) {

@@ -27,11 +27,11 @@
 //
 // Lost items. An item with no previous owner among the ranks, in a job that
 // has stepped (some rank committed a step), lost its momentum (its owner
-// left or died). Its new owner asks the checkpoint (MomentumSource; NOT_FOUND
-// today), and failing that starts it from zero when the job allows it
-// (JobSpec.allow_momentum_reset). The ranks then broadcast how many stay
-// unresolved; any makes every rank's handover FAILED_PRECONDITION naming
-// the first such matrix, the same on every rank.
+// left or died); so did one its previous owner reports lost. Its new owner asks
+// the checkpoint (MomentumSource; NOT_FOUND today), and failing that starts it
+// from zero when the job allows it (JobSpec.allow_momentum_reset). The ranks
+// then broadcast how many stay unresolved; any makes every rank's handover
+// FAILED_PRECONDITION naming the first such matrix, the same on every rank.
 //
 // Limitation: the old owner hands over its committed momentum. A step it
 // held staged in doubt across the plan change (voted, no decision) that
@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,7 +59,11 @@ namespace worker {
 struct HeldItem {
   int32_t matrix = 0;
   int32_t expert = 0;
-  int32_t has_momentum = 0;  // 0 or 1
+  // kNoMomentum, kHasMomentum, or kLostMomentum: it was lost in that
+  // version and never resolved (a strict job's failed handover), so it
+  // stays lost wherever it moves.
+  int32_t has_momentum = 0;
+  static constexpr int32_t kNoMomentum = 0, kHasMomentum = 1, kLostMomentum = 2;
 };
 
 // What a worker keeps of its previous plan version until the next one:
@@ -91,6 +96,9 @@ struct HandoverContext {
   bool first = true;
   absl::Duration timeout;
   MomentumSource checkpoint;
+  // Receives the items owned here whose momentum stays lost (by matrix,
+  // expert), for the next version's handover to say so.
+  std::vector<std::pair<int, int64_t>>* unresolved = nullptr;
 };
 
 // How a handover ended on this rank.

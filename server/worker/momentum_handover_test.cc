@@ -41,7 +41,12 @@ TEST_F(MomentumHandoverTest, MovedMomentumFollowsItsOwnerBitForBit) {
   ASSERT_NO_FATAL_FAILURE(Steps(&reference, 3, 3, &resets));
   // And again, so a matrix comes back to an owner that handed it over.
   ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(3, 2)));
-  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 4, 6, &resets));
+  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 4, 5, &resets));
+  // Two versions with no step between them: the second one's handover
+  // starts from what the workers held before the first.
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(4, 0)));
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(5, 2)));
+  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 6, 6, &resets));
   EXPECT_EQ(resets, 0);
   EXPECT_EQ(engines_[0]->Momentum("rep.a", 0).status().code(),
             absl::StatusCode::kNotFound);  // w2 owns it now
@@ -88,10 +93,10 @@ TEST_F(MomentumHandoverDedicatedTest, AJoiningWorkerReceivesWhatItNowOwns) {
   // Version 1: three workers (the job expects no dedicated one yet).
   v1::JobSpec three = Job(0);
   for (int w = 0; w < kWorkers; ++w) {
-    ASSERT_TRUE(engines_[w]
-                    ->SetPlan(three, PlanWithOwnerList(1, {0, 1, 2, 0, 1}),
-                              addresses_)
-                    .ok());
+    ASSERT_TRUE(
+        engines_[w]
+            ->SetPlan(three, PlanWithOwnerList(1, {0, 1, 2, 0, 1}), addresses_)
+            .ok());
   }
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
   ReferenceSteps reference;

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <random>
@@ -146,6 +147,11 @@ absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
                                   ops.stream()));
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
   batch.has_momentum[slot.slot] = true;
+  const scheduler::ItemRef item = batch.items[slot.slot];
+  lost_items_.erase(
+      std::remove(lost_items_.begin(), lost_items_.end(),
+                  std::make_pair(static_cast<int>(item.matrix), expert)),
+      lost_items_.end());
   return absl::OkStatus();
 }
 
@@ -231,6 +237,8 @@ absl::Status StepEngine::HandOver() {
   context.last_step = ledger_.last.load();
   context.first = handed_over_version_ != plan_.version;
   context.timeout = backend_.timeout;
+  std::vector<std::pair<int, int64_t>> unresolved;
+  context.unresolved = &unresolved;
   context.checkpoint = [this](int matrix, int64_t expert, float* slot) {
     mu_.AssertHeld();
     return MomentumFromCheckpoint(matrix, expert, slot);
@@ -238,10 +246,10 @@ absl::Status StepEngine::HandOver() {
   HandoverOutcome outcome;
   const absl::Status status = HandOverMomentum(context, &outcome);
   if (!status.ok() && !outcome.transport_ok) {
-    const absl::Status failed = Annotate(
-        ExplainReplaced(status, v1::StepRequest(), nullptr),
-        absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
-                     plan_.version));
+    const absl::Status failed =
+        Annotate(ExplainReplaced(status, v1::StepRequest(), nullptr),
+                 absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
+                              plan_.version));
     DropTransport(failed);
     return failed;
   }
@@ -249,8 +257,9 @@ absl::Status StepEngine::HandOver() {
   handed_over_version_ = plan_.version;
   if (!status.ok()) {
     handover_failed_ = status;
-    spdlog::error("worker={} plan_version={} momentum handover: {}",
-                  worker_id_, plan_.version, status.ToString());
+    lost_items_ = std::move(unresolved);
+    spdlog::error("worker={} plan_version={} momentum handover: {}", worker_id_,
+                  plan_.version, status.ToString());
     return status;
   }
   momentum_resets_ += outcome.reset;
@@ -275,9 +284,9 @@ absl::Status StepEngine::HandOver() {
 absl::Status StepEngine::MomentumFromCheckpoint(int matrix, int64_t expert,
                                                 float* slot) {
   (void)slot;
-  return absl::NotFoundError(absl::StrCat(
-      "no checkpoint holds the momentum of matrix ",
-      Quoted(plan_.matrices[matrix].name), " expert ", expert));
+  return absl::NotFoundError(
+      absl::StrCat("no checkpoint holds the momentum of matrix ",
+                   Quoted(plan_.matrices[matrix].name), " expert ", expert));
 }
 
 v1::StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {

@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -107,8 +108,9 @@ class StepEngine {
   // step of the version with FAILED_PRECONDITION naming it, unless the job
   // allows momentum resets: it then starts at zero (logged, counted in
   // momentum_resets_total() and the next Step response's momentum_reset).
-  // The transport is rebuilt at the next step. INVALID_ARGUMENT naming the plan field for an inconsistent plan,
-  // RESOURCE_EXHAUSTED when the stacks do not fit the device.
+  // The transport is rebuilt at the next step. INVALID_ARGUMENT naming the plan
+  // field for an inconsistent plan, RESOURCE_EXHAUSTED when the stacks do not
+  // fit the device.
   absl::Status SetPlan(const v1::JobSpec& job, const v1::Plan& plan,
                        const std::map<std::string, std::string>& addresses);
 
@@ -169,7 +171,8 @@ class StepEngine {
 
   // How many owned matrices (experts) have started from zero momentum
   // because their owner changed, their previous owner was gone and the job
-  // allows momentum resets, since the engine started. Never waits for a step. Thread-safe.
+  // allows momentum resets, since the engine started. Never waits for a step.
+  // Thread-safe.
   int64_t momentum_resets_total() const {
     return momentum_resets_total_.load();
   }
@@ -191,6 +194,7 @@ class StepEngine {
   // Restores it: NOT_FOUND unless this worker owns the expert in the
   // current plan; INVALID_ARGUMENT for a wrong size or non-finite values.
   // Drops a step staged in doubt (a restore starts from the checkpoint).
+  // A restored expert is no longer lost for the next plan's handover.
   absl::Status SetMomentum(const std::string& matrix, int64_t expert,
                            std::vector<float> values);
 
@@ -208,7 +212,9 @@ class StepEngine {
   absl::Status MomentumFromCheckpoint(int matrix, int64_t expert, float* slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the previous plan's owned items leave for the handover to `next`.
-  absl::StatusOr<PreviousOwnership> KeepForHandover(const PlanState& next)
+  // Items of `next` that come back here before their handover ran get
+  // their momentum back at once.
+  absl::StatusOr<PreviousOwnership> KeepForHandover(PlanState& next)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one round for `trainer`, or for no trainer (a dedicated worker);
   // a transport out of step with the peers is dropped, and errors name the
@@ -254,6 +260,8 @@ class StepEngine {
   // failure (lost momentum), which every later step of it answers.
   int64_t handed_over_version_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Status handover_failed_ ABSL_GUARDED_BY(mu_);
+  // Items owned here whose momentum that failure left lost.
+  std::vector<std::pair<int, int64_t>> lost_items_ ABSL_GUARDED_BY(mu_);
   // Every reset since the engine started (momentum_resets_total()).
   std::atomic<int64_t> momentum_resets_total_{0};
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
