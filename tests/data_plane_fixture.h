@@ -262,6 +262,13 @@ class DataPlaneFixture : public ::testing::Test {
   }
 
   int workers() const { return static_cast<int>(workers_.size()); }
+  // Trainer ranks (one per worker StartJob started; JoinDedicatedWorker's
+  // have none).
+  int trainers() const { return static_cast<int>(clients_.size()); }
+  // Starts one more worker, w<workers()>, with --dedicated (no trainer):
+  // the coordinator plans it in and moves matrices to it. WaitForFullPlan
+  // then waits for a plan that has it.
+  void JoinDedicatedWorker();
   const std::string& coordinator_address() const {
     return coordinator_address_;
   }

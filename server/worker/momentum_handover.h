@@ -19,11 +19,15 @@
 // items it owned in that version, with whether each has momentum. The
 // previous plan is the newest version any rank reports; only ranks that
 // report it are trusted (a rank that missed a version holds stale
-// momentum). Then, in (matrix, expert) order, every item whose previous
-// owner is another rank of the new plan and has momentum moves from it to
-// its new owner (Send and Recv, no group: both ends issue the pairs in the
-// one global order, so none deadlocks). A pure function of what the ranks
-// broadcast, so every rank computes the same transfers.
+// momentum). A worker announces a version only once its handover ran
+// there (a restarted worker that was handed a plan announces nothing, so
+// what its old process owned counts as lost); versions that ended before
+// their handover ran (no step either) pass on what was held before them. Then,
+// in (matrix, expert) order, every item whose previous owner is another rank of
+// the new plan and has momentum moves from it to its new owner (Send and Recv,
+// no group: both ends issue the pairs in the one global order, so none
+// deadlocks). A pure function of what the ranks broadcast, so every rank
+// computes the same transfers.
 //
 // Lost items. An item with no previous owner among the ranks, in a job that
 // has stepped (some rank committed a step), lost its momentum (its owner

@@ -203,11 +203,11 @@ absl::StatusOr<PreviousOwnership> StepEngine::KeepForHandover(PlanState& next) {
   // Each held item with where its momentum is now (null: none).
   std::vector<std::pair<HeldItem, const float*>> items;
   PreviousOwnership previous;
-  if (previous_.version >= 0 && handed_over_version_ != plan_.version) {
+  if (handed_over_version_ != plan_.version || plan_.rank < 0) {
     // The current version's handover never ran here, nor any of its steps:
-    // this worker still holds what it held in the version before, and
-    // announces that (kept items are in the current stacks, moved ones in
-    // the outgoing buffer).
+    // this worker still holds what it held in the version before (none
+    // for a worker that started since), and announces that (kept items are
+    // in the current stacks, moved ones in the outgoing buffer).
     previous.version = previous_.version;
     for (size_t i = 0; i < previous_.held.size(); ++i) {
       const HeldItem& item = previous_.held[i];
@@ -221,7 +221,7 @@ absl::StatusOr<PreviousOwnership> StepEngine::KeepForHandover(PlanState& next) {
       }
       items.emplace_back(item, at);
     }
-  } else if (plan_.rank >= 0) {
+  } else {
     previous.version = plan_.version;
     for (size_t m = 0; m < plan_.matrices.size(); ++m) {
       for (int64_t e = 0; e < plan_.matrices[m].experts; ++e) {
