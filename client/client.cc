@@ -176,6 +176,15 @@ absl::Status Client::ExpectDedicatedWorkers(int count) {
   return absl::OkStatus();
 }
 
+absl::Status Client::AllowMomentumReset(bool allow) {
+  if (started_) {
+    return FieldError(absl::StatusCode::kFailedPrecondition,
+                      "allow_momentum_reset", "set after Start");
+  }
+  allow_momentum_reset_ = allow;
+  return absl::OkStatus();
+}
+
 absl::Status Client::LendCuda(const std::string& name, void* grad, void* param,
                               DType dtype) {
   const std::string field = absl::StrCat("matrix ", Quoted(name));
@@ -215,6 +224,7 @@ absl::Status Client::EnsureJob(
   v1::JobSpec* spec = request.mutable_job();
   spec->set_name(options_.job);
   spec->set_dedicated_workers(dedicated_workers_);
+  spec->set_allow_momentum_reset(allow_momentum_reset_);
   for (const Tensor& t : tensors_) {
     if (!t.muon) continue;
     v1::Matrix* m = spec->add_matrices();

@@ -164,6 +164,13 @@ class Client {
   // naming `dedicated_workers` outside 0..1024.
   absl::Status ExpectDedicatedWorkers(int count);
 
+  // Before Start: whether the job lets a matrix whose owner left (and whose
+  // momentum no checkpoint holds) start again from zero momentum
+  // (JobSpec.allow_momentum_reset; StepResult.momentum_reset counts them).
+  // False (the default): such a step fails with FAILED_PRECONDITION naming
+  // the matrix. The same on every rank. FAILED_PRECONDITION after Start.
+  absl::Status AllowMomentumReset(bool allow);
+
   // Creates the segment (host trainers) and the job (a job of the same name
   // must have the same matrices), waits for the local worker to follow a plan,
   // attaches. `ns_algorithm` forces NS5 or Gram NS for every matrix; unset lets
@@ -260,6 +267,7 @@ class Client {
 
   const ClientOptions options_;
   int dedicated_workers_ = 0;
+  bool allow_momentum_reset_ = false;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   std::unique_ptr<v1::Worker::Stub> worker_;
   std::vector<Tensor> tensors_;

@@ -167,6 +167,11 @@ int muonps_client_lend_cuda(muonps_client* client, const char* name,
 /* Before start: the job expects `count` workers with no trainer
  * (muonps-worker --dedicated); start waits for a plan that has them. */
 int muonps_client_expect_dedicated_workers(muonps_client* client, int count);
+/* Before start: `allow` nonzero lets a matrix whose owner left (its
+ * momentum in no checkpoint) start again from zero momentum, counted in
+ * muonps_step_result.momentum_reset; 0 (the default) fails such a step
+ * with MUONPS_FAILED_PRECONDITION naming the matrix. */
+int muonps_client_allow_momentum_reset(muonps_client* client, int allow);
 /* Puts `count` matrices in group `group` (0 <= group < 64); a step's
  * group_lr[group] and group_weight_decay[group] then apply to them. */
 int muonps_client_set_group(muonps_client* client, int group,

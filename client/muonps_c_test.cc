@@ -36,6 +36,21 @@ TEST(MuonpsCTest, SetLastAdamWStepChecksItsArguments) {
   muonps_client_destroy(client);
 }
 
+// The job's allow_momentum_reset: settable before start, any nonzero is
+// true; a null client is refused.
+TEST(MuonpsCTest, AllowMomentumResetIsSetBeforeStart) {
+  EXPECT_EQ(muonps_client_allow_momentum_reset(nullptr, 1),
+            MUONPS_INVALID_ARGUMENT);
+  muonps_client* client = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/muonps-none.sock",
+                                 0, 1, 1, &client),
+            MUONPS_OK)
+      << muonps_last_create_error();
+  EXPECT_EQ(muonps_client_allow_momentum_reset(client, 1), MUONPS_OK);
+  EXPECT_EQ(muonps_client_allow_momentum_reset(client, 0), MUONPS_OK);
+  muonps_client_destroy(client);
+}
+
 TEST(MuonpsCTest, CreateRejectsBadArgumentsWithAMessage) {
   muonps_client* client = reinterpret_cast<muonps_client*>(0x1);
   EXPECT_EQ(muonps_client_create(nullptr, "job", "/tmp/s", 0, 1, 0, &client),

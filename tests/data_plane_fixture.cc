@@ -371,6 +371,8 @@ void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
       ASSERT_TRUE((*created)->AddTensor(t.name, t.elements, t.layout).ok())
           << t.name;
     }
+    ASSERT_TRUE(
+        (*created)->AllowMomentumReset(options_.allow_momentum_reset).ok());
     clients_.push_back(*std::move(created));
   }
   // Every rank starts at once, as trainer processes would.
@@ -516,9 +518,9 @@ TensorBuffers DataPlaneFixture::Buffers(int rank,
 
 std::vector<std::optional<StepOutcome>> DataPlaneFixture::RunStep(
     int64_t step, const StepScript& script) {
-  std::vector<std::optional<StepOutcome>> out(workers());
+  std::vector<std::optional<StepOutcome>> out(trainers());
   std::vector<std::thread> threads;
-  for (int r = 0; r < workers(); ++r) {
+  for (int r = 0; r < trainers(); ++r) {
     if (script.silent.count(r) != 0) continue;
     threads.emplace_back([this, r, step, &script, &out] {
       auto delay = script.delay.find(r);
@@ -550,8 +552,8 @@ absl::StatusOr<std::vector<float>> DataPlaneFixture::Momentum(
 
 StateSnapshot DataPlaneFixture::Snapshot() {
   StateSnapshot out;
-  out.params.resize(workers());
-  for (int r = 0; r < workers(); ++r) {
+  out.params.resize(trainers());
+  for (int r = 0; r < trainers(); ++r) {
     auto copy = [&](const std::string& name) {
       const TensorBuffers b = Buffers(r, name);
       out.params[r][name].assign(b.param, b.param + b.param_elements);
@@ -583,7 +585,7 @@ void DataPlaneFixture::ExpectMatchesReference(const ReferenceModel& reference,
     std::vector<float> initial(full.size());
     for (size_t i = 0; i < full.size(); ++i) initial[i] = InitialParam(t, i);
     EXPECT_GT(MaxRelativeError(initial, full), 100 * tolerance) << m.name;
-    for (int r = 0; r < workers(); ++r) {
+    for (int r = 0; r < trainers(); ++r) {
       const TensorBuffers b = Buffers(r, m.name);
       const bool sharded = ShardedParam(m);
       const int64_t begin = sharded ? b.row_begin : 0;
@@ -612,7 +614,7 @@ void DataPlaneFixture::ExpectMatchesReference(const ReferenceModel& reference,
   }
   for (const TensorDecl& d : model_.tensors) {
     const std::vector<float>& full = reference.param(d.name);
-    for (int r = 0; r < workers(); ++r) {
+    for (int r = 0; r < trainers(); ++r) {
       const TensorBuffers b = Buffers(r, d.name);
       EXPECT_LE(MaxRelativeError(absl::MakeConstSpan(b.param, b.param_elements),
                                  full),

@@ -142,6 +142,9 @@ struct ClusterOptions {
   // (NetworkNamespace::Wrap's).
   std::map<int, std::string> worker_host;
   std::map<int, std::vector<std::string>> worker_wrapper;
+  // The job's allow_momentum_reset (Client::AllowMomentumReset): tests
+  // that lose a worker and train on without a checkpoint set it.
+  bool allow_momentum_reset = false;
 };
 
 // What one trainer's Step returned and how long the call took.
@@ -259,6 +262,13 @@ class DataPlaneFixture : public ::testing::Test {
   }
 
   int workers() const { return static_cast<int>(workers_.size()); }
+  // Trainer ranks (one per worker StartJob started; JoinDedicatedWorker's
+  // have none).
+  int trainers() const { return static_cast<int>(clients_.size()); }
+  // Starts one more worker, w<workers()>, with --dedicated (no trainer):
+  // the coordinator plans it in and moves matrices to it. WaitForFullPlan
+  // then waits for a plan that has it.
+  void JoinDedicatedWorker();
   const std::string& coordinator_address() const {
     return coordinator_address_;
   }

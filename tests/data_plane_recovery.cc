@@ -27,9 +27,9 @@ void ReferenceModel::ResetMomentum(const std::string& name, int64_t expert) {
 std::vector<LoopOutcome> DataPlaneFixture::RunTrainerLoops(int64_t first,
                                                            int64_t last,
                                                            int attempts) {
-  std::vector<LoopOutcome> out(workers());
+  std::vector<LoopOutcome> out(trainers());
   std::vector<std::thread> threads;
-  for (int r = 0; r < workers(); ++r) {
+  for (int r = 0; r < trainers(); ++r) {
     threads.emplace_back([this, r, first, last, attempts, &out] {
       for (int64_t step = first; step <= last; ++step) {
         WriteGradients(r, step);
@@ -59,6 +59,17 @@ void DataPlaneFixture::RestartWorker(int worker) {
   absl::StatusOr<std::string> up =
       w.process->WaitForLog("listening on unix:", absl::Seconds(30));
   ASSERT_TRUE(up.ok()) << up.status() << "\n(before the restart)\n" << old_log;
+}
+
+void DataPlaneFixture::JoinDedicatedWorker() {
+  const int index = workers();
+  ClusterOptions dedicated = options_;
+  dedicated.worker_flags[index] = {"--dedicated"};
+  workers_.emplace_back();
+  ASSERT_NO_FATAL_FAILURE(StartWorker(index, dedicated));
+  absl::StatusOr<std::string> up = workers_[index].process->WaitForLog(
+      "listening on unix:", absl::Seconds(30));
+  ASSERT_TRUE(up.ok()) << up.status();
 }
 
 absl::Status DataPlaneFixture::WaitUntilStopped(int worker,

@@ -90,6 +90,9 @@ class Trainer {
                         .device = {MemoryKind::kCuda, config_.rank}});
     if (!created.ok()) return created.status();
     client_ = *std::move(created);
+    // The failure tests restart a killed worker with no checkpoint: its
+    // matrices start again from zero momentum, counted (momentum_reset).
+    MUONPS_RETURN_IF_ERROR(client_->AllowMomentumReset(true));
     const int64_t width = static_cast<int64_t>(DTypeSize(config_.dtype));
     for (size_t m = 0; m < Matrices().size(); ++m) {
       const MatrixCase& c = Matrices()[m];

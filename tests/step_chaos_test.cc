@@ -75,7 +75,9 @@ class StepChaosTest : public DataPlaneFixture,
                               .io_timeout_ms = io_timeout_ms,
                               .lease_ttl_ms = lease_ttl_ms,
                               .heartbeat_interval_ms = 300,
-                              .client_timeout = client_timeout};
+                              .client_timeout = client_timeout,
+                              // The victim's momentum is in no checkpoint.
+                              .allow_momentum_reset = true};
     for (int w = 0; w < kWorkers; ++w) {
       cluster.worker_flags[w] = {
           absl::StrCat("--test_pause_at=", GetParam().point, "@", kFailingStep,
@@ -93,6 +95,13 @@ class StepChaosTest : public DataPlaneFixture,
     }
     victim_ = WorkerAtPlanRank(GetParam().rank);
     survivor_ = 1 - victim_;  // trainer r uses worker r
+    // What dies with the victim: the survivor hands its own matrices over
+    // (momentum_handover.h), the victim's start from zero.
+    for (const testing::MatrixDecl& m : model_decl_.matrices) {
+      for (int64_t e = 0; e < m.options.experts; ++e) {
+        if (Owner(m.name, e) == victim_) lost_with_victim_.insert({m.name, e});
+      }
+    }
   }
 
   // Step 3 on every trainer, in the background, until the victim stopped.
@@ -152,6 +161,7 @@ class StepChaosTest : public DataPlaneFixture,
   std::optional<ReferenceModel> after_;   // ... to the last step run
   int victim_ = 0;
   int survivor_ = 1;
+  std::set<std::pair<std::string, int64_t>> lost_with_victim_;
   std::thread stepping_;
   std::vector<std::optional<StepOutcome>> first_;
 };
@@ -220,15 +230,6 @@ TEST_P(StepChaosKillTest, NothingAppliesTwiceAfterARestart) {
   ASSERT_NO_FATAL_FAILURE(RestartWorker(victim_));
   const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
   ASSERT_TRUE(planned.ok()) << planned;
-  // Owners of the new plan with no momentum start from zero.
-  std::set<std::pair<std::string, int64_t>> restarting;
-  for (const testing::MatrixDecl& m : model_decl_.matrices) {
-    for (int64_t e = 0; e < m.options.experts; ++e) {
-      if (absl::IsNotFound(Momentum(Owner(m.name, e), m.name, e).status())) {
-        restarting.insert({m.name, e});
-      }
-    }
-  }
   const std::vector<LoopOutcome> retry =
       RunTrainerLoops(kFailingStep, kFailingStep, 2);
   if (committed_anywhere || point == "prepared") {
@@ -261,9 +262,9 @@ TEST_P(StepChaosKillTest, NothingAppliesTwiceAfterARestart) {
               kTolerance);
     return;
   }
-  // Nothing was applied: step 3 runs once on the new plan, whose owners
-  // without momentum (the restarted worker's, and any that moved) start
-  // from zero, as the replay does.
+  // Nothing was applied: step 3 runs once on the new plan, where what the
+  // killed worker owned starts from zero (allow_momentum_reset) and what
+  // moved from the survivor was handed over, as the replay does.
   for (int r = 0; r < kWorkers; ++r) {
     ASSERT_TRUE(retry[r].finished)
         << "trainer " << r << ": " << retry[r].attempts.back().result.status();
@@ -273,12 +274,8 @@ TEST_P(StepChaosKillTest, NothingAppliesTwiceAfterARestart) {
   for (int64_t step = 1; step < kFailingStep; ++step) {
     ASSERT_TRUE(replay->Step(step).ok());
   }
-  for (const testing::MatrixDecl& m : model_decl_.matrices) {
-    for (int64_t e = 0; e < m.options.experts; ++e) {
-      if (restarting.count({m.name, e}) != 0) {
-        replay->ResetMomentum(m.name, e);
-      }
-    }
+  for (const auto& [name, expert] : lost_with_victim_) {
+    replay->ResetMomentum(name, expert);
   }
   ASSERT_TRUE(replay->Step(kFailingStep).ok());
   ExpectMatchesReference(*replay, kTolerance);
@@ -341,26 +338,19 @@ TEST_P(StepChaosLeaseTest, TheSurvivorsStepFailsWithinTheLeaseNamingTheLost) {
   ASSERT_NO_FATAL_FAILURE(RestartWorker(victim_));
   const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
   ASSERT_TRUE(planned.ok()) << planned;
-  std::set<std::pair<std::string, int64_t>> restarting;
-  for (const testing::MatrixDecl& m : model_decl_.matrices) {
-    for (int64_t e = 0; e < m.options.experts; ++e) {
-      if (absl::IsNotFound(Momentum(Owner(m.name, e), m.name, e).status())) {
-        restarting.insert({m.name, e});
-      }
-    }
-  }
   const std::vector<LoopOutcome> loops =
       RunTrainerLoops(kFailingStep, kFailingStep + 1, 4);
   for (int r = 0; r < kWorkers; ++r) {
     ASSERT_TRUE(loops[r].finished)
         << "trainer " << r << ": " << loops[r].attempts.back().result.status();
   }
-  // Step 3 ran once, on the new plan: owners without momentum started over.
+  // Step 3 ran once, on the new plan: the killed worker's matrices started
+  // over, the survivor's were handed over where they moved.
   ReferenceModel replay(model_decl_, kWorkers, PlannedAlgorithms());
   for (int64_t step = 1; step < kFailingStep; ++step) {
     ASSERT_TRUE(replay.Step(step).ok());
   }
-  for (const auto& [name, expert] : restarting) {
+  for (const auto& [name, expert] : lost_with_victim_) {
     replay.ResetMomentum(name, expert);
   }
   ASSERT_TRUE(replay.Step(kFailingStep).ok());

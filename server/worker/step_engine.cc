@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <random>
@@ -146,6 +147,11 @@ absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
                                   ops.stream()));
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
   batch.has_momentum[slot.slot] = true;
+  const scheduler::ItemRef item = batch.items[slot.slot];
+  lost_items_.erase(
+      std::remove(lost_items_.begin(), lost_items_.end(),
+                  std::make_pair(static_cast<int>(item.matrix), expert)),
+      lost_items_.end());
   return absl::OkStatus();
 }
 
@@ -191,6 +197,7 @@ absl::Status StepEngine::EnsureTransport() {
     DropTransport(replaced);
     return replaced;
   }
+  if (!handover_failed_.ok()) return handover_failed_;
   if (transport_ != nullptr) return absl::OkStatus();
   for (size_t r = 0; r < plan_.addresses.size(); ++r) {
     if (plan_.addresses[r].empty()) {
@@ -218,7 +225,68 @@ absl::Status StepEngine::EnsureTransport() {
     DropTransport(replaced);
     return replaced;
   }
+  return HandOver();
+}
+
+absl::Status StepEngine::HandOver() {
+  HandoverContext context;
+  context.plan = &plan_;
+  context.previous = &previous_;
+  context.transport = transport_.get();
+  context.ops = backend_.ops.get();
+  context.last_step = ledger_.last.load();
+  context.first = handed_over_version_ != plan_.version;
+  context.timeout = backend_.timeout;
+  std::vector<std::pair<int, int64_t>> unresolved;
+  context.unresolved = &unresolved;
+  context.checkpoint = [this](int matrix, int64_t expert, float* slot) {
+    mu_.AssertHeld();
+    return MomentumFromCheckpoint(matrix, expert, slot);
+  };
+  HandoverOutcome outcome;
+  const absl::Status status = HandOverMomentum(context, &outcome);
+  if (!status.ok() && !outcome.transport_ok) {
+    const absl::Status failed =
+        Annotate(ExplainReplaced(status, v1::StepRequest(), nullptr),
+                 absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
+                              plan_.version));
+    DropTransport(failed);
+    return failed;
+  }
+  if (!context.first) return status;
+  handed_over_version_ = plan_.version;
+  if (!status.ok()) {
+    handover_failed_ = status;
+    lost_items_ = std::move(unresolved);
+    spdlog::error("worker={} plan_version={} momentum handover: {}", worker_id_,
+                  plan_.version, status.ToString());
+    return status;
+  }
+  momentum_resets_ += outcome.reset;
+  momentum_resets_total_ += outcome.reset;
+  if (outcome.lost > 0) {
+    spdlog::warn(
+        "worker={} plan_version={} momentum handover: {} matrices lost their "
+        "previous owner; here {} restored from the checkpoint, {} start from "
+        "zero (allow_momentum_reset)",
+        worker_id_, plan_.version, outcome.lost, outcome.restored,
+        outcome.reset);
+  }
+  if (outcome.sent > 0 || outcome.received > 0) {
+    spdlog::info(
+        "worker={} plan_version={} momentum handover: sent {}, received {} "
+        "matrices",
+        worker_id_, plan_.version, outcome.sent, outcome.received);
+  }
   return absl::OkStatus();
+}
+
+absl::Status StepEngine::MomentumFromCheckpoint(int matrix, int64_t expert,
+                                                float* slot) {
+  (void)slot;
+  return absl::NotFoundError(
+      absl::StrCat("no checkpoint holds the momentum of matrix ",
+                   Quoted(plan_.matrices[matrix].name), " expert ", expert));
 }
 
 v1::StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {

@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -42,6 +43,7 @@
 #include "kernels/muon_kernels.h"
 #include "muonps/v1/coordinator.pb.h"
 #include "muonps/v1/worker.pb.h"
+#include "server/worker/momentum_handover.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_run.h"
 #include "server/worker/step_state.h"
@@ -99,10 +101,16 @@ class StepEngine {
 
   // A new plan version with the job's spec and every worker's data address
   // (by worker id). Momentum of matrices this worker keeps owning moves to
-  // the new stacks; newly owned ones start at zero (counted in the next
-  // Step response's momentum_reset). The transport is rebuilt at the next
-  // step. INVALID_ARGUMENT naming the plan field for an inconsistent plan,
-  // RESOURCE_EXHAUSTED when the stacks do not fit the device.
+  // the new stacks; that of matrices moving away is kept, and the
+  // handover (momentum_handover.h) brings every newly owned one from its
+  // previous owner when the new transport is built, before the version's
+  // first step. A newly owned matrix whose previous owner left fails every
+  // step of the version with FAILED_PRECONDITION naming it, unless the job
+  // allows momentum resets: it then starts at zero (logged, counted in
+  // momentum_resets_total() and the next Step response's momentum_reset).
+  // The transport is rebuilt at the next step. INVALID_ARGUMENT naming the plan
+  // field for an inconsistent plan, RESOURCE_EXHAUSTED when the stacks do not
+  // fit the device.
   absl::Status SetPlan(const v1::JobSpec& job, const v1::Plan& plan,
                        const std::map<std::string, std::string>& addresses);
 
@@ -162,8 +170,9 @@ class StepEngine {
       absl::Duration wait);
 
   // How many owned matrices (experts) have started from zero momentum
-  // because their owner changed with no momentum to carry over, since the
-  // engine started. Never waits for a step. Thread-safe.
+  // because their owner changed, their previous owner was gone and the job
+  // allows momentum resets, since the engine started. Never waits for a step.
+  // Thread-safe.
   int64_t momentum_resets_total() const {
     return momentum_resets_total_.load();
   }
@@ -185,13 +194,28 @@ class StepEngine {
   // Restores it: NOT_FOUND unless this worker owns the expert in the
   // current plan; INVALID_ARGUMENT for a wrong size or non-finite values.
   // Drops a step staged in doubt (a restore starts from the checkpoint).
+  // A restored expert is no longer lost for the next plan's handover.
   absl::Status SetMomentum(const std::string& matrix, int64_t expert,
                            std::vector<float> values);
 
  private:
   // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
   absl::Status NoPlanYet() const;
+  // Builds the transport if there is none, and runs the momentum handover
+  // on every new one; the handover's FAILED_PRECONDITION (lost momentum)
+  // stays for the rest of the plan version.
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HandOver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checkpoint's momentum of (matrix, expert) into `slot`, for an item
+  // whose previous owner is gone: NOT_FOUND (no checkpoint is consulted
+  // yet; this is where a checkpoint restore plugs in).
+  absl::Status MomentumFromCheckpoint(int matrix, int64_t expert, float* slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the previous plan's owned items leave for the handover to `next`.
+  // Items of `next` that come back here before their handover ran get
+  // their momentum back at once.
+  absl::StatusOr<PreviousOwnership> KeepForHandover(PlanState& next)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one round for `trainer`, or for no trainer (a dedicated worker);
   // a transport out of step with the peers is dropped, and errors name the
   // ranks' workers.
@@ -230,6 +254,14 @@ class StepEngine {
   // The secret transport_ was built with.
   std::string transport_secret_ ABSL_GUARDED_BY(mu_);
   int64_t momentum_resets_ ABSL_GUARDED_BY(mu_) = 0;
+  // The previous plan version's items, for the handover.
+  PreviousOwnership previous_ ABSL_GUARDED_BY(mu_);
+  // The plan version whose handover completed here (-1: none), and its
+  // failure (lost momentum), which every later step of it answers.
+  int64_t handed_over_version_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Status handover_failed_ ABSL_GUARDED_BY(mu_);
+  // Items owned here whose momentum that failure left lost.
+  std::vector<std::pair<int, int64_t>> lost_items_ ABSL_GUARDED_BY(mu_);
   // Every reset since the engine started (momentum_resets_total()).
   std::atomic<int64_t> momentum_resets_total_{0};
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);

@@ -90,6 +90,13 @@ absl::Status StepEngine::ExplainReplaced(const absl::Status& failed,
 
 void StepEngine::PublishPlan() {
   absl::MutexLock lock(&abort_mu_);
+  // Versions went backwards: the job was created again (a coordinator
+  // restarted without its state), and the old job's replacement says
+  // nothing about this one.
+  if (plan_.version < published_version_) {
+    replaced_by_ = -1;
+    replaced_why_ = absl::OkStatus();
+  }
   published_version_ = plan_.version;
   published_workers_ = plan_.ownership.worker_ids;
 }

@@ -1,6 +1,7 @@
-// StepEngine's setup: a new plan version (its stacks, and the momentum that
-// stays with its owner) and a trainer's attachment (every binding checked
-// against the job before anything is mapped).
+// StepEngine's setup: a new plan version (its stacks, the momentum that
+// stays with its owner, and what moves away kept for the handover) and a
+// trainer's attachment (every binding checked against the job before anything
+// is mapped).
 #include <algorithm>
 #include <set>
 
@@ -148,11 +149,8 @@ absl::Status StepEngine::SetPlan(
           from.batch >= 0 ? &plan_.batches[from.batch] : nullptr;
       const bool staged = carry && old != nullptr && old->next_valid &&
                           old->next_has_momentum[from.slot];
+      // Moved here: the handover brings it (momentum_handover.h).
       if (old == nullptr || (!old->has_momentum[from.slot] && !staged)) {
-        if (ledger_.last.load() >= 0) {  // no checkpoint
-          ++momentum_resets_;
-          ++momentum_resets_total_;
-        }
         continue;
       }
       ComputeBatch& nb = next.batches[to.batch];
@@ -175,15 +173,106 @@ absl::Status StepEngine::SetPlan(
     }
   }
   for (ComputeBatch& batch : next.batches) batch.next_valid = carry;
+  // What moves away waits here for the handover. The same version set
+  // again keeps what its handover needs.
+  PreviousOwnership previous;
+  if (next.version == plan_.version) {
+    previous = std::move(previous_);
+  } else if (same_job) {
+    MUONPS_ASSIGN_OR_RETURN(previous, KeepForHandover(next));
+  }
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
   // The transport of the old version goes first: its pending work may
   // still name the old buffers. Aborted, not finalized: a finalize waits
   // for peers that may be gone.
   DropTransport(absl::CancelledError(
       absl::StrCat("plan version ", next.version, " replaced it")));
+  if (next.version != plan_.version) {
+    handed_over_version_ = -1;
+    handover_failed_ = absl::OkStatus();
+    lost_items_.clear();
+  }
   plan_ = std::move(next);
+  previous_ = std::move(previous);
   PublishPlan();
   return absl::OkStatus();
+}
+
+absl::StatusOr<PreviousOwnership> StepEngine::KeepForHandover(PlanState& next) {
+  kernels::DeviceOps& ops = *backend_.ops;
+  // Each held item with where its momentum is now (null: none).
+  std::vector<std::pair<HeldItem, const float*>> items;
+  PreviousOwnership previous;
+  if (handed_over_version_ != plan_.version || plan_.rank < 0) {
+    // The current version's handover never ran here, nor any of its steps:
+    // this worker still holds what it held in the version before (none
+    // for a worker that started since), and announces that (kept items are
+    // in the current stacks, moved ones in the outgoing buffer).
+    previous.version = previous_.version;
+    for (size_t i = 0; i < previous_.held.size(); ++i) {
+      const HeldItem& item = previous_.held[i];
+      const ItemSlot now = plan_.slots[item.matrix][item.expert];
+      const float* at = nullptr;
+      if (previous_.outgoing_at[i] >= 0) {
+        at = previous_.outgoing->data() + previous_.outgoing_at[i];
+      } else if (now.batch >= 0 &&
+                 item.has_momentum == HeldItem::kHasMomentum) {
+        at = plan_.SlotData(now, true);
+      }
+      items.emplace_back(item, at);
+    }
+  } else {
+    previous.version = plan_.version;
+    for (size_t m = 0; m < plan_.matrices.size(); ++m) {
+      for (int64_t e = 0; e < plan_.matrices[m].experts; ++e) {
+        const ItemSlot from = plan_.slots[m][e];
+        if (from.batch < 0) continue;
+        const bool has = plan_.batches[from.batch].has_momentum[from.slot];
+        const bool lost = std::find(lost_items_.begin(), lost_items_.end(),
+                                    std::make_pair(static_cast<int>(m), e)) !=
+                          lost_items_.end();
+        items.push_back({{static_cast<int32_t>(m), static_cast<int32_t>(e),
+                          lost  ? HeldItem::kLostMomentum
+                          : has ? HeldItem::kHasMomentum
+                                : HeldItem::kNoMomentum},
+                         has && !lost ? plan_.SlotData(from, true) : nullptr});
+      }
+    }
+  }
+  int64_t floats = 0;
+  for (const auto& [item, at] : items) {
+    previous.held.push_back(item);
+    const int64_t size =
+        plan_.matrices[item.matrix].rows * plan_.matrices[item.matrix].cols;
+    const bool moves =
+        item.expert >= static_cast<int64_t>(next.slots[item.matrix].size()) ||
+        next.slots[item.matrix][item.expert].batch < 0;
+    previous.outgoing_at.push_back(moves && at != nullptr ? floats : -1);
+    if (moves && at != nullptr) floats += size;
+    // Back here before its handover ran: from the outgoing buffer (what
+    // the current stacks held is in `next` already).
+    if (!moves && at != nullptr) {
+      const ItemSlot to = next.slots[item.matrix][item.expert];
+      ComputeBatch& batch = next.batches[to.batch];
+      if (!batch.has_momentum[to.slot]) {
+        MUONPS_RETURN_IF_ERROR(
+            ops.Copy(next.SlotData(to, true), at, size, ops.stream()));
+        batch.has_momentum[to.slot] = true;
+      }
+    }
+  }
+  if (floats == 0) return previous;
+  MUONPS_ASSIGN_OR_RETURN(previous.outgoing,
+                          ops.Allocate(floats, "momentum to hand over"));
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (previous.outgoing_at[i] < 0) continue;
+    const HeldItem& item = items[i].first;
+    MUONPS_RETURN_IF_ERROR(ops.Copy(
+        previous.outgoing->data() + previous.outgoing_at[i], items[i].second,
+        plan_.matrices[item.matrix].rows * plan_.matrices[item.matrix].cols,
+        ops.stream()));
+  }
+  return previous;
 }
 
 absl::StatusOr<v1::AttachResponse> StepEngine::Attach(

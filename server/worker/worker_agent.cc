@@ -363,25 +363,30 @@ void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
   for (const v1::WorkerInfo& w : workers.workers()) {
     addresses[w.worker_id()] = w.data_address();
   }
-  const int64_t resets_before = engine_->momentum_resets_total();
   const absl::Status set = engine_->SetPlan(*spec, plan, addresses);
   if (!set.ok()) {
     spdlog::error("job={} worker={} plan_version={} rejected: {}", options_.job,
                   options_.worker_id, plan.version(), set.ToString());
   }
-  const int64_t resets = engine_->momentum_resets_total() - resets_before;
-  if (resets > 0) {
-    momentum_resets_->Increment({}, static_cast<double>(resets));
-    spdlog::warn(
-        "job={} worker={} plan_version={} {} owned matrices start from zero "
-        "momentum: their owner changed and no momentum could be carried over",
-        options_.job, options_.worker_id, plan.version(), resets);
-  }
 }
 
 void WorkerAgent::ReportStep(const v1::StepResponse& step) {
+  const int64_t resets =
+      engine_ != nullptr ? engine_->momentum_resets_total() : 0;
   absl::MutexLock lock(&mu_);
   if (pending_stats_.size() < 1000) pending_stats_.push_back(step);
+  // The momentum handover resets before the plan version's first step.
+  if (resets > resets_counted_) {
+    momentum_resets_->Increment({},
+                                static_cast<double>(resets - resets_counted_));
+    spdlog::warn(
+        "job={} worker={} plan_version={} {} owned matrices started from "
+        "zero momentum: their previous owner left the job "
+        "(allow_momentum_reset)",
+        options_.job, options_.worker_id, step.plan_version(),
+        resets - resets_counted_);
+    resets_counted_ = resets;
+  }
 }
 
 void WorkerAgent::FlushStepStats() {

@@ -78,7 +78,8 @@ class WorkerAgent {
   const std::string& instance_id() const { return instance_id_; }
 
   // Queues a finished step's statistics for the coordinator (sent after
-  // the next heartbeat, off the step's path).
+  // the next heartbeat, off the step's path), and counts the momentum
+  // resets the engine made before it (muonps_worker_momentum_resets_total).
   void ReportStep(const v1::StepResponse& step);
 
   // OK unless the lease was lost and the coordinator's current plan has not
@@ -117,6 +118,8 @@ class WorkerAgent {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   std::optional<v1::JobSpec> job_spec_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::StepResponse> pending_stats_ ABSL_GUARDED_BY(mu_);
+  // The engine's momentum_resets_total() the metric has counted.
+  int64_t resets_counted_ ABSL_GUARDED_BY(mu_) = 0;
   // Successful joins so far; a watch stream remembers the one it opened in.
   int64_t join_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // While >= 0 the lease was lost at that epoch and the plan is stale: only

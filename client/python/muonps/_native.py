@@ -119,6 +119,7 @@ _SIGNATURES = {
     "muonps_client_lend_cuda": (_c_int, [_handle, _c_str, ctypes.c_uint64,
                                          ctypes.c_uint64, _c_str]),
     "muonps_client_expect_dedicated_workers": (_c_int, [_handle, _c_int]),
+    "muonps_client_allow_momentum_reset": (_c_int, [_handle, _c_int]),
     "muonps_client_set_group": (_c_int, [_handle, _c_int,
                                          ctypes.POINTER(_c_str), _c_int]),
     "muonps_client_step_with": (_c_int, [_handle, _c_i64,
@@ -308,6 +309,12 @@ class NativeClient:
         """The job expects `count` workers with no trainer (before start)."""
         self._check(self._lib.muonps_client_expect_dedicated_workers(
             self._handle, count))
+
+    def allow_momentum_reset(self, allow):
+        """Whether the job may restart lost momentum at zero (before
+        start; False by default: such a step raises)."""
+        self._check(self._lib.muonps_client_allow_momentum_reset(
+            self._handle, 1 if allow else 0))
 
     def set_group(self, group, names):
         array = (_c_str * max(1, len(names)))(*[n.encode() for n in names])

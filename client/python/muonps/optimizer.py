@@ -90,6 +90,10 @@ class Muon(torch.optim.Optimizer):
         join) and for a step.
     dedicated_workers: workers with no trainer (muonps-worker --dedicated,
         a dedicated optimizer pool) the job waits for; 0 by default.
+    allow_momentum_reset: when a worker is lost and a matrix it owned can
+        get its momentum neither from it nor from a checkpoint, True starts
+        that matrix again from zero momentum (with a warning); False (the
+        default) makes the step raise, naming the matrix.
     qk_clip: a muonps.QKClip (Kimi K2's MuonClip): after each step given
         max_logits, the attention heads whose largest logit exceeded its
         threshold are shrunk (see muonps/qk_clip.py).
@@ -109,7 +113,8 @@ class Muon(torch.optim.Optimizer):
                  adamw_eps=1e-8, adamw_weight_decay=0.01, coordinator=None,
                  job=None, worker_socket=None, rank=None, world_size=None,
                  layout="replicated", is_matrix=None, timeout=60.0,
-                 dedicated_workers=0, qk_clip=None):
+                 dedicated_workers=0, qk_clip=None,
+                 allow_momentum_reset=False):
         _validate(lr, weight_decay, momentum, ns_steps, adamw_lr, adamw_betas,
                   adamw_eps, adamw_weight_decay)
         if adjust_lr_fn not in (None, *_ADJUST_LR):
@@ -146,7 +151,8 @@ class Muon(torch.optim.Optimizer):
             "job": job or os.environ.get("MUONPS_JOB", "default"),
             "worker_socket": worker_socket, "rank": rank,
             "world_size": world_size, "layout": layout, "timeout": timeout,
-            "dedicated_workers": int(dedicated_workers)}
+            "dedicated_workers": int(dedicated_workers),
+            "allow_momentum_reset": bool(allow_momentum_reset)}
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum,
             nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
@@ -241,8 +247,9 @@ class Muon(torch.optim.Optimizer):
         if reset:
             warnings.warn(f"muonps: {reset} matrices of this rank's worker "
                           f"started step {step_id} from zero momentum: their "
-                          "owner changed (a worker left or restarted) and no "
-                          "momentum could be carried over")
+                          "previous owner left the job (or restarted) and no "
+                          "checkpoint held their momentum "
+                          "(allow_momentum_reset=True)")
         if adamw_applied:
             for t, (ref_lr, ref_wd), p0 in before:
                 lr, wd = self._hyperparameters(t)
@@ -485,7 +492,8 @@ class Muon(torch.optim.Optimizer):
                 else:
                     client.add_tensor(t.name, t.param.numel(), layout)
             d = self.defaults
-            _start_client(client, d, c["dedicated_workers"])
+            _start_client(client, d, c["dedicated_workers"],
+                          c["allow_momentum_reset"])
             for t in lent:
                 t.bind(*client.buffers(t.name))
             for index in range(len(self.param_groups)):
@@ -564,7 +572,8 @@ class Muon(torch.optim.Optimizer):
             # Lends the matrices (before start: the worker maps them then).
             cuda = CudaPath(client, device, matrices, others,
                             self.param_groups, d, average_others=average)
-            _start_client(client, d, c["dedicated_workers"])
+            _start_client(client, d, c["dedicated_workers"],
+                          c["allow_momentum_reset"])
             self._cuda = cuda
         except _native.MuonpsError as e:
             client.close()
@@ -585,10 +594,12 @@ def _worker_device(device):
     return f"cuda:{index}"
 
 
-def _start_client(client, d, dedicated_workers):
+def _start_client(client, d, dedicated_workers, allow_momentum_reset=False):
     """Starts `client` with the optimizer's defaults `d` as the job's (which
-    expects `dedicated_workers` workers with no trainer)."""
+    expects `dedicated_workers` workers with no trainer, and may or may not
+    reset lost momentum)."""
     client.expect_dedicated_workers(dedicated_workers)
+    client.allow_momentum_reset(allow_momentum_reset)
     client.start(d["lr"], d["weight_decay"], d["momentum"], d["nesterov"],
                  d["ns_steps"], _ADJUST_LR[d["adjust_lr_fn"] or "original"],
                  d["lr"] if d["adamw_lr"] is None else d["adamw_lr"],

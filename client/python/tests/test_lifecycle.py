@@ -179,3 +179,17 @@ def test_step_before_the_other_ranks_worker_joined_waits_for_it(cluster):
         for n in init:
             error = relative_error(p[n], expected[n])
             assert error <= 1e-5, f"rank {rank} {n}: {error:.2e}"
+
+
+def test_allow_momentum_reset_is_passed_to_the_job_before_start(cluster):
+    # The job's allow_momentum_reset is set on the client before it starts
+    # (after start the library refuses it); what it does when a worker is
+    # lost is tested with real processes in tests/momentum_handover_test.cc.
+    c = cluster()
+    w = torch.nn.Parameter(torch.randn(6, 4))
+    opt = muonps.Muon([("w", w)], allow_momentum_reset=True, **c.options())
+    w.grad = torch.randn(6, 4)
+    opt.step()
+    with pytest.raises(muonps.MuonpsError, match="allow_momentum_reset"):
+        opt._client.allow_momentum_reset(False)
+    opt.close()

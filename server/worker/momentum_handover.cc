@@ -1,0 +1,247 @@
+#include "server/worker/momentum_handover.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/worker/step_control.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+// What each rank broadcasts first.
+struct HandoverHeader {
+  int64_t previous_version = -1;
+  int64_t last_step = -1;
+  int64_t held = 0;
+};
+
+// What each rank broadcasts last: its lost items still without momentum,
+// and the first of them (index into the plan's lost list; -1: none).
+struct Unresolved {
+  int64_t count = 0;
+  int64_t first = -1;
+};
+
+// The previous owner of an item as the ranks told it.
+struct PreviousOwner {
+  int rank = -1;  // -1: none among the ranks
+  bool has_momentum = false;
+  bool lost = false;
+  int64_t outgoing_at = -1;  // on this rank, if it is the previous owner
+};
+
+}  // namespace
+
+absl::Status HandOverMomentum(const HandoverContext& c,
+                              HandoverOutcome* outcome) {
+  PlanState& plan = *c.plan;
+  transport::Transport& t = *c.transport;
+  kernels::DeviceOps& ops = *c.ops;
+  ControlChannel control(&t, &ops, plan.scratch.get(), c.timeout);
+  const int size = t.size();
+  const PreviousOwnership& mine = *c.previous;
+  auto transport_failed = [&](absl::Status status) {
+    outcome->transport_ok = false;
+    return Annotate(status, "momentum handover");
+  };
+
+  // 1. Every rank's previous version, last step and items, rank by rank.
+  std::vector<HandoverHeader> headers(size);
+  std::vector<std::vector<HeldItem>> held(size);
+  for (int r = 0; r < size; ++r) {
+    HandoverHeader& h = headers[r];
+    if (r == plan.rank) {
+      h = {mine.version, c.last_step, static_cast<int64_t>(mine.held.size())};
+    }
+    if (absl::Status s = control.Broadcast(&h, r); !s.ok()) {
+      return transport_failed(s);
+    }
+    if (h.held < 0 || h.held > (int64_t{1} << 28)) {
+      return transport_failed(absl::DataLossError(
+          absl::StrCat("rank ", r, " announced ", h.held, " items")));
+    }
+    held[r] = r == plan.rank ? mine.held : std::vector<HeldItem>(h.held);
+    if (h.held == 0) continue;
+    if (absl::Status s = control.Broadcast(
+            held[r].data(), held[r].size() * sizeof(HeldItem), r);
+        !s.ok()) {
+      return transport_failed(s);
+    }
+  }
+  int64_t previous_version = -1, last_step = -1;
+  for (const HandoverHeader& h : headers) {
+    previous_version = std::max(previous_version, h.previous_version);
+    last_step = std::max(last_step, h.last_step);
+  }
+
+  // 2. The previous owner of every item, from the ranks that ran it.
+  std::vector<std::vector<PreviousOwner>> previous(plan.matrices.size());
+  for (size_t m = 0; m < plan.matrices.size(); ++m) {
+    previous[m].resize(plan.matrices[m].experts);
+  }
+  if (previous_version >= 0) {
+    for (int r = 0; r < size; ++r) {
+      if (headers[r].previous_version != previous_version) continue;
+      for (size_t i = 0; i < held[r].size(); ++i) {
+        const HeldItem& item = held[r][i];
+        if (item.matrix < 0 ||
+            item.matrix >= static_cast<int32_t>(previous.size()) ||
+            item.expert < 0 ||
+            item.expert >= static_cast<int32_t>(previous[item.matrix].size())) {
+          return transport_failed(absl::DataLossError(
+              absl::StrCat("rank ", r, " announced item ", item.matrix, "/",
+                           item.expert, ", which is not in the job")));
+        }
+        PreviousOwner& owner = previous[item.matrix][item.expert];
+        owner.rank = r;
+        owner.has_momentum = item.has_momentum == HeldItem::kHasMomentum;
+        owner.lost = item.has_momentum == HeldItem::kLostMomentum;
+        if (r == plan.rank) owner.outgoing_at = mine.outgoing_at[i];
+      }
+    }
+  }
+
+  // 3. The transfers, in (matrix, expert) order; then the lost items.
+  std::unique_ptr<kernels::FloatBuffer> discard, zeros;
+  std::vector<ItemSlot> arrived;
+  std::vector<std::pair<int, int64_t>> lost;
+  for (size_t m = 0; m < plan.matrices.size(); ++m) {
+    const int64_t floats = plan.matrices[m].rows * plan.matrices[m].cols;
+    for (int64_t e = 0; e < plan.matrices[m].experts; ++e) {
+      const int owner = plan.ownership.owners[m][e];
+      const PreviousOwner& from = previous[m][e];
+      if (from.rank < 0 || from.lost) {
+        if (last_step >= 0 || from.lost) {
+          lost.emplace_back(static_cast<int>(m), e);
+        }
+        continue;
+      }
+      if (from.rank == owner || !from.has_momentum) continue;
+      if (from.rank == plan.rank) {
+        if (mine.outgoing == nullptr || from.outgoing_at < 0) {
+          return absl::InternalError(absl::StrCat(
+              "momentum handover: matrix ", Quoted(plan.matrices[m].name),
+              " expert ", e, " moved away but was not kept to hand over"));
+        }
+        if (absl::Status s = t.Send(mine.outgoing->data() + from.outgoing_at,
+                                    floats * 4, owner, ops.stream());
+            !s.ok()) {
+          return transport_failed(s);
+        }
+        ++outcome->sent;
+      } else if (owner == plan.rank) {
+        const ItemSlot slot = plan.slots[m][e];
+        ComputeBatch& batch = plan.batches[slot.batch];
+        float* into = plan.SlotData(slot, true);
+        if (!c.first) {  // already here (and maybe stepped since)
+          if (discard == nullptr || discard->size() < floats) {
+            MUONPS_ASSIGN_OR_RETURN(
+                discard, ops.Allocate(floats, "handed-over momentum"));
+          }
+          into = discard->data();
+        }
+        if (absl::Status s = t.Recv(into, floats * 4, from.rank, ops.stream());
+            !s.ok()) {
+          return transport_failed(s);
+        }
+        if (c.first) {
+          batch.has_momentum[slot.slot] = true;
+          arrived.push_back(slot);
+          ++outcome->received;
+        }
+      }
+    }
+  }
+  if (absl::Status s = t.Synchronize(ops.stream(), c.timeout); !s.ok()) {
+    return transport_failed(s);
+  }
+  MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
+  // A step staged in doubt here commits its next_momentum: it must hold
+  // the arrived momentum too.
+  for (const ItemSlot& slot : arrived) {
+    ComputeBatch& batch = plan.batches[slot.batch];
+    if (!batch.next_valid) continue;
+    const int64_t floats = batch.rows * batch.cols;
+    MUONPS_RETURN_IF_ERROR(ops.Copy(
+        batch.next_momentum->data() + static_cast<int64_t>(slot.slot) * floats,
+        plan.SlotData(slot, true), floats, ops.stream()));
+    batch.next_has_momentum[slot.slot] = true;
+  }
+  outcome->lost = static_cast<int64_t>(lost.size());
+  Unresolved unresolved;
+  if (c.first) {
+    for (size_t i = 0; i < lost.size(); ++i) {
+      const auto [m, e] = lost[i];
+      if (plan.ownership.owners[m][e] != plan.rank) continue;
+      const ItemSlot slot = plan.slots[m][e];
+      ComputeBatch& batch = plan.batches[slot.batch];
+      const int64_t floats = batch.rows * batch.cols;
+      float* into = plan.SlotData(slot, true);
+      const absl::Status loaded = c.checkpoint
+                                      ? c.checkpoint(m, e, into)
+                                      : absl::NotFoundError("no checkpoint");
+      if (loaded.ok()) {
+        batch.has_momentum[slot.slot] = true;
+        ++outcome->restored;
+      } else if (!absl::IsNotFound(loaded)) {
+        return Annotate(
+            loaded, absl::StrCat("momentum of matrix ",
+                                 Quoted(plan.matrices[m].name), " expert ", e));
+      } else {
+        // Whatever SetPlan kept here is from an older version: zero.
+        if (zeros == nullptr || zeros->size() < floats) {
+          MUONPS_ASSIGN_OR_RETURN(zeros, ops.Allocate(floats, "zeros"));
+        }
+        MUONPS_RETURN_IF_ERROR(
+            ops.Copy(into, zeros->data(), floats, ops.stream()));
+        batch.has_momentum[slot.slot] = false;
+        if (plan.job.allow_momentum_reset()) {
+          ++outcome->reset;
+        } else {
+          if (unresolved.count++ == 0) unresolved.first = i;
+          if (c.unresolved != nullptr) c.unresolved->emplace_back(m, e);
+        }
+      }
+      if (batch.next_valid) {
+        MUONPS_RETURN_IF_ERROR(
+            ops.Copy(batch.next_momentum->data() +
+                         static_cast<int64_t>(slot.slot) * floats,
+                     into, floats, ops.stream()));
+        batch.next_has_momentum[slot.slot] = batch.has_momentum[slot.slot];
+      }
+    }
+    MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
+  }
+
+  // 4. Whether any rank is left with a lost item: then none steps.
+  int64_t total = 0, first = -1;
+  for (int r = 0; r < size; ++r) {
+    Unresolved u = unresolved;
+    if (absl::Status s = control.Broadcast(&u, r); !s.ok()) {
+      return transport_failed(s);
+    }
+    total += u.count;
+    if (u.first >= 0 && (first < 0 || u.first < first)) first = u.first;
+  }
+  if (total == 0) return absl::OkStatus();
+  if (first < 0 || first >= static_cast<int64_t>(lost.size())) {
+    return absl::DataLossError(
+        "momentum handover: the ranks disagree on the lost items");
+  }
+  const auto [m, e] = lost[first];
+  return FieldError(
+      absl::StatusCode::kFailedPrecondition,
+      absl::StrCat("matrix ", Quoted(plan.matrices[m].name)),
+      absl::StrCat(
+          "expert ", e, " lost its momentum in plan version ", plan.version,
+          ": its previous owner left the job and no checkpoint holds it (",
+          total, total == 1 ? " matrix" : " matrices",
+          " in all); set JobSpec.allow_momentum_reset to start them from "
+          "zero"));
+}
+
+}  // namespace worker
+}  // namespace muonps
