@@ -142,6 +142,9 @@ struct ClusterOptions {
   // (NetworkNamespace::Wrap's).
   std::map<int, std::string> worker_host;
   std::map<int, std::vector<std::string>> worker_wrapper;
+  // The job's momentum checkpoints (Client::SetCheckpointing); empty: none.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
 };
 
 // What one trainer's Step returned and how long the call took.

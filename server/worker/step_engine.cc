@@ -261,6 +261,7 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
     round = RunRound(request, &*trainer_, cancelled);
     if (!round.status.ok() || round.kind != RoundResult::Kind::kAgain) break;
   }
+  MaybeCheckpoint();
   // The trainer's stream waits for this (CUDA), whatever happened.
   kernels::DeviceOps& ops = *backend_.ops;
   const absl::Status signaled =
@@ -293,6 +294,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
       }
       v1::StepRequest request;  // the step id comes from rank 0
       RoundResult round = RunRound(request, /*trainer=*/nullptr, nullptr);
+      MaybeCheckpoint();
       if (!round.status.ok()) return round.status;
       if (round.kind != RoundResult::Kind::kStepped) return std::nullopt;
       round.response.set_momentum_reset(momentum_resets_);
