@@ -68,6 +68,22 @@ class CheckpointTest : public DataPlaneFixture {
     return out;
   }
 
+  // After another worker was killed for good: the survivor's status once
+  // the coordinator's new plan (past `version`) gave it rank 0.
+  v1::WorkerStatus AfterReplan(int survivor, int64_t version) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<v1::WorkerStatus> status = WorkerStatus(survivor);
+      if (status.ok() && status->plan_version() > version &&
+          status->rank() == 0) {
+        return *status;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << "no new plan on worker " << survivor;
+    return {};
+  }
+
   std::string dir_ = NewTempDir("checkpoints");
 };
 
@@ -170,6 +186,65 @@ TEST_F(CheckpointTest, KilledWorkerRestoresItsCheckpointAndTheJobResumes) {
   ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(5), 5));
   ASSERT_TRUE(reference.Step(5).ok());
   ExpectMatchesReference(reference, kTolerance);
+}
+
+TEST_F(CheckpointTest, SurvivorRestoresALostOwnersMomentumOfTheJobsStep) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 1;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+  }
+  const int lost = WorkerAtPlanRank(1), survivor = WorkerAtPlanRank(0);
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(lost, 3, /*restored=*/false));
+  std::map<std::pair<std::string, int64_t>, std::vector<float>> theirs;
+  for (const auto& item : Experts()) {
+    if (Owner(item.first, item.second) != lost) continue;
+    absl::StatusOr<std::vector<float>> m =
+        Momentum(lost, item.first, item.second);
+    ASSERT_TRUE(m.ok()) << m.status();
+    theirs[item] = *m;
+  }
+  ASSERT_FALSE(theirs.empty()) << "the plan should split the matrices";
+  ASSERT_NO_FATAL_FAILURE(KillWorker(lost));
+  const v1::WorkerStatus status = AfterReplan(survivor, plan().version());
+  EXPECT_EQ(status.restored_step(), 3);
+  for (const auto& [item, values] : theirs) {
+    absl::StatusOr<std::vector<float>> m =
+        Momentum(survivor, item.first, item.second);
+    ASSERT_TRUE(m.ok()) << item.first << ": " << m.status();
+    EXPECT_EQ(*m, values) << item.first << "[" << item.second << "]";
+  }
+}
+
+TEST_F(CheckpointTest, SurvivorNeverInstallsMomentumOfAnotherStep) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 2;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  for (int64_t step = 1; step <= 3; ++step) {  // checkpoint of step 2 only
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+  }
+  const int lost = WorkerAtPlanRank(1), survivor = WorkerAtPlanRank(0);
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(lost, 2, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(KillWorker(lost));
+  const v1::WorkerStatus status = AfterReplan(survivor, plan().version());
+  EXPECT_EQ(status.restored_step(), -1);
+  for (const auto& item : Experts()) {
+    if (Owner(item.first, item.second) != lost) continue;
+    // Left at zero (no momentum yet), not the momentum of step 2.
+    EXPECT_EQ(Momentum(survivor, item.first, item.second).status().code(),
+              absl::StatusCode::kNotFound)
+        << item.first;
+  }
+  const std::string logged = WorkerLog(survivor);
+  EXPECT_NE(logged.find("the newest checkpoint holding it is of step 2, the "
+                        "job's step here is 3"),
+            std::string::npos)
+      << logged;
 }
 
 TEST_F(CheckpointTest, MomentumAboveTheGrpcMessageLimitMovesInChunks) {

@@ -260,6 +260,10 @@ class DataPlaneFixture : public ::testing::Test {
   pid_t WorkerPid(int worker) const {
     return workers_.at(worker).process->pid();
   }
+  // What worker `worker`'s current process logged so far.
+  std::string WorkerLog(int worker) const {
+    return workers_.at(worker).process->Log();
+  }
 
   int workers() const { return static_cast<int>(workers_.size()); }
   const std::string& coordinator_address() const {
