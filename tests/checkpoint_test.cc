@@ -188,6 +188,38 @@ TEST_F(CheckpointTest, KilledWorkerRestoresItsCheckpointAndTheJobResumes) {
   ExpectMatchesReference(reference, kTolerance);
 }
 
+TEST_F(CheckpointTest, RestoredMomentumOfAnotherStepThanTheTrainersIsDropped) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 2;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  ReferenceModel reference(model, 1, PlannedAlgorithms());
+  for (int64_t step = 1; step <= 3; ++step) {  // checkpoint of step 2 only
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 2, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(KillWorker(0));
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 2, /*restored=*/true));
+  // The trainer goes on with step 4, not 3: momentum of step 2 would mix
+  // steps, so every expert starts from zero and the step says so.
+  const Outcomes outcomes = RunStep(4);
+  ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(outcomes, 4));
+  EXPECT_EQ(outcomes[0]->result->momentum_reset,
+            static_cast<int64_t>(Experts().size()));
+  for (const auto& item : Experts()) {
+    reference.ResetMomentum(item.first, item.second);
+  }
+  ASSERT_TRUE(reference.Step(4).ok());
+  ExpectMatchesReference(reference, kTolerance);
+  const std::string logged = WorkerLog(0);
+  EXPECT_NE(logged.find("as of step 2, but the trainer asks for step 4, not 3"),
+            std::string::npos)
+      << logged;
+}
+
 TEST_F(CheckpointTest, SurvivorRestoresALostOwnersMomentumOfTheJobsStep) {
   const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
   ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};

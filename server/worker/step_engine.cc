@@ -248,6 +248,7 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
                       plan_.rank < 0 ? "the worker is not in the current plan"
                                      : kNoTrainerAttached);
   }
+  CheckRestoredStep(request.step_id());
   RoundResult round;
   for (int rounds = 0;; ++rounds) {
     if (rounds == kMaxRounds) {

@@ -214,7 +214,8 @@ class StepEngine {
   // verified checkpoint holds it as of the reference step: this worker's
   // last committed step, or, for a worker that has committed none (it
   // started or restarted), the newest checkpoint's step S, and then the
-  // trainer must resume from S (logged at warn). Momentum as of any other
+  // trainer must resume from S (logged at warn; CheckRestoredStep drops
+  // it if the trainer's first step is not S + 1). Momentum as of any other
   // step is never installed: it stays zero and is counted as a reset, and
   // the log names both steps. Restores are counted in
   // muonps_worker_momentum_restores_total{result="restored"|"stale"|
@@ -236,6 +237,12 @@ class StepEngine {
  private:
   // Submits a checkpoint when the step last committed here asks for one.
   void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first step a trainer asks for after a worker that had committed
+  // nothing restored momentum as of step S: unless it is S + 1 (the
+  // trainer resumed from S), that momentum belongs to another step, so
+  // every owned expert starts from zero instead (an error log, counted as
+  // stale restores and in the step's momentum_reset).
+  void CheckRestoredStep(int64_t step_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
   absl::Status NoPlanYet() const;
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -306,6 +313,9 @@ class StepEngine {
   std::unique_ptr<CheckpointWriter> checkpoint_writer_;
   Counter* restores_ = nullptr;
   int64_t checkpointed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // The step S of a restore whose S + 1 no trainer has asked for yet (-1:
+  // none); only while no step was committed here.
+  int64_t restore_unverified_ ABSL_GUARDED_BY(mu_) = -1;
   std::atomic<bool> checkpoint_requested_{false};
   std::atomic<int64_t> restored_step_{-1};
 };

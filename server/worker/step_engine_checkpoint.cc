@@ -177,6 +177,7 @@ absl::Status StepEngine::RestoreMissingMomentum() {
   momentum_resets_ -= undo;
   momentum_resets_total_ -= undo;
   if (restored > 0) restored_step_.store(reference);
+  if (restored > 0 && committed < 0) restore_unverified_ = reference;
   if (restored > 0 && committed < 0) {
     spdlog::warn(
         "worker={} plan_version={} restored the momentum of {} owned "
@@ -197,6 +198,46 @@ absl::Status StepEngine::RestoreMissingMomentum() {
         worker_id_, plan_.version, stale + absent, reference, stale, absent);
   }
   return absl::OkStatus();
+}
+
+void StepEngine::CheckRestoredStep(int64_t step_id) {
+  const int64_t restored = restore_unverified_;
+  if (restored < 0) return;
+  restore_unverified_ = -1;
+  if (step_id == restored + 1 || ledger_.last.load() >= 0) return;
+  // Zero, as a new owner with nothing to restore starts (the step reads
+  // the buffer, not has_momentum).
+  kernels::DeviceOps& ops = *backend_.ops;
+  int64_t dropped = 0;
+  absl::Status zeroed;
+  for (ComputeBatch& batch : plan_.batches) {
+    const int64_t size = batch.rows * batch.cols;
+    for (size_t s = 0; s < batch.has_momentum.size(); ++s) {
+      if (!batch.has_momentum[s]) continue;
+      ++dropped;
+      batch.has_momentum[s] = false;
+      if (zeroed.ok()) {
+        zeroed = ops.Scale(batch.momentum->data() + s * size, size, 0.0f,
+                           ops.stream());
+      }
+    }
+  }
+  if (zeroed.ok()) zeroed = ops.Synchronize(ops.stream());
+  if (!zeroed.ok()) {
+    spdlog::error(
+        "worker={} zeroing momentum restored as of step {} failed: {}",
+        worker_id_, restored, zeroed.ToString());
+  }
+  momentum_resets_ += dropped;
+  momentum_resets_total_ += dropped;
+  if (restores_ != nullptr && dropped > 0) {
+    restores_->Increment({"stale"}, static_cast<double>(dropped));
+  }
+  spdlog::error(
+      "worker={} plan_version={} momentum of {} owned experts was restored as "
+      "of step {}, but the trainer asks for step {}, not {}: they start from "
+      "zero instead",
+      worker_id_, plan_.version, dropped, restored, step_id, restored + 1);
 }
 
 absl::StatusOr<int64_t> StepEngine::RestoreCheckpoint(const std::string& dir,
@@ -247,6 +288,7 @@ absl::StatusOr<int64_t> StepEngine::RestoreCheckpoint(const std::string& dir,
     plan_.batches[slot.batch].has_momentum[slot.slot] = true;
   }
   restored_step_.store(step);
+  if (ledger_.last.load() < 0) restore_unverified_ = step;
   if (restores_ != nullptr && !restored.empty()) {
     restores_->Increment({"restored"}, static_cast<double>(restored.size()));
   }
