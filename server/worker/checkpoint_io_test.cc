@@ -81,6 +81,14 @@ TEST(CheckpointWriterTest, BackToBackSnapshotsAreAllWrittenInOrder) {
   EXPECT_EQ(*steps, (std::vector<int64_t>{4, 5}));  // keep_last 2
 }
 
+TEST(CheckpointWriterTest, AWorkerIdThatNamesNoDirectoryOfItsOwnFails) {
+  const std::string dir = TempDir("dotdot");
+  CheckpointWriter writer("..", nullptr);
+  writer.Submit(Snapshot(dir + "/job", 1, "a", 1.0f));
+  EXPECT_EQ(writer.WaitIdle().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(dir + "/ckpt-00000000000000000001.manifest"));
+}
+
 TEST(CheckpointWriterTest, AnUnwritableDirectoryFailsNamingIt) {
   const std::string file = TempDir("unwritable") + "/not-a-dir";
   std::ofstream(file) << "x";

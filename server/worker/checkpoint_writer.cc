@@ -116,6 +116,13 @@ void CheckpointWriter::Loop() {
 }
 
 absl::Status CheckpointWriter::Write(const CheckpointSnapshot& snapshot) {
+  // Worker ids are [A-Za-z0-9._-]: "." and ".." would name no directory of
+  // its own.
+  if (worker_id_.empty() || worker_id_ == "." || worker_id_ == "..") {
+    return InvalidField("worker_id",
+                        absl::StrCat(Quoted(worker_id_),
+                                     " cannot name a checkpoint directory"));
+  }
   MUONPS_RETURN_IF_ERROR(MakeDirectory(snapshot.checkpoint_dir));
   const std::string dir =
       absl::StrCat(snapshot.checkpoint_dir, "/", worker_id_);

@@ -200,9 +200,10 @@ class StepEngine {
   // writes <checkpoint_dir>/<worker_id>/ in the background (that step
   // waits only if the previous checkpoint is still being written).
   void EnableCheckpoints(MetricsRegistry* metrics);
-  // Asks for a checkpoint right after the next step committed here.
-  // FAILED_PRECONDITION when checkpoints are not enabled or the job has no
-  // checkpoint_dir. Returns the last step checkpointed (-1: none).
+  // Asks for a checkpoint right after the next step committed here (waits
+  // for a step in progress, as SetPlan does). FAILED_PRECONDITION when
+  // checkpoints are not enabled or the job has no checkpoint_dir. Returns the
+  // last step checkpointed (-1: none).
   absl::StatusOr<int64_t> RequestCheckpoint();
   // The last step whose checkpoint was written durably (-1: none). Never
   // waits for a step. Thread-safe.
