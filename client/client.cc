@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -185,6 +186,57 @@ absl::Status Client::AllowMomentumReset(bool allow) {
   return absl::OkStatus();
 }
 
+absl::Status Client::SetCheckpointing(const std::string& dir, int64_t every) {
+  if (started_) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "checkpoint_dir",
+                      "set after Start");
+  }
+  if (dir.empty() || dir[0] != '/') {
+    return InvalidField("checkpoint_dir",
+                        absl::StrCat(Quoted(dir), " is not an absolute path"));
+  }
+  if (every < 0) {
+    return InvalidField("checkpoint_every", absl::StrCat(every, " < 0"));
+  }
+  checkpoint_dir_ = dir;
+  checkpoint_every_ = every;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Client::LastCheckpointStep() const {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  v1::WorkerStatus status;
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(worker_->GetStatus(&context, v1::GetStatusRequest(), &status),
+               "GetStatus"));
+  return status.last_checkpoint_step();
+}
+
+absl::StatusOr<int64_t> Client::RestoreCheckpoint(const std::string& dir,
+                                                  int64_t step) {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(120)));
+  v1::RestoreCheckpointRequest request;
+  request.set_checkpoint_dir(dir);
+  request.set_step(step);
+  v1::RestoreCheckpointResponse response;
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(worker_->RestoreCheckpoint(&context, request, &response),
+               "RestoreCheckpoint"));
+  return response.restored();
+}
+
+absl::StatusOr<int64_t> Client::RequestCheckpoint() {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(30)));
+  v1::CheckpointRequest request;
+  v1::CheckpointResponse response;
+  MUONPS_RETURN_IF_ERROR(FromGrpc(
+      worker_->Checkpoint(&context, request, &response), "Checkpoint"));
+  return response.last_checkpoint_step();
+}
+
 absl::Status Client::LendCuda(const std::string& name, void* grad, void* param,
                               DType dtype) {
   const std::string field = absl::StrCat("matrix ", Quoted(name));
@@ -225,6 +277,8 @@ absl::Status Client::EnsureJob(
   spec->set_name(options_.job);
   spec->set_dedicated_workers(dedicated_workers_);
   spec->set_allow_momentum_reset(allow_momentum_reset_);
+  spec->set_checkpoint_dir(checkpoint_dir_);
+  spec->set_checkpoint_every(checkpoint_every_);
   for (const Tensor& t : tensors_) {
     if (!t.muon) continue;
     v1::Matrix* m = spec->add_matrices();
@@ -430,23 +484,57 @@ absl::StatusOr<std::vector<float>> Client::OwnedMomentum(
   v1::GetMomentumRequest request;
   request.set_matrix(name);
   request.set_expert(expert);
-  v1::GetMomentumResponse response;
-  MUONPS_RETURN_IF_ERROR(FromGrpc(
-      worker_->GetMomentum(&context, request, &response), "GetMomentum"));
-  return std::vector<float>(response.values().begin(), response.values().end());
+  std::unique_ptr<grpc::ClientReader<v1::MomentumChunk>> reader =
+      worker_->StreamMomentum(&context, request);
+  std::vector<float> out;
+  v1::MomentumChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (chunk.offset() != static_cast<int64_t>(out.size()) ||
+        chunk.total_elements() > Client::kMaxTensorElements ||
+        chunk.offset() + chunk.values_size() > chunk.total_elements()) {
+      context.TryCancel();
+      (void)reader->Finish();
+      return absl::DataLossError(
+          absl::StrCat("StreamMomentum of ", Quoted(name), ": chunk at offset ",
+                       chunk.offset(), " of ", chunk.total_elements(),
+                       " after ", out.size(), " floats"));
+    }
+    if (out.empty()) out.reserve(chunk.total_elements());
+    out.insert(out.end(), chunk.values().begin(), chunk.values().end());
+  }
+  MUONPS_RETURN_IF_ERROR(FromGrpc(reader->Finish(), "StreamMomentum"));
+  if (out.empty() ||
+      static_cast<int64_t>(out.size()) != chunk.total_elements()) {
+    return absl::DataLossError(absl::StrCat("StreamMomentum of ", Quoted(name),
+                                            " ended after ", out.size(), " of ",
+                                            chunk.total_elements(), " floats"));
+  }
+  return out;
 }
 
 absl::Status Client::RestoreMomentum(const std::string& name, int64_t expert,
                                      const std::vector<float>& values) {
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(absl::Seconds(30)));
-  v1::SetMomentumRequest request;
-  request.set_matrix(name);
-  request.set_expert(expert);
-  request.mutable_values()->Add(values.begin(), values.end());
   v1::SetMomentumResponse response;
-  return FromGrpc(worker_->SetMomentum(&context, request, &response),
-                  "SetMomentum");
+  std::unique_ptr<grpc::ClientWriter<v1::MomentumChunk>> writer =
+      worker_->LoadMomentum(&context, &response);
+  constexpr int64_t kChunkFloats = (int64_t{1} << 20) / 4;  // 1 MiB
+  const int64_t total = static_cast<int64_t>(values.size());
+  int64_t at = 0;
+  do {
+    const int64_t end = std::min(total, at + kChunkFloats);
+    v1::MomentumChunk chunk;
+    chunk.set_matrix(name);
+    chunk.set_expert(expert);
+    chunk.set_total_elements(total);
+    chunk.set_offset(at);
+    chunk.mutable_values()->Add(values.begin() + at, values.begin() + end);
+    if (!writer->Write(chunk)) break;  // Finish says why
+    at = end;
+  } while (at < total);
+  writer->WritesDone();
+  return FromGrpc(writer->Finish(), "LoadMomentum");
 }
 
 absl::Status Client::RestoreAdamW(const std::string& name,

@@ -170,6 +170,24 @@ class Client {
   // False (the default): such a step fails with FAILED_PRECONDITION naming
   // the matrix. The same on every rank. FAILED_PRECONDITION after Start.
   absl::Status AllowMomentumReset(bool allow);
+  // Before Start: the job's workers checkpoint the momentum they own into
+  // `dir` (absolute; JobSpec.checkpoint_dir) after every step whose id is
+  // a multiple of `every` (0: only when RequestCheckpoint asks), and
+  // restore momentum they lack from there. The same on every rank.
+  // INVALID_ARGUMENT naming the field for a relative dir or every < 0.
+  absl::Status SetCheckpointing(const std::string& dir, int64_t every);
+  // Asks the local worker for a checkpoint after the next step it commits.
+  // Returns the last step it checkpointed (-1: none); FAILED_PRECONDITION
+  // when the job has no checkpoint_dir.
+  absl::StatusOr<int64_t> RequestCheckpoint();
+  // The last step the local worker checkpointed durably (-1: none), from
+  // its status.
+  absl::StatusOr<int64_t> LastCheckpointStep() const;
+  // Makes the local worker replace the momentum of every expert it owns
+  // with checkpoint `step` of `dir` (all or nothing); returns how many it
+  // restored. NOT_FOUND naming an owned expert the checkpoint lacks.
+  absl::StatusOr<int64_t> RestoreCheckpoint(const std::string& dir,
+                                            int64_t step);
 
   // Creates the segment (host trainers) and the job (a job of the same name
   // must have the same matrices), waits for the local worker to follow a plan,
@@ -203,7 +221,8 @@ class Client {
   absl::StatusOr<StepResult> Wait();
 
   // The momentum of expert `expert` of a matrix if the local worker owns
-  // it (NOT_FOUND otherwise: another rank's worker holds it).
+  // it (NOT_FOUND otherwise: another rank's worker holds it). Both move in
+  // 1 MiB chunks (Worker.StreamMomentum, LoadMomentum): any size passes.
   absl::StatusOr<std::vector<float>> OwnedMomentum(const std::string& name,
                                                    int64_t expert) const;
   // Restores it on the local worker (NOT_FOUND unless that worker owns it).
@@ -268,6 +287,8 @@ class Client {
   const ClientOptions options_;
   int dedicated_workers_ = 0;
   bool allow_momentum_reset_ = false;
+  std::string checkpoint_dir_;
+  int64_t checkpoint_every_ = 0;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   std::unique_ptr<v1::Worker::Stub> worker_;
   std::vector<Tensor> tensors_;

@@ -243,6 +243,39 @@ int muonps_client_allow_momentum_reset(muonps_client* c, int allow) {
   return Record(c, c->client->AllowMomentumReset(allow != 0));
 }
 
+int muonps_client_set_checkpointing(muonps_client* c, const char* dir,
+                                    int64_t every) {
+  if (c == nullptr || dir == nullptr) return MUONPS_INVALID_ARGUMENT;
+  return Record(c, c->client->SetCheckpointing(dir, every));
+}
+
+int muonps_client_checkpoint(muonps_client* c, int64_t* last_step) {
+  if (c == nullptr || last_step == nullptr) return MUONPS_INVALID_ARGUMENT;
+  absl::StatusOr<int64_t> last = c->client->RequestCheckpoint();
+  if (!last.ok()) return Record(c, last.status());
+  *last_step = *last;
+  return Record(c, absl::OkStatus());
+}
+
+int muonps_client_last_checkpoint_step(muonps_client* c, int64_t* step) {
+  if (c == nullptr || step == nullptr) return MUONPS_INVALID_ARGUMENT;
+  absl::StatusOr<int64_t> last = c->client->LastCheckpointStep();
+  if (!last.ok()) return Record(c, last.status());
+  *step = *last;
+  return Record(c, absl::OkStatus());
+}
+
+int muonps_client_restore_checkpoint(muonps_client* c, const char* dir,
+                                     int64_t step, int64_t* restored) {
+  if (c == nullptr || dir == nullptr || restored == nullptr) {
+    return MUONPS_INVALID_ARGUMENT;
+  }
+  absl::StatusOr<int64_t> n = c->client->RestoreCheckpoint(dir, step);
+  if (!n.ok()) return Record(c, n.status());
+  *restored = *n;
+  return Record(c, absl::OkStatus());
+}
+
 int muonps_client_set_group(muonps_client* c, int group,
                             const char* const* matrices, int count) {
   if (c == nullptr) return MUONPS_INVALID_ARGUMENT;

@@ -172,6 +172,21 @@ int muonps_client_expect_dedicated_workers(muonps_client* client, int count);
  * muonps_step_result.momentum_reset; 0 (the default) fails such a step
  * with MUONPS_FAILED_PRECONDITION naming the matrix. */
 int muonps_client_allow_momentum_reset(muonps_client* client, int allow);
+/* Before start: the workers checkpoint the momentum they own into `dir`
+ * (absolute) after every step whose id is a multiple of `every` (0: only
+ * when muonps_client_checkpoint asks), and restore missing momentum from
+ * there (JobSpec.checkpoint_dir, checkpoint_every). */
+int muonps_client_set_checkpointing(muonps_client* client, const char* dir,
+                                    int64_t every);
+/* Asks the local worker for a checkpoint after the next step it commits;
+ * *last_step: the last step it checkpointed (-1: none). */
+int muonps_client_checkpoint(muonps_client* client, int64_t* last_step);
+/* *step: the last step the local worker checkpointed (-1: none). */
+int muonps_client_last_checkpoint_step(muonps_client* client, int64_t* step);
+/* The local worker replaces the momentum it owns with checkpoint `step` of
+ * `dir`; *restored: how many experts. */
+int muonps_client_restore_checkpoint(muonps_client* client, const char* dir,
+                                     int64_t step, int64_t* restored);
 /* Puts `count` matrices in group `group` (0 <= group < 64); a step's
  * group_lr[group] and group_weight_decay[group] then apply to them. */
 int muonps_client_set_group(muonps_client* client, int group,

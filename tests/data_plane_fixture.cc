@@ -363,6 +363,12 @@ void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
                         .trainer_count = n,
                         .timeout = options_.client_timeout});
     ASSERT_TRUE(created.ok()) << created.status();
+    if (!options_.checkpoint_dir.empty()) {
+      ASSERT_TRUE((*created)
+                      ->SetCheckpointing(options_.checkpoint_dir,
+                                         options_.checkpoint_every)
+                      .ok());
+    }
     for (const MatrixDecl& m : model_.matrices) {
       ASSERT_TRUE((*created)->AddMatrix(m.name, m.rows, m.cols, m.options).ok())
           << m.name;

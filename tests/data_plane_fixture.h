@@ -145,6 +145,9 @@ struct ClusterOptions {
   // The job's allow_momentum_reset (Client::AllowMomentumReset): tests
   // that lose a worker and train on without a checkpoint set it.
   bool allow_momentum_reset = false;
+  // The job's momentum checkpoints (Client::SetCheckpointing); empty: none.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
 };
 
 // What one trainer's Step returned and how long the call took.
@@ -259,6 +262,10 @@ class DataPlaneFixture : public ::testing::Test {
   // Worker `worker`'s process id.
   pid_t WorkerPid(int worker) const {
     return workers_.at(worker).process->pid();
+  }
+  // What worker `worker`'s current process logged so far.
+  std::string WorkerLog(int worker) const {
+    return workers_.at(worker).process->Log();
   }
 
   int workers() const { return static_cast<int>(workers_.size()); }

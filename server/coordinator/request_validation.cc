@@ -138,6 +138,17 @@ absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
       InRange(spec.bucket_bytes(), 0, int64_t{1} << 40, "job.bucket_bytes"));
   MUONPS_RETURN_IF_ERROR(
       InRange(spec.dedicated_workers(), 0, 1024, "job.dedicated_workers"));
+  MUONPS_RETURN_IF_ERROR(InRange(spec.checkpoint_every(), 0, int64_t{1} << 40,
+                                 "job.checkpoint_every"));
+  if (!spec.checkpoint_dir().empty() &&
+      (spec.checkpoint_dir()[0] != '/' || spec.checkpoint_dir().size() > 4096 ||
+       spec.checkpoint_dir().find('\0') != std::string::npos)) {
+    return InvalidField("job.checkpoint_dir",
+                        "must be an absolute path of at most 4096 bytes");
+  }
+  if (spec.checkpoint_dir().empty() && spec.checkpoint_every() > 0) {
+    return InvalidField("job.checkpoint_every", "needs job.checkpoint_dir");
+  }
   std::vector<scheduler::MatrixSpec> out;
   out.reserve(spec.matrices_size());
   int64_t items = 0;

@@ -395,6 +395,7 @@ int Run() {
     }
     engine.set_step_hook(*std::move(hook));
   }
+  engine.EnableCheckpoints(&metrics);
   worker::WorkerAgent agent(options, &metrics, &engine);
   worker::WorkerService service(&agent, &engine, token);
   server::HealthService health;

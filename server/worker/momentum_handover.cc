@@ -171,6 +171,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
     batch.next_has_momentum[slot.slot] = true;
   }
   outcome->lost = static_cast<int64_t>(lost.size());
+  outcome->job_step = last_step;
   Unresolved unresolved;
   if (c.first) {
     for (size_t i = 0; i < lost.size(); ++i) {
@@ -181,7 +182,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
       const int64_t floats = batch.rows * batch.cols;
       float* into = plan.SlotData(slot, true);
       const absl::Status loaded = c.checkpoint
-                                      ? c.checkpoint(m, e, into)
+                                      ? c.checkpoint(m, e, into, last_step)
                                       : absl::NotFoundError("no checkpoint");
       if (loaded.ok()) {
         batch.has_momentum[slot.slot] = true;

@@ -32,7 +32,8 @@
 // Lost items. An item with no previous owner among the ranks, in a job that
 // has stepped (some rank committed a step), lost its momentum (its owner
 // left or died); so did one its previous owner reports lost. Its new owner asks
-// the checkpoint (MomentumSource; NOT_FOUND today), and failing that starts it
+// the checkpoint (MomentumSource: the job's checkpoint_dir, only momentum
+// as of the newest step any rank committed), and failing that starts it
 // from zero when the job allows it (JobSpec.allow_momentum_reset). The ranks
 // then broadcast how many stay unresolved; any makes every rank's handover
 // FAILED_PRECONDITION naming the first such matrix, the same on every rank.
@@ -83,10 +84,11 @@ struct PreviousOwnership {
 };
 
 // Loads the momentum of (matrix, expert) into `slot` (device memory of the
-// item's size) from somewhere other than its previous owner: OK once
-// written, NOT_FOUND when there is none.
-using MomentumSource =
-    std::function<absl::Status(int matrix, int64_t expert, float* slot)>;
+// item's size) from somewhere other than its previous owner, as of step
+// `step` (the newest step any rank committed): OK once written, NOT_FOUND
+// when there is none of that step.
+using MomentumSource = std::function<absl::Status(int matrix, int64_t expert,
+                                                  float* slot, int64_t step)>;
 
 // What a handover runs with; everything must outlive the call.
 struct HandoverContext {
@@ -109,11 +111,12 @@ struct HandoverContext {
 struct HandoverOutcome {
   // False: the transport failed mid-way (rebuild it; the handover reruns).
   bool transport_ok = true;
-  int64_t sent = 0;      // items handed to their new owners from here
-  int64_t received = 0;  // items whose momentum arrived here
-  int64_t restored = 0;  // lost items loaded from the checkpoint here
-  int64_t reset = 0;     // lost items started from zero here (allowed)
-  int64_t lost = 0;      // items of the whole plan with no previous owner
+  int64_t sent = 0;       // items handed to their new owners from here
+  int64_t received = 0;   // items whose momentum arrived here
+  int64_t restored = 0;   // lost items loaded from the checkpoint here
+  int64_t reset = 0;      // lost items started from zero here (allowed)
+  int64_t lost = 0;       // items of the whole plan with no previous owner
+  int64_t job_step = -1;  // the newest step any rank committed (-1: none)
 };
 
 // Runs the handover (see above). OK, or: the transport's error (with

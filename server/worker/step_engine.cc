@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -239,9 +240,18 @@ absl::Status StepEngine::HandOver() {
   context.timeout = backend_.timeout;
   std::vector<std::pair<int, int64_t>> unresolved;
   context.unresolved = &unresolved;
-  context.checkpoint = [this](int matrix, int64_t expert, float* slot) {
+  // The job's checkpoints, read once, when the first lost item asks.
+  std::optional<absl::StatusOr<CheckpointCatalog>> catalog;
+  context.checkpoint = [&](int matrix, int64_t expert, float* slot,
+                           int64_t step) -> absl::Status {
     mu_.AssertHeld();
-    return MomentumFromCheckpoint(matrix, expert, slot);
+    const std::string& dir = plan_.job.checkpoint_dir();
+    if (dir.empty() || step < 0) {
+      return absl::NotFoundError("the job keeps no checkpoints");
+    }
+    if (!catalog.has_value()) catalog = CheckpointCatalog::Load(dir);
+    if (!catalog->ok()) return catalog->status();
+    return MomentumFromCheckpoint(**catalog, matrix, expert, slot, step);
   };
   HandoverOutcome outcome;
   const absl::Status status = HandOverMomentum(context, &outcome);
@@ -264,6 +274,11 @@ absl::Status StepEngine::HandOver() {
   }
   momentum_resets_ += outcome.reset;
   momentum_resets_total_ += outcome.reset;
+  // Every item owned here now holds momentum as of the job's newest step
+  // (handed over, or from a checkpoint of that step): what a restore on
+  // start took from an older checkpoint is gone, and so is its rule that
+  // the trainer resume from there.
+  if (outcome.job_step >= 0) restore_unverified_ = -1;
   if (outcome.lost > 0) {
     spdlog::warn(
         "worker={} plan_version={} momentum handover: {} matrices lost their "
@@ -281,12 +296,30 @@ absl::Status StepEngine::HandOver() {
   return absl::OkStatus();
 }
 
-absl::Status StepEngine::MomentumFromCheckpoint(int matrix, int64_t expert,
-                                                float* slot) {
-  (void)slot;
-  return absl::NotFoundError(
-      absl::StrCat("no checkpoint holds the momentum of matrix ",
-                   Quoted(plan_.matrices[matrix].name), " expert ", expert));
+absl::Status StepEngine::MomentumFromCheckpoint(
+    const CheckpointCatalog& catalog, int matrix, int64_t expert, float* slot,
+    int64_t step) {
+  const scheduler::MatrixSpec& spec = plan_.matrices[matrix];
+  std::vector<float> values(spec.rows * spec.cols);
+  MUONPS_ASSIGN_OR_RETURN(
+      const int64_t as_of,
+      catalog.Restore(spec.name, expert, spec.rows, spec.cols, values.data()));
+  if (as_of != step) {
+    if (restores_ != nullptr) restores_->Increment({"stale"}, 1);
+    return absl::NotFoundError(absl::StrCat(
+        "the newest checkpoint holding matrix ", Quoted(spec.name), " expert ",
+        expert, " is of step ", as_of, "; the job is at step ", step));
+  }
+  kernels::DeviceOps& ops = *backend_.ops;
+  MUONPS_RETURN_IF_ERROR(ops.Copy(
+      slot, values.data(), static_cast<int64_t>(values.size()), ops.stream()));
+  MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
+  if (restores_ != nullptr) restores_->Increment({"restored"}, 1);
+  spdlog::info(
+      "worker={} plan_version={} momentum of {} expert {} restored from the "
+      "checkpoint of step {} (its owner left)",
+      worker_id_, plan_.version, Quoted(spec.name), expert, step);
+  return absl::OkStatus();
 }
 
 v1::StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
@@ -316,6 +349,7 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
                       plan_.rank < 0 ? "the worker is not in the current plan"
                                      : kNoTrainerAttached);
   }
+  CheckRestoredStep(request.step_id());
   RoundResult round;
   for (int rounds = 0;; ++rounds) {
     if (rounds == kMaxRounds) {
@@ -329,6 +363,7 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
     round = RunRound(request, &*trainer_, cancelled);
     if (!round.status.ok() || round.kind != RoundResult::Kind::kAgain) break;
   }
+  MaybeCheckpoint();
   // The trainer's stream waits for this (CUDA), whatever happened.
   kernels::DeviceOps& ops = *backend_.ops;
   const absl::Status signaled =
@@ -361,6 +396,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
       }
       v1::StepRequest request;  // the step id comes from rank 0
       RoundResult round = RunRound(request, /*trainer=*/nullptr, nullptr);
+      MaybeCheckpoint();
       if (!round.status.ok()) return round.status;
       if (round.kind != RoundResult::Kind::kStepped) return std::nullopt;
       round.response.set_momentum_reset(momentum_resets_);

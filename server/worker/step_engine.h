@@ -39,10 +39,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "muonps/v1/coordinator.pb.h"
 #include "muonps/v1/worker.pb.h"
+#include "server/worker/checkpoint_restore.h"
+#include "server/worker/checkpoint_writer.h"
 #include "server/worker/momentum_handover.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_run.h"
@@ -198,7 +201,60 @@ class StepEngine {
   absl::Status SetMomentum(const std::string& matrix, int64_t expert,
                            std::vector<float> values);
 
+  // Momentum checkpoints (step_engine_checkpoint.cc). Call once, before
+  // the first plan; without it the engine writes and restores none.
+  // `metrics` (may be null) must outlive the engine. While the job's
+  // JobSpec.checkpoint_dir is set, every step committed here whose id is a
+  // multiple of checkpoint_every (or the first one after
+  // RequestCheckpoint) copies the momentum this worker owns to host memory
+  // under the engine's lock and hands it to a CheckpointWriter, which
+  // writes <checkpoint_dir>/<worker_id>/ in the background (that step
+  // waits only if the previous checkpoint is still being written).
+  void EnableCheckpoints(MetricsRegistry* metrics);
+  // Asks for a checkpoint right after the next step committed here (waits
+  // for a step in progress, as SetPlan does). FAILED_PRECONDITION when
+  // checkpoints are not enabled or the job has no checkpoint_dir. Returns the
+  // last step checkpointed (-1: none).
+  absl::StatusOr<int64_t> RequestCheckpoint();
+  // The last step whose checkpoint was written durably (-1: none). Never
+  // waits for a step. Thread-safe.
+  int64_t last_checkpoint_step() const;
+  // The step the momentum restored from a checkpoint is as of (-1: none).
+  int64_t restored_step() const { return restored_step_.load(); }
+  // Call after every SetPlan. Each owned expert with no momentum is
+  // restored from the job's checkpoint_dir (checkpoint_restore.h) when a
+  // verified checkpoint holds it as of the reference step: this worker's
+  // last committed step, or, for a worker that has committed none (it
+  // started or restarted), the newest checkpoint's step S, and then the
+  // trainer must resume from S (logged at warn; CheckRestoredStep drops
+  // it if the trainer's first step is not S + 1). Momentum as of any other
+  // step is never installed: it stays zero and is counted as a reset, and
+  // the log names both steps. Restores are counted in
+  // muonps_worker_momentum_restores_total{result="restored"|"stale"|
+  // "missing"}. Holds the engine's lock while it reads the checkpoints.
+  // Errors: INTERNAL when the directory cannot be listed or the device
+  // copy fails.
+  absl::Status RestoreMissingMomentum();
+  // Replaces the momentum of every expert owned here with checkpoint
+  // `step` of `dir` (Worker.RestoreCheckpoint), all or nothing, and drops
+  // a step staged in doubt. Returns how many experts it restored.
+  // INVALID_ARGUMENT naming `checkpoint_dir` or `step` when malformed,
+  // FAILED_PRECONDITION with no plan, NOT_FOUND naming the first owned
+  // expert that checkpoint lacks, INVALID_ARGUMENT for a shape mismatch.
+  absl::StatusOr<int64_t> RestoreCheckpoint(const std::string& dir,
+                                            int64_t step);
+  // Waits for the checkpoint being written, if any (tests, shutdown).
+  absl::Status WaitForCheckpoint();
+
  private:
+  // Submits a checkpoint when the step last committed here asks for one.
+  void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first step a trainer asks for after a worker that had committed
+  // nothing restored momentum as of step S: unless it is S + 1 (the
+  // trainer resumed from S), that momentum belongs to another step, so
+  // every owned expert starts from zero instead (an error log, counted as
+  // stale restores and in the step's momentum_reset).
+  void CheckRestoredStep(int64_t step_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
   absl::Status NoPlanYet() const;
   // Builds the transport if there is none, and runs the momentum handover
@@ -207,9 +263,12 @@ class StepEngine {
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandOver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checkpoint's momentum of (matrix, expert) into `slot`, for an item
-  // whose previous owner is gone: NOT_FOUND (no checkpoint is consulted
-  // yet; this is where a checkpoint restore plugs in).
-  absl::Status MomentumFromCheckpoint(int matrix, int64_t expert, float* slot)
+  // whose previous owner is gone, from `catalog` (the job's checkpoints,
+  // loaded once per handover): OK once written, NOT_FOUND when no
+  // checkpoint holds it as of `step` (the newest step any rank committed).
+  absl::Status MomentumFromCheckpoint(const CheckpointCatalog& catalog,
+                                      int matrix, int64_t expert, float* slot,
+                                      int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the previous plan's owned items leave for the handover to `next`.
   // Items of `next` that come back here before their handover ran get
@@ -287,6 +346,15 @@ class StepEngine {
   // (-1: none), and the status steps of the older plan fail with.
   int64_t replaced_by_ ABSL_GUARDED_BY(abort_mu_) = -1;
   absl::Status replaced_why_ ABSL_GUARDED_BY(abort_mu_);
+  // Checkpoints (EnableCheckpoints); the writer is set once, before use.
+  std::unique_ptr<CheckpointWriter> checkpoint_writer_;
+  Counter* restores_ = nullptr;
+  int64_t checkpointed_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // The step S of a restore whose S + 1 no trainer has asked for yet (-1:
+  // none); only while no step was committed here.
+  int64_t restore_unverified_ ABSL_GUARDED_BY(mu_) = -1;
+  std::atomic<bool> checkpoint_requested_{false};
+  std::atomic<int64_t> restored_step_{-1};
 };
 
 }  // namespace worker

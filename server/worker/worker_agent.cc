@@ -367,6 +367,12 @@ void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
   if (!set.ok()) {
     spdlog::error("job={} worker={} plan_version={} rejected: {}", options_.job,
                   options_.worker_id, plan.version(), set.ToString());
+  } else if (const absl::Status restored = engine_->RestoreMissingMomentum();
+             !restored.ok()) {
+    spdlog::error(
+        "job={} worker={} plan_version={} restoring momentum from "
+        "checkpoints failed: {}",
+        options_.job, options_.worker_id, plan.version(), restored.ToString());
   }
 }
 
@@ -416,6 +422,9 @@ v1::WorkerStatus WorkerAgent::Status() const {
   // Read before taking mu_, which the heartbeat loop needs: never hold it
   // while anything else may wait.
   const int64_t last_step = engine_ != nullptr ? engine_->last_step() : -1;
+  const int64_t checkpointed =
+      engine_ != nullptr ? engine_->last_checkpoint_step() : -1;
+  const int64_t restored = engine_ != nullptr ? engine_->restored_step() : -1;
   absl::MutexLock lock(&mu_);
   v1::WorkerStatus out;
   out.set_worker_id(options_.worker_id);
@@ -424,6 +433,8 @@ v1::WorkerStatus WorkerAgent::Status() const {
   out.set_state(state_);
   out.set_rank(-1);
   out.set_last_step(last_step);
+  out.set_last_checkpoint_step(checkpointed);
+  out.set_restored_step(restored);
   if (!plan_) return out;
   out.set_plan_version(plan_->version());
   for (int i = 0; i < plan_->workers_size(); ++i) {

@@ -120,6 +120,13 @@ _SIGNATURES = {
                                          ctypes.c_uint64, _c_str]),
     "muonps_client_expect_dedicated_workers": (_c_int, [_handle, _c_int]),
     "muonps_client_allow_momentum_reset": (_c_int, [_handle, _c_int]),
+    "muonps_client_set_checkpointing": (_c_int, [_handle, _c_str, _c_i64]),
+    "muonps_client_checkpoint": (_c_int, [_handle,
+                                          ctypes.POINTER(_c_i64)]),
+    "muonps_client_last_checkpoint_step": (_c_int, [
+        _handle, ctypes.POINTER(_c_i64)]),
+    "muonps_client_restore_checkpoint": (_c_int, [
+        _handle, _c_str, _c_i64, ctypes.POINTER(_c_i64)]),
     "muonps_client_set_group": (_c_int, [_handle, _c_int,
                                          ctypes.POINTER(_c_str), _c_int]),
     "muonps_client_step_with": (_c_int, [_handle, _c_i64,
@@ -315,6 +322,35 @@ class NativeClient:
         start; False by default: such a step raises)."""
         self._check(self._lib.muonps_client_allow_momentum_reset(
             self._handle, 1 if allow else 0))
+
+    def set_checkpointing(self, directory, every):
+        """Momentum checkpoints into `directory` every `every` steps
+        (before start; 0: only on request)."""
+        self._check(self._lib.muonps_client_set_checkpointing(
+            self._handle, directory.encode(), every))
+
+    def checkpoint(self):
+        """Asks the local worker for a checkpoint after the next committed
+        step; returns the last step it checkpointed (-1: none)."""
+        last = _c_i64(-1)
+        self._check(self._lib.muonps_client_checkpoint(
+            self._handle, ctypes.byref(last)))
+        return last.value
+
+    def last_checkpoint_step(self):
+        """The last step the local worker checkpointed (-1: none)."""
+        step = _c_i64(-1)
+        self._check(self._lib.muonps_client_last_checkpoint_step(
+            self._handle, ctypes.byref(step)))
+        return step.value
+
+    def restore_checkpoint(self, directory, step):
+        """The local worker restores the momentum it owns from checkpoint
+        `step` of `directory`; returns how many experts."""
+        restored = _c_i64(0)
+        self._check(self._lib.muonps_client_restore_checkpoint(
+            self._handle, directory.encode(), step, ctypes.byref(restored)))
+        return restored.value
 
     def set_group(self, group, names):
         array = (_c_str * max(1, len(names)))(*[n.encode() for n in names])

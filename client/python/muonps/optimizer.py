@@ -16,6 +16,7 @@ Not thread-safe: one trainer thread uses an optimizer, as with torch's.
 import math
 import os
 import re
+import time
 import warnings
 import weakref
 
@@ -94,6 +95,12 @@ class Muon(torch.optim.Optimizer):
         get its momentum neither from it nor from a checkpoint, True starts
         that matrix again from zero momentum (with a warning); False (the
         default) makes the step raise, naming the matrix.
+    checkpoint_dir, checkpoint_every: the workers checkpoint the momentum
+        they own into checkpoint_dir (a directory every worker reaches)
+        after every step whose id is a multiple of checkpoint_every (0: only
+        after checkpoint()), and restore momentum they lack from there when
+        they start or the plan changes; state_dict(checkpoint=True) then
+        references the checkpoint instead of copying momentum.
     qk_clip: a muonps.QKClip (Kimi K2's MuonClip): after each step given
         max_logits, the attention heads whose largest logit exceeded its
         threshold are shrunk (see muonps/qk_clip.py).
@@ -114,7 +121,8 @@ class Muon(torch.optim.Optimizer):
                  job=None, worker_socket=None, rank=None, world_size=None,
                  layout="replicated", is_matrix=None, timeout=60.0,
                  dedicated_workers=0, qk_clip=None,
-                 allow_momentum_reset=False):
+                 allow_momentum_reset=False, checkpoint_dir=None,
+                 checkpoint_every=0):
         _validate(lr, weight_decay, momentum, ns_steps, adamw_lr, adamw_betas,
                   adamw_eps, adamw_weight_decay)
         if adjust_lr_fn not in (None, *_ADJUST_LR):
@@ -152,7 +160,9 @@ class Muon(torch.optim.Optimizer):
             "worker_socket": worker_socket, "rank": rank,
             "world_size": world_size, "layout": layout, "timeout": timeout,
             "dedicated_workers": int(dedicated_workers),
-            "allow_momentum_reset": bool(allow_momentum_reset)}
+            "allow_momentum_reset": bool(allow_momentum_reset),
+            "checkpoint_dir": checkpoint_dir,
+            "checkpoint_every": int(checkpoint_every)}
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum,
             nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
@@ -275,21 +285,59 @@ class Muon(torch.optim.Optimizer):
         if self._cuda is not None:
             self._cuda.zero_grad()  # lent gradients stay in place
 
-    def state_dict(self):
+    def checkpoint(self):
+        """Asks this rank's worker to checkpoint the momentum it owns into
+        checkpoint_dir right after the next step it commits (call it on
+        every rank); returns the last step it checkpointed (-1: none)."""
+        self._check_open()
+        if self._client is None:
+            self._start()
+        return self._client.checkpoint()
+
+    def _checkpoint_reference(self):
+        """{"dir", "step"} of the workers' checkpoint of the last step,
+        once this rank's worker wrote it (waits up to the timeout)."""
+        directory = self._connection["checkpoint_dir"]
+        if not directory:
+            raise ValueError("muonps.Muon: state_dict(checkpoint=True) needs "
+                             "checkpoint_dir")
+        last = self._step_id - 1
+        deadline = time.monotonic() + self._connection["timeout"]
+        written = self._client.last_checkpoint_step()
+        while written < last and time.monotonic() < deadline:
+            time.sleep(0.02)
+            written = self._client.last_checkpoint_step()
+        if last < 0 or written != last:
+            raise RuntimeError(
+                f"muonps.Muon: the worker's last checkpoint is of step "
+                f"{written}, not of the last step {last}: choose "
+                "checkpoint_every to divide it, or call checkpoint() before "
+                "that step")
+        return {"dir": os.path.abspath(directory), "step": last}
+
+    def state_dict(self, checkpoint=False):
         """torch's state dict plus "muonps": the next step id, AdamW moments
         and step count, and the momentum of the matrices this rank's worker
-        owns, keyed "name[expert]" (save every rank's to keep them all)."""
+        owns, keyed "name[expert]" (save every rank's to keep them all).
+        With checkpoint=True the momentum stays on disk: "checkpoint" names
+        the workers' checkpoint of the last step in checkpoint_dir (which
+        checkpoint_every or checkpoint() must have asked for), and
+        "momentum" is empty."""
         self._check_open()
         state = super().state_dict()
         saved = {"step": self._step_id, "adamw_step": 0, "adamw": {},
                  "momentum": {}}
         if self._cuda is not None:
             self._cuda.wait()
+        if checkpoint:
+            saved["checkpoint"] = self._checkpoint_reference()
+        if self._cuda is not None:
             for name, p, _ in self._cuda.matrices:
                 experts = p.shape[0] if p.dim() == 3 else 1
                 for e in range(experts):
                     buf = torch.empty(p.shape[-2:], dtype=torch.float32)
-                    if self._client.get_momentum(name, e, buf):
+                    if (not checkpoint and
+                            self._client.get_momentum(name, e, buf)):
                         saved["momentum"][f"{name}[{e}]"] = buf
             if self._cuda.adamw is not None:
                 saved["adamw_torch"] = self._cuda.adamw.state_dict()
@@ -297,6 +345,8 @@ class Muon(torch.optim.Optimizer):
             saved["adamw_torch"] = self._adamw_torch.state_dict()
         for t in self._lent:
             if t.muon:
+                if checkpoint:
+                    continue  # on disk, named by saved["checkpoint"]
                 for e in range(t.experts):
                     buf = torch.empty(t.shape[-2:], dtype=torch.float32)
                     if self._client.get_momentum(t.name, e, buf):
@@ -311,7 +361,9 @@ class Muon(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Restores groups, the step id, AdamW state and the momentum of the
-        matrices this rank's worker owns (others' entries are skipped)."""
+        matrices this rank's worker owns (others' entries are skipped); a
+        state from state_dict(checkpoint=True) makes the worker restore the
+        momentum it owns from the checkpoint it names."""
         self._check_open()
         state_dict = dict(state_dict)
         saved = state_dict.pop("muonps", None)
@@ -322,6 +374,9 @@ class Muon(torch.optim.Optimizer):
             self._start()
         if self._cuda is not None:
             self._cuda.wait()
+            if "checkpoint" in saved:
+                self._client.restore_checkpoint(saved["checkpoint"]["dir"],
+                                                int(saved["checkpoint"]["step"]))
             if "adamw_torch" in saved and self._cuda.adamw is not None:
                 self._cuda.adamw.load_state_dict(saved["adamw_torch"])
             names = {name for name, _, _ in self._cuda.matrices}
@@ -334,6 +389,9 @@ class Muon(torch.optim.Optimizer):
                                           _f32(values))
             self._step_id = int(saved["step"])
             return
+        if "checkpoint" in saved:
+            self._client.restore_checkpoint(saved["checkpoint"]["dir"],
+                                            int(saved["checkpoint"]["step"]))
         if "adamw_torch" in saved and self._adamw_torch is not None:
             self._adamw_torch.load_state_dict(saved["adamw_torch"])
         lent = {t.name: t for t in self._lent}
@@ -492,8 +550,7 @@ class Muon(torch.optim.Optimizer):
                 else:
                     client.add_tensor(t.name, t.param.numel(), layout)
             d = self.defaults
-            _start_client(client, d, c["dedicated_workers"],
-                          c["allow_momentum_reset"])
+            _start_client(client, d, c)
             for t in lent:
                 t.bind(*client.buffers(t.name))
             for index in range(len(self.param_groups)):
@@ -572,8 +629,7 @@ class Muon(torch.optim.Optimizer):
             # Lends the matrices (before start: the worker maps them then).
             cuda = CudaPath(client, device, matrices, others,
                             self.param_groups, d, average_others=average)
-            _start_client(client, d, c["dedicated_workers"],
-                          c["allow_momentum_reset"])
+            _start_client(client, d, c)
             self._cuda = cuda
         except _native.MuonpsError as e:
             client.close()
@@ -594,12 +650,16 @@ def _worker_device(device):
     return f"cuda:{index}"
 
 
-def _start_client(client, d, dedicated_workers, allow_momentum_reset=False):
+def _start_client(client, d, c):
     """Starts `client` with the optimizer's defaults `d` as the job's (which
-    expects `dedicated_workers` workers with no trainer, and may or may not
-    reset lost momentum)."""
-    client.expect_dedicated_workers(dedicated_workers)
-    client.allow_momentum_reset(allow_momentum_reset)
+    expects c["dedicated_workers"] workers with no trainer, may or may not
+    reset lost momentum, and checkpoints into c["checkpoint_dir"], if
+    set)."""
+    client.expect_dedicated_workers(c["dedicated_workers"])
+    client.allow_momentum_reset(c["allow_momentum_reset"])
+    if c["checkpoint_dir"]:
+        client.set_checkpointing(os.path.abspath(c["checkpoint_dir"]),
+                                 c["checkpoint_every"])
     client.start(d["lr"], d["weight_decay"], d["momentum"], d["nesterov"],
                  d["ns_steps"], _ADJUST_LR[d["adjust_lr_fn"] or "original"],
                  d["lr"] if d["adamw_lr"] is None else d["adamw_lr"],

@@ -183,3 +183,51 @@ def test_momentum_of_a_large_matrix_survives_state_dict(cluster):
     again = opt2.state_dict()["muonps"]["momentum"]["big[0]"]
     assert torch.equal(again, momentum)
     opt2.close()
+
+
+def test_state_dict_referencing_a_checkpoint_resumes_to_uninterrupted_params(
+        cluster, tmp_path):
+    init, grads = toy.initial(seed=8), toy.gradients(6, seed=9)
+    uninterrupted = toy.parameters(init)
+    opt = muonps.Muon(list(uninterrupted.items()), **HYPER,
+                      **cluster().options())
+    run(opt, uninterrupted, grads)
+    opt.close()
+
+    directory = tmp_path / "ckpt"
+    params = toy.parameters(init)
+    opt = muonps.Muon(list(params.items()), **HYPER, **cluster().options(),
+                      checkpoint_dir=str(directory), checkpoint_every=5)
+    run(opt, params, grads[:2])  # step ids 0 (checkpointed: 0 % 5) and 1
+    assert opt.checkpoint() in (-1, 0)  # step 2 is checkpointed on request
+    run(opt, params, grads[2:3])
+    state = through_file(opt.state_dict(checkpoint=True))
+    values = snapshot(params)
+    assert state["muonps"]["momentum"] == {}
+    assert state["muonps"]["checkpoint"] == {"dir": str(directory), "step": 2}
+    assert (directory / "w0" / f"ckpt-{2:020d}.manifest").is_file()
+    opt.close()
+
+    # A fresh cluster whose job names no checkpoint_dir: load_state_dict
+    # has its worker read the referenced checkpoint.
+    resumed = toy.parameters(values)
+    opt = muonps.Muon(list(resumed.items()), **HYPER, **cluster().options())
+    opt.load_state_dict(state)
+    assert opt.step_id == 3
+    run(opt, resumed, grads[3:])
+    opt.close()
+    for n in init:
+        error = relative_error(resumed[n], uninterrupted[n])
+        assert error <= RESUME_TOLERANCE, f"{n}: {error:.2e} after step 6"
+
+
+def test_state_dict_of_a_step_no_checkpoint_was_asked_for_raises(
+        cluster, tmp_path):
+    params = toy.parameters(toy.initial())
+    opt = muonps.Muon(list(params.items()), **HYPER, **cluster().options(),
+                      checkpoint_dir=str(tmp_path / "ckpt"),
+                      checkpoint_every=10, timeout=2)
+    run(opt, params, toy.gradients(2))  # step 0 checkpointed, step 1 not
+    with pytest.raises(RuntimeError, match="checkpoint is of step 0, not"):
+        opt.state_dict(checkpoint=True)
+    opt.close()

@@ -1,0 +1,307 @@
+// Momentum checkpoints through the real service (coordinator and worker
+// processes, trainers in the test process, files on disk): workers write
+// what they own every N steps and when asked, with manifests and checksums
+// that verify; a worker killed with SIGKILL and started again restores its
+// momentum from its checkpoint, equal to the momentum a replay of the same
+// steps gives, and the job resumes from there as if never interrupted; and
+// momentum far above gRPC's 4 MiB message limit moves in chunks.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "server/worker/checkpoint_store.h"
+#include "tests/data_plane_fixture.h"
+
+namespace muonps {
+namespace testing {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+
+using Outcomes = std::vector<std::optional<StepOutcome>>;
+
+void ExpectAllStepped(const Outcomes& outcomes, int64_t step) {
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    ASSERT_TRUE(outcomes[r].has_value()) << "trainer " << r;
+    ASSERT_TRUE(outcomes[r]->result.ok())
+        << "step " << step << " trainer " << r << ": "
+        << outcomes[r]->result.status();
+  }
+}
+
+class CheckpointTest : public DataPlaneFixture {
+ protected:
+  // Waits until worker `worker` says `field` of its status reached `step`.
+  void WaitForStatus(int worker, int64_t step, bool restored) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    int64_t seen = -2;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<v1::WorkerStatus> status = WorkerStatus(worker);
+      if (status.ok()) {
+        seen =
+            restored ? status->restored_step() : status->last_checkpoint_step();
+        if (seen == step) return;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    FAIL() << "worker " << worker << " "
+           << (restored ? "restored_step" : "last_checkpoint_step") << " is "
+           << seen << ", not " << step;
+  }
+
+  // Every expert of the model: (name, expert).
+  std::vector<std::pair<std::string, int64_t>> Experts() const {
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (const MatrixDecl& m : model().matrices) {
+      for (int64_t e = 0; e < m.options.experts; ++e)
+        out.emplace_back(m.name, e);
+    }
+    return out;
+  }
+
+  // After another worker was killed for good: the survivor's status once
+  // the coordinator's new plan (past `version`) gave it rank 0.
+  v1::WorkerStatus AfterReplan(int survivor, int64_t version) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<v1::WorkerStatus> status = WorkerStatus(survivor);
+      if (status.ok() && status->plan_version() > version &&
+          status->rank() == 0) {
+        return *status;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << "no new plan on worker " << survivor;
+    return {};
+  }
+
+  std::string dir_ = NewTempDir("checkpoints");
+};
+
+TEST_F(CheckpointTest, WorkersWriteWhatTheyOwnEveryNStepsAndWhenAsked) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kUnreduced);
+  ClusterOptions options{.workers = 2};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 3;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  ReferenceModel reference(model, 2, PlannedAlgorithms());
+  for (int64_t step = 1; step <= 6; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  std::set<std::pair<std::string, int64_t>> covered;
+  for (int w = 0; w < workers(); ++w) {
+    ASSERT_NO_FATAL_FAILURE(WaitForStatus(w, 6, /*restored=*/false));
+  }
+  for (int rank = 0; rank < plan().workers_size(); ++rank) {
+    const std::string& id = plan().workers(rank);
+    const int w = WorkerIndex(id);
+    const std::string worker_dir = options.checkpoint_dir + "/" + id;
+    absl::StatusOr<std::vector<int64_t>> steps =
+        ListCheckpointSteps(worker_dir);
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    EXPECT_EQ(*steps, (std::vector<int64_t>{3, 6})) << id;
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(worker_dir, 6);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();  // every CRC32C verified
+    EXPECT_EQ(loaded->manifest.step, 6);
+    EXPECT_EQ(loaded->manifest.plan_version, plan().version());
+    EXPECT_EQ(loaded->manifest.worker_id, id);
+    for (size_t t = 0; t < loaded->manifest.tensors.size(); ++t) {
+      const CheckpointTensor& tensor = loaded->manifest.tensors[t];
+      EXPECT_EQ(Owner(tensor.name, tensor.expert), w) << tensor.name;
+      EXPECT_TRUE(covered.emplace(tensor.name, tensor.expert).second)
+          << tensor.name << "[" << tensor.expert << "] saved twice";
+      absl::StatusOr<std::vector<float>> live =
+          Momentum(w, tensor.name, tensor.expert);
+      ASSERT_TRUE(live.ok()) << live.status();
+      EXPECT_EQ(loaded->tensors[t], *live)
+          << tensor.name << "[" << tensor.expert << "] differs from the "
+          << "worker's momentum at step 6";
+      EXPECT_LE(
+          MaxRelativeError(loaded->tensors[t],
+                           reference.momentum(tensor.name, tensor.expert)),
+          kTolerance);
+    }
+  }
+  const auto experts = Experts();
+  const std::set<std::pair<std::string, int64_t>> every(experts.begin(),
+                                                        experts.end());
+  EXPECT_EQ(covered, every);
+
+  // Step 7 is no multiple of 3; a Checkpoint call makes step 8 one, on the
+  // asking trainer's worker only.
+  ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(7), 7));
+  absl::StatusOr<int64_t> last = client(0).RequestCheckpoint();
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, 6);
+  ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(8), 8));
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 8, /*restored=*/false));
+  absl::StatusOr<v1::WorkerStatus> other = WorkerStatus(1);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->last_checkpoint_step(), 6);
+}
+
+TEST_F(CheckpointTest, KilledWorkerRestoresItsCheckpointAndTheJobResumes) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 2;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  ReferenceModel reference(model, 1, PlannedAlgorithms());
+  for (int64_t step = 1; step <= 4; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 4, /*restored=*/false));
+  std::map<std::pair<std::string, int64_t>, std::vector<float>> before;
+  for (const auto& item : Experts()) {
+    absl::StatusOr<std::vector<float>> m = Momentum(0, item.first, item.second);
+    ASSERT_TRUE(m.ok()) << m.status();
+    before[item] = *m;
+  }
+
+  ASSERT_NO_FATAL_FAILURE(KillWorker(0));
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 4, /*restored=*/true));
+  for (const auto& [item, values] : before) {
+    absl::StatusOr<std::vector<float>> m = Momentum(0, item.first, item.second);
+    ASSERT_TRUE(m.ok()) << item.first << ": " << m.status();
+    EXPECT_EQ(*m, values) << item.first << "[" << item.second << "]";
+    // The replay: the same four steps in one process.
+    EXPECT_LE(MaxRelativeError(*m, reference.momentum(item.first, item.second)),
+              kTolerance)
+        << item.first << "[" << item.second << "]";
+  }
+  // The trainer resumes from step 4: step 5 lands exactly where an
+  // uninterrupted run does (the restarted worker's client attaches again).
+  ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(5), 5));
+  ASSERT_TRUE(reference.Step(5).ok());
+  ExpectMatchesReference(reference, kTolerance);
+}
+
+TEST_F(CheckpointTest, RestoredMomentumOfAnotherStepThanTheTrainersIsDropped) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 2;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  ReferenceModel reference(model, 1, PlannedAlgorithms());
+  for (int64_t step = 1; step <= 3; ++step) {  // checkpoint of step 2 only
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 2, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(KillWorker(0));
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 2, /*restored=*/true));
+  // The trainer goes on with step 4, not 3: momentum of step 2 would mix
+  // steps, so every expert starts from zero and the step says so.
+  const Outcomes outcomes = RunStep(4);
+  ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(outcomes, 4));
+  EXPECT_EQ(outcomes[0]->result->momentum_reset,
+            static_cast<int64_t>(Experts().size()));
+  for (const auto& item : Experts()) {
+    reference.ResetMomentum(item.first, item.second);
+  }
+  ASSERT_TRUE(reference.Step(4).ok());
+  ExpectMatchesReference(reference, kTolerance);
+  const std::string logged = WorkerLog(0);
+  EXPECT_NE(logged.find("as of step 2, but the trainer asks for step 4, not 3"),
+            std::string::npos)
+      << logged;
+}
+
+TEST_F(CheckpointTest, SurvivorRestoresALostOwnersMomentumOfTheJobsStep) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 1;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+  }
+  const int lost = WorkerAtPlanRank(1), survivor = WorkerAtPlanRank(0);
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(lost, 3, /*restored=*/false));
+  std::map<std::pair<std::string, int64_t>, std::vector<float>> theirs;
+  for (const auto& item : Experts()) {
+    if (Owner(item.first, item.second) != lost) continue;
+    absl::StatusOr<std::vector<float>> m =
+        Momentum(lost, item.first, item.second);
+    ASSERT_TRUE(m.ok()) << m.status();
+    theirs[item] = *m;
+  }
+  ASSERT_FALSE(theirs.empty()) << "the plan should split the matrices";
+  ASSERT_NO_FATAL_FAILURE(KillWorker(lost));
+  const v1::WorkerStatus status = AfterReplan(survivor, plan().version());
+  EXPECT_EQ(status.restored_step(), 3);
+  for (const auto& [item, values] : theirs) {
+    absl::StatusOr<std::vector<float>> m =
+        Momentum(survivor, item.first, item.second);
+    ASSERT_TRUE(m.ok()) << item.first << ": " << m.status();
+    EXPECT_EQ(*m, values) << item.first << "[" << item.second << "]";
+  }
+}
+
+TEST_F(CheckpointTest, SurvivorNeverInstallsMomentumOfAnotherStep) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 2;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  for (int64_t step = 1; step <= 3; ++step) {  // checkpoint of step 2 only
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+  }
+  const int lost = WorkerAtPlanRank(1), survivor = WorkerAtPlanRank(0);
+  ASSERT_NO_FATAL_FAILURE(WaitForStatus(lost, 2, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(KillWorker(lost));
+  const v1::WorkerStatus status = AfterReplan(survivor, plan().version());
+  EXPECT_EQ(status.restored_step(), -1);
+  for (const auto& item : Experts()) {
+    if (Owner(item.first, item.second) != lost) continue;
+    // Left at zero (no momentum yet), not the momentum of step 2.
+    EXPECT_EQ(Momentum(survivor, item.first, item.second).status().code(),
+              absl::StatusCode::kNotFound)
+        << item.first;
+  }
+  const std::string logged = WorkerLog(survivor);
+  EXPECT_NE(logged.find("the newest checkpoint holding it is of step 2, the "
+                        "job's step here is 3"),
+            std::string::npos)
+      << logged;
+}
+
+TEST_F(CheckpointTest, MomentumAboveTheGrpcMessageLimitMovesInChunks) {
+  // 4096 x 14336 floats: 224 MiB, 56 times gRPC's default 4 MiB limit.
+  ModelDecl model;
+  model.matrices.push_back({"big.w", 4096, 14336, {}});
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, ClusterOptions{.workers = 1}));
+  std::vector<float> values(int64_t{4096} * 14336);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] =
+        static_cast<float>(static_cast<int64_t>(i % 8191) - 4095) / 4096.0f;
+  }
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(client(0).RestoreMomentum("big.w", 0, values).ok());
+  absl::StatusOr<std::vector<float>> back = client(0).OwnedMomentum("big.w", 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == values);
+  std::cerr << "224 MiB of momentum out and back in "
+            << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms\n";
+  // A wrong total is refused naming the field, nothing changed.
+  const absl::Status short_one = client(0).RestoreMomentum(
+      "big.w", 0, std::vector<float>(values.begin(), values.begin() + 1000));
+  EXPECT_EQ(short_one.code(), absl::StatusCode::kInvalidArgument) << short_one;
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace muonps
