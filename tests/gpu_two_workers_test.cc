@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/dtype.h"
+#include "common/row_ranges.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -103,7 +104,7 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // Rows of matrix `m` that trainer `t` holds.
   std::pair<int64_t, int64_t> Rows(const MatrixCase& c, int t) const {
     if (Layout() != scheduler::Layout::kRowSharded) return {0, c.rows};
-    return {c.rows * t / 2, c.rows * (t + 1) / 2};
+    return TrainerRowRange(c.rows, t, 2);  // torch.chunk's split
   }
 
   // Starts both trainers (threads: each Start waits for the other's worker).
