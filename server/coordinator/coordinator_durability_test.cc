@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/fake_clock.h"
 #include "server/coordinator/job_store.h"
 
 namespace muonps {
@@ -25,22 +26,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTtl = absl::Seconds(10);
-
-class FakeClock {
- public:
-  absl::Time Now() {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
 
 v1::CreateJobRequest Create(const std::string& name,
                             const std::string& request_id = "r1") {

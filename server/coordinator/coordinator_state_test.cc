@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/coordinator/fake_clock.h"
 
 namespace muonps {
 namespace coordinator {
@@ -36,23 +37,6 @@ MATCHER_P2(StatusIs, code, part, "") {
   return arg.code() == code &&
          std::string(arg.message()).find(part) != std::string::npos;
 }
-
-// Time that moves only when a test advances it. Thread-safe.
-class FakeClock {
- public:
-  absl::Time Now() {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1700000000);
-};
 
 // A CoordinatorState whose callers hold the credentials it hands out, as
 // real workers and trainers do: it keeps the job token of every CreateJob
