@@ -15,14 +15,12 @@ Not thread-safe: one trainer thread uses an optimizer, as with torch's.
 
 import math
 import os
-import re
-import time
 import warnings
 import weakref
 
 import torch
 
-from . import _native, _service
+from . import _native, _service, _state
 from ._binding import LentTensor, ShardLent, release
 from ._cuda import CudaPath
 from ._dtensor import TorchAdamW, check_row_sharded, is_dtensor
@@ -294,27 +292,6 @@ class Muon(torch.optim.Optimizer):
             self._start()
         return self._client.checkpoint()
 
-    def _checkpoint_reference(self):
-        """{"dir", "step"} of the workers' checkpoint of the last step,
-        once this rank's worker wrote it (waits up to the timeout)."""
-        directory = self._connection["checkpoint_dir"]
-        if not directory:
-            raise ValueError("muonps.Muon: state_dict(checkpoint=True) needs "
-                             "checkpoint_dir")
-        last = self._step_id - 1
-        deadline = time.monotonic() + self._connection["timeout"]
-        written = self._client.last_checkpoint_step()
-        while written < last and time.monotonic() < deadline:
-            time.sleep(0.02)
-            written = self._client.last_checkpoint_step()
-        if last < 0 or written != last:
-            raise RuntimeError(
-                f"muonps.Muon: the worker's last checkpoint is of step "
-                f"{written}, not of the last step {last}: choose "
-                "checkpoint_every to divide it, or call checkpoint() before "
-                "that step")
-        return {"dir": os.path.abspath(directory), "step": last}
-
     def state_dict(self, checkpoint=False):
         """torch's state dict plus "muonps": the next step id, AdamW moments
         and step count, and the momentum of the matrices this rank's worker
@@ -325,38 +302,7 @@ class Muon(torch.optim.Optimizer):
         "momentum" is empty."""
         self._check_open()
         state = super().state_dict()
-        saved = {"step": self._step_id, "adamw_step": 0, "adamw": {},
-                 "momentum": {}}
-        if self._cuda is not None:
-            self._cuda.wait()
-        if checkpoint:
-            saved["checkpoint"] = self._checkpoint_reference()
-        if self._cuda is not None:
-            for name, p, _ in self._cuda.matrices:
-                experts = p.shape[0] if p.dim() == 3 else 1
-                for e in range(experts):
-                    buf = torch.empty(p.shape[-2:], dtype=torch.float32)
-                    if (not checkpoint and
-                            self._client.get_momentum(name, e, buf)):
-                        saved["momentum"][f"{name}[{e}]"] = buf
-            if self._cuda.adamw is not None:
-                saved["adamw_torch"] = self._cuda.adamw.state_dict()
-        if self._adamw_torch is not None:
-            saved["adamw_torch"] = self._adamw_torch.state_dict()
-        for t in self._lent:
-            if t.muon:
-                if checkpoint:
-                    continue  # on disk, named by saved["checkpoint"]
-                for e in range(t.experts):
-                    buf = torch.empty(t.shape[-2:], dtype=torch.float32)
-                    if self._client.get_momentum(t.name, e, buf):
-                        saved["momentum"][f"{t.name}[{e}]"] = buf
-            else:
-                m = torch.empty(t.shape, dtype=torch.float32)
-                v = torch.empty(t.shape, dtype=torch.float32)
-                saved["adamw_step"] = self._client.get_adamw(t.name, m, v)
-                saved["adamw"][t.name] = {"exp_avg": m, "exp_avg_sq": v}
-        state["muonps"] = saved
+        state["muonps"] = _state.saved_state(self, checkpoint)
         return state
 
     def load_state_dict(self, state_dict):
@@ -372,46 +318,7 @@ class Muon(torch.optim.Optimizer):
             return
         if self._client is None:
             self._start()
-        if self._cuda is not None:
-            self._cuda.wait()
-            if "checkpoint" in saved:
-                self._client.restore_checkpoint(saved["checkpoint"]["dir"],
-                                                int(saved["checkpoint"]["step"]))
-            if "adamw_torch" in saved and self._cuda.adamw is not None:
-                self._cuda.adamw.load_state_dict(saved["adamw_torch"])
-            names = {name for name, _, _ in self._cuda.matrices}
-            for key, values in saved["momentum"].items():
-                match = re.fullmatch(r"(.*)\[(\d+)\]", key)
-                if not match or match[1] not in names:
-                    raise ValueError(f"muonps.Muon: the state has momentum "
-                                     f"{key!r}, not a matrix here")
-                self._client.set_momentum(match[1], int(match[2]),
-                                          _f32(values))
-            self._step_id = int(saved["step"])
-            return
-        if "checkpoint" in saved:
-            self._client.restore_checkpoint(saved["checkpoint"]["dir"],
-                                            int(saved["checkpoint"]["step"]))
-        if "adamw_torch" in saved and self._adamw_torch is not None:
-            self._adamw_torch.load_state_dict(saved["adamw_torch"])
-        lent = {t.name: t for t in self._lent}
-        for name, moments in saved["adamw"].items():
-            if name not in lent or lent[name].muon:
-                raise ValueError(f"muonps.Muon: the state has AdamW moments "
-                                 f"of {name!r}, not an AdamW parameter here")
-            self._client.set_adamw(name, _f32(moments["exp_avg"]),
-                                   _f32(moments["exp_avg_sq"]),
-                                   int(saved["adamw_step"]))
-        for key, values in saved["momentum"].items():
-            match = re.fullmatch(r"(.*)\[(\d+)\]", key)
-            if not match or match[1] not in lent or not lent[match[1]].muon:
-                raise ValueError(f"muonps.Muon: the state has momentum "
-                                 f"{key!r}, not a matrix here")
-            self._client.set_momentum(match[1], int(match[2]), _f32(values))
-        # AdamW state as of the checkpoint: its steps are not stepped again.
-        self._client.set_last_adamw_step(int(saved["step"]) - 1)
-        self._step_id = int(saved["step"])
-        self._failed_step = None
+        _state.restore_state(self, saved)
 
     def close(self):
         """Moves the parameters back to their own memory and releases the
@@ -724,10 +631,6 @@ def _ranks(rank, world_size):
     if world_size is None:
         world_size = dist.get_world_size() if initialized else 1
     return rank, world_size
-
-
-def _f32(tensor):
-    return tensor.detach().to(device="cpu", dtype=torch.float32).contiguous()
 
 
 def _validate(lr, weight_decay, momentum, ns_steps, adamw_lr, betas, eps,
