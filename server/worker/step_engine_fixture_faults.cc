@@ -1,5 +1,6 @@
 // StepEngineTest's faults (transports that fail or stall at a chosen call)
 // and trainer loops that retry until answered.
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <utility>
@@ -91,7 +92,10 @@ TransportFactory StepEngineTest::Connector(int worker) {
     transport::TcpOptions options;
     options.data_plane_secret = secret;
     options.io_timeout = timeout;
-    options.connect_timeout = timeout;
+    // Connecting is not what these tests time: a rebuilt transport waits
+    // for a peer that a fault stalled, and a loaded machine (sanitizers,
+    // CI's two cores) may take longer than the I/O timeout to accept.
+    options.connect_timeout = std::max(timeout, absl::Seconds(2));
     auto t = transport::TcpTransport::Connect(listener, rank, peers, session,
                                               options);
     if (!t.ok()) return t.status();
