@@ -1,7 +1,6 @@
 // StepEngine's momentum checkpoints: the snapshot after a commit, the
 // checkpoint RPC's request, and the restore after a new plan
 // (step_engine.h says when each happens; checkpoint_restore.h the rule).
-#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -172,10 +171,6 @@ absl::Status StepEngine::RestoreMissingMomentum() {
     if (stale > 0) restores_->Increment({"stale"}, stale);
     if (absent > 0) restores_->Increment({"missing"}, absent);
   }
-  // Restored ones did not start from zero after all.
-  const int64_t undo = std::min(restored, momentum_resets_);
-  momentum_resets_ -= undo;
-  momentum_resets_total_ -= undo;
   if (restored > 0) restored_step_.store(reference);
   if (restored > 0 && committed < 0) restore_unverified_ = reference;
   if (restored > 0 && committed < 0) {
