@@ -100,11 +100,12 @@ absl::StatusOr<MeasuredTimeline> ParseTimeline(const nlohmann::json& j,
   return t;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<MeasuredStep>> ParseMeasuredSteps(
-    absl::string_view text) {
-  std::vector<MeasuredStep> out;
+// Calls `each(number, field, line)` for every JSON-object line of `text`
+// (blank and "#" lines skipped); `field` names the line in errors.
+// INVALID_ARGUMENT naming the line for one that is not a JSON object, or
+// the first error of `each`.
+template <typename Each>
+absl::Status ForEachJsonLine(absl::string_view text, const Each& each) {
   int number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++number;
@@ -115,35 +116,52 @@ absl::StatusOr<std::vector<MeasuredStep>> ParseMeasuredSteps(
     if (j.is_discarded() || !j.is_object()) {
       return InvalidField(field, "not a JSON object");
     }
-    if (!j.contains("what") || !j["what"].is_string()) continue;
-    const std::string what = j["what"].get<std::string>();
-    if (!absl::StartsWith(what, kPrefix)) continue;
-    MeasuredStep step;
-    step.line = number;
-    step.gpus = GpusOf(what);
-    if (step.gpus == 0 && absl::EndsWith(what, kSuffix)) {
-      return InvalidField(field, absl::StrCat("what ", Quoted(what),
-                                              ": the GPU count must be >= 1"));
-    }
-    if (step.gpus == 0) continue;
-    if (!j.contains("ms") || !j["ms"].is_number() ||
-        !(j["ms"].get<double>() > 0)) {
-      return InvalidField(field, "ms must be a number > 0");
-    }
-    step.ms = j["ms"].get<double>();
-    if (j.contains("layout")) {
-      if (!j["layout"].is_string()) {
-        return InvalidField(field, "layout must be a string");
-      }
-      MUONPS_ASSIGN_OR_RETURN(step.layout,
-                              ParseLayout(j["layout"].get<std::string>(),
-                                          absl::StrCat(field, " layout")));
-    }
-    if (j.contains("predicted_ms") && j["predicted_ms"].is_number()) {
-      step.predicted_ms = j["predicted_ms"].get<double>();
-    }
-    out.push_back(step);
+    MUONPS_RETURN_IF_ERROR(each(number, field, j));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<MeasuredStep>> ParseMeasuredSteps(
+    absl::string_view text) {
+  std::vector<MeasuredStep> out;
+  MUONPS_RETURN_IF_ERROR(ForEachJsonLine(
+      text,
+      [&](int number, const std::string& field,
+          const nlohmann::json& j) -> absl::Status {
+        if (!j.contains("what") || !j["what"].is_string())
+          return absl::OkStatus();
+        const std::string what = j["what"].get<std::string>();
+        if (!absl::StartsWith(what, kPrefix)) return absl::OkStatus();
+        MeasuredStep step;
+        step.line = number;
+        step.gpus = GpusOf(what);
+        if (step.gpus == 0 && absl::EndsWith(what, kSuffix)) {
+          return InvalidField(field,
+                              absl::StrCat("what ", Quoted(what),
+                                           ": the GPU count must be >= 1"));
+        }
+        if (step.gpus == 0) return absl::OkStatus();
+        if (!j.contains("ms") || !j["ms"].is_number() ||
+            !(j["ms"].get<double>() > 0)) {
+          return InvalidField(field, "ms must be a number > 0");
+        }
+        step.ms = j["ms"].get<double>();
+        if (j.contains("layout")) {
+          if (!j["layout"].is_string()) {
+            return InvalidField(field, "layout must be a string");
+          }
+          MUONPS_ASSIGN_OR_RETURN(step.layout,
+                                  ParseLayout(j["layout"].get<std::string>(),
+                                              absl::StrCat(field, " layout")));
+        }
+        if (j.contains("predicted_ms") && j["predicted_ms"].is_number()) {
+          step.predicted_ms = j["predicted_ms"].get<double>();
+        }
+        out.push_back(step);
+        return absl::OkStatus();
+      }));
   return out;
 }
 
@@ -156,24 +174,19 @@ absl::StatusOr<std::vector<MeasuredStep>> LoadMeasuredSteps(
 absl::StatusOr<std::vector<MeasuredTimeline>> ParseMeasuredTimelines(
     absl::string_view text) {
   std::vector<MeasuredTimeline> out;
-  int number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++number;
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty() || absl::StartsWith(line, "#")) continue;
-    const std::string field = absl::StrCat("--measured line ", number);
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-      return InvalidField(field, "not a JSON object");
-    }
-    if (!j.contains("what") || !j["what"].is_string() ||
-        j["what"].get<std::string>() != "muonps_step_timeline") {
-      continue;
-    }
-    MUONPS_ASSIGN_OR_RETURN(MeasuredTimeline t, ParseTimeline(j, field));
-    t.line = number;
-    out.push_back(std::move(t));
-  }
+  MUONPS_RETURN_IF_ERROR(ForEachJsonLine(
+      text,
+      [&](int number, const std::string& field,
+          const nlohmann::json& j) -> absl::Status {
+        if (!j.contains("what") || !j["what"].is_string() ||
+            j["what"].get<std::string>() != "muonps_step_timeline") {
+          return absl::OkStatus();
+        }
+        MUONPS_ASSIGN_OR_RETURN(MeasuredTimeline t, ParseTimeline(j, field));
+        t.line = number;
+        out.push_back(std::move(t));
+        return absl::OkStatus();
+      }));
   return out;
 }
 
