@@ -1,11 +1,11 @@
 // libFuzzer target: what a worker does with a plan it is sent
 // (server/worker/step_engine.cc's SetPlan, without the memory): the job's
-// translation to C++ types (proto/translate.h), the plan's ownership,
-// per-worker algorithms, and the step schedule built from them
-// (scheduler/step_schedule.h). The input's first record is the JobSpec
-// (kept only if the coordinator's own checks accept it, as a worker only
-// ever sees such a job), every further record a Plan for it. Any status is
-// fine; a crash, a sanitizer report or a hang is a finding.
+// translation to C++ types (proto/translate.h), the plan's ownership and
+// batches, and the step schedule built from them, with the batches' parts
+// cut into each stack's chunks (scheduler/step_schedule.h). The input's first
+// record is the JobSpec (kept only if the coordinator's own checks accept it,
+// as a worker only ever sees such a job), every further record a Plan for it.
+// Any status is fine; a crash, a sanitizer report or a hang is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -35,9 +35,6 @@ void DecodePlan(const v1::JobSpec& job,
   absl::StatusOr<scheduler::OwnershipPlan> ownership =
       proto::OwnershipFromPlan(plan, matrices);
   if (!ownership.ok()) return;
-  for (const std::string& worker : plan.workers()) {
-    (void)proto::AlgorithmsOfWorker(plan, worker);
-  }
   scheduler::ScheduleOptions options;
   if (job.bucket_bytes() > 0) options.bucket_bytes = job.bucket_bytes();
   absl::StatusOr<scheduler::StepSchedule> schedule =

@@ -1,12 +1,44 @@
 #include "proto/translate.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace muonps {
 namespace proto {
+namespace {
+
+// The item a batch member names: "name" (a 2-D matrix) or "name[expert]";
+// nullopt if there is no such matrix or expert.
+std::optional<scheduler::ItemRef> ItemNamed(
+    const std::string& member, const std::map<std::string, int>& index,
+    const std::vector<scheduler::MatrixSpec>& matrices) {
+  auto m = index.find(member);
+  if (m != index.end() && matrices[m->second].experts == 1) {
+    return scheduler::ItemRef{m->second, 0};
+  }
+  const size_t open = member.rfind('[');
+  if (open != std::string::npos && member.back() == ']') {
+    m = index.find(member.substr(0, open));
+    int64_t expert = -1;
+    if (m != index.end() && matrices[m->second].experts > 1 &&
+        absl::SimpleAtoi(absl::string_view(member).substr(
+                             open + 1, member.size() - open - 2),
+                         &expert) &&
+        expert >= 0 && expert < matrices[m->second].experts) {
+      return scheduler::ItemRef{m->second, static_cast<int32_t>(expert)};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 scheduler::Layout LayoutFromProto(v1::Layout layout) {
   switch (layout) {
@@ -141,17 +173,66 @@ absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
                        matrices[m].experts, " experts"));
     }
   }
+  for (int b = 0; b < plan.batches_size(); ++b) {
+    const v1::Batch& batch = plan.batches(b);
+    const std::string field = absl::StrCat("plan.batches[", b, "]");
+    auto r = rank_of.find(batch.worker_id());
+    if (r == rank_of.end()) {
+      return InvalidField(absl::StrCat(field, ".worker_id"),
+                          absl::StrCat(Quoted(batch.worker_id()),
+                                       " is not a worker of the plan"));
+    }
+    scheduler::Batch& to = out.batches.emplace_back();
+    to.worker = r->second;
+    to.rows = batch.rows();
+    to.cols = batch.cols();
+    to.seconds = batch.predicted_seconds();
+    for (int k = 0; k < batch.matrices_size(); ++k) {
+      const std::optional<scheduler::ItemRef> item =
+          ItemNamed(batch.matrices(k), index, matrices);
+      if (!item.has_value()) {
+        return InvalidField(absl::StrCat(field, ".matrices[", k, "]"),
+                            absl::StrCat(Quoted(batch.matrices(k)),
+                                         " is not a matrix or expert of the "
+                                         "job"));
+      }
+      to.items.push_back(*item);
+    }
+    for (const v1::BatchPart& part : batch.parts()) {
+      to.parts.push_back({part.count(), NsAlgorithmFromProto(part.algorithm()),
+                          part.predicted_seconds()});
+    }
+    if (to.parts.empty()) {
+      to.parts.push_back({batch.matrices_size(),
+                          NsAlgorithmFromProto(batch.algorithm()),
+                          batch.predicted_seconds()});
+    }
+  }
   return out;
 }
 
-std::map<std::pair<int64_t, int64_t>, kernels::NsAlgorithm> AlgorithmsOfWorker(
-    const v1::Plan& plan, const std::string& worker_id) {
-  std::map<std::pair<int64_t, int64_t>, kernels::NsAlgorithm> out;
-  for (const v1::Batch& batch : plan.batches()) {
-    if (batch.worker_id() != worker_id) continue;
-    out[{std::min(batch.rows(), batch.cols()),
-         std::max(batch.rows(), batch.cols())}] =
-        NsAlgorithmFromProto(batch.algorithm());
+v1::Batch BatchToProto(const scheduler::Batch& batch,
+                       const std::vector<std::string>& worker_ids,
+                       const std::vector<scheduler::MatrixSpec>& matrices) {
+  v1::Batch out;
+  out.set_worker_id(worker_ids[batch.worker]);
+  out.set_rows(batch.rows);
+  out.set_cols(batch.cols);
+  out.set_algorithm(NsAlgorithmToProto(batch.parts.empty()
+                                           ? kernels::NsAlgorithm::kNs5
+                                           : batch.parts.front().algorithm));
+  for (const scheduler::ItemRef& item : batch.items) {
+    const scheduler::MatrixSpec& spec = matrices[item.matrix];
+    out.add_matrices(spec.experts > 1
+                         ? absl::StrCat(spec.name, "[", item.expert, "]")
+                         : spec.name);
+  }
+  out.set_predicted_seconds(batch.seconds);
+  for (const scheduler::BatchPart& part : batch.parts) {
+    v1::BatchPart* p = out.add_parts();
+    p->set_count(part.count);
+    p->set_algorithm(NsAlgorithmToProto(part.algorithm));
+    p->set_predicted_seconds(part.seconds);
   }
   return out;
 }

@@ -5,9 +5,7 @@
 #ifndef MUONPS_PROTO_TRANSLATE_H_
 #define MUONPS_PROTO_TRANSLATE_H_
 
-#include <map>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,15 +36,22 @@ std::vector<scheduler::MatrixSpec> MatricesFromJob(const v1::JobSpec& job);
 kernels::MuonHyperparameters MuonFromProto(const v1::MuonHyperparameters& h);
 
 // Owners by matrix and expert (ranks = indices into plan.workers()), in
-// the order of `matrices`. INVALID_ARGUMENT naming the plan field when the
-// plan names a matrix or worker the job does not have.
+// the order of `matrices`, and the plan's batches (worker, shape, members,
+// parts, predicted seconds; a batch without parts, from a coordinator that
+// predates them, gets one part of every member with its `algorithm`).
+// INVALID_ARGUMENT naming the plan field when the plan names a matrix,
+// expert or worker the job does not have. Whether the batches agree with
+// the owners is scheduler::BuildStepSchedule's to check.
 absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
     const v1::Plan& plan, const std::vector<scheduler::MatrixSpec>& matrices);
 
-// The algorithm of every batch of `worker_id` in the plan, by (min dim,
-// max dim) of its shape.
-std::map<std::pair<int64_t, int64_t>, kernels::NsAlgorithm> AlgorithmsOfWorker(
-    const v1::Plan& plan, const std::string& worker_id);
+// `batch` as a plan carries it: the worker by id (`worker_ids`, indexed by
+// batch.worker), members named "name" or "name[expert]" (for matrices with
+// experts > 1) after `matrices`, every part, and `algorithm` set to the
+// first part's.
+v1::Batch BatchToProto(const scheduler::Batch& batch,
+                       const std::vector<std::string>& worker_ids,
+                       const std::vector<scheduler::MatrixSpec>& matrices);
 
 }  // namespace proto
 }  // namespace muonps

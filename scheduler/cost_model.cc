@@ -1,6 +1,7 @@
 #include "scheduler/cost_model.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels/ns_flops.h"
 
@@ -67,13 +68,19 @@ double CostModel::FallbackSeconds(int64_t rows, int64_t cols, int64_t batch,
   return rates_.call_overhead_seconds + static_cast<double>(batch) * each;
 }
 
+const CostTable::Curve* CostModel::Measured(
+    int64_t rows, int64_t cols, kernels::NsAlgorithm algorithm) const {
+  const CostTable::Curve* curve =
+      table_ == nullptr ? nullptr : table_->Find(rows, cols, algorithm);
+  return curve == nullptr || curve->empty() ? nullptr : curve;
+}
+
 double CostModel::NsSeconds(int64_t rows, int64_t cols, int64_t batch,
                             kernels::NsAlgorithm algorithm) const {
   if (batch <= 0) return 0;
   double seconds;
-  const CostTable::Curve* curve =
-      table_ == nullptr ? nullptr : table_->Find(rows, cols, algorithm);
-  if (curve != nullptr && !curve->empty()) {
+  const CostTable::Curve* curve = Measured(rows, cols, algorithm);
+  if (curve != nullptr) {
     seconds = Interpolate(*curve, batch) * ns_steps_ / kTableSteps;
   } else {
     seconds = FallbackSeconds(rows, cols, batch, algorithm);
@@ -94,6 +101,74 @@ CostModel::Choice CostModel::Best(int64_t rows, int64_t cols, int64_t batch,
   const double ns5 = NsSeconds(rows, cols, batch, kernels::NsAlgorithm::kNs5);
   if (gram < ns5) return {kernels::NsAlgorithm::kGram, gram};
   return {kernels::NsAlgorithm::kNs5, ns5};
+}
+
+BatchSplitter::BatchSplitter(const CostModel& model, int64_t rows, int64_t cols,
+                             AlgorithmPolicy policy)
+    : model_(&model), rows_(rows), cols_(cols), policy_(policy) {}
+
+const BatchSplitter::Entry& BatchSplitter::At(int64_t n) {
+  if (static_cast<int64_t>(memo_.size()) > n) return memo_[n];
+  // The curves a split may draw its part sizes from: only measured ones
+  // (none: the roofline, which never gains from a split).
+  const CostTable::Curve* curves[2] = {nullptr, nullptr};
+  if (policy_ != AlgorithmPolicy::kGram) {
+    curves[0] = model_->Measured(rows_, cols_, kernels::NsAlgorithm::kNs5);
+  }
+  if (policy_ != AlgorithmPolicy::kNs5) {
+    curves[1] = model_->Measured(rows_, cols_, kernels::NsAlgorithm::kGram);
+  }
+  const bool measured = curves[0] != nullptr || curves[1] != nullptr;
+  if (memo_.empty()) memo_.push_back({BatchPart{}, 0.0, 0});
+  for (int64_t k = static_cast<int64_t>(memo_.size()); k <= n; ++k) {
+    const CostModel::Choice choice = model_->Best(rows_, cols_, k, policy_);
+    Entry entry{{k, choice.algorithm, choice.seconds}, choice.seconds, 0};
+    // First part a (1 or a measured size < k), then the best of the rest.
+    auto consider = [&](int64_t a) {
+      const double t = memo_[a].whole.seconds + memo_[k - a].optimum;
+      if (t < entry.optimum) {
+        entry.optimum = t;
+        entry.first = a;
+      }
+    };
+    if (measured && k > 1) {
+      consider(1);
+      for (const CostTable::Curve* curve : curves) {
+        if (curve == nullptr) continue;
+        for (const auto& [a, seconds] : *curve) {
+          if (a >= k) break;
+          if (a > 1) consider(a);
+        }
+      }
+    }
+    memo_.push_back(entry);
+  }
+  return memo_[n];
+}
+
+double BatchSplitter::Seconds(int64_t n) {
+  if (n <= 0) return 0;
+  const Entry& entry = At(n);
+  return Splits(entry) ? entry.optimum : entry.whole.seconds;
+}
+
+std::vector<BatchPart> BatchSplitter::Parts(int64_t n) {
+  if (n <= 0) return {};
+  At(n);
+  if (!Splits(memo_[n])) return {memo_[n].whole};
+  std::vector<BatchPart> parts;
+  // The optimum's chain: its first part, then the rest's optimum.
+  int64_t k = n;
+  for (; memo_[k].first > 0; k -= memo_[k].first) {
+    parts.push_back(memo_[memo_[k].first].whole);
+  }
+  parts.push_back(memo_[k].whole);
+  std::stable_sort(
+      parts.begin(), parts.end(), [](const BatchPart& x, const BatchPart& y) {
+        return std::make_pair(-x.count, static_cast<int>(x.algorithm)) <
+               std::make_pair(-y.count, static_cast<int>(y.algorithm));
+      });
+  return parts;
 }
 
 }  // namespace scheduler

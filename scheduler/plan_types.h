@@ -82,13 +82,20 @@ struct ItemRef {
   int32_t expert = 0;
 };
 
+// All same-shape matrices one worker owns (up to orientation: rows <= cols),
+// and how it runs their Newton-Schulz: as consecutive calls (parts), each of
+// `count` matrices with its own algorithm. A batch that is not split has
+// exactly one part; one is split only where the worker's measured times
+// favour it (BatchSplitter), so without a cost table never.
 struct Batch {
   int32_t worker = 0;
   int64_t rows = 0;
   int64_t cols = 0;
-  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
   std::vector<ItemRef> items;  // in matrix order
-  double seconds = 0;          // predicted NS time of the whole batch
+  // Largest first; counts sum to items.size(). How a worker lays them over
+  // the stacks it computes: scheduler/step_schedule.h, OwnerStack.
+  std::vector<BatchPart> parts;
+  double seconds = 0;  // predicted NS time of the whole batch (all parts)
 };
 
 struct OwnershipPlan {

@@ -48,10 +48,9 @@ OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
       batch.worker = w;
       batch.rows = p.rows(shape);
       batch.cols = p.cols(shape);
-      const CostModel::Choice& choice =
-          p.Batch(p.worker_class(w), shape, a.slot(id).count);
-      batch.algorithm = choice.algorithm;
-      batch.seconds = choice.seconds;
+      const int c = p.worker_class(w);
+      batch.parts = p.BatchParts(c, shape, a.slot(id).count);
+      batch.seconds = p.BatchSeconds(c, shape, a.slot(id).count);
       for (int item = a.slot(id).newest; item >= 0; item = a.older_than(item)) {
         batch.items.push_back(p.item(item));
       }

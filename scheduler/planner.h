@@ -5,10 +5,13 @@
 // Costs come from each worker's CostModel and are batching-aware: k
 // same-shape matrices on one owner run as one batch, so a worker's load is
 // sum over its shapes of T(shape, k) plus per-matrix transfer time, not a
-// sum of per-matrix costs. The plan starts from longest-processing-time
-// greedy placement (and from FLOP-LPT, keeping the better), improves the
-// most loaded worker with moves and swaps, and solves tiny instances
-// exactly. Deterministic: equal inputs give equal plans, field for field.
+// sum of per-matrix costs. T(shape, k) is the fastest way to run the batch
+// (BatchSplitter): one call, or the split into smaller calls that the
+// worker's measured times favour, which the plan's Batch::parts record. The
+// plan starts from longest-processing-time greedy placement (and from FLOP-LPT,
+// keeping the better), improves the most loaded worker with moves and swaps,
+// and solves tiny instances exactly. Deterministic: equal inputs give equal
+// plans, field for field.
 //
 // The lower bound reported with a plan is max(total work / total speed,
 // largest single matrix on its fastest worker), where total work batches

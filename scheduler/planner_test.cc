@@ -82,9 +82,9 @@ std::vector<double> SecondsOf(const PlanInput& input, const Owners& owners) {
   }
   for (size_t w = 0; w < counts.size(); ++w) {
     for (const auto& [key, n] : counts[w]) {
-      seconds[w] += models[w]
-                        .Best(key.first, key.second, n, input.options.algorithm)
-                        .seconds;
+      seconds[w] += BatchSplitter(models[w], key.first, key.second,
+                                  input.options.algorithm)
+                        .Seconds(n);
     }
   }
   return seconds;
@@ -138,10 +138,20 @@ void ExpectValidPlan(const PlanInput& input, const OwnershipPlan& plan) {
       EXPECT_EQ(plan.owners[item.matrix][item.expert], b.worker) << spec.name;
       ++seen[item.matrix][item.expert];
     }
-    const CostModel::Choice best = models[b.worker].Best(
-        b.rows, b.cols, b.items.size(), input.options.algorithm);
-    EXPECT_EQ(b.algorithm, best.algorithm);
-    EXPECT_NEAR(b.seconds, best.seconds, kRel * best.seconds);
+    BatchSplitter splitter(models[b.worker], b.rows, b.cols,
+                           input.options.algorithm);
+    const int64_t n = static_cast<int64_t>(b.items.size());
+    const std::vector<BatchPart> best = splitter.Parts(n);
+    ASSERT_EQ(b.parts.size(), best.size());
+    int64_t counted = 0;
+    for (size_t p = 0; p < best.size(); ++p) {
+      EXPECT_EQ(b.parts[p].count, best[p].count);
+      EXPECT_EQ(b.parts[p].algorithm, best[p].algorithm);
+      EXPECT_NEAR(b.parts[p].seconds, best[p].seconds, kRel * best[p].seconds);
+      counted += b.parts[p].count;
+    }
+    EXPECT_EQ(counted, n);
+    EXPECT_NEAR(b.seconds, splitter.Seconds(n), kRel * b.seconds);
   }
   for (int m = 0; m < matrices; ++m) {
     for (size_t e = 0; e < seen[m].size(); ++e) {
@@ -198,7 +208,12 @@ void ExpectIdenticalPlans(const OwnershipPlan& a, const OwnershipPlan& b) {
     EXPECT_EQ(x.worker, y.worker) << "batch " << i;
     EXPECT_EQ(x.rows, y.rows) << "batch " << i;
     EXPECT_EQ(x.cols, y.cols) << "batch " << i;
-    EXPECT_EQ(x.algorithm, y.algorithm) << "batch " << i;
+    ASSERT_EQ(x.parts.size(), y.parts.size()) << "batch " << i;
+    for (size_t p = 0; p < x.parts.size(); ++p) {
+      EXPECT_EQ(x.parts[p].count, y.parts[p].count) << "batch " << i;
+      EXPECT_EQ(x.parts[p].algorithm, y.parts[p].algorithm) << "batch " << i;
+      EXPECT_EQ(x.parts[p].seconds, y.parts[p].seconds) << "batch " << i;
+    }
     EXPECT_EQ(x.seconds, y.seconds) << "batch " << i;
     ASSERT_EQ(x.items.size(), y.items.size()) << "batch " << i;
     for (size_t k = 0; k < x.items.size(); ++k) {
@@ -481,12 +496,9 @@ Optimum BruteForce(const PlanInput& input) {
   std::vector<std::vector<double>> transfer(workers, std::vector<double>(n));
   for (int w = 0; w < workers; ++w) {
     for (const auto& [key, s] : shape_ids) {
-      for (int k = 0; k <= n; ++k) {
-        batch[w][s].push_back(
-            models[w]
-                .Best(key.first, key.second, k, input.options.algorithm)
-                .seconds);
-      }
+      BatchSplitter splitter(models[w], key.first, key.second,
+                             input.options.algorithm);
+      for (int k = 0; k <= n; ++k) batch[w][s].push_back(splitter.Seconds(k));
     }
     for (int i = 0; i < n; ++i) {
       transfer[w][i] = models[w].TransferSeconds(

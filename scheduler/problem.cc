@@ -170,23 +170,14 @@ Problem::Problem(const PlanInput& input) : input_(input) {
     class_speed_sum_[c] += w.speed;
     capacity_.push_back(w.memory_bytes - input.options.workspace_bytes);
   }
-  memo_.assign(models_.size(),
-               std::vector<std::vector<CostModel::Choice>>(shapes_.size()));
-}
-
-const CostModel::Choice& Problem::Batch(int c, int shape, int64_t n) const {
-  static constexpr CostModel::Choice kEmpty{kernels::NsAlgorithm::kNs5, 0.0};
-  if (n <= 0) return kEmpty;
-  std::vector<CostModel::Choice>& memo = memo_[c][shape];
-  if (static_cast<int64_t>(memo.size()) <= n) {
-    const int64_t old = static_cast<int64_t>(memo.size());
-    memo.resize(n + 1, kEmpty);
-    for (int64_t k = std::max<int64_t>(old, 1); k <= n; ++k) {
-      memo[k] = models_[c].Best(shapes_[shape].rows, shapes_[shape].cols, k,
-                                input_.options.algorithm);
+  splitters_.resize(models_.size());
+  for (size_t c = 0; c < models_.size(); ++c) {
+    splitters_[c].reserve(shapes_.size());
+    for (const Shape& shape : shapes_) {
+      splitters_[c].emplace_back(models_[c], shape.rows, shape.cols,
+                                 input.options.algorithm);
     }
   }
-  return memo[n];
 }
 
 double Problem::TransferSeconds(int c, int i) const {

@@ -33,6 +33,9 @@ class Problem {
  public:
   // `input` must outlive the Problem and be valid (ValidatePlanInput).
   explicit Problem(const PlanInput& input);
+  // Its batch splitters point at its own cost models.
+  Problem(const Problem&) = delete;
+  Problem& operator=(const Problem&) = delete;
 
   int num_items() const { return static_cast<int>(items_.size()); }
   int num_workers() const { return static_cast<int>(worker_class_.size()); }
@@ -52,12 +55,15 @@ class Problem {
   const CostModel& model(int c) const { return models_[c]; }
 
   // Predicted NS seconds of `n` items of `shape` batched on a worker of
-  // class `c`, with the best algorithm the options allow.
+  // class `c`: one call with the best algorithm the options allow, or the
+  // split into several calls its measured times favour (BatchSplitter).
   double BatchSeconds(int c, int shape, int64_t n) const {
-    return Batch(c, shape, n).seconds;
+    return splitters_[c][shape].Seconds(n);
   }
-  // The same with the algorithm that achieves it.
-  const CostModel::Choice& Batch(int c, int shape, int64_t n) const;
+  // The calls that achieve it (BatchSplitter::Parts).
+  std::vector<BatchPart> BatchParts(int c, int shape, int64_t n) const {
+    return splitters_[c][shape].Parts(n);
+  }
   // Transfer seconds of item `i` on a worker of class `c`.
   double TransferSeconds(int c, int i) const;
   // Standalone cost of item `i` on the fastest class.
@@ -81,8 +87,8 @@ class Problem {
   std::vector<double> class_speed_sum_;
   std::vector<CostModel> models_;
   std::vector<int64_t> capacity_;
-  // memo_[c][shape][n] = Batch(c, shape, n); grown on demand.
-  mutable std::vector<std::vector<std::vector<CostModel::Choice>>> memo_;
+  // splitters_[c][shape]: memoized over the batch size, grown on demand.
+  mutable std::vector<std::vector<BatchSplitter>> splitters_;
 };
 
 // Items on workers, grouped per (worker, shape) into slots, with every

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <set>
+#include <string>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +13,119 @@
 namespace muonps {
 namespace scheduler {
 namespace {
+
+// (owner, short side, long side): what a plan's Batch is per.
+using ShapeKey = std::tuple<int32_t, int64_t, int64_t>;
+
+ShapeKey KeyOf(int32_t owner, int64_t rows, int64_t cols) {
+  return {owner, std::min(rows, cols), std::max(rows, cols)};
+}
+
+std::string ShapeName(const ShapeKey& key) {
+  return absl::StrCat(std::get<1>(key), "x", std::get<2>(key), " on worker ",
+                      std::get<0>(key));
+}
+
+// The plan's batches against its owners (see BuildStepSchedule).
+absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
+                          const OwnershipPlan& plan) {
+  if (plan.batches.empty()) return absl::OkStatus();
+  std::map<ShapeKey, int64_t> owned;
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    for (const int32_t owner : plan.owners[m]) {
+      ++owned[KeyOf(owner, matrices[m].rows, matrices[m].cols)];
+    }
+  }
+  const int workers = static_cast<int>(plan.worker_ids.size());
+  std::set<ShapeKey> batched;
+  for (size_t b = 0; b < plan.batches.size(); ++b) {
+    const Batch& batch = plan.batches[b];
+    const std::string field = absl::StrCat("plan.batches[", b, "]");
+    if (batch.worker < 0 || batch.worker >= workers) {
+      return InvalidField(field, absl::StrCat("worker ", batch.worker,
+                                              " is not a worker index"));
+    }
+    const ShapeKey key = KeyOf(batch.worker, batch.rows, batch.cols);
+    if (!batched.insert(key).second) {
+      return InvalidField(field,
+                          absl::StrCat("a second batch of ", ShapeName(key)));
+    }
+    for (const ItemRef& item : batch.items) {
+      if (item.matrix < 0 ||
+          item.matrix >= static_cast<int32_t>(matrices.size()) ||
+          item.expert < 0 || item.expert >= matrices[item.matrix].experts) {
+        return InvalidField(
+            field, absl::StrCat("item (", item.matrix, ", ", item.expert,
+                                ") is not a matrix expert"));
+      }
+      const MatrixSpec& spec = matrices[item.matrix];
+      if (KeyOf(plan.owners[item.matrix][item.expert], spec.rows, spec.cols) !=
+          key) {
+        return InvalidField(
+            field, absl::StrCat("matrix ", Quoted(spec.name), " expert ",
+                                item.expert, " is not of ", ShapeName(key)));
+      }
+    }
+    const int64_t items = static_cast<int64_t>(batch.items.size());
+    if (items != owned[key]) {
+      return InvalidField(
+          field, absl::StrCat("lists ", items, " matrices of ", ShapeName(key),
+                              "; it owns ", owned[key]));
+    }
+    if (batch.parts.empty()) return InvalidField(field, "has no parts");
+    int64_t total = 0;
+    for (size_t p = 0; p < batch.parts.size(); ++p) {
+      const int64_t count = batch.parts[p].count;
+      if (count < 1 || count > items - total) {
+        return InvalidField(
+            absl::StrCat(field, ".parts[", p, "]"),
+            absl::StrCat("count ", count, " is not in [1, ", items - total,
+                         "] (the batch's ", items, " matrices less the ",
+                         "earlier parts')"));
+      }
+      total += count;
+    }
+    if (total != items) {
+      return InvalidField(field, absl::StrCat("parts cover ", total, " of ",
+                                              items, " matrices"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each stack's chunks: its plan batch's parts laid over the owner's stacks
+// of that shape in schedule order (see OwnerStack).
+void CutIntoChunks(const OwnershipPlan& plan, StepSchedule* schedule) {
+  std::map<ShapeKey, const Batch*> batch_of;
+  for (const Batch& b : plan.batches) {
+    batch_of[KeyOf(b.worker, b.rows, b.cols)] = &b;
+  }
+  std::map<ShapeKey, int64_t> laid;  // items of the batch before this stack
+  for (OwnerStack& stack : schedule->stacks) {
+    const ShapeKey key = KeyOf(stack.owner, stack.rows, stack.cols);
+    int64_t left = static_cast<int64_t>(stack.items.size());
+    auto it = batch_of.find(key);
+    if (it == batch_of.end()) {
+      stack.chunks.push_back({left, kernels::NsAlgorithm::kNs5});
+      continue;
+    }
+    const std::vector<BatchPart>& parts = it->second->parts;
+    int64_t at = laid[key];
+    laid[key] += left;
+    // Part p covers the batch's items [end - parts[p].count, end).
+    size_t p = 0;
+    int64_t end = parts[0].count;
+    while (at >= end && p + 1 < parts.size()) end += parts[++p].count;
+    while (left > 0) {
+      const bool last = p + 1 == parts.size();
+      const int64_t take = last ? left : std::min(left, end - at);
+      stack.chunks.push_back({take, parts[p].algorithm});
+      at += take;
+      left -= take;
+      if (!last && at == end) end += parts[++p].count;
+    }
+  }
+}
 
 absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
                               const OwnershipPlan& plan) {
@@ -49,7 +164,7 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
       }
     }
   }
-  return absl::OkStatus();
+  return CheckBatches(matrices, plan);
 }
 
 // Stacks per owner and shape in arrival order (closing at stack_bytes),
@@ -202,6 +317,7 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
     }
   }
   BuildStacksAndOrder(matrices, plan, options, &schedule);
+  CutIntoChunks(plan, &schedule);
   return schedule;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/newton_schulz_options.h"
 #include "scheduler/plan_types.h"
 
 namespace muonps {
@@ -47,13 +48,34 @@ struct Bucket {
   std::vector<Transfer> from_owners;
 };
 
+// One Newton-Schulz call of a stack: its next `count` items with
+// `algorithm`.
+struct StackChunk {
+  int64_t count = 0;
+  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
+};
+
 // Same-shape items of one owner, stacked (in arrival order) so that their
-// momentum and Newton-Schulz run as one batched call.
+// momentum runs as one batched call, and their Newton-Schulz as the plan's
+// batch of that shape says: one call per chunk.
+//
+// Stacks and the plan's Batch: a Batch holds every item of its shape (up to
+// orientation) that its worker owns, and its parts are laid, in order, over
+// those items in the order the owner computes them: its stacks of that
+// shape in schedule order, each stack's items in stack order. A stack's
+// chunks are its items cut where a part ends, each chunk with its part's
+// algorithm. So a stack holding the whole batch runs exactly the parts;
+// where buckets (or stack_bytes) cut a batch into several stacks, a part
+// falling across two stacks runs as two smaller chunks of its algorithm,
+// and chunks are never merged into calls larger than their parts. A stack
+// whose (owner, shape) has no batch in the plan (a plan listing none) is one
+// NS5 chunk. Either way the chunks' counts sum to items.size().
 struct OwnerStack {
   int32_t owner = 0;  // index into the plan's worker_ids
   int64_t rows = 0;
   int64_t cols = 0;
   std::vector<ItemRef> items;
+  std::vector<StackChunk> chunks;  // in stack order
   // The bucket whose gradients to owners complete the stack.
   int32_t ready_bucket = 0;
 };
@@ -92,8 +114,12 @@ struct ScheduleOptions {
 };
 
 // INVALID_ARGUMENT naming the field if bucket_bytes or stack_bytes <= 0 or
-// `plan` does not
-// belong to `matrices` (names, expert counts, owners out of range).
+// `plan` does not belong to `matrices` (names, expert counts, owners out of
+// range), or a batch of the plan disagrees with its owners: worker out of
+// range, a second batch of one (worker, shape), an item that is not the
+// worker's or not of the batch's shape, fewer or more items than the worker
+// owns of that shape, no parts, a part of count < 1, or counts not summing
+// to the items.
 absl::StatusOr<StepSchedule> BuildStepSchedule(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const ScheduleOptions& options = {});

@@ -19,6 +19,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "proto/grpc_status.h"
+#include "proto/translate.h"
+#include "scheduler/step_schedule.h"
 
 namespace muonps {
 namespace testing {
@@ -654,20 +656,39 @@ int DataPlaneFixture::WorkerAtPlanRank(int plan_rank) const {
 }
 
 AlgorithmMap DataPlaneFixture::PlannedAlgorithms() const {
-  // Batches are keyed by worker and (short side, long side).
-  std::map<std::tuple<std::string, int64_t, int64_t>, kernels::NsAlgorithm>
-      by_batch;
-  for (const v1::Batch& b : plan_.batches()) {
-    by_batch[{b.worker_id(), b.rows(), b.cols()}] =
-        b.algorithm() == v1::NS_ALGORITHM_GRAM ? kernels::NsAlgorithm::kGram
-                                               : kernels::NsAlgorithm::kNs5;
+  // As a worker does (StepEngine::SetPlan): the plan through the one proto
+  // translation, the step schedule of the job's matrices (the client leaves
+  // bucket_bytes at its default), and each stack's chunks.
+  std::vector<scheduler::MatrixSpec> matrices;
+  for (const MatrixDecl& m : model_.matrices) {
+    scheduler::MatrixSpec& spec = matrices.emplace_back();
+    spec.name = m.name;
+    spec.rows = m.rows;
+    spec.cols = m.cols;
+    spec.experts = m.options.experts;
+    spec.layout = m.options.layout;
+    spec.layer = m.options.layer;
   }
   AlgorithmMap out;
-  for (const v1::MatrixPlacement& p : plan_.matrices()) {
-    for (int e = 0; e < p.owners_size(); ++e) {
-      auto it = by_batch.find({p.owners(e), std::min(p.rows(), p.cols()),
-                               std::max(p.rows(), p.cols())});
-      if (it != by_batch.end()) out[{p.name(), e}] = it->second;
+  const absl::StatusOr<scheduler::OwnershipPlan> ownership =
+      proto::OwnershipFromPlan(plan_, matrices);
+  if (!ownership.ok()) {
+    ADD_FAILURE() << ownership.status();
+    return out;
+  }
+  const absl::StatusOr<scheduler::StepSchedule> schedule =
+      scheduler::BuildStepSchedule(matrices, *ownership);
+  if (!schedule.ok()) {
+    ADD_FAILURE() << schedule.status();
+    return out;
+  }
+  for (const scheduler::OwnerStack& stack : schedule->stacks) {
+    size_t item = 0;
+    for (const scheduler::StackChunk& chunk : stack.chunks) {
+      for (int64_t k = 0; k < chunk.count; ++k, ++item) {
+        const scheduler::ItemRef& ref = stack.items[item];
+        out[{matrices[ref.matrix].name, ref.expert}] = chunk.algorithm;
+      }
     }
   }
   return out;

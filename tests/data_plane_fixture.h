@@ -235,6 +235,10 @@ class DataPlaneFixture : public ::testing::Test {
   int Owner(const std::string& matrix, int64_t expert) const;
   // The worker index at rank `plan_rank` of the plan.
   int WorkerAtPlanRank(int plan_rank) const;
+  // The Newton-Schulz algorithm each expert runs with under plan(): its
+  // owner's batch parts laid over the step schedule's stacks, as the
+  // workers do (scheduler/step_schedule.h; the model's matrices are the
+  // job's, in order). A failed test if the plan does not translate.
   AlgorithmMap PlannedAlgorithms() const;
 
   // SIGKILLs worker `worker` and reaps it.

@@ -4,10 +4,8 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
-#include <map>
 #include <numeric>
 #include <sstream>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -286,27 +284,17 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
       scheduler::BuildStepSchedule(config.matrices, *plan, config.schedule);
   if (!schedule.ok()) return Annotate(schedule.status(), "step schedule");
 
-  // A stack runs with the algorithm its owner's batch of that shape uses.
-  std::map<std::tuple<int32_t, int64_t, int64_t>, kernels::NsAlgorithm>
-      algorithm;
-  for (const scheduler::Batch& b : plan->batches) {
-    algorithm[{b.worker, std::min(b.rows, b.cols), std::max(b.rows, b.cols)}] =
-        b.algorithm;
-  }
+  // A stack runs one Newton-Schulz call per chunk of its owner's batch.
   const scheduler::CostModel model(config.costs, input.workers[0].rates,
                                    1.0 / config.cost_scale,
                                    config.plan.ns_steps);
   std::vector<double> stack_seconds;
   for (const scheduler::OwnerStack& s : schedule->stacks) {
-    const auto it = algorithm.find(
-        {s.owner, std::min(s.rows, s.cols), std::max(s.rows, s.cols)});
-    if (it == algorithm.end()) {
-      return absl::InternalError(absl::StrCat("stack of ", s.rows, "x", s.cols,
-                                              " on worker ", s.owner,
-                                              " has no batch in the plan"));
+    double seconds = 0;
+    for (const scheduler::StackChunk& chunk : s.chunks) {
+      seconds += model.NsSeconds(s.rows, s.cols, chunk.count, chunk.algorithm);
     }
-    stack_seconds.push_back(model.NsSeconds(
-        s.rows, s.cols, static_cast<int64_t>(s.items.size()), it->second));
+    stack_seconds.push_back(seconds);
   }
 
   SimResult result;

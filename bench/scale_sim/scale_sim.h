@@ -19,8 +19,9 @@
 //   previous one's did; none at all, as with replicated gradients: at 0).
 // - A stack's momentum + Newton-Schulz runs on its owner's compute stream
 //   in the schedule's order, once the bucket that completes it
-//   (OwnerStack::ready_bucket) has landed. Compute never waits for
-//   updates going back, nor for other workers.
+//   (OwnerStack::ready_bucket) has landed; its Newton-Schulz takes one
+//   call per chunk (OwnerStack::chunks: the plan's batch split, if any).
+//   Compute never waits for updates going back, nor for other workers.
 // - The updates-back phases follow on the transfer stream, after all the
 //   gradients. Before each, every worker's transfer stream waits for all
 //   compute that worker has issued so far (the stacks before the phase in

@@ -41,18 +41,7 @@ v1::Plan PlanToProto(const PlanContext& context,
     }
   }
   for (const scheduler::Batch& batch : plan.batches) {
-    v1::Batch* proto = out.add_batches();
-    proto->set_worker_id(plan.worker_ids[batch.worker]);
-    proto->set_rows(batch.rows);
-    proto->set_cols(batch.cols);
-    proto->set_algorithm(proto::NsAlgorithmToProto(batch.algorithm));
-    proto->set_predicted_seconds(batch.seconds);
-    for (const scheduler::ItemRef& item : batch.items) {
-      const scheduler::MatrixSpec& spec = matrices[item.matrix];
-      proto->add_matrices(spec.experts > 1
-                              ? absl::StrCat(spec.name, "[", item.expert, "]")
-                              : spec.name);
-    }
+    *out.add_batches() = proto::BatchToProto(batch, plan.worker_ids, matrices);
   }
   for (size_t w = 0; w < plan.worker_ids.size(); ++w) {
     v1::WorkerLoad* load = out.add_loads();

@@ -97,7 +97,10 @@ v1::Plan PlanWithOwners(int64_t version, int shift) {
   return PlanWithOwnerList(version, owners);
 }
 
-ReferenceSteps::ReferenceSteps() : kernels_(kernels::CpuKernelOptions{}) {
+ReferenceSteps::ReferenceSteps(
+    std::map<std::string, kernels::NsAlgorithm> algorithms)
+    : kernels_(kernels::CpuKernelOptions{}),
+      algorithms_(std::move(algorithms)) {
   for (const MatrixDecl& d : Matrices()) {
     param_[d.name].assign(d.rows * d.cols, 0.5f);
     momentum_[d.name].assign(d.rows * d.cols, 0.0f);
@@ -105,9 +108,11 @@ ReferenceSteps::ReferenceSteps() : kernels_(kernels::CpuKernelOptions{}) {
 }
 
 void ReferenceSteps::Step(int64_t step) {
-  const kernels::MuonHyperparameters h = MuonFromJob();
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixDecl& d = Matrices()[m];
+    kernels::MuonHyperparameters h = MuonFromJob();
+    auto chosen = algorithms_.find(d.name);
+    if (chosen != algorithms_.end()) h.ns.algorithm = chosen->second;
     std::vector<float> g = WholeGradient(step, static_cast<int>(m), false);
     kernels::MuonStack stack;
     stack.names = {d.name};

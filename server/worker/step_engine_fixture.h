@@ -88,10 +88,12 @@ struct FaultState {
 // part as lent in bf16, widened.
 std::vector<float> WholeGradient(int64_t step, int m, bool bf16);
 
-// The trainers' parameters as the kernels make them in one process.
+// The trainers' parameters as the kernels make them in one process, each
+// matrix orthogonalized with its entry in `algorithms` (NS5 if none).
 class ReferenceSteps {
  public:
-  ReferenceSteps();
+  explicit ReferenceSteps(
+      std::map<std::string, kernels::NsAlgorithm> algorithms = {});
   // One step of every matrix with the trainers' gradients of `step`.
   void Step(int64_t step);
   const std::vector<float>& param(const std::string& name) const {
@@ -100,6 +102,7 @@ class ReferenceSteps {
 
  private:
   kernels::CpuKernels kernels_;
+  const std::map<std::string, kernels::NsAlgorithm> algorithms_;
   std::map<std::string, std::vector<float>> param_, momentum_;
 };
 

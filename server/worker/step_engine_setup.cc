@@ -89,7 +89,6 @@ absl::Status StepEngine::SetPlan(
           next.matrices, next.ownership,
           {.bucket_bytes = job.bucket_bytes() > 0 ? job.bucket_bytes()
                                                   : int64_t{64} << 20}));
-  const auto algorithms = proto::AlgorithmsOfWorker(plan, worker_id_);
   next.slots.resize(next.matrices.size());
   for (size_t m = 0; m < next.matrices.size(); ++m) {
     next.slots[m].assign(next.matrices[m].experts, ItemSlot{});
@@ -107,11 +106,8 @@ absl::Status StepEngine::SetPlan(
     ComputeBatch batch;
     batch.rows = stack.rows;
     batch.cols = stack.cols;
-    auto chosen = algorithms.find(
-        {std::min(stack.rows, stack.cols), std::max(stack.rows, stack.cols)});
-    batch.algorithm = chosen == algorithms.end() ? kernels::NsAlgorithm::kNs5
-                                                 : chosen->second;
     batch.items = stack.items;
+    batch.chunks = stack.chunks;
     for (size_t slot = 0; slot < stack.items.size(); ++slot) {
       const scheduler::ItemRef& item = stack.items[slot];
       next.slots[item.matrix][item.expert] = {next.batch_of_stack[k],

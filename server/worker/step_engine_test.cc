@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,66 @@ TEST_F(StepEngineTest, EveryLayoutMatchesTheKernelsInOneProcessBitForBit) {
   ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
   StepAndMatchTheKernelsInOneProcess(5);
+}
+
+// rep.a and rep.b (24 x 40) both on w0, in one plan batch run as `parts`;
+// the other matrices spread over w1 and w2 (no batches: one NS5 call each).
+v1::Plan PairOnW0(
+    const std::vector<std::pair<int64_t, v1::NsAlgorithm>>& parts) {
+  v1::Plan plan = PlanWithOwnerList(1, {0, 0, 1, 2, 1});
+  v1::Batch* batch = plan.add_batches();
+  batch->set_worker_id("w0");
+  batch->set_rows(24);
+  batch->set_cols(40);
+  batch->add_matrices("rep.a");
+  batch->add_matrices("rep.b");
+  for (const auto& [count, algorithm] : parts) {
+    v1::BatchPart* part = batch->add_parts();
+    part->set_count(count);
+    part->set_algorithm(algorithm);
+  }
+  batch->set_algorithm(parts.front().second);
+  return plan;
+}
+
+// The stack [rep.b, rep.a] (arrival order) as one Newton-Schulz call.
+TEST_F(StepEngineTest, UnsplitBatchMatchesTheKernelsInOneProcessBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(
+      SetPlanEverywhere(PairOnW0({{2, v1::NS_ALGORITHM_NS5}})));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  StepAndMatchTheKernelsInOneProcess(6);
+}
+
+// The same stack as two calls of one matrix: the very parameters of the
+// unsplit batch above (both equal the same reference, bit for bit), since
+// Newton-Schulz is per matrix.
+TEST_F(StepEngineTest, SplitBatchGivesTheUnsplitParametersBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(
+      PairOnW0({{1, v1::NS_ALGORITHM_NS5}, {1, v1::NS_ALGORITHM_NS5}})));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  StepAndMatchTheKernelsInOneProcess(6);
+}
+
+// Parts of different algorithms: the first part (Gram) takes the stack's
+// first item, rep.b; rep.a runs NS5.
+TEST_F(StepEngineTest, EachPartRunsItsOwnAlgorithm) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(
+      PairOnW0({{1, v1::NS_ALGORITHM_GRAM}, {1, v1::NS_ALGORITHM_NS5}})));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  ReferenceSteps mixed({{"rep.b", kernels::NsAlgorithm::kGram}});
+  ReferenceSteps ns5;
+  for (int64_t step = 0; step < 6; ++step) {
+    WriteGradients(step);
+    for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    mixed.Step(step);
+    ns5.Step(step);
+  }
+  ExpectParamsMatch(mixed);
+  // Gram and NS5 round differently: the test tells them apart.
+  EXPECT_NE(mixed.param("rep.b"), ns5.param("rep.b"));
+  EXPECT_EQ(mixed.param("rep.a"), ns5.param("rep.a"));
 }
 
 // bf16 trainers: the workers widen the gradients, keep fp32 momentum, and

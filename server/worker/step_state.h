@@ -33,12 +33,15 @@ namespace muonps {
 namespace worker {
 
 // One schedule stack owned here (same-shape items, stacked contiguously so
-// that momentum and Newton-Schulz run as one batched call).
+// that momentum runs as one batched call, and Newton-Schulz as one call per
+// chunk of the plan's batch: scheduler::OwnerStack).
 struct ComputeBatch {
   int64_t rows = 0;
   int64_t cols = 0;
-  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
   std::vector<scheduler::ItemRef> items;  // stack order
+  // Consecutive runs of items, each orthogonalized by one call with its
+  // algorithm; counts sum to items.size().
+  std::vector<scheduler::StackChunk> chunks;
   // Gradients in (staged from the trainer or the transport), updates out.
   std::unique_ptr<kernels::FloatBuffer> staged;
   std::unique_ptr<kernels::FloatBuffer> momentum;  // fp32, on the device

@@ -168,9 +168,17 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
   }
   batch.next_has_momentum.assign(batch.items.size(), true);
   batch.next_valid = true;
+  // One call per chunk, each with the algorithm the plan chose for its part
+  // (NS is per matrix: the results do not depend on the cut).
   kernels::NewtonSchulzOptions ns = h.ns;
-  ns.algorithm = batch.algorithm;  // the plan's choice for this batch
-  MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(grad, grad, ns, compute_));
+  int64_t first = 0;
+  for (const scheduler::StackChunk& chunk : batch.chunks) {
+    ns.algorithm = chunk.algorithm;
+    const kernels::MatrixStack part{grad.matrix(first), chunk.count, batch.rows,
+                                    batch.cols};
+    MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(part, part, ns, compute_));
+    first += chunk.count;
+  }
   ns_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();

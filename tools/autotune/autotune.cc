@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/status.h"
+#include "scheduler/cost_model.h"
 #include "scheduler/cost_table.h"
 
 namespace muonps {
@@ -233,35 +234,6 @@ absl::StatusOr<std::string> CostTableText(
   return text;
 }
 
-BatchSplit BestSplit(
-    int64_t batch, absl::Span<const std::pair<int64_t, double>> best_seconds) {
-  BatchSplit split;
-  split.batch = batch;
-  for (const auto& [size, seconds] : best_seconds) {
-    if (size == batch) split.seconds = seconds;
-  }
-  // cost[k]: least seconds to run k matrices as a sum of sizes < batch;
-  // last[k]: the size that ends that sum.
-  constexpr double kNone = std::numeric_limits<double>::infinity();
-  std::vector<double> cost(batch + 1, kNone);
-  std::vector<int64_t> last(batch + 1, 0);
-  cost[0] = 0;
-  for (int64_t k = 1; k <= batch; ++k) {
-    for (const auto& [size, seconds] : best_seconds) {
-      if (size >= batch || size > k || cost[k - size] == kNone) continue;
-      if (cost[k - size] + seconds < cost[k]) {
-        cost[k] = cost[k - size] + seconds;
-        last[k] = size;
-      }
-    }
-  }
-  if (cost[batch] == kNone) return split;
-  split.split_seconds = cost[batch];
-  for (int64_t k = batch; k > 0; k -= last[k]) split.parts.push_back(last[k]);
-  std::sort(split.parts.rbegin(), split.parts.rend());
-  return split;
-}
-
 absl::StatusOr<ShapeSummary> Summarize(
     absl::Span<const Measurement> measurements) {
   if (measurements.empty()) return InvalidField("measurements", "is empty");
@@ -300,12 +272,27 @@ absl::StatusOr<ShapeSummary> Summarize(
   }
   summary.winner =
       gram_total < ns5_total ? NsAlgorithm::kGram : NsAlgorithm::kNs5;
+  // The planner's own rule, on a cost model of these measurements alone.
+  auto table = std::make_shared<scheduler::CostTable>();
+  for (const Measurement& m : measurements) {
+    MUONPS_RETURN_IF_ERROR(Annotate(
+        table->Add(m.shape.rows, m.shape.cols, m.algorithm, m.batch, m.seconds),
+        "measurements"));
+  }
+  const scheduler::CostModel model(table, scheduler::DeviceRates{}, 1.0,
+                                   /*ns_steps=*/5);
+  scheduler::BatchSplitter splitter(model, summary.shape.rows,
+                                    summary.shape.cols,
+                                    scheduler::AlgorithmPolicy::kAuto);
   for (const auto& [batch, seconds] : best) {
-    BatchSplit split = BestSplit(batch, best);
-    if (!split.parts.empty() &&
-        split.split_seconds < seconds * (1 - kSplitMargin)) {
-      summary.worth_splitting.push_back(std::move(split));
+    const std::vector<scheduler::BatchPart> parts = splitter.Parts(batch);
+    if (parts.size() < 2) continue;
+    BatchSplit split{batch, {}, {}, seconds, splitter.Seconds(batch)};
+    for (const scheduler::BatchPart& part : parts) {
+      split.parts.push_back(part.count);
+      split.algorithms.push_back(part.algorithm);
     }
+    summary.worth_splitting.push_back(std::move(split));
   }
   return summary;
 }
@@ -332,6 +319,11 @@ nlohmann::ordered_json ShapeSummaryJson(const ShapeSummary& summary) {
     nlohmann::ordered_json entry;
     entry["batch"] = split.batch;
     entry["into"] = split.parts;
+    nlohmann::ordered_json algorithms = nlohmann::ordered_json::array();
+    for (const NsAlgorithm algorithm : split.algorithms) {
+      algorithms.push_back(std::string(kernels::NsAlgorithmName(algorithm)));
+    }
+    entry["algorithms"] = algorithms;
     entry["seconds"] = split.seconds;
     entry["split_seconds"] = split.split_seconds;
     entry["speedup"] = split.seconds / split.split_seconds;

@@ -2,8 +2,9 @@
 // orthogonalize stacks of same-shape matrices with NS5 and with Gram NS, at
 // several batch sizes, and turns the measurements into the cost table that
 // workers report to the planner (scheduler/cost_table.h's format) and into a
-// per-shape summary: which algorithm wins, and which batch sizes are better
-// run as several smaller batches.
+// per-shape summary: which algorithm wins, and which batch sizes the planner
+// will run as several smaller calls (by the same rule: scheduler's
+// BatchSplitter).
 //
 // Generic over the backend: the kernels and the kernels::DeviceOps of their
 // device (memory, copies, and the stream everything runs on) are passed in,
@@ -98,19 +99,16 @@ absl::StatusOr<std::vector<Measurement>> MeasureShape(
 absl::StatusOr<std::string> CostTableText(
     absl::string_view device, absl::Span<const Measurement> measurements);
 
-// Splitting a batch whose best time is `seconds` into `parts` (smaller
-// measured batch sizes, each run with its faster algorithm) takes
-// `split_seconds`.
+// A batch worth splitting: its best single call takes `seconds`; the calls
+// `parts` (counts, largest first) with `algorithms` (one per part) take
+// `split_seconds` in all.
 struct BatchSplit {
   int64_t batch = 0;
   std::vector<int64_t> parts;
+  std::vector<kernels::NsAlgorithm> algorithms;
   double seconds = 0;
   double split_seconds = 0;
 };
-
-// A split is reported as worth it only when it saves more than this
-// fraction, so that timing noise alone does not recommend one.
-inline constexpr double kSplitMargin = 0.02;
 
 struct ShapeSummary {
   MatrixShape shape;
@@ -123,29 +121,25 @@ struct ShapeSummary {
   std::vector<AtBatch> batches;  // ascending batch
   // The algorithm with the smaller total time over all batch sizes.
   kernels::NsAlgorithm winner = kernels::NsAlgorithm::kNs5;
-  // Batches whose best split into smaller measured batches is faster than
-  // running them whole by more than kSplitMargin, ascending.
+  // Measured batch sizes that the planner would split: those whose best
+  // split (scheduler::BatchSplitter over these measurements, interpolated
+  // between the measured sizes as the planner does) is faster than the best
+  // single call by more than scheduler::kSplitMargin; ascending.
   std::vector<BatchSplit> worth_splitting;
 };
 
 // Summarizes the measurements of one shape (both algorithms at each batch
 // size, as MeasureShape returns them). INVALID_ARGUMENT naming
 // `measurements` if they are empty, mix shapes, or miss an algorithm at
-// some batch size.
+// some batch size; ALREADY_EXISTS naming it if one (algorithm, batch) is
+// measured twice.
 absl::StatusOr<ShapeSummary> Summarize(
     absl::Span<const Measurement> measurements);
 
-// The fastest way to orthogonalize `batch` matrices as a sum of the batch
-// sizes in `best_seconds` ((batch size, seconds) pairs, ascending), using
-// only sizes smaller than `batch`. Returns an empty split (parts empty) if no
-// such sum equals `batch`.
-BatchSplit BestSplit(int64_t batch,
-                     absl::Span<const std::pair<int64_t, double>> best_seconds);
-
 // The summary as one JSON object: {"what": "autotune_shape", "rows", "cols",
 // "winner", "batches": [{"batch", "ns5_seconds", "gram_seconds", "winner",
-// "gram_speedup"}], "worth_splitting": [{"batch", "into", "seconds",
-// "split_seconds", "speedup"}]}.
+// "gram_speedup"}], "worth_splitting": [{"batch", "into", "algorithms",
+// "seconds", "split_seconds", "speedup"}]}.
 nlohmann::ordered_json ShapeSummaryJson(const ShapeSummary& summary);
 
 }  // namespace autotune

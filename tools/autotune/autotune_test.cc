@@ -187,19 +187,38 @@ TEST(AutotuneTest, KernelErrorsPropagate) {
   EXPECT_THAT(measured.status().message(), HasSubstr("eps"));
 }
 
-TEST(AutotuneTest, BestSplitFindsTheCheapestSumOfSmallerBatches) {
-  const std::vector<std::pair<int64_t, double>> best = {
-      {1, 1.0}, {2, 1.5}, {4, 4.0}, {8, 5.0}};
-  const BatchSplit four = BestSplit(4, best);
-  EXPECT_THAT(four.parts, ElementsAre(2, 2));
-  EXPECT_DOUBLE_EQ(four.seconds, 4.0);
-  EXPECT_DOUBLE_EQ(four.split_seconds, 3.0);
-  const BatchSplit eight = BestSplit(8, best);
-  EXPECT_THAT(eight.parts, ElementsAre(2, 2, 2, 2));
-  EXPECT_DOUBLE_EQ(eight.split_seconds, 6.0);
-  EXPECT_TRUE(BestSplit(1, best).parts.empty());
-  // Only sizes 2 and 4 measured: 3 matrices are no sum of smaller sizes.
-  EXPECT_TRUE(BestSplit(3, {{2, 1.0}, {3, 2.0}}).parts.empty());
+// The summary splits by the planner's rule (scheduler::BatchSplitter), so
+// parts may mix algorithms: batch 3 runs best as Gram on one matrix and NS5
+// on two.
+TEST(AutotuneTest, SummarySplitsAsThePlannerWouldAndNamesEachPartsAlgorithm) {
+  const MatrixShape shape{64, 256};
+  std::vector<Measurement> measurements;
+  const double ns5[] = {1.0, 1.5, 3.0};
+  const double gram[] = {0.8, 1.7, 3.2};
+  for (int i = 0; i < 3; ++i) {
+    measurements.push_back({shape, NsAlgorithm::kNs5, i + 1, ns5[i]});
+    measurements.push_back({shape, NsAlgorithm::kGram, i + 1, gram[i]});
+  }
+  absl::StatusOr<ShapeSummary> summary = Summarize(measurements);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(summary->worth_splitting.size(), 1u);
+  const BatchSplit& split = summary->worth_splitting[0];
+  EXPECT_EQ(split.batch, 3);
+  EXPECT_THAT(split.parts, ElementsAre(2, 1));
+  EXPECT_THAT(split.algorithms,
+              ElementsAre(NsAlgorithm::kNs5, NsAlgorithm::kGram));
+  EXPECT_DOUBLE_EQ(split.seconds, 3.0);
+  EXPECT_DOUBLE_EQ(split.split_seconds, 2.3);
+  const nlohmann::ordered_json json = ShapeSummaryJson(*summary);
+  ASSERT_EQ(json["worth_splitting"].size(), 1u);
+  EXPECT_EQ(json["worth_splitting"][0]["into"],
+            nlohmann::ordered_json::parse("[2, 1]"));
+  EXPECT_EQ(json["worth_splitting"][0]["algorithms"],
+            nlohmann::ordered_json::parse(R"(["ns5", "gram"])"));
+  // A measurement taken twice is refused rather than silently overwritten.
+  measurements.push_back({shape, NsAlgorithm::kGram, 2, 1.7});
+  EXPECT_EQ(Summarize(measurements).status().code(),
+            absl::StatusCode::kAlreadyExists);
 }
 
 TEST(AutotuneTest, SummaryReportsOnlySplitsThatSaveMoreThanTheMargin) {
