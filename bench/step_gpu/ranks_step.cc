@@ -220,6 +220,7 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
   kernels::MuonHyperparameters muon;
   muon.lr = 0.02;
   muon.weight_decay = 0.1;
+  MUONPS_RETURN_IF_ERROR(client->ExpectDedicatedWorkers(o.dedicated_workers));
   MUONPS_RETURN_IF_ERROR(client->Start(muon, {}));
   progress.Say("started (the workers follow a plan and hold the buffers)");
   // No worker has moved a byte before rank 0's first Step: the workers
@@ -270,6 +271,7 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
     PrintLine({{"what", what},
                {"layout", layout},
                {"ranks", o.ranks},
+               {"dedicated_workers", o.dedicated_workers},
                {"ms", ms},
                {"matrices", o.matrices.size()},
                {"params", total},

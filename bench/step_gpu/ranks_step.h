@@ -30,15 +30,19 @@ struct RanksStepOptions {
   std::string job;            // the same on every rank
   std::string worker_socket;  // the worker on this rank's GPU
   int rank = 0;               // trainer rank, and its CUDA device
-  int ranks = 2;              // trainers (and workers), >= 2
+  int ranks = 2;              // trainers (and their workers), >= 2
+  // Workers with no trainer (muonps-worker --dedicated) beside them, ranked
+  // after the trainers' workers: a dedicated optimizer pool.
+  int dedicated_workers = 0;
   scheduler::Layout layout = scheduler::Layout::kReplicated;
   std::vector<std::pair<std::string, Shape>> matrices;  // full shapes
   int warmup = 3;
   int repeats = 10;
   std::string torch_results;       // torch_peers.py's lines (may be empty)
   std::string one_worker_results;  // the one-GPU run's lines (may be empty)
-  // Rank 0: each worker's /metrics as HOST:PORT, index = worker (= rank);
-  // empty: no byte lines.
+  // Rank 0: each worker's /metrics as HOST:PORT, index = worker (the
+  // trainers' workers by rank, then the dedicated ones); empty: no byte
+  // lines.
   std::vector<std::string> worker_metrics;
 };
 

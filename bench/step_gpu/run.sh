@@ -16,7 +16,12 @@
 # script, torch_peers.py).
 #   GPUS, LAYOUTS, LAYERS (8), ONE_GPU (1), MULTI_WARMUP (2), MULTI_REPEATS
 #   (8), BENCH_TIMEOUT (240 s
-#   per bench run), TORCH_TIMEOUT (300 s per torch_peers.py run)
+#   per bench run), TORCH_TIMEOUT (300 s per torch_peers.py run),
+#   TRANSPORT (nccl or ipc: the workers' --gpu_transport on N GPUs),
+#   DEDICATED (0: the last DEDICATED of the N workers get no trainer, a
+#   dedicated optimizer pool; forces TRANSPORT=ipc, as a worker with no
+#   trainer waits for steps on its transport), OWNER_PEERS (1: 0 skips the
+#   torch peers on N GPUs).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
@@ -135,13 +140,21 @@ fi
 
 # N GPUs: the torch peers, then muonps per layout.
 failed=0
-echo "run.sh: torch owner-based Muon and all-reduce on $GPUS GPUs" >&2
+dedicated="${DEDICATED:-0}"
+transport="${TRANSPORT:-nccl}"
+((dedicated > 0)) && transport=ipc
+trainers=$((GPUS - dedicated))
+((trainers >= 1)) || { echo "run.sh: DEDICATED=$dedicated leaves no trainer on $GPUS GPUs" >&2; exit 2; }
+echo "run.sh: $GPUS workers over $transport, $trainers with a trainer" >&2
+if [[ "${OWNER_PEERS:-1}" == 1 ]]; then
+echo "run.sh: torch owner-based Muon and all-reduce on $trainers GPUs" >&2
 timeout --kill-after=10 "$torch_timeout" \
-  python3 "$here/torch_peers.py" --owner_world "$GPUS" --out "$torch_results" --layers "$layers" \
+  python3 "$here/torch_peers.py" --owner_world "$trainers" --out "$torch_results" --layers "$layers" \
   --warmup 2 --owner_repeats 7 \
-  || { echo "run.sh: torch_peers.py --owner_world $GPUS failed (rc $?); muonps runs on, its ratios null" >&2; failed=1; }
+  || { echo "run.sh: torch_peers.py --owner_world $trainers failed (rc $?); muonps runs on, its ratios null" >&2; failed=1; }
+fi
 
-# run_layout LAYOUT: coordinator, $GPUS workers, $GPUS bench ranks.
+# run_layout LAYOUT: coordinator, $GPUS workers, $trainers bench ranks.
 run_layout() {
   local layout="$1" dir="$logs/$1" w r p
   mkdir -p "$dir"
@@ -149,10 +162,12 @@ run_layout() {
   start_coordinator "$dir/coordinator.log" || return 1
   local metrics=() workers=()
   for ((w = 0; w < GPUS; w++)); do
+    local role=()
+    ((w >= trainers)) && role=(--dedicated)
     "$here/bin/muonps-worker" --coordinator "$coordinator" --job "step-gpu-$layout" \
-      --worker_id "w$w" --socket "$dir/w$w.sock" --device "cuda:$w" --gpu_transport nccl \
+      --worker_id "w$w" --socket "$dir/w$w.sock" --device "cuda:$w" --gpu_transport "$transport" \
       --metrics_address 127.0.0.1:0 --metrics_port 0 --io_timeout_ms 60000 \
-      --log_level debug >"$dir/worker$w.log" 2>&1 &
+      "${role[@]+"${role[@]}"}" --log_level debug >"$dir/worker$w.log" 2>&1 &
     pids+=($!)
     workers+=($!)
   done
@@ -165,12 +180,13 @@ run_layout() {
   list="$(IFS=,; echo "${metrics[*]}")"
   echo "run.sh: workers' metrics at $list" >&2
   local benches=()
-  for ((r = 0; r < GPUS; r++)); do
+  for ((r = 0; r < trainers; r++)); do
     local extra=()
     ((r == 0)) && extra=(--worker_metrics "$list")
     timeout --kill-after=10 "$bench_timeout" \
       "$here/bin/step_gpu_bench" --coordinator "$coordinator" --job "step-gpu-$layout" --layers "$layers" \
-      --worker_socket "$dir/w$r.sock" --rank "$r" --ranks "$GPUS" --layout "$layout" \
+      --worker_socket "$dir/w$r.sock" --rank "$r" --ranks "$trainers" --layout "$layout" \
+      --dedicated_workers "$dedicated" \
       --warmup "${MULTI_WARMUP:-2}" --repeats "${MULTI_REPEATS:-8}" \
       --torch_results "$torch_results" --one_worker_results "$logs/one.jsonl" \
       "${extra[@]+"${extra[@]}"}" >"$dir/bench$r.jsonl" 2>"$dir/bench$r.err" &
@@ -181,7 +197,7 @@ run_layout() {
   local bad=0 left
   while :; do
     left=0
-    for ((r = 0; r < GPUS; r++)); do
+    for ((r = 0; r < trainers; r++)); do
       p="${benches[$r]}"
       [[ "$p" == finished ]] && continue
       if kill -0 "$p" 2>/dev/null; then
@@ -200,7 +216,10 @@ run_layout() {
     fi
     sleep 0.2
   done
-  for ((r = 0; r < GPUS; r++)); do cat "$dir/bench$r.jsonl"; done
+  # Every line says how many workers ran it, and over which transport.
+  for ((r = 0; r < trainers; r++)); do
+    sed "s/}\$/,\"workers\":$GPUS,\"transport\":\"$transport\"}/" "$dir/bench$r.jsonl"
+  done
   # Each worker's device timeline of its last step (debug log, CUDA events:
   # when each bucket's transfers and each stack's compute were done).
   for ((w = 0; w < GPUS; w++)); do
@@ -209,10 +228,11 @@ run_layout() {
   done
   if ((bad)); then
     local files=("$dir/coordinator.log")
-    for ((r = 0; r < GPUS; r++)); do files+=("$dir/bench$r.err" "$dir/worker$r.log"); done
+    for ((r = 0; r < trainers; r++)); do files+=("$dir/bench$r.err"); done
+    for ((w = 0; w < GPUS; w++)); do files+=("$dir/worker$w.log"); done
     tails "${files[@]}"
   else
-    for ((r = 0; r < GPUS; r++)); do tail -3 "$dir/bench$r.err" >&2 || true; done
+    for ((r = 0; r < trainers; r++)); do tail -3 "$dir/bench$r.err" >&2 || true; done
   fi
   stop_all
   return "$bad"

@@ -60,6 +60,8 @@ ABSL_FLAG(std::string, layout, "replicated",
 ABSL_FLAG(std::string, worker_metrics, "",
           "Multi-GPU run, rank 0: each worker's /metrics HOST:PORT, "
           "comma-separated, in worker (GPU) order: bytes sent per step.");
+ABSL_FLAG(int, dedicated_workers, 0,
+          "Multi-GPU run: workers with no trainer (--dedicated) in the job.");
 ABSL_FLAG(int, layers, 8, "Llama-3-8B layers.");
 ABSL_FLAG(int, divisor, 1, "Divide every dimension (a quick logic check).");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
@@ -208,6 +210,10 @@ absl::Status RunRanks() {
                      "\" is not replicated, unreduced or "
                      "row_sharded"));
   }
+  o.dedicated_workers = absl::GetFlag(FLAGS_dedicated_workers);
+  if (o.dedicated_workers < 0) {
+    return absl::InvalidArgumentError("--dedicated_workers must be >= 0");
+  }
   o.matrices = LlamaMatrices();
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.repeats = absl::GetFlag(FLAGS_repeats);
@@ -215,10 +221,11 @@ absl::Status RunRanks() {
   o.one_worker_results = absl::GetFlag(FLAGS_one_worker_results);
   if (const std::string m = absl::GetFlag(FLAGS_worker_metrics); !m.empty()) {
     o.worker_metrics = absl::StrSplit(m, ',');
-    if (static_cast<int>(o.worker_metrics.size()) != o.ranks) {
+    const int workers = o.ranks + o.dedicated_workers;
+    if (static_cast<int>(o.worker_metrics.size()) != workers) {
       return absl::InvalidArgumentError(
           absl::StrCat("--worker_metrics: ", o.worker_metrics.size(),
-                       " addresses for ", o.ranks, " workers"));
+                       " addresses for ", workers, " workers"));
     }
   }
   return bench::RunRanksStep(o);

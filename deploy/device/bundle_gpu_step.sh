@@ -3,8 +3,8 @@
 # coordinator and worker, the GPU tests of the data path (CUDA IPC, NCCL
 # transport, the worker on a GPU, two workers on two GPUs: that one skips
 # on a machine of one GPU), libmuonps.so for the Python package's
-# GPU tests (client/python travels with the working tree) and bench/step_gpu
-# with its torch peers.
+# GPU tests (client/python travels with the working tree), bench/step_gpu
+# with its torch peers, and muonps-autotune (the cost table a worker reads).
 # On the GPU machine: bash device_bundle/run_gpu_step_suite.sh (one GPU) or
 # bash device_bundle/run_multi_gpu_suite.sh (several GPUs)
 set -euo pipefail
@@ -14,7 +14,8 @@ BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //common:cuda_ipc_gpu_test //transport:nccl_transport_gpu_test \
   //kernels/cuda:elementwise_gpu_test //kernels/cuda:cuda_kernels_gpu_test \
   //tests:gpu_step_test //tests:gpu_two_workers_test //tests:gpu_two_gpus_test \
-  //bench/step_gpu:step_gpu_bench //client:libmuonps.so
+  //bench/step_gpu:step_gpu_bench //client:libmuonps.so \
+  //tools/autotune:muonps-autotune
 cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
 # The tests' TLS credentials (tests/harness finds them beside the binaries).
 bazel build //tests/testdata:tls
