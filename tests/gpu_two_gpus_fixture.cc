@@ -211,6 +211,8 @@ std::unique_ptr<ChildProcess> TwoGpusTest::StartTrainer(
   c.job = kTwoGpusJob;
   c.socket = Socket(rank);
   c.rank = rank;
+  c.trainers = trainer_count();
+  c.dedicated = dedicated_ ? 1 : 0;
   c.layout = layout_;
   c.dtype = dtype_;
   c.first_step = first;
@@ -238,13 +240,17 @@ void TwoGpusTest::StartJob(int64_t lease_ms,
   absl::StatusOr<std::string> joined = workers_[0]->WaitForLog(
       R"(worker=w0 joined: plan_version=\d+)", kStartTimeout);
   ASSERT_TRUE(joined.ok()) << joined.status();
-  ASSERT_NO_FATAL_FAILURE(StartWorker(1, w1_flags, "worker1.log"));
-  trainers_.push_back(StartTrainer(1, 0, last_step, "trainer1"));
-  ASSERT_NE(trainers_.back(), nullptr);
+  std::vector<std::string> w1 = w1_flags;
+  if (dedicated_) w1.push_back("--dedicated");
+  ASSERT_NO_FATAL_FAILURE(StartWorker(1, w1, "worker1.log"));
+  if (!dedicated_) {
+    trainers_.push_back(StartTrainer(1, 0, last_step, "trainer1"));
+    ASSERT_NE(trainers_.back(), nullptr);
+  }
   absl::StatusOr<std::string> ranked = workers_[1]->WaitForLog(
       R"(worker=w1 plan_version=\d+ rank=1 )", kStartTimeout);
   ASSERT_TRUE(ranked.ok()) << ranked.status();
-  for (int r = 0; r < kTrainers; ++r) {
+  for (int r = 0; r < trainer_count(); ++r) {
     absl::StatusOr<std::string> started = trainers_[r]->WaitForLog(
         absl::StrCat("trainer=", r, " started"), kStartTimeout);
     ASSERT_TRUE(started.ok()) << started.status();

@@ -67,13 +67,17 @@ class TwoGpusTest : public ::testing::Test {
                                              const std::string& name);
   // The coordinator, then w0 and trainer 0 (which creates the job), then
   // w1 and trainer 1: w0 joins first, so it is NCCL rank 0 (the
-  // communicator's root and the step's decider) and w1 rank 1.
+  // communicator's root and the step's decider) and w1 rank 1. With
+  // `dedicated_`, w1 is a worker with no trainer (--dedicated) and trainer 0
+  // the job's only one.
   void StartJob(int64_t lease_ms, const std::vector<std::string>& w0_flags,
                 const std::vector<std::string>& w1_flags, int64_t last_step);
   // The worker's own account (its local GetStatus), within 5 s.
   absl::StatusOr<v1::WorkerStatus> WorkerStatus(int w);
   std::string log_dir_, socket_dir_, address_;
   std::string layout_ = "unreduced";
+  bool dedicated_ = false;
+  int trainer_count() const { return dedicated_ ? 1 : kTrainers; }
   DType dtype_ = DType::kBFloat16;
   absl::Duration retry_for_ = absl::ZeroDuration();
   std::unique_ptr<ChildProcess> coordinator_;

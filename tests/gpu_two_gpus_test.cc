@@ -30,14 +30,16 @@
 namespace muonps {
 namespace {
 
-using testing::kTrainers;
 using testing::Matrices;
 using testing::MatrixCase;
 using testing::StepAttempt;
 using testing::TwoGpusTest;
 using testing::WaitForSuccess;
 
-// The parameter: "<layout>" (fp32 buffers) or "<layout>/bf16".
+// The parameter: "<layout>" (fp32 buffers) or "<layout>/bf16"; with
+// "/dedicated", one trainer (on cuda:0) and w1 a worker with no trainer
+// (--dedicated, over the same NCCL communicator), which waits for each step
+// on NCCL (NcclTransport::AwaitFrom) and owns matrices of its own.
 class TwoGpusParityTest : public TwoGpusTest,
                           public ::testing::WithParamInterface<std::string> {};
 
@@ -45,6 +47,8 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
   layout_ = GetParam().substr(0, GetParam().find('/'));
   dtype_ = absl::StrContains(GetParam(), "/bf16") ? DType::kBFloat16
                                                   : DType::kFloat32;
+  dedicated_ = absl::StrContains(GetParam(), "/dedicated");
+  const int trainers = trainer_count();
   const scheduler::Layout layout = testing::LayoutOf(layout_);
   constexpr int kSteps = 50;
   // Retried, so that a spurious failure still leaves a parity figure; it
@@ -55,7 +59,7 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
     const absl::Status done = WaitForSuccess(*t, absl::Seconds(300));
     ASSERT_TRUE(done.ok()) << done;
   }
-  for (int r = 0; r < kTrainers; ++r) {
+  for (int r = 0; r < trainers; ++r) {
     for (const StepAttempt& a : testing::ParseAttempts(trainers_[r]->Log())) {
       EXPECT_TRUE(a.ok) << "trainer " << r << " step " << a.step << ": "
                         << a.code << ": " << a.message;
@@ -64,11 +68,12 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
   absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> algorithms =
       testing::ParseNsAlgorithms(trainers_[0]->Log());
   ASSERT_TRUE(algorithms.ok()) << algorithms.status();
-  std::vector<std::vector<std::vector<float>>> got(kTrainers);
-  for (int r = 0; r < kTrainers; ++r) {
+  std::vector<std::vector<std::vector<float>>> got(trainers);
+  for (int r = 0; r < trainers; ++r) {
     absl::StatusOr<std::vector<std::vector<float>>> read =
         testing::ReadTrainerParams(
-            absl::StrCat(log_dir_, "/trainer", r, ".params"), layout, r);
+            absl::StrCat(log_dir_, "/trainer", r, ".params"), layout, r,
+            trainers);
     ASSERT_TRUE(read.ok()) << read.status();
     got[r] = *std::move(read);
   }
@@ -112,7 +117,7 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
     std::vector<float> mean(n);
     for (int64_t step = 0; step < kSteps; ++step) {
       for (int64_t i = 0; i < n; ++i) {
-        mean[i] = layout == scheduler::Layout::kUnreduced
+        mean[i] = layout == scheduler::Layout::kUnreduced && trainers == 2
                       ? (as_lent(testing::TrainerGrad(layout, step, m, 0, i)) +
                          as_lent(testing::TrainerGrad(layout, step, m, 1, i))) *
                             0.5f
@@ -131,8 +136,8 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
     cudaFree(grad);
     cudaFree(momentum);
     cudaFree(param);
-    for (int r = 0; r < kTrainers; ++r) {
-      const auto [b, e] = testing::TrainerRows(c, layout, r);
+    for (int r = 0; r < trainers; ++r) {
+      const auto [b, e] = testing::TrainerRows(c, layout, r, trainers);
       std::vector<float> expected;
       for (int64_t ex = 0; ex < c.experts; ++ex) {
         expected.insert(expected.end(),
@@ -146,15 +151,18 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
   }
   std::printf(
       "{\"what\":\"gpu_two_gpus_parity\",\"layout\":\"%s\","
-      "\"dtype\":\"%s\",\"steps\":%d,\"max_rel_err\":%g}\n",
-      layout_.c_str(), std::string(DTypeName(dtype_)).c_str(), kSteps, worst);
+      "\"dtype\":\"%s\",\"dedicated_workers\":%d,\"steps\":%d,"
+      "\"max_rel_err\":%g}\n",
+      layout_.c_str(), std::string(DTypeName(dtype_)).c_str(),
+      dedicated_ ? 1 : 0, kSteps, worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoGpus, TwoGpusParityTest,
                          ::testing::Values("replicated", "unreduced",
                                            "row_sharded", "replicated/bf16",
-                                           "unreduced/bf16",
-                                           "row_sharded/bf16"),
+                                           "unreduced/bf16", "row_sharded/bf16",
+                                           "replicated/dedicated",
+                                           "row_sharded/bf16/dedicated"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            std::string name = i.param;
                            std::replace(name.begin(), name.end(), '/', '_');

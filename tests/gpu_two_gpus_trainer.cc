@@ -86,13 +86,14 @@ class Trainer {
                         .job = config_.job,
                         .worker_socket = config_.socket,
                         .trainer_rank = config_.rank,
-                        .trainer_count = kTrainers,
+                        .trainer_count = config_.trainers,
                         .device = {MemoryKind::kCuda, config_.rank}});
     if (!created.ok()) return created.status();
     client_ = *std::move(created);
     // The failure tests restart a killed worker with no checkpoint: its
     // matrices start again from zero momentum, counted (momentum_reset).
     MUONPS_RETURN_IF_ERROR(client_->AllowMomentumReset(true));
+    MUONPS_RETURN_IF_ERROR(client_->ExpectDedicatedWorkers(config_.dedicated));
     const int64_t width = static_cast<int64_t>(DTypeSize(config_.dtype));
     for (size_t m = 0; m < Matrices().size(); ++m) {
       const MatrixCase& c = Matrices()[m];
@@ -101,13 +102,15 @@ class Trainer {
                              {.layout = layout_,
                               .layer = static_cast<int32_t>(m),
                               .experts = c.experts}));
-      const int64_t n = LentElements(c, layout_, config_.rank);
+      const int64_t n =
+          LentElements(c, layout_, config_.rank, config_.trainers);
       char* block = nullptr;
       if (cudaMalloc(&block, 2 * n * width) != cudaSuccess) {
         return absl::ResourceExhaustedError(
             absl::StrCat("cudaMalloc ", c.name));
       }
-      const auto [b, e] = TrainerRows(c, layout_, config_.rank);
+      const auto [b, e] =
+          TrainerRows(c, layout_, config_.rank, config_.trainers);
       std::vector<float> init(n);
       for (int64_t ex = 0; ex < c.experts; ++ex) {
         for (int64_t i = 0; i < (e - b) * c.cols; ++i) {
@@ -189,7 +192,8 @@ class Trainer {
     {
       std::ofstream out(temp, std::ios::binary | std::ios::trunc);
       for (size_t m = 0; m < Matrices().size(); ++m) {
-        const int64_t n = LentElements(Matrices()[m], layout_, config_.rank);
+        const int64_t n = LentElements(Matrices()[m], layout_, config_.rank,
+                                       config_.trainers);
         absl::StatusOr<std::vector<float>> values =
             DownloadAs(config_.dtype, params_[m], n);
         if (!values.ok()) return values.status();
@@ -212,7 +216,8 @@ class Trainer {
   absl::Status WriteGradients(int64_t step) {
     for (size_t m = 0; m < Matrices().size(); ++m) {
       const MatrixCase& c = Matrices()[m];
-      const auto [b, e] = TrainerRows(c, layout_, config_.rank);
+      const auto [b, e] =
+          TrainerRows(c, layout_, config_.rank, config_.trainers);
       std::vector<float> g((e - b) * c.cols * c.experts);
       for (int64_t ex = 0; ex < c.experts; ++ex) {
         for (int64_t i = 0; i < (e - b) * c.cols; ++i) {
@@ -247,13 +252,15 @@ scheduler::Layout LayoutOf(const std::string& name) {
 }
 
 std::pair<int64_t, int64_t> TrainerRows(const MatrixCase& c,
-                                        scheduler::Layout layout, int rank) {
+                                        scheduler::Layout layout, int rank,
+                                        int trainers) {
   if (layout != scheduler::Layout::kRowSharded) return {0, c.rows};
-  return TrainerRowRange(c.rows, rank, kTrainers);
+  return TrainerRowRange(c.rows, rank, trainers);
 }
 
-int64_t LentElements(const MatrixCase& c, scheduler::Layout layout, int rank) {
-  const auto [b, e] = TrainerRows(c, layout, rank);
+int64_t LentElements(const MatrixCase& c, scheduler::Layout layout, int rank,
+                     int trainers) {
+  const auto [b, e] = TrainerRows(c, layout, rank, trainers);
   return (e - b) * c.cols * c.experts;
 }
 
@@ -273,6 +280,8 @@ std::vector<std::string> TrainerArgs(const TrainerConfig& c) {
           "job=" + c.job,
           "socket=" + c.socket,
           absl::StrCat("rank=", c.rank),
+          absl::StrCat("trainers=", c.trainers),
+          absl::StrCat("dedicated=", c.dedicated),
           "layout=" + c.layout,
           absl::StrCat("dtype=", c.dtype == DType::kBFloat16 ? "bf16" : "fp32"),
           absl::StrCat("first_step=", c.first_step),
@@ -297,8 +306,11 @@ absl::StatusOr<TrainerConfig> ParseTrainerArgs(int argc, char** argv) {
     } else if (key == "socket") {
       c.socket = value;
     } else if (key == "rank") {
-      ok = ok && absl::SimpleAtoi(value, &c.rank) && c.rank >= 0 &&
-           c.rank < kTrainers;
+      ok = ok && absl::SimpleAtoi(value, &c.rank) && c.rank >= 0;
+    } else if (key == "trainers") {
+      ok = ok && absl::SimpleAtoi(value, &c.trainers) && c.trainers >= 1;
+    } else if (key == "dedicated") {
+      ok = ok && absl::SimpleAtoi(value, &c.dedicated) && c.dedicated >= 0;
     } else if (key == "layout") {
       c.layout = value;
     } else if (key == "dtype") {
@@ -322,6 +334,11 @@ absl::StatusOr<TrainerConfig> ParseTrainerArgs(int argc, char** argv) {
                        "\" is not KEY=VALUE of "
                        "a known key with a valid value"));
     }
+  }
+  if (c.rank >= c.trainers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer argument rank=", c.rank,
+                     " is not below trainers=", c.trainers));
   }
   return c;
 }
@@ -392,17 +409,17 @@ absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> ParseNsAlgorithms(
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ReadTrainerParams(
-    const std::string& path, scheduler::Layout layout, int rank) {
+    const std::string& path, scheduler::Layout layout, int rank, int trainers) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("no file ", path));
   std::vector<std::vector<float>> out;
   for (const MatrixCase& c : Matrices()) {
     int64_t n = -1;
     in.read(reinterpret_cast<char*>(&n), sizeof(n));
-    if (!in || n != LentElements(c, layout, rank)) {
-      return absl::DataLossError(absl::StrCat(path, ": ", c.name, " has ", n,
-                                              " values, expected ",
-                                              LentElements(c, layout, rank)));
+    if (!in || n != LentElements(c, layout, rank, trainers)) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": ", c.name, " has ", n, " values, expected ",
+                       LentElements(c, layout, rank, trainers)));
     }
     std::vector<float> values(n);
     in.read(reinterpret_cast<char*>(values.data()),

@@ -29,13 +29,17 @@ namespace testing {
 
 // argv[1] of a trainer process.
 inline constexpr char kTrainerFlag[] = "--gpu2_trainer";
+// Trainers of a job unless its config says otherwise.
 inline constexpr int kTrainers = 2;
 
 struct TrainerConfig {
   std::string coordinator;  // host:port
   std::string job;
   std::string socket;  // its worker's Unix socket
-  int rank = 0;        // trainer rank of kTrainers, and its GPU (cuda:rank)
+  int rank = 0;        // trainer rank of `trainers`, and its GPU (cuda:rank)
+  int trainers = kTrainers;
+  // Workers with no trainer the job expects (muonps-worker --dedicated).
+  int dedicated = 0;
   std::string layout = "replicated";  // or unreduced, row_sharded
   DType dtype = DType::kFloat32;      // of the lent buffers
   int64_t first_step = 0;
@@ -56,17 +60,19 @@ int RunTrainer(const TrainerConfig& config);
 
 // What both sides compute alike.
 scheduler::Layout LayoutOf(const std::string& name);
-// Rows of `c` that trainer `rank` holds (the torch.chunk rule when row
-// sharded, every row otherwise).
+// Rows of `c` that trainer `rank` of `trainers` holds (the torch.chunk rule
+// when row sharded, every row otherwise).
 std::pair<int64_t, int64_t> TrainerRows(const MatrixCase& c,
-                                        scheduler::Layout layout, int rank);
+                                        scheduler::Layout layout, int rank,
+                                        int trainers = kTrainers);
 float InitialParam(size_t m, int64_t i);
 // The gradient trainer `rank` holds of matrix `m` at whole-matrix index
 // `i`: its own for unreduced matrices, the one shared gradient otherwise.
 float TrainerGrad(scheduler::Layout layout, int64_t step, size_t m, int rank,
                   int64_t i);
-// Elements trainer `rank` lends of matrix `m`.
-int64_t LentElements(const MatrixCase& c, scheduler::Layout layout, int rank);
+// Elements trainer `rank` of `trainers` lends of matrix `m`.
+int64_t LentElements(const MatrixCase& c, scheduler::Layout layout, int rank,
+                     int trainers = kTrainers);
 
 // One answer to a Step call, as the trainer logged it.
 struct StepAttempt {
@@ -89,7 +95,8 @@ absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> ParseNsAlgorithms(
 // Matrices(); DATA_LOSS when the file is short or its counts differ from
 // LentElements.
 absl::StatusOr<std::vector<std::vector<float>>> ReadTrainerParams(
-    const std::string& path, scheduler::Layout layout, int rank);
+    const std::string& path, scheduler::Layout layout, int rank,
+    int trainers = kTrainers);
 
 }  // namespace testing
 }  // namespace muonps

@@ -60,8 +60,9 @@ class CountingTransport : public Transport {
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
   }
-  absl::Status AwaitFrom(int peer, absl::Duration timeout) override {
-    return inner_->AwaitFrom(peer, timeout);
+  absl::Status AwaitFrom(int peer, size_t bytes,
+                         absl::Duration timeout) override {
+    return inner_->AwaitFrom(peer, bytes, timeout);
   }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
 

@@ -33,7 +33,7 @@ class AcceptingTransport : public Transport {
   absl::Status Synchronize(Stream, absl::Duration) override {
     return absl::OkStatus();
   }
-  absl::Status AwaitFrom(int, absl::Duration) override {
+  absl::Status AwaitFrom(int, size_t, absl::Duration) override {
     return absl::OkStatus();
   }
   void Abort(const absl::Status&) override {}

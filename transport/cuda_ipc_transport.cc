@@ -310,9 +310,10 @@ absl::Status CudaIpcTransport::Run() {
   return absl::OkStatus();
 }
 
-absl::Status CudaIpcTransport::AwaitFrom(int peer, absl::Duration timeout) {
+absl::Status CudaIpcTransport::AwaitFrom(int peer, size_t bytes,
+                                         absl::Duration timeout) {
   // Every transfer starts with a control message.
-  return control_->AwaitFrom(peer, timeout);
+  return control_->AwaitFrom(peer, bytes, timeout);
 }
 
 absl::Status CudaIpcTransport::Synchronize(Stream stream,

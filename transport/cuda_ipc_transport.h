@@ -56,7 +56,8 @@ class CudaIpcTransport final : public Transport {
                          Stream stream) override;
   // Waits for `stream` (bounded by `timeout`).
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
-  absl::Status AwaitFrom(int peer, absl::Duration timeout) override;
+  absl::Status AwaitFrom(int peer, size_t bytes,
+                         absl::Duration timeout) override;
   void Abort(const absl::Status& reason) override;
 
  private:

@@ -211,6 +211,11 @@ NcclTransport::~NcclTransport() {
     absl::MutexLock status_lock(&status_mu_);
     healthy = failure_.ok();
   }
+  // A receive AwaitFrom posted and nobody sent would hold the finalize.
+  if (awaited_ == Awaited::kPosted &&
+      cudaStreamQuery(await_stream_) == cudaErrorNotReady) {
+    healthy = false;
+  }
   // Finalizing flushes pending work and may wait on peers: bounded by
   // options.timeout, then abort. Destroy after a finished finalize frees
   // local state only.
@@ -229,6 +234,20 @@ NcclTransport::~NcclTransport() {
     (void)ncclCommAbort(comm_);
   }
   comm_ = nullptr;
+  ReleaseAwait();
+}
+
+void NcclTransport::ReleaseAwait() {
+  if (await_stream_ != nullptr) {
+    (void)cudaStreamSynchronize(await_stream_);  // NCCL's kernels have ended
+    (void)cudaStreamDestroy(await_stream_);
+    await_stream_ = nullptr;
+  }
+  if (await_event_ != nullptr) (void)cudaEventDestroy(await_event_);
+  if (await_buffer_ != nullptr) (void)cudaFree(await_buffer_);
+  await_event_ = nullptr;
+  await_buffer_ = nullptr;
+  await_capacity_ = 0;
 }
 
 std::string NcclTransport::Who() const {
@@ -478,7 +497,30 @@ absl::Status NcclTransport::Recv(void* data, size_t bytes, int peer,
     valid = absl::InvalidArgumentError("Recv: data is null");
   }
   if (!valid.ok()) return Fail(valid);
+  if (awaited_ != Awaited::kNone && peer == awaited_peer_) {
+    return TakeAwaited(data, bytes, stream);
+  }
   return Queue({Call::Kind::kRecv, nullptr, data, bytes, peer, stream});
+}
+
+absl::Status NcclTransport::TakeAwaited(void* data, size_t bytes,
+                                        Stream stream) {
+  if (bytes != awaited_bytes_) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "Recv: ", bytes, " bytes from rank ", awaited_peer_,
+        ", whose next message (awaited by AwaitFrom) has ", awaited_bytes_)));
+  }
+  const cudaStream_t s = stream;
+  cudaError_t error = cudaStreamWaitEvent(s, await_event_, 0);
+  if (error == cudaSuccess && bytes > 0) {
+    error = cudaMemcpyAsync(data, await_buffer_, bytes,
+                            cudaMemcpyDeviceToDevice, s);
+  }
+  if (error != cudaSuccess) {
+    return Fail(CudaStatus(error, "Recv: copying the awaited message"));
+  }
+  awaited_ = Awaited::kNone;
+  return absl::OkStatus();
 }
 
 absl::Status NcclTransport::ReduceSum(const float* send, float* recv,
@@ -535,12 +577,78 @@ absl::Status NcclTransport::Broadcast(void* data, size_t bytes, int root,
   return Queue({Call::Kind::kBroadcast, data, data, bytes, root, stream});
 }
 
-absl::Status NcclTransport::AwaitFrom(int peer, absl::Duration) {
-  return absl::UnimplementedError(absl::StrCat(
-      Who(), ": NCCL cannot wait for a message from rank ", peer,
-      " without posting its receive, so a worker with no trainer cannot "
-      "wait for steps on it: run dedicated workers with --gpu_transport=ipc "
-      "(GPUs of one host)"));
+absl::Status NcclTransport::AwaitFrom(int peer, size_t bytes,
+                                      absl::Duration timeout) {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  absl::Status valid = CheckPeer(peer, "AwaitFrom: peer", /*allow_self=*/false);
+  if (valid.ok() && group_depth_ > 0) {
+    valid = absl::FailedPreconditionError("AwaitFrom inside a group");
+  }
+  if (valid.ok() && awaited_ != Awaited::kNone &&
+      (peer != awaited_peer_ || bytes != awaited_bytes_)) {
+    valid = absl::FailedPreconditionError(absl::StrCat(
+        "AwaitFrom(rank ", peer, ", ", bytes, " bytes) while a message of ",
+        awaited_bytes_, " bytes from rank ", awaited_peer_,
+        " is awaited and not yet received"));
+  }
+  if (!valid.ok()) return Fail(valid);
+  if (awaited_ == Awaited::kArrived) return absl::OkStatus();
+  if (awaited_ == Awaited::kNone) {
+    cudaError_t error = cudaSuccess;
+    if (await_stream_ == nullptr) {
+      error = cudaStreamCreateWithFlags(&await_stream_, cudaStreamNonBlocking);
+    }
+    if (error == cudaSuccess && await_event_ == nullptr) {
+      error = cudaEventCreateWithFlags(&await_event_, cudaEventDisableTiming);
+    }
+    if (error == cudaSuccess && await_capacity_ < bytes) {
+      if (await_buffer_ != nullptr) (void)cudaFree(await_buffer_);
+      await_buffer_ = nullptr;
+      await_capacity_ = 0;
+      error = cudaMalloc(&await_buffer_, bytes);
+      if (error == cudaSuccess) await_capacity_ = bytes;
+    }
+    if (error != cudaSuccess) {
+      return Fail(CudaStatus(error, "AwaitFrom: its stream and buffer"));
+    }
+    MUONPS_RETURN_IF_ERROR(Queue({Call::Kind::kRecv, nullptr, await_buffer_,
+                                  bytes, peer, await_stream_}));
+    error = cudaEventRecord(await_event_, await_stream_);
+    if (error != cudaSuccess) {
+      return Fail(CudaStatus(error, "AwaitFrom: recording its event"));
+    }
+    awaited_ = Awaited::kPosted;
+    awaited_peer_ = peer;
+    awaited_bytes_ = bytes;
+  }
+  const Clock::time_point deadline = DeadlineAfter(timeout);
+  absl::Duration pause = kFirstPause;
+  while (true) {
+    int state = ncclInProgress;
+    std::string text;
+    MUONPS_RETURN_IF_ERROR(ReadState(&state, &text));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      const absl::Status error = absl::UnavailableError(
+          absl::StrCat(Who(), ": asynchronous NCCL error while awaiting rank ",
+                       peer, ": ", text));
+      Abort(error);
+      return error;
+    }
+    const cudaError_t query = cudaEventQuery(await_event_);
+    if (query == cudaSuccess) {
+      awaited_ = Awaited::kArrived;
+      return absl::OkStatus();
+    }
+    if (query != cudaErrorNotReady) {
+      return Fail(CudaStatus(query, "AwaitFrom: cudaEventQuery"));
+    }
+    if (Clock::now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(Who(), ": no message from rank ", peer, " within ",
+                       absl::FormatDuration(timeout)));
+    }
+    Pause(&pause);
+  }
 }
 
 absl::Status NcclTransport::Synchronize(Stream stream, absl::Duration timeout) {

@@ -59,9 +59,10 @@
 #include "absl/types/span.h"
 #include "transport/transport.h"
 
-// NCCL's communicator handle (ncclComm_t); named here so that users of this
-// header need no NCCL header.
+// NCCL's communicator handle (ncclComm_t) and a CUDA event (cudaEvent_t);
+// named here so that users of this header need no NCCL or CUDA header.
 struct ncclComm;
+struct CUevent_st;
 
 namespace muonps {
 namespace transport {
@@ -140,7 +141,18 @@ class NcclTransport final : public Transport {
   // failure NCCL's kernels on `stream` end early and leave their buffers
   // undefined; wait for the stream before freeing them.
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
-  absl::Status AwaitFrom(int peer, absl::Duration timeout) override;
+  // NCCL cannot wait for a message without receiving it, so the first call
+  // posts an ncclRecv of `bytes` from `peer` into a device buffer of the
+  // transport's own, on a stream of its own, and every call polls it (like
+  // Synchronize, but DEADLINE_EXCEEDED leaves it posted and the transport
+  // usable). The caller's next Recv from `peer` copies the message out on
+  // the caller's stream (ordered after its arrival by an event) instead of
+  // posting a receive. FAILED_PRECONDITION inside a group or while another
+  // (peer, bytes) is awaited; INVALID_ARGUMENT if that Recv names another
+  // size. A transport destroyed with the receive still posted is aborted,
+  // not finalized (finalizing would wait for a message that never comes).
+  absl::Status AwaitFrom(int peer, size_t bytes,
+                         absl::Duration timeout) override;
 
   // Aborts the communicator (ncclCommAbort, once; later calls only keep the
   // first reason) so that NCCL kernels waiting on peers end and pending and
@@ -204,6 +216,21 @@ class NcclTransport final : public Transport {
   // Owner-thread state.
   int group_depth_ = 0;
   std::vector<Call> queue_;
+
+  // AwaitFrom's receive (owner thread): none, posted, or arrived and not yet
+  // taken by Recv.
+  enum class Awaited { kNone, kPosted, kArrived };
+  Awaited awaited_ = Awaited::kNone;
+  int awaited_peer_ = -1;
+  size_t awaited_bytes_ = 0;
+  void* await_buffer_ = nullptr;  // cudaMalloc'd, await_capacity_ bytes
+  size_t await_capacity_ = 0;
+  Stream await_stream_ = nullptr;
+  CUevent_st* await_event_ = nullptr;  // recorded after the posted receive
+  // Recv's path for the awaited message: copies it out on `stream`.
+  absl::Status TakeAwaited(void* data, size_t bytes, Stream stream);
+  // Frees the await buffer, event and stream (after the communicator).
+  void ReleaseAwait();
 
   mutable absl::Mutex status_mu_;
   absl::Status failure_ ABSL_GUARDED_BY(status_mu_);

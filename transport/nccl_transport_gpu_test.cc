@@ -549,6 +549,87 @@ TEST_F(NcclTransportGpuTest,
   });
 }
 
+// What a worker with no trainer does between steps: AwaitFrom times out
+// while the peer sends nothing (the transport stays usable), returns once
+// the peer's message arrived, and the next Recvs take that message and the
+// one after it, in order. A transport destroyed with an awaited receive
+// still posted is aborted at once, not finalized for options.timeout.
+TEST_F(NcclTransportGpuTest,
+       TwoRanksAwaitFromWaitsWithoutLosingTheMessageAndTearsDownPromptly) {
+  if (devices_ < 2) GTEST_SKIP() << "needs 2 GPUs, found " << devices_;
+  absl::StatusOr<std::string> id = NcclTransport::NewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  constexpr size_t kCount = 4;
+  const std::vector<float> first = {1, 2, 3, 4}, second = {5, 6, 7, 8};
+  WithinOrExit(absl::Seconds(180), "two-rank AwaitFrom", [&] {
+    TwoRankBarrier idle_seen, received, second_idle_seen;
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.emplace_back([&, rank] {
+        NcclOptions options;
+        options.timeout = absl::Seconds(30);
+        absl::StatusOr<std::unique_ptr<NcclTransport>> created =
+            NcclTransport::Create(/*cuda_device=*/rank, rank, /*size=*/2, *id,
+                                  options);
+        ASSERT_TRUE(created.ok()) << created.status();
+        std::unique_ptr<NcclTransport> transport = *std::move(created);
+        OwnedStream stream;
+        ASSERT_CUDA(stream.error());
+        DeviceFloats a(kCount), b(kCount);
+        ASSERT_CUDA(a.error());
+        ASSERT_CUDA(b.error());
+        if (rank == 0) {
+          ASSERT_CUDA(a.Upload(first));
+          ASSERT_CUDA(b.Upload(second));
+          idle_seen.Arrive();  // rank 1 has timed out once
+          ASSERT_TRUE(
+              transport->Send(a.get(), a.bytes(), 1, stream.get()).ok());
+          ASSERT_TRUE(
+              transport->Send(b.get(), b.bytes(), 1, stream.get()).ok());
+          const absl::Status synced =
+              transport->Synchronize(stream.get(), absl::Seconds(30));
+          ASSERT_TRUE(synced.ok()) << synced;
+          received.Arrive();
+          second_idle_seen.Arrive();
+          transport.reset();
+          return;
+        }
+        const absl::Status idle =
+            transport->AwaitFrom(0, a.bytes(), absl::Milliseconds(50));
+        EXPECT_EQ(idle.code(), absl::StatusCode::kDeadlineExceeded) << idle;
+        idle_seen.Arrive();
+        const absl::Status woken =
+            transport->AwaitFrom(0, a.bytes(), absl::Seconds(30));
+        ASSERT_TRUE(woken.ok()) << woken;
+        // Waiting again before the Recv is a no-op.
+        ASSERT_TRUE(transport->AwaitFrom(0, a.bytes(), absl::Seconds(1)).ok());
+        ASSERT_TRUE(transport->Recv(a.get(), a.bytes(), 0, stream.get()).ok());
+        ASSERT_TRUE(transport->Recv(b.get(), b.bytes(), 0, stream.get()).ok());
+        const absl::Status synced =
+            transport->Synchronize(stream.get(), absl::Seconds(30));
+        ASSERT_TRUE(synced.ok()) << synced;
+        std::vector<float> got;
+        ASSERT_CUDA(a.Download(&got));
+        EXPECT_EQ(got, first);
+        ASSERT_CUDA(b.Download(&got));
+        EXPECT_EQ(got, second);
+        received.Arrive();
+        // A wait nobody answers: posted, timed out, then torn down.
+        const absl::Status unanswered =
+            transport->AwaitFrom(0, a.bytes(), absl::Milliseconds(50));
+        EXPECT_EQ(unanswered.code(), absl::StatusCode::kDeadlineExceeded)
+            << unanswered;
+        second_idle_seen.Arrive();
+        const Clock::time_point start = Clock::now();
+        transport.reset();
+        EXPECT_LT(SecondsSince(start), 5.0)
+            << "destroying a transport with an awaited receive posted";
+      });
+    }
+    for (std::thread& thread : ranks) thread.join();
+  });
+}
+
 }  // namespace
 }  // namespace transport
 }  // namespace muonps

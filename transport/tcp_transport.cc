@@ -124,7 +124,8 @@ absl::Status TcpTransport::Synchronize(Stream stream, absl::Duration) {
   return HostStreamOnly(stream);
 }
 
-absl::Status TcpTransport::AwaitFrom(int peer, absl::Duration timeout) {
+absl::Status TcpTransport::AwaitFrom(int peer, size_t /*bytes*/,
+                                     absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(CheckRank(peer, "peer", /*allow_self=*/false));
   if (group_depth_ > 0) {

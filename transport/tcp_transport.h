@@ -166,7 +166,8 @@ class TcpTransport final : public Transport {
                          Stream stream) override;
   // Calls have finished when they return: OK unless broken.
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
-  absl::Status AwaitFrom(int peer, absl::Duration timeout) override;
+  absl::Status AwaitFrom(int peer, size_t bytes,
+                         absl::Duration timeout) override;
   // Shuts every connection down: a call blocked on a peer (in this or
   // another thread) fails at once, and so does every later call.
   void Abort(const absl::Status& reason) override;

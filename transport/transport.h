@@ -78,13 +78,17 @@ class Transport {
   // `timeout`. Host transports return at once (their calls have finished).
   virtual absl::Status Synchronize(Stream stream, absl::Duration timeout) = 0;
 
-  // Waits up to `timeout` for the next message from `peer` to arrive,
-  // without receiving it (outside a group): OK once one has (or the peer
-  // closed: the receive then fails); DEADLINE_EXCEEDED when none came, the
-  // transport still usable. What a worker with no trainer of its own waits
-  // on between steps. UNIMPLEMENTED where the library cannot wait for a
-  // message without posting its receive (NCCL).
-  virtual absl::Status AwaitFrom(int peer, absl::Duration timeout) = 0;
+  // Waits up to `timeout` for the next message from `peer`, of `bytes`, to
+  // arrive, without the caller receiving it (outside a group): OK once one
+  // has (or the peer closed: the receive then fails); DEADLINE_EXCEEDED when
+  // none came, the transport still usable and the wait resumable by calling
+  // again. The caller's next Recv from `peer` (of `bytes`) then takes that
+  // message. What a worker with no trainer of its own waits on between
+  // steps. A transport whose library cannot wait without receiving (NCCL)
+  // posts the receive into a buffer of its own here and hands the message
+  // over at that Recv; `bytes` tells it the size (others ignore it).
+  virtual absl::Status AwaitFrom(int peer, size_t bytes,
+                                 absl::Duration timeout) = 0;
 
   // Breaks the transport: pending and later calls fail with `reason`.
   virtual void Abort(const absl::Status& reason) = 0;

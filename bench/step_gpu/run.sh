@@ -19,9 +19,8 @@
 #   per bench run), TORCH_TIMEOUT (300 s per torch_peers.py run),
 #   TRANSPORT (nccl or ipc: the workers' --gpu_transport on N GPUs),
 #   DEDICATED (0: the last DEDICATED of the N workers get no trainer, a
-#   dedicated optimizer pool; forces TRANSPORT=ipc, as a worker with no
-#   trainer waits for steps on its transport), OWNER_PEERS (1: 0 skips the
-#   torch peers on N GPUs).
+#   dedicated optimizer pool), OWNER_PEERS (1: 0 skips the torch peers on
+#   N GPUs).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
@@ -142,7 +141,6 @@ fi
 failed=0
 dedicated="${DEDICATED:-0}"
 transport="${TRANSPORT:-nccl}"
-((dedicated > 0)) && transport=ipc
 trainers=$((GPUS - dedicated))
 ((trainers >= 1)) || { echo "run.sh: DEDICATED=$dedicated leaves no trainer on $GPUS GPUs" >&2; exit 2; }
 echo "run.sh: $GPUS workers over $transport, $trainers with a trainer" >&2

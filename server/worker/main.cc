@@ -93,7 +93,7 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
 ABSL_FLAG(bool, dedicated, false,
           "No trainer attaches to this worker (a GPU of a dedicated "
           "optimizer pool): it owns matrices and steps whenever the "
-          "trainers' workers do. CPU, or --gpu_transport=ipc.");
+          "trainers' workers do.");
 ABSL_FLAG(std::string, cost_table, "",
           "File of measured Newton-Schulz times (scheduler/cost_table.h).");
 ABSL_FLAG(double, speed, 1.0, "Speed relative to the cost table.");
@@ -320,12 +320,6 @@ int Run() {
     if (gpu_transport != "nccl" && gpu_transport != "ipc") {
       spdlog::error("--gpu_transport: \"{}\" is not nccl or ipc",
                     gpu_transport);
-      return 2;
-    }
-    if (gpu_transport == "nccl" && options.dedicated) {
-      spdlog::error(
-          "--dedicated: a worker with no trainer waits for steps on its "
-          "transport, which NCCL cannot do; use --gpu_transport=ipc");
       return 2;
     }
     const int ordinal = device->ordinal;

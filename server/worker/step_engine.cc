@@ -13,6 +13,7 @@
 #include "common/trainer_segment.h"
 #include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "server/worker/step_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
@@ -388,7 +389,8 @@ absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
     if (plan_.rank >= 0 && plan_.rank >= size - plan_.ownership.dedicated) {
       MUONPS_RETURN_IF_ERROR(EnsureTransport());
       // Rank 0 has a trainer; its first message opens every round.
-      const absl::Status opened = transport_->AwaitFrom(0, wait);
+      const absl::Status opened =
+          transport_->AwaitFrom(0, sizeof(RoundOpening), wait);
       if (absl::IsDeadlineExceeded(opened)) return std::nullopt;
       if (!opened.ok()) {
         DropTransport(opened);
