@@ -213,7 +213,7 @@ NcclTransport::~NcclTransport() {
   }
   // A receive AwaitFrom posted and nobody sent would hold the finalize.
   if (awaited_ == Awaited::kPosted &&
-      cudaStreamQuery(await_stream_) == cudaErrorNotReady) {
+      (!await_recorded_ || cudaEventQuery(await_event_) != cudaSuccess)) {
     healthy = false;
   }
   // Finalizing flushes pending work and may wait on peers: bounded by
@@ -407,10 +407,21 @@ absl::Status NcclTransport::Queue(const Call& call) {
 }
 
 absl::Status NcclTransport::IssueQueue() {
+  if (queue_.empty()) return absl::OkStatus();
+  // Nothing may be issued while AwaitFrom's receive is still being enqueued.
+  MUONPS_RETURN_IF_ERROR(FinishAwaitEnqueue());
+  const Clock::time_point deadline = DeadlineAfter(options_.timeout);
+  MUONPS_RETURN_IF_ERROR(EnqueueQueue());
+  // Until the state leaves ncclInProgress NCCL may not have put the
+  // transfers on their streams yet (the first transfer to a peer connects to
+  // it here), and nothing else may be enqueued on those streams.
+  return WaitUntilReady("ncclGroupEnd", deadline);
+}
+
+absl::Status NcclTransport::EnqueueQueue() {
   std::vector<Call> calls;
   calls.swap(queue_);
   if (calls.empty()) return absl::OkStatus();
-  const Clock::time_point deadline = DeadlineAfter(options_.timeout);
   absl::Status issued;
   {
     absl::MutexLock lock(&comm_mu_);
@@ -453,10 +464,23 @@ absl::Status NcclTransport::IssueQueue() {
     }
   }
   if (!issued.ok()) return Fail(issued);
-  // Until the state leaves ncclInProgress NCCL may not have put the
-  // transfers on their streams yet (the first transfer to a peer connects to
-  // it here), and nothing else may be enqueued on those streams.
-  return WaitUntilReady("ncclGroupEnd", deadline);
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::FinishAwaitEnqueue() {
+  if (awaited_ != Awaited::kPosted || await_recorded_) return absl::OkStatus();
+  MUONPS_RETURN_IF_ERROR(
+      WaitUntilReady("AwaitFrom's ncclRecv", DeadlineAfter(options_.timeout)));
+  return RecordAwaitEvent();
+}
+
+absl::Status NcclTransport::RecordAwaitEvent() {
+  const cudaError_t error = cudaEventRecord(await_event_, await_stream_);
+  if (error != cudaSuccess) {
+    return Fail(CudaStatus(error, "AwaitFrom: recording its event"));
+  }
+  await_recorded_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status NcclTransport::GroupStart() {
@@ -510,6 +534,7 @@ absl::Status NcclTransport::TakeAwaited(void* data, size_t bytes,
         "Recv: ", bytes, " bytes from rank ", awaited_peer_,
         ", whose next message (awaited by AwaitFrom) has ", awaited_bytes_)));
   }
+  MUONPS_RETURN_IF_ERROR(FinishAwaitEnqueue());
   const cudaStream_t s = stream;
   cudaError_t error = cudaStreamWaitEvent(s, await_event_, 0);
   if (error == cudaSuccess && bytes > 0) {
@@ -611,15 +636,15 @@ absl::Status NcclTransport::AwaitFrom(int peer, size_t bytes,
     if (error != cudaSuccess) {
       return Fail(CudaStatus(error, "AwaitFrom: its stream and buffer"));
     }
-    MUONPS_RETURN_IF_ERROR(Queue({Call::Kind::kRecv, nullptr, await_buffer_,
-                                  bytes, peer, await_stream_}));
-    error = cudaEventRecord(await_event_, await_stream_);
-    if (error != cudaSuccess) {
-      return Fail(CudaStatus(error, "AwaitFrom: recording its event"));
-    }
+    // Enqueued without waiting: the first receive from a peer also connects
+    // to it, which completes only once that peer sends (below, polled).
+    queue_.push_back({Call::Kind::kRecv, nullptr, await_buffer_, bytes, peer,
+                      await_stream_});
+    MUONPS_RETURN_IF_ERROR(EnqueueQueue());
     awaited_ = Awaited::kPosted;
     awaited_peer_ = peer;
     awaited_bytes_ = bytes;
+    await_recorded_ = false;
   }
   const Clock::time_point deadline = DeadlineAfter(timeout);
   absl::Duration pause = kFirstPause;
@@ -634,7 +659,12 @@ absl::Status NcclTransport::AwaitFrom(int peer, size_t bytes,
       Abort(error);
       return error;
     }
-    const cudaError_t query = cudaEventQuery(await_event_);
+    // Once NCCL has put the receive on the stream, its event follows it.
+    if (state == ncclSuccess && !await_recorded_) {
+      MUONPS_RETURN_IF_ERROR(RecordAwaitEvent());
+    }
+    const cudaError_t query =
+        await_recorded_ ? cudaEventQuery(await_event_) : cudaErrorNotReady;
     if (query == cudaSuccess) {
       awaited_ = Awaited::kArrived;
       return absl::OkStatus();

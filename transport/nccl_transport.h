@@ -196,6 +196,13 @@ class NcclTransport final : public Transport {
   // Issues the queued calls as one NCCL group and waits until NCCL has
   // enqueued them.
   absl::Status IssueQueue();
+  // Issues the queued calls as one NCCL group without waiting (the
+  // communicator may stay ncclInProgress).
+  absl::Status EnqueueQueue();
+  // Waits until AwaitFrom's posted receive is on its stream (if it is not
+  // yet) and records its event: before any other NCCL call.
+  absl::Status FinishAwaitEnqueue();
+  absl::Status RecordAwaitEvent();
   // The communicator's state (ncclCommGetAsyncError), an ncclResult_t:
   // ncclSuccess, ncclInProgress or an error, whose NCCL text goes to *text.
   // Fails only with Usable()'s status, at once after Abort() from any thread.
@@ -227,6 +234,10 @@ class NcclTransport final : public Transport {
   size_t await_capacity_ = 0;
   Stream await_stream_ = nullptr;
   CUevent_st* await_event_ = nullptr;  // recorded after the posted receive
+  // Whether await_event_ was recorded after the posted receive, which
+  // happens once NCCL has enqueued it (the communicator left
+  // ncclInProgress: a first receive from a peer waits there for it).
+  bool await_recorded_ = false;
   // Recv's path for the awaited message: copies it out on `stream`.
   absl::Status TakeAwaited(void* data, size_t bytes, Stream stream);
   // Frees the await buffer, event and stream (after the communicator).
