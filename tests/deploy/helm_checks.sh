@@ -136,6 +136,26 @@ else
   fail "NCCL_NVLS_ENABLE=0 by default"
 fi
 
+echo "== a GPU pool over NCCL runs on any node; over CUDA IPC beside its trainers"
+"$helm" template muonps "$chart" --set workers.job=llama --set workers.pool.enabled=true \
+  --set workers.pool.antiAffinity=hard >"$work/nccl-pool.yaml"
+if grep -q -- '--gpu_transport=nccl' "$work/nccl-pool.yaml" &&
+   grep -q -- '--dedicated' "$work/nccl-pool.yaml" &&
+   ! grep -q 'podAffinity:' "$work/nccl-pool.yaml" &&
+   ! grep -q 'hostIPC: true' "$work/nccl-pool.yaml" &&
+   grep -q 'podAntiAffinity:' "$work/nccl-pool.yaml"; then
+  pass "GPU pool over NCCL: no colocation, no host IPC, hard anti-affinity allowed"
+else
+  fail "GPU pool over NCCL: no colocation, no host IPC, hard anti-affinity allowed"
+fi
+if grep -q -- '--gpu_transport=ipc' "$work/gpu-pool.yaml" &&
+   grep -q 'podAffinity:' "$work/gpu-pool.yaml" &&
+   grep -q 'hostIPC: true' "$work/gpu-pool.yaml"; then
+  pass "GPU pool over CUDA IPC: colocated with its trainers, host IPC"
+else
+  fail "GPU pool over CUDA IPC: colocated with its trainers, host IPC"
+fi
+
 echo "== the coordinator's durable state on its PVC"
 "$helm" template muonps "$chart" --set coordinator.persistence.enabled=true >"$work/persistent.yaml"
 if grep -q -- '--state_dir=/var/lib/muonps/state' "$work/persistent.yaml" &&

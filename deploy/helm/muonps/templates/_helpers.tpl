@@ -213,8 +213,9 @@ message naming the value. */}}
 {{- if eq (int .Values.workers.dataPort) (int .Values.workers.metricsPort) -}}
 {{- fail "workers.dataPort and workers.metricsPort must differ" -}}
 {{- end -}}
-{{- if and .Values.workers.pool.enabled (eq .Values.workers.pool.device "cuda") (empty .Values.workers.pool.colocateWith) -}}
-{{- fail "workers.pool.colocateWith: a GPU pool talks to the job's other workers by CUDA IPC, so it must run on the trainers' node; give the trainer pods' labels, e.g. {app: my-trainer}" -}}
+{{- $pool := .Values.workers.pool -}}
+{{- if and $pool.enabled (eq $pool.device "cuda") (eq $pool.gpuTransport "ipc") (empty $pool.colocateWith) -}}
+{{- fail "workers.pool.colocateWith: a GPU pool with gpuTransport ipc talks to the job's other workers by CUDA IPC, so it must run on the trainers' node; give the trainer pods' labels, e.g. {app: my-trainer}, or use gpuTransport nccl" -}}
 {{- end -}}
 {{- end -}}
 
