@@ -63,6 +63,19 @@ LLAMA_GROUPS = [(4096, 4096, 16), (1024, 4096, 16), (14336, 4096, 16),
 LLAMA_LAYER = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096),
                (14336, 4096), (14336, 4096), (4096, 14336)]
 SMALL_DIVISOR = 64
+# One DeepSeek-V3-like MoE layer (bench/step_gpu/llama_matrices.h's
+# MoeMatrices): MLA attention, then the shared and each routed expert's
+# gate, up, down.
+MOE_ATTENTION = [(1536, 7168), (24576, 1536), (576, 7168), (32768, 512),
+                 (7168, 16384)]
+MOE_EXPERT = [(2048, 7168), (2048, 7168), (7168, 2048)]
+
+
+def layer_shapes(matrix_set, experts):
+    """One layer's matrix shapes, in step_gpu_bench's order."""
+    if matrix_set == "moe":
+        return MOE_ATTENTION + MOE_EXPERT * (experts + 1)
+    return LLAMA_LAYER
 
 
 def own_ns5(device):
@@ -310,10 +323,11 @@ def bench_ns(report, timer, device, groups, gemm_tflops):
                 speedup_vs_torch_ns5=ms / gram_ms)
 
 
-def llama_parameters(device, layers, divisor):
+def model_parameters(device, args, divisor):
+    """The set's parameters (--set, --layers, --experts), with gradients."""
     params = []
-    for _ in range(layers):
-        for rows, cols in LLAMA_LAYER:
+    for _ in range(args.layers):
+        for rows, cols in layer_shapes(args.set, args.experts):
             p = torch.nn.Parameter(
                 torch.randn(rows // divisor, cols // divisor, device=device)
                 * 0.02)
@@ -322,8 +336,8 @@ def llama_parameters(device, layers, divisor):
     return params
 
 
-def bench_steps(report, timer, device, layers, divisor):
-    params = llama_parameters(device, layers, divisor)
+def bench_steps(report, timer, device, args, divisor):
+    params = model_parameters(device, args, divisor)
     count = sum(p.numel() for p in params)
     muon_ms = None
     if hasattr(torch.optim, "Muon"):
@@ -448,7 +462,7 @@ def owner_rank_main(rank, world, args, port):
     divisor = SMALL_DIVISOR if args.small else 1
     torch.manual_seed(0)  # the same parameters and gradients on every rank
     with torch.no_grad():
-        params = llama_parameters(device, args.layers, divisor)
+        params = model_parameters(device, args, divisor)
         count = sum(p.numel() for p in params)
         owner = owners_by_size([p.numel() for p in params], world)
         owned = [p for p, o in zip(params, owner) if o == rank]
@@ -537,7 +551,11 @@ def main():
     parser.add_argument("--out", default="", help="JSON lines file")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--set", choices=("llama", "moe"), default="llama",
+                        help="optimizer-step matrix set (step_gpu_bench's)")
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--experts", type=int, default=64,
+                        help="moe: routed experts per layer")
     parser.add_argument("--gemm_n", type=int, default=8192)
     parser.add_argument("--skip_ns", action="store_true",
                         help="GEMM and optimizer steps only (bench/step_gpu)")
@@ -571,7 +589,7 @@ def main():
             bench_ns(report, timer, device, groups, gemm)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    bench_steps(report, timer, device, args.layers, divisor)
+    bench_steps(report, timer, device, args, divisor)
 
 
 if __name__ == "__main__":

@@ -163,7 +163,7 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
   const bool sharded = o.layout == scheduler::Layout::kRowSharded;
   std::vector<int64_t> local;
   int64_t total = 0, local_total = 0, largest = 0;
-  for (const auto& [name, s] : o.matrices) {
+  for (const auto& [name, s, layer] : o.matrices) {
     const auto [begin, end] = TrainerRowRange(s.rows, o.rank, o.ranks);
     local.push_back((sharded ? end - begin : s.rows) * s.cols);
     total += s.rows * s.cols;
@@ -208,11 +208,9 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
   {
     int64_t at = 0;
     for (size_t m = 0; m < o.matrices.size(); ++m) {
-      const auto& [name, s] = o.matrices[m];
+      const auto& [name, s, layer] = o.matrices[m];
       MUONPS_RETURN_IF_ERROR(client->AddMatrix(
-          name, s.rows, s.cols,
-          {.layout = o.layout,
-           .layer = static_cast<int32_t>(m / kMatricesPerLayer)}));
+          name, s.rows, s.cols, {.layout = o.layout, .layer = layer}));
       MUONPS_RETURN_IF_ERROR(client->LendCuda(name, grads + at, params + at));
       at += local[m];
     }

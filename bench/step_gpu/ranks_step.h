@@ -35,7 +35,7 @@ struct RanksStepOptions {
   // after the trainers' workers: a dedicated optimizer pool.
   int dedicated_workers = 0;
   scheduler::Layout layout = scheduler::Layout::kReplicated;
-  std::vector<std::pair<std::string, Shape>> matrices;  // full shapes
+  MatrixSet matrices;  // full shapes
   int warmup = 3;
   int repeats = 10;
   std::string torch_results;       // torch_peers.py's lines (may be empty)

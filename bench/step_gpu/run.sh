@@ -14,7 +14,7 @@
 # bounded; a failure prints the log tails of the processes involved. Run
 # from a bundle made by deploy/device/bundle_gpu_step.sh (bin/, lib/, this
 # script, torch_peers.py).
-#   GPUS, LAYOUTS, LAYERS (8), ONE_GPU (1), MULTI_WARMUP (2), MULTI_REPEATS
+#   GPUS, LAYOUTS, LAYERS (8), SET (llama), EXPERTS (64), ONE_GPU (1), MULTI_WARMUP (2), MULTI_REPEATS
 #   (8), BENCH_TIMEOUT (240 s
 #   per bench run), TORCH_TIMEOUT (300 s per torch_peers.py run),
 #   TRANSPORT (nccl or ipc: the workers' --gpu_transport on N GPUs),
@@ -32,8 +32,11 @@ echo "run.sh: logs in $logs" >&2
 torch_results="$logs/torch.jsonl"
 bench_timeout="${BENCH_TIMEOUT:-240}"
 torch_timeout="${TORCH_TIMEOUT:-300}"
-# LAYERS: Llama-3-8B layers in the set (8: the 1.74 B set; 32: all of it).
+# LAYERS: layers of the set (8: the 1.74 B Llama set; 32: all of it).
+# SET: llama or moe (DeepSeek-V3-like MoE layers of EXPERTS routed experts,
+# 64 by default; bench/step_gpu/llama_matrices.h).
 layers="${LAYERS:-8}"
+set_args=(--set "${SET:-llama}" --experts "${EXPERTS:-64}")
 if [[ -z "${GPUS:-}" ]]; then
   if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
     GPUS="$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c . || true)"
@@ -47,7 +50,7 @@ echo "run.sh: GPUS=$GPUS" >&2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 if [[ "${ONE_GPU:-1}" == 1 ]]; then
 timeout --kill-after=10 "$torch_timeout" \
-  python3 "$here/torch_peers.py" --skip_ns --out "$torch_results" --layers "$layers" "${@}"
+  python3 "$here/torch_peers.py" --skip_ns --out "$torch_results" --layers "$layers" "${set_args[@]}" "${@}"
 fi
 # A fresh bearer token, as a private service has (plaintext on loopback).
 (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' >"$logs/token")
@@ -113,7 +116,7 @@ start_coordinator "$logs/coordinator.log"
 pids+=($!)
 wait_for "$logs/worker.log" "listening on unix" 60 "$!"
 timeout --kill-after=10 "$bench_timeout" \
-  "$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" --layers "$layers" \
+  "$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" --layers "$layers" "${set_args[@]}" \
   --torch_results "$torch_results" | tee "$logs/one.jsonl" || { tail -20 "$logs/worker.log" >&2; exit 1; }
 stop_all
 fi
@@ -147,7 +150,7 @@ echo "run.sh: $GPUS workers over $transport, $trainers with a trainer" >&2
 if [[ "${OWNER_PEERS:-1}" == 1 ]]; then
 echo "run.sh: torch owner-based Muon and all-reduce on $trainers GPUs" >&2
 timeout --kill-after=10 "$torch_timeout" \
-  python3 "$here/torch_peers.py" --owner_world "$trainers" --out "$torch_results" --layers "$layers" \
+  python3 "$here/torch_peers.py" --owner_world "$trainers" --out "$torch_results" --layers "$layers" "${set_args[@]}" \
   --warmup 2 --owner_repeats 7 \
   || { echo "run.sh: torch_peers.py --owner_world $trainers failed (rc $?); muonps runs on, its ratios null" >&2; failed=1; }
 fi
@@ -182,7 +185,7 @@ run_layout() {
     local extra=()
     ((r == 0)) && extra=(--worker_metrics "$list")
     timeout --kill-after=10 "$bench_timeout" \
-      "$here/bin/step_gpu_bench" --coordinator "$coordinator" --job "step-gpu-$layout" --layers "$layers" \
+      "$here/bin/step_gpu_bench" --coordinator "$coordinator" --job "step-gpu-$layout" --layers "$layers" "${set_args[@]}" \
       --worker_socket "$dir/w$r.sock" --rank "$r" --ranks "$trainers" --layout "$layout" \
       --dedicated_workers "$dedicated" \
       --warmup "${MULTI_WARMUP:-2}" --repeats "${MULTI_REPEATS:-8}" \

@@ -62,7 +62,11 @@ ABSL_FLAG(std::string, worker_metrics, "",
           "comma-separated, in worker (GPU) order: bytes sent per step.");
 ABSL_FLAG(int, dedicated_workers, 0,
           "Multi-GPU run: workers with no trainer (--dedicated) in the job.");
-ABSL_FLAG(int, layers, 8, "Llama-3-8B layers.");
+ABSL_FLAG(std::string, set, "llama",
+          "Matrix set: llama (Llama-3-8B layers) or moe (DeepSeek-V3-like "
+          "MoE layers, bench/step_gpu/llama_matrices.h).");
+ABSL_FLAG(int, layers, 8, "Layers of the set.");
+ABSL_FLAG(int, experts, 64, "moe: routed experts per layer (V3 has 256).");
 ABSL_FLAG(int, divisor, 1, "Divide every dimension (a quick logic check).");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
 ABSL_FLAG(int, repeats, 10, "Timed steps (median reported).");
@@ -78,9 +82,21 @@ using bench::Shape;
 
 void Line(const nlohmann::ordered_json& line) { bench::PrintLine(line); }
 
-std::vector<std::pair<std::string, Shape>> LlamaMatrices() {
-  return bench::LlamaMatrices(absl::GetFlag(FLAGS_layers),
-                              absl::GetFlag(FLAGS_divisor));
+// The set --set names, or INVALID_ARGUMENT naming the flag.
+absl::StatusOr<bench::MatrixSet> Matrices() {
+  const std::string set = absl::GetFlag(FLAGS_set);
+  const int layers = absl::GetFlag(FLAGS_layers);
+  const int divisor = absl::GetFlag(FLAGS_divisor);
+  if (layers < 1 || divisor < 1 || absl::GetFlag(FLAGS_experts) < 0) {
+    return absl::InvalidArgumentError(
+        "--layers and --divisor must be >= 1, --experts >= 0");
+  }
+  if (set == "llama") return bench::LlamaMatrices(layers, divisor);
+  if (set == "moe") {
+    return bench::MoeMatrices(layers, absl::GetFlag(FLAGS_experts), divisor);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--set: \"", set, "\" is not llama or moe"));
 }
 
 // Two trainers (clients of this process, each with its own copy of the
@@ -98,9 +114,9 @@ absl::Status RunTwoTrainers(const std::vector<std::string>& sockets) {
         one_worker,
         bench::PeerResults::Load(absl::GetFlag(FLAGS_one_worker_results)));
   }
-  const auto matrices = LlamaMatrices();
+  MUONPS_ASSIGN_OR_RETURN(const bench::MatrixSet matrices, Matrices());
   int64_t total = 0;
-  for (const auto& [name, s] : matrices) total += s.rows * s.cols;
+  for (const auto& [name, s, layer] : matrices) total += s.rows * s.cols;
   MUONPS_RETURN_IF_ERROR(
       kernels::cuda::CudaStatus(cudaSetDevice(0), "cudaSetDevice"));
   std::vector<std::unique_ptr<Client>> clients;
@@ -126,10 +142,9 @@ absl::Status RunTwoTrainers(const std::vector<std::string>& sockets) {
                         .device = {MemoryKind::kCuda, 0}}));
     int64_t at = 0;
     for (size_t m = 0; m < matrices.size(); ++m) {
-      const auto& [name, s] = matrices[m];
-      MUONPS_RETURN_IF_ERROR(client->AddMatrix(
-          name, s.rows, s.cols,
-          {.layer = static_cast<int32_t>(m / 7)} /* 7 per layer */));
+      const auto& [name, s, layer] = matrices[m];
+      MUONPS_RETURN_IF_ERROR(
+          client->AddMatrix(name, s.rows, s.cols, {.layer = layer}));
       MUONPS_RETURN_IF_ERROR(
           client->LendCuda(name, block + at, block + total + at));
       at += s.rows * s.cols;
@@ -214,7 +229,7 @@ absl::Status RunRanks() {
   if (o.dedicated_workers < 0) {
     return absl::InvalidArgumentError("--dedicated_workers must be >= 0");
   }
-  o.matrices = LlamaMatrices();
+  MUONPS_ASSIGN_OR_RETURN(o.matrices, Matrices());
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.repeats = absl::GetFlag(FLAGS_repeats);
   o.torch_results = absl::GetFlag(FLAGS_torch_results);
@@ -251,10 +266,9 @@ absl::Status Run() {
     MUONPS_ASSIGN_OR_RETURN(
         peers, bench::PeerResults::Load(absl::GetFlag(FLAGS_torch_results)));
   }
-  const auto matrices = LlamaMatrices();
-  constexpr size_t kPerLayer = 7;
+  MUONPS_ASSIGN_OR_RETURN(const bench::MatrixSet matrices, Matrices());
   int64_t total = 0, largest = 0;
-  for (const auto& [name, s] : matrices) {
+  for (const auto& [name, s, layer] : matrices) {
     total += s.rows * s.cols;
     largest = std::max(largest, s.rows * s.cols);
   }
@@ -272,7 +286,7 @@ absl::Status Run() {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (float& v : pattern) v = normal(rng) * 1e-3f;
     int64_t at = 0;
-    for (const auto& [name, s] : matrices) {
+    for (const auto& [name, s, layer] : matrices) {
       const int64_t n = s.rows * s.cols;
       MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
           cudaMemcpy(grads + at, pattern.data(), n * 4, cudaMemcpyHostToDevice),
@@ -293,11 +307,10 @@ absl::Status Run() {
   {
     int64_t at = 0;
     for (size_t m = 0; m < matrices.size(); ++m) {
-      const auto& [name, s] = matrices[m];
-      MUONPS_RETURN_IF_ERROR(
-          client->AddMatrix(name, s.rows, s.cols,
-                            {.layout = scheduler::Layout::kReplicated,
-                             .layer = static_cast<int32_t>(m / kPerLayer)}));
+      const auto& [name, s, layer] = matrices[m];
+      MUONPS_RETURN_IF_ERROR(client->AddMatrix(
+          name, s.rows, s.cols,
+          {.layout = scheduler::Layout::kReplicated, .layer = layer}));
       MUONPS_RETURN_IF_ERROR(client->LendCuda(name, grads + at, params + at));
       at += s.rows * s.cols;
     }
@@ -342,7 +355,7 @@ absl::Status Run() {
                           kernels::cuda::CudaKernels::Create(
                               {.device = 0, .precision = precision}));
   std::map<std::pair<int64_t, int64_t>, int64_t> counts;
-  for (const auto& [name, s] : matrices) ++counts[{s.rows, s.cols}];
+  for (const auto& [name, s, layer] : matrices) ++counts[{s.rows, s.cols}];
   struct Stack {
     Shape shape;
     int64_t count;
@@ -356,7 +369,7 @@ absl::Status Run() {
             kernels::NsAlgorithm::kNs5,
             nullptr,
             nullptr};
-    for (const auto& [name, m] : matrices) {
+    for (const auto& [name, m, layer] : matrices) {
       if (m.rows == shape.first && m.cols == shape.second) {
         s.algorithm = algorithms.at(name);
         break;
