@@ -28,23 +28,12 @@
 #include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/job_store.h"
 #include "server/health/health_service.h"
+#include "server/metrics_flags/metrics_flags.h"
 #include "server/reflection/reflection_service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address of the gRPC port.");
 ABSL_FLAG(int, port, 0, "gRPC port; 0 picks a free one.");
-ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
-          "Prometheus /metrics HTTP address, HOST:PORT (port 0 picks a free "
-          "one). Off loopback it needs --metrics_token_file.");
-ABSL_FLAG(int, metrics_port, 0,
-          "-1 disables /metrics; a port > 0 replaces --metrics_address's.");
-ABSL_FLAG(std::string, metrics_token_file, "",
-          "File holding the bearer token every /metrics request must carry "
-          "(default: $MUONPS_METRICS_TOKEN_FILE); required off loopback.");
-ABSL_FLAG(std::string, metrics_tls_cert, "",
-          "PEM certificate: serve /metrics over HTTPS (with "
-          "--metrics_tls_key).");
-ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
 ABSL_FLAG(int64_t, lease_ttl_ms, 6000,
           "A worker's lease expires this long after its last heartbeat.");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
@@ -198,25 +187,17 @@ int Run() {
     return 1;
   }
   health.SetServing("muonps.v1.Coordinator", true);
-  std::unique_ptr<MetricsServer> metrics_server;
-  absl::StatusOr<std::optional<MetricsServerOptions>> metrics_options =
-      MetricsServerOptionsFromFlags(absl::GetFlag(FLAGS_metrics_address),
-                                    absl::GetFlag(FLAGS_metrics_port),
-                                    absl::GetFlag(FLAGS_metrics_token_file),
-                                    absl::GetFlag(FLAGS_metrics_tls_cert),
-                                    absl::GetFlag(FLAGS_metrics_tls_key));
-  if (!metrics_options.ok()) {
-    spdlog::error("metrics: {}", metrics_options.status().ToString());
-    return 2;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+      server::StartMetricsServerFromFlags(&metrics);
+  if (!started.ok()) {
+    spdlog::error("metrics: {}", started.status().ToString());
+    return absl::IsInvalidArgument(started.status()) ||
+                   absl::IsFailedPrecondition(started.status())
+               ? 2
+               : 1;
   }
-  if (metrics_options->has_value()) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::Start(&metrics, **metrics_options);
-    if (!started.ok()) {
-      spdlog::error("metrics: {}", started.status().ToString());
-      return 1;
-    }
-    metrics_server = *std::move(started);
+  std::unique_ptr<MetricsServer> metrics_server = *std::move(started);
+  if (metrics_server != nullptr) {
     spdlog::info("metrics on {}", metrics_server->url());
   }
   spdlog::info("listening on {}:{} ({}{}; state {})", host, port,

@@ -34,6 +34,7 @@
 #include "kernels/cuda/precision.h"
 #include "proto/credentials.h"
 #include "server/health/health_service.h"
+#include "server/metrics_flags/metrics_flags.h"
 #include "server/reflection/reflection_service.h"
 #include "server/worker/cuda_step_backend.h"
 #include "server/worker/local_listener.h"
@@ -59,18 +60,6 @@ ABSL_FLAG(std::string, allow_group, "",
           "to the socket; by default only this worker's user may.");
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address of the data-plane port (--data_port).");
-ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
-          "Prometheus /metrics HTTP address, HOST:PORT (port 0 picks a free "
-          "one). Off loopback it needs --metrics_token_file.");
-ABSL_FLAG(int, metrics_port, 0,
-          "-1 disables /metrics; a port > 0 replaces --metrics_address's.");
-ABSL_FLAG(std::string, metrics_token_file, "",
-          "File holding the bearer token every /metrics request must carry "
-          "(default: $MUONPS_METRICS_TOKEN_FILE); required off loopback.");
-ABSL_FLAG(std::string, metrics_tls_cert, "",
-          "PEM certificate: serve /metrics over HTTPS (with "
-          "--metrics_tls_key).");
-ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
 ABSL_FLAG(std::string, device, "auto",
           "cpu, cuda:N, or auto (cuda:0 when a GPU is usable, else cpu). "
           "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "
@@ -425,25 +414,17 @@ int Run() {
     return 1;
   }
   health.SetServing("muonps.v1.Worker", true);
-  std::unique_ptr<MetricsServer> metrics_server;
-  absl::StatusOr<std::optional<MetricsServerOptions>> metrics_options =
-      MetricsServerOptionsFromFlags(absl::GetFlag(FLAGS_metrics_address),
-                                    absl::GetFlag(FLAGS_metrics_port),
-                                    absl::GetFlag(FLAGS_metrics_token_file),
-                                    absl::GetFlag(FLAGS_metrics_tls_cert),
-                                    absl::GetFlag(FLAGS_metrics_tls_key));
-  if (!metrics_options.ok()) {
-    spdlog::error("metrics: {}", metrics_options.status().ToString());
-    return 2;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+      server::StartMetricsServerFromFlags(&metrics);
+  if (!started.ok()) {
+    spdlog::error("metrics: {}", started.status().ToString());
+    return absl::IsInvalidArgument(started.status()) ||
+                   absl::IsFailedPrecondition(started.status())
+               ? 2
+               : 1;
   }
-  if (metrics_options->has_value()) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
-        MetricsServer::Start(&metrics, **metrics_options);
-    if (!started.ok()) {
-      spdlog::error("metrics: {}", started.status().ToString());
-      return 1;
-    }
-    metrics_server = *std::move(started);
+  std::unique_ptr<MetricsServer> metrics_server = *std::move(started);
+  if (metrics_server != nullptr) {
     spdlog::info("metrics on {}", metrics_server->url());
   }
   // Accepting starts last: no early return may leave the listener's
