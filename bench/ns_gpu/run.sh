@@ -6,7 +6,8 @@
 # stderr. Extra arguments go to ns_gpu_bench.
 #
 # Run from a device bundle (deploy/device/bundle.sh //bench/ns_gpu:ns_gpu_bench,
-# with this script and torch_peers.py copied beside bin/ and lib/), or set
+# with this script, torch_peers.py and torch_step_peers.py beside bin/ and
+# lib/), or set
 # NS_GPU_BENCH to the binary. TORCH_RESULTS names the peers' file (default: a
 # temporary file).
 set -euo pipefail

@@ -21,7 +21,7 @@ cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
 bazel build //tests/testdata:tls
 cp bazel-bin/tests/testdata/tls/* device_bundle/bin/
 chmod u+w device_bundle/bin/*
-cp bench/ns_gpu/torch_peers.py deploy/device/run_gpu_step_suite.sh \
+cp bench/ns_gpu/torch_peers.py bench/ns_gpu/torch_step_peers.py deploy/device/run_gpu_step_suite.sh \
   deploy/device/run_multi_gpu_suite.sh device_bundle/
 # examples/train_gpt.py's corpus (the GPU machine has no python3-doc).
 "${PYTHON:-/usr/bin/python3}" examples/train_gpt.py --prepare device_bundle/corpus.bin

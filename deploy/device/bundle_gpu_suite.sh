@@ -14,6 +14,6 @@ BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //common:cuda_ipc_gpu_test \
   //tools/autotune:muonps-autotune //transport:nccl_transport_gpu_test
 cp -r ../shared/testdata/torch_optim_golden device_bundle/golden
-cp bench/ns_gpu/run.sh bench/ns_gpu/torch_peers.py deploy/device/run_gpu_suite.sh \
+cp bench/ns_gpu/run.sh bench/ns_gpu/torch_peers.py bench/ns_gpu/torch_step_peers.py deploy/device/run_gpu_suite.sh \
   device_bundle/
 du -sh device_bundle
