@@ -108,6 +108,12 @@ void WorkerAgent::FollowLoop() {
                      options_.worker_id, (*step)->step_id());
       }
       ReportStep(**step);
+    } else {
+      // Idle: FollowStep held the engine's lock for its whole wait. A gap
+      // before taking it again lets a caller queued on it (GetMomentum, a
+      // checkpoint, a new plan) in, rather than relying on the mutex to
+      // hand it over; the next round's opening waits on the transport.
+      stop_.WaitForNotificationWithTimeout(absl::Milliseconds(2));
     }
   }
 }
