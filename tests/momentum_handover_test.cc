@@ -41,6 +41,8 @@ class MomentumHandoverProcessTest : public DataPlaneFixture {
                               .lease_ttl_ms = 1500,
                               .heartbeat_interval_ms = 200,
                               .allow_momentum_reset = allow_reset};
+    cluster.checkpoint_dir = checkpoint_dir_;
+    cluster.checkpoint_every = checkpoint_dir_.empty() ? 0 : 1;
     ASSERT_NO_FATAL_FAILURE(StartJob(model_, cluster));
     reference_.emplace(model_, kWorkers, PlannedAlgorithms());
     for (int64_t step = 1; step <= steps; ++step) {
@@ -59,6 +61,16 @@ class MomentumHandoverProcessTest : public DataPlaneFixture {
     }
     return out;
   }
+  // Waits until worker `worker` has written its checkpoint of `step`.
+  void WaitForCheckpoint(int worker, int64_t step) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<v1::WorkerStatus> status = WorkerStatus(worker);
+      if (status.ok() && status->last_checkpoint_step() >= step) return;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    FAIL() << "worker " << worker << " wrote no checkpoint of step " << step;
+  }
   // Kills worker 1 and starts it again (its momentum is gone with it).
   void KillAndRestartWorker1() {
     ASSERT_NO_FATAL_FAILURE(KillWorker(1));
@@ -68,6 +80,7 @@ class MomentumHandoverProcessTest : public DataPlaneFixture {
   }
 
   const ModelDecl model_ = MixedModel();
+  std::string checkpoint_dir_;  // empty: the job keeps no checkpoints
   std::optional<ReferenceModel> reference_;
 };
 
@@ -165,6 +178,42 @@ TEST_F(MomentumHandoverProcessTest, AllowedResetTrainsOnFromZeroMomentum) {
     ASSERT_TRUE(replay.Step(step).ok());
   }
   ExpectMatchesReference(replay, kExact);
+}
+
+// With a checkpoint every step, the killed worker's momentum comes back
+// from the checkpoint of the job's step and training goes on equal to a
+// replay in which nothing was killed. Each item is read once: the restore
+// on the new plan installs it, and the handover's lost items take that
+// instead of reading (and counting) the checkpoint again.
+TEST_F(MomentumHandoverProcessTest, AKilledOwnersMomentumIsRestoredOnce) {
+  checkpoint_dir_ = testing::NewTempDir("handover-checkpoints");
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(/*allow_reset=*/false, 2));
+  ASSERT_FALSE(OwnedBy(1).empty());
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_NO_FATAL_FAILURE(WaitForCheckpoint(w, 2));
+  }
+  ASSERT_NO_FATAL_FAILURE(KillAndRestartWorker1());
+  const std::vector<LoopOutcome> loops = RunTrainerLoops(3, 4, 3);
+  for (int r = 0; r < trainers(); ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
+    for (const StepOutcome& o : loops[r].attempts) {
+      if (o.result.ok()) {
+        EXPECT_EQ(o.result->momentum_reset, 0);
+      }
+    }
+  }
+  for (int64_t step = 3; step <= 4; ++step) {
+    ASSERT_TRUE(reference_->Step(step).ok());
+  }
+  ExpectMatchesReference(*reference_, kExact);
+  EXPECT_TRUE(absl::StrContains(WorkerLog(1), "restored the momentum of"))
+      << WorkerLog(1);
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_FALSE(absl::StrContains(WorkerLog(w), "(its owner left)"))
+        << "worker " << w << " read the checkpoint twice:\n"
+        << WorkerLog(w);
+  }
 }
 
 }  // namespace

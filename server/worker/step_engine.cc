@@ -250,6 +250,19 @@ absl::Status StepEngine::HandOver() {
     if (dir.empty() || step < 0) {
       return absl::NotFoundError("the job keeps no checkpoints");
     }
+    // RestoreMissingMomentum already looked this item up for this step,
+    // and no step was committed here since.
+    const auto found = item_restores_.find({matrix, expert});
+    if (found != item_restores_.end() && found->second.step == step &&
+        found->second.committed == ledger_.last.load()) {
+      const ItemSlot& held = plan_.slots[matrix][expert];
+      if (!found->second.installed) {
+        return absl::NotFoundError(found->second.why_not);
+      }
+      if (plan_.batches[held.batch].has_momentum[held.slot]) {
+        return absl::OkStatus();  // the slot holds that step's momentum
+      }
+    }
     if (!catalog.has_value()) catalog = CheckpointCatalog::Load(dir);
     if (!catalog->ok()) return catalog->status();
     return MomentumFromCheckpoint(**catalog, matrix, expert, slot, step);

@@ -353,6 +353,21 @@ class StepEngine {
   // The step S of a restore whose S + 1 no trainer has asked for yet (-1:
   // none); only while no step was committed here.
   int64_t restore_unverified_ ABSL_GUARDED_BY(mu_) = -1;
+  // What RestoreMissingMomentum found for each item it looked up: the step
+  // it looked for, the last step committed here then, whether it installed
+  // that step's momentum, and else why not. Until the next commit, the
+  // handover's lost items take that answer instead of reading (and
+  // counting) the checkpoint again when they need the same step and the
+  // slot still holds momentum (the record survives plan versions with no
+  // step between them; the RestoreCheckpoint RPC clears it).
+  struct ItemRestore {
+    int64_t step = -1;
+    int64_t committed = -1;
+    bool installed = false;
+    std::string why_not;
+  };
+  std::map<std::pair<int, int64_t>, ItemRestore> item_restores_
+      ABSL_GUARDED_BY(mu_);
   std::atomic<bool> checkpoint_requested_{false};
   std::atomic<int64_t> restored_step_{-1};
 };

@@ -131,6 +131,8 @@ absl::Status StepEngine::RestoreMissingMomentum() {
     std::vector<float> values(batch.rows * batch.cols);
     const absl::StatusOr<int64_t> step = catalog.Restore(
         name, static_cast<int64_t>(e), batch.rows, batch.cols, values.data());
+    const std::pair<int, int64_t> key(static_cast<int>(m),
+                                      static_cast<int64_t>(e));
     if (!step.ok()) {
       if (!absl::IsNotFound(step.status())) {
         spdlog::error(
@@ -138,11 +140,19 @@ absl::Status StepEngine::RestoreMissingMomentum() {
             "restored: {}",
             worker_id_, plan_.version, Quoted(name), e,
             step.status().ToString());
+      } else {
+        item_restores_[key] = {reference, committed, false,
+                               std::string(step.status().message())};
       }
       ++absent;
       continue;
     }
     if (*step != reference) {
+      item_restores_[key] = {
+          reference, committed, false,
+          absl::StrCat("the newest checkpoint holding matrix ", Quoted(name),
+                       " expert ", e, " is of step ", *step,
+                       "; the job is at step ", reference)};
       spdlog::warn(
           "worker={} plan_version={} momentum of {} expert {} left at zero: "
           "the newest checkpoint holding it is of step {}, the job's step "
@@ -164,6 +174,7 @@ absl::Status StepEngine::RestoreMissingMomentum() {
     }
     MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
     batch.has_momentum[slot.slot] = true;
+    item_restores_[key] = {reference, committed, true, ""};
     ++restored;
   }
   if (restores_ != nullptr) {
@@ -282,6 +293,7 @@ absl::StatusOr<int64_t> StepEngine::RestoreCheckpoint(const std::string& dir,
   for (const auto& [slot, values] : restored) {
     plan_.batches[slot.batch].has_momentum[slot.slot] = true;
   }
+  item_restores_.clear();  // the slots hold this restore's step now
   restored_step_.store(step);
   if (ledger_.last.load() < 0) restore_unverified_ = step;
   if (restores_ != nullptr && !restored.empty()) {
