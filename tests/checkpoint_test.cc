@@ -40,24 +40,6 @@ void ExpectAllStepped(const Outcomes& outcomes, int64_t step) {
 
 class CheckpointTest : public DataPlaneFixture {
  protected:
-  // Waits until worker `worker` says `field` of its status reached `step`.
-  void WaitForStatus(int worker, int64_t step, bool restored) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(15);
-    int64_t seen = -2;
-    while (absl::Now() < deadline) {
-      absl::StatusOr<v1::WorkerStatus> status = WorkerStatus(worker);
-      if (status.ok()) {
-        seen =
-            restored ? status->restored_step() : status->last_checkpoint_step();
-        if (seen == step) return;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    FAIL() << "worker " << worker << " "
-           << (restored ? "restored_step" : "last_checkpoint_step") << " is "
-           << seen << ", not " << step;
-  }
-
   // Every expert of the model: (name, expert).
   std::vector<std::pair<std::string, int64_t>> Experts() const {
     std::vector<std::pair<std::string, int64_t>> out;
@@ -100,7 +82,7 @@ TEST_F(CheckpointTest, WorkersWriteWhatTheyOwnEveryNStepsAndWhenAsked) {
   }
   std::set<std::pair<std::string, int64_t>> covered;
   for (int w = 0; w < workers(); ++w) {
-    ASSERT_NO_FATAL_FAILURE(WaitForStatus(w, 6, /*restored=*/false));
+    ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(w, 6, /*restored=*/false));
   }
   for (int rank = 0; rank < plan().workers_size(); ++rank) {
     const std::string& id = plan().workers(rank);
@@ -144,7 +126,7 @@ TEST_F(CheckpointTest, WorkersWriteWhatTheyOwnEveryNStepsAndWhenAsked) {
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(*last, 6);
   ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(8), 8));
-  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 8, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(0, 8, /*restored=*/false));
   absl::StatusOr<v1::WorkerStatus> other = WorkerStatus(1);
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(other->last_checkpoint_step(), 6);
@@ -161,7 +143,7 @@ TEST_F(CheckpointTest, KilledWorkerRestoresItsCheckpointAndTheJobResumes) {
     ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
     ASSERT_TRUE(reference.Step(step).ok());
   }
-  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 4, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(0, 4, /*restored=*/false));
   std::map<std::pair<std::string, int64_t>, std::vector<float>> before;
   for (const auto& item : Experts()) {
     absl::StatusOr<std::vector<float>> m = Momentum(0, item.first, item.second);
@@ -171,7 +153,7 @@ TEST_F(CheckpointTest, KilledWorkerRestoresItsCheckpointAndTheJobResumes) {
 
   ASSERT_NO_FATAL_FAILURE(KillWorker(0));
   ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
-  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 4, /*restored=*/true));
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(0, 4, /*restored=*/true));
   for (const auto& [item, values] : before) {
     absl::StatusOr<std::vector<float>> m = Momentum(0, item.first, item.second);
     ASSERT_TRUE(m.ok()) << item.first << ": " << m.status();
@@ -199,10 +181,10 @@ TEST_F(CheckpointTest, RestoredMomentumOfAnotherStepThanTheTrainersIsDropped) {
     ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
     ASSERT_TRUE(reference.Step(step).ok());
   }
-  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 2, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(0, 2, /*restored=*/false));
   ASSERT_NO_FATAL_FAILURE(KillWorker(0));
   ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
-  ASSERT_NO_FATAL_FAILURE(WaitForStatus(0, 2, /*restored=*/true));
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(0, 2, /*restored=*/true));
   // The trainer goes on with step 4, not 3: momentum of step 2 would mix
   // steps, so every expert starts from zero and the step says so.
   const Outcomes outcomes = RunStep(4);
@@ -230,7 +212,7 @@ TEST_F(CheckpointTest, SurvivorRestoresALostOwnersMomentumOfTheJobsStep) {
     ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
   }
   const int lost = WorkerAtPlanRank(1), survivor = WorkerAtPlanRank(0);
-  ASSERT_NO_FATAL_FAILURE(WaitForStatus(lost, 3, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(lost, 3, /*restored=*/false));
   std::map<std::pair<std::string, int64_t>, std::vector<float>> theirs;
   for (const auto& item : Experts()) {
     if (Owner(item.first, item.second) != lost) continue;
@@ -261,7 +243,7 @@ TEST_F(CheckpointTest, SurvivorNeverInstallsMomentumOfAnotherStep) {
     ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
   }
   const int lost = WorkerAtPlanRank(1), survivor = WorkerAtPlanRank(0);
-  ASSERT_NO_FATAL_FAILURE(WaitForStatus(lost, 2, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(lost, 2, /*restored=*/false));
   ASSERT_NO_FATAL_FAILURE(KillWorker(lost));
   const v1::WorkerStatus status = AfterReplan(survivor, plan().version());
   EXPECT_EQ(status.restored_step(), -1);

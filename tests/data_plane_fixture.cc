@@ -322,6 +322,24 @@ absl::StatusOr<v1::WorkerStatus> DataPlaneFixture::WorkerStatus(int worker) {
   return status;
 }
 
+void DataPlaneFixture::WaitForCheckpointStatus(int worker, int64_t step,
+                                               bool restored) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  int64_t seen = -2;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<v1::WorkerStatus> status = WorkerStatus(worker);
+    if (status.ok()) {
+      seen =
+          restored ? status->restored_step() : status->last_checkpoint_step();
+      if (seen == step) return;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  FAIL() << "worker " << worker << " "
+         << (restored ? "restored_step" : "last_checkpoint_step") << " is "
+         << seen << ", not " << step;
+}
+
 void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
   WorkerProcess& w = workers_[index];
   w.id = absl::StrCat("w", index);

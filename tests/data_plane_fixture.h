@@ -261,6 +261,9 @@ class DataPlaneFixture : public ::testing::Test {
   v1::Coordinator::Stub& coordinator_stub() { return *coordinator_stub_; }
   // Worker `worker`'s status from its local socket.
   absl::StatusOr<v1::WorkerStatus> WorkerStatus(int worker);
+  // Waits (15 s at most, else a failure) until worker `worker`'s status
+  // says its restored_step (`restored`) or last_checkpoint_step is `step`.
+  void WaitForCheckpointStatus(int worker, int64_t step, bool restored);
   // Sends `signal` to worker `worker`.
   void SignalWorker(int worker, int signal);
   // Worker `worker`'s process id.

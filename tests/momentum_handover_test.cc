@@ -61,15 +61,17 @@ class MomentumHandoverProcessTest : public DataPlaneFixture {
     }
     return out;
   }
-  // Waits until worker `worker` has written its checkpoint of `step`.
-  void WaitForCheckpoint(int worker, int64_t step) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(15);
-    while (absl::Now() < deadline) {
-      absl::StatusOr<v1::WorkerStatus> status = WorkerStatus(worker);
-      if (status.ok() && status->last_checkpoint_step() >= step) return;
-      absl::SleepFor(absl::Milliseconds(50));
+  // Every trainer's loop finished; `*resets` adds up the momentum_reset of
+  // its answered attempts.
+  void ExpectFinished(const std::vector<LoopOutcome>& loops, int64_t* resets) {
+    for (int r = 0; r < trainers(); ++r) {
+      ASSERT_TRUE(loops[r].finished)
+          << "trainer " << r << ": "
+          << loops[r].attempts.back().result.status();
+      for (const StepOutcome& o : loops[r].attempts) {
+        if (o.result.ok()) *resets += o.result->momentum_reset;
+      }
     }
-    FAIL() << "worker " << worker << " wrote no checkpoint of step " << step;
   }
   // Kills worker 1 and starts it again (its momentum is gone with it).
   void KillAndRestartWorker1() {
@@ -111,15 +113,9 @@ TEST_F(MomentumHandoverProcessTest, AJoiningWorkerTakesOverTheMomentumExactly) {
             << " to the new worker\n";
   ASSERT_GT(to_new, 0) << "the plan gave the joining worker nothing";
   const std::vector<LoopOutcome> loops = RunTrainerLoops(4, 6, 3);
-  for (int r = 0; r < trainers(); ++r) {
-    ASSERT_TRUE(loops[r].finished)
-        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
-    for (const StepOutcome& o : loops[r].attempts) {
-      if (o.result.ok()) {
-        EXPECT_EQ(o.result->momentum_reset, 0);
-      }
-    }
-  }
+  int64_t resets = 0;
+  ASSERT_NO_FATAL_FAILURE(ExpectFinished(loops, &resets));
+  EXPECT_EQ(resets, 0);
   for (int64_t step = 4; step <= 6; ++step) {
     ASSERT_TRUE(reference_->Step(step).ok());
   }
@@ -161,13 +157,7 @@ TEST_F(MomentumHandoverProcessTest, AllowedResetTrainsOnFromZeroMomentum) {
   ASSERT_NO_FATAL_FAILURE(KillAndRestartWorker1());
   const std::vector<LoopOutcome> loops = RunTrainerLoops(3, 4, 3);
   int64_t resets = 0;
-  for (int r = 0; r < trainers(); ++r) {
-    ASSERT_TRUE(loops[r].finished)
-        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
-    for (const StepOutcome& o : loops[r].attempts) {
-      if (o.result.ok()) resets += o.result->momentum_reset;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectFinished(loops, &resets));
   EXPECT_EQ(resets, static_cast<int64_t>(lost.size()));
   ReferenceModel replay(model_, kWorkers, PlannedAlgorithms());
   for (int64_t step = 1; step <= 2; ++step) {
@@ -190,19 +180,13 @@ TEST_F(MomentumHandoverProcessTest, AKilledOwnersMomentumIsRestoredOnce) {
   ASSERT_NO_FATAL_FAILURE(StartAndStep(/*allow_reset=*/false, 2));
   ASSERT_FALSE(OwnedBy(1).empty());
   for (int w = 0; w < kWorkers; ++w) {
-    ASSERT_NO_FATAL_FAILURE(WaitForCheckpoint(w, 2));
+    ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(w, 2, /*restored=*/false));
   }
   ASSERT_NO_FATAL_FAILURE(KillAndRestartWorker1());
   const std::vector<LoopOutcome> loops = RunTrainerLoops(3, 4, 3);
-  for (int r = 0; r < trainers(); ++r) {
-    ASSERT_TRUE(loops[r].finished)
-        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
-    for (const StepOutcome& o : loops[r].attempts) {
-      if (o.result.ok()) {
-        EXPECT_EQ(o.result->momentum_reset, 0);
-      }
-    }
-  }
+  int64_t resets = 0;
+  ASSERT_NO_FATAL_FAILURE(ExpectFinished(loops, &resets));
+  EXPECT_EQ(resets, 0);
   for (int64_t step = 3; step <= 4; ++step) {
     ASSERT_TRUE(reference_->Step(step).ok());
   }
