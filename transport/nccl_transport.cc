@@ -646,37 +646,47 @@ absl::Status NcclTransport::AwaitFrom(int peer, size_t bytes,
     awaited_bytes_ = bytes;
     await_recorded_ = false;
   }
-  const Clock::time_point deadline = DeadlineAfter(timeout);
+  const absl::Status arrived = PollUntil(
+      [&](int state) -> absl::StatusOr<bool> {
+        // Once NCCL has put the receive on the stream, its event follows it.
+        if (state == ncclSuccess && !await_recorded_) {
+          MUONPS_RETURN_IF_ERROR(RecordAwaitEvent());
+        }
+        if (!await_recorded_) return false;
+        const cudaError_t query = cudaEventQuery(await_event_);
+        if (query == cudaSuccess) return true;
+        if (query == cudaErrorNotReady) return false;
+        return Fail(CudaStatus(query, "AwaitFrom: cudaEventQuery"));
+      },
+      DeadlineAfter(timeout), absl::StrCat("awaiting rank ", peer));
+  if (absl::IsDeadlineExceeded(arrived)) {
+    // The receive stays posted and the transport usable.
+    return absl::DeadlineExceededError(
+        absl::StrCat(Who(), ": no message from rank ", peer, " within ",
+                     absl::FormatDuration(timeout)));
+  }
+  if (arrived.ok()) awaited_ = Awaited::kArrived;
+  return arrived;
+}
+
+absl::Status NcclTransport::PollUntil(
+    const std::function<absl::StatusOr<bool>(int state)>& done,
+    Clock::time_point deadline, absl::string_view waiting_for) {
   absl::Duration pause = kFirstPause;
   while (true) {
     int state = ncclInProgress;
     std::string text;
+    // FAILED_PRECONDITION as soon as another thread aborts.
     MUONPS_RETURN_IF_ERROR(ReadState(&state, &text));
     if (state != ncclSuccess && state != ncclInProgress) {
-      const absl::Status error = absl::UnavailableError(
-          absl::StrCat(Who(), ": asynchronous NCCL error while awaiting rank ",
-                       peer, ": ", text));
+      const absl::Status error = absl::UnavailableError(absl::StrCat(
+          Who(), ": asynchronous NCCL error while ", waiting_for, ": ", text));
       Abort(error);
       return error;
     }
-    // Once NCCL has put the receive on the stream, its event follows it.
-    if (state == ncclSuccess && !await_recorded_) {
-      MUONPS_RETURN_IF_ERROR(RecordAwaitEvent());
-    }
-    const cudaError_t query =
-        await_recorded_ ? cudaEventQuery(await_event_) : cudaErrorNotReady;
-    if (query == cudaSuccess) {
-      awaited_ = Awaited::kArrived;
-      return absl::OkStatus();
-    }
-    if (query != cudaErrorNotReady) {
-      return Fail(CudaStatus(query, "AwaitFrom: cudaEventQuery"));
-    }
-    if (Clock::now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(Who(), ": no message from rank ", peer, " within ",
-                       absl::FormatDuration(timeout)));
-    }
+    MUONPS_ASSIGN_OR_RETURN(const bool finished, done(state));
+    if (finished) return absl::OkStatus();
+    if (Clock::now() >= deadline) return absl::DeadlineExceededError("");
     Pause(&pause);
   }
 }
@@ -689,34 +699,22 @@ absl::Status NcclTransport::Synchronize(Stream stream, absl::Duration timeout) {
         "Synchronize inside a group (its calls are issued at GroupEnd)");
   }
   if (!valid.ok()) return Fail(valid);
-  const Clock::time_point deadline = DeadlineAfter(timeout);
-  absl::Duration pause = kFirstPause;
-  while (true) {
-    int state = ncclInProgress;
-    std::string text;
-    // FAILED_PRECONDITION as soon as another thread aborts.
-    MUONPS_RETURN_IF_ERROR(ReadState(&state, &text));
-    if (state != ncclSuccess && state != ncclInProgress) {
-      const absl::Status error = absl::UnavailableError(absl::StrCat(
-          Who(),
-          ": asynchronous NCCL error while waiting for the stream: ", text));
-      Abort(error);
-      return error;
-    }
-    const cudaError_t query = cudaStreamQuery(stream);
-    if (query == cudaSuccess) return absl::OkStatus();
-    if (query != cudaErrorNotReady) {
-      return Fail(CudaStatus(query, "cudaStreamQuery"));
-    }
-    if (Clock::now() >= deadline) {
-      const absl::Status error = absl::DeadlineExceededError(absl::StrCat(
-          Who(), ": stream not done after ", absl::FormatDuration(timeout),
-          " (a peer rank may be missing or stalled)"));
-      Abort(error);
-      return error;
-    }
-    Pause(&pause);
+  const absl::Status done = PollUntil(
+      [&](int) -> absl::StatusOr<bool> {
+        const cudaError_t query = cudaStreamQuery(stream);
+        if (query == cudaSuccess) return true;
+        if (query == cudaErrorNotReady) return false;
+        return Fail(CudaStatus(query, "cudaStreamQuery"));
+      },
+      DeadlineAfter(timeout), "waiting for the stream");
+  if (absl::IsDeadlineExceeded(done)) {
+    const absl::Status error = absl::DeadlineExceededError(absl::StrCat(
+        Who(), ": stream not done after ", absl::FormatDuration(timeout),
+        " (a peer rank may be missing or stalled)"));
+    Abort(error);
+    return error;
   }
+  return done;
 }
 
 }  // namespace transport

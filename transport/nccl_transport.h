@@ -47,6 +47,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -179,6 +181,14 @@ class NcclTransport final : public Transport {
 
   // FAILED_PRECONDITION quoting the first failure once broken or aborted.
   absl::Status Usable() const;
+  // Polls the communicator's state and `done` (given that state,
+  // ncclSuccess or ncclInProgress) every 0.1 to 1 ms until `done` says
+  // true: OK. An asynchronous NCCL error: UNAVAILABLE naming `waiting_for`,
+  // after Abort(); `done`'s error as it is; `deadline` first: a bare
+  // DEADLINE_EXCEEDED, nothing aborted (the caller words and decides).
+  absl::Status PollUntil(
+      const std::function<absl::StatusOr<bool>(int state)>& done,
+      Clock::time_point deadline, absl::string_view waiting_for);
   // Usable(), for when the communicator is gone (never OK).
   absl::Status Gone() const;
   // Records `status` (annotated with rank and size) as the first failure,
