@@ -44,7 +44,7 @@ if has timing; then
 fi
 if has tests; then
   echo "== tests"
-  for t in ns_gpu_test cuda_kernels_gpu_test cuda_kernels_test elementwise_gpu_test; do
+  for t in ${TESTS:-wgmma_lower_gpu_test ns_gpu_test cuda_kernels_gpu_test cuda_kernels_test elementwise_gpu_test}; do
     [[ -x "$B/bin/$t" ]] || continue
     timeout 100 "$B/bin/$t" >"$T/$t.log" 2>&1
     echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$T/$t.log" | tr '\n' ' ')"
@@ -52,7 +52,7 @@ if has tests; then
   done
   grep -E "rank-deficient .* max|aol bf16|FAILED|Failure|Expected|Which is" \
     "$OUT/tests.log" | head -30
-  for p in fp32 bf16 fp16; do
+  for p in ${GOLDEN:-fp32 bf16 fp16}; do
     for a in ns5 gram; do
       echo "== golden_replay $p $a" >>"$OUT/tests.log"
       timeout 30 "$B/bin/golden_replay" --golden "$B/golden" --backend cuda \

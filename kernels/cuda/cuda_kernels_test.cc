@@ -71,6 +71,14 @@ TEST(SymmetricPlanTest, BlocksShrinkToKeepRowsAndTilesNeedEvenSplits) {
   EXPECT_EQ(EffectivePlan(lt, 1024).blocks, 4);
   EXPECT_EQ(EffectivePlan(lt, 600).mode, SymmetricMode::kRowBlocks);
   EXPECT_EQ(EffectivePlan(lt, 300).mode, SymmetricMode::kDense);
+  // The Hopper kernel tiles any m itself; what it does not run takes the
+  // cuBLAS tiles of the same blocks, with their fallbacks.
+  const SymmetricPlan wgmma{SymmetricMode::kWgmma, 16, 256};
+  EXPECT_EQ(EffectivePlan(wgmma, 600).mode, SymmetricMode::kWgmma);
+  EXPECT_EQ(CublasFallback(wgmma, 4096).mode, SymmetricMode::kTiles);
+  EXPECT_EQ(CublasFallback(wgmma, 4096).blocks, 16);
+  EXPECT_EQ(CublasFallback(wgmma, 600).mode, SymmetricMode::kRowBlocks);
+  EXPECT_EQ(CublasFallback(wgmma, 300).mode, SymmetricMode::kDense);
 }
 
 TEST(NsScalesTest, Fp16ScalesArePowersOfTwoAndOthersAreOne) {

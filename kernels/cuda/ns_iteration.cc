@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "common/status.h"
 #include "kernels/cuda/aol_scaling.h"
@@ -44,22 +45,44 @@ class Issuer {
     return absl::OkStatus();
   }
 
-  // c (lower) <- alpha l r^T + beta c.
-  absl::Status Lower(const void* l, const StackOperand& lo, const void* r,
-                     const StackOperand& ro, int64_t k, float alpha, float beta,
-                     float* c) {
-    return LowerProduct(handle_, ws_->plan(), low_, count_, m_, k, alpha, lo,
-                        ro, beta, c, ws_->Tiles(l, r, c));
+  // c (lower) <- alpha l r^T + beta c, then `combine` of it (fused into
+  // the product where the plan's kernel can).
+  absl::Status Product(const void* l, const StackOperand& lo, const void* r,
+                       const StackOperand& ro, int64_t k, float alpha,
+                       float beta, float* c, const ProductCombine& combine) {
+    return LowerProductCombine(handle_, ws_->plan(), low_, count_, m_, k, alpha,
+                               lo, ro, beta, c, ws_->Tiles(l, r, c), combine);
   }
-  absl::Status Gram(const void* x, float* c) {
-    return Lower(x, ws_->Wide(x), x, ws_->Wide(x), n_, 1.0f / (s_.x * s_.x),
-                 0.0f, c);
+  absl::Status GramThen(const void* x, float* c,
+                        const ProductCombine& combine) {
+    return Product(x, ws_->Wide(x), x, ws_->Wide(x), n_, 1.0f / (s_.x * s_.x),
+                   0.0f, c, combine);
   }
-  // c (lower) <- alpha l r + beta c for m x m low-precision l and r.
-  absl::Status Square(const void* l, const void* r, float alpha, float beta,
-                      float* c) {
-    return Lower(l, SquareStack(l, m_), r, SquareStack(r, m_), m_, alpha, beta,
-                 c);
+  absl::Status SquareThen(const void* l, const void* r, float alpha, float beta,
+                          float* c, const ProductCombine& combine) {
+    return Product(l, SquareStack(l, m_), r, SquareStack(r, m_), m_, alpha,
+                   beta, c, combine);
+  }
+  // The combine that only mirrors: dst_low <- scale * mirror(product).
+  static ProductCombine MirrorTo(void* dst_low, float scale,
+                                 unsigned int* unhealthy = nullptr) {
+    ProductCombine c;
+    c.value_low = dst_low;
+    c.value_scale = scale;
+    c.unhealthy = unhealthy;
+    return c;
+  }
+  // M = b A + c A^2 from the product A^2 and A in fp32 (`a32`).
+  static ProductCombine Polynomial(const float* a32, const NsCoefficients& k,
+                                   void* value_low, float scale) {
+    ProductCombine c;
+    c.other = a32;
+    c.coef_other = static_cast<float>(k.b);
+    c.coef_product = static_cast<float>(k.c);
+    c.keep_product = false;
+    c.value_low = value_low;
+    c.value_scale = scale;
+    return c;
   }
 
   absl::Status Combine(SymmetricCombine args) {
@@ -85,8 +108,7 @@ class Issuer {
   // A <- S A S (both copies), so the first step starts from A.
   absl::Status Aol(float* out, float* a32, void* a_low) {
     void* x = ws_->x_low();
-    MUONPS_RETURN_IF_ERROR(Gram(x, a32));
-    MUONPS_RETURN_IF_ERROR(Mirror(a32, a_low, s_.square));
+    MUONPS_RETURN_IF_ERROR(GramThen(x, a32, MirrorTo(a_low, s_.square)));
     MUONPS_CUDA_RETURN_IF_ERROR(
         LaunchAolScales(a_low, low_, s_.square, count_, m_,
                         NormalizationMargin(options_), ws_->scales(), stream_));
@@ -124,19 +146,12 @@ absl::Status Issuer::Ns5(const float* in, float* out) {
   for (int step = 0; step < options_.steps; ++step) {
     const NsCoefficients k = CoefficientsForStep(options_, step);
     if (step > 0 || !options_.aol) {
-      MUONPS_RETURN_IF_ERROR(Gram(x, a32));
-      MUONPS_RETURN_IF_ERROR(Mirror(a32, a_low, s_.square));
+      MUONPS_RETURN_IF_ERROR(GramThen(x, a32, MirrorTo(a_low, s_.square)));
     }
-    MUONPS_RETURN_IF_ERROR(
-        Square(a_low, a_low, 1.0f / (s_.square * s_.square), 0.0f, a2));
-    SymmetricCombine b;
-    b.a = a32;
-    b.a2 = a2;
-    b.coef_a = static_cast<float>(k.b);
-    b.coef_a2 = static_cast<float>(k.c);
-    b.value_low = b_low;
-    b.value_scale = s_.square;
-    MUONPS_RETURN_IF_ERROR(Combine(b));
+    // B = b A + c A^2.
+    MUONPS_RETURN_IF_ERROR(SquareThen(a_low, a_low,
+                                      1.0f / (s_.square * s_.square), 0.0f, a2,
+                                      Polynomial(a32, k, b_low, s_.square)));
     // X <- a X + B X with X in fp32: the `a` term is the GEMM's beta.
     MUONPS_RETURN_IF_ERROR(LeftMultiply(
         handle_, low_, CUDA_R_32F, count_, m_, n_, 1.0f / (s_.square * s_.x),
@@ -177,8 +192,12 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
   float* d32 = ws_->square32(2);
   void* r_low = ws_->square_low(0);
   void* m_low = ws_->square_low(1);
-  void* q_low = ws_->square_low(2);
   void* t_low = ws_->square_low(3);
+  // Q, and the buffer the next P Q goes to (a product never writes an
+  // operand it reads).
+  void* q_low = ws_->square_low(2);
+  void* q_next = ws_->square_low(4);
+  unsigned int* check = ws_->unhealthy();
   const float sr = s_.square;
   float constant = 1.0f;
   // Below 64 rows the normalized X starts near converged (singular values
@@ -207,47 +226,40 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
                         out);
   };
   MUONPS_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(ws_->unhealthy(), 0, sizeof(unsigned int), stream_));
+      cudaMemsetAsync(check, 0, sizeof(unsigned int), stream_));
   MUONPS_RETURN_IF_ERROR(Normalize(in, out, x));
   if (options_.aol) {
     MUONPS_RETURN_IF_ERROR(Aol(out, r32, r_low));
   } else {
-    MUONPS_RETURN_IF_ERROR(Gram(x, r32));
-    MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
+    MUONPS_RETURN_IF_ERROR(GramThen(x, r32, MirrorTo(r_low, sr, check)));
   }
   bool q_is_identity = true;
   for (int step = 0; step < options_.steps; ++step) {
     const NsCoefficients k = CoefficientsForStep(options_, step);
     const float a = static_cast<float>(k.a);
-    MUONPS_RETURN_IF_ERROR(Square(r_low, r_low, 1.0f / (sr * sr), 0.0f, r2));
     // M = b R + c R^2, so P = a I + M.
-    SymmetricCombine poly;
-    poly.a = r32;
-    poly.a2 = r2;
-    poly.coef_a = static_cast<float>(k.b);
-    poly.coef_a2 = static_cast<float>(k.c);
-    poly.value_low = m_low;
-    poly.value_scale = sr;
+    ProductCombine poly = Polynomial(r32, k, m_low, sr);
+    const float square_alpha = 1.0f / (sr * sr);
     if (q_is_identity) {
       // Q = P: D = M, c = a.
       poly.value32 = d32;
       poly.diag = a;
       poly.with_diag_low = q_low;
       poly.with_diag_scale = s_.q;
-      MUONPS_RETURN_IF_ERROR(Combine(poly));
+      MUONPS_RETURN_IF_ERROR(
+          SquareThen(r_low, r_low, square_alpha, 0.0f, r2, poly));
       constant = a;
       d_low = m_low;
       d_scale = sr;
       q_is_identity = false;
     } else {
       // P Q = a D + M Q + a c I: D <- a D + M Q, c <- a c.
-      MUONPS_RETURN_IF_ERROR(Combine(poly));
-      MUONPS_RETURN_IF_ERROR(Square(m_low, q_low, 1.0f / (sr * s_.q), a, d32));
+      MUONPS_RETURN_IF_ERROR(
+          SquareThen(r_low, r_low, square_alpha, 0.0f, r2, poly));
       constant *= a;
-      SymmetricCombine q;
-      q.a = d32;
+      ProductCombine q;
       q.diag = constant;
-      q.with_diag_low = q_low;
+      q.with_diag_low = q_next;
       q.with_diag_scale = s_.q;
       if (split) {
         q.value_low = t_low;
@@ -255,7 +267,9 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
         d_low = t_low;
         d_scale = s_.q;
       }
-      MUONPS_RETURN_IF_ERROR(Combine(q));
+      MUONPS_RETURN_IF_ERROR(
+          SquareThen(m_low, q_low, 1.0f / (sr * s_.q), a, d32, q));
+      std::swap(q_low, q_next);
     }
     if (step + 1 == options_.steps) break;
     const bool restart =
@@ -263,18 +277,17 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
                   step + 1) != options_.gram_restarts.end();
     if (!restart) {
       // R <- P (P R), each product a M + a-term in fp32.
-      MUONPS_RETURN_IF_ERROR(Square(m_low, r_low, 1.0f / (sr * sr), a, r32));
-      MUONPS_RETURN_IF_ERROR(Mirror(r32, t_low, sr));
-      MUONPS_RETURN_IF_ERROR(Square(m_low, t_low, 1.0f / (sr * sr), a, r32));
-      MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
+      MUONPS_RETURN_IF_ERROR(
+          SquareThen(m_low, r_low, square_alpha, a, r32, MirrorTo(t_low, sr)));
+      MUONPS_RETURN_IF_ERROR(SquareThen(m_low, t_low, square_alpha, a, r32,
+                                        MirrorTo(r_low, sr, check)));
       continue;
     }
     // X <- Q X, R <- X X^T, Q <- I.
     MUONPS_RETURN_IF_ERROR(apply_q());
     MUONPS_CUDA_RETURN_IF_ERROR(
         LaunchCast(out, count_ * m_ * n_, x, low_, s_.x, stream_));
-    MUONPS_RETURN_IF_ERROR(Gram(x, r32));
-    MUONPS_RETURN_IF_ERROR(Mirror(r32, r_low, sr, /*check=*/true));
+    MUONPS_RETURN_IF_ERROR(GramThen(x, r32, MirrorTo(r_low, sr, check)));
     q_is_identity = true;
     split = split_allowed && segment_end(step + 1) - (step + 1) <= 2;
   }

@@ -98,18 +98,26 @@ absl::Status NsWorkspace::AddTiles(const void* l, const StackOperand& lo,
                                    const void* r, const StackOperand& ro,
                                    float* c, int64_t k) {
   const SymmetricPlan run = EffectivePlan(plan_, m_);
-  if (run.mode != SymmetricMode::kTiles &&
-      run.mode != SymmetricMode::kLtTiles) {
-    return absl::OkStatus();
-  }
+  const bool wgmma = run.mode == SymmetricMode::kWgmma;
+  // The cuBLAS tiles of the plan, or of kWgmma's fallback.
+  const SymmetricPlan tiled = wgmma ? CublasFallback(plan_, m_) : run;
+  const bool pointers = tiled.mode == SymmetricMode::kTiles ||
+                        tiled.mode == SymmetricMode::kLtTiles;
+  if (!pointers && !wgmma) return absl::OkStatus();
   const auto key = std::make_tuple(l, r, static_cast<const float*>(c));
   if (tiles_.count(key) > 0) return absl::OkStatus();
-  MUONPS_ASSIGN_OR_RETURN(TilePointers tiles,
-                          TilePointers::Build(lo, ro, c, ElementBytes(low_),
-                                              count_, m_, run.blocks));
+  TilePointers tiles;
+  if (pointers) {
+    MUONPS_ASSIGN_OR_RETURN(
+        tiles, TilePointers::Build(lo, ro, c, ElementBytes(low_), count_, m_,
+                                   tiled.blocks));
+  }
   if (run.mode == SymmetricMode::kLtTiles) {
     MUONPS_ASSIGN_OR_RETURN(const LtTileGemm* lt, LtFor(lo, ro, k, tiles));
     tiles.set_lt(lt);
+  }
+  if (wgmma) {
+    MUONPS_RETURN_IF_ERROR(tiles.AddWgmma(lo, ro, low_, count_, m_, k));
   }
   tiles_.emplace(key, std::move(tiles));
   return absl::OkStatus();
@@ -121,7 +129,7 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
   const size_t square = static_cast<size_t>(count_ * m_ * m_);
   const bool gram = algorithm == NsAlgorithm::kGram;
   const int squares32 = gram ? 3 : 2;
-  const int squares_low = gram ? 4 : 2;
+  const int squares_low = gram ? 5 : 2;
   MUONPS_RETURN_IF_ERROR(Ensure(&x_low_, wide * low_bytes, "iterate copy"));
   for (int i = 0; i < squares32; ++i) {
     MUONPS_RETURN_IF_ERROR(
@@ -144,8 +152,10 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
   MUONPS_RETURN_IF_ERROR(
       AddTiles(square_low(0), sq(0), square_low(0), sq(0), square32(1), m_));
   if (gram) {
-    MUONPS_RETURN_IF_ERROR(
-        AddTiles(square_low(1), sq(1), square_low(2), sq(2), square32(2), m_));
+    for (const int q : {2, 4}) {  // Q and its double buffer
+      MUONPS_RETURN_IF_ERROR(AddTiles(square_low(1), sq(1), square_low(q),
+                                      sq(q), square32(2), m_));
+    }
     MUONPS_RETURN_IF_ERROR(
         AddTiles(square_low(1), sq(1), square_low(0), sq(0), square32(0), m_));
     MUONPS_RETURN_IF_ERROR(

@@ -52,7 +52,8 @@ class NsWorkspace {
   void* x_low() const { return x_low_.get(); }
   // count * m * m fp32 matrices (A or R, A^2 or R^2, Gram's D = Q - c I).
   float* square32(int i) const { return square32_[i].as<float>(); }
-  // count * m * m GEMM-input matrices (A or R, B or M, Q, P R or D).
+  // count * m * m GEMM-input matrices (A or R, B or M, Q, P R or D, and
+  // Gram's second Q: a product P Q writes the next Q while reading this one).
   void* square_low(int i) const { return square_low_[i].get(); }
   // count doubles: per-matrix sums of squares.
   double* sums() const { return sums_.as<double>(); }
@@ -83,7 +84,7 @@ class NsWorkspace {
   SymmetricPlan plan_;
   DeviceBuffer x_low_;
   DeviceBuffer square32_[3];
-  DeviceBuffer square_low_[4];
+  DeviceBuffer square_low_[5];
   DeviceBuffer sums_;
   DeviceBuffer scales_;
   DeviceBuffer unhealthy_;

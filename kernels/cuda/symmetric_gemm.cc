@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ns_elementwise.h"
 
 namespace muonps {
 namespace kernels {
@@ -59,6 +60,9 @@ cublasOperation_t TileOpA(const StackOperand& r) { return RowsAsA(r); }
 cublasOperation_t TileOpB(const StackOperand& l) { return RowsAsB(l); }
 
 SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m) {
+  // The Hopper kernel tiles any m itself; where it does not apply, its
+  // products take CublasFallback's plan.
+  if (plan.mode == SymmetricMode::kWgmma) return plan;
   SymmetricPlan out = plan;
   const int64_t min_rows = std::max(1, plan.min_block_rows);
   const int64_t blocks = std::min<int64_t>(std::max(1, plan.blocks),
@@ -75,6 +79,12 @@ SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m) {
     out.mode = SymmetricMode::kRowBlocks;
   }
   return out;
+}
+
+SymmetricPlan CublasFallback(const SymmetricPlan& plan, int64_t m) {
+  SymmetricPlan tiles = plan;
+  if (tiles.mode == SymmetricMode::kWgmma) tiles.mode = SymmetricMode::kTiles;
+  return EffectivePlan(tiles, m);
 }
 
 absl::StatusOr<TilePointers> TilePointers::Build(const StackOperand& l,
@@ -106,11 +116,46 @@ absl::StatusOr<TilePointers> TilePointers::Build(const StackOperand& l,
   return tiles;
 }
 
+absl::Status TilePointers::AddWgmma(const StackOperand& l,
+                                    const StackOperand& r,
+                                    cudaDataType input_type, int64_t count,
+                                    int64_t m, int64_t k) {
+  has_wgmma_ = false;
+  int device = 0;
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  if (!l.row_major || !r.row_major ||
+      !WgmmaLowerSupported(device, input_type, m, k)) {
+    return absl::OkStatus();
+  }
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(PrepareWgmmaLower(), "preparing the wgmma kernel"));
+  const StackOperand* operands[2] = {&l, &r};
+  CUtensorMap* maps[2] = {&wgmma_l_, &wgmma_r_};
+  for (int i = 0; i < 2; ++i) {
+    const StackOperand& x = *operands[i];
+    // Operands the descriptors cannot address (alignment) stay on kTiles.
+    if (EncodeWgmmaOperand(x.data, input_type, count, m, k, x.ld, x.stride,
+                           maps[i]) != cudaSuccess) {
+      return absl::OkStatus();
+    }
+  }
+  has_wgmma_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
                           cudaDataType input_type, int64_t count, int64_t m,
                           int64_t k, float alpha, const StackOperand& l,
                           const StackOperand& r, float beta, float* c,
                           const TilePointers* tiles) {
+  if (plan.mode == SymmetricMode::kWgmma) {
+    if (tiles != nullptr && tiles->has_wgmma()) {
+      return LowerProductCombine(handle, plan, input_type, count, m, k, alpha,
+                                 l, r, beta, c, tiles, ProductCombine());
+    }
+    return LowerProduct(handle, CublasFallback(plan, m), input_type, count, m,
+                        k, alpha, l, r, beta, c, tiles);
+  }
   const SymmetricPlan run = EffectivePlan(plan, m);
   switch (run.mode) {
     case SymmetricMode::kDense:
@@ -135,8 +180,9 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
                                 stream);
       }
       [[fallthrough]];
+    case SymmetricMode::kWgmma:  // handled above; not reached
     case SymmetricMode::kTiles: {
-      if (tiles == nullptr) {
+      if (tiles == nullptr || tiles->tiles() == 0) {
         return absl::InternalError("LowerProduct: tile pointers missing");
       }
       const int64_t t = m / run.blocks;
@@ -151,6 +197,69 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
     }
   }
   return absl::InternalError("LowerProduct: unknown mode");
+}
+
+absl::Status LowerProductCombine(
+    cublasHandle_t handle, const SymmetricPlan& plan, cudaDataType input_type,
+    int64_t count, int64_t m, int64_t k, float alpha, const StackOperand& l,
+    const StackOperand& r, float beta, float* c, const TilePointers* tiles,
+    const ProductCombine& combine) {
+  cudaStream_t stream = nullptr;
+  MUONPS_RETURN_IF_ERROR(
+      CublasStatus(cublasGetStream(handle, &stream), "cublasGetStream"));
+  if (plan.mode == SymmetricMode::kWgmma && tiles != nullptr &&
+      tiles->has_wgmma()) {
+    WgmmaLowerArgs args;
+    args.type = input_type;
+    args.count = count;
+    args.m = m;
+    args.k = k;
+    args.alpha = alpha;
+    args.beta = beta;
+    args.product32 = combine.keep_product || beta != 0.0f ? c : nullptr;
+    args.other = combine.other;
+    args.coef_other = combine.coef_other;
+    args.coef_product = combine.coef_product;
+    args.value32 = combine.value32;
+    args.value_low = combine.value_low;
+    args.value_scale = combine.value_scale;
+    args.with_diag_low = combine.with_diag_low;
+    args.diag = combine.diag;
+    args.with_diag_scale = combine.with_diag_scale;
+    args.unhealthy = combine.unhealthy;
+    return CudaStatus(
+        LaunchWgmmaLower(tiles->wgmma_l(), tiles->wgmma_r(), args, stream),
+        absl::StrCat("wgmma lower product (", count, " x ", m, "x", m, "x", k,
+                     ")"));
+  }
+  MUONPS_RETURN_IF_ERROR(LowerProduct(handle, CublasFallback(plan, m),
+                                      input_type, count, m, k, alpha, l, r,
+                                      beta, c, tiles));
+  const bool nothing =
+      combine.value32 == nullptr && combine.value_low == nullptr &&
+      combine.with_diag_low == nullptr && combine.unhealthy == nullptr;
+  if (nothing) return absl::OkStatus();
+  SymmetricCombine pass;
+  if (combine.other != nullptr) {
+    pass.a = combine.other;
+    pass.coef_a = combine.coef_other;
+    pass.a2 = c;
+    pass.coef_a2 = combine.coef_product;
+  } else {
+    pass.a = c;
+    pass.coef_a = combine.coef_product;
+  }
+  pass.diag = combine.diag;
+  pass.count = count;
+  pass.m = m;
+  pass.low_type = input_type;
+  pass.value_low = combine.value_low;
+  pass.value_scale = combine.value_scale;
+  pass.value32 = combine.value32;
+  pass.with_diag_low = combine.with_diag_low;
+  pass.with_diag_scale = combine.with_diag_scale;
+  pass.unhealthy = combine.unhealthy;
+  return CudaStatus(LaunchSymmetricCombine(pass, stream), "symmetric combine");
 }
 
 absl::Status LeftMultiply(cublasHandle_t handle, cudaDataType input_type,

@@ -1,10 +1,14 @@
-// The cuBLAS products of the GPU Newton-Schulz iteration, on stacks of
-// same-shape matrices, with fp32 accumulation:
+// The products of the GPU Newton-Schulz iteration, on stacks of same-shape
+// matrices, with fp32 accumulation:
 //  - LowerProduct: C <- alpha L R^T + beta C where the result is known to be
 //    symmetric (X X^T, or a product of commuting symmetric matrices), so
-//    only its lower triangle is computed (dense, in row blocks, or as
-//    equal lower-triangle tiles in one pointer-array batched GEMM);
-//  - LeftMultiply: Y <- alpha Q W + beta Y for symmetric m x m Q.
+//    only its lower triangle is computed (cuBLAS: dense, in row blocks, or
+//    as equal lower-triangle tiles in one pointer-array batched GEMM; or
+//    the Hopper kernel of wgmma_lower.h on 128 x 128 tiles);
+//  - LowerProductCombine: the same, followed by a SymmetricCombine of the
+//    product (ns_elementwise.h), which the Hopper kernel does in its
+//    epilogue and the others as a second pass;
+//  - LeftMultiply: Y <- alpha Q W + beta Y for symmetric m x m Q (cuBLAS).
 //
 // Wide m x k operands are addressed in place, row-major or column-major (a
 // tall row-major matrix is its wide transpose stored column-major), so no
@@ -22,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/lt_tile_gemm.h"
+#include "kernels/cuda/wgmma_lower.h"
 
 namespace muonps {
 namespace kernels {
@@ -47,6 +52,8 @@ enum class SymmetricMode {
   kRowBlocks,  // row block i computes columns [0, end of block i)
   kTiles,      // the blocks (blocks + 1) / 2 lower tiles in one call
   kLtTiles,    // the same tiles in one cuBLASLt call, algorithm by timing
+  kWgmma,      // the Hopper kernel where it applies (sm_90, row-major
+               // 16-bit operands), else kTiles
 };
 
 struct SymmetricPlan {
@@ -59,12 +66,17 @@ struct SymmetricPlan {
 // The plan actually run for m: as many blocks as allowed (at most `blocks`)
 // of at least `min_block_rows` rows, kDense when that is one; kTiles needs
 // m divisible by the blocks (tiles a multiple of 8 rows) and falls back to
-// kRowBlocks otherwise; so does kLtTiles.
+// kRowBlocks otherwise; so does kLtTiles. kWgmma is kept as it is.
 SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m);
 
+// The cuBLAS plan of a product the plan's own kernel does not run: kWgmma's
+// products it does not apply to run as kTiles with the same blocks.
+SymmetricPlan CublasFallback(const SymmetricPlan& plan, int64_t m);
+
 // Device arrays of per-tile operand pointers for one (l, r, c) triple of
-// LowerProduct in kTiles mode, built once (outside any graph capture) and
-// reused by every call on those buffers.
+// LowerProduct in kTiles mode (none when default-constructed), and the
+// Hopper kernel's operand descriptors for kWgmma, built once (outside any
+// graph capture) and reused by every call on those buffers.
 class TilePointers {
  public:
   static absl::StatusOr<TilePointers> Build(const StackOperand& l,
@@ -79,11 +91,22 @@ class TilePointers {
   // cublasGemmBatchedEx then runs the tiles.
   const LtTileGemm* lt() const { return lt_; }
   void set_lt(const LtTileGemm* lt) { lt_ = lt; }
+  // The TMA descriptors of l and r for kWgmma, where the Hopper kernel runs
+  // this product on the current device (else false, and kTiles runs it).
+  absl::Status AddWgmma(const StackOperand& l, const StackOperand& r,
+                        cudaDataType input_type, int64_t count, int64_t m,
+                        int64_t k);
+  bool has_wgmma() const { return has_wgmma_; }
+  const CUtensorMap& wgmma_l() const { return wgmma_l_; }
+  const CUtensorMap& wgmma_r() const { return wgmma_r_; }
 
  private:
   DeviceBuffer arrays_;
   int64_t tiles_ = 0;
   const LtTileGemm* lt_ = nullptr;
+  bool has_wgmma_ = false;
+  CUtensorMap wgmma_l_{};
+  CUtensorMap wgmma_r_{};
 };
 
 // Lower triangle (row >= col) of c_i <- alpha * l_i r_i^T + beta * c_i for
@@ -95,6 +118,34 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
                           int64_t k, float alpha, const StackOperand& l,
                           const StackOperand& r, float beta, float* c,
                           const TilePointers* tiles);
+
+// What LowerProductCombine does with the product p (lower triangle):
+//   v = coef_other * other + coef_product * p  (other null: coef_product * p)
+// and SymmetricCombine's outputs of v (value32: lower triangle only);
+// `unhealthy` (with other null) counts p's bad diagonal entries. c holds p
+// afterwards when keep_product (always when beta != 0, which reads it);
+// otherwise it may serve as scratch.
+struct ProductCombine {
+  const float* other = nullptr;
+  float coef_other = 0.0f;
+  float coef_product = 1.0f;
+  bool keep_product = true;
+  float* value32 = nullptr;
+  void* value_low = nullptr;
+  float value_scale = 1.0f;
+  void* with_diag_low = nullptr;
+  float diag = 0.0f;
+  float with_diag_scale = 1.0f;
+  unsigned int* unhealthy = nullptr;
+};
+
+// LowerProduct into c, then `combine` of it, on the handle's stream; the
+// outputs must not alias l, r or `other`.
+absl::Status LowerProductCombine(
+    cublasHandle_t handle, const SymmetricPlan& plan, cudaDataType input_type,
+    int64_t count, int64_t m, int64_t k, float alpha, const StackOperand& l,
+    const StackOperand& r, float beta, float* c, const TilePointers* tiles,
+    const ProductCombine& combine);
 
 // y_i <- alpha * q_i w_i + beta * y_i for symmetric row-major m x m q (of
 // `input_type`) and m x n w (of `input_type`); y (of `output_type`) has w's
