@@ -3,6 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "kernels/cuda/low_precision.cuh"
 #include "kernels/cuda/wgmma_lower.h"
 
@@ -11,22 +14,32 @@ namespace kernels {
 namespace cuda {
 namespace {
 
-constexpr int kTile = 128;  // output tile: 128 x 128
-constexpr int kBk = 64;     // k per stage: one 128-byte swizzle row
-constexpr int kStages = 5;
+constexpr int kTile = 128;     // what a warp group computes: 128 x 128
+constexpr int kBk = 64;        // k per stage: one 128-byte swizzle row
 constexpr int kThreads = 384;  // producer + two consumer warp groups
-constexpr int kAcc = 64;       // fp32 accumulators per consumer thread
+constexpr int kAcc = 64;       // fp32 accumulators per 64 x 128 half
 constexpr int kBoxBytes = kTile * kBk * 2;
 constexpr int kPitch = kTile + 1;  // of the staged tile, in floats
 
+// A block computes 256 x 128 of the product: rows of L block 2 BI + wg for
+// consumer warp group wg, against one 128-row block of R, so both warp
+// groups share each R box (half the traffic per product of 128 x 128
+// blocks alone).
+// Products with 16-bit outputs stage them in `tile` (one warp group's at a
+// time) and fit 3 stages beside it; the others use 4.
+template <bool kStaged>
 struct alignas(1024) Shared {
-  uint8_t l[kStages][kBoxBytes];
+  static constexpr int kStages = kStaged ? 3 : 4;
+  uint8_t l[kStages][2][kBoxBytes];
   uint8_t r[kStages][kBoxBytes];
-  float tile[kTile][kPitch];
+  float tile[kStaged ? kTile : 1][kPitch];
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
-constexpr size_t kSharedBytes = sizeof(Shared) + 1024;  // + alignment slack
+template <bool kStaged>
+constexpr size_t SharedBytes() {
+  return sizeof(Shared<kStaged>) + 1024;  // + alignment slack
+}
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -105,8 +118,13 @@ __device__ __forceinline__ void MmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending)
                : "memory");
 }
+// Synchronizes the two consumer warp groups (256 threads).
 __device__ __forceinline__ void ConsumerSync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+// Synchronizes the 128 threads of consumer warp group `wg` (0 or 1).
+__device__ __forceinline__ void GroupSync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 2) : "memory");
 }
 
 // d += A B^T for the warp group's 64 x 16 A and 128 x 16 B in shared memory.
@@ -167,132 +185,158 @@ __device__ __forceinline__ void Mma<__half>(float (&d)[kAcc], uint64_t a,
       : "l"(a), "l"(b));
 }
 
+// Block (BI, bj): rows [256 BI, 256 BI + 256) of the product, columns
+// [128 bj, 128 bj + 128), for bj <= 2 BI + 1 (and bj < blocks of 128): row
+// BI holds 2 BI + 2 blocks, so rows before BI hold BI (BI + 1).
 struct TileIndex {
   int matrix;
-  int bi, bj;  // bi >= bj
+  int big_row, bj;
 };
 
 __device__ __forceinline__ TileIndex Decode(int64_t t, int64_t per_matrix) {
   TileIndex x;
   x.matrix = static_cast<int>(t / per_matrix);
   const int64_t local = t - x.matrix * per_matrix;
-  int64_t bi = static_cast<int64_t>((sqrt(8.0 * local + 1) - 1) / 2);
-  while (bi * (bi + 1) / 2 > local) --bi;
-  while ((bi + 1) * (bi + 2) / 2 <= local) ++bi;
-  x.bi = static_cast<int>(bi);
-  x.bj = static_cast<int>(local - bi * (bi + 1) / 2);
+  int64_t row = static_cast<int64_t>((sqrt(4.0 * local + 1) - 1) / 2);
+  while (row * (row + 1) > local) --row;
+  while ((row + 1) * (row + 2) <= local) ++row;
+  x.big_row = static_cast<int>(row);
+  x.bj = static_cast<int>(local - row * (row + 1));
   return x;
 }
 
-// The epilogue of one tile: see wgmma_lower.h.
-template <typename T>
-__device__ __forceinline__ void Epilogue(const WgmmaLowerArgs& args,
-                                         const TileIndex& t,
-                                         const float (&d)[kAcc], int wg,
-                                         int tid, Shared& s) {
+// The epilogue of the 128 x 128 tile (bi, bj) of warp group `wg` (d[h]:
+// rows 64 h .. 64 h + 63), `active` where that tile is in the lower
+// triangle: see wgmma_lower.h. With 16-bit outputs the tile is staged in
+// shared memory, one warp group after the other.
+template <typename T, bool kStaged>
+__device__ __forceinline__ void Epilogue(const WgmmaLowerArgs& args, int matrix,
+                                         int bi, int bj, bool active,
+                                         float (&d)[2][kAcc], int wg, int tid,
+                                         Shared<kStaged>& s) {
   const int64_t m = args.m;
-  const int64_t offset = static_cast<int64_t>(t.matrix) * m * m;
+  const int64_t offset = static_cast<int64_t>(matrix) * m * m;
   const int warp = tid / 32, lane = tid % 32;
-  const bool staged =
-      args.value_low != nullptr || args.with_diag_low != nullptr;
-  if (staged) ConsumerSync();  // the previous tile's stores read s.tile
+  if (active) {
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = wg * 64 + warp * 16 + lane / 4 + half * 8;
-    const int64_t r = static_cast<int64_t>(t.bi) * kTile + row;
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
-      const int col = j * 8 + (lane % 4) * 2;
-      const int64_t c = static_cast<int64_t>(t.bj) * kTile + col;
-      float p[2] = {args.alpha * d[4 * j + 2 * half],
-                    args.alpha * d[4 * j + 2 * half + 1]};
-      float v[2];
-      const bool valid = r < m && c < m;  // c + 1 < m too: m % 8 == 0
-      const int64_t at = offset + r * m + c;
-      if (valid) {
-        if (args.beta != 0.0f) {
-          const float2 old =
-              *reinterpret_cast<const float2*>(args.product32 + at);
-          p[0] = fmaf(args.beta, old.x, p[0]);
-          p[1] = fmaf(args.beta, old.y, p[1]);
-        }
-        float2 o = make_float2(0.0f, 0.0f);
-        if (args.other != nullptr) {
-          o = *reinterpret_cast<const float2*>(args.other + at);
-        }
-        const float other[2] = {o.x, o.y};
+      for (int half = 0; half < 2; ++half) {
+        const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
+        const int64_t r = static_cast<int64_t>(bi) * kTile + row;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          v[i] = __fmul_rn(args.coef_product, p[i]);
-          if (args.other != nullptr) {
-            v[i] = __fadd_rn(__fmul_rn(args.coef_other, other[i]), v[i]);
+        for (int q = 0; q < kAcc / 4; ++q) {
+          const int col = q * 8 + (lane % 4) * 2;
+          const int64_t c = static_cast<int64_t>(bj) * kTile + col;
+          float* slot = &d[h][4 * q + 2 * half];
+          float p[2] = {args.alpha * slot[0], args.alpha * slot[1]};
+          float v[2] = {0.0f, 0.0f};
+          const int64_t at = offset + r * m + c;
+          if (r < m && c < m) {  // c + 1 < m too: m % 8 == 0
+            if (args.beta != 0.0f) {
+              const float2 old =
+                  *reinterpret_cast<const float2*>(args.product32 + at);
+              p[0] = fmaf(args.beta, old.x, p[0]);
+              p[1] = fmaf(args.beta, old.y, p[1]);
+            }
+            float2 o = make_float2(0.0f, 0.0f);
+            if (args.other != nullptr) {
+              o = *reinterpret_cast<const float2*>(args.other + at);
+            }
+            const float other[2] = {o.x, o.y};
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              v[i] = __fmul_rn(args.coef_product, p[i]);
+              if (args.other != nullptr) {
+                v[i] = __fadd_rn(__fmul_rn(args.coef_other, other[i]), v[i]);
+              }
+              if (args.unhealthy != nullptr && r == c + i &&
+                  !(p[i] >= 0.0f && isfinite(p[i]))) {
+                atomicAdd(args.unhealthy, 1u);
+              }
+            }
+            if (args.product32 != nullptr) {
+              *reinterpret_cast<float2*>(args.product32 + at) =
+                  make_float2(p[0], p[1]);
+            }
+            if (args.value32 != nullptr) {
+              *reinterpret_cast<float2*>(args.value32 + at) =
+                  make_float2(v[0], v[1]);
+            }
           }
-          if (args.unhealthy != nullptr && r == c + i &&
-              !(p[i] >= 0.0f && isfinite(p[i]))) {
-            atomicAdd(args.unhealthy, 1u);
-          }
+          slot[0] = v[0];  // kept for the 16-bit outputs
+          slot[1] = v[1];
         }
-        if (args.product32 != nullptr) {
-          *reinterpret_cast<float2*>(args.product32 + at) =
-              make_float2(p[0], p[1]);
-        }
-        if (args.value32 != nullptr) {
-          *reinterpret_cast<float2*>(args.value32 + at) =
-              make_float2(v[0], v[1]);
-        }
-      } else {
-        v[0] = v[1] = 0.0f;
-      }
-      if (staged) {
-        s.tile[row][col] = v[0];
-        s.tile[row][col + 1] = v[1];
       }
     }
   }
-  if (!staged) return;
-  ConsumerSync();
-  // Both triangles from the staged tile: 32 threads per row, 4 columns
-  // each, 8 rows per pass.
-  const int ctid = wg * 128 + tid;
-  const int col = (ctid % 32) * 4;
-  const int row0 = ctid / 32;
+  if constexpr (!kStaged) return;
   T* value_low = static_cast<T*>(args.value_low);
   T* with_diag_low = static_cast<T*>(args.with_diag_low);
-  for (int mirror = 0; mirror < (t.bi == t.bj ? 1 : 2); ++mirror) {
-    const int64_t row_tile = mirror ? t.bj : t.bi;
-    const int64_t col_tile = mirror ? t.bi : t.bj;
-#pragma unroll 4
-    for (int pass = 0; pass < kTile / 8; ++pass) {
-      const int row = row0 + pass * 8;
-      const int64_t r = row_tile * kTile + row;
-      const int64_t c = col_tile * kTile + col;
-      if (r >= m || c >= m) continue;  // c + 3 < m too: m % 8 == 0
-      float v[4], w[4];
+  for (int turn = 0; turn < 2; ++turn) {
+    ConsumerSync();  // the previous user of s.tile is done with it
+    if (turn != wg || !active) continue;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const bool direct = !mirror && (t.bi > t.bj || row >= col + i);
-        v[i] = direct ? s.tile[row][col + i] : s.tile[col + i][row];
-        w[i] = r == c + i ? __fadd_rn(v[i], args.diag) : v[i];
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
+#pragma unroll
+        for (int q = 0; q < kAcc / 4; ++q) {
+          const int col = q * 8 + (lane % 4) * 2;
+          s.tile[row][col] = d[h][4 * q + 2 * half];
+          s.tile[row][col + 1] = d[h][4 * q + 2 * half + 1];
+        }
       }
-      const int64_t at = offset + r * m + c;
-      if (value_low != nullptr) Store4<T>(value_low + at, v, args.value_scale);
-      if (with_diag_low != nullptr) {
-        Store4<T>(with_diag_low + at, w, args.with_diag_scale);
+    }
+    GroupSync(wg);
+    // Both triangles from the staged tile: 32 threads per row, 4 columns
+    // each, 4 rows per pass.
+    const int col = lane * 4;
+    for (int mirror = 0; mirror < (bi == bj ? 1 : 2); ++mirror) {
+      const int64_t row_tile = mirror ? bj : bi;
+      const int64_t col_tile = mirror ? bi : bj;
+#pragma unroll 4
+      for (int pass = 0; pass < kTile / 4; ++pass) {
+        const int row = warp + pass * 4;
+        const int64_t r = row_tile * kTile + row;
+        const int64_t c = col_tile * kTile + col;
+        if (r >= m || c >= m) continue;  // c + 3 < m too: m % 8 == 0
+        float v[4], w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bool direct = !mirror && (bi > bj || row >= col + i);
+          v[i] = direct ? s.tile[row][col + i] : s.tile[col + i][row];
+          w[i] = r == c + i ? __fadd_rn(v[i], args.diag) : v[i];
+        }
+        const int64_t at = offset + r * m + c;
+        if (value_low != nullptr) {
+          Store4<T>(value_low + at, v, args.value_scale);
+        }
+        if (with_diag_low != nullptr) {
+          Store4<T>(with_diag_low + at, w, args.with_diag_scale);
+        }
       }
     }
   }
 }
 
-template <typename T>
+// Persistent over the blocks of 256 x 128; both consumer warp groups work
+// on the same block (rows 128 wg .. 128 wg + 127 of it).
+template <typename T, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 1)
     WgmmaLowerKernel(const __grid_constant__ CUtensorMap lmap,
                      const __grid_constant__ CUtensorMap rmap,
                      const WgmmaLowerArgs args) {
   extern __shared__ uint8_t raw[];
-  Shared& s = *reinterpret_cast<Shared*>(
-      (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
-  const int64_t side = (args.m + kTile - 1) / kTile;
-  const int64_t per_matrix = side * (side + 1) / 2;
+  using Smem = Shared<kStaged>;
+  constexpr int kStages = Smem::kStages;
+  Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
+                                     ~uintptr_t{1023});
+  const int64_t cols = (args.m + kTile - 1) / kTile;
+  const int64_t rows = (cols + 1) / 2;
+  const int64_t per_matrix =
+      (rows - 1) * rows + (2 * rows < cols ? 2 * rows : cols);
   const int64_t total = per_matrix * args.count;
   const int k_steps = static_cast<int>((args.k + kBk - 1) / kBk);
   if (threadIdx.x == 0) {
@@ -307,14 +351,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   int stage = 0;
   uint32_t phase = 0;
   if (group == 0) {
+    // The producer needs few registers; the consumers get them.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (threadIdx.x != 0) return;
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       const TileIndex x = Decode(t, per_matrix);
       for (int ks = 0; ks < k_steps; ++ks) {
         BarrierWait(&s.empty[stage], phase ^ 1);
-        BarrierExpectBytes(&s.full[stage], 2 * kBoxBytes);
-        LoadBox(&lmap, s.l[stage], &s.full[stage], ks * kBk, x.bi * kTile,
-                x.matrix);
+        BarrierExpectBytes(&s.full[stage], 3 * kBoxBytes);
+        for (int h = 0; h < 2; ++h) {
+          LoadBox(&lmap, s.l[stage][h], &s.full[stage], ks * kBk,
+                  (2 * x.big_row + h) * kTile, x.matrix);
+        }
         LoadBox(&rmap, s.r[stage], &s.full[stage], ks * kBk, x.bj * kTile,
                 x.matrix);
         if (++stage == kStages) stage = 0, phase ^= 1;
@@ -322,24 +370,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int wg = group - 1;
   const int tid = threadIdx.x % 128;
-  float d[kAcc];
+  float d[2][kAcc];
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
     const TileIndex x = Decode(t, per_matrix);
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) d[i] = 0.0f;
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) d[h][i] = 0.0f;
+    }
     // One group of products stays in flight: a stage is released once the
     // group after it has been issued.
     int previous = -1;
     for (int ks = 0; ks < k_steps; ++ks) {
       BarrierWait(&s.full[stage], phase);
       MmaFence();
-      const uint32_t a = SharedAddress(s.l[stage]) + wg * 64 * 128;
+      const uint32_t a = SharedAddress(s.l[stage][wg]);
       const uint32_t b = SharedAddress(s.r[stage]);
 #pragma unroll
       for (int kk = 0; kk < kBk / 16; ++kk) {
-        Mma<T>(d, Descriptor(a + kk * 32), Descriptor(b + kk * 32));
+        const uint64_t bd = Descriptor(b + kk * 32);
+        Mma<T>(d[0], Descriptor(a + kk * 32), bd);
+        Mma<T>(d[1], Descriptor(a + 64 * 128 + kk * 32), bd);
       }
       MmaCommit();
       MmaWait<1>();
@@ -349,14 +403,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     MmaWait<0>();
     if (tid == 0) BarrierArrive(&s.empty[previous]);
-    Epilogue<T>(args, x, d, wg, tid, s);
+    const int bi = 2 * x.big_row + wg;
+    Epilogue<T, kStaged>(args, x.matrix, bi, x.bj, bi >= x.bj && bi < cols, d,
+                         wg, tid, s);
   }
 }
 
 template <typename T>
 cudaError_t Launch(const CUtensorMap& l, const CUtensorMap& r,
                    const WgmmaLowerArgs& args, cudaStream_t stream) {
-  const auto kernel = WgmmaLowerKernel<T>;
+  const bool staged =
+      args.value_low != nullptr || args.with_diag_low != nullptr;
+  const auto kernel =
+      staged ? WgmmaLowerKernel<T, true> : WgmmaLowerKernel<T, false>;
   cudaError_t e = cudaSuccess;
   int device = 0, sms = 0;
   if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
@@ -364,11 +423,15 @@ cudaError_t Launch(const CUtensorMap& l, const CUtensorMap& r,
                                   device)) != cudaSuccess) {
     return e;
   }
-  const int64_t side = (args.m + kTile - 1) / kTile;
-  const int64_t total = side * (side + 1) / 2 * args.count;
+  const int64_t cols = (args.m + kTile - 1) / kTile;
+  const int64_t rows = (cols + 1) / 2;
+  const int64_t total =
+      ((rows - 1) * rows + std::min(2 * rows, cols)) * args.count;
   const unsigned blocks =
       static_cast<unsigned>(total < sms ? total : static_cast<int64_t>(sms));
-  kernel<<<blocks, kThreads, kSharedBytes, stream>>>(l, r, args);
+  kernel<<<blocks, kThreads,
+           staged ? SharedBytes<true>() : SharedBytes<false>(), stream>>>(l, r,
+                                                                          args);
   return cudaGetLastError();
 }
 
@@ -388,11 +451,19 @@ bool WgmmaLowerSupported(int device, cudaDataType type, int64_t m, int64_t k) {
 }
 
 cudaError_t PrepareWgmmaLower() {
-  for (const auto kernel :
-       {WgmmaLowerKernel<__nv_bfloat16>, WgmmaLowerKernel<__half>}) {
+  const std::pair<const void*, size_t> kernels[] = {
+      {reinterpret_cast<const void*>(WgmmaLowerKernel<__nv_bfloat16, true>),
+       SharedBytes<true>()},
+      {reinterpret_cast<const void*>(WgmmaLowerKernel<__nv_bfloat16, false>),
+       SharedBytes<false>()},
+      {reinterpret_cast<const void*>(WgmmaLowerKernel<__half, true>),
+       SharedBytes<true>()},
+      {reinterpret_cast<const void*>(WgmmaLowerKernel<__half, false>),
+       SharedBytes<false>()}};
+  for (const auto& [kernel, bytes] : kernels) {
     const cudaError_t e = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(kSharedBytes));
+        static_cast<int>(bytes));
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -196,6 +196,9 @@ TEST_F(WgmmaLowerTest, MatchesCublasAndTheCombinePass) {
       {2, 520, 256, false, true, 1.0f, 0.0f, false},
       {4, 1024, 4096, true, false, 1.0f / 64, 0.0f, false},
       {2, 1024, 1024, false, false, 1.0f / 32, -0.75f, true},
+      // Several tiles per block: both warp groups, in turns.
+      {16, 1024, 256, false, false, 1.0f, 0.5f, true},
+      {9, 1536, 512, true, false, 0.125f, 0.0f, false},
   };
   for (const cudaDataType type : {CUDA_R_16BF, CUDA_R_16F}) {
     for (const Case& c : cases) {
