@@ -106,7 +106,10 @@ class WgmmaLowerTest : public ::testing::Test {
   }
 
   // One LowerProductCombine of case `c` under `plan`, from fixed inputs.
-  Outputs Run(const Case& c, cudaDataType type, const SymmetricPlan& plan) {
+  // Without `sixteen_bit`, only the fp32 outputs are asked for (the kernel
+  // then runs without its staging buffer).
+  Outputs Run(const Case& c, cudaDataType type, const SymmetricPlan& plan,
+              bool sixteen_bit = true) {
     std::mt19937 rng(static_cast<uint32_t>(c.m * 31 + c.k));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     const size_t wide = static_cast<size_t>(c.count * c.m * c.k);
@@ -145,11 +148,13 @@ class WgmmaLowerTest : public ::testing::Test {
       combine.coef_product = -1.5f;
     }
     combine.value32 = value32.as<float>();
-    combine.value_low = value_low.get();
-    combine.value_scale = 2.0f;
-    combine.with_diag_low = with_diag.get();
-    combine.diag = 0.5f;
-    combine.with_diag_scale = 4.0f;
+    if (sixteen_bit) {
+      combine.value_low = value_low.get();
+      combine.value_scale = 2.0f;
+      combine.with_diag_low = with_diag.get();
+      combine.diag = 0.5f;
+      combine.with_diag_scale = 4.0f;
+    }
     if (!c.other) combine.unhealthy = bad.as<unsigned int>();
     const absl::Status s = LowerProductCombine(
         handle_, plan, type, c.count, c.m, c.k, c.alpha, lo, ro, c.beta,
@@ -234,6 +239,12 @@ TEST_F(WgmmaLowerTest, MatchesCublasAndTheCombinePass) {
         EXPECT_EQ(asymmetric, 0);
       }
       EXPECT_EQ(got.unhealthy, want.unhealthy);
+      const Outputs fp32_only = Run(c, type, wgmma, /*sixteen_bit=*/false);
+      EXPECT_LT(LowerError(fp32_only.product32, want.product32, c.count, c.m),
+                1e-5);
+      EXPECT_LT(LowerError(fp32_only.value32, want.value32, c.count, c.m),
+                1e-5);
+      EXPECT_EQ(fp32_only.unhealthy, want.unhealthy);
       if (c.negate) {
         EXPECT_EQ(got.unhealthy, c.count * c.m);
       }
