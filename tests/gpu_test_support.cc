@@ -4,11 +4,50 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_device_ops.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 namespace muonps {
 namespace testing {
+namespace {
+
+// INTERNAL naming `what` and the CUDA error, unless `e` is cudaSuccess.
+absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+// A device allocation, freed when the holder goes.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+
+  // Once per holder.
+  absl::Status Allocate(size_t bytes, absl::string_view what) {
+    void* data = nullptr;
+    MUONPS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&data, bytes),
+                                      absl::StrCat("cudaMalloc of ", what)));
+    data_ = data;
+    return absl::OkStatus();
+  }
+  void* get() const { return data_; }
+  float* floats() const { return static_cast<float*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+};
+
+}  // namespace
 
 const std::vector<MatrixCase>& Matrices() {
   static const auto* m = new std::vector<MatrixCase>{
@@ -80,6 +119,88 @@ float GradValue(int64_t step, int matrix, int64_t i) {
   return static_cast<float>(static_cast<double>(y >> 11) / 9007199254740992.0 -
                             0.5) *
          (1.0f + static_cast<float>(matrix % 3));
+}
+
+float AsLent(DType dtype, float v) {
+  return dtype == DType::kFloat32 ? v : BFloat16ToFloat(FloatToBFloat16(v));
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ReferenceParams(
+    DType dtype, int steps,
+    const std::map<std::string, kernels::NsAlgorithm>& algorithms,
+    const std::function<float(size_t m, int64_t i)>& initial,
+    const std::function<float(int64_t step, size_t m, int64_t i)>& grad) {
+  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaKernels>> reference =
+      kernels::cuda::CudaKernels::Create({.device = 0});
+  if (!reference.ok()) return reference.status();
+  // Blocking: ordered with the cudaMemcpy calls below (legacy stream).
+  cudaStream_t stream = nullptr;
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreate(&stream), "cudaStreamCreate"));
+  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> stream_owner(
+      stream, &cudaStreamDestroy);
+  // bf16 parameters: the update is applied with the workers' own DeviceOps
+  // (fp32 arithmetic, one rounding).
+  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaDeviceOps>> ops =
+      kernels::cuda::CudaDeviceOps::Create(0, stream);
+  if (!ops.ok()) return ops.status();
+  const int64_t width = static_cast<int64_t>(DTypeSize(dtype));
+  std::vector<std::vector<float>> params;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const MatrixCase& c = Matrices()[m];
+    const auto algorithm = algorithms.find(c.name);
+    if (algorithm == algorithms.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("matrix ", c.name, ": no NS algorithm"));
+    }
+    const int64_t n = c.rows * c.cols * c.experts;
+    DeviceBuffer grad_buffer, momentum, param;
+    MUONPS_RETURN_IF_ERROR(grad_buffer.Allocate(n * sizeof(float), c.name));
+    MUONPS_RETURN_IF_ERROR(momentum.Allocate(n * sizeof(float), c.name));
+    MUONPS_RETURN_IF_ERROR(param.Allocate(n * width, c.name));
+    MUONPS_RETURN_IF_ERROR(
+        CudaStatus(cudaMemset(momentum.get(), 0, n * sizeof(float)),
+                   absl::StrCat("cudaMemset of ", c.name)));
+    std::vector<float> values(n);
+    for (int64_t i = 0; i < n; ++i) values[i] = initial(m, i);
+    MUONPS_RETURN_IF_ERROR(
+        Annotate(UploadAs(dtype, values, param.get()), c.name));
+    kernels::MuonHyperparameters h;
+    h.lr = 0.02;
+    h.weight_decay = 0.1;
+    h.ns.algorithm = algorithm->second;
+    const kernels::MatrixStack g{grad_buffer.floats(), c.experts, c.rows,
+                                 c.cols};
+    const kernels::MatrixStack mo{momentum.floats(), c.experts, c.rows, c.cols};
+    for (int64_t step = 0; step < steps; ++step) {
+      const std::string where = absl::StrCat(c.name, " step ", step);
+      for (int64_t i = 0; i < n; ++i) values[i] = grad(step, m, i);
+      MUONPS_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpy(g.data, values.data(), n * sizeof(float),
+                                cudaMemcpyHostToDevice),
+                     absl::StrCat(where, ": gradient upload")));
+      MUONPS_RETURN_IF_ERROR(
+          Annotate(ReferenceStep(**reference, **ops, g, mo, param.get(), dtype,
+                                 h, reinterpret_cast<Stream>(stream)),
+                   where));
+    }
+    absl::StatusOr<std::vector<float>> reached =
+        DownloadAs(dtype, param.get(), n);
+    if (!reached.ok()) return Annotate(reached.status(), c.name);
+    params.push_back(*std::move(reached));
+  }
+  return params;
+}
+
+std::vector<float> ExpertRows(const std::vector<float>& full,
+                              const MatrixCase& c, int64_t b, int64_t e) {
+  std::vector<float> rows;
+  rows.reserve((e - b) * c.cols * c.experts);
+  for (int64_t ex = 0; ex < c.experts; ++ex) {
+    rows.insert(rows.end(), full.begin() + ex * c.rows * c.cols + b * c.cols,
+                full.begin() + ex * c.rows * c.cols + e * c.cols);
+  }
+  return rows;
 }
 
 double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {

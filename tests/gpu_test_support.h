@@ -1,11 +1,17 @@
 // Shared by the GPU data-path tests (tests/gpu_step_test.cc,
-// tests/gpu_two_workers_test.cc): the matrix set every case lends,
-// deterministic gradients, copies to and from lent buffers of either
-// dtype, and the relative error they are judged by.
+// tests/gpu_two_workers_test.cc, tests/gpu_two_gpus_test.cc): the matrix
+// set every case lends, deterministic gradients, copies to and from lent
+// buffers of either dtype, the single-process reference (one step, and
+// every matrix over many steps), and the relative error they are judged
+// by. Errors are returned as absl::Status, never asserted; device memory
+// is freed on every path. Test-only; thread-compatible.
 #ifndef MUONPS_TESTS_GPU_TEST_SUPPORT_H_
 #define MUONPS_TESTS_GPU_TEST_SUPPORT_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,6 +59,32 @@ absl::Status ReferenceStep(kernels::MuonKernels& kernels,
                            const kernels::MatrixStack& momentum, void* param,
                            DType dtype, const kernels::MuonHyperparameters& h,
                            Stream stream);
+
+// `v` as a lent buffer of `dtype` holds it: unchanged for fp32, rounded
+// through bf16 otherwise.
+float AsLent(DType dtype, float v);
+
+// The parameters (every expert of each matrix of Matrices(), widened to
+// float, in Matrices() order) that the same kernels reach in this process
+// on cuda:0 after `steps` steps of lr 0.02 and weight decay 0.1 (other
+// hyperparameters at their defaults) from initial(m, i), on the gradients
+// grad(step, m, i) (fp32, already as lent), with each matrix's NS
+// algorithm from `algorithms` (by matrix name); params of `dtype`. Each
+// matrix runs ReferenceStep once per step, in step order, on a blocking
+// stream the call creates (and destroys). `i` is the whole-stack index
+// (expert-major). NOT_FOUND for a matrix `algorithms` lacks; the kernels'
+// errors (UNAVAILABLE without a GPU) or INTERNAL with the CUDA error otherwise,
+// naming the matrix and step.
+absl::StatusOr<std::vector<std::vector<float>>> ReferenceParams(
+    DType dtype, int steps,
+    const std::map<std::string, kernels::NsAlgorithm>& algorithms,
+    const std::function<float(size_t m, int64_t i)>& initial,
+    const std::function<float(int64_t step, size_t m, int64_t i)>& grad);
+
+// Rows [b, e) of every expert of `full` (a whole stack of `c`, expert-major),
+// one expert after another: what a trainer holding those rows lends.
+std::vector<float> ExpertRows(const std::vector<float>& full,
+                              const MatrixCase& c, int64_t b, int64_t e);
 
 // ||a - b||_F / ||b||_F in double.
 double RelativeError(const std::vector<float>& a, const std::vector<float>& b);

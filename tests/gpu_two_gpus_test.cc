@@ -3,26 +3,23 @@
 // --device=cuda:0 and cuda:1 with --gpu_transport=nccl, and trainer r (this
 // binary run again, tests/gpu_two_gpus_trainer.h) on cuda:r lending its
 // buffers to worker r by CUDA IPC. Here: 50 steps per layout x parameter
-// dtype match the same kernels in one process (testing::ReferenceStep)
+// dtype match the same kernels in one process (testing::ReferenceParams)
 // within 5e-3 relative. gpu_two_gpus_failures.cc kills a worker and a
 // trainer mid-step. Needs two GPUs (skips with fewer): tagged gpu +
 // manual; bundled by deploy/device/bundle_gpu_step.sh.
-#include <cuda_runtime.h>
-
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/cuda_device_ops.h"
-#include "kernels/cuda/cuda_kernels.h"
 #include "tests/gpu_test_support.h"
 #include "tests/gpu_two_gpus_fixture.h"
 #include "tests/gpu_two_gpus_trainer.h"
@@ -30,6 +27,7 @@
 namespace muonps {
 namespace {
 
+using testing::AsLent;
 using testing::Matrices;
 using testing::MatrixCase;
 using testing::StepAttempt;
@@ -80,71 +78,25 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
 
   // The same kernels in this process, on cuda:0, on the mean (unreduced)
   // or the one gradient as lent (rounded to bf16 for bf16 buffers).
-  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaKernels>> reference =
-      kernels::cuda::CudaKernels::Create({.device = 0});
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  cudaStream_t ref_stream = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&ref_stream), cudaSuccess);
-  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)>
-      ref_stream_owner(ref_stream, &cudaStreamDestroy);
-  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaDeviceOps>> ops =
-      kernels::cuda::CudaDeviceOps::Create(0, ref_stream);
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  auto as_lent = [&](float v) {
-    return dtype_ == DType::kFloat32 ? v : BFloat16ToFloat(FloatToBFloat16(v));
-  };
-  const int64_t width = static_cast<int64_t>(DTypeSize(dtype_));
+  const bool mean = layout == scheduler::Layout::kUnreduced && trainers == 2;
+  absl::StatusOr<std::vector<std::vector<float>>> wanted =
+      testing::ReferenceParams(
+          dtype_, kSteps, *algorithms, testing::InitialParam,
+          [&](int64_t step, size_t m, int64_t i) {
+            auto lent = [&](int t) {
+              return AsLent(dtype_,
+                            testing::TrainerGrad(layout, step, m, t, i));
+            };
+            return mean ? (lent(0) + lent(1)) * 0.5f : lent(0);
+          });
+  ASSERT_TRUE(wanted.ok()) << wanted.status();
   double worst = 0;
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];
-    const int64_t n = c.rows * c.cols * c.experts;
-    float* grad = nullptr;
-    float* momentum = nullptr;
-    char* param = nullptr;
-    ASSERT_EQ(cudaMalloc(&grad, n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&momentum, n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&param, n * width), cudaSuccess);
-    ASSERT_EQ(cudaMemset(momentum, 0, n * 4), cudaSuccess);
-    std::vector<float> init(n);
-    for (int64_t i = 0; i < n; ++i) init[i] = testing::InitialParam(m, i);
-    ASSERT_TRUE(testing::UploadAs(dtype_, init, param).ok());
-    kernels::MuonHyperparameters h;
-    h.lr = 0.02;
-    h.weight_decay = 0.1;
-    h.ns.algorithm = algorithms->at(c.name);
-    const kernels::MatrixStack g{grad, c.experts, c.rows, c.cols};
-    const kernels::MatrixStack mo{momentum, c.experts, c.rows, c.cols};
-    std::vector<float> mean(n);
-    for (int64_t step = 0; step < kSteps; ++step) {
-      for (int64_t i = 0; i < n; ++i) {
-        mean[i] = layout == scheduler::Layout::kUnreduced && trainers == 2
-                      ? (as_lent(testing::TrainerGrad(layout, step, m, 0, i)) +
-                         as_lent(testing::TrainerGrad(layout, step, m, 1, i))) *
-                            0.5f
-                      : as_lent(testing::TrainerGrad(layout, step, m, 0, i));
-      }
-      ASSERT_EQ(cudaMemcpy(grad, mean.data(), n * 4, cudaMemcpyHostToDevice),
-                cudaSuccess);
-      const absl::Status s =
-          testing::ReferenceStep(**reference, **ops, g, mo, param, dtype_, h,
-                                 reinterpret_cast<Stream>(ref_stream));
-      ASSERT_TRUE(s.ok()) << s;
-    }
-    absl::StatusOr<std::vector<float>> wanted =
-        testing::DownloadAs(dtype_, param, n);
-    ASSERT_TRUE(wanted.ok()) << wanted.status();
-    cudaFree(grad);
-    cudaFree(momentum);
-    cudaFree(param);
     for (int r = 0; r < trainers; ++r) {
       const auto [b, e] = testing::TrainerRows(c, layout, r, trainers);
-      std::vector<float> expected;
-      for (int64_t ex = 0; ex < c.experts; ++ex) {
-        expected.insert(expected.end(),
-                        wanted->begin() + ex * c.rows * c.cols + b * c.cols,
-                        wanted->begin() + ex * c.rows * c.cols + e * c.cols);
-      }
-      const double err = testing::RelativeError(got[r][m], expected);
+      const double err = testing::RelativeError(
+          got[r][m], testing::ExpertRows((*wanted)[m], c, b, e));
       worst = std::max(worst, err);
       EXPECT_LE(err, 5e-3) << c.name << " trainer " << r;
     }

@@ -20,8 +20,6 @@
 #include "common/dtype.h"
 #include "common/row_ranges.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/cuda_device_ops.h"
-#include "kernels/cuda/cuda_kernels.h"
 #include "tests/gpu_test_support.h"
 #include "tests/harness/child_process.h"
 
@@ -214,36 +212,6 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> algorithms =
       clients_[0]->NsAlgorithms();
   ASSERT_TRUE(algorithms.ok()) << algorithms.status();
-  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaKernels>> reference =
-      kernels::cuda::CudaKernels::Create({.device = 0});
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  // Blocking: ordered with this test's cudaMemcpy calls (legacy stream).
-  cudaStream_t ref_stream = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&ref_stream), cudaSuccess);
-  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)>
-      ref_stream_owner(ref_stream, &cudaStreamDestroy);
-  // bf16 parameters: the update is applied with the workers' own DeviceOps
-  // (fp32 arithmetic, one rounding), on the gradients as lent (rounded).
-  absl::StatusOr<std::unique_ptr<kernels::cuda::CudaDeviceOps>> ops =
-      kernels::cuda::CudaDeviceOps::Create(0, ref_stream);
-  ASSERT_TRUE(ops.ok()) << ops.status();
-  auto as_lent = [&](float v) {
-    return Dtype() == DType::kFloat32 ? v : BFloat16ToFloat(FloatToBFloat16(v));
-  };
-  std::vector<float*> grad(Matrices().size()), momentum(Matrices().size());
-  std::vector<char*> param(Matrices().size());
-  for (size_t m = 0; m < Matrices().size(); ++m) {
-    const MatrixCase& c = Matrices()[m];
-    const int64_t n = c.rows * c.cols * c.experts;
-    ASSERT_EQ(cudaMalloc(&grad[m], n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&momentum[m], n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&param[m], n * Width()), cudaSuccess);
-    ASSERT_EQ(cudaMemset(momentum[m], 0, n * 4), cudaSuccess);
-    std::vector<float> init(n);
-    for (int64_t i = 0; i < n; ++i) init[i] = InitialParam(m, i);
-    const absl::Status up = testing::UploadAs(Dtype(), init, param[m]);
-    ASSERT_TRUE(up.ok()) << up;
-  }
   constexpr int kSteps = 50;
   for (int64_t step = 0; step < kSteps; ++step) {
     ASSERT_NO_FATAL_FAILURE(WriteGradients(step));
@@ -257,61 +225,36 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       ASSERT_TRUE(r.ok()) << "step " << step << " trainer " << t << ": "
                           << r.status();
     }
-    for (size_t m = 0; m < Matrices().size(); ++m) {
-      const MatrixCase& c = Matrices()[m];
-      const int64_t n = c.rows * c.cols * c.experts;
-      std::vector<float> g(n);
-      for (int64_t i = 0; i < n; ++i) {
-        g[i] = Layout() == scheduler::Layout::kUnreduced
-                   ? (as_lent(Grad(step, m, 0, i)) +
-                      as_lent(Grad(step, m, 1, i))) *
-                         0.5f
-                   : as_lent(Grad(step, m, 0, i));
-      }
-      ASSERT_EQ(cudaMemcpy(grad[m], g.data(), n * 4, cudaMemcpyHostToDevice),
-                cudaSuccess);
-      kernels::MuonHyperparameters h;
-      h.lr = 0.02;
-      h.weight_decay = 0.1;
-      h.ns.algorithm = algorithms->at(c.name);
-      kernels::MuonStack stack;
-      stack.names = {c.name};
-      stack.grad = {grad[m], c.experts, c.rows, c.cols};
-      stack.momentum = {momentum[m], c.experts, c.rows, c.cols};
-      const absl::Status s = testing::ReferenceStep(
-          **reference, **ops, stack.grad, stack.momentum, param[m], Dtype(), h,
-          reinterpret_cast<Stream>(ref_stream));
-      ASSERT_TRUE(s.ok()) << s;
-    }
   }
+  // The same kernels in this process, on the mean (unreduced) or the one
+  // gradient as lent (rounded to bf16 for bf16 buffers); the gradients are
+  // functions of the step, so the reference runs after the trainers' steps.
+  absl::StatusOr<std::vector<std::vector<float>>> wanted =
+      testing::ReferenceParams(
+          Dtype(), kSteps, *algorithms, InitialParam,
+          [&](int64_t step, size_t m, int64_t i) {
+            auto lent = [&](int t) {
+              return testing::AsLent(Dtype(), Grad(step, m, t, i));
+            };
+            return Layout() == scheduler::Layout::kUnreduced
+                       ? (lent(0) + lent(1)) * 0.5f
+                       : lent(0);
+          });
+  ASSERT_TRUE(wanted.ok()) << wanted.status();
   double worst = 0;
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];
-    const int64_t n = c.rows * c.cols * c.experts;
-    absl::StatusOr<std::vector<float>> wanted =
-        testing::DownloadAs(Dtype(), param[m], n);
-    ASSERT_TRUE(wanted.ok()) << wanted.status();
-    const std::vector<float>& want = *wanted;
     for (int t = 0; t < 2; ++t) {
       const auto [b, e] = Rows(c, t);
       const int64_t local = (e - b) * c.cols;
       absl::StatusOr<std::vector<float>> lent =
           testing::DownloadAs(Dtype(), params_[t][m], local * c.experts);
       ASSERT_TRUE(lent.ok()) << lent.status();
-      const std::vector<float>& got = *lent;
-      std::vector<float> expected;
-      for (int64_t ex = 0; ex < c.experts; ++ex) {
-        expected.insert(expected.end(),
-                        want.begin() + ex * c.rows * c.cols + b * c.cols,
-                        want.begin() + ex * c.rows * c.cols + e * c.cols);
-      }
-      const double err = RelativeError(got, expected);
+      const double err =
+          RelativeError(*lent, testing::ExpertRows((*wanted)[m], c, b, e));
       worst = std::max(worst, err);
       EXPECT_LE(err, 5e-3) << c.name << " trainer " << t;
     }
-    cudaFree(grad[m]);
-    cudaFree(momentum[m]);
-    cudaFree(param[m]);
   }
   std::printf(
       "{\"what\":\"gpu_two_workers_parity\",\"layout\":\"%s\","
