@@ -11,41 +11,15 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
 
 namespace muonps {
 namespace testing {
 namespace {
 
-// INTERNAL naming `what` and the CUDA error, unless `e` is cudaSuccess.
-absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-// A device allocation, freed when the holder goes.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-
-  // Once per holder.
-  absl::Status Allocate(size_t bytes, absl::string_view what) {
-    void* data = nullptr;
-    MUONPS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&data, bytes),
-                                      absl::StrCat("cudaMalloc of ", what)));
-    data_ = data;
-    return absl::OkStatus();
-  }
-  void* get() const { return data_; }
-  float* floats() const { return static_cast<float*>(data_); }
-
- private:
-  void* data_ = nullptr;
-};
+using kernels::cuda::CudaStatus;
+using kernels::cuda::DeviceBuffer;
 
 }  // namespace
 
@@ -154,10 +128,12 @@ absl::StatusOr<std::vector<std::vector<float>>> ReferenceParams(
           absl::StrCat("matrix ", c.name, ": no NS algorithm"));
     }
     const int64_t n = c.rows * c.cols * c.experts;
-    DeviceBuffer grad_buffer, momentum, param;
-    MUONPS_RETURN_IF_ERROR(grad_buffer.Allocate(n * sizeof(float), c.name));
-    MUONPS_RETURN_IF_ERROR(momentum.Allocate(n * sizeof(float), c.name));
-    MUONPS_RETURN_IF_ERROR(param.Allocate(n * width, c.name));
+    MUONPS_ASSIGN_OR_RETURN(DeviceBuffer grad_buffer,
+                            DeviceBuffer::Allocate(n * sizeof(float), c.name));
+    MUONPS_ASSIGN_OR_RETURN(DeviceBuffer momentum,
+                            DeviceBuffer::Allocate(n * sizeof(float), c.name));
+    MUONPS_ASSIGN_OR_RETURN(DeviceBuffer param,
+                            DeviceBuffer::Allocate(n * width, c.name));
     MUONPS_RETURN_IF_ERROR(
         CudaStatus(cudaMemset(momentum.get(), 0, n * sizeof(float)),
                    absl::StrCat("cudaMemset of ", c.name)));
@@ -169,9 +145,10 @@ absl::StatusOr<std::vector<std::vector<float>>> ReferenceParams(
     h.lr = 0.02;
     h.weight_decay = 0.1;
     h.ns.algorithm = algorithm->second;
-    const kernels::MatrixStack g{grad_buffer.floats(), c.experts, c.rows,
+    const kernels::MatrixStack g{grad_buffer.as<float>(), c.experts, c.rows,
                                  c.cols};
-    const kernels::MatrixStack mo{momentum.floats(), c.experts, c.rows, c.cols};
+    const kernels::MatrixStack mo{momentum.as<float>(), c.experts, c.rows,
+                                  c.cols};
     for (int64_t step = 0; step < steps; ++step) {
       const std::string where = absl::StrCat(c.name, " step ", step);
       for (int64_t i = 0; i < n; ++i) values[i] = grad(step, m, i);
