@@ -4,7 +4,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <utility>
 
 #include "kernels/cuda/low_precision.cuh"
 #include "kernels/cuda/wgmma_lower.h"
@@ -19,27 +18,29 @@ constexpr int kBk = 64;        // k per stage: one 128-byte swizzle row
 constexpr int kThreads = 384;  // producer + two consumer warp groups
 constexpr int kAcc = 64;       // fp32 accumulators per 64 x 128 half
 constexpr int kBoxBytes = kTile * kBk * 2;
-constexpr int kPitch = kTile + 1;  // of the staged tile, in floats
 
 // A block computes 256 x 128 of the product: rows of L block 2 BI + wg for
 // consumer warp group wg, against one 128-row block of R, so both warp
 // groups share each R box (half the traffic per product of 128 x 128
 // blocks alone).
-// Products with 16-bit outputs stage them in `tile` (one warp group's at a
-// time) and fit 3 stages beside it; the others use 4.
-template <bool kStaged>
+constexpr int kStages = 3;
+// The epilogue stages each output in shared memory, one round at a time,
+// and copies it out by bulk asynchronous copies (row by row), which drain
+// while the next tile's products run: 64 fp32 rows or 128 16-bit rows per
+// round, rows padded to keep 16-byte alignment.
+constexpr int kPitch32 = kTile + 4;  // floats
+constexpr int kPitch16 = kTile + 8;  // 16-bit elements
+constexpr int kStagingBytes = 128 * kPitch16 * 2;
+static_assert(64 * kPitch32 * 4 <= kStagingBytes, "fp32 rounds fit");
+
 struct alignas(1024) Shared {
-  static constexpr int kStages = kStaged ? 3 : 4;
   uint8_t l[kStages][2][kBoxBytes];
   uint8_t r[kStages][kBoxBytes];
-  float tile[kStaged ? kTile : 1][kPitch];
+  alignas(16) uint8_t staging[2][kStagingBytes];  // one per warp group
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
-template <bool kStaged>
-constexpr size_t SharedBytes() {
-  return sizeof(Shared<kStaged>) + 1024;  // + alignment slack
-}
+constexpr size_t kSharedBytes = sizeof(Shared) + 1024;  // + alignment slack
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -118,13 +119,35 @@ __device__ __forceinline__ void MmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending)
                : "memory");
 }
-// Synchronizes the two consumer warp groups (256 threads).
-__device__ __forceinline__ void ConsumerSync() {
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
-}
 // Synchronizes the 128 threads of consumer warp group `wg` (0 or 1).
 __device__ __forceinline__ void GroupSync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 2) : "memory");
+}
+
+// Bulk asynchronous copy of `bytes` from shared to global memory, in this
+// thread's current bulk group.
+__device__ __forceinline__ void BulkStore(void* global, const void* shared,
+                                          uint32_t bytes) {
+  asm volatile(
+      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
+          global),
+      "r"(SharedAddress(shared)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void BulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk copies have read their shared memory.
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// This thread's bulk copies are complete.
+__device__ __forceinline__ void BulkWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Makes this thread's shared-memory writes visible to bulk copies.
+__device__ __forceinline__ void FenceAsyncProxy() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // d += A B^T for the warp group's 64 x 16 A and 128 x 16 B in shared memory.
@@ -205,134 +228,236 @@ __device__ __forceinline__ TileIndex Decode(int64_t t, int64_t per_matrix) {
   return x;
 }
 
-// The epilogue of the 128 x 128 tile (bi, bj) of warp group `wg` (d[h]:
-// rows 64 h .. 64 h + 63), `active` where that tile is in the lower
-// triangle: see wgmma_lower.h. With 16-bit outputs the tile is staged in
-// shared memory, one warp group after the other.
-template <typename T, bool kStaged>
-__device__ __forceinline__ void Epilogue(const WgmmaLowerArgs& args, int matrix,
-                                         int bi, int bj, bool active,
-                                         float (&d)[2][kAcc], int wg, int tid,
-                                         Shared<kStaged>& s) {
-  const int64_t m = args.m;
-  const int64_t offset = static_cast<int64_t>(matrix) * m * m;
-  const int warp = tid / 32, lane = tid % 32;
-  if (active) {
+// One warp group's staging buffer: a round writes it, publishes it and has
+// the first warp copy its rows out; the next round first waits until those
+// copies have read it.
+class Stager {
+ public:
+  __device__ Stager(uint8_t* buffer, int wg, int tid)
+      : buffer_(buffer), wg_(wg), tid_(tid) {}
+
+  __device__ __forceinline__ void Acquire() {
+    if (tid_ < 32) BulkWaitRead();
+    GroupSync(wg_);
+  }
+  // Rows [0, rows) of `pitch` bytes each, `bytes` of them to
+  // global + row * global_pitch (bytes); rows at or past `valid_rows` and
+  // nothing at all when bytes == 0 are skipped.
+  __device__ __forceinline__ void Release(int rows, int valid_rows,
+                                          uint32_t pitch, uint32_t bytes,
+                                          char* global, int64_t global_pitch) {
+    FenceAsyncProxy();
+    GroupSync(wg_);
+    if (tid_ < 32) {
+      for (int row = tid_; row < rows && row < valid_rows && bytes > 0;
+           row += 32) {
+        BulkStore(global + row * global_pitch, buffer_ + row * pitch, bytes);
+      }
+      BulkCommit();
+    }
+  }
+  __device__ __forceinline__ void Finish() {
+    if (tid_ < 32) BulkWaitAll();
+  }
+  __device__ __forceinline__ float* f32() const {
+    return reinterpret_cast<float*>(buffer_);
+  }
+  template <typename T>
+  __device__ __forceinline__ T* low() const {
+    return reinterpret_cast<T*>(buffer_);
+  }
+
+ private:
+  uint8_t* buffer_;
+  int wg_, tid_;
+};
+
+// Where a warp group's accumulator pair (d[h][4 q + 2 half], + 1) lies in
+// its 128 x 128 tile.
+struct Fragment {
+  int warp, lane;
+  __device__ __forceinline__ int Row(int h, int half) const {
+    return h * 64 + warp * 16 + lane / 4 + half * 8;
+  }
+  __device__ __forceinline__ int Col(int q) const {
+    return q * 8 + (lane % 4) * 2;
+  }
+};
+
+// fp32 tile (bi, bj) of `out` from d (as it holds it now), in two rounds of
+// 64 rows.
+__device__ __forceinline__ void StoreFp32(Stager& st, const Fragment& f,
+                                          const float (&d)[2][kAcc], float* out,
+                                          int64_t m, int64_t bi, int64_t bj) {
+  const int64_t r0 = bi * kTile, c0 = bj * kTile;
+  const uint32_t bytes =
+      static_cast<uint32_t>((c0 + kTile <= m ? kTile : m - c0) * 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.Acquire();
+    float* tile = st.f32();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = f.Row(0, half);  // within these 64 rows
+#pragma unroll
+      for (int q = 0; q < kAcc / 4; ++q) {
+        const int col = f.Col(q);
+        *reinterpret_cast<float2*>(tile + row * kPitch32 + col) =
+            make_float2(d[h][4 * q + 2 * half], d[h][4 * q + 2 * half + 1]);
+      }
+    }
+    const int64_t first = r0 + h * 64;
+    st.Release(64, static_cast<int>(m - first < 64 ? m - first : 64),
+               kPitch32 * 4, bytes,
+               reinterpret_cast<char*>(out + first * m + c0), m * 4);
+  }
+}
+
+// Both triangles' 16-bit tiles from d's values v (the lower tile (bi, bj)):
+// scale * (v + diag on the diagonal) to (bi, bj) and, off the diagonal, its
+// transpose to (bj, bi); a diagonal tile's upper part copies its lower one.
+template <typename T>
+__device__ __forceinline__ void StoreLow(Stager& st, const Fragment& f,
+                                         const float (&d)[2][kAcc], T* out,
+                                         float scale, float diag, int64_t m,
+                                         int64_t bi, int64_t bj) {
+#pragma unroll
+  for (int mirror = 0; mirror < 2; ++mirror) {
+    if (mirror && bi == bj) break;
+    st.Acquire();
+    T* tile = st.low<T>();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
-        const int64_t r = static_cast<int64_t>(bi) * kTile + row;
+        const int row = f.Row(h, half);
 #pragma unroll
         for (int q = 0; q < kAcc / 4; ++q) {
-          const int col = q * 8 + (lane % 4) * 2;
-          const int64_t c = static_cast<int64_t>(bj) * kTile + col;
-          float* slot = &d[h][4 * q + 2 * half];
-          float p[2] = {args.alpha * slot[0], args.alpha * slot[1]};
-          float v[2] = {0.0f, 0.0f};
-          const int64_t at = offset + r * m + c;
-          if (r < m && c < m) {  // c + 1 < m too: m % 8 == 0
-            if (args.beta != 0.0f) {
-              const float2 old =
-                  *reinterpret_cast<const float2*>(args.product32 + at);
-              p[0] = fmaf(args.beta, old.x, p[0]);
-              p[1] = fmaf(args.beta, old.y, p[1]);
-            }
-            float2 o = make_float2(0.0f, 0.0f);
-            if (args.other != nullptr) {
-              o = *reinterpret_cast<const float2*>(args.other + at);
-            }
-            const float other[2] = {o.x, o.y};
+          const int col = f.Col(q);
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              v[i] = __fmul_rn(args.coef_product, p[i]);
-              if (args.other != nullptr) {
-                v[i] = __fadd_rn(__fmul_rn(args.coef_other, other[i]), v[i]);
+          for (int i = 0; i < 2; ++i) {
+            float v = d[h][4 * q + 2 * half + i];
+            if (bi == bj && row == col + i) v = __fadd_rn(v, diag);
+            const T x = FromFloat<T>(v * scale);
+            if (bi != bj) {
+              if (mirror) {
+                tile[(col + i) * kPitch16 + row] = x;
+              } else {
+                tile[row * kPitch16 + col + i] = x;
               }
-              if (args.unhealthy != nullptr && r == c + i &&
-                  !(p[i] >= 0.0f && isfinite(p[i]))) {
-                atomicAdd(args.unhealthy, 1u);
-              }
-            }
-            if (args.product32 != nullptr) {
-              *reinterpret_cast<float2*>(args.product32 + at) =
-                  make_float2(p[0], p[1]);
-            }
-            if (args.value32 != nullptr) {
-              *reinterpret_cast<float2*>(args.value32 + at) =
-                  make_float2(v[0], v[1]);
+            } else if (row >= col + i) {
+              tile[row * kPitch16 + col + i] = x;
+              tile[(col + i) * kPitch16 + row] = x;
             }
           }
-          slot[0] = v[0];  // kept for the 16-bit outputs
-          slot[1] = v[1];
+        }
+      }
+    }
+    const int64_t row_tile = mirror ? bj : bi;
+    const int64_t col_tile = mirror ? bi : bj;
+    const int64_t r0 = row_tile * kTile, c0 = col_tile * kTile;
+    const uint32_t bytes =
+        static_cast<uint32_t>((c0 + kTile <= m ? kTile : m - c0) * sizeof(T));
+    st.Release(kTile, static_cast<int>(m - r0 < kTile ? m - r0 : kTile),
+               kPitch16 * sizeof(T), bytes,
+               reinterpret_cast<char*>(out + r0 * m + c0),
+               m * static_cast<int64_t>(sizeof(T)));
+  }
+}
+
+// The epilogue of the 128 x 128 tile (bi, bj) of a warp group (d[h]: rows
+// 64 h .. 64 h + 63), for a tile in the lower triangle: see wgmma_lower.h.
+template <typename T>
+__device__ __forceinline__ void Epilogue(const WgmmaLowerArgs& args, int matrix,
+                                         int bi, int bj, float (&d)[2][kAcc],
+                                         const Fragment& f, Stager& st) {
+  const int64_t m = args.m;
+  const int64_t offset = static_cast<int64_t>(matrix) * m * m;
+  // p = alpha acc + beta C, in place.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = static_cast<int64_t>(bi) * kTile + f.Row(h, half);
+#pragma unroll
+      for (int q = 0; q < kAcc / 4; ++q) {
+        const int64_t c = static_cast<int64_t>(bj) * kTile + f.Col(q);
+        float* slot = &d[h][4 * q + 2 * half];
+        slot[0] *= args.alpha;
+        slot[1] *= args.alpha;
+        if (r >= m || c >= m) continue;  // c + 1 < m too: m % 8 == 0
+        if (args.beta != 0.0f) {
+          const float2 old = *reinterpret_cast<const float2*>(
+              args.product32 + offset + r * m + c);
+          slot[0] = fmaf(args.beta, old.x, slot[0]);
+          slot[1] = fmaf(args.beta, old.y, slot[1]);
+        }
+        if (args.unhealthy != nullptr) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            if (r == c + i && !(slot[i] >= 0.0f && isfinite(slot[i]))) {
+              atomicAdd(args.unhealthy, 1u);
+            }
+          }
         }
       }
     }
   }
-  if constexpr (!kStaged) return;
-  T* value_low = static_cast<T*>(args.value_low);
-  T* with_diag_low = static_cast<T*>(args.with_diag_low);
-  for (int turn = 0; turn < 2; ++turn) {
-    ConsumerSync();  // the previous user of s.tile is done with it
-    if (turn != wg || !active) continue;
+  if (args.product32 != nullptr) {
+    StoreFp32(st, f, d, args.product32 + offset, m, bi, bj);
+  }
+  if (args.value32 == nullptr && args.value_low == nullptr &&
+      args.with_diag_low == nullptr) {
+    return;
+  }
+  // v = coef_other other + coef_product p, in place.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = static_cast<int64_t>(bi) * kTile + f.Row(h, half);
 #pragma unroll
-        for (int q = 0; q < kAcc / 4; ++q) {
-          const int col = q * 8 + (lane % 4) * 2;
-          s.tile[row][col] = d[h][4 * q + 2 * half];
-          s.tile[row][col + 1] = d[h][4 * q + 2 * half + 1];
+      for (int q = 0; q < kAcc / 4; ++q) {
+        const int64_t c = static_cast<int64_t>(bj) * kTile + f.Col(q);
+        float* slot = &d[h][4 * q + 2 * half];
+        float2 o = make_float2(0.0f, 0.0f);
+        if (args.other != nullptr && r < m && c < m) {
+          o = *reinterpret_cast<const float2*>(args.other + offset + r * m + c);
+        }
+        const float other[2] = {o.x, o.y};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          slot[i] = __fmul_rn(args.coef_product, slot[i]);
+          if (args.other != nullptr) {
+            slot[i] = __fadd_rn(__fmul_rn(args.coef_other, other[i]), slot[i]);
+          }
         }
       }
     }
-    GroupSync(wg);
-    // Both triangles from the staged tile: 32 threads per row, 4 columns
-    // each, 4 rows per pass.
-    const int col = lane * 4;
-    for (int mirror = 0; mirror < (bi == bj ? 1 : 2); ++mirror) {
-      const int64_t row_tile = mirror ? bj : bi;
-      const int64_t col_tile = mirror ? bi : bj;
-#pragma unroll 4
-      for (int pass = 0; pass < kTile / 4; ++pass) {
-        const int row = warp + pass * 4;
-        const int64_t r = row_tile * kTile + row;
-        const int64_t c = col_tile * kTile + col;
-        if (r >= m || c >= m) continue;  // c + 3 < m too: m % 8 == 0
-        float v[4], w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bool direct = !mirror && (bi > bj || row >= col + i);
-          v[i] = direct ? s.tile[row][col + i] : s.tile[col + i][row];
-          w[i] = r == c + i ? __fadd_rn(v[i], args.diag) : v[i];
-        }
-        const int64_t at = offset + r * m + c;
-        if (value_low != nullptr) {
-          Store4<T>(value_low + at, v, args.value_scale);
-        }
-        if (with_diag_low != nullptr) {
-          Store4<T>(with_diag_low + at, w, args.with_diag_scale);
-        }
-      }
-    }
+  }
+  if (args.value32 != nullptr) {
+    StoreFp32(st, f, d, args.value32 + offset, m, bi, bj);
+  }
+  if (args.value_low != nullptr) {
+    StoreLow<T>(st, f, d, static_cast<T*>(args.value_low) + offset,
+                args.value_scale, 0.0f, m, bi, bj);
+  }
+  if (args.with_diag_low != nullptr) {
+    StoreLow<T>(st, f, d, static_cast<T*>(args.with_diag_low) + offset,
+                args.with_diag_scale, args.diag, m, bi, bj);
   }
 }
 
 // Persistent over the blocks of 256 x 128; both consumer warp groups work
 // on the same block (rows 128 wg .. 128 wg + 127 of it).
-template <typename T, bool kStaged>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     WgmmaLowerKernel(const __grid_constant__ CUtensorMap lmap,
                      const __grid_constant__ CUtensorMap rmap,
                      const WgmmaLowerArgs args) {
   extern __shared__ uint8_t raw[];
-  using Smem = Shared<kStaged>;
-  constexpr int kStages = Smem::kStages;
-  Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
-                                     ~uintptr_t{1023});
+  Shared& s = *reinterpret_cast<Shared*>(
+      (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
   const int64_t cols = (args.m + kTile - 1) / kTile;
   const int64_t rows = (cols + 1) / 2;
   const int64_t per_matrix =
@@ -373,6 +498,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int wg = group - 1;
   const int tid = threadIdx.x % 128;
+  const Fragment fragment{tid / 32, tid % 32};
+  Stager stager(s.staging[wg], wg, tid);
   float d[2][kAcc];
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
     const TileIndex x = Decode(t, per_matrix);
@@ -404,18 +531,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     MmaWait<0>();
     if (tid == 0) BarrierArrive(&s.empty[previous]);
     const int bi = 2 * x.big_row + wg;
-    Epilogue<T, kStaged>(args, x.matrix, bi, x.bj, bi >= x.bj && bi < cols, d,
-                         wg, tid, s);
+    if (bi >= x.bj && bi < cols) {  // this warp group's tile is a lower one
+      Epilogue<T>(args, x.matrix, bi, x.bj, d, fragment, stager);
+    }
   }
+  stager.Finish();
 }
 
 template <typename T>
 cudaError_t Launch(const CUtensorMap& l, const CUtensorMap& r,
                    const WgmmaLowerArgs& args, cudaStream_t stream) {
-  const bool staged =
-      args.value_low != nullptr || args.with_diag_low != nullptr;
-  const auto kernel =
-      staged ? WgmmaLowerKernel<T, true> : WgmmaLowerKernel<T, false>;
+  const auto kernel = WgmmaLowerKernel<T>;
   cudaError_t e = cudaSuccess;
   int device = 0, sms = 0;
   if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
@@ -429,9 +555,7 @@ cudaError_t Launch(const CUtensorMap& l, const CUtensorMap& r,
       ((rows - 1) * rows + std::min(2 * rows, cols)) * args.count;
   const unsigned blocks =
       static_cast<unsigned>(total < sms ? total : static_cast<int64_t>(sms));
-  kernel<<<blocks, kThreads,
-           staged ? SharedBytes<true>() : SharedBytes<false>(), stream>>>(l, r,
-                                                                          args);
+  kernel<<<blocks, kThreads, kSharedBytes, stream>>>(l, r, args);
   return cudaGetLastError();
 }
 
@@ -451,19 +575,11 @@ bool WgmmaLowerSupported(int device, cudaDataType type, int64_t m, int64_t k) {
 }
 
 cudaError_t PrepareWgmmaLower() {
-  const std::pair<const void*, size_t> kernels[] = {
-      {reinterpret_cast<const void*>(WgmmaLowerKernel<__nv_bfloat16, true>),
-       SharedBytes<true>()},
-      {reinterpret_cast<const void*>(WgmmaLowerKernel<__nv_bfloat16, false>),
-       SharedBytes<false>()},
-      {reinterpret_cast<const void*>(WgmmaLowerKernel<__half, true>),
-       SharedBytes<true>()},
-      {reinterpret_cast<const void*>(WgmmaLowerKernel<__half, false>),
-       SharedBytes<false>()}};
-  for (const auto& [kernel, bytes] : kernels) {
+  for (const auto kernel :
+       {WgmmaLowerKernel<__nv_bfloat16>, WgmmaLowerKernel<__half>}) {
     const cudaError_t e = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(bytes));
+        static_cast<int>(kSharedBytes));
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
