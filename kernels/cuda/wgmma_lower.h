@@ -8,8 +8,9 @@
 // producer warp group loads 128 x 64 boxes by TMA into 128-byte-swizzled
 // shared memory through a ring of stages, and two consumer warp groups
 // each multiply one tile (wgmma m64n128k16, fp32 accumulators); the grid is
-// persistent over the blocks. The epilogue then does what a combine pass
-// over p would do:
+// persistent over the blocks. The epilogue, by the same warp groups, then
+// does what a combine pass over p would do, staging each output tile in
+// shared memory and copying it out with bulk asynchronous copies:
 //   v = coef_other * other + coef_product * p  (other null: coef_product * p)
 //   product32     <- p                                 lower tiles, fp32
 //   value32       <- v                                 lower tiles, fp32
@@ -27,11 +28,12 @@
 // not alias L, R or `other`. Launches are asynchronous on `stream` and can
 // be captured into CUDA graphs. Thread-safe.
 //
-// Measured on an H200 (bench/results/2026-11-27-h200x1-wgmma*.jsonl): the
-// products alone reach 550-620 TFLOP/s against 650-710 for cuBLAS's
-// 256-row tiles, and the fused epilogue (not overlapped with the products:
-// the blocks write in lockstep) costs more than cuBLAS's product plus the
-// separate combine pass, so SymmetricMode::kWgmma is opt-in.
+// Measured on an H200 (bench/results/2026-11-27-h200x1-wgmma*): the
+// products alone reach 540-620 TFLOP/s against 650-710 for cuBLAS's
+// 256-row tiles (ncu: tensor cores 74% busy against 99%: the epilogue is
+// not overlapped with the next tile's products), and with the mirror fused
+// in, more time than cuBLAS's product plus the separate combine pass; so
+// SymmetricMode::kWgmma is opt-in.
 #ifndef MUONPS_KERNELS_CUDA_WGMMA_LOWER_H_
 #define MUONPS_KERNELS_CUDA_WGMMA_LOWER_H_
 
