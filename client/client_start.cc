@@ -1,0 +1,204 @@
+// Client::Start: lays out the trainer's buffers (a shared segment, or
+// the CUDA buffers lent with LendCuda), creates the job or checks that
+// an existing one matches, and attaches the buffers to the local worker
+// once it follows a plan. The rest of Client is in client.cc.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <random>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/cuda_lending.h"
+#include "common/status.h"
+#include "common/trainer_segment.h"
+#include "proto/grpc_status.h"
+#include "proto/translate.h"
+
+namespace muonps {
+
+absl::Status Client::EnsureJob(
+    const kernels::MuonHyperparameters& muon,
+    const kernels::AdamWHyperparameters& adamw,
+    std::optional<kernels::NsAlgorithm> ns_algorithm) {
+  v1::CreateJobRequest request;
+  // Every rank sends the same request id: the first creates, the others'
+  // calls are retries of it.
+  request.set_request_id(absl::StrCat("client:", options_.job));
+  v1::JobSpec* spec = request.mutable_job();
+  spec->set_name(options_.job);
+  spec->set_dedicated_workers(dedicated_workers_);
+  spec->set_allow_momentum_reset(allow_momentum_reset_);
+  spec->set_checkpoint_dir(checkpoint_dir_);
+  spec->set_checkpoint_every(checkpoint_every_);
+  for (const Tensor& t : tensors_) {
+    if (!t.muon) continue;
+    v1::Matrix* m = spec->add_matrices();
+    m->set_name(t.name);
+    m->set_rows(t.rows);
+    m->set_cols(t.cols);
+    m->set_experts(t.matrix.experts);
+    m->set_dtype(proto::DTypeToProto(t.dtype));
+    m->set_layout(proto::LayoutToProto(t.matrix.layout));
+    m->set_layer(t.matrix.layer);
+  }
+  v1::MuonHyperparameters* h = spec->mutable_muon();
+  h->set_lr(muon.lr);
+  h->set_weight_decay(muon.weight_decay);
+  h->set_momentum(muon.momentum);
+  h->set_nesterov(muon.nesterov);
+  h->set_ns_steps(muon.ns.steps);
+  h->set_polar_express(muon.ns.polar_express);
+  h->set_ns_eps(muon.ns.eps);
+  if (!muon.ns.polar_express) {
+    h->add_ns_coefficients(muon.ns.coefficients.a);
+    h->add_ns_coefficients(muon.ns.coefficients.b);
+    h->add_ns_coefficients(muon.ns.coefficients.c);
+  }
+  if (ns_algorithm.has_value()) {
+    h->set_ns_algorithm(*ns_algorithm == kernels::NsAlgorithm::kGram
+                            ? v1::NS_ALGORITHM_GRAM
+                            : v1::NS_ALGORITHM_NS5);
+  }
+  h->set_adjust_lr_fn(muon.lr_adjustment ==
+                              kernels::LrAdjustment::kMatchRmsAdamW
+                          ? v1::LR_ADJUSTMENT_MATCH_RMS_ADAMW
+                          : v1::LR_ADJUSTMENT_ORIGINAL);
+  v1::AdamWHyperparameters* a = spec->mutable_adamw();
+  a->set_lr(adamw.lr);
+  a->set_beta1(adamw.beta1);
+  a->set_beta2(adamw.beta2);
+  a->set_eps(adamw.eps);
+  a->set_weight_decay(adamw.weight_decay);
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  v1::Job job;
+  const grpc::Status status = coordinator_->CreateJob(&context, request, &job);
+  if (status.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
+    return FromGrpc(status, "CreateJob");
+  }
+  // A job of this name from another run: usable if its matrices match.
+  grpc::ClientContext get_context;
+  get_context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  v1::GetJobRequest get;
+  get.set_job(options_.job);
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(coordinator_->GetJob(&get_context, get, &job), "GetJob"));
+  if (job.spec().SerializeAsString() != spec->SerializeAsString()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "job",
+                      absl::StrCat(Quoted(options_.job),
+                                   " exists with other matrices or "
+                                   "hyperparameters"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::WaitAndAttach() {
+  v1::AttachRequest attach;
+  attach.set_trainer_rank(options_.trainer_rank);
+  attach.set_trainer_count(options_.trainer_count);
+  attach.set_trainer_pid(getpid());
+  if (segment_.has_value()) {
+    attach.set_segment(segment_->name());
+    attach.set_segment_bytes(static_cast<int64_t>(segment_->size()));
+  } else {
+    attach.set_device(DeviceName(options_.device));
+    if (signals_ != nullptr)
+      MUONPS_RETURN_IF_ERROR(signals_->Describe(&attach));
+  }
+  for (const Tensor& t : tensors_) {
+    v1::TensorBinding* b = attach.add_tensors();
+    b->set_name(t.name);
+    if (options_.device.is_cuda()) {
+      const std::string field = absl::StrCat("matrix ", Quoted(t.name));
+      MUONPS_ASSIGN_OR_RETURN(
+          *b->mutable_grad_cuda(),
+          client_internal::ExportCudaBuffer(t.cuda_grad, t.elements, t.dtype,
+                                            options_.device, field + " grad"));
+      MUONPS_ASSIGN_OR_RETURN(*b->mutable_param_cuda(),
+                              client_internal::ExportCudaBuffer(
+                                  t.cuda_param, t.param_elements, t.dtype,
+                                  options_.device, field + " param"));
+    }
+    b->set_grad_offset(t.offset);
+    b->set_param_offset(t.offset + t.elements * 4);
+    b->set_elements(t.elements);
+    b->set_param_elements(t.param_elements);
+    b->set_dtype(proto::DTypeToProto(t.dtype));
+    b->set_layout(proto::LayoutToProto(t.layout));
+    b->set_muon(t.muon);
+  }
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  grpc::Status last;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(absl::Seconds(5)));
+    v1::AttachResponse response;
+    last = worker_->Attach(&context, attach, &response);
+    // FAILED_PRECONDITION: no plan yet; UNAVAILABLE: the worker is starting.
+    if (last.ok()) return absl::OkStatus();
+    if (last.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+        last.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return FromGrpc(
+      last, absl::StrCat("Attach to the worker at ", options_.worker_socket));
+}
+
+absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
+                           const kernels::AdamWHyperparameters& adamw,
+                           std::optional<kernels::NsAlgorithm> ns_algorithm) {
+  if (started_)
+    return FieldError(absl::StatusCode::kFailedPrecondition, "Start",
+                      "called twice");
+  MUONPS_RETURN_IF_ERROR(kernels::ValidateMuonHyperparameters(muon));
+  MUONPS_RETURN_IF_ERROR(kernels::ValidateAdamWHyperparameters(adamw));
+  if (muon.ns.gram_restarts != kernels::NewtonSchulzOptions().gram_restarts) {
+    return InvalidField("muon.ns.gram_restarts",
+                        "the workers restart Gram NS on their own schedule; "
+                        "leave the default");
+  }
+  bool any_matrix = false;
+  int64_t bytes = 0;
+  for (Tensor& t : tensors_) {
+    any_matrix = any_matrix || t.muon;
+    t.offset = bytes;
+    bytes += (t.elements + t.param_elements) * 4;
+  }
+  if (!any_matrix) return InvalidField("matrices", "none was added");
+  if (options_.device.is_cuda()) {
+    for (const Tensor& t : tensors_) {
+      if (t.cuda_grad == nullptr) {
+        return FieldError(absl::StatusCode::kFailedPrecondition,
+                          absl::StrCat("matrix ", Quoted(t.name)),
+                          "was not lent (LendCuda) before Start");
+      }
+    }
+    adamw_ = adamw;
+    MUONPS_ASSIGN_OR_RETURN(
+        signals_, client_internal::CudaStepSignals::Create(options_.device));
+    MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw, ns_algorithm));
+    MUONPS_RETURN_IF_ERROR(WaitAndAttach());
+    started_ = true;
+    return absl::OkStatus();
+  }
+  MUONPS_ASSIGN_OR_RETURN(
+      SharedMemorySegment segment,
+      SharedMemorySegment::Create(
+          // The form the worker checks (common/trainer_segment.h).
+          TrainerSegmentName(options_.job, options_.trainer_rank, getpid(),
+                             std::random_device()()),
+          static_cast<size_t>(bytes)));
+  segment_ = std::move(segment);
+  adamw_ = adamw;
+  MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw, ns_algorithm));
+  MUONPS_RETURN_IF_ERROR(WaitAndAttach());
+  started_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace muonps
