@@ -1,6 +1,6 @@
 // Client's saved state: the momentum of the local worker's matrices and
 // the AdamW moments (state_dict), and the workers' momentum checkpoints.
-// The rest of Client is in client.cc.
+// The rest of Client is in client.cc, client_start.cc and client_step.cc.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
