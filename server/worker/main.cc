@@ -2,14 +2,15 @@
 // follows the job's plan, and serves the local muonps.v1.Worker control
 // service on a Unix socket (with grpc.health.v1 and reflection) plus
 // Prometheus metrics. Logs "listening on unix:PATH" once it serves; exits
-// cleanly (leaving the job) on SIGTERM or SIGINT.
+// cleanly (leaving the job) on SIGTERM or SIGINT. Its flags are defined in
+// worker_flags.cc; this file turns them into the worker's parts and runs
+// them.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,10 +23,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/device.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -40,82 +38,12 @@
 #include "server/worker/local_listener.h"
 #include "server/worker/nccl_bootstrap.h"
 #include "server/worker/worker_agent.h"
+#include "server/worker/worker_flags.h"
 #include "server/worker/worker_service.h"
 #include "spdlog/spdlog.h"
 #include "transport/counting_transport.h"
 #include "transport/cuda_ipc_transport.h"
 #include "transport/tcp_transport.h"
-
-ABSL_FLAG(std::string, coordinator, "", "Coordinator address, HOST:PORT.");
-ABSL_FLAG(std::string, job, "", "Job to join.");
-ABSL_FLAG(std::string, worker_id, "",
-          "Worker id, unique in the job (default: HOSTNAME-PID).");
-ABSL_FLAG(std::string, socket, "",
-          "Unix socket of the local control service (default: "
-          "$XDG_RUNTIME_DIR/muonps/worker-ID.sock, else "
-          "/tmp/muonps-UID/worker-ID.sock, in a directory private to this "
-          "user).");
-ABSL_FLAG(std::string, allow_group, "",
-          "Also let processes of this group (primary or supplementary) talk "
-          "to the socket; by default only this worker's user may.");
-ABSL_FLAG(std::string, host, "127.0.0.1",
-          "Address of the data-plane port (--data_port).");
-ABSL_FLAG(std::string, device, "auto",
-          "cpu, cuda:N, or auto (cuda:0 when a GPU is usable, else cpu). "
-          "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "
-          "talks to the other GPU workers over NCCL; a CPU worker takes "
-          "shared memory and TCP.");
-ABSL_FLAG(std::string, gpu_transport, "nccl",
-          "How GPU workers move tensors: nccl (one rank per GPU) or ipc "
-          "(same-host CUDA IPC peer copies: several workers on one GPU, or "
-          "no NCCL). Every worker of a job must use the same.");
-ABSL_FLAG(std::string, precision, "bf16",
-          "GPU Newton-Schulz GEMM inputs: bf16 (as torch.optim.Muon), fp16 "
-          "or fp32; accumulation is fp32.");
-ABSL_FLAG(int64_t, memory_bytes, 0,
-          "Device memory the worker may use; 0: the GPU's free memory (8 GiB "
-          "on the CPU).");
-ABSL_FLAG(bool, colocated, true, "Shares its device with a trainer rank.");
-ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
-          "Largest gRPC message on the local socket (a matrix's momentum "
-          "travels in one); at most 2 GiB - 1.");
-ABSL_FLAG(bool, dedicated, false,
-          "No trainer attaches to this worker (a GPU of a dedicated "
-          "optimizer pool): it owns matrices and steps whenever the "
-          "trainers' workers do.");
-ABSL_FLAG(std::string, cost_table, "",
-          "File of measured Newton-Schulz times (scheduler/cost_table.h).");
-ABSL_FLAG(double, speed, 1.0, "Speed relative to the cost table.");
-ABSL_FLAG(int, data_port, 0,
-          "TCP port of the data-plane transport (on --host); 0 picks one.");
-ABSL_FLAG(int64_t, io_timeout_ms, 10000,
-          "A peer silent this long during a step fails the step.");
-ABSL_FLAG(int, max_threads, 32,
-          "Threads the local gRPC server may use; calls beyond them wait or "
-          "are refused (RESOURCE_EXHAUSTED).");
-ABSL_FLAG(int, max_concurrent_streams, 64,
-          "Concurrent calls per connection on the local socket.");
-ABSL_FLAG(std::string, token_file, "",
-          "File holding the bearer token: sent to the coordinator, and "
-          "required of every call on the local socket (default: "
-          "$MUONPS_TOKEN_FILE).");
-ABSL_FLAG(std::string, tls_ca_file, "",
-          "CA of the coordinator's certificate: turns on TLS to it (default: "
-          "$MUONPS_TLS_CA_FILE).");
-ABSL_FLAG(std::string, tls_cert_file, "",
-          "This worker's client certificate, for a coordinator that requires "
-          "mutual TLS (default: $MUONPS_TLS_CERT_FILE).");
-ABSL_FLAG(std::string, tls_key_file, "",
-          "Its private key (default: $MUONPS_TLS_KEY_FILE).");
-ABSL_FLAG(int64_t, call_timeout_ms, 120000,
-          "A CPU data-plane call (a step's grouped transfers) not done this "
-          "long after it began fails the step, however its bytes trickle.");
-ABSL_FLAG(std::string, test_pause_at, "",
-          "Chaos tests only: POINT@STEP[@rankN] stops this process (SIGSTOP) "
-          "at that point of that step id (with plan rank N): exchange, "
-          "transfer, prepared or committed (server/worker/step_commit.h).");
-ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
-ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
 namespace muonps {
 namespace {
@@ -124,39 +52,6 @@ std::string Hostname() {
   char name[256] = {};
   gethostname(name, sizeof(name) - 1);
   return name;
-}
-
-// --test_pause_at: the chaos tests stop the worker at one point of one
-// step (when it has plan rank RANK, if given), then kill it (kill -9) or let
-// it go on (SIGCONT).
-absl::StatusOr<worker::StepHook> PauseHook(const std::string& flag) {
-  const std::vector<std::string> parts = absl::StrSplit(flag, '@');
-  int64_t step = -1;
-  int rank = -1;
-  if (parts.size() < 2 || parts.size() > 3 ||
-      !absl::SimpleAtoi(parts[1], &step) ||
-      (parts.size() == 3 && (!absl::StartsWith(parts[2], "rank") ||
-                             !absl::SimpleAtoi(parts[2].substr(4), &rank)))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected POINT@STEP or POINT@STEP@rankN"));
-  }
-  for (worker::StepPoint p :
-       {worker::StepPoint::kExchange, worker::StepPoint::kTransfer,
-        worker::StepPoint::kPrepared, worker::StepPoint::kCommitted}) {
-    if (parts[0] != worker::StepPointName(p)) continue;
-    auto paused = std::make_shared<std::atomic<bool>>(false);
-    return worker::StepHook(
-        [p, step, rank, paused](worker::StepPoint reached, int64_t id, int at) {
-          if (reached != p || id != step || (rank >= 0 && at != rank)) return;
-          if (paused->exchange(true)) return;  // once: retries run through
-          spdlog::warn("step={} rank={} paused at {} (--test_pause_at)", id, at,
-                       worker::StepPointName(p));
-          spdlog::default_logger()->flush();
-          raise(SIGSTOP);
-        });
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      parts[0], ": not exchange, transfer, prepared or committed"));
 }
 
 int Run() {
@@ -371,7 +266,7 @@ int Run() {
                             std::move(counted_transport));
   if (const std::string pause = absl::GetFlag(FLAGS_test_pause_at);
       !pause.empty()) {
-    absl::StatusOr<worker::StepHook> hook = PauseHook(pause);
+    absl::StatusOr<worker::StepHook> hook = worker::PauseHook(pause);
     if (!hook.ok()) {
       spdlog::error("--test_pause_at: {}", hook.status().ToString());
       return 2;

@@ -1,0 +1,127 @@
+// muonps-worker's command-line flags, defined once here (main.cc reads
+// them), and what --test_pause_at means: the chaos tests' step hook.
+#include "server/worker/worker_flags.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, coordinator, "", "Coordinator address, HOST:PORT.");
+ABSL_FLAG(std::string, job, "", "Job to join.");
+ABSL_FLAG(std::string, worker_id, "",
+          "Worker id, unique in the job (default: HOSTNAME-PID).");
+ABSL_FLAG(std::string, socket, "",
+          "Unix socket of the local control service (default: "
+          "$XDG_RUNTIME_DIR/muonps/worker-ID.sock, else "
+          "/tmp/muonps-UID/worker-ID.sock, in a directory private to this "
+          "user).");
+ABSL_FLAG(std::string, allow_group, "",
+          "Also let processes of this group (primary or supplementary) talk "
+          "to the socket; by default only this worker's user may.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address of the data-plane port (--data_port).");
+ABSL_FLAG(std::string, device, "auto",
+          "cpu, cuda:N, or auto (cuda:0 when a GPU is usable, else cpu). "
+          "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "
+          "talks to the other GPU workers over NCCL; a CPU worker takes "
+          "shared memory and TCP.");
+ABSL_FLAG(std::string, gpu_transport, "nccl",
+          "How GPU workers move tensors: nccl (one rank per GPU) or ipc "
+          "(same-host CUDA IPC peer copies: several workers on one GPU, or "
+          "no NCCL). Every worker of a job must use the same.");
+ABSL_FLAG(std::string, precision, "bf16",
+          "GPU Newton-Schulz GEMM inputs: bf16 (as torch.optim.Muon), fp16 "
+          "or fp32; accumulation is fp32.");
+ABSL_FLAG(int64_t, memory_bytes, 0,
+          "Device memory the worker may use; 0: the GPU's free memory (8 GiB "
+          "on the CPU).");
+ABSL_FLAG(bool, colocated, true, "Shares its device with a trainer rank.");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
+          "Largest gRPC message on the local socket (a matrix's momentum "
+          "travels in one); at most 2 GiB - 1.");
+ABSL_FLAG(bool, dedicated, false,
+          "No trainer attaches to this worker (a GPU of a dedicated "
+          "optimizer pool): it owns matrices and steps whenever the "
+          "trainers' workers do.");
+ABSL_FLAG(std::string, cost_table, "",
+          "File of measured Newton-Schulz times (scheduler/cost_table.h).");
+ABSL_FLAG(double, speed, 1.0, "Speed relative to the cost table.");
+ABSL_FLAG(int, data_port, 0,
+          "TCP port of the data-plane transport (on --host); 0 picks one.");
+ABSL_FLAG(int64_t, io_timeout_ms, 10000,
+          "A peer silent this long during a step fails the step.");
+ABSL_FLAG(int, max_threads, 32,
+          "Threads the local gRPC server may use; calls beyond them wait or "
+          "are refused (RESOURCE_EXHAUSTED).");
+ABSL_FLAG(int, max_concurrent_streams, 64,
+          "Concurrent calls per connection on the local socket.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the bearer token: sent to the coordinator, and "
+          "required of every call on the local socket (default: "
+          "$MUONPS_TOKEN_FILE).");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "CA of the coordinator's certificate: turns on TLS to it (default: "
+          "$MUONPS_TLS_CA_FILE).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "This worker's client certificate, for a coordinator that requires "
+          "mutual TLS (default: $MUONPS_TLS_CERT_FILE).");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "Its private key (default: $MUONPS_TLS_KEY_FILE).");
+ABSL_FLAG(int64_t, call_timeout_ms, 120000,
+          "A CPU data-plane call (a step's grouped transfers) not done this "
+          "long after it began fails the step, however its bytes trickle.");
+ABSL_FLAG(std::string, test_pause_at, "",
+          "Chaos tests only: POINT@STEP[@rankN] stops this process (SIGSTOP) "
+          "at that point of that step id (with plan rank N): exchange, "
+          "transfer, prepared or committed (server/worker/step_commit.h).");
+ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
+ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
+
+namespace muonps {
+namespace worker {
+
+// --test_pause_at: the chaos tests stop the worker at one point of one
+// step (when it has plan rank RANK, if given), then kill it (kill -9) or let
+// it go on (SIGCONT).
+absl::StatusOr<worker::StepHook> PauseHook(const std::string& flag) {
+  const std::vector<std::string> parts = absl::StrSplit(flag, '@');
+  int64_t step = -1;
+  int rank = -1;
+  if (parts.size() < 2 || parts.size() > 3 ||
+      !absl::SimpleAtoi(parts[1], &step) ||
+      (parts.size() == 3 && (!absl::StartsWith(parts[2], "rank") ||
+                             !absl::SimpleAtoi(parts[2].substr(4), &rank)))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected POINT@STEP or POINT@STEP@rankN"));
+  }
+  for (worker::StepPoint p :
+       {worker::StepPoint::kExchange, worker::StepPoint::kTransfer,
+        worker::StepPoint::kPrepared, worker::StepPoint::kCommitted}) {
+    if (parts[0] != worker::StepPointName(p)) continue;
+    auto paused = std::make_shared<std::atomic<bool>>(false);
+    return worker::StepHook(
+        [p, step, rank, paused](worker::StepPoint reached, int64_t id, int at) {
+          if (reached != p || id != step || (rank >= 0 && at != rank)) return;
+          if (paused->exchange(true)) return;  // once: retries run through
+          spdlog::warn("step={} rank={} paused at {} (--test_pause_at)", id, at,
+                       worker::StepPointName(p));
+          spdlog::default_logger()->flush();
+          raise(SIGSTOP);
+        });
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      parts[0], ": not exchange, transfer, prepared or committed"));
+}
+
+}  // namespace worker
+}  // namespace muonps
