@@ -1,6 +1,10 @@
+// WorkerAgent's own side: its threads' start and stop, the dedicated
+// worker's follow loop, the steps it queues for the coordinator, and what
+// the local control service reads (Status, plan, CheckPlanCurrent). Its
+// calls to the coordinator (join, heartbeats, the plan watch, step stats)
+// are in worker_agent_coordinator.cc.
 #include "server/worker/worker_agent.h"
 
-#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -14,42 +18,6 @@ namespace {
 std::string RandomInstanceId() {
   std::random_device device;
   return absl::StrFormat("%08x%08x", device(), device());
-}
-
-// Deadline for unary calls to the coordinator.
-std::chrono::system_clock::time_point Deadline(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
-
-// Exponential backoff with +-25% jitter (so restarted workers do not all
-// knock at once), from 100 ms up to 2 s.
-class Backoff {
- public:
-  absl::Duration Next() {
-    const absl::Duration out =
-        current_ * std::uniform_real_distribution<double>(0.75, 1.25)(random_);
-    current_ = std::min(current_ * 2, absl::Seconds(2));
-    return out;
-  }
-  void Reset() { current_ = absl::Milliseconds(100); }
-
- private:
-  absl::Duration current_ = absl::Milliseconds(100);
-  std::minstd_rand random_{std::random_device()()};
-};
-
-// A heartbeat answer that says the coordinator no longer knows this
-// membership (as opposed to one that is down or slow: those are retried).
-bool LeaseIsLost(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::NOT_FOUND:            // the job or the worker
-    case grpc::StatusCode::FAILED_PRECONDITION:  // instance, stale version
-    case grpc::StatusCode::INVALID_ARGUMENT:     // stale version, old servers
-    case grpc::StatusCode::UNAUTHENTICATED:      // a token it never issued
-      return true;
-    default:
-      return false;
-  }
 }
 
 }  // namespace
@@ -129,76 +97,6 @@ void WorkerAgent::Stop() {
   if (follow_thread_.joinable()) follow_thread_.join();
 }
 
-bool WorkerAgent::JoinWithRetry() {
-  v1::JoinJobRequest request;
-  request.set_job(options_.job);
-  request.set_worker_id(options_.worker_id);
-  request.set_instance_id(instance_id_);
-  *request.mutable_device() = options_.device;
-  request.set_cost_table(options_.cost_table);
-  request.set_speed(options_.speed);
-  request.set_data_address(options_.data_address);
-  request.set_dedicated(options_.dedicated);
-  Backoff backoff;
-  int64_t failures = 0;
-  while (!stop_.HasBeenNotified()) {
-    grpc::ClientContext context;
-    context.set_deadline(Deadline(absl::Seconds(5)));
-    v1::JoinJobResponse response;
-    const grpc::Status status = stub_->JoinJob(&context, request, &response);
-    if (status.ok()) {
-      options_.credentials->Set(response.worker_token(),
-                                response.data_plane_secret());
-      // The engine takes its lock for a new secret (waiting for a step in
-      // progress): only when it changed, so a re-join after a coordinator
-      // restart keeps heartbeats from waiting on a step.
-      if (engine_ != nullptr &&
-          response.data_plane_secret() != engine_secret_) {
-        engine_->SetDataPlaneSecret(response.data_plane_secret());
-        engine_secret_ = response.data_plane_secret();
-      }
-      absl::MutexLock lock(&mu_);
-      ++join_epoch_;
-      // After a lost lease it stays "lost" until the current plan arrives.
-      if (lost_at_epoch_ < 0) state_ = "ready";
-      heartbeat_interval_ = absl::Milliseconds(
-          std::max<int64_t>(10, response.heartbeat_interval_ms()));
-      joins_->Increment();
-      // A watch opened before this join may wait for a version this
-      // coordinator never publishes: start it over.
-      if (lost_at_epoch_ >= 0 && watch_context_ != nullptr) {
-        watch_context_->TryCancel();
-      }
-      spdlog::info("job={} worker={} joined: plan_version={}", options_.job,
-                   options_.worker_id, response.plan_version());
-      return true;
-    }
-    // Permanent errors (a bad flag) would retry forever: say so, without
-    // flooding the log while a coordinator restarts.
-    if (failures++ % 10 == 0) {
-      spdlog::warn("job={} worker={} join failed ({}): {}; retrying",
-                   options_.job, options_.worker_id,
-                   static_cast<int>(status.error_code()),
-                   status.error_message());
-    }
-    stop_.WaitForNotificationWithTimeout(backoff.Next());
-  }
-  return false;
-}
-
-void WorkerAgent::LoseLease(const std::string& why) {
-  spdlog::warn(
-      "job={} worker={} lost its lease ({}); joining again, no step runs "
-      "until the coordinator's current plan arrives",
-      options_.job, options_.worker_id, why);
-  absl::MutexLock lock(&mu_);
-  state_ = "lost";
-  if (lost_at_epoch_ < 0) lost_at_epoch_ = join_epoch_;
-  lost_reason_ = why;
-  job_spec_.reset();  // a job created again may have another spec
-  if (watch_context_ != nullptr) watch_context_->TryCancel();
-}
-
 absl::Status WorkerAgent::CheckPlanCurrent() const {
   absl::MutexLock lock(&mu_);
   if (lost_at_epoch_ < 0) return absl::OkStatus();
@@ -207,179 +105,6 @@ absl::Status WorkerAgent::CheckPlanCurrent() const {
       options_.job, "\" (", lost_reason_,
       ") and is joining again: its plan may no longer be the coordinator's; "
       "retry the step"));
-}
-
-void WorkerAgent::MembershipLoop() {
-  if (!JoinWithRetry()) return;
-  int64_t unreachable = 0;  // heartbeats failed in a row, lease not lost
-  while (true) {
-    absl::Duration interval;
-    int64_t known;
-    {
-      absl::MutexLock lock(&mu_);
-      interval = heartbeat_interval_;
-      // A stale plan's version would read as a lost lease again.
-      known = plan_ && lost_at_epoch_ < 0 ? plan_->version() : 0;
-    }
-    if (stop_.WaitForNotificationWithTimeout(interval)) break;
-    if (engine_ != nullptr) engine_->ReleaseTrainerIfGone();
-    v1::HeartbeatRequest request;
-    request.set_job(options_.job);
-    request.set_worker_id(options_.worker_id);
-    request.set_instance_id(instance_id_);
-    request.set_plan_version(known);
-    request.set_worker_token(options_.credentials->worker_token());
-    grpc::ClientContext context;
-    context.set_deadline(Deadline(interval * 2));
-    v1::HeartbeatResponse response;
-    const grpc::Status status = stub_->Heartbeat(&context, request, &response);
-    heartbeats_->Increment({status.ok() ? "ok" : "error"});
-    if (status.ok()) {
-      if (unreachable > 0) {
-        spdlog::info("job={} worker={} coordinator reachable again",
-                     options_.job, options_.worker_id);
-      }
-      unreachable = 0;
-      FlushStepStats();
-    } else if (LeaseIsLost(status.error_code())) {
-      unreachable = 0;
-      LoseLease(absl::StrCat("heartbeat: ", status.error_message()));
-      if (!JoinWithRetry()) return;
-    } else if (unreachable++ % 10 == 0) {
-      // Down or restarting: the lease (renewed by the coordinator when it
-      // is back) is not lost; steps go on meanwhile.
-      spdlog::warn("job={} worker={} heartbeat failed ({}): {}; retrying",
-                   options_.job, options_.worker_id,
-                   static_cast<int>(status.error_code()),
-                   status.error_message());
-    }
-  }
-  v1::LeaveJobRequest leave;
-  leave.set_job(options_.job);
-  leave.set_worker_id(options_.worker_id);
-  leave.set_instance_id(instance_id_);
-  leave.set_worker_token(options_.credentials->worker_token());
-  grpc::ClientContext context;
-  context.set_deadline(Deadline(absl::Seconds(1)));
-  v1::LeaveJobResponse response;
-  const grpc::Status status = stub_->LeaveJob(&context, leave, &response);
-  spdlog::info("job={} worker={} left: {}", options_.job, options_.worker_id,
-               status.ok() ? "ok" : status.error_message());
-}
-
-void WorkerAgent::WatchLoop() {
-  Backoff backoff;
-  while (!stop_.HasBeenNotified()) {
-    grpc::ClientContext context;
-    v1::WatchPlanRequest request;
-    request.set_job(options_.job);
-    request.set_worker_id(options_.worker_id);
-    int64_t epoch = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      // A stale plan's version means nothing to the coordinator: ask for
-      // its current plan, whatever its version.
-      request.set_known_version(plan_ && lost_at_epoch_ < 0 ? plan_->version()
-                                                            : 0);
-      epoch = join_epoch_;
-      watch_context_ = &context;
-    }
-    if (stop_.HasBeenNotified()) context.TryCancel();
-    std::unique_ptr<grpc::ClientReader<v1::Plan>> reader =
-        stub_->WatchPlan(&context, request);
-    v1::Plan plan;
-    while (reader->Read(&plan)) {
-      backoff.Reset();
-      {
-        absl::MutexLock lock(&mu_);
-        // Opened before the re-join: the join cancels it and the next
-        // stream brings the plan that holds this worker again.
-        if (lost_at_epoch_ >= 0 && epoch <= lost_at_epoch_) continue;
-      }
-      int rank = -1;
-      for (int i = 0; i < plan.workers_size(); ++i) {
-        if (plan.workers(i) == options_.worker_id) rank = i;
-      }
-      spdlog::info("job={} worker={} plan_version={} rank={} ({})",
-                   options_.job, options_.worker_id, plan.version(), rank,
-                   plan.reason());
-      plan_version_->Set(static_cast<double>(plan.version()));
-      // At once, not behind DeliverPlan's calls and SetPlan's wait for the
-      // step lock: a step waiting on a worker this plan dropped fails now,
-      // naming it, instead of at the transport's timeout.
-      if (engine_ != nullptr) engine_->AbortForPlan(plan);
-      DeliverPlan(plan);
-      absl::MutexLock lock(&mu_);
-      plan_ = plan;
-      if (lost_at_epoch_ >= 0 && join_epoch_ == epoch) {
-        lost_at_epoch_ = -1;  // the coordinator's current plan: step again
-        state_ = "ready";
-        spdlog::info(
-            "job={} worker={} follows the coordinator's plan_version={}"
-            " again",
-            options_.job, options_.worker_id, plan.version());
-      }
-    }
-    const grpc::Status status = reader->Finish();
-    {
-      absl::MutexLock lock(&mu_);
-      watch_context_ = nullptr;
-    }
-    if (stop_.HasBeenNotified()) break;
-    spdlog::debug("watch ended ({}); reconnecting", status.error_message());
-    stop_.WaitForNotificationWithTimeout(backoff.Next());
-  }
-}
-
-void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
-  if (engine_ == nullptr) return;
-  std::optional<v1::JobSpec> spec;
-  {
-    absl::MutexLock lock(&mu_);
-    spec = job_spec_;
-  }
-  if (!spec) {
-    grpc::ClientContext context;
-    context.set_deadline(Deadline(absl::Seconds(10)));
-    v1::GetJobRequest request;
-    request.set_job(options_.job);
-    v1::Job job;
-    const grpc::Status status = stub_->GetJob(&context, request, &job);
-    if (!status.ok()) {
-      spdlog::error("job={} worker={} cannot fetch the job: {}", options_.job,
-                    options_.worker_id, status.error_message());
-      return;
-    }
-    spec = job.spec();
-    absl::MutexLock lock(&mu_);
-    job_spec_ = spec;
-  }
-  grpc::ClientContext context;
-  context.set_deadline(Deadline(absl::Seconds(10)));
-  v1::ListWorkersRequest request;
-  request.set_job(options_.job);
-  v1::ListWorkersResponse workers;
-  const grpc::Status status = stub_->ListWorkers(&context, request, &workers);
-  if (!status.ok()) {
-    spdlog::error("job={} worker={} cannot list workers: {}", options_.job,
-                  options_.worker_id, status.error_message());
-    return;
-  }
-  std::map<std::string, std::string> addresses;
-  for (const v1::WorkerInfo& w : workers.workers()) {
-    addresses[w.worker_id()] = w.data_address();
-  }
-  const absl::Status set = engine_->SetPlan(*spec, plan, addresses);
-  if (!set.ok()) {
-    spdlog::error("job={} worker={} plan_version={} rejected: {}", options_.job,
-                  options_.worker_id, plan.version(), set.ToString());
-  } else if (const absl::Status restored = engine_->RestoreMissingMomentum();
-             !restored.ok()) {
-    spdlog::error(
-        "job={} worker={} plan_version={} restoring momentum from "
-        "checkpoints failed: {}",
-        options_.job, options_.worker_id, plan.version(), restored.ToString());
-  }
 }
 
 void WorkerAgent::ReportStep(const v1::StepResponse& step) {
@@ -398,29 +123,6 @@ void WorkerAgent::ReportStep(const v1::StepResponse& step) {
         options_.job, options_.worker_id, step.plan_version(),
         resets - resets_counted_);
     resets_counted_ = resets;
-  }
-}
-
-void WorkerAgent::FlushStepStats() {
-  std::vector<v1::StepResponse> pending;
-  {
-    absl::MutexLock lock(&mu_);
-    pending.swap(pending_stats_);
-  }
-  for (const v1::StepResponse& step : pending) {
-    v1::ReportStepStatsRequest request;
-    request.set_job(options_.job);
-    request.set_worker_id(options_.worker_id);
-    request.set_step(step.step_id());
-    request.set_plan_version(step.plan_version());
-    request.set_step_seconds(step.seconds());
-    request.set_ns_seconds(step.ns_seconds());
-    request.set_bytes_moved(step.bytes_moved());
-    request.set_worker_token(options_.credentials->worker_token());
-    grpc::ClientContext context;
-    context.set_deadline(Deadline(absl::Seconds(1)));
-    v1::ReportStepStatsResponse response;
-    (void)stub_->ReportStepStats(&context, request, &response);
   }
 }
 
