@@ -1,10 +1,11 @@
 // libFuzzer target: what a worker does with a plan it is sent
-// (server/worker/step_engine.cc's SetPlan, without the memory): the job's
-// translation to C++ types (proto/translate.h), the plan's ownership and
-// batches, and the step schedule built from them, with the batches' parts
-// cut into each stack's chunks (scheduler/step_schedule.h). The input's first
-// record is the JobSpec (kept only if the coordinator's own checks accept it,
-// as a worker only ever sees such a job), every further record a Plan for it.
+// (server/worker/step_engine_setup.cc's SetPlan, without the memory): the
+// job's translation to C++ types (proto/translate.h), the plan's ownership
+// and batches, and the step schedule built from them, with the batches'
+// parts cut into each stack's chunks (scheduler/step_schedule.h). The
+// input's first record is the JobSpec (kept only if the coordinator's own
+// checks accept it, as a worker only ever sees such a job), every further
+// record a Plan for it.
 // Any status is fine; a crash, a sanitizer report or a hang is a finding.
 #include <cstddef>
 #include <cstdint>
