@@ -14,16 +14,6 @@
 namespace muonps {
 namespace testing {
 
-void ReferenceModel::ResetMomentum(const std::string& name, int64_t expert) {
-  for (const MatrixDecl& m : model_.matrices) {
-    if (m.name != name) continue;
-    const int64_t size = m.rows * m.cols;
-    std::vector<float>& all = momentum_.at(name);
-    std::fill(all.begin() + expert * size, all.begin() + (expert + 1) * size,
-              0.0f);
-  }
-}
-
 std::vector<LoopOutcome> DataPlaneFixture::RunTrainerLoops(int64_t first,
                                                            int64_t last,
                                                            int attempts) {

@@ -1,0 +1,145 @@
+// DataPlaneFixture's trainer ranks: one muonps::Client per worker, created,
+// declared and started concurrently with InitialParam in their parameter
+// buffers (StartTrainers), their gradients written (WriteGradients) and
+// their steps run one thread per rank (RunStep).
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "tests/data_plane_fixture.h"
+#include "tests/data_plane_fixture_internal.h"
+
+namespace muonps {
+namespace testing {
+namespace {
+
+using scheduler::Layout;
+
+}  // namespace
+
+void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
+  const int n = workers();
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<std::unique_ptr<Client>> created =
+        Client::Create({.coordinator = coordinator_address_,
+                        .job = job_,
+                        .worker_socket = workers_[r].socket,
+                        .trainer_rank = r,
+                        .trainer_count = n,
+                        .timeout = options_.client_timeout});
+    ASSERT_TRUE(created.ok()) << created.status();
+    if (!options_.checkpoint_dir.empty()) {
+      ASSERT_TRUE((*created)
+                      ->SetCheckpointing(options_.checkpoint_dir,
+                                         options_.checkpoint_every)
+                      .ok());
+    }
+    for (const MatrixDecl& m : model_.matrices) {
+      ASSERT_TRUE((*created)->AddMatrix(m.name, m.rows, m.cols, m.options).ok())
+          << m.name;
+    }
+    for (const TensorDecl& t : model_.tensors) {
+      ASSERT_TRUE((*created)->AddTensor(t.name, t.elements, t.layout).ok())
+          << t.name;
+    }
+    ASSERT_TRUE(
+        (*created)->AllowMomentumReset(options_.allow_momentum_reset).ok());
+    clients_.push_back(*std::move(created));
+  }
+  // Every rank starts at once, as trainer processes would.
+  std::vector<absl::Status> started(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([this, r, &started] {
+      started[r] = clients_[r]->Start(model_.muon, model_.adamw);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    if (start_status != nullptr && !started[r].ok()) {
+      *start_status = started[r];
+      return;
+    }
+    ASSERT_TRUE(started[r].ok()) << "trainer " << r << ": " << started[r];
+  }
+  int t = 0;
+  for (const MatrixDecl& m : model_.matrices) {
+    for (int r = 0; r < n; ++r) {
+      const TensorBuffers b = Buffers(r, m.name);
+      const bool sharded = ShardedParam(m);
+      const int64_t begin = sharded ? b.row_begin : 0;
+      const int64_t end = sharded ? b.row_end : m.rows;
+      for (int64_t i = 0; i < b.param_elements; ++i) {
+        b.param[i] = InitialParam(t, FullIndex(i, m.rows, m.cols, begin, end));
+      }
+    }
+    ++t;
+  }
+  for (const TensorDecl& d : model_.tensors) {
+    for (int r = 0; r < n; ++r) {
+      const TensorBuffers b = Buffers(r, d.name);
+      for (int64_t i = 0; i < b.param_elements; ++i) {
+        b.param[i] = InitialParam(t, i);
+      }
+    }
+    ++t;
+  }
+}
+
+void DataPlaneFixture::WriteGradients(int rank, int64_t step) {
+  int t = 0;
+  for (const MatrixDecl& m : model_.matrices) {
+    const TensorBuffers b = Buffers(rank, m.name);
+    const int from = m.options.layout == Layout::kUnreduced ? rank : -1;
+    for (int64_t i = 0; i < b.elements; ++i) {
+      b.grad[i] = Gradient(
+          t, step, from, FullIndex(i, m.rows, m.cols, b.row_begin, b.row_end));
+    }
+    ++t;
+  }
+  for (const TensorDecl& d : model_.tensors) {
+    const TensorBuffers b = Buffers(rank, d.name);
+    const int from = d.layout == Layout::kUnreduced ? rank : -1;
+    for (int64_t i = 0; i < b.elements; ++i) {
+      b.grad[i] = Gradient(t, step, from, i);
+    }
+    ++t;
+  }
+}
+
+TensorBuffers DataPlaneFixture::Buffers(int rank,
+                                        const std::string& name) const {
+  absl::StatusOr<TensorBuffers> b = clients_.at(rank)->Buffers(name);
+  if (!b.ok()) {
+    ADD_FAILURE() << "rank " << rank << ": " << b.status();
+    return {};
+  }
+  return *b;
+}
+
+std::vector<std::optional<StepOutcome>> DataPlaneFixture::RunStep(
+    int64_t step, const StepScript& script) {
+  std::vector<std::optional<StepOutcome>> out(trainers());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < trainers(); ++r) {
+    if (script.silent.count(r) != 0) continue;
+    threads.emplace_back([this, r, step, &script, &out] {
+      auto delay = script.delay.find(r);
+      if (delay != script.delay.end()) absl::SleepFor(delay->second);
+      if (script.write_gradients) WriteGradients(r, step);
+      if (script.after_write) script.after_write(r);
+      const absl::Time start = absl::Now();
+      absl::StatusOr<StepResult> result = clients_[r]->Step(step);
+      out[r] = StepOutcome{std::move(result), absl::Now() - start};
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+}  // namespace testing
+}  // namespace muonps
