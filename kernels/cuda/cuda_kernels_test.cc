@@ -81,6 +81,34 @@ TEST(SymmetricPlanTest, BlocksShrinkToKeepRowsAndTilesNeedEvenSplits) {
   EXPECT_EQ(CublasFallback(wgmma, 300).mode, SymmetricMode::kDense);
 }
 
+// A product's outputs are written while the product still reads its
+// operands (fused, on the Hopper kernel): aliasing is refused on every
+// plan, before any GPU call (so no handle is needed here).
+TEST(SymmetricPlanTest, ProductCombineRefusesAnOutputThatIsAnInput) {
+  float storage[64];
+  const StackOperand l{storage, 64, 8, true};
+  const StackOperand r{storage + 16, 64, 8, true};
+  ProductCombine combine;
+  combine.value_low = storage + 16;
+  for (const SymmetricMode mode :
+       {SymmetricMode::kTiles, SymmetricMode::kWgmma}) {
+    const absl::Status s =
+        LowerProductCombine(nullptr, {mode, 4, 256}, CUDA_R_16BF, 1, 8, 8, 1.0f,
+                            l, r, 0.0f, storage + 32, nullptr, combine);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("value_low is the input r"));
+  }
+  combine.value_low = nullptr;
+  combine.other = storage + 48;
+  combine.with_diag_low = storage + 48;
+  const absl::Status s = LowerProductCombine(
+      nullptr, {SymmetricMode::kWgmma, 4, 256}, CUDA_R_16BF, 1, 8, 8, 1.0f, l,
+      r, 0.0f, storage + 32, nullptr, combine);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("with_diag_low is the input other"));
+}
+
 TEST(NsScalesTest, Fp16ScalesArePowersOfTwoAndOthersAreOne) {
   const NsScales bf16 = ScalesFor(CUDA_R_16BF, 4096, 14336);
   EXPECT_EQ(bf16.x, 1.0f);

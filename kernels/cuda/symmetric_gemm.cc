@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,30 @@ absl::Status BlockProduct(cublasHandle_t handle, cudaDataType input_type,
           AsInt(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       absl::StrCat("cublasGemmStridedBatchedEx (lower block ", rows, "x", cols,
                    "x", k, ", batch ", count, ")"));
+}
+
+// The fused kernel writes its outputs while other blocks still read the
+// operands: an output that is an operand (or `other`) would be read
+// half-written, so LowerProductCombine refuses it on every plan.
+absl::Status CheckNoAliasing(const StackOperand& l, const StackOperand& r,
+                             const ProductCombine& combine) {
+  const std::pair<const void*, const char*> outputs[] = {
+      {combine.value32, "value32"},
+      {combine.value_low, "value_low"},
+      {combine.with_diag_low, "with_diag_low"}};
+  const std::pair<const void*, const char*> inputs[] = {
+      {l.data, "l"}, {r.data, "r"}, {combine.other, "other"}};
+  for (const auto& [out, out_name] : outputs) {
+    if (out == nullptr) continue;
+    for (const auto& [in, in_name] : inputs) {
+      if (out == in) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("LowerProductCombine: output ", out_name,
+                         " is the input ", in_name));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -204,6 +229,7 @@ absl::Status LowerProductCombine(
     int64_t count, int64_t m, int64_t k, float alpha, const StackOperand& l,
     const StackOperand& r, float beta, float* c, const TilePointers* tiles,
     const ProductCombine& combine) {
+  MUONPS_RETURN_IF_ERROR(CheckNoAliasing(l, r, combine));
   cudaStream_t stream = nullptr;
   MUONPS_RETURN_IF_ERROR(
       CublasStatus(cublasGetStream(handle, &stream), "cublasGetStream"));

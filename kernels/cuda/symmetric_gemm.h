@@ -139,8 +139,9 @@ struct ProductCombine {
   unsigned int* unhealthy = nullptr;
 };
 
-// LowerProduct into c, then `combine` of it, on the handle's stream; the
-// outputs must not alias l, r or `other`.
+// LowerProduct into c, then `combine` of it, on the handle's stream.
+// INVALID_ARGUMENT, naming both, when an output is l, r or `other` (checked
+// before anything is queued).
 absl::Status LowerProductCombine(
     cublasHandle_t handle, const SymmetricPlan& plan, cudaDataType input_type,
     int64_t count, int64_t m, int64_t k, float alpha, const StackOperand& l,
