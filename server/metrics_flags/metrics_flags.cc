@@ -5,6 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
           "Prometheus /metrics HTTP address, HOST:PORT (port 0 picks a free "
@@ -22,7 +23,9 @@ ABSL_FLAG(std::string, metrics_tls_key, "", "PEM key of --metrics_tls_cert.");
 namespace muonps {
 namespace server {
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServerFromFlags(
+namespace {
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
     MetricsRegistry* registry) {
   MUONPS_ASSIGN_OR_RETURN(
       const std::optional<MetricsServerOptions> options,
@@ -33,6 +36,25 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServerFromFlags(
                                     absl::GetFlag(FLAGS_metrics_tls_key)));
   if (!options.has_value()) return nullptr;
   return MetricsServer::Start(registry, *options);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServerFromFlags(
+    MetricsRegistry* registry) {
+  absl::StatusOr<std::unique_ptr<MetricsServer>> started = Start(registry);
+  if (!started.ok()) {
+    spdlog::error("metrics: {}", started.status().ToString());
+  } else if (*started != nullptr) {
+    spdlog::info("metrics on {}", (*started)->url());
+  }
+  return started;
+}
+
+int MetricsExitStatus(const absl::Status& error) {
+  return absl::IsInvalidArgument(error) || absl::IsFailedPrecondition(error)
+             ? 2
+             : 1;
 }
 
 }  // namespace server

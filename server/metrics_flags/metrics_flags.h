@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
 
@@ -15,12 +16,17 @@ namespace muonps {
 namespace server {
 
 // Serves `registry` (which must outlive the server) as the flags say, or
-// returns null when --metrics_port is -1. INVALID_ARGUMENT or
-// FAILED_PRECONDITION naming the flag for bad flags
-// (MetricsServerOptionsFromFlags); MetricsServer::Start's error when it
-// cannot listen.
+// returns null when --metrics_port is -1; logs where it serves, or the
+// error. INVALID_ARGUMENT or FAILED_PRECONDITION naming the flag for bad
+// flags (MetricsServerOptionsFromFlags); MetricsServer::Start's error when
+// it cannot listen.
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServerFromFlags(
     MetricsRegistry* registry);
+
+// The exit status a binary ends with on StartMetricsServerFromFlags's
+// `error`: 2 for bad flags (INVALID_ARGUMENT, FAILED_PRECONDITION), 1 when
+// it cannot listen.
+int MetricsExitStatus(const absl::Status& error);
 
 }  // namespace server
 }  // namespace muonps

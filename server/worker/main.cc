@@ -311,17 +311,8 @@ int Run() {
   health.SetServing("muonps.v1.Worker", true);
   absl::StatusOr<std::unique_ptr<MetricsServer>> started =
       server::StartMetricsServerFromFlags(&metrics);
-  if (!started.ok()) {
-    spdlog::error("metrics: {}", started.status().ToString());
-    return absl::IsInvalidArgument(started.status()) ||
-                   absl::IsFailedPrecondition(started.status())
-               ? 2
-               : 1;
-  }
+  if (!started.ok()) return server::MetricsExitStatus(started.status());
   std::unique_ptr<MetricsServer> metrics_server = *std::move(started);
-  if (metrics_server != nullptr) {
-    spdlog::info("metrics on {}", metrics_server->url());
-  }
   // Accepting starts last: no early return may leave the listener's
   // thread handing connections to a destroyed server.
   (*local_listener)->Start([&server](int fd) {
