@@ -40,31 +40,37 @@ cudaError_t LaunchCast(const float* x, int64_t total, void* out_low,
                        cudaDataType low_type, float low_scale,
                        cudaStream_t stream);
 
-// For `count` row-major m x m symmetric matrices of which only the lower
-// triangle (row >= col) of `a` and `a2` is valid: v = coef_a * a +
-// coef_a2 * a2 (a2 may be null), mirrored to the full matrix, and
+// The outputs of a symmetric combine's values v (each may be null):
 //   value_low     <- value_scale * v                  (low_type)
 //   value32       <- v                                (fp32)
 //   with_diag_low <- with_diag_scale * (v + diag * I) (low_type)
-// Each output may be null; outputs must not alias inputs, except value32,
-// which may be `a` itself (each element is read before it is written, by
-// the same block). When `unhealthy`
-// is set, every negative or non-finite diagonal entry of `a` adds 1 to it.
-struct SymmetricCombine {
-  const float* a = nullptr;
-  const float* a2 = nullptr;
-  float coef_a = 1.0f;
-  float coef_a2 = 0.0f;
-  float diag = 0.0f;
-  int64_t count = 0;
-  int64_t m = 0;
-  cudaDataType low_type = CUDA_R_32F;
+// and `unhealthy`, which counts bad diagonal entries (see each user). Shared
+// by SymmetricCombine and the fused products of symmetric_gemm.h.
+struct SymmetricOutputs {
   void* value_low = nullptr;
   float value_scale = 1.0f;
   float* value32 = nullptr;
   void* with_diag_low = nullptr;
+  float diag = 0.0f;
   float with_diag_scale = 1.0f;
   unsigned int* unhealthy = nullptr;
+};
+
+// For `count` row-major m x m symmetric matrices of which only the lower
+// triangle (row >= col) of `a` and `a2` is valid: v = coef_a * a +
+// coef_a2 * a2 (a2 may be null), mirrored to the full matrix, into the
+// outputs. Outputs must not alias inputs, except value32, which may be `a`
+// itself (each element is read before it is written, by the same block).
+// When `unhealthy` is set, every negative or non-finite diagonal entry of
+// `a` adds 1 to it.
+struct SymmetricCombine : SymmetricOutputs {
+  const float* a = nullptr;
+  const float* a2 = nullptr;
+  float coef_a = 1.0f;
+  float coef_a2 = 0.0f;
+  int64_t count = 0;
+  int64_t m = 0;
+  cudaDataType low_type = CUDA_R_32F;
 };
 cudaError_t LaunchSymmetricCombine(const SymmetricCombine& args,
                                    cudaStream_t stream);

@@ -236,6 +236,7 @@ absl::Status LowerProductCombine(
   if (plan.mode == SymmetricMode::kWgmma && tiles != nullptr &&
       tiles->has_wgmma()) {
     WgmmaLowerArgs args;
+    static_cast<ProductTerms&>(args) = combine;
     args.type = input_type;
     args.count = count;
     args.m = m;
@@ -243,16 +244,6 @@ absl::Status LowerProductCombine(
     args.alpha = alpha;
     args.beta = beta;
     args.product32 = combine.keep_product || beta != 0.0f ? c : nullptr;
-    args.other = combine.other;
-    args.coef_other = combine.coef_other;
-    args.coef_product = combine.coef_product;
-    args.value32 = combine.value32;
-    args.value_low = combine.value_low;
-    args.value_scale = combine.value_scale;
-    args.with_diag_low = combine.with_diag_low;
-    args.diag = combine.diag;
-    args.with_diag_scale = combine.with_diag_scale;
-    args.unhealthy = combine.unhealthy;
     return CudaStatus(
         LaunchWgmmaLower(tiles->wgmma_l(), tiles->wgmma_r(), args, stream),
         absl::StrCat("wgmma lower product (", count, " x ", m, "x", m, "x", k,
@@ -266,6 +257,7 @@ absl::Status LowerProductCombine(
       combine.with_diag_low == nullptr && combine.unhealthy == nullptr;
   if (nothing) return absl::OkStatus();
   SymmetricCombine pass;
+  static_cast<SymmetricOutputs&>(pass) = combine;
   if (combine.other != nullptr) {
     pass.a = combine.other;
     pass.coef_a = combine.coef_other;
@@ -275,16 +267,9 @@ absl::Status LowerProductCombine(
     pass.a = c;
     pass.coef_a = combine.coef_product;
   }
-  pass.diag = combine.diag;
   pass.count = count;
   pass.m = m;
   pass.low_type = input_type;
-  pass.value_low = combine.value_low;
-  pass.value_scale = combine.value_scale;
-  pass.value32 = combine.value32;
-  pass.with_diag_low = combine.with_diag_low;
-  pass.with_diag_scale = combine.with_diag_scale;
-  pass.unhealthy = combine.unhealthy;
   return CudaStatus(LaunchSymmetricCombine(pass, stream), "symmetric combine");
 }
 

@@ -125,18 +125,8 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
 // `unhealthy` (with other null) counts p's bad diagonal entries. c holds p
 // afterwards when keep_product (always when beta != 0, which reads it);
 // otherwise it may serve as scratch.
-struct ProductCombine {
-  const float* other = nullptr;
-  float coef_other = 0.0f;
-  float coef_product = 1.0f;
+struct ProductCombine : ProductTerms {
   bool keep_product = true;
-  float* value32 = nullptr;
-  void* value_low = nullptr;
-  float value_scale = 1.0f;
-  void* with_diag_low = nullptr;
-  float diag = 0.0f;
-  float with_diag_scale = 1.0f;
-  unsigned int* unhealthy = nullptr;
 };
 
 // LowerProduct into c, then `combine` of it, on the handle's stream.

@@ -43,11 +43,21 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/ns_elementwise.h"
+
 namespace muonps {
 namespace kernels {
 namespace cuda {
 
-struct WgmmaLowerArgs {
+// What is done with the product p: v = coef_other * other + coef_product *
+// p (other null: coef_product * p) and the outputs of v.
+struct ProductTerms : SymmetricOutputs {
+  const float* other = nullptr;
+  float coef_other = 0.0f;
+  float coef_product = 1.0f;
+};
+
+struct WgmmaLowerArgs : ProductTerms {
   cudaDataType type = CUDA_R_16BF;  // of L, R and the 16-bit outputs
   int64_t count = 0;
   int64_t m = 0;
@@ -55,16 +65,6 @@ struct WgmmaLowerArgs {
   float alpha = 1.0f;
   float beta = 0.0f;
   float* product32 = nullptr;
-  const float* other = nullptr;
-  float coef_other = 0.0f;
-  float coef_product = 1.0f;
-  float* value32 = nullptr;
-  void* value_low = nullptr;
-  float value_scale = 1.0f;
-  void* with_diag_low = nullptr;
-  float diag = 0.0f;
-  float with_diag_scale = 1.0f;
-  unsigned int* unhealthy = nullptr;
 };
 
 // Whether the kernel runs on `device` for this operand type and shape.
