@@ -26,12 +26,10 @@ namespace {
 
 using nccl::Accepted;
 using nccl::Clock;
-using nccl::CodeFor;
 using nccl::CudaStatus;
 using nccl::DeadlineAfter;
 using nccl::kFirstPause;
 using nccl::NcclStatus;
-using nccl::NcclText;
 using nccl::Pause;
 
 bool PartlyOverlap(const float* a, const float* b, size_t count) {
