@@ -16,7 +16,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None, hopper_onl
             name = obj + "_compile",
             srcs = [src] + hdrs,
             outs = [obj],
-            cmd = (_NVCC + " -std=c++17 -O3 -I. " +
+            cmd = (_NVCC + " -std=c++17 -O3 -lineinfo -I. " +
                    gencode +
                    "-Xcompiler -fPIC -Xcompiler -Wall -Werror all-warnings " +
                    "-c $(location " + src + ") -o $@"),

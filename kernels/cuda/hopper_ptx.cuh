@@ -126,6 +126,42 @@ __device__ __forceinline__ void FenceAsyncProxy() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Stores four 8 x 8 matrices of 16-bit values from a warp's fragments
+// (thread t holds row t / 4, columns 2 (t % 4) and + 1 of each, packed in
+// r[j] for matrix j) to shared memory, row i of matrix j at the address
+// that thread 8 j + i passes; kTranspose stores each matrix transposed.
+template <bool kTranspose>
+__device__ __forceinline__ void StoreMatrices(uint32_t address,
+                                              const uint32_t (&r)[4]) {
+  if (kTranspose) {
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], "
+        "{%1, %2, %3, %4};\n" ::"r"(address),
+        "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+        : "memory");
+  } else {
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], "
+        "{%1, %2, %3, %4};\n" ::"r"(address),
+        "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+        : "memory");
+  }
+}
+
+// Two floats rounded to nearest as a packed pair of T (lo in the low half).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // d += A B^T for the warp group's 64 x 16 A and 128 x 16 B in shared memory
 // (64 fp32 accumulators per thread).
 template <typename T>

@@ -54,8 +54,10 @@ __device__ __forceinline__ TileIndex Decode(int64_t t, int64_t per_matrix) {
 }
 
 // Persistent over the blocks of 256 x 128; both consumer warp groups work
-// on the same block (rows 128 wg .. 128 wg + 127 of it).
-template <typename T>
+// on the same block (rows 128 wg .. 128 wg + 127 of it). kLow: whether the
+// epilogue writes 16-bit outputs (the kernel without them needs fewer
+// registers).
+template <typename T, bool kLow>
 __global__ void __launch_bounds__(kThreads, 1)
     WgmmaLowerKernel(const __grid_constant__ CUtensorMap lmap,
                      const __grid_constant__ CUtensorMap rmap,
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) BarrierArrive(&s.empty[previous]);
     const int bi = 2 * x.big_row + wg;
     if (bi >= x.bj && bi < cols) {  // this warp group's tile is a lower one
-      Epilogue<T>(args, x.matrix, bi, x.bj, d, fragment, stager);
+      Epilogue<T, kLow>(args, x.matrix, bi, x.bj, d, fragment, stager);
     }
   }
   stager.Finish();
@@ -146,7 +148,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename T>
 cudaError_t Launch(const CUtensorMap& l, const CUtensorMap& r,
                    const WgmmaLowerArgs& args, cudaStream_t stream) {
-  const auto kernel = WgmmaLowerKernel<T>;
+  const bool low = args.value_low != nullptr || args.with_diag_low != nullptr;
+  const auto kernel =
+      low ? WgmmaLowerKernel<T, true> : WgmmaLowerKernel<T, false>;
   cudaError_t e = cudaSuccess;
   int device = 0, sms = 0;
   if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
@@ -180,8 +184,10 @@ bool WgmmaLowerSupported(int device, cudaDataType type, int64_t m, int64_t k) {
 }
 
 cudaError_t PrepareWgmmaLower() {
-  for (const auto kernel : {hopper::WgmmaLowerKernel<__nv_bfloat16>,
-                            hopper::WgmmaLowerKernel<__half>}) {
+  for (const auto kernel : {hopper::WgmmaLowerKernel<__nv_bfloat16, false>,
+                            hopper::WgmmaLowerKernel<__nv_bfloat16, true>,
+                            hopper::WgmmaLowerKernel<__half, false>,
+                            hopper::WgmmaLowerKernel<__half, true>}) {
     const cudaError_t e = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
         static_cast<int>(hopper::kSharedBytes));
