@@ -3,7 +3,10 @@
 // stack of symmetric matrices. Each block reads a tile once (fp32, V-wide
 // loads), combines it in registers, stages it in shared memory and writes
 // it as tile (bi, bj) and, transposed, as its mirror (bj, bi), while the
-// loads of its next tile are already in flight.
+// loads of its next tile are already in flight. Tiles off the diagonal and
+// inside the matrix (nearly all) take a lean path: tile (bi, bj) is
+// written from the registers, with no per-element bounds or diagonal
+// checks; only the mirror goes through shared memory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -119,6 +122,49 @@ class TileCombiner {
     }
   }
 
+  // Whether tile t takes the fast path: off the diagonal, inside the
+  // matrix, V-wide (no diagonal entry, no bounds, no unhealthy check).
+  __device__ __forceinline__ bool Interior(const TileIndex& t) const {
+    return V == 4 && t.bi > t.bj && (t.bi + 1) * kTile <= args_.m;
+  }
+
+  // For an interior tile: v from the registers, written to tile (bi, bj)
+  // straight away and staged in vs for the mirror.
+  __device__ __forceinline__ void CombineInterior(const TileIndex& t,
+                                                  float (*vs)[kTile + 1]) {
+    const int64_t m = args_.m;
+    int64_t at = t.offset + (t.bi * kTile + row0_) * m + t.bj * kTile + col_;
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p, at += kRowsPerPass * m) {
+      const int row = row0_ + p * kRowsPerPass;
+      float v[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        v[i] = __fmul_rn(args_.coef_a, a_[p][i]);
+        if (args_.a2 != nullptr) {
+          v[i] = __fadd_rn(v[i], __fmul_rn(args_.coef_a2, a2_[p][i]));
+        }
+        vs[row][col_ + i] = v[i];
+      }
+      StoreAll(at, v, v);
+    }
+  }
+
+  // For an interior tile: its mirror (bj, bi) from vs.
+  __device__ __forceinline__ void StoreMirror(const TileIndex& t,
+                                              const float (*vs)[kTile + 1]) {
+    const int64_t m = args_.m;
+    int64_t at = t.offset + (t.bj * kTile + row0_) * m + t.bi * kTile + col_;
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p, at += kRowsPerPass * m) {
+      const int row = row0_ + p * kRowsPerPass;
+      float v[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = vs[col_ + i][row];
+      StoreAll(at, v, v);
+    }
+  }
+
   // Writes tile (bi, bj) and its mirror (bj, bi) from vs.
   __device__ __forceinline__ void Store(const TileIndex& t,
                                         const float (*vs)[kTile + 1]) {
@@ -140,21 +186,27 @@ class TileCombiner {
           v[i] = direct ? vs[row][col_ + i] : vs[col_ + i][row];
           w[i] = r == c + i ? __fadd_rn(v[i], args_.diag) : v[i];
         }
-        const int64_t at = t.offset + r * m + c;
-        if (value_low_ != nullptr) {
-          StoreRow<T, V>(value_low_, at, v, args_.value_scale, count);
-        }
-        if (args_.value32 != nullptr) {
-          StoreRow<float, V>(args_.value32, at, v, 1.0f, count);
-        }
-        if (with_diag_low_ != nullptr) {
-          StoreRow<T, V>(with_diag_low_, at, w, args_.with_diag_scale, count);
-        }
+        StoreAll(t.offset + r * m + c, v, w, count);
       }
     }
   }
 
  private:
+  // The outputs at element `at` (count <= V of them): v, and w (v with the
+  // diagonal added) for with_diag_low.
+  __device__ __forceinline__ void StoreAll(int64_t at, const float* v,
+                                           const float* w, int count = V) {
+    if (value_low_ != nullptr) {
+      StoreRow<T, V>(value_low_, at, v, args_.value_scale, count);
+    }
+    if (args_.value32 != nullptr) {
+      StoreRow<float, V>(args_.value32, at, v, 1.0f, count);
+    }
+    if (with_diag_low_ != nullptr) {
+      StoreRow<T, V>(with_diag_low_, at, w, args_.with_diag_scale, count);
+    }
+  }
+
   const SymmetricCombine args_;  // a copy: no address of the kernel parameter
   T* value_low_;
   T* with_diag_low_;
@@ -176,12 +228,21 @@ __global__ void __launch_bounds__(kThreads)
   tile.Load(t);
   while (true) {
     __syncthreads();  // the previous tile's stores are done reading vs
-    tile.Combine(t, vs);
+    const bool interior = tile.Interior(t);
+    if (interior) {
+      tile.CombineInterior(t, vs);
+    } else {
+      tile.Combine(t, vs);
+    }
     __syncthreads();
     const int64_t next = k + gridDim.x;
     const TileIndex nt = Decode(next < total ? next : k, per_matrix, args.m);
     if (next < total) tile.Load(nt);  // in flight during the stores
-    tile.Store(t, vs);
+    if (interior) {
+      tile.StoreMirror(t, vs);
+    } else {
+      tile.Store(t, vs);
+    }
     if (next >= total) break;
     k = next;
     t = nt;
