@@ -139,8 +139,8 @@ __device__ __forceinline__ void StoreFp32(Stager& st, const Fragment& f,
 // one stmatrix per 16 x 16 block of a warp's fragments.
 template <typename T, bool kTranspose>
 __device__ __forceinline__ void StageLow(T* tile, const Fragment& f,
-                                         const float (&d)[2][kAcc],
-                                         float scale, float diag) {
+                                         const float (&d)[2][kAcc], float scale,
+                                         float diag) {
   // This thread addresses row i of matrix j of each stmatrix.
   const int j = f.lane / 8, i = f.lane % 8;
   const uint32_t base = SharedAddress(tile);
@@ -162,8 +162,8 @@ __device__ __forceinline__ void StageLow(T* tile, const Fragment& f,
         }
         packed[jj] = Pack2<T>(lo * scale, hi * scale);
       }
-      const int row = kTranspose ? 16 * qp + 8 * (j / 2) + i
-                                 : r0 + 8 * (j % 2) + i;
+      const int row =
+          kTranspose ? 16 * qp + 8 * (j / 2) + i : r0 + 8 * (j % 2) + i;
       const int col = kTranspose ? r0 + 8 * (j % 2) : 16 * qp + 8 * (j / 2);
       StoreMatrices<kTranspose>(
           base + static_cast<uint32_t>((row * kPitch16 + col) * sizeof(T)),
@@ -223,8 +223,7 @@ __device__ __forceinline__ void Epilogue(const WgmmaLowerArgs& args, int matrix,
   const int cols_in = static_cast<int>(m - int64_t{bj} * kTile);
   const int64_t origin = offset + (int64_t{bi} * m + bj) * kTile;
   // p = alpha acc + beta C, in place.
-  const float* c_tile =
-      args.beta != 0.0f ? args.product32 + origin : nullptr;
+  const float* c_tile = args.beta != 0.0f ? args.product32 + origin : nullptr;
   const bool check = bi == bj && args.unhealthy != nullptr;
   ForEachPair(f, d, [&](float* slot, int row, int col) {
     slot[0] *= args.alpha;
