@@ -154,7 +154,8 @@ absl::Status Run() {
   env["cuda_driver"] = driver;
   env["torch_results"] = !torch_path.empty();
   env["symmetric_products"] =
-      options.lt_tiles ? "cublaslt_tiles8_searched" : "cublas_batched_tiles16";
+      options.lt_tiles ? "per_shape_timed_cublaslt_tiles8_or_cublas_tiles16"
+                       : "cublas_batched_tiles16";
   Print(env);
 
   // The GEMM ceiling: the highest bf16 GEMM rate measured in the run

@@ -20,12 +20,13 @@ constexpr size_t kCublasWorkspaceBytes = 64 << 20;
 
 // The symmetric-product plan Newton-Schulz runs with: lower-triangle tiles
 // in one pointer-array batched GEMM, of 512 rows through cuBLASLt with a
-// timed algorithm (lt_tiles) or of 256 rows (16 blocks at m = 4096; about
-// 53% of a dense product's FLOPs) through cuBLAS. Measured on an H200 on
-// the 56-matrix Llama-3-8B set in bf16: 168 ms for the latter, against 171
-// ms for 8 blocks, about 180 ms for 8 row blocks and 232 ms for dense
-// products; on an H100 the cuBLASLt tiles of 512 rows 163.4 / 164.0 ms
-// against 165.3 / 166.3 ms (bench/results/2026-11-25-h100x1-ns-variants).
+// timed algorithm (lt_tiles; each shape then also times cuBLAS's 256-row
+// tiles and keeps the faster, NsWorkspace::Prepare) or of 256 rows (16
+// blocks at m = 4096; about 53% of a dense product's FLOPs) through cuBLAS.
+// Measured on an H200 on the 56-matrix Llama-3-8B set in bf16: 168 ms for the
+// latter, against 171 ms for 8 blocks, about 180 ms for 8 row blocks and 232 ms
+// for dense products; on an H100 the cuBLASLt tiles of 512 rows 163.4 / 164.0
+// ms against 165.3 / 166.3 ms (bench/results/2026-11-25-h100x1-ns-variants).
 SymmetricPlan DefaultPlan(bool lt_tiles) {
   SymmetricPlan plan;
   plan.mode = lt_tiles ? SymmetricMode::kLtTiles : SymmetricMode::kTiles;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -145,6 +146,14 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
       &scales_, static_cast<size_t>(count_ * m_) * sizeof(float), "scales"));
   MUONPS_RETURN_IF_ERROR(
       Ensure(&unhealthy_, sizeof(unsigned int), "drift counter"));
+  if (plan_.mode == SymmetricMode::kLtTiles && !plan_chosen_) {
+    MUONPS_RETURN_IF_ERROR(ChooseTilePlan(algorithm));
+  }
+  return AddAllTiles(algorithm);
+}
+
+absl::Status NsWorkspace::AddAllTiles(NsAlgorithm algorithm) {
+  const bool gram = algorithm == NsAlgorithm::kGram;
   // Every (l, r, c) triple the iterations multiply (see NsEngine).
   const auto sq = [this](int i) { return SquareStack(square_low(i), m_); };
   MUONPS_RETURN_IF_ERROR(AddTiles(x_low(), Wide(x_low()), x_low(),
@@ -161,6 +170,102 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
     MUONPS_RETURN_IF_ERROR(
         AddTiles(square_low(1), sq(1), square_low(3), sq(3), square32(0), m_));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> NsWorkspace::TimeMs(
+    const std::function<absl::Status(cudaStream_t)>& run) {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  absl::Status status =
+      CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                 "creating the plan-timing stream");
+  if (status.ok()) {
+    status = CudaStatus(cudaEventCreate(&start), "cudaEventCreate");
+  }
+  if (status.ok()) {
+    status = CudaStatus(cudaEventCreate(&stop), "cudaEventCreate");
+  }
+  std::vector<float> times;
+  for (int i = 0; status.ok() && i < 4; ++i) {
+    status = CudaStatus(cudaEventRecord(start, stream), "cudaEventRecord");
+    if (status.ok()) status = run(stream);
+    if (status.ok()) {
+      status = CudaStatus(cudaEventRecord(stop, stream), "cudaEventRecord");
+    }
+    if (status.ok()) {
+      status = CudaStatus(cudaEventSynchronize(stop), "timing a tile plan");
+    }
+    float ms = 0;
+    if (status.ok()) {
+      status = CudaStatus(cudaEventElapsedTime(&ms, start, stop),
+                          "cudaEventElapsedTime");
+    }
+    if (i > 0) times.push_back(ms);  // the first is a warm-up
+  }
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  MUONPS_RETURN_IF_ERROR(status);
+  std::sort(times.begin(), times.end());
+  return static_cast<double>(times[times.size() / 2]);
+}
+
+// Measured on the 56-matrix Llama set in bf16: on an H200 cuBLAS's 256-row
+// tiles beat cuBLASLt's 512-row ones (156.9 against 159.3 ms, bench), on an
+// H100 the reverse (163.4 against 165.3 ms); so each shape times both.
+absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
+  plan_chosen_ = true;
+  SymmetricPlan cublas = plan_;
+  cublas.mode = SymmetricMode::kTiles;
+  cublas.blocks = plan_.blocks * 2;
+  if (EffectivePlan(cublas, m_).blocks == EffectivePlan(plan_, m_).blocks) {
+    return absl::OkStatus();  // the same tiles: the Lt search compares
+  }
+  if (baseline_handle_ == nullptr) {
+    MUONPS_RETURN_IF_ERROR(
+        CublasStatus(cublasCreate(&baseline_handle_), "cublasCreate"));
+  }
+  // Products per iteration: NS5 one X X^T per square one; Gram NS about 8
+  // square ones per X X^T.
+  const double square_weight = algorithm == NsAlgorithm::kGram ? 8.0 : 1.0;
+  const StackOperand x = Wide(x_low());
+  const StackOperand a = SquareStack(square_low(0), m_);
+  const SymmetricPlan candidates[2] = {plan_, cublas};
+  double best_ms = 0;
+  SymmetricPlan best = plan_;
+  for (const SymmetricPlan& candidate : candidates) {
+    plan_ = candidate;
+    tiles_.clear();
+    MUONPS_RETURN_IF_ERROR(AddTiles(x_low(), x, x_low(), x, square32(0), n_));
+    MUONPS_RETURN_IF_ERROR(
+        AddTiles(square_low(0), a, square_low(0), a, square32(1), m_));
+    const TilePointers* gram_tiles = Tiles(x_low(), x_low(), square32(0));
+    const TilePointers* square_tiles =
+        Tiles(square_low(0), square_low(0), square32(1));
+    const auto product = [&](cudaStream_t stream, const StackOperand& op,
+                             int64_t k, float* c, const TilePointers* tiles) {
+      MUONPS_RETURN_IF_ERROR(CublasStatus(
+          cublasSetStream(baseline_handle_, stream), "cublasSetStream"));
+      return LowerProduct(baseline_handle_, plan_, low_, count_, m_, k, 1.0f,
+                          op, op, 0.0f, c, tiles);
+    };
+    MUONPS_ASSIGN_OR_RETURN(
+        const double gram_ms, TimeMs([&](cudaStream_t stream) {
+          return product(stream, x, n_, square32(0), gram_tiles);
+        }));
+    MUONPS_ASSIGN_OR_RETURN(
+        const double square_ms, TimeMs([&](cudaStream_t stream) {
+          return product(stream, a, m_, square32(1), square_tiles);
+        }));
+    const double ms = gram_ms + square_weight * square_ms;
+    if (&candidate == &candidates[0] || ms < best_ms) {
+      best_ms = ms;
+      best = candidate;
+    }
+  }
+  plan_ = best;
+  tiles_.clear();
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <library_types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -36,6 +37,10 @@ class NsWorkspace {
 
   // Allocates what `algorithm` needs and was not allocated yet, and builds
   // the GEMM tile pointers it uses. Must not run during a graph capture.
+  // Under a kLtTiles plan the first call also chooses, by timing this
+  // shape's products, between cuBLASLt's tiles and cuBLAS's tiles of half
+  // the rows (which is faster differs by device: see ChooseTilePlan); it
+  // synchronizes the device then.
   absl::Status Prepare(NsAlgorithm algorithm);
 
   int64_t count() const { return count_; }
@@ -68,6 +73,15 @@ class NsWorkspace {
 
  private:
   absl::Status Ensure(DeviceBuffer* buffer, size_t bytes, const char* what);
+  // Builds the tile pointers of every product of `algorithm`.
+  absl::Status AddAllTiles(NsAlgorithm algorithm);
+  // Sets plan_ to the faster for this shape of the kLtTiles plan and the
+  // kTiles plan of twice its blocks, timing `algorithm`'s products (X X^T
+  // and a square one, weighted by how often it runs each).
+  absl::Status ChooseTilePlan(NsAlgorithm algorithm);
+  // Median ms of `run` queued on a private stream (after a warm-up).
+  absl::StatusOr<double> TimeMs(
+      const std::function<absl::Status(cudaStream_t)>& run);
   // `k` is the operands' inner dimension (n for X, m for squares).
   absl::Status AddTiles(const void* l, const StackOperand& lo, const void* r,
                         const StackOperand& ro, float* c, int64_t k);
@@ -82,6 +96,7 @@ class NsWorkspace {
   bool row_major_;
   cudaDataType low_;
   SymmetricPlan plan_;
+  bool plan_chosen_ = false;
   DeviceBuffer x_low_;
   DeviceBuffer square32_[3];
   DeviceBuffer square_low_[5];
