@@ -118,13 +118,18 @@ absl::Status ValidateMuonStack(const MuonStack& stack) {
 }
 
 absl::Status ValidateMomentumArgs(const MatrixStack& grad,
+                                  const MatrixStack& previous,
                                   const MatrixStack& momentum,
                                   const MatrixStack& update) {
   MUONPS_RETURN_IF_ERROR(ValidateStack(grad, "grad"));
+  MUONPS_RETURN_IF_ERROR(ValidateStack(previous, "previous", &grad));
   MUONPS_RETURN_IF_ERROR(ValidateStack(momentum, "momentum", &grad));
   MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &grad));
   if (momentum.data == update.data) {
     return InvalidField("update", "must not alias momentum");
+  }
+  if (previous.data == update.data) {
+    return InvalidField("update", "must not alias previous");
   }
   return absl::OkStatus();
 }

@@ -127,10 +127,14 @@ class MuonKernels {
                                    absl::Span<const std::string> names,
                                    Stream stream) = 0;
 
-  // momentum <- momentum + (1 - mu) * (grad - momentum); then
+  // momentum <- previous + (1 - mu) * (grad - previous); then
   // update <- nesterov ? grad + mu * (momentum - grad) : momentum.
-  // `update` may alias `grad` but not `momentum`. Enqueues on `stream`.
+  // `previous` is the momentum before this step: `momentum` itself (in
+  // place), or another buffer, left as it is (a step that may still be
+  // abandoned keeps its old momentum without a copy). `update` may alias
+  // `grad` but neither momentum buffer. Enqueues on `stream`.
   virtual absl::Status UpdateMomentum(const MatrixStack& grad,
+                                      const MatrixStack& previous,
                                       const MatrixStack& momentum, double mu,
                                       bool nesterov, const MatrixStack& update,
                                       Stream stream) = 0;
@@ -175,9 +179,10 @@ absl::Status ValidateStack(const MatrixStack& stack, absl::string_view field,
 // param distinct buffers.
 absl::Status ValidateMuonStack(const MuonStack& stack);
 
-// Validates UpdateMomentum's stacks: grad valid, momentum and update of its
-// shape, update not aliasing momentum.
+// Validates UpdateMomentum's stacks: grad valid, previous, momentum and
+// update of its shape, update aliasing neither momentum buffer.
 absl::Status ValidateMomentumArgs(const MatrixStack& grad,
+                                  const MatrixStack& previous,
                                   const MatrixStack& momentum,
                                   const MatrixStack& update);
 

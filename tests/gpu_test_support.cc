@@ -70,7 +70,7 @@ absl::Status ReferenceStep(kernels::MuonKernels& kernels,
                    grad.cols};
     return kernels.MuonStep(stack, h, stream);
   }
-  absl::Status s = kernels.UpdateMomentum(grad, momentum, h.momentum,
+  absl::Status s = kernels.UpdateMomentum(grad, momentum, momentum, h.momentum,
                                           h.nesterov, grad, stream);
   if (s.ok()) s = kernels.Orthogonalize(grad, grad, h.ns, stream);
   if (s.ok()) {

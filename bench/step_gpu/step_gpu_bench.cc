@@ -299,7 +299,7 @@ absl::Status Run() {
       const kernels::MatrixStack g{s.grad, s.count, s.shape.rows, s.shape.cols};
       const kernels::MatrixStack b{s.momentum, s.count, s.shape.rows,
                                    s.shape.cols};
-      MUONPS_RETURN_IF_ERROR(k->UpdateMomentum(g, b, 0.95, true, g, stream));
+      MUONPS_RETURN_IF_ERROR(k->UpdateMomentum(g, b, b, 0.95, true, g, stream));
       kernels::NewtonSchulzOptions ns;
       ns.algorithm = s.algorithm;
       MUONPS_RETURN_IF_ERROR(k->Orthogonalize(g, g, ns, stream));

@@ -53,19 +53,22 @@ absl::Status CpuKernels::CheckFinite(const MatrixStack& stack,
 }
 
 absl::Status CpuKernels::UpdateMomentum(const MatrixStack& grad,
+                                        const MatrixStack& previous,
                                         const MatrixStack& momentum, double mu,
                                         bool nesterov,
                                         const MatrixStack& update,
                                         Stream stream) {
   MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, backend_name()));
-  MUONPS_RETURN_IF_ERROR(ValidateMomentumArgs(grad, momentum, update));
+  MUONPS_RETURN_IF_ERROR(
+      ValidateMomentumArgs(grad, previous, momentum, update));
   const float keep = static_cast<float>(1.0 - mu);
   const float mu_f = static_cast<float>(mu);
   const int64_t count = grad.elements();
+  const float* old = previous.data;
   float* buf = momentum.data;
   for (int64_t i = 0; i < count; ++i) {
     const float g = grad.data[i];
-    buf[i] = Lerp(buf[i], g, keep);
+    buf[i] = Lerp(old[i], g, keep);
     update.data[i] = nesterov ? Lerp(g, buf[i], mu_f) : buf[i];
   }
   return absl::OkStatus();
@@ -114,8 +117,8 @@ absl::Status CpuKernels::MuonStep(const MuonStack& stack,
   const MatrixStack update{update_.data(), stack.grad.count, stack.grad.rows,
                            stack.grad.cols};
   MUONPS_RETURN_IF_ERROR(UpdateMomentum(stack.grad, stack.momentum,
-                                        hyper.momentum, hyper.nesterov, update,
-                                        stream));
+                                        stack.momentum, hyper.momentum,
+                                        hyper.nesterov, update, stream));
   MUONPS_RETURN_IF_ERROR(Orthogonalize(update, update, hyper.ns, stream));
   return ApplyUpdate(stack.param, update, hyper.lr, hyper.weight_decay,
                      hyper.lr_adjustment, stream);

@@ -32,6 +32,7 @@ class CpuKernels final : public MuonKernels {
                            absl::Span<const std::string> names,
                            Stream stream) override;
   absl::Status UpdateMomentum(const MatrixStack& grad,
+                              const MatrixStack& previous,
                               const MatrixStack& momentum, double mu,
                               bool nesterov, const MatrixStack& update,
                               Stream stream) override;

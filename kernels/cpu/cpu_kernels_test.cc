@@ -34,7 +34,8 @@ TEST(UpdateMomentumTest, MatchesFp64TwinOverTenStepsWithAndWithoutNesterov) {
       ASSERT_TRUE(kernels
                       .UpdateMomentum(
                           Stack(grad, 1, 40, 30), Stack(momentum, 1, 40, 30),
-                          0.95, nesterov, Stack(update, 1, 40, 30), kHostStream)
+                          Stack(momentum, 1, 40, 30), 0.95, nesterov,
+                          Stack(update, 1, 40, 30), kHostStream)
                       .ok());
       reference::Matrix want_update(grad.size());
       for (size_t i = 0; i < grad.size(); ++i) {
@@ -47,6 +48,37 @@ TEST(UpdateMomentumTest, MatchesFp64TwinOverTenStepsWithAndWithoutNesterov) {
       EXPECT_LT(RelativeError(update, want_update), 1e-6);
     }
   }
+}
+
+TEST(UpdateMomentumTest, BesideThePreviousLeavesItAndMatchesInPlace) {
+  CpuKernels kernels;
+  std::vector<float> grad = GaussianMatrix(40, 30, 1);
+  const std::vector<float> start = GaussianMatrix(40, 30, 2);
+  std::vector<float> previous = start, beside(start.size()), in_place = start;
+  std::vector<float> update(start.size()), want_update(start.size());
+  ASSERT_TRUE(kernels
+                  .UpdateMomentum(Stack(grad, 1, 40, 30),
+                                  Stack(previous, 1, 40, 30),
+                                  Stack(beside, 1, 40, 30), 0.9, true,
+                                  Stack(update, 1, 40, 30), kHostStream)
+                  .ok());
+  ASSERT_TRUE(kernels
+                  .UpdateMomentum(Stack(grad, 1, 40, 30),
+                                  Stack(in_place, 1, 40, 30),
+                                  Stack(in_place, 1, 40, 30), 0.9, true,
+                                  Stack(want_update, 1, 40, 30), kHostStream)
+                  .ok());
+  EXPECT_EQ(previous, start);
+  EXPECT_EQ(beside, in_place);
+  EXPECT_EQ(update, want_update);
+  // The update may not overwrite the previous momentum it reads.
+  const absl::Status aliased =
+      kernels.UpdateMomentum(Stack(grad, 1, 40, 30), Stack(previous, 1, 40, 30),
+                             Stack(beside, 1, 40, 30), 0.9, true,
+                             Stack(previous, 1, 40, 30), kHostStream);
+  EXPECT_EQ(aliased.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(aliased.message(), HasSubstr("update"));
+  EXPECT_THAT(aliased.message(), HasSubstr("previous"));
 }
 
 // Runs `steps` Muon steps on a stack of `count` rows x cols matrices and
@@ -265,7 +297,7 @@ TEST(CpuKernelsTest, EveryCallRefusesADeviceStreamBeforeWriting) {
                            m.data(), v.data(),     16};
   const absl::Status refused[] = {
       kernels.CheckFinite(g, {"w"}, device),
-      kernels.UpdateMomentum(g, b, 0.9, true, u, device),
+      kernels.UpdateMomentum(g, b, b, 0.9, true, u, device),
       kernels.Orthogonalize(g, u, {}, device),
       kernels.ApplyUpdate(p, u, 0.1, 0.1, LrAdjustment::kOriginal, device),
       kernels.MuonStep({{"w"}, g, b, p}, {}, device),

@@ -211,15 +211,18 @@ absl::Status CudaKernels::CheckFinite(const MatrixStack& stack,
 }
 
 absl::Status CudaKernels::UpdateMomentum(const MatrixStack& grad,
+                                         const MatrixStack& previous,
                                          const MatrixStack& momentum, double mu,
                                          bool nesterov,
                                          const MatrixStack& update,
                                          Stream stream) {
-  MUONPS_RETURN_IF_ERROR(ValidateMomentumArgs(grad, momentum, update));
+  MUONPS_RETURN_IF_ERROR(
+      ValidateMomentumArgs(grad, previous, momentum, update));
   MUONPS_RETURN_IF_ERROR(Enter(stream));
-  return CudaStatus(LaunchMomentum(grad.data, momentum.data, update.data,
-                                   grad.elements(), mu, nesterov, stream),
-                    "momentum kernel");
+  return CudaStatus(
+      LaunchMomentum(grad.data, previous.data, momentum.data, update.data,
+                     grad.elements(), mu, nesterov, stream),
+      "momentum kernel");
 }
 
 absl::Status CudaKernels::Orthogonalize(const MatrixStack& in,
@@ -268,9 +271,9 @@ absl::Status CudaKernels::MuonStep(const MuonStack& stack,
   float* update = update_.as<float>();
   const unsigned long long* flag = first_bad_.as<unsigned long long>();
   MUONPS_RETURN_IF_ERROR(QueueFiniteCheck(grad.data, elements, stream));
-  MUONPS_CUDA_RETURN_IF_ERROR(LaunchMomentum(grad.data, stack.momentum.data,
-                                             update, elements, hyper.momentum,
-                                             hyper.nesterov, stream, flag));
+  MUONPS_CUDA_RETURN_IF_ERROR(LaunchMomentum(
+      grad.data, stack.momentum.data, stack.momentum.data, update, elements,
+      hyper.momentum, hyper.nesterov, stream, flag));
   MUONPS_RETURN_IF_ERROR(engine_->Run(update, update, grad.count, grad.rows,
                                       grad.cols, hyper.ns, stream));
   const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);

@@ -437,7 +437,7 @@ TEST(CudaStreamsTest, EveryCallRefusesTheHostStream) {
   const AdamWTensor tensor{"bias", data, other, third, third, 16};
   const absl::Status refused[] = {
       gpu.CheckFinite(a, {"w"}, kHostStream),
-      gpu.UpdateMomentum(a, b, 0.9, true, c, kHostStream),
+      gpu.UpdateMomentum(a, b, b, 0.9, true, c, kHostStream),
       gpu.Orthogonalize(a, c, {}, kHostStream),
       gpu.ApplyUpdate(a, b, 0.1, 0.1, LrAdjustment::kOriginal, kHostStream),
       gpu.MuonStep({{"w"}, a, b, c}, {}, kHostStream),

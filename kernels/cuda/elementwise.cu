@@ -28,9 +28,10 @@ __device__ __forceinline__ bool Rejected(const unsigned long long* first_bad) {
 // four floats per load and store (the same arithmetic per element).
 __host__ __device__ inline bool Aligned16(const void* a,
                                           const void* b = nullptr,
-                                          const void* c = nullptr) {
+                                          const void* c = nullptr,
+                                          const void* d = nullptr) {
   return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
-           reinterpret_cast<uintptr_t>(c)) &
+           reinterpret_cast<uintptr_t>(c) | reinterpret_cast<uintptr_t>(d)) &
           15) == 0;
 }
 
@@ -56,9 +57,9 @@ int Blocks(int64_t count) {
   return static_cast<int>(blocks < 65535 * 16 ? blocks : 65535 * 16);
 }
 
-__global__ void MomentumKernel(const float* grad, float* momentum,
-                               float* update, int64_t count, float mu,
-                               float keep, bool nesterov,
+__global__ void MomentumKernel(const float* grad, const float* previous,
+                               float* momentum, float* update, int64_t count,
+                               float mu, float keep, bool nesterov,
                                const unsigned long long* first_bad) {
   if (Rejected(first_bad)) return;
   auto one = [&](float g, float m, float* buf, float* out) {
@@ -66,10 +67,10 @@ __global__ void MomentumKernel(const float* grad, float* momentum,
     *out = nesterov ? Lerp(g, *buf, mu) : *buf;
   };
   ForEach(
-      count, Aligned16(grad, momentum, update),
+      count, Aligned16(grad, previous, momentum, update),
       [&](int64_t i) {
         const float4 g = *reinterpret_cast<const float4*>(grad + i);
-        const float4 m = *reinterpret_cast<const float4*>(momentum + i);
+        const float4 m = *reinterpret_cast<const float4*>(previous + i);
         float4 b, u;
         one(g.x, m.x, &b.x, &u.x);
         one(g.y, m.y, &b.y, &u.y);
@@ -80,7 +81,7 @@ __global__ void MomentumKernel(const float* grad, float* momentum,
       },
       [&](int64_t i) {
         float b, u;
-        one(grad[i], momentum[i], &b, &u);
+        one(grad[i], previous[i], &b, &u);
         momentum[i] = b;
         update[i] = u;
       });
@@ -176,13 +177,13 @@ __global__ void FindNonFiniteKernel(const float* data, int64_t count,
 
 }  // namespace
 
-cudaError_t LaunchMomentum(const float* grad, float* momentum, float* update,
-                           int64_t count, double mu, bool nesterov,
-                           cudaStream_t stream,
+cudaError_t LaunchMomentum(const float* grad, const float* previous,
+                           float* momentum, float* update, int64_t count,
+                           double mu, bool nesterov, cudaStream_t stream,
                            const unsigned long long* first_bad) {
   if (count <= 0) return cudaSuccess;
   MomentumKernel<<<Blocks((count + 3) / 4), kThreads, 0, stream>>>(
-      grad, momentum, update, count, static_cast<float>(mu),
+      grad, previous, momentum, update, count, static_cast<float>(mu),
       static_cast<float>(1.0 - mu), nesterov, first_bad);
   return cudaGetLastError();
 }

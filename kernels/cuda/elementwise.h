@@ -22,12 +22,12 @@ namespace muonps {
 namespace kernels {
 namespace cuda {
 
-// momentum <- lerp(momentum, grad, 1 - mu), with 1 - mu rounded to fp32
-// from double as the CPU backend does;
+// momentum <- lerp(previous, grad, 1 - mu), with 1 - mu rounded to fp32
+// from double as the CPU backend does (previous may be momentum itself);
 // update <- nesterov ? lerp(grad, momentum, mu) : momentum.
-cudaError_t LaunchMomentum(const float* grad, float* momentum, float* update,
-                           int64_t count, double mu, bool nesterov,
-                           cudaStream_t stream,
+cudaError_t LaunchMomentum(const float* grad, const float* previous,
+                           float* momentum, float* update, int64_t count,
+                           double mu, bool nesterov, cudaStream_t stream,
                            const unsigned long long* first_bad = nullptr);
 
 // param <- param * decay + step * update (step = -adjusted lr).

@@ -75,6 +75,7 @@ TEST_F(ElementwiseGpuTest, MomentumAndApplyEqualTheCpuBackendBitForBit) {
     std::vector<float> cpu_update(n), cpu_param = param0;
     CpuKernels cpu;
     ASSERT_TRUE(cpu.UpdateMomentum({cpu_grad.data(), 1, rows, cols},
+                                   {cpu_momentum.data(), 1, rows, cols},
                                    {cpu_momentum.data(), 1, rows, cols}, 0.95,
                                    nesterov, {cpu_update.data(), 1, rows, cols},
                                    kHostStream)
@@ -86,8 +87,8 @@ TEST_F(ElementwiseGpuTest, MomentumAndApplyEqualTheCpuBackendBitForBit) {
 
     DeviceBuffer d_grad(grad), d_momentum(momentum0), d_param(param0);
     DeviceBuffer d_update{std::vector<float>(n)};
-    ASSERT_EQ(LaunchMomentum(d_grad.get(), d_momentum.get(), d_update.get(), n,
-                             0.95, nesterov, stream_),
+    ASSERT_EQ(LaunchMomentum(d_grad.get(), d_momentum.get(), d_momentum.get(),
+                             d_update.get(), n, 0.95, nesterov, stream_),
               cudaSuccess);
     const float decay = static_cast<float>(1.0 - 0.02 * 0.1);
     const float step = static_cast<float>(
@@ -192,12 +193,14 @@ TEST_F(ElementwiseGpuTest, DeviceOpsEqualTheCpusForBothDtypes) {
   ASSERT_TRUE(
       cpu_kernels
           .UpdateMomentum({const_cast<float*>(grad.data()) + 1, 1, 1, n - 1},
+                          {cpu_momentum.data() + 1, 1, 1, n - 1},
                           {cpu_momentum.data() + 1, 1, 1, n - 1}, 0.9, true,
                           {cpu_out.data() + 1, 1, 1, n - 1}, kHostStream)
           .ok());
   DeviceBuffer d_grad(grad), d_momentum(start), d_out{std::vector<float>(n)};
   ASSERT_EQ(LaunchMomentum(d_grad.get() + 1, d_momentum.get() + 1,
-                           d_out.get() + 1, n - 1, 0.9, true, stream_),
+                           d_momentum.get() + 1, d_out.get() + 1, n - 1, 0.9,
+                           true, stream_),
             cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   EXPECT_EQ(d_momentum.ToHost(), cpu_momentum);

@@ -74,23 +74,24 @@ absl::Status HostStagingKernels::CheckFinite(
 }
 
 absl::Status HostStagingKernels::UpdateMomentum(const MatrixStack& grad,
+                                                const MatrixStack& previous,
                                                 const MatrixStack& momentum,
                                                 double mu, bool nesterov,
                                                 const MatrixStack& update,
                                                 Stream stream) {
   MUONPS_RETURN_IF_ERROR(ValidateHostStream(stream, "host-staging cuda"));
-  MUONPS_RETURN_IF_ERROR(ValidateStack(grad, "grad"));
-  MUONPS_RETURN_IF_ERROR(ValidateStack(momentum, "momentum", &grad));
-  MUONPS_RETURN_IF_ERROR(ValidateStack(update, "update", &grad));
+  MUONPS_RETURN_IF_ERROR(
+      ValidateMomentumArgs(grad, previous, momentum, update));
   MUONPS_ASSIGN_OR_RETURN(const MatrixStack g, UploadStack(0, grad));
-  MUONPS_ASSIGN_OR_RETURN(const MatrixStack m, UploadStack(1, momentum));
+  // The old momentum is uploaded into the slot the new one is computed in
+  // (in place on the device), then downloaded to `momentum`.
+  MUONPS_ASSIGN_OR_RETURN(const MatrixStack m, UploadStack(1, previous));
   MatrixStack u = g;
   if (update.data != grad.data) {
     MUONPS_ASSIGN_OR_RETURN(u, UploadStack(2, update, /*copy=*/false));
   }
-  if (momentum.data == update.data) u = m;  // rejected by the device call
   MUONPS_RETURN_IF_ERROR(
-      device_->UpdateMomentum(g, m, mu, nesterov, u, stream_));
+      device_->UpdateMomentum(g, m, m, mu, nesterov, u, stream_));
   MUONPS_RETURN_IF_ERROR(Download(m.data, momentum.data, m.elements()));
   MUONPS_RETURN_IF_ERROR(Download(u.data, update.data, u.elements()));
   return device_->Synchronize(stream_);

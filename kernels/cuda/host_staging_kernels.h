@@ -42,6 +42,7 @@ class HostStagingKernels final : public MuonKernels {
                            absl::Span<const std::string> names,
                            Stream stream) override;
   absl::Status UpdateMomentum(const MatrixStack& grad,
+                              const MatrixStack& previous,
                               const MatrixStack& momentum, double mu,
                               bool nesterov, const MatrixStack& update,
                               Stream stream) override;

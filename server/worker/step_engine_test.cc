@@ -126,6 +126,7 @@ TEST_F(StepEngineTest, Bf16ParametersMatchTheKernelsInOneProcessBitForBit) {
       ASSERT_TRUE(reference_kernels
                       .UpdateMomentum(
                           grad, {momentum[d.name].data(), 1, d.rows, d.cols},
+                          {momentum[d.name].data(), 1, d.rows, d.cols},
                           h.momentum, h.nesterov, grad, kHostStream)
                       .ok());
       ASSERT_TRUE(

@@ -139,11 +139,10 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
   const int64_t count = static_cast<int64_t>(batch.items.size());
   const kernels::MatrixStack grad{batch.staged->data(), count, batch.rows,
                                   batch.cols};
-  // The new momentum starts as a copy of the old, which stays as it is
-  // until the step commits.
-  MUONPS_RETURN_IF_ERROR(ops_.Copy(batch.next_momentum->data(),
-                                   batch.momentum->data(), count * size,
-                                   compute_));
+  // The new momentum is written beside the old, which stays as it is until
+  // the step commits.
+  const kernels::MatrixStack old{batch.momentum->data(), count, batch.rows,
+                                 batch.cols};
   const kernels::MatrixStack buf{batch.next_momentum->data(), count, batch.rows,
                                  batch.cols};
   for (size_t s = 0; s < batch.items.size(); ++s) {
@@ -151,6 +150,8 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
     const scheduler::MatrixSpec& spec = plan_.matrices[item.matrix];
     const kernels::MatrixStack update{grad.matrix(s), 1, batch.rows,
                                       batch.cols};
+    const kernels::MatrixStack previous{old.matrix(s), 1, batch.rows,
+                                        batch.cols};
     const kernels::MatrixStack momentum{buf.matrix(s), 1, batch.rows,
                                         batch.cols};
     kernels::MatrixStack source = update;  // staged: reduced or gathered
@@ -164,7 +165,7 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
     }
     // The update goes to the stack slot (it may alias a staged source).
     MUONPS_RETURN_IF_ERROR(kernels_.UpdateMomentum(
-        source, momentum, h.momentum, h.nesterov, update, compute_));
+        source, previous, momentum, h.momentum, h.nesterov, update, compute_));
   }
   batch.next_has_momentum.assign(batch.items.size(), true);
   batch.next_valid = true;

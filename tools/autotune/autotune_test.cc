@@ -40,10 +40,12 @@ class FailingKernels final : public kernels::MuonKernels {
     return cpu_.CheckFinite(stack, names, stream);
   }
   absl::Status UpdateMomentum(const kernels::MatrixStack& grad,
+                              const kernels::MatrixStack& previous,
                               const kernels::MatrixStack& momentum, double mu,
                               bool nesterov, const kernels::MatrixStack& update,
                               Stream stream) override {
-    return cpu_.UpdateMomentum(grad, momentum, mu, nesterov, update, stream);
+    return cpu_.UpdateMomentum(grad, previous, momentum, mu, nesterov, update,
+                               stream);
   }
   absl::Status Orthogonalize(const kernels::MatrixStack& in,
                              const kernels::MatrixStack& out,
