@@ -2,14 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <numeric>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "bench/plan_bench/model_shapes.h"
 #include "common/status.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/planner.h"
@@ -25,20 +22,6 @@ using scheduler::TransferKind;
 // Rates the planner accepts must be finite; an infinite link (a test's
 // "free transfers") becomes a very fast one.
 constexpr double kFastestLink = 1e18;
-
-absl::Status Positive(double value, absl::string_view flag) {
-  if (!(value > 0)) {
-    return InvalidField(flag, absl::StrCat(value, " must be > 0"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status NonNegativeFinite(double value, absl::string_view flag) {
-  if (!(value >= 0) || !std::isfinite(value)) {
-    return InvalidField(flag, absl::StrCat(value, " must be finite and >= 0"));
-  }
-  return absl::OkStatus();
-}
 
 // Wire bytes each rank moves in one phase, over NVLink and over its NIC.
 struct RankBytes {
@@ -232,48 +215,6 @@ scheduler::PlanInput MakePlanInput(const SimConfig& config) {
 
 }  // namespace
 
-absl::Status ValidateSimConfig(const SimConfig& config) {
-  if (config.matrices.empty()) {
-    return InvalidField("--model",
-                        absl::StrCat(Quoted(config.model), " has no matrices"));
-  }
-  if (config.gpus < 1) {
-    return InvalidField("--gpus", absl::StrCat(config.gpus, " must be >= 1"));
-  }
-  if (config.gpus_per_node < 1) {
-    return InvalidField("--gpus_per_node",
-                        absl::StrCat(config.gpus_per_node, " must be >= 1"));
-  }
-  MUONPS_RETURN_IF_ERROR(Positive(config.links.nvlink_gbs, "--nvlink_gbs"));
-  MUONPS_RETURN_IF_ERROR(
-      Positive(config.links.inter_node_gbs, "--inter_node_gbs"));
-  MUONPS_RETURN_IF_ERROR(
-      NonNegativeFinite(config.links.latency_us, "--latency_us"));
-  MUONPS_RETURN_IF_ERROR(
-      NonNegativeFinite(config.links.hop_latency_us, "--hop_latency_us"));
-  if (config.costs == nullptr) {
-    return InvalidField("--cost_table", "required");
-  }
-  if (config.wire_bytes_per_element < 1) {
-    return InvalidField(
-        "--wire_bytes_per_element",
-        absl::StrCat(config.wire_bytes_per_element, " must be >= 1"));
-  }
-  MUONPS_RETURN_IF_ERROR(
-      Positive(config.adamw_reference_ms, "--adamw_reference_ms"));
-  MUONPS_RETURN_IF_ERROR(
-      Positive(config.adamw_reference_params, "--adamw_reference_params"));
-  if (!std::isfinite(config.cost_scale)) {
-    return InvalidField("--cost_scale",
-                        absl::StrCat(config.cost_scale, " must be finite"));
-  }
-  MUONPS_RETURN_IF_ERROR(Positive(config.cost_scale, "--cost_scale"));
-  MUONPS_RETURN_IF_ERROR(Positive(config.hbm_bytes_per_second, "--hbm_bw"));
-  MUONPS_RETURN_IF_ERROR(
-      NonNegativeFinite(config.control_rounds_ms, "--control_rounds_ms"));
-  return absl::OkStatus();
-}
-
 absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   MUONPS_RETURN_IF_ERROR(ValidateSimConfig(config));
   const scheduler::PlanInput input = MakePlanInput(config);
@@ -375,56 +316,6 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
       AllReduceSeconds(config, static_cast<int64_t>(schedule->buckets.size()),
                        static_cast<double>(result.parameters));
   return result;
-}
-
-absl::StatusOr<std::shared_ptr<const scheduler::CostTable>> LoadCostTable(
-    const std::string& path) {
-  if (path.empty()) return InvalidField("--cost_table", "required");
-  std::ifstream file(path);
-  if (!file) {
-    return InvalidField("--cost_table",
-                        absl::StrCat("cannot read ", Quoted(path)));
-  }
-  std::stringstream text;
-  text << file.rdbuf();
-  absl::StatusOr<scheduler::CostTable> table =
-      scheduler::CostTable::Parse(text.str());
-  if (!table.ok()) {
-    return InvalidField("--cost_table", absl::StrCat(Quoted(path), ": ",
-                                                     table.status().message()));
-  }
-  return std::make_shared<const scheduler::CostTable>(*std::move(table));
-}
-
-absl::StatusOr<std::vector<MatrixSpec>> ModelMatrices(
-    absl::string_view model, scheduler::Layout layout) {
-  std::vector<MatrixSpec> out;
-  if (model == "llama3_8b_8layers") {
-    out = Llama3_8B(8);
-  } else if (model == "llama3_8b") {
-    out = Llama3_8B(32);
-  } else if (model == "deepseek_v3_like") {
-    out = DeepSeekV3Like();
-  } else {
-    return InvalidField("--model",
-                        absl::StrCat(Quoted(model),
-                                     " is not llama3_8b_8layers, llama3_8b or "
-                                     "deepseek_v3_like"));
-  }
-  for (MatrixSpec& m : out) m.layout = layout;
-  return out;
-}
-
-absl::StatusOr<scheduler::Layout> ParseLayout(absl::string_view name,
-                                              absl::string_view flag) {
-  for (const scheduler::Layout layout :
-       {scheduler::Layout::kReplicated, scheduler::Layout::kUnreduced,
-        scheduler::Layout::kRowSharded}) {
-    if (name == scheduler::LayoutName(layout)) return layout;
-  }
-  return InvalidField(flag, absl::StrCat(Quoted(name),
-                                         " is not replicated, unreduced or "
-                                         "row_sharded"));
 }
 
 }  // namespace bench
