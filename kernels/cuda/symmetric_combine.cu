@@ -109,10 +109,7 @@ class TileCombiner {
       const int64_t c = t.bj * kTile + col_;
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        float v = __fmul_rn(args_.coef_a, a_[p][i]);
-        if (args_.a2 != nullptr) {
-          v = __fadd_rn(v, __fmul_rn(args_.coef_a2, a2_[p][i]));
-        }
+        const float v = Value(p, i);
         vs[row][col_ + i] = v;
         if (args_.unhealthy != nullptr && r == c + i && r < args_.m &&
             !(a_[p][i] >= 0.0f && isfinite(a_[p][i]))) {
@@ -140,10 +137,7 @@ class TileCombiner {
       float v[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        v[i] = __fmul_rn(args_.coef_a, a_[p][i]);
-        if (args_.a2 != nullptr) {
-          v[i] = __fadd_rn(v[i], __fmul_rn(args_.coef_a2, a2_[p][i]));
-        }
+        v[i] = Value(p, i);
         vs[row][col_ + i] = v[i];
       }
       StoreAll(at, v, v);
@@ -192,6 +186,15 @@ class TileCombiner {
   }
 
  private:
+  // coef_a * a + coef_a2 * a2 of this thread's element (p, i).
+  __device__ __forceinline__ float Value(int p, int i) const {
+    float v = __fmul_rn(args_.coef_a, a_[p][i]);
+    if (args_.a2 != nullptr) {
+      v = __fadd_rn(v, __fmul_rn(args_.coef_a2, a2_[p][i]));
+    }
+    return v;
+  }
+
   // The outputs at element `at` (count <= V of them): v, and w (v with the
   // diagonal added) for with_diag_low.
   __device__ __forceinline__ void StoreAll(int64_t at, const float* v,
