@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -112,9 +113,18 @@ class LocalCluster:
                     f"{path} is missing: run bazel build "
                     "//client:libmuonps.so //server/coordinator:"
                     "muonps-coordinator //server/worker:muonps-worker")
+        # Secured by default: a fresh bearer token for this cluster (the
+        # worker and this process's client read $MUONPS_TOKEN_FILE), and
+        # plaintext gRPC on loopback, which the coordinator takes only with
+        # --insecure.
+        token = os.path.join(self._folder, "token")
+        with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        os.environ["MUONPS_TOKEN_FILE"] = token
         try:
             log = self._start("coordinator", [
-                coordinator_bin, "--port", "0", "--metrics_port", "0"])
+                coordinator_bin, "--port", "0", "--metrics_port", "0",
+                "--insecure"])
             self.coordinator = self._wait(
                 log, r"listening on ([0-9.]+:[0-9]+)", timeout)
             log = self._start("worker-w0", [
@@ -203,7 +213,8 @@ def plot(path, runs, floor, title):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), dpi=120)
     colors = {"muonps": "tab:blue", "AdamW": "tab:orange"}
-    window = 10
+    # The smoothing window, no longer than the run (a short --steps run).
+    window = min(10, len(next(iter(runs.values()))[0]))
     zoom_from = len(next(iter(runs.values()))[0]) // 6
     for ax, zoom in zip(axes, (False, True)):
         for name, (curve, evals, _) in runs.items():

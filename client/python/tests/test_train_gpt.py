@@ -1,9 +1,11 @@
 """examples/train_gpt.py end to end on the CPU at a tiny size: the corpus
 from python3-doc, muonps.Muon with no service started by hand (it starts
 its own) beside AdamW on the same seeds and batches, JSON lines and the
-PNG. The full-size run is for a GPU (see the script's docstring)."""
+PNG. The full-size run is for a GPU (see the script's docstring). And
+examples/train_tiny_gpt.py as the README runs it, starting its own cluster."""
 
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -89,3 +91,25 @@ def test_two_ranks_under_torchrun_see_the_one_process_loss(
     # float rounding of the split batch).
     for a, b in zip(alone, ranks):
         assert b["loss"] == pytest.approx(a["loss"], rel=2e-2), (a, b)
+
+
+TINY_SCRIPT = PACKAGE_ROOT.parents[1] / "examples" / "train_tiny_gpt.py"
+
+
+def test_tiny_gpt_example_starts_its_own_secured_cluster(tmp_path):
+    # As the README runs it: no --coordinator, so the script starts a
+    # coordinator and a worker from bazel-bin itself (with a token of its
+    # own, plaintext on loopback) and trains both optimizers briefly.
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+    env.pop("MUONPS_TOKEN_FILE", None)
+    png = tmp_path / "loss.png"
+    run = subprocess.run(
+        [sys.executable, str(TINY_SCRIPT), "--steps", "4", "--eval_every",
+         "2", "--png", str(png)], env=env, capture_output=True, text=True,
+        timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["what"] == "tiny_gpt_markov_chain"
+    assert result["steps"] == 4
+    assert math.isfinite(result["muonps_final_loss"])
+    assert png.stat().st_size > 10_000
