@@ -234,12 +234,20 @@ absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
   const SymmetricPlan candidates[2] = {plan_, cublas};
   double best_ms = 0;
   SymmetricPlan best = plan_;
+  // On any failure the workspace keeps its first plan, with no tiles built.
+  const auto fail = [&](absl::Status status) {
+    plan_ = candidates[0];
+    tiles_.clear();
+    return status;
+  };
   for (const SymmetricPlan& candidate : candidates) {
     plan_ = candidate;
     tiles_.clear();
-    MUONPS_RETURN_IF_ERROR(AddTiles(x_low(), x, x_low(), x, square32(0), n_));
-    MUONPS_RETURN_IF_ERROR(
-        AddTiles(square_low(0), a, square_low(0), a, square32(1), m_));
+    absl::Status built = AddTiles(x_low(), x, x_low(), x, square32(0), n_);
+    if (built.ok()) {
+      built = AddTiles(square_low(0), a, square_low(0), a, square32(1), m_);
+    }
+    if (!built.ok()) return fail(built);
     const TilePointers* gram_tiles = Tiles(x_low(), x_low(), square32(0));
     const TilePointers* square_tiles =
         Tiles(square_low(0), square_low(0), square32(1));
@@ -250,15 +258,15 @@ absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
       return LowerProduct(baseline_handle_, plan_, low_, count_, m_, k, 1.0f,
                           op, op, 0.0f, c, tiles);
     };
-    MUONPS_ASSIGN_OR_RETURN(
-        const double gram_ms, TimeMs([&](cudaStream_t stream) {
-          return product(stream, x, n_, square32(0), gram_tiles);
-        }));
-    MUONPS_ASSIGN_OR_RETURN(
-        const double square_ms, TimeMs([&](cudaStream_t stream) {
-          return product(stream, a, m_, square32(1), square_tiles);
-        }));
-    const double ms = gram_ms + square_weight * square_ms;
+    const absl::StatusOr<double> gram_ms = TimeMs([&](cudaStream_t stream) {
+      return product(stream, x, n_, square32(0), gram_tiles);
+    });
+    if (!gram_ms.ok()) return fail(gram_ms.status());
+    const absl::StatusOr<double> square_ms = TimeMs([&](cudaStream_t stream) {
+      return product(stream, a, m_, square32(1), square_tiles);
+    });
+    if (!square_ms.ok()) return fail(square_ms.status());
+    const double ms = *gram_ms + square_weight * *square_ms;
     if (&candidate == &candidates[0] || ms < best_ms) {
       best_ms = ms;
       best = candidate;
