@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/stream_timer.h"
 
 namespace muonps {
 namespace kernels {
@@ -92,40 +93,23 @@ absl::StatusOr<std::unique_ptr<LtTileGemm>> LtTileGemm::Search(
         absl::StrCat(what, ": cuBLASLt offers no algorithm"));
   }
   MUONPS_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), what));
-  cudaStream_t stream = nullptr;
-  MUONPS_RETURN_IF_ERROR(CudaStatus(
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), what));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<StreamTimer> timer,
+                          StreamTimer::Create());
   const float alpha = 1.0f, beta = 1.0f;  // beta != 0: C is read, as in use
   // Median ms of `op` over 3 runs after a warm-up; negative if it failed.
-  const auto time = [&](const std::function<bool()>& op) -> double {
-    std::vector<float> times;
-    bool ok = true;
-    for (int rep = -1; rep < 3 && ok; ++rep) {
-      cudaEventRecord(start, stream);
-      ok = op();
-      cudaEventRecord(stop, stream);
-      ok = ok && cudaEventSynchronize(stop) == cudaSuccess;
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      if (rep >= 0) times.push_back(ms);
-    }
-    if (!ok) {
-      cudaGetLastError();  // a refused candidate is not an error
-      return -1;
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+  const auto time = [&](const std::function<bool(cudaStream_t)>& op) {
+    const absl::StatusOr<double> ms = timer->MedianMs([&](cudaStream_t stream) {
+      return op(stream) ? absl::OkStatus() : absl::InternalError("refused");
+    });
+    if (ms.ok()) return *ms;
+    cudaGetLastError();  // a refused candidate is not an error
+    return -1.0;
   };
-  if (baseline) {
-    g->baseline_ms_ = std::max(0.0, time([&]() { return baseline(stream); }));
-  }
+  if (baseline) g->baseline_ms_ = std::max(0.0, time(baseline));
   double best_ms = 0;
   for (int i = 0; i < returned; ++i) {
     const cublasLtMatmulAlgo_t& algo = found[i].algo;
-    const double ms = time([&]() {
+    const double ms = time([&](cudaStream_t stream) {
       return cublasLtMatmul(lt, g->desc_, &alpha, a, g->la_, b, g->lb_, &beta,
                             c, g->lc_, Mutable(c), g->lc_, &algo, workspace,
                             workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
@@ -143,9 +127,6 @@ absl::StatusOr<std::unique_ptr<LtTileGemm>> LtTileGemm::Search(
     }
     g->trials_.push_back(t);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaStreamDestroy(stream);
   if (g->best_ < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": no cuBLASLt candidate ran"));

@@ -1,12 +1,13 @@
 #include "kernels/cuda/ns_workspace.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/stream_timer.h"
 
 namespace muonps {
 namespace kernels {
@@ -173,44 +174,6 @@ absl::Status NsWorkspace::AddAllTiles(NsAlgorithm algorithm) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> NsWorkspace::TimeMs(
-    const std::function<absl::Status(cudaStream_t)>& run) {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  absl::Status status =
-      CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                 "creating the plan-timing stream");
-  if (status.ok()) {
-    status = CudaStatus(cudaEventCreate(&start), "cudaEventCreate");
-  }
-  if (status.ok()) {
-    status = CudaStatus(cudaEventCreate(&stop), "cudaEventCreate");
-  }
-  std::vector<float> times;
-  for (int i = 0; status.ok() && i < 4; ++i) {
-    status = CudaStatus(cudaEventRecord(start, stream), "cudaEventRecord");
-    if (status.ok()) status = run(stream);
-    if (status.ok()) {
-      status = CudaStatus(cudaEventRecord(stop, stream), "cudaEventRecord");
-    }
-    if (status.ok()) {
-      status = CudaStatus(cudaEventSynchronize(stop), "timing a tile plan");
-    }
-    float ms = 0;
-    if (status.ok()) {
-      status = CudaStatus(cudaEventElapsedTime(&ms, start, stop),
-                          "cudaEventElapsedTime");
-    }
-    if (i > 0) times.push_back(ms);  // the first is a warm-up
-  }
-  if (start != nullptr) cudaEventDestroy(start);
-  if (stop != nullptr) cudaEventDestroy(stop);
-  if (stream != nullptr) cudaStreamDestroy(stream);
-  MUONPS_RETURN_IF_ERROR(status);
-  std::sort(times.begin(), times.end());
-  return static_cast<double>(times[times.size() / 2]);
-}
-
 // Measured on the 56-matrix Llama set in bf16: on an H200 cuBLAS's 256-row
 // tiles beat cuBLASLt's 512-row ones (156.9 against 159.3 ms, bench), on an
 // H100 the reverse (163.4 against 165.3 ms); so each shape times both.
@@ -231,6 +194,8 @@ absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
   const double square_weight = algorithm == NsAlgorithm::kGram ? 8.0 : 1.0;
   const StackOperand x = Wide(x_low());
   const StackOperand a = SquareStack(square_low(0), m_);
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<StreamTimer> timer,
+                          StreamTimer::Create());
   const SymmetricPlan candidates[2] = {plan_, cublas};
   double best_ms = 0;
   SymmetricPlan best = plan_;
@@ -258,13 +223,15 @@ absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
       return LowerProduct(baseline_handle_, plan_, low_, count_, m_, k, 1.0f,
                           op, op, 0.0f, c, tiles);
     };
-    const absl::StatusOr<double> gram_ms = TimeMs([&](cudaStream_t stream) {
-      return product(stream, x, n_, square32(0), gram_tiles);
-    });
+    const absl::StatusOr<double> gram_ms =
+        timer->MedianMs([&](cudaStream_t stream) {
+          return product(stream, x, n_, square32(0), gram_tiles);
+        });
     if (!gram_ms.ok()) return fail(gram_ms.status());
-    const absl::StatusOr<double> square_ms = TimeMs([&](cudaStream_t stream) {
-      return product(stream, a, m_, square32(1), square_tiles);
-    });
+    const absl::StatusOr<double> square_ms =
+        timer->MedianMs([&](cudaStream_t stream) {
+          return product(stream, a, m_, square32(1), square_tiles);
+        });
     if (!square_ms.ok()) return fail(square_ms.status());
     const double ms = *gram_ms + square_weight * *square_ms;
     if (&candidate == &candidates[0] || ms < best_ms) {

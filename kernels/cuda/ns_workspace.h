@@ -11,7 +11,6 @@
 #include <library_types.h>
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -79,9 +78,6 @@ class NsWorkspace {
   // kTiles plan of twice its blocks, timing `algorithm`'s products (X X^T
   // and a square one, weighted by how often it runs each).
   absl::Status ChooseTilePlan(NsAlgorithm algorithm);
-  // Median ms of `run` queued on a private stream (after a warm-up).
-  absl::StatusOr<double> TimeMs(
-      const std::function<absl::Status(cudaStream_t)>& run);
   // `k` is the operands' inner dimension (n for X, m for squares).
   absl::Status AddTiles(const void* l, const StackOperand& lo, const void* r,
                         const StackOperand& ro, float* c, int64_t k);
