@@ -150,6 +150,15 @@ CoordinatorState::AuthenticateWorker(const std::string& job_name,
   return &it->second;
 }
 
+absl::StatusOr<CoordinatorState::JobRecord*> CoordinatorState::FindJobOfWorker(
+    const std::string& job_name, const std::string& worker_id,
+    const std::string& worker_token) {
+  MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(job_name));
+  MUONPS_RETURN_IF_ERROR(
+      AuthenticateWorker(job_name, job, worker_id, worker_token).status());
+  return job;
+}
+
 absl::StatusOr<CoordinatorState::WorkerRecord*>
 CoordinatorState::AuthenticateLease(const std::string& job_name, JobRecord* job,
                                     const std::string& worker_id,

@@ -92,10 +92,9 @@ absl::Status CoordinatorState::PutNcclId(const v1::PutNcclIdRequest& r) {
   int64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
-    MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-    MUONPS_RETURN_IF_ERROR(
-        AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token())
-            .status());
+    MUONPS_ASSIGN_OR_RETURN(
+        JobRecord * job,
+        FindJobOfWorker(r.job(), r.worker_id(), r.worker_token()));
     if (job->plans.empty() || !job->plan_error.empty() ||
         r.plan_version() != job->latest_version) {
       return FieldError(
@@ -152,10 +151,9 @@ absl::StatusOr<v1::GetNcclIdResponse> CoordinatorState::GetNcclId(
   }
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
   absl::MutexLock lock(&mu_);
-  MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-  MUONPS_RETURN_IF_ERROR(
-      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token())
-          .status());
+  MUONPS_ASSIGN_OR_RETURN(
+      JobRecord * job,
+      FindJobOfWorker(r.job(), r.worker_id(), r.worker_token()));
   if (job->plans.empty() || r.plan_version() != job->latest_version) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "plan_version",
                       absl::StrCat(r.plan_version(), " is not the current ",
@@ -200,10 +198,9 @@ absl::Status CoordinatorState::ReportStepStats(
   }
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
   absl::MutexLock lock(&mu_);
-  MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
-  MUONPS_RETURN_IF_ERROR(
-      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token())
-          .status());
+  MUONPS_ASSIGN_OR_RETURN(
+      JobRecord * job,
+      FindJobOfWorker(r.job(), r.worker_id(), r.worker_token()));
   if (r.plan_version() > job->latest_version) {
     return InvalidField(
         "plan_version",

@@ -232,6 +232,12 @@ class CoordinatorState {
   absl::StatusOr<WorkerRecord*> AuthenticateWorker(
       const std::string& job_name, JobRecord* job, const std::string& worker_id,
       const std::string& worker_token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FindJob(job_name) when `worker_id` authenticates in it
+  // (AuthenticateWorker); the first of their errors otherwise.
+  absl::StatusOr<JobRecord*> FindJobOfWorker(const std::string& job_name,
+                                             const std::string& worker_id,
+                                             const std::string& worker_token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // AuthenticateWorker, and the lease must be held by `instance_id` (the
   // process that joined): FAILED_PRECONDITION naming instance_id otherwise.
   absl::StatusOr<WorkerRecord*> AuthenticateLease(
