@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 BUNDLE_DIR=device_bundle_ns deploy/device/bundle.sh \
   //kernels/cuda:ns_gpu_test //kernels/cuda:cuda_kernels_gpu_test \
   //kernels/cuda:cuda_kernels_test //kernels/cuda:elementwise_gpu_test \
-  //kernels/cuda:wgmma_lower_gpu_test \
+  //kernels/cuda:wgmma_lower_gpu_test //kernels/cuda:lt_gemm_gpu_test \
   //tools/golden_replay:golden_replay //kernels/cuda:ns_gpu_timing \
   //bench/ns_gpu:ns_gpu_bench
 cp -r ../shared/testdata/torch_optim_golden device_bundle_ns/golden

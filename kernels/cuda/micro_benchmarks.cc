@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/lt_tile_gemm.h"
+#include "kernels/cuda/lt_gemm.h"
 #include "kernels/cuda/ns_elementwise.h"
 #include "kernels/cuda/symmetric_gemm.h"
 
@@ -144,31 +144,12 @@ void LtTileSearch(cublasHandle_t handle, const void* x16, const void* sq16,
     const StackOperand op{k == kM ? sq16 : x16, kM * k, k, true};
     auto tiles = TilePointers::Build(op, op, c32, 2, kBatch, kM, blocks);
     if (!ws.ok() || !tiles.ok()) break;
-    LtTileGemm::Shape shape;
-    shape.ta = TileOpA(op);
-    shape.tb = TileOpB(op);
-    shape.t = kM / blocks;
-    shape.k = k;
-    shape.lda = shape.ldb = k;
-    shape.ldc = kM;
-    shape.batch = tiles->tiles();
-    const auto baseline = [&](cudaStream_t stream) {
-      const float one = 1.0f;
-      const int t = static_cast<int>(shape.t);
-      return cublasSetStream(handle, stream) == CUBLAS_STATUS_SUCCESS &&
-             cublasGemmBatchedEx(
-                 handle, shape.ta, shape.tb, t, t, static_cast<int>(k), &one,
-                 tiles->a(), CUDA_R_16BF, static_cast<int>(k), tiles->b(),
-                 CUDA_R_16BF, static_cast<int>(k), &one, tiles->c(), CUDA_R_32F,
-                 static_cast<int>(kM), static_cast<int>(shape.batch),
-                 CUBLAS_COMPUTE_32F,
-                 CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
-    };
-    auto gemm =
-        LtTileGemm::Search(lt, shape, tiles->a(), tiles->b(), tiles->c(),
-                           ws->get(), ws->bytes(), baseline, 32);
+    const LtGemm::Shape shape =
+        TileShape(CUDA_R_16BF, kM, kM / blocks, k, op, op, tiles->tiles());
+    auto gemm = LtGemm::Search(lt, handle, shape, tiles->a(), tiles->b(),
+                               tiles->c(), ws->get(), ws->bytes(), 32);
     // Lower-triangle FLOPs the tiles compute.
-    const double flops = 2.0 * shape.t * shape.t * k * shape.batch;
+    const double flops = 2.0 * shape.m * shape.n * k * shape.batch;
     if (!gemm.ok()) {
       std::printf("{\"what\":\"lt_tile_search\",\"k\":%lld,\"error\":\"%s\"}\n",
                   static_cast<long long>(k),
@@ -180,12 +161,12 @@ void LtTileSearch(cublasHandle_t handle, const void* x16, const void* sq16,
         "\"tile_rows\":%lld,\"cublas_batched_ms\":%.4f,\"cublas_batched_"
         "tflops\":%.1f,\"best_ms\":%.4f,\"best_tflops\":%.1f,\"trials\":[",
         static_cast<long long>(k), static_cast<long long>(shape.batch),
-        static_cast<long long>(shape.t), (*gemm)->baseline_ms(),
+        static_cast<long long>(shape.m), (*gemm)->baseline_ms(),
         flops / ((*gemm)->baseline_ms() * 1e9),
         (*gemm)->trials()[(*gemm)->best()].ms,
         flops / ((*gemm)->trials()[(*gemm)->best()].ms * 1e9));
     for (size_t i = 0; i < (*gemm)->trials().size(); ++i) {
-      const LtTileGemm::Trial& t = (*gemm)->trials()[i];
+      const LtGemm::Trial& t = (*gemm)->trials()[i];
       std::printf("%s{\"rank\":%d,\"tile\":%d,\"cluster\":%d,\"ms\":%.4f}",
                   i ? "," : "", t.rank, t.tile, t.cluster, t.ms);
     }

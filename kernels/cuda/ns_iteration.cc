@@ -153,9 +153,10 @@ absl::Status Issuer::Ns5(const float* in, float* out) {
                                       1.0f / (s_.square * s_.square), 0.0f, a2,
                                       Polynomial(a32, k, b_low, s_.square)));
     // X <- a X + B X with X in fp32: the `a` term is the GEMM's beta.
-    MUONPS_RETURN_IF_ERROR(LeftMultiply(
-        handle_, low_, CUDA_R_32F, count_, m_, n_, 1.0f / (s_.square * s_.x),
-        b_low, ws_->Wide(x), static_cast<float>(k.a), out));
+    MUONPS_RETURN_IF_ERROR(LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_,
+                                        n_, 1.0f / (s_.square * s_.x), b_low,
+                                        ws_->Wide(x), static_cast<float>(k.a),
+                                        out, ws_->left_multiply()));
     if (step + 1 < options_.steps) {
       MUONPS_CUDA_RETURN_IF_ERROR(
           LaunchCast(out, count_ * m_ * n_, x, low_, s_.x, stream_));
@@ -219,11 +220,12 @@ absl::Status Issuer::GramNs(const float* in, float* out) {
   const auto apply_q = [&]() -> absl::Status {
     if (!split) {
       return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_,
-                          1.0f / (s_.q * s_.x), q_low, ws_->Wide(x), 0.0f, out);
+                          1.0f / (s_.q * s_.x), q_low, ws_->Wide(x), 0.0f, out,
+                          ws_->left_multiply());
     }
     return LeftMultiply(handle_, low_, CUDA_R_32F, count_, m_, n_,
                         1.0f / (d_scale * s_.x), d_low, ws_->Wide(x), constant,
-                        out);
+                        out, ws_->left_multiply());
   };
   MUONPS_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(check, 0, sizeof(unsigned int), stream_));

@@ -20,10 +20,12 @@ NsWorkspace::NsWorkspace(int64_t count, int64_t rows, int64_t cols,
       n_(std::max(rows, cols)),
       row_major_(rows <= cols),
       low_(low),
-      plan_(plan) {}
+      plan_(plan),
+      timed_(plan.mode == SymmetricMode::kLtTiles) {}
 
 NsWorkspace::~NsWorkspace() {
   lt_gemms_.clear();
+  left_gemm_.reset();
   if (lt_ != nullptr) cublasLtDestroy(lt_);
   if (baseline_handle_ != nullptr) cublasDestroy(baseline_handle_);
 }
@@ -42,58 +44,59 @@ absl::Status NsWorkspace::Ensure(DeviceBuffer* buffer, size_t bytes,
   return absl::OkStatus();
 }
 
-absl::StatusOr<const LtTileGemm*> NsWorkspace::LtFor(
-    const StackOperand& lo, const StackOperand& ro, int64_t k,
-    const TilePointers& tiles) {
-  const cublasOperation_t ta = TileOpA(ro), tb = TileOpB(lo);
-  const auto key = std::make_tuple(k, static_cast<int>(ta),
-                                   static_cast<int>(tb), ro.ld, lo.ld);
-  const auto it = lt_gemms_.find(key);
-  if (it != lt_gemms_.end()) return it->second.get();
+absl::Status NsWorkspace::EnsureLt() {
   if (lt_ == nullptr) {
     MUONPS_RETURN_IF_ERROR(
         CublasStatus(cublasLtCreate(&lt_), "cublasLtCreate"));
   }
-  MUONPS_RETURN_IF_ERROR(
-      Ensure(&lt_workspace_, size_t{32} << 20, "cuBLASLt workspace"));
-  const SymmetricPlan run = EffectivePlan(plan_, m_);
-  LtTileGemm::Shape shape;
-  shape.input_type = low_;
-  shape.ta = ta;
-  shape.tb = tb;
-  shape.t = m_ / run.blocks;
-  shape.k = k;
-  shape.lda = ro.ld;
-  shape.ldb = lo.ld;
-  shape.ldc = m_;
-  shape.batch = tiles.tiles();
   if (baseline_handle_ == nullptr) {
     MUONPS_RETURN_IF_ERROR(
         CublasStatus(cublasCreate(&baseline_handle_), "cublasCreate"));
   }
-  const auto baseline = [&](cudaStream_t stream) {
-    const float alpha = 1.0f, beta = 1.0f;
-    const int t = static_cast<int>(shape.t);
-    return cublasSetStream(baseline_handle_, stream) == CUBLAS_STATUS_SUCCESS &&
-           cublasGemmBatchedEx(
-               baseline_handle_, ta, tb, t, t, static_cast<int>(k), &alpha,
-               tiles.a(), low_, static_cast<int>(ro.ld), tiles.b(), low_,
-               static_cast<int>(lo.ld), &beta, tiles.c(), CUDA_R_32F,
-               static_cast<int>(m_), static_cast<int>(tiles.tiles()),
-               CUBLAS_COMPUTE_32F,
-               CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
-  };
-  absl::StatusOr<std::unique_ptr<LtTileGemm>> gemm =
-      LtTileGemm::Search(lt_, shape, tiles.a(), tiles.b(), tiles.c(),
-                         lt_workspace_.get(), lt_workspace_.bytes(), baseline);
+  return Ensure(&lt_workspace_, size_t{32} << 20, "cuBLASLt workspace");
+}
+
+absl::StatusOr<const LtGemm*> NsWorkspace::LtFor(const StackOperand& lo,
+                                                 const StackOperand& ro,
+                                                 int64_t k,
+                                                 const TilePointers& tiles) {
+  const SymmetricPlan run = EffectivePlan(plan_, m_);
+  const LtGemm::Shape shape =
+      TileShape(low_, m_, m_ / run.blocks, k, lo, ro, tiles.tiles());
+  const auto key = std::make_tuple(k, static_cast<int>(shape.ta),
+                                   static_cast<int>(shape.tb), ro.ld, lo.ld);
+  const auto it = lt_gemms_.find(key);
+  if (it != lt_gemms_.end()) return it->second.get();
+  MUONPS_RETURN_IF_ERROR(EnsureLt());
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm =
+      LtGemm::Search(lt_, baseline_handle_, shape, tiles.a(), tiles.b(),
+                     tiles.c(), lt_workspace_.get(), lt_workspace_.bytes());
   // No cuBLASLt algorithm, or none faster than cuBLAS's own batched GEMM:
   // cublasGemmBatchedEx runs these tiles.
-  std::unique_ptr<LtTileGemm> kept =
-      gemm.ok() ? std::move(*gemm) : std::unique_ptr<LtTileGemm>();
-  const LtTileGemm* found =
+  std::unique_ptr<LtGemm> kept =
+      gemm.ok() ? std::move(*gemm) : std::unique_ptr<LtGemm>();
+  const LtGemm* found =
       kept != nullptr && kept->beats_baseline() ? kept.get() : nullptr;
   lt_gemms_.emplace(key, std::move(kept));
   return found;
+}
+
+absl::Status NsWorkspace::SearchLeftMultiply() {
+  left_searched_ = true;
+  // Timed with R's fp32 scratch as the output: it holds count * m * m
+  // floats, so count * m / n of the m x n outputs (none: cuBLAS runs).
+  const int64_t timed = std::min(count_, count_ * m_ / n_);
+  if (timed < 1) return absl::OkStatus();
+  MUONPS_RETURN_IF_ERROR(EnsureLt());
+  const StackOperand w = Wide(x_low());
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Search(
+      lt_, baseline_handle_,
+      LeftMultiplyShape(low_, CUDA_R_32F, count_, m_, n_, w),
+      LeftMultiplyA(square_low(0), w), LeftMultiplyB(square_low(0), w),
+      square32(1), lt_workspace_.get(), lt_workspace_.bytes(),
+      /*candidates=*/24, timed);
+  if (gemm.ok() && (*gemm)->beats_baseline()) left_gemm_ = std::move(*gemm);
+  return absl::OkStatus();
 }
 
 absl::Status NsWorkspace::AddTiles(const void* l, const StackOperand& lo,
@@ -115,7 +118,7 @@ absl::Status NsWorkspace::AddTiles(const void* l, const StackOperand& lo,
                                    tiled.blocks));
   }
   if (run.mode == SymmetricMode::kLtTiles) {
-    MUONPS_ASSIGN_OR_RETURN(const LtTileGemm* lt, LtFor(lo, ro, k, tiles));
+    MUONPS_ASSIGN_OR_RETURN(const LtGemm* lt, LtFor(lo, ro, k, tiles));
     tiles.set_lt(lt);
   }
   if (wgmma) {
@@ -147,8 +150,11 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
       &scales_, static_cast<size_t>(count_ * m_) * sizeof(float), "scales"));
   MUONPS_RETURN_IF_ERROR(
       Ensure(&unhealthy_, sizeof(unsigned int), "drift counter"));
-  if (plan_.mode == SymmetricMode::kLtTiles && !plan_chosen_) {
+  if (timed_ && !plan_chosen_) {
     MUONPS_RETURN_IF_ERROR(ChooseTilePlan(algorithm));
+  }
+  if (timed_ && !left_searched_) {
+    MUONPS_RETURN_IF_ERROR(SearchLeftMultiply());
   }
   return AddAllTiles(algorithm);
 }
@@ -185,10 +191,7 @@ absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
   if (EffectivePlan(cublas, m_).blocks == EffectivePlan(plan_, m_).blocks) {
     return absl::OkStatus();  // the same tiles: the Lt search compares
   }
-  if (baseline_handle_ == nullptr) {
-    MUONPS_RETURN_IF_ERROR(
-        CublasStatus(cublasCreate(&baseline_handle_), "cublasCreate"));
-  }
+  MUONPS_RETURN_IF_ERROR(EnsureLt());
   // Products per iteration: NS5 one X X^T per square one; Gram NS about 8
   // square ones per X X^T.
   const double square_weight = algorithm == NsAlgorithm::kGram ? 8.0 : 1.0;

@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/lt_tile_gemm.h"
+#include "kernels/cuda/lt_gemm.h"
 #include "kernels/cuda/symmetric_gemm.h"
 #include "kernels/newton_schulz_options.h"
 
@@ -38,8 +38,9 @@ class NsWorkspace {
   // the GEMM tile pointers it uses. Must not run during a graph capture.
   // Under a kLtTiles plan the first call also chooses, by timing this
   // shape's products, between cuBLASLt's tiles and cuBLAS's tiles of half
-  // the rows (which is faster differs by device: see ChooseTilePlan); it
-  // synchronizes the device then.
+  // the rows (which is faster differs by device: see ChooseTilePlan), and
+  // times cuBLASLt's algorithms for the dense products X <- a X + Q X
+  // against cuBLAS's (left_multiply); it synchronizes the device then.
   absl::Status Prepare(NsAlgorithm algorithm);
 
   int64_t count() const { return count_; }
@@ -66,6 +67,11 @@ class NsWorkspace {
   // One counter of unhealthy Gram diagonals (see SymmetricCombine).
   unsigned int* unhealthy() const { return unhealthy_.as<unsigned int>(); }
 
+  // The searched cuBLASLt GEMM for LeftMultiply(q, Wide(x), fp32 y) on this
+  // shape, or null: cuBLAS runs it (plans other than kLtTiles, a search
+  // that found nothing faster, or too little scratch to time one matrix).
+  const LtGemm* left_multiply() const { return left_gemm_.get(); }
+
   // Tile pointers for LowerProduct(l, r, c) in kTiles mode, or null when the
   // effective plan does not use tiles (or the triple was never prepared).
   const TilePointers* Tiles(const void* l, const void* r, const float* c) const;
@@ -84,15 +90,22 @@ class NsWorkspace {
   // The timed cuBLASLt GEMM for tiles of this layout (kLtTiles), searched on
   // first use on `tiles`' buffers; null where cuBLASLt offers none or none
   // faster than cublasGemmBatchedEx on the same tiles.
-  absl::StatusOr<const LtTileGemm*> LtFor(const StackOperand& lo,
-                                          const StackOperand& ro, int64_t k,
-                                          const TilePointers& tiles);
+  absl::StatusOr<const LtGemm*> LtFor(const StackOperand& lo,
+                                      const StackOperand& ro, int64_t k,
+                                      const TilePointers& tiles);
+  // Sets left_gemm_ when cuBLASLt beats cuBLAS on LeftMultiply's product.
+  absl::Status SearchLeftMultiply();
+  // The cuBLASLt handle, the baseline cuBLAS handle and the workspace.
+  absl::Status EnsureLt();
 
   int64_t count_, m_, n_;
   bool row_major_;
   cudaDataType low_;
   SymmetricPlan plan_;
+  // Created with kLtTiles: choices by timing (tile plan, dense products).
+  const bool timed_;
   bool plan_chosen_ = false;
+  bool left_searched_ = false;
   DeviceBuffer x_low_;
   DeviceBuffer square32_[3];
   DeviceBuffer square_low_[5];
@@ -106,8 +119,9 @@ class NsWorkspace {
   DeviceBuffer lt_workspace_;
   // (k, op A, op B, lda, ldb) -> the searched GEMM, or null.
   std::map<std::tuple<int64_t, int, int, int64_t, int64_t>,
-           std::unique_ptr<LtTileGemm>>
+           std::unique_ptr<LtGemm>>
       lt_gemms_;
+  std::unique_ptr<LtGemm> left_gemm_;
 };
 
 }  // namespace cuda

@@ -81,8 +81,51 @@ absl::Status CheckNoAliasing(const StackOperand& l, const StackOperand& r,
 
 size_t ElementBytes(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
 
-cublasOperation_t TileOpA(const StackOperand& r) { return RowsAsA(r); }
-cublasOperation_t TileOpB(const StackOperand& l) { return RowsAsB(l); }
+LtGemm::Shape TileShape(cudaDataType input_type, int64_t m, int64_t t,
+                        int64_t k, const StackOperand& l, const StackOperand& r,
+                        int64_t tiles) {
+  LtGemm::Shape s;
+  s.input_type = input_type;
+  s.output_type = CUDA_R_32F;
+  s.ta = RowsAsA(r);
+  s.tb = RowsAsB(l);
+  s.m = s.n = t;
+  s.k = k;
+  s.lda = r.ld;
+  s.ldb = l.ld;
+  s.ldc = m;
+  s.batch = tiles;
+  return s;
+}
+
+LtGemm::Shape LeftMultiplyShape(cudaDataType input_type,
+                                cudaDataType output_type, int64_t count,
+                                int64_t m, int64_t n, const StackOperand& w) {
+  // Row-major W: Y^T = W^T Q (column-major n x m). Column-major W: Y = Q W.
+  const bool row_major = w.row_major;
+  LtGemm::Shape s;
+  s.input_type = input_type;
+  s.output_type = output_type;
+  s.m = row_major ? n : m;
+  s.n = row_major ? m : n;
+  s.k = m;
+  s.lda = row_major ? w.ld : m;
+  s.ldb = row_major ? m : w.ld;
+  s.ldc = w.ld;
+  s.batch = count;
+  s.strided = true;
+  s.stride_a = row_major ? w.stride : m * m;
+  s.stride_b = row_major ? m * m : w.stride;
+  s.stride_c = w.stride;
+  return s;
+}
+
+const void* LeftMultiplyA(const void* q, const StackOperand& w) {
+  return w.row_major ? w.data : q;
+}
+const void* LeftMultiplyB(const void* q, const StackOperand& w) {
+  return w.row_major ? q : w.data;
+}
 
 SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m) {
   // The Hopper kernel tiles any m itself; where it does not apply, its
@@ -210,15 +253,10 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
       if (tiles == nullptr || tiles->tiles() == 0) {
         return absl::InternalError("LowerProduct: tile pointers missing");
       }
-      const int64_t t = m / run.blocks;
-      return CublasStatus(
-          cublasGemmBatchedEx(
-              handle, RowsAsA(r), RowsAsB(l), AsInt(t), AsInt(t), AsInt(k),
-              &alpha, tiles->a(), input_type, AsInt(r.ld), tiles->b(),
-              input_type, AsInt(l.ld), &beta, tiles->c(), CUDA_R_32F, AsInt(m),
-              AsInt(tiles->tiles()), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          absl::StrCat("cublasGemmBatchedEx (", tiles->tiles(), " tiles ", t,
-                       "x", t, "x", k, ")"));
+      return CublasGemm(
+          handle,
+          TileShape(input_type, m, m / run.blocks, k, l, r, tiles->tiles()),
+          alpha, tiles->a(), tiles->b(), beta, tiles->c());
     }
   }
   return absl::InternalError("LowerProduct: unknown mode");
@@ -276,25 +314,19 @@ absl::Status LowerProductCombine(
 absl::Status LeftMultiply(cublasHandle_t handle, cudaDataType input_type,
                           cudaDataType output_type, int64_t count, int64_t m,
                           int64_t n, float alpha, const void* q,
-                          const StackOperand& w, float beta, void* y) {
-  // Row-major W: Y^T = W^T Q (column-major n x m). Column-major W: Y = Q W.
-  const bool row_major = w.row_major;
-  const void* a = row_major ? w.data : q;
-  const void* b = row_major ? q : w.data;
-  const int64_t lda = row_major ? w.ld : m;
-  const int64_t ldb = row_major ? m : w.ld;
-  const int64_t stride_a = row_major ? w.stride : m * m;
-  const int64_t stride_b = row_major ? m * m : w.stride;
-  const int64_t rows = row_major ? n : m;
-  const int64_t cols = row_major ? m : n;
-  return CublasStatus(
-      cublasGemmStridedBatchedEx(
-          handle, CUBLAS_OP_N, CUBLAS_OP_N, AsInt(rows), AsInt(cols), AsInt(m),
-          &alpha, a, input_type, AsInt(lda), stride_a, b, input_type,
-          AsInt(ldb), stride_b, &beta, y, output_type, AsInt(w.ld), w.stride,
-          AsInt(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      absl::StrCat("cublasGemmStridedBatchedEx (left multiply ", m, "x", m,
-                   " by ", m, "x", n, ", batch ", count, ")"));
+                          const StackOperand& w, float beta, void* y,
+                          const LtGemm* lt) {
+  const void* a = LeftMultiplyA(q, w);
+  const void* b = LeftMultiplyB(q, w);
+  if (lt != nullptr) {
+    cudaStream_t stream = nullptr;
+    MUONPS_RETURN_IF_ERROR(
+        CublasStatus(cublasGetStream(handle, &stream), "cublasGetStream"));
+    return lt->Run(alpha, a, b, beta, y, stream);
+  }
+  return CublasGemm(handle,
+                    LeftMultiplyShape(input_type, output_type, count, m, n, w),
+                    alpha, a, b, beta, y);
 }
 
 }  // namespace cuda

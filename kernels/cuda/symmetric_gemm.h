@@ -25,7 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/lt_tile_gemm.h"
+#include "kernels/cuda/lt_gemm.h"
 #include "kernels/cuda/wgmma_lower.h"
 
 namespace muonps {
@@ -83,14 +83,15 @@ class TilePointers {
                                             const StackOperand& r, float* c,
                                             size_t input_bytes, int64_t count,
                                             int64_t m, int blocks);
-  const void* const* a() const { return arrays_.as<const void* const>(); }
-  const void* const* b() const { return a() + tiles_; }
-  void* const* c() const { return arrays_.as<void* const>() + 2 * tiles_; }
+  // The device arrays of A, B and C pointers, as TileShape's a, b and c.
+  const void* a() const { return arrays_.as<const void*>(); }
+  const void* b() const { return arrays_.as<const void*>() + tiles_; }
+  void* c() const { return arrays_.as<void*>() + 2 * tiles_; }
   int64_t tiles() const { return tiles_; }
   // The timed cuBLASLt GEMM for kLtTiles (not owned), or null: cuBLAS's
   // cublasGemmBatchedEx then runs the tiles.
-  const LtTileGemm* lt() const { return lt_; }
-  void set_lt(const LtTileGemm* lt) { lt_ = lt; }
+  const LtGemm* lt() const { return lt_; }
+  void set_lt(const LtGemm* lt) { lt_ = lt; }
   // The TMA descriptors of l and r for kWgmma, where the Hopper kernel runs
   // this product on the current device (else false, and kTiles runs it).
   absl::Status AddWgmma(const StackOperand& l, const StackOperand& r,
@@ -103,7 +104,7 @@ class TilePointers {
  private:
   DeviceBuffer arrays_;
   int64_t tiles_ = 0;
-  const LtTileGemm* lt_ = nullptr;
+  const LtGemm* lt_ = nullptr;
   bool has_wgmma_ = false;
   CUtensorMap wgmma_l_{};
   CUtensorMap wgmma_r_{};
@@ -140,16 +141,28 @@ absl::Status LowerProductCombine(
 
 // y_i <- alpha * q_i w_i + beta * y_i for symmetric row-major m x m q (of
 // `input_type`) and m x n w (of `input_type`); y (of `output_type`) has w's
-// layout and stride.
+// layout and stride. Runs on `lt` (a search of LeftMultiplyShape for these
+// arguments) where given, else on cuBLAS.
 absl::Status LeftMultiply(cublasHandle_t handle, cudaDataType input_type,
                           cudaDataType output_type, int64_t count, int64_t m,
                           int64_t n, float alpha, const void* q,
-                          const StackOperand& w, float beta, void* y);
+                          const StackOperand& w, float beta, void* y,
+                          const LtGemm* lt);
 
-// The operations LowerProduct's tile GEMM applies to r and l (cuBLAS's
-// column-major A and B).
-cublasOperation_t TileOpA(const StackOperand& r);
-cublasOperation_t TileOpB(const StackOperand& l);
+// The column-major strided GEMM LeftMultiply runs for these arguments
+// (w.data's value is not used), and its A and B for q and w.
+LtGemm::Shape LeftMultiplyShape(cudaDataType input_type,
+                                cudaDataType output_type, int64_t count,
+                                int64_t m, int64_t n, const StackOperand& w);
+const void* LeftMultiplyA(const void* q, const StackOperand& w);
+const void* LeftMultiplyB(const void* q, const StackOperand& w);
+
+// The pointer-array GEMM of LowerProduct's `tiles` t x t lower-triangle
+// tiles (kTiles, kLtTiles) of l r^T, with k-deep operands, into fp32 c of
+// m columns.
+LtGemm::Shape TileShape(cudaDataType input_type, int64_t m, int64_t t,
+                        int64_t k, const StackOperand& l, const StackOperand& r,
+                        int64_t tiles);
 
 // Bytes per element of CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F.
 size_t ElementBytes(cudaDataType type);
