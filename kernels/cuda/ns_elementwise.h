@@ -42,7 +42,8 @@ cudaError_t LaunchCast(const float* x, int64_t total, void* out_low,
 
 // The outputs of a symmetric combine's values v (each may be null):
 //   value_low     <- value_scale * v                  (low_type)
-//   value32       <- v                                (fp32)
+//   value32       <- v on its lower triangle (fp32; SymmetricCombine's
+//                    tiles above the diagonal are left as they were)
 //   with_diag_low <- with_diag_scale * (v + diag * I) (low_type)
 // and `unhealthy`, which counts bad diagonal entries (see each user). Shared
 // by SymmetricCombine and the fused products of symmetric_gemm.h.

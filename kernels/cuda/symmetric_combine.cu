@@ -155,7 +155,7 @@ class TileCombiner {
       float v[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) v[i] = vs[col_ + i][row];
-      StoreAll(at, v, v);
+      StoreAll(at, v, v, V, /*upper=*/true);
     }
   }
 
@@ -180,7 +180,7 @@ class TileCombiner {
           v[i] = direct ? vs[row][col_ + i] : vs[col_ + i][row];
           w[i] = r == c + i ? __fadd_rn(v[i], args_.diag) : v[i];
         }
-        StoreAll(t.offset + r * m + c, v, w, count);
+        StoreAll(t.offset + r * m + c, v, w, count, mirror == 1);
       }
     }
   }
@@ -196,13 +196,15 @@ class TileCombiner {
   }
 
   // The outputs at element `at` (count <= V of them): v, and w (v with the
-  // diagonal added) for with_diag_low.
+  // diagonal added) for with_diag_low. value32 is not written in `upper`
+  // (mirror) tiles: its users read the lower triangle only.
   __device__ __forceinline__ void StoreAll(int64_t at, const float* v,
-                                           const float* w, int count = V) {
+                                           const float* w, int count = V,
+                                           bool upper = false) {
     if (value_low_ != nullptr) {
       StoreRow<T, V>(value_low_, at, v, args_.value_scale, count);
     }
-    if (args_.value32 != nullptr) {
+    if (args_.value32 != nullptr && !upper) {
       StoreRow<float, V>(args_.value32, at, v, 1.0f, count);
     }
     if (with_diag_low_ != nullptr) {
