@@ -8,10 +8,11 @@
 //    cublasGemmBatchedEx picks 128x128 tiles there, which ncu showed
 //    L2-bound (82% L2 throughput, 47-67% SM);
 //  - LeftMultiply's dense products X <- a X + Q X, a strided batch: on an
-//    H200, with random bf16 operands, cuBLASLt's 128x160 tiles ran the
-//    Llama shapes 0-13% faster than the cooperative kernel
-//    cublasGemmStridedBatchedEx picks; the Llama set's shapes 1-1.5%
-//    faster (bench/results/2026-11-27-h200x1-session28-dense-lt-ab.jsonl).
+//    H200 the best of cuBLASLt's candidates (128x160 tiles) ran the Llama
+//    shapes' products 3-4% faster than the cooperative kernel
+//    cublasGemmStridedBatchedEx picks (ns_gpu_timing's micro_lt lines),
+//    the whole shapes' NS 1-1.5% faster (bench/results/
+//    2026-11-27-h200x1-session28-{timing,dense-lt-ab}.jsonl).
 //
 // Search synchronizes the device and must not run during a graph capture;
 // Run is asynchronous on its stream and capturable. Thread-compatible; not
