@@ -60,7 +60,7 @@ absl::Status CudaIpcTransport::Fail(const absl::Status& status) {
   }
   ops_.clear();
   sums_.clear();
-  group_depth_ = 0;
+  group_.Reset();
   return broken_;
 }
 
@@ -96,16 +96,15 @@ absl::StatusOr<float*> CudaIpcTransport::Scratch(size_t index, size_t bytes) {
 
 absl::Status CudaIpcTransport::GroupStart() {
   if (!broken_.ok()) return broken_;
-  ++group_depth_;
+  group_.Start();
   return absl::OkStatus();
 }
 
 absl::Status CudaIpcTransport::GroupEnd() {
   if (!broken_.ok()) return broken_;
-  if (group_depth_ == 0) {
-    return Fail(absl::FailedPreconditionError("GroupEnd without GroupStart"));
-  }
-  if (--group_depth_ > 0) return absl::OkStatus();
+  const absl::StatusOr<bool> outermost = group_.End();
+  if (!outermost.ok()) return Fail(outermost.status());
+  if (!*outermost) return absl::OkStatus();
   const absl::Status ran = Run();
   return ran.ok() ? ran : Fail(ran);
 }
@@ -118,7 +117,7 @@ absl::Status CudaIpcTransport::Send(const void* data, size_t bytes, int peer,
         "Send: peer ", peer, " of ", size(), " (self: ", rank(), ")")));
   }
   ops_.push_back({Op::Kind::kSend, peer, data, nullptr, bytes, stream});
-  if (group_depth_ > 0) return absl::OkStatus();
+  if (group_.grouped()) return absl::OkStatus();
   const absl::Status ran = Run();
   return ran.ok() ? ran : Fail(ran);
 }
@@ -131,7 +130,7 @@ absl::Status CudaIpcTransport::Recv(void* data, size_t bytes, int peer,
         "Recv: peer ", peer, " of ", size(), " (self: ", rank(), ")")));
   }
   ops_.push_back({Op::Kind::kRecv, peer, nullptr, data, bytes, stream});
-  if (group_depth_ > 0) return absl::OkStatus();
+  if (group_.grouped()) return absl::OkStatus();
   const absl::Status ran = Run();
   return ran.ok() ? ran : Fail(ran);
 }
@@ -151,7 +150,7 @@ absl::Status CudaIpcTransport::Broadcast(void* data, size_t bytes, int root,
       ops_.push_back({Op::Kind::kRecv, r, nullptr, data, bytes, stream});
     }
   }
-  if (group_depth_ > 0) return absl::OkStatus();
+  if (group_.grouped()) return absl::OkStatus();
   const absl::Status ran = Run();
   return ran.ok() ? ran : Fail(ran);
 }
@@ -199,7 +198,7 @@ absl::Status CudaIpcTransport::ReduceSum(const float* send, float* recv,
     MUONPS_ASSIGN_OR_RETURN(sum.total, Scratch(base + size(), bytes));
     sums_.push_back(std::move(sum));
   }
-  if (group_depth_ > 0) return absl::OkStatus();
+  if (group_.grouped()) return absl::OkStatus();
   const absl::Status ran = Run();
   return ran.ok() ? ran : Fail(ran);
 }

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/cuda_ipc.h"
+#include "transport/group_nesting.h"
 #include "transport/tcp_transport.h"
 #include "transport/transport.h"
 
@@ -89,7 +90,7 @@ class CudaIpcTransport final : public Transport {
 
   const int device_;
   std::unique_ptr<TcpTransport> control_;
-  int group_depth_ = 0;
+  GroupNesting group_;
   std::vector<Op> ops_;
   std::vector<PendingSum> sums_;
   absl::Status broken_;

@@ -250,7 +250,7 @@ absl::Status NcclTransport::Fail(const absl::Status& status) {
   }
   AbortCommunicator();
   queue_.clear();
-  group_depth_ = 0;
+  group_.Reset();
   return annotated;
 }
 

@@ -59,6 +59,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "transport/group_nesting.h"
 #include "transport/transport.h"
 
 // NCCL's communicator handle (ncclComm_t) and a CUDA event (cudaEvent_t);
@@ -231,7 +232,7 @@ class NcclTransport final : public Transport {
   const int size_;
   const NcclOptions options_;
   // Owner-thread state.
-  int group_depth_ = 0;
+  GroupNesting group_;
   std::vector<Call> queue_;
 
   // AwaitFrom's receive (owner thread): none, posted, or arrived and not yet

@@ -61,7 +61,7 @@ std::string NcclTransport::Describe(const Call& call) {
 
 absl::Status NcclTransport::Queue(const Call& call) {
   if (call.count > 0) queue_.push_back(call);
-  if (group_depth_ > 0) return absl::OkStatus();
+  if (group_.grouped()) return absl::OkStatus();
   return IssueQueue();
 }
 
@@ -144,18 +144,15 @@ absl::Status NcclTransport::RecordAwaitEvent() {
 
 absl::Status NcclTransport::GroupStart() {
   MUONPS_RETURN_IF_ERROR(Usable());
-  ++group_depth_;
+  group_.Start();
   return absl::OkStatus();
 }
 
 absl::Status NcclTransport::GroupEnd() {
   MUONPS_RETURN_IF_ERROR(Usable());
-  if (group_depth_ == 0) {
-    return Fail(absl::FailedPreconditionError(
-        "GroupEnd without a matching GroupStart"));
-  }
-  --group_depth_;
-  if (group_depth_ > 0) return absl::OkStatus();
+  const absl::StatusOr<bool> outermost = group_.End();
+  if (!outermost.ok()) return Fail(outermost.status());
+  if (!*outermost) return absl::OkStatus();
   return IssueQueue();
 }
 
@@ -265,7 +262,7 @@ absl::Status NcclTransport::AwaitFrom(int peer, size_t bytes,
                                       absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckPeer(peer, "AwaitFrom: peer", /*allow_self=*/false);
-  if (valid.ok() && group_depth_ > 0) {
+  if (valid.ok() && group_.grouped()) {
     valid = absl::FailedPreconditionError("AwaitFrom inside a group");
   }
   if (valid.ok() && awaited_ != Awaited::kNone &&
@@ -353,7 +350,7 @@ absl::Status NcclTransport::PollUntil(
 absl::Status NcclTransport::Synchronize(Stream stream, absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckStream(stream, "Synchronize");
-  if (valid.ok() && group_depth_ > 0) {
+  if (valid.ok() && group_.grouped()) {
     valid = absl::FailedPreconditionError(
         "Synchronize inside a group (its calls are issued at GroupEnd)");
   }

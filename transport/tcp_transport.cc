@@ -128,7 +128,7 @@ absl::Status TcpTransport::AwaitFrom(int peer, size_t /*bytes*/,
                                      absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(CheckRank(peer, "peer", /*allow_self=*/false));
-  if (group_depth_ > 0) {
+  if (group_.grouped()) {
     return absl::FailedPreconditionError("AwaitFrom inside a group");
   }
   pollfd p{};
@@ -190,7 +190,7 @@ absl::Status TcpTransport::Fail(const absl::Status& status) {
   incoming_.clear();
   sums_.clear();
   scratch_in_use_ = 0;
-  group_depth_ = 0;
+  group_.Reset();
   return broken_;
 }
 
@@ -232,7 +232,7 @@ float* TcpTransport::Scratch(size_t count) {
 }
 
 absl::Status TcpTransport::RunUnlessGrouped() {
-  if (group_depth_ > 0) return absl::OkStatus();
+  if (group_.grouped()) return absl::OkStatus();
   const absl::Status moved =
       TransferMessages(sockets_, outgoing_, incoming_, options_.io_timeout,
                        options_.call_timeout);
@@ -249,17 +249,15 @@ absl::Status TcpTransport::RunUnlessGrouped() {
 
 absl::Status TcpTransport::GroupStart() {
   MUONPS_RETURN_IF_ERROR(Usable());
-  ++group_depth_;
+  group_.Start();
   return absl::OkStatus();
 }
 
 absl::Status TcpTransport::GroupEnd() {
   MUONPS_RETURN_IF_ERROR(Usable());
-  if (group_depth_ == 0) {
-    return Fail(absl::FailedPreconditionError(
-        "GroupEnd without a matching GroupStart"));
-  }
-  --group_depth_;
+  const absl::StatusOr<bool> outermost = group_.End();
+  if (!outermost.ok()) return Fail(outermost.status());
+  if (!*outermost) return absl::OkStatus();
   return RunUnlessGrouped();
 }
 

@@ -68,6 +68,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "transport/group_nesting.h"
 #include "transport/message_transfer.h"
 #include "transport/socket_io.h"
 #include "transport/transport.h"
@@ -203,7 +204,7 @@ class TcpTransport final : public Transport {
   std::vector<Socket> sockets_;  // Index = rank; this rank's is empty.
   std::vector<uint64_t> next_send_sequence_;
   std::vector<uint64_t> next_recv_sequence_;
-  int group_depth_ = 0;
+  GroupNesting group_;
   std::vector<OutgoingMessage> outgoing_;
   std::vector<IncomingMessage> incoming_;
   std::vector<PendingSum> sums_;
