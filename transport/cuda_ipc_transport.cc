@@ -311,6 +311,12 @@ absl::Status CudaIpcTransport::Run() {
 
 absl::Status CudaIpcTransport::AwaitFrom(int peer, size_t bytes,
                                          absl::Duration timeout) {
+  if (!broken_.ok()) return broken_;
+  // As on the other transports: inside a group the sends this rank queued
+  // have not gone out, and the peer may be waiting on them.
+  if (group_.grouped()) {
+    return absl::FailedPreconditionError("AwaitFrom inside a group");
+  }
   // Every transfer starts with a control message.
   return control_->AwaitFrom(peer, bytes, timeout);
 }
