@@ -1,4 +1,5 @@
-// The importing side of cuda_ipc_gpu_test, and what both sides share.
+// The importing side of the cuda_ipc GPU tests (cuda_ipc_memory_gpu_test,
+// cuda_ipc_event_gpu_test), and what both sides share.
 //
 // CUDA refuses to open an IPC handle in the process that exported it, and a
 // forked child cannot use CUDA once its parent has, so the test's importer

@@ -6,10 +6,10 @@ limits, as the fp16 storage scales keep values normal), products accumulate
 in fp32, the `a` terms stay in fp32, as on the GPU. Prints, per precision,
 the largest error of NS5 and of Gram NS (several restart schedules, D = Q -
 c I applied in the first segment and in later segments of at most 2 steps)
-against the fp64 NS5 on rank-deficient inputs (ns_gpu_test's shapes, ranks
-k/2 and 1, singular values 1..1e-6) and on Gaussian inputs, in units of the
-precision's unit roundoff u. This is what chose the accurate schedule
-{1, 3, 4}; the GPU measured within 1.4x of these figures.
+against the fp64 NS5 on rank-deficient inputs (ns_accuracy_gpu_test's
+shapes, ranks k/2 and 1, singular values 1..1e-6) and on Gaussian inputs, in
+units of the precision's unit roundoff u. This is what chose the accurate
+schedule {1, 3, 4}; the GPU measured within 1.4x of these figures.
 
 Needs numpy (Debian's python3-numpy): /usr/bin/python3 gram_rounding_emulation.py
 """
@@ -111,7 +111,8 @@ def err(a, b):
 
 def main():
     deficient, seed = [], 700
-    # ns_gpu_test's shapes in their wide orientation (256 x 64 is 64 x 256).
+    # ns_accuracy_gpu_test's shapes in their wide orientation (256 x 64 is
+    # 64 x 256).
     for m, n in [(64, 256), (64, 256), (128, 512), (96, 96), (256, 1024)]:
         for rank in [m // 2, 1]:
             x = spectrum(m, n, rank, seed)

@@ -7,11 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
-  //kernels/cuda:cuda_kernels_gpu_test //kernels/cuda:ns_gpu_test \
+  //kernels/cuda:cuda_kernels_ns_gpu_test //kernels/cuda:cuda_kernels_step_gpu_test \
+  //kernels/cuda:cuda_kernels_streams_gpu_test \
+  //kernels/cuda:ns_plans_gpu_test //kernels/cuda:ns_accuracy_gpu_test \
   //kernels/cuda:elementwise_gpu_test //kernels/cuda:cuda_kernels_test \
   //tools/golden_replay:replay_backend_test //tools/golden_replay:golden_replay \
   //kernels/cuda:ns_gpu_timing //bench/ns_gpu:ns_gpu_bench \
-  //common:cuda_ipc_gpu_test \
+  //common:cuda_ipc_memory_gpu_test //common:cuda_ipc_event_gpu_test \
   //tools/autotune:muonps-autotune //transport:nccl_transport_gpu_test
 cp -r ../shared/testdata/torch_optim_golden device_bundle/golden
 cp bench/ns_gpu/run.sh bench/ns_gpu/torch_peers.py bench/ns_gpu/torch_step_peers.py deploy/device/run_gpu_suite.sh \

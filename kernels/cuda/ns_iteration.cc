@@ -183,7 +183,7 @@ absl::Status Issuer::Ns5(const float* in, float* out) {
 // restart is 20-40 times less accurate than NS5 in 16-bit on rank-deficient
 // inputs. Restarts after steps 1, 3 and 4 (segments of 1, 2, 1 and 1
 // steps, all with D) bring that to 2.3-2.6x in the emulation at 6 alpha +
-// 4 m^3 multiply-adds against 3 alpha + 7 (alpha = n / m); ns_gpu_test
+// 4 m^3 multiply-adds against 3 alpha + 7 (alpha = n / m); ns_accuracy_gpu_test
 // checks 4x on the GPU. Where D is applied, its 16-bit copy comes out of the
 // combine that forms Q (no extra pass).
 absl::Status Issuer::GramNs(const float* in, float* out) {

@@ -15,8 +15,8 @@
 // ill-conditioned and rank-deficient test input the count stayed 0).
 // Gram NS in 16-bit with the default single restart is 20-40x less
 // accurate than NS5 on inputs with directions they do not span; restarts
-// after steps 1, 3 and 4 bring that within 4x (ns_gpu_test) at about 40%
-// more FLOPs (see GramNs in the .cc). `options.aol` runs the opt-in AOL
+// after steps 1, 3 and 4 bring that within 4x (ns_accuracy_gpu_test) at about
+// 40% more FLOPs (see GramNs in the .cc). `options.aol` runs the opt-in AOL
 // preconditioning on X X^T before the first step.
 #ifndef MUONPS_KERNELS_CUDA_NS_ITERATION_H_
 #define MUONPS_KERNELS_CUDA_NS_ITERATION_H_

@@ -45,7 +45,7 @@ absl::StatusOr<Tolerances> TolerancesFor(absl::string_view precision,
   if (p != kernels::cuda::Precision::kFp32) tolerances.muon_param = 1e-2;
   // torch's bf16 NS output is ~2e-2 from exact; a bf16 GPU output may be up
   // to 16 u = 6.25e-2 (NS5) or 32 u = 0.125 (Gram) from the fp32 one (see
-  // kernels/cuda/cuda_kernels_gpu_test.cc), so the two can differ by up to
+  // kernels/cuda/cuda_kernels_ns_gpu_test.cc), so the two can differ by up to
   // ~8e-2 or ~0.15. An fp16 output is 8x closer: the fp32 tolerance holds.
   if (p == kernels::cuda::Precision::kBf16) {
     tolerances.ns_output =
