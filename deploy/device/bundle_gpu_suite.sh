@@ -14,7 +14,8 @@ BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //tools/golden_replay:replay_backend_test //tools/golden_replay:golden_replay \
   //kernels/cuda:ns_gpu_timing //bench/ns_gpu:ns_gpu_bench \
   //common:cuda_ipc_memory_gpu_test //common:cuda_ipc_event_gpu_test \
-  //tools/autotune:muonps-autotune //transport:nccl_transport_gpu_test
+  //tools/autotune:muonps-autotune //transport:nccl_transport_gpu_test \
+  //transport:cuda_ipc_transport_gpu_test
 cp -r ../shared/testdata/torch_optim_golden device_bundle/golden
 cp bench/ns_gpu/run.sh bench/ns_gpu/torch_peers.py bench/ns_gpu/torch_step_peers.py deploy/device/run_gpu_suite.sh \
   device_bundle/
