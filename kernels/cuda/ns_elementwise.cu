@@ -121,6 +121,36 @@ __global__ void CastKernel(const float* x, int64_t total, T* out, float scale,
   }
 }
 
+// Uniform values in [-scale, scale) from a hash of the index: full,
+// varied mantissas, as real operands have.
+template <typename T>
+__global__ void FillRandomKernel(T* out, int64_t total, uint32_t seed,
+                                 float scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < total; i += stride) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b1u ^
+                 static_cast<uint32_t>(i >> 32) * 0x85ebca77u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    out[i] =
+        FromFloat<T>((static_cast<float>(h >> 8) * 0x1.0p-23f - 1.0f) * scale);
+  }
+}
+
+template <typename T>
+cudaError_t FillRandom(void* out, int64_t total, uint32_t seed, float scale,
+                       cudaStream_t stream) {
+  int64_t blocks = (total + kThreads - 1) / kThreads;
+  if (blocks > 4096) blocks = 4096;
+  FillRandomKernel<T><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
+      static_cast<T*>(out), total, seed, scale);
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t Normalize(const float* x, int64_t count, int64_t elements,
                       const double* sums, double margin, double eps,
@@ -193,6 +223,21 @@ cudaError_t LaunchCast(const float* x, int64_t total, void* out_low,
       return Cast<__half>(x, total, out_low, low_scale, stream);
     case CUDA_R_32F:
       return Cast<float>(x, total, out_low, low_scale, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchFillRandom(void* out, int64_t total, cudaDataType type,
+                             uint32_t seed, float scale, cudaStream_t stream) {
+  if (total <= 0) return cudaSuccess;
+  switch (type) {
+    case CUDA_R_16BF:
+      return FillRandom<__nv_bfloat16>(out, total, seed, scale, stream);
+    case CUDA_R_16F:
+      return FillRandom<__half>(out, total, seed, scale, stream);
+    case CUDA_R_32F:
+      return FillRandom<float>(out, total, seed, scale, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -40,6 +40,12 @@ cudaError_t LaunchCast(const float* x, int64_t total, void* out_low,
                        cudaDataType low_type, float low_scale,
                        cudaStream_t stream);
 
+// out[i] <- pseudo-random values in [-scale, scale) (a hash of i and
+// `seed`) in `type`, for `total` elements: operands for timing GEMMs whose
+// speed depends on their data (a power-limited GPU clocks zeros faster).
+cudaError_t LaunchFillRandom(void* out, int64_t total, cudaDataType type,
+                             uint32_t seed, float scale, cudaStream_t stream);
+
 // The outputs of a symmetric combine's values v (each may be null):
 //   value_low     <- value_scale * v                  (low_type)
 //   value32       <- v on its lower triangle (fp32; SymmetricCombine's

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/ns_elementwise.h"
 #include "kernels/cuda/stream_timer.h"
 
 namespace muonps {
@@ -128,21 +129,36 @@ absl::Status NsWorkspace::AddTiles(const void* l, const StackOperand& lo,
   return absl::OkStatus();
 }
 
+absl::Status NsWorkspace::EnsureOperand(DeviceBuffer* buffer, size_t elements,
+                                        const char* what) {
+  const size_t had = buffer->bytes();
+  MUONPS_RETURN_IF_ERROR(Ensure(buffer, elements * ElementBytes(low_), what));
+  if (!timed_ || buffer->bytes() == had) return absl::OkStatus();
+  // The searches time GEMMs on these buffers before any run fills them;
+  // zeros would let a power-limited GPU clock higher than real data does
+  // and favour other algorithms.
+  MUONPS_RETURN_IF_ERROR(CudaStatus(
+      LaunchFillRandom(buffer->get(), static_cast<int64_t>(elements), low_,
+                       static_cast<uint32_t>(elements), 1.0f, nullptr),
+      "filling a Newton-Schulz operand for timing"));
+  return CudaStatus(cudaStreamSynchronize(nullptr),
+                    "filling a Newton-Schulz operand for timing");
+}
+
 absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
-  const size_t low_bytes = ElementBytes(low_);
   const size_t wide = static_cast<size_t>(count_ * m_ * n_);
   const size_t square = static_cast<size_t>(count_ * m_ * m_);
   const bool gram = algorithm == NsAlgorithm::kGram;
   const int squares32 = gram ? 3 : 2;
   const int squares_low = gram ? 5 : 2;
-  MUONPS_RETURN_IF_ERROR(Ensure(&x_low_, wide * low_bytes, "iterate copy"));
+  MUONPS_RETURN_IF_ERROR(EnsureOperand(&x_low_, wide, "iterate copy"));
   for (int i = 0; i < squares32; ++i) {
     MUONPS_RETURN_IF_ERROR(
         Ensure(&square32_[i], square * sizeof(float), "fp32 square"));
   }
   for (int i = 0; i < squares_low; ++i) {
     MUONPS_RETURN_IF_ERROR(
-        Ensure(&square_low_[i], square * low_bytes, "square copy"));
+        EnsureOperand(&square_low_[i], square, "square copy"));
   }
   MUONPS_RETURN_IF_ERROR(
       Ensure(&sums_, static_cast<size_t>(count_) * sizeof(double), "norms"));

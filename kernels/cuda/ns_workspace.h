@@ -78,6 +78,10 @@ class NsWorkspace {
 
  private:
   absl::Status Ensure(DeviceBuffer* buffer, size_t bytes, const char* what);
+  // Ensure for a GEMM-input buffer of `elements` in low_; with timed_, a
+  // new one is filled with random values (see LaunchFillRandom).
+  absl::Status EnsureOperand(DeviceBuffer* buffer, size_t elements,
+                             const char* what);
   // Builds the tile pointers of every product of `algorithm`.
   absl::Status AddAllTiles(NsAlgorithm algorithm);
   // Sets plan_ to the faster for this shape of the kLtTiles plan and the
