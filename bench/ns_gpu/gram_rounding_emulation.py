@@ -11,6 +11,15 @@ shapes, ranks k/2 and 1, singular values 1..1e-6) and on Gaussian inputs, in
 units of the precision's unit roundoff u. This is what chose the accurate
 schedule {1, 3, 4}; the GPU measured within 1.4x of these figures.
 
+It also runs a restart that was ruled out: R <- Q R0 Q from the first R0
+in fp32 (its bf16 hi + lo halves, and the product's too) instead of
+X <- Q X, R <- X X^T, with X multiplied once by the accumulated Q at the
+end. It would save 1.5 alpha - 3.5 m^3 multiply-adds per restart (tall
+Llama shapes: about 10% of their FLOPs), but on rank-deficient inputs it
+is 8-22 times less accurate than the X restart with one restart, and
+thousands of times with three: R no longer sees X's rounding in the
+directions X does not span.
+
 Needs numpy (Debian's python3-numpy): /usr/bin/python3 gram_rounding_emulation.py
 """
 
@@ -97,6 +106,43 @@ def gram(x, bits, restarts):
     return apply(split())
 
 
+def gram_congruence(x, bits, restarts):
+    m = x.shape[0]
+    r = lambda v: rnd(v, bits)
+    eye = np.eye(m, dtype=np.float32)
+    x32 = (x / np.linalg.norm(x)).astype(np.float32)
+    xl = r(x32)
+    r0 = mm(xl, xl.T)
+    r0_hi = r(r0)
+    r0_lo = r(r0 - r0_hi)
+    r32, rl, q_total, q_identity = r0.copy(), r0_hi, None, True
+    for step in range(5):
+        mt = (B * r32 + C * mm(rl, rl)).astype(np.float32)
+        ml = r(mt)
+        if q_identity:
+            d32, ql, const, q_identity = mt.copy(), r(mt + A * eye), A, False
+        else:
+            d32 = (mm(ml, ql) + A * d32).astype(np.float32)
+            const *= A
+            ql = r(d32 + const * eye)
+        if step < 4 and step + 1 not in restarts:
+            r32 = (mm(ml, rl) + A * r32).astype(np.float32)
+            r32 = (mm(ml, r(r32)) + A * r32).astype(np.float32)
+            rl = r(r32)
+            continue
+        segment = (d32 + np.float32(const) * eye).astype(np.float32)
+        q_total = segment if q_total is None else mm(ql, r(q_total))
+        if step == 4:
+            break
+        qt = r(q_total)
+        t = mm(qt, r0_hi) + mm(qt, r0_lo)
+        t_hi = r(t)
+        r32 = mm(t_hi, qt) + mm(r(t - t_hi), qt)
+        r32 = (np.tril(r32) + np.tril(r32, -1).T).astype(np.float32)
+        rl, q_identity = r(r32), True
+    return mm(r(q_total), xl)
+
+
 def spectrum(m, n, rank, seed):
     g = np.random.default_rng(seed)
     u, _ = np.linalg.qr(g.standard_normal((m, rank)))
@@ -132,6 +178,12 @@ def main():
             gs = worst(lambda x: gram(x, bits, rs), gaussian)
             print(f"{name}: gram restarts {rs}: rank-deficient {e:.2f} u "
                   f"({e / n5:.2f}x ns5), gaussian {gs:.2f} u")
+        for rs in [(2,), (1, 3, 4)]:
+            e = worst(lambda x: gram_congruence(x, bits, rs), deficient)
+            gs = worst(lambda x: gram_congruence(x, bits, rs), gaussian)
+            print(f"{name}: congruence restarts {rs} (ruled out): "
+                  f"rank-deficient {e:.2f} u ({e / n5:.2f}x ns5), "
+                  f"gaussian {gs:.2f} u")
 
 
 if __name__ == "__main__":
