@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/ns_gpu/gpu_timing.h"
 #include "bench/ns_gpu/peer_results.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -325,6 +326,14 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Logs (the kernels' first-use choices among them) go to stderr: stdout
+  // carries the JSON lines.
+  const absl::Status logging =
+      muonps::SetUpLogging({.component = "ns_gpu_bench"});
+  if (!logging.ok()) {
+    std::fprintf(stderr, "ns_gpu_bench: %s\n", logging.ToString().c_str());
+    return 1;
+  }
   const absl::Status status = muonps::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "ns_gpu_bench: %s\n", status.ToString().c_str());

@@ -35,6 +35,7 @@
 #include "bench/step_gpu/ranks_step.h"
 #include "bench/step_gpu/two_trainers_step.h"
 #include "client/client.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
@@ -356,6 +357,14 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Logs (the kernels' first-use choices among them) go to stderr: stdout
+  // carries the JSON lines.
+  const absl::Status logging =
+      muonps::SetUpLogging({.component = "step_gpu_bench"});
+  if (!logging.ok()) {
+    std::fprintf(stderr, "step_gpu_bench: %s\n", logging.ToString().c_str());
+    return 1;
+  }
   const absl::Status status = muonps::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "step_gpu_bench rank %d: %s\n",

@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/micro_benchmarks.h"
 #include "kernels/cuda/ns_engine.h"
@@ -304,5 +305,13 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Logs (the kernels' first-use choices among them) go to stderr: stdout
+  // carries the JSON lines.
+  const absl::Status logging =
+      muonps::SetUpLogging({.component = "ns_gpu_timing"});
+  if (!logging.ok()) {
+    std::fprintf(stderr, "ns_gpu_timing: %s\n", logging.ToString().c_str());
+    return 1;
+  }
   return muonps::kernels::cuda::Main();
 }

@@ -9,10 +9,20 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ns_elementwise.h"
 #include "kernels/cuda/stream_timer.h"
+#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace kernels {
 namespace cuda {
+namespace {
+
+std::string PlanName(const SymmetricPlan& plan) {
+  return absl::StrCat(
+      plan.mode == SymmetricMode::kLtTiles ? "cuBLASLt" : "cuBLAS",
+      " tiles of ", plan.blocks, " blocks");
+}
+
+}  // namespace
 
 NsWorkspace::NsWorkspace(int64_t count, int64_t rows, int64_t cols,
                          cudaDataType low, const SymmetricPlan& plan)
@@ -87,7 +97,10 @@ absl::Status NsWorkspace::SearchLeftMultiply() {
   // Timed with R's fp32 scratch as the output: it holds count * m * m
   // floats, so count * m / n of the m x n outputs (none: cuBLAS runs).
   const int64_t timed = std::min(count_, count_ * m_ / n_);
-  if (timed < 1) return absl::OkStatus();
+  if (timed < 1) {
+    dense_choice_ = "dense products on cuBLAS (too little scratch to time)";
+    return absl::OkStatus();
+  }
   MUONPS_RETURN_IF_ERROR(EnsureLt());
   const StackOperand w = Wide(x_low());
   absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Search(
@@ -96,7 +109,20 @@ absl::Status NsWorkspace::SearchLeftMultiply() {
       LeftMultiplyA(square_low(0), w), LeftMultiplyB(square_low(0), w),
       square32(1), lt_workspace_.get(), lt_workspace_.bytes(),
       /*candidates=*/24, timed);
-  if (gemm.ok() && (*gemm)->beats_baseline()) left_gemm_ = std::move(*gemm);
+  if (!gemm.ok()) {
+    dense_choice_ = absl::StrCat(
+        "dense products on cuBLAS (cuBLASLt: ", gemm.status().message(), ")");
+    return absl::OkStatus();
+  }
+  const LtGemm::Trial& best = (*gemm)->trials()[(*gemm)->best()];
+  dense_choice_ = absl::StrCat(
+      "dense products on ",
+      (*gemm)->beats_baseline()
+          ? absl::StrCat("cuBLASLt tile ", best.tile, " cluster ", best.cluster)
+          : "cuBLAS",
+      " (", timed, " matrices: cuBLASLt ", absl::SixDigits(best.ms),
+      " ms, cuBLAS ", absl::SixDigits((*gemm)->baseline_ms()), " ms)");
+  if ((*gemm)->beats_baseline()) left_gemm_ = std::move(*gemm);
   return absl::OkStatus();
 }
 
@@ -171,6 +197,9 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
   }
   if (timed_ && !left_searched_) {
     MUONPS_RETURN_IF_ERROR(SearchLeftMultiply());
+    // Once per shape, at its first use (never on the step path).
+    spdlog::info("Newton-Schulz {}x{}x{}: {}; {}", count_, m_, n_, tile_choice_,
+                 dense_choice_);
   }
   return AddAllTiles(algorithm);
 }
@@ -216,6 +245,7 @@ absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
   MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<StreamTimer> timer,
                           StreamTimer::Create());
   const SymmetricPlan candidates[2] = {plan_, cublas};
+  std::string timings;
   double best_ms = 0;
   SymmetricPlan best = plan_;
   // On any failure the workspace keeps its first plan, with no tiles built.
@@ -253,6 +283,8 @@ absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
         });
     if (!square_ms.ok()) return fail(square_ms.status());
     const double ms = *gram_ms + square_weight * *square_ms;
+    absl::StrAppend(&timings, &candidate == &candidates[0] ? "" : ", ",
+                    PlanName(candidate), " ", absl::SixDigits(ms), " ms");
     if (&candidate == &candidates[0] || ms < best_ms) {
       best_ms = ms;
       best = candidate;
@@ -260,6 +292,8 @@ absl::Status NsWorkspace::ChooseTilePlan(NsAlgorithm algorithm) {
   }
   plan_ = best;
   tiles_.clear();
+  tile_choice_ = absl::StrCat("symmetric products on ", PlanName(best), " (",
+                              timings, ")");
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include "absl/status/status.h"
@@ -110,6 +111,9 @@ class NsWorkspace {
   const bool timed_;
   bool plan_chosen_ = false;
   bool left_searched_ = false;
+  // What the searches chose and measured, for the log line at first use.
+  std::string tile_choice_ = "symmetric products on the plan's tiles";
+  std::string dense_choice_;
   DeviceBuffer x_low_;
   DeviceBuffer square32_[3];
   DeviceBuffer square_low_[5];

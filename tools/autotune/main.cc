@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -173,6 +174,14 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Logs (the kernels' first-use choices among them) go to stderr: stdout
+  // carries the JSON lines.
+  const absl::Status logging =
+      muonps::SetUpLogging({.component = "muonps-autotune"});
+  if (!logging.ok()) {
+    std::fprintf(stderr, "muonps-autotune: %s\n", logging.ToString().c_str());
+    return 1;
+  }
   const absl::Status status = muonps::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "muonps-autotune: %s\n", status.ToString().c_str());
