@@ -198,7 +198,8 @@ absl::Status NsWorkspace::Prepare(NsAlgorithm algorithm) {
   if (timed_ && !left_searched_) {
     MUONPS_RETURN_IF_ERROR(SearchLeftMultiply());
     // Once per shape, at its first use (never on the step path).
-    spdlog::info("Newton-Schulz {}x{}x{}: {}; {}", count_, m_, n_, tile_choice_,
+    spdlog::info("Newton-Schulz {} x {}x{}: {}; {}", count_,
+                 row_major_ ? m_ : n_, row_major_ ? n_ : m_, tile_choice_,
                  dense_choice_);
   }
   return AddAllTiles(algorithm);
