@@ -1,13 +1,15 @@
 // Host-side checks of the CUDA backend that need no GPU (they run in CI):
-// precision names, the symmetric-product plan choice, fp16 storage scales,
-// and that creating the backend where no GPU is usable fails with a clean
-// status (never a crash). On a GPU machine Create() must succeed instead.
+// precision names, the symmetric-product plan choice, the GEMM shapes the
+// products run as, fp16 storage scales, and that creating the backend where
+// no GPU is usable fails with a clean status (never a crash). On a GPU
+// machine Create() must succeed instead.
 #include "kernels/cuda/cuda_kernels.h"
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -107,6 +109,54 @@ TEST(SymmetricPlanTest, ProductCombineRefusesAnOutputThatIsAnInput) {
       r, 0.0f, storage + 32, nullptr, combine);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("with_diag_low is the input other"));
+}
+
+// LeftMultiply's product as the column-major GEMM that LtGemm and
+// CublasGemm run: a row-major wide W (m x n) is Y^T = W^T Q, n x m with W
+// as A; a tall row-major stack (its wide view column-major) is Y = Q W,
+// m x n with Q as A. Strides step whole matrices.
+TEST(GemmShapeTest, LeftMultiplyMapsBothLayoutsToOneColumnMajorGemm) {
+  const int64_t count = 3, m = 64, n = 256;
+  const char q[1] = {0}, w[1] = {0};
+  const StackOperand wide{w, m * n, n, true};
+  const LtGemm::Shape a =
+      LeftMultiplyShape(CUDA_R_16BF, CUDA_R_32F, count, m, n, wide);
+  EXPECT_TRUE(a.strided);
+  EXPECT_EQ(a.ta, CUBLAS_OP_N);
+  EXPECT_EQ(a.tb, CUBLAS_OP_N);
+  EXPECT_EQ(std::vector<int64_t>({a.m, a.n, a.k, a.lda, a.ldb, a.ldc}),
+            std::vector<int64_t>({n, m, m, n, m, n}));
+  EXPECT_EQ(std::vector<int64_t>({a.stride_a, a.stride_b, a.stride_c}),
+            std::vector<int64_t>({m * n, m * m, m * n}));
+  EXPECT_EQ(a.batch, count);
+  EXPECT_EQ(LeftMultiplyA(q, wide), w);
+  EXPECT_EQ(LeftMultiplyB(q, wide), q);
+
+  const StackOperand tall{w, m * n, m, false};
+  const LtGemm::Shape b =
+      LeftMultiplyShape(CUDA_R_16F, CUDA_R_32F, count, m, n, tall);
+  EXPECT_EQ(b.input_type, CUDA_R_16F);
+  EXPECT_EQ(std::vector<int64_t>({b.m, b.n, b.k, b.lda, b.ldb, b.ldc}),
+            std::vector<int64_t>({m, n, m, m, m, m}));
+  EXPECT_EQ(std::vector<int64_t>({b.stride_a, b.stride_b, b.stride_c}),
+            std::vector<int64_t>({m * m, m * n, m * n}));
+  EXPECT_EQ(LeftMultiplyA(q, tall), q);
+  EXPECT_EQ(LeftMultiplyB(q, tall), w);
+}
+
+// LowerProduct's tiles as one pointer-array GEMM of t x t tiles over k,
+// written into c of m columns; row-major operands are read transposed as A.
+TEST(GemmShapeTest, TileShapeIsAPointerArrayOfSquareTiles) {
+  const char x[1] = {0};
+  const StackOperand rows{x, 128 * 512, 512, true};
+  const LtGemm::Shape s = TileShape(CUDA_R_16BF, 128, 32, 512, rows, rows, 30);
+  EXPECT_FALSE(s.strided);
+  EXPECT_EQ(s.ta, CUBLAS_OP_T);
+  EXPECT_EQ(s.tb, CUBLAS_OP_N);
+  EXPECT_EQ(std::vector<int64_t>({s.m, s.n, s.k, s.lda, s.ldb, s.ldc}),
+            std::vector<int64_t>({32, 32, 512, 512, 512, 128}));
+  EXPECT_EQ(s.batch, 30);
+  EXPECT_EQ(s.output_type, CUDA_R_32F);
 }
 
 TEST(NsScalesTest, Fp16ScalesArePowersOfTwoAndOthersAreOne) {
