@@ -61,18 +61,40 @@ def ns5(x, bits):
     return x32
 
 
+def q_step(r32, rl, seg, r):
+    """One step on Q from R: M = b R + c R^2, Q <- (a I + M) Q, with Q kept
+    as D = Q - c I in fp32, its 16-bit copy of Q, and c; `seg` is None where
+    Q = I. Returns M's 16-bit copy and the new (d32, ql, const)."""
+    eye = np.eye(r32.shape[0], dtype=np.float32)
+    mt = (B * r32 + C * mm(rl, rl)).astype(np.float32)
+    ml = r(mt)
+    if seg is None:
+        return ml, (mt.copy(), r(mt + A * eye), A)
+    d32, ql, const = seg
+    d32 = (mm(ml, ql) + A * d32).astype(np.float32)
+    const *= A
+    return ml, (d32, r(d32 + const * eye), const)
+
+
+def r_step(ml, r32, rl, r):
+    """R <- P (P R), each product a M + the a-term in fp32."""
+    r32 = (mm(ml, rl) + A * r32).astype(np.float32)
+    r32 = (mm(ml, r(r32)) + A * r32).astype(np.float32)
+    return r32, r(r32)
+
+
 def gram(x, bits, restarts):
     m = x.shape[0]
     r = lambda v: rnd(v, bits)
-    eye = np.eye(m, dtype=np.float32)
     x32 = (x / np.linalg.norm(x)).astype(np.float32)
     xl = r(x32)
     r32 = mm(xl, xl.T)
     rl = r(r32)
-    first, start, q_identity = True, 0, True
+    first, start, seg = True, 0, None
     ends = sorted(s for s in restarts if 0 < s < 5) + [5]
 
     def apply(use_d):
+        d32, ql, const = seg
         if use_d:
             return (mm(r(d32), xl) + np.float32(const) * x32).astype(np.float32)
         return mm(ql, xl)
@@ -82,27 +104,17 @@ def gram(x, bits, restarts):
         return m >= 64 and (first or end - start <= 2)
 
     for step in range(5):
-        r2 = mm(rl, rl)
-        mt = (B * r32 + C * r2).astype(np.float32)
-        ml = r(mt)
-        if q_identity:
-            d32, ql, const, q_identity = mt.copy(), r(mt + A * eye), A, False
-        else:
-            d32 = (mm(ml, ql) + A * d32).astype(np.float32)
-            const *= A
-            ql = r(d32 + const * eye)
+        ml, seg = q_step(r32, rl, seg, r)
         if step == 4:
             break
         if step + 1 not in restarts:
-            r32 = (mm(ml, rl) + A * r32).astype(np.float32)
-            r32 = (mm(ml, r(r32)) + A * r32).astype(np.float32)
-            rl = r(r32)
+            r32, rl = r_step(ml, r32, rl, r)
             continue
         x32 = apply(split())
         xl = r(x32)
         r32 = mm(xl, xl.T)
         rl = r(r32)
-        q_identity, first, start = True, False, step + 1
+        seg, first, start = None, False, step + 1
     return apply(split())
 
 
@@ -115,21 +127,13 @@ def gram_congruence(x, bits, restarts):
     r0 = mm(xl, xl.T)
     r0_hi = r(r0)
     r0_lo = r(r0 - r0_hi)
-    r32, rl, q_total, q_identity = r0.copy(), r0_hi, None, True
+    r32, rl, q_total, seg = r0.copy(), r0_hi, None, None
     for step in range(5):
-        mt = (B * r32 + C * mm(rl, rl)).astype(np.float32)
-        ml = r(mt)
-        if q_identity:
-            d32, ql, const, q_identity = mt.copy(), r(mt + A * eye), A, False
-        else:
-            d32 = (mm(ml, ql) + A * d32).astype(np.float32)
-            const *= A
-            ql = r(d32 + const * eye)
+        ml, seg = q_step(r32, rl, seg, r)
         if step < 4 and step + 1 not in restarts:
-            r32 = (mm(ml, rl) + A * r32).astype(np.float32)
-            r32 = (mm(ml, r(r32)) + A * r32).astype(np.float32)
-            rl = r(r32)
+            r32, rl = r_step(ml, r32, rl, r)
             continue
+        d32, ql, const = seg
         segment = (d32 + np.float32(const) * eye).astype(np.float32)
         q_total = segment if q_total is None else mm(ql, r(q_total))
         if step == 4:
@@ -139,7 +143,7 @@ def gram_congruence(x, bits, restarts):
         t_hi = r(t)
         r32 = mm(t_hi, qt) + mm(r(t - t_hi), qt)
         r32 = (np.tril(r32) + np.tril(r32, -1).T).astype(np.float32)
-        rl, q_identity = r(r32), True
+        rl, seg = r(r32), None
     return mm(r(q_total), xl)
 
 
