@@ -1,0 +1,155 @@
+// The order of a StepSchedule's phases (scheduler/step_schedule.h): each
+// owner stack computed once its gradients are in and before its updates go
+// out, single-item stacks sending each bucket back before the next, and
+// one issue order that every worker computes alike.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "scheduler/planner.h"
+#include "scheduler/step_schedule.h"
+#include "scheduler/step_schedule_fixture.h"
+
+namespace muonps {
+namespace scheduler {
+namespace {
+
+using schedule_test::Describe;
+using schedule_test::kBucketBytes;
+using schedule_test::kMiB;
+using schedule_test::StepScheduleTest;
+
+TEST_F(StepScheduleTest, OrderComputesStacksOnceTheirGradientsAreIn) {
+  for (const int64_t bucket_bound :
+       {kBucketBytes, int64_t{1}, int64_t{1} << 40}) {
+    for (const int64_t stack_bound : {int64_t{1}, 2 * kMiB, int64_t{1} << 40}) {
+      SCOPED_TRACE(absl::StrCat("bucket_bytes ", bucket_bound, " stack_bytes ",
+                                stack_bound));
+      const StepSchedule schedule = Build(plan_, bucket_bound, stack_bound);
+      const int32_t buckets = static_cast<int32_t>(schedule.buckets.size());
+      ASSERT_GT(buckets, 0);
+      // Every item is in exactly one stack of its owner and shape, within
+      // the byte bound (or alone).
+      std::map<std::pair<int32_t, int32_t>, int32_t> stack_of;
+      for (size_t k = 0; k < schedule.stacks.size(); ++k) {
+        const OwnerStack& st = schedule.stacks[k];
+        ASSERT_FALSE(st.items.empty());
+        EXPECT_TRUE(st.items.size() == 1 ||
+                    static_cast<int64_t>(st.items.size()) * 4 * st.rows *
+                            st.cols <=
+                        stack_bound);
+        for (const ItemRef& item : st.items) {
+          const MatrixSpec& spec = matrices()[item.matrix];
+          EXPECT_EQ(plan_.owners[item.matrix][item.expert], st.owner);
+          EXPECT_EQ(spec.rows, st.rows);
+          EXPECT_EQ(spec.cols, st.cols);
+          EXPECT_TRUE(stack_of
+                          .emplace(std::make_pair(item.matrix, item.expert),
+                                   static_cast<int32_t>(k))
+                          .second);
+        }
+      }
+      int64_t items = 0;
+      for (const MatrixSpec& m : matrices()) items += m.experts;
+      EXPECT_EQ(static_cast<int64_t>(stack_of.size()), items);
+      // Position of each phase; every one appears exactly once.
+      std::map<std::pair<int, int32_t>, size_t> at;
+      for (size_t i = 0; i < schedule.order.size(); ++i) {
+        const Phase& p = schedule.order[i];
+        EXPECT_TRUE(
+            at.emplace(std::make_pair(static_cast<int>(p.kind), p.index), i)
+                .second);
+      }
+      ASSERT_EQ(at.size(), 2 * buckets + schedule.stacks.size());
+      auto pos = [&](PhaseKind kind, int32_t index) {
+        return at.at({static_cast<int>(kind), index});
+      };
+      std::map<int32_t, int32_t> bucket_of_matrix;
+      for (int32_t k = 0; k < buckets; ++k) {
+        if (k > 0) {  // gradients in arrival order (updates as ready)
+          EXPECT_LT(pos(PhaseKind::kToOwners, k - 1),
+                    pos(PhaseKind::kToOwners, k));
+        }
+        for (const int32_t m : schedule.buckets[k].matrices) {
+          bucket_of_matrix[m] = k;
+        }
+      }
+      for (size_t k = 0; k < schedule.stacks.size(); ++k) {
+        const OwnerStack& st = schedule.stacks[k];
+        const size_t compute = pos(PhaseKind::kCompute, k);
+        for (const ItemRef& item : st.items) {
+          const int32_t b = bucket_of_matrix[item.matrix];
+          EXPECT_LE(b, st.ready_bucket);
+          // Gradients in before the compute; updates out after it.
+          EXPECT_LT(pos(PhaseKind::kToOwners, b), compute);
+          EXPECT_GT(pos(PhaseKind::kFromOwners, b), compute);
+        }
+        // Computed right after the gradients that complete it arrive.
+        EXPECT_LT(pos(PhaseKind::kToOwners, st.ready_bucket), compute);
+        if (st.ready_bucket + 1 < buckets) {
+          EXPECT_GT(pos(PhaseKind::kToOwners, st.ready_bucket + 1), compute);
+        }
+      }
+      std::vector<Transfer> flattened;
+      for (const Phase& phase : schedule.order) {
+        if (phase.kind == PhaseKind::kCompute) continue;
+        const Bucket& bucket = schedule.buckets[phase.index];
+        const auto& list = phase.kind == PhaseKind::kToOwners
+                               ? bucket.to_owners
+                               : bucket.from_owners;
+        flattened.insert(flattened.end(), list.begin(), list.end());
+      }
+      EXPECT_EQ(Describe(IssueOrder(schedule)), Describe(flattened));
+    }
+  }
+  // One matrix per bucket at a 1-byte bound; all in one at 1 TiB.
+  EXPECT_EQ(Build(plan_, 1).buckets.size(), matrices().size());
+  EXPECT_EQ(Build(plan_, int64_t{1} << 40).buckets.size(), 1u);
+}
+
+TEST_F(StepScheduleTest, SingleItemStacksSendEachBucketBackBeforeTheNext) {
+  // Every stack completes with its own bucket: to(k), its stacks, from(k).
+  const StepSchedule schedule = Build(plan_, 1, 1);
+  std::vector<std::string> kinds;
+  for (const Phase& p : schedule.order) {
+    if (p.kind == PhaseKind::kCompute) continue;
+    kinds.push_back(absl::StrCat(
+        p.kind == PhaseKind::kToOwners ? "to " : "from ", p.index));
+  }
+  std::vector<std::string> want;
+  for (size_t k = 0; k < schedule.buckets.size(); ++k) {
+    want.push_back(absl::StrCat("to ", k));
+    want.push_back(absl::StrCat("from ", k));
+  }
+  EXPECT_EQ(kinds, want);
+}
+
+TEST_F(StepScheduleTest, EveryWorkerComputesTheSameIssueOrder) {
+  const std::vector<Transfer> first = IssueOrder(Build(plan_));
+  const OwnershipPlan copy = plan_;
+  const std::vector<Transfer> second = IssueOrder(Build(plan_));
+  const std::vector<Transfer> from_copy = IssueOrder(Build(copy));
+  ASSERT_FALSE(first.empty());
+  // Kind, item, owner and bytes, in sequence.
+  EXPECT_EQ(Describe(second), Describe(first));
+  EXPECT_EQ(Describe(from_copy), Describe(first));
+  // Every item's update is issued exactly once per step.
+  int64_t items = 0;
+  for (const MatrixSpec& m : matrices()) items += m.experts;
+  int64_t updates = 0;
+  for (const Transfer& t : first) {
+    if (t.kind == TransferKind::kBroadcastFromOwner ||
+        t.kind == TransferKind::kScatterFromOwner) {
+      ++updates;
+    }
+  }
+  EXPECT_EQ(updates, items);
+}
+
+}  // namespace
+}  // namespace scheduler
+}  // namespace muonps

@@ -1,0 +1,423 @@
+// CoordinatorState's membership (coordinator_membership.cc): workers
+// joining (the plan versions and cost tables joins bring), retries and
+// takeovers of a worker id, heartbeats and lease expiry, listing and
+// leaving, and the worker token every worker call needs.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/coordinator_state_fixture.h"
+
+namespace muonps {
+namespace coordinator {
+namespace {
+
+using coordinator_test::Beat;
+using coordinator_test::CoordinatorStateTest;
+using coordinator_test::Create;
+using coordinator_test::Join;
+using coordinator_test::kGiB;
+using coordinator_test::kTtl;
+using coordinator_test::Leave;
+using coordinator_test::PlanOf;
+using coordinator_test::Spec;
+using coordinator_test::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// Matrix name -> owner of each expert.
+std::map<std::string, std::vector<std::string>> Owners(const v1::Plan& plan) {
+  std::map<std::string, std::vector<std::string>> out;
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    out[m.name()].assign(m.owners().begin(), m.owners().end());
+  }
+  return out;
+}
+
+// Matrices (2-D ones: the first owner) owned by `worker`.
+std::vector<std::string> OwnedBy(const v1::Plan& plan,
+                                 const std::string& worker) {
+  std::vector<std::string> out;
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    if (!m.owners().empty() && m.owners(0) == worker) out.push_back(m.name());
+  }
+  return out;
+}
+
+TEST_F(CoordinatorStateTest, JoinBeyondMaxWorkersPerJobIsResourceExhausted) {
+  CoordinatorOptions options = Options();
+  options.limits.max_workers_per_job = 2;
+  Reset(options);
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  EXPECT_THAT(state_->JoinJob(Join("x", "w3")).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "limit of 2"));
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  EXPECT_EQ(JoinOk("x", "w2"), 2);  // a retry is not a new worker
+}
+
+TEST_F(CoordinatorStateTest, FirstWorkerGetsVersionOneOwningEveryMatrix) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 6))).ok());
+  absl::StatusOr<v1::JoinJobResponse> join = state_->JoinJob(Join("x", "w1"));
+  ASSERT_TRUE(join.ok()) << join.status();
+  EXPECT_EQ(join->plan_version(), 1);
+  EXPECT_EQ(join->lease_ttl_ms(), 10000);
+  EXPECT_EQ(join->heartbeat_interval_ms(), 2000);
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 1);
+  EXPECT_EQ(plan.name(), "jobs/x/plans/1");
+  EXPECT_THAT(plan.workers(), ElementsAre("w1"));
+  ASSERT_EQ(plan.matrices_size(), 6);
+  for (const auto& [name, owners] : Owners(plan)) {
+    EXPECT_THAT(owners, ElementsAre("w1")) << name;
+  }
+  EXPECT_THAT(state_->GetJob("x")->workers(), ElementsAre("w1"));
+}
+
+TEST_F(CoordinatorStateTest, DedicatedWorkersRankLastAndOwnMatricesToo) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 8))).ok());
+  v1::JoinJobRequest pool = Join("x", "pool0");
+  pool.set_dedicated(true);
+  ASSERT_TRUE(state_->JoinJob(pool).ok());
+  // Only a dedicated worker: no plan can step (nothing has a trainer).
+  EXPECT_FALSE(state_->GetPlan(PlanOf("x", 1)).ok());
+  EXPECT_EQ(JoinOk("x", "w1"), 1);
+  const v1::Plan plan = CurrentPlan("x");
+  // The worker with a trainer first, whatever the join order.
+  EXPECT_THAT(plan.workers(), ElementsAre("w1", "pool0"));
+  EXPECT_EQ(plan.dedicated_workers(), 1);
+  EXPECT_FALSE(OwnedBy(plan, "pool0").empty());
+  EXPECT_FALSE(OwnedBy(plan, "w1").empty());
+}
+
+TEST_F(CoordinatorStateTest, SecondWorkerGetsVersionTwoSharingTheMatrices) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 8))).ok());
+  EXPECT_EQ(JoinOk("x", "w1"), 1);
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 2);
+  EXPECT_THAT(plan.workers(), ElementsAre("w1", "w2"));
+  EXPECT_FALSE(OwnedBy(plan, "w1").empty());
+  EXPECT_FALSE(OwnedBy(plan, "w2").empty());
+  EXPECT_EQ(OwnedBy(plan, "w1").size() + OwnedBy(plan, "w2").size(), 8u);
+  EXPECT_GT(plan.moved_bytes(), 0);  // w2's share came from w1
+  // Version 1 is still there, unchanged.
+  absl::StatusOr<v1::Plan> v1 = state_->GetPlan(PlanOf("x", 1));
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_THAT(v1->workers(), ElementsAre("w1"));
+}
+
+TEST_F(CoordinatorStateTest,
+       JoinRetryWithSameInstanceKeepsVersionAndPublishesNothing) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  EXPECT_EQ(state_->Counts().plan_versions, 2);
+  EXPECT_THAT(state_->GetJob("x")->workers(), ElementsAre("w1", "w2"));
+  // The retry renewed the lease: 5 s after the first join it has 10 s left.
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_THAT(state_->ExpireLeases(), ElementsAre("x/w1"));
+}
+
+TEST_F(CoordinatorStateTest,
+       OtherInstanceTakesOverWorkerIdOnlyAfterLeaseExpires) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_THAT(state_->JoinJob(Join("x", "w2", 4 * kGiB, "restarted")).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, "worker_id"));
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "w1", 2)).ok());
+  clock_.Advance(absl::Seconds(2));  // w2's lease ran out 1 s ago
+  absl::StatusOr<v1::JoinJobResponse> takeover =
+      state_->JoinJob(Join("x", "w2", 4 * kGiB, "restarted"));
+  ASSERT_TRUE(takeover.ok()) << takeover.status();
+  EXPECT_EQ(takeover->plan_version(), 3);
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 3);
+  EXPECT_THAT(plan.workers(), UnorderedElementsAre("w1", "w2"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w2", 3)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "instance_id"));
+  EXPECT_TRUE(state_->Heartbeat(Beat("x", "w2", 3, "restarted")).ok());
+}
+
+TEST_F(CoordinatorStateTest, JoinParsesCostTableIntoPlanPredictions) {
+  v1::JobSpec spec = Spec("x", 1, 64, 64);
+  spec.mutable_muon()->set_ns_algorithm(v1::NS_ALGORITHM_NS5);
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  v1::JoinJobRequest join = Join("x", "w1");
+  join.set_cost_table(
+      "# measured\n"
+      "{\"device\": \"NVIDIA H200\"}\n"
+      "{\"rows\": 64, \"cols\": 64, \"algorithm\": \"ns5\", \"batch\": 1, "
+      "\"seconds\": 7.5}\n");
+  join.set_speed(2.0);
+  ASSERT_TRUE(state_->JoinJob(join).ok());
+  const v1::Plan plan = CurrentPlan("x");
+  ASSERT_EQ(plan.batches_size(), 1);
+  // 7.5 s measured, at twice the table's speed.
+  EXPECT_NEAR(plan.batches(0).predicted_seconds(), 3.75, 1e-9);
+  EXPECT_EQ(plan.batches(0).algorithm(), v1::NS_ALGORITHM_NS5);
+  // One matrix: one part, the whole batch.
+  ASSERT_EQ(plan.batches(0).parts_size(), 1);
+  EXPECT_EQ(plan.batches(0).parts(0).count(), 1);
+  EXPECT_NEAR(plan.batches(0).parts(0).predicted_seconds(), 3.75, 1e-9);
+}
+
+// A table where four matrices take longer in one call than in two calls of
+// two: the published batch carries the split, each part with its time.
+TEST_F(CoordinatorStateTest, CostTableThatFavoursASplitPublishesTheParts) {
+  v1::JobSpec spec = Spec("x", 4, 64, 64);
+  spec.mutable_muon()->set_ns_algorithm(v1::NS_ALGORITHM_NS5);
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  v1::JoinJobRequest join = Join("x", "w1");
+  std::string table;
+  for (const auto& [batch, seconds] :
+       std::vector<std::pair<int, double>>{{1, 1.0}, {2, 1.9}, {4, 4.0}}) {
+    absl::StrAppend(&table, "{\"rows\": 64, \"cols\": 64, \"algorithm\": ",
+                    "\"ns5\", \"batch\": ", batch, ", \"seconds\": ", seconds,
+                    "}\n");
+  }
+  join.set_cost_table(table);
+  ASSERT_TRUE(state_->JoinJob(join).ok());
+  const v1::Plan plan = CurrentPlan("x");
+  ASSERT_EQ(plan.batches_size(), 1);
+  const v1::Batch& batch = plan.batches(0);
+  EXPECT_EQ(batch.matrices_size(), 4);
+  EXPECT_NEAR(batch.predicted_seconds(), 3.8, 1e-9);
+  EXPECT_EQ(batch.algorithm(), v1::NS_ALGORITHM_NS5);
+  ASSERT_EQ(batch.parts_size(), 2);
+  for (const v1::BatchPart& part : batch.parts()) {
+    EXPECT_EQ(part.count(), 2);
+    EXPECT_EQ(part.algorithm(), v1::NS_ALGORITHM_NS5);
+    EXPECT_NEAR(part.predicted_seconds(), 1.9, 1e-9);
+  }
+}
+
+TEST_F(CoordinatorStateTest, MalformedCostTableIsInvalidArgumentNamingLine) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 1))).ok());
+  v1::JoinJobRequest join = Join("x", "w1");
+  join.set_cost_table("# header\nnot json\n");
+  const absl::Status status = state_->JoinJob(join).status();
+  EXPECT_THAT(status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "cost_table"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("line 2"));
+  EXPECT_THAT(state_->GetJob("x")->workers(), IsEmpty());
+  EXPECT_EQ(state_->Counts().workers, 0);
+}
+
+TEST_F(CoordinatorStateTest,
+       JobTooBigForWorkersHasNoPlanUntilRoomyWorkerJoins) {
+  // One 1024 x 1024 fp32 matrix takes 12 MiB to own; 8 MiB cannot hold it.
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 1))).ok());
+  absl::StatusOr<v1::JoinJobResponse> small =
+      state_->JoinJob(Join("x", "small", 8 * kMiB));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->plan_version(), 0);
+  const absl::Status no_plan = state_->GetPlan(PlanOf("x")).status();
+  EXPECT_THAT(no_plan,
+              StatusIs(absl::StatusCode::kFailedPrecondition, "\"x\""));
+  EXPECT_THAT(std::string(no_plan.message()),
+              HasSubstr("needs 12582912 bytes"));
+  EXPECT_THAT(std::string(no_plan.message()), HasSubstr("\"small\""));
+  EXPECT_EQ(state_->Counts().plan_versions, 0);
+
+  EXPECT_EQ(JoinOk("x", "roomy", kGiB), 1);
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 1);
+  EXPECT_THAT(plan.workers(), ElementsAre("small", "roomy"));
+  EXPECT_THAT(OwnedBy(plan, "roomy"), ElementsAre("layers.0.w"));
+}
+
+TEST_F(CoordinatorStateTest,
+       HeartbeatRenewsLeaseAndExpiryMovesMatricesToSurvivors) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 12))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  EXPECT_EQ(JoinOk("x", "w3"), 3);
+  const v1::Plan before = CurrentPlan("x");
+  const std::vector<std::string> lost = OwnedBy(before, "w3");
+  ASSERT_FALSE(lost.empty());
+
+  clock_.Advance(kTtl * 0.9);
+  for (const char* w : {"w1", "w2", "w3"}) {
+    ASSERT_TRUE(state_->Heartbeat(Beat("x", w, 3)).ok()) << w;
+  }
+  clock_.Advance(kTtl * 0.9);  // 18 s after joining: only renewal keeps them
+  EXPECT_THAT(state_->ExpireLeases(), IsEmpty());
+  EXPECT_EQ(CurrentPlan("x").version(), 3);
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "w1", 3)).ok());
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "w2", 3)).ok());
+  clock_.Advance(kTtl * 0.2);  // w3's lease ran out 1 s ago
+  EXPECT_THAT(state_->ExpireLeases(), ElementsAre("x/w3"));
+
+  const v1::Plan after = CurrentPlan("x");
+  EXPECT_EQ(after.version(), 4);
+  EXPECT_THAT(after.workers(), ElementsAre("w1", "w2"));
+  EXPECT_THAT(after.reason(), HasSubstr("w3"));
+  const auto owners = Owners(after);
+  for (const auto& [name, who] : owners) {
+    EXPECT_THAT(who, testing::Each(testing::AnyOf("w1", "w2"))) << name;
+  }
+  EXPECT_EQ(owners.size(), 12u);
+  // At least every matrix w3 held moved (4 MiB of fp32 momentum each).
+  EXPECT_GE(after.moved_bytes(), static_cast<int64_t>(lost.size()) * 4 * kMiB);
+  EXPECT_THAT(state_->GetJob("x")->workers(), ElementsAre("w1", "w2"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w3", 3)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"w3\""));
+}
+
+TEST_F(CoordinatorStateTest, HeartbeatRejectsOtherInstanceAndFutureVersion) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  absl::StatusOr<v1::HeartbeatResponse> ok =
+      state_->Heartbeat(Beat("x", "w1", 1));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->plan_version(), 1);
+  EXPECT_EQ(ok->lease_ttl_ms(), 10000);
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", 1, "impostor")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "instance_id"));
+  // A version above the latest is a plan this coordinator never published
+  // (a restart without state): the worker must join again, so not
+  // INVALID_ARGUMENT, which workers do not take for a lost lease.
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", 2)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "plan_version: 2 is newer"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "w1", -1)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "plan_version"));
+  EXPECT_THAT(state_->Heartbeat(Beat("x", "nobody", 1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "worker_id"));
+  EXPECT_THAT(state_->Heartbeat(Beat("y", "w1", 1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"y\""));
+}
+
+TEST_F(CoordinatorStateTest, ListWorkersReportsLeaseLeftOnTheClock) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "w1", 1)).ok());
+  clock_.Advance(absl::Milliseconds(2500));
+  v1::ListWorkersRequest request;
+  request.set_job("x");
+  absl::StatusOr<v1::ListWorkersResponse> list = state_->ListWorkers(request);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->workers_size(), 1);
+  EXPECT_EQ(list->workers(0).worker_id(), "w1");
+  EXPECT_EQ(list->workers(0).lease_remaining_ms(), 7500);
+  EXPECT_EQ(list->workers(0).plan_version(), 1);
+  EXPECT_EQ(list->workers(0).data_address(), "w1.local:7001");
+}
+
+TEST_F(CoordinatorStateTest,
+       LeaveJobPublishesNewVersionAndLeavingTwiceIsNotFound) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  v1::LeaveJobRequest impostor = Leave("x", "w2");
+  impostor.set_instance_id("impostor");
+  EXPECT_THAT(state_->LeaveJob(impostor),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "instance_id"));
+  ASSERT_TRUE(state_->LeaveJob(Leave("x", "w2")).ok());
+  const v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 3);
+  EXPECT_THAT(plan.workers(), ElementsAre("w1"));
+  EXPECT_EQ(OwnedBy(plan, "w1").size(), 4u);
+  EXPECT_THAT(state_->LeaveJob(Leave("x", "w2")),
+              StatusIs(absl::StatusCode::kNotFound, "\"w2\""));
+  EXPECT_EQ(CurrentPlan("x").version(), 3);
+}
+
+TEST_F(CoordinatorStateTest,
+       LastWorkerLeavingLeavesNoCurrentPlanButKeepsHistory) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  ASSERT_TRUE(state_->LeaveJob(Leave("x", "w2")).ok());
+  ASSERT_TRUE(state_->LeaveJob(Leave("x", "w1")).ok());
+  EXPECT_THAT(state_->GetPlan(PlanOf("x")).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no workers"));
+  for (int64_t version : {1, 2, 3}) {
+    absl::StatusOr<v1::Plan> plan = state_->GetPlan(PlanOf("x", version));
+    ASSERT_TRUE(plan.ok()) << version << ": " << plan.status();
+    EXPECT_EQ(plan->version(), version);
+  }
+  EXPECT_THAT(state_->GetJob("x")->workers(), IsEmpty());
+  // A worker coming back gets a plan again, numbered after the old ones.
+  EXPECT_EQ(JoinOk("x", "w1"), 4);
+  EXPECT_EQ(CurrentPlan("x").version(), 4);
+}
+
+TEST_F(CoordinatorStateTest, WorkerCallsNeedTheTokenJoinJobGaveThatWorker) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("y", 2))).ok());
+  JoinOk("x", "w1");
+  JoinOk("y", "w1");
+  const std::string mine = state_->worker_token("x", "w1");
+  const std::string other_job = state_->worker_token("y", "w1");
+  ASSERT_EQ(mine.size(), 64u);
+  ASSERT_NE(mine, other_job);
+
+  v1::HeartbeatRequest beat = Beat("x", "w1", 1);
+  beat.set_worker_token("0123456789abcdef0123456789abcdef");
+  EXPECT_THAT(state_->Heartbeat(beat).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+  beat.set_worker_token(other_job);  // a token of another job
+  EXPECT_THAT(state_->Heartbeat(beat).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, "wrong"));
+  beat.set_worker_token(mine);
+  EXPECT_TRUE(state_->Heartbeat(beat).ok());
+
+  v1::LeaveJobRequest leave = Leave("x", "w1");
+  leave.set_worker_token(other_job);
+  EXPECT_THAT(state_->LeaveJob(leave),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+  v1::ReportStepStatsRequest stats;
+  stats.set_job("x");
+  stats.set_worker_id("w1");
+  stats.set_worker_token(other_job);
+  EXPECT_THAT(state_->ReportStepStats(stats),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+  // Nothing changed: w1 still holds its lease in x.
+  EXPECT_EQ(CurrentPlan("x").workers_size(), 1);
+}
+
+TEST_F(CoordinatorStateTest, JoinRetryKeepsTheTokenTakeoverGetsANewOne) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  absl::StatusOr<v1::JoinJobResponse> first = state_->JoinJob(Join("x", "w1"));
+  ASSERT_TRUE(first.ok());
+  absl::StatusOr<v1::JoinJobResponse> retry = state_->JoinJob(Join("x", "w1"));
+  ASSERT_TRUE(retry.ok());
+  EXPECT_EQ(retry->worker_token(), first->worker_token());
+  EXPECT_EQ(retry->data_plane_secret(), first->data_plane_secret());
+  EXPECT_EQ(first->data_plane_secret().size(), 64u);
+
+  clock_.Advance(kTtl + absl::Seconds(1));
+  absl::StatusOr<v1::JoinJobResponse> takeover =
+      state_->JoinJob(Join("x", "w1", 4 * kGiB, "another-instance"));
+  ASSERT_TRUE(takeover.ok()) << takeover.status();
+  EXPECT_NE(takeover->worker_token(), first->worker_token());
+  v1::HeartbeatRequest old = Beat("x", "w1", 1);
+  old.set_worker_token(first->worker_token());
+  EXPECT_THAT(state_->Heartbeat(old).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
+}
+
+}  // namespace
+}  // namespace coordinator
+}  // namespace muonps
