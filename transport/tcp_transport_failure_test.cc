@@ -98,7 +98,7 @@ TEST(TcpTransportFailureTest, PeerThatNeverReceivesGivesDeadlineExceeded) {
 
 // Why groups exist: both ranks send 32 MiB before receiving, call by call.
 // Neither send fits the socket buffers, so both stall until io_timeout (the
-// grouped version in tcp_transport_test completes).
+// grouped version in tcp_transport_world_test completes).
 TEST(TcpTransportFailureTest, UngroupedCrossingSendsOf32MiBTimeOutNotHang) {
   std::vector<std::unique_ptr<TcpTransport>> ranks = World(2);
   ASSERT_EQ(ranks.size(), 2u);
