@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/golden_replay/golden_manifest.h"
+#include "tools/golden_replay/shipped_golden_dir.h"
 
 namespace muonps {
 namespace golden {
@@ -15,20 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-// The shipped golden folder in this test's runfiles, or "" if absent. Bazel 4
-// puts external repositories at the runfiles root (legacy layout) and, with
-// legacy_external_runfiles, under the workspace's external/ too.
-std::string ShippedGoldenDir() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  if (srcdir == nullptr) return "";
-  for (const char* relative :
-       {"/torch_optim_golden", "/muonps/external/torch_optim_golden"}) {
-    const std::string dir = std::string(srcdir) + relative;
-    if (fs::exists(dir + "/manifest.json")) return dir;
-  }
-  return "";
-}
 
 const GoldenCase* FindCase(const GoldenManifest& manifest,
                            const std::string& name) {

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "tools/golden_replay/golden_manifest.h"
+#include "tools/golden_replay/shipped_golden_dir.h"
 
 namespace muonps {
 namespace golden {
@@ -24,20 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-// The shipped golden folder in this test's runfiles, or "" if absent. Bazel 4
-// puts external repositories at the runfiles root (legacy layout) and, with
-// legacy_external_runfiles, under the workspace's external/ too.
-std::string ShippedGoldenDir() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  if (srcdir == nullptr) return "";
-  for (const char* relative :
-       {"/torch_optim_golden", "/muonps/external/torch_optim_golden"}) {
-    const std::string dir = std::string(srcdir) + relative;
-    if (fs::exists(dir + "/manifest.json")) return dir;
-  }
-  return "";
-}
 
 // A copy of the shipped golden folder under TEST_TMPDIR that a test may
 // tamper with; removed with everything in it when the object goes out of
