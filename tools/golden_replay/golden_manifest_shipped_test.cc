@@ -1,7 +1,5 @@
 // Checks that LoadGoldenManifest reads the shipped PyTorch golden manifest
 // field by field, and that every tensor it names has its case's size.
-#include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -14,7 +12,6 @@ namespace muonps {
 namespace golden {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 const GoldenCase* FindCase(const GoldenManifest& manifest,
