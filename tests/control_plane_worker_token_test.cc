@@ -3,7 +3,6 @@
 // every muonps.v1.Worker method and reflection to a caller without the
 // bearer token or with a wrong one, answers health, and serves GetStatus
 // with the token.
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -13,12 +12,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "muonps/v1/worker.grpc.pb.h"
 #include "proto/credentials.h"
 #include "tests/control_plane_fixture.h"
+#include "tests/harness/raw_unary_call.h"
 
 namespace muonps {
 namespace {
@@ -45,22 +44,14 @@ TEST_F(ControlPlaneTest, WorkerSocketRefusesCallersWithoutTheToken) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
         OpenChannel(target, {.token_file = token_file});
     ASSERT_TRUE(channel.ok());
-    grpc::GenericStub generic(*channel);
     for (int i = 0; i < service->method_count(); ++i) {
       const std::string method =
           absl::StrCat("/muonps.v1.Worker/", service->method(i)->name());
       grpc::ClientContext context;
       context.set_deadline(Deadline(absl::Seconds(5)));
-      grpc::Slice empty(std::string{});
-      grpc::ByteBuffer request(&empty, 1), response;
-      grpc::Status status;
-      absl::Notification done;
-      generic.UnaryCall(&context, method, grpc::StubOptions(), &request,
-                        &response, [&](grpc::Status s) {
-                          status = std::move(s);
-                          done.Notify();
-                        });
-      done.WaitForNotification();
+      std::string response;
+      const grpc::Status status =
+          testing::RawUnaryCall(*channel, &context, method, "", &response);
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << method << " (token file \"" << token_file
           << "\"): " << status.error_message();

@@ -9,7 +9,6 @@
 #define MUONPS_TESTS_COORDINATOR_BAD_INPUT_FIXTURE_H_
 
 #include <google/protobuf/message.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -25,11 +24,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "tests/harness/child_process.h"
+#include "tests/harness/raw_unary_call.h"
 
 namespace muonps {
 namespace bad_input_test {
@@ -113,29 +112,11 @@ class CoordinatorBadInputTest : public ::testing::Test {
                     std::string* response,
                     const std::string& service = "muonps.v1.Coordinator",
                     std::shared_ptr<grpc::Channel> channel = nullptr) {
-    grpc::GenericStub stub(channel ? channel : channel_);
     grpc::ClientContext context;
     context.set_deadline(Deadline());
-    grpc::Slice slice(request);
-    grpc::ByteBuffer request_buffer(&slice, 1);
-    grpc::ByteBuffer response_buffer;
-    grpc::Status status;
-    absl::Notification done;
-    stub.UnaryCall(&context, absl::StrCat("/", service, "/", method),
-                   grpc::StubOptions(), &request_buffer, &response_buffer,
-                   [&](grpc::Status s) {
-                     status = std::move(s);
-                     done.Notify();
-                   });
-    done.WaitForNotification();
-    response->clear();
-    std::vector<grpc::Slice> slices;
-    if (status.ok() && response_buffer.Dump(&slices).ok()) {
-      for (const grpc::Slice& s : slices) {
-        response->append(reinterpret_cast<const char*>(s.begin()), s.size());
-      }
-    }
-    return status;
+    return testing::RawUnaryCall(channel ? channel : channel_, &context,
+                                 absl::StrCat("/", service, "/", method),
+                                 request, response);
   }
 
   // WatchPlan streams; a refused watch must end before sending any plan.

@@ -9,7 +9,6 @@
 #include <google/protobuf/descriptor_database.h>
 #include <google/protobuf/dynamic_message.h>
 #include <google/protobuf/util/json_util.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -31,6 +30,7 @@
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/harness/child_process.h"
+#include "tests/harness/raw_unary_call.h"
 
 namespace muonps {
 namespace {
@@ -98,29 +98,11 @@ class ReflectionTest : public ::testing::Test {
   // grpcurl does; returns the status and fills `response` with its bytes.
   grpc::Status CallGeneric(const std::string& method,
                            const std::string& request, std::string* response) {
-    grpc::GenericStub stub(channel_);
     grpc::ClientContext context;
     context.set_deadline(Deadline());
-    grpc::Slice slice(request);
-    grpc::ByteBuffer request_buffer(&slice, 1);
-    grpc::ByteBuffer response_buffer;
-    grpc::Status status;
-    absl::Notification done;
-    stub.UnaryCall(&context, absl::StrCat("/muonps.v1.Coordinator/", method),
-                   grpc::StubOptions(), &request_buffer, &response_buffer,
-                   [&](grpc::Status s) {
-                     status = std::move(s);
-                     done.Notify();
-                   });
-    done.WaitForNotification();
-    response->clear();
-    std::vector<grpc::Slice> slices;
-    if (status.ok() && response_buffer.Dump(&slices).ok()) {
-      for (const grpc::Slice& s : slices) {
-        response->append(reinterpret_cast<const char*>(s.begin()), s.size());
-      }
-    }
-    return status;
+    return testing::RawUnaryCall(
+        channel_, &context, absl::StrCat("/muonps.v1.Coordinator/", method),
+        request, response);
   }
 
   std::string dir_;

@@ -3,17 +3,16 @@
 #include <google/protobuf/descriptor.pb.h>
 #include <google/protobuf/dynamic_message.h>
 #include <google/protobuf/util/json_util.h>
-#include <grpcpp/generic/generic_stub.h>
 
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "proto/credentials.h"
 #include "proto/grpc_status.h"
+#include "tests/harness/raw_unary_call.h"
 
 namespace muonps {
 namespace testing {
@@ -250,31 +249,13 @@ absl::StatusOr<std::string> ReflectionClient::Call(
         absl::StrCat("-d is not a ", descriptor->input_type()->full_name(),
                      ": ", parsed.ToString()));
   }
-  grpc::GenericStub stub(channel_);
   auto context = NewContext(/*reflection=*/false);
-  grpc::Slice slice(request->SerializeAsString());
-  grpc::ByteBuffer request_buffer(&slice, 1);
-  grpc::ByteBuffer response_buffer;
-  grpc::Status status;
-  absl::Notification done;
-  stub.UnaryCall(
-      context.get(),
-      absl::StrCat("/", (*service)->full_name(), "/", descriptor->name()),
-      grpc::StubOptions(), &request_buffer, &response_buffer,
-      [&](grpc::Status s) {
-        status = std::move(s);
-        done.Notify();
-      });
-  done.WaitForNotification();
-  if (!status.ok()) return FromGrpc(status, method);
-  std::vector<grpc::Slice> slices;
   std::string bytes;
-  if (!response_buffer.Dump(&slices).ok()) {
-    return absl::DataLossError(absl::StrCat(method, ": unreadable response"));
-  }
-  for (const grpc::Slice& s : slices) {
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
+  const grpc::Status status = RawUnaryCall(
+      channel_, context.get(),
+      absl::StrCat("/", (*service)->full_name(), "/", descriptor->name()),
+      request->SerializeAsString(), &bytes);
+  if (!status.ok()) return FromGrpc(status, method);
   std::unique_ptr<pb::Message> response(
       factory.GetPrototype(descriptor->output_type())->New());
   if (!response->ParseFromString(bytes)) {
