@@ -33,8 +33,6 @@ const void* RowAddress(const StackOperand& x, size_t bytes, int64_t matrix,
   return static_cast<const char*>(x.data) + offset * bytes;
 }
 
-int AsInt(int64_t v) { return static_cast<int>(v); }
-
 // Lower-triangle block: rows [r0, r0 + rows) and columns [c0, c0 + cols).
 absl::Status BlockProduct(cublasHandle_t handle, cudaDataType input_type,
                           int64_t count, int64_t m, int64_t k, float alpha,
@@ -42,15 +40,24 @@ absl::Status BlockProduct(cublasHandle_t handle, cudaDataType input_type,
                           float beta, float* c, int64_t r0, int64_t rows,
                           int64_t c0, int64_t cols) {
   const size_t bytes = ElementBytes(input_type);
-  return CublasStatus(
-      cublasGemmStridedBatchedEx(
-          handle, RowsAsA(r), RowsAsB(l), AsInt(cols), AsInt(rows), AsInt(k),
-          &alpha, RowAddress(r, bytes, 0, c0), input_type, AsInt(r.ld),
-          r.stride, RowAddress(l, bytes, 0, r0), input_type, AsInt(l.ld),
-          l.stride, &beta, c + r0 * m + c0, CUDA_R_32F, AsInt(m), m * m,
-          AsInt(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      absl::StrCat("cublasGemmStridedBatchedEx (lower block ", rows, "x", cols,
-                   "x", k, ", batch ", count, ")"));
+  LtGemm::Shape s;
+  s.input_type = input_type;
+  s.output_type = CUDA_R_32F;
+  s.ta = RowsAsA(r);
+  s.tb = RowsAsB(l);
+  s.m = cols;
+  s.n = rows;
+  s.k = k;
+  s.lda = r.ld;
+  s.ldb = l.ld;
+  s.ldc = m;
+  s.batch = count;
+  s.strided = true;
+  s.stride_a = r.stride;
+  s.stride_b = l.stride;
+  s.stride_c = m * m;
+  return CublasGemm(handle, s, alpha, RowAddress(r, bytes, 0, c0),
+                    RowAddress(l, bytes, 0, r0), beta, c + r0 * m + c0);
 }
 
 // The fused kernel writes its outputs while other blocks still read the
