@@ -47,10 +47,17 @@ class Progress {
       std::chrono::steady_clock::now();
 };
 
-// One worker's transport byte counters, summed over their "op" labels.
+constexpr char kComputeMetric[] = "muonps_worker_step_compute_seconds";
+constexpr char kPredictedMetric[] =
+    "muonps_worker_step_compute_predicted_seconds";
+
+// One worker's transport byte counters, summed over their "op" labels, and
+// its last step's compute time with the plan's prediction of it (-1: the
+// worker has no such gauge).
 struct TransportBytes {
   double sent = 0, received = 0;
   std::map<std::string, double> sent_by_op;
+  double compute_seconds = -1, predicted_seconds = -1;
 };
 
 // GETs http://HOST:PORT/metrics and sums the transport byte counters.
@@ -93,11 +100,22 @@ absl::StatusOr<TransportBytes> Scrape(const std::string& address) {
       continue;
     }
     const absl::string_view name = line.substr(0, name_end);
-    if (name != kSentMetric && name != kReceivedMetric) continue;
+    if (name != kSentMetric && name != kReceivedMetric &&
+        name != kComputeMetric && name != kPredictedMetric) {
+      continue;
+    }
     double value = 0;
     if (!absl::SimpleAtod(line.substr(value_at + 1), &value)) {
       return absl::DataLossError(absl::StrCat(
           "worker metrics at ", address, ": unparsable line \"", line, "\""));
+    }
+    if (name == kComputeMetric) {
+      bytes.compute_seconds = value;
+      continue;
+    }
+    if (name == kPredictedMetric) {
+      bytes.predicted_seconds = value;
+      continue;
     }
     if (name == kReceivedMetric) {
       bytes.received += value;
@@ -310,6 +328,20 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
          {"ratio", Ratio(sent, ddp)},
          {"sent_by_op", by_op},
          {"steps", steps}});
+    // The cost model against the device, worker by worker (last step).
+    if (after.compute_seconds >= 0 && after.predicted_seconds >= 0) {
+      PrintLine({{"what", "muonps_cost_model_worker"},
+                 {"worker", w},
+                 {"layout", layout},
+                 {"ranks", o.ranks},
+                 {"predicted_compute_ms", after.predicted_seconds * 1e3},
+                 {"measured_compute_ms", after.compute_seconds * 1e3},
+                 {"error",
+                  after.compute_seconds > 0
+                      ? nlohmann::json(
+                            after.predicted_seconds / after.compute_seconds - 1)
+                      : nlohmann::json()}});
+    }
   }
   client.reset();
   cudaStreamDestroy(stream);

@@ -10,6 +10,9 @@
 //                       per step (muonps_worker_transport_bytes_sent_total,
 //                       scraped before and after), against what one rank of
 //                       a ring all-reduce of the same fp32 gradients sends
+//   muonps_cost_model_worker  per worker: its last step's compute time
+//                       (muonps_worker_step_compute_seconds, CUDA events)
+//                       against the plan's prediction of it
 // every other rank a muonps_step_<N>gpu_rank line with its own median.
 #ifndef MUONPS_BENCH_STEP_GPU_RANKS_STEP_H_
 #define MUONPS_BENCH_STEP_GPU_RANKS_STEP_H_

@@ -20,7 +20,10 @@
 #   TRANSPORT (nccl or ipc: the workers' --gpu_transport on N GPUs),
 #   DEDICATED (0: the last DEDICATED of the N workers get no trainer, a
 #   dedicated optimizer pool), OWNER_PEERS (1: 0 skips the torch peers on
-#   N GPUs).
+#   N GPUs), COST_TABLE (a cost table file for every worker; by default
+#   muonps-autotune measures one on GPU 0 first, for the set's shapes;
+#   AUTOTUNE=0 gives the workers none, so the planner uses its FLOP model),
+#   AUTOTUNE_BATCHES (1,2,4,8,16, and the set's largest stack).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
@@ -52,6 +55,28 @@ if [[ "${ONE_GPU:-1}" == 1 ]]; then
 timeout --kill-after=10 "$torch_timeout" \
   python3 "$here/torch_peers.py" --skip_ns --out "$torch_results" --layers "$layers" "${set_args[@]}" "${@}"
 fi
+# The device's measured Newton-Schulz costs, which every worker hands the
+# coordinator's planner (--cost_table): the plan balances the workers by
+# them and splits a batch where the autotuner found that faster.
+cost_table="${COST_TABLE:-}"
+if [[ -z "$cost_table" && "${AUTOTUNE:-1}" == 1 ]]; then
+  case "${SET:-llama}" in
+    moe) shapes="1536x7168,24576x1536,576x7168,32768x512,7168x16384,2048x7168"
+         largest=$((layers * ${EXPERTS:-64})) ;;
+    *) shapes="4096x4096,1024x4096,14336x4096"; largest=$((layers * 2)) ;;
+  esac
+  batches="${AUTOTUNE_BATCHES:-1,2,4,8,16}"
+  ((largest > 16)) && [[ -z "${AUTOTUNE_BATCHES:-}" ]] && batches+=",$largest"
+  cost_table="$logs/cost_table.jsonl"
+  echo "run.sh: muonps-autotune on GPU 0 ($shapes; batches $batches)" >&2
+  CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" timeout --kill-after=10 300 \
+    "$here/bin/muonps-autotune" --backend cuda --precision bf16 --shapes "$shapes" \
+    --batches "$batches" --device 0 --out "$cost_table" 2>"$logs/autotune.err" \
+    || { tail -5 "$logs/autotune.err" >&2; exit 1; }
+fi
+cost_args=()
+[[ -n "$cost_table" ]] && cost_args=(--cost_table "$cost_table")
+
 # A fresh bearer token, as a private service has (plaintext on loopback).
 (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32))' >"$logs/token")
 export MUONPS_TOKEN_FILE="$logs/token"
@@ -112,6 +137,7 @@ if [[ "${ONE_GPU:-1}" == 1 ]]; then
 start_coordinator "$logs/coordinator.log"
 "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu --worker_id w0 \
   --socket "$logs/w0.sock" --metrics_port -1 --device cuda:0 --io_timeout_ms 60000 \
+  "${cost_args[@]+"${cost_args[@]}"}" \
   >"$logs/worker.log" 2>&1 &
 pids+=($!)
 wait_for "$logs/worker.log" "listening on unix" 60 "$!"
@@ -128,6 +154,7 @@ if [[ "${ONE_GPU:-1}" == 1 ]] && { ((GPUS == 1)) || [[ "${IPC_VARIANT:-0}" == 1 
   for w in 0 1; do
     "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu2 --worker_id "v$w" \
       --socket "$logs/v$w.sock" --metrics_port -1 --device cuda:0 --gpu_transport ipc \
+      "${cost_args[@]+"${cost_args[@]}"}" \
       --io_timeout_ms 60000 >"$logs/worker-v$w.log" 2>&1 &
     pids+=($!)
     wait_for "$logs/worker-v$w.log" "listening on unix" 60 "$!"
@@ -168,7 +195,8 @@ run_layout() {
     "$here/bin/muonps-worker" --coordinator "$coordinator" --job "step-gpu-$layout" \
       --worker_id "w$w" --socket "$dir/w$w.sock" --device "cuda:$w" --gpu_transport "$transport" \
       --metrics_address 127.0.0.1:0 --metrics_port 0 --io_timeout_ms 60000 \
-      "${role[@]+"${role[@]}"}" --log_level debug >"$dir/worker$w.log" 2>&1 &
+      "${role[@]+"${role[@]}"}" "${cost_args[@]+"${cost_args[@]}"}" \
+      --log_level debug >"$dir/worker$w.log" 2>&1 &
     pids+=($!)
     workers+=($!)
   done

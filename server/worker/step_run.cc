@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -292,6 +293,8 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
             MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, needed));
             waited = needed;
           }
+          MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
+          timeline_.push_back({"compute_begin", phase.index, began});
           MUONPS_RETURN_IF_ERROR(Compute(plan_.batches[batch]));
           MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(compute_));
           timeline_.push_back({"compute", phase.index, done});
@@ -338,26 +341,53 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
   out.response.set_step_id(step_id_);
   out.response.set_plan_version(plan_.version);
   out.response.set_seconds(SecondsSince(start));
-  out.response.set_ns_seconds(ns_seconds_);
   out.response.set_bytes_moved(bytes_);
-  if (commit.status.ok()) LogTimeline();
+  out.response.set_predicted_ns_seconds(PredictedComputeSeconds());
+  if (commit.status.ok()) {
+    // The marks are done: the stream waited for the compute stream.
+    const absl::StatusOr<std::vector<double>> ms = ops_.MarkTimesMs();
+    if (ms.ok()) {
+      out.response.set_ns_seconds(ComputeBusyMs(*ms) / 1e3);
+      LogTimeline(*ms);
+    } else {
+      spdlog::debug("step {}: no timeline: {}", step_id_,
+                    ms.status().ToString());
+    }
+  }
   return out;
 }
 
-void StepRun::LogTimeline() {
-  if (!spdlog::should_log(spdlog::level::debug)) return;
-  absl::StatusOr<std::vector<double>> ms = ops_.MarkTimesMs();
-  if (!ms.ok()) {
-    spdlog::debug("step {}: no timeline: {}", step_id_, ms.status().ToString());
-    return;
+double StepRun::ComputeBusyMs(const std::vector<double>& ms) const {
+  double busy = 0, began = -1;
+  for (const TimelineMark& m : timeline_) {
+    if (m.mark >= static_cast<int>(ms.size())) continue;
+    if (absl::string_view(m.what) == "compute_begin") {
+      began = ms[m.mark];
+    } else if (absl::string_view(m.what) == "compute" && began >= 0) {
+      busy += ms[m.mark] - began;
+      began = -1;
+    }
   }
+  return busy;
+}
+
+double StepRun::PredictedComputeSeconds() const {
+  double seconds = 0;
+  for (const scheduler::Batch& b : plan_.ownership.batches) {
+    if (b.worker == plan_.rank) seconds += b.seconds;
+  }
+  return seconds;
+}
+
+void StepRun::LogTimeline(const std::vector<double>& ms) const {
+  if (!spdlog::should_log(spdlog::level::debug)) return;
   // One JSON line: when each phase's work was done, in ms after the step's
   // transfers began (device time: CUDA events).
   std::string line;
   for (const TimelineMark& m : timeline_) {
-    if (m.mark >= static_cast<int>(ms->size())) continue;
+    if (m.mark >= static_cast<int>(ms.size())) continue;
     absl::StrAppend(&line, line.empty() ? "" : ",", "[\"", m.what, "\",",
-                    m.index, ",", absl::StrFormat("%.3f", (*ms)[m.mark]), "]");
+                    m.index, ",", absl::StrFormat("%.3f", ms[m.mark]), "]");
   }
   // And the host's view: ms after Run began when the ranks agreed, the
   // staged work was done, and the step committed (vote, apply, confirm).

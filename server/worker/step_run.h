@@ -168,11 +168,11 @@ class StepRun {
   std::vector<int> reduce_order_;
   std::vector<int64_t> follower_adamw_;       // no trainer: unreduced sizes
   std::vector<int64_t> follower_full_param_;  // no trainer: by matrix
-  double ns_seconds_ = 0;
   int64_t bytes_ = 0;
   // The step's marks (DeviceOps::Mark) with what each one ends: "begin",
   // "to_owners" / "from_owners" of bucket `index`, "compute" of stack
-  // `index`. Logged at debug level once the step's work is done.
+  // `index`, and "compute_begin" where stack `index` starts (its wait for
+  // gradients over). Logged at debug level once the step's work is done.
   struct TimelineMark {
     const char* what;
     int index;
@@ -183,7 +183,12 @@ class StepRun {
     std::chrono::steady_clock::time_point begin, agreed, staged;
   };
   HostTimes host_;
-  void LogTimeline();
+  // From the marks' times (DeviceOps::MarkTimesMs): how long this worker's
+  // stacks kept the compute stream busy (momentum and Newton-Schulz).
+  double ComputeBusyMs(const std::vector<double>& ms) const;
+  // The plan's prediction of that: its batches' Newton-Schulz seconds.
+  double PredictedComputeSeconds() const;
+  void LogTimeline(const std::vector<double>& ms) const;
 };
 
 }  // namespace worker

@@ -133,7 +133,6 @@ absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
 }
 
 absl::Status StepRun::Compute(ComputeBatch& batch) {
-  const auto start = std::chrono::steady_clock::now();
   const kernels::MuonHyperparameters& h = plan_.muon;
   const int64_t size = batch.rows * batch.cols;
   const int64_t count = static_cast<int64_t>(batch.items.size());
@@ -180,9 +179,6 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
     MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(part, part, ns, compute_));
     first += chunk.count;
   }
-  ns_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
   return absl::OkStatus();
 }
 

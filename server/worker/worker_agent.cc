@@ -38,6 +38,18 @@ WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics,
           "muonps_worker_momentum_resets_total",
           "Owned matrices (experts) that started from zero momentum: their "
           "owner changed and no momentum could be carried over.")),
+      step_seconds_(metrics->AddGauge(
+          "muonps_worker_step_seconds",
+          "Wall time of the worker's part of its last step.")),
+      step_compute_seconds_(metrics->AddGauge(
+          "muonps_worker_step_compute_seconds",
+          "How long the last step's owned stacks (momentum and "
+          "Newton-Schulz) kept the compute stream busy; device time on a "
+          "GPU.")),
+      step_compute_predicted_seconds_(metrics->AddGauge(
+          "muonps_worker_step_compute_predicted_seconds",
+          "The plan's prediction of muonps_worker_step_compute_seconds (the "
+          "workers' cost tables or the FLOP model).")),
       engine_(engine) {}
 
 WorkerAgent::~WorkerAgent() { Stop(); }
@@ -110,6 +122,9 @@ absl::Status WorkerAgent::CheckPlanCurrent() const {
 void WorkerAgent::ReportStep(const v1::StepResponse& step) {
   const int64_t resets =
       engine_ != nullptr ? engine_->momentum_resets_total() : 0;
+  step_seconds_->Set(step.seconds());
+  step_compute_seconds_->Set(step.ns_seconds());
+  step_compute_predicted_seconds_->Set(step.predicted_ns_seconds());
   absl::MutexLock lock(&mu_);
   if (pending_stats_.size() < 1000) pending_stats_.push_back(step);
   // The momentum handover resets before the plan version's first step.

@@ -78,8 +78,12 @@ class WorkerAgent {
   const std::string& instance_id() const { return instance_id_; }
 
   // Queues a finished step's statistics for the coordinator (sent after
-  // the next heartbeat, off the step's path), and counts the momentum
-  // resets the engine made before it (muonps_worker_momentum_resets_total).
+  // the next heartbeat, off the step's path), counts the momentum resets
+  // the engine made before it (muonps_worker_momentum_resets_total), and
+  // sets the last step's gauges: muonps_worker_step_seconds,
+  // muonps_worker_step_compute_seconds and its plan's prediction,
+  // muonps_worker_step_compute_predicted_seconds (their ratio is the cost
+  // model's error on this worker).
   void ReportStep(const v1::StepResponse& step);
 
   // OK unless the lease was lost and the coordinator's current plan has not
@@ -133,6 +137,9 @@ class WorkerAgent {
   Counter* heartbeats_;
   Counter* joins_;
   Counter* momentum_resets_;
+  Gauge* step_seconds_;
+  Gauge* step_compute_seconds_;
+  Gauge* step_compute_predicted_seconds_;
   StepEngine* engine_;
 };
 

@@ -1,0 +1,58 @@
+// What a step reports about itself: each worker's compute time (from its
+// marks) beside the plan's prediction of it, the pair behind the
+// muonps_worker_step_compute_seconds gauges and the benches' cost-model
+// lines.
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/worker/step_engine_fixture.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+// rep.a and rep.b (24 x 40) in one batch on w0, predicted at `seconds`;
+// the other matrices spread over w1 and w2 with no batch (so no
+// prediction).
+v1::Plan PairOnW0Predicted(double seconds) {
+  v1::Plan plan = PlanWithOwnerList(1, {0, 0, 1, 2, 1});
+  v1::Batch* batch = plan.add_batches();
+  batch->set_worker_id("w0");
+  batch->set_rows(24);
+  batch->set_cols(40);
+  batch->add_matrices("rep.a");
+  batch->add_matrices("rep.b");
+  batch->set_algorithm(v1::NS_ALGORITHM_NS5);
+  batch->set_predicted_seconds(seconds);
+  v1::BatchPart* part = batch->add_parts();
+  part->set_count(2);
+  part->set_algorithm(v1::NS_ALGORITHM_NS5);
+  part->set_predicted_seconds(seconds);
+  return plan;
+}
+
+TEST_F(StepEngineTest, StepReportsItsComputeTimeBesideThePlansPrediction) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PairOnW0Predicted(0.25)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  for (int64_t step = 0; step < 3; ++step) {
+    WriteGradients(step);
+    const std::vector<absl::StatusOr<v1::StepResponse>> got =
+        StepEverywhere(step);
+    for (int w = 0; w < kWorkers; ++w) {
+      ASSERT_TRUE(got[w].ok()) << w << ": " << got[w].status();
+      const v1::StepResponse& r = *got[w];
+      // Every worker owns a stack here, so its compute stream was busy,
+      // within the step's wall time.
+      EXPECT_GT(r.ns_seconds(), 0) << w;
+      EXPECT_LE(r.ns_seconds(), r.seconds()) << w;
+      // Only w0's batch carries a prediction.
+      EXPECT_EQ(r.predicted_ns_seconds(), w == 0 ? 0.25 : 0.0) << w;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace muonps
