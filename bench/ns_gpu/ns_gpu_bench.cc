@@ -6,8 +6,10 @@
 //
 // Lines: `gemm_bf16_cublas` and `gemm_bf16_cublas_half` (cuBLAS bf16 GEMM
 // rates); `muonps_ns` per shape
-// (NS5 and Gram NS timed, the faster kept); `muonps_ns_all` (the whole set,
-// each shape with its faster algorithm, as one timed region); and
+// (NS5 and Gram NS timed, the faster kept; then the stack as 2, 4 or all
+// single calls, a split kept when more than 2% faster, as a worker runs a
+// batch its cost table splits); `muonps_ns_all` (the whole set, each shape
+// with its faster algorithm and calls, as one timed region); and
 // `muonps_update_1gpu` (MuonStep over the set: finite check, momentum, NS,
 // weight decay and update). `tflops` counts the FLOPs the executed algorithm
 // performs (kernels/ns_flops.h); `ns5_equiv_tflops` divides dense NS5's
@@ -68,10 +70,30 @@ struct Group {
   int64_t rows, cols, count;
   std::unique_ptr<kernels::FloatBuffer> grad, momentum, param, out;
   NsAlgorithm best = NsAlgorithm::kNs5;
+  // The calls the stack runs as (their counts, in order), as a worker
+  // runs a batch its cost table says is faster split (BatchPart).
+  std::vector<int64_t> calls;
 
   kernels::MatrixStack Stack(
       const std::unique_ptr<kernels::FloatBuffer>& buffer) const {
     return {buffer->data(), count, rows, cols};
+  }
+  // Matrices [first, first + n) of `buffer`.
+  kernels::MatrixStack Part(const std::unique_ptr<kernels::FloatBuffer>& buffer,
+                            int64_t first, int64_t n) const {
+    return {buffer->data() + first * rows * cols, n, rows, cols};
+  }
+  // NS of every matrix (grad to out) in `split`'s calls.
+  absl::Status Orthogonalize(kernels::cuda::CudaKernels& cuda,
+                             const std::vector<int64_t>& split,
+                             NsAlgorithm algorithm, Stream stream) const {
+    int64_t first = 0;
+    for (const int64_t n : split) {
+      MUONPS_RETURN_IF_ERROR(cuda.Orthogonalize(
+          Part(grad, first, n), Part(out, first, n), Ns(algorithm), stream));
+      first += n;
+    }
+    return absl::OkStatus();
   }
   kernels::NewtonSchulzOptions Ns(NsAlgorithm algorithm) const {
     kernels::NewtonSchulzOptions ns;
@@ -209,6 +231,7 @@ absl::Status Run() {
   double best_flops = 0;
   double dense_flops = 0;
   Json algorithms = Json::object();
+  Json calls = Json::object();
   for (Group& g : groups) {
     double ms[2] = {0, 0};
     for (const NsAlgorithm algorithm :
@@ -220,7 +243,24 @@ absl::Status Run() {
           }));
     }
     g.best = ms[1] < ms[0] ? NsAlgorithm::kGram : NsAlgorithm::kNs5;
-    const double best_ms = ms[static_cast<int>(g.best)];
+    const double unsplit_ms = ms[static_cast<int>(g.best)];
+    // Equal splits of the stack, each kept if more than 2% faster than
+    // the best so far (the planner's rule for a cost table's splits).
+    g.calls = {g.count};
+    double best_ms = unsplit_ms;
+    Json splits = Json::object();
+    for (const int64_t size : {g.count / 2, g.count / 4, int64_t{1}}) {
+      if (size < 1 || size == g.count || g.count % size != 0) continue;
+      const std::vector<int64_t> split(g.count / size, size);
+      MUONPS_ASSIGN_OR_RETURN(const double split_ms, timer->MedianMs([&]() {
+        return g.Orthogonalize(*cuda, split, g.best, stream);
+      }));
+      splits[absl::StrCat(split.size(), "x", size)] = split_ms;
+      if (split_ms < best_ms * 0.98) {
+        best_ms = split_ms;
+        g.calls = split;
+      }
+    }
     const std::optional<double> torch_ns5 =
         peers.Number("torch_ns5", "ms", g.rows, g.cols, g.count);
     const std::optional<double> torch_gram =
@@ -234,6 +274,9 @@ absl::Status Run() {
     line["algorithm"] = std::string(kernels::NsAlgorithmName(g.best));
     line["precision"] = precision;
     line["ms"] = best_ms;
+    line["calls"] = g.calls;
+    line["unsplit_ms"] = unsplit_ms;
+    line["split_ms"] = splits;
     line["tflops"] = tflops;
     line["ns5_equiv_tflops"] = g.DenseFlops() / best_ms / 1e9;
     line["ns5_ms"] = ms[0];
@@ -251,12 +294,12 @@ absl::Status Run() {
     dense_flops += g.DenseFlops();
     algorithms[absl::StrCat(g.rows, "x", g.cols)] =
         std::string(kernels::NsAlgorithmName(g.best));
+    calls[absl::StrCat(g.rows, "x", g.cols)] = g.calls;
   }
 
   MUONPS_ASSIGN_OR_RETURN(const double all_ms, timer->MedianMs([&]() {
     for (const Group& g : groups) {
-      MUONPS_RETURN_IF_ERROR(cuda->Orthogonalize(
-          g.Stack(g.grad), g.Stack(g.out), g.Ns(g.best), stream));
+      MUONPS_RETURN_IF_ERROR(g.Orthogonalize(*cuda, g.calls, g.best, stream));
     }
     return absl::OkStatus();
   }));
@@ -270,6 +313,7 @@ absl::Status Run() {
   all["matrices"] = matrices;
   all["precision"] = precision;
   all["algorithms"] = algorithms;
+  all["calls"] = calls;
   all["ms"] = all_ms;
   all["tflops"] = all_tflops;
   all["ns5_equiv_tflops"] = dense_flops / all_ms / 1e9;
@@ -290,15 +334,19 @@ absl::Status Run() {
 
   MUONPS_ASSIGN_OR_RETURN(const double update_ms, timer->MedianMs([&]() {
     for (const Group& g : groups) {
-      kernels::MuonStack stack;
-      stack.names = {absl::StrCat("llama.", g.rows, "x", g.cols)};
-      stack.grad = g.Stack(g.grad);
-      stack.momentum = g.Stack(g.momentum);
-      stack.param = g.Stack(g.param);
-      kernels::MuonHyperparameters hyper;
-      hyper.lr = 0.02;
-      hyper.ns = g.Ns(g.best);
-      MUONPS_RETURN_IF_ERROR(cuda->MuonStep(stack, hyper, stream));
+      int64_t first = 0;
+      for (const int64_t n : g.calls) {
+        kernels::MuonStack stack;
+        stack.names = {absl::StrCat("llama.", g.rows, "x", g.cols)};
+        stack.grad = g.Part(g.grad, first, n);
+        stack.momentum = g.Part(g.momentum, first, n);
+        stack.param = g.Part(g.param, first, n);
+        kernels::MuonHyperparameters hyper;
+        hyper.lr = 0.02;
+        hyper.ns = g.Ns(g.best);
+        MUONPS_RETURN_IF_ERROR(cuda->MuonStep(stack, hyper, stream));
+        first += n;
+      }
     }
     return absl::OkStatus();
   }));

@@ -132,18 +132,44 @@ struct Clocked {
 // phase first, then the order's compute (each stack after its ready
 // bucket's gradients) and updates back (each after all compute issued
 // before it, on every worker).
+// When compute of `seconds` started at `start` ends, running 1 + c times
+// slower inside `busy` (the transfer phases so far: disjoint, in time
+// order).
+double ComputeEnd(double start, double seconds,
+                  const std::vector<std::pair<double, double>>& busy,
+                  double c) {
+  double t = start, left = seconds;
+  for (const auto& [from, to] : busy) {
+    if (to <= t) continue;
+    if (from > t) {  // free until the phase starts
+      if (t + left <= from) return t + left;
+      left -= from - t;
+      t = from;
+    }
+    const double slowed = (to - t) / (1 + c);  // work done inside the phase
+    if (left <= slowed) return t + left * (1 + c);
+    left -= slowed;
+    t = to;
+  }
+  return t + left;
+}
+
 Clocked Clock(const SimConfig& config, const scheduler::StepSchedule& schedule,
               const std::vector<double>& stack_seconds,
               std::vector<RankBytes>* totals) {
   Clocked out;
   double timeline = 0;  // end of the last phase on the transfer timeline
+  std::vector<std::pair<double, double>> busy;  // the phases, in time order
   auto run = [&](const std::vector<Transfer>& transfers) {
     Phase phase(config, totals);
     for (const Transfer& x : transfers) {
       phase.Add(x, config.matrices[x.item.matrix]);
     }
     const double seconds = phase.Finish(&out.latency);
-    if (seconds > 0) ++out.phases;
+    if (seconds > 0) {
+      ++out.phases;
+      busy.emplace_back(timeline, timeline + seconds);
+    }
     out.transfer += seconds;
     timeline += seconds;
   };
@@ -163,8 +189,11 @@ Clocked Clock(const SimConfig& config, const scheduler::StepSchedule& schedule,
     if (p.kind == scheduler::PhaseKind::kCompute) {
       const scheduler::OwnerStack& stack = schedule.stacks[p.index];
       double& free = compute_free[stack.owner];
+      // Phases issued later wait for this compute: `busy` has every phase
+      // it can overlap.
       free =
-          std::max(free, landed[stack.ready_bucket]) + stack_seconds[p.index];
+          ComputeEnd(std::max(free, landed[stack.ready_bucket]),
+                     stack_seconds[p.index], busy, config.transfer_contention);
       compute_so_far = std::max(compute_so_far, free);
     } else if (p.kind == scheduler::PhaseKind::kFromOwners) {
       timeline = std::max(timeline, compute_so_far);

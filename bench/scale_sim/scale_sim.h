@@ -22,6 +22,11 @@
 //   (OwnerStack::ready_bucket) has landed; its Newton-Schulz takes one
 //   call per chunk (OwnerStack::chunks: the plan's batch split, if any).
 //   Compute never waits for updates going back, nor for other workers.
+//   While a transfer phase is in flight, a worker's compute runs
+//   1 + `transfer_contention` times slower: NCCL's kernels hold SMs and
+//   their copies HBM bandwidth that the GEMMs would use (the workers'
+//   muonps_worker_step_compute_seconds against the plan's prediction
+//   measures it).
 // - The updates-back phases follow on the transfer stream, after all the
 //   gradients. Before each, every worker's transfer stream waits for all
 //   compute that worker has issued so far (the stacks before the phase in
@@ -114,6 +119,9 @@ struct SimConfig {
   // 4.3 ms) plus their vote and confirm.
   double hbm_bytes_per_second = 4.3e12;
   double control_rounds_ms = 4.0;
+  // Compute slowdown while transfers are in flight (see the model above);
+  // 0: none.
+  double transfer_contention = 0;
 };
 
 struct SimResult {
@@ -172,7 +180,7 @@ struct SimResult {
 // INVALID_ARGUMENT naming the flag the field comes from (--gpus,
 // --gpus_per_node, --nvlink_gbs, --inter_node_gbs, --latency_us,
 // --hop_latency_us, --cost_table, --cost_scale, --wire_bytes_per_element,
-// --hbm_bw, --control_rounds_ms, --model) for
+// --hbm_bw, --control_rounds_ms, --transfer_contention, --model) for
 // values out of range; OK otherwise.
 absl::Status ValidateSimConfig(const SimConfig& config);
 

@@ -77,6 +77,8 @@ absl::Status ValidateSimConfig(const SimConfig& config) {
   MUONPS_RETURN_IF_ERROR(Positive(config.hbm_bytes_per_second, "--hbm_bw"));
   MUONPS_RETURN_IF_ERROR(
       NonNegativeFinite(config.control_rounds_ms, "--control_rounds_ms"));
+  MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(config.transfer_contention, "--transfer_contention"));
   return absl::OkStatus();
 }
 

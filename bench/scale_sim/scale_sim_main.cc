@@ -51,6 +51,8 @@
 //                        timelines' agree round, host_ms.agreed 2.3-4.3 ms,
 //                        plus vote and confirm)
 //   --cost_scale         multiplies the cost table's times; default 1
+//   --transfer_contention  compute runs 1 + this times slower while a
+//                        transfer phase is in flight; default 0
 // Link flags:
 //   --nvlink_gbs      per GPU per direction among one node's GPUs; default
 //                     300, the NCCL all-to-all bus bandwidth among 4 H200s
@@ -104,6 +106,8 @@ ABSL_FLAG(double, hbm_bw, 4.3e12,
           "HBM bytes/s for applying updates (H200 4.3e12; H100 3.0e12).");
 ABSL_FLAG(double, control_rounds_ms, 4.0,
           "Agree + vote + confirm rounds per step (ms).");
+ABSL_FLAG(double, transfer_contention, 0,
+          "Compute runs 1 + this times slower while transfers are in flight.");
 ABSL_FLAG(std::string, measured, "",
           "Measured step lines: validate against them instead.");
 
@@ -134,6 +138,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.cost_scale = absl::GetFlag(FLAGS_cost_scale);
   c.hbm_bytes_per_second = absl::GetFlag(FLAGS_hbm_bw);
   c.control_rounds_ms = absl::GetFlag(FLAGS_control_rounds_ms);
+  c.transfer_contention = absl::GetFlag(FLAGS_transfer_contention);
   c.wire_bytes_per_element = absl::GetFlag(FLAGS_wire_bytes_per_element);
   c.gpu_memory_bytes =
       static_cast<int64_t>(absl::GetFlag(FLAGS_gpu_memory_gib) * (1 << 30));
@@ -196,6 +201,7 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["cost_scale"] = c.cost_scale;
   j["hbm_bw"] = c.hbm_bytes_per_second;
   j["control_rounds_ms"] = c.control_rounds_ms;
+  j["transfer_contention"] = c.transfer_contention;
   return j;
 }
 
@@ -262,6 +268,7 @@ absl::Status Validate(
     j["nvlink_gbs"] = c.links.nvlink_gbs;
     j["hbm_bw"] = c.hbm_bytes_per_second;
     j["control_rounds_ms"] = c.control_rounds_ms;
+    j["transfer_contention"] = c.transfer_contention;
     Print(j);
     for (const bench::MeasuredTimeline& t : timelines) {
       if (t.gpus != m.gpus || t.layout != m.layout || t.rank >= m.gpus) {

@@ -1,6 +1,7 @@
 #include "bench/scale_sim/scale_sim.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -208,6 +209,43 @@ TEST(ScaleSimTest, AStackWaitsOnlyForItsOwnBucket) {
                                             r.worker_compute_seconds[w]);
   }
   EXPECT_DOUBLE_EQ(first_start, kTinyWireBytes / 1e9);
+}
+
+TEST(ScaleSimTest, ComputeSlowsOnlyWhileATransferIsInFlight) {
+  // As above: the stack of the bucket that lands first starts at T, while
+  // the other bucket's gradients move on until 2T; updates back come
+  // after it (they wait for the compute issued before them).
+  SimConfig c = Tiny(2, 2, Layout::kUnreduced);
+  c.links.nvlink_gbs = 1;
+  c.schedule.bucket_bytes = kTinyWireBytes / 2;
+  c.schedule.stack_bytes = 1;
+  const double t = kTinyWireBytes / 1e9;
+  const SimResult free = *SimulateStep(c);
+  c.transfer_contention = 1;  // half speed inside a phase
+  const SimResult slowed = *SimulateStep(c);
+  ASSERT_EQ(slowed.worker_compute_seconds, free.worker_compute_seconds);
+  int first = -1;
+  for (int w = 0; w < 2; ++w) {
+    const double d = free.worker_compute_seconds[w];
+    if (d > 0 && std::abs(free.worker_compute_end_seconds[w] - d - t) < 1e-12) {
+      first = w;
+    }
+  }
+  ASSERT_GE(first, 0);
+  // Inside [T, 2T) at half speed (T / 2 of its work), then full speed.
+  const double d = free.worker_compute_seconds[first];
+  EXPECT_DOUBLE_EQ(slowed.worker_compute_end_seconds[first],
+                   d <= t / 2 ? t + 2 * d : 2 * t + d - t / 2);
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_GE(slowed.worker_compute_end_seconds[w],
+              free.worker_compute_end_seconds[w]);
+  }
+  EXPECT_GT(slowed.predicted_seconds, free.predicted_seconds);
+  // Transfers that take no time slow nothing.
+  SimConfig instant = FreeTransfers(Config("llama3_8b_8layers", 4));
+  const SimResult a = *SimulateStep(instant);
+  instant.transfer_contention = 1;
+  EXPECT_EQ(SimulateStep(instant)->predicted_seconds, a.predicted_seconds);
 }
 
 TEST(ScaleSimTest, DoublingGpusNeverRaisesComputeMaxByMoreThanOneMs) {

@@ -1,6 +1,7 @@
 #include "bench/step_gpu/ranks_step.h"
 
 #include <cuda_runtime.h>
+#include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
 #include <chrono>
@@ -19,6 +20,9 @@
 #include "common/row_ranges.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_status.h"
+#include "muonps/v1/coordinator.grpc.pb.h"
+#include "proto/credentials.h"
+#include "proto/grpc_status.h"
 
 namespace muonps {
 namespace bench {
@@ -143,6 +147,56 @@ absl::StatusOr<TransportBytes> ScrapeSettled(const std::string& address) {
     last = std::move(now);
   }
   return last;
+}
+
+// The job's plan as the coordinator published it (GetPlan), one line per
+// worker: its predicted seconds and its batches (shape, members, the
+// counts of the calls they run as, predicted seconds).
+absl::Status PrintPlan(const RanksStepOptions& o, const std::string& layout) {
+  MUONPS_ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::Channel> channel,
+      OpenChannel(o.coordinator, WithEnvironmentDefaults({})));
+  std::unique_ptr<v1::Coordinator::Stub> stub =
+      v1::Coordinator::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  v1::GetPlanRequest request;
+  request.set_job(o.job);
+  v1::Plan plan;
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(stub->GetPlan(&context, request, &plan), "GetPlan"));
+  for (int w = 0; w < plan.workers_size(); ++w) {
+    const std::string& id = plan.workers(w);
+    double predicted = -1;
+    for (const v1::WorkerLoad& load : plan.loads()) {
+      if (load.worker_id() == id) predicted = load.predicted_seconds();
+    }
+    nlohmann::json batches = nlohmann::json::array();
+    for (const v1::Batch& b : plan.batches()) {
+      if (b.worker_id() != id) continue;
+      nlohmann::json parts = nlohmann::json::array();
+      for (const v1::BatchPart& p : b.parts()) {
+        parts.push_back({{"count", p.count()},
+                         {"algorithm", v1::NsAlgorithm_Name(p.algorithm())},
+                         {"predicted_ms", p.predicted_seconds() * 1e3}});
+      }
+      batches.push_back({{"shape", absl::StrCat(b.rows(), "x", b.cols())},
+                         {"count", b.matrices_size()},
+                         {"parts", parts},
+                         {"predicted_ms", b.predicted_seconds() * 1e3}});
+    }
+    PrintLine({{"what", "muonps_plan_worker"},
+               {"worker", w},
+               {"worker_id", id},
+               {"layout", layout},
+               {"ranks", o.ranks},
+               {"plan_version", plan.version()},
+               {"predicted_ms", predicted >= 0 ? nlohmann::json(predicted * 1e3)
+                                               : nlohmann::json()},
+               {"batches", batches}});
+  }
+  return absl::OkStatus();
 }
 
 nlohmann::json OrNull(std::optional<double> value) {
@@ -304,6 +358,7 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
                {"warmup", o.warmup},
                {"repeats", o.repeats}});
   }
+  if (o.rank == 0) MUONPS_RETURN_IF_ERROR(PrintPlan(o, layout));
   // What one rank of a ring all-reduce of the fp32 gradients sends.
   const double ddp = 2.0 * (o.ranks - 1) / o.ranks * 4.0 * total;
   for (size_t w = 0; w < o.worker_metrics.size(); ++w) {

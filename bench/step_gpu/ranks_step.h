@@ -10,6 +10,8 @@
 //                       per step (muonps_worker_transport_bytes_sent_total,
 //                       scraped before and after), against what one rank of
 //                       a ring all-reduce of the same fp32 gradients sends
+//   muonps_plan_worker  per worker: the plan's prediction and batches
+//                       (GetPlan)
 //   muonps_cost_model_worker  per worker: its last step's compute time
 //                       (muonps_worker_step_compute_seconds, CUDA events)
 //                       against the plan's prediction of it

@@ -145,6 +145,10 @@ absl::Status ValidateAutotuneOptions(const AutotuneOptions& options) {
   if (options.warmup < 0) {
     return InvalidField("warmup", absl::StrCat(options.warmup, " < 0"));
   }
+  if (!(options.sustain_seconds >= 0) || options.sustain_seconds > 10) {
+    return InvalidField("sustain_seconds", absl::StrCat(options.sustain_seconds,
+                                                        " is not in [0, 10]"));
+  }
   if (options.repeats < 1 || options.repeats > 1000) {
     return InvalidField("repeats",
                         absl::StrCat(options.repeats, " is not in [1, 1000]"));
@@ -192,20 +196,36 @@ absl::StatusOr<std::vector<Measurement>> MeasureShape(
       const std::string what =
           absl::StrCat(ShapeName(shape), " ",
                        kernels::NsAlgorithmName(algorithm), " batch ", batch);
-      for (int i = 0; i < options.warmup; ++i) {
-        MUONPS_RETURN_IF_ERROR(Annotate(
-            kernels.Orthogonalize(in_stack, out_stack, ns, stream), what));
+      // `calls` back to back, then a synchronize: seconds per call.
+      const auto timed = [&](int64_t calls) -> absl::StatusOr<double> {
+        const auto start = std::chrono::steady_clock::now();
+        for (int64_t c = 0; c < calls; ++c) {
+          MUONPS_RETURN_IF_ERROR(Annotate(
+              kernels.Orthogonalize(in_stack, out_stack, ns, stream), what));
+        }
         MUONPS_RETURN_IF_ERROR(Annotate(ops.Synchronize(stream), what));
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                             start)
+                   .count() /
+               static_cast<double>(calls);
+      };
+      for (int i = 0; i < options.warmup; ++i) {
+        MUONPS_RETURN_IF_ERROR(timed(1).status());
+      }
+      // A repeat runs enough calls back to back to fill sustain_seconds,
+      // as one more untimed call (past the first use's searches) says.
+      int64_t calls = 1;
+      if (options.sustain_seconds > 0) {
+        MUONPS_ASSIGN_OR_RETURN(const double estimate, timed(1));
+        calls = std::clamp<int64_t>(
+            static_cast<int64_t>(
+                std::ceil(options.sustain_seconds / std::max(estimate, 1e-6))),
+            1, 10000);
       }
       std::vector<double> times;
       for (int i = 0; i < options.repeats; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        MUONPS_RETURN_IF_ERROR(Annotate(
-            kernels.Orthogonalize(in_stack, out_stack, ns, stream), what));
-        MUONPS_RETURN_IF_ERROR(Annotate(ops.Synchronize(stream), what));
-        times.push_back(std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - start)
-                            .count());
+        MUONPS_ASSIGN_OR_RETURN(const double seconds, timed(calls));
+        times.push_back(seconds);
       }
       const double seconds = Median(times);
       measurements.push_back({shape, algorithm, batch, seconds});

@@ -55,8 +55,15 @@ struct AutotuneOptions {
   std::vector<int64_t> batches = {1, 2, 4, 8, 16};
   // Untimed calls before the timed ones (module load, workspaces, caches).
   int warmup = 1;
-  // Timed calls; the median is kept.
+  // Timed repeats; the median is kept.
   int repeats = 5;
+  // Each repeat runs as many calls back to back as fill this long (timed
+  // by one more untimed call after the warmup): a step keeps
+  // the device busy for tens of milliseconds, and a short call after idle
+  // runs at clocks a power-limited GPU does not hold (an H200 timed 16
+  // single 4096 x 4096 calls 10% faster than one call of 16 that way,
+  // and 10% slower back to back). 0: one call per repeat.
+  double sustain_seconds = 0.05;
   // Options of every call except `algorithm`, which is set per measurement.
   // The cost table's format fixes 5 steps.
   kernels::NewtonSchulzOptions ns;
@@ -65,15 +72,15 @@ struct AutotuneOptions {
 // INVALID_ARGUMENT naming the field unless there is at least one shape, no
 // two shapes equal up to orientation (the cost table does not tell them
 // apart), batches are distinct and >= 1, warmup >= 0, 1 <= repeats <= 1000,
-// and `ns` is valid with 5 steps.
+// 0 <= sustain_seconds <= 10, and `ns` is valid with 5 steps.
 absl::Status ValidateAutotuneOptions(const AutotuneOptions& options);
 
 struct Measurement {
   MatrixShape shape;
   kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
   int64_t batch = 0;
-  // Median over the repeats of one Orthogonalize call on the whole stack,
-  // the stream synchronized before and after each call.
+  // Median over the repeats of the seconds per Orthogonalize call on the
+  // whole stack, each repeat's calls back to back (sustain_seconds).
   double seconds = 0;
 };
 

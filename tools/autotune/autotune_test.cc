@@ -1,5 +1,6 @@
 #include "tools/autotune/autotune.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ AutotuneOptions SmallOptions() {
 class FailingKernels final : public kernels::MuonKernels {
  public:
   explicit FailingKernels(int fail_at) : fail_at_(fail_at) {}
+  int calls() const { return calls_; }
   absl::string_view backend_name() const override { return "failing"; }
   absl::Status CheckFinite(const kernels::MatrixStack& stack,
                            absl::Span<const std::string> names,
@@ -170,6 +172,23 @@ TEST(AutotuneTest, ErrorsOfTimedCallsNameTheMeasurement) {
               HasSubstr("16x32 ns5 batch 1: cudaErrorIllegalAddress"));
 }
 
+TEST(AutotuneTest, RepeatsRunCallsBackToBackForSustainSeconds) {
+  // One shape, one batch, both algorithms.
+  AutotuneOptions options = SmallOptions();
+  options.batches = {1};
+  kernels::CpuDeviceOps ops;
+  options.sustain_seconds = 0;  // warmup + repeats, one call each
+  FailingKernels single(/*fail_at=*/1 << 30);
+  ASSERT_TRUE(MeasureShape(single, ops, {16, 32}, options, nullptr).ok());
+  EXPECT_EQ(single.calls(), 2 * (options.warmup + options.repeats));
+  // A 16 x 32 call takes far less than 20 ms on any CPU: each repeat runs
+  // many, after one more untimed call that times one.
+  options.sustain_seconds = 0.02;
+  FailingKernels sustained(/*fail_at=*/1 << 30);
+  ASSERT_TRUE(MeasureShape(sustained, ops, {16, 32}, options, nullptr).ok());
+  EXPECT_GT(sustained.calls(), 2 * (options.warmup + 1 + 4 * options.repeats));
+}
+
 TEST(AutotuneTest, CpuDescriptionNamesTheThreadCount) {
   EXPECT_FALSE(CpuDescription(0).empty());
   EXPECT_FALSE(absl::StrContains(CpuDescription(0), "threads"));
@@ -276,6 +295,13 @@ TEST(AutotuneTest, OptionsRejectShapesEqualUpToOrientationAndBadFields) {
   options = SmallOptions();
   options.repeats = 0;
   EXPECT_THAT(ValidateAutotuneOptions(options).message(), HasSubstr("repeats"));
+  options = SmallOptions();
+  options.sustain_seconds = -1;
+  EXPECT_THAT(ValidateAutotuneOptions(options).message(),
+              HasSubstr("sustain_seconds"));
+  options.sustain_seconds = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THAT(ValidateAutotuneOptions(options).message(),
+              HasSubstr("sustain_seconds"));
   options = SmallOptions();
   options.ns.steps = 6;
   EXPECT_THAT(ValidateAutotuneOptions(options).message(),

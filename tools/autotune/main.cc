@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, batches, "1,2,4,8,16", "Batch sizes to measure.");
 ABSL_FLAG(std::string, out, "", "Cost table file to write (required).");
 ABSL_FLAG(int, repeats, 5, "Timed calls per measurement (median kept).");
 ABSL_FLAG(int, warmup, 1, "Untimed calls before the timed ones.");
+ABSL_FLAG(double, sustain_seconds, 0.05,
+          "Each timed repeat runs calls back to back for about this long "
+          "(0: one call).");
 ABSL_FLAG(int, threads, 0, "cpu: OpenBLAS threads (0: all cores).");
 ABSL_FLAG(int, device, 0, "cuda: GPU index.");
 
@@ -124,6 +127,7 @@ absl::Status Run() {
                           autotune::ParseBatches(absl::GetFlag(FLAGS_batches)));
   options.repeats = absl::GetFlag(FLAGS_repeats);
   options.warmup = absl::GetFlag(FLAGS_warmup);
+  options.sustain_seconds = absl::GetFlag(FLAGS_sustain_seconds);
   MUONPS_RETURN_IF_ERROR(autotune::ValidateAutotuneOptions(options));
 
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
