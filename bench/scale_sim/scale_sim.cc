@@ -47,15 +47,20 @@ class Phase {
                                          config_.wire_bytes_per_element);
     switch (x.kind) {
       case TransferKind::kReduceToOwner:
-      case TransferKind::kBroadcastFromOwner:
+      case TransferKind::kBroadcastFromOwner: {
         ring_ = true;
+        // A reduce's NVLink part runs at its own rate (reduce_gbs).
+        double& nvlink = x.kind == TransferKind::kReduceToOwner
+                             ? ring_reduce_nvlink_
+                             : ring_nvlink_;
         if (n_ <= g_) {
-          ring_nvlink_ += s;
+          nvlink += s;
         } else {
-          ring_nvlink_ += s * (g_ - 1) / g_;
+          nvlink += s * (g_ - 1) / g_;
           ring_nic_ += s / g_;
         }
         break;
+      }
       case TransferKind::kGatherToOwner:
       case TransferKind::kScatterFromOwner: {
         const bool in = x.kind == TransferKind::kGatherToOwner;
@@ -79,17 +84,20 @@ class Phase {
     double latency = messages_ * l.latency_us * 1e-6;
     if (ring_) latency += (n_ - 1) * l.hop_latency_us * 1e-6;
     double bandwidth_seconds = 0;
+    const double reduce_gbs = l.reduce_gbs > 0 ? l.reduce_gbs : l.nvlink_gbs;
+    const double ring = ring_nvlink_ + ring_reduce_nvlink_;
     for (int r = 0; r < n_; ++r) {
       const RankBytes& b = ranks_[r];
-      const double nvlink =
-          ring_nvlink_ + std::max(b.nvlink_sent, b.nvlink_received);
+      const double nvlink_seconds =
+          (ring_nvlink_ + std::max(b.nvlink_sent, b.nvlink_received)) /
+              (l.nvlink_gbs * 1e9) +
+          ring_reduce_nvlink_ / (reduce_gbs * 1e9);
       const double nic = ring_nic_ + std::max(b.nic_sent, b.nic_received);
-      bandwidth_seconds =
-          std::max({bandwidth_seconds, nvlink / (l.nvlink_gbs * 1e9),
-                    nic / (l.inter_node_gbs * 1e9)});
+      bandwidth_seconds = std::max(
+          {bandwidth_seconds, nvlink_seconds, nic / (l.inter_node_gbs * 1e9)});
       RankBytes& t = totals_[r];
-      t.nvlink_sent += ring_nvlink_ + b.nvlink_sent;
-      t.nvlink_received += ring_nvlink_ + b.nvlink_received;
+      t.nvlink_sent += ring + b.nvlink_sent;
+      t.nvlink_received += ring + b.nvlink_received;
       t.nic_sent += ring_nic_ + b.nic_sent;
       t.nic_received += ring_nic_ + b.nic_received;
     }
@@ -113,7 +121,8 @@ class Phase {
   const int g_;                   // GPUs per node, at most N
   std::vector<RankBytes> ranks_;  // point-to-point bytes of this phase
   std::vector<RankBytes>& totals_;
-  double ring_nvlink_ = 0;  // every rank's ring bytes, each direction
+  double ring_nvlink_ = 0;         // every rank's ring bytes, each direction
+  double ring_reduce_nvlink_ = 0;  // of them, reduces' (at reduce_gbs)
   double ring_nic_ = 0;
   bool ring_ = false;
   int64_t messages_ = 0;

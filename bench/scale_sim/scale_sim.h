@@ -88,6 +88,9 @@ struct LinkFigures {
   double inter_node_gbs = 50;   // each GPU's network port
   double latency_us = 8.4;      // per collective or point-to-point batch
   double hop_latency_us = 3.4;  // per ring hop, once per phase
+  // NVLink rate of a reduce's ring (NCCL also sums on the way); 0: the
+  // same as nvlink_gbs.
+  double reduce_gbs = 0;
 };
 
 struct SimConfig {
@@ -179,7 +182,8 @@ struct SimResult {
 
 // INVALID_ARGUMENT naming the flag the field comes from (--gpus,
 // --gpus_per_node, --nvlink_gbs, --inter_node_gbs, --latency_us,
-// --hop_latency_us, --cost_table, --cost_scale, --wire_bytes_per_element,
+// --hop_latency_us, --reduce_gbs, --cost_table, --cost_scale,
+// --wire_bytes_per_element,
 // --hbm_bw, --control_rounds_ms, --transfer_contention, --model) for
 // values out of range; OK otherwise.
 absl::Status ValidateSimConfig(const SimConfig& config);

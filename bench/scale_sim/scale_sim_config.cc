@@ -57,6 +57,8 @@ absl::Status ValidateSimConfig(const SimConfig& config) {
       NonNegativeFinite(config.links.latency_us, "--latency_us"));
   MUONPS_RETURN_IF_ERROR(
       NonNegativeFinite(config.links.hop_latency_us, "--hop_latency_us"));
+  MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(config.links.reduce_gbs, "--reduce_gbs"));
   if (config.costs == nullptr) {
     return InvalidField("--cost_table", "required");
   }

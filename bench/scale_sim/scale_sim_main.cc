@@ -60,6 +60,7 @@
 //                     measured)
 //   --latency_us      per collective; default 8.4 } NCCL's tuning model for
 //   --hop_latency_us  per ring hop; default 3.4   } ring/Simple (not measured)
+//   --reduce_gbs      NVLink rate of a reduce's ring; default 0: nvlink_gbs
 // Exits 2 with the error on stderr for bad flags (INVALID_ARGUMENT naming
 // the flag), 1 for other failures.
 #include <algorithm>
@@ -88,6 +89,8 @@ ABSL_FLAG(double, nvlink_gbs, 300, "NVLink GB/s per GPU per direction.");
 ABSL_FLAG(double, inter_node_gbs, 50, "Network GB/s per GPU per direction.");
 ABSL_FLAG(double, latency_us, 8.4, "Latency per collective (us).");
 ABSL_FLAG(double, hop_latency_us, 3.4, "Latency per ring hop (us).");
+ABSL_FLAG(double, reduce_gbs, 0,
+          "NVLink GB/s of a reduce's ring (0: --nvlink_gbs).");
 ABSL_FLAG(std::string, cost_table, "",
           "Measured Newton-Schulz times (scheduler/cost_table.h format).");
 ABSL_FLAG(int, wire_bytes_per_element, 4,
@@ -134,6 +137,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.links.inter_node_gbs = absl::GetFlag(FLAGS_inter_node_gbs);
   c.links.latency_us = absl::GetFlag(FLAGS_latency_us);
   c.links.hop_latency_us = absl::GetFlag(FLAGS_hop_latency_us);
+  c.links.reduce_gbs = absl::GetFlag(FLAGS_reduce_gbs);
   c.costs = std::move(costs);
   c.cost_scale = absl::GetFlag(FLAGS_cost_scale);
   c.hbm_bytes_per_second = absl::GetFlag(FLAGS_hbm_bw);
@@ -197,6 +201,7 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["inter_node_gbs"] = c.links.inter_node_gbs;
   j["latency_us"] = c.links.latency_us;
   j["hop_latency_us"] = c.links.hop_latency_us;
+  j["reduce_gbs"] = c.links.reduce_gbs;
   j["cost_table_device"] = c.costs->device();
   j["cost_scale"] = c.cost_scale;
   j["hbm_bw"] = c.hbm_bytes_per_second;
@@ -269,6 +274,7 @@ absl::Status Validate(
     j["hbm_bw"] = c.hbm_bytes_per_second;
     j["control_rounds_ms"] = c.control_rounds_ms;
     j["transfer_contention"] = c.transfer_contention;
+    j["reduce_gbs"] = c.links.reduce_gbs;
     Print(j);
     for (const bench::MeasuredTimeline& t : timelines) {
       if (t.gpus != m.gpus || t.layout != m.layout || t.rank >= m.gpus) {

@@ -296,6 +296,15 @@ TEST(ScaleSimTest, TransferTimeIsBytesOverTheLinkPerPhase) {
                    r.transfer_seconds + r.compute_seconds_max);
   EXPECT_DOUBLE_EQ(r.critical_wait_seconds, kTinyWireBytes / 1e9);
   EXPECT_DOUBLE_EQ(r.updates_tail_seconds, kTinyWireBytes / 1e9);
+  // A reduce at half the rate takes twice as long; the broadcast does not
+  // change, nor the bytes.
+  c.links.reduce_gbs = 0.5;
+  const SimResult slow_reduce = *SimulateStep(c);
+  EXPECT_DOUBLE_EQ(slow_reduce.gradients_landed_seconds,
+                   2 * kTinyWireBytes / 1e9);
+  EXPECT_DOUBLE_EQ(slow_reduce.transfer_seconds, 3 * kTinyWireBytes / 1e9);
+  EXPECT_EQ(slow_reduce.bytes_per_gpu, r.bytes_per_gpu);
+  c.links.reduce_gbs = 0;
   // Across nodes the NIC carries S / G of each ring collective.
   c.gpus_per_node = 2;
   c.links.nvlink_gbs = 1000;
