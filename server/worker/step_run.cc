@@ -278,33 +278,57 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
       }
       bucket_mark[phase.index] = moved;
     }
-    bool computed = false;  // compute_ has work stream_ has not waited for
-    int waited = -1;        // the last mark compute_ waits for
+    // This worker's stacks, in the schedule's order.
+    std::vector<int> own;
+    for (const scheduler::Phase& phase : plan_.schedule.order) {
+      if (phase.kind == scheduler::PhaseKind::kCompute &&
+          plan_.batch_of_stack[phase.index] >= 0) {
+        own.push_back(phase.index);
+      }
+    }
+    std::vector<int> done_mark(own.size(), -1);
+    size_t issued = 0;   // own stacks issued on compute_
+    size_t reached = 0;  // own stacks the walk of the order has passed
+    size_t ordered = 0;  // own stacks stream_ waits for
+    int waited = -1;     // the last mark compute_ waits for
+    const auto issue_next = [&]() -> absl::Status {
+      const int stack = own[issued];
+      const int needed = bucket_mark[plan_.schedule.stacks[stack].ready_bucket];
+      if (needed > waited) {
+        MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, needed));
+        waited = needed;
+      }
+      MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
+      timeline_.push_back({"compute_begin", stack, began});
+      MUONPS_RETURN_IF_ERROR(
+          Compute(plan_.batches[plan_.batch_of_stack[stack]]));
+      MUONPS_ASSIGN_OR_RETURN(done_mark[issued], ops_.Mark(compute_));
+      timeline_.push_back({"compute", stack, done_mark[issued]});
+      ++issued;
+      return absl::OkStatus();
+    };
     for (const scheduler::Phase& phase : plan_.schedule.order) {
       switch (phase.kind) {
         case scheduler::PhaseKind::kToOwners:
           break;  // issued above
-        case scheduler::PhaseKind::kCompute: {
-          const int batch = plan_.batch_of_stack[phase.index];
-          if (batch < 0) break;  // another worker's stack
-          const int needed =
-              bucket_mark[plan_.schedule.stacks[phase.index].ready_bucket];
-          if (needed > waited) {
-            MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, needed));
-            waited = needed;
-          }
-          MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
-          timeline_.push_back({"compute_begin", phase.index, began});
-          MUONPS_RETURN_IF_ERROR(Compute(plan_.batches[batch]));
-          MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(compute_));
-          timeline_.push_back({"compute", phase.index, done});
-          computed = true;
+        case scheduler::PhaseKind::kCompute:
+          if (plan_.batch_of_stack[phase.index] < 0) break;  // another's
+          ++reached;
+          if (issued < reached) MUONPS_RETURN_IF_ERROR(issue_next());
           break;
-        }
         case scheduler::PhaseKind::kFromOwners: {
-          if (computed) {
-            MUONPS_RETURN_IF_ERROR(ops_.Order(stream_, compute_));
-            computed = false;
+          // The next own stack goes first (one ahead of the order at
+          // most), so the compute stream has work while the host enqueues
+          // this phase's transfers (NCCL takes ~0.2 ms of host time a
+          // phase, and the phases of other workers' stacks may come
+          // first). The phase still waits only for the stacks before it.
+          if (issued == reached && issued < own.size()) {
+            MUONPS_RETURN_IF_ERROR(issue_next());
+          }
+          if (reached > ordered) {
+            MUONPS_RETURN_IF_ERROR(
+                ops_.WaitForMark(stream_, done_mark[reached - 1]));
+            ordered = reached;
           }
           MUONPS_RETURN_IF_ERROR(
               FromOwners(plan_.schedule.buckets[phase.index], request));
@@ -314,7 +338,9 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
         }
       }
     }
-    if (computed) MUONPS_RETURN_IF_ERROR(ops_.Order(stream_, compute_));
+    if (reached > ordered) {
+      MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, done_mark[reached - 1]));
+    }
     MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
     // Staged when the transport's work and the stream are: a lost peer
     // fails here within the timeout instead of hanging.
@@ -381,25 +407,29 @@ double StepRun::PredictedComputeSeconds() const {
 
 void StepRun::LogTimeline(const std::vector<double>& ms) const {
   if (!spdlog::should_log(spdlog::level::debug)) return;
+  const auto since = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t - host_.begin).count();
+  };
   // One JSON line: when each phase's work was done, in ms after the step's
-  // transfers began (device time: CUDA events).
-  std::string line;
+  // transfers began (device time: CUDA events), and when the host recorded
+  // each mark (ms after Run began).
+  std::string line, issued;
   for (const TimelineMark& m : timeline_) {
     if (m.mark >= static_cast<int>(ms.size())) continue;
     absl::StrAppend(&line, line.empty() ? "" : ",", "[\"", m.what, "\",",
                     m.index, ",", absl::StrFormat("%.3f", ms[m.mark]), "]");
+    absl::StrAppend(&issued, issued.empty() ? "" : ",",
+                    absl::StrFormat("%.3f", since(m.issued)));
   }
   // And the host's view: ms after Run began when the ranks agreed, the
   // staged work was done, and the step committed (vote, apply, confirm).
-  const auto since = [&](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(t - host_.begin).count();
-  };
   spdlog::debug(
       "step timeline {{\"step\":{},\"rank\":{},\"version\":{},"
       "\"host_ms\":{{\"agreed\":{:.3f},\"staged\":{:.3f},"
-      "\"committed\":{:.3f}}},\"marks\":[{}]}}",
+      "\"committed\":{:.3f}}},\"marks\":[{}],\"issued_ms\":[{}]}}",
       step_id_, plan_.rank, plan_.version, since(host_.agreed),
-      since(host_.staged), since(std::chrono::steady_clock::now()), line);
+      since(host_.staged), since(std::chrono::steady_clock::now()), line,
+      issued);
 }
 
 }  // namespace worker

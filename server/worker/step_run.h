@@ -177,6 +177,11 @@ class StepRun {
     const char* what;
     int index;
     int mark;
+    // When the host recorded it (Run's start = 0): a device mark far
+    // behind its host time waited for the device, one close to it for the
+    // host.
+    std::chrono::steady_clock::time_point issued =
+        std::chrono::steady_clock::now();
   };
   std::vector<TimelineMark> timeline_;
   struct HostTimes {
