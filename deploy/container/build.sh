@@ -6,11 +6,13 @@
 #
 #   muonps-coordinator  /usr/local/bin/muonps-coordinator (entrypoint) and the
 #                       operator CLI /usr/local/bin/muonps (helm test uses it)
-#   muonps-worker       /usr/local/bin/muonps-worker (entrypoint) and the CUDA
-#                       runtime libraries it links (cuBLAS, cuBLASLt, NCCL,
-#                       cudart) from /usr/local/cuda/lib64; the same image runs
-#                       CPU workers. The GPU driver (libcuda) comes from the
-#                       node through the NVIDIA container toolkit.
+#   muonps-worker       /usr/local/bin/muonps-worker (entrypoint), the
+#                       autotuner /usr/local/bin/muonps-autotune (the chart's
+#                       workers.costTable.autotune initContainer runs it) and
+#                       the CUDA runtime libraries they link (cuBLAS, cuBLASLt,
+#                       NCCL, cudart) from /usr/local/cuda/lib64; the same
+#                       image runs CPU workers. The GPU driver (libcuda) comes
+#                       from the node through the NVIDIA container toolkit.
 #
 # Each image is two layers: the Debian runtime libraries (shared by both,
 # made by `mmdebstrap --variant=extract`: no shell, no package manager, no
@@ -37,7 +39,7 @@ while (($#)); do
     --version) version="$2"; shift 2 ;;
     --no-bazel) run_bazel=0; shift ;;
     --podman) load_podman=1; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,14 +53,14 @@ step() { printf '== [%3ds] %s\n' $((SECONDS - start)) "$*"; }
 
 bin="$root/bazel-bin"
 if ((run_bazel)); then
-  step "bazel build (coordinator, worker, operator CLI)"
+  step "bazel build (coordinator, worker, operator CLI, autotuner)"
   bazel build //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
-    //tools/muonps >/tmp/muonps-image-bazel.log 2>&1 \
+    //tools/muonps //tools/autotune:muonps-autotune >/tmp/muonps-image-bazel.log 2>&1 \
     || { tail -20 /tmp/muonps-image-bazel.log; echo "build.sh: bazel build failed" >&2; exit 1; }
   bin="$(bazel info bazel-bin 2>/dev/null)"
 fi
 binaries=("$bin/server/coordinator/muonps-coordinator" "$bin/server/worker/muonps-worker"
-          "$bin/tools/muonps/muonps")
+          "$bin/tools/muonps/muonps" "$bin/tools/autotune/muonps-autotune")
 for b in "${binaries[@]}"; do
   [[ -x "$b" ]] || { echo "build.sh: $b is missing; run without --no-bazel" >&2; exit 1; }
 done
@@ -133,7 +135,7 @@ role_overlay() {
     muonps-coordinator)
       install -m 0755 "${binaries[0]}" "${binaries[2]}" "$dir/usr/local/bin/" ;;
     muonps-worker)
-      install -m 0755 "${binaries[1]}" "$dir/usr/local/bin/"
+      install -m 0755 "${binaries[1]}" "${binaries[3]}" "$dir/usr/local/bin/"
       if ((${#cuda_libs[@]})); then
         mkdir -p "$dir/usr/local/cuda/lib64" "$dir/etc/ld.so.conf.d"
         for lib in "${cuda_libs[@]}"; do cp -L "$lib" "$dir/usr/local/cuda/lib64/"; done

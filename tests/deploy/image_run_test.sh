@@ -118,14 +118,37 @@ else
 fi
 metrics="$(wait_for "$work/coordinator.log" 'metrics on \(http[^ ]*\)' 5 || true)"
 
+# What the chart's workers.costTable.autotune initContainer runs (there on
+# the GPU, --backend=cuda), into the folder the worker then reads.
+echo "== muonps-autotune from the muonps-worker image writes a cost table"
+costs=/var/lib/muonps-costs
+worker_rootfs="$work/muonps-worker/rootfs"
+mkdir -p "$worker_rootfs/proc" "$worker_rootfs$costs"
+chown 65532:65532 "$worker_rootfs$costs"
+if unshare --mount --pid --fork --kill-child bash -c '
+    set -e
+    mount -t proc proc "$1/proc"
+    exec chroot --userspec=65532:65532 "$1" /usr/local/bin/muonps-autotune --backend=cpu \
+      --shapes=64x128,96x96 --batches=1,2 --repeats=1 --warmup=0 --sustain_seconds=0 \
+      --threads=1 --out="$2/cost_table.jsonl"
+  ' run "$worker_rootfs" "$costs" >"$work/autotune.log" 2>&1 &&
+   [[ "$(grep -c '"seconds"' "$worker_rootfs$costs/cost_table.jsonl")" -eq 8 ]]; then
+  pass "the image's muonps-autotune measured 2 shapes x 2 batches x 2 algorithms into $costs"
+  cost_args=(--cost_table "$costs/cost_table.jsonl")
+else
+  tail -5 "$work/autotune.log"
+  fail "the image's muonps-autotune writes a cost table"
+  cost_args=()
+fi
+
 echo "== CPU worker from the muonps-worker image"
 job="image-test-$$"
 run_image muonps-worker "$work/worker.log" --coordinator "$coordinator" --job "$job" \
   --worker_id w0 --socket /var/run/muonps/worker.sock --device cpu --metrics_port 0 \
   --token_file "$creds/token" --tls_ca_file "$creds/ca.pem" \
-  --memory_bytes $((1 << 30))
+  --memory_bytes $((1 << 30)) ${cost_args[@]+"${cost_args[@]}"}
 if wait_for "$work/worker.log" 'listening on unix:\(.*\)' 20 >/dev/null; then
-  pass "worker from the image joined job $job (CUDA libraries load, CPU device)"
+  pass "worker from the image joined job $job (CUDA libraries load, CPU device${cost_args[*]:+, with the cost table})"
 else
   fail "worker from the image starts"
   echo "${passed} passed, ${failed} failed"; exit 1

@@ -217,6 +217,7 @@ message naming the value. */}}
 {{- if and $pool.enabled (eq $pool.device "cuda") (eq $pool.gpuTransport "ipc") (empty $pool.colocateWith) -}}
 {{- fail "workers.pool.colocateWith: a GPU pool with gpuTransport ipc talks to the job's other workers by CUDA IPC, so it must run on the trainers' node; give the trainer pods' labels, e.g. {app: my-trainer}, or use gpuTransport nccl" -}}
 {{- end -}}
+{{- include "muonps.costTable.validate" . -}}
 {{- end -}}
 
 {{/* Environment common to worker containers: pod identity and NCCL. */}}

@@ -10,12 +10,20 @@ under /etc/muonps/ (ca/ca.crt, token/token, client-tls/ under mutual TLS):
 the worker as flags, the trainer as MUONPS_TLS_CA_FILE, MUONPS_TOKEN_FILE
 (and MUONPS_TLS_CERT_FILE/KEY) through "muonps.trainer.env" and
 "muonps.trainer.volumeMounts".
+With workers.costTable the worker gets --cost_table: a configMap table is
+mounted by "muonps.worker.volumes" and "muonps.worker.container"; with
+autotune.shapes the pod also needs "muonps.worker.initContainers" (empty
+otherwise), which measures the worker's GPU before the trainer and the
+worker start.
 Example (a trainer chart's pod template):
   {{- $m := dict "root" $ "muonps" $.Subcharts.muonps "job" "llama-7b" }}
   metadata:
     labels: {{- include "muonps.worker.podLabels" $m | nindent 6 }}
   spec:
     {{- include "muonps.worker.podSpec" $m | nindent 4 }}
+    {{- with include "muonps.worker.initContainers" $m }}
+    initContainers: {{- . | nindent 6 }}
+    {{- end }}
     containers:
       - name: trainer
         env: {{- include "muonps.trainer.env" $m | nindent 10 }}
@@ -53,6 +61,32 @@ hostIPC: true
 {{- end }}
 {{- end -}}
 
+{{/* The GPU index the autotune initContainer measures: the sidecar's
+cuda:N. Fails for a cpu or auto device when autotune is on. */}}
+{{- define "muonps.sidecar.autotuneDevice" -}}
+{{- $device := .Values.workers.sidecar.device -}}
+{{- if not (regexMatch "^cuda:[0-9]+$" $device) -}}
+{{- fail (printf "workers.costTable.autotune.shapes: autotune measures the sidecar worker's GPU, and workers.sidecar.device is %q; set cuda:N, or give a table measured elsewhere in workers.costTable.configMap (for CPU workers: muonps-autotune --backend cpu)" $device) -}}
+{{- end -}}
+{{- trimPrefix "cuda:" $device -}}
+{{- end -}}
+
+{{/* The autotune initContainer of a sidecar pod (a list of one), or nothing
+when workers.costTable.autotune.shapes is empty. It gets the worker's GPU
+claim (workers.sidecar.gpuClaimName) and resources; the trainer and the
+worker start after it, so it has the GPU to itself. */}}
+{{- define "muonps.worker.initContainers" -}}
+{{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
+{{- if eq (include "muonps.costTable.source" $ctx) "autotune" -}}
+{{- $s := $ctx.Values.workers.sidecar -}}
+{{- $res := deepCopy $s.resources -}}
+{{- with $s.gpuClaimName -}}
+{{- $_ := set $res "claims" (list (dict "name" .)) -}}
+{{- end -}}
+{{- include "muonps.costTable.autotuneContainer" (dict "ctx" $ctx "prefix" "muonps-" "device" (include "muonps.sidecar.autotuneDevice" $ctx) "resources" $res "runAsUser" $s.runAsUser) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "muonps.worker.volumes" -}}
 {{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
 - name: muonps-shm
@@ -67,6 +101,9 @@ hostIPC: true
   secret:
     secretName: {{ include "muonps.metricsTokenSecret" $ctx }}
 {{ include "muonps.client.volumes" (dict "ctx" $ctx "prefix" "muonps-") }}
+{{- with include "muonps.costTable.volumes" (dict "ctx" $ctx "prefix" "muonps-") }}
+{{ . }}
+{{- end }}
 {{- end -}}
 
 {{- define "muonps.trainer.volumeMounts" -}}
@@ -93,6 +130,9 @@ hostIPC: true
 {{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
 {{- $v := $ctx.Values -}}
 {{- $s := $v.workers.sidecar -}}
+{{- if eq (include "muonps.costTable.source" $ctx) "autotune" -}}
+{{- $_ := include "muonps.sidecar.autotuneDevice" $ctx -}}
+{{- end -}}
 - name: muonps-worker
   image: {{ include "muonps.image" (dict "ctx" $ctx "role" "worker") }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -110,6 +150,9 @@ hostIPC: true
     - --metrics_token_file=/var/run/muonps-metrics/token
     - --io_timeout_ms={{ int64 $v.workers.ioTimeoutMs }}
     - --log_level={{ $v.workers.logLevel }}
+    {{- with include "muonps.costTable.file" $ctx }}
+    - --cost_table={{ . }}
+    {{- end }}
     {{- include "muonps.client.args" $ctx | nindent 4 }}
     {{- range $v.workers.extraArgs }}
     - {{ . | quote }}
@@ -144,4 +187,7 @@ hostIPC: true
       mountPath: /var/run/muonps-metrics
       readOnly: true
     {{- include "muonps.client.volumeMounts" (dict "ctx" $ctx "prefix" "muonps-") | nindent 4 }}
+    {{- with include "muonps.costTable.volumeMounts" (dict "ctx" $ctx "prefix" "muonps-") }}
+    {{- . | nindent 4 }}
+    {{- end }}
 {{- end -}}
