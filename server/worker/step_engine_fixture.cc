@@ -97,6 +97,26 @@ v1::Plan PlanWithOwners(int64_t version, int shift) {
   return PlanWithOwnerList(version, owners);
 }
 
+v1::Plan PairOnW0(const std::vector<std::pair<int64_t, v1::NsAlgorithm>>& parts,
+                  double predicted_seconds) {
+  v1::Plan plan = PlanWithOwnerList(1, {0, 0, 1, 2, 1});
+  v1::Batch* batch = plan.add_batches();
+  batch->set_worker_id("w0");
+  batch->set_rows(24);
+  batch->set_cols(40);
+  batch->add_matrices("rep.a");
+  batch->add_matrices("rep.b");
+  batch->set_predicted_seconds(predicted_seconds);
+  for (const auto& [count, algorithm] : parts) {
+    v1::BatchPart* part = batch->add_parts();
+    part->set_count(count);
+    part->set_algorithm(algorithm);
+    part->set_predicted_seconds(predicted_seconds * count / 2);
+  }
+  batch->set_algorithm(parts.front().second);
+  return plan;
+}
+
 ReferenceSteps::ReferenceSteps(
     std::map<std::string, kernels::NsAlgorithm> algorithms)
     : kernels_(kernels::CpuKernelOptions{}),

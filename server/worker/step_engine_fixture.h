@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +64,12 @@ v1::Plan PlanWithOwnerList(int64_t version, const std::vector<int>& owners,
                            int workers = kWorkers, int dedicated = 0);
 // Matrix m is owned by worker (m + shift) % kWorkers.
 v1::Plan PlanWithOwners(int64_t version, int shift);
+// rep.a and rep.b (24 x 40) both on w0, in one plan batch run as `parts`
+// (count, algorithm) and predicted at `predicted_seconds` (each part at
+// its share); the other matrices spread over w1 and w2 (no batches: one
+// NS5 call each, no prediction).
+v1::Plan PairOnW0(const std::vector<std::pair<int64_t, v1::NsAlgorithm>>& parts,
+                  double predicted_seconds = 0);
 
 // Where a worker's transport fails: at call `call` (0-based, counting
 // Send, Recv, ReduceSum and Broadcast) of the first round of step `step`.

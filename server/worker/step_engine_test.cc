@@ -38,26 +38,6 @@ TEST_F(StepEngineTest, EveryLayoutMatchesTheKernelsInOneProcessBitForBit) {
   StepAndMatchTheKernelsInOneProcess(5);
 }
 
-// rep.a and rep.b (24 x 40) both on w0, in one plan batch run as `parts`;
-// the other matrices spread over w1 and w2 (no batches: one NS5 call each).
-v1::Plan PairOnW0(
-    const std::vector<std::pair<int64_t, v1::NsAlgorithm>>& parts) {
-  v1::Plan plan = PlanWithOwnerList(1, {0, 0, 1, 2, 1});
-  v1::Batch* batch = plan.add_batches();
-  batch->set_worker_id("w0");
-  batch->set_rows(24);
-  batch->set_cols(40);
-  batch->add_matrices("rep.a");
-  batch->add_matrices("rep.b");
-  for (const auto& [count, algorithm] : parts) {
-    v1::BatchPart* part = batch->add_parts();
-    part->set_count(count);
-    part->set_algorithm(algorithm);
-  }
-  batch->set_algorithm(parts.front().second);
-  return plan;
-}
-
 // The stack [rep.b, rep.a] (arrival order) as one Newton-Schulz call.
 TEST_F(StepEngineTest, UnsplitBatchMatchesTheKernelsInOneProcessBitForBit) {
   ASSERT_NO_FATAL_FAILURE(

@@ -3,7 +3,6 @@
 // muonps_worker_step_compute_seconds gauges and the benches' cost-model
 // lines.
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -13,28 +12,9 @@ namespace muonps {
 namespace worker {
 namespace {
 
-// rep.a and rep.b (24 x 40) in one batch on w0, predicted at `seconds`;
-// the other matrices spread over w1 and w2 with no batch (so no
-// prediction).
-v1::Plan PairOnW0Predicted(double seconds) {
-  v1::Plan plan = PlanWithOwnerList(1, {0, 0, 1, 2, 1});
-  v1::Batch* batch = plan.add_batches();
-  batch->set_worker_id("w0");
-  batch->set_rows(24);
-  batch->set_cols(40);
-  batch->add_matrices("rep.a");
-  batch->add_matrices("rep.b");
-  batch->set_algorithm(v1::NS_ALGORITHM_NS5);
-  batch->set_predicted_seconds(seconds);
-  v1::BatchPart* part = batch->add_parts();
-  part->set_count(2);
-  part->set_algorithm(v1::NS_ALGORITHM_NS5);
-  part->set_predicted_seconds(seconds);
-  return plan;
-}
-
 TEST_F(StepEngineTest, StepReportsItsComputeTimeBesideThePlansPrediction) {
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PairOnW0Predicted(0.25)));
+  ASSERT_NO_FATAL_FAILURE(
+      SetPlanEverywhere(PairOnW0({{2, v1::NS_ALGORITHM_NS5}}, 0.25)));
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
   for (int64_t step = 0; step < 3; ++step) {
     WriteGradients(step);
