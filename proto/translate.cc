@@ -237,5 +237,17 @@ v1::Batch BatchToProto(const scheduler::Batch& batch,
   return out;
 }
 
+v1::WorkerStepStats WorkerStepStatsFromReport(
+    const v1::ReportStepStatsRequest& report) {
+  v1::WorkerStepStats out;
+  out.set_step(report.step());
+  out.set_plan_version(report.plan_version());
+  out.set_step_seconds(report.step_seconds());
+  out.set_ns_seconds(report.ns_seconds());
+  out.set_predicted_ns_seconds(report.predicted_ns_seconds());
+  out.set_bytes_moved(report.bytes_moved());
+  return out;
+}
+
 }  // namespace proto
 }  // namespace muonps

@@ -53,6 +53,12 @@ v1::Batch BatchToProto(const scheduler::Batch& batch,
                        const std::vector<std::string>& worker_ids,
                        const std::vector<scheduler::MatrixSpec>& matrices);
 
+// The step a worker reported, as ListWorkers shows it (WorkerInfo.last_step):
+// its step id, plan version, measured seconds, the plan's prediction and
+// bytes moved. Copies only; ReportStepStats validates the report first.
+v1::WorkerStepStats WorkerStepStatsFromReport(
+    const v1::ReportStepStatsRequest& report);
+
 }  // namespace proto
 }  // namespace muonps
 

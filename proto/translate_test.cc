@@ -1,6 +1,7 @@
 // The plan's batches through the one proto <-> C++ translation: parts
 // survive the round trip, a batch from before parts reads as one part, and
-// members or workers the job lacks are named.
+// members or workers the job lacks are named; a worker's step report becomes
+// the last step ListWorkers shows, every figure kept.
 #include "proto/translate.h"
 
 #include <string>
@@ -134,6 +135,29 @@ TEST(TranslateBatchTest, MembersAndWorkersTheJobLacksAreNamed) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(std::string(status.message()),
               HasSubstr("plan.batches[0].worker_id: \"w9\""));
+}
+
+TEST(TranslateStepStatsTest, ReportBecomesLastStepWithEveryFigure) {
+  v1::ReportStepStatsRequest report;
+  report.set_job("j");
+  report.set_worker_id("w0");
+  report.set_worker_token("secret");
+  report.set_step(12);
+  report.set_plan_version(3);
+  report.set_step_seconds(0.075);
+  report.set_ns_seconds(0.041);
+  report.set_predicted_ns_seconds(0.0375);
+  report.set_bytes_moved(int64_t{7} << 30);
+  const v1::WorkerStepStats stats = WorkerStepStatsFromReport(report);
+  EXPECT_EQ(stats.step(), 12);
+  EXPECT_EQ(stats.plan_version(), 3);
+  EXPECT_EQ(stats.step_seconds(), 0.075);
+  EXPECT_EQ(stats.ns_seconds(), 0.041);
+  EXPECT_EQ(stats.predicted_ns_seconds(), 0.0375);
+  EXPECT_EQ(stats.bytes_moved(), int64_t{7} << 30);
+  // Every field of WorkerStepStats is set from the report (a new one added
+  // to the message without a line above fails here).
+  EXPECT_EQ(stats.GetDescriptor()->field_count(), 6);
 }
 
 }  // namespace

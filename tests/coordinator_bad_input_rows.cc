@@ -90,6 +90,7 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
   stats.set_plan_version(1);
   stats.set_step_seconds(0.1);
   stats.set_ns_seconds(0.05);
+  stats.set_predicted_ns_seconds(0.04);
   stats.set_bytes_moved(100);
   stats.set_worker_token(tokens_.at("k0"));
   auto s = [&](auto edit) { return Bytes(stats, edit); };
@@ -510,6 +511,9 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
        s([](auto& r) { r.set_step_seconds(-0.1); }), kInvalid, "step_seconds"},
       {"infinite ns_seconds", "ReportStepStats",
        s([](auto& r) { r.set_ns_seconds(kInf); }), kInvalid, "ns_seconds"},
+      {"negative predicted_ns_seconds", "ReportStepStats",
+       s([](auto& r) { r.set_predicted_ns_seconds(-0.05); }), kInvalid,
+       "predicted_ns_seconds"},
       {"negative bytes_moved", "ReportStepStats",
        s([](auto& r) { r.set_bytes_moved(-1); }), kInvalid, "bytes_moved"},
       {"empty worker_id", "ReportStepStats",

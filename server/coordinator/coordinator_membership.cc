@@ -244,6 +244,7 @@ absl::StatusOr<v1::ListWorkersResponse> CoordinatorState::ListWorkers(
       info->set_lease_remaining_ms(ToMs(w.lease_expiry - now));
       info->set_plan_version(w.reported_version);
       info->set_join_time_ms(absl::ToUnixMillis(w.join_time));
+      if (w.last_step.has_value()) *info->mutable_last_step() = *w.last_step;
     }
   }
   return out;

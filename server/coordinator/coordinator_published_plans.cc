@@ -1,12 +1,14 @@
 // CoordinatorState's published plans as workers read them: GetPlan and
 // WaitForPlan, the NCCL ids rank 0 puts for a plan version and its peers get,
-// and the step stats workers report against a plan version.
+// and the step stats workers report against a plan version (the newest kept
+// in each worker's record for ListWorkers).
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "proto/translate.h"
 #include "server/coordinator/coordinator_state.h"
 
 namespace muonps {
@@ -185,7 +187,8 @@ absl::Status CoordinatorState::ReportStepStats(
   if (r.step() < 0) return InvalidField("step", absl::StrCat(r.step(), " < 0"));
   for (const auto& [value, field] :
        {std::pair<double, const char*>{r.step_seconds(), "step_seconds"},
-        {r.ns_seconds(), "ns_seconds"}}) {
+        {r.ns_seconds(), "ns_seconds"},
+        {r.predicted_ns_seconds(), "predicted_ns_seconds"}}) {
     if (!std::isfinite(value) || value < 0) {
       return InvalidField(field, absl::StrCat(value, " must be finite, >= 0"));
     }
@@ -198,14 +201,20 @@ absl::Status CoordinatorState::ReportStepStats(
   }
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id(), "worker_id"));
   absl::MutexLock lock(&mu_);
+  MUONPS_ASSIGN_OR_RETURN(JobRecord * job, FindJob(r.job()));
   MUONPS_ASSIGN_OR_RETURN(
-      JobRecord * job,
-      FindJobOfWorker(r.job(), r.worker_id(), r.worker_token()));
+      WorkerRecord * worker,
+      AuthenticateWorker(r.job(), job, r.worker_id(), r.worker_token()));
   if (r.plan_version() > job->latest_version) {
     return InvalidField(
         "plan_version",
         absl::StrCat(r.plan_version(), " is newer than the latest, ",
                      job->latest_version));
+  }
+  // A worker reports its steps in order; an id at or below the one held (a
+  // trainer that resumed from an earlier step) leaves the newest in place.
+  if (!worker->last_step.has_value() || r.step() > worker->last_step->step()) {
+    worker->last_step = proto::WorkerStepStatsFromReport(r);
   }
   return absl::OkStatus();
 }

@@ -267,6 +267,11 @@ TEST_F(CoordinatorStateTest, ReportStepStatsValidatesStepTimesAndWorker) {
   EXPECT_THAT(state_->ReportStepStats(r),
               StatusIs(absl::StatusCode::kInvalidArgument, "ns_seconds"));
   r = valid;
+  r.set_predicted_ns_seconds(-0.5);
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "predicted_ns_seconds: -0.5"));
+  r = valid;
   r.set_bytes_moved(-1);
   EXPECT_THAT(state_->ReportStepStats(r),
               StatusIs(absl::StatusCode::kInvalidArgument, "bytes_moved"));

@@ -126,6 +126,13 @@ class CoordinatorState {
   absl::Status PutNcclId(const v1::PutNcclIdRequest& r);
   absl::StatusOr<v1::GetNcclIdResponse> GetNcclId(
       const v1::GetNcclIdRequest& r);
+  // Keeps the report in the worker's record when its step id is above the
+  // one held there (an older or repeated step id changes nothing, and is
+  // still OK); ListWorkers shows it as WorkerInfo.last_step. In memory only:
+  // it goes with the record when the worker leaves, its lease expires or a
+  // new instance takes its id over. INVALID_ARGUMENT naming the field (a
+  // negative or non-finite number, a plan_version above the job's latest),
+  // NOT_FOUND (job or worker), UNAUTHENTICATED (worker_token).
   absl::Status ReportStepStats(const v1::ReportStepStatsRequest& r);
 
   // Drops every worker whose lease has expired and re-plans their jobs.
@@ -146,6 +153,8 @@ class CoordinatorState {
     int64_t join_seq = 0;
     // The job's membership generation its join made.
     int64_t generation = 0;
+    // The newest step it reported (highest step id); nullopt until one.
+    std::optional<v1::WorkerStepStats> last_step;
   };
   struct PlanRecord {
     std::shared_ptr<const v1::Plan> proto;

@@ -78,7 +78,8 @@ class WorkerAgent {
   const std::string& instance_id() const { return instance_id_; }
 
   // Queues a finished step's statistics for the coordinator (sent after
-  // the next heartbeat, off the step's path), counts the momentum resets
+  // the next heartbeat, off the step's path; ListWorkers shows the newest
+  // as the worker's last_step), counts the momentum resets
   // the engine made before it (muonps_worker_momentum_resets_total), and
   // sets the last step's gauges: muonps_worker_step_seconds,
   // muonps_worker_step_compute_seconds and its plan's prediction,

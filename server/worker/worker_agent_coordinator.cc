@@ -310,6 +310,7 @@ void WorkerAgent::FlushStepStats() {
     request.set_plan_version(step.plan_version());
     request.set_step_seconds(step.seconds());
     request.set_ns_seconds(step.ns_seconds());
+    request.set_predicted_ns_seconds(step.predicted_ns_seconds());
     request.set_bytes_moved(step.bytes_moved());
     request.set_worker_token(options_.credentials->worker_token());
     grpc::ClientContext context;

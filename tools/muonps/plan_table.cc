@@ -3,6 +3,9 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <map>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -80,16 +83,32 @@ std::string JobsTable(const v1::ListJobsResponse& jobs) {
 }
 
 std::string WorkersTable(const v1::ListWorkersResponse& workers) {
-  std::string out =
-      absl::StrFormat("%-16s %-24s %-6s %-20s %12s %10s %6s\n", "JOB", "WORKER",
-                      "KIND", "HOST", "MEMORY", "LEASE", "PLAN");
+  std::string out = absl::StrFormat(
+      "%-16s %-24s %-6s %-20s %12s %10s %6s %8s %12s %12s %8s\n", "JOB",
+      "WORKER", "KIND", "HOST", "MEMORY", "LEASE", "PLAN", "STEP", "COMPUTE",
+      "PREDICTED", "ERROR");
   for (const v1::WorkerInfo& w : workers.workers()) {
-    absl::StrAppendFormat(&out, "%-16s %-24s %-6s %-20s %12s %7d ms %6d\n",
+    absl::StrAppendFormat(&out, "%-16s %-24s %-6s %-20s %12s %7d ms %6d ",
                           w.job(), w.worker_id(), w.device().kind(),
                           w.device().host(), Bytes(w.device().memory_bytes()),
                           w.lease_remaining_ms(), w.plan_version());
+    if (!w.has_last_step()) {
+      absl::StrAppendFormat(&out, "%8s %12s %12s %8s\n", "-", "-", "-", "-");
+      continue;
+    }
+    const v1::WorkerStepStats& step = w.last_step();
+    const std::optional<double> error = CostModelError(step);
+    absl::StrAppendFormat(
+        &out, "%8d %9.3f ms %9.3f ms %8s\n", step.step(),
+        step.ns_seconds() * 1e3, step.predicted_ns_seconds() * 1e3,
+        error.has_value() ? absl::StrFormat("%+.1f%%", *error * 100) : "-");
   }
   return out;
+}
+
+std::optional<double> CostModelError(const v1::WorkerStepStats& step) {
+  if (!(step.predicted_ns_seconds() > 0)) return std::nullopt;
+  return step.ns_seconds() / step.predicted_ns_seconds() - 1;
 }
 
 std::string ToJson(const google::protobuf::Message& message) {

@@ -1,0 +1,107 @@
+// The `muonps workers` renderings: the table shows each worker's last
+// reported step beside the plan's prediction and the cost model's error
+// ("-" where there is none), and --json carries last_step's fields.
+#include "tools/muonps/plan_table.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace muonps {
+namespace cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// w0 reported step 42 (41.25 ms of compute against 37.5 predicted); w1 none.
+v1::ListWorkersResponse TwoWorkers() {
+  v1::ListWorkersResponse workers;
+  for (const char* id : {"w0", "w1"}) {
+    v1::WorkerInfo* w = workers.add_workers();
+    w->set_job("demo");
+    w->set_worker_id(id);
+    w->mutable_device()->set_kind("cuda");
+    w->mutable_device()->set_host("gpu-host");
+    w->mutable_device()->set_memory_bytes(int64_t{80} << 30);
+    w->set_lease_remaining_ms(5500);
+    w->set_plan_version(3);
+  }
+  v1::WorkerStepStats* step = workers.mutable_workers(0)->mutable_last_step();
+  step->set_step(42);
+  step->set_plan_version(3);
+  step->set_step_seconds(0.075);
+  step->set_ns_seconds(0.04125);
+  step->set_predicted_ns_seconds(0.0375);
+  step->set_bytes_moved(int64_t{7} << 30);
+  return workers;
+}
+
+// The table's lines split into blank-separated cells.
+std::vector<std::vector<std::string>> Cells(const std::string& table) {
+  std::vector<std::vector<std::string>> lines;
+  for (absl::string_view line :
+       absl::StrSplit(table, '\n', absl::SkipEmpty())) {
+    lines.push_back(absl::StrSplit(line, ' ', absl::SkipEmpty()));
+  }
+  return lines;
+}
+
+TEST(CostModelErrorTest, IsMeasuredOverPredictedMinusOneAndNoneWithoutPlan) {
+  v1::WorkerStepStats step;
+  step.set_ns_seconds(0.045);
+  step.set_predicted_ns_seconds(0.05);
+  ASSERT_TRUE(CostModelError(step).has_value());
+  EXPECT_NEAR(*CostModelError(step), -0.1, 1e-12);
+  step.set_predicted_ns_seconds(0);  // the plan gave this worker no batch
+  EXPECT_EQ(CostModelError(step), std::nullopt);
+}
+
+TEST(WorkersTableTest, ShowsLastStepComputeBesidePredictionAndError) {
+  const std::vector<std::vector<std::string>> lines =
+      Cells(WorkersTable(TwoWorkers()));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], (std::vector<std::string>{
+                          "JOB", "WORKER", "KIND", "HOST", "MEMORY", "LEASE",
+                          "PLAN", "STEP", "COMPUTE", "PREDICTED", "ERROR"}));
+  // 41.25 / 37.5 - 1 = +10%.
+  EXPECT_EQ(lines[1],
+            (std::vector<std::string>{"demo", "w0", "cuda", "gpu-host", "80.0",
+                                      "GiB", "5500", "ms", "3", "42", "41.250",
+                                      "ms", "37.500", "ms", "+10.0%"}));
+  // No step reported yet: dashes, not zeros.
+  EXPECT_EQ(lines[2], (std::vector<std::string>{
+                          "demo", "w1", "cuda", "gpu-host", "80.0", "GiB",
+                          "5500", "ms", "3", "-", "-", "-", "-"}));
+}
+
+TEST(WorkersTableTest, NoPredictionShowsNoError) {
+  v1::ListWorkersResponse workers = TwoWorkers();
+  workers.mutable_workers(0)->mutable_last_step()->set_predicted_ns_seconds(0);
+  const std::vector<std::vector<std::string>> lines =
+      Cells(WorkersTable(workers));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(std::vector<std::string>(lines[1].end() - 5, lines[1].end()),
+            (std::vector<std::string>{"41.250", "ms", "0.000", "ms", "-"}));
+}
+
+TEST(WorkersJsonTest, CarriesLastStepFieldsOnlyWhereReported) {
+  const std::string json = ToJson(TwoWorkers());
+  for (const char* field :
+       {"\"last_step\"", "\"step\": \"42\"", "\"step_seconds\": 0.075",
+        "\"ns_seconds\": 0.04125", "\"predicted_ns_seconds\": 0.0375",
+        "\"bytes_moved\": \"7516192768\""}) {
+    EXPECT_THAT(json, HasSubstr(field));
+  }
+  v1::ListWorkersResponse none = TwoWorkers();
+  none.mutable_workers(0)->clear_last_step();
+  EXPECT_THAT(ToJson(none), Not(HasSubstr("last_step")));
+}
+
+}  // namespace
+}  // namespace cli
+}  // namespace muonps
