@@ -8,6 +8,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "kernels/ns_flops.h"
@@ -179,6 +180,48 @@ double MaxLoadOf(const Problem& p, const std::vector<int>& owners) {
   return *std::max_element(load.begin(), load.end());
 }
 
+// Where each item of `p` lived in `previous` (its worker id), or null for
+// an item that did not exist there.
+std::vector<const std::string*> PreviousOwners(const Problem& p,
+                                               const OwnershipPlan& previous) {
+  const PlanInput& input = p.input();
+  std::map<absl::string_view, int> previous_matrix;
+  for (size_t m = 0; m < previous.matrix_names.size(); ++m) {
+    previous_matrix[previous.matrix_names[m]] = static_cast<int>(m);
+  }
+  std::vector<const std::string*> before(p.num_items(), nullptr);
+  for (int i = 0; i < p.num_items(); ++i) {
+    const ItemRef ref = p.item(i);
+    auto pm = previous_matrix.find(input.matrices[ref.matrix].name);
+    if (pm == previous_matrix.end() ||
+        ref.expert >= static_cast<int>(previous.owners[pm->second].size())) {
+      continue;
+    }
+    const int old_owner = previous.owners[pm->second][ref.expert];
+    if (old_owner < 0 ||
+        old_owner >= static_cast<int>(previous.worker_ids.size())) {
+      continue;
+    }
+    before[i] = &previous.worker_ids[old_owner];
+  }
+  return before;
+}
+
+// Momentum bytes of the items whose owner in `plan` differs from `before`.
+int64_t MovedBytes(const Problem& p,
+                   const std::vector<const std::string*>& before,
+                   const OwnershipPlan& plan) {
+  int64_t moved = 0;
+  for (int i = 0; i < p.num_items(); ++i) {
+    const ItemRef ref = p.item(i);
+    const int owner = plan.owners[ref.matrix][ref.expert];
+    if (before[i] != nullptr && *before[i] != plan.worker_ids[owner]) {
+      moved += p.momentum_bytes(i);
+    }
+  }
+  return moved;
+}
+
 }  // namespace
 
 absl::StatusOr<OwnershipPlan> PlanOwnership(const PlanInput& input) {
@@ -211,26 +254,10 @@ absl::StatusOr<OwnershipPlan> Replan(const PlanInput& input,
   for (size_t w = 0; w < input.workers.size(); ++w) {
     worker_index[input.workers[w].id] = static_cast<int>(w);
   }
-  std::map<absl::string_view, int> previous_matrix;
-  for (size_t m = 0; m < previous.matrix_names.size(); ++m) {
-    previous_matrix[previous.matrix_names[m]] = static_cast<int>(m);
-  }
-  // Where each item lived before (worker id), if it existed.
-  std::vector<const std::string*> before(p.num_items(), nullptr);
+  const std::vector<const std::string*> before = PreviousOwners(p, previous);
   Assignment a(p);
   for (int i = 0; i < p.num_items(); ++i) {
-    const ItemRef ref = p.item(i);
-    auto pm = previous_matrix.find(input.matrices[ref.matrix].name);
-    if (pm == previous_matrix.end() ||
-        ref.expert >= static_cast<int>(previous.owners[pm->second].size())) {
-      continue;
-    }
-    const int old_owner = previous.owners[pm->second][ref.expert];
-    if (old_owner < 0 ||
-        old_owner >= static_cast<int>(previous.worker_ids.size())) {
-      continue;
-    }
-    before[i] = &previous.worker_ids[old_owner];
+    if (before[i] == nullptr) continue;
     auto w = worker_index.find(*before[i]);
     if (w != worker_index.end() && a.Fits(w->second, i)) a.Assign(i, w->second);
   }
@@ -242,11 +269,15 @@ absl::StatusOr<OwnershipPlan> Replan(const PlanInput& input,
        .fewest_bytes = true},
       &a);
   OwnershipPlan plan = Finalize(p, a);
-  for (int i = 0; i < p.num_items(); ++i) {
-    if (before[i] != nullptr && *before[i] != input.workers[a.owner(i)].id) {
-      plan.moved_bytes += p.momentum_bytes(i);
-    }
-  }
+  plan.moved_bytes = MovedBytes(p, before, plan);
+  return plan;
+}
+
+absl::StatusOr<OwnershipPlan> PlanAfresh(const PlanInput& input,
+                                         const OwnershipPlan& previous) {
+  MUONPS_ASSIGN_OR_RETURN(OwnershipPlan plan, PlanOwnership(input));
+  const Problem p(input);
+  plan.moved_bytes = MovedBytes(p, PreviousOwners(p, previous), plan);
   return plan;
 }
 

@@ -43,6 +43,14 @@ absl::StatusOr<OwnershipPlan> PlanOwnership(const PlanInput& input);
 absl::StatusOr<OwnershipPlan> Replan(const PlanInput& input,
                                      const OwnershipPlan& previous);
 
+// PlanOwnership, with moved_bytes counted against `previous`: for a changed
+// worker set or matrix list whose momentum does not exist yet (no step has
+// run), where keeping owners buys nothing and Replan's kept owners would
+// leave the imbalance of the order the workers came in (3-8% of the
+// busiest worker's Newton-Schulz on 2-8 GPUs joining one at a time).
+absl::StatusOr<OwnershipPlan> PlanAfresh(const PlanInput& input,
+                                         const OwnershipPlan& previous);
+
 // Peers, evaluated with the same cost model for comparison: greedy LPT on
 // dense NS5 FLOPs ignoring batching and speed (DMuon's released planner),
 // and size-sorted round-robin (KellerJordan/Muon, DeepSpeed ZeRO-3).

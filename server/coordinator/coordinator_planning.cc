@@ -70,6 +70,14 @@ CoordinatorState::PlanSnapshot CoordinatorState::SnapshotForPlanning(
     }
   }
   s.previous = job.plans.empty() ? nullptr : job.plans.back().plan;
+  // Afresh only for the start-up: workers joining before any step. Once a
+  // worker of the previous version is gone, or a step ran, owners stay.
+  s.keep_owners = job.stepped;
+  if (s.previous != nullptr) {
+    for (const std::string& id : s.previous->worker_ids) {
+      if (job.workers.count(id) == 0) s.keep_owners = true;
+    }
+  }
   s.reason = job.pending_reasons.empty()
                  ? std::string("re-plan")
                  : absl::StrJoin(job.pending_reasons, "; ");
@@ -95,7 +103,8 @@ CoordinatorState::PlanOutcome CoordinatorState::ComputePlan(
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<scheduler::OwnershipPlan> plan =
       s.previous == nullptr ? scheduler::PlanOwnership(input)
-                            : scheduler::Replan(input, *s.previous);
+      : s.keep_owners       ? scheduler::Replan(input, *s.previous)
+                            : scheduler::PlanAfresh(input, *s.previous);
   if (plan.ok()) plan->dedicated = s.dedicated;
   absl::StatusOr<scheduler::StepSchedule> schedule =
       plan.ok() ? scheduler::BuildStepSchedule(*s.matrices, *plan,

@@ -216,6 +216,7 @@ absl::Status CoordinatorState::ReportStepStats(
   if (!worker->last_step.has_value() || r.step() > worker->last_step->step()) {
     worker->last_step = proto::WorkerStepStatsFromReport(r);
   }
+  job->stepped = true;
   return absl::OkStatus();
 }
 

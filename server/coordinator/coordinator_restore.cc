@@ -133,6 +133,8 @@ absl::Status CoordinatorState::Restore(const StoredState& stored) {
         absl::StatusOr<scheduler::OwnershipPlan> ownership =
             proto::OwnershipFromPlan(s.plan->plan, *matrices);
         if (ownership.ok()) {
+          // Whether the job stepped under it is not stored: keep owners.
+          job.stepped = true;
           job.plans.push_back({std::make_shared<const v1::Plan>(s.plan->plan),
                                std::make_shared<const scheduler::OwnershipPlan>(
                                    *std::move(ownership)),

@@ -188,6 +188,14 @@ class CoordinatorState {
     std::vector<std::string> pending_reasons;
     // A thread is planning this job outside the mutex.
     bool planning = false;
+    // A worker reported a step (ReportStepStats), or the job was restored
+    // with a plan: momentum may exist, so a re-plan keeps owners where it
+    // can (scheduler::Replan). Before that, a re-plan for workers that only
+    // joined is fresh (scheduler::PlanAfresh): the workers of a job's
+    // start-up join one at a time, and keeping the owners of each earlier
+    // version would leave the join order's imbalance for the whole run. A
+    // lost worker's re-plan keeps the survivors' owners either way.
+    bool stepped = false;
   };
   // What a plan is computed from, copied under the mutex.
   struct PlanSnapshot {
@@ -201,6 +209,9 @@ class CoordinatorState {
     scheduler::AlgorithmPolicy algorithm = scheduler::AlgorithmPolicy::kAuto;
     int64_t bucket_bytes = 0;
     std::shared_ptr<const scheduler::OwnershipPlan> previous;
+    // Re-plan from `previous` keeping owners (see JobRecord::stepped), or
+    // afresh with moved bytes counted against it.
+    bool keep_owners = false;
     std::string reason;
   };
   struct PlanOutcome {
