@@ -28,7 +28,6 @@
 //                         peer's after as many steps.
 // The workers share the machine's cores with each other and with the
 // trainer threads, so the speedup is bounded by the cores ("cores").
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -48,6 +47,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/common/coordinator_plan.h"
 #include "bench/step_cpu/host_cpu.h"
 #include "bench/step_cpu/loopback_cluster.h"
 #include "bench/step_cpu/one_process_step.h"
@@ -55,10 +55,8 @@
 #include "bench/step_cpu/step_report.h"
 #include "bench/step_cpu/trainer_rank.h"
 #include "common/status.h"
-#include "muonps/v1/coordinator.grpc.pb.h"
+#include "muonps/v1/plan.pb.h"
 #include "nlohmann/json.hpp"
-#include "proto/credentials.h"
-#include "proto/grpc_status.h"
 
 ABSL_FLAG(std::string, widths, "1024,2560,2560,2560,1024",
           "MLP widths, input first; its weight matrices are the model.");
@@ -112,16 +110,7 @@ using NsAlgorithms = std::map<std::string, kernels::NsAlgorithm>;
 absl::StatusOr<NsAlgorithms> PlanAlgorithms(const std::string& coordinator,
                                             const std::string& job, int workers,
                                             int64_t* version) {
-  auto stub = v1::Coordinator::NewStub(
-      *OpenChannel(coordinator, WithEnvironmentDefaults({})));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  v1::GetPlanRequest request;
-  request.set_job(job);
-  v1::Plan plan;
-  MUONPS_RETURN_IF_ERROR(
-      FromGrpc(stub->GetPlan(&context, request, &plan), "GetPlan"));
+  MUONPS_ASSIGN_OR_RETURN(const v1::Plan plan, FetchPlan(coordinator, job));
   if (plan.workers_size() != workers) {
     return absl::FailedPreconditionError(absl::StrCat(
         "plan ", plan.version(), " has ", plan.workers_size(), " workers"));

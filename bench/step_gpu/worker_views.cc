@@ -1,6 +1,5 @@
 #include "bench/step_gpu/worker_views.h"
 
-#include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
 #include <chrono>
@@ -11,12 +10,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/common/coordinator_plan.h"
 #include "bench/step_gpu/llama_matrices.h"
 #include "common/status.h"
-#include "muonps/v1/coordinator.grpc.pb.h"
 #include "nlohmann/json.hpp"
-#include "proto/credentials.h"
-#include "proto/grpc_status.h"
 
 namespace muonps {
 namespace bench {
@@ -114,19 +111,7 @@ absl::StatusOr<WorkerMetrics> ScrapeWorkerMetricsSettled(
 
 absl::Status PrintPlan(const std::string& coordinator, const std::string& job,
                        const std::string& layout, int ranks) {
-  MUONPS_ASSIGN_OR_RETURN(
-      std::shared_ptr<grpc::Channel> channel,
-      OpenChannel(coordinator, WithEnvironmentDefaults({})));
-  std::unique_ptr<v1::Coordinator::Stub> stub =
-      v1::Coordinator::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  v1::GetPlanRequest request;
-  request.set_job(job);
-  v1::Plan plan;
-  MUONPS_RETURN_IF_ERROR(
-      FromGrpc(stub->GetPlan(&context, request, &plan), "GetPlan"));
+  MUONPS_ASSIGN_OR_RETURN(const v1::Plan plan, FetchPlan(coordinator, job));
   for (int w = 0; w < plan.workers_size(); ++w) {
     const std::string& id = plan.workers(w);
     double predicted = -1;
