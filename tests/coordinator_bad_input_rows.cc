@@ -338,6 +338,11 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
          r.set_cost_table(line + "\n" + line);
        }),
        kInvalid, "cost_table: line 2"},
+      {"cost_table measured on another GPU model", "JoinJob", j([](auto& r) {
+         r.mutable_device()->set_name("NVIDIA H200");
+         r.set_cost_table(R"({"device": "NVIDIA H100 80GB HBM3"})");
+       }),
+       kInvalid, "cost_table: measured on \"NVIDIA H100 80GB HBM3\""},
       {"2 MB cost_table over --max_message_bytes", "JoinJob",
        j([&](auto& r) { r.set_cost_table(big_table); }), kExhausted,
        "larger than max"},

@@ -58,6 +58,15 @@ absl::StatusOr<v1::JoinJobResponse> CoordinatorState::JoinJob(
     if (!table.ok()) {
       return InvalidField("cost_table", table.status().message());
     }
+    // Times of another GPU model would mislead the planner. (A CPU worker
+    // names no model; its table names its CPU.)
+    if (!table->device().empty() && !r.device().name().empty() &&
+        table->device() != r.device().name()) {
+      return InvalidField("cost_table",
+                          absl::StrCat("measured on ", Quoted(table->device()),
+                                       ", but this worker's device.name is ",
+                                       Quoted(r.device().name())));
+    }
     costs = std::make_shared<const scheduler::CostTable>(*std::move(table));
   }
   v1::JoinJobResponse out;
