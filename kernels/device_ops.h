@@ -73,10 +73,6 @@ class DeviceOps {
   // the host.
   virtual Stream stream() const = 0;
   virtual Stream compute_stream() const = 0;
-  // Work enqueued on `waiter` after this call starts only once the work
-  // enqueued on `signaler` before it is done (CUDA: an event recorded on
-  // one, waited for by the other; no host wait). Nothing to do on the host.
-  virtual absl::Status Order(Stream waiter, Stream signaler) = 0;
   // Marks: points in a stream's work that another stream waits for later,
   // and that time a step. Mark(stream) records mark number i (0, 1, ...
   // since the last ClearMarks) at the end of the work enqueued on `stream`

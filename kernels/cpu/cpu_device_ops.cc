@@ -109,11 +109,6 @@ absl::StatusOr<std::vector<int64_t>> CpuDeviceOps::FirstNonFinite(
   return out;
 }
 
-absl::Status CpuDeviceOps::Order(Stream waiter, Stream signaler) {
-  if (absl::Status s = HostOnly(waiter); !s.ok()) return s;
-  return HostOnly(signaler);
-}
-
 absl::StatusOr<int> CpuDeviceOps::Mark(Stream stream) {
   if (absl::Status s = HostOnly(stream); !s.ok()) return s;
   marks_.push_back(std::chrono::steady_clock::now());

@@ -48,17 +48,7 @@ absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(
 absl::Status CudaDeviceOps::Init() {
   MUONPS_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&compute_stream_, cudaStreamNonBlocking));
-  MUONPS_CUDA_RETURN_IF_ERROR(
-      cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
   return absl::OkStatus();
-}
-
-absl::Status CudaDeviceOps::Order(Stream waiter, Stream signaler) {
-  if (waiter == signaler) return absl::OkStatus();
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  MUONPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(order_event_, signaler));
-  return CudaStatus(cudaStreamWaitEvent(waiter, order_event_, 0),
-                    "cudaStreamWaitEvent");
 }
 
 absl::StatusOr<int> CudaDeviceOps::Mark(Stream stream) {
@@ -101,7 +91,6 @@ CudaDeviceOps::~CudaDeviceOps() {
     cudaStreamSynchronize(compute_stream_);
     cudaStreamDestroy(compute_stream_);
   }
-  if (order_event_ != nullptr) cudaEventDestroy(order_event_);
   for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
   if (owns_stream_) cudaStreamDestroy(stream_);

@@ -31,7 +31,6 @@ class CudaDeviceOps final : public DeviceOps {
   Device device() const override { return {MemoryKind::kCuda, device_}; }
   Stream stream() const override { return stream_; }
   Stream compute_stream() const override { return compute_stream_; }
-  absl::Status Order(Stream waiter, Stream signaler) override;
   absl::StatusOr<int> Mark(Stream stream) override;
   absl::Status WaitForMark(Stream waiter, int mark) override;
   absl::StatusOr<std::vector<double>> MarkTimesMs() override;
@@ -63,9 +62,6 @@ class CudaDeviceOps final : public DeviceOps {
   cudaStream_t stream_;
   const bool owns_stream_;
   cudaStream_t compute_stream_ = nullptr;  // owned, non-blocking
-  // Re-recorded by every Order: a stream wait takes the record current at
-  // the time of the wait call.
-  cudaEvent_t order_event_ = nullptr;
   // Mark events (timed), reused step after step: the first marks_used_
   // hold this step's marks.
   std::vector<cudaEvent_t> marks_;

@@ -3,7 +3,6 @@
 // new momentum goes to the batches' next_momentum, updates and AdamW means
 // to the trainer's staging buffer, each recorded for CommitStaged.
 #include <algorithm>
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/row_ranges.h"
