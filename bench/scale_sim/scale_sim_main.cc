@@ -158,6 +158,17 @@ void Print(const nlohmann::ordered_json& line) {
   std::fflush(stdout);
 }
 
+// The settings of `c` every line that reports a simulated step carries.
+void AddSettings(const bench::SimConfig& c, nlohmann::ordered_json* j) {
+  (*j)["nvlink_gbs"] = c.links.nvlink_gbs;
+  (*j)["reduce_gbs"] = c.links.reduce_gbs;
+  (*j)["cost_table_device"] = c.costs->device();
+  (*j)["cost_scale"] = c.cost_scale;
+  (*j)["hbm_bw"] = c.hbm_bytes_per_second;
+  (*j)["control_rounds_ms"] = c.control_rounds_ms;
+  (*j)["transfer_contention"] = c.transfer_contention;
+}
+
 nlohmann::ordered_json StepLine(const bench::SimConfig& c,
                                 scheduler::Layout layout,
                                 const bench::SimResult& r) {
@@ -197,16 +208,10 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["bytes_per_gpu"] = r.bytes_per_gpu;
   j["parameters"] = r.parameters;
   j["plan_max_ms"] = r.plan_max_seconds * 1e3;
-  j["nvlink_gbs"] = c.links.nvlink_gbs;
   j["inter_node_gbs"] = c.links.inter_node_gbs;
   j["latency_us"] = c.links.latency_us;
   j["hop_latency_us"] = c.links.hop_latency_us;
-  j["reduce_gbs"] = c.links.reduce_gbs;
-  j["cost_table_device"] = c.costs->device();
-  j["cost_scale"] = c.cost_scale;
-  j["hbm_bw"] = c.hbm_bytes_per_second;
-  j["control_rounds_ms"] = c.control_rounds_ms;
-  j["transfer_contention"] = c.transfer_contention;
+  AddSettings(c, &j);
   return j;
 }
 
@@ -268,13 +273,7 @@ absl::Status Validate(
     }
     if (m.predicted_ms) j["bench_predicted_ms"] = *m.predicted_ms;
     j["measured_line"] = m.line;
-    j["cost_table_device"] = costs->device();
-    j["cost_scale"] = c.cost_scale;
-    j["nvlink_gbs"] = c.links.nvlink_gbs;
-    j["hbm_bw"] = c.hbm_bytes_per_second;
-    j["control_rounds_ms"] = c.control_rounds_ms;
-    j["transfer_contention"] = c.transfer_contention;
-    j["reduce_gbs"] = c.links.reduce_gbs;
+    AddSettings(c, &j);
     Print(j);
     for (const bench::MeasuredTimeline& t : timelines) {
       if (t.gpus != m.gpus || t.layout != m.layout || t.rank >= m.gpus) {
