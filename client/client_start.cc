@@ -13,7 +13,7 @@
 #include "client/client.h"
 #include "client/cuda_lending.h"
 #include "common/status.h"
-#include "common/trainer_segment.h"
+#include "lending/trainer_segment.h"
 #include "proto/grpc_status.h"
 #include "proto/translate.h"
 
@@ -189,7 +189,7 @@ absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
   MUONPS_ASSIGN_OR_RETURN(
       SharedMemorySegment segment,
       SharedMemorySegment::Create(
-          // The form the worker checks (common/trainer_segment.h).
+          // The form the worker checks (lending/trainer_segment.h).
           TrainerSegmentName(options_.job, options_.trainer_rank, getpid(),
                              std::random_device()()),
           static_cast<size_t>(bytes)));

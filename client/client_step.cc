@@ -12,7 +12,7 @@
 #include "client/client.h"
 #include "client/cuda_lending.h"
 #include "common/status.h"
-#include "common/trainer_segment.h"
+#include "lending/trainer_segment.h"
 #include "proto/grpc_status.h"
 
 namespace muonps {

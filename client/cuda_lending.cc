@@ -3,8 +3,8 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_ipc.h"
 #include "common/status.h"
+#include "lending/cuda_ipc.h"
 
 namespace muonps {
 namespace client_internal {

@@ -10,9 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/cuda_ipc.h"
 #include "common/device.h"
 #include "common/dtype.h"
+#include "lending/cuda_ipc.h"
 #include "muonps/v1/worker.pb.h"
 
 namespace muonps {

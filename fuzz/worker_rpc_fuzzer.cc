@@ -23,9 +23,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/shared_memory.h"
 #include "fuzz/fuzz_input.h"
 #include "fuzz/worker_fixture.h"
+#include "lending/shared_memory.h"
 #include "server/worker/step_engine.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp_transport.h"

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/cuda_ipc.h"
+#include "lending/cuda_ipc.h"
 #include "transport/group_nesting.h"
 #include "transport/tcp_transport.h"
 #include "transport/transport.h"

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
-  //common:cuda_ipc_memory_gpu_test //common:cuda_ipc_event_gpu_test \
+  //lending:cuda_ipc_memory_gpu_test //lending:cuda_ipc_event_gpu_test \
   //transport:nccl_transport_gpu_test //transport:cuda_ipc_transport_gpu_test \
   //kernels/cuda:elementwise_gpu_test \
   //kernels/cuda:cuda_kernels_ns_gpu_test //kernels/cuda:cuda_kernels_step_gpu_test \

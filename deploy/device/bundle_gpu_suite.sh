@@ -13,7 +13,7 @@ BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //kernels/cuda:elementwise_gpu_test //kernels/cuda:cuda_kernels_test \
   //tools/golden_replay:replay_backend_test //tools/golden_replay:golden_replay \
   //kernels/cuda:ns_gpu_timing //bench/ns_gpu:ns_gpu_bench \
-  //common:cuda_ipc_memory_gpu_test //common:cuda_ipc_event_gpu_test \
+  //lending:cuda_ipc_memory_gpu_test //lending:cuda_ipc_event_gpu_test \
   //tools/autotune:muonps-autotune //transport:nccl_transport_gpu_test \
   //transport:cuda_ipc_transport_gpu_test
 cp -r ../shared/testdata/torch_optim_golden device_bundle/golden

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/shared_memory.h"
 #include "examples/mlp/teacher.h"
 #include "gtest/gtest.h"
+#include "lending/shared_memory.h"
 
 namespace muonps {
 namespace {

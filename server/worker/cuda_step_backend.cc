@@ -6,11 +6,11 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_ipc.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_status.h"
+#include "lending/cuda_ipc.h"
 
 namespace muonps {
 namespace worker {

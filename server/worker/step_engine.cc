@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "common/trainer_segment.h"
 #include "kernels/cpu/cpu_device_ops.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "lending/trainer_segment.h"
 #include "server/worker/step_protocol.h"
 #include "spdlog/spdlog.h"
 

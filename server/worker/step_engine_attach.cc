@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
-#include "common/trainer_segment.h"
+#include "lending/trainer_segment.h"
 #include "proto/translate.h"
 #include "server/worker/step_engine.h"
 #include "spdlog/spdlog.h"
@@ -89,7 +89,7 @@ absl::StatusOr<v1::AttachResponse> StepEngine::Attach(
                        "attach to the worker of your GPU"));
     }
     // A shared-memory segment is mapped only when it is named for this job
-    // and the attaching trainer (common/trainer_segment.h).
+    // and the attaching trainer (lending/trainer_segment.h).
     if (!request.segment().empty()) {
       if (plan_.rank < 0) return NoPlanYet();
       MUONPS_RETURN_IF_ERROR(CheckTrainerSegmentName(

@@ -3,9 +3,9 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/shared_memory.h"
 #include "common/status.h"
 #include "kernels/device_ops.h"
+#include "lending/shared_memory.h"
 #include "proto/translate.h"
 
 namespace muonps {

@@ -1,6 +1,6 @@
 // The cuda_ipc library's shared CUDA helpers (cuda_ipc_internal.h): CUDA
 // errors as Status, driver error names, and device ordinal checks.
-#include "common/cuda_ipc_internal.h"
+#include "lending/cuda_ipc_internal.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>

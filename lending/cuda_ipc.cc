@@ -1,7 +1,7 @@
 // Lending device memory between processes: ExportDeviceMemory on the
 // exporting side and IpcMemoryMap on the importing one. IpcEvent and the
 // stream memory operations are in cuda_ipc_sync.cc.
-#include "common/cuda_ipc.h"
+#include "lending/cuda_ipc.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/cuda_ipc_internal.h"
 #include "common/status.h"
+#include "lending/cuda_ipc_internal.h"
 
 namespace muonps {
 namespace {

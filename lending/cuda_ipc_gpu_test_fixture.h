@@ -3,8 +3,8 @@
 // cuda_ipc_gpu_test_child.h says why and how), and the fixture CudaIpcTest,
 // which skips without a GPU that supports CUDA IPC. Test-only;
 // thread-compatible.
-#ifndef MUONPS_COMMON_CUDA_IPC_GPU_TEST_FIXTURE_H_
-#define MUONPS_COMMON_CUDA_IPC_GPU_TEST_FIXTURE_H_
+#ifndef MUONPS_LENDING_CUDA_IPC_GPU_TEST_FIXTURE_H_
+#define MUONPS_LENDING_CUDA_IPC_GPU_TEST_FIXTURE_H_
 
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -26,8 +26,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/cuda_ipc_gpu_test_child.h"
 #include "gtest/gtest.h"
+#include "lending/cuda_ipc_gpu_test_child.h"
 
 extern char** environ;
 
@@ -192,4 +192,4 @@ class CudaIpcTest : public ::testing::Test {
 }  // namespace ipc_test
 }  // namespace muonps
 
-#endif  // MUONPS_COMMON_CUDA_IPC_GPU_TEST_FIXTURE_H_
+#endif  // MUONPS_LENDING_CUDA_IPC_GPU_TEST_FIXTURE_H_

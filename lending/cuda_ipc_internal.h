@@ -2,8 +2,8 @@
 // share: CUDA errors as Status, driver entry points found through the
 // runtime, and running a call with a device current. Private to the
 // cuda_ipc target (listed in its srcs); not part of its API.
-#ifndef MUONPS_COMMON_CUDA_IPC_INTERNAL_H_
-#define MUONPS_COMMON_CUDA_IPC_INTERNAL_H_
+#ifndef MUONPS_LENDING_CUDA_IPC_INTERNAL_H_
+#define MUONPS_LENDING_CUDA_IPC_INTERNAL_H_
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -75,4 +75,4 @@ auto OnDevice(int device, Body&& body) -> decltype(body()) {
 }  // namespace cuda_ipc_internal
 }  // namespace muonps
 
-#endif  // MUONPS_COMMON_CUDA_IPC_INTERNAL_H_
+#endif  // MUONPS_LENDING_CUDA_IPC_INTERNAL_H_

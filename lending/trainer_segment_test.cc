@@ -1,4 +1,4 @@
-#include "common/trainer_segment.h"
+#include "lending/trainer_segment.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -7,8 +7,8 @@
 #include <random>
 #include <string>
 
-#include "common/shared_memory.h"
 #include "gtest/gtest.h"
+#include "lending/shared_memory.h"
 
 namespace muonps {
 namespace {

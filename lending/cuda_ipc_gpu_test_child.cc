@@ -1,4 +1,4 @@
-#include "common/cuda_ipc_gpu_test_child.h"
+#include "lending/cuda_ipc_gpu_test_child.h"
 
 #include <cstddef>
 #include <cstring>

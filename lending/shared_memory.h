@@ -26,8 +26,8 @@
 // in other PID namespaces (containers, Bazel's sandbox) where pids repeat, so
 // a name needs more than a pid to be unique: a job id and rank, or a random
 // token.
-#ifndef MUONPS_COMMON_SHARED_MEMORY_H_
-#define MUONPS_COMMON_SHARED_MEMORY_H_
+#ifndef MUONPS_LENDING_SHARED_MEMORY_H_
+#define MUONPS_LENDING_SHARED_MEMORY_H_
 
 #include <cstddef>
 #include <string>
@@ -132,4 +132,4 @@ class SharedMemorySegment {
 
 }  // namespace muonps
 
-#endif  // MUONPS_COMMON_SHARED_MEMORY_H_
+#endif  // MUONPS_LENDING_SHARED_MEMORY_H_

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "common/cuda_ipc_gpu_test_child.h"
 #include "gtest/gtest.h"
+#include "lending/cuda_ipc_gpu_test_child.h"
 
 int main(int argc, char** argv) {
   const size_t flag_length = std::strlen(muonps::ipc_test::kChildFlag);

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/cuda_ipc.h"
-#include "common/cuda_ipc_internal.h"
 #include "common/status.h"
+#include "lending/cuda_ipc.h"
+#include "lending/cuda_ipc_internal.h"
 
 namespace muonps {
 namespace {

@@ -1,4 +1,4 @@
-// GPU test of common/cuda_ipc's device memory: this process exports, as a
+// GPU test of lending/cuda_ipc's device memory: this process exports, as a
 // trainer does, and a child process opens, as the worker does (the child
 // is this binary run again: cuda_ipc_gpu_test_child.h says why and how): a
 // sub-block at its offset, two refs into one allocation mapped once, no
@@ -17,10 +17,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/cuda_ipc.h"
-#include "common/cuda_ipc_gpu_test_child.h"
-#include "common/cuda_ipc_gpu_test_fixture.h"
 #include "gtest/gtest.h"
+#include "lending/cuda_ipc.h"
+#include "lending/cuda_ipc_gpu_test_child.h"
+#include "lending/cuda_ipc_gpu_test_fixture.h"
 
 namespace muonps {
 namespace ipc_test {

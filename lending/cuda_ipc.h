@@ -8,7 +8,7 @@
 // trainer's memory in place. An IpcEvent orders the two processes' streams
 // without a host sync: the trainer records after backward, the worker's
 // stream waits on it, and the other way round for "the step is applied".
-// This is the device twin of common/shared_memory.h.
+// This is the device twin of lending/shared_memory.h.
 //
 // Ownership and lifetime:
 //   - The exporter keeps the memory allocated (no cudaFree, and no return of
@@ -44,8 +44,8 @@
 // a moved-from IpcEvent; NOT_FOUND for closing what is not open; UNAVAILABLE
 // carrying the CUDA error's name and text, and the call that failed, when
 // CUDA refuses.
-#ifndef MUONPS_COMMON_CUDA_IPC_H_
-#define MUONPS_COMMON_CUDA_IPC_H_
+#ifndef MUONPS_LENDING_CUDA_IPC_H_
+#define MUONPS_LENDING_CUDA_IPC_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -233,4 +233,4 @@ absl::Status StreamWriteValue(Stream stream, void* device_address,
 
 }  // namespace muonps
 
-#endif  // MUONPS_COMMON_CUDA_IPC_H_
+#endif  // MUONPS_LENDING_CUDA_IPC_H_

@@ -1,4 +1,4 @@
-#include "common/shared_memory.h"
+#include "lending/shared_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

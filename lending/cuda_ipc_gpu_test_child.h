@@ -8,8 +8,8 @@
 // as RefArgs() in argv; the two sides pace each other with lines on the
 // child's stdin and stdout; the child says on stderr why it failed.
 // Test-only; thread-compatible.
-#ifndef MUONPS_COMMON_CUDA_IPC_GPU_TEST_CHILD_H_
-#define MUONPS_COMMON_CUDA_IPC_GPU_TEST_CHILD_H_
+#ifndef MUONPS_LENDING_CUDA_IPC_GPU_TEST_CHILD_H_
+#define MUONPS_LENDING_CUDA_IPC_GPU_TEST_CHILD_H_
 
 #include <cuda_runtime_api.h>
 
@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/cuda_ipc.h"
+#include "lending/cuda_ipc.h"
 
 namespace muonps {
 namespace ipc_test {
@@ -82,4 +82,4 @@ int RunIpcChild(const std::string& mode, const std::vector<std::string>& args);
 }  // namespace ipc_test
 }  // namespace muonps
 
-#endif  // MUONPS_COMMON_CUDA_IPC_GPU_TEST_CHILD_H_
+#endif  // MUONPS_LENDING_CUDA_IPC_GPU_TEST_CHILD_H_

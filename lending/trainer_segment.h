@@ -13,8 +13,8 @@
 //
 // Thread-safety: the functions keep no state; RemoveStaleTrainerSegments
 // races benignly with processes creating or removing segments.
-#ifndef MUONPS_COMMON_TRAINER_SEGMENT_H_
-#define MUONPS_COMMON_TRAINER_SEGMENT_H_
+#ifndef MUONPS_LENDING_TRAINER_SEGMENT_H_
+#define MUONPS_LENDING_TRAINER_SEGMENT_H_
 
 #include <sys/types.h>
 
@@ -57,4 +57,4 @@ absl::StatusOr<int> RemoveStaleTrainerSegments(const std::string& shm_dir,
 
 }  // namespace muonps
 
-#endif  // MUONPS_COMMON_TRAINER_SEGMENT_H_
+#endif  // MUONPS_LENDING_TRAINER_SEGMENT_H_

@@ -1,4 +1,4 @@
-// GPU test of common/cuda_ipc's interprocess events: a child process (this
+// GPU test of lending/cuda_ipc's interprocess events: a child process (this
 // binary run again: cuda_ipc_gpu_test_child.h says why and how) opens this
 // process's event and lent memory, and its stream's copy out of that
 // memory waits on the event. Needs one GPU; skips without one.
@@ -14,11 +14,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
-#include "common/cuda_ipc.h"
-#include "common/cuda_ipc_gpu_test_child.h"
-#include "common/cuda_ipc_gpu_test_fixture.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
+#include "lending/cuda_ipc.h"
+#include "lending/cuda_ipc_gpu_test_child.h"
+#include "lending/cuda_ipc_gpu_test_fixture.h"
 
 namespace muonps {
 namespace ipc_test {

@@ -1,4 +1,4 @@
-#include "common/trainer_segment.h"
+#include "lending/trainer_segment.h"
 
 #include <dirent.h>
 #include <fcntl.h>
