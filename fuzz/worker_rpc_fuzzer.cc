@@ -27,6 +27,7 @@
 #include "fuzz/worker_fixture.h"
 #include "lending/shared_memory.h"
 #include "server/worker/step_engine.h"
+#include "server/worker/wire.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp_transport.h"
 
@@ -107,19 +108,28 @@ void Run(const FuzzRecord& record, const v1::JobSpec& job,
     case WorkerCall::kSetPlan: {
       v1::Plan plan;
       if (!plan.ParseFromString(p)) return;
-      Trace(record, engine->SetPlan(job, plan, {{kFuzzWorkerId, address}}));
+      absl::StatusOr<worker::JobPlan> next =
+          worker::JobPlanFromProto(job, plan);
+      Trace(record, next.ok()
+                        ? engine->SetPlan(*next, {{kFuzzWorkerId, address}})
+                        : next.status());
       return;
     }
     case WorkerCall::kAttach: {
       v1::AttachRequest request;
-      if (request.ParseFromString(p))
-        Trace(record, engine->Attach(request).status());
+      if (!request.ParseFromString(p)) return;
+      absl::StatusOr<worker::AttachRequest> attach =
+          worker::AttachRequestFromProto(request);
+      Trace(record,
+            attach.ok() ? engine->Attach(*attach).status() : attach.status());
       return;
     }
     case WorkerCall::kStep: {
       v1::StepRequest request;
-      if (request.ParseFromString(p))
-        Trace(record, engine->Step(request).status());
+      if (request.ParseFromString(p)) {
+        Trace(record,
+              engine->Step(worker::StepRequestFromProto(request)).status());
+      }
       return;
     }
     case WorkerCall::kGetMomentum: {

@@ -22,17 +22,17 @@ class CudaIpcBuffers final : public TrainerBuffers {
   explicit CudaIpcBuffers(int device) : device_(device) {}
 
   // The request's ready event and done counter, if it lends them.
-  absl::Status OpenSignals(const v1::AttachRequest& request) {
-    if (!request.ready_event().empty()) {
+  absl::Status OpenSignals(const AttachRequest& request) {
+    if (!request.ready_event.empty()) {
       absl::StatusOr<IpcEvent> ready =
-          IpcEvent::Open(request.ready_event(), device_);
+          IpcEvent::Open(request.ready_event, device_);
       if (!ready.ok()) return Annotate(ready.status(), "ready_event");
       ready_.emplace(*std::move(ready));
     }
-    if (!request.done_counter().ipc_handle().empty()) {
+    if (!request.done_counter.ipc_handle.empty()) {
       IpcMemoryRef ref;
-      ref.handle = request.done_counter().ipc_handle();
-      ref.offset = static_cast<uint64_t>(request.done_counter().offset());
+      ref.handle = request.done_counter.ipc_handle;
+      ref.offset = static_cast<uint64_t>(request.done_counter.offset);
       ref.bytes = sizeof(uint64_t);
       ref.device = device_;
       absl::StatusOr<void*> mapped = map_.Open(ref);
@@ -54,26 +54,25 @@ class CudaIpcBuffers final : public TrainerBuffers {
 
   Device device() const override { return {MemoryKind::kCuda, device_}; }
 
-  absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t,
-                                 int64_t grad_elements,
+  absl::StatusOr<LentTensor> Map(const TensorBinding& t, int64_t grad_elements,
                                  int64_t param_elements) override {
-    const std::string field = absl::StrCat("tensor ", Quoted(t.name()));
+    const std::string field = absl::StrCat("tensor ", Quoted(t.name));
     LentTensor out;
     MUONPS_ASSIGN_OR_RETURN(out.dtype, LentDType(t));
     const int64_t width = static_cast<int64_t>(DTypeSize(out.dtype));
     for (auto [buffer, elements, pointer, what] :
-         {std::tuple<const v1::CudaBuffer*, int64_t, void**, const char*>{
-              &t.grad_cuda(), grad_elements, &out.grad, "grad_cuda"},
-          {&t.param_cuda(), param_elements, &out.param, "param_cuda"}}) {
-      if (buffer->ipc_handle().empty() || buffer->offset() < 0 ||
-          buffer->offset() % width != 0 || elements < 1) {
+         {std::tuple<const CudaBufferRef*, int64_t, void**, const char*>{
+              &t.grad_cuda, grad_elements, &out.grad, "grad_cuda"},
+          {&t.param_cuda, param_elements, &out.param, "param_cuda"}}) {
+      if (buffer->ipc_handle.empty() || buffer->offset < 0 ||
+          buffer->offset % width != 0 || elements < 1) {
         return InvalidField(absl::StrCat(field, ".", what),
                             absl::StrCat("needs an IPC handle and a ", width,
                                          "-byte aligned offset >= 0"));
       }
       IpcMemoryRef ref;
-      ref.handle = buffer->ipc_handle();
-      ref.offset = static_cast<uint64_t>(buffer->offset());
+      ref.handle = buffer->ipc_handle;
+      ref.offset = static_cast<uint64_t>(buffer->offset);
       ref.bytes = static_cast<uint64_t>(elements * width);
       ref.device = device_;
       absl::StatusOr<void*> mapped = map_.Open(ref);
@@ -146,15 +145,14 @@ absl::StatusOr<StepBackend> CudaStepBackend(const CudaBackendOptions& options) {
 }
 
 TrainerBuffersOpener CudaIpcBuffersOpener(int device) {
-  return [device](const v1::AttachRequest& request)
+  return [device](const AttachRequest& request)
              -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
     const std::string mine = absl::StrCat("cuda:", device);
-    if (request.device() != mine &&
-        !(device == 0 && request.device() == "cuda")) {
+    if (request.device != mine && !(device == 0 && request.device == "cuda")) {
       return InvalidField(
           "device",
           absl::StrCat("the trainer lends ",
-                       request.device().empty() ? "cpu" : request.device(),
+                       request.device.empty() ? "cpu" : request.device,
                        " memory; this worker runs on ", mine,
                        " (a trainer lends memory of the worker's GPU)"));
     }

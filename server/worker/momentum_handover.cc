@@ -199,7 +199,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         MUONPS_RETURN_IF_ERROR(
             ops.Copy(into, zeros->data(), floats, ops.stream()));
         batch.has_momentum[slot.slot] = false;
-        if (plan.job.allow_momentum_reset()) {
+        if (plan.job.allow_momentum_reset) {
           ++outcome->reset;
         } else {
           if (unresolved.count++ == 0) unresolved.first = i;

@@ -23,7 +23,7 @@ class MomentumHandoverTest : public StepEngineTest {
       WriteGradients(step);
       for (const auto& r : StepEverywhere(step)) {
         ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
-        *resets += r->momentum_reset();
+        *resets += r->momentum_reset;
       }
       reference->Step(step);
     }
@@ -65,7 +65,7 @@ class MomentumHandoverDedicatedTest : public MomentumHandoverTest {
     v1::JobSpec job = Job(Dedicated());
     job.set_allow_momentum_reset(allow_reset);
     for (int w = 0; w < engines; ++w) {
-      ASSERT_TRUE(engines_[w]->SetPlan(job, plan, addresses_).ok());
+      ASSERT_TRUE(SetPlanFromProto(*engines_[w], job, plan, addresses_).ok());
     }
   }
   // w3 stops stepping (a killed dedicated worker).
@@ -93,10 +93,10 @@ TEST_F(MomentumHandoverDedicatedTest, AJoiningWorkerReceivesWhatItNowOwns) {
   // Version 1: three workers (the job expects no dedicated one yet).
   v1::JobSpec three = Job(0);
   for (int w = 0; w < kWorkers; ++w) {
-    ASSERT_TRUE(
-        engines_[w]
-            ->SetPlan(three, PlanWithOwnerList(1, {0, 1, 2, 0, 1}), addresses_)
-            .ok());
+    ASSERT_TRUE(SetPlanFromProto(*engines_[w], three,
+                                 PlanWithOwnerList(1, {0, 1, 2, 0, 1}),
+                                 addresses_)
+                    .ok());
   }
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
   ReferenceSteps reference;
@@ -151,7 +151,7 @@ TEST_F(MomentumHandoverDedicatedTest, AllowedResetStartsLostMomentumAtZero) {
   int64_t resets = 0;
   for (const auto& r : StepEverywhere(3)) {
     ASSERT_TRUE(r.ok()) << r.status();
-    resets += r->momentum_reset();
+    resets += r->momentum_reset;
   }
   EXPECT_EQ(resets, 3);  // rep.a on w0, unr.a on w2, row.a on w1
   int64_t total = 0;
@@ -164,7 +164,7 @@ TEST_F(MomentumHandoverDedicatedTest, AllowedResetStartsLostMomentumAtZero) {
   WriteGradients(4);
   for (const auto& r : StepEverywhere(4)) {
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->momentum_reset(), 0);
+    EXPECT_EQ(r->momentum_reset, 0);
   }
 }
 

@@ -169,8 +169,8 @@ TEST_F(StepAtomicityTest, ACallCancelledBeforeTheVoteAbortsTheStepEverywhere) {
   reference.Step(0);
   WriteGradients(1);
   const std::vector<float> before = trainers_[0].param["rep.a"];
-  std::vector<absl::StatusOr<v1::StepResponse>> out(
-      kWorkers, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<StepResponse>> out(kWorkers,
+                                                absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
     threads.emplace_back([&, w] {
@@ -181,8 +181,9 @@ TEST_F(StepAtomicityTest, ACallCancelledBeforeTheVoteAbortsTheStepEverywhere) {
       request.set_adamw_lr(-1);
       // Worker 1's caller gives up after the round opened.
       int asked = 0;
-      out[w] = engines_[w]->Step(
-          request, w != 1 ? StepCancelled() : [&asked] { return ++asked > 1; });
+      out[w] = StepFromProto(
+          *engines_[w], request,
+          w != 1 ? StepCancelled() : [&asked] { return ++asked > 1; });
     });
   }
   for (std::thread& t : threads) t.join();
@@ -212,7 +213,7 @@ TEST_F(StepAtomicityTest, AStepInDoubtSurvivesANewPlanVersion) {
   // Worker 1's decision broadcast (its third call from the end).
   SetFault(1, {.step = 1, .call = calls - 3});
   WriteGradients(1);
-  const std::vector<absl::StatusOr<v1::StepResponse>> out = StepEverywhere(1);
+  const std::vector<absl::StatusOr<StepResponse>> out = StepEverywhere(1);
   ASSERT_FALSE(out[1].ok());
   EXPECT_TRUE(absl::StrContains(out[1].status().message(), "keeps the step"))
       << out[1].status();
@@ -222,7 +223,7 @@ TEST_F(StepAtomicityTest, AStepInDoubtSurvivesANewPlanVersion) {
       SetPlanEverywhere(PlanWithOwners(2, kWorkers), kSmallBuckets));
   for (const auto& r : StepEverywhere(1)) {
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_TRUE(r->already_applied());
+    EXPECT_TRUE(r->already_applied);
   }
   EXPECT_EQ(engines_[1]->last_step(), 1);
   reference.Step(1);
@@ -242,7 +243,7 @@ TEST_F(StepAtomicityTest, SecretAndLastStepNeverWaitForAStepInProgress) {
   request.set_step_id(0);
   request.set_lr(-1);
   request.set_weight_decay(-1);
-  std::thread waiting([&] { (void)engines_[0]->Step(request); });
+  std::thread waiting([&] { (void)StepFromProto(*engines_[0], request); });
   absl::SleepFor(absl::Milliseconds(200));  // rank 0 waits for the others
   const absl::Time asked = absl::Now();
   engines_[0]->SetDataPlaneSecret(transport::kLoopbackSecret);
@@ -279,21 +280,21 @@ TEST_F(StepPlanChangeTest, APlanDroppingAFrozenPeerFailsTheStepAtOnceNamingIt) {
   request.set_lr(-1);
   request.set_weight_decay(-1);
   request.set_adamw_lr(-1);
-  std::vector<absl::StatusOr<v1::StepResponse>> out(
-      kWorkers, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<StepResponse>> out(kWorkers,
+                                                absl::UnknownError("not run"));
   std::vector<absl::Duration> took(kWorkers);
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
     threads.emplace_back([&, w] {
       const absl::Time start = absl::Now();
-      out[w] = engines_[w]->Step(request);
+      out[w] = StepFromProto(*engines_[w], request);
       took[w] = absl::Now() - start;
     });
   }
   absl::SleepFor(absl::Milliseconds(500));  // 0 and 1 wait on 2
   const absl::Time asked = absl::Now();
-  EXPECT_TRUE(engines_[0]->AbortForPlan(next));
-  EXPECT_TRUE(engines_[1]->AbortForPlan(next));
+  EXPECT_TRUE(engines_[0]->AbortForPlan(MembershipFromProto(next)));
+  EXPECT_TRUE(engines_[1]->AbortForPlan(MembershipFromProto(next)));
   EXPECT_LT(absl::Now() - asked, absl::Milliseconds(100));
   for (std::thread& t : threads) t.join();
   const std::string reason =
@@ -316,15 +317,18 @@ TEST_F(StepPlanChangeTest, APlanDroppingAFrozenPeerFailsTheStepAtOnceNamingIt) {
   ExpectParamsMatch(reference);
   // No step runs on the replaced plan's transport (its peer is gone).
   const absl::Time retried = absl::Now();
-  const absl::StatusOr<v1::StepResponse> retry = engines_[0]->Step(request);
+  const absl::StatusOr<StepResponse> retry =
+      StepFromProto(*engines_[0], request);
   EXPECT_LT(absl::Now() - retried, absl::Milliseconds(100));
   EXPECT_TRUE(absl::IsUnavailable(retry.status())) << retry.status();
   EXPECT_TRUE(absl::StrContains(retry.status().message(), reason))
       << retry.status();
-  EXPECT_FALSE(engines_[0]->AbortForPlan(next));  // once per plan version
+  EXPECT_FALSE(engines_[0]->AbortForPlan(
+      MembershipFromProto(next)));  // once per plan version
   EXPECT_TRUE(
-      engines_[0]->SetPlan(Job(0, kSmallBuckets), next, addresses_).ok());
-  EXPECT_FALSE(engines_[0]->AbortForPlan(next));
+      SetPlanFromProto(*engines_[0], Job(0, kSmallBuckets), next, addresses_)
+          .ok());
+  EXPECT_FALSE(engines_[0]->AbortForPlan(MembershipFromProto(next)));
 }
 
 }  // namespace

@@ -169,39 +169,39 @@ absl::Status StepEngine::NoPlanYet() const {
                                  " has no plan yet (or is not in it)"));
 }
 
-v1::StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
-  v1::StepResponse out;
-  out.set_step_id(step_id);
-  out.set_plan_version(plan_.version);
-  out.set_already_applied(true);
+StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
+  StepResponse out;
+  out.step_id = step_id;
+  out.plan_version = plan_.version;
+  out.already_applied = true;
   return out;
 }
 
-absl::StatusOr<v1::StepResponse> StepEngine::Step(
-    const v1::StepRequest& request, const StepCancelled& cancelled) {
+absl::StatusOr<StepResponse> StepEngine::Step(const StepRequest& request,
+                                              const StepCancelled& cancelled) {
   absl::MutexLock lock(&mu_);
-  if (request.step_id() < 0) {
-    return InvalidField("step_id", absl::StrCat(request.step_id(), " < 0"));
+  if (request.step_id < 0) {
+    return InvalidField("step_id", absl::StrCat(request.step_id, " < 0"));
   }
   // Committed on every worker: nobody needs this round.
-  if (request.step_id() <= ledger_.settled) {
+  if (request.step_id <= ledger_.settled) {
     if (trainer_.has_value()) {
       MUONPS_RETURN_IF_ERROR(
-          RedeliverMeans(ledger_, request.step_id(), *trainer_, *backend_.ops));
+          RedeliverMeans(ledger_, request.step_id, *trainer_, *backend_.ops));
     }
-    return AlreadyApplied(request.step_id());
+    return AlreadyApplied(request.step_id);
   }
   if (plan_.rank < 0 || !trainer_.has_value()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
                       plan_.rank < 0 ? "the worker is not in the current plan"
                                      : kNoTrainerAttached);
   }
-  CheckRestoredStep(request.step_id());
+  CheckRestoredStep(request.step_id);
   RoundResult round;
   for (int rounds = 0;; ++rounds) {
     if (rounds == kMaxRounds) {
       round.status = absl::AbortedError(
-          absl::StrCat("step ", request.step_id(), ": after ", kMaxRounds,
+          absl::StrCat("step ", request.step_id, ": after ", kMaxRounds,
                        " rounds the trainers still ask for different steps"));
       break;
     }
@@ -214,20 +214,20 @@ absl::StatusOr<v1::StepResponse> StepEngine::Step(
   // The trainer's stream waits for this (CUDA), whatever happened.
   kernels::DeviceOps& ops = *backend_.ops;
   const absl::Status signaled =
-      trainer_->buffers->SignalTrainer(ops.stream(), request.step_id());
+      trainer_->buffers->SignalTrainer(ops.stream(), request.step_id);
   if (!round.status.ok()) return round.status;
   if (!signaled.ok()) return signaled;
   if (round.kind == RoundResult::Kind::kAlreadyApplied) {
     MUONPS_RETURN_IF_ERROR(
-        RedeliverMeans(ledger_, request.step_id(), *trainer_, ops));
-    return AlreadyApplied(request.step_id());
+        RedeliverMeans(ledger_, request.step_id, *trainer_, ops));
+    return AlreadyApplied(request.step_id);
   }
-  round.response.set_momentum_reset(momentum_resets_);
+  round.response.momentum_reset = momentum_resets_;
   momentum_resets_ = 0;
   return round.response;
 }
 
-absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
+absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowStep(
     absl::Duration wait) {
   {
     absl::MutexLock lock(&mu_);
@@ -242,12 +242,12 @@ absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
         DropTransport(opened);
         return opened;
       }
-      v1::StepRequest request;  // the step id comes from rank 0
+      StepRequest request;  // the step id comes from rank 0
       RoundResult round = RunRound(request, /*trainer=*/nullptr, nullptr);
       MaybeCheckpoint();
       if (!round.status.ok()) return round.status;
       if (round.kind != RoundResult::Kind::kStepped) return std::nullopt;
-      round.response.set_momentum_reset(momentum_resets_);
+      round.response.momentum_reset = momentum_resets_;
       momentum_resets_ = 0;
       return round.response;
     }
@@ -256,7 +256,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StepEngine::FollowStep(
   return std::nullopt;
 }
 
-RoundResult StepEngine::RunRound(const v1::StepRequest& request,
+RoundResult StepEngine::RunRound(const StepRequest& request,
                                  const AttachedTrainer* trainer,
                                  const StepCancelled& cancelled) {
   StepContext context;
@@ -282,10 +282,9 @@ RoundResult StepEngine::RunRound(const v1::StepRequest& request,
   }
   out.status = Annotate(
       out.status,
-      absl::StrCat(
-          "worker ", Quoted(worker_id_), ": step ",
-          trainer == nullptr ? "" : absl::StrCat(request.step_id(), " "),
-          "(plan version ", plan_.version, "; ranks ", ranks, ")"));
+      absl::StrCat("worker ", Quoted(worker_id_), ": step ",
+                   trainer == nullptr ? "" : absl::StrCat(request.step_id, " "),
+                   "(plan version ", plan_.version, "; ranks ", ranks, ")"));
   return out;
 }
 

@@ -42,12 +42,13 @@
 #include "common/metrics.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
-#include "muonps/v1/coordinator.pb.h"
-#include "muonps/v1/worker.pb.h"
+#include "server/worker/attach_request.h"
 #include "server/worker/checkpoint_restore.h"
 #include "server/worker/checkpoint_writer.h"
+#include "server/worker/job_plan.h"
 #include "server/worker/momentum_handover.h"
 #include "server/worker/step_commit.h"
+#include "server/worker/step_request.h"
 #include "server/worker/step_run.h"
 #include "server/worker/step_state.h"
 #include "server/worker/trainer_buffers.h"
@@ -102,19 +103,19 @@ class StepEngine {
   // every step. Set before the first step.
   void set_step_hook(StepHook hook);
 
-  // A new plan version with the job's spec and every worker's data address
-  // (by worker id). Momentum of matrices this worker keeps owning moves to
-  // the new stacks; that of matrices moving away is kept, and the
-  // handover (momentum_handover.h) brings every newly owned one from its
-  // previous owner when the new transport is built, before the version's
-  // first step. A newly owned matrix whose previous owner left fails every
-  // step of the version with FAILED_PRECONDITION naming it, unless the job
-  // allows momentum resets: it then starts at zero (logged, counted in
+  // A new plan version of the job (wire.h converts the coordinator's) and
+  // every worker's data address (by worker id). Momentum of matrices this
+  // worker keeps owning moves to the new stacks; that of matrices moving away
+  // is kept, and the handover (momentum_handover.h) brings every newly owned
+  // one from its previous owner when the new transport is built, before the
+  // version's first step. A newly owned matrix whose previous owner left fails
+  // every step of the version with FAILED_PRECONDITION naming it, unless the
+  // job allows momentum resets: it then starts at zero (logged, counted in
   // momentum_resets_total() and the next Step response's momentum_reset).
   // The transport is rebuilt at the next step. INVALID_ARGUMENT naming the plan
   // field for an inconsistent plan, RESOURCE_EXHAUSTED when the stacks do not
   // fit the device.
-  absl::Status SetPlan(const v1::JobSpec& job, const v1::Plan& plan,
+  absl::Status SetPlan(const JobPlan& plan,
                        const std::map<std::string, std::string>& addresses);
 
   // Call with every plan as soon as it arrives, before SetPlan (which waits
@@ -129,12 +130,13 @@ class StepEngine {
   // least as new as `next` is set (none runs on the old plan's transport).
   // Returns whether `next` replaced the current plan that way. Never waits
   // for a step. Thread-safe.
-  bool AbortForPlan(const v1::Plan& next);
+  bool AbortForPlan(const PlanMembership& next);
 
   // Maps the trainer's buffers and checks every binding against the job:
   // every job matrix bound once with the right element count, every other
   // tensor named once (not as a job matrix) with 1..kMaxLentElements
-  // elements, buffers inside the lent memory, fp32 or bf16.
+  // elements, buffers inside the lent memory, fp32 or bf16. The bindings'
+  // parameter groups stay attached: a step's values reach them by index.
   // INVALID_ARGUMENT naming the tensor otherwise (before anything is
   // mapped). FAILED_PRECONDITION before a plan, and while the plan's worker
   // count differs from the trainer count (the other workers have not joined
@@ -142,7 +144,7 @@ class StepEngine {
   // shared-memory segment is not named for this job, the trainer's rank and
   // pid (trainer_segment.h); PERMISSION_DENIED when another user owns it.
   // Drops a step staged for the previous trainer.
-  absl::StatusOr<v1::AttachResponse> Attach(const v1::AttachRequest& request);
+  absl::StatusOr<AttachResponse> Attach(const AttachRequest& request);
   // The most elements a lent tensor may have (client.h's
   // kMaxTensorElements): sizes and offsets computed from it never overflow.
   static constexpr int64_t kMaxLentElements = int64_t{1} << 40;
@@ -159,8 +161,8 @@ class StepEngine {
   // (nothing applied); DATA_LOSS when the workers cannot tell whether a
   // trainer's parameters hold a step. `cancelled` (may be null) says
   // whether the caller gave up: checked before the vote.
-  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request,
-                                        const StepCancelled& cancelled = {});
+  absl::StatusOr<StepResponse> Step(const StepRequest& request,
+                                    const StepCancelled& cancelled = {});
 
   // A dedicated worker (no trainer; the plan ranks it among its last
   // `dedicated_workers`): waits up to `wait` for the trainers' workers to
@@ -169,8 +171,7 @@ class StepEngine {
   // when no step opened (or this worker is not a dedicated rank of a plan:
   // it then sleeps `wait`); the step's response otherwise. One thread calls
   // it in a loop. Holds the engine's lock for at most `wait` while idle.
-  absl::StatusOr<std::optional<v1::StepResponse>> FollowStep(
-      absl::Duration wait);
+  absl::StatusOr<std::optional<StepResponse>> FollowStep(absl::Duration wait);
 
   // How many owned matrices (experts) have started from zero momentum
   // because their owner changed, their previous owner was gone and the job
@@ -278,12 +279,12 @@ class StepEngine {
   // Runs one round for `trainer`, or for no trainer (a dedicated worker);
   // a transport out of step with the peers is dropped, and errors name the
   // ranks' workers.
-  RoundResult RunRound(const v1::StepRequest& request,
+  RoundResult RunRound(const StepRequest& request,
                        const AttachedTrainer* trainer,
                        const StepCancelled& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The response for a step answered without running it.
-  v1::StepResponse AlreadyApplied(int64_t step_id) const
+  StepResponse AlreadyApplied(int64_t step_id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Aborts and destroys the transport (if any) with `reason`.
   void DropTransport(const absl::Status& reason)
@@ -293,7 +294,7 @@ class StepEngine {
   // A failed round's status once AbortForPlan aborted its transport:
   // UNAVAILABLE with the reason first (DATA_LOSS stays DATA_LOSS).
   absl::Status ExplainReplaced(const absl::Status& failed,
-                               const v1::StepRequest& request,
+                               const StepRequest& request,
                                const AttachedTrainer* trainer) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes plan_'s version and workers for AbortForPlan.

@@ -38,7 +38,7 @@ absl::Status StepEngine::WaitForCheckpoint() {
 
 absl::StatusOr<int64_t> StepEngine::RequestCheckpoint() {
   absl::MutexLock lock(&mu_);
-  if (checkpoint_writer_ == nullptr || plan_.job.checkpoint_dir().empty()) {
+  if (checkpoint_writer_ == nullptr || plan_.job.checkpoint_dir.empty()) {
     return FieldError(absl::StatusCode::kFailedPrecondition,
                       "job.checkpoint_dir",
                       absl::StrCat("worker ", Quoted(worker_id_),
@@ -52,16 +52,16 @@ absl::StatusOr<int64_t> StepEngine::RequestCheckpoint() {
 }
 
 void StepEngine::MaybeCheckpoint() {
-  if (checkpoint_writer_ == nullptr || plan_.job.checkpoint_dir().empty()) {
+  if (checkpoint_writer_ == nullptr || plan_.job.checkpoint_dir.empty()) {
     return;
   }
   const int64_t last = ledger_.last.load();
   if (last < 0 || last <= checkpointed_step_) return;
-  const int64_t every = plan_.job.checkpoint_every();
+  const int64_t every = plan_.job.checkpoint_every;
   const bool asked = checkpoint_requested_.load();
   if (!asked && !(every > 0 && last % every == 0)) return;
   CheckpointSnapshot snapshot;
-  snapshot.checkpoint_dir = plan_.job.checkpoint_dir();
+  snapshot.checkpoint_dir = plan_.job.checkpoint_dir;
   snapshot.step = last;
   snapshot.plan_version = plan_.version;
   kernels::DeviceOps& ops = *backend_.ops;
@@ -100,7 +100,7 @@ void StepEngine::MaybeCheckpoint() {
 
 absl::Status StepEngine::RestoreMissingMomentum() {
   absl::MutexLock lock(&mu_);
-  const std::string& dir = plan_.job.checkpoint_dir();
+  const std::string& dir = plan_.job.checkpoint_dir;
   if (checkpoint_writer_ == nullptr || dir.empty() || plan_.rank < 0) {
     return absl::OkStatus();
   }

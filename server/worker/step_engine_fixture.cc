@@ -21,10 +21,10 @@ class HostBuffers final : public TrainerBuffers {
       : tensors_(std::move(tensors)), intact_(intact) {}
   Device device() const override { return kHostDevice; }
   absl::Status CheckIntact() const override { return *intact_; }
-  absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t, int64_t,
+  absl::StatusOr<LentTensor> Map(const TensorBinding& t, int64_t,
                                  int64_t) override {
-    auto it = tensors_.find(t.name());
-    if (it == tensors_.end()) return absl::NotFoundError(t.name());
+    auto it = tensors_.find(t.name);
+    if (it == tensors_.end()) return absl::NotFoundError(t.name);
     return it->second;
   }
 
@@ -34,6 +34,26 @@ class HostBuffers final : public TrainerBuffers {
 };
 
 }  // namespace
+
+absl::Status SetPlanFromProto(
+    StepEngine& engine, const v1::JobSpec& job, const v1::Plan& plan,
+    const std::map<std::string, std::string>& addresses) {
+  MUONPS_ASSIGN_OR_RETURN(const JobPlan next, JobPlanFromProto(job, plan));
+  return engine.SetPlan(next, addresses);
+}
+
+absl::StatusOr<AttachResponse> AttachFromProto(
+    StepEngine& engine, const v1::AttachRequest& request) {
+  MUONPS_ASSIGN_OR_RETURN(const AttachRequest attach,
+                          AttachRequestFromProto(request));
+  return engine.Attach(attach);
+}
+
+absl::StatusOr<StepResponse> StepFromProto(StepEngine& engine,
+                                           const v1::StepRequest& request,
+                                           const StepCancelled& cancelled) {
+  return engine.Step(StepRequestFromProto(request), cancelled);
+}
 
 const std::vector<MatrixDecl>& Matrices() {
   static const auto* m = new std::vector<MatrixDecl>{
@@ -170,7 +190,7 @@ void StepEngineTest::SetUp() {
     }
     StepBackend backend = CpuStepBackend(IoTimeout());
     Trainer* trainer = &trainers_[w];
-    backend.open_buffers = [trainer](const v1::AttachRequest&)
+    backend.open_buffers = [trainer](const AttachRequest&)
         -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
       std::map<std::string, LentTensor> lent;
       lent["bias"] = {trainer->bias_grad.data(), trainer->bias.data()};
@@ -212,7 +232,7 @@ void StepEngineTest::StartFollowing() {
   for (int w = kWorkers; w < kWorkers + Dedicated(); ++w) {
     followers_.emplace_back([this, w] {
       while (following_.load()) {
-        absl::StatusOr<std::optional<v1::StepResponse>> step =
+        absl::StatusOr<std::optional<StepResponse>> step =
             engines_[w]->FollowStep(absl::Milliseconds(50));
         if (step.ok() && step->has_value()) followed_steps_.fetch_add(1);
       }
@@ -224,7 +244,8 @@ void StepEngineTest::SetPlanEverywhere(const v1::Plan& plan,
                                        int64_t bucket_bytes) {
   for (auto& e : engines_) {
     ASSERT_TRUE(
-        e->SetPlan(Job(Dedicated(), bucket_bytes), plan, addresses_).ok());
+        SetPlanFromProto(*e, Job(Dedicated(), bucket_bytes), plan, addresses_)
+            .ok());
   }
 }
 
@@ -257,14 +278,16 @@ v1::AttachRequest StepEngineTest::AttachRequestOf(int w, int64_t trainer_pid,
     b->set_muon(true);
     b->set_dtype(trainers_[w].bf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
     b->set_elements(static_cast<int64_t>(trainers_[w].grad[d.name].size()));
+    auto group = groups_.find(d.name);
+    if (group != groups_.end()) b->set_group(group->second + 1);
   }
   return request;
 }
 
 void StepEngineTest::AttachEverywhere(int64_t trainer_pid, bool with_bias) {
   for (int w = 0; w < kWorkers; ++w) {
-    absl::StatusOr<v1::AttachResponse> attached =
-        engines_[w]->Attach(AttachRequestOf(w, trainer_pid, with_bias));
+    absl::StatusOr<AttachResponse> attached = AttachFromProto(
+        *engines_[w], AttachRequestOf(w, trainer_pid, with_bias));
     ASSERT_TRUE(attached.ok()) << attached.status();
   }
 }
@@ -293,10 +316,10 @@ void StepEngineTest::WriteGradients(int64_t step) {
   for (int w = 0; w < kWorkers; ++w) WriteGradientsOf(w, step);
 }
 
-std::vector<absl::StatusOr<v1::StepResponse>> StepEngineTest::StepEverywhere(
+std::vector<absl::StatusOr<StepResponse>> StepEngineTest::StepEverywhere(
     int64_t step, const std::function<void(int, v1::StepRequest*)>& edit) {
-  std::vector<absl::StatusOr<v1::StepResponse>> out(
-      kWorkers, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<StepResponse>> out(kWorkers,
+                                                absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
     threads.emplace_back([&, w] {
@@ -306,7 +329,7 @@ std::vector<absl::StatusOr<v1::StepResponse>> StepEngineTest::StepEverywhere(
       request.set_weight_decay(-1);
       request.set_adamw_lr(-1);
       if (edit) edit(w, &request);
-      out[w] = engines_[w]->Step(request);
+      out[w] = StepFromProto(*engines_[w], request);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -348,7 +371,7 @@ void StepEngineTest::StepAndMatchTheKernelsInOneProcess(int64_t steps) {
   ReferenceSteps reference;
   for (int64_t step = 0; step < steps; ++step) {
     WriteGradients(step);
-    for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
+    for (const absl::StatusOr<StepResponse>& r : StepEverywhere(step)) {
       ASSERT_TRUE(r.ok()) << r.status();
     }
     reference.Step(step);

@@ -24,12 +24,24 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "server/worker/step_engine.h"
+#include "server/worker/wire.h"
 #include "transport/tcp_transport.h"
 
 namespace muonps {
 namespace worker {
 
 constexpr int kWorkers = 3;
+
+// The engine's calls as the worker's edge makes them from the wire
+// messages a coordinator and a trainer send (wire.h).
+absl::Status SetPlanFromProto(
+    StepEngine& engine, const v1::JobSpec& job, const v1::Plan& plan,
+    const std::map<std::string, std::string>& addresses);
+absl::StatusOr<AttachResponse> AttachFromProto(
+    StepEngine& engine, const v1::AttachRequest& request);
+absl::StatusOr<StepResponse> StepFromProto(StepEngine& engine,
+                                           const v1::StepRequest& request,
+                                           const StepCancelled& cancelled = {});
 
 struct MatrixDecl {
   std::string name;
@@ -139,7 +151,7 @@ class StepEngineTest : public ::testing::Test {
   void WriteGradientsOf(int w, int64_t step);
   // Every engine steps `step` at once; the statuses by worker. `edit`
   // changes worker w's request first.
-  std::vector<absl::StatusOr<v1::StepResponse>> StepEverywhere(
+  std::vector<absl::StatusOr<StepResponse>> StepEverywhere(
       int64_t step,
       const std::function<void(int, v1::StepRequest*)>& edit = nullptr);
   // Every trainer runs steps [first, last] as a training loop does: it
@@ -160,6 +172,9 @@ class StepEngineTest : public ::testing::Test {
   // parameters against the CPU kernels in one process, bit for bit.
   void StepAndMatchTheKernelsInOneProcess(int64_t steps);
 
+  // The parameter group (index) AttachRequestOf attaches a matrix in; none
+  // for a matrix not named.
+  std::map<std::string, int> groups_;
   std::vector<std::unique_ptr<transport::TcpListener>> listeners_;
   std::map<std::string, std::string> addresses_;
   Trainer trainers_[kWorkers];

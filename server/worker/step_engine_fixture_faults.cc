@@ -137,7 +137,7 @@ std::vector<int> StepEngineTest::RunTrainerLoops(int64_t first, int64_t last,
         absl::Status last_error;
         bool done = false;
         for (int attempt = 0; attempt < attempts && !done; ++attempt) {
-          absl::StatusOr<v1::StepResponse> r = engines_[w]->Step(request);
+          absl::StatusOr<StepResponse> r = StepFromProto(*engines_[w], request);
           done = r.ok();
           if (!done) {
             ++failures[w];

@@ -15,32 +15,32 @@
 namespace muonps {
 namespace worker {
 
-bool StepEngine::AbortForPlan(const v1::Plan& next) {
+bool StepEngine::AbortForPlan(const PlanMembership& next) {
   std::vector<std::string> lost;
   int64_t version = -1;
   bool aborted = false;
   {
     absl::MutexLock lock(&abort_mu_);
     version = published_version_;
-    if (version < 0 || next.version() <= version ||
-        next.version() <= replaced_by_) {
+    if (version < 0 || next.version <= version ||
+        next.version <= replaced_by_) {
       return false;
     }
     for (const std::string& id : published_workers_) {
-      if (std::find(next.workers().begin(), next.workers().end(), id) ==
-          next.workers().end()) {
+      if (std::find(next.workers.begin(), next.workers.end(), id) ==
+          next.workers.end()) {
         lost.push_back(Quoted(id));
       }
     }
     // Only workers joined: every peer of a step in progress is still there,
     // so it finishes before SetPlan replaces the transport.
     if (lost.empty()) return false;
-    replaced_by_ = next.version();
+    replaced_by_ = next.version;
     replaced_why_ = absl::UnavailableError(absl::StrCat(
-        "plan version ", version, " replaced by ", next.version(), ": ",
+        "plan version ", version, " replaced by ", next.version, ": ",
         lost.size() == 1 ? "worker " : "workers ", absl::StrJoin(lost, ", "),
         " left the job",
-        next.reason().empty() ? "" : absl::StrCat(" (", next.reason(), ")")));
+        next.reason.empty() ? "" : absl::StrCat(" (", next.reason, ")")));
     if (published_transport_ != nullptr) {
       // Wakes a step waiting on a lost worker (TCP: its sockets are shut
       // down; NCCL: ncclCommAbort); the step thread destroys the transport.
@@ -51,7 +51,7 @@ bool StepEngine::AbortForPlan(const v1::Plan& next) {
   spdlog::warn(
       "worker={} plan_version={} replaced by plan_version={}, which drops {}: "
       "{}",
-      worker_id_, version, next.version(), absl::StrJoin(lost, ", "),
+      worker_id_, version, next.version, absl::StrJoin(lost, ", "),
       aborted ? "aborted the transport of any step in progress"
               : "no transport to abort");
   return true;
@@ -64,7 +64,7 @@ absl::Status StepEngine::PlanReplaced() const {
 }
 
 absl::Status StepEngine::ExplainReplaced(const absl::Status& failed,
-                                         const v1::StepRequest& request,
+                                         const StepRequest& request,
                                          const AttachedTrainer* trainer) const {
   const absl::Status why = PlanReplaced();
   if (why.ok() || failed.ok()) return failed;
@@ -78,8 +78,8 @@ absl::Status StepEngine::ExplainReplaced(const absl::Status& failed,
   // Neither committed nor staged in doubt: the step left nothing here. (A
   // rank in doubt, or one that committed, already says so.)
   if (trainer != nullptr && !ledger_.staged.voted &&
-      ledger_.last.load() < request.step_id()) {
-    absl::StrAppend(&message, "; step ", request.step_id(),
+      ledger_.last.load() < request.step_id) {
+    absl::StrAppend(&message, "; step ", request.step_id,
                     " was not applied on this worker: retry it");
   }
   return absl::Status(failed.code() == absl::StatusCode::kDataLoss

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "proto/translate.h"
 #include "server/worker/step_engine.h"
 
 namespace muonps {
@@ -19,26 +18,23 @@ constexpr int64_t kControlFloats = 1024;
 }  // namespace
 
 absl::Status StepEngine::SetPlan(
-    const v1::JobSpec& job, const v1::Plan& plan,
-    const std::map<std::string, std::string>& addresses) {
+    const JobPlan& plan, const std::map<std::string, std::string>& addresses) {
   PlanState next;
-  next.job = job;
-  next.version = plan.version();
-  next.matrices = proto::MatricesFromJob(job);
-  next.muon = proto::MuonFromProto(job.muon());
-  MUONPS_ASSIGN_OR_RETURN(next.ownership,
-                          proto::OwnershipFromPlan(plan, next.matrices));
-  for (int r = 0; r < plan.workers_size(); ++r) {
-    if (plan.workers(r) == worker_id_) next.rank = r;
-    auto it = addresses.find(plan.workers(r));
+  next.job = plan.job;
+  next.version = plan.membership.version;
+  next.matrices = plan.job.matrices;
+  next.muon = plan.job.muon;
+  next.ownership = plan.ownership;
+  const std::vector<std::string>& workers = plan.membership.workers;
+  for (size_t r = 0; r < workers.size(); ++r) {
+    if (workers[r] == worker_id_) next.rank = static_cast<int>(r);
+    auto it = addresses.find(workers[r]);
     next.addresses.push_back(it == addresses.end() ? "" : it->second);
   }
   MUONPS_ASSIGN_OR_RETURN(
       next.schedule,
-      scheduler::BuildStepSchedule(
-          next.matrices, next.ownership,
-          {.bucket_bytes = job.bucket_bytes() > 0 ? job.bucket_bytes()
-                                                  : int64_t{64} << 20}));
+      scheduler::BuildStepSchedule(next.matrices, next.ownership,
+                                   {.bucket_bytes = plan.job.bucket_bytes}));
   next.slots.resize(next.matrices.size());
   for (size_t m = 0; m < next.matrices.size(); ++m) {
     next.slots[m].assign(next.matrices[m].experts, ItemSlot{});

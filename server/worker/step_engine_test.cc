@@ -66,7 +66,7 @@ TEST_F(StepEngineTest, EachPartRunsItsOwnAlgorithm) {
   ReferenceSteps ns5;
   for (int64_t step = 0; step < 6; ++step) {
     WriteGradients(step);
-    for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
+    for (const absl::StatusOr<StepResponse>& r : StepEverywhere(step)) {
       ASSERT_TRUE(r.ok()) << r.status();
     }
     mixed.Step(step);
@@ -96,7 +96,7 @@ TEST_F(StepEngineTest, Bf16ParametersMatchTheKernelsInOneProcessBitForBit) {
   const kernels::MuonHyperparameters h = MuonFromJob();
   for (int64_t step = 0; step < 12; ++step) {
     WriteGradients(step);
-    for (const absl::StatusOr<v1::StepResponse>& r : StepEverywhere(step)) {
+    for (const absl::StatusOr<StepResponse>& r : StepEverywhere(step)) {
       ASSERT_TRUE(r.ok()) << r.status();
     }
     for (size_t m = 0; m < Matrices().size(); ++m) {
@@ -140,7 +140,7 @@ TEST_F(StepEngineTest, NonFiniteGradientOnOneTrainerRejectsTheStepEverywhere) {
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
   WriteGradients(0);
   trainers_[2].grad["unr.b"][7] = NAN;
-  const std::vector<absl::StatusOr<v1::StepResponse>> out = StepEverywhere(0);
+  const std::vector<absl::StatusOr<StepResponse>> out = StepEverywhere(0);
   for (int w = 0; w < kWorkers; ++w) {
     ASSERT_FALSE(out[w].ok());
     EXPECT_EQ(out[w].status().code(), absl::StatusCode::kInvalidArgument);
@@ -158,7 +158,7 @@ TEST_F(StepEngineTest, NonFiniteGradientOnOneTrainerRejectsTheStepEverywhere) {
   const std::vector<float> before = trainers_[0].param["rep.a"];
   for (const auto& r : StepEverywhere(0)) {
     ASSERT_TRUE(r.ok());
-    EXPECT_TRUE(r->already_applied());
+    EXPECT_TRUE(r->already_applied);
   }
   EXPECT_EQ(trainers_[0].param["rep.a"], before);
 }
@@ -197,8 +197,7 @@ TEST_F(StepEngineTest, BadOrDisagreeingHyperparametersRefuseTheStepEverywhere) {
       cases = {
           {"groups[0].lr: nan",
            [](int w, v1::StepRequest* r) {
-             v1::ParamGroup* g = r->add_groups();
-             g->add_matrices("rep.a");
+             v1::GroupHyperparameters* g = r->add_groups();
              g->set_lr(w == 2 ? NAN : 0.01);
              g->set_weight_decay(0.1);
            }},
@@ -210,7 +209,7 @@ TEST_F(StepEngineTest, BadOrDisagreeingHyperparametersRefuseTheStepEverywhere) {
            [](int w, v1::StepRequest* r) { r->set_lr(w == 1 ? 0.03 : 0.02); }},
       };
   for (const auto& [reason, edit] : cases) {
-    const std::vector<absl::StatusOr<v1::StepResponse>> out =
+    const std::vector<absl::StatusOr<StepResponse>> out =
         StepEverywhere(0, edit);
     for (int w = 0; w < kWorkers; ++w) {
       ASSERT_FALSE(out[w].ok()) << reason;
@@ -259,8 +258,8 @@ TEST_F(StepEngineTest, SegmentNotNamedForThisJobAndTrainerIsRefused) {
     request.set_trainer_pid(77);
     request.set_segment(name);
     request.set_segment_bytes(4096);
-    const absl::StatusOr<v1::AttachResponse> attached =
-        engines_[0]->Attach(request);
+    const absl::StatusOr<AttachResponse> attached =
+        AttachFromProto(*engines_[0], request);
     EXPECT_EQ(attached.status().code(), absl::StatusCode::kInvalidArgument)
         << name;
     EXPECT_NE(attached.status().message().find("segment"), std::string::npos)
@@ -278,15 +277,15 @@ TEST_F(StepEngineTest, LastStepNeverWaitsForAStepInProgress) {
   request.set_step_id(0);
   request.set_lr(-1);
   request.set_weight_decay(-1);
-  absl::StatusOr<v1::StepResponse> first = absl::UnknownError("not run");
-  std::thread waiting([&] { first = engines_[0]->Step(request); });
+  absl::StatusOr<StepResponse> first = absl::UnknownError("not run");
+  std::thread waiting([&] { first = StepFromProto(*engines_[0], request); });
   absl::SleepFor(absl::Milliseconds(200));  // rank 0 now waits on the others
   const absl::Time asked = absl::Now();
   EXPECT_EQ(engines_[0]->last_step(), -1);
   EXPECT_LT(absl::Now() - asked, absl::Milliseconds(100));
   std::vector<std::thread> others;
   for (int w = 1; w < kWorkers; ++w) {
-    others.emplace_back([&, w] { (void)engines_[w]->Step(request); });
+    others.emplace_back([&, w] { (void)StepFromProto(*engines_[w], request); });
   }
   for (std::thread& t : others) t.join();
   waiting.join();
@@ -318,7 +317,7 @@ TEST_F(StepEngineTest, NewPlanKeepsMomentumOfUnmovedItemsAndHandsOverOthers) {
   int64_t resets = 0;
   for (const auto& r : StepEverywhere(1)) {
     ASSERT_TRUE(r.ok()) << r.status();
-    resets += r->momentum_reset();
+    resets += r->momentum_reset;
   }
   EXPECT_EQ(resets, 0);
   EXPECT_TRUE(engines_[1]->Momentum("rep.a", 0).ok());
@@ -342,7 +341,7 @@ TEST_F(StepEngineTest, BuffersOfATrainerWhoseProcessIsGoneAreReleased) {
   EXPECT_FALSE(engines_[0]->ReleaseTrainerIfGone());  // once
   v1::StepRequest request;
   request.set_step_id(0);
-  absl::StatusOr<v1::StepResponse> step = engines_[0]->Step(request);
+  absl::StatusOr<StepResponse> step = StepFromProto(*engines_[0], request);
   EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(step.status().message().find("no trainer buffers"),
             std::string::npos)
@@ -391,8 +390,8 @@ TEST_F(StepEngineDedicatedTest, AWorkerWithNoTrainerOwnsMatricesOfEveryLayout) {
   v1::AttachRequest request;
   request.set_trainer_rank(0);
   request.set_trainer_count(kWorkers);
-  const absl::StatusOr<v1::AttachResponse> refused =
-      engines_[3]->Attach(request);
+  const absl::StatusOr<AttachResponse> refused =
+      AttachFromProto(*engines_[3], request);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("dedicated"), std::string::npos)
       << refused.status();

@@ -100,7 +100,7 @@ absl::Status StepEngine::HandOver() {
   context.checkpoint = [&](int matrix, int64_t expert, float* slot,
                            int64_t step) -> absl::Status {
     mu_.AssertHeld();
-    const std::string& dir = plan_.job.checkpoint_dir();
+    const std::string& dir = plan_.job.checkpoint_dir;
     if (dir.empty() || step < 0) {
       return absl::NotFoundError("the job keeps no checkpoints");
     }
@@ -125,7 +125,7 @@ absl::Status StepEngine::HandOver() {
   const absl::Status status = HandOverMomentum(context, &outcome);
   if (!status.ok() && !outcome.transport_ok) {
     const absl::Status failed =
-        Annotate(ExplainReplaced(status, v1::StepRequest(), nullptr),
+        Annotate(ExplainReplaced(status, StepRequest(), nullptr),
                  absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
                               plan_.version));
     DropTransport(failed);

@@ -57,68 +57,65 @@ std::string ProblemText(const char* field) {
   return std::string(field, strnlen(field, kProblemBytes));
 }
 
-uint64_t HyperHash(const v1::StepRequest& r) {
+uint64_t HyperHash(const StepRequest& r) {
   Digest d;
-  d.Mix(r.lr());
-  d.Mix(r.weight_decay());
-  d.Mix(r.adamw_lr());
-  for (const v1::ParamGroup& g : r.groups()) {
-    d.Mix(g.lr());
-    d.Mix(g.weight_decay());
-    for (const std::string& name : g.matrices()) d.Mix(name);
-    d.Mix("|", 1);
+  d.Mix(r.lr);
+  d.Mix(r.weight_decay);
+  d.Mix(r.adamw_lr);
+  for (const GroupHyperparameters& g : r.groups) {
+    d.Mix(g.lr);
+    d.Mix(g.weight_decay);
+    d.Mix(g.adamw_lr);
+    d.Mix(g.adamw_weight_decay);
   }
+  d.Mix(static_cast<int64_t>(r.groups.size()));
   return d.value();
 }
 
-uint64_t TensorsHash(absl::Span<const AdamWTensorSpec> tensors) {
+uint64_t TensorsHash(absl::Span<const AdamWTensorSpec> tensors,
+                     absl::Span<const int> matrix_groups) {
   Digest d;
   for (const AdamWTensorSpec& t : tensors) {
     d.Mix(t.name);
     d.Mix(t.elements);
     d.Mix(static_cast<int64_t>(t.unreduced));
+    d.Mix(static_cast<int64_t>(t.group));
   }
+  d.Mix("|", 1);
+  for (const int group : matrix_groups) d.Mix(static_cast<int64_t>(group));
   return d.value();
 }
 
-std::string StepRequestProblem(
-    const v1::StepRequest& r,
-    absl::Span<const scheduler::MatrixSpec> matrices) {
+std::string StepRequestProblem(const StepRequest& r, int group_count) {
   // Negative values select the default, but not -Inf (nor NaN).
-  for (const auto& [field, value] :
-       {std::pair<const char*, double>{"lr", r.lr()},
-        {"weight_decay", r.weight_decay()},
-        {"adamw_lr", r.adamw_lr()}}) {
+  for (const auto& [field, value] : {std::pair<const char*, double>{"lr", r.lr},
+                                     {"weight_decay", r.weight_decay},
+                                     {"adamw_lr", r.adamw_lr}}) {
     if (!std::isfinite(value)) {
       return absl::StrCat(field, ": ", value,
                           " is not finite (a negative value keeps the "
                           "default)");
     }
   }
-  std::map<std::string, int> group_of;
-  for (const scheduler::MatrixSpec& m : matrices) group_of[m.name] = -1;
-  for (int i = 0; i < r.groups_size(); ++i) {
-    const v1::ParamGroup& g = r.groups(i);
+  const int given = static_cast<int>(r.groups.size());
+  for (int i = 0; i < given; ++i) {
+    const GroupHyperparameters& g = r.groups[i];
     for (const auto& [field, value] :
-         {std::pair<const char*, double>{"lr", g.lr()},
-          {"weight_decay", g.weight_decay()}}) {
-      if (!std::isfinite(value) || value < 0) {
+         {std::pair<const char*, double>{"lr", g.lr},
+          {"weight_decay", g.weight_decay},
+          {"adamw_lr", g.adamw_lr},
+          {"adamw_weight_decay", g.adamw_weight_decay}}) {
+      if (!std::isfinite(value)) {
         return absl::StrCat("groups[", i, "].", field, ": ", value,
-                            " is not a finite number >= 0");
+                            " is not finite (a negative value keeps the "
+                            "step's)");
       }
     }
-    for (int j = 0; j < g.matrices_size(); ++j) {
-      const std::string field = absl::StrCat("groups[", i, "].matrices[", j,
-                                             "]: ", Quoted(g.matrices(j)));
-      auto it = group_of.find(g.matrices(j));
-      if (it == group_of.end()) {
-        return absl::StrCat(field, " is not a matrix of the job");
-      }
-      if (it->second >= 0) {
-        return absl::StrCat(field, " is in groups[", it->second, "] too");
-      }
-      it->second = i;
-    }
+  }
+  if (given > 0 && given < group_count) {
+    return absl::StrCat("groups: ", given,
+                        " entries; the trainer attached tensors in ",
+                        group_count, " groups");
   }
   return "";
 }
@@ -211,12 +208,12 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
       problem =
           absl::StrCat("the trainers of ", Who(ids, r), " and ", Who(ids, 0),
                        " step with different lr, weight_decay, "
-                       "adamw_lr or param groups");
+                       "adamw_lr or param group values");
     } else if (x.tensors_hash != first.tensors_hash) {
       problem =
           absl::StrCat("the trainers of ", Who(ids, r), " and ", Who(ids, 0),
                        " lend different AdamW tensors (names, sizes "
-                       "or layouts)");
+                       "or layouts) or parameter groups");
     } else if (x.trainer_count != trainers || x.trainer_rank < 0 ||
                x.trainer_rank >= trainers || seen[x.trainer_rank]) {
       problem = absl::StrCat(

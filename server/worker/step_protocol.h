@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "muonps/v1/worker.pb.h"
 #include "scheduler/plan_types.h"
+#include "server/worker/step_request.h"
 
 namespace muonps {
 namespace worker {
@@ -109,29 +109,32 @@ void CopyProblem(const std::string& text, char* out);
 // The text of a received problem field (which may lack its NUL).
 std::string ProblemText(const char* field);
 
-// A digest of a step's lr, weight decay, groups and AdamW lr (FNV-1a over
-// their bytes): trainers that disagree about them would update their
-// replicas differently, so the step is refused instead.
-uint64_t HyperHash(const v1::StepRequest& request);
+// A digest of a step's lr, weight decay, AdamW lr and every group's values
+// (FNV-1a over their bytes): trainers that disagree about them would
+// update their replicas differently, so the step is refused instead.
+uint64_t HyperHash(const StepRequest& request);
 
 // One AdamW tensor as a trainer lends it.
 struct AdamWTensorSpec {
   std::string name;
   int64_t elements = 0;
   bool unreduced = false;
+  int group = -1;  // -1: none
 };
-// A digest of the AdamW tensors a trainer lends (names, sizes, layouts):
-// the workers average unreduced ones element by element, so every trainer
-// must lend the same.
-uint64_t TensorsHash(absl::Span<const AdamWTensorSpec> tensors);
+// A digest of what a trainer attached: its AdamW tensors (names, sizes,
+// layouts, groups) and the group of every job matrix (by matrix). The
+// workers average unreduced tensors element by element and step every
+// matrix with its group's values, so every trainer must attach the same.
+// Computed once per attachment.
+uint64_t TensorsHash(absl::Span<const AdamWTensorSpec> tensors,
+                     absl::Span<const int> matrix_groups);
 
-// Why `request` cannot run on `matrices`, naming the field, or "": lr,
-// weight_decay and adamw_lr finite (negative: the default), every group's lr
-// and weight_decay finite and >= 0, every group naming matrices of the job,
-// none twice.
-std::string StepRequestProblem(
-    const v1::StepRequest& request,
-    absl::Span<const scheduler::MatrixSpec> matrices);
+// Why `request` cannot run for a trainer that attached tensors in
+// `group_count` groups, naming the field, or "": lr, weight_decay, adamw_lr
+// and every group's values finite (negative: the default), and a value
+// for every attached group unless `groups` is empty (then every tensor
+// takes the step's own). O(groups): no per-tensor work.
+std::string StepRequestProblem(const StepRequest& request, int group_count);
 
 // Rank 0's decision for a round from every rank's header (by rank; the first
 // `trainers` ranks have a trainer), `worker_ids` by rank for messages.

@@ -130,41 +130,41 @@ TEST(DecideRoundTest, DisagreementsAreRejectedNamingTheWorker) {
   EXPECT_TRUE(absl::StrContains(Problem(d), "different lr")) << Problem(d);
 }
 
-std::vector<scheduler::MatrixSpec> TwoMatrices() {
-  std::vector<scheduler::MatrixSpec> m(2);
-  m[0].name = "a";
-  m[1].name = "b";
-  return m;
+TEST(StepRequestProblemTest, NamesTheField) {
+  StepRequest r;
+  EXPECT_EQ(StepRequestProblem(r, 0), "");
+  r.lr = -1;  // the default
+  EXPECT_EQ(StepRequestProblem(r, 0), "");
+  r.lr = -INFINITY;
+  EXPECT_TRUE(absl::StartsWith(StepRequestProblem(r, 0), "lr: "));
+  r.lr = 0.1;
+  r.adamw_lr = NAN;
+  EXPECT_TRUE(absl::StartsWith(StepRequestProblem(r, 0), "adamw_lr: "));
+  r.adamw_lr = -1;
+  // No values: every group takes the step's.
+  EXPECT_EQ(StepRequestProblem(r, 2), "");
+  r.groups.push_back({0.1, 0, -1, -1});
+  EXPECT_EQ(StepRequestProblem(r, 2),
+            "groups: 1 entries; the trainer attached tensors in 2 groups");
+  r.groups.push_back({0.2, -0.5, 1e-3, 0});  // negative: the step's own
+  EXPECT_EQ(StepRequestProblem(r, 2), "");
+  r.groups[1].adamw_weight_decay = INFINITY;
+  EXPECT_TRUE(absl::StartsWith(StepRequestProblem(r, 2),
+                               "groups[1].adamw_weight_decay: inf"));
 }
 
-TEST(StepRequestProblemTest, NamesTheField) {
-  v1::StepRequest r;
-  EXPECT_EQ(StepRequestProblem(r, TwoMatrices()), "");
-  r.set_lr(-1);  // the default
-  EXPECT_EQ(StepRequestProblem(r, TwoMatrices()), "");
-  r.set_lr(-INFINITY);
-  EXPECT_TRUE(absl::StartsWith(StepRequestProblem(r, TwoMatrices()), "lr: "));
-  r.set_lr(0.1);
-  r.set_adamw_lr(NAN);
-  EXPECT_TRUE(
-      absl::StartsWith(StepRequestProblem(r, TwoMatrices()), "adamw_lr: "));
-  r.set_adamw_lr(-1);
-  v1::ParamGroup* g = r.add_groups();
-  g->set_lr(0.1);
-  g->add_matrices("nope");
-  EXPECT_EQ(StepRequestProblem(r, TwoMatrices()),
-            "groups[0].matrices[0]: \"nope\" is not a matrix of the job");
-  g->set_matrices(0, "a");
-  v1::ParamGroup* h = r.add_groups();
-  h->set_lr(0.2);
-  h->add_matrices("b");
-  h->add_matrices("a");
-  EXPECT_EQ(StepRequestProblem(r, TwoMatrices()),
-            "groups[1].matrices[1]: \"a\" is in groups[0] too");
-  h->mutable_matrices()->RemoveLast();
-  h->set_weight_decay(-0.5);
-  EXPECT_TRUE(absl::StartsWith(StepRequestProblem(r, TwoMatrices()),
-                               "groups[1].weight_decay: -0.5"));
+// The digests a round compares: a group's value, or a tensor's group,
+// changes them.
+TEST(StepDigestTest, GroupValuesAndMembershipChangeTheDigests) {
+  StepRequest r;
+  r.groups.push_back({0.1, 0.01, -1, -1});
+  const uint64_t one = HyperHash(r);
+  r.groups[0].adamw_lr = 1e-3;
+  EXPECT_NE(HyperHash(r), one);
+  const std::vector<AdamWTensorSpec> tensors = {{"bias", 7, true, -1}};
+  const uint64_t none = TensorsHash(tensors, {-1, -1});
+  EXPECT_NE(TensorsHash(tensors, {0, -1}), none);
+  EXPECT_NE(TensorsHash({{"bias", 7, true, 0}}, {-1, -1}), none);
 }
 
 }  // namespace

@@ -16,15 +16,6 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-std::vector<AdamWTensorSpec> AdamWTensorsOf(const AttachedTrainer& trainer) {
-  std::vector<AdamWTensorSpec> out;
-  for (const auto& [name, b] : trainer.adamw) {
-    out.push_back(
-        {name, b.elements, b.layout == scheduler::Layout::kUnreduced});
-  }
-  return out;
-}
-
 }  // namespace
 
 StepRun::StepRun(const StepContext& context)
@@ -41,13 +32,13 @@ StepRun::StepRun(const StepContext& context)
       control_(context.transport, context.ops, context.plan->scratch.get(),
                context.timeout) {}
 
-std::string StepRun::LocalProblem(const v1::StepRequest& request) {
+std::string StepRun::LocalProblem(const StepRequest& request) {
   if (trainer_ == nullptr) return "";
   if (!intact_.ok()) return std::string(intact_.message());
   if (context_.cancelled && context_.cancelled()) {
     return "the trainer's Step call was cancelled or passed its deadline";
   }
-  std::string problem = StepRequestProblem(request, plan_.matrices);
+  std::string problem = StepRequestProblem(request, trainer_->group_count);
   if (!problem.empty()) return problem;
   const AttachedTrainer& trainer = *trainer_;
   // Each worker checks the gradients this step reads from its trainer, so
@@ -65,16 +56,19 @@ std::string StepRun::LocalProblem(const v1::StepRequest& request) {
     }
     return false;
   };
+  // Spans by job matrix, then the AdamW tensors; a name is looked up only
+  // for the span that is not finite.
   std::vector<kernels::FloatSpan> spans;
-  std::vector<std::string> names;
+  std::vector<int> matrix_of;  // by span; -1 - i: AdamW tensor i
   for (size_t m = 0; m < plan_.matrices.size(); ++m) {
     if (!reads(m)) continue;
     spans.push_back({trainer.matrices[m].grad, trainer.matrices[m].elements});
-    names.push_back(plan_.matrices[m].name);
+    matrix_of.push_back(static_cast<int>(m));
   }
-  for (const auto& [name, b] : trainer.adamw) {
-    spans.push_back({b.grad, b.elements});
-    names.push_back(name);
+  for (size_t i = 0; i < trainer.adamw.size(); ++i) {
+    spans.push_back(
+        {trainer.adamw[i].second.grad, trainer.adamw[i].second.elements});
+    matrix_of.push_back(-1 - static_cast<int>(i));
   }
   absl::StatusOr<std::vector<int64_t>> bad =
       ops_.FirstNonFinite(spans, stream_);
@@ -85,7 +79,10 @@ std::string StepRun::LocalProblem(const v1::StepRequest& request) {
     const bool read =
         ops_.Copy(&value, spans[k].data + (*bad)[k], 1, stream_).ok() &&
         ops_.Synchronize(stream_).ok();
-    return absl::StrCat("grad of ", Quoted(names[k]), ": element ", (*bad)[k],
+    const std::string& name = matrix_of[k] >= 0
+                                  ? plan_.matrices[matrix_of[k]].name
+                                  : trainer.adamw[-1 - matrix_of[k]].first;
+    return absl::StrCat("grad of ", Quoted(name), ": element ", (*bad)[k],
                         " is ",
                         !read               ? "not finite"
                         : std::isnan(value) ? "NaN"
@@ -108,11 +105,11 @@ absl::Status StepRun::WidenGradients() {
   return absl::OkStatus();
 }
 
-absl::Status StepRun::Agree(const v1::StepRequest& request,
+absl::Status StepRun::Agree(const StepRequest& request,
                             RoundDecision* decision) {
   const int size = t_.size();
   StepHeader mine{};
-  mine.step_id = trainer_ == nullptr ? -1 : request.step_id();
+  mine.step_id = trainer_ == nullptr ? -1 : request.step_id;
   mine.last_step = ledger_.last.load();
   mine.staged_step = ledger_.staged.voted ? ledger_.staged.step_id : -1;
   mine.staged_decider = ledger_.staged.decider;
@@ -121,7 +118,7 @@ absl::Status StepRun::Agree(const v1::StepRequest& request,
   mine.trainer_rank = trainer_ == nullptr ? -1 : trainer_->rank;
   mine.trainer_count = trainer_ == nullptr ? 0 : trainer_->count;
   if (trainer_ != nullptr) {
-    mine.tensors_hash = TensorsHash(AdamWTensorsOf(*trainer_));
+    mine.tensors_hash = trainer_->tensors_hash;
   }
   CopyProblem(LocalProblem(request), mine.problem);
   *decision = RoundDecision{};
@@ -186,7 +183,7 @@ absl::Status StepRun::Resolve(const RoundDecision& decision) {
   return absl::OkStatus();
 }
 
-RoundResult StepRun::Run(const v1::StepRequest& request) {
+RoundResult StepRun::Run(const StepRequest& request) {
   host_.begin = std::chrono::steady_clock::now();
   RoundResult out;
   if (trainer_ != nullptr) {
@@ -204,7 +201,7 @@ RoundResult StepRun::Run(const v1::StepRequest& request) {
     }
   }
   if (context_.hook && trainer_ != nullptr) {
-    context_.hook(StepPoint::kExchange, request.step_id(), plan_.rank);
+    context_.hook(StepPoint::kExchange, request.step_id, plan_.rank);
   }
   RoundDecision decision;
   out.status = Agree(request, &decision);
@@ -221,7 +218,7 @@ RoundResult StepRun::Run(const v1::StepRequest& request) {
       return out;
     case RoundKind::kNoStep:
       out.kind = trainer_ == nullptr ? RoundResult::Kind::kNoStep
-                 : request.step_id() <= decision.committed
+                 : request.step_id <= decision.committed
                      ? RoundResult::Kind::kAlreadyApplied
                      : RoundResult::Kind::kAgain;
       return out;
@@ -234,7 +231,7 @@ RoundResult StepRun::Run(const v1::StepRequest& request) {
   return out;
 }
 
-RoundResult StepRun::Stage(const v1::StepRequest& request,
+RoundResult StepRun::Stage(const StepRequest& request,
                            const RoundDecision& decision) {
   const auto start = std::chrono::steady_clock::now();
   step_id_ = decision.step_id;
@@ -362,16 +359,16 @@ RoundResult StepRun::Stage(const v1::StepRequest& request,
   out.status = commit.status;
   out.transport_ok = commit.transport_ok;
   out.kind = RoundResult::Kind::kStepped;
-  out.response.set_step_id(step_id_);
-  out.response.set_plan_version(plan_.version);
-  out.response.set_seconds(SecondsSince(start));
-  out.response.set_bytes_moved(bytes_);
-  out.response.set_predicted_ns_seconds(PredictedComputeSeconds());
+  out.response.step_id = step_id_;
+  out.response.plan_version = plan_.version;
+  out.response.seconds = SecondsSince(start);
+  out.response.bytes_moved = bytes_;
+  out.response.predicted_ns_seconds = PredictedComputeSeconds();
   if (commit.status.ok()) {
     // The marks are done: the stream waited for the compute stream.
     const absl::StatusOr<std::vector<double>> ms = ops_.MarkTimesMs();
     if (ms.ok()) {
-      out.response.set_ns_seconds(ComputeBusyMs(*ms) / 1e3);
+      out.response.ns_seconds = ComputeBusyMs(*ms) / 1e3;
       LogTimeline(*ms);
     } else {
       spdlog::debug("step {}: no timeline: {}", step_id_,

@@ -74,11 +74,11 @@
 #include "absl/time/time.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
-#include "muonps/v1/worker.pb.h"
 #include "scheduler/step_schedule.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_control.h"
 #include "server/worker/step_protocol.h"
+#include "server/worker/step_request.h"
 #include "server/worker/step_state.h"
 #include "transport/transport.h"
 
@@ -114,7 +114,7 @@ struct RoundResult {
   absl::Status status;
   // False: the transport is out of step with the peers; rebuild it.
   bool transport_ok = true;
-  v1::StepResponse response;
+  StepResponse response;
 };
 
 class StepRun {
@@ -124,19 +124,18 @@ class StepRun {
   StepRun& operator=(const StepRun&) = delete;
 
   // Runs one round for `request` (empty without a trainer).
-  RoundResult Run(const v1::StepRequest& request);
+  RoundResult Run(const StepRequest& request);
 
  private:
   // The round's agreement (1. and 2.); `decision` holds it.
-  absl::Status Agree(const v1::StepRequest& request, RoundDecision* decision);
+  absl::Status Agree(const StepRequest& request, RoundDecision* decision);
   // Commits or drops a staged step as rank 0 decided.
   absl::Status Resolve(const RoundDecision& decision);
   // 3., then 4. to 6.
-  RoundResult Stage(const v1::StepRequest& request,
-                    const RoundDecision& decision);
+  RoundResult Stage(const StepRequest& request, const RoundDecision& decision);
   // Widens the bf16 gradients into fp32 copies (in stream order).
   absl::Status WidenGradients();
-  std::string LocalProblem(const v1::StepRequest& request);
+  std::string LocalProblem(const StepRequest& request);
   // Rank 0 tells workers with no trainer the unreduced AdamW sizes and
   // which row-sharded matrices have whole parameters on the trainers.
   absl::Status ShareFollowerInfo();
@@ -146,7 +145,7 @@ class StepRun {
   absl::Status ToOwners(const scheduler::Bucket& bucket);
   absl::Status Compute(ComputeBatch& batch);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
-                          const v1::StepRequest& request);
+                          const StepRequest& request);
   absl::Status AverageAdamWGradients();
   std::pair<int64_t, int64_t> RowsOfTrainer(int64_t rows, int trainer) const;
 

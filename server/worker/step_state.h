@@ -24,9 +24,9 @@
 #include "common/dtype.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
-#include "muonps/v1/coordinator.pb.h"
 #include "scheduler/plan_types.h"
 #include "scheduler/step_schedule.h"
+#include "server/worker/job_plan.h"
 #include "server/worker/trainer_buffers.h"
 
 namespace muonps {
@@ -61,7 +61,7 @@ struct ItemSlot {
 
 // What a plan version fixes for this worker (built by StepEngine::SetPlan).
 struct PlanState {
-  v1::JobSpec job;
+  JobSettings job;
   int64_t version = 0;
   int rank = -1;  // this worker's rank; -1: not in the plan
   std::vector<std::string> addresses;  // data addresses by rank
@@ -110,6 +110,8 @@ struct Binding {
   // Row-sharded gradient with the whole parameter on the trainer.
   bool full_param = false;
   scheduler::Layout layout = scheduler::Layout::kReplicated;
+  // Its parameter group (StepRequest::groups index); -1: none.
+  int group = -1;
 };
 
 // The trainer attached to this worker.
@@ -119,6 +121,10 @@ struct AttachedTrainer {
   int count = 1;
   std::vector<Binding> matrices;                       // by job matrix
   std::vector<std::pair<std::string, Binding>> adamw;  // name order
+  // Groups its tensors were attached in (1 + the largest index), and the
+  // digest of its bindings the round's agreement compares (TensorsHash).
+  int group_count = 0;
+  uint64_t tensors_hash = 0;
   // fp32 copies of the bf16 gradients (Binding::grad points into it).
   std::unique_ptr<kernels::FloatBuffer> widened;
   // A step's updates of every matrix and means of the unreduced AdamW

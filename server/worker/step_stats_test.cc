@@ -18,17 +18,16 @@ TEST_F(StepEngineTest, StepReportsItsComputeTimeBesideThePlansPrediction) {
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
   for (int64_t step = 0; step < 3; ++step) {
     WriteGradients(step);
-    const std::vector<absl::StatusOr<v1::StepResponse>> got =
-        StepEverywhere(step);
+    const std::vector<absl::StatusOr<StepResponse>> got = StepEverywhere(step);
     for (int w = 0; w < kWorkers; ++w) {
       ASSERT_TRUE(got[w].ok()) << w << ": " << got[w].status();
-      const v1::StepResponse& r = *got[w];
+      const StepResponse& r = *got[w];
       // Every worker owns a stack here, so its compute stream was busy,
       // within the step's wall time.
-      EXPECT_GT(r.ns_seconds(), 0) << w;
-      EXPECT_LE(r.ns_seconds(), r.seconds()) << w;
+      EXPECT_GT(r.ns_seconds, 0) << w;
+      EXPECT_LE(r.ns_seconds, r.seconds) << w;
       // Only w0's batch carries a prediction.
-      EXPECT_EQ(r.predicted_ns_seconds(), w == 0 ? 0.25 : 0.0) << w;
+      EXPECT_EQ(r.predicted_ns_seconds, w == 0 ? 0.25 : 0.0) << w;
     }
   }
 }

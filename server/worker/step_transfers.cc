@@ -182,22 +182,21 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
 }
 
 absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
-                                 const v1::StepRequest& request) {
+                                 const StepRequest& request) {
   const kernels::MuonHyperparameters& h = plan_.muon;
   for (const scheduler::Transfer& x : bucket.from_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
     const Binding* b =
         trainer_ == nullptr ? nullptr : &trainer_->matrices[x.item.matrix];
-    double lr = request.lr() >= 0 ? request.lr() : h.lr;
+    // The step's values, its group's where given (by index, attached once).
+    double lr = request.lr >= 0 ? request.lr : h.lr;
     double wd =
-        request.weight_decay() >= 0 ? request.weight_decay() : h.weight_decay;
-    for (const v1::ParamGroup& g : request.groups()) {
-      for (const std::string& name : g.matrices()) {
-        if (name == spec.name) {
-          lr = g.lr();
-          wd = g.weight_decay();
-        }
-      }
+        request.weight_decay >= 0 ? request.weight_decay : h.weight_decay;
+    if (b != nullptr && b->group >= 0 &&
+        b->group < static_cast<int>(request.groups.size())) {
+      const GroupHyperparameters& g = request.groups[b->group];
+      if (g.lr >= 0) lr = g.lr;
+      if (g.weight_decay >= 0) wd = g.weight_decay;
     }
     const int64_t size = spec.rows * spec.cols;
     const int64_t e = x.item.expert;

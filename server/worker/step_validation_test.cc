@@ -44,13 +44,19 @@ TEST_F(StepEngineTest, AttachRefusesAdamWBindingsOutsideTheJobsBounds) {
            [](v1::AttachRequest* r) {
              r->mutable_tensors(0)->set_layout(v1::LAYOUT_ROW_SHARDED);
            }},
+          {"tensor \"bias\".layout: unknown value 99",
+           [](v1::AttachRequest* r) {
+             r->mutable_tensors(0)->set_layout(static_cast<v1::Layout>(99));
+           }},
+          {"tensor \"bias\".group: 65 is outside [0, 64]",
+           [](v1::AttachRequest* r) { r->mutable_tensors(0)->set_group(65); }},
           {"trainer_pid", [](v1::AttachRequest* r) { r->set_trainer_pid(-5); }},
       };
   for (const auto& [field, edit] : cases) {
     v1::AttachRequest request = AttachRequestOf(0, 0, /*with_bias=*/true);
     edit(&request);
-    const absl::StatusOr<v1::AttachResponse> attached =
-        engines_[0]->Attach(request);
+    const absl::StatusOr<AttachResponse> attached =
+        AttachFromProto(*engines_[0], request);
     EXPECT_EQ(attached.status().code(), absl::StatusCode::kInvalidArgument)
         << field;
     EXPECT_NE(attached.status().message().find(field), std::string::npos)
@@ -66,7 +72,7 @@ TEST_F(StepEngineTest, TrainersLendingDifferentAdamWTensorsAreRefused) {
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
   v1::AttachRequest smaller = AttachRequestOf(1, 0, /*with_bias=*/true);
   smaller.mutable_tensors(0)->set_elements(6);
-  ASSERT_TRUE(engines_[1]->Attach(smaller).ok());
+  ASSERT_TRUE(AttachFromProto(*engines_[1], smaller).ok());
   WriteGradients(0);
   const std::vector<float> before = trainers_[2].param["unr.a"];
   for (const auto& r : StepEverywhere(0)) {
@@ -79,12 +85,13 @@ TEST_F(StepEngineTest, TrainersLendingDifferentAdamWTensorsAreRefused) {
   EXPECT_EQ(trainers_[2].param["unr.a"], before);
   // Attaching again drops worker 1's transport: its peers' first call on
   // theirs may fail, and their trainers retry.
-  ASSERT_TRUE(engines_[1]->Attach(AttachRequestOf(1, 0, true)).ok());
+  ASSERT_TRUE(AttachFromProto(*engines_[1], AttachRequestOf(1, 0, true)).ok());
   RunTrainerLoops(0, 0);
 }
 
-// Groups name matrices of the job, each once; the AdamW lr is finite and
-// the same on every trainer: otherwise refused everywhere, naming it.
+// Group values are finite, one for every group the trainer attached
+// tensors in (or none at all); the AdamW lr is finite and the same on
+// every trainer: otherwise refused everywhere, naming it.
 TEST_F(StepEngineTest, GroupsAndAdamWLrAreCheckedAndAgreed) {
   ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
@@ -93,26 +100,15 @@ TEST_F(StepEngineTest, GroupsAndAdamWLrAreCheckedAndAgreed) {
   const std::vector<
       std::pair<std::string, std::function<void(int, v1::StepRequest*)>>>
       cases = {
-          {"groups[0].matrices[1]: \"rep.c\" is not a matrix of the job",
+          {"groups[0].adamw_weight_decay: inf",
            [](int, v1::StepRequest* r) {
-             v1::ParamGroup* g = r->add_groups();
-             g->add_matrices("rep.a");
-             g->add_matrices("rep.c");
-             g->set_lr(0.01);
-           }},
-          {"groups[1].matrices[0]: \"rep.a\" is in groups[0] too",
-           [](int, v1::StepRequest* r) {
-             for (int i = 0; i < 2; ++i) {
-               v1::ParamGroup* g = r->add_groups();
-               g->add_matrices("rep.a");
-               g->set_lr(0.01);
-             }
+             r->add_groups()->set_adamw_weight_decay(INFINITY);
            }},
           {"adamw_lr: nan",
            [](int w, v1::StepRequest* r) {
              if (w == 2) r->set_adamw_lr(NAN);
            }},
-          {"adamw_lr or param groups",
+          {"adamw_lr or param group values",
            [](int w, v1::StepRequest* r) {
              r->set_adamw_lr(w == 0 ? 1e-3 : 2e-3);
            }},
@@ -127,6 +123,42 @@ TEST_F(StepEngineTest, GroupsAndAdamWLrAreCheckedAndAgreed) {
     EXPECT_EQ(trainers_[1].param["rep.b"], before) << reason;
   }
   for (const auto& r : StepEverywhere(0)) EXPECT_TRUE(r.ok()) << r.status();
+}
+
+// Parameter groups are attached once; a step's values reach their
+// matrices by index: rep.a in group 1 steps with lr 0 (unchanged), rep.b
+// in group 0 with weight decay only, the others with the job's values. A
+// step that gives fewer values than the groups attached is refused.
+TEST_F(StepEngineTest, GroupValuesReachTheMatricesAttachedInThem) {
+  groups_ = {{"rep.a", 1}, {"rep.b", 0}};
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  WriteGradients(0);
+  const std::vector<float> a = trainers_[1].param["rep.a"];
+  const std::vector<float> b = trainers_[1].param["rep.b"];
+  const std::vector<float> c = trainers_[1].param["unr.a"];
+  for (const auto& r : StepEverywhere(
+           0, [](int, v1::StepRequest* r) { r->add_groups()->set_lr(-1); })) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("groups: 1 entries; the trainer "
+                                        "attached tensors in 2 groups"),
+              std::string::npos)
+        << r.status();
+  }
+  EXPECT_EQ(trainers_[1].param["rep.a"], a);
+  for (const auto& r : StepEverywhere(0, [](int, v1::StepRequest* r) {
+         v1::GroupHyperparameters* g0 = r->add_groups();
+         g0->set_lr(0.5);
+         g0->set_weight_decay(0.2);  // lr 0.5 * 0.2: x 0.9, then the update
+         v1::GroupHyperparameters* g1 = r->add_groups();
+         g1->set_lr(0);
+         g1->set_weight_decay(-1);
+       })) {
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  EXPECT_EQ(trainers_[1].param["rep.a"], a);  // lr 0
+  EXPECT_NE(trainers_[1].param["rep.b"], b);
+  EXPECT_NE(trainers_[1].param["unr.a"], c);
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include "common/status.h"
 #include "kernels/device_ops.h"
 #include "lending/shared_memory.h"
-#include "proto/translate.h"
 
 namespace muonps {
 namespace worker {
@@ -20,16 +19,15 @@ class SharedMemoryBuffers final : public TrainerBuffers {
   Device device() const override { return kHostDevice; }
   absl::Status CheckIntact() const override { return segment_.CheckSize(); }
 
-  absl::StatusOr<LentTensor> Map(const v1::TensorBinding& t,
-                                 int64_t grad_elements,
+  absl::StatusOr<LentTensor> Map(const TensorBinding& t, int64_t grad_elements,
                                  int64_t param_elements) override {
-    const std::string field = absl::StrCat("tensor ", Quoted(t.name()));
+    const std::string field = absl::StrCat("tensor ", Quoted(t.name));
     MUONPS_ASSIGN_OR_RETURN(const DType dtype, LentDType(t));
     const int64_t width = static_cast<int64_t>(DTypeSize(dtype));
     const int64_t size = static_cast<int64_t>(segment_.size());
     for (const auto& [offset, elements] :
-         {std::pair<int64_t, int64_t>{t.grad_offset(), grad_elements},
-          {t.param_offset(), param_elements}}) {
+         {std::pair<int64_t, int64_t>{t.grad_offset, grad_elements},
+          {t.param_offset, param_elements}}) {
       // Compared without overflow: elements * width <= size - offset.
       if (elements < 1 || offset < 0 || offset % width != 0 || offset > size ||
           elements > (size - offset) / width) {
@@ -37,12 +35,12 @@ class SharedMemoryBuffers final : public TrainerBuffers {
             field,
             absl::StrCat("buffers of ", grad_elements, " and ", param_elements,
                          " ", DTypeName(dtype), " values at offsets ",
-                         t.grad_offset(), " and ", t.param_offset(),
+                         t.grad_offset, " and ", t.param_offset,
                          " do not fit the ", size, "-byte segment"));
       }
     }
     char* base = static_cast<char*>(segment_.data());
-    return LentTensor{base + t.grad_offset(), base + t.param_offset(), dtype};
+    return LentTensor{base + t.grad_offset, base + t.param_offset, dtype};
   }
 
  private:
@@ -51,39 +49,33 @@ class SharedMemoryBuffers final : public TrainerBuffers {
 
 }  // namespace
 
-absl::StatusOr<DType> LentDType(const v1::TensorBinding& binding) {
-  const std::string tensor = absl::StrCat("tensor ", Quoted(binding.name()));
-  if (!v1::DType_IsValid(binding.dtype())) {
-    return InvalidField(
-        absl::StrCat(tensor, ".dtype"),
-        absl::StrCat("unknown value ", static_cast<int>(binding.dtype())));
-  }
-  // The one proto conversion, then the one check of what may be lent.
-  const DType dtype = proto::DTypeFromProto(binding.dtype());
-  MUONPS_RETURN_IF_ERROR(Annotate(kernels::CheckLentDType(dtype), tensor));
-  return dtype;
+absl::StatusOr<DType> LentDType(const TensorBinding& binding) {
+  MUONPS_RETURN_IF_ERROR(
+      Annotate(kernels::CheckLentDType(binding.dtype),
+               absl::StrCat("tensor ", Quoted(binding.name))));
+  return binding.dtype;
 }
 
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
-    const v1::AttachRequest& request) {
-  if (!request.device().empty() && request.device() != "cpu") {
+    const AttachRequest& request) {
+  if (!request.device.empty() && request.device != "cpu") {
     return InvalidField("device",
-                        absl::StrCat("the trainer lends ", request.device(),
+                        absl::StrCat("the trainer lends ", request.device,
                                      " memory; this worker runs on cpu"));
   }
-  if (request.segment().empty()) {
+  if (request.segment.empty()) {
     return InvalidField("segment",
                         "is empty: this worker takes host buffers in a "
                         "shared-memory segment");
   }
-  if (request.segment_bytes() <= 0) {
+  if (request.segment_bytes <= 0) {
     return InvalidField("segment_bytes",
-                        absl::StrCat(request.segment_bytes(), " <= 0"));
+                        absl::StrCat(request.segment_bytes, " <= 0"));
   }
   MUONPS_ASSIGN_OR_RETURN(
       SharedMemorySegment segment,
-      SharedMemorySegment::Open(request.segment(),
-                                static_cast<size_t>(request.segment_bytes())));
+      SharedMemorySegment::Open(request.segment,
+                                static_cast<size_t>(request.segment_bytes)));
   return std::unique_ptr<TrainerBuffers>(
       new SharedMemoryBuffers(std::move(segment)));
 }

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/device.h"
 #include "common/dtype.h"
-#include "muonps/v1/worker.pb.h"
+#include "server/worker/attach_request.h"
 
 namespace muonps {
 namespace worker {
@@ -29,9 +29,9 @@ struct LentTensor {
   DType dtype = DType::kFloat32;
 };
 
-// The element type a binding lends (unspecified: fp32); INVALID_ARGUMENT
-// naming the tensor and `dtype` unless fp32 or bf16.
-absl::StatusOr<DType> LentDType(const v1::TensorBinding& binding);
+// The element type a binding lends; INVALID_ARGUMENT naming the tensor
+// unless fp32 or bf16.
+absl::StatusOr<DType> LentDType(const TensorBinding& binding);
 
 class TrainerBuffers {
  public:
@@ -47,7 +47,7 @@ class TrainerBuffers {
   // elements of LentDType(binding). INVALID_ARGUMENT naming the tensor when
   // they do not fit the lent memory, are misaligned, or are neither fp32
   // nor bf16.
-  virtual absl::StatusOr<LentTensor> Map(const v1::TensorBinding& binding,
+  virtual absl::StatusOr<LentTensor> Map(const TensorBinding& binding,
                                          int64_t grad_elements,
                                          int64_t param_elements) = 0;
 
@@ -73,13 +73,13 @@ class TrainerBuffers {
 // Opens what an AttachRequest lends (the worker's choice per device).
 using TrainerBuffersOpener =
     std::function<absl::StatusOr<std::unique_ptr<TrainerBuffers>>(
-        const v1::AttachRequest& request)>;
+        const AttachRequest& request)>;
 
 // The request's shared-memory segment. INVALID_ARGUMENT naming `segment`
 // when the request lends CUDA memory instead; NOT_FOUND or
 // FAILED_PRECONDITION (size) from opening the segment.
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
-    const v1::AttachRequest& request);
+    const AttachRequest& request);
 
 }  // namespace worker
 }  // namespace muonps

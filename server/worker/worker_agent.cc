@@ -69,7 +69,7 @@ void WorkerAgent::FollowLoop() {
       stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100));
       continue;
     }
-    absl::StatusOr<std::optional<v1::StepResponse>> step =
+    absl::StatusOr<std::optional<StepResponse>> step =
         engine_->FollowStep(absl::Seconds(1));
     if (!step.ok()) {
       // Expected while the trainers' workers have not connected yet, and
@@ -85,7 +85,7 @@ void WorkerAgent::FollowLoop() {
     if (step->has_value()) {
       if (stepped++ == 0) {
         spdlog::info("job={} worker={} (dedicated) first step {}", options_.job,
-                     options_.worker_id, (*step)->step_id());
+                     options_.worker_id, (*step)->step_id);
       }
       ReportStep(**step);
     } else {
@@ -119,12 +119,12 @@ absl::Status WorkerAgent::CheckPlanCurrent() const {
       "retry the step"));
 }
 
-void WorkerAgent::ReportStep(const v1::StepResponse& step) {
+void WorkerAgent::ReportStep(const StepResponse& step) {
   const int64_t resets =
       engine_ != nullptr ? engine_->momentum_resets_total() : 0;
-  step_seconds_->Set(step.seconds());
-  step_compute_seconds_->Set(step.ns_seconds());
-  step_compute_predicted_seconds_->Set(step.predicted_ns_seconds());
+  step_seconds_->Set(step.seconds);
+  step_compute_seconds_->Set(step.ns_seconds);
+  step_compute_predicted_seconds_->Set(step.predicted_ns_seconds);
   absl::MutexLock lock(&mu_);
   if (pending_stats_.size() < 1000) pending_stats_.push_back(step);
   // The momentum handover resets before the plan version's first step.
@@ -135,7 +135,7 @@ void WorkerAgent::ReportStep(const v1::StepResponse& step) {
         "job={} worker={} plan_version={} {} owned matrices started from "
         "zero momentum: their previous owner left the job "
         "(allow_momentum_reset)",
-        options_.job, options_.worker_id, step.plan_version(),
+        options_.job, options_.worker_id, step.plan_version,
         resets - resets_counted_);
     resets_counted_ = resets;
   }

@@ -85,7 +85,7 @@ class WorkerAgent {
   // muonps_worker_step_compute_seconds and its plan's prediction,
   // muonps_worker_step_compute_predicted_seconds (their ratio is the cost
   // model's error on this worker).
-  void ReportStep(const v1::StepResponse& step);
+  void ReportStep(const StepResponse& step);
 
   // OK unless the lease was lost and the coordinator's current plan has not
   // arrived since: then UNAVAILABLE naming the worker, the job and why (a
@@ -122,7 +122,7 @@ class WorkerAgent {
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   std::optional<v1::JobSpec> job_spec_ ABSL_GUARDED_BY(mu_);
-  std::vector<v1::StepResponse> pending_stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<StepResponse> pending_stats_ ABSL_GUARDED_BY(mu_);
   // The engine's momentum_resets_total() the metric has counted.
   int64_t resets_counted_ ABSL_GUARDED_BY(mu_) = 0;
   // Successful joins so far; a watch stream remembers the one it opened in.

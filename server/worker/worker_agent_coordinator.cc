@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "server/worker/wire.h"
 #include "server/worker/worker_agent.h"
 #include "spdlog/spdlog.h"
 
@@ -221,7 +222,7 @@ void WorkerAgent::WatchLoop() {
       // At once, not behind DeliverPlan's calls and SetPlan's wait for the
       // step lock: a step waiting on a worker this plan dropped fails now,
       // naming it, instead of at the transport's timeout.
-      if (engine_ != nullptr) engine_->AbortForPlan(plan);
+      if (engine_ != nullptr) engine_->AbortForPlan(MembershipFromProto(plan));
       DeliverPlan(plan);
       absl::MutexLock lock(&mu_);
       plan_ = plan;
@@ -283,7 +284,9 @@ void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
   for (const v1::WorkerInfo& w : workers.workers()) {
     addresses[w.worker_id()] = w.data_address();
   }
-  const absl::Status set = engine_->SetPlan(*spec, plan, addresses);
+  absl::StatusOr<JobPlan> next = JobPlanFromProto(*spec, plan);
+  const absl::Status set =
+      next.ok() ? engine_->SetPlan(*next, addresses) : next.status();
   if (!set.ok()) {
     spdlog::error("job={} worker={} plan_version={} rejected: {}", options_.job,
                   options_.worker_id, plan.version(), set.ToString());
@@ -297,21 +300,21 @@ void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
 }
 
 void WorkerAgent::FlushStepStats() {
-  std::vector<v1::StepResponse> pending;
+  std::vector<StepResponse> pending;
   {
     absl::MutexLock lock(&mu_);
     pending.swap(pending_stats_);
   }
-  for (const v1::StepResponse& step : pending) {
+  for (const StepResponse& step : pending) {
     v1::ReportStepStatsRequest request;
     request.set_job(options_.job);
     request.set_worker_id(options_.worker_id);
-    request.set_step(step.step_id());
-    request.set_plan_version(step.plan_version());
-    request.set_step_seconds(step.seconds());
-    request.set_ns_seconds(step.ns_seconds());
-    request.set_predicted_ns_seconds(step.predicted_ns_seconds());
-    request.set_bytes_moved(step.bytes_moved());
+    request.set_step(step.step_id);
+    request.set_plan_version(step.plan_version);
+    request.set_step_seconds(step.seconds);
+    request.set_ns_seconds(step.ns_seconds);
+    request.set_predicted_ns_seconds(step.predicted_ns_seconds);
+    request.set_bytes_moved(step.bytes_moved);
     request.set_worker_token(options_.credentials->worker_token());
     grpc::ClientContext context;
     context.set_deadline(Deadline(absl::Seconds(1)));

@@ -16,6 +16,7 @@
 #include "proto/credentials.h"
 #include "proto/grpc_status.h"
 #include "server/worker/step_engine.h"
+#include "server/worker/wire.h"
 #include "server/worker/worker_agent.h"
 
 namespace muonps {
@@ -47,7 +48,12 @@ class WorkerService final : public v1::Worker::Service {
                       const v1::AttachRequest* request,
                       v1::AttachResponse* out) override {
     MUONPS_RETURN_IF_UNAUTHENTICATED(context);
-    return Reply(engine_->Attach(*request), out);
+    absl::StatusOr<AttachRequest> attach = AttachRequestFromProto(*request);
+    if (!attach.ok()) return ToGrpc(attach.status());
+    absl::StatusOr<AttachResponse> attached = engine_->Attach(*attach);
+    if (!attached.ok()) return ToGrpc(attached.status());
+    *out = AttachResponseToProto(*attached);
+    return grpc::Status::OK;
   }
 
   grpc::Status Step(grpc::ServerContext* context,
@@ -62,10 +68,13 @@ class WorkerService final : public v1::Worker::Service {
     // A call cancelled, or past its deadline, before the step commits
     // aborts it on every worker: nothing is applied behind the trainer's
     // back (a later retry runs it).
-    absl::StatusOr<v1::StepResponse> step =
-        engine_->Step(*request, [context] { return context->IsCancelled(); });
-    if (step.ok() && !step->already_applied()) agent_->ReportStep(*step);
-    return Reply(std::move(step), out);
+    absl::StatusOr<StepResponse> step =
+        engine_->Step(StepRequestFromProto(*request),
+                      [context] { return context->IsCancelled(); });
+    if (!step.ok()) return ToGrpc(step.status());
+    if (!step->already_applied) agent_->ReportStep(*step);
+    *out = StepResponseToProto(*step);
+    return grpc::Status::OK;
   }
 
   grpc::Status GetMomentum(grpc::ServerContext* context,

@@ -1,0 +1,98 @@
+// MomentumStacks: the momentum of the matrices (experts) a worker owns in
+// one plan version, on its device, in the step schedule's same-shape stacks
+// (so that a step updates a whole stack in one batched call), each with the
+// staged step's new momentum beside it. Plain data and the operations on
+// it; MomentumStore owns the installed version and says who may touch it
+// when. Thread-compatible.
+#ifndef MUONPS_SERVER_WORKER_MOMENTUM_STACKS_H_
+#define MUONPS_SERVER_WORKER_MOMENTUM_STACKS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/device_ops.h"
+#include "scheduler/plan_types.h"
+#include "server/worker/step_state.h"
+
+namespace muonps {
+namespace worker {
+
+// One owned stack of the schedule (scheduler::OwnerStack).
+struct MomentumStack {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<scheduler::ItemRef> items;  // stack order
+  // fp32, on the device, items.size() x rows x cols; zero until stepped.
+  std::unique_ptr<kernels::FloatBuffer> momentum;
+  std::vector<bool> has_momentum;  // per slot: stepped, handed or restored
+  // The staged step's new momentum (valid while next_valid), swapped with
+  // `momentum` when the step commits.
+  std::unique_ptr<kernels::FloatBuffer> next_momentum;
+  std::vector<bool> next_has_momentum;
+  bool next_valid = false;
+
+  int64_t floats() const { return rows * cols; }  // of one slot
+  float* at(int slot) const { return momentum->data() + slot * floats(); }
+  float* next_at(int slot) const {
+    return next_momentum->data() + slot * floats();
+  }
+};
+
+// A plan version's momentum owned here. The caller fills the layout (the
+// fields up to `stacks`' rows, cols and items); Allocate the rest.
+struct MomentumStacks {
+  int64_t version = -1;  // -1: none yet
+  int rank = -1;         // this worker's rank; -1: not in the plan
+  std::vector<scheduler::MatrixSpec> matrices;  // the job's, in job order
+  // Owner rank by matrix, expert (scheduler::OwnershipPlan::owners).
+  std::vector<std::vector<int32_t>> owners;
+  std::vector<MomentumStack> stacks;  // the compute batches owned here
+  // The job's: where momentum checkpoints go ("": none) and every how many
+  // committed steps (0: only when asked); whether a matrix whose momentum
+  // was lost starts from zero (else its steps fail).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  bool allow_momentum_reset = false;
+  // Filled by Allocate: where each owned item sits, by matrix, expert.
+  std::vector<std::vector<ItemSlot>> slots;
+
+  // Builds `slots` from the stacks' items and allocates each stack's
+  // momentum and next_momentum (zero-filled, flags clear). Slow for large
+  // stacks: call it with no lock held. RESOURCE_EXHAUSTED naming the
+  // buffer when the device is full; INVALID_ARGUMENT for an item outside
+  // `matrices`.
+  absl::Status Allocate(kernels::DeviceOps& ops);
+  // Where (matrix, expert) sits; batch < 0 when not owned here (or out of
+  // range).
+  ItemSlot slot(int64_t matrix, int64_t expert) const;
+  // The matrix named `name` (-1: not in the job).
+  int MatrixIndex(const std::string& name) const;
+  // The momentum of an owned slot (device memory, rows x cols floats).
+  float* SlotData(const ItemSlot& s) const {
+    return stacks[s.batch].at(s.slot);
+  }
+  bool has_momentum(const ItemSlot& s) const {
+    return stacks[s.batch].has_momentum[s.slot];
+  }
+  // Copies the momentum of every item owned in both `old` and here into
+  // these stacks (same job: same matrices), in stream order. With
+  // `carry_staged` (a step staged in doubt, which may still commit) the
+  // staged step's new momentum comes along into next_momentum, and every
+  // stack's next_valid is set.
+  absl::Status CarryFrom(const MomentumStacks& old, bool carry_staged,
+                         kernels::DeviceOps& ops);
+  // Whether `other` has the same matrices (names and shapes) in the same
+  // order: its items are this job's.
+  bool SameJob(const MomentumStacks& other) const;
+  // Swaps every valid next_momentum in (a commit) / forgets them (a drop).
+  void CommitNext();
+  void DropNext();
+};
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_MOMENTUM_STACKS_H_
