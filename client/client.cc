@@ -1,19 +1,23 @@
-// muonps::Client: creation and the calls made before Start (declaring
-// and lending tensors, job options), and the buffer and plan queries.
-// Start is in client_start.cc, Step in client_step.cc, the saved state
-// (momentum, AdamW moments, checkpoints) in client_state.cc.
+// muonps::Client: creation, and what a trainer declares before Start (its
+// tensors, their parameter groups, lent CUDA buffers and the job's
+// options), then where the tensors' buffers are. Start and the plan are in
+// client_attach.cc, Step in client_step.cc, the host AdamW in
+// client_adamw.cc, the workers' momentum and checkpoints in
+// client_momentum.cc.
 #include "client/client.h"
 
 #include <grpcpp/grpcpp.h>
 
+#include <set>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/client_impl.h"
+#include "client/internal_types.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
-#include "kernels/device_ops.h"
-#include "proto/grpc_status.h"
-#include "proto/translate.h"
+#include "proto/credentials.h"
 
 namespace muonps {
 
@@ -31,16 +35,21 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(
 
 }  // namespace
 
-Client::Client(const ClientOptions& options,
-               std::shared_ptr<grpc::Channel> coordinator,
-               std::shared_ptr<grpc::Channel> worker)
-    : options_(options),
-      coordinator_(v1::Coordinator::NewStub(std::move(coordinator))),
-      worker_(v1::Worker::NewStub(std::move(worker))) {}
+Client::Impl::Impl(const ClientOptions& options, const Device& device,
+                   std::unique_ptr<v1::Coordinator::Stub> coordinator,
+                   std::unique_ptr<v1::Worker::Stub> worker)
+    : options(options),
+      device(device),
+      coordinator(std::move(coordinator)),
+      worker(std::move(worker)) {}
 
-Client::~Client() {
-  if (pending_.valid()) pending_.wait();
+Client::Impl::~Impl() {
+  if (pending.valid()) pending.wait();
 }
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() = default;
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(
     const ClientOptions& options) {
@@ -58,36 +67,43 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
         absl::StrCat(options.trainer_rank, " of ", options.trainer_count,
                      " is not a valid rank"));
   }
-  ClientOptions resolved = options;
-  resolved.security = WithEnvironmentDefaults(options.security);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> coordinator =
-      Channel(resolved.coordinator, resolved.security);
-  if (!coordinator.ok()) return coordinator.status();
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> worker =
-      Channel(absl::StrCat("unix:", resolved.worker_socket), resolved.security);
-  if (!worker.ok()) return worker.status();
-  return std::unique_ptr<Client>(
-      new Client(resolved, *std::move(coordinator), *std::move(worker)));
+  MUONPS_ASSIGN_OR_RETURN(const Device device, ParseDevice(options.device));
+  const SecurityConfig security = WithEnvironmentDefaults(
+      client_internal::ToSecurityConfig(options.security));
+  MUONPS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> coordinator,
+                          Channel(options.coordinator, security));
+  MUONPS_ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::Channel> worker,
+      Channel(absl::StrCat("unix:", options.worker_socket), security));
+  return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(
+      options, device, v1::Coordinator::NewStub(std::move(coordinator)),
+      v1::Worker::NewStub(std::move(worker)))));
 }
 
-Client::Tensor* Client::Find(const std::string& name) {
-  auto it = index_.find(name);
-  return it == index_.end() ? nullptr : &tensors_[it->second];
+Client::Impl::Tensor* Client::Impl::Find(const std::string& name) {
+  auto it = index.find(name);
+  return it == index.end() ? nullptr : &tensors[it->second];
 }
 
-const Client::Tensor* Client::Find(const std::string& name) const {
-  auto it = index_.find(name);
-  return it == index_.end() ? nullptr : &tensors_[it->second];
+const Client::Impl::Tensor* Client::Impl::Find(const std::string& name) const {
+  auto it = index.find(name);
+  return it == index.end() ? nullptr : &tensors[it->second];
+}
+
+absl::Status Client::Impl::CheckNotStarted(const std::string& field,
+                                           const std::string& what) const {
+  if (!started) return absl::OkStatus();
+  return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                    absl::StrCat(what, " after Start"));
 }
 
 absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
                                int64_t cols, const MatrixOptions& options) {
+  Impl& s = *impl_;
   const std::string field = absl::StrCat("matrix ", Quoted(name));
-  if (started_)
-    return FieldError(absl::StatusCode::kFailedPrecondition, field,
-                      "added after Start");
+  MUONPS_RETURN_IF_ERROR(s.CheckNotStarted(field, "added"));
   if (name.empty()) return InvalidField("name", "is empty");
-  if (Find(name) != nullptr) return InvalidField(field, "is declared twice");
+  if (s.Find(name) != nullptr) return InvalidField(field, "is declared twice");
   if (rows < 1 || cols < 1 || options.experts < 1) {
     return InvalidField(
         field, absl::StrCat("shape [", options.experts, ", ", rows, ", ", cols,
@@ -101,101 +117,138 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
                             "] is larger than ", kMaxTensorElements,
                             " elements or ", kMaxDimension, " in a dimension"));
   }
-  Tensor t;
+  Impl::Tensor t;
   t.name = name;
   t.muon = true;
   t.rows = rows;
   t.cols = cols;
-  t.matrix = options;
-  t.layout = options.layout;
+  t.experts = options.experts;
+  t.layer = options.layer;
+  t.layout = client_internal::ToLayout(options.layout);
   int64_t local_rows = rows;
-  if (options.layout == scheduler::Layout::kRowSharded) {
+  if (t.layout == scheduler::Layout::kRowSharded) {
     const auto [begin, end] =
-        TrainerRowRange(rows, options_.trainer_rank, options_.trainer_count);
+        TrainerRowRange(rows, s.options.trainer_rank, s.options.trainer_count);
     local_rows = end - begin;
     if (local_rows < 1) {
       return InvalidField(
-          field, absl::StrCat(rows, " rows split over ", options_.trainer_count,
-                              " trainers as torch.chunk splits them leave "
-                              "none to trainer ",
-                              options_.trainer_rank));
+          field,
+          absl::StrCat(rows, " rows split over ", s.options.trainer_count,
+                       " trainers as torch.chunk splits them leave none to "
+                       "trainer ",
+                       s.options.trainer_rank));
     }
   }
   t.elements = local_rows * cols * options.experts;
   t.param_elements =
       options.shard_params ? t.elements : rows * cols * options.experts;
-  index_[name] = tensors_.size();
-  tensors_.push_back(std::move(t));
+  s.index[name] = s.tensors.size();
+  s.tensors.push_back(std::move(t));
   return absl::OkStatus();
 }
 
 absl::Status Client::AddTensor(const std::string& name, int64_t elements,
-                               scheduler::Layout layout) {
+                               TensorLayout layout) {
+  Impl& s = *impl_;
   const std::string field = absl::StrCat("tensor ", Quoted(name));
-  if (started_)
-    return FieldError(absl::StatusCode::kFailedPrecondition, field,
-                      "added after Start");
+  MUONPS_RETURN_IF_ERROR(s.CheckNotStarted(field, "added"));
   if (name.empty()) return InvalidField("name", "is empty");
-  if (Find(name) != nullptr) return InvalidField(field, "is declared twice");
+  if (s.Find(name) != nullptr) return InvalidField(field, "is declared twice");
   if (elements < 1 || elements > kMaxTensorElements) {
     return InvalidField(field, absl::StrCat("elements must be in [1, ",
                                             kMaxTensorElements, "]"));
   }
-  if (layout == scheduler::Layout::kRowSharded) {
+  if (layout == TensorLayout::kRowSharded) {
     return InvalidField(field, "AdamW tensors are replicated or unreduced");
   }
-  if (options_.device.is_cuda() && layout != scheduler::Layout::kUnreduced) {
-    return FieldError(absl::StatusCode::kInvalidArgument, field,
-                      "a CUDA trainer steps its AdamW tensors itself; lend "
-                      "only unreduced ones (the workers average their "
-                      "gradients)");
+  if (s.device.is_cuda() && layout != TensorLayout::kUnreduced) {
+    return InvalidField(field,
+                        "a CUDA trainer steps its AdamW tensors itself; lend "
+                        "only unreduced ones (the workers average their "
+                        "gradients)");
   }
-  Tensor t;
+  Impl::Tensor t;
   t.name = name;
-  t.layout = layout;
+  t.layout = client_internal::ToLayout(layout);
   t.elements = elements;
   t.param_elements = elements;
-  t.exp_avg.assign(elements, 0.0f);
-  t.exp_avg_sq.assign(elements, 0.0f);
-  index_[name] = tensors_.size();
-  tensors_.push_back(std::move(t));
+  if (!s.device.is_cuda()) {
+    t.exp_avg.assign(elements, 0.0f);
+    t.exp_avg_sq.assign(elements, 0.0f);
+  }
+  s.index[name] = s.tensors.size();
+  s.tensors.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+absl::Status Client::SetGroup(int group,
+                              const std::vector<std::string>& names) {
+  Impl& s = *impl_;
+  MUONPS_RETURN_IF_ERROR(s.CheckNotStarted("group", "set"));
+  if (group < 0 || group >= kMaxParamGroups) {
+    return InvalidField(
+        "group", absl::StrCat(group, " is not in [0, ", kMaxParamGroups, ")"));
+  }
+  // All or nothing: every name is checked before any tensor moves.
+  std::set<std::string> seen;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string field = absl::StrCat("names[", i, "]");
+    const Impl::Tensor* t = s.Find(names[i]);
+    if (t == nullptr) {
+      return InvalidField(field,
+                          absl::StrCat(Quoted(names[i]), " was not declared"));
+    }
+    if (t->group >= 0 || !seen.insert(names[i]).second) {
+      return InvalidField(
+          field, absl::StrCat(Quoted(names[i]), " is already in group ",
+                              t->group >= 0 ? t->group : group));
+    }
+  }
+  for (const std::string& name : names) s.Find(name)->group = group;
+  if (!names.empty()) s.group_count = std::max(s.group_count, group + 1);
   return absl::OkStatus();
 }
 
 absl::Status Client::ExpectDedicatedWorkers(int count) {
-  if (started_) {
-    return FieldError(absl::StatusCode::kFailedPrecondition,
-                      "dedicated_workers", "set after Start");
-  }
+  MUONPS_RETURN_IF_ERROR(impl_->CheckNotStarted("dedicated_workers", "set"));
   if (count < 0 || count > 1024) {
     return InvalidField("dedicated_workers",
                         absl::StrCat(count, " is not in [0, 1024]"));
   }
-  dedicated_workers_ = count;
+  impl_->dedicated_workers = count;
   return absl::OkStatus();
 }
 
 absl::Status Client::AllowMomentumReset(bool allow) {
-  if (started_) {
-    return FieldError(absl::StatusCode::kFailedPrecondition,
-                      "allow_momentum_reset", "set after Start");
+  MUONPS_RETURN_IF_ERROR(impl_->CheckNotStarted("allow_momentum_reset", "set"));
+  impl_->allow_momentum_reset = allow;
+  return absl::OkStatus();
+}
+
+absl::Status Client::SetCheckpointing(const std::string& dir, int64_t every) {
+  MUONPS_RETURN_IF_ERROR(impl_->CheckNotStarted("checkpoint_dir", "set"));
+  if (dir.empty() || dir[0] != '/') {
+    return InvalidField("checkpoint_dir",
+                        absl::StrCat(Quoted(dir), " is not an absolute path"));
   }
-  allow_momentum_reset_ = allow;
+  if (every < 0) {
+    return InvalidField("checkpoint_every", absl::StrCat(every, " < 0"));
+  }
+  impl_->checkpoint_dir = dir;
+  impl_->checkpoint_every = every;
   return absl::OkStatus();
 }
 
 absl::Status Client::LendCuda(const std::string& name, void* grad, void* param,
-                              DType dtype) {
+                              BufferDType dtype) {
+  Impl& s = *impl_;
   const std::string field = absl::StrCat("matrix ", Quoted(name));
-  if (started_) {
-    return FieldError(absl::StatusCode::kFailedPrecondition, field,
-                      "lent after Start");
-  }
-  if (!options_.device.is_cuda()) {
+  MUONPS_RETURN_IF_ERROR(s.CheckNotStarted(field, "lent"));
+  if (!s.device.is_cuda()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, field,
                       "LendCuda needs ClientOptions.device cuda:N");
   }
-  Tensor* t = Find(name);
+  Impl::Tensor* t = s.Find(name);
   if (t == nullptr) {
     return FieldError(absl::StatusCode::kNotFound, field, "was not declared");
   }
@@ -203,65 +256,42 @@ absl::Status Client::LendCuda(const std::string& name, void* grad, void* param,
   if (grad == nullptr || param == nullptr) {
     return InvalidField(field, "grad and param must be device buffers");
   }
-  if (absl::Status s = kernels::CheckLentDType(dtype); !s.ok()) {
-    return Annotate(s, field);
-  }
   t->cuda_grad = grad;
   t->cuda_param = param;
-  t->dtype = dtype;
+  t->dtype = client_internal::ToDType(dtype);
   return absl::OkStatus();
 }
 
 absl::StatusOr<TensorBuffers> Client::Buffers(const std::string& name) const {
-  const Tensor* t = Find(name);
+  const Impl::Tensor* t = impl_->Find(name);
   if (t == nullptr) {
     return FieldError(absl::StatusCode::kNotFound, "name",
                       absl::StrCat(Quoted(name), " was not declared"));
   }
+  return impl_->BuffersOf(*t);
+}
+
+absl::StatusOr<TensorBuffers> Client::Impl::BuffersOf(const Tensor& t) const {
   TensorBuffers out;
-  if (options_.device.is_cuda()) {
-    out.grad = static_cast<float*>(t->cuda_grad);
-    out.param = static_cast<float*>(t->cuda_param);
-    out.dtype = t->dtype;
-  } else if (!segment_.has_value()) {
+  if (device.is_cuda()) {
+    out.grad = static_cast<float*>(t.cuda_grad);
+    out.param = static_cast<float*>(t.cuda_param);
+    out.dtype = client_internal::ToBufferDType(t.dtype);
+  } else if (!segment.has_value()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "name",
                       "buffers exist after Start");
   } else {
-    char* base = static_cast<char*>(segment_->data());
-    out.grad = reinterpret_cast<float*>(base + t->offset);
-    out.param = reinterpret_cast<float*>(base + t->offset + t->elements * 4);
+    char* base = static_cast<char*>(segment->data());
+    out.grad = reinterpret_cast<float*>(base + t.offset);
+    out.param = reinterpret_cast<float*>(base + t.offset + t.elements * 4);
   }
-  out.elements = t->elements;
-  out.param_elements = t->param_elements;
+  out.elements = t.elements;
+  out.param_elements = t.param_elements;
   out.row_begin = 0;
-  out.row_end = t->rows;
-  if (t->muon && t->matrix.layout == scheduler::Layout::kRowSharded) {
+  out.row_end = t.rows;
+  if (t.muon && t.layout == scheduler::Layout::kRowSharded) {
     std::tie(out.row_begin, out.row_end) =
-        TrainerRowRange(t->rows, options_.trainer_rank, options_.trainer_count);
-  }
-  return out;
-}
-
-absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>>
-Client::NsAlgorithms() const {
-  if (!started_) {
-    return FieldError(absl::StatusCode::kFailedPrecondition, "NsAlgorithms",
-                      "called before Start");
-  }
-  grpc::ClientContext context;
-  context.set_deadline(DeadlineIn(absl::Seconds(10)));
-  v1::GetPlanRequest request;
-  request.set_job(options_.job);
-  v1::Plan plan;
-  MUONPS_RETURN_IF_ERROR(
-      FromGrpc(coordinator_->GetPlan(&context, request, &plan), "GetPlan"));
-  std::map<std::string, kernels::NsAlgorithm> out;
-  for (const v1::Batch& batch : plan.batches()) {
-    for (const std::string& member : batch.matrices()) {
-      // Members are "name" or "name[expert]".
-      const std::string name = member.substr(0, member.find('['));
-      out.emplace(name, proto::NsAlgorithmFromProto(batch.algorithm()));
-    }
+        TrainerRowRange(t.rows, options.trainer_rank, options.trainer_count);
   }
   return out;
 }

@@ -1,61 +1,108 @@
-// Client::Step and Wait: the Step RPC to the local worker (attaching
-// again to a worker that restarted), async steps of CUDA trainers, and
-// the AdamW part host trainers run here once a step commits. The rest
-// of Client is in client.cc.
+// Client::Step and Wait: the step's values checked before anything is
+// sent, the step request (each parameter group's values by index), the
+// Step RPC to the local worker (attaching again to a worker that
+// restarted), and async steps of CUDA trainers. Host trainers' AdamW part
+// is in client_adamw.cc.
 #include <grpcpp/grpcpp.h>
 
 #include <cmath>
 #include <future>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/client_impl.h"
 #include "client/cuda_lending.h"
 #include "common/status.h"
 #include "lending/trainer_segment.h"
 #include "proto/grpc_status.h"
 
 namespace muonps {
+namespace {
 
-absl::StatusOr<StepResult> Client::Step(int64_t step_id,
-                                        const StepOptions& options) {
-  if (!started_) {
-    return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
-                      "Step before Start");
+// INVALID_ARGUMENT naming `field` unless `value` is finite (a negative
+// value keeps a default; NaN and the infinities keep nothing).
+absl::Status CheckFinite(const std::string& field, double value) {
+  if (std::isfinite(value)) return absl::OkStatus();
+  return InvalidField(field, absl::StrCat(value,
+                                          " is not finite (a value "
+                                          "< 0 keeps the default)"));
+}
+
+// Every value of `options` finite, the groups within what SetGroup used.
+absl::Status CheckStepOptions(const StepOptions& options, int group_count) {
+  MUONPS_RETURN_IF_ERROR(CheckFinite("lr", options.lr));
+  MUONPS_RETURN_IF_ERROR(CheckFinite("weight_decay", options.weight_decay));
+  MUONPS_RETURN_IF_ERROR(CheckFinite("adamw_lr", options.adamw_lr));
+  if (options.groups.size() > static_cast<size_t>(Client::kMaxParamGroups)) {
+    return InvalidField(
+        "groups", absl::StrCat(options.groups.size(), " entries; at most ",
+                               Client::kMaxParamGroups));
   }
-  // AdamW's part is checked before the workers apply anything: a bad
-  // adamw_lr must not leave the Muon part applied and the step counted.
-  if (std::isnan(options.adamw_lr)) {
-    return InvalidField("adamw_lr", "is NaN");
+  const int given = static_cast<int>(options.groups.size());
+  if (given > 0 && given < group_count) {
+    return InvalidField("groups",
+                        absl::StrCat(given, " entries; tensors were put in ",
+                                     group_count, " groups (SetGroup)"));
   }
-  if (options.adamw_lr >= 0) {
-    kernels::AdamWHyperparameters hyper = adamw_;
-    hyper.lr = options.adamw_lr;
-    if (absl::Status s = kernels::ValidateAdamWHyperparameters(hyper);
-        !s.ok()) {
-      return InvalidField("adamw_lr", s.message());
+  for (int i = 0; i < given; ++i) {
+    const GroupHyperparameters& g = options.groups[i];
+    for (const auto& [field, value] :
+         {std::pair<const char*, double>{"lr", g.lr},
+          {"weight_decay", g.weight_decay},
+          {"adamw_lr", g.adamw_lr},
+          {"adamw_weight_decay", g.adamw_weight_decay}}) {
+      MUONPS_RETURN_IF_ERROR(
+          CheckFinite(absl::StrCat("groups[", i, "].", field), value));
     }
   }
+  return absl::OkStatus();
+}
+
+// The request the workers take: the step's values and each group's by
+// index, as given (the groups were registered at attach).
+v1::StepRequest StepRequestOf(int64_t step_id, const StepOptions& options) {
   v1::StepRequest request;
   request.set_step_id(step_id);
   request.set_lr(options.lr);
   request.set_weight_decay(options.weight_decay);
   // Agreed among the trainers like lr (the workers refuse a step whose
-  // trainers' AdamW lr differ).
+  // trainers' AdamW values differ).
   request.set_adamw_lr(options.adamw_lr);
-  for (const ParamGroupOptions& g : options.groups) {
-    v1::ParamGroup* group = request.add_groups();
-    for (const std::string& m : g.matrices) group->add_matrices(m);
-    group->set_lr(g.lr);
-    group->set_weight_decay(g.weight_decay);
+  request.mutable_groups()->Reserve(static_cast<int>(options.groups.size()));
+  for (const GroupHyperparameters& g : options.groups) {
+    v1::GroupHyperparameters* out = request.add_groups();
+    out->set_lr(g.lr);
+    out->set_weight_decay(g.weight_decay);
+    out->set_adamw_lr(g.adamw_lr);
+    out->set_adamw_weight_decay(g.adamw_weight_decay);
   }
-  if (!options_.device.is_cuda()) return StepOnWorker(request, options);
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<StepResult> Client::Step(int64_t step_id,
+                                        const StepOptions& options) {
+  Impl& s = *impl_;
+  if (!s.started) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
+                      "Step before Start");
+  }
+  // Checked before the workers apply anything: a bad value must not leave
+  // the Muon part applied and the AdamW part refused.
+  MUONPS_RETURN_IF_ERROR(CheckStepOptions(options, s.group_count));
+  Impl::AdamWValues adamw = s.ResolveAdamW(options);
+  v1::StepRequest request = StepRequestOf(step_id, options);
+  if (!s.device.is_cuda()) return s.StepOnWorker(request, adamw);
   // A previous async step first: its failure is this call's answer.
-  if (pending_.valid()) MUONPS_RETURN_IF_ERROR(pending_.get().status());
-  MUONPS_RETURN_IF_ERROR(signals_->BeforeStep(options.stream, step_id));
-  if (!options.async) return StepOnWorker(request, options);
-  pending_ = std::async(std::launch::async, [this, request, options] {
-    return StepOnWorker(request, options);
+  if (s.pending.valid()) MUONPS_RETURN_IF_ERROR(s.pending.get().status());
+  MUONPS_RETURN_IF_ERROR(s.signals->BeforeStep(options.stream, step_id));
+  if (!options.async) return s.StepOnWorker(request, adamw);
+  s.pending = std::async(std::launch::async, [&s, request = std::move(request),
+                                              adamw = std::move(adamw)] {
+    return s.StepOnWorker(request, adamw);
   });
   StepResult enqueued;
   enqueued.pending = true;
@@ -63,21 +110,21 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
 }
 
 absl::StatusOr<StepResult> Client::Wait() {
-  if (!pending_.valid()) return StepResult{};
-  return pending_.get();
+  if (!impl_->pending.valid()) return StepResult{};
+  return impl_->pending.get();
 }
 
-absl::Status Client::CallStep(const v1::StepRequest& request,
-                              v1::StepResponse* response) {
+absl::Status Client::Impl::CallStep(const v1::StepRequest& request,
+                                    v1::StepResponse* response) {
   absl::Status rpc;
   for (int attempt = 0; attempt < 2; ++attempt) {
     grpc::ClientContext context;
-    context.set_deadline(DeadlineIn(options_.timeout));
+    context.set_deadline(DeadlineIn(options.timeout));
     // Named by its socket: when the worker died mid-step, gRPC's own text
     // ("Socket closed", "Connection refused") would not say which one.
     rpc = FromGrpc(
-        worker_->Step(&context, request, response),
-        absl::StrCat("Step on the worker at unix:", options_.worker_socket));
+        worker->Step(&context, request, response),
+        absl::StrCat("Step on the worker at unix:", options.worker_socket));
     // A worker that restarted has no buffers of this trainer: nothing ran.
     if (attempt > 0 || !absl::IsFailedPrecondition(rpc) ||
         !absl::StrContains(rpc.message(), kNoTrainerAttached)) {
@@ -88,13 +135,13 @@ absl::Status Client::CallStep(const v1::StepRequest& request,
   return rpc;
 }
 
-absl::StatusOr<StepResult> Client::StepOnWorker(const v1::StepRequest& request,
-                                                const StepOptions& options) {
+absl::StatusOr<StepResult> Client::Impl::StepOnWorker(
+    const v1::StepRequest& request, const AdamWValues& adamw) {
   v1::StepResponse response;
   const absl::Status rpc = CallStep(request, &response);
   if (!rpc.ok()) {
     // The worker may not have released the trainer's stream.
-    if (signals_ != nullptr) signals_->Release(request.step_id()).IgnoreError();
+    if (signals != nullptr) signals->Release(request.step_id()).IgnoreError();
     return rpc;
   }
   StepResult result;
@@ -105,24 +152,11 @@ absl::StatusOr<StepResult> Client::StepOnWorker(const v1::StepRequest& request,
   result.plan_version = response.plan_version();
   // A CUDA trainer steps its AdamW tensors itself, on its stream, after
   // the workers averaged their gradients.
-  if (options_.device.is_cuda()) return result;
+  if (device.is_cuda()) return result;
   // Committed (fresh, or by an earlier call whose answer was lost): the
   // workers averaged the AdamW gradients into the lent buffers when it
-  // committed. Step them here, once per step id.
-  if (request.step_id() <= last_adamw_step_) return result;
-  kernels::AdamWHyperparameters hyper = adamw_;
-  if (options.adamw_lr >= 0) hyper.lr = options.adamw_lr;
-  for (Tensor& t : tensors_) {
-    if (t.muon) continue;
-    MUONPS_ASSIGN_OR_RETURN(const TensorBuffers b, Buffers(t.name));
-    MUONPS_RETURN_IF_ERROR(
-        kernels_.AdamWStep({t.name, b.param, b.grad, t.exp_avg.data(),
-                            t.exp_avg_sq.data(), t.elements},
-                           hyper, adamw_steps_ + 1, kHostStream));
-  }
-  ++adamw_steps_;
-  last_adamw_step_ = request.step_id();
-  result.adamw_applied = true;
+  // committed.
+  MUONPS_RETURN_IF_ERROR(ApplyAdamW(request.step_id(), adamw, &result));
   return result;
 }
 

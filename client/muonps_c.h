@@ -16,7 +16,10 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 5
+#define MUONPS_C_ABI_VERSION 6
+
+/* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
+#define MUONPS_MAX_GROUPS 64
 
 typedef enum {
   MUONPS_OK = 0,
@@ -119,8 +122,9 @@ int muonps_client_start(muonps_client* client, const muonps_muon_hyper* muon,
 int muonps_client_buffers(const muonps_client* client, const char* name,
                           float** param, float** grad, int64_t* elements,
                           int64_t* row_begin, int64_t* row_end);
-/* lr, weight_decay, adamw_lr < 0 keep the defaults. A step is atomic on
- * the workers; after a failure retry the same step_id until it succeeds:
+/* muonps_client_step_with with no groups, stream or async: lr,
+ * weight_decay, adamw_lr < 0 keep the defaults. A step is atomic on the
+ * workers; after a failure retry the same step_id until it succeeds:
  * nothing (Muon or AdamW) is applied twice. */
 int muonps_client_step(muonps_client* client, int64_t step_id, double lr,
                        double weight_decay, double adamw_lr,
@@ -187,20 +191,37 @@ int muonps_client_last_checkpoint_step(muonps_client* client, int64_t* step);
  * `dir`; *restored: how many experts. */
 int muonps_client_restore_checkpoint(muonps_client* client, const char* dir,
                                      int64_t step, int64_t* restored);
-/* Puts `count` matrices in group `group` (0 <= group < 64); a step's
- * group_lr[group] and group_weight_decay[group] then apply to them. */
+/* Before start: puts `count` declared tensors, Muon matrices and AdamW
+ * tensors alike, in parameter group `group` (0 <= group <
+ * MUONPS_MAX_GROUPS), registered with the local worker when start attaches
+ * them; each step's group_*[group] values then apply to them, and tensors
+ * in no group take the step's own. ABI 6: AdamW tensors too, and every
+ * name is checked here (all or nothing): MUONPS_INVALID_ARGUMENT naming
+ * `group` out of range, or `names[i]` undeclared or already in a group. */
 int muonps_client_set_group(muonps_client* client, int group,
-                            const char* const* matrices, int count);
+                            const char* const* names, int count);
 
+/* One step's values. Each group_* array holds group_count values, one per
+ * group index (NULL: every group keeps the step's own for that field); a
+ * value < 0 keeps the step's own (lr, weight_decay, adamw_lr here, start's
+ * AdamW weight decay). group_count 0: every tensor takes the step's own;
+ * otherwise at least 1 + the highest group set, and at most
+ * MUONPS_MAX_GROUPS. Every value must be finite (MUONPS_INVALID_ARGUMENT
+ * naming it, e.g. "groups[1].adamw_lr", before anything is sent). */
 typedef struct {
-  double lr;           /* < 0: the job's default (matrices in no group) */
+  double lr;           /* < 0: the job's default */
   double weight_decay; /* < 0: the job's default */
   double adamw_lr;     /* < 0: start's */
-  int group_count;     /* entries of group_lr / group_weight_decay */
-  const double* group_lr;
-  const double* group_weight_decay;
+  int group_count;
+  const double* group_lr;           /* Muon lr of the group's matrices */
+  const double* group_weight_decay; /* Muon weight decay */
   uint64_t stream; /* CUDA trainers: the gradients' cudaStream_t (0: legacy) */
   int async;       /* CUDA trainers: return once enqueued */
+  /* ABI 6: AdamW lr and weight decay of the group's other tensors (host
+   * trainers: the client steps them with these; CUDA trainers step their
+   * own and pass what they used, which the workers check agrees). */
+  const double* group_adamw_lr;
+  const double* group_adamw_weight_decay;
 } muonps_step_options;
 
 int muonps_client_step_with(muonps_client* client, int64_t step_id,

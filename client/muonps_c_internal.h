@@ -1,13 +1,13 @@
-// What the C ABI's two source files (muonps_c.cc: handles, registration and
-// start; muonps_c_step.cc: steps, checkpoints and optimizer state) share:
-// the handle behind the opaque muonps_client and the helper that records a
+// What the C ABI's source files share (muonps_c.cc: handles and errors;
+// muonps_c_setup.cc: declarations, groups and start; muonps_c_step.cc:
+// steps; muonps_c_state.cc: momentum, AdamW state and checkpoints): the
+// handle behind the opaque muonps_client and the helper that records a
 // call's status on it. Private to the muonps_c target; not part of the ABI.
 #ifndef MUONPS_CLIENT_MUONPS_C_INTERNAL_H_
 #define MUONPS_CLIENT_MUONPS_C_INTERNAL_H_
 
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "client/client.h"
@@ -16,8 +16,6 @@
 struct muonps_client {
   std::unique_ptr<muonps::Client> client;
   std::string last_error;
-  // muonps_client_set_group's groups, by index.
-  std::vector<std::vector<std::string>> groups;
 };
 
 namespace muonps {

@@ -1,8 +1,6 @@
-// The C ABI's step, checkpoint and optimizer-state calls (muonps_c.h);
-// muonps_c.cc has the handle, registration and start calls.
-#include <algorithm>
-#include <string>
-#include <utility>
+// The C ABI's steps (muonps_c.h): a step with the step's own values, one
+// with per-group values by index (and a CUDA trainer's stream), and the
+// end of an async step.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,8 +11,6 @@
 namespace {
 
 using muonps::client_internal::Record;
-
-std::string Quote(const char* name) { return absl::StrCat("\"", name, "\""); }
 
 int Finish(muonps_client* c, const absl::StatusOr<muonps::StepResult>& step,
            muonps_step_result* result) {
@@ -29,6 +25,11 @@ int Finish(muonps_client* c, const absl::StatusOr<muonps::StepResult>& step,
     result->adamw_applied = step->adamw_applied ? 1 : 0;
   }
   return Record(c, absl::OkStatus());
+}
+
+// values[g], or -1 (keep the step's) for a NULL array.
+double At(const double* values, int g) {
+  return values == nullptr ? -1.0 : values[g];
 }
 
 }  // namespace
@@ -46,61 +47,29 @@ int muonps_client_step(muonps_client* c, int64_t step_id, double lr,
   return Finish(c, c->client->Step(step_id, options), result);
 }
 
-int muonps_client_set_checkpointing(muonps_client* c, const char* dir,
-                                    int64_t every) {
-  if (c == nullptr || dir == nullptr) return MUONPS_INVALID_ARGUMENT;
-  return Record(c, c->client->SetCheckpointing(dir, every));
-}
-
-int muonps_client_checkpoint(muonps_client* c, int64_t* last_step) {
-  if (c == nullptr || last_step == nullptr) return MUONPS_INVALID_ARGUMENT;
-  absl::StatusOr<int64_t> last = c->client->RequestCheckpoint();
-  if (!last.ok()) return Record(c, last.status());
-  *last_step = *last;
-  return Record(c, absl::OkStatus());
-}
-
-int muonps_client_last_checkpoint_step(muonps_client* c, int64_t* step) {
-  if (c == nullptr || step == nullptr) return MUONPS_INVALID_ARGUMENT;
-  absl::StatusOr<int64_t> last = c->client->LastCheckpointStep();
-  if (!last.ok()) return Record(c, last.status());
-  *step = *last;
-  return Record(c, absl::OkStatus());
-}
-
-int muonps_client_restore_checkpoint(muonps_client* c, const char* dir,
-                                     int64_t step, int64_t* restored) {
-  if (c == nullptr || dir == nullptr || restored == nullptr) {
-    return MUONPS_INVALID_ARGUMENT;
-  }
-  absl::StatusOr<int64_t> n = c->client->RestoreCheckpoint(dir, step);
-  if (!n.ok()) return Record(c, n.status());
-  *restored = *n;
-  return Record(c, absl::OkStatus());
-}
-
 int muonps_client_step_with(muonps_client* c, int64_t step_id,
                             const muonps_step_options* o,
                             muonps_step_result* result) {
   if (c == nullptr || o == nullptr) return MUONPS_INVALID_ARGUMENT;
+  // Checked before any array is read: at most MUONPS_MAX_GROUPS entries.
+  if (o->group_count < 0 || o->group_count > MUONPS_MAX_GROUPS) {
+    return Record(c, absl::InvalidArgumentError(absl::StrCat(
+                         "group_count: ", o->group_count, " is not in [0, ",
+                         MUONPS_MAX_GROUPS, "]")));
+  }
   muonps::StepOptions options;
   options.lr = o->lr;
   options.weight_decay = o->weight_decay;
   options.adamw_lr = o->adamw_lr;
-  options.stream = reinterpret_cast<muonps::Stream>(o->stream);
+  options.stream = reinterpret_cast<CUstream_st*>(o->stream);
   options.async = o->async != 0;
-  if (o->group_count < 0 ||
-      o->group_count > static_cast<int>(c->groups.size()) ||
-      (o->group_count > 0 &&
-       (o->group_lr == nullptr || o->group_weight_decay == nullptr))) {
-    return Record(c, absl::InvalidArgumentError(
-                         absl::StrCat("group_count: ", o->group_count, " with ",
-                                      c->groups.size(), " groups set")));
-  }
+  options.groups.resize(o->group_count);
   for (int g = 0; g < o->group_count; ++g) {
-    if (c->groups[g].empty()) continue;
-    options.groups.push_back(
-        {c->groups[g], o->group_lr[g], o->group_weight_decay[g]});
+    muonps::GroupHyperparameters& group = options.groups[g];
+    group.lr = At(o->group_lr, g);
+    group.weight_decay = At(o->group_weight_decay, g);
+    group.adamw_lr = At(o->group_adamw_lr, g);
+    group.adamw_weight_decay = At(o->group_adamw_weight_decay, g);
   }
   return Finish(c, c->client->Step(step_id, options), result);
 }
@@ -108,80 +77,6 @@ int muonps_client_step_with(muonps_client* c, int64_t step_id,
 int muonps_client_wait(muonps_client* c, muonps_step_result* result) {
   if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
   return Finish(c, c->client->Wait(), result);
-}
-
-int muonps_client_get_momentum(muonps_client* c, const char* name,
-                               int64_t expert, float* out, int64_t count) {
-  if (c == nullptr || name == nullptr || out == nullptr) {
-    return MUONPS_INVALID_ARGUMENT;
-  }
-  absl::StatusOr<std::vector<float>> m = c->client->OwnedMomentum(name, expert);
-  if (!m.ok()) return Record(c, m.status());
-  if (static_cast<int64_t>(m->size()) != count) {
-    return Record(c, absl::InvalidArgumentError(absl::StrCat(
-                         "count: ", count, " but the momentum has ", m->size(),
-                         " floats")));
-  }
-  std::copy(m->begin(), m->end(), out);
-  return Record(c, absl::OkStatus());
-}
-
-int muonps_client_set_momentum(muonps_client* c, const char* name,
-                               int64_t expert, const float* values,
-                               int64_t count) {
-  if (c == nullptr || name == nullptr || values == nullptr || count < 0) {
-    return MUONPS_INVALID_ARGUMENT;
-  }
-  return Record(c,
-                c->client->RestoreMomentum(
-                    name, expert, std::vector<float>(values, values + count)));
-}
-
-int muonps_client_get_adamw(muonps_client* c, const char* name, float* exp_avg,
-                            float* exp_avg_sq, int64_t elements,
-                            int64_t* steps) {
-  if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
-  absl::StatusOr<std::pair<const float*, const float*>> state =
-      c->client->AdamWState(name);
-  if (!state.ok()) return Record(c, state.status());
-  absl::StatusOr<muonps::TensorBuffers> b = c->client->Buffers(name);
-  if (!b.ok()) return Record(c, b.status());
-  if (b->elements != elements) {
-    return Record(c, absl::InvalidArgumentError(
-                         absl::StrCat("elements: ", elements, " but ",
-                                      Quote(name), " has ", b->elements)));
-  }
-  if (exp_avg != nullptr)
-    std::copy(state->first, state->first + elements, exp_avg);
-  if (exp_avg_sq != nullptr) {
-    std::copy(state->second, state->second + elements, exp_avg_sq);
-  }
-  if (steps != nullptr) *steps = c->client->adamw_steps();
-  return Record(c, absl::OkStatus());
-}
-
-int muonps_client_set_adamw(muonps_client* c, const char* name,
-                            const float* exp_avg, const float* exp_avg_sq,
-                            int64_t elements, int64_t steps) {
-  if (c == nullptr || name == nullptr || exp_avg == nullptr ||
-      exp_avg_sq == nullptr || elements < 0 || steps < 0) {
-    return MUONPS_INVALID_ARGUMENT;
-  }
-  const absl::Status status = c->client->RestoreAdamW(
-      name, std::vector<float>(exp_avg, exp_avg + elements),
-      std::vector<float>(exp_avg_sq, exp_avg_sq + elements));
-  if (status.ok()) c->client->set_adamw_steps(steps);
-  return Record(c, status);
-}
-
-int muonps_client_set_last_adamw_step(muonps_client* c, int64_t step_id) {
-  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
-  if (step_id < -1) {
-    return Record(c, absl::InvalidArgumentError(
-                         absl::StrCat("step_id: ", step_id, " < -1")));
-  }
-  c->client->set_last_adamw_step(step_id);
-  return Record(c, absl::OkStatus());
 }
 
 }  // extern "C"

@@ -1,10 +1,14 @@
-// The C ABI's contract without a running service: version, handles, error
-// codes and messages naming the field. The whole flow (start, buffers,
-// steps) runs against real processes in tests/ and the Python package.
+// The C ABI's contract: version, handles, error codes and messages naming
+// the field without a running service, and what a step sends against an
+// in-process fake one (client/fake_service.h). The whole flow against real
+// processes runs in tests/ and the Python package.
 #include "client/muonps_c.h"
 
+#include <cmath>
 #include <string>
+#include <vector>
 
+#include "client/fake_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -77,15 +81,15 @@ TEST(MuonpsCTest, Abi3RefusesBadDevicesGroupsAndLending) {
   ASSERT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/s", 0, 1, 0.5,
                                     "cpu", &client),
             MUONPS_OK);
+  ASSERT_EQ(muonps_client_add_matrix(client, "w", 4, 8, 1,
+                                     MUONPS_LAYOUT_REPLICATED, 0),
+            MUONPS_OK);
   const char* names[] = {"w"};
-  EXPECT_EQ(muonps_client_set_group(client, 64, names, 1),
+  EXPECT_EQ(muonps_client_set_group(client, MUONPS_MAX_GROUPS, names, 1),
             MUONPS_INVALID_ARGUMENT);
   EXPECT_THAT(std::string(muonps_client_last_error(client)),
               HasSubstr("group"));
   EXPECT_EQ(muonps_client_set_group(client, 0, names, 1), MUONPS_OK);
-  ASSERT_EQ(muonps_client_add_matrix(client, "w", 4, 8, 1,
-                                     MUONPS_LAYOUT_REPLICATED, 0),
-            MUONPS_OK);
   // Lending CUDA buffers needs a CUDA client.
   EXPECT_EQ(muonps_client_lend_cuda(client, "w", 0x1000, 0x2000, "bf16"),
             MUONPS_FAILED_PRECONDITION);
@@ -96,11 +100,113 @@ TEST(MuonpsCTest, Abi3RefusesBadDevicesGroupsAndLending) {
   EXPECT_THAT(std::string(muonps_client_last_error(client)),
               HasSubstr("dtype"));
   muonps_step_options options{};
-  options.group_count = 2;  // only one group was set
+  options.group_count = MUONPS_MAX_GROUPS + 1;  // more than any array holds
   EXPECT_EQ(muonps_client_step_with(client, 0, &options, nullptr),
             MUONPS_INVALID_ARGUMENT);
   EXPECT_THAT(std::string(muonps_client_last_error(client)),
               HasSubstr("group_count"));
+  muonps_client_destroy(client);
+}
+
+// ABI 6: set_group takes AdamW tensors too and checks every name at once,
+// naming the one it refuses; nothing of a refused call sticks.
+TEST(MuonpsCTest, Abi6SetGroupTakesAdamWTensorsAndNamesTheBadName) {
+  muonps_client* client = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/none.sock", 0, 1,
+                                 0.5, &client),
+            MUONPS_OK);
+  ASSERT_EQ(muonps_client_add_matrix(client, "w", 4, 8, 1,
+                                     MUONPS_LAYOUT_REPLICATED, 0),
+            MUONPS_OK);
+  ASSERT_EQ(muonps_client_add_tensor(client, "b", 8, MUONPS_LAYOUT_REPLICATED),
+            MUONPS_OK);
+  const char* unknown[] = {"w", "nope"};
+  EXPECT_EQ(muonps_client_set_group(client, 1, unknown, 2),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("names[1]"));
+  const char* both[] = {"w", "b"};
+  EXPECT_EQ(muonps_client_set_group(client, 1, both, 2), MUONPS_OK);
+  const char* again[] = {"b"};
+  EXPECT_EQ(muonps_client_set_group(client, 2, again, 1),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("already in group 1"));
+  const char* null_name[] = {nullptr};
+  EXPECT_EQ(muonps_client_set_group(client, 2, null_name, 1),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("names[0]"));
+  EXPECT_EQ(muonps_client_set_group(client, 2, nullptr, 0), MUONPS_OK);
+  muonps_client_destroy(client);
+}
+
+// ABI 6, against an in-process worker: the four per-group arrays reach the
+// step request by index (a NULL array keeps the step's values: -1), and a
+// host client's AdamW steps each tensor with its group's lr and decay.
+TEST(MuonpsCTest, Abi6StepWithSendsGroupsByIndexAndStepsAdamWPerGroup) {
+  muonps::testing::FakeService service;
+  muonps_client* client = nullptr;
+  ASSERT_EQ(
+      muonps_client_create(service.coordinator_target().c_str(), "job",
+                           service.worker_socket().c_str(), 0, 1, 5, &client),
+      MUONPS_OK)
+      << muonps_last_create_error();
+  ASSERT_EQ(muonps_client_add_matrix(client, "w", 4, 8, 1,
+                                     MUONPS_LAYOUT_REPLICATED, 0),
+            MUONPS_OK);
+  ASSERT_EQ(muonps_client_add_tensor(client, "b", 2, MUONPS_LAYOUT_REPLICATED),
+            MUONPS_OK);
+  const char* second[] = {"b"};
+  ASSERT_EQ(muonps_client_set_group(client, 1, second, 1), MUONPS_OK);
+  muonps_muon_hyper muon{};
+  muon.lr = 0.02;
+  muon.weight_decay = 0.1;
+  muon.momentum = 0.95;
+  const muonps_adamw_hyper adamw{1e-3, 0.9, 0.999, 1e-8, 0.0};
+  ASSERT_EQ(muonps_client_start(client, &muon, &adamw), MUONPS_OK)
+      << muonps_client_last_error(client);
+  float* param = nullptr;
+  float* grad = nullptr;
+  ASSERT_EQ(muonps_client_buffers(client, "b", &param, &grad, nullptr, nullptr,
+                                  nullptr),
+            MUONPS_OK);
+  param[0] = param[1] = 1.0f;
+  grad[0] = grad[1] = 0.5f;
+  const double lr[] = {0.02, 0.005};
+  const double adamw_lr[] = {-1, 0.1};
+  const double adamw_wd[] = {-1, 0.5};
+  muonps_step_options options{};
+  options.lr = -1;
+  options.weight_decay = -1;
+  options.adamw_lr = -1;
+  options.group_count = 2;
+  options.group_lr = lr;
+  options.group_adamw_lr = adamw_lr;
+  options.group_adamw_weight_decay = adamw_wd;
+  muonps_step_result result{};
+  ASSERT_EQ(muonps_client_step_with(client, 0, &options, &result), MUONPS_OK)
+      << muonps_client_last_error(client);
+  EXPECT_EQ(result.adamw_applied, 1);
+  // torch.optim.AdamW's first step: p (1 - lr wd) - lr g / (|g| + eps).
+  EXPECT_NEAR(param[0], 1.0 * (1 - 0.1 * 0.5) - 0.1 * 0.5 / (0.5 + 1e-8), 1e-6);
+  const std::vector<muonps::v1::StepRequest> steps = service.steps();
+  ASSERT_EQ(steps.size(), 1u);
+  ASSERT_EQ(steps[0].groups_size(), 2);
+  EXPECT_EQ(steps[0].groups(0).lr(), 0.02);
+  EXPECT_EQ(steps[0].groups(0).weight_decay(), -1);  // a NULL array
+  EXPECT_EQ(steps[0].groups(0).adamw_lr(), -1);
+  EXPECT_EQ(steps[0].groups(1).lr(), 0.005);
+  EXPECT_EQ(steps[0].groups(1).adamw_lr(), 0.1);
+  EXPECT_EQ(steps[0].groups(1).adamw_weight_decay(), 0.5);
+  // A value that is not finite is named before anything is sent.
+  const double bad_wd[] = {-1, NAN};
+  options.group_adamw_weight_decay = bad_wd;
+  EXPECT_EQ(muonps_client_step_with(client, 1, &options, &result),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("groups[1].adamw_weight_decay"));
+  EXPECT_EQ(service.steps().size(), 1u);
   muonps_client_destroy(client);
 }
 

@@ -1,7 +1,8 @@
-// Client::Start: lays out the trainer's buffers (a shared segment, or
-// the CUDA buffers lent with LendCuda), creates the job or checks that
-// an existing one matches, and attaches the buffers to the local worker
-// once it follows a plan. The rest of Client is in client.cc.
+// Client::Start and the plan: lays out the trainer's buffers (a shared
+// segment, or the CUDA buffers lent with LendCuda), creates the job or
+// checks that an existing one matches, and attaches every tensor, with its
+// parameter group, to the local worker once it follows a plan; and
+// NsAlgorithms, the plan's algorithm per matrix.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -11,7 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/client_impl.h"
 #include "client/cuda_lending.h"
+#include "client/internal_types.h"
 #include "common/status.h"
 #include "lending/trainer_segment.h"
 #include "proto/grpc_status.h"
@@ -19,30 +22,30 @@
 
 namespace muonps {
 
-absl::Status Client::EnsureJob(
+absl::Status Client::Impl::EnsureJob(
     const kernels::MuonHyperparameters& muon,
     const kernels::AdamWHyperparameters& adamw,
     std::optional<kernels::NsAlgorithm> ns_algorithm) {
   v1::CreateJobRequest request;
   // Every rank sends the same request id: the first creates, the others'
   // calls are retries of it.
-  request.set_request_id(absl::StrCat("client:", options_.job));
+  request.set_request_id(absl::StrCat("client:", options.job));
   v1::JobSpec* spec = request.mutable_job();
-  spec->set_name(options_.job);
-  spec->set_dedicated_workers(dedicated_workers_);
-  spec->set_allow_momentum_reset(allow_momentum_reset_);
-  spec->set_checkpoint_dir(checkpoint_dir_);
-  spec->set_checkpoint_every(checkpoint_every_);
-  for (const Tensor& t : tensors_) {
+  spec->set_name(options.job);
+  spec->set_dedicated_workers(dedicated_workers);
+  spec->set_allow_momentum_reset(allow_momentum_reset);
+  spec->set_checkpoint_dir(checkpoint_dir);
+  spec->set_checkpoint_every(checkpoint_every);
+  for (const Tensor& t : tensors) {
     if (!t.muon) continue;
     v1::Matrix* m = spec->add_matrices();
     m->set_name(t.name);
     m->set_rows(t.rows);
     m->set_cols(t.cols);
-    m->set_experts(t.matrix.experts);
+    m->set_experts(t.experts);
     m->set_dtype(proto::DTypeToProto(t.dtype));
-    m->set_layout(proto::LayoutToProto(t.matrix.layout));
-    m->set_layer(t.matrix.layer);
+    m->set_layout(proto::LayoutToProto(t.layout));
+    m->set_layer(t.layer);
   }
   v1::MuonHyperparameters* h = spec->mutable_muon();
   h->set_lr(muon.lr);
@@ -58,9 +61,7 @@ absl::Status Client::EnsureJob(
     h->add_ns_coefficients(muon.ns.coefficients.c);
   }
   if (ns_algorithm.has_value()) {
-    h->set_ns_algorithm(*ns_algorithm == kernels::NsAlgorithm::kGram
-                            ? v1::NS_ALGORITHM_GRAM
-                            : v1::NS_ALGORITHM_NS5);
+    h->set_ns_algorithm(proto::NsAlgorithmToProto(*ns_algorithm));
   }
   h->set_adjust_lr_fn(muon.lr_adjustment ==
                               kernels::LrAdjustment::kMatchRmsAdamW
@@ -75,7 +76,7 @@ absl::Status Client::EnsureJob(
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(absl::Seconds(10)));
   v1::Job job;
-  const grpc::Status status = coordinator_->CreateJob(&context, request, &job);
+  const grpc::Status status = coordinator->CreateJob(&context, request, &job);
   if (status.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
     return FromGrpc(status, "CreateJob");
   }
@@ -83,44 +84,43 @@ absl::Status Client::EnsureJob(
   grpc::ClientContext get_context;
   get_context.set_deadline(DeadlineIn(absl::Seconds(10)));
   v1::GetJobRequest get;
-  get.set_job(options_.job);
+  get.set_job(options.job);
   MUONPS_RETURN_IF_ERROR(
-      FromGrpc(coordinator_->GetJob(&get_context, get, &job), "GetJob"));
+      FromGrpc(coordinator->GetJob(&get_context, get, &job), "GetJob"));
   if (job.spec().SerializeAsString() != spec->SerializeAsString()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "job",
-                      absl::StrCat(Quoted(options_.job),
+                      absl::StrCat(Quoted(options.job),
                                    " exists with other matrices or "
                                    "hyperparameters"));
   }
   return absl::OkStatus();
 }
 
-absl::Status Client::WaitAndAttach() {
+absl::Status Client::Impl::WaitAndAttach() {
   v1::AttachRequest attach;
-  attach.set_trainer_rank(options_.trainer_rank);
-  attach.set_trainer_count(options_.trainer_count);
+  attach.set_trainer_rank(options.trainer_rank);
+  attach.set_trainer_count(options.trainer_count);
   attach.set_trainer_pid(getpid());
-  if (segment_.has_value()) {
-    attach.set_segment(segment_->name());
-    attach.set_segment_bytes(static_cast<int64_t>(segment_->size()));
+  if (segment.has_value()) {
+    attach.set_segment(segment->name());
+    attach.set_segment_bytes(static_cast<int64_t>(segment->size()));
   } else {
-    attach.set_device(DeviceName(options_.device));
-    if (signals_ != nullptr)
-      MUONPS_RETURN_IF_ERROR(signals_->Describe(&attach));
+    attach.set_device(DeviceName(device));
+    if (signals != nullptr) MUONPS_RETURN_IF_ERROR(signals->Describe(&attach));
   }
-  for (const Tensor& t : tensors_) {
+  for (const Tensor& t : tensors) {
     v1::TensorBinding* b = attach.add_tensors();
     b->set_name(t.name);
-    if (options_.device.is_cuda()) {
+    if (device.is_cuda()) {
       const std::string field = absl::StrCat("matrix ", Quoted(t.name));
       MUONPS_ASSIGN_OR_RETURN(
           *b->mutable_grad_cuda(),
           client_internal::ExportCudaBuffer(t.cuda_grad, t.elements, t.dtype,
-                                            options_.device, field + " grad"));
-      MUONPS_ASSIGN_OR_RETURN(*b->mutable_param_cuda(),
-                              client_internal::ExportCudaBuffer(
-                                  t.cuda_param, t.param_elements, t.dtype,
-                                  options_.device, field + " param"));
+                                            device, field + " grad"));
+      MUONPS_ASSIGN_OR_RETURN(
+          *b->mutable_param_cuda(),
+          client_internal::ExportCudaBuffer(t.cuda_param, t.param_elements,
+                                            t.dtype, device, field + " param"));
     }
     b->set_grad_offset(t.offset);
     b->set_param_offset(t.offset + t.elements * 4);
@@ -129,14 +129,15 @@ absl::Status Client::WaitAndAttach() {
     b->set_dtype(proto::DTypeToProto(t.dtype));
     b->set_layout(proto::LayoutToProto(t.layout));
     b->set_muon(t.muon);
+    b->set_group(t.group + 1);  // 0: in no group
   }
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Time deadline = absl::Now() + options.timeout;
   grpc::Status last;
   while (absl::Now() < deadline) {
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(absl::Seconds(5)));
     v1::AttachResponse response;
-    last = worker_->Attach(&context, attach, &response);
+    last = worker->Attach(&context, attach, &response);
     // FAILED_PRECONDITION: no plan yet; UNAVAILABLE: the worker is starting.
     if (last.ok()) return absl::OkStatus();
     if (last.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
@@ -146,59 +147,81 @@ absl::Status Client::WaitAndAttach() {
     absl::SleepFor(absl::Milliseconds(50));
   }
   return FromGrpc(
-      last, absl::StrCat("Attach to the worker at ", options_.worker_socket));
+      last, absl::StrCat("Attach to the worker at ", options.worker_socket));
 }
 
-absl::Status Client::Start(const kernels::MuonHyperparameters& muon,
-                           const kernels::AdamWHyperparameters& adamw,
-                           std::optional<kernels::NsAlgorithm> ns_algorithm) {
-  if (started_)
+absl::Status Client::Start(const MuonOptions& muon_options,
+                           const AdamWOptions& adamw_options) {
+  Impl& s = *impl_;
+  if (s.started) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "Start",
                       "called twice");
+  }
+  const kernels::MuonHyperparameters muon =
+      client_internal::ToMuonHyperparameters(muon_options);
+  const kernels::AdamWHyperparameters adamw =
+      client_internal::ToAdamWHyperparameters(adamw_options);
   MUONPS_RETURN_IF_ERROR(kernels::ValidateMuonHyperparameters(muon));
   MUONPS_RETURN_IF_ERROR(kernels::ValidateAdamWHyperparameters(adamw));
-  if (muon.ns.gram_restarts != kernels::NewtonSchulzOptions().gram_restarts) {
-    return InvalidField("muon.ns.gram_restarts",
-                        "the workers restart Gram NS on their own schedule; "
-                        "leave the default");
-  }
   bool any_matrix = false;
   int64_t bytes = 0;
-  for (Tensor& t : tensors_) {
+  for (Impl::Tensor& t : s.tensors) {
     any_matrix = any_matrix || t.muon;
     t.offset = bytes;
     bytes += (t.elements + t.param_elements) * 4;
   }
   if (!any_matrix) return InvalidField("matrices", "none was added");
-  if (options_.device.is_cuda()) {
-    for (const Tensor& t : tensors_) {
+  s.adamw = adamw;
+  if (s.device.is_cuda()) {
+    for (const Impl::Tensor& t : s.tensors) {
       if (t.cuda_grad == nullptr) {
         return FieldError(absl::StatusCode::kFailedPrecondition,
                           absl::StrCat("matrix ", Quoted(t.name)),
                           "was not lent (LendCuda) before Start");
       }
     }
-    adamw_ = adamw;
+    MUONPS_ASSIGN_OR_RETURN(s.signals,
+                            client_internal::CudaStepSignals::Create(s.device));
+  } else {
     MUONPS_ASSIGN_OR_RETURN(
-        signals_, client_internal::CudaStepSignals::Create(options_.device));
-    MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw, ns_algorithm));
-    MUONPS_RETURN_IF_ERROR(WaitAndAttach());
-    started_ = true;
-    return absl::OkStatus();
+        SharedMemorySegment segment,
+        SharedMemorySegment::Create(
+            // The form the worker checks (lending/trainer_segment.h).
+            TrainerSegmentName(s.options.job, s.options.trainer_rank, getpid(),
+                               std::random_device()()),
+            static_cast<size_t>(bytes)));
+    s.segment = std::move(segment);
   }
-  MUONPS_ASSIGN_OR_RETURN(
-      SharedMemorySegment segment,
-      SharedMemorySegment::Create(
-          // The form the worker checks (lending/trainer_segment.h).
-          TrainerSegmentName(options_.job, options_.trainer_rank, getpid(),
-                             std::random_device()()),
-          static_cast<size_t>(bytes)));
-  segment_ = std::move(segment);
-  adamw_ = adamw;
-  MUONPS_RETURN_IF_ERROR(EnsureJob(muon, adamw, ns_algorithm));
-  MUONPS_RETURN_IF_ERROR(WaitAndAttach());
-  started_ = true;
+  MUONPS_RETURN_IF_ERROR(s.EnsureJob(
+      muon, adamw, client_internal::ToNsAlgorithm(muon_options.ns_algorithm)));
+  MUONPS_RETURN_IF_ERROR(s.WaitAndAttach());
+  s.started = true;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, NewtonSchulz>> Client::NsAlgorithms()
+    const {
+  if (!impl_->started) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "NsAlgorithms",
+                      "called before Start");
+  }
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  v1::GetPlanRequest request;
+  request.set_job(impl_->options.job);
+  v1::Plan plan;
+  MUONPS_RETURN_IF_ERROR(FromGrpc(
+      impl_->coordinator->GetPlan(&context, request, &plan), "GetPlan"));
+  std::map<std::string, NewtonSchulz> out;
+  for (const v1::Batch& batch : plan.batches()) {
+    for (const std::string& member : batch.matrices()) {
+      // Members are "name" or "name[expert]".
+      const std::string name = member.substr(0, member.find('['));
+      out.emplace(name, client_internal::FromNsAlgorithm(
+                            proto::NsAlgorithmFromProto(batch.algorithm())));
+    }
+  }
+  return out;
 }
 
 }  // namespace muonps

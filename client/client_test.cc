@@ -1,0 +1,229 @@
+// muonps::Client against an in-process coordinator and worker that record
+// what they are sent (client/fake_service.h): parameter groups travel once,
+// at attach; every step carries each group's values by index; values that
+// are not finite are refused before anything is sent; the host AdamW steps
+// each tensor with its group's lr and weight decay, once per step id.
+#include "client/client.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/fake_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace muonps {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kBias = 4;  // elements of each AdamW tensor
+
+class ClientTest : public ::testing::Test {
+ protected:
+  // A host client of two matrices and two AdamW tensors, declared.
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Create({.coordinator = service_.coordinator_target(),
+                        .job = "groups",
+                        .worker_socket = service_.worker_socket(),
+                        .timeout = absl::Seconds(5)});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    ASSERT_TRUE(client_->AddMatrix("w.a", 4, 8).ok());
+    ASSERT_TRUE(client_->AddMatrix("w.b", 8, 4).ok());
+    ASSERT_TRUE(
+        client_->AddTensor("bias.a", kBias, TensorLayout::kReplicated).ok());
+    ASSERT_TRUE(
+        client_->AddTensor("bias.b", kBias, TensorLayout::kReplicated).ok());
+  }
+
+  void Start() {
+    AdamWOptions adamw;
+    adamw.lr = 0.01;
+    adamw.weight_decay = 0.02;
+    ASSERT_TRUE(client_->Start(MuonOptions(), adamw).ok());
+  }
+
+  // Writes `param` and `grad` into every element of an AdamW tensor.
+  void Fill(const std::string& name, float param, float grad) {
+    absl::StatusOr<TensorBuffers> b = client_->Buffers(name);
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (int64_t i = 0; i < b->elements; ++i) {
+      b->param[i] = param;
+      b->grad[i] = grad;
+    }
+  }
+
+  float Param(const std::string& name) {
+    absl::StatusOr<TensorBuffers> b = client_->Buffers(name);
+    return b.ok() ? b->param[0] : NAN;
+  }
+
+  testing::FakeService service_;
+  std::unique_ptr<Client> client_;
+};
+
+// torch.optim.AdamW's first step from zero moments: the bias-corrected
+// update is g / (|g| + eps).
+double FirstAdamWStep(double p, double g, double lr, double wd) {
+  return p * (1 - lr * wd) - lr * g / (std::abs(g) + 1e-8);
+}
+
+TEST_F(ClientTest, GroupsTravelOnceAtAttachAsOnePlusTheirIndex) {
+  ASSERT_TRUE(client_->SetGroup(2, {"w.b", "bias.a"}).ok());
+  ASSERT_TRUE(client_->SetGroup(0, {"w.a"}).ok());
+  Start();
+  const std::vector<v1::AttachRequest> attaches = service_.attaches();
+  ASSERT_EQ(attaches.size(), 1u);
+  std::map<std::string, int> group;
+  for (const v1::TensorBinding& b : attaches[0].tensors()) {
+    group[b.name()] = b.group();
+  }
+  EXPECT_EQ(group, (std::map<std::string, int>{
+                       {"w.a", 1}, {"w.b", 3}, {"bias.a", 3}, {"bias.b", 0}}));
+}
+
+TEST_F(ClientTest, SetGroupRefusesBadGroupsAndNamesNamingTheField) {
+  absl::Status s = client_->SetGroup(64, {"w.a"});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("group"));
+  s = client_->SetGroup(-1, {"w.a"});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  s = client_->SetGroup(1, {"w.a", "nope"});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("names[1]"));
+  EXPECT_THAT(s.message(), HasSubstr("\"nope\""));
+  // All or nothing: "w.a" was not put in group 1 by the refused call.
+  ASSERT_TRUE(client_->SetGroup(0, {"w.a", "bias.b"}).ok());
+  s = client_->SetGroup(1, {"bias.a", "bias.b"});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("names[1]"));
+  EXPECT_THAT(s.message(), HasSubstr("already in group 0"));
+  s = client_->SetGroup(1, {"w.b", "w.b"});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  Start();
+  s = client_->SetGroup(1, {"w.b"});
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+}
+
+TEST_F(ClientTest, StepCarriesEachGroupsValuesByIndex) {
+  ASSERT_TRUE(client_->SetGroup(0, {"w.a"}).ok());
+  ASSERT_TRUE(client_->SetGroup(1, {"w.b", "bias.a"}).ok());
+  Start();
+  StepOptions options;
+  options.lr = 0.03;
+  options.groups = {{.lr = 0.02, .weight_decay = 0.1},
+                    {.lr = 0.005,
+                     .weight_decay = -1,
+                     .adamw_lr = 0.003,
+                     .adamw_weight_decay = 0.05}};
+  ASSERT_TRUE(client_->Step(7, options).ok());
+  const std::vector<v1::StepRequest> steps = service_.steps();
+  ASSERT_EQ(steps.size(), 1u);
+  const v1::StepRequest& r = steps[0];
+  EXPECT_EQ(r.step_id(), 7);
+  EXPECT_EQ(r.lr(), 0.03);
+  EXPECT_EQ(r.weight_decay(), -1);
+  EXPECT_EQ(r.adamw_lr(), -1);
+  ASSERT_EQ(r.groups_size(), 2);
+  EXPECT_EQ(r.groups(0).lr(), 0.02);
+  EXPECT_EQ(r.groups(0).weight_decay(), 0.1);
+  EXPECT_EQ(r.groups(0).adamw_lr(), -1);
+  EXPECT_EQ(r.groups(0).adamw_weight_decay(), -1);
+  EXPECT_EQ(r.groups(1).lr(), 0.005);
+  EXPECT_EQ(r.groups(1).weight_decay(), -1);
+  EXPECT_EQ(r.groups(1).adamw_lr(), 0.003);
+  EXPECT_EQ(r.groups(1).adamw_weight_decay(), 0.05);
+}
+
+TEST_F(ClientTest, ValuesThatAreNotFiniteAreRefusedBeforeAnythingIsSent) {
+  ASSERT_TRUE(client_->SetGroup(1, {"bias.a"}).ok());
+  Start();
+  Fill("bias.a", 1.0f, 0.5f);
+  struct Case {
+    const char* field;
+    void (*set)(StepOptions*);
+  };
+  const Case cases[] = {
+      {"groups[1].adamw_lr",
+       [](StepOptions* o) { o->groups[1].adamw_lr = NAN; }},
+      {"groups[0].lr", [](StepOptions* o) { o->groups[0].lr = INFINITY; }},
+      {"groups[1].adamw_weight_decay",
+       [](StepOptions* o) { o->groups[1].adamw_weight_decay = -INFINITY; }},
+      {"groups[0].weight_decay",
+       [](StepOptions* o) { o->groups[0].weight_decay = NAN; }},
+      {"adamw_lr", [](StepOptions* o) { o->adamw_lr = NAN; }},
+      {"lr", [](StepOptions* o) { o->lr = -INFINITY; }},
+  };
+  for (const Case& c : cases) {
+    StepOptions options;
+    options.groups.resize(2);
+    c.set(&options);
+    absl::StatusOr<StepResult> r = client_->Step(0, options);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << c.field;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.field));
+  }
+  // Fewer entries than the groups SetGroup used, and more than there can be.
+  StepOptions options;
+  options.groups.resize(1);
+  absl::StatusOr<StepResult> r = client_->Step(0, options);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("groups"));
+  options.groups.resize(Client::kMaxParamGroups + 1);
+  r = client_->Step(0, options);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_TRUE(service_.steps().empty());
+  EXPECT_EQ(Param("bias.a"), 1.0f);
+  EXPECT_EQ(client_->adamw_steps(), 0);
+}
+
+TEST_F(ClientTest, HostAdamWTakesEachTensorsGroupValuesOncePerStepId) {
+  ASSERT_TRUE(client_->SetGroup(1, {"bias.a", "w.a"}).ok());
+  Start();
+  Fill("bias.a", 1.0f, 0.5f);
+  Fill("bias.b", 2.0f, -0.25f);
+  StepOptions options;
+  options.adamw_lr = 0.04;  // bias.b is in no group: the step's, Start's wd
+  options.groups = {{}, {.adamw_lr = 0.1, .adamw_weight_decay = 0.5}};
+  absl::StatusOr<StepResult> first = client_->Step(0, options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->adamw_applied);
+  EXPECT_NEAR(Param("bias.a"), FirstAdamWStep(1.0, 0.5, 0.1, 0.5), 1e-6);
+  EXPECT_NEAR(Param("bias.b"), FirstAdamWStep(2.0, -0.25, 0.04, 0.02), 1e-6);
+  // The same step id again (a retry the worker answers already applied):
+  // nothing is stepped twice.
+  const float a = Param("bias.a"), b = Param("bias.b");
+  absl::StatusOr<StepResult> retry = client_->Step(0, options);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(retry->already_applied);
+  EXPECT_FALSE(retry->adamw_applied);
+  EXPECT_EQ(Param("bias.a"), a);
+  EXPECT_EQ(Param("bias.b"), b);
+  EXPECT_EQ(client_->adamw_steps(), 1);
+  EXPECT_EQ(client_->last_adamw_step(), 0);
+}
+
+TEST_F(ClientTest, NoGroupsMeansEveryTensorTakesTheStepsOwnValues) {
+  ASSERT_TRUE(client_->SetGroup(3, {"bias.a"}).ok());
+  Start();
+  Fill("bias.a", 1.0f, 0.5f);
+  ASSERT_TRUE(client_->Step(0, {.adamw_lr = 0.2}).ok());
+  EXPECT_NEAR(Param("bias.a"), FirstAdamWStep(1.0, 0.5, 0.2, 0.02), 1e-6);
+  EXPECT_EQ(service_.steps().at(0).groups_size(), 0);
+}
+
+TEST(ClientCreateTest, RefusesAnUnknownDeviceNamingIt) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create({.coordinator = "127.0.0.1:1",
+                      .job = "job",
+                      .worker_socket = "/tmp/none.sock",
+                      .device = "gpu"});
+  EXPECT_TRUE(absl::IsInvalidArgument(client.status())) << client.status();
+  EXPECT_THAT(client.status().message(), HasSubstr("device"));
+}
+
+}  // namespace
+}  // namespace muonps

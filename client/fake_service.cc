@@ -1,0 +1,90 @@
+#include "client/fake_service.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <set>
+
+namespace muonps {
+namespace testing {
+
+class FakeService::Coordinator final : public v1::Coordinator::Service {
+  grpc::Status CreateJob(grpc::ServerContext*, const v1::CreateJobRequest*,
+                         v1::Job*) override {
+    return grpc::Status::OK;
+  }
+};
+
+class FakeService::Worker final : public v1::Worker::Service {
+ public:
+  grpc::Status Attach(grpc::ServerContext*, const v1::AttachRequest* request,
+                      v1::AttachResponse*) override {
+    absl::MutexLock lock(&mu_);
+    attaches_.push_back(*request);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Step(grpc::ServerContext*, const v1::StepRequest* request,
+                    v1::StepResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    steps_.push_back(*request);
+    response->set_step_id(request->step_id());
+    response->set_already_applied(!seen_.insert(request->step_id()).second);
+    return grpc::Status::OK;
+  }
+
+  std::vector<v1::AttachRequest> attaches() const {
+    absl::MutexLock lock(&mu_);
+    return attaches_;
+  }
+  std::vector<v1::StepRequest> steps() const {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<v1::AttachRequest> attaches_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::StepRequest> steps_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+FakeService::FakeService()
+    : coordinator_(std::make_unique<Coordinator>()),
+      worker_(std::make_unique<Worker>()) {
+  char pattern[] = "/tmp/muonps-client-test-XXXXXX";
+  dir_ = mkdtemp(pattern);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(coordinator_target(),
+                           grpc::InsecureServerCredentials());
+  builder.AddListeningPort("unix:" + worker_socket(),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(coordinator_.get());
+  builder.RegisterService(worker_.get());
+  server_ = builder.BuildAndStart();
+}
+
+FakeService::~FakeService() {
+  server_->Shutdown();
+  server_->Wait();
+  unlink((dir_ + "/coordinator.sock").c_str());
+  unlink(worker_socket().c_str());
+  rmdir(dir_.c_str());
+}
+
+std::string FakeService::coordinator_target() const {
+  return "unix:" + dir_ + "/coordinator.sock";
+}
+
+std::string FakeService::worker_socket() const { return dir_ + "/worker.sock"; }
+
+std::vector<v1::AttachRequest> FakeService::attaches() const {
+  return worker_->attaches();
+}
+
+std::vector<v1::StepRequest> FakeService::steps() const {
+  return worker_->steps();
+}
+
+}  // namespace testing
+}  // namespace muonps
