@@ -1,6 +1,9 @@
 // One round of one worker's step, run together with the other workers of
 // the plan over a Transport: the data path of "One step" in DESIGN.md, made
-// atomic. StepEngine runs rounds until one answers the trainer.
+// atomic. StepEngine runs rounds until one answers the trainer. StepRun
+// runs a round's parts in order: the agreement (1., 2.: step_agreement.h),
+// the stage (3.: step_staging.h) and the commit (4. to 6.: step_commit.h),
+// and accounts for it (step_timeline.h).
 //
 // The protocol (every rank issues the same calls in the same order, so none
 // deadlocks; control messages are step_protocol.h's):
@@ -54,32 +57,27 @@
 // restarted knows nothing of its trainer's parameters: with a step committed
 // elsewhere the round is refused with DATA_LOSS (checkpoints recover it).
 //
-// Streams: transfers on the ops' stream(), compute on compute_stream():
-// bucket k+1's gradients move while bucket k's stacks compute; each side
-// waits for the other (DeviceOps::Order) only where it reads what the other
-// wrote. The vote waits for the transport and the stream, so a lost peer
-// fails the step within the transport's timeout instead of hanging.
+// Streams: step_staging.h. The vote waits for the transport and the
+// stream, so a lost peer fails the step within the transport's timeout
+// instead of hanging.
 //
 // A StepRun is used once, by one thread, under the engine's lock.
 #ifndef MUONPS_SERVER_WORKER_STEP_RUN_H_
 #define MUONPS_SERVER_WORKER_STEP_RUN_H_
 
-#include <chrono>
 #include <cstdint>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
-#include "scheduler/step_schedule.h"
+#include "server/worker/step_agreement.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_control.h"
 #include "server/worker/step_protocol.h"
 #include "server/worker/step_request.h"
 #include "server/worker/step_state.h"
+#include "server/worker/step_timeline.h"
 #include "transport/transport.h"
 
 namespace muonps {
@@ -127,72 +125,15 @@ class StepRun {
   RoundResult Run(const StepRequest& request);
 
  private:
-  // The round's agreement (1. and 2.); `decision` holds it.
-  absl::Status Agree(const StepRequest& request, RoundDecision* decision);
-  // Commits or drops a staged step as rank 0 decided.
-  absl::Status Resolve(const RoundDecision& decision);
-  // 3., then 4. to 6.
-  RoundResult Stage(const StepRequest& request, const RoundDecision& decision);
-  // Widens the bf16 gradients into fp32 copies (in stream order).
-  absl::Status WidenGradients();
-  std::string LocalProblem(const StepRequest& request);
-  // Rank 0 tells workers with no trainer the unreduced AdamW sizes and
-  // which row-sharded matrices have whole parameters on the trainers.
-  absl::Status ShareFollowerInfo();
-  // Whether the trainers keep the whole parameter of `matrix` (row_sharded
-  // gradients with replicated parameters: the update is broadcast).
-  bool FullParam(int32_t matrix) const;
-  absl::Status ToOwners(const scheduler::Bucket& bucket);
-  absl::Status Compute(ComputeBatch& batch);
-  absl::Status FromOwners(const scheduler::Bucket& bucket,
-                          const StepRequest& request);
-  absl::Status AverageAdamWGradients();
-  std::pair<int64_t, int64_t> RowsOfTrainer(int64_t rows, int trainer) const;
+  // 3. (StepStaging), then 4. to 6. (RunCommitPhases).
+  RoundResult Stage(const StepRequest& request, const RoundDecision& decision,
+                    const StepRoster& roster);
 
-  PlanState& plan_;
-  const AttachedTrainer* const trainer_;  // null: no trainer
-  transport::Transport& t_;
-  kernels::DeviceOps& ops_;
-  kernels::MuonKernels& kernels_;
-  StepLedger& ledger_;
   const StepContext context_;
-  const Stream stream_;   // transfers, the trainer's signals
-  const Stream compute_;  // momentum and Newton-Schulz
-  const int trainers_;    // ranks with a trainer (the first ones)
+  PlanState& plan_;
+  StepLedger& ledger_;
   ControlChannel control_;
-  int64_t step_id_ = -1;  // agreed
-  absl::Status intact_;   // of the trainer's memory, checked at the start
-  std::vector<int32_t> trainer_rank_of_;  // by worker rank; -1: no trainer
-  // Worker ranks by trainer rank, then those with no trainer.
-  std::vector<int> reduce_order_;
-  std::vector<int64_t> follower_adamw_;       // no trainer: unreduced sizes
-  std::vector<int64_t> follower_full_param_;  // no trainer: by matrix
-  int64_t bytes_ = 0;
-  // The step's marks (DeviceOps::Mark) with what each one ends: "begin",
-  // "to_owners" / "from_owners" of bucket `index`, "compute" of stack
-  // `index`, and "compute_begin" where stack `index` starts (its wait for
-  // gradients over). Logged at debug level once the step's work is done.
-  struct TimelineMark {
-    const char* what;
-    int index;
-    int mark;
-    // When the host recorded it (Run's start = 0): a device mark far
-    // behind its host time waited for the device, one close to it for the
-    // host.
-    std::chrono::steady_clock::time_point issued =
-        std::chrono::steady_clock::now();
-  };
-  std::vector<TimelineMark> timeline_;
-  struct HostTimes {
-    std::chrono::steady_clock::time_point begin, agreed, staged;
-  };
-  HostTimes host_;
-  // From the marks' times (DeviceOps::MarkTimesMs): how long this worker's
-  // stacks kept the compute stream busy (momentum and Newton-Schulz).
-  double ComputeBusyMs(const std::vector<double>& ms) const;
-  // The plan's prediction of that: its batches' Newton-Schulz seconds.
-  double PredictedComputeSeconds() const;
-  void LogTimeline(const std::vector<double>& ms) const;
+  StepTimeline timeline_;
 };
 
 }  // namespace worker

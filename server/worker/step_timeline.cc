@@ -1,23 +1,18 @@
-// StepRun's account of a staged step (step_run.h): from the marks' device
-// times, how long the owned stacks kept the compute stream busy, the plan's
-// prediction of that, and the debug-level timeline line (the step's marks
-// with their device and host times) that the benches read.
-#include <chrono>
+#include "server/worker/step_timeline.h"
+
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "server/worker/step_run.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
 
-double StepRun::ComputeBusyMs(const std::vector<double>& ms) const {
+double StepTimeline::ComputeBusyMs(const std::vector<double>& ms) const {
   double busy = 0, began = -1;
-  for (const TimelineMark& m : timeline_) {
+  for (const Mark& m : marks_) {
     if (m.mark >= static_cast<int>(ms.size())) continue;
     if (absl::string_view(m.what) == "compute_begin") {
       began = ms[m.mark];
@@ -29,39 +24,38 @@ double StepRun::ComputeBusyMs(const std::vector<double>& ms) const {
   return busy;
 }
 
-double StepRun::PredictedComputeSeconds() const {
-  double seconds = 0;
-  for (const scheduler::Batch& b : plan_.ownership.batches) {
-    if (b.worker == plan_.rank) seconds += b.seconds;
-  }
-  return seconds;
-}
-
-void StepRun::LogTimeline(const std::vector<double>& ms) const {
+void StepTimeline::Log(const std::vector<double>& ms, int64_t step_id, int rank,
+                       int64_t plan_version) const {
   if (!spdlog::should_log(spdlog::level::debug)) return;
-  const auto since = [&](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(t - host_.begin).count();
+  const auto since = [&](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t - begin_).count();
   };
-  // One JSON line: when each phase's work was done, in ms after the step's
-  // transfers began (device time: CUDA events), and when the host recorded
-  // each mark (ms after Run began).
+  // When each phase's work was done, in ms after the step's transfers
+  // began (device time: CUDA events), and when the host recorded each mark.
   std::string line, issued;
-  for (const TimelineMark& m : timeline_) {
+  for (const Mark& m : marks_) {
     if (m.mark >= static_cast<int>(ms.size())) continue;
     absl::StrAppend(&line, line.empty() ? "" : ",", "[\"", m.what, "\",",
                     m.index, ",", absl::StrFormat("%.3f", ms[m.mark]), "]");
     absl::StrAppend(&issued, issued.empty() ? "" : ",",
                     absl::StrFormat("%.3f", since(m.issued)));
   }
-  // And the host's view: ms after Run began when the ranks agreed, the
-  // staged work was done, and the step committed (vote, apply, confirm).
+  // And the host's view: when the ranks agreed, the staged work was done,
+  // and the step committed (vote, apply, confirm).
   spdlog::debug(
       "step timeline {{\"step\":{},\"rank\":{},\"version\":{},"
       "\"host_ms\":{{\"agreed\":{:.3f},\"staged\":{:.3f},"
       "\"committed\":{:.3f}}},\"marks\":[{}],\"issued_ms\":[{}]}}",
-      step_id_, plan_.rank, plan_.version, since(host_.agreed),
-      since(host_.staged), since(std::chrono::steady_clock::now()), line,
-      issued);
+      step_id, rank, plan_version, since(agreed_), since(staged_),
+      since(Clock::now()), line, issued);
+}
+
+double PredictedComputeSeconds(const PlanState& plan) {
+  double seconds = 0;
+  for (const scheduler::Batch& b : plan.ownership.batches) {
+    if (b.worker == plan.rank) seconds += b.seconds;
+  }
+  return seconds;
 }
 
 }  // namespace worker

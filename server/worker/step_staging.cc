@@ -1,61 +1,157 @@
-// StepRun's stage (step_run.h, 3.): the schedule's transfers and the owned
-// stacks' compute. Nothing here writes what outlives the step uncommitted:
-// new momentum goes to the batches' next_momentum, updates and AdamW means
-// to the trainer's staging buffer, each recorded for CommitStaged.
+#include "server/worker/step_staging.h"
+
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
-#include "server/worker/step_run.h"
 
 namespace muonps {
 namespace worker {
-namespace {
 
-// What workers with no trainer learn from rank 0 before a step's
-// transfers, as int64 values: the unreduced AdamW tensors' sizes (name
-// order), then per job matrix whether its trainers keep the whole
-// parameter of a row-sharded gradient (1) or not (0).
-struct FollowerInfoHeader {
-  int64_t adamw_count;
-  int64_t matrix_count;
-};
-
-}  // namespace
-
-std::pair<int64_t, int64_t> StepRun::RowsOfTrainer(int64_t rows,
-                                                   int trainer) const {
-  return TrainerRowRange(rows, trainer, trainers_);
+absl::Status WidenGradients(const AttachedTrainer& trainer,
+                            kernels::DeviceOps& ops, Stream stream) {
+  auto widen = [&](const Binding& b) {
+    if (b.dtype == DType::kFloat32) return absl::OkStatus();
+    return ops.ToFloat(b.grad, b.lent_grad, b.dtype, b.elements, stream);
+  };
+  for (const Binding& b : trainer.matrices) {
+    MUONPS_RETURN_IF_ERROR(widen(b));
+  }
+  for (const auto& [name, b] : trainer.adamw) {
+    MUONPS_RETURN_IF_ERROR(widen(b));
+  }
+  return absl::OkStatus();
 }
 
-absl::Status StepRun::ShareFollowerInfo() {
-  FollowerInfoHeader header{};
-  std::vector<int64_t> values;
-  if (plan_.rank == 0) {
-    for (const auto& [name, b] : trainer_->adamw) {
-      if (b.layout == scheduler::Layout::kUnreduced) {
-        values.push_back(b.elements);
+StepStaging::StepStaging(PlanState& plan, const AttachedTrainer* trainer,
+                         transport::Transport& transport,
+                         kernels::DeviceOps& ops, kernels::MuonKernels& kernels,
+                         StepLedger& ledger, const StepRoster& roster,
+                         StepTimeline& timeline, const StepHook& hook,
+                         absl::Duration timeout)
+    : plan_(plan),
+      trainer_(trainer),
+      t_(transport),
+      ops_(ops),
+      kernels_(kernels),
+      ledger_(ledger),
+      roster_(roster),
+      timeline_(timeline),
+      hook_(hook),
+      timeout_(timeout),
+      stream_(ops.stream()),
+      compute_(ops.compute_stream()),
+      trainers_(plan.trainers()) {}
+
+absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
+  step_id_ = step_id;
+  if (trainer_ == nullptr) MUONPS_RETURN_IF_ERROR(PrepareFollowerBuffers());
+  // Every bucket's gradients to owners are issued first, in the
+  // schedule's order, each followed by a mark; then the schedule's compute
+  // and updates back. A stack waits for the mark of the bucket that
+  // completes it, never for updates going back (each stack has its own
+  // slot, read from there into the trainer's staging), so no bucket is a
+  // barrier among the workers, and gradients keep moving while stacks
+  // compute. Every rank issues the same transfers in the same order.
+  ops_.ClearMarks();
+  timeline_.ClearMarks();
+  MUONPS_ASSIGN_OR_RETURN(const int begin, ops_.Mark(stream_));
+  timeline_.AddMark("begin", -1, begin);
+  // bucket_mark[j]: the mark after the gradients of buckets up to j (in
+  // arrival order) moved; a stack ready with j reads nothing later.
+  std::vector<int> bucket_mark(plan_.schedule.buckets.size(), begin);
+  int moved = begin;
+  bool first = true;
+  for (const scheduler::Phase& phase : plan_.schedule.order) {
+    if (phase.kind != scheduler::PhaseKind::kToOwners) continue;
+    const scheduler::Bucket& bucket = plan_.schedule.buckets[phase.index];
+    MUONPS_RETURN_IF_ERROR(ToOwners(bucket));
+    if (first && hook_) {
+      hook_(StepPoint::kTransfer, step_id_, plan_.rank);
+    }
+    first = false;
+    if (!bucket.to_owners.empty()) {
+      MUONPS_ASSIGN_OR_RETURN(moved, ops_.Mark(stream_));
+      timeline_.AddMark("to_owners", phase.index, moved);
+    }
+    bucket_mark[phase.index] = moved;
+  }
+  // This worker's stacks, in the schedule's order.
+  std::vector<int> own;
+  for (const scheduler::Phase& phase : plan_.schedule.order) {
+    if (phase.kind == scheduler::PhaseKind::kCompute &&
+        plan_.batch_of_stack[phase.index] >= 0) {
+      own.push_back(phase.index);
+    }
+  }
+  std::vector<int> done_mark(own.size(), -1);
+  size_t issued = 0;   // own stacks issued on compute_
+  size_t reached = 0;  // own stacks the walk of the order has passed
+  size_t ordered = 0;  // own stacks stream_ waits for
+  int waited = -1;     // the last mark compute_ waits for
+  const auto issue_next = [&]() -> absl::Status {
+    const int stack = own[issued];
+    const int needed = bucket_mark[plan_.schedule.stacks[stack].ready_bucket];
+    if (needed > waited) {
+      MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, needed));
+      waited = needed;
+    }
+    MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
+    timeline_.AddMark("compute_begin", stack, began);
+    MUONPS_RETURN_IF_ERROR(Compute(plan_.batches[plan_.batch_of_stack[stack]]));
+    MUONPS_ASSIGN_OR_RETURN(done_mark[issued], ops_.Mark(compute_));
+    timeline_.AddMark("compute", stack, done_mark[issued]);
+    ++issued;
+    return absl::OkStatus();
+  };
+  for (const scheduler::Phase& phase : plan_.schedule.order) {
+    switch (phase.kind) {
+      case scheduler::PhaseKind::kToOwners:
+        break;  // issued above
+      case scheduler::PhaseKind::kCompute:
+        if (plan_.batch_of_stack[phase.index] < 0) break;  // another's
+        ++reached;
+        if (issued < reached) MUONPS_RETURN_IF_ERROR(issue_next());
+        break;
+      case scheduler::PhaseKind::kFromOwners: {
+        // The next own stack goes first (one ahead of the order at
+        // most), so the compute stream has work while the host enqueues
+        // this phase's transfers (NCCL takes ~0.2 ms of host time a
+        // phase, and the phases of other workers' stacks may come
+        // first). The phase still waits only for the stacks before it.
+        if (issued == reached && issued < own.size()) {
+          MUONPS_RETURN_IF_ERROR(issue_next());
+        }
+        if (reached > ordered) {
+          MUONPS_RETURN_IF_ERROR(
+              ops_.WaitForMark(stream_, done_mark[reached - 1]));
+          ordered = reached;
+        }
+        MUONPS_RETURN_IF_ERROR(
+            FromOwners(plan_.schedule.buckets[phase.index], request));
+        MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(stream_));
+        timeline_.AddMark("from_owners", phase.index, done);
+        break;
       }
     }
-    header.adamw_count = static_cast<int64_t>(values.size());
-    header.matrix_count = static_cast<int64_t>(plan_.matrices.size());
-    for (const Binding& b : trainer_->matrices) values.push_back(b.full_param);
   }
-  MUONPS_RETURN_IF_ERROR(control_.Broadcast(&header, 0));
-  if (header.matrix_count != static_cast<int64_t>(plan_.matrices.size()) ||
-      header.adamw_count < 0 || header.adamw_count > (int64_t{1} << 24)) {
-    return absl::InternalError("rank 0 described another job");
+  if (reached > ordered) {
+    MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, done_mark[reached - 1]));
   }
-  values.resize(header.adamw_count + header.matrix_count);
-  MUONPS_RETURN_IF_ERROR(
-      control_.Broadcast(values.data(), values.size() * sizeof(int64_t), 0));
-  if (trainer_ != nullptr) return absl::OkStatus();
-  follower_adamw_.assign(values.begin(), values.begin() + header.adamw_count);
-  follower_full_param_.assign(values.begin() + header.adamw_count,
-                              values.end());
+  MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
+  // Staged when the transport's work and the stream are: a lost peer
+  // fails here within the timeout instead of hanging.
+  MUONPS_RETURN_IF_ERROR(t_.Synchronize(stream_, timeout_));
+  MUONPS_RETURN_IF_ERROR(ops_.Synchronize(stream_));
+  timeline_.Staged();
+  return absl::OkStatus();
+}
+
+absl::Status StepStaging::PrepareFollowerBuffers() {
   int64_t largest = 1;
-  for (int64_t n : follower_adamw_) largest = std::max(largest, n);
+  for (int64_t n : roster_.follower_adamw) largest = std::max(largest, n);
   for (const scheduler::MatrixSpec& spec : plan_.matrices) {
     largest = std::max(largest, spec.rows * spec.cols);
   }
@@ -68,12 +164,17 @@ absl::Status StepRun::ShareFollowerInfo() {
   return absl::OkStatus();
 }
 
-bool StepRun::FullParam(int32_t matrix) const {
-  return trainer_ != nullptr ? trainer_->matrices[matrix].full_param
-                             : follower_full_param_[matrix] != 0;
+std::pair<int64_t, int64_t> StepStaging::RowsOfTrainer(int64_t rows,
+                                                       int trainer) const {
+  return TrainerRowRange(rows, trainer, trainers_);
 }
 
-absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
+bool StepStaging::FullParam(int32_t matrix) const {
+  return trainer_ != nullptr ? trainer_->matrices[matrix].full_param
+                             : roster_.follower_full_param[matrix] != 0;
+}
+
+absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.to_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
@@ -87,14 +188,14 @@ absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
     if (x.kind == scheduler::TransferKind::kReduceToOwner) {
       const float* part =
           b == nullptr ? plan_.zeros->data() : b->grad + e * size;
-      MUONPS_RETURN_IF_ERROR(
-          t_.ReduceSum(part, staged, size, x.owner, reduce_order_, stream_));
+      MUONPS_RETURN_IF_ERROR(t_.ReduceSum(part, staged, size, x.owner,
+                                          roster_.reduce_order, stream_));
       bytes_ += size * 4;
       continue;
     }
     if (x.kind == scheduler::TransferKind::kSendToOwner) {
       // The owner has no trainer: trainer 0's worker sends the gradient.
-      const int source = reduce_order_[0];
+      const int source = roster_.reduce_order[0];
       if (plan_.rank == source) {
         MUONPS_RETURN_IF_ERROR(
             t_.Send(b->grad + e * size, size * 4, x.owner, stream_));
@@ -115,8 +216,9 @@ absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
       continue;
     }
     for (int r = 0; r < t_.size(); ++r) {
-      if (trainer_rank_of_[r] < 0) continue;  // no trainer, no rows
-      const auto [rb, re] = RowsOfTrainer(spec.rows, trainer_rank_of_[r]);
+      if (roster_.trainer_rank_of[r] < 0) continue;  // no trainer, no rows
+      const auto [rb, re] =
+          RowsOfTrainer(spec.rows, roster_.trainer_rank_of[r]);
       float* dst = staged + rb * spec.cols;
       const int64_t count = (re - rb) * spec.cols;
       if (r == plan_.rank) {
@@ -131,7 +233,7 @@ absl::Status StepRun::ToOwners(const scheduler::Bucket& bucket) {
   return t_.GroupEnd();
 }
 
-absl::Status StepRun::Compute(ComputeBatch& batch) {
+absl::Status StepStaging::Compute(ComputeBatch& batch) {
   const kernels::MuonHyperparameters& h = plan_.muon;
   const int64_t size = batch.rows * batch.cols;
   const int64_t count = static_cast<int64_t>(batch.items.size());
@@ -181,8 +283,8 @@ absl::Status StepRun::Compute(ComputeBatch& batch) {
   return absl::OkStatus();
 }
 
-absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
-                                 const StepRequest& request) {
+absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
+                                     const StepRequest& request) {
   const kernels::MuonHyperparameters& h = plan_.muon;
   for (const scheduler::Transfer& x : bucket.from_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
@@ -213,8 +315,9 @@ absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
         !FullParam(x.item.matrix)) {
       if (mine) {
         for (int r = 0; r < t_.size(); ++r) {
-          if (r == plan_.rank || trainer_rank_of_[r] < 0) continue;
-          const auto [rb, re] = RowsOfTrainer(spec.rows, trainer_rank_of_[r]);
+          if (r == plan_.rank || roster_.trainer_rank_of[r] < 0) continue;
+          const auto [rb, re] =
+              RowsOfTrainer(spec.rows, roster_.trainer_rank_of[r]);
           MUONPS_RETURN_IF_ERROR(t_.Send(
               slot + rb * spec.cols, (re - rb) * spec.cols * 4, r, stream_));
           bytes_ += (re - rb) * spec.cols * 4;
@@ -254,13 +357,13 @@ absl::Status StepRun::FromOwners(const scheduler::Bucket& bucket,
   return absl::OkStatus();
 }
 
-absl::Status StepRun::AverageAdamWGradients() {
+absl::Status StepStaging::AverageAdamWGradients() {
   const float inverse = 1.0f / static_cast<float>(trainers_);
   if (trainer_ == nullptr) {  // zeros in, the means received and dropped
-    for (const int64_t n : follower_adamw_) {
+    for (const int64_t n : roster_.follower_adamw) {
       MUONPS_RETURN_IF_ERROR(t_.ReduceSum(plan_.zeros->data(),
                                           plan_.sink->data(), n, 0,
-                                          reduce_order_, stream_));
+                                          roster_.reduce_order, stream_));
       MUONPS_RETURN_IF_ERROR(
           t_.Broadcast(plan_.sink->data(), n * 4, 0, stream_));
     }
@@ -271,8 +374,8 @@ absl::Status StepRun::AverageAdamWGradients() {
     if (b.layout != scheduler::Layout::kUnreduced) continue;
     // The mean waits in the staging until the step commits.
     float* mean = trainer_->staging->data() + b.staged_at;
-    MUONPS_RETURN_IF_ERROR(
-        t_.ReduceSum(b.grad, mean, b.elements, 0, reduce_order_, stream_));
+    MUONPS_RETURN_IF_ERROR(t_.ReduceSum(b.grad, mean, b.elements, 0,
+                                        roster_.reduce_order, stream_));
     if (plan_.rank == 0) {
       MUONPS_RETURN_IF_ERROR(ops_.Scale(mean, b.elements, inverse, stream_));
     }

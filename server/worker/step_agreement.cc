@@ -1,0 +1,204 @@
+#include "server/worker/step_agreement.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+// What workers with no trainer learn from rank 0 before a step's
+// transfers, as int64 values: the unreduced AdamW tensors' sizes (name
+// order), then per job matrix whether its trainers keep the whole
+// parameter of a row-sharded gradient (1) or not (0).
+struct FollowerInfoHeader {
+  int64_t adamw_count;
+  int64_t matrix_count;
+};
+
+}  // namespace
+
+RoundAgreement::RoundAgreement(PlanState& plan, const AttachedTrainer* trainer,
+                               StepLedger& ledger, ControlChannel& control,
+                               kernels::DeviceOps& ops, StepCancelled cancelled)
+    : plan_(plan),
+      trainer_(trainer),
+      ledger_(ledger),
+      control_(control),
+      ops_(ops),
+      cancelled_(std::move(cancelled)),
+      trainers_(plan.trainers()) {}
+
+std::string RoundAgreement::LocalProblem(const StepRequest& request,
+                                         const absl::Status& intact) {
+  if (trainer_ == nullptr) return "";
+  if (!intact.ok()) return std::string(intact.message());
+  if (cancelled_ && cancelled_()) {
+    return "the trainer's Step call was cancelled or passed its deadline";
+  }
+  std::string problem = StepRequestProblem(request, trainer_->group_count);
+  if (!problem.empty()) return problem;
+  const AttachedTrainer& trainer = *trainer_;
+  // Each worker checks the gradients this step reads from its trainer, so
+  // every gradient the step reads is checked before anything changes. A
+  // replicated gradient is read only by its owner's worker (every trainer
+  // holds the same one), or, for an owner with no trainer, by trainer 0's
+  // worker, which sends it: checking it everywhere read it N times over.
+  const auto reads = [&](size_t m) {
+    if (plan_.matrices[m].layout != scheduler::Layout::kReplicated) {
+      return true;  // every trainer's part or rows are read
+    }
+    for (const int32_t owner : plan_.ownership.owners[m]) {
+      if (owner == plan_.rank) return true;
+      if (owner >= plan_.trainers() && trainer.rank == 0) return true;
+    }
+    return false;
+  };
+  // Spans by job matrix, then the AdamW tensors; a name is looked up only
+  // for the span that is not finite.
+  std::vector<kernels::FloatSpan> spans;
+  std::vector<int> matrix_of;  // by span; -1 - i: AdamW tensor i
+  for (size_t m = 0; m < plan_.matrices.size(); ++m) {
+    if (!reads(m)) continue;
+    spans.push_back({trainer.matrices[m].grad, trainer.matrices[m].elements});
+    matrix_of.push_back(static_cast<int>(m));
+  }
+  for (size_t i = 0; i < trainer.adamw.size(); ++i) {
+    spans.push_back(
+        {trainer.adamw[i].second.grad, trainer.adamw[i].second.elements});
+    matrix_of.push_back(-1 - static_cast<int>(i));
+  }
+  absl::StatusOr<std::vector<int64_t>> bad =
+      ops_.FirstNonFinite(spans, ops_.stream());
+  if (!bad.ok()) return absl::StrCat("finite check: ", bad.status().message());
+  for (size_t k = 0; k < spans.size(); ++k) {
+    if ((*bad)[k] < 0) continue;
+    float value = 0;
+    const bool read =
+        ops_.Copy(&value, spans[k].data + (*bad)[k], 1, ops_.stream()).ok() &&
+        ops_.Synchronize(ops_.stream()).ok();
+    const std::string& name = matrix_of[k] >= 0
+                                  ? plan_.matrices[matrix_of[k]].name
+                                  : trainer.adamw[-1 - matrix_of[k]].first;
+    return absl::StrCat("grad of ", Quoted(name), ": element ", (*bad)[k],
+                        " is ",
+                        !read               ? "not finite"
+                        : std::isnan(value) ? "NaN"
+                                            : "Inf");
+  }
+  return "";
+}
+
+absl::Status RoundAgreement::Agree(const StepRequest& request,
+                                   const absl::Status& intact,
+                                   RoundDecision* decision) {
+  const int size = static_cast<int>(plan_.ownership.worker_ids.size());
+  StepHeader mine{};
+  mine.step_id = trainer_ == nullptr ? -1 : request.step_id;
+  mine.last_step = ledger_.last.load();
+  mine.staged_step = ledger_.staged.voted ? ledger_.staged.step_id : -1;
+  mine.staged_decider = ledger_.staged.decider;
+  mine.instance = ledger_.instance;
+  mine.hyper_hash = HyperHash(request);
+  mine.trainer_rank = trainer_ == nullptr ? -1 : trainer_->rank;
+  mine.trainer_count = trainer_ == nullptr ? 0 : trainer_->count;
+  if (trainer_ != nullptr) {
+    mine.tensors_hash = trainer_->tensors_hash;
+  }
+  CopyProblem(LocalProblem(request, intact), mine.problem);
+  *decision = RoundDecision{};
+  std::vector<StepHeader> headers(size, StepHeader{});
+  if (plan_.rank == 0) {
+    // Workers with no trainer learn of the round from rank 0.
+    for (int r = trainers_; r < size; ++r) {
+      MUONPS_RETURN_IF_ERROR(
+          control_.Send(RoundOpening{kRoundOpeningMagic, 0}, r));
+    }
+    headers[0] = mine;
+    for (int r = 1; r < size; ++r) {
+      MUONPS_RETURN_IF_ERROR(control_.Recv(&headers[r], r));
+    }
+    *decision = DecideRound(headers, trainers_, plan_.ownership.worker_ids,
+                            ledger_.instance);
+  } else {
+    if (trainer_ == nullptr) {
+      RoundOpening opening{};
+      MUONPS_RETURN_IF_ERROR(control_.Recv(&opening, 0));
+      if (opening.magic != kRoundOpeningMagic) {
+        return absl::InternalError("rank 0 opened a round with another wire");
+      }
+    }
+    MUONPS_RETURN_IF_ERROR(control_.Send(mine, 0));
+  }
+  MUONPS_RETURN_IF_ERROR(control_.Broadcast(decision, 0));
+  if (static_cast<RoundKind>(decision->kind) != RoundKind::kGo) {
+    return absl::OkStatus();
+  }
+  roster_.trainer_rank_of.assign(size, -1);
+  for (int r = 0; r < size && plan_.rank == 0; ++r) {
+    roster_.trainer_rank_of[r] = headers[r].trainer_rank;
+  }
+  MUONPS_RETURN_IF_ERROR(control_.Broadcast(roster_.trainer_rank_of.data(),
+                                            sizeof(int32_t) * size, 0));
+  // Trainer order, then the ranks with no trainer (their parts are zeros,
+  // added last: the sums keep the bits of the trainers' parts alone).
+  roster_.reduce_order.assign(size, 0);
+  for (int r = 0; r < size; ++r) {
+    // A permutation once agreed (rank 0 checked it); clamp before that.
+    const int32_t trainer = roster_.trainer_rank_of[r];
+    if (trainer >= 0 && trainer < trainers_) roster_.reduce_order[trainer] = r;
+    if (r >= trainers_) roster_.reduce_order[r] = r;
+  }
+  if (plan_.ownership.dedicated > 0) {
+    MUONPS_RETURN_IF_ERROR(ShareFollowerInfo());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RoundAgreement::Resolve(const RoundDecision& decision) {
+  if (!decision.resolve) return absl::OkStatus();
+  StagedStep& staged = ledger_.staged;
+  if (staged.voted && staged.step_id <= decision.committed) {
+    // Some rank committed it: so does this one, from its staging.
+    MUONPS_RETURN_IF_ERROR(CommitStaged(ledger_, plan_, trainer_, ops_));
+  } else if (staged.step_id >= 0) {
+    DropStaged(ledger_, plan_);
+  }
+  ledger_.settled = std::max(ledger_.settled, decision.committed);
+  return absl::OkStatus();
+}
+
+absl::Status RoundAgreement::ShareFollowerInfo() {
+  FollowerInfoHeader header{};
+  std::vector<int64_t> values;
+  if (plan_.rank == 0) {
+    for (const auto& [name, b] : trainer_->adamw) {
+      if (b.layout == scheduler::Layout::kUnreduced) {
+        values.push_back(b.elements);
+      }
+    }
+    header.adamw_count = static_cast<int64_t>(values.size());
+    header.matrix_count = static_cast<int64_t>(plan_.matrices.size());
+    for (const Binding& b : trainer_->matrices) values.push_back(b.full_param);
+  }
+  MUONPS_RETURN_IF_ERROR(control_.Broadcast(&header, 0));
+  if (header.matrix_count != static_cast<int64_t>(plan_.matrices.size()) ||
+      header.adamw_count < 0 || header.adamw_count > (int64_t{1} << 24)) {
+    return absl::InternalError("rank 0 described another job");
+  }
+  values.resize(header.adamw_count + header.matrix_count);
+  MUONPS_RETURN_IF_ERROR(
+      control_.Broadcast(values.data(), values.size() * sizeof(int64_t), 0));
+  if (trainer_ != nullptr) return absl::OkStatus();
+  roster_.follower_adamw.assign(values.begin(),
+                                values.begin() + header.adamw_count);
+  roster_.follower_full_param.assign(values.begin() + header.adamw_count,
+                                     values.end());
+  return absl::OkStatus();
+}
+
+}  // namespace worker
+}  // namespace muonps

@@ -1,0 +1,87 @@
+// RoundAgreement: the opening of a round of a step (step_run.h, 1. and 2.).
+// Every rank tells rank 0 what its trainer asks for and what it knows of
+// the job's steps (step_protocol.h's StepHeader, with any local problem:
+// a non-finite gradient or hyperparameter, lent memory no longer intact, a
+// cancelled call); rank 0 decides (DecideRound) and broadcasts the
+// decision; on a kGo every rank learns the roster the step's transfers
+// follow. Resolve then commits or drops a step staged in doubt as rank 0
+// decided. Used once, by the step's thread, under the engine's lock.
+#ifndef MUONPS_SERVER_WORKER_STEP_AGREEMENT_H_
+#define MUONPS_SERVER_WORKER_STEP_AGREEMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/device_ops.h"
+#include "server/worker/step_commit.h"
+#include "server/worker/step_control.h"
+#include "server/worker/step_protocol.h"
+#include "server/worker/step_request.h"
+#include "server/worker/step_state.h"
+
+namespace muonps {
+namespace worker {
+
+// What a kGo fixes for the step's transfers, the same on every rank.
+struct StepRoster {
+  // By worker rank: its trainer's rank (-1: no trainer).
+  std::vector<int32_t> trainer_rank_of;
+  // Worker ranks by trainer rank, then those with no trainer: the order
+  // every sum adds the parts in (the trainers' parts alone keep their bits).
+  std::vector<int> reduce_order;
+  // What a worker with no trainer learns from rank 0 (empty elsewhere):
+  // the unreduced AdamW tensors' sizes (name order), and by job matrix
+  // whether its trainers keep the whole parameter of a row-sharded
+  // gradient (1) or not (0).
+  std::vector<int64_t> follower_adamw;
+  std::vector<int64_t> follower_full_param;
+};
+
+class RoundAgreement {
+ public:
+  // Everything must outlive the agreement; `trainer` is null on a worker
+  // with no trainer, `cancelled` may be null.
+  RoundAgreement(PlanState& plan, const AttachedTrainer* trainer,
+                 StepLedger& ledger, ControlChannel& control,
+                 kernels::DeviceOps& ops, StepCancelled cancelled);
+  RoundAgreement(const RoundAgreement&) = delete;
+  RoundAgreement& operator=(const RoundAgreement&) = delete;
+
+  // Opens the round for `request` (empty without a trainer) and fills
+  // `decision` with rank 0's; on a kGo, roster() holds the step's roster.
+  // `intact` is the trainer's memory check: not OK, its message is this
+  // rank's problem (nothing of that memory is read). Errors are the
+  // transport's: the ranks are out of step.
+  absl::Status Agree(const StepRequest& request, const absl::Status& intact,
+                     RoundDecision* decision);
+  // Commits a staged step at or below decision.committed from its staging
+  // and drops any other (when the decision resolves), and records the
+  // committed step as settled.
+  absl::Status Resolve(const RoundDecision& decision);
+
+  const StepRoster& roster() const { return roster_; }
+
+ private:
+  // Why this rank cannot step, or "".
+  std::string LocalProblem(const StepRequest& request,
+                           const absl::Status& intact);
+  // Rank 0 tells workers with no trainer what they need of the trainers'
+  // tensors (StepRoster's follower fields).
+  absl::Status ShareFollowerInfo();
+
+  PlanState& plan_;
+  const AttachedTrainer* const trainer_;
+  StepLedger& ledger_;
+  ControlChannel& control_;
+  kernels::DeviceOps& ops_;
+  const StepCancelled cancelled_;
+  const int trainers_;  // ranks with a trainer (the first ones)
+  StepRoster roster_;
+};
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_STEP_AGREEMENT_H_

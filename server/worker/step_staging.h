@@ -1,0 +1,97 @@
+// StepStaging: a round's stage (step_run.h, 3.), the data path of "One
+// step" in DESIGN.md. In the schedule's order: each bucket's gradients to
+// their owners (replicated: none; unreduced: reduce, mean in trainer
+// order; row_sharded: gather rows), momentum and Newton-Schulz of every
+// stack this worker owns (the new momentum into the batch's next_momentum,
+// the old one untouched), the updates back (broadcast, or scatter rows)
+// into the trainer's staging buffer, and the unreduced AdamW means into it
+// too, each recorded in the ledger's staged step for CommitStaged. Nothing
+// the trainer or a later step sees changes.
+//
+// Streams: transfers on the ops' stream(), compute on compute_stream();
+// bucket k+1's gradients move while bucket k's stacks compute, and each
+// side waits for the other (DeviceOps::WaitForMark) only where it reads
+// what the other wrote. Used once, by the step's thread, under the
+// engine's lock.
+#ifndef MUONPS_SERVER_WORKER_STEP_STAGING_H_
+#define MUONPS_SERVER_WORKER_STEP_STAGING_H_
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kernels/device_ops.h"
+#include "kernels/muon_kernels.h"
+#include "scheduler/step_schedule.h"
+#include "server/worker/step_agreement.h"
+#include "server/worker/step_commit.h"
+#include "server/worker/step_request.h"
+#include "server/worker/step_state.h"
+#include "server/worker/step_timeline.h"
+#include "transport/transport.h"
+
+namespace muonps {
+namespace worker {
+
+// Widens the trainer's bf16 gradients into their fp32 copies, in `stream`
+// order (fp32 bindings are read in place).
+absl::Status WidenGradients(const AttachedTrainer& trainer,
+                            kernels::DeviceOps& ops, Stream stream);
+
+class StepStaging {
+ public:
+  // Everything must outlive the staging; `trainer` is null on a worker
+  // with no trainer (it adds zeros to every sum and stages nothing);
+  // `hook` may be null.
+  StepStaging(PlanState& plan, const AttachedTrainer* trainer,
+              transport::Transport& transport, kernels::DeviceOps& ops,
+              kernels::MuonKernels& kernels, StepLedger& ledger,
+              const StepRoster& roster, StepTimeline& timeline,
+              const StepHook& hook, absl::Duration timeout);
+  StepStaging(const StepStaging&) = delete;
+  StepStaging& operator=(const StepStaging&) = delete;
+
+  // Stages step `step_id` with `request`'s hyperparameters (by group
+  // index), and returns once the transport's work and the stream are done
+  // (a lost peer fails it within the timeout). Errors leave the ranks out
+  // of step: the caller drops the staging and the transport.
+  absl::Status Stage(int64_t step_id, const StepRequest& request);
+
+  // Bytes this worker sent and received.
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  absl::Status ToOwners(const scheduler::Bucket& bucket);
+  absl::Status Compute(ComputeBatch& batch);
+  absl::Status FromOwners(const scheduler::Bucket& bucket,
+                          const StepRequest& request);
+  absl::Status AverageAdamWGradients();
+  // A worker with no trainer: its zero parts and a sink for the means.
+  absl::Status PrepareFollowerBuffers();
+  // Whether the trainers keep the whole parameter of `matrix` (row_sharded
+  // gradients with replicated parameters: the update is broadcast).
+  bool FullParam(int32_t matrix) const;
+  std::pair<int64_t, int64_t> RowsOfTrainer(int64_t rows, int trainer) const;
+
+  PlanState& plan_;
+  const AttachedTrainer* const trainer_;  // null: no trainer
+  transport::Transport& t_;
+  kernels::DeviceOps& ops_;
+  kernels::MuonKernels& kernels_;
+  StepLedger& ledger_;
+  const StepRoster& roster_;
+  StepTimeline& timeline_;
+  const StepHook& hook_;
+  const absl::Duration timeout_;
+  const Stream stream_;   // transfers
+  const Stream compute_;  // momentum and Newton-Schulz
+  const int trainers_;    // ranks with a trainer (the first ones)
+  int64_t step_id_ = -1;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_STEP_STAGING_H_
