@@ -187,6 +187,8 @@ std::vector<NamedSeed> WorkerSeeds() {
     b->set_elements(n);
     b->set_grad_offset(offset);
     b->set_param_offset(offset + 4 * n);
+    // w.a in parameter group 0 (1 + its index), the others in none.
+    if (m.name() == "w.a") b->set_group(1);
     offset += 8 * n;
   }
   v1::TensorBinding* bias = attach.add_tensors();
@@ -201,9 +203,12 @@ std::vector<NamedSeed> WorkerSeeds() {
   step.set_lr(0.02);
   Add(W::kStep, step, &s);
   step.set_step_id(2);
-  v1::ParamGroup* group = step.add_groups();
-  group->add_matrices("w.a");
+  // Group 0's values by index: w.a's lr (the others keep the step's).
+  v1::GroupHyperparameters* group = step.add_groups();
   group->set_lr(0.01);
+  group->set_weight_decay(-1);
+  group->set_adamw_lr(-1);
+  group->set_adamw_weight_decay(-1);
   Add(W::kStep, step, &s);
   Add(W::kStep, step, &s);  // a retry: already applied
   v1::GetMomentumRequest get;

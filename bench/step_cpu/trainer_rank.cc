@@ -82,6 +82,22 @@ absl::StatusOr<v1::StepResponse> RpcStep(v1::Worker::Stub* worker,
   return response;
 }
 
+// StepMuonHyperparameters() as the client takes them (the one-process
+// peer runs the kernels' own).
+MuonOptions ClientMuon() {
+  const kernels::MuonHyperparameters h = StepMuonHyperparameters();
+  MuonOptions m;
+  m.lr = h.lr;
+  m.weight_decay = h.weight_decay;
+  m.momentum = h.momentum;
+  m.nesterov = h.nesterov;
+  m.adjust_lr = h.lr_adjustment == kernels::LrAdjustment::kMatchRmsAdamW
+                    ? AdjustLr::kMatchRmsAdamW
+                    : AdjustLr::kOriginal;
+  m.ns_steps = h.ns.steps;
+  return m;
+}
+
 absl::StatusOr<TrainerRankResult> Run(const TrainerRankOptions& options,
                                       LockstepBarrier* barrier) {
   auto worker = v1::Worker::NewStub(
@@ -98,12 +114,11 @@ absl::StatusOr<TrainerRankResult> Run(const TrainerRankOptions& options,
   for (const StepMatrix& m : options.matrices) {
     MUONPS_RETURN_IF_ERROR(
         client->AddMatrix(m.name, m.rows, m.cols,
-                          {.layout = scheduler::Layout::kUnreduced,
+                          {.layout = TensorLayout::kUnreduced,
                            .layer = m.layer,
                            .shard_params = false}));
   }
-  MUONPS_RETURN_IF_ERROR(client->Start(StepMuonHyperparameters(),
-                                       kernels::AdamWHyperparameters()));
+  MUONPS_RETURN_IF_ERROR(client->Start(ClientMuon(), AdamWOptions()));
   std::vector<TensorBuffers> buffers;
   for (size_t i = 0; i < options.matrices.size(); ++i) {
     MUONPS_ASSIGN_OR_RETURN(TensorBuffers b,

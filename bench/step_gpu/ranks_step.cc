@@ -116,18 +116,22 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
                       .trainer_rank = o.rank,
                       .trainer_count = o.ranks,
                       .timeout = absl::Seconds(120),
-                      .device = {MemoryKind::kCuda, o.rank}}));
+                      .device = absl::StrCat("cuda:", o.rank)}));
   {
+    const TensorLayout client_layout =
+        o.layout == scheduler::Layout::kRowSharded  ? TensorLayout::kRowSharded
+        : o.layout == scheduler::Layout::kUnreduced ? TensorLayout::kUnreduced
+                                                    : TensorLayout::kReplicated;
     int64_t at = 0;
     for (size_t m = 0; m < o.matrices.size(); ++m) {
       const auto& [name, s, layer] = o.matrices[m];
       MUONPS_RETURN_IF_ERROR(client->AddMatrix(
-          name, s.rows, s.cols, {.layout = o.layout, .layer = layer}));
+          name, s.rows, s.cols, {.layout = client_layout, .layer = layer}));
       MUONPS_RETURN_IF_ERROR(client->LendCuda(name, grads + at, params + at));
       at += local[m];
     }
   }
-  kernels::MuonHyperparameters muon;
+  MuonOptions muon;
   muon.lr = 0.02;
   muon.weight_decay = 0.1;
   MUONPS_RETURN_IF_ERROR(client->ExpectDedicatedWorkers(o.dedicated_workers));
@@ -149,10 +153,7 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
   for (int step = 0; step < steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     MUONPS_RETURN_IF_ERROR(
-        client
-            ->Step(step,
-                   {.stream = reinterpret_cast<Stream>(stream), .async = true})
-            .status());
+        client->Step(step, {.stream = stream, .async = true}).status());
     MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "sync"));
     const auto seen = std::chrono::steady_clock::now();
     MUONPS_ASSIGN_OR_RETURN(last, client->Wait());

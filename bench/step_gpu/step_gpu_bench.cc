@@ -208,19 +208,19 @@ absl::Status Run() {
       Client::Create({.coordinator = absl::GetFlag(FLAGS_coordinator),
                       .job = absl::GetFlag(FLAGS_job),
                       .worker_socket = absl::GetFlag(FLAGS_worker_socket),
-                      .device = {MemoryKind::kCuda, 0}}));
+                      .device = "cuda:0"}));
   {
     int64_t at = 0;
     for (size_t m = 0; m < matrices.size(); ++m) {
       const auto& [name, s, layer] = matrices[m];
       MUONPS_RETURN_IF_ERROR(client->AddMatrix(
           name, s.rows, s.cols,
-          {.layout = scheduler::Layout::kReplicated, .layer = layer}));
+          {.layout = TensorLayout::kReplicated, .layer = layer}));
       MUONPS_RETURN_IF_ERROR(client->LendCuda(name, grads + at, params + at));
       at += s.rows * s.cols;
     }
   }
-  kernels::MuonHyperparameters muon;
+  MuonOptions muon;
   muon.lr = 0.02;
   muon.weight_decay = 0.1;
   MUONPS_RETURN_IF_ERROR(client->Start(muon, {}));
@@ -235,10 +235,7 @@ absl::Status Run() {
   for (int step = 0; step < warmup + repeats; ++step) {
     const auto start = std::chrono::steady_clock::now();
     MUONPS_RETURN_IF_ERROR(
-        client
-            ->Step(step,
-                   {.stream = reinterpret_cast<Stream>(stream), .async = true})
-            .status());
+        client->Step(step, {.stream = stream, .async = true}).status());
     const auto returned = std::chrono::steady_clock::now();
     MUONPS_RETURN_IF_ERROR(
         kernels::cuda::CudaStatus(cudaStreamSynchronize(stream), "sync"));
@@ -276,7 +273,9 @@ absl::Status Run() {
             nullptr};
     for (const auto& [name, m, layer] : matrices) {
       if (m.rows == shape.first && m.cols == shape.second) {
-        s.algorithm = algorithms.at(name);
+        s.algorithm = algorithms.at(name) == NewtonSchulz::kGram
+                          ? kernels::NsAlgorithm::kGram
+                          : kernels::NsAlgorithm::kNs5;
         break;
       }
     }

@@ -53,7 +53,7 @@ absl::Status RunTwoTrainersStep(const TwoTrainersOptions& o) {
                                             .worker_socket = o.sockets[t],
                                             .trainer_rank = t,
                                             .trainer_count = 2,
-                                            .device = {MemoryKind::kCuda, 0}}));
+                                            .device = "cuda:0"}));
     int64_t at = 0;
     for (size_t m = 0; m < matrices.size(); ++m) {
       const auto& [name, s, layer] = matrices[m];
@@ -65,7 +65,7 @@ absl::Status RunTwoTrainersStep(const TwoTrainersOptions& o) {
     }
     clients.push_back(std::move(client));
   }
-  kernels::MuonHyperparameters muon;
+  MuonOptions muon;
   muon.lr = 0.02;
   muon.weight_decay = 0.1;
   std::vector<absl::Status> started(2);
@@ -85,8 +85,7 @@ absl::Status RunTwoTrainersStep(const TwoTrainersOptions& o) {
     for (int t = 0; t < 2; ++t) {
       MUONPS_RETURN_IF_ERROR(
           clients[t]
-              ->Step(step, {.stream = reinterpret_cast<Stream>(streams[t]),
-                            .async = true})
+              ->Step(step, {.stream = streams[t], .async = true})
               .status());
     }
     for (int t = 0; t < 2; ++t) {

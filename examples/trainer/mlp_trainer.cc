@@ -74,6 +74,41 @@ absl::StatusOr<TrainConfig> ConfigFromFlags() {
   return config;
 }
 
+// The config as the client takes it; the reference run takes the kernels'
+// own (training.h).
+TensorLayout ClientLayout(scheduler::Layout layout) {
+  switch (layout) {
+    case scheduler::Layout::kUnreduced:
+      return TensorLayout::kUnreduced;
+    case scheduler::Layout::kRowSharded:
+      return TensorLayout::kRowSharded;
+    case scheduler::Layout::kReplicated:
+      break;
+  }
+  return TensorLayout::kReplicated;
+}
+
+MuonOptions ClientMuon(const kernels::MuonHyperparameters& h) {
+  MuonOptions m;
+  m.lr = h.lr;
+  m.weight_decay = h.weight_decay;
+  m.momentum = h.momentum;
+  m.nesterov = h.nesterov;
+  m.adjust_lr = h.lr_adjustment == kernels::LrAdjustment::kMatchRmsAdamW
+                    ? AdjustLr::kMatchRmsAdamW
+                    : AdjustLr::kOriginal;
+  m.ns_steps = h.ns.steps;
+  return m;
+}
+
+AdamWOptions ClientAdamW(const kernels::AdamWHyperparameters& h) {
+  return {.lr = h.lr,
+          .beta1 = h.beta1,
+          .beta2 = h.beta2,
+          .eps = h.eps,
+          .weight_decay = h.weight_decay};
+}
+
 absl::Status Run() {
   MUONPS_ASSIGN_OR_RETURN(const TrainConfig config, ConfigFromFlags());
   const int rank = absl::GetFlag(FLAGS_rank);
@@ -95,18 +130,19 @@ absl::Status Run() {
     if (p.is_matrix) {
       MUONPS_RETURN_IF_ERROR(client->AddMatrix(
           p.name, p.shape[0], p.shape[1],
-          {.layout = config.layout,
+          {.layout = ClientLayout(config.layout),
            .layer = static_cast<int32_t>(&p - &model.parameters()[0]) / 2,
            .shard_params = false}));
     } else {
       MUONPS_RETURN_IF_ERROR(
           client->AddTensor(p.name, p.num_elements,
                             config.layout == scheduler::Layout::kUnreduced
-                                ? scheduler::Layout::kUnreduced
-                                : scheduler::Layout::kReplicated));
+                                ? TensorLayout::kUnreduced
+                                : TensorLayout::kReplicated));
     }
   }
-  MUONPS_RETURN_IF_ERROR(client->Start(config.muon, config.adamw));
+  MUONPS_RETURN_IF_ERROR(
+      client->Start(ClientMuon(config.muon), ClientAdamW(config.adamw)));
   // The client's buffers are what the workers update: copy the initial
   // parameters in, then move gradients in and parameters out every step.
   std::vector<TensorBuffers> buffers;
@@ -166,8 +202,12 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_parity)) {
     // The reference runs each matrix with the algorithm the plan chose.
     TrainConfig reference_config = config;
-    MUONPS_ASSIGN_OR_RETURN(reference_config.algorithms,
-                            client->NsAlgorithms());
+    MUONPS_ASSIGN_OR_RETURN(const auto algorithms, client->NsAlgorithms());
+    for (const auto& [name, algorithm] : algorithms) {
+      reference_config.algorithms[name] = algorithm == NewtonSchulz::kGram
+                                              ? kernels::NsAlgorithm::kGram
+                                              : kernels::NsAlgorithm::kNs5;
+    }
     MUONPS_ASSIGN_OR_RETURN(const std::vector<float> reference,
                             TrainReference(reference_config));
     summary["parity_max_rel_err"] =
