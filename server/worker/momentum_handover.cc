@@ -37,10 +37,10 @@ struct PreviousOwner {
 
 absl::Status HandOverMomentum(const HandoverContext& c,
                               HandoverOutcome* outcome) {
-  PlanState& plan = *c.plan;
+  MomentumStacks& stacks = *c.stacks;
   transport::Transport& t = *c.transport;
   kernels::DeviceOps& ops = *c.ops;
-  ControlChannel control(&t, &ops, plan.scratch.get(), c.timeout);
+  ControlChannel control(&t, &ops, c.control, c.timeout);
   const int size = t.size();
   const PreviousOwnership& mine = *c.previous;
   auto transport_failed = [&](absl::Status status) {
@@ -53,7 +53,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
   std::vector<std::vector<HeldItem>> held(size);
   for (int r = 0; r < size; ++r) {
     HandoverHeader& h = headers[r];
-    if (r == plan.rank) {
+    if (r == stacks.rank) {
       h = {mine.version, c.last_step, static_cast<int64_t>(mine.held.size())};
     }
     if (absl::Status s = control.Broadcast(&h, r); !s.ok()) {
@@ -63,7 +63,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
       return transport_failed(absl::DataLossError(
           absl::StrCat("rank ", r, " announced ", h.held, " items")));
     }
-    held[r] = r == plan.rank ? mine.held : std::vector<HeldItem>(h.held);
+    held[r] = r == stacks.rank ? mine.held : std::vector<HeldItem>(h.held);
     if (h.held == 0) continue;
     if (absl::Status s = control.Broadcast(
             held[r].data(), held[r].size() * sizeof(HeldItem), r);
@@ -78,9 +78,9 @@ absl::Status HandOverMomentum(const HandoverContext& c,
   }
 
   // 2. The previous owner of every item, from the ranks that ran it.
-  std::vector<std::vector<PreviousOwner>> previous(plan.matrices.size());
-  for (size_t m = 0; m < plan.matrices.size(); ++m) {
-    previous[m].resize(plan.matrices[m].experts);
+  std::vector<std::vector<PreviousOwner>> previous(stacks.matrices.size());
+  for (size_t m = 0; m < stacks.matrices.size(); ++m) {
+    previous[m].resize(stacks.matrices[m].experts);
   }
   if (previous_version >= 0) {
     for (int r = 0; r < size; ++r) {
@@ -99,7 +99,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         owner.rank = r;
         owner.has_momentum = item.has_momentum == HeldItem::kHasMomentum;
         owner.lost = item.has_momentum == HeldItem::kLostMomentum;
-        if (r == plan.rank) owner.outgoing_at = mine.outgoing_at[i];
+        if (r == stacks.rank) owner.outgoing_at = mine.outgoing_at[i];
       }
     }
   }
@@ -108,10 +108,10 @@ absl::Status HandOverMomentum(const HandoverContext& c,
   std::unique_ptr<kernels::FloatBuffer> discard, zeros;
   std::vector<ItemSlot> arrived;
   std::vector<std::pair<int, int64_t>> lost;
-  for (size_t m = 0; m < plan.matrices.size(); ++m) {
-    const int64_t floats = plan.matrices[m].rows * plan.matrices[m].cols;
-    for (int64_t e = 0; e < plan.matrices[m].experts; ++e) {
-      const int owner = plan.ownership.owners[m][e];
+  for (size_t m = 0; m < stacks.matrices.size(); ++m) {
+    const int64_t floats = stacks.matrices[m].rows * stacks.matrices[m].cols;
+    for (int64_t e = 0; e < stacks.matrices[m].experts; ++e) {
+      const int owner = stacks.owners[m][e];
       const PreviousOwner& from = previous[m][e];
       if (from.rank < 0 || from.lost) {
         if (last_step >= 0 || from.lost) {
@@ -120,10 +120,10 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         continue;
       }
       if (from.rank == owner || !from.has_momentum) continue;
-      if (from.rank == plan.rank) {
+      if (from.rank == stacks.rank) {
         if (mine.outgoing == nullptr || from.outgoing_at < 0) {
           return absl::InternalError(absl::StrCat(
-              "momentum handover: matrix ", Quoted(plan.matrices[m].name),
+              "momentum handover: matrix ", Quoted(stacks.matrices[m].name),
               " expert ", e, " moved away but was not kept to hand over"));
         }
         if (absl::Status s = t.Send(mine.outgoing->data() + from.outgoing_at,
@@ -132,10 +132,10 @@ absl::Status HandOverMomentum(const HandoverContext& c,
           return transport_failed(s);
         }
         ++outcome->sent;
-      } else if (owner == plan.rank) {
-        const ItemSlot slot = plan.slots[m][e];
-        ComputeBatch& batch = plan.batches[slot.batch];
-        float* into = plan.SlotData(slot, true);
+      } else if (owner == stacks.rank) {
+        const ItemSlot slot = stacks.slots[m][e];
+        MomentumStack& batch = stacks.stacks[slot.batch];
+        float* into = stacks.SlotData(slot);
         if (!c.first) {  // already here (and maybe stepped since)
           if (discard == nullptr || discard->size() < floats) {
             MUONPS_ASSIGN_OR_RETURN(
@@ -162,12 +162,11 @@ absl::Status HandOverMomentum(const HandoverContext& c,
   // A step staged in doubt here commits its next_momentum: it must hold
   // the arrived momentum too.
   for (const ItemSlot& slot : arrived) {
-    ComputeBatch& batch = plan.batches[slot.batch];
+    MomentumStack& batch = stacks.stacks[slot.batch];
     if (!batch.next_valid) continue;
-    const int64_t floats = batch.rows * batch.cols;
-    MUONPS_RETURN_IF_ERROR(ops.Copy(
-        batch.next_momentum->data() + static_cast<int64_t>(slot.slot) * floats,
-        plan.SlotData(slot, true), floats, ops.stream()));
+    MUONPS_RETURN_IF_ERROR(ops.Copy(batch.next_at(slot.slot),
+                                    stacks.SlotData(slot), batch.floats(),
+                                    ops.stream()));
     batch.next_has_momentum[slot.slot] = true;
   }
   outcome->lost = static_cast<int64_t>(lost.size());
@@ -176,11 +175,11 @@ absl::Status HandOverMomentum(const HandoverContext& c,
   if (c.first) {
     for (size_t i = 0; i < lost.size(); ++i) {
       const auto [m, e] = lost[i];
-      if (plan.ownership.owners[m][e] != plan.rank) continue;
-      const ItemSlot slot = plan.slots[m][e];
-      ComputeBatch& batch = plan.batches[slot.batch];
-      const int64_t floats = batch.rows * batch.cols;
-      float* into = plan.SlotData(slot, true);
+      if (stacks.owners[m][e] != stacks.rank) continue;
+      const ItemSlot slot = stacks.slots[m][e];
+      MomentumStack& batch = stacks.stacks[slot.batch];
+      const int64_t floats = batch.floats();
+      float* into = stacks.SlotData(slot);
       const absl::Status loaded = c.checkpoint
                                       ? c.checkpoint(m, e, into, last_step)
                                       : absl::NotFoundError("no checkpoint");
@@ -188,9 +187,9 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         batch.has_momentum[slot.slot] = true;
         ++outcome->restored;
       } else if (!absl::IsNotFound(loaded)) {
-        return Annotate(
-            loaded, absl::StrCat("momentum of matrix ",
-                                 Quoted(plan.matrices[m].name), " expert ", e));
+        return Annotate(loaded, absl::StrCat("momentum of matrix ",
+                                             Quoted(stacks.matrices[m].name),
+                                             " expert ", e));
       } else {
         // Whatever SetPlan kept here is from an older version: zero.
         if (zeros == nullptr || zeros->size() < floats) {
@@ -199,7 +198,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         MUONPS_RETURN_IF_ERROR(
             ops.Copy(into, zeros->data(), floats, ops.stream()));
         batch.has_momentum[slot.slot] = false;
-        if (plan.job.allow_momentum_reset) {
+        if (stacks.allow_momentum_reset) {
           ++outcome->reset;
         } else {
           if (unresolved.count++ == 0) unresolved.first = i;
@@ -208,9 +207,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
       }
       if (batch.next_valid) {
         MUONPS_RETURN_IF_ERROR(
-            ops.Copy(batch.next_momentum->data() +
-                         static_cast<int64_t>(slot.slot) * floats,
-                     into, floats, ops.stream()));
+            ops.Copy(batch.next_at(slot.slot), into, floats, ops.stream()));
         batch.next_has_momentum[slot.slot] = batch.has_momentum[slot.slot];
       }
     }
@@ -235,9 +232,9 @@ absl::Status HandOverMomentum(const HandoverContext& c,
   const auto [m, e] = lost[first];
   return FieldError(
       absl::StatusCode::kFailedPrecondition,
-      absl::StrCat("matrix ", Quoted(plan.matrices[m].name)),
+      absl::StrCat("matrix ", Quoted(stacks.matrices[m].name)),
       absl::StrCat(
-          "expert ", e, " lost its momentum in plan version ", plan.version,
+          "expert ", e, " lost its momentum in plan version ", stacks.version,
           ": its previous owner left the job and no checkpoint holds it (",
           total, total == 1 ? " matrix" : " matrices",
           " in all); set JobSpec.allow_momentum_reset to start them from "

@@ -4,7 +4,8 @@
 // training goes on exactly as if nothing had moved (DESIGN.md, "Failure and
 // bad input"; issue 15).
 //
-// When it runs. StepEngine runs one handover right after it builds the
+// When it runs. StepEngine runs one handover (MomentumStore::HandOver)
+// right after it builds the
 // transport of a plan version, on every rank (trainers' workers in Step,
 // dedicated ones in FollowStep), before the first round on that transport.
 // A transport rebuilt within the same version (a lost peer, a re-attached
@@ -54,7 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kernels/device_ops.h"
-#include "server/worker/step_state.h"
+#include "server/worker/momentum_stacks.h"
 #include "transport/transport.h"
 
 namespace muonps {
@@ -73,7 +74,7 @@ struct HeldItem {
 
 // What a worker keeps of its previous plan version until the next one:
 // the items it owned (sorted by matrix, expert) and the momentum of those
-// it no longer owns, to hand over. Built by StepEngine::SetPlan.
+// it no longer owns, to hand over. Built by MomentumStore::Install.
 struct PreviousOwnership {
   int64_t version = -1;  // -1: none (a new worker, or not in that plan)
   std::vector<HeldItem> held;
@@ -92,7 +93,9 @@ using MomentumSource = std::function<absl::Status(int matrix, int64_t expert,
 
 // What a handover runs with; everything must outlive the call.
 struct HandoverContext {
-  PlanState* plan = nullptr;  // the new version, with this rank's stacks
+  MomentumStacks* stacks = nullptr;  // the new version's, owned here
+  // Device memory for the control messages (ControlChannel's scratch).
+  kernels::FloatBuffer* control = nullptr;
   const PreviousOwnership* previous = nullptr;
   transport::Transport* transport = nullptr;
   kernels::DeviceOps* ops = nullptr;

@@ -15,10 +15,16 @@
 #include "absl/status/status.h"
 #include "kernels/device_ops.h"
 #include "scheduler/plan_types.h"
-#include "server/worker/step_state.h"
 
 namespace muonps {
 namespace worker {
+
+// Where an owned item sits: its stack (the plan's compute batch) and slot
+// in it; batch < 0: not owned here.
+struct ItemSlot {
+  int batch = -1;
+  int slot = 0;
+};
 
 // One owned stack of the schedule (scheduler::OwnerStack).
 struct MomentumStack {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/worker/momentum_store.h"
 #include "server/worker/step_protocol.h"
 
 namespace muonps {
@@ -90,12 +91,7 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
     }
     MUONPS_RETURN_IF_ERROR(WriteMeans(staged.means, *trainer, ops));
   }
-  for (ComputeBatch& batch : plan.batches) {
-    if (!batch.next_valid) continue;
-    std::swap(batch.momentum, batch.next_momentum);
-    batch.has_momentum = batch.next_has_momentum;
-    batch.next_valid = false;
-  }
+  if (plan.momentum != nullptr) plan.momentum->CommitStaged();
   const int64_t step = staged.step_id;
   staged = StagedStep{};
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(stream));
@@ -120,7 +116,7 @@ absl::Status RedeliverMeans(const StepLedger& ledger, int64_t step_id,
 
 void DropStaged(StepLedger& ledger, PlanState& plan) {
   ledger.staged = StagedStep{};
-  for (ComputeBatch& batch : plan.batches) batch.next_valid = false;
+  if (plan.momentum != nullptr) plan.momentum->DropStaged();
 }
 
 CommitOutcome RunCommitPhases(

@@ -40,9 +40,9 @@ using StepCancelled = std::function<bool()>;
 
 // Applies `ledger`'s staged step: the parameters' updates and the AdamW
 // means into the trainer's lent memory (`trainer` may be null: a worker
-// with no trainer, or one whose trainer is gone), the new momentum into
-// the plan's batches; then sets ledger.last and clears the staging. Waits
-// for the stream. An error means the device failed mid-way.
+// with no trainer, or one whose trainer is gone), the new momentum swapped
+// in (plan.momentum's CommitStaged); then sets ledger.last and clears the
+// staging. Waits for the stream. An error means the device failed mid-way.
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
                           kernels::DeviceOps& ops);

@@ -1,9 +1,9 @@
-// StepEngine: its lifetime, the attached trainer's release, the owned
-// momentum's reads and writes (GetMomentum, SetMomentum), and the steps
+// StepEngine: its lifetime, the attached trainer's release, and the steps
 // (Step, FollowStep, one round). Its other parts: step_engine_setup.cc (a
 // new plan version), step_engine_attach.cc (a trainer's buffers),
 // step_engine_transport.cc (the transport and the momentum handover),
-// step_engine_plan_change.cc (AbortForPlan) and step_engine_checkpoint.cc.
+// step_engine_plan_change.cc (AbortForPlan) and step_engine_momentum.cc
+// (the MomentumStore's calls, ordered with the steps).
 #include "server/worker/step_engine.h"
 
 #include <signal.h>
@@ -52,7 +52,9 @@ StepEngine::StepEngine(std::string worker_id, StepBackend backend,
     : worker_id_(std::move(worker_id)),
       make_transport_(std::move(make_transport)),
       device_(backend.ops->device()),
+      ops_(backend.ops.get()),
       backend_(std::move(backend)),
+      momentum_(worker_id_, ops_),
       ledger_(RandomInstance()) {}
 
 StepEngine::~StepEngine() {
@@ -92,77 +94,6 @@ bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   return released;
 }
 
-absl::StatusOr<ItemSlot> StepEngine::OwnedSlot(const std::string& matrix,
-                                               int64_t expert) const {
-  for (size_t m = 0; m < plan_.matrices.size(); ++m) {
-    if (plan_.matrices[m].name != matrix) continue;
-    if (expert >= 0 && expert < plan_.matrices[m].experts &&
-        plan_.slots[m][expert].batch >= 0) {
-      return plan_.slots[m][expert];
-    }
-    return FieldError(
-        absl::StatusCode::kNotFound, "matrix",
-        absl::StrCat(Quoted(matrix), " expert ", expert,
-                     " is not owned by worker ", Quoted(worker_id_)));
-  }
-  return FieldError(absl::StatusCode::kNotFound, "matrix",
-                    absl::StrCat(Quoted(matrix), " is not in the job"));
-}
-
-absl::StatusOr<std::vector<float>> StepEngine::Momentum(
-    const std::string& matrix, int64_t expert) const {
-  absl::MutexLock lock(&mu_);
-  MUONPS_ASSIGN_OR_RETURN(const ItemSlot slot, OwnedSlot(matrix, expert));
-  const ComputeBatch& batch = plan_.batches[slot.batch];
-  if (!batch.has_momentum[slot.slot]) {
-    return FieldError(
-        absl::StatusCode::kNotFound, "matrix",
-        absl::StrCat(Quoted(matrix), " expert ", expert,
-                     " has no momentum on worker ", Quoted(worker_id_)));
-  }
-  std::vector<float> out(batch.rows * batch.cols);
-  kernels::DeviceOps& ops = *backend_.ops;
-  MUONPS_RETURN_IF_ERROR(ops.Copy(out.data(), plan_.SlotData(slot, true),
-                                  static_cast<int64_t>(out.size()),
-                                  ops.stream()));
-  MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
-  return out;
-}
-
-absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
-                                     std::vector<float> values) {
-  absl::MutexLock lock(&mu_);
-  MUONPS_ASSIGN_OR_RETURN(const ItemSlot slot, OwnedSlot(matrix, expert));
-  ComputeBatch& batch = plan_.batches[slot.batch];
-  if (static_cast<int64_t>(values.size()) != batch.rows * batch.cols) {
-    return InvalidField("values",
-                        absl::StrCat(values.size(), " floats; the matrix has ",
-                                     batch.rows * batch.cols));
-  }
-  for (float v : values) {
-    if (!std::isfinite(v)) return InvalidField("values", "non-finite");
-  }
-  if (ledger_.staged.step_id >= 0) {
-    spdlog::warn(
-        "worker={} step={} staged in doubt: dropped, momentum is "
-        "being restored",
-        worker_id_, ledger_.staged.step_id);
-    DropStaged(ledger_, plan_);
-  }
-  kernels::DeviceOps& ops = *backend_.ops;
-  MUONPS_RETURN_IF_ERROR(ops.Copy(plan_.SlotData(slot, true), values.data(),
-                                  static_cast<int64_t>(values.size()),
-                                  ops.stream()));
-  MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
-  batch.has_momentum[slot.slot] = true;
-  const scheduler::ItemRef item = batch.items[slot.slot];
-  lost_items_.erase(
-      std::remove(lost_items_.begin(), lost_items_.end(),
-                  std::make_pair(static_cast<int>(item.matrix), expert)),
-      lost_items_.end());
-  return absl::OkStatus();
-}
-
 absl::Status StepEngine::NoPlanYet() const {
   return FieldError(absl::StatusCode::kFailedPrecondition, "plan",
                     absl::StrCat("worker ", Quoted(worker_id_),
@@ -179,7 +110,20 @@ StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
 
 absl::StatusOr<StepResponse> StepEngine::Step(const StepRequest& request,
                                               const StepCancelled& cancelled) {
-  absl::MutexLock lock(&mu_);
+  std::optional<CheckpointSnapshot> snapshot;
+  absl::StatusOr<StepResponse> out;
+  {
+    absl::MutexLock lock(&mu_);
+    out = StepLocked(request, cancelled, &snapshot);
+  }
+  // Outside the lock: the writer may wait for the previous checkpoint.
+  if (snapshot.has_value()) momentum_.Submit(std::move(*snapshot));
+  return out;
+}
+
+absl::StatusOr<StepResponse> StepEngine::StepLocked(
+    const StepRequest& request, const StepCancelled& cancelled,
+    std::optional<CheckpointSnapshot>* snapshot) {
   if (request.step_id < 0) {
     return InvalidField("step_id", absl::StrCat(request.step_id, " < 0"));
   }
@@ -196,7 +140,7 @@ absl::StatusOr<StepResponse> StepEngine::Step(const StepRequest& request,
                       plan_.rank < 0 ? "the worker is not in the current plan"
                                      : kNoTrainerAttached);
   }
-  CheckRestoredStep(request.step_id);
+  momentum_.CheckRestoredStep(request.step_id, ledger_.last.load());
   RoundResult round;
   for (int rounds = 0;; ++rounds) {
     if (rounds == kMaxRounds) {
@@ -210,7 +154,7 @@ absl::StatusOr<StepResponse> StepEngine::Step(const StepRequest& request,
     round = RunRound(request, &*trainer_, cancelled);
     if (!round.status.ok() || round.kind != RoundResult::Kind::kAgain) break;
   }
-  MaybeCheckpoint();
+  *snapshot = momentum_.TakeSnapshot(ledger_.last.load());
   // The trainer's stream waits for this (CUDA), whatever happened.
   kernels::DeviceOps& ops = *backend_.ops;
   const absl::Status signaled =
@@ -222,38 +166,45 @@ absl::StatusOr<StepResponse> StepEngine::Step(const StepRequest& request,
         RedeliverMeans(ledger_, request.step_id, *trainer_, ops));
     return AlreadyApplied(request.step_id);
   }
-  round.response.momentum_reset = momentum_resets_;
-  momentum_resets_ = 0;
+  round.response.momentum_reset = momentum_.TakeResets();
   return round.response;
 }
 
 absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowStep(
     absl::Duration wait) {
+  std::optional<CheckpointSnapshot> snapshot;
+  absl::StatusOr<std::optional<StepResponse>> out = std::nullopt;
+  bool dedicated = false;
   {
     absl::MutexLock lock(&mu_);
     const int size = static_cast<int>(plan_.ownership.worker_ids.size());
-    if (plan_.rank >= 0 && plan_.rank >= size - plan_.ownership.dedicated) {
-      MUONPS_RETURN_IF_ERROR(EnsureTransport());
-      // Rank 0 has a trainer; its first message opens every round.
-      const absl::Status opened =
-          transport_->AwaitFrom(0, sizeof(RoundOpening), wait);
-      if (absl::IsDeadlineExceeded(opened)) return std::nullopt;
-      if (!opened.ok()) {
-        DropTransport(opened);
-        return opened;
-      }
-      StepRequest request;  // the step id comes from rank 0
-      RoundResult round = RunRound(request, /*trainer=*/nullptr, nullptr);
-      MaybeCheckpoint();
-      if (!round.status.ok()) return round.status;
-      if (round.kind != RoundResult::Kind::kStepped) return std::nullopt;
-      round.response.momentum_reset = momentum_resets_;
-      momentum_resets_ = 0;
-      return round.response;
-    }
+    dedicated =
+        plan_.rank >= 0 && plan_.rank >= size - plan_.ownership.dedicated;
+    if (dedicated) out = FollowLocked(wait, &snapshot);
   }
-  absl::SleepFor(wait);  // not a dedicated rank of a plan (yet)
-  return std::nullopt;
+  if (snapshot.has_value()) momentum_.Submit(std::move(*snapshot));
+  if (!dedicated) absl::SleepFor(wait);  // not a dedicated rank of a plan
+  return out;
+}
+
+absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowLocked(
+    absl::Duration wait, std::optional<CheckpointSnapshot>* snapshot) {
+  MUONPS_RETURN_IF_ERROR(EnsureTransport());
+  // Rank 0 has a trainer; its first message opens every round.
+  const absl::Status opened =
+      transport_->AwaitFrom(0, sizeof(RoundOpening), wait);
+  if (absl::IsDeadlineExceeded(opened)) return std::nullopt;
+  if (!opened.ok()) {
+    DropTransport(opened);
+    return opened;
+  }
+  StepRequest request;  // the step id comes from rank 0
+  RoundResult round = RunRound(request, /*trainer=*/nullptr, nullptr);
+  *snapshot = momentum_.TakeSnapshot(ledger_.last.load());
+  if (!round.status.ok()) return round.status;
+  if (round.kind != RoundResult::Kind::kStepped) return std::nullopt;
+  round.response.momentum_reset = momentum_.TakeResets();
+  return round.response;
 }
 
 RoundResult StepEngine::RunRound(const StepRequest& request,

@@ -1,7 +1,8 @@
 // StepEngine: a worker's part of the data plane. It holds the plan
-// version's state (owned matrices' momentum on the worker's device, in
-// same-shape stacks allocated once per plan version), the trainer's lent
-// buffers (shared memory or CUDA IPC, through a TrainerBuffers), and runs
+// version's state (its schedule and the stacks' staged gradients), the
+// owned matrices' momentum (a MomentumStore: same-shape stacks per plan
+// version, checkpoints, the handover), the trainer's lent buffers (shared
+// memory or CUDA IPC, through a TrainerBuffers), and runs
 // each optimizer step as StepRun rounds with the other workers of the plan
 // over a Transport built for that plan version (TCP among CPU workers, NCCL
 // among GPU workers). Steps are atomic and idempotent: step_run.h has the
@@ -13,11 +14,15 @@
 // (CPU: OpenBLAS on host memory; CUDA: cuBLAS on the GPU), and a way to
 // open the trainer's buffers.
 //
-// Thread-safe. One lock serializes steps, plan changes, attachments and
-// momentum reads, and a step holds it across its network I/O (up to the
-// transport's timeout). What status and heartbeats call never waits for
-// it: last_step() is an atomic read, SetDataPlaneSecret takes its own small
-// lock, ReleaseTrainerIfGone only tries the lock. AbortForPlan (the agent's
+// Thread-safe. One lock serializes steps, the installs of plan changes,
+// attachments and the momentum calls that use the device (the
+// MomentumStore's device rule), and a step holds it across its network I/O
+// (up to the transport's timeout). Nothing slow runs under it but a step:
+// SetPlan allocates its stacks and Attach maps the trainer's buffers before
+// taking it, and a checkpoint is written after it is released. What status
+// and heartbeats call never waits for it: last_step() and the momentum
+// counters are atomic reads, SetDataPlaneSecret takes its own small lock,
+// ReleaseTrainerIfGone only tries the lock. AbortForPlan (the agent's
 // watch thread, as soon as a new plan arrives) takes only another small
 // lock, which guards the current plan's membership and transport and is
 // never held across the step's I/O: it aborts a step waiting on a worker
@@ -43,10 +48,9 @@
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "server/worker/attach_request.h"
-#include "server/worker/checkpoint_restore.h"
 #include "server/worker/checkpoint_writer.h"
 #include "server/worker/job_plan.h"
-#include "server/worker/momentum_handover.h"
+#include "server/worker/momentum_store.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_request.h"
 #include "server/worker/step_run.h"
@@ -112,9 +116,11 @@ class StepEngine {
   // every step of the version with FAILED_PRECONDITION naming it, unless the
   // job allows momentum resets: it then starts at zero (logged, counted in
   // momentum_resets_total() and the next Step response's momentum_reset).
-  // The transport is rebuilt at the next step. INVALID_ARGUMENT naming the plan
-  // field for an inconsistent plan, RESOURCE_EXHAUSTED when the stacks do not
-  // fit the device.
+  // The transport is rebuilt at the next step. The new stacks are allocated
+  // before the engine's lock is taken (a step in progress finishes first;
+  // Attach and status never wait for the allocation). INVALID_ARGUMENT
+  // naming the plan field for an inconsistent plan, RESOURCE_EXHAUSTED when
+  // the stacks do not fit the device. One SetPlan at a time.
   absl::Status SetPlan(const JobPlan& plan,
                        const std::map<std::string, std::string>& addresses);
 
@@ -175,11 +181,9 @@ class StepEngine {
 
   // How many owned matrices (experts) have started from zero momentum
   // because their owner changed, their previous owner was gone and the job
-  // allows momentum resets, since the engine started. Never waits for a step.
-  // Thread-safe.
-  int64_t momentum_resets_total() const {
-    return momentum_resets_total_.load();
-  }
+  // allows momentum resets, or a restore was of another step, since the
+  // engine started. Never waits for a step. Thread-safe.
+  int64_t momentum_resets_total() const { return momentum_.resets_total(); }
 
   // The last step id committed here (-1 before the first). Never waits for
   // a step in progress. Thread-safe.
@@ -191,71 +195,75 @@ class StepEngine {
   // a later call retries. Returns true if it released them. Thread-safe.
   bool ReleaseTrainerIfGone();
 
-  // The momentum of expert `expert` of `matrix` if this worker owns it and
-  // has stepped (or restored) it; NOT_FOUND otherwise.
+  // The owned momentum (MomentumStore has each call's contract), its calls
+  // that use the device ordered with the steps (they wait for one in
+  // progress).
+  //
+  // A copy of the momentum of expert `expert` of `matrix`; NOT_FOUND unless
+  // this worker owns it and has stepped (or restored) it.
   absl::StatusOr<std::vector<float>> Momentum(const std::string& matrix,
                                               int64_t expert) const;
-  // Restores it: NOT_FOUND unless this worker owns the expert in the
-  // current plan; INVALID_ARGUMENT for a wrong size or non-finite values.
-  // Drops a step staged in doubt (a restore starts from the checkpoint).
-  // A restored expert is no longer lost for the next plan's handover.
+  // Restores it (checked before the lock): NOT_FOUND unless this worker
+  // owns the expert in the current plan; INVALID_ARGUMENT for a wrong size
+  // or non-finite values. Drops a step staged in doubt (a restore starts
+  // from the checkpoint). A restored expert is no longer lost for the next
+  // plan's handover.
   absl::Status SetMomentum(const std::string& matrix, int64_t expert,
                            std::vector<float> values);
-
-  // Momentum checkpoints (step_engine_checkpoint.cc). Call once, before
-  // the first plan; without it the engine writes and restores none.
-  // `metrics` (may be null) must outlive the engine. While the job's
-  // JobSpec.checkpoint_dir is set, every step committed here whose id is a
-  // multiple of checkpoint_every (or the first one after
-  // RequestCheckpoint) copies the momentum this worker owns to host memory
-  // under the engine's lock and hands it to a CheckpointWriter, which
-  // writes <checkpoint_dir>/<worker_id>/ in the background (that step
-  // waits only if the previous checkpoint is still being written).
-  void EnableCheckpoints(MetricsRegistry* metrics);
-  // Asks for a checkpoint right after the next step committed here (waits
-  // for a step in progress, as SetPlan does). FAILED_PRECONDITION when
-  // checkpoints are not enabled or the job has no checkpoint_dir. Returns the
-  // last step checkpointed (-1: none).
-  absl::StatusOr<int64_t> RequestCheckpoint();
+  // Momentum checkpoints. Call once, before the first plan; without it the
+  // engine writes and restores none. `metrics` (may be null) must outlive
+  // the engine. While the job's checkpoint_dir is set, every step
+  // committed here whose id is a multiple of checkpoint_every (or the first
+  // one after RequestCheckpoint) is copied to host memory under the locks
+  // and written to <checkpoint_dir>/<worker_id>/ in the background once
+  // they are released (that step's call waits only if the previous
+  // checkpoint is still being written).
+  void EnableCheckpoints(MetricsRegistry* metrics) {
+    momentum_.EnableCheckpoints(metrics);
+  }
+  // Asks for a checkpoint right after the next step committed here; never
+  // waits for a step. FAILED_PRECONDITION when checkpoints are not enabled
+  // or the job has no checkpoint_dir. Returns the last step checkpointed
+  // (-1: none).
+  absl::StatusOr<int64_t> RequestCheckpoint() {
+    return momentum_.RequestCheckpoint();
+  }
   // The last step whose checkpoint was written durably (-1: none). Never
   // waits for a step. Thread-safe.
-  int64_t last_checkpoint_step() const;
+  int64_t last_checkpoint_step() const {
+    return momentum_.last_checkpoint_step();
+  }
   // The step the momentum restored from a checkpoint is as of (-1: none).
-  int64_t restored_step() const { return restored_step_.load(); }
-  // Call after every SetPlan. Each owned expert with no momentum is
-  // restored from the job's checkpoint_dir (checkpoint_restore.h) when a
-  // verified checkpoint holds it as of the reference step: this worker's
-  // last committed step, or, for a worker that has committed none (it
-  // started or restarted), the newest checkpoint's step S, and then the
-  // trainer must resume from S (logged at warn; CheckRestoredStep drops
-  // it if the trainer's first step is not S + 1). Momentum as of any other
-  // step is never installed: it stays zero and is counted as a reset, and
-  // the log names both steps. Restores are counted in
-  // muonps_worker_momentum_restores_total{result="restored"|"stale"|
-  // "missing"}. Holds the engine's lock while it reads the checkpoints.
-  // Errors: INTERNAL when the directory cannot be listed or the device
-  // copy fails.
+  int64_t restored_step() const { return momentum_.restored_step(); }
+  // Call after every SetPlan: MomentumStore::RestoreMissing as of this
+  // worker's last committed step. Holds the engine's lock while it reads
+  // the checkpoints (a step must not start from zero meanwhile).
   absl::Status RestoreMissingMomentum();
   // Replaces the momentum of every expert owned here with checkpoint
-  // `step` of `dir` (Worker.RestoreCheckpoint), all or nothing, and drops
-  // a step staged in doubt. Returns how many experts it restored.
-  // INVALID_ARGUMENT naming `checkpoint_dir` or `step` when malformed,
-  // FAILED_PRECONDITION with no plan, NOT_FOUND naming the first owned
-  // expert that checkpoint lacks, INVALID_ARGUMENT for a shape mismatch.
+  // `step` of `dir` (Worker.RestoreCheckpoint), all or nothing, read
+  // before the lock, and drops a step staged in doubt. Returns how many
+  // experts it restored. Errors: MomentumStore::ReadCheckpoint's and
+  // Write's.
   absl::StatusOr<int64_t> RestoreCheckpoint(const std::string& dir,
                                             int64_t step);
   // Waits for the checkpoint being written, if any (tests, shutdown).
-  absl::Status WaitForCheckpoint();
+  absl::Status WaitForCheckpoint() { return momentum_.WaitForCheckpoint(); }
 
  private:
-  // Submits a checkpoint when the step last committed here asks for one.
-  void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The first step a trainer asks for after a worker that had committed
-  // nothing restored momentum as of step S: unless it is S + 1 (the
-  // trainer resumed from S), that momentum belongs to another step, so
-  // every owned expert starts from zero instead (an error log, counted as
-  // stale restores and in the step's momentum_reset).
-  void CheckRestoredStep(int64_t step_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step under mu_; a checkpoint due after it comes back in *snapshot, to
+  // be written once the lock is released.
+  absl::StatusOr<StepResponse> StepLocked(
+      const StepRequest& request, const StepCancelled& cancelled,
+      std::optional<CheckpointSnapshot>* snapshot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FollowStep's round on a dedicated rank, the same way.
+  absl::StatusOr<std::optional<StepResponse>> FollowLocked(
+      absl::Duration wait, std::optional<CheckpointSnapshot>* snapshot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the step staged in doubt, if any (`staged`: its id as it was
+  // before the momentum changed; -1: none), logging `why`.
+  void ForgetStaged(int64_t staged, const char* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
   absl::Status NoPlanYet() const;
   // Builds the transport if there is none, and runs the momentum handover
@@ -263,19 +271,6 @@ class StepEngine {
   // stays for the rest of the plan version.
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandOver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The checkpoint's momentum of (matrix, expert) into `slot`, for an item
-  // whose previous owner is gone, from `catalog` (the job's checkpoints,
-  // loaded once per handover): OK once written, NOT_FOUND when no
-  // checkpoint holds it as of `step` (the newest step any rank committed).
-  absl::Status MomentumFromCheckpoint(const CheckpointCatalog& catalog,
-                                      int matrix, int64_t expert, float* slot,
-                                      int64_t step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What the previous plan's owned items leave for the handover to `next`.
-  // Items of `next` that come back here before their handover ran get
-  // their momentum back at once.
-  absl::StatusOr<PreviousOwnership> KeepForHandover(PlanState& next)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one round for `trainer`, or for no trainer (a dedicated worker);
   // a transport out of step with the peers is dropped, and errors name the
   // ranks' workers.
@@ -299,31 +294,24 @@ class StepEngine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes plan_'s version and workers for AbortForPlan.
   void PublishPlan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The slot of (matrix, expert) if owned here; NOT_FOUND naming it.
-  absl::StatusOr<ItemSlot> OwnedSlot(const std::string& matrix,
-                                     int64_t expert) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string worker_id_;
   const TransportFactory make_transport_;
   const Device device_;
+  // backend_'s ops, for what allocates outside mu_ (thread-safe).
+  kernels::DeviceOps* const ops_;
+  // One SetPlan at a time: each prepares its stacks against the installed
+  // version before it takes mu_.
+  absl::Mutex plan_change_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   StepBackend backend_ ABSL_GUARDED_BY(mu_);
+  // Its device calls are made under mu_ (its device rule); destroyed before
+  // backend_.
+  MomentumStore momentum_;
   PlanState plan_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Transport> transport_ ABSL_GUARDED_BY(mu_);
   // The secret transport_ was built with.
   std::string transport_secret_ ABSL_GUARDED_BY(mu_);
-  int64_t momentum_resets_ ABSL_GUARDED_BY(mu_) = 0;
-  // The previous plan version's items, for the handover.
-  PreviousOwnership previous_ ABSL_GUARDED_BY(mu_);
-  // The plan version whose handover completed here (-1: none), and its
-  // failure (lost momentum), which every later step of it answers.
-  int64_t handed_over_version_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Status handover_failed_ ABSL_GUARDED_BY(mu_);
-  // Items owned here whose momentum that failure left lost.
-  std::vector<std::pair<int, int64_t>> lost_items_ ABSL_GUARDED_BY(mu_);
-  // Every reset since the engine started (momentum_resets_total()).
-  std::atomic<int64_t> momentum_resets_total_{0};
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
   StepHook hook_ ABSL_GUARDED_BY(mu_);
   // Its `last` is written under mu_ and read without it (status and
@@ -347,30 +335,6 @@ class StepEngine {
   // (-1: none), and the status steps of the older plan fail with.
   int64_t replaced_by_ ABSL_GUARDED_BY(abort_mu_) = -1;
   absl::Status replaced_why_ ABSL_GUARDED_BY(abort_mu_);
-  // Checkpoints (EnableCheckpoints); the writer is set once, before use.
-  std::unique_ptr<CheckpointWriter> checkpoint_writer_;
-  Counter* restores_ = nullptr;
-  int64_t checkpointed_step_ ABSL_GUARDED_BY(mu_) = -1;
-  // The step S of a restore whose S + 1 no trainer has asked for yet (-1:
-  // none); only while no step was committed here.
-  int64_t restore_unverified_ ABSL_GUARDED_BY(mu_) = -1;
-  // What RestoreMissingMomentum found for each item it looked up: the step
-  // it looked for, the last step committed here then, whether it installed
-  // that step's momentum, and else why not. Until the next commit, the
-  // handover's lost items take that answer instead of reading (and
-  // counting) the checkpoint again when they need the same step and the
-  // slot still holds momentum (the record survives plan versions with no
-  // step between them; the RestoreCheckpoint RPC clears it).
-  struct ItemRestore {
-    int64_t step = -1;
-    int64_t committed = -1;
-    bool installed = false;
-    std::string why_not;
-  };
-  std::map<std::pair<int, int64_t>, ItemRestore> item_restores_
-      ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> checkpoint_requested_{false};
-  std::atomic<int64_t> restored_step_{-1};
 };
 
 }  // namespace worker

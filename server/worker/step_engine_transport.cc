@@ -1,8 +1,7 @@
 // StepEngine's transport of a plan version: built before a step (again
 // for a new data-plane secret, which SetDataPlaneSecret sets), dropped
 // when a step fails on it or a newer plan replaced it, and on every new
-// one the momentum handover (momentum_handover.h), with momentum from the
-// job's checkpoints for items whose previous owner left. The rest of
+// one the momentum handover (MomentumStore::HandOver). The rest of
 // StepEngine is in step_engine.cc and step_engine_*.cc.
 #include <optional>
 #include <string>
@@ -53,7 +52,7 @@ absl::Status StepEngine::EnsureTransport() {
     DropTransport(replaced);
     return replaced;
   }
-  if (!handover_failed_.ok()) return handover_failed_;
+  MUONPS_RETURN_IF_ERROR(momentum_.handover_failed());
   if (transport_ != nullptr) return absl::OkStatus();
   for (size_t r = 0; r < plan_.addresses.size(); ++r) {
     if (plan_.addresses[r].empty()) {
@@ -85,109 +84,17 @@ absl::Status StepEngine::EnsureTransport() {
 }
 
 absl::Status StepEngine::HandOver() {
-  HandoverContext context;
-  context.plan = &plan_;
-  context.previous = &previous_;
-  context.transport = transport_.get();
-  context.ops = backend_.ops.get();
-  context.last_step = ledger_.last.load();
-  context.first = handed_over_version_ != plan_.version;
-  context.timeout = backend_.timeout;
-  std::vector<std::pair<int, int64_t>> unresolved;
-  context.unresolved = &unresolved;
-  // The job's checkpoints, read once, when the first lost item asks.
-  std::optional<absl::StatusOr<CheckpointCatalog>> catalog;
-  context.checkpoint = [&](int matrix, int64_t expert, float* slot,
-                           int64_t step) -> absl::Status {
-    mu_.AssertHeld();
-    const std::string& dir = plan_.job.checkpoint_dir;
-    if (dir.empty() || step < 0) {
-      return absl::NotFoundError("the job keeps no checkpoints");
-    }
-    // RestoreMissingMomentum already looked this item up for this step,
-    // and no step was committed here since.
-    const auto found = item_restores_.find({matrix, expert});
-    if (found != item_restores_.end() && found->second.step == step &&
-        found->second.committed == ledger_.last.load()) {
-      const ItemSlot& held = plan_.slots[matrix][expert];
-      if (!found->second.installed) {
-        return absl::NotFoundError(found->second.why_not);
-      }
-      if (plan_.batches[held.batch].has_momentum[held.slot]) {
-        return absl::OkStatus();  // the slot holds that step's momentum
-      }
-    }
-    if (!catalog.has_value()) catalog = CheckpointCatalog::Load(dir);
-    if (!catalog->ok()) return catalog->status();
-    return MomentumFromCheckpoint(**catalog, matrix, expert, slot, step);
-  };
-  HandoverOutcome outcome;
-  const absl::Status status = HandOverMomentum(context, &outcome);
-  if (!status.ok() && !outcome.transport_ok) {
-    const absl::Status failed =
-        Annotate(ExplainReplaced(status, StepRequest(), nullptr),
-                 absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
-                              plan_.version));
-    DropTransport(failed);
-    return failed;
-  }
-  if (!context.first) return status;
-  handed_over_version_ = plan_.version;
-  if (!status.ok()) {
-    handover_failed_ = status;
-    lost_items_ = std::move(unresolved);
-    spdlog::error("worker={} plan_version={} momentum handover: {}", worker_id_,
-                  plan_.version, status.ToString());
-    return status;
-  }
-  momentum_resets_ += outcome.reset;
-  momentum_resets_total_ += outcome.reset;
-  // Every item owned here now holds momentum as of the job's newest step
-  // (handed over, or from a checkpoint of that step): what a restore on
-  // start took from an older checkpoint is gone, and so is its rule that
-  // the trainer resume from there.
-  if (outcome.job_step >= 0) restore_unverified_ = -1;
-  if (outcome.lost > 0) {
-    spdlog::warn(
-        "worker={} plan_version={} momentum handover: {} matrices lost their "
-        "previous owner; here {} restored from the checkpoint, {} start from "
-        "zero (allow_momentum_reset)",
-        worker_id_, plan_.version, outcome.lost, outcome.restored,
-        outcome.reset);
-  }
-  if (outcome.sent > 0 || outcome.received > 0) {
-    spdlog::info(
-        "worker={} plan_version={} momentum handover: sent {}, received {} "
-        "matrices",
-        worker_id_, plan_.version, outcome.sent, outcome.received);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StepEngine::MomentumFromCheckpoint(
-    const CheckpointCatalog& catalog, int matrix, int64_t expert, float* slot,
-    int64_t step) {
-  const scheduler::MatrixSpec& spec = plan_.matrices[matrix];
-  std::vector<float> values(spec.rows * spec.cols);
-  MUONPS_ASSIGN_OR_RETURN(
-      const int64_t as_of,
-      catalog.Restore(spec.name, expert, spec.rows, spec.cols, values.data()));
-  if (as_of != step) {
-    if (restores_ != nullptr) restores_->Increment({"stale"}, 1);
-    return absl::NotFoundError(absl::StrCat(
-        "the newest checkpoint holding matrix ", Quoted(spec.name), " expert ",
-        expert, " is of step ", as_of, "; the job is at step ", step));
-  }
-  kernels::DeviceOps& ops = *backend_.ops;
-  MUONPS_RETURN_IF_ERROR(ops.Copy(
-      slot, values.data(), static_cast<int64_t>(values.size()), ops.stream()));
-  MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
-  if (restores_ != nullptr) restores_->Increment({"restored"}, 1);
-  spdlog::info(
-      "worker={} plan_version={} momentum of {} expert {} restored from the "
-      "checkpoint of step {} (its owner left)",
-      worker_id_, plan_.version, Quoted(spec.name), expert, step);
-  return absl::OkStatus();
+  bool transport_ok = true;
+  const absl::Status status =
+      momentum_.HandOver(*transport_, plan_.scratch.get(), ledger_.last.load(),
+                         backend_.timeout, &transport_ok);
+  if (status.ok() || transport_ok) return status;
+  const absl::Status failed =
+      Annotate(ExplainReplaced(status, StepRequest(), nullptr),
+               absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
+                            plan_.version));
+  DropTransport(failed);
+  return failed;
 }
 
 }  // namespace worker

@@ -43,7 +43,8 @@ StepStaging::StepStaging(PlanState& plan, const AttachedTrainer* trainer,
       timeout_(timeout),
       stream_(ops.stream()),
       compute_(ops.compute_stream()),
-      trainers_(plan.trainers()) {}
+      trainers_(plan.trainers()),
+      momentum_(plan.momentum->installed()) {}
 
 absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   step_id_ = step_id;
@@ -100,7 +101,9 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     }
     MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
     timeline_.AddMark("compute_begin", stack, began);
-    MUONPS_RETURN_IF_ERROR(Compute(plan_.batches[plan_.batch_of_stack[stack]]));
+    const int batch = plan_.batch_of_stack[stack];
+    MUONPS_RETURN_IF_ERROR(
+        Compute(plan_.batches[batch], momentum_.stacks[batch]));
     MUONPS_ASSIGN_OR_RETURN(done_mark[issued], ops_.Mark(compute_));
     timeline_.AddMark("compute", stack, done_mark[issued]);
     ++issued;
@@ -184,7 +187,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
     const int64_t size = spec.rows * spec.cols;
     const bool mine = x.owner == plan_.rank;
     float* staged =
-        mine ? plan_.SlotData(plan_.slots[x.item.matrix][e], false) : nullptr;
+        mine ? plan_.StagedData(momentum_.slot(x.item.matrix, e)) : nullptr;
     if (x.kind == scheduler::TransferKind::kReduceToOwner) {
       const float* part =
           b == nullptr ? plan_.zeros->data() : b->grad + e * size;
@@ -233,7 +236,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
   return t_.GroupEnd();
 }
 
-absl::Status StepStaging::Compute(ComputeBatch& batch) {
+absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
   const kernels::MuonHyperparameters& h = plan_.muon;
   const int64_t size = batch.rows * batch.cols;
   const int64_t count = static_cast<int64_t>(batch.items.size());
@@ -241,9 +244,9 @@ absl::Status StepStaging::Compute(ComputeBatch& batch) {
                                   batch.cols};
   // The new momentum is written beside the old, which stays as it is until
   // the step commits.
-  const kernels::MatrixStack old{batch.momentum->data(), count, batch.rows,
+  const kernels::MatrixStack old{stack.momentum->data(), count, batch.rows,
                                  batch.cols};
-  const kernels::MatrixStack buf{batch.next_momentum->data(), count, batch.rows,
+  const kernels::MatrixStack buf{stack.next_momentum->data(), count, batch.rows,
                                  batch.cols};
   for (size_t s = 0; s < batch.items.size(); ++s) {
     const scheduler::ItemRef& item = batch.items[s];
@@ -267,8 +270,8 @@ absl::Status StepStaging::Compute(ComputeBatch& batch) {
     MUONPS_RETURN_IF_ERROR(kernels_.UpdateMomentum(
         source, previous, momentum, h.momentum, h.nesterov, update, compute_));
   }
-  batch.next_has_momentum.assign(batch.items.size(), true);
-  batch.next_valid = true;
+  stack.next_has_momentum.assign(batch.items.size(), true);
+  stack.next_valid = true;
   // One call per chunk, each with the algorithm the plan chose for its part
   // (NS is per matrix: the results do not depend on the cut).
   kernels::NewtonSchulzOptions ns = h.ns;
@@ -304,7 +307,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     const int64_t e = x.item.expert;
     const bool mine = x.owner == plan_.rank;
     float* const slot =
-        mine ? plan_.SlotData(plan_.slots[x.item.matrix][e], false) : nullptr;
+        mine ? plan_.StagedData(momentum_.slot(x.item.matrix, e)) : nullptr;
     ParamApply apply;
     apply.matrix = x.item.matrix;
     // Step size from the whole matrix's shape, even for a row shard.

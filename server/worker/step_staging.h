@@ -24,6 +24,7 @@
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "scheduler/step_schedule.h"
+#include "server/worker/momentum_store.h"
 #include "server/worker/step_agreement.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_request.h"
@@ -63,7 +64,7 @@ class StepStaging {
 
  private:
   absl::Status ToOwners(const scheduler::Bucket& bucket);
-  absl::Status Compute(ComputeBatch& batch);
+  absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
                           const StepRequest& request);
   absl::Status AverageAdamWGradients();
@@ -87,6 +88,9 @@ class StepStaging {
   const Stream stream_;   // transfers
   const Stream compute_;  // momentum and Newton-Schulz
   const int trainers_;    // ranks with a trainer (the first ones)
+  // The version's momentum (the store's installed stacks): read, and the
+  // new momentum written beside it (momentum_store.h's device rule).
+  MomentumStacks& momentum_;
   int64_t step_id_ = -1;
   int64_t bytes_ = 0;
 };

@@ -5,13 +5,6 @@
 namespace muonps {
 namespace worker {
 
-float* PlanState::SlotData(const ItemSlot& s, bool momentum_buffer) const {
-  const ComputeBatch& b = batches[s.batch];
-  const kernels::FloatBuffer& buffer =
-      momentum_buffer ? *b.momentum : *b.staged;
-  return buffer.data() + s.slot * b.rows * b.cols;
-}
-
 absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops) {
   std::vector<Binding*> narrow;
   int64_t total = 0;

@@ -1,15 +1,17 @@
 // The state a worker's steps run on, owned by StepEngine and handed to one
 // StepRun per round (under the engine's lock): what a plan version fixes
-// (owned stacks of momentum, the schedule), what an attached trainer lends,
-// and what outlives a step (StepLedger: the steps committed here and the
-// one staged, in doubt, between its vote and its decision).
+// (the schedule, the stacks owned here and their staged gradients; their
+// momentum is the MomentumStore's), what an attached trainer lends, and
+// what outlives a step (StepLedger: the steps committed here and the one
+// staged, in doubt, between its vote and its decision).
 //
 // Memory of the staging (the price of atomic steps). Besides the stacks'
 // momentum and gradients, an owner keeps a second momentum stack per
-// batch (the step's new momentum, swapped in at commit), and a worker with
-// a trainer one fp32 buffer the size of that trainer's Muon parameters (its
-// rows of sharded ones) plus its unreduced AdamW gradients: the updates and
-// means a step stages before it commits. Thread-compatible.
+// batch (the step's new momentum, swapped in at commit:
+// momentum_stacks.h), and a worker with a trainer one fp32 buffer the size
+// of that trainer's Muon parameters (its rows of sharded ones) plus its
+// unreduced AdamW gradients: the updates and means a step stages before it
+// commits. Thread-compatible.
 #ifndef MUONPS_SERVER_WORKER_STEP_STATE_H_
 #define MUONPS_SERVER_WORKER_STEP_STATE_H_
 
@@ -27,14 +29,18 @@
 #include "scheduler/plan_types.h"
 #include "scheduler/step_schedule.h"
 #include "server/worker/job_plan.h"
+#include "server/worker/momentum_stacks.h"
 #include "server/worker/trainer_buffers.h"
 
 namespace muonps {
 namespace worker {
 
+class MomentumStore;
+
 // One schedule stack owned here (same-shape items, stacked contiguously so
 // that momentum runs as one batched call, and Newton-Schulz as one call per
-// chunk of the plan's batch: scheduler::OwnerStack).
+// chunk of the plan's batch: scheduler::OwnerStack). Its momentum is the
+// same index's MomentumStack of the version's MomentumStacks.
 struct ComputeBatch {
   int64_t rows = 0;
   int64_t cols = 0;
@@ -44,19 +50,6 @@ struct ComputeBatch {
   std::vector<scheduler::StackChunk> chunks;
   // Gradients in (staged from the trainer or the transport), updates out.
   std::unique_ptr<kernels::FloatBuffer> staged;
-  std::unique_ptr<kernels::FloatBuffer> momentum;  // fp32, on the device
-  std::vector<bool> has_momentum;  // per slot: stepped or restored
-  // The staged step's new momentum (valid while next_valid), swapped with
-  // `momentum` when it commits.
-  std::unique_ptr<kernels::FloatBuffer> next_momentum;
-  std::vector<bool> next_has_momentum;
-  bool next_valid = false;
-};
-
-// Where an owned item's stack slot is; batch < 0: not owned here.
-struct ItemSlot {
-  int batch = -1;
-  int slot = 0;
 };
 
 // What a plan version fixes for this worker (built by StepEngine::SetPlan).
@@ -68,18 +61,23 @@ struct PlanState {
   std::vector<scheduler::MatrixSpec> matrices;
   scheduler::OwnershipPlan ownership;
   scheduler::StepSchedule schedule;
-  kernels::MuonHyperparameters muon;         // the job's, defaults filled in
-  std::vector<ComputeBatch> batches;         // the schedule's stacks owned here
-  std::vector<int> batch_of_stack;           // by schedule stack; -1: not owned
-  std::vector<std::vector<ItemSlot>> slots;  // by matrix, expert
+  kernels::MuonHyperparameters muon;  // the job's, defaults filled in
+  std::vector<ComputeBatch> batches;  // the schedule's stacks owned here
+  std::vector<int> batch_of_stack;    // by schedule stack; -1: not owned
+  // The engine's store (not owned): its installed stacks are this
+  // version's momentum, and where each owned item sits (slots).
+  MomentumStore* momentum = nullptr;
   // Receives updates of matrices owned elsewhere (the largest matrix).
   std::unique_ptr<kernels::FloatBuffer> scratch;
   // A worker with no trainer: the zero parts it adds to every sum, and
   // where it receives means it does not keep (grown as needed).
   std::unique_ptr<kernels::FloatBuffer> zeros, sink;
 
-  // The stack slot of `item` (owned here), as a pointer into `buffer`.
-  float* SlotData(const ItemSlot& s, bool momentum) const;
+  // The staged gradient of an owned item's slot (momentum_stacks.h).
+  float* StagedData(const ItemSlot& s) const {
+    const ComputeBatch& b = batches[s.batch];
+    return b.staged->data() + s.slot * b.rows * b.cols;
+  }
   // Ranks with a trainer (the first ones).
   int trainers() const {
     return static_cast<int>(ownership.worker_ids.size()) - ownership.dedicated;
@@ -149,8 +147,9 @@ struct ParamApply {
   float step = 0;
 };
 
-// A step computed here and not committed yet: its momentum in the batches'
-// next_momentum, its updates and AdamW means in the trainer's staging.
+// A step computed here and not committed yet: its momentum in the
+// MomentumStacks' next_momentum, its updates and AdamW means in the trainer's
+// staging.
 struct StagedStep {
   int64_t step_id = -1;  // -1: nothing staged
   // This rank voted yes: only rank 0's decision (or a later round's
