@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/metrics.h"
+#include "server/metrics_server/metrics_server.h"
 
 namespace muonps {
 namespace server {

@@ -1,5 +1,7 @@
-// MetricsServer (declared in metrics.h): the /metrics HTTP(S) endpoint, its
+// MetricsServer (metrics_server.h): the /metrics HTTP(S) endpoint, its
 // address and bearer-token rules.
+#include "server/metrics_server/metrics_server.h"
+
 #include <httplib.h>
 
 #include <atomic>
@@ -15,7 +17,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "common/metrics.h"
 #include "common/secret.h"
 #include "common/status.h"
 

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/metrics.h"
 #include "common/metrics_exposition_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/metrics_server/metrics_server.h"
 
 namespace muonps {
 namespace {

@@ -1,4 +1,6 @@
 // The /metrics endpoint's address, bearer-token and TLS rules.
+#include "server/metrics_server/metrics_server.h"
+
 #include <httplib.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -7,7 +9,6 @@
 #include <fstream>
 #include <string>
 
-#include "common/metrics.h"
 #include "gtest/gtest.h"
 
 namespace muonps {
