@@ -1,7 +1,7 @@
 // libFuzzer target: muonps.v1.Coordinator's request handling. Each input is
 // a sequence of records (fuzz/fuzz_input.h); a record's tag picks an RPC
 // (or a step of the clock) and its payload is parsed as that RPC's request
-// and handed to a real CoordinatorService over a real CoordinatorState,
+// and handed to a real CoordinatorService over a real Coordinator,
 // fresh per input, so jobs, joins, heartbeats, plans and deletions build on
 // each other as they do on a live coordinator. Any status is fine; a crash,
 // a sanitizer report or a hang is a finding.
@@ -19,8 +19,8 @@
 #include "grpc/grpc.h"
 #include "grpcpp/server_context.h"
 #include "muonps/v1/coordinator.pb.h"
+#include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
-#include "server/coordinator/coordinator_state.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
@@ -120,8 +120,8 @@ class CoordinatorUnderFuzz {
     if (!request.ParseFromString(payload)) return;
     grpc::ServerContext context;
     (void)stopped_service_.WatchPlan(&context, &request, nullptr);
-    (void)state_.WaitForPlan(request.job(), request.known_version(),
-                             absl::ZeroDuration());
+    (void)state_.plans().WaitForPlan(request.job(), request.known_version(),
+                                     absl::ZeroDuration());
   }
 
   // Moves the clock by the payload's first byte in seconds (leases last 6)
@@ -130,7 +130,8 @@ class CoordinatorUnderFuzz {
     const int seconds =
         payload.empty() ? 1 : static_cast<unsigned char>(payload[0]);
     now_ += absl::Seconds(seconds);
-    service_.CountLostLeases(static_cast<int>(state_.ExpireLeases().size()));
+    service_.CountLostLeases(
+        static_cast<int>(state_.membership().ExpireLeases().size()));
     service_.UpdateGauges();
   }
 
@@ -166,7 +167,7 @@ class CoordinatorUnderFuzz {
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
   MetricsRegistry metrics_;
   MetricsRegistry stopped_metrics_;
-  coordinator::CoordinatorState state_;
+  coordinator::Coordinator state_;
   coordinator::CoordinatorService service_;
   coordinator::CoordinatorService stopped_service_;
 };

@@ -16,6 +16,7 @@
 #include "muonps/v1/plan.pb.h"
 #include "proto/translate.h"
 #include "scheduler/step_schedule.h"
+#include "server/coordinator/record_wire.h"
 #include "server/coordinator/request_validation.h"
 
 namespace muonps {
@@ -55,7 +56,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!input.Next(&record)) return 0;
   v1::JobSpec job;
   if (!job.ParseFromString(record.payload)) return 0;
-  if (!coordinator::ValidateJobSpec(job, fuzz::FuzzLimits()).ok()) return 0;
+  const absl::StatusOr<coordinator::JobSpec> spec =
+      coordinator::JobSpecFromProto(job);
+  if (!spec.ok() ||
+      !coordinator::ValidateJobSpec(*spec, fuzz::FuzzLimits()).ok()) {
+    return 0;
+  }
   const std::vector<scheduler::MatrixSpec> matrices =
       proto::MatricesFromJob(job);
   (void)proto::MuonFromProto(job.muon());

@@ -1,7 +1,9 @@
 #include "fuzz/seed_sessions.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,7 +14,8 @@
 #include "fuzz/worker_fixture.h"
 #include "muonps/v1/coordinator.pb.h"
 #include "muonps/v1/worker.pb.h"
-#include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/record_wire.h"
 
 namespace muonps {
 namespace fuzz {
@@ -57,15 +60,18 @@ v1::JoinJobRequest Join(const std::string& job, const std::string& worker,
 // The plan the real coordinator publishes for `job` once `workers` joined.
 v1::Plan PlanFor(const v1::JobSpec& job,
                  const std::vector<std::string>& workers) {
-  coordinator::CoordinatorState state(coordinator::CoordinatorOptions{});
-  v1::CreateJobRequest create;
-  *create.mutable_job() = job;
-  (void)state.CreateJob(create);
-  for (const std::string& w : workers) (void)state.JoinJob(Join(job.name(), w));
-  v1::GetPlanRequest get;
-  get.set_job(job.name());
-  absl::StatusOr<v1::Plan> plan = state.GetPlan(get);
-  return plan.ok() ? *plan : v1::Plan();
+  coordinator::Coordinator state(coordinator::CoordinatorOptions{});
+  absl::StatusOr<coordinator::JobSpec> spec =
+      coordinator::JobSpecFromProto(job);
+  if (!spec.ok()) return v1::Plan();
+  (void)state.jobs().CreateJob({.request_id = "", .job = *std::move(spec)});
+  for (const std::string& w : workers) {
+    (void)state.membership().JoinJob(
+        coordinator::JoinRequestFromProto(Join(job.name(), w)));
+  }
+  absl::StatusOr<std::shared_ptr<const coordinator::PublishedPlan>> plan =
+      state.plans().GetPlan(job.name(), 0);
+  return plan.ok() ? coordinator::PlanToProto(**plan) : v1::Plan();
 }
 
 template <typename Tag>

@@ -96,20 +96,56 @@ v1::NsAlgorithm NsAlgorithmToProto(kernels::NsAlgorithm algorithm) {
                                                   : v1::NS_ALGORITHM_NS5;
 }
 
+namespace {
+
+// MatrixFromProto without its enum checks.
+scheduler::MatrixSpec MatrixOf(const v1::Matrix& m) {
+  scheduler::MatrixSpec s;
+  s.name = m.name();
+  s.rows = m.rows();
+  s.cols = m.cols();
+  // 0 and 1 both mean a plain 2-D matrix; a negative count stays, for the
+  // coordinator's range check to name.
+  s.experts = m.experts() == 0 ? 1 : m.experts();
+  s.layer = m.layer();
+  s.dtype = DTypeFromProto(m.dtype());
+  s.layout = LayoutFromProto(m.layout());
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<scheduler::MatrixSpec> MatrixFromProto(const v1::Matrix& matrix,
+                                                      absl::string_view field) {
+  if (!v1::DType_IsValid(matrix.dtype())) {
+    return InvalidField(
+        absl::StrCat(field, ".dtype"),
+        absl::StrCat("unknown dtype ", static_cast<int>(matrix.dtype())));
+  }
+  if (!v1::Layout_IsValid(matrix.layout())) {
+    return InvalidField(
+        absl::StrCat(field, ".layout"),
+        absl::StrCat("unknown layout ", static_cast<int>(matrix.layout())));
+  }
+  return MatrixOf(matrix);
+}
+
 std::vector<scheduler::MatrixSpec> MatricesFromJob(const v1::JobSpec& job) {
   std::vector<scheduler::MatrixSpec> out;
   out.reserve(job.matrices_size());
-  for (const v1::Matrix& m : job.matrices()) {
-    scheduler::MatrixSpec s;
-    s.name = m.name();
-    s.rows = m.rows();
-    s.cols = m.cols();
-    s.experts = std::max<int64_t>(1, m.experts());
-    s.layer = m.layer();
-    s.dtype = DTypeFromProto(m.dtype());
-    s.layout = LayoutFromProto(m.layout());
-    out.push_back(std::move(s));
-  }
+  for (const v1::Matrix& m : job.matrices()) out.push_back(MatrixOf(m));
+  return out;
+}
+
+v1::Matrix MatrixToProto(const scheduler::MatrixSpec& matrix) {
+  v1::Matrix out;
+  out.set_name(matrix.name);
+  out.set_rows(matrix.rows);
+  out.set_cols(matrix.cols);
+  out.set_experts(matrix.experts);
+  out.set_dtype(DTypeToProto(matrix.dtype));
+  out.set_layout(LayoutToProto(matrix.layout));
+  out.set_layer(matrix.layer);
   return out;
 }
 
@@ -234,18 +270,6 @@ v1::Batch BatchToProto(const scheduler::Batch& batch,
     p->set_algorithm(NsAlgorithmToProto(part.algorithm));
     p->set_predicted_seconds(part.seconds);
   }
-  return out;
-}
-
-v1::WorkerStepStats WorkerStepStatsFromReport(
-    const v1::ReportStepStatsRequest& report) {
-  v1::WorkerStepStats out;
-  out.set_step(report.step());
-  out.set_plan_version(report.plan_version());
-  out.set_step_seconds(report.step_seconds());
-  out.set_ns_seconds(report.ns_seconds());
-  out.set_predicted_ns_seconds(report.predicted_ns_seconds());
-  out.set_bytes_moved(report.bytes_moved());
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/muon_kernels.h"
 #include "muonps/v1/coordinator.pb.h"
 #include "muonps/v1/plan.pb.h"
@@ -18,8 +19,8 @@
 namespace muonps {
 namespace proto {
 
-// fp32 for DTYPE_UNSPECIFIED (the API's default); requests are validated
-// before they get here (request_validation names an unknown value).
+// fp32 for DTYPE_UNSPECIFIED (the API's default) and for a value outside
+// the enum (MatrixFromProto refuses those, naming the field).
 DType DTypeFromProto(v1::DType dtype);
 v1::DType DTypeToProto(DType dtype);
 scheduler::Layout LayoutFromProto(v1::Layout layout);
@@ -28,8 +29,21 @@ v1::Layout LayoutToProto(scheduler::Layout layout);
 kernels::NsAlgorithm NsAlgorithmFromProto(v1::NsAlgorithm algorithm);
 v1::NsAlgorithm NsAlgorithmToProto(kernels::NsAlgorithm algorithm);
 
-// The job's matrices in job order (experts >= 1).
+// The one conversion of a declared matrix into the planner's: experts 0
+// becomes 1, DTYPE_UNSPECIFIED fp32, LAYOUT_UNSPECIFIED replicated; every
+// other value passes unchanged (its range is the coordinator's to check).
+// INVALID_ARGUMENT naming `field`.dtype or `field`.layout for a value
+// outside its enum (e.g. "job.matrices[3].dtype: unknown dtype 9").
+absl::StatusOr<scheduler::MatrixSpec> MatrixFromProto(const v1::Matrix& matrix,
+                                                      absl::string_view field);
+
+// The job's matrices in job order, each as MatrixFromProto converts it, for
+// a spec the coordinator accepted (a value outside an enum, which it
+// refuses, would read as the default).
 std::vector<scheduler::MatrixSpec> MatricesFromJob(const v1::JobSpec& job);
+
+// `matrix` as a job spec declares it, every field set.
+v1::Matrix MatrixToProto(const scheduler::MatrixSpec& matrix);
 
 // The job's Muon hyperparameters with the API's defaults filled in
 // (ns.algorithm is left at NS5: the plan picks per batch).
@@ -52,12 +66,6 @@ absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
 v1::Batch BatchToProto(const scheduler::Batch& batch,
                        const std::vector<std::string>& worker_ids,
                        const std::vector<scheduler::MatrixSpec>& matrices);
-
-// The step a worker reported, as ListWorkers shows it (WorkerInfo.last_step):
-// its step id, plan version, measured seconds, the plan's prediction and
-// bytes moved. Copies only; ReportStepStats validates the report first.
-v1::WorkerStepStats WorkerStepStatsFromReport(
-    const v1::ReportStepStatsRequest& report);
 
 }  // namespace proto
 }  // namespace muonps

@@ -1,7 +1,7 @@
 // The plan's batches through the one proto <-> C++ translation: parts
 // survive the round trip, a batch from before parts reads as one part, and
-// members or workers the job lacks are named; a worker's step report becomes
-// the last step ListWorkers shows, every figure kept.
+// members or workers the job lacks are named; a declared matrix gets the
+// API's defaults and a value outside an enum is refused naming its field.
 #include "proto/translate.h"
 
 #include <string>
@@ -137,27 +137,50 @@ TEST(TranslateBatchTest, MembersAndWorkersTheJobLacksAreNamed) {
               HasSubstr("plan.batches[0].worker_id: \"w9\""));
 }
 
-TEST(TranslateStepStatsTest, ReportBecomesLastStepWithEveryFigure) {
-  v1::ReportStepStatsRequest report;
-  report.set_job("j");
-  report.set_worker_id("w0");
-  report.set_worker_token("secret");
-  report.set_step(12);
-  report.set_plan_version(3);
-  report.set_step_seconds(0.075);
-  report.set_ns_seconds(0.041);
-  report.set_predicted_ns_seconds(0.0375);
-  report.set_bytes_moved(int64_t{7} << 30);
-  const v1::WorkerStepStats stats = WorkerStepStatsFromReport(report);
-  EXPECT_EQ(stats.step(), 12);
-  EXPECT_EQ(stats.plan_version(), 3);
-  EXPECT_EQ(stats.step_seconds(), 0.075);
-  EXPECT_EQ(stats.ns_seconds(), 0.041);
-  EXPECT_EQ(stats.predicted_ns_seconds(), 0.0375);
-  EXPECT_EQ(stats.bytes_moved(), int64_t{7} << 30);
-  // Every field of WorkerStepStats is set from the report (a new one added
-  // to the message without a line above fails here).
-  EXPECT_EQ(stats.GetDescriptor()->field_count(), 6);
+TEST(TranslateMatrixTest, FillsTheApiDefaultsAndKeepsEveryOtherValue) {
+  v1::Matrix bare;
+  bare.set_name("w");
+  bare.set_rows(8);
+  bare.set_cols(16);
+  bare.set_layer(3);
+  absl::StatusOr<scheduler::MatrixSpec> m = MatrixFromProto(bare, "m");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->name, "w");
+  EXPECT_EQ(m->rows, 8);
+  EXPECT_EQ(m->cols, 16);
+  EXPECT_EQ(m->layer, 3);
+  EXPECT_EQ(m->experts, 1);
+  EXPECT_EQ(m->dtype, DType::kFloat32);
+  EXPECT_EQ(m->layout, scheduler::Layout::kReplicated);
+  // A negative expert count is left for the range check to name.
+  bare.set_experts(-2);
+  EXPECT_EQ(MatrixFromProto(bare, "m")->experts, -2);
+  // Every field set survives the way back.
+  scheduler::MatrixSpec full = *m;
+  full.experts = 4;
+  full.dtype = DType::kBFloat16;
+  full.layout = scheduler::Layout::kRowSharded;
+  absl::StatusOr<scheduler::MatrixSpec> again =
+      MatrixFromProto(MatrixToProto(full), "m");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->experts, 4);
+  EXPECT_EQ(again->dtype, DType::kBFloat16);
+  EXPECT_EQ(again->layout, scheduler::Layout::kRowSharded);
+  EXPECT_EQ(MatricesFromJob(v1::JobSpec()).size(), 0u);
+}
+
+TEST(TranslateMatrixTest, ValuesOutsideTheEnumsNameTheirField) {
+  v1::Matrix m;
+  m.set_dtype(static_cast<v1::DType>(9));
+  absl::Status status = MatrixFromProto(m, "job.matrices[2]").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("job.matrices[2].dtype: unknown dtype 9"));
+  m.set_dtype(v1::DTYPE_FP16);
+  m.set_layout(static_cast<v1::Layout>(42));
+  status = MatrixFromProto(m, "job.matrices[2]").status();
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("job.matrices[2].layout: unknown layout 42"));
 }
 
 }  // namespace

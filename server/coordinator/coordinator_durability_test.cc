@@ -1,4 +1,4 @@
-// CoordinatorState over a JobStore (muonps-coordinator --state_dir): a
+// A Coordinator over a JobStore (muonps-coordinator --state_dir): a
 // coordinator opened again on the same directory has every job, member,
 // credential, plan and NCCL id it acknowledged, gives members a fresh
 // lease, never hands out a plan version it handed out before (also for a
@@ -14,14 +14,17 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/coordinator.h"
 #include "server/coordinator/fake_clock.h"
 #include "server/coordinator/job_store.h"
+#include "server/coordinator/record_wire.h"
+#include "server/coordinator/served_coordinator.h"
 
 namespace muonps {
 namespace coordinator {
 namespace {
 
+using coordinator_test::ServedCoordinator;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -78,9 +81,9 @@ class CoordinatorDurabilityTest : public ::testing::Test {
     CoordinatorOptions options;
     options.lease_ttl = kTtl;
     options.heartbeat_interval = absl::Seconds(1);
-    absl::StatusOr<std::unique_ptr<CoordinatorState>> state =
-        CoordinatorState::Open(options, *std::move(store),
-                               [this] { return clock_.Now(); });
+    absl::StatusOr<std::unique_ptr<ServedCoordinator>> state =
+        ServedCoordinator::Open(options, *std::move(store),
+                                [this] { return clock_.Now(); });
     ASSERT_TRUE(state.ok()) << state.status();
     state_ = *std::move(state);
   }
@@ -115,7 +118,7 @@ class CoordinatorDurabilityTest : public ::testing::Test {
   FakeClock clock_;
   std::string root_;
   std::string dir_;
-  std::unique_ptr<CoordinatorState> state_;
+  std::unique_ptr<ServedCoordinator> state_;
 };
 
 TEST_F(CoordinatorDurabilityTest,
@@ -230,12 +233,13 @@ TEST_F(CoordinatorDurabilityTest, AStoredMemberWithoutItsPlanIsPlannedOnOpen) {
     ASSERT_TRUE(store.ok()) << store.status();
     StoredJob job;
     job.name = "x";
-    job.spec = Create("x").job();
+    job.spec =
+        std::make_shared<const JobSpec>(*JobSpecFromProto(Create("x").job()));
     job.job_token = "t";
     job.data_plane_secret = "s";
     StoredWorker w;
     w.worker_id = "w1";
-    w.join = Join("x", "w1");
+    w.join = JoinRequestFromProto(Join("x", "w1"));
     w.token = "wt";
     w.join_seq = 1;
     ASSERT_TRUE(

@@ -1,9 +1,9 @@
-// What the CoordinatorState tests share: CredentialedState (a
-// CoordinatorState whose callers keep the tokens it hands out), builders of
-// specs and requests, the StatusIs matcher, and the CoordinatorStateTest
+// What the coordinator's tests share: CredentialedState (a
+// ServedCoordinator whose callers keep the tokens it hands out), builders
+// of specs and requests, the StatusIs matcher, and the CoordinatorTest
 // fixture on a FakeClock. Tests only (testonly in BUILD).
-#ifndef MUONPS_SERVER_COORDINATOR_COORDINATOR_STATE_FIXTURE_H_
-#define MUONPS_SERVER_COORDINATOR_COORDINATOR_STATE_FIXTURE_H_
+#ifndef MUONPS_SERVER_COORDINATOR_COORDINATOR_FIXTURE_H_
+#define MUONPS_SERVER_COORDINATOR_COORDINATOR_FIXTURE_H_
 
 #include <cstdint>
 #include <map>
@@ -17,8 +17,9 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/coordinator.h"
 #include "server/coordinator/fake_clock.h"
+#include "server/coordinator/served_coordinator.h"
 
 namespace muonps {
 namespace coordinator {
@@ -34,7 +35,7 @@ MATCHER_P2(StatusIs, code, part, "") {
          std::string(arg.message()).find(part) != std::string::npos;
 }
 
-// A CoordinatorState whose callers hold the credentials it hands out, as
+// A ServedCoordinator whose callers hold the credentials it hands out, as
 // real workers and trainers do: it keeps the job token of every CreateJob
 // and the worker token of every JoinJob, and fills them into requests that
 // leave them empty (tests of the credentials themselves set them).
@@ -113,7 +114,7 @@ class CredentialedState {
   }
 
  private:
-  CoordinatorState state_;
+  ServedCoordinator state_;
   std::map<std::string, std::string> job_tokens_;
   std::map<std::pair<std::string, std::string>, std::string> worker_tokens_;
 };
@@ -184,9 +185,9 @@ inline v1::GetPlanRequest PlanOf(const std::string& job, int64_t version = 0) {
   return r;
 }
 
-class CoordinatorStateTest : public ::testing::Test {
+class CoordinatorTest : public ::testing::Test {
  protected:
-  CoordinatorStateTest() { Reset(Options()); }
+  CoordinatorTest() { Reset(Options()); }
 
   static CoordinatorOptions Options() {
     CoordinatorOptions options;
@@ -220,4 +221,4 @@ class CoordinatorStateTest : public ::testing::Test {
 }  // namespace coordinator
 }  // namespace muonps
 
-#endif  // MUONPS_SERVER_COORDINATOR_COORDINATOR_STATE_FIXTURE_H_
+#endif  // MUONPS_SERVER_COORDINATOR_COORDINATOR_FIXTURE_H_

@@ -1,4 +1,4 @@
-// CoordinatorState's locking: planning (and storing) runs on a copy outside
+// The coordinator's locking: planning (and storing) runs on a copy outside
 // the mutex, so heartbeats and other reads keep their pace while a big job
 // re-plans, and concurrent membership changes still end in plans that hold
 // them all.
@@ -18,12 +18,15 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/coordinator.h"
 #include "server/coordinator/job_store.h"
+#include "server/coordinator/served_coordinator.h"
 
 namespace muonps {
 namespace coordinator {
 namespace {
+
+using coordinator_test::ServedCoordinator;
 
 v1::JoinJobRequest Join(const std::string& job, const std::string& worker) {
   v1::JoinJobRequest r;
@@ -81,8 +84,8 @@ class CoordinatorLockingTest : public ::testing::TestWithParam<bool> {
     std::error_code ignored;
     if (!root_.empty()) std::filesystem::remove_all(root_, ignored);
   }
-  std::unique_ptr<CoordinatorState> NewState(const CoordinatorOptions& o) {
-    if (!GetParam()) return std::make_unique<CoordinatorState>(o);
+  std::unique_ptr<ServedCoordinator> NewState(const CoordinatorOptions& o) {
+    if (!GetParam()) return std::make_unique<ServedCoordinator>(o);
     const char* tmp = std::getenv("TEST_TMPDIR");
     root_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/locking_XXXXXX");
     EXPECT_NE(mkdtemp(root_.data()), nullptr);
@@ -90,8 +93,8 @@ class CoordinatorLockingTest : public ::testing::TestWithParam<bool> {
         JobStore::Open(root_ + "/state");
     EXPECT_TRUE(store.ok()) << store.status();
     if (!store.ok()) return nullptr;
-    absl::StatusOr<std::unique_ptr<CoordinatorState>> state =
-        CoordinatorState::Open(o, *std::move(store));
+    absl::StatusOr<std::unique_ptr<ServedCoordinator>> state =
+        ServedCoordinator::Open(o, *std::move(store));
     EXPECT_TRUE(state.ok()) << state.status();
     return state.ok() ? *std::move(state) : nullptr;
   }
@@ -109,9 +112,9 @@ TEST_P(CoordinatorLockingTest,
   CoordinatorOptions options;
   options.lease_ttl = absl::Seconds(60);
   options.heartbeat_interval = kPeriod;
-  std::unique_ptr<CoordinatorState> owned = NewState(options);
+  std::unique_ptr<ServedCoordinator> owned = NewState(options);
   ASSERT_NE(owned, nullptr);
-  CoordinatorState& state = *owned;
+  ServedCoordinator& state = *owned;
   ASSERT_TRUE(state.CreateJob(ManyMatrices("big", kBigJobMatrices)).ok());
   absl::StatusOr<v1::JoinJobResponse> first = state.JoinJob(Join("big", "w0"));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -181,9 +184,9 @@ TEST_P(CoordinatorLockingTest,
        ConcurrentJoinsEachGetAPlanVersionThatHoldsThem) {
   CoordinatorOptions options;
   options.lease_ttl = absl::Seconds(60);
-  std::unique_ptr<CoordinatorState> owned = NewState(options);
+  std::unique_ptr<ServedCoordinator> owned = NewState(options);
   ASSERT_NE(owned, nullptr);
-  CoordinatorState& state = *owned;
+  ServedCoordinator& state = *owned;
   ASSERT_TRUE(state.CreateJob(ManyMatrices("job", 2000)).ok());
   constexpr int kWorkers = 8;
   std::vector<absl::StatusOr<v1::JoinJobResponse>> joined(

@@ -1,19 +1,21 @@
 #include "server/coordinator/coordinator_service.h"
 
-#include <chrono>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/coordinator/coordinator_wire.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace coordinator {
 
-CoordinatorService::CoordinatorService(CoordinatorState* state,
+CoordinatorService::CoordinatorService(Coordinator* coordinator,
                                        MetricsRegistry* metrics,
                                        std::string token, int max_watch_streams)
-    : state_(state),
-      token_(std::move(token)),
+    : coordinator_(coordinator),
       max_watch_streams_(max_watch_streams),
       rpcs_(metrics->AddCounter("muonps_coordinator_rpcs_total",
                                 "RPCs served, by method and status code.",
@@ -32,10 +34,15 @@ CoordinatorService::CoordinatorService(CoordinatorState* state,
           "Worker leases that expired without a heartbeat.")),
       step_seconds_(
           metrics->AddHistogram("muonps_coordinator_reported_step_seconds",
-                                "Step wall times workers reported.")) {}
+                                "Step wall times workers reported.")),
+      gate_(std::move(token),
+            [this](absl::string_view method, const absl::Status& status,
+                   absl::Duration elapsed) {
+              Observe(method, status, elapsed);
+            }) {}
 
 void CoordinatorService::UpdateGauges() {
-  const StateCounts counts = state_->Counts();
+  const StateCounts counts = coordinator_->jobs().Counts();
   jobs_->Set(static_cast<double>(counts.jobs));
   workers_->Set(static_cast<double>(counts.workers));
   const int64_t before = published_versions_.exchange(counts.plan_versions);
@@ -49,101 +56,119 @@ void CoordinatorService::CountLostLeases(int n) {
   if (n > 0) leases_lost_->Increment({}, n);
 }
 
-template <typename Body>
-grpc::Status CoordinatorService::Serve(grpc::ServerContext* context,
-                                       const char* method, Body body) {
-  const auto start = std::chrono::steady_clock::now();
-  absl::Status status = CheckBearerToken(*context, token_);
-  if (status.ok()) {
-    status = body();
-  } else {
-    spdlog::warn("rpc {} from {} refused: {}", method, context->peer(),
-                 std::string(status.message()));
-  }
-  rpc_seconds_->Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count(),
-      {method});
+void CoordinatorService::Observe(absl::string_view method,
+                                 const absl::Status& status,
+                                 absl::Duration elapsed) {
+  const std::string name(method);
+  rpc_seconds_->Observe(absl::ToDoubleSeconds(elapsed), {name});
   rpcs_->Increment(
-      {method, std::string(absl::StatusCodeToString(status.code()))});
-  if (!status.ok()) {
-    spdlog::debug("rpc {} failed: {}", method, status.ToString());
-  }
+      {name, std::string(absl::StatusCodeToString(status.code()))});
+  if (!status.ok()) spdlog::debug("rpc {} failed: {}", name, status.ToString());
   UpdateGauges();
-  return ToGrpc(status);
 }
-
-// For handlers whose state call returns StatusOr<T>: copy the value out.
-#define MUONPS_SERVE_VALUE(context, method, call, response) \
-  Serve(context, method, [&]() -> absl::Status {            \
-    auto result = (call);                                   \
-    if (!result.ok()) return result.status();               \
-    *(response) = *std::move(result);                       \
-    return absl::OkStatus();                                \
-  })
 
 grpc::Status CoordinatorService::CreateJob(grpc::ServerContext* context,
                                            const v1::CreateJobRequest* r,
                                            v1::Job* out) {
-  return MUONPS_SERVE_VALUE(context, "CreateJob", state_->CreateJob(*r), out);
+  return gate_.Serve(*context, "CreateJob", out,
+                     [&]() -> absl::StatusOr<v1::Job> {
+                       MUONPS_ASSIGN_OR_RETURN(CreateJobRequest request,
+                                               CreateJobRequestFromProto(*r));
+                       MUONPS_ASSIGN_OR_RETURN(
+                           const JobInfo job,
+                           coordinator_->jobs().CreateJob(std::move(request)));
+                       return JobToProto(job);
+                     });
 }
 
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
                                         const v1::GetJobRequest* r,
                                         v1::Job* out) {
-  return MUONPS_SERVE_VALUE(context, "GetJob", state_->GetJob(r->job()), out);
+  return gate_.Serve(*context, "GetJob", out, [&]() -> absl::StatusOr<v1::Job> {
+    MUONPS_ASSIGN_OR_RETURN(const JobInfo job,
+                            coordinator_->jobs().GetJob(r->job()));
+    return JobToProto(job);
+  });
 }
 
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
                                           const v1::ListJobsRequest*,
                                           v1::ListJobsResponse* out) {
-  return Serve(context, "ListJobs", [&] {
-    *out = state_->ListJobs();
-    return absl::OkStatus();
-  });
+  return gate_.Serve(*context, "ListJobs", out,
+                     [&]() -> absl::StatusOr<v1::ListJobsResponse> {
+                       return JobListToProto(coordinator_->jobs().ListJobs());
+                     });
 }
 
 grpc::Status CoordinatorService::DeleteJob(grpc::ServerContext* context,
                                            const v1::DeleteJobRequest* r,
                                            v1::DeleteJobResponse*) {
-  return Serve(context, "DeleteJob", [&] { return state_->DeleteJob(*r); });
+  return gate_.Serve(*context, "DeleteJob", [&] {
+    return coordinator_->jobs().DeleteJob(DeleteJobRequestFromProto(*r));
+  });
 }
 
 grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* context,
                                          const v1::JoinJobRequest* r,
                                          v1::JoinJobResponse* out) {
-  return MUONPS_SERVE_VALUE(context, "JoinJob", state_->JoinJob(*r), out);
+  return gate_.Serve(
+      *context, "JoinJob", out, [&]() -> absl::StatusOr<v1::JoinJobResponse> {
+        MUONPS_ASSIGN_OR_RETURN(
+            const JoinGrant grant,
+            coordinator_->membership().JoinJob(JoinRequestFromProto(*r)));
+        return JoinGrantToProto(grant);
+      });
 }
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const v1::HeartbeatRequest* r,
                                            v1::HeartbeatResponse* out) {
-  return MUONPS_SERVE_VALUE(context, "Heartbeat", state_->Heartbeat(*r), out);
+  return gate_.Serve(*context, "Heartbeat", out,
+                     [&]() -> absl::StatusOr<v1::HeartbeatResponse> {
+                       MUONPS_ASSIGN_OR_RETURN(
+                           const HeartbeatReply reply,
+                           coordinator_->membership().Heartbeat(
+                               HeartbeatRequestFromProto(*r)));
+                       return HeartbeatReplyToProto(reply);
+                     });
 }
 
 grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* context,
                                           const v1::LeaveJobRequest* r,
                                           v1::LeaveJobResponse*) {
-  return Serve(context, "LeaveJob", [&] { return state_->LeaveJob(*r); });
+  return gate_.Serve(*context, "LeaveJob", [&] {
+    return coordinator_->membership().LeaveJob(LeaveRequestFromProto(*r));
+  });
 }
 
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
                                              const v1::ListWorkersRequest* r,
                                              v1::ListWorkersResponse* out) {
-  return MUONPS_SERVE_VALUE(context, "ListWorkers", state_->ListWorkers(*r),
-                            out);
+  return gate_.Serve(*context, "ListWorkers", out,
+                     [&]() -> absl::StatusOr<v1::ListWorkersResponse> {
+                       MUONPS_ASSIGN_OR_RETURN(
+                           const std::vector<WorkerView> workers,
+                           coordinator_->membership().ListWorkers(r->job()));
+                       return WorkerListToProto(workers);
+                     });
 }
 
 grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* context,
                                          const v1::GetPlanRequest* r,
                                          v1::Plan* out) {
-  return MUONPS_SERVE_VALUE(context, "GetPlan", state_->GetPlan(*r), out);
+  return gate_.Serve(
+      *context, "GetPlan", out, [&]() -> absl::StatusOr<v1::Plan> {
+        MUONPS_ASSIGN_OR_RETURN(
+            const std::shared_ptr<const PublishedPlan> plan,
+            coordinator_->plans().GetPlan(r->job(), r->version()));
+        return *plan_replies_.Reply(plan);
+      });
 }
 
 grpc::Status CoordinatorService::WatchPlan(
     grpc::ServerContext* context, const v1::WatchPlanRequest* r,
     grpc::ServerWriter<v1::Plan>* writer) {
-  return Serve(context, "WatchPlan", [&]() -> absl::Status {
+  return gate_.Serve(*context, "WatchPlan", [&]() -> absl::Status {
     if (r->known_version() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("known_version: ", r->known_version(), " < 0"));
@@ -162,12 +187,14 @@ grpc::Status CoordinatorService::WatchPlan(
     int64_t known = r->known_version();
     // Wake up now and then to notice a cancelled call or a shutdown.
     while (!context->IsCancelled() && !shutting_down_) {
-      absl::StatusOr<std::optional<v1::Plan>> plan =
-          state_->WaitForPlan(r->job(), known, absl::Milliseconds(500));
+      absl::StatusOr<std::shared_ptr<const PublishedPlan>> plan =
+          coordinator_->plans().WaitForPlan(r->job(), known,
+                                            absl::Milliseconds(500));
       if (!plan.ok()) return plan.status();
-      if (!plan->has_value()) continue;
-      known = (*plan)->version();
-      if (!writer->Write(**plan)) break;  // the client went away
+      if (*plan == nullptr) continue;
+      known = (*plan)->version;
+      // The shared message, not a copy: plans of big jobs are megabytes.
+      if (!writer->Write(*plan_replies_.Reply(*plan))) break;  // client gone
     }
     return absl::OkStatus();
   });
@@ -176,26 +203,33 @@ grpc::Status CoordinatorService::WatchPlan(
 grpc::Status CoordinatorService::PutNcclId(grpc::ServerContext* context,
                                            const v1::PutNcclIdRequest* r,
                                            v1::PutNcclIdResponse*) {
-  return Serve(context, "PutNcclId", [&] { return state_->PutNcclId(*r); });
+  return gate_.Serve(*context, "PutNcclId", [&] {
+    return coordinator_->nccl_ids().PutNcclId(NcclIdPutFromProto(*r));
+  });
 }
 
 grpc::Status CoordinatorService::GetNcclId(grpc::ServerContext* context,
                                            const v1::GetNcclIdRequest* r,
                                            v1::GetNcclIdResponse* out) {
-  return MUONPS_SERVE_VALUE(context, "GetNcclId", state_->GetNcclId(*r), out);
+  return gate_.Serve(*context, "GetNcclId", out,
+                     [&]() -> absl::StatusOr<v1::GetNcclIdResponse> {
+                       MUONPS_ASSIGN_OR_RETURN(
+                           const NcclId id, coordinator_->nccl_ids().GetNcclId(
+                                                NcclIdGetFromProto(*r)));
+                       return NcclIdToProto(id);
+                     });
 }
 
 grpc::Status CoordinatorService::ReportStepStats(
     grpc::ServerContext* context, const v1::ReportStepStatsRequest* r,
     v1::ReportStepStatsResponse*) {
-  return Serve(context, "ReportStepStats", [&]() -> absl::Status {
-    const absl::Status status = state_->ReportStepStats(*r);
-    if (status.ok()) step_seconds_->Observe(r->step_seconds());
-    return status;
+  return gate_.Serve(*context, "ReportStepStats", [&]() -> absl::Status {
+    MUONPS_RETURN_IF_ERROR(
+        coordinator_->step_stats().ReportStepStats(StepReportFromProto(*r)));
+    step_seconds_->Observe(r->step_seconds());
+    return absl::OkStatus();
   });
 }
-
-#undef MUONPS_SERVE_VALUE
 
 }  // namespace coordinator
 }  // namespace muonps

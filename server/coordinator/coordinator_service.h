@@ -1,31 +1,38 @@
-// The muonps.v1.Coordinator gRPC service over CoordinatorState: the one
-// place where absl::Status becomes grpc::Status, where every RPC is counted
-// and timed for /metrics, and where every RPC's bearer token is checked
-// before its handler runs (proto/credentials.h). Thread-safe.
+// The muonps.v1.Coordinator gRPC service over a Coordinator: the edge.
+// Every call passes the service's RpcGate (server/rpc/rpc_gate.h: bearer
+// token checked before anything runs, the one absl -> gRPC status
+// conversion, each call counted and timed for /metrics), its request is
+// converted into the coordinator's own types (coordinator_wire.h), the
+// coordinator's answer back into the reply. Nothing below this service
+// sees a muonps.v1 message. Thread-safe.
 #ifndef MUONPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define MUONPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <atomic>
 #include <string>
 
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/metrics.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
-#include "proto/credentials.h"
-#include "proto/grpc_status.h"
-#include "server/coordinator/coordinator_state.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/plan_reply_cache.h"
+#include "server/rpc/rpc_gate.h"
 
 namespace muonps {
 namespace coordinator {
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  // `state` and `metrics` must outlive the service. Every RPC must carry
-  // `token` as "authorization: Bearer TOKEN" (UNAUTHENTICATED otherwise,
-  // nothing changed); an empty `token` checks nothing. At most
+  // `coordinator` and `metrics` must outlive the service. Every RPC must
+  // carry `token` as "authorization: Bearer TOKEN" (UNAUTHENTICATED
+  // otherwise, nothing changed); an empty `token` checks nothing. At most
   // `max_watch_streams` WatchPlan streams are open at once (each holds a
   // server thread); more are RESOURCE_EXHAUSTED.
-  CoordinatorService(CoordinatorState* state, MetricsRegistry* metrics,
+  CoordinatorService(Coordinator* coordinator, MetricsRegistry* metrics,
                      std::string token, int max_watch_streams = 32);
+  CoordinatorService(const CoordinatorService&) = delete;
+  CoordinatorService& operator=(const CoordinatorService&) = delete;
 
   // Ends open WatchPlan streams (for shutdown).
   void Shutdown() { shutting_down_ = true; }
@@ -64,14 +71,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
                                v1::ReportStepStatsResponse*) override;
 
  private:
-  // Checks the caller's token, runs `body`, converts its status, and
-  // records count and latency.
-  template <typename Body>
-  grpc::Status Serve(grpc::ServerContext* context, const char* method,
-                     Body body);
+  // The gate's observer: counts and times the call, refreshes the gauges.
+  void Observe(absl::string_view method, const absl::Status& status,
+               absl::Duration elapsed);
 
-  CoordinatorState* state_;
-  const std::string token_;
+  Coordinator* const coordinator_;
   const int max_watch_streams_;
   std::atomic<int> watch_streams_{0};
   Counter* rpcs_;
@@ -83,6 +87,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   Histogram* step_seconds_;
   std::atomic<int64_t> published_versions_{0};
   std::atomic<bool> shutting_down_{false};
+  PlanReplyCache plan_replies_;
+  const server::RpcGate gate_;
 };
 
 }  // namespace coordinator

@@ -1,5 +1,5 @@
 // FakeClock: time that moves only when a test advances it, for
-// CoordinatorState's clock (`[&clock] { return clock.Now(); }`).
+// the Coordinator's clock (`[&clock] { return clock.Now(); }`).
 //
 // Thread-safe: the coordinator's threads read it while a test advances it.
 // Tests only (testonly in BUILD).

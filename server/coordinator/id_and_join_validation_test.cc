@@ -16,6 +16,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+using validation_test::CheckJoin;
 using validation_test::IsFieldError;
 using validation_test::kInf;
 using validation_test::kNaN;
@@ -38,7 +39,7 @@ absl::Status JoinStatus(const std::function<void(v1::JoinJobRequest*)>& mutate,
                         const Limits& limits = SmallLimits()) {
   v1::JoinJobRequest r = ValidJoin();
   mutate(&r);
-  return ValidateJoinJob(r, limits);
+  return CheckJoin(r, limits);
 }
 
 TEST(ValidateIdTest, AcceptsOneTo128BytesOfLettersDigitsDotUnderscoreDash) {

@@ -1,21 +1,21 @@
-// CoordinatorState's jobs (coordinator_state.cc): creating them (retries,
-// name clashes, limits, bad specs), listing and counting them, and deleting
-// them with the job's own token.
+// JobCatalog: creating jobs (retries, name clashes, limits, bad specs),
+// reading them back as they were declared, listing and counting them, and
+// deleting them with the job's own token.
 #include <cstdint>
 #include <string>
 
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_state.h"
-#include "server/coordinator/coordinator_state_fixture.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_fixture.h"
 
 namespace muonps {
 namespace coordinator {
 namespace {
 
 using coordinator_test::Beat;
-using coordinator_test::CoordinatorStateTest;
+using coordinator_test::CoordinatorTest;
 using coordinator_test::Create;
 using coordinator_test::Leave;
 using coordinator_test::PlanOf;
@@ -23,7 +23,7 @@ using coordinator_test::Spec;
 using coordinator_test::StatusIs;
 using ::testing::IsEmpty;
 
-TEST_F(CoordinatorStateTest, CreateJobReturnsJobsSlashNameAtPlanVersionZero) {
+TEST_F(CoordinatorTest, CreateJobReturnsJobsSlashNameAtPlanVersionZero) {
   absl::StatusOr<v1::Job> job = state_->CreateJob(Create(Spec("x", 2), "r1"));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->name(), "jobs/x");
@@ -38,7 +38,7 @@ TEST_F(CoordinatorStateTest, CreateJobReturnsJobsSlashNameAtPlanVersionZero) {
   EXPECT_EQ(got->DebugString(), without_token.DebugString());
 }
 
-TEST_F(CoordinatorStateTest, CreateJobRetryWithSameRequestIdReturnsSameJob) {
+TEST_F(CoordinatorTest, CreateJobRetryWithSameRequestIdReturnsSameJob) {
   absl::StatusOr<v1::Job> first = state_->CreateJob(Create(Spec("x", 2), "r1"));
   ASSERT_TRUE(first.ok()) << first.status();
   clock_.Advance(absl::Seconds(3));
@@ -48,7 +48,7 @@ TEST_F(CoordinatorStateTest, CreateJobRetryWithSameRequestIdReturnsSameJob) {
   EXPECT_EQ(state_->Counts().jobs, 1);
 }
 
-TEST_F(CoordinatorStateTest,
+TEST_F(CoordinatorTest,
        CreateJobOfExistingNameWithOtherRequestIsAlreadyExists) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2), "r1")).ok());
   EXPECT_THAT(state_->CreateJob(Create(Spec("x", 2), "r2")).status(),
@@ -59,7 +59,7 @@ TEST_F(CoordinatorStateTest,
               StatusIs(absl::StatusCode::kAlreadyExists, "\"y\""));
 }
 
-TEST_F(CoordinatorStateTest, CreateJobBeyondMaxJobsIsResourceExhausted) {
+TEST_F(CoordinatorTest, CreateJobBeyondMaxJobsIsResourceExhausted) {
   CoordinatorOptions options = Options();
   options.limits.max_jobs = 2;
   Reset(options);
@@ -72,8 +72,7 @@ TEST_F(CoordinatorStateTest, CreateJobBeyondMaxJobsIsResourceExhausted) {
   EXPECT_TRUE(state_->CreateJob(Create(Spec("c", 1))).ok());
 }
 
-TEST_F(CoordinatorStateTest,
-       CreateJobWithBadSpecOrLongRequestIdCreatesNothing) {
+TEST_F(CoordinatorTest, CreateJobWithBadSpecOrLongRequestIdCreatesNothing) {
   v1::JobSpec bad = Spec("x", 3);
   bad.mutable_matrices(2)->set_rows(0);
   EXPECT_THAT(
@@ -87,7 +86,7 @@ TEST_F(CoordinatorStateTest,
               StatusIs(absl::StatusCode::kNotFound, "\"x\""));
 }
 
-TEST_F(CoordinatorStateTest, ListJobsCountsExpertsAsMatricesAndSumsParameters) {
+TEST_F(CoordinatorTest, ListJobsCountsExpertsAsMatricesAndSumsParameters) {
   v1::JobSpec spec = Spec("moe", 1, 64, 32);
   v1::Matrix* experts = spec.add_matrices();
   experts->set_name("layers.1.experts");
@@ -112,8 +111,7 @@ TEST_F(CoordinatorStateTest, ListJobsCountsExpertsAsMatricesAndSumsParameters) {
   EXPECT_EQ(moe.plan_version(), 1);
 }
 
-TEST_F(CoordinatorStateTest,
-       JobTooLargeToCountIsRejectedOrListedWithoutOverflow) {
+TEST_F(CoordinatorTest, JobTooLargeToCountIsRejectedOrListedWithoutOverflow) {
   // 128 stacks of 65536 experts of 2^20 x 2^20 pass every per-matrix limit
   // but hold 128 * 2^56 = 2^63 parameters, one more than int64 holds.
   v1::JobSpec spec = Spec("huge", 128, int64_t{1} << 20, int64_t{1} << 20);
@@ -132,7 +130,7 @@ TEST_F(CoordinatorStateTest,
       << "the parameter count overflowed int64";
 }
 
-TEST_F(CoordinatorStateTest, CountsTrackJobsWorkersAndPublishedVersions) {
+TEST_F(CoordinatorTest, CountsTrackJobsWorkersAndPublishedVersions) {
   EXPECT_EQ(state_->Counts().jobs, 0);
   ASSERT_TRUE(state_->CreateJob(Create(Spec("a", 4))).ok());
   ASSERT_TRUE(state_->CreateJob(Create(Spec("b", 4))).ok());
@@ -155,7 +153,7 @@ TEST_F(CoordinatorStateTest, CountsTrackJobsWorkersAndPublishedVersions) {
   EXPECT_EQ(counts.plan_versions, 4);
 }
 
-TEST_F(CoordinatorStateTest,
+TEST_F(CoordinatorTest,
        DeletedJobIsNotFoundAndItsNameContinuesItsPlanVersions) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
   JoinOk("x", "w1");
@@ -180,7 +178,7 @@ TEST_F(CoordinatorStateTest,
   EXPECT_EQ(JoinOk("x", "w1"), 2);
 }
 
-TEST_F(CoordinatorStateTest, DeleteJobNeedsTheJobsOwnToken) {
+TEST_F(CoordinatorTest, DeleteJobNeedsTheJobsOwnToken) {
   absl::StatusOr<v1::Job> x = state_->CreateJob(Create(Spec("x", 2), "r"));
   absl::StatusOr<v1::Job> y = state_->CreateJob(Create(Spec("y", 2)));
   ASSERT_TRUE(x.ok() && y.ok());

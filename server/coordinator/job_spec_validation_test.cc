@@ -16,6 +16,8 @@ namespace coordinator {
 namespace {
 
 using ::testing::HasSubstr;
+using validation_test::CheckCreateJob;
+using validation_test::CheckSpec;
 using validation_test::IsFieldError;
 using validation_test::kInf;
 using validation_test::kNaN;
@@ -59,12 +61,12 @@ v1::JobSpec ValidSpec() {
 absl::Status SpecStatus(const std::function<void(v1::JobSpec*)>& mutate) {
   v1::JobSpec spec = ValidSpec();
   mutate(&spec);
-  return ValidateJobSpec(spec, SmallLimits()).status();
+  return CheckSpec(spec, SmallLimits()).status();
 }
 
 TEST(ValidateJobSpecTest, ConvertsEveryMatrixInOrderWithItsFields) {
   absl::StatusOr<std::vector<scheduler::MatrixSpec>> matrices =
-      ValidateJobSpec(ValidSpec(), SmallLimits());
+      CheckSpec(ValidSpec(), SmallLimits());
   ASSERT_TRUE(matrices.ok()) << matrices.status();
   ASSERT_EQ(matrices->size(), 3u);
   const scheduler::MatrixSpec& embed = (*matrices)[0];
@@ -93,7 +95,7 @@ TEST(ValidateJobSpecTest, FillsDefaultsOneExpertFp32AndReplicated) {
   spec.mutable_matrices(0)->set_dtype(v1::DTYPE_FP32);
   spec.mutable_matrices(0)->set_layout(v1::LAYOUT_REPLICATED);
   absl::StatusOr<std::vector<scheduler::MatrixSpec>> matrices =
-      ValidateJobSpec(spec, SmallLimits());
+      CheckSpec(spec, SmallLimits());
   ASSERT_TRUE(matrices.ok()) << matrices.status();
   for (int i : {0, 2}) {
     SCOPED_TRACE(i);
@@ -113,7 +115,7 @@ TEST(ValidateJobSpecTest, RejectsBadJobNameAndEmptyOrTooManyMatrices) {
   Limits two = SmallLimits();
   two.max_matrices_per_job = 2;
   EXPECT_THAT(
-      ValidateJobSpec(ValidSpec(), two).status(),
+      CheckSpec(ValidSpec(), two).status(),
       IsFieldError(absl::StatusCode::kResourceExhausted, "job.matrices"));
 }
 
@@ -303,14 +305,14 @@ TEST(ValidateCreateJobTest, RequestIdOver64BytesIsInvalidAndSpecIsChecked) {
   v1::CreateJobRequest request;
   *request.mutable_job() = ValidSpec();
   request.set_request_id(std::string(64, 'r'));
-  EXPECT_TRUE(ValidateCreateJob(request, SmallLimits()).ok());
+  EXPECT_TRUE(CheckCreateJob(request, SmallLimits()).ok());
   request.set_request_id(std::string(65, 'r'));
-  EXPECT_THAT(ValidateCreateJob(request, SmallLimits()),
+  EXPECT_THAT(CheckCreateJob(request, SmallLimits()),
               IsFieldError(absl::StatusCode::kInvalidArgument, "request_id"));
   request.clear_request_id();
   request.mutable_job()->mutable_matrices(0)->set_cols(0);
   EXPECT_THAT(
-      ValidateCreateJob(request, SmallLimits()),
+      CheckCreateJob(request, SmallLimits()),
       IsFieldError(absl::StatusCode::kInvalidArgument, "job.matrices[0].cols"));
 }
 

@@ -15,6 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/status.h"
+#include "muonps/v1/coordinator.pb.h"
+#include "muonps/v1/plan.pb.h"
+#include "server/coordinator/record_wire.h"
 
 namespace muonps {
 namespace coordinator {
@@ -235,8 +238,16 @@ absl::StatusOr<StoredState> JobStore::Load() {
     while ((rc = s.Step()) == SQLITE_ROW) {
       StoredJob job;
       job.name = s.ColumnBytes(0);
-      MUONPS_RETURN_IF_ERROR(ParseRow(&job.spec, s.ColumnBytes(1),
+      v1::JobSpec spec;
+      MUONPS_RETURN_IF_ERROR(ParseRow(&spec, s.ColumnBytes(1),
                                       absl::StrCat("job ", Quoted(job.name))));
+      absl::StatusOr<JobSpec> converted = JobSpecFromProto(spec);
+      if (!converted.ok()) {
+        return absl::DataLossError(absl::StrCat(
+            "state store: job ", Quoted(job.name),
+            ": stored spec is invalid: ", converted.status().message()));
+      }
+      job.spec = std::make_shared<const JobSpec>(*std::move(converted));
       job.create_request_id = s.ColumnBytes(2);
       job.create_time_ms = s.ColumnInt(3);
       job.job_token = s.ColumnBytes(4);
@@ -255,10 +266,12 @@ absl::StatusOr<StoredState> JobStore::Load() {
       const std::string job = s.ColumnBytes(0);
       StoredWorker w;
       w.worker_id = s.ColumnBytes(1);
+      v1::JoinJobRequest join;
       MUONPS_RETURN_IF_ERROR(
-          ParseRow(&w.join, s.ColumnBytes(2),
+          ParseRow(&join, s.ColumnBytes(2),
                    absl::StrCat("worker ", Quoted(w.worker_id), " of job ",
                                 Quoted(job))));
+      w.join = JoinRequestFromProto(join);
       w.join_time_ms = s.ColumnInt(3);
       w.token = s.ColumnBytes(4);
       w.join_seq = s.ColumnInt(5);
@@ -273,15 +286,20 @@ absl::StatusOr<StoredState> JobStore::Load() {
     int rc;
     while ((rc = s.Step()) == SQLITE_ROW) {
       const std::string job = s.ColumnBytes(0);
-      StoredPlan plan;
-      MUONPS_RETURN_IF_ERROR(
-          ParseRow(&plan.plan, s.ColumnBytes(1),
-                   absl::StrCat("plan of job ", Quoted(job))));
-      plan.nccl_id = s.ColumnBytes(2);
-      plan.nccl_generation = s.ColumnInt(3);
+      v1::Plan proto;
+      MUONPS_RETURN_IF_ERROR(ParseRow(
+          &proto, s.ColumnBytes(1), absl::StrCat("plan of job ", Quoted(job))));
       auto it = index.find(job);
       if (it == index.end()) continue;
-      out.jobs[it->second].plan = std::move(plan);
+      StoredJob& stored = out.jobs[it->second];
+      StoredPlan plan;
+      plan.version = proto.version();
+      plan.plan = PlanFromProto(
+          proto, std::shared_ptr<const std::vector<scheduler::MatrixSpec>>(
+                     stored.spec, &stored.spec->matrices));
+      plan.nccl_id = s.ColumnBytes(2);
+      plan.nccl_generation = s.ColumnInt(3);
+      stored.plan = std::move(plan);
     }
     if (rc != SQLITE_DONE) return Error("reading plans");
   }
@@ -314,7 +332,7 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
               "VALUES(?, ?, ?, ?, ?, ?)",
               [&](Statement& s) {
                 s.Text(1, o.job.name)
-                    .Blob(2, o.job.spec.SerializeAsString())
+                    .Blob(2, JobSpecToProto(*o.job.spec).SerializeAsString())
                     .Text(3, o.job.create_request_id)
                     .Int(4, o.job.create_time_ms)
                     .Text(5, o.job.job_token)
@@ -339,7 +357,8 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
               [&](Statement& s) {
                 s.Text(1, o.job)
                     .Text(2, o.worker.worker_id)
-                    .Blob(3, o.worker.join.SerializeAsString())
+                    .Blob(3,
+                          JoinRequestToProto(o.worker.join).SerializeAsString())
                     .Int(4, o.worker.join_time_ms)
                     .Text(5, o.worker.token)
                     .Int(6, o.worker.join_seq);
@@ -354,8 +373,8 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
               "nccl_generation) VALUES(?, ?, ?, ?, ?)",
               [&](Statement& s) {
                 s.Text(1, o.job)
-                    .Int(2, o.plan->version())
-                    .Blob(3, o.plan->SerializeAsString())
+                    .Int(2, o.plan->version)
+                    .Blob(3, PlanToProto(*o.plan).SerializeAsString())
                     .Blob(4, o.nccl_id)
                     .Int(5, o.nccl_generation);
               });

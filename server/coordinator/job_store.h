@@ -22,6 +22,12 @@
 // retried CreateJob or JoinJob returns them again), so the directory and
 // files are created 0700 / 0600.
 //
+// The API is the coordinator's own types (job_spec.h, worker_types.h,
+// published_plan.h); on disk a spec, a join request and a plan are their
+// muonps.v1 messages, serialized: this store converts them at its own edge,
+// with the service's conversions (coordinator_wire.h), so the files read as
+// the API does and an older build's rows still load.
+//
 // Thread-compatible: the caller serializes Load and Apply (the coordinator
 // does, with one writer at a time).
 #ifndef MUONPS_SERVER_COORDINATOR_JOB_STORE_H_
@@ -37,8 +43,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "muonps/v1/coordinator.pb.h"
-#include "muonps/v1/plan.pb.h"
+#include "server/coordinator/job_spec.h"
+#include "server/coordinator/published_plan.h"
+#include "server/coordinator/worker_types.h"
 
 struct sqlite3;
 
@@ -48,7 +55,7 @@ namespace coordinator {
 // A member of a job as stored: what it joined with and the token it got.
 struct StoredWorker {
   std::string worker_id;
-  v1::JoinJobRequest join;
+  JoinRequest join;
   int64_t join_time_ms = 0;  // Unix milliseconds
   std::string token;
   // Orders members as they joined (plans rank workers in join order).
@@ -57,14 +64,17 @@ struct StoredWorker {
 
 // A job's latest plan and the NCCL id rank 0 put for it (empty: none yet).
 struct StoredPlan {
-  v1::Plan plan;
+  int64_t version = 0;
+  // The plan, or why it does not fit its job's matrices (Load reads it back
+  // against them; the coordinator then drops it and says so).
+  absl::StatusOr<std::shared_ptr<const PublishedPlan>> plan;
   std::string nccl_id;
   int64_t nccl_generation = 0;
 };
 
 struct StoredJob {
   std::string name;
-  v1::JobSpec spec;
+  std::shared_ptr<const JobSpec> spec;  // shared: specs are megabytes
   std::string create_request_id;
   int64_t create_time_ms = 0;  // Unix milliseconds
   std::string job_token;
@@ -104,7 +114,7 @@ struct DeleteWorker {
 // big jobs are megabytes.
 struct PutPlan {
   std::string job;
-  std::shared_ptr<const v1::Plan> plan;
+  std::shared_ptr<const PublishedPlan> plan;
   std::string nccl_id;
   int64_t nccl_generation = 0;
 };
@@ -140,7 +150,7 @@ class JobStore {
   const std::string& dir() const { return dir_; }
 
   // Reads the whole state. DATA_LOSS naming the row when a stored message
-  // does not parse.
+  // does not parse or a stored spec holds a value outside an enum.
   absl::StatusOr<StoredState> Load();
 
   // Applies `ops` in order in one transaction, durable (fsynced) when it

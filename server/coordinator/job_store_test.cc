@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/coordinator/record_wire.h"
 
 namespace muonps {
 namespace coordinator {
@@ -51,14 +53,23 @@ class JobStoreTest : public ::testing::Test {
   std::string dir_;
 };
 
+// One 8 x 16 matrix, "layers.0.w".
+std::shared_ptr<const JobSpec> Spec(const std::string& name) {
+  auto spec = std::make_shared<JobSpec>();
+  spec->name = name;
+  scheduler::MatrixSpec m;
+  m.name = "layers.0.w";
+  m.rows = 8;
+  m.cols = 16;
+  spec->matrices.push_back(m);
+  spec->unset.push_back({.experts = true, .dtype = true, .layout = true});
+  return spec;
+}
+
 StoredJob Job(const std::string& name) {
   StoredJob job;
   job.name = name;
-  job.spec.set_name(name);
-  v1::Matrix* m = job.spec.add_matrices();
-  m->set_name("layers.0.w");
-  m->set_rows(8);
-  m->set_cols(16);
+  job.spec = Spec(name);
   job.create_request_id = "req-" + name;
   job.create_time_ms = 1700000000123;
   job.job_token = "job-token-" + name;
@@ -69,21 +80,35 @@ StoredJob Job(const std::string& name) {
 StoredWorker Worker(const std::string& id, int64_t seq) {
   StoredWorker w;
   w.worker_id = id;
-  w.join.set_worker_id(id);
-  w.join.set_instance_id("instance-" + id);
-  w.join.set_data_address(id + ":7001");
+  w.join.worker_id = id;
+  w.join.instance_id = "instance-" + id;
+  w.join.data_address = id + ":7001";
   w.join_time_ms = 1700000000000 + seq;
   w.token = "token-" + id;
   w.join_seq = seq;
   return w;
 }
 
-std::shared_ptr<const v1::Plan> Plan(const std::string& job, int64_t version,
-                                     std::vector<std::string> workers) {
-  auto plan = std::make_shared<v1::Plan>();
-  plan->set_job(job);
-  plan->set_version(version);
-  for (const std::string& w : workers) plan->add_workers(w);
+// The job's matrix owned by the first of `workers`.
+std::shared_ptr<const PublishedPlan> Plan(const std::string& job,
+                                          int64_t version,
+                                          std::vector<std::string> workers) {
+  auto plan = std::make_shared<PublishedPlan>();
+  plan->job = job;
+  plan->version = version;
+  plan->reason = "test";
+  const std::shared_ptr<const JobSpec> spec = Spec(job);
+  plan->matrices = std::shared_ptr<const std::vector<scheduler::MatrixSpec>>(
+      spec, &spec->matrices);
+  scheduler::OwnershipPlan& o = plan->ownership;
+  o.matrix_names = {"layers.0.w"};
+  o.worker_ids = std::move(workers);
+  o.owners = {{0}};
+  o.worker_seconds.assign(o.worker_ids.size(), 0.5);
+  o.worker_memory_bytes.assign(o.worker_ids.size(), 1024);
+  o.worker_momentum_bytes.assign(o.worker_ids.size(), 512);
+  o.worker_link_bytes.assign(o.worker_ids.size(), 0);
+  plan->buckets.push_back({{0}, 0, 0, 512});
   return plan;
 }
 
@@ -113,7 +138,9 @@ TEST_F(JobStoreTest, AppliedChangesAreLoadedBackAfterReopen) {
   ASSERT_EQ(state->jobs.size(), 2u);
   const StoredJob& a = state->jobs[0];
   EXPECT_EQ(a.name, "a");
-  EXPECT_EQ(a.spec.SerializeAsString(), Job("a").spec.SerializeAsString());
+  // Kept as their muonps.v1 messages: read back as written.
+  EXPECT_EQ(JobSpecToProto(*a.spec).SerializeAsString(),
+            JobSpecToProto(*Spec("a")).SerializeAsString());
   EXPECT_EQ(a.create_request_id, "req-a");
   EXPECT_EQ(a.create_time_ms, 1700000000123);
   EXPECT_EQ(a.job_token, "job-token-a");
@@ -121,10 +148,13 @@ TEST_F(JobStoreTest, AppliedChangesAreLoadedBackAfterReopen) {
   ASSERT_EQ(a.workers.size(), 1u);
   EXPECT_EQ(a.workers[0].worker_id, "w2");
   EXPECT_EQ(a.workers[0].token, "token-w2");
-  EXPECT_EQ(a.workers[0].join.instance_id(), "instance-w2");
+  EXPECT_EQ(a.workers[0].join.instance_id, "instance-w2");
   EXPECT_EQ(a.workers[0].join_seq, 2);
   ASSERT_TRUE(a.plan.has_value());
-  EXPECT_EQ(a.plan->plan.version(), 2);
+  EXPECT_EQ(a.plan->version, 2);
+  ASSERT_TRUE(a.plan->plan.ok()) << a.plan->plan.status();
+  EXPECT_EQ(PlanToProto(**a.plan->plan).SerializeAsString(),
+            PlanToProto(*Plan("a", 2, {"w1", "w2"})).SerializeAsString());
   EXPECT_EQ(a.plan->nccl_id, std::string(128, 'n'));
   EXPECT_EQ(a.plan->nccl_generation, 3);
   EXPECT_EQ(state->jobs[1].name, "b");

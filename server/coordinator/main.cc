@@ -24,8 +24,8 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "proto/credentials.h"
+#include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
-#include "server/coordinator/coordinator_state.h"
 #include "server/coordinator/job_store.h"
 #include "server/health/health_service.h"
 #include "server/metrics_flags/metrics_flags.h"
@@ -129,10 +129,10 @@ int Run() {
     return 2;
   }
   MetricsRegistry metrics;
-  std::unique_ptr<coordinator::CoordinatorState> opened;
+  std::unique_ptr<coordinator::Coordinator> opened;
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) {
-    opened = std::make_unique<coordinator::CoordinatorState>(options);
+    opened = std::make_unique<coordinator::Coordinator>(options);
   } else {
     absl::StatusOr<std::unique_ptr<coordinator::JobStore>> store =
         coordinator::JobStore::Open(state_dir);
@@ -140,8 +140,8 @@ int Run() {
       spdlog::error("{}", store.status().ToString());
       return 2;
     }
-    absl::StatusOr<std::unique_ptr<coordinator::CoordinatorState>> loaded =
-        coordinator::CoordinatorState::Open(options, *std::move(store));
+    absl::StatusOr<std::unique_ptr<coordinator::Coordinator>> loaded =
+        coordinator::Coordinator::Open(options, *std::move(store));
     if (!loaded.ok()) {
       spdlog::error("--state_dir={}: {}", state_dir,
                     loaded.status().ToString());
@@ -149,7 +149,7 @@ int Run() {
     }
     opened = *std::move(loaded);
   }
-  coordinator::CoordinatorState& state = *opened;
+  coordinator::Coordinator& state = *opened;
   Histogram* store_writes = metrics.AddHistogram(
       "muonps_coordinator_store_write_seconds",
       "Commits of the durable state (--state_dir), fsync included.");
@@ -202,7 +202,8 @@ int Run() {
   std::thread lease_monitor([&] {
     const absl::Duration period = options.heartbeat_interval / 2;
     while (!stop.WaitForNotificationWithTimeout(period)) {
-      service.CountLostLeases(static_cast<int>(state.ExpireLeases().size()));
+      service.CountLostLeases(
+          static_cast<int>(state.membership().ExpireLeases().size()));
       service.UpdateGauges();
       const absl::Status store = state.store_status();
       if (!store.ok() && !store_failed.exchange(true)) {

@@ -1,4 +1,4 @@
-// Cost tables workers join with (coordinator_membership.cc): parsed into
+// Cost tables workers join with (Membership::JoinJob): parsed into
 // the plan's predictions and splits, refused with the line when malformed,
 // and refused when measured on another GPU model than the worker's.
 #include <string>
@@ -8,14 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_state.h"
-#include "server/coordinator/coordinator_state_fixture.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_fixture.h"
 
 namespace muonps {
 namespace coordinator {
 namespace {
 
-using coordinator_test::CoordinatorStateTest;
+using coordinator_test::CoordinatorTest;
 using coordinator_test::Create;
 using coordinator_test::Join;
 using coordinator_test::Spec;
@@ -23,7 +23,7 @@ using coordinator_test::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-TEST_F(CoordinatorStateTest, JoinParsesCostTableIntoPlanPredictions) {
+TEST_F(CoordinatorTest, JoinParsesCostTableIntoPlanPredictions) {
   v1::JobSpec spec = Spec("x", 1, 64, 64);
   spec.mutable_muon()->set_ns_algorithm(v1::NS_ALGORITHM_NS5);
   ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
@@ -48,7 +48,7 @@ TEST_F(CoordinatorStateTest, JoinParsesCostTableIntoPlanPredictions) {
 
 // A table where four matrices take longer in one call than in two calls of
 // two: the published batch carries the split, each part with its time.
-TEST_F(CoordinatorStateTest, CostTableThatFavoursASplitPublishesTheParts) {
+TEST_F(CoordinatorTest, CostTableThatFavoursASplitPublishesTheParts) {
   v1::JobSpec spec = Spec("x", 4, 64, 64);
   spec.mutable_muon()->set_ns_algorithm(v1::NS_ALGORITHM_NS5);
   ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
@@ -76,7 +76,7 @@ TEST_F(CoordinatorStateTest, CostTableThatFavoursASplitPublishesTheParts) {
   }
 }
 
-TEST_F(CoordinatorStateTest, MalformedCostTableIsInvalidArgumentNamingLine) {
+TEST_F(CoordinatorTest, MalformedCostTableIsInvalidArgumentNamingLine) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 1))).ok());
   v1::JoinJobRequest join = Join("x", "w1");
   join.set_cost_table("# header\nnot json\n");
@@ -88,7 +88,7 @@ TEST_F(CoordinatorStateTest, MalformedCostTableIsInvalidArgumentNamingLine) {
   EXPECT_EQ(state_->Counts().workers, 0);
 }
 
-TEST_F(CoordinatorStateTest, CostTableOfAnotherGpuModelIsRefusedNamingBoth) {
+TEST_F(CoordinatorTest, CostTableOfAnotherGpuModelIsRefusedNamingBoth) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 1, 64, 64))).ok());
   const std::string table =
       "{\"device\": \"NVIDIA H100 80GB HBM3\"}\n"

@@ -1,6 +1,5 @@
-// CoordinatorState's membership (coordinator_membership.cc): workers
-// joining (the plan versions joins bring; their cost tables in
-// coordinator_cost_table_test.cc), retries and
+// Membership: workers joining (the plan versions joins bring; their cost
+// tables in membership_cost_table_test.cc), retries and
 // takeovers of a worker id, heartbeats and lease expiry, listing and
 // leaving, and the worker token every worker call needs.
 #include <cstdint>
@@ -13,15 +12,15 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_state.h"
-#include "server/coordinator/coordinator_state_fixture.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_fixture.h"
 
 namespace muonps {
 namespace coordinator {
 namespace {
 
 using coordinator_test::Beat;
-using coordinator_test::CoordinatorStateTest;
+using coordinator_test::CoordinatorTest;
 using coordinator_test::Create;
 using coordinator_test::Join;
 using coordinator_test::kGiB;
@@ -56,7 +55,7 @@ std::vector<std::string> OwnedBy(const v1::Plan& plan,
   return out;
 }
 
-TEST_F(CoordinatorStateTest, JoinBeyondMaxWorkersPerJobIsResourceExhausted) {
+TEST_F(CoordinatorTest, JoinBeyondMaxWorkersPerJobIsResourceExhausted) {
   CoordinatorOptions options = Options();
   options.limits.max_workers_per_job = 2;
   Reset(options);
@@ -69,7 +68,7 @@ TEST_F(CoordinatorStateTest, JoinBeyondMaxWorkersPerJobIsResourceExhausted) {
   EXPECT_EQ(JoinOk("x", "w2"), 2);  // a retry is not a new worker
 }
 
-TEST_F(CoordinatorStateTest, FirstWorkerGetsVersionOneOwningEveryMatrix) {
+TEST_F(CoordinatorTest, FirstWorkerGetsVersionOneOwningEveryMatrix) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 6))).ok());
   absl::StatusOr<v1::JoinJobResponse> join = state_->JoinJob(Join("x", "w1"));
   ASSERT_TRUE(join.ok()) << join.status();
@@ -87,7 +86,7 @@ TEST_F(CoordinatorStateTest, FirstWorkerGetsVersionOneOwningEveryMatrix) {
   EXPECT_THAT(state_->GetJob("x")->workers(), ElementsAre("w1"));
 }
 
-TEST_F(CoordinatorStateTest, DedicatedWorkersRankLastAndOwnMatricesToo) {
+TEST_F(CoordinatorTest, DedicatedWorkersRankLastAndOwnMatricesToo) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 8))).ok());
   v1::JoinJobRequest pool = Join("x", "pool0");
   pool.set_dedicated(true);
@@ -103,7 +102,7 @@ TEST_F(CoordinatorStateTest, DedicatedWorkersRankLastAndOwnMatricesToo) {
   EXPECT_FALSE(OwnedBy(plan, "w1").empty());
 }
 
-TEST_F(CoordinatorStateTest, SecondWorkerGetsVersionTwoSharingTheMatrices) {
+TEST_F(CoordinatorTest, SecondWorkerGetsVersionTwoSharingTheMatrices) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 8))).ok());
   EXPECT_EQ(JoinOk("x", "w1"), 1);
   EXPECT_EQ(JoinOk("x", "w2"), 2);
@@ -120,7 +119,7 @@ TEST_F(CoordinatorStateTest, SecondWorkerGetsVersionTwoSharingTheMatrices) {
   EXPECT_THAT(v1->workers(), ElementsAre("w1"));
 }
 
-TEST_F(CoordinatorStateTest,
+TEST_F(CoordinatorTest,
        JoinRetryWithSameInstanceKeepsVersionAndPublishesNothing) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
   JoinOk("x", "w1");
@@ -135,8 +134,7 @@ TEST_F(CoordinatorStateTest,
   EXPECT_THAT(state_->ExpireLeases(), ElementsAre("x/w1"));
 }
 
-TEST_F(CoordinatorStateTest,
-       OtherInstanceTakesOverWorkerIdOnlyAfterLeaseExpires) {
+TEST_F(CoordinatorTest, OtherInstanceTakesOverWorkerIdOnlyAfterLeaseExpires) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
   JoinOk("x", "w1");
   EXPECT_EQ(JoinOk("x", "w2"), 2);
@@ -158,8 +156,7 @@ TEST_F(CoordinatorStateTest,
   EXPECT_TRUE(state_->Heartbeat(Beat("x", "w2", 3, "restarted")).ok());
 }
 
-TEST_F(CoordinatorStateTest,
-       JobTooBigForWorkersHasNoPlanUntilRoomyWorkerJoins) {
+TEST_F(CoordinatorTest, JobTooBigForWorkersHasNoPlanUntilRoomyWorkerJoins) {
   // One 1024 x 1024 fp32 matrix takes 12 MiB to own; 8 MiB cannot hold it.
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 1))).ok());
   absl::StatusOr<v1::JoinJobResponse> small =
@@ -181,8 +178,7 @@ TEST_F(CoordinatorStateTest,
   EXPECT_THAT(OwnedBy(plan, "roomy"), ElementsAre("layers.0.w"));
 }
 
-TEST_F(CoordinatorStateTest,
-       HeartbeatRenewsLeaseAndExpiryMovesMatricesToSurvivors) {
+TEST_F(CoordinatorTest, HeartbeatRenewsLeaseAndExpiryMovesMatricesToSurvivors) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 12))).ok());
   JoinOk("x", "w1");
   JoinOk("x", "w2");
@@ -219,7 +215,7 @@ TEST_F(CoordinatorStateTest,
               StatusIs(absl::StatusCode::kNotFound, "\"w3\""));
 }
 
-TEST_F(CoordinatorStateTest, HeartbeatRejectsOtherInstanceAndFutureVersion) {
+TEST_F(CoordinatorTest, HeartbeatRejectsOtherInstanceAndFutureVersion) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
   JoinOk("x", "w1");
   absl::StatusOr<v1::HeartbeatResponse> ok =
@@ -243,7 +239,7 @@ TEST_F(CoordinatorStateTest, HeartbeatRejectsOtherInstanceAndFutureVersion) {
               StatusIs(absl::StatusCode::kNotFound, "\"y\""));
 }
 
-TEST_F(CoordinatorStateTest, ListWorkersReportsLeaseLeftOnTheClock) {
+TEST_F(CoordinatorTest, ListWorkersReportsLeaseLeftOnTheClock) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
   JoinOk("x", "w1");
   clock_.Advance(absl::Seconds(4));
@@ -260,8 +256,7 @@ TEST_F(CoordinatorStateTest, ListWorkersReportsLeaseLeftOnTheClock) {
   EXPECT_EQ(list->workers(0).data_address(), "w1.local:7001");
 }
 
-TEST_F(CoordinatorStateTest,
-       LeaveJobPublishesNewVersionAndLeavingTwiceIsNotFound) {
+TEST_F(CoordinatorTest, LeaveJobPublishesNewVersionAndLeavingTwiceIsNotFound) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
   JoinOk("x", "w1");
   JoinOk("x", "w2");
@@ -279,8 +274,7 @@ TEST_F(CoordinatorStateTest,
   EXPECT_EQ(CurrentPlan("x").version(), 3);
 }
 
-TEST_F(CoordinatorStateTest,
-       LastWorkerLeavingLeavesNoCurrentPlanButKeepsHistory) {
+TEST_F(CoordinatorTest, LastWorkerLeavingLeavesNoCurrentPlanButKeepsHistory) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
   JoinOk("x", "w1");
   JoinOk("x", "w2");
@@ -299,7 +293,7 @@ TEST_F(CoordinatorStateTest,
   EXPECT_EQ(CurrentPlan("x").version(), 4);
 }
 
-TEST_F(CoordinatorStateTest, WorkerCallsNeedTheTokenJoinJobGaveThatWorker) {
+TEST_F(CoordinatorTest, WorkerCallsNeedTheTokenJoinJobGaveThatWorker) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
   ASSERT_TRUE(state_->CreateJob(Create(Spec("y", 2))).ok());
   JoinOk("x", "w1");
@@ -333,7 +327,7 @@ TEST_F(CoordinatorStateTest, WorkerCallsNeedTheTokenJoinJobGaveThatWorker) {
   EXPECT_EQ(CurrentPlan("x").workers_size(), 1);
 }
 
-TEST_F(CoordinatorStateTest, JoinRetryKeepsTheTokenTakeoverGetsANewOne) {
+TEST_F(CoordinatorTest, JoinRetryKeepsTheTokenTakeoverGetsANewOne) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
   absl::StatusOr<v1::JoinJobResponse> first = state_->JoinJob(Join("x", "w1"));
   ASSERT_TRUE(first.ok());

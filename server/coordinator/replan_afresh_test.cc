@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_state_fixture.h"
+#include "server/coordinator/coordinator_fixture.h"
 
 namespace muonps {
 namespace coordinator {
@@ -36,7 +36,7 @@ std::map<std::string, std::string> Owners(const v1::Plan& plan) {
   return out;
 }
 
-class ReplanAfreshTest : public CoordinatorStateTest {
+class ReplanAfreshTest : public CoordinatorTest {
  protected:
   void SetUp() override {
     ASSERT_TRUE(state_->CreateJob(Create(MixedSpec())).ok());

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -26,28 +28,23 @@ absl::Status NonNegativeFinite(double value, absl::string_view field) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateMuon(const v1::MuonHyperparameters& h) {
-  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.lr(), "job.muon.lr"));
+absl::Status ValidateMuon(const MuonSettings& h) {
+  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.lr, "job.muon.lr"));
   MUONPS_RETURN_IF_ERROR(
-      NonNegativeFinite(h.weight_decay(), "job.muon.weight_decay"));
-  if (!std::isfinite(h.momentum()) || h.momentum() < 0 || h.momentum() >= 1) {
+      NonNegativeFinite(h.weight_decay, "job.muon.weight_decay"));
+  if (h.momentum.has_value() &&
+      (!std::isfinite(*h.momentum) || *h.momentum < 0 || *h.momentum >= 1)) {
     return InvalidField("job.muon.momentum",
-                        absl::StrCat(h.momentum(), " is not in [0, 1)"));
+                        absl::StrCat(*h.momentum, " is not in [0, 1)"));
   }
-  MUONPS_RETURN_IF_ERROR(InRange(h.ns_steps(), 0, 100, "job.muon.ns_steps"));
-  if (!v1::LrAdjustment_IsValid(h.adjust_lr_fn())) {
-    return InvalidField("job.muon.adjust_lr_fn", "unknown value");
-  }
-  if (!v1::NsAlgorithm_IsValid(h.ns_algorithm())) {
-    return InvalidField("job.muon.ns_algorithm", "unknown value");
-  }
-  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.ns_eps(), "job.muon.ns_eps"));
-  if (h.ns_coefficients_size() != 0 && h.ns_coefficients_size() != 3) {
+  MUONPS_RETURN_IF_ERROR(InRange(h.ns_steps, 0, 100, "job.muon.ns_steps"));
+  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.ns_eps, "job.muon.ns_eps"));
+  if (!h.ns_coefficients.empty() && h.ns_coefficients.size() != 3) {
     return InvalidField("job.muon.ns_coefficients",
-                        absl::StrCat("has ", h.ns_coefficients_size(),
+                        absl::StrCat("has ", h.ns_coefficients.size(),
                                      " values; expected none or 3 (a, b, c)"));
   }
-  for (double c : h.ns_coefficients()) {
+  for (double c : h.ns_coefficients) {
     if (!std::isfinite(c)) {
       return InvalidField("job.muon.ns_coefficients",
                           absl::StrCat(c, " is not finite"));
@@ -56,50 +53,19 @@ absl::Status ValidateMuon(const v1::MuonHyperparameters& h) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateAdamW(const v1::AdamWHyperparameters& h) {
-  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.lr(), "job.adamw.lr"));
+absl::Status ValidateAdamW(const AdamWSettings& h) {
+  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.lr, "job.adamw.lr"));
   MUONPS_RETURN_IF_ERROR(
-      NonNegativeFinite(h.weight_decay(), "job.adamw.weight_decay"));
-  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.eps(), "job.adamw.eps"));
+      NonNegativeFinite(h.weight_decay, "job.adamw.weight_decay"));
+  MUONPS_RETURN_IF_ERROR(NonNegativeFinite(h.eps, "job.adamw.eps"));
   for (const auto& [value, field] :
-       {std::pair<double, const char*>{h.beta1(), "job.adamw.beta1"},
-        {h.beta2(), "job.adamw.beta2"}}) {
+       {std::pair<double, const char*>{h.beta1, "job.adamw.beta1"},
+        {h.beta2, "job.adamw.beta2"}}) {
     if (!std::isfinite(value) || value < 0 || value >= 1) {
       return InvalidField(field, absl::StrCat(value, " is not in [0, 1)"));
     }
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<DType> ToDType(v1::DType dtype, absl::string_view field) {
-  switch (dtype) {
-    case v1::DTYPE_UNSPECIFIED:
-    case v1::DTYPE_FP32:
-      return DType::kFloat32;
-    case v1::DTYPE_BF16:
-      return DType::kBFloat16;
-    case v1::DTYPE_FP16:
-      return DType::kFloat16;
-    default:
-      return InvalidField(
-          field, absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
-  }
-}
-
-absl::StatusOr<scheduler::Layout> ToLayout(v1::Layout layout,
-                                           absl::string_view field) {
-  switch (layout) {
-    case v1::LAYOUT_UNSPECIFIED:
-    case v1::LAYOUT_REPLICATED:
-      return scheduler::Layout::kReplicated;
-    case v1::LAYOUT_UNREDUCED:
-      return scheduler::Layout::kUnreduced;
-    case v1::LAYOUT_ROW_SHARDED:
-      return scheduler::Layout::kRowSharded;
-    default:
-      return InvalidField(
-          field, absl::StrCat("unknown layout ", static_cast<int>(layout)));
-  }
 }
 
 }  // namespace
@@ -120,70 +86,66 @@ absl::Status ValidateId(absl::string_view value, absl::string_view field) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
-    const v1::JobSpec& spec, const Limits& limits) {
-  MUONPS_RETURN_IF_ERROR(ValidateId(spec.name(), "job.name"));
-  if (spec.matrices().empty()) {
+absl::Status ValidateJobSpec(const JobSpec& spec, const Limits& limits) {
+  MUONPS_RETURN_IF_ERROR(ValidateId(spec.name, "job.name"));
+  if (spec.matrices.empty()) {
     return InvalidField("job.matrices", "is empty");
   }
-  if (spec.matrices_size() > limits.max_matrices_per_job) {
+  if (static_cast<int64_t>(spec.matrices.size()) >
+      limits.max_matrices_per_job) {
     return FieldError(
         absl::StatusCode::kResourceExhausted, "job.matrices",
-        absl::StrCat(spec.matrices_size(), " exceed the limit of ",
+        absl::StrCat(spec.matrices.size(), " exceed the limit of ",
                      limits.max_matrices_per_job));
   }
-  MUONPS_RETURN_IF_ERROR(ValidateMuon(spec.muon()));
-  MUONPS_RETURN_IF_ERROR(ValidateAdamW(spec.adamw()));
+  MUONPS_RETURN_IF_ERROR(ValidateMuon(spec.muon));
+  MUONPS_RETURN_IF_ERROR(ValidateAdamW(spec.adamw));
   MUONPS_RETURN_IF_ERROR(
-      InRange(spec.bucket_bytes(), 0, int64_t{1} << 40, "job.bucket_bytes"));
+      InRange(spec.bucket_bytes, 0, int64_t{1} << 40, "job.bucket_bytes"));
   MUONPS_RETURN_IF_ERROR(
-      InRange(spec.dedicated_workers(), 0, 1024, "job.dedicated_workers"));
-  MUONPS_RETURN_IF_ERROR(InRange(spec.checkpoint_every(), 0, int64_t{1} << 40,
+      InRange(spec.dedicated_workers, 0, 1024, "job.dedicated_workers"));
+  MUONPS_RETURN_IF_ERROR(InRange(spec.checkpoint_every, 0, int64_t{1} << 40,
                                  "job.checkpoint_every"));
-  if (!spec.checkpoint_dir().empty() &&
-      (spec.checkpoint_dir()[0] != '/' || spec.checkpoint_dir().size() > 4096 ||
-       spec.checkpoint_dir().find('\0') != std::string::npos)) {
+  if (!spec.checkpoint_dir.empty() &&
+      (spec.checkpoint_dir[0] != '/' || spec.checkpoint_dir.size() > 4096 ||
+       spec.checkpoint_dir.find('\0') != std::string::npos)) {
     return InvalidField("job.checkpoint_dir",
                         "must be an absolute path of at most 4096 bytes");
   }
-  if (spec.checkpoint_dir().empty() && spec.checkpoint_every() > 0) {
+  if (spec.checkpoint_dir.empty() && spec.checkpoint_every > 0) {
     return InvalidField("job.checkpoint_every", "needs job.checkpoint_dir");
   }
-  std::vector<scheduler::MatrixSpec> out;
-  out.reserve(spec.matrices_size());
   int64_t items = 0;
   int64_t parameters = 0;
   std::set<absl::string_view> names;
-  for (int i = 0; i < spec.matrices_size(); ++i) {
-    const v1::Matrix& m = spec.matrices(i);
+  for (size_t i = 0; i < spec.matrices.size(); ++i) {
+    const scheduler::MatrixSpec& m = spec.matrices[i];
     const std::string field = absl::StrCat("job.matrices[", i, "]");
-    if (m.name().empty() ||
-        static_cast<int64_t>(m.name().size()) > limits.max_name_bytes) {
+    if (m.name.empty() ||
+        static_cast<int64_t>(m.name.size()) > limits.max_name_bytes) {
       return InvalidField(field + ".name",
                           absl::StrCat("must be 1..", limits.max_name_bytes,
-                                       " bytes, got ", m.name().size()));
+                                       " bytes, got ", m.name.size()));
     }
-    for (unsigned char c : m.name()) {
+    for (unsigned char c : m.name) {
       if (c < 0x20 || c == 0x7f) {
         return InvalidField(field + ".name", "holds a control character");
       }
     }
-    if (!names.insert(m.name()).second) {
+    if (!names.insert(m.name).second) {
       return InvalidField(field + ".name",
-                          absl::StrCat(Quoted(m.name()), " appears twice"));
+                          absl::StrCat(Quoted(m.name), " appears twice"));
     }
+    MUONPS_RETURN_IF_ERROR(InRange(m.rows, 1, limits.max_dim, field + ".rows"));
+    MUONPS_RETURN_IF_ERROR(InRange(m.cols, 1, limits.max_dim, field + ".cols"));
+    // The declaration's 0 (a 2-D matrix) is 1 here.
     MUONPS_RETURN_IF_ERROR(
-        InRange(m.rows(), 1, limits.max_dim, field + ".rows"));
-    MUONPS_RETURN_IF_ERROR(
-        InRange(m.cols(), 1, limits.max_dim, field + ".cols"));
-    MUONPS_RETURN_IF_ERROR(
-        InRange(m.experts(), 0, limits.max_experts, field + ".experts"));
-    MUONPS_RETURN_IF_ERROR(InRange(m.layer(), 0, 1 << 20, field + ".layer"));
+        InRange(m.experts, 0, limits.max_experts, field + ".experts"));
+    MUONPS_RETURN_IF_ERROR(InRange(m.layer, 0, 1 << 20, field + ".layer"));
     // Each factor is bounded above, so the products cannot overflow; the
     // sums stop at their limits.
-    const int64_t experts = std::max<int64_t>(1, m.experts());
-    items += experts;
-    parameters += m.rows() * m.cols() * experts;
+    items += m.experts;
+    parameters += m.rows * m.cols * m.experts;
     if (items > limits.max_matrices_per_job) {
       return FieldError(
           absl::StatusCode::kResourceExhausted, "job.matrices",
@@ -196,61 +158,50 @@ absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
           absl::StrCat("hold more than ", limits.max_parameters_per_job,
                        " parameters"));
     }
-    scheduler::MatrixSpec s;
-    s.name = m.name();
-    s.rows = m.rows();
-    s.cols = m.cols();
-    s.experts = std::max<int64_t>(1, m.experts());
-    s.layer = m.layer();
-    MUONPS_ASSIGN_OR_RETURN(s.dtype, ToDType(m.dtype(), field + ".dtype"));
-    MUONPS_ASSIGN_OR_RETURN(s.layout, ToLayout(m.layout(), field + ".layout"));
-    out.push_back(std::move(s));
   }
-  return out;
+  return absl::OkStatus();
 }
 
-absl::Status ValidateCreateJob(const v1::CreateJobRequest& request,
-                               const Limits& limits) {
-  if (static_cast<int64_t>(request.request_id().size()) >
-      limits.max_request_id_bytes) {
+absl::Status ValidateCreateJob(absl::string_view request_id,
+                               const JobSpec& spec, const Limits& limits) {
+  if (static_cast<int64_t>(request_id.size()) > limits.max_request_id_bytes) {
     return InvalidField("request_id",
                         absl::StrCat("must be at most ",
                                      limits.max_request_id_bytes, " bytes"));
   }
-  return ValidateJobSpec(request.job(), limits).status();
+  return ValidateJobSpec(spec, limits);
 }
 
-absl::Status ValidateJoinJob(const v1::JoinJobRequest& request,
-                             const Limits& limits) {
-  MUONPS_RETURN_IF_ERROR(ValidateId(request.job(), "job"));
-  MUONPS_RETURN_IF_ERROR(ValidateId(request.worker_id(), "worker_id"));
-  if (request.instance_id().empty() || request.instance_id().size() > 128) {
+absl::Status ValidateJoinJob(const JoinRequest& request, const Limits& limits) {
+  MUONPS_RETURN_IF_ERROR(ValidateId(request.job, "job"));
+  MUONPS_RETURN_IF_ERROR(ValidateId(request.worker_id, "worker_id"));
+  if (request.instance_id.empty() || request.instance_id.size() > 128) {
     return InvalidField("instance_id", "must be 1..128 bytes");
   }
-  const v1::Device& d = request.device();
-  if (d.memory_bytes() <= 0) {
+  const WorkerDevice& d = request.device;
+  if (d.memory_bytes <= 0) {
     return InvalidField("device.memory_bytes",
-                        absl::StrCat(d.memory_bytes(), " must be > 0"));
+                        absl::StrCat(d.memory_bytes, " must be > 0"));
   }
-  if (d.kind() != "cuda" && d.kind() != "cpu") {
+  if (d.kind != "cuda" && d.kind != "cpu") {
     return InvalidField("device.kind",
-                        absl::StrCat(Quoted(d.kind()), " is not cuda or cpu"));
+                        absl::StrCat(Quoted(d.kind), " is not cuda or cpu"));
   }
-  if (d.index() < 0) {
-    return InvalidField("device.index", absl::StrCat(d.index(), " is < 0"));
+  if (d.index < 0) {
+    return InvalidField("device.index", absl::StrCat(d.index, " is < 0"));
   }
-  if (!std::isfinite(request.speed()) || request.speed() < 0) {
+  if (!std::isfinite(request.speed) || request.speed < 0) {
     return InvalidField(
-        "speed", absl::StrCat(request.speed(), " must be finite and >= 0"));
+        "speed", absl::StrCat(request.speed, " must be finite and >= 0"));
   }
-  if (static_cast<int64_t>(request.cost_table().size()) >
+  if (static_cast<int64_t>(request.cost_table.size()) >
       limits.max_cost_table_bytes) {
     return FieldError(
         absl::StatusCode::kResourceExhausted, "cost_table",
-        absl::StrCat(request.cost_table().size(), " bytes exceed the limit of ",
+        absl::StrCat(request.cost_table.size(), " bytes exceed the limit of ",
                      limits.max_cost_table_bytes));
   }
-  if (request.data_address().size() > 256) {
+  if (request.data_address.size() > 256) {
     return InvalidField("data_address", "must be at most 256 bytes");
   }
   return absl::OkStatus();

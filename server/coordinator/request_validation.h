@@ -1,16 +1,18 @@
-// Validation of coordinator requests against configurable limits. Every
-// failure is an absl::Status whose message names the field, e.g.
-// `job.matrices[3].rows: 0 is not in [1, 1048576]`. Pure functions.
+// Validation of what callers ask the coordinator for, against configurable
+// limits, on the coordinator's own types (the edge, coordinator_wire.h, has
+// already refused what those types cannot hold, such as a value outside an
+// enum). Every failure is an absl::Status whose message names the API's
+// field, e.g. `job.matrices[3].rows: 0 is not in [1, 1048576]`. Pure
+// functions; thread-safe.
 #ifndef MUONPS_SERVER_COORDINATOR_REQUEST_VALIDATION_H_
 #define MUONPS_SERVER_COORDINATOR_REQUEST_VALIDATION_H_
 
 #include <cstdint>
-#include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "muonps/v1/coordinator.pb.h"
-#include "scheduler/plan_types.h"
+#include "server/coordinator/job_spec.h"
+#include "server/coordinator/worker_types.h"
 
 namespace muonps {
 namespace coordinator {
@@ -34,15 +36,17 @@ struct Limits {
 // Job names and worker ids: 1..128 bytes of [A-Za-z0-9._-].
 absl::Status ValidateId(absl::string_view value, absl::string_view field);
 
-// Checks a JobSpec and converts its matrices for the planner (defaults
-// filled in: experts 1, fp32, replicated).
-absl::StatusOr<std::vector<scheduler::MatrixSpec>> ValidateJobSpec(
-    const v1::JobSpec& spec, const Limits& limits);
+// The job's name, matrices (names unique, shapes, experts and layers in
+// range, totals within the limits: RESOURCE_EXHAUSTED beyond them),
+// hyperparameters, bucket bytes, dedicated workers and checkpoint settings.
+absl::Status ValidateJobSpec(const JobSpec& spec, const Limits& limits);
 
-absl::Status ValidateCreateJob(const v1::CreateJobRequest& request,
-                               const Limits& limits);
-absl::Status ValidateJoinJob(const v1::JoinJobRequest& request,
-                             const Limits& limits);
+// ValidateJobSpec, after the request id's length.
+absl::Status ValidateCreateJob(absl::string_view request_id,
+                               const JobSpec& spec, const Limits& limits);
+
+// The ids, device, speed, cost table size and data address of a join.
+absl::Status ValidateJoinJob(const JoinRequest& request, const Limits& limits);
 
 }  // namespace coordinator
 }  // namespace muonps

@@ -1,5 +1,6 @@
-// The step stats workers report: the coordinator keeps each worker's newest
-// step (by step id) in its record and ListWorkers shows it beside the plan's
+// StepStatsRecorder: the step stats workers report. Each figure is checked
+// and the worker named; the coordinator keeps each worker's newest step (by
+// step id) in its record and ListWorkers shows it beside the plan's
 // prediction; an older or repeated step id, a refused report, or another
 // worker's report leaves it alone, and it goes with the record when the
 // worker leaves, expires or is replaced.
@@ -8,7 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/coordinator/coordinator_state_fixture.h"
+#include "server/coordinator/coordinator_fixture.h"
 
 namespace muonps {
 namespace coordinator {
@@ -30,7 +31,7 @@ v1::ReportStepStatsRequest Report(const std::string& worker, int64_t step) {
   return r;
 }
 
-class StepStatsTest : public CoordinatorStateTest {
+class StepStatsTest : public CoordinatorTest {
  protected:
   void SetUp() override {
     ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
@@ -140,6 +141,50 @@ TEST_F(StepStatsTest, StatsGoWithTheRecordOfAnExpiredOrReplacedWorker) {
   EXPECT_THAT(state_->ExpireLeases(), ::testing::ElementsAre("x/w1"));
   JoinOk("x", "w1");
   EXPECT_FALSE(Listed("w1").has_last_step());
+}
+
+TEST_F(CoordinatorTest, ReportStepStatsValidatesStepTimesAndWorker) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  JoinOk("x", "w1");
+  v1::ReportStepStatsRequest valid;
+  valid.set_job("x");
+  valid.set_worker_id("w1");
+  valid.set_step(7);
+  valid.set_plan_version(1);
+  valid.set_step_seconds(0.25);
+  valid.set_ns_seconds(0.125);
+  valid.set_bytes_moved(1 << 20);
+  EXPECT_TRUE(state_->ReportStepStats(valid).ok());
+
+  v1::ReportStepStatsRequest r = valid;
+  r.set_step(-1);
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, "step: "));
+  r = valid;
+  r.set_step_seconds(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, "step_seconds"));
+  r = valid;
+  r.set_ns_seconds(std::numeric_limits<double>::infinity());
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, "ns_seconds"));
+  r = valid;
+  r.set_predicted_ns_seconds(-0.5);
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "predicted_ns_seconds: -0.5"));
+  r = valid;
+  r.set_bytes_moved(-1);
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kInvalidArgument, "bytes_moved"));
+  r = valid;
+  r.set_worker_id("w9");
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kNotFound, "\"w9\""));
+  r = valid;
+  r.set_job("y");
+  EXPECT_THAT(state_->ReportStepStats(r),
+              StatusIs(absl::StatusCode::kNotFound, "\"y\""));
 }
 
 }  // namespace

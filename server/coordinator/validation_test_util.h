@@ -1,13 +1,19 @@
 // What the request validation tests share (request_validation.h): the
-// IsFieldError matcher, SmallLimits (limits small enough to reach), and
-// NaN and infinity. Tests only (testonly in BUILD).
+// IsFieldError matcher, SmallLimits (limits small enough to reach), NaN and
+// infinity, and the checks of muonps.v1 requests as the coordinator makes
+// them (converted at the edge, record_wire.h, then validated). Tests only
+// (testonly in BUILD).
 #ifndef MUONPS_SERVER_COORDINATOR_VALIDATION_TEST_UTIL_H_
 #define MUONPS_SERVER_COORDINATOR_VALIDATION_TEST_UTIL_H_
 
 #include <limits>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "gmock/gmock.h"
+#include "muonps/v1/coordinator.pb.h"
+#include "server/coordinator/record_wire.h"
 #include "server/coordinator/request_validation.h"
 
 namespace muonps {
@@ -31,6 +37,28 @@ inline Limits SmallLimits() {
   limits.max_name_bytes = 32;
   limits.max_cost_table_bytes = 16;
   return limits;
+}
+
+// `spec` converted and validated: its matrices, or the first error.
+inline absl::StatusOr<std::vector<scheduler::MatrixSpec>> CheckSpec(
+    const v1::JobSpec& spec, const Limits& limits) {
+  absl::StatusOr<JobSpec> converted = JobSpecFromProto(spec);
+  if (!converted.ok()) return converted.status();
+  const absl::Status valid = ValidateJobSpec(*converted, limits);
+  if (!valid.ok()) return valid;
+  return converted->matrices;
+}
+
+inline absl::Status CheckCreateJob(const v1::CreateJobRequest& request,
+                                   const Limits& limits) {
+  absl::StatusOr<JobSpec> converted = JobSpecFromProto(request.job());
+  if (!converted.ok()) return converted.status();
+  return ValidateCreateJob(request.request_id(), *converted, limits);
+}
+
+inline absl::Status CheckJoin(const v1::JoinJobRequest& request,
+                              const Limits& limits) {
+  return ValidateJoinJob(JoinRequestFromProto(request), limits);
 }
 
 }  // namespace validation_test

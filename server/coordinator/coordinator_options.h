@@ -1,0 +1,29 @@
+// What the coordinator is configured with (from flags, in main) and the
+// clock it reads. Plain values.
+#ifndef MUONPS_SERVER_COORDINATOR_COORDINATOR_OPTIONS_H_
+#define MUONPS_SERVER_COORDINATOR_COORDINATOR_OPTIONS_H_
+
+#include <functional>
+
+#include "absl/time/time.h"
+#include "server/coordinator/request_validation.h"
+
+namespace muonps {
+namespace coordinator {
+
+struct CoordinatorOptions {
+  Limits limits;
+  absl::Duration lease_ttl = absl::Seconds(6);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Plan versions kept per job for GetPlan.
+  int plan_history = 16;
+};
+
+// The coordinator's time (leases, create and join times); tests pass a
+// fake one. Must be thread-safe.
+using Clock = std::function<absl::Time()>;
+
+}  // namespace coordinator
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_COORDINATOR_COORDINATOR_OPTIONS_H_

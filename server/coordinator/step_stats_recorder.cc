@@ -1,0 +1,52 @@
+#include "server/coordinator/step_stats_recorder.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/coordinator/request_validation.h"
+
+namespace muonps {
+namespace coordinator {
+
+absl::Status StepStatsRecorder::ReportStepStats(const StepReport& r) {
+  const StepStats& s = r.stats;
+  if (s.step < 0) return InvalidField("step", absl::StrCat(s.step, " < 0"));
+  for (const auto& [value, field] :
+       {std::pair<double, const char*>{s.step_seconds, "step_seconds"},
+        {s.ns_seconds, "ns_seconds"},
+        {s.predicted_ns_seconds, "predicted_ns_seconds"}}) {
+    if (!std::isfinite(value) || value < 0) {
+      return InvalidField(field, absl::StrCat(value, " must be finite, >= 0"));
+    }
+  }
+  if (s.bytes_moved < 0) {
+    return InvalidField("bytes_moved", absl::StrCat(s.bytes_moved, " < 0"));
+  }
+  if (s.plan_version < 0) {
+    return InvalidField("plan_version", absl::StrCat(s.plan_version, " < 0"));
+  }
+  MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id, "worker_id"));
+  absl::MutexLock lock(table_->mutex());
+  MUONPS_ASSIGN_OR_RETURN(JobRecord * job, table_->Find(r.job));
+  MUONPS_ASSIGN_OR_RETURN(
+      WorkerRecord * worker,
+      job->members.Authenticate(r.job, r.worker_id, r.worker_token));
+  if (s.plan_version > job->plans.latest_version()) {
+    return InvalidField(
+        "plan_version",
+        absl::StrCat(s.plan_version, " is newer than the latest, ",
+                     job->plans.latest_version()));
+  }
+  // A worker reports its steps in order; an id at or below the one held (a
+  // trainer that resumed from an earlier step) leaves the newest in place.
+  if (!worker->last_step.has_value() || s.step > worker->last_step->step) {
+    worker->last_step = s;
+  }
+  job->stepped = true;
+  return absl::OkStatus();
+}
+
+}  // namespace coordinator
+}  // namespace muonps
