@@ -30,11 +30,16 @@ std::shared_ptr<const v1::Plan> PlanReplyCache::Reply(
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = entries_.insert_or_assign(key, Entry{plan, reply});
   if (inserted) order_.push_back(key);
-  // Plans their job no longer keeps are asked for no more.
+  // Plans their job no longer keeps are asked for no more, and a job's
+  // workers move on to its newest.
   order_.erase(std::remove_if(order_.begin(), order_.end(),
                               [&](const Key& k) {
                                 auto e = entries_.find(k);
-                                if (!e->second.plan.expired()) return false;
+                                const bool older = k.first == key.first &&
+                                                   k.second < key.second;
+                                if (!older && !e->second.plan.expired()) {
+                                  return false;
+                                }
                                 entries_.erase(e);
                                 return true;
                               }),

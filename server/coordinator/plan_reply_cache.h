@@ -1,10 +1,11 @@
 // PlanReplyCache: each published plan converted into its muonps.v1.Plan
 // once, for every GetPlan and WatchPlan of it. Plans of big jobs are
 // megabytes and every worker of a job reads each version, so the service
-// edge converts a version once and shares the message. Holds the newest
-// `capacity` conversions of plans still kept by their job (keyed by job and
-// version, checked against the plan itself: a job deleted and created
-// again reuses versions).
+// edge converts a version once and shares the message. Holds at most
+// `capacity` conversions, of plans their job still keeps, and of each job
+// only the newest asked for (its workers follow the newest; an older one
+// asked again is converted again). Keyed by job and version and checked
+// against the plan itself: a job deleted and created again reuses versions.
 //
 // Thread-safe; conversions run outside its mutex.
 #ifndef MUONPS_SERVER_COORDINATOR_PLAN_REPLY_CACHE_H_
