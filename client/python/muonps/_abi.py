@@ -6,7 +6,9 @@ declarations and re-exports the public names.
 
 import ctypes
 
-ABI_VERSION = 5
+ABI_VERSION = 6
+# Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
+MAX_GROUPS = 64
 
 LAYOUT_REPLICATED = 1
 LAYOUT_UNREDUCED = 2
@@ -69,7 +71,9 @@ class _StepOptions(ctypes.Structure):
                 ("adamw_lr", ctypes.c_double), ("group_count", ctypes.c_int),
                 ("group_lr", ctypes.POINTER(ctypes.c_double)),
                 ("group_weight_decay", ctypes.POINTER(ctypes.c_double)),
-                ("stream", ctypes.c_uint64), ("async_", ctypes.c_int)]
+                ("stream", ctypes.c_uint64), ("async_", ctypes.c_int),
+                ("group_adamw_lr", ctypes.POINTER(ctypes.c_double)),
+                ("group_adamw_weight_decay", ctypes.POINTER(ctypes.c_double))]
 
 
 _c_int, _c_i64, _c_dbl, _c_str = (ctypes.c_int, ctypes.c_int64, ctypes.c_double,
@@ -93,8 +97,6 @@ _SIGNATURES = {
     "muonps_client_buffers": (_c_int, [_handle, _c_str, ctypes.POINTER(_f32p),
                                        ctypes.POINTER(_f32p), _i64p, _i64p,
                                        _i64p]),
-    "muonps_client_step": (_c_int, [_handle, _c_i64, _c_dbl, _c_dbl, _c_dbl,
-                                    ctypes.POINTER(_StepResult)]),
     "muonps_client_get_momentum": (_c_int, [_handle, _c_str, _c_i64, _f32p,
                                             _c_i64]),
     "muonps_client_set_momentum": (_c_int, [_handle, _c_str, _c_i64, _f32p,

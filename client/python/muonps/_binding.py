@@ -7,8 +7,10 @@ workers' in-place updates are the model's weights with no copy;
 `release()` copies them back out into ordinary memory before the segment
 goes away. A `ShardLent` does the same for a DTensor's local shard (FSDP2),
 whose storage FSDP2 keeps: it copies the shard and its gradient in before
-each step and the updated shard back after it. Not thread-safe (the
-optimizer's thread only).
+each step and the updated shard back after it. A sharded AdamW tensor is
+lent padded to the largest shard any rank holds (`lent_elements`, the same
+on every rank, as the workers require); the padding stays zero, which
+AdamW leaves zero. Not thread-safe (the optimizer's thread only).
 """
 
 import ctypes
@@ -18,6 +20,8 @@ import torch
 
 def buffer_view(address, elements, shape):
     """A float32 tensor over `elements` floats at `address` (not owning them)."""
+    if elements == 0:  # torch.frombuffer refuses an empty buffer
+        return torch.empty(shape, dtype=torch.float32)
     array = (ctypes.c_float * elements).from_address(address)
     return torch.frombuffer(array, dtype=torch.float32).view(shape)
 
@@ -31,6 +35,10 @@ class LentTensor:
         self.group = group  # index into the optimizer's param_groups
         self.muon = muon
         self.shape = tuple(param.shape)
+        self.local_shape = self.shape  # what this rank holds
+        # Floats the client lends for it (declared with add_tensor or
+        # implied by add_matrix).
+        self.lent_elements = param.numel()
         self.experts = param.shape[0] if muon and param.dim() == 3 else 1
         self.value = None  # view of the parameter buffer
         self.grad = None  # view of the gradient buffer
@@ -80,18 +88,29 @@ class LentTensor:
 
 
 class ShardLent(LentTensor):
-    """A row-sharded DTensor matrix: the lent buffers hold this rank's
-    shard (its rows); the DTensor keeps its own storage, copied to and
-    from them around each step."""
+    """A DTensor: a row-sharded matrix, whose lent buffers hold this rank's
+    shard (its rows), or an AdamW tensor, whose lent buffers hold this
+    rank's local shard padded to `lent_elements` (`padded`, from
+    _dtensor.adamw_lent_elements). The DTensor keeps its own storage,
+    copied to and from the buffers around each step."""
+
+    def __init__(self, name, param, group, muon, padded=None):
+        super().__init__(name, param, group, muon)
+        self.local_shape = tuple(param.to_local().shape)
+        self.lent_elements = param.to_local().numel() if padded is None \
+            else padded
 
     def bind(self, param_address, grad_address, elements):
         shard = self.param.to_local()
-        if elements != shard.numel():
+        if elements != self.lent_elements:
             raise RuntimeError(
                 f"muonps lent {elements} floats for {self.name!r}, whose "
-                f"shard on this rank has {shard.numel()} elements")
-        self.value = buffer_view(param_address, elements, tuple(shard.shape))
-        self.grad = buffer_view(grad_address, elements, tuple(shard.shape))
+                f"shard on this rank needs {self.lent_elements}")
+        # The shard's own elements come first; the padding after them.
+        self.value = buffer_view(param_address, shard.numel(),
+                                 tuple(shard.shape))
+        self.grad = buffer_view(grad_address, shard.numel(),
+                                tuple(shard.shape))
         self.rebind()
 
     def rebind(self):

@@ -7,9 +7,11 @@ place; a gradient that lands elsewhere is copied in at the step), fp32 or
 bf16 (the worker keeps fp32 momentum and rounds each bf16 update once). The
 trainer's current stream records an event the worker's stream waits on and
 then waits, on the device, for the worker's updates, so `step()` returns
-once the step is enqueued. Per-group lr and weight decay travel with the
-step (no passes over the parameters in Python). Every other tensor is
-stepped by torch's own fused AdamW on the trainer's stream. A DTensor
+once the step is enqueued. Param groups are registered when the client
+starts and each step carries every group's lr and weight decay by index
+(no passes over the parameters in Python). Every other tensor is stepped
+by torch's own fused AdamW on the trainer's stream, the one AdamW of a
+CUDA trainer (the client steps none of its tensors). A DTensor
 (FSDP2) lends its local shard in place; its gradient, a DTensor FSDP2
 reduce-scatters anew each step, is copied into the lent buffer at the step
 (see muonps/_dtensor.py). Not thread-safe (the optimizer's thread only).
@@ -53,15 +55,17 @@ class CudaPath:
             client.lend_cuda(name, buffer, shard, _DTYPES[p.dtype])
         self.data_ptrs = {name: local(p).data_ptr() for name, p, _ in self.lent}
         for index in range(len(param_groups)):
-            client.set_group(index, [n for n, _, g in matrices if g == index])
+            client.set_group(index, [n for n, _, g in self.lent if g == index])
         self.adamw = None
         if others:
             self.adamw = TorchAdamW(
                 others, param_groups, defaults,
                 fused=not any(is_dtensor(p) for _, p, _ in others))
 
-    def step(self, step_id, param_groups, adamw_lr_of):
-        """Enqueues one step; raises a previous async step's error."""
+    def step(self, step_id, values):
+        """Enqueues one step with each param group's (lr, weight_decay,
+        adamw_lr, adamw_weight_decay) by index (`values`); raises a
+        previous async step's error."""
         for name, p, _ in self.lent:
             if local(p).data_ptr() != self.data_ptrs[name]:
                 raise RuntimeError(
@@ -76,17 +80,14 @@ class CudaPath:
             if not is_dtensor(p):
                 p.grad = buffer
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        pending, already = self.client.step_with(
-            step_id, [g["lr"] for g in param_groups],
-            [g["weight_decay"] for g in param_groups], stream=stream,
-            async_=True)
-        if self.adamw is not None and not already:
-            self.adamw.step(param_groups, adamw_lr_of)
-        return already
+        self.client.step(step_id, values, stream=stream, async_=True)
+        # Enqueued after the workers' updates on the trainer's stream, once
+        # per call: the client steps none of these tensors.
+        if self.adamw is not None:
+            self.adamw.step(values)
 
     def wait(self):
-        """The last step's outcome (raises its error); True if it had been
-        applied before."""
+        """The last step's outcome (raises its error): a StepOutcome."""
         return self.client.wait()
 
     def zero_grad(self):

@@ -11,7 +11,10 @@ and send each rank back the rows of its update. Any other placement of a
 matrix (a tensor-parallel Shard(1), a 2-D mesh as in HSDP, Replicate or
 Partial) and 3-D expert stacks sharded on the expert dimension are refused,
 naming the parameter and its placement. A DTensor that is not a matrix
-goes to torch.optim.AdamW, which steps DTensors as they are.
+is stepped by the one AdamW of its trainer kind: on the host, the client's
+(its local shard lent padded to the largest shard, see
+adamw_lent_elements); on a GPU, torch.optim.AdamW (TorchAdamW), which
+steps DTensors as they are.
 """
 
 import functools
@@ -86,8 +89,30 @@ def check_row_sharded(name, p, rank, world_size):
             "evenly (FSDP2's default shard_placement_fn)")
 
 
+def adamw_lent_elements(name, p):
+    """The floats a host trainer lends for the DTensor AdamW tensor `p`:
+    its largest local shard on any rank (every rank lends the same count;
+    a shorter shard leaves zero padding after it). Raises ValueError naming
+    `name` unless `p` is Shard(0) (as FSDP2's fully_shard places it) or
+    Replicate on a 1-D mesh."""
+    mesh, placements = p.device_mesh, tuple(p.placements)
+    where = f"muonps.Muon: {name!r} is a DTensor placed {placements} on {mesh}"
+    if mesh.ndim != 1:
+        raise ValueError(f"{where}; muonps takes DTensors on a 1-D mesh "
+                         "(FSDP2's fully_shard)")
+    placement = placements[0]
+    if placement.is_replicate():
+        return p.numel()
+    if not (placement.is_shard() and placement.dim in (0, -p.dim())):
+        raise ValueError(f"{where}; an AdamW tensor must be Shard(0), as "
+                         "FSDP2's fully_shard places it, or Replicate")
+    rows = p.shape[0]
+    return -(-rows // mesh.size()) * (p.numel() // max(rows, 1))
+
+
 class TorchAdamW:
-    """torch.optim.AdamW over the tensors muonps does not lend, with each
+    """torch.optim.AdamW over a CUDA trainer's AdamW tensors (the one AdamW
+    of CUDA trainers; the client's steps no tensor of theirs), with each
     param group's AdamW lr and weight decay set before every step."""
 
     def __init__(self, others, param_groups, defaults, fused):
@@ -105,11 +130,11 @@ class TorchAdamW:
             weight_decay=defaults["adamw_weight_decay"],
             **({"fused": True} if fused else {"foreach": False}))
 
-    def step(self, param_groups, adamw_lr_of):
+    def step(self, values):
+        """`values`: (lr, weight_decay, adamw_lr, adamw_weight_decay) by
+        param group index, the step's (what the workers are sent too)."""
         for group in self.optimizer.param_groups:
-            source = param_groups[group["group"]]
-            group["lr"] = adamw_lr_of(source)
-            group["weight_decay"] = source["adamw_weight_decay"]
+            _, _, group["lr"], group["weight_decay"] = values[group["group"]]
         self.optimizer.step()
 
     def state_dict(self):

@@ -7,6 +7,7 @@ used by one thread at a time, like the handle it wraps. The ABI's
 declarations (enums, codes, structs, signatures) live in `_abi`.
 """
 
+import collections
 import ctypes
 import os
 import pathlib
@@ -16,11 +17,20 @@ import threading
 from ._abi import (  # noqa: F401 (re-exported)
     _SIGNATURES, ABI_VERSION, ADJUST_LR_MATCH_RMS_ADAMW, ADJUST_LR_ORIGINAL,
     CODE_NAMES, DEADLINE_EXCEEDED, FAILED_PRECONDITION, LAYOUT_REPLICATED,
-    LAYOUT_ROW_SHARDED, LAYOUT_UNREDUCED, NOT_FOUND, NS_AUTO, NS_GRAM, NS_NS5,
+    LAYOUT_ROW_SHARDED, LAYOUT_UNREDUCED, MAX_GROUPS, NOT_FOUND, NS_AUTO,
+    NS_GRAM, NS_NS5,
     UNAVAILABLE, MuonpsError, _AdamWHyper, _c_i64, _c_str, _f32p, _handle,
     _MuonHyper, _StepOptions, _StepResult)
 
 BUILD_COMMAND = "bazel build //client:libmuonps.so"
+
+# What a step call answers (muonps_step_result): `pending` (an async step
+# was enqueued; wait() ends it), `already_applied` (the workers had
+# committed this step id before), `adamw_applied` (this call stepped the
+# client's AdamW tensors: once per committed step id) and `momentum_reset`
+# (matrices of the local worker that started from zero momentum).
+StepOutcome = collections.namedtuple(
+    "StepOutcome", "pending already_applied adamw_applied momentum_reset")
 
 
 class LibraryNotFoundError(ImportError):
@@ -168,29 +178,23 @@ class NativeClient:
         return (ctypes.cast(param, ctypes.c_void_p).value,
                 ctypes.cast(grad, ctypes.c_void_p).value, elements.value)
 
-    def step(self, step_id, lr, weight_decay, adamw_lr):
-        """Runs one step; returns True if the worker had already applied it."""
-        result = _StepResult()
-        self._check(self._lib.muonps_client_step(
-            self._handle, step_id, lr, weight_decay, adamw_lr,
-            ctypes.byref(result)))
-        return bool(result.already_applied)
-
-    def step_groups(self, step_id, group_lr, group_weight_decay, adamw_lr):
-        """A host step with per-group Muon lr/wd (set_group's groups);
-        returns (already_applied, adamw_applied, momentum_reset): whether
-        the workers had committed it before, whether this call stepped AdamW
-        (once per committed step id), and how many matrices the local worker
-        started from zero momentum (their owner changed)."""
-        count = len(group_lr)
-        lrs = (ctypes.c_double * max(1, count))(*group_lr)
-        wds = (ctypes.c_double * max(1, count))(*group_weight_decay)
-        options = _StepOptions(-1.0, -1.0, adamw_lr, count, lrs, wds, 0, 0)
+    def step(self, step_id, groups, stream=0, async_=False):
+        """One step with each param group's values by index: `groups` holds
+        (lr, weight_decay, adamw_lr, adamw_weight_decay) per group (< 0
+        keeps the job's default), the groups set_group filled. `stream`
+        and `async_`: CUDA trainers (the gradients' cudaStream_t; return
+        once enqueued). Returns a StepOutcome."""
+        count = len(groups)
+        columns = list(zip(*groups)) if groups else [(), (), (), ()]
+        arrays = [(ctypes.c_double * max(1, count))(*map(float, column))
+                  for column in columns]
+        options = _StepOptions(-1.0, -1.0, -1.0, count, arrays[0], arrays[1],
+                               int(stream), int(bool(async_)), arrays[2],
+                               arrays[3])
         result = _StepResult()
         self._check(self._lib.muonps_client_step_with(
             self._handle, step_id, ctypes.byref(options), ctypes.byref(result)))
-        return (bool(result.already_applied), bool(result.adamw_applied),
-                int(result.momentum_reset))
+        return _outcome(result)
 
     def set_last_adamw_step(self, step_id):
         """The last step id whose AdamW part the restored state includes."""
@@ -245,29 +249,18 @@ class NativeClient:
         return restored.value
 
     def set_group(self, group, names):
+        """Puts declared tensors (matrices and AdamW tensors) in param group
+        `group` before start; each step's groups[group] applies to them."""
         array = (_c_str * max(1, len(names)))(*[n.encode() for n in names])
         self._check(self._lib.muonps_client_set_group(
             self._handle, group, array, len(names)))
 
-    def step_with(self, step_id, group_lr, group_weight_decay, stream=0,
-                  async_=False, lr=-1.0, weight_decay=-1.0, adamw_lr=-1.0):
-        """One step with per-group lr/wd; returns the raw result fields."""
-        count = len(group_lr)
-        lrs = (ctypes.c_double * max(1, count))(*group_lr)
-        wds = (ctypes.c_double * max(1, count))(*group_weight_decay)
-        options = _StepOptions(lr, weight_decay, adamw_lr, count, lrs, wds,
-                               int(stream), int(bool(async_)))
-        result = _StepResult()
-        self._check(self._lib.muonps_client_step_with(
-            self._handle, step_id, ctypes.byref(options), ctypes.byref(result)))
-        return bool(result.pending), bool(result.already_applied)
-
     def wait(self):
-        """Ends an async step; returns whether it had already been applied."""
+        """Ends an async step; returns its StepOutcome."""
         result = _StepResult()
         self._check(self._lib.muonps_client_wait(self._handle,
                                                  ctypes.byref(result)))
-        return bool(result.already_applied)
+        return _outcome(result)
 
     def get_momentum(self, name, expert, out):
         """Fills `out` (a contiguous fp32 tensor); False if another worker owns it."""
@@ -299,6 +292,11 @@ class NativeClient:
         self._check(self._lib.muonps_client_set_adamw(
             self._handle, name.encode(), _as_f32p(exp_avg), _as_f32p(exp_avg_sq),
             exp_avg.numel(), steps))
+
+
+def _outcome(result):
+    return StepOutcome(bool(result.pending), bool(result.already_applied),
+                       bool(result.adamw_applied), int(result.momentum_reset))
 
 
 def _as_f32p(tensor):

@@ -17,7 +17,7 @@ import torch
 from . import _native, _service
 from ._binding import LentTensor, ShardLent, release
 from ._cuda import CudaPath
-from ._dtensor import TorchAdamW, check_row_sharded, is_dtensor
+from ._dtensor import adamw_lent_elements, check_row_sharded, is_dtensor
 from ._messages import explain_start_error
 
 LAYOUTS = {"replicated": _native.LAYOUT_REPLICATED,
@@ -78,12 +78,16 @@ def start(opt):
                 raise ValueError(f"muonps.Muon: is_matrix chose {name!r} "
                                  f"of shape {tuple(p.shape)}; Muon takes "
                                  "2-D matrices and 3-D expert stacks")
-            kind = LentTensor
-            if is_dtensor(p):
-                kind = ShardLent
-                if muon:
-                    check_row_sharded(name, p, rank, world_size)
-            lent.append(kind(name, p, index, muon))
+            if not is_dtensor(p):
+                lent.append(LentTensor(name, p, index, muon))
+            elif muon:
+                check_row_sharded(name, p, rank, world_size)
+                lent.append(ShardLent(name, p, index, muon))
+            else:
+                lent.append(ShardLent(
+                    name, p, index, muon,
+                    padded=(adamw_lent_elements(name, p)
+                            if p.device.type != "cuda" else None)))
     if not any(t.muon for t in lent):
         raise ValueError("muonps.Muon: no parameter is a matrix (see "
                          "is_matrix); a muonps job needs at least one")
@@ -119,42 +123,38 @@ def start(opt):
 
 
 def _start_cpu(opt, lent, frozen, rank, world_size, layout):
-    """Matrices and the other tensors moved into memory shared with the
-    local worker (see muonps/_binding.py)."""
+    """Every tensor moved into memory shared with the local worker (see
+    muonps/_binding.py): the matrices for the workers' Muon, the others for
+    the client's AdamW (a DTensor's local shard, padded), the one AdamW of
+    a host trainer. Param groups are registered before start."""
     c = opt._connection
     client = _native.NativeClient(c["coordinator"], c["job"], opt._socket,
                                   rank, world_size, c["timeout"])
-    # DTensors that are not matrices: torch's AdamW, on their shards.
-    others = [(t.name, t.param, t.group) for t in lent
-              if isinstance(t, ShardLent) and not t.muon]
-    lent = [t for t in lent if t.muon or not isinstance(t, ShardLent)]
     try:
         layer = 0
         for t in lent:
+            sharded = isinstance(t, ShardLent)
             if t.muon:
                 rows, cols = t.shape[-2:]
                 client.add_matrix(
                     t.name, rows, cols, t.experts,
-                    _native.LAYOUT_ROW_SHARDED
-                    if isinstance(t, ShardLent) else layout, layer)
+                    _native.LAYOUT_ROW_SHARDED if sharded else layout, layer)
                 layer += 1
             else:
-                client.add_tensor(t.name, t.param.numel(), layout)
-        d = opt.defaults
-        _start_client(client, d, c)
+                # A shard's gradient is FSDP2's, already reduced.
+                client.add_tensor(t.name, t.lent_elements,
+                                  _native.LAYOUT_REPLICATED if sharded
+                                  else layout)
+        for index in range(len(opt.param_groups)):
+            client.set_group(index, [t.name for t in lent if t.group == index])
+        _start_client(client, opt.defaults, c)
         for t in lent:
             t.bind(*client.buffers(t.name))
-        for index in range(len(opt.param_groups)):
-            client.set_group(index, [t.name for t in lent
-                                     if t.muon and t.group == index])
     except _native.MuonpsError as e:
         release(lent)
         client.close()
         raise explain_start_error(e, c["coordinator"], c["job"],
                                   opt._socket) from e
-    if others:
-        opt._adamw_torch = TorchAdamW(others, opt.param_groups,
-                                      opt.defaults, fused=False)
     opt._client, opt._lent, opt._frozen = client, lent, frozen
     opt._finalizer = weakref.finalize(opt, _shut_down, client, lent,
                                       opt._service)

@@ -52,8 +52,6 @@ def saved_state(opt, checkpoint):
                     saved["momentum"][f"{name}[{e}]"] = buf
         if opt._cuda.adamw is not None:
             saved["adamw_torch"] = opt._cuda.adamw.state_dict()
-    if opt._adamw_torch is not None:
-        saved["adamw_torch"] = opt._adamw_torch.state_dict()
     for t in opt._lent:
         if t.muon:
             if checkpoint:
@@ -63,10 +61,15 @@ def saved_state(opt, checkpoint):
                 if opt._client.get_momentum(t.name, e, buf):
                     saved["momentum"][f"{t.name}[{e}]"] = buf
         else:
-            m = torch.empty(t.shape, dtype=torch.float32)
-            v = torch.empty(t.shape, dtype=torch.float32)
+            # This rank's moments (of its shard, for a DTensor), without
+            # the lent padding.
+            m = torch.empty(t.lent_elements, dtype=torch.float32)
+            v = torch.empty(t.lent_elements, dtype=torch.float32)
             saved["adamw_step"] = opt._client.get_adamw(t.name, m, v)
-            saved["adamw"][t.name] = {"exp_avg": m, "exp_avg_sq": v}
+            n = torch.Size(t.local_shape).numel()
+            saved["adamw"][t.name] = {
+                "exp_avg": m[:n].view(t.local_shape).clone(),
+                "exp_avg_sq": v[:n].view(t.local_shape).clone()}
     return saved
 
 
@@ -94,15 +97,14 @@ def restore_state(opt, saved):
     if "checkpoint" in saved:
         opt._client.restore_checkpoint(saved["checkpoint"]["dir"],
                                        int(saved["checkpoint"]["step"]))
-    if "adamw_torch" in saved and opt._adamw_torch is not None:
-        opt._adamw_torch.load_state_dict(saved["adamw_torch"])
     lent = {t.name: t for t in opt._lent}
     for name, moments in saved["adamw"].items():
         if name not in lent or lent[name].muon:
             raise ValueError(f"muonps.Muon: the state has AdamW moments "
                              f"of {name!r}, not an AdamW parameter here")
-        opt._client.set_adamw(name, _f32(moments["exp_avg"]),
-                              _f32(moments["exp_avg_sq"]),
+        t = lent[name]
+        opt._client.set_adamw(name, _padded(moments["exp_avg"], t),
+                              _padded(moments["exp_avg_sq"], t),
                               int(saved["adamw_step"]))
     for key, values in saved["momentum"].items():
         match = re.fullmatch(r"(.*)\[(\d+)\]", key)
@@ -114,6 +116,20 @@ def restore_state(opt, saved):
     opt._client.set_last_adamw_step(int(saved["step"]) - 1)
     opt._step_id = int(saved["step"])
     opt._failed_step = None
+
+
+def _padded(moments, t):
+    """A tensor's saved moments as the client lends them: flat fp32, zero
+    padding after a DTensor's shard (raises naming it when the saved shard
+    is not this rank's)."""
+    flat = _f32(moments).flatten()
+    if tuple(moments.shape) != tuple(t.local_shape):
+        raise ValueError(f"muonps.Muon: the state's AdamW moments of "
+                         f"{t.name!r} are {tuple(moments.shape)}; this rank "
+                         f"holds {tuple(t.local_shape)}")
+    out = torch.zeros(t.lent_elements, dtype=torch.float32)
+    out[:flat.numel()] = flat
+    return out
 
 
 def _f32(tensor):

@@ -8,7 +8,11 @@ lr) and `p -= adjusted_lr * update` with adjusted_lr = lr * sqrt(max(1,
 rows/cols)) ("original") or lr * 0.2 * sqrt(max(rows, cols))
 ("match_rms_adamw"). The muonps workers run it (a 3-D parameter is a stack
 of expert matrices, each its own matrix); every other parameter gets
-torch.optim.AdamW's update in the client.
+torch.optim.AdamW's update from one AdamW per trainer kind: the client's
+(libmuonps) for parameters on the CPU, torch's fused AdamW for parameters
+on a GPU. Param groups are registered once when the job starts; every
+step passes each group's lr, weight decay, AdamW lr and AdamW weight decay
+by index, and each parameter takes its own group's.
 
 Not thread-safe: one trainer thread uses an optimizer, as with torch's.
 """
@@ -123,7 +127,6 @@ class Muon(torch.optim.Optimizer):
         self._cuda = None  # CudaPath when the parameters are on a GPU
         self._lent = []
         self._frozen = []
-        self._adamw_torch = None  # torch's AdamW for DTensors not lent
         self._finalizer = None
         self._service = None  # a private LocalService (zero setup)
         self._step_id = 0
@@ -198,8 +201,9 @@ class Muon(torch.optim.Optimizer):
                 raise RuntimeError(
                     f"muonps.Muon: {self._names[p]!r} has a gradient but did "
                     "not require one when the job started, so it is not in it")
+        values = [_group_values(g) for g in self.param_groups]
         if self._cuda is not None:
-            self._cuda.step(self._step_id, self.param_groups, _adamw_lr)
+            self._cuda.step(self._step_id, values)
             self._step_id += 1
             return loss
         # A retry of a step whose call raised: the lent buffers may hold
@@ -210,39 +214,30 @@ class Muon(torch.optim.Optimizer):
             if not retrying:
                 t.rebind()
             t.load_grad()
-        adamw_lr, fixes = self._reference_hyperparameters()
-        before = [(t, ref, t.value.double()) for t, ref in fixes]
         step_id = self._step_id
         try:
-            # Each group's Muon lr/wd goes to the workers, which apply it
-            # atomically; AdamW runs here once per committed step id.
-            already, adamw_applied, reset = self._client.step_groups(
-                step_id, [g["lr"] for g in self.param_groups],
-                [g["weight_decay"] for g in self.param_groups], adamw_lr)
+            # Each group's values go to the client by index: the workers
+            # apply the Muon lr/wd atomically, the client's AdamW steps the
+            # other tensors once per committed step id.
+            outcome = self._client.step(step_id, values)
         except _native.MuonpsError:
             self._failed_step = step_id
             raise
-        if already and self._failed_step != step_id:
+        if outcome.already_applied and self._failed_step != step_id:
             raise RuntimeError(
                 f"muonps.Muon: the worker at unix:{self._socket} had already "
                 f"applied step {step_id} of job {self.job!r}: another "
                 "optimizer stepped this job further. Resume with "
                 "load_state_dict() of its latest state, or use a new job")
-        if already:
+        if outcome.already_applied:
             warnings.warn(f"muonps: step {step_id} was committed by an earlier "
                           "attempt that raised; it was not applied again")
-        if reset:
-            warnings.warn(f"muonps: {reset} matrices of this rank's worker "
-                          f"started step {step_id} from zero momentum: their "
-                          "previous owner left the job (or restarted) and no "
-                          "checkpoint held their momentum "
+        if outcome.momentum_reset:
+            warnings.warn(f"muonps: {outcome.momentum_reset} matrices of this "
+                          f"rank's worker started step {step_id} from zero "
+                          "momentum: their previous owner left the job (or "
+                          "restarted) and no checkpoint held their momentum "
                           "(allow_momentum_reset=True)")
-        if adamw_applied:
-            for t, (ref_lr, ref_wd), p0 in before:
-                lr, wd = self._hyperparameters(t)
-                _rescale_update(t.value, p0, lr, wd, ref_lr, ref_wd)
-            if self._adamw_torch is not None:
-                self._adamw_torch.step(self.param_groups, _adamw_lr)
         for t in self._lent:
             t.store()
         self._failed_step = None
@@ -309,38 +304,16 @@ class Muon(torch.optim.Optimizer):
         if self._finalizer is not None and not self._finalizer.alive:
             raise RuntimeError("muonps.Muon: the optimizer was closed")
 
-    def _hyperparameters(self, t):
-        """(lr, weight_decay) of a lent tensor's group, for its route."""
-        group = self.param_groups[t.group]
-        if t.muon:
-            return group["lr"], group["weight_decay"]
-        return _adamw_lr(group), group["adamw_weight_decay"]
-
-    def _reference_hyperparameters(self):
-        """The AdamW lr the step call gets, and the AdamW tensors whose group
-        differs.
-
-        Muon matrices get their group's lr/wd from the workers (param
-        groups of the step). The C ABI takes one AdamW lr per step (AdamW's
-        wd is the job's): the call uses the largest; a tensor of another
-        group then gets its own update by rescaling (the update is affine in
-        lr and wd: see _rescale_update), in the call that applied AdamW.
-        """
-        best = None
-        for t in self._lent:
-            if not t.muon:
-                hyper = self._hyperparameters(t)
-                if best is None or hyper[0] > best[0]:
-                    best = hyper
-        adamw_ref = None if best is None else (
-            best[0], self.defaults["adamw_weight_decay"])
-        fixes = [(t, adamw_ref) for t in self._lent
-                 if not t.muon and self._hyperparameters(t) != adamw_ref]
-        return -1.0 if adamw_ref is None else adamw_ref[0], fixes
-
     def _start(self):
         """Starts the job and the client (see muonps/_startup.py)."""
         _startup.start(self)
+
+
+def _group_values(group):
+    """What a step passes for a param group: (lr, weight_decay, adamw_lr,
+    adamw_weight_decay)."""
+    return (group["lr"], group["weight_decay"], _adamw_lr(group),
+            group["adamw_weight_decay"])
 
 
 def _adamw_lr(group):
@@ -352,22 +325,6 @@ def _adamw_lr(group):
     if group.get("initial_lr"):
         return lr * group["lr"] / group["initial_lr"]
     return lr
-
-
-def _rescale_update(value, p0, lr, wd, ref_lr, ref_wd):
-    """Turns the step taken with (ref_lr, ref_wd) into one with (lr, wd).
-
-    Both Muon and AdamW compute p1 = p0 * (1 - lr * wd) - lr * u with u
-    independent of lr and wd, so u * ref_lr = p0 * (1 - ref_lr * ref_wd) - p1
-    (in float64: off by p1's fp32 rounding only) and the wanted result is
-    p0 * (1 - lr * wd) - (lr / ref_lr) * that. ref_lr is the largest lr, so
-    ref_lr == 0 means lr == 0: the parameter keeps p0.
-    """
-    if ref_lr == 0:
-        value.copy_(p0)
-        return
-    step = p0 * (1 - ref_lr * ref_wd) - value.double()
-    value.copy_(p0 * (1 - lr * wd) - (lr / ref_lr) * step)
 
 
 def _materialized(p):

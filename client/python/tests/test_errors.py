@@ -151,9 +151,9 @@ def test_a_committed_step_sent_again_applies_nothing_twice(cluster):
         p.grad = torch.ones_like(p)
     opt.step()
     after = {n: p.detach().clone() for n, p in params.items()}
-    already, adamw_applied, reset = opt._client.step_groups(
-        0, [0.02], [0.0], 0.01)
-    assert already and not adamw_applied and reset == 0
+    outcome = opt._client.step(0, [(0.02, 0.0, 0.01, 0.0)])
+    assert outcome.already_applied and not outcome.adamw_applied
+    assert outcome.momentum_reset == 0
     for n, p in params.items():
         assert torch.equal(p.detach(), after[n]), n
     opt.close()

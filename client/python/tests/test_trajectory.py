@@ -177,3 +177,58 @@ def test_step_lr_scheduler_halves_every_groups_lr_every_two_steps(cluster):
         # The schedule made a difference far above the tolerance.
         assert relative_error(ref64[-1][n], unscheduled[-1][n]) > 100 * PARAM_TOLERANCE
     opt.close()
+
+
+def torch_grouped(init):
+    """torch.optim.Muon (one per Muon group; a 3-D stack as one parameter
+    per expert, torch's Muon taking 2-D ones) and one torch.optim.AdamW
+    with grouped_optimizer's AdamW groups, over copies of `init`."""
+    params = {n: torch.nn.Parameter(v.clone()) for n, v in init.items()
+              if n != "experts"}
+    experts = [torch.nn.Parameter(e.clone()) for e in init["experts"]]
+    optimizers = [
+        torch.optim.Muon([params["w_tall"]], lr=0.02, weight_decay=0.1),
+        torch.optim.Muon([params["w_wide"], *experts], lr=0.005,
+                         weight_decay=0.3),
+        torch.optim.AdamW([
+            {"params": [params["bias"]], "lr": 0.003, "weight_decay": 0.05},
+            {"params": [params["scale"]], "lr": 0.01, "weight_decay": 0.01}]),
+    ]
+    return params, experts, optimizers
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"),
+                    reason="needs torch.optim.Muon (torch >= 2.9)")
+def test_param_groups_follow_torch_muon_and_adamw_per_group(cluster):
+    # Each group's lr and weight decay (Muon's on the workers, AdamW's in
+    # the client), registered at start and passed by index every step,
+    # against torch's own optimizers with the same groups. torch runs
+    # Newton-Schulz in bf16: within the golden tolerance (5e-3) or twice
+    # torch's own drift from the float64 formula, whichever is larger.
+    c = cluster()
+    init, grads = toy.initial(seed=12), toy.gradients(STEPS, seed=13)
+    params = toy.parameters(init)
+    opt = grouped_optimizer(c, params)
+    theirs, experts, optimizers = torch_grouped(init)
+    exact = toy.reference_trajectory(init, grads, torch.float64,
+                                     grouped_hyper(lambda s: 1.0))
+    for step, g in enumerate(grads):
+        toy.set_grads(params, g)
+        opt.step()
+        for n, p in theirs.items():
+            p.grad = g[n].clone()
+        for e, p in enumerate(experts):
+            p.grad = g["experts"][e].clone()
+        for o in optimizers:
+            o.step()
+        mine = {n: p.detach().double() for n, p in params.items()}
+        torch_values = {n: p.detach().double() for n, p in theirs.items()}
+        torch_values["experts"] = torch.stack(
+            [p.detach().double() for p in experts])
+        for n in mine:
+            drift = relative_error(torch_values[n], exact[step][n])
+            error = relative_error(mine[n], torch_values[n])
+            assert error <= max(5e-3, 2 * drift), (
+                f"{n} after step {step}: {error:.2e} from torch, which is "
+                f"{drift:.2e} from the float64 formula")
+    opt.close()
