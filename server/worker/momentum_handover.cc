@@ -1,6 +1,7 @@
 #include "server/worker/momentum_handover.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,109 @@ struct PreviousOwner {
 };
 
 }  // namespace
+
+int64_t HandoverRoom(const MomentumStacks& now, const PreviousOwnership& before,
+                     const MomentumStacks& next) {
+  std::set<std::pair<int, int64_t>> moving;
+  for (size_t i = 0; i < before.held.size(); ++i) {
+    const HeldItem& item = before.held[i];
+    if (before.outgoing_at[i] >= 0 &&
+        next.slot(item.matrix, item.expert).batch < 0) {
+      moving.emplace(item.matrix, item.expert);
+    }
+  }
+  for (size_t m = 0; m < now.matrices.size(); ++m) {
+    for (int64_t e = 0; e < now.matrices[m].experts; ++e) {
+      if (now.slot(m, e).batch >= 0 && next.slot(m, e).batch < 0) {
+        moving.emplace(static_cast<int>(m), e);
+      }
+    }
+  }
+  int64_t floats = 0;
+  for (const auto& [m, e] : moving) {
+    floats += now.matrices[m].rows * now.matrices[m].cols;
+  }
+  return floats;
+}
+
+absl::StatusOr<PreviousOwnership> KeepForHandover(
+    const MomentumStacks& now, const PreviousOwnership& before,
+    bool handed_over, const std::vector<std::pair<int, int64_t>>& lost_items,
+    MomentumStacks& next, std::unique_ptr<kernels::FloatBuffer> room,
+    kernels::DeviceOps& ops) {
+  // Each held item with where its momentum is now (null: none).
+  std::vector<std::pair<HeldItem, const float*>> items;
+  PreviousOwnership previous;
+  if (!handed_over || now.rank < 0) {
+    // The installed version's handover never ran here, nor any of its
+    // steps: this worker still holds what it held in the version before
+    // (none for a worker that started since), and announces that (kept
+    // items are in the installed stacks, moved ones in the outgoing
+    // buffer).
+    previous.version = before.version;
+    for (size_t i = 0; i < before.held.size(); ++i) {
+      const HeldItem& item = before.held[i];
+      const ItemSlot slot = now.slot(item.matrix, item.expert);
+      const float* at = nullptr;
+      if (before.outgoing_at[i] >= 0) {
+        at = before.outgoing->data() + before.outgoing_at[i];
+      } else if (slot.batch >= 0 &&
+                 item.has_momentum == HeldItem::kHasMomentum) {
+        at = now.SlotData(slot);
+      }
+      items.emplace_back(item, at);
+    }
+  } else {
+    previous.version = now.version;
+    for (size_t m = 0; m < now.matrices.size(); ++m) {
+      for (int64_t e = 0; e < now.matrices[m].experts; ++e) {
+        const ItemSlot from = now.slot(m, e);
+        if (from.batch < 0) continue;
+        const bool has = now.has_momentum(from);
+        const bool lost = std::find(lost_items.begin(), lost_items.end(),
+                                    std::make_pair(static_cast<int>(m), e)) !=
+                          lost_items.end();
+        items.push_back({{static_cast<int32_t>(m), static_cast<int32_t>(e),
+                          lost  ? HeldItem::kLostMomentum
+                          : has ? HeldItem::kHasMomentum
+                                : HeldItem::kNoMomentum},
+                         has && !lost ? now.SlotData(from) : nullptr});
+      }
+    }
+  }
+  int64_t floats = 0;
+  for (const auto& [item, at] : items) {
+    previous.held.push_back(item);
+    const scheduler::MatrixSpec& spec = now.matrices[item.matrix];
+    const ItemSlot to = next.slot(item.matrix, item.expert);
+    const bool moves = to.batch < 0;
+    previous.outgoing_at.push_back(moves && at != nullptr ? floats : -1);
+    if (moves && at != nullptr) floats += spec.rows * spec.cols;
+    // Back here before its handover ran: from the outgoing buffer (what
+    // the installed stacks held is in `next` already).
+    if (!moves && at != nullptr && !next.has_momentum(to)) {
+      MUONPS_RETURN_IF_ERROR(
+          ops.Copy(next.SlotData(to), at, spec.rows * spec.cols, ops.stream()));
+      next.stacks[to.batch].has_momentum[to.slot] = true;
+    }
+  }
+  if (floats == 0) return previous;
+  if (room == nullptr || room->size() < floats) {
+    return absl::InternalError(
+        absl::StrCat("momentum handover: ", floats,
+                     " floats of momentum move away; room was prepared for ",
+                     room == nullptr ? 0 : room->size()));
+  }
+  previous.outgoing = std::move(room);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (previous.outgoing_at[i] < 0) continue;
+    const scheduler::MatrixSpec& spec = now.matrices[items[i].first.matrix];
+    MUONPS_RETURN_IF_ERROR(
+        ops.Copy(previous.outgoing->data() + previous.outgoing_at[i],
+                 items[i].second, spec.rows * spec.cols, ops.stream()));
+  }
+  return previous;
+}
 
 absl::Status HandOverMomentum(const HandoverContext& c,
                               HandoverOutcome* outcome) {

@@ -122,6 +122,26 @@ struct HandoverOutcome {
   int64_t job_step = -1;  // the newest step any rank committed (-1: none)
 };
 
+// Floats of momentum that KeepForHandover may keep for `next` (its room):
+// every item held now (in `now`'s stacks, or still waiting in `before`'s
+// outgoing buffer) that `next` does not own. Same job in both.
+int64_t HandoverRoom(const MomentumStacks& now, const PreviousOwnership& before,
+                     const MomentumStacks& next);
+
+// What the installed version `now` leaves for the handover to `next` (same
+// job), its outgoing momentum copied into `room` (HandoverRoom's size) in
+// `ops`' stream order. With `handed_over` (`now`'s handover ran here) that
+// is the items owned in `now`, `lost_items` among them announced as lost;
+// without, what was held before (`before`): a worker announces a version
+// only once its handover ran there. Items of `next` that come back here
+// before their handover ran get their momentum back at once. INTERNAL when
+// `room` is too small.
+absl::StatusOr<PreviousOwnership> KeepForHandover(
+    const MomentumStacks& now, const PreviousOwnership& before,
+    bool handed_over, const std::vector<std::pair<int, int64_t>>& lost_items,
+    MomentumStacks& next, std::unique_ptr<kernels::FloatBuffer> room,
+    kernels::DeviceOps& ops);
+
 // Runs the handover (see above). OK, or: the transport's error (with
 // transport_ok false); FAILED_PRECONDITION naming the first matrix whose
 // momentum is lost and how many are, when the job does not allow resets.

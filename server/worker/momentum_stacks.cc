@@ -96,6 +96,29 @@ absl::Status MomentumStacks::CarryFrom(const MomentumStacks& old,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<SnapshotTensor>> MomentumStacks::OwnedToHost(
+    kernels::DeviceOps& ops) const {
+  std::vector<SnapshotTensor> out;
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    for (int64_t e = 0; e < matrices[m].experts; ++e) {
+      const ItemSlot s = slot(m, e);
+      if (s.batch < 0 || !has_momentum(s)) continue;
+      SnapshotTensor t;
+      t.name = matrices[m].name;
+      t.expert = static_cast<int32_t>(e);
+      t.rows = matrices[m].rows;
+      t.cols = matrices[m].cols;
+      t.values.resize(t.rows * t.cols);
+      MUONPS_RETURN_IF_ERROR(ops.Copy(t.values.data(), SlotData(s),
+                                      static_cast<int64_t>(t.values.size()),
+                                      ops.stream()));
+      out.push_back(std::move(t));
+    }
+  }
+  MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
+  return out;
+}
+
 void MomentumStacks::CommitNext() {
   for (MomentumStack& stack : stacks) {
     if (!stack.next_valid) continue;

@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/device_ops.h"
 #include "scheduler/plan_types.h"
+#include "server/worker/checkpoint_writer.h"
 
 namespace muonps {
 namespace worker {
@@ -93,6 +95,10 @@ struct MomentumStacks {
   // Whether `other` has the same matrices (names and shapes) in the same
   // order: its items are this job's.
   bool SameJob(const MomentumStacks& other) const;
+  // The momentum of every owned item that holds some, copied to host
+  // memory (job order; a checkpoint's tensors). Waits for the stream.
+  absl::StatusOr<std::vector<SnapshotTensor>> OwnedToHost(
+      kernels::DeviceOps& ops) const;
   // Swaps every valid next_momentum in (a commit) / forgets them (a drop).
   void CommitNext();
   void DropNext();

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -29,34 +28,13 @@ absl::StatusOr<PreparedMomentum> MomentumStore::Prepare(
   PreparedMomentum next;
   next.stacks = std::move(layout);
   MUONPS_RETURN_IF_ERROR(next.stacks.Allocate(*ops_));
-  // Room for what may move away: every item held now (in the stacks, or
-  // still waiting in the outgoing buffer for a handover that never ran)
-  // that `next` does not own.
   int64_t room = 0;
   {
     absl::MutexLock lock(&mu_);
     next.installs = installs_;
     const MomentumStacks& now = *stacks_;
-    if (next.stacks.version == now.version || !next.stacks.SameJob(now)) {
-      return next;
-    }
-    std::set<std::pair<int, int64_t>> moving;
-    for (size_t i = 0; i < previous_.held.size(); ++i) {
-      const HeldItem& item = previous_.held[i];
-      if (previous_.outgoing_at[i] >= 0 &&
-          next.stacks.slot(item.matrix, item.expert).batch < 0) {
-        moving.emplace(item.matrix, item.expert);
-      }
-    }
-    for (size_t m = 0; m < now.matrices.size(); ++m) {
-      for (int64_t e = 0; e < now.matrices[m].experts; ++e) {
-        if (now.slot(m, e).batch >= 0 && next.stacks.slot(m, e).batch < 0) {
-          moving.emplace(static_cast<int>(m), e);
-        }
-      }
-    }
-    for (const auto& [m, e] : moving) {
-      room += now.matrices[m].rows * now.matrices[m].cols;
+    if (next.stacks.version != now.version && next.stacks.SameJob(now)) {
+      room = HandoverRoom(now, previous_, next.stacks);
     }
   }
   if (room > 0) {
@@ -85,7 +63,10 @@ absl::Status MomentumStore::Install(PreparedMomentum next, bool carry_staged) {
   PreviousOwnership previous;
   if (!same_version && next.stacks.SameJob(now)) {
     MUONPS_ASSIGN_OR_RETURN(
-        previous, KeepForHandover(next.stacks, std::move(next.outgoing)));
+        previous,
+        KeepForHandover(now, previous_, handed_over_version_ == now.version,
+                        lost_items_, next.stacks, std::move(next.outgoing),
+                        *ops_));
   }
   MUONPS_RETURN_IF_ERROR(ops_->Synchronize(ops_->stream()));
   if (same_version) {
@@ -100,83 +81,6 @@ absl::Status MomentumStore::Install(PreparedMomentum next, bool carry_staged) {
                       std::make_unique<MomentumStacks>(std::move(next.stacks)));
   ++installs_;
   return absl::OkStatus();
-}
-
-absl::StatusOr<PreviousOwnership> MomentumStore::KeepForHandover(
-    MomentumStacks& next, std::unique_ptr<kernels::FloatBuffer> room) {
-  const MomentumStacks& now = *stacks_;
-  // Each held item with where its momentum is now (null: none).
-  std::vector<std::pair<HeldItem, const float*>> items;
-  PreviousOwnership previous;
-  if (handed_over_version_ != now.version || now.rank < 0) {
-    // The installed version's handover never ran here, nor any of its
-    // steps: this worker still holds what it held in the version before
-    // (none for a worker that started since), and announces that (kept
-    // items are in the installed stacks, moved ones in the outgoing
-    // buffer).
-    previous.version = previous_.version;
-    for (size_t i = 0; i < previous_.held.size(); ++i) {
-      const HeldItem& item = previous_.held[i];
-      const ItemSlot slot = now.slot(item.matrix, item.expert);
-      const float* at = nullptr;
-      if (previous_.outgoing_at[i] >= 0) {
-        at = previous_.outgoing->data() + previous_.outgoing_at[i];
-      } else if (slot.batch >= 0 &&
-                 item.has_momentum == HeldItem::kHasMomentum) {
-        at = now.SlotData(slot);
-      }
-      items.emplace_back(item, at);
-    }
-  } else {
-    previous.version = now.version;
-    for (size_t m = 0; m < now.matrices.size(); ++m) {
-      for (int64_t e = 0; e < now.matrices[m].experts; ++e) {
-        const ItemSlot from = now.slot(m, e);
-        if (from.batch < 0) continue;
-        const bool has = now.has_momentum(from);
-        const bool lost = std::find(lost_items_.begin(), lost_items_.end(),
-                                    std::make_pair(static_cast<int>(m), e)) !=
-                          lost_items_.end();
-        items.push_back({{static_cast<int32_t>(m), static_cast<int32_t>(e),
-                          lost  ? HeldItem::kLostMomentum
-                          : has ? HeldItem::kHasMomentum
-                                : HeldItem::kNoMomentum},
-                         has && !lost ? now.SlotData(from) : nullptr});
-      }
-    }
-  }
-  int64_t floats = 0;
-  for (const auto& [item, at] : items) {
-    previous.held.push_back(item);
-    const scheduler::MatrixSpec& spec = now.matrices[item.matrix];
-    const ItemSlot to = next.slot(item.matrix, item.expert);
-    const bool moves = to.batch < 0;
-    previous.outgoing_at.push_back(moves && at != nullptr ? floats : -1);
-    if (moves && at != nullptr) floats += spec.rows * spec.cols;
-    // Back here before its handover ran: from the outgoing buffer (what
-    // the installed stacks held is in `next` already).
-    if (!moves && at != nullptr && !next.has_momentum(to)) {
-      MUONPS_RETURN_IF_ERROR(ops_->Copy(next.SlotData(to), at,
-                                        spec.rows * spec.cols, ops_->stream()));
-      next.stacks[to.batch].has_momentum[to.slot] = true;
-    }
-  }
-  if (floats == 0) return previous;
-  if (room == nullptr || room->size() < floats) {
-    return absl::InternalError(
-        absl::StrCat("worker ", Quoted(worker_id_), ": ", floats,
-                     " floats of momentum move away; room was prepared for ",
-                     room == nullptr ? 0 : room->size()));
-  }
-  previous.outgoing = std::move(room);
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (previous.outgoing_at[i] < 0) continue;
-    const scheduler::MatrixSpec& spec = now.matrices[items[i].first.matrix];
-    MUONPS_RETURN_IF_ERROR(
-        ops_->Copy(previous.outgoing->data() + previous.outgoing_at[i],
-                   items[i].second, spec.rows * spec.cols, ops_->stream()));
-  }
-  return previous;
 }
 
 MomentumStacks& MomentumStore::installed() {

@@ -224,12 +224,6 @@ class MomentumStore {
   int64_t resets_total() const { return resets_total_.load(); }
 
  private:
-  // What the installed version's items leave to the handover to `next`,
-  // the outgoing momentum copied into `room`; items of `next` that come
-  // back here before their handover ran get their momentum back at once.
-  absl::StatusOr<PreviousOwnership> KeepForHandover(
-      MomentumStacks& next, std::unique_ptr<kernels::FloatBuffer> room)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The owned slot of (matrix, expert), NOT_FOUND naming it otherwise.
   absl::StatusOr<ItemSlot> OwnedSlot(const std::string& matrix,
                                      int64_t expert) const

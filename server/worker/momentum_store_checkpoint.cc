@@ -69,37 +69,17 @@ std::optional<CheckpointSnapshot> MomentumStore::TakeSnapshot(
   if (!checkpoint_requested_ && !(every > 0 && last % every == 0)) {
     return std::nullopt;
   }
+  absl::StatusOr<std::vector<SnapshotTensor>> tensors = now.OwnedToHost(*ops_);
+  if (!tensors.ok()) {
+    spdlog::error("worker={} step={} checkpoint not taken: {}", worker_id_,
+                  last, tensors.status().ToString());
+    return std::nullopt;
+  }
   CheckpointSnapshot snapshot;
   snapshot.checkpoint_dir = now.checkpoint_dir;
   snapshot.step = last;
   snapshot.plan_version = now.version;
-  for (size_t m = 0; m < now.matrices.size(); ++m) {
-    for (int64_t e = 0; e < now.matrices[m].experts; ++e) {
-      const ItemSlot slot = now.slot(m, e);
-      if (slot.batch < 0 || !now.has_momentum(slot)) continue;
-      SnapshotTensor t;
-      t.name = now.matrices[m].name;
-      t.expert = static_cast<int32_t>(e);
-      t.rows = now.matrices[m].rows;
-      t.cols = now.matrices[m].cols;
-      t.values.resize(t.rows * t.cols);
-      const absl::Status copied =
-          ops_->Copy(t.values.data(), now.SlotData(slot),
-                     static_cast<int64_t>(t.values.size()), ops_->stream());
-      if (!copied.ok()) {
-        spdlog::error("worker={} step={} checkpoint not taken: {}", worker_id_,
-                      last, copied.ToString());
-        return std::nullopt;
-      }
-      snapshot.tensors.push_back(std::move(t));
-    }
-  }
-  if (const absl::Status synced = ops_->Synchronize(ops_->stream());
-      !synced.ok()) {
-    spdlog::error("worker={} step={} checkpoint not taken: {}", worker_id_,
-                  last, synced.ToString());
-    return std::nullopt;
-  }
+  snapshot.tensors = std::move(*tensors);
   checkpointed_step_ = last;
   checkpoint_requested_ = false;
   return snapshot;

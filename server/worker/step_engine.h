@@ -55,6 +55,7 @@
 #include "server/worker/step_request.h"
 #include "server/worker/step_run.h"
 #include "server/worker/step_state.h"
+#include "server/worker/trainer_binding.h"
 #include "server/worker/trainer_buffers.h"
 #include "transport/transport.h"
 
@@ -138,22 +139,18 @@ class StepEngine {
   // for a step. Thread-safe.
   bool AbortForPlan(const PlanMembership& next);
 
-  // Maps the trainer's buffers and checks every binding against the job:
-  // every job matrix bound once with the right element count, every other
-  // tensor named once (not as a job matrix) with 1..kMaxLentElements
-  // elements, buffers inside the lent memory, fp32 or bf16. The bindings'
-  // parameter groups stay attached: a step's values reach them by index.
-  // INVALID_ARGUMENT naming the tensor otherwise (before anything is
-  // mapped). FAILED_PRECONDITION before a plan, and while the plan's worker
-  // count differs from the trainer count (the other workers have not joined
-  // yet; the client retries). INVALID_ARGUMENT naming `segment` when a
+  // Maps the trainer's buffers and checks every binding against the job
+  // (BindTrainer, trainer_binding.h: INVALID_ARGUMENT naming the tensor,
+  // before anything is mapped), outside the lock. The bindings' parameter
+  // groups stay attached: a step's values reach them by index.
+  // FAILED_PRECONDITION before a plan, and while the plan's worker count
+  // differs from the trainer count (the other workers have not joined yet;
+  // the client retries). INVALID_ARGUMENT naming `segment` when a
   // shared-memory segment is not named for this job, the trainer's rank and
   // pid (trainer_segment.h); PERMISSION_DENIED when another user owns it.
   // Drops a step staged for the previous trainer.
   absl::StatusOr<AttachResponse> Attach(const AttachRequest& request);
-  // The most elements a lent tensor may have (client.h's
-  // kMaxTensorElements): sizes and offsets computed from it never overflow.
-  static constexpr int64_t kMaxLentElements = int64_t{1} << 40;
+  static constexpr int64_t kMaxLentElements = worker::kMaxLentElements;
 
   // One step, atomic across the workers (step_run.h). A step id at or
   // below the last one this worker knows every worker committed answers
