@@ -53,7 +53,7 @@ class Client {
   static constexpr int64_t kMaxDimension = (int64_t{1} << 31) - 1;
   static constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
   // Parameter groups are numbered [0, kMaxParamGroups).
-  static constexpr int kMaxParamGroups = 64;
+  static constexpr int kMaxParamGroups = 1024;
 
   // Declares a Muon matrix (before Start). INVALID_ARGUMENT naming the
   // field for bad shapes (a dimension below 1 or above kMaxDimension, more

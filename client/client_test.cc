@@ -87,7 +87,7 @@ TEST_F(ClientTest, GroupsTravelOnceAtAttachAsOnePlusTheirIndex) {
 }
 
 TEST_F(ClientTest, SetGroupRefusesBadGroupsAndNamesNamingTheField) {
-  absl::Status s = client_->SetGroup(64, {"w.a"});
+  absl::Status s = client_->SetGroup(Client::kMaxParamGroups, {"w.a"});
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_THAT(s.message(), HasSubstr("group"));
   s = client_->SetGroup(-1, {"w.a"});

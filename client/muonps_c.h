@@ -19,7 +19,7 @@ extern "C" {
 #define MUONPS_C_ABI_VERSION 6
 
 /* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
-#define MUONPS_MAX_GROUPS 64
+#define MUONPS_MAX_GROUPS 1024
 
 typedef enum {
   MUONPS_OK = 0,

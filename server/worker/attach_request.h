@@ -15,7 +15,7 @@ namespace muonps {
 namespace worker {
 
 // The most parameter groups a trainer may attach tensors in.
-constexpr int kMaxParamGroups = 64;
+constexpr int kMaxParamGroups = 1024;
 
 // A buffer inside a CUDA allocation of the trainer, lent by CUDA IPC.
 struct CudaBufferRef {

@@ -48,8 +48,10 @@ TEST_F(StepEngineTest, AttachRefusesAdamWBindingsOutsideTheJobsBounds) {
            [](v1::AttachRequest* r) {
              r->mutable_tensors(0)->set_layout(static_cast<v1::Layout>(99));
            }},
-          {"tensor \"bias\".group: 65 is outside [0, 64]",
-           [](v1::AttachRequest* r) { r->mutable_tensors(0)->set_group(65); }},
+          {"tensor \"bias\".group: 1025 is outside [0, 1024]",
+           [](v1::AttachRequest* r) {
+             r->mutable_tensors(0)->set_group(1025);
+           }},
           {"trainer_pid", [](v1::AttachRequest* r) { r->set_trainer_pid(-5); }},
       };
   for (const auto& [field, edit] : cases) {

@@ -57,10 +57,10 @@ TEST(WireTest, ValuesNoDomainTypeHoldsAreRefusedNamingTheField) {
             [](v1::TensorBinding* t) {
               t->set_layout(static_cast<v1::Layout>(7));
             }},
-           {"tensor \"layers.0.w\".group: -1 is outside [0, 64]",
+           {"tensor \"layers.0.w\".group: -1 is outside [0, 1024]",
             [](v1::TensorBinding* t) { t->set_group(-1); }},
-           {"tensor \"layers.0.w\".group: 65 is outside [0, 64]",
-            [](v1::TensorBinding* t) { t->set_group(65); }},
+           {"tensor \"layers.0.w\".group: 1025 is outside [0, 1024]",
+            [](v1::TensorBinding* t) { t->set_group(1025); }},
        }) {
     v1::AttachRequest request = OneTensor();
     edit(request.mutable_tensors(0));

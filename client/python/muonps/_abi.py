@@ -8,7 +8,7 @@ import ctypes
 
 ABI_VERSION = 6
 # Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
-MAX_GROUPS = 64
+MAX_GROUPS = 1024
 
 LAYOUT_REPLICATED = 1
 LAYOUT_UNREDUCED = 2
