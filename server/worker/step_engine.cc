@@ -1,23 +1,20 @@
 // StepEngine: its lifetime, the attached trainer's release, and the steps
 // (Step, FollowStep, one round). Its other parts: step_engine_setup.cc (a
 // new plan version), step_engine_attach.cc (a trainer's buffers),
-// step_engine_transport.cc (the transport and the momentum handover),
-// step_engine_plan_change.cc (AbortForPlan) and step_engine_momentum.cc
-// (the MomentumStore's calls, ordered with the steps).
+// step_engine_transport.cc (the transport, its momentum handover, and a
+// replaced plan's errors) and step_engine_momentum.cc (the MomentumStore's
+// calls, ordered with the steps).
 #include "server/worker/step_engine.h"
 
 #include <signal.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "kernels/cpu/cpu_device_ops.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "lending/trainer_segment.h"
 #include "server/worker/step_protocol.h"
 #include "spdlog/spdlog.h"
@@ -37,30 +34,20 @@ uint64_t RandomInstance() {
 
 }  // namespace
 
-StepBackend CpuStepBackend(absl::Duration timeout) {
-  StepBackend backend;
-  backend.kernels =
-      std::make_unique<kernels::CpuKernels>(kernels::CpuKernelOptions{});
-  backend.ops = std::make_unique<kernels::CpuDeviceOps>();
-  backend.open_buffers = OpenSharedMemoryBuffers;
-  backend.timeout = timeout;
-  return backend;
-}
-
 StepEngine::StepEngine(std::string worker_id, StepBackend backend,
                        TransportFactory make_transport)
     : worker_id_(std::move(worker_id)),
-      make_transport_(std::move(make_transport)),
       device_(backend.ops->device()),
       ops_(backend.ops.get()),
       backend_(std::move(backend)),
       momentum_(worker_id_, ops_),
+      transport_(worker_id_, device_, std::move(make_transport)),
       ledger_(RandomInstance()) {}
 
 StepEngine::~StepEngine() {
   absl::MutexLock lock(&mu_);
   // The transport goes before the buffers its pending work may touch.
-  DropTransport(absl::CancelledError("the worker is shutting down"));
+  transport_.Drop(absl::CancelledError("the worker is shutting down"));
   trainer_.reset();
 }
 
@@ -79,7 +66,7 @@ bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (!mu_.TryLock()) return false;  // a step runs: a later call retries
   bool released = false;
   if (trainer_.has_value() && trainer_pid_.load() == pid) {
-    DropTransport(absl::CancelledError(
+    transport_.Drop(absl::CancelledError(
         absl::StrCat("trainer process ", pid, " is gone")));
     DropStaged(ledger_, plan_);  // its memory went with it
     trainer_.reset();
@@ -192,10 +179,10 @@ absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowLocked(
   MUONPS_RETURN_IF_ERROR(EnsureTransport());
   // Rank 0 has a trainer; its first message opens every round.
   const absl::Status opened =
-      transport_->AwaitFrom(0, sizeof(RoundOpening), wait);
+      transport_.get()->AwaitFrom(0, sizeof(RoundOpening), wait);
   if (absl::IsDeadlineExceeded(opened)) return std::nullopt;
   if (!opened.ok()) {
-    DropTransport(opened);
+    transport_.Drop(opened);
     return opened;
   }
   StepRequest request;  // the step id comes from rank 0
@@ -224,7 +211,7 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
   RoundResult out = run.Run(request);
   if (out.status.ok() || out.transport_ok) return out;
   out.status = ExplainReplaced(out.status, request, trainer);
-  DropTransport(out.status);
+  transport_.Drop(out.status);
   // Transport errors name peer ranks: say whose they are.
   std::string ranks;
   for (size_t r = 0; r < plan_.ownership.worker_ids.size(); ++r) {

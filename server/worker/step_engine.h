@@ -51,6 +51,8 @@
 #include "server/worker/checkpoint_writer.h"
 #include "server/worker/job_plan.h"
 #include "server/worker/momentum_store.h"
+#include "server/worker/plan_transport.h"
+#include "server/worker/step_backend.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_request.h"
 #include "server/worker/step_run.h"
@@ -61,30 +63,6 @@
 
 namespace muonps {
 namespace worker {
-
-// Builds the transport for a plan version: (rank, peer addresses by rank,
-// session = the plan version, the job's data-plane secret as last given to
-// StepEngine::SetDataPlaneSecret, empty if never) -> a connected transport.
-// The TCP transport proves membership with the secret and refuses an empty
-// or short one (TcpOptions::data_plane_secret); the NCCL one ignores it.
-using TransportFactory =
-    std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
-        int rank, const std::vector<std::string>& addresses, uint64_t session,
-        const std::string& data_plane_secret)>;
-
-// What the engine computes with: kernels and ops on one device. A step
-// passes its streams on every call: transfers on ops->stream(), momentum
-// and Newton-Schulz on ops->compute_stream().
-struct StepBackend {
-  std::unique_ptr<kernels::MuonKernels> kernels;
-  std::unique_ptr<kernels::DeviceOps> ops;
-  TrainerBuffersOpener open_buffers;
-  // A step whose transfers do not progress for this long fails.
-  absl::Duration timeout = absl::Seconds(10);
-};
-
-// The CPU backend: CpuKernels and CpuDeviceOps, shared-memory buffers.
-StepBackend CpuStepBackend(absl::Duration timeout);
 
 class StepEngine {
  public:
@@ -100,9 +78,10 @@ class StepEngine {
   // here: a bad one fails the next transport build (the next Step), naming
   // the field. A transport built with another secret is rebuilt at the next
   // step. Never waits for a step in progress (the agent calls it when it
-  // re-joins, on its heartbeat thread). The engine keeps the secret in
-  // memory and never logs it.
-  void SetDataPlaneSecret(std::string secret);
+  // re-joins, on its heartbeat thread). Kept in memory, never logged.
+  void SetDataPlaneSecret(std::string secret) {
+    transport_.SetSecret(std::move(secret));
+  }
 
   // Test-only (the chaos tests' worker flag): called at each StepPoint of
   // every step. Set before the first step.
@@ -137,7 +116,9 @@ class StepEngine {
   // least as new as `next` is set (none runs on the old plan's transport).
   // Returns whether `next` replaced the current plan that way. Never waits
   // for a step. Thread-safe.
-  bool AbortForPlan(const PlanMembership& next);
+  bool AbortForPlan(const PlanMembership& next) {
+    return transport_.AbortFor(next);
+  }
 
   // Maps the trainer's buffers and checks every binding against the job
   // (BindTrainer, trainer_binding.h: INVALID_ARGUMENT naming the tensor,
@@ -265,9 +246,9 @@ class StepEngine {
   absl::Status NoPlanYet() const;
   // Builds the transport if there is none, and runs the momentum handover
   // on every new one; the handover's FAILED_PRECONDITION (lost momentum)
-  // stays for the rest of the plan version.
+  // stays for the rest of the plan version. A handover that fails on the
+  // transport drops it.
   absl::Status EnsureTransport() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status HandOver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one round for `trainer`, or for no trainer (a dedicated worker);
   // a transport out of step with the peers is dropped, and errors name the
   // ranks' workers.
@@ -278,22 +259,14 @@ class StepEngine {
   // The response for a step answered without running it.
   StepResponse AlreadyApplied(int64_t step_id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Aborts and destroys the transport (if any) with `reason`.
-  void DropTransport(const absl::Status& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why the current plan can no longer step (AbortForPlan); OK if it can.
-  absl::Status PlanReplaced() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A failed round's status once AbortForPlan aborted its transport:
   // UNAVAILABLE with the reason first (DATA_LOSS stays DATA_LOSS).
   absl::Status ExplainReplaced(const absl::Status& failed,
                                const StepRequest& request,
                                const AttachedTrainer* trainer) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Publishes plan_'s version and workers for AbortForPlan.
-  void PublishPlan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string worker_id_;
-  const TransportFactory make_transport_;
   const Device device_;
   // backend_'s ops, for what allocates outside mu_ (thread-safe).
   kernels::DeviceOps* const ops_;
@@ -305,33 +278,17 @@ class StepEngine {
   // Its device calls are made under mu_ (its device rule); destroyed before
   // backend_.
   MomentumStore momentum_;
+  // Its transport is used under mu_; SetSecret, AbortFor and Replaced are
+  // called without it.
+  PlanTransport transport_;
   PlanState plan_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<transport::Transport> transport_ ABSL_GUARDED_BY(mu_);
-  // The secret transport_ was built with.
-  std::string transport_secret_ ABSL_GUARDED_BY(mu_);
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
   StepHook hook_ ABSL_GUARDED_BY(mu_);
   // Its `last` is written under mu_ and read without it (status and
   // heartbeats never wait for a step in progress).
   StepLedger ledger_;
-  // Never held across anything slow.
-  mutable absl::Mutex secret_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::string data_plane_secret_ ABSL_GUARDED_BY(secret_mu_);
   // The attached trainer's pid (0: none or unknown), readable without mu_.
   std::atomic<int64_t> trainer_pid_{0};
-  // What AbortForPlan reads without mu_: plan_'s version and workers, and
-  // transport_ (published while mu_ is held, cleared before it is
-  // destroyed). Held across nothing slower than Transport::Abort, which
-  // records the reason and wakes the waiting call; never across I/O.
-  mutable absl::Mutex abort_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  int64_t published_version_ ABSL_GUARDED_BY(abort_mu_) = -1;
-  std::vector<std::string> published_workers_ ABSL_GUARDED_BY(abort_mu_);
-  transport::Transport* published_transport_ ABSL_GUARDED_BY(abort_mu_) =
-      nullptr;
-  // The newest plan version that dropped workers of published_version_
-  // (-1: none), and the status steps of the older plan fail with.
-  int64_t replaced_by_ ABSL_GUARDED_BY(abort_mu_) = -1;
-  absl::Status replaced_why_ ABSL_GUARDED_BY(abort_mu_);
 };
 
 }  // namespace worker

@@ -90,7 +90,7 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   // A pending transfer may name the old trainer's memory: drop the
   // transport (rebuilt at the next step) before unmapping it, and the step
   // staged for it.
-  DropTransport(absl::CancelledError("a trainer attached"));
+  transport_.Drop(absl::CancelledError("a trainer attached"));
   if (ledger_.staged.step_id >= 0) {
     spdlog::warn(
         "worker={} step={} staged in doubt: dropped, a trainer "

@@ -92,14 +92,14 @@ absl::Status StepEngine::SetPlan(
   // The transport of the old version goes first: its pending work may
   // still name the old buffers. Aborted, not finalized: a finalize waits
   // for peers that may be gone.
-  DropTransport(absl::CancelledError(
+  transport_.Drop(absl::CancelledError(
       absl::StrCat("plan version ", next.version, " replaced it")));
   // Momentum of items this worker keeps owning moves to the new stacks; so
   // does a step staged in doubt (its new momentum), which may still commit.
   MUONPS_RETURN_IF_ERROR(
       momentum_.Install(std::move(momentum), ledger_.staged.voted));
   replaced = std::exchange(plan_, std::move(next));
-  PublishPlan();
+  transport_.Publish(plan_.version, plan_.ownership.worker_ids);
   return absl::OkStatus();
 }
 

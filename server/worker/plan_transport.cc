@@ -1,0 +1,154 @@
+#include "server/worker/plan_transport.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace muonps {
+namespace worker {
+
+PlanTransport::PlanTransport(std::string worker_id, Device device,
+                             TransportFactory make)
+    : worker_id_(std::move(worker_id)),
+      device_(device),
+      make_(std::move(make)) {}
+
+PlanTransport::~PlanTransport() {
+  Drop(absl::CancelledError("the worker is shutting down"));
+}
+
+void PlanTransport::SetSecret(std::string secret) {
+  absl::MutexLock lock(&secret_mu_);
+  secret_ = std::move(secret);
+}
+
+void PlanTransport::Publish(int64_t version,
+                            const std::vector<std::string>& workers) {
+  absl::MutexLock lock(&abort_mu_);
+  // Versions went backwards: the job was created again (a coordinator
+  // restarted without its state), and the old job's replacement says
+  // nothing about this one.
+  if (version < published_version_) {
+    replaced_by_ = -1;
+    replaced_why_ = absl::OkStatus();
+  }
+  published_version_ = version;
+  published_workers_ = workers;
+}
+
+bool PlanTransport::AbortFor(const PlanMembership& next) {
+  std::vector<std::string> lost;
+  int64_t version = -1;
+  bool aborted = false;
+  {
+    absl::MutexLock lock(&abort_mu_);
+    version = published_version_;
+    if (version < 0 || next.version <= version ||
+        next.version <= replaced_by_) {
+      return false;
+    }
+    for (const std::string& id : published_workers_) {
+      if (std::find(next.workers.begin(), next.workers.end(), id) ==
+          next.workers.end()) {
+        lost.push_back(Quoted(id));
+      }
+    }
+    // Only workers joined: every peer of a step in progress is still there,
+    // so it finishes before the new version replaces the transport.
+    if (lost.empty()) return false;
+    replaced_by_ = next.version;
+    replaced_why_ = absl::UnavailableError(absl::StrCat(
+        "plan version ", version, " replaced by ", next.version, ": ",
+        lost.size() == 1 ? "worker " : "workers ", absl::StrJoin(lost, ", "),
+        " left the job",
+        next.reason.empty() ? "" : absl::StrCat(" (", next.reason, ")")));
+    if (published_transport_ != nullptr) {
+      // Wakes a step waiting on a lost worker (TCP: its sockets are shut
+      // down; NCCL: ncclCommAbort); the step thread destroys the transport.
+      published_transport_->Abort(replaced_why_);
+      aborted = true;
+    }
+  }
+  spdlog::warn(
+      "worker={} plan_version={} replaced by plan_version={}, which drops {}: "
+      "{}",
+      worker_id_, version, next.version, absl::StrJoin(lost, ", "),
+      aborted ? "aborted the transport of any step in progress"
+              : "no transport to abort");
+  return true;
+}
+
+absl::Status PlanTransport::Replaced() const {
+  absl::MutexLock lock(&abort_mu_);
+  if (replaced_by_ <= published_version_) return absl::OkStatus();
+  return replaced_why_;
+}
+
+void PlanTransport::Drop(const absl::Status& reason) {
+  if (transport_ == nullptr) return;
+  {
+    // AbortFor may be aborting it: it is gone only after that.
+    absl::MutexLock lock(&abort_mu_);
+    published_transport_ = nullptr;
+  }
+  transport_->Abort(reason);
+  transport_.reset();
+}
+
+absl::StatusOr<transport::Transport*> PlanTransport::Ensure(
+    int rank, const std::vector<std::string>& addresses, int64_t version,
+    const absl::Status& blocked, bool* built) {
+  *built = false;
+  std::string secret;
+  {
+    absl::MutexLock lock(&secret_mu_);
+    secret = secret_;
+  }
+  if (transport_ != nullptr && secret != built_secret_) {
+    Drop(absl::CancelledError(
+        absl::StrCat("worker ", Quoted(worker_id_),
+                     " got a new data-plane secret; reconnecting")));
+  }
+  // A newer plan dropped some of this one's workers: no step of it can
+  // finish, so none starts (the new version's SetPlan comes).
+  if (const absl::Status replaced = Replaced(); !replaced.ok()) {
+    Drop(replaced);
+    return replaced;
+  }
+  MUONPS_RETURN_IF_ERROR(blocked);
+  if (transport_ != nullptr) return transport_.get();
+  for (size_t r = 0; r < addresses.size(); ++r) {
+    if (addresses[r].empty()) {
+      return FieldError(absl::StatusCode::kUnavailable, "plan",
+                        absl::StrCat("no data address for rank ", r));
+    }
+  }
+  MUONPS_ASSIGN_OR_RETURN(
+      transport_,
+      make_(rank, addresses, static_cast<uint64_t>(version), secret));
+  built_secret_ = secret;
+  if (transport_->memory() != device_.kind) {
+    transport_.reset();
+    return absl::InternalError(
+        absl::StrCat("worker ", Quoted(worker_id_), " on ", DeviceName(device_),
+                     " got a transport for the other kind of memory"));
+  }
+  {
+    absl::MutexLock lock(&abort_mu_);
+    published_transport_ = transport_.get();
+  }
+  // The plan may have been replaced while the transport was built.
+  if (const absl::Status replaced = Replaced(); !replaced.ok()) {
+    Drop(replaced);
+    return replaced;
+  }
+  *built = true;
+  return transport_.get();
+}
+
+}  // namespace worker
+}  // namespace muonps

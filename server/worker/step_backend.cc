@@ -1,0 +1,20 @@
+#include "server/worker/step_backend.h"
+
+#include "kernels/cpu/cpu_device_ops.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace muonps {
+namespace worker {
+
+StepBackend CpuStepBackend(absl::Duration timeout) {
+  StepBackend backend;
+  backend.kernels =
+      std::make_unique<kernels::CpuKernels>(kernels::CpuKernelOptions{});
+  backend.ops = std::make_unique<kernels::CpuDeviceOps>();
+  backend.open_buffers = OpenSharedMemoryBuffers;
+  backend.timeout = timeout;
+  return backend;
+}
+
+}  // namespace worker
+}  // namespace muonps

@@ -1,0 +1,35 @@
+// StepBackend: what a worker's steps compute with, kernels and device ops
+// on one device and the way to open a trainer's lent buffers there. The
+// worker's factory (server/worker/main.cc) picks one: CpuStepBackend
+// (OpenBLAS on host memory, shared-memory buffers) or CudaStepBackend
+// (cuda_step_backend.h). Plain values; thread-compatible.
+#ifndef MUONPS_SERVER_WORKER_STEP_BACKEND_H_
+#define MUONPS_SERVER_WORKER_STEP_BACKEND_H_
+
+#include <memory>
+
+#include "absl/time/time.h"
+#include "kernels/device_ops.h"
+#include "kernels/muon_kernels.h"
+#include "server/worker/trainer_buffers.h"
+
+namespace muonps {
+namespace worker {
+
+// A step passes its streams on every call: transfers on ops->stream(),
+// momentum and Newton-Schulz on ops->compute_stream().
+struct StepBackend {
+  std::unique_ptr<kernels::MuonKernels> kernels;
+  std::unique_ptr<kernels::DeviceOps> ops;
+  TrainerBuffersOpener open_buffers;
+  // A step whose transfers do not progress for this long fails.
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+// The CPU backend: CpuKernels and CpuDeviceOps, shared-memory buffers.
+StepBackend CpuStepBackend(absl::Duration timeout);
+
+}  // namespace worker
+}  // namespace muonps
+
+#endif  // MUONPS_SERVER_WORKER_STEP_BACKEND_H_
