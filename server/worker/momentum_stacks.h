@@ -104,6 +104,21 @@ struct MomentumStacks {
   void DropNext();
 };
 
+// Momentum of owned experts in host memory, checked against a version
+// and ready to write into its stacks (MomentumStore::Check, ReadCheckpoint).
+struct CheckedMomentum {
+  struct Expert {
+    std::string matrix;
+    int64_t expert = 0;
+    std::vector<float> values;  // rows x cols
+  };
+  std::vector<Expert> experts;
+  int64_t version = -1;  // the plan version it was checked against
+  // From a checkpoint: its step (-1: from a caller) and directory.
+  int64_t checkpoint_step = -1;
+  std::string checkpoint_dir;
+};
+
 }  // namespace worker
 }  // namespace muonps
 

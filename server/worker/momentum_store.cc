@@ -17,11 +17,8 @@ namespace worker {
 MomentumStore::MomentumStore(std::string worker_id, kernels::DeviceOps* ops)
     : worker_id_(std::move(worker_id)),
       ops_(ops),
-      stacks_(std::make_unique<MomentumStacks>()) {}
-
-MomentumStore::~MomentumStore() {
-  if (writer_ != nullptr) writer_->WaitIdle().IgnoreError();
-}
+      stacks_(std::make_unique<MomentumStacks>()),
+      checkpoints_(worker_id_) {}
 
 absl::StatusOr<PreparedMomentum> MomentumStore::Prepare(
     MomentumStacks layout) const {
@@ -212,15 +209,7 @@ absl::StatusOr<int64_t> MomentumStore::Write(CheckedMomentum checked,
     }
     return written;
   }
-  const int64_t step = checked.checkpoint_step;
-  item_restores_.clear();  // the slots hold this restore's step now
-  restored_step_.store(step);
-  if (last_committed < 0) restore_unverified_ = step;
-  CountRestores(written, 0, 0);
-  spdlog::info(
-      "worker={} plan_version={} momentum of {} owned experts restored from "
-      "the checkpoint of step {} in {}",
-      worker_id_, now.version, written, step, checked.checkpoint_dir);
+  checkpoints_.Installed(checked, written, last_committed);
   return written;
 }
 

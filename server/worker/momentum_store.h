@@ -43,6 +43,7 @@
 #include "kernels/device_ops.h"
 #include "server/worker/checkpoint_restore.h"
 #include "server/worker/checkpoint_writer.h"
+#include "server/worker/momentum_checkpoints.h"
 #include "server/worker/momentum_handover.h"
 #include "server/worker/momentum_stacks.h"
 #include "transport/transport.h"
@@ -59,21 +60,6 @@ struct PreparedMomentum {
   int64_t installs = 0;  // the store's install count when prepared
 };
 
-// Momentum of owned experts, checked and ready to write (Check,
-// ReadCheckpoint): host memory, owned by the holder.
-struct CheckedMomentum {
-  struct Expert {
-    std::string matrix;
-    int64_t expert = 0;
-    std::vector<float> values;  // rows x cols
-  };
-  std::vector<Expert> experts;
-  int64_t version = -1;  // the plan version it was checked against
-  // From a checkpoint: its step (-1: from a caller) and directory.
-  int64_t checkpoint_step = -1;
-  std::string checkpoint_dir;
-};
-
 class MomentumStore {
  public:
   // Momentum of `worker_id` (named in errors and logs) on the device of
@@ -81,8 +67,6 @@ class MomentumStore {
   MomentumStore(std::string worker_id, kernels::DeviceOps* ops);
   MomentumStore(const MomentumStore&) = delete;
   MomentumStore& operator=(const MomentumStore&) = delete;
-  // Waits for the checkpoint being written, if any.
-  ~MomentumStore();
 
   // ---- Plan versions.
   //
@@ -153,13 +137,13 @@ class MomentumStore {
   absl::StatusOr<int64_t> Write(CheckedMomentum checked,
                                 int64_t last_committed);
 
-  // ---- Checkpoints.
+  // ---- Checkpoints (MomentumCheckpoints has the policy and the rule).
   //
   // Call once, before the first Install; without it the store writes and
-  // restores none. `metrics` (may be null) must outlive the store: restores
-  // are counted in muonps_worker_momentum_restores_total{result=
-  // "restored"|"stale"|"missing"}, writes by the CheckpointWriter.
-  void EnableCheckpoints(MetricsRegistry* metrics);
+  // restores none. `metrics` (may be null) must outlive the store.
+  void EnableCheckpoints(MetricsRegistry* metrics) {
+    checkpoints_.Enable(metrics);
+  }
   // Asks for a checkpoint right after the next committed step.
   // FAILED_PRECONDITION naming job.checkpoint_dir when checkpoints are not
   // enabled or the installed version's job has no checkpoint_dir. Returns
@@ -171,23 +155,23 @@ class MomentumStore {
   // error). Call right after a commit; hand the result to Submit once
   // every lock is released.
   std::optional<CheckpointSnapshot> TakeSnapshot(int64_t last_committed);
-  // Has the CheckpointWriter write `snapshot` in the background; waits
-  // while the previous one is still being written. A snapshot older than
-  // one already submitted is dropped. Call with no lock held.
-  void Submit(CheckpointSnapshot snapshot);
+  // Writes `snapshot` in the background; waits while the previous one is
+  // still being written. Call with no lock held.
+  void Submit(CheckpointSnapshot snapshot) {
+    checkpoints_.Submit(std::move(snapshot));
+  }
   // The last step whose checkpoint was written durably (-1: none).
-  int64_t last_checkpoint_step() const;
+  int64_t last_checkpoint_step() const { return checkpoints_.last_written(); }
   // Waits for the checkpoint being written, if any; its status.
-  absl::Status WaitForCheckpoint();
+  absl::Status WaitForCheckpoint() { return checkpoints_.Wait(); }
   // Restores every owned expert with no momentum from the job's
   // checkpoint_dir when a verified checkpoint holds it as of the reference
-  // step: `last_committed`, or for a worker that has committed none the
-  // newest checkpoint's step S (then its trainer must resume from S: a
-  // warn log, and CheckRestoredStep). Momentum of any other step is never
-  // installed: the expert stays at zero (a warn log naming both steps, a
-  // stale restore). Reads the checkpoints outside the lock. OK with
-  // nothing to do (no checkpoints enabled, no directory, nothing missing);
-  // INTERNAL when the directory cannot be listed or a device copy fails.
+  // step (MomentumCheckpoints::FindMissing): `last_committed`, or for a
+  // worker that has committed none the newest checkpoint's step S (then
+  // its trainer must resume from S: CheckRestoredStep). The others stay
+  // at zero. Reads the checkpoints outside the lock. OK with nothing to do
+  // (no checkpoints enabled, no directory, nothing missing); INTERNAL when
+  // the directory cannot be listed or a device copy fails.
   absl::Status RestoreMissing(int64_t last_committed);
   // The first step a trainer asks for, `step_id`, after a worker that had
   // committed nothing restored momentum as of step S: unless it is S + 1
@@ -195,7 +179,7 @@ class MomentumStore {
   // instead (an error log, counted as stale restores and as resets).
   void CheckRestoredStep(int64_t step_id, int64_t last_committed);
   // The step the momentum restored from a checkpoint is as of (-1: none).
-  int64_t restored_step() const { return restored_step_.load(); }
+  int64_t restored_step() const { return checkpoints_.restored_step(); }
 
   // ---- The handover (momentum_handover.h).
   //
@@ -229,12 +213,14 @@ class MomentumStore {
                                      int64_t expert) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status NoPlan() const;
+  // Every owned expert (that holds no momentum, with `missing_only`).
+  std::vector<MomentumCheckpoints::Expert> Owned(bool missing_only) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The checkpoint's momentum of (matrix, expert) into `slot` for the
   // handover, as of `step`: NOT_FOUND when none of that step.
   absl::Status MomentumFromCheckpoint(
       std::optional<absl::StatusOr<CheckpointCatalog>>& catalog, int matrix,
       int64_t expert, float* slot, int64_t step, int64_t last_committed);
-  void CountRestores(int64_t restored, int64_t stale, int64_t missing);
 
   const std::string worker_id_;
   kernels::DeviceOps* const ops_;
@@ -250,31 +236,7 @@ class MomentumStore {
   std::vector<std::pair<int, int64_t>> lost_items_ ABSL_GUARDED_BY(mu_);
   int64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> resets_total_{0};
-  // Checkpoints (EnableCheckpoints): set once, before use.
-  std::unique_ptr<CheckpointWriter> writer_;
-  Counter* restores_ = nullptr;
-  int64_t checkpointed_step_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t submitted_step_ ABSL_GUARDED_BY(mu_) = -1;
-  bool checkpoint_requested_ ABSL_GUARDED_BY(mu_) = false;
-  // The step S of a restore whose S + 1 no trainer has asked for yet (-1:
-  // none); only while no step was committed here.
-  int64_t restore_unverified_ ABSL_GUARDED_BY(mu_) = -1;
-  // What RestoreMissing found for each item it looked up: the step it
-  // looked for, the last step committed here then, whether it installed
-  // that step's momentum, and else why not. Until the next commit, the
-  // handover's lost items take that answer instead of reading (and
-  // counting) the checkpoint again when they need the same step and the
-  // slot still holds momentum (the record survives versions with no step
-  // between them; a Write from a checkpoint clears it).
-  struct ItemRestore {
-    int64_t step = -1;
-    int64_t committed = -1;
-    bool installed = false;
-    std::string why_not;
-  };
-  std::map<std::pair<int, int64_t>, ItemRestore> item_restores_
-      ABSL_GUARDED_BY(mu_);
-  std::atomic<int64_t> restored_step_{-1};
+  MomentumCheckpoints checkpoints_;
 };
 
 }  // namespace worker

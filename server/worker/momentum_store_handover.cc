@@ -64,7 +64,7 @@ absl::Status MomentumStore::HandOver(transport::Transport& transport,
   // (handed over, or from a checkpoint of that step): what a restore on
   // start took from an older checkpoint is gone, and so is its rule that
   // the trainer resume from there.
-  if (outcome.job_step >= 0) restore_unverified_ = -1;
+  if (outcome.job_step >= 0) checkpoints_.HandedOver();
   if (outcome.lost > 0) {
     spdlog::warn(
         "worker={} plan_version={} momentum handover: {} matrices lost their "
@@ -85,51 +85,27 @@ absl::Status MomentumStore::MomentumFromCheckpoint(
     std::optional<absl::StatusOr<CheckpointCatalog>>& catalog, int matrix,
     int64_t expert, float* slot, int64_t step, int64_t last_committed) {
   std::string dir;
-  scheduler::MatrixSpec spec;
+  MomentumCheckpoints::Expert lost;
+  bool has_momentum = false;
   int64_t version = -1;
   {
     absl::MutexLock lock(&mu_);
     dir = stacks_->checkpoint_dir;
-    if (dir.empty() || step < 0) {
-      return absl::NotFoundError("the job keeps no checkpoints");
-    }
-    // RestoreMissing already looked this item up for this step, and no
-    // step was committed here since.
-    const auto found = item_restores_.find({matrix, expert});
-    if (found != item_restores_.end() && found->second.step == step &&
-        found->second.committed == last_committed) {
-      if (!found->second.installed) {
-        return absl::NotFoundError(found->second.why_not);
-      }
-      if (stacks_->has_momentum(stacks_->slot(matrix, expert))) {
-        return absl::OkStatus();  // the slot holds that step's momentum
-      }
-    }
-    spec = stacks_->matrices[matrix];
+    lost = {matrix, expert, stacks_->matrices[matrix]};
+    has_momentum = stacks_->has_momentum(stacks_->slot(matrix, expert));
     version = stacks_->version;
   }
-  if (!catalog.has_value()) catalog = CheckpointCatalog::Load(dir);
-  if (!catalog->ok()) return catalog->status();
-  std::vector<float> values(spec.rows * spec.cols);
-  MUONPS_ASSIGN_OR_RETURN(const int64_t as_of,
-                          (*catalog)->Restore(spec.name, expert, spec.rows,
-                                              spec.cols, values.data()));
-  if (as_of != step) {
-    CountRestores(0, 1, 0);
-    return absl::NotFoundError(absl::StrCat(
-        "the newest checkpoint holding matrix ", Quoted(spec.name), " expert ",
-        expert, " is of step ", as_of, "; the job is at step ", step));
-  }
+  MUONPS_ASSIGN_OR_RETURN(
+      const std::optional<std::vector<float>> values,
+      checkpoints_.ForHandover(catalog, dir, lost, step, last_committed,
+                               has_momentum));
+  if (!values.has_value()) return absl::OkStatus();  // in the slot already
   // `slot` is the handover's to write (the device rule).
-  MUONPS_RETURN_IF_ERROR(ops_->Copy(slot, values.data(),
-                                    static_cast<int64_t>(values.size()),
+  MUONPS_RETURN_IF_ERROR(ops_->Copy(slot, values->data(),
+                                    static_cast<int64_t>(values->size()),
                                     ops_->stream()));
   MUONPS_RETURN_IF_ERROR(ops_->Synchronize(ops_->stream()));
-  CountRestores(1, 0, 0);
-  spdlog::info(
-      "worker={} plan_version={} momentum of {} expert {} restored from the "
-      "checkpoint of step {} (its owner left)",
-      worker_id_, version, Quoted(spec.name), expert, step);
+  checkpoints_.HandedOverFromCheckpoint(lost, step, version);
   return absl::OkStatus();
 }
 
