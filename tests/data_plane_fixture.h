@@ -37,12 +37,21 @@
 namespace muonps {
 namespace testing {
 
+// How every trainer declares a matrix, in the service's terms (the
+// reference reads them; the trainers hand the client its own options).
+struct MatrixDeclOptions {
+  scheduler::Layout layout = scheduler::Layout::kReplicated;
+  int32_t layer = 0;
+  int64_t experts = 1;
+  bool shard_params = true;
+};
+
 // A Muon matrix (or expert stack) as every trainer declares it.
 struct MatrixDecl {
   std::string name;
   int64_t rows = 0;
   int64_t cols = 0;
-  MatrixOptions options;
+  MatrixDeclOptions options;
 };
 
 // An AdamW tensor as every trainer declares it.

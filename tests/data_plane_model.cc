@@ -41,9 +41,9 @@ bool ShardedParam(const MatrixDecl& m) {
 
 ModelDecl SmallModel(Layout layout, bool shard_params) {
   ModelDecl model;
-  const MatrixOptions o{.layout = layout, .shard_params = shard_params};
+  const MatrixDeclOptions o{.layout = layout, .shard_params = shard_params};
   auto with = [o](int32_t layer, int64_t experts) {
-    MatrixOptions out = o;
+    MatrixDeclOptions out = o;
     out.layer = layer;
     out.experts = experts;
     return out;

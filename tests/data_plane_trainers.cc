@@ -19,6 +19,48 @@ namespace {
 
 using scheduler::Layout;
 
+// The model as a trainer hands it to its client (client_types.h): the
+// client's own options, converted back to these inside the client.
+TensorLayout ClientLayout(Layout layout) {
+  switch (layout) {
+    case Layout::kUnreduced:
+      return TensorLayout::kUnreduced;
+    case Layout::kRowSharded:
+      return TensorLayout::kRowSharded;
+    case Layout::kReplicated:
+      break;
+  }
+  return TensorLayout::kReplicated;
+}
+
+MatrixOptions ClientOptionsOf(const MatrixDecl& m) {
+  return {.layout = ClientLayout(m.options.layout),
+          .layer = m.options.layer,
+          .experts = m.options.experts,
+          .shard_params = m.options.shard_params};
+}
+
+MuonOptions ClientMuon(const kernels::MuonHyperparameters& h) {
+  MuonOptions out;
+  out.lr = h.lr;
+  out.weight_decay = h.weight_decay;
+  out.momentum = h.momentum;
+  out.nesterov = h.nesterov;
+  out.adjust_lr = h.lr_adjustment == kernels::LrAdjustment::kMatchRmsAdamW
+                      ? AdjustLr::kMatchRmsAdamW
+                      : AdjustLr::kOriginal;
+  out.ns_steps = h.ns.steps;
+  out.ns_coefficients = {h.ns.coefficients.a, h.ns.coefficients.b,
+                         h.ns.coefficients.c};
+  out.polar_express = h.ns.polar_express;
+  out.ns_eps = h.ns.eps;
+  return out;
+}
+
+AdamWOptions ClientAdamW(const kernels::AdamWHyperparameters& h) {
+  return {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
+}
+
 }  // namespace
 
 void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
@@ -39,11 +81,15 @@ void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
                       .ok());
     }
     for (const MatrixDecl& m : model_.matrices) {
-      ASSERT_TRUE((*created)->AddMatrix(m.name, m.rows, m.cols, m.options).ok())
+      ASSERT_TRUE((*created)
+                      ->AddMatrix(m.name, m.rows, m.cols, ClientOptionsOf(m))
+                      .ok())
           << m.name;
     }
     for (const TensorDecl& t : model_.tensors) {
-      ASSERT_TRUE((*created)->AddTensor(t.name, t.elements, t.layout).ok())
+      ASSERT_TRUE((*created)
+                      ->AddTensor(t.name, t.elements, ClientLayout(t.layout))
+                      .ok())
           << t.name;
     }
     ASSERT_TRUE(
@@ -55,7 +101,8 @@ void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([this, r, &started] {
-      started[r] = clients_[r]->Start(model_.muon, model_.adamw);
+      started[r] = clients_[r]->Start(ClientMuon(model_.muon),
+                                      ClientAdamW(model_.adamw));
     });
   }
   for (std::thread& t : threads) t.join();
