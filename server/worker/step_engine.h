@@ -1,32 +1,23 @@
 // StepEngine: a worker's part of the data plane. It holds the plan
-// version's state (its schedule and the stacks' staged gradients), the
-// owned matrices' momentum (a MomentumStore: same-shape stacks per plan
-// version, checkpoints, the handover), the trainer's lent buffers (shared
-// memory or CUDA IPC, through a TrainerBuffers), and runs
-// each optimizer step as StepRun rounds with the other workers of the plan
-// over a Transport built for that plan version (TCP among CPU workers, NCCL
-// among GPU workers). Steps are atomic and idempotent: step_run.h has the
-// protocol (staging, votes, commit, and how a retry settles a step some
-// workers committed).
-//
-// The engine is device-agnostic: its factory (server/worker/main.cc) hands
-// it the backend, a MuonKernels and DeviceOps pair on one device and stream
-// (CPU: OpenBLAS on host memory; CUDA: cuBLAS on the GPU), and a way to
-// open the trainer's buffers.
+// version's state (step_state.h: its schedule and the stacks' staged
+// gradients), the owned momentum (a MomentumStore), the trainer's lent
+// buffers (shared memory or CUDA IPC, through a TrainerBuffers) and the
+// version's transport (a PlanTransport: TCP among CPU workers, NCCL among
+// GPU workers), and runs each optimizer step as StepRun rounds with the
+// other workers of the plan. Steps are atomic and idempotent: step_run.h
+// has the protocol. Device-agnostic: its factory (main.cc) hands it a
+// StepBackend.
 //
 // Thread-safe. One lock serializes steps, the installs of plan changes,
 // attachments and the momentum calls that use the device (the
 // MomentumStore's device rule), and a step holds it across its network I/O
-// (up to the transport's timeout). Nothing slow runs under it but a step:
-// SetPlan allocates its stacks and Attach maps the trainer's buffers before
+// (up to the transport's timeout). Nothing else slow runs under it:
+// SetPlan allocates its buffers and Attach maps the trainer's before
 // taking it, and a checkpoint is written after it is released. What status
 // and heartbeats call never waits for it: last_step() and the momentum
-// counters are atomic reads, SetDataPlaneSecret takes its own small lock,
-// ReleaseTrainerIfGone only tries the lock. AbortForPlan (the agent's
-// watch thread, as soon as a new plan arrives) takes only another small
-// lock, which guards the current plan's membership and transport and is
-// never held across the step's I/O: it aborts a step waiting on a worker
-// the new plan dropped, so that SetPlan need not wait for the timeout.
+// counters are atomic reads, SetDataPlaneSecret and AbortForPlan take
+// PlanTransport's small locks (never held across I/O), ReleaseTrainerIfGone
+// only tries the lock.
 #ifndef MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 #define MUONPS_SERVER_WORKER_STEP_ENGINE_H_
 
@@ -88,34 +79,30 @@ class StepEngine {
   void set_step_hook(StepHook hook);
 
   // A new plan version of the job (wire.h converts the coordinator's) and
-  // every worker's data address (by worker id). Momentum of matrices this
-  // worker keeps owning moves to the new stacks; that of matrices moving away
-  // is kept, and the handover (momentum_handover.h) brings every newly owned
-  // one from its previous owner when the new transport is built, before the
-  // version's first step. A newly owned matrix whose previous owner left fails
-  // every step of the version with FAILED_PRECONDITION naming it, unless the
-  // job allows momentum resets: it then starts at zero (logged, counted in
-  // momentum_resets_total() and the next Step response's momentum_reset).
-  // The transport is rebuilt at the next step. The new stacks are allocated
-  // before the engine's lock is taken (a step in progress finishes first;
-  // Attach and status never wait for the allocation). INVALID_ARGUMENT
-  // naming the plan field for an inconsistent plan, RESOURCE_EXHAUSTED when
-  // the stacks do not fit the device. One SetPlan at a time.
+  // every worker's data address (by worker id). Its buffers are allocated
+  // before the lock is taken (a step in progress goes on; Attach and status
+  // never wait for it), then the momentum is installed
+  // (MomentumStore::Install: what this worker keeps owning stays, what
+  // moves away waits for the handover, which brings every newly owned
+  // matrix from its previous owner on the version's new transport before
+  // its first step). A newly owned matrix whose previous owner left fails
+  // every step of the version with FAILED_PRECONDITION naming it, unless
+  // the job allows momentum resets: it then starts at zero (counted in
+  // momentum_resets_total() and the next step's momentum_reset).
+  // INVALID_ARGUMENT naming the plan field for an inconsistent plan,
+  // RESOURCE_EXHAUSTED when the stacks do not fit the device. One SetPlan
+  // at a time.
   absl::Status SetPlan(const JobPlan& plan,
                        const std::map<std::string, std::string>& addresses);
 
   // Call with every plan as soon as it arrives, before SetPlan (which waits
-  // for a step in progress). When `next` is newer than the current plan and
-  // leaves out some of its workers, no step of the current plan can finish:
-  // its transport (TCP or NCCL) is aborted at once, so a step waiting on a
-  // lost worker fails now instead of at the transport's timeout. That step
-  // fails as for any lost peer (step_run.h: before its vote nothing was
-  // applied; a rank in doubt keeps its staging for the retry), with
-  // UNAVAILABLE saying `plan version N replaced by M: worker "w1" left the
-  // job (<the plan's reason>)`, and so does every step until a plan at
-  // least as new as `next` is set (none runs on the old plan's transport).
-  // Returns whether `next` replaced the current plan that way. Never waits
-  // for a step. Thread-safe.
+  // for a step in progress): when `next` drops workers of the current plan,
+  // the transport is aborted at once (PlanTransport::AbortFor) and a step
+  // waiting on a lost worker fails now, as for any lost peer (step_run.h),
+  // with UNAVAILABLE saying `plan version N replaced by M: worker "w1" left
+  // the job (<reason>)`, as does every step until a plan at least as new as
+  // `next` is set. Returns whether `next` replaced the plan that way. Never
+  // waits for a step.
   bool AbortForPlan(const PlanMembership& next) {
     return transport_.AbortFor(next);
   }
@@ -157,10 +144,8 @@ class StepEngine {
   // it in a loop. Holds the engine's lock for at most `wait` while idle.
   absl::StatusOr<std::optional<StepResponse>> FollowStep(absl::Duration wait);
 
-  // How many owned matrices (experts) have started from zero momentum
-  // because their owner changed, their previous owner was gone and the job
-  // allows momentum resets, or a restore was of another step, since the
-  // engine started. Never waits for a step. Thread-safe.
+  // Owned matrices (experts) that restarted from zero momentum since the
+  // engine started (MomentumStore::resets_total). Never waits.
   int64_t momentum_resets_total() const { return momentum_.resets_total(); }
 
   // The last step id committed here (-1 before the first). Never waits for
@@ -173,55 +158,39 @@ class StepEngine {
   // a later call retries. Returns true if it released them. Thread-safe.
   bool ReleaseTrainerIfGone();
 
-  // The owned momentum (MomentumStore has each call's contract), its calls
-  // that use the device ordered with the steps (they wait for one in
-  // progress).
+  // The owned momentum (MomentumStore and MomentumCheckpoints have each
+  // call's contract). Calls that use the device wait for a step in
+  // progress; checks and checkpoint reads happen before the lock.
   //
-  // A copy of the momentum of expert `expert` of `matrix`; NOT_FOUND unless
-  // this worker owns it and has stepped (or restored) it.
+  // A copy of expert `expert` of `matrix`'s momentum (MomentumStore::Get).
   absl::StatusOr<std::vector<float>> Momentum(const std::string& matrix,
                                               int64_t expert) const;
-  // Restores it (checked before the lock): NOT_FOUND unless this worker
-  // owns the expert in the current plan; INVALID_ARGUMENT for a wrong size
-  // or non-finite values. Drops a step staged in doubt (a restore starts
-  // from the checkpoint). A restored expert is no longer lost for the next
-  // plan's handover.
+  // Restores it (MomentumStore::Check, then Write), dropping a step staged
+  // in doubt (a restore starts from what it writes).
   absl::Status SetMomentum(const std::string& matrix, int64_t expert,
                            std::vector<float> values);
-  // Momentum checkpoints. Call once, before the first plan; without it the
-  // engine writes and restores none. `metrics` (may be null) must outlive
-  // the engine. While the job's checkpoint_dir is set, every step
-  // committed here whose id is a multiple of checkpoint_every (or the first
-  // one after RequestCheckpoint) is copied to host memory under the locks
-  // and written to <checkpoint_dir>/<worker_id>/ in the background once
-  // they are released (that step's call waits only if the previous
-  // checkpoint is still being written).
+  // Call once, before the first plan: while the job's checkpoint_dir is
+  // set, every committed step that is due is copied to host under the
+  // locks and written to <checkpoint_dir>/<worker_id>/ once they are
+  // released (its Step call waits only for the previous write).
   void EnableCheckpoints(MetricsRegistry* metrics) {
     momentum_.EnableCheckpoints(metrics);
   }
-  // Asks for a checkpoint right after the next step committed here; never
-  // waits for a step. FAILED_PRECONDITION when checkpoints are not enabled
-  // or the job has no checkpoint_dir. Returns the last step checkpointed
-  // (-1: none).
+  // A checkpoint right after the next committed step; never waits.
   absl::StatusOr<int64_t> RequestCheckpoint() {
     return momentum_.RequestCheckpoint();
   }
-  // The last step whose checkpoint was written durably (-1: none). Never
-  // waits for a step. Thread-safe.
   int64_t last_checkpoint_step() const {
     return momentum_.last_checkpoint_step();
   }
-  // The step the momentum restored from a checkpoint is as of (-1: none).
   int64_t restored_step() const { return momentum_.restored_step(); }
-  // Call after every SetPlan: MomentumStore::RestoreMissing as of this
-  // worker's last committed step. Holds the engine's lock while it reads
-  // the checkpoints (a step must not start from zero meanwhile).
+  // Call after every SetPlan (MomentumStore::RestoreMissing). Holds the
+  // engine's lock while it reads the checkpoints: no step may start from
+  // zero meanwhile.
   absl::Status RestoreMissingMomentum();
-  // Replaces the momentum of every expert owned here with checkpoint
-  // `step` of `dir` (Worker.RestoreCheckpoint), all or nothing, read
-  // before the lock, and drops a step staged in doubt. Returns how many
-  // experts it restored. Errors: MomentumStore::ReadCheckpoint's and
-  // Write's.
+  // Worker.RestoreCheckpoint: every owned expert from checkpoint `step` of
+  // `dir`, all or nothing (MomentumStore::ReadCheckpoint, then Write),
+  // dropping a step staged in doubt. Returns how many experts it restored.
   absl::StatusOr<int64_t> RestoreCheckpoint(const std::string& dir,
                                             int64_t step);
   // Waits for the checkpoint being written, if any (tests, shutdown).

@@ -1,9 +1,88 @@
 #include "server/worker/step_state.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "common/status.h"
 
 namespace muonps {
 namespace worker {
+
+namespace {
+
+// Floats the control messages of a step need in transport memory.
+constexpr int64_t kControlFloats = 1024;
+
+}  // namespace
+
+absl::StatusOr<PlanState> BuildPlanState(
+    const JobPlan& plan, const std::map<std::string, std::string>& addresses,
+    const std::string& worker_id) {
+  PlanState next;
+  next.job = plan.job;
+  next.version = plan.membership.version;
+  next.matrices = plan.job.matrices;
+  next.muon = plan.job.muon;
+  next.ownership = plan.ownership;
+  const std::vector<std::string>& workers = plan.membership.workers;
+  for (size_t r = 0; r < workers.size(); ++r) {
+    if (workers[r] == worker_id) next.rank = static_cast<int>(r);
+    auto it = addresses.find(workers[r]);
+    next.addresses.push_back(it == addresses.end() ? "" : it->second);
+  }
+  MUONPS_ASSIGN_OR_RETURN(
+      next.schedule,
+      scheduler::BuildStepSchedule(next.matrices, next.ownership,
+                                   {.bucket_bytes = plan.job.bucket_bytes}));
+  // The schedule's stacks this worker owns become its compute batches.
+  next.batch_of_stack.assign(next.schedule.stacks.size(), -1);
+  for (size_t k = 0; k < next.schedule.stacks.size(); ++k) {
+    const scheduler::OwnerStack& stack = next.schedule.stacks[k];
+    if (stack.owner != next.rank) continue;
+    next.batch_of_stack[k] = static_cast<int>(next.batches.size());
+    ComputeBatch batch;
+    batch.rows = stack.rows;
+    batch.cols = stack.cols;
+    batch.items = stack.items;
+    batch.chunks = stack.chunks;
+    next.batches.push_back(std::move(batch));
+  }
+  return next;
+}
+
+absl::Status PlanState::AllocateBuffers(kernels::DeviceOps& ops) {
+  int64_t largest = kControlFloats;
+  for (const scheduler::MatrixSpec& spec : matrices) {
+    largest = std::max(largest, spec.rows * spec.cols);
+  }
+  for (ComputeBatch& batch : batches) {
+    MUONPS_ASSIGN_OR_RETURN(
+        batch.staged, ops.Allocate(static_cast<int64_t>(batch.items.size()) *
+                                       batch.rows * batch.cols,
+                                   "staged gradients"));
+  }
+  MUONPS_ASSIGN_OR_RETURN(scratch, ops.Allocate(largest, "scratch"));
+  return absl::OkStatus();
+}
+
+MomentumStacks PlanState::MomentumLayout() const {
+  MomentumStacks layout;
+  layout.version = version;
+  layout.rank = rank;
+  layout.matrices = matrices;
+  layout.owners = ownership.owners;
+  for (const ComputeBatch& batch : batches) {
+    MomentumStack stack;
+    stack.rows = batch.rows;
+    stack.cols = batch.cols;
+    stack.items = batch.items;
+    layout.stacks.push_back(std::move(stack));
+  }
+  layout.checkpoint_dir = job.checkpoint_dir;
+  layout.checkpoint_every = job.checkpoint_every;
+  layout.allow_momentum_reset = job.allow_momentum_reset;
+  return layout;
+}
 
 absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops) {
   std::vector<Binding*> narrow;

@@ -17,12 +17,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
@@ -82,7 +84,23 @@ struct PlanState {
   int trainers() const {
     return static_cast<int>(ownership.worker_ids.size()) - ownership.dedicated;
   }
+  // Allocates the owned stacks' staged gradients and `scratch`
+  // (zero-filled: slow for large stacks, call it with no lock held).
+  // RESOURCE_EXHAUSTED naming the buffer when the device is full.
+  absl::Status AllocateBuffers(kernels::DeviceOps& ops);
+  // What the version fixes of the momentum owned here: the layout
+  // MomentumStore::Prepare allocates.
+  MomentumStacks MomentumLayout() const;
 };
+
+// The state `plan` fixes for worker `worker_id`: its rank (-1: not in the
+// plan), the ranks' data addresses (`addresses` by worker id; "" where
+// unknown), the step schedule and the stacks this worker owns as compute
+// batches; no buffers yet (AllocateBuffers), no momentum store.
+// INVALID_ARGUMENT naming the plan field for an inconsistent plan.
+absl::StatusOr<PlanState> BuildPlanState(
+    const JobPlan& plan, const std::map<std::string, std::string>& addresses,
+    const std::string& worker_id);
 
 // One lent tensor as the step uses it.
 struct Binding {
