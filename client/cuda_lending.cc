@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc.h"
 
@@ -36,38 +37,30 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
   return out;
 }
 
-namespace {
-
-absl::Status Cuda(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cudaGetErrorString(error)));
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
     const Device& device) {
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device.ordinal), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(device.ordinal), "cudaSetDevice"));
   MUONPS_ASSIGN_OR_RETURN(IpcEvent ready, IpcEvent::Create(device.ordinal));
   std::unique_ptr<CudaStepSignals> out(
       new CudaStepSignals(device, std::move(ready)));
   // 256 bytes: an allocation of its own, so its IPC handle lends nothing
   // else.
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMalloc(reinterpret_cast<void**>(&out->done_), 256),
-           "cudaMalloc done counter"));
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaMemset(out->done_, 0, 256), "cudaMemset"));
+      CudaStatus(cudaMalloc(reinterpret_cast<void**>(&out->done_), 256),
+                 "cudaMalloc done counter"));
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMallocHost(reinterpret_cast<void**>(&out->host_value_),
-                          sizeof(uint64_t)),
-           "cudaMallocHost"));
+      CudaStatus(cudaMemset(out->done_, 0, 256), "cudaMemset"));
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&out->host_value_),
+                                sizeof(uint64_t)),
+                 "cudaMallocHost"));
   cudaStream_t stream = nullptr;
-  MUONPS_RETURN_IF_ERROR(Cuda(
+  MUONPS_RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   out->release_stream_ = stream;
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+      CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
   return out;
 }
 
@@ -88,20 +81,22 @@ absl::Status CudaStepSignals::Describe(v1::AttachRequest* request) const {
 }
 
 absl::Status CudaStepSignals::BeforeStep(Stream stream, int64_t step_id) {
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
   MUONPS_RETURN_IF_ERROR(ready_.Record(stream));
   return StreamWaitAtLeast(stream, done_, static_cast<uint64_t>(step_id + 1));
 }
 
 absl::Status CudaStepSignals::Release(int64_t step_id) {
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
   *host_value_ = static_cast<uint64_t>(step_id + 1);
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMemcpyAsync(done_, host_value_, sizeof(uint64_t),
-                           cudaMemcpyHostToDevice, release_stream_),
-           "releasing the trainer's stream"));
-  return Cuda(cudaStreamSynchronize(release_stream_),
-              "releasing the trainer's stream");
+      CudaStatus(cudaMemcpyAsync(done_, host_value_, sizeof(uint64_t),
+                                 cudaMemcpyHostToDevice, release_stream_),
+                 "releasing the trainer's stream"));
+  return CudaStatus(cudaStreamSynchronize(release_stream_),
+                    "releasing the trainer's stream");
 }
 
 }  // namespace client_internal

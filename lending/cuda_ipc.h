@@ -28,7 +28,8 @@
 // caching allocator hands out: the whole allocation is lent and the ref
 // carries the pointer's offset in it. Memory from stream-ordered pools
 // (cudaMallocAsync) or the virtual memory API (cuMemCreate; PyTorch's
-// expandable_segments) has no cudaIpcMemHandle: export fails UNAVAILABLE.
+// expandable_segments) has no cudaIpcMemHandle: export fails with CUDA's
+// error.
 //
 // Device selection: calls that need a device make it current for their own
 // duration and restore the calling thread's previous current device.
@@ -41,9 +42,11 @@
 // Errors: INVALID_ARGUMENT naming the argument for bad input (a pointer that
 // is not device memory, a range outside its allocation, misalignment, a
 // malformed handle, a device ordinal out of range); FAILED_PRECONDITION for
-// a moved-from IpcEvent; NOT_FOUND for closing what is not open; UNAVAILABLE
-// carrying the CUDA error's name and text, and the call that failed, when
-// CUDA refuses.
+// a moved-from IpcEvent; NOT_FOUND for closing what is not open. When CUDA
+// itself refuses, its error as common/cuda_status.h maps it (out of memory
+// RESOURCE_EXHAUSTED, a bad value or handle INVALID_ARGUMENT, IPC or peer
+// access unsupported FAILED_PRECONDITION, no usable device UNAVAILABLE, the
+// rest INTERNAL), the message naming the call and the CUDA error.
 #ifndef MUONPS_LENDING_CUDA_IPC_H_
 #define MUONPS_LENDING_CUDA_IPC_H_
 
@@ -86,8 +89,8 @@ struct IpcMemoryRef {
 // stay allocated. Fails with INVALID_ARGUMENT naming "ptr" when ptr is null,
 // not 4-byte aligned, or not device memory (host, pinned host and managed
 // memory are refused), naming "bytes" when bytes is 0 or the range runs past
-// the end of ptr's allocation; UNAVAILABLE when CUDA fails (including memory
-// that has no IPC handle, such as cudaMallocAsync pools).
+// the end of ptr's allocation; CUDA's error when CUDA fails (including
+// memory that has no IPC handle, such as cudaMallocAsync pools).
 absl::StatusOr<IpcMemoryRef> ExportDeviceMemory(const void* ptr,
                                                 uint64_t bytes);
 
@@ -119,15 +122,15 @@ class IpcMemoryMap {
   // Fails with INVALID_ARGUMENT naming "handle" (not kCudaIpcHandleBytes
   // bytes, or already open here on another device), "offset" (not 4-byte
   // aligned), "bytes" (0, or past the end of the allocation) or "device"
-  // (no such device); UNAVAILABLE when CUDA cannot open the handle (it was
+  // (no such device); CUDA's error when CUDA cannot open the handle (it was
   // exported by this same process, the exporter freed the memory or exited,
   // or the devices cannot reach each other). A failed Open changes nothing.
   absl::StatusOr<void*> Open(const IpcMemoryRef& ref);
 
   // Undoes one successful Open of ref's handle; the mapping is closed when
   // the last one is undone, invalidating the pointers into it. NOT_FOUND
-  // when the handle is not open in this map; UNAVAILABLE when CUDA fails to
-  // close it (the map forgets it either way).
+  // when the handle is not open in this map; CUDA's error when CUDA fails
+  // to close it (the map forgets it either way).
   absl::Status Close(const IpcMemoryRef& ref);
 
   // Distinct handles currently mapped.
@@ -157,13 +160,13 @@ class IpcMemoryMap {
 class IpcEvent {
  public:
   // Creates an event on `device`. INVALID_ARGUMENT naming "device" for a
-  // device that does not exist; UNAVAILABLE when CUDA fails.
+  // device that does not exist; CUDA's error when CUDA fails.
   static absl::StatusOr<IpcEvent> Create(int device);
 
   // Opens an event another process created and exported, for use on
   // `device` (the creator's device, as this process numbers it).
   // INVALID_ARGUMENT naming "handle" when it is not kCudaIpcHandleBytes
-  // bytes, or "device"; UNAVAILABLE when CUDA cannot open it (for example,
+  // bytes, or "device"; CUDA's error when CUDA cannot open it (for example,
   // it was exported by this process).
   static absl::StatusOr<IpcEvent> Open(const std::string& handle, int device);
 
@@ -180,26 +183,26 @@ class IpcEvent {
   ~IpcEvent();
 
   // The cudaIpcEventHandle_t bytes (kCudaIpcHandleBytes) to send to the
-  // process that will Open() it. UNAVAILABLE when CUDA fails.
+  // process that will Open() it. CUDA's error when CUDA fails.
   absl::StatusOr<std::string> Export() const;
 
   // Records the event after the work enqueued so far on `stream` (a stream
   // of device(); kHostStream is that device's legacy default stream).
-  // Returns once enqueued. UNAVAILABLE when CUDA fails.
+  // Returns once enqueued. CUDA's error when CUDA fails.
   absl::Status Record(Stream stream);
 
   // Makes later work on `stream` wait until the last recorded work of the
-  // event is done; returns at once, with no host sync. UNAVAILABLE when
+  // event is done; returns at once, with no host sync. CUDA's error when
   // CUDA fails.
   absl::Status MakeStreamWait(Stream stream);
 
   // Blocks the host until the last recorded work is done (at once if the
-  // event was never recorded). UNAVAILABLE when CUDA fails, including a
+  // event was never recorded). CUDA's error when CUDA fails, including a
   // failure of the work itself.
   absl::Status Synchronize();
 
   // Whether the last recorded work is done (true for a never-recorded
-  // event). UNAVAILABLE when CUDA fails.
+  // event). CUDA's error when CUDA fails.
   absl::StatusOr<bool> Done();
 
   // Device the event belongs to.

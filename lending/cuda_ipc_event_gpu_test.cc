@@ -36,10 +36,10 @@ class GatedStream {
   }
   absl::Status Start() {
     MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-             "cudaStreamCreateWithFlags"));
-    return Cuda(cudaLaunchHostFunc(stream_, &WaitForGate, &open_),
-                "cudaLaunchHostFunc");
+        CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                   "cudaStreamCreateWithFlags"));
+    return CudaStatus(cudaLaunchHostFunc(stream_, &WaitForGate, &open_),
+                      "cudaLaunchHostFunc");
   }
   void Open() { open_.store(true); }
   cudaStream_t stream() const { return stream_; }

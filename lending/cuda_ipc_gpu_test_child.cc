@@ -18,29 +18,23 @@ uint32_t Pattern(uint64_t i) {
 }
 uint32_t ChildPattern(uint64_t i) { return ~Pattern(i); }
 
-absl::Status Cuda(cudaError_t e, absl::string_view what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  (void)cudaGetLastError();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), ": ",
-                                          cudaGetErrorString(e)));
-}
-
 absl::Status Fill(void* at, uint64_t first, uint64_t words,
                   uint32_t (*pattern)(uint64_t)) {
   std::vector<uint32_t> host(words);
   for (uint64_t i = 0; i < words; ++i) host[i] = pattern(first + i);
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMemcpy(at, host.data(), words * 4, cudaMemcpyHostToDevice),
-           "cudaMemcpy to device"));
-  return Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after fill");
+      CudaStatus(cudaMemcpy(at, host.data(), words * 4, cudaMemcpyHostToDevice),
+                 "cudaMemcpy to device"));
+  return CudaStatus(cudaDeviceSynchronize(),
+                    "cudaDeviceSynchronize after fill");
 }
 
 absl::StatusOr<std::vector<uint32_t>> ReadWords(const void* at,
                                                 uint64_t words) {
   std::vector<uint32_t> host(words);
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMemcpy(host.data(), at, words * 4, cudaMemcpyDeviceToHost),
-           "cudaMemcpy to host"));
+      CudaStatus(cudaMemcpy(host.data(), at, words * 4, cudaMemcpyDeviceToHost),
+                 "cudaMemcpy to host"));
   return host;
 }
 
@@ -125,15 +119,16 @@ absl::Status ChildEventWait(const std::vector<std::string>& args) {
   MUONPS_ASSIGN_OR_RETURN(void* lent, map.Open(ref));
   OwnedStream own;
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaStreamCreateWithFlags(&own.stream, cudaStreamNonBlocking),
-           "cudaStreamCreateWithFlags"));
+      CudaStatus(cudaStreamCreateWithFlags(&own.stream, cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags"));
   DeviceBuffer copy;
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&copy.ptr, ref.bytes), "cudaMalloc"));
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(&copy.ptr, ref.bytes), "cudaMalloc"));
   MUONPS_RETURN_IF_ERROR(ready.MakeStreamWait(own.stream));
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaMemcpyAsync(copy.ptr, lent, ref.bytes, cudaMemcpyDeviceToDevice,
-                           own.stream),
-           "cudaMemcpyAsync out of the lent range"));
+      CudaStatus(cudaMemcpyAsync(copy.ptr, lent, ref.bytes,
+                                 cudaMemcpyDeviceToDevice, own.stream),
+                 "cudaMemcpyAsync out of the lent range"));
   // From here the stream holds work behind the parent's gate: answer the
   // parent before judging anything, or the gate never opens and returning
   // (cudaFree syncs the device) hangs.
@@ -153,7 +148,7 @@ absl::Status ChildEventWait(const std::vector<std::string>& args) {
              absl::StrCat("the waiting copy's stream answered ",
                           cudaGetErrorName(query), " before the gate opened")));
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaStreamSynchronize(own.stream), "cudaStreamSynchronize"));
+      CudaStatus(cudaStreamSynchronize(own.stream), "cudaStreamSynchronize"));
   MUONPS_ASSIGN_OR_RETURN(const bool done, ready.Done());
   MUONPS_RETURN_IF_ERROR(Expect(done, "event not done after the wait"));
   MUONPS_ASSIGN_OR_RETURN(std::vector<uint32_t> seen,

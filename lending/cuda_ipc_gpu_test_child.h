@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/cuda_status.h"
 #include "lending/cuda_ipc.h"
 
 namespace muonps {
@@ -36,10 +37,6 @@ inline constexpr int kMemsetByte = 0x5A;
 // the lent range.
 uint32_t Pattern(uint64_t i);
 uint32_t ChildPattern(uint64_t i);
-
-// OK, or INTERNAL "<what>: <error name>: <text>" (clearing CUDA's last
-// error).
-absl::Status Cuda(cudaError_t e, absl::string_view what);
 
 // A cudaMalloc'd pointer, freed with its owner.
 struct DeviceBuffer {

@@ -39,10 +39,10 @@ constexpr uint64_t kLentOffset = uint64_t{256} << 10;
 constexpr uint64_t kLentBytes = uint64_t{256} << 10;
 const absl::Duration kChildTimeout = absl::Seconds(60);
 
-#define ASSERT_CUDA(expr)                                  \
-  do {                                                     \
-    const absl::Status cuda_status_ = Cuda((expr), #expr); \
-    ASSERT_TRUE(cuda_status_.ok()) << cuda_status_;        \
+#define ASSERT_CUDA(expr)                                        \
+  do {                                                           \
+    const absl::Status cuda_status_ = CudaStatus((expr), #expr); \
+    ASSERT_TRUE(cuda_status_.ok()) << cuda_status_;              \
   } while (0)
 #define ASSERT_OK(expr)                   \
   do {                                    \

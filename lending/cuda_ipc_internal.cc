@@ -1,5 +1,5 @@
-// The cuda_ipc library's shared CUDA helpers (cuda_ipc_internal.h): CUDA
-// errors as Status, driver error names, and device ordinal checks.
+// The cuda_ipc library's shared CUDA helpers (cuda_ipc_internal.h): driver
+// error names and device ordinal checks.
 #include "lending/cuda_ipc_internal.h"
 
 #include <cuda.h>
@@ -11,13 +11,6 @@
 
 namespace muonps {
 namespace cuda_ipc_internal {
-
-absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  (void)cudaGetLastError();
-  return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorName(e),
-                                             ": ", cudaGetErrorString(e)));
-}
 
 std::string DriverErrorText(CUresult result) {
   std::string text = absl::StrCat("CUresult ", static_cast<int>(result));

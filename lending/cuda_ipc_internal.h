@@ -1,6 +1,7 @@
 // The CUDA runtime and driver helpers that the cuda_ipc library's .cc files
-// share: CUDA errors as Status, driver entry points found through the
-// runtime, and running a call with a device current. Private to the
+// share: driver entry points found through the runtime, driver error names,
+// and running a call with a device current. CUDA runtime errors convert
+// through common/cuda_status.h. Private to the
 // cuda_ipc target (listed in its srcs); not part of its API.
 #ifndef MUONPS_LENDING_CUDA_IPC_INTERNAL_H_
 #define MUONPS_LENDING_CUDA_IPC_INTERNAL_H_
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 
 namespace muonps {
@@ -23,11 +25,6 @@ namespace cuda_ipc_internal {
 // and cuGetErrorName have been stable since CUDA 3.2 and 6.0; asking for a
 // version newer than the installed driver fails, so ask for an old one.
 constexpr unsigned int kDriverApiVersion = 12000;
-
-// UNAVAILABLE "<what>: <cudaErrorName>: <text>". Also clears the runtime's
-// per-thread last error, so that a later cudaGetLastError() elsewhere (a
-// kernel launch check) does not report this call's failure as its own.
-absl::Status CudaStatus(cudaError_t e, absl::string_view what);
 
 // A driver API function, found through the runtime so that nothing links
 // libcuda (the GPU machine's driver provides it at run time). Null when the

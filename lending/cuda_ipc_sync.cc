@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc.h"
 #include "lending/cuda_ipc_internal.h"
@@ -18,7 +19,6 @@ namespace muonps {
 namespace {
 
 using cuda_ipc_internal::CheckDevice;
-using cuda_ipc_internal::CudaStatus;
 using cuda_ipc_internal::DriverEntryPoint;
 using cuda_ipc_internal::DriverErrorText;
 using cuda_ipc_internal::OnDevice;

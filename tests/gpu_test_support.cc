@@ -8,17 +8,16 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_buffer.h"
 
 namespace muonps {
 namespace testing {
 namespace {
 
-using kernels::cuda::CudaStatus;
 using kernels::cuda::DeviceBuffer;
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "transport/ipc_add.h"
 
@@ -23,12 +24,6 @@ struct Descriptor {
   uint64_t bytes;
 };
 
-absl::Status Cuda(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cudaGetErrorString(error)));
-}
-
 cudaStream_t AsCuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
 
 }  // namespace
@@ -38,7 +33,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcTransport>> CudaIpcTransport::Create(
   if (control == nullptr) return InvalidField("control", "is null");
   int count = 0;
   MUONPS_RETURN_IF_ERROR(
-      Cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+      CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
   if (cuda_device < 0 || cuda_device >= count) {
     return InvalidField("cuda_device",
                         absl::StrCat(cuda_device, " of ", count, " devices"));
@@ -74,7 +69,8 @@ absl::StatusOr<char*> CudaIpcTransport::Arena(size_t bytes) {
     arena_ = nullptr;
     arena_bytes_ = 0;
     const size_t grown = std::max(bytes, size_t{64} << 20);
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&arena_, grown), "staging arena"));
+    MUONPS_RETURN_IF_ERROR(
+        CudaStatus(cudaMalloc(&arena_, grown), "staging arena"));
     arena_bytes_ = grown;
     MUONPS_ASSIGN_OR_RETURN(arena_ref_, ExportDeviceMemory(arena_, grown));
   }
@@ -88,7 +84,7 @@ absl::StatusOr<float*> CudaIpcTransport::Scratch(size_t index, size_t bytes) {
     if (p != nullptr) cudaFree(p);
     p = nullptr;
     have = 0;
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&p, bytes), "reduce scratch"));
+    MUONPS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes), "reduce scratch"));
     have = bytes;
   }
   return static_cast<float*>(p);
@@ -208,7 +204,7 @@ absl::Status CudaIpcTransport::Run() {
   std::vector<PendingSum> sums = std::move(sums_);
   ops_.clear();
   sums_.clear();
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   // 1. Sends: stage every payload in the arena, then describe it.
   size_t total = 0;
   std::vector<size_t> offsets(ops.size(), 0);
@@ -222,16 +218,16 @@ absl::Status CudaIpcTransport::Run() {
     MUONPS_ASSIGN_OR_RETURN(char* arena, Arena(total));
     for (size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].kind != Op::Kind::kSend || ops[i].bytes == 0) continue;
-      MUONPS_RETURN_IF_ERROR(
-          Cuda(cudaMemcpyAsync(arena + offsets[i], ops[i].send, ops[i].bytes,
-                               cudaMemcpyDeviceToDevice, AsCuda(ops[i].stream)),
-               "staging a send"));
+      MUONPS_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(arena + offsets[i], ops[i].send, ops[i].bytes,
+                          cudaMemcpyDeviceToDevice, AsCuda(ops[i].stream)),
+          "staging a send"));
       streams.insert(ops[i].stream);
     }
   }
   for (Stream s : streams) {
     MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaStreamSynchronize(AsCuda(s)), "staging a send"));
+        CudaStatus(cudaStreamSynchronize(AsCuda(s)), "staging a send"));
   }
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].kind != Op::Kind::kSend) continue;
@@ -266,14 +262,14 @@ absl::Status CudaIpcTransport::Run() {
                       absl::StrCat("rank ", op.peer, "'s staging arena"));
     }
     MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaMemcpyAsync(op.recv, *source, op.bytes,
-                             cudaMemcpyDeviceToDevice, AsCuda(op.stream)),
-             "copying from a peer"));
+        CudaStatus(cudaMemcpyAsync(op.recv, *source, op.bytes,
+                                   cudaMemcpyDeviceToDevice, AsCuda(op.stream)),
+                   "copying from a peer"));
     streams.insert(op.stream);
   }
   for (Stream s : streams) {
     MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaStreamSynchronize(AsCuda(s)), "copying from a peer"));
+        CudaStatus(cudaStreamSynchronize(AsCuda(s)), "copying from a peer"));
   }
   const uint32_t ack = 1;
   for (const Op& op : ops) {
@@ -293,18 +289,18 @@ absl::Status CudaIpcTransport::Run() {
     const size_t bytes = sum.count * sizeof(float);
     cudaStream_t s = AsCuda(sum.stream);
     MUONPS_RETURN_IF_ERROR(
-        Cuda(cudaMemcpyAsync(sum.total, sum.parts[sum.order[0]], bytes,
-                             cudaMemcpyDeviceToDevice, s),
-             "ReduceSum"));
+        CudaStatus(cudaMemcpyAsync(sum.total, sum.parts[sum.order[0]], bytes,
+                                   cudaMemcpyDeviceToDevice, s),
+                   "ReduceSum"));
     for (size_t i = 1; i < sum.order.size(); ++i) {
-      MUONPS_RETURN_IF_ERROR(
-          Cuda(LaunchAddInto(sum.total, sum.parts[sum.order[i]], sum.count, s),
-               "ReduceSum"));
+      MUONPS_RETURN_IF_ERROR(CudaStatus(
+          LaunchAddInto(sum.total, sum.parts[sum.order[i]], sum.count, s),
+          "ReduceSum"));
     }
-    MUONPS_RETURN_IF_ERROR(Cuda(
+    MUONPS_RETURN_IF_ERROR(CudaStatus(
         cudaMemcpyAsync(sum.out, sum.total, bytes, cudaMemcpyDeviceToDevice, s),
         "ReduceSum"));
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(s), "ReduceSum"));
+    MUONPS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s), "ReduceSum"));
   }
   return absl::OkStatus();
 }
@@ -324,12 +320,12 @@ absl::Status CudaIpcTransport::AwaitFrom(int peer, size_t bytes,
 absl::Status CudaIpcTransport::Synchronize(Stream stream,
                                            absl::Duration timeout) {
   if (!broken_.ok()) return broken_;
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     const cudaError_t e = cudaStreamQuery(AsCuda(stream));
     if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) return Fail(Cuda(e, "Synchronize"));
+    if (e != cudaErrorNotReady) return Fail(CudaStatus(e, "Synchronize"));
     if (absl::Now() > deadline) {
       return Fail(absl::DeadlineExceededError(absl::StrCat(
           "stream not done after ", absl::FormatDuration(timeout))));

@@ -9,12 +9,47 @@ namespace muonps {
 namespace transport {
 namespace nccl {
 
-// System and remote errors are a lost or failing peer or network; the rest
-// (CUDA errors, internal errors, misuse) are ours or the library's.
+namespace {
+
+// The enumerator's name, as cudaGetErrorName gives CUDA's; NCCL has no such
+// call.
+const char* ResultName(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess:
+      return "ncclSuccess";
+    case ncclUnhandledCudaError:
+      return "ncclUnhandledCudaError";
+    case ncclSystemError:
+      return "ncclSystemError";
+    case ncclInternalError:
+      return "ncclInternalError";
+    case ncclInvalidArgument:
+      return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+      return "ncclInvalidUsage";
+    case ncclRemoteError:
+      return "ncclRemoteError";
+    case ncclInProgress:
+      return "ncclInProgress";
+    default:
+      return "ncclResult_t(unknown)";
+  }
+}
+
+}  // namespace
+
 absl::StatusCode CodeFor(ncclResult_t result) {
-  return result == ncclSystemError || result == ncclRemoteError
-             ? absl::StatusCode::kUnavailable
-             : absl::StatusCode::kInternal;
+  switch (result) {
+    case ncclSuccess:
+      return absl::StatusCode::kOk;
+    case ncclSystemError:
+    case ncclRemoteError:
+      return absl::StatusCode::kUnavailable;
+    case ncclInvalidArgument:
+      return absl::StatusCode::kInvalidArgument;
+    default:
+      return absl::StatusCode::kInternal;
+  }
 }
 
 void Pause(absl::Duration* pause) {
@@ -33,9 +68,9 @@ bool Accepted(ncclResult_t result) {
   return result == ncclSuccess || result == ncclInProgress;
 }
 
-// NCCL's error string, with its last error message where it has one.
 std::string NcclText(ncclResult_t result, ncclComm_t comm) {
-  std::string text = ncclGetErrorString(result);
+  std::string text =
+      absl::StrCat(ResultName(result), ": ", ncclGetErrorString(result));
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && last[0] != '\0')
     absl::StrAppend(&text, " (", last, ")");
@@ -44,20 +79,9 @@ std::string NcclText(ncclResult_t result, ncclComm_t comm) {
 
 absl::Status NcclStatus(ncclResult_t result, absl::string_view what,
                         ncclComm_t comm) {
+  if (result == ncclSuccess) return absl::OkStatus();
   return absl::Status(CodeFor(result),
                       absl::StrCat(what, ": ", NcclText(result, comm)));
-}
-
-absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
-  absl::StatusCode code = absl::StatusCode::kInternal;
-  if (error == cudaErrorMemoryAllocation) {
-    code = absl::StatusCode::kResourceExhausted;
-  } else if (error == cudaErrorNoDevice ||
-             error == cudaErrorInsufficientDriver) {
-    code = absl::StatusCode::kUnavailable;
-  }
-  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(error),
-                                         ": ", cudaGetErrorString(error)));
 }
 
 }  // namespace nccl

@@ -16,6 +16,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "transport/nccl_status.h"
@@ -27,7 +28,6 @@ namespace {
 using nccl::Accepted;
 using nccl::Clock;
 using nccl::CodeFor;
-using nccl::CudaStatus;
 using nccl::DeadlineAfter;
 using nccl::kFirstPause;
 using nccl::NcclStatus;

@@ -15,6 +15,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "transport/nccl_status.h"
@@ -26,7 +27,6 @@ namespace {
 
 using nccl::Accepted;
 using nccl::Clock;
-using nccl::CudaStatus;
 using nccl::DeadlineAfter;
 using nccl::kFirstPause;
 using nccl::NcclStatus;

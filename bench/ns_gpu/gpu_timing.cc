@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/cuda/cublas_status.h"
 
 namespace muonps {
 namespace bench {
@@ -15,12 +17,6 @@ namespace {
 
 // Untimed GEMMs before the timer's own warm-up (~0.15 s at 8192^3).
 constexpr int kExtraWarmup = 100;
-
-absl::Status CublasCheck(cublasStatus_t status, absl::string_view what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cublasGetStatusName(status)));
-}
 
 // Random bf16 bit patterns of values in [-1, 1) (round to nearest even).
 std::vector<uint16_t> RandomBf16(int64_t count, uint64_t seed) {
@@ -40,21 +36,14 @@ std::vector<uint16_t> RandomBf16(int64_t count, uint64_t seed) {
 
 }  // namespace
 
-absl::Status CudaCheck(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(error),
-                                          " (", cudaGetErrorString(error),
-                                          ")"));
-}
-
 absl::StatusOr<std::unique_ptr<EventTimer>> EventTimer::Create(
     cudaStream_t stream, int warmup, int repeats) {
   if (repeats < 1) return InvalidField("repeats", "must be >= 1");
   std::unique_ptr<EventTimer> timer(new EventTimer(stream, warmup, repeats));
   MUONPS_RETURN_IF_ERROR(
-      CudaCheck(cudaEventCreate(&timer->start_), "cudaEventCreate"));
+      CudaStatus(cudaEventCreate(&timer->start_), "cudaEventCreate"));
   MUONPS_RETURN_IF_ERROR(
-      CudaCheck(cudaEventCreate(&timer->stop_), "cudaEventCreate"));
+      CudaStatus(cudaEventCreate(&timer->stop_), "cudaEventCreate"));
   return timer;
 }
 
@@ -66,22 +55,22 @@ EventTimer::~EventTimer() {
 absl::StatusOr<double> EventTimer::MedianMs(
     const std::function<absl::Status()>& work) {
   for (int i = 0; i < warmup_; ++i) MUONPS_RETURN_IF_ERROR(work());
-  MUONPS_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "warm-up"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "warm-up"));
   std::vector<double> times;
   for (int i = 0; i < repeats_; ++i) {
     MUONPS_RETURN_IF_ERROR(
-        CudaCheck(cudaEventRecord(start_, stream_), "cudaEventRecord"));
+        CudaStatus(cudaEventRecord(start_, stream_), "cudaEventRecord"));
     MUONPS_RETURN_IF_ERROR(work());
     MUONPS_RETURN_IF_ERROR(
-        CudaCheck(cudaEventRecord(stop_, stream_), "cudaEventRecord"));
+        CudaStatus(cudaEventRecord(stop_, stream_), "cudaEventRecord"));
     MUONPS_RETURN_IF_ERROR(
-        CudaCheck(cudaEventSynchronize(stop_), "timed work"));
+        CudaStatus(cudaEventSynchronize(stop_), "timed work"));
     float ms = 0;
     MUONPS_RETURN_IF_ERROR(
-        CudaCheck(cudaEventElapsedTime(&ms, start_, stop_), "elapsed time"));
+        CudaStatus(cudaEventElapsedTime(&ms, start_, stop_), "elapsed time"));
     times.push_back(ms);
   }
-  MUONPS_RETURN_IF_ERROR(CudaCheck(cudaGetLastError(), "a kernel launch"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "a kernel launch"));
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -93,22 +82,23 @@ absl::StatusOr<double> CublasBf16GemmMs(EventTimer& timer, int64_t n) {
   auto run = [&]() -> absl::StatusOr<double> {
     for (int i = 0; i < 3; ++i) {
       MUONPS_RETURN_IF_ERROR(
-          CudaCheck(cudaMalloc(&matrices[i], bytes), "cudaMalloc (GEMM)"));
+          CudaStatus(cudaMalloc(&matrices[i], bytes), "cudaMalloc (GEMM)"));
     }
     for (int i = 0; i < 2; ++i) {
       const std::vector<uint16_t> host = RandomBf16(n * n, i + 1);
-      MUONPS_RETURN_IF_ERROR(CudaCheck(
+      MUONPS_RETURN_IF_ERROR(CudaStatus(
           cudaMemcpy(matrices[i], host.data(), bytes, cudaMemcpyHostToDevice),
           "cudaMemcpy (GEMM)"));
     }
-    MUONPS_RETURN_IF_ERROR(CublasCheck(cublasCreate(&handle), "cublasCreate"));
-    MUONPS_RETURN_IF_ERROR(CublasCheck(cublasSetStream(handle, timer.stream()),
-                                       "cublasSetStream"));
+    MUONPS_RETURN_IF_ERROR(
+        kernels::cuda::CublasStatus(cublasCreate(&handle), "cublasCreate"));
+    MUONPS_RETURN_IF_ERROR(kernels::cuda::CublasStatus(
+        cublasSetStream(handle, timer.stream()), "cublasSetStream"));
     const float alpha = 1.0f;
     const float beta = 0.0f;
     const int dim = static_cast<int>(n);
     auto gemm = [&]() {
-      return CublasCheck(
+      return kernels::cuda::CublasStatus(
           cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, dim, dim, dim, &alpha,
                        matrices[0], CUDA_R_16BF, dim, matrices[1], CUDA_R_16BF,
                        dim, &beta, matrices[2], CUDA_R_16BF, dim,

@@ -14,13 +14,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 
 namespace muonps {
 namespace bench {
-
-// OK for cudaSuccess, else INTERNAL "<what>: <error name> (<description>)".
-absl::Status CudaCheck(cudaError_t error, absl::string_view what);
 
 class EventTimer {
  public:

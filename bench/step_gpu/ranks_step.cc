@@ -12,9 +12,9 @@
 #include "bench/ns_gpu/peer_results.h"
 #include "bench/step_gpu/worker_views.h"
 #include "client/client.h"
+#include "common/cuda_status.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
-#include "kernels/cuda/cuda_status.h"
 
 namespace muonps {
 namespace bench {
@@ -41,10 +41,6 @@ class Progress {
 
 nlohmann::json OrNull(std::optional<double> value) {
   return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
-}
-
-absl::Status Cuda(cudaError_t error, const std::string& what) {
-  return kernels::cuda::CudaStatus(error, what);
 }
 
 }  // namespace
@@ -82,12 +78,12 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
     local_total += local.back();
     largest = std::max(largest, local.back());
   }
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o.rank), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o.rank), "cudaSetDevice"));
   float *grads = nullptr, *params = nullptr;
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&grads, local_total * sizeof(float)),
-                              "cudaMalloc grads"));
-  MUONPS_RETURN_IF_ERROR(Cuda(cudaMalloc(&params, local_total * sizeof(float)),
-                              "cudaMalloc params"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(&grads, local_total * sizeof(float)), "cudaMalloc grads"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(&params, local_total * sizeof(float)), "cudaMalloc params"));
   {
     // Each rank its own gradients (unreduced: the parts differ).
     std::vector<float> pattern(largest);
@@ -96,12 +92,13 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
     for (float& v : pattern) v = normal(rng) * 1e-3f;
     int64_t at = 0;
     for (const int64_t n : local) {
-      MUONPS_RETURN_IF_ERROR(Cuda(
+      MUONPS_RETURN_IF_ERROR(CudaStatus(
           cudaMemcpy(grads + at, pattern.data(), n * 4, cudaMemcpyHostToDevice),
           "fill grads"));
-      MUONPS_RETURN_IF_ERROR(Cuda(cudaMemcpy(params + at, pattern.data(), n * 4,
-                                             cudaMemcpyHostToDevice),
-                                  "fill params"));
+      MUONPS_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpy(params + at, pattern.data(), n * 4,
+                                cudaMemcpyHostToDevice),
+                     "fill params"));
       at += n;
     }
   }
@@ -145,7 +142,7 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
     before.push_back(std::move(b));
   }
   cudaStream_t stream = nullptr;
-  MUONPS_RETURN_IF_ERROR(Cuda(
+  MUONPS_RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   std::vector<double> step_ms;
   StepResult last;
@@ -154,7 +151,7 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
     const auto start = std::chrono::steady_clock::now();
     MUONPS_RETURN_IF_ERROR(
         client->Step(step, {.stream = stream, .async = true}).status());
-    MUONPS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "sync"));
+    MUONPS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "sync"));
     const auto seen = std::chrono::steady_clock::now();
     MUONPS_ASSIGN_OR_RETURN(last, client->Wait());
     if (last.already_applied) {

@@ -35,10 +35,10 @@
 #include "bench/step_gpu/ranks_step.h"
 #include "bench/step_gpu/two_trainers_step.h"
 #include "client/client.h"
+#include "common/cuda_status.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_name.h"
 #include "kernels/cuda/precision.h"
 #include "nlohmann/json.hpp"
@@ -177,14 +177,13 @@ absl::Status Run() {
     total += s.rows * s.cols;
     largest = std::max(largest, s.rows * s.cols);
   }
-  MUONPS_RETURN_IF_ERROR(
-      kernels::cuda::CudaStatus(cudaSetDevice(0), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(0), "cudaSetDevice"));
   // Trainer memory: one allocation for gradients, one for parameters.
   float *grads = nullptr, *params = nullptr;
-  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
-      cudaMalloc(&grads, total * sizeof(float)), "cudaMalloc grads"));
-  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
-      cudaMalloc(&params, total * sizeof(float)), "cudaMalloc params"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&grads, total * sizeof(float)),
+                                    "cudaMalloc grads"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&params, total * sizeof(float)),
+                                    "cudaMalloc params"));
   {
     std::vector<float> pattern(largest);
     std::mt19937 rng(1);
@@ -193,13 +192,13 @@ absl::Status Run() {
     int64_t at = 0;
     for (const auto& [name, s, layer] : matrices) {
       const int64_t n = s.rows * s.cols;
-      MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+      MUONPS_RETURN_IF_ERROR(CudaStatus(
           cudaMemcpy(grads + at, pattern.data(), n * 4, cudaMemcpyHostToDevice),
           "fill grads"));
       MUONPS_RETURN_IF_ERROR(
-          kernels::cuda::CudaStatus(cudaMemcpy(params + at, pattern.data(),
-                                               n * 4, cudaMemcpyHostToDevice),
-                                    "fill params"));
+          CudaStatus(cudaMemcpy(params + at, pattern.data(), n * 4,
+                                cudaMemcpyHostToDevice),
+                     "fill params"));
       at += n;
     }
   }
@@ -227,7 +226,7 @@ absl::Status Run() {
   MUONPS_ASSIGN_OR_RETURN(const auto algorithms, client->NsAlgorithms());
 
   cudaStream_t stream = nullptr;
-  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+  MUONPS_RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   std::vector<double> step_ms, return_ms;
   const int warmup = absl::GetFlag(FLAGS_warmup);
@@ -237,8 +236,7 @@ absl::Status Run() {
     MUONPS_RETURN_IF_ERROR(
         client->Step(step, {.stream = stream, .async = true}).status());
     const auto returned = std::chrono::steady_clock::now();
-    MUONPS_RETURN_IF_ERROR(
-        kernels::cuda::CudaStatus(cudaStreamSynchronize(stream), "sync"));
+    MUONPS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "sync"));
     const auto seen = std::chrono::steady_clock::now();
     MUONPS_ASSIGN_OR_RETURN(const StepResult result, client->Wait());
     if (result.already_applied) return absl::InternalError("already applied");
@@ -280,16 +278,14 @@ absl::Status Run() {
       }
     }
     const int64_t n = count * shape.first * shape.second;
+    MUONPS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&s.grad, n * 4), "stack"));
+    MUONPS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&s.momentum, n * 4), "stack"));
     MUONPS_RETURN_IF_ERROR(
-        kernels::cuda::CudaStatus(cudaMalloc(&s.grad, n * 4), "stack"));
+        CudaStatus(cudaMemcpy(s.grad, grads, std::min(n, total) * 4,
+                              cudaMemcpyDeviceToDevice),
+                   "stack"));
     MUONPS_RETURN_IF_ERROR(
-        kernels::cuda::CudaStatus(cudaMalloc(&s.momentum, n * 4), "stack"));
-    MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
-        cudaMemcpy(s.grad, grads, std::min(n, total) * 4,
-                   cudaMemcpyDeviceToDevice),
-        "stack"));
-    MUONPS_RETURN_IF_ERROR(
-        kernels::cuda::CudaStatus(cudaMemset(s.momentum, 0, n * 4), "stack"));
+        CudaStatus(cudaMemset(s.momentum, 0, n * 4), "stack"));
     stacks.push_back(s);
   }
   std::vector<double> ns_ms;

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "bench/ns_gpu/peer_results.h"
 #include "client/client.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
-#include "kernels/cuda/cuda_status.h"
 #include "nlohmann/json.hpp"
 
 namespace muonps {
@@ -32,19 +32,18 @@ absl::Status RunTwoTrainersStep(const TwoTrainersOptions& o) {
   const MatrixSet& matrices = o.matrices;
   int64_t total = 0;
   for (const auto& [name, s, layer] : matrices) total += s.rows * s.cols;
-  MUONPS_RETURN_IF_ERROR(
-      kernels::cuda::CudaStatus(cudaSetDevice(0), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(0), "cudaSetDevice"));
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<float*> blocks;
   std::vector<cudaStream_t> streams(2, nullptr);
   for (int t = 0; t < 2; ++t) {
     float* block = nullptr;
-    MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+    MUONPS_RETURN_IF_ERROR(CudaStatus(
         cudaMalloc(&block, 2 * total * sizeof(float)), "cudaMalloc"));
-    MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+    MUONPS_RETURN_IF_ERROR(CudaStatus(
         cudaMemset(block, 0, 2 * total * sizeof(float)), "cudaMemset"));
     blocks.push_back(block);
-    MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
+    MUONPS_RETURN_IF_ERROR(CudaStatus(
         cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking),
         "stream"));
     MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
@@ -90,7 +89,7 @@ absl::Status RunTwoTrainersStep(const TwoTrainersOptions& o) {
     }
     for (int t = 0; t < 2; ++t) {
       MUONPS_RETURN_IF_ERROR(
-          kernels::cuda::CudaStatus(cudaStreamSynchronize(streams[t]), "sync"));
+          CudaStatus(cudaStreamSynchronize(streams[t]), "sync"));
     }
     const auto seen = std::chrono::steady_clock::now();
     for (int t = 0; t < 2; ++t) {

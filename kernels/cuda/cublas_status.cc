@@ -1,4 +1,6 @@
-#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/cublas_status.h"
+
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -6,34 +8,27 @@ namespace muonps {
 namespace kernels {
 namespace cuda {
 
-absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorName(error),
-                                           ": ", cudaGetErrorString(error));
-  switch (error) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorStubLibrary:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-      return absl::UnavailableError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 absl::Status CublasStatus(cublasStatus_t status, absl::string_view what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": ", cublasGetStatusName(status), ": ",
-                   cublasGetStatusString(status));
-  if (status == CUBLAS_STATUS_ALLOC_FAILED) {
-    return absl::ResourceExhaustedError(message);
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  switch (status) {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      code = absl::StatusCode::kResourceExhausted;
+      break;
+    case CUBLAS_STATUS_INVALID_VALUE:
+      code = absl::StatusCode::kInvalidArgument;
+      break;
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      code = absl::StatusCode::kFailedPrecondition;
+      break;
+    default:
+      break;
   }
-  return absl::InternalError(message);
+  return absl::Status(
+      code, absl::StrCat(what, ": ", cublasGetStatusName(status), ": ",
+                         cublasGetStatusString(status)));
 }
 
 }  // namespace cuda

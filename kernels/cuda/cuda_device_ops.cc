@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_status.h"
+#include "common/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 
 namespace muonps {

@@ -5,8 +5,9 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
-#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/ns_engine.h"
 

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_status.h"
+#include "common/cuda_status.h"
 
 namespace muonps {
 namespace kernels {

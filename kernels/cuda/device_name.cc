@@ -3,8 +3,8 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
-#include "kernels/cuda/cuda_status.h"
 
 namespace muonps {
 namespace kernels {

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
-#include "kernels/cuda/cuda_status.h"
 
 namespace muonps {
 namespace kernels {

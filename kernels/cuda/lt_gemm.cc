@@ -6,7 +6,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_status.h"
+#include "common/cuda_status.h"
+#include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/stream_timer.h"
 
 namespace muonps {

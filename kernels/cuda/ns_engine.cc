@@ -5,8 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
-#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/ns_iteration.h"
 
 namespace muonps {

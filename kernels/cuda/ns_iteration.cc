@@ -4,9 +4,9 @@
 #include <cmath>
 #include <utility>
 
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/aol_scaling.h"
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/ns_elementwise.h"
 #include "kernels/cuda/symmetric_gemm.h"
 

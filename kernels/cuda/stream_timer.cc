@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/cuda_status.h"
 #include "common/status.h"
-#include "kernels/cuda/cuda_status.h"
 
 namespace muonps {
 namespace kernels {

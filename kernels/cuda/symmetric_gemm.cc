@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_status.h"
+#include "common/cuda_status.h"
+#include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/ns_elementwise.h"
 
 namespace muonps {

@@ -6,10 +6,10 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_status.h"
 #include "lending/cuda_ipc.h"
 
 namespace muonps {
@@ -104,13 +104,12 @@ bool CudaDeviceUsable(int device) {
 
 absl::Status DescribeCudaDevice(int device, v1::Device* out) {
   cudaDeviceProp prop{};
-  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
-      cudaGetDeviceProperties(&prop, device), absl::StrCat("cuda:", device)));
-  MUONPS_RETURN_IF_ERROR(
-      kernels::cuda::CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device),
+                                    absl::StrCat("cuda:", device)));
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
   size_t free_bytes = 0, total_bytes = 0;
-  MUONPS_RETURN_IF_ERROR(kernels::cuda::CudaStatus(
-      cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   out->set_kind("cuda");
   out->set_name(prop.name);
   out->set_index(device);
