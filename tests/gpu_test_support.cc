@@ -36,19 +36,15 @@ absl::Status UploadAs(DType dtype, const std::vector<float>& values,
   FromFloat(dtype, values.data(), values.size(), narrow.data());
   const cudaError_t e =
       cudaMemcpy(device, narrow.data(), narrow.size(), cudaMemcpyHostToDevice);
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("upload: ", cudaGetErrorString(e)));
+  return CudaStatus(e, "upload");
 }
 
 absl::StatusOr<std::vector<float>> DownloadAs(DType dtype, const void* device,
                                               int64_t count) {
   std::vector<char> narrow(count * DTypeSize(dtype));
-  const cudaError_t e =
-      cudaMemcpy(narrow.data(), device, narrow.size(), cudaMemcpyDeviceToHost);
-  if (e != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("download: ", cudaGetErrorString(e)));
-  }
+  MUONPS_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpy(narrow.data(), device, narrow.size(), cudaMemcpyDeviceToHost),
+      "download"));
   std::vector<float> out(count);
   ToFloat(dtype, narrow.data(), count, out.data());
   return out;
