@@ -1,13 +1,11 @@
 """cuda_library: compiles .cu files with the machine's nvcc into a static
 library that cc rules link, since Bazel 4.2.3 has no CUDA rules of its own.
-Targets sm_90 (H100, H200) with PTX for newer GPUs; `hopper_only` libraries
-(wgmma, TMA) are compiled for sm_90a alone."""
+Targets sm_90 (H100, H200) with PTX for newer GPUs."""
 
 _NVCC = "/usr/local/cuda/bin/nvcc"
 
-def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None, hopper_only = False):
-    gencode = ("-gencode arch=compute_90a,code=sm_90a " if hopper_only else
-               "-gencode arch=compute_90,code=sm_90 " +
+def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
+    gencode = ("-gencode arch=compute_90,code=sm_90 " +
                "-gencode arch=compute_90,code=compute_90 ")
     objects = []
     for src in srcs:

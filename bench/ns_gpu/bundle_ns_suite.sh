@@ -11,7 +11,7 @@ BUNDLE_DIR=device_bundle_ns deploy/device/bundle.sh \
   //kernels/cuda:cuda_kernels_ns_gpu_test //kernels/cuda:cuda_kernels_step_gpu_test \
   //kernels/cuda:cuda_kernels_streams_gpu_test \
   //kernels/cuda:cuda_kernels_test //kernels/cuda:elementwise_gpu_test \
-  //kernels/cuda:wgmma_lower_gpu_test //kernels/cuda:lt_gemm_gpu_test \
+  //kernels/cuda:lt_gemm_gpu_test \
   //tools/golden_replay:golden_replay //kernels/cuda:ns_gpu_timing \
   //bench/ns_gpu:ns_gpu_bench
 cp -r ../shared/testdata/torch_optim_golden device_bundle_ns/golden

@@ -73,19 +73,11 @@ TEST(SymmetricPlanTest, BlocksShrinkToKeepRowsAndTilesNeedEvenSplits) {
   EXPECT_EQ(EffectivePlan(lt, 1024).blocks, 4);
   EXPECT_EQ(EffectivePlan(lt, 600).mode, SymmetricMode::kRowBlocks);
   EXPECT_EQ(EffectivePlan(lt, 300).mode, SymmetricMode::kDense);
-  // The Hopper kernel tiles any m itself; what it does not run takes the
-  // cuBLAS tiles of the same blocks, with their fallbacks.
-  const SymmetricPlan wgmma{SymmetricMode::kWgmma, 16, 256};
-  EXPECT_EQ(EffectivePlan(wgmma, 600).mode, SymmetricMode::kWgmma);
-  EXPECT_EQ(CublasFallback(wgmma, 4096).mode, SymmetricMode::kTiles);
-  EXPECT_EQ(CublasFallback(wgmma, 4096).blocks, 16);
-  EXPECT_EQ(CublasFallback(wgmma, 600).mode, SymmetricMode::kRowBlocks);
-  EXPECT_EQ(CublasFallback(wgmma, 300).mode, SymmetricMode::kDense);
 }
 
-// A product's outputs are written while the product still reads its
-// operands (fused, on the Hopper kernel): aliasing is refused on every
-// plan, before any GPU call (so no handle is needed here).
+// A combine's output that is one of the product's inputs would be read
+// half-written: aliasing is refused on every plan, before any GPU call (so
+// no handle is needed here).
 TEST(SymmetricPlanTest, ProductCombineRefusesAnOutputThatIsAnInput) {
   float storage[64];
   const StackOperand l{storage, 64, 8, true};
@@ -93,7 +85,8 @@ TEST(SymmetricPlanTest, ProductCombineRefusesAnOutputThatIsAnInput) {
   ProductCombine combine;
   combine.value_low = storage + 16;
   for (const SymmetricMode mode :
-       {SymmetricMode::kTiles, SymmetricMode::kWgmma}) {
+       {SymmetricMode::kTiles, SymmetricMode::kLtTiles,
+        SymmetricMode::kRowBlocks, SymmetricMode::kDense}) {
     const absl::Status s =
         LowerProductCombine(nullptr, {mode, 4, 256}, CUDA_R_16BF, 1, 8, 8, 1.0f,
                             l, r, 0.0f, storage + 32, nullptr, combine);
@@ -105,7 +98,7 @@ TEST(SymmetricPlanTest, ProductCombineRefusesAnOutputThatIsAnInput) {
   combine.other = storage + 48;
   combine.with_diag_low = storage + 48;
   const absl::Status s = LowerProductCombine(
-      nullptr, {SymmetricMode::kWgmma, 4, 256}, CUDA_R_16BF, 1, 8, 8, 1.0f, l,
+      nullptr, {SymmetricMode::kLtTiles, 4, 256}, CUDA_R_16BF, 1, 8, 8, 1.0f, l,
       r, 0.0f, storage + 32, nullptr, combine);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("with_diag_low is the input other"));

@@ -176,45 +176,6 @@ void LtTileSearch(cublasHandle_t handle, const void* x16, const void* sq16,
   cublasLtDestroy(lt);
 }
 
-// The symmetric products of 16 matrices of 4096 rows (squares: k = 4096;
-// X X^T: k = 14336), product alone and with the mirror to 16-bit: cuBLAS's
-// 256-row tiles (then the combine pass) against the Hopper kernel (fused),
-// on the same buffers. Skipped where the kernel does not run.
-void WgmmaAgainstTiles(cublasHandle_t handle, cudaStream_t stream,
-                       const void* x, float* c, void* low) {
-  int device = 0;
-  cudaGetDevice(&device);
-  if (!WgmmaLowerSupported(device, CUDA_R_16BF, kM, kM)) return;
-  for (const int64_t k : {kM, kN}) {
-    const StackOperand op{x, kM * k, k, true};
-    auto tiles = TilePointers::Build(op, op, c, 2, kBatch, kM, 16);
-    if (!tiles.ok() ||
-        !tiles->AddWgmma(op, op, CUDA_R_16BF, kBatch, kM, k).ok() ||
-        !tiles->has_wgmma()) {
-      std::printf("{\"what\":\"micro_wgmma\",\"error\":\"setup\"}\n");
-      return;
-    }
-    const double flops = 1.0 * kBatch * kM * kM * k;  // one triangle
-    for (const bool mirror : {false, true}) {
-      ProductCombine combine;
-      if (mirror) combine.value_low = low;
-      for (const SymmetricMode mode :
-           {SymmetricMode::kTiles, SymmetricMode::kWgmma}) {
-        const SymmetricPlan plan{mode, 16, 256};
-        const double ms = TimeMs(stream, 10, [&]() {
-          return LowerProductCombine(handle, plan, CUDA_R_16BF, kBatch, kM, k,
-                                     1.0f, op, op, 0.0f, c, &*tiles, combine)
-              .ok();
-        });
-        Report(
-            absl::StrCat("lower_16x4096^2_k", k, mirror ? "_mirror" : "",
-                         mode == SymmetricMode::kWgmma ? "_wgmma" : "_tiles16"),
-            ms, flops, 0);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream,
@@ -284,7 +245,6 @@ bool RunMicroBenchmarks(cublasHandle_t handle, cudaStream_t stream,
   }
   LtTileSearch(handle, a16->get(), b16->get(), c32->as<float>());
   cublasSetStream(handle, stream);
-  WgmmaAgainstTiles(handle, stream, a16->get(), c32->as<float>(), b16->get());
   // Elementwise kernels on 16 x 4096^2 (m x m) and 16 x 4096 x 14336.
   const int64_t sq = kBatch * kM * kM;
   SymmetricCombine combine;

@@ -95,8 +95,7 @@ std::vector<Variant> Variants() {
       {"bf16_dense", plan(SymmetricMode::kDense, 1)},
       {"bf16_lttiles16", plan(SymmetricMode::kLtTiles, 16)},
       {"bf16_lttiles8", plan(SymmetricMode::kLtTiles, 8)},
-      {"bf16_lttiles4", plan(SymmetricMode::kLtTiles, 4)},
-      {"bf16_wgmma", plan(SymmetricMode::kWgmma, 16)}};
+      {"bf16_lttiles4", plan(SymmetricMode::kLtTiles, 4)}};
   for (const auto& [name, p] : plans) {
     Variant x = base;
     x.name = name;
@@ -109,15 +108,6 @@ std::vector<Variant> Variants() {
   restarts134.name = "bf16_tiles16_gram_restarts134";
   restarts134.gram_restarts = {1, 3, 4};
   v.push_back(restarts134);
-  Variant fp16_wgmma = base;
-  fp16_wgmma.name = "fp16_wgmma";
-  fp16_wgmma.low = CUDA_R_16F;
-  fp16_wgmma.plan = plan(SymmetricMode::kWgmma, 16);
-  v.push_back(fp16_wgmma);
-  Variant wgmma134 = restarts134;
-  wgmma134.name = "bf16_wgmma_gram_restarts134";
-  wgmma134.plan = plan(SymmetricMode::kWgmma, 16);
-  v.push_back(wgmma134);
   Variant aol = base;
   aol.name = "bf16_tiles16_aol4";
   aol.aol = true;

@@ -1,6 +1,6 @@
 // Runs the GPU Newton-Schulz engine directly on device memory: the
-// symmetric-product plans (dense, row blocks, cuBLAS and cuBLASLt tiles,
-// and on sm_90 the Hopper kernel) agree within rounding, and two lanes
+// symmetric-product plans (dense, row blocks, cuBLAS and cuBLASLt tiles)
+// agree within rounding, and two lanes
 // compute what one lane computes. Needs a GPU: tagged manual, run on the
 // GPU machine by deploy/device.
 #include <cuda_runtime.h>
@@ -11,7 +11,6 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/ns_engine.h"
 #include "kernels/cuda/ns_engine_fixture.h"
-#include "kernels/cuda/wgmma_lower.h"
 #include "kernels/reference/reference_muon.h"
 #include "kernels/reference/test_matrices.h"
 
@@ -50,39 +49,6 @@ TEST_F(NsEngineTest, DenseRowBlockAndTilePlansAgreeWithinFp32Rounding) {
                 16 * std::ldexp(1.0, -8));
       EXPECT_LT(RelativeError(Run(CUDA_R_16BF, lt_tiles, in, 3, s, o), bf16),
                 16 * std::ldexp(1.0, -8));
-    }
-  }
-}
-
-// The Hopper kernel with its fused combine (SymmetricMode::kWgmma) against
-// cuBLAS's tiles and the combine pass: the same iteration up to fp32
-// summation order, on shapes with and without its 128-row tiles, wide and
-// tall (whose X X^T stays on cuBLAS), in both 16-bit types.
-TEST_F(NsEngineTest, WgmmaPlanAgreesWithCublasTiles) {
-  int device = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  if (!WgmmaLowerSupported(device, CUDA_R_16BF, 128, 64)) {
-    GTEST_SKIP() << "not an sm_90 GPU";
-  }
-  const SymmetricPlan tiles{SymmetricMode::kTiles, 4, 32};
-  const SymmetricPlan wgmma{SymmetricMode::kWgmma, 4, 32};
-  uint32_t seed = 11;
-  for (const Shape s : {Shape{256, 640}, Shape{640, 256}, Shape{384, 1000},
-                        Shape{1024, 1024}}) {
-    const std::vector<float> in = GaussianMatrix(3 * s.rows, s.cols, seed++);
-    for (const cudaDataType low : {CUDA_R_16BF, CUDA_R_16F}) {
-      const double u = std::ldexp(1.0, low == CUDA_R_16BF ? -8 : -11);
-      for (const NsAlgorithm a : {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
-        NewtonSchulzOptions o;
-        o.algorithm = a;
-        unsigned int drift = 0;
-        const std::vector<float> want = Run(low, tiles, in, 3, s, o);
-        const std::vector<float> got = Run(low, wgmma, in, 3, s, o, &drift);
-        EXPECT_LT(RelativeError(got, want), 16 * u)
-            << s.rows << "x" << s.cols << " " << NsAlgorithmName(a)
-            << (low == CUDA_R_16BF ? " bf16" : " fp16");
-        EXPECT_EQ(drift, 0u);
-      }
     }
   }
 }

@@ -131,26 +131,18 @@ absl::Status NsWorkspace::AddTiles(const void* l, const StackOperand& lo,
                                    const void* r, const StackOperand& ro,
                                    float* c, int64_t k) {
   const SymmetricPlan run = EffectivePlan(plan_, m_);
-  const bool wgmma = run.mode == SymmetricMode::kWgmma;
-  // The cuBLAS tiles of the plan, or of kWgmma's fallback.
-  const SymmetricPlan tiled = wgmma ? CublasFallback(plan_, m_) : run;
-  const bool pointers = tiled.mode == SymmetricMode::kTiles ||
-                        tiled.mode == SymmetricMode::kLtTiles;
-  if (!pointers && !wgmma) return absl::OkStatus();
+  if (run.mode != SymmetricMode::kTiles &&
+      run.mode != SymmetricMode::kLtTiles) {
+    return absl::OkStatus();
+  }
   const auto key = std::make_tuple(l, r, static_cast<const float*>(c));
   if (tiles_.count(key) > 0) return absl::OkStatus();
-  TilePointers tiles;
-  if (pointers) {
-    MUONPS_ASSIGN_OR_RETURN(
-        tiles, TilePointers::Build(lo, ro, c, ElementBytes(low_), count_, m_,
-                                   tiled.blocks));
-  }
+  MUONPS_ASSIGN_OR_RETURN(TilePointers tiles,
+                          TilePointers::Build(lo, ro, c, ElementBytes(low_),
+                                              count_, m_, run.blocks));
   if (run.mode == SymmetricMode::kLtTiles) {
     MUONPS_ASSIGN_OR_RETURN(const LtGemm* lt, LtFor(lo, ro, k, tiles));
     tiles.set_lt(lt);
-  }
-  if (wgmma) {
-    MUONPS_RETURN_IF_ERROR(tiles.AddWgmma(lo, ro, low_, count_, m_, k));
   }
   tiles_.emplace(key, std::move(tiles));
   return absl::OkStatus();

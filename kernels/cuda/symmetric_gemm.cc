@@ -61,9 +61,10 @@ absl::Status BlockProduct(cublasHandle_t handle, cudaDataType input_type,
                     RowAddress(l, bytes, 0, r0), beta, c + r0 * m + c0);
 }
 
-// The fused kernel writes its outputs while other blocks still read the
-// operands: an output that is an operand (or `other`) would be read
-// half-written, so LowerProductCombine refuses it on every plan.
+// An output that is also an input (l, r or `other`) would be read
+// half-written (the combine pass reads `other` while it writes, and a
+// fused product and combine would read l and r), so LowerProductCombine
+// refuses it on every plan.
 absl::Status CheckNoAliasing(const StackOperand& l, const StackOperand& r,
                              const ProductCombine& combine) {
   const std::pair<const void*, const char*> outputs[] = {
@@ -136,9 +137,6 @@ const void* LeftMultiplyB(const void* q, const StackOperand& w) {
 }
 
 SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m) {
-  // The Hopper kernel tiles any m itself; where it does not apply, its
-  // products take CublasFallback's plan.
-  if (plan.mode == SymmetricMode::kWgmma) return plan;
   SymmetricPlan out = plan;
   const int64_t min_rows = std::max(1, plan.min_block_rows);
   const int64_t blocks = std::min<int64_t>(std::max(1, plan.blocks),
@@ -155,12 +153,6 @@ SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m) {
     out.mode = SymmetricMode::kRowBlocks;
   }
   return out;
-}
-
-SymmetricPlan CublasFallback(const SymmetricPlan& plan, int64_t m) {
-  SymmetricPlan tiles = plan;
-  if (tiles.mode == SymmetricMode::kWgmma) tiles.mode = SymmetricMode::kTiles;
-  return EffectivePlan(tiles, m);
 }
 
 absl::StatusOr<TilePointers> TilePointers::Build(const StackOperand& l,
@@ -192,46 +184,11 @@ absl::StatusOr<TilePointers> TilePointers::Build(const StackOperand& l,
   return tiles;
 }
 
-absl::Status TilePointers::AddWgmma(const StackOperand& l,
-                                    const StackOperand& r,
-                                    cudaDataType input_type, int64_t count,
-                                    int64_t m, int64_t k) {
-  has_wgmma_ = false;
-  int device = 0;
-  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
-  if (!l.row_major || !r.row_major ||
-      !WgmmaLowerSupported(device, input_type, m, k)) {
-    return absl::OkStatus();
-  }
-  MUONPS_RETURN_IF_ERROR(
-      CudaStatus(PrepareWgmmaLower(), "preparing the wgmma kernel"));
-  const StackOperand* operands[2] = {&l, &r};
-  CUtensorMap* maps[2] = {&wgmma_l_, &wgmma_r_};
-  for (int i = 0; i < 2; ++i) {
-    const StackOperand& x = *operands[i];
-    // Operands the descriptors cannot address (alignment) stay on kTiles.
-    if (EncodeWgmmaOperand(x.data, input_type, count, m, k, x.ld, x.stride,
-                           maps[i]) != cudaSuccess) {
-      return absl::OkStatus();
-    }
-  }
-  has_wgmma_ = true;
-  return absl::OkStatus();
-}
-
 absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
                           cudaDataType input_type, int64_t count, int64_t m,
                           int64_t k, float alpha, const StackOperand& l,
                           const StackOperand& r, float beta, float* c,
                           const TilePointers* tiles) {
-  if (plan.mode == SymmetricMode::kWgmma) {
-    if (tiles != nullptr && tiles->has_wgmma()) {
-      return LowerProductCombine(handle, plan, input_type, count, m, k, alpha,
-                                 l, r, beta, c, tiles, ProductCombine());
-    }
-    return LowerProduct(handle, CublasFallback(plan, m), input_type, count, m,
-                        k, alpha, l, r, beta, c, tiles);
-  }
   const SymmetricPlan run = EffectivePlan(plan, m);
   switch (run.mode) {
     case SymmetricMode::kDense:
@@ -256,7 +213,6 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
                                 stream);
       }
       [[fallthrough]];
-    case SymmetricMode::kWgmma:  // handled above; not reached
     case SymmetricMode::kTiles: {
       if (tiles == nullptr || tiles->tiles() == 0) {
         return absl::InternalError("LowerProduct: tile pointers missing");
@@ -279,25 +235,8 @@ absl::Status LowerProductCombine(
   cudaStream_t stream = nullptr;
   MUONPS_RETURN_IF_ERROR(
       CublasStatus(cublasGetStream(handle, &stream), "cublasGetStream"));
-  if (plan.mode == SymmetricMode::kWgmma && tiles != nullptr &&
-      tiles->has_wgmma()) {
-    WgmmaLowerArgs args;
-    static_cast<ProductTerms&>(args) = combine;
-    args.type = input_type;
-    args.count = count;
-    args.m = m;
-    args.k = k;
-    args.alpha = alpha;
-    args.beta = beta;
-    args.product32 = combine.keep_product || beta != 0.0f ? c : nullptr;
-    return CudaStatus(
-        LaunchWgmmaLower(tiles->wgmma_l(), tiles->wgmma_r(), args, stream),
-        absl::StrCat("wgmma lower product (", count, " x ", m, "x", m, "x", k,
-                     ")"));
-  }
-  MUONPS_RETURN_IF_ERROR(LowerProduct(handle, CublasFallback(plan, m),
-                                      input_type, count, m, k, alpha, l, r,
-                                      beta, c, tiles));
+  MUONPS_RETURN_IF_ERROR(LowerProduct(handle, plan, input_type, count, m, k,
+                                      alpha, l, r, beta, c, tiles));
   const bool nothing =
       combine.value32 == nullptr && combine.value_low == nullptr &&
       combine.with_diag_low == nullptr && combine.unhealthy == nullptr;

@@ -3,11 +3,10 @@
 //  - LowerProduct: C <- alpha L R^T + beta C where the result is known to be
 //    symmetric (X X^T, or a product of commuting symmetric matrices), so
 //    only its lower triangle is computed (cuBLAS: dense, in row blocks, or
-//    as equal lower-triangle tiles in one pointer-array batched GEMM; or
-//    the Hopper kernel of wgmma_lower.h on 128 x 128 tiles);
+//    as equal lower-triangle tiles in one pointer-array batched GEMM, by
+//    cuBLAS or by a timed cuBLASLt algorithm);
 //  - LowerProductCombine: the same, followed by a SymmetricCombine of the
-//    product (ns_elementwise.h), which the Hopper kernel does in its
-//    epilogue and the others as a second pass;
+//    product (ns_elementwise.h) as a second pass;
 //  - LeftMultiply: Y <- alpha Q W + beta Y for symmetric m x m Q (cuBLAS).
 //
 // Wide m x k operands are addressed in place, row-major or column-major (a
@@ -26,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/lt_gemm.h"
-#include "kernels/cuda/wgmma_lower.h"
+#include "kernels/cuda/ns_elementwise.h"
 
 namespace muonps {
 namespace kernels {
@@ -52,8 +51,6 @@ enum class SymmetricMode {
   kRowBlocks,  // row block i computes columns [0, end of block i)
   kTiles,      // the blocks (blocks + 1) / 2 lower tiles in one call
   kLtTiles,    // the same tiles in one cuBLASLt call, algorithm by timing
-  kWgmma,      // the Hopper kernel where it applies (sm_90, row-major
-               // 16-bit operands), else kTiles
 };
 
 struct SymmetricPlan {
@@ -66,17 +63,12 @@ struct SymmetricPlan {
 // The plan actually run for m: as many blocks as allowed (at most `blocks`)
 // of at least `min_block_rows` rows, kDense when that is one; kTiles needs
 // m divisible by the blocks (tiles a multiple of 8 rows) and falls back to
-// kRowBlocks otherwise; so does kLtTiles. kWgmma is kept as it is.
+// kRowBlocks otherwise; so does kLtTiles.
 SymmetricPlan EffectivePlan(const SymmetricPlan& plan, int64_t m);
 
-// The cuBLAS plan of a product the plan's own kernel does not run: kWgmma's
-// products it does not apply to run as kTiles with the same blocks.
-SymmetricPlan CublasFallback(const SymmetricPlan& plan, int64_t m);
-
 // Device arrays of per-tile operand pointers for one (l, r, c) triple of
-// LowerProduct in kTiles mode (none when default-constructed), and the
-// Hopper kernel's operand descriptors for kWgmma, built once (outside any
-// graph capture) and reused by every call on those buffers.
+// LowerProduct in kTiles mode (none when default-constructed), built once
+// (outside any graph capture) and reused by every call on those buffers.
 class TilePointers {
  public:
   static absl::StatusOr<TilePointers> Build(const StackOperand& l,
@@ -92,22 +84,11 @@ class TilePointers {
   // cublasGemmBatchedEx then runs the tiles.
   const LtGemm* lt() const { return lt_; }
   void set_lt(const LtGemm* lt) { lt_ = lt; }
-  // The TMA descriptors of l and r for kWgmma, where the Hopper kernel runs
-  // this product on the current device (else false, and kTiles runs it).
-  absl::Status AddWgmma(const StackOperand& l, const StackOperand& r,
-                        cudaDataType input_type, int64_t count, int64_t m,
-                        int64_t k);
-  bool has_wgmma() const { return has_wgmma_; }
-  const CUtensorMap& wgmma_l() const { return wgmma_l_; }
-  const CUtensorMap& wgmma_r() const { return wgmma_r_; }
 
  private:
   DeviceBuffer arrays_;
   int64_t tiles_ = 0;
   const LtGemm* lt_ = nullptr;
-  bool has_wgmma_ = false;
-  CUtensorMap wgmma_l_{};
-  CUtensorMap wgmma_r_{};
 };
 
 // Lower triangle (row >= col) of c_i <- alpha * l_i r_i^T + beta * c_i for
@@ -119,6 +100,14 @@ absl::Status LowerProduct(cublasHandle_t handle, const SymmetricPlan& plan,
                           int64_t k, float alpha, const StackOperand& l,
                           const StackOperand& r, float beta, float* c,
                           const TilePointers* tiles);
+
+// What is done with the product p: v = coef_other * other + coef_product *
+// p (other null: coef_product * p) and the outputs of v.
+struct ProductTerms : SymmetricOutputs {
+  const float* other = nullptr;
+  float coef_other = 0.0f;
+  float coef_product = 1.0f;
+};
 
 // What LowerProductCombine does with the product p (lower triangle):
 //   v = coef_other * other + coef_product * p  (other null: coef_product * p)
