@@ -14,21 +14,21 @@
 // momentum a new version keeps). Never across transport I/O, disk reads and
 // writes, or allocation: new stacks are allocated and zero-filled outside
 // any lock (Prepare), then installed under the lock with a swap; a
-// snapshot is copied to host under the lock and written outside it. The
-// device rule: everything that touches momentum on the device (every call
-// below but the counters, RequestCheckpoint, Check and ReadCheckpoint) is
-// ordered on the device ops' stream(), which a step uses too, so the caller
-// runs those calls one at a time and never during a step (StepEngine holds
-// its own lock around them). A step writes the installed version's
-// next_momentum (installed()) without the store's lock, as does the
-// handover its received momentum; the commit's swap is under it.
+// snapshot is copied to host under the lock and written outside it.
+//
+// The device rule. Install, Get, Write, TakeSnapshot, RestoreMissing,
+// CheckRestoredStep and HandOver enqueue on the device ops' stream(),
+// which a step uses too: the caller runs them one at a time and never
+// during a step (StepEngine holds its own lock around them and its steps).
+// A step writes the installed version's next_momentum (installed())
+// without the store's lock, and the handover the momentum it receives; the
+// commit's swap is under it. The other calls may come from any thread.
 // Not copyable.
 #ifndef MUONPS_SERVER_WORKER_MOMENTUM_STORE_H_
 #define MUONPS_SERVER_WORKER_MOMENTUM_STORE_H_
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
