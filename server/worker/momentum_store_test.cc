@@ -1,116 +1,23 @@
 // MomentumStore on host memory (CpuDeviceOps): one expert's reads and
 // writes, the staged step's swap, momentum that stays, moves away and comes
-// back across versions, stacks allocated with no lock held, and checkpoints
-// taken, written and restored by the rule (the job's step, never another).
+// back across versions, the handover's bookkeeping, and stacks allocated
+// with no lock held.
 #include "server/worker/momentum_store.h"
 
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_device_ops.h"
+#include "server/worker/momentum_store_test_fixture.h"
 #include "transport/loopback_ranks.h"
 
 namespace muonps {
 namespace worker {
 namespace {
-
-namespace fs = std::filesystem;
-
-// "a": two 2 x 3 experts, "b": one 4 x 2 matrix. Version `version` gives
-// this worker (rank 0) the items listed, each shape in a stack of its own.
-MomentumStacks Layout(int64_t version,
-                      const std::vector<scheduler::ItemRef>& owned,
-                      const std::string& checkpoint_dir = "",
-                      int64_t checkpoint_every = 0) {
-  MomentumStacks layout;
-  layout.version = version;
-  layout.rank = 0;
-  layout.matrices = {{.name = "a", .rows = 2, .cols = 3, .experts = 2},
-                     {.name = "b", .rows = 4, .cols = 2, .experts = 1}};
-  layout.owners = {{1, 1}, {1}};
-  MomentumStack a, b;
-  a.rows = 2, a.cols = 3, b.rows = 4, b.cols = 2;
-  for (const scheduler::ItemRef& item : owned) {
-    layout.owners[item.matrix][item.expert] = 0;
-    (item.matrix == 0 ? a : b).items.push_back(item);
-  }
-  if (!a.items.empty()) layout.stacks.push_back(std::move(a));
-  if (!b.items.empty()) layout.stacks.push_back(std::move(b));
-  layout.checkpoint_dir = checkpoint_dir;
-  layout.checkpoint_every = checkpoint_every;
-  return layout;
-}
-
-std::vector<float> Values(int64_t count, float base) {
-  std::vector<float> v(count);
-  for (int64_t i = 0; i < count; ++i) v[i] = base + 0.25f * i;
-  return v;
-}
-
-std::string TempDir(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/momentum_store_", name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-class MomentumStoreTest : public ::testing::Test {
- protected:
-  void Install(MomentumStore& store, MomentumStacks layout,
-               bool carry_staged = false) {
-    absl::StatusOr<PreparedMomentum> prepared =
-        store.Prepare(std::move(layout));
-    ASSERT_TRUE(prepared.ok()) << prepared.status();
-    const absl::Status installed =
-        store.Install(std::move(*prepared), carry_staged);
-    ASSERT_TRUE(installed.ok()) << installed;
-  }
-  void Set(MomentumStore& store, const std::string& matrix, int64_t expert,
-           std::vector<float> values) {
-    absl::StatusOr<CheckedMomentum> checked =
-        store.Check(matrix, expert, std::move(values));
-    ASSERT_TRUE(checked.ok()) << checked.status();
-    ASSERT_TRUE(store.Write(std::move(*checked), -1).ok());
-  }
-  // Stages `values` as the new momentum of every slot of stack `stack`.
-  void Stage(MomentumStore& store, int stack, float base) {
-    MomentumStack& s = store.installed().stacks[stack];
-    for (size_t slot = 0; slot < s.items.size(); ++slot) {
-      const std::vector<float> v = Values(s.floats(), base + slot);
-      std::copy(v.begin(), v.end(), s.next_at(static_cast<int>(slot)));
-    }
-    s.next_has_momentum.assign(s.items.size(), true);
-    s.next_valid = true;
-  }
-
-  // Runs the installed version's handover on a one-rank transport, as a
-  // worker alone in its plan does before the version's first step.
-  void HandOver(MomentumStore& store, int64_t last_committed = -1) {
-    auto world = transport::ConnectLoopbackWorld(
-        1, static_cast<uint64_t>(store.version()),
-        transport::LoopbackOptions());
-    ASSERT_TRUE(world.ok()) << world.status();
-    absl::StatusOr<std::unique_ptr<kernels::FloatBuffer>> control =
-        ops_.Allocate(1024, "control");
-    ASSERT_TRUE(control.ok());
-    bool transport_ok = false;
-    const absl::Status handed =
-        store.HandOver(*(*world)[0], control->get(), last_committed,
-                       absl::Seconds(10), &transport_ok);
-    EXPECT_TRUE(transport_ok);
-    ASSERT_TRUE(handed.ok()) << handed;
-  }
-
-  kernels::CpuDeviceOps ops_;
-};
 
 TEST_F(MomentumStoreTest, OneExpertRoundTripsAndOnlyOwnedFiniteValuesGoIn) {
   MomentumStore store("w0", &ops_);
@@ -341,104 +248,6 @@ TEST_F(MomentumStoreTest, StacksAreAllocatedWithNoLockHeld) {
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   ASSERT_TRUE(store.Install(std::move(*prepared), false).ok());
   EXPECT_EQ(*store.Get("a", 0), Values(6, 1));
-}
-
-TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
-  const std::string dir = TempDir("due");
-  MetricsRegistry metrics;
-  {
-    MomentumStore store("w0", &ops_);
-    EXPECT_EQ(store.RequestCheckpoint().status().code(),
-              absl::StatusCode::kFailedPrecondition);  // not enabled
-    store.EnableCheckpoints(&metrics);
-    ASSERT_NO_FATAL_FAILURE(
-        Install(store, Layout(1, {{0, 0}, {0, 1}, {1, 0}}), false));
-    EXPECT_EQ(store.RequestCheckpoint().status().code(),
-              absl::StatusCode::kFailedPrecondition);  // no directory
-    ASSERT_NO_FATAL_FAILURE(Install(
-        store, Layout(2, {{0, 0}, {0, 1}, {1, 0}}, dir, /*every=*/2), false));
-    ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 1)));
-    ASSERT_NO_FATAL_FAILURE(Set(store, "b", 0, Values(8, 3)));
-    EXPECT_FALSE(store.TakeSnapshot(3).has_value());  // not due
-    std::optional<CheckpointSnapshot> due = store.TakeSnapshot(4);
-    ASSERT_TRUE(due.has_value());
-    EXPECT_EQ(due->step, 4);
-    ASSERT_EQ(due->tensors.size(), 2u);               // a/1 holds no momentum
-    EXPECT_FALSE(store.TakeSnapshot(4).has_value());  // taken already
-    store.Submit(std::move(*due));
-    ASSERT_TRUE(store.WaitForCheckpoint().ok());
-    EXPECT_EQ(store.last_checkpoint_step(), 4);
-    // Asked for: the next committed step, due or not.
-    ASSERT_EQ(*store.RequestCheckpoint(), 4);
-    std::optional<CheckpointSnapshot> asked = store.TakeSnapshot(5);
-    ASSERT_TRUE(asked.has_value());
-    store.Submit(std::move(*asked));
-    ASSERT_TRUE(store.WaitForCheckpoint().ok());
-    EXPECT_EQ(store.last_checkpoint_step(), 5);
-  }
-  // A restarted worker (nothing committed) takes the newest step, 5.
-  MomentumStore restarted("w0", &ops_);
-  restarted.EnableCheckpoints(&metrics);
-  ASSERT_NO_FATAL_FAILURE(
-      Install(restarted, Layout(3, {{0, 0}, {0, 1}, {1, 0}}, dir)));
-  ASSERT_TRUE(restarted.RestoreMissing(-1).ok());
-  EXPECT_EQ(restarted.restored_step(), 5);
-  EXPECT_EQ(*restarted.Get("a", 0), Values(6, 1));
-  EXPECT_EQ(*restarted.Get("b", 0), Values(8, 3));
-  EXPECT_FALSE(restarted.Get("a", 1).ok());  // in no checkpoint
-  EXPECT_NE(metrics.RenderText().find(
-                "muonps_worker_momentum_restores_total{result=\"restored\"} 2"),
-            std::string::npos);
-  // Its trainer asks for step 9, not 6: the restored momentum is of
-  // another step, so it starts from zero, counted as resets.
-  restarted.CheckRestoredStep(9, -1);
-  EXPECT_EQ(restarted.TakeResets(), 2);
-  EXPECT_EQ(restarted.TakeResets(), 0);
-  EXPECT_EQ(restarted.resets_total(), 2);
-  EXPECT_FALSE(restarted.Get("a", 0).ok());
-  // A worker whose job is at step 7 finds only step 5: left at zero.
-  MomentumStore later("w1", &ops_);
-  later.EnableCheckpoints(nullptr);
-  ASSERT_NO_FATAL_FAILURE(Install(later, Layout(3, {{0, 0}}, dir)));
-  ASSERT_TRUE(later.RestoreMissing(7).ok());
-  EXPECT_FALSE(later.Get("a", 0).ok());
-  EXPECT_EQ(later.restored_step(), -1);
-}
-
-TEST_F(MomentumStoreTest, ACheckpointRestoresEveryOwnedExpertOrNothing) {
-  const std::string dir = TempDir("restore");
-  MomentumStore store("w0", &ops_);
-  store.EnableCheckpoints(nullptr);
-  EXPECT_EQ(store.ReadCheckpoint(dir, 1).status().code(),
-            absl::StatusCode::kFailedPrecondition);  // no version yet
-  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(1, {{0, 0}}, dir, 1)));
-  ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 1)));
-  std::optional<CheckpointSnapshot> snapshot = store.TakeSnapshot(1);
-  ASSERT_TRUE(snapshot.has_value());
-  store.Submit(std::move(*snapshot));
-  ASSERT_TRUE(store.WaitForCheckpoint().ok());
-  EXPECT_EQ(store.ReadCheckpoint("relative", 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store.ReadCheckpoint(dir, -1).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store.ReadCheckpoint(dir, 2).status().code(),
-            absl::StatusCode::kNotFound);  // no checkpoint of step 2
-  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(2, {{0, 0}, {1, 0}}, dir, 1)));
-  EXPECT_EQ(store.ReadCheckpoint(dir, 1).status().code(),
-            absl::StatusCode::kNotFound);  // b is in none
-  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(3, {{0, 0}}, dir, 1)));
-  ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 40)));
-  absl::StatusOr<CheckedMomentum> read = store.ReadCheckpoint(dir, 1);
-  ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_EQ(*store.Write(std::move(*read), 3), 1);
-  EXPECT_EQ(*store.Get("a", 0), Values(6, 1));
-  EXPECT_EQ(store.restored_step(), 1);
-  // Read for one version, written in another: refused.
-  read = store.ReadCheckpoint(dir, 1);
-  ASSERT_TRUE(read.ok());
-  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(4, {{0, 0}}, dir, 1)));
-  EXPECT_EQ(store.Write(std::move(*read), 3).status().code(),
-            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

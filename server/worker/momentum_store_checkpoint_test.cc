@@ -1,0 +1,117 @@
+// MomentumStore's checkpoints on host memory: taken when due, written in
+// the background, and restored by the rule (the job's step, never another),
+// all or nothing for a checkpoint the RPC names.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/metrics.h"
+#include "gtest/gtest.h"
+#include "server/worker/momentum_store.h"
+#include "server/worker/momentum_store_test_fixture.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
+  const std::string dir = TempDir("due");
+  MetricsRegistry metrics;
+  {
+    MomentumStore store("w0", &ops_);
+    EXPECT_EQ(store.RequestCheckpoint().status().code(),
+              absl::StatusCode::kFailedPrecondition);  // not enabled
+    store.EnableCheckpoints(&metrics);
+    ASSERT_NO_FATAL_FAILURE(
+        Install(store, Layout(1, {{0, 0}, {0, 1}, {1, 0}}), false));
+    EXPECT_EQ(store.RequestCheckpoint().status().code(),
+              absl::StatusCode::kFailedPrecondition);  // no directory
+    ASSERT_NO_FATAL_FAILURE(Install(
+        store, Layout(2, {{0, 0}, {0, 1}, {1, 0}}, dir, /*every=*/2), false));
+    ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 1)));
+    ASSERT_NO_FATAL_FAILURE(Set(store, "b", 0, Values(8, 3)));
+    EXPECT_FALSE(store.TakeSnapshot(3).has_value());  // not due
+    std::optional<CheckpointSnapshot> due = store.TakeSnapshot(4);
+    ASSERT_TRUE(due.has_value());
+    EXPECT_EQ(due->step, 4);
+    ASSERT_EQ(due->tensors.size(), 2u);               // a/1 holds no momentum
+    EXPECT_FALSE(store.TakeSnapshot(4).has_value());  // taken already
+    store.Submit(std::move(*due));
+    ASSERT_TRUE(store.WaitForCheckpoint().ok());
+    EXPECT_EQ(store.last_checkpoint_step(), 4);
+    // Asked for: the next committed step, due or not.
+    ASSERT_EQ(*store.RequestCheckpoint(), 4);
+    std::optional<CheckpointSnapshot> asked = store.TakeSnapshot(5);
+    ASSERT_TRUE(asked.has_value());
+    store.Submit(std::move(*asked));
+    ASSERT_TRUE(store.WaitForCheckpoint().ok());
+    EXPECT_EQ(store.last_checkpoint_step(), 5);
+  }
+  // A restarted worker (nothing committed) takes the newest step, 5.
+  MomentumStore restarted("w0", &ops_);
+  restarted.EnableCheckpoints(&metrics);
+  ASSERT_NO_FATAL_FAILURE(
+      Install(restarted, Layout(3, {{0, 0}, {0, 1}, {1, 0}}, dir)));
+  ASSERT_TRUE(restarted.RestoreMissing(-1).ok());
+  EXPECT_EQ(restarted.restored_step(), 5);
+  EXPECT_EQ(*restarted.Get("a", 0), Values(6, 1));
+  EXPECT_EQ(*restarted.Get("b", 0), Values(8, 3));
+  EXPECT_FALSE(restarted.Get("a", 1).ok());  // in no checkpoint
+  EXPECT_NE(metrics.RenderText().find(
+                "muonps_worker_momentum_restores_total{result=\"restored\"} 2"),
+            std::string::npos);
+  // Its trainer asks for step 9, not 6: the restored momentum is of
+  // another step, so it starts from zero, counted as resets.
+  restarted.CheckRestoredStep(9, -1);
+  EXPECT_EQ(restarted.TakeResets(), 2);
+  EXPECT_EQ(restarted.TakeResets(), 0);
+  EXPECT_EQ(restarted.resets_total(), 2);
+  EXPECT_FALSE(restarted.Get("a", 0).ok());
+  // A worker whose job is at step 7 finds only step 5: left at zero.
+  MomentumStore later("w1", &ops_);
+  later.EnableCheckpoints(nullptr);
+  ASSERT_NO_FATAL_FAILURE(Install(later, Layout(3, {{0, 0}}, dir)));
+  ASSERT_TRUE(later.RestoreMissing(7).ok());
+  EXPECT_FALSE(later.Get("a", 0).ok());
+  EXPECT_EQ(later.restored_step(), -1);
+}
+
+TEST_F(MomentumStoreTest, ACheckpointRestoresEveryOwnedExpertOrNothing) {
+  const std::string dir = TempDir("restore");
+  MomentumStore store("w0", &ops_);
+  store.EnableCheckpoints(nullptr);
+  EXPECT_EQ(store.ReadCheckpoint(dir, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // no version yet
+  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(1, {{0, 0}}, dir, 1)));
+  ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 1)));
+  std::optional<CheckpointSnapshot> snapshot = store.TakeSnapshot(1);
+  ASSERT_TRUE(snapshot.has_value());
+  store.Submit(std::move(*snapshot));
+  ASSERT_TRUE(store.WaitForCheckpoint().ok());
+  EXPECT_EQ(store.ReadCheckpoint("relative", 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.ReadCheckpoint(dir, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.ReadCheckpoint(dir, 2).status().code(),
+            absl::StatusCode::kNotFound);  // no checkpoint of step 2
+  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(2, {{0, 0}, {1, 0}}, dir, 1)));
+  EXPECT_EQ(store.ReadCheckpoint(dir, 1).status().code(),
+            absl::StatusCode::kNotFound);  // b is in none
+  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(3, {{0, 0}}, dir, 1)));
+  ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 40)));
+  absl::StatusOr<CheckedMomentum> read = store.ReadCheckpoint(dir, 1);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*store.Write(std::move(*read), 3), 1);
+  EXPECT_EQ(*store.Get("a", 0), Values(6, 1));
+  EXPECT_EQ(store.restored_step(), 1);
+  // Read for one version, written in another: refused.
+  read = store.ReadCheckpoint(dir, 1);
+  ASSERT_TRUE(read.ok());
+  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(4, {{0, 0}}, dir, 1)));
+  EXPECT_EQ(store.Write(std::move(*read), 3).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace muonps
