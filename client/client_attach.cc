@@ -22,10 +22,9 @@
 
 namespace muonps {
 
-absl::Status Client::Impl::EnsureJob(
-    const kernels::MuonHyperparameters& muon,
-    const kernels::AdamWHyperparameters& adamw,
-    std::optional<kernels::NsAlgorithm> ns_algorithm) {
+absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
+                                     const kernels::AdamWHyperparameters& adamw,
+                                     std::optional<NsAlgorithm> ns_algorithm) {
   v1::CreateJobRequest request;
   // Every rank sends the same request id: the first creates, the others'
   // calls are retries of it.

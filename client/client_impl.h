@@ -77,7 +77,7 @@ struct Client::Impl {
   // client_attach.cc: the job and the attachment.
   absl::Status EnsureJob(const kernels::MuonHyperparameters& muon,
                          const kernels::AdamWHyperparameters& adamw,
-                         std::optional<kernels::NsAlgorithm> ns_algorithm);
+                         std::optional<NsAlgorithm> ns_algorithm);
   absl::Status WaitAndAttach();
 
   // client_step.cc: the Step RPC, attaching again (once) to a worker that

@@ -30,21 +30,21 @@ kernels::LrAdjustment ToLrAdjustment(AdjustLr adjust) {
              : kernels::LrAdjustment::kOriginal;
 }
 
-std::optional<kernels::NsAlgorithm> ToNsAlgorithm(NewtonSchulz algorithm) {
+std::optional<NsAlgorithm> ToNsAlgorithm(NewtonSchulz algorithm) {
   switch (algorithm) {
     case NewtonSchulz::kNs5:
-      return kernels::NsAlgorithm::kNs5;
+      return NsAlgorithm::kNs5;
     case NewtonSchulz::kGram:
-      return kernels::NsAlgorithm::kGram;
+      return NsAlgorithm::kGram;
     case NewtonSchulz::kAuto:
       break;
   }
   return std::nullopt;
 }
 
-NewtonSchulz FromNsAlgorithm(kernels::NsAlgorithm algorithm) {
-  return algorithm == kernels::NsAlgorithm::kGram ? NewtonSchulz::kGram
-                                                  : NewtonSchulz::kNs5;
+NewtonSchulz FromNsAlgorithm(NsAlgorithm algorithm) {
+  return algorithm == NsAlgorithm::kGram ? NewtonSchulz::kGram
+                                         : NewtonSchulz::kNs5;
 }
 
 kernels::MuonHyperparameters ToMuonHyperparameters(const MuonOptions& muon) {

@@ -22,8 +22,8 @@ DType ToDType(BufferDType dtype);
 BufferDType ToBufferDType(DType dtype);
 kernels::LrAdjustment ToLrAdjustment(AdjustLr adjust);
 // Unset for kAuto: the plan picks per shape.
-std::optional<kernels::NsAlgorithm> ToNsAlgorithm(NewtonSchulz algorithm);
-NewtonSchulz FromNsAlgorithm(kernels::NsAlgorithm algorithm);
+std::optional<NsAlgorithm> ToNsAlgorithm(NewtonSchulz algorithm);
+NewtonSchulz FromNsAlgorithm(NsAlgorithm algorithm);
 // torch's Muon arguments as the kernels take them (ns.algorithm stays at
 // its default: ToNsAlgorithm says what the job forces).
 kernels::MuonHyperparameters ToMuonHyperparameters(const MuonOptions& muon);

@@ -28,7 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/device.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 
 namespace muonps {
 namespace kernels {

@@ -1,9 +1,8 @@
-#include "kernels/ns_flops.h"
+#include "newton_schulz/flops.h"
 
 #include <algorithm>
 
 namespace muonps {
-namespace kernels {
 
 double Ns5DenseFlops(int64_t rows, int64_t cols, int steps) {
   const double m = static_cast<double>(std::min(rows, cols));
@@ -42,5 +41,4 @@ double NsExecutedFlops(int64_t rows, int64_t cols,
   return q_is_identity ? flops : flops + left;
 }
 
-}  // namespace kernels
 }  // namespace muonps

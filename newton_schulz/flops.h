@@ -3,15 +3,14 @@
 //
 // Counts are multiply-adds times two. A product that computes one triangle
 // of a symmetric result counts half of the dense product. Pure functions.
-#ifndef MUONPS_KERNELS_NS_FLOPS_H_
-#define MUONPS_KERNELS_NS_FLOPS_H_
+#ifndef MUONPS_NEWTON_SCHULZ_FLOPS_H_
+#define MUONPS_NEWTON_SCHULZ_FLOPS_H_
 
 #include <cstdint>
 
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 
 namespace muonps {
-namespace kernels {
 
 // FLOPs the algorithm of `options` executes on one rows x cols matrix with
 // one-triangle symmetric products (NS5: X X^T and A^2; Gram NS: every
@@ -23,7 +22,6 @@ double NsExecutedFlops(int64_t rows, int64_t cols,
 // "NS5-equivalent" rates are quoted against: steps * (4 m^2 n + 2 m^3).
 double Ns5DenseFlops(int64_t rows, int64_t cols, int steps);
 
-}  // namespace kernels
 }  // namespace muonps
 
-#endif  // MUONPS_KERNELS_NS_FLOPS_H_
+#endif  // MUONPS_NEWTON_SCHULZ_FLOPS_H_

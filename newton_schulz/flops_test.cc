@@ -1,9 +1,8 @@
-#include "kernels/ns_flops.h"
+#include "newton_schulz/flops.h"
 
 #include "gtest/gtest.h"
 
 namespace muonps {
-namespace kernels {
 namespace {
 
 // DESIGN.md's counts in m^3 units for 5 steps, alpha = n / m: dense NS5
@@ -35,5 +34,4 @@ TEST(NsFlopsTest, GramWithoutRestartsSkipsTheRebuild) {
 }
 
 }  // namespace
-}  // namespace kernels
 }  // namespace muonps

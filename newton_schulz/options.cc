@@ -1,4 +1,4 @@
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 
 #include <array>
 #include <cmath>
@@ -7,7 +7,6 @@
 #include "common/status.h"
 
 namespace muonps {
-namespace kernels {
 namespace {
 
 // Degree-5 Polar Express polynomials, one per iteration, as published by
@@ -82,5 +81,4 @@ double NormalizationMargin(const NewtonSchulzOptions& options) {
   return options.polar_express ? 1.02 : 1.0;
 }
 
-}  // namespace kernels
 }  // namespace muonps

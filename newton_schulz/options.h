@@ -1,12 +1,15 @@
-// Options of the Newton-Schulz orthogonalization and the per-iteration
-// coefficients it uses (the fixed quintic or Polar Express).
+// The Newton-Schulz vocabulary every layer shares: the algorithm names
+// (NsAlgorithm: dense NS5 or Gram NS), the options of the orthogonalization
+// and the per-iteration coefficients it uses (the fixed quintic or Polar
+// Express). The kernels run these; the scheduler plans with them; proto/
+// translates them. Depends on common/ only.
 //
 // NS normalizes X by max(margin * ||X||_F, eps), works on the wide
 // orientation (rows <= cols), and iterates X <- a X + (b A + c A^2) X with
 // A = X X^T. Gram NS computes the same polynomial on the small side (see
 // DESIGN.md). Plain values; thread-safe.
-#ifndef MUONPS_KERNELS_NEWTON_SCHULZ_OPTIONS_H_
-#define MUONPS_KERNELS_NEWTON_SCHULZ_OPTIONS_H_
+#ifndef MUONPS_NEWTON_SCHULZ_OPTIONS_H_
+#define MUONPS_NEWTON_SCHULZ_OPTIONS_H_
 
 #include <vector>
 
@@ -15,7 +18,6 @@
 #include "absl/strings/string_view.h"
 
 namespace muonps {
-namespace kernels {
 
 enum class NsAlgorithm {
   kNs5,   // dense iteration on the m x n matrix
@@ -77,7 +79,6 @@ NsCoefficients CoefficientsForStep(const NewtonSchulzOptions& options,
 // Factor on ||X||_F in the normalization: 1.02 with Polar Express, else 1.
 double NormalizationMargin(const NewtonSchulzOptions& options);
 
-}  // namespace kernels
 }  // namespace muonps
 
-#endif  // MUONPS_KERNELS_NEWTON_SCHULZ_OPTIONS_H_
+#endif  // MUONPS_NEWTON_SCHULZ_OPTIONS_H_

@@ -86,14 +86,14 @@ v1::Layout LayoutToProto(scheduler::Layout layout) {
   return v1::LAYOUT_REPLICATED;
 }
 
-kernels::NsAlgorithm NsAlgorithmFromProto(v1::NsAlgorithm algorithm) {
-  return algorithm == v1::NS_ALGORITHM_GRAM ? kernels::NsAlgorithm::kGram
-                                            : kernels::NsAlgorithm::kNs5;
+NsAlgorithm NsAlgorithmFromProto(v1::NsAlgorithm algorithm) {
+  return algorithm == v1::NS_ALGORITHM_GRAM ? NsAlgorithm::kGram
+                                            : NsAlgorithm::kNs5;
 }
 
-v1::NsAlgorithm NsAlgorithmToProto(kernels::NsAlgorithm algorithm) {
-  return algorithm == kernels::NsAlgorithm::kGram ? v1::NS_ALGORITHM_GRAM
-                                                  : v1::NS_ALGORITHM_NS5;
+v1::NsAlgorithm NsAlgorithmToProto(NsAlgorithm algorithm) {
+  return algorithm == NsAlgorithm::kGram ? v1::NS_ALGORITHM_GRAM
+                                         : v1::NS_ALGORITHM_NS5;
 }
 
 namespace {
@@ -254,9 +254,8 @@ v1::Batch BatchToProto(const scheduler::Batch& batch,
   out.set_worker_id(worker_ids[batch.worker]);
   out.set_rows(batch.rows);
   out.set_cols(batch.cols);
-  out.set_algorithm(NsAlgorithmToProto(batch.parts.empty()
-                                           ? kernels::NsAlgorithm::kNs5
-                                           : batch.parts.front().algorithm));
+  out.set_algorithm(NsAlgorithmToProto(
+      batch.parts.empty() ? NsAlgorithm::kNs5 : batch.parts.front().algorithm));
   for (const scheduler::ItemRef& item : batch.items) {
     const scheduler::MatrixSpec& spec = matrices[item.matrix];
     out.add_matrices(spec.experts > 1

@@ -14,6 +14,7 @@
 #include "muonps/v1/coordinator.pb.h"
 #include "muonps/v1/plan.pb.h"
 #include "muonps/v1/types.pb.h"
+#include "newton_schulz/options.h"
 #include "scheduler/plan_types.h"
 
 namespace muonps {
@@ -26,8 +27,8 @@ v1::DType DTypeToProto(DType dtype);
 scheduler::Layout LayoutFromProto(v1::Layout layout);
 v1::Layout LayoutToProto(scheduler::Layout layout);
 // NS5 for anything but NS_ALGORITHM_GRAM.
-kernels::NsAlgorithm NsAlgorithmFromProto(v1::NsAlgorithm algorithm);
-v1::NsAlgorithm NsAlgorithmToProto(kernels::NsAlgorithm algorithm);
+NsAlgorithm NsAlgorithmFromProto(v1::NsAlgorithm algorithm);
+v1::NsAlgorithm NsAlgorithmToProto(NsAlgorithm algorithm);
 
 // The one conversion of a declared matrix into the planner's: experts 0
 // becomes 1, DTYPE_UNSPECIFIED fp32, LAYOUT_UNSPECIFIED replicated; every

@@ -14,7 +14,6 @@ namespace muonps {
 namespace proto {
 namespace {
 
-using kernels::NsAlgorithm;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 

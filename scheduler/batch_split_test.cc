@@ -20,8 +20,6 @@ namespace muonps {
 namespace scheduler {
 namespace {
 
-using kernels::NsAlgorithm;
-
 constexpr double kTol = 1e-12;
 
 // (batch, ns5 seconds, gram seconds) of 1024 x 1024 matrices.

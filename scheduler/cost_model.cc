@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "kernels/ns_flops.h"
+#include "newton_schulz/flops.h"
 
 namespace muonps {
 namespace scheduler {
@@ -45,38 +45,38 @@ CostModel::CostModel(std::shared_ptr<const CostTable> table,
       ns_steps_(ns_steps) {
   ns5_options_.steps = ns_steps;
   gram_options_.steps = ns_steps;
-  gram_options_.algorithm = kernels::NsAlgorithm::kGram;
+  gram_options_.algorithm = NsAlgorithm::kGram;
 }
 
 double CostModel::FallbackSeconds(int64_t rows, int64_t cols, int64_t batch,
-                                  kernels::NsAlgorithm algorithm) const {
-  const double flops = kernels::NsExecutedFlops(
+                                  NsAlgorithm algorithm) const {
+  const double flops = NsExecutedFlops(
       rows, cols,
-      algorithm == kernels::NsAlgorithm::kGram ? gram_options_ : ns5_options_);
+      algorithm == NsAlgorithm::kGram ? gram_options_ : ns5_options_);
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));
   // bf16 traffic per step: read X twice, write it once, and the m x m
   // products (Gram NS touches the long side only at its ends).
-  const double per_step = algorithm == kernels::NsAlgorithm::kNs5
+  const double per_step = algorithm == NsAlgorithm::kNs5
                               ? 2.0 * (3 * m * n + 4 * m * m)
                               : 2.0 * (6 * m * m);
   const double bytes =
       ns_steps_ * per_step +
-      (algorithm == kernels::NsAlgorithm::kGram ? 2.0 * 4 * m * n : 0.0);
+      (algorithm == NsAlgorithm::kGram ? 2.0 * 4 * m * n : 0.0);
   const double each = std::max(flops / rates_.flops_per_second,
                                bytes / rates_.memory_bytes_per_second);
   return rates_.call_overhead_seconds + static_cast<double>(batch) * each;
 }
 
-const CostTable::Curve* CostModel::Measured(
-    int64_t rows, int64_t cols, kernels::NsAlgorithm algorithm) const {
+const CostTable::Curve* CostModel::Measured(int64_t rows, int64_t cols,
+                                            NsAlgorithm algorithm) const {
   const CostTable::Curve* curve =
       table_ == nullptr ? nullptr : table_->Find(rows, cols, algorithm);
   return curve == nullptr || curve->empty() ? nullptr : curve;
 }
 
 double CostModel::NsSeconds(int64_t rows, int64_t cols, int64_t batch,
-                            kernels::NsAlgorithm algorithm) const {
+                            NsAlgorithm algorithm) const {
   if (batch <= 0) return 0;
   double seconds;
   const CostTable::Curve* curve = Measured(rows, cols, algorithm);
@@ -91,16 +91,15 @@ double CostModel::NsSeconds(int64_t rows, int64_t cols, int64_t batch,
 CostModel::Choice CostModel::Best(int64_t rows, int64_t cols, int64_t batch,
                                   AlgorithmPolicy policy) const {
   if (policy == AlgorithmPolicy::kNs5) {
-    return {kernels::NsAlgorithm::kNs5,
-            NsSeconds(rows, cols, batch, kernels::NsAlgorithm::kNs5)};
+    return {NsAlgorithm::kNs5, NsSeconds(rows, cols, batch, NsAlgorithm::kNs5)};
   }
-  const double gram = NsSeconds(rows, cols, batch, kernels::NsAlgorithm::kGram);
+  const double gram = NsSeconds(rows, cols, batch, NsAlgorithm::kGram);
   if (policy == AlgorithmPolicy::kGram) {
-    return {kernels::NsAlgorithm::kGram, gram};
+    return {NsAlgorithm::kGram, gram};
   }
-  const double ns5 = NsSeconds(rows, cols, batch, kernels::NsAlgorithm::kNs5);
-  if (gram < ns5) return {kernels::NsAlgorithm::kGram, gram};
-  return {kernels::NsAlgorithm::kNs5, ns5};
+  const double ns5 = NsSeconds(rows, cols, batch, NsAlgorithm::kNs5);
+  if (gram < ns5) return {NsAlgorithm::kGram, gram};
+  return {NsAlgorithm::kNs5, ns5};
 }
 
 BatchSplitter::BatchSplitter(const CostModel& model, int64_t rows, int64_t cols,
@@ -113,10 +112,10 @@ const BatchSplitter::Entry& BatchSplitter::At(int64_t n) {
   // (none: the roofline, which never gains from a split).
   const CostTable::Curve* curves[2] = {nullptr, nullptr};
   if (policy_ != AlgorithmPolicy::kGram) {
-    curves[0] = model_->Measured(rows_, cols_, kernels::NsAlgorithm::kNs5);
+    curves[0] = model_->Measured(rows_, cols_, NsAlgorithm::kNs5);
   }
   if (policy_ != AlgorithmPolicy::kNs5) {
-    curves[1] = model_->Measured(rows_, cols_, kernels::NsAlgorithm::kGram);
+    curves[1] = model_->Measured(rows_, cols_, NsAlgorithm::kGram);
   }
   const bool measured = curves[0] != nullptr || curves[1] != nullptr;
   if (memo_.empty()) memo_.push_back({BatchPart{}, 0.0, 0});

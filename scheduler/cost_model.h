@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 #include "scheduler/cost_table.h"
 
 namespace muonps {
@@ -50,10 +50,10 @@ class CostModel {
   // measured batch they extend with the last segment's slope, below the
   // smallest they scale in proportion. 0 for batch <= 0.
   double NsSeconds(int64_t rows, int64_t cols, int64_t batch,
-                   kernels::NsAlgorithm algorithm) const;
+                   NsAlgorithm algorithm) const;
 
   struct Choice {
-    kernels::NsAlgorithm algorithm;
+    NsAlgorithm algorithm;
     double seconds;
   };
   // The algorithm `policy` allows with the least predicted time (ties go to
@@ -65,7 +65,7 @@ class CostModel {
   // shape and algorithm (owned by the table), or nullptr where it falls back
   // to the roofline.
   const CostTable::Curve* Measured(int64_t rows, int64_t cols,
-                                   kernels::NsAlgorithm algorithm) const;
+                                   NsAlgorithm algorithm) const;
 
   double TransferSeconds(double bytes) const {
     return bytes / rates_.link_bytes_per_second;
@@ -75,12 +75,12 @@ class CostModel {
 
  private:
   double FallbackSeconds(int64_t rows, int64_t cols, int64_t batch,
-                         kernels::NsAlgorithm algorithm) const;
+                         NsAlgorithm algorithm) const;
 
   std::shared_ptr<const CostTable> table_;
   // Built once: FallbackSeconds runs in the planner's inner loops.
-  kernels::NewtonSchulzOptions ns5_options_;
-  kernels::NewtonSchulzOptions gram_options_;
+  NewtonSchulzOptions ns5_options_;
+  NewtonSchulzOptions gram_options_;
   DeviceRates rates_;
   double speed_;
   int ns_steps_;
@@ -90,7 +90,7 @@ class CostModel {
 // predicted to take `seconds`.
 struct BatchPart {
   int64_t count = 0;
-  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
+  NsAlgorithm algorithm = NsAlgorithm::kNs5;
   double seconds = 0;
 };
 

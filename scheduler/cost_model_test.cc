@@ -6,13 +6,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/ns_flops.h"
+#include "newton_schulz/flops.h"
 
 namespace muonps {
 namespace scheduler {
 namespace {
-
-using kernels::NsAlgorithm;
 
 // Seconds compared to a picosecond: far below any measured time, far above
 // double rounding of millisecond values.
@@ -146,7 +144,7 @@ TEST(CostModelFallbackTest, ComputeBoundShapeFollowsTheExecutedFlops) {
   // triangle), A^2 (m^3), B X dense (2 m^3): 4 m^3; 5 steps.
   const double m = 4096;
   const double flops = 5 * 4 * m * m * m;
-  ASSERT_DOUBLE_EQ(kernels::NsExecutedFlops(4096, 4096, {}), flops);
+  ASSERT_DOUBLE_EQ(NsExecutedFlops(4096, 4096, {}), flops);
   // bf16 bytes are a few m^2 per step: far below the FLOP time here.
   const double compute_seconds = flops / rates.flops_per_second;
   ASSERT_GT(compute_seconds,
@@ -164,9 +162,9 @@ TEST(CostModelFallbackTest, ComputeBoundShapeFollowsTheExecutedFlops) {
 TEST(CostModelFallbackTest, GramFallbackFollowsTheGramFlopCount) {
   const DeviceRates rates = TestRates();
   const CostModel model(nullptr, rates, 1.0, 5);
-  kernels::NewtonSchulzOptions gram;
+  NewtonSchulzOptions gram;
   gram.algorithm = NsAlgorithm::kGram;
-  const double flops = kernels::NsExecutedFlops(4096, 4096, gram);
+  const double flops = NsExecutedFlops(4096, 4096, gram);
   EXPECT_DOUBLE_EQ(
       model.NsSeconds(4096, 4096, 2, NsAlgorithm::kGram),
       rates.call_overhead_seconds + 2 * flops / rates.flops_per_second);
@@ -192,7 +190,7 @@ TEST(CostModelFallbackTest, BatchingPaysTheCallOverheadOnce) {
   const DeviceRates rates = TestRates();
   const CostModel model(nullptr, rates, 1.0, 5);
   for (const NsAlgorithm algorithm : {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
-    SCOPED_TRACE(kernels::NsAlgorithmName(algorithm));
+    SCOPED_TRACE(NsAlgorithmName(algorithm));
     const double t1 = model.NsSeconds(512, 2048, 1, algorithm);
     const double t2 = model.NsSeconds(512, 2048, 2, algorithm);
     EXPECT_LT(t2, 2 * t1);

@@ -30,9 +30,8 @@ absl::StatusOr<int64_t> PositiveInteger(const Json& line, const char* key) {
 
 }  // namespace
 
-absl::Status CostTable::Add(int64_t rows, int64_t cols,
-                            kernels::NsAlgorithm algorithm, int64_t batch,
-                            double seconds) {
+absl::Status CostTable::Add(int64_t rows, int64_t cols, NsAlgorithm algorithm,
+                            int64_t batch, double seconds) {
   if (rows < 1 || cols < 1) {
     return InvalidField("rows", absl::StrCat("shape [", rows, ", ", cols,
                                              "]: dimensions must be >= 1"));
@@ -51,8 +50,8 @@ absl::Status CostTable::Add(int64_t rows, int64_t cols,
   if (it != curve.end() && it->first == batch) {
     return FieldError(absl::StatusCode::kAlreadyExists, "batch",
                       absl::StrCat("shape [", rows, ", ", cols, "] ",
-                                   kernels::NsAlgorithmName(algorithm),
-                                   " batch ", batch, " is measured twice"));
+                                   NsAlgorithmName(algorithm), " batch ", batch,
+                                   " is measured twice"));
   }
   curve.insert(it, {batch, seconds});
   return absl::OkStatus();
@@ -98,8 +97,8 @@ absl::StatusOr<CostTable> CostTable::Parse(absl::string_view text) {
     if (algorithm_it == json.end() || !algorithm_it->is_string()) {
       return annotate(InvalidField("algorithm", "must be a string"));
     }
-    absl::StatusOr<kernels::NsAlgorithm> algorithm =
-        kernels::ParseNsAlgorithm(algorithm_it->get<std::string>());
+    absl::StatusOr<NsAlgorithm> algorithm =
+        ParseNsAlgorithm(algorithm_it->get<std::string>());
     if (!algorithm.ok()) {
       return annotate(InvalidField(
           "algorithm", absl::StrCat(Quoted(algorithm_it->get<std::string>()),
@@ -116,7 +115,7 @@ absl::StatusOr<CostTable> CostTable::Parse(absl::string_view text) {
 }
 
 const CostTable::Curve* CostTable::Find(int64_t rows, int64_t cols,
-                                        kernels::NsAlgorithm algorithm) const {
+                                        NsAlgorithm algorithm) const {
   auto it = curves_.find(Key{std::min(rows, cols), std::max(rows, cols),
                              static_cast<int>(algorithm)});
   return it == curves_.end() ? nullptr : &it->second;
@@ -134,8 +133,8 @@ std::string CostTable::Serialize() const {
       nlohmann::ordered_json line;
       line["rows"] = std::get<0>(key);
       line["cols"] = std::get<1>(key);
-      line["algorithm"] = std::string(kernels::NsAlgorithmName(
-          static_cast<kernels::NsAlgorithm>(std::get<2>(key))));
+      line["algorithm"] = std::string(
+          NsAlgorithmName(static_cast<NsAlgorithm>(std::get<2>(key))));
       line["batch"] = batch;
       line["seconds"] = seconds;
       absl::StrAppend(&out, line.dump(), "\n");

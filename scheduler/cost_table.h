@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 
 namespace muonps {
 namespace scheduler {
@@ -40,12 +40,11 @@ class CostTable {
   static absl::StatusOr<CostTable> Parse(absl::string_view text);
 
   // Adds one measurement (same rules as a parsed line).
-  absl::Status Add(int64_t rows, int64_t cols, kernels::NsAlgorithm algorithm,
+  absl::Status Add(int64_t rows, int64_t cols, NsAlgorithm algorithm,
                    int64_t batch, double seconds);
 
   // The measured curve for a shape and algorithm, or nullptr.
-  const Curve* Find(int64_t rows, int64_t cols,
-                    kernels::NsAlgorithm algorithm) const;
+  const Curve* Find(int64_t rows, int64_t cols, NsAlgorithm algorithm) const;
 
   const std::string& device() const { return device_; }
   bool empty() const { return curves_.empty(); }

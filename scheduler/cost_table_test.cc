@@ -13,7 +13,6 @@ namespace muonps {
 namespace scheduler {
 namespace {
 
-using kernels::NsAlgorithm;
 using ::testing::HasSubstr;
 
 // The header's format: comments (also indented), blank lines, a device
@@ -66,7 +65,7 @@ TEST(CostTableParseTest, LookupIgnoresOrientation) {
     const CostTable::Curve* wide = table->Find(4096, 14336, algorithm);
     const CostTable::Curve* tall = table->Find(14336, 4096, algorithm);
     ASSERT_NE(wide, nullptr);
-    EXPECT_EQ(wide, tall) << kernels::NsAlgorithmName(algorithm);
+    EXPECT_EQ(wide, tall) << NsAlgorithmName(algorithm);
   }
 }
 

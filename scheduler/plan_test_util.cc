@@ -17,8 +17,6 @@ namespace scheduler {
 namespace plan_test {
 namespace {
 
-using kernels::NsAlgorithm;
-
 // NS runs on the wide side, so r x c and c x r are one shape (cost_table.h).
 using ShapeKey = std::pair<int64_t, int64_t>;
 ShapeKey KeyOf(int64_t rows, int64_t cols) {

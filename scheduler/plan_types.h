@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/cost_table.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "kernels/ns_flops.h"
+#include "newton_schulz/flops.h"
 #include "scheduler/placement.h"
 
 namespace muonps {
@@ -95,8 +95,7 @@ std::vector<int> FlopLptOwners(const Problem& p, bool respect_memory) {
   std::vector<double> flops(n);
   for (int i = 0; i < n; ++i) {
     const int s = p.shape_of(i);
-    flops[i] = kernels::Ns5DenseFlops(p.rows(s), p.cols(s),
-                                      p.input().options.ns_steps);
+    flops[i] = Ns5DenseFlops(p.rows(s), p.cols(s), p.input().options.ns_steps);
   }
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);

@@ -21,7 +21,6 @@ namespace muonps {
 namespace scheduler {
 namespace {
 
-using kernels::NsAlgorithm;
 using plan_test::BruteForce;
 using plan_test::CountOn;
 using plan_test::ExpectValidPlan;

@@ -106,7 +106,7 @@ void CutIntoChunks(const OwnershipPlan& plan, StepSchedule* schedule) {
     int64_t left = static_cast<int64_t>(stack.items.size());
     auto it = batch_of.find(key);
     if (it == batch_of.end()) {
-      stack.chunks.push_back({left, kernels::NsAlgorithm::kNs5});
+      stack.chunks.push_back({left, NsAlgorithm::kNs5});
       continue;
     }
     const std::vector<BatchPart>& parts = it->second->parts;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 #include "scheduler/plan_types.h"
 
 namespace muonps {
@@ -52,7 +52,7 @@ struct Bucket {
 // `algorithm`.
 struct StackChunk {
   int64_t count = 0;
-  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
+  NsAlgorithm algorithm = NsAlgorithm::kNs5;
 };
 
 // Same-shape items of one owner, stacked (in arrival order) so that their

@@ -15,7 +15,6 @@ namespace muonps {
 namespace scheduler {
 namespace {
 
-using kernels::NsAlgorithm;
 using ::testing::HasSubstr;
 
 // Bytes of one 64 x 128 fp32 matrix (momentum-sized: what stack_bytes

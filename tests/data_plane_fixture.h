@@ -91,8 +91,7 @@ float InitialParam(int tensor, int64_t index);
 float Gradient(int tensor, int64_t step, int rank, int64_t index);
 
 // (matrix name, expert) -> the Newton-Schulz variant its owner runs.
-using AlgorithmMap =
-    std::map<std::pair<std::string, int64_t>, kernels::NsAlgorithm>;
+using AlgorithmMap = std::map<std::pair<std::string, int64_t>, NsAlgorithm>;
 
 // The model stepped in one process: the mean (or full) gradient of every
 // step through CpuKernels::MuonStep per expert and AdamWStep, exactly as the

@@ -98,9 +98,8 @@ absl::Status ReferenceModel::Step(int64_t step) {
     for (int64_t e = 0; e < m.options.experts; ++e) {
       kernels::MuonHyperparameters hyper = model_.muon;
       auto chosen = algorithms_.find({m.name, e});
-      hyper.ns.algorithm = chosen == algorithms_.end()
-                               ? kernels::NsAlgorithm::kNs5
-                               : chosen->second;
+      hyper.ns.algorithm =
+          chosen == algorithms_.end() ? NsAlgorithm::kNs5 : chosen->second;
       kernels::MuonStack stack;
       stack.names = {m.name};
       stack.grad = {grad.data() + e * size, 1, m.rows, m.cols};

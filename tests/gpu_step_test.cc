@@ -198,7 +198,7 @@ TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   muon.lr = 0.02;
   muon.weight_decay = 0.1;
   ASSERT_NO_FATAL_FAILURE(StartTrainer(muon));
-  absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> algorithms =
+  absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
       client_->NsAlgorithms();
   ASSERT_TRUE(algorithms.ok()) << algorithms.status();
 

@@ -96,7 +96,7 @@ float AsLent(DType dtype, float v) {
 
 absl::StatusOr<std::vector<std::vector<float>>> ReferenceParams(
     DType dtype, int steps,
-    const std::map<std::string, kernels::NsAlgorithm>& algorithms,
+    const std::map<std::string, NsAlgorithm>& algorithms,
     const std::function<float(size_t m, int64_t i)>& initial,
     const std::function<float(int64_t step, size_t m, int64_t i)>& grad) {
   absl::StatusOr<std::unique_ptr<kernels::cuda::CudaKernels>> reference =

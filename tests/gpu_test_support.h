@@ -77,7 +77,7 @@ float AsLent(DType dtype, float v);
 // naming the matrix and step.
 absl::StatusOr<std::vector<std::vector<float>>> ReferenceParams(
     DType dtype, int steps,
-    const std::map<std::string, kernels::NsAlgorithm>& algorithms,
+    const std::map<std::string, NsAlgorithm>& algorithms,
     const std::function<float(size_t m, int64_t i)>& initial,
     const std::function<float(int64_t step, size_t m, int64_t i)>& grad);
 

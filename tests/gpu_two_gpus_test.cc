@@ -63,7 +63,7 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
                         << a.code << ": " << a.message;
     }
   }
-  absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> algorithms =
+  absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
       testing::ParseNsAlgorithms(trainers_[0]->Log());
   ASSERT_TRUE(algorithms.ok()) << algorithms.status();
   std::vector<std::vector<std::vector<float>>> got(trainers);

@@ -135,12 +135,12 @@ class Trainer {
     Say("trainer=%d started pid=%d on cuda:%d", config_.rank, getpid(),
         config_.rank);
     if (config_.rank == 0) {
-      absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> algorithms =
+      absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
           client_->NsAlgorithms();
       if (!algorithms.ok()) return algorithms.status();
       for (const auto& [name, algorithm] : *algorithms) {
         Say("trainer=0 ns %s=%s", name.c_str(),
-            std::string(kernels::NsAlgorithmName(algorithm)).c_str());
+            std::string(NsAlgorithmName(algorithm)).c_str());
       }
     }
     return absl::OkStatus();
@@ -385,17 +385,16 @@ std::vector<StepAttempt> ParseAttempts(const std::string& log) {
   return out;
 }
 
-absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> ParseNsAlgorithms(
+absl::StatusOr<std::map<std::string, NsAlgorithm>> ParseNsAlgorithms(
     const std::string& log) {
   static const auto* re = new std::regex(R"(^trainer=0 ns (\S+)=(\S+)$)");
-  std::map<std::string, kernels::NsAlgorithm> out;
+  std::map<std::string, NsAlgorithm> out;
   std::istringstream in(log);
   std::string line;
   while (std::getline(in, line)) {
     std::smatch m;
     if (!std::regex_match(line, m, *re)) continue;
-    absl::StatusOr<kernels::NsAlgorithm> algorithm =
-        kernels::ParseNsAlgorithm(m[2].str());
+    absl::StatusOr<NsAlgorithm> algorithm = ParseNsAlgorithm(m[2].str());
     if (!algorithm.ok()) return algorithm.status();
     out[m[1].str()] = *algorithm;
   }

@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 #include "scheduler/plan_types.h"
 #include "tests/gpu_test_support.h"
 
@@ -89,7 +89,7 @@ struct StepAttempt {
 };
 std::vector<StepAttempt> ParseAttempts(const std::string& log);
 // The plan's NS algorithm per matrix, as trainer 0 logged it.
-absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> ParseNsAlgorithms(
+absl::StatusOr<std::map<std::string, NsAlgorithm>> ParseNsAlgorithms(
     const std::string& log);
 // The parameters a trainer wrote (widened to float), per matrix of
 // Matrices(); DATA_LOSS when the file is short or its counts differ from

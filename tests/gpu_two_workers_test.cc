@@ -209,7 +209,7 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   ASSERT_NO_FATAL_FAILURE(StartTrainers());
-  absl::StatusOr<std::map<std::string, kernels::NsAlgorithm>> algorithms =
+  absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
       clients_[0]->NsAlgorithms();
   ASSERT_TRUE(algorithms.ok()) << algorithms.status();
   constexpr int kSteps = 50;

@@ -19,8 +19,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/ns_flops.h"
 #include "kernels/reference/test_matrices.h"
+#include "newton_schulz/flops.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(double, min_seconds, 1.0,
@@ -83,23 +83,23 @@ void Run() {
         kernels::reference::GaussianMatrix(c.batch * c.rows, c.cols, 3);
     std::vector<float> out(in.size());
     double ns5_seconds = 0;
-    for (const kernels::NsAlgorithm algorithm :
-         {kernels::NsAlgorithm::kNs5, kernels::NsAlgorithm::kGram}) {
-      kernels::NewtonSchulzOptions options;
+    for (const NsAlgorithm algorithm :
+         {NsAlgorithm::kNs5, NsAlgorithm::kGram}) {
+      NewtonSchulzOptions options;
       options.algorithm = algorithm;
       const kernels::MatrixStack in_stack{in.data(), c.batch, c.rows, c.cols};
       const kernels::MatrixStack out_stack{out.data(), c.batch, c.rows, c.cols};
       const double seconds = MedianSeconds([&] {
         (void)kernels.Orthogonalize(in_stack, out_stack, options, kHostStream);
       });
-      if (algorithm == kernels::NsAlgorithm::kNs5) ns5_seconds = seconds;
+      if (algorithm == NsAlgorithm::kNs5) ns5_seconds = seconds;
       const double executed =
-          c.batch * kernels::NsExecutedFlops(c.rows, c.cols, options);
+          c.batch * NsExecutedFlops(c.rows, c.cols, options);
       const double dense =
-          c.batch * kernels::Ns5DenseFlops(c.rows, c.cols, options.steps);
+          c.batch * Ns5DenseFlops(c.rows, c.cols, options.steps);
       nlohmann::ordered_json line;
       line["what"] = "ns_cpu";
-      line["algorithm"] = std::string(kernels::NsAlgorithmName(algorithm));
+      line["algorithm"] = std::string(NsAlgorithmName(algorithm));
       line["batch"] = c.batch;
       line["rows"] = c.rows;
       line["cols"] = c.cols;

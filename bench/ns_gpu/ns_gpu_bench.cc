@@ -12,7 +12,7 @@
 // with its faster algorithm and calls, as one timed region); and
 // `muonps_update_1gpu` (MuonStep over the set: finite check, momentum, NS,
 // weight decay and update). `tflops` counts the FLOPs the executed algorithm
-// performs (kernels/ns_flops.h); `ns5_equiv_tflops` divides dense NS5's
+// performs (newton_schulz/flops.h); `ns5_equiv_tflops` divides dense NS5's
 // FLOPs by the same time; `fraction_of_gemm_peak` divides `tflops` by the
 // highest bf16 GEMM rate measured in the run (torch.matmul and cuBLAS, at
 // 8192^3 and 4096^3).
@@ -39,7 +39,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_name.h"
 #include "kernels/device_ops.h"
-#include "kernels/ns_flops.h"
+#include "newton_schulz/flops.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, torch_results, "",
@@ -56,7 +56,6 @@ ABSL_FLAG(bool, lt_tiles, true,
 namespace muonps {
 namespace {
 
-using kernels::NsAlgorithm;
 using Json = nlohmann::ordered_json;
 
 // Targets from issue 8, stated in the lines so a reader sees pass or miss.
@@ -95,17 +94,15 @@ struct Group {
     }
     return absl::OkStatus();
   }
-  kernels::NewtonSchulzOptions Ns(NsAlgorithm algorithm) const {
-    kernels::NewtonSchulzOptions ns;
+  NewtonSchulzOptions Ns(NsAlgorithm algorithm) const {
+    NewtonSchulzOptions ns;
     ns.algorithm = algorithm;
     return ns;
   }
   double Flops(NsAlgorithm algorithm) const {
-    return count * kernels::NsExecutedFlops(rows, cols, Ns(algorithm));
+    return count * NsExecutedFlops(rows, cols, Ns(algorithm));
   }
-  double DenseFlops() const {
-    return count * kernels::Ns5DenseFlops(rows, cols, 5);
-  }
+  double DenseFlops() const { return count * Ns5DenseFlops(rows, cols, 5); }
 };
 
 void Print(const Json& line) {
@@ -271,7 +268,7 @@ absl::Status Run() {
     line["rows"] = g.rows;
     line["cols"] = g.cols;
     line["batch"] = g.count;
-    line["algorithm"] = std::string(kernels::NsAlgorithmName(g.best));
+    line["algorithm"] = std::string(NsAlgorithmName(g.best));
     line["precision"] = precision;
     line["ms"] = best_ms;
     line["calls"] = g.calls;
@@ -293,7 +290,7 @@ absl::Status Run() {
     best_flops += g.Flops(g.best);
     dense_flops += g.DenseFlops();
     algorithms[absl::StrCat(g.rows, "x", g.cols)] =
-        std::string(kernels::NsAlgorithmName(g.best));
+        std::string(NsAlgorithmName(g.best));
     calls[absl::StrCat(g.rows, "x", g.cols)] = g.calls;
   }
 

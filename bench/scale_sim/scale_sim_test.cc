@@ -27,12 +27,12 @@ std::shared_ptr<const scheduler::CostTable> LlamaCosts() {
   auto table = std::make_shared<scheduler::CostTable>();
   const struct {
     int64_t rows, cols;
-    kernels::NsAlgorithm algorithm;
+    NsAlgorithm algorithm;
     double b1, b4, b16;
   } curves[] = {
-      {1024, 4096, kernels::NsAlgorithm::kGram, 0.000306, 0.000755, 0.00244},
-      {4096, 4096, kernels::NsAlgorithm::kNs5, 0.00267, 0.0102, 0.0428},
-      {4096, 14336, kernels::NsAlgorithm::kGram, 0.00486, 0.0196, 0.0782},
+      {1024, 4096, NsAlgorithm::kGram, 0.000306, 0.000755, 0.00244},
+      {4096, 4096, NsAlgorithm::kNs5, 0.00267, 0.0102, 0.0428},
+      {4096, 14336, NsAlgorithm::kGram, 0.00486, 0.0196, 0.0782},
   };
   for (const auto& c : curves) {
     EXPECT_TRUE(table->Add(c.rows, c.cols, c.algorithm, 1, c.b1).ok());

@@ -36,9 +36,8 @@ absl::StatusOr<double> OneProcessStepper::Step() {
   for (size_t i = 0; i < matrices_.size(); ++i) {
     const StepMatrix& m = matrices_[i];
     auto chosen = algorithms_.find(m.name);
-    hyper.ns.algorithm = chosen == algorithms_.end()
-                             ? kernels::NsAlgorithm::kNs5
-                             : chosen->second;
+    hyper.ns.algorithm =
+        chosen == algorithms_.end() ? NsAlgorithm::kNs5 : chosen->second;
     MUONPS_RETURN_IF_ERROR(
         kernels_.MuonStep({.names = {m.name},
                            .grad = {grads_[i].data(), 1, m.rows, m.cols},

@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "bench/step_cpu/step_model.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 
 namespace muonps {
 namespace bench {
@@ -31,7 +31,7 @@ class OneProcessStepper {
   OneProcessStepper& operator=(const OneProcessStepper&) = delete;
 
   // NS algorithm by matrix name (kNs5 for the others).
-  void set_algorithms(std::map<std::string, kernels::NsAlgorithm> algorithms) {
+  void set_algorithms(std::map<std::string, NsAlgorithm> algorithms) {
     algorithms_ = std::move(algorithms);
   }
 
@@ -45,7 +45,7 @@ class OneProcessStepper {
  private:
   const std::vector<StepMatrix> matrices_;
   std::vector<std::vector<float>> grads_, momenta_, params_;
-  std::map<std::string, kernels::NsAlgorithm> algorithms_;
+  std::map<std::string, NsAlgorithm> algorithms_;
   kernels::CpuKernels kernels_;
 };
 

@@ -105,7 +105,7 @@ std::string BinaryPath(const std::string& flag, const std::string& argv0,
 }
 
 // NS algorithm by matrix name, as the plan's batches chose.
-using NsAlgorithms = std::map<std::string, kernels::NsAlgorithm>;
+using NsAlgorithms = std::map<std::string, NsAlgorithm>;
 
 absl::StatusOr<NsAlgorithms> PlanAlgorithms(const std::string& coordinator,
                                             const std::string& job, int workers,
@@ -120,8 +120,8 @@ absl::StatusOr<NsAlgorithms> PlanAlgorithms(const std::string& coordinator,
   for (const v1::Batch& batch : plan.batches()) {
     for (const std::string& m : batch.matrices()) {
       algorithms[m] = batch.algorithm() == v1::NS_ALGORITHM_GRAM
-                          ? kernels::NsAlgorithm::kGram
-                          : kernels::NsAlgorithm::kNs5;
+                          ? NsAlgorithm::kGram
+                          : NsAlgorithm::kNs5;
     }
   }
   return algorithms;

@@ -86,8 +86,8 @@ nlohmann::ordered_json StepCpuLine(const InterleavedRun& run,
   nlohmann::ordered_json algorithms;
   for (const StepMatrix& m : matrices) {
     auto it = run.algorithms.find(m.name);
-    algorithms[m.name] = std::string(kernels::NsAlgorithmName(
-        it == run.algorithms.end() ? kernels::NsAlgorithm::kNs5 : it->second));
+    algorithms[m.name] = std::string(NsAlgorithmName(
+        it == run.algorithms.end() ? NsAlgorithm::kNs5 : it->second));
   }
   const double muonps = Median(step_ms);
   const double one = Median(run.peer_step_seconds) * 1e3;

@@ -12,7 +12,7 @@
 
 #include "bench/step_cpu/step_model.h"
 #include "bench/step_cpu/trainer_rank.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 #include "nlohmann/json.hpp"
 
 namespace muonps {
@@ -27,7 +27,7 @@ struct InterleavedRun {
   // as many steps as the ranks took.
   std::vector<double> peer_step_seconds;
   std::vector<float> peer_final_params;
-  std::map<std::string, kernels::NsAlgorithm> algorithms;
+  std::map<std::string, NsAlgorithm> algorithms;
   int64_t plan_version = 0;
   // Share of the machine other processes used while it ran.
   double foreign_cpu_fraction = 0;

@@ -259,21 +259,21 @@ absl::Status Run() {
   struct Stack {
     Shape shape;
     int64_t count;
-    kernels::NsAlgorithm algorithm;
+    NsAlgorithm algorithm;
     float *grad, *momentum;
   };
   std::vector<Stack> stacks;
   for (const auto& [shape, count] : counts) {
     Stack s{{shape.first, shape.second},
             count,
-            kernels::NsAlgorithm::kNs5,
+            NsAlgorithm::kNs5,
             nullptr,
             nullptr};
     for (const auto& [name, m, layer] : matrices) {
       if (m.rows == shape.first && m.cols == shape.second) {
         s.algorithm = algorithms.at(name) == NewtonSchulz::kGram
-                          ? kernels::NsAlgorithm::kGram
-                          : kernels::NsAlgorithm::kNs5;
+                          ? NsAlgorithm::kGram
+                          : NsAlgorithm::kNs5;
         break;
       }
     }
@@ -296,7 +296,7 @@ absl::Status Run() {
       const kernels::MatrixStack b{s.momentum, s.count, s.shape.rows,
                                    s.shape.cols};
       MUONPS_RETURN_IF_ERROR(k->UpdateMomentum(g, b, b, 0.95, true, g, stream));
-      kernels::NewtonSchulzOptions ns;
+      NewtonSchulzOptions ns;
       ns.algorithm = s.algorithm;
       MUONPS_RETURN_IF_ERROR(k->Orthogonalize(g, g, ns, stream));
     }

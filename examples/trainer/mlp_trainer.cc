@@ -205,8 +205,8 @@ absl::Status Run() {
     MUONPS_ASSIGN_OR_RETURN(const auto algorithms, client->NsAlgorithms());
     for (const auto& [name, algorithm] : algorithms) {
       reference_config.algorithms[name] = algorithm == NewtonSchulz::kGram
-                                              ? kernels::NsAlgorithm::kGram
-                                              : kernels::NsAlgorithm::kNs5;
+                                              ? NsAlgorithm::kGram
+                                              : NsAlgorithm::kNs5;
     }
     MUONPS_ASSIGN_OR_RETURN(const std::vector<float> reference,
                             TrainReference(reference_config));

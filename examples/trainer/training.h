@@ -33,7 +33,7 @@ struct TrainConfig {
   // muon.ns.algorithm. NS5 and Gram NS agree only to rounding, and the
   // training loop amplifies rounding (see TrainReference), so a reference
   // that must match the service bit for bit runs the same algorithms.
-  std::map<std::string, kernels::NsAlgorithm> algorithms;
+  std::map<std::string, NsAlgorithm> algorithms;
 };
 
 // The gradient rank `rank` holds for step `step` in the model's gradient

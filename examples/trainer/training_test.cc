@@ -36,9 +36,9 @@ TrainConfig LauncherConfig(int steps) {
   return config;
 }
 
-std::map<std::string, kernels::NsAlgorithm> Every(
-    const TrainConfig& config, kernels::NsAlgorithm algorithm) {
-  std::map<std::string, kernels::NsAlgorithm> out;
+std::map<std::string, NsAlgorithm> Every(const TrainConfig& config,
+                                         NsAlgorithm algorithm) {
+  std::map<std::string, NsAlgorithm> out;
   absl::StatusOr<Mlp> model = Mlp::Create(config.shape);
   for (const MlpParameter& p : model->parameters()) {
     if (p.is_matrix) out[p.name] = algorithm;
@@ -93,9 +93,9 @@ std::vector<bool> ActivePattern(const TrainConfig& config,
 
 TEST(TrainReferenceTest, RunsEachMatrixWithTheAlgorithmItIsGiven) {
   TrainConfig by_name = LauncherConfig(3);
-  by_name.algorithms = Every(by_name, kernels::NsAlgorithm::kGram);
+  by_name.algorithms = Every(by_name, NsAlgorithm::kGram);
   TrainConfig by_default = LauncherConfig(3);
-  by_default.muon.ns.algorithm = kernels::NsAlgorithm::kGram;
+  by_default.muon.ns.algorithm = NsAlgorithm::kGram;
   const std::vector<float> a = Train(by_name), b = Train(by_default);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
@@ -106,7 +106,7 @@ TEST(TrainReferenceTest, RunsEachMatrixWithTheAlgorithmItIsGiven) {
 
 TEST(TrainReferenceTest, IsBitIdenticalFromRunToRun) {
   TrainConfig config = LauncherConfig(20);
-  config.algorithms = Every(config, kernels::NsAlgorithm::kGram);
+  config.algorithms = Every(config, NsAlgorithm::kGram);
   const std::vector<float> a = Train(config), b = Train(config);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
 }
@@ -121,7 +121,7 @@ TEST(TrainReferenceTest, OneRoundingDifferenceGrowsAlongTheClosedLoop) {
   constexpr int kSteps = 50;
   TrainConfig ns5 = LauncherConfig(1);
   TrainConfig gram = LauncherConfig(1);
-  gram.algorithms = Every(gram, kernels::NsAlgorithm::kGram);
+  gram.algorithms = Every(gram, NsAlgorithm::kGram);
   const double first_step = Distance(ns5, Train(gram), Train(ns5));
   EXPECT_GT(first_step, 0.0);
   EXPECT_LT(first_step, 1e-5);  // NS5 and Gram: equal up to rounding

@@ -41,7 +41,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/ns_workspace.h"
 #include "kernels/cuda/symmetric_gemm.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 
 namespace muonps {
 namespace kernels {

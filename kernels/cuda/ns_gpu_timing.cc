@@ -23,7 +23,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/micro_benchmarks.h"
 #include "kernels/cuda/ns_engine.h"
-#include "kernels/ns_flops.h"
+#include "newton_schulz/flops.h"
 
 ABSL_FLAG(int, repeats, 5, "Timed runs of the whole set per variant.");
 ABSL_FLAG(std::string, only, "",

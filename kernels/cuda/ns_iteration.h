@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/ns_workspace.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 
 namespace muonps {
 namespace kernels {

@@ -21,7 +21,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/lt_gemm.h"
 #include "kernels/cuda/symmetric_gemm.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 
 namespace muonps {
 namespace kernels {

@@ -112,7 +112,7 @@ std::shared_ptr<const PublishedPlan> TwoWorkerPlan(
   batch.rows = 32;
   batch.cols = 64;
   batch.items = {{1, 1}, {1, 2}};
-  batch.parts = {{2, kernels::NsAlgorithm::kGram, 0.002}};
+  batch.parts = {{2, NsAlgorithm::kGram, 0.002}};
   batch.seconds = 0.002;
   o.batches = {batch};
   o.worker_seconds = {0.004, 0.003};

@@ -137,8 +137,7 @@ v1::Plan PairOnW0(const std::vector<std::pair<int64_t, v1::NsAlgorithm>>& parts,
   return plan;
 }
 
-ReferenceSteps::ReferenceSteps(
-    std::map<std::string, kernels::NsAlgorithm> algorithms)
+ReferenceSteps::ReferenceSteps(std::map<std::string, NsAlgorithm> algorithms)
     : kernels_(kernels::CpuKernelOptions{}),
       algorithms_(std::move(algorithms)) {
   for (const MatrixDecl& d : Matrices()) {

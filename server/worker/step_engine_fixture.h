@@ -111,8 +111,7 @@ std::vector<float> WholeGradient(int64_t step, int m, bool bf16);
 // matrix orthogonalized with its entry in `algorithms` (NS5 if none).
 class ReferenceSteps {
  public:
-  explicit ReferenceSteps(
-      std::map<std::string, kernels::NsAlgorithm> algorithms = {});
+  explicit ReferenceSteps(std::map<std::string, NsAlgorithm> algorithms = {});
   // One step of every matrix with the trainers' gradients of `step`.
   void Step(int64_t step);
   const std::vector<float>& param(const std::string& name) const {
@@ -121,7 +120,7 @@ class ReferenceSteps {
 
  private:
   kernels::CpuKernels kernels_;
-  const std::map<std::string, kernels::NsAlgorithm> algorithms_;
+  const std::map<std::string, NsAlgorithm> algorithms_;
   std::map<std::string, std::vector<float>> param_, momentum_;
 };
 

@@ -62,7 +62,7 @@ TEST_F(StepEngineTest, EachPartRunsItsOwnAlgorithm) {
   ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(
       PairOnW0({{1, v1::NS_ALGORITHM_GRAM}, {1, v1::NS_ALGORITHM_NS5}})));
   ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
-  ReferenceSteps mixed({{"rep.b", kernels::NsAlgorithm::kGram}});
+  ReferenceSteps mixed({{"rep.b", NsAlgorithm::kGram}});
   ReferenceSteps ns5;
   for (int64_t step = 0; step < 6; ++step) {
     WriteGradients(step);

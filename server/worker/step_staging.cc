@@ -274,7 +274,7 @@ absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
   stack.next_valid = true;
   // One call per chunk, each with the algorithm the plan chose for its part
   // (NS is per matrix: the results do not depend on the cut).
-  kernels::NewtonSchulzOptions ns = h.ns;
+  NewtonSchulzOptions ns = h.ns;
   int64_t first = 0;
   for (const scheduler::StackChunk& chunk : batch.chunks) {
     ns.algorithm = chunk.algorithm;

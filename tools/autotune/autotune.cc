@@ -22,8 +22,6 @@ namespace muonps {
 namespace autotune {
 namespace {
 
-using kernels::NsAlgorithm;
-
 constexpr NsAlgorithm kAlgorithms[] = {NsAlgorithm::kNs5, NsAlgorithm::kGram};
 
 absl::StatusOr<int64_t> ParseBounded(absl::string_view field,
@@ -154,7 +152,7 @@ absl::Status ValidateAutotuneOptions(const AutotuneOptions& options) {
                         absl::StrCat(options.repeats, " is not in [1, 1000]"));
   }
   MUONPS_RETURN_IF_ERROR(
-      Annotate(kernels::ValidateNewtonSchulzOptions(options.ns), "ns"));
+      Annotate(ValidateNewtonSchulzOptions(options.ns), "ns"));
   if (options.ns.steps != 5) {
     return InvalidField(
         "ns.steps",
@@ -191,11 +189,10 @@ absl::StatusOr<std::vector<Measurement>> MeasureShape(
     const kernels::MatrixStack out_stack{out->data(), batch, shape.rows,
                                          shape.cols};
     for (const NsAlgorithm algorithm : kAlgorithms) {
-      kernels::NewtonSchulzOptions ns = options.ns;
+      NewtonSchulzOptions ns = options.ns;
       ns.algorithm = algorithm;
-      const std::string what =
-          absl::StrCat(ShapeName(shape), " ",
-                       kernels::NsAlgorithmName(algorithm), " batch ", batch);
+      const std::string what = absl::StrCat(
+          ShapeName(shape), " ", NsAlgorithmName(algorithm), " batch ", batch);
       // `calls` back to back, then a synchronize: seconds per call.
       const auto timed = [&](int64_t calls) -> absl::StatusOr<double> {
         const auto start = std::chrono::steady_clock::now();
@@ -322,14 +319,14 @@ nlohmann::ordered_json ShapeSummaryJson(const ShapeSummary& summary) {
   line["what"] = "autotune_shape";
   line["rows"] = summary.shape.rows;
   line["cols"] = summary.shape.cols;
-  line["winner"] = std::string(kernels::NsAlgorithmName(summary.winner));
+  line["winner"] = std::string(NsAlgorithmName(summary.winner));
   nlohmann::ordered_json batches = nlohmann::ordered_json::array();
   for (const ShapeSummary::AtBatch& at : summary.batches) {
     nlohmann::ordered_json entry;
     entry["batch"] = at.batch;
     entry["ns5_seconds"] = at.ns5_seconds;
     entry["gram_seconds"] = at.gram_seconds;
-    entry["winner"] = std::string(kernels::NsAlgorithmName(at.winner));
+    entry["winner"] = std::string(NsAlgorithmName(at.winner));
     entry["gram_speedup"] = at.ns5_seconds / at.gram_seconds;
     batches.push_back(entry);
   }
@@ -341,7 +338,7 @@ nlohmann::ordered_json ShapeSummaryJson(const ShapeSummary& summary) {
     entry["into"] = split.parts;
     nlohmann::ordered_json algorithms = nlohmann::ordered_json::array();
     for (const NsAlgorithm algorithm : split.algorithms) {
-      algorithms.push_back(std::string(kernels::NsAlgorithmName(algorithm)));
+      algorithms.push_back(std::string(NsAlgorithmName(algorithm)));
     }
     entry["algorithms"] = algorithms;
     entry["seconds"] = split.seconds;

@@ -25,7 +25,7 @@
 #include "absl/types/span.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
-#include "kernels/newton_schulz_options.h"
+#include "newton_schulz/options.h"
 #include "nlohmann/json.hpp"
 
 namespace muonps {
@@ -66,7 +66,7 @@ struct AutotuneOptions {
   double sustain_seconds = 0.05;
   // Options of every call except `algorithm`, which is set per measurement.
   // The cost table's format fixes 5 steps.
-  kernels::NewtonSchulzOptions ns;
+  NewtonSchulzOptions ns;
 };
 
 // INVALID_ARGUMENT naming the field unless there is at least one shape, no
@@ -77,7 +77,7 @@ absl::Status ValidateAutotuneOptions(const AutotuneOptions& options);
 
 struct Measurement {
   MatrixShape shape;
-  kernels::NsAlgorithm algorithm = kernels::NsAlgorithm::kNs5;
+  NsAlgorithm algorithm = NsAlgorithm::kNs5;
   int64_t batch = 0;
   // Median over the repeats of the seconds per Orthogonalize call on the
   // whole stack, each repeat's calls back to back (sustain_seconds).
@@ -112,7 +112,7 @@ absl::StatusOr<std::string> CostTableText(
 struct BatchSplit {
   int64_t batch = 0;
   std::vector<int64_t> parts;
-  std::vector<kernels::NsAlgorithm> algorithms;
+  std::vector<NsAlgorithm> algorithms;
   double seconds = 0;
   double split_seconds = 0;
 };
@@ -123,11 +123,11 @@ struct ShapeSummary {
     int64_t batch = 0;
     double ns5_seconds = 0;
     double gram_seconds = 0;
-    kernels::NsAlgorithm winner = kernels::NsAlgorithm::kNs5;
+    NsAlgorithm winner = NsAlgorithm::kNs5;
   };
   std::vector<AtBatch> batches;  // ascending batch
   // The algorithm with the smaller total time over all batch sizes.
-  kernels::NsAlgorithm winner = kernels::NsAlgorithm::kNs5;
+  NsAlgorithm winner = NsAlgorithm::kNs5;
   // Measured batch sizes that the planner would split: those whose best
   // split (scheduler::BatchSplitter over these measurements, interpolated
   // between the measured sizes as the planner does) is faster than the best

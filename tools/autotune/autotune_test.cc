@@ -17,7 +17,6 @@ namespace muonps {
 namespace autotune {
 namespace {
 
-using kernels::NsAlgorithm;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -51,7 +50,7 @@ class FailingKernels final : public kernels::MuonKernels {
   }
   absl::Status Orthogonalize(const kernels::MatrixStack& in,
                              const kernels::MatrixStack& out,
-                             const kernels::NewtonSchulzOptions& options,
+                             const NewtonSchulzOptions& options,
                              Stream stream) override {
     if (++calls_ >= fail_at_) {
       return absl::InternalError("cudaErrorIllegalAddress");

@@ -259,8 +259,7 @@ absl::StatusOr<GoldenCase> ParseCase(const Json& c, size_t index) {
       }
       out.ns.coefficients = {k[0], k[1], k[2]};
     }
-    MUONPS_RETURN_IF_ERROR(
-        f.Nest(kernels::ValidateNewtonSchulzOptions(out.ns)));
+    MUONPS_RETURN_IF_ERROR(f.Nest(ValidateNewtonSchulzOptions(out.ns)));
     return out;
   }
   MUONPS_RETURN_IF_ERROR(

@@ -41,7 +41,7 @@ struct GoldenCase {
   // kNewtonSchulz: one input and torch's output.
   std::string input;
   std::string output;
-  kernels::NewtonSchulzOptions ns;
+  NewtonSchulzOptions ns;
 
   int64_t elements() const;
   // Matrix view of `shape`: [rows, cols] with batch = product of leading

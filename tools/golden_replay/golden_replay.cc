@@ -32,8 +32,8 @@ double WorstOf(double a, double b) {
 }
 
 absl::Status ReplayMuon(const GoldenManifest& m, const GoldenCase& c,
-                        kernels::NsAlgorithm algorithm,
-                        kernels::MuonKernels* kernels, CaseResult* result) {
+                        NsAlgorithm algorithm, kernels::MuonKernels* kernels,
+                        CaseResult* result) {
   const int64_t n = c.elements();
   MUONPS_ASSIGN_OR_RETURN(std::vector<float> param, ReadTensor(m.dir, c.p0, n));
   std::vector<float> momentum(n, 0.0f);
@@ -85,7 +85,7 @@ absl::Status ReplayAdamW(const GoldenManifest& m, const GoldenCase& c,
 }
 
 absl::Status ReplayNewtonSchulz(const GoldenManifest& m, const GoldenCase& c,
-                                kernels::NsAlgorithm algorithm,
+                                NsAlgorithm algorithm,
                                 kernels::MuonKernels* kernels,
                                 CaseResult* result) {
   const int64_t n = c.elements();
@@ -93,7 +93,7 @@ absl::Status ReplayNewtonSchulz(const GoldenManifest& m, const GoldenCase& c,
                           ReadTensor(m.dir, c.input, n));
   MUONPS_ASSIGN_OR_RETURN(const std::vector<float> want,
                           ReadTensor(m.dir, c.output, n));
-  kernels::NewtonSchulzOptions options = c.ns;
+  NewtonSchulzOptions options = c.ns;
   options.algorithm = algorithm;
   const kernels::MatrixStack stack{data.data(), c.batch(), c.rows(), c.cols()};
   MUONPS_RETURN_IF_ERROR(
@@ -106,7 +106,7 @@ absl::Status ReplayNewtonSchulz(const GoldenManifest& m, const GoldenCase& c,
 
 absl::StatusOr<CaseResult> ReplayCase(const GoldenManifest& manifest,
                                       const GoldenCase& c,
-                                      kernels::NsAlgorithm algorithm,
+                                      NsAlgorithm algorithm,
                                       kernels::MuonKernels* kernels,
                                       const Tolerances& tolerances) {
   CaseResult result;

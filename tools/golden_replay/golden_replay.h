@@ -48,7 +48,7 @@ struct CaseResult {
 // HostStagingKernels.
 absl::StatusOr<CaseResult> ReplayCase(const GoldenManifest& manifest,
                                       const GoldenCase& golden_case,
-                                      kernels::NsAlgorithm algorithm,
+                                      NsAlgorithm algorithm,
                                       kernels::MuonKernels* kernels,
                                       const Tolerances& tolerances = {});
 

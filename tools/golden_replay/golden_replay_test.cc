@@ -98,8 +98,7 @@ double ExpectedTolerance(CaseKind kind, const Tolerances& tolerances) {
   return 0;
 }
 
-class ShippedGoldenReplayTest
-    : public ::testing::TestWithParam<kernels::NsAlgorithm> {};
+class ShippedGoldenReplayTest : public ::testing::TestWithParam<NsAlgorithm> {};
 
 TEST_P(ShippedGoldenReplayTest, EveryCaseMatchesTorchWithinDefaultTolerances) {
   const std::string dir = ShippedGoldenDir();
@@ -137,12 +136,12 @@ TEST_P(ShippedGoldenReplayTest, EveryCaseMatchesTorchWithinDefaultTolerances) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    BothAlgorithms, ShippedGoldenReplayTest,
-    ::testing::Values(kernels::NsAlgorithm::kNs5, kernels::NsAlgorithm::kGram),
-    [](const ::testing::TestParamInfo<kernels::NsAlgorithm>& info) {
-      return std::string(kernels::NsAlgorithmName(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(BothAlgorithms, ShippedGoldenReplayTest,
+                         ::testing::Values(NsAlgorithm::kNs5,
+                                           NsAlgorithm::kGram),
+                         [](const ::testing::TestParamInfo<NsAlgorithm>& info) {
+                           return std::string(NsAlgorithmName(info.param));
+                         });
 
 TEST(TamperedGoldenReplayTest, ParamScaledByOnePercentFailsOnlyItsOwnCase) {
   const GoldenCopy copy;
@@ -165,8 +164,8 @@ TEST(TamperedGoldenReplayTest, ParamScaledByOnePercentFailsOnlyItsOwnCase) {
   const Tolerances tolerances;
   for (const GoldenCase& c : manifest->cases) {
     SCOPED_TRACE(c.name);
-    const absl::StatusOr<CaseResult> result = ReplayCase(
-        *manifest, c, kernels::NsAlgorithm::kNs5, &kernels, tolerances);
+    const absl::StatusOr<CaseResult> result =
+        ReplayCase(*manifest, c, NsAlgorithm::kNs5, &kernels, tolerances);
     ASSERT_TRUE(result.ok()) << result.status();
     if (&c != victim) {
       EXPECT_TRUE(result->ok);
@@ -204,7 +203,7 @@ TEST(TamperedGoldenReplayTest, NanGradientIsInvalidArgumentNamingCaseAndNaN) {
     ASSERT_TRUE(copy.Overwrite(g1, *values));
 
     const absl::StatusOr<CaseResult> result =
-        ReplayCase(*manifest, *victim, kernels::NsAlgorithm::kNs5, &kernels);
+        ReplayCase(*manifest, *victim, NsAlgorithm::kNs5, &kernels);
     ASSERT_FALSE(result.ok()) << "a NaN gradient gave a result";
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
     const std::string message(result.status().message());
@@ -238,7 +237,7 @@ TEST(TamperedGoldenReplayTest, NanInAGoldenParamOrMomentumFailsTheCase) {
   for (const GoldenCase* c : {muon, adamw}) {
     SCOPED_TRACE(c->name);
     const absl::StatusOr<CaseResult> result =
-        ReplayCase(*manifest, *c, kernels::NsAlgorithm::kGram, &kernels);
+        ReplayCase(*manifest, *c, NsAlgorithm::kGram, &kernels);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_FALSE(result->ok);
   }

@@ -30,8 +30,8 @@ namespace muonps {
 namespace {
 
 int Run() {
-  const absl::StatusOr<kernels::NsAlgorithm> algorithm =
-      kernels::ParseNsAlgorithm(absl::GetFlag(FLAGS_algorithm));
+  const absl::StatusOr<NsAlgorithm> algorithm =
+      ParseNsAlgorithm(absl::GetFlag(FLAGS_algorithm));
   if (!algorithm.ok()) {
     spdlog::error("--algorithm: {}", algorithm.status().ToString());
     return 2;
@@ -66,7 +66,7 @@ int Run() {
         *manifest, c, *algorithm, kernels->get(), *tolerances);
     if (result.ok()) {
       std::printf("%s\n", golden::ResultJson(
-                              *result, kernels::NsAlgorithmName(*algorithm),
+                              *result, NsAlgorithmName(*algorithm),
                               (*kernels)->backend_name(), flags.precision)
                               .c_str());
       ++(result->ok ? passed : failed);

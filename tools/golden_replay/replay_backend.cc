@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<kernels::MuonKernels>> MakeReplayBackend(
 }
 
 absl::StatusOr<Tolerances> TolerancesFor(absl::string_view precision,
-                                         kernels::NsAlgorithm algorithm) {
+                                         NsAlgorithm algorithm) {
   MUONPS_ASSIGN_OR_RETURN(const kernels::cuda::Precision p,
                           kernels::cuda::ParsePrecision(precision));
   Tolerances tolerances;
@@ -48,8 +48,7 @@ absl::StatusOr<Tolerances> TolerancesFor(absl::string_view precision,
   // kernels/cuda/cuda_kernels_ns_gpu_test.cc), so the two can differ by up to
   // ~8e-2 or ~0.15. An fp16 output is 8x closer: the fp32 tolerance holds.
   if (p == kernels::cuda::Precision::kBf16) {
-    tolerances.ns_output =
-        algorithm == kernels::NsAlgorithm::kGram ? 0.15 : 8e-2;
+    tolerances.ns_output = algorithm == NsAlgorithm::kGram ? 0.15 : 8e-2;
   }
   return tolerances;
 }

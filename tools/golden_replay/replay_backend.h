@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<kernels::MuonKernels>> MakeReplayBackend(
 // on the GEMM precision). INVALID_ARGUMENT naming `precision` for an
 // unknown name.
 absl::StatusOr<Tolerances> TolerancesFor(absl::string_view precision,
-                                         kernels::NsAlgorithm algorithm);
+                                         NsAlgorithm algorithm);
 
 }  // namespace golden
 }  // namespace muonps

@@ -46,7 +46,7 @@ TEST(ReplayBackendTest, UnknownNamesAreRejectedNamingTheFlag) {
   ASSERT_FALSE(precision.ok());
   EXPECT_THAT(std::string(precision.status().message()),
               HasSubstr("precision"));
-  EXPECT_FALSE(TolerancesFor("int8", kernels::NsAlgorithm::kNs5).ok());
+  EXPECT_FALSE(TolerancesFor("int8", NsAlgorithm::kNs5).ok());
 }
 
 TEST(ReplayBackendTest, CudaWithoutAGpuIsUnavailableNotACrash) {
@@ -64,7 +64,7 @@ TEST(ReplayBackendTest, CudaWithoutAGpuIsUnavailableNotACrash) {
 }
 
 TEST(ReplayBackendTest, SixteenBitTolerancesLoosenOnlyWhatNsRoundingMoves) {
-  const kernels::NsAlgorithm ns5 = kernels::NsAlgorithm::kNs5;
+  const NsAlgorithm ns5 = NsAlgorithm::kNs5;
   const auto fp32 = TolerancesFor("fp32", ns5);
   const auto bf16 = TolerancesFor("bf16", ns5);
   const auto fp16 = TolerancesFor("fp16", ns5);
@@ -74,8 +74,7 @@ TEST(ReplayBackendTest, SixteenBitTolerancesLoosenOnlyWhatNsRoundingMoves) {
   EXPECT_EQ(bf16->muon_param, 1e-2);
   EXPECT_EQ(fp16->muon_param, 1e-2);
   EXPECT_EQ(bf16->ns_output, 8e-2);
-  EXPECT_EQ(TolerancesFor("bf16", kernels::NsAlgorithm::kGram)->ns_output,
-            0.15);
+  EXPECT_EQ(TolerancesFor("bf16", NsAlgorithm::kGram)->ns_output, 0.15);
   EXPECT_EQ(fp16->ns_output, fp32->ns_output);
   for (const Tolerances& t : {*bf16, *fp16}) {
     EXPECT_EQ(t.momentum, fp32->momentum);
