@@ -54,7 +54,8 @@ struct ComputeBatch {
   std::unique_ptr<kernels::FloatBuffer> staged;
 };
 
-// What a plan version fixes for this worker (built by StepEngine::SetPlan).
+// What a plan version fixes for this worker (BuildPlanState;
+// StepEngine::SetPlan allocates its buffers and sets `momentum`).
 struct PlanState {
   JobSettings job;
   int64_t version = 0;
