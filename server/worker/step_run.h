@@ -26,7 +26,7 @@
 //  3. Stage. The schedule's order: each bucket's gradients to owners
 //     (replicated: none; unreduced: reduce, mean in trainer order;
 //     row_sharded: gather rows); momentum + Newton-Schulz of every stack
-//     this worker owns, the new momentum into the batch's next_momentum
+//     this worker owns, the new momentum into the stack's next_momentum
 //     (the old one untouched); the updates back (broadcast, or scatter rows)
 //     into the trainer's staging buffer; the AdamW means into it too.
 //     Nothing the trainer or a later step sees has changed.

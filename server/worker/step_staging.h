@@ -2,11 +2,11 @@
 // step" in DESIGN.md. In the schedule's order: each bucket's gradients to
 // their owners (replicated: none; unreduced: reduce, mean in trainer
 // order; row_sharded: gather rows), momentum and Newton-Schulz of every
-// stack this worker owns (the new momentum into the batch's next_momentum,
-// the old one untouched), the updates back (broadcast, or scatter rows)
-// into the trainer's staging buffer, and the unreduced AdamW means into it
-// too, each recorded in the ledger's staged step for CommitStaged. Nothing
-// the trainer or a later step sees changes.
+// stack this worker owns (the new momentum into its MomentumStack's
+// next_momentum, the old one untouched), the updates back (broadcast, or
+// scatter rows) into the trainer's staging buffer, and the unreduced AdamW
+// means into it too, each recorded in the ledger's staged step for
+// CommitStaged. Nothing the trainer or a later step sees changes.
 //
 // Streams: transfers on the ops' stream(), compute on compute_stream();
 // bucket k+1's gradients move while bucket k's stacks compute, and each
