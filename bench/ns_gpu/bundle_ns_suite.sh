@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bundles issue 14's GPU run (run_ns_suite.sh) into device_bundle_ns/ and
+# Bundles the Newton-Schulz GPU run (run_ns_suite.sh) into device_bundle_ns/ and
 # device_bundle_ns.tar.xz (both git-ignored): the CUDA NS tests, golden
 # replay with the golden data, ns_gpu_timing, ns_gpu_bench with its torch
 # peers. On the GPU machine: tar xJf device_bundle_ns.tar.xz &&

@@ -58,7 +58,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// Targets from issue 8, stated in the lines so a reader sees pass or miss.
+// The project's targets, stated in the lines so a reader sees pass or miss.
 constexpr double kTargetSpeedupVsTorchNs5 = 2.1;
 constexpr double kTargetFractionOfGemm = 0.65;
 constexpr double kTargetRatioToTorchMuon = 0.5;
@@ -323,7 +323,7 @@ absl::Status Run() {
   all["fraction_of_cublas_gemm"] = all_tflops / cublas_tflops;
   all["target_speedup_vs_torch_ns5"] = kTargetSpeedupVsTorchNs5;
   all["target_fraction_of_gemm_peak"] = kTargetFractionOfGemm;
-  // The floor: the executed FLOPs at the run's GEMM ceiling (issue 14).
+  // The floor: the executed FLOPs at the run's GEMM ceiling.
   all["floor_ms"] = best_flops / gemm_tflops / 1e9;
   all["ratio_to_floor"] = all_ms / (best_flops / gemm_tflops / 1e9);
   all["target_ratio_to_floor"] = kTargetRatioToFloor;

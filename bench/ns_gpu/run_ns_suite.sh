@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's GPU run in one command, from a bundle made by bundle_ns_suite.sh:
+# The Newton-Schulz GPU run in one command, from a bundle made by bundle_ns_suite.sh:
 # bench/ns_gpu against its torch peers (PHASES has "bench"; LT=1 adds the
 # cuBLAS-tile bench, --lt_tiles=false, beside the default cuBLASLt one), ns_gpu_timing's plan,
 # restart-schedule and AOL variants with the cuBLASLt search figures

@@ -1,4 +1,4 @@
-// A simulated clock for one muonps optimizer step on N GPUs (issue 20).
+// A simulated clock for one muonps optimizer step on N GPUs.
 //
 // The ownership planner (scheduler/planner.h) and the step schedule
 // (scheduler/step_schedule.h) run for real on the model's matrices and N

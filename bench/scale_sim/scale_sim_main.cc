@@ -1,4 +1,4 @@
-// scale_sim: predicts a muonps optimizer step on 64-1024 GPUs (issue 20).
+// scale_sim: predicts a muonps optimizer step on 64-1024 GPUs.
 // The real planner and step schedule run on the model's matrices and N
 // colocated workers; the clock is simulated from a measured cost table and
 // link figures (scale_sim.h says what overlaps and what serializes).

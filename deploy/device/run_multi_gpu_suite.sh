@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU data path on a machine of several GPUs (issues 19 and 20), from
+# The GPU data path on a machine of several GPUs, from
 # the bundle of deploy/device/bundle_gpu_step.sh; every result goes to $OUT.
 #   PHASES="tests"  every bundled GPU test (the two-GPU NCCL cases among
 #                   them) and the Python package's multi-GPU cases (DDP over
