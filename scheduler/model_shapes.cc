@@ -1,4 +1,4 @@
-#include "bench/plan_bench/model_shapes.h"
+#include "scheduler/model_shapes.h"
 
 #include <random>
 #include <string>
@@ -6,26 +6,26 @@
 #include "absl/strings/str_cat.h"
 
 namespace muonps {
-namespace bench {
+namespace scheduler {
 namespace {
 
-scheduler::MatrixSpec Matrix(std::string name, int64_t rows, int64_t cols,
-                             int layer, int64_t experts = 1) {
-  scheduler::MatrixSpec m;
+MatrixSpec Matrix(std::string name, int64_t rows, int64_t cols, int layer,
+                  int64_t experts = 1) {
+  MatrixSpec m;
   m.name = std::move(name);
   m.rows = rows;
   m.cols = cols;
   m.experts = experts;
   m.dtype = DType::kBFloat16;
-  m.layout = scheduler::Layout::kUnreduced;
+  m.layout = Layout::kUnreduced;
   m.layer = layer;
   return m;
 }
 
 }  // namespace
 
-std::vector<scheduler::MatrixSpec> Llama3_8B(int layers) {
-  std::vector<scheduler::MatrixSpec> out;
+std::vector<MatrixSpec> Llama3_8B(int layers) {
+  std::vector<MatrixSpec> out;
   for (int l = 0; l < layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     out.push_back(Matrix(p + "attn.q", 4096, 4096, l));
@@ -39,8 +39,8 @@ std::vector<scheduler::MatrixSpec> Llama3_8B(int layers) {
   return out;
 }
 
-std::vector<scheduler::MatrixSpec> DeepSeekV3Like() {
-  std::vector<scheduler::MatrixSpec> out;
+std::vector<MatrixSpec> DeepSeekV3Like() {
+  std::vector<MatrixSpec> out;
   for (int l = 0; l < 61; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     out.push_back(Matrix(p + "attn.q_a", 1536, 7168, l));
@@ -65,10 +65,10 @@ std::vector<scheduler::MatrixSpec> DeepSeekV3Like() {
   return out;
 }
 
-std::vector<scheduler::MatrixSpec> RandomShapes(int count, uint32_t seed) {
+std::vector<MatrixSpec> RandomShapes(int count, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int64_t> dim(1, 128);
-  std::vector<scheduler::MatrixSpec> out;
+  std::vector<MatrixSpec> out;
   for (int i = 0; i < count; ++i) {
     out.push_back(
         Matrix(absl::StrCat("m", i), 64 * dim(rng), 64 * dim(rng), i / 8));
@@ -76,5 +76,5 @@ std::vector<scheduler::MatrixSpec> RandomShapes(int count, uint32_t seed) {
   return out;
 }
 
-}  // namespace bench
+}  // namespace scheduler
 }  // namespace muonps

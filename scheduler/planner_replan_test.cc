@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "bench/plan_bench/model_shapes.h"
 #include "gtest/gtest.h"
+#include "scheduler/model_shapes.h"
 #include "scheduler/plan_test_util.h"
 #include "scheduler/planner.h"
 
@@ -91,13 +91,13 @@ void ExpectStableAfterLosing(const PlanInput& before, int lost) {
 }
 
 TEST(PlannerReplanTest, LlamaLosingOneOf64WorkersMovesLittleAndStaysNearFresh) {
-  const PlanInput before{bench::Llama3_8B(), H200s(64), {}};
+  const PlanInput before{Llama3_8B(), H200s(64), {}};
   for (const int lost : {0, 17, 63}) ExpectStableAfterLosing(before, lost);
 }
 
 TEST(PlannerReplanTest,
      DeepSeekLosingOneOf64WorkersMovesLittleAndStaysNearFresh) {
-  ExpectStableAfterLosing({bench::DeepSeekV3Like(), H200s(64), {}}, 17);
+  ExpectStableAfterLosing({DeepSeekV3Like(), H200s(64), {}}, 17);
 }
 
 // Stable re-planning moves the fewest bytes that keep the plan within
@@ -105,10 +105,10 @@ TEST(PlannerReplanTest,
 // only ~1.5%, so nothing needs to move; a 5th worker cuts it by 20%, so the
 // newcomer must take work.
 TEST(PlannerReplanTest, LlamaGainingA65thWorkerMovesFarLessThanAFreshPlan) {
-  const PlanInput before{bench::Llama3_8B(), H200s(64), {}};
+  const PlanInput before{Llama3_8B(), H200s(64), {}};
   const absl::StatusOr<OwnershipPlan> first = PlanOwnership(before);
   ASSERT_TRUE(first.ok()) << first.status();
-  const PlanInput after{bench::Llama3_8B(), H200s(65), {}};
+  const PlanInput after{Llama3_8B(), H200s(65), {}};
   const absl::StatusOr<OwnershipPlan> replanned = Replan(after, *first);
   const absl::StatusOr<OwnershipPlan> fresh = PlanOwnership(after);
   ASSERT_TRUE(replanned.ok() && fresh.ok()) << replanned.status();
@@ -122,10 +122,10 @@ TEST(PlannerReplanTest, LlamaGainingA65thWorkerMovesFarLessThanAFreshPlan) {
 }
 
 TEST(PlannerReplanTest, LlamaGainingA5thWorkerGivesItWorkWithinTolerance) {
-  const PlanInput before{bench::Llama3_8B(), H200s(4), {}};
+  const PlanInput before{Llama3_8B(), H200s(4), {}};
   const absl::StatusOr<OwnershipPlan> first = PlanOwnership(before);
   ASSERT_TRUE(first.ok()) << first.status();
-  const PlanInput after{bench::Llama3_8B(), H200s(5), {}};
+  const PlanInput after{Llama3_8B(), H200s(5), {}};
   const absl::StatusOr<OwnershipPlan> replanned = Replan(after, *first);
   const absl::StatusOr<OwnershipPlan> fresh = PlanOwnership(after);
   ASSERT_TRUE(replanned.ok() && fresh.ok()) << replanned.status();
@@ -137,7 +137,7 @@ TEST(PlannerReplanTest, LlamaGainingA5thWorkerGivesItWorkWithinTolerance) {
 }
 
 TEST(PlannerReplanTest, UnchangedWorkersMoveNothing) {
-  const PlanInput input{bench::Llama3_8B(), H200s(64), {}};
+  const PlanInput input{Llama3_8B(), H200s(64), {}};
   const absl::StatusOr<OwnershipPlan> first = PlanOwnership(input);
   ASSERT_TRUE(first.ok()) << first.status();
   const absl::StatusOr<OwnershipPlan> replanned = Replan(input, *first);
@@ -180,7 +180,7 @@ TEST(PlannerReplanTest, RandomReplansCountMovedBytesByOwnerId) {
 TEST(PlannerReplanTest, PlanningAfreshAfterJoinsOneAtATimeIsTheFreshPlan) {
   for (const int workers : {2, 4, 8}) {
     SCOPED_TRACE(absl::StrCat(workers, " workers"));
-    const std::vector<MatrixSpec> matrices = bench::Llama3_8B(8);
+    const std::vector<MatrixSpec> matrices = Llama3_8B(8);
     absl::StatusOr<OwnershipPlan> joined =
         PlanOwnership({matrices, H200s(1), {}});
     ASSERT_TRUE(joined.ok()) << joined.status();
@@ -210,11 +210,11 @@ TEST(PlannerReplanTest, PlanningAfreshAfterJoinsOneAtATimeIsTheFreshPlan) {
 
 TEST(PlannerBenchTargetTest, RealModelsPlanWithinTwoPercentOfTheLowerBound) {
   const std::vector<std::pair<std::vector<MatrixSpec>, int>> cases = {
-      {bench::Llama3_8B(), 2},
-      {bench::Llama3_8B(), 8},
-      {bench::Llama3_8B(), 64},
-      {bench::DeepSeekV3Like(), 64},
-      {bench::DeepSeekV3Like(), 256}};
+      {Llama3_8B(), 2},
+      {Llama3_8B(), 8},
+      {Llama3_8B(), 64},
+      {DeepSeekV3Like(), 64},
+      {DeepSeekV3Like(), 256}};
   for (const auto& [matrices, workers] : cases) {
     SCOPED_TRACE(
         absl::StrCat(matrices.size(), " matrices on ", workers, " workers"));

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "bench/plan_bench/model_shapes.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/model_shapes.h"
 #include "scheduler/planner.h"
 
 namespace muonps {
@@ -74,21 +74,21 @@ void Run() {
   constexpr int64_t kH200 = int64_t{140} << 30;
   for (const int workers : {2, 8, 64}) {
     RunCase(absl::StrCat("llama3_8b_w", workers),
-            {bench::Llama3_8B(), Workers(workers, kH200), {}});
+            {scheduler::Llama3_8B(), Workers(workers, kH200), {}});
   }
   for (const int workers : {64, 256}) {
     RunCase(absl::StrCat("deepseek_v3_like_w", workers),
-            {bench::DeepSeekV3Like(), Workers(workers, kH200), {}});
+            {scheduler::DeepSeekV3Like(), Workers(workers, kH200), {}});
   }
   RunCase("llama3_8b_w8_half_at_0.5x",
-          {bench::Llama3_8B(), Workers(8, kH200, true), {}});
+          {scheduler::Llama3_8B(), Workers(8, kH200, true), {}});
   RunCase("deepseek_v3_like_w64_half_at_0.5x",
-          {bench::DeepSeekV3Like(), Workers(64, kH200, true), {}});
+          {scheduler::DeepSeekV3Like(), Workers(64, kH200, true), {}});
   RunCase("random_1e5_matrices_w1000",
-          {bench::RandomShapes(100000, 7), Workers(1000, kH200), {}});
+          {scheduler::RandomShapes(100000, 7), Workers(1000, kH200), {}});
 
   // Re-plan after losing one of 64 workers.
-  const PlanInput before{bench::Llama3_8B(), Workers(64, kH200), {}};
+  const PlanInput before{scheduler::Llama3_8B(), Workers(64, kH200), {}};
   const OwnershipPlan first = *scheduler::PlanOwnership(before);
   PlanInput after = before;
   const int lost = 17;

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "bench/plan_bench/model_shapes.h"
 #include "bench/scale_sim/scale_sim.h"
 #include "common/status.h"
 #include "scheduler/cost_table.h"
+#include "scheduler/model_shapes.h"
 #include "scheduler/plan_types.h"
 
 namespace muonps {
@@ -107,11 +107,11 @@ absl::StatusOr<std::vector<MatrixSpec>> ModelMatrices(
     absl::string_view model, scheduler::Layout layout) {
   std::vector<MatrixSpec> out;
   if (model == "llama3_8b_8layers") {
-    out = Llama3_8B(8);
+    out = scheduler::Llama3_8B(8);
   } else if (model == "llama3_8b") {
-    out = Llama3_8B(32);
+    out = scheduler::Llama3_8B(32);
   } else if (model == "deepseek_v3_like") {
-    out = DeepSeekV3Like();
+    out = scheduler::DeepSeekV3Like();
   } else {
     return InvalidField("--model",
                         absl::StrCat(Quoted(model),
