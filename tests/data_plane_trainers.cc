@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "tests/client_options.h"
 #include "tests/data_plane_fixture.h"
 #include "tests/data_plane_fixture_internal.h"
 
@@ -21,44 +22,11 @@ using scheduler::Layout;
 
 // The model as a trainer hands it to its client (client_types.h): the
 // client's own options, converted back to these inside the client.
-TensorLayout ClientLayout(Layout layout) {
-  switch (layout) {
-    case Layout::kUnreduced:
-      return TensorLayout::kUnreduced;
-    case Layout::kRowSharded:
-      return TensorLayout::kRowSharded;
-    case Layout::kReplicated:
-      break;
-  }
-  return TensorLayout::kReplicated;
-}
-
 MatrixOptions ClientOptionsOf(const MatrixDecl& m) {
   return {.layout = ClientLayout(m.options.layout),
           .layer = m.options.layer,
           .experts = m.options.experts,
           .shard_params = m.options.shard_params};
-}
-
-MuonOptions ClientMuon(const kernels::MuonHyperparameters& h) {
-  MuonOptions out;
-  out.lr = h.lr;
-  out.weight_decay = h.weight_decay;
-  out.momentum = h.momentum;
-  out.nesterov = h.nesterov;
-  out.adjust_lr = h.lr_adjustment == kernels::LrAdjustment::kMatchRmsAdamW
-                      ? AdjustLr::kMatchRmsAdamW
-                      : AdjustLr::kOriginal;
-  out.ns_steps = h.ns.steps;
-  out.ns_coefficients = {h.ns.coefficients.a, h.ns.coefficients.b,
-                         h.ns.coefficients.c};
-  out.polar_express = h.ns.polar_express;
-  out.ns_eps = h.ns.eps;
-  return out;
-}
-
-AdamWOptions ClientAdamW(const kernels::AdamWHyperparameters& h) {
-  return {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
 }
 
 }  // namespace

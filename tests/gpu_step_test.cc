@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <random>
@@ -27,12 +28,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/device.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/precision.h"
+#include "kernels/muon_kernels.h"
+#include "newton_schulz/options.h"
+#include "tests/client_options.h"
 #include "tests/gpu_test_support.h"
 #include "tests/harness/child_process.h"
 
@@ -95,11 +101,11 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
     coordinator_.reset();
   }
 
-  scheduler::Layout Layout() const {
+  TensorLayout Layout() const {
     const std::string& l = GetParam().layout;
-    return l == "unreduced"     ? scheduler::Layout::kUnreduced
-           : l == "row_sharded" ? scheduler::Layout::kRowSharded
-                                : scheduler::Layout::kReplicated;
+    return l == "unreduced"     ? TensorLayout::kUnreduced
+           : l == "row_sharded" ? TensorLayout::kRowSharded
+                                : TensorLayout::kReplicated;
   }
 
   DType Dtype() const {
@@ -132,7 +138,7 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
                         .worker_socket = socket_,
                         .trainer_rank = 0,
                         .trainer_count = 1,
-                        .device = {MemoryKind::kCuda, 0}});
+                        .device = "cuda:0"});
     ASSERT_TRUE(created.ok()) << created.status();
     client_ = *std::move(created);
     int64_t total = 0;
@@ -161,10 +167,13 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
       for (float& v : p) v = normal(rng);
       ASSERT_NO_FATAL_FAILURE(Upload(p, ParamAt(m)));
       p = Download(ParamAt(m), n);  // as lent (bf16: rounded)
-      ASSERT_TRUE(
-          client_->LendCuda(c.name, GradAt(m), ParamAt(m), Dtype()).ok());
+      ASSERT_TRUE(client_
+                      ->LendCuda(c.name, GradAt(m), ParamAt(m),
+                                 testing::ClientDType(Dtype()))
+                      .ok());
     }
-    const absl::Status started = client_->Start(muon, {});
+    const absl::Status started =
+        client_->Start(testing::ClientMuon(muon), AdamWOptions());
     ASSERT_TRUE(started.ok()) << started;
   }
 
@@ -199,7 +208,7 @@ TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   muon.weight_decay = 0.1;
   ASSERT_NO_FATAL_FAILURE(StartTrainer(muon));
   absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
-      client_->NsAlgorithms();
+      testing::NsAlgorithmsOf(client_->NsAlgorithms());
   ASSERT_TRUE(algorithms.ok()) << algorithms.status();
 
   // The reference: the same CUDA kernels and precision in this process.
@@ -378,7 +387,7 @@ int RunChildTrainer(const std::string& address, const std::string& socket) {
       Client::Create({.coordinator = address,
                       .job = "gpu",
                       .worker_socket = socket,
-                      .device = {MemoryKind::kCuda, 0}});
+                      .device = "cuda:0"});
   if (!created.ok()) return 2;
   Client& client = **created;
   float* block = nullptr;
@@ -439,7 +448,7 @@ TEST_P(GpuStepTest, KilledTrainerMidStepHasItsMappingsReleased) {
       Client::Create({.coordinator = address_,
                       .job = "gpu",
                       .worker_socket = socket_,
-                      .device = {MemoryKind::kCuda, 0}});
+                      .device = "cuda:0"});
   ASSERT_TRUE(created.ok()) << created.status();
   client_ = *std::move(created);
   constexpr int64_t kDim = 2048;

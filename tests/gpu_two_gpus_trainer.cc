@@ -9,15 +9,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <regex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
+#include "tests/client_options.h"
 
 namespace muonps {
 namespace testing {
@@ -87,7 +92,7 @@ class Trainer {
                         .worker_socket = config_.socket,
                         .trainer_rank = config_.rank,
                         .trainer_count = config_.trainers,
-                        .device = {MemoryKind::kCuda, config_.rank}});
+                        .device = absl::StrCat("cuda:", config_.rank)});
     if (!created.ok()) return created.status();
     client_ = *std::move(created);
     // The failure tests restart a killed worker with no checkpoint: its
@@ -99,7 +104,7 @@ class Trainer {
       const MatrixCase& c = Matrices()[m];
       MUONPS_RETURN_IF_ERROR(
           client_->AddMatrix(c.name, c.rows, c.cols,
-                             {.layout = layout_,
+                             {.layout = ClientLayout(layout_),
                               .layer = static_cast<int32_t>(m),
                               .experts = c.experts}));
       const int64_t n =
@@ -123,20 +128,20 @@ class Trainer {
       grads_.push_back(block);
       params_.push_back(param);
       MUONPS_RETURN_IF_ERROR(
-          client_->LendCuda(c.name, block, param, config_.dtype));
+          client_->LendCuda(c.name, block, param, ClientDType(config_.dtype)));
     }
     if (cudaDeviceSynchronize() != cudaSuccess) {
       return absl::InternalError("cudaDeviceSynchronize after the uploads");
     }
-    kernels::MuonHyperparameters muon;
+    MuonOptions muon;
     muon.lr = 0.02;
     muon.weight_decay = 0.1;
-    MUONPS_RETURN_IF_ERROR(client_->Start(muon, {}));
+    MUONPS_RETURN_IF_ERROR(client_->Start(muon, AdamWOptions()));
     Say("trainer=%d started pid=%d on cuda:%d", config_.rank, getpid(),
         config_.rank);
     if (config_.rank == 0) {
       absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
-          client_->NsAlgorithms();
+          NsAlgorithmsOf(client_->NsAlgorithms());
       if (!algorithms.ok()) return algorithms.status();
       for (const auto& [name, algorithm] : *algorithms) {
         Say("trainer=0 ns %s=%s", name.c_str(),

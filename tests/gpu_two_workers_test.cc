@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,10 +17,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/dtype.h"
 #include "common/row_ranges.h"
 #include "gtest/gtest.h"
+#include "newton_schulz/options.h"
+#include "scheduler/plan_types.h"
+#include "tests/client_options.h"
 #include "tests/gpu_test_support.h"
 #include "tests/harness/child_process.h"
 
@@ -110,11 +115,9 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // one shared stream the second trainer's ready event would queue behind
   // the first one's wait for its step, which needs the second's gradients.
   void StartTrainers() {
-    for (Stream& s : streams_) {
-      cudaStream_t stream = nullptr;
-      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+    for (cudaStream_t& s : streams_) {
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
                 cudaSuccess);
-      s = reinterpret_cast<Stream>(stream);
     }
     clients_.resize(2);
     grads_.assign(2, {});
@@ -128,14 +131,14 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
            .worker_socket = absl::StrCat(socket_dir_, "/w", t, ".sock"),
            .trainer_rank = t,
            .trainer_count = 2,
-           .device = {MemoryKind::kCuda, 0}});
+           .device = "cuda:0"});
       ASSERT_TRUE(created.ok()) << created.status();
       clients_[t] = *std::move(created);
       for (size_t m = 0; m < Matrices().size(); ++m) {
         const MatrixCase& c = Matrices()[m];
         ASSERT_TRUE(clients_[t]
                         ->AddMatrix(c.name, c.rows, c.cols,
-                                    {.layout = Layout(),
+                                    {.layout = testing::ClientLayout(Layout()),
                                      .layer = static_cast<int32_t>(m),
                                      .experts = c.experts})
                         .ok());
@@ -156,15 +159,18 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
         ASSERT_TRUE(up.ok()) << up;
         grads_[t].push_back(block);
         params_[t].push_back(param);
-        ASSERT_TRUE(clients_[t]->LendCuda(c.name, block, param, Dtype()).ok());
+        ASSERT_TRUE(
+            clients_[t]
+                ->LendCuda(c.name, block, param, testing::ClientDType(Dtype()))
+                .ok());
       }
     }
-    kernels::MuonHyperparameters muon;
+    MuonOptions muon;
     muon.lr = 0.02;
     muon.weight_decay = 0.1;
     for (int t = 0; t < 2; ++t) {
       threads.emplace_back(
-          [&, t] { started[t] = clients_[t]->Start(muon, {}); });
+          [&, t] { started[t] = clients_[t]->Start(muon, AdamWOptions()); });
     }
     for (auto& th : threads) th.join();
     for (const absl::Status& s : started) ASSERT_TRUE(s.ok()) << s;
@@ -204,13 +210,13 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   std::vector<std::unique_ptr<Client>> clients_;
   std::vector<char*> blocks_;
   std::vector<std::vector<char*>> grads_, params_;  // by trainer, matrix
-  Stream streams_[2] = {kHostStream, kHostStream};
+  cudaStream_t streams_[2] = {nullptr, nullptr};
 };
 
 TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   ASSERT_NO_FATAL_FAILURE(StartTrainers());
   absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
-      clients_[0]->NsAlgorithms();
+      testing::NsAlgorithmsOf(clients_[0]->NsAlgorithms());
   ASSERT_TRUE(algorithms.ok()) << algorithms.status();
   constexpr int kSteps = 50;
   for (int64_t step = 0; step < kSteps; ++step) {

@@ -12,6 +12,7 @@
 #include "muonps/v1/worker.grpc.pb.h"
 #include "proto/credentials.h"
 #include "proto/grpc_status.h"
+#include "tests/client_options.h"
 
 namespace muonps {
 namespace bench {
@@ -82,22 +83,6 @@ absl::StatusOr<v1::StepResponse> RpcStep(v1::Worker::Stub* worker,
   return response;
 }
 
-// StepMuonHyperparameters() as the client takes them (the one-process
-// peer runs the kernels' own).
-MuonOptions ClientMuon() {
-  const kernels::MuonHyperparameters h = StepMuonHyperparameters();
-  MuonOptions m;
-  m.lr = h.lr;
-  m.weight_decay = h.weight_decay;
-  m.momentum = h.momentum;
-  m.nesterov = h.nesterov;
-  m.adjust_lr = h.lr_adjustment == kernels::LrAdjustment::kMatchRmsAdamW
-                    ? AdjustLr::kMatchRmsAdamW
-                    : AdjustLr::kOriginal;
-  m.ns_steps = h.ns.steps;
-  return m;
-}
-
 absl::StatusOr<TrainerRankResult> Run(const TrainerRankOptions& options,
                                       LockstepBarrier* barrier) {
   auto worker = v1::Worker::NewStub(
@@ -118,7 +103,10 @@ absl::StatusOr<TrainerRankResult> Run(const TrainerRankOptions& options,
                            .layer = m.layer,
                            .shard_params = false}));
   }
-  MUONPS_RETURN_IF_ERROR(client->Start(ClientMuon(), AdamWOptions()));
+  // StepMuonHyperparameters() as the client takes them (the one-process
+  // peer runs the kernels' own).
+  MUONPS_RETURN_IF_ERROR(client->Start(
+      testing::ClientMuon(StepMuonHyperparameters()), AdamWOptions()));
   std::vector<TensorBuffers> buffers;
   for (size_t i = 0; i < options.matrices.size(); ++i) {
     MUONPS_ASSIGN_OR_RETURN(TensorBuffers b,

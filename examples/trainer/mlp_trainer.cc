@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "examples/trainer/training.h"
 #include "nlohmann/json.hpp"
+#include "tests/client_options.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "Coordinator HOST:PORT.");
 ABSL_FLAG(std::string, job, "mlp", "Job name.");
@@ -74,41 +75,6 @@ absl::StatusOr<TrainConfig> ConfigFromFlags() {
   return config;
 }
 
-// The config as the client takes it; the reference run takes the kernels'
-// own (training.h).
-TensorLayout ClientLayout(scheduler::Layout layout) {
-  switch (layout) {
-    case scheduler::Layout::kUnreduced:
-      return TensorLayout::kUnreduced;
-    case scheduler::Layout::kRowSharded:
-      return TensorLayout::kRowSharded;
-    case scheduler::Layout::kReplicated:
-      break;
-  }
-  return TensorLayout::kReplicated;
-}
-
-MuonOptions ClientMuon(const kernels::MuonHyperparameters& h) {
-  MuonOptions m;
-  m.lr = h.lr;
-  m.weight_decay = h.weight_decay;
-  m.momentum = h.momentum;
-  m.nesterov = h.nesterov;
-  m.adjust_lr = h.lr_adjustment == kernels::LrAdjustment::kMatchRmsAdamW
-                    ? AdjustLr::kMatchRmsAdamW
-                    : AdjustLr::kOriginal;
-  m.ns_steps = h.ns.steps;
-  return m;
-}
-
-AdamWOptions ClientAdamW(const kernels::AdamWHyperparameters& h) {
-  return {.lr = h.lr,
-          .beta1 = h.beta1,
-          .beta2 = h.beta2,
-          .eps = h.eps,
-          .weight_decay = h.weight_decay};
-}
-
 absl::Status Run() {
   MUONPS_ASSIGN_OR_RETURN(const TrainConfig config, ConfigFromFlags());
   const int rank = absl::GetFlag(FLAGS_rank);
@@ -130,7 +96,7 @@ absl::Status Run() {
     if (p.is_matrix) {
       MUONPS_RETURN_IF_ERROR(client->AddMatrix(
           p.name, p.shape[0], p.shape[1],
-          {.layout = ClientLayout(config.layout),
+          {.layout = testing::ClientLayout(config.layout),
            .layer = static_cast<int32_t>(&p - &model.parameters()[0]) / 2,
            .shard_params = false}));
     } else {
@@ -141,8 +107,10 @@ absl::Status Run() {
                                 : TensorLayout::kReplicated));
     }
   }
-  MUONPS_RETURN_IF_ERROR(
-      client->Start(ClientMuon(config.muon), ClientAdamW(config.adamw)));
+  // The config as the client takes it; the reference run takes the
+  // kernels' own (training.h).
+  MUONPS_RETURN_IF_ERROR(client->Start(testing::ClientMuon(config.muon),
+                                       testing::ClientAdamW(config.adamw)));
   // The client's buffers are what the workers update: copy the initial
   // parameters in, then move gradients in and parameters out every step.
   std::vector<TensorBuffers> buffers;
@@ -202,12 +170,8 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_parity)) {
     // The reference runs each matrix with the algorithm the plan chose.
     TrainConfig reference_config = config;
-    MUONPS_ASSIGN_OR_RETURN(const auto algorithms, client->NsAlgorithms());
-    for (const auto& [name, algorithm] : algorithms) {
-      reference_config.algorithms[name] = algorithm == NewtonSchulz::kGram
-                                              ? NsAlgorithm::kGram
-                                              : NsAlgorithm::kNs5;
-    }
+    MUONPS_ASSIGN_OR_RETURN(reference_config.algorithms,
+                            testing::NsAlgorithmsOf(client->NsAlgorithms()));
     MUONPS_ASSIGN_OR_RETURN(const std::vector<float> reference,
                             TrainReference(reference_config));
     summary["parity_max_rel_err"] =
