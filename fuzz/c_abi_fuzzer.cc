@@ -193,15 +193,23 @@ class CAbiUnderFuzz {
     options.adamw_lr = in->Double();
     options.group_count = in->I32();
     options.async = in->I32();
-    // As many entries as the most groups the ABI keeps (64), so any count
-    // it accepts is backed.
-    std::vector<double> lr(64), wd(64);
-    for (int g = 0; g < 64; ++g) {
+    // Every group_* array the ABI reads holds as many entries as the most
+    // groups it accepts (MUONPS_MAX_GROUPS), so any group_count in range is
+    // backed. A group's four values are read together (zeros past the
+    // payload's end), so that the first groups' are all within max_len.
+    std::vector<double> lr(MUONPS_MAX_GROUPS), wd(MUONPS_MAX_GROUPS),
+        adamw_lr(MUONPS_MAX_GROUPS), adamw_wd(MUONPS_MAX_GROUPS);
+    for (int g = 0; g < MUONPS_MAX_GROUPS; ++g) {
       lr[g] = in->Double();
       wd[g] = in->Double();
+      adamw_lr[g] = in->Double();
+      adamw_wd[g] = in->Double();
     }
     options.group_lr = Bit(nulls, 1) ? nullptr : lr.data();
     options.group_weight_decay = Bit(nulls, 2) ? nullptr : wd.data();
+    options.group_adamw_lr = Bit(nulls, 4) ? nullptr : adamw_lr.data();
+    options.group_adamw_weight_decay =
+        Bit(nulls, 5) ? nullptr : adamw_wd.data();
     muonps_step_result result;
     Check(muonps_client_step_with(client_, step,
                                   Bit(nulls, 0) ? nullptr : &options,

@@ -274,9 +274,17 @@ std::vector<NamedSeed> CAbiSeeds() {
              .Double(-1)
              .Double(-1)
              .Double(-1)
-             .I32(1)
+             .I32(2)
              .I32(0)
+             // Group 0 keeps the step's values; group 1 (m.a) has its own:
+             // lr, weight decay, AdamW lr and AdamW weight decay.
+             .Double(-1)
+             .Double(-1)
+             .Double(-1)
+             .Double(-1)
              .Double(0.1)
+             .Double(0.0)
+             .Double(1e-3)
              .Double(0.0),
          &s);
     call(C::kBuffers, ArgWriter().I32(0).String("m.a"), &s);

@@ -67,9 +67,9 @@ std::unique_ptr<worker::StepEngine> MakeEngine(WorkerWorld* world) {
   const std::string segment = world->segment.name();
   // Whatever segment a request names, the harness's is opened (never
   // another process's); its size and offsets stay the request's.
-  backend.open_buffers = [segment](const v1::AttachRequest& request) {
-    v1::AttachRequest ours = request;
-    ours.set_segment(segment);
+  backend.open_buffers = [segment](const worker::AttachRequest& request) {
+    worker::AttachRequest ours = request;
+    ours.segment = segment;
     return worker::OpenSharedMemoryBuffers(ours);
   };
   transport::TcpListener* listener = world->listener.get();
