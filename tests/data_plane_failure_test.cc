@@ -197,7 +197,7 @@ TEST_F(DataPlaneFailureTest, TrainerLateByLessThanTheIoTimeoutStillSteps) {
   ExpectMatchesReference(*reference_, kTolerance);
 }
 
-// Issue 15 item 5: the trainers' Step calls pass their deadline (1 s)
+// The trainers' Step calls pass their deadline (1 s)
 // while a peer worker is frozen; it then thaws and finishes what it began.
 // Whatever the workers did with the cancelled calls (refused them, or, as
 // before, ran the step behind the callers' backs), the retries step AdamW

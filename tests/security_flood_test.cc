@@ -1,4 +1,4 @@
-// Floods against a real job while it steps (issue 16): thousands of
+// Floods against a real job while it steps: thousands of
 // unauthenticated JoinJob and WatchPlan calls from several threads, then
 // more authenticated WatchPlan streams than the coordinator allows. Every
 // flood call is refused (UNAUTHENTICATED, or RESOURCE_EXHAUSTED past

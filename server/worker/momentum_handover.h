@@ -1,8 +1,7 @@
 // The momentum handover: when a plan version moves a matrix (an expert) to
 // a new owner, its momentum goes from the previous owner to the new one over
 // the new plan's transport, before any step of the new version, so that
-// training goes on exactly as if nothing had moved (DESIGN.md, "Failure and
-// bad input"; issue 15).
+// training goes on exactly as if nothing had moved (docs/architecture.md).
 //
 // When it runs. StepEngine runs one handover (MomentumStore::HandOver)
 // right after it builds the

@@ -1,4 +1,4 @@
-// Atomic, idempotent steps (issue 15), on three StepEngines in one process
+// Atomic, idempotent steps, on three StepEngines in one process
 // over loopback TCP whose transports fail or stall at a chosen call: a
 // failure at any call of a step, on any rank, followed by the trainers'
 // retries, leaves every parameter bit for bit where a failure-free run

@@ -1,4 +1,4 @@
-// Validation and agreement of what a trainer sends (issue 15): every Attach
+// Validation and agreement of what a trainer sends: every Attach
 // field checked before anything is mapped (sizes that no offset overflows
 // with, AdamW tensors named once and not as job matrices), AdamW tensors
 // agreed among the trainers, param groups naming job matrices once, the
