@@ -4,6 +4,14 @@
 
 namespace muonps {
 namespace transport {
+namespace {
+
+// The bytes `count` elements of `dtype` take, for the byte counters.
+double Bytes(size_t count, DType dtype) {
+  return static_cast<double>(count) * static_cast<double>(DTypeSize(dtype));
+}
+
+}  // namespace
 
 TransportByteCounters AddTransportByteCounters(MetricsRegistry* registry) {
   return {
@@ -34,17 +42,17 @@ void CountingTransport::Count(const char* op, double sent, double received) {
   }
 }
 
-absl::Status CountingTransport::Send(const void* data, size_t bytes, int peer,
-                                     Stream stream) {
-  absl::Status status = inner_->Send(data, bytes, peer, stream);
-  if (status.ok()) Count("send", static_cast<double>(bytes), 0);
+absl::Status CountingTransport::Send(const void* data, size_t count,
+                                     DType dtype, int peer, Stream stream) {
+  absl::Status status = inner_->Send(data, count, dtype, peer, stream);
+  if (status.ok()) Count("send", Bytes(count, dtype), 0);
   return status;
 }
 
-absl::Status CountingTransport::Recv(void* data, size_t bytes, int peer,
-                                     Stream stream) {
-  absl::Status status = inner_->Recv(data, bytes, peer, stream);
-  if (status.ok()) Count("recv", 0, static_cast<double>(bytes));
+absl::Status CountingTransport::Recv(void* data, size_t count, DType dtype,
+                                     int peer, Stream stream) {
+  absl::Status status = inner_->Recv(data, count, dtype, peer, stream);
+  if (status.ok()) Count("recv", 0, Bytes(count, dtype));
   return status;
 }
 
@@ -56,7 +64,7 @@ absl::Status CountingTransport::ReduceSum(const float* send, float* recv,
       inner_->ReduceSum(send, recv, count, root, order, stream);
   if (!status.ok()) return status;
   const int n = size(), r = rank();
-  const double bytes = static_cast<double>(count) * sizeof(float);
+  const double bytes = Bytes(count, DType::kFloat32);
   // The chain root+1 -> ... -> root: its first rank receives nothing, the
   // root sends nothing.
   Count("reduce", r != root ? bytes : 0,
@@ -64,12 +72,12 @@ absl::Status CountingTransport::ReduceSum(const float* send, float* recv,
   return status;
 }
 
-absl::Status CountingTransport::Broadcast(void* data, size_t bytes, int root,
-                                          Stream stream) {
-  absl::Status status = inner_->Broadcast(data, bytes, root, stream);
+absl::Status CountingTransport::Broadcast(void* data, size_t count, DType dtype,
+                                          int root, Stream stream) {
+  absl::Status status = inner_->Broadcast(data, count, dtype, root, stream);
   if (!status.ok()) return status;
   const int n = size(), r = rank();
-  const double b = static_cast<double>(bytes);
+  const double b = Bytes(count, dtype);
   // The chain root -> ... -> root-1: its last rank forwards nothing.
   Count("broadcast", r != (root + n - 1) % n ? b : 0, r != root ? b : 0);
   return status;

@@ -13,7 +13,9 @@
 // every rank but the root receives S (ranks mod size). Whatever tree or
 // ring the library picks, the totals over the ranks are the same ((size-1)
 // S each way); only which rank forwards may differ. With two ranks every
-// figure is exact. Send and Recv count their bytes. A call counts once it
+// figure is exact. Send and Recv count their bytes. Calls name counts of
+// elements; the counters stay in bytes (count * DTypeSize(dtype), fp32 for
+// ReduceSum). A call counts once it
 // was accepted (returned OK), when it is enqueued, not when it completes.
 //
 // Thread-compatible like the Transport it wraps (one thread at a time);
@@ -50,19 +52,21 @@ class CountingTransport : public Transport {
   MemoryKind memory() const override { return inner_->memory(); }
   absl::Status GroupStart() override { return inner_->GroupStart(); }
   absl::Status GroupEnd() override { return inner_->GroupEnd(); }
-  absl::Status Send(const void* data, size_t bytes, int peer,
+  // Counted in bytes: count * DTypeSize(dtype).
+  absl::Status Send(const void* data, size_t count, DType dtype, int peer,
                     Stream stream) override;
-  absl::Status Recv(void* data, size_t bytes, int peer, Stream stream) override;
+  absl::Status Recv(void* data, size_t count, DType dtype, int peer,
+                    Stream stream) override;
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
                          absl::Span<const int> order, Stream stream) override;
-  absl::Status Broadcast(void* data, size_t bytes, int root,
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
   }
-  absl::Status AwaitFrom(int peer, size_t bytes,
+  absl::Status AwaitFrom(int peer, size_t count, DType dtype,
                          absl::Duration timeout) override {
-    return inner_->AwaitFrom(peer, bytes, timeout);
+    return inner_->AwaitFrom(peer, count, dtype, timeout);
   }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
 

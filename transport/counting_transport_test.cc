@@ -19,21 +19,23 @@ class AcceptingTransport : public Transport {
   MemoryKind memory() const override { return MemoryKind::kHost; }
   absl::Status GroupStart() override { return absl::OkStatus(); }
   absl::Status GroupEnd() override { return absl::OkStatus(); }
-  absl::Status Send(const void*, size_t, int, Stream) override {
+  absl::Status Send(const void*, size_t, DType, int, Stream) override {
     return answer_;
   }
-  absl::Status Recv(void*, size_t, int, Stream) override { return answer_; }
+  absl::Status Recv(void*, size_t, DType, int, Stream) override {
+    return answer_;
+  }
   absl::Status ReduceSum(const float*, float*, size_t, int,
                          absl::Span<const int>, Stream) override {
     return answer_;
   }
-  absl::Status Broadcast(void*, size_t, int, Stream) override {
+  absl::Status Broadcast(void*, size_t, DType, int, Stream) override {
     return answer_;
   }
   absl::Status Synchronize(Stream, absl::Duration) override {
     return absl::OkStatus();
   }
-  absl::Status AwaitFrom(int, size_t, absl::Duration) override {
+  absl::Status AwaitFrom(int, size_t, DType, absl::Duration) override {
     return absl::OkStatus();
   }
   void Abort(const absl::Status&) override {}
@@ -71,13 +73,14 @@ std::vector<Totals> RunOnWorld(int size, Calls calls) {
 TEST(CountingTransportTest, TwoRanksCountExactlyWhatEachSendsAndReceives) {
   const auto totals = RunOnWorld(2, [](Transport& t) {
     float x[4] = {};
-    // Rank 1 sends 16 bytes to the root 0; root 0 broadcasts 8 bytes.
+    // Rank 1 sends 16 bytes to the root 0; root 0 broadcasts 8 bytes (two
+    // fp32) and sends 12 (six bf16): the counters stay in bytes.
     ASSERT_TRUE(t.ReduceSum(x, x, 4, 0, {}, kHostStream).ok());
-    ASSERT_TRUE(t.Broadcast(x, 8, 0, kHostStream).ok());
+    ASSERT_TRUE(t.Broadcast(x, 2, DType::kFloat32, 0, kHostStream).ok());
     if (t.rank() == 0) {
-      ASSERT_TRUE(t.Send(x, 12, 1, kHostStream).ok());
+      ASSERT_TRUE(t.Send(x, 6, DType::kBFloat16, 1, kHostStream).ok());
     } else {
-      ASSERT_TRUE(t.Recv(x, 12, 0, kHostStream).ok());
+      ASSERT_TRUE(t.Recv(x, 6, DType::kBFloat16, 0, kHostStream).ok());
     }
   });
   EXPECT_EQ(totals[0].sent, 8 + 12);
@@ -92,7 +95,9 @@ TEST(CountingTransportTest, CollectivesMoveSizeMinusOneCopiesEachWay) {
       const auto totals = RunOnWorld(size, [root](Transport& t) {
         float x[25] = {};
         ASSERT_TRUE(t.ReduceSum(x, x, 25, root, {}, kHostStream).ok());
-        ASSERT_TRUE(t.Broadcast(x, 100, root, kHostStream).ok());
+        // 100 bytes, as fp16.
+        ASSERT_TRUE(
+            t.Broadcast(x, 50, DType::kFloat16, root, kHostStream).ok());
       });
       double sent = 0, received = 0;
       for (const Totals& r : totals) {
@@ -116,9 +121,9 @@ TEST(CountingTransportTest, RefusedCallsCountNothing) {
                           1, 2, absl::UnavailableError("peer 0 is gone")),
                       counters);
   float x[4] = {};
-  EXPECT_FALSE(t.Send(x, 16, 0, kHostStream).ok());
+  EXPECT_FALSE(t.Send(x, 4, DType::kFloat32, 0, kHostStream).ok());
   EXPECT_FALSE(t.ReduceSum(x, x, 4, 0, {}, kHostStream).ok());
-  EXPECT_FALSE(t.Broadcast(x, 16, 1, kHostStream).ok());
+  EXPECT_FALSE(t.Broadcast(x, 4, DType::kFloat32, 1, kHostStream).ok());
   EXPECT_EQ(counters.sent->Value({"send"}), 0);
   EXPECT_EQ(counters.sent->Value({"reduce"}), 0);
   EXPECT_EQ(counters.sent->Value({"broadcast"}), 0);

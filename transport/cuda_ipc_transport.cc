@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,24 @@ struct Descriptor {
   uint64_t offset;
   uint64_t bytes;
 };
+
+// Control messages travel over the TCP transport as fp32 elements.
+static_assert(sizeof(Descriptor) % sizeof(float) == 0,
+              "a Descriptor travels as whole floats");
+constexpr size_t kDescriptorFloats = sizeof(Descriptor) / sizeof(float);
+// The acknowledgement: one uint32_t, one fp32 element.
+static_assert(sizeof(uint32_t) == sizeof(float), "an ack is one float");
+
+// count * DTypeSize(dtype), or INVALID_ARGUMENT naming `call` when that
+// does not fit a size_t.
+absl::StatusOr<size_t> BytesOf(const char* call, size_t count, DType dtype) {
+  const size_t element = DTypeSize(dtype);
+  if (count > std::numeric_limits<size_t>::max() / element) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, ": count ", count, " of ", DTypeName(dtype), " is too large"));
+  }
+  return count * element;
+}
 
 cudaStream_t AsCuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
 
@@ -105,45 +124,51 @@ absl::Status CudaIpcTransport::GroupEnd() {
   return ran.ok() ? ran : Fail(ran);
 }
 
-absl::Status CudaIpcTransport::Send(const void* data, size_t bytes, int peer,
-                                    Stream stream) {
+absl::Status CudaIpcTransport::Send(const void* data, size_t count, DType dtype,
+                                    int peer, Stream stream) {
   if (!broken_.ok()) return broken_;
   if (peer < 0 || peer >= size() || peer == rank()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "Send: peer ", peer, " of ", size(), " (self: ", rank(), ")")));
   }
-  ops_.push_back({Op::Kind::kSend, peer, data, nullptr, bytes, stream});
+  const absl::StatusOr<size_t> bytes = BytesOf("Send", count, dtype);
+  if (!bytes.ok()) return Fail(bytes.status());
+  ops_.push_back({Op::Kind::kSend, peer, data, nullptr, *bytes, stream});
   if (group_.grouped()) return absl::OkStatus();
   const absl::Status ran = Run();
   return ran.ok() ? ran : Fail(ran);
 }
 
-absl::Status CudaIpcTransport::Recv(void* data, size_t bytes, int peer,
-                                    Stream stream) {
+absl::Status CudaIpcTransport::Recv(void* data, size_t count, DType dtype,
+                                    int peer, Stream stream) {
   if (!broken_.ok()) return broken_;
   if (peer < 0 || peer >= size() || peer == rank()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "Recv: peer ", peer, " of ", size(), " (self: ", rank(), ")")));
   }
-  ops_.push_back({Op::Kind::kRecv, peer, nullptr, data, bytes, stream});
+  const absl::StatusOr<size_t> bytes = BytesOf("Recv", count, dtype);
+  if (!bytes.ok()) return Fail(bytes.status());
+  ops_.push_back({Op::Kind::kRecv, peer, nullptr, data, *bytes, stream});
   if (group_.grouped()) return absl::OkStatus();
   const absl::Status ran = Run();
   return ran.ok() ? ran : Fail(ran);
 }
 
-absl::Status CudaIpcTransport::Broadcast(void* data, size_t bytes, int root,
-                                         Stream stream) {
+absl::Status CudaIpcTransport::Broadcast(void* data, size_t count, DType dtype,
+                                         int root, Stream stream) {
   if (!broken_.ok()) return broken_;
   if (root < 0 || root >= size()) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("Broadcast: root ", root, " of ", size())));
   }
+  const absl::StatusOr<size_t> bytes = BytesOf("Broadcast", count, dtype);
+  if (!bytes.ok()) return Fail(bytes.status());
   for (int r = 0; r < size(); ++r) {
     if (r == rank()) continue;
     if (rank() == root) {
-      ops_.push_back({Op::Kind::kSend, r, data, nullptr, bytes, stream});
+      ops_.push_back({Op::Kind::kSend, r, data, nullptr, *bytes, stream});
     } else if (r == root) {
-      ops_.push_back({Op::Kind::kRecv, r, nullptr, data, bytes, stream});
+      ops_.push_back({Op::Kind::kRecv, r, nullptr, data, *bytes, stream});
     }
   }
   if (group_.grouped()) return absl::OkStatus();
@@ -236,15 +261,16 @@ absl::Status CudaIpcTransport::Run() {
                 std::min(arena_ref_.handle.size(), sizeof(d.handle)));
     d.offset = arena_ref_.offset + offsets[i];
     d.bytes = ops[i].bytes;
-    MUONPS_RETURN_IF_ERROR(
-        control_->Send(&d, sizeof(d), ops[i].peer, kHostStream));
+    MUONPS_RETURN_IF_ERROR(control_->Send(
+        &d, kDescriptorFloats, DType::kFloat32, ops[i].peer, kHostStream));
   }
   // 2. Receives: copy each payload out of its sender's arena, then ack.
   streams.clear();
   for (const Op& op : ops) {
     if (op.kind != Op::Kind::kRecv) continue;
     Descriptor d{};
-    MUONPS_RETURN_IF_ERROR(control_->Recv(&d, sizeof(d), op.peer, kHostStream));
+    MUONPS_RETURN_IF_ERROR(control_->Recv(
+        &d, kDescriptorFloats, DType::kFloat32, op.peer, kHostStream));
     if (d.bytes != op.bytes) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", op.peer, " sent ", d.bytes, " bytes; rank ",
@@ -275,14 +301,14 @@ absl::Status CudaIpcTransport::Run() {
   for (const Op& op : ops) {
     if (op.kind != Op::Kind::kRecv) continue;
     MUONPS_RETURN_IF_ERROR(
-        control_->Send(&ack, sizeof(ack), op.peer, kHostStream));
+        control_->Send(&ack, 1, DType::kFloat32, op.peer, kHostStream));
   }
   // 3. The senders' arena is free again once every receiver acknowledged.
   for (const Op& op : ops) {
     if (op.kind != Op::Kind::kSend) continue;
     uint32_t got = 0;
     MUONPS_RETURN_IF_ERROR(
-        control_->Recv(&got, sizeof(got), op.peer, kHostStream));
+        control_->Recv(&got, 1, DType::kFloat32, op.peer, kHostStream));
   }
   // 4. The root's sums, in the caller's order.
   for (const PendingSum& sum : sums) {
@@ -305,7 +331,8 @@ absl::Status CudaIpcTransport::Run() {
   return absl::OkStatus();
 }
 
-absl::Status CudaIpcTransport::AwaitFrom(int peer, size_t bytes,
+absl::Status CudaIpcTransport::AwaitFrom(int peer, size_t /*count*/,
+                                         DType /*dtype*/,
                                          absl::Duration timeout) {
   if (!broken_.ok()) return broken_;
   // As on the other transports: inside a group the sends this rank queued
@@ -313,8 +340,8 @@ absl::Status CudaIpcTransport::AwaitFrom(int peer, size_t bytes,
   if (group_.grouped()) {
     return absl::FailedPreconditionError("AwaitFrom inside a group");
   }
-  // Every transfer starts with a control message.
-  return control_->AwaitFrom(peer, bytes, timeout);
+  // Every transfer starts with a control message: a Descriptor.
+  return control_->AwaitFrom(peer, kDescriptorFloats, DType::kFloat32, timeout);
 }
 
 absl::Status CudaIpcTransport::Synchronize(Stream stream,

@@ -48,16 +48,21 @@ class CudaIpcTransport final : public Transport {
 
   absl::Status GroupStart() override;
   absl::Status GroupEnd() override;
-  absl::Status Send(const void* data, size_t bytes, int peer,
+  // Counts are elements of `dtype`; the copies move count * DTypeSize(dtype)
+  // bytes. INVALID_ARGUMENT (and broken) when that overflows.
+  absl::Status Send(const void* data, size_t count, DType dtype, int peer,
                     Stream stream) override;
-  absl::Status Recv(void* data, size_t bytes, int peer, Stream stream) override;
+  absl::Status Recv(void* data, size_t count, DType dtype, int peer,
+                    Stream stream) override;
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
                          absl::Span<const int> order, Stream stream) override;
-  absl::Status Broadcast(void* data, size_t bytes, int root,
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
   // Waits for `stream` (bounded by `timeout`).
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
-  absl::Status AwaitFrom(int peer, size_t bytes,
+  // Waits for the control message that starts every transfer; `count` and
+  // `dtype` are not needed.
+  absl::Status AwaitFrom(int peer, size_t count, DType dtype,
                          absl::Duration timeout) override;
   void Abort(const absl::Status& reason) override;
 

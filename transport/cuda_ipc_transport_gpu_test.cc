@@ -40,13 +40,15 @@ TEST(CudaIpcTransportTest, AwaitFromInsideAGroupIsRefusedAndLeavesItUsable) {
   ASSERT_EQ(ranks.size(), 2u);
   CudaIpcTransport& t = *ranks[0];
   ASSERT_TRUE(t.GroupStart().ok());
-  const absl::Status inside = t.AwaitFrom(1, 16, absl::Milliseconds(10));
+  const absl::Status inside =
+      t.AwaitFrom(1, 4, DType::kFloat32, absl::Milliseconds(10));
   EXPECT_EQ(inside.code(), absl::StatusCode::kFailedPrecondition) << inside;
   EXPECT_THAT(inside.message(), HasSubstr("inside a group"));
   EXPECT_TRUE(t.GroupEnd().ok());
   // Usable, and outside a group the wait reaches the control connection:
   // nothing was sent, so it times out, resumable.
-  const absl::Status idle = t.AwaitFrom(1, 16, absl::Milliseconds(50));
+  const absl::Status idle =
+      t.AwaitFrom(1, 4, DType::kFloat32, absl::Milliseconds(50));
   EXPECT_EQ(idle.code(), absl::StatusCode::kDeadlineExceeded) << idle;
 }
 
@@ -61,7 +63,7 @@ TEST(CudaIpcTransportTest, GroupEndWithoutGroupStartBreaksIt) {
   const absl::Status later = t.GroupStart();
   EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
   EXPECT_THAT(later.message(), HasSubstr("GroupEnd without a matching"));
-  EXPECT_FALSE(t.AwaitFrom(0, 16, absl::Milliseconds(10)).ok());
+  EXPECT_FALSE(t.AwaitFrom(0, 4, DType::kFloat32, absl::Milliseconds(10)).ok());
 }
 
 }  // namespace

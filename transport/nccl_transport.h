@@ -22,7 +22,9 @@
 // thread never meets a half-built NCCL group. Buffers are device pointers on
 // the communicator's GPU; `stream` is a CUDA stream created on that GPU
 // (kHostStream, the null stream, is refused: host memory has no place here).
-// Zero-byte calls are checked and do nothing (every rank skips them alike).
+// Counts are elements of the call's DType, passed to NCCL as ncclFloat32,
+// ncclBfloat16 or ncclFloat16 (ReduceSum: ncclFloat32). Zero-count calls
+// are checked and do nothing (every rank skips them alike).
 //
 // Summation order. NCCL picks its own order (it depends on the topology
 // and the algorithm): ReduceSum checks `order` and otherwise ignores it, so
@@ -119,19 +121,21 @@ class NcclTransport final : public Transport {
   // FAILED_PRECONDITION without a matching GroupStart.
   absl::Status GroupEnd() override;
 
-  // Bytes (ncclUint8). INVALID_ARGUMENT for peer == rank() or out of range,
-  // or null data with bytes > 0.
-  absl::Status Send(const void* data, size_t bytes, int peer,
+  // `count` elements of NCCL's type for `dtype` (ncclFloat32, ncclBfloat16
+  // or ncclFloat16). INVALID_ARGUMENT for peer == rank() or out of range,
+  // or null data with count > 0.
+  absl::Status Send(const void* data, size_t count, DType dtype, int peer,
                     Stream stream) override;
-  absl::Status Recv(void* data, size_t bytes, int peer, Stream stream) override;
+  absl::Status Recv(void* data, size_t count, DType dtype, int peer,
+                    Stream stream) override;
   // ncclReduce(ncclFloat, ncclSum). `recv` may be `send` itself on the root
   // (in place) but must not partly overlap it; off the root it may be null.
   // `order` is checked (empty or a permutation of the ranks) and otherwise
   // ignored: NCCL picks its own summation order.
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
                          absl::Span<const int> order, Stream stream) override;
-  // ncclBroadcast in place (bytes, ncclUint8).
-  absl::Status Broadcast(void* data, size_t bytes, int root,
+  // ncclBroadcast in place (`count` elements of `dtype`'s NCCL type).
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
 
   // Polls `stream` (cudaStreamQuery) and the communicator's asynchronous
@@ -145,16 +149,17 @@ class NcclTransport final : public Transport {
   // undefined; wait for the stream before freeing them.
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
   // NCCL cannot wait for a message without receiving it, so the first call
-  // posts an ncclRecv of `bytes` from `peer` into a device buffer of the
-  // transport's own, on a stream of its own, and every call polls it (like
-  // Synchronize, but DEADLINE_EXCEEDED leaves it posted and the transport
-  // usable). The caller's next Recv from `peer` copies the message out on
-  // the caller's stream (ordered after its arrival by an event) instead of
-  // posting a receive. FAILED_PRECONDITION inside a group or while another
-  // (peer, bytes) is awaited; INVALID_ARGUMENT if that Recv names another
-  // size. A transport destroyed with the receive still posted is aborted,
-  // not finalized (finalizing would wait for a message that never comes).
-  absl::Status AwaitFrom(int peer, size_t bytes,
+  // posts an ncclRecv of `count` elements of `dtype` from `peer` into a
+  // device buffer of the transport's own, on a stream of its own, and every
+  // call polls it (like Synchronize, but DEADLINE_EXCEEDED leaves it posted
+  // and the transport usable). The caller's next Recv from `peer` copies the
+  // message out on the caller's stream (ordered after its arrival by an event)
+  // instead of posting a receive. FAILED_PRECONDITION inside a group or while
+  // another (peer, count, dtype) is awaited; INVALID_ARGUMENT if that Recv
+  // names another count or dtype, or if count * DTypeSize(dtype) overflows. A
+  // transport destroyed with the receive still posted is aborted, not
+  // finalized (finalizing would wait for a message that never comes).
+  absl::Status AwaitFrom(int peer, size_t count, DType dtype,
                          absl::Duration timeout) override;
 
   // Aborts the communicator (ncclCommAbort, once; later calls only keep the
@@ -172,7 +177,8 @@ class NcclTransport final : public Transport {
     Kind kind;
     const void* send;  // kSend, kReduce, kBroadcast (== recv)
     void* recv;        // kRecv, kReduce (root only), kBroadcast
-    size_t count;      // Bytes; floats for kReduce.
+    size_t count;      // Elements of `dtype`.
+    DType dtype;       // kFloat32 for kReduce.
     int peer;          // The peer for kSend/kRecv, the root otherwise.
     Stream stream;
   };
@@ -222,7 +228,7 @@ class NcclTransport final : public Transport {
   // `deadline`; `what` names the call waited for. Fails (breaking the
   // transport) on an error state or at the deadline.
   absl::Status WaitUntilReady(const char* what, Clock::time_point deadline);
-  // "ncclSend of 64 bytes to rank 1", for messages.
+  // "ncclSend of 16 fp32 to rank 1", for messages.
   static std::string Describe(const Call& call);
   // "NCCL rank R of N".
   std::string Who() const;
@@ -240,7 +246,8 @@ class NcclTransport final : public Transport {
   enum class Awaited { kNone, kPosted, kArrived };
   Awaited awaited_ = Awaited::kNone;
   int awaited_peer_ = -1;
-  size_t awaited_bytes_ = 0;
+  size_t awaited_count_ = 0;
+  DType awaited_dtype_ = DType::kFloat32;
   void* await_buffer_ = nullptr;  // cudaMalloc'd, await_capacity_ bytes
   size_t await_capacity_ = 0;
   Stream await_stream_ = nullptr;
@@ -250,7 +257,8 @@ class NcclTransport final : public Transport {
   // ncclInProgress: a first receive from a peer waits there for it).
   bool await_recorded_ = false;
   // Recv's path for the awaited message: copies it out on `stream`.
-  absl::Status TakeAwaited(void* data, size_t bytes, Stream stream);
+  absl::Status TakeAwaited(void* data, size_t count, DType dtype,
+                           Stream stream);
   // Frees the await buffer, event and stream (after the communicator).
   void ReleaseAwait();
 

@@ -39,22 +39,34 @@ bool PartlyOverlap(const float* a, const float* b, size_t count) {
   return x != y && x < y + bytes && y < x + bytes;
 }
 
+ncclDataType_t NcclType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat16:
+      return ncclFloat16;
+  }
+  return ncclFloat32;
+}
+
 }  // namespace
 
 std::string NcclTransport::Describe(const Call& call) {
   switch (call.kind) {
     case Call::Kind::kSend:
-      return absl::StrCat("ncclSend of ", call.count, " bytes to rank ",
-                          call.peer);
+      return absl::StrCat("ncclSend of ", call.count, " ",
+                          DTypeName(call.dtype), " to rank ", call.peer);
     case Call::Kind::kRecv:
-      return absl::StrCat("ncclRecv of ", call.count, " bytes from rank ",
-                          call.peer);
+      return absl::StrCat("ncclRecv of ", call.count, " ",
+                          DTypeName(call.dtype), " from rank ", call.peer);
     case Call::Kind::kReduce:
       return absl::StrCat("ncclReduce (sum) of ", call.count,
                           " floats to root ", call.peer);
     case Call::Kind::kBroadcast:
-      return absl::StrCat("ncclBroadcast of ", call.count, " bytes from root ",
-                          call.peer);
+      return absl::StrCat("ncclBroadcast of ", call.count, " ",
+                          DTypeName(call.dtype), " from root ", call.peer);
   }
   return "unknown call";
 }
@@ -94,20 +106,21 @@ absl::Status NcclTransport::EnqueueQueue() {
       for (const Call& call : calls) {
         switch (call.kind) {
           case Call::Kind::kSend:
-            result = ncclSend(call.send, call.count, ncclUint8, call.peer,
-                              comm_, call.stream);
+            result = ncclSend(call.send, call.count, NcclType(call.dtype),
+                              call.peer, comm_, call.stream);
             break;
           case Call::Kind::kRecv:
-            result = ncclRecv(call.recv, call.count, ncclUint8, call.peer,
-                              comm_, call.stream);
+            result = ncclRecv(call.recv, call.count, NcclType(call.dtype),
+                              call.peer, comm_, call.stream);
             break;
           case Call::Kind::kReduce:
-            result = ncclReduce(call.send, call.recv, call.count, ncclFloat,
+            result = ncclReduce(call.send, call.recv, call.count, ncclFloat32,
                                 ncclSum, call.peer, comm_, call.stream);
             break;
           case Call::Kind::kBroadcast:
-            result = ncclBroadcast(call.send, call.recv, call.count, ncclUint8,
-                                   call.peer, comm_, call.stream);
+            result = ncclBroadcast(call.send, call.recv, call.count,
+                                   NcclType(call.dtype), call.peer, comm_,
+                                   call.stream);
             break;
         }
         if (!Accepted(result) && issued.ok()) {
@@ -156,40 +169,43 @@ absl::Status NcclTransport::GroupEnd() {
   return IssueQueue();
 }
 
-absl::Status NcclTransport::Send(const void* data, size_t bytes, int peer,
-                                 Stream stream) {
+absl::Status NcclTransport::Send(const void* data, size_t count, DType dtype,
+                                 int peer, Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckStream(stream, "Send");
   if (valid.ok()) valid = CheckPeer(peer, "Send: peer", /*allow_self=*/false);
-  if (valid.ok() && data == nullptr && bytes > 0) {
+  if (valid.ok() && data == nullptr && count > 0) {
     valid = absl::InvalidArgumentError("Send: data is null");
   }
   if (!valid.ok()) return Fail(valid);
-  return Queue({Call::Kind::kSend, data, nullptr, bytes, peer, stream});
+  return Queue({Call::Kind::kSend, data, nullptr, count, dtype, peer, stream});
 }
 
-absl::Status NcclTransport::Recv(void* data, size_t bytes, int peer,
-                                 Stream stream) {
+absl::Status NcclTransport::Recv(void* data, size_t count, DType dtype,
+                                 int peer, Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckStream(stream, "Recv");
   if (valid.ok()) valid = CheckPeer(peer, "Recv: peer", /*allow_self=*/false);
-  if (valid.ok() && data == nullptr && bytes > 0) {
+  if (valid.ok() && data == nullptr && count > 0) {
     valid = absl::InvalidArgumentError("Recv: data is null");
   }
   if (!valid.ok()) return Fail(valid);
   if (awaited_ != Awaited::kNone && peer == awaited_peer_) {
-    return TakeAwaited(data, bytes, stream);
+    return TakeAwaited(data, count, dtype, stream);
   }
-  return Queue({Call::Kind::kRecv, nullptr, data, bytes, peer, stream});
+  return Queue({Call::Kind::kRecv, nullptr, data, count, dtype, peer, stream});
 }
 
-absl::Status NcclTransport::TakeAwaited(void* data, size_t bytes,
+absl::Status NcclTransport::TakeAwaited(void* data, size_t count, DType dtype,
                                         Stream stream) {
-  if (bytes != awaited_bytes_) {
+  if (count != awaited_count_ || dtype != awaited_dtype_) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "Recv: ", bytes, " bytes from rank ", awaited_peer_,
-        ", whose next message (awaited by AwaitFrom) has ", awaited_bytes_)));
+        "Recv: ", count, " ", DTypeName(dtype), " from rank ", awaited_peer_,
+        ", whose next message (awaited by AwaitFrom) has ", awaited_count_, " ",
+        DTypeName(awaited_dtype_))));
   }
+  // AwaitFrom checked that this does not overflow.
+  const size_t bytes = count * DTypeSize(dtype);
   MUONPS_RETURN_IF_ERROR(FinishAwaitEnqueue());
   const cudaStream_t s = stream;
   cudaError_t error = cudaStreamWaitEvent(s, await_event_, 0);
@@ -241,40 +257,48 @@ absl::Status NcclTransport::ReduceSum(const float* send, float* recv,
   if (!valid.ok()) return Fail(valid);
   // `order` is not passed on: NCCL sums in its own order.
   return Queue({Call::Kind::kReduce, send, on_root ? recv : nullptr, count,
-                root, stream});
+                DType::kFloat32, root, stream});
 }
 
-absl::Status NcclTransport::Broadcast(void* data, size_t bytes, int root,
-                                      Stream stream) {
+absl::Status NcclTransport::Broadcast(void* data, size_t count, DType dtype,
+                                      int root, Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckStream(stream, "Broadcast");
   if (valid.ok()) {
     valid = CheckPeer(root, "Broadcast: root", /*allow_self=*/true);
   }
-  if (valid.ok() && data == nullptr && bytes > 0) {
+  if (valid.ok() && data == nullptr && count > 0) {
     valid = absl::InvalidArgumentError("Broadcast: data is null");
   }
   if (!valid.ok()) return Fail(valid);
-  return Queue({Call::Kind::kBroadcast, data, data, bytes, root, stream});
+  return Queue(
+      {Call::Kind::kBroadcast, data, data, count, dtype, root, stream});
 }
 
-absl::Status NcclTransport::AwaitFrom(int peer, size_t bytes,
+absl::Status NcclTransport::AwaitFrom(int peer, size_t count, DType dtype,
                                       absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckPeer(peer, "AwaitFrom: peer", /*allow_self=*/false);
   if (valid.ok() && group_.grouped()) {
     valid = absl::FailedPreconditionError("AwaitFrom inside a group");
   }
+  if (valid.ok() &&
+      count > std::numeric_limits<size_t>::max() / DTypeSize(dtype)) {
+    valid = absl::InvalidArgumentError(absl::StrCat(
+        "AwaitFrom: count ", count, " of ", DTypeName(dtype), " is too large"));
+  }
   if (valid.ok() && awaited_ != Awaited::kNone &&
-      (peer != awaited_peer_ || bytes != awaited_bytes_)) {
+      (peer != awaited_peer_ || count != awaited_count_ ||
+       dtype != awaited_dtype_)) {
     valid = absl::FailedPreconditionError(absl::StrCat(
-        "AwaitFrom(rank ", peer, ", ", bytes, " bytes) while a message of ",
-        awaited_bytes_, " bytes from rank ", awaited_peer_,
-        " is awaited and not yet received"));
+        "AwaitFrom(rank ", peer, ", ", count, " ", DTypeName(dtype),
+        ") while a message of ", awaited_count_, " ", DTypeName(awaited_dtype_),
+        " from rank ", awaited_peer_, " is awaited and not yet received"));
   }
   if (!valid.ok()) return Fail(valid);
   if (awaited_ == Awaited::kArrived) return absl::OkStatus();
   if (awaited_ == Awaited::kNone) {
+    const size_t bytes = count * DTypeSize(dtype);
     cudaError_t error = cudaSuccess;
     if (await_stream_ == nullptr) {
       error = cudaStreamCreateWithFlags(&await_stream_, cudaStreamNonBlocking);
@@ -294,12 +318,13 @@ absl::Status NcclTransport::AwaitFrom(int peer, size_t bytes,
     }
     // Enqueued without waiting: the first receive from a peer also connects
     // to it, which completes only once that peer sends (below, polled).
-    queue_.push_back({Call::Kind::kRecv, nullptr, await_buffer_, bytes, peer,
-                      await_stream_});
+    queue_.push_back({Call::Kind::kRecv, nullptr, await_buffer_, count, dtype,
+                      peer, await_stream_});
     MUONPS_RETURN_IF_ERROR(EnqueueQueue());
     awaited_ = Awaited::kPosted;
     awaited_peer_ = peer;
-    awaited_bytes_ = bytes;
+    awaited_count_ = count;
+    awaited_dtype_ = dtype;
     await_recorded_ = false;
   }
   const absl::Status arrived = PollUntil(

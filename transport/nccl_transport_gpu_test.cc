@@ -190,8 +190,8 @@ void ExpectGroupedBroadcastAndReduceSumOnOneRank(NcclTransport& transport) {
 
   ASSERT_TRUE(transport.GroupStart().ok());
   ASSERT_TRUE(transport
-                  .Broadcast(broadcast.get(), broadcast.bytes(), /*root=*/0,
-                             stream.get())
+                  .Broadcast(broadcast.get(), broadcast.count(),
+                             DType::kFloat32, /*root=*/0, stream.get())
                   .ok());
   ASSERT_TRUE(transport
                   .ReduceSum(in_place.get(), in_place.get(), kCount,
@@ -274,8 +274,8 @@ TEST_F(NcclTransportGpuTest, ReduceSumRefusesAnOrderThatIsNotAPermutation) {
   EXPECT_THAT(status.message(), AllOf(HasSubstr("order is not a permutation"),
                                       HasSubstr("NCCL rank 0 of 1")));
   // The peers expected that call: the transport is broken.
-  const absl::Status after =
-      transport->Broadcast(data.get(), data.bytes(), 0, stream.get());
+  const absl::Status after = transport->Broadcast(
+      data.get(), data.count(), DType::kFloat32, 0, stream.get());
   EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
   EXPECT_THAT(after.message(), HasSubstr("order is not a permutation"));
 }
@@ -288,8 +288,8 @@ TEST_F(NcclTransportGpuTest, SendOrRecvWithItselfIsInvalidArgument) {
   {
     std::unique_ptr<NcclTransport> transport = OneRank();
     ASSERT_NE(transport, nullptr);
-    const absl::Status status =
-        transport->Send(data.get(), data.bytes(), /*peer=*/0, stream.get());
+    const absl::Status status = transport->Send(
+        data.get(), data.count(), DType::kFloat32, /*peer=*/0, stream.get());
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_THAT(status.message(), AllOf(HasSubstr("Send: peer 0"),
                                         HasSubstr("other than this rank")));
@@ -297,8 +297,8 @@ TEST_F(NcclTransportGpuTest, SendOrRecvWithItselfIsInvalidArgument) {
   {
     std::unique_ptr<NcclTransport> transport = OneRank();
     ASSERT_NE(transport, nullptr);
-    const absl::Status status =
-        transport->Recv(data.get(), data.bytes(), /*peer=*/0, stream.get());
+    const absl::Status status = transport->Recv(
+        data.get(), data.count(), DType::kFloat32, /*peer=*/0, stream.get());
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_THAT(status.message(), HasSubstr("Recv: peer 0"));
   }
@@ -309,8 +309,8 @@ TEST_F(NcclTransportGpuTest, DataCallsRefuseTheHostStream) {
   ASSERT_NE(transport, nullptr);
   DeviceFloats data(16);
   ASSERT_CUDA(data.error());
-  const absl::Status status =
-      transport->Broadcast(data.get(), data.bytes(), 0, kHostStream);
+  const absl::Status status = transport->Broadcast(
+      data.get(), data.count(), DType::kFloat32, 0, kHostStream);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(status.message(), HasSubstr("kHostStream"));
 }
@@ -334,8 +334,10 @@ TEST_F(NcclTransportGpuTest,
     ASSERT_CUDA(stream.error());
     DeviceFloats data(1024);
     ASSERT_CUDA(data.error());
-    ASSERT_TRUE(
-        transport->Broadcast(data.get(), data.bytes(), 0, stream.get()).ok());
+    ASSERT_TRUE(transport
+                    ->Broadcast(data.get(), data.count(), DType::kFloat32, 0,
+                                stream.get())
+                    .ok());
     // Keeps the stream busy for 1.5 s after the broadcast.
     ASSERT_CUDA(
         cudaLaunchHostFunc(stream.get(), SleepOneAndAHalfSeconds, nullptr));
@@ -361,7 +363,8 @@ TEST_F(NcclTransportGpuTest,
     transport->Abort(absl::CancelledError("a second reason"));
     for (const absl::Status& later :
          {transport->GroupStart(),
-          transport->Broadcast(data.get(), data.bytes(), 0, stream.get()),
+          transport->Broadcast(data.get(), data.count(), DType::kFloat32, 0,
+                               stream.get()),
           transport->Synchronize(stream.get(), absl::Seconds(1))}) {
       EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
       EXPECT_THAT(later.message(), HasSubstr("plan version 7 was replaced"));
@@ -379,8 +382,10 @@ TEST_F(NcclTransportGpuTest,
     ASSERT_CUDA(stream.error());
     DeviceFloats data(1024);
     ASSERT_CUDA(data.error());
-    ASSERT_TRUE(
-        transport->Broadcast(data.get(), data.bytes(), 0, stream.get()).ok());
+    ASSERT_TRUE(transport
+                    ->Broadcast(data.get(), data.count(), DType::kFloat32, 0,
+                                stream.get())
+                    .ok());
     ASSERT_CUDA(
         cudaLaunchHostFunc(stream.get(), SleepOneAndAHalfSeconds, nullptr));
     const Clock::time_point start = Clock::now();
@@ -396,8 +401,8 @@ TEST_F(NcclTransportGpuTest,
     std::printf("Synchronize timed out and aborted in %.3f s\n", seconds);
     EXPECT_GE(seconds, 0.19);
     EXPECT_LT(seconds, 5.0);
-    const absl::Status later =
-        transport->Broadcast(data.get(), data.bytes(), 0, stream.get());
+    const absl::Status later = transport->Broadcast(
+        data.get(), data.count(), DType::kFloat32, 0, stream.get());
     EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
     EXPECT_THAT(later.message(),
                 AllOf(HasSubstr("transport was aborted and must be rebuilt"),
@@ -493,20 +498,23 @@ void RunRankOfTwo(int rank, const std::string& id,
                                          : std::vector<float>(kCount, -1)));
 
   ASSERT_TRUE(transport.GroupStart().ok());
-  ASSERT_TRUE(
-      transport.Send(outgoing.get(), outgoing.bytes(), peer, stream.get())
-          .ok());
-  ASSERT_TRUE(
-      transport.Recv(incoming.get(), incoming.bytes(), peer, stream.get())
-          .ok());
+  ASSERT_TRUE(transport
+                  .Send(outgoing.get(), outgoing.count(), DType::kFloat32, peer,
+                        stream.get())
+                  .ok());
+  ASSERT_TRUE(transport
+                  .Recv(incoming.get(), incoming.count(), DType::kFloat32, peer,
+                        stream.get())
+                  .ok());
   absl::Status status = transport.GroupEnd();
   ASSERT_TRUE(status.ok()) << status;
   const int order[] = {1, 0};  // Checked, then NCCL's own order.
   status = transport.ReduceSum(part.get(), rank == 0 ? sum.get() : nullptr,
                                kCount, /*root=*/0, order, stream.get());
   ASSERT_TRUE(status.ok()) << status;
-  status = transport.Broadcast(broadcast.get(), broadcast.bytes(),
-                               /*root=*/1, stream.get());
+  status =
+      transport.Broadcast(broadcast.get(), broadcast.count(), DType::kFloat32,
+                          /*root=*/1, stream.get());
   ASSERT_TRUE(status.ok()) << status;
   status = transport.Synchronize(stream.get(), absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status;
@@ -583,9 +591,13 @@ TEST_F(NcclTransportGpuTest,
           ASSERT_CUDA(b.Upload(second));
           idle_seen.Arrive();  // rank 1 has timed out once
           ASSERT_TRUE(
-              transport->Send(a.get(), a.bytes(), 1, stream.get()).ok());
+              transport
+                  ->Send(a.get(), a.count(), DType::kFloat32, 1, stream.get())
+                  .ok());
           ASSERT_TRUE(
-              transport->Send(b.get(), b.bytes(), 1, stream.get()).ok());
+              transport
+                  ->Send(b.get(), b.count(), DType::kFloat32, 1, stream.get())
+                  .ok());
           const absl::Status synced =
               transport->Synchronize(stream.get(), absl::Seconds(30));
           ASSERT_TRUE(synced.ok()) << synced;
@@ -594,17 +606,26 @@ TEST_F(NcclTransportGpuTest,
           transport.reset();
           return;
         }
-        const absl::Status idle =
-            transport->AwaitFrom(0, a.bytes(), absl::Milliseconds(50));
+        const absl::Status idle = transport->AwaitFrom(
+            0, a.count(), DType::kFloat32, absl::Milliseconds(50));
         EXPECT_EQ(idle.code(), absl::StatusCode::kDeadlineExceeded) << idle;
         idle_seen.Arrive();
-        const absl::Status woken =
-            transport->AwaitFrom(0, a.bytes(), absl::Seconds(30));
+        const absl::Status woken = transport->AwaitFrom(
+            0, a.count(), DType::kFloat32, absl::Seconds(30));
         ASSERT_TRUE(woken.ok()) << woken;
         // Waiting again before the Recv is a no-op.
-        ASSERT_TRUE(transport->AwaitFrom(0, a.bytes(), absl::Seconds(1)).ok());
-        ASSERT_TRUE(transport->Recv(a.get(), a.bytes(), 0, stream.get()).ok());
-        ASSERT_TRUE(transport->Recv(b.get(), b.bytes(), 0, stream.get()).ok());
+        ASSERT_TRUE(
+            transport
+                ->AwaitFrom(0, a.count(), DType::kFloat32, absl::Seconds(1))
+                .ok());
+        ASSERT_TRUE(
+            transport
+                ->Recv(a.get(), a.count(), DType::kFloat32, 0, stream.get())
+                .ok());
+        ASSERT_TRUE(
+            transport
+                ->Recv(b.get(), b.count(), DType::kFloat32, 0, stream.get())
+                .ok());
         const absl::Status synced =
             transport->Synchronize(stream.get(), absl::Seconds(30));
         ASSERT_TRUE(synced.ok()) << synced;
@@ -615,8 +636,8 @@ TEST_F(NcclTransportGpuTest,
         EXPECT_EQ(got, second);
         received.Arrive();
         // A wait nobody answers: posted, timed out, then torn down.
-        const absl::Status unanswered =
-            transport->AwaitFrom(0, a.bytes(), absl::Milliseconds(50));
+        const absl::Status unanswered = transport->AwaitFrom(
+            0, a.count(), DType::kFloat32, absl::Milliseconds(50));
         EXPECT_EQ(unanswered.code(), absl::StatusCode::kDeadlineExceeded)
             << unanswered;
         second_idle_seen.Arrive();

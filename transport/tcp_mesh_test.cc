@@ -121,13 +121,15 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> RealRank1(
                                kSession, LoopbackOptions());
 }
 
+// An int travels as one fp32 element (its bytes, unconverted).
 void ExpectBroadcastWorks(TcpTransport& rank0, TcpTransport& rank1) {
+  static_assert(sizeof(int) == sizeof(float), "an int is one float");
   int sent = 4242;
   int got = 0;
   std::thread receiver([&] {
-    EXPECT_TRUE(rank1.Broadcast(&got, sizeof(got), 0, kHostStream).ok());
+    EXPECT_TRUE(rank1.Broadcast(&got, 1, DType::kFloat32, 0, kHostStream).ok());
   });
-  EXPECT_TRUE(rank0.Broadcast(&sent, sizeof(sent), 0, kHostStream).ok());
+  EXPECT_TRUE(rank0.Broadcast(&sent, 1, DType::kFloat32, 0, kHostStream).ok());
   receiver.join();
   EXPECT_EQ(got, 4242);
 }
@@ -251,8 +253,9 @@ TEST(TcpMeshTest, IdleSlowAndGarbageConnectionsDoNotDelayTheMesh) {
   }
   RunOnEveryRank(kWorld, [&](int rank) {
     int value = rank == 2 ? 99 : 0;
-    EXPECT_TRUE(
-        (*ranks[rank])->Broadcast(&value, sizeof(value), 2, kHostStream).ok());
+    EXPECT_TRUE((*ranks[rank])
+                    ->Broadcast(&value, 1, DType::kFloat32, 2, kHostStream)
+                    .ok());
     EXPECT_EQ(value, 99);
   });
 }

@@ -50,6 +50,17 @@ bool PartlyOverlap(const float* a, const float* b, size_t count) {
   return x != y && x < y + bytes && y < x + bytes;
 }
 
+// count * DTypeSize(dtype), or INVALID_ARGUMENT naming `call` when that
+// does not fit a size_t.
+absl::StatusOr<size_t> BytesOf(const char* call, size_t count, DType dtype) {
+  const size_t element = DTypeSize(dtype);
+  if (count > std::numeric_limits<size_t>::max() / element) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, ": count ", count, " of ", DTypeName(dtype), " is too large"));
+  }
+  return count * element;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Bind(
@@ -124,8 +135,8 @@ absl::Status TcpTransport::Synchronize(Stream stream, absl::Duration) {
   return HostStreamOnly(stream);
 }
 
-absl::Status TcpTransport::AwaitFrom(int peer, size_t /*bytes*/,
-                                     absl::Duration timeout) {
+absl::Status TcpTransport::AwaitFrom(int peer, size_t /*count*/,
+                                     DType /*dtype*/, absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(CheckRank(peer, "peer", /*allow_self=*/false));
   if (group_.grouped()) {
@@ -261,29 +272,37 @@ absl::Status TcpTransport::GroupEnd() {
   return RunUnlessGrouped();
 }
 
-absl::Status TcpTransport::Send(const void* data, size_t bytes, int peer,
-                                Stream stream) {
+absl::Status TcpTransport::Send(const void* data, size_t count, DType dtype,
+                                int peer, Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
-  absl::Status valid = CheckRank(peer, "Send: peer", /*allow_self=*/false);
-  if (valid.ok() && data == nullptr && bytes > 0) {
+  const absl::StatusOr<size_t> bytes = BytesOf("Send", count, dtype);
+  absl::Status valid = bytes.status();
+  if (valid.ok()) {
+    valid = CheckRank(peer, "Send: peer", /*allow_self=*/false);
+  }
+  if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Send: data is null");
   }
   if (!valid.ok()) return Fail(valid);
-  QueueSend(peer, MessageKind::kPointToPoint, data, bytes);
+  QueueSend(peer, MessageKind::kPointToPoint, data, *bytes);
   return RunUnlessGrouped();
 }
 
-absl::Status TcpTransport::Recv(void* data, size_t bytes, int peer,
+absl::Status TcpTransport::Recv(void* data, size_t count, DType dtype, int peer,
                                 Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
-  absl::Status valid = CheckRank(peer, "Recv: peer", /*allow_self=*/false);
-  if (valid.ok() && data == nullptr && bytes > 0) {
+  const absl::StatusOr<size_t> bytes = BytesOf("Recv", count, dtype);
+  absl::Status valid = bytes.status();
+  if (valid.ok()) {
+    valid = CheckRank(peer, "Recv: peer", /*allow_self=*/false);
+  }
+  if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Recv: data is null");
   }
   if (!valid.ok()) return Fail(valid);
-  QueueRecv(peer, MessageKind::kPointToPoint, data, bytes);
+  QueueRecv(peer, MessageKind::kPointToPoint, data, *bytes);
   return RunUnlessGrouped();
 }
 
@@ -344,20 +363,26 @@ absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
   return RunUnlessGrouped();
 }
 
-absl::Status TcpTransport::Broadcast(void* data, size_t bytes, int root,
-                                     Stream stream) {
+absl::Status TcpTransport::Broadcast(void* data, size_t count, DType dtype,
+                                     int root, Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
-  absl::Status valid = CheckRank(root, "Broadcast: root", /*allow_self=*/true);
-  if (valid.ok() && data == nullptr && bytes > 0) {
+  const absl::StatusOr<size_t> bytes = BytesOf("Broadcast", count, dtype);
+  absl::Status valid = bytes.status();
+  if (valid.ok()) {
+    valid = CheckRank(root, "Broadcast: root", /*allow_self=*/true);
+  }
+  if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Broadcast: data is null");
   }
   if (!valid.ok()) return Fail(valid);
   if (root != rank_) {
-    QueueRecv(root, MessageKind::kBroadcast, data, bytes);
+    QueueRecv(root, MessageKind::kBroadcast, data, *bytes);
   } else {
     for (int peer = 0; peer < size(); ++peer) {
-      if (peer != rank_) QueueSend(peer, MessageKind::kBroadcast, data, bytes);
+      if (peer != rank_) {
+        QueueSend(peer, MessageKind::kBroadcast, data, *bytes);
+      }
     }
   }
   return RunUnlessGrouped();

@@ -16,12 +16,13 @@
 // peers' handshakes (mesh_acceptor.h).
 //
 // Framing. Every message carries a 24-byte header {kind, sequence number,
-// bytes} (wire_format.h). Sizes are not negotiated: the receiver knows what
-// it expects, and reads and checks each header before it reads any payload:
-// a header that differs (the ranks issued different calls, sizes, or
-// orders; a peer sending more than expected) fails the call with INTERNAL
-// naming the peer, and bytes that are not a header with DATA_LOSS, leaving
-// the receiving buffer untouched.
+// bytes} (wire_format.h); a call's element count and DType only fix its
+// size in bytes (count * DTypeSize(dtype)), which the header carries. Sizes are
+// not negotiated: the receiver knows what it expects, and reads and checks each
+// header before it reads any payload: a header that differs (the ranks issued
+// different calls, sizes, or orders; a peer sending more than expected) fails
+// the call with INTERNAL naming the peer, and bytes that are not a header with
+// DATA_LOSS, leaving the receiving buffer untouched.
 //
 // Groups. Calls between GroupStart() and GroupEnd() are checked and queued
 // (returning OK or INVALID_ARGUMENT) and all run at the outermost GroupEnd()
@@ -157,17 +158,21 @@ class TcpTransport final : public Transport {
   // without a matching GroupStart.
   absl::Status GroupEnd() override;
 
-  absl::Status Send(const void* data, size_t bytes, int peer,
+  // INVALID_ARGUMENT (and broken) when count * DTypeSize(dtype) overflows.
+  absl::Status Send(const void* data, size_t count, DType dtype, int peer,
                     Stream stream) override;
-  absl::Status Recv(void* data, size_t bytes, int peer, Stream stream) override;
+  absl::Status Recv(void* data, size_t count, DType dtype, int peer,
+                    Stream stream) override;
   // `recv` may be `send` itself but must not partly overlap it.
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
                          absl::Span<const int> order, Stream stream) override;
-  absl::Status Broadcast(void* data, size_t bytes, int root,
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
   // Calls have finished when they return: OK unless broken.
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override;
-  absl::Status AwaitFrom(int peer, size_t bytes,
+  // `count` and `dtype` are not needed: the socket becoming readable says a
+  // message has begun to arrive.
+  absl::Status AwaitFrom(int peer, size_t count, DType dtype,
                          absl::Duration timeout) override;
   // Shuts every connection down: a call blocked on a peer (in this or
   // another thread) fails at once, and so does every later call.

@@ -40,11 +40,13 @@ TEST(TcpTransportTest, AbortFromAnotherThreadEndsABlockedRecvAndLaterCalls) {
     waiting.Abort(absl::UnavailableError("peer w1 lost its lease"));
   });
   float x = 0;
-  const absl::Status status = waiting.Recv(&x, 4, 1, kHostStream);
+  const absl::Status status =
+      waiting.Recv(&x, 1, DType::kFloat32, 1, kHostStream);
   aborter.join();
   EXPECT_FALSE(status.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  const absl::Status later = waiting.Send(&x, 4, 1, kHostStream);
+  const absl::Status later =
+      waiting.Send(&x, 1, DType::kFloat32, 1, kHostStream);
   EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(later.message()),
               ::testing::HasSubstr("peer w1 lost its lease"));
@@ -58,21 +60,25 @@ TEST(TcpTransportTest, AwaitFromWaitsForTheNextMessageWithoutTakingIt) {
       ConnectLoopbackWorld(2, /*session=*/45, LoopbackOptions());
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   TcpTransport& follower = *(*ranks)[1];
-  const absl::Status idle = follower.AwaitFrom(0, 16, absl::Milliseconds(50));
+  const absl::Status idle =
+      follower.AwaitFrom(0, 1, DType::kFloat32, absl::Milliseconds(50));
   EXPECT_EQ(idle.code(), absl::StatusCode::kDeadlineExceeded) << idle;
   float sent = 2.5f, got = 0;
-  ASSERT_TRUE((*ranks)[0]->Send(&sent, 4, 1, kHostStream).ok());
-  EXPECT_TRUE(follower.AwaitFrom(0, 16, absl::Seconds(10)).ok());
-  ASSERT_TRUE(follower.Recv(&got, 4, 0, kHostStream).ok());
+  ASSERT_TRUE(
+      (*ranks)[0]->Send(&sent, 1, DType::kFloat32, 1, kHostStream).ok());
+  EXPECT_TRUE(
+      follower.AwaitFrom(0, 1, DType::kFloat32, absl::Seconds(10)).ok());
+  ASSERT_TRUE(follower.Recv(&got, 1, DType::kFloat32, 0, kHostStream).ok());
   EXPECT_EQ(got, 2.5f);
-  EXPECT_EQ(follower.AwaitFrom(1, 16, absl::Seconds(1)).code(),
+  EXPECT_EQ(follower.AwaitFrom(1, 1, DType::kFloat32, absl::Seconds(1)).code(),
             absl::StatusCode::kInvalidArgument);  // itself
   std::thread aborter([&] {
     absl::SleepFor(absl::Milliseconds(100));
     follower.Abort(absl::CancelledError("plan version 2 replaced it"));
   });
   const absl::Time start = absl::Now();
-  const absl::Status woken = follower.AwaitFrom(0, 16, absl::Seconds(60));
+  const absl::Status woken =
+      follower.AwaitFrom(0, 1, DType::kFloat32, absl::Seconds(60));
   aborter.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_THAT(std::string(woken.message()),

@@ -3,6 +3,7 @@
 // nothing hangs.
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -51,16 +52,16 @@ TEST(TcpTransportFailureTest, PeerThatClosesFailsPendingRecvsUnavailable) {
       ranks[2].reset();  // Closes its connections mid-call of the others.
       return;
     }
-    char buffer[64];
+    float buffer[16];
     const Clock::time_point start = Clock::now();
     const absl::Status status =
-        ranks[rank]->Recv(buffer, sizeof(buffer), 2, kHostStream);
+        ranks[rank]->Recv(buffer, 16, DType::kFloat32, 2, kHostStream);
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
     EXPECT_THAT(status.message(), HasSubstr("peer rank 2"));
     EXPECT_LT(SecondsSince(start), 0.9) << "must not wait for io_timeout";
     // Broken: even a call between the two healthy ranks fails at once.
     const absl::Status after =
-        ranks[rank]->Send(buffer, 1, 1 - rank, kHostStream);
+        ranks[rank]->Send(buffer, 1, DType::kFloat32, 1 - rank, kHostStream);
     EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
     EXPECT_THAT(after.message(), HasSubstr("peer rank 2"));
   });
@@ -69,28 +70,28 @@ TEST(TcpTransportFailureTest, PeerThatClosesFailsPendingRecvsUnavailable) {
 TEST(TcpTransportFailureTest, PeerThatNeverSendsGivesDeadlineExceeded) {
   std::vector<std::unique_ptr<TcpTransport>> ranks = World(2);
   ASSERT_EQ(ranks.size(), 2u);
-  char buffer[1024];
+  float buffer[256];
   const Clock::time_point start = Clock::now();
   const absl::Status status =
-      ranks[0]->Recv(buffer, sizeof(buffer), 1, kHostStream);
+      ranks[0]->Recv(buffer, 256, DType::kFloat32, 1, kHostStream);
   const double seconds = SecondsSince(start);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("peer rank 1"), HasSubstr("io_timeout")));
   EXPECT_GE(seconds, 0.95);
   EXPECT_LT(seconds, 2.0);
-  EXPECT_EQ(ranks[0]->Recv(buffer, sizeof(buffer), 1, kHostStream).code(),
+  EXPECT_EQ(ranks[0]->Recv(buffer, 256, DType::kFloat32, 1, kHostStream).code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(TcpTransportFailureTest, PeerThatNeverReceivesGivesDeadlineExceeded) {
   std::vector<std::unique_ptr<TcpTransport>> ranks = World(2);
   ASSERT_EQ(ranks.size(), 2u);
-  // Far beyond what the socket buffers of both ends can hold.
-  const std::vector<char> data(64 << 20, 'x');
+  // Far beyond what the socket buffers of both ends can hold: 64 MiB.
+  const std::vector<float> data(16 << 20, 1.0f);
   const Clock::time_point start = Clock::now();
   const absl::Status status =
-      ranks[1]->Send(data.data(), data.size(), 0, kHostStream);
+      ranks[1]->Send(data.data(), data.size(), DType::kFloat32, 0, kHostStream);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_THAT(status.message(), HasSubstr("peer rank 0"));
   EXPECT_LT(SecondsSince(start), 2.0);
@@ -102,11 +103,11 @@ TEST(TcpTransportFailureTest, PeerThatNeverReceivesGivesDeadlineExceeded) {
 TEST(TcpTransportFailureTest, UngroupedCrossingSendsOf32MiBTimeOutNotHang) {
   std::vector<std::unique_ptr<TcpTransport>> ranks = World(2);
   ASSERT_EQ(ranks.size(), 2u);
-  const std::vector<char> data(32 << 20, 'x');
+  const std::vector<float> data(8 << 20, 1.0f);  // 32 MiB
   RunOnEveryRank(2, [&](int rank) {
     const Clock::time_point start = Clock::now();
-    const absl::Status status =
-        ranks[rank]->Send(data.data(), data.size(), 1 - rank, kHostStream);
+    const absl::Status status = ranks[rank]->Send(
+        data.data(), data.size(), DType::kFloat32, 1 - rank, kHostStream);
     EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
     EXPECT_LT(SecondsSince(start), 2.0);
   });
@@ -150,8 +151,9 @@ TEST(TcpTransportFailureTest, StaleConnectionFromAnOlderSessionIsNotReused) {
   ASSERT_TRUE(fresh[1].ok()) << fresh[1].status();
   RunOnEveryRank(2, [&](int rank) {
     int value = rank == 1 ? 12345 : 0;
-    ASSERT_TRUE(
-        (*fresh[rank])->Broadcast(&value, sizeof(value), 1, kHostStream).ok());
+    ASSERT_TRUE((*fresh[rank])
+                    ->Broadcast(&value, 1, DType::kFloat32, 1, kHostStream)
+                    .ok());
     EXPECT_EQ(value, 12345);
   });
 }
@@ -174,8 +176,9 @@ TEST(TcpTransportFailureTest, RetryOnTheSameSessionSkipsAbandonedAttempts) {
   ASSERT_TRUE(retry[1].ok()) << retry[1].status();
   RunOnEveryRank(2, [&](int rank) {
     int value = rank == 0 ? 777 : 0;
-    ASSERT_TRUE(
-        (*retry[rank])->Broadcast(&value, sizeof(value), 0, kHostStream).ok());
+    ASSERT_TRUE((*retry[rank])
+                    ->Broadcast(&value, 1, DType::kFloat32, 0, kHostStream)
+                    .ok());
     EXPECT_EQ(value, 777);
   });
 }
@@ -183,14 +186,17 @@ TEST(TcpTransportFailureTest, RetryOnTheSameSessionSkipsAbandonedAttempts) {
 TEST(TcpTransportFailureTest, MismatchedMessageSizesGiveInternalNamingPeer) {
   std::vector<std::unique_ptr<TcpTransport>> ranks = World(2);
   ASSERT_EQ(ranks.size(), 2u);
-  std::vector<char> buffer(200, 'a');
+  std::vector<float> buffer(50, 1.0f);  // 200 bytes
   absl::Status received;
   RunOnEveryRank(2, [&](int rank) {
     if (rank == 0) {
-      EXPECT_TRUE(ranks[0]->Send(buffer.data(), 200, 1, kHostStream).ok());
+      EXPECT_TRUE(ranks[0]
+                      ->Send(buffer.data(), 50, DType::kFloat32, 1, kHostStream)
+                      .ok());
     } else {
-      std::vector<char> small(100);
-      received = ranks[1]->Recv(small.data(), small.size(), 0, kHostStream);
+      std::vector<float> small(25);  // 100 bytes
+      received = ranks[1]->Recv(small.data(), small.size(), DType::kFloat32, 0,
+                                kHostStream);
     }
   });
   EXPECT_EQ(received.code(), absl::StatusCode::kInternal) << received;
@@ -204,11 +210,12 @@ TEST(TcpTransportFailureTest, MismatchedCallKindsGiveInternalNamingPeer) {
   ASSERT_EQ(ranks.size(), 2u);
   absl::Status received;
   RunOnEveryRank(2, [&](int rank) {
-    char data[64] = {};
+    float data[16] = {};
     if (rank == 0) {
-      EXPECT_TRUE(ranks[0]->Broadcast(data, sizeof(data), 0, kHostStream).ok());
+      EXPECT_TRUE(
+          ranks[0]->Broadcast(data, 16, DType::kFloat32, 0, kHostStream).ok());
     } else {
-      received = ranks[1]->Recv(data, sizeof(data), 0, kHostStream);
+      received = ranks[1]->Recv(data, 16, DType::kFloat32, 0, kHostStream);
     }
   });
   EXPECT_EQ(received.code(), absl::StatusCode::kInternal) << received;
@@ -219,15 +226,25 @@ TEST(TcpTransportFailureTest, MismatchedCallKindsGiveInternalNamingPeer) {
 TEST(TcpTransportFailureTest, InvalidCallsAreRejectedAndBreakTheTransport) {
   std::vector<std::unique_ptr<TcpTransport>> ranks = World(1);
   ASSERT_EQ(ranks.size(), 1u);
-  char byte = 0;
-  EXPECT_EQ(ranks[0]->Send(&byte, 1, 0, kHostStream).code(),
+  float value = 0;
+  EXPECT_EQ(ranks[0]->Send(&value, 1, DType::kFloat32, 0, kHostStream).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ranks[0]->Broadcast(&byte, 1, 0, kHostStream).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      ranks[0]->Broadcast(&value, 1, DType::kFloat32, 0, kHostStream).code(),
+      absl::StatusCode::kFailedPrecondition);
 
   std::vector<std::unique_ptr<TcpTransport>> fresh = World(1);
   ASSERT_EQ(fresh.size(), 1u);
   EXPECT_EQ(fresh[0]->GroupEnd().code(), absl::StatusCode::kFailedPrecondition);
+
+  // Counts are elements: one whose bytes overflow a size_t is refused.
+  std::vector<std::unique_ptr<TcpTransport>> huge = World(1);
+  ASSERT_EQ(huge.size(), 1u);
+  const absl::Status too_large =
+      huge[0]->Broadcast(&value, std::numeric_limits<size_t>::max(),
+                         DType::kBFloat16, 0, kHostStream);
+  EXPECT_EQ(too_large.code(), absl::StatusCode::kInvalidArgument) << too_large;
+  EXPECT_THAT(too_large.message(), HasSubstr("bf16 is too large"));
 }
 
 TEST(TcpTransportFailureTest, ConnectRejectsBadArguments) {

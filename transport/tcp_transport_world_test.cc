@@ -86,39 +86,49 @@ TEST_P(TcpTransportWorldTest, ReportsRankAndSize) {
   }
 }
 
+// Counts are elements: each dtype moves count * DTypeSize(dtype) bytes.
 TEST_P(TcpTransportWorldTest, SendRecvDeliversEmptySmallAnd64MiBMessages) {
   struct Transfer {
     int from, to;
-    size_t bytes;
+    size_t count;
+    DType dtype;
+    size_t bytes() const { return count * DTypeSize(dtype); }
+  };
+  struct Size {
+    size_t count;
+    DType dtype;
   };
   std::vector<Transfer> transfers;
-  for (size_t bytes : {size_t{0}, size_t{1}, size_t{4099}}) {
+  for (const Size& size :
+       {Size{0, DType::kFloat32}, Size{1, DType::kBFloat16},
+        Size{4099, DType::kFloat16}, Size{4099, DType::kFloat32}}) {
     for (int from = 0; from < world(); ++from) {
       for (int to = 0; to < world(); ++to) {
-        if (from != to) transfers.push_back({from, to, bytes});
+        if (from != to) transfers.push_back({from, to, size.count, size.dtype});
       }
     }
   }
   for (int peer = 1; peer < world(); ++peer) {
-    transfers.push_back({0, peer, 64 * kMiB});
-    transfers.push_back({peer, 0, 64 * kMiB});
+    transfers.push_back({0, peer, 16 * kMiB, DType::kFloat32});
+    transfers.push_back({peer, 0, 32 * kMiB, DType::kBFloat16});
   }
   RunOnEveryRank(world(), [&](int rank) {
     for (size_t n = 0; n < transfers.size(); ++n) {
       const Transfer& t = transfers[n];
       const uint32_t seed = static_cast<uint32_t>(n);
       if (rank == t.from) {
-        const std::vector<unsigned char> data = BytePattern(t.bytes, seed);
-        EXPECT_TRUE(
-            at(rank).Send(data.data(), t.bytes, t.to, kHostStream).ok());
+        const std::vector<unsigned char> data = BytePattern(t.bytes(), seed);
+        EXPECT_TRUE(at(rank)
+                        .Send(data.data(), t.count, t.dtype, t.to, kHostStream)
+                        .ok());
       } else if (rank == t.to) {
-        std::vector<unsigned char> got(t.bytes, 0xEE);
+        std::vector<unsigned char> got(t.bytes(), 0xEE);
         const absl::Status received =
-            at(rank).Recv(got.data(), t.bytes, t.from, kHostStream);
+            at(rank).Recv(got.data(), t.count, t.dtype, t.from, kHostStream);
         ASSERT_TRUE(received.ok()) << received;
-        EXPECT_TRUE(got == BytePattern(t.bytes, seed))
-            << "transfer " << n << ": " << t.bytes << " bytes " << t.from
-            << " -> " << t.to;
+        EXPECT_TRUE(got == BytePattern(t.bytes(), seed))
+            << "transfer " << n << ": " << t.count << " " << DTypeName(t.dtype)
+            << " " << t.from << " -> " << t.to;
       }
     }
   });
@@ -192,14 +202,18 @@ TEST_P(TcpTransportWorldTest, ReduceSumAddsInTheCallersOrderBitForBit) {
 }
 
 TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
-  for (size_t bytes : {size_t{0}, 3 * kMiB + 5}) {
+  // Element counts of fp16 (2 bytes each): none, and an odd count.
+  for (size_t count : {size_t{0}, 3 * kMiB / 2 + 5}) {
+    const size_t bytes = count * DTypeSize(DType::kFloat16);
     for (int root = 0; root < world(); ++root) {
       const std::vector<unsigned char> data = BytePattern(bytes, root + 7);
       RunOnEveryRank(world(), [&](int rank) {
         std::vector<unsigned char> buffer =
             rank == root ? data : std::vector<unsigned char>(bytes, 0);
-        ASSERT_TRUE(
-            at(rank).Broadcast(buffer.data(), bytes, root, kHostStream).ok());
+        ASSERT_TRUE(at(rank)
+                        .Broadcast(buffer.data(), count, DType::kFloat16, root,
+                                   kHostStream)
+                        .ok());
         EXPECT_TRUE(buffer == data) << "root " << root << " rank " << rank;
       });
     }
@@ -210,7 +224,8 @@ TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
 // buffers of a connection absorb about 16 MiB here, so each message is twice
 // that: run call by call this deadlocks (tcp_transport_failure_test checks).
 TEST_P(TcpTransportWorldTest, GroupedAllToAllOf32MiBPerPairCompletes) {
-  const size_t bytes = 32 * kMiB;
+  const size_t count = 8 * kMiB;  // fp32: 32 MiB
+  const size_t bytes = count * sizeof(float);
   const auto seed = [this](int from, int to) {
     return static_cast<uint32_t>(from * world() + to);
   };
@@ -221,13 +236,17 @@ TEST_P(TcpTransportWorldTest, GroupedAllToAllOf32MiBPerPairCompletes) {
       if (peer == rank) continue;
       out[peer] = BytePattern(bytes, seed(rank, peer));
       ASSERT_TRUE(
-          at(rank).Send(out[peer].data(), bytes, peer, kHostStream).ok());
+          at(rank)
+              .Send(out[peer].data(), count, DType::kFloat32, peer, kHostStream)
+              .ok());
     }
     for (int peer = 0; peer < world(); ++peer) {
       if (peer == rank) continue;
       in[peer].resize(bytes);
       ASSERT_TRUE(
-          at(rank).Recv(in[peer].data(), bytes, peer, kHostStream).ok());
+          at(rank)
+              .Recv(in[peer].data(), count, DType::kFloat32, peer, kHostStream)
+              .ok());
     }
     ASSERT_TRUE(at(rank).GroupEnd().ok());
     for (int peer = 0; peer < world(); ++peer) {
@@ -239,6 +258,7 @@ TEST_P(TcpTransportWorldTest, GroupedAllToAllOf32MiBPerPairCompletes) {
 }
 
 TEST_P(TcpTransportWorldTest, NestedGroupsRunAtTheOutermostGroupEnd) {
+  const size_t count = kMiB / sizeof(float);
   const size_t bytes = kMiB;
   const std::vector<unsigned char> data = BytePattern(bytes, 99);
   RunOnEveryRank(world(), [&](int rank) {
@@ -246,7 +266,10 @@ TEST_P(TcpTransportWorldTest, NestedGroupsRunAtTheOutermostGroupEnd) {
         rank == 0 ? data : std::vector<unsigned char>(bytes, 0);
     ASSERT_TRUE(at(rank).GroupStart().ok());
     ASSERT_TRUE(at(rank).GroupStart().ok());
-    ASSERT_TRUE(at(rank).Broadcast(buffer.data(), bytes, 0, kHostStream).ok());
+    ASSERT_TRUE(
+        at(rank)
+            .Broadcast(buffer.data(), count, DType::kFloat32, 0, kHostStream)
+            .ok());
     ASSERT_TRUE(at(rank).GroupEnd().ok());
     if (rank != 0) {
       EXPECT_TRUE(buffer == std::vector<unsigned char>(bytes, 0))
@@ -315,11 +338,11 @@ TEST_P(TcpTransportWorldTest, HundredMixedOperationsMatchTheReference) {
       switch (op.kind) {
         case MixedOp::Kind::kSendRecv:
           if (rank == op.from) {
-            status = at(rank).Send(check.got.data(), op.count * 4, op.to,
-                                   kHostStream);
+            status = at(rank).Send(check.got.data(), op.count, DType::kFloat32,
+                                   op.to, kHostStream);
           } else if (rank == op.to) {
-            status = at(rank).Recv(check.got.data(), op.count * 4, op.from,
-                                   kHostStream);
+            status = at(rank).Recv(check.got.data(), op.count, DType::kFloat32,
+                                   op.from, kHostStream);
             check.expected = FractionValues(op.count, op.from, salt);
             check.verify = true;
           }
@@ -334,8 +357,8 @@ TEST_P(TcpTransportWorldTest, HundredMixedOperationsMatchTheReference) {
           }
           break;
         case MixedOp::Kind::kBroadcast:
-          status = at(rank).Broadcast(check.got.data(), op.count * 4, op.from,
-                                      kHostStream);
+          status = at(rank).Broadcast(check.got.data(), op.count,
+                                      DType::kFloat32, op.from, kHostStream);
           check.expected = FractionValues(op.count, op.from, salt);
           check.verify = true;
           break;

@@ -10,6 +10,10 @@
 // after it) sees the data. A host transport (memory() is kHost) takes
 // kHostStream only and has finished a call, or a group, when it returns.
 //
+// Counts. Every data call counts elements, not bytes, as NCCL does: Send,
+// Recv, Broadcast and AwaitFrom take a count of elements of a DType (a call
+// moves count * DTypeSize(dtype) bytes); ReduceSum adds fp32 elements only.
+//
 // Order. Every rank issues the same calls in the same order (the step
 // schedule fixes it); calls between GroupStart() and GroupEnd() may progress
 // concurrently and complete together (ncclGroupStart/End). Buffers handed to
@@ -32,6 +36,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/device.h"
+#include "common/dtype.h"
 
 namespace muonps {
 namespace transport {
@@ -51,16 +56,19 @@ class Transport {
   virtual absl::Status GroupStart() = 0;
   virtual absl::Status GroupEnd() = 0;
 
-  // `bytes` from `data` to `peer` (!= rank()).
-  virtual absl::Status Send(const void* data, size_t bytes, int peer,
-                            Stream stream) = 0;
-  // `bytes` from `peer` into `data`.
-  virtual absl::Status Recv(void* data, size_t bytes, int peer,
+  // Sends `count` elements of `dtype` (count * DTypeSize(dtype) bytes) from
+  // `data` to `peer` (!= rank()).
+  virtual absl::Status Send(const void* data, size_t count, DType dtype,
+                            int peer, Stream stream) = 0;
+  // Receives `count` elements of `dtype` from `peer` into `data`. The
+  // matching Send must name the same count and dtype.
+  virtual absl::Status Recv(void* data, size_t count, DType dtype, int peer,
                             Stream stream) = 0;
 
-  // Sum of every rank's `send` (count floats) into `recv` on `root`; `recv`
-  // is ignored elsewhere and may alias `send` on the root. `order` is empty
-  // (rank order) or a permutation of the ranks: the fp32 parts are added
+  // Sum of every rank's `send` into `recv` on `root`: `count` is a number
+  // of fp32 elements (ReduceSum takes no DType; it always adds floats).
+  // `recv` is ignored elsewhere and may alias `send` on the root. `order` is
+  // empty (rank order) or a permutation of the ranks: the fp32 parts are added
   // left to right in that order, which fixes the result's bits (a caller
   // that wants results independent of how ranks were numbered passes its
   // own order; only the root's `order` matters). A transport whose library
@@ -69,25 +77,27 @@ class Transport {
   virtual absl::Status ReduceSum(const float* send, float* recv, size_t count,
                                  int root, absl::Span<const int> order,
                                  Stream stream) = 0;
-  // `bytes` of `data` from `root` to every rank.
-  virtual absl::Status Broadcast(void* data, size_t bytes, int root,
-                                 Stream stream) = 0;
+  // Copies `count` elements of `dtype` at `data` from `root` to every rank.
+  // Every rank names the same count and dtype.
+  virtual absl::Status Broadcast(void* data, size_t count, DType dtype,
+                                 int root, Stream stream) = 0;
 
   // Waits until the work this transport enqueued on `stream` is done,
   // failing (and aborting) if a peer is lost or nothing progresses for
   // `timeout`. Host transports return at once (their calls have finished).
   virtual absl::Status Synchronize(Stream stream, absl::Duration timeout) = 0;
 
-  // Waits up to `timeout` for the next message from `peer`, of `bytes`, to
-  // arrive, without the caller receiving it (outside a group): OK once one
-  // has (or the peer closed: the receive then fails); DEADLINE_EXCEEDED when
-  // none came, the transport still usable and the wait resumable by calling
-  // again. The caller's next Recv from `peer` (of `bytes`) then takes that
-  // message. What a worker with no trainer of its own waits on between
-  // steps. A transport whose library cannot wait without receiving (NCCL)
-  // posts the receive into a buffer of its own here and hands the message
-  // over at that Recv; `bytes` tells it the size (others ignore it).
-  virtual absl::Status AwaitFrom(int peer, size_t bytes,
+  // Waits up to `timeout` for the next message from `peer`, of `count`
+  // elements of `dtype`, to arrive, without the caller receiving it (outside
+  // a group): OK once one has (or the peer closed: the receive then fails);
+  // DEADLINE_EXCEEDED when none came, the transport still usable and the
+  // wait resumable by calling again. The caller's next Recv from `peer` (of
+  // the same count and dtype) then takes that message. What a worker with
+  // no trainer of its own waits on between steps. A transport whose library
+  // cannot wait without receiving (NCCL) posts the receive into a buffer of
+  // its own here and hands the message over at that Recv; `count` and
+  // `dtype` tell it the size and type (others ignore them).
+  virtual absl::Status AwaitFrom(int peer, size_t count, DType dtype,
                                  absl::Duration timeout) = 0;
 
   // Breaks the transport: pending and later calls fail with `reason`.

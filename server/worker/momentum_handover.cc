@@ -230,8 +230,9 @@ absl::Status HandOverMomentum(const HandoverContext& c,
               "momentum handover: matrix ", Quoted(stacks.matrices[m].name),
               " expert ", e, " moved away but was not kept to hand over"));
         }
-        if (absl::Status s = t.Send(mine.outgoing->data() + from.outgoing_at,
-                                    floats * 4, owner, ops.stream());
+        if (absl::Status s =
+                t.Send(mine.outgoing->data() + from.outgoing_at, floats,
+                       DType::kFloat32, owner, ops.stream());
             !s.ok()) {
           return transport_failed(s);
         }
@@ -247,7 +248,8 @@ absl::Status HandOverMomentum(const HandoverContext& c,
           }
           into = discard->data();
         }
-        if (absl::Status s = t.Recv(into, floats * 4, from.rank, ops.stream());
+        if (absl::Status s =
+                t.Recv(into, floats, DType::kFloat32, from.rank, ops.stream());
             !s.ok()) {
           return transport_failed(s);
         }

@@ -1,15 +1,27 @@
 #include "server/worker/step_control.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace muonps {
 namespace worker {
 
+absl::Status ControlChannel::Broadcast(void* message, size_t bytes, int root) {
+  if (bytes % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "control message of ", bytes, " bytes: not a whole number of floats"));
+  }
+  const size_t floats = bytes / sizeof(float);
+  return Exchange(message, floats, [&](void* data) {
+    return t_.Broadcast(data, floats, DType::kFloat32, root, ops_.stream());
+  });
+}
+
 absl::Status ControlChannel::Exchange(
-    void* host, size_t bytes,
+    void* host, size_t count,
     const std::function<absl::Status(void* data)>& move) {
   if (t_.memory() == MemoryKind::kHost) return move(host);
-  const int64_t floats = static_cast<int64_t>(bytes / 4);
+  const int64_t floats = static_cast<int64_t>(count);
   std::unique_ptr<kernels::FloatBuffer> larger;
   float* device = scratch_->data();
   if (scratch_->size() < floats) {  // a long list of sizes

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
 #include "kernels/device_ops.h"
 #include "transport/transport.h"
 
@@ -29,34 +30,44 @@ class ControlChannel {
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
 
-  // Moves `bytes` (a multiple of 4) of host memory through the transport's
-  // memory: `exchange` runs the transport calls on the staged copy, on the
-  // ops' stream(); what arrived is back in `host` on return.
-  absl::Status Exchange(void* host, size_t bytes,
+  // Control messages travel as fp32 elements (DType::kFloat32): their bytes,
+  // unconverted, sizeof(T) / 4 floats of them. A message type must be a
+  // whole number of floats.
+  template <typename T>
+  static constexpr size_t FloatsOf() {
+    static_assert(sizeof(T) % sizeof(float) == 0,
+                  "a control message travels as whole fp32 elements");
+    return sizeof(T) / sizeof(float);
+  }
+
+  // Moves `floats` fp32 elements of host memory through the transport's
+  // memory: `move` runs the transport calls on the staged copy, on the ops'
+  // stream(); what arrived is back in `host` on return.
+  absl::Status Exchange(void* host, size_t floats,
                         const std::function<absl::Status(void* data)>& move);
 
   template <typename T>
   absl::Status Send(const T& message, int peer) {
+    constexpr size_t kFloats = FloatsOf<T>();
     T copy = message;
-    return Exchange(&copy, sizeof(T), [&](void* data) {
-      return t_.Send(data, sizeof(T), peer, ops_.stream());
+    return Exchange(&copy, kFloats, [&](void* data) {
+      return t_.Send(data, kFloats, DType::kFloat32, peer, ops_.stream());
     });
   }
   template <typename T>
   absl::Status Recv(T* message, int peer) {
-    return Exchange(message, sizeof(T), [&](void* data) {
-      return t_.Recv(data, sizeof(T), peer, ops_.stream());
+    constexpr size_t kFloats = FloatsOf<T>();
+    return Exchange(message, kFloats, [&](void* data) {
+      return t_.Recv(data, kFloats, DType::kFloat32, peer, ops_.stream());
     });
   }
   template <typename T>
   absl::Status Broadcast(T* message, int root) {
-    return Broadcast(message, sizeof(T), root);
+    return Broadcast(message, FloatsOf<T>() * sizeof(float), root);
   }
-  absl::Status Broadcast(void* message, size_t bytes, int root) {
-    return Exchange(message, bytes, [&](void* data) {
-      return t_.Broadcast(data, bytes, root, ops_.stream());
-    });
-  }
+  // `bytes` of host memory (an array of messages), a multiple of 4: they
+  // travel as bytes / 4 fp32 elements. INVALID_ARGUMENT otherwise.
+  absl::Status Broadcast(void* message, size_t bytes, int root);
 
  private:
   transport::Transport& t_;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "lending/trainer_segment.h"
+#include "server/worker/step_control.h"
 #include "server/worker/step_protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -177,9 +178,10 @@ absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowStep(
 absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowLocked(
     absl::Duration wait, std::optional<CheckpointSnapshot>* snapshot) {
   MUONPS_RETURN_IF_ERROR(EnsureTransport());
-  // Rank 0 has a trainer; its first message opens every round.
-  const absl::Status opened =
-      transport_.get()->AwaitFrom(0, sizeof(RoundOpening), wait);
+  // Rank 0 has a trainer; its first message opens every round: a
+  // RoundOpening, which travels as fp32 elements (ControlChannel).
+  const absl::Status opened = transport_.get()->AwaitFrom(
+      0, ControlChannel::FloatsOf<RoundOpening>(), DType::kFloat32, wait);
   if (absl::IsDeadlineExceeded(opened)) return std::nullopt;
   if (!opened.ok()) {
     transport_.Drop(opened);

@@ -27,32 +27,32 @@ class FaultyTransport final : public transport::Transport {
   MemoryKind memory() const override { return inner_->memory(); }
   absl::Status GroupStart() override { return inner_->GroupStart(); }
   absl::Status GroupEnd() override { return inner_->GroupEnd(); }
-  absl::Status Send(const void* data, size_t bytes, int peer,
+  absl::Status Send(const void* data, size_t count, DType dtype, int peer,
                     Stream stream) override {
     MUONPS_RETURN_IF_ERROR(Count());
-    return inner_->Send(data, bytes, peer, stream);
+    return inner_->Send(data, count, dtype, peer, stream);
   }
-  absl::Status Recv(void* data, size_t bytes, int peer,
+  absl::Status Recv(void* data, size_t count, DType dtype, int peer,
                     Stream stream) override {
     MUONPS_RETURN_IF_ERROR(Count());
-    return inner_->Recv(data, bytes, peer, stream);
+    return inner_->Recv(data, count, dtype, peer, stream);
   }
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
                          absl::Span<const int> order, Stream stream) override {
     MUONPS_RETURN_IF_ERROR(Count());
     return inner_->ReduceSum(send, recv, count, root, order, stream);
   }
-  absl::Status Broadcast(void* data, size_t bytes, int root,
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override {
     MUONPS_RETURN_IF_ERROR(Count());
-    return inner_->Broadcast(data, bytes, root, stream);
+    return inner_->Broadcast(data, count, dtype, root, stream);
   }
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
   }
-  absl::Status AwaitFrom(int peer, size_t bytes,
+  absl::Status AwaitFrom(int peer, size_t count, DType dtype,
                          absl::Duration timeout) override {
-    return inner_->AwaitFrom(peer, bytes, timeout);
+    return inner_->AwaitFrom(peer, count, dtype, timeout);
   }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
 

@@ -9,6 +9,13 @@
 
 namespace muonps {
 namespace worker {
+namespace {
+
+// The step moves widened fp32 gradients, parameters' updates and means: the
+// transport counts them in fp32 elements (bytes_ stays in bytes).
+constexpr DType kF32 = DType::kFloat32;
+
+}  // namespace
 
 absl::Status WidenGradients(const AttachedTrainer& trainer,
                             kernels::DeviceOps& ops, Stream stream) {
@@ -201,10 +208,10 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
       const int source = roster_.reduce_order[0];
       if (plan_.rank == source) {
         MUONPS_RETURN_IF_ERROR(
-            t_.Send(b->grad + e * size, size * 4, x.owner, stream_));
+            t_.Send(b->grad + e * size, size, kF32, x.owner, stream_));
         bytes_ += size * 4;
       } else if (mine) {
-        MUONPS_RETURN_IF_ERROR(t_.Recv(staged, size * 4, source, stream_));
+        MUONPS_RETURN_IF_ERROR(t_.Recv(staged, size, kF32, source, stream_));
       }
       continue;
     }
@@ -214,7 +221,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
       const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_->rank);
       const int64_t local = (end - begin) * spec.cols;
       MUONPS_RETURN_IF_ERROR(
-          t_.Send(b->grad + e * local, local * 4, x.owner, stream_));
+          t_.Send(b->grad + e * local, local, kF32, x.owner, stream_));
       bytes_ += local * 4;
       continue;
     }
@@ -228,7 +235,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
         MUONPS_RETURN_IF_ERROR(
             ops_.Copy(dst, b->grad + e * count, count, stream_));
       } else {
-        MUONPS_RETURN_IF_ERROR(t_.Recv(dst, count * 4, r, stream_));
+        MUONPS_RETURN_IF_ERROR(t_.Recv(dst, count, kF32, r, stream_));
         bytes_ += count * 4;
       }
     }
@@ -322,7 +329,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
           const auto [rb, re] =
               RowsOfTrainer(spec.rows, roster_.trainer_rank_of[r]);
           MUONPS_RETURN_IF_ERROR(t_.Send(
-              slot + rb * spec.cols, (re - rb) * spec.cols * 4, r, stream_));
+              slot + rb * spec.cols, (re - rb) * spec.cols, kF32, r, stream_));
           bytes_ += (re - rb) * spec.cols * 4;
         }
       }
@@ -337,7 +344,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
             ops_.Copy(staged, slot + begin * spec.cols, apply.count, stream_));
       } else {
         MUONPS_RETURN_IF_ERROR(
-            t_.Recv(staged, apply.count * 4, x.owner, stream_));
+            t_.Recv(staged, apply.count, kF32, x.owner, stream_));
         bytes_ += apply.count * 4;
       }
     } else {
@@ -345,7 +352,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
       if (b == nullptr) {  // no parameter here: only the owner's part
         float* update = mine ? slot : plan_.scratch->data();
         MUONPS_RETURN_IF_ERROR(
-            t_.Broadcast(update, size * 4, x.owner, stream_));
+            t_.Broadcast(update, size, kF32, x.owner, stream_));
         continue;
       }
       apply.count = size;
@@ -353,7 +360,8 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
       apply.staged_at = b->staged_at + apply.first;
       float* staged = trainer_->staging->data() + apply.staged_at;
       if (mine) MUONPS_RETURN_IF_ERROR(ops_.Copy(staged, slot, size, stream_));
-      MUONPS_RETURN_IF_ERROR(t_.Broadcast(staged, size * 4, x.owner, stream_));
+      MUONPS_RETURN_IF_ERROR(
+          t_.Broadcast(staged, size, kF32, x.owner, stream_));
     }
     ledger_.staged.applies.push_back(apply);
   }
@@ -368,7 +376,7 @@ absl::Status StepStaging::AverageAdamWGradients() {
                                           plan_.sink->data(), n, 0,
                                           roster_.reduce_order, stream_));
       MUONPS_RETURN_IF_ERROR(
-          t_.Broadcast(plan_.sink->data(), n * 4, 0, stream_));
+          t_.Broadcast(plan_.sink->data(), n, kF32, 0, stream_));
     }
     return absl::OkStatus();
   }
@@ -382,7 +390,7 @@ absl::Status StepStaging::AverageAdamWGradients() {
     if (plan_.rank == 0) {
       MUONPS_RETURN_IF_ERROR(ops_.Scale(mean, b.elements, inverse, stream_));
     }
-    MUONPS_RETURN_IF_ERROR(t_.Broadcast(mean, b.elements * 4, 0, stream_));
+    MUONPS_RETURN_IF_ERROR(t_.Broadcast(mean, b.elements, kF32, 0, stream_));
     bytes_ += 2 * b.elements * 4;
     ledger_.staged.means.push_back(static_cast<int>(i));
   }
