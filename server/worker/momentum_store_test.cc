@@ -202,24 +202,6 @@ class GatedOps : public kernels::DeviceOps {
   absl::Status Synchronize(Stream s) override { return ops_.Synchronize(s); }
 
  private:
-  // Runs the installed version's handover on a one-rank transport, as a
-  // worker alone in its plan does before the version's first step.
-  void HandOver(MomentumStore& store, int64_t last_committed = -1) {
-    auto world = transport::ConnectLoopbackWorld(
-        1, static_cast<uint64_t>(store.version()),
-        transport::LoopbackOptions());
-    ASSERT_TRUE(world.ok()) << world.status();
-    absl::StatusOr<std::unique_ptr<kernels::FloatBuffer>> control =
-        ops_.Allocate(1024, "control");
-    ASSERT_TRUE(control.ok());
-    bool transport_ok = false;
-    const absl::Status handed =
-        store.HandOver(*(*world)[0], control->get(), last_committed,
-                       absl::Seconds(10), &transport_ok);
-    EXPECT_TRUE(transport_ok);
-    ASSERT_TRUE(handed.ok()) << handed;
-  }
-
   kernels::CpuDeviceOps ops_;
 };
 
