@@ -14,7 +14,7 @@ BUNDLE_DIR=device_bundle_ns deploy/device/bundle.sh \
   //kernels/cuda:lt_gemm_gpu_test \
   //tools/golden_replay:golden_replay //kernels/cuda:ns_gpu_timing \
   //bench/ns_gpu:ns_gpu_bench
-cp -r ../shared/testdata/torch_optim_golden device_bundle_ns/golden
+cp -r testdata/torch_optim_golden device_bundle_ns/golden
 cp bench/ns_gpu/torch_peers.py bench/ns_gpu/torch_step_peers.py bench/ns_gpu/run_ns_suite.sh device_bundle_ns/
 strip device_bundle_ns/bin/* 2>/dev/null || true
 tar cJf device_bundle_ns.tar.xz device_bundle_ns

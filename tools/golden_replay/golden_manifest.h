@@ -1,5 +1,5 @@
 // Reads a golden-trajectory manifest in the format of
-// shared/testdata/torch_optim_golden (its README describes it): a
+// testdata/torch_optim_golden (its README describes it): a
 // manifest.json listing cases of kind "muon", "adamw" or "newton_schulz",
 // with raw little-endian row-major float32 tensors beside it.
 //

@@ -16,7 +16,7 @@
 #include "tools/golden_replay/golden_replay.h"
 #include "tools/golden_replay/replay_backend.h"
 
-ABSL_FLAG(std::string, golden, "../shared/testdata/torch_optim_golden",
+ABSL_FLAG(std::string, golden, "testdata/torch_optim_golden",
           "Folder holding manifest.json and the tensors it names.");
 ABSL_FLAG(std::string, algorithm, "ns5", "Newton-Schulz algorithm: ns5|gram.");
 ABSL_FLAG(std::string, backend, "cpu", "Kernel backend: cpu|cuda.");

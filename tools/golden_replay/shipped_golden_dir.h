@@ -1,7 +1,7 @@
 // ShippedGoldenDir, where a test finds the shipped PyTorch golden folder in
 // its runfiles (golden_replay_test, golden_manifest_shipped_test; their
-// BUILD targets carry @torch_optim_golden//:files as data). Tests only
-// (testonly in BUILD).
+// BUILD targets carry //testdata/torch_optim_golden:files as data). Tests
+// only (testonly in BUILD).
 #ifndef MUONPS_TOOLS_GOLDEN_REPLAY_SHIPPED_GOLDEN_DIR_H_
 #define MUONPS_TOOLS_GOLDEN_REPLAY_SHIPPED_GOLDEN_DIR_H_
 
@@ -12,18 +12,13 @@
 namespace muonps {
 namespace golden {
 
-// The shipped golden folder in this test's runfiles, or "" if absent. Bazel 4
-// puts external repositories at the runfiles root (legacy layout) and, with
-// legacy_external_runfiles, under the workspace's external/ too.
+// The shipped golden folder in this test's runfiles, or "" if absent.
 inline std::string ShippedGoldenDir() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   if (srcdir == nullptr) return "";
-  for (const char* relative :
-       {"/torch_optim_golden", "/muonps/external/torch_optim_golden"}) {
-    const std::string dir = std::string(srcdir) + relative;
-    if (std::filesystem::exists(dir + "/manifest.json")) return dir;
-  }
-  return "";
+  const std::string dir =
+      std::string(srcdir) + "/muonps/testdata/torch_optim_golden";
+  return std::filesystem::exists(dir + "/manifest.json") ? dir : "";
 }
 
 }  // namespace golden

@@ -36,7 +36,7 @@ WORKER_BIN = BIN / "server" / "worker" / "muonps-worker"
 if os.environ.get("MUONPS_BIN_DIR"):
     COORDINATOR_BIN = pathlib.Path(os.environ["MUONPS_BIN_DIR"]) / "muonps-coordinator"
     WORKER_BIN = pathlib.Path(os.environ["MUONPS_BIN_DIR"]) / "muonps-worker"
-GOLDEN = REPO.parent / "shared" / "testdata" / "torch_optim_golden"
+GOLDEN = REPO / "testdata" / "torch_optim_golden"
 START_SECONDS = 20
 
 sys.path.insert(0, str(PACKAGE_ROOT))

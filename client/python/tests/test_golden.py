@@ -1,4 +1,4 @@
-"""PyTorch's own trajectories (../shared/testdata/torch_optim_golden, made by
+"""PyTorch's own trajectories (testdata/torch_optim_golden, made by
 torch 2.11's torch.optim.Muon and AdamW) replayed through muonps.Muon on a
 one-worker cluster.
 
