@@ -26,6 +26,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "proto/credentials.h"
+#include "tools/muonps/error_hint.h"
 #include "tools/muonps/plan_table.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
@@ -55,16 +56,24 @@ ABSL_FLAG(std::string, spec, "",
 namespace muonps {
 namespace {
 
-int Fail(const grpc::Status& status) {
-  std::fprintf(stderr, "error: %s (code %d)\n", status.error_message().c_str(),
-               static_cast<int>(status.error_code()));
+// What the failed call went through, for its hint.
+struct Call {
+  std::string address;
+  cli::CallSecurity security;
+};
+
+int Fail(const grpc::Status& status, const Call& call) {
+  std::fprintf(stderr, "error: %s (code %d)\n%s",
+               status.error_message().c_str(),
+               static_cast<int>(status.error_code()),
+               cli::ErrorHint(status, call.address, call.security).c_str());
   return 1;
 }
 
 template <typename Response>
-int Print(const grpc::Status& status, const Response& response,
-          std::string (*table)(const Response&)) {
-  if (!status.ok()) return Fail(status);
+int Print(const Call& call, const grpc::Status& status,
+          const Response& response, std::string (*table)(const Response&)) {
+  if (!status.ok()) return Fail(status, call);
   const std::string text =
       absl::GetFlag(FLAGS_json) ? cli::ToJson(response) : table(response);
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -75,14 +84,16 @@ int Run(const std::string& command) {
   // Plans of big jobs exceed gRPC's default 4 MiB receive limit.
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
+  const SecurityConfig security = WithEnvironmentDefaults(
+      {.token_file = absl::GetFlag(FLAGS_token_file),
+       .tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file),
+       .tls_key_file = absl::GetFlag(FLAGS_tls_key_file),
+       .tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file)});
+  const Call call{absl::GetFlag(FLAGS_coordinator),
+                  {.tls = !security.tls_ca_file.empty(),
+                   .token = !security.token_file.empty()}};
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      OpenChannel(absl::GetFlag(FLAGS_coordinator),
-                  WithEnvironmentDefaults(
-                      {.token_file = absl::GetFlag(FLAGS_token_file),
-                       .tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file),
-                       .tls_key_file = absl::GetFlag(FLAGS_tls_key_file),
-                       .tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file)}),
-                  args);
+      OpenChannel(call.address, security, args);
   if (!channel.ok()) {
     std::fprintf(stderr, "%s\n",
                  std::string(channel.status().message()).c_str());
@@ -99,7 +110,7 @@ int Run(const std::string& command) {
     request.set_service(absl::GetFlag(FLAGS_service));
     grpc::health::v1::HealthCheckResponse response;
     const grpc::Status status = health->Check(&context, request, &response);
-    if (!status.ok()) return Fail(status);
+    if (!status.ok()) return Fail(status, call);
     const std::string name =
         grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
             response.status());
@@ -113,19 +124,19 @@ int Run(const std::string& command) {
     request.set_job(absl::GetFlag(FLAGS_job));
     request.set_version(absl::GetFlag(FLAGS_version));
     v1::Plan plan;
-    return Print(stub->GetPlan(&context, request, &plan), plan,
+    return Print(call, stub->GetPlan(&context, request, &plan), plan,
                  &cli::PlanTable);
   }
   if (command == "jobs") {
     v1::ListJobsResponse jobs;
-    return Print(stub->ListJobs(&context, v1::ListJobsRequest(), &jobs), jobs,
-                 &cli::JobsTable);
+    return Print(call, stub->ListJobs(&context, v1::ListJobsRequest(), &jobs),
+                 jobs, &cli::JobsTable);
   }
   if (command == "workers") {
     v1::ListWorkersRequest request;
     request.set_job(absl::GetFlag(FLAGS_job));
     v1::ListWorkersResponse workers;
-    return Print(stub->ListWorkers(&context, request, &workers), workers,
+    return Print(call, stub->ListWorkers(&context, request, &workers), workers,
                  &cli::WorkersTable);
   }
   if (command == "create-job") {
@@ -148,7 +159,7 @@ int Run(const std::string& command) {
     request.set_request_id(absl::StrCat("cli-", request.job().name()));
     v1::Job job;
     const grpc::Status status = stub->CreateJob(&context, request, &job);
-    if (!status.ok()) return Fail(status);
+    if (!status.ok()) return Fail(status, call);
     std::printf("created %s (%d matrices)\n", job.name().c_str(),
                 job.spec().matrices_size());
     const std::string token_path = absl::GetFlag(FLAGS_job_token_file);
@@ -180,7 +191,7 @@ int Run(const std::string& command) {
     request.set_job_token(*job_token);
     v1::DeleteJobResponse response;
     const grpc::Status status = stub->DeleteJob(&context, request, &response);
-    if (!status.ok()) return Fail(status);
+    if (!status.ok()) return Fail(status, call);
     std::printf("deleted %s\n", request.job().c_str());
     return 0;
   }

@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,13 +42,20 @@ std::string Owners(const v1::MatrixPlacement& m) {
 }  // namespace
 
 std::string PlanTable(const v1::Plan& plan) {
+  // A placement is one tensor: a 2-D matrix or a 3-D stack of expert
+  // matrices, one owner each (`muonps jobs` counts matrices too).
+  int64_t matrices = 0;
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    matrices += m.owners_size();
+  }
   std::string out = absl::StrFormat(
-      "%s  (%s)\n%d workers, %d matrices, %d buckets\npredicted max %.3f ms, "
+      "%s  (%s)\n%d workers, %d tensors (%d matrices), %d buckets\n"
+      "predicted max %.3f ms, "
       "mean %.3f ms, imbalance %.4f, lower bound %.3f ms (max / bound %.4f)\n"
       "moved %s against the previous version; planned in %.1f ms\n\n",
       plan.name(), plan.reason(), plan.workers_size(), plan.matrices_size(),
-      plan.buckets_size(), plan.max_seconds() * 1e3, plan.mean_seconds() * 1e3,
-      plan.imbalance(), plan.lower_bound() * 1e3,
+      matrices, plan.buckets_size(), plan.max_seconds() * 1e3,
+      plan.mean_seconds() * 1e3, plan.imbalance(), plan.lower_bound() * 1e3,
       plan.lower_bound() > 0 ? plan.max_seconds() / plan.lower_bound() : 0.0,
       Bytes(plan.moved_bytes()), plan.plan_ms());
   absl::StrAppendFormat(&out, "%-5s %-24s %12s %12s %12s %12s\n", "RANK",
@@ -87,6 +95,7 @@ std::string WorkersTable(const v1::ListWorkersResponse& workers) {
       "%-16s %-24s %-6s %-20s %12s %10s %6s %8s %12s %12s %8s\n", "JOB",
       "WORKER", "KIND", "HOST", "MEMORY", "LEASE", "PLAN", "STEP", "COMPUTE",
       "PREDICTED", "ERROR");
+  bool far_off = false;
   for (const v1::WorkerInfo& w : workers.workers()) {
     absl::StrAppendFormat(&out, "%-16s %-24s %-6s %-20s %12s %7d ms %6d ",
                           w.job(), w.worker_id(), w.device().kind(),
@@ -102,6 +111,15 @@ std::string WorkersTable(const v1::ListWorkersResponse& workers) {
         &out, "%8d %9.3f ms %9.3f ms %8s\n", step.step(),
         step.ns_seconds() * 1e3, step.predicted_ns_seconds() * 1e3,
         error.has_value() ? absl::StrFormat("%+.1f%%", *error * 100) : "-");
+    far_off = far_off || (error.has_value() && std::abs(*error) > 1.0);
+  }
+  if (far_off) {
+    absl::StrAppend(
+        &out,
+        "\nERROR is measured compute against the plan's prediction. Beyond "
+        "+-100% the worker's\ncost model does not describe its device (no "
+        "--cost_table, or one measured elsewhere):\nmeasure one with "
+        "muonps-autotune and restart the worker with --cost_table FILE.\n");
   }
   return out;
 }

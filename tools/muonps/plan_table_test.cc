@@ -1,6 +1,7 @@
-// The `muonps workers` renderings: the table shows each worker's last
+// The CLI's renderings. `muonps workers`: the table shows each worker's last
 // reported step beside the plan's prediction and the cost model's error
-// ("-" where there is none), and --json carries last_step's fields.
+// ("-" where there is none) and explains one far off, and --json carries
+// last_step's fields. `muonps plan` counts tensors and their matrices.
 #include "tools/muonps/plan_table.h"
 
 #include <optional>
@@ -87,6 +88,31 @@ TEST(WorkersTableTest, NoPredictionShowsNoError) {
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(std::vector<std::string>(lines[1].end() - 5, lines[1].end()),
             (std::vector<std::string>{"41.250", "ms", "0.000", "ms", "-"}));
+}
+
+TEST(WorkersTableTest, ExplainsACostModelFarFromItsDevice) {
+  v1::ListWorkersResponse workers = TwoWorkers();
+  EXPECT_THAT(WorkersTable(workers), Not(HasSubstr("--cost_table")));
+  // A CPU worker predicted at a GPU's rate: +6900%.
+  workers.mutable_workers(0)->mutable_last_step()->set_ns_seconds(2.625);
+  const std::string table = WorkersTable(workers);
+  EXPECT_THAT(table, HasSubstr("+6900.0%"));
+  EXPECT_THAT(table, HasSubstr("muonps-autotune"));
+  EXPECT_THAT(table, HasSubstr("--cost_table FILE"));
+}
+
+// A plan of one 2-D matrix and one stack of four experts: two tensors, five
+// matrices (the count `muonps jobs` shows).
+TEST(PlanTableTest, CountsTensorsAndTheirMatrices) {
+  v1::Plan plan;
+  plan.set_name("demo");
+  v1::MatrixPlacement* dense = plan.add_matrices();
+  dense->set_name("w");
+  dense->add_owners("w0");
+  v1::MatrixPlacement* experts = plan.add_matrices();
+  experts->set_name("experts");
+  for (const char* owner : {"w0", "w1", "w0", "w1"}) experts->add_owners(owner);
+  EXPECT_THAT(PlanTable(plan), HasSubstr("2 tensors (5 matrices)"));
 }
 
 TEST(WorkersJsonTest, CarriesLastStepFieldsOnlyWhereReported) {
