@@ -1,5 +1,5 @@
 // libFuzzer target: what a worker does with a plan it is sent
-// (server/worker/step_engine_setup.cc's SetPlan, without the memory): the
+// (server/worker/step_engine.cc's SetPlan, without the memory): the
 // job's translation to C++ types (proto/translate.h), the plan's ownership
 // and batches, and the step schedule built from them, with the batches'
 // parts cut into each stack's chunks (scheduler/step_schedule.h). The

@@ -1,9 +1,9 @@
-// StepEngine: its lifetime, the attached trainer's release, and the steps
-// (Step, FollowStep, one round). Its other parts: step_engine_setup.cc (a
-// new plan version), step_engine_attach.cc (a trainer's buffers),
-// step_engine_transport.cc (the transport, its momentum handover, and a
-// replaced plan's errors) and step_engine_momentum.cc (the MomentumStore's
-// calls, ordered with the steps).
+// StepEngine: its lifetime, a new plan version (schedule and stacks made
+// before the engine's lock, installed under it with the momentum), a
+// trainer's attachment (bindings checked and buffers mapped outside the
+// lock), the transport and its momentum handover, the steps (Step,
+// FollowStep, one round) and the MomentumStore's calls that use the device,
+// ordered with the steps.
 #include "server/worker/step_engine.h"
 
 #include <signal.h>
@@ -12,12 +12,17 @@
 #include <cerrno>
 #include <optional>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "lending/trainer_segment.h"
 #include "server/worker/step_control.h"
 #include "server/worker/step_protocol.h"
+#include "server/worker/trainer_binding.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
@@ -226,6 +231,218 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
                    trainer == nullptr ? "" : absl::StrCat(request.step_id, " "),
                    "(plan version ", plan_.version, "; ranks ", ranks, ")"));
   return out;
+}
+
+absl::Status StepEngine::SetPlan(
+    const JobPlan& plan, const std::map<std::string, std::string>& addresses) {
+  absl::MutexLock changing(&plan_change_mu_);
+  MUONPS_ASSIGN_OR_RETURN(PlanState next,
+                          BuildPlanState(plan, addresses, worker_id_));
+  // Allocated (and zero-filled) before the lock: Attach, heartbeats and
+  // the momentum calls never wait for it; a step in progress goes on.
+  MUONPS_RETURN_IF_ERROR(next.AllocateBuffers(*ops_));
+  MUONPS_ASSIGN_OR_RETURN(PreparedMomentum momentum,
+                          momentum_.Prepare(next.MomentumLayout()));
+  next.momentum = &momentum_;
+  PlanState replaced;  // freed once the lock is released
+  absl::MutexLock lock(&mu_);
+  // The transport of the old version goes first: its pending work may
+  // still name the old buffers. Aborted, not finalized: a finalize waits
+  // for peers that may be gone.
+  transport_.Drop(absl::CancelledError(
+      absl::StrCat("plan version ", next.version, " replaced it")));
+  // Momentum of items this worker keeps owning moves to the new stacks; so
+  // does a step staged in doubt (its new momentum), which may still commit.
+  MUONPS_RETURN_IF_ERROR(
+      momentum_.Install(std::move(momentum), ledger_.staged.voted));
+  replaced = std::exchange(plan_, std::move(next));
+  transport_.Publish(plan_.version, plan_.ownership.worker_ids);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AttachResponse> StepEngine::Attach(
+    const AttachRequest& request) {
+  if (request.trainer_count < 1 || request.trainer_rank < 0 ||
+      request.trainer_rank >= request.trainer_count) {
+    return InvalidField(
+        "trainer_rank",
+        absl::StrCat(request.trainer_rank, " of ", request.trainer_count,
+                     " is not a valid rank"));
+  }
+  if (request.trainer_pid < 0) {
+    return InvalidField("trainer_pid",
+                        absl::StrCat(request.trainer_pid, " < 0"));
+  }
+  TrainerBuffersOpener open;
+  kernels::DeviceOps* ops = nullptr;
+  std::vector<scheduler::MatrixSpec> matrices;
+  {
+    absl::MutexLock lock(&mu_);
+    open = backend_.open_buffers;
+    ops = backend_.ops.get();
+    if (plan_.rank >= 0 && plan_.rank >= plan_.trainers()) {
+      return FieldError(
+          absl::StatusCode::kFailedPrecondition, "device",
+          absl::StrCat("worker ", Quoted(worker_id_),
+                       " is dedicated (--dedicated): it takes no trainer; "
+                       "attach to the worker of your GPU"));
+    }
+    if (plan_.rank < 0) return NoPlanYet();
+    // A shared-memory segment is mapped only when it is named for this job
+    // and the attaching trainer (lending/trainer_segment.h).
+    if (!request.segment.empty()) {
+      MUONPS_RETURN_IF_ERROR(
+          CheckTrainerSegmentName(request.segment, plan_.job.name,
+                                  request.trainer_rank, request.trainer_pid));
+    }
+    matrices = plan_.matrices;
+  }
+  // Mapping (shm_open, cudaIpcOpenMemHandle), checking every binding and
+  // allocating the work buffers are slow: outside the lock, against the
+  // job's matrices as they were (checked again below).
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
+                          open(request));
+  if (buffers->device() != device_) {
+    return InvalidField(
+        "device",
+        absl::StrCat("the trainer lends ", DeviceName(buffers->device()),
+                     " memory; worker ", Quoted(worker_id_), " runs on ",
+                     DeviceName(device_)));
+  }
+  MUONPS_ASSIGN_OR_RETURN(AttachedTrainer trainer,
+                          BindTrainer(request, matrices, *buffers));
+  // The device ops allocate thread-safely; only their use in a step is
+  // ordered by the lock.
+  MUONPS_RETURN_IF_ERROR(trainer.AllocateWorkBuffers(*ops));
+  trainer.buffers = std::move(buffers);
+  absl::MutexLock lock(&mu_);
+  if (plan_.rank < 0) return NoPlanYet();
+  if (!SameMatrices(plan_.matrices, matrices)) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "plan",
+                      "the job was created again while the trainer "
+                      "attached: attach again");
+  }
+  const int with_trainers = plan_.trainers();
+  // The data plane pairs every worker but the dedicated ones with one
+  // trainer, so a plan with another number of them is one the others have
+  // not joined yet: the client retries until they have.
+  if (with_trainers != request.trainer_count ||
+      plan_.ownership.dedicated != plan_.job.dedicated_workers) {
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, "plan",
+        absl::StrCat("plan version ", plan_.version, " has ", with_trainers,
+                     " workers with trainers and ", plan_.ownership.dedicated,
+                     " dedicated ones; the job has ", request.trainer_count,
+                     " trainers and expects ", plan_.job.dedicated_workers,
+                     " dedicated workers: waiting for the workers to join"));
+  }
+  // A pending transfer may name the old trainer's memory: drop the
+  // transport (rebuilt at the next step) before unmapping it, and the step
+  // staged for it.
+  transport_.Drop(absl::CancelledError("a trainer attached"));
+  if (ledger_.staged.step_id >= 0) {
+    spdlog::warn(
+        "worker={} step={} staged in doubt: dropped, a trainer "
+        "attached",
+        worker_id_, ledger_.staged.step_id);
+  }
+  DropStaged(ledger_, plan_);
+  ledger_.means_step = -1;
+  trainer_ = std::move(trainer);
+  trainer_pid_.store(request.trainer_pid);
+  spdlog::info("worker={} trainer {}/{} attached {} tensors ({})", worker_id_,
+               trainer_->rank, trainer_->count, request.tensors.size(),
+               DeviceName(device_));
+  return AttachResponse{plan_.version, plan_.rank};
+}
+
+absl::Status StepEngine::EnsureTransport() {
+  bool built = false;
+  MUONPS_ASSIGN_OR_RETURN(
+      transport::Transport* const transport,
+      transport_.Ensure(plan_.rank, plan_.addresses, plan_.version,
+                        momentum_.handover_failed(), &built));
+  if (!built) return absl::OkStatus();
+  bool transport_ok = true;
+  const absl::Status status =
+      momentum_.HandOver(*transport, plan_.scratch.get(), ledger_.last.load(),
+                         backend_.timeout, &transport_ok);
+  if (status.ok() || transport_ok) return status;
+  const absl::Status failed =
+      Annotate(ExplainReplaced(status, StepRequest(), nullptr),
+               absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
+                            plan_.version));
+  transport_.Drop(failed);
+  return failed;
+}
+
+absl::Status StepEngine::ExplainReplaced(const absl::Status& failed,
+                                         const StepRequest& request,
+                                         const AttachedTrainer* trainer) const {
+  const absl::Status why = transport_.Replaced();
+  if (why.ok() || failed.ok()) return failed;
+  // The transport's own words (NCCL quotes the abort's reason, TCP says
+  // a socket was shut down) follow the reason.
+  std::string message =
+      absl::StrContains(failed.message(), why.message())
+          ? std::string(failed.message())
+          : absl::StrCat(why.message(), "; the step's transport was aborted (",
+                         failed.message(), ")");
+  // Neither committed nor staged in doubt: the step left nothing here. (A
+  // rank in doubt, or one that committed, already says so.)
+  if (trainer != nullptr && !ledger_.staged.voted &&
+      ledger_.last.load() < request.step_id) {
+    absl::StrAppend(&message, "; step ", request.step_id,
+                    " was not applied on this worker: retry it");
+  }
+  return absl::Status(failed.code() == absl::StatusCode::kDataLoss
+                          ? absl::StatusCode::kDataLoss
+                          : why.code(),
+                      message);
+}
+
+absl::StatusOr<std::vector<float>> StepEngine::Momentum(
+    const std::string& matrix, int64_t expert) const {
+  absl::MutexLock lock(&mu_);
+  return momentum_.Get(matrix, expert);
+}
+
+absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
+                                     std::vector<float> values) {
+  MUONPS_ASSIGN_OR_RETURN(CheckedMomentum checked,
+                          momentum_.Check(matrix, expert, std::move(values)));
+  absl::MutexLock lock(&mu_);
+  const int64_t staged = ledger_.staged.step_id;
+  MUONPS_RETURN_IF_ERROR(
+      momentum_.Write(std::move(checked), ledger_.last.load()).status());
+  ForgetStaged(staged, "momentum is being restored");
+  return absl::OkStatus();
+}
+
+absl::Status StepEngine::RestoreMissingMomentum() {
+  absl::MutexLock lock(&mu_);
+  return momentum_.RestoreMissing(ledger_.last.load());
+}
+
+absl::StatusOr<int64_t> StepEngine::RestoreCheckpoint(const std::string& dir,
+                                                      int64_t step) {
+  MUONPS_ASSIGN_OR_RETURN(CheckedMomentum read,
+                          momentum_.ReadCheckpoint(dir, step));
+  absl::MutexLock lock(&mu_);
+  const int64_t staged = ledger_.staged.step_id;
+  MUONPS_ASSIGN_OR_RETURN(
+      const int64_t restored,
+      momentum_.Write(std::move(read), ledger_.last.load()));
+  ForgetStaged(staged, "momentum is being restored from a checkpoint");
+  return restored;
+}
+
+void StepEngine::ForgetStaged(int64_t staged, const char* why) {
+  if (staged < 0) return;
+  // The store dropped its new momentum with the write; its updates go too.
+  spdlog::warn("worker={} step={} staged in doubt: dropped, {}", worker_id_,
+               staged, why);
+  DropStaged(ledger_, plan_);
 }
 
 }  // namespace worker
