@@ -21,18 +21,17 @@ absl::StatusOr<int64_t> PlanPublisher::PlanAtLeast(const std::string& name,
     return FieldError(absl::StatusCode::kNotFound, "job",
                       absl::StrCat(Quoted(name), " was deleted"));
   };
-  absl::Mutex* mu = table_->mutex();
   while (true) {
     PlanSnapshot snapshot;
     int64_t planned = 0;
     size_t reasons = 0;
     {
-      absl::MutexLock lock(mu);
+      absl::MutexLock lock(table_->mutex());
       JobRecord* job = table_->FindIncarnation(name, incarnation);
       // One planner per job: the others wait for what it publishes.
       while (job != nullptr && job->plans.planned_generation < generation &&
              job->plans.planning) {
-        plan_changed_.Wait(mu);
+        plan_changed_.Wait(table_->mutex());
         job = table_->FindIncarnation(name, incarnation);
       }
       if (job == nullptr) return deleted();
@@ -55,7 +54,7 @@ absl::StatusOr<int64_t> PlanPublisher::PlanAtLeast(const std::string& name,
         ComputePlan(snapshot);
     int64_t seq = 0;
     {
-      absl::MutexLock lock(mu);
+      absl::MutexLock lock(table_->mutex());
       JobRecord* job = table_->FindIncarnation(name, incarnation);
       if (job == nullptr) {
         plan_changed_.SignalAll();
@@ -80,7 +79,7 @@ absl::StatusOr<int64_t> PlanPublisher::PlanAtLeast(const std::string& name,
     }
     // Durable before anyone can see it, so no restart takes it back.
     const absl::Status persisted = queue_->Persist(seq);
-    absl::MutexLock lock(mu);
+    absl::MutexLock lock(table_->mutex());
     JobRecord* job = table_->FindIncarnation(name, incarnation);
     if (job == nullptr) {
       plan_changed_.SignalAll();
@@ -116,8 +115,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> PlanPublisher::GetPlan(
 absl::StatusOr<std::shared_ptr<const PublishedPlan>> PlanPublisher::WaitForPlan(
     const std::string& job, int64_t known_version, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Mutex* mu = table_->mutex();
-  absl::MutexLock lock(mu);
+  absl::MutexLock lock(table_->mutex());
   while (true) {
     MUONPS_ASSIGN_OR_RETURN(JobRecord * record, table_->Find(job));
     // Other than the caller's: newer, or the current one for a caller
@@ -126,7 +124,8 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> PlanPublisher::WaitForPlan(
     if (current != nullptr && current->plan->version != known_version) {
       return current->plan;
     }
-    if (plan_changed_.WaitWithDeadline(mu, deadline)) return nullptr;
+    if (plan_changed_.WaitWithDeadline(table_->mutex(), deadline))
+      return nullptr;
   }
 }
 

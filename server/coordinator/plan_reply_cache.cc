@@ -1,7 +1,5 @@
 #include "server/coordinator/plan_reply_cache.h"
 
-#include <algorithm>
-
 #include "server/coordinator/record_wire.h"
 
 namespace muonps {
@@ -32,18 +30,17 @@ std::shared_ptr<const v1::Plan> PlanReplyCache::Reply(
   if (inserted) order_.push_back(key);
   // Plans their job no longer keeps are asked for no more, and a job's
   // workers move on to its newest.
-  order_.erase(std::remove_if(order_.begin(), order_.end(),
-                              [&](const Key& k) {
-                                auto e = entries_.find(k);
-                                const bool older = k.first == key.first &&
-                                                   k.second < key.second;
-                                if (!older && !e->second.plan.expired()) {
-                                  return false;
-                                }
-                                entries_.erase(e);
-                                return true;
-                              }),
-               order_.end());
+  std::deque<Key> kept;
+  for (const Key& k : order_) {
+    auto e = entries_.find(k);
+    const bool older = k.first == key.first && k.second < key.second;
+    if (older || e->second.plan.expired()) {
+      entries_.erase(e);
+    } else {
+      kept.push_back(k);
+    }
+  }
+  order_.swap(kept);
   while (order_.size() > capacity_) {
     entries_.erase(order_.front());
     order_.pop_front();
