@@ -50,10 +50,10 @@ log_dir="${log_dir:-$(mktemp -d /tmp/muonps-run-XXXXXX)}"
 mkdir -p "$log_dir"
 job="mlp-$$"
 
-echo "== building (logs in $log_dir)"
-bazel build //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
-  //examples/trainer:mlp_trainer //tools/muonps >"$log_dir/build.log" 2>&1 \
-  || { tail -20 "$log_dir/build.log"; exit 1; }
+echo "== building (logs in $log_dir; a first build takes about 10 minutes on 2 cores)"
+BUILD_LOG="$log_dir/build.log" bash deploy/local/build.sh \
+  //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
+  //examples/trainer:mlp_trainer //tools/muonps || exit 1
 bin="$(bazel info bazel-bin 2>/dev/null)"
 
 pids=()

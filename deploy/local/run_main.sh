@@ -9,8 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash deploy/setup.sh
-GOLDEN="${GOLDEN:-$(cd .. && pwd)/shared/testdata/torch_optim_golden}"
-bazel build //tools/golden_replay >/dev/null 2>&1
+GOLDEN="${GOLDEN:-testdata/torch_optim_golden}"
+echo "== building (a first build takes about 10 minutes on 2 cores)"
+bash deploy/local/build.sh //tools/golden_replay \
+  //server/coordinator:muonps-coordinator //server/worker:muonps-worker \
+  //examples/trainer:mlp_trainer //tools/muonps
 echo "== golden replay (PyTorch's trajectories through the CPU kernels)"
 "$(bazel info bazel-bin 2>/dev/null)/tools/golden_replay/golden_replay" \
   --golden "$GOLDEN" --algorithm gram | tail -n 1
