@@ -135,7 +135,7 @@ show_progress() {
   local lines
   mapfile -t lines < <(grep '^{"step"' "$log_dir/trainer-0.log" 2>/dev/null || true)
   while ((shown < ${#lines[@]})); do
-    echo "${lines[$shown]}" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("step %4d  loss %.6f  step %7.1f ms  moved %d bytes" % (d["step"], d["loss"], d["step_ms"], d["bytes_moved"]))'
+    echo "${lines[$shown]}" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("step %4d  loss after it %.6f  %7.1f ms  moved %d bytes" % (d["step"], d["loss"], d["step_ms"], d["bytes_moved"]))'
     shown=$((shown + 1))
   done
 }

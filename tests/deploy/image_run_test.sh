@@ -43,11 +43,19 @@ fail() { echo "FAIL $1"; failed=$((failed + 1)); }
 work="$(mktemp -d /tmp/muonps-image-run-XXXXXX)"
 pids=()
 cleanup() {
-  # unshare --fork ignores SIGTERM while it waits; SIGKILL ends it, and
-  # --kill-child then ends the image's process.
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # unshare --fork ignores SIGTERM while it waits. Its child (the image's
+  # process, PID 1 of its namespace) goes first: --kill-child's death signal
+  # does not survive chroot --userspec changing the user, so killing unshare
+  # alone would leave the service running.
+  stop_images
   rm -rf "$work"
+}
+stop_images() {
+  for pid in "${pids[@]}"; do
+    pkill -KILL -P "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 trap cleanup EXIT
 
@@ -191,6 +199,24 @@ if health="$(chroot --userspec=65532:65532 "$work/muonps-coordinator/rootfs" \
   pass "the image's muonps health (helm test) reports the coordinator SERVING"
 else
   fail "the image's muonps health: $health"
+fi
+# Nothing the images started outlives the test.
+children=()
+for pid in "${pids[@]}"; do
+  mapfile -t -O "${#children[@]}" children < <(pgrep -P "$pid")
+done
+stop_images
+left=("${children[@]}")
+for ((i = 0; i < 50 && ${#left[@]} > 0; i++)); do  # reaped within 5 s
+  sleep 0.1
+  still=()
+  for pid in "${left[@]}"; do kill -0 "$pid" 2>/dev/null && still+=("$pid"); done
+  left=(${still[@]+"${still[@]}"})
+done
+if [[ ${#children[@]} -gt 0 && ${#left[@]} -eq 0 ]]; then
+  pass "the images' ${#children[@]} processes are stopped with the test"
+else
+  fail "processes of the images still run after the test: ${left[*]:-none found}"
 fi
 echo "${passed} passed, ${failed} failed"
 [[ $failed -eq 0 ]]
