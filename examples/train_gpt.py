@@ -12,10 +12,12 @@ to Muon; embeddings, the head and norms to AdamW (torch.optim.Muon's advice).
     python3 examples/train_gpt.py --prepare corpus.bin
     # there: every optimizer and seed; JSON lines, then a PNG
     python3 examples/train_gpt.py --corpus corpus.bin --device cuda \\
-        --out bench/results/gpt.jsonl --plot docs/train_gpt_loss.png
+        --out bench/results/$(date +%F)-h200x1-train-gpt.jsonl \\
+        --plot docs/train_gpt_loss.png
     # there, on two GPUs: one rank a GPU, DDP or FSDP2 (fully_shard)
     torchrun --standalone --nproc-per-node 2 examples/train_gpt.py \\
-        --corpus corpus.bin --parallel fsdp --out gpt-2gpu.jsonl
+        --corpus corpus.bin --parallel fsdp \\
+        --out bench/results/$(date +%F)-h200x2-train-gpt-fsdp.jsonl
 
 Under torchrun each rank takes its slice of the same global batch (--batch
 is the global batch) on cuda:LOCAL_RANK. With --parallel ddp the model is

@@ -102,7 +102,7 @@ struct SimConfig {
   // Measured Newton-Schulz times (required; shapes it lacks fall back to
   // the cost model's roofline), multiplied by `cost_scale` (another
   // device: 176.2 / 165.3 turns the H200 table into H100 times, the ratio
-  // of muonps_ns_all on one H100, bench/results/2026-11-27-h100x2.jsonl,
+  // of muonps_ns_all on one H100, bench/results/2026-11-27-h100x2-step.jsonl,
   // to one H200).
   std::shared_ptr<const scheduler::CostTable> costs;
   double cost_scale = 1.0;

@@ -11,8 +11,8 @@
 //    H200 the best of cuBLASLt's candidates (128x160 tiles) ran the Llama
 //    shapes' products 3-4% faster than the cooperative kernel
 //    cublasGemmStridedBatchedEx picks (ns_gpu_timing's micro_lt lines),
-//    the whole shapes' NS 1-1.5% faster (bench/results/
-//    2026-11-27-h200x1-session28-{timing,dense-lt-ab}.jsonl).
+//    the whole shapes' NS 1-1.5% faster (bench/results/2026-11-27-
+//    h200x1-ns-timing.jsonl and ...-h200x1-ns-dense-lt-ab.jsonl).
 //
 // Search synchronizes the device and must not run during a graph capture;
 // Run is asynchronous on its stream and capturable. Thread-compatible; not
