@@ -11,30 +11,30 @@ The same model (same initialization, same batches, same steps and schedule)
 trains twice on the CPU: once with muonps.Muon through a local muonps
 cluster (the transformer's matrices on the worker with Muon; embeddings,
 output head and layer norms with the client's AdamW), once with
-torch.optim.AdamW as the baseline. It prints (step, loss) progress, writes
-docs/tiny_gpt_loss.png with both loss curves and the entropy floor, and ends
-with one JSON line: {"muonps_final_loss", "adamw_final_loss",
-"entropy_floor", "gap_to_floor", ...}; gap_to_floor is muonps's final
-held-out loss over the floor, minus one.
+torch.optim.AdamW as the baseline. It prints (step, loss) progress, writes a
+PNG with both loss curves and the entropy floor (into a fresh temporary
+folder unless --png names the file), and ends with one JSON line:
+{"muonps_final_loss", "adamw_final_loss", "entropy_floor", "gap_to_floor",
+...}; gap_to_floor is muonps's final held-out loss over the floor, minus
+one.
 
-    /usr/bin/python3 examples/train_tiny_gpt.py            # starts a cluster
+    /usr/bin/python3 examples/train_tiny_gpt.py            # its own service
+    /usr/bin/python3 examples/train_tiny_gpt.py --png loss.png
     /usr/bin/python3 examples/train_tiny_gpt.py --coordinator 127.0.0.1:PORT \\
         --worker_socket /tmp/x/w0.sock --job JOB            # uses yours
 
-Without --coordinator it starts one coordinator and one worker from
-bazel-bin (bazel build //client:libmuonps.so
-//server/coordinator:muonps-coordinator //server/worker:muonps-worker) and
-stops them on exit.
+Without --coordinator, muonps.Muon starts its own coordinator and worker
+(zero setup: from the installed package, or the checkout's bazel-bin after
+`bazel build //client:libmuonps.so //server/coordinator:muonps-coordinator
+//server/worker:muonps-worker`) and stops them when it is closed.
+docs/tiny_gpt_loss.png is this script's figure at its defaults; refresh it
+only on purpose, with --png docs/tiny_gpt_loss.png.
 """
 
 import argparse
 import json
 import math
 import os
-import re
-import secrets
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -88,88 +88,6 @@ class MarkovChain:
             nxt = (self._cdf[out[:, t - 1]] < u).sum(axis=1)
             out[:, t] = np.minimum(nxt, self.vocab - 1)
         return out
-
-
-# ------------------------------------------------------------- the cluster
-
-
-class LocalCluster:
-    """One coordinator and one worker from bazel-bin, stopped by close()."""
-
-    def __init__(self, job, timeout=30.0):
-        self.job = job
-        self._processes = []
-        # Unix socket paths are limited to 108 bytes: a short folder.
-        self._folder = tempfile.mkdtemp(prefix="mps-gpt-", dir="/tmp")
-        self.worker_socket = os.path.join(self._folder, "w0.sock")
-        binaries = os.path.join(REPO, "bazel-bin", "server")
-        coordinator_bin = os.path.join(binaries, "coordinator",
-                                       "muonps-coordinator")
-        worker_bin = os.path.join(binaries, "worker", "muonps-worker")
-        for path in (coordinator_bin, worker_bin):
-            if not os.access(path, os.X_OK):
-                self.close()
-                raise FileNotFoundError(
-                    f"{path} is missing: run bazel build "
-                    "//client:libmuonps.so //server/coordinator:"
-                    "muonps-coordinator //server/worker:muonps-worker")
-        # Secured by default: a fresh bearer token for this cluster (the
-        # worker and this process's client read $MUONPS_TOKEN_FILE), and
-        # plaintext gRPC on loopback, which the coordinator takes only with
-        # --insecure.
-        token = os.path.join(self._folder, "token")
-        with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
-        os.environ["MUONPS_TOKEN_FILE"] = token
-        try:
-            log = self._start("coordinator", [
-                coordinator_bin, "--port", "0", "--metrics_port", "0",
-                "--insecure"])
-            self.coordinator = self._wait(
-                log, r"listening on ([0-9.]+:[0-9]+)", timeout)
-            log = self._start("worker-w0", [
-                worker_bin, "--coordinator", self.coordinator, "--job", job,
-                "--worker_id", "w0", "--socket", self.worker_socket,
-                "--metrics_port", "0", "--memory_bytes", str(1 << 30)])
-            self._wait(log, r"listening on unix:(\S+)", timeout)
-        except BaseException:
-            self.close()
-            raise
-
-    def _start(self, name, argv):
-        log = os.path.join(self._folder, name + ".log")
-        with open(log, "wb") as out:
-            self._processes.append(subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT))
-        return log
-
-    def _wait(self, log, pattern, timeout):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            with open(log, errors="replace") as f:
-                hit = re.search(pattern, f.read())
-            if hit:
-                return hit.group(1)
-            if any(p.poll() is not None for p in self._processes):
-                break
-            time.sleep(0.05)
-        with open(log, errors="replace") as f:
-            tail = f.read()[-2000:]
-        raise RuntimeError(f"no /{pattern}/ in {log} after {timeout} s:\n"
-                           f"{tail}")
-
-    def close(self):
-        for p in self._processes:
-            if p.poll() is None:
-                p.terminate()
-        for p in self._processes:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self._processes = []
-        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 # ------------------------------------------------------------ the training
@@ -245,7 +163,7 @@ def plot(path, runs, floor, title):
             ax.legend(loc="upper right", fontsize=8.5)
     fig.suptitle(title)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
 
@@ -277,8 +195,9 @@ def parse_args():
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--eval_every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--png", default=os.path.join(
-        REPO, "docs", "tiny_gpt_loss.png"))
+    parser.add_argument("--png", default="",
+                        help="where to write the loss plot (default: "
+                        "tiny_gpt_loss.png in a fresh temporary folder)")
     return parser.parse_args()
 
 
@@ -307,34 +226,30 @@ def main():
     print(f"TinyGPT: {count / 1e6:.2f}M parameters, {args.layers} blocks, "
           f"width {args.width}, context {args.context}", flush=True)
 
-    cluster = None
+    service = {}
     if args.coordinator:
         if not args.worker_socket or not args.job:
             sys.exit("--coordinator needs --worker_socket and --job")
-        coordinator, socket, job = (args.coordinator, args.worker_socket,
-                                    args.job)
+        service = dict(coordinator=args.coordinator, job=args.job,
+                       worker_socket=args.worker_socket)
     else:
-        job = f"tiny-gpt-{os.getpid()}"
-        cluster = LocalCluster(job)
-        coordinator, socket = cluster.coordinator, cluster.worker_socket
-        print(f"local cluster: coordinator {coordinator}, worker {socket}",
-              flush=True)
+        # Zero setup: no coordinator (in the environment either), so
+        # muonps.Muon starts its own coordinator and worker.
+        os.environ.pop("MUONPS_COORDINATOR", None)
     runs = {}
+    optimizer = muonps.Muon(
+        model.named_parameters(), lr=args.lr, weight_decay=0.0,
+        momentum=0.95, nesterov=True, ns_steps=5,
+        adamw_lr=args.adamw_lr, adamw_betas=(0.9, 0.95),
+        adamw_weight_decay=0.0, rank=0, world_size=1, **service)
     try:
-        optimizer = muonps.Muon(
-            model.named_parameters(), lr=args.lr, weight_decay=0.0,
-            momentum=0.95, nesterov=True, ns_steps=5,
-            adamw_lr=args.adamw_lr, adamw_betas=(0.9, 0.95),
-            adamw_weight_decay=0.0, coordinator=coordinator, job=job,
-            worker_socket=socket, rank=0, world_size=1)
+        if not args.coordinator:
+            print(f"muonps service: coordinator {optimizer._service.coordinator}"
+                  f", worker {optimizer._service.socket}", flush=True)
         runs["muonps"] = train("muonps", model, optimizer, batches,
                                evaluation, args)
-        close = getattr(optimizer, "close", None)
-        if close is not None:
-            close()
     finally:
-        if cluster is not None:
-            cluster.close()
+        optimizer.close()
 
     model = fresh_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.adamw_lr,
@@ -342,12 +257,14 @@ def main():
     runs["AdamW"] = train("AdamW", model, optimizer, batches, evaluation,
                           args)
 
-    plot(args.png, runs, floor,
+    png = args.png or os.path.join(
+        tempfile.mkdtemp(prefix="muonps-tiny-gpt-"), "tiny_gpt_loss.png")
+    plot(png, runs, floor,
          f"TinyGPT ({count / 1e6:.2f}M params) on a {args.vocab}-token "
          f"Markov chain, batch {args.batch}x{args.context}")
     muon_final = runs["muonps"][1][-1][1]
     adamw_final = runs["AdamW"][1][-1][1]
-    print(f"wrote {args.png}", flush=True)
+    print(f"wrote {png}", flush=True)
     print(json.dumps({
         "what": "tiny_gpt_markov_chain",
         "muonps_final_loss": round(muon_final, 5),

@@ -62,10 +62,13 @@ class CudaPath:
                 others, param_groups, defaults,
                 fused=not any(is_dtensor(p) for _, p, _ in others))
 
-    def step(self, step_id, values):
+    def step(self, step_id, values, check_first=False):
         """Enqueues one step with each param group's (lr, weight_decay,
         adamw_lr, adamw_weight_decay) by index (`values`); raises a
-        previous async step's error."""
+        previous async step's error. `check_first` (an optimizer's first
+        step): waits for the step and returns its StepOutcome, enqueuing
+        nothing more when the workers had applied this id before (an
+        earlier run of the job); None otherwise."""
         for name, p, _ in self.lent:
             if local(p).data_ptr() != self.data_ptrs[name]:
                 raise RuntimeError(
@@ -81,10 +84,16 @@ class CudaPath:
                 p.grad = buffer
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.client.step(step_id, values, stream=stream, async_=True)
+        outcome = None
+        if check_first:
+            outcome = self.client.wait()
+            if outcome.already_applied:
+                return outcome
         # Enqueued after the workers' updates on the trainer's stream, once
         # per call: the client steps none of these tensors.
         if self.adamw is not None:
             self.adamw.step(values)
+        return outcome
 
     def wait(self):
         """The last step's outcome (raises its error): a StepOutcome."""

@@ -18,7 +18,7 @@ from ._abi import (  # noqa: F401 (re-exported)
     _SIGNATURES, ABI_VERSION, ADJUST_LR_MATCH_RMS_ADAMW, ADJUST_LR_ORIGINAL,
     CODE_NAMES, DEADLINE_EXCEEDED, FAILED_PRECONDITION, LAYOUT_REPLICATED,
     LAYOUT_ROW_SHARDED, LAYOUT_UNREDUCED, MAX_GROUPS, NOT_FOUND, NS_AUTO,
-    NS_GRAM, NS_NS5,
+    NS_GRAM, NS_NS5, UNAUTHENTICATED,
     UNAVAILABLE, MuonpsError, _AdamWHyper, _c_i64, _c_str, _f32p, _handle,
     _MuonHyper, _StepOptions, _StepResult)
 
@@ -50,7 +50,9 @@ def candidate_paths(environ=None):
         paths.append(pathlib.Path(environ["MUONPS_LIB"]))
     paths.append(package / "lib" / "libmuonps.so")
     # In a checkout the package sits at <repo>/client/python/muonps.
-    paths.append(package.parents[2] / "bazel-bin" / "client" / "libmuonps.so")
+    root = package.parents[2]
+    if root / "client" / "python" / "muonps" == package:
+        paths.append(root / "bazel-bin" / "client" / "libmuonps.so")
     paths.append(pathlib.Path.cwd() / "bazel-bin" / "client" / "libmuonps.so")
     unique = []
     for p in paths:

@@ -6,8 +6,11 @@ loopback as children of this process, for this process's job alone, and stops
 them when the optimizer is closed or the process exits. If the process dies
 without cleaning up (kill -9), the kernel stops them too (PR_SET_PDEATHSIG).
 
-The binaries come from, in order: $MUONPS_BIN_DIR, the installed wheel
-(`muonps/bin`), or a repository checkout's `bazel-bin/`. Not thread-safe: the
+The binaries come from, in order: $MUONPS_BIN_DIR, the installed package
+(`muonps/bin`: the wheel carries them, and `pip install client/python` copies
+the ones Bazel built), the checkout's `bazel-bin/` when the package is used
+in place (PYTHONPATH=<repo>/client/python), or `./bazel-bin/`; so a script
+finds them from any folder. Not thread-safe: the
 optimizer's thread only (the children stop if the thread that started them
 exits).
 """
@@ -45,10 +48,26 @@ def binary_candidates(name, environ=None):
     paths = []
     if environ.get("MUONPS_BIN_DIR"):
         paths.append(pathlib.Path(environ["MUONPS_BIN_DIR"]) / name)
+    # The wheel's (build_wheel.sh) or `pip install client/python`'s copy.
     paths.append(package / "bin" / name)
-    for root in (package.parents[2], pathlib.Path.cwd()):
-        paths.append(root / "bazel-bin" / _SUBDIRS[name] / name)
+    roots = [pathlib.Path.cwd()]
+    checkout = _checkout(package)
+    if checkout is not None:  # used in place: <repo>/client/python/muonps
+        roots.insert(0, checkout)
+    for root in roots:
+        path = root / "bazel-bin" / _SUBDIRS[name] / name
+        if path not in paths:
+            paths.append(path)
     return paths
+
+
+def _checkout(package):
+    """The repository the package sits in when used from a checkout
+    (<repo>/client/python/muonps), else None."""
+    root = package.parents[2]
+    if (root / "client" / "python" / "muonps") == package:
+        return root
+    return None
 
 
 def find_binary(name, environ=None):
@@ -60,10 +79,11 @@ def find_binary(name, environ=None):
     raise ServiceError(
         f"muonps: no {name} binary; tried:\n  " +
         "\n  ".join(map(str, tried)) +
-        "\nInstall the muonps wheel (it carries the binaries), build them in "
-        f"the repository with `{_BUILD}`, set MUONPS_BIN_DIR, or pass "
-        "coordinator='HOST:PORT' (or set MUONPS_COORDINATOR) to use a running "
-        "service")
+        "\nInstall the muonps wheel (it carries the binaries), or build them "
+        f"in the repository with `{_BUILD}` and then `pip install "
+        "client/python` again (it copies them), set MUONPS_BIN_DIR to their "
+        "folder, or pass coordinator='HOST:PORT' (or set MUONPS_COORDINATOR) "
+        "to use a running service")
 
 
 def _die_with_parent():

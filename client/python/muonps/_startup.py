@@ -128,8 +128,7 @@ def _start_cpu(opt, lent, frozen, rank, world_size, layout):
     the client's AdamW (a DTensor's local shard, padded), the one AdamW of
     a host trainer. Param groups are registered before start."""
     c = opt._connection
-    client = _native.NativeClient(c["coordinator"], c["job"], opt._socket,
-                                  rank, world_size, c["timeout"])
+    client = _create_client(opt, rank, world_size, "cpu")
     try:
         layer = 0
         for t in lent:
@@ -154,7 +153,7 @@ def _start_cpu(opt, lent, frozen, rank, world_size, layout):
         release(lent)
         client.close()
         raise explain_start_error(e, c["coordinator"], c["job"],
-                                  opt._socket) from e
+                                  opt._socket, "cpu") from e
     opt._client, opt._lent, opt._frozen = client, lent, frozen
     opt._finalizer = weakref.finalize(opt, _shut_down, client, lent,
                                       opt._service)
@@ -201,9 +200,7 @@ def _start_cuda(opt, device, lent, frozen, rank, world_size, layout):
     """Matrices lent in place to the worker on `device`; the rest
     stepped by torch's AdamW (see muonps/_cuda.py)."""
     c = opt._connection
-    client = _native.NativeClient(c["coordinator"], c["job"], opt._socket,
-                                  rank, world_size, c["timeout"],
-                                  device=_worker_device(device))
+    client = _create_client(opt, rank, world_size, _worker_device(device))
     matrices = [(t.name, t.param, t.group) for t in lent if t.muon]
     others = [(t.name, t.param, t.group) for t in lent if not t.muon]
     try:
@@ -227,10 +224,23 @@ def _start_cuda(opt, device, lent, frozen, rank, world_size, layout):
     except _native.MuonpsError as e:
         client.close()
         raise explain_start_error(e, c["coordinator"], c["job"],
-                                  opt._socket) from e
+                                  opt._socket, _worker_device(device)) from e
     opt._client, opt._frozen = client, frozen
     opt._finalizer = weakref.finalize(opt, _shut_down_cuda, client,
                                       opt._service)
+
+
+def _create_client(opt, rank, world_size, device):
+    """The client of `opt`'s job on `device` ("cpu" or "cuda:N"); a
+    MuonpsError says what is missing (unreadable credentials, say)."""
+    c = opt._connection
+    try:
+        return _native.NativeClient(c["coordinator"], c["job"], opt._socket,
+                                    rank, world_size, c["timeout"],
+                                    device=device)
+    except _native.MuonpsError as e:
+        raise explain_start_error(e, c["coordinator"], c["job"],
+                                  opt._socket, device) from e
 
 
 def _worker_device(device):

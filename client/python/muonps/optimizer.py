@@ -19,16 +19,21 @@ Not thread-safe: one trainer thread uses an optimizer, as with torch's.
 
 import math
 import os
+import re
 import warnings
 
 import torch
 
-from . import _native, _startup, _state
+from . import _messages, _native, _startup, _state
 # Still importable from here, where it lived before muonps/_startup.py.
 from ._startup import default_worker_socket  # noqa: F401
 from .routing import default_is_matrix, split_named
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+# The client's refusal of a step id it never sent that the workers had
+# committed (client/client_step.cc), and the last step it names.
+_APPLIED_BEFORE = re.compile(r"had already applied step \d+")
+_COMMITTED_THROUGH = re.compile(r"committed through step (\d+)")
 DEFAULT_EPS = 1e-7
 
 
@@ -42,7 +47,7 @@ class Muon(torch.optim.Optimizer):
     lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,
     adjust_lr_fn: torch.optim.Muon's.
     ns_algorithm: "auto" (the workers' plan picks NS5 or Gram NS per shape),
-        "ns5" or "gram" (equal in exact arithmetic; see DESIGN.md).
+        "ns5" or "gram" (equal in exact arithmetic; see docs/architecture.md).
     adamw_lr: AdamW's lr; None follows each group's "lr" (so schedulers move
         both). A set value is scaled by a scheduler as "lr" is (by
         group["lr"] / group["initial_lr"]).
@@ -131,8 +136,19 @@ class Muon(torch.optim.Optimizer):
         self._service = None  # a private LocalService (zero setup)
         self._step_id = 0
         self._failed_step = None  # a step id whose call raised
+        # The next step is this optimizer's first (or the first after
+        # load_state_dict): the job's workers may have applied its id
+        # already, in an earlier run of the job (see _first_step).
+        self._first = True
+        self._loaded = False  # load_state_dict gave the momentum
         self._is_matrix = is_matrix or default_is_matrix
         self._qk_clip = qk_clip
+        if coordinator:
+            _messages.check_address(coordinator, f"coordinator={coordinator!r}")
+        elif os.environ.get("MUONPS_COORDINATOR"):
+            _messages.check_address(
+                os.environ["MUONPS_COORDINATOR"],
+                f"MUONPS_COORDINATOR={os.environ['MUONPS_COORDINATOR']!r}")
         self._connection = {
             # None: a private service, started with the client.
             "coordinator": coordinator or os.environ.get("MUONPS_COORDINATOR"),
@@ -203,7 +219,18 @@ class Muon(torch.optim.Optimizer):
                     "not require one when the job started, so it is not in it")
         values = [_group_values(g) for g in self.param_groups]
         if self._cuda is not None:
-            self._cuda.step(self._step_id, values)
+            try:
+                outcome = self._cuda.step(self._step_id, values,
+                                          check_first=self._first)
+            except _native.MuonpsError as e:
+                if (self._first and e.code == _native.FAILED_PRECONDITION
+                        and _APPLIED_BEFORE.search(str(e))):
+                    raise RuntimeError(self._applied_before_message(
+                        cuda=True)) from e
+                raise
+            if outcome is not None and outcome.already_applied:
+                raise RuntimeError(self._applied_before_message(cuda=True))
+            self._first = False
             self._step_id += 1
             return loss
         # A retry of a step whose call raised: the lent buffers may hold
@@ -214,21 +241,20 @@ class Muon(torch.optim.Optimizer):
             if not retrying:
                 t.rebind()
             t.load_grad()
-        step_id = self._step_id
         try:
             # Each group's values go to the client by index: the workers
             # apply the Muon lr/wd atomically, the client's AdamW steps the
             # other tensors once per committed step id.
-            outcome = self._client.step(step_id, values)
+            if self._first and not retrying:
+                outcome = self._first_step(values)
+            else:
+                outcome = self._client.step(self._step_id, values)
         except _native.MuonpsError:
-            self._failed_step = step_id
+            self._failed_step = self._step_id
             raise
+        step_id = self._step_id
         if outcome.already_applied and self._failed_step != step_id:
-            raise RuntimeError(
-                f"muonps.Muon: the worker at unix:{self._socket} had already "
-                f"applied step {step_id} of job {self.job!r}: another "
-                "optimizer stepped this job further. Resume with "
-                "load_state_dict() of its latest state, or use a new job")
+            raise RuntimeError(self._applied_before_message())
         if outcome.already_applied:
             warnings.warn(f"muonps: step {step_id} was committed by an earlier "
                           "attempt that raised; it was not applied again")
@@ -241,8 +267,119 @@ class Muon(torch.optim.Optimizer):
         for t in self._lent:
             t.store()
         self._failed_step = None
+        self._first = False
         self._step_id += 1
         return loss
+
+    def _first_step(self, values):
+        """The first step of this optimizer (or the first after
+        load_state_dict), on the CPU path; returns its StepOutcome.
+
+        Its id may have been applied by the job's workers in an earlier run
+        of the same job (the same script run again against a running
+        service). The workers then apply nothing (the client refuses the
+        step, naming the last one committed, or answers already_applied),
+        and this run goes on as a new one: unless a state was loaded, the
+        momentum of the job's matrices restarts from zero (as a fresh torch
+        optimizer's), and the step goes to the first id the workers have not
+        applied (ids only need to increase). The client's AdamW part is held
+        until the workers say which id they ran, then run once for it (the
+        client runs it for a committed id it has not stepped).
+        """
+        client = self._client
+        first = self._step_id
+        try:
+            outcome, last = self._try_step(first, values, reload=False)
+            if outcome is None:
+                if not self._loaded:
+                    self._reset_momentum(first)
+                gap = 1
+                while outcome is None:
+                    self._step_id = max(first + gap, -1 if last is None
+                                        else last + 1)
+                    gap *= 2
+                    outcome, last = self._try_step(self._step_id, values)
+                warnings.warn(self._new_run_message(first))
+        finally:
+            client.set_last_adamw_step(self._step_id - 1)
+        # The committed step's AdamW part: the worker answers the same id
+        # already_applied (it is committed), and the client steps AdamW.
+        client.step(self._step_id, values)
+        return outcome
+
+    def _try_step(self, step_id, values, reload=True):
+        """(outcome, None) when the workers ran `step_id` now; (None, the
+        last step they committed, or None if not said) when they had
+        applied it before. AdamW is held (see _first_step)."""
+        if reload:
+            # An already applied id may give that step's averaged gradients
+            # back to the lent buffers (unreduced layout): this step's own
+            # go in again.
+            for t in self._lent:
+                t.load_grad()
+        self._client.set_last_adamw_step(step_id)
+        try:
+            outcome = self._client.step(step_id, values)
+        except _native.MuonpsError as e:
+            refused = _APPLIED_BEFORE.search(str(e))
+            if e.code != _native.FAILED_PRECONDITION or refused is None:
+                raise
+            last = _COMMITTED_THROUGH.search(str(e))
+            return None, int(last[1]) if last else None
+        if outcome.already_applied:
+            return None, None
+        return outcome, None
+
+    def _reset_momentum(self, first):
+        """Zero momentum for every matrix this rank's worker owns (every
+        matrix, over all ranks, when the job has no dedicated workers)."""
+        if self._connection["dedicated_workers"]:
+            raise RuntimeError(self._applied_before_message(
+                why="an earlier run of this job stepped it, and its "
+                f"{self._connection['dedicated_workers']} dedicated worker(s) "
+                "hold momentum of that run, which this optimizer cannot "
+                "reset to start a new one", step_id=first))
+        zeros = {}
+        for t in self._lent:
+            if not t.muon:
+                continue
+            shape = tuple(t.shape[-2:])
+            if shape not in zeros:
+                zeros[shape] = torch.zeros(shape, dtype=torch.float32)
+            for expert in range(t.experts):
+                self._client.set_momentum(t.name, expert, zeros[shape])
+
+    def _new_run_message(self, first):
+        if self._loaded:
+            return (f"muonps: the workers of job {self.job!r} had already "
+                    f"applied step {first}, the loaded state's next step (a "
+                    "later part of this run, or another run of the job): the "
+                    "run goes on from the loaded state, with step ids from "
+                    f"{self._step_id}")
+        return (f"muonps: the workers of job {self.job!r} had already applied "
+                f"step {first} (an earlier run of this job): this optimizer "
+                "starts a new run, with the momentum of the job's matrices "
+                f"reset to zero and step ids from {self._step_id}. To go on "
+                "with the earlier run instead, load its state_dict() before "
+                "the first step")
+
+    def _applied_before_message(self, cuda=False, why=None, step_id=None):
+        """Why step `step_id` (default: the next) cannot run, and what to
+        do: `why` follows "had already applied step N: "."""
+        step_id = self._step_id if step_id is None else step_id
+        if why is None and cuda:
+            why = ("an earlier run of this job stepped it, and a GPU trainer "
+                   "cannot start a new run on such a job (this process's "
+                   "CUDA stream now waits for a step that will not come: end "
+                   "the process)")
+        elif why is None:
+            why = "another optimizer stepped this job further meanwhile"
+        return (f"muonps.Muon: the workers of job {self.job!r} (this rank's "
+                f"at unix:{self._socket}) had already applied step {step_id}"
+                f": {why}. Give each run its own job (start its workers with "
+                "--job NAME and pass job='NAME'; or leave out coordinator= "
+                "and muonps.Muon starts a private service), or resume with "
+                "load_state_dict() of the run's latest state")
 
     def synchronize(self):
         """GPU parameters: waits for the last step (step() returns once it
@@ -293,6 +430,9 @@ class Muon(torch.optim.Optimizer):
         if self._client is None:
             self._start()
         _state.restore_state(self, saved)
+        # The loaded step id may be behind the workers' (see _first_step).
+        self._loaded = True
+        self._first = True
 
     def close(self):
         """Moves the parameters back to their own memory and releases the

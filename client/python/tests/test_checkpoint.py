@@ -16,6 +16,7 @@ import torch
 
 import muonps
 import toy
+from muonps import _native
 from reference import ReferenceMuon, relative_error
 
 HYPER = dict(lr=0.02, weight_decay=0.1, adamw_lr=0.01, adamw_weight_decay=0.01)
@@ -82,18 +83,111 @@ def test_state_dict_saved_at_step_3_resumes_to_uninterrupted_params_at_step_6(
         assert relative_error(control["w_tall"], uninterrupted["w_tall"]) > 1e-3
 
 
-def test_fresh_optimizer_behind_the_workers_step_ids_raises_instead_of_skipping(
-        cluster):
+def test_the_same_script_run_again_on_the_same_job_starts_a_new_run(
+        cluster, recwarn):
+    # The quick start run twice against one running service: the second
+    # optimizer's step 0 was applied by the first run. It starts a new run
+    # (momentum from zero, step ids after the workers' last) and lands
+    # where the first run did, as a fresh torch optimizer would.
     c = cluster()
+    grads = toy.gradients(3)
+    first = toy.parameters(toy.initial())
+    opt = muonps.Muon(list(first.items()), **HYPER, **c.options())
+    run(opt, first, grads)
+    opt.close()
+    again = toy.parameters(toy.initial())
+    opt = muonps.Muon(list(again.items()), **HYPER, **c.options())
+    run(opt, again, grads)
+    assert opt.step_id >= 6  # ids 3..5 or later: the job's went up to 2
+    state = opt.state_dict()
+    opt.close()
+    for n in first:
+        assert relative_error(again[n], first[n]) <= RESUME_TOLERANCE, n
+    messages = [str(w.message) for w in recwarn
+                if "starts a new run" in str(w.message)]
+    assert len(messages) == 1 and "reset to zero" in messages[0]
+    # A third run resumes the second from its state instead (no new run).
+    resumed = toy.parameters({n: p.detach() for n, p in again.items()})
+    opt = muonps.Muon(list(resumed.items()), **HYPER, **c.options())
+    opt.load_state_dict(state)
+    run(opt, resumed, grads[:1])
+    opt.close()
+    assert len([w for w in recwarn if "starts a new run" in str(w.message)]) == 1
+
+
+def test_a_new_run_also_starts_where_steps_are_answered_already_applied(
+        cluster, monkeypatch):
+    # A client library that answers a step the workers had applied before
+    # with already_applied (and nothing applied), naming no last step: the
+    # new run finds the first free id by doubling the offset.
+    c = cluster()
+    grads = toy.gradients(3)
+    first = toy.parameters(toy.initial())
+    opt = muonps.Muon(list(first.items()), **HYPER, **c.options())
+    run(opt, first, grads)
+    opt.close()
+    step = _native.NativeClient.step
+
+    def answering_already_applied(self, step_id, *args, **kwargs):
+        try:
+            return step(self, step_id, *args, **kwargs)
+        except _native.MuonpsError as e:
+            if "had already applied step" not in str(e):
+                raise
+            return _native.StepOutcome(False, True, False, 0)
+
+    monkeypatch.setattr(_native.NativeClient, "step",
+                        answering_already_applied)
+    again = toy.parameters(toy.initial())
+    opt = muonps.Muon(list(again.items()), **HYPER, **c.options())
+    with pytest.warns(UserWarning, match="starts a new run"):
+        run(opt, again, grads)
+    assert opt.step_id == 7  # 0, 1 and 2 applied before: 4, 5, 6
+    opt.close()
+    for n in first:
+        assert relative_error(again[n], first[n]) <= RESUME_TOLERANCE, n
+
+
+def test_a_loaded_state_behind_the_workers_goes_on_from_it(cluster, recwarn):
+    # A run saved at step 3 went on to step 6; its state of step 3, loaded
+    # by a new process on the same job, goes on from step 3's momentum and
+    # AdamW moments (under step ids the workers have not used) and lands
+    # where the first run did after step 6.
+    c = cluster()
+    init, grads = toy.initial(seed=3), toy.gradients(6, seed=4)
+    params = toy.parameters(init)
+    opt = muonps.Muon(list(params.items()), **HYPER, **c.options())
+    run(opt, params, grads[:3])
+    state, values = through_file(opt.state_dict()), snapshot(params)
+    run(opt, params, grads[3:])
+    opt.close()
+    resumed = toy.parameters(values)
+    opt = muonps.Muon(list(resumed.items()), **HYPER, **c.options())
+    opt.load_state_dict(state)
+    run(opt, resumed, grads[3:])
+    assert opt.step_id > 8
+    opt.close()
+    for n in init:
+        error = relative_error(resumed[n], params[n])
+        assert error <= RESUME_TOLERANCE, f"{n}: {error:.2e}"
+    assert any("goes on from the loaded state" in str(w.message)
+               for w in recwarn)
+
+
+def test_a_new_run_on_a_job_with_dedicated_workers_says_what_to_do(cluster):
+    # Dedicated workers hold momentum of the earlier run that this
+    # optimizer cannot reset: the step says so, and what to do instead.
+    c = cluster(dedicated=1)
+    grads = toy.gradients(1)
     params = toy.parameters(toy.initial())
-    grads = toy.gradients(2)
     opt = muonps.Muon(list(params.items()), **HYPER, **c.options())
     run(opt, params, grads)
     opt.close()
     again = toy.parameters(toy.initial())
     opt = muonps.Muon(list(again.items()), **HYPER, **c.options())
     toy.set_grads(again, grads[0])
-    with pytest.raises(RuntimeError, match="already applied step 0"):
+    with pytest.raises(RuntimeError, match=r"already applied step 0.*"
+                       r"dedicated worker\(s\).*Give each run its own job.*--job NAME"):
         opt.step()
     opt.close()
 

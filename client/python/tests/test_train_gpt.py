@@ -2,12 +2,14 @@
 from python3-doc, muonps.Muon with no service started by hand (it starts
 its own) beside AdamW on the same seeds and batches, JSON lines and the
 PNG. The full-size run is for a GPU (see the script's docstring). And
-examples/train_tiny_gpt.py as the README runs it, starting its own cluster."""
+examples/train_tiny_gpt.py as the README runs it, with its own service, writing
+its plot outside the repository unless told where."""
 
 import json
 import math
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -96,10 +98,10 @@ def test_two_ranks_under_torchrun_see_the_one_process_loss(
 TINY_SCRIPT = PACKAGE_ROOT.parents[1] / "examples" / "train_tiny_gpt.py"
 
 
-def test_tiny_gpt_example_starts_its_own_secured_cluster(tmp_path):
-    # As the README runs it: no --coordinator, so the script starts a
-    # coordinator and a worker from bazel-bin itself (with a token of its
-    # own, plaintext on loopback) and trains both optimizers briefly.
+def test_tiny_gpt_example_starts_its_own_service(private, tmp_path):
+    # As the README runs it: no --coordinator, so muonps.Muon starts its own
+    # coordinator and worker (zero setup, with a token of its own,
+    # plaintext on loopback) and the script trains both optimizers briefly.
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
     env.pop("MUONPS_TOKEN_FILE", None)
     png = tmp_path / "loss.png"
@@ -113,3 +115,29 @@ def test_tiny_gpt_example_starts_its_own_secured_cluster(tmp_path):
     assert result["steps"] == 4
     assert math.isfinite(result["muonps_final_loss"])
     assert png.stat().st_size > 10_000
+
+
+def test_tiny_gpt_example_writes_nothing_into_the_repository(private,
+                                                             tmp_path):
+    # Run from the checkout's root as the README does, without --png: the
+    # plot goes to a fresh temporary folder, and the tracked figure
+    # docs/tiny_gpt_loss.png stays as it is.
+    repo = PACKAGE_ROOT.parents[1]
+    tracked = repo / "docs" / "tiny_gpt_loss.png"
+    before = tracked.read_bytes()
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+    env.pop("MUONPS_TOKEN_FILE", None)
+    run = subprocess.run(
+        [sys.executable, str(TINY_SCRIPT), "--steps", "2", "--eval_every",
+         "2"], env=env, capture_output=True, text=True, timeout=300, cwd=repo)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    [wrote] = [line.split(" ", 1)[1] for line in run.stdout.splitlines()
+               if line.startswith("wrote ")]
+    png = pathlib.Path(wrote)
+    try:
+        assert png.is_file() and png.stat().st_size > 10_000
+        assert not png.resolve().is_relative_to(repo.resolve()), png
+        assert tracked.read_bytes() == before
+    finally:
+        if not png.resolve().is_relative_to(repo.resolve()):
+            shutil.rmtree(png.parent, ignore_errors=True)
