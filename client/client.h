@@ -133,9 +133,13 @@ class Client {
   // committed step id: on the first answer that says the step committed,
   // fresh or already_applied, so retrying a step whose first call failed
   // (its answer lost, or its deadline passed) completes it without doubling
-  // anything. Errors say whether the local worker applied the step; retry
-  // the same step id until it is answered. A worker that restarted is
-  // attached again (and the step sent again) once. Nothing else is retried.
+  // anything. A step id this client never sent before that the workers
+  // had committed already (an earlier trainer of this rank stepped it, then
+  // died) is FAILED_PRECONDITION naming the last committed step: these
+  // parameters miss it, so reload state saved after it. Errors say whether the
+  // local worker applied the step; retry the same step id until it is answered.
+  // A worker that restarted is attached again (and the step sent again) once.
+  // Nothing else is retried.
   absl::StatusOr<StepResult> Step(int64_t step_id,
                                   const StepOptions& options = {});
 

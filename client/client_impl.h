@@ -112,6 +112,10 @@ struct Client::Impl {
   kernels::CpuKernels kernels;
   int64_t adamw_steps = 0;
   int64_t last_adamw_step = -1;
+  // The highest step id this client sent its worker (-1: none yet). A step
+  // the workers committed before this client sent it is not in its
+  // parameters (another trainer stepped them): StepOnWorker refuses it.
+  int64_t highest_sent_step = -1;
   bool started = false;
   // CUDA trainers.
   std::unique_ptr<client_internal::CudaStepSignals> signals;

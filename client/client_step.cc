@@ -5,6 +5,7 @@
 // is in client_adamw.cc.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <future>
 #include <utility>
@@ -137,12 +138,35 @@ absl::Status Client::Impl::CallStep(const v1::StepRequest& request,
 
 absl::StatusOr<StepResult> Client::Impl::StepOnWorker(
     const v1::StepRequest& request, const AdamWValues& adamw) {
+  // Serialized: a pending async step ends before the next one starts.
+  const int64_t step_id = request.step_id();
+  const bool sent_before = step_id <= highest_sent_step;
+  highest_sent_step = std::max(highest_sent_step, step_id);
   v1::StepResponse response;
   const absl::Status rpc = CallStep(request, &response);
   if (!rpc.ok()) {
     // The worker may not have released the trainer's stream.
-    if (signals != nullptr) signals->Release(request.step_id()).IgnoreError();
+    if (signals != nullptr) signals->Release(step_id).IgnoreError();
     return rpc;
+  }
+  if (response.already_applied() && !sent_before) {
+    // Committed by an earlier trainer of this rank (it died after its
+    // worker committed): these parameters miss that update, and going on
+    // would diverge without a word. The worker did not run it, so nothing
+    // released the trainer's stream.
+    if (signals != nullptr) signals->Release(step_id).IgnoreError();
+    const int64_t last = std::max(step_id, response.last_step());
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, "step_id",
+        absl::StrCat(
+            "the workers had already applied step ", step_id, " of job ",
+            Quoted(options.job), " (committed through step ", last,
+            ") before this client sent it: an earlier trainer of rank ",
+            options.trainer_rank,
+            " stepped it, and these parameters miss its updates. Load the "
+            "parameters and optimizer state saved after step ",
+            last, " and continue with step ", last + 1,
+            ", or start a new job"));
   }
   StepResult result;
   result.already_applied = response.already_applied();

@@ -206,6 +206,40 @@ TEST_F(ClientTest, HostAdamWTakesEachTensorsGroupValuesOncePerStepId) {
   EXPECT_EQ(client_->last_adamw_step(), 0);
 }
 
+// A trainer restarted after its worker committed steps it never saw: its
+// first step id is already applied, and its parameters miss those updates.
+// It is told which state to load and which step comes next, not OK.
+TEST_F(ClientTest, AFreshClientBehindTheWorkersStepsIsToldWhatToReload) {
+  Start();
+  ASSERT_TRUE(client_->Step(0).ok());
+  ASSERT_TRUE(client_->Step(1).ok());
+  client_.reset();  // the trainer dies
+  absl::StatusOr<std::unique_ptr<Client>> restarted =
+      Client::Create({.coordinator = service_.coordinator_target(),
+                      .job = "groups",
+                      .worker_socket = service_.worker_socket(),
+                      .timeout = absl::Seconds(5)});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_TRUE((*restarted)->AddMatrix("w.a", 4, 8).ok());
+  ASSERT_TRUE(
+      (*restarted)->AddTensor("bias.a", kBias, TensorLayout::kReplicated).ok());
+  const absl::Status started =
+      (*restarted)->Start(MuonOptions(), AdamWOptions());
+  ASSERT_TRUE(started.ok()) << started;
+  absl::StatusOr<StepResult> stale = (*restarted)->Step(0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stale.status())) << stale.status();
+  EXPECT_THAT(stale.status().message(),
+              HasSubstr("already applied step 0 of job \"groups\" "
+                        "(committed through step 1)"));
+  EXPECT_THAT(stale.status().message(), HasSubstr("continue with step 2"));
+  EXPECT_EQ((*restarted)->adamw_steps(), 0);
+  // Resumed where the job is, it steps; a retry of its own step is a no-op.
+  ASSERT_TRUE((*restarted)->Step(2).ok());
+  absl::StatusOr<StepResult> retry = (*restarted)->Step(2);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(retry->already_applied);
+}
+
 TEST_F(ClientTest, NoGroupsMeansEveryTensorTakesTheStepsOwnValues) {
   ASSERT_TRUE(client_->SetGroup(3, {"bias.a"}).ok());
   Start();

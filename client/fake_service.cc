@@ -30,6 +30,7 @@ class FakeService::Worker final : public v1::Worker::Service {
     steps_.push_back(*request);
     response->set_step_id(request->step_id());
     response->set_already_applied(!seen_.insert(request->step_id()).second);
+    if (response->already_applied()) response->set_last_step(*seen_.rbegin());
     return grpc::Status::OK;
   }
 

@@ -98,6 +98,7 @@ StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
   out.step_id = step_id;
   out.plan_version = plan_.version;
   out.already_applied = true;
+  out.last_step = ledger_.last.load();
   return out;
 }
 

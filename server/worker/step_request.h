@@ -47,6 +47,8 @@ struct StepResponse {
   // Matrices whose momentum restarted from zero this step.
   int64_t momentum_reset = 0;
   int64_t plan_version = 0;
+  // The last step this worker committed (set on already_applied answers).
+  int64_t last_step = -1;
 };
 
 }  // namespace worker

@@ -92,6 +92,7 @@ v1::StepResponse StepResponseToProto(const StepResponse& response) {
   v1::StepResponse out;
   out.set_step_id(response.step_id);
   out.set_already_applied(response.already_applied);
+  out.set_last_step(response.last_step);
   out.set_seconds(response.seconds);
   out.set_ns_seconds(response.ns_seconds);
   out.set_predicted_ns_seconds(response.predicted_ns_seconds);

@@ -106,7 +106,9 @@ TEST(WireTest, StepResponseRoundTrips) {
   response.bytes_moved = 1 << 20;
   response.momentum_reset = 2;
   response.plan_version = 3;
+  response.last_step = 9;
   const v1::StepResponse out = StepResponseToProto(response);
+  EXPECT_EQ(out.last_step(), 9);
   EXPECT_EQ(out.step_id(), 7);
   EXPECT_TRUE(out.already_applied());
   EXPECT_EQ(out.seconds(), 0.5);
