@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -231,6 +232,55 @@ TEST_F(CheckpointTest, SurvivorRestoresALostOwnersMomentumOfTheJobsStep) {
     ASSERT_TRUE(m.ok()) << item.first << ": " << m.status();
     EXPECT_EQ(*m, values) << item.first << "[" << item.second << "]";
   }
+}
+
+// A worker killed right after it committed a step that was due for a
+// checkpoint (before it answered its trainer): the step's checkpoint was
+// written before the vote, so the survivor restores the lost matrices'
+// momentum of that very step, equal to the replay's, and the job goes on
+// (once a checkpoint written after the commit would have been missing, and
+// every later step failed).
+TEST_F(CheckpointTest, AKillRightAfterTheCommitFindsThatStepsCheckpoint) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  constexpr int64_t kKilledStep = 3;
+  ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 1;
+  for (int w = 0; w < 2; ++w) {
+    options.worker_flags[w] = {
+        absl::StrCat("--test_pause_at=committed@", kKilledStep, "@rank1")};
+  }
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  ReferenceModel reference(model, 2, PlannedAlgorithms());
+  for (int64_t step = 1; step < kKilledStep; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ASSERT_TRUE(reference.Step(kKilledStep).ok());
+  const int lost = WorkerAtPlanRank(1), survivor = WorkerAtPlanRank(0);
+  Outcomes killed;
+  std::thread stepping([&] { killed = RunStep(kKilledStep); });
+  const absl::Status stopped = WaitUntilStopped(lost, absl::Seconds(30));
+  ASSERT_NO_FATAL_FAILURE(KillWorker(lost));
+  stepping.join();
+  ASSERT_TRUE(stopped.ok()) << stopped;
+  // Committed here and on the survivor, answered nowhere on the victim.
+  ASSERT_TRUE(killed[lost].has_value());
+  EXPECT_FALSE(killed[lost]->result.ok());
+  const v1::WorkerStatus status = AfterReplan(survivor, plan().version());
+  EXPECT_EQ(status.last_step(), kKilledStep);
+  EXPECT_EQ(status.restored_step(), kKilledStep);
+  int restored = 0;
+  for (const auto& [name, expert] : Experts()) {
+    if (Owner(name, expert) != lost) continue;
+    absl::StatusOr<std::vector<float>> m = Momentum(survivor, name, expert);
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status();
+    EXPECT_LE(MaxRelativeError(*m, reference.momentum(name, expert)),
+              kTolerance)
+        << name << "[" << expert << "]";
+    ++restored;
+  }
+  EXPECT_GT(restored, 0) << "the plan should split the matrices";
 }
 
 TEST_F(CheckpointTest, SurvivorNeverInstallsMomentumOfAnotherStep) {

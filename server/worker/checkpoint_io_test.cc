@@ -51,12 +51,24 @@ TEST(CheckpointWriterTest, WritesIntoItsWorkerDirectoryAndCountsResults) {
   EXPECT_EQ(loaded->manifest.plan_version, 3);
   EXPECT_EQ(loaded->manifest.worker_id, "w0");
   EXPECT_EQ(loaded->tensors[0], std::vector<float>(6, 1.5f));
-  // The same step again is refused by the store (never rewritten).
-  writer.Submit(Snapshot(dir, 4, "a", 2.0f));
-  EXPECT_EQ(writer.WaitIdle().code(), absl::StatusCode::kAlreadyExists);
+  // The same step again (a redo of a step that did not commit, maybe with
+  // other matrices) replaces it.
+  CheckpointSnapshot redo = Snapshot(dir, 4, "b", 2.0f);
+  redo.plan_version = 4;
+  writer.Submit(std::move(redo));
+  ASSERT_TRUE(writer.WaitIdle().ok());
   EXPECT_EQ(writer.last_written(), 4);
+  loaded = LoadCheckpoint(dir + "/w0", 4);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->manifest.plan_version, 4);
+  EXPECT_EQ(loaded->manifest.tensors[0].name, "b");
+  EXPECT_EQ(loaded->tensors[0], std::vector<float>(6, 2.0f));
+  // A directory that cannot be made fails, counted.
+  const std::string file = dir + "/w0/" + "ckpt-00000000000000000004.data";
+  writer.Submit(Snapshot(file, 5, "a", 1.0f));
+  EXPECT_FALSE(writer.WaitIdle().ok());
   const std::string text = metrics.RenderText();
-  EXPECT_NE(text.find("muonps_worker_checkpoints_total{result=\"written\"} 1"),
+  EXPECT_NE(text.find("muonps_worker_checkpoints_total{result=\"written\"} 2"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("muonps_worker_checkpoints_total{result=\"failed\"} 1"),

@@ -270,6 +270,18 @@ absl::StatusOr<CheckpointManifest> WriteCheckpoint(
   return manifest;
 }
 
+absl::Status RemoveCheckpoint(const std::string& dir, int64_t step) {
+  const std::string manifest =
+      JoinPath(dir, CheckpointFileName(step, kManifestExt));
+  if (access(manifest.c_str(), F_OK) == 0) {
+    MUONPS_RETURN_IF_ERROR(RemoveFile(manifest));
+    MUONPS_RETURN_IF_ERROR(SyncDir(dir));
+  }
+  const std::string data = JoinPath(dir, CheckpointFileName(step, kDataExt));
+  if (access(data.c_str(), F_OK) == 0) MUONPS_RETURN_IF_ERROR(RemoveFile(data));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(
     const std::string& dir) {
   MUONPS_ASSIGN_OR_RETURN(std::vector<std::string> names, ListNames(dir));

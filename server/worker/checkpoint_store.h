@@ -89,6 +89,11 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir,
 // were skipped), INTERNAL when `dir` cannot be listed.
 absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir);
 
+// Removes checkpoint `step` from `dir` if it is there: its manifest first
+// (the directory synced, so no manifest outlives its data), then its data.
+// INTERNAL naming the file and errno when the filesystem fails.
+absl::Status RemoveCheckpoint(const std::string& dir, int64_t step);
+
 // The step ids that have a manifest file in `dir`, ascending, whether or not
 // their data is intact. INTERNAL when `dir` cannot be listed.
 absl::StatusOr<std::vector<int64_t>> ListCheckpointSteps(

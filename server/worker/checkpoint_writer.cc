@@ -127,6 +127,9 @@ absl::Status CheckpointWriter::Write(const CheckpointSnapshot& snapshot) {
   const std::string dir =
       absl::StrCat(snapshot.checkpoint_dir, "/", worker_id_);
   MUONPS_RETURN_IF_ERROR(MakeDirectory(dir));
+  // A step written before a vote that did not commit, written again by its
+  // redo (MomentumCheckpoints::Write).
+  MUONPS_RETURN_IF_ERROR(RemoveCheckpoint(dir, snapshot.step));
   std::vector<CheckpointTensorValues> tensors;
   tensors.reserve(snapshot.tensors.size());
   for (const SnapshotTensor& t : snapshot.tensors) {

@@ -1,11 +1,12 @@
-// CheckpointWriter: writes a worker's momentum checkpoints in the
-// background, so that a step pays only for copying its momentum to host
-// memory. StepEngine takes the snapshot under its lock right after a step
-// commits (the step ids JobSpec.checkpoint_every names, or the next one
-// after a Worker.Checkpoint call) and hands it to Submit; the writer's own
-// thread writes it with WriteCheckpoint (checkpoint_store.h: temporary
-// file, fsync, rename, fsync of the directory, manifest last) into
-// <checkpoint_dir>/<worker_id>/, keeping the newest two.
+// CheckpointWriter: writes a worker's momentum checkpoints on a thread of
+// its own. MomentumStore copies a step's staged momentum to host memory
+// before the step's vote (the step ids JobSpec.checkpoint_every names, or
+// the next one after a Worker.Checkpoint call) and hands it to Submit,
+// then waits for it (WaitIdle); the writer's thread writes it with
+// WriteCheckpoint (checkpoint_store.h: temporary file, fsync, rename, fsync
+// of the directory, manifest last) into <checkpoint_dir>/<worker_id>/,
+// keeping the newest two. A checkpoint of the same step already there is
+// removed first (RemoveCheckpoint): a redo of a step that did not commit.
 //
 // One write at a time, and none is lost: a snapshot submitted while the
 // previous one is still being written waits for it (logged at warn with

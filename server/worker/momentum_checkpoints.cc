@@ -54,26 +54,27 @@ absl::StatusOr<int64_t> MomentumCheckpoints::Request(const std::string& dir) {
 }
 
 bool MomentumCheckpoints::Due(const std::string& dir, int64_t every,
-                              int64_t last) const {
-  if (writer_ == nullptr || dir.empty() || last < 0) return false;
+                              int64_t step, int64_t version) const {
+  if (writer_ == nullptr || dir.empty() || step < 0) return false;
   absl::MutexLock lock(&mu_);
-  return last > taken_step_ && (requested_ || (every > 0 && last % every == 0));
+  const bool written = step < written_step_ ||
+                       (step == written_step_ && version == written_version_);
+  return !written && (requested_ || (every > 0 && step % every == 0));
 }
 
-void MomentumCheckpoints::Taken(int64_t last) {
-  absl::MutexLock lock(&mu_);
-  taken_step_ = last;
-  requested_ = false;
-}
-
-void MomentumCheckpoints::Submit(CheckpointSnapshot snapshot) {
-  if (writer_ == nullptr) return;
-  {
-    absl::MutexLock lock(&mu_);
-    if (snapshot.step <= submitted_step_) return;
-    submitted_step_ = snapshot.step;
+absl::Status MomentumCheckpoints::Write(CheckpointSnapshot snapshot) {
+  if (writer_ == nullptr) {
+    return absl::FailedPreconditionError("checkpoints are not enabled");
   }
+  const int64_t step = snapshot.step;
+  const int64_t version = snapshot.plan_version;
   writer_->Submit(std::move(snapshot));
+  MUONPS_RETURN_IF_ERROR(writer_->WaitIdle());
+  absl::MutexLock lock(&mu_);
+  written_step_ = step;
+  written_version_ = version;
+  requested_ = false;
+  return absl::OkStatus();
 }
 
 int64_t MomentumCheckpoints::last_written() const {

@@ -63,19 +63,22 @@ class MomentumCheckpoints {
 
   // ---- Writing.
   //
-  // Asks for a checkpoint of the next committed step. FAILED_PRECONDITION
+  // Asks for a checkpoint of the next step staged. FAILED_PRECONDITION
   // naming job.checkpoint_dir when not enabled or `dir` (the job's) is
   // empty. Returns the last step written (-1: none).
   absl::StatusOr<int64_t> Request(const std::string& dir);
-  // Whether committed step `last` is due for a checkpoint into `dir`: not
-  // taken yet, and a multiple of `every` (> 0) or asked for.
-  bool Due(const std::string& dir, int64_t every, int64_t last) const;
-  // `last`'s snapshot was taken: not due again, and the request is met.
-  void Taken(int64_t last);
-  // Has the writer write `snapshot` in the background; waits while the
-  // previous one is still being written (call with no lock held). One
-  // older than a snapshot already submitted is dropped.
-  void Submit(CheckpointSnapshot snapshot);
+  // Whether step `step`, staged in plan version `version`, is due for a
+  // checkpoint into `dir`: not written yet for that version, and a
+  // multiple of `every` (> 0) or asked for.
+  bool Due(const std::string& dir, int64_t every, int64_t step,
+           int64_t version) const;
+  // Writes `snapshot` durably and returns the write's status (call with no
+  // lock held; waits first for a write still in progress). On success the
+  // step is not due again in its version, and the request is met. A
+  // checkpoint of the same step already on disk is replaced: a redo of a
+  // step that did not commit computes the same momentum, but the plan may
+  // have given this worker other matrices meanwhile.
+  absl::Status Write(CheckpointSnapshot snapshot);
   // The last step whose checkpoint was written durably (-1: none).
   int64_t last_written() const;
   // Waits for the checkpoint being written, if any; its status.
@@ -148,8 +151,9 @@ class MomentumCheckpoints {
   std::unique_ptr<CheckpointWriter> writer_;
   Counter* restores_ = nullptr;
   mutable absl::Mutex mu_;
-  int64_t taken_step_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t submitted_step_ ABSL_GUARDED_BY(mu_) = -1;
+  // The last step written, and the plan version it was staged in.
+  int64_t written_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t written_version_ ABSL_GUARDED_BY(mu_) = -1;
   bool requested_ ABSL_GUARDED_BY(mu_) = false;
   // The step S of a restore whose S + 1 no trainer has asked for yet (-1:
   // none); only while no step was committed here.

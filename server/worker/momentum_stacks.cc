@@ -97,21 +97,30 @@ absl::Status MomentumStacks::CarryFrom(const MomentumStacks& old,
 }
 
 absl::StatusOr<std::vector<SnapshotTensor>> MomentumStacks::OwnedToHost(
-    kernels::DeviceOps& ops) const {
+    kernels::DeviceOps& ops, Which which) const {
+  const bool staged = which == Which::kStaged;
   std::vector<SnapshotTensor> out;
   for (size_t m = 0; m < matrices.size(); ++m) {
     for (int64_t e = 0; e < matrices[m].experts; ++e) {
       const ItemSlot s = slot(m, e);
-      if (s.batch < 0 || !has_momentum(s)) continue;
+      if (s.batch < 0) continue;
+      const MomentumStack& stack = stacks[s.batch];
+      if (staged && !stack.next_valid) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "matrix ", Quoted(matrices[m].name), " holds no staged step"));
+      }
+      const bool holds =
+          staged ? stack.next_has_momentum[s.slot] : has_momentum(s);
+      if (!holds) continue;
       SnapshotTensor t;
       t.name = matrices[m].name;
       t.expert = static_cast<int32_t>(e);
       t.rows = matrices[m].rows;
       t.cols = matrices[m].cols;
       t.values.resize(t.rows * t.cols);
-      MUONPS_RETURN_IF_ERROR(ops.Copy(t.values.data(), SlotData(s),
-                                      static_cast<int64_t>(t.values.size()),
-                                      ops.stream()));
+      MUONPS_RETURN_IF_ERROR(ops.Copy(
+          t.values.data(), staged ? stack.next_at(s.slot) : SlotData(s),
+          static_cast<int64_t>(t.values.size()), ops.stream()));
       out.push_back(std::move(t));
     }
   }

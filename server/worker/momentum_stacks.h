@@ -95,10 +95,14 @@ struct MomentumStacks {
   // Whether `other` has the same matrices (names and shapes) in the same
   // order: its items are this job's.
   bool SameJob(const MomentumStacks& other) const;
+  // Which momentum OwnedToHost copies: the committed one, or the staged
+  // step's new momentum (next_momentum, before its vote).
+  enum class Which { kCommitted, kStaged };
   // The momentum of every owned item that holds some, copied to host
   // memory (job order; a checkpoint's tensors). Waits for the stream.
+  // kStaged: FAILED_PRECONDITION when an owning stack holds no staged step.
   absl::StatusOr<std::vector<SnapshotTensor>> OwnedToHost(
-      kernels::DeviceOps& ops) const;
+      kernels::DeviceOps& ops, Which which = Which::kCommitted) const;
   // Swaps every valid next_momentum in (a commit) / forgets them (a drop).
   void CommitNext();
   void DropNext();

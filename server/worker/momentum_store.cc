@@ -248,23 +248,29 @@ absl::StatusOr<int64_t> MomentumStore::RequestCheckpoint() {
   return checkpoints_.Request(stacks_->checkpoint_dir);
 }
 
-std::optional<CheckpointSnapshot> MomentumStore::TakeSnapshot(
-    int64_t last_committed) {
-  absl::MutexLock lock(&mu_);
-  const MomentumStacks& now = *stacks_;
-  if (!checkpoints_.Due(now.checkpoint_dir, now.checkpoint_every,
-                        last_committed)) {
-    return std::nullopt;
+absl::Status MomentumStore::PersistStaged(int64_t step) {
+  CheckpointSnapshot snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    const MomentumStacks& now = *stacks_;
+    if (!checkpoints_.Due(now.checkpoint_dir, now.checkpoint_every, step,
+                          now.version)) {
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<SnapshotTensor>> tensors =
+        now.OwnedToHost(*ops_, MomentumStacks::Which::kStaged);
+    if (!tensors.ok()) {
+      return Annotate(tensors.status(),
+                      absl::StrCat("worker ", Quoted(worker_id_), ": step ",
+                                   step, "'s checkpoint"));
+    }
+    snapshot = {now.checkpoint_dir, step, now.version, std::move(*tensors)};
   }
-  absl::StatusOr<std::vector<SnapshotTensor>> tensors = now.OwnedToHost(*ops_);
-  if (!tensors.ok()) {
-    spdlog::error("worker={} step={} checkpoint not taken: {}", worker_id_,
-                  last_committed, tensors.status().ToString());
-    return std::nullopt;
-  }
-  checkpoints_.Taken(last_committed);
-  return CheckpointSnapshot{now.checkpoint_dir, last_committed, now.version,
-                            std::move(*tensors)};
+  return Annotate(
+      checkpoints_.Write(std::move(snapshot)),
+      absl::StrCat("worker ", Quoted(worker_id_), ": step ", step,
+                   " is due for a checkpoint and cannot commit before it is "
+                   "on disk"));
 }
 
 absl::Status MomentumStore::RestoreMissing(int64_t committed) {

@@ -16,7 +16,7 @@
 // any lock (Prepare), then installed under the lock with a swap; a
 // snapshot is copied to host under the lock and written outside it.
 //
-// The device rule. Install, Get, Write, TakeSnapshot, RestoreMissing,
+// The device rule. Install, Get, Write, PersistStaged, RestoreMissing,
 // CheckRestoredStep and HandOver enqueue on the device ops' stream(),
 // which a step uses too: the caller runs them one at a time and never
 // during a step (StepEngine holds its own lock around them and its steps).
@@ -144,22 +144,20 @@ class MomentumStore {
   void EnableCheckpoints(MetricsRegistry* metrics) {
     checkpoints_.Enable(metrics);
   }
-  // Asks for a checkpoint right after the next committed step.
+  // Asks for a checkpoint of the next step staged.
   // FAILED_PRECONDITION naming job.checkpoint_dir when checkpoints are not
   // enabled or the installed version's job has no checkpoint_dir. Returns
   // the last step checkpointed (-1: none).
   absl::StatusOr<int64_t> RequestCheckpoint();
-  // The momentum owned here as of `last_committed` copied to host, when
-  // that step is due (a multiple of checkpoint_every, or asked for) and not
-  // taken yet; nullopt otherwise, or when the device copy fails (logged at
-  // error). Call right after a commit; hand the result to Submit once
-  // every lock is released.
-  std::optional<CheckpointSnapshot> TakeSnapshot(int64_t last_committed);
-  // Writes `snapshot` in the background; waits while the previous one is
-  // still being written. Call with no lock held.
-  void Submit(CheckpointSnapshot snapshot) {
-    checkpoints_.Submit(std::move(snapshot));
-  }
+  // Makes step `step`'s staged new momentum (every owned expert's
+  // next_momentum) durable when the step is due for a checkpoint (a
+  // multiple of checkpoint_every, or asked for) and not written yet in the
+  // installed version: copied to host under the lock, written outside it.
+  // A step calls it after staging and before its vote, so that once the
+  // step commits anywhere, every owner's checkpoint of it is on disk and a
+  // worker killed right after the commit loses nothing. OK when nothing is
+  // due; else the device copy's or the write's error, naming the step.
+  absl::Status PersistStaged(int64_t step);
   // The last step whose checkpoint was written durably (-1: none).
   int64_t last_checkpoint_step() const { return checkpoints_.last_written(); }
   // Waits for the checkpoint being written, if any; its status.

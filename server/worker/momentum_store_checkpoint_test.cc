@@ -1,12 +1,14 @@
-// MomentumStore's checkpoints on host memory: taken when due, written in
-// the background, and restored by the rule (the job's step, never another),
-// all or nothing for a checkpoint the RPC names.
+// MomentumStore's checkpoints on host memory: a staged step written when
+// due, before it may commit, and restored by the rule (the job's step, never
+// another), all or nothing for a checkpoint the RPC names.
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/metrics.h"
 #include "gtest/gtest.h"
+#include "server/worker/checkpoint_store.h"
 #include "server/worker/momentum_store.h"
 #include "server/worker/momentum_store_test_fixture.h"
 
@@ -28,24 +30,37 @@ TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
               absl::StatusCode::kFailedPrecondition);  // no directory
     ASSERT_NO_FATAL_FAILURE(Install(
         store, Layout(2, {{0, 0}, {0, 1}, {1, 0}}, dir, /*every=*/2), false));
-    ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 1)));
-    ASSERT_NO_FATAL_FAILURE(Set(store, "b", 0, Values(8, 3)));
-    EXPECT_FALSE(store.TakeSnapshot(3).has_value());  // not due
-    std::optional<CheckpointSnapshot> due = store.TakeSnapshot(4);
-    ASSERT_TRUE(due.has_value());
-    EXPECT_EQ(due->step, 4);
-    ASSERT_EQ(due->tensors.size(), 2u);               // a/1 holds no momentum
-    EXPECT_FALSE(store.TakeSnapshot(4).has_value());  // taken already
-    store.Submit(std::move(*due));
-    ASSERT_TRUE(store.WaitForCheckpoint().ok());
+    // Nothing staged: a due step cannot be written, and says so.
+    const absl::Status unstaged = store.PersistStaged(4);
+    EXPECT_EQ(unstaged.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(unstaged.message().find("step 4"), std::string::npos) << unstaged;
+    // Stack 0 holds a/0 and a/1, stack 1 holds b: a/1's staged step
+    // computed none.
+    Stage(store, 0, 1);
+    Stage(store, 1, 3);
+    store.installed().stacks[0].next_has_momentum[1] = false;
+    ASSERT_TRUE(store.PersistStaged(3).ok());  // not due: nothing written
+    EXPECT_EQ(store.last_checkpoint_step(), -1);
+    ASSERT_TRUE(store.PersistStaged(4).ok());  // written before it returns
     EXPECT_EQ(store.last_checkpoint_step(), 4);
-    // Asked for: the next committed step, due or not.
+    absl::StatusOr<LoadedCheckpoint> written = LoadCheckpoint(dir + "/w0", 4);
+    ASSERT_TRUE(written.ok()) << written.status();
+    ASSERT_EQ(written->tensors.size(), 2u);  // a/1 holds no momentum
+    EXPECT_EQ(written->tensors[0], Values(6, 1));
+    EXPECT_EQ(written->tensors[1], Values(8, 3));
+    // Its redo in the same version is not written again.
+    std::filesystem::remove_all(dir + "/w0");
+    ASSERT_TRUE(store.PersistStaged(4).ok());
+    EXPECT_FALSE(std::filesystem::exists(dir + "/w0"));
+    store.CommitStaged();
+    // Asked for: the next step staged, due or not.
     ASSERT_EQ(*store.RequestCheckpoint(), 4);
-    std::optional<CheckpointSnapshot> asked = store.TakeSnapshot(5);
-    ASSERT_TRUE(asked.has_value());
-    store.Submit(std::move(*asked));
-    ASSERT_TRUE(store.WaitForCheckpoint().ok());
+    Stage(store, 0, 1);
+    Stage(store, 1, 3);
+    store.installed().stacks[0].next_has_momentum[1] = false;
+    ASSERT_TRUE(store.PersistStaged(5).ok());
     EXPECT_EQ(store.last_checkpoint_step(), 5);
+    store.CommitStaged();
   }
   // A restarted worker (nothing committed) takes the newest step, 5.
   MomentumStore restarted("w0", &ops_);
@@ -83,11 +98,9 @@ TEST_F(MomentumStoreTest, ACheckpointRestoresEveryOwnedExpertOrNothing) {
   EXPECT_EQ(store.ReadCheckpoint(dir, 1).status().code(),
             absl::StatusCode::kFailedPrecondition);  // no version yet
   ASSERT_NO_FATAL_FAILURE(Install(store, Layout(1, {{0, 0}}, dir, 1)));
-  ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 1)));
-  std::optional<CheckpointSnapshot> snapshot = store.TakeSnapshot(1);
-  ASSERT_TRUE(snapshot.has_value());
-  store.Submit(std::move(*snapshot));
-  ASSERT_TRUE(store.WaitForCheckpoint().ok());
+  Stage(store, 0, 1);
+  ASSERT_TRUE(store.PersistStaged(1).ok());
+  store.CommitStaged();
   EXPECT_EQ(store.ReadCheckpoint("relative", 1).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store.ReadCheckpoint(dir, -1).status().code(),

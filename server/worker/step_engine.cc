@@ -104,20 +104,12 @@ StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
 
 absl::StatusOr<StepResponse> StepEngine::Step(const StepRequest& request,
                                               const StepCancelled& cancelled) {
-  std::optional<CheckpointSnapshot> snapshot;
-  absl::StatusOr<StepResponse> out;
-  {
-    absl::MutexLock lock(&mu_);
-    out = StepLocked(request, cancelled, &snapshot);
-  }
-  // Outside the lock: the writer may wait for the previous checkpoint.
-  if (snapshot.has_value()) momentum_.Submit(std::move(*snapshot));
-  return out;
+  absl::MutexLock lock(&mu_);
+  return StepLocked(request, cancelled);
 }
 
 absl::StatusOr<StepResponse> StepEngine::StepLocked(
-    const StepRequest& request, const StepCancelled& cancelled,
-    std::optional<CheckpointSnapshot>* snapshot) {
+    const StepRequest& request, const StepCancelled& cancelled) {
   if (request.step_id < 0) {
     return InvalidField("step_id", absl::StrCat(request.step_id, " < 0"));
   }
@@ -148,7 +140,6 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
     round = RunRound(request, &*trainer_, cancelled);
     if (!round.status.ok() || round.kind != RoundResult::Kind::kAgain) break;
   }
-  *snapshot = momentum_.TakeSnapshot(ledger_.last.load());
   // The trainer's stream waits for this (CUDA), whatever happened.
   kernels::DeviceOps& ops = *backend_.ops;
   const absl::Status signaled =
@@ -166,7 +157,6 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
 
 absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowStep(
     absl::Duration wait) {
-  std::optional<CheckpointSnapshot> snapshot;
   absl::StatusOr<std::optional<StepResponse>> out = std::nullopt;
   bool dedicated = false;
   {
@@ -174,15 +164,14 @@ absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowStep(
     const int size = static_cast<int>(plan_.ownership.worker_ids.size());
     dedicated =
         plan_.rank >= 0 && plan_.rank >= size - plan_.ownership.dedicated;
-    if (dedicated) out = FollowLocked(wait, &snapshot);
+    if (dedicated) out = FollowLocked(wait);
   }
-  if (snapshot.has_value()) momentum_.Submit(std::move(*snapshot));
   if (!dedicated) absl::SleepFor(wait);  // not a dedicated rank of a plan
   return out;
 }
 
 absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowLocked(
-    absl::Duration wait, std::optional<CheckpointSnapshot>* snapshot) {
+    absl::Duration wait) {
   MUONPS_RETURN_IF_ERROR(EnsureTransport());
   // Rank 0 has a trainer; its first message opens every round: a
   // RoundOpening, which travels as fp32 elements (ControlChannel).
@@ -195,7 +184,6 @@ absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowLocked(
   }
   StepRequest request;  // the step id comes from rank 0
   RoundResult round = RunRound(request, /*trainer=*/nullptr, nullptr);
-  *snapshot = momentum_.TakeSnapshot(ledger_.last.load());
   if (!round.status.ok()) return round.status;
   if (round.kind != RoundResult::Kind::kStepped) return std::nullopt;
   round.response.momentum_reset = momentum_.TakeResets();
@@ -215,6 +203,9 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
   context.timeout = backend_.timeout;
   context.cancelled = cancelled;
   context.hook = hook_;
+  context.persist = [this](int64_t step_id) {
+    return momentum_.PersistStaged(step_id);
+  };
   StepRun run(context);
   RoundResult out = run.Run(request);
   if (out.status.ok() || out.transport_ok) return out;

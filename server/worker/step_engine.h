@@ -11,9 +11,10 @@
 // Thread-safe. One lock serializes steps, the installs of plan changes,
 // attachments and the momentum calls that use the device (the
 // MomentumStore's device rule), and a step holds it across its network I/O
-// (up to the transport's timeout). Nothing else slow runs under it:
-// SetPlan allocates its buffers and Attach maps the trainer's before
-// taking it, and a checkpoint is written after it is released. What status
+// (up to the transport's timeout), and the write of a checkpoint due at
+// that step (before its vote). Nothing else slow runs under it: SetPlan
+// allocates its buffers and Attach maps the trainer's before taking it.
+// What status
 // and heartbeats call never waits for it: last_step() and the momentum
 // counters are atomic reads, SetDataPlaneSecret and AbortForPlan take
 // PlanTransport's small locks (never held across I/O), ReleaseTrainerIfGone
@@ -170,13 +171,14 @@ class StepEngine {
   absl::Status SetMomentum(const std::string& matrix, int64_t expert,
                            std::vector<float> values);
   // Call once, before the first plan: while the job's checkpoint_dir is
-  // set, every committed step that is due is copied to host under the
-  // locks and written to <checkpoint_dir>/<worker_id>/ once they are
-  // released (its Step call waits only for the previous write).
+  // set, every step that is due has its new momentum written to
+  // <checkpoint_dir>/<worker_id>/ before its vote (MomentumStore::
+  // PersistStaged): a step commits only once every owner's checkpoint of
+  // it is on disk.
   void EnableCheckpoints(MetricsRegistry* metrics) {
     momentum_.EnableCheckpoints(metrics);
   }
-  // A checkpoint right after the next committed step; never waits.
+  // A checkpoint of the next step staged; never waits.
   absl::StatusOr<int64_t> RequestCheckpoint() {
     return momentum_.RequestCheckpoint();
   }
@@ -197,15 +199,12 @@ class StepEngine {
   absl::Status WaitForCheckpoint() { return momentum_.WaitForCheckpoint(); }
 
  private:
-  // Step under mu_; a checkpoint due after it comes back in *snapshot, to
-  // be written once the lock is released.
-  absl::StatusOr<StepResponse> StepLocked(
-      const StepRequest& request, const StepCancelled& cancelled,
-      std::optional<CheckpointSnapshot>* snapshot)
+  // Step under mu_.
+  absl::StatusOr<StepResponse> StepLocked(const StepRequest& request,
+                                          const StepCancelled& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FollowStep's round on a dedicated rank, the same way.
-  absl::StatusOr<std::optional<StepResponse>> FollowLocked(
-      absl::Duration wait, std::optional<CheckpointSnapshot>* snapshot)
+  absl::StatusOr<std::optional<StepResponse>> FollowLocked(absl::Duration wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the step staged in doubt, if any (`staged`: its id as it was
   // before the momentum changed; -1: none), logging `why`.

@@ -95,7 +95,7 @@ RoundResult StepRun::Stage(const StepRequest& request,
   StepStaging staging(plan_, trainer, *context_.transport, ops,
                       *context_.kernels, ledger_, roster, timeline_,
                       context_.hook, context_.timeout);
-  const absl::Status ready = staging.Stage(step_id, request);
+  absl::Status ready = staging.Stage(step_id, request);
   RoundResult out;
   if (!ready.ok()) {
     // Out of step with the peers: no vote can reach rank 0.
@@ -104,6 +104,7 @@ RoundResult StepRun::Stage(const StepRequest& request,
     out.transport_ok = false;
     return out;
   }
+  if (context_.persist) ready = context_.persist(step_id);
   const CommitOutcome commit = RunCommitPhases(
       step_id, ready, control_, plan_.rank, context_.transport->size(),
       plan_.ownership.worker_ids, ledger_, plan_, trainer, ops,

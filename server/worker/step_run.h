@@ -1,5 +1,6 @@
 // One round of one worker's step, run together with the other workers of
-// the plan over a Transport: the data path of "One step" in DESIGN.md, made
+// the plan over a Transport: the data path of "One step's data flow" in
+// docs/architecture.md, made
 // atomic. StepEngine runs rounds until one answers the trainer. StepRun
 // runs a round's parts in order: the agreement (1., 2.: step_agreement.h),
 // the stage (3.: step_staging.h) and the commit (4. to 6.: step_commit.h),
@@ -30,10 +31,12 @@
 //     (the old one untouched); the updates back (broadcast, or scatter rows)
 //     into the trainer's staging buffer; the AdamW means into it too.
 //     Nothing the trainer or a later step sees has changed.
-//  4. Vote (RunCommitPhases). Each rank waits for its transfers, then votes
-//     (no if its call was cancelled or passed its deadline); a yes makes it
-//     prepared before the vote leaves. Rank 0 decides commit iff every vote
-//     arrived and was yes, and broadcasts it.
+//  4. Vote (RunCommitPhases). Each rank waits for its transfers, writes the
+//     new momentum it owns to its checkpoint when the step is due for one
+//     (so a step that commits anywhere is on disk at every owner), then
+//     votes (no if its call was cancelled or passed its deadline, or the
+//     checkpoint failed); a yes makes it prepared before the vote leaves. Rank
+//     0 decides commit iff every vote arrived and was yes, and broadcasts it.
 //  5. Commit (CommitStaged): the staged updates into the parameters, the
 //     means into the AdamW gradients, next_momentum swapped in; last step
 //     advances. Rank 0 commits once it decided, whatever its broadcast did.
@@ -66,6 +69,7 @@
 #define MUONPS_SERVER_WORKER_STEP_RUN_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -97,6 +101,10 @@ struct StepContext {
   absl::Duration timeout;
   StepCancelled cancelled;  // may be null
   StepHook hook;            // may be null
+  // Makes the staged step durable when it is due for a checkpoint
+  // (MomentumStore::PersistStaged); called between stage and vote, a
+  // failure votes no. May be null.
+  std::function<absl::Status(int64_t step_id)> persist;
 };
 
 // How a round ended.
