@@ -184,6 +184,16 @@ int Run() {
   transport::TcpListener* data_listener = listener->get();
   worker::StepBackend backend;
   worker::TransportFactory make_transport;
+  // The data plane's TCP mesh: a CPU worker's transport, and under CUDA IPC
+  // its control channel.
+  const auto connect_tcp =
+      [data_listener, tcp](int rank, const std::vector<std::string>& addresses,
+                           uint64_t session, const std::string& secret) {
+        transport::TcpOptions options = tcp;
+        options.data_plane_secret = secret;
+        return transport::TcpTransport::Connect(data_listener, rank, addresses,
+                                                session, options);
+      };
   if (device->is_cuda()) {
     absl::StatusOr<kernels::cuda::Precision> precision =
         kernels::cuda::ParsePrecision(absl::GetFlag(FLAGS_precision));
@@ -208,16 +218,13 @@ int Run() {
     }
     const int ordinal = device->ordinal;
     if (gpu_transport == "ipc") {
-      make_transport = [data_listener, tcp, ordinal](
+      make_transport = [connect_tcp, ordinal](
                            int rank, const std::vector<std::string>& addresses,
                            uint64_t session, const std::string& secret)
           -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-        transport::TcpOptions options = tcp;
-        options.data_plane_secret = secret;
         MUONPS_ASSIGN_OR_RETURN(
             std::unique_ptr<transport::TcpTransport> control,
-            transport::TcpTransport::Connect(data_listener, rank, addresses,
-                                             session, options));
+            connect_tcp(rank, addresses, session, secret));
         MUONPS_ASSIGN_OR_RETURN(
             std::unique_ptr<transport::CudaIpcTransport> ipc,
             transport::CudaIpcTransport::Create(ordinal, std::move(control)));
@@ -234,16 +241,13 @@ int Run() {
     }
   } else {
     backend = worker::CpuStepBackend(tcp.io_timeout);
-    make_transport = [data_listener, tcp](
-                         int rank, const std::vector<std::string>& addresses,
-                         uint64_t session, const std::string& secret)
+    make_transport = [connect_tcp](int rank,
+                                   const std::vector<std::string>& addresses,
+                                   uint64_t session, const std::string& secret)
         -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-      transport::TcpOptions options = tcp;
-      options.data_plane_secret = secret;
       MUONPS_ASSIGN_OR_RETURN(
           std::unique_ptr<transport::TcpTransport> connected,
-          transport::TcpTransport::Connect(data_listener, rank, addresses,
-                                           session, options));
+          connect_tcp(rank, addresses, session, secret));
       return std::unique_ptr<transport::Transport>(std::move(connected));
     };
   }
