@@ -121,6 +121,15 @@ absl::StatusOr<transport::Transport*> PlanTransport::Ensure(
   }
   MUONPS_RETURN_IF_ERROR(blocked);
   if (transport_ != nullptr) return transport_.get();
+  // The coordinator hands the secret out when this worker joins: without
+  // one it is (re)joining, which a retry outlasts.
+  if (secret.empty()) {
+    return FieldError(
+        absl::StatusCode::kUnavailable, "data_plane_secret",
+        absl::StrCat("worker ", Quoted(worker_id_),
+                     " has no data-plane secret from the coordinator yet (it "
+                     "is joining the job); retry"));
+  }
   for (size_t r = 0; r < addresses.size(); ++r) {
     if (addresses[r].empty()) {
       return FieldError(absl::StatusCode::kUnavailable, "plan",

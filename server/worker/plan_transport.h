@@ -80,8 +80,9 @@ class PlanTransport {
   // handover). A transport of an older secret is dropped first. Errors:
   // Replaced()'s (the transport dropped); then `blocked` when it is not OK
   // (an error every step of the version answers); UNAVAILABLE naming
-  // `plan` for a rank with no data address; the factory's; INTERNAL for a
-  // transport of the other kind of memory.
+  // `data_plane_secret` while no secret was set (the worker is joining),
+  // or `plan` for a rank with no data address; the factory's; INTERNAL for
+  // a transport of the other kind of memory.
   absl::StatusOr<transport::Transport*> Ensure(
       int rank, const std::vector<std::string>& addresses, int64_t version,
       const absl::Status& blocked, bool* built);

@@ -197,6 +197,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
   std::vector<bool> seen(trainers, false);
   std::string problem = ProblemText(first.problem);
   if (!problem.empty()) problem = absl::StrCat(Who(ids, 0), ": ", problem);
+  // What no retry fixes, unless a trainer is still (re)attaching.
+  absl::StatusCode code = absl::StatusCode::kInvalidArgument;
   for (int r = 0; r < trainers && r < n && problem.empty(); ++r) {
     const StepHeader& x = h[r];
     if (x.problem[0] != 0) {
@@ -214,8 +216,18 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
           absl::StrCat("the trainers of ", Who(ids, r), " and ", Who(ids, 0),
                        " lend different AdamW tensors (names, sizes "
                        "or layouts) or parameter groups");
-    } else if (x.trainer_count != trainers || x.trainer_rank < 0 ||
-               x.trainer_rank >= trainers || seen[x.trainer_rank]) {
+    } else if (x.trainer_rank < 0) {
+      code = absl::StatusCode::kUnavailable;
+      problem = absl::StrCat(
+          Who(ids, r),
+          " has no trainer attached, and every worker of the "
+          "plan's first ",
+          trainers,
+          " ranks needs one: retry once its "
+          "trainer attaches, or once a worker with no trainer has left the "
+          "job");
+    } else if (x.trainer_count != trainers || x.trainer_rank >= trainers ||
+               seen[x.trainer_rank]) {
       problem = absl::StrCat(
           "every worker with a trainer needs exactly one trainer of ", trainers,
           "; ", Who(ids, r), " has trainer ", x.trainer_rank, " of ",
@@ -226,7 +238,7 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
   }
   if (!problem.empty()) {
     RoundDecision rejected =
-        Rejected(absl::StatusCode::kInvalidArgument,
+        Rejected(code,
                  absl::StrCat("step ", first.step_id,
                               " rejected, nothing was changed: ", problem),
                  committed, true);

@@ -128,6 +128,27 @@ TEST(DecideRoundTest, DisagreementsAreRejectedNamingTheWorker) {
   h[2].hyper_hash = 9;
   d = DecideRound(h, 3, kIds, 100);
   EXPECT_TRUE(absl::StrContains(Problem(d), "different lr")) << Problem(d);
+  // Two trainers of one rank: no retry fixes it.
+  h[2].hyper_hash = 0;
+  h[2].trainer_rank = 1;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(absl::StrContains(Problem(d), "exactly one trainer"))
+      << Problem(d);
+}
+
+// A worker among the trainers' ranks with no trainer attached (its trainer
+// is attaching again, or it is a worker that should not be there) is a
+// state a retry outlasts: UNAVAILABLE, naming it.
+TEST(DecideRoundTest, AWorkerWithNoTrainerYetIsTransient) {
+  std::vector<StepHeader> h = {Header(0, 6, 5), Header(1, 6, 5),
+                               Header(2, 6, 5)};
+  h[1].trainer_rank = -1;
+  const RoundDecision d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(absl::StrContains(Problem(d), "worker \"w1\" has no trainer"))
+      << Problem(d);
 }
 
 TEST(StepRequestProblemTest, NamesTheField) {
