@@ -5,6 +5,7 @@
 // fails the next step naming a matrix unless the job allows a reset
 // (server/worker/momentum_handover.h).
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <iostream>
 #include <optional>
@@ -168,6 +169,52 @@ TEST_F(MomentumHandoverProcessTest, AllowedResetTrainsOnFromZeroMomentum) {
     ASSERT_TRUE(replay.Step(step).ok());
   }
   ExpectMatchesReference(replay, kExact);
+}
+
+// A worker paused (SIGSTOP) past its lease between steps: the plan drops
+// it, and its matrices have no momentum there (strict, no checkpoint).
+// When it runs again it joins the next plan still holding their momentum
+// as of the job's step (no step committed without it): that momentum
+// comes back from it, and training goes on equal to a replay in which
+// nothing paused. Before, the dropped version's lost items outranked it
+// and no step ran again.
+TEST_F(MomentumHandoverProcessTest,
+       AWorkerPausedPastItsLeaseBringsItsMomentum) {
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(/*allow_reset=*/false, 2));
+  ASSERT_FALSE(OwnedBy(1).empty());
+  const int64_t version = plan().version();
+  SignalWorker(1, SIGSTOP);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  int64_t dropped_in = -1;
+  while (absl::Now() < deadline && dropped_in < 0) {
+    absl::StatusOr<v1::WorkerStatus> status = WorkerStatus(0);
+    if (status.ok() && status->plan_version() > version) {
+      dropped_in = status->plan_version();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  // The other trainer steps meanwhile: its worker runs the new plan's
+  // handover, where the paused worker's matrices are lost; no step can
+  // commit without them.
+  testing::StepScript alone;
+  alone.silent = {1};
+  const auto meanwhile = RunStep(3, alone);
+  SignalWorker(1, SIGCONT);
+  ASSERT_GT(dropped_in, version) << "the lease never expired";
+  ASSERT_TRUE(meanwhile[0].has_value());
+  EXPECT_FALSE(meanwhile[0]->result.ok());
+  std::cerr << "step 3 without the paused worker: "
+            << meanwhile[0]->result.status() << "\n";
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  const std::vector<LoopOutcome> loops = RunTrainerLoops(3, 4, 4);
+  int64_t resets = 0;
+  ASSERT_NO_FATAL_FAILURE(ExpectFinished(loops, &resets));
+  EXPECT_EQ(resets, 0);
+  for (int64_t step = 3; step <= 4; ++step) {
+    ASSERT_TRUE(reference_->Step(step).ok());
+  }
+  ExpectMatchesReference(*reference_, kExact);
 }
 
 // With a checkpoint every step, the killed worker's momentum comes back

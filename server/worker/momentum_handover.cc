@@ -206,6 +206,32 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         if (r == stacks.rank) owner.outgoing_at = mine.outgoing_at[i];
       }
     }
+    // An item the previous version holds no momentum of (lost, or reset
+    // and never stepped since) that a rank of an older version still holds
+    // as of the job's step: a worker that was dropped while paused past its
+    // lease, when no step committed without it. Its momentum is current.
+    for (int r = 0; r < size; ++r) {
+      const HandoverHeader& h = headers[r];
+      if (h.previous_version < 0 || h.previous_version >= previous_version ||
+          h.last_step != last_step) {
+        continue;
+      }
+      for (size_t i = 0; i < held[r].size(); ++i) {
+        const HeldItem& item = held[r][i];
+        if (item.has_momentum != HeldItem::kHasMomentum || item.matrix < 0 ||
+            item.matrix >= static_cast<int32_t>(previous.size()) ||
+            item.expert < 0 ||
+            item.expert >= static_cast<int32_t>(previous[item.matrix].size())) {
+          continue;
+        }
+        PreviousOwner& owner = previous[item.matrix][item.expert];
+        if (owner.has_momentum) continue;
+        owner = PreviousOwner{};
+        owner.rank = r;
+        owner.has_momentum = true;
+        if (r == stacks.rank) owner.outgoing_at = mine.outgoing_at[i];
+      }
+    }
   }
 
   // 3. The transfers, in (matrix, expert) order; then the lost items.

@@ -19,7 +19,10 @@
 // items it owned in that version, with whether each has momentum. The
 // previous plan is the newest version any rank reports; only ranks that
 // report it are trusted (a rank that missed a version holds stale
-// momentum). A worker announces a version only once its handover ran
+// momentum), except for an item that version holds no momentum of: a rank
+// of an older version whose last committed step is the job's still holds
+// it current (a worker dropped while paused past its lease, when no step
+// committed without it), and hands it over. A worker announces a version only once its handover ran
 // there (a restarted worker that was handed a plan announces nothing, so
 // what its old process owned counts as lost); versions that ended before
 // their handover ran (no step either) pass on what was held before them. Then,
