@@ -19,6 +19,7 @@ from ._binding import LentTensor, ShardLent, release
 from ._cuda import CudaPath
 from ._dtensor import adamw_lent_elements, check_row_sharded, is_dtensor
 from ._messages import explain_start_error
+from .routing import LOG
 
 LAYOUTS = {"replicated": _native.LAYOUT_REPLICATED,
            "unreduced": _native.LAYOUT_UNREDUCED}
@@ -58,6 +59,7 @@ def start(opt):
         "MUONPS_WORKER_SOCKET") or (
         default_worker_socket(f"w{os.environ.get('LOCAL_RANK', rank)}"))
     lent, frozen, seen = [], [], set()
+    opt._router.decisions = []
     for index, group in enumerate(opt.param_groups):
         for p in group["params"]:
             name = opt._names[p]
@@ -73,7 +75,7 @@ def start(opt):
                     f"muonps.Muon: {name!r} is {p.dtype} on {p.device}; "
                     "muonps takes float32 parameters on the CPU and "
                     "float32 or bfloat16 parameters on one GPU")
-            muon = bool(opt._is_matrix(name, p))
+            muon = opt._router.decide(name, p, group)
             if muon and p.dim() not in (2, 3):
                 raise ValueError(f"muonps.Muon: is_matrix chose {name!r} "
                                  f"of shape {tuple(p.shape)}; Muon takes "
@@ -90,7 +92,10 @@ def start(opt):
                             if p.device.type != "cuda" else None)))
     if not any(t.muon for t in lent):
         raise ValueError("muonps.Muon: no parameter is a matrix (see "
-                         "is_matrix); a muonps job needs at least one")
+                         "is_matrix); a muonps job needs at least one ("
+                         + opt._router.describe() + ")")
+    if rank == 0:
+        LOG.info("%s", opt._router.describe())
     devices = {t.param.device for t in lent}
     if len(devices) != 1:
         raise TypeError(f"muonps.Muon: parameters on {sorted(map(str, devices))}; "

@@ -27,7 +27,7 @@ import torch
 from . import _messages, _native, _startup, _state
 # Still importable from here, where it lived before muonps/_startup.py.
 from ._startup import default_worker_socket  # noqa: F401
-from .routing import default_is_matrix, split_named
+from .routing import LOG, Router, resolve_model, split_named
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 # The client's refusal of a step id it never sent that the workers had
@@ -40,8 +40,9 @@ DEFAULT_EPS = 1e-7
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's update, run by a muonps job; AdamW for the rest.
 
-    params: parameters, (name, parameter) pairs as `model.named_parameters()`
-        yields, or param groups of either. Unnamed ones are "param.{i}".
+    params: the model (an nn.Module: its named_parameters()), parameters,
+        (name, parameter) pairs as `model.named_parameters()` yields, or
+        param groups of either. Unnamed ones are "param.{i}".
         Names must be unique; every rank passes the same ones in the same
         order. Parameters with requires_grad=False at start are left alone.
     lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,
@@ -69,8 +70,15 @@ class Muon(torch.optim.Optimizer):
         their matrices are "row_sharded" as PyTorch sharded them (each rank
         lends its own rows; see muonps/_dtensor.py) and their other tensors
         go to torch.optim.AdamW.
-    is_matrix(name, param) -> bool: which parameters Muon steps; default
-        `muonps.default_is_matrix` (2-D/3-D, not embeddings or heads).
+    is_matrix(name, param) -> bool: which parameters Muon steps. By default
+        the model decides (muonps/routing.py): Muon gets the hidden layers'
+        2-D weights (3-D: expert stacks); embeddings, weights tied to them,
+        the output head, norms, biases and scalars get AdamW. A param
+        group's "use_muon" (True/False) overrides both for its parameters.
+        The split is logged (logger "muonps", INFO) and in describe().
+    model: the nn.Module the parameters belong to, when `params` does not
+        say it (muonps.Muon(model) and model.named_parameters() do); without
+        one, names and shapes decide (`muonps.default_is_matrix`).
     timeout: seconds to wait for the worker's plan (one holding a worker per
         trainer rank: the first step waits for the other ranks' workers to
         join) and for a step.
@@ -107,7 +115,8 @@ class Muon(torch.optim.Optimizer):
                  layout="replicated", is_matrix=None, timeout=60.0,
                  dedicated_workers=0, qk_clip=None,
                  allow_momentum_reset=False, checkpoint_dir=None,
-                 checkpoint_every=0):
+                 checkpoint_every=0, model=None):
+        params, model = resolve_model(params, model)
         _validate(lr, weight_decay, momentum, ns_steps, adamw_lr, adamw_betas,
                   adamw_eps, adamw_weight_decay)
         if adjust_lr_fn not in (None, *_startup.ADJUST_LR):
@@ -141,7 +150,8 @@ class Muon(torch.optim.Optimizer):
         # already, in an earlier run of the job (see _first_step).
         self._first = True
         self._loaded = False  # load_state_dict gave the momentum
-        self._is_matrix = is_matrix or default_is_matrix
+        self._router = Router(model, is_matrix)
+        self._peers = []  # the other ranks' workers (muonps/_state.py)
         self._qk_clip = qk_clip
         if coordinator:
             _messages.check_address(coordinator, f"coordinator={coordinator!r}")
@@ -380,6 +390,15 @@ class Muon(torch.optim.Optimizer):
                 "--job NAME and pass job='NAME'; or leave out coordinator= "
                 "and muonps.Muon starts a private service), or resume with "
                 "load_state_dict() of the run's latest state")
+
+    def describe(self):
+        """How the parameters were split between Muon and AdamW: counts of
+        tensors and parameters, and the embeddings, heads and tied weights
+        on AdamW (the line logged when the job started)."""
+        if self._client is None and not self._router.decisions:
+            return "muonps routing: not decided yet (the job starts at the " \
+                   "first step)"
+        return self._router.describe()
 
     def synchronize(self):
         """GPU parameters: waits for the last step (step() returns once it
