@@ -8,9 +8,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <new>
 #include <set>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
@@ -147,6 +149,31 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Zero-filled host AdamW moments of `elements` floats each. A tensor within
+// the bounds may still not fit this host: RESOURCE_EXHAUSTED naming it
+// (`field`), never an exception out of the client.
+absl::Status ZeroMoments(const std::string& field, int64_t elements,
+                         std::vector<float>* exp_avg,
+                         std::vector<float>* exp_avg_sq) {
+  try {
+    exp_avg->assign(elements, 0.0f);
+    exp_avg_sq->assign(elements, 0.0f);
+  } catch (const std::bad_alloc&) {
+    std::vector<float>().swap(*exp_avg);
+    std::vector<float>().swap(*exp_avg_sq);
+    return FieldError(
+        absl::StatusCode::kResourceExhausted, field,
+        absl::StrCat("its AdamW moments (2 x ", elements, " floats, ",
+                     2 * elements * static_cast<int64_t>(sizeof(float)),
+                     " bytes) do not fit in this host's memory"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Client::AddTensor(const std::string& name, int64_t elements,
                                TensorLayout layout) {
   Impl& s = *impl_;
@@ -173,8 +200,8 @@ absl::Status Client::AddTensor(const std::string& name, int64_t elements,
   t.elements = elements;
   t.param_elements = elements;
   if (!s.device.is_cuda()) {
-    t.exp_avg.assign(elements, 0.0f);
-    t.exp_avg_sq.assign(elements, 0.0f);
+    MUONPS_RETURN_IF_ERROR(
+        ZeroMoments(field, elements, &t.exp_avg, &t.exp_avg_sq));
   }
   s.index[name] = s.tensors.size();
   s.tensors.push_back(std::move(t));

@@ -6,11 +6,13 @@
 #include "client/client.h"
 
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "client/fake_service.h"
+#include "common/sanitizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -257,6 +259,25 @@ TEST(ClientCreateTest, RefusesAnUnknownDeviceNamingIt) {
                       .device = "gpu"});
   EXPECT_TRUE(absl::IsInvalidArgument(client.status())) << client.status();
   EXPECT_THAT(client.status().message(), HasSubstr("device"));
+}
+
+// A tensor within the bounds whose AdamW moments this host cannot hold is
+// refused with RESOURCE_EXHAUSTED naming it, not an abort.
+TEST_F(ClientTest, AHugeTensorIsResourceExhaustedNamingIt) {
+  if (kAddressSanitizer) {
+    GTEST_SKIP() << "AddressSanitizer aborts on allocations this large";
+  }
+  // With overcommit always on, 4 TiB would be granted and then zero-filled.
+  std::string overcommit;
+  std::ifstream("/proc/sys/vm/overcommit_memory") >> overcommit;
+  if (overcommit == "1") GTEST_SKIP() << "vm.overcommit_memory is 1";
+  const absl::Status huge = client_->AddTensor(
+      "huge", Client::kMaxTensorElements, TensorLayout::kReplicated);
+  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
+  EXPECT_THAT(huge.message(), HasSubstr("\"huge\""));
+  // The client goes on: the tensor was not declared.
+  EXPECT_TRUE(
+      client_->AddTensor("huge", kBias, TensorLayout::kReplicated).ok());
 }
 
 }  // namespace
