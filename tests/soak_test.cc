@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/sanitizer.h"
 #include "tests/data_plane_fixture.h"
 
 namespace muonps {
@@ -46,11 +47,7 @@ constexpr int64_t kRssSlackKib = 48 * 1024;
 // AddressSanitizer keeps freed memory in quarantine (256 MiB by default), so
 // resident memory grows without a leak there; LeakSanitizer checks the
 // workers' leaks at exit instead.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kCheckRss = false;
-#else
-constexpr bool kCheckRss = true;
-#endif
+constexpr bool kCheckRss = !kAddressSanitizer;
 // 28 s on two cores; sanitizer builds (CI) run it several times slower.
 constexpr absl::Duration kBound = absl::Seconds(600);
 

@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/sanitizer.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/job_store.h"
@@ -59,17 +60,7 @@ double Ms(std::chrono::steady_clock::duration d) {
 // Matrices of the big job. AddressSanitizer plans about 15x slower (seconds
 // per re-plan of 10^5): there a fifth of them still takes far longer than
 // half a period, and keeps the test well under a minute.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr int kBigJobMatrices = 20000;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr int kBigJobMatrices = 20000;
-#else
-constexpr int kBigJobMatrices = 100000;
-#endif
-#else
-constexpr int kBigJobMatrices = 100000;
-#endif
+constexpr int kBigJobMatrices = kAddressSanitizer ? 20000 : 100000;
 
 // One heartbeat period of the test. A re-plan of 10^5 matrices takes 0.3 to
 // 0.5 s on two cores (more under sanitizers): a heartbeat that waited for
