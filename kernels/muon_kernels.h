@@ -4,7 +4,7 @@
 // Kernels work on stacks of same-shape row-major fp32 matrices, so that one
 // call runs a whole same-shape batch (a 3-D expert stack is such a batch).
 // Semantics match torch.optim.Muon and torch.optim.AdamW exactly (see
-// DESIGN.md, "Optimizer semantics").
+// docs/architecture.md, "The update rule").
 //
 // Streams (NCCL's rule): every data-path call names the stream it is
 // ordered on, enqueues its work there and returns; the work is done when

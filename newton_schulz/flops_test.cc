@@ -5,8 +5,9 @@
 namespace muonps {
 namespace {
 
-// DESIGN.md's counts in m^3 units for 5 steps, alpha = n / m: dense NS5
-// 20 alpha + 10; Gram NS with one restart (after step 2) 6 alpha + 14.
+// The counts in m^3 units for 5 steps, alpha = n / m (kernels/README.md,
+// "The algorithms"): dense NS5 20 alpha + 10; Gram NS with one restart
+// (after step 2) 6 alpha + 14.
 TEST(NsFlopsTest, MatchesDesignCountsInCubeUnits) {
   const int64_t m = 128;
   const double cube = static_cast<double>(m) * m * m;

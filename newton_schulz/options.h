@@ -7,7 +7,7 @@
 // NS normalizes X by max(margin * ||X||_F, eps), works on the wide
 // orientation (rows <= cols), and iterates X <- a X + (b A + c A^2) X with
 // A = X X^T. Gram NS computes the same polynomial on the small side (see
-// DESIGN.md). Plain values; thread-safe.
+// kernels/README.md). Plain values; thread-safe.
 #ifndef MUONPS_NEWTON_SCHULZ_OPTIONS_H_
 #define MUONPS_NEWTON_SCHULZ_OPTIONS_H_
 

@@ -16,7 +16,8 @@
 namespace muonps {
 namespace scheduler {
 
-// How the trainer ranks hold a matrix's gradient (DESIGN.md, "One step").
+// How the trainer ranks hold a matrix's gradient (docs/architecture.md,
+// "One step's data flow").
 enum class Layout {
   kReplicated,  // every rank holds the full, reduced gradient
   kUnreduced,   // every rank holds its partial gradient: reduce to the owner

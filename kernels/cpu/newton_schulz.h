@@ -1,5 +1,5 @@
 // Newton-Schulz orthogonalization of one matrix on the CPU: dense NS5 and
-// Gram NS (see DESIGN.md, "Gram NS"), in fp32 with OpenBLAS.
+// Gram NS (see kernels/README.md), in fp32 with OpenBLAS.
 //
 // Thread-compatible: a NsWorkspace belongs to one thread at a time.
 #ifndef MUONPS_KERNELS_CPU_NEWTON_SCHULZ_H_

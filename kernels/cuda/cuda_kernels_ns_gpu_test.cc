@@ -75,7 +75,8 @@ TEST(CudaNsTest, MatchesCpuWithinInputRoundingOnWideTallSquareBatches) {
         for (const bool polar : {false, true}) {
           // Gram NS with Polar Express on square matrices (whose smallest
           // singular values are tiny) loses 0.6 (bf16) and 0.08 (fp16):
-          // square matrices stay on NS5 (DESIGN.md); not a supported pair.
+          // square matrices stay on NS5 (kernels/README.md); not a supported
+          // pair.
           if (a == NsAlgorithm::kGram && polar && s.rows == s.cols &&
               p != Precision::kFp32) {
             continue;

@@ -1,6 +1,6 @@
 // Runs the CUDA elementwise kernels on a GPU and checks them against the CPU
 // backend bit for bit. Needs a GPU: tagged manual, run on the GPU machine
-// (see deploy/device/README.md).
+// (see kernels/README.md, "On a GPU machine").
 #include <cuda_runtime.h>
 
 #include <cmath>

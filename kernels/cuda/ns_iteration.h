@@ -1,5 +1,5 @@
 // Issues one batched Newton-Schulz orthogonalization (NS5 or Gram NS, see
-// DESIGN.md) on a stream: fp32 normalization with the CPU backend's
+// kernels/README.md) on a stream: fp32 normalization with the CPU backend's
 // margin and eps, GEMMs on `low`-precision inputs with fp32 accumulation,
 // symmetric products computing one triangle, the polynomial's `a` terms in
 // fp32 (as the GEMM's beta on an fp32 accumulator), and the result written

@@ -21,7 +21,7 @@ Matrix MatMul(const Matrix& a, const Matrix& b, int64_t m, int64_t k,
               int64_t n);
 Matrix Transpose(const Matrix& a, int64_t rows, int64_t cols);
 
-// Dense NS of DESIGN.md on a rows x cols matrix, in double.
+// Dense NS (kernels/README.md) on a rows x cols matrix, in double.
 Matrix NewtonSchulz(const Matrix& in, int64_t rows, int64_t cols,
                     const NewtonSchulzOptions& options);
 

@@ -1,8 +1,8 @@
 // StepStaging: a round's stage (step_run.h, 3.), the data path of "One
-// step" in DESIGN.md. In the schedule's order: each bucket's gradients to
-// their owners (replicated: none; unreduced: reduce, mean in trainer
-// order; row_sharded: gather rows), momentum and Newton-Schulz of every
-// stack this worker owns (the new momentum into its MomentumStack's
+// step's data flow" in docs/architecture.md. In the schedule's order: each
+// bucket's gradients to their owners (replicated: none; unreduced: reduce, mean
+// in trainer order; row_sharded: gather rows), momentum and Newton-Schulz of
+// every stack this worker owns (the new momentum into its MomentumStack's
 // next_momentum, the old one untouched), the updates back (broadcast, or
 // scatter rows) into the trainer's staging buffer, and the unreduced AdamW
 // means into it too, each recorded in the ledger's staged step for
