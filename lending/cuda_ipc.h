@@ -2,11 +2,11 @@
 //
 // A trainer lends its gradient and parameter buffers to the worker daemon on
 // its own GPU (NCCL refuses two ranks on one GPU, so the trainer never joins
-// NCCL; DESIGN.md "Why this shape"). The trainer calls ExportDeviceMemory()
-// for each buffer and sends the IpcMemoryRef over its control socket; the
-// worker opens the refs with an IpcMemoryMap and reads and writes the
-// trainer's memory in place. An IpcEvent orders the two processes' streams
-// without a host sync: the trainer records after backward, the worker's
+// NCCL; docs/architecture.md, "On a GPU"). The trainer calls
+// ExportDeviceMemory() for each buffer and sends the IpcMemoryRef over its
+// control socket; the worker opens the refs with an IpcMemoryMap and reads and
+// writes the trainer's memory in place. An IpcEvent orders the two processes'
+// streams without a host sync: the trainer records after backward, the worker's
 // stream waits on it, and the other way round for "the step is applied".
 // This is the device twin of lending/shared_memory.h.
 //

@@ -96,7 +96,7 @@ def ns5_batched(grad):
 
 
 def gram_ns_batched(grad):
-    """Gram NS (DESIGN.md) with plain bf16 bmm: iterate on R = X X^T,
+    """Gram NS (kernels/README.md) with plain bf16 bmm: iterate on R = X X^T,
     P = a I + b R + c R^2, Q <- P Q, R <- P R P; after step 2 restart
     (X <- Q X, R <- X X^T, Q <- I); finally X <- Q X."""
     a, b, c = COEFFICIENTS

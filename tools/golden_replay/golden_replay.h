@@ -18,7 +18,7 @@
 namespace muonps {
 namespace golden {
 
-// Relative Frobenius tolerances (see issue "Foundation" and DESIGN.md: torch
+// Relative Frobenius tolerances (testdata/torch_optim_golden/README.md: torch
 // runs NS in bf16, so fp32 params differ by ~1e-3 after 4 steps and a lone
 // NS output by ~2e-2; momentum and AdamW agree to ~1e-7).
 struct Tolerances {
