@@ -22,15 +22,15 @@
 // momentum), except for an item that version holds no momentum of: a rank
 // of an older version whose last committed step is the job's still holds
 // it current (a worker dropped while paused past its lease, when no step
-// committed without it), and hands it over. A worker announces a version only once its handover ran
-// there (a restarted worker that was handed a plan announces nothing, so
-// what its old process owned counts as lost); versions that ended before
-// their handover ran (no step either) pass on what was held before them. Then,
-// in (matrix, expert) order, every item whose previous owner is another rank of
-// the new plan and has momentum moves from it to its new owner (Send and Recv,
-// no group: both ends issue the pairs in the one global order, so none
-// deadlocks). A pure function of what the ranks broadcast, so every rank
-// computes the same transfers.
+// committed without it), and hands it over. A worker announces a version only
+// once its handover ran there (a restarted worker that was handed a plan
+// announces nothing, so what its old process owned counts as lost); versions
+// that ended before their handover ran (no step either) pass on what was held
+// before them. Then, in (matrix, expert) order, every item whose previous owner
+// is another rank of the new plan and has momentum moves from it to its new
+// owner (Send and Recv, no group: both ends issue the pairs in the one global
+// order, so none deadlocks). A pure function of what the ranks broadcast, so
+// every rank computes the same transfers.
 //
 // Lost items. An item with no previous owner among the ranks, in a job that
 // has stepped (some rank committed a step), lost its momentum (its owner
