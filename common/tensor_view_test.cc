@@ -87,7 +87,7 @@ TEST(TensorViewCreateTest, ElementCountOverflowingInt64IsRejected) {
 
 // With a zero dim the element count is 0, but row-major strides still
 // multiply the other dims (2^40 * 2^40 overflows int64, undefined behaviour
-// fatal under --config=ubsan): Create must reject such a shape.
+// fatal under --config=sanitize): Create must reject such a shape.
 TEST(TensorViewCreateTest,
      ZeroSizedShapeWithHugeOtherDimsDoesNotOverflowStrides) {
   const int64_t big = int64_t{1} << 40;

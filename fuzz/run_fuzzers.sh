@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang (ASan + UBSan + libFuzzer, in their
-# own Bazel output base so the gcc build's outputs stay valid) and runs each
-# for SECONDS on a copy of its committed corpus (the checkout is never
+# Builds the libFuzzer targets with clang (--config=sanitize: ASan + UBSan +
+# libFuzzer, in the output base tests/run_all.sh's sanitizer tests use, so
+# the two share every library and the gcc build's outputs stay valid) and
+# runs each for SECONDS on a copy of its committed corpus (the checkout is never
 # written). Prints per target the executions, coverage (cov: edges, ft:
 # features, from libFuzzer's final stats) and whether it crashed; crashing
 # inputs are kept under $FUZZ_ARTIFACTS (default: a fresh temporary folder).
@@ -31,17 +32,17 @@ max_len() {
   esac
 }
 
-bazel_fuzz=(bazel "--output_base=${MUONPS_FUZZ_OUTPUT_BASE:-$HOME/.cache/muonps-fuzz}")
+bazel_fuzz=(bazel "--output_base=${MUONPS_SANITIZE_OUTPUT_BASE:-$HOME/.cache/muonps-sanitize}")
 labels=()
 for t in "${targets[@]}"; do labels+=("//fuzz:$t"); done
 
-echo "== building ${#targets[@]} fuzz targets with clang (--config=fuzz)"
+echo "== building ${#targets[@]} fuzz targets with clang (--config=sanitize)"
 start=$(date +%s)
 build_log="$(mktemp /tmp/muonps-fuzz-build.XXXXXX)"
 # --symlink_prefix=/: no bazel-bin/bazel-out links in the checkout, which
 # would otherwise point at this output base and hide the gcc build's
 # binaries from whatever runs next (CI's image build).
-if ! "${bazel_fuzz[@]}" build --config=fuzz --symlink_prefix=/ "${labels[@]}" \
+if ! "${bazel_fuzz[@]}" build --config=sanitize --symlink_prefix=/ "${labels[@]}" \
     >"$build_log" 2>&1; then
   grep -v "Cannot export local symbol" "$build_log" | tail -n 40
   rm -f "$build_log"
@@ -51,7 +52,7 @@ if ! "${bazel_fuzz[@]}" build --config=fuzz --symlink_prefix=/ "${labels[@]}" \
 fi
 rm -f "$build_log"
 echo "build took $(($(date +%s) - start)) s"
-bin="$("${bazel_fuzz[@]}" info --config=fuzz bazel-bin 2>/dev/null)/fuzz"
+bin="$("${bazel_fuzz[@]}" info --config=sanitize bazel-bin 2>/dev/null)/fuzz"
 
 artifacts="${FUZZ_ARTIFACTS:-$(mktemp -d /tmp/muonps-fuzz-artifacts.XXXXXX)}"
 mkdir -p "$artifacts"

@@ -28,7 +28,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[3]
 PACKAGE_ROOT = REPO / "client" / "python"
 # $MUONPS_BAZEL_BIN: another folder laid out like bazel-bin (e.g. a copy that
-# a concurrent `bazel build --config=asan` cannot swap out under the tests).
+# a concurrent `bazel build --config=sanitize` cannot swap out under the tests).
 BIN = pathlib.Path(os.environ.get("MUONPS_BAZEL_BIN", REPO / "bazel-bin"))
 COORDINATOR_BIN = BIN / "server" / "coordinator" / "muonps-coordinator"
 WORKER_BIN = BIN / "server" / "worker" / "muonps-worker"
