@@ -38,6 +38,7 @@ class CudaPath:
         self.client = client
         self.device = device
         self.matrices = matrices
+        self.others = list(others)
         self.lent = list(matrices) + (list(others) if average_others else [])
         self.grads = {}
         for name, p, _ in self.lent:

@@ -14,7 +14,7 @@ import weakref
 
 import torch
 
-from . import _native, _service
+from . import _native, _service, _state
 from ._binding import LentTensor, ShardLent, release
 from ._cuda import CudaPath
 from ._dtensor import adamw_lent_elements, check_row_sharded, is_dtensor
@@ -125,6 +125,13 @@ def start(opt):
             opt._service.close()
             opt._service = None
         raise
+    # Where rank 0's state_dict() reads the other workers' momentum.
+    opt._peers = _state.find_peers(opt, rank, world_size)
+    # torch.distributed.checkpoint fakes a step to make the state of an
+    # optimizer whose `state` is empty: muonps's lives in the workers.
+    for group in opt.param_groups:
+        for p in group["params"]:
+            opt.state[p] = {}
 
 
 def _start_cpu(opt, lent, frozen, rank, world_size, layout):

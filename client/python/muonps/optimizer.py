@@ -423,32 +423,79 @@ class Muon(torch.optim.Optimizer):
         return self._client.checkpoint()
 
     def state_dict(self, checkpoint=False):
-        """torch's state dict plus "muonps": the next step id, AdamW moments
-        and step count, and the momentum of the matrices this rank's worker
-        owns, keyed "name[expert]" (save every rank's to keep them all).
-        With checkpoint=True the momentum stays on disk: "checkpoint" names
-        the workers' checkpoint of the last step in checkpoint_dir (which
-        checkpoint_every or checkpoint() must have asked for), and
-        "momentum" is empty."""
+        """The whole optimizer's state, on any rank: torch's state dict
+        whose per-parameter "state" holds what torch.optim.Muon and AdamW
+        keep ("momentum_buffer"; "exp_avg", "exp_avg_sq", "step") plus
+        "muonps_step", and "muonps": the next step id, AdamW moments and
+        step count, and the momentum of every matrix keyed "name[expert]",
+        read from whichever worker owns it (the other ranks' workers on
+        this host are read through their sockets; they need not call
+        anything). So rank 0's state restores every rank.
+
+        A matrix owned by another host's worker is referenced instead in
+        the workers' checkpoint of the last step, when the job has
+        checkpoint_dir and that step was checkpointed; otherwise this
+        raises, naming it. With checkpoint=True all momentum stays on disk:
+        "checkpoint" names the workers' checkpoint of the last step in
+        checkpoint_dir (which checkpoint_every or checkpoint() must have
+        asked for), and "momentum" is empty."""
         self._check_open()
+        if self._client is None:
+            self._start()
         state = super().state_dict()
-        state["muonps"] = _state.saved_state(self, checkpoint)
+        saved, per_param = _state.saved_state(self, checkpoint)
+        state["muonps"] = saved
+        index, packed = 0, {}
+        lent = {t.name for t in self._lent} | (
+            {n for n, _, _ in self._cuda.matrices + self._cuda.others}
+            if self._cuda is not None else set())
+        for group in self.param_groups:
+            for p in group["params"]:
+                name = self._names[p]
+                if name in lent:
+                    entry = dict(per_param.get(name, {}))
+                    entry["muonps_step"] = self._step_id
+                    if "checkpoint" in saved:
+                        entry["muonps_checkpoint_dir"] = \
+                            saved["checkpoint"]["dir"]
+                        entry["muonps_checkpoint_step"] = \
+                            saved["checkpoint"]["step"]
+                    packed[index] = entry
+                index += 1
+        state["state"] = packed
         return state
 
-    def load_state_dict(self, state_dict):
-        """Restores groups, the step id, AdamW state and the momentum of the
-        matrices this rank's worker owns (others' entries are skipped); a
-        state from state_dict(checkpoint=True) makes the worker restore the
-        momentum it owns from the checkpoint it names."""
+    def load_state_dict(self, state_dict, allow_momentum_reset=None):
+        """Restores groups, the step id, AdamW state and momentum from
+        state_dict() of any rank (or from what
+        torch.distributed.checkpoint's get_optimizer_state_dict kept of
+        it): each rank's worker takes the matrices it owns; a state that
+        references a checkpoint makes the workers restore them from it.
+
+        A state that lacks some matrices' momentum (one rank's state from a
+        muonps before 0.2, or another model's) raises ValueError naming
+        them, unless allow_momentum_reset (default: the constructor's) is
+        True: those matrices then start from zero momentum."""
         self._check_open()
         state_dict = dict(state_dict)
         saved = state_dict.pop("muonps", None)
-        super().load_state_dict(state_dict)
-        if saved is None:
-            return
+        per_param = state_dict.get("state", {})
+        super().load_state_dict({"state": {},
+                                 "param_groups": state_dict["param_groups"]})
         if self._client is None:
             self._start()
-        _state.restore_state(self, saved)
+        else:
+            for group in self.param_groups:  # see _startup.start
+                for p in group["params"]:
+                    self.state[p] = {}
+        if saved is None:
+            saved = _state.from_per_param(self, per_param)
+            if saved is None:
+                return
+        allow = (self._connection["allow_momentum_reset"]
+                 if allow_momentum_reset is None else allow_momentum_reset)
+        reset = _state.check_complete(self, saved, allow)
+        _state.restore_state(self, saved, reset)
         # The loaded step id may be behind the workers' (see _first_step).
         self._loaded = True
         self._first = True
@@ -456,6 +503,7 @@ class Muon(torch.optim.Optimizer):
     def close(self):
         """Moves the parameters back to their own memory and releases the
         client (and its shared memory). The optimizer cannot step after."""
+        _state.close_peers(self)
         if self._finalizer is not None:
             self._finalizer()
 
