@@ -92,8 +92,17 @@ def gather_momentum(opt):
             for rank, path in opt._peers:
                 if found:
                     break
-                found = _peer_client(opt, rank, path).get_momentum(
-                    name, e, out)
+                try:
+                    found = _peer_client(opt, rank, path).get_momentum(
+                        name, e, out)
+                except _native.MuonpsError as error:
+                    raise RuntimeError(
+                        f"muonps.Muon: state_dict() could not read {name!r} "
+                        f"from rank {rank}'s worker (unix:{path}): {error}. "
+                        "Has that rank ended? Its worker ends with it: after "
+                        "a rank-0 save at the end, call "
+                        "torch.distributed.barrier() on every rank before "
+                        "they exit") from error
             if found:
                 momentum[f"{name}[{e}]"] = out
             else:

@@ -8,9 +8,10 @@ parameter is, not from its name:
 - the weight of every nn.Embedding (or nn.EmbeddingBag), and any parameter
   tied to one (the same tensor, or the same storage: a tied LM head), get
   AdamW;
-- the output head gets AdamW: an nn.Linear whose out_features is an
-  embedding's vocabulary size or, in a model with no embedding, the last
-  nn.Linear of the model (the final layer of an nn.Sequential);
+- the output head gets AdamW: one nn.Linear, the one tied to an embedding,
+  else the last whose out_features is an embedding's vocabulary size, else
+  (a model with no embedding) the model's last nn.Linear (the final layer
+  of an nn.Sequential);
 - every other 2-D parameter is a matrix for Muon, and a 3-D one a stack of
   expert matrices;
 - everything else (norms, biases, scalars) gets AdamW.
@@ -118,15 +119,22 @@ def model_roles(model):
             storages.setdefault(key, name)
         vocabularies.add(module.num_embeddings)
     linears = _linear_weights(model)
-    if embeddings:
-        heads = [(n, m) for n, m in linears if m.out_features in vocabularies]
-    else:
-        heads = linears[-1:]
+    tied = False
     for name, module in linears:  # a head that is an embedding's weight
         role = roles.get(id(module.weight))
         if role is not None and role[0].startswith("embedding"):
             roles[id(module.weight)] = (f"{role[0]}, tied to {name}.weight",
                                         role[1])
+            tied = True
+    # One output head: the tied one, else the last Linear onto a
+    # vocabulary, else (no embedding) the model's last Linear.
+    if tied:
+        heads = []
+    elif embeddings:
+        heads = [(n, m) for n, m in linears
+                 if m.out_features in vocabularies][-1:]
+    else:
+        heads = linears[-1:]
     for name, module in heads:
         if id(module.weight) not in roles:
             roles[id(module.weight)] = ("output head", name)
