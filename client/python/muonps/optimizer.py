@@ -27,7 +27,7 @@ import torch
 from . import _messages, _native, _startup, _state
 # Still importable from here, where it lived before muonps/_startup.py.
 from ._startup import default_worker_socket  # noqa: F401
-from .routing import LOG, Router, resolve_model, split_named
+from .routing import Router, resolve_model, split_named
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 # The client's refusal of a step id it never sent that the workers had

@@ -87,3 +87,38 @@ def test_routing_follows_the_model_and_a_state_lacking_momentum_is_refused(
     assert "2.weight (output head)" in opt.describe()
     assert "Muon 1 tensors" in opt.describe()
     opt.close()
+
+
+def _has_dcp():
+    try:
+        from torch.distributed.checkpoint.state_dict import (  # noqa: F401
+            get_optimizer_state_dict, set_optimizer_state_dict)
+    except Exception:  # torch 1.13 (Debian's)
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_dcp(), reason="needs torch >= 2.2")
+def test_distributed_checkpoint_state_dict_round_trip(private):
+    """get_optimizer_state_dict keeps torch's per-parameter state (muonps's
+    momentum under the parameters' names) and fakes no step;
+    set_optimizer_state_dict restores it."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict, set_optimizer_state_dict)
+    import muonps
+    torch.manual_seed(0)
+    model = _example().GPT(64, 16, 32, 4, 1)
+    opt = muonps.Muon(model, lr=0.01)
+    tokens = torch.randint(64, (4, 17))
+    model(tokens[:, :-1], tokens[:, 1:]).backward()
+    opt.step()
+    opt.zero_grad()
+    state = get_optimizer_state_dict(model, opt)
+    buf = state["state"]["h.0.c_fc.weight"]["momentum_buffer"]
+    assert buf.shape == (128, 32) and buf.abs().sum() > 0
+    assert opt.step_id == 1
+    set_optimizer_state_dict(model, opt, state)
+    assert opt.step_id == 1
+    again = opt.state_dict()["muonps"]["momentum"]["h.0.c_fc.weight[0]"]
+    assert torch.equal(again, buf)
+    opt.close()
