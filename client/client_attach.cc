@@ -6,11 +6,14 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "client/client_impl.h"
 #include "client/cuda_lending.h"
@@ -72,10 +75,25 @@ absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
   a->set_beta2(adamw.beta2);
   a->set_eps(adamw.eps);
   a->set_weight_decay(adamw.weight_decay);
-  grpc::ClientContext context;
-  context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  // A coordinator not up yet, or restarting, is waited for (the channel
+  // reconnects with backoff) for all but the last 2 s of the client's
+  // timeout: trainers may start before it. Then one attempt that does not
+  // wait, whose error says why none answered (refused, a failed TLS
+  // handshake). CreateJob's request id makes a repeat harmless.
+  constexpr absl::Duration kLastAttempt = absl::Seconds(2);
   v1::Job job;
-  const grpc::Status status = coordinator->CreateJob(&context, request, &job);
+  grpc::Status status(grpc::StatusCode::DEADLINE_EXCEEDED, "");
+  if (options.timeout > kLastAttempt) {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(DeadlineIn(options.timeout - kLastAttempt));
+    status = coordinator->CreateJob(&context, request, &job);
+  }
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(std::min(kLastAttempt, options.timeout)));
+    status = coordinator->CreateJob(&context, request, &job);
+  }
   if (status.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
     return FromGrpc(status, "CreateJob");
   }

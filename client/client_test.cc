@@ -9,8 +9,11 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/fake_service.h"
 #include "common/sanitizer.h"
 #include "gmock/gmock.h"
@@ -278,6 +281,38 @@ TEST_F(ClientTest, AHugeTensorIsResourceExhaustedNamingIt) {
   // The client goes on: the tensor was not declared.
   EXPECT_TRUE(
       client_->AddTensor("huge", kBias, TensorLayout::kReplicated).ok());
+}
+
+// A trainer that starts while its coordinator is down (not up yet, or
+// restarting) waits for it within its timeout, with backoff; past the
+// timeout it fails naming the call.
+TEST_F(ClientTest, StartWaitsForACoordinatorThatIsDown) {
+  service_.StopCoordinator();
+  std::thread back([this] {
+    absl::SleepFor(absl::Seconds(1));
+    service_.StartCoordinator();
+  });
+  const absl::Time start = absl::Now();
+  AdamWOptions adamw;
+  const absl::Status started = client_->Start(MuonOptions(), adamw);
+  back.join();
+  EXPECT_TRUE(started.ok()) << started;
+  EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+
+  service_.StopCoordinator();
+  absl::StatusOr<std::unique_ptr<Client>> late =
+      Client::Create({.coordinator = service_.coordinator_target(),
+                      .job = "late",
+                      .worker_socket = service_.worker_socket(),
+                      .timeout = absl::Seconds(4)});
+  ASSERT_TRUE(late.ok()) << late.status();
+  ASSERT_TRUE((*late)->AddMatrix("w", 4, 8).ok());
+  const absl::Time asked = absl::Now();
+  const absl::Status refused = (*late)->Start(MuonOptions(), adamw);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("CreateJob"));
+  EXPECT_GE(absl::Now() - asked, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(10));
 }
 
 }  // namespace

@@ -56,16 +56,32 @@ FakeService::FakeService()
   char pattern[] = "/tmp/muonps-client-test-XXXXXX";
   dir_ = mkdtemp(pattern);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(coordinator_target(),
-                           grpc::InsecureServerCredentials());
   builder.AddListeningPort("unix:" + worker_socket(),
                            grpc::InsecureServerCredentials());
-  builder.RegisterService(coordinator_.get());
   builder.RegisterService(worker_.get());
   server_ = builder.BuildAndStart();
+  StartCoordinator();
+}
+
+void FakeService::StartCoordinator() {
+  if (coordinator_server_ != nullptr) return;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(coordinator_target(),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(coordinator_.get());
+  coordinator_server_ = builder.BuildAndStart();
+}
+
+void FakeService::StopCoordinator() {
+  if (coordinator_server_ == nullptr) return;
+  coordinator_server_->Shutdown();
+  coordinator_server_->Wait();
+  coordinator_server_.reset();
+  unlink((dir_ + "/coordinator.sock").c_str());
 }
 
 FakeService::~FakeService() {
+  StopCoordinator();
   server_->Shutdown();
   server_->Wait();
   unlink((dir_ + "/coordinator.sock").c_str());

@@ -31,6 +31,11 @@ class FakeService {
   std::string coordinator_target() const;
   std::string worker_socket() const;
 
+  // Takes the coordinator down (its socket refuses connections) and brings
+  // it up again on the same target, with what it was sent so far.
+  void StopCoordinator();
+  void StartCoordinator();
+
   std::vector<v1::AttachRequest> attaches() const;
   std::vector<v1::StepRequest> steps() const;
 
@@ -40,7 +45,8 @@ class FakeService {
   std::string dir_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Worker> worker_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> server_;              // the worker's
+  std::unique_ptr<grpc::Server> coordinator_server_;  // null: stopped
 };
 
 }  // namespace testing

@@ -199,7 +199,13 @@ absl::Status CheckBearerToken(const grpc::ServerContext& context,
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     const std::string& target, const SecurityConfig& config,
-    const grpc::ChannelArguments& args) {
+    const grpc::ChannelArguments& caller_args) {
+  grpc::ChannelArguments args = caller_args;
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the time
+  // one connection attempt may take, which a TLS handshake on a loaded
+  // machine exceeds.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   const bool unix_socket = absl::StartsWith(target, "unix:");
   if (!unix_socket && !config.tls_ca_file.empty()) {

@@ -85,8 +85,9 @@ absl::Status CheckBearerToken(const grpc::ServerContext& context,
                               absl::string_view expected);
 
 // A channel to `target` with the credentials of `config` (see the client
-// rules above) and `args`. INVALID_ARGUMENT naming the file when one cannot
-// be read.
+// rules above) and `args`. It reconnects within a second of a restarted
+// server (gRPC's own backoff grows to minutes; leases are seconds).
+// INVALID_ARGUMENT naming the file when one cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     const std::string& target, const SecurityConfig& config,
     const grpc::ChannelArguments& args = grpc::ChannelArguments());

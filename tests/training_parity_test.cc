@@ -98,11 +98,15 @@ TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   processes_.push_back(std::move(coordinator->process));
   const std::string address = coordinator->address;
+  // A job name of its own: a worker removes the /dev/shm segments of its
+  // job whose trainer pid it cannot see, and tests of other runs (other
+  // PID namespaces) share /dev/shm.
+  const std::string job = absl::StrCat("--job=parity-", getpid());
   std::vector<ChildProcess*> workers;
   for (int i = 0; i < c.workers; ++i) {
     workers.push_back(Start(
         {RunfilePath("server/worker/muonps-worker"), "--coordinator=" + address,
-         "--job=mlp", absl::StrCat("--worker_id=w", i),
+         job, absl::StrCat("--worker_id=w", i),
          absl::StrCat("--socket=", socket_dir_, "/w", i, ".sock"),
          "--metrics_port=-1", "--device=cpu"},
         absl::StrCat("worker-w", i)));
@@ -117,7 +121,7 @@ TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
   for (int i = 0; i < c.dedicated; ++i) {
     dedicated.push_back(Start(
         {RunfilePath("server/worker/muonps-worker"), "--coordinator=" + address,
-         "--job=mlp", absl::StrCat("--worker_id=d", i),
+         job, absl::StrCat("--worker_id=d", i),
          absl::StrCat("--socket=", socket_dir_, "/d", i, ".sock"),
          "--metrics_port=-1", "--device=cpu", "--dedicated"},
         absl::StrCat("worker-d", i)));
@@ -127,7 +131,7 @@ TEST_P(TrainingParityTest, FiftyStepsEqualTheSingleProcessRun) {
   for (int r = 0; r < c.workers; ++r) {
     trainers.push_back(
         Start({RunfilePath("examples/trainer/mlp_trainer"),
-               "--coordinator=" + address, "--job=mlp",
+               "--coordinator=" + address, job,
                absl::StrCat("--worker_socket=", socket_dir_, "/w", r, ".sock"),
                absl::StrCat("--rank=", r), absl::StrCat("--ranks=", c.workers),
                "--layout=" + c.layout, absl::StrCat("--steps=", kSteps),

@@ -86,11 +86,6 @@ int Run() {
   grpc::ChannelArguments coordinator_args;
   // Plans of big jobs exceed gRPC's 4 MiB default.
   coordinator_args.SetMaxReceiveMessageSize(256 << 20);
-  // Reconnect within a second of a restarted coordinator (gRPC's default
-  // backoff grows to minutes; leases are seconds).
-  coordinator_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  coordinator_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  coordinator_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> coordinator_channel =
       OpenChannel(options.coordinator, security, coordinator_args);
   if (!coordinator_channel.ok()) {
