@@ -9,7 +9,10 @@
 # Waits for every process to be healthy, shows progress (step, loss, step
 # time) from trainer rank 0, writes all logs to one folder, and tears
 # everything down on exit or Ctrl-C. --keep-running stays up after training
-# (printing the coordinator's address) until Ctrl-C. The last line of output
+# (printing the coordinator's address) until Ctrl-C. The coordinator keeps
+# its state in the log folder on one port: if it exits it is started again
+# there, and the workers and trainers reconnect; trainers retry a step
+# while its error is transient (mlp_trainer --step_retry_s). The last line of output
 # is one JSON object: initial_loss, final_loss, steps, layout,
 # parity_max_rel_err (final parameters against a single-process run of the
 # same kernels).
@@ -86,10 +89,26 @@ wait_for() {  # wait_for FILE REGEX SECONDS -> prints capture
 credentials="$log_dir/credentials"
 bash "$(dirname "$0")/make_credentials.sh" "$credentials"
 export MUONPS_TOKEN_FILE="$credentials/token" MUONPS_TLS_CA_FILE="$credentials/ca.pem"
-"$bin/server/coordinator/muonps-coordinator" --port 0 --metrics_port 0 \
-  --tls_cert_file "$credentials/server.pem" --tls_key_file "$credentials/server.key" \
-  --lease_ttl_ms 3000 --heartbeat_interval_ms 500 >"$log_dir/coordinator.log" 2>&1 &
-pids+=($!)
+# One port for the cluster's life, and durable state: a coordinator started
+# again comes back where everyone looks for it, with its jobs.
+port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+coordinator_pid=""
+start_coordinator() {
+  "$bin/server/coordinator/muonps-coordinator" --host 127.0.0.1 --port "$port" --metrics_port 0 \
+    --tls_cert_file "$credentials/server.pem" --tls_key_file "$credentials/server.key" \
+    --state_dir "$log_dir/coordinator-state" \
+    --lease_ttl_ms 3000 --heartbeat_interval_ms 500 >>"$log_dir/coordinator.log" 2>&1 &
+  coordinator_pid=$!
+  pids+=("$coordinator_pid")
+}
+# Starts the coordinator again if it exited (same port, same state).
+watch_coordinator() {
+  if ! kill -0 "$coordinator_pid" 2>/dev/null; then
+    echo "== the coordinator exited; starting it again on $coordinator (see $log_dir/coordinator.log)"
+    start_coordinator
+  fi
+}
+start_coordinator
 coordinator="$(wait_for "$log_dir/coordinator.log" 'listening on \([0-9.:]*\)' 20)"
 echo "== coordinator on $coordinator (TLS, bearer token; credentials in $credentials)"
 
@@ -141,6 +160,7 @@ show_progress() {
 }
 while kill -0 "${trainer_pids[0]}" 2>/dev/null; do
   show_progress
+  watch_coordinator
   sleep 0.2
 done
 show_progress
@@ -158,6 +178,6 @@ if ((keep_running)); then
   echo "   grpcurl -cacert $MUONPS_TLS_CA_FILE -H \"authorization: Bearer \$(cat $MUONPS_TOKEN_FILE)\" \\"
   echo "       -d '{\"job\": \"$job\"}' $coordinator muonps.v1.Coordinator/GetPlan"
   echo "   Ctrl-C to stop."
-  while true; do sleep 1; done
+  while true; do watch_coordinator; sleep 1; done
 fi
 grep '^{"initial_loss"' "$log_dir/trainer-0.log" | tail -n 1

@@ -5,17 +5,23 @@
 // (replicated, row_sharded). Rank 0 prints one JSON line per step
 // {"step","loss","step_ms"} and, at the end, {"initial_loss","final_loss",
 // "steps","layout","parity_max_rel_err"}: its final parameters against a
-// single-process run of the same kernels.
+// single-process run of the same kernels. A failed step is retried as a
+// training loop does: while the error says a retry can succeed (UNAVAILABLE,
+// DEADLINE_EXCEEDED, ABORTED: a worker restarting, a re-plan, a peer
+// frozen) for up to --step_retry_s, with backoff; other errors end the run.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/status.h"
@@ -40,10 +46,39 @@ ABSL_FLAG(std::string, params_out, "", "Write the final parameters here.");
 ABSL_FLAG(bool, parity, true, "Rank 0 checks against a single-process run.");
 ABSL_FLAG(int, dedicated_workers, 0,
           "Workers with no trainer (muonps-worker --dedicated) to wait for.");
+ABSL_FLAG(double, step_retry_s, 120,
+          "How long a step is retried while its error is transient.");
 
 namespace muonps {
 namespace example {
 namespace {
+
+// Step(step) until it is answered, retrying transient errors (the service
+// applies a step id once, whatever the retries: client.h) for up to
+// --step_retry_s with backoff. *retries counts the failed attempts.
+absl::StatusOr<StepResult> StepWithRetries(Client& client, int64_t step,
+                                           int rank, int64_t* retries) {
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration<double>(absl::GetFlag(FLAGS_step_retry_s));
+  std::chrono::duration<double> backoff(0.1);
+  for (;;) {
+    absl::StatusOr<StepResult> result = client.Step(step);
+    if (result.ok()) return result;
+    const absl::Status& s = result.status();
+    const bool transient = absl::IsUnavailable(s) ||
+                           absl::IsDeadlineExceeded(s) || absl::IsAborted(s);
+    if (!transient || std::chrono::steady_clock::now() + backoff > deadline) {
+      return s;
+    }
+    ++*retries;
+    std::fprintf(stderr, "rank %d: step %lld failed, retrying in %.1f s: %s\n",
+                 rank, static_cast<long long>(step), backoff.count(),
+                 s.ToString().c_str());
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::duration<double>(2.0));
+  }
+}
 
 absl::StatusOr<TrainConfig> ConfigFromFlags() {
   TrainConfig config;
@@ -123,6 +158,7 @@ absl::Status Run() {
   MUONPS_ASSIGN_OR_RETURN(const double initial_loss,
                           BatchLoss(config, &task, &model, 0));
   double loss = initial_loss;
+  int64_t retries = 0, resets = 0;
   for (int step = 0; step < config.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     MUONPS_RETURN_IF_ERROR(
@@ -135,7 +171,9 @@ absl::Status Run() {
       std::memcpy(b.grad, model.grads_data() + p.offset + first,
                   b.elements * sizeof(float));
     }
-    MUONPS_ASSIGN_OR_RETURN(const StepResult result, client->Step(step));
+    MUONPS_ASSIGN_OR_RETURN(const StepResult result,
+                            StepWithRetries(*client, step, rank, &retries));
+    resets += result.momentum_reset;
     for (size_t i = 0; i < buffers.size(); ++i) {
       std::memcpy(model.params_data() + model.parameters()[i].offset,
                   buffers[i].param, buffers[i].param_elements * sizeof(float));
@@ -167,7 +205,14 @@ absl::Status Run() {
   summary["final_loss"] = loss;
   summary["steps"] = config.steps;
   summary["layout"] = absl::GetFlag(FLAGS_layout);
-  if (absl::GetFlag(FLAGS_parity)) {
+  summary["retries"] = retries;
+  if (resets > 0) {
+    // The reference never loses momentum: no parity to check.
+    summary["parity_skipped"] =
+        absl::StrCat(resets,
+                     " matrices restarted from zero momentum during the run "
+                     "(allow_momentum_reset)");
+  } else if (absl::GetFlag(FLAGS_parity)) {
     // The reference runs each matrix with the algorithm the plan chose.
     TrainConfig reference_config = config;
     MUONPS_ASSIGN_OR_RETURN(reference_config.algorithms,

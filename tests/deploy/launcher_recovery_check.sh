@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The local cluster (deploy/local/launch.sh) as a user runs it, with its
+# coordinator killed (kill -9) mid-training: the launcher starts it again on
+# the same address from its state folder, the workers reconnect, training
+# finishes and its parameters equal a single-process run of the same
+# kernels (parity 0). About a minute on 2 cores once the binaries are
+# built. Prints PASS/FAIL lines and ends with "N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
+passed=0
+failed=0
+check() {  # check NAME CONDITION-STATUS
+  if [[ "$2" == 0 ]]; then echo "PASS $1"; passed=$((passed + 1));
+  else echo "FAIL $1 (logs in $log_dir)"; failed=$((failed + 1)); fi
+}
+
+bash deploy/local/launch.sh --workers 2 --steps 300 --log_dir "$log_dir" \
+  >"$log_dir/launch.out" 2>&1 &
+launcher=$!
+# Kill the coordinator once training is under way.
+deadline=$((SECONDS + 600))
+until grep -q '^{"step":20,' "$log_dir/trainer-0.log" 2>/dev/null; do
+  if ((SECONDS > deadline)) || ! kill -0 "$launcher" 2>/dev/null; then break; fi
+  sleep 0.2
+done
+victim="$(pgrep -f -- "--state_dir $log_dir/coordinator-state" | head -n 1)"
+if [[ -n "$victim" ]]; then
+  kill -9 "$victim"
+  check "coordinator killed with kill -9 at step 20 (pid $victim)" 0
+else
+  check "a coordinator with --state_dir was running at step 20" 1
+fi
+wait "$launcher"
+rc=$?
+check "launch.sh finished training (exit $rc)" "$rc"
+grep -q "the coordinator exited; starting it again" "$log_dir/launch.out"
+check "the launcher started the coordinator again on the same address" $?
+[[ "$(grep -c 'listening on' "$log_dir/coordinator.log")" -ge 2 ]]
+check "the restarted coordinator listens again" $?
+summary="$(tail -n 1 "$log_dir/launch.out")"
+echo "$summary"
+python3 - "$summary" <<'PY'
+import json, sys
+d = json.loads(sys.argv[1])
+sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
+PY
+check "300 steps through the outage, parameters equal to a single-process run" $?
+first="$(grep -o 'coordinator on [0-9.:]*' "$log_dir/launch.out" | head -n 1)"
+last="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$log_dir/coordinator.log" | tail -n 1)"
+[[ -n "$last" && "$first" == "coordinator on $last" ]]
+check "the restarted coordinator is on the address the workers were given" $?
+echo "${passed} passed, ${failed} failed"
+[[ $failed -eq 0 ]]
