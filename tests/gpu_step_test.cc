@@ -78,12 +78,17 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(c->process);
     address_ = c->address;
+    ASSERT_NO_FATAL_FAILURE(StartWorker("worker.log"));
+  }
+
+  // The worker "w0" on cuda:0, logging into `log` under the log folder.
+  void StartWorker(const std::string& log) {
     absl::StatusOr<std::unique_ptr<ChildProcess>> w = ChildProcess::Start(
         {BinaryPath("server/worker/muonps-worker"), "--coordinator=" + address_,
          "--job=gpu", "--worker_id=w0", "--socket=" + socket_,
          "--metrics_port=-1", "--device=cuda:0",
          "--precision=" + GetParam().precision, "--io_timeout_ms=10000"},
-        log_dir_ + "/worker.log");
+        log_dir_ + "/" + log);
     ASSERT_TRUE(w.ok()) << w.status();
     worker_ = *std::move(w);
     ASSERT_TRUE(worker_->WaitForLog("listening on unix:", kStartTimeout).ok())
@@ -130,8 +135,10 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
     return GradAt(m) + (n + 127) / 128 * 128 * Width();
   }
 
-  // Declares the matrices, lends sub-blocks of one allocation, starts.
-  void StartTrainer(const kernels::MuonHyperparameters& muon) {
+  // Declares the matrices, lends sub-blocks of one allocation, starts
+  // (with momentum checkpoints into `checkpoint_dir` every step, if set).
+  void StartTrainer(const kernels::MuonHyperparameters& muon,
+                    const std::string& checkpoint_dir = "") {
     absl::StatusOr<std::unique_ptr<Client>> created =
         Client::Create({.coordinator = address_,
                         .job = "gpu",
@@ -171,6 +178,9 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
                       ->LendCuda(c.name, GradAt(m), ParamAt(m),
                                  testing::ClientDType(Dtype()))
                       .ok());
+    }
+    if (!checkpoint_dir.empty()) {
+      ASSERT_TRUE(client_->SetCheckpointing(checkpoint_dir, 1).ok());
     }
     const absl::Status started =
         client_->Start(testing::ClientMuon(muon), AdamWOptions());
@@ -378,6 +388,58 @@ TEST_P(GpuStepTest, KilledWorkerFailsTheStepInsteadOfHanging) {
   // The trainer's memory is intact and usable after the worker died.
   std::vector<float> p = DeviceParams(0);
   EXPECT_EQ(p.size(), static_cast<size_t>(256 * 256));
+}
+
+// Checkpoints on a GPU: each step's new momentum is copied from the
+// device and written before the step's vote; a worker killed with SIGKILL
+// and started again restores it into device memory from the checkpoint of
+// the last step, bit for bit, and the trainer goes on with the next step.
+TEST_P(GpuStepTest, CheckpointsLeaveTheDeviceAndComeBackAfterAKill) {
+  if (GetParam().layout != "replicated" || GetParam().precision != "bf16" ||
+      GetParam().dtype != "fp32") {
+    GTEST_SKIP() << "one case is enough";
+  }
+  ASSERT_NO_FATAL_FAILURE(StartTrainer({}, log_dir_ + "/checkpoints"));
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(WriteGradients(step));
+    absl::StatusOr<StepResult> result = client_->Step(step);
+    ASSERT_TRUE(result.ok()) << "step " << step << ": " << result.status();
+  }
+  std::map<std::string, std::vector<float>> before;
+  for (const MatrixCase& c : Matrices()) {
+    for (int64_t e = 0; e < c.experts; ++e) {
+      absl::StatusOr<std::vector<float>> m = client_->OwnedMomentum(c.name, e);
+      ASSERT_TRUE(m.ok()) << m.status();
+      before[absl::StrCat(c.name, "[", e, "]")] = *std::move(m);
+    }
+  }
+  worker_->Signal(SIGKILL);
+  ASSERT_TRUE(worker_->Wait(absl::Seconds(10)).ok());
+  ASSERT_NO_FATAL_FAILURE(StartWorker("worker-restarted.log"));
+  // The restarted worker restores once its plan arrives.
+  ASSERT_TRUE(
+      worker_->WaitForLog("restored the momentum of", kStartTimeout).ok())
+      << worker_->Log();
+  for (const MatrixCase& c : Matrices()) {
+    for (int64_t e = 0; e < c.experts; ++e) {
+      absl::StatusOr<std::vector<float>> m = client_->OwnedMomentum(c.name, e);
+      ASSERT_TRUE(m.ok()) << c.name << ": " << m.status();
+      EXPECT_EQ(*m, before[absl::StrCat(c.name, "[", e, "]")])
+          << c.name << "[" << e << "]";
+    }
+  }
+  // As a training loop does: retried while the error is transient (the
+  // restarted worker joins once the killed instance's lease ends).
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(3));
+  absl::StatusOr<StepResult> next = client_->Step(3);
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (absl::IsUnavailable(next.status()) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(200));
+    next = client_->Step(3);
+  }
+  ASSERT_TRUE(next.ok()) << next.status() << "\n" << worker_->Log();
+  EXPECT_FALSE(next->already_applied);
+  EXPECT_EQ(next->momentum_reset, 0);
 }
 
 // The child mode of this binary: a trainer process lending a 1 GiB
