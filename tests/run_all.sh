@@ -3,8 +3,8 @@
 # tests again under clang with AddressSanitizer + UndefinedBehaviorSanitizer
 # (one configuration, whose libraries the libFuzzer targets share), a build
 # of the GPU-only targets, the golden replays, the Python package's tests,
-# every libFuzzer target for 30 s (fuzz/run_fuzzers.sh), the Helm chart and
-# the container images. Installs what it needs first; prints each stage's
+# every libFuzzer target for 30 s (fuzz/run_fuzzers.sh), the Helm chart, the
+# local cluster through a coordinator kill and the container images. Installs what it needs first; prints each stage's
 # time. About 45 minutes on a cold 2-core machine, a few once Bazel's caches
 # are warm. Ends with "N passed, M failed" (GoogleTest cases plus golden
 # cases plus fuzz targets plus the other checks) and exits non-zero if
@@ -133,6 +133,14 @@ fi
 stage "Helm chart (real helm lint/template, offline schema validation, bad values)"
 out="$(bash tests/deploy/helm_checks.sh 2>&1)"
 echo "$out" | grep -v '^PASS '
+if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+else
+  count 0 1
+fi
+stage "Local cluster (deploy/local/launch.sh through a coordinator kill -9)"
+out="$(bash tests/deploy/launcher_recovery_check.sh 2>&1)"
+echo "$out" | tail -n 8
 if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
   count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
 else
