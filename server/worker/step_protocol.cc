@@ -46,6 +46,18 @@ RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
   return d;
 }
 
+// What a trainer must do when the job's state and its own parameters may
+// differ: reload what it saved after the job's last committed step.
+std::string ReloadFrom(int64_t committed) {
+  return absl::StrCat(
+      "reload every trainer's parameters and optimizer state saved after "
+      "step ",
+      committed,
+      " (the workers' momentum: the job's checkpoint of "
+      "that step) and go on with step ",
+      committed + 1);
+}
+
 }  // namespace
 
 void CopyProblem(const std::string& text, char* out) {
@@ -139,7 +151,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
       return Rejected(
           absl::StatusCode::kDataLoss,
           absl::StrCat(Who(ids, r), " holds step ", staged,
-                       " staged, but step ", committed, " was committed since"),
+                       " staged, but step ", committed,
+                       " was committed since: ", ReloadFrom(committed)),
           committed, false);
     }
     bool decider_here = false;
@@ -151,8 +164,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
           absl::StatusCode::kDataLoss,
           absl::StrCat(Who(ids, r), " holds step ", staged,
                        " staged, and the worker that decided it restarted: "
-                       "whether that worker's trainer applied it is unknown; "
-                       "restore the job from a checkpoint"),
+                       "whether that worker's trainer applied it is unknown; ",
+                       ReloadFrom(committed)),
           committed, false);
     }
   }
@@ -166,7 +179,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                        h[r].step_id, ", which ", Who(ids, committer),
                        " committed (up to step ", committed,
                        "): whether that trainer's parameters hold it is "
-                       "unknown; restore the job from a checkpoint"),
+                       "unknown; ",
+                       ReloadFrom(committed)),
           committed, false);
     }
     if (!fresh && h[r].last_step < committed && h[r].staged_step != committed) {
@@ -174,7 +188,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                       absl::StrCat(Who(ids, r), " lost step ", committed,
                                    ", which ", Who(ids, committer),
                                    " committed: its trainer's parameters lack "
-                                   "it; restore the job from a checkpoint"),
+                                   "it; ",
+                                   ReloadFrom(committed)),
                       committed, false);
     }
     if (h[r].step_id <= committed) {

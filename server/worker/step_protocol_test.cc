@@ -86,6 +86,12 @@ TEST(DecideRoundTest, ARestartedWorkerRetryingACommittedStepIsDataLoss) {
   EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kDataLoss));
   EXPECT_TRUE(absl::StrContains(Problem(d), "worker \"w1\" restarted"))
       << Problem(d);
+  // What to do about it, whole (not cut by the message's size).
+  EXPECT_TRUE(absl::StrContains(
+      Problem(d),
+      "optimizer state saved after step 5 (the workers' momentum: "
+      "the job's checkpoint of that step) and go on with step 6"))
+      << Problem(d);
 }
 
 TEST(DecideRoundTest, ARestartedWorkerJoiningAtANewStepSteps) {
