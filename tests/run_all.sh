@@ -19,6 +19,15 @@ count() {  # count PASSED FAILED
   passed=$((passed + $1))
   failed=$((failed + $2))
 }
+# count_summary OUTPUT: counts a check's last line, "N passed, M failed"
+# (a check that printed none counts as one failure).
+count_summary() {
+  if [[ "$(echo "$1" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+  else
+    count 0 1
+  fi
+}
 
 # stage NAME: ends the previous stage (printing its time) and starts NAME.
 stage_name=""
@@ -100,12 +109,7 @@ for algorithm in ns5 gram; do
   out="$(bazel-bin/tools/golden_replay/golden_replay --golden "$GOLDEN" \
     --algorithm "$algorithm" 2>&1)"
   echo "$out"
-  summary="$(echo "$out" | tail -n 1)"
-  if [[ "$summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-    count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
-  else
-    count 0 1
-  fi
+  count_summary "$out"
 done
 
 if [[ -x client/python/run_tests.sh ]]; then
@@ -124,36 +128,22 @@ fi
 stage "fuzz targets, 30 s each (clang + libFuzzer + ASan/UBSan, the sanitizer tests' output base)"
 out="$(bash fuzz/run_fuzzers.sh 30 2>&1)"
 echo "$out" | grep -vE '^(INFO|Loading|Analyzing)'
-if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
-else
-  count 0 1
-fi
+count_summary "$out"
 
 stage "Helm chart (real helm lint/template, offline schema validation, bad values)"
 out="$(bash tests/deploy/helm_checks.sh 2>&1)"
 echo "$out" | grep -v '^PASS '
-if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
-else
-  count 0 1
-fi
+count_summary "$out"
+
 stage "Local cluster (deploy/local/launch.sh through a coordinator kill -9)"
 out="$(bash tests/deploy/launcher_recovery_check.sh 2>&1)"
 echo "$out" | tail -n 8
-if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
-else
-  count 0 1
-fi
+count_summary "$out"
+
 stage "Container images (build from Debian with mmdebstrap + umoci, run coordinator and CPU worker from them)"
 out="$(bash tests/deploy/image_checks.sh 2>&1)"
 echo "$out" | tail -n 12
-if [[ "$(echo "$out" | tail -n 1)" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-  count "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
-else
-  count 0 1
-fi
+count_summary "$out"
 
 stage ""
 echo "== all stages: $((SECONDS - run_start)) s"
