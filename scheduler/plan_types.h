@@ -51,6 +51,10 @@ struct WorkerSpec {
   int64_t memory_bytes = int64_t{80} << 30;
   // Shares its GPU with a trainer rank (else a dedicated optimizer worker).
   bool colocated = true;
+  // A worker that is leaving (draining): still a rank of the plan, so the
+  // momentum it owned moves to the new owners at the plan's first step, but
+  // it owns nothing. Its memory_bytes is not checked.
+  bool owns_nothing = false;
 };
 
 struct PlanOptions {

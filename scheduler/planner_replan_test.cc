@@ -136,6 +136,40 @@ TEST(PlannerReplanTest, LlamaGainingA5thWorkerGivesItWorkWithinTolerance) {
   EXPECT_LE(replanned->moved_bytes, MovedBytes(after, *first, *fresh));
 }
 
+// A draining worker (owns_nothing) stays in the plan's workers, so it can
+// hand its momentum over, but owns nothing: Replan moves exactly what it
+// held and stays near a fresh plan of the others; PlanOwnership never gives
+// it anything either; with every worker draining there is no plan.
+TEST(PlannerReplanTest, ADrainingWorkerKeepsItsRankAndOwnsNothing) {
+  const PlanInput before{Llama3_8B(8), H200s(4), {}};
+  const absl::StatusOr<OwnershipPlan> first = PlanOwnership(before);
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (const int leaving : {0, 2}) {
+    SCOPED_TRACE(absl::StrCat("draining worker ", leaving));
+    PlanInput after = before;
+    after.workers[leaving].owns_nothing = true;
+    const absl::StatusOr<OwnershipPlan> replanned = Replan(after, *first);
+    ASSERT_TRUE(replanned.ok()) << replanned.status();
+    ExpectValidPlan(after, *replanned);
+    ASSERT_EQ(replanned->worker_ids.size(), 4u);
+    EXPECT_EQ(CountOn(*replanned, leaving), 0);
+    EXPECT_EQ(replanned->moved_bytes, first->worker_momentum_bytes[leaving]);
+    PlanInput others = before;
+    others.workers.erase(others.workers.begin() + leaving);
+    const absl::StatusOr<OwnershipPlan> fresh = PlanOwnership(others);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    EXPECT_LE(replanned->max_seconds, 1.02 * fresh->max_seconds);
+    const absl::StatusOr<OwnershipPlan> afresh = PlanOwnership(after);
+    ASSERT_TRUE(afresh.ok()) << afresh.status();
+    EXPECT_EQ(CountOn(*afresh, leaving), 0);
+  }
+  PlanInput all = before;
+  for (WorkerSpec& w : all.workers) w.owns_nothing = true;
+  const absl::StatusOr<OwnershipPlan> none = Replan(all, *first);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition)
+      << none.status();
+}
+
 TEST(PlannerReplanTest, UnchangedWorkersMoveNothing) {
   const PlanInput input{Llama3_8B(), H200s(64), {}};
   const absl::StatusOr<OwnershipPlan> first = PlanOwnership(input);

@@ -46,7 +46,7 @@ absl::Status ValidateWorker(const WorkerSpec& w, size_t index,
     return InvalidField(
         field, absl::StrCat("speed ", w.speed, " must be positive and finite"));
   }
-  if (w.memory_bytes <= workspace_bytes) {
+  if (!w.owns_nothing && w.memory_bytes <= workspace_bytes) {
     return InvalidField(field, absl::StrCat("memory_bytes ", w.memory_bytes,
                                             " must exceed the workspace of ",
                                             workspace_bytes, " bytes"));
@@ -93,10 +93,16 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       return InvalidField(absl::StrCat("worker ", Quoted(w.id)),
                           "id appears twice");
     }
-    if (w.memory_bytes - o.workspace_bytes > largest_capacity) {
+    if (!w.owns_nothing &&
+        w.memory_bytes - o.workspace_bytes > largest_capacity) {
       largest_capacity = w.memory_bytes - o.workspace_bytes;
       roomiest = w.id;
     }
+  }
+  if (roomiest.empty() && !input.matrices.empty()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "workers",
+                      "every worker is leaving (owns_nothing): none can own "
+                      "the matrices");
   }
   names.clear();
   for (size_t i = 0; i < input.matrices.size(); ++i) {
@@ -168,7 +174,10 @@ Problem::Problem(const PlanInput& input) : input_(input) {
     }
     worker_class_.push_back(c);
     class_speed_sum_[c] += w.speed;
-    capacity_.push_back(w.memory_bytes - input.options.workspace_bytes);
+    // A leaving worker fits nothing, so no placement gives it an item.
+    capacity_.push_back(w.owns_nothing
+                            ? -1
+                            : w.memory_bytes - input.options.workspace_bytes);
   }
   splitters_.resize(models_.size());
   for (size_t c = 0; c < models_.size(); ++c) {
@@ -201,6 +210,7 @@ double Problem::LowerBound() const {
   double speed_total = 0;
   double speed_min = 0;
   for (const WorkerSpec& w : input_.workers) {
+    if (w.owns_nothing) continue;
     speed_min = speed_total == 0 ? w.speed : std::min(speed_min, w.speed);
     speed_total += w.speed;
   }

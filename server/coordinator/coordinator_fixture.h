@@ -79,7 +79,7 @@ class CredentialedState {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(v1::HeartbeatRequest r) {
     return state_.Heartbeat(WithToken(std::move(r)));
   }
-  absl::Status LeaveJob(v1::LeaveJobRequest r) {
+  absl::StatusOr<v1::LeaveJobResponse> LeaveJob(v1::LeaveJobRequest r) {
     return state_.LeaveJob(WithToken(std::move(r)));
   }
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers(

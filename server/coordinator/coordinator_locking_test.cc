@@ -155,7 +155,7 @@ TEST_P(CoordinatorLockingTest,
   leave.set_instance_id("i-w2");
   leave.set_worker_token(w2_token);
   planning = true;
-  const absl::Status left = state.LeaveJob(leave);
+  const absl::Status left = state.LeaveJob(leave).status();
   planning = false;
   EXPECT_TRUE(left.ok()) << left;
   done.Notify();

@@ -135,10 +135,17 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
 
 grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* context,
                                           const v1::LeaveJobRequest* r,
-                                          v1::LeaveJobResponse*) {
-  return gate_.Serve(*context, "LeaveJob", [&] {
-    return coordinator_->membership().LeaveJob(LeaveRequestFromProto(*r));
-  });
+                                          v1::LeaveJobResponse* out) {
+  return gate_.Serve(*context, "LeaveJob", out,
+                     [&]() -> absl::StatusOr<v1::LeaveJobResponse> {
+                       MUONPS_ASSIGN_OR_RETURN(
+                           const int64_t version,
+                           coordinator_->membership().LeaveJob(
+                               LeaveRequestFromProto(*r)));
+                       v1::LeaveJobResponse response;
+                       response.set_plan_version(version);
+                       return response;
+                     });
 }
 
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,

@@ -71,11 +71,13 @@ v1::HeartbeatResponse HeartbeatReplyToProto(const HeartbeatReply& reply) {
   v1::HeartbeatResponse out;
   out.set_lease_ttl_ms(ToMs(reply.lease_ttl));
   out.set_plan_version(reply.plan_version);
+  out.set_draining(reply.draining);
   return out;
 }
 
 LeaveRequest LeaveRequestFromProto(const v1::LeaveJobRequest& r) {
-  return {r.job(), r.worker_id(), r.instance_id(), r.worker_token()};
+  return {r.job(), r.worker_id(), r.instance_id(), r.worker_token(),
+          r.drain()};
 }
 
 v1::ListWorkersResponse WorkerListToProto(
@@ -93,6 +95,7 @@ v1::ListWorkersResponse WorkerListToProto(
     if (w.last_step.has_value()) {
       *info->mutable_last_step() = StepStatsToProto(*w.last_step);
     }
+    info->set_draining(w.draining);
   }
   return out;
 }

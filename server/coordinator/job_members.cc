@@ -46,16 +46,27 @@ absl::StatusOr<WorkerRecord*> JobMembers::AuthenticateLease(
   return worker;
 }
 
-StoreOp JobMembers::Add(const std::string& job, WorkerRecord worker) {
-  const std::string id = worker.join.worker_id;
-  worker.join_seq = next_join_seq_++;
-  worker.generation = ++generation_;
+namespace {
+
+// The one conversion of a member to its stored form.
+StoredWorker StoredOf(const std::string& id, const WorkerRecord& worker) {
   StoredWorker stored;
   stored.worker_id = id;
   stored.join = worker.join;
   stored.join_time_ms = absl::ToUnixMillis(worker.join_time);
   stored.token = worker.token;
   stored.join_seq = worker.join_seq;
+  stored.draining = worker.draining;
+  return stored;
+}
+
+}  // namespace
+
+StoreOp JobMembers::Add(const std::string& job, WorkerRecord worker) {
+  const std::string id = worker.join.worker_id;
+  worker.join_seq = next_join_seq_++;
+  worker.generation = ++generation_;
+  StoredWorker stored = StoredOf(id, worker);
   workers_[id] = std::move(worker);
   join_order_.push_back(id);
   reasons_.push_back(absl::StrCat("worker ", id, " joined"));
@@ -71,6 +82,16 @@ StoreOp JobMembers::Remove(const std::string& job, const std::string& worker_id,
   ++generation_;
   if (!reason.empty()) reasons_.push_back(reason);
   return store_op::DeleteWorker{job, worker_id};
+}
+
+StoreOp JobMembers::SetDraining(const std::string& job,
+                                const std::string& worker_id, bool draining) {
+  WorkerRecord& worker = workers_.at(worker_id);
+  worker.draining = draining;
+  ++generation_;
+  reasons_.push_back(absl::StrCat("worker ", worker_id,
+                                  draining ? " draining" : " drain undone"));
+  return store_op::PutWorker{job, StoredOf(worker_id, worker)};
 }
 
 std::vector<std::string> JobMembers::Expired(absl::Time now) const {

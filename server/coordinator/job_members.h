@@ -40,6 +40,9 @@ struct WorkerRecord {
   int64_t generation = 0;
   // The newest step it reported (highest step id); nullopt until one.
   std::optional<StepStats> last_step;
+  // Leaving (LeaveJob with drain): a rank of the job's plans that owns
+  // nothing, so its momentum moves to the new owners at the next step.
+  bool draining = false;
 };
 
 class JobMembers {
@@ -77,6 +80,10 @@ class JobMembers {
   // none) becomes part of the next plan's. Returns the op for the store.
   StoreOp Remove(const std::string& job, const std::string& worker_id,
                  const std::string& reason);
+  // Marks member `worker_id` draining (or not) with a new generation and
+  // "worker ID draining" as a reason. Returns the op for the store.
+  StoreOp SetDraining(const std::string& job, const std::string& worker_id,
+                      bool draining);
   // Members whose lease ran out by `now`, by id.
   std::vector<std::string> Expired(absl::Time now) const;
 

@@ -23,7 +23,8 @@ namespace muonps {
 namespace coordinator {
 namespace {
 
-constexpr int64_t kSchemaVersion = 1;
+// 2 added workers.draining; a version-1 store is migrated on Open.
+constexpr int64_t kSchemaVersion = 2;
 
 constexpr const char* kSchema[] = {
     "CREATE TABLE IF NOT EXISTS meta("
@@ -35,7 +36,8 @@ constexpr const char* kSchema[] = {
     "CREATE TABLE IF NOT EXISTS workers("
     " job TEXT NOT NULL, worker_id TEXT NOT NULL, join_request BLOB NOT NULL,"
     " join_time_ms INTEGER NOT NULL, token TEXT NOT NULL,"
-    " join_seq INTEGER NOT NULL, PRIMARY KEY (job, worker_id))",
+    " join_seq INTEGER NOT NULL, draining INTEGER NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (job, worker_id))",
     "CREATE TABLE IF NOT EXISTS plans("
     " job TEXT PRIMARY KEY, version INTEGER NOT NULL, plan BLOB NOT NULL,"
     " nccl_id BLOB NOT NULL, nccl_generation INTEGER NOT NULL)",
@@ -178,23 +180,32 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
     }
   }
   for (const char* sql : kSchema) MUONPS_RETURN_IF_ERROR(store->Exec(sql));
-  Statement read(db, "SELECT value FROM meta WHERE key = 'schema_version'");
-  const int step = read.Step();
-  if (step == SQLITE_ROW) {
-    const int64_t version = read.ColumnInt(0);
-    if (version != kSchemaVersion) {
-      return FieldError(
-          absl::StatusCode::kFailedPrecondition, "state_dir",
-          absl::StrCat(Quoted(dir), " holds schema version ", version,
-                       "; this build reads ", kSchemaVersion));
+  int64_t version = 0;  // 0: a new database
+  {
+    Statement read(db, "SELECT value FROM meta WHERE key = 'schema_version'");
+    const int step = read.Step();
+    if (step == SQLITE_ROW) {
+      version = read.ColumnInt(0);
+    } else if (step != SQLITE_DONE) {
+      return store->Error("schema version");
     }
-  } else if (step == SQLITE_DONE) {
+  }
+  if (version == 0) {
     Statement write(db,
                     "INSERT INTO meta(key, value) VALUES('schema_version', ?)");
     write.Int(1, kSchemaVersion);
     if (write.Step() != SQLITE_DONE) return store->Error("schema version");
-  } else {
-    return store->Error("schema version");
+  } else if (version == 1) {
+    // Version 1 had no draining column (the CREATE above kept its table).
+    MUONPS_RETURN_IF_ERROR(store->Exec(
+        "BEGIN; ALTER TABLE workers ADD COLUMN draining INTEGER NOT NULL "
+        "DEFAULT 0; UPDATE meta SET value = 2 WHERE key = 'schema_version'; "
+        "COMMIT"));
+  } else if (version != kSchemaVersion) {
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, "state_dir",
+        absl::StrCat(Quoted(dir), " holds schema version ", version,
+                     "; this build reads ", kSchemaVersion));
   }
   return store;
 }
@@ -260,7 +271,7 @@ absl::StatusOr<StoredState> JobStore::Load() {
   {
     Statement s(db_,
                 "SELECT job, worker_id, join_request, join_time_ms, token, "
-                "join_seq FROM workers ORDER BY job, join_seq");
+                "join_seq, draining FROM workers ORDER BY job, join_seq");
     int rc;
     while ((rc = s.Step()) == SQLITE_ROW) {
       const std::string job = s.ColumnBytes(0);
@@ -275,6 +286,7 @@ absl::StatusOr<StoredState> JobStore::Load() {
       w.join_time_ms = s.ColumnInt(3);
       w.token = s.ColumnBytes(4);
       w.join_seq = s.ColumnInt(5);
+      w.draining = s.ColumnInt(6) != 0;
       auto it = index.find(job);
       if (it == index.end()) continue;  // an orphan; never written so
       out.jobs[it->second].workers.push_back(std::move(w));
@@ -353,7 +365,8 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
         } else if constexpr (std::is_same_v<T, store_op::PutWorker>) {
           return run(
               "INSERT OR REPLACE INTO workers(job, worker_id, join_request, "
-              "join_time_ms, token, join_seq) VALUES(?, ?, ?, ?, ?, ?)",
+              "join_time_ms, token, join_seq, draining) "
+              "VALUES(?, ?, ?, ?, ?, ?, ?)",
               [&](Statement& s) {
                 s.Text(1, o.job)
                     .Text(2, o.worker.worker_id)
@@ -361,7 +374,8 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
                           JoinRequestToProto(o.worker.join).SerializeAsString())
                     .Int(4, o.worker.join_time_ms)
                     .Text(5, o.worker.token)
-                    .Int(6, o.worker.join_seq);
+                    .Int(6, o.worker.join_seq)
+                    .Int(7, o.worker.draining ? 1 : 0);
               });
         } else if constexpr (std::is_same_v<T, store_op::DeleteWorker>) {
           return run(

@@ -60,6 +60,8 @@ struct StoredWorker {
   std::string token;
   // Orders members as they joined (plans rank workers in join order).
   int64_t join_seq = 0;
+  // Leaving (LeaveJob with drain): plans give it nothing.
+  bool draining = false;
 };
 
 // A job's latest plan and the NCCL id rank 0 put for it (empty: none yet).

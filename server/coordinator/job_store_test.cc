@@ -250,6 +250,48 @@ TEST_F(JobStoreTest, AnUnknownSchemaVersionIsRefused) {
               HasSubstr("schema version 99"));
 }
 
+// A store written by a build without draining (schema version 1: no
+// draining column) opens, keeps its members (not draining), and stores a
+// draining member from then on.
+TEST_F(JobStoreTest, AVersionOneStoreIsMigratedAndKeepsItsMembers) {
+  {
+    std::unique_ptr<JobStore> store = OpenOk();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store
+                    ->Apply({store_op::PutJob{Job("a")},
+                             store_op::PutWorker{"a", Worker("w1", 1)}})
+                    .ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE workers DROP COLUMN draining; "
+                         "UPDATE meta SET value = 1 WHERE key = "
+                         "'schema_version'",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  {
+    std::unique_ptr<JobStore> store = OpenOk();
+    ASSERT_NE(store, nullptr);
+    absl::StatusOr<StoredState> state = store->Load();
+    ASSERT_TRUE(state.ok()) << state.status();
+    ASSERT_EQ(state->jobs.size(), 1u);
+    ASSERT_EQ(state->jobs[0].workers.size(), 1u);
+    EXPECT_FALSE(state->jobs[0].workers[0].draining);
+    StoredWorker leaving = Worker("w1", 1);
+    leaving.draining = true;
+    ASSERT_TRUE(store->Apply({store_op::PutWorker{"a", leaving}}).ok());
+  }
+  std::unique_ptr<JobStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<StoredState> state = store->Load();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(state->jobs[0].workers.size(), 1u);
+  EXPECT_TRUE(state->jobs[0].workers[0].draining);
+}
+
 TEST_F(JobStoreTest, KillNineAtAnyMomentKeepsEveryAcknowledgedBatchWhole) {
   // A child applies batches of (job, worker, plan) and acknowledges each on
   // a pipe; it is SIGKILLed while writing. Every acknowledged batch must be

@@ -144,11 +144,75 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
   }
   worker->lease_expiry = clock_() + options_.lease_ttl;
   worker->reported_version = r.plan_version;
-  return HeartbeatReply{options_.lease_ttl, latest};
+  return HeartbeatReply{options_.lease_ttl, latest, worker->draining};
 }
 
-absl::Status Membership::LeaveJob(const LeaveRequest& r) {
+absl::StatusOr<int64_t> Membership::Drain(const LeaveRequest& r) {
+  uint64_t incarnation = 0;
+  int64_t generation = 0, seq = 0;
+  std::string token;
+  {
+    absl::MutexLock lock(table_->mutex());
+    MUONPS_ASSIGN_OR_RETURN(JobRecord * job, table_->Find(r.job));
+    MUONPS_ASSIGN_OR_RETURN(
+        WorkerRecord * worker,
+        job->members.AuthenticateLease(r.job, r.worker_id, r.worker_token,
+                                       r.instance_id));
+    incarnation = job->incarnation;
+    token = worker->token;
+    if (worker->draining) {
+      // A repeat: answer the plan its drain made.
+      seq = queue_->last_enqueued();
+    } else {
+      bool others = false;
+      for (const std::string& id : job->members.join_order()) {
+        others |= id != r.worker_id && !job->members.at(id).draining;
+      }
+      if (!others) {
+        return FieldError(
+            absl::StatusCode::kFailedPrecondition, "drain",
+            absl::StrCat("worker ", Quoted(r.worker_id), " of job ",
+                         Quoted(r.job),
+                         " is the last that can own matrices: no worker "
+                         "can take its momentum; leave without drain (its "
+                         "momentum then survives in checkpoints only)"));
+      }
+      seq = queue_->Enqueue(
+          {job->members.SetDraining(r.job, r.worker_id, true)});
+      spdlog::info("job={} worker={} draining", r.job, r.worker_id);
+    }
+    generation = job->members.generation();
+  }
+  MUONPS_RETURN_IF_ERROR(queue_->Persist(seq));
+  absl::StatusOr<int64_t> planned =
+      plans_->PlanAtLeast(r.job, incarnation, generation);
+  if (planned.ok() || planned.status().code() == absl::StatusCode::kNotFound) {
+    return planned;
+  }
+  // No plan can do without it (the others lack the memory): undo.
+  {
+    absl::MutexLock lock(table_->mutex());
+    JobRecord* job = table_->FindIncarnation(r.job, incarnation);
+    WorkerRecord* worker =
+        job == nullptr ? nullptr : job->members.Find(r.worker_id);
+    if (worker == nullptr || worker->token != token || !worker->draining) {
+      return planned.status();
+    }
+    seq = queue_->Enqueue(
+        {job->members.SetDraining(r.job, r.worker_id, false)});
+    generation = job->members.generation();
+  }
+  spdlog::warn("job={} worker={} drain undone: {}", r.job, r.worker_id,
+               planned.status().ToString());
+  if (queue_->Persist(seq).ok()) {
+    (void)plans_->PlanAtLeast(r.job, incarnation, generation);
+  }
+  return planned.status();
+}
+
+absl::StatusOr<int64_t> Membership::LeaveJob(const LeaveRequest& r) {
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id, "worker_id"));
+  if (r.drain) return Drain(r);
   uint64_t incarnation = 0;
   int64_t generation = 0, seq = 0;
   {
@@ -165,11 +229,11 @@ absl::Status Membership::LeaveJob(const LeaveRequest& r) {
     generation = job->members.generation();
   }
   MUONPS_RETURN_IF_ERROR(queue_->Persist(seq));
-  const absl::Status planned =
-      plans_->PlanAtLeast(r.job, incarnation, generation).status();
+  const absl::StatusOr<int64_t> planned =
+      plans_->PlanAtLeast(r.job, incarnation, generation);
   // The worker has left either way once the job is gone.
-  return planned.code() == absl::StatusCode::kNotFound ? absl::OkStatus()
-                                                       : planned;
+  if (planned.status().code() == absl::StatusCode::kNotFound) return 0;
+  return planned;
 }
 
 absl::StatusOr<std::vector<WorkerView>> Membership::ListWorkers(
@@ -191,6 +255,7 @@ absl::StatusOr<std::vector<WorkerView>> Membership::ListWorkers(
       view.plan_version = w.reported_version;
       view.join_time = w.join_time;
       view.last_step = w.last_step;
+      view.draining = w.draining;
     }
   }
   return out;

@@ -49,6 +49,8 @@ struct HeartbeatRequest {
 struct HeartbeatReply {
   absl::Duration lease_ttl;
   int64_t plan_version = 0;  // the job's latest
+  // The worker is draining (LeaveJob with drain).
+  bool draining = false;
 };
 
 struct LeaveRequest {
@@ -56,6 +58,8 @@ struct LeaveRequest {
   std::string worker_id;
   std::string instance_id;
   std::string worker_token;
+  // Drain: stay a member that owns nothing until leaving without drain.
+  bool drain = false;
 };
 
 // A member as ListWorkers shows it.
@@ -68,6 +72,7 @@ struct WorkerView {
   int64_t plan_version = 0;  // of its last heartbeat
   absl::Time join_time;
   std::optional<StepStats> last_step;
+  bool draining = false;
 };
 
 class Membership {
@@ -97,8 +102,15 @@ class Membership {
   absl::StatusOr<HeartbeatReply> Heartbeat(const HeartbeatRequest& request);
 
   // Removes the worker and re-plans its job (OK also when the job is
-  // deleted meanwhile). Errors as Heartbeat's, and UNAVAILABLE.
-  absl::Status LeaveJob(const LeaveRequest& request);
+  // deleted meanwhile), returning the plan version that no longer has it
+  // (0 when the job is gone). With request.drain the worker stays a member
+  // but is marked draining: the re-plan keeps it a rank that owns nothing,
+  // so the next step hands its momentum to the new owners; returns that
+  // plan's version (a repeated drain answers the same). A drain that leaves
+  // no worker to own the matrices is FAILED_PRECONDITION naming drain; one
+  // whose plan fails (RESOURCE_EXHAUSTED: the others lack the memory) is
+  // undone. Errors as Heartbeat's, and UNAVAILABLE.
+  absl::StatusOr<int64_t> LeaveJob(const LeaveRequest& request);
 
   // The members of `job` ("" for every job), each job's in join order.
   // NOT_FOUND naming job.
@@ -109,6 +121,9 @@ class Membership {
   std::vector<std::string> ExpireLeases();
 
  private:
+  // LeaveJob with drain.
+  absl::StatusOr<int64_t> Drain(const LeaveRequest& request);
+
   const CoordinatorOptions& options_;
   const Clock& clock_;
   JobTable* const table_;

@@ -262,16 +262,71 @@ TEST_F(CoordinatorTest, LeaveJobPublishesNewVersionAndLeavingTwiceIsNotFound) {
   JoinOk("x", "w2");
   v1::LeaveJobRequest impostor = Leave("x", "w2");
   impostor.set_instance_id("impostor");
-  EXPECT_THAT(state_->LeaveJob(impostor),
+  EXPECT_THAT(state_->LeaveJob(impostor).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "instance_id"));
   ASSERT_TRUE(state_->LeaveJob(Leave("x", "w2")).ok());
   const v1::Plan plan = CurrentPlan("x");
   EXPECT_EQ(plan.version(), 3);
   EXPECT_THAT(plan.workers(), ElementsAre("w1"));
   EXPECT_EQ(OwnedBy(plan, "w1").size(), 4u);
-  EXPECT_THAT(state_->LeaveJob(Leave("x", "w2")),
+  EXPECT_THAT(state_->LeaveJob(Leave("x", "w2")).status(),
               StatusIs(absl::StatusCode::kNotFound, "\"w2\""));
   EXPECT_EQ(CurrentPlan("x").version(), 3);
+}
+
+// A drain keeps the worker a rank of the next plan version but gives it
+// nothing, so its momentum can move at the next step; its heartbeats and
+// ListWorkers say it drains; a repeat answers the same version; the last
+// worker that could own matrices cannot drain; leaving without drain then
+// drops it.
+TEST_F(CoordinatorTest, ADrainingWorkerStaysARankThatOwnsNothingUntilItLeaves) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  ASSERT_FALSE(OwnedBy(CurrentPlan("x"), "w2").empty());
+  v1::LeaveJobRequest drain = Leave("x", "w2");
+  drain.set_drain(true);
+  absl::StatusOr<v1::LeaveJobResponse> drained = state_->LeaveJob(drain);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->plan_version(), 3);
+  v1::Plan plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 3);
+  EXPECT_THAT(plan.workers(), ElementsAre("w1", "w2"));
+  EXPECT_TRUE(OwnedBy(plan, "w2").empty());
+  EXPECT_EQ(OwnedBy(plan, "w1").size(), 4u);
+  EXPECT_THAT(plan.reason(), HasSubstr("worker w2 draining"));
+  absl::StatusOr<v1::HeartbeatResponse> beat =
+      state_->Heartbeat(Beat("x", "w2", 3));
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->draining());
+  EXPECT_FALSE(state_->Heartbeat(Beat("x", "w1", 3))->draining());
+  v1::ListWorkersRequest list_request;
+  list_request.set_job("x");
+  absl::StatusOr<v1::ListWorkersResponse> list =
+      state_->ListWorkers(list_request);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->workers_size(), 2);
+  EXPECT_FALSE(list->workers(0).draining());
+  EXPECT_TRUE(list->workers(1).draining());
+
+  drained = state_->LeaveJob(drain);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->plan_version(), 3);
+  EXPECT_EQ(CurrentPlan("x").version(), 3);
+
+  v1::LeaveJobRequest last = Leave("x", "w1");
+  last.set_drain(true);
+  EXPECT_THAT(state_->LeaveJob(last).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "drain"));
+  EXPECT_EQ(CurrentPlan("x").version(), 3);
+
+  absl::StatusOr<v1::LeaveJobResponse> left =
+      state_->LeaveJob(Leave("x", "w2"));
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(left->plan_version(), 4);
+  plan = CurrentPlan("x");
+  EXPECT_EQ(plan.version(), 4);
+  EXPECT_THAT(plan.workers(), ElementsAre("w1"));
 }
 
 TEST_F(CoordinatorTest, LastWorkerLeavingLeavesNoCurrentPlanButKeepsHistory) {
@@ -315,7 +370,7 @@ TEST_F(CoordinatorTest, WorkerCallsNeedTheTokenJoinJobGaveThatWorker) {
 
   v1::LeaveJobRequest leave = Leave("x", "w1");
   leave.set_worker_token(other_job);
-  EXPECT_THAT(state_->LeaveJob(leave),
+  EXPECT_THAT(state_->LeaveJob(leave).status(),
               StatusIs(absl::StatusCode::kUnauthenticated, "worker_token"));
   v1::ReportStepStatsRequest stats;
   stats.set_job("x");

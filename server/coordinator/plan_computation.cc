@@ -58,6 +58,7 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
       spec.speed = w.join.speed > 0 ? w.join.speed : 1.0;
       spec.memory_bytes = w.join.device.memory_bytes;
       spec.colocated = w.join.device.colocated;
+      spec.owns_nothing = w.draining;
       s.workers.push_back(std::move(spec));
     }
   }
@@ -86,6 +87,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   input.workers = s.workers;
   int64_t smallest = 0;
   for (const scheduler::WorkerSpec& w : s.workers) {
+    if (w.owns_nothing) continue;
     smallest =
         smallest == 0 ? w.memory_bytes : std::min(smallest, w.memory_bytes);
   }

@@ -84,9 +84,8 @@ class ServedCoordinator {
       const v1::HeartbeatRequest& r) {
     return Call<v1::HeartbeatResponse>(&CoordinatorService::Heartbeat, r);
   }
-  absl::Status LeaveJob(const v1::LeaveJobRequest& r) {
-    return Call<v1::LeaveJobResponse>(&CoordinatorService::LeaveJob, r)
-        .status();
+  absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& r) {
+    return Call<v1::LeaveJobResponse>(&CoordinatorService::LeaveJob, r);
   }
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers(
       const v1::ListWorkersRequest& r) {

@@ -46,6 +46,7 @@ WorkerRecord MemberOf(const std::string& job, const StoredWorker& w,
   r.lease_expiry = now + lease_ttl;
   r.token = w.token;
   r.join_seq = w.join_seq;
+  r.draining = w.draining;
   return r;
 }
 
