@@ -116,7 +116,8 @@ if [[ -x client/python/run_tests.sh ]]; then
   stage "Python package (Debian's python3-torch)"
   bazel build //client:libmuonps.so //server/coordinator:muonps-coordinator \
     //server/worker:muonps-worker >/dev/null 2>&1
-  out="$(bash client/python/run_tests.sh 2>&1)"
+  # The package's tests, and bench/train_step's CPU smoke test (a few seconds).
+  out="$(bash client/python/run_tests.sh bench/train_step/smoke_test.py 2>&1)"
   echo "$out" | tail -n 30
   summary="$(echo "$out" | grep -E '[0-9]+ (passed|failed)' | tail -n 1)"
   p="$(echo "$summary" | sed -n 's/.*\b\([0-9][0-9]*\) passed.*/\1/p')"
