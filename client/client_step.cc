@@ -126,6 +126,13 @@ absl::Status Client::Impl::CallStep(const v1::StepRequest& request,
     rpc = FromGrpc(
         worker->Step(&context, request, response),
         absl::StrCat("Step on the worker at unix:", options.worker_socket));
+    // This client never cancels a step: the worker stopped during the call
+    // (it shut down, or dropped its transport). Steps are idempotent, so
+    // that is a retry's case.
+    if (absl::IsCancelled(rpc)) {
+      rpc = absl::UnavailableError(absl::StrCat(
+          rpc.message(), " (the worker stopped during the call; retry)"));
+    }
     // A worker that restarted has no buffers of this trainer: nothing ran.
     if (attempt > 0 || !absl::IsFailedPrecondition(rpc) ||
         !absl::StrContains(rpc.message(), kNoTrainerAttached)) {

@@ -254,6 +254,9 @@ class DataPlaneFixture : public ::testing::Test {
   // Starts worker `worker` again (same id and socket, without its
   // worker_flags); its trainer's client attaches again at its next Step.
   void RestartWorker(int worker);
+  // Waits up to `timeout` for worker `worker`'s process to exit; its wait
+  // status (as waitpid's).
+  absl::StatusOr<int> WaitForWorkerExit(int worker, absl::Duration timeout);
   // Waits until worker `worker` stopped itself (--test_pause_at).
   absl::Status WaitUntilStopped(int worker, absl::Duration timeout);
   // Waits until every worker follows one plan of all of them; plan() is

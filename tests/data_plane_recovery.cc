@@ -62,6 +62,11 @@ void DataPlaneFixture::JoinDedicatedWorker() {
   ASSERT_TRUE(up.ok()) << up.status();
 }
 
+absl::StatusOr<int> DataPlaneFixture::WaitForWorkerExit(
+    int worker, absl::Duration timeout) {
+  return workers_.at(worker).process->Wait(timeout);
+}
+
 absl::Status DataPlaneFixture::WaitUntilStopped(int worker,
                                                 absl::Duration timeout) {
   const pid_t pid = workers_.at(worker).process->pid();

@@ -19,11 +19,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/device.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -123,6 +125,8 @@ int Run() {
   }
   options.speed = absl::GetFlag(FLAGS_speed);
   options.dedicated = absl::GetFlag(FLAGS_dedicated);
+  // An operator's `muonps drain`: the same path as SIGTERM.
+  options.on_drain_requested = [] { kill(getpid(), SIGTERM); };
   absl::StatusOr<std::unique_ptr<transport::TcpListener>> listener =
       transport::TcpListener::Bind(absl::GetFlag(FLAGS_host),
                                    absl::GetFlag(FLAGS_data_port));
@@ -326,7 +330,20 @@ int Run() {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  spdlog::info("signal {}: leaving the job and shutting down", signal_number);
+  spdlog::info("signal {}: handing the momentum over, leaving the job and "
+               "shutting down (a second signal leaves at once)",
+               signal_number);
+  auto cut_short = std::make_shared<absl::Notification>();
+  std::thread([signals, cut_short] {
+    int again = 0;
+    sigwait(&signals, &again);
+    cut_short->Notify();
+  }).detach();
+  const absl::Status drained =
+      agent.Drain(absl::GetFlag(FLAGS_drain_timeout), cut_short.get());
+  if (!drained.ok()) {
+    spdlog::warn("drain: {}; leaving anyway", drained.ToString());
+  }
   agent.Stop();
   health.Shutdown();  // ends Watch streams before the server waits on them
   local_listener->reset();  // no new connections; removes the socket file

@@ -95,6 +95,7 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
   const int64_t step = staged.step_id;
   staged = StagedStep{};
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(stream));
+  ledger.last_version.store(plan.version);
   ledger.last.store(step);
   ledger.means_step = trainer != nullptr ? step : -1;
   return absl::OkStatus();

@@ -59,9 +59,23 @@ StepEngine::~StepEngine() {
 
 int64_t StepEngine::last_step() const { return ledger_.last.load(); }
 
+int64_t StepEngine::last_step_plan_version() const {
+  return ledger_.last_version.load();
+}
+
+void StepEngine::StopStepping(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (!stopped_.has_value()) stopped_ = why;
+}
+
 void StepEngine::set_step_hook(StepHook hook) {
   absl::MutexLock lock(&mu_);
   hook_ = std::move(hook);
+}
+
+bool StepEngine::TrainerAlive() const {
+  const int64_t pid = trainer_pid_.load();
+  return pid > 0 && (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
 }
 
 bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -110,6 +124,7 @@ absl::StatusOr<StepResponse> StepEngine::Step(const StepRequest& request,
 
 absl::StatusOr<StepResponse> StepEngine::StepLocked(
     const StepRequest& request, const StepCancelled& cancelled) {
+  if (stopped_.has_value()) return absl::UnavailableError(*stopped_);
   if (request.step_id < 0) {
     return InvalidField("step_id", absl::StrCat(request.step_id, " < 0"));
   }
@@ -162,8 +177,8 @@ absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowStep(
   {
     absl::MutexLock lock(&mu_);
     const int size = static_cast<int>(plan_.ownership.worker_ids.size());
-    dedicated =
-        plan_.rank >= 0 && plan_.rank >= size - plan_.ownership.dedicated;
+    dedicated = !stopped_.has_value() && plan_.rank >= 0 &&
+                plan_.rank >= size - plan_.ownership.dedicated;
     if (dedicated) out = FollowLocked(wait);
   }
   if (!dedicated) absl::SleepFor(wait);  // not a dedicated rank of a plan

@@ -149,9 +149,19 @@ class StepEngine {
   // engine started (MomentumStore::resets_total). Never waits.
   int64_t momentum_resets_total() const { return momentum_.resets_total(); }
 
-  // The last step id committed here (-1 before the first). Never waits for
-  // a step in progress. Thread-safe.
+  // The last step id committed here (-1 before the first), and the plan
+  // version it committed under (0: none). Never wait for a step in
+  // progress. Thread-safe.
   int64_t last_step() const;
+  int64_t last_step_plan_version() const;
+
+  // The worker is leaving: waits for a step in progress to end, then
+  // refuses every later Step and FollowStep with UNAVAILABLE saying `why`,
+  // so the worker leaves with no step half done here. Idempotent.
+  void StopStepping(const std::string& why);
+
+  // Whether a trainer is attached and its process still runs. Never waits.
+  bool TrainerAlive() const;
 
   // Releases the attached trainer's buffers (unmapping its CUDA IPC or
   // shared memory, so its GPU memory can be freed) when its process is
@@ -252,6 +262,8 @@ class StepEngine {
   PlanState plan_ ABSL_GUARDED_BY(mu_);
   std::optional<AttachedTrainer> trainer_ ABSL_GUARDED_BY(mu_);
   StepHook hook_ ABSL_GUARDED_BY(mu_);
+  // Set by StopStepping: why steps are refused.
+  std::optional<std::string> stopped_ ABSL_GUARDED_BY(mu_);
   // Its `last` is written under mu_ and read without it (status and
   // heartbeats never wait for a step in progress).
   StepLedger ledger_;

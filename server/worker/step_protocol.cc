@@ -241,8 +241,17 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
           " ranks needs one: retry once its "
           "trainer attaches, or once a worker with no trainer has left the "
           "job");
-    } else if (x.trainer_count != trainers || x.trainer_rank >= trainers ||
-               seen[x.trainer_rank]) {
+    } else if (x.trainer_count != trainers) {
+      // A worker of the job is leaving or joining: the plan has not one
+      // worker per trainer yet.
+      code = absl::StatusCode::kUnavailable;
+      problem = absl::StrCat(
+          "the plan has ", trainers, " workers for trainers, but ",
+          Who(ids, r), "'s trainer is ", x.trainer_rank, " of ",
+          x.trainer_count,
+          ": a worker is leaving or joining the job; retry once the plan "
+          "has one worker per trainer");
+    } else if (x.trainer_rank >= trainers || seen[x.trainer_rank]) {
       problem = absl::StrCat(
           "every worker with a trainer needs exactly one trainer of ", trainers,
           "; ", Who(ids, r), " has trainer ", x.trainer_rank, " of ",

@@ -188,6 +188,8 @@ struct StepLedger {
   const uint64_t instance;
   // Committed here; read without the engine's lock by status calls.
   std::atomic<int64_t> last{-1};
+  // The plan version `last` committed under (0: none yet); read like last.
+  std::atomic<int64_t> last_version{0};
   // Known committed on every rank: a retry at or below it is answered
   // here, without the peers.
   int64_t settled = -1;

@@ -21,6 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,10 @@ struct AgentOptions {
   // No trainer attaches here (a GPU of a dedicated optimizer pool): the
   // agent runs the engine's FollowStep in a thread of its own.
   bool dedicated = false;
+  // Called (once, on the heartbeat thread) when the coordinator says this
+  // worker drains though it never asked (an operator's `muonps drain`):
+  // the process should then Drain() and Stop() as on SIGTERM.
+  std::function<void()> on_drain_requested;
 };
 
 class WorkerAgent {
@@ -70,6 +75,21 @@ class WorkerAgent {
   void Start();
   // Leaves the job (best effort) and stops the threads. Idempotent.
   void Stop();
+
+  // Hands this worker's momentum over before it leaves, then stops its
+  // steps; call Stop() after it. It asks the coordinator to drain the
+  // worker (LeaveJob with drain: a plan version in which it is a rank that
+  // owns nothing), waits until a step commits here under that version
+  // (every rank then ran its handover, so the new owners hold the
+  // momentum), and StopStepping. OK when the momentum moved, or when there
+  // was none (no step ever committed here). Otherwise why not, after
+  // `timeout` or once `cut_short` (may be null) is notified: the
+  // coordinator unreachable (DEADLINE_EXCEEDED), no other worker to own the
+  // matrices (FAILED_PRECONDITION), no step under the drained plan
+  // (DEADLINE_EXCEEDED); the momentum then survives only in checkpoints.
+  // Logs its progress.
+  absl::Status Drain(absl::Duration timeout,
+                     const absl::Notification* cut_short);
 
   // The worker's view for the local control service.
   v1::WorkerStatus Status() const;
@@ -133,6 +153,10 @@ class WorkerAgent {
   std::string lost_reason_ ABSL_GUARDED_BY(mu_);
   // The data-plane secret last given to the engine (membership thread only).
   std::string engine_secret_;
+  // The coordinator's last word on whether this worker drains (heartbeat
+  // thread only), and whether it was asked here (Drain).
+  bool told_draining_ = false;
+  std::atomic<bool> draining_{false};
 
   Gauge* plan_version_;
   Counter* heartbeats_;

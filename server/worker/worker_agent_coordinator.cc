@@ -156,6 +156,16 @@ void WorkerAgent::MembershipLoop() {
       }
       unreachable = 0;
       FlushStepStats();
+      if (response.draining() && !told_draining_) {
+        told_draining_ = true;
+        if (!draining_.load()) {
+          spdlog::warn(
+              "job={} worker={} the coordinator says this worker drains: "
+              "handing its momentum over and leaving",
+              options_.job, options_.worker_id);
+          if (options_.on_drain_requested) options_.on_drain_requested();
+        }
+      }
     } else if (LeaseIsLost(status.error_code())) {
       unreachable = 0;
       LoseLease(absl::StrCat("heartbeat: ", status.error_message()));
@@ -180,6 +190,94 @@ void WorkerAgent::MembershipLoop() {
   const grpc::Status status = stub_->LeaveJob(&context, leave, &response);
   spdlog::info("job={} worker={} left: {}", options_.job, options_.worker_id,
                status.ok() ? "ok" : status.error_message());
+}
+
+absl::Status WorkerAgent::Drain(absl::Duration timeout,
+                                const absl::Notification* cut_short) {
+  const absl::Time deadline = absl::Now() + timeout;
+  draining_.store(true);
+  {
+    absl::MutexLock lock(&mu_);
+    state_ = "draining";
+  }
+  const std::string leaving = absl::StrCat(
+      "worker \"", options_.worker_id, "\" is leaving job \"", options_.job,
+      "\"; retry the step once the plan has a worker for this trainer");
+  auto ended = [&] {
+    return absl::Now() >= deadline ||
+           (cut_short != nullptr && cut_short->HasBeenNotified());
+  };
+  // Nothing to hand over, or no step can run to carry it: leave now.
+  const char* now = nullptr;
+  if (engine_ == nullptr || engine_->last_step() < 0) {
+    now = "no step committed here, no momentum to hand over";
+  } else if (!options_.dedicated && !engine_->TrainerAlive()) {
+    now = "its trainer is gone, so no step of the job can run";
+  } else if (timeout <= absl::ZeroDuration()) {
+    now = "--drain_timeout is 0";
+  }
+  if (now != nullptr) {
+    if (engine_ != nullptr) engine_->StopStepping(leaving);
+    spdlog::info("job={} worker={} leaves without draining: {}", options_.job,
+                 options_.worker_id, now);
+    return absl::OkStatus();
+  }
+  // Ask, retrying while the coordinator is unreachable.
+  int64_t version = -1;
+  absl::Status refused = absl::DeadlineExceededError(absl::StrCat(
+      "the coordinator at ", options_.coordinator,
+      " did not answer the drain within ", absl::FormatDuration(timeout)));
+  Backoff backoff;
+  while (!ended()) {
+    v1::LeaveJobRequest drain;
+    drain.set_job(options_.job);
+    drain.set_worker_id(options_.worker_id);
+    drain.set_instance_id(instance_id_);
+    drain.set_worker_token(options_.credentials->worker_token());
+    drain.set_drain(true);
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(
+        std::max(std::min(absl::Seconds(5), deadline - absl::Now()),
+                 absl::Milliseconds(1))));
+    v1::LeaveJobResponse response;
+    const grpc::Status status = stub_->LeaveJob(&context, drain, &response);
+    if (status.ok()) {
+      version = response.plan_version();
+      break;
+    }
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      refused = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                             status.error_message());
+      break;
+    }
+    absl::SleepFor(std::min(backoff.Next(), deadline - absl::Now()));
+  }
+  if (version < 0) {
+    engine_->StopStepping(leaving);
+    return refused;
+  }
+  spdlog::info(
+      "job={} worker={} draining: owns nothing from plan_version={}; leaves "
+      "once a step commits under it (at most {})",
+      options_.job, options_.worker_id, version,
+      absl::FormatDuration(deadline - absl::Now()));
+  while (!ended() && engine_->last_step_plan_version() < version) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  engine_->StopStepping(leaving);
+  if (engine_->last_step_plan_version() >= version) {
+    spdlog::info(
+        "job={} worker={} drained: step {} committed under plan_version={}, "
+        "its momentum is with the new owners",
+        options_.job, options_.worker_id, engine_->last_step(),
+        engine_->last_step_plan_version());
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no step committed under plan version ", version, " (last step ",
+      engine_->last_step(), " under version ",
+      engine_->last_step_plan_version(), ") before the drain ended"));
 }
 
 void WorkerAgent::WatchLoop() {

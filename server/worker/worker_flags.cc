@@ -80,6 +80,12 @@ ABSL_FLAG(std::string, tls_key_file, "",
 ABSL_FLAG(int64_t, call_timeout_ms, 120000,
           "A CPU data-plane call (a step's grouped transfers) not done this "
           "long after it began fails the step, however its bytes trickle.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "On SIGTERM or SIGINT (or `muonps drain`), hand the owned momentum "
+          "to the other workers before leaving: ask the coordinator for a "
+          "plan in which this worker owns nothing and wait this long at most "
+          "for a step to commit under it. A second signal cuts it short; 0 "
+          "leaves at once.");
 ABSL_FLAG(std::string, test_pause_at, "",
           "Chaos tests only: POINT@STEP[@rankN] stops this process (SIGSTOP) "
           "at that point of that step id (with plan rank N): exchange, "

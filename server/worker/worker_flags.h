@@ -38,6 +38,7 @@ ABSL_DECLARE_FLAG(std::string, tls_ca_file);
 ABSL_DECLARE_FLAG(std::string, tls_cert_file);
 ABSL_DECLARE_FLAG(std::string, tls_key_file);
 ABSL_DECLARE_FLAG(int64_t, call_timeout_ms);
+ABSL_DECLARE_FLAG(absl::Duration, drain_timeout);
 ABSL_DECLARE_FLAG(std::string, test_pause_at);
 ABSL_DECLARE_FLAG(std::string, log_level);
 ABSL_DECLARE_FLAG(std::string, log_file);

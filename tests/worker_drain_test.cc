@@ -1,0 +1,182 @@
+// A worker asked to leave (SIGTERM) drains, with real processes (a
+// coordinator, CPU workers over TCP, trainers' clients that retry as a
+// training loop does): it becomes a rank that owns nothing, the next step
+// hands its momentum to the new owners, then it leaves. A rolling restart of
+// every worker, one at a time, during training therefore fails no step for
+// good, resets no momentum (the job is strict and keeps no checkpoints),
+// and ends bit-identical to a run without restarts.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "tests/data_plane_fixture.h"
+
+namespace muonps {
+namespace {
+
+using testing::ClusterOptions;
+using testing::DataPlaneFixture;
+using testing::MixedModel;
+using testing::ModelDecl;
+using testing::ReferenceModel;
+
+constexpr int kWorkers = 3;
+constexpr int64_t kSteps = 300;
+// The service and the replay run the same fp32 kernels in the same order.
+constexpr double kExact = 0;
+
+// What a trainer's retrying loop saw.
+struct RetryingLoop {
+  int64_t last_done = 0;  // the last step answered OK
+  int64_t resets = 0;     // momentum_reset over the answered steps
+  // Every failed attempt's status code, counted, and its first message.
+  std::map<absl::StatusCode, int> failures;
+  std::map<absl::StatusCode, std::string> first;
+  std::string last_failure;
+  bool finished = false;
+};
+
+class WorkerDrainTest : public DataPlaneFixture {
+ protected:
+  // Every trainer runs steps [1, kSteps] as a user's loop does: writes the
+  // step's gradients once and calls Step until it is answered, pausing
+  // 50 ms after a failure, for at most 60 s per step. `done[r]` is the
+  // last step rank r finished.
+  std::vector<RetryingLoop> RunLoops(std::vector<std::atomic<int64_t>>* done) {
+    std::vector<RetryingLoop> out(trainers());
+    std::vector<std::thread> threads;
+    for (int r = 0; r < trainers(); ++r) {
+      threads.emplace_back([this, r, done, &out] {
+        RetryingLoop& loop = out[r];
+        for (int64_t step = 1; step <= kSteps; ++step) {
+          WriteGradients(r, step);
+          const absl::Time give_up = absl::Now() + absl::Seconds(60);
+          bool answered = false;
+          while (!answered && absl::Now() < give_up) {
+            absl::StatusOr<StepResult> result = client(r).Step(step);
+            answered = result.ok();
+            if (answered) {
+              loop.resets += result->momentum_reset;
+            } else {
+              if (loop.failures[result.status().code()]++ == 0) {
+                loop.first[result.status().code()] =
+                    std::string(result.status().message());
+              }
+              loop.last_failure = result.status().ToString();
+              absl::SleepFor(absl::Milliseconds(50));
+            }
+          }
+          if (!answered) return;
+          loop.last_done = step;
+          (*done)[r].store(step);
+        }
+        loop.finished = true;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  }
+
+  const ModelDecl model_ = MixedModel();
+};
+
+int64_t Slowest(const std::vector<std::atomic<int64_t>>& done) {
+  int64_t slowest = done[0].load();
+  for (const auto& d : done) slowest = std::min(slowest, d.load());
+  return slowest;
+}
+
+// Waits until every trainer finished step `step` (false after 120 s).
+bool WaitForStep(const std::vector<std::atomic<int64_t>>& done, int64_t step) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (Slowest(done) < step) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(model_, {.workers = kWorkers,
+                                            .io_timeout_ms = 5000,
+                                            .lease_ttl_ms = 3000,
+                                            .heartbeat_interval_ms = 200}));
+  ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
+  std::vector<std::atomic<int64_t>> done(trainers());
+  for (auto& d : done) d.store(0);
+  std::vector<RetryingLoop> loops;
+  std::thread trainers_thread([&] { loops = RunLoops(&done); });
+  std::vector<int64_t> restarted_at;
+  for (int w = 0; w < kWorkers; ++w) {
+    const int64_t at = 40 + 80 * w;
+    if (!WaitForStep(done, at)) break;
+    restarted_at.push_back(Slowest(done));
+    SignalWorker(w, SIGTERM);
+    const absl::StatusOr<int> exited =
+        WaitForWorkerExit(w, absl::Seconds(30));
+    ASSERT_TRUE(exited.ok()) << "worker " << w << " did not exit: "
+                             << exited.status() << "\n"
+                             << WorkerLog(w);
+    EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0)
+        << "worker " << w << ": " << *exited;
+    EXPECT_TRUE(absl::StrContains(WorkerLog(w), "drained: step"))
+        << "worker " << w << " left without handing over:\n"
+        << WorkerLog(w);
+    ASSERT_NO_FATAL_FAILURE(RestartWorker(w));
+  }
+  trainers_thread.join();
+  ASSERT_EQ(restarted_at.size(), static_cast<size_t>(kWorkers))
+      << "training stalled at step " << Slowest(done);
+  int64_t resets = 0;
+  std::map<absl::StatusCode, int> failures;
+  std::map<absl::StatusCode, std::string> first;
+  for (int r = 0; r < trainers(); ++r) {
+    first.insert(loops[r].first.begin(), loops[r].first.end());
+    EXPECT_TRUE(loops[r].finished)
+        << "trainer " << r << " stopped after step " << loops[r].last_done
+        << ": " << loops[r].last_failure;
+    resets += loops[r].resets;
+    for (const auto& [code, count] : loops[r].failures) failures[code] += count;
+  }
+  std::cerr << "restarted workers at steps";
+  for (const int64_t s : restarted_at) std::cerr << " " << s;
+  std::cerr << "; failed attempts, each retried:";
+  for (const auto& [code, count] : failures) {
+    std::cerr << " " << absl::StatusCodeToString(code) << " x" << count;
+  }
+  std::cerr << "\n";
+  for (const auto& [code, message] : first) {
+    std::cerr << "  first " << absl::StatusCodeToString(code) << ": "
+              << message << "\n";
+  }
+  EXPECT_EQ(resets, 0);
+  // Every failure said "retry" (the README's failure table).
+  for (const auto& [code, count] : failures) {
+    EXPECT_TRUE(code == absl::StatusCode::kUnavailable ||
+                code == absl::StatusCode::kAborted ||
+                code == absl::StatusCode::kDeadlineExceeded)
+        << absl::StatusCodeToString(code) << " x" << count << ": "
+        << first[code];
+  }
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  // Momentum is read from its owners of the current plan.
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  ExpectMatchesReference(reference, kExact);
+}
+
+}  // namespace
+}  // namespace muonps
