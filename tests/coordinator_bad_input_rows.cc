@@ -61,6 +61,10 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
   leave.set_instance_id("ik0");
   leave.set_worker_token(tokens_.at("k0"));
   auto l = [&](auto edit) { return Bytes(leave, edit); };
+  v1::DrainWorkerRequest drain;
+  drain.set_job("keep");
+  drain.set_worker_id("k0");
+  auto d = [&](auto edit) { return Bytes(drain, edit); };
   auto job = [](auto request, const std::string& name) {
     request.set_job(name);
     return request.SerializeAsString();
@@ -390,6 +394,14 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
       {"unknown job", "LeaveJob", l([](auto& r) { r.set_job("nope"); }),
        kNotFound, "job"},
       {"empty job", "LeaveJob", l([](auto& r) { r.set_job(""); }), kInvalid,
+       "job"},
+      {"unknown worker", "DrainWorker",
+       d([](auto& r) { r.set_worker_id("k9"); }), kNotFound, "worker_id"},
+      {"space in worker_id", "DrainWorker",
+       d([](auto& r) { r.set_worker_id("k 0"); }), kInvalid, "worker_id"},
+      {"unknown job", "DrainWorker", d([](auto& r) { r.set_job("nope"); }),
+       kNotFound, "job"},
+      {"empty job", "DrainWorker", d([](auto& r) { r.set_job(""); }), kInvalid,
        "job"},
 
       // WatchPlan and GetPlan: jobs and versions.

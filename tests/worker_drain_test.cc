@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <chrono>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -173,6 +174,63 @@ TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
     ASSERT_TRUE(reference.Step(step).ok());
   }
   // Momentum is read from its owners of the current plan.
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  ExpectMatchesReference(reference, kExact);
+}
+
+// An operator's drain (DrainWorker, as `muonps drain` sends it) reaches
+// the worker by its heartbeat: it drains as on SIGTERM and exits 0; started
+// again, it takes its share back, and the run ends bit-identical to one
+// without the drain.
+TEST_F(WorkerDrainTest, AnOperatorsDrainMovesTheMomentumAndTheWorkerExits) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(model_, {.workers = kWorkers,
+                                            .io_timeout_ms = 5000,
+                                            .lease_ttl_ms = 3000,
+                                            .heartbeat_interval_ms = 200}));
+  ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
+  std::vector<std::atomic<int64_t>> done(trainers());
+  for (auto& d : done) d.store(0);
+  std::vector<RetryingLoop> loops;
+  std::thread trainers_thread([&] { loops = RunLoops(&done); });
+  bool drained = WaitForStep(done, 60);
+  if (drained) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::DrainWorkerRequest request;
+    request.set_job(job());
+    request.set_worker_id("w1");
+    v1::DrainWorkerResponse response;
+    const grpc::Status status =
+        coordinator_stub().DrainWorker(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    const absl::StatusOr<int> exited =
+        WaitForWorkerExit(1, absl::Seconds(30));
+    drained = exited.ok();
+    EXPECT_TRUE(exited.ok()) << "w1 did not exit: " << exited.status()
+                             << "\n"
+                             << WorkerLog(1);
+    if (exited.ok()) {
+      EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << *exited;
+      EXPECT_TRUE(absl::StrContains(WorkerLog(1), "the coordinator says"))
+          << WorkerLog(1);
+      EXPECT_TRUE(absl::StrContains(WorkerLog(1), "drained: step"))
+          << WorkerLog(1);
+      RestartWorker(1);
+    }
+  }
+  trainers_thread.join();
+  ASSERT_TRUE(drained);
+  for (int r = 0; r < trainers(); ++r) {
+    EXPECT_TRUE(loops[r].finished)
+        << "trainer " << r << " stopped after step " << loops[r].last_done
+        << ": " << loops[r].last_failure;
+    EXPECT_EQ(loops[r].resets, 0) << "trainer " << r;
+  }
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
   const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
   ASSERT_TRUE(planned.ok()) << planned;
   ExpectMatchesReference(reference, kExact);

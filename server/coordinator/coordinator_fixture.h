@@ -82,6 +82,10 @@ class CredentialedState {
   absl::StatusOr<v1::LeaveJobResponse> LeaveJob(v1::LeaveJobRequest r) {
     return state_.LeaveJob(WithToken(std::move(r)));
   }
+  absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(
+      const v1::DrainWorkerRequest& r) {
+    return state_.DrainWorker(r);
+  }
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers(
       const v1::ListWorkersRequest& r) {
     return state_.ListWorkers(r);

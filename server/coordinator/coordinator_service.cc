@@ -148,6 +148,21 @@ grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* context,
                      });
 }
 
+grpc::Status CoordinatorService::DrainWorker(grpc::ServerContext* context,
+                                             const v1::DrainWorkerRequest* r,
+                                             v1::DrainWorkerResponse* out) {
+  return gate_.Serve(*context, "DrainWorker", out,
+                     [&]() -> absl::StatusOr<v1::DrainWorkerResponse> {
+                       MUONPS_ASSIGN_OR_RETURN(
+                           const int64_t version,
+                           coordinator_->membership().DrainWorker(
+                               DrainRequestFromProto(*r)));
+                       v1::DrainWorkerResponse response;
+                       response.set_plan_version(version);
+                       return response;
+                     });
+}
+
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
                                              const v1::ListWorkersRequest* r,
                                              v1::ListWorkersResponse* out) {

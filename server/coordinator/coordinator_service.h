@@ -56,6 +56,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                          v1::HeartbeatResponse*) override;
   grpc::Status LeaveJob(grpc::ServerContext*, const v1::LeaveJobRequest*,
                         v1::LeaveJobResponse*) override;
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest*,
+                           v1::DrainWorkerResponse*) override;
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
                            v1::ListWorkersResponse*) override;
   grpc::Status WatchPlan(grpc::ServerContext*, const v1::WatchPlanRequest*,

@@ -80,6 +80,10 @@ LeaveRequest LeaveRequestFromProto(const v1::LeaveJobRequest& r) {
           r.drain()};
 }
 
+DrainRequest DrainRequestFromProto(const v1::DrainWorkerRequest& r) {
+  return {r.job(), r.worker_id()};
+}
+
 v1::ListWorkersResponse WorkerListToProto(
     const std::vector<WorkerView>& workers) {
   v1::ListWorkersResponse out;

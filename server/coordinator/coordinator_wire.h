@@ -34,6 +34,7 @@ v1::JoinJobResponse JoinGrantToProto(const JoinGrant& grant);
 HeartbeatRequest HeartbeatRequestFromProto(const v1::HeartbeatRequest& request);
 v1::HeartbeatResponse HeartbeatReplyToProto(const HeartbeatReply& reply);
 LeaveRequest LeaveRequestFromProto(const v1::LeaveJobRequest& request);
+DrainRequest DrainRequestFromProto(const v1::DrainWorkerRequest& request);
 v1::ListWorkersResponse WorkerListToProto(
     const std::vector<WorkerView>& workers);
 

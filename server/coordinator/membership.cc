@@ -147,17 +147,32 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
   return HeartbeatReply{options_.lease_ttl, latest, worker->draining};
 }
 
-absl::StatusOr<int64_t> Membership::Drain(const LeaveRequest& r) {
+absl::StatusOr<int64_t> Membership::DrainWorker(const DrainRequest& r) {
+  MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id, "worker_id"));
+  return Drain(
+      r.job, r.worker_id,
+      [&r](JobRecord* job) -> absl::StatusOr<WorkerRecord*> {
+        WorkerRecord* worker = job->members.Find(r.worker_id);
+        if (worker == nullptr) {
+          return FieldError(absl::StatusCode::kNotFound, "worker_id",
+                            absl::StrCat(Quoted(r.worker_id),
+                                         " is not a member of job ",
+                                         Quoted(r.job)));
+        }
+        return worker;
+      });
+}
+
+absl::StatusOr<int64_t> Membership::Drain(
+    const std::string& job_name, const std::string& worker_id,
+    const std::function<absl::StatusOr<WorkerRecord*>(JobRecord*)>& member) {
   uint64_t incarnation = 0;
   int64_t generation = 0, seq = 0;
   std::string token;
   {
     absl::MutexLock lock(table_->mutex());
-    MUONPS_ASSIGN_OR_RETURN(JobRecord * job, table_->Find(r.job));
-    MUONPS_ASSIGN_OR_RETURN(
-        WorkerRecord * worker,
-        job->members.AuthenticateLease(r.job, r.worker_id, r.worker_token,
-                                       r.instance_id));
+    MUONPS_ASSIGN_OR_RETURN(JobRecord * job, table_->Find(job_name));
+    MUONPS_ASSIGN_OR_RETURN(WorkerRecord * worker, member(job));
     incarnation = job->incarnation;
     token = worker->token;
     if (worker->draining) {
@@ -166,53 +181,59 @@ absl::StatusOr<int64_t> Membership::Drain(const LeaveRequest& r) {
     } else {
       bool others = false;
       for (const std::string& id : job->members.join_order()) {
-        others |= id != r.worker_id && !job->members.at(id).draining;
+        others |= id != worker_id && !job->members.at(id).draining;
       }
       if (!others) {
         return FieldError(
             absl::StatusCode::kFailedPrecondition, "drain",
-            absl::StrCat("worker ", Quoted(r.worker_id), " of job ",
-                         Quoted(r.job),
+            absl::StrCat("worker ", Quoted(worker_id), " of job ",
+                         Quoted(job_name),
                          " is the last that can own matrices: no worker "
                          "can take its momentum; leave without drain (its "
                          "momentum then survives in checkpoints only)"));
       }
       seq = queue_->Enqueue(
-          {job->members.SetDraining(r.job, r.worker_id, true)});
-      spdlog::info("job={} worker={} draining", r.job, r.worker_id);
+          {job->members.SetDraining(job_name, worker_id, true)});
+      spdlog::info("job={} worker={} draining", job_name, worker_id);
     }
     generation = job->members.generation();
   }
   MUONPS_RETURN_IF_ERROR(queue_->Persist(seq));
   absl::StatusOr<int64_t> planned =
-      plans_->PlanAtLeast(r.job, incarnation, generation);
+      plans_->PlanAtLeast(job_name, incarnation, generation);
   if (planned.ok() || planned.status().code() == absl::StatusCode::kNotFound) {
     return planned;
   }
   // No plan can do without it (the others lack the memory): undo.
   {
     absl::MutexLock lock(table_->mutex());
-    JobRecord* job = table_->FindIncarnation(r.job, incarnation);
+    JobRecord* job = table_->FindIncarnation(job_name, incarnation);
     WorkerRecord* worker =
-        job == nullptr ? nullptr : job->members.Find(r.worker_id);
+        job == nullptr ? nullptr : job->members.Find(worker_id);
     if (worker == nullptr || worker->token != token || !worker->draining) {
       return planned.status();
     }
     seq = queue_->Enqueue(
-        {job->members.SetDraining(r.job, r.worker_id, false)});
+        {job->members.SetDraining(job_name, worker_id, false)});
     generation = job->members.generation();
   }
-  spdlog::warn("job={} worker={} drain undone: {}", r.job, r.worker_id,
+  spdlog::warn("job={} worker={} drain undone: {}", job_name, worker_id,
                planned.status().ToString());
   if (queue_->Persist(seq).ok()) {
-    (void)plans_->PlanAtLeast(r.job, incarnation, generation);
+    (void)plans_->PlanAtLeast(job_name, incarnation, generation);
   }
   return planned.status();
 }
 
 absl::StatusOr<int64_t> Membership::LeaveJob(const LeaveRequest& r) {
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id, "worker_id"));
-  if (r.drain) return Drain(r);
+  if (r.drain) {
+    return Drain(r.job, r.worker_id,
+                 [&r](JobRecord* job) -> absl::StatusOr<WorkerRecord*> {
+                   return job->members.AuthenticateLease(
+                       r.job, r.worker_id, r.worker_token, r.instance_id);
+                 });
+  }
   uint64_t incarnation = 0;
   int64_t generation = 0, seq = 0;
   {

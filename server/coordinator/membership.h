@@ -11,6 +11,7 @@
 #define MUONPS_SERVER_COORDINATOR_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,12 @@ struct LeaveRequest {
   std::string worker_token;
   // Drain: stay a member that owns nothing until leaving without drain.
   bool drain = false;
+};
+
+// An operator's drain of a member (DrainWorker).
+struct DrainRequest {
+  std::string job;
+  std::string worker_id;
 };
 
 // A member as ListWorkers shows it.
@@ -112,6 +119,12 @@ class Membership {
   // undone. Errors as Heartbeat's, and UNAVAILABLE.
   absl::StatusOr<int64_t> LeaveJob(const LeaveRequest& request);
 
+  // Marks the member draining as LeaveJob with drain does, for an operator
+  // (the service's bearer token is the authentication: a drain loses
+  // nothing). NOT_FOUND naming worker_id for a non-member. The worker
+  // learns it from its next heartbeat.
+  absl::StatusOr<int64_t> DrainWorker(const DrainRequest& request);
+
   // The members of `job` ("" for every job), each job's in join order.
   // NOT_FOUND naming job.
   absl::StatusOr<std::vector<WorkerView>> ListWorkers(const std::string& job);
@@ -121,8 +134,11 @@ class Membership {
   std::vector<std::string> ExpireLeases();
 
  private:
-  // LeaveJob with drain.
-  absl::StatusOr<int64_t> Drain(const LeaveRequest& request);
+  // Marks `worker_id` of `job` draining and re-plans (LeaveJob's drain
+  // rules); `member` finds and authenticates it, under the table's mutex.
+  absl::StatusOr<int64_t> Drain(
+      const std::string& job, const std::string& worker_id,
+      const std::function<absl::StatusOr<WorkerRecord*>(JobRecord*)>& member);
 
   const CoordinatorOptions& options_;
   const Clock& clock_;

@@ -329,6 +329,34 @@ TEST_F(CoordinatorTest, ADrainingWorkerStaysARankThatOwnsNothingUntilItLeaves) {
   EXPECT_THAT(plan.workers(), ElementsAre("w1"));
 }
 
+// An operator's drain (DrainWorker, `muonps drain`) marks the worker as
+// LeaveJob with drain does, and the worker learns it from its next
+// heartbeat.
+TEST_F(CoordinatorTest, AnOperatorDrainReachesTheWorkerByItsHeartbeat) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  JoinOk("x", "w1");
+  JoinOk("x", "w2");
+  v1::DrainWorkerRequest drain;
+  drain.set_job("x");
+  drain.set_worker_id("w9");
+  EXPECT_THAT(state_->DrainWorker(drain).status(),
+              StatusIs(absl::StatusCode::kNotFound, "\"w9\""));
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  EXPECT_FALSE(state_->Heartbeat(Beat("x", "w1", 2))->draining());
+  drain.set_worker_id("w1");
+  absl::StatusOr<v1::DrainWorkerResponse> drained = state_->DrainWorker(drain);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->plan_version(), 3);
+  EXPECT_TRUE(OwnedBy(CurrentPlan("x"), "w1").empty());
+  EXPECT_TRUE(state_->Heartbeat(Beat("x", "w1", 3))->draining());
+  // The worker's own drain, when it hears of it, answers the same version.
+  v1::LeaveJobRequest leave = Leave("x", "w1");
+  leave.set_drain(true);
+  absl::StatusOr<v1::LeaveJobResponse> own = state_->LeaveJob(leave);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->plan_version(), 3);
+}
+
 TEST_F(CoordinatorTest, LastWorkerLeavingLeavesNoCurrentPlanButKeepsHistory) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
   JoinOk("x", "w1");

@@ -87,6 +87,10 @@ class ServedCoordinator {
   absl::StatusOr<v1::LeaveJobResponse> LeaveJob(const v1::LeaveJobRequest& r) {
     return Call<v1::LeaveJobResponse>(&CoordinatorService::LeaveJob, r);
   }
+  absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(
+      const v1::DrainWorkerRequest& r) {
+    return Call<v1::DrainWorkerResponse>(&CoordinatorService::DrainWorker, r);
+  }
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers(
       const v1::ListWorkersRequest& r) {
     return Call<v1::ListWorkersResponse>(&CoordinatorService::ListWorkers, r);

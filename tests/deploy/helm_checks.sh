@@ -161,6 +161,31 @@ else
   fail "GPU pool over CUDA IPC: colocated with its trainers, host IPC"
 fi
 
+echo "== workers drain before they stop: rolling updates and scale-downs lose no momentum"
+if grep -q -- '--drain_timeout=60s' "$work/nccl-pool.yaml" &&
+   grep -q 'terminationGracePeriodSeconds: 75' "$work/nccl-pool.yaml" &&
+   grep -q 'type: RollingUpdate' "$work/nccl-pool.yaml" &&
+   grep -q 'minReadySeconds: 10' "$work/nccl-pool.yaml" &&
+   grep -A14 'kind: PodDisruptionBudget' "$work/nccl-pool.yaml" | grep -q 'maxUnavailable: 1'; then
+  pass "pool: --drain_timeout, a grace period above it, one pod at a time, a PodDisruptionBudget"
+else
+  fail "pool: --drain_timeout, a grace period above it, one pod at a time, a PodDisruptionBudget"
+fi
+if ((trainer_ok)) && grep -q -- '--drain_timeout=60s' "$work/trainer-gpu.yaml" &&
+   grep -q 'terminationGracePeriodSeconds: 75' "$work/trainer-gpu.yaml"; then
+  pass "sidecar: --drain_timeout and a grace period above it"
+else
+  fail "sidecar: --drain_timeout and a grace period above it"
+fi
+"$helm" template muonps "$chart" --set workers.job=llama --set workers.pool.enabled=true \
+  --set workers.drainTimeoutSeconds=0 >"$work/no-drain.yaml"
+if grep -q -- '--drain_timeout=0s' "$work/no-drain.yaml" &&
+   grep -q 'terminationGracePeriodSeconds: 15' "$work/no-drain.yaml"; then
+  pass "workers.drainTimeoutSeconds=0 leaves at once"
+else
+  fail "workers.drainTimeoutSeconds=0 leaves at once"
+fi
+
 echo "== the coordinator's durable state on its PVC"
 "$helm" template muonps "$chart" --set coordinator.persistence.enabled=true >"$work/persistent.yaml"
 if grep -q -- '--state_dir=/var/lib/muonps/state' "$work/persistent.yaml" &&

@@ -4,6 +4,8 @@
 //   muonps workers --coordinator ADDR [--job NAME] [--json]
 //   muonps create-job --coordinator ADDR --spec FILE   (a JobSpec as JSON)
 //   muonps delete-job --coordinator ADDR --job NAME
+//   muonps drain   --coordinator ADDR --job NAME --worker ID   (the worker
+//                  hands its momentum over at the next step, then leaves)
 //   muonps health  --coordinator ADDR [--service NAME]   (grpc.health.v1;
 //                  exits 0 only when SERVING; NAME defaults to
 //                  muonps.v1.Coordinator, "" asks for the whole server)
@@ -45,6 +47,7 @@ ABSL_FLAG(std::string, tls_key_file, "",
 ABSL_FLAG(std::string, job_token_file, "",
           "create-job writes the job's token here (mode 0600; printed when "
           "unset); delete-job reads it.");
+ABSL_FLAG(std::string, worker, "", "drain: the worker's id.");
 ABSL_FLAG(int64_t, version, 0, "Plan version (0: the latest).");
 ABSL_FLAG(bool, json, false, "Print JSON instead of a table.");
 ABSL_FLAG(int, timeout_ms, 10000, "Deadline of the call.");
@@ -195,9 +198,23 @@ int Run(const std::string& command) {
     std::printf("deleted %s\n", request.job().c_str());
     return 0;
   }
+  if (command == "drain") {
+    v1::DrainWorkerRequest request;
+    request.set_job(absl::GetFlag(FLAGS_job));
+    request.set_worker_id(absl::GetFlag(FLAGS_worker));
+    v1::DrainWorkerResponse response;
+    const grpc::Status status = stub->DrainWorker(&context, request, &response);
+    if (!status.ok()) return Fail(status, call);
+    std::printf(
+        "draining %s of %s: it owns nothing from plan version %lld, hands its "
+        "momentum over at the next step, then leaves\n",
+        request.worker_id().c_str(), request.job().c_str(),
+        static_cast<long long>(response.plan_version()));
+    return 0;
+  }
   std::fprintf(stderr,
                "unknown command \"%s\": plan, jobs, workers, create-job, "
-               "delete-job\n",
+               "delete-job, drain\n",
                command.c_str());
   return 2;
 }
@@ -213,6 +230,7 @@ int main(int argc, char** argv) {
       "  muonps workers --coordinator ADDR [--job NAME] [--json]\n"
       "  muonps create-job --coordinator ADDR --spec FILE\n"
       "  muonps delete-job --coordinator ADDR --job NAME\n"
+      "  muonps drain   --coordinator ADDR --job NAME --worker ID\n"
       "  muonps health  --coordinator ADDR [--service NAME]");
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {

@@ -98,7 +98,10 @@ std::string WorkersTable(const v1::ListWorkersResponse& workers) {
   bool far_off = false;
   for (const v1::WorkerInfo& w : workers.workers()) {
     absl::StrAppendFormat(&out, "%-16s %-24s %-6s %-20s %12s %7d ms %6d ",
-                          w.job(), w.worker_id(), w.device().kind(),
+                          w.job(),
+                          w.draining() ? w.worker_id() + "(draining)"
+                                       : w.worker_id(),
+                          w.device().kind(),
                           w.device().host(), Bytes(w.device().memory_bytes()),
                           w.lease_remaining_ms(), w.plan_version());
     if (!w.has_last_step()) {

@@ -80,6 +80,16 @@ TEST(WorkersTableTest, ShowsLastStepComputeBesidePredictionAndError) {
                           "5500", "ms", "3", "-", "-", "-", "-"}));
 }
 
+TEST(WorkersTableTest, MarksADrainingWorker) {
+  v1::ListWorkersResponse workers = TwoWorkers();
+  workers.mutable_workers(1)->set_draining(true);
+  const std::vector<std::vector<std::string>> lines =
+      Cells(WorkersTable(workers));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1][1], "w0");
+  EXPECT_EQ(lines[2][1], "w1(draining)");
+}
+
 TEST(WorkersTableTest, NoPredictionShowsNoError) {
   v1::ListWorkersResponse workers = TwoWorkers();
   workers.mutable_workers(0)->mutable_last_step()->set_predicted_ns_seconds(0);

@@ -133,7 +133,9 @@ class LocalService:
                     find_binary("muonps-worker", environ), "--coordinator",
                     self.coordinator, "--job", self.job, "--worker_id",
                     worker_id, "--socket", self.socket, "--metrics_port", "-1",
-                    "--device", device])
+                    "--device", device,
+                    # The job ends with this service: nothing to hand over.
+                    "--drain_timeout", "0s"])
                 self._wait_for(worker, r"listening on unix:(\S+)", timeout)
         except BaseException:
             self.close()

@@ -56,6 +56,7 @@ muonps.io/job: {{ include "muonps.sidecar.job" . | quote }}
 {{- $ctx := fromYaml (include "muonps.sidecar.ctx" .) -}}
 {{- $s := $ctx.Values.workers.sidecar -}}
 shareProcessNamespace: {{ $s.shareProcessNamespace }}
+terminationGracePeriodSeconds: {{ add (int $ctx.Values.workers.drainTimeoutSeconds) 15 }}
 {{- if $s.hostIPC }}
 hostIPC: true
 {{- end }}
@@ -149,6 +150,7 @@ worker start after it, so it has the GPU to itself. */}}
     - --metrics_address=$(POD_IP):{{ $v.workers.metricsPort }}
     - --metrics_token_file=/var/run/muonps-metrics/token
     - --io_timeout_ms={{ int64 $v.workers.ioTimeoutMs }}
+    - --drain_timeout={{ int $v.workers.drainTimeoutSeconds }}s
     - --log_level={{ $v.workers.logLevel }}
     {{- with include "muonps.costTable.file" $ctx }}
     - --cost_table={{ . }}
