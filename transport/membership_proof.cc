@@ -81,6 +81,23 @@ absl::StatusOr<MembershipProof> ProveMembership(
   return proof;
 }
 
+absl::StatusOr<FrameKey> DeriveFrameKey(absl::string_view secret,
+                                        ProvingSide sender,
+                                        const HandshakeTranscript& transcript) {
+  const std::string message =
+      absl::StrCat("muonps frame key", std::string(1, '\0'),
+                   Encode(sender, transcript));
+  FrameKey key = {};
+  unsigned int length = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), key.data(), &length) == nullptr ||
+      length != key.size()) {
+    return absl::InternalError("HMAC-SHA256 of the frame key failed");
+  }
+  return key;
+}
+
 bool VerifyMembership(absl::string_view secret, ProvingSide side,
                       const HandshakeTranscript& transcript,
                       const MembershipProof& proof) {

@@ -64,6 +64,15 @@ bool VerifyMembership(absl::string_view secret, ProvingSide side,
                       const HandshakeTranscript& transcript,
                       const MembershipProof& proof);
 
+// The key of the frames `sender` sends on the connection of `transcript`
+// (frame_auth.h): HMAC-SHA256 keyed by `secret` over a label of its own,
+// the side and the transcript. Each direction of each connection gets its
+// own key, fresh with the handshake's nonces, and no key is a proof.
+// INTERNAL if libcrypto fails.
+absl::StatusOr<FrameKey> DeriveFrameKey(absl::string_view secret,
+                                        ProvingSide sender,
+                                        const HandshakeTranscript& transcript);
+
 }  // namespace transport
 }  // namespace muonps
 

@@ -84,8 +84,8 @@ bool Pump(PendingHandshake& pending, bool* closed) {
 class HelloAcceptor {
  public:
   HelloAcceptor(const Socket& listener, const MeshParams& params,
-                std::vector<Socket>* sockets)
-      : listener_(listener), params_(params), sockets_(*sockets) {
+                std::vector<Connection>* connections)
+      : listener_(listener), params_(params), sockets_(*connections) {
     for (int peer = params.rank + 1; peer < params.world; ++peer) {
       if (!sockets_[peer].valid()) ++missing_;
     }
@@ -105,7 +105,7 @@ class HelloAcceptor {
 
   const Socket& listener_;
   const MeshParams& params_;
-  std::vector<Socket>& sockets_;
+  std::vector<Connection>& sockets_;
   int missing_ = 0;
   std::string last_refusal_;
   std::vector<std::unique_ptr<PendingHandshake>> pending_;
@@ -281,11 +281,20 @@ void HelloAcceptor::CheckConfirmation(PendingHandshake& pending) {
     pending.socket.Close();
     return;
   }
+  absl::StatusOr<FrameKey> send =
+      DeriveFrameKey(params_.secret, ProvingSide::kAcceptingRank, transcript);
+  absl::StatusOr<FrameKey> receive =
+      DeriveFrameKey(params_.secret, ProvingSide::kConnectingRank, transcript);
+  if (!send.ok() || !receive.ok()) {
+    Drop(pending, "its frame keys could not be derived");
+    return;
+  }
   // A rank opens a second connection to this one only after giving up on
   // the first, so the newest confirmed one is the live one.
-  Socket& slot = sockets_[hello.from_rank];
+  Connection& slot = sockets_[hello.from_rank];
   if (!slot.valid()) --missing_;
-  slot = std::move(pending.socket);
+  slot.socket = std::move(pending.socket);
+  slot.keys = {*send, *receive};
 }
 
 void HelloAcceptor::Drop(PendingHandshake& pending, const char* why) {
@@ -313,8 +322,8 @@ absl::Status HelloAcceptor::Missing() const {
 }  // namespace
 
 absl::Status AcceptHigherRanks(const Socket& listener, const MeshParams& params,
-                               std::vector<Socket>* sockets) {
-  return HelloAcceptor(listener, params, sockets).Run();
+                               std::vector<Connection>* connections) {
+  return HelloAcceptor(listener, params, connections).Run();
 }
 
 }  // namespace transport

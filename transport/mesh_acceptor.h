@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "transport/frame_auth.h"
 #include "transport/socket_io.h"
 
 namespace muonps {
@@ -53,14 +54,15 @@ struct MeshParams {
 
 // Accepts ranks (params.rank, params.world) on `listener` until each has
 // completed the handshake, storing each connection (non-blocking) at
-// (*sockets)[peer rank]; `sockets` has params.world entries. OK once every
+// (*connections)[peer rank] with its frame keys (frame_auth.h);
+// `connections` has params.world entries. OK once every
 // higher rank is connected; when params.deadline passes first,
 // FAILED_PRECONDITION if a hello was refused or failed the membership proof
 // (the message says which, the last one seen), DEADLINE_EXCEEDED otherwise,
 // naming the missing ranks. UNAVAILABLE if the listener fails, INTERNAL if
 // poll() or libcrypto does.
 absl::Status AcceptHigherRanks(const Socket& listener, const MeshParams& params,
-                               std::vector<Socket>* sockets);
+                               std::vector<Connection>* connections);
 
 }  // namespace transport
 }  // namespace muonps

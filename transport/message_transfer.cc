@@ -19,19 +19,29 @@ struct PeerState {
   std::vector<const OutgoingMessage*> outgoing;
   std::vector<const IncomingMessage*> incoming;
   size_t next_out = 0;
-  size_t out_offset = 0;  // Of header and payload of outgoing[next_out].
+  // Of header, payload and tag of outgoing[next_out].
+  size_t out_offset = 0;
   unsigned char out_header[kFrameHeaderBytes] = {};
+  FrameTag out_tag = {};
   size_t next_in = 0;
-  size_t in_offset = 0;  // Of header and payload of incoming[next_in].
+  // Of header, payload and tag of incoming[next_in].
+  size_t in_offset = 0;
   unsigned char in_header[kFrameHeaderBytes] = {};
+  FrameTag in_tag = {};
   Deadline deadline;
 
   bool sending() const { return next_out < outgoing.size(); }
   bool receiving() const { return next_in < incoming.size(); }
 };
 
-size_t PayloadDone(size_t offset) {
-  return offset > kFrameHeaderBytes ? offset - kFrameHeaderBytes : 0;
+size_t PayloadDone(size_t offset, uint64_t bytes) {
+  return offset > kFrameHeaderBytes
+             ? std::min<size_t>(offset - kFrameHeaderBytes, bytes)
+             : 0;
+}
+
+size_t FrameBytes(const FrameHeader& header) {
+  return kFrameHeaderBytes + header.bytes + kFrameTagBytes;
 }
 
 std::string DescribeProgress(const PeerState& state) {
@@ -40,15 +50,15 @@ std::string DescribeProgress(const PeerState& state) {
     const FrameHeader& header = state.outgoing[state.next_out]->header;
     absl::StrAppend(&text, "sending ", MessageKindName(header.kind),
                     " message #", header.sequence, " (",
-                    PayloadDone(state.out_offset), " of ", header.bytes,
-                    " bytes)");
+                    PayloadDone(state.out_offset, header.bytes), " of ",
+                    header.bytes, " bytes)");
   }
   if (state.receiving()) {
     const FrameHeader& header = state.incoming[state.next_in]->expected;
     absl::StrAppend(&text, text.empty() ? "" : ", ", "receiving ",
                     MessageKindName(header.kind), " message #", header.sequence,
-                    " (", PayloadDone(state.in_offset), " of ", header.bytes,
-                    " bytes)");
+                    " (", PayloadDone(state.in_offset, header.bytes), " of ",
+                    header.bytes, " bytes)");
   }
   return text;
 }
@@ -86,25 +96,37 @@ absl::Status CheckHeader(int peer, const PeerState& state) {
 }
 
 // Sends what the kernel takes without blocking; `moved` when any byte went.
-absl::Status PumpOut(int fd, int peer, PeerState& state, bool* moved) {
+absl::Status PumpOut(const Connection& connection, int peer,
+                     PeerState& state, bool* moved) {
+  const int fd = connection.socket.fd();
   while (state.sending()) {
     const OutgoingMessage& message = *state.outgoing[state.next_out];
     if (state.out_offset == 0) {
       EncodeFrameHeader(message.header, state.out_header);
+      absl::StatusOr<FrameTag> tag =
+          TagFrame(connection.keys.send, message.header, message.data,
+                   message.header.bytes);
+      if (!tag.ok()) return tag.status();
+      state.out_tag = *tag;
     }
-    iovec parts[2];
+    iovec parts[3];
     int count = 0;
     if (state.out_offset < kFrameHeaderBytes) {
       parts[count++] = {state.out_header + state.out_offset,
                         kFrameHeaderBytes - state.out_offset};
     }
-    const size_t done = PayloadDone(state.out_offset);
+    const size_t done = PayloadDone(state.out_offset, message.header.bytes);
     if (done < message.header.bytes) {
       // sendmsg() only reads the payload; iovec just lacks a const member.
       parts[count++] = {
           const_cast<char*>(static_cast<const char*>(message.data)) + done,
           message.header.bytes - done};
     }
+    const size_t tag_start = kFrameHeaderBytes + message.header.bytes;
+    const size_t tag_done =
+        state.out_offset > tag_start ? state.out_offset - tag_start : 0;
+    parts[count++] = {state.out_tag.data() + tag_done,
+                      kFrameTagBytes - tag_done};
     msghdr header = {};
     header.msg_iov = parts;
     header.msg_iovlen = count;
@@ -118,7 +140,7 @@ absl::Status PumpOut(int fd, int peer, PeerState& state, bool* moved) {
     }
     *moved = true;
     state.out_offset += static_cast<size_t>(sent);
-    if (state.out_offset == kFrameHeaderBytes + message.header.bytes) {
+    if (state.out_offset == FrameBytes(message.header)) {
       ++state.next_out;
       state.out_offset = 0;
     }
@@ -129,17 +151,24 @@ absl::Status PumpOut(int fd, int peer, PeerState& state, bool* moved) {
 // Receives what has arrived without blocking; `moved` when any byte came.
 // A message's header is read whole and checked before any byte of its
 // payload is read, so a garbled or unexpected frame never touches `data`.
-absl::Status PumpIn(int fd, int peer, PeerState& state, bool* moved) {
+absl::Status PumpIn(const Connection& connection, int peer, PeerState& state,
+                    bool* moved) {
+  const int fd = connection.socket.fd();
   while (state.receiving()) {
     const IncomingMessage& message = *state.incoming[state.next_in];
+    const uint64_t bytes = message.expected.bytes;
+    const size_t tag_start = kFrameHeaderBytes + bytes;
     const bool in_header = state.in_offset < kFrameHeaderBytes;
+    const bool in_tag = state.in_offset >= tag_start;
     char* into =
-        in_header
-            ? reinterpret_cast<char*>(state.in_header) + state.in_offset
-            : static_cast<char*>(message.data) + PayloadDone(state.in_offset);
-    const size_t want =
-        in_header ? kFrameHeaderBytes - state.in_offset
-                  : message.expected.bytes - PayloadDone(state.in_offset);
+        in_header ? reinterpret_cast<char*>(state.in_header) + state.in_offset
+        : in_tag  ? reinterpret_cast<char*>(state.in_tag.data()) +
+                       (state.in_offset - tag_start)
+                  : static_cast<char*>(message.data) +
+                       PayloadDone(state.in_offset, bytes);
+    const size_t want = in_header ? kFrameHeaderBytes - state.in_offset
+                        : in_tag  ? FrameBytes(message.expected) - state.in_offset
+                                  : bytes - PayloadDone(state.in_offset, bytes);
     const ssize_t got = recv(fd, into, want, 0);
     if (got == 0) return Lost(peer, state, "closed the connection");
     if (got < 0) {
@@ -155,7 +184,15 @@ absl::Status PumpIn(int fd, int peer, PeerState& state, bool* moved) {
       absl::Status header = CheckHeader(peer, state);
       if (!header.ok()) return header;
     }
-    if (state.in_offset == kFrameHeaderBytes + message.expected.bytes) {
+    if (state.in_offset == FrameBytes(message.expected)) {
+      if (!FrameTagMatches(connection.keys.receive, message.expected,
+                           message.data, bytes, state.in_tag)) {
+        return absl::UnauthenticatedError(absl::StrCat(
+            "peer rank ", peer, "'s ", MessageKindName(message.expected.kind),
+            " message #", message.expected.sequence, " of ", bytes,
+            " bytes failed its authentication (its tag does not match: bytes "
+            "altered or injected on the way); its payload is not used"));
+      }
       ++state.next_in;
       state.in_offset = 0;
     }
@@ -165,15 +202,15 @@ absl::Status PumpIn(int fd, int peer, PeerState& state, bool* moved) {
 
 }  // namespace
 
-absl::Status TransferMessages(const std::vector<Socket>& sockets,
+absl::Status TransferMessages(const std::vector<Connection>& connections,
                               const std::vector<OutgoingMessage>& outgoing,
                               const std::vector<IncomingMessage>& incoming,
                               absl::Duration io_timeout,
                               absl::Duration call_timeout) {
-  const int world = static_cast<int>(sockets.size());
-  std::vector<PeerState> states(sockets.size());
+  const int world = static_cast<int>(connections.size());
+  std::vector<PeerState> states(connections.size());
   const auto connected = [&](int peer) {
-    return peer >= 0 && peer < world && sockets[peer].valid();
+    return peer >= 0 && peer < world && connections[peer].valid();
   };
   for (const OutgoingMessage& message : outgoing) {
     if (!connected(message.peer)) {
@@ -206,7 +243,7 @@ absl::Status TransferMessages(const std::vector<Socket>& sockets,
       if (!state.sending() && !state.receiving()) continue;
       const short events = static_cast<short>((state.sending() ? POLLOUT : 0) |
                                               (state.receiving() ? POLLIN : 0));
-      polled.push_back({sockets[peer].fd(), events, 0});
+      polled.push_back({connections[peer].socket.fd(), events, 0});
       polled_peer.push_back(peer);
       earliest = std::min(earliest, state.deadline);
     }
@@ -225,11 +262,11 @@ absl::Status TransferMessages(const std::vector<Socket>& sockets,
       }
       bool moved = false;
       if (state.receiving() && (events & (POLLIN | POLLHUP | POLLERR))) {
-        absl::Status status = PumpIn(polled[i].fd, peer, state, &moved);
+        absl::Status status = PumpIn(connections[peer], peer, state, &moved);
         if (!status.ok()) return status;
       }
       if (state.sending() && (events & (POLLOUT | POLLHUP | POLLERR))) {
-        absl::Status status = PumpOut(polled[i].fd, peer, state, &moved);
+        absl::Status status = PumpOut(connections[peer], peer, state, &moved);
         if (!status.ok()) return status;
       }
       if (moved) {

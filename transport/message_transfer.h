@@ -3,7 +3,8 @@
 // loop on the calling thread, so ranks that all send large messages before
 // receiving cannot block one another on full socket buffers; messages to one
 // peer go out, and messages from one peer are expected, in the order given.
-// Each message travels as a FrameHeader (wire_format.h) and its payload.
+// Each message travels as a FrameHeader (wire_format.h), its payload and its
+// tag (frame_auth.h), under the connection's keys.
 // Thread-compatible: one batch per set of connections at a time.
 #ifndef MUONPS_TRANSPORT_MESSAGE_TRANSFER_H_
 #define MUONPS_TRANSPORT_MESSAGE_TRANSFER_H_
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "transport/frame_auth.h"
 #include "transport/socket_io.h"
 #include "transport/wire_format.h"
 
@@ -35,7 +37,8 @@ struct IncomingMessage {
 };
 
 // Sends every `outgoing` and receives every `incoming` message over
-// `sockets` (indexed by rank; non-blocking, valid for every peer named).
+// `connections` (indexed by rank; non-blocking, valid for every peer
+// named), each tagged with the sending direction's key.
 // OK once every outgoing message is handed to the kernel whole and every
 // incoming one has arrived whole. Otherwise the first failure, naming the
 // peer rank and the message: UNAVAILABLE when the peer closed or reset the
@@ -45,13 +48,16 @@ struct IncomingMessage {
 // it); DATA_LOSS when the bytes where a frame header belongs are not one
 // (bad magic); INTERNAL when an arriving header is not the expected one
 // (kind, sequence number or length differ: the ranks issued different
-// calls, or a peer sent more than the receiver expects). Every header is
+// calls, or a peer sent more than the receiver expects); UNAUTHENTICATED
+// naming the peer rank and the message when its tag does not verify (its
+// bytes were altered or injected on the way: its payload must not be used).
+// Every header is
 // read whole and checked before any payload byte is read, so after a
 // failure an incoming buffer whose header failed its check, or had not yet
 // arrived, is untouched; one whose payload had begun to arrive holds
 // unspecified bytes. The connections on which messages were left partly
 // moved are out of step.
-absl::Status TransferMessages(const std::vector<Socket>& sockets,
+absl::Status TransferMessages(const std::vector<Connection>& connections,
                               const std::vector<OutgoingMessage>& outgoing,
                               const std::vector<IncomingMessage>& incoming,
                               absl::Duration io_timeout,

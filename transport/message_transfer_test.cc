@@ -1,7 +1,9 @@
 // TransferMessages against hand-written frames over real loopback sockets:
 // a garbled or oversized frame fails that transfer precisely and leaves the
-// receiving buffer untouched, the receiver goes on exchanging with another
-// rank, and a peer trickling bytes cannot stretch a call past call_timeout.
+// receiving buffer untouched, a frame whose tag does not verify (altered,
+// injected, or tagged for another connection) is refused naming the peer,
+// the receiver goes on exchanging with another rank, and a peer trickling
+// bytes cannot stretch a call past call_timeout.
 #include "transport/message_transfer.h"
 
 #include <atomic>
@@ -29,6 +31,15 @@ constexpr unsigned char kUntouched = 0xAB;
 
 Deadline Soon() { return DeadlineAfter(absl::Seconds(5)); }
 
+// The key of the frames rank `from` sends to rank `to` in these tests.
+FrameKey KeyOf(int from, int to) {
+  FrameKey key = {};
+  key[0] = static_cast<unsigned char>(from);
+  key[1] = static_cast<unsigned char>(to);
+  key[31] = 0x5A;
+  return key;
+}
+
 // Rank 0 of three: `sockets` are its ends of connections to ranks 1 and 2,
 // `far[peer]` the other ends, which the test writes by hand.
 class MessageTransferTest : public ::testing::Test {
@@ -46,17 +57,26 @@ class MessageTransferTest : public ::testing::Test {
       absl::StatusOr<Socket> near = AcceptBefore(*listener, Soon());
       ASSERT_TRUE(near.ok()) << near.status();
       far_[peer] = *std::move(far);
-      sockets_[peer] = *std::move(near);
+      sockets_[peer].socket = *std::move(near);
+      sockets_[peer].keys = {KeyOf(0, peer), KeyOf(peer, 0)};
     }
   }
 
+  // A frame from `peer`, tagged with `key` (by default its own key
+  // towards rank 0).
   void SendFrame(int peer, const FrameHeader& header, const void* payload,
-                 size_t bytes) {
+                 size_t bytes, const FrameKey* key = nullptr) {
     unsigned char encoded[kFrameHeaderBytes];
     EncodeFrameHeader(header, encoded);
     ASSERT_TRUE(
         WriteAllBefore(far_[peer], encoded, sizeof(encoded), Soon()).ok());
     ASSERT_TRUE(WriteAllBefore(far_[peer], payload, bytes, Soon()).ok());
+    const FrameKey own = KeyOf(peer, 0);
+    absl::StatusOr<FrameTag> tag =
+        TagFrame(key != nullptr ? *key : own, header, payload, bytes);
+    ASSERT_TRUE(tag.ok()) << tag.status();
+    ASSERT_TRUE(WriteAllBefore(far_[peer], tag->data(), tag->size(), Soon())
+                    .ok());
   }
 
   absl::Status ReceiveFrom(int peer, std::vector<unsigned char>& buffer,
@@ -96,9 +116,13 @@ class MessageTransferTest : public ::testing::Test {
     std::vector<unsigned char> out(kPayload);
     ASSERT_TRUE(ReadAllBefore(far_[2], out.data(), out.size(), Soon()).ok());
     EXPECT_EQ(out, to2);
+    FrameTag tag;
+    ASSERT_TRUE(ReadAllBefore(far_[2], tag.data(), tag.size(), Soon()).ok());
+    EXPECT_TRUE(FrameTagMatches(KeyOf(0, 2), decoded, out.data(), out.size(),
+                                tag));
   }
 
-  std::vector<Socket> sockets_;
+  std::vector<Connection> sockets_;
   std::vector<Socket> far_;
 };
 
@@ -151,6 +175,53 @@ TEST_F(MessageTransferTest, WrongSequenceNumberFailsBeforeAnyPayloadByte) {
                                       HasSubstr("sequence number differs")));
   EXPECT_THAT(buffer, Each(kUntouched));
   ExpectExchangeWithRank2();
+}
+
+TEST_F(MessageTransferTest, AFrameWhoseTagFailsIsRefusedNamingThePeer) {
+  const std::vector<unsigned char> payload(kPayload, 0x11);
+  const FrameHeader header = {MessageKind::kPointToPoint, 0, kPayload};
+  // Altered on the way: the tag was made over other bytes.
+  std::vector<unsigned char> other = payload;
+  other[5] ^= 1;
+  unsigned char encoded[kFrameHeaderBytes];
+  EncodeFrameHeader(header, encoded);
+  ASSERT_TRUE(WriteAllBefore(far_[1], encoded, sizeof(encoded), Soon()).ok());
+  ASSERT_TRUE(
+      WriteAllBefore(far_[1], payload.data(), payload.size(), Soon()).ok());
+  absl::StatusOr<FrameTag> tag =
+      TagFrame(KeyOf(1, 0), header, other.data(), other.size());
+  ASSERT_TRUE(tag.ok());
+  ASSERT_TRUE(WriteAllBefore(far_[1], tag->data(), tag->size(), Soon()).ok());
+  std::vector<unsigned char> buffer(kPayload, kUntouched);
+  absl::Status status = ReceiveFrom(1, buffer);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("peer rank 1"), HasSubstr("message #0"),
+                    HasSubstr("failed its authentication")));
+  ExpectExchangeWithRank2();
+}
+
+TEST_F(MessageTransferTest, AFrameTaggedForAnotherConnectionIsRefused) {
+  // Recorded on rank 2's connection (its key) and injected on rank 1's.
+  const std::vector<unsigned char> payload(kPayload, 0x11);
+  const FrameKey rank2 = KeyOf(2, 0);
+  SendFrame(1, {MessageKind::kPointToPoint, 0, kPayload}, payload.data(),
+            payload.size(), &rank2);
+  std::vector<unsigned char> buffer(kPayload, kUntouched);
+  const absl::Status status = ReceiveFrom(1, buffer);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+  EXPECT_THAT(status.message(), HasSubstr("peer rank 1"));
+  ExpectExchangeWithRank2();
+}
+
+TEST_F(MessageTransferTest, AnAuthenticFrameArrivesWhole) {
+  const std::vector<unsigned char> payload(kPayload, 0x11);
+  SendFrame(1, {MessageKind::kPointToPoint, 0, kPayload}, payload.data(),
+            payload.size());
+  std::vector<unsigned char> buffer(kPayload, kUntouched);
+  const absl::Status status = ReceiveFrom(1, buffer);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(buffer, payload);
 }
 
 TEST_F(MessageTransferTest, TricklingPeerCannotExtendACallPastCallTimeout) {

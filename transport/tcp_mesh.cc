@@ -69,8 +69,8 @@ bool IsAcceptanceOf(const Handshake& reply, const Handshake& hello) {
 // One attempt: hello, acceptance (checked against the secret), confirmation.
 // The connected socket; UNAVAILABLE or DEADLINE_EXCEEDED for a connection
 // that failed, FAILED_PRECONDITION for a refusal or a failed proof.
-absl::StatusOr<Socket> TryConnect(int peer, const HostPort& address,
-                                  const MeshParams& params) {
+absl::StatusOr<Connection> TryConnect(int peer, const HostPort& address,
+                                      const MeshParams& params) {
   Handshake hello;
   hello.session = params.session;
   hello.from_rank = params.rank;
@@ -110,18 +110,27 @@ absl::StatusOr<Socket> TryConnect(int peer, const HostPort& address,
   MUONPS_RETURN_IF_ERROR(
       Annotate(WriteAllBefore(socket, bytes, sizeof(bytes), params.deadline),
                "sending the confirmation"));
-  return socket;
+  Connection connection;
+  MUONPS_ASSIGN_OR_RETURN(
+      connection.keys.send,
+      DeriveFrameKey(params.secret, ProvingSide::kConnectingRank, transcript));
+  MUONPS_ASSIGN_OR_RETURN(
+      connection.keys.receive,
+      DeriveFrameKey(params.secret, ProvingSide::kAcceptingRank, transcript));
+  connection.socket = std::move(socket);
+  return connection;
 }
 
-absl::StatusOr<Socket> ConnectToLowerRank(int peer, const HostPort& address,
-                                          const MeshParams& params) {
+absl::StatusOr<Connection> ConnectToLowerRank(int peer,
+                                              const HostPort& address,
+                                              const MeshParams& params) {
   // A refusal says more than a later attempt that merely timed out (the
   // peer gave up at its own deadline), so the last refusal is what is told.
   std::string last_failure = "no attempt finished";
   std::string last_refusal;
   std::chrono::milliseconds delay = kFirstRetryDelay;
   while (true) {
-    absl::StatusOr<Socket> socket = TryConnect(peer, address, params);
+    absl::StatusOr<Connection> socket = TryConnect(peer, address, params);
     if (socket.ok()) return socket;
     if (absl::IsFailedPrecondition(socket.status())) {
       last_refusal = std::string(socket.status().message());
@@ -146,7 +155,7 @@ absl::StatusOr<Socket> ConnectToLowerRank(int peer, const HostPort& address,
 
 }  // namespace
 
-absl::StatusOr<std::vector<Socket>> ConnectMesh(
+absl::StatusOr<std::vector<Connection>> ConnectMesh(
     const Socket& listener, int rank, const std::vector<HostPort>& addresses,
     uint64_t session, absl::string_view secret, absl::Duration connect_timeout,
     absl::Duration handshake_timeout) {
@@ -158,7 +167,7 @@ absl::StatusOr<std::vector<Socket>> ConnectMesh(
   params.deadline = DeadlineAfter(connect_timeout);
   params.connect_timeout = connect_timeout;
   params.handshake_timeout = handshake_timeout;
-  std::vector<Socket> sockets(addresses.size());
+  std::vector<Connection> sockets(addresses.size());
   // Lower ranks first: each of them reaches its accepting phase only after
   // its own lower ranks accepted it, so the waits form a chain, not a cycle.
   for (int peer = 0; peer < rank; ++peer) {

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "transport/frame_auth.h"
 #include "transport/socket_io.h"
 
 namespace muonps {
@@ -38,9 +39,9 @@ namespace transport {
 // this one; its own entry is not used) for `session`, proving membership
 // with `secret` (the job's data-plane secret, already checked to be long
 // enough; copied, never logged). `listener` is this rank's listening socket
-// (unused by the highest rank). Returns non-blocking sockets indexed by
-// rank, this rank's entry empty, once every pair has completed the
-// handshake. Each accepted connection has `handshake_timeout` to complete
+// (unused by the highest rank). Returns non-blocking connections indexed by
+// rank, this rank's entry empty, with the frame keys each handshake gave
+// (frame_auth.h), once every pair has completed the handshake. Each accepted connection has `handshake_timeout` to complete
 // its handshake, while the others proceed. Errors, when `connect_timeout`
 // passes first (each names the ranks and the addresses involved):
 // FAILED_PRECONDITION when the last failure was a handshake refused for
@@ -48,7 +49,7 @@ namespace transport {
 // "session 7, this rank is on session 8"), or one that failed the job's
 // membership proof; DEADLINE_EXCEEDED when a peer never answered. Sockets
 // opened before a failure are closed.
-absl::StatusOr<std::vector<Socket>> ConnectMesh(
+absl::StatusOr<std::vector<Connection>> ConnectMesh(
     const Socket& listener, int rank, const std::vector<HostPort>& addresses,
     uint64_t session, absl::string_view secret, absl::Duration connect_timeout,
     absl::Duration handshake_timeout);

@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
     addresses.push_back(*std::move(address));
   }
   MUONPS_ASSIGN_OR_RETURN(
-      std::vector<Socket> sockets,
+      std::vector<Connection> sockets,
       ConnectMesh(listener->socket(), rank, addresses, session,
                   options.data_plane_secret, options.connect_timeout,
                   options.io_timeout));
@@ -116,7 +116,7 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
 
 TcpTransport::TcpTransport(int rank, uint64_t session,
                            const TcpOptions& options,
-                           std::vector<Socket> sockets)
+                           std::vector<Connection> sockets)
     : rank_(rank),
       session_(session),
       options_(WithoutSecret(options)),
@@ -143,7 +143,7 @@ absl::Status TcpTransport::AwaitFrom(int peer, size_t /*count*/,
     return absl::FailedPreconditionError("AwaitFrom inside a group");
   }
   pollfd p{};
-  p.fd = sockets_[peer].fd();
+  p.fd = sockets_[peer].socket.fd();
   p.events = POLLIN;
   const absl::Time deadline = absl::Now() + timeout;
   int ready = 0;
@@ -174,8 +174,8 @@ void TcpTransport::Abort(const absl::Status& reason) {
   }
   // Wakes a call blocked in poll() on any of them; the descriptors stay
   // open (owned by the sockets) until the transport is destroyed.
-  for (const Socket& socket : sockets_) {
-    if (socket.valid()) shutdown(socket.fd(), SHUT_RDWR);
+  for (const Connection& connection : sockets_) {
+    if (connection.valid()) shutdown(connection.socket.fd(), SHUT_RDWR);
   }
 }
 

@@ -187,7 +187,7 @@ class TcpTransport final : public Transport {
   };
 
   TcpTransport(int rank, uint64_t session, const TcpOptions& options,
-               std::vector<Socket> sockets);
+               std::vector<Connection> sockets);
 
   // FAILED_PRECONDITION quoting the first error once broken.
   absl::Status Usable() const;
@@ -206,7 +206,8 @@ class TcpTransport final : public Transport {
   const int rank_;
   const uint64_t session_;
   const TcpOptions options_;
-  std::vector<Socket> sockets_;  // Index = rank; this rank's is empty.
+  // Index = rank; this rank's is empty.
+  std::vector<Connection> sockets_;
   std::vector<uint64_t> next_send_sequence_;
   std::vector<uint64_t> next_recv_sequence_;
   GroupNesting group_;

@@ -16,8 +16,9 @@ namespace transport {
 
 // Bumped whenever either layout below changes; peers on different versions
 // refuse each other at the handshake. Version 2 added the nonce and the
-// membership proof (membership_proof.h) to every handshake step.
-constexpr uint32_t kWireVersion = 2;
+// membership proof (membership_proof.h) to every handshake step; version 3
+// a tag after every frame's payload (frame_auth.h).
+constexpr uint32_t kWireVersion = 3;
 
 // The stage or outcome a Handshake message carries. A connection opens with
 // three: the connecting rank's kHello, the accepting rank's verdict, and,
@@ -43,6 +44,8 @@ constexpr size_t kNonceBytes = 32;
 constexpr size_t kMembershipProofBytes = 32;
 using Nonce = std::array<unsigned char, kNonceBytes>;
 using MembershipProof = std::array<unsigned char, kMembershipProofBytes>;
+// A key that authenticates the frames of one direction of one connection.
+using FrameKey = std::array<unsigned char, 32>;
 
 // One step of the handshake, sent by the connecting (higher) rank (hello,
 // confirmation) or the accepting (lower) rank (verdict); each side fills in
@@ -89,6 +92,9 @@ struct FrameHeader {
 };
 
 constexpr size_t kFrameHeaderBytes = 24;
+// After every frame's payload: its tag (frame_auth.h).
+constexpr size_t kFrameTagBytes = 16;
+using FrameTag = std::array<unsigned char, kFrameTagBytes>;
 void EncodeFrameHeader(const FrameHeader& header,
                        unsigned char out[kFrameHeaderBytes]);
 // False if `in` does not start with the frame magic: the stream lost sync.

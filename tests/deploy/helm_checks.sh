@@ -186,6 +186,26 @@ else
   fail "workers.drainTimeoutSeconds=0 leaves at once"
 fi
 
+echo "== the pool's NetworkPolicy: members only; over NCCL on every port (NCCL picks its own)"
+if python3 - "$work/nccl-pool.yaml" "$work/cpu-pool.yaml" <<'PY'
+import re, sys
+def pool_policy(path):
+    docs = open(path).read().split("\n---")
+    for d in docs:
+        if "kind: NetworkPolicy" in d and "muonps-pool" in d:
+            return d
+    raise SystemExit(f"{path}: no pool NetworkPolicy")
+nccl, cpu = pool_policy(sys.argv[1]), pool_policy(sys.argv[2])
+assert "port: data" not in nccl.split("metrics")[0], "an NCCL pool is held to the data port"
+assert "podSelector" in nccl and "muonps.io/member" in nccl
+assert "port: data" in cpu, "a CPU pool admits more than its data port"
+PY
+then
+  pass "pool NetworkPolicy: members only; NCCL pools on every port, CPU pools on the data port"
+else
+  fail "pool NetworkPolicy: members only; NCCL pools on every port, CPU pools on the data port"
+fi
+
 echo "== the coordinator's durable state on its PVC"
 "$helm" template muonps "$chart" --set coordinator.persistence.enabled=true >"$work/persistent.yaml"
 if grep -q -- '--state_dir=/var/lib/muonps/state' "$work/persistent.yaml" &&
