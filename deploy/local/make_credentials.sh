@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes a throwaway CA, a server certificate (for 127.0.0.1, ::1, localhost
-# and any extra names given), a client certificate (for mutual TLS) and a
-# bearer token, with Debian's openssl, into DIR:
-#   ca.pem  server.pem server.key  client.pem client.key  token
+# and any extra names given), two client certificates (for mutual TLS: each
+# a worker identity) and a bearer token, with Debian's openssl, into DIR:
+#   ca.pem  server.pem server.key  client.pem client.key
+#   client2.pem client2.key  token
 # Keys and the token are mode 0600. For a local cluster and tests; a real
 # deployment brings its own (deploy/helm/README.md).
 # Usage: make_credentials.sh DIR [EXTRA_DNS_OR_IP ...]
@@ -18,7 +19,7 @@ done
 openssl_quiet() { openssl "$@" 2>/dev/null; }
 openssl_quiet req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
   -keyout "$dir/ca.key" -out "$dir/ca.pem" -days 3650 -subj "/CN=muonps local CA"
-for role in server client; do
+for role in server client client2; do
   openssl_quiet req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
     -keyout "$dir/$role.key" -out "$dir/$role.csr" -subj "/CN=muonps-$role"
   ext="$dir/$role.ext"
@@ -33,4 +34,4 @@ for role in server client; do
 done
 rm -f "$dir/ca.key" "$dir/ca.srl"
 openssl rand -hex 32 >"$dir/token"
-chmod 0644 "$dir/ca.pem" "$dir/server.pem" "$dir/client.pem"
+chmod 0644 "$dir/ca.pem" "$dir/server.pem" "$dir/client.pem" "$dir/client2.pem"

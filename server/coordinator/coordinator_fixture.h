@@ -108,6 +108,9 @@ class CredentialedState {
     return state_.ReportStepStats(WithToken(std::move(r)));
   }
   std::vector<std::string> ExpireLeases() { return state_.ExpireLeases(); }
+  // Below the service edge: calls with what only the edge sets (a call's
+  // client certificate).
+  Coordinator& core() { return state_.coordinator(); }
   StateCounts Counts() { return state_.Counts(); }
   const std::string& job_token(const std::string& job) {
     return job_tokens_[job];

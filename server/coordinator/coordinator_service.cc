@@ -7,10 +7,23 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "server/coordinator/coordinator_wire.h"
+#include "server/rpc/peer_certificate.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace coordinator {
+namespace {
+
+// A worker call's domain request with the client certificate it came with:
+// the worker's id is bound to it (JobMembers::Authenticate).
+template <typename Request>
+Request WithCertificate(Request request, const grpc::ServerContext& context) {
+  request.certificate = server::PeerCertificate(context);
+  return request;
+}
+
+}  // namespace
+
 
 CoordinatorService::CoordinatorService(Coordinator* coordinator,
                                        MetricsRegistry* metrics,
@@ -115,7 +128,7 @@ grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* context,
       *context, "JoinJob", out, [&]() -> absl::StatusOr<v1::JoinJobResponse> {
         MUONPS_ASSIGN_OR_RETURN(
             const JoinGrant grant,
-            coordinator_->membership().JoinJob(JoinRequestFromProto(*r)));
+            coordinator_->membership().JoinJob(WithCertificate(JoinRequestFromProto(*r), *context)));
         return JoinGrantToProto(grant);
       });
 }
@@ -128,7 +141,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                        MUONPS_ASSIGN_OR_RETURN(
                            const HeartbeatReply reply,
                            coordinator_->membership().Heartbeat(
-                               HeartbeatRequestFromProto(*r)));
+                               WithCertificate(HeartbeatRequestFromProto(*r), *context)));
                        return HeartbeatReplyToProto(reply);
                      });
 }
@@ -141,7 +154,7 @@ grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* context,
                        MUONPS_ASSIGN_OR_RETURN(
                            const int64_t version,
                            coordinator_->membership().LeaveJob(
-                               LeaveRequestFromProto(*r)));
+                               WithCertificate(LeaveRequestFromProto(*r), *context)));
                        v1::LeaveJobResponse response;
                        response.set_plan_version(version);
                        return response;
@@ -226,7 +239,7 @@ grpc::Status CoordinatorService::PutNcclId(grpc::ServerContext* context,
                                            const v1::PutNcclIdRequest* r,
                                            v1::PutNcclIdResponse*) {
   return gate_.Serve(*context, "PutNcclId", [&] {
-    return coordinator_->nccl_ids().PutNcclId(NcclIdPutFromProto(*r));
+    return coordinator_->nccl_ids().PutNcclId(WithCertificate(NcclIdPutFromProto(*r), *context));
   });
 }
 
@@ -237,7 +250,7 @@ grpc::Status CoordinatorService::GetNcclId(grpc::ServerContext* context,
                      [&]() -> absl::StatusOr<v1::GetNcclIdResponse> {
                        MUONPS_ASSIGN_OR_RETURN(
                            const NcclId id, coordinator_->nccl_ids().GetNcclId(
-                                                NcclIdGetFromProto(*r)));
+                                                WithCertificate(NcclIdGetFromProto(*r), *context)));
                        return NcclIdToProto(id);
                      });
 }
@@ -247,7 +260,7 @@ grpc::Status CoordinatorService::ReportStepStats(
     v1::ReportStepStatsResponse*) {
   return gate_.Serve(*context, "ReportStepStats", [&]() -> absl::Status {
     MUONPS_RETURN_IF_ERROR(
-        coordinator_->step_stats().ReportStepStats(StepReportFromProto(*r)));
+        coordinator_->step_stats().ReportStepStats(WithCertificate(StepReportFromProto(*r), *context)));
     step_seconds_->Observe(r->step_seconds());
     return absl::OkStatus();
   });

@@ -15,9 +15,25 @@ WorkerRecord* JobMembers::Find(const std::string& worker_id) {
   return it == workers_.end() ? nullptr : &it->second;
 }
 
+absl::Status CheckCertificate(const std::string& job,
+                              const std::string& worker_id,
+                              const WorkerRecord& worker,
+                              const std::string& certificate) {
+  if (worker.join.certificate.empty() ||
+      worker.join.certificate == certificate) {
+    return absl::OkStatus();
+  }
+  return FieldError(
+      absl::StatusCode::kPermissionDenied, "worker_id",
+      absl::StrCat(Quoted(worker_id), " of job ", Quoted(job),
+                   " joined with the client certificate ",
+                   worker.join.certificate, "; this call came with ",
+                   certificate.empty() ? "none" : certificate));
+}
+
 absl::StatusOr<WorkerRecord*> JobMembers::Authenticate(
     const std::string& job, const std::string& worker_id,
-    const std::string& worker_token) {
+    const std::string& worker_token, const std::string& certificate) {
   WorkerRecord* worker = Find(worker_id);
   if (worker == nullptr) {
     return FieldError(
@@ -31,14 +47,17 @@ absl::StatusOr<WorkerRecord*> JobMembers::Authenticate(
                                    ": not the token JoinJob gave worker ",
                                    Quoted(worker_id), " of job ", Quoted(job)));
   }
+  MUONPS_RETURN_IF_ERROR(CheckCertificate(job, worker_id, *worker, certificate));
   return worker;
 }
 
 absl::StatusOr<WorkerRecord*> JobMembers::AuthenticateLease(
     const std::string& job, const std::string& worker_id,
-    const std::string& worker_token, const std::string& instance_id) {
-  MUONPS_ASSIGN_OR_RETURN(WorkerRecord * worker,
-                          Authenticate(job, worker_id, worker_token));
+    const std::string& worker_token, const std::string& instance_id,
+    const std::string& certificate) {
+  MUONPS_ASSIGN_OR_RETURN(
+      WorkerRecord * worker,
+      Authenticate(job, worker_id, worker_token, certificate));
   if (worker->join.instance_id != instance_id) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "instance_id",
                       "the lease belongs to another instance of this worker");

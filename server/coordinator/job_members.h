@@ -60,17 +60,21 @@ class JobMembers {
   size_t size() const { return workers_.size(); }
   bool empty() const { return workers_.empty(); }
 
-  // `worker_id`'s record if `worker_token` is the token JoinJob gave it:
-  // NOT_FOUND naming worker_id when it holds no lease, UNAUTHENTICATED
-  // naming worker_token otherwise. `job` names the job in messages.
+  // `worker_id`'s record if `worker_token` is the token JoinJob gave it and
+  // the call's client `certificate` is the one it joined with (when it
+  // joined with one): NOT_FOUND naming worker_id when it holds no lease,
+  // UNAUTHENTICATED naming worker_token, PERMISSION_DENIED naming worker_id
+  // for another certificate. `job` names the job in messages.
   absl::StatusOr<WorkerRecord*> Authenticate(const std::string& job,
                                              const std::string& worker_id,
-                                             const std::string& worker_token);
+                                             const std::string& worker_token,
+                                             const std::string& certificate);
   // Authenticate, and the lease must be held by `instance_id` (the process
   // that joined): FAILED_PRECONDITION naming instance_id otherwise.
   absl::StatusOr<WorkerRecord*> AuthenticateLease(
       const std::string& job, const std::string& worker_id,
-      const std::string& worker_token, const std::string& instance_id);
+      const std::string& worker_token, const std::string& instance_id,
+      const std::string& certificate);
 
   // Adds `worker` (its join.worker_id must not be a member) last in join
   // order, with the next join sequence number and a new generation, and

@@ -23,7 +23,8 @@ namespace muonps {
 namespace coordinator {
 namespace {
 
-// 2 added workers.draining; a version-1 store is migrated on Open.
+// 2 added workers.draining and workers.certificate; a version-1 store is
+// migrated on Open.
 constexpr int64_t kSchemaVersion = 2;
 
 constexpr const char* kSchema[] = {
@@ -37,7 +38,7 @@ constexpr const char* kSchema[] = {
     " job TEXT NOT NULL, worker_id TEXT NOT NULL, join_request BLOB NOT NULL,"
     " join_time_ms INTEGER NOT NULL, token TEXT NOT NULL,"
     " join_seq INTEGER NOT NULL, draining INTEGER NOT NULL DEFAULT 0,"
-    " PRIMARY KEY (job, worker_id))",
+    " certificate TEXT NOT NULL DEFAULT '', PRIMARY KEY (job, worker_id))",
     "CREATE TABLE IF NOT EXISTS plans("
     " job TEXT PRIMARY KEY, version INTEGER NOT NULL, plan BLOB NOT NULL,"
     " nccl_id BLOB NOT NULL, nccl_generation INTEGER NOT NULL)",
@@ -196,10 +197,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
     write.Int(1, kSchemaVersion);
     if (write.Step() != SQLITE_DONE) return store->Error("schema version");
   } else if (version == 1) {
-    // Version 1 had no draining column (the CREATE above kept its table).
+    // Version 1 had neither column (the CREATE above kept its table).
     MUONPS_RETURN_IF_ERROR(store->Exec(
         "BEGIN; ALTER TABLE workers ADD COLUMN draining INTEGER NOT NULL "
-        "DEFAULT 0; UPDATE meta SET value = 2 WHERE key = 'schema_version'; "
+        "DEFAULT 0; ALTER TABLE workers ADD COLUMN certificate TEXT NOT NULL "
+        "DEFAULT ''; UPDATE meta SET value = 2 WHERE key = 'schema_version'; "
         "COMMIT"));
   } else if (version != kSchemaVersion) {
     return FieldError(
@@ -271,7 +273,8 @@ absl::StatusOr<StoredState> JobStore::Load() {
   {
     Statement s(db_,
                 "SELECT job, worker_id, join_request, join_time_ms, token, "
-                "join_seq, draining FROM workers ORDER BY job, join_seq");
+                "join_seq, draining, certificate FROM workers ORDER BY job, "
+                "join_seq");
     int rc;
     while ((rc = s.Step()) == SQLITE_ROW) {
       const std::string job = s.ColumnBytes(0);
@@ -287,6 +290,8 @@ absl::StatusOr<StoredState> JobStore::Load() {
       w.token = s.ColumnBytes(4);
       w.join_seq = s.ColumnInt(5);
       w.draining = s.ColumnInt(6) != 0;
+      // Not part of the join's message: the service edge set it.
+      w.join.certificate = s.ColumnBytes(7);
       auto it = index.find(job);
       if (it == index.end()) continue;  // an orphan; never written so
       out.jobs[it->second].workers.push_back(std::move(w));
@@ -365,8 +370,8 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
         } else if constexpr (std::is_same_v<T, store_op::PutWorker>) {
           return run(
               "INSERT OR REPLACE INTO workers(job, worker_id, join_request, "
-              "join_time_ms, token, join_seq, draining) "
-              "VALUES(?, ?, ?, ?, ?, ?, ?)",
+              "join_time_ms, token, join_seq, draining, certificate) "
+              "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
               [&](Statement& s) {
                 s.Text(1, o.job)
                     .Text(2, o.worker.worker_id)
@@ -375,7 +380,8 @@ absl::Status JobStore::ApplyOne(const StoreOp& op) {
                     .Int(4, o.worker.join_time_ms)
                     .Text(5, o.worker.token)
                     .Int(6, o.worker.join_seq)
-                    .Int(7, o.worker.draining ? 1 : 0);
+                    .Int(7, o.worker.draining ? 1 : 0)
+                    .Text(8, o.worker.join.certificate);
               });
         } else if constexpr (std::is_same_v<T, store_op::DeleteWorker>) {
           return run(

@@ -266,6 +266,7 @@ TEST_F(JobStoreTest, AVersionOneStoreIsMigratedAndKeepsItsMembers) {
   ASSERT_EQ(sqlite3_open((dir_ + "/coordinator.db").c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
                          "ALTER TABLE workers DROP COLUMN draining; "
+                         "ALTER TABLE workers DROP COLUMN certificate; "
                          "UPDATE meta SET value = 1 WHERE key = "
                          "'schema_version'",
                          nullptr, nullptr, nullptr),
@@ -280,8 +281,10 @@ TEST_F(JobStoreTest, AVersionOneStoreIsMigratedAndKeepsItsMembers) {
     ASSERT_EQ(state->jobs.size(), 1u);
     ASSERT_EQ(state->jobs[0].workers.size(), 1u);
     EXPECT_FALSE(state->jobs[0].workers[0].draining);
+    EXPECT_EQ(state->jobs[0].workers[0].join.certificate, "");
     StoredWorker leaving = Worker("w1", 1);
     leaving.draining = true;
+    leaving.join.certificate = "CN=w1 sha256:ab";
     ASSERT_TRUE(store->Apply({store_op::PutWorker{"a", leaving}}).ok());
   }
   std::unique_ptr<JobStore> store = OpenOk();
@@ -290,6 +293,7 @@ TEST_F(JobStoreTest, AVersionOneStoreIsMigratedAndKeepsItsMembers) {
   ASSERT_TRUE(state.ok()) << state.status();
   ASSERT_EQ(state->jobs[0].workers.size(), 1u);
   EXPECT_TRUE(state->jobs[0].workers[0].draining);
+  EXPECT_EQ(state->jobs[0].workers[0].join.certificate, "CN=w1 sha256:ab");
 }
 
 TEST_F(JobStoreTest, KillNineAtAnyMomentKeepsEveryAcknowledgedBatchWhole) {

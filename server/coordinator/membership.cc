@@ -62,6 +62,16 @@ absl::StatusOr<JoinGrant> Membership::JoinJob(const JoinRequest& r) {
     const absl::Time now = clock_();
     WorkerRecord* held = job->members.Find(r.worker_id);
     std::vector<StoreOp> ops;
+    if (held != nullptr && !held->join.certificate.empty() &&
+        held->join.certificate != r.certificate) {
+      return FieldError(
+          absl::StatusCode::kPermissionDenied, "worker_id",
+          absl::StrCat(Quoted(r.worker_id), " is a member of job ",
+                       Quoted(r.job), " that joined with the client "
+                       "certificate ", held->join.certificate,
+                       "; this join came with ",
+                       r.certificate.empty() ? "none" : r.certificate));
+    }
     if (held != nullptr && held->join.instance_id == r.instance_id) {
       held->lease_expiry = now + options_.lease_ttl;  // a retry
       out.worker_token = held->token;
@@ -132,7 +142,7 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
   MUONPS_ASSIGN_OR_RETURN(
       WorkerRecord * worker,
       job->members.AuthenticateLease(r.job, r.worker_id, r.worker_token,
-                                     r.instance_id));
+                                     r.instance_id, r.certificate));
   const int64_t latest = job->plans.latest_version();
   if (r.plan_version > latest) {
     return FieldError(
@@ -231,7 +241,8 @@ absl::StatusOr<int64_t> Membership::LeaveJob(const LeaveRequest& r) {
     return Drain(r.job, r.worker_id,
                  [&r](JobRecord* job) -> absl::StatusOr<WorkerRecord*> {
                    return job->members.AuthenticateLease(
-                       r.job, r.worker_id, r.worker_token, r.instance_id);
+                       r.job, r.worker_id, r.worker_token, r.instance_id,
+                       r.certificate);
                  });
   }
   uint64_t incarnation = 0;
@@ -241,7 +252,8 @@ absl::StatusOr<int64_t> Membership::LeaveJob(const LeaveRequest& r) {
     MUONPS_ASSIGN_OR_RETURN(JobRecord * job, table_->Find(r.job));
     MUONPS_RETURN_IF_ERROR(job->members
                                .AuthenticateLease(r.job, r.worker_id,
-                                                  r.worker_token, r.instance_id)
+                                                  r.worker_token, r.instance_id,
+                                                  r.certificate)
                                .status());
     seq = queue_->Enqueue({job->members.Remove(
         r.job, r.worker_id, absl::StrCat("worker ", r.worker_id, " left"))});

@@ -45,6 +45,7 @@ struct HeartbeatRequest {
   // The plan version the worker follows.
   int64_t plan_version = 0;
   std::string worker_token;
+  std::string certificate;  // the call's (JoinRequest::certificate)
 };
 
 struct HeartbeatReply {
@@ -61,6 +62,7 @@ struct LeaveRequest {
   std::string worker_token;
   // Drain: stay a member that owns nothing until leaving without drain.
   bool drain = false;
+  std::string certificate;  // the call's (JoinRequest::certificate)
 };
 
 // An operator's drain of a member (DrainWorker).

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_fixture.h"
+#include "server/coordinator/coordinator_wire.h"
 
 namespace muonps {
 namespace coordinator {
@@ -355,6 +356,43 @@ TEST_F(CoordinatorTest, AnOperatorDrainReachesTheWorkerByItsHeartbeat) {
   absl::StatusOr<v1::LeaveJobResponse> own = state_->LeaveJob(leave);
   ASSERT_TRUE(own.ok()) << own.status();
   EXPECT_EQ(own->plan_version(), 3);
+}
+
+// Under mutual TLS a worker's id is bound to the client certificate it
+// joined with: a call with another certificate (or none) cannot heartbeat,
+// leave or join as that id while it is a member, and changes nothing.
+TEST_F(CoordinatorTest, AWorkersIdIsBoundToTheCertificateItJoinedWith) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 4))).ok());
+  Membership& members = state_->core().membership();
+  JoinRequest join = JoinRequestFromProto(Join("x", "w1"));
+  join.certificate = "CN=w1 sha256:aa";
+  const absl::StatusOr<JoinGrant> grant = members.JoinJob(join);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  HeartbeatRequest beat{"x", "w1", join.instance_id, 1, grant->worker_token,
+                        join.certificate};
+  EXPECT_TRUE(members.Heartbeat(beat).ok());
+  for (const std::string other : {"CN=w1 sha256:bb", ""}) {
+    beat.certificate = other;
+    EXPECT_THAT(members.Heartbeat(beat).status(),
+                StatusIs(absl::StatusCode::kPermissionDenied, "sha256:aa"));
+    JoinRequest intruder = join;
+    intruder.instance_id = "intruder";
+    intruder.certificate = other;
+    EXPECT_THAT(members.JoinJob(intruder).status(),
+                StatusIs(absl::StatusCode::kPermissionDenied, "worker_id"));
+    LeaveRequest leave{"x", "w1", join.instance_id, grant->worker_token,
+                       false, other};
+    EXPECT_THAT(members.LeaveJob(leave).status(),
+                StatusIs(absl::StatusCode::kPermissionDenied, "worker_id"));
+  }
+  EXPECT_EQ(CurrentPlan("x").version(), 1);
+  // The same certificate: a retried join keeps the lease and its token.
+  const absl::StatusOr<JoinGrant> again = members.JoinJob(join);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->worker_token, grant->worker_token);
+  LeaveRequest leave{"x", "w1", join.instance_id, grant->worker_token, false,
+                     join.certificate};
+  EXPECT_TRUE(members.LeaveJob(leave).ok());
 }
 
 TEST_F(CoordinatorTest, LastWorkerLeavingLeavesNoCurrentPlanButKeepsHistory) {

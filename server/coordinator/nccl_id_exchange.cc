@@ -14,16 +14,18 @@ namespace {
 
 constexpr size_t kNcclIdBytes = 128;
 
-// Job `name` when `worker_id` authenticates in it with `worker_token`; the
-// first of their errors otherwise.
+// Job `name` when `worker_id` authenticates in it with `worker_token` and
+// `certificate`; the first of their errors otherwise.
 absl::StatusOr<JobRecord*> FindJobOfWorker(JobTable* table,
                                            const std::string& name,
                                            const std::string& worker_id,
-                                           const std::string& worker_token)
+                                           const std::string& worker_token,
+                                           const std::string& certificate)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(table->mutex()) {
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, table->Find(name));
   MUONPS_RETURN_IF_ERROR(
-      job->members.Authenticate(name, worker_id, worker_token).status());
+      job->members.Authenticate(name, worker_id, worker_token, certificate)
+          .status());
   return job;
 }
 
@@ -44,7 +46,8 @@ absl::Status NcclIdExchange::PutNcclId(const NcclIdPut& r) {
     absl::MutexLock lock(table_->mutex());
     MUONPS_ASSIGN_OR_RETURN(
         JobRecord * job,
-        FindJobOfWorker(table_, r.job, r.worker_id, r.worker_token));
+        FindJobOfWorker(table_, r.job, r.worker_id, r.worker_token,
+                        r.certificate));
     PlanVersion* plan = job->plans.newest();
     const int64_t latest = job->plans.latest_version();
     if (plan == nullptr || !job->plans.error().empty() ||
@@ -105,7 +108,8 @@ absl::StatusOr<NcclId> NcclIdExchange::GetNcclId(const NcclIdGet& r) {
   absl::MutexLock lock(table_->mutex());
   MUONPS_ASSIGN_OR_RETURN(
       JobRecord * job,
-      FindJobOfWorker(table_, r.job, r.worker_id, r.worker_token));
+      FindJobOfWorker(table_, r.job, r.worker_id, r.worker_token,
+                        r.certificate));
   const PlanVersion* plan = job->plans.newest();
   const int64_t latest = job->plans.latest_version();
   if (plan == nullptr || r.plan_version != latest) {

@@ -25,6 +25,7 @@ struct NcclIdPut {
   std::string worker_token;
   std::string nccl_id;  // an ncclUniqueId's 128 bytes
   int64_t generation = 0;
+  std::string certificate;  // the call's (JoinRequest::certificate)
 };
 
 struct NcclIdGet {
@@ -34,6 +35,7 @@ struct NcclIdGet {
   int64_t min_generation = 0;
   std::string worker_id;
   std::string worker_token;
+  std::string certificate;  // the call's (JoinRequest::certificate)
 };
 
 struct NcclId {

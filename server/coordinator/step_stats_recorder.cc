@@ -32,7 +32,8 @@ absl::Status StepStatsRecorder::ReportStepStats(const StepReport& r) {
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, table_->Find(r.job));
   MUONPS_ASSIGN_OR_RETURN(
       WorkerRecord * worker,
-      job->members.Authenticate(r.job, r.worker_id, r.worker_token));
+      job->members.Authenticate(r.job, r.worker_id, r.worker_token,
+                                r.certificate));
   if (s.plan_version > job->plans.latest_version()) {
     return InvalidField(
         "plan_version",

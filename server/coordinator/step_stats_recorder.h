@@ -23,6 +23,7 @@ struct StepReport {
   std::string job;
   std::string worker_id;
   std::string worker_token;
+  std::string certificate;  // the call's (JoinRequest::certificate)
   StepStats stats;
 };
 

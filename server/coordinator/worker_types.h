@@ -38,6 +38,10 @@ struct JoinRequest {
   std::string data_address;
   // Has no trainer: ranked after the workers with trainers.
   bool dedicated = false;
+  // The client certificate it joined with (server::PeerCertificate; "" with
+  // no mutual TLS): set by the service edge, never by the request. While it
+  // is a member, only calls with that certificate act as this worker id.
+  std::string certificate;
 };
 
 // One step a worker ran, as it reported it (ReportStepStats) and as
