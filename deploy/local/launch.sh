@@ -11,8 +11,10 @@
 # everything down on exit or Ctrl-C. --keep-running stays up after training
 # (printing the coordinator's address) until Ctrl-C. The coordinator keeps
 # its state in the log folder on one port: if it exits it is started again
-# there, and the workers and trainers reconnect; trainers retry a step
-# while its error is transient (mlp_trainer --step_retry_s). The last line of output
+# there, and the workers and trainers reconnect. A worker that exits (a
+# SIGTERM drains it first: its momentum moves to the others) is started
+# again under its id, and its trainer attaches to it again. Trainers retry a
+# step while its error is transient (mlp_trainer --step_retry_s). The last line of output
 # is one JSON object: initial_loss, final_loss, steps, layout,
 # parity_max_rel_err (final parameters against a single-process run of the
 # same kernels).
@@ -112,23 +114,33 @@ start_coordinator
 coordinator="$(wait_for "$log_dir/coordinator.log" 'listening on \([0-9.:]*\)' 20)"
 echo "== coordinator on $coordinator (TLS, bearer token; credentials in $credentials)"
 
-for ((i = 0; i < workers; i++)); do
-  socket="/tmp/muonps-$$-w$i.sock"
-  sockets+=("$socket")
+# Worker ids w0.. (one per trainer), then d0.. (dedicated: no trainer; they
+# own matrices too, and the job waits for them).
+worker_ids=()
+for ((i = 0; i < workers; i++)); do worker_ids+=("w$i"); done
+for ((i = 0; i < dedicated; i++)); do worker_ids+=("d$i"); done
+declare -A worker_pid
+start_worker() {  # start_worker ID
+  local id="$1" extra=()
+  [[ "$id" == d* ]] && extra=(--dedicated)
+  sockets+=("/tmp/muonps-$$-$id.sock")
   "$bin/server/worker/muonps-worker" --coordinator "$coordinator" --job "$job" \
-    --worker_id "w$i" --socket "$socket" --metrics_port 0 --device cpu \
-    --memory_bytes $((4 << 30)) >"$log_dir/worker-w$i.log" 2>&1 &
+    --worker_id "$id" --socket "/tmp/muonps-$$-$id.sock" --metrics_port 0 --device cpu \
+    --memory_bytes $((4 << 30)) ${extra[@]+"${extra[@]}"} >>"$log_dir/worker-$id.log" 2>&1 &
+  worker_pid[$id]=$!
   pids+=($!)
-done
-# Dedicated workers (no trainer) own matrices too; the job waits for them.
-for ((i = 0; i < dedicated; i++)); do
-  socket="/tmp/muonps-$$-d$i.sock"
-  sockets+=("$socket")
-  "$bin/server/worker/muonps-worker" --coordinator "$coordinator" --job "$job" \
-    --worker_id "d$i" --socket "$socket" --metrics_port 0 --device cpu \
-    --memory_bytes $((4 << 30)) --dedicated >"$log_dir/worker-d$i.log" 2>&1 &
-  pids+=($!)
-done
+}
+# Starts a worker again if it exited (same id, socket and log).
+watch_workers() {
+  local id
+  for id in "${worker_ids[@]}"; do
+    if ! kill -0 "${worker_pid[$id]}" 2>/dev/null; then
+      echo "== worker $id exited; starting it again (see $log_dir/worker-$id.log)"
+      start_worker "$id"
+    fi
+  done
+}
+for id in "${worker_ids[@]}"; do start_worker "$id"; done
 for ((i = 0; i < workers; i++)); do
   wait_for "$log_dir/worker-w$i.log" 'listening on unix:\(.*\)' 20 >/dev/null
 done
@@ -161,6 +173,7 @@ show_progress() {
 while kill -0 "${trainer_pids[0]}" 2>/dev/null; do
   show_progress
   watch_coordinator
+  watch_workers
   sleep 0.2
 done
 show_progress
@@ -178,6 +191,6 @@ if ((keep_running)); then
   echo "   grpcurl -cacert $MUONPS_TLS_CA_FILE -H \"authorization: Bearer \$(cat $MUONPS_TOKEN_FILE)\" \\"
   echo "       -d '{\"job\": \"$job\"}' $coordinator muonps.v1.Coordinator/GetPlan"
   echo "   Ctrl-C to stop."
-  while true; do watch_coordinator; sleep 1; done
+  while true; do watch_coordinator; watch_workers; sleep 1; done
 fi
 grep '^{"initial_loss"' "$log_dir/trainer-0.log" | tail -n 1

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The local cluster (deploy/local/launch.sh) as a user runs it, with its
-# coordinator killed (kill -9) mid-training: the launcher starts it again on
-# the same address from its state folder, the workers reconnect, training
-# finishes and its parameters equal a single-process run of the same
-# kernels (parity 0). About a minute on 2 cores once the binaries are
-# built. Prints PASS/FAIL lines and ends with "N passed, M failed".
+# The local cluster (deploy/local/launch.sh) as a user runs it:
+#  1. its coordinator killed (kill -9) mid-training: the launcher starts it
+#     again on the same address from its state folder, the workers
+#     reconnect;
+#  2. a rolling restart: each worker stopped in turn (SIGTERM, as Kubernetes
+#     stops a pod): it drains, handing its momentum over, and the launcher
+#     starts it again.
+# Each run finishes its 300 steps with parameters equal to a single-process
+# run of the same kernels (parity 0). About two minutes on 2 cores once the
+# binaries are built. Prints PASS/FAIL lines and ends with "N passed, M
+# failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
@@ -50,5 +55,45 @@ first="$(grep -o 'coordinator on [0-9.:]*' "$log_dir/launch.out" | head -n 1)"
 last="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$log_dir/coordinator.log" | tail -n 1)"
 [[ -n "$last" && "$first" == "coordinator on $last" ]]
 check "the restarted coordinator is on the address the workers were given" $?
+
+# 2. A rolling restart of the workers.
+log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
+bash deploy/local/launch.sh --workers 2 --steps 300 --log_dir "$log_dir" \
+  >"$log_dir/launch.out" 2>&1 &
+launcher=$!
+for pair in w0:20 w1:120; do
+  id="${pair%%:*}"
+  at="${pair##*:}"
+  deadline=$((SECONDS + 600))
+  until grep -q "^{\"step\":$at," "$log_dir/trainer-0.log" 2>/dev/null; do
+    if ((SECONDS > deadline)) || ! kill -0 "$launcher" 2>/dev/null; then break; fi
+    sleep 0.2
+  done
+  victim="$(pgrep -f -- "--worker_id $id --socket /tmp/muonps-$launcher-" | head -n 1)"
+  if [[ -n "$victim" ]]; then
+    kill -TERM "$victim"
+    while kill -0 "$victim" 2>/dev/null; do sleep 0.1; done
+    check "worker $id stopped with SIGTERM at step $at (pid $victim)" 0
+  else
+    check "worker $id was running at step $at" 1
+  fi
+done
+wait "$launcher"
+rc=$?
+check "launch.sh finished training through the rolling restart (exit $rc)" "$rc"
+for id in w0 w1; do
+  grep -q "worker=$id drained: step" "$log_dir/worker-$id.log"
+  check "worker $id drained: its momentum went to the other worker before it left" $?
+  [[ "$(grep -c "worker=$id listening on" "$log_dir/worker-$id.log")" -ge 2 ]]
+  check "the launcher started worker $id again" $?
+done
+summary="$(tail -n 1 "$log_dir/launch.out")"
+echo "$summary"
+python3 - "$summary" <<'PY'
+import json, sys
+d = json.loads(sys.argv[1])
+sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
+PY
+check "300 steps through a rolling restart, parameters equal to a single-process run" $?
 echo "${passed} passed, ${failed} failed"
 [[ $failed -eq 0 ]]
