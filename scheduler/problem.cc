@@ -175,9 +175,8 @@ Problem::Problem(const PlanInput& input) : input_(input) {
     worker_class_.push_back(c);
     class_speed_sum_[c] += w.speed;
     // A leaving worker fits nothing, so no placement gives it an item.
-    capacity_.push_back(w.owns_nothing
-                            ? -1
-                            : w.memory_bytes - input.options.workspace_bytes);
+    capacity_.push_back(
+        w.owns_nothing ? -1 : w.memory_bytes - input.options.workspace_bytes);
   }
   splitters_.resize(models_.size());
   for (size_t c = 0; c < models_.size(); ++c) {

@@ -29,7 +29,9 @@ class CertificateBindingTest : public ::testing::Test {
     dir_ = testing::NewTempDir("certificate-binding");
     std::vector<std::string> argv = {
         testing::BinaryPath("server/coordinator/muonps-coordinator"),
-        "--port=0", "--metrics_port=-1", "--lease_ttl_ms=3000",
+        "--port=0",
+        "--metrics_port=-1",
+        "--lease_ttl_ms=3000",
         "--heartbeat_interval_ms=500",
         "--tls_client_ca_file=" + testing::TestCredential("ca.pem")};
     for (std::string& flag : testing::SecuredCoordinatorFlags()) {

@@ -124,11 +124,10 @@ TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
     if (!WaitForStep(done, at)) break;
     restarted_at.push_back(Slowest(done));
     SignalWorker(w, SIGTERM);
-    const absl::StatusOr<int> exited =
-        WaitForWorkerExit(w, absl::Seconds(30));
-    ASSERT_TRUE(exited.ok()) << "worker " << w << " did not exit: "
-                             << exited.status() << "\n"
-                             << WorkerLog(w);
+    const absl::StatusOr<int> exited = WaitForWorkerExit(w, absl::Seconds(30));
+    ASSERT_TRUE(exited.ok())
+        << "worker " << w << " did not exit: " << exited.status() << "\n"
+        << WorkerLog(w);
     EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0)
         << "worker " << w << ": " << *exited;
     EXPECT_TRUE(absl::StrContains(WorkerLog(w), "drained: step"))
@@ -158,8 +157,8 @@ TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
   }
   std::cerr << "\n";
   for (const auto& [code, message] : first) {
-    std::cerr << "  first " << absl::StatusCodeToString(code) << ": "
-              << message << "\n";
+    std::cerr << "  first " << absl::StatusCodeToString(code) << ": " << message
+              << "\n";
   }
   EXPECT_EQ(resets, 0);
   // Every failure said "retry" (the README's failure table).
@@ -205,11 +204,9 @@ TEST_F(WorkerDrainTest, AnOperatorsDrainMovesTheMomentumAndTheWorkerExits) {
     const grpc::Status status =
         coordinator_stub().DrainWorker(&context, request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
-    const absl::StatusOr<int> exited =
-        WaitForWorkerExit(1, absl::Seconds(30));
+    const absl::StatusOr<int> exited = WaitForWorkerExit(1, absl::Seconds(30));
     drained = exited.ok();
-    EXPECT_TRUE(exited.ok()) << "w1 did not exit: " << exited.status()
-                             << "\n"
+    EXPECT_TRUE(exited.ok()) << "w1 did not exit: " << exited.status() << "\n"
                              << WorkerLog(1);
     if (exited.ok()) {
       EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << *exited;

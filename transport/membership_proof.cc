@@ -84,9 +84,8 @@ absl::StatusOr<MembershipProof> ProveMembership(
 absl::StatusOr<FrameKey> DeriveFrameKey(absl::string_view secret,
                                         ProvingSide sender,
                                         const HandshakeTranscript& transcript) {
-  const std::string message =
-      absl::StrCat("muonps frame key", std::string(1, '\0'),
-                   Encode(sender, transcript));
+  const std::string message = absl::StrCat(
+      "muonps frame key", std::string(1, '\0'), Encode(sender, transcript));
   FrameKey key = {};
   unsigned int length = 0;
   if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),

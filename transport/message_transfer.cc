@@ -96,8 +96,8 @@ absl::Status CheckHeader(int peer, const PeerState& state) {
 }
 
 // Sends what the kernel takes without blocking; `moved` when any byte went.
-absl::Status PumpOut(const Connection& connection, int peer,
-                     PeerState& state, bool* moved) {
+absl::Status PumpOut(const Connection& connection, int peer, PeerState& state,
+                     bool* moved) {
   const int fd = connection.socket.fd();
   while (state.sending()) {
     const OutgoingMessage& message = *state.outgoing[state.next_out];
@@ -164,11 +164,12 @@ absl::Status PumpIn(const Connection& connection, int peer, PeerState& state,
         in_header ? reinterpret_cast<char*>(state.in_header) + state.in_offset
         : in_tag  ? reinterpret_cast<char*>(state.in_tag.data()) +
                        (state.in_offset - tag_start)
-                  : static_cast<char*>(message.data) +
+                 : static_cast<char*>(message.data) +
                        PayloadDone(state.in_offset, bytes);
     const size_t want = in_header ? kFrameHeaderBytes - state.in_offset
-                        : in_tag  ? FrameBytes(message.expected) - state.in_offset
-                                  : bytes - PayloadDone(state.in_offset, bytes);
+                        : in_tag
+                            ? FrameBytes(message.expected) - state.in_offset
+                            : bytes - PayloadDone(state.in_offset, bytes);
     const ssize_t got = recv(fd, into, want, 0);
     if (got == 0) return Lost(peer, state, "closed the connection");
     if (got < 0) {

@@ -75,8 +75,8 @@ class MessageTransferTest : public ::testing::Test {
     absl::StatusOr<FrameTag> tag =
         TagFrame(key != nullptr ? *key : own, header, payload, bytes);
     ASSERT_TRUE(tag.ok()) << tag.status();
-    ASSERT_TRUE(WriteAllBefore(far_[peer], tag->data(), tag->size(), Soon())
-                    .ok());
+    ASSERT_TRUE(
+        WriteAllBefore(far_[peer], tag->data(), tag->size(), Soon()).ok());
   }
 
   absl::Status ReceiveFrom(int peer, std::vector<unsigned char>& buffer,
@@ -118,8 +118,8 @@ class MessageTransferTest : public ::testing::Test {
     EXPECT_EQ(out, to2);
     FrameTag tag;
     ASSERT_TRUE(ReadAllBefore(far_[2], tag.data(), tag.size(), Soon()).ok());
-    EXPECT_TRUE(FrameTagMatches(KeyOf(0, 2), decoded, out.data(), out.size(),
-                                tag));
+    EXPECT_TRUE(
+        FrameTagMatches(KeyOf(0, 2), decoded, out.data(), out.size(), tag));
   }
 
   std::vector<Connection> sockets_;

@@ -121,8 +121,7 @@ absl::StatusOr<Connection> TryConnect(int peer, const HostPort& address,
   return connection;
 }
 
-absl::StatusOr<Connection> ConnectToLowerRank(int peer,
-                                              const HostPort& address,
+absl::StatusOr<Connection> ConnectToLowerRank(int peer, const HostPort& address,
                                               const MeshParams& params) {
   // A refusal says more than a later attempt that merely timed out (the
   // peer gave up at its own deadline), so the last refusal is what is told.

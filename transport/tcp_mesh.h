@@ -41,14 +41,14 @@ namespace transport {
 // enough; copied, never logged). `listener` is this rank's listening socket
 // (unused by the highest rank). Returns non-blocking connections indexed by
 // rank, this rank's entry empty, with the frame keys each handshake gave
-// (frame_auth.h), once every pair has completed the handshake. Each accepted connection has `handshake_timeout` to complete
-// its handshake, while the others proceed. Errors, when `connect_timeout`
-// passes first (each names the ranks and the addresses involved):
-// FAILED_PRECONDITION when the last failure was a handshake refused for
-// disagreeing, the message saying which values differ (for example
-// "session 7, this rank is on session 8"), or one that failed the job's
-// membership proof; DEADLINE_EXCEEDED when a peer never answered. Sockets
-// opened before a failure are closed.
+// (frame_auth.h), once every pair has completed the handshake. Each accepted
+// connection has `handshake_timeout` to complete its handshake, while the
+// others proceed. Errors, when `connect_timeout` passes first (each names the
+// ranks and the addresses involved): FAILED_PRECONDITION when the last failure
+// was a handshake refused for disagreeing, the message saying which values
+// differ (for example "session 7, this rank is on session 8"), or one that
+// failed the job's membership proof; DEADLINE_EXCEEDED when a peer never
+// answered. Sockets opened before a failure are closed.
 absl::StatusOr<std::vector<Connection>> ConnectMesh(
     const Socket& listener, int rank, const std::vector<HostPort>& addresses,
     uint64_t session, absl::string_view secret, absl::Duration connect_timeout,

@@ -26,8 +26,7 @@ namespace muonps {
 namespace {
 
 double Seconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                       start)
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
 
@@ -68,7 +67,8 @@ int Run(int64_t mib, int repeats, const std::string& machine) {
   std::vector<unsigned char> payload(static_cast<size_t>(mib) << 20, 0x5A);
   transport::FrameKey key = {};
   key[0] = 1;
-  for (const size_t bytes : {size_t{4} << 10, size_t{1} << 20, payload.size()}) {
+  for (const size_t bytes :
+       {size_t{4} << 10, size_t{1} << 20, payload.size()}) {
     std::vector<double> times;
     for (int r = 0; r < repeats; ++r) {
       const auto start = std::chrono::steady_clock::now();
@@ -95,8 +95,8 @@ int Run(int64_t mib, int repeats, const std::string& machine) {
   options.data_plane_secret = std::string(32, 's');
   std::unique_ptr<transport::TcpTransport> rank1;
   std::thread connect1([&] {
-    auto t = transport::TcpTransport::Connect(l1->get(), 1, addresses, 1,
-                                              options);
+    auto t =
+        transport::TcpTransport::Connect(l1->get(), 1, addresses, 1, options);
     if (t.ok()) rank1 = *std::move(t);
   });
   auto rank0 =
@@ -111,8 +111,8 @@ int Run(int64_t mib, int repeats, const std::string& machine) {
       (void)rank1->Recv(landed.data(), landed.size() / 4, DType::kFloat32, 0,
                         kHostStream);
     });
-    const absl::Status sent = (*rank0)->Send(
-        payload.data(), payload.size() / 4, DType::kFloat32, 1, kHostStream);
+    const absl::Status sent = (*rank0)->Send(payload.data(), payload.size() / 4,
+                                             DType::kFloat32, 1, kHostStream);
     receiver.join();
     if (!sent.ok()) return 1;
     tagged.push_back(Seconds(start));
@@ -128,8 +128,8 @@ int Run(int64_t mib, int repeats, const std::string& machine) {
     std::thread receiver([&] {
       size_t done = 0;
       while (done < landed.size()) {
-        const ssize_t got = read(pair[1], landed.data() + done,
-                                 landed.size() - done);
+        const ssize_t got =
+            read(pair[1], landed.data() + done, landed.size() - done);
         if (got <= 0) return;
         done += static_cast<size_t>(got);
       }

@@ -24,7 +24,6 @@ Request WithCertificate(Request request, const grpc::ServerContext& context) {
 
 }  // namespace
 
-
 CoordinatorService::CoordinatorService(Coordinator* coordinator,
                                        MetricsRegistry* metrics,
                                        std::string token, int max_watch_streams)
@@ -128,7 +127,8 @@ grpc::Status CoordinatorService::JoinJob(grpc::ServerContext* context,
       *context, "JoinJob", out, [&]() -> absl::StatusOr<v1::JoinJobResponse> {
         MUONPS_ASSIGN_OR_RETURN(
             const JoinGrant grant,
-            coordinator_->membership().JoinJob(WithCertificate(JoinRequestFromProto(*r), *context)));
+            coordinator_->membership().JoinJob(
+                WithCertificate(JoinRequestFromProto(*r), *context)));
         return JoinGrantToProto(grant);
       });
 }
@@ -140,8 +140,8 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                      [&]() -> absl::StatusOr<v1::HeartbeatResponse> {
                        MUONPS_ASSIGN_OR_RETURN(
                            const HeartbeatReply reply,
-                           coordinator_->membership().Heartbeat(
-                               WithCertificate(HeartbeatRequestFromProto(*r), *context)));
+                           coordinator_->membership().Heartbeat(WithCertificate(
+                               HeartbeatRequestFromProto(*r), *context)));
                        return HeartbeatReplyToProto(reply);
                      });
 }
@@ -149,31 +149,31 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
 grpc::Status CoordinatorService::LeaveJob(grpc::ServerContext* context,
                                           const v1::LeaveJobRequest* r,
                                           v1::LeaveJobResponse* out) {
-  return gate_.Serve(*context, "LeaveJob", out,
-                     [&]() -> absl::StatusOr<v1::LeaveJobResponse> {
-                       MUONPS_ASSIGN_OR_RETURN(
-                           const int64_t version,
-                           coordinator_->membership().LeaveJob(
-                               WithCertificate(LeaveRequestFromProto(*r), *context)));
-                       v1::LeaveJobResponse response;
-                       response.set_plan_version(version);
-                       return response;
-                     });
+  return gate_.Serve(
+      *context, "LeaveJob", out, [&]() -> absl::StatusOr<v1::LeaveJobResponse> {
+        MUONPS_ASSIGN_OR_RETURN(
+            const int64_t version,
+            coordinator_->membership().LeaveJob(
+                WithCertificate(LeaveRequestFromProto(*r), *context)));
+        v1::LeaveJobResponse response;
+        response.set_plan_version(version);
+        return response;
+      });
 }
 
 grpc::Status CoordinatorService::DrainWorker(grpc::ServerContext* context,
                                              const v1::DrainWorkerRequest* r,
                                              v1::DrainWorkerResponse* out) {
-  return gate_.Serve(*context, "DrainWorker", out,
-                     [&]() -> absl::StatusOr<v1::DrainWorkerResponse> {
-                       MUONPS_ASSIGN_OR_RETURN(
-                           const int64_t version,
-                           coordinator_->membership().DrainWorker(
-                               DrainRequestFromProto(*r)));
-                       v1::DrainWorkerResponse response;
-                       response.set_plan_version(version);
-                       return response;
-                     });
+  return gate_.Serve(
+      *context, "DrainWorker", out,
+      [&]() -> absl::StatusOr<v1::DrainWorkerResponse> {
+        MUONPS_ASSIGN_OR_RETURN(
+            const int64_t version,
+            coordinator_->membership().DrainWorker(DrainRequestFromProto(*r)));
+        v1::DrainWorkerResponse response;
+        response.set_plan_version(version);
+        return response;
+      });
 }
 
 grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* context,
@@ -239,7 +239,8 @@ grpc::Status CoordinatorService::PutNcclId(grpc::ServerContext* context,
                                            const v1::PutNcclIdRequest* r,
                                            v1::PutNcclIdResponse*) {
   return gate_.Serve(*context, "PutNcclId", [&] {
-    return coordinator_->nccl_ids().PutNcclId(WithCertificate(NcclIdPutFromProto(*r), *context));
+    return coordinator_->nccl_ids().PutNcclId(
+        WithCertificate(NcclIdPutFromProto(*r), *context));
   });
 }
 
@@ -249,8 +250,9 @@ grpc::Status CoordinatorService::GetNcclId(grpc::ServerContext* context,
   return gate_.Serve(*context, "GetNcclId", out,
                      [&]() -> absl::StatusOr<v1::GetNcclIdResponse> {
                        MUONPS_ASSIGN_OR_RETURN(
-                           const NcclId id, coordinator_->nccl_ids().GetNcclId(
-                                                WithCertificate(NcclIdGetFromProto(*r), *context)));
+                           const NcclId id,
+                           coordinator_->nccl_ids().GetNcclId(WithCertificate(
+                               NcclIdGetFromProto(*r), *context)));
                        return NcclIdToProto(id);
                      });
 }
@@ -259,8 +261,8 @@ grpc::Status CoordinatorService::ReportStepStats(
     grpc::ServerContext* context, const v1::ReportStepStatsRequest* r,
     v1::ReportStepStatsResponse*) {
   return gate_.Serve(*context, "ReportStepStats", [&]() -> absl::Status {
-    MUONPS_RETURN_IF_ERROR(
-        coordinator_->step_stats().ReportStepStats(WithCertificate(StepReportFromProto(*r), *context)));
+    MUONPS_RETURN_IF_ERROR(coordinator_->step_stats().ReportStepStats(
+        WithCertificate(StepReportFromProto(*r), *context)));
     step_seconds_->Observe(r->step_seconds());
     return absl::OkStatus();
   });

@@ -76,8 +76,7 @@ v1::HeartbeatResponse HeartbeatReplyToProto(const HeartbeatReply& reply) {
 }
 
 LeaveRequest LeaveRequestFromProto(const v1::LeaveJobRequest& r) {
-  return {r.job(), r.worker_id(), r.instance_id(), r.worker_token(),
-          r.drain()};
+  return {r.job(), r.worker_id(), r.instance_id(), r.worker_token(), r.drain()};
 }
 
 DrainRequest DrainRequestFromProto(const v1::DrainWorkerRequest& r) {

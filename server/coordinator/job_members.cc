@@ -47,7 +47,8 @@ absl::StatusOr<WorkerRecord*> JobMembers::Authenticate(
                                    ": not the token JoinJob gave worker ",
                                    Quoted(worker_id), " of job ", Quoted(job)));
   }
-  MUONPS_RETURN_IF_ERROR(CheckCertificate(job, worker_id, *worker, certificate));
+  MUONPS_RETURN_IF_ERROR(
+      CheckCertificate(job, worker_id, *worker, certificate));
   return worker;
 }
 

@@ -67,9 +67,10 @@ absl::StatusOr<JoinGrant> Membership::JoinJob(const JoinRequest& r) {
       return FieldError(
           absl::StatusCode::kPermissionDenied, "worker_id",
           absl::StrCat(Quoted(r.worker_id), " is a member of job ",
-                       Quoted(r.job), " that joined with the client "
-                       "certificate ", held->join.certificate,
-                       "; this join came with ",
+                       Quoted(r.job),
+                       " that joined with the client "
+                       "certificate ",
+                       held->join.certificate, "; this join came with ",
                        r.certificate.empty() ? "none" : r.certificate));
     }
     if (held != nullptr && held->join.instance_id == r.instance_id) {
@@ -159,18 +160,17 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
 
 absl::StatusOr<int64_t> Membership::DrainWorker(const DrainRequest& r) {
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id, "worker_id"));
-  return Drain(
-      r.job, r.worker_id,
-      [&r](JobRecord* job) -> absl::StatusOr<WorkerRecord*> {
-        WorkerRecord* worker = job->members.Find(r.worker_id);
-        if (worker == nullptr) {
-          return FieldError(absl::StatusCode::kNotFound, "worker_id",
-                            absl::StrCat(Quoted(r.worker_id),
-                                         " is not a member of job ",
-                                         Quoted(r.job)));
-        }
-        return worker;
-      });
+  return Drain(r.job, r.worker_id,
+               [&r](JobRecord* job) -> absl::StatusOr<WorkerRecord*> {
+                 WorkerRecord* worker = job->members.Find(r.worker_id);
+                 if (worker == nullptr) {
+                   return FieldError(
+                       absl::StatusCode::kNotFound, "worker_id",
+                       absl::StrCat(Quoted(r.worker_id),
+                                    " is not a member of job ", Quoted(r.job)));
+                 }
+                 return worker;
+               });
 }
 
 absl::StatusOr<int64_t> Membership::Drain(
@@ -223,8 +223,8 @@ absl::StatusOr<int64_t> Membership::Drain(
     if (worker == nullptr || worker->token != token || !worker->draining) {
       return planned.status();
     }
-    seq = queue_->Enqueue(
-        {job->members.SetDraining(job_name, worker_id, false)});
+    seq =
+        queue_->Enqueue({job->members.SetDraining(job_name, worker_id, false)});
     generation = job->members.generation();
   }
   spdlog::warn("job={} worker={} drain undone: {}", job_name, worker_id,

@@ -368,8 +368,8 @@ TEST_F(CoordinatorTest, AWorkersIdIsBoundToTheCertificateItJoinedWith) {
   join.certificate = "CN=w1 sha256:aa";
   const absl::StatusOr<JoinGrant> grant = members.JoinJob(join);
   ASSERT_TRUE(grant.ok()) << grant.status();
-  HeartbeatRequest beat{"x", "w1", join.instance_id, 1, grant->worker_token,
-                        join.certificate};
+  HeartbeatRequest beat{
+      "x", "w1", join.instance_id, 1, grant->worker_token, join.certificate};
   EXPECT_TRUE(members.Heartbeat(beat).ok());
   for (const std::string other : {"CN=w1 sha256:bb", ""}) {
     beat.certificate = other;
@@ -380,7 +380,7 @@ TEST_F(CoordinatorTest, AWorkersIdIsBoundToTheCertificateItJoinedWith) {
     intruder.certificate = other;
     EXPECT_THAT(members.JoinJob(intruder).status(),
                 StatusIs(absl::StatusCode::kPermissionDenied, "worker_id"));
-    LeaveRequest leave{"x", "w1", join.instance_id, grant->worker_token,
+    LeaveRequest leave{"x",   "w1", join.instance_id, grant->worker_token,
                        false, other};
     EXPECT_THAT(members.LeaveJob(leave).status(),
                 StatusIs(absl::StatusCode::kPermissionDenied, "worker_id"));
@@ -390,7 +390,11 @@ TEST_F(CoordinatorTest, AWorkersIdIsBoundToTheCertificateItJoinedWith) {
   const absl::StatusOr<JoinGrant> again = members.JoinJob(join);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->worker_token, grant->worker_token);
-  LeaveRequest leave{"x", "w1", join.instance_id, grant->worker_token, false,
+  LeaveRequest leave{"x",
+                     "w1",
+                     join.instance_id,
+                     grant->worker_token,
+                     false,
                      join.certificate};
   EXPECT_TRUE(members.LeaveJob(leave).ok());
 }

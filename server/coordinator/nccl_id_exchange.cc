@@ -44,10 +44,9 @@ absl::Status NcclIdExchange::PutNcclId(const NcclIdPut& r) {
   int64_t seq = 0;
   {
     absl::MutexLock lock(table_->mutex());
-    MUONPS_ASSIGN_OR_RETURN(
-        JobRecord * job,
-        FindJobOfWorker(table_, r.job, r.worker_id, r.worker_token,
-                        r.certificate));
+    MUONPS_ASSIGN_OR_RETURN(JobRecord * job,
+                            FindJobOfWorker(table_, r.job, r.worker_id,
+                                            r.worker_token, r.certificate));
     PlanVersion* plan = job->plans.newest();
     const int64_t latest = job->plans.latest_version();
     if (plan == nullptr || !job->plans.error().empty() ||
@@ -106,10 +105,9 @@ absl::StatusOr<NcclId> NcclIdExchange::GetNcclId(const NcclIdGet& r) {
   }
   MUONPS_RETURN_IF_ERROR(ValidateId(r.worker_id, "worker_id"));
   absl::MutexLock lock(table_->mutex());
-  MUONPS_ASSIGN_OR_RETURN(
-      JobRecord * job,
-      FindJobOfWorker(table_, r.job, r.worker_id, r.worker_token,
-                        r.certificate));
+  MUONPS_ASSIGN_OR_RETURN(JobRecord * job,
+                          FindJobOfWorker(table_, r.job, r.worker_id,
+                                          r.worker_token, r.certificate));
   const PlanVersion* plan = job->plans.newest();
   const int64_t latest = job->plans.latest_version();
   if (plan == nullptr || r.plan_version != latest) {

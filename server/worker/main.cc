@@ -330,9 +330,10 @@ int Run() {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  spdlog::info("signal {}: handing the momentum over, leaving the job and "
-               "shutting down (a second signal leaves at once)",
-               signal_number);
+  spdlog::info(
+      "signal {}: handing the momentum over, leaving the job and "
+      "shutting down (a second signal leaves at once)",
+      signal_number);
   auto cut_short = std::make_shared<absl::Notification>();
   std::thread([signals, cut_short] {
     int again = 0;

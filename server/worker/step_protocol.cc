@@ -246,9 +246,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
       // worker per trainer yet.
       code = absl::StatusCode::kUnavailable;
       problem = absl::StrCat(
-          "the plan has ", trainers, " workers for trainers, but ",
-          Who(ids, r), "'s trainer is ", x.trainer_rank, " of ",
-          x.trainer_count,
+          "the plan has ", trainers, " workers for trainers, but ", Who(ids, r),
+          "'s trainer is ", x.trainer_rank, " of ", x.trainer_count,
           ": a worker is leaving or joining the job; retry once the plan "
           "has one worker per trainer");
     } else if (x.trainer_rank >= trainers || seen[x.trainer_rank]) {

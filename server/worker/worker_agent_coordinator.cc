@@ -236,9 +236,9 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout,
     drain.set_worker_token(options_.credentials->worker_token());
     drain.set_drain(true);
     grpc::ClientContext context;
-    context.set_deadline(Deadline(
-        std::max(std::min(absl::Seconds(5), deadline - absl::Now()),
-                 absl::Milliseconds(1))));
+    context.set_deadline(
+        Deadline(std::max(std::min(absl::Seconds(5), deadline - absl::Now()),
+                          absl::Milliseconds(1))));
     v1::LeaveJobResponse response;
     const grpc::Status status = stub_->LeaveJob(&context, drain, &response);
     if (status.ok()) {

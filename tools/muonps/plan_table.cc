@@ -97,13 +97,11 @@ std::string WorkersTable(const v1::ListWorkersResponse& workers) {
       "PREDICTED", "ERROR");
   bool far_off = false;
   for (const v1::WorkerInfo& w : workers.workers()) {
-    absl::StrAppendFormat(&out, "%-16s %-24s %-6s %-20s %12s %7d ms %6d ",
-                          w.job(),
-                          w.draining() ? w.worker_id() + "(draining)"
-                                       : w.worker_id(),
-                          w.device().kind(),
-                          w.device().host(), Bytes(w.device().memory_bytes()),
-                          w.lease_remaining_ms(), w.plan_version());
+    absl::StrAppendFormat(
+        &out, "%-16s %-24s %-6s %-20s %12s %7d ms %6d ", w.job(),
+        w.draining() ? w.worker_id() + "(draining)" : w.worker_id(),
+        w.device().kind(), w.device().host(), Bytes(w.device().memory_bytes()),
+        w.lease_remaining_ms(), w.plan_version());
     if (!w.has_last_step()) {
       absl::StrAppendFormat(&out, "%8s %12s %12s %8s\n", "-", "-", "-", "-");
       continue;
