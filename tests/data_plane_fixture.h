@@ -290,6 +290,9 @@ class DataPlaneFixture : public ::testing::Test {
   // Trainer ranks (one per worker StartJob started; JoinDedicatedWorker's
   // have none).
   int trainers() const { return static_cast<int>(clients_.size()); }
+  // Forgets the last worker started (a dedicated one that left the job for
+  // good, as when a pool is scaled down); its process must have exited.
+  void ForgetLastWorker() { workers_.pop_back(); }
   // Starts one more worker, w<workers()>, with --dedicated (no trainer):
   // the coordinator plans it in and moves matrices to it. WaitForFullPlan
   // then waits for a plan that has it.

@@ -233,5 +233,59 @@ TEST_F(WorkerDrainTest, AnOperatorsDrainMovesTheMomentumAndTheWorkerExits) {
   ExpectMatchesReference(reference, kExact);
 }
 
+// A pool scaled down: a dedicated worker (no trainer) that owns matrices
+// is stopped for good (SIGTERM). It drains, handing its matrices back to
+// the trainers' workers, and training goes on without it: no step fails
+// for good, no momentum resets, bit-identical to a run without the pool.
+TEST_F(WorkerDrainTest, ScalingThePoolDownHandsItsMomentumBack) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(model_, {.workers = kWorkers,
+                                            .io_timeout_ms = 5000,
+                                            .lease_ttl_ms = 3000,
+                                            .heartbeat_interval_ms = 200}));
+  ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
+  ASSERT_NO_FATAL_FAILURE(JoinDedicatedWorker());
+  const absl::Status joined = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(joined.ok()) << joined;
+  int owned = 0;
+  for (const testing::MatrixDecl& m : model_.matrices) {
+    for (int64_t e = 0; e < m.options.experts; ++e) {
+      owned += Owner(m.name, e) == kWorkers;
+    }
+  }
+  ASSERT_GT(owned, 0) << "the plan gave the pool worker nothing";
+  std::vector<std::atomic<int64_t>> done(trainers());
+  for (auto& d : done) d.store(0);
+  std::vector<RetryingLoop> loops;
+  std::thread trainers_thread([&] { loops = RunLoops(&done); });
+  bool left = WaitForStep(done, 60);
+  if (left) {
+    SignalWorker(kWorkers, SIGTERM);
+    const absl::StatusOr<int> exited =
+        WaitForWorkerExit(kWorkers, absl::Seconds(30));
+    left = exited.ok();
+    EXPECT_TRUE(exited.ok())
+        << "the pool worker did not exit: " << exited.status() << "\n"
+        << WorkerLog(kWorkers);
+    EXPECT_TRUE(absl::StrContains(WorkerLog(kWorkers), "drained: step"))
+        << WorkerLog(kWorkers);
+    if (exited.ok()) ForgetLastWorker();
+  }
+  trainers_thread.join();
+  ASSERT_TRUE(left);
+  std::cerr << "the pool worker owned " << owned << " matrices\n";
+  for (int r = 0; r < trainers(); ++r) {
+    EXPECT_TRUE(loops[r].finished)
+        << "trainer " << r << " stopped after step " << loops[r].last_done
+        << ": " << loops[r].last_failure;
+    EXPECT_EQ(loops[r].resets, 0) << "trainer " << r;
+  }
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  ExpectMatchesReference(reference, kExact);
+}
+
 }  // namespace
 }  // namespace muonps

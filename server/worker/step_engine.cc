@@ -136,10 +136,16 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
     }
     return AlreadyApplied(request.step_id);
   }
-  if (plan_.rank < 0 || !trainer_.has_value()) {
+  if (plan_.rank < 0) {
+    // A restarted worker sees the plan that dropped it before the one that
+    // takes it back; a leaving one, the plan without it.
+    return absl::UnavailableError(absl::StrCat(
+        "worker ", Quoted(worker_id_), " is not in plan version ",
+        plan_.version, ": it is joining or leaving the job; retry the step"));
+  }
+  if (!trainer_.has_value()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
-                      plan_.rank < 0 ? "the worker is not in the current plan"
-                                     : kNoTrainerAttached);
+                      kNoTrainerAttached);
   }
   momentum_.CheckRestoredStep(request.step_id, ledger_.last.load());
   RoundResult round;
