@@ -89,6 +89,26 @@ class WorkerDrainTest : public DataPlaneFixture {
     return out;
   }
 
+  // The job on kWorkers CPU workers, as every test here runs it.
+  void StartCluster() {
+    ASSERT_NO_FATAL_FAILURE(StartJob(model_, {.workers = kWorkers,
+                                              .io_timeout_ms = 5000,
+                                              .lease_ttl_ms = 3000,
+                                              .heartbeat_interval_ms = 200}));
+  }
+
+  // Replays kSteps in `reference` and expects every trainer's parameters and
+  // every owner's momentum (read from the owners of the current plan) equal
+  // to it, bit for bit.
+  void ExpectEqualToTheReplay(ReferenceModel& reference) {
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      ASSERT_TRUE(reference.Step(step).ok());
+    }
+    const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+    ASSERT_TRUE(planned.ok()) << planned;
+    ExpectMatchesReference(reference, kExact);
+  }
+
   const ModelDecl model_ = MixedModel();
 };
 
@@ -109,10 +129,7 @@ bool WaitForStep(const std::vector<std::atomic<int64_t>>& done, int64_t step) {
 }
 
 TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
-  ASSERT_NO_FATAL_FAILURE(StartJob(model_, {.workers = kWorkers,
-                                            .io_timeout_ms = 5000,
-                                            .lease_ttl_ms = 3000,
-                                            .heartbeat_interval_ms = 200}));
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
   std::vector<std::atomic<int64_t>> done(trainers());
   for (auto& d : done) d.store(0);
@@ -169,13 +186,7 @@ TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
         << absl::StatusCodeToString(code) << " x" << count << ": "
         << first[code];
   }
-  for (int64_t step = 1; step <= kSteps; ++step) {
-    ASSERT_TRUE(reference.Step(step).ok());
-  }
-  // Momentum is read from its owners of the current plan.
-  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
-  ASSERT_TRUE(planned.ok()) << planned;
-  ExpectMatchesReference(reference, kExact);
+  ASSERT_NO_FATAL_FAILURE(ExpectEqualToTheReplay(reference));
 }
 
 // An operator's drain (DrainWorker, as `muonps drain` sends it) reaches
@@ -183,10 +194,7 @@ TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
 // again, it takes its share back, and the run ends bit-identical to one
 // without the drain.
 TEST_F(WorkerDrainTest, AnOperatorsDrainMovesTheMomentumAndTheWorkerExits) {
-  ASSERT_NO_FATAL_FAILURE(StartJob(model_, {.workers = kWorkers,
-                                            .io_timeout_ms = 5000,
-                                            .lease_ttl_ms = 3000,
-                                            .heartbeat_interval_ms = 200}));
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
   std::vector<std::atomic<int64_t>> done(trainers());
   for (auto& d : done) d.store(0);
@@ -225,12 +233,7 @@ TEST_F(WorkerDrainTest, AnOperatorsDrainMovesTheMomentumAndTheWorkerExits) {
         << ": " << loops[r].last_failure;
     EXPECT_EQ(loops[r].resets, 0) << "trainer " << r;
   }
-  for (int64_t step = 1; step <= kSteps; ++step) {
-    ASSERT_TRUE(reference.Step(step).ok());
-  }
-  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
-  ASSERT_TRUE(planned.ok()) << planned;
-  ExpectMatchesReference(reference, kExact);
+  ASSERT_NO_FATAL_FAILURE(ExpectEqualToTheReplay(reference));
 }
 
 // A pool scaled down: a dedicated worker (no trainer) that owns matrices
@@ -238,10 +241,7 @@ TEST_F(WorkerDrainTest, AnOperatorsDrainMovesTheMomentumAndTheWorkerExits) {
 // the trainers' workers, and training goes on without it: no step fails
 // for good, no momentum resets, bit-identical to a run without the pool.
 TEST_F(WorkerDrainTest, ScalingThePoolDownHandsItsMomentumBack) {
-  ASSERT_NO_FATAL_FAILURE(StartJob(model_, {.workers = kWorkers,
-                                            .io_timeout_ms = 5000,
-                                            .lease_ttl_ms = 3000,
-                                            .heartbeat_interval_ms = 200}));
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
   ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
   ASSERT_NO_FATAL_FAILURE(JoinDedicatedWorker());
   const absl::Status joined = WaitForFullPlan(absl::Seconds(20));
@@ -279,12 +279,7 @@ TEST_F(WorkerDrainTest, ScalingThePoolDownHandsItsMomentumBack) {
         << ": " << loops[r].last_failure;
     EXPECT_EQ(loops[r].resets, 0) << "trainer " << r;
   }
-  for (int64_t step = 1; step <= kSteps; ++step) {
-    ASSERT_TRUE(reference.Step(step).ok());
-  }
-  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
-  ASSERT_TRUE(planned.ok()) << planned;
-  ExpectMatchesReference(reference, kExact);
+  ASSERT_NO_FATAL_FAILURE(ExpectEqualToTheReplay(reference));
 }
 
 }  // namespace
