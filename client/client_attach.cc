@@ -19,6 +19,7 @@
 #include "client/cuda_lending.h"
 #include "client/internal_types.h"
 #include "common/status.h"
+#include "lending/step_record.h"
 #include "lending/trainer_segment.h"
 #include "proto/grpc_status.h"
 #include "proto/translate.h"
@@ -121,6 +122,7 @@ absl::Status Client::Impl::WaitAndAttach() {
   if (segment.has_value()) {
     attach.set_segment(segment->name());
     attach.set_segment_bytes(static_cast<int64_t>(segment->size()));
+    attach.mutable_step_record()->set_segment_offset(step_record_offset);
   } else {
     attach.set_device(DeviceName(device));
     if (signals != nullptr) MUONPS_RETURN_IF_ERROR(signals->Describe(&attach));
@@ -188,6 +190,10 @@ absl::Status Client::Start(const MuonOptions& muon_options,
     bytes += (t.elements + t.param_elements) * 4;
   }
   if (!any_matrix) return InvalidField("matrices", "none was added");
+  // The step record after the tensors, zero-filled like the whole segment
+  // (the record of parameters no worker has written).
+  s.step_record_offset = (bytes + 63) / 64 * 64;
+  bytes = s.step_record_offset + static_cast<int64_t>(kStepRecordBytes);
   s.adamw = adamw;
   if (s.device.is_cuda()) {
     for (const Impl::Tensor& t : s.tensors) {

@@ -108,6 +108,9 @@ struct Client::Impl {
   std::map<std::string, size_t> index;
   int group_count = 0;  // 1 + the highest group a tensor is in
   std::optional<SharedMemorySegment> segment;
+  // Where the step record (lending/step_record.h) sits in the segment:
+  // after the tensors.
+  int64_t step_record_offset = 0;
   kernels::AdamWHyperparameters adamw;
   kernels::CpuKernels kernels;
   int64_t adamw_steps = 0;

@@ -6,6 +6,7 @@
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc.h"
+#include "lending/step_record.h"
 
 namespace muonps {
 namespace client_internal {
@@ -37,6 +38,12 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
   return out;
 }
 
+namespace {
+// Where the step record sits in the done counter's allocation.
+constexpr size_t kStepRecordOffset = 64;
+static_assert(kStepRecordOffset + kStepRecordBytes <= 256);
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
     const Device& device) {
   MUONPS_RETURN_IF_ERROR(
@@ -45,7 +52,8 @@ absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
   std::unique_ptr<CudaStepSignals> out(
       new CudaStepSignals(device, std::move(ready)));
   // 256 bytes: an allocation of its own, so its IPC handle lends nothing
-  // else.
+  // else. The done counter, then at 64 bytes the step record
+  // (lending/step_record.h), zero-filled: no worker wrote it yet.
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaMalloc(reinterpret_cast<void**>(&out->done_), 256),
                  "cudaMalloc done counter"));
@@ -77,6 +85,13 @@ absl::Status CudaStepSignals::Describe(v1::AttachRequest* request) const {
                           ExportDeviceMemory(done_, sizeof(uint64_t)));
   request->mutable_done_counter()->set_ipc_handle(ref.handle);
   request->mutable_done_counter()->set_offset(static_cast<int64_t>(ref.offset));
+  MUONPS_ASSIGN_OR_RETURN(
+      IpcMemoryRef record,
+      ExportDeviceMemory(reinterpret_cast<char*>(done_) + kStepRecordOffset,
+                         kStepRecordBytes));
+  request->mutable_step_record()->mutable_cuda()->set_ipc_handle(record.handle);
+  request->mutable_step_record()->mutable_cuda()->set_offset(
+      static_cast<int64_t>(record.offset));
   return absl::OkStatus();
 }
 

@@ -41,7 +41,7 @@ class CudaStepSignals {
   CudaStepSignals(const CudaStepSignals&) = delete;
   CudaStepSignals& operator=(const CudaStepSignals&) = delete;
 
-  // The event and the counter, for the worker.
+  // The event, the counter and the step record, for the worker.
   absl::Status Describe(v1::AttachRequest* request) const;
   // On `stream`: record ready, then wait for the done counter.
   absl::Status BeforeStep(Stream stream, int64_t step_id);

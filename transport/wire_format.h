@@ -17,8 +17,10 @@ namespace transport {
 // Bumped whenever either layout below changes; peers on different versions
 // refuse each other at the handshake. Version 2 added the nonce and the
 // membership proof (membership_proof.h) to every handshake step; version 3
-// a tag after every frame's payload (frame_auth.h).
-constexpr uint32_t kWireVersion = 3;
+// a tag after every frame's payload (frame_auth.h); version 4 the step
+// record and parameter repair to the step's control messages
+// (server/worker/step_protocol.h), which travel in these frames.
+constexpr uint32_t kWireVersion = 4;
 
 // The stage or outcome a Handshake message carries. A connection opens with
 // three: the connecting rank's kHello, the accepting rank's verdict, and,

@@ -62,6 +62,11 @@ struct AttachRequest {
   std::string ready_event;
   CudaBufferRef done_counter;
   int64_t trainer_pid = 0;  // 0: not checked
+  // Where the trainer lends its step record (lending/step_record.h): a
+  // byte offset in the segment, or CUDA memory; -1 and an empty handle:
+  // none is lent.
+  int64_t step_record_offset = -1;
+  CudaBufferRef step_record_cuda;
 };
 
 struct AttachResponse {

@@ -39,7 +39,38 @@ class CudaIpcBuffers final : public TrainerBuffers {
       if (!mapped.ok()) return Annotate(mapped.status(), "done_counter");
       done_ = *mapped;
     }
+    if (!request.step_record_cuda.ipc_handle.empty()) {
+      IpcMemoryRef ref;
+      ref.handle = request.step_record_cuda.ipc_handle;
+      ref.offset = static_cast<uint64_t>(request.step_record_cuda.offset);
+      ref.bytes = kStepRecordBytes;
+      ref.device = device_;
+      if (request.step_record_cuda.offset < 0 ||
+          request.step_record_cuda.offset % sizeof(uint64_t) != 0) {
+        return InvalidField("step_record.cuda.offset",
+                            absl::StrCat(request.step_record_cuda.offset,
+                                         " is not a multiple of 8"));
+      }
+      absl::StatusOr<void*> mapped = map_.Open(ref);
+      if (!mapped.ok()) return Annotate(mapped.status(), "step_record.cuda");
+      record_ = static_cast<uint64_t*>(*mapped);
+    }
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<StepRecord> ReadRecord() override {
+    if (record_ == nullptr) return absl::NotFoundError("no step record lent");
+    uint64_t words[kStepRecordBytes / sizeof(uint64_t)] = {};
+    MUONPS_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpy(words, record_, sizeof(words), cudaMemcpyDeviceToHost),
+        "reading the trainer's step record"));
+    return StepRecordFromWords(words);
+  }
+
+  absl::Status WriteRecord(Stream stream, StepRecordWord word,
+                           uint64_t value) override {
+    if (record_ == nullptr) return absl::OkStatus();
+    return StreamWriteValue(stream, record_ + static_cast<int>(word), value);
   }
 
   absl::Status WaitForTrainer(Stream stream) override {
@@ -89,6 +120,7 @@ class CudaIpcBuffers final : public TrainerBuffers {
   IpcMemoryMap map_;
   std::optional<IpcEvent> ready_;
   void* done_ = nullptr;
+  uint64_t* record_ = nullptr;  // the step record; null: none lent
 };
 
 }  // namespace

@@ -210,11 +210,10 @@ void MomentumCheckpoints::Installed(const CheckedMomentum& checked,
       worker_id_, checked.version, count, step, checked.checkpoint_dir);
 }
 
-int64_t MomentumCheckpoints::TakeUnverified(int64_t step_id,
-                                            int64_t committed) {
+int64_t MomentumCheckpoints::TakeUnverified(int64_t step_id) {
   absl::MutexLock lock(&mu_);
   const int64_t restored = std::exchange(unverified_, -1);
-  if (restored < 0 || step_id == restored + 1 || committed >= 0) return -1;
+  if (restored < 0 || step_id == restored + 1) return -1;
   return restored;
 }
 

@@ -116,11 +116,11 @@ class MomentumCheckpoints {
   // count as restored as of its step, replacing every earlier lookup.
   void Installed(const CheckedMomentum& checked, int64_t count,
                  int64_t committed);
-  // The first step a trainer asks for, `step_id`: when a worker that had
-  // committed nothing restored momentum as of step S and `step_id` is not
-  // S + 1, returns S (that momentum belongs to another step: the store
-  // drops it and calls Dropped); -1 otherwise. Asked once per restore.
-  int64_t TakeUnverified(int64_t step_id, int64_t committed);
+  // The first step staged, `step_id`: when a worker that had committed
+  // nothing restored momentum as of step S and `step_id` is not S + 1,
+  // returns S (that momentum belongs to another step: the store drops it
+  // and calls Dropped); -1 otherwise. Asked once per restore.
+  int64_t TakeUnverified(int64_t step_id);
   // `count` restored experts were dropped (counted as stale restores).
   void Dropped(int64_t count);
   // The momentum of `lost` (an item whose previous owner is gone, owned
@@ -155,8 +155,8 @@ class MomentumCheckpoints {
   int64_t written_step_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t written_version_ ABSL_GUARDED_BY(mu_) = -1;
   bool requested_ ABSL_GUARDED_BY(mu_) = false;
-  // The step S of a restore whose S + 1 no trainer has asked for yet (-1:
-  // none); only while no step was committed here.
+  // The step S of a restore whose S + 1 no step has staged yet (-1:
+  // none); only while no step was staged here.
   int64_t unverified_ ABSL_GUARDED_BY(mu_) = -1;
   // What FindMissing found for each (matrix, expert) it looked up: the
   // step it looked for, the last step committed here then, whether that

@@ -316,8 +316,8 @@ absl::Status MomentumStore::RestoreMissing(int64_t committed) {
   return absl::OkStatus();
 }
 
-void MomentumStore::CheckRestoredStep(int64_t step_id, int64_t committed) {
-  const int64_t restored = checkpoints_.TakeUnverified(step_id, committed);
+void MomentumStore::CheckRestoredStep(int64_t step_id) {
+  const int64_t restored = checkpoints_.TakeUnverified(step_id);
   if (restored < 0) return;
   absl::MutexLock lock(&mu_);
   // Zero, as a new owner with nothing to restore starts (the step reads

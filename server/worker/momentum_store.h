@@ -171,11 +171,13 @@ class MomentumStore {
   // (no checkpoints enabled, no directory, nothing missing); INTERNAL when
   // the directory cannot be listed or a device copy fails.
   absl::Status RestoreMissing(int64_t last_committed);
-  // The first step a trainer asks for, `step_id`, after a worker that had
-  // committed nothing restored momentum as of step S: unless it is S + 1
-  // (the trainer resumed from S), every owned expert starts from zero
-  // instead (an error log, counted as stale restores and as resets).
-  void CheckRestoredStep(int64_t step_id, int64_t last_committed);
+  // The first step staged, `step_id`, after a worker that had committed
+  // nothing restored momentum as of step S: unless it is S + 1 (the job
+  // resumed from S, or a retry of S found it committed), every owned
+  // expert starts from zero instead (an error log, counted as stale
+  // restores and as resets). Checked when a step stages rather than when
+  // the trainer asks, because a retry of a committed step stages nothing.
+  void CheckRestoredStep(int64_t step_id);
   // The step the momentum restored from a checkpoint is as of (-1: none).
   int64_t restored_step() const { return checkpoints_.restored_step(); }
 

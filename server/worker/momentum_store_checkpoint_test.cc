@@ -77,7 +77,7 @@ TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
             std::string::npos);
   // Its trainer asks for step 9, not 6: the restored momentum is of
   // another step, so it starts from zero, counted as resets.
-  restarted.CheckRestoredStep(9, -1);
+  restarted.CheckRestoredStep(9);
   EXPECT_EQ(restarted.TakeResets(), 2);
   EXPECT_EQ(restarted.TakeResets(), 0);
   EXPECT_EQ(restarted.resets_total(), 2);

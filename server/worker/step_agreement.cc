@@ -105,8 +105,28 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   mine.hyper_hash = HyperHash(request);
   mine.trainer_rank = trainer_ == nullptr ? -1 : trainer_->rank;
   mine.trainer_count = trainer_ == nullptr ? 0 : trainer_->count;
+  mine.torn_step = -1;
+  mine.record_decided = -1;
   if (trainer_ != nullptr) {
     mine.tensors_hash = trainer_->tensors_hash;
+    // What a worker before this one left in the trainer's step record.
+    const StepRecord& inherited = trainer_->inherited;
+    if (inherited.torn() > mine.last_step) mine.torn_step = inherited.torn();
+    if (inherited.decider != ledger_.instance) {
+      mine.record_decided = inherited.decided;
+      mine.record_decider = inherited.decider;
+    }
+    // What a repair from here could send.
+    mine.means_step = ledger_.means_step;
+    mine.full_params = 1;
+    for (const Binding& b : trainer_->matrices) {
+      if (b.layout == scheduler::Layout::kRowSharded && !b.full_param) {
+        mine.full_params = 0;
+      }
+    }
+    for (const auto& [name, b] : trainer_->adamw) {
+      if (b.layout == scheduler::Layout::kUnreduced) mine.has_unreduced = 1;
+    }
   }
   CopyProblem(LocalProblem(request, intact), mine.problem);
   *decision = RoundDecision{};
@@ -167,7 +187,11 @@ absl::Status RoundAgreement::Resolve(const RoundDecision& decision) {
   } else if (staged.step_id >= 0) {
     DropStaged(ledger_, plan_);
   }
-  ledger_.settled = std::max(ledger_.settled, decision.committed);
+  // Answered here from now on, once this rank holds it (a rank whose
+  // trainer misses it waits for a repair round).
+  if (ledger_.last.load() >= decision.committed) {
+    ledger_.settled = std::max(ledger_.settled, decision.committed);
+  }
   return absl::OkStatus();
 }
 

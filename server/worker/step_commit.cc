@@ -82,6 +82,10 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
   StagedStep& staged = ledger.staged;
   const Stream stream = ops.stream();
   if (trainer != nullptr) {
+    // The step record brackets the writes: a worker that dies part-way
+    // leaves applying above applied for its successor to see.
+    MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
+        stream, StepRecordWord::kApplying, StepRecordValue(staged.step_id)));
     const float* staging = trainer->staging->data();
     for (const ParamApply& a : staged.applies) {
       const Binding& b = trainer->matrices[a.matrix];
@@ -90,6 +94,8 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
           staging + a.staged_at, a.count, a.decay, a.step, stream));
     }
     MUONPS_RETURN_IF_ERROR(WriteMeans(staged.means, *trainer, ops));
+    MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
+        stream, StepRecordWord::kApplied, StepRecordValue(staged.step_id)));
   }
   if (plan.momentum != nullptr) plan.momentum->CommitStaged();
   const int64_t step = staged.step_id;
@@ -195,6 +201,22 @@ CommitOutcome RunCommitPhases(
     at(StepPoint::kPrepared);
     decision.step_id = step;
     decision.commit = why.empty() ? 1 : 0;
+    if (decision.commit && trainer != nullptr) {
+      // Recorded before anyone hears it, in the trainer's memory: a
+      // successor of this worker still knows the decision.
+      absl::Status recorded = trainer->buffers->WriteRecord(
+          ops.stream(), StepRecordWord::kDecider, ledger.instance);
+      if (recorded.ok()) {
+        recorded = trainer->buffers->WriteRecord(
+            ops.stream(), StepRecordWord::kDecided, StepRecordValue(step));
+      }
+      if (!recorded.ok()) {
+        decision.commit = 0;
+        code = absl::StatusCode::kUnavailable;
+        why =
+            absl::StrCat("recording the decision failed: ", recorded.message());
+      }
+    }
     decision.code = static_cast<int32_t>(code);
     CopyProblem(why, decision.reason);
     told = control.Broadcast(&decision, 0);

@@ -107,6 +107,19 @@ absl::Status StepEngine::NoPlanYet() const {
                                  " has no plan yet (or is not in it)"));
 }
 
+void StepEngine::AdoptRecordLocked(const StepRecord& record) {
+  if (ledger_.last.load() >= 0 || record.applied < 0) return;
+  ledger_.last.store(record.applied);
+  spdlog::info(
+      "worker={} its trainer's step record says the parameters hold step "
+      "{}{}: taken as this worker's last committed step",
+      worker_id_, record.applied,
+      record.torn() >= 0
+          ? absl::StrCat(" and part of step ", record.torn(),
+                         " (its predecessor stopped writing them)")
+          : "");
+}
+
 StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
   StepResponse out;
   out.step_id = step_id;
@@ -147,7 +160,6 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
     return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
                       kNoTrainerAttached);
   }
-  momentum_.CheckRestoredStep(request.step_id, ledger_.last.load());
   RoundResult round;
   for (int rounds = 0;; ++rounds) {
     if (rounds == kMaxRounds) {
@@ -324,6 +336,13 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   }
   MUONPS_ASSIGN_OR_RETURN(AttachedTrainer trainer,
                           BindTrainer(request, matrices, *buffers));
+  // What a worker before this one wrote of the parameters' steps.
+  absl::StatusOr<StepRecord> record = buffers->ReadRecord();
+  if (record.ok()) {
+    trainer.inherited = *record;
+  } else if (!absl::IsNotFound(record.status())) {
+    return Annotate(record.status(), "step_record");
+  }
   // The device ops allocate thread-safely; only their use in a step is
   // ordered by the lock.
   MUONPS_RETURN_IF_ERROR(trainer.AllocateWorkBuffers(*ops));
@@ -361,6 +380,7 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   }
   DropStaged(ledger_, plan_);
   ledger_.means_step = -1;
+  AdoptRecordLocked(trainer.inherited);
   trainer_ = std::move(trainer);
   trainer_pid_.store(request.trainer_pid);
   spdlog::info("worker={} trainer {}/{} attached {} tensors ({})", worker_id_,

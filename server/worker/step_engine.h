@@ -222,6 +222,11 @@ class StepEngine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
   absl::Status NoPlanYet() const;
+  // A worker that has committed nothing (it restarted) takes the last step
+  // its trainer's step record says the parameters wholly hold as its last
+  // committed one: its predecessor committed it into them.
+  void AdoptRecordLocked(const StepRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the transport if there is none, and runs the momentum handover
   // on every new one; the handover's FAILED_PRECONDITION (lost momentum)
   // stays for the rest of the plan version. A handover that fails on the

@@ -143,6 +143,15 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
       committer = r;
     }
   }
+  // A rank 0 that decided to commit and then restarted: its decision
+  // stands (some rank may have committed on it), as its trainer's step
+  // record says.
+  for (int r = 0; r < n; ++r) {
+    if (h[r].record_decided > committed) {
+      committed = h[r].record_decided;
+      committer = r;
+    }
+  }
   // Staged steps: commit, drop, or nobody can tell.
   for (int r = 0; r < n; ++r) {
     const int64_t staged = h[r].staged_step;
@@ -155,9 +164,14 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                        " was committed since: ", ReloadFrom(committed)),
           committed, false);
     }
+    // The rank 0 that ran it is here, or its decisions are: the step
+    // record its trainer lent says the highest step it decided to commit,
+    // and this one is above it (an abort is not recorded: nobody committed).
     bool decider_here = false;
     for (int q = 0; q < n; ++q) {
-      decider_here = decider_here || h[q].instance == h[r].staged_decider;
+      decider_here = decider_here || h[q].instance == h[r].staged_decider ||
+                     (h[q].record_decider != 0 &&
+                      h[q].record_decider == h[r].staged_decider);
     }
     if (!decider_here) {
       return Rejected(
@@ -168,6 +182,81 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                        ReloadFrom(committed)),
           committed, false);
     }
+  }
+  // Trainers whose parameters miss the last committed step (their
+  // worker's predecessor stopped before applying it, or part-way).
+  for (int r = 0; r < trainers && r < n; ++r) {
+    const bool torn = h[r].torn_step >= 0;
+    const bool fresh = h[r].last_step < 0 && h[r].staged_step < 0 && !torn;
+    const bool misses = !(fresh || h[r].staged_step == committed ||
+                          (h[r].last_step >= committed && !torn));
+    // A retry of the step, answered already_applied, on a worker that no
+    // longer holds the step's AdamW means (it restarted): the lent
+    // gradients may be the trainer's own again, so the means come from a
+    // peer too.
+    const bool needs_means =
+        !misses && !fresh && h[r].has_unreduced && h[r].step_id == committed &&
+        h[r].means_step != committed && h[r].staged_step != committed;
+    if (!misses && !needs_means) continue;
+    std::string why_not;
+    if (!misses) {
+      // Only the means.
+    } else if (h[r].last_step != committed - 1 ||
+               (torn && h[r].torn_step != committed)) {
+      why_not = absl::StrCat("they hold step ", h[r].last_step,
+                             ", more than one step behind");
+    } else if (h[r].step_id != committed) {
+      why_not = absl::StrCat("its trainer asks for step ", h[r].step_id);
+    } else if (!h[r].full_params) {
+      why_not = "its trainer keeps only its rows of a row-sharded matrix";
+    }
+    int source = -1;
+    for (int s = 0; s < trainers && s < n && why_not.empty(); ++s) {
+      const bool holds = h[s].torn_step < 0 && (h[s].last_step == committed ||
+                                                h[s].staged_step == committed);
+      const bool means = !h[s].has_unreduced || h[s].means_step == committed ||
+                         h[s].staged_step == committed;
+      if (s != r && holds && means && (!misses || h[s].full_params) &&
+          h[s].tensors_hash == h[r].tensors_hash) {
+        source = s;
+        break;
+      }
+    }
+    if (why_not.empty() && source < 0) {
+      why_not = absl::StrCat("no trainer that holds step ", committed,
+                             misses ? " keeps whole parameters and" : "",
+                             " holds that step's AdamW means");
+    }
+    if (!why_not.empty()) {
+      const std::string what =
+          !misses ? absl::StrCat(Who(ids, r),
+                                 " restarted and its trainer "
+                                 "retries step ",
+                                 committed,
+                                 ", whose AdamW means it no longer holds")
+          : torn  ? absl::StrCat("the parameters of ", Who(ids, r),
+                                 "'s trainer hold part of step ", h[r].torn_step,
+                                 " (the worker before it stopped while "
+                                  "writing them)")
+                  : absl::StrCat(Who(ids, r), " lost step ", committed,
+                                 ", which ", Who(ids, committer),
+                                 " committed: its trainer's parameters "
+                                  "lack it");
+      return Rejected(absl::StatusCode::kDataLoss,
+                      absl::StrCat(what, "; no repair: ", why_not, "; ",
+                                   ReloadFrom(committed)),
+                      committed, false);
+    }
+    RoundDecision d{};
+    d.kind = static_cast<int32_t>(RoundKind::kRepair);
+    d.step_id = committed;
+    d.committed = committed;
+    d.resolve = 1;
+    d.source = source;
+    d.target = r;
+    d.params = misses ? 1 : 0;
+    d.decider = decider;
+    return d;
   }
   bool settled = false, asking = false;
   for (int r = 0; r < trainers && r < n; ++r) {
@@ -182,15 +271,6 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                        "unknown; ",
                        ReloadFrom(committed)),
           committed, false);
-    }
-    if (!fresh && h[r].last_step < committed && h[r].staged_step != committed) {
-      return Rejected(absl::StatusCode::kDataLoss,
-                      absl::StrCat(Who(ids, r), " lost step ", committed,
-                                   ", which ", Who(ids, committer),
-                                   " committed: its trainer's parameters lack "
-                                   "it; ",
-                                   ReloadFrom(committed)),
-                      committed, false);
     }
     if (h[r].step_id <= committed) {
       settled = true;

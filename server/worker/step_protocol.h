@@ -30,7 +30,21 @@ struct StepHeader {
   uint64_t instance;        // this worker process (random at start)
   uint64_t hyper_hash;      // HyperHash of the trainer's request
   uint64_t tensors_hash;    // TensorsHash of the trainer's AdamW bindings
-  int32_t trainer_rank;     // -1: no trainer
+  // What the trainer's step record (lending/step_record.h) held when it
+  // attached, written by a worker before this one: a step whose writing
+  // into the parameters stopped part-way (-1: none), and the highest step
+  // that worker decided to commit as rank 0 (-1: none) with its instance.
+  int64_t torn_step;
+  int64_t record_decided;
+  uint64_t record_decider;
+  // What a repair from this rank could send (RoundKind::kRepair): the step
+  // whose AdamW means its staging holds (-1: none), whether its trainer
+  // keeps the whole parameter of every matrix, and whether it lends
+  // unreduced AdamW tensors.
+  int64_t means_step;
+  int32_t full_params;
+  int32_t has_unreduced;
+  int32_t trainer_rank;  // -1: no trainer
   int32_t trainer_count;
   char problem[kProblemBytes];  // "" or why this rank cannot step
 };
@@ -45,6 +59,14 @@ enum class RoundKind : int32_t {
   kNoStep = 2,
   // Refused on every rank with `code` and `problem`; nothing changed.
   kReject = 3,
+  // The trainer of rank `target` misses step `committed`, which its
+  // worker's predecessor did not apply (or applied part of): rank `source`,
+  // whose trainer holds it, sends its trainer's parameters (and the step's
+  // AdamW means) for the target to write into its trainer's (ParamRepair).
+  // With `params` 0, only the means (the target's worker restarted after
+  // applying the step, and its trainer retries it). Then as kNoStep; a
+  // rank that still misses the step goes to a new round.
+  kRepair = 4,
 };
 
 struct RoundDecision {
@@ -56,7 +78,9 @@ struct RoundDecision {
   // every other is dropped. 0: staging stays as it is (a kReject for
   // DATA_LOSS: the facts do not tell what to do).
   int32_t resolve;
-  int32_t padding;
+  int32_t source;  // kRepair: the ranks that send and receive
+  int32_t target;
+  int32_t params;    // kRepair: 1: the parameters and the means; 0: the means
   uint64_t decider;  // rank 0's instance
   char problem[kProblemBytes];
 };
@@ -141,12 +165,20 @@ std::string StepRequestProblem(const StepRequest& request, int group_count);
 // Staged steps: one at or below the highest committed step anywhere commits
 // (a rank commits only after its rank 0 decided to, so it was decided);
 // one above it is dropped when the rank 0 that ran it is still here (it
-// knows it did not commit); otherwise the round is refused with DATA_LOSS,
-// as it is when a restarted worker's trainer retries a step its peers
-// committed (whether that trainer's parameters hold it is unknown). Then a
-// kNoStep if any trainer asks for a committed step, else a kGo once the
-// requests, hyperparameters, AdamW tensors and trainer ranks agree (a
-// kReject with INVALID_ARGUMENT naming the disagreement otherwise).
+// knows it did not commit), or when the step record its trainer lent says
+// what that rank 0 decided before it restarted (a decision to commit counts
+// as committed); otherwise the round is refused with DATA_LOSS. A trainer
+// whose parameters miss the last committed step, or hold part of it (its
+// worker restarted), and retry it is repaired (kRepair) from a trainer
+// that holds it, when both keep whole parameters and the source still
+// holds the step's AdamW means; so are the means alone for a retry on a
+// worker that restarted after applying the step; otherwise DATA_LOSS names
+// whose parameters miss what. So is a restarted worker that found no step
+// record and retries a step its peers committed (whether its trainer's
+// parameters hold it is unknown). Then a kNoStep if any trainer asks for a
+// committed step, else a kGo once the requests, hyperparameters, AdamW tensors
+// and trainer ranks agree (a kReject with INVALID_ARGUMENT naming the
+// disagreement otherwise).
 RoundDecision DecideRound(absl::Span<const StepHeader> headers, int trainers,
                           absl::Span<const std::string> worker_ids,
                           uint64_t decider);

@@ -23,6 +23,10 @@ StepHeader Header(int rank, int64_t step, int64_t last, uint64_t instance = 0) {
   h.step_id = step;
   h.last_step = last;
   h.staged_step = -1;
+  h.torn_step = -1;
+  h.record_decided = -1;
+  h.means_step = last;
+  h.full_params = 1;
   h.instance = instance == 0 ? 100 + rank : instance;
   h.trainer_rank = rank;
   h.trainer_count = 3;
@@ -76,6 +80,96 @@ TEST(DecideRoundTest, AStepStagedWhoseRankZeroRestartedIsDataLoss) {
   EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kDataLoss));
   EXPECT_EQ(d.resolve, 0);
   EXPECT_TRUE(absl::StrContains(Problem(d), "worker \"w1\" holds step 5"))
+      << Problem(d);
+}
+
+// The rank 0 that ran a staged step restarted, and its trainer's step
+// record says what it decided: a commit stands (the staging commits), and
+// a step above its last decision was never committed (dropped, redone).
+TEST(DecideRoundTest, TheDecisionOfARestartedRankZeroComesFromItsRecord) {
+  std::vector<StepHeader> h = {Header(0, 5, 4, 777), Header(1, 5, 4),
+                               Header(2, 5, 4)};
+  h[1].staged_step = 5;
+  h[1].staged_decider = 100;  // the w0 before its restart
+  h[0].record_decider = 100;
+  h[0].record_decided = 4;
+  RoundDecision d = DecideRound(h, 3, kIds, 777);
+  EXPECT_EQ(KindOf(d), RoundKind::kGo) << Problem(d);
+  EXPECT_EQ(d.committed, 4);  // so w1 drops its staging
+  EXPECT_EQ(d.resolve, 1);
+  // It decided to commit step 5, and died before applying it: w1 commits
+  // from its staging, and w0's trainer, which lacks the step (its record:
+  // 4), is repaired from w1's.
+  h[0].record_decided = 5;
+  d = DecideRound(h, 3, kIds, 777);
+  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
+  EXPECT_EQ(d.committed, 5);
+  EXPECT_EQ(d.resolve, 1);
+  EXPECT_EQ(d.source, 1);
+  EXPECT_EQ(d.target, 0);
+}
+
+// A trainer whose parameters miss the step its peers committed (its worker
+// restarted before applying it) is repaired from one that holds it; not
+// when no trainer keeps whole parameters and the step's AdamW means, or
+// when it misses more than that step.
+TEST(DecideRoundTest, ParametersMissingTheLastStepAreRepairedFromAPeer) {
+  std::vector<StepHeader> h = {Header(0, 5, 5), Header(1, 5, 4, 777),
+                               Header(2, 5, 5)};
+  RoundDecision d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
+  EXPECT_EQ(d.source, 0);
+  EXPECT_EQ(d.target, 1);
+  EXPECT_EQ(d.params, 1);
+  // With unreduced AdamW tensors, the source holds the step's means too.
+  for (StepHeader& x : h) x.has_unreduced = 1;
+  h[0].means_step = -1;  // w0 restarted after applying it: no means
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
+  EXPECT_EQ(d.source, 2);
+  EXPECT_EQ(d.target, 0);  // the means alone
+  EXPECT_EQ(d.params, 0);
+  h[0].means_step = 5;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(d.target, 1);
+  EXPECT_EQ(d.params, 1);
+  h[0].means_step = -1;
+  h[2].means_step = -1;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kDataLoss));
+  EXPECT_TRUE(absl::StrContains(Problem(d), "AdamW means")) << Problem(d);
+  h = {Header(0, 5, 5), Header(1, 5, 3, 777), Header(2, 5, 5)};
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "more than one step behind"))
+      << Problem(d);
+}
+
+// A restarted worker whose trainer's record says the parameters hold the
+// committed step (its predecessor applied it) answers already_applied.
+TEST(DecideRoundTest, ARestartedWorkerWhoseRecordHoldsTheStepIsApplied) {
+  const RoundDecision d = DecideRound(
+      {Header(0, 5, 5), Header(1, 5, 5, 777), Header(2, 5, 5)}, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kNoStep);
+  EXPECT_EQ(d.committed, 5);
+}
+
+TEST(DecideRoundTest, ParametersHoldingPartOfAStepAreRepairedOrNamed) {
+  std::vector<StepHeader> h = {Header(0, 5, 5), Header(1, 5, 4, 777),
+                               Header(2, 5, 5)};
+  h[1].torn_step = 5;
+  RoundDecision d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
+  EXPECT_EQ(d.target, 1);
+  // Its trainer keeps only its rows of a matrix: nobody else has them.
+  h[1].full_params = 0;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kDataLoss));
+  EXPECT_TRUE(absl::StrContains(Problem(d),
+                                "the parameters of worker \"w1\"'s trainer "
+                                "hold part of step 5"))
       << Problem(d);
 }
 

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/worker/momentum_store.h"
+#include "server/worker/param_repair.h"
 #include "server/worker/step_agreement.h"
 #include "server/worker/step_staging.h"
 #include "spdlog/spdlog.h"
@@ -73,6 +75,21 @@ RoundResult StepRun::Run(const StepRequest& request) {
       return out;
     case RoundKind::kGo:
       return Stage(request, decision, agreement.roster());
+    case RoundKind::kRepair:
+      out.status =
+          RepairParameters(decision, plan_, trainer, *context_.transport,
+                           *context_.ops, ledger_, context_.timeout);
+      if (!out.status.ok()) {
+        out.transport_ok = false;
+        return out;
+      }
+      // As kNoStep, for a trainer whose parameters hold the step now.
+      out.kind = trainer == nullptr ? RoundResult::Kind::kNoStep
+                 : request.step_id <= decision.committed &&
+                         ledger_.last.load() >= decision.committed
+                     ? RoundResult::Kind::kAlreadyApplied
+                     : RoundResult::Kind::kAgain;
+      return out;
   }
   out.status = absl::InternalError(
       absl::StrCat("rank 0 decided round kind ", decision.kind));
@@ -89,6 +106,8 @@ RoundResult StepRun::Stage(const StepRequest& request,
   kernels::DeviceOps& ops = *context_.ops;
   DropStaged(ledger_, plan_);  // a voted one was resolved in Agree's round
   ledger_.means_step = -1;     // the staging is about to be overwritten
+  // Momentum restored from a checkpoint belongs to the step before.
+  if (plan_.momentum != nullptr) plan_.momentum->CheckRestoredStep(step_id);
   StagedStep& staged = ledger_.staged;
   staged.step_id = step_id;
   staged.decider = decision.decider;

@@ -147,6 +147,9 @@ struct AttachedTrainer {
   // A step's updates of every matrix and means of the unreduced AdamW
   // gradients, until it commits (Binding::staged_at).
   std::unique_ptr<kernels::FloatBuffer> staging;
+  // What its step record (lending/step_record.h) held when it attached:
+  // what a worker before this one wrote (all -1: none, or none lent).
+  StepRecord inherited;
 
   // Points every bf16 binding's `grad` at its own range of a new `widened`
   // buffer from `ops`, and allocates `staging`; fp32 bindings read the lent

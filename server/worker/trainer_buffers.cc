@@ -13,8 +13,9 @@ namespace {
 
 class SharedMemoryBuffers final : public TrainerBuffers {
  public:
-  explicit SharedMemoryBuffers(SharedMemorySegment segment)
-      : segment_(std::move(segment)) {}
+  // `record` points at the step record in the segment, or is null.
+  SharedMemoryBuffers(SharedMemorySegment segment, uint64_t* record)
+      : segment_(std::move(segment)), record_(record) {}
 
   Device device() const override { return kHostDevice; }
   absl::Status CheckIntact() const override { return segment_.CheckSize(); }
@@ -43,8 +44,26 @@ class SharedMemoryBuffers final : public TrainerBuffers {
     return LentTensor{base + t.grad_offset, base + t.param_offset, dtype};
   }
 
+  // The host stream runs each call as it is made: reads and writes happen
+  // in its order. Atomic, because the trainer's process shares the page.
+  absl::StatusOr<StepRecord> ReadRecord() override {
+    if (record_ == nullptr) return absl::NotFoundError("no step record lent");
+    uint64_t words[kStepRecordBytes / sizeof(uint64_t)] = {};
+    for (size_t i = 0; i < std::size(words); ++i) {
+      words[i] = __atomic_load_n(&record_[i], __ATOMIC_ACQUIRE);
+    }
+    return StepRecordFromWords(words);
+  }
+  absl::Status WriteRecord(Stream /*stream*/, StepRecordWord word,
+                           uint64_t value) override {
+    if (record_ == nullptr) return absl::OkStatus();
+    __atomic_store_n(&record_[static_cast<int>(word)], value, __ATOMIC_RELEASE);
+    return absl::OkStatus();
+  }
+
  private:
   SharedMemorySegment segment_;
+  uint64_t* const record_;  // in the segment; null: none lent
 };
 
 }  // namespace
@@ -76,8 +95,23 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
       SharedMemorySegment segment,
       SharedMemorySegment::Open(request.segment,
                                 static_cast<size_t>(request.segment_bytes)));
+  uint64_t* record = nullptr;
+  if (request.step_record_offset >= 0) {
+    const int64_t offset = request.step_record_offset;
+    if (offset % static_cast<int64_t>(sizeof(uint64_t)) != 0 ||
+        offset >
+            request.segment_bytes - static_cast<int64_t>(kStepRecordBytes)) {
+      return InvalidField(
+          "step_record.segment_offset",
+          absl::StrCat(offset, " is not a multiple of 8 with ",
+                       kStepRecordBytes, " bytes of the ",
+                       request.segment_bytes, "-byte segment after it"));
+    }
+    record = reinterpret_cast<uint64_t*>(static_cast<char*>(segment.data()) +
+                                         offset);
+  }
   return std::unique_ptr<TrainerBuffers>(
-      new SharedMemoryBuffers(std::move(segment)));
+      new SharedMemoryBuffers(std::move(segment), record));
 }
 
 }  // namespace worker

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/device.h"
 #include "common/dtype.h"
+#include "lending/step_record.h"
 #include "server/worker/attach_request.h"
 
 namespace muonps {
@@ -66,6 +67,18 @@ class TrainerBuffers {
   // (CUDA: its done counter becomes step_id + 1). Host memory: the Step
   // response says it.
   virtual absl::Status SignalTrainer(Stream /*stream*/, int64_t /*step_id*/) {
+    return absl::OkStatus();
+  }
+
+  // The trainer's step record (lending/step_record.h), read now (after
+  // what the stream did so far); NOT_FOUND when the trainer lent none.
+  virtual absl::StatusOr<StepRecord> ReadRecord() {
+    return absl::NotFoundError("no step record lent");
+  }
+  // Sets word `word` of the record to `value` in `stream` order (after the
+  // work enqueued on it so far); OK without writing when none was lent.
+  virtual absl::Status WriteRecord(Stream /*stream*/, StepRecordWord /*word*/,
+                                   uint64_t /*value*/) {
     return absl::OkStatus();
   }
 };

@@ -59,6 +59,10 @@ absl::StatusOr<AttachRequest> AttachRequestFromProto(
   out.ready_event = request.ready_event();
   out.done_counter = CudaBufferFromProto(request.done_counter());
   out.trainer_pid = request.trainer_pid();
+  if (request.has_step_record()) {
+    out.step_record_offset = request.step_record().segment_offset();
+    out.step_record_cuda = CudaBufferFromProto(request.step_record().cuda());
+  }
   out.tensors.reserve(request.tensors_size());
   for (const v1::TensorBinding& t : request.tensors()) {
     MUONPS_ASSIGN_OR_RETURN(TensorBinding binding, BindingFromProto(t));
