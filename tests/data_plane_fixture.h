@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -24,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -170,6 +172,34 @@ struct LoopOutcome {
   bool finished = false;              // every step was answered OK
 };
 
+// What one trainer's retrying loop saw (RunRetryingLoops).
+struct RetryingLoop {
+  int64_t last_done = 0;  // the last step answered OK
+  int64_t resets = 0;     // momentum_reset over the answered steps
+  // Every failed attempt's status code, counted, and its first message.
+  std::map<absl::StatusCode, int> failures;
+  std::map<absl::StatusCode, std::string> first;
+  std::string last_failure;
+  bool finished = false;
+};
+
+// The last step every trainer's retrying loop finished, shared with the
+// thread that injects failures meanwhile. Thread-safe.
+class LoopProgress {
+ public:
+  explicit LoopProgress(int trainers) : done_(trainers) {
+    for (auto& d : done_) d.store(0);
+  }
+  void Finished(int rank, int64_t step) { done_[rank].store(step); }
+  // The step every trainer has finished.
+  int64_t Slowest() const;
+  // Waits until Slowest() >= step; false after `timeout`.
+  bool WaitFor(int64_t step, absl::Duration timeout) const;
+
+ private:
+  std::vector<std::atomic<int64_t>> done_;
+};
+
 // How RunStep drives each trainer; the defaults write the clean gradients
 // of the step and call Step at once on every rank.
 struct StepScript {
@@ -215,6 +245,12 @@ class DataPlaneFixture : public ::testing::Test {
   // until it is answered OK (at most `attempts` calls), then goes on.
   std::vector<LoopOutcome> RunTrainerLoops(int64_t first, int64_t last,
                                            int attempts);
+  // The same as a user's loop retries: Step until it is answered, pausing
+  // 50 ms after a failure, for at most `per_step` per step; every finished
+  // step goes to `progress` (may be null).
+  std::vector<RetryingLoop> RunRetryingLoops(
+      int64_t first, int64_t last, LoopProgress* progress,
+      absl::Duration per_step = absl::Seconds(60));
 
   // Writes rank `rank`'s clean gradients of `step` into its buffers.
   void WriteGradients(int rank, int64_t step);

@@ -3,6 +3,7 @@
 // point.
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -33,6 +34,58 @@ std::vector<LoopOutcome> DataPlaneFixture::RunTrainerLoops(int64_t first,
         if (!answered) return;
       }
       out[r].finished = true;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+int64_t LoopProgress::Slowest() const {
+  int64_t slowest = done_[0].load();
+  for (const auto& d : done_) slowest = std::min(slowest, d.load());
+  return slowest;
+}
+
+bool LoopProgress::WaitFor(int64_t step, absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (Slowest() < step) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+std::vector<RetryingLoop> DataPlaneFixture::RunRetryingLoops(
+    int64_t first, int64_t last, LoopProgress* progress,
+    absl::Duration per_step) {
+  std::vector<RetryingLoop> out(trainers());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < trainers(); ++r) {
+    threads.emplace_back([this, r, first, last, progress, per_step, &out] {
+      RetryingLoop& loop = out[r];
+      for (int64_t step = first; step <= last; ++step) {
+        WriteGradients(r, step);
+        const absl::Time give_up = absl::Now() + per_step;
+        bool answered = false;
+        while (!answered && absl::Now() < give_up) {
+          absl::StatusOr<StepResult> result = clients_[r]->Step(step);
+          answered = result.ok();
+          if (answered) {
+            loop.resets += result->momentum_reset;
+            continue;
+          }
+          const absl::StatusCode code = result.status().code();
+          if (loop.failures[code]++ == 0) {
+            loop.first[code] = std::string(result.status().message());
+          }
+          loop.last_failure = result.status().ToString();
+          absl::SleepFor(absl::Milliseconds(50));
+        }
+        if (!answered) return;
+        loop.last_done = step;
+        if (progress != nullptr) progress->Finished(r, step);
+      }
+      loop.finished = true;
     });
   }
   for (std::thread& t : threads) t.join();

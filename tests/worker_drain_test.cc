@@ -28,65 +28,22 @@ namespace {
 
 using testing::ClusterOptions;
 using testing::DataPlaneFixture;
+using testing::LoopProgress;
 using testing::MixedModel;
 using testing::ModelDecl;
 using testing::ReferenceModel;
+using testing::RetryingLoop;
 
 constexpr int kWorkers = 3;
 constexpr int64_t kSteps = 300;
 // The service and the replay run the same fp32 kernels in the same order.
 constexpr double kExact = 0;
 
-// What a trainer's retrying loop saw.
-struct RetryingLoop {
-  int64_t last_done = 0;  // the last step answered OK
-  int64_t resets = 0;     // momentum_reset over the answered steps
-  // Every failed attempt's status code, counted, and its first message.
-  std::map<absl::StatusCode, int> failures;
-  std::map<absl::StatusCode, std::string> first;
-  std::string last_failure;
-  bool finished = false;
-};
-
 class WorkerDrainTest : public DataPlaneFixture {
  protected:
-  // Every trainer runs steps [1, kSteps] as a user's loop does: writes the
-  // step's gradients once and calls Step until it is answered, pausing
-  // 50 ms after a failure, for at most 60 s per step. `done[r]` is the
-  // last step rank r finished.
-  std::vector<RetryingLoop> RunLoops(std::vector<std::atomic<int64_t>>* done) {
-    std::vector<RetryingLoop> out(trainers());
-    std::vector<std::thread> threads;
-    for (int r = 0; r < trainers(); ++r) {
-      threads.emplace_back([this, r, done, &out] {
-        RetryingLoop& loop = out[r];
-        for (int64_t step = 1; step <= kSteps; ++step) {
-          WriteGradients(r, step);
-          const absl::Time give_up = absl::Now() + absl::Seconds(60);
-          bool answered = false;
-          while (!answered && absl::Now() < give_up) {
-            absl::StatusOr<StepResult> result = client(r).Step(step);
-            answered = result.ok();
-            if (answered) {
-              loop.resets += result->momentum_reset;
-            } else {
-              if (loop.failures[result.status().code()]++ == 0) {
-                loop.first[result.status().code()] =
-                    std::string(result.status().message());
-              }
-              loop.last_failure = result.status().ToString();
-              absl::SleepFor(absl::Milliseconds(50));
-            }
-          }
-          if (!answered) return;
-          loop.last_done = step;
-          (*done)[r].store(step);
-        }
-        loop.finished = true;
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    return out;
+  // Every trainer runs steps [1, kSteps] as a user's loop does.
+  std::vector<RetryingLoop> RunLoops(LoopProgress* progress) {
+    return RunRetryingLoops(1, kSteps, progress);
   }
 
   // The job on kWorkers CPU workers, as every test here runs it.
@@ -112,34 +69,17 @@ class WorkerDrainTest : public DataPlaneFixture {
   const ModelDecl model_ = MixedModel();
 };
 
-int64_t Slowest(const std::vector<std::atomic<int64_t>>& done) {
-  int64_t slowest = done[0].load();
-  for (const auto& d : done) slowest = std::min(slowest, d.load());
-  return slowest;
-}
-
-// Waits until every trainer finished step `step` (false after 120 s).
-bool WaitForStep(const std::vector<std::atomic<int64_t>>& done, int64_t step) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (Slowest(done) < step) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
-
 TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
-  std::vector<std::atomic<int64_t>> done(trainers());
-  for (auto& d : done) d.store(0);
+  LoopProgress done(trainers());
   std::vector<RetryingLoop> loops;
   std::thread trainers_thread([&] { loops = RunLoops(&done); });
   std::vector<int64_t> restarted_at;
   for (int w = 0; w < kWorkers; ++w) {
     const int64_t at = 40 + 80 * w;
-    if (!WaitForStep(done, at)) break;
-    restarted_at.push_back(Slowest(done));
+    if (!done.WaitFor(at, absl::Seconds(120))) break;
+    restarted_at.push_back(done.Slowest());
     SignalWorker(w, SIGTERM);
     const absl::StatusOr<int> exited = WaitForWorkerExit(w, absl::Seconds(30));
     ASSERT_TRUE(exited.ok())
@@ -154,7 +94,7 @@ TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
   }
   trainers_thread.join();
   ASSERT_EQ(restarted_at.size(), static_cast<size_t>(kWorkers))
-      << "training stalled at step " << Slowest(done);
+      << "training stalled at step " << done.Slowest();
   int64_t resets = 0;
   std::map<absl::StatusCode, int> failures;
   std::map<absl::StatusCode, std::string> first;
@@ -196,11 +136,10 @@ TEST_F(WorkerDrainTest, ARollingRestartOfEveryWorkerLosesNothing) {
 TEST_F(WorkerDrainTest, AnOperatorsDrainMovesTheMomentumAndTheWorkerExits) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
-  std::vector<std::atomic<int64_t>> done(trainers());
-  for (auto& d : done) d.store(0);
+  LoopProgress done(trainers());
   std::vector<RetryingLoop> loops;
   std::thread trainers_thread([&] { loops = RunLoops(&done); });
-  bool drained = WaitForStep(done, 60);
+  bool drained = done.WaitFor(60, absl::Seconds(120));
   if (drained) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
@@ -253,11 +192,10 @@ TEST_F(WorkerDrainTest, ScalingThePoolDownHandsItsMomentumBack) {
     }
   }
   ASSERT_GT(owned, 0) << "the plan gave the pool worker nothing";
-  std::vector<std::atomic<int64_t>> done(trainers());
-  for (auto& d : done) d.store(0);
+  LoopProgress done(trainers());
   std::vector<RetryingLoop> loops;
   std::thread trainers_thread([&] { loops = RunLoops(&done); });
-  bool left = WaitForStep(done, 60);
+  bool left = done.WaitFor(60, absl::Seconds(120));
   if (left) {
     SignalWorker(kWorkers, SIGTERM);
     const absl::StatusOr<int> exited =

@@ -108,6 +108,9 @@ class HelloAcceptor {
   std::vector<Connection>& sockets_;
   int missing_ = 0;
   std::string last_refusal_;
+  // The last refusal was of a peer on another plan's session or size: a
+  // plan still reaching every rank (UNAVAILABLE, not FAILED_PRECONDITION).
+  bool last_refusal_transient_ = false;
   std::vector<std::unique_ptr<PendingHandshake>> pending_;
 };
 
@@ -242,6 +245,9 @@ absl::Status HelloAcceptor::AnswerHello(PendingHandshake& pending) {
     reply.proof = *proof;
   } else {
     last_refusal_ = DescribeRefusedHello(hello, reply.verdict, params_);
+    last_refusal_transient_ =
+        reply.verdict == HandshakeVerdict::kWrongSession ||
+        reply.verdict == HandshakeVerdict::kWrongWorldSize;
   }
   EncodeHandshake(reply, pending.bytes);
   pending.stage = Stage::kWritingVerdict;
@@ -276,6 +282,7 @@ void HelloAcceptor::CheckConfirmation(PendingHandshake& pending) {
     last_refusal_ = absl::StrCat("refused a connection from ", pending.address,
                                  " claiming to be peer rank ", hello.from_rank,
                                  ": it failed the job's membership proof");
+    last_refusal_transient_ = false;
     spdlog::warn("session={} rank={} {}", params_.session, params_.rank,
                  last_refusal_);
     pending.socket.Close();
@@ -310,8 +317,9 @@ absl::Status HelloAcceptor::Missing() const {
     if (!sockets_[peer].valid()) absent.push_back(peer);
   }
   return absl::Status(
-      last_refusal_.empty() ? absl::StatusCode::kDeadlineExceeded
-                            : absl::StatusCode::kFailedPrecondition,
+      last_refusal_.empty()     ? absl::StatusCode::kDeadlineExceeded
+      : last_refusal_transient_ ? absl::StatusCode::kUnavailable
+                                : absl::StatusCode::kFailedPrecondition,
       absl::StrCat("rank ", params_.rank, " waited connect_timeout ",
                    absl::FormatDuration(params_.connect_timeout),
                    " for peer ranks [", absl::StrJoin(absent, ", "),

@@ -66,11 +66,21 @@ bool IsAcceptanceOf(const Handshake& reply, const Handshake& hello) {
          reply.world_size == hello.world_size;
 }
 
+// Whether a refusal is that of a peer on another plan's session or size:
+// a plan still reaching every rank, which a retry outlasts.
+bool TransientRefusal(HandshakeVerdict verdict) {
+  return verdict == HandshakeVerdict::kWrongSession ||
+         verdict == HandshakeVerdict::kWrongWorldSize;
+}
+
 // One attempt: hello, acceptance (checked against the secret), confirmation.
 // The connected socket; UNAVAILABLE or DEADLINE_EXCEEDED for a connection
-// that failed, FAILED_PRECONDITION for a refusal or a failed proof.
+// that failed, FAILED_PRECONDITION for a refusal or a failed proof (with
+// *transient set for a TransientRefusal).
 absl::StatusOr<Connection> TryConnect(int peer, const HostPort& address,
-                                      const MeshParams& params) {
+                                      const MeshParams& params,
+                                      bool* transient) {
+  *transient = false;
   Handshake hello;
   hello.session = params.session;
   hello.from_rank = params.rank;
@@ -81,6 +91,7 @@ absl::StatusOr<Connection> TryConnect(int peer, const HostPort& address,
   MUONPS_ASSIGN_OR_RETURN(Handshake reply,
                           ExchangeHello(socket, hello, params.deadline));
   if (!IsAcceptanceOf(reply, hello)) {
+    *transient = TransientRefusal(reply.verdict);
     return absl::FailedPreconditionError(DescribeRefusal(hello, reply));
   }
   HandshakeTranscript transcript;
@@ -127,12 +138,15 @@ absl::StatusOr<Connection> ConnectToLowerRank(int peer, const HostPort& address,
   // peer gave up at its own deadline), so the last refusal is what is told.
   std::string last_failure = "no attempt finished";
   std::string last_refusal;
+  bool transient = false, last_transient = false;
   std::chrono::milliseconds delay = kFirstRetryDelay;
   while (true) {
-    absl::StatusOr<Connection> socket = TryConnect(peer, address, params);
+    absl::StatusOr<Connection> socket =
+        TryConnect(peer, address, params, &transient);
     if (socket.ok()) return socket;
     if (absl::IsFailedPrecondition(socket.status())) {
       last_refusal = std::string(socket.status().message());
+      last_transient = transient;
     } else {
       last_failure = std::string(socket.status().message());
     }
@@ -140,10 +154,13 @@ absl::StatusOr<Connection> ConnectToLowerRank(int peer, const HostPort& address,
     std::this_thread::sleep_for(delay);
     delay = std::min(delay * 2, kLongestRetryDelay);
   }
+  // A peer on another plan's session is UNAVAILABLE: retry once the plan
+  // reached it.
   const bool refused = !last_refusal.empty();
   return absl::Status(
-      refused ? absl::StatusCode::kFailedPrecondition
-              : absl::StatusCode::kDeadlineExceeded,
+      !refused         ? absl::StatusCode::kDeadlineExceeded
+      : last_transient ? absl::StatusCode::kUnavailable
+                       : absl::StatusCode::kFailedPrecondition,
       absl::StrCat("rank ", params.rank, " could not connect to peer rank ",
                    peer, " at ", FormatHostPort(address),
                    " within connect_timeout ",

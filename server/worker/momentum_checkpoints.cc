@@ -90,9 +90,14 @@ MomentumCheckpoints::FindMissing(const std::string& dir, int64_t version,
                                  std::vector<Expert> missing, int64_t committed,
                                  int64_t* reference) {
   std::vector<Found> found;
+  // The checkpoints of the job's step, when it is known: a newer one may be
+  // there too, of a step staged and persisted before its vote that never
+  // committed (each directory keeps its newest two).
   MUONPS_ASSIGN_OR_RETURN(const CheckpointCatalog catalog,
-                          CheckpointCatalog::Load(dir));
-  if (catalog.empty()) return found;
+                          CheckpointCatalog::Load(dir, committed));
+  // Nothing to say when the job has no checkpoints yet; when it is at a
+  // step with none, every expert is reported missing below.
+  if (catalog.empty() && committed < 0) return found;
   // A worker that has committed nothing takes the newest checkpoint's
   // step: its trainer must resume from there.
   *reference = committed >= 0 ? committed : catalog.newest_step();
@@ -219,6 +224,13 @@ int64_t MomentumCheckpoints::TakeUnverified(int64_t step_id) {
 
 void MomentumCheckpoints::Dropped(int64_t count) { Count(0, count, 0); }
 
+void MomentumCheckpoints::Adopted(int64_t committed) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [item, lookup] : lookups_) {
+    if (lookup.committed < 0) lookup.committed = committed;
+  }
+}
+
 absl::StatusOr<std::optional<std::vector<float>>>
 MomentumCheckpoints::ForHandover(
     std::optional<absl::StatusOr<CheckpointCatalog>>& catalog,
@@ -240,7 +252,8 @@ MomentumCheckpoints::ForHandover(
       if (has_momentum) return std::nullopt;  // the slot holds that step's
     }
   }
-  if (!catalog.has_value()) catalog = CheckpointCatalog::Load(dir);
+  // The checkpoints of that step (a newer, uncommitted one may be there).
+  if (!catalog.has_value()) catalog = CheckpointCatalog::Load(dir, step);
   if (!catalog->ok()) return catalog->status();
   const scheduler::MatrixSpec& spec = lost.spec;
   std::vector<float> values(spec.rows * spec.cols);

@@ -123,6 +123,10 @@ class MomentumCheckpoints {
   int64_t TakeUnverified(int64_t step_id);
   // `count` restored experts were dropped (counted as stale restores).
   void Dropped(int64_t count);
+  // The worker took `committed` as its last committed step without
+  // committing anything (its trainer's step record said so): the lookups
+  // made while it had committed nothing stand for that step too.
+  void Adopted(int64_t committed);
   // The momentum of `lost` (an item whose previous owner is gone, owned
   // here) as of `step` (the newest step any rank committed), for the
   // handover: nullopt when a lookup since the last commit here already

@@ -346,8 +346,8 @@ void MomentumStore::CheckRestoredStep(int64_t step_id) {
   checkpoints_.Dropped(dropped);
   spdlog::error(
       "worker={} plan_version={} momentum of {} owned experts was restored as "
-      "of step {}, but the trainer asks for step {}, not {}: they start from "
-      "zero instead",
+      "of step {}, but the first step staged here is {}, not {}: they start "
+      "from zero instead",
       worker_id_, stacks_->version, dropped, restored, step_id, restored + 1);
 }
 

@@ -178,6 +178,9 @@ class MomentumStore {
   // restores and as resets). Checked when a step stages rather than when
   // the trainer asks, because a retry of a committed step stages nothing.
   void CheckRestoredStep(int64_t step_id);
+  // The worker took `committed` as its last committed step from its
+  // trainer's step record (MomentumCheckpoints::Adopted).
+  void AdoptCommitted(int64_t committed) { checkpoints_.Adopted(committed); }
   // The step the momentum restored from a checkpoint is as of (-1: none).
   int64_t restored_step() const { return checkpoints_.restored_step(); }
 

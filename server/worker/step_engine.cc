@@ -110,6 +110,7 @@ absl::Status StepEngine::NoPlanYet() const {
 void StepEngine::AdoptRecordLocked(const StepRecord& record) {
   if (ledger_.last.load() >= 0 || record.applied < 0) return;
   ledger_.last.store(record.applied);
+  momentum_.AdoptCommitted(record.applied);
   spdlog::info(
       "worker={} its trainer's step record says the parameters hold step "
       "{}{}: taken as this worker's last committed step",

@@ -58,6 +58,27 @@ std::string ReloadFrom(int64_t committed) {
       committed + 1);
 }
 
+// Why trainer rank `r`'s header shows a plan still forming, or "".
+std::string PlanForming(const StepHeader& x, int r, int trainers,
+                        absl::Span<const std::string> ids) {
+  if (x.trainer_rank < 0) {
+    return absl::StrCat(Who(ids, r),
+                        " has no trainer attached, and every worker of the "
+                        "plan's first ",
+                        trainers,
+                        " ranks needs one: retry once its trainer attaches, "
+                        "or once a worker with no trainer has left the job");
+  }
+  if (x.trainer_count != trainers) {
+    return absl::StrCat(
+        "the plan has ", trainers, " workers for trainers, but ", Who(ids, r),
+        "'s trainer is ", x.trainer_rank, " of ", x.trainer_count,
+        ": a worker is leaving or joining the job; retry once the plan has "
+        "one worker per trainer");
+  }
+  return "";
+}
+
 }  // namespace
 
 void CopyProblem(const std::string& text, char* out) {
@@ -150,6 +171,20 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
     if (h[r].record_decided > committed) {
       committed = h[r].record_decided;
       committer = r;
+    }
+  }
+  // A plan still forming: a trainer's rank whose worker has no trainer
+  // attached (it restarted, and its trainer attaches again) or whose
+  // trainer counts another number of trainers (a worker joining or
+  // leaving). Nothing is decided before every trainer's worker speaks for
+  // its trainer (and its step record): a retry once it does.
+  for (int r = 0; r < trainers && r < n; ++r) {
+    const std::string forming = PlanForming(h[r], r, trainers, ids);
+    if (!forming.empty()) {
+      return Rejected(absl::StatusCode::kUnavailable,
+                      absl::StrCat("step ", h[0].step_id,
+                                   " rejected, nothing was changed: ", forming),
+                      committed, false);
     }
   }
   // Staged steps: commit, drop, or nobody can tell.
@@ -292,8 +327,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
   std::vector<bool> seen(trainers, false);
   std::string problem = ProblemText(first.problem);
   if (!problem.empty()) problem = absl::StrCat(Who(ids, 0), ": ", problem);
-  // What no retry fixes, unless a trainer is still (re)attaching.
-  absl::StatusCode code = absl::StatusCode::kInvalidArgument;
+  // What no retry fixes (a plan still forming was answered above).
+  const absl::StatusCode code = absl::StatusCode::kInvalidArgument;
   for (int r = 0; r < trainers && r < n && problem.empty(); ++r) {
     const StepHeader& x = h[r];
     if (x.problem[0] != 0) {
@@ -311,25 +346,6 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
           absl::StrCat("the trainers of ", Who(ids, r), " and ", Who(ids, 0),
                        " lend different AdamW tensors (names, sizes "
                        "or layouts) or parameter groups");
-    } else if (x.trainer_rank < 0) {
-      code = absl::StatusCode::kUnavailable;
-      problem = absl::StrCat(
-          Who(ids, r),
-          " has no trainer attached, and every worker of the "
-          "plan's first ",
-          trainers,
-          " ranks needs one: retry once its "
-          "trainer attaches, or once a worker with no trainer has left the "
-          "job");
-    } else if (x.trainer_count != trainers) {
-      // A worker of the job is leaving or joining: the plan has not one
-      // worker per trainer yet.
-      code = absl::StatusCode::kUnavailable;
-      problem = absl::StrCat(
-          "the plan has ", trainers, " workers for trainers, but ", Who(ids, r),
-          "'s trainer is ", x.trainer_rank, " of ", x.trainer_count,
-          ": a worker is leaving or joining the job; retry once the plan "
-          "has one worker per trainer");
     } else if (x.trainer_rank >= trainers || seen[x.trainer_rank]) {
       problem = absl::StrCat(
           "every worker with a trainer needs exactly one trainer of ", trainers,

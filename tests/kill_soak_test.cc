@@ -1,0 +1,136 @@
+// Random kills with real processes: a coordinator, two CPU workers and two
+// trainer ranks step a model of every layout, with a momentum checkpoint
+// every step and the strict default (no momentum may reset). While the
+// trainers' loops retry as a user's does, a seeded random worker is killed
+// (kill -9) at a random moment 50 times and restarted at once, and 10 times
+// frozen (SIGSTOP) past its lease and let go. The run must finish every
+// step, and end bit-identical to a failure-free replay: parameters, AdamW
+// and momentum. Every failed call said "retry".
+//
+// A kill lands anywhere in a step: before the exchange (the step redoes),
+// between rank 0's commit and the victim's (the victim's trainer is
+// repaired from the other's: step_protocol.h's kRepair), after the victim's
+// commit (its trainer's step record says so), or while the victim writes
+// the parameters. The trainers keep whole parameters: a trainer that keeps
+// only its rows of a row-sharded matrix cannot be repaired
+// (step_chaos_test's StepChaosRowsTest).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "tests/data_plane_fixture.h"
+
+namespace muonps {
+namespace {
+
+using testing::ClusterOptions;
+using testing::DataPlaneFixture;
+using testing::LoopProgress;
+using testing::ReferenceModel;
+using testing::RetryingLoop;
+
+constexpr int kWorkers = 2;
+constexpr int kKills = 50;
+constexpr int kFreezes = 10;
+constexpr int64_t kLeaseMs = 1500;
+// Steps between failures: every failure lands in a run that stepped since
+// the one before.
+constexpr int64_t kWarmUp = 10;
+constexpr int64_t kStepsBetween = 3;
+constexpr int64_t kSteps =
+    kWarmUp + (kKills + kFreezes) * kStepsBetween + kWarmUp;
+// The service and the replay run the same fp32 kernels in the same order.
+constexpr double kExact = 0;
+
+class KillSoakTest : public DataPlaneFixture {};
+
+TEST_F(KillSoakTest, FiftyKillsAndTenFreezesEndBitIdentical) {
+  const absl::Time start = absl::Now();
+  testing::ModelDecl model = testing::MixedModel();
+  for (testing::MatrixDecl& m : model.matrices) m.options.shard_params = false;
+  ClusterOptions options{.workers = kWorkers,
+                         .io_timeout_ms = 1000,
+                         .lease_ttl_ms = kLeaseMs,
+                         .heartbeat_interval_ms = 200};
+  options.checkpoint_dir = testing::NewTempDir("kill-soak-checkpoints");
+  options.checkpoint_every = 1;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+
+  const uint32_t seed = std::random_device()();
+  std::cerr << "seed " << seed << "\n";
+  std::mt19937 random(seed);
+  LoopProgress progress(trainers());
+  std::vector<RetryingLoop> loops;
+  std::thread trainers_thread(
+      [&] { loops = RunRetryingLoops(1, kSteps, &progress); });
+  // Kills, with a freeze in place of every sixth.
+  int kills = 0, freezes = 0;
+  std::map<std::string, int> landed;  // failures by the step they hit
+  for (int event = 0; kills < kKills || freezes < kFreezes; ++event) {
+    if (!progress.WaitFor(kWarmUp + event * kStepsBetween, absl::Seconds(90))) {
+      break;  // the trainers stalled: reported below
+    }
+    const int victim = static_cast<int>(random() % kWorkers);
+    absl::SleepFor(absl::Microseconds(random() % 20000));
+    const bool freeze =
+        freezes < kFreezes && (event % 6 == 5 || kills == kKills);
+    if (freeze) {
+      SignalWorker(victim, SIGSTOP);
+      absl::SleepFor(absl::Milliseconds(kLeaseMs + 700));
+      SignalWorker(victim, SIGCONT);
+      ++freezes;
+    } else {
+      ASSERT_NO_FATAL_FAILURE(KillWorker(victim));
+      ASSERT_NO_FATAL_FAILURE(RestartWorker(victim));
+      ++kills;
+    }
+  }
+  trainers_thread.join();
+  std::cerr << kills << " kills and " << freezes << " freezes in "
+            << absl::Now() - start << "\n";
+  EXPECT_EQ(kills, kKills) << "training stalled at step " << progress.Slowest();
+  EXPECT_EQ(freezes, kFreezes);
+  std::map<absl::StatusCode, int> failures;
+  std::map<absl::StatusCode, std::string> first;
+  for (int r = 0; r < trainers(); ++r) {
+    EXPECT_TRUE(loops[r].finished)
+        << "trainer " << r << " stopped after step " << loops[r].last_done
+        << ": " << loops[r].last_failure;
+    EXPECT_EQ(loops[r].resets, 0) << "trainer " << r;
+    first.insert(loops[r].first.begin(), loops[r].first.end());
+    for (const auto& [code, count] : loops[r].failures) failures[code] += count;
+  }
+  std::cerr << "failed attempts, each retried:";
+  for (const auto& [code, count] : failures) {
+    std::cerr << " " << absl::StatusCodeToString(code) << " x" << count;
+  }
+  std::cerr << "\n";
+  for (const auto& [code, count] : failures) {
+    EXPECT_TRUE(code == absl::StatusCode::kUnavailable ||
+                code == absl::StatusCode::kAborted ||
+                code == absl::StatusCode::kDeadlineExceeded)
+        << absl::StatusCodeToString(code) << " x" << count << ": "
+        << first[code];
+  }
+  ASSERT_TRUE(loops[0].finished && loops[1].finished);
+  ReferenceModel reference(model, kWorkers, PlannedAlgorithms());
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
+  ASSERT_TRUE(planned.ok()) << planned;
+  ExpectMatchesReference(reference, kExact);
+}
+
+}  // namespace
+}  // namespace muonps
