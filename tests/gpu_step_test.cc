@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
@@ -428,11 +429,24 @@ TEST_P(GpuStepTest, CheckpointsLeaveTheDeviceAndComeBackAfterAKill) {
           << c.name << "[" << e << "]";
     }
   }
-  // As a training loop does: retried while the error is transient (the
-  // restarted worker joins once the killed instance's lease ends).
+  // A retry of step 2, as after an answer lost with the worker: the
+  // restarted worker reads the trainer's step record (device memory lent
+  // by CUDA IPC) and answers already_applied, changing nothing. Retried
+  // while the error is transient (the restarted worker joins once the
+  // killed instance's lease ends), as a training loop does.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<StepResult> retry = client_->Step(2);
+  while (absl::IsUnavailable(retry.status()) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(200));
+    retry = client_->Step(2);
+  }
+  ASSERT_TRUE(retry.ok()) << retry.status() << "\n" << worker_->Log();
+  EXPECT_TRUE(retry->already_applied);
+  EXPECT_TRUE(absl::StrContains(worker_->Log(),
+                                "step record says the parameters hold step 2"))
+      << worker_->Log();
   ASSERT_NO_FATAL_FAILURE(WriteGradients(3));
   absl::StatusOr<StepResult> next = client_->Step(3);
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (absl::IsUnavailable(next.status()) && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(200));
     next = client_->Step(3);

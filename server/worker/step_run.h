@@ -19,11 +19,14 @@
 //     anywhere (C) and whether to resolve staged steps: a staged step <= C
 //     commits from its staging (some rank committed it, and a rank commits
 //     only after rank 0 decided), one > C is dropped (its rank 0 is here and
-//     did not commit it); DATA_LOSS when nobody can tell (that rank 0
-//     restarted, or a restarted worker's trainer retries a committed step).
-//     Then kNoStep when a trainer asks for a step <= C (those answer
-//     already_applied, the others open another round), a kReject naming
-//     any disagreement, or kGo with the step id.
+//     did not commit it, or its trainer's step record says so after it
+//     restarted). A trainer whose parameters miss C (its worker restarted
+//     before applying it, or part-way) gets kRepair: a peer's trainer's
+//     parameters and the step's AdamW means (param_repair.h). DATA_LOSS
+//     only when nothing can tell or repair it. Then kNoStep when a trainer
+//     asks for a step <= C (those answer already_applied, the others open
+//     another round), a kReject naming any disagreement, or kGo with the
+//     step id.
 //  3. Stage. The schedule's order: each bucket's gradients to owners
 //     (replicated: none; unreduced: reduce, mean in trainer order;
 //     row_sharded: gather rows); momentum + Newton-Schulz of every stack
@@ -57,8 +60,9 @@
 // or its next step, which the round then settles first); a trainer blocked
 // elsewhere (DDP's all-reduce waiting on the retrying rank) leaves it to
 // fail within the timeout, with nothing applied twice. A worker that
-// restarted knows nothing of its trainer's parameters: with a step committed
-// elsewhere the round is refused with DATA_LOSS (checkpoints recover it).
+// restarted learns what its trainer's parameters hold from the step record
+// the trainer lends (lending/step_record.h), written in stream order by its
+// predecessor: the steps it applied, and as rank 0 the steps it decided.
 //
 // Streams: step_staging.h. The vote waits for the transport and the
 // stream, so a lost peer fails the step within the transport's timeout
