@@ -279,9 +279,9 @@ void MomentumCheckpoints::HandedOverFromCheckpoint(const Expert& lost,
       worker_id_, version, Quoted(lost.spec.name), lost.expert, step);
 }
 
-void MomentumCheckpoints::HandedOver() {
+void MomentumCheckpoints::HandedOver(int64_t job_step) {
   absl::MutexLock lock(&mu_);
-  unverified_ = -1;
+  if (unverified_ == job_step) unverified_ = -1;
 }
 
 }  // namespace worker

@@ -140,10 +140,11 @@ class MomentumCheckpoints {
   // Counts and logs ForHandover's item installed in version `version`.
   void HandedOverFromCheckpoint(const Expert& lost, int64_t step,
                                 int64_t version);
-  // A handover left every owned expert holding momentum as of the job's
-  // step: a restore on start no longer needs its trainer to resume from
-  // its own step.
-  void HandedOver();
+  // A handover found the job at step `job_step`: a restore on start as of
+  // that step needs no other check. One as of another step stays to be
+  // checked when a step stages (the experts it installed and kept are not
+  // handed over again).
+  void HandedOver(int64_t job_step);
   // The step the momentum restored from a checkpoint is as of (-1: none).
   int64_t restored_step() const { return restored_step_.load(); }
 

@@ -319,6 +319,31 @@ absl::Status MomentumStore::RestoreMissing(int64_t committed) {
 void MomentumStore::CheckRestoredStep(int64_t step_id) {
   const int64_t restored = checkpoints_.TakeUnverified(step_id);
   if (restored < 0) return;
+  // The job is at step_id - 1: its checkpoint, when the job keeps one (a
+  // restarted worker restores the newest, which may be of a step persisted
+  // before its vote that never committed).
+  std::string dir;
+  {
+    absl::MutexLock lock(&mu_);
+    dir = stacks_->checkpoint_dir;
+  }
+  if (checkpoints_.enabled() && !dir.empty() && step_id >= 1) {
+    absl::StatusOr<CheckedMomentum> checked = ReadCheckpoint(dir, step_id - 1);
+    absl::StatusOr<int64_t> written =
+        checked.ok() ? Write(*std::move(checked), step_id - 1)
+                     : absl::StatusOr<int64_t>(checked.status());
+    if (written.ok()) {
+      spdlog::warn(
+          "worker={} momentum restored as of step {}, but the first step "
+          "staged here is {}: {} owned experts read again from the "
+          "checkpoint of step {}",
+          worker_id_, restored, step_id, *written, step_id - 1);
+      return;
+    }
+    spdlog::warn(
+        "worker={} no checkpoint of step {} for every owned expert: {}",
+        worker_id_, step_id - 1, written.status().ToString());
+  }
   absl::MutexLock lock(&mu_);
   // Zero, as a new owner with nothing to restore starts (the step reads
   // the buffer, not has_momentum).
@@ -415,7 +440,7 @@ absl::Status MomentumStore::HandOver(transport::Transport& transport,
   // (handed over, or from a checkpoint of that step): what a restore on
   // start took from an older checkpoint is gone, and so is its rule that
   // the trainer resume from there.
-  if (outcome.job_step >= 0) checkpoints_.HandedOver();
+  if (outcome.job_step >= 0) checkpoints_.HandedOver(outcome.job_step);
   if (outcome.lost > 0) {
     spdlog::warn(
         "worker={} plan_version={} momentum handover: {} matrices lost their "

@@ -118,6 +118,8 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     }
     // What a repair from here could send.
     mine.means_step = ledger_.means_step;
+    mine.adopted =
+        ledger_.last.load() >= 0 && ledger_.last_version.load() == 0 ? 1 : 0;
     mine.full_params = 1;
     for (const Binding& b : trainer_->matrices) {
       if (b.layout == scheduler::Layout::kRowSharded && !b.full_param) {

@@ -240,6 +240,10 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                (torn && h[r].torn_step != committed)) {
       why_not = absl::StrCat("they hold step ", h[r].last_step,
                              ", more than one step behind");
+    } else if (!torn && !h[r].adopted) {
+      why_not =
+          "its worker dropped the step it had staged (a plan changed "
+          "meanwhile), and with it that step's momentum";
     } else if (h[r].step_id != committed) {
       why_not = absl::StrCat("its trainer asks for step ", h[r].step_id);
     } else if (!h[r].full_params) {

@@ -44,6 +44,13 @@ struct StepHeader {
   int64_t means_step;
   int32_t full_params;
   int32_t has_unreduced;
+  // 1: this worker restarted, and its last step is what its trainer's step
+  // record said (nothing committed here since): its momentum came from the
+  // job's checkpoints or a handover, so a repair of its trainer's
+  // parameters is all it needs. 0: a live worker that lacks a step dropped
+  // the step's staging, momentum included.
+  int32_t adopted;
+  int32_t padding;
   int32_t trainer_rank;  // -1: no trainer
   int32_t trainer_count;
   char problem[kProblemBytes];  // "" or why this rank cannot step

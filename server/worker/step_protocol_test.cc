@@ -27,6 +27,7 @@ StepHeader Header(int rank, int64_t step, int64_t last, uint64_t instance = 0) {
   h.record_decided = -1;
   h.means_step = last;
   h.full_params = 1;
+  h.adopted = instance == 0 ? 0 : 1;  // another instance: it restarted
   h.instance = instance == 0 ? 100 + rank : instance;
   h.trainer_rank = rank;
   h.trainer_count = 3;
