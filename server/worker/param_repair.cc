@@ -1,7 +1,5 @@
 #include "server/worker/param_repair.h"
 
-#include <vector>
-
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "server/worker/step_commit.h"
@@ -9,21 +7,6 @@
 
 namespace muonps {
 namespace worker {
-namespace {
-
-// The trainer's unreduced AdamW tensors, as indices into trainer.adamw
-// (name order: the same on every trainer, TensorsHash says).
-std::vector<int> UnreducedTensors(const AttachedTrainer& trainer) {
-  std::vector<int> out;
-  for (size_t i = 0; i < trainer.adamw.size(); ++i) {
-    if (trainer.adamw[i].second.layout == scheduler::Layout::kUnreduced) {
-      out.push_back(static_cast<int>(i));
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 absl::Status RepairParameters(const RoundDecision& decision,
                               const PlanState& plan,
@@ -53,7 +36,7 @@ absl::Status RepairParameters(const RoundDecision& decision,
                : t.Recv(b.param, b.param_elements, b.dtype, peer, stream));
   }
   // The means sit in the source's staging since it committed the step.
-  for (const int i : UnreducedTensors(*trainer)) {
+  for (const int i : trainer->unreduced) {
     const Binding& b = trainer->adamw[i].second;
     float* mean = trainer->staging->data() + b.staged_at;
     MUONPS_RETURN_IF_ERROR(

@@ -120,15 +120,8 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     mine.means_step = ledger_.means_step;
     mine.adopted =
         ledger_.last.load() >= 0 && ledger_.last_version.load() == 0 ? 1 : 0;
-    mine.full_params = 1;
-    for (const Binding& b : trainer_->matrices) {
-      if (b.layout == scheduler::Layout::kRowSharded && !b.full_param) {
-        mine.full_params = 0;
-      }
-    }
-    for (const auto& [name, b] : trainer_->adamw) {
-      if (b.layout == scheduler::Layout::kUnreduced) mine.has_unreduced = 1;
-    }
+    mine.full_params = trainer_->full_params ? 1 : 0;
+    mine.has_unreduced = trainer_->unreduced.empty() ? 0 : 1;
   }
   CopyProblem(LocalProblem(request, intact), mine.problem);
   *decision = RoundDecision{};

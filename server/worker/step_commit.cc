@@ -111,13 +111,7 @@ absl::Status RedeliverMeans(const StepLedger& ledger, int64_t step_id,
                             const AttachedTrainer& trainer,
                             kernels::DeviceOps& ops) {
   if (step_id != ledger.means_step) return absl::OkStatus();
-  std::vector<int> means;
-  for (size_t i = 0; i < trainer.adamw.size(); ++i) {
-    if (trainer.adamw[i].second.layout == scheduler::Layout::kUnreduced) {
-      means.push_back(static_cast<int>(i));
-    }
-  }
-  MUONPS_RETURN_IF_ERROR(WriteMeans(means, trainer, ops));
+  MUONPS_RETURN_IF_ERROR(WriteMeans(trainer.unreduced, trainer, ops));
   return ops.Synchronize(ops.stream());
 }
 

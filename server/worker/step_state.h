@@ -142,6 +142,11 @@ struct AttachedTrainer {
   // digest of its bindings the round's agreement compares (TensorsHash).
   int group_count = 0;
   uint64_t tensors_hash = 0;
+  // Its unreduced AdamW tensors (indices into `adamw`), whose means a step
+  // stages, and whether it keeps the whole parameter of every matrix (what
+  // a repair can copy): fixed by its bindings.
+  std::vector<int> unreduced;
+  bool full_params = true;
   // fp32 copies of the bf16 gradients (Binding::grad points into it).
   std::unique_ptr<kernels::FloatBuffer> widened;
   // A step's updates of every matrix and means of the unreduced AdamW

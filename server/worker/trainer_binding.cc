@@ -138,6 +138,16 @@ absl::StatusOr<AttachedTrainer> BindTrainer(
             [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<AdamWTensorSpec> specs;
   std::vector<int> matrix_groups;
+  for (size_t i = 0; i < trainer.adamw.size(); ++i) {
+    if (trainer.adamw[i].second.layout == scheduler::Layout::kUnreduced) {
+      trainer.unreduced.push_back(static_cast<int>(i));
+    }
+  }
+  for (const Binding& b : trainer.matrices) {
+    if (b.layout == scheduler::Layout::kRowSharded && !b.full_param) {
+      trainer.full_params = false;
+    }
+  }
   for (const auto& [name, b] : trainer.adamw) {
     specs.push_back(
         {name, b.elements, b.layout == scheduler::Layout::kUnreduced, b.group});
