@@ -27,7 +27,9 @@ embeddings (and the LM head tied to one), LayerNorms and biases for AdamW.
         --iters 200 --save_every 100 --checkpoint /tmp/ckpt{iter}.pt \\
         --out /tmp/muonps-ddp-gpt.jsonl
     # the same, resumed from rank 0's checkpoint after iteration 99: its
-    # lines equal the first run's from iteration 100 on
+    # lines equal the first run's from iteration 100 on (bit for bit with
+    # --deterministic on both runs; without it, GPU kernels' atomics move
+    # the last digits from run to run)
     PYTHONPATH=client/python torchrun --standalone --nproc-per-node 2 \\
         examples/ddp_gpt.py --device cuda --dtype float16 --compile \\
         --iters 200 --resume /tmp/ckpt99.pt --out /tmp/muonps-ddp-gpt-2.jsonl
@@ -203,6 +205,12 @@ def make_optimizer(args, model):
 
 
 def train(args):
+    if args.deterministic:
+        # cuBLAS reproducible only with a fixed workspace, set before its
+        # first call; torch then picks deterministic kernels (embedding
+        # backward without atomics) and warns where it has none.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(args.device)
@@ -226,7 +234,10 @@ def train(args):
     if args.compile and hasattr(torch, "compile"):
         model = torch.compile(model)
     fp16 = args.dtype == "float16" and device.type == "cuda"
-    scaler = (torch.cuda.amp.GradScaler() if fp16 else None)
+    scaler = None
+    if fp16:  # torch.amp.GradScaler where torch has it (2.3 on)
+        scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler")
+                  else torch.cuda.amp.GradScaler())
     if scaler is not None and args.resume and "scaler" in ckpt:
         scaler.load_state_dict(ckpt["scaler"])
     autocast = (torch.autocast("cuda", dtype=torch.float16) if fp16
@@ -282,6 +293,9 @@ def parse(argv=None):
     p.add_argument("--dtype", choices=["float32", "float16"],
                    default="float32")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels: a GPU run repeats bit for "
+                   "bit, so a resume can be compared exactly")
     p.add_argument("--iters", type=int, default=12)
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--batch", type=int, default=8, help="global, per micro-step")

@@ -143,9 +143,14 @@ class Ranks:
                 from torch.distributed.fsdp import fully_shard
             except ImportError:  # torch 2.4/2.5
                 from torch.distributed._composable.fsdp import fully_shard
+            # A mesh of this rank's device type: by default FSDP2 shards
+            # onto the machine's accelerator, so CPU ranks on a machine
+            # with a GPU would find their parameters moved to it.
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh = init_device_mesh(self.device.type, (self.world,))
             for block in model.blocks:
-                fully_shard(block)
-            fully_shard(model)
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         return model
 
     def mean(self, value):

@@ -8,6 +8,11 @@
 #                   with its torch peers in the same run
 #   PHASES="gpt"    examples/train_gpt.py under torchrun on $GPUS GPUs, DDP
 #                   and FSDP2, muonps.Muon against torch.optim.Muon and AdamW
+#   PHASES="ddp_gpt" examples/ddp_gpt.py under torchrun on $GPUS GPUs (fp16
+#                   GradScaler, torch.compile, deterministic kernels):
+#                   muonps twice, resumed from rank 0's checkpoint after
+#                   iteration 99, and torch.optim.Muon + AdamW on seeds 0
+#                   and 1; ddp_gpt.json says which lines are equal
 # GPUS defaults to every GPU the machine has. Usage (on the GPU machine):
 #   tar -xJf device_bundle.tar.xz && PHASES="tests bench" \
 #     bash device_bundle/run_multi_gpu_suite.sh
@@ -59,6 +64,49 @@ for phase in ${PHASES:-tests bench gpt}; do
           --out "$OUT/gpt-$parallel.jsonl" >"$OUT/gpt-$parallel.log" 2>&1 || rc=1
         grep -E 'step (0|49|99|149|199):|Error|error' "$OUT/gpt-$parallel.log" | head -30
       done
+      ;;
+    ddp_gpt)
+      echo "== examples/ddp_gpt.py on $GPUS GPUs (torchrun)"
+      common=(--device cuda --dtype float16 --compile --deterministic
+              --iters 200 --width 256 --layers 4 --heads 4 --context 64
+              --batch 32 --lr 3e-3 --warmup 10)
+      ddp_run() {  # NAME ARGS...
+        local name="$1"; shift
+        timeout "${GPT_TIMEOUT:-240}" python3 -m torch.distributed.run --standalone \
+          --nproc-per-node "$GPUS" "$repo/examples/ddp_gpt.py" "${common[@]}" \
+          --out "$OUT/ddp-gpt-$name.jsonl" "$@" >"$OUT/ddp-gpt-$name.log" 2>&1
+        echo "$name rc=$? $(tail -n 1 "$OUT/ddp-gpt-$name.jsonl" 2>/dev/null)"
+      }
+      ddp_run muonps --save_every 100 --checkpoint "$OUT/ddp-ckpt{iter}.pt" || rc=1
+      ddp_run muonps-again || rc=1
+      ddp_run muonps-resumed --resume "$OUT/ddp-ckpt99.pt" || rc=1
+      ddp_run torch --optimizer torch || rc=1
+      ddp_run torch-seed1 --optimizer torch --seed 1 || rc=1
+      rm -f "$OUT"/ddp-ckpt*.pt
+      grep -h "muonps: routing\|Muon gets\|AdamW gets" "$OUT/ddp-gpt-muonps.log" | head -4
+      python3 - "$OUT" <<'PY' | tee "$OUT/ddp_gpt.json"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def losses(name):
+    return {json.loads(l)["iter"]: json.loads(l)["loss"]
+            for l in (out / f"ddp-gpt-{name}.jsonl").read_text().splitlines()}
+a, again, resumed = losses("muonps"), losses("muonps-again"), losses("muonps-resumed")
+torch0, torch1 = losses("torch"), losses("torch-seed1")
+last = max(a)
+def tail(d):  # the last 20 iterations' mean: less noisy than one batch
+    return sum(d[i] for i in range(last - 19, last + 1)) / 20
+print(json.dumps({
+    "iters": len(a), "repeat_bit_identical": a == again,
+    "resume_first_iter": min(resumed),
+    "resume_bit_identical": all(resumed[i] == a[i] for i in resumed),
+    "resume_max_abs_diff": max(abs(resumed[i] - a[i]) for i in resumed),
+    "final_loss_muonps": a[last], "final_loss_torch": torch0[last],
+    "final_loss_torch_seed1": torch1[last],
+    "muonps_minus_torch": a[last] - torch0[last],
+    "torch_seed_spread": torch1[last] - torch0[last],
+    "tail20_muonps": tail(a), "tail20_torch": tail(torch0),
+    "tail20_torch_seed1": tail(torch1)}))
+PY
       ;;
     *) echo "unknown phase $phase" >&2; rc=2 ;;
   esac
