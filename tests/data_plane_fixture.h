@@ -180,6 +180,8 @@ struct RetryingLoop {
   std::map<absl::StatusCode, int> failures;
   std::map<absl::StatusCode, std::string> first;
   std::string last_failure;
+  // Every failed attempt: "step S at T: status" (T: absl::Now()).
+  std::vector<std::string> attempts;
   bool finished = false;
 };
 
@@ -248,9 +250,12 @@ class DataPlaneFixture : public ::testing::Test {
   // The same as a user's loop retries: Step until it is answered, pausing
   // 50 ms after a failure, for at most `per_step` per step; every finished
   // step goes to `progress` (may be null).
+  // `after_step` (may be empty) runs on rank r's thread once its step is
+  // answered OK, before it writes the next step's gradients.
   std::vector<RetryingLoop> RunRetryingLoops(
       int64_t first, int64_t last, LoopProgress* progress,
-      absl::Duration per_step = absl::Seconds(60));
+      absl::Duration per_step = absl::Seconds(60),
+      std::function<void(int rank, int64_t step)> after_step = {});
 
   // Writes rank `rank`'s clean gradients of `step` into its buffers.
   void WriteGradients(int rank, int64_t step);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "proto/grpc_status.h"
 #include "tests/data_plane_fixture.h"
 
@@ -57,11 +58,13 @@ bool LoopProgress::WaitFor(int64_t step, absl::Duration timeout) const {
 
 std::vector<RetryingLoop> DataPlaneFixture::RunRetryingLoops(
     int64_t first, int64_t last, LoopProgress* progress,
-    absl::Duration per_step) {
+    absl::Duration per_step,
+    std::function<void(int rank, int64_t step)> after_step) {
   std::vector<RetryingLoop> out(trainers());
   std::vector<std::thread> threads;
   for (int r = 0; r < trainers(); ++r) {
-    threads.emplace_back([this, r, first, last, progress, per_step, &out] {
+    threads.emplace_back([this, r, first, last, progress, per_step, &after_step,
+                          &out] {
       RetryingLoop& loop = out[r];
       for (int64_t step = first; step <= last; ++step) {
         WriteGradients(r, step);
@@ -79,10 +82,14 @@ std::vector<RetryingLoop> DataPlaneFixture::RunRetryingLoops(
             loop.first[code] = std::string(result.status().message());
           }
           loop.last_failure = result.status().ToString();
+          loop.attempts.push_back(absl::StrCat("step ", step, " at ",
+                                               absl::FormatTime(absl::Now()),
+                                               ": ", loop.last_failure));
           absl::SleepFor(absl::Milliseconds(50));
         }
         if (!answered) return;
         loop.last_done = step;
+        if (after_step) after_step(r, step);
         if (progress != nullptr) progress->Finished(r, step);
       }
       loop.finished = true;

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -70,20 +71,41 @@ TEST_F(KillSoakTest, FiftyKillsAndTenFreezesEndBitIdentical) {
   std::cerr << "seed " << seed << "\n";
   std::mt19937 random(seed);
   LoopProgress progress(trainers());
+  // Every trainer's matrices after every step it was answered, to name the
+  // first step off the replay when the end differs.
+  std::vector<std::map<int64_t, std::vector<float>>> trajectory(trainers());
+  auto record = [&](int rank, int64_t step) {
+    std::vector<float>& flat = trajectory[rank][step];
+    for (const testing::MatrixDecl& m : model.matrices) {
+      const TensorBuffers b = Buffers(rank, m.name);
+      flat.insert(flat.end(), b.param, b.param + b.param_elements);
+    }
+  };
   std::vector<RetryingLoop> loops;
-  std::thread trainers_thread(
-      [&] { loops = RunRetryingLoops(1, kSteps, &progress); });
+  std::thread trainers_thread([&] {
+    loops = RunRetryingLoops(1, kSteps, &progress, absl::Seconds(60), record);
+  });
+  std::vector<std::string> events;  // failures injected, with their time
   // Kills, with a freeze in place of every sixth.
   int kills = 0, freezes = 0;
-  std::map<std::string, int> landed;  // failures by the step they hit
+  // Every trainer finished a step after the failure before: each lands on a
+  // job that recovered from the last (two workers killed within one step
+  // lose that step's AdamW means with both processes: DATA_LOSS, naming
+  // the step to reload from).
+  int64_t recovered = 0;
   for (int event = 0; kills < kKills || freezes < kFreezes; ++event) {
-    if (!progress.WaitFor(kWarmUp + event * kStepsBetween, absl::Seconds(90))) {
+    if (!progress.WaitFor(
+            std::max(kWarmUp + event * kStepsBetween, recovered + 1),
+            absl::Seconds(90))) {
       break;  // the trainers stalled: reported below
     }
     const int victim = static_cast<int>(random() % kWorkers);
     absl::SleepFor(absl::Microseconds(random() % 20000));
     const bool freeze =
         freezes < kFreezes && (event % 6 == 5 || kills == kKills);
+    events.push_back(absl::StrCat(absl::FormatTime(absl::Now()), ": ",
+                                  freeze ? "freeze" : "kill", " w", victim,
+                                  " after step ", progress.Slowest()));
     if (freeze) {
       SignalWorker(victim, SIGSTOP);
       absl::SleepFor(absl::Milliseconds(kLeaseMs + 700));
@@ -94,6 +116,7 @@ TEST_F(KillSoakTest, FiftyKillsAndTenFreezesEndBitIdentical) {
       ASSERT_NO_FATAL_FAILURE(RestartWorker(victim));
       ++kills;
     }
+    recovered = progress.Slowest();
   }
   trainers_thread.join();
   std::cerr << kills << " kills and " << freezes << " freezes in "
@@ -124,8 +147,29 @@ TEST_F(KillSoakTest, FiftyKillsAndTenFreezesEndBitIdentical) {
   }
   ASSERT_TRUE(loops[0].finished && loops[1].finished);
   ReferenceModel reference(model, kWorkers, PlannedAlgorithms());
+  int64_t first_off = 0;  // the first step a trainer's matrices left the replay
   for (int64_t step = 1; step <= kSteps; ++step) {
     ASSERT_TRUE(reference.Step(step).ok());
+    std::vector<float> expected;
+    for (const testing::MatrixDecl& m : model.matrices) {
+      const std::vector<float>& full = reference.param(m.name);
+      expected.insert(expected.end(), full.begin(), full.end());
+    }
+    for (int r = 0; r < trainers() && first_off == 0; ++r) {
+      if (trajectory[r][step] != expected) first_off = step;
+    }
+  }
+  if (first_off != 0) {
+    ADD_FAILURE() << "the trainers' matrices left the replay at step "
+                  << first_off;
+    std::cerr << "failures injected:\n";
+    for (const std::string& e : events) std::cerr << "  " << e << "\n";
+    for (int r = 0; r < trainers(); ++r) {
+      std::cerr << "trainer " << r << "'s failed attempts:\n";
+      for (const std::string& a : loops[r].attempts) {
+        std::cerr << "  " << a << "\n";
+      }
+    }
   }
   const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
   ASSERT_TRUE(planned.ok()) << planned;

@@ -19,8 +19,10 @@ namespace transport {
 // membership proof (membership_proof.h) to every handshake step; version 3
 // a tag after every frame's payload (frame_auth.h); version 4 the step
 // record and parameter repair to the step's control messages
-// (server/worker/step_protocol.h), which travel in these frames.
-constexpr uint32_t kWireVersion = 4;
+// (server/worker/step_protocol.h), which travel in these frames; version 5
+// the step each handed-over momentum holds (server/worker/
+// momentum_handover.h's HeldItem).
+constexpr uint32_t kWireVersion = 5;
 
 // The stage or outcome a Handshake message carries. A connection opens with
 // three: the connecting rank's kHello, the accepting rank's verdict, and,

@@ -31,6 +31,7 @@ struct PreviousOwner {
   int rank = -1;  // -1: none among the ranks
   bool has_momentum = false;
   bool lost = false;
+  int64_t as_of = kAsOfAny;
   int64_t outgoing_at = -1;  // on this rank, if it is the previous owner
 };
 
@@ -97,11 +98,14 @@ absl::StatusOr<PreviousOwnership> KeepForHandover(
         const bool lost = std::find(lost_items.begin(), lost_items.end(),
                                     std::make_pair(static_cast<int>(m), e)) !=
                           lost_items.end();
-        items.push_back({{static_cast<int32_t>(m), static_cast<int32_t>(e),
-                          lost  ? HeldItem::kLostMomentum
-                          : has ? HeldItem::kHasMomentum
-                                : HeldItem::kNoMomentum},
-                         has && !lost ? now.SlotData(from) : nullptr});
+        HeldItem item;
+        item.matrix = static_cast<int32_t>(m);
+        item.expert = static_cast<int32_t>(e);
+        item.has_momentum = lost  ? HeldItem::kLostMomentum
+                            : has ? HeldItem::kHasMomentum
+                                  : HeldItem::kNoMomentum;
+        item.as_of = now.stacks[from.batch].as_of[from.slot];
+        items.push_back({item, has && !lost ? now.SlotData(from) : nullptr});
       }
     }
   }
@@ -119,6 +123,7 @@ absl::StatusOr<PreviousOwnership> KeepForHandover(
       MUONPS_RETURN_IF_ERROR(
           ops.Copy(next.SlotData(to), at, spec.rows * spec.cols, ops.stream()));
       next.stacks[to.batch].has_momentum[to.slot] = true;
+      next.stacks[to.batch].as_of[to.slot] = item.as_of;
     }
   }
   if (floats == 0) return previous;
@@ -203,6 +208,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         owner.rank = r;
         owner.has_momentum = item.has_momentum == HeldItem::kHasMomentum;
         owner.lost = item.has_momentum == HeldItem::kLostMomentum;
+        owner.as_of = item.as_of;
         if (r == stacks.rank) owner.outgoing_at = mine.outgoing_at[i];
       }
     }
@@ -229,6 +235,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         owner = PreviousOwner{};
         owner.rank = r;
         owner.has_momentum = true;
+        owner.as_of = item.as_of;
         if (r == stacks.rank) owner.outgoing_at = mine.outgoing_at[i];
       }
     }
@@ -281,6 +288,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         }
         if (c.first) {
           batch.has_momentum[slot.slot] = true;
+          batch.as_of[slot.slot] = from.as_of;
           arrived.push_back(slot);
           ++outcome->received;
         }
@@ -300,6 +308,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
                                     stacks.SlotData(slot), batch.floats(),
                                     ops.stream()));
     batch.next_has_momentum[slot.slot] = true;
+    batch.next_as_of[slot.slot] = batch.as_of[slot.slot];
   }
   outcome->lost = static_cast<int64_t>(lost.size());
   outcome->job_step = last_step;
@@ -317,6 +326,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
                                       : absl::NotFoundError("no checkpoint");
       if (loaded.ok()) {
         batch.has_momentum[slot.slot] = true;
+        batch.as_of[slot.slot] = last_step;
         ++outcome->restored;
       } else if (!absl::IsNotFound(loaded)) {
         return Annotate(loaded, absl::StrCat("momentum of matrix ",
@@ -330,6 +340,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         MUONPS_RETURN_IF_ERROR(
             ops.Copy(into, zeros->data(), floats, ops.stream()));
         batch.has_momentum[slot.slot] = false;
+        batch.as_of[slot.slot] = kAsOfAny;
         if (stacks.allow_momentum_reset) {
           ++outcome->reset;
         } else {
@@ -341,6 +352,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         MUONPS_RETURN_IF_ERROR(
             ops.Copy(batch.next_at(slot.slot), into, floats, ops.stream()));
         batch.next_has_momentum[slot.slot] = batch.has_momentum[slot.slot];
+        batch.next_as_of[slot.slot] = batch.as_of[slot.slot];
       }
     }
     MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));

@@ -41,9 +41,13 @@
 // then broadcast how many stay unresolved; any makes every rank's handover
 // FAILED_PRECONDITION naming the first such matrix, the same on every rank.
 //
-// Limitation: the old owner hands over its committed momentum. A step it
-// held staged in doubt across the plan change (voted, no decision) that
-// later commits elsewhere is not reflected in what it sent.
+// The step each item's momentum holds travels with it (HeldItem::as_of). The
+// old owner hands over its committed momentum: when a step it held staged in
+// doubt across the plan change (voted, no decision) commits elsewhere, what
+// it sent is a step behind, and the new owner's next step reads that item
+// again from the checkpoint of the step before (MomentumStore::
+// CheckMomentumStep) or starts it from zero, counted as a reset; never
+// silently.
 #ifndef MUONPS_SERVER_WORKER_MOMENTUM_HANDOVER_H_
 #define MUONPS_SERVER_WORKER_MOMENTUM_HANDOVER_H_
 
@@ -63,7 +67,7 @@
 namespace muonps {
 namespace worker {
 
-// One item a worker owned in a plan version, as broadcast (12 bytes).
+// One item a worker owned in a plan version, as broadcast (24 bytes).
 struct HeldItem {
   int32_t matrix = 0;
   int32_t expert = 0;
@@ -71,8 +75,14 @@ struct HeldItem {
   // version and never resolved (a strict job's failed handover), so it
   // stays lost wherever it moves.
   int32_t has_momentum = 0;
+  int32_t unused = 0;
+  // The last step its momentum holds (MomentumStack::as_of): the new owner
+  // keeps it, so that a worker that missed a step hands over momentum that
+  // the next step refuses to use as current.
+  int64_t as_of = kAsOfAny;
   static constexpr int32_t kNoMomentum = 0, kHasMomentum = 1, kLostMomentum = 2;
 };
+static_assert(sizeof(HeldItem) == 24, "HeldItem is broadcast as bytes");
 
 // What a worker keeps of its previous plan version until the next one:
 // the items it owned (sorted by matrix, expert) and the momentum of those

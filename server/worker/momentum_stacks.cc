@@ -34,6 +34,8 @@ absl::Status MomentumStacks::Allocate(kernels::DeviceOps& ops) {
                             ops.Allocate(floats, "staged momentum"));
     stack.has_momentum.assign(stack.items.size(), false);
     stack.next_has_momentum.assign(stack.items.size(), false);
+    stack.as_of.assign(stack.items.size(), kAsOfAny);
+    stack.next_as_of.assign(stack.items.size(), kAsOfAny);
     stack.next_valid = false;
   }
   return absl::OkStatus();
@@ -83,6 +85,7 @@ absl::Status MomentumStacks::CarryFrom(const MomentumStacks& old,
       MUONPS_RETURN_IF_ERROR(
           ops.Copy(now.at(to.slot), was.at(from.slot), size, ops.stream()));
       now.has_momentum[to.slot] = was.has_momentum[from.slot];
+      now.as_of[to.slot] = was.as_of[from.slot];
       if (!carry_staged) continue;
       MUONPS_RETURN_IF_ERROR(
           ops.Copy(now.next_at(to.slot),
@@ -91,6 +94,8 @@ absl::Status MomentumStacks::CarryFrom(const MomentumStacks& old,
       now.next_has_momentum[to.slot] = was.next_valid
                                            ? was.next_has_momentum[from.slot]
                                            : was.has_momentum[from.slot];
+      now.next_as_of[to.slot] =
+          was.next_valid ? was.next_as_of[from.slot] : was.as_of[from.slot];
     }
   }
   return absl::OkStatus();
@@ -133,6 +138,7 @@ void MomentumStacks::CommitNext() {
     if (!stack.next_valid) continue;
     std::swap(stack.momentum, stack.next_momentum);
     stack.has_momentum = stack.next_has_momentum;
+    stack.as_of = stack.next_as_of;
     stack.next_valid = false;
   }
 }

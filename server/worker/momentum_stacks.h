@@ -29,6 +29,11 @@ struct ItemSlot {
 };
 
 // One owned stack of the schedule (scheduler::OwnerStack).
+// MomentumStack::as_of of momentum valid before any step: zero in a job that
+// has not stepped, a reset the job allows, or written by a caller (the
+// trainer's own saved state).
+constexpr int64_t kAsOfAny = -2;
+
 struct MomentumStack {
   int64_t rows = 0;
   int64_t cols = 0;
@@ -36,10 +41,16 @@ struct MomentumStack {
   // fp32, on the device, items.size() x rows x cols; zero until stepped.
   std::unique_ptr<kernels::FloatBuffer> momentum;
   std::vector<bool> has_momentum;  // per slot: stepped, handed or restored
+  // Per slot: the last step whose update its momentum holds, or kAsOfAny.
+  // A step S stages only on momentum as of S - 1 (MomentumStore::
+  // CheckMomentumStep): momentum handed over by a worker that missed a
+  // step, or restored from an older checkpoint, is never stepped silently.
+  std::vector<int64_t> as_of;
   // The staged step's new momentum (valid while next_valid), swapped with
   // `momentum` when the step commits.
   std::unique_ptr<kernels::FloatBuffer> next_momentum;
   std::vector<bool> next_has_momentum;
+  std::vector<int64_t> next_as_of;
   bool next_valid = false;
 
   int64_t floats() const { return rows * cols; }  // of one slot

@@ -201,8 +201,12 @@ absl::StatusOr<int64_t> MomentumStore::Write(CheckedMomentum checked,
                                       ops_->stream()));
   }
   MUONPS_RETURN_IF_ERROR(ops_->Synchronize(ops_->stream()));
+  // From a checkpoint: as of its step; from a caller: the trainer's own
+  // saved state, valid for whatever step it asks next.
   for (const ItemSlot& slot : slots) {
     now.stacks[slot.batch].has_momentum[slot.slot] = true;
+    now.stacks[slot.batch].as_of[slot.slot] =
+        checked.checkpoint_step >= 0 ? checked.checkpoint_step : kAsOfAny;
   }
   now.DropNext();
   const int64_t written = static_cast<int64_t>(slots.size());
@@ -307,26 +311,40 @@ absl::Status MomentumStore::RestoreMissing(int64_t committed) {
       MUONPS_RETURN_IF_ERROR(ops_->Copy(stack.next_at(slot.slot),
                                         x.values.data(), size, ops_->stream()));
       stack.next_has_momentum[slot.slot] = true;
+      stack.next_as_of[slot.slot] = reference;
     }
     MUONPS_RETURN_IF_ERROR(ops_->Synchronize(ops_->stream()));
     stack.has_momentum[slot.slot] = true;
+    stack.as_of[slot.slot] = reference;
     ++restored;
   }
   checkpoints_.RestoredMissing(dir, version, reference, committed, restored);
   return absl::OkStatus();
 }
 
-void MomentumStore::CheckRestoredStep(int64_t step_id) {
-  const int64_t restored = checkpoints_.TakeUnverified(step_id);
-  if (restored < 0) return;
-  // The job is at step_id - 1: its checkpoint, when the job keeps one (a
-  // restarted worker restores the newest, which may be of a step persisted
-  // before its vote that never committed).
+void MomentumStore::CheckMomentumStep(int64_t step_id) {
+  checkpoints_.TakeUnverified(step_id);
   std::string dir;
+  int64_t stale = 0, oldest = -1;
   {
     absl::MutexLock lock(&mu_);
     dir = stacks_->checkpoint_dir;
+    for (const MomentumStack& stack : stacks_->stacks) {
+      for (size_t s = 0; s < stack.as_of.size(); ++s) {
+        const int64_t as_of = stack.as_of[s];
+        if (!stack.has_momentum[s] || as_of == kAsOfAny ||
+            as_of == step_id - 1) {
+          continue;
+        }
+        ++stale;
+        if (oldest < 0 || as_of < oldest) oldest = as_of;
+      }
+    }
   }
+  if (stale == 0) return;
+  // The job is at step_id - 1: its checkpoint, when the job keeps one,
+  // holds every owned expert as of that step (each owner persists a step
+  // before its vote).
   if (checkpoints_.enabled() && !dir.empty() && step_id >= 1) {
     absl::StatusOr<CheckedMomentum> checked = ReadCheckpoint(dir, step_id - 1);
     absl::StatusOr<int64_t> written =
@@ -334,10 +352,10 @@ void MomentumStore::CheckRestoredStep(int64_t step_id) {
                      : absl::StatusOr<int64_t>(checked.status());
     if (written.ok()) {
       spdlog::warn(
-          "worker={} momentum restored as of step {}, but the first step "
-          "staged here is {}: {} owned experts read again from the "
-          "checkpoint of step {}",
-          worker_id_, restored, step_id, *written, step_id - 1);
+          "worker={} {} owned experts held momentum as of step {} (handed "
+          "over or restored), but the step staged here is {}: {} read again "
+          "from the checkpoint of step {}",
+          worker_id_, stale, oldest, step_id, *written, step_id - 1);
       return;
     }
     spdlog::warn(
@@ -350,10 +368,14 @@ void MomentumStore::CheckRestoredStep(int64_t step_id) {
   int64_t dropped = 0;
   absl::Status zeroed;
   for (MomentumStack& stack : stacks_->stacks) {
-    for (size_t s = 0; s < stack.has_momentum.size(); ++s) {
-      if (!stack.has_momentum[s]) continue;
+    for (size_t s = 0; s < stack.as_of.size(); ++s) {
+      if (!stack.has_momentum[s] || stack.as_of[s] == kAsOfAny ||
+          stack.as_of[s] == step_id - 1) {
+        continue;
+      }
       ++dropped;
       stack.has_momentum[s] = false;
+      stack.as_of[s] = kAsOfAny;
       if (zeroed.ok()) {
         zeroed = ops_->Scale(stack.at(static_cast<int>(s)), stack.floats(),
                              0.0f, ops_->stream());
@@ -362,18 +384,18 @@ void MomentumStore::CheckRestoredStep(int64_t step_id) {
   }
   if (zeroed.ok()) zeroed = ops_->Synchronize(ops_->stream());
   if (!zeroed.ok()) {
-    spdlog::error(
-        "worker={} zeroing momentum restored as of step {} failed: {}",
-        worker_id_, restored, zeroed.ToString());
+    spdlog::error("worker={} zeroing momentum as of step {} failed: {}",
+                  worker_id_, oldest, zeroed.ToString());
   }
   resets_ += dropped;
   resets_total_ += dropped;
   checkpoints_.Dropped(dropped);
   spdlog::error(
-      "worker={} plan_version={} momentum of {} owned experts was restored as "
-      "of step {}, but the first step staged here is {}, not {}: they start "
-      "from zero instead",
-      worker_id_, stacks_->version, dropped, restored, step_id, restored + 1);
+      "worker={} plan_version={} momentum of {} owned experts holds step {} "
+      "at the oldest (handed over by a worker that missed a step, or "
+      "restored), but the step staged here is {}, and no checkpoint holds "
+      "step {}: they start from zero instead",
+      worker_id_, stacks_->version, dropped, oldest, step_id, step_id - 1);
 }
 
 absl::StatusOr<CheckedMomentum> MomentumStore::ReadCheckpoint(

@@ -17,7 +17,7 @@
 // snapshot is copied to host under the lock and written outside it.
 //
 // The device rule. Install, Get, Write, PersistStaged, RestoreMissing,
-// CheckRestoredStep and HandOver enqueue on the device ops' stream(),
+// CheckMomentumStep and HandOver enqueue on the device ops' stream(),
 // which a step uses too: the caller runs them one at a time and never
 // during a step (StepEngine holds its own lock around them and its steps).
 // A step writes the installed version's next_momentum (installed())
@@ -132,7 +132,7 @@ class MomentumStore {
   // expert is no longer lost for the next version's handover. From a
   // checkpoint: it counts as restored as of its step (restored_step();
   // a worker that has committed nothing, `last_committed` < 0, needs its
-  // trainer to resume from there: CheckRestoredStep). Returns how many
+  // trainer to resume from there: CheckMomentumStep). Returns how many
   // experts it wrote. INTERNAL when a device copy fails.
   absl::StatusOr<int64_t> Write(CheckedMomentum checked,
                                 int64_t last_committed);
@@ -166,18 +166,21 @@ class MomentumStore {
   // checkpoint_dir when a verified checkpoint holds it as of the reference
   // step (MomentumCheckpoints::FindMissing): `last_committed`, or for a
   // worker that has committed none the newest checkpoint's step S (then
-  // its trainer must resume from S: CheckRestoredStep). The others stay
+  // its trainer must resume from S: CheckMomentumStep). The others stay
   // at zero. Reads the checkpoints outside the lock. OK with nothing to do
   // (no checkpoints enabled, no directory, nothing missing); INTERNAL when
   // the directory cannot be listed or a device copy fails.
   absl::Status RestoreMissing(int64_t last_committed);
-  // The first step staged, `step_id`, after a worker that had committed
-  // nothing restored momentum as of step S: unless it is S + 1 (the job
-  // resumed from S, or a retry of S found it committed), every owned
-  // expert starts from zero instead (an error log, counted as stale
-  // restores and as resets). Checked when a step stages rather than when
-  // the trainer asks, because a retry of a committed step stages nothing.
-  void CheckRestoredStep(int64_t step_id);
+  // Step `step_id` stages on momentum as of step_id - 1 only
+  // (MomentumStack::as_of). Owned experts whose momentum holds another
+  // step (restored as of S by a worker that had committed nothing and
+  // whose trainer did not resume from S + 1; handed over by a worker that
+  // missed a step; restored as of an older step) are read again from the
+  // job's checkpoint of step_id - 1; failing that they start from zero (an
+  // error log, counted as stale restores and as resets). Checked when a
+  // step stages rather than when the trainer asks, because a retry of a
+  // committed step stages nothing.
+  void CheckMomentumStep(int64_t step_id);
   // The worker took `committed` as its last committed step from its
   // trainer's step record (MomentumCheckpoints::Adopted).
   void AdoptCommitted(int64_t committed) { checkpoints_.Adopted(committed); }

@@ -77,7 +77,7 @@ TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
             std::string::npos);
   // Its trainer asks for step 9, not 6: the restored momentum is of
   // another step, so it starts from zero, counted as resets.
-  restarted.CheckRestoredStep(9);
+  restarted.CheckMomentumStep(9);
   EXPECT_EQ(restarted.TakeResets(), 2);
   EXPECT_EQ(restarted.TakeResets(), 0);
   EXPECT_EQ(restarted.resets_total(), 2);
@@ -89,6 +89,44 @@ TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
   ASSERT_TRUE(later.RestoreMissing(7).ok());
   EXPECT_FALSE(later.Get("a", 0).ok());
   EXPECT_EQ(later.restored_step(), -1);
+}
+
+// Momentum as of an older step than the one before the step staged (handed
+// over by a worker that missed a step, or restored from an older
+// checkpoint) is never stepped: it is read again from the checkpoint of
+// the step before, or starts from zero counted as a reset.
+TEST_F(MomentumStoreTest, AStepStagesOnlyOnMomentumOfTheStepBefore) {
+  const std::string dir = TempDir("as_of");
+  MomentumStore store("w0", &ops_);
+  store.EnableCheckpoints(nullptr);
+  ASSERT_NO_FATAL_FAILURE(Install(store, Layout(1, {{0, 0}}, dir, 1)));
+  for (int64_t step = 1; step <= 2; ++step) {
+    store.CheckMomentumStep(step);
+    Stage(store, 0, 10.0f * step, step);
+    ASSERT_TRUE(store.PersistStaged(step).ok());
+    store.CommitStaged();
+  }
+  EXPECT_EQ(*store.Get("a", 0), Values(6, 20));
+  // Momentum of step 1 where the job is at step 2.
+  absl::StatusOr<CheckedMomentum> older = store.ReadCheckpoint(dir, 1);
+  ASSERT_TRUE(older.ok()) << older.status();
+  ASSERT_TRUE(store.Write(*std::move(older), 2).ok());
+  EXPECT_EQ(*store.Get("a", 0), Values(6, 10));
+  store.CheckMomentumStep(3);
+  EXPECT_EQ(*store.Get("a", 0), Values(6, 20));  // the checkpoint of step 2
+  EXPECT_EQ(store.TakeResets(), 0);
+  // No checkpoint of step 4: zero, counted.
+  older = store.ReadCheckpoint(dir, 1);
+  ASSERT_TRUE(older.ok());
+  ASSERT_TRUE(store.Write(*std::move(older), 4).ok());
+  store.CheckMomentumStep(5);
+  EXPECT_EQ(store.TakeResets(), 1);
+  EXPECT_EQ(store.Get("a", 0).status().code(), absl::StatusCode::kNotFound);
+  // Written by a caller (the trainer's own state): valid for any step.
+  ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 40)));
+  store.CheckMomentumStep(9);
+  EXPECT_EQ(store.TakeResets(), 0);
+  EXPECT_EQ(*store.Get("a", 0), Values(6, 40));
 }
 
 TEST_F(MomentumStoreTest, ACheckpointRestoresEveryOwnedExpertOrNothing) {

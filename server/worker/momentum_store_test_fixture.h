@@ -78,13 +78,15 @@ class MomentumStoreTest : public ::testing::Test {
     ASSERT_TRUE(store.Write(std::move(*checked), -1).ok());
   }
   // Stages `values` as the new momentum of every slot of stack `stack`.
-  void Stage(MomentumStore& store, int stack, float base) {
+  void Stage(MomentumStore& store, int stack, float base,
+             int64_t step = kAsOfAny) {
     MomentumStack& s = store.installed().stacks[stack];
     for (size_t slot = 0; slot < s.items.size(); ++slot) {
       const std::vector<float> v = Values(s.floats(), base + slot);
       std::copy(v.begin(), v.end(), s.next_at(static_cast<int>(slot)));
     }
     s.next_has_momentum.assign(s.items.size(), true);
+    s.next_as_of.assign(s.items.size(), step);
     s.next_valid = true;
   }
 

@@ -106,8 +106,8 @@ RoundResult StepRun::Stage(const StepRequest& request,
   kernels::DeviceOps& ops = *context_.ops;
   DropStaged(ledger_, plan_);  // a voted one was resolved in Agree's round
   ledger_.means_step = -1;     // the staging is about to be overwritten
-  // Momentum restored from a checkpoint belongs to the step before.
-  if (plan_.momentum != nullptr) plan_.momentum->CheckRestoredStep(step_id);
+  // The step stages on momentum as of the step before, nothing older.
+  if (plan_.momentum != nullptr) plan_.momentum->CheckMomentumStep(step_id);
   StagedStep& staged = ledger_.staged;
   staged.step_id = step_id;
   staged.decider = decision.decider;

@@ -278,6 +278,7 @@ absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
         source, previous, momentum, h.momentum, h.nesterov, update, compute_));
   }
   stack.next_has_momentum.assign(batch.items.size(), true);
+  stack.next_as_of.assign(batch.items.size(), step_id_);
   stack.next_valid = true;
   // One call per chunk, each with the algorithm the plan chose for its part
   // (NS is per matrix: the results do not depend on the cut).
