@@ -161,10 +161,6 @@ void MomentumCheckpoints::RestoredMissing(const std::string& dir,
         worker_id_, version, count, reference, dir);
     return;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    unverified_ = reference;
-  }
   spdlog::warn(
       "worker={} plan_version={} restored the momentum of {} owned "
       "experts as of step {} from {}: valid only if the trainer resumes "
@@ -200,12 +196,11 @@ absl::StatusOr<CheckedMomentum> MomentumCheckpoints::Read(
 }
 
 void MomentumCheckpoints::Installed(const CheckedMomentum& checked,
-                                    int64_t count, int64_t committed) {
+                                    int64_t count) {
   const int64_t step = checked.checkpoint_step;
   {
     absl::MutexLock lock(&mu_);
     lookups_.clear();  // the slots hold this restore's step now
-    if (committed < 0) unverified_ = step;
   }
   restored_step_.store(step);
   Count(count, 0, 0);
@@ -213,13 +208,6 @@ void MomentumCheckpoints::Installed(const CheckedMomentum& checked,
       "worker={} plan_version={} momentum of {} owned experts restored from "
       "the checkpoint of step {} in {}",
       worker_id_, checked.version, count, step, checked.checkpoint_dir);
-}
-
-int64_t MomentumCheckpoints::TakeUnverified(int64_t step_id) {
-  absl::MutexLock lock(&mu_);
-  const int64_t restored = std::exchange(unverified_, -1);
-  if (restored < 0 || step_id == restored + 1) return -1;
-  return restored;
 }
 
 void MomentumCheckpoints::Dropped(int64_t count) { Count(0, count, 0); }
@@ -277,11 +265,6 @@ void MomentumCheckpoints::HandedOverFromCheckpoint(const Expert& lost,
       "worker={} plan_version={} momentum of {} expert {} restored from the "
       "checkpoint of step {} (its owner left)",
       worker_id_, version, Quoted(lost.spec.name), lost.expert, step);
-}
-
-void MomentumCheckpoints::HandedOver(int64_t job_step) {
-  absl::MutexLock lock(&mu_);
-  if (unverified_ == job_step) unverified_ = -1;
 }
 
 }  // namespace worker

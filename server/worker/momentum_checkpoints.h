@@ -100,8 +100,8 @@ class MomentumCheckpoints {
                                                  int64_t* reference);
   // The store installed `count` of FindMissing's as of `reference`: they
   // count as restored (restored_step()), and for a worker that has
-  // committed nothing its trainer must resume from there
-  // (TakeUnverified).
+  // committed nothing its trainer must resume from there (the store's
+  // MomentumStack::as_of says so to the first step staged).
   void RestoredMissing(const std::string& dir, int64_t version,
                        int64_t reference, int64_t committed, int64_t count);
   // Checkpoint `step` of `dir` for every expert in `owned` (of version
@@ -114,13 +114,7 @@ class MomentumCheckpoints {
                                        const std::vector<Expert>& owned) const;
   // The store wrote `count` experts of `checked` (from a checkpoint): they
   // count as restored as of its step, replacing every earlier lookup.
-  void Installed(const CheckedMomentum& checked, int64_t count,
-                 int64_t committed);
-  // The first step staged, `step_id`: when a worker that had committed
-  // nothing restored momentum as of step S and `step_id` is not S + 1,
-  // returns S (that momentum belongs to another step: the store drops it
-  // and calls Dropped); -1 otherwise. Asked once per restore.
-  int64_t TakeUnverified(int64_t step_id);
+  void Installed(const CheckedMomentum& checked, int64_t count);
   // `count` restored experts were dropped (counted as stale restores).
   void Dropped(int64_t count);
   // The worker took `committed` as its last committed step without
@@ -140,11 +134,6 @@ class MomentumCheckpoints {
   // Counts and logs ForHandover's item installed in version `version`.
   void HandedOverFromCheckpoint(const Expert& lost, int64_t step,
                                 int64_t version);
-  // A handover found the job at step `job_step`: a restore on start as of
-  // that step needs no other check. One as of another step stays to be
-  // checked when a step stages (the experts it installed and kept are not
-  // handed over again).
-  void HandedOver(int64_t job_step);
   // The step the momentum restored from a checkpoint is as of (-1: none).
   int64_t restored_step() const { return restored_step_.load(); }
 
@@ -162,7 +151,6 @@ class MomentumCheckpoints {
   bool requested_ ABSL_GUARDED_BY(mu_) = false;
   // The step S of a restore whose S + 1 no step has staged yet (-1:
   // none); only while no step was staged here.
-  int64_t unverified_ ABSL_GUARDED_BY(mu_) = -1;
   // What FindMissing found for each (matrix, expert) it looked up: the
   // step it looked for, the last step committed here then, whether that
   // step's momentum was installed, and else why not. Until the next

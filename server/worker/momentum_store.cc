@@ -170,8 +170,7 @@ absl::StatusOr<CheckedMomentum> MomentumStore::Check(
   return out;
 }
 
-absl::StatusOr<int64_t> MomentumStore::Write(CheckedMomentum checked,
-                                             int64_t last_committed) {
+absl::StatusOr<int64_t> MomentumStore::Write(CheckedMomentum checked) {
   absl::MutexLock lock(&mu_);
   MomentumStacks& now = *stacks_;
   // A checkpoint's restore covers every expert owned in the version it
@@ -219,7 +218,7 @@ absl::StatusOr<int64_t> MomentumStore::Write(CheckedMomentum checked,
     }
     return written;
   }
-  checkpoints_.Installed(checked, written, last_committed);
+  checkpoints_.Installed(checked, written);
   return written;
 }
 
@@ -323,7 +322,11 @@ absl::Status MomentumStore::RestoreMissing(int64_t committed) {
 }
 
 void MomentumStore::CheckMomentumStep(int64_t step_id) {
-  checkpoints_.TakeUnverified(step_id);
+  // Slot s of `stack` holds momentum of another step than step_id - 1.
+  auto stale_slot = [step_id](const MomentumStack& stack, size_t s) {
+    return stack.has_momentum[s] && stack.as_of[s] != kAsOfAny &&
+           stack.as_of[s] != step_id - 1;
+  };
   std::string dir;
   int64_t stale = 0, oldest = -1;
   {
@@ -331,13 +334,9 @@ void MomentumStore::CheckMomentumStep(int64_t step_id) {
     dir = stacks_->checkpoint_dir;
     for (const MomentumStack& stack : stacks_->stacks) {
       for (size_t s = 0; s < stack.as_of.size(); ++s) {
-        const int64_t as_of = stack.as_of[s];
-        if (!stack.has_momentum[s] || as_of == kAsOfAny ||
-            as_of == step_id - 1) {
-          continue;
-        }
+        if (!stale_slot(stack, s)) continue;
         ++stale;
-        if (oldest < 0 || as_of < oldest) oldest = as_of;
+        if (oldest < 0 || stack.as_of[s] < oldest) oldest = stack.as_of[s];
       }
     }
   }
@@ -348,7 +347,7 @@ void MomentumStore::CheckMomentumStep(int64_t step_id) {
   if (checkpoints_.enabled() && !dir.empty() && step_id >= 1) {
     absl::StatusOr<CheckedMomentum> checked = ReadCheckpoint(dir, step_id - 1);
     absl::StatusOr<int64_t> written =
-        checked.ok() ? Write(*std::move(checked), step_id - 1)
+        checked.ok() ? Write(*std::move(checked))
                      : absl::StatusOr<int64_t>(checked.status());
     if (written.ok()) {
       spdlog::warn(
@@ -369,10 +368,7 @@ void MomentumStore::CheckMomentumStep(int64_t step_id) {
   absl::Status zeroed;
   for (MomentumStack& stack : stacks_->stacks) {
     for (size_t s = 0; s < stack.as_of.size(); ++s) {
-      if (!stack.has_momentum[s] || stack.as_of[s] == kAsOfAny ||
-          stack.as_of[s] == step_id - 1) {
-        continue;
-      }
+      if (!stale_slot(stack, s)) continue;
       ++dropped;
       stack.has_momentum[s] = false;
       stack.as_of[s] = kAsOfAny;
@@ -458,11 +454,6 @@ absl::Status MomentumStore::HandOver(transport::Transport& transport,
   }
   resets_ += outcome.reset;
   resets_total_ += outcome.reset;
-  // Every item owned here now holds momentum as of the job's newest step
-  // (handed over, or from a checkpoint of that step): what a restore on
-  // start took from an older checkpoint is gone, and so is its rule that
-  // the trainer resume from there.
-  if (outcome.job_step >= 0) checkpoints_.HandedOver(outcome.job_step);
   if (outcome.lost > 0) {
     spdlog::warn(
         "worker={} plan_version={} momentum handover: {} matrices lost their "

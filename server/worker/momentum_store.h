@@ -130,12 +130,10 @@ class MomentumStore {
   // is dropped (a restore starts from what it writes: the caller forgets the
   // rest of that step) and the experts hold momentum. From a caller: a written
   // expert is no longer lost for the next version's handover. From a
-  // checkpoint: it counts as restored as of its step (restored_step();
-  // a worker that has committed nothing, `last_committed` < 0, needs its
-  // trainer to resume from there: CheckMomentumStep). Returns how many
-  // experts it wrote. INTERNAL when a device copy fails.
-  absl::StatusOr<int64_t> Write(CheckedMomentum checked,
-                                int64_t last_committed);
+  // checkpoint: it counts as restored as of its step (restored_step()),
+  // and the next step staged must be the one after it (CheckMomentumStep).
+  // Returns how many experts it wrote. INTERNAL when a device copy fails.
+  absl::StatusOr<int64_t> Write(CheckedMomentum checked);
 
   // ---- Checkpoints (MomentumCheckpoints has the policy and the rule).
   //

@@ -110,7 +110,7 @@ TEST_F(MomentumStoreTest, AStepStagesOnlyOnMomentumOfTheStepBefore) {
   // Momentum of step 1 where the job is at step 2.
   absl::StatusOr<CheckedMomentum> older = store.ReadCheckpoint(dir, 1);
   ASSERT_TRUE(older.ok()) << older.status();
-  ASSERT_TRUE(store.Write(*std::move(older), 2).ok());
+  ASSERT_TRUE(store.Write(*std::move(older)).ok());
   EXPECT_EQ(*store.Get("a", 0), Values(6, 10));
   store.CheckMomentumStep(3);
   EXPECT_EQ(*store.Get("a", 0), Values(6, 20));  // the checkpoint of step 2
@@ -118,7 +118,7 @@ TEST_F(MomentumStoreTest, AStepStagesOnlyOnMomentumOfTheStepBefore) {
   // No checkpoint of step 4: zero, counted.
   older = store.ReadCheckpoint(dir, 1);
   ASSERT_TRUE(older.ok());
-  ASSERT_TRUE(store.Write(*std::move(older), 4).ok());
+  ASSERT_TRUE(store.Write(*std::move(older)).ok());
   store.CheckMomentumStep(5);
   EXPECT_EQ(store.TakeResets(), 1);
   EXPECT_EQ(store.Get("a", 0).status().code(), absl::StatusCode::kNotFound);
@@ -152,14 +152,14 @@ TEST_F(MomentumStoreTest, ACheckpointRestoresEveryOwnedExpertOrNothing) {
   ASSERT_NO_FATAL_FAILURE(Set(store, "a", 0, Values(6, 40)));
   absl::StatusOr<CheckedMomentum> read = store.ReadCheckpoint(dir, 1);
   ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_EQ(*store.Write(std::move(*read), 3), 1);
+  EXPECT_EQ(*store.Write(std::move(*read)), 1);
   EXPECT_EQ(*store.Get("a", 0), Values(6, 1));
   EXPECT_EQ(store.restored_step(), 1);
   // Read for one version, written in another: refused.
   read = store.ReadCheckpoint(dir, 1);
   ASSERT_TRUE(read.ok());
   ASSERT_NO_FATAL_FAILURE(Install(store, Layout(4, {{0, 0}}, dir, 1)));
-  EXPECT_EQ(store.Write(std::move(*read), 3).status().code(),
+  EXPECT_EQ(store.Write(std::move(*read)).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 

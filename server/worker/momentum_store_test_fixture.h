@@ -75,7 +75,7 @@ class MomentumStoreTest : public ::testing::Test {
     absl::StatusOr<CheckedMomentum> checked =
         store.Check(matrix, expert, std::move(values));
     ASSERT_TRUE(checked.ok()) << checked.status();
-    ASSERT_TRUE(store.Write(std::move(*checked), -1).ok());
+    ASSERT_TRUE(store.Write(std::move(*checked)).ok());
   }
   // Stages `values` as the new momentum of every slot of stack `stack`.
   void Stage(MomentumStore& store, int stack, float base,

@@ -447,8 +447,7 @@ absl::Status StepEngine::SetMomentum(const std::string& matrix, int64_t expert,
                           momentum_.Check(matrix, expert, std::move(values)));
   absl::MutexLock lock(&mu_);
   const int64_t staged = ledger_.staged.step_id;
-  MUONPS_RETURN_IF_ERROR(
-      momentum_.Write(std::move(checked), ledger_.last.load()).status());
+  MUONPS_RETURN_IF_ERROR(momentum_.Write(std::move(checked)).status());
   ForgetStaged(staged, "momentum is being restored");
   return absl::OkStatus();
 }
@@ -464,9 +463,8 @@ absl::StatusOr<int64_t> StepEngine::RestoreCheckpoint(const std::string& dir,
                           momentum_.ReadCheckpoint(dir, step));
   absl::MutexLock lock(&mu_);
   const int64_t staged = ledger_.staged.step_id;
-  MUONPS_ASSIGN_OR_RETURN(
-      const int64_t restored,
-      momentum_.Write(std::move(read), ledger_.last.load()));
+  MUONPS_ASSIGN_OR_RETURN(const int64_t restored,
+                          momentum_.Write(std::move(read)));
   ForgetStaged(staged, "momentum is being restored from a checkpoint");
   return restored;
 }
