@@ -14,8 +14,10 @@
 //   decided   the highest step this trainer's worker, as rank 0, decided to
 //             commit (recorded before anyone is told, so the decision
 //             outlives it)
-//   decider   the instance (step_protocol.h) of the worker that recorded
-//             `decided`
+//   decider   the instance (step_protocol.h) of the last worker that opened
+//             a step as rank 0 with this trainer, recorded before anyone
+//             hears of the step: a step that instance opened above
+//             `decided` was never decided to commit
 // The worker writes each word in its stream's order (host memory: at once;
 // CUDA: a stream memory operation), so a word is never ahead of the work
 // it describes. Plain data; thread-compatible.

@@ -1,7 +1,8 @@
 // Atomic steps with real processes (a coordinator, two CPU workers over TLS
 // and tokens, two trainer ranks stepping a model of every layout): a worker
-// stops itself (--test_pause_at) at a point of step 3, on plan rank 0 or 1:
-// before the exchange, after the first bucket's transfers, after its vote,
+// stops itself (--test_pause_at) at a point of step 3 (of step 1 too, the
+// first a rank 0 opens, which it has decided nothing before), on plan rank 0 or
+// 1: before the exchange, after the first bucket's transfers, after its vote,
 // after its commit. Then either
 //  - it is frozen past the I/O timeout and let go (SIGSTOP, SIGCONT: the
 //    same processes after a transient failure): the other trainer sees a
@@ -59,17 +60,23 @@ constexpr int64_t kFailingStep = 3;
 struct ChaosCase {
   const char* point;  // --test_pause_at's
   int rank;           // of the worker that stops
+  int64_t step = kFailingStep;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<ChaosCase>& info) {
   std::string point = info.param.point;
   point[0] = static_cast<char>(point[0] - 'a' + 'A');
-  return absl::StrCat(point, "OnRank", info.param.rank);
+  return absl::StrCat(point, "OnRank", info.param.rank,
+                      info.param.step == kFailingStep
+                          ? ""
+                          : absl::StrCat("OfStep", info.param.step));
 }
 
 class StepChaosTest : public DataPlaneFixture,
                       public ::testing::WithParamInterface<ChaosCase> {
  protected:
+  int64_t FailingStep() const { return GetParam().step; }
+
   // Starts the job with every worker set to stop at the case's point of
   // step 3 if it has the case's rank, and runs steps 1 and 2.
   void StartAndStep(int64_t lease_ttl_ms, int64_t io_timeout_ms = kIoTimeoutMs,
@@ -83,13 +90,13 @@ class StepChaosTest : public DataPlaneFixture,
                               .allow_momentum_reset = true};
     for (int w = 0; w < kWorkers; ++w) {
       cluster.worker_flags[w] = {
-          absl::StrCat("--test_pause_at=", GetParam().point, "@", kFailingStep,
+          absl::StrCat("--test_pause_at=", GetParam().point, "@", FailingStep(),
                        "@rank", GetParam().rank)};
     }
     ASSERT_NO_FATAL_FAILURE(StartJob(model_decl_, cluster));
     before_.emplace(model_decl_, kWorkers, PlannedAlgorithms());
     after_.emplace(model_decl_, kWorkers, PlannedAlgorithms());
-    for (int64_t step = 1; step < kFailingStep; ++step) {
+    for (int64_t step = 1; step < FailingStep(); ++step) {
       for (const auto& o : RunStep(step)) {
         ASSERT_TRUE(o.has_value() && o->result.ok()) << o->result.status();
       }
@@ -109,7 +116,7 @@ class StepChaosTest : public DataPlaneFixture,
 
   // Step 3 on every trainer, in the background, until the victim stopped.
   void StartFailingStep() {
-    stepping_ = std::thread([this] { first_ = RunStep(kFailingStep); });
+    stepping_ = std::thread([this] { first_ = RunStep(FailingStep()); });
     const absl::Status stopped = WaitUntilStopped(victim_, absl::Seconds(30));
     if (!stopped.ok()) SignalWorker(victim_, SIGKILL);
     ASSERT_TRUE(stopped.ok()) << stopped;
@@ -128,7 +135,8 @@ class StepChaosTest : public DataPlaneFixture,
                 code == absl::StatusCode::kDeadlineExceeded ||
                 code == absl::StatusCode::kAborted)
         << o.result.status();
-    EXPECT_TRUE(absl::StrContains(o.result.status().message(), "step 3"))
+    EXPECT_TRUE(absl::StrContains(o.result.status().message(),
+                                  absl::StrCat("step ", FailingStep())))
         << o.result.status();
   }
 
@@ -186,13 +194,13 @@ TEST_P(StepChaosFreezeTest, TheRetriesFinishTheStepExactlyOnce) {
   ExpectSurvivorAnsweredInTime();
   // Every trainer retries step 3 until it is answered, then steps 4.
   const std::vector<LoopOutcome> loops =
-      RunTrainerLoops(kFailingStep, kFailingStep + 1, 4);
+      RunTrainerLoops(FailingStep(), FailingStep() + 1, 4);
   for (int r = 0; r < kWorkers; ++r) {
     ASSERT_TRUE(loops[r].finished)
         << "trainer " << r << ": " << loops[r].attempts.back().result.status();
   }
-  ASSERT_TRUE(after_->Step(kFailingStep).ok());
-  ASSERT_TRUE(after_->Step(kFailingStep + 1).ok());
+  ASSERT_TRUE(after_->Step(FailingStep()).ok());
+  ASSERT_TRUE(after_->Step(FailingStep() + 1).ok());
   ExpectMatchesReference(*after_, kTolerance);
   // No lease expired: the plan is the one the job started with.
   status = WorkerStatus(survivor_);
@@ -233,7 +241,7 @@ TEST_P(StepChaosKillTest, NothingAppliesTwiceAfterARestart) {
   const bool committed_anywhere =
       (point == "prepared" && !victim_is_rank0) || point == "committed";
   const bool victim_applied = point == "committed";
-  ASSERT_TRUE(after_->Step(kFailingStep).ok());
+  ASSERT_TRUE(after_->Step(FailingStep()).ok());
   EXPECT_LE(MatrixError(victim_, victim_applied ? *after_ : *before_),
             kTolerance);
   EXPECT_LE(MatrixError(survivor_, committed_anywhere ? *after_ : *before_),
@@ -258,7 +266,7 @@ TEST_P(StepChaosKillTest, NothingAppliesTwiceAfterARestart) {
     });
   }
   const std::vector<LoopOutcome> retry =
-      RunTrainerLoops(kFailingStep, kFailingStep + 1, 4);
+      RunTrainerLoops(FailingStep(), FailingStep() + 1, 4);
   if (release.joinable()) release.join();
   for (int r = 0; r < kWorkers; ++r) {
     ASSERT_TRUE(retry[r].finished)
@@ -276,19 +284,19 @@ TEST_P(StepChaosKillTest, NothingAppliesTwiceAfterARestart) {
   // step 3 when step 3 committed before the kill, before it otherwise.
   std::optional<ReferenceModel> replay;
   replay.emplace(model_decl_, kWorkers, PlannedAlgorithms());
-  for (int64_t step = 1; step < kFailingStep; ++step) {
+  for (int64_t step = 1; step < FailingStep(); ++step) {
     ASSERT_TRUE(replay->Step(step).ok());
   }
   if (committed_anywhere) {
-    ASSERT_TRUE(replay->Step(kFailingStep).ok());
+    ASSERT_TRUE(replay->Step(FailingStep()).ok());
   }
   for (const auto& [name, expert] : lost_with_victim_) {
     replay->ResetMomentum(name, expert);
   }
   if (!committed_anywhere) {
-    ASSERT_TRUE(replay->Step(kFailingStep).ok());
+    ASSERT_TRUE(replay->Step(FailingStep()).ok());
   }
-  ASSERT_TRUE(replay->Step(kFailingStep + 1).ok());
+  ASSERT_TRUE(replay->Step(FailingStep() + 1).ok());
   ExpectMatchesReference(*replay, kTolerance);
 }
 
@@ -297,7 +305,11 @@ INSTANTIATE_TEST_SUITE_P(Points, StepChaosKillTest,
                                            ChaosCase{"transfer", 1},
                                            ChaosCase{"prepared", 1},
                                            ChaosCase{"committed", 1},
-                                           ChaosCase{"prepared", 0}),
+                                           ChaosCase{"prepared", 0},
+                                           // Rank 0 stops on the first
+                                           // step it ever opened: it has
+                                           // decided none.
+                                           ChaosCase{"prepared", 0, 1}),
                          CaseName);
 
 // The trainers keep only their rows of a row-sharded matrix (MixedModel):
@@ -314,7 +326,7 @@ TEST_P(StepChaosRowsTest, AMissedStepOfRowsOnlyOneTrainerKeepsIsNamed) {
   const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
   ASSERT_TRUE(planned.ok()) << planned;
   const std::vector<LoopOutcome> retry =
-      RunTrainerLoops(kFailingStep, kFailingStep, 3);
+      RunTrainerLoops(FailingStep(), FailingStep(), 3);
   bool named = false;
   for (int r = 0; r < kWorkers; ++r) {
     EXPECT_FALSE(retry[r].finished) << "trainer " << r;
@@ -330,7 +342,7 @@ TEST_P(StepChaosRowsTest, AMissedStepOfRowsOnlyOneTrainerKeepsIsNamed) {
     }
   }
   EXPECT_TRUE(named);
-  ASSERT_TRUE(after_->Step(kFailingStep).ok());
+  ASSERT_TRUE(after_->Step(FailingStep()).ok());
   EXPECT_LE(MatrixError(victim_, *before_), kTolerance);
   EXPECT_LE(MatrixError(survivor_, *after_), kTolerance);
 }
@@ -356,9 +368,9 @@ TEST_P(StepChaosLeaseTest, TheSurvivorsStepFailsWithinTheLeaseNamingTheLost) {
   std::vector<std::thread> trainers;
   for (int r = 0; r < kWorkers; ++r) {
     trainers.emplace_back([this, r, &outcome] {
-      WriteGradients(r, kFailingStep);
+      WriteGradients(r, FailingStep());
       const absl::Time start = absl::Now();
-      absl::StatusOr<StepResult> result = client(r).Step(kFailingStep);
+      absl::StatusOr<StepResult> result = client(r).Step(FailingStep());
       outcome[r] = StepOutcome{std::move(result), absl::Now() - start};
     });
   }
@@ -373,7 +385,7 @@ TEST_P(StepChaosLeaseTest, TheSurvivorsStepFailsWithinTheLeaseNamingTheLost) {
   EXPECT_TRUE(absl::IsUnavailable(o.result.status())) << o.result.status();
   for (const std::string& part :
        {absl::StrCat("worker \"w", victim_, "\" left the job"),
-        std::string("lease expired"), std::string("step 3")}) {
+        std::string("lease expired"), absl::StrCat("step ", FailingStep())}) {
     EXPECT_TRUE(absl::StrContains(o.result.status().message(), part))
         << part << " not in " << o.result.status();
   }
@@ -388,7 +400,7 @@ TEST_P(StepChaosLeaseTest, TheSurvivorsStepFailsWithinTheLeaseNamingTheLost) {
   const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
   ASSERT_TRUE(planned.ok()) << planned;
   const std::vector<LoopOutcome> loops =
-      RunTrainerLoops(kFailingStep, kFailingStep + 1, 4);
+      RunTrainerLoops(FailingStep(), FailingStep() + 1, 4);
   for (int r = 0; r < kWorkers; ++r) {
     ASSERT_TRUE(loops[r].finished)
         << "trainer " << r << ": " << loops[r].attempts.back().result.status();
@@ -396,14 +408,14 @@ TEST_P(StepChaosLeaseTest, TheSurvivorsStepFailsWithinTheLeaseNamingTheLost) {
   // Step 3 ran once, on the new plan: the killed worker's matrices started
   // over, the survivor's were handed over where they moved.
   ReferenceModel replay(model_decl_, kWorkers, PlannedAlgorithms());
-  for (int64_t step = 1; step < kFailingStep; ++step) {
+  for (int64_t step = 1; step < FailingStep(); ++step) {
     ASSERT_TRUE(replay.Step(step).ok());
   }
   for (const auto& [name, expert] : lost_with_victim_) {
     replay.ResetMomentum(name, expert);
   }
-  ASSERT_TRUE(replay.Step(kFailingStep).ok());
-  ASSERT_TRUE(replay.Step(kFailingStep + 1).ok());
+  ASSERT_TRUE(replay.Step(FailingStep()).ok());
+  ASSERT_TRUE(replay.Step(FailingStep() + 1).ok());
   ExpectMatchesReference(replay, kTolerance);
 }
 
@@ -434,7 +446,7 @@ TEST_P(StepChaosDeadlineTest, AdamWRunsOncePerStepWhatTheDeadlineCut) {
   }
   absl::SleepFor(absl::Seconds(1));  // the workers finish what they began
   const std::vector<LoopOutcome> loops =
-      RunTrainerLoops(kFailingStep, kFailingStep + 1, 4);
+      RunTrainerLoops(FailingStep(), FailingStep() + 1, 4);
   for (int r = 0; r < kWorkers; ++r) {
     ASSERT_TRUE(loops[r].finished)
         << "trainer " << r << ": " << loops[r].attempts.back().result.status();
@@ -444,8 +456,8 @@ TEST_P(StepChaosDeadlineTest, AdamWRunsOncePerStepWhatTheDeadlineCut) {
         << "trainer " << r;
     EXPECT_TRUE(loops[r].attempts[0].result->adamw_applied);
   }
-  ASSERT_TRUE(after_->Step(kFailingStep).ok());
-  ASSERT_TRUE(after_->Step(kFailingStep + 1).ok());
+  ASSERT_TRUE(after_->Step(FailingStep()).ok());
+  ASSERT_TRUE(after_->Step(FailingStep() + 1).ok());
   ExpectMatchesReference(*after_, kTolerance);
 }
 

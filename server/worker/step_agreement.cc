@@ -138,6 +138,29 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     }
     *decision = DecideRound(headers, trainers_, plan_.ownership.worker_ids,
                             ledger_.instance);
+    if (static_cast<RoundKind>(decision->kind) == RoundKind::kGo &&
+        trainer_ != nullptr) {
+      // Claimed before anyone stages the step: should this worker stop
+      // before deciding it, its successor reads its instance with a
+      // decision below the step, and the staged peers drop it.
+      const absl::Status claimed = trainer_->buffers->WriteRecord(
+          ops_.stream(), StepRecordWord::kDecider, ledger_.instance);
+      if (!claimed.ok()) {
+        const RoundDecision go = *decision;
+        *decision = RoundDecision{};
+        decision->kind = static_cast<int32_t>(RoundKind::kReject);
+        decision->code = static_cast<int32_t>(absl::StatusCode::kUnavailable);
+        decision->step_id = -1;
+        decision->committed = go.committed;
+        decision->resolve = go.resolve;
+        decision->decider = go.decider;
+        CopyProblem(absl::StrCat("step ", go.step_id,
+                                 " rejected, nothing was changed: recording "
+                                 "rank 0 in its trainer's step record failed: ",
+                                 claimed.message()),
+                    decision->problem);
+      }
+    }
   } else {
     if (trainer_ == nullptr) {
       RoundOpening opening{};

@@ -198,12 +198,10 @@ CommitOutcome RunCommitPhases(
     if (decision.commit && trainer != nullptr) {
       // Recorded before anyone hears it, in the trainer's memory: a
       // successor of this worker still knows the decision.
-      absl::Status recorded = trainer->buffers->WriteRecord(
-          ops.stream(), StepRecordWord::kDecider, ledger.instance);
-      if (recorded.ok()) {
-        recorded = trainer->buffers->WriteRecord(
-            ops.stream(), StepRecordWord::kDecided, StepRecordValue(step));
-      }
+      // (Its instance is there already: it claimed the record when it
+      // opened the step.)
+      const absl::Status recorded = trainer->buffers->WriteRecord(
+          ops.stream(), StepRecordWord::kDecided, StepRecordValue(step));
       if (!recorded.ok()) {
         decision.commit = 0;
         code = absl::StatusCode::kUnavailable;

@@ -49,6 +49,10 @@ RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
 // What a trainer must do when the job's state and its own parameters may
 // differ: reload what it saved after the job's last committed step.
 std::string ReloadFrom(int64_t committed) {
+  if (committed < 0) {
+    return "no step was committed: start every trainer again from its "
+           "initial parameters and first step";
+  }
   return absl::StrCat(
       "reload every trainer's parameters and optimizer state saved after "
       "step ",
@@ -367,6 +371,17 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                  committed, true);
     rejected.decider = decider;
     return rejected;
+  }
+  // A staged step this round drops that another rank 0 ran: the drop
+  // happens first, in a round of its own. The rank 0 that opens a step
+  // claims its trainer's step record before anyone hears of the step
+  // (StepRecordWord::kDecider), and the record must still name that other
+  // rank 0 until nobody holds its step.
+  for (int r = 0; r < n; ++r) {
+    if (h[r].staged_step > committed && h[r].staged_decider != decider) {
+      d.kind = static_cast<int32_t>(RoundKind::kNoStep);
+      return d;
+    }
   }
   d.kind = static_cast<int32_t>(RoundKind::kGo);
   d.step_id = first.step_id;

@@ -95,9 +95,25 @@ TEST(DecideRoundTest, TheDecisionOfARestartedRankZeroComesFromItsRecord) {
   h[0].record_decider = 100;
   h[0].record_decided = 4;
   RoundDecision d = DecideRound(h, 3, kIds, 777);
-  EXPECT_EQ(KindOf(d), RoundKind::kGo) << Problem(d);
+  // w1 drops its staging in a round of its own: the new rank 0 claims the
+  // record (kDecider) when it opens a step, and until nobody holds the
+  // step of the w0 before it, the record must still name that one.
+  EXPECT_EQ(KindOf(d), RoundKind::kNoStep) << Problem(d);
   EXPECT_EQ(d.committed, 4);  // so w1 drops its staging
   EXPECT_EQ(d.resolve, 1);
+  // Then step 5 runs.
+  h[1].staged_step = -1;
+  d = DecideRound(h, 3, kIds, 777);
+  EXPECT_EQ(KindOf(d), RoundKind::kGo) << Problem(d);
+  EXPECT_EQ(d.step_id, 5);
+  // A w0 that claimed the record and died on the first step it opened,
+  // before deciding any: its instance with no decision, the step dropped.
+  h[1].staged_step = 5;
+  h[0].record_decided = -1;
+  d = DecideRound(h, 3, kIds, 777);
+  EXPECT_EQ(KindOf(d), RoundKind::kNoStep) << Problem(d);
+  EXPECT_EQ(d.resolve, 1);
+  h[0].record_decided = 4;
   // It decided to commit step 5, and died before applying it: w1 commits
   // from its staging, and w0's trainer, which lacks the step (its record:
   // 4), is repaired from w1's.
