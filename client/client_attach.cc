@@ -36,6 +36,9 @@ absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
   v1::JobSpec* spec = request.mutable_job();
   spec->set_name(options.job);
   spec->set_dedicated_workers(dedicated_workers);
+  // The plans rank this many workers with trainers; another worker that
+  // joins is a standby, not a rank every step waits for.
+  spec->set_trainers(options.trainer_count);
   spec->set_allow_momentum_reset(allow_momentum_reset);
   spec->set_checkpoint_dir(checkpoint_dir);
   spec->set_checkpoint_every(checkpoint_every);

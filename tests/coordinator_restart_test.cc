@@ -208,8 +208,10 @@ TEST_F(CoordinatorRestartTest,
        RestartedWithoutStateWorkersRefuseStepsThenFollowTheNewJobsPlan) {
   ASSERT_NO_FATAL_FAILURE(StartJob(MixedModel(), Cluster(/*durable=*/false)));
   ASSERT_TRUE(RunStep(1)[0]->result.ok());
-  // A worker joins and leaves, so the workers follow version 4, above
-  // anything the restarted coordinator will publish for a while.
+  // A dedicated worker joins and leaves (a rank: one with no trainer and
+  // not dedicated would be a standby, planned in no version), so the
+  // workers follow version 4, above anything the restarted coordinator
+  // will publish for a while.
   {
     grpc::ClientContext context;
     context.set_deadline(Deadline(absl::Seconds(10)));
@@ -220,6 +222,7 @@ TEST_F(CoordinatorRestartTest,
     join.mutable_device()->set_kind("cpu");
     join.mutable_device()->set_memory_bytes(int64_t{8} << 30);
     join.set_data_address("127.0.0.1:1");
+    join.set_dedicated(true);
     v1::JoinJobResponse joined;
     ASSERT_TRUE(coordinator_stub().JoinJob(&context, join, &joined).ok());
     grpc::ClientContext leave_context;

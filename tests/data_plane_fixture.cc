@@ -96,16 +96,15 @@ void DataPlaneFixture::KillCoordinator() {
   ASSERT_TRUE(waited.ok()) << waited.status();
 }
 
-void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
-  WorkerProcess& w = workers_[index];
-  w.id = absl::StrCat("w", index);
-  w.socket = absl::StrCat(socket_dir_, "/", w.id, ".sock");
+std::vector<std::string> DataPlaneFixture::WorkerArgv(
+    const std::string& id, const std::string& socket, int index,
+    const ClusterOptions& options) const {
   std::vector<std::string> argv = {
       RunfilePath("server/worker/muonps-worker"),
       "--coordinator=" + coordinator_address_,
       absl::StrCat("--job=", job_),
-      "--worker_id=" + w.id,
-      "--socket=" + w.socket,
+      "--worker_id=" + id,
+      "--socket=" + socket,
       "--metrics_port=-1",
       "--device=cpu",
       absl::StrCat("--io_timeout_ms=", options.io_timeout_ms)};
@@ -121,8 +120,16 @@ void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
   if (wrapper != options.worker_wrapper.end()) {
     argv.insert(argv.begin(), wrapper->second.begin(), wrapper->second.end());
   }
+  return argv;
+}
+
+void DataPlaneFixture::StartWorker(int index, const ClusterOptions& options) {
+  WorkerProcess& w = workers_[index];
+  w.id = absl::StrCat("w", index);
+  w.socket = absl::StrCat(socket_dir_, "/", w.id, ".sock");
   absl::StatusOr<std::unique_ptr<ChildProcess>> started =
-      ChildProcess::Start(argv, absl::StrCat(log_dir_, "/", w.id, ".log"));
+      ChildProcess::Start(WorkerArgv(w.id, w.socket, index, options),
+                          absl::StrCat(log_dir_, "/", w.id, ".log"));
   ASSERT_TRUE(started.ok()) << started.status();
   w.process = *std::move(started);
   w.stub = v1::Worker::NewStub(TestChannel("unix:" + w.socket));

@@ -338,6 +338,11 @@ class DataPlaneFixture : public ::testing::Test {
   // the coordinator plans it in and moves matrices to it. WaitForFullPlan
   // then waits for a plan that has it.
   void JoinDedicatedWorker();
+  // Starts a worker `id` of the job that no trainer attaches to and that
+  // is not dedicated (one started by mistake, a spare): a standby beyond
+  // the job's trainers (JobSpec.trainers). Not one of workers(): the
+  // caller owns its process.
+  std::unique_ptr<ChildProcess> StartStandbyWorker(const std::string& id);
   const std::string& coordinator_address() const {
     return coordinator_address_;
   }
@@ -355,6 +360,10 @@ class DataPlaneFixture : public ::testing::Test {
 
   void StartCoordinator(const ClusterOptions& options);
   void StartWorker(int index, const ClusterOptions& options);
+  // A worker's command line: `index`'s extra flags and wrapper, if any.
+  std::vector<std::string> WorkerArgv(const std::string& id,
+                                      const std::string& socket, int index,
+                                      const ClusterOptions& options) const;
   void StartTrainers(absl::Status* start_status);
 
   ModelDecl model_;

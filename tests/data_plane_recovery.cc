@@ -122,6 +122,19 @@ void DataPlaneFixture::JoinDedicatedWorker() {
   ASSERT_TRUE(up.ok()) << up.status();
 }
 
+std::unique_ptr<ChildProcess> DataPlaneFixture::StartStandbyWorker(
+    const std::string& id) {
+  absl::StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(
+      WorkerArgv(id, absl::StrCat(socket_dir_, "/", id, ".sock"), -1, options_),
+      absl::StrCat(log_dir_, "/", id, ".log"));
+  EXPECT_TRUE(started.ok()) << started.status();
+  if (!started.ok()) return nullptr;
+  absl::StatusOr<std::string> up =
+      (*started)->WaitForLog("listening on unix:", absl::Seconds(30));
+  EXPECT_TRUE(up.ok()) << up.status();
+  return *std::move(started);
+}
+
 absl::StatusOr<int> DataPlaneFixture::WaitForWorkerExit(
     int worker, absl::Duration timeout) {
   return workers_.at(worker).process->Wait(timeout);

@@ -63,8 +63,10 @@ v1::JoinJobResponse JoinGrantToProto(const JoinGrant& grant) {
 }
 
 HeartbeatRequest HeartbeatRequestFromProto(const v1::HeartbeatRequest& r) {
-  return {r.job(), r.worker_id(), r.instance_id(), r.plan_version(),
-          r.worker_token()};
+  HeartbeatRequest out{r.job(), r.worker_id(), r.instance_id(),
+                       r.plan_version(), r.worker_token()};
+  out.has_trainer = r.has_trainer();
+  return out;
 }
 
 v1::HeartbeatResponse HeartbeatReplyToProto(const HeartbeatReply& reply) {
@@ -99,6 +101,7 @@ v1::ListWorkersResponse WorkerListToProto(
       *info->mutable_last_step() = StepStatsToProto(*w.last_step);
     }
     info->set_draining(w.draining);
+    info->set_standby(w.standby);
   }
   return out;
 }

@@ -104,11 +104,23 @@ StoreOp JobMembers::Remove(const std::string& job, const std::string& worker_id,
   return store_op::DeleteWorker{job, worker_id};
 }
 
+bool JobMembers::SetHasTrainer(const std::string& worker_id, bool has_trainer) {
+  WorkerRecord& worker = workers_.at(worker_id);
+  if (worker.has_trainer == has_trainer) return false;
+  worker.has_trainer = has_trainer;
+  return true;
+}
+
+void JobMembers::Touch(std::string reason) {
+  ++generation_;
+  reasons_.push_back(std::move(reason));
+}
+
 StoreOp JobMembers::SetDraining(const std::string& job,
                                 const std::string& worker_id, bool draining) {
   WorkerRecord& worker = workers_.at(worker_id);
   worker.draining = draining;
-  ++generation_;
+  worker.generation = ++generation_;
   reasons_.push_back(absl::StrCat("worker ", worker_id,
                                   draining ? " draining" : " drain undone"));
   return store_op::PutWorker{job, StoredOf(worker_id, worker)};

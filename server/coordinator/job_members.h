@@ -36,13 +36,18 @@ struct WorkerRecord {
   // The credential JoinJob handed out; the worker's other calls carry it.
   std::string token;
   int64_t join_seq = 0;
-  // The membership generation its join made.
+  // The membership generation of its last change that plans see (its join,
+  // a drain): a plan of a later generation knows it as it is.
   int64_t generation = 0;
   // The newest step it reported (highest step id); nullopt until one.
   std::optional<StepStats> last_step;
   // Leaving (LeaveJob with drain): a rank of the job's plans that owns
   // nothing, so its momentum moves to the new owners at the next step.
   bool draining = false;
+  // Its heartbeat says a trainer is attached (or asked to attach lately).
+  // Live state, not stored: a restarted coordinator learns it again from
+  // the next heartbeats, and keeps the ranks of its stored plan meanwhile.
+  bool has_trainer = false;
 };
 
 class JobMembers {
@@ -88,6 +93,12 @@ class JobMembers {
   // "worker ID draining" as a reason. Returns the op for the store.
   StoreOp SetDraining(const std::string& job, const std::string& worker_id,
                       bool draining);
+  // Records what `worker_id`'s heartbeat says of its trainer; true when
+  // that changed (no generation: see Touch).
+  bool SetHasTrainer(const std::string& worker_id, bool has_trainer);
+  // A change that needs a new plan and no store op (a standby's trainer):
+  // a new generation with `reason`.
+  void Touch(std::string reason);
   // Members whose lease ran out by `now`, by id.
   std::vector<std::string> Expired(absl::Time now) const;
 

@@ -1,5 +1,6 @@
 #include "server/coordinator/membership.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "common/secret.h"
 #include "common/status.h"
 #include "scheduler/cost_table.h"
+#include "server/coordinator/plan_computation.h"
 #include "server/coordinator/request_validation.h"
 #include "spdlog/spdlog.h"
 
@@ -155,6 +157,16 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
   }
   worker->lease_expiry = clock_() + options_.lease_ttl;
   worker->reported_version = r.plan_version;
+  if (job->members.SetHasTrainer(r.worker_id, r.has_trainer) &&
+      job->spec->trainers > 0) {
+    // A standby whose trainer attached while a rank has none changes the
+    // ranks: planned by the lease monitor (ExpireLeases), not here.
+    if (!NewestPlanRanksMembers(*job)) {
+      job->members.Touch(
+          absl::StrCat("worker ", r.worker_id,
+                       r.has_trainer ? " has a trainer" : " has no trainer"));
+    }
+  }
   return HeartbeatReply{options_.lease_ttl, latest, worker->draining};
 }
 
@@ -277,6 +289,7 @@ absl::StatusOr<std::vector<WorkerView>> Membership::ListWorkers(
   std::vector<WorkerView> out;
   for (const auto& [name, record] : table_->jobs()) {
     if (!job.empty() && name != job) continue;
+    const PlanVersion* newest = record.plans.newest();
     for (const std::string& id : record.members.join_order()) {
       const WorkerRecord& w = record.members.at(id);
       WorkerView& view = out.emplace_back();
@@ -289,6 +302,10 @@ absl::StatusOr<std::vector<WorkerView>> Membership::ListWorkers(
       view.join_time = w.join_time;
       view.last_step = w.last_step;
       view.draining = w.draining;
+      view.standby = newest == nullptr ||
+                     std::find(newest->plan->ownership.worker_ids.begin(),
+                               newest->plan->ownership.worker_ids.end(),
+                               id) == newest->plan->ownership.worker_ids.end();
     }
   }
   return out;
@@ -309,7 +326,14 @@ std::vector<std::string> Membership::ExpireLeases() {
     std::vector<StoreOp> ops;
     for (auto& [name, job] : table_->jobs()) {
       const std::vector<std::string> lost = job.members.Expired(now);
-      if (lost.empty()) continue;
+      if (lost.empty()) {
+        // A change no caller planned (Heartbeat's).
+        if (job.plans.planned_generation < job.members.generation() &&
+            !job.plans.planning) {
+          replans.push_back({name, job.incarnation, job.members.generation()});
+        }
+        continue;
+      }
       for (const std::string& id : lost) {
         ops.push_back(job.members.Remove(name, id, ""));
         expired.push_back(absl::StrCat(name, "/", id));

@@ -46,6 +46,8 @@ struct HeartbeatRequest {
   int64_t plan_version = 0;
   std::string worker_token;
   std::string certificate;  // the call's (JoinRequest::certificate)
+  // A trainer is attached to the worker, or asked to attach lately.
+  bool has_trainer = false;
 };
 
 struct HeartbeatReply {
@@ -82,6 +84,8 @@ struct WorkerView {
   absl::Time join_time;
   std::optional<StepStats> last_step;
   bool draining = false;
+  // Not a rank of the job's latest plan (JobSpec::trainers' standbys).
+  bool standby = false;
 };
 
 class Membership {
@@ -103,7 +107,10 @@ class Membership {
   // beyond max_workers_per_job; UNAVAILABLE when the store fails.
   absl::StatusOr<JoinGrant> JoinJob(const JoinRequest& request);
 
-  // Renews the lease. Never waits on planning or the store. NOT_FOUND
+  // Renews the lease, and records whether the worker has a trainer: when
+  // that changes the job's ranks (RankedMembers: a standby's trainer
+  // attached while a rank has none), the lease monitor re-plans the job.
+  // Never waits on planning or the store. NOT_FOUND
   // (job, or a worker_id without a lease), UNAUTHENTICATED (worker_token),
   // FAILED_PRECONDITION naming instance_id (another process holds the
   // lease) or plan_version when it is above the job's latest: the worker
@@ -131,8 +138,9 @@ class Membership {
   // NOT_FOUND naming job.
   absl::StatusOr<std::vector<WorkerView>> ListWorkers(const std::string& job);
 
-  // Drops every worker whose lease has expired and re-plans their jobs
-  // (errors are logged). Returns "job/worker" for each dropped worker.
+  // Drops every worker whose lease has expired and re-plans their jobs, and
+  // every job whose ranks a heartbeat changed (errors are logged). Returns
+  // "job/worker" for each dropped worker.
   std::vector<std::string> ExpireLeases();
 
  private:

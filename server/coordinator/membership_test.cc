@@ -216,6 +216,66 @@ TEST_F(CoordinatorTest, HeartbeatRenewsLeaseAndExpiryMovesMatricesToSurvivors) {
               StatusIs(absl::StatusCode::kNotFound, "\"w3\""));
 }
 
+// A job of two trainers: a third worker with no trainer (started by
+// mistake, a spare) is a standby that no plan ranks, so no step waits for
+// it and its join publishes nothing; once its own trainer asks for it
+// while a rank's has not come back, the lease monitor ranks it instead.
+TEST_F(CoordinatorTest, AWorkerBeyondTheJobsTrainersIsAStandby) {
+  v1::JobSpec spec = Spec("x", 6);
+  spec.set_trainers(2);
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  JoinOk("x", "w1");
+  EXPECT_EQ(JoinOk("x", "w2"), 2);
+  EXPECT_EQ(JoinOk("x", "stray"), 2);  // no new version
+  EXPECT_THAT(CurrentPlan("x").workers(), ElementsAre("w1", "w2"));
+  v1::ListWorkersRequest list_request;
+  list_request.set_job("x");
+  absl::StatusOr<v1::ListWorkersResponse> list =
+      state_->ListWorkers(list_request);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->workers_size(), 3);
+  EXPECT_FALSE(list->workers(1).standby());
+  EXPECT_TRUE(list->workers(2).standby());
+  // Heartbeats with trainers where the ranks are change nothing.
+  for (const char* w : {"w1", "w2"}) {
+    v1::HeartbeatRequest beat = Beat("x", w, 2);
+    beat.set_has_trainer(true);
+    ASSERT_TRUE(state_->Heartbeat(beat).ok()) << w;
+  }
+  ASSERT_TRUE(state_->Heartbeat(Beat("x", "stray", 2)).ok());
+  EXPECT_THAT(state_->ExpireLeases(), IsEmpty());
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  // The stray leaving publishes nothing either.
+  v1::LeaveJobRequest leave = Leave("x", "stray");
+  ASSERT_TRUE(state_->LeaveJob(leave).ok());
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  // A rank lost for good (its lease ran out) is replaced by the standby.
+  JoinOk("x", "spare");
+  EXPECT_EQ(CurrentPlan("x").version(), 2);
+  clock_.Advance(kTtl * 0.9);
+  for (const char* w : {"w1", "spare"}) {
+    ASSERT_TRUE(state_->Heartbeat(Beat("x", w, 2)).ok()) << w;
+  }
+  clock_.Advance(kTtl * 0.2);
+  EXPECT_THAT(state_->ExpireLeases(), ElementsAre("x/w2"));
+  EXPECT_EQ(CurrentPlan("x").version(), 3);
+  EXPECT_THAT(CurrentPlan("x").workers(), ElementsAre("w1", "spare"));
+  // w2 comes back while "spare", ranked, has no trainer: w2 joins as a
+  // standby, and once its trainer asks for it (the heartbeat says so),
+  // the lease monitor ranks it in place of "spare".
+  EXPECT_EQ(JoinOk("x", "w2"), 3);
+  EXPECT_THAT(CurrentPlan("x").workers(), ElementsAre("w1", "spare"));
+  v1::HeartbeatRequest asked = Beat("x", "w2", 3);
+  asked.set_has_trainer(true);
+  ASSERT_TRUE(state_->Heartbeat(asked).ok());
+  EXPECT_EQ(CurrentPlan("x").version(), 3);  // not planned by a heartbeat
+  EXPECT_THAT(state_->ExpireLeases(), IsEmpty());
+  const v1::Plan swapped = CurrentPlan("x");
+  EXPECT_EQ(swapped.version(), 4);
+  EXPECT_THAT(swapped.workers(), ElementsAre("w1", "w2"));
+  EXPECT_THAT(swapped.reason(), HasSubstr("w2 has a trainer"));
+}
+
 TEST_F(CoordinatorTest, HeartbeatRejectsOtherInstanceAndFutureVersion) {
   ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
   JoinOk("x", "w1");

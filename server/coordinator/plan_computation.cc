@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_join.h"
@@ -35,6 +36,50 @@ std::vector<PlanBucket> BucketsOf(const scheduler::StepSchedule& schedule) {
 
 }  // namespace
 
+std::vector<std::string> RankedMembers(const JobRecord& job) {
+  const PlanVersion* newest = job.plans.newest();
+  std::set<std::string> ranked_before;
+  if (newest != nullptr) {
+    ranked_before.insert(newest->plan->ownership.worker_ids.begin(),
+                         newest->plan->ownership.worker_ids.end());
+  }
+  std::vector<std::string> trainers, dedicated;
+  for (const std::string& id : job.members.join_order()) {
+    (job.members.at(id).join.dedicated ? dedicated : trainers).push_back(id);
+  }
+  const size_t wanted = static_cast<size_t>(job.spec->trainers);
+  if (wanted > 0 && trainers.size() > wanted) {
+    // Preference, then join order (stable).
+    auto rank = [&](const std::string& id) {
+      return (job.members.at(id).has_trainer ? 0 : 2) +
+             (ranked_before.count(id) > 0 ? 0 : 1);
+    };
+    std::vector<std::string> chosen = trainers;
+    std::stable_sort(chosen.begin(), chosen.end(),
+                     [&](const std::string& a, const std::string& b) {
+                       return rank(a) < rank(b);
+                     });
+    chosen.resize(wanted);
+    const std::set<std::string> keep(chosen.begin(), chosen.end());
+    std::vector<std::string> in_order;
+    for (const std::string& id : trainers) {
+      if (keep.count(id) > 0) in_order.push_back(id);
+    }
+    trainers = std::move(in_order);
+  }
+  trainers.insert(trainers.end(), dedicated.begin(), dedicated.end());
+  return trainers;
+}
+
+bool NewestPlanRanksMembers(const JobRecord& job) {
+  const PlanVersion* newest = job.plans.newest();
+  if (newest == nullptr) return false;
+  const std::vector<std::string> ranked = RankedMembers(job);
+  const std::vector<std::string>& ids = newest->plan->ownership.worker_ids;
+  return std::set<std::string>(ranked.begin(), ranked.end()) ==
+         std::set<std::string>(ids.begin(), ids.end());
+}
+
 PlanSnapshot SnapshotForPlanning(const std::string& name,
                                  const JobRecord& job) {
   PlanSnapshot s;
@@ -46,30 +91,36 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
   s.algorithm = muon.ns_algorithm.value_or(scheduler::AlgorithmPolicy::kAuto);
   s.bucket_bytes =
       job.spec->bucket_bytes > 0 ? job.spec->bucket_bytes : int64_t{64} << 20;
-  for (const bool want_dedicated : {false, true}) {
-    for (const std::string& id : job.members.join_order()) {
-      const WorkerRecord& w = job.members.at(id);
-      if (w.join.dedicated != want_dedicated) continue;
-      s.dedicated += want_dedicated ? 1 : 0;
-      scheduler::WorkerSpec spec;
-      spec.id = id;
-      spec.costs = w.costs;
-      spec.rates = RatesFor(w.join.device);
-      spec.speed = w.join.speed > 0 ? w.join.speed : 1.0;
-      spec.memory_bytes = w.join.device.memory_bytes;
-      spec.colocated = w.join.device.colocated;
-      spec.owns_nothing = w.draining;
-      s.workers.push_back(std::move(spec));
-    }
+  const std::vector<std::string> ranked = RankedMembers(job);
+  for (const std::string& id : ranked) {
+    const WorkerRecord& w = job.members.at(id);
+    s.dedicated += w.join.dedicated ? 1 : 0;
+    scheduler::WorkerSpec spec;
+    spec.id = id;
+    spec.costs = w.costs;
+    spec.rates = RatesFor(w.join.device);
+    spec.speed = w.join.speed > 0 ? w.join.speed : 1.0;
+    spec.memory_bytes = w.join.device.memory_bytes;
+    spec.colocated = w.join.device.colocated;
+    spec.owns_nothing = w.draining;
+    s.workers.push_back(std::move(spec));
   }
   const PlanVersion* newest = job.plans.newest();
   s.previous = newest == nullptr ? nullptr : newest->plan;
   // Afresh only for the start-up: workers joining before any step. Once a
-  // worker of the previous version is gone, or a step ran, owners stay.
+  // worker of the previous version is gone (or a standby now), or a step
+  // ran, owners stay.
   s.keep_owners = job.stepped;
   if (s.previous != nullptr) {
+    const std::set<std::string> now(ranked.begin(), ranked.end());
     for (const std::string& id : s.previous->ownership.worker_ids) {
-      if (!job.members.contains(id)) s.keep_owners = true;
+      if (now.count(id) == 0) s.keep_owners = true;
+    }
+  }
+  s.unchanged = job.plans.current() != nullptr && NewestPlanRanksMembers(job);
+  for (const std::string& id : ranked) {
+    if (job.members.at(id).generation > job.plans.planned_generation) {
+      s.unchanged = false;
     }
   }
   s.reason = job.members.reasons().empty()

@@ -25,7 +25,8 @@ struct PlanSnapshot {
   // The version the plan will have (only the job's planner publishes).
   int64_t version = 0;
   std::shared_ptr<const std::vector<scheduler::MatrixSpec>> matrices;
-  // Ranks: workers with trainers in join order, then dedicated ones.
+  // Ranks (RankedMembers): workers with trainers in join order, then
+  // dedicated ones.
   std::vector<scheduler::WorkerSpec> workers;
   int32_t dedicated = 0;
   int ns_steps = 5;
@@ -35,8 +36,21 @@ struct PlanSnapshot {
   // Re-plan from `previous` keeping owners (see JobRecord::stepped), or
   // afresh with moved bytes counted against it.
   bool keep_owners = false;
+  // Nothing a plan shows changed since `previous` (a standby joined or
+  // left, a heartbeat changed nothing of the ranks): `previous` stands.
+  bool unchanged = false;
   std::string reason;
 };
+
+// The members of `job` its plans rank, in join order, the dedicated ones
+// last. Of the others, JobSpec::trainers (all when 0): first those whose
+// trainer is attached (WorkerRecord::has_trainer), then those the job's
+// newest plan ranks (a standby displaces no rank that only lost its
+// trainer for a while), then the earliest joined. The rest are standbys.
+// Cheap; call with the JobTable's mutex held.
+std::vector<std::string> RankedMembers(const JobRecord& job);
+// Whether the job's newest plan ranks RankedMembers (in any order).
+bool NewestPlanRanksMembers(const JobRecord& job);
 
 // What job `name`'s next plan is computed from: its members, the spec's
 // plan settings with their defaults (5 NS steps, auto, 64 MiB buckets),

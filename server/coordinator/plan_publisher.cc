@@ -46,9 +46,19 @@ absl::StatusOr<int64_t> PlanPublisher::PlanAtLeast(const std::string& name,
         plan_changed_.SignalAll();
         continue;
       }
-      job->plans.planning = true;
       snapshot = SnapshotForPlanning(name, *job);
       reasons = job->members.reasons().size();
+      if (snapshot.unchanged) {
+        spdlog::info(
+            "job={} plan_version={} stands ({}): its ranks are as "
+            "they were",
+            name, snapshot.version - 1, snapshot.reason);
+        job->plans.planned_generation = planned;
+        job->members.DropReasons(reasons);
+        plan_changed_.SignalAll();
+        continue;
+      }
+      job->plans.planning = true;
     }
     absl::StatusOr<std::shared_ptr<const PublishedPlan>> plan =
         ComputePlan(snapshot);

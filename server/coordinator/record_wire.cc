@@ -121,6 +121,7 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& spec) {
   out.adamw = {a.lr(), a.beta1(), a.beta2(), a.eps(), a.weight_decay()};
   out.bucket_bytes = spec.bucket_bytes();
   out.dedicated_workers = spec.dedicated_workers();
+  out.trainers = spec.trainers();
   out.allow_momentum_reset = spec.allow_momentum_reset();
   out.checkpoint_dir = spec.checkpoint_dir();
   out.checkpoint_every = spec.checkpoint_every();
@@ -144,6 +145,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& spec) {
   AdamWToProto(spec.adamw, &out);
   out.set_bucket_bytes(spec.bucket_bytes);
   out.set_dedicated_workers(spec.dedicated_workers);
+  out.set_trainers(spec.trainers);
   out.set_allow_momentum_reset(spec.allow_momentum_reset);
   out.set_checkpoint_dir(spec.checkpoint_dir);
   out.set_checkpoint_every(spec.checkpoint_every);

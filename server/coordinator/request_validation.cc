@@ -104,6 +104,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec, const Limits& limits) {
       InRange(spec.bucket_bytes, 0, int64_t{1} << 40, "job.bucket_bytes"));
   MUONPS_RETURN_IF_ERROR(
       InRange(spec.dedicated_workers, 0, 1024, "job.dedicated_workers"));
+  MUONPS_RETURN_IF_ERROR(InRange(spec.trainers, 0, 1024, "job.trainers"));
   MUONPS_RETURN_IF_ERROR(InRange(spec.checkpoint_every, 0, int64_t{1} << 40,
                                  "job.checkpoint_every"));
   if (!spec.checkpoint_dir.empty() &&

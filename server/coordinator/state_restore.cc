@@ -2,12 +2,12 @@
 
 #include <limits>
 #include <memory>
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "scheduler/cost_table.h"
+#include "server/coordinator/plan_computation.h"
 #include "server/coordinator/request_validation.h"
 #include "spdlog/spdlog.h"
 
@@ -91,14 +91,10 @@ absl::StatusOr<std::vector<JobToReplan>> RestoreState(const StoredState& stored,
       }
       job.plans.ContinueAfter(s.plan->version);
     }
-    const std::vector<std::string>& order = job.members.join_order();
-    const std::set<std::string> members(order.begin(), order.end());
+    // The ranks its members would have (standbys aside: RankedMembers
+    // prefers the stored plan's ranks while no heartbeat has come).
     const PlanVersion* newest = job.plans.newest();
-    const bool planned =
-        newest != nullptr &&
-        std::set<std::string>(newest->plan->ownership.worker_ids.begin(),
-                              newest->plan->ownership.worker_ids.end()) ==
-            members;
+    const bool planned = NewestPlanRanksMembers(job);
     if (job.members.empty()) {
       job.plans.set_error(newest == nullptr ? "no worker has joined"
                                             : "the job has no workers");

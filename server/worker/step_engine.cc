@@ -78,6 +78,13 @@ bool StepEngine::TrainerAlive() const {
   return pid > 0 && (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
 }
 
+bool StepEngine::HasTrainer(absl::Duration recent) const {
+  const int64_t asked = trainer_asked_ms_.load();
+  return trainer_pid_.load() > 0 ||
+         (asked > 0 && absl::ToUnixMillis(absl::Now()) - asked <=
+                           absl::ToInt64Milliseconds(recent));
+}
+
 bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const int64_t pid = trainer_pid_.load();
   if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) {
@@ -102,9 +109,18 @@ bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 absl::Status StepEngine::NoPlanYet() const {
-  return FieldError(absl::StatusCode::kFailedPrecondition, "plan",
-                    absl::StrCat("worker ", Quoted(worker_id_),
-                                 " has no plan yet (or is not in it)"));
+  if (plan_.version <= 0) {
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, "plan",
+        absl::StrCat("worker ", Quoted(worker_id_), " has no plan yet"));
+  }
+  return FieldError(
+      absl::StatusCode::kFailedPrecondition, "plan",
+      absl::StrCat("worker ", Quoted(worker_id_),
+                   " is not a rank of plan version ", plan_.version,
+                   ": it is joining or leaving, or a standby beyond the "
+                   "job's trainers until the coordinator ranks it for this "
+                   "trainer"));
 }
 
 void StepEngine::AdoptRecordLocked(const StepRecord& record) {
@@ -151,8 +167,12 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
     return AlreadyApplied(request.step_id);
   }
   if (plan_.rank < 0) {
+    // A trainer steps here: the heartbeat says so (a standby's trainer
+    // gets its worker ranked).
+    trainer_asked_ms_.store(absl::ToUnixMillis(absl::Now()));
     // A restarted worker sees the plan that dropped it before the one that
-    // takes it back; a leaving one, the plan without it.
+    // takes it back; a leaving one, the plan without it; a standby, plans
+    // that rank the job's trainers' other workers.
     return absl::UnavailableError(absl::StrCat(
         "worker ", Quoted(worker_id_), " is not in plan version ",
         plan_.version, ": it is joining or leaving the job; retry the step"));
@@ -299,6 +319,7 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
     return InvalidField("trainer_pid",
                         absl::StrCat(request.trainer_pid, " < 0"));
   }
+  trainer_asked_ms_.store(absl::ToUnixMillis(absl::Now()));
   TrainerBuffersOpener open;
   kernels::DeviceOps* ops = nullptr;
   std::vector<scheduler::MatrixSpec> matrices;

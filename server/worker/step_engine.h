@@ -163,6 +163,13 @@ class StepEngine {
   // Whether a trainer is attached and its process still runs. Never waits.
   bool TrainerAlive() const;
 
+  // Whether a trainer is attached, or asked to attach (or stepped while
+  // this worker was not a rank) within `recent`
+  // (a standby's trainer: the heartbeat tells the coordinator, which then
+  // ranks this worker in place of one whose trainer never came). Never
+  // waits.
+  bool HasTrainer(absl::Duration recent) const;
+
   // Releases the attached trainer's buffers (unmapping its CUDA IPC or
   // shared memory, so its GPU memory can be freed) when its process is
   // gone. Never waits for a step: with one in progress it does nothing and
@@ -221,7 +228,7 @@ class StepEngine {
   void ForgetStaged(int64_t staged, const char* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
-  absl::Status NoPlanYet() const;
+  absl::Status NoPlanYet() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker that has committed nothing (it restarted) takes the last step
   // its trainer's step record says the parameters wholly hold as its last
   // committed one: its predecessor committed it into them.
@@ -274,6 +281,9 @@ class StepEngine {
   StepLedger ledger_;
   // The attached trainer's pid (0: none or unknown), readable without mu_.
   std::atomic<int64_t> trainer_pid_{0};
+  // When a trainer last asked to attach, or stepped while this worker was
+  // not a rank (absl::ToUnixMillis), whatever the answer; 0: never.
+  std::atomic<int64_t> trainer_asked_ms_{0};
 };
 
 }  // namespace worker

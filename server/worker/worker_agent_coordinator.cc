@@ -144,6 +144,11 @@ void WorkerAgent::MembershipLoop() {
     request.set_instance_id(instance_id_);
     request.set_plan_version(known);
     request.set_worker_token(options_.credentials->worker_token());
+    // A trainer that asked within a few heartbeats counts: a standby's is
+    // refused (it is not a rank) and asks again until it is one.
+    request.set_has_trainer(
+        engine_ != nullptr &&
+        engine_->HasTrainer(std::max(interval * 3, absl::Seconds(1))));
     grpc::ClientContext context;
     context.set_deadline(Deadline(interval * 2));
     v1::HeartbeatResponse response;
