@@ -5,7 +5,8 @@
 // buffers to worker r by CUDA IPC. Here: 50 steps per layout x parameter
 // dtype match the same kernels in one process (testing::ReferenceParams)
 // within 5e-3 relative. gpu_two_gpus_failures.cc kills a worker and a
-// trainer mid-step. Needs two GPUs (skips with fewer): tagged gpu +
+// trainer mid-step; gpu_two_gpus_rolling.cc restarts both workers, one at a
+// time, during training. Needs two GPUs (skips with fewer): tagged gpu +
 // manual; bundled by deploy/device/bundle_gpu_step.sh.
 #include <algorithm>
 #include <cstdint>

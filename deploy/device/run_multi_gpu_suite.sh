@@ -38,7 +38,7 @@ for phase in ${PHASES:-tests bench gpt}; do
   case "$phase" in
     tests)
       echo "== GPU tests (GoogleTest)"
-      timeout "${TESTS_TIMEOUT:-300}" bash "$here/run_gpu_tests.sh" >"$OUT/gtest.log" 2>&1 || rc=1
+      timeout "${TESTS_TIMEOUT:-450}" bash "$here/run_gpu_tests.sh" >"$OUT/gtest.log" 2>&1 || rc=1
       grep -E '^\[  (PASSED|FAILED)|FAILED  \]|passed, .* failed|gpu_two_gpus_parity|gpu_two_workers_parity' "$OUT/gtest.log"
       echo "== Python: multi-GPU cases"
       timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider \
