@@ -87,7 +87,10 @@ void DataPlaneFixture::RestartCoordinator() {
                    ":(\\d+)"),
       kStartTimeout);
   ASSERT_TRUE(port.ok()) << port.status();
-  coordinator_address_ = absl::StrCat(host, ":", *port);
+  // Written at the first start only (later ones listen on the same port),
+  // so trainers that start meanwhile may read it.
+  const std::string address = absl::StrCat(host, ":", *port);
+  if (address != coordinator_address_) coordinator_address_ = address;
 }
 
 void DataPlaneFixture::KillCoordinator() {

@@ -263,6 +263,14 @@ class DataPlaneFixture : public ::testing::Test {
   // The buffers of a tensor of rank `rank` (fails the test if absent).
   TensorBuffers Buffers(int rank, const std::string& name) const;
   Client& client(int rank) { return *clients_.at(rank); }
+  // Trainer `rank` stops and a new one starts in its place, as a trainer
+  // process restarted between steps does: the new client is declared and
+  // started (waiting for a coordinator that is down, within its timeout)
+  // and gets what the old one had after its last answered step (its
+  // parameters, AdamW moments and steps). Call from the rank's own thread
+  // (RunRetryingLoops' after_step) or with no step running; Start's error,
+  // if any (the rank then has no client).
+  absl::Status RestartTrainer(int rank);
 
   StateSnapshot Snapshot();
 
@@ -365,6 +373,8 @@ class DataPlaneFixture : public ::testing::Test {
                                       const std::string& socket, int index,
                                       const ClusterOptions& options) const;
   void StartTrainers(absl::Status* start_status);
+  // A client for trainer `rank` with the model declared, not started.
+  absl::StatusOr<std::unique_ptr<Client>> DeclareTrainer(int rank) const;
 
   ModelDecl model_;
   ClusterOptions options_;

@@ -2,6 +2,8 @@
 // declared and started concurrently with InitialParam in their parameter
 // buffers (StartTrainers), their gradients written (WriteGradients) and
 // their steps run one thread per rank (RunStep).
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/status.h"
 #include "tests/client_options.h"
 #include "tests/data_plane_fixture.h"
 #include "tests/data_plane_fixture_internal.h"
@@ -31,37 +34,75 @@ MatrixOptions ClientOptionsOf(const MatrixDecl& m) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<Client>> DataPlaneFixture::DeclareTrainer(
+    int rank) const {
+  MUONPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<Client> client,
+      Client::Create({.coordinator = coordinator_address_,
+                      .job = job_,
+                      .worker_socket = workers_.at(rank).socket,
+                      .trainer_rank = rank,
+                      .trainer_count = workers(),
+                      .timeout = options_.client_timeout}));
+  if (!options_.checkpoint_dir.empty()) {
+    MUONPS_RETURN_IF_ERROR(client->SetCheckpointing(options_.checkpoint_dir,
+                                                    options_.checkpoint_every));
+  }
+  for (const MatrixDecl& m : model_.matrices) {
+    MUONPS_RETURN_IF_ERROR(
+        client->AddMatrix(m.name, m.rows, m.cols, ClientOptionsOf(m)));
+  }
+  for (const TensorDecl& t : model_.tensors) {
+    MUONPS_RETURN_IF_ERROR(
+        client->AddTensor(t.name, t.elements, ClientLayout(t.layout)));
+  }
+  MUONPS_RETURN_IF_ERROR(
+      client->AllowMomentumReset(options_.allow_momentum_reset));
+  return client;
+}
+
+absl::Status DataPlaneFixture::RestartTrainer(int rank) {
+  // What the trainer saved after its last answered step.
+  std::map<std::string, std::vector<float>> params;
+  std::map<std::string, std::pair<std::vector<float>, std::vector<float>>>
+      moments;
+  for (const MatrixDecl& m : model_.matrices) {
+    const TensorBuffers b = Buffers(rank, m.name);
+    params[m.name].assign(b.param, b.param + b.param_elements);
+  }
+  for (const TensorDecl& t : model_.tensors) {
+    const TensorBuffers b = Buffers(rank, t.name);
+    params[t.name].assign(b.param, b.param + b.param_elements);
+    MUONPS_ASSIGN_OR_RETURN(auto state, clients_[rank]->AdamWState(t.name));
+    moments[t.name] = {
+        std::vector<float>(state.first, state.first + t.elements),
+        std::vector<float>(state.second, state.second + t.elements)};
+  }
+  const int64_t adamw_steps = clients_[rank]->adamw_steps();
+  const int64_t last_adamw_step = clients_[rank]->last_adamw_step();
+  clients_[rank].reset();
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, DeclareTrainer(rank));
+  MUONPS_RETURN_IF_ERROR(
+      client->Start(ClientMuon(model_.muon), ClientAdamW(model_.adamw)));
+  clients_[rank] = std::move(client);
+  for (const auto& [name, values] : params) {
+    const TensorBuffers b = Buffers(rank, name);
+    std::copy(values.begin(), values.end(), b.param);
+  }
+  for (const auto& [name, m] : moments) {
+    MUONPS_RETURN_IF_ERROR(
+        clients_[rank]->RestoreAdamW(name, m.first, m.second));
+  }
+  clients_[rank]->set_adamw_steps(adamw_steps);
+  clients_[rank]->set_last_adamw_step(last_adamw_step);
+  return absl::OkStatus();
+}
+
 void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
   const int n = workers();
   for (int r = 0; r < n; ++r) {
-    absl::StatusOr<std::unique_ptr<Client>> created =
-        Client::Create({.coordinator = coordinator_address_,
-                        .job = job_,
-                        .worker_socket = workers_[r].socket,
-                        .trainer_rank = r,
-                        .trainer_count = n,
-                        .timeout = options_.client_timeout});
+    absl::StatusOr<std::unique_ptr<Client>> created = DeclareTrainer(r);
     ASSERT_TRUE(created.ok()) << created.status();
-    if (!options_.checkpoint_dir.empty()) {
-      ASSERT_TRUE((*created)
-                      ->SetCheckpointing(options_.checkpoint_dir,
-                                         options_.checkpoint_every)
-                      .ok());
-    }
-    for (const MatrixDecl& m : model_.matrices) {
-      ASSERT_TRUE((*created)
-                      ->AddMatrix(m.name, m.rows, m.cols, ClientOptionsOf(m))
-                      .ok())
-          << m.name;
-    }
-    for (const TensorDecl& t : model_.tensors) {
-      ASSERT_TRUE((*created)
-                      ->AddTensor(t.name, t.elements, ClientLayout(t.layout))
-                      .ok())
-          << t.name;
-    }
-    ASSERT_TRUE(
-        (*created)->AllowMomentumReset(options_.allow_momentum_reset).ok());
     clients_.push_back(*std::move(created));
   }
   // Every rank starts at once, as trainer processes would.
