@@ -14,7 +14,9 @@ two precisions (fp32, bf16: the precision Newton-Schulz produces them in):
                no kernel and no SM
 
 and what each costs a bf16 GEMM running at the same time on the same GPU
-(Newton-Schulz is GEMMs): the GEMM loop's time alone and beside each.
+(Newton-Schulz is GEMMs): the GEMM loop's time alone and beside each. For
+the unreduced layout, the fp32 gradients going to their owners: a reduce
+per matrix against one reduce-scatter.
 
 Run the NCCL half under torchrun on 2 GPUs, the peer half in one process:
   torchrun --standalone --nproc-per-node 2 transfer_paths.py nccl
@@ -143,6 +145,29 @@ def nccl_half(args):
                       "gemm_alone_ms": gemm_alone,
                       "gemm_beside_ms": beside,
                       "gemm_slowdown": beside / gemm_alone})
+        if dtype == torch.float32:
+            # The unreduced layout's gradients going to their owners (fp32,
+            # as gradients stay): a reduce per matrix against one
+            # reduce-scatter over per-owner segments.
+            def per_matrix_reduce():
+                for m, b in enumerate(bufs):
+                    dist.reduce(b, dst=owner[m])
+
+            def reduce_scatter():
+                dist.reduce_scatter_tensor(packed, gathered)
+            red_ms = timed(per_matrix_reduce)
+            rs_ms = timed(reduce_scatter)
+            if rank == 0:
+                sent = (sum(sizes) - mine) * width
+                for what, ms, calls in (("per_matrix_reduce", red_ms,
+                                         len(sizes)),
+                                        ("reduce_scatter", rs_ms, 1)):
+                    emit({"what": "transfer_grads_2gpu", "path": what,
+                          "dtype": name, "ms": ms, "nccl_calls": calls,
+                          "bytes_sent_per_rank": sent,
+                          "gbps_per_direction": sent / ms / 1e6,
+                          "link_gbps_per_direction": args.link_gbps,
+                          "over_per_matrix": ms / red_ms})
         del bufs, packed, gathered
         torch.cuda.empty_cache()
     dist.destroy_process_group()
