@@ -34,22 +34,40 @@ std::string ItemKey(const std::string& name, int64_t expert) {
 
 }  // namespace
 
+absl::StatusOr<v1::Plan> DataPlaneFixture::LatestPlan() {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(absl::Seconds(5)));
+  v1::GetPlanRequest request;
+  request.set_job(job_);
+  v1::Plan plan;
+  const grpc::Status got = coordinator_stub_->GetPlan(&context, request, &plan);
+  if (!got.ok()) return FromGrpc(got);
+  return plan;
+}
+
+absl::StatusOr<v1::ListWorkersResponse> DataPlaneFixture::ListWorkers() {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(absl::Seconds(5)));
+  v1::ListWorkersRequest request;
+  request.set_job(job_);
+  v1::ListWorkersResponse listed;
+  const grpc::Status got =
+      coordinator_stub_->ListWorkers(&context, request, &listed);
+  if (!got.ok()) return FromGrpc(got);
+  return listed;
+}
+
 absl::Status DataPlaneFixture::WaitForFullPlan(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status last = absl::DeadlineExceededError("no plan yet");
   while (absl::Now() < deadline) {
-    grpc::ClientContext context;
-    context.set_deadline(Deadline(absl::Seconds(5)));
-    v1::GetPlanRequest request;
-    request.set_job(job_);
-    v1::Plan plan;
-    const grpc::Status got =
-        coordinator_stub_->GetPlan(&context, request, &plan);
+    const absl::StatusOr<v1::Plan> got = LatestPlan();
+    const v1::Plan plan = got.ok() ? *got : v1::Plan();
     bool ready = got.ok() && plan.workers_size() == workers();
     last = got.ok()
                ? absl::DeadlineExceededError(absl::StrCat(
                      "latest plan: ", plan.ShortDebugString().substr(0, 300)))
-               : FromGrpc(got);
+               : got.status();
     for (int i = 0; ready && i < workers(); ++i) {
       grpc::ClientContext status_context;
       status_context.set_deadline(Deadline(absl::Seconds(5)));

@@ -311,6 +311,10 @@ class DataPlaneFixture : public ::testing::Test {
   // Waits until every worker follows one plan of all of them; plan() is
   // then that plan.
   absl::Status WaitForFullPlan(absl::Duration timeout);
+  // The coordinator's latest plan of the job (GetPlan), and the job's
+  // members (ListWorkers), each a call of 5 s at most.
+  absl::StatusOr<v1::Plan> LatestPlan();
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
   // SIGKILLs the coordinator and reaps it.
   void KillCoordinator();
   // Starts the coordinator again with the same flags on the same port

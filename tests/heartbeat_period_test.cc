@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -40,14 +39,9 @@ TEST_F(HeartbeatPeriodTest, LeasesStayFreshWhileAStepWaitsTwiceTheLease) {
   int samples = 0;
   std::thread watch([&] {
     while (stepping) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::seconds(5));
-      v1::ListWorkersRequest request;
-      request.set_job(job());
-      v1::ListWorkersResponse workers;
-      if (coordinator_stub().ListWorkers(&context, request, &workers).ok()) {
-        for (const v1::WorkerInfo& w : workers.workers()) {
+      const absl::StatusOr<v1::ListWorkersResponse> workers = ListWorkers();
+      if (workers.ok()) {
+        for (const v1::WorkerInfo& w : workers->workers()) {
           lowest_lease_ms = std::min(lowest_lease_ms, w.lease_remaining_ms());
         }
         ++samples;

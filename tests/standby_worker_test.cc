@@ -35,36 +35,17 @@ constexpr double kExact = 0;
 
 class StandbyWorkerTest : public DataPlaneFixture {
  protected:
-  // The job's latest plan.
-  absl::StatusOr<v1::Plan> LatestPlan() {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(5));
-    v1::GetPlanRequest request;
-    request.set_job(job());
-    v1::Plan plan;
-    const grpc::Status got =
-        coordinator_stub().GetPlan(&context, request, &plan);
-    if (!got.ok()) return absl::UnavailableError(got.error_message());
-    return plan;
-  }
-
   // Waits until the coordinator lists `id` as a member, standby or not.
   absl::Status WaitForMember(const std::string& id, bool standby,
                              absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     std::string last;
     while (absl::Now() < deadline) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::seconds(5));
-      v1::ListWorkersRequest request;
-      request.set_job(job());
-      v1::ListWorkersResponse listed;
-      const grpc::Status got =
-          coordinator_stub().ListWorkers(&context, request, &listed);
-      last = got.ok() ? listed.ShortDebugString() : got.error_message();
-      for (const v1::WorkerInfo& w : listed.workers()) {
+      const absl::StatusOr<v1::ListWorkersResponse> listed = ListWorkers();
+      last =
+          listed.ok() ? listed->ShortDebugString() : listed.status().ToString();
+      for (int i = 0; listed.ok() && i < listed->workers_size(); ++i) {
+        const v1::WorkerInfo& w = listed->workers(i);
         if (w.worker_id() == id && w.standby() == standby) {
           return absl::OkStatus();
         }

@@ -5,7 +5,6 @@
 // batches' predicted seconds, as the worker sends it in ReportStepStats.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -36,13 +35,10 @@ class WorkerStepStatsTest : public DataPlaneFixture {
     const absl::Time deadline = absl::Now() + kReportTimeout;
     v1::ListWorkersResponse workers;
     while (absl::Now() < deadline) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::seconds(5));
-      v1::ListWorkersRequest request;
-      request.set_job(job());
+      absl::StatusOr<v1::ListWorkersResponse> listed = ListWorkers();
       workers.Clear();
-      if (coordinator_stub().ListWorkers(&context, request, &workers).ok()) {
+      if (listed.ok()) {
+        workers = *std::move(listed);
         int current = 0;
         for (const v1::WorkerInfo& w : workers.workers()) {
           current += w.has_last_step() && w.last_step().step() == step;

@@ -65,7 +65,7 @@ struct JobSpec {
   int64_t bucket_bytes = 0;  // 0: 64 MiB
   int32_t dedicated_workers = 0;
   // The trainers (their world size); 0: as many as the workers that are
-  // not dedicated. Plans rank that many such workers (TrainerRanks).
+  // not dedicated. Plans rank that many such workers (RankedMembers).
   int32_t trainers = 0;
   bool allow_momentum_reset = false;
   std::string checkpoint_dir;

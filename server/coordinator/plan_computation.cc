@@ -71,13 +71,22 @@ std::vector<std::string> RankedMembers(const JobRecord& job) {
   return trainers;
 }
 
-bool NewestPlanRanksMembers(const JobRecord& job) {
+namespace {
+
+// Whether the job's newest plan ranks exactly `ranked` (in any order).
+bool NewestPlanRanks(const JobRecord& job,
+                     const std::vector<std::string>& ranked) {
   const PlanVersion* newest = job.plans.newest();
   if (newest == nullptr) return false;
-  const std::vector<std::string> ranked = RankedMembers(job);
   const std::vector<std::string>& ids = newest->plan->ownership.worker_ids;
   return std::set<std::string>(ranked.begin(), ranked.end()) ==
          std::set<std::string>(ids.begin(), ids.end());
+}
+
+}  // namespace
+
+bool NewestPlanRanksMembers(const JobRecord& job) {
+  return NewestPlanRanks(job, RankedMembers(job));
 }
 
 PlanSnapshot SnapshotForPlanning(const std::string& name,
@@ -117,7 +126,7 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
       if (now.count(id) == 0) s.keep_owners = true;
     }
   }
-  s.unchanged = job.plans.current() != nullptr && NewestPlanRanksMembers(job);
+  s.unchanged = job.plans.current() != nullptr && NewestPlanRanks(job, ranked);
   for (const std::string& id : ranked) {
     if (job.members.at(id).generation > job.plans.planned_generation) {
       s.unchanged = false;

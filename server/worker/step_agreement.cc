@@ -147,18 +147,14 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
           ops_.stream(), StepRecordWord::kDecider, ledger_.instance);
       if (!claimed.ok()) {
         const RoundDecision go = *decision;
-        *decision = RoundDecision{};
-        decision->kind = static_cast<int32_t>(RoundKind::kReject);
-        decision->code = static_cast<int32_t>(absl::StatusCode::kUnavailable);
-        decision->step_id = -1;
-        decision->committed = go.committed;
-        decision->resolve = go.resolve;
+        *decision = Rejected(
+            absl::StatusCode::kUnavailable,
+            absl::StrCat("step ", go.step_id,
+                         " rejected, nothing was changed: recording rank 0 "
+                         "in its trainer's step record failed: ",
+                         claimed.message()),
+            go.committed, go.resolve != 0);
         decision->decider = go.decider;
-        CopyProblem(absl::StrCat("step ", go.step_id,
-                                 " rejected, nothing was changed: recording "
-                                 "rank 0 in its trainer's step record failed: ",
-                                 claimed.message()),
-                    decision->problem);
       }
     }
   } else {

@@ -34,18 +34,6 @@ std::string Who(absl::Span<const std::string> ids, int rank) {
              : absl::StrCat("rank ", rank);
 }
 
-RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
-                       int64_t committed, bool resolve) {
-  RoundDecision d{};
-  d.kind = static_cast<int32_t>(RoundKind::kReject);
-  d.code = static_cast<int32_t>(code);
-  d.step_id = -1;
-  d.committed = committed;
-  d.resolve = resolve ? 1 : 0;
-  CopyProblem(problem, d.problem);
-  return d;
-}
-
 // What a trainer must do when the job's state and its own parameters may
 // differ: reload what it saved after the job's last committed step.
 std::string ReloadFrom(int64_t committed) {
@@ -84,6 +72,18 @@ std::string PlanForming(const StepHeader& x, int r, int trainers,
 }
 
 }  // namespace
+
+RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
+                       int64_t committed, bool resolve) {
+  RoundDecision d{};
+  d.kind = static_cast<int32_t>(RoundKind::kReject);
+  d.code = static_cast<int32_t>(code);
+  d.step_id = -1;
+  d.committed = committed;
+  d.resolve = resolve ? 1 : 0;
+  CopyProblem(problem, d.problem);
+  return d;
+}
 
 void CopyProblem(const std::string& text, char* out) {
   std::memset(out, 0, kProblemBytes);

@@ -190,6 +190,11 @@ RoundDecision DecideRound(absl::Span<const StepHeader> headers, int trainers,
                           absl::Span<const std::string> worker_ids,
                           uint64_t decider);
 
+// A kReject with `code` and `problem`; with `resolve`, staged steps at or
+// below `committed` still commit and others are dropped.
+RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
+                       int64_t committed, bool resolve);
+
 }  // namespace worker
 }  // namespace muonps
 
