@@ -122,6 +122,22 @@ class Client {
   // naming it. The pointers stay valid until the Client is destroyed.
   absl::StatusOr<TensorBuffers> Buffers(const std::string& name) const;
 
+  // A trainer that restarted and loaded its own state saved after step
+  // `step` (-1: the initial parameters): its parameters, and the AdamW
+  // moments and step count it restored (RestoreAdamW, set_adamw_steps),
+  // hold every step up to it. Say so before the first Step after loading:
+  // that Step (every attempt, until one is answered) tells the workers.
+  // When they had committed the next step already (an earlier trainer of
+  // this rank died after its worker committed it), the worker repairs these
+  // parameters from a peer's trainer that holds it and answers
+  // already_applied (StepResult::repaired): AdamW then steps as for any
+  // committed step, and training goes on exactly. Where no repair can be
+  // made (no other trainer, more than one step behind, a trainer keeping
+  // only its rows of a row-sharded matrix) the step fails with DATA_LOSS
+  // naming the state to reload. Sets last_adamw_step to `step`.
+  // INVALID_ARGUMENT for step < -1.
+  absl::Status ResumeAfter(int64_t step);
+
   // One optimizer step: Muon on the workers (atomic: it commits on every
   // worker or on none), then AdamW here on the (averaged) gradients of host
   // trainers, each tensor with its group's adamw_lr and adamw_weight_decay.
@@ -136,10 +152,11 @@ class Client {
   // anything. A step id this client never sent before that the workers
   // had committed already (an earlier trainer of this rank stepped it, then
   // died) is FAILED_PRECONDITION naming the last committed step: these
-  // parameters miss it, so reload state saved after it. Errors say whether the
-  // local worker applied the step; retry the same step id until it is answered.
-  // A worker that restarted is attached again (and the step sent again) once.
-  // Nothing else is retried.
+  // parameters miss it, so reload state saved after it (a trainer that
+  // says where it resumed, ResumeAfter, is repaired instead). Errors say
+  // whether the local worker applied the step; retry the same step id until it
+  // is answered. A worker that restarted is attached again (and the step sent
+  // again) once. Nothing else is retried.
   absl::StatusOr<StepResult> Step(int64_t step_id,
                                   const StepOptions& options = {});
 

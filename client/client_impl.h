@@ -119,6 +119,9 @@ struct Client::Impl {
   // the workers committed before this client sent it is not in its
   // parameters (another trainer stepped them): StepOnWorker refuses it.
   int64_t highest_sent_step = -1;
+  // ResumeAfter's step, sent with every attempt of the next step until
+  // one is answered.
+  std::optional<int64_t> resumed_after;
   bool started = false;
   // CUDA trainers.
   std::unique_ptr<client_internal::CudaStepSignals> signals;

@@ -96,6 +96,9 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
   MUONPS_RETURN_IF_ERROR(CheckStepOptions(options, s.group_count));
   Impl::AdamWValues adamw = s.ResolveAdamW(options);
   v1::StepRequest request = StepRequestOf(step_id, options);
+  if (s.resumed_after.has_value()) {
+    request.set_resumed_after(*s.resumed_after);
+  }
   if (!s.device.is_cuda()) return s.StepOnWorker(request, adamw);
   // A previous async step first: its failure is this call's answer.
   if (s.pending.valid()) MUONPS_RETURN_IF_ERROR(s.pending.get().status());
@@ -108,6 +111,18 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
   StepResult enqueued;
   enqueued.pending = true;
   return enqueued;
+}
+
+absl::Status Client::ResumeAfter(int64_t step) {
+  if (step < -1) {
+    return InvalidField("step", absl::StrCat(step, " < -1"));
+  }
+  Impl& s = *impl_;
+  if (s.pending.valid()) MUONPS_RETURN_IF_ERROR(s.pending.get().status());
+  s.resumed_after = step;
+  s.highest_sent_step = step;
+  s.last_adamw_step = step;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> Client::Wait() {
@@ -156,7 +171,8 @@ absl::StatusOr<StepResult> Client::Impl::StepOnWorker(
     if (signals != nullptr) signals->Release(step_id).IgnoreError();
     return rpc;
   }
-  if (response.already_applied() && !sent_before) {
+  resumed_after.reset();  // answered: the worker knows
+  if (response.already_applied() && !sent_before && !response.repaired()) {
     // Committed by an earlier trainer of this rank (it died after its
     // worker committed): these parameters miss that update, and going on
     // would diverge without a word. The worker did not run it, so nothing
@@ -177,6 +193,7 @@ absl::StatusOr<StepResult> Client::Impl::StepOnWorker(
   }
   StepResult result;
   result.already_applied = response.already_applied();
+  result.repaired = response.repaired();
   result.seconds = response.seconds();
   result.bytes_moved = response.bytes_moved();
   result.momentum_reset = response.momentum_reset();

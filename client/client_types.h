@@ -161,6 +161,10 @@ struct StepResult {
   // The workers had committed this step id before (an earlier call whose
   // answer was lost, or a retry that settled it).
   bool already_applied = false;
+  // With already_applied: this trainer had resumed after the step before
+  // (Client::ResumeAfter), and its worker repaired the parameters to hold
+  // the step from a peer's trainer.
+  bool repaired = false;
   // This call stepped the AdamW tensors (host trainers): the first answer
   // that the step id is committed, fresh or already applied. Once per
   // committed step id.

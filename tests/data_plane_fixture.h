@@ -222,6 +222,17 @@ struct StateSnapshot {
   std::vector<int64_t> adamw_steps;
 };
 
+// What a trainer's loop saves after an answered step: its parameters (as
+// its buffers hold them), the AdamW moments and step counts of its client.
+struct SavedTrainer {
+  int64_t step = -1;
+  std::map<std::string, std::vector<float>> params;
+  std::map<std::string, std::pair<std::vector<float>, std::vector<float>>>
+      moments;
+  int64_t adamw_steps = 0;
+  int64_t last_adamw_step = -1;
+};
+
 class DataPlaneFixture : public ::testing::Test {
  protected:
   DataPlaneFixture() = default;
@@ -271,6 +282,14 @@ class DataPlaneFixture : public ::testing::Test {
   // (RunRetryingLoops' after_step) or with no step running; Start's error,
   // if any (the rank then has no client).
   absl::Status RestartTrainer(int rank);
+  // Trainer `rank`'s state now, as its loop saves it after step `step`.
+  absl::StatusOr<SavedTrainer> SaveTrainer(int rank, int64_t step) const;
+  // As RestartTrainer, from `saved` (perhaps older than the last answered
+  // step: a trainer killed after its worker committed a step and before it
+  // saved); with `resume`, the new client says where it resumed
+  // (Client::ResumeAfter(saved.step)).
+  absl::Status RestartTrainerFrom(int rank, const SavedTrainer& saved,
+                                  bool resume);
 
   StateSnapshot Snapshot();
 

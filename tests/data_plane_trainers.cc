@@ -61,40 +61,51 @@ absl::StatusOr<std::unique_ptr<Client>> DataPlaneFixture::DeclareTrainer(
   return client;
 }
 
-absl::Status DataPlaneFixture::RestartTrainer(int rank) {
-  // What the trainer saved after its last answered step.
-  std::map<std::string, std::vector<float>> params;
-  std::map<std::string, std::pair<std::vector<float>, std::vector<float>>>
-      moments;
+absl::StatusOr<SavedTrainer> DataPlaneFixture::SaveTrainer(int rank,
+                                                           int64_t step) const {
+  SavedTrainer saved;
+  saved.step = step;
   for (const MatrixDecl& m : model_.matrices) {
     const TensorBuffers b = Buffers(rank, m.name);
-    params[m.name].assign(b.param, b.param + b.param_elements);
+    saved.params[m.name].assign(b.param, b.param + b.param_elements);
   }
   for (const TensorDecl& t : model_.tensors) {
     const TensorBuffers b = Buffers(rank, t.name);
-    params[t.name].assign(b.param, b.param + b.param_elements);
+    saved.params[t.name].assign(b.param, b.param + b.param_elements);
     MUONPS_ASSIGN_OR_RETURN(auto state, clients_[rank]->AdamWState(t.name));
-    moments[t.name] = {
+    saved.moments[t.name] = {
         std::vector<float>(state.first, state.first + t.elements),
         std::vector<float>(state.second, state.second + t.elements)};
   }
-  const int64_t adamw_steps = clients_[rank]->adamw_steps();
-  const int64_t last_adamw_step = clients_[rank]->last_adamw_step();
+  saved.adamw_steps = clients_[rank]->adamw_steps();
+  saved.last_adamw_step = clients_[rank]->last_adamw_step();
+  return saved;
+}
+
+absl::Status DataPlaneFixture::RestartTrainer(int rank) {
+  MUONPS_ASSIGN_OR_RETURN(const SavedTrainer saved, SaveTrainer(rank, -1));
+  return RestartTrainerFrom(rank, saved, /*resume=*/false);
+}
+
+absl::Status DataPlaneFixture::RestartTrainerFrom(int rank,
+                                                  const SavedTrainer& saved,
+                                                  bool resume) {
   clients_[rank].reset();
   MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, DeclareTrainer(rank));
   MUONPS_RETURN_IF_ERROR(
       client->Start(ClientMuon(model_.muon), ClientAdamW(model_.adamw)));
   clients_[rank] = std::move(client);
-  for (const auto& [name, values] : params) {
+  for (const auto& [name, values] : saved.params) {
     const TensorBuffers b = Buffers(rank, name);
     std::copy(values.begin(), values.end(), b.param);
   }
-  for (const auto& [name, m] : moments) {
+  for (const auto& [name, m] : saved.moments) {
     MUONPS_RETURN_IF_ERROR(
         clients_[rank]->RestoreAdamW(name, m.first, m.second));
   }
-  clients_[rank]->set_adamw_steps(adamw_steps);
-  clients_[rank]->set_last_adamw_step(last_adamw_step);
+  clients_[rank]->set_adamw_steps(saved.adamw_steps);
+  if (resume) return clients_[rank]->ResumeAfter(saved.step);
+  clients_[rank]->set_last_adamw_step(saved.last_adamw_step);
   return absl::OkStatus();
 }
 

@@ -136,7 +136,7 @@ out="$(bash tests/deploy/helm_checks.sh 2>&1)"
 echo "$out" | grep -v '^PASS '
 count_summary "$out"
 
-stage "Local cluster (deploy/local/launch.sh through a coordinator kill -9)"
+stage "Local cluster (deploy/local/launch.sh through a coordinator kill -9, a rolling restart, 20 trainer kills)"
 out="$(bash tests/deploy/launcher_recovery_check.sh 2>&1)"
 echo "$out" | tail -n 8
 count_summary "$out"

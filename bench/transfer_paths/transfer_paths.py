@@ -2,24 +2,28 @@
 
 The replicated layout sends every owner's updates to every other GPU. This
 bench times that phase for the 56 matrices of 8 Llama-3-8B layers (1.74 B
-parameters) on two GPUs, each owning every other matrix, three ways and in
-two precisions (fp32, bf16: the precision Newton-Schulz produces them in):
+parameters) on N GPUs of one host, matrix m owned by GPU m % N, three ways
+and in two precisions (fp32, bf16: the precision Newton-Schulz produces
+them in):
 
   per_matrix   one NCCL broadcast per matrix from its owner (the data path
                of today, step_transfers.cc)
   all_gather   one NCCL all_gather of each rank's owned updates, laid out
                contiguously
   peer_copy    copy-engine peer copies (cudaMemcpyPeerAsync through
-               torch's device-to-device copy), both directions at once,
-               no kernel and no SM
+               torch's device-to-device copy), every GPU pulling from every
+               other at once, no kernel and no SM
 
 and what each costs a bf16 GEMM running at the same time on the same GPU
 (Newton-Schulz is GEMMs): the GEMM loop's time alone and beside each. For
 the unreduced layout, the fp32 gradients going to their owners: a reduce
-per matrix against one reduce-scatter.
+per matrix against one reduce-scatter. For the row_sharded layout, the
+updates going back as row blocks (each owner sends each rank its 1/N of
+the rows of every matrix it owns): one all-to-all against a grouped
+send/recv per matrix.
 
-Run the NCCL half under torchrun on 2 GPUs, the peer half in one process:
-  torchrun --standalone --nproc-per-node 2 transfer_paths.py nccl
+Run the NCCL half under torchrun on N GPUs, the peer half in one process:
+  torchrun --standalone --nproc-per-node N transfer_paths.py nccl
   python3 transfer_paths.py peer
 Prints one JSON line per measurement, with the ratios against per_matrix
 and the link limit (NVLink of the machine, stated by the caller with
@@ -136,8 +140,8 @@ def nccl_half(args):
             for what, ms, calls, beside in (
                     ("per_matrix", per_ms, len(sizes), with_per),
                     ("all_gather", ag_ms, 1, with_ag)):
-                emit({"what": "transfer_updates_2gpu", "path": what,
-                      "dtype": name, "ms": ms, "nccl_calls": calls,
+                emit({"what": "transfer_updates", "gpus": world,
+                      "path": what, "dtype": name, "ms": ms, "nccl_calls": calls,
                       "bytes_received_per_rank": received * width,
                       "gbps_per_direction": received * width / ms / 1e6,
                       "link_gbps_per_direction": args.link_gbps,
@@ -162,41 +166,102 @@ def nccl_half(args):
                 for what, ms, calls in (("per_matrix_reduce", red_ms,
                                          len(sizes)),
                                         ("reduce_scatter", rs_ms, 1)):
-                    emit({"what": "transfer_grads_2gpu", "path": what,
-                          "dtype": name, "ms": ms, "nccl_calls": calls,
+                    emit({"what": "transfer_grads", "gpus": world,
+                          "path": what, "dtype": name, "ms": ms, "nccl_calls": calls,
                           "bytes_sent_per_rank": sent,
                           "gbps_per_direction": sent / ms / 1e6,
                           "link_gbps_per_direction": args.link_gbps,
                           "over_per_matrix": ms / red_ms})
+        # row_sharded: the owner of matrix m sends rank r rows
+        # [r*R/N, (r+1)*R/N) of its update. Per matrix: the owner's
+        # sends and every rank's receive in one NCCL group; or all of
+        # them as one all-to-all over per-rank segments.
+        blocks = [b.view(SHAPES[m][0], -1).chunk(world)
+                  for m, b in enumerate(bufs)]
+
+        def per_matrix_rows():
+            for m in range(len(bufs)):
+                ops = []
+                if owner[m] == rank:
+                    for r in range(world):
+                        if r != rank:
+                            ops.append(dist.P2POp(
+                                dist.isend, blocks[m][r].contiguous(), r))
+                else:
+                    ops.append(dist.P2POp(dist.irecv, blocks[m][rank],
+                                          owner[m]))
+                for w in dist.batch_isend_irecv(ops):
+                    w.wait()
+
+        in_rows = mine // world
+        send_buf = torch.zeros(in_rows * world, device=device,
+                               dtype=dtype)
+        in_split = [in_rows] * world
+        out_split = [sum(n for m, n in enumerate(sizes)
+                         if owner[m] == r) // world for r in range(world)]
+        recv_buf = torch.zeros(sum(out_split), device=device,
+                               dtype=dtype)
+
+        def all_to_all():
+            dist.all_to_all_single(recv_buf, send_buf, out_split,
+                                   in_split)
+        rows_ms = timed(per_matrix_rows)
+        a2a_ms = timed(all_to_all)
+        dist.barrier()
+        with_a2a = gemm_ms_beside(gemm, on_side(all_to_all))
+        if rank == 0:
+            got = (sum(out_split) - out_split[rank]) * width
+            for what, ms, calls, beside in (
+                    ("per_matrix_rows", rows_ms, len(sizes), None),
+                    ("all_to_all", a2a_ms, 1, with_a2a)):
+                line = {"what": "transfer_row_updates", "gpus": world,
+                        "path": what, "dtype": name, "ms": ms,
+                        "nccl_calls": calls,
+                        "bytes_received_per_rank": got,
+                        "gbps_per_direction": got / ms / 1e6,
+                        "link_gbps_per_direction": args.link_gbps,
+                        "over_per_matrix": ms / rows_ms}
+                if beside is not None:
+                    line.update(gemm_alone_ms=gemm_alone,
+                                gemm_beside_ms=beside,
+                                gemm_slowdown=beside / gemm_alone)
+                emit(line)
+        del blocks, send_buf, recv_buf
         del bufs, packed, gathered
         torch.cuda.empty_cache()
     dist.destroy_process_group()
 
 
 def peer_half(args):
-    if torch.cuda.device_count() < 2:
+    world = torch.cuda.device_count()
+    if world < 2:
         raise SystemExit("peer needs two GPUs in one process")
-    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
-    access = torch.cuda.can_device_access_peer(0, 1)
+    devices = [torch.device("cuda", r) for r in range(world)]
+    access = all(torch.cuda.can_device_access_peer(r, q)
+                 for r in range(world) for q in range(world) if r != q)
     sizes = elements()
     for dtype in (torch.float32, torch.bfloat16):
         name = "fp32" if dtype == torch.float32 else "bf16"
         width = torch.tensor([], dtype=dtype).element_size()
-        half = [sum(n for m, n in enumerate(sizes) if m % 2 == r)
-                for r in range(2)]
-        src = [torch.zeros(half[r], device=devices[r], dtype=dtype)
-               for r in range(2)]
-        dst = [torch.zeros(half[1 - r], device=devices[r], dtype=dtype)
-               for r in range(2)]
+        owned = [sum(n for m, n in enumerate(sizes) if m % world == r)
+                 for r in range(world)]
+        src = [torch.zeros(owned[r], device=devices[r], dtype=dtype)
+               for r in range(world)]
+        # dst[r][q]: GPU q's owned updates, landed on GPU r.
+        dst = [{q: torch.zeros(owned[q], device=devices[r], dtype=dtype)
+                for q in range(world) if q != r} for r in range(world)]
         streams = [torch.cuda.Stream(d) for d in devices]
 
-        def copies():
-            # Rank r's owned updates land on the other GPU, pulled by its
-            # stream (both directions at once).
-            for r in range(2):
+        def launch_copies():
+            # Every GPU's stream pulls every other GPU's owned updates.
+            for r in range(world):
                 with torch.cuda.stream(streams[r]):
-                    dst[r].copy_(src[1 - r], non_blocking=True)
-            for r in range(2):
+                    for q, buf in dst[r].items():
+                        buf.copy_(src[q], non_blocking=True)
+
+        def copies():
+            launch_copies()
+            for r in range(world):
                 torch.cuda.current_stream(devices[0]).wait_stream(streams[r])
 
         with torch.cuda.device(0):
@@ -206,12 +271,10 @@ def peer_half(args):
 
             def launch():
                 for _ in range(4):  # outlasts the GEMM loop
-                    for r in range(2):
-                        with torch.cuda.stream(streams[r]):
-                            dst[r].copy_(src[1 - r], non_blocking=True)
+                    launch_copies()
             with_copies = gemm_ms_beside(gemm, launch)
-        received = half[1] * width
-        emit({"what": "transfer_updates_2gpu", "path": "peer_copy",
+        received = (sum(owned) - owned[0]) * width
+        emit({"what": "transfer_updates", "gpus": world, "path": "peer_copy",
               "dtype": name, "ms": ms, "nccl_calls": 0,
               "peer_access": access,
               "bytes_received_per_rank": received,

@@ -14,10 +14,13 @@
 # there, and the workers and trainers reconnect. A worker that exits (a
 # SIGTERM drains it first: its momentum moves to the others) is started
 # again under its id, and its trainer attaches to it again. Trainers retry a
-# step while its error is transient (mlp_trainer --step_retry_s). The last line of output
-# is one JSON object: initial_loss, final_loss, steps, layout,
-# parity_max_rel_err (final parameters against a single-process run of the
-# same kernels).
+# step while its error is transient (mlp_trainer --step_retry_s) and save
+# their state after every step (--state_file in the log folder): a trainer
+# killed by a signal is started again and resumes from it, its parameters
+# repaired by the workers when they committed a step it had not saved.
+# The last line of output is one JSON object: initial_loss, final_loss,
+# steps, layout, parity_max_rel_err (final parameters against a
+# single-process run of the same kernels).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -39,7 +42,7 @@ while (($#)); do
     --log_dir) log_dir="$2"; shift 2 ;;
     --keep-running|--keep_running) keep_running=1; shift ;;
     --) shift; trainer_flags=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "launch.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -149,16 +152,43 @@ for ((i = 0; i < dedicated; i++)); do
 done
 echo "== $workers workers up (and $dedicated dedicated)"
 
-trainer_pids=()
-for ((r = 0; r < trainers; r++)); do
+declare -A trainer_pid
+start_trainer() {  # start_trainer RANK
+  local r="$1"
   "$bin/examples/trainer/mlp_trainer" --coordinator "$coordinator" --job "$job" \
     --worker_socket "/tmp/muonps-$$-w$r.sock" --rank "$r" --ranks "$trainers" \
     --layout "$layout" --steps "$steps" --dedicated_workers "$dedicated" \
+    --state_file "$log_dir/trainer-$r.state" \
     ${trainer_flags[@]+"${trainer_flags[@]}"} \
-    >"$log_dir/trainer-$r.log" 2>&1 &
-  trainer_pids+=($!)
+    >>"$log_dir/trainer-$r.log" 2>&1 &
+  trainer_pid[$r]=$!
   pids+=($!)
-done
+}
+# Trainers still running; one killed by a signal is started again (it
+# resumes from its state file), one that failed ends the run.
+trainers_left=$trainers
+trainer_failed=0
+watch_trainers() {
+  local r rc
+  for ((r = 0; r < trainers; r++)); do
+    [[ -n "${trainer_pid[$r]}" ]] || continue
+    kill -0 "${trainer_pid[$r]}" 2>/dev/null && continue
+    rc=0
+    wait "${trainer_pid[$r]}" || rc=$?
+    trainer_pid[$r]=""
+    if ((rc > 128)); then
+      echo "== trainer $r was killed (signal $((rc - 128))); starting it again: it resumes from its saved state"
+      start_trainer "$r"
+    elif ((rc == 0)); then
+      trainers_left=$((trainers_left - 1))
+    else
+      trainer_failed=1
+      trainers_left=$((trainers_left - 1))
+    fi
+  done
+}
+rm -f "$log_dir"/trainer-*.state  # a state of an earlier job is not this one's
+for ((r = 0; r < trainers; r++)); do start_trainer "$r"; done
 
 # Progress: trainer 0 prints one JSON object per step.
 shown=0
@@ -170,16 +200,15 @@ show_progress() {
     shown=$((shown + 1))
   done
 }
-while kill -0 "${trainer_pids[0]}" 2>/dev/null; do
+while ((trainers_left > 0 && !trainer_failed)); do
   show_progress
   watch_coordinator
   watch_workers
+  watch_trainers
   sleep 0.2
 done
 show_progress
-status=0
-for pid in "${trainer_pids[@]}"; do wait "$pid" || status=1; done
-if ((status != 0)); then
+if ((trainer_failed)); then
   echo "launch.sh: a trainer failed; see $log_dir" >&2
   for ((r = 0; r < trainers; r++)); do tail -3 "$log_dir/trainer-$r.log" >&2; done
   exit 1

@@ -9,6 +9,11 @@
 // training loop does: while the error says a retry can succeed (UNAVAILABLE,
 // DEADLINE_EXCEEDED, ABORTED: a worker restarting, a re-plan, a peer
 // frozen) for up to --step_retry_s, with backoff; other errors end the run.
+// With --state_file, every answered step's state (parameters, AdamW
+// moments) is saved there durably, and a trainer started again (after a
+// kill -9 at any moment) resumes from it as a user's loop does
+// (Client::ResumeAfter): a step its worker committed after the save is
+// repaired from a peer's trainer, so the run ends as if never stopped.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/status.h"
+#include "examples/trainer/trainer_state.h"
 #include "examples/trainer/training.h"
 #include "nlohmann/json.hpp"
 #include "tests/client_options.h"
@@ -48,6 +54,9 @@ ABSL_FLAG(int, dedicated_workers, 0,
           "Workers with no trainer (muonps-worker --dedicated) to wait for.");
 ABSL_FLAG(double, step_retry_s, 120,
           "How long a step is retried while its error is transient.");
+ABSL_FLAG(std::string, state_file, "",
+          "Save this rank's state here after every step, and resume from it "
+          "when it exists.");
 
 namespace muonps {
 namespace example {
@@ -146,6 +155,38 @@ absl::Status Run() {
   // kernels' own (training.h).
   MUONPS_RETURN_IF_ERROR(client->Start(testing::ClientMuon(config.muon),
                                        testing::ClientAdamW(config.adamw)));
+  // A rank started again resumes from its last saved state.
+  const std::string state_file = absl::GetFlag(FLAGS_state_file);
+  TrainerState state;
+  MUONPS_ASSIGN_OR_RETURN(
+      std::optional<TrainerState> saved,
+      state_file.empty()
+          ? absl::StatusOr<std::optional<TrainerState>>(std::nullopt)
+          : LoadTrainerState(state_file));
+  // The AdamW tensors (the biases), whose moments the client holds.
+  std::vector<const MlpParameter*> adamw;
+  for (const MlpParameter& p : model.parameters()) {
+    if (!p.is_matrix) adamw.push_back(&p);
+  }
+  if (saved.has_value()) {
+    state = *std::move(saved);
+    if (static_cast<int64_t>(state.params.size()) != model.block_floats() ||
+        state.exp_avg.size() != adamw.size()) {
+      return InvalidField("state_file",
+                          absl::StrCat(state_file, " holds another model"));
+    }
+    std::memcpy(model.params_data(), state.params.data(),
+                state.params.size() * sizeof(float));
+    for (size_t i = 0; i < adamw.size(); ++i) {
+      MUONPS_RETURN_IF_ERROR(client->RestoreAdamW(
+          adamw[i]->name, state.exp_avg[i], state.exp_avg_sq[i]));
+    }
+    client->set_adamw_steps(state.adamw_steps);
+    MUONPS_RETURN_IF_ERROR(client->ResumeAfter(state.step));
+    ++state.resumes;
+    std::fprintf(stderr, "rank %d: resumed from %s after step %lld\n", rank,
+                 state_file.c_str(), static_cast<long long>(state.step));
+  }
   // The client's buffers are what the workers update: copy the initial
   // parameters in, then move gradients in and parameters out every step.
   std::vector<TensorBuffers> buffers;
@@ -155,11 +196,20 @@ absl::Status Run() {
                 b.param_elements * sizeof(float));
     buffers.push_back(b);
   }
-  MUONPS_ASSIGN_OR_RETURN(const double initial_loss,
-                          BatchLoss(config, &task, &model, 0));
-  double loss = initial_loss;
-  int64_t retries = 0, resets = 0;
-  for (int step = 0; step < config.steps; ++step) {
+  if (!saved.has_value()) {
+    MUONPS_ASSIGN_OR_RETURN(state.initial_loss,
+                            BatchLoss(config, &task, &model, 0));
+  }
+  const double initial_loss = state.initial_loss;
+  // The loss of the parameters as they are (after the saved step).
+  MUONPS_ASSIGN_OR_RETURN(double loss,
+                          saved.has_value()
+                              ? BatchLoss(config, &task, &model, state.step + 1)
+                              : absl::StatusOr<double>(initial_loss));
+  int64_t& retries = state.retries;
+  int64_t resets = 0;
+  for (int step = static_cast<int>(state.step + 1); step < config.steps;
+       ++step) {
     const auto start = std::chrono::steady_clock::now();
     MUONPS_RETURN_IF_ERROR(
         ComputeGradient(config, &task, &model, step, rank).status());
@@ -181,6 +231,22 @@ absl::Status Run() {
     const double step_ms = std::chrono::duration<double, std::milli>(
                                std::chrono::steady_clock::now() - start)
                                .count();
+    if (!state_file.empty()) {
+      state.step = step;
+      state.adamw_steps = client->adamw_steps();
+      state.params.assign(model.params_data(),
+                          model.params_data() + model.block_floats());
+      state.exp_avg.resize(adamw.size());
+      state.exp_avg_sq.resize(adamw.size());
+      for (size_t i = 0; i < adamw.size(); ++i) {
+        MUONPS_ASSIGN_OR_RETURN(auto moments,
+                                client->AdamWState(adamw[i]->name));
+        const int64_t n = adamw[i]->num_elements;
+        state.exp_avg[i].assign(moments.first, moments.first + n);
+        state.exp_avg_sq[i].assign(moments.second, moments.second + n);
+      }
+      MUONPS_RETURN_IF_ERROR(SaveTrainerState(state_file, state));
+    }
     MUONPS_ASSIGN_OR_RETURN(loss, BatchLoss(config, &task, &model, step + 1));
     if (rank == 0) {
       nlohmann::ordered_json line;
@@ -206,6 +272,7 @@ absl::Status Run() {
   summary["steps"] = config.steps;
   summary["layout"] = absl::GetFlag(FLAGS_layout);
   summary["retries"] = retries;
+  summary["resumes"] = state.resumes;
   if (resets > 0) {
     // The reference never loses momentum: no parity to check.
     summary["parity_skipped"] =

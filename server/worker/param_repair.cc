@@ -55,6 +55,7 @@ absl::Status RepairParameters(const RoundDecision& decision,
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(stream));
   ledger.last_version.store(plan.version);
   ledger.last.store(step);
+  ledger.trainer_behind.reset();
   spdlog::warn(
       "step={} plan_version={} rank={}: the trainer's parameters missed the "
       "step; repaired from rank {}'s trainer",

@@ -32,15 +32,17 @@ RoundAgreement::RoundAgreement(PlanState& plan, const AttachedTrainer* trainer,
       cancelled_(std::move(cancelled)),
       trainers_(plan.trainers()) {}
 
-std::string RoundAgreement::LocalProblem(const StepRequest& request,
-                                         const absl::Status& intact) {
-  if (trainer_ == nullptr) return "";
-  if (!intact.ok()) return std::string(intact.message());
+absl::Status RoundAgreement::LocalProblem(const StepRequest& request,
+                                          const absl::Status& intact) {
+  if (trainer_ == nullptr) return absl::OkStatus();
+  if (!intact.ok()) return intact;
+  // The trainer is gone or gave up; its retry (or its successor's) runs it.
   if (cancelled_ && cancelled_()) {
-    return "the trainer's Step call was cancelled or passed its deadline";
+    return absl::AbortedError(
+        "the trainer's Step call was cancelled or passed its deadline");
   }
   std::string problem = StepRequestProblem(request, trainer_->group_count);
-  if (!problem.empty()) return problem;
+  if (!problem.empty()) return absl::InvalidArgumentError(problem);
   const AttachedTrainer& trainer = *trainer_;
   // Each worker checks the gradients this step reads from its trainer, so
   // every gradient the step reads is checked before anything changes. A
@@ -73,7 +75,7 @@ std::string RoundAgreement::LocalProblem(const StepRequest& request,
   }
   absl::StatusOr<std::vector<int64_t>> bad =
       ops_.FirstNonFinite(spans, ops_.stream());
-  if (!bad.ok()) return absl::StrCat("finite check: ", bad.status().message());
+  if (!bad.ok()) return Annotate(bad.status(), "finite check");
   for (size_t k = 0; k < spans.size(); ++k) {
     if ((*bad)[k] < 0) continue;
     float value = 0;
@@ -83,13 +85,13 @@ std::string RoundAgreement::LocalProblem(const StepRequest& request,
     const std::string& name = matrix_of[k] >= 0
                                   ? plan_.matrices[matrix_of[k]].name
                                   : trainer.adamw[-1 - matrix_of[k]].first;
-    return absl::StrCat("grad of ", Quoted(name), ": element ", (*bad)[k],
-                        " is ",
-                        !read               ? "not finite"
-                        : std::isnan(value) ? "NaN"
-                                            : "Inf");
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad of ", Quoted(name), ": element ", (*bad)[k], " is ",
+                     !read               ? "not finite"
+                     : std::isnan(value) ? "NaN"
+                                         : "Inf"));
   }
-  return "";
+  return absl::OkStatus();
 }
 
 absl::Status RoundAgreement::Agree(const StepRequest& request,
@@ -99,6 +101,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   StepHeader mine{};
   mine.step_id = trainer_ == nullptr ? -1 : request.step_id;
   mine.last_step = ledger_.last.load();
+  mine.params_step = ledger_.params_step();
   mine.staged_step = ledger_.staged.voted ? ledger_.staged.step_id : -1;
   mine.staged_decider = ledger_.staged.decider;
   mine.instance = ledger_.instance;
@@ -123,7 +126,9 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     mine.full_params = trainer_->full_params ? 1 : 0;
     mine.has_unreduced = trainer_->unreduced.empty() ? 0 : 1;
   }
-  CopyProblem(LocalProblem(request, intact), mine.problem);
+  const absl::Status problem = LocalProblem(request, intact);
+  mine.problem_code = static_cast<int32_t>(problem.code());
+  CopyProblem(std::string(problem.message()), mine.problem);
   *decision = RoundDecision{};
   std::vector<StepHeader> headers(size, StepHeader{});
   if (plan_.rank == 0) {

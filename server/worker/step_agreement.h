@@ -64,9 +64,12 @@ class RoundAgreement {
   const StepRoster& roster() const { return roster_; }
 
  private:
-  // Why this rank cannot step, or "".
-  std::string LocalProblem(const StepRequest& request,
-                           const absl::Status& intact);
+  // Why this rank cannot step (OK: it can), with the code its rejection
+  // carries: ABORTED for a call that was cancelled or passed its deadline
+  // (a retry runs the step), INVALID_ARGUMENT for a request or gradient no
+  // retry fixes, `intact`'s own for lent memory that is not whole.
+  absl::Status LocalProblem(const StepRequest& request,
+                            const absl::Status& intact);
   // Rank 0 tells workers with no trainer what they need of the trainers'
   // tensors (StepRoster's follower fields).
   absl::Status ShareFollowerInfo();

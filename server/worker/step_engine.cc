@@ -137,6 +137,30 @@ void StepEngine::AdoptRecordLocked(const StepRecord& record) {
           : "");
 }
 
+void StepEngine::TakeResumeLocked(int64_t resumed_after) {
+  const int64_t last = ledger_.last.load();
+  if (last < 0) {
+    // Nothing committed since this worker started: as a step record
+    // would say it.
+    StepRecord said;
+    said.applied = resumed_after;
+    said.applying = resumed_after;
+    AdoptRecordLocked(said);
+    return;
+  }
+  // A step committed since the trainer attached went into these
+  // parameters (a retry whose first attempt stepped): they hold `last`.
+  if (last > ledger_.last_at_attach || resumed_after >= last) return;
+  if (ledger_.trainer_behind != resumed_after) {
+    spdlog::warn(
+        "worker={} its trainer resumed from its state after step {}, and "
+        "this worker committed through step {}: the parameters are repaired "
+        "from a peer's trainer, or the step is refused",
+        worker_id_, resumed_after, last);
+  }
+  ledger_.trainer_behind = resumed_after;
+}
+
 StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
   StepResponse out;
   out.step_id = step_id;
@@ -158,8 +182,21 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
   if (request.step_id < 0) {
     return InvalidField("step_id", absl::StrCat(request.step_id, " < 0"));
   }
-  // Committed on every worker: nobody needs this round.
-  if (request.step_id <= ledger_.settled) {
+  if (request.resumed_after.has_value() &&
+      (*request.resumed_after < -1 ||
+       *request.resumed_after >= request.step_id)) {
+    return InvalidField(
+        "resumed_after",
+        absl::StrCat(*request.resumed_after, " is not in [-1, step_id ",
+                     request.step_id, ")"));
+  }
+  if (request.resumed_after.has_value() && trainer_.has_value()) {
+    TakeResumeLocked(*request.resumed_after);
+  }
+  // Committed on every worker: nobody needs this round, unless the
+  // trainer's parameters miss the step (a repair needs the peers).
+  if (request.step_id <= ledger_.settled &&
+      request.step_id <= ledger_.params_step()) {
     if (trainer_.has_value()) {
       MUONPS_RETURN_IF_ERROR(
           RedeliverMeans(ledger_, request.step_id, *trainer_, *backend_.ops));
@@ -203,7 +240,9 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
   if (round.kind == RoundResult::Kind::kAlreadyApplied) {
     MUONPS_RETURN_IF_ERROR(
         RedeliverMeans(ledger_, request.step_id, *trainer_, ops));
-    return AlreadyApplied(request.step_id);
+    StepResponse applied = AlreadyApplied(request.step_id);
+    applied.repaired = round.repaired;
+    return applied;
   }
   round.response.momentum_reset = momentum_.TakeResets();
   return round.response;
@@ -365,6 +404,7 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   } else if (!absl::IsNotFound(record.status())) {
     return Annotate(record.status(), "step_record");
   }
+
   // The device ops allocate thread-safely; only their use in a step is
   // ordered by the lock.
   MUONPS_RETURN_IF_ERROR(trainer.AllocateWorkBuffers(*ops));
@@ -403,6 +443,8 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   DropStaged(ledger_, plan_);
   ledger_.means_step = -1;
   AdoptRecordLocked(trainer.inherited);
+  ledger_.trainer_behind.reset();
+  ledger_.last_at_attach = ledger_.last.load();
   trainer_ = std::move(trainer);
   trainer_pid_.store(request.trainer_pid);
   spdlog::info("worker={} trainer {}/{} attached {} tensors ({})", worker_id_,

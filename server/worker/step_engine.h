@@ -234,6 +234,13 @@ class StepEngine {
   // committed one: its predecessor committed it into them.
   void AdoptRecordLocked(const StepRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A trainer's step that says it resumed from its state saved after step
+  // `resumed_after` (StepRequest::resumed_after): a worker that committed
+  // nothing since it started takes that as its last committed step; one
+  // that committed past it before this trainer attached marks the
+  // parameters behind (StepLedger::trainer_behind), for a repair.
+  void TakeResumeLocked(int64_t resumed_after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the transport if there is none, and runs the momentum handover
   // on every new one; the handover's FAILED_PRECONDITION (lost momentum)
   // stays for the rest of the plan version. A handover that fails on the

@@ -223,12 +223,14 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
     }
   }
   // Trainers whose parameters miss the last committed step (their
-  // worker's predecessor stopped before applying it, or part-way).
+  // worker's predecessor stopped before applying it, or part-way; or they
+  // resumed from state saved before it).
   for (int r = 0; r < trainers && r < n; ++r) {
     const bool torn = h[r].torn_step >= 0;
     const bool fresh = h[r].last_step < 0 && h[r].staged_step < 0 && !torn;
+    const bool resumed = h[r].params_step < h[r].last_step;
     const bool misses = !(fresh || h[r].staged_step == committed ||
-                          (h[r].last_step >= committed && !torn));
+                          (h[r].params_step >= committed && !torn));
     // A retry of the step, answered already_applied, on a worker that no
     // longer holds the step's AdamW means (it restarted): the lent
     // gradients may be the trainer's own again, so the means come from a
@@ -240,11 +242,11 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
     std::string why_not;
     if (!misses) {
       // Only the means.
-    } else if (h[r].last_step != committed - 1 ||
+    } else if (h[r].params_step != committed - 1 ||
                (torn && h[r].torn_step != committed)) {
-      why_not = absl::StrCat("they hold step ", h[r].last_step,
+      why_not = absl::StrCat("they hold step ", h[r].params_step,
                              ", more than one step behind");
-    } else if (!torn && !h[r].adopted) {
+    } else if (!torn && !h[r].adopted && !resumed) {
       why_not =
           "its worker dropped the step it had staged (a plan changed "
           "meanwhile), and with it that step's momentum";
@@ -255,7 +257,7 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
     }
     int source = -1;
     for (int s = 0; s < trainers && s < n && why_not.empty(); ++s) {
-      const bool holds = h[s].torn_step < 0 && (h[s].last_step == committed ||
+      const bool holds = h[s].torn_step < 0 && (h[s].params_step == committed ||
                                                 h[s].staged_step == committed);
       const bool means = !h[s].has_unreduced || h[s].means_step == committed ||
                          h[s].staged_step == committed;
@@ -281,10 +283,15 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                                  "'s trainer hold part of step ", h[r].torn_step,
                                  " (the worker before it stopped while "
                                   "writing them)")
-                  : absl::StrCat(Who(ids, r), " lost step ", committed,
-                                 ", which ", Who(ids, committer),
-                                 " committed: its trainer's parameters "
-                                  "lack it");
+          : resumed
+              ? absl::StrCat(Who(ids, r),
+                             "'s trainer resumed from state saved after step ",
+                             h[r].params_step, ", and ", Who(ids, committer),
+                             " committed step ", committed)
+              : absl::StrCat(Who(ids, r), " lost step ", committed, ", which ",
+                             Who(ids, committer),
+                             " committed: its trainer's parameters "
+                             "lack it");
       return Rejected(absl::StatusCode::kDataLoss,
                       absl::StrCat(what, "; no repair: ", why_not, "; ",
                                    ReloadFrom(committed)),
@@ -333,14 +340,17 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
   // Every trainer asks for a new step: the same one, the same way?
   const StepHeader& first = h[0];
   std::vector<bool> seen(trainers, false);
-  std::string problem = ProblemText(first.problem);
-  if (!problem.empty()) problem = absl::StrCat(Who(ids, 0), ": ", problem);
-  // What no retry fixes (a plan still forming was answered above).
-  const absl::StatusCode code = absl::StatusCode::kInvalidArgument;
+  std::string problem;
+  // What no retry fixes (a plan still forming was answered above), unless
+  // a rank's own problem says otherwise (a cancelled call: ABORTED).
+  absl::StatusCode code = absl::StatusCode::kInvalidArgument;
   for (int r = 0; r < trainers && r < n && problem.empty(); ++r) {
     const StepHeader& x = h[r];
     if (x.problem[0] != 0) {
       problem = absl::StrCat(Who(ids, r), ": ", ProblemText(x.problem));
+      if (x.problem_code != 0) {
+        code = static_cast<absl::StatusCode>(x.problem_code);
+      }
     } else if (x.step_id != first.step_id) {
       problem = absl::StrCat(Who(ids, r), " is at step ", x.step_id, ", ",
                              Who(ids, 0), " at ", first.step_id);

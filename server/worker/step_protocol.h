@@ -42,6 +42,10 @@ struct StepHeader {
   // keeps the whole parameter of every matrix, and whether it lends
   // unreduced AdamW tensors.
   int64_t means_step;
+  // The step the trainer's parameters hold: last_step, or less for a
+  // trainer that resumed from state saved before it (StepLedger::
+  // trainer_behind).
+  int64_t params_step;
   int32_t full_params;
   int32_t has_unreduced;
   // 1: this worker restarted, and its last step is what its trainer's step
@@ -50,7 +54,10 @@ struct StepHeader {
   // parameters is all it needs. 0: a live worker that lacks a step dropped
   // the step's staging, momentum included.
   int32_t adopted;
-  int32_t padding;
+  // The absl::StatusCode of `problem` (0: none): what the round's
+  // rejection carries, so a trainer can tell a retry's case from a
+  // request no retry fixes.
+  int32_t problem_code;
   int32_t trainer_rank;  // -1: no trainer
   int32_t trainer_count;
   char problem[kProblemBytes];  // "" or why this rank cannot step

@@ -22,6 +22,7 @@ StepHeader Header(int rank, int64_t step, int64_t last, uint64_t instance = 0) {
   StepHeader h{};
   h.step_id = step;
   h.last_step = last;
+  h.params_step = last;
   h.staged_step = -1;
   h.torn_step = -1;
   h.record_decided = -1;
@@ -221,6 +222,48 @@ TEST(DecideRoundTest, AWorkerThatLostACommittedStepIsDataLoss) {
       << Problem(d);
 }
 
+// A trainer that resumed from its state saved after step 4 while its
+// (live) worker committed step 5: its parameters are repaired from a peer,
+// whose trainers ask for step 6; more than one step behind, or keeping
+// only its rows, it is named.
+TEST(DecideRoundTest, ATrainerResumedOneStepBehindIsRepairedFromAPeer) {
+  std::vector<StepHeader> h = {Header(0, 6, 5), Header(1, 5, 5),
+                               Header(2, 6, 5)};
+  h[1].params_step = 4;
+  RoundDecision d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
+  EXPECT_EQ(d.source, 0);
+  EXPECT_EQ(d.target, 1);
+  EXPECT_EQ(d.params, 1);
+  EXPECT_EQ(d.committed, 5);
+  // A resumed trainer is no source for another's repair.
+  h[0].params_step = 4;
+  h[0].step_id = 5;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
+  EXPECT_EQ(d.target, 0);
+  EXPECT_EQ(d.source, 2);
+  h[0] = Header(0, 6, 5);
+  h[1].params_step = 3;
+  h[1].step_id = 4;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kDataLoss));
+  EXPECT_TRUE(absl::StrContains(
+      Problem(d),
+      "worker \"w1\"'s trainer resumed from state saved after step 3, and "
+      "worker \"w0\" committed step 5; no repair: they hold step 3, more "
+      "than one step behind"))
+      << Problem(d);
+  h[1].params_step = 4;
+  h[1].step_id = 5;
+  h[1].full_params = 0;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "keeps only its rows"))
+      << Problem(d);
+}
+
 TEST(DecideRoundTest, ARetryOfACommittedStepBesideANewStepRunsNone) {
   const RoundDecision d = DecideRound(
       {Header(0, 6, 5), Header(1, 5, 5), Header(2, 6, 5)}, 3, kIds, 100);
@@ -251,6 +294,15 @@ TEST(DecideRoundTest, DisagreementsAreRejectedNamingTheWorker) {
   d = DecideRound(h, 3, kIds, 100);
   EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(absl::StrContains(Problem(d), "exactly one trainer"))
+      << Problem(d);
+  // A rank's own problem carries its code: a cancelled call is a retry's.
+  h[2].trainer_rank = 2;
+  CopyProblem("the trainer's Step call was cancelled", h[1].problem);
+  h[1].problem_code = static_cast<int32_t>(absl::StatusCode::kAborted);
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kAborted));
+  EXPECT_TRUE(absl::StrContains(Problem(d), "worker \"w1\": the trainer's"))
       << Problem(d);
 }
 

@@ -8,6 +8,7 @@
 #define MUONPS_SERVER_WORKER_STEP_REQUEST_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace muonps {
@@ -32,6 +33,10 @@ struct StepRequest {
   double adamw_lr = -1;
   // By group index; empty: every tensor takes the step's own values.
   std::vector<GroupHyperparameters> groups;
+  // A trainer that resumed from its state saved after this step (-1: the
+  // initial parameters), on its first step since; unset: its parameters
+  // hold what its worker last wrote into them.
+  std::optional<int64_t> resumed_after;
 };
 
 struct StepResponse {
@@ -49,6 +54,10 @@ struct StepResponse {
   int64_t plan_version = 0;
   // The last step this worker committed (set on already_applied answers).
   int64_t last_step = -1;
+  // This call repaired the trainer's parameters to hold the step (an
+  // already_applied answer to a trainer that resumed after the step
+  // before).
+  bool repaired = false;
 };
 
 }  // namespace worker

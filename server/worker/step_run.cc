@@ -83,10 +83,11 @@ RoundResult StepRun::Run(const StepRequest& request) {
         out.transport_ok = false;
         return out;
       }
+      out.repaired = decision.params != 0 && decision.target == plan_.rank;
       // As kNoStep, for a trainer whose parameters hold the step now.
       out.kind = trainer == nullptr ? RoundResult::Kind::kNoStep
                  : request.step_id <= decision.committed &&
-                         ledger_.last.load() >= decision.committed
+                         ledger_.params_step() >= decision.committed
                      ? RoundResult::Kind::kAlreadyApplied
                      : RoundResult::Kind::kAgain;
       return out;

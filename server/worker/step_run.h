@@ -125,6 +125,8 @@ struct RoundResult {
   // False: the transport is out of step with the peers; rebuild it.
   bool transport_ok = true;
   StepResponse response;
+  // The round repaired this rank's trainer's parameters (kRepair's target).
+  bool repaired = false;
 };
 
 class StepRun {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -207,6 +208,17 @@ struct StepLedger {
   // them into the lent gradients again, in case the trainer wrote its own
   // gradients back before retrying. -1: none.
   int64_t means_step = -1;
+  // The step the attached trainer's parameters hold when it is below
+  // `last`: a trainer that resumed from state saved before this worker's
+  // last commit (an earlier trainer of its rank died after it). No step is
+  // answered here until a repair brings the parameters to `last`.
+  std::optional<int64_t> trainer_behind;
+  // `last` when the trainer attached: a step committed since went into its
+  // parameters.
+  int64_t last_at_attach = -1;
+
+  // The step the attached trainer's parameters hold.
+  int64_t params_step() const { return trainer_behind.value_or(last.load()); }
 };
 
 }  // namespace worker

@@ -84,6 +84,7 @@ StepRequest StepRequestFromProto(const v1::StepRequest& request) {
   out.lr = request.lr();
   out.weight_decay = request.weight_decay();
   out.adamw_lr = request.adamw_lr();
+  if (request.has_resumed_after()) out.resumed_after = request.resumed_after();
   out.groups.reserve(request.groups_size());
   for (const v1::GroupHyperparameters& g : request.groups()) {
     out.groups.push_back(
@@ -97,6 +98,7 @@ v1::StepResponse StepResponseToProto(const StepResponse& response) {
   out.set_step_id(response.step_id);
   out.set_already_applied(response.already_applied);
   out.set_last_step(response.last_step);
+  out.set_repaired(response.repaired);
   out.set_seconds(response.seconds);
   out.set_ns_seconds(response.ns_seconds);
   out.set_predicted_ns_seconds(response.predicted_ns_seconds);

@@ -5,7 +5,11 @@
 #     reconnect;
 #  2. a rolling restart: each worker stopped in turn (SIGTERM, as Kubernetes
 #     stops a pod): it drains, handing its momentum over, and the launcher
-#     starts it again.
+#     starts it again;
+#  3. 20 trainers killed (kill -9) at random moments, a random rank each
+#     time: the launcher starts each again, it resumes from the state it
+#     saved after its last answered step, and a step its worker committed
+#     after that save is repaired from the other trainer.
 # Each run finishes its 300 steps with parameters equal to a single-process
 # run of the same kernels (parity 0). About two minutes on 2 cores once the
 # binaries are built. Prints PASS/FAIL lines and ends with "N passed, M
@@ -95,5 +99,45 @@ d = json.loads(sys.argv[1])
 sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
 PY
 check "300 steps through a rolling restart, parameters equal to a single-process run" $?
+# 3. Trainers killed at random moments.
+log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
+bash deploy/local/launch.sh --workers 2 --steps 300 --log_dir "$log_dir" \
+  >"$log_dir/launch.out" 2>&1 &
+launcher=$!
+deadline=$((SECONDS + 600))
+until grep -q '^{"step":10,' "$log_dir/trainer-0.log" 2>/dev/null; do
+  if ((SECONDS > deadline)) || ! kill -0 "$launcher" 2>/dev/null; then break; fi
+  sleep 0.2
+done
+RANDOM=29
+kills=0
+while ((kills < 20)) && kill -0 "$launcher" 2>/dev/null && ((SECONDS < deadline)); do
+  sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
+  rank=$((RANDOM % 2))
+  victim="$(pgrep -f -- "mlp_trainer .*--worker_socket /tmp/muonps-$launcher-w$rank.sock" | head -n 1)"
+  # One that has had time to resume (a restarted one), so each kill is a
+  # restart from a saved state.
+  [[ -n "$victim" && "$(ps -o etimes= -p "$victim" 2>/dev/null)" -ge 3 ]] || continue
+  kill -9 "$victim" && kills=$((kills + 1))
+  sleep 1  # the launcher starts it again
+done
+check "20 trainers killed with kill -9 at random moments (killed $kills)" $((kills != 20))
+wait "$launcher"
+rc=$?
+check "launch.sh finished training through the trainer kills (exit $rc)" "$rc"
+resumed="$(cat "$log_dir"/trainer-*.log | grep -c 'resumed from')"
+repaired="$(cat "$log_dir"/worker-*.log | grep -c 'repaired from')"
+echo "trainers resumed: $resumed, of which repaired by their workers: $repaired"
+[[ "$resumed" -eq "$kills" ]]
+check "every killed trainer resumed from its saved state ($resumed)" $?
+summary="$(tail -n 1 "$log_dir/launch.out")"
+echo "$summary"
+python3 - "$summary" <<'PY'
+import json, sys
+d = json.loads(sys.argv[1])
+sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
+PY
+check "300 steps through 20 trainer kills, parameters equal to a single-process run" $?
+
 echo "${passed} passed, ${failed} failed"
 [[ $failed -eq 0 ]]
