@@ -4,7 +4,10 @@
 // hands its momentum to the new owners, then it leaves. A rolling restart of
 // every worker, one at a time, during training therefore fails no step for
 // good, resets no momentum (the job is strict and keeps no checkpoints),
-// and ends bit-identical to a run without restarts.
+// and ends bit-identical to a run without restarts. A drain while the
+// trainers are idle (no step comes to carry the handover) persists the
+// momentum the worker holds into the job's checkpoint of its last step
+// when its --drain_timeout ends, and the new owners take it from there.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -22,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "tests/data_plane_fixture.h"
+#include "tests/harness/child_process.h"
 
 namespace muonps {
 namespace {
@@ -218,6 +222,58 @@ TEST_F(WorkerDrainTest, ScalingThePoolDownHandsItsMomentumBack) {
     EXPECT_EQ(loops[r].resets, 0) << "trainer " << r;
   }
   ASSERT_NO_FATAL_FAILURE(ExpectEqualToTheReplay(reference));
+}
+
+// The trainers pause (an evaluation, say) while worker w1 is stopped: no
+// step comes before its drain ends, so what it owned goes to the job's
+// checkpoint of step 3 (the job writes checkpoints only when asked), and
+// once it is back the steps go on, strict, with nothing reset.
+TEST_F(WorkerDrainTest, AnIdleDrainPersistsTheMomentumItHolds) {
+  const std::string checkpoints = testing::NewTempDir("idle-drain");
+  ASSERT_NO_FATAL_FAILURE(
+      StartJob(model_, {.workers = kWorkers,
+                        .io_timeout_ms = 5000,
+                        .lease_ttl_ms = 3000,
+                        .heartbeat_interval_ms = 200,
+                        .worker_flags = {{1, {"--drain_timeout=1s"}}},
+                        .checkpoint_dir = checkpoints,
+                        .checkpoint_every = 0}));
+  ReferenceModel reference(model_, kWorkers, PlannedAlgorithms());
+  int owned = 0;
+  for (const testing::MatrixDecl& m : model_.matrices) {
+    for (int64_t e = 0; e < m.options.experts; ++e)
+      owned += Owner(m.name, e) == 1;
+  }
+  ASSERT_GT(owned, 0) << "the plan gave w1 nothing";
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (const auto& o : RunStep(step)) {
+      ASSERT_TRUE(o.has_value() && o->result.ok())
+          << "step " << step << ": " << o->result.status();
+    }
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  SignalWorker(1, SIGTERM);
+  const absl::StatusOr<int> exited = WaitForWorkerExit(1, absl::Seconds(30));
+  ASSERT_TRUE(exited.ok()) << exited.status() << "\n" << WorkerLog(1);
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << *exited;
+  EXPECT_TRUE(absl::StrContains(
+      WorkerLog(1), absl::StrCat("persisted the momentum of ", owned,
+                                 " matrices as of step 3")))
+      << WorkerLog(1);
+  RestartWorker(1);
+  const std::vector<RetryingLoop> loops =
+      RunRetryingLoops(4, 6, nullptr, absl::Seconds(60));
+  for (int r = 0; r < trainers(); ++r) {
+    EXPECT_TRUE(loops[r].finished)
+        << "trainer " << r << " stopped after step " << loops[r].last_done
+        << ": " << loops[r].last_failure;
+    EXPECT_EQ(loops[r].resets, 0) << "trainer " << r;
+  }
+  for (int64_t step = 4; step <= 6; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ASSERT_TRUE(WaitForFullPlan(absl::Seconds(20)).ok());
+  ExpectMatchesReference(reference, kExact);
 }
 
 }  // namespace

@@ -276,6 +276,69 @@ absl::Status MomentumStore::PersistStaged(int64_t step) {
                    "on disk"));
 }
 
+absl::StatusOr<int64_t> MomentumStore::PersistHeld(int64_t step) {
+  CheckpointSnapshot snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    const MomentumStacks& now = *stacks_;
+    if (!checkpoints_.enabled() || now.checkpoint_dir.empty()) {
+      return FieldError(absl::StatusCode::kFailedPrecondition,
+                        "job.checkpoint_dir",
+                        "the job keeps no checkpoints to persist into");
+    }
+    const auto current = [step](int64_t as_of) {
+      return as_of == step || as_of == kAsOfAny;
+    };
+    const auto add = [&](int matrix, int64_t expert,
+                         const float* data) -> absl::Status {
+      const scheduler::MatrixSpec& spec = now.matrices[matrix];
+      SnapshotTensor t;
+      t.name = spec.name;
+      t.expert = static_cast<int32_t>(expert);
+      t.rows = spec.rows;
+      t.cols = spec.cols;
+      t.values.resize(t.rows * t.cols);
+      MUONPS_RETURN_IF_ERROR(ops_->Copy(t.values.data(), data,
+                                        static_cast<int64_t>(t.values.size()),
+                                        ops_->stream()));
+      snapshot.tensors.push_back(std::move(t));
+      return absl::OkStatus();
+    };
+    for (size_t m = 0; m < now.matrices.size(); ++m) {
+      for (int64_t e = 0; e < now.matrices[m].experts; ++e) {
+        const ItemSlot s = now.slot(m, e);
+        if (s.batch < 0 || !now.has_momentum(s) ||
+            !current(now.stacks[s.batch].as_of[s.slot])) {
+          continue;
+        }
+        MUONPS_RETURN_IF_ERROR(add(static_cast<int>(m), e, now.SlotData(s)));
+      }
+    }
+    for (size_t i = 0; i < previous_.held.size(); ++i) {
+      const HeldItem& item = previous_.held[i];
+      if (item.has_momentum != HeldItem::kHasMomentum ||
+          previous_.outgoing_at[i] < 0 || !current(item.as_of) ||
+          now.slot(item.matrix, item.expert).batch >= 0) {
+        continue;
+      }
+      MUONPS_RETURN_IF_ERROR(
+          add(item.matrix, item.expert,
+              previous_.outgoing->data() + previous_.outgoing_at[i]));
+    }
+    MUONPS_RETURN_IF_ERROR(ops_->Synchronize(ops_->stream()));
+    snapshot.checkpoint_dir = now.checkpoint_dir;
+    snapshot.step = step;
+    snapshot.plan_version = now.version;
+  }
+  const int64_t items = static_cast<int64_t>(snapshot.tensors.size());
+  if (items == 0) return 0;
+  MUONPS_RETURN_IF_ERROR(
+      Annotate(checkpoints_.Write(std::move(snapshot)),
+               absl::StrCat("worker ", Quoted(worker_id_),
+                            ": the momentum it holds as of step ", step)));
+  return items;
+}
+
 absl::Status MomentumStore::RestoreMissing(int64_t committed) {
   std::vector<MomentumCheckpoints::Expert> missing;
   std::string dir;

@@ -156,6 +156,14 @@ class MomentumStore {
   // worker killed right after the commit loses nothing. OK when nothing is
   // due; else the device copy's or the write's error, naming the step.
   absl::Status PersistStaged(int64_t step);
+  // Makes the momentum this worker still holds as of step `step` durable
+  // as the job's checkpoint of that step: every owned item's and every
+  // item kept for a handover that has not run (a draining worker's, when
+  // no step comes to carry the handover). Its new owners then restore it
+  // as they would a lost owner's. Returns how many items were written.
+  // FAILED_PRECONDITION naming job.checkpoint_dir when the job keeps no
+  // checkpoints; else the device copy's or the write's error.
+  absl::StatusOr<int64_t> PersistHeld(int64_t step);
   // The last step whose checkpoint was written durably (-1: none).
   int64_t last_checkpoint_step() const { return checkpoints_.last_written(); }
   // Waits for the checkpoint being written, if any; its status.

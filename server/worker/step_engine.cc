@@ -63,6 +63,13 @@ int64_t StepEngine::last_step_plan_version() const {
   return ledger_.last_version.load();
 }
 
+absl::StatusOr<int64_t> StepEngine::PersistHeldMomentum() {
+  // No step runs once stopped: the ledger's last step stays put.
+  const int64_t last = ledger_.last.load();
+  if (last < 0) return 0;
+  return momentum_.PersistHeld(last);
+}
+
 void StepEngine::StopStepping(const std::string& why) {
   absl::MutexLock lock(&mu_);
   if (!stopped_.has_value()) stopped_ = why;

@@ -159,6 +159,10 @@ class StepEngine {
   // refuses every later Step and FollowStep with UNAVAILABLE saying `why`,
   // so the worker leaves with no step half done here. Idempotent.
   void StopStepping(const std::string& why);
+  // After StopStepping: writes the momentum this worker holds (owned, or
+  // kept for a handover no step carried) as the job's checkpoint of its
+  // last committed step (MomentumStore::PersistHeld); how many items.
+  absl::StatusOr<int64_t> PersistHeldMomentum();
 
   // Whether a trainer is attached and its process still runs. Never waits.
   bool TrainerAlive() const;

@@ -279,10 +279,25 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout,
         engine_->last_step_plan_version());
     return absl::OkStatus();
   }
+  // No step came to carry the handover (the trainers are idle): what this
+  // worker holds goes to the job's checkpoint of its last step, where the
+  // new owners find it as they would a lost owner's.
+  const absl::StatusOr<int64_t> persisted = engine_->PersistHeldMomentum();
+  if (persisted.ok()) {
+    spdlog::warn(
+        "job={} worker={} drain: no step committed under plan_version={} "
+        "before it ended; persisted the momentum of {} matrices as of step "
+        "{} into the job's checkpoint for their new owners",
+        options_.job, options_.worker_id, version, *persisted,
+        engine_->last_step());
+    return absl::OkStatus();
+  }
   return absl::DeadlineExceededError(absl::StrCat(
       "no step committed under plan version ", version, " (last step ",
       engine_->last_step(), " under version ",
-      engine_->last_step_plan_version(), ") before the drain ended"));
+      engine_->last_step_plan_version(),
+      ") before the drain ended, and its momentum could not be persisted: ",
+      persisted.status().message()));
 }
 
 void WorkerAgent::WatchLoop() {
