@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -98,8 +99,15 @@ TEST_F(CheckpointTest, WorkersWriteWhatTheyOwnEveryNStepsAndWhenAsked) {
     EXPECT_EQ(loaded->manifest.step, 6);
     EXPECT_EQ(loaded->manifest.plan_version, plan().version());
     EXPECT_EQ(loaded->manifest.worker_id, id);
+    int means = 0;
     for (size_t t = 0; t < loaded->manifest.tensors.size(); ++t) {
       const CheckpointTensor& tensor = loaded->manifest.tensors[t];
+      // The step's AdamW means of the unreduced tensor, beside the momentum.
+      if (absl::StartsWith(tensor.name, "muonps.adamw_mean:")) {
+        EXPECT_EQ(tensor.name, "muonps.adamw_mean:layers.0.norm.bias");
+        ++means;
+        continue;
+      }
       EXPECT_EQ(Owner(tensor.name, tensor.expert), w) << tensor.name;
       EXPECT_TRUE(covered.emplace(tensor.name, tensor.expert).second)
           << tensor.name << "[" << tensor.expert << "] saved twice";
@@ -114,6 +122,7 @@ TEST_F(CheckpointTest, WorkersWriteWhatTheyOwnEveryNStepsAndWhenAsked) {
                            reference.momentum(tensor.name, tensor.expert)),
           kTolerance);
     }
+    EXPECT_EQ(means, 1) << id;
   }
   const auto experts = Experts();
   const std::set<std::pair<std::string, int64_t>> every(experts.begin(),
@@ -286,6 +295,59 @@ TEST_F(CheckpointTest, AKillRightAfterTheCommitFindsThatStepsCheckpoint) {
     ++restored;
   }
   EXPECT_GT(restored, 0) << "the plan should split the matrices";
+}
+
+// Both workers killed right after committing step 3, before any trainer
+// heard: each restarted worker takes step 3 from its trainer's step record,
+// its momentum and the step's AdamW means (which died with both stagings)
+// from its checkpoint of step 3, so the retries are answered
+// already_applied, AdamW steps once, and the job goes on exactly.
+TEST_F(CheckpointTest, BothWorkersKilledAfterTheCommitLoseNoAdamWMeans) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kUnreduced);
+  constexpr int64_t kKilledStep = 3;
+  ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 1;
+  for (int w = 0; w < 2; ++w) {
+    options.worker_flags[w] = {
+        absl::StrCat("--test_pause_at=committed@", kKilledStep)};
+  }
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  ReferenceModel reference(model, 2, PlannedAlgorithms());
+  for (int64_t step = 1; step < kKilledStep; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  Outcomes killed;
+  std::thread stepping([&] { killed = RunStep(kKilledStep); });
+  for (int w = 0; w < 2; ++w) {
+    const absl::Status stopped = WaitUntilStopped(w, absl::Seconds(30));
+    ASSERT_NO_FATAL_FAILURE(KillWorker(w));
+    EXPECT_TRUE(stopped.ok()) << stopped;
+  }
+  stepping.join();
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(killed[w].has_value());
+    EXPECT_FALSE(killed[w]->result.ok());
+    ASSERT_NO_FATAL_FAILURE(RestartWorker(w));
+  }
+  const std::vector<RetryingLoop> loops = RunRetryingLoops(
+      kKilledStep, kKilledStep + 1, nullptr, absl::Seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << ": " << loops[r].last_failure;
+    EXPECT_EQ(loops[r].resets, 0) << "trainer " << r;
+  }
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_TRUE(absl::StrContains(WorkerLog(w),
+                                  "step 3's AdamW means read from its "
+                                  "checkpoint"))
+        << WorkerLog(w);
+  }
+  for (int64_t step = kKilledStep; step <= kKilledStep + 1; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ExpectMatchesReference(reference, kTolerance);
 }
 
 TEST_F(CheckpointTest, SurvivorNeverInstallsMomentumOfAnotherStep) {

@@ -89,9 +89,8 @@ TEST_F(KillSoakTest, FiftyKillsAndTenFreezesEndBitIdentical) {
   // Kills, with a freeze in place of every sixth.
   int kills = 0, freezes = 0;
   // Every trainer finished a step after the failure before: each lands on a
-  // job that recovered from the last (two workers killed within one step
-  // lose that step's AdamW means with both processes: DATA_LOSS, naming
-  // the step to reload from).
+  // job that recovered from the last (checkpoint_test kills two workers
+  // within one step).
   int64_t recovered = 0;
   for (int event = 0; kills < kKills || freezes < kFreezes; ++event) {
     if (!progress.WaitFor(

@@ -13,12 +13,22 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status.h"
+#include "server/worker/checkpoint_store.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
+namespace {
+
+// A step's AdamW means sit in its checkpoint as 1 x n tensors under this
+// prefix and their tensor's name, beside the momentum of job matrices.
+constexpr absl::string_view kMeanPrefix = "muonps.adamw_mean:";
+
+}  // namespace
 
 MomentumStore::MomentumStore(std::string worker_id, kernels::DeviceOps* ops)
     : worker_id_(std::move(worker_id)),
@@ -251,7 +261,8 @@ absl::StatusOr<int64_t> MomentumStore::RequestCheckpoint() {
   return checkpoints_.Request(stacks_->checkpoint_dir);
 }
 
-absl::Status MomentumStore::PersistStaged(int64_t step) {
+absl::Status MomentumStore::PersistStaged(
+    int64_t step, const std::function<absl::StatusOr<StagedMeans>()>& means) {
   CheckpointSnapshot snapshot;
   {
     absl::MutexLock lock(&mu_);
@@ -260,12 +271,22 @@ absl::Status MomentumStore::PersistStaged(int64_t step) {
                           now.version)) {
       return absl::OkStatus();
     }
+    const std::string what = absl::StrCat("worker ", Quoted(worker_id_),
+                                          ": step ", step, "'s checkpoint");
     absl::StatusOr<std::vector<SnapshotTensor>> tensors =
         now.OwnedToHost(*ops_, MomentumStacks::Which::kStaged);
-    if (!tensors.ok()) {
-      return Annotate(tensors.status(),
-                      absl::StrCat("worker ", Quoted(worker_id_), ": step ",
-                                   step, "'s checkpoint"));
+    if (!tensors.ok()) return Annotate(tensors.status(), what);
+    if (means) {
+      absl::StatusOr<StagedMeans> staged = means();
+      if (!staged.ok()) return Annotate(staged.status(), what);
+      for (auto& [name, values] : *staged) {
+        SnapshotTensor t;
+        t.name = absl::StrCat(kMeanPrefix, name);
+        t.rows = 1;
+        t.cols = static_cast<int64_t>(values.size());
+        t.values = std::move(values);
+        tensors->push_back(std::move(t));
+      }
     }
     snapshot = {now.checkpoint_dir, step, now.version, std::move(*tensors)};
   }
@@ -274,6 +295,28 @@ absl::Status MomentumStore::PersistStaged(int64_t step) {
       absl::StrCat("worker ", Quoted(worker_id_), ": step ", step,
                    " is due for a checkpoint and cannot commit before it is "
                    "on disk"));
+}
+
+absl::StatusOr<MomentumStore::StagedMeans> MomentumStore::ReadStagedMeans(
+    int64_t step) const {
+  std::string dir;
+  {
+    absl::MutexLock lock(&mu_);
+    dir = stacks_->checkpoint_dir;
+  }
+  if (!checkpoints_.enabled() || dir.empty()) {
+    return absl::NotFoundError("the job keeps no checkpoints");
+  }
+  MUONPS_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded,
+                          LoadCheckpoint(dir + "/" + worker_id_, step));
+  StagedMeans out;
+  for (size_t t = 0; t < loaded.manifest.tensors.size(); ++t) {
+    const std::string& name = loaded.manifest.tensors[t].name;
+    if (absl::StartsWith(name, kMeanPrefix)) {
+      out[name.substr(kMeanPrefix.size())] = loaded.tensors[t];
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<int64_t> MomentumStore::PersistHeld(int64_t step) {

@@ -29,6 +29,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -147,15 +149,29 @@ class MomentumStore {
   // enabled or the installed version's job has no checkpoint_dir. Returns
   // the last step checkpointed (-1: none).
   absl::StatusOr<int64_t> RequestCheckpoint();
+  // The staged step's AdamW means of the trainer's unreduced tensors (by
+  // tensor name; the same on every worker), as a step's checkpoint keeps
+  // them beside the momentum.
+  using StagedMeans = std::map<std::string, std::vector<float>>;
   // Makes step `step`'s staged new momentum (every owned expert's
   // next_momentum) durable when the step is due for a checkpoint (a
   // multiple of checkpoint_every, or asked for) and not written yet in the
-  // installed version: copied to host under the lock, written outside it.
-  // A step calls it after staging and before its vote, so that once the
-  // step commits anywhere, every owner's checkpoint of it is on disk and a
-  // worker killed right after the commit loses nothing. OK when nothing is
-  // due; else the device copy's or the write's error, naming the step.
-  absl::Status PersistStaged(int64_t step);
+  // installed version: copied to host under the lock, written outside it,
+  // with the step's AdamW means from `means` (called only when due; may be
+  // empty). A step calls it after staging and before its vote, so that once
+  // the step commits anywhere, every owner's checkpoint of it is on disk
+  // and a worker killed right after the commit loses nothing; two workers
+  // killed within the step lose no means either (ReadStagedMeans). OK when
+  // nothing is due; else the device copy's or the write's error, naming
+  // the step.
+  absl::Status PersistStaged(
+      int64_t step,
+      const std::function<absl::StatusOr<StagedMeans>()>& means = {});
+  // The AdamW means this worker's checkpoint of step `step` holds (none
+  // for a trainer with no unreduced tensors). NOT_FOUND when no checkpoint
+  // of that step is in this worker's directory (or the job keeps none);
+  // its verification's error otherwise. Reads files: call with no lock.
+  absl::StatusOr<StagedMeans> ReadStagedMeans(int64_t step) const;
   // Makes the momentum this worker still holds as of step `step` durable
   // as the job's checkpoint of that step: every owned item's and every
   // item kept for a handover that has not run (a draining worker's, when

@@ -63,6 +63,37 @@ int64_t StepEngine::last_step_plan_version() const {
   return ledger_.last_version.load();
 }
 
+int64_t StepEngine::LoadCheckpointedMeans(const AttachedTrainer& trainer,
+                                          int64_t step,
+                                          kernels::DeviceOps& ops) {
+  absl::StatusOr<MomentumStore::StagedMeans> means =
+      momentum_.ReadStagedMeans(step);
+  absl::Status loaded = means.status();
+  for (size_t k = 0; loaded.ok() && k < trainer.unreduced.size(); ++k) {
+    const auto& [name, b] = trainer.adamw[trainer.unreduced[k]];
+    auto it = means->find(name);
+    if (it == means->end() ||
+        static_cast<int64_t>(it->second.size()) != b.elements) {
+      loaded = absl::NotFoundError(
+          absl::StrCat("no means of ", Quoted(name), " of its size"));
+      break;
+    }
+    loaded = ops.Copy(trainer.staging->data() + b.staged_at, it->second.data(),
+                      b.elements, ops.stream());
+  }
+  if (loaded.ok()) loaded = ops.Synchronize(ops.stream());
+  if (!loaded.ok()) {
+    spdlog::info(
+        "worker={} step {}'s AdamW means are not in its checkpoint ({}): a "
+        "peer sends them if its trainer retries the step",
+        worker_id_, step, std::string(loaded.message()));
+    return -1;
+  }
+  spdlog::info("worker={} step {}'s AdamW means read from its checkpoint",
+               worker_id_, step);
+  return step;
+}
+
 absl::StatusOr<int64_t> StepEngine::PersistHeldMomentum() {
   // No step runs once stopped: the ledger's last step stays put.
   const int64_t last = ledger_.last.load();
@@ -303,8 +334,26 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
   context.timeout = backend_.timeout;
   context.cancelled = cancelled;
   context.hook = hook_;
-  context.persist = [this](int64_t step_id) {
-    return momentum_.PersistStaged(step_id);
+  context.persist = [this, trainer](int64_t step_id) {
+    // The means go to the checkpoint with the momentum: a worker killed
+    // with its peers within the step redelivers them from there.
+    return momentum_.PersistStaged(
+        step_id,
+        [this, trainer]() -> absl::StatusOr<MomentumStore::StagedMeans> {
+          MomentumStore::StagedMeans means;
+          if (trainer == nullptr) return means;
+          kernels::DeviceOps& ops = *backend_.ops;
+          for (const int i : trainer->unreduced) {
+            const auto& [name, b] = trainer->adamw[i];
+            std::vector<float>& values = means[name];
+            values.resize(b.elements);
+            MUONPS_RETURN_IF_ERROR(
+                ops.Copy(values.data(), trainer->staging->data() + b.staged_at,
+                         b.elements, ops.stream()));
+          }
+          MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
+          return means;
+        });
   };
   StepRun run(context);
   RoundResult out = run.Run(request);
@@ -415,6 +464,15 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   // The device ops allocate thread-safely; only their use in a step is
   // ordered by the lock.
   MUONPS_RETURN_IF_ERROR(trainer.AllocateWorkBuffers(*ops));
+  // A restarted worker (nothing committed since it started) takes the
+  // record's step as its last; the step's AdamW means died with its
+  // predecessor's staging, so they come back from its checkpoint of that
+  // step, read here, outside the lock.
+  const int64_t means_step =
+      ledger_.last.load() < 0 && trainer.inherited.applied >= 0 &&
+              !trainer.unreduced.empty()
+          ? LoadCheckpointedMeans(trainer, trainer.inherited.applied, *ops)
+          : -1;
   trainer.buffers = std::move(buffers);
   absl::MutexLock lock(&mu_);
   if (plan_.rank < 0) return NoPlanYet();
@@ -450,6 +508,9 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   DropStaged(ledger_, plan_);
   ledger_.means_step = -1;
   AdoptRecordLocked(trainer.inherited);
+  if (means_step >= 0 && ledger_.last.load() == means_step) {
+    ledger_.means_step = means_step;
+  }
   ledger_.trainer_behind.reset();
   ledger_.last_at_attach = ledger_.last.load();
   trainer_ = std::move(trainer);

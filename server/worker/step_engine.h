@@ -238,6 +238,12 @@ class StepEngine {
   // committed one: its predecessor committed it into them.
   void AdoptRecordLocked(const StepRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step `step`'s AdamW means from this worker's checkpoint of it into
+  // `trainer`'s staging (ops' stream, waited for): `step` once they are
+  // there, -1 when the checkpoint lacks them (logged). Reads files: call
+  // without the lock, for a trainer not attached yet.
+  int64_t LoadCheckpointedMeans(const AttachedTrainer& trainer, int64_t step,
+                                kernels::DeviceOps& ops);
   // A trainer's step that says it resumed from its state saved after step
   // `resumed_after` (StepRequest::resumed_after): a worker that committed
   // nothing since it started takes that as its last committed step; one
