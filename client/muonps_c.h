@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 6
+#define MUONPS_C_ABI_VERSION 7
 
 /* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
 #define MUONPS_MAX_GROUPS 1024
@@ -94,6 +94,10 @@ typedef struct {
   /* ABI 5: this call stepped the AdamW tensors (host trainers): once per
    * committed step id, on its first answer, fresh or already applied. */
   int adamw_applied;
+  /* ABI 7: with already_applied, this trainer resumed after the step before
+   * (muonps_client_resume_after) and its worker repaired its parameters to
+   * hold the step from a peer's trainer. */
+  int repaired;
 } muonps_step_result;
 
 /* "muonps X.Y.Z (C ABI N)"; static storage. */
@@ -149,6 +153,12 @@ int muonps_client_set_adamw(muonps_client* client, const char* name,
  * (-1: none; restoring a checkpoint taken before step N sets N - 1): a step
  * at or below it is not stepped by AdamW again. */
 int muonps_client_set_last_adamw_step(muonps_client* client, int64_t step_id);
+/* ABI 7: a trainer restarted from its own state saved after step `step_id`
+ * (-1: the initial parameters) says so before its first step
+ * (Client::ResumeAfter): a step its worker committed after that save is
+ * repaired into the parameters, or refused with DATA_LOSS naming the state
+ * to reload. Sets the last AdamW step to `step_id`. */
+int muonps_client_resume_after(muonps_client* client, int64_t step_id);
 
 /* ABI 3: GPU trainers, parameter groups, steps that return once enqueued
  * (ABI 4: muonps_client_lend_cuda takes the buffers' dtype, fp32 or bf16).

@@ -94,6 +94,11 @@ int muonps_client_set_last_adamw_step(muonps_client* c, int64_t step_id) {
   return Record(c, absl::OkStatus());
 }
 
+int muonps_client_resume_after(muonps_client* c, int64_t step_id) {
+  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
+  return Record(c, c->client->ResumeAfter(step_id));
+}
+
 int muonps_client_checkpoint(muonps_client* c, int64_t* last_step) {
   if (c == nullptr || last_step == nullptr) return MUONPS_INVALID_ARGUMENT;
   absl::StatusOr<int64_t> last = c->client->RequestCheckpoint();

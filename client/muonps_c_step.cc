@@ -23,6 +23,7 @@ int Finish(muonps_client* c, const absl::StatusOr<muonps::StepResult>& step,
     result->momentum_reset = step->momentum_reset;
     result->plan_version = step->plan_version;
     result->adamw_applied = step->adamw_applied ? 1 : 0;
+    result->repaired = step->repaired ? 1 : 0;
   }
   return Record(c, absl::OkStatus());
 }

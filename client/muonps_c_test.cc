@@ -40,6 +40,21 @@ TEST(MuonpsCTest, SetLastAdamWStepChecksItsArguments) {
   muonps_client_destroy(client);
 }
 
+// ABI 7: the step a restarted trainer's state is as of; below -1 refused.
+TEST(MuonpsCTest, ResumeAfterChecksItsArguments) {
+  EXPECT_EQ(muonps_client_resume_after(nullptr, 3), MUONPS_INVALID_ARGUMENT);
+  muonps_client* client = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/muonps-none.sock",
+                                 0, 1, 1, &client),
+            MUONPS_OK)
+      << muonps_last_create_error();
+  EXPECT_EQ(muonps_client_resume_after(client, -2), MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)), HasSubstr("step"));
+  EXPECT_EQ(muonps_client_resume_after(client, -1), MUONPS_OK);
+  EXPECT_EQ(muonps_client_resume_after(client, 41), MUONPS_OK);
+  muonps_client_destroy(client);
+}
+
 // The job's allow_momentum_reset: settable before start, any nonzero is
 // true; a null client is refused.
 TEST(MuonpsCTest, AllowMomentumResetIsSetBeforeStart) {

@@ -6,7 +6,7 @@ declarations and re-exports the public names.
 
 import ctypes
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 # Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
 MAX_GROUPS = 1024
 
@@ -66,7 +66,8 @@ class _StepResult(ctypes.Structure):
                 ("bytes_moved", ctypes.c_int64),
                 ("momentum_reset", ctypes.c_int64),
                 ("plan_version", ctypes.c_int64),
-                ("adamw_applied", ctypes.c_int)]
+                ("adamw_applied", ctypes.c_int),
+                ("repaired", ctypes.c_int)]
 
 
 class _StepOptions(ctypes.Structure):
@@ -109,6 +110,7 @@ _SIGNATURES = {
     "muonps_client_set_adamw": (_c_int, [_handle, _c_str, _f32p, _f32p,
                                          _c_i64, _c_i64]),
     "muonps_client_set_last_adamw_step": (_c_int, [_handle, _c_i64]),
+    "muonps_client_resume_after": (_c_int, [_handle, _c_i64]),
     "muonps_client_create_on": (_c_int, [_c_str, _c_str, _c_str, _c_int,
                                          _c_int, _c_dbl, _c_str,
                                          ctypes.POINTER(_handle)]),
