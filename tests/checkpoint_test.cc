@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -68,7 +69,27 @@ class CheckpointTest : public DataPlaneFixture {
     return {};
   }
 
+  // Two workers checkpointing every step, each stopping itself at
+  // `pause_at` (--test_pause_at) of step kKilledStep; steps before it run on
+  // both and on reference_ (the replay).
+  void StartPausingAt(const ModelDecl& model, const std::string& pause_at) {
+    ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
+    options.checkpoint_dir = dir_ + "/ckpt";
+    options.checkpoint_every = 1;
+    for (int w = 0; w < 2; ++w) {
+      options.worker_flags[w] = {absl::StrCat("--test_pause_at=", pause_at)};
+    }
+    ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+    reference_.emplace(model, 2, PlannedAlgorithms());
+    for (int64_t step = 1; step < kKilledStep; ++step) {
+      ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+      ASSERT_TRUE(reference_->Step(step).ok());
+    }
+  }
+
+  static constexpr int64_t kKilledStep = 3;
   std::string dir_ = NewTempDir("checkpoints");
+  std::optional<ReferenceModel> reference_;
 };
 
 TEST_F(CheckpointTest, WorkersWriteWhatTheyOwnEveryNStepsAndWhenAsked) {
@@ -255,21 +276,10 @@ TEST_F(CheckpointTest, SurvivorRestoresALostOwnersMomentumOfTheJobsStep) {
 // (once a checkpoint written after the commit would have been missing, and
 // every later step failed).
 TEST_F(CheckpointTest, AKillRightAfterTheCommitFindsThatStepsCheckpoint) {
-  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
-  constexpr int64_t kKilledStep = 3;
-  ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
-  options.checkpoint_dir = dir_ + "/ckpt";
-  options.checkpoint_every = 1;
-  for (int w = 0; w < 2; ++w) {
-    options.worker_flags[w] = {
-        absl::StrCat("--test_pause_at=committed@", kKilledStep, "@rank1")};
-  }
-  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
-  ReferenceModel reference(model, 2, PlannedAlgorithms());
-  for (int64_t step = 1; step < kKilledStep; ++step) {
-    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
-    ASSERT_TRUE(reference.Step(step).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      StartPausingAt(SmallModel(scheduler::Layout::kReplicated),
+                     absl::StrCat("committed@", kKilledStep, "@rank1")));
+  ReferenceModel& reference = *reference_;
   ASSERT_TRUE(reference.Step(kKilledStep).ok());
   const int lost = WorkerAtPlanRank(1), survivor = WorkerAtPlanRank(0);
   Outcomes killed;
@@ -303,21 +313,10 @@ TEST_F(CheckpointTest, AKillRightAfterTheCommitFindsThatStepsCheckpoint) {
 // from its checkpoint of step 3, so the retries are answered
 // already_applied, AdamW steps once, and the job goes on exactly.
 TEST_F(CheckpointTest, BothWorkersKilledAfterTheCommitLoseNoAdamWMeans) {
-  const ModelDecl model = SmallModel(scheduler::Layout::kUnreduced);
-  constexpr int64_t kKilledStep = 3;
-  ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};
-  options.checkpoint_dir = dir_ + "/ckpt";
-  options.checkpoint_every = 1;
-  for (int w = 0; w < 2; ++w) {
-    options.worker_flags[w] = {
-        absl::StrCat("--test_pause_at=committed@", kKilledStep)};
-  }
-  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
-  ReferenceModel reference(model, 2, PlannedAlgorithms());
-  for (int64_t step = 1; step < kKilledStep; ++step) {
-    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
-    ASSERT_TRUE(reference.Step(step).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      StartPausingAt(SmallModel(scheduler::Layout::kUnreduced),
+                     absl::StrCat("committed@", kKilledStep)));
+  ReferenceModel& reference = *reference_;
   Outcomes killed;
   std::thread stepping([&] { killed = RunStep(kKilledStep); });
   for (int w = 0; w < 2; ++w) {
@@ -347,6 +346,9 @@ TEST_F(CheckpointTest, BothWorkersKilledAfterTheCommitLoseNoAdamWMeans) {
   for (int64_t step = kKilledStep; step <= kKilledStep + 1; ++step) {
     ASSERT_TRUE(reference.Step(step).ok());
   }
+  // The momentum is read from the owners of the plan the restarts made.
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
   ExpectMatchesReference(reference, kTolerance);
 }
 

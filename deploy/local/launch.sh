@@ -187,8 +187,12 @@ watch_trainers() {
     fi
   done
 }
-rm -f "$log_dir"/trainer-*.state  # a state of an earlier job is not this one's
-for ((r = 0; r < trainers; r++)); do start_trainer "$r"; done
+# A state or log of an earlier job in this folder is not this one's.
+for ((r = 0; r < trainers; r++)); do
+  rm -f "$log_dir/trainer-$r.state"
+  : >"$log_dir/trainer-$r.log"
+  start_trainer "$r"
+done
 
 # Progress: trainer 0 prints one JSON object per step.
 shown=0

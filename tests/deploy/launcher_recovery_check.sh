@@ -16,23 +16,44 @@
 # failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
 passed=0
 failed=0
 check() {  # check NAME CONDITION-STATUS
   if [[ "$2" == 0 ]]; then echo "PASS $1"; passed=$((passed + 1));
   else echo "FAIL $1 (logs in $log_dir)"; failed=$((failed + 1)); fi
 }
+# A 300-step run of 2 workers and 2 trainers in the background, logging to
+# a fresh $log_dir; $launcher is its pid and $deadline 600 s from now.
+launch() {
+  log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
+  bash deploy/local/launch.sh --workers 2 --steps 300 --log_dir "$log_dir" \
+    >"$log_dir/launch.out" 2>&1 &
+  launcher=$!
+  deadline=$((SECONDS + 600))
+}
+# Waits until trainer 0 printed step N (or the run ended, or the deadline).
+wait_for_step() {  # wait_for_step N
+  until grep -q "^{\"step\":$1," "$log_dir/trainer-0.log" 2>/dev/null; do
+    if ((SECONDS > deadline)) || ! kill -0 "$launcher" 2>/dev/null; then break; fi
+    sleep 0.2
+  done
+}
+# The run's summary: 300 steps, parameters equal to a single-process run.
+check_parity() {  # check_parity THROUGH-WHAT
+  local summary
+  summary="$(tail -n 1 "$log_dir/launch.out")"
+  echo "$summary"
+  python3 - "$summary" <<'PY'
+import json, sys
+d = json.loads(sys.argv[1])
+sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
+PY
+  check "300 steps through $1, parameters equal to a single-process run" $?
+}
 
-bash deploy/local/launch.sh --workers 2 --steps 300 --log_dir "$log_dir" \
-  >"$log_dir/launch.out" 2>&1 &
-launcher=$!
-# Kill the coordinator once training is under way.
-deadline=$((SECONDS + 600))
-until grep -q '^{"step":20,' "$log_dir/trainer-0.log" 2>/dev/null; do
-  if ((SECONDS > deadline)) || ! kill -0 "$launcher" 2>/dev/null; then break; fi
-  sleep 0.2
-done
+# 1. The coordinator killed once training is under way.
+launch
+wait_for_step 20
 victim="$(pgrep -f -- "--state_dir $log_dir/coordinator-state" | head -n 1)"
 if [[ -n "$victim" ]]; then
   kill -9 "$victim"
@@ -47,32 +68,18 @@ grep -q "the coordinator exited; starting it again" "$log_dir/launch.out"
 check "the launcher started the coordinator again on the same address" $?
 [[ "$(grep -c 'listening on' "$log_dir/coordinator.log")" -ge 2 ]]
 check "the restarted coordinator listens again" $?
-summary="$(tail -n 1 "$log_dir/launch.out")"
-echo "$summary"
-python3 - "$summary" <<'PY'
-import json, sys
-d = json.loads(sys.argv[1])
-sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
-PY
-check "300 steps through the outage, parameters equal to a single-process run" $?
+check_parity "the outage"
 first="$(grep -o 'coordinator on [0-9.:]*' "$log_dir/launch.out" | head -n 1)"
 last="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$log_dir/coordinator.log" | tail -n 1)"
 [[ -n "$last" && "$first" == "coordinator on $last" ]]
 check "the restarted coordinator is on the address the workers were given" $?
 
 # 2. A rolling restart of the workers.
-log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
-bash deploy/local/launch.sh --workers 2 --steps 300 --log_dir "$log_dir" \
-  >"$log_dir/launch.out" 2>&1 &
-launcher=$!
+launch
 for pair in w0:20 w1:120; do
   id="${pair%%:*}"
   at="${pair##*:}"
-  deadline=$((SECONDS + 600))
-  until grep -q "^{\"step\":$at," "$log_dir/trainer-0.log" 2>/dev/null; do
-    if ((SECONDS > deadline)) || ! kill -0 "$launcher" 2>/dev/null; then break; fi
-    sleep 0.2
-  done
+  wait_for_step "$at"
   victim="$(pgrep -f -- "--worker_id $id --socket /tmp/muonps-$launcher-" | head -n 1)"
   if [[ -n "$victim" ]]; then
     kill -TERM "$victim"
@@ -91,24 +98,11 @@ for id in w0 w1; do
   [[ "$(grep -c "worker=$id listening on" "$log_dir/worker-$id.log")" -ge 2 ]]
   check "the launcher started worker $id again" $?
 done
-summary="$(tail -n 1 "$log_dir/launch.out")"
-echo "$summary"
-python3 - "$summary" <<'PY'
-import json, sys
-d = json.loads(sys.argv[1])
-sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
-PY
-check "300 steps through a rolling restart, parameters equal to a single-process run" $?
+check_parity "a rolling restart"
+
 # 3. Trainers killed at random moments.
-log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
-bash deploy/local/launch.sh --workers 2 --steps 300 --log_dir "$log_dir" \
-  >"$log_dir/launch.out" 2>&1 &
-launcher=$!
-deadline=$((SECONDS + 600))
-until grep -q '^{"step":10,' "$log_dir/trainer-0.log" 2>/dev/null; do
-  if ((SECONDS > deadline)) || ! kill -0 "$launcher" 2>/dev/null; then break; fi
-  sleep 0.2
-done
+launch
+wait_for_step 10
 RANDOM=29
 kills=0
 while ((kills < 20)) && kill -0 "$launcher" 2>/dev/null && ((SECONDS < deadline)); do
@@ -130,14 +124,7 @@ repaired="$(cat "$log_dir"/worker-*.log | grep -c 'repaired from')"
 echo "trainers resumed: $resumed, of which repaired by their workers: $repaired"
 [[ "$resumed" -eq "$kills" ]]
 check "every killed trainer resumed from its saved state ($resumed)" $?
-summary="$(tail -n 1 "$log_dir/launch.out")"
-echo "$summary"
-python3 - "$summary" <<'PY'
-import json, sys
-d = json.loads(sys.argv[1])
-sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
-PY
-check "300 steps through 20 trainer kills, parameters equal to a single-process run" $?
+check_parity "20 trainer kills"
 
 echo "${passed} passed, ${failed} failed"
 [[ $failed -eq 0 ]]
