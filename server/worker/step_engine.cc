@@ -334,24 +334,23 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
   context.timeout = backend_.timeout;
   context.cancelled = cancelled;
   context.hook = hook_;
-  context.persist = [this, trainer](int64_t step_id) {
+  context.persist = [this, trainer, ops = context.ops](int64_t step_id) {
     // The means go to the checkpoint with the momentum: a worker killed
     // with its peers within the step redelivers them from there.
     return momentum_.PersistStaged(
         step_id,
-        [this, trainer]() -> absl::StatusOr<MomentumStore::StagedMeans> {
+        [trainer, ops]() -> absl::StatusOr<MomentumStore::StagedMeans> {
           MomentumStore::StagedMeans means;
           if (trainer == nullptr) return means;
-          kernels::DeviceOps& ops = *backend_.ops;
           for (const int i : trainer->unreduced) {
             const auto& [name, b] = trainer->adamw[i];
             std::vector<float>& values = means[name];
             values.resize(b.elements);
             MUONPS_RETURN_IF_ERROR(
-                ops.Copy(values.data(), trainer->staging->data() + b.staged_at,
-                         b.elements, ops.stream()));
+                ops->Copy(values.data(), trainer->staging->data() + b.staged_at,
+                          b.elements, ops->stream()));
           }
-          MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.stream()));
+          MUONPS_RETURN_IF_ERROR(ops->Synchronize(ops->stream()));
           return means;
         });
   };
