@@ -48,9 +48,13 @@ void DataPlaneFixture::TearDown() {
 }
 
 void DataPlaneFixture::StartCoordinator(const ClusterOptions& options) {
+  // Restarts (RestartCoordinator) listen on the same port: one no other
+  // process's connections take meanwhile.
+  const absl::StatusOr<int> port = PortBelowEphemeralRange(options.host);
+  ASSERT_TRUE(port.ok()) << port.status();
   coordinator_argv_ = {
       RunfilePath("server/coordinator/muonps-coordinator"),
-      "--port=0",
+      absl::StrCat("--port=", *port),
       "--metrics_port=-1",
       "--host=" + options.host,
       absl::StrCat("--lease_ttl_ms=", options.lease_ttl_ms),

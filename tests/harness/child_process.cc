@@ -1,13 +1,18 @@
 #include "tests/harness/child_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <regex>
 #include <sstream>
 
@@ -176,6 +181,35 @@ std::string NewTempDir(const std::string& prefix) {
       absl::StrCat(base ? base : "/tmp", "/", prefix, "-XXXXXX");
   if (mkdtemp(templ.data()) == nullptr) return "";
   return templ;
+}
+
+absl::StatusOr<int> PortBelowEphemeralRange(const std::string& host) {
+  int low = 32768, high = 60999;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low >> high;
+  const int first = std::max(1024, low - 8192);
+  if (first >= low) {
+    return absl::InternalError(
+        absl::StrCat("no ports below the ephemeral range ", low, "-", high));
+  }
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InternalError(absl::StrCat(host, " is not an IPv4 address"));
+  }
+  std::mt19937 random(std::random_device{}());
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = first + static_cast<int>(random() % (low - first));
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return absl::InternalError("socket() failed");
+    const bool free =
+        bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return absl::InternalError(absl::StrCat("no free port of ", host, " in ",
+                                          first, "-", low - 1,
+                                          " after 100 tries"));
 }
 
 }  // namespace testing

@@ -95,6 +95,14 @@ absl::StatusOr<RunningCoordinator> StartCoordinator(const std::string& log_path,
 // A fresh directory under TEST_TMPDIR (or /tmp), removed by the caller.
 std::string NewTempDir(const std::string& prefix);
 
+// A TCP port of `host` (an IPv4 address) that nothing listens on now, taken
+// from the 8192 ports below the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range), so no port-0 listener or
+// outgoing connection of another process takes it while a server that
+// listens there is down: what a server restarted on its port needs.
+// INTERNAL when none is free after 100 tries.
+absl::StatusOr<int> PortBelowEphemeralRange(const std::string& host);
+
 }  // namespace testing
 }  // namespace muonps
 
