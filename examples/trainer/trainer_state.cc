@@ -33,6 +33,7 @@ class Bytes {
   }
   void PutFloats(const std::vector<float>& values) {
     Put(static_cast<int64_t>(values.size()));
+    if (values.empty()) return;  // an empty vector's data() may be null
     data_.append(reinterpret_cast<const char*>(values.data()),
                  values.size() * sizeof(float));
   }
@@ -50,6 +51,7 @@ class Bytes {
       return false;
     }
     values->resize(n);
+    if (n == 0) return true;  // an empty vector's data() may be null
     std::memcpy(values->data(), data_.data() + at_, n * sizeof(float));
     at_ += n * sizeof(float);
     return true;
