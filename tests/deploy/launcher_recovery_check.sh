@@ -10,9 +10,9 @@
 #     time: the launcher starts each again, it resumes from the state it
 #     saved after its last answered step, and a step its worker committed
 #     after that save is repaired from the other trainer.
-# Each run finishes its 300 steps with parameters equal to a single-process
-# run of the same kernels (parity 0). About two minutes on 2 cores once the
-# binaries are built. Prints PASS/FAIL lines and ends with "N passed, M
+# Each run finishes its steps (300; 600 for the third) with parameters
+# equal to a single-process run of the same kernels (parity 0). About three
+# minutes on 2 cores once the binaries are built. Prints PASS/FAIL lines and ends with "N passed, M
 # failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,11 +22,13 @@ check() {  # check NAME CONDITION-STATUS
   if [[ "$2" == 0 ]]; then echo "PASS $1"; passed=$((passed + 1));
   else echo "FAIL $1 (logs in $log_dir)"; failed=$((failed + 1)); fi
 }
-# A 300-step run of 2 workers and 2 trainers in the background, logging to
-# a fresh $log_dir; $launcher is its pid and $deadline 600 s from now.
-launch() {
+# A run of STEPS (300) steps on 2 workers and 2 trainers in the background,
+# logging to a fresh $log_dir; $launcher is its pid and $deadline 600 s
+# from now.
+launch() {  # launch [STEPS]
+  steps="${1:-300}"
   log_dir="$(mktemp -d /tmp/muonps-launcher-XXXXXX)"
-  bash deploy/local/launch.sh --workers 2 --steps 300 --log_dir "$log_dir" \
+  bash deploy/local/launch.sh --workers 2 --steps "$steps" --log_dir "$log_dir" \
     >"$log_dir/launch.out" 2>&1 &
   launcher=$!
   deadline=$((SECONDS + 600))
@@ -38,17 +40,17 @@ wait_for_step() {  # wait_for_step N
     sleep 0.2
   done
 }
-# The run's summary: 300 steps, parameters equal to a single-process run.
+# The run's summary: every step, parameters equal to a single-process run.
 check_parity() {  # check_parity THROUGH-WHAT
   local summary
   summary="$(tail -n 1 "$log_dir/launch.out")"
   echo "$summary"
-  python3 - "$summary" <<'PY'
+  python3 - "$summary" "$steps" <<'PY'
 import json, sys
 d = json.loads(sys.argv[1])
-sys.exit(0 if d.get("steps") == 300 and d.get("parity_max_rel_err") == 0 else 1)
+sys.exit(0 if d.get("steps") == int(sys.argv[2]) and d.get("parity_max_rel_err") == 0 else 1)
 PY
-  check "300 steps through $1, parameters equal to a single-process run" $?
+  check "$steps steps through $1, parameters equal to a single-process run" $?
 }
 
 # 1. The coordinator killed once training is under way.
@@ -100,8 +102,9 @@ for id in w0 w1; do
 done
 check_parity "a rolling restart"
 
-# 3. Trainers killed at random moments.
-launch
+# 3. Trainers killed at random moments, each once it had 3 s to resume:
+# 600 steps leave time for 20 on a fast machine.
+launch 600
 wait_for_step 10
 RANDOM=29
 kills=0
