@@ -168,7 +168,8 @@ absl::Status Run() {
   for (const MlpParameter& p : model.parameters()) {
     if (!p.is_matrix) adamw.push_back(&p);
   }
-  if (saved.has_value()) {
+  const bool resumed = saved.has_value();
+  if (resumed) {
     state = *std::move(saved);
     if (static_cast<int64_t>(state.params.size()) != model.block_floats() ||
         state.exp_avg.size() != adamw.size()) {
@@ -196,16 +197,15 @@ absl::Status Run() {
                 b.param_elements * sizeof(float));
     buffers.push_back(b);
   }
-  if (!saved.has_value()) {
+  if (!resumed) {
     MUONPS_ASSIGN_OR_RETURN(state.initial_loss,
                             BatchLoss(config, &task, &model, 0));
   }
   const double initial_loss = state.initial_loss;
   // The loss of the parameters as they are (after the saved step).
-  MUONPS_ASSIGN_OR_RETURN(double loss,
-                          saved.has_value()
-                              ? BatchLoss(config, &task, &model, state.step + 1)
-                              : absl::StatusOr<double>(initial_loss));
+  MUONPS_ASSIGN_OR_RETURN(
+      double loss, resumed ? BatchLoss(config, &task, &model, state.step + 1)
+                           : absl::StatusOr<double>(initial_loss));
   int64_t& retries = state.retries;
   int64_t resets = 0;
   for (int step = static_cast<int>(state.step + 1); step < config.steps;
