@@ -12,10 +12,11 @@ an fp16 GradScaler on CUDA (--dtype float16); rank 0 saving the model and
 resuming from that file (--resume). The data are sequences of a seeded
 random Markov chain: no download; each rank takes its slice of every batch.
 
---optimizer picks muonps.Muon ("muonps") or the same split without muonps
+--optimizer picks muonps.Muon ("muonps"), the same split without muonps
 ("torch"): torch.optim.Muon for the hidden matrices plus torch.optim.AdamW
 for the rest, where torch has torch.optim.Muon; otherwise the update
-written out in client/python/tests/reference.py (torch 1.13, Debian's).
+written out in client/python/tests/reference.py (torch 1.13, Debian's);
+or AdamW for every parameter ("adamw", fused on CUDA).
 The split is muonps's routing: Muon for the blocks' 2-D weights; the
 embeddings (and the LM head tied to one), LayerNorms and biases for AdamW.
 
@@ -34,8 +35,11 @@ embeddings (and the LM head tied to one), LayerNorms and biases for AdamW.
         examples/ddp_gpt.py --device cuda --dtype float16 --compile \\
         --iters 200 --resume /tmp/ckpt99.pt --out /tmp/muonps-ddp-gpt-2.jsonl
 
-Rank 0 writes --out: one JSON line per iteration ({"iter", "loss", "lr"}),
-the loss averaged over the ranks. With --save_every N it saves
+Rank 0 writes --out: one JSON line per iteration ({"iter", "loss", "lr",
+"ms"}), the loss averaged over the ranks, "ms" the iteration's wall time as
+such scripts print it: forward, backward, clipping, the optimizer step and
+the loss read that waits for them (the batch's generation on the CPU left
+out; the GPU is idle when it starts, after the previous loss read). With --save_every N it saves
 {"model", "optimizer", "iter"} to --checkpoint (where {iter} becomes the
 iteration) after iteration N, 2N, ... A rank-0 save needs nothing of the
 other ranks: muonps.Muon's state_dict() reads their workers' momentum.
@@ -50,6 +54,7 @@ import os
 import pathlib
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -194,6 +199,10 @@ class MuonAdamW(torch.optim.Optimizer):
 
 
 def make_optimizer(args, model):
+    if args.optimizer == "adamw":
+        fused = {"fused": True} if args.device == "cuda" else {}
+        return torch.optim.AdamW(model.parameters(), lr=args.lr,
+                                 weight_decay=args.adamw_weight_decay, **fused)
     if args.optimizer == "muonps":
         import muonps
         # The one line that switches the script to muonps:
@@ -246,6 +255,7 @@ def train(args):
     for it, micro in enumerate(batches(args, rank, world)):
         if it < first:
             continue
+        start = time.perf_counter()
         lr = lr_at(it, args)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -269,8 +279,10 @@ def train(args):
         optimizer.zero_grad(set_to_none=True)
         dist.all_reduce(total)
         if out is not None:
-            out.write(json.dumps({"iter": it, "loss": total.item() / world,
-                                  "lr": lr}) + "\n")
+            mean = total.item() / world  # waits for this iteration's work
+            ms = (time.perf_counter() - start) * 1e3
+            out.write(json.dumps({"iter": it, "loss": mean, "lr": lr,
+                                  "ms": round(ms, 3)}) + "\n")
             out.flush()
         if args.save_every and (it + 1) % args.save_every == 0 and rank == 0:
             torch.save({"model": raw.state_dict(),
@@ -287,7 +299,7 @@ def train(args):
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--optimizer", choices=["muonps", "torch"],
+    p.add_argument("--optimizer", choices=["muonps", "torch", "adamw"],
                    default="muonps")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["float32", "float16"],

@@ -312,7 +312,7 @@ def main():
     parser.add_argument("--out", default="", help="JSON lines file")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--set", choices=("llama", "moe"), default="llama",
+    parser.add_argument("--set", choices=("llama", "gpt2", "moe"), default="llama",
                         help="optimizer-step matrix set (step_gpu_bench's)")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--experts", type=int, default=64,

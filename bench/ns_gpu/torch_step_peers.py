@@ -26,12 +26,16 @@ LLAMA_LAYER = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096),
 MOE_ATTENTION = [(1536, 7168), (24576, 1536), (576, 7168), (32768, 512),
                  (7168, 16384)]
 MOE_EXPERT = [(2048, 7168), (2048, 7168), (7168, 2048)]
+# One GPT-2-small block (GPT2SmallMatrices): q/k/v, attention output, MLP.
+GPT2_BLOCK = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
 
 
 def layer_shapes(matrix_set, experts):
     """One layer's matrix shapes, in step_gpu_bench's order."""
     if matrix_set == "moe":
         return MOE_ATTENTION + MOE_EXPERT * (experts + 1)
+    if matrix_set == "gpt2":
+        return GPT2_BLOCK
     return LLAMA_LAYER
 
 

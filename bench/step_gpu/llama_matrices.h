@@ -1,7 +1,7 @@
 // What step_gpu_bench's runs share: the matrix sets (Llama-3-8B layers: per
-// layer q, k, v, o, gate, up, down, 1.74 B parameters in 8 layers; or
-// DeepSeek-V3-like MoE layers), the median of timings, and printing one
-// JSON line. Pure functions.
+// layer q, k, v, o, gate, up, down, 1.74 B parameters in 8 layers;
+// GPT-2-small blocks; or DeepSeek-V3-like MoE layers), the median of timings,
+// and printing one JSON line. Pure functions.
 #ifndef MUONPS_BENCH_STEP_GPU_LLAMA_MATRICES_H_
 #define MUONPS_BENCH_STEP_GPU_LLAMA_MATRICES_H_
 
@@ -44,6 +44,27 @@ inline MatrixSet LlamaMatrices(int layers, int divisor) {
     for (size_t i = 0; i < layer.size(); ++i) {
       matrices.push_back(
           {absl::StrCat("layers.", l, ".", names[i]), layer[i], l});
+    }
+  }
+  return matrices;
+}
+
+// `layers` GPT-2-small blocks (width 768): per block the attention's
+// fused q/k/v projection (2304x768) and output projection (768x768), the
+// MLP's 3072x768 and 768x3072; 12 blocks hold 85 M matrix parameters. A
+// model whose step is small, where what a step costs regardless of size
+// shows. Dimensions divided by `divisor`.
+inline MatrixSet Gpt2SmallMatrices(int layers, int divisor) {
+  const int64_t d = divisor;
+  const std::vector<std::pair<const char*, Shape>> block = {
+      {"attn.c_attn", {2304 / d, 768 / d}},
+      {"attn.c_proj", {768 / d, 768 / d}},
+      {"mlp.c_fc", {3072 / d, 768 / d}},
+      {"mlp.c_proj", {768 / d, 3072 / d}}};
+  MatrixSet matrices;
+  for (int l = 0; l < layers; ++l) {
+    for (const auto& [name, shape] : block) {
+      matrices.push_back({absl::StrCat("h.", l, ".", name), shape, l});
     }
   }
   return matrices;

@@ -35,10 +35,14 @@ echo "run.sh: logs in $logs" >&2
 torch_results="$logs/torch.jsonl"
 bench_timeout="${BENCH_TIMEOUT:-240}"
 torch_timeout="${TORCH_TIMEOUT:-300}"
-# LAYERS: layers of the set (8: the 1.74 B Llama set; 32: all of it).
-# SET: llama or moe (DeepSeek-V3-like MoE layers of EXPERTS routed experts,
-# 64 by default; bench/step_gpu/llama_matrices.h).
-layers="${LAYERS:-8}"
+# LAYERS: layers of the set (8: the 1.74 B Llama set; 32: all of it; 12
+# for gpt2).
+# SET: llama, gpt2 (GPT-2-small blocks: a small step, where the fixed costs
+# show) or moe (DeepSeek-V3-like MoE layers of EXPERTS routed experts, 64 by
+# default; bench/step_gpu/llama_matrices.h).
+default_layers=8
+[[ "${SET:-llama}" == gpt2 ]] && default_layers=12
+layers="${LAYERS:-$default_layers}"
 set_args=(--set "${SET:-llama}" --experts "${EXPERTS:-64}")
 if [[ -z "${GPUS:-}" ]]; then
   if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
@@ -63,6 +67,7 @@ if [[ -z "$cost_table" && "${AUTOTUNE:-1}" == 1 ]]; then
   case "${SET:-llama}" in
     moe) shapes="1536x7168,24576x1536,576x7168,32768x512,7168x16384,2048x7168"
          largest=$((layers * ${EXPERTS:-64})) ;;
+    gpt2) shapes="2304x768,768x768,3072x768"; largest="$layers" ;;
     *) shapes="4096x4096,1024x4096,14336x4096"; largest=$((layers * 2)) ;;
   esac
   batches="${AUTOTUNE_BATCHES:-1,2,4,8,16}"

@@ -65,8 +65,9 @@ ABSL_FLAG(std::string, worker_metrics, "",
 ABSL_FLAG(int, dedicated_workers, 0,
           "Multi-GPU run: workers with no trainer (--dedicated) in the job.");
 ABSL_FLAG(std::string, set, "llama",
-          "Matrix set: llama (Llama-3-8B layers) or moe (DeepSeek-V3-like "
-          "MoE layers, bench/step_gpu/llama_matrices.h).");
+          "Matrix set: llama (Llama-3-8B layers), gpt2 (GPT-2-small blocks) "
+          "or moe (DeepSeek-V3-like MoE layers, "
+          "bench/step_gpu/llama_matrices.h).");
 ABSL_FLAG(int, layers, 8, "Layers of the set.");
 ABSL_FLAG(int, experts, 64, "moe: routed experts per layer (V3 has 256).");
 ABSL_FLAG(int, divisor, 1, "Divide every dimension (a quick logic check).");
@@ -94,11 +95,12 @@ absl::StatusOr<bench::MatrixSet> Matrices() {
         "--layers and --divisor must be >= 1, --experts >= 0");
   }
   if (set == "llama") return bench::LlamaMatrices(layers, divisor);
+  if (set == "gpt2") return bench::Gpt2SmallMatrices(layers, divisor);
   if (set == "moe") {
     return bench::MoeMatrices(layers, absl::GetFlag(FLAGS_experts), divisor);
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--set: \"", set, "\" is not llama or moe"));
+      absl::StrCat("--set: \"", set, "\" is not llama, gpt2 or moe"));
 }
 
 absl::Status RunRanks() {

@@ -13,6 +13,11 @@
 #                   muonps twice, resumed from rank 0's checkpoint after
 #                   iteration 99, and torch.optim.Muon + AdamW on seeds 0
 #                   and 1; ddp_gpt.json says which lines are equal
+#   PHASES="gpt_iter" the iteration time of examples/ddp_gpt.py's 6-layer,
+#                   384-wide GPT (32 K tokens an iteration, fp16, compiled)
+#                   under DDP on $GPUS GPUs: AdamW, torch.optim.Muon + AdamW,
+#                   muonps.Muon, and muonps.Muon under CUDA MPS;
+#                   gpt_iter.jsonl has each one's median and the ratios
 # GPUS defaults to every GPU the machine has. Usage (on the GPU machine):
 #   tar -xJf device_bundle.tar.xz && PHASES="tests bench" \
 #     bash device_bundle/run_multi_gpu_suite.sh
@@ -106,6 +111,52 @@ print(json.dumps({
     "torch_seed_spread": torch1[last] - torch0[last],
     "tail20_muonps": tail(a), "tail20_torch": tail(torch0),
     "tail20_torch_seed1": tail(torch1)}))
+PY
+      ;;
+    gpt_iter)
+      echo "== examples/ddp_gpt.py iteration time on $GPUS GPUs (torchrun)"
+      iter_args=(--device cuda --dtype float16 --compile --iters "${ITERS:-150}"
+                 --width 384 --layers 6 --heads 6 --context 256 --batch 64
+                 --accum 2 --lr 3e-3 --warmup 10)
+      iter_run() {  # NAME ARGS...
+        local name="$1"; shift
+        rm -f "$OUT/gpt-iter-$name.jsonl"
+        timeout "${GPT_TIMEOUT:-300}" python3 -m torch.distributed.run --standalone \
+          --nproc-per-node "$GPUS" "$repo/examples/ddp_gpt.py" "${iter_args[@]}" \
+          --out "$OUT/gpt-iter-$name.jsonl" "$@" >"$OUT/gpt-iter-$name.log" 2>&1
+        echo "$name rc=$? $(tail -n 1 "$OUT/gpt-iter-$name.jsonl" 2>/dev/null)"
+      }
+      iter_run adamw --optimizer adamw || rc=1
+      iter_run torch --optimizer torch || rc=1
+      iter_run muonps || rc=1
+      if nvidia-cuda-mps-control -d 2>/dev/null; then
+        iter_run muonps-mps || rc=1
+        iter_run adamw-mps --optimizer adamw || rc=1
+        echo quit | nvidia-cuda-mps-control
+      fi
+      python3 - "$OUT" "$GPUS" <<'PY' | tee "$OUT/gpt_iter.jsonl"
+import json, pathlib, statistics, sys
+out, gpus = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+def run(name):
+    path = out / f"gpt-iter-{name}.jsonl"
+    if not path.exists():
+        return None
+    lines = [json.loads(l) for l in path.read_text().splitlines()]
+    timed = [l["ms"] for l in lines if l["iter"] >= 20]  # after compiling
+    return {"iters": len(lines), "median_ms": statistics.median(timed),
+            "final_loss": lines[-1]["loss"]} if timed else None
+runs = {n: run(n) for n in ("adamw", "torch", "muonps", "muonps-mps",
+                              "adamw-mps")}
+for name, r in runs.items():
+    if r is not None:
+        print(json.dumps({"what": "ddp_gpt_iteration", "optimizer": name,
+                          "gpus": gpus, "width": 384, "layers": 6,
+                          "tokens_per_iteration": 32768, **r}))
+if runs["adamw"] and runs["muonps"] and runs["torch"]:
+    a, t, m = (runs[n]["median_ms"] for n in ("adamw", "torch", "muonps"))
+    print(json.dumps({"what": "ddp_gpt_iteration_ratios", "gpus": gpus,
+                      "muonps_over_adamw": m / a, "muonps_over_torch_muon": m / t,
+                      "torch_muon_over_adamw": t / a}))
 PY
       ;;
     *) echo "unknown phase $phase" >&2; rc=2 ;;
