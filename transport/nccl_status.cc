@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -52,9 +53,16 @@ absl::StatusCode CodeFor(ncclResult_t result) {
   }
 }
 
-void Pause(absl::Duration* pause) {
-  absl::SleepFor(*pause);
-  *pause = std::min(*pause * 2, kLongestPause);
+Backoff::Backoff()
+    : spin_until_(Clock::now() + absl::ToChronoNanoseconds(kSpinFor)) {}
+
+void Backoff::Pause() {
+  if (Clock::now() < spin_until_) {
+    std::this_thread::yield();
+    return;
+  }
+  absl::SleepFor(pause_);
+  pause_ = std::min(pause_ * 2, kLongestPause);
 }
 
 Clock::time_point DeadlineAfter(absl::Duration timeout) {

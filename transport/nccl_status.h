@@ -22,13 +22,31 @@ namespace nccl {
 
 using Clock = std::chrono::steady_clock;
 
-// Polling pauses: short at first (NCCL usually finishes within a few
-// hundred microseconds), then at most 1 ms so a wait costs little CPU.
-inline constexpr absl::Duration kFirstPause = absl::Microseconds(100);
-inline constexpr absl::Duration kLongestPause = absl::Milliseconds(1);
+// How the host polls NCCL's state or a stream. A non-blocking
+// communicator's group launches from a thread of NCCL's and reports
+// ncclInProgress for some tens of microseconds, and a step's control
+// message arrives within about as long once its peer sends it: a sleep of
+// even 100 us there cost every NCCL call and control message of a step
+// twice what NCCL took (0.2 ms a call on an H200). So a wait yields the CPU
+// without sleeping for its first kSpinFor, then sleeps from kFirstPause,
+// doubling to kLongestPause, so a long wait (a peer's backward, a
+// stage's transfers) costs little CPU and overshoots by little.
+inline constexpr absl::Duration kSpinFor = absl::Milliseconds(1);
+inline constexpr absl::Duration kFirstPause = absl::Microseconds(20);
+inline constexpr absl::Duration kLongestPause = absl::Microseconds(200);
 
-// Sleeps `*pause`, then doubles it up to kLongestPause.
-void Pause(absl::Duration* pause);
+// One wait's pacing: Pause() between two polls. Not thread-safe (one
+// waiting thread).
+class Backoff {
+ public:
+  Backoff();
+  // Yields within kSpinFor of construction, sleeps afterwards.
+  void Pause();
+
+ private:
+  std::chrono::steady_clock::time_point spin_until_;
+  absl::Duration pause_ = kFirstPause;
+};
 
 // Now plus `timeout`, clamped so an infinite timeout cannot overflow.
 Clock::time_point DeadlineAfter(absl::Duration timeout);

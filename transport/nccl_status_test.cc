@@ -1,7 +1,8 @@
-// NcclStatus's codes and message form: those of common/cuda_status.h.
-// Needs no GPU.
+// NcclStatus's codes and message form: those of common/cuda_status.h; the
+// polling Backoff. Needs no GPU.
 #include "transport/nccl_status.h"
 
+#include <chrono>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -40,6 +41,29 @@ TEST(NcclStatusTest, AcceptedMeansDoneOrStillRunning) {
   EXPECT_TRUE(Accepted(ncclSuccess));
   EXPECT_TRUE(Accepted(ncclInProgress));
   EXPECT_FALSE(Accepted(ncclSystemError));
+}
+
+// Within kSpinFor a wait only yields; past it, it sleeps at least the
+// pauses it promises (a lower bound: a loaded machine may sleep longer).
+TEST(BackoffTest, YieldsFirstThenSleepsGrowingPausesUpToTheLongest) {
+  Backoff backoff;
+  const Clock::time_point start = Clock::now();
+  int spins = 0;
+  while (Clock::now() - start < absl::ToChronoNanoseconds(kSpinFor)) {
+    backoff.Pause();
+    ++spins;
+  }
+  EXPECT_GT(spins, 1);
+  const Clock::time_point sleeping = Clock::now();
+  constexpr int kPauses = 8;
+  for (int i = 0; i < kPauses; ++i) backoff.Pause();
+  absl::Duration promised;
+  absl::Duration pause = kFirstPause;
+  for (int i = 0; i < kPauses; ++i) {
+    promised += pause;
+    pause = std::min(pause * 2, kLongestPause);
+  }
+  EXPECT_GE(absl::FromChrono(Clock::now() - sleeping), promised);
 }
 
 }  // namespace

@@ -26,13 +26,12 @@ namespace transport {
 namespace {
 
 using nccl::Accepted;
+using nccl::Backoff;
 using nccl::Clock;
 using nccl::CodeFor;
 using nccl::DeadlineAfter;
-using nccl::kFirstPause;
 using nccl::NcclStatus;
 using nccl::NcclText;
-using nccl::Pause;
 
 static_assert(std::is_same<Stream, cudaStream_t>::value,
               "muonps::Stream must be the CUDA runtime's stream type");
@@ -43,14 +42,14 @@ static_assert(std::is_same<ncclComm*, ncclComm_t>::value,
 // destructor) to leave ncclInProgress: its final state, ncclInProgress if
 // `deadline` passed first, or the error of ncclCommGetAsyncError itself.
 ncclResult_t AwaitState(ncclComm_t comm, Clock::time_point deadline) {
-  absl::Duration pause = kFirstPause;
+  Backoff backoff;
   while (true) {
     ncclResult_t state = ncclInProgress;
     const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
     if (!Accepted(result)) return result;
     if (result == ncclSuccess && state != ncclInProgress) return state;
     if (Clock::now() >= deadline) return ncclInProgress;
-    Pause(&pause);
+    backoff.Pause();
   }
 }
 
@@ -310,7 +309,7 @@ absl::Status NcclTransport::ReadState(int* state, std::string* text) {
 
 absl::Status NcclTransport::WaitUntilReady(const char* what,
                                            Clock::time_point deadline) {
-  absl::Duration pause = kFirstPause;
+  Backoff backoff;
   while (true) {
     int state = ncclInProgress;
     std::string text;
@@ -326,7 +325,7 @@ absl::Status NcclTransport::WaitUntilReady(const char* what,
           absl::FormatDuration(options_.timeout),
           " (options.timeout; a peer rank may be missing or stalled)")));
     }
-    Pause(&pause);
+    backoff.Pause();
   }
 }
 

@@ -26,11 +26,10 @@ namespace transport {
 namespace {
 
 using nccl::Accepted;
+using nccl::Backoff;
 using nccl::Clock;
 using nccl::DeadlineAfter;
-using nccl::kFirstPause;
 using nccl::NcclStatus;
-using nccl::Pause;
 
 bool PartlyOverlap(const float* a, const float* b, size_t count) {
   const auto x = reinterpret_cast<uintptr_t>(a);
@@ -353,7 +352,7 @@ absl::Status NcclTransport::AwaitFrom(int peer, size_t count, DType dtype,
 absl::Status NcclTransport::PollUntil(
     const std::function<absl::StatusOr<bool>(int state)>& done,
     Clock::time_point deadline, absl::string_view waiting_for) {
-  absl::Duration pause = kFirstPause;
+  Backoff backoff;
   while (true) {
     int state = ncclInProgress;
     std::string text;
@@ -368,7 +367,7 @@ absl::Status NcclTransport::PollUntil(
     MUONPS_ASSIGN_OR_RETURN(const bool finished, done(state));
     if (finished) return absl::OkStatus();
     if (Clock::now() >= deadline) return absl::DeadlineExceededError("");
-    Pause(&pause);
+    backoff.Pause();
   }
 }
 

@@ -161,15 +161,32 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
 
 absl::Status StepStaging::PrepareFollowerBuffers() {
   int64_t largest = 1;
-  for (int64_t n : roster_.follower_adamw) largest = std::max(largest, n);
+  // What one NCCL group lands here, each call in a place of its own (a
+  // group's calls run at once, and a rank in the middle of a broadcast's
+  // chain passes on what it received): every mean, or a bucket's updates.
+  int64_t sink = 1;
+  for (int64_t n : roster_.follower_adamw) {
+    largest = std::max(largest, n);
+    sink += n;
+  }
   for (const scheduler::MatrixSpec& spec : plan_.matrices) {
     largest = std::max(largest, spec.rows * spec.cols);
+  }
+  for (const scheduler::Bucket& bucket : plan_.schedule.buckets) {
+    int64_t updates = 0;
+    for (const scheduler::Transfer& x : bucket.from_owners) {
+      const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
+      updates += spec.rows * spec.cols;
+    }
+    sink = std::max(sink, updates);
   }
   if (plan_.zeros == nullptr || plan_.zeros->size() < largest) {
     // Zero-filled once: the parts this rank adds to every sum.
     MUONPS_ASSIGN_OR_RETURN(plan_.zeros, ops_.Allocate(largest, "zero parts"));
+  }
+  if (plan_.sink == nullptr || plan_.sink->size() < sink) {
     MUONPS_ASSIGN_OR_RETURN(plan_.sink,
-                            ops_.Allocate(largest, "received means"));
+                            ops_.Allocate(sink, "received means and updates"));
   }
   return absl::OkStatus();
 }
@@ -297,6 +314,12 @@ absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
 absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
                                      const StepRequest& request) {
   const kernels::MuonHyperparameters& h = plan_.muon;
+  // One NCCL launch for the bucket's updates (a launch costs the host tens
+  // of microseconds: per matrix, that was what a small model's step spent
+  // sending them back). The owner's own copies are enqueued at once, ahead
+  // of the group's transfers, on the same stream.
+  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
+  int64_t landed = 0;  // in the sink, on a worker with no trainer
   for (const scheduler::Transfer& x : bucket.from_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
     const Binding* b =
@@ -351,7 +374,8 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     } else {
       bytes_ += size * 4;
       if (b == nullptr) {  // no parameter here: only the owner's part
-        float* update = mine ? slot : plan_.scratch->data();
+        float* update = mine ? slot : plan_.sink->data() + landed;
+        if (!mine) landed += size;
         MUONPS_RETURN_IF_ERROR(
             t_.Broadcast(update, size, kF32, x.owner, stream_));
         continue;
@@ -366,36 +390,66 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     }
     ledger_.staged.applies.push_back(apply);
   }
-  return absl::OkStatus();
+  return t_.GroupEnd();
 }
 
 absl::Status StepStaging::AverageAdamWGradients() {
   const float inverse = 1.0f / static_cast<float>(trainers_);
   if (trainer_ == nullptr) {  // zeros in, the means received and dropped
+    // The trainers' groups, call for call; each mean has its own place in
+    // the sink.
+    MUONPS_RETURN_IF_ERROR(t_.GroupStart());
     for (const int64_t n : roster_.follower_adamw) {
       MUONPS_RETURN_IF_ERROR(t_.ReduceSum(plan_.zeros->data(),
                                           plan_.sink->data(), n, 0,
                                           roster_.reduce_order, stream_));
+    }
+    MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+    MUONPS_RETURN_IF_ERROR(t_.GroupStart());
+    int64_t at = 0;
+    for (const int64_t n : roster_.follower_adamw) {
       MUONPS_RETURN_IF_ERROR(
-          t_.Broadcast(plan_.sink->data(), n, kF32, 0, stream_));
+          t_.Broadcast(plan_.sink->data() + at, n, kF32, 0, stream_));
+      at += n;
     }
-    return absl::OkStatus();
+    return t_.GroupEnd();
   }
+  // Three launches in all: every sum to rank 0 in one NCCL group, its
+  // scaling, every mean back in another (the groups are stream-ordered; the
+  // calls inside one are not).
+  std::vector<int> means;
   for (size_t i = 0; i < trainer_->adamw.size(); ++i) {
-    const Binding& b = trainer_->adamw[i].second;
-    if (b.layout != scheduler::Layout::kUnreduced) continue;
-    // The mean waits in the staging until the step commits.
-    float* mean = trainer_->staging->data() + b.staged_at;
-    MUONPS_RETURN_IF_ERROR(t_.ReduceSum(b.grad, mean, b.elements, 0,
-                                        roster_.reduce_order, stream_));
-    if (plan_.rank == 0) {
-      MUONPS_RETURN_IF_ERROR(ops_.Scale(mean, b.elements, inverse, stream_));
+    if (trainer_->adamw[i].second.layout == scheduler::Layout::kUnreduced) {
+      means.push_back(static_cast<int>(i));
     }
-    MUONPS_RETURN_IF_ERROR(t_.Broadcast(mean, b.elements, kF32, 0, stream_));
-    bytes_ += 2 * b.elements * 4;
-    ledger_.staged.means.push_back(static_cast<int>(i));
   }
-  return absl::OkStatus();
+  // The mean waits in the staging until the step commits.
+  const auto mean_of = [&](const Binding& b) {
+    return trainer_->staging->data() + b.staged_at;
+  };
+  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
+  for (const int i : means) {
+    const Binding& b = trainer_->adamw[i].second;
+    MUONPS_RETURN_IF_ERROR(t_.ReduceSum(b.grad, mean_of(b), b.elements, 0,
+                                        roster_.reduce_order, stream_));
+  }
+  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+  for (const int i : means) {
+    const Binding& b = trainer_->adamw[i].second;
+    if (plan_.rank == 0) {
+      MUONPS_RETURN_IF_ERROR(
+          ops_.Scale(mean_of(b), b.elements, inverse, stream_));
+    }
+  }
+  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
+  for (const int i : means) {
+    const Binding& b = trainer_->adamw[i].second;
+    MUONPS_RETURN_IF_ERROR(
+        t_.Broadcast(mean_of(b), b.elements, kF32, 0, stream_));
+    bytes_ += 2 * b.elements * 4;
+    ledger_.staged.means.push_back(i);
+  }
+  return t_.GroupEnd();
 }
 
 }  // namespace worker

@@ -71,7 +71,7 @@ struct PlanState {
   // The engine's store (not owned): its installed stacks are this
   // version's momentum, and where each owned item sits (slots).
   MomentumStore* momentum = nullptr;
-  // Receives updates of matrices owned elsewhere (the largest matrix).
+  // Control messages pass through it (ControlChannel; the largest matrix).
   std::unique_ptr<kernels::FloatBuffer> scratch;
   // A worker with no trainer: the zero parts it adds to every sum, and
   // where it receives means it does not keep (grown as needed).
