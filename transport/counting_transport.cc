@@ -13,7 +13,7 @@ double Bytes(size_t count, DType dtype) {
 
 }  // namespace
 
-TransportByteCounters AddTransportByteCounters(MetricsRegistry* registry) {
+TransportCounters AddTransportCounters(MetricsRegistry* registry) {
   return {
       .sent = registry->AddCounter(
           "muonps_worker_transport_bytes_sent_total",
@@ -26,14 +26,51 @@ TransportByteCounters AddTransportByteCounters(MetricsRegistry* registry) {
           "Bytes this worker received from other workers over its data "
           "transport, by operation, counted as the sent bytes are.",
           {"op"}),
+      .calls = registry->AddCounter(
+          "muonps_worker_transport_calls_total",
+          "Calls this worker made on its data transport, by operation.",
+          {"op"}),
+      .launches = registry->AddCounter(
+          "muonps_worker_transport_launches_total",
+          "What the data transport ran those calls as: one launch per "
+          "group of calls (one NCCL group), one per call outside a group.",
+          {}),
   };
 }
 
 CountingTransport::CountingTransport(std::unique_ptr<Transport> inner,
-                                     TransportByteCounters counters)
+                                     TransportCounters counters)
     : inner_(std::move(inner)), counters_(counters) {}
 
-void CountingTransport::Count(const char* op, double sent, double received) {
+absl::Status CountingTransport::GroupStart() {
+  absl::Status status = inner_->GroupStart();
+  if (status.ok()) ++depth_;
+  return status;
+}
+
+absl::Status CountingTransport::GroupEnd() {
+  absl::Status status = inner_->GroupEnd();
+  // Closed either way: a failed GroupEnd leaves no group open.
+  if (depth_ > 0 && --depth_ == 0 && group_calls_) {
+    group_calls_ = false;
+    if (status.ok()) Launched();
+  }
+  return status;
+}
+
+void CountingTransport::Launched() {
+  if (counters_.launches != nullptr) counters_.launches->Increment();
+}
+
+void CountingTransport::Count(const char* op, size_t count, double sent,
+                              double received) {
+  if (count == 0) return;  // nothing to run
+  if (counters_.calls != nullptr) counters_.calls->Increment({op});
+  if (depth_ > 0) {
+    group_calls_ = true;
+  } else {
+    Launched();
+  }
   if (counters_.sent != nullptr && sent > 0) {
     counters_.sent->Increment({op}, sent);
   }
@@ -45,14 +82,14 @@ void CountingTransport::Count(const char* op, double sent, double received) {
 absl::Status CountingTransport::Send(const void* data, size_t count,
                                      DType dtype, int peer, Stream stream) {
   absl::Status status = inner_->Send(data, count, dtype, peer, stream);
-  if (status.ok()) Count("send", Bytes(count, dtype), 0);
+  if (status.ok()) Count("send", count, Bytes(count, dtype), 0);
   return status;
 }
 
 absl::Status CountingTransport::Recv(void* data, size_t count, DType dtype,
                                      int peer, Stream stream) {
   absl::Status status = inner_->Recv(data, count, dtype, peer, stream);
-  if (status.ok()) Count("recv", 0, Bytes(count, dtype));
+  if (status.ok()) Count("recv", count, 0, Bytes(count, dtype));
   return status;
 }
 
@@ -67,7 +104,7 @@ absl::Status CountingTransport::ReduceSum(const float* send, float* recv,
   const double bytes = Bytes(count, DType::kFloat32);
   // The chain root+1 -> ... -> root: its first rank receives nothing, the
   // root sends nothing.
-  Count("reduce", r != root ? bytes : 0,
+  Count("reduce", count, r != root ? bytes : 0,
         n > 1 && r != (root + 1) % n ? bytes : 0);
   return status;
 }
@@ -79,7 +116,7 @@ absl::Status CountingTransport::Broadcast(void* data, size_t count, DType dtype,
   const int n = size(), r = rank();
   const double b = Bytes(count, dtype);
   // The chain root -> ... -> root-1: its last rank forwards nothing.
-  Count("broadcast", r != (root + n - 1) % n ? b : 0, r != root ? b : 0);
+  Count("broadcast", count, r != (root + n - 1) % n ? b : 0, r != root ? b : 0);
   return status;
 }
 

@@ -1,8 +1,9 @@
 // CountingTransport: a Transport that forwards every call to another one and
-// counts the bytes this rank sends and receives through it, into Prometheus
-// counters labelled by operation (send, recv, reduce, broadcast). The one
-// place a worker's step traffic (tensors and control messages alike) is
-// measured, whatever transport carries it.
+// counts the bytes this rank sends and receives through it, the calls, and
+// the launches they take, into Prometheus counters (the first three
+// labelled by operation: send, recv, reduce, broadcast). The one place a
+// worker's step traffic (tensors and control messages alike) is measured,
+// whatever transport carries it.
 //
 // What a collective counts is the share of one rank in a chain (ring)
 // schedule, the way NCCL runs a rooted collective and the way the bytes of
@@ -18,6 +19,11 @@
 // ReduceSum). A call counts once it
 // was accepted (returned OK), when it is enqueued, not when it completes.
 //
+// Launches: what the library runs the calls as, one per outermost group
+// that holds a call (GroupStart ... GroupEnd: one NCCL launch), and one per
+// call outside any group. Each launch costs the host tens of microseconds
+// with NCCL, whatever it moves: a step's launches are its fixed cost.
+//
 // Thread-compatible like the Transport it wraps (one thread at a time);
 // Abort() may be called from any thread. The counters must outlive it.
 #ifndef MUONPS_TRANSPORT_COUNTING_TRANSPORT_H_
@@ -31,27 +37,32 @@
 namespace muonps {
 namespace transport {
 
-// Counters with one label, "op" (send, recv, reduce, broadcast), in bytes.
-// Either may be null (not counted).
-struct TransportByteCounters {
+// The counters: `sent`, `received` (bytes) and `calls` with one label, "op"
+// (send, recv, reduce, broadcast); `launches` with none. Any may be null
+// (not counted).
+struct TransportCounters {
   Counter* sent = nullptr;
   Counter* received = nullptr;
+  Counter* calls = nullptr;
+  Counter* launches = nullptr;
 };
 
-// Registers muonps_worker_transport_bytes_sent_total and
-// muonps_worker_transport_bytes_received_total in `registry`.
-TransportByteCounters AddTransportByteCounters(MetricsRegistry* registry);
+// Registers muonps_worker_transport_bytes_sent_total,
+// muonps_worker_transport_bytes_received_total,
+// muonps_worker_transport_calls_total and
+// muonps_worker_transport_launches_total in `registry`.
+TransportCounters AddTransportCounters(MetricsRegistry* registry);
 
 class CountingTransport : public Transport {
  public:
   CountingTransport(std::unique_ptr<Transport> inner,
-                    TransportByteCounters counters);
+                    TransportCounters counters);
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   MemoryKind memory() const override { return inner_->memory(); }
-  absl::Status GroupStart() override { return inner_->GroupStart(); }
-  absl::Status GroupEnd() override { return inner_->GroupEnd(); }
+  absl::Status GroupStart() override;
+  absl::Status GroupEnd() override;
   // Counted in bytes: count * DTypeSize(dtype).
   absl::Status Send(const void* data, size_t count, DType dtype, int peer,
                     Stream stream) override;
@@ -71,10 +82,14 @@ class CountingTransport : public Transport {
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
 
  private:
-  void Count(const char* op, double sent, double received);
+  // An accepted call of `count` elements.
+  void Count(const char* op, size_t count, double sent, double received);
+  void Launched();
 
   const std::unique_ptr<Transport> inner_;
-  const TransportByteCounters counters_;
+  const TransportCounters counters_;
+  int depth_ = 0;             // open groups
+  bool group_calls_ = false;  // the outermost open group holds a call
 };
 
 }  // namespace transport

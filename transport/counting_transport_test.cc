@@ -56,7 +56,7 @@ std::vector<Totals> RunOnWorld(int size, Calls calls) {
   std::vector<Totals> totals;
   for (int r = 0; r < size; ++r) {
     MetricsRegistry registry;
-    const TransportByteCounters counters = AddTransportByteCounters(&registry);
+    const TransportCounters counters = AddTransportCounters(&registry);
     CountingTransport t(std::make_unique<AcceptingTransport>(r, size),
                         counters);
     calls(t);
@@ -116,7 +116,7 @@ TEST(CountingTransportTest, CollectivesMoveSizeMinusOneCopiesEachWay) {
 
 TEST(CountingTransportTest, RefusedCallsCountNothing) {
   MetricsRegistry registry;
-  const TransportByteCounters counters = AddTransportByteCounters(&registry);
+  const TransportCounters counters = AddTransportCounters(&registry);
   CountingTransport t(std::make_unique<AcceptingTransport>(
                           1, 2, absl::UnavailableError("peer 0 is gone")),
                       counters);
@@ -130,6 +130,36 @@ TEST(CountingTransportTest, RefusedCallsCountNothing) {
   EXPECT_NE(
       registry.RenderText().find("muonps_worker_transport_bytes_sent_total"),
       std::string::npos);
+}
+
+TEST(CountingTransportTest, CallsCountByOperationAndGroupsCountOneLaunch) {
+  MetricsRegistry registry;
+  const TransportCounters counters = AddTransportCounters(&registry);
+  CountingTransport t(std::make_unique<AcceptingTransport>(0, 2), counters);
+  float x[4] = {};
+  // Two calls outside a group: two launches.
+  ASSERT_TRUE(t.Broadcast(x, 4, DType::kFloat32, 0, kHostStream).ok());
+  ASSERT_TRUE(t.Send(x, 4, DType::kFloat32, 1, kHostStream).ok());
+  EXPECT_EQ(counters.launches->Value(), 2);
+  // Three calls in nested groups: one launch, at the outermost GroupEnd.
+  ASSERT_TRUE(t.GroupStart().ok());
+  ASSERT_TRUE(t.Broadcast(x, 4, DType::kFloat32, 1, kHostStream).ok());
+  ASSERT_TRUE(t.GroupStart().ok());
+  ASSERT_TRUE(t.ReduceSum(x, x, 4, 0, {}, kHostStream).ok());
+  ASSERT_TRUE(t.Recv(x, 4, DType::kFloat32, 1, kHostStream).ok());
+  ASSERT_TRUE(t.GroupEnd().ok());
+  EXPECT_EQ(counters.launches->Value(), 2);
+  ASSERT_TRUE(t.GroupEnd().ok());
+  EXPECT_EQ(counters.launches->Value(), 3);
+  // An empty group and an empty call launch nothing.
+  ASSERT_TRUE(t.GroupStart().ok());
+  ASSERT_TRUE(t.GroupEnd().ok());
+  ASSERT_TRUE(t.Send(x, 0, DType::kFloat32, 1, kHostStream).ok());
+  EXPECT_EQ(counters.launches->Value(), 3);
+  EXPECT_EQ(counters.calls->Value({"broadcast"}), 2);
+  EXPECT_EQ(counters.calls->Value({"send"}), 1);
+  EXPECT_EQ(counters.calls->Value({"reduce"}), 1);
+  EXPECT_EQ(counters.calls->Value({"recv"}), 1);
 }
 
 }  // namespace

@@ -204,13 +204,16 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
     MUONPS_ASSIGN_OR_RETURN(const WorkerMetrics after,
                             ScrapeWorkerMetricsSettled(o.worker_metrics[w]));
     const double sent = (after.sent - before[w].sent) / steps;
-    nlohmann::ordered_json by_op;
-    for (const auto& [op, value] : after.sent_by_op) {
-      const auto was = before[w].sent_by_op.find(op);
-      by_op[op] =
-          (value - (was == before[w].sent_by_op.end() ? 0 : was->second)) /
-          steps;
-    }
+    // Per step, by operation: what `after` counted past `was`.
+    const auto per_step = [&](const std::map<std::string, double>& now,
+                              const std::map<std::string, double>& was) {
+      nlohmann::ordered_json by_op = nlohmann::ordered_json::object();
+      for (const auto& [op, value] : now) {
+        const auto it = was.find(op);
+        by_op[op] = (value - (it == was.end() ? 0 : it->second)) / steps;
+      }
+      return by_op;
+    };
     PrintLine(
         {{"what", "muonps_bytes_sent_per_step"},
          {"worker", w},
@@ -220,7 +223,11 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
          {"received_bytes", (after.received - before[w].received) / steps},
          {"ddp_allreduce_bytes", ddp},
          {"ratio", Ratio(sent, ddp)},
-         {"sent_by_op", by_op},
+         {"sent_by_op", per_step(after.sent_by_op, before[w].sent_by_op)},
+         // The transport's calls and what they ran as (NCCL launches: the
+         // host's fixed cost of moving them), per step, control included.
+         {"calls_by_op", per_step(after.calls_by_op, before[w].calls_by_op)},
+         {"launches", (after.launches - before[w].launches) / steps},
          {"steps", steps}});
     // The cost model against the device, worker by worker (last step).
     if (after.compute_seconds >= 0 && after.predicted_seconds >= 0) {

@@ -22,6 +22,8 @@ namespace {
 constexpr char kSentMetric[] = "muonps_worker_transport_bytes_sent_total";
 constexpr char kReceivedMetric[] =
     "muonps_worker_transport_bytes_received_total";
+constexpr char kCallsMetric[] = "muonps_worker_transport_calls_total";
+constexpr char kLaunchesMetric[] = "muonps_worker_transport_launches_total";
 
 constexpr char kComputeMetric[] = "muonps_worker_step_compute_seconds";
 constexpr char kPredictedMetric[] =
@@ -66,7 +68,8 @@ absl::StatusOr<WorkerMetrics> ScrapeWorkerMetrics(const std::string& address) {
     }
     const absl::string_view name = line.substr(0, name_end);
     if (name != kSentMetric && name != kReceivedMetric &&
-        name != kComputeMetric && name != kPredictedMetric) {
+        name != kComputeMetric && name != kPredictedMetric &&
+        name != kCallsMetric && name != kLaunchesMetric) {
       continue;
     }
     double value = 0;
@@ -86,12 +89,20 @@ absl::StatusOr<WorkerMetrics> ScrapeWorkerMetrics(const std::string& address) {
       bytes.received += value;
       continue;
     }
-    bytes.sent += value;
+    if (name == kLaunchesMetric) {
+      bytes.launches += value;
+      continue;
+    }
     std::string op = "all";
     if (const size_t at = line.find("op=\""); at != absl::string_view::npos) {
       const size_t end = line.find('"', at + 4);
       op = std::string(line.substr(at + 4, end - at - 4));
     }
+    if (name == kCallsMetric) {
+      bytes.calls_by_op[op] += value;
+      continue;
+    }
+    bytes.sent += value;
     bytes.sent_by_op[op] += value;
   }
   return bytes;

@@ -14,12 +14,15 @@
 namespace muonps {
 namespace bench {
 
-// One worker's transport byte counters, summed over their "op" labels, and
-// its last step's compute time with the plan's prediction of it (-1: the
-// worker has no such gauge).
+// One worker's transport counters (bytes summed over their "op" labels, and
+// by label; calls by label; launches: 0 from a worker built before they were
+// counted), and its last step's compute time with the plan's prediction of
+// it (-1: the worker has no such gauge).
 struct WorkerMetrics {
   double sent = 0, received = 0;
   std::map<std::string, double> sent_by_op;
+  std::map<std::string, double> calls_by_op;
+  double launches = 0;
   double compute_seconds = -1, predicted_seconds = -1;
 };
 

@@ -252,18 +252,18 @@ int Run() {
   }
   // Declared before the engine, whose transports count into it.
   MetricsRegistry metrics;
-  // Every byte a step moves between workers is counted here, in one place,
-  // whatever transport carries it.
+  // Every byte a step moves between workers, and every call and launch, is
+  // counted here, in one place, whatever transport carries it.
   worker::TransportFactory counted_transport =
       [inner = std::move(make_transport),
-       bytes = transport::AddTransportByteCounters(&metrics)](
+       counters = transport::AddTransportCounters(&metrics)](
           int rank, const std::vector<std::string>& addresses, uint64_t session,
           const std::string& secret)
       -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
     MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> t,
                             inner(rank, addresses, session, secret));
     return std::unique_ptr<transport::Transport>(
-        std::make_unique<transport::CountingTransport>(std::move(t), bytes));
+        std::make_unique<transport::CountingTransport>(std::move(t), counters));
   };
   worker::StepEngine engine(options.worker_id, std::move(backend),
                             std::move(counted_transport));
