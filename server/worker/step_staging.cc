@@ -116,7 +116,24 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     ++issued;
     return absl::OkStatus();
   };
+  // A run of updates-back phases with nothing between them is one NCCL
+  // group (one launch, the run's transfers concurrent: the tail after the
+  // last stack goes as a single collective, not one per bucket). Their
+  // marks follow the group.
+  std::vector<int> run;
+  const auto end_run = [&]() -> absl::Status {
+    if (run.empty()) return absl::OkStatus();
+    MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+    MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(stream_));
+    for (const int bucket : run) timeline_.AddMark("from_owners", bucket, done);
+    run.clear();
+    landed_ = 0;
+    return absl::OkStatus();
+  };
   for (const scheduler::Phase& phase : plan_.schedule.order) {
+    if (phase.kind != scheduler::PhaseKind::kFromOwners) {
+      MUONPS_RETURN_IF_ERROR(end_run());
+    }
     switch (phase.kind) {
       case scheduler::PhaseKind::kToOwners:
         break;  // issued above
@@ -135,18 +152,21 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
           MUONPS_RETURN_IF_ERROR(issue_next());
         }
         if (reached > ordered) {
+          // Enqueued at once, so ahead of the run's transfers (the group
+          // launches them at its end).
           MUONPS_RETURN_IF_ERROR(
               ops_.WaitForMark(stream_, done_mark[reached - 1]));
           ordered = reached;
         }
+        if (run.empty()) MUONPS_RETURN_IF_ERROR(t_.GroupStart());
+        run.push_back(phase.index);
         MUONPS_RETURN_IF_ERROR(
             FromOwners(plan_.schedule.buckets[phase.index], request));
-        MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(stream_));
-        timeline_.AddMark("from_owners", phase.index, done);
         break;
       }
     }
   }
+  MUONPS_RETURN_IF_ERROR(end_run());
   if (reached > ordered) {
     MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, done_mark[reached - 1]));
   }
@@ -172,9 +192,15 @@ absl::Status StepStaging::PrepareFollowerBuffers() {
   for (const scheduler::MatrixSpec& spec : plan_.matrices) {
     largest = std::max(largest, spec.rows * spec.cols);
   }
-  for (const scheduler::Bucket& bucket : plan_.schedule.buckets) {
-    int64_t updates = 0;
-    for (const scheduler::Transfer& x : bucket.from_owners) {
+  // A run of updates-back phases is one group (Stage).
+  int64_t updates = 0;
+  for (const scheduler::Phase& phase : plan_.schedule.order) {
+    if (phase.kind != scheduler::PhaseKind::kFromOwners) {
+      updates = 0;
+      continue;
+    }
+    for (const scheduler::Transfer& x :
+         plan_.schedule.buckets[phase.index].from_owners) {
       const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
       updates += spec.rows * spec.cols;
     }
@@ -314,12 +340,11 @@ absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
 absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
                                      const StepRequest& request) {
   const kernels::MuonHyperparameters& h = plan_.muon;
-  // One NCCL launch for the bucket's updates (a launch costs the host tens
-  // of microseconds: per matrix, that was what a small model's step spent
-  // sending them back). The owner's own copies are enqueued at once, ahead
-  // of the group's transfers, on the same stream.
+  // One NCCL group for the bucket's updates, inside its run's (a launch
+  // costs the host tens of microseconds: per matrix, that was what a small
+  // model's step spent sending them back). The owner's own copies are
+  // enqueued at once, ahead of the group's transfers, on the same stream.
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-  int64_t landed = 0;  // in the sink, on a worker with no trainer
   for (const scheduler::Transfer& x : bucket.from_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
     const Binding* b =
@@ -374,8 +399,8 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     } else {
       bytes_ += size * 4;
       if (b == nullptr) {  // no parameter here: only the owner's part
-        float* update = mine ? slot : plan_.sink->data() + landed;
-        if (!mine) landed += size;
+        float* update = mine ? slot : plan_.sink->data() + landed_;
+        if (!mine) landed_ += size;
         MUONPS_RETURN_IF_ERROR(
             t_.Broadcast(update, size, kF32, x.owner, stream_));
         continue;

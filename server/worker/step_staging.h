@@ -11,7 +11,10 @@
 // Streams: transfers on the ops' stream(), compute on compute_stream();
 // bucket k+1's gradients move while bucket k's stacks compute, and each
 // side waits for the other (DeviceOps::WaitForMark) only where it reads
-// what the other wrote. Used once, by the step's thread, under the
+// what the other wrote. Launches: each bucket's gradients to owners are one
+// transport group, and so is each run of updates-back phases with nothing
+// between them in the schedule's order (the tail after the last stack is one
+// launch), and the AdamW means two. Used once, by the step's thread, under the
 // engine's lock.
 #ifndef MUONPS_SERVER_WORKER_STEP_STAGING_H_
 #define MUONPS_SERVER_WORKER_STEP_STAGING_H_
@@ -93,6 +96,9 @@ class StepStaging {
   MomentumStacks& momentum_;
   int64_t step_id_ = -1;
   int64_t bytes_ = 0;
+  // A worker with no trainer: what the open run of updates-back phases
+  // (one group) has landed in plan_.sink, in floats.
+  int64_t landed_ = 0;
 };
 
 }  // namespace worker
