@@ -16,7 +16,8 @@
 #   PHASES="gpt_iter" the iteration time of examples/ddp_gpt.py's 6-layer,
 #                   384-wide GPT (32 K tokens an iteration, fp16, compiled)
 #                   under DDP on $GPUS GPUs: AdamW, torch.optim.Muon + AdamW,
-#                   muonps.Muon, and muonps.Muon under CUDA MPS;
+#                   muonps.Muon, and muonps.Muon under CUDA MPS (the
+#                   trainer and its worker are two processes on one GPU);
 #                   gpt_iter.jsonl has each one's median and the ratios
 # GPUS defaults to every GPU the machine has. Usage (on the GPU machine):
 #   tar -xJf device_bundle.tar.xz && PHASES="tests bench" \
@@ -131,7 +132,6 @@ PY
       iter_run muonps || rc=1
       if nvidia-cuda-mps-control -d 2>/dev/null; then
         iter_run muonps-mps || rc=1
-        iter_run adamw-mps --optimizer adamw || rc=1
         echo quit | nvidia-cuda-mps-control
       fi
       python3 - "$OUT" "$GPUS" <<'PY' | tee "$OUT/gpt_iter.jsonl"
@@ -145,8 +145,7 @@ def run(name):
     timed = [l["ms"] for l in lines if l["iter"] >= 20]  # after compiling
     return {"iters": len(lines), "median_ms": statistics.median(timed),
             "final_loss": lines[-1]["loss"]} if timed else None
-runs = {n: run(n) for n in ("adamw", "torch", "muonps", "muonps-mps",
-                              "adamw-mps")}
+runs = {n: run(n) for n in ("adamw", "torch", "muonps", "muonps-mps")}
 for name, r in runs.items():
     if r is not None:
         print(json.dumps({"what": "ddp_gpt_iteration", "optimizer": name,
