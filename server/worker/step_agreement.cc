@@ -130,17 +130,14 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   mine.problem_code = static_cast<int32_t>(problem.code());
   CopyProblem(std::string(problem.message()), mine.problem);
   *decision = RoundDecision{};
-  std::vector<StepHeader> headers(size, StepHeader{});
+  std::vector<StepHeader> headers;
   if (plan_.rank == 0) {
     // Workers with no trainer learn of the round from rank 0.
     for (int r = trainers_; r < size; ++r) {
       MUONPS_RETURN_IF_ERROR(
           control_.Send(RoundOpening{kRoundOpeningMagic, 0}, r));
     }
-    headers[0] = mine;
-    for (int r = 1; r < size; ++r) {
-      MUONPS_RETURN_IF_ERROR(control_.Recv(&headers[r], r));
-    }
+    MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers, 0));
     *decision = DecideRound(headers, trainers_, plan_.ownership.worker_ids,
                             ledger_.instance);
     if (static_cast<RoundKind>(decision->kind) == RoundKind::kGo &&
@@ -170,7 +167,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
         return absl::InternalError("rank 0 opened a round with another wire");
       }
     }
-    MUONPS_RETURN_IF_ERROR(control_.Send(mine, 0));
+    MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers, 0));
   }
   MUONPS_RETURN_IF_ERROR(control_.Broadcast(decision, 0));
   if (static_cast<RoundKind>(decision->kind) != RoundKind::kGo) {

@@ -148,7 +148,8 @@ CommitOutcome RunCommitPhases(
     // Prepared before the vote leaves: once it may have arrived, rank 0
     // may commit, and this staging is what this rank then applies.
     ledger.staged.voted = vote.yes != 0;
-    absl::Status sent = control.Send(vote, 0);
+    std::vector<StepVote> unused;
+    absl::Status sent = control.Gather(vote, &unused, 0);
     if (sent.ok()) at(StepPoint::kPrepared);
     if (sent.ok()) sent = control.Broadcast(&decision, 0);
     if (!sent.ok() || decision.step_id != step) {
@@ -168,23 +169,31 @@ CommitOutcome RunCommitPhases(
     std::string why =
         refusal.ok() ? "" : absl::StrCat(Who(ids, 0), ": ", refusal.message());
     absl::StatusCode code = refusal.code();
+    // Every vote in one launch.
+    std::vector<StepVote> votes;
+    absl::Status heard = control.Gather(vote, &votes, 0);
+    if (!heard.ok()) {
+      // Unheard: the step cannot commit. The peers that voted yes are in
+      // doubt until a retry's round tells them this rank did not commit it.
+      DropStaged(ledger, plan);
+      out.status = Annotate(
+          heard,
+          absl::StrCat(
+              "step ", step,
+              " aborted before it committed (nothing was "
+              "applied): ",
+              size == 2 ? absl::StrCat("the vote of ", Who(ids, 1)) : "a vote",
+              " did not arrive"));
+      return out;
+    }
     for (int r = 1; r < size; ++r) {
-      StepVote theirs{};
-      absl::Status heard = control.Recv(&theirs, r);
-      if (heard.ok() && theirs.step_id != step) {
-        heard = absl::InternalError(absl::StrCat(
-            Who(ids, r), " voted on step ", theirs.step_id, ", not ", step));
-      }
-      if (!heard.ok()) {
-        // Unheard: the step cannot commit. The peers that voted yes are
-        // in doubt until a retry's round tells them this rank did not
-        // commit it.
+      const StepVote& theirs = votes[r];
+      if (theirs.step_id != step) {
         DropStaged(ledger, plan);
-        out.status = Annotate(
-            heard, absl::StrCat("step ", step,
-                                " aborted before it committed (nothing was "
-                                "applied): the vote of ",
-                                Who(ids, r), " did not arrive"));
+        out.status = absl::InternalError(absl::StrCat(
+            "step ", step,
+            " aborted before it committed (nothing was applied): ", Who(ids, r),
+            " voted on step ", theirs.step_id, ", not ", step));
         return out;
       }
       if (!theirs.yes && why.empty()) {
@@ -239,16 +248,13 @@ CommitOutcome RunCommitPhases(
   at(StepPoint::kCommitted);
   CommitConfirmation mine{step, 1, 0};
   absl::Status confirmed;
-  if (rank != 0) {
-    confirmed = control.Send(mine, 0);
-  } else {
-    for (int r = 1; r < size && confirmed.ok(); ++r) {
-      CommitConfirmation theirs{};
-      confirmed = control.Recv(&theirs, r);
-      if (confirmed.ok() && (theirs.step_id != step || !theirs.done)) {
-        confirmed = absl::InternalError(
-            absl::StrCat(Who(ids, r), " confirmed step ", theirs.step_id));
-      }
+  std::vector<CommitConfirmation> confirmations;
+  confirmed = control.Gather(mine, &confirmations, 0);
+  for (int r = 1; r < size && rank == 0 && confirmed.ok(); ++r) {
+    const CommitConfirmation& theirs = confirmations[r];
+    if (theirs.step_id != step || !theirs.done) {
+      confirmed = absl::InternalError(
+          absl::StrCat(Who(ids, r), " confirmed step ", theirs.step_id));
     }
   }
   CommitConfirmation all{};

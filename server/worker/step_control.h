@@ -9,10 +9,12 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/status.h"
 #include "kernels/device_ops.h"
 #include "transport/transport.h"
 
@@ -59,6 +61,30 @@ class ControlChannel {
     constexpr size_t kFloats = FloatsOf<T>();
     return Exchange(message, kFloats, [&](void* data) {
       return t_.Recv(data, kFloats, DType::kFloat32, peer, ops_.stream());
+    });
+  }
+  // Every rank's `mine` to `root` in one transport group (one launch and
+  // one host wait, whatever the number of ranks). On the root `all` holds
+  // them by rank, its own included; elsewhere it is left as it is. A
+  // failure does not say which peer's message is missing.
+  template <typename T>
+  absl::Status Gather(const T& mine, std::vector<T>* all, int root) {
+    constexpr size_t kFloats = FloatsOf<T>();
+    if (t_.rank() != root) return Send(mine, root);
+    const int size = t_.size();
+    all->assign(size, T{});
+    (*all)[root] = mine;
+    return Exchange(all->data(), kFloats * size, [&](void* data) {
+      MUONPS_RETURN_IF_ERROR(t_.GroupStart());
+      absl::Status received;
+      for (int r = 0; r < size && received.ok(); ++r) {
+        if (r == root) continue;
+        received = t_.Recv(static_cast<float*>(data) + r * kFloats, kFloats,
+                           DType::kFloat32, r, ops_.stream());
+      }
+      // Closed also after a refused call (the transport is broken then).
+      const absl::Status ended = t_.GroupEnd();
+      return received.ok() ? ended : received;
     });
   }
   template <typename T>
