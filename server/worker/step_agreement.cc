@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -169,16 +170,23 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     }
     MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers, 0));
   }
-  MUONPS_RETURN_IF_ERROR(control_.Broadcast(decision, 0));
+  // The decision and each rank's trainer rank (the roster a step that runs
+  // follows) in one broadcast.
+  static_assert(sizeof(RoundDecision) % sizeof(int32_t) == 0,
+                "the roster follows the decision in whole int32s");
+  std::vector<int32_t> told(sizeof(RoundDecision) / sizeof(int32_t) + size, -1);
+  int32_t* const roster = told.data() + sizeof(RoundDecision) / sizeof(int32_t);
+  if (plan_.rank == 0) {
+    std::memcpy(told.data(), decision, sizeof(RoundDecision));
+    for (int r = 0; r < size; ++r) roster[r] = headers[r].trainer_rank;
+  }
+  MUONPS_RETURN_IF_ERROR(
+      control_.Broadcast(told.data(), told.size() * sizeof(int32_t), 0));
+  std::memcpy(decision, told.data(), sizeof(RoundDecision));
   if (static_cast<RoundKind>(decision->kind) != RoundKind::kGo) {
     return absl::OkStatus();
   }
-  roster_.trainer_rank_of.assign(size, -1);
-  for (int r = 0; r < size && plan_.rank == 0; ++r) {
-    roster_.trainer_rank_of[r] = headers[r].trainer_rank;
-  }
-  MUONPS_RETURN_IF_ERROR(control_.Broadcast(roster_.trainer_rank_of.data(),
-                                            sizeof(int32_t) * size, 0));
+  roster_.trainer_rank_of.assign(roster, roster + size);
   // Trainer order, then the ranks with no trainer (their parts are zeros,
   // added last: the sums keep the bits of the trainers' parts alone).
   roster_.reduce_order.assign(size, 0);

@@ -293,8 +293,11 @@ TEST_F(StepPlanChangeTest, APlanDroppingAFrozenPeerFailsTheStepAtOnceNamingIt) {
   }
   absl::SleepFor(absl::Milliseconds(500));  // 0 and 1 wait on 2
   const absl::Time asked = absl::Now();
-  EXPECT_TRUE(engines_[0]->AbortForPlan(MembershipFromProto(next)));
+  // Rank 1 first: at this call it waits on rank 0 (which waits on the
+  // frozen rank 2), so rank 0's aborted transport, closing, would fail its
+  // step before its own plan arrived, and it could not name the plan.
   EXPECT_TRUE(engines_[1]->AbortForPlan(MembershipFromProto(next)));
+  EXPECT_TRUE(engines_[0]->AbortForPlan(MembershipFromProto(next)));
   EXPECT_LT(absl::Now() - asked, absl::Milliseconds(100));
   for (std::thread& t : threads) t.join();
   const std::string reason =
