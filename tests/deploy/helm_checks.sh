@@ -10,6 +10,10 @@
 #     the message its "# expect:" line names;
 #   - the ServiceMonitor rendered only when its API is present, and NCCL
 #     multicast off by default;
+#   - workers across nodes: NCCL's InfiniBand/RoCE settings, RDMA devices and
+#     IPC_LOCK for pool and sidecar workers, pools spread evenly over nodes,
+#     and a host-network pool (one pod per node, the nodes admitted by the
+#     NetworkPolicies);
 #   - coordinator.persistence.enabled passing --state_dir on its PVC;
 #   - workers.costTable: a ConfigMap's table mounted and passed as
 #     --cost_table, or the muonps-autotune initContainer on the worker's GPU
@@ -159,6 +163,61 @@ if grep -q -- '--gpu_transport=ipc' "$work/gpu-pool.yaml" &&
   pass "GPU pool over CUDA IPC: colocated with its trainers, host IPC"
 else
   fail "GPU pool over CUDA IPC: colocated with its trainers, host IPC"
+fi
+
+echo "== across nodes: RDMA for NCCL, pools spread evenly, or the host network one pod per node"
+if python3 - "$work/gpu-multi-node.yaml" <<'PY'
+import sys
+docs = open(sys.argv[1]).read().split("\n---")
+pool = next(d for d in docs if "kind: StatefulSet" in d and "muonps-pool" in d)
+for want in ('name: NCCL_IB_HCA', 'value: "mlx5_0,mlx5_1,mlx5_2,mlx5_3"',
+             'name: NCCL_IB_GID_INDEX', 'name: NCCL_SOCKET_IFNAME',
+             'rdma/rdma_shared_device_a: 1', '- IPC_LOCK',
+             'topologySpreadConstraints:', 'whenUnsatisfiable: DoNotSchedule',
+             'k8s.v1.cni.cncf.io/networks: roce-net', 'nvidia.com/gpu: 1'):
+    assert want in pool, f"pool lacks {want!r}"
+assert pool.count("rdma/rdma_shared_device_a: 1") == 2, "RDMA devices in requests and limits"
+assert "hostNetwork" not in pool and "podAntiAffinity" not in pool
+PY
+then
+  pass "multi-node example: NCCL's IB/RoCE settings, RDMA devices and IPC_LOCK, an even spread over nodes"
+else
+  fail "multi-node example: NCCL's IB/RoCE settings, RDMA devices and IPC_LOCK, an even spread over nodes"
+fi
+"$helm" template muonps "$chart" --set workers.job=llama --set workers.pool.enabled=true \
+  --set workers.pool.antiAffinity=hard --set workers.network.hostNetwork=true \
+  --set 'networkPolicy.nodeCidrs={10.0.0.0/16}' >"$work/host-network-pool.yaml"
+if python3 - "$work/host-network-pool.yaml" <<'PY'
+import sys
+docs = open(sys.argv[1]).read().split("\n---")
+pool = next(d for d in docs if "kind: StatefulSet" in d and "muonps-pool" in d)
+assert "hostNetwork: true" in pool and "dnsPolicy: ClusterFirstWithHostNet" in pool
+assert "requiredDuringSchedulingIgnoredDuringExecution" in pool
+policies = [d for d in docs if "kind: NetworkPolicy" in d]
+assert len(policies) == 2 and all("cidr: 10.0.0.0/16" in d for d in policies), \
+    "the coordinator's and the pool's policies admit the nodes"
+PY
+then
+  pass "host-network pool: one pod per node, cluster DNS, the nodes admitted by both NetworkPolicies"
+else
+  fail "host-network pool: one pod per node, cluster DNS, the nodes admitted by both NetworkPolicies"
+fi
+if ((trainer_ok)); then
+  "$helm" template trainer "$work/trainer" -f "$work/trainer/values-gpu.yaml" \
+    --set 'muonps.workers.network.rdmaResources.rdma/ib=1' \
+    --set muonps.workers.network.ipcLock=true >"$work/trainer-rdma.yaml" 2>"$work/trainer-rdma.log"
+  if python3 - "$work/trainer-rdma.yaml" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+worker = text[text.index("- name: muonps-worker"):]
+assert worker.count("rdma/ib: 1") == 2 and "- IPC_LOCK" in worker
+PY
+  then
+    pass "sidecar worker on a GPU: RDMA devices and IPC_LOCK"
+  else
+    cat "$work/trainer-rdma.log"
+    fail "sidecar worker on a GPU: RDMA devices and IPC_LOCK"
+  fi
 fi
 
 echo "== workers drain before they stop: rolling updates and scale-downs lose no momentum"

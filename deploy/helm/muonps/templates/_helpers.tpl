@@ -217,6 +217,16 @@ message naming the value. */}}
 {{- if and $pool.enabled (eq $pool.device "cuda") (eq $pool.gpuTransport "ipc") (empty $pool.colocateWith) -}}
 {{- fail "workers.pool.colocateWith: a GPU pool with gpuTransport ipc talks to the job's other workers by CUDA IPC, so it must run on the trainers' node; give the trainer pods' labels, e.g. {app: my-trainer}, or use gpuTransport nccl" -}}
 {{- end -}}
+{{- $net := .Values.workers.network -}}
+{{- if and $net.hostNetwork $pool.enabled (ne $pool.antiAffinity "hard") -}}
+{{- fail "workers.network.hostNetwork: pool pods on the host network bind the node's ports (workers.metricsPort), so two on one node collide; set workers.pool.antiAffinity to hard (one pool pod per node), or give the pods RDMA devices in their own network (workers.network.rdmaResources)" -}}
+{{- end -}}
+{{- if and $net.hostNetwork $pool.enabled (eq $pool.gpuTransport "ipc") -}}
+{{- fail "workers.network.hostNetwork is for NCCL between nodes; a pool with gpuTransport ipc shares its trainers' node and needs no host network" -}}
+{{- end -}}
+{{- if and $net.hostNetwork $pool.enabled .Values.networkPolicy.enabled (empty .Values.networkPolicy.nodeCidrs) -}}
+{{- fail "networkPolicy.nodeCidrs: with workers.network.hostNetwork the pool's traffic comes from its nodes' addresses, which the NetworkPolicies' pod selectors do not match, so the pool could reach neither the coordinator nor its peers; list the nodes' CIDRs, e.g. [10.0.0.0/16], or set networkPolicy.enabled false" -}}
+{{- end -}}
 {{- include "muonps.costTable.validate" . -}}
 {{- end -}}
 
@@ -235,6 +245,18 @@ message naming the value. */}}
 {{- with .Values.workers.nccl.socketIfname }}
 - name: NCCL_SOCKET_IFNAME
   value: {{ . | quote }}
+{{- end }}
+{{- with .Values.workers.nccl.ibHca }}
+- name: NCCL_IB_HCA
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.workers.nccl.ibGidIndex }}
+- name: NCCL_IB_GID_INDEX
+  value: {{ . | quote }}
+{{- end }}
+{{- if .Values.workers.nccl.ibDisable }}
+- name: NCCL_IB_DISABLE
+  value: "1"
 {{- end }}
 {{- with .Values.workers.nccl.debug }}
 - name: NCCL_DEBUG
@@ -256,4 +278,25 @@ capabilities:
   drop: ["ALL"]
 seccompProfile:
   type: RuntimeDefault
+{{- end -}}
+
+{{/* A GPU worker container's: the common one, with IPC_LOCK when
+workers.network.ipcLock (RDMA pins the memory it registers). */}}
+{{- define "muonps.worker.securityContext" -}}
+{{- $sc := include "muonps.securityContext" . | fromYaml -}}
+{{- if .Values.workers.network.ipcLock -}}
+{{- $_ := set $sc.capabilities "add" (list "IPC_LOCK") -}}
+{{- end -}}
+{{- toYaml $sc -}}
+{{- end -}}
+
+{{/* A GPU worker container's resources: `resources` with
+workers.network.rdmaResources added to its requests and limits. */}}
+{{- define "muonps.worker.gpuResources" -}}
+{{- $res := deepCopy .resources -}}
+{{- with .ctx.Values.workers.network.rdmaResources -}}
+{{- $_ := set $res "requests" (merge (deepCopy .) ($res.requests | default dict)) -}}
+{{- $_ := set $res "limits" (merge (deepCopy .) ($res.limits | default dict)) -}}
+{{- end -}}
+{{- toYaml $res -}}
 {{- end -}}

@@ -171,13 +171,21 @@ worker start after it, so it has the GPU to itself. */}}
       port: muonps-metrics
     periodSeconds: 5
   resources:
+    {{- if hasPrefix "cuda" $s.device }}
+    {{- include "muonps.worker.gpuResources" (dict "ctx" $ctx "resources" $s.resources) | nindent 4 }}
+    {{- else }}
     {{- toYaml $s.resources | nindent 4 }}
+    {{- end }}
     {{- with $s.gpuClaimName }}
     claims:
       - name: {{ . }}
     {{- end }}
   securityContext:
+    {{- if hasPrefix "cuda" $s.device }}
+    {{- include "muonps.worker.securityContext" $ctx | replace "65532" (toString (int64 $s.runAsUser)) | nindent 4 }}
+    {{- else }}
     {{- include "muonps.securityContext" $ctx | replace "65532" (toString (int64 $s.runAsUser)) | nindent 4 }}
+    {{- end }}
   volumeMounts:
     - name: muonps-shm
       mountPath: /dev/shm
