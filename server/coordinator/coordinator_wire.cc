@@ -131,6 +131,7 @@ v1::GetNcclIdResponse NcclIdToProto(const NcclId& id) {
   v1::GetNcclIdResponse out;
   out.set_nccl_id(id.id);
   out.set_generation(id.generation);
+  out.set_age_ms(absl::ToInt64Milliseconds(id.age));
   return out;
 }
 

@@ -92,6 +92,7 @@ absl::Status NcclIdExchange::PutNcclId(const NcclIdPut& r) {
     } else {
       plan->nccl_id = r.nccl_id;
       plan->nccl_generation = r.generation;
+      plan->nccl_put_at = absl::Now();
       seq = queue_->Enqueue({store_op::PutNcclId{r.job, r.plan_version,
                                                  r.nccl_id, r.generation}});
     }
@@ -128,7 +129,10 @@ absl::StatusOr<NcclId> NcclIdExchange::GetNcclId(const NcclIdGet& r) {
         absl::StrCat("rank 0 has not put it (generation >= ", r.min_generation,
                      ") for plan_version ", r.plan_version, " yet"));
   }
-  return NcclId{plan->nccl_id, plan->nccl_generation};
+  const absl::Duration age = plan->nccl_put_at == absl::InfinitePast()
+                                 ? absl::ZeroDuration()
+                                 : absl::Now() - plan->nccl_put_at;
+  return NcclId{plan->nccl_id, plan->nccl_generation, age};
 }
 
 }  // namespace coordinator

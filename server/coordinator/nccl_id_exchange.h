@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/coordinator/job_table.h"
 #include "server/coordinator/store_queue.h"
 
@@ -41,6 +42,8 @@ struct NcclIdGet {
 struct NcclId {
   std::string id;
   int64_t generation = 0;
+  // Since rank 0 put it; zero when not known (restored from the store).
+  absl::Duration age;
 };
 
 class NcclIdExchange {

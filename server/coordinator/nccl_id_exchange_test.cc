@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator_fixture.h"
@@ -106,6 +107,26 @@ TEST_F(NcclIdTest, ACommunicatorRebuiltWithinAVersionGetsTheNextGeneration) {
               StatusIs(absl::StatusCode::kAlreadyExists, "nccl_id"));
   EXPECT_THAT(Put(2, rank0_, Id('c'), -1),
               StatusIs(absl::StatusCode::kInvalidArgument, "generation"));
+}
+
+// Each answer says how long ago rank 0 put the id: a peer that would start
+// on an id rank 0 is about to give up waits for the next one instead.
+TEST_F(NcclIdTest, AnIdComesWithItsAge) {
+  ASSERT_TRUE(Put(2, rank0_, Id('a')).ok());
+  absl::StatusOr<v1::GetNcclIdResponse> fresh = Get(2);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_GE(fresh->age_ms(), 0);
+  EXPECT_LT(fresh->age_ms(), 5000);
+  absl::SleepFor(absl::Milliseconds(60));
+  absl::StatusOr<v1::GetNcclIdResponse> later = Get(2);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_GE(later->age_ms(), fresh->age_ms() + 50);
+  // A new generation starts its age again.
+  ASSERT_TRUE(Put(2, rank0_, Id('b'), /*generation=*/1).ok());
+  absl::StatusOr<v1::GetNcclIdResponse> next = Get(2);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->generation(), 1);
+  EXPECT_LT(next->age_ms(), later->age_ms());
 }
 
 TEST_F(NcclIdTest, OldVersionsIdIsNotReturnedForNewVersion) {

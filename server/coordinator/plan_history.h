@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/coordinator/published_plan.h"
 
 namespace muonps {
@@ -25,6 +26,8 @@ struct PlanVersion {
   std::shared_ptr<const PublishedPlan> plan;
   std::string nccl_id;
   int64_t nccl_generation = 0;
+  // When rank 0 put it; InfinitePast: not known (restored from the store).
+  absl::Time nccl_put_at = absl::InfinitePast();
 };
 
 class PlanHistory {

@@ -61,20 +61,29 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
   }
   const absl::Time deadline = absl::Now() + o.timeout;
   std::string last;
+  int64_t wanted = generation;
   while (absl::Now() < deadline) {
     v1::GetNcclIdRequest get;
     get.set_job(o.job);
     get.set_plan_version(static_cast<int64_t>(version));
-    get.set_min_generation(generation);
+    get.set_min_generation(wanted);
     get.set_worker_id(o.worker_id);
     get.set_worker_token(o.credentials->worker_token());
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(absl::Seconds(2)));
     v1::GetNcclIdResponse response;
     const grpc::Status status = stub.GetNcclId(&context, get, &response);
-    if (status.ok()) {
+    if (status.ok() &&
+        IdStillJoinable(absl::Milliseconds(response.age_ms()), o.timeout)) {
       generations.Used(version, response.generation());
       return response.nccl_id();
+    }
+    if (status.ok()) {  // about to be given up: wait for the next one
+      wanted = response.generation() + 1;
+      last = absl::StrCat("generation ", response.generation(), " was put ",
+                          response.age_ms(), " ms ago");
+      absl::SleepFor(absl::Milliseconds(20));
+      continue;
     }
     last = status.error_message();
     if (status.error_code() != grpc::StatusCode::NOT_FOUND &&
@@ -89,6 +98,11 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
 }
 
 }  // namespace
+
+bool IdStillJoinable(absl::Duration age, absl::Duration timeout) {
+  const absl::Duration margin = std::max(timeout / 4, absl::Seconds(1));
+  return age + margin < timeout;
+}
 
 TransportFactory NcclTransportFactory(NcclBootstrapOptions options) {
   auto stub = std::shared_ptr<v1::Coordinator::Stub>(

@@ -33,6 +33,16 @@ struct NcclBootstrapOptions {
 // version and, when the id never arrives, rank 0's worker.
 TransportFactory NcclTransportFactory(NcclBootstrapOptions options);
 
+// Whether a rank other than 0 should start on an id rank 0 put `age` ago
+// (zero: not known). Rank 0 waits for its peers one `timeout` from its put
+// and then puts the next generation; a peer that started on an id with
+// little of that wait left waited its own timeout for nothing, and rank 0
+// had meanwhile moved to the next id, a miss that can repeat. So an id with
+// less than a quarter of the timeout (at least a second) left is passed
+// over for the next generation (a communicator whose ranks have all joined
+// takes well under a second to build).
+bool IdStillJoinable(absl::Duration age, absl::Duration timeout);
+
 }  // namespace worker
 }  // namespace muonps
 
