@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -12,13 +13,63 @@ namespace muonps {
 namespace worker {
 
 PlanTransport::PlanTransport(std::string worker_id, Device device,
-                             TransportFactory make)
+                             TransportFactory make, absl::Duration keep_for)
     : worker_id_(std::move(worker_id)),
       device_(device),
-      make_(std::move(make)) {}
+      make_(std::move(make)),
+      keep_for_(keep_for),
+      watcher_([this] { Watch(); }) {}
 
 PlanTransport::~PlanTransport() {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    stopping_ = true;
+  }
+  watcher_.join();
   Drop(absl::CancelledError("the worker is shutting down"));
+}
+
+void PlanTransport::Watch() {
+  abort_mu_.Lock();
+  // A round of the published version may still be waiting on a peer that
+  // moved on to superseded_by_.
+  const auto overtaken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(abort_mu_) {
+    return superseded_by_ > published_version_ &&
+           superseded_by_ > replaced_by_ && published_transport_ != nullptr;
+  };
+  while (!stopping_) {
+    if (!overtaken()) {
+      const auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(abort_mu_) {
+        return stopping_ || overtaken();
+      };
+      abort_mu_.Await(absl::Condition(&wake));
+      continue;
+    }
+    const int64_t by = superseded_by_;
+    const absl::Time deadline = superseded_at_ + keep_for_;
+    const auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(abort_mu_) {
+      return stopping_ || !overtaken() || superseded_by_ != by;
+    };
+    if (abort_mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
+      continue;  // moved on, dropped, or a newer plan: look again
+    }
+    const int64_t version = published_version_;
+    replaced_by_ = by;
+    replaced_why_ = absl::UnavailableError(absl::StrCat(
+        "plan version ", version, " replaced by ", by,
+        superseded_reason_.empty()
+            ? ""
+            : absl::StrCat(" (", superseded_reason_, ")"),
+        ", which keeps every worker, while a round of version ", version,
+        " was still waiting after ", absl::FormatDuration(keep_for_),
+        ": a peer that was idle when it came has moved to version ", by));
+    published_transport_->Abort(replaced_why_);
+    const absl::Status why = replaced_why_;
+    abort_mu_.Unlock();
+    spdlog::warn("worker={} {}", worker_id_, std::string(why.message()));
+    abort_mu_.Lock();
+  }
+  abort_mu_.Unlock();
 }
 
 void PlanTransport::SetSecret(std::string secret) {
@@ -58,8 +109,16 @@ bool PlanTransport::AbortFor(const PlanMembership& next) {
       }
     }
     // Only workers joined: every peer of a step in progress is still there,
-    // so it finishes before the new version replaces the transport.
-    if (lost.empty()) return false;
+    // and it finishes on the old transport, unless a peer that was idle has
+    // moved on to the new version (Watch aborts it after keep_for_).
+    if (lost.empty()) {
+      if (next.version > superseded_by_) {
+        superseded_by_ = next.version;
+        superseded_at_ = absl::Now();
+        superseded_reason_ = next.reason;
+      }
+      return false;
+    }
     replaced_by_ = next.version;
     replaced_why_ = absl::UnavailableError(absl::StrCat(
         "plan version ", version, " replaced by ", next.version, ": ",

@@ -7,7 +7,11 @@
 // agent's watch thread, as soon as a new plan arrives) abort it without
 // the step's lock, so that a step waiting on a worker the new plan dropped
 // fails at once instead of at the transport's timeout; no step of the old
-// version starts after that.
+// version starts after that. A newer plan that keeps every worker lets a
+// round in progress finish on the old transport, for `keep_for`: a peer
+// that was idle when that plan came has already moved to the new version
+// and will never join the round, so past it the transport is aborted (a
+// thread of the PlanTransport's own waits for that).
 //
 // Thread-safe, in two parts. The transport itself (Ensure, Drop, get) is
 // the step thread's: the caller serializes those calls with its steps
@@ -22,11 +26,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/device.h"
 #include "server/worker/job_plan.h"
 #include "transport/transport.h"
@@ -48,7 +54,11 @@ class PlanTransport {
  public:
   // For worker `worker_id` (named in errors and logs) on `device`, whose
   // memory every transport must use.
-  PlanTransport(std::string worker_id, Device device, TransportFactory make);
+  PlanTransport(std::string worker_id, Device device, TransportFactory make,
+                absl::Duration keep_for = kKeepForDefault);
+  // How long a round of a version may go on after a newer version that
+  // keeps every worker arrived: rounds take milliseconds to a second.
+  static constexpr absl::Duration kKeepForDefault = absl::Seconds(3);
   PlanTransport(const PlanTransport&) = delete;
   PlanTransport& operator=(const PlanTransport&) = delete;
   // Aborts the transport, if any.
@@ -69,7 +79,10 @@ class PlanTransport {
   // transport is aborted at once and Replaced() answers UNAVAILABLE saying
   // `plan version N replaced by M: worker "w1" left the job (<reason>)`
   // until a version at least as new is published. Returns whether `next`
-  // replaced the published version that way. Never waits for a step.
+  // replaced the published version that way. When `next` keeps every
+  // worker, the same happens `keep_for` later unless a version at least as
+  // new was published meanwhile (the step thread moved on) or the transport
+  // was dropped. Never waits for a step.
   bool AbortFor(const PlanMembership& next);
   // Why the published version can no longer step; OK if it can.
   absl::Status Replaced() const;
@@ -111,6 +124,18 @@ class PlanTransport {
   // none), and the status steps of the older version fail with.
   int64_t replaced_by_ ABSL_GUARDED_BY(abort_mu_) = -1;
   absl::Status replaced_why_ ABSL_GUARDED_BY(abort_mu_);
+  // The newest version that kept every worker of published_version_ (-1:
+  // none), when it arrived and why it was made.
+  int64_t superseded_by_ ABSL_GUARDED_BY(abort_mu_) = -1;
+  absl::Time superseded_at_ ABSL_GUARDED_BY(abort_mu_);
+  std::string superseded_reason_ ABSL_GUARDED_BY(abort_mu_);
+  bool stopping_ ABSL_GUARDED_BY(abort_mu_) = false;
+
+  // Aborts a transport still published keep_for_ after a newer version
+  // that kept every worker arrived.
+  void Watch();
+  const absl::Duration keep_for_;
+  std::thread watcher_;  // runs Watch(); last member: starts after the rest
 };
 
 }  // namespace worker

@@ -1,0 +1,137 @@
+// PlanTransport's way out of a plan version: aborted at once by a plan that
+// drops one of its workers, and, by one that keeps them all, only once a
+// round has waited past keep_for without the step thread moving on.
+#include "server/worker/plan_transport.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+// Accepts everything; remembers whether it was aborted and why.
+class RecordingTransport : public transport::Transport {
+ public:
+  explicit RecordingTransport(absl::Status* aborted) : aborted_(aborted) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+  absl::Status GroupStart() override { return absl::OkStatus(); }
+  absl::Status GroupEnd() override { return absl::OkStatus(); }
+  absl::Status Send(const void*, size_t, DType, int, Stream) override {
+    return absl::OkStatus();
+  }
+  absl::Status Recv(void*, size_t, DType, int, Stream) override {
+    return absl::OkStatus();
+  }
+  absl::Status ReduceSum(const float*, float*, size_t, int,
+                         absl::Span<const int>, Stream) override {
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(void*, size_t, DType, int, Stream) override {
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize(Stream, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  absl::Status AwaitFrom(int, size_t, DType, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  void Abort(const absl::Status& reason) override {
+    absl::MutexLock lock(&mu_);
+    *aborted_ = reason;
+  }
+  static absl::Mutex mu_;
+
+ private:
+  absl::Status* const aborted_;
+};
+absl::Mutex RecordingTransport::mu_;
+
+class PlanTransportTest : public ::testing::Test {
+ protected:
+  static constexpr absl::Duration kKeepFor = absl::Milliseconds(200);
+
+  PlanTransportTest()
+      : transport_("w0", Device{}, Factory(&aborted_), kKeepFor) {
+    transport_.SetSecret("a data-plane secret of thirty-two bytes!");
+    transport_.Publish(2, {"w0", "w1"});
+    bool built = false;
+    EXPECT_TRUE(
+        transport_.Ensure(0, {"a:1", "b:1"}, 2, absl::OkStatus(), &built).ok());
+    EXPECT_TRUE(built);
+  }
+  static TransportFactory Factory(absl::Status* aborted) {
+    return [aborted](int, const std::vector<std::string>&, uint64_t,
+                     const std::string&)
+               -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+      return std::make_unique<RecordingTransport>(aborted);
+    };
+  }
+  absl::Status Aborted() {
+    absl::MutexLock lock(&RecordingTransport::mu_);
+    return aborted_;
+  }
+
+  absl::Status aborted_;  // OK until the transport is aborted
+  PlanTransport transport_;
+};
+
+TEST_F(PlanTransportTest, APlanDroppingAWorkerAbortsAtOnce) {
+  EXPECT_TRUE(transport_.AbortFor({3, {"w0"}, "lease expired: w1"}));
+  EXPECT_TRUE(absl::IsUnavailable(Aborted())) << Aborted();
+  EXPECT_NE(Aborted().message().find("worker \"w1\" left the job"),
+            std::string::npos)
+      << Aborted();
+}
+
+// A round of version 2 still waiting once keep_for has passed: a peer that
+// was idle when version 3 came moved to it and will never join the round.
+TEST_F(PlanTransportTest,
+       APlanKeepingEveryWorkerAbortsARoundStillWaitingLater) {
+  const absl::Time arrived = absl::Now();
+  EXPECT_FALSE(transport_.AbortFor({3, {"w0", "w1"}, "worker w2 joined"}));
+  EXPECT_TRUE(Aborted().ok()) << "aborted at once: " << Aborted();
+  EXPECT_TRUE(transport_.Replaced().ok());
+  while (Aborted().ok() && absl::Now() - arrived < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(absl::Now() - arrived, kKeepFor);
+  ASSERT_TRUE(absl::IsUnavailable(Aborted())) << Aborted();
+  EXPECT_NE(Aborted().message().find("which keeps every worker"),
+            std::string::npos)
+      << Aborted();
+  EXPECT_NE(Aborted().message().find("(worker w2 joined)"), std::string::npos)
+      << Aborted();
+  // No step of version 2 starts after that; version 3 is free to.
+  EXPECT_TRUE(absl::IsUnavailable(transport_.Replaced()));
+  transport_.Drop(Aborted());
+  transport_.Publish(3, {"w0", "w1"});
+  EXPECT_TRUE(transport_.Replaced().ok());
+}
+
+// The step thread moved on (the round ended, the new version was set)
+// before keep_for: nothing is aborted.
+TEST_F(PlanTransportTest, APlanKeepingEveryWorkerLeavesARoundThatEndsInTime) {
+  EXPECT_FALSE(transport_.AbortFor({3, {"w0", "w1"}, ""}));
+  transport_.Drop(absl::CancelledError("plan version 3 replaced it"));
+  transport_.Publish(3, {"w0", "w1"});
+  // The drop itself aborts: clear it, then wait past keep_for.
+  {
+    absl::MutexLock lock(&RecordingTransport::mu_);
+    aborted_ = absl::OkStatus();
+  }
+  absl::SleepFor(3 * kKeepFor);
+  EXPECT_TRUE(Aborted().ok()) << Aborted();
+  EXPECT_TRUE(transport_.Replaced().ok());
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace muonps
