@@ -11,6 +11,14 @@
 
 namespace muonps {
 namespace worker {
+namespace {
+
+// " (<reason>)" for a plan's reason; "" for none.
+std::string Parenthesized(const std::string& reason) {
+  return reason.empty() ? "" : absl::StrCat(" (", reason, ")");
+}
+
+}  // namespace
 
 PlanTransport::PlanTransport(std::string worker_id, Device device,
                              TransportFactory make, absl::Duration keep_for)
@@ -54,17 +62,13 @@ void PlanTransport::Watch() {
       continue;  // moved on, dropped, or a newer plan: look again
     }
     const int64_t version = published_version_;
-    replaced_by_ = by;
-    replaced_why_ = absl::UnavailableError(absl::StrCat(
+    const absl::Status why = absl::UnavailableError(absl::StrCat(
         "plan version ", version, " replaced by ", by,
-        superseded_reason_.empty()
-            ? ""
-            : absl::StrCat(" (", superseded_reason_, ")"),
+        Parenthesized(superseded_reason_),
         ", which keeps every worker, while a round of version ", version,
         " was still waiting after ", absl::FormatDuration(keep_for_),
         ": a peer that was idle when it came has moved to version ", by));
-    published_transport_->Abort(replaced_why_);
-    const absl::Status why = replaced_why_;
+    ReplaceLocked(by, why);
     abort_mu_.Unlock();
     spdlog::warn("worker={} {}", worker_id_, std::string(why.message()));
     abort_mu_.Lock();
@@ -119,18 +123,13 @@ bool PlanTransport::AbortFor(const PlanMembership& next) {
       }
       return false;
     }
-    replaced_by_ = next.version;
-    replaced_why_ = absl::UnavailableError(absl::StrCat(
-        "plan version ", version, " replaced by ", next.version, ": ",
-        lost.size() == 1 ? "worker " : "workers ", absl::StrJoin(lost, ", "),
-        " left the job",
-        next.reason.empty() ? "" : absl::StrCat(" (", next.reason, ")")));
-    if (published_transport_ != nullptr) {
-      // Wakes a step waiting on a lost worker (TCP: its sockets are shut
-      // down; NCCL: ncclCommAbort); the step thread destroys the transport.
-      published_transport_->Abort(replaced_why_);
-      aborted = true;
-    }
+    aborted = ReplaceLocked(
+        next.version,
+        absl::UnavailableError(absl::StrCat(
+            "plan version ", version, " replaced by ", next.version, ": ",
+            lost.size() == 1 ? "worker " : "workers ",
+            absl::StrJoin(lost, ", "), " left the job",
+            Parenthesized(next.reason))));
   }
   spdlog::warn(
       "worker={} plan_version={} replaced by plan_version={}, which drops {}: "
@@ -138,6 +137,16 @@ bool PlanTransport::AbortFor(const PlanMembership& next) {
       worker_id_, version, next.version, absl::StrJoin(lost, ", "),
       aborted ? "aborted the transport of any step in progress"
               : "no transport to abort");
+  return true;
+}
+
+bool PlanTransport::ReplaceLocked(int64_t by, const absl::Status& why) {
+  replaced_by_ = by;
+  replaced_why_ = why;
+  if (published_transport_ == nullptr) return false;
+  // Wakes a step waiting on the transport (TCP: its sockets are shut down;
+  // NCCL: ncclCommAbort); the step thread destroys it.
+  published_transport_->Abort(why);
   return true;
 }
 

@@ -131,6 +131,11 @@ class PlanTransport {
   std::string superseded_reason_ ABSL_GUARDED_BY(abort_mu_);
   bool stopping_ ABSL_GUARDED_BY(abort_mu_) = false;
 
+  // Steps of the published version fail with `why` from now on (until
+  // version `by` is published), and its transport, if any, is aborted:
+  // whether there was one.
+  bool ReplaceLocked(int64_t by, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(abort_mu_);
   // Aborts a transport still published keep_for_ after a newer version
   // that kept every worker arrived.
   void Watch();

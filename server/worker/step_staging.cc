@@ -183,7 +183,8 @@ absl::Status StepStaging::PrepareFollowerBuffers() {
   int64_t largest = 1;
   // What one NCCL group lands here, each call in a place of its own (a
   // group's calls run at once, and a rank in the middle of a broadcast's
-  // chain passes on what it received): every mean, or a bucket's updates.
+  // chain passes on what it received): every mean, or the updates of a run
+  // of updates-back phases.
   int64_t sink = 1;
   for (int64_t n : roster_.follower_adamw) {
     largest = std::max(largest, n);
