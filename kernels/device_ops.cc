@@ -14,5 +14,19 @@ absl::Status CheckLentDType(DType dtype) {
                    " is not supported; lend fp32 or bf16 tensors"));
 }
 
+absl::StatusOr<TypedBuffer> TypedBuffer::Allocate(DeviceOps& ops, DType dtype,
+                                                  int64_t count,
+                                                  const char* what) {
+  const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
+  TypedBuffer out;
+  absl::StatusOr<std::unique_ptr<FloatBuffer>> block =
+      ops.Allocate((bytes + 3) / 4, what);
+  if (!block.ok()) return block.status();
+  out.block_ = *std::move(block);
+  out.dtype_ = dtype;
+  out.size_ = count;
+  return out;
+}
+
 }  // namespace kernels
 }  // namespace muonps

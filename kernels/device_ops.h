@@ -95,25 +95,26 @@ class DeviceOps {
   // block until done.
   virtual absl::Status Copy(float* dst, const float* src, int64_t count,
                             Stream stream) = 0;
-  // Lent tensors are fp32 or bf16: the calls below that take a DType
-  // answer INVALID_ARGUMENT naming `dtype` for any other.
-  //
-  // dst[i] <- float(src[i]) for `count` elements of `src_dtype` (fp32 is a
-  // copy). Device memory on both sides.
+  // dst[i] <- float(src[i]) for `count` elements of `src_dtype` (any DType;
+  // fp32 is a copy). Device memory on both sides.
   virtual absl::Status ToFloat(float* dst, const void* src, DType src_dtype,
                                int64_t count, Stream stream) = 0;
-  // dst[i] <- src[i] rounded to `dst_dtype` (fp32 or bf16; round to
-  // nearest even, as torch's .to(torch.bfloat16)).
+  // dst[i] <- src[i] rounded to `dst_dtype` (any DType; round to nearest
+  // even, as torch's .to(torch.bfloat16) and .to(torch.float16)).
   virtual absl::Status FromFloat(void* dst, DType dst_dtype, const float* src,
                                  int64_t count, Stream stream) = 0;
   // data[i] <- data[i] * factor (fp32).
   virtual absl::Status Scale(float* data, int64_t count, float factor,
                              Stream stream) = 0;
-  // param[i] <- param[i] * decay + step * update[i], computed in fp32 in
-  // that order and rounded once to `param_dtype` (fp32 or bf16).
+  // param[i] <- param[i] * decay + step * float(update[i]), computed in fp32
+  // in that order and rounded once to `param_dtype`. Parameters are lent
+  // tensors (fp32 or bf16: INVALID_ARGUMENT naming `dtype` for another);
+  // the update is of any DType (a Muon update travels in the precision
+  // Newton-Schulz ran in: MuonKernels::update_dtype).
   virtual absl::Status ApplyScaled(void* param, DType param_dtype,
-                                   const float* update, int64_t count,
-                                   float decay, float step, Stream stream) = 0;
+                                   const void* update, DType update_dtype,
+                                   int64_t count, float decay, float step,
+                                   Stream stream) = 0;
   // For every span, the index of its first non-finite element, or -1.
   // Waits for `stream` (one host synchronization for all spans).
   virtual absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
@@ -121,6 +122,30 @@ class DeviceOps {
   // Waits until everything enqueued on `stream` is done; returns any
   // asynchronous error of that work.
   virtual absl::Status Synchronize(Stream stream) = 0;
+};
+
+// An owned block of `size()` elements of one DType on a device (a
+// FloatBuffer holds its bytes), zero-filled when allocated. Empty (null)
+// until Allocate; movable.
+class TypedBuffer {
+ public:
+  TypedBuffer() = default;
+  // RESOURCE_EXHAUSTED naming `what` when the device is full.
+  static absl::StatusOr<TypedBuffer> Allocate(DeviceOps& ops, DType dtype,
+                                              int64_t count, const char* what);
+
+  DType dtype() const { return dtype_; }
+  int64_t size() const { return size_; }
+  explicit operator bool() const { return block_ != nullptr; }
+  // Element `element` (byte arithmetic by dtype()).
+  void* at(int64_t element) const {
+    return ElementsPast(block_->data(), dtype_, element);
+  }
+
+ private:
+  std::unique_ptr<FloatBuffer> block_;
+  DType dtype_ = DType::kFloat32;
+  int64_t size_ = 0;
 };
 
 }  // namespace kernels

@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/device.h"
+#include "common/dtype.h"
 #include "newton_schulz/options.h"
 
 namespace muonps {
@@ -120,6 +121,12 @@ class MuonKernels {
   // "cpu" or "cuda".
   virtual absl::string_view backend_name() const = 0;
 
+  // The precision Newton-Schulz iterates in: a step's update is
+  // Orthogonalize's result rounded to it (nearest even), as
+  // torch.optim.Muon's update is the bf16 result of its bf16 iteration.
+  // MuonStep applies it so; a worker moves updates in it.
+  virtual DType update_dtype() const = 0;
+
   // OK if every element of `stack` is finite; otherwise INVALID_ARGUMENT
   // naming the first offending matrix (see MatrixName) and element. Waits
   // for `stream`.
@@ -155,7 +162,8 @@ class MuonKernels {
                                    Stream stream) = 0;
 
   // One full Muon step on a stack: finite check of the gradients, momentum,
-  // Newton-Schulz, weight decay and the scaled update. On any error nothing
+  // Newton-Schulz, weight decay and the scaled update (Orthogonalize's
+  // result rounded to update_dtype()). On any error nothing
   // is written (the momentum and params are unchanged). Waits for `stream`.
   virtual absl::Status MuonStep(const MuonStack& stack,
                                 const MuonHyperparameters& hyper,

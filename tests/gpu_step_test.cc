@@ -553,6 +553,9 @@ std::vector<GpuCase> Cases() {
     out.push_back({layout, "bf16", "bf16"});
   }
   out.push_back({"replicated", "fp32", "bf16"});
+  // fp16 Newton-Schulz: its updates travel and wait in fp16.
+  out.push_back({"replicated", "fp16"});
+  out.push_back({"row_sharded", "fp16", "bf16"});
   return out;
 }
 

@@ -68,8 +68,18 @@ absl::Status ReferenceStep(kernels::MuonKernels& kernels,
   absl::Status s = kernels.UpdateMomentum(grad, momentum, momentum, h.momentum,
                                           h.nesterov, grad, stream);
   if (s.ok()) s = kernels.Orthogonalize(grad, grad, h.ns, stream);
+  // The update is Newton-Schulz's result rounded to its precision.
+  const DType update_dtype = kernels.update_dtype();
+  absl::StatusOr<kernels::TypedBuffer> update = kernels::TypedBuffer::Allocate(
+      ops, update_dtype, grad.elements(), "reference update");
+  if (s.ok()) s = update.status();
   if (s.ok()) {
-    s = ops.ApplyScaled(param, dtype, grad.data, grad.elements(),
+    s = ops.FromFloat(update->at(0), update_dtype, grad.data, grad.elements(),
+                      stream);
+  }
+  if (s.ok()) {
+    s = ops.ApplyScaled(param, dtype, update->at(0), update_dtype,
+                        grad.elements(),
                         static_cast<float>(1.0 - h.lr * h.weight_decay),
                         static_cast<float>(-kernels::AdjustedLr(
                             h.lr, h.lr_adjustment, grad.rows, grad.cols)),

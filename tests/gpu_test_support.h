@@ -50,9 +50,10 @@ absl::StatusOr<std::vector<float>> DownloadAs(DType dtype, const void* device,
 // The single-process reference of one step of `grad`/`momentum` (fp32
 // device stacks; `grad` is overwritten) applied to the parameter at
 // `param`, of `dtype`, on `stream` (synchronized before returning): fp32
-// parameters through MuonStep; bf16 ones through momentum, Newton-Schulz
-// and the worker's own DeviceOps::ApplyScaled (fp32 arithmetic, one
-// rounding), as the worker does.
+// parameters through MuonStep; bf16 ones through momentum, Newton-Schulz,
+// the result rounded to the kernels' update_dtype and the worker's own
+// DeviceOps::ApplyScaled (fp32 arithmetic, one rounding), as the worker
+// does.
 absl::Status ReferenceStep(kernels::MuonKernels& kernels,
                            kernels::DeviceOps& ops,
                            const kernels::MatrixStack& grad,

@@ -99,7 +99,10 @@ TEST_P(TwoGpusParityTest, FiftyStepsOverNcclMatchTheSameKernelsInOneProcess) {
       const double err = testing::RelativeError(
           got[r][m], testing::ExpertRows((*wanted)[m], c, b, e));
       worst = std::max(worst, err);
-      EXPECT_LE(err, 5e-3) << c.name << " trainer " << r;
+      // Bit for bit: every rank applies the owner's update as it left the
+      // owner (rounded to the precision Newton-Schulz ran in), as the
+      // single process applies its own.
+      EXPECT_EQ(err, 0) << c.name << " trainer " << r;
     }
   }
   std::printf(

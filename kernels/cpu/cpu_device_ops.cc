@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_device_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -62,7 +63,6 @@ absl::Status CpuDeviceOps::Scale(float* data, int64_t count, float factor,
 absl::Status CpuDeviceOps::ToFloat(float* dst, const void* src, DType src_dtype,
                                    int64_t count, Stream stream) {
   if (absl::Status s = HostOnly(stream); !s.ok()) return s;
-  if (absl::Status s = CheckLentDType(src_dtype); !s.ok()) return s;
   if (count > 0) muonps::ToFloat(src_dtype, src, count, dst);
   return absl::OkStatus();
 }
@@ -71,25 +71,38 @@ absl::Status CpuDeviceOps::FromFloat(void* dst, DType dst_dtype,
                                      const float* src, int64_t count,
                                      Stream stream) {
   if (absl::Status s = HostOnly(stream); !s.ok()) return s;
-  if (absl::Status s = CheckLentDType(dst_dtype); !s.ok()) return s;
   if (count > 0) muonps::FromFloat(dst_dtype, src, count, dst);
   return absl::OkStatus();
 }
 
 absl::Status CpuDeviceOps::ApplyScaled(void* param, DType param_dtype,
-                                       const float* update, int64_t count,
-                                       float decay, float step, Stream stream) {
+                                       const void* update, DType update_dtype,
+                                       int64_t count, float decay, float step,
+                                       Stream stream) {
   if (absl::Status s = HostOnly(stream); !s.ok()) return s;
   if (absl::Status s = CheckLentDType(param_dtype); !s.ok()) return s;
-  if (param_dtype == DType::kFloat32) {
-    float* p = static_cast<float*>(param);
-    for (int64_t i = 0; i < count; ++i) p[i] = p[i] * decay + step * update[i];
-    return absl::OkStatus();
-  }
-  uint16_t* p = static_cast<uint16_t*>(param);
-  for (int64_t i = 0; i < count; ++i) {
-    const float value = BFloat16ToFloat(p[i]) * decay + step * update[i];
-    p[i] = FloatToBFloat16(value);
+  // Widened a block at a time (the update's element type is the step's,
+  // the parameter's the trainer's).
+  constexpr int64_t kBlock = 4096;
+  float widened[kBlock];
+  for (int64_t at = 0; at < count; at += kBlock) {
+    const int64_t n = std::min(kBlock, count - at);
+    const float* u = widened;
+    if (update_dtype == DType::kFloat32) {
+      u = static_cast<const float*>(update) + at;
+    } else {
+      muonps::ToFloat(update_dtype, ElementsPast(update, update_dtype, at), n,
+                      widened);
+    }
+    if (param_dtype == DType::kFloat32) {
+      float* p = static_cast<float*>(param) + at;
+      for (int64_t i = 0; i < n; ++i) p[i] = p[i] * decay + step * u[i];
+      continue;
+    }
+    uint16_t* p = static_cast<uint16_t*>(param) + at;
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = FloatToBFloat16(BFloat16ToFloat(p[i]) * decay + step * u[i]);
+    }
   }
   return absl::OkStatus();
 }

@@ -31,9 +31,9 @@ class CpuDeviceOps final : public DeviceOps {
                          int64_t count, Stream stream) override;
   absl::Status Scale(float* data, int64_t count, float factor,
                      Stream stream) override;
-  absl::Status ApplyScaled(void* param, DType param_dtype, const float* update,
-                           int64_t count, float decay, float step,
-                           Stream stream) override;
+  absl::Status ApplyScaled(void* param, DType param_dtype, const void* update,
+                           DType update_dtype, int64_t count, float decay,
+                           float step, Stream stream) override;
   absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
       absl::Span<const FloatSpan> spans, Stream stream) override;
   absl::Status Synchronize(Stream stream) override;

@@ -28,8 +28,8 @@ TEST(CpuDeviceOpsTest, ScaleCopyAndApplyUseTheStepsFp32Arithmetic) {
   ASSERT_TRUE(ops.Scale(b.data(), 3, 0.5f, kHostStream).ok());
   EXPECT_EQ(b, (std::vector<float>{0.75f, -1.0f, 1.625f}));
   std::vector<float> p = {1.0f, 2.0f, 3.0f};
-  ASSERT_TRUE(ops.ApplyScaled(p.data(), DType::kFloat32, a.data(), 3, 0.9f,
-                              -0.1f, kHostStream)
+  ASSERT_TRUE(ops.ApplyScaled(p.data(), DType::kFloat32, a.data(),
+                              DType::kFloat32, 3, 0.9f, -0.1f, kHostStream)
                   .ok());
   for (int i = 0; i < 3; ++i) {
     const float want = (i + 1.0f) * 0.9f + -0.1f * a[i];
@@ -53,8 +53,8 @@ TEST(CpuDeviceOpsTest, Bf16TensorsConvertExactlyAndRoundTheUpdateOnce) {
     EXPECT_EQ(widened[i], BFloat16ToFloat(lent[i]));
   }
   const std::vector<float> update = {0.5f, 0.25f, -1.0f, 2.0f};
-  ASSERT_TRUE(ops.ApplyScaled(lent.data(), DType::kBFloat16, update.data(), 4,
-                              0.99f, -0.01f, kHostStream)
+  ASSERT_TRUE(ops.ApplyScaled(lent.data(), DType::kBFloat16, update.data(),
+                              DType::kFloat32, 4, 0.99f, -0.01f, kHostStream)
                   .ok());
   for (size_t i = 0; i < values.size(); ++i) {
     const float want = widened[i] * 0.99f + -0.01f * update[i];
@@ -62,12 +62,54 @@ TEST(CpuDeviceOpsTest, Bf16TensorsConvertExactlyAndRoundTheUpdateOnce) {
   }
 }
 
-TEST(CpuDeviceOpsTest, RefusesFp16LentTensorsNamingTheDtype) {
+// A Muon update in the precision Newton-Schulz ran in: applying it equals
+// applying its widened fp32 values, for either parameter dtype.
+TEST(CpuDeviceOpsTest, A16BitUpdateAppliesAsItsWidenedValues) {
+  CpuDeviceOps ops;
+  const std::vector<float> update = {0.5f, -0.3f, 1e-3f, 2.7e-2f, -7.1e-5f};
+  const int64_t n = static_cast<int64_t>(update.size());
+  for (const DType update_dtype : {DType::kBFloat16, DType::kFloat16}) {
+    std::vector<uint16_t> narrow(n);
+    ASSERT_TRUE(ops.FromFloat(narrow.data(), update_dtype, update.data(), n,
+                              kHostStream)
+                    .ok());
+    std::vector<float> widened(n);
+    ASSERT_TRUE(
+        ops.ToFloat(widened.data(), narrow.data(), update_dtype, n, kHostStream)
+            .ok());
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = update_dtype == DType::kBFloat16
+                                ? FloatToBFloat16(update[i])
+                                : FloatToHalf(update[i]);
+      EXPECT_EQ(narrow[i], want) << DTypeName(update_dtype) << " " << i;
+    }
+    for (const DType param_dtype : {DType::kFloat32, DType::kBFloat16}) {
+      const std::vector<float> start = {1.0f, -2.0f, 0.25f, 3.0f, -0.5f};
+      std::vector<char> got(n * DTypeSize(param_dtype));
+      std::vector<char> want(got.size());
+      ASSERT_TRUE(
+          ops.FromFloat(got.data(), param_dtype, start.data(), n, kHostStream)
+              .ok());
+      want = got;
+      ASSERT_TRUE(ops.ApplyScaled(got.data(), param_dtype, narrow.data(),
+                                  update_dtype, n, 0.99f, -0.01f, kHostStream)
+                      .ok());
+      ASSERT_TRUE(ops.ApplyScaled(want.data(), param_dtype, widened.data(),
+                                  DType::kFloat32, n, 0.99f, -0.01f,
+                                  kHostStream)
+                      .ok());
+      EXPECT_EQ(got, want) << DTypeName(update_dtype) << " onto "
+                           << DTypeName(param_dtype);
+    }
+  }
+}
+
+TEST(CpuDeviceOpsTest, RefusesFp16ParametersNamingTheDtype) {
   CpuDeviceOps ops;
   uint16_t half = 0;
-  float x = 0;
-  const absl::Status s =
-      ops.ToFloat(&x, &half, DType::kFloat16, 1, kHostStream);
+  const float update = 1;
+  const absl::Status s = ops.ApplyScaled(
+      &half, DType::kFloat16, &update, DType::kFloat32, 1, 1, -1, kHostStream);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("dtype: fp16"), absl::string_view::npos);
 }

@@ -28,6 +28,8 @@ class CpuKernels final : public MuonKernels {
   explicit CpuKernels(const CpuKernelOptions& options = {});
 
   absl::string_view backend_name() const override { return "cpu"; }
+  // Newton-Schulz runs in fp32 on the host.
+  DType update_dtype() const override { return DType::kFloat32; }
   absl::Status CheckFinite(const MatrixStack& stack,
                            absl::Span<const std::string> names,
                            Stream stream) override;

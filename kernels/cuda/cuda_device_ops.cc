@@ -23,6 +23,18 @@ class CudaFloatBuffer final : public FloatBuffer {
   int64_t count_;
 };
 
+cudaDataType DataType(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    case DType::kFloat32:
+      break;
+  }
+  return CUDA_R_32F;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(
@@ -132,43 +144,37 @@ absl::Status CudaDeviceOps::Scale(float* data, int64_t count, float factor,
 absl::Status CudaDeviceOps::ToFloat(float* dst, const void* src,
                                     DType src_dtype, int64_t count,
                                     Stream stream) {
-  MUONPS_RETURN_IF_ERROR(CheckLentDType(src_dtype));
   if (src_dtype == DType::kFloat32) {
     return Copy(dst, static_cast<const float*>(src), count, stream);
   }
   MUONPS_RETURN_IF_ERROR(UseDevice());
-  return CudaStatus(LaunchBf16ToFloat(static_cast<const __nv_bfloat16*>(src),
-                                      dst, count, stream),
-                    "LaunchBf16ToFloat");
+  return CudaStatus(
+      LaunchConvert(src, DataType(src_dtype), dst, CUDA_R_32F, count, stream),
+      "LaunchConvert");
 }
 
 absl::Status CudaDeviceOps::FromFloat(void* dst, DType dst_dtype,
                                       const float* src, int64_t count,
                                       Stream stream) {
-  MUONPS_RETURN_IF_ERROR(CheckLentDType(dst_dtype));
   if (dst_dtype == DType::kFloat32) {
     return Copy(static_cast<float*>(dst), src, count, stream);
   }
   MUONPS_RETURN_IF_ERROR(UseDevice());
   return CudaStatus(
-      LaunchFloatToBf16(src, static_cast<__nv_bfloat16*>(dst), count, stream),
-      "LaunchFloatToBf16");
+      LaunchConvert(src, CUDA_R_32F, dst, DataType(dst_dtype), count, stream),
+      "LaunchConvert");
 }
 
 absl::Status CudaDeviceOps::ApplyScaled(void* param, DType param_dtype,
-                                        const float* update, int64_t count,
-                                        float decay, float step,
+                                        const void* update, DType update_dtype,
+                                        int64_t count, float decay, float step,
                                         Stream stream) {
   MUONPS_RETURN_IF_ERROR(CheckLentDType(param_dtype));
   MUONPS_RETURN_IF_ERROR(UseDevice());
-  if (param_dtype == DType::kBFloat16) {
-    return CudaStatus(LaunchApplyUpdateBf16(static_cast<__nv_bfloat16*>(param),
-                                            update, count, decay, step, stream),
-                      "LaunchApplyUpdateBf16");
-  }
-  return CudaStatus(LaunchApplyUpdate(static_cast<float*>(param), update, count,
-                                      decay, step, stream, nullptr),
-                    "LaunchApplyUpdate");
+  return CudaStatus(
+      LaunchApplyUpdate(param, DataType(param_dtype), update,
+                        DataType(update_dtype), count, decay, step, stream),
+      "LaunchApplyUpdate");
 }
 
 absl::StatusOr<std::vector<int64_t>> CudaDeviceOps::FirstNonFinite(

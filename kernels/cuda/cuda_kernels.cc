@@ -249,9 +249,22 @@ absl::Status CudaKernels::ApplyUpdate(const MatrixStack& param,
   const float decay = static_cast<float>(1.0 - lr * weight_decay);
   const float step =
       static_cast<float>(-AdjustedLr(lr, adjustment, param.rows, param.cols));
-  return CudaStatus(LaunchApplyUpdate(param.data, update.data, param.elements(),
-                                      decay, step, stream),
-                    "apply-update kernel");
+  return CudaStatus(
+      LaunchApplyUpdate(param.data, CUDA_R_32F, update.data, CUDA_R_32F,
+                        param.elements(), decay, step, stream),
+      "apply-update kernel");
+}
+
+DType CudaKernels::update_dtype() const {
+  switch (precision_) {
+    case Precision::kBf16:
+      return DType::kBFloat16;
+    case Precision::kFp16:
+      return DType::kFloat16;
+    case Precision::kFp32:
+      break;
+  }
+  return DType::kFloat32;
 }
 
 absl::Status CudaKernels::MuonStep(const MuonStack& stack,
@@ -263,7 +276,12 @@ absl::Status CudaKernels::MuonStep(const MuonStack& stack,
   MUONPS_RETURN_IF_ERROR(Enter(stream));
   const MatrixStack& grad = stack.grad;
   const int64_t elements = grad.elements();
-  const size_t bytes = static_cast<size_t>(elements) * sizeof(float);
+  // The update in fp32, and rounded to the precision (16-bit) after it.
+  const cudaDataType low = LowType(precision_);
+  const size_t wide_bytes = static_cast<size_t>(elements) * sizeof(float);
+  const size_t bytes =
+      wide_bytes +
+      (low == CUDA_R_32F ? 0 : static_cast<size_t>(elements) * sizeof(short));
   if (update_.bytes() < bytes) {
     // Nothing queued uses the old buffer: every MuonStep ends synchronized.
     MUONPS_ASSIGN_OR_RETURN(update_,
@@ -277,11 +295,19 @@ absl::Status CudaKernels::MuonStep(const MuonStack& stack,
       hyper.momentum, hyper.nesterov, stream, flag));
   MUONPS_RETURN_IF_ERROR(engine_->Run(update, update, grad.count, grad.rows,
                                       grad.cols, hyper.ns, stream));
+  const void* applied = update;
+  if (low != CUDA_R_32F) {
+    void* rounded = static_cast<char*>(update_.get()) + wide_bytes;
+    MUONPS_CUDA_RETURN_IF_ERROR(
+        LaunchConvert(update, CUDA_R_32F, rounded, low, elements, stream));
+    applied = rounded;
+  }
   const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
   const float step = static_cast<float>(
       -AdjustedLr(hyper.lr, hyper.lr_adjustment, grad.rows, grad.cols));
-  MUONPS_CUDA_RETURN_IF_ERROR(LaunchApplyUpdate(
-      stack.param.data, update, elements, decay, step, stream, flag));
+  MUONPS_CUDA_RETURN_IF_ERROR(LaunchApplyUpdate(stack.param.data, CUDA_R_32F,
+                                                applied, low, elements, decay,
+                                                step, stream, flag));
   MUONPS_ASSIGN_OR_RETURN(const int64_t bad, ReadFiniteCheck(stream));
   if (bad < 0) return absl::OkStatus();
   const int64_t matrix = bad / grad.matrix_elements();

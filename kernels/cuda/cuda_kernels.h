@@ -80,6 +80,7 @@ class CudaKernels : public MuonKernels {
   absl::Status Synchronize(Stream stream);
 
   absl::string_view backend_name() const override { return "cuda"; }
+  DType update_dtype() const override;
   absl::Status CheckFinite(const MatrixStack& stack,
                            absl::Span<const std::string> names,
                            Stream stream) override;
@@ -125,7 +126,9 @@ class CudaKernels : public MuonKernels {
   DeviceBuffer cublas_workspace_;
   DeviceBuffer first_bad_;                        // one unsigned long long
   unsigned long long* host_first_bad_ = nullptr;  // pinned
-  DeviceBuffer update_;  // MuonStep's update, grown on demand
+  // MuonStep's update in fp32, then (16-bit precision) rounded, grown on
+  // demand.
+  DeviceBuffer update_;
   std::unique_ptr<NsEngine> engine_;
 };
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -75,6 +76,56 @@ TEST(CudaMuonStepTest, FiveStepsMatchCpu) {
     MuonStepsAgree(Precision::kFp32, a, {4, 48, 160}, 1e-5);
     // An NS output off by the bf16 bound moves params by lr * that.
     MuonStepsAgree(Precision::kBf16, a, {4, 160, 48}, 1e-3);
+  }
+}
+
+// The update a step applies is Newton-Schulz's result rounded to the
+// precision it iterated in (torch.optim.Muon's update is bf16): MuonStep
+// equals momentum, Orthogonalize, the rounding and the apply of the 16-bit
+// values, bit for bit; in fp32 nothing is rounded.
+TEST(CudaMuonStepTest, TheUpdateIsRoundedToThePrecision) {
+  const Shape s{3, 64, 96};
+  for (const Precision p :
+       {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    auto gpu = Gpu(p);
+    ASSERT_NE(gpu, nullptr);
+    const DType update_dtype = gpu->update_dtype();
+    EXPECT_EQ(DTypeName(update_dtype), PrecisionName(p));
+    MuonHyperparameters hyper;
+    hyper.lr = 0.02;
+    hyper.weight_decay = 0.1;
+    std::vector<float> grad = GaussianMatrix(s.count * s.rows, s.cols, 11);
+    std::vector<float> param = GaussianMatrix(s.count * s.rows, s.cols, 12);
+    std::vector<float> momentum(s.size(), 0.0f);
+    std::vector<float> want_param = param, want_momentum = momentum;
+    ASSERT_TRUE(
+        gpu->MuonStep(MuonStack{{"w"},
+                                {grad.data(), s.count, s.rows, s.cols},
+                                {momentum.data(), s.count, s.rows, s.cols},
+                                {param.data(), s.count, s.rows, s.cols}},
+                      hyper, kHostStream)
+            .ok());
+    std::vector<float> update(s.size());
+    const MatrixStack g{grad.data(), s.count, s.rows, s.cols};
+    const MatrixStack m{want_momentum.data(), s.count, s.rows, s.cols};
+    const MatrixStack u{update.data(), s.count, s.rows, s.cols};
+    ASSERT_TRUE(gpu->UpdateMomentum(g, m, m, hyper.momentum, hyper.nesterov, u,
+                                    kHostStream)
+                    .ok());
+    ASSERT_TRUE(gpu->Orthogonalize(u, u, hyper.ns, kHostStream).ok());
+    std::vector<uint16_t> narrow(s.size());
+    if (update_dtype != DType::kFloat32) {
+      FromFloat(update_dtype, update.data(), update.size(), narrow.data());
+      ToFloat(update_dtype, narrow.data(), narrow.size(), update.data());
+    }
+    const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
+    const float step = static_cast<float>(
+        -AdjustedLr(hyper.lr, hyper.lr_adjustment, s.rows, s.cols));
+    for (size_t i = 0; i < want_param.size(); ++i) {
+      want_param[i] = want_param[i] * decay + step * update[i];
+    }
+    EXPECT_EQ(momentum, want_momentum) << PrecisionName(p);
+    EXPECT_EQ(param, want_param) << PrecisionName(p);
   }
 }
 

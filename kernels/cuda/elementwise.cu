@@ -1,4 +1,8 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/elementwise.h"
 
@@ -87,48 +91,81 @@ __global__ void MomentumKernel(const float* grad, const float* previous,
       });
 }
 
-__global__ void ApplyKernel(float* param, const float* update, int64_t count,
+// An element of a parameter or update as fp32, and fp32 rounded to one
+// (nearest even).
+__device__ __forceinline__ float Widen(float v) { return v; }
+__device__ __forceinline__ float Widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float Widen(__half v) { return __half2float(v); }
+template <typename T>
+__device__ __forceinline__ T Narrow(float v);
+template <>
+__device__ __forceinline__ float Narrow<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 Narrow<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half Narrow<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// param <- param * decay + step * update in fp32, rounded once to P.
+template <typename P, typename U>
+__global__ void ApplyKernel(P* param, const U* update, int64_t count,
                             float decay, float step,
                             const unsigned long long* first_bad) {
   if (Rejected(first_bad)) return;
   auto one = [&](float p, float u) {
     return __fadd_rn(__fmul_rn(p, decay), __fmul_rn(step, u));
   };
-  ForEach(
-      count, Aligned16(param, update),
-      [&](int64_t i) {
-        float4 p = *reinterpret_cast<const float4*>(param + i);
-        const float4 u = *reinterpret_cast<const float4*>(update + i);
-        p = make_float4(one(p.x, u.x), one(p.y, u.y), one(p.z, u.z),
-                        one(p.w, u.w));
-        *reinterpret_cast<float4*>(param + i) = p;
-      },
-      [&](int64_t i) { param[i] = one(param[i], update[i]); });
-}
-
-__global__ void ApplyBf16Kernel(__nv_bfloat16* param, const float* update,
-                                int64_t count, float decay, float step) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float p = __bfloat162float(param[i]);
-    param[i] = __float2bfloat16_rn(
-        __fadd_rn(__fmul_rn(p, decay), __fmul_rn(step, update[i])));
+  if constexpr (std::is_same_v<P, float> && std::is_same_v<U, float>) {
+    ForEach(
+        count, Aligned16(param, update),
+        [&](int64_t i) {
+          float4 p = *reinterpret_cast<const float4*>(param + i);
+          const float4 u = *reinterpret_cast<const float4*>(update + i);
+          p = make_float4(one(p.x, u.x), one(p.y, u.y), one(p.z, u.z),
+                          one(p.w, u.w));
+          *reinterpret_cast<float4*>(param + i) = p;
+        },
+        [&](int64_t i) { param[i] = one(param[i], update[i]); });
+  } else {
+    ForEach(
+        count, false, [](int64_t) {},
+        [&](int64_t i) {
+          param[i] = Narrow<P>(one(Widen(param[i]), Widen(update[i])));
+        });
   }
 }
 
-__global__ void Bf16ToFloatKernel(const __nv_bfloat16* src, float* dst,
-                                  int64_t count) {
+template <typename S, typename D>
+__global__ void ConvertKernel(const S* src, D* dst, int64_t count) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = __bfloat162float(src[i]);
+    dst[i] = Narrow<D>(Widen(src[i]));
   }
 }
 
-__global__ void FloatToBf16Kernel(const float* src, __nv_bfloat16* dst,
-                                  int64_t count) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = __float2bfloat16_rn(src[i]);
+// Calls f(T{}) with T the element type `type` names; false for a type the
+// kernels do not take.
+template <typename F>
+bool WithType(cudaDataType type, F f) {
+  switch (type) {
+    case CUDA_R_32F:
+      f(float{});
+      return true;
+    case CUDA_R_16BF:
+      f(__nv_bfloat16{});
+      return true;
+    case CUDA_R_16F:
+      f(__half{});
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -188,36 +225,43 @@ cudaError_t LaunchMomentum(const float* grad, const float* previous,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchApplyUpdate(float* param, const float* update, int64_t count,
-                              float decay, float step, cudaStream_t stream,
+cudaError_t LaunchApplyUpdate(void* param, cudaDataType param_type,
+                              const void* update, cudaDataType update_type,
+                              int64_t count, float decay, float step,
+                              cudaStream_t stream,
                               const unsigned long long* first_bad) {
   if (count <= 0) return cudaSuccess;
-  ApplyKernel<<<Blocks((count + 3) / 4), kThreads, 0, stream>>>(
-      param, update, count, decay, step, first_bad);
-  return cudaGetLastError();
+  bool known = false;
+  WithType(param_type, [&](auto p) {
+    using P = decltype(p);
+    known = WithType(update_type, [&](auto u) {
+      using U = decltype(u);
+      // Four elements a thread where both are fp32, one otherwise.
+      constexpr bool kVector =
+          std::is_same_v<P, float> && std::is_same_v<U, float>;
+      ApplyKernel<P, U>
+          <<<Blocks(kVector ? (count + 3) / 4 : count), kThreads, 0, stream>>>(
+              static_cast<P*>(param), static_cast<const U*>(update), count,
+              decay, step, first_bad);
+    });
+  });
+  return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchApplyUpdateBf16(__nv_bfloat16* param, const float* update,
-                                  int64_t count, float decay, float step,
-                                  cudaStream_t stream) {
+cudaError_t LaunchConvert(const void* src, cudaDataType src_type, void* dst,
+                          cudaDataType dst_type, int64_t count,
+                          cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  ApplyBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(param, update, count,
-                                                          decay, step);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchBf16ToFloat(const __nv_bfloat16* src, float* dst,
-                              int64_t count, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  Bf16ToFloatKernel<<<Blocks(count), kThreads, 0, stream>>>(src, dst, count);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchFloatToBf16(const float* src, __nv_bfloat16* dst,
-                              int64_t count, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  FloatToBf16Kernel<<<Blocks(count), kThreads, 0, stream>>>(src, dst, count);
-  return cudaGetLastError();
+  bool known = false;
+  WithType(src_type, [&](auto s) {
+    using S = decltype(s);
+    known = WithType(dst_type, [&](auto d) {
+      using D = decltype(d);
+      ConvertKernel<S, D><<<Blocks(count), kThreads, 0, stream>>>(
+          static_cast<const S*>(src), static_cast<D*>(dst), count);
+    });
+  });
+  return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchScale(float* data, int64_t count, float factor,

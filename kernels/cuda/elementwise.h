@@ -13,8 +13,8 @@
 #ifndef MUONPS_KERNELS_CUDA_ELEMENTWISE_H_
 #define MUONPS_KERNELS_CUDA_ELEMENTWISE_H_
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <library_types.h>
 
 #include <cstdint>
 
@@ -30,23 +30,20 @@ cudaError_t LaunchMomentum(const float* grad, const float* previous,
                            double mu, bool nesterov, cudaStream_t stream,
                            const unsigned long long* first_bad = nullptr);
 
-// param <- param * decay + step * update (step = -adjusted lr).
-cudaError_t LaunchApplyUpdate(float* param, const float* update, int64_t count,
-                              float decay, float step, cudaStream_t stream,
+// param <- param * decay + step * update (step = -adjusted lr), computed in
+// fp32 from the widened elements in that order and rounded once to the
+// parameter's type (nearest even). Types: CUDA_R_32F, CUDA_R_16BF and
+// CUDA_R_16F (cudaErrorInvalidValue for another).
+cudaError_t LaunchApplyUpdate(void* param, cudaDataType param_type,
+                              const void* update, cudaDataType update_type,
+                              int64_t count, float decay, float step,
+                              cudaStream_t stream,
                               const unsigned long long* first_bad = nullptr);
-
-// The same for a bf16 parameter: computed in fp32 from float(param), in the
-// same order, and rounded once to bf16 (nearest even).
-cudaError_t LaunchApplyUpdateBf16(__nv_bfloat16* param, const float* update,
-                                  int64_t count, float decay, float step,
-                                  cudaStream_t stream);
-
-// dst <- float(src) and dst <- bf16(src) (nearest even), `count` elements.
-cudaError_t LaunchBf16ToFloat(const __nv_bfloat16* src, float* dst,
-                              int64_t count, cudaStream_t stream);
-cudaError_t LaunchFloatToBf16(const float* src, __nv_bfloat16* dst,
-                              int64_t count, cudaStream_t stream);
-
+// dst <- src converted (widened, or rounded to nearest even), `count`
+// elements; types as above.
+cudaError_t LaunchConvert(const void* src, cudaDataType src_type, void* dst,
+                          cudaDataType dst_type, int64_t count,
+                          cudaStream_t stream);
 // data <- data * factor (fp32, rounded to nearest as on the CPU).
 cudaError_t LaunchScale(float* data, int64_t count, float factor,
                         cudaStream_t stream);

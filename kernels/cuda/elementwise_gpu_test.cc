@@ -93,8 +93,8 @@ TEST_F(ElementwiseGpuTest, MomentumAndApplyEqualTheCpuBackendBitForBit) {
     const float decay = static_cast<float>(1.0 - 0.02 * 0.1);
     const float step = static_cast<float>(
         -AdjustedLr(0.02, LrAdjustment::kOriginal, rows, cols));
-    ASSERT_EQ(LaunchApplyUpdate(d_param.get(), d_update.get(), n, decay, step,
-                                stream_),
+    ASSERT_EQ(LaunchApplyUpdate(d_param.get(), CUDA_R_32F, d_update.get(),
+                                CUDA_R_32F, n, decay, step, stream_),
               cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     EXPECT_EQ(d_momentum.ToHost(), cpu_momentum) << nesterov;
@@ -140,14 +140,14 @@ TEST_F(ElementwiseGpuTest, DeviceOpsEqualTheCpusForBothDtypes) {
     // fp32 parameter.
     std::vector<float> cpu_param = start;
     ASSERT_TRUE(cpu.ApplyScaled(cpu_param.data() + offset, DType::kFloat32,
-                                update.data() + offset, count, 0.998f, -0.03f,
-                                kHostStream)
+                                update.data() + offset, DType::kFloat32, count,
+                                0.998f, -0.03f, kHostStream)
                     .ok());
     DeviceBuffer d_param(start), d_update(update);
     ASSERT_TRUE((*gpu)
                     ->ApplyScaled(d_param.get() + offset, DType::kFloat32,
-                                  d_update.get() + offset, count, 0.998f,
-                                  -0.03f, stream_)
+                                  d_update.get() + offset, DType::kFloat32,
+                                  count, 0.998f, -0.03f, stream_)
                     .ok());
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     EXPECT_EQ(d_param.ToHost(), cpu_param) << offset;
@@ -157,8 +157,8 @@ TEST_F(ElementwiseGpuTest, DeviceOpsEqualTheCpusForBothDtypes) {
                               kHostStream)
                     .ok());
     ASSERT_TRUE(cpu.ApplyScaled(cpu16.data() + offset, DType::kBFloat16,
-                                update.data() + offset, count, 0.998f, -0.03f,
-                                kHostStream)
+                                update.data() + offset, DType::kFloat32, count,
+                                0.998f, -0.03f, kHostStream)
                     .ok());
     std::vector<float> cpu_wide(n);
     ASSERT_TRUE(cpu.ToFloat(cpu_wide.data(), cpu16.data(), DType::kBFloat16, n,
@@ -173,8 +173,8 @@ TEST_F(ElementwiseGpuTest, DeviceOpsEqualTheCpusForBothDtypes) {
             .ok());
     ASSERT_TRUE((*gpu)
                     ->ApplyScaled(d16 + offset, DType::kBFloat16,
-                                  d_update.get() + offset, count, 0.998f,
-                                  -0.03f, stream_)
+                                  d_update.get() + offset, DType::kFloat32,
+                                  count, 0.998f, -0.03f, stream_)
                     .ok());
     ASSERT_TRUE(
         (*gpu)->ToFloat(d_wide.get(), d16, DType::kBFloat16, n, stream_).ok());
@@ -205,6 +205,80 @@ TEST_F(ElementwiseGpuTest, DeviceOpsEqualTheCpusForBothDtypes) {
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   EXPECT_EQ(d_momentum.ToHost(), cpu_momentum);
   EXPECT_EQ(d_out.ToHost(), cpu_out);
+}
+
+// A Muon update in 16 bits (the precision Newton-Schulz ran in) narrowed,
+// applied to either parameter dtype and widened on the GPU, equals the CPU's
+// bit for bit, at an odd size and a misaligned start.
+TEST_F(ElementwiseGpuTest, SixteenBitUpdatesEqualTheCpusForEveryDtype) {
+  absl::StatusOr<std::unique_ptr<cuda::CudaDeviceOps>> gpu =
+      cuda::CudaDeviceOps::Create(0, stream_);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  CpuDeviceOps cpu;
+  const int64_t n = 1003;
+  const std::vector<float> update = reference::GaussianMatrix(1, n, 7);
+  const std::vector<float> start = reference::GaussianMatrix(1, n, 8);
+  DeviceBuffer d_update(update), d_start(start);
+  for (const DType update_dtype : {DType::kBFloat16, DType::kFloat16}) {
+    std::vector<uint16_t> cpu_narrow(n);
+    ASSERT_TRUE(cpu.FromFloat(cpu_narrow.data(), update_dtype, update.data(), n,
+                              kHostStream)
+                    .ok());
+    uint16_t* d_narrow = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_narrow, n * 2), cudaSuccess);
+    ASSERT_TRUE(
+        (*gpu)
+            ->FromFloat(d_narrow, update_dtype, d_update.get(), n, stream_)
+            .ok());
+    std::vector<uint16_t> gpu_narrow(n);
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpy(gpu_narrow.data(), d_narrow, n * 2, cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    EXPECT_EQ(gpu_narrow, cpu_narrow) << DTypeName(update_dtype);
+    for (const DType param_dtype : {DType::kFloat32, DType::kBFloat16}) {
+      const size_t bytes = n * DTypeSize(param_dtype);
+      std::vector<char> cpu_param(bytes);
+      ASSERT_TRUE(cpu.FromFloat(cpu_param.data(), param_dtype, start.data(), n,
+                                kHostStream)
+                      .ok());
+      ASSERT_TRUE(
+          cpu.ApplyScaled(ElementsPast(cpu_param.data(), param_dtype, 1),
+                          param_dtype, cpu_narrow.data() + 1, update_dtype,
+                          n - 1, 0.998f, -0.03f, kHostStream)
+              .ok());
+      void* d_param = nullptr;
+      ASSERT_EQ(cudaMalloc(&d_param, bytes), cudaSuccess);
+      ASSERT_TRUE(
+          (*gpu)
+              ->FromFloat(d_param, param_dtype, d_start.get(), n, stream_)
+              .ok());
+      ASSERT_TRUE((*gpu)
+                      ->ApplyScaled(ElementsPast(d_param, param_dtype, 1),
+                                    param_dtype, d_narrow + 1, update_dtype,
+                                    n - 1, 0.998f, -0.03f, stream_)
+                      .ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      std::vector<char> gpu_param(bytes);
+      ASSERT_EQ(
+          cudaMemcpy(gpu_param.data(), d_param, bytes, cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      cudaFree(d_param);
+      EXPECT_EQ(gpu_param, cpu_param)
+          << DTypeName(update_dtype) << " onto " << DTypeName(param_dtype);
+    }
+    // And widened back on the device.
+    DeviceBuffer d_wide{std::vector<float>(n)};
+    ASSERT_TRUE(
+        (*gpu)->ToFloat(d_wide.get(), d_narrow, update_dtype, n, stream_).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    std::vector<float> cpu_wide(n);
+    ASSERT_TRUE(cpu.ToFloat(cpu_wide.data(), cpu_narrow.data(), update_dtype, n,
+                            kHostStream)
+                    .ok());
+    EXPECT_EQ(d_wide.ToHost(), cpu_wide) << DTypeName(update_dtype);
+    cudaFree(d_narrow);
+  }
 }
 
 }  // namespace

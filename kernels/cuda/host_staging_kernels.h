@@ -36,6 +36,7 @@ class HostStagingKernels final : public MuonKernels {
   ~HostStagingKernels() override;
 
   absl::string_view backend_name() const override { return "cuda"; }
+  DType update_dtype() const override { return device_->update_dtype(); }
   CudaKernels& device_kernels() { return *device_; }
 
   absl::Status CheckFinite(const MatrixStack& stack,

@@ -190,10 +190,11 @@ class GatedOps : public kernels::DeviceOps {
                      Stream s) override {
     return ops_.Scale(data, count, factor, s);
   }
-  absl::Status ApplyScaled(void* param, DType dtype, const float* update,
-                           int64_t count, float decay, float step,
-                           Stream s) override {
-    return ops_.ApplyScaled(param, dtype, update, count, decay, step, s);
+  absl::Status ApplyScaled(void* param, DType dtype, const void* update,
+                           DType update_dtype, int64_t count, float decay,
+                           float step, Stream s) override {
+    return ops_.ApplyScaled(param, dtype, update, update_dtype, count, decay,
+                            step, s);
   }
   absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
       absl::Span<const kernels::FloatSpan> spans, Stream s) override {

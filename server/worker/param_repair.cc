@@ -38,7 +38,7 @@ absl::Status RepairParameters(const RoundDecision& decision,
   // The means sit in the source's staging since it committed the step.
   for (const int i : trainer->unreduced) {
     const Binding& b = trainer->adamw[i].second;
-    float* mean = trainer->staging->data() + b.staged_at;
+    float* mean = trainer->means->data() + b.staged_at;
     MUONPS_RETURN_IF_ERROR(
         source ? t.Send(mean, b.elements, DType::kFloat32, peer, stream)
                : t.Recv(mean, b.elements, DType::kFloat32, peer, stream));

@@ -109,6 +109,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   mine.hyper_hash = HyperHash(request);
   mine.trainer_rank = trainer_ == nullptr ? -1 : trainer_->rank;
   mine.trainer_count = trainer_ == nullptr ? 0 : trainer_->count;
+  mine.update_dtype = static_cast<int32_t>(plan_.update_dtype);
   mine.torn_step = -1;
   mine.record_decided = -1;
   if (trainer_ != nullptr) {

@@ -66,7 +66,7 @@ absl::Status WriteMeans(const std::vector<int>& means,
                         kernels::DeviceOps& ops) {
   for (const int i : means) {
     const Binding& b = trainer.adamw[i].second;
-    const float* mean = trainer.staging->data() + b.staged_at;
+    const float* mean = trainer.means->data() + b.staged_at;
     MUONPS_RETURN_IF_ERROR(b.dtype == DType::kFloat32
                                ? ops.Copy(static_cast<float*>(b.lent_grad),
                                           mean, b.elements, ops.stream())
@@ -86,12 +86,13 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
     // leaves applying above applied for its successor to see.
     MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
         stream, StepRecordWord::kApplying, StepRecordValue(staged.step_id)));
-    const float* staging = trainer->staging->data();
+    const kernels::TypedBuffer& updates = trainer->updates;
     for (const ParamApply& a : staged.applies) {
       const Binding& b = trainer->matrices[a.matrix];
-      MUONPS_RETURN_IF_ERROR(ops.ApplyScaled(
-          kernels::ElementsPast(b.param, b.dtype, a.first), b.dtype,
-          staging + a.staged_at, a.count, a.decay, a.step, stream));
+      MUONPS_RETURN_IF_ERROR(
+          ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
+                          b.dtype, updates.at(a.staged_at), updates.dtype(),
+                          a.count, a.decay, a.step, stream));
     }
     MUONPS_RETURN_IF_ERROR(WriteMeans(staged.means, *trainer, ops));
     MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(

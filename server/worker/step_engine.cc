@@ -45,6 +45,7 @@ StepEngine::StepEngine(std::string worker_id, StepBackend backend,
     : worker_id_(std::move(worker_id)),
       device_(backend.ops->device()),
       ops_(backend.ops.get()),
+      update_dtype_(backend.kernels->update_dtype()),
       backend_(std::move(backend)),
       momentum_(worker_id_, ops_),
       transport_(worker_id_, device_, std::move(make_transport)),
@@ -78,7 +79,7 @@ int64_t StepEngine::LoadCheckpointedMeans(const AttachedTrainer& trainer,
           absl::StrCat("no means of ", Quoted(name), " of its size"));
       break;
     }
-    loaded = ops.Copy(trainer.staging->data() + b.staged_at, it->second.data(),
+    loaded = ops.Copy(trainer.means->data() + b.staged_at, it->second.data(),
                       b.elements, ops.stream());
   }
   if (loaded.ok()) loaded = ops.Synchronize(ops.stream());
@@ -347,7 +348,7 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
             std::vector<float>& values = means[name];
             values.resize(b.elements);
             MUONPS_RETURN_IF_ERROR(
-                ops->Copy(values.data(), trainer->staging->data() + b.staged_at,
+                ops->Copy(values.data(), trainer->means->data() + b.staged_at,
                           b.elements, ops->stream()));
           }
           MUONPS_RETURN_IF_ERROR(ops->Synchronize(ops->stream()));
@@ -378,6 +379,7 @@ absl::Status StepEngine::SetPlan(
   absl::MutexLock changing(&plan_change_mu_);
   MUONPS_ASSIGN_OR_RETURN(PlanState next,
                           BuildPlanState(plan, addresses, worker_id_));
+  next.update_dtype = update_dtype_;
   // Allocated (and zero-filled) before the lock: Attach, heartbeats and
   // the momentum calls never wait for it; a step in progress goes on.
   MUONPS_RETURN_IF_ERROR(next.AllocateBuffers(*ops_));
@@ -462,7 +464,7 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
 
   // The device ops allocate thread-safely; only their use in a step is
   // ordered by the lock.
-  MUONPS_RETURN_IF_ERROR(trainer.AllocateWorkBuffers(*ops));
+  MUONPS_RETURN_IF_ERROR(trainer.AllocateWorkBuffers(*ops, update_dtype_));
   // A restarted worker (nothing committed since it started) takes the
   // record's step as its last; the step's AdamW means died with its
   // predecessor's staging, so they come back from its checkpoint of that

@@ -277,6 +277,8 @@ class StepEngine {
   const Device device_;
   // backend_'s ops, for what allocates outside mu_ (thread-safe).
   kernels::DeviceOps* const ops_;
+  // The precision of backend_'s updates (MuonKernels::update_dtype).
+  const DType update_dtype_;
   // One SetPlan at a time: each prepares its stacks against the installed
   // version before it takes mu_.
   absl::Mutex plan_change_mu_ ABSL_ACQUIRED_BEFORE(mu_);

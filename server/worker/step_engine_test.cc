@@ -115,8 +115,8 @@ TEST_F(StepEngineTest, Bf16ParametersMatchTheKernelsInOneProcessBitForBit) {
       const float scale = static_cast<float>(
           -kernels::AdjustedLr(h.lr, h.lr_adjustment, d.rows, d.cols));
       ASSERT_TRUE(ops.ApplyScaled(param[d.name].data(), DType::kBFloat16,
-                                  g.data(), d.rows * d.cols, decay, scale,
-                                  kHostStream)
+                                  g.data(), DType::kFloat32, d.rows * d.cols,
+                                  decay, scale, kHostStream)
                       .ok());
     }
   }

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "common/status.h"
 
 namespace muonps {
@@ -371,6 +372,18 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
           x.trainer_count);
     } else {
       seen[x.trainer_rank] = true;
+    }
+  }
+  for (int r = 1; r < n && problem.empty(); ++r) {
+    if (h[r].update_dtype != first.update_dtype) {
+      problem = absl::StrCat(
+          Who(ids, r), " moves its updates in ",
+          DTypeName(static_cast<DType>(h[r].update_dtype)), " and ",
+          Who(ids, 0), " in ",
+          DTypeName(static_cast<DType>(first.update_dtype)),
+          ": every worker of a job runs Newton-Schulz in one precision "
+          "(--precision)");
+      code = absl::StatusCode::kFailedPrecondition;
     }
   }
   if (!problem.empty()) {

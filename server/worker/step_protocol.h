@@ -60,6 +60,9 @@ struct StepHeader {
   int32_t problem_code;
   int32_t trainer_rank;  // -1: no trainer
   int32_t trainer_count;
+  // The DType its updates travel in (PlanState::update_dtype): a step runs
+  // only when every rank's is the same.
+  int32_t update_dtype;
   char problem[kProblemBytes];  // "" or why this rank cannot step
 };
 

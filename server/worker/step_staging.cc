@@ -11,8 +11,7 @@ namespace muonps {
 namespace worker {
 namespace {
 
-// The step moves widened fp32 gradients, parameters' updates and means: the
-// transport counts them in fp32 elements (bytes_ stays in bytes).
+// Gradients and means move as fp32; updates in the plan's update_dtype.
 constexpr DType kF32 = DType::kFloat32;
 
 }  // namespace
@@ -193,7 +192,8 @@ absl::Status StepStaging::PrepareFollowerBuffers() {
   for (const scheduler::MatrixSpec& spec : plan_.matrices) {
     largest = std::max(largest, spec.rows * spec.cols);
   }
-  // A run of updates-back phases is one group (Stage).
+  // A run of updates-back phases is one group (Stage); its updates are of
+  // the plan's update_dtype.
   int64_t updates = 0;
   for (const scheduler::Phase& phase : plan_.schedule.order) {
     if (phase.kind != scheduler::PhaseKind::kFromOwners) {
@@ -205,7 +205,9 @@ absl::Status StepStaging::PrepareFollowerBuffers() {
       const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
       updates += spec.rows * spec.cols;
     }
-    sink = std::max(sink, updates);
+    const int64_t bytes =
+        updates * static_cast<int64_t>(DTypeSize(plan_.update_dtype));
+    sink = std::max(sink, (bytes + 3) / 4);
   }
   if (plan_.zeros == nullptr || plan_.zeros->size() < largest) {
     // Zero-filled once: the parts this rank adds to every sum.
@@ -335,12 +337,24 @@ absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
     MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(part, part, ns, compute_));
     first += chunk.count;
   }
+  // What leaves the owner: the results rounded to the update's precision
+  // (16-bit: one pass over the stack; fp32 updates are the results).
+  if (batch.updates) {
+    MUONPS_RETURN_IF_ERROR(ops_.FromFloat(batch.updates.at(0),
+                                          batch.updates.dtype(), grad.data,
+                                          grad.elements(), compute_));
+  }
   return absl::OkStatus();
 }
 
 absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
                                      const StepRequest& request) {
   const kernels::MuonHyperparameters& h = plan_.muon;
+  // Updates travel in the precision Newton-Schulz ran in (bf16 halves the
+  // bytes of fp32), and every rank, the owner included, applies the same
+  // rounded values.
+  const DType dtype = plan_.update_dtype;
+  const int64_t width = static_cast<int64_t>(DTypeSize(dtype));
   // One NCCL group for the bucket's updates, inside its run's (a launch
   // costs the host tens of microseconds: per matrix, that was what a small
   // model's step spent sending them back). The owner's own copies are
@@ -363,8 +377,16 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     const int64_t size = spec.rows * spec.cols;
     const int64_t e = x.item.expert;
     const bool mine = x.owner == plan_.rank;
-    float* const slot =
-        mine ? plan_.StagedData(momentum_.slot(x.item.matrix, e)) : nullptr;
+    // The owner's Newton-Schulz result (fp32), and the update that leaves
+    // it (the result rounded to `dtype`; the same memory in fp32). The
+    // owner's own staging gets the result rounded the same way.
+    const float* result = nullptr;
+    void* update = nullptr;
+    if (mine) {
+      const ItemSlot& s = momentum_.slot(x.item.matrix, e);
+      result = plan_.StagedData(s);
+      update = plan_.UpdateData(s);
+    }
     ParamApply apply;
     apply.matrix = x.item.matrix;
     // Step size from the whole matrix's shape, even for a row shard.
@@ -378,9 +400,11 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
           if (r == plan_.rank || roster_.trainer_rank_of[r] < 0) continue;
           const auto [rb, re] =
               RowsOfTrainer(spec.rows, roster_.trainer_rank_of[r]);
-          MUONPS_RETURN_IF_ERROR(t_.Send(
-              slot + rb * spec.cols, (re - rb) * spec.cols, kF32, r, stream_));
-          bytes_ += (re - rb) * spec.cols * 4;
+          const int64_t count = (re - rb) * spec.cols;
+          MUONPS_RETURN_IF_ERROR(
+              t_.Send(kernels::ElementsPast(update, dtype, rb * spec.cols),
+                      count, dtype, r, stream_));
+          bytes_ += count * width;
         }
       }
       if (b == nullptr) continue;  // no rows to apply here
@@ -388,31 +412,36 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
       apply.count = (end - begin) * spec.cols;
       apply.first = e * apply.count;
       apply.staged_at = b->staged_at + apply.first;
-      float* staged = trainer_->staging->data() + apply.staged_at;
+      void* staged = trainer_->updates.at(apply.staged_at);
       if (mine) {
-        MUONPS_RETURN_IF_ERROR(
-            ops_.Copy(staged, slot + begin * spec.cols, apply.count, stream_));
+        MUONPS_RETURN_IF_ERROR(ops_.FromFloat(
+            staged, dtype, result + begin * spec.cols, apply.count, stream_));
       } else {
         MUONPS_RETURN_IF_ERROR(
-            t_.Recv(staged, apply.count, kF32, x.owner, stream_));
-        bytes_ += apply.count * 4;
+            t_.Recv(staged, apply.count, dtype, x.owner, stream_));
+        bytes_ += apply.count * width;
       }
     } else {
-      bytes_ += size * 4;
+      bytes_ += size * width;
       if (b == nullptr) {  // no parameter here: only the owner's part
-        float* update = mine ? slot : plan_.sink->data() + landed_;
+        void* landing =
+            mine ? update
+                 : kernels::ElementsPast(plan_.sink->data(), dtype, landed_);
         if (!mine) landed_ += size;
         MUONPS_RETURN_IF_ERROR(
-            t_.Broadcast(update, size, kF32, x.owner, stream_));
+            t_.Broadcast(landing, size, dtype, x.owner, stream_));
         continue;
       }
       apply.count = size;
       apply.first = e * size;
       apply.staged_at = b->staged_at + apply.first;
-      float* staged = trainer_->staging->data() + apply.staged_at;
-      if (mine) MUONPS_RETURN_IF_ERROR(ops_.Copy(staged, slot, size, stream_));
+      void* staged = trainer_->updates.at(apply.staged_at);
+      if (mine) {
+        MUONPS_RETURN_IF_ERROR(
+            ops_.FromFloat(staged, dtype, result, size, stream_));
+      }
       MUONPS_RETURN_IF_ERROR(
-          t_.Broadcast(staged, size, kF32, x.owner, stream_));
+          t_.Broadcast(staged, size, dtype, x.owner, stream_));
     }
     ledger_.staged.applies.push_back(apply);
   }
@@ -449,9 +478,9 @@ absl::Status StepStaging::AverageAdamWGradients() {
       means.push_back(static_cast<int>(i));
     }
   }
-  // The mean waits in the staging until the step commits.
+  // The mean waits in the trainer's `means` until the step commits.
   const auto mean_of = [&](const Binding& b) {
-    return trainer_->staging->data() + b.staged_at;
+    return trainer_->means->data() + b.staged_at;
   };
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const int i : means) {

@@ -3,10 +3,11 @@
 // bucket's gradients to their owners (replicated: none; unreduced: reduce, mean
 // in trainer order; row_sharded: gather rows), momentum and Newton-Schulz of
 // every stack this worker owns (the new momentum into its MomentumStack's
-// next_momentum, the old one untouched), the updates back (broadcast, or
-// scatter rows) into the trainer's staging buffer, and the unreduced AdamW
-// means into it too, each recorded in the ledger's staged step for
-// CommitStaged. Nothing the trainer or a later step sees changes.
+// next_momentum, the old one untouched), the updates back in the precision
+// Newton-Schulz ran in (broadcast, or scatter rows) into the trainer's
+// staged updates, and the unreduced AdamW means into its staged means, each
+// recorded in the ledger's staged step for CommitStaged. Nothing the trainer or
+// a later step sees changes.
 //
 // Streams: transfers on the ops' stream(), compute on compute_stream();
 // bucket k+1's gradients move while bucket k's stacks compute, and each
@@ -97,7 +98,7 @@ class StepStaging {
   int64_t step_id_ = -1;
   int64_t bytes_ = 0;
   // A worker with no trainer: what the open run of updates-back phases
-  // (one group) has landed in plan_.sink, in floats.
+  // (one group) has landed in plan_.sink, in elements of the update dtype.
   int64_t landed_ = 0;
 };
 

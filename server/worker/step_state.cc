@@ -56,10 +56,14 @@ absl::Status PlanState::AllocateBuffers(kernels::DeviceOps& ops) {
     largest = std::max(largest, spec.rows * spec.cols);
   }
   for (ComputeBatch& batch : batches) {
+    const int64_t count =
+        static_cast<int64_t>(batch.items.size()) * batch.rows * batch.cols;
+    MUONPS_ASSIGN_OR_RETURN(batch.staged,
+                            ops.Allocate(count, "staged gradients"));
+    if (update_dtype == DType::kFloat32) continue;
     MUONPS_ASSIGN_OR_RETURN(
-        batch.staged, ops.Allocate(static_cast<int64_t>(batch.items.size()) *
-                                       batch.rows * batch.cols,
-                                   "staged gradients"));
+        batch.updates, kernels::TypedBuffer::Allocate(ops, update_dtype, count,
+                                                      "16-bit updates"));
   }
   MUONPS_ASSIGN_OR_RETURN(scratch, ops.Allocate(largest, "scratch"));
   return absl::OkStatus();
@@ -84,10 +88,11 @@ MomentumStacks PlanState::MomentumLayout() const {
   return layout;
 }
 
-absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops) {
+absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
+                                                  DType update_dtype) {
   std::vector<Binding*> narrow;
   int64_t total = 0;
-  int64_t staged = 0;
+  int64_t staged = 0, averaged = 0;
   for (Binding& b : matrices) {
     if (b.dtype != DType::kFloat32) narrow.push_back(&b);
     b.staged_at = staged;
@@ -96,15 +101,20 @@ absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops) {
   for (auto& [name, b] : adamw) {
     if (b.dtype != DType::kFloat32) narrow.push_back(&b);
     if (b.layout != scheduler::Layout::kUnreduced) continue;
-    b.staged_at = staged;
-    staged += b.elements;
+    b.staged_at = averaged;
+    averaged += b.elements;
   }
   for (Binding* b : narrow) total += b->elements;
   widened.reset();
-  staging.reset();
+  updates = kernels::TypedBuffer();
+  means.reset();
+  MUONPS_ASSIGN_OR_RETURN(updates,
+                          kernels::TypedBuffer::Allocate(
+                              ops, update_dtype, std::max<int64_t>(staged, 1),
+                              "staged updates (one parameter-sized buffer)"));
   MUONPS_ASSIGN_OR_RETURN(
-      staging, ops.Allocate(std::max<int64_t>(staged, 1),
-                            "staged updates (one parameter-sized buffer)"));
+      means, ops.Allocate(std::max<int64_t>(averaged, 1),
+                          "staged means of unreduced AdamW gradients"));
   if (total == 0) return absl::OkStatus();
   MUONPS_ASSIGN_OR_RETURN(widened,
                           ops.Allocate(total, "fp32 copies of bf16 gradients"));

@@ -8,10 +8,11 @@
 // Memory of the staging (the price of atomic steps). Besides the stacks'
 // momentum and gradients, an owner keeps a second momentum stack per
 // batch (the step's new momentum, swapped in at commit:
-// momentum_stacks.h), and a worker with a trainer one fp32 buffer the size
-// of that trainer's Muon parameters (its rows of sharded ones) plus its
-// unreduced AdamW gradients: the updates and means a step stages before it
-// commits. Thread-compatible.
+// momentum_stacks.h) and, where Newton-Schulz runs in 16 bits, its updates
+// in 16 bits; a worker with a trainer one buffer the size of that trainer's
+// Muon parameters (its rows of sharded ones) in the update's precision, and
+// one of its unreduced AdamW gradients in fp32: the updates and means a step
+// stages before it commits. Thread-compatible.
 #ifndef MUONPS_SERVER_WORKER_STEP_STATE_H_
 #define MUONPS_SERVER_WORKER_STEP_STATE_H_
 
@@ -51,8 +52,12 @@ struct ComputeBatch {
   // Consecutive runs of items, each orthogonalized by one call with its
   // algorithm; counts sum to items.size().
   std::vector<scheduler::StackChunk> chunks;
-  // Gradients in (staged from the trainer or the transport), updates out.
+  // Gradients in (staged from the trainer or the transport), Newton-Schulz's
+  // fp32 results out.
   std::unique_ptr<kernels::FloatBuffer> staged;
+  // Those results rounded to the plan's update_dtype, where it is 16-bit
+  // (what leaves the owner); fp32 updates are read from `staged`.
+  kernels::TypedBuffer updates;
 };
 
 // What a plan version fixes for this worker (BuildPlanState;
@@ -66,6 +71,9 @@ struct PlanState {
   scheduler::OwnershipPlan ownership;
   scheduler::StepSchedule schedule;
   kernels::MuonHyperparameters muon;  // the job's, defaults filled in
+  // The precision updates travel and wait in: the kernels' update_dtype()
+  // (every rank of a round has the same, StepHeader::update_dtype).
+  DType update_dtype = DType::kFloat32;
   std::vector<ComputeBatch> batches;  // the schedule's stacks owned here
   std::vector<int> batch_of_stack;    // by schedule stack; -1: not owned
   // The engine's store (not owned): its installed stacks are this
@@ -82,12 +90,19 @@ struct PlanState {
     const ComputeBatch& b = batches[s.batch];
     return b.staged->data() + s.slot * b.rows * b.cols;
   }
+  // The update of an owned item's slot, in update_dtype.
+  void* UpdateData(const ItemSlot& s) const {
+    const ComputeBatch& b = batches[s.batch];
+    const int64_t first = s.slot * b.rows * b.cols;
+    return b.updates ? b.updates.at(first) : b.staged->data() + first;
+  }
   // Ranks with a trainer (the first ones).
   int trainers() const {
     return static_cast<int>(ownership.worker_ids.size()) - ownership.dedicated;
   }
-  // Allocates the owned stacks' staged gradients and `scratch`
-  // (zero-filled: slow for large stacks, call it with no lock held).
+  // Allocates the owned stacks' staged gradients, their 16-bit updates
+  // (update_dtype) and `scratch` (zero-filled: slow for large stacks, call
+  // it with no lock held).
   // RESOURCE_EXHAUSTED naming the buffer when the device is full.
   absl::Status AllocateBuffers(kernels::DeviceOps& ops);
   // What the version fixes of the momentum owned here: the layout
@@ -114,8 +129,9 @@ struct Binding {
   DType dtype = DType::kFloat32;
   int64_t elements = 0;        // of grad
   int64_t param_elements = 0;  // of param
-  // Where its step's updates (Muon matrices) or mean gradient (unreduced
-  // AdamW tensors) wait in AttachedTrainer::staging until the step commits.
+  // Where its step's update (Muon matrices: AttachedTrainer::updates) or
+  // mean gradient (unreduced AdamW tensors: AttachedTrainer::means) waits
+  // until the step commits, in elements.
   int64_t staged_at = 0;
   // Takes the lent buffers (`grad` reads the lent one until
   // AttachedTrainer::AllocateWidened gives a bf16 binding its fp32 copy).
@@ -150,22 +166,24 @@ struct AttachedTrainer {
   bool full_params = true;
   // fp32 copies of the bf16 gradients (Binding::grad points into it).
   std::unique_ptr<kernels::FloatBuffer> widened;
-  // A step's updates of every matrix and means of the unreduced AdamW
-  // gradients, until it commits (Binding::staged_at).
-  std::unique_ptr<kernels::FloatBuffer> staging;
+  // A step's updates of every matrix (in the plan's update_dtype) and the
+  // means of its unreduced AdamW gradients (fp32), until it commits
+  // (Binding::staged_at).
+  kernels::TypedBuffer updates;
+  std::unique_ptr<kernels::FloatBuffer> means;
   // What its step record (lending/step_record.h) held when it attached:
   // what a worker before this one wrote (all -1: none, or none lent).
   StepRecord inherited;
 
   // Points every bf16 binding's `grad` at its own range of a new `widened`
-  // buffer from `ops`, and allocates `staging`; fp32 bindings read the lent
-  // gradient in place. RESOURCE_EXHAUSTED naming the buffer when the device
-  // is full.
-  absl::Status AllocateWorkBuffers(kernels::DeviceOps& ops);
+  // buffer from `ops`, and allocates `updates` (of `update_dtype`) and
+  // `means`; fp32 bindings read the lent gradient in place.
+  // RESOURCE_EXHAUSTED naming the buffer when the device is full.
+  absl::Status AllocateWorkBuffers(kernels::DeviceOps& ops, DType update_dtype);
 };
 
 // What the parameters get when a staged step commits: param[first, +count)
-// of matrix `matrix` <- param * decay + step * staging[staged_at, +count).
+// of matrix `matrix` <- param * decay + step * updates[staged_at, +count).
 struct ParamApply {
   int matrix = 0;
   int64_t first = 0;
@@ -177,7 +195,7 @@ struct ParamApply {
 
 // A step computed here and not committed yet: its momentum in the
 // MomentumStacks' next_momentum, its updates and AdamW means in the trainer's
-// staging.
+// `updates` and `means`.
 struct StagedStep {
   int64_t step_id = -1;  // -1: nothing staged
   // This rank voted yes: only rank 0's decision (or a later round's

@@ -35,6 +35,7 @@ class FailingKernels final : public kernels::MuonKernels {
   explicit FailingKernels(int fail_at) : fail_at_(fail_at) {}
   int calls() const { return calls_; }
   absl::string_view backend_name() const override { return "failing"; }
+  DType update_dtype() const override { return DType::kFloat32; }
   absl::Status CheckFinite(const kernels::MatrixStack& stack,
                            absl::Span<const std::string> names,
                            Stream stream) override {
