@@ -50,6 +50,30 @@ TEST(DecideRoundTest, EveryTrainerAskingTheSameNewStepRunsIt) {
   EXPECT_EQ(d.resolve, 1);
 }
 
+// Updates travel in the precision Newton-Schulz ran in: workers of two
+// precisions (a dedicated one among them) cannot step together.
+TEST(DecideRoundTest, WorkersOfTwoPrecisionsAreRefusedNamingBoth) {
+  std::vector<StepHeader> h = {Header(0, 5, 4), Header(1, 5, 4),
+                               Header(2, -1, 4)};
+  for (StepHeader& x : h)
+    x.update_dtype = static_cast<int32_t>(DType::kBFloat16);
+  for (StepHeader& x : h) x.trainer_count = 2;
+  h[2].trainer_rank = -1;  // dedicated
+  h[2].trainer_count = 0;
+  EXPECT_EQ(KindOf(DecideRound(h, 2, kIds, 100)), RoundKind::kGo);
+  h[2].update_dtype = static_cast<int32_t>(DType::kFloat32);
+  const RoundDecision d = DecideRound(h, 2, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_EQ(static_cast<absl::StatusCode>(d.code),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "\"w2\" moves its updates in fp32"))
+      << Problem(d);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "\"w0\" in bf16")) << Problem(d);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "--precision")) << Problem(d);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "nothing was changed"))
+      << Problem(d);
+}
+
 TEST(DecideRoundTest, AStepStagedAndCommittedElsewhereCommitsFromStaging) {
   std::vector<StepHeader> h = {Header(0, 5, 5), Header(1, 5, 4),
                                Header(2, 5, 5)};
