@@ -2,7 +2,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/elementwise.h"
 
@@ -113,7 +112,60 @@ __device__ __forceinline__ __half Narrow<__half>(float v) {
   return __float2half_rn(v);
 }
 
-// param <- param * decay + step * update in fp32, rounded once to P.
+// Four consecutive elements as fp32, and back rounded (nearest even), with
+// one 4 * sizeof(T)-byte access; `p` must be that aligned.
+__device__ __forceinline__ void Load4(const float* p, float v[4]) {
+  const float4 x = *reinterpret_cast<const float4*>(p);
+  v[0] = x.x;
+  v[1] = x.y;
+  v[2] = x.z;
+  v[3] = x.w;
+}
+template <typename Pair>
+__device__ __forceinline__ void LoadPairs(const void* p, float v[4]) {
+  const uint2 bits = *reinterpret_cast<const uint2*>(p);
+  const Pair lo = *reinterpret_cast<const Pair*>(&bits.x);
+  const Pair hi = *reinterpret_cast<const Pair*>(&bits.y);
+  v[0] = Widen(lo.x);
+  v[1] = Widen(lo.y);
+  v[2] = Widen(hi.x);
+  v[3] = Widen(hi.y);
+}
+__device__ __forceinline__ void Load4(const __nv_bfloat16* p, float v[4]) {
+  LoadPairs<__nv_bfloat162>(p, v);
+}
+__device__ __forceinline__ void Load4(const __half* p, float v[4]) {
+  LoadPairs<__half2>(p, v);
+}
+__device__ __forceinline__ void Store4(float* p, const float v[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void Store4(__nv_bfloat16* p, const float v[4]) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
+  uint2 bits;
+  bits.x = *reinterpret_cast<const unsigned int*>(&lo);
+  bits.y = *reinterpret_cast<const unsigned int*>(&hi);
+  *reinterpret_cast<uint2*>(p) = bits;
+}
+__device__ __forceinline__ void Store4(__half* p, const float v[4]) {
+  const __half2 lo = __floats2half2_rn(v[0], v[1]);
+  const __half2 hi = __floats2half2_rn(v[2], v[3]);
+  uint2 bits;
+  bits.x = *reinterpret_cast<const unsigned int*>(&lo);
+  bits.y = *reinterpret_cast<const unsigned int*>(&hi);
+  *reinterpret_cast<uint2*>(p) = bits;
+}
+
+// True when both pointers allow four-element accesses of their types.
+template <typename P, typename U>
+__host__ __device__ inline bool AlignedFor4(const P* param, const U* update) {
+  return reinterpret_cast<uintptr_t>(param) % (4 * sizeof(P)) == 0 &&
+         reinterpret_cast<uintptr_t>(update) % (4 * sizeof(U)) == 0;
+}
+
+// param <- param * decay + step * update in fp32, rounded once to P; four
+// elements a thread where aligned (the same arithmetic per element).
 template <typename P, typename U>
 __global__ void ApplyKernel(P* param, const U* update, int64_t count,
                             float decay, float step,
@@ -122,24 +174,18 @@ __global__ void ApplyKernel(P* param, const U* update, int64_t count,
   auto one = [&](float p, float u) {
     return __fadd_rn(__fmul_rn(p, decay), __fmul_rn(step, u));
   };
-  if constexpr (std::is_same_v<P, float> && std::is_same_v<U, float>) {
-    ForEach(
-        count, Aligned16(param, update),
-        [&](int64_t i) {
-          float4 p = *reinterpret_cast<const float4*>(param + i);
-          const float4 u = *reinterpret_cast<const float4*>(update + i);
-          p = make_float4(one(p.x, u.x), one(p.y, u.y), one(p.z, u.z),
-                          one(p.w, u.w));
-          *reinterpret_cast<float4*>(param + i) = p;
-        },
-        [&](int64_t i) { param[i] = one(param[i], update[i]); });
-  } else {
-    ForEach(
-        count, false, [](int64_t) {},
-        [&](int64_t i) {
-          param[i] = Narrow<P>(one(Widen(param[i]), Widen(update[i])));
-        });
-  }
+  ForEach(
+      count, AlignedFor4(param, update),
+      [&](int64_t i) {
+        float p[4], u[4];
+        Load4(param + i, p);
+        Load4(update + i, u);
+        for (int k = 0; k < 4; ++k) p[k] = one(p[k], u[k]);
+        Store4(param + i, p);
+      },
+      [&](int64_t i) {
+        param[i] = Narrow<P>(one(Widen(param[i]), Widen(update[i])));
+      });
 }
 
 template <typename S, typename D>
@@ -236,13 +282,9 @@ cudaError_t LaunchApplyUpdate(void* param, cudaDataType param_type,
     using P = decltype(p);
     known = WithType(update_type, [&](auto u) {
       using U = decltype(u);
-      // Four elements a thread where both are fp32, one otherwise.
-      constexpr bool kVector =
-          std::is_same_v<P, float> && std::is_same_v<U, float>;
-      ApplyKernel<P, U>
-          <<<Blocks(kVector ? (count + 3) / 4 : count), kThreads, 0, stream>>>(
-              static_cast<P*>(param), static_cast<const U*>(update), count,
-              decay, step, first_bad);
+      ApplyKernel<P, U><<<Blocks((count + 3) / 4), kThreads, 0, stream>>>(
+          static_cast<P*>(param), static_cast<const U*>(update), count, decay,
+          step, first_bad);
     });
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;

@@ -236,36 +236,42 @@ TEST_F(ElementwiseGpuTest, SixteenBitUpdatesEqualTheCpusForEveryDtype) {
         cudaMemcpy(gpu_narrow.data(), d_narrow, n * 2, cudaMemcpyDeviceToHost),
         cudaSuccess);
     EXPECT_EQ(gpu_narrow, cpu_narrow) << DTypeName(update_dtype);
-    for (const DType param_dtype : {DType::kFloat32, DType::kBFloat16}) {
-      const size_t bytes = n * DTypeSize(param_dtype);
-      std::vector<char> cpu_param(bytes);
-      ASSERT_TRUE(cpu.FromFloat(cpu_param.data(), param_dtype, start.data(), n,
-                                kHostStream)
-                      .ok());
-      ASSERT_TRUE(
-          cpu.ApplyScaled(ElementsPast(cpu_param.data(), param_dtype, 1),
-                          param_dtype, cpu_narrow.data() + 1, update_dtype,
-                          n - 1, 0.998f, -0.03f, kHostStream)
-              .ok());
-      void* d_param = nullptr;
-      ASSERT_EQ(cudaMalloc(&d_param, bytes), cudaSuccess);
-      ASSERT_TRUE(
-          (*gpu)
-              ->FromFloat(d_param, param_dtype, d_start.get(), n, stream_)
-              .ok());
-      ASSERT_TRUE((*gpu)
-                      ->ApplyScaled(ElementsPast(d_param, param_dtype, 1),
-                                    param_dtype, d_narrow + 1, update_dtype,
-                                    n - 1, 0.998f, -0.03f, stream_)
-                      .ok());
-      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-      std::vector<char> gpu_param(bytes);
-      ASSERT_EQ(
-          cudaMemcpy(gpu_param.data(), d_param, bytes, cudaMemcpyDeviceToHost),
-          cudaSuccess);
-      cudaFree(d_param);
-      EXPECT_EQ(gpu_param, cpu_param)
-          << DTypeName(update_dtype) << " onto " << DTypeName(param_dtype);
+    // Aligned (four elements a thread) and misaligned (one) starts.
+    for (const int64_t offset : {0, 1}) {
+      for (const DType param_dtype : {DType::kFloat32, DType::kBFloat16}) {
+        const size_t bytes = n * DTypeSize(param_dtype);
+        std::vector<char> cpu_param(bytes);
+        ASSERT_TRUE(cpu.FromFloat(cpu_param.data(), param_dtype, start.data(),
+                                  n, kHostStream)
+                        .ok());
+        ASSERT_TRUE(
+            cpu.ApplyScaled(ElementsPast(cpu_param.data(), param_dtype, offset),
+                            param_dtype, cpu_narrow.data() + offset,
+                            update_dtype, n - offset, 0.998f, -0.03f,
+                            kHostStream)
+                .ok());
+        void* d_param = nullptr;
+        ASSERT_EQ(cudaMalloc(&d_param, bytes), cudaSuccess);
+        ASSERT_TRUE(
+            (*gpu)
+                ->FromFloat(d_param, param_dtype, d_start.get(), n, stream_)
+                .ok());
+        ASSERT_TRUE(
+            (*gpu)
+                ->ApplyScaled(ElementsPast(d_param, param_dtype, offset),
+                              param_dtype, d_narrow + offset, update_dtype,
+                              n - offset, 0.998f, -0.03f, stream_)
+                .ok());
+        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+        std::vector<char> gpu_param(bytes);
+        ASSERT_EQ(cudaMemcpy(gpu_param.data(), d_param, bytes,
+                             cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        cudaFree(d_param);
+        EXPECT_EQ(gpu_param, cpu_param)
+            << DTypeName(update_dtype) << " onto " << DTypeName(param_dtype)
+            << " at " << offset;
+      }
     }
     // And widened back on the device.
     DeviceBuffer d_wide{std::vector<float>(n)};

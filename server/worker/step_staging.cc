@@ -337,13 +337,6 @@ absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
     MUONPS_RETURN_IF_ERROR(kernels_.Orthogonalize(part, part, ns, compute_));
     first += chunk.count;
   }
-  // What leaves the owner: the results rounded to the update's precision
-  // (16-bit: one pass over the stack; fp32 updates are the results).
-  if (batch.updates) {
-    MUONPS_RETURN_IF_ERROR(ops_.FromFloat(batch.updates.at(0),
-                                          batch.updates.dtype(), grad.data,
-                                          grad.elements(), compute_));
-  }
   return absl::OkStatus();
 }
 
@@ -377,9 +370,10 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     const int64_t size = spec.rows * spec.cols;
     const int64_t e = x.item.expert;
     const bool mine = x.owner == plan_.rank;
-    // The owner's Newton-Schulz result (fp32), and the update that leaves
-    // it (the result rounded to `dtype`; the same memory in fp32). The
-    // owner's own staging gets the result rounded the same way.
+    // The owner's Newton-Schulz result (fp32). Its staging gets the result
+    // rounded to `dtype` directly; what leaves from the owner's own memory
+    // (a scatter's rows, or an owner with no trainer) is rounded into the
+    // stack's update buffer first, on this stream (fp32: the result itself).
     const float* result = nullptr;
     void* update = nullptr;
     if (mine) {
@@ -387,6 +381,10 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
       result = plan_.StagedData(s);
       update = plan_.UpdateData(s);
     }
+    const auto round_update = [&]() -> absl::Status {
+      if (dtype == kF32) return absl::OkStatus();
+      return ops_.FromFloat(update, dtype, result, size, stream_);
+    };
     ParamApply apply;
     apply.matrix = x.item.matrix;
     // Step size from the whole matrix's shape, even for a row shard.
@@ -396,6 +394,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     if (x.kind == scheduler::TransferKind::kScatterFromOwner &&
         !FullParam(x.item.matrix)) {
       if (mine) {
+        MUONPS_RETURN_IF_ERROR(round_update());
         for (int r = 0; r < t_.size(); ++r) {
           if (r == plan_.rank || roster_.trainer_rank_of[r] < 0) continue;
           const auto [rb, re] =
@@ -427,6 +426,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         void* landing =
             mine ? update
                  : kernels::ElementsPast(plan_.sink->data(), dtype, landed_);
+        if (mine) MUONPS_RETURN_IF_ERROR(round_update());
         if (!mine) landed_ += size;
         MUONPS_RETURN_IF_ERROR(
             t_.Broadcast(landing, size, dtype, x.owner, stream_));

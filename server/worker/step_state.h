@@ -55,8 +55,9 @@ struct ComputeBatch {
   // Gradients in (staged from the trainer or the transport), Newton-Schulz's
   // fp32 results out.
   std::unique_ptr<kernels::FloatBuffer> staged;
-  // Those results rounded to the plan's update_dtype, where it is 16-bit
-  // (what leaves the owner); fp32 updates are read from `staged`.
+  // Those results rounded to the plan's update_dtype, where it is 16-bit,
+  // for what leaves from the owner's memory (a scatter's rows, or an owner
+  // with no trainer); fp32 updates are read from `staged`.
   kernels::TypedBuffer updates;
 };
 
