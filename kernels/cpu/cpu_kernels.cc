@@ -28,7 +28,8 @@ int64_t FirstNonFinite(const float* data, int64_t count) {
 
 }  // namespace
 
-CpuKernels::CpuKernels(const CpuKernelOptions& options) {
+CpuKernels::CpuKernels(const CpuKernelOptions& options)
+    : update_dtype_(options.update_dtype) {
   if (options.threads > 0) openblas_set_num_threads(options.threads);
 }
 
@@ -120,6 +121,11 @@ absl::Status CpuKernels::MuonStep(const MuonStack& stack,
                                         stack.momentum, hyper.momentum,
                                         hyper.nesterov, update, stream));
   MUONPS_RETURN_IF_ERROR(Orthogonalize(update, update, hyper.ns, stream));
+  if (update_dtype_ != DType::kFloat32) {
+    rounded_.resize(update_.size());
+    FromFloat(update_dtype_, update_.data(), update_.size(), rounded_.data());
+    ToFloat(update_dtype_, rounded_.data(), rounded_.size(), update_.data());
+  }
   return ApplyUpdate(stack.param, update, hyper.lr, hyper.weight_decay,
                      hyper.lr_adjustment, stream);
 }

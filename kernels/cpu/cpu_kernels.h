@@ -1,4 +1,5 @@
-// The CPU backend of MuonKernels: fp32 throughout, OpenBLAS underneath.
+// The CPU backend of MuonKernels: fp32 throughout, OpenBLAS underneath; the
+// update may be rounded to a 16-bit precision (CpuKernelOptions).
 // Works on host memory: every call takes kHostStream and has finished when
 // it returns; any other stream is refused with INVALID_ARGUMENT naming
 // `stream`, before anything is read or written.
@@ -21,6 +22,9 @@ namespace kernels {
 struct CpuKernelOptions {
   // OpenBLAS threads; 0 keeps OpenBLAS's default (all cores).
   int threads = 0;
+  // Newton-Schulz iterates in fp32 here; a 16-bit type rounds its result to
+  // it, as a GPU iterating in that precision does (update_dtype).
+  DType update_dtype = DType::kFloat32;
 };
 
 class CpuKernels final : public MuonKernels {
@@ -28,8 +32,7 @@ class CpuKernels final : public MuonKernels {
   explicit CpuKernels(const CpuKernelOptions& options = {});
 
   absl::string_view backend_name() const override { return "cpu"; }
-  // Newton-Schulz runs in fp32 on the host.
-  DType update_dtype() const override { return DType::kFloat32; }
+  DType update_dtype() const override { return update_dtype_; }
   absl::Status CheckFinite(const MatrixStack& stack,
                            absl::Span<const std::string> names,
                            Stream stream) override;
@@ -52,8 +55,10 @@ class CpuKernels final : public MuonKernels {
                          Stream stream) override;
 
  private:
+  const DType update_dtype_;
   cpu::NsWorkspace workspace_;
   std::vector<float> update_;
+  std::vector<uint16_t> rounded_;
 };
 
 }  // namespace kernels

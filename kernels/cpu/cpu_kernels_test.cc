@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/reference/reference_muon.h"
@@ -171,6 +172,53 @@ TEST(MuonStepTest, BatchOf64EqualsSixtyFourSingleCallsBitForBit) {
   }
   EXPECT_EQ(param, single_param);
   EXPECT_EQ(momentum, single_momentum);
+}
+
+// With a 16-bit update_dtype the step applies Orthogonalize's result
+// rounded to it (what a worker sends), and only that differs from fp32.
+TEST(MuonStepTest, A16BitUpdateDtypeRoundsTheResultBeforeTheApply) {
+  const int64_t rows = 24, cols = 40, size = rows * cols;
+  MuonHyperparameters hyper;
+  std::vector<float> grad = GaussianMatrix(rows, cols, 7);
+  const std::vector<float> start = GaussianMatrix(rows, cols, 8);
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    CpuKernels kernels(CpuKernelOptions{.threads = 1, .update_dtype = dtype});
+    EXPECT_EQ(kernels.update_dtype(), dtype);
+    std::vector<float> param = start, momentum(size, 0.0f);
+    ASSERT_TRUE(kernels
+                    .MuonStep({{"w"},
+                               Stack(grad, 1, rows, cols),
+                               Stack(momentum, 1, rows, cols),
+                               Stack(param, 1, rows, cols)},
+                              hyper, kHostStream)
+                    .ok());
+    std::vector<float> want = start, want_momentum(size, 0.0f), update(size);
+    ASSERT_TRUE(kernels
+                    .UpdateMomentum(Stack(grad, 1, rows, cols),
+                                    Stack(want_momentum, 1, rows, cols),
+                                    Stack(want_momentum, 1, rows, cols),
+                                    hyper.momentum, hyper.nesterov,
+                                    Stack(update, 1, rows, cols), kHostStream)
+                    .ok());
+    ASSERT_TRUE(kernels
+                    .Orthogonalize(Stack(update, 1, rows, cols),
+                                   Stack(update, 1, rows, cols), hyper.ns,
+                                   kHostStream)
+                    .ok());
+    std::vector<uint16_t> narrow(size);
+    FromFloat(dtype, update.data(), size, narrow.data());
+    std::vector<float> rounded(size);
+    ToFloat(dtype, narrow.data(), size, rounded.data());
+    EXPECT_NE(rounded, update) << DTypeName(dtype);
+    ASSERT_TRUE(kernels
+                    .ApplyUpdate(Stack(want, 1, rows, cols),
+                                 Stack(rounded, 1, rows, cols), hyper.lr,
+                                 hyper.weight_decay, hyper.lr_adjustment,
+                                 kHostStream)
+                    .ok());
+    EXPECT_EQ(param, want) << DTypeName(dtype);
+    EXPECT_EQ(momentum, want_momentum) << DTypeName(dtype);
+  }
 }
 
 TEST(MuonStepTest, NonFiniteGradientIsRejectedByNameAndNothingIsWritten) {

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/device.h"
+#include "common/dtype.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -194,8 +195,9 @@ int Run() {
                                                 session, options);
       };
   if (device->is_cuda()) {
+    const std::string named = absl::GetFlag(FLAGS_precision);
     absl::StatusOr<kernels::cuda::Precision> precision =
-        kernels::cuda::ParsePrecision(absl::GetFlag(FLAGS_precision));
+        kernels::cuda::ParsePrecision(named.empty() ? "bf16" : named);
     if (!precision.ok()) {
       spdlog::error("--precision: {}", precision.status().ToString());
       return 2;
@@ -239,7 +241,14 @@ int Run() {
            .timeout = tcp.io_timeout});
     }
   } else {
-    backend = worker::CpuStepBackend(tcp.io_timeout);
+    const std::string named = absl::GetFlag(FLAGS_precision);
+    absl::StatusOr<DType> update_dtype =
+        named.empty() ? DType::kFloat32 : ParseDType(named);
+    if (!update_dtype.ok()) {
+      spdlog::error("--precision: {}", update_dtype.status().ToString());
+      return 2;
+    }
+    backend = worker::CpuStepBackend(tcp.io_timeout, *update_dtype);
     make_transport = [connect_tcp](int rank,
                                    const std::vector<std::string>& addresses,
                                    uint64_t session, const std::string& secret)

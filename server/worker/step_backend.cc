@@ -6,10 +6,10 @@
 namespace muonps {
 namespace worker {
 
-StepBackend CpuStepBackend(absl::Duration timeout) {
+StepBackend CpuStepBackend(absl::Duration timeout, DType update_dtype) {
   StepBackend backend;
-  backend.kernels =
-      std::make_unique<kernels::CpuKernels>(kernels::CpuKernelOptions{});
+  backend.kernels = std::make_unique<kernels::CpuKernels>(
+      kernels::CpuKernelOptions{.update_dtype = update_dtype});
   backend.ops = std::make_unique<kernels::CpuDeviceOps>();
   backend.open_buffers = OpenSharedMemoryBuffers;
   backend.timeout = timeout;

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "absl/time/time.h"
+#include "common/dtype.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "server/worker/trainer_buffers.h"
@@ -26,8 +27,10 @@ struct StepBackend {
   absl::Duration timeout = absl::Seconds(10);
 };
 
-// The CPU backend: CpuKernels and CpuDeviceOps, shared-memory buffers.
-StepBackend CpuStepBackend(absl::Duration timeout);
+// The CPU backend: CpuKernels and CpuDeviceOps, shared-memory buffers;
+// updates rounded to `update_dtype` (CpuKernelOptions).
+StepBackend CpuStepBackend(absl::Duration timeout,
+                           DType update_dtype = DType::kFloat32);
 
 }  // namespace worker
 }  // namespace muonps

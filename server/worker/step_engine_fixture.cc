@@ -137,8 +137,9 @@ v1::Plan PairOnW0(const std::vector<std::pair<int64_t, v1::NsAlgorithm>>& parts,
   return plan;
 }
 
-ReferenceSteps::ReferenceSteps(std::map<std::string, NsAlgorithm> algorithms)
-    : kernels_(kernels::CpuKernelOptions{}),
+ReferenceSteps::ReferenceSteps(std::map<std::string, NsAlgorithm> algorithms,
+                               DType update_dtype)
+    : kernels_(kernels::CpuKernelOptions{.update_dtype = update_dtype}),
       algorithms_(std::move(algorithms)) {
   for (const MatrixDecl& d : Matrices()) {
     param_[d.name].assign(d.rows * d.cols, 0.5f);
@@ -175,7 +176,8 @@ void StepEngineTest::SetUp() {
     addresses_[absl::StrCat("w", w)] = addresses[w];
     if (w >= kWorkers) {
       engines_[w] = std::make_unique<StepEngine>(
-          absl::StrCat("w", w), CpuStepBackend(IoTimeout()), Connector(w));
+          absl::StrCat("w", w), CpuStepBackend(IoTimeout(), UpdateDtype()),
+          Connector(w));
       continue;
     }
     trainers_[w].rank = w;
@@ -187,7 +189,7 @@ void StepEngineTest::SetUp() {
       trainers_[w].grad[d.name].assign(n, 0.0f);
       trainers_[w].param[d.name].assign(n, 0.5f);
     }
-    StepBackend backend = CpuStepBackend(IoTimeout());
+    StepBackend backend = CpuStepBackend(IoTimeout(), UpdateDtype());
     Trainer* trainer = &trainers_[w];
     backend.open_buffers = [trainer](const AttachRequest&)
         -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
@@ -367,7 +369,7 @@ void StepEngineTest::ExpectParamsMatch(const ReferenceSteps& reference) {
 }
 
 void StepEngineTest::StepAndMatchTheKernelsInOneProcess(int64_t steps) {
-  ReferenceSteps reference;
+  ReferenceSteps reference({}, UpdateDtype());
   for (int64_t step = 0; step < steps; ++step) {
     WriteGradients(step);
     for (const absl::StatusOr<StepResponse>& r : StepEverywhere(step)) {

@@ -111,7 +111,8 @@ std::vector<float> WholeGradient(int64_t step, int m, bool bf16);
 // matrix orthogonalized with its entry in `algorithms` (NS5 if none).
 class ReferenceSteps {
  public:
-  explicit ReferenceSteps(std::map<std::string, NsAlgorithm> algorithms = {});
+  explicit ReferenceSteps(std::map<std::string, NsAlgorithm> algorithms = {},
+                          DType update_dtype = DType::kFloat32);
   // One step of every matrix with the trainers' gradients of `step`.
   void Step(int64_t step);
   const std::vector<float>& param(const std::string& name) const {
@@ -129,6 +130,8 @@ class StepEngineTest : public ::testing::Test {
   // Workers with no trainer, ranked after the kWorkers with one.
   virtual int Dedicated() const { return 0; }
   virtual absl::Duration IoTimeout() const { return absl::Seconds(10); }
+  // The precision every engine's updates are rounded to (CpuStepBackend).
+  virtual DType UpdateDtype() const { return DType::kFloat32; }
 
   void SetUp() override;
   void TearDown() override;

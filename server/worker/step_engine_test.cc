@@ -399,6 +399,42 @@ TEST_F(StepEngineDedicatedTest, AWorkerWithNoTrainerOwnsMatricesOfEveryLayout) {
       << refused.status();
 }
 
+// Updates rounded to bf16, as Newton-Schulz in bf16 on a GPU makes them:
+// they move and wait in bf16 (broadcast, scattered rows, and an owner with
+// no trainer rounding its own into its stack's 16-bit buffer), and every
+// layout still equals the same kernels in one process, which round the
+// same way, bit for bit.
+class StepEngineBf16UpdatesTest : public StepEngineTest {
+ protected:
+  DType UpdateDtype() const override { return DType::kBFloat16; }
+};
+
+TEST_F(StepEngineBf16UpdatesTest, EveryLayoutMatchesTheKernelsInOneProcess) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  StepAndMatchTheKernelsInOneProcess(5);
+}
+
+class StepEngineDedicatedBf16UpdatesTest : public StepEngineTest {
+ protected:
+  int Dedicated() const override { return 1; }
+  DType UpdateDtype() const override { return DType::kBFloat16; }
+};
+
+TEST_F(StepEngineDedicatedBf16UpdatesTest,
+       AWorkerWithNoTrainerSendsItsUpdatesInBf16) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(
+      PlanWithOwnerList(1, {3, 0, 3, 1, 3}, kWorkers + 1, /*dedicated=*/1)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+  StartFollowing();
+  StepAndMatchTheKernelsInOneProcess(6);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (followed_steps_.load() < 6 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(followed_steps_.load(), 6);
+}
+
 }  // namespace
 }  // namespace worker
 }  // namespace muonps

@@ -39,9 +39,12 @@ ABSL_FLAG(std::string, gpu_transport, "nccl",
           "How GPU workers move tensors: nccl (one rank per GPU) or ipc "
           "(same-host CUDA IPC peer copies: several workers on one GPU, or "
           "no NCCL). Every worker of a job must use the same.");
-ABSL_FLAG(std::string, precision, "bf16",
-          "GPU Newton-Schulz GEMM inputs: bf16 (as torch.optim.Muon), fp16 "
-          "or fp32; accumulation is fp32.");
+ABSL_FLAG(std::string, precision, "",
+          "Newton-Schulz precision: bf16 (as torch.optim.Muon), fp16 or fp32. "
+          "On a GPU the GEMM inputs (accumulation is fp32); on the CPU, which "
+          "iterates in fp32, the update's rounding. The update is the result "
+          "rounded to it, and moves and waits in it. Empty: bf16 on a GPU, "
+          "fp32 on the CPU. Every worker of a job must use the same.");
 ABSL_FLAG(int64_t, memory_bytes, 0,
           "Device memory the worker may use; 0: the GPU's free memory (8 GiB "
           "on the CPU).");
