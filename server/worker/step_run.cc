@@ -142,7 +142,7 @@ RoundResult StepRun::Stage(const StepRequest& request,
     const absl::StatusOr<std::vector<double>> ms = ops.MarkTimesMs();
     if (ms.ok()) {
       out.response.ns_seconds = timeline_.ComputeBusyMs(*ms) / 1e3;
-      timeline_.Log(*ms, step_id, plan_.rank, plan_.version);
+      timeline_.Log(*ms, step_id, plan_);
     } else {
       spdlog::debug("step {}: no timeline: {}", step_id,
                     ms.status().ToString());

@@ -24,8 +24,8 @@ double StepTimeline::ComputeBusyMs(const std::vector<double>& ms) const {
   return busy;
 }
 
-void StepTimeline::Log(const std::vector<double>& ms, int64_t step_id, int rank,
-                       int64_t plan_version) const {
+void StepTimeline::Log(const std::vector<double>& ms, int64_t step_id,
+                       const PlanState& plan) const {
   if (!spdlog::should_log(spdlog::level::debug)) return;
   const auto since = [&](Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(t - begin_).count();
@@ -40,14 +40,29 @@ void StepTimeline::Log(const std::vector<double>& ms, int64_t step_id, int rank,
     absl::StrAppend(&issued, issued.empty() ? "" : ",",
                     absl::StrFormat("%.3f", since(m.issued)));
   }
+  // The owned stacks: [index, matrices, rows, cols, "algorithm x count"...].
+  std::string stacks;
+  for (size_t s = 0; s < plan.batch_of_stack.size(); ++s) {
+    const int b = plan.batch_of_stack[s];
+    if (b < 0) continue;
+    const ComputeBatch& batch = plan.batches[b];
+    absl::StrAppend(&stacks, stacks.empty() ? "" : ",", "[", s, ",",
+                    batch.items.size(), ",", batch.rows, ",", batch.cols);
+    for (const scheduler::StackChunk& c : batch.chunks) {
+      absl::StrAppend(&stacks, ",\"", NsAlgorithmName(c.algorithm), " x ",
+                      c.count, "\"");
+    }
+    absl::StrAppend(&stacks, "]");
+  }
   // And the host's view: when the ranks agreed, the staged work was done,
   // and the step committed (vote, apply, confirm).
   spdlog::debug(
       "step timeline {{\"step\":{},\"rank\":{},\"version\":{},"
       "\"host_ms\":{{\"agreed\":{:.3f},\"staged\":{:.3f},"
-      "\"committed\":{:.3f}}},\"marks\":[{}],\"issued_ms\":[{}]}}",
-      step_id, rank, plan_version, since(agreed_), since(staged_),
-      since(Clock::now()), line, issued);
+      "\"committed\":{:.3f}}},\"marks\":[{}],\"issued_ms\":[{}],"
+      "\"stacks\":[{}]}}",
+      step_id, plan.rank, plan.version, since(agreed_), since(staged_),
+      since(Clock::now()), line, issued, stacks);
 }
 
 double PredictedComputeSeconds(const PlanState& plan) {

@@ -41,10 +41,11 @@ class StepTimeline {
   // stream spent between each "compute_begin" and its "compute".
   double ComputeBusyMs(const std::vector<double>& ms) const;
   // At debug level: the step's marks with their device times (ms after
-  // "begin") and host times, and the host's milestones (ms after the round
-  // began), as one JSON line.
-  void Log(const std::vector<double>& ms, int64_t step_id, int rank,
-           int64_t plan_version) const;
+  // "begin") and host times, the host's milestones (ms after the round
+  // began), and what each owned stack of `plan` holds (its schedule index,
+  // matrices, shape and each chunk's algorithm), as one JSON line.
+  void Log(const std::vector<double>& ms, int64_t step_id,
+           const PlanState& plan) const;
 
  private:
   struct Mark {
