@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/low_precision.cuh"
 
 namespace muonps {
 namespace kernels {
@@ -90,30 +91,15 @@ __global__ void MomentumKernel(const float* grad, const float* previous,
       });
 }
 
-// An element of a parameter or update as fp32, and fp32 rounded to one
-// (nearest even).
+// An element of a parameter or update as fp32 (FromFloat of
+// low_precision.cuh rounds back, nearest even).
 __device__ __forceinline__ float Widen(float v) { return v; }
 __device__ __forceinline__ float Widen(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
 __device__ __forceinline__ float Widen(__half v) { return __half2float(v); }
-template <typename T>
-__device__ __forceinline__ T Narrow(float v);
-template <>
-__device__ __forceinline__ float Narrow<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 Narrow<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half Narrow<__half>(float v) {
-  return __float2half_rn(v);
-}
-
-// Four consecutive elements as fp32, and back rounded (nearest even), with
-// one 4 * sizeof(T)-byte access; `p` must be that aligned.
+// Four consecutive elements as fp32 with one 4 * sizeof(T)-byte access; `p`
+// must be that aligned (Store4 of low_precision.cuh writes them back).
 __device__ __forceinline__ void Load4(const float* p, float v[4]) {
   const float4 x = *reinterpret_cast<const float4*>(p);
   v[0] = x.x;
@@ -137,26 +123,6 @@ __device__ __forceinline__ void Load4(const __nv_bfloat16* p, float v[4]) {
 __device__ __forceinline__ void Load4(const __half* p, float v[4]) {
   LoadPairs<__half2>(p, v);
 }
-__device__ __forceinline__ void Store4(float* p, const float v[4]) {
-  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ __forceinline__ void Store4(__nv_bfloat16* p, const float v[4]) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
-  uint2 bits;
-  bits.x = *reinterpret_cast<const unsigned int*>(&lo);
-  bits.y = *reinterpret_cast<const unsigned int*>(&hi);
-  *reinterpret_cast<uint2*>(p) = bits;
-}
-__device__ __forceinline__ void Store4(__half* p, const float v[4]) {
-  const __half2 lo = __floats2half2_rn(v[0], v[1]);
-  const __half2 hi = __floats2half2_rn(v[2], v[3]);
-  uint2 bits;
-  bits.x = *reinterpret_cast<const unsigned int*>(&lo);
-  bits.y = *reinterpret_cast<const unsigned int*>(&hi);
-  *reinterpret_cast<uint2*>(p) = bits;
-}
-
 // True when both pointers allow four-element accesses of their types.
 template <typename P, typename U>
 __host__ __device__ inline bool AlignedFor4(const P* param, const U* update) {
@@ -181,10 +147,10 @@ __global__ void ApplyKernel(P* param, const U* update, int64_t count,
         Load4(param + i, p);
         Load4(update + i, u);
         for (int k = 0; k < 4; ++k) p[k] = one(p[k], u[k]);
-        Store4(param + i, p);
+        Store4<P>(param + i, p, 1.0f);
       },
       [&](int64_t i) {
-        param[i] = Narrow<P>(one(Widen(param[i]), Widen(update[i])));
+        param[i] = FromFloat<P>(one(Widen(param[i]), Widen(update[i])));
       });
 }
 
@@ -192,7 +158,7 @@ template <typename S, typename D>
 __global__ void ConvertKernel(const S* src, D* dst, int64_t count) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = Narrow<D>(Widen(src[i]));
+    dst[i] = FromFloat<D>(Widen(src[i]));
   }
 }
 

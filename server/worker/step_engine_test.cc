@@ -360,22 +360,28 @@ TEST_F(StepEngineTest, BuffersOfATrainerWhoseProcessIsGoneAreReleased) {
 class StepEngineDedicatedTest : public StepEngineTest {
  protected:
   int Dedicated() const override { return 1; }
+
+  // rep.a, unr.a and row.a on the dedicated w3, rep.b on w0, unr.b on w1:
+  // six steps, the trainers' parameters against the kernels in one process,
+  // and the dedicated engine's part of each.
+  void StepWithTheDedicatedOwner() {
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(
+        PlanWithOwnerList(1, {3, 0, 3, 1, 3}, kWorkers + 1, /*dedicated=*/1)));
+    ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+    StartFollowing();
+    StepAndMatchTheKernelsInOneProcess(6);
+    // The dedicated engine returns from its part of the last step a moment
+    // after the others may have.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (followed_steps_.load() < 6 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(followed_steps_.load(), 6);
+  }
 };
 
 TEST_F(StepEngineDedicatedTest, AWorkerWithNoTrainerOwnsMatricesOfEveryLayout) {
-  // rep.a, unr.a and row.a on the dedicated w3; rep.b on w0, unr.b on w1.
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(
-      PlanWithOwnerList(1, {3, 0, 3, 1, 3}, kWorkers + 1, /*dedicated=*/1)));
-  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
-  StartFollowing();
-  StepAndMatchTheKernelsInOneProcess(6);
-  // The dedicated engine returns from its part of the last step a moment
-  // after the others may have.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (followed_steps_.load() < 6 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_EQ(followed_steps_.load(), 6);
+  ASSERT_NO_FATAL_FAILURE(StepWithTheDedicatedOwner());
   for (const char* owned : {"rep.a", "unr.a", "row.a"}) {
     EXPECT_TRUE(engines_[3]->Momentum(owned, 0).ok()) << owned;
   }
@@ -415,24 +421,14 @@ TEST_F(StepEngineBf16UpdatesTest, EveryLayoutMatchesTheKernelsInOneProcess) {
   StepAndMatchTheKernelsInOneProcess(5);
 }
 
-class StepEngineDedicatedBf16UpdatesTest : public StepEngineTest {
+class StepEngineDedicatedBf16UpdatesTest : public StepEngineDedicatedTest {
  protected:
-  int Dedicated() const override { return 1; }
   DType UpdateDtype() const override { return DType::kBFloat16; }
 };
 
 TEST_F(StepEngineDedicatedBf16UpdatesTest,
        AWorkerWithNoTrainerSendsItsUpdatesInBf16) {
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(
-      PlanWithOwnerList(1, {3, 0, 3, 1, 3}, kWorkers + 1, /*dedicated=*/1)));
-  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
-  StartFollowing();
-  StepAndMatchTheKernelsInOneProcess(6);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (followed_steps_.load() < 6 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_EQ(followed_steps_.load(), 6);
+  ASSERT_NO_FATAL_FAILURE(StepWithTheDedicatedOwner());
 }
 
 }  // namespace
