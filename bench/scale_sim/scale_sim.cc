@@ -43,8 +43,12 @@ class Phase {
   void Add(const Transfer& x, const MatrixSpec& spec) {
     if (n_ == 1) return;  // NCCL with one rank moves nothing
     ++messages_;
-    const double s = static_cast<double>(spec.rows * spec.cols *
-                                         config_.wire_bytes_per_element);
+    const bool update = x.kind == TransferKind::kBroadcastFromOwner ||
+                        x.kind == TransferKind::kScatterFromOwner;
+    const double s =
+        static_cast<double>(spec.rows * spec.cols *
+                            (update ? config_.update_bytes_per_element
+                                    : config_.wire_bytes_per_element));
     switch (x.kind) {
       case TransferKind::kReduceToOwner:
       case TransferKind::kBroadcastFromOwner: {
@@ -302,7 +306,9 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
     applied +=
         m.layout == scheduler::Layout::kRowSharded ? elements / n : elements;
   }
-  result.apply_seconds = applied * 3 * 4 / config.hbm_bytes_per_second;
+  // The fp32 parameter read and written, the update read.
+  result.apply_seconds = applied * (2 * 4 + config.update_bytes_per_element) /
+                         config.hbm_bytes_per_second;
   result.commit_seconds =
       config.control_rounds_ms * 1e-3 + result.apply_seconds;
   result.predicted_seconds = result.stage_seconds + result.commit_seconds;

@@ -35,9 +35,10 @@
 // - The stage ends when the last update has landed and every compute
 //   stream is done. Then the commit, a fixed cost per step: the control
 //   rounds (agree, vote, confirm: `control_rounds_ms`) plus applying the
-//   staged updates to the trainer's fp32 parameters, memory bound at 3
-//   accesses of 4 bytes per parameter the worker's trainer holds (all of
-//   them; 1/N of a row-sharded matrix's rows) over `hbm_bytes_per_second`.
+//   staged updates to the trainer's fp32 parameters, memory bound at 8
+//   bytes of parameter read and written plus the update's bytes per
+//   parameter the worker's trainer holds (all of them; 1/N of a
+//   row-sharded matrix's rows) over `hbm_bytes_per_second`.
 //   Momentum, scaling and AdamW of non-matrix parameters are not timed
 //   (the cost table is Newton-Schulz only).
 // - So the step is limited by one of: a worker's compute, its wait for
@@ -50,8 +51,10 @@
 //   only rings for reduce and broadcast) pays `hop_latency_us` per hop of
 //   the N-1 hop ring once (the group's collectives pipeline behind one
 //   another). Defaults are NCCL's own tuning model for ring/Simple.
-// - bytes on the wire are `wire_bytes_per_element` per element (the worker
-//   widens bf16 gradients to fp32 before sending). A reduce or broadcast
+// - bytes on the wire are `wire_bytes_per_element` per element of a
+//   gradient (the worker widens bf16 gradients to fp32 before sending) and
+//   `update_bytes_per_element` of an update (it leaves the owner in the
+//   precision Newton-Schulz ran in: 2 for bf16). A reduce or broadcast
 //   moves the matrix's S bytes through every rank (ring): within one node
 //   over NVLink; across nodes S (G-1)/G over NVLink and S/G over each GPU's
 //   NIC (NCCL spreads its rings' node crossings over the G NICs). A row
@@ -107,6 +110,7 @@ struct SimConfig {
   std::shared_ptr<const scheduler::CostTable> costs;
   double cost_scale = 1.0;
   int wire_bytes_per_element = 4;
+  int update_bytes_per_element = 2;
   int64_t gpu_memory_bytes = int64_t{140} << 30;
   scheduler::PlanOptions plan;
   scheduler::ScheduleOptions schedule;

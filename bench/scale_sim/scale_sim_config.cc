@@ -67,6 +67,11 @@ absl::Status ValidateSimConfig(const SimConfig& config) {
         "--wire_bytes_per_element",
         absl::StrCat(config.wire_bytes_per_element, " must be >= 1"));
   }
+  if (config.update_bytes_per_element < 1) {
+    return InvalidField(
+        "--update_bytes_per_element",
+        absl::StrCat(config.update_bytes_per_element, " must be >= 1"));
+  }
   MUONPS_RETURN_IF_ERROR(
       Positive(config.adamw_reference_ms, "--adamw_reference_ms"));
   MUONPS_RETURN_IF_ERROR(

@@ -45,8 +45,9 @@
 // --gpu_memory_gib=80 and --nvlink_gbs the measured NCCL bus bandwidth.
 //
 // Commit flags (the commit is a fixed cost per step, scale_sim.h):
-//   --hbm_bw             B/s applying the updates (12 B per parameter a
-//                        trainer holds); default 4.3e12 (H200; H100 3.0e12)
+//   --hbm_bw             B/s applying the updates (8 B of fp32 parameter
+//                        plus the update's bytes per parameter a trainer
+//                        holds); default 4.3e12 (H200; H100 3.0e12)
 //   --control_rounds_ms  agree + vote + confirm; default 4 (the H100
 //                        timelines' agree round, host_ms.agreed 2.3-4.3 ms,
 //                        plus vote and confirm)
@@ -94,7 +95,10 @@ ABSL_FLAG(double, reduce_gbs, 0,
 ABSL_FLAG(std::string, cost_table, "",
           "Measured Newton-Schulz times (scheduler/cost_table.h format).");
 ABSL_FLAG(int, wire_bytes_per_element, 4,
-          "Bytes per element on the wire (the worker sends fp32).");
+          "Bytes per gradient element on the wire (the worker sends fp32).");
+ABSL_FLAG(int, update_bytes_per_element, 2,
+          "Bytes per update element on the wire and in the apply (bf16: the "
+          "precision Newton-Schulz ran in; 4 for --precision fp32).");
 ABSL_FLAG(double, gpu_memory_gib, 140, "Memory per GPU for the planner.");
 ABSL_FLAG(int, bucket_mib, 64, "Step schedule bucket size (MiB).");
 ABSL_FLAG(int, stack_mib, 1024, "Step schedule stack size (MiB, fp32).");
@@ -144,6 +148,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.control_rounds_ms = absl::GetFlag(FLAGS_control_rounds_ms);
   c.transfer_contention = absl::GetFlag(FLAGS_transfer_contention);
   c.wire_bytes_per_element = absl::GetFlag(FLAGS_wire_bytes_per_element);
+  c.update_bytes_per_element = absl::GetFlag(FLAGS_update_bytes_per_element);
   c.gpu_memory_bytes =
       static_cast<int64_t>(absl::GetFlag(FLAGS_gpu_memory_gib) * (1 << 30));
   c.schedule.bucket_bytes = int64_t{absl::GetFlag(FLAGS_bucket_mib)} << 20;

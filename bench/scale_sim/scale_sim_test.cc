@@ -75,7 +75,8 @@ SimConfig Tiny(int gpus, int per_node, Layout layout, int matrices = 2) {
   return c;
 }
 
-constexpr int64_t kTinyWireBytes = 64 * 32 * 4;  // fp32 on the wire
+constexpr int64_t kTinyWireBytes = 64 * 32 * 4;    // an fp32 gradient
+constexpr int64_t kTinyUpdateBytes = 64 * 32 * 2;  // a bf16 update
 
 TEST(ScaleSimTest, SameInputGivesTheSameResultFieldForField) {
   const SimConfig c = Config("llama3_8b_8layers", 64);
@@ -154,13 +155,14 @@ TEST(ScaleSimTest, CommitIsControlRoundsPlusApplyingHeldParameters) {
   c.control_rounds_ms = 4;
   c.hbm_bytes_per_second = 3e12;
   const SimResult r = *SimulateStep(c);
-  EXPECT_DOUBLE_EQ(r.apply_seconds, r.parameters * 12.0 / 3e12);
+  // 8 bytes of fp32 parameter and a bf16 update per parameter.
+  EXPECT_DOUBLE_EQ(r.apply_seconds, r.parameters * 10.0 / 3e12);
   EXPECT_DOUBLE_EQ(r.commit_seconds, 4e-3 + r.apply_seconds);
   EXPECT_DOUBLE_EQ(r.predicted_seconds, r.stage_seconds + r.commit_seconds);
   // Each trainer holds 1/N of a row-sharded matrix's rows.
   c.matrices = *ModelMatrices("llama3_8b_8layers", Layout::kRowSharded);
   EXPECT_DOUBLE_EQ(SimulateStep(c)->apply_seconds,
-                   r.parameters * 12.0 / 3e12 / 8);
+                   r.parameters * 10.0 / 3e12 / 8);
 }
 
 TEST(ScaleSimTest, CriticalPathPartsAddUpToTheStep) {
@@ -265,14 +267,19 @@ TEST(ScaleSimTest, DoublingGpusNeverRaisesComputeMaxByMoreThanOneMs) {
 
 TEST(ScaleSimTest, UnreducedBytesPerGpuAreOneMatrixPerReduceAndBroadcast) {
   // Each reduce and broadcast moves the matrix through every rank of the
-  // ring: 2 matrices x 2 collectives x S, on one node or across two.
+  // ring: 2 matrices x (the fp32 gradient's S + the bf16 update's S / 2),
+  // on one node or across two.
   EXPECT_EQ(SimulateStep(Tiny(4, 4, Layout::kUnreduced))->bytes_per_gpu,
-            4 * kTinyWireBytes);
+            2 * (kTinyWireBytes + kTinyUpdateBytes));
   EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kUnreduced))->bytes_per_gpu,
-            4 * kTinyWireBytes);
-  // Replicated gradients only come back.
+            2 * (kTinyWireBytes + kTinyUpdateBytes));
+  // Replicated: only the updates come back.
   EXPECT_EQ(SimulateStep(Tiny(4, 4, Layout::kReplicated))->bytes_per_gpu,
-            2 * kTinyWireBytes);
+            2 * kTinyUpdateBytes);
+  // fp32 updates (--precision fp32) move the gradient's bytes.
+  SimConfig fp32 = Tiny(4, 4, Layout::kReplicated);
+  fp32.update_bytes_per_element = 4;
+  EXPECT_EQ(SimulateStep(fp32)->bytes_per_gpu, 2 * kTinyWireBytes);
   // One GPU moves nothing.
   EXPECT_EQ(SimulateStep(Tiny(1, 8, Layout::kUnreduced))->bytes_per_gpu, 0);
 }
@@ -288,21 +295,23 @@ TEST(ScaleSimTest, TransferTimeIsBytesOverTheLinkPerPhase) {
   SimConfig c = Tiny(4, 4, Layout::kUnreduced, 1);
   c.links.nvlink_gbs = 1;  // 1e9 B/s
   const SimResult r = *SimulateStep(c);
-  // One reduce phase and one broadcast phase of S bytes each, with the
-  // stack between them.
-  EXPECT_DOUBLE_EQ(r.transfer_seconds, 2 * kTinyWireBytes / 1e9);
+  // One reduce phase of the gradient's bytes and one broadcast phase of
+  // the update's, with the stack between them.
+  EXPECT_DOUBLE_EQ(r.transfer_seconds,
+                   (kTinyWireBytes + kTinyUpdateBytes) / 1e9);
   EXPECT_DOUBLE_EQ(r.gradients_landed_seconds, kTinyWireBytes / 1e9);
   EXPECT_DOUBLE_EQ(r.predicted_seconds,
                    r.transfer_seconds + r.compute_seconds_max);
   EXPECT_DOUBLE_EQ(r.critical_wait_seconds, kTinyWireBytes / 1e9);
-  EXPECT_DOUBLE_EQ(r.updates_tail_seconds, kTinyWireBytes / 1e9);
+  EXPECT_NEAR(r.updates_tail_seconds, kTinyUpdateBytes / 1e9, 1e-15);
   // A reduce at half the rate takes twice as long; the broadcast does not
   // change, nor the bytes.
   c.links.reduce_gbs = 0.5;
   const SimResult slow_reduce = *SimulateStep(c);
   EXPECT_DOUBLE_EQ(slow_reduce.gradients_landed_seconds,
                    2 * kTinyWireBytes / 1e9);
-  EXPECT_DOUBLE_EQ(slow_reduce.transfer_seconds, 3 * kTinyWireBytes / 1e9);
+  EXPECT_DOUBLE_EQ(slow_reduce.transfer_seconds,
+                   (2 * kTinyWireBytes + kTinyUpdateBytes) / 1e9);
   EXPECT_EQ(slow_reduce.bytes_per_gpu, r.bytes_per_gpu);
   c.links.reduce_gbs = 0;
   // Across nodes the NIC carries S / G of each ring collective.
@@ -310,7 +319,7 @@ TEST(ScaleSimTest, TransferTimeIsBytesOverTheLinkPerPhase) {
   c.links.nvlink_gbs = 1000;
   c.links.inter_node_gbs = 1;
   EXPECT_DOUBLE_EQ(SimulateStep(c)->transfer_seconds,
-                   2 * (kTinyWireBytes / 2) / 1e9);
+                   (kTinyWireBytes / 2 + kTinyUpdateBytes / 2) / 1e9);
 }
 
 TEST(ScaleSimTest, RingFillLatencyIsPaidOncePerPhase) {
