@@ -120,7 +120,7 @@ Change BestMove(const Assignment& a, int top, bool fewest_bytes) {
       if (c.new_max < limit && Better(c, best, fewest_bytes)) best = c;
     };
     for (int t : minima) consider(t);
-    for (int t : a.holders(shape)) consider(t);
+    for (const int id : a.holder_slots(shape)) consider(a.slot(id).worker);
   }
   return best;
 }
@@ -192,16 +192,20 @@ absl::Status PlaceGreedily(const std::vector<int>& order, Assignment* a) {
     if (a->owner(item) >= 0) continue;
     int best = -1;
     double best_finish = kInf;
-    auto consider = [&](int w) {
-      if (w < 0 || !a->Fits(w, item)) return;
-      const double finish = a->LoadWith(w, item);
+    auto consider = [&](int w, double finish) {
+      if (!a->Fits(w, item)) return;
       if (finish < best_finish || (finish == best_finish && w < best)) {
         best = w;
         best_finish = finish;
       }
     };
-    for (int c = 0; c < p.num_classes(); ++c) consider(least.Find(c, item));
-    for (int w : a->holders(p.shape_of(item))) consider(w);
+    for (int c = 0; c < p.num_classes(); ++c) {
+      const int w = least.Find(c, item);
+      if (w >= 0) consider(w, a->LoadWith(w, item));
+    }
+    for (const int id : a->holder_slots(p.shape_of(item))) {
+      consider(a->slot(id).worker, a->LoadWithOnSlot(id, item));
+    }
     if (best < 0) {
       int roomiest = 0;
       for (int w = 1; w < p.num_workers(); ++w) {

@@ -251,7 +251,7 @@ Assignment::Assignment(const Problem& problem)
       load_(problem.num_workers(), 0.0),
       used_bytes_(problem.num_workers(), 0),
       slots_on_(problem.num_workers()),
-      holders_(problem.num_shapes()) {}
+      holder_slots_(problem.num_shapes()) {}
 
 int Assignment::SlotOf(int w, int shape) const {
   auto it = slot_index_.find(Key(w, shape));
@@ -267,17 +267,41 @@ double Assignment::ShapeSeconds(int w, int shape, int64_t n) const {
   return problem_.BatchSeconds(problem_.worker_class(w), shape, n);
 }
 
+void Assignment::Price(Slot& slot) const {
+  slot.fewer = ShapeSeconds(slot.worker, slot.shape, slot.count - 1);
+  slot.now = ShapeSeconds(slot.worker, slot.shape, slot.count);
+  slot.more = ShapeSeconds(slot.worker, slot.shape, slot.count + 1);
+}
+
+void Assignment::PriceOneMore(Slot& slot) const {
+  slot.fewer = slot.now;
+  slot.now = slot.more;
+  slot.more = ShapeSeconds(slot.worker, slot.shape, slot.count + 1);
+}
+
+void Assignment::PriceOneFewer(Slot& slot) const {
+  slot.more = slot.now;
+  slot.now = slot.fewer;
+  slot.fewer = ShapeSeconds(slot.worker, slot.shape, slot.count - 1);
+}
+
 double Assignment::LoadWith(int w, int item) const {
   const int s = problem_.shape_of(item);
-  const int64_t n = count(w, s);
-  return load_[w] + ShapeSeconds(w, s, n + 1) - ShapeSeconds(w, s, n) +
+  const int id = SlotOf(w, s);
+  if (id >= 0) return LoadWithOnSlot(id, item);
+  return load_[w] + ShapeSeconds(w, s, 1) - ShapeSeconds(w, s, 0) +
          problem_.TransferSeconds(problem_.worker_class(w), item);
 }
 
+double Assignment::LoadWithOnSlot(int id, int item) const {
+  const Slot& slot = slots_[id];
+  return load_[slot.worker] + slot.more - slot.now +
+         problem_.TransferSeconds(problem_.worker_class(slot.worker), item);
+}
+
 double Assignment::LoadWithout(int w, int item) const {
-  const int s = problem_.shape_of(item);
-  const int64_t n = count(w, s);
-  return load_[w] - (ShapeSeconds(w, s, n) - ShapeSeconds(w, s, n - 1)) -
+  const Slot& slot = slots_[SlotOf(w, problem_.shape_of(item))];
+  return load_[w] - (slot.now - slot.fewer) -
          problem_.TransferSeconds(problem_.worker_class(w), item);
 }
 
@@ -297,9 +321,10 @@ void Assignment::Assign(int item, int w) {
       free_slots_.pop_back();
     }
     slots_[id] = Slot{w, s, 0, -1};
+    Price(slots_[id]);
     slot_index_[Key(w, s)] = id;
     slots_on_[w].push_back(id);
-    holders_[s].push_back(w);
+    holder_slots_[s].push_back(id);
   }
   Slot& slot = slots_[id];
   older_[item] = slot.newest;
@@ -307,6 +332,7 @@ void Assignment::Assign(int item, int w) {
   if (slot.newest >= 0) newer_[slot.newest] = item;
   slot.newest = item;
   ++slot.count;
+  PriceOneMore(slot);
   owner_[item] = w;
 }
 
@@ -327,12 +353,15 @@ void Assignment::Unassign(int item) {
   if (older_[item] >= 0) newer_[older_[item]] = newer_[item];
   older_[item] = newer_[item] = -1;
   owner_[item] = -1;
-  if (--slot.count > 0) return;
+  if (--slot.count > 0) {
+    PriceOneFewer(slot);
+    return;
+  }
   slot_index_.erase(Key(w, s));
   std::vector<int>& on = slots_on_[w];
   on.erase(std::find(on.begin(), on.end(), id));
-  std::vector<int>& h = holders_[s];
-  h.erase(std::find(h.begin(), h.end(), w));
+  std::vector<int>& h = holder_slots_[s];
+  h.erase(std::find(h.begin(), h.end(), id));
   free_slots_.push_back(id);
 }
 

@@ -102,6 +102,10 @@ class Assignment {
     int shape = -1;
     int64_t count = 0;
     int newest = -1;  // an item of the slot; older ones via older_than()
+    // The shape's predicted seconds batched count - 1, count and count + 1
+    // times on the worker's class (what LoadWith and LoadWithout add and
+    // take away, kept as the count changes).
+    double fewer = 0, now = 0, more = 0;
   };
 
   explicit Assignment(const Problem& problem);
@@ -120,12 +124,17 @@ class Assignment {
   const Slot& slot(int id) const { return slots_[id]; }
   // The next older item of the same slot, or -1.
   int older_than(int item) const { return older_[item]; }
-  // Workers holding at least one item of `shape`.
-  const std::vector<int>& holders(int shape) const { return holders_[shape]; }
+  // Slots of `shape`: the workers holding at least one item of it.
+  const std::vector<int>& holder_slots(int shape) const {
+    return holder_slots_[shape];
+  }
 
   // Load of w after adding item i / removing item i (which w holds).
   double LoadWith(int w, int item) const;
   double LoadWithout(int w, int item) const;
+  // LoadWith for the worker of slot `id`, whose shape is item i's (no
+  // lookup: what placement asks of every holder of a shape).
+  double LoadWithOnSlot(int id, int item) const;
   bool Fits(int w, int item) const {
     return problem_.owned_bytes(item) <= free_bytes(w);
   }
@@ -142,6 +151,11 @@ class Assignment {
   }
   int SlotOf(int w, int shape) const;
   double ShapeSeconds(int w, int shape, int64_t n) const;
+  // Sets the slot's fewer, now and more for its count; after the count grew
+  // or shrank by one, from the ones it had.
+  void Price(Slot& slot) const;
+  void PriceOneMore(Slot& slot) const;
+  void PriceOneFewer(Slot& slot) const;
 
   const Problem& problem_;
   std::vector<int> owner_;
@@ -153,7 +167,7 @@ class Assignment {
   std::vector<int> free_slots_;
   absl::flat_hash_map<int64_t, int> slot_index_;
   std::vector<std::vector<int>> slots_on_;
-  std::vector<std::vector<int>> holders_;
+  std::vector<std::vector<int>> holder_slots_;
 };
 
 }  // namespace scheduler
