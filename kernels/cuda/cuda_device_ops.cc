@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/precision.h"
 
 namespace muonps {
 namespace kernels {
@@ -22,18 +23,6 @@ class CudaFloatBuffer final : public FloatBuffer {
   DeviceBuffer buffer_;
   int64_t count_;
 };
-
-cudaDataType DataType(DType dtype) {
-  switch (dtype) {
-    case DType::kBFloat16:
-      return CUDA_R_16BF;
-    case DType::kFloat16:
-      return CUDA_R_16F;
-    case DType::kFloat32:
-      break;
-  }
-  return CUDA_R_32F;
-}
 
 }  // namespace
 
@@ -148,9 +137,9 @@ absl::Status CudaDeviceOps::ToFloat(float* dst, const void* src,
     return Copy(dst, static_cast<const float*>(src), count, stream);
   }
   MUONPS_RETURN_IF_ERROR(UseDevice());
-  return CudaStatus(
-      LaunchConvert(src, DataType(src_dtype), dst, CUDA_R_32F, count, stream),
-      "LaunchConvert");
+  return CudaStatus(LaunchConvert(src, CudaDataType(src_dtype), dst, CUDA_R_32F,
+                                  count, stream),
+                    "LaunchConvert");
 }
 
 absl::Status CudaDeviceOps::FromFloat(void* dst, DType dst_dtype,
@@ -160,9 +149,9 @@ absl::Status CudaDeviceOps::FromFloat(void* dst, DType dst_dtype,
     return Copy(static_cast<float*>(dst), src, count, stream);
   }
   MUONPS_RETURN_IF_ERROR(UseDevice());
-  return CudaStatus(
-      LaunchConvert(src, CUDA_R_32F, dst, DataType(dst_dtype), count, stream),
-      "LaunchConvert");
+  return CudaStatus(LaunchConvert(src, CUDA_R_32F, dst, CudaDataType(dst_dtype),
+                                  count, stream),
+                    "LaunchConvert");
 }
 
 absl::Status CudaDeviceOps::ApplyScaled(void* param, DType param_dtype,
@@ -172,8 +161,8 @@ absl::Status CudaDeviceOps::ApplyScaled(void* param, DType param_dtype,
   MUONPS_RETURN_IF_ERROR(CheckLentDType(param_dtype));
   MUONPS_RETURN_IF_ERROR(UseDevice());
   return CudaStatus(
-      LaunchApplyUpdate(param, DataType(param_dtype), update,
-                        DataType(update_dtype), count, decay, step, stream),
+      LaunchApplyUpdate(param, CudaDataType(param_dtype), update,
+                        CudaDataType(update_dtype), count, decay, step, stream),
       "LaunchApplyUpdate");
 }
 

@@ -36,18 +36,6 @@ SymmetricPlan DefaultPlan(bool lt_tiles) {
   return plan;
 }
 
-cudaDataType LowType(Precision precision) {
-  switch (precision) {
-    case Precision::kBf16:
-      return CUDA_R_16BF;
-    case Precision::kFp16:
-      return CUDA_R_16F;
-    case Precision::kFp32:
-      return CUDA_R_32F;
-  }
-  return CUDA_R_32F;
-}
-
 // The GPU kernels index matrices of a stack by grid dimension and cuBLAS
 // takes 32-bit sizes.
 absl::Status ValidateGpuStack(const MatrixStack& stack,
@@ -132,7 +120,7 @@ absl::Status CudaKernels::Init(const CudaKernelsOptions& options) {
   lane.workspace = cublas_workspace_.get();
   lane.workspace_bytes = cublas_workspace_.bytes();
   engine_ = std::make_unique<NsEngine>(
-      std::vector<NsLane>{lane}, LowType(precision_),
+      std::vector<NsLane>{lane}, CudaDataType(update_dtype()),
       DefaultPlan(options.lt_tiles), options.use_graphs);
   return absl::OkStatus();
 }
@@ -255,17 +243,7 @@ absl::Status CudaKernels::ApplyUpdate(const MatrixStack& param,
       "apply-update kernel");
 }
 
-DType CudaKernels::update_dtype() const {
-  switch (precision_) {
-    case Precision::kBf16:
-      return DType::kBFloat16;
-    case Precision::kFp16:
-      return DType::kFloat16;
-    case Precision::kFp32:
-      break;
-  }
-  return DType::kFloat32;
-}
+DType CudaKernels::update_dtype() const { return PrecisionDType(precision_); }
 
 absl::Status CudaKernels::MuonStep(const MuonStack& stack,
                                    const MuonHyperparameters& hyper,
@@ -277,7 +255,7 @@ absl::Status CudaKernels::MuonStep(const MuonStack& stack,
   const MatrixStack& grad = stack.grad;
   const int64_t elements = grad.elements();
   // The update in fp32, and rounded to the precision (16-bit) after it.
-  const cudaDataType low = LowType(precision_);
+  const cudaDataType low = CudaDataType(update_dtype());
   const size_t wide_bytes = static_cast<size_t>(elements) * sizeof(float);
   const size_t bytes =
       wide_bytes +

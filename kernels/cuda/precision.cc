@@ -17,15 +17,31 @@ absl::StatusOr<Precision> ParsePrecision(absl::string_view name) {
 }
 
 absl::string_view PrecisionName(Precision precision) {
+  return DTypeName(PrecisionDType(precision));
+}
+
+DType PrecisionDType(Precision precision) {
   switch (precision) {
-    case Precision::kFp32:
-      return "fp32";
     case Precision::kBf16:
-      return "bf16";
+      return DType::kBFloat16;
     case Precision::kFp16:
-      return "fp16";
+      return DType::kFloat16;
+    case Precision::kFp32:
+      break;
   }
-  return "unknown";
+  return DType::kFloat32;
+}
+
+cudaDataType CudaDataType(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    case DType::kFloat32:
+      break;
+  }
+  return CUDA_R_32F;
 }
 
 }  // namespace cuda

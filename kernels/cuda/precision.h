@@ -4,8 +4,11 @@
 #ifndef MUONPS_KERNELS_CUDA_PRECISION_H_
 #define MUONPS_KERNELS_CUDA_PRECISION_H_
 
+#include <library_types.h>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/dtype.h"
 
 namespace muonps {
 namespace kernels {
@@ -19,6 +22,13 @@ absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
 
 // "fp32", "bf16" or "fp16".
 absl::string_view PrecisionName(Precision precision);
+
+// The GEMM inputs' element type, which is also what an update is rounded
+// to (MuonKernels::update_dtype).
+DType PrecisionDType(Precision precision);
+
+// The CUDA library type of `dtype`'s elements.
+cudaDataType CudaDataType(DType dtype);
 
 }  // namespace cuda
 }  // namespace kernels

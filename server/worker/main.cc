@@ -27,7 +27,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/device.h"
-#include "common/dtype.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -242,13 +241,14 @@ int Run() {
     }
   } else {
     const std::string named = absl::GetFlag(FLAGS_precision);
-    absl::StatusOr<DType> update_dtype =
-        named.empty() ? DType::kFloat32 : ParseDType(named);
-    if (!update_dtype.ok()) {
-      spdlog::error("--precision: {}", update_dtype.status().ToString());
+    absl::StatusOr<kernels::cuda::Precision> precision =
+        kernels::cuda::ParsePrecision(named.empty() ? "fp32" : named);
+    if (!precision.ok()) {
+      spdlog::error("--precision: {}", precision.status().ToString());
       return 2;
     }
-    backend = worker::CpuStepBackend(tcp.io_timeout, *update_dtype);
+    backend = worker::CpuStepBackend(tcp.io_timeout,
+                                     kernels::cuda::PrecisionDType(*precision));
     make_transport = [connect_tcp](int rank,
                                    const std::vector<std::string>& addresses,
                                    uint64_t session, const std::string& secret)
