@@ -28,5 +28,20 @@ absl::StatusOr<TypedBuffer> TypedBuffer::Allocate(DeviceOps& ops, DType dtype,
   return out;
 }
 
+absl::StatusOr<TypedBuffer> TypedBuffer::Wrap(
+    std::unique_ptr<FloatBuffer> block, DType dtype, int64_t count) {
+  const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
+  if (block == nullptr || count < 0 || block->size() * 4 < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block: holds ", block == nullptr ? 0 : block->size() * 4,
+        " bytes, not the ", bytes, " of ", count, " ", DTypeName(dtype)));
+  }
+  TypedBuffer out;
+  out.block_ = std::move(block);
+  out.dtype_ = dtype;
+  out.size_ = count;
+  return out;
+}
+
 }  // namespace kernels
 }  // namespace muonps

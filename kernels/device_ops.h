@@ -95,6 +95,11 @@ class DeviceOps {
   // block until done.
   virtual absl::Status Copy(float* dst, const float* src, int64_t count,
                             Stream stream) = 0;
+  // `bytes` bytes from src to dst (non-overlapping), either of which may be
+  // another device's memory mapped here (a peer's window,
+  // server/worker/staging_windows.h): on a GPU, the copy engines move them.
+  virtual absl::Status CopyBytes(void* dst, const void* src, int64_t bytes,
+                                 Stream stream) = 0;
   // dst[i] <- float(src[i]) for `count` elements of `src_dtype` (any DType;
   // fp32 is a copy). Device memory on both sides.
   virtual absl::Status ToFloat(float* dst, const void* src, DType src_dtype,
@@ -133,6 +138,10 @@ class TypedBuffer {
   // RESOURCE_EXHAUSTED naming `what` when the device is full.
   static absl::StatusOr<TypedBuffer> Allocate(DeviceOps& ops, DType dtype,
                                               int64_t count, const char* what);
+  // `count` elements of `dtype` in `block`, which must hold their bytes
+  // (INVALID_ARGUMENT otherwise).
+  static absl::StatusOr<TypedBuffer> Wrap(std::unique_ptr<FloatBuffer> block,
+                                          DType dtype, int64_t count);
 
   DType dtype() const { return dtype_; }
   int64_t size() const { return size_; }

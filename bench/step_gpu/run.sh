@@ -23,7 +23,10 @@
 #   N GPUs), COST_TABLE (a cost table file for every worker; by default
 #   muonps-autotune measures one on GPU 0 first, for the set's shapes;
 #   AUTOTUNE=0 gives the workers none, so the planner uses its FLOP model),
-#   AUTOTUNE_BATCHES (1,2,4,8,16, and the set's largest stack).
+#   AUTOTUNE_BATCHES (1,2,4,8,16, and the set's largest stack),
+#   WORKER_ARGS (more flags for the N workers, e.g. --peer_writes=false to
+#   broadcast updates over the transport instead of writing them into the
+#   peers' staging).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
@@ -201,7 +204,7 @@ run_layout() {
       --worker_id "w$w" --socket "$dir/w$w.sock" --device "cuda:$w" --gpu_transport "$transport" \
       --metrics_address 127.0.0.1:0 --metrics_port 0 --io_timeout_ms 60000 \
       "${role[@]+"${role[@]}"}" "${cost_args[@]+"${cost_args[@]}"}" \
-      --log_level debug >"$dir/worker$w.log" 2>&1 &
+      ${WORKER_ARGS:-} --log_level debug >"$dir/worker$w.log" 2>&1 &
     pids+=($!)
     workers+=($!)
   done

@@ -53,6 +53,13 @@ absl::Status CpuDeviceOps::Copy(float* dst, const float* src, int64_t count,
   return absl::OkStatus();
 }
 
+absl::Status CpuDeviceOps::CopyBytes(void* dst, const void* src, int64_t bytes,
+                                     Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
 absl::Status CpuDeviceOps::Scale(float* data, int64_t count, float factor,
                                  Stream stream) {
   if (absl::Status s = HostOnly(stream); !s.ok()) return s;

@@ -25,6 +25,8 @@ class CpuDeviceOps final : public DeviceOps {
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,
                     Stream stream) override;
+  absl::Status CopyBytes(void* dst, const void* src, int64_t bytes,
+                         Stream stream) override;
   absl::Status ToFloat(float* dst, const void* src, DType src_dtype,
                        int64_t count, Stream stream) override;
   absl::Status FromFloat(void* dst, DType dst_dtype, const float* src,

@@ -124,6 +124,14 @@ absl::Status CudaDeviceOps::Copy(float* dst, const float* src, int64_t count,
                     "cudaMemcpyAsync");
 }
 
+absl::Status CudaDeviceOps::CopyBytes(void* dst, const void* src, int64_t bytes,
+                                      Stream stream) {
+  if (bytes <= 0 || dst == src) return absl::OkStatus();
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream),
+                    "cudaMemcpyAsync");
+}
+
 absl::Status CudaDeviceOps::Scale(float* data, int64_t count, float factor,
                                   Stream stream) {
   MUONPS_RETURN_IF_ERROR(UseDevice());

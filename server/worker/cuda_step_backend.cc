@@ -2,8 +2,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <optional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
@@ -123,6 +126,72 @@ class CudaIpcBuffers final : public TrainerBuffers {
   uint64_t* record_ = nullptr;  // the step record; null: none lent
 };
 
+// A peer's staging, mapped into this process by CUDA IPC.
+class CudaIpcWindow final : public PeerWindow {
+ public:
+  CudaIpcWindow(IpcMemoryMap map, void* data)
+      : map_(std::move(map)), data_(data) {}
+  void* data() const override { return data_; }
+
+ private:
+  IpcMemoryMap map_;
+  void* data_;
+};
+
+// Staging in cudaMalloc'd memory (ops_'s), lent by CUDA IPC; peers' opened
+// on this worker's device, which copies into them over NVLink or PCIe.
+class CudaIpcLender final : public WindowLender {
+ public:
+  // `ops` outlives the lender (both belong to one backend).
+  CudaIpcLender(kernels::DeviceOps* ops, int device)
+      : ops_(ops), device_(device) {}
+
+  absl::StatusOr<kernels::TypedBuffer> Allocate(DType dtype, int64_t count,
+                                                const char* what,
+                                                WindowRecord* record) override {
+    *record = WindowRecord{};
+    MUONPS_ASSIGN_OR_RETURN(
+        kernels::TypedBuffer buffer,
+        kernels::TypedBuffer::Allocate(*ops_, dtype, count, what));
+    const uint64_t bytes =
+        (static_cast<uint64_t>(count) * DTypeSize(dtype) + 3) / 4 * 4;
+    MUONPS_ASSIGN_OR_RETURN(IpcMemoryRef ref,
+                            ExportDeviceMemory(buffer.at(0), bytes));
+    std::random_device random;
+    while (record->id == 0) {
+      record->id = (static_cast<uint64_t>(random()) << 32) ^ random();
+    }
+    record->host = HostIdentity();
+    record->kind = static_cast<int32_t>(WindowKind::kCudaIpc);
+    record->device = ref.device;
+    record->offset = ref.offset;
+    record->bytes = ref.bytes;
+    std::memcpy(record->handle, ref.handle.data(),
+                std::min(ref.handle.size(), sizeof(record->handle)));
+    return buffer;
+  }
+
+  absl::StatusOr<std::unique_ptr<PeerWindow>> Open(
+      const WindowRecord& record) override {
+    if (record.kind != static_cast<int32_t>(WindowKind::kCudaIpc)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("window kind ", record.kind, " is not CUDA IPC"));
+    }
+    IpcMemoryRef ref;
+    ref.handle.assign(record.handle, kCudaIpcHandleBytes);
+    ref.offset = record.offset;
+    ref.bytes = record.bytes;
+    ref.device = device_;  // mapped into this worker's device
+    IpcMemoryMap map;
+    MUONPS_ASSIGN_OR_RETURN(void* data, map.Open(ref));
+    return std::unique_ptr<PeerWindow>(new CudaIpcWindow(std::move(map), data));
+  }
+
+ private:
+  kernels::DeviceOps* const ops_;
+  const int device_;
+};
+
 }  // namespace
 
 bool CudaDeviceUsable(int device) {
@@ -171,6 +240,8 @@ absl::StatusOr<StepBackend> CudaStepBackend(const CudaBackendOptions& options) {
   backend.kernels = std::move(kernels);
   backend.ops = std::move(ops);
   backend.open_buffers = CudaIpcBuffersOpener(options.device);
+  backend.windows =
+      std::make_shared<CudaIpcLender>(backend.ops.get(), options.device);
   backend.timeout = options.timeout;
   return backend;
 }

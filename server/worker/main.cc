@@ -259,13 +259,15 @@ int Run() {
       return std::unique_ptr<transport::Transport>(std::move(connected));
     };
   }
+  if (!absl::GetFlag(FLAGS_peer_writes)) backend.windows.reset();
   // Declared before the engine, whose transports count into it.
   MetricsRegistry metrics;
   // Every byte a step moves between workers, and every call and launch, is
   // counted here, in one place, whatever transport carries it.
+  const transport::TransportCounters counters =
+      transport::AddTransportCounters(&metrics);
   worker::TransportFactory counted_transport =
-      [inner = std::move(make_transport),
-       counters = transport::AddTransportCounters(&metrics)](
+      [inner = std::move(make_transport), counters](
           int rank, const std::vector<std::string>& addresses, uint64_t session,
           const std::string& secret)
       -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
@@ -286,6 +288,8 @@ int Run() {
     engine.set_step_hook(*std::move(hook));
   }
   engine.EnableCheckpoints(&metrics);
+  // Updates written into the peers' staging count with the transport's.
+  engine.CountPeerWrites({counters.sent, counters.received, counters.calls});
   worker::WorkerAgent agent(options, &metrics, &engine);
   worker::WorkerService service(&agent, &engine, token);
   server::HealthService health;

@@ -178,6 +178,10 @@ class GatedOps : public kernels::DeviceOps {
                     Stream s) override {
     return ops_.Copy(dst, src, count, s);
   }
+  absl::Status CopyBytes(void* dst, const void* src, int64_t bytes,
+                         Stream s) override {
+    return ops_.CopyBytes(dst, src, bytes, s);
+  }
   absl::Status ToFloat(float* dst, const void* src, DType dtype, int64_t count,
                        Stream s) override {
     return ops_.ToFloat(dst, src, dtype, count, s);

@@ -20,6 +20,49 @@ struct FollowerInfoHeader {
   int64_t matrix_count;
 };
 
+// What rank 0 broadcasts after its decision, as int32 values: each rank's
+// trainer rank, each rank's window id (two values), then two flags: the
+// windows changed since some rank last exchanged them (every rank
+// exchanges them before the step's transfers), and some rank commits a
+// staged step from its staging in Resolve (every rank waits for every
+// other at its end: owners write the next step into the peers' staging
+// only after that).
+struct RoundRoster {
+  std::vector<int32_t> trainer_rank_of;
+  std::vector<uint64_t> windows;
+  bool exchange = false;
+  bool barrier = false;
+
+  static size_t Ints(int size) { return 3 * static_cast<size_t>(size) + 2; }
+  void Write(int32_t* out) const {
+    const size_t size = trainer_rank_of.size();
+    std::memcpy(out, trainer_rank_of.data(), size * sizeof(int32_t));
+    std::memcpy(out + size, windows.data(), size * sizeof(uint64_t));
+    out[3 * size] = exchange ? 1 : 0;
+    out[3 * size + 1] = barrier ? 1 : 0;
+  }
+  void Read(const int32_t* in, int size) {
+    trainer_rank_of.assign(in, in + size);
+    windows.resize(size);
+    std::memcpy(windows.data(), in + size, size * sizeof(uint64_t));
+    exchange = in[3 * size] != 0;
+    barrier = in[3 * size + 1] != 0;
+  }
+};
+
+// The vote of a window exchange: this rank writes into every trainer's
+// window.
+struct WriterVote {
+  int32_t writes;
+  int32_t padding;
+};
+
+// What a barrier carries.
+struct BarrierMark {
+  int32_t here;
+  int32_t padding;
+};
+
 }  // namespace
 
 RoundAgreement::RoundAgreement(PlanState& plan, const AttachedTrainer* trainer,
@@ -110,6 +153,8 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   mine.trainer_rank = trainer_ == nullptr ? -1 : trainer_->rank;
   mine.trainer_count = trainer_ == nullptr ? 0 : trainer_->count;
   mine.update_dtype = static_cast<int32_t>(plan_.update_dtype);
+  mine.window = trainer_ == nullptr ? 0 : trainer_->window.id;
+  mine.windows_known = plan_.windows.known();
   mine.torn_step = -1;
   mine.record_decided = -1;
   if (trainer_ != nullptr) {
@@ -171,23 +216,36 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     }
     MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers, 0));
   }
-  // The decision and each rank's trainer rank (the roster a step that runs
-  // follows) in one broadcast.
+  // The decision and the round's roster (RoundRoster) in one broadcast.
   static_assert(sizeof(RoundDecision) % sizeof(int32_t) == 0,
                 "the roster follows the decision in whole int32s");
-  std::vector<int32_t> told(sizeof(RoundDecision) / sizeof(int32_t) + size, -1);
-  int32_t* const roster = told.data() + sizeof(RoundDecision) / sizeof(int32_t);
+  constexpr size_t kDecisionInts = sizeof(RoundDecision) / sizeof(int32_t);
+  std::vector<int32_t> told(kDecisionInts + RoundRoster::Ints(size), -1);
+  RoundRoster round;
   if (plan_.rank == 0) {
     std::memcpy(told.data(), decision, sizeof(RoundDecision));
-    for (int r = 0; r < size; ++r) roster[r] = headers[r].trainer_rank;
+    for (const StepHeader& h : headers) {
+      round.trainer_rank_of.push_back(h.trainer_rank);
+      round.windows.push_back(h.window);
+    }
+    const uint64_t digest = PeerWindows::Digest(round.windows);
+    for (const StepHeader& h : headers) {
+      round.exchange = round.exchange || h.windows_known != digest;
+      round.barrier =
+          round.barrier || (decision->resolve != 0 && h.staged_step >= 0 &&
+                            h.staged_step <= decision->committed);
+    }
+    round.Write(told.data() + kDecisionInts);
   }
   MUONPS_RETURN_IF_ERROR(
       control_.Broadcast(told.data(), told.size() * sizeof(int32_t), 0));
   std::memcpy(decision, told.data(), sizeof(RoundDecision));
+  round.Read(told.data() + kDecisionInts, size);
+  barrier_ = round.barrier;
   if (static_cast<RoundKind>(decision->kind) != RoundKind::kGo) {
     return absl::OkStatus();
   }
-  roster_.trainer_rank_of.assign(roster, roster + size);
+  roster_.trainer_rank_of = round.trainer_rank_of;
   // Trainer order, then the ranks with no trainer (their parts are zeros,
   // added last: the sums keep the bits of the trainers' parts alone).
   roster_.reduce_order.assign(size, 0);
@@ -197,6 +255,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     if (trainer >= 0 && trainer < trainers_) roster_.reduce_order[trainer] = r;
     if (r >= trainers_) roster_.reduce_order[r] = r;
   }
+  if (round.exchange) MUONPS_RETURN_IF_ERROR(ExchangeWindows(round.windows));
   if (plan_.ownership.dedicated > 0) {
     MUONPS_RETURN_IF_ERROR(ShareFollowerInfo());
   }
@@ -212,6 +271,9 @@ absl::Status RoundAgreement::Resolve(const RoundDecision& decision) {
   } else if (staged.step_id >= 0) {
     DropStaged(ledger_, plan_);
   }
+  // Owners write the next step's updates into the peers' staging once
+  // every rank has read its own.
+  if (barrier_) MUONPS_RETURN_IF_ERROR(Barrier());
   // Answered here from now on, once this rank holds it (a rank whose
   // trainer misses it waits for a repair round).
   if (ledger_.last.load() >= decision.committed) {
@@ -247,6 +309,47 @@ absl::Status RoundAgreement::ShareFollowerInfo() {
   roster_.follower_full_param.assign(values.begin() + header.adamw_count,
                                      values.end());
   return absl::OkStatus();
+}
+
+absl::Status RoundAgreement::ExchangeWindows(absl::Span<const uint64_t> ids) {
+  const int size = static_cast<int>(ids.size());
+  const WindowRecord mine =
+      trainer_ == nullptr ? WindowRecord{} : trainer_->window;
+  std::vector<WindowRecord> records;
+  MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &records, 0));
+  records.resize(size);
+  MUONPS_RETURN_IF_ERROR(control_.Broadcast(
+      records.data(), records.size() * sizeof(WindowRecord), 0));
+  for (int r = 0; r < size; ++r) {
+    if (records[r].id != ids[r]) {
+      return absl::InternalError(
+          absl::StrCat("rank ", r, " described another staging window"));
+    }
+  }
+  std::vector<int> targets;
+  for (int r = 0; r < size; ++r) {
+    if (roster_.trainer_rank_of[r] >= 0) targets.push_back(r);
+  }
+  const bool writes =
+      plan_.windows.Open(records, plan_.rank, targets, plan_.lender);
+  std::vector<WriterVote> votes;
+  MUONPS_RETURN_IF_ERROR(
+      control_.Gather(WriterVote{writes ? 1 : 0, 0}, &votes, 0));
+  std::vector<int32_t> writers(size, 0);
+  if (plan_.rank == 0) {
+    for (int r = 0; r < size; ++r) writers[r] = votes[r].writes;
+  }
+  MUONPS_RETURN_IF_ERROR(
+      control_.Broadcast(writers.data(), writers.size() * sizeof(int32_t), 0));
+  plan_.windows.SetWriters(std::move(writers), PeerWindows::Digest(ids));
+  return absl::OkStatus();
+}
+
+absl::Status RoundAgreement::Barrier() {
+  std::vector<BarrierMark> marks;
+  MUONPS_RETURN_IF_ERROR(control_.Gather(BarrierMark{1, 0}, &marks, 0));
+  BarrierMark done{1, 0};
+  return control_.Broadcast(&done, 0);
 }
 
 }  // namespace worker

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/device_ops.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_control.h"
@@ -73,6 +74,11 @@ class RoundAgreement {
   // Rank 0 tells workers with no trainer what they need of the trainers'
   // tensors (StepRoster's follower fields).
   absl::Status ShareFollowerInfo();
+  // Every rank's window record to every rank, each opens those of its
+  // host, and rank 0 tells which owners write into them (staging_windows.h).
+  absl::Status ExchangeWindows(absl::Span<const uint64_t> ids);
+  // Every rank reaches it before any leaves.
+  absl::Status Barrier();
 
   PlanState& plan_;
   const AttachedTrainer* const trainer_;
@@ -82,6 +88,7 @@ class RoundAgreement {
   const StepCancelled cancelled_;
   const int trainers_;  // ranks with a trainer (the first ones)
   StepRoster roster_;
+  bool barrier_ = false;  // RoundRoster::barrier of the round
 };
 
 }  // namespace worker

@@ -61,45 +61,108 @@ class StepAtomicityTest : public StepEngineTest {
       }
     }
   }
+
+  // Every call of a step on ranks 0, 1 and 2 fails once in turn (the
+  // transport aborts there, as a cut connection or a killed peer's would):
+  // the trainers retry until the step is answered and go on; at the end the
+  // parameters are the failure-free run's, bit for bit.
+  void SweepEveryTransportCall() {
+    ASSERT_NO_FATAL_FAILURE(SetUpJob());
+    ReferenceSteps reference;
+    int64_t step = 0;
+    std::vector<int64_t> calls;
+    for (int w = 0; w < kWorkers; ++w) {
+      calls.push_back(ProbeCalls(w, step));
+      reference.Step(step++);
+      ASSERT_GT(calls.back(), 10) << "worker " << w;
+    }
+    int fired = 0;
+    for (int w = 0; w < kWorkers; ++w) {
+      for (int64_t call = 0; call < calls[w]; ++call) {
+        SetFault(w, {.step = step, .call = call});
+        const std::vector<int> failures = RunTrainerLoops(step, step + 1);
+        EXPECT_GT(failures[0] + failures[1] + failures[2], 0)
+            << "the failure at call " << call << " of worker " << w
+            << " went unnoticed";
+        reference.Step(step);
+        reference.Step(step + 1);
+        step += 2;
+        fired += CallsCounted(w) > call ? 1 : 0;
+        SetFault(w, {});
+        ASSERT_FALSE(HasFailure())
+            << "failure at call " << call << " of worker " << w;
+      }
+    }
+    EXPECT_EQ(fired, calls[0] + calls[1] + calls[2]);
+    std::cerr << "failures injected at " << fired << " calls (per worker "
+              << calls[0] << ", " << calls[1] << ", " << calls[2] << ")\n";
+    ExpectParamsMatch(reference);
+    ExpectBiasGradientIsTheMeanOf(step - 1);
+  }
 };
 
-// Every call of a step on ranks 0, 1 and 2 fails once in turn (the
-// transport aborts there, as a cut connection or a killed peer's would):
-// the trainers retry until the step is answered and go on; at the end the
-// parameters are the failure-free run's, bit for bit. Before staging, a
-// failure after some buckets left them applied and the retry applied them
-// again (or was refused: one rank already at the next step).
+// Before staging, a failure after some buckets left them applied and the
+// retry applied them again (or was refused: one rank already at the next
+// step).
 TEST_F(StepAtomicityTest,
        AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
+  SweepEveryTransportCall();
+}
+
+// The same with every trainer keeping whole parameters: owners write the
+// updates into the peers' staging (staging_windows.h), and a failure
+// anywhere, a resolution that commits from staging included, still leaves
+// the failure-free parameters.
+class StepAtomicityPeerWritesTest : public StepAtomicityTest {
+ protected:
+  bool WholeParams() const override { return true; }
+};
+
+TEST_F(StepAtomicityPeerWritesTest,
+       AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
+  SweepEveryTransportCall();
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_GT(PeerWriteBytes(w), 0) << "worker " << w;
+  }
+}
+
+// A new attachment lends new windows, and the next step exchanges them
+// first: a failure at any call of that step, the exchange's included, is
+// retried into the failure-free parameters, and the windows are written
+// into afterwards.
+TEST_F(StepAtomicityPeerWritesTest,
+       AFailureAtEveryCallOfAWindowExchangeLeavesTheFailureFreeParameters) {
   ASSERT_NO_FATAL_FAILURE(SetUpJob());
   ReferenceSteps reference;
   int64_t step = 0;
   std::vector<int64_t> calls;
   for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
     calls.push_back(ProbeCalls(w, step));
     reference.Step(step++);
-    ASSERT_GT(calls.back(), 10) << "worker " << w;
   }
-  int fired = 0;
+  // The exchange's calls come first in the step after an attachment.
+  const int64_t plain = ProbeCalls(0, step);
+  reference.Step(step++);
+  ASSERT_GT(calls[0], plain);
   for (int w = 0; w < kWorkers; ++w) {
     for (int64_t call = 0; call < calls[w]; ++call) {
+      ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
       SetFault(w, {.step = step, .call = call});
+      const double written = PeerWriteBytes(w);
       const std::vector<int> failures = RunTrainerLoops(step, step + 1);
       EXPECT_GT(failures[0] + failures[1] + failures[2], 0)
           << "the failure at call " << call << " of worker " << w
           << " went unnoticed";
+      EXPECT_GT(PeerWriteBytes(w), written) << "worker " << w;
       reference.Step(step);
       reference.Step(step + 1);
       step += 2;
-      fired += CallsCounted(w) > call ? 1 : 0;
       SetFault(w, {});
       ASSERT_FALSE(HasFailure())
           << "failure at call " << call << " of worker " << w;
     }
   }
-  EXPECT_EQ(fired, calls[0] + calls[1] + calls[2]);
-  std::cerr << "failures injected at " << fired << " calls (per worker "
-            << calls[0] << ", " << calls[1] << ", " << calls[2] << ")\n";
   ExpectParamsMatch(reference);
   ExpectBiasGradientIsTheMeanOf(step - 1);
 }

@@ -12,6 +12,7 @@ StepBackend CpuStepBackend(absl::Duration timeout, DType update_dtype) {
       kernels::CpuKernelOptions{.update_dtype = update_dtype});
   backend.ops = std::make_unique<kernels::CpuDeviceOps>();
   backend.open_buffers = OpenSharedMemoryBuffers;
+  backend.windows = SharedMemoryWindowLender();
   backend.timeout = timeout;
   return backend;
 }

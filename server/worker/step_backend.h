@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
+#include "server/worker/staging_windows.h"
 #include "server/worker/trainer_buffers.h"
 
 namespace muonps {
@@ -23,6 +24,10 @@ struct StepBackend {
   std::unique_ptr<kernels::MuonKernels> kernels;
   std::unique_ptr<kernels::DeviceOps> ops;
   TrainerBuffersOpener open_buffers;
+  // Lends the trainer's staged updates to the workers of this host, so
+  // that owners write updates into them (staging_windows.h); null: every
+  // update travels by the transport.
+  std::shared_ptr<WindowLender> windows;
   // A step whose transfers do not progress for this long fails.
   absl::Duration timeout = absl::Seconds(10);
 };

@@ -380,6 +380,11 @@ absl::Status StepEngine::SetPlan(
   MUONPS_ASSIGN_OR_RETURN(PlanState next,
                           BuildPlanState(plan, addresses, worker_id_));
   next.update_dtype = update_dtype_;
+  {
+    absl::MutexLock lock(&mu_);
+    next.lender = backend_.windows.get();
+    next.windows.set_counters(write_counters_);
+  }
   // Allocated (and zero-filled) before the lock: Attach, heartbeats and
   // the momentum calls never wait for it; a step in progress goes on.
   MUONPS_RETURN_IF_ERROR(next.AllocateBuffers(*ops_));
@@ -418,11 +423,13 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   trainer_asked_ms_.store(absl::ToUnixMillis(absl::Now()));
   TrainerBuffersOpener open;
   kernels::DeviceOps* ops = nullptr;
+  WindowLender* lender = nullptr;
   std::vector<scheduler::MatrixSpec> matrices;
   {
     absl::MutexLock lock(&mu_);
     open = backend_.open_buffers;
     ops = backend_.ops.get();
+    lender = backend_.windows.get();
     if (plan_.rank >= 0 && plan_.rank >= plan_.trainers()) {
       return FieldError(
           absl::StatusCode::kFailedPrecondition, "device",
@@ -464,7 +471,8 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
 
   // The device ops allocate thread-safely; only their use in a step is
   // ordered by the lock.
-  MUONPS_RETURN_IF_ERROR(trainer.AllocateWorkBuffers(*ops, update_dtype_));
+  MUONPS_RETURN_IF_ERROR(
+      trainer.AllocateWorkBuffers(*ops, update_dtype_, lender));
   // A restarted worker (nothing committed since it started) takes the
   // record's step as its last; the step's AdamW means died with its
   // predecessor's staging, so they come back from its checkpoint of that

@@ -196,6 +196,12 @@ class StepEngine {
   // <checkpoint_dir>/<worker_id>/ before its vote (MomentumStore::
   // PersistStaged): a step commits only once every owner's checkpoint of
   // it is on disk.
+  // Counts the updates owners write into the peers' staging
+  // (staging_windows.h) from the next plan version on.
+  void CountPeerWrites(WriteCounters counters) {
+    absl::MutexLock lock(&mu_);
+    write_counters_ = counters;
+  }
   void EnableCheckpoints(MetricsRegistry* metrics) {
     momentum_.EnableCheckpoints(metrics);
   }
@@ -284,6 +290,7 @@ class StepEngine {
   absl::Mutex plan_change_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   StepBackend backend_ ABSL_GUARDED_BY(mu_);
+  WriteCounters write_counters_ ABSL_GUARDED_BY(mu_);
   // Its device calls are made under mu_ (its device rule); destroyed before
   // backend_.
   MomentumStore momentum_;

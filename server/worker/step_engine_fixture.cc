@@ -174,10 +174,17 @@ void StepEngineTest::SetUp() {
   for (int w = 0; w < total; ++w) {
     faults_.push_back(std::make_unique<FaultState>());
     addresses_[absl::StrCat("w", w)] = addresses[w];
+    metrics_.push_back(std::make_unique<MetricsRegistry>());
+    write_counters_.push_back(
+        {metrics_[w]->AddCounter("sent", "bytes written", {"op"}),
+         metrics_[w]->AddCounter("received", "bytes received", {"op"}),
+         metrics_[w]->AddCounter("calls", "writes", {"op"})});
     if (w >= kWorkers) {
+      StepBackend backend = CpuStepBackend(IoTimeout(), UpdateDtype());
+      if (!PeerWrites()) backend.windows.reset();
       engines_[w] = std::make_unique<StepEngine>(
-          absl::StrCat("w", w), CpuStepBackend(IoTimeout(), UpdateDtype()),
-          Connector(w));
+          absl::StrCat("w", w), std::move(backend), Connector(w));
+      engines_[w]->CountPeerWrites(write_counters_[w]);
       continue;
     }
     trainers_[w].rank = w;
@@ -187,9 +194,11 @@ void StepEngineTest::SetUp() {
         n = (d.rows * (w + 1) / kWorkers - d.rows * w / kWorkers) * d.cols;
       }
       trainers_[w].grad[d.name].assign(n, 0.0f);
-      trainers_[w].param[d.name].assign(n, 0.5f);
+      trainers_[w].param[d.name].assign(WholeParams() ? d.rows * d.cols : n,
+                                        0.5f);
     }
     StepBackend backend = CpuStepBackend(IoTimeout(), UpdateDtype());
+    if (!PeerWrites()) backend.windows.reset();
     Trainer* trainer = &trainers_[w];
     backend.open_buffers = [trainer](const AttachRequest&)
         -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
@@ -207,6 +216,7 @@ void StepEngineTest::SetUp() {
     };
     engines_[w] = std::make_unique<StepEngine>(
         absl::StrCat("w", w), std::move(backend), Connector(w));
+    engines_[w]->CountPeerWrites(write_counters_[w]);
     FaultState* state = faults_[w].get();
     engines_[w]->set_step_hook([state](StepPoint point, int64_t step, int) {
       absl::MutexLock lock(&state->mu);
@@ -255,7 +265,7 @@ void StepEngineTest::UseBf16Everywhere() {
     t.bf16 = true;
     for (auto& [name, g] : t.grad) {
       t.grad16[name].assign(g.size(), 0);
-      t.param16[name].assign(g.size(), FloatToBFloat16(0.5f));
+      t.param16[name].assign(t.param[name].size(), FloatToBFloat16(0.5f));
     }
   }
 }
@@ -279,6 +289,7 @@ v1::AttachRequest StepEngineTest::AttachRequestOf(int w, int64_t trainer_pid,
     b->set_muon(true);
     b->set_dtype(trainers_[w].bf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
     b->set_elements(static_cast<int64_t>(trainers_[w].grad[d.name].size()));
+    if (WholeParams()) b->set_param_elements(d.rows * d.cols);
     auto group = groups_.find(d.name);
     if (group != groups_.end()) b->set_group(group->second + 1);
   }
@@ -353,11 +364,19 @@ std::vector<float> WholeGradient(int64_t step, int m, bool bf16) {
   return g;
 }
 
+double StepEngineTest::PeerWriteBytes(int w) const {
+  return write_counters_[w].sent->Value({"peer_write"});
+}
+
+double StepEngineTest::PeerReceivedBytes(int w) const {
+  return write_counters_[w].received->Value({"peer_write"});
+}
+
 void StepEngineTest::ExpectParamsMatch(const ReferenceSteps& reference) {
   for (int w = 0; w < kWorkers; ++w) {
     for (const MatrixDecl& d : Matrices()) {
       const std::vector<float>& got = trainers_[w].param[d.name];
-      const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED
+      const int64_t first = d.layout == v1::LAYOUT_ROW_SHARDED && !WholeParams()
                                 ? d.rows * w / kWorkers * d.cols
                                 : 0;
       EXPECT_EQ(std::memcmp(got.data(), reference.param(d.name).data() + first,

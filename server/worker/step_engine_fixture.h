@@ -132,6 +132,12 @@ class StepEngineTest : public ::testing::Test {
   virtual absl::Duration IoTimeout() const { return absl::Seconds(10); }
   // The precision every engine's updates are rounded to (CpuStepBackend).
   virtual DType UpdateDtype() const { return DType::kFloat32; }
+  // Every trainer keeps the whole parameter of the row-sharded matrices
+  // too (so every trainer lends its staging to its peers:
+  // staging_windows.h).
+  virtual bool WholeParams() const { return false; }
+  // The engines lend and open staging windows (CpuStepBackend's lender).
+  virtual bool PeerWrites() const { return true; }
 
   void SetUp() override;
   void TearDown() override;
@@ -168,6 +174,9 @@ class StepEngineTest : public ::testing::Test {
   // Calls worker w's transports made in the first round of its last
   // armed step (a probe: arm with a call past the end).
   int64_t CallsCounted(int w);
+  // Bytes engine w wrote into its peers' staging, and received so.
+  double PeerWriteBytes(int w) const;
+  double PeerReceivedBytes(int w) const;
   // Expects every trainer's parameters to equal `reference`'s, bit for bit.
   void ExpectParamsMatch(const ReferenceSteps& reference);
   // Steps every engine with a trainer `steps` times and checks their
@@ -181,6 +190,9 @@ class StepEngineTest : public ::testing::Test {
   std::map<std::string, std::string> addresses_;
   Trainer trainers_[kWorkers];
   std::vector<std::unique_ptr<StepEngine>> engines_;
+  // Each engine's peer-write counters (WriteCounters).
+  std::vector<std::unique_ptr<MetricsRegistry>> metrics_;
+  std::vector<WriteCounters> write_counters_;
   std::vector<std::unique_ptr<FaultState>> faults_;
   std::atomic<bool> following_{false};
   std::atomic<int> followed_steps_{0};

@@ -427,6 +427,31 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
             t_.Recv(staged, apply.count, dtype, x.owner, stream_));
         bytes_ += apply.count * width;
       }
+    } else if (plan_.windows.Writes(x.owner)) {
+      // The owner writes the update into every trainer's staging (peer
+      // copies: staging_windows.h); the others receive nothing.
+      if (mine) {
+        if (b != nullptr) {  // its own trainer's staging is the source
+          update = trainer_->updates.at(b->staged_at + e * size);
+          MUONPS_RETURN_IF_ERROR(
+              ops_.FromFloat(update, dtype, result, size, stream_));
+        } else {
+          MUONPS_RETURN_IF_ERROR(round_update());
+        }
+        const int64_t at = plan_.window_at[x.item.matrix] + e * size;
+        for (int r = 0; r < t_.size(); ++r) {
+          if (r == plan_.rank || roster_.trainer_rank_of[r] < 0) continue;
+          MUONPS_RETURN_IF_ERROR(ops_.CopyBytes(plan_.windows.At(r, at * width),
+                                                update, size * width, stream_));
+          plan_.windows.CountWrite(size * width);
+          bytes_ += size * width;
+        }
+      }
+      if (b == nullptr) continue;  // no parameter here
+      if (!mine) plan_.windows.CountReceived(size * width);
+      apply.count = size;
+      apply.first = e * size;
+      apply.staged_at = b->staged_at + apply.first;
     } else {
       bytes_ += size * width;
       if (b == nullptr) {  // no parameter here: only the owner's part

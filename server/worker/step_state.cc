@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
@@ -22,6 +23,7 @@ absl::StatusOr<PlanState> BuildPlanState(
   next.job = plan.job;
   next.version = plan.membership.version;
   next.matrices = plan.job.matrices;
+  next.window_at = FullStagedAt(next.matrices);
   next.muon = plan.job.muon;
   next.ownership = plan.ownership;
   const std::vector<std::string>& workers = plan.membership.workers;
@@ -89,7 +91,8 @@ MomentumStacks PlanState::MomentumLayout() const {
 }
 
 absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
-                                                  DType update_dtype) {
+                                                  DType update_dtype,
+                                                  WindowLender* lender) {
   std::vector<Binding*> narrow;
   int64_t total = 0;
   int64_t staged = 0, averaged = 0;
@@ -108,10 +111,26 @@ absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
   widened.reset();
   updates = kernels::TypedBuffer();
   means.reset();
-  MUONPS_ASSIGN_OR_RETURN(updates,
-                          kernels::TypedBuffer::Allocate(
-                              ops, update_dtype, std::max<int64_t>(staged, 1),
-                              "staged updates (one parameter-sized buffer)"));
+  window = WindowRecord{};
+  const char* const what = "staged updates (one parameter-sized buffer)";
+  const int64_t count = std::max<int64_t>(staged, 1);
+  if (lender != nullptr && full_params) {
+    absl::StatusOr<kernels::TypedBuffer> lent =
+        lender->Allocate(update_dtype, count, what, &window);
+    if (lent.ok()) {
+      updates = *std::move(lent);
+    } else {
+      window = WindowRecord{};
+      spdlog::info(
+          "staged updates not lent to the host's workers ({}): "
+          "they arrive by the transport",
+          lent.status().ToString());
+    }
+  }
+  if (!updates) {
+    MUONPS_ASSIGN_OR_RETURN(updates, kernels::TypedBuffer::Allocate(
+                                         ops, update_dtype, count, what));
+  }
   MUONPS_ASSIGN_OR_RETURN(
       means, ops.Allocate(std::max<int64_t>(averaged, 1),
                           "staged means of unreduced AdamW gradients"));

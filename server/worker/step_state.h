@@ -34,6 +34,7 @@
 #include "scheduler/step_schedule.h"
 #include "server/worker/job_plan.h"
 #include "server/worker/momentum_stacks.h"
+#include "server/worker/staging_windows.h"
 #include "server/worker/trainer_buffers.h"
 
 namespace muonps {
@@ -80,6 +81,12 @@ struct PlanState {
   // The engine's store (not owned): its installed stacks are this
   // version's momentum, and where each owned item sits (slots).
   MomentumStore* momentum = nullptr;
+  // The backend's lender (not owned; null: updates travel by the
+  // transport), the peers' staging windows opened for this version, and
+  // where each matrix's update waits in a window (FullStagedAt).
+  WindowLender* lender = nullptr;
+  PeerWindows windows;
+  std::vector<int64_t> window_at;
   // Control messages pass through it (ControlChannel; the largest matrix).
   std::unique_ptr<kernels::FloatBuffer> scratch;
   // A worker with no trainer: the zero parts it adds to every sum, and
@@ -172,15 +179,20 @@ struct AttachedTrainer {
   // (Binding::staged_at).
   kernels::TypedBuffer updates;
   std::unique_ptr<kernels::FloatBuffer> means;
+  // `updates` as lent to the workers of its host (id 0: not lent).
+  WindowRecord window{};
   // What its step record (lending/step_record.h) held when it attached:
   // what a worker before this one wrote (all -1: none, or none lent).
   StepRecord inherited;
 
   // Points every bf16 binding's `grad` at its own range of a new `widened`
   // buffer from `ops`, and allocates `updates` (of `update_dtype`) and
-  // `means`; fp32 bindings read the lent gradient in place.
+  // `means`; fp32 bindings read the lent gradient in place. With a
+  // `lender`, a trainer that keeps every parameter whole gets its `updates`
+  // from it, lent (`window`); where the lender cannot, from `ops`.
   // RESOURCE_EXHAUSTED naming the buffer when the device is full.
-  absl::Status AllocateWorkBuffers(kernels::DeviceOps& ops, DType update_dtype);
+  absl::Status AllocateWorkBuffers(kernels::DeviceOps& ops, DType update_dtype,
+                                   WindowLender* lender);
 };
 
 // What the parameters get when a staged step commits: param[first, +count)

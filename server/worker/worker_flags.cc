@@ -39,6 +39,11 @@ ABSL_FLAG(std::string, gpu_transport, "nccl",
           "How GPU workers move tensors: nccl (one rank per GPU) or ipc "
           "(same-host CUDA IPC peer copies: several workers on one GPU, or "
           "no NCCL). Every worker of a job must use the same.");
+ABSL_FLAG(bool, peer_writes, true,
+          "Owners write Muon updates straight into the staging of the "
+          "trainers of their host (CUDA IPC peer copies on a GPU, shared "
+          "memory on the CPU) instead of broadcasting them. Workers that "
+          "cannot open each other's memory fall back to the transport.");
 ABSL_FLAG(std::string, precision, "",
           "Newton-Schulz precision: bf16 (as torch.optim.Muon), fp16 or fp32. "
           "On a GPU the GEMM inputs (accumulation is fp32); on the CPU, which "

@@ -22,6 +22,7 @@ ABSL_DECLARE_FLAG(std::string, allow_group);
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gpu_transport);
+ABSL_DECLARE_FLAG(bool, peer_writes);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(int64_t, memory_bytes);
 ABSL_DECLARE_FLAG(bool, colocated);

@@ -1,0 +1,114 @@
+// Owners writing updates into the peers' staging (staging_windows.h): three
+// StepEngines in one process whose trainers keep every parameter whole, so
+// every trainer lends its staging in POSIX shared memory. Every layout's
+// updates are written there, counted to the byte, and the parameters equal
+// the same kernels in one process bit for bit, as they do when the updates
+// are broadcast instead; so does an owner with no trainer, and 16-bit
+// updates.
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/worker/step_engine_fixture.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+constexpr int64_t kSteps = 4;
+
+class PeerWritesTest : public StepEngineTest {
+ protected:
+  bool WholeParams() const override { return true; }
+
+  // Matrix m's update bytes, `width` bytes an element.
+  static double UpdateBytes(int m, int width) {
+    const MatrixDecl& d = Matrices()[m];
+    return static_cast<double>(d.rows * d.cols * width);
+  }
+
+  // Steps every engine kSteps times on owners `owners` (of `workers`, the
+  // last `dedicated` without a trainer), against the kernels in one process.
+  void StepOn(const std::vector<int>& owners, int workers, int dedicated) {
+    ASSERT_NO_FATAL_FAILURE(
+        SetPlanEverywhere(PlanWithOwnerList(1, owners, workers, dedicated)));
+    ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+    if (dedicated > 0) StartFollowing();
+    StepAndMatchTheKernelsInOneProcess(kSteps);
+  }
+
+  // What worker w wrote and received by peer writes after kSteps steps:
+  // each owned update once to every other trainer, each other update once.
+  void ExpectEveryUpdateWritten(const std::vector<int>& owners, int w,
+                                int width) {
+    double written = 0, received = 0;
+    for (size_t m = 0; m < owners.size(); ++m) {
+      if (owners[m] == w) {
+        written += UpdateBytes(static_cast<int>(m), width) *
+                   (w < kWorkers ? kWorkers - 1 : kWorkers);
+      } else if (w < kWorkers) {
+        received += UpdateBytes(static_cast<int>(m), width);
+      }
+    }
+    EXPECT_EQ(PeerWriteBytes(w), written * kSteps) << "worker " << w;
+    EXPECT_EQ(PeerReceivedBytes(w), received * kSteps) << "worker " << w;
+  }
+};
+
+TEST_F(PeerWritesTest, EveryUpdateIsWrittenIntoThePeersStagingBitForBit) {
+  const std::vector<int> owners = {0, 1, 2, 0, 1};
+  ASSERT_NO_FATAL_FAILURE(StepOn(owners, kWorkers, 0));
+  for (int w = 0; w < kWorkers; ++w) ExpectEveryUpdateWritten(owners, w, 4);
+}
+
+class BroadcastUpdatesTest : public PeerWritesTest {
+ protected:
+  bool PeerWrites() const override { return false; }
+};
+
+TEST_F(BroadcastUpdatesTest, WithoutWindowsTheUpdatesAreBroadcastBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(StepOn({0, 1, 2, 0, 1}, kWorkers, 0));
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(PeerWriteBytes(w), 0) << "worker " << w;
+    EXPECT_EQ(PeerReceivedBytes(w), 0) << "worker " << w;
+  }
+}
+
+class PeerWritesBf16Test : public PeerWritesTest {
+ protected:
+  DType UpdateDtype() const override { return DType::kBFloat16; }
+};
+
+TEST_F(PeerWritesBf16Test, SixteenBitUpdatesAreWrittenInSixteenBits) {
+  const std::vector<int> owners = {2, 0, 1, 1, 0};
+  ASSERT_NO_FATAL_FAILURE(StepOn(owners, kWorkers, 0));
+  for (int w = 0; w < kWorkers; ++w) ExpectEveryUpdateWritten(owners, w, 2);
+}
+
+class PeerWritesDedicatedTest : public PeerWritesBf16Test {
+ protected:
+  int Dedicated() const override { return 1; }
+};
+
+TEST_F(PeerWritesDedicatedTest, AnOwnerWithNoTrainerWritesIntoEveryTrainer) {
+  const std::vector<int> owners = {3, 0, 3, 1, 3};
+  ASSERT_NO_FATAL_FAILURE(StepOn(owners, kWorkers + 1, 1));
+  for (int w = 0; w <= kWorkers; ++w) ExpectEveryUpdateWritten(owners, w, 2);
+}
+
+// A trainer that keeps only its rows of a row-sharded parameter lends no
+// window, so nobody writes and every update travels by the transport.
+class PeerWritesShardedParamsTest : public StepEngineTest {};
+
+TEST_F(PeerWritesShardedParamsTest, ShardedParametersKeepTheTransport) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  StepAndMatchTheKernelsInOneProcess(kSteps);
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(PeerWriteBytes(w), 0) << "worker " << w;
+  }
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace muonps

@@ -1,0 +1,223 @@
+#include "server/worker/staging_windows.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "lending/shared_memory.h"
+#include "spdlog/spdlog.h"
+
+namespace muonps {
+namespace worker {
+namespace {
+
+uint64_t Fnv1a(const void* data, size_t bytes, uint64_t hash) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
+    hash ^= p[i];
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+constexpr uint64_t kFnvBasis = 14695981039346656037ull;
+
+uint64_t RandomId() {
+  std::random_device device;
+  uint64_t id = 0;
+  while (id == 0) {
+    id = (static_cast<uint64_t>(device()) << 32) ^ device();
+  }
+  return id;
+}
+
+constexpr char kSegmentPrefix[] = "muonps-staged-";
+
+// Removes the staging segments of workers that died without removing their
+// own (kill -9): their names carry their pid.
+void RemoveSegmentsOfDeadWorkers() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  const size_t prefix = sizeof(kSegmentPrefix) - 1;
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.compare(0, prefix, kSegmentPrefix) != 0) continue;
+    const long pid = std::strtol(name.c_str() + prefix, nullptr, 10);
+    if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) {
+      continue;
+    }
+    if (shm_unlink(("/" + name).c_str()) == 0) {
+      spdlog::info("removed {}, staging of worker process {} that is gone",
+                   name, pid);
+    }
+  }
+  closedir(dir);
+}
+
+// A shared memory segment as a block of floats.
+class SegmentBuffer final : public kernels::FloatBuffer {
+ public:
+  explicit SegmentBuffer(SharedMemorySegment segment)
+      : segment_(std::move(segment)) {}
+  float* data() const override { return static_cast<float*>(segment_.data()); }
+  int64_t size() const override {
+    return static_cast<int64_t>(segment_.size() / sizeof(float));
+  }
+
+ private:
+  SharedMemorySegment segment_;
+};
+
+class SegmentWindow final : public PeerWindow {
+ public:
+  explicit SegmentWindow(SharedMemorySegment segment)
+      : segment_(std::move(segment)) {}
+  void* data() const override { return segment_.data(); }
+
+ private:
+  SharedMemorySegment segment_;
+};
+
+class SharedMemoryLender final : public WindowLender {
+ public:
+  absl::StatusOr<kernels::TypedBuffer> Allocate(DType dtype, int64_t count,
+                                                const char* what,
+                                                WindowRecord* record) override {
+    *record = WindowRecord{};
+    record->id = RandomId();
+    const size_t bytes =
+        (static_cast<size_t>(std::max<int64_t>(count, 1)) * DTypeSize(dtype) +
+         3) /
+        4 * 4;
+    RemoveSegmentsOfDeadWorkers();
+    const std::string name =
+        absl::StrCat("/", kSegmentPrefix, getpid(), "-", absl::Hex(record->id));
+    absl::StatusOr<SharedMemorySegment> segment =
+        SharedMemorySegment::Create(name, bytes);
+    if (!segment.ok()) return Annotate(segment.status(), what);
+    record->host = HostIdentity();
+    record->kind = static_cast<int32_t>(WindowKind::kSharedMemory);
+    record->bytes = bytes;
+    std::memcpy(record->handle, name.c_str(), name.size() + 1);
+    return kernels::TypedBuffer::Wrap(
+        std::make_unique<SegmentBuffer>(*std::move(segment)), dtype, count);
+  }
+
+  absl::StatusOr<std::unique_ptr<PeerWindow>> Open(
+      const WindowRecord& record) override {
+    if (record.kind != static_cast<int32_t>(WindowKind::kSharedMemory)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("window kind ", record.kind, " is not shared memory"));
+    }
+    const std::string name(record.handle,
+                           strnlen(record.handle, sizeof(record.handle)));
+    MUONPS_ASSIGN_OR_RETURN(SharedMemorySegment segment,
+                            SharedMemorySegment::Open(name, record.bytes));
+    return std::unique_ptr<PeerWindow>(new SegmentWindow(std::move(segment)));
+  }
+};
+
+}  // namespace
+
+uint64_t HostIdentity() {
+  std::string id;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  if (!std::getline(boot, id) || id.empty()) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    id = name;
+  }
+  return Fnv1a(id.data(), id.size(), kFnvBasis);
+}
+
+std::vector<int64_t> FullStagedAt(
+    absl::Span<const scheduler::MatrixSpec> matrices) {
+  std::vector<int64_t> at(matrices.size());
+  int64_t next = 0;
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    at[m] = next;
+    next += matrices[m].experts * matrices[m].rows * matrices[m].cols;
+  }
+  return at;
+}
+
+uint64_t PeerWindows::Digest(absl::Span<const uint64_t> ids) {
+  if (std::all_of(ids.begin(), ids.end(),
+                  [](uint64_t id) { return id == 0; })) {
+    return 0;
+  }
+  const uint64_t digest =
+      Fnv1a(ids.data(), ids.size() * sizeof(uint64_t), kFnvBasis);
+  return digest == 0 ? 1 : digest;
+}
+
+bool PeerWindows::Open(absl::Span<const WindowRecord> records, int self,
+                       absl::Span<const int> targets, WindowLender* lender) {
+  // Unknown until the writers are agreed (SetWriters): a round that fails
+  // before then exchanges again.
+  known_ = 0;
+  writers_.clear();
+  open_.clear();
+  open_.resize(records.size());
+  const uint64_t host = HostIdentity();
+  for (size_t r = 0; r < records.size(); ++r) {
+    const WindowRecord& record = records[r];
+    if (static_cast<int>(r) == self || record.id == 0 || lender == nullptr ||
+        record.host != host) {
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<PeerWindow>> window = lender->Open(record);
+    if (!window.ok()) {
+      spdlog::info(
+          "rank {}: rank {}'s staging window not opened ({}); its "
+          "updates from here travel by the transport",
+          self, r, window.status().ToString());
+      continue;
+    }
+    open_[r] = *std::move(window);
+  }
+  for (const int target : targets) {
+    if (target == self) continue;
+    if (target < 0 || target >= static_cast<int>(open_.size()) ||
+        open_[target] == nullptr) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void PeerWindows::SetWriters(std::vector<int32_t> writers, uint64_t digest) {
+  writers_ = std::move(writers);
+  known_ = digest;
+}
+
+void PeerWindows::CountWrite(int64_t bytes) const {
+  if (counters_.calls != nullptr) counters_.calls->Increment({"peer_write"});
+  if (counters_.sent != nullptr) {
+    counters_.sent->Increment({"peer_write"}, static_cast<double>(bytes));
+  }
+}
+
+void PeerWindows::CountReceived(int64_t bytes) const {
+  if (counters_.received != nullptr) {
+    counters_.received->Increment({"peer_write"}, static_cast<double>(bytes));
+  }
+}
+
+std::shared_ptr<WindowLender> SharedMemoryWindowLender() {
+  return std::make_shared<SharedMemoryLender>();
+}
+
+}  // namespace worker
+}  // namespace muonps
