@@ -167,6 +167,19 @@ double ComputeEnd(double start, double seconds,
   return t + left;
 }
 
+// Whether owners write updates into the trainers' staging (see the
+// header): one node, every parameter whole on every trainer.
+bool PeerWrites(const SimConfig& config) {
+  if (!config.peer_writes || config.gpus < 2 ||
+      config.gpus > config.gpus_per_node) {
+    return false;
+  }
+  return std::none_of(config.matrices.begin(), config.matrices.end(),
+                      [](const MatrixSpec& m) {
+                        return m.layout == scheduler::Layout::kRowSharded;
+                      });
+}
+
 Clocked Clock(const SimConfig& config, const scheduler::StepSchedule& schedule,
               const std::vector<double>& stack_seconds,
               std::vector<RankBytes>* totals) {
@@ -198,6 +211,30 @@ Clocked Clock(const SimConfig& config, const scheduler::StepSchedule& schedule,
   std::vector<double>& compute_free = out.compute_end;
   compute_free.assign(config.gpus, 0.0);
   double compute_so_far = 0;  // max of compute_free
+  // Peer writes: each owner's own transfer stream (see the header).
+  const bool writes = PeerWrites(config);
+  std::vector<double> write_free(config.gpus, 0.0);
+  const auto write = [&](const std::vector<Transfer>& transfers) {
+    const int n = config.gpus;
+    std::vector<double> bytes(n, 0.0);
+    for (const Transfer& x : transfers) {
+      const MatrixSpec& spec = config.matrices[x.item.matrix];
+      const double s = static_cast<double>(spec.rows * spec.cols *
+                                           config.update_bytes_per_element);
+      bytes[x.owner] += s * (n - 1);
+      (*totals)[x.owner].nvlink_sent += s * (n - 1);
+      for (int r = 0; r < n; ++r) {
+        if (r != x.owner) (*totals)[r].nvlink_received += s;
+      }
+    }
+    for (int w = 0; w < n; ++w) {
+      if (bytes[w] == 0) continue;
+      const double seconds = bytes[w] / (config.links.copy_engine_gbs * 1e9);
+      write_free[w] = std::max(write_free[w], compute_free[w]) + seconds;
+      out.transfer += seconds;
+      ++out.phases;
+    }
+  };
   for (const scheduler::Phase& p : schedule.order) {
     if (p.kind == scheduler::PhaseKind::kCompute) {
       const scheduler::OwnerStack& stack = schedule.stacks[p.index];
@@ -209,11 +246,16 @@ Clocked Clock(const SimConfig& config, const scheduler::StepSchedule& schedule,
                      stack_seconds[p.index], busy, config.transfer_contention);
       compute_so_far = std::max(compute_so_far, free);
     } else if (p.kind == scheduler::PhaseKind::kFromOwners) {
+      if (writes) {
+        write(schedule.buckets[p.index].from_owners);
+        continue;
+      }
       timeline = std::max(timeline, compute_so_far);
       run(schedule.buckets[p.index].from_owners);
     }
   }
   out.stage = std::max(timeline, compute_so_far);
+  for (const double free : write_free) out.stage = std::max(out.stage, free);
   return out;
 }
 

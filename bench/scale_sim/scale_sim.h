@@ -41,6 +41,14 @@
 //   row-sharded matrix's rows) over `hbm_bytes_per_second`.
 //   Momentum, scaling and AdamW of non-matrix parameters are not timed
 //   (the cost table is Newton-Schulz only).
+// - Peer writes (server/worker/staging_windows.h): when every GPU is on
+//   one node and every trainer keeps every parameter whole (no
+//   row-sharded matrix), an owner copies each update into every other
+//   trainer's staging with the copy engines instead of a collective: its
+//   updates-back phases run on its own transfer stream, each after the
+//   owner's compute issued before it, at `copy_engine_gbs` per owner (its
+//   (N-1) copies one after another), and slow no compute. Otherwise the
+//   updates go by the collectives above.
 // - So the step is limited by one of: a worker's compute, its wait for
 //   its gradients (transfer bound), the updates still going back after the
 //   last compute ends (transfer bound), or the commit.
@@ -94,6 +102,10 @@ struct LinkFigures {
   // NVLink rate of a reduce's ring (NCCL also sums on the way); 0: the
   // same as nvlink_gbs.
   double reduce_gbs = 0;
+  // One stream of peer copies (copy engines) into another GPU of the
+  // node: 198 GB/s for the bf16 updates on 2 H200s
+  // (bench/results/2026-11-29-h200x2-transfer-paths.jsonl, peer_copy).
+  double copy_engine_gbs = 198;
 };
 
 struct SimConfig {
@@ -129,6 +141,9 @@ struct SimConfig {
   // Compute slowdown while transfers are in flight (see the model above);
   // 0: none.
   double transfer_contention = 0;
+  // Owners write updates into the trainers' staging within a node (see
+  // the model above).
+  bool peer_writes = true;
 };
 
 struct SimResult {
@@ -188,7 +203,8 @@ struct SimResult {
 // --gpus_per_node, --nvlink_gbs, --inter_node_gbs, --latency_us,
 // --hop_latency_us, --reduce_gbs, --cost_table, --cost_scale,
 // --wire_bytes_per_element,
-// --hbm_bw, --control_rounds_ms, --transfer_contention, --model) for
+// --hbm_bw, --control_rounds_ms, --transfer_contention, --copy_engine_gbs,
+// --model) for
 // values out of range; OK otherwise.
 absl::Status ValidateSimConfig(const SimConfig& config);
 

@@ -86,6 +86,8 @@ absl::Status ValidateSimConfig(const SimConfig& config) {
       NonNegativeFinite(config.control_rounds_ms, "--control_rounds_ms"));
   MUONPS_RETURN_IF_ERROR(
       NonNegativeFinite(config.transfer_contention, "--transfer_contention"));
+  MUONPS_RETURN_IF_ERROR(
+      Positive(config.links.copy_engine_gbs, "--copy_engine_gbs"));
   return absl::OkStatus();
 }
 

@@ -62,6 +62,10 @@
 //   --latency_us      per collective; default 8.4 } NCCL's tuning model for
 //   --hop_latency_us  per ring hop; default 3.4   } ring/Simple (not measured)
 //   --reduce_gbs      NVLink rate of a reduce's ring; default 0: nvlink_gbs
+//   --peer_writes     owners write updates into the trainers' staging
+//                     within a node (copy engines); default true
+//   --copy_engine_gbs one stream of peer copies; default 198 (measured on
+//                     2 H200s, 2026-11-29 transfer_paths peer_copy)
 // Exits 2 with the error on stderr for bad flags (INVALID_ARGUMENT naming
 // the flag), 1 for other failures.
 #include <algorithm>
@@ -92,6 +96,10 @@ ABSL_FLAG(double, latency_us, 8.4, "Latency per collective (us).");
 ABSL_FLAG(double, hop_latency_us, 3.4, "Latency per ring hop (us).");
 ABSL_FLAG(double, reduce_gbs, 0,
           "NVLink GB/s of a reduce's ring (0: --nvlink_gbs).");
+ABSL_FLAG(bool, peer_writes, true,
+          "Owners write updates into the trainers' staging within a node.");
+ABSL_FLAG(double, copy_engine_gbs, 198,
+          "GB/s of one stream of peer copies into another GPU of the node.");
 ABSL_FLAG(std::string, cost_table, "",
           "Measured Newton-Schulz times (scheduler/cost_table.h format).");
 ABSL_FLAG(int, wire_bytes_per_element, 4,
@@ -142,6 +150,8 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.links.latency_us = absl::GetFlag(FLAGS_latency_us);
   c.links.hop_latency_us = absl::GetFlag(FLAGS_hop_latency_us);
   c.links.reduce_gbs = absl::GetFlag(FLAGS_reduce_gbs);
+  c.links.copy_engine_gbs = absl::GetFlag(FLAGS_copy_engine_gbs);
+  c.peer_writes = absl::GetFlag(FLAGS_peer_writes);
   c.costs = std::move(costs);
   c.cost_scale = absl::GetFlag(FLAGS_cost_scale);
   c.hbm_bytes_per_second = absl::GetFlag(FLAGS_hbm_bw);
@@ -172,6 +182,8 @@ void AddSettings(const bench::SimConfig& c, nlohmann::ordered_json* j) {
   (*j)["hbm_bw"] = c.hbm_bytes_per_second;
   (*j)["control_rounds_ms"] = c.control_rounds_ms;
   (*j)["transfer_contention"] = c.transfer_contention;
+  (*j)["peer_writes"] = c.peer_writes;
+  (*j)["copy_engine_gbs"] = c.links.copy_engine_gbs;
 }
 
 nlohmann::ordered_json StepLine(const bench::SimConfig& c,

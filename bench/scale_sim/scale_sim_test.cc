@@ -97,6 +97,7 @@ TEST(ScaleSimTest, SameInputGivesTheSameResultFieldForField) {
 SimConfig FreeTransfers(SimConfig c) {
   c.links.nvlink_gbs = std::numeric_limits<double>::infinity();
   c.links.inter_node_gbs = std::numeric_limits<double>::infinity();
+  c.links.copy_engine_gbs = std::numeric_limits<double>::infinity();
   c.links.latency_us = 0;
   c.links.hop_latency_us = 0;
   c.control_rounds_ms = 0;
@@ -218,6 +219,7 @@ TEST(ScaleSimTest, ComputeSlowsOnlyWhileATransferIsInFlight) {
   // the other bucket's gradients move on until 2T; updates back come
   // after it (they wait for the compute issued before them).
   SimConfig c = Tiny(2, 2, Layout::kUnreduced);
+  c.peer_writes = false;  // the updates by collectives too
   c.links.nvlink_gbs = 1;
   c.schedule.bucket_bytes = kTinyWireBytes / 2;
   c.schedule.stack_bytes = 1;
@@ -245,6 +247,7 @@ TEST(ScaleSimTest, ComputeSlowsOnlyWhileATransferIsInFlight) {
   EXPECT_GT(slowed.predicted_seconds, free.predicted_seconds);
   // Transfers that take no time slow nothing.
   SimConfig instant = FreeTransfers(Config("llama3_8b_8layers", 4));
+  instant.peer_writes = false;
   const SimResult a = *SimulateStep(instant);
   instant.transfer_contention = 1;
   EXPECT_EQ(SimulateStep(instant)->predicted_seconds, a.predicted_seconds);
@@ -265,23 +268,66 @@ TEST(ScaleSimTest, DoublingGpusNeverRaisesComputeMaxByMoreThanOneMs) {
   }
 }
 
+// The updates by collectives, as across nodes or without peer writes.
+SimConfig Collectives(SimConfig c) {
+  c.peer_writes = false;
+  return c;
+}
+
 TEST(ScaleSimTest, UnreducedBytesPerGpuAreOneMatrixPerReduceAndBroadcast) {
   // Each reduce and broadcast moves the matrix through every rank of the
   // ring: 2 matrices x (the fp32 gradient's S + the bf16 update's S / 2),
   // on one node or across two.
-  EXPECT_EQ(SimulateStep(Tiny(4, 4, Layout::kUnreduced))->bytes_per_gpu,
-            2 * (kTinyWireBytes + kTinyUpdateBytes));
+  EXPECT_EQ(
+      SimulateStep(Collectives(Tiny(4, 4, Layout::kUnreduced)))->bytes_per_gpu,
+      2 * (kTinyWireBytes + kTinyUpdateBytes));
   EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kUnreduced))->bytes_per_gpu,
             2 * (kTinyWireBytes + kTinyUpdateBytes));
   // Replicated: only the updates come back.
-  EXPECT_EQ(SimulateStep(Tiny(4, 4, Layout::kReplicated))->bytes_per_gpu,
-            2 * kTinyUpdateBytes);
+  EXPECT_EQ(
+      SimulateStep(Collectives(Tiny(4, 4, Layout::kReplicated)))->bytes_per_gpu,
+      2 * kTinyUpdateBytes);
   // fp32 updates (--precision fp32) move the gradient's bytes.
-  SimConfig fp32 = Tiny(4, 4, Layout::kReplicated);
+  SimConfig fp32 = Collectives(Tiny(4, 4, Layout::kReplicated));
   fp32.update_bytes_per_element = 4;
   EXPECT_EQ(SimulateStep(fp32)->bytes_per_gpu, 2 * kTinyWireBytes);
   // One GPU moves nothing.
   EXPECT_EQ(SimulateStep(Tiny(1, 8, Layout::kUnreduced))->bytes_per_gpu, 0);
+}
+
+TEST(ScaleSimTest, PeerWritesSendEachUpdateOnceToEveryOtherTrainer) {
+  // Two owners of one matrix each on one node of 4: an owner writes its
+  // update into the 3 other trainers' staging and receives the other one.
+  const SimResult r = *SimulateStep(Tiny(4, 4, Layout::kReplicated));
+  ASSERT_EQ(r.owning_workers, 2);
+  EXPECT_EQ(r.bytes_per_gpu, 3 * kTinyUpdateBytes);
+  // Across nodes, or with row-sharded parameters, collectives carry them.
+  EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kReplicated))->bytes_per_gpu,
+            SimulateStep(Collectives(Tiny(4, 2, Layout::kReplicated)))
+                ->bytes_per_gpu);
+  EXPECT_EQ(SimulateStep(Tiny(4, 4, Layout::kRowSharded))->predicted_seconds,
+            SimulateStep(Collectives(Tiny(4, 4, Layout::kRowSharded)))
+                ->predicted_seconds);
+}
+
+TEST(ScaleSimTest, PeerWritesRunOnTheOwnersStreamAndSlowNoCompute) {
+  // Replicated on 2 GPUs of one node, one matrix per stack: each owner's
+  // writes follow its own compute at the copy engines' rate, whatever the
+  // contention of collectives, and the stage ends with the last write.
+  SimConfig c = Tiny(2, 2, Layout::kReplicated);
+  c.links.copy_engine_gbs = 1;  // 1e9 B/s
+  c.schedule.stack_bytes = 1;
+  c.transfer_contention = 1;
+  const SimResult r = *SimulateStep(c);
+  double last_write = 0;
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_DOUBLE_EQ(r.worker_compute_end_seconds[w],
+                     r.worker_compute_seconds[w]);
+    if (r.worker_compute_seconds[w] == 0) continue;
+    last_write = std::max(
+        last_write, r.worker_compute_end_seconds[w] + kTinyUpdateBytes / 1e9);
+  }
+  EXPECT_DOUBLE_EQ(r.stage_seconds, last_write);
 }
 
 TEST(ScaleSimTest, RowShardedOwnerReceivesAndSendsAllButItsOwnRows) {
@@ -292,7 +338,7 @@ TEST(ScaleSimTest, RowShardedOwnerReceivesAndSendsAllButItsOwnRows) {
 }
 
 TEST(ScaleSimTest, TransferTimeIsBytesOverTheLinkPerPhase) {
-  SimConfig c = Tiny(4, 4, Layout::kUnreduced, 1);
+  SimConfig c = Collectives(Tiny(4, 4, Layout::kUnreduced, 1));
   c.links.nvlink_gbs = 1;  // 1e9 B/s
   const SimResult r = *SimulateStep(c);
   // One reduce phase of the gradient's bytes and one broadcast phase of
