@@ -74,6 +74,26 @@ TEST_P(DataPlaneTest, FiftyStepsMatchTheSingleProcessReferenceOnEveryRank) {
   }
   ExpectMatchesReference(reference, kTolerance);
   ExpectMatchesReference(ns5_reference, kTolerance);
+  // Trainers that keep every parameter whole lend their staging, and every
+  // worker writes its updates into the others' (shared memory on the CPU);
+  // where a trainer keeps only its rows, none lends a window, nothing is
+  // exchanged, and the transport carries every update.
+  if (c.workers < 2) return;
+  const bool whole =
+      !c.mixed && !(c.layout == Layout::kRowSharded && c.shard_params);
+  const std::string writers =
+      absl::StrCat(c.workers, " of ", c.workers,
+                   " workers write updates into the trainers' staging");
+  for (int w = 0; w < c.workers; ++w) {
+    const std::string log = WorkerLog(w);
+    if (whole) {
+      EXPECT_NE(log.find(writers), std::string::npos)
+          << "worker " << w << " did not log \"" << writers << "\"";
+    } else {
+      EXPECT_EQ(log.find("write updates into"), std::string::npos)
+          << "worker " << w;
+    }
+  }
 }
 
 std::vector<LayoutCase> AllCases() {

@@ -11,9 +11,11 @@
 // between rank 0's commit and the victim's (the victim's trainer is
 // repaired from the other's: step_protocol.h's kRepair), after the victim's
 // commit (its trainer's step record says so), or while the victim writes
-// the parameters. The trainers keep whole parameters: a trainer that keeps
-// only its rows of a row-sharded matrix cannot be repaired
-// (step_chaos_test's StepChaosRowsTest).
+// the parameters, or while an owner writes its updates into the other
+// trainer's staging. The trainers keep whole parameters, so they lend their
+// staging to the other worker (peer writes); a trainer that keeps only its
+// rows of a row-sharded matrix cannot be repaired (step_chaos_test's
+// StepChaosRowsTest).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -173,6 +175,14 @@ TEST_F(KillSoakTest, FiftyKillsAndTenFreezesEndBitIdentical) {
   const absl::Status planned = WaitForFullPlan(absl::Seconds(30));
   ASSERT_TRUE(planned.ok()) << planned;
   ExpectMatchesReference(reference, kExact);
+  // Every trainer keeps its parameters whole, so the owners wrote their
+  // updates into the peers' staging throughout, also after each restart.
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_NE(WorkerLog(w).find(
+                  "2 of 2 workers write updates into the trainers' staging"),
+              std::string::npos)
+        << "worker " << w;
+  }
 }
 
 }  // namespace

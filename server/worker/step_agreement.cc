@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
@@ -341,6 +342,12 @@ absl::Status RoundAgreement::ExchangeWindows(absl::Span<const uint64_t> ids) {
   }
   MUONPS_RETURN_IF_ERROR(
       control_.Broadcast(writers.data(), writers.size() * sizeof(int32_t), 0));
+  int writing = 0;
+  for (const int32_t w : writers) writing += w != 0 ? 1 : 0;
+  spdlog::info(
+      "plan version {} rank {}: {} of {} workers write updates into the "
+      "trainers' staging (peer writes); the others' go by the transport",
+      plan_.version, plan_.rank, writing, size);
   plan_.windows.SetWriters(std::move(writers), PeerWindows::Digest(ids));
   return absl::OkStatus();
 }
