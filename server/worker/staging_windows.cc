@@ -44,16 +44,35 @@ uint64_t RandomId() {
 
 constexpr char kSegmentPrefix[] = "muonps-staged-";
 
-// Removes the staging segments of workers that died without removing their
-// own (kill -9): their names carry their pid.
+// This process's PID namespace (the inode /proc/self/ns/pid names; 0 where
+// it cannot be read). A pid means a process only within its namespace, and
+// containers that share /dev/shm may each have their own.
+uint64_t PidNamespace() {
+  char link[64] = {};
+  const ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+  if (n <= 0) return 0;
+  const char* open = std::strchr(link, '[');
+  return open == nullptr ? 0 : std::strtoull(open + 1, nullptr, 10);
+}
+
+// "muonps-staged-<pid namespace>-<pid>-": the names of this process's
+// staging segments start so.
+std::string SegmentPrefix(uint64_t pid_namespace, long pid) {
+  return absl::StrCat(kSegmentPrefix, pid_namespace, "-", pid, "-");
+}
+
+// Removes the staging segments of workers of this PID namespace that died
+// without removing their own (kill -9): their names carry their namespace
+// and pid. Segments of other namespaces are left alone: their pids cannot
+// be checked from here.
 void RemoveSegmentsOfDeadWorkers() {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return;
-  const size_t prefix = sizeof(kSegmentPrefix) - 1;
+  const std::string ours = absl::StrCat(kSegmentPrefix, PidNamespace(), "-");
   while (const dirent* entry = readdir(dir)) {
     const std::string name = entry->d_name;
-    if (name.compare(0, prefix, kSegmentPrefix) != 0) continue;
-    const long pid = std::strtol(name.c_str() + prefix, nullptr, 10);
+    if (name.compare(0, ours.size(), ours) != 0) continue;
+    const long pid = std::strtol(name.c_str() + ours.size(), nullptr, 10);
     if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) {
       continue;
     }
@@ -101,8 +120,8 @@ class SharedMemoryLender final : public WindowLender {
          3) /
         4 * 4;
     RemoveSegmentsOfDeadWorkers();
-    const std::string name =
-        absl::StrCat("/", kSegmentPrefix, getpid(), "-", absl::Hex(record->id));
+    const std::string name = absl::StrCat(
+        "/", SegmentPrefix(PidNamespace(), getpid()), absl::Hex(record->id));
     absl::StatusOr<SharedMemorySegment> segment =
         SharedMemorySegment::Create(name, bytes);
     if (!segment.ok()) return Annotate(segment.status(), what);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -96,18 +97,30 @@ TEST(StagingWindowsTest, StagingOfAKilledWorkerIsRemovedByTheNextOne) {
   if (child == 0) _exit(0);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  const std::string stale = absl::StrCat("/muonps-staged-", child, "-1");
+  char link[64] = {};
+  ASSERT_GT(readlink("/proc/self/ns/pid", link, sizeof(link) - 1), 0);
+  const std::string pid_namespace =
+      std::to_string(std::strtoull(std::strchr(link, '[') + 1, nullptr, 10));
+  const std::string stale =
+      absl::StrCat("/muonps-staged-", pid_namespace, "-", child, "-1");
+  // Another PID namespace's segment: its pid means nothing here.
+  const std::string foreign =
+      absl::StrCat("/muonps-staged-", pid_namespace, "1-", child, "-1");
   // Left behind as a kill -9 leaves it: the name, nobody mapping it.
-  const int fd = shm_open(stale.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, 64), 0);
-  close(fd);
+  for (const std::string& name : {stale, foreign}) {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << name;
+    ASSERT_EQ(ftruncate(fd, 64), 0);
+    close(fd);
+  }
   ASSERT_TRUE(SharedMemorySegment::Open(stale, 64).ok());
   WindowRecord record{};
   ASSERT_TRUE(SharedMemoryWindowLender()
                   ->Allocate(DType::kFloat32, 4, "staged updates", &record)
                   .ok());
   EXPECT_TRUE(absl::IsNotFound(SharedMemorySegment::Open(stale, 64).status()));
+  EXPECT_TRUE(SharedMemorySegment::Open(foreign, 64).ok());
+  shm_unlink(foreign.c_str());
 }
 
 }  // namespace
