@@ -448,7 +448,10 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         }
       }
       if (b == nullptr) continue;  // no parameter here
-      if (!mine) plan_.windows.CountReceived(size * width);
+      if (!mine) {
+        plan_.windows.CountReceived(size * width);
+        bytes_ += size * width;
+      }
       apply.count = size;
       apply.first = e * size;
       apply.staged_at = b->staged_at + apply.first;
