@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
@@ -153,16 +152,10 @@ class CudaIpcLender final : public WindowLender {
     MUONPS_ASSIGN_OR_RETURN(
         kernels::TypedBuffer buffer,
         kernels::TypedBuffer::Allocate(*ops_, dtype, count, what));
-    const uint64_t bytes =
-        (static_cast<uint64_t>(count) * DTypeSize(dtype) + 3) / 4 * 4;
+    WindowRecord lent = NewWindowRecord(WindowKind::kCudaIpc, dtype, count);
     MUONPS_ASSIGN_OR_RETURN(IpcMemoryRef ref,
-                            ExportDeviceMemory(buffer.at(0), bytes));
-    std::random_device random;
-    while (record->id == 0) {
-      record->id = (static_cast<uint64_t>(random()) << 32) ^ random();
-    }
-    record->host = HostIdentity();
-    record->kind = static_cast<int32_t>(WindowKind::kCudaIpc);
+                            ExportDeviceMemory(buffer.at(0), lent.bytes));
+    *record = lent;
     record->device = ref.device;
     record->offset = ref.offset;
     record->bytes = ref.bytes;

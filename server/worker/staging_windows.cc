@@ -17,22 +17,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "lending/shared_memory.h"
+#include "server/worker/digest.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
 namespace {
 
-uint64_t Fnv1a(const void* data, size_t bytes, uint64_t hash) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) {
-    hash ^= p[i];
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-constexpr uint64_t kFnvBasis = 14695981039346656037ull;
-
+// A random id, never 0 (0 means "no window").
 uint64_t RandomId() {
   std::random_device device;
   uint64_t id = 0;
@@ -113,21 +105,16 @@ class SharedMemoryLender final : public WindowLender {
   absl::StatusOr<kernels::TypedBuffer> Allocate(DType dtype, int64_t count,
                                                 const char* what,
                                                 WindowRecord* record) override {
-    *record = WindowRecord{};
-    record->id = RandomId();
-    const size_t bytes =
-        (static_cast<size_t>(std::max<int64_t>(count, 1)) * DTypeSize(dtype) +
-         3) /
-        4 * 4;
+    *record = NewWindowRecord(WindowKind::kSharedMemory, dtype, count);
     RemoveSegmentsOfDeadWorkers();
     const std::string name = absl::StrCat(
         "/", SegmentPrefix(PidNamespace(), getpid()), absl::Hex(record->id));
     absl::StatusOr<SharedMemorySegment> segment =
-        SharedMemorySegment::Create(name, bytes);
-    if (!segment.ok()) return Annotate(segment.status(), what);
-    record->host = HostIdentity();
-    record->kind = static_cast<int32_t>(WindowKind::kSharedMemory);
-    record->bytes = bytes;
+        SharedMemorySegment::Create(name, record->bytes);
+    if (!segment.ok()) {
+      *record = WindowRecord{};
+      return Annotate(segment.status(), what);
+    }
     std::memcpy(record->handle, name.c_str(), name.size() + 1);
     return kernels::TypedBuffer::Wrap(
         std::make_unique<SegmentBuffer>(*std::move(segment)), dtype, count);
@@ -157,7 +144,22 @@ uint64_t HostIdentity() {
     gethostname(name, sizeof(name) - 1);
     id = name;
   }
-  return Fnv1a(id.data(), id.size(), kFnvBasis);
+  Digest digest;
+  digest.Mix(id);
+  return digest.value();
+}
+
+WindowRecord NewWindowRecord(WindowKind kind, DType dtype, int64_t count) {
+  WindowRecord record{};
+  record.id = RandomId();
+  record.host = HostIdentity();
+  record.kind = static_cast<int32_t>(kind);
+  // Whole floats (the buffer is a FloatBuffer), at least one element.
+  record.bytes =
+      (static_cast<uint64_t>(std::max<int64_t>(count, 1)) * DTypeSize(dtype) +
+       3) /
+      4 * 4;
+  return record;
 }
 
 std::vector<int64_t> FullStagedAt(
@@ -176,9 +178,9 @@ uint64_t PeerWindows::Digest(absl::Span<const uint64_t> ids) {
                   [](uint64_t id) { return id == 0; })) {
     return 0;
   }
-  const uint64_t digest =
-      Fnv1a(ids.data(), ids.size() * sizeof(uint64_t), kFnvBasis);
-  return digest == 0 ? 1 : digest;
+  worker::Digest digest;  // the class, not this function
+  digest.Mix(ids.data(), ids.size() * sizeof(uint64_t));
+  return digest.value() == 0 ? 1 : digest.value();
 }
 
 bool PeerWindows::Open(absl::Span<const WindowRecord> records, int self,

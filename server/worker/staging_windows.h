@@ -66,6 +66,11 @@ static_assert(sizeof(WindowRecord) % 4 == 0,
 // none): windows of another host are never opened.
 uint64_t HostIdentity();
 
+// A new window's record for a lender: a random id (never 0), this host,
+// `kind`, and the bytes of `count` elements of `dtype` in whole floats (at
+// least one element). The lender adds where to find it (handle, offset).
+WindowRecord NewWindowRecord(WindowKind kind, DType dtype, int64_t count);
+
 // A peer's window opened here; closed with the object.
 class PeerWindow {
  public:

@@ -8,6 +8,7 @@
 // status and heartbeat calls never wait for a step.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -62,6 +63,21 @@ class StepAtomicityTest : public StepEngineTest {
     }
   }
 
+  // Each worker's transport calls in a clean step of its own (steps
+  // *step, *step + 1, ...), which `reference` steps too; `before` runs
+  // before each one when set.
+  std::vector<int64_t> ProbeEachWorker(
+      int64_t* step, ReferenceSteps* reference,
+      const std::function<void()>& before = nullptr) {
+    std::vector<int64_t> calls;
+    for (int w = 0; w < kWorkers; ++w) {
+      if (before) before();
+      calls.push_back(ProbeCalls(w, *step));
+      reference->Step((*step)++);
+    }
+    return calls;
+  }
+
   // Every call of a step on ranks 0, 1 and 2 fails once in turn (the
   // transport aborts there, as a cut connection or a killed peer's would):
   // the trainers retry until the step is answered and go on; at the end the
@@ -70,11 +86,9 @@ class StepAtomicityTest : public StepEngineTest {
     ASSERT_NO_FATAL_FAILURE(SetUpJob());
     ReferenceSteps reference;
     int64_t step = 0;
-    std::vector<int64_t> calls;
+    const std::vector<int64_t> calls = ProbeEachWorker(&step, &reference);
     for (int w = 0; w < kWorkers; ++w) {
-      calls.push_back(ProbeCalls(w, step));
-      reference.Step(step++);
-      ASSERT_GT(calls.back(), 10) << "worker " << w;
+      ASSERT_GT(calls[w], 10) << "worker " << w;
     }
     int fired = 0;
     for (int w = 0; w < kWorkers; ++w) {
@@ -135,12 +149,9 @@ TEST_F(StepAtomicityPeerWritesTest,
   ASSERT_NO_FATAL_FAILURE(SetUpJob());
   ReferenceSteps reference;
   int64_t step = 0;
-  std::vector<int64_t> calls;
-  for (int w = 0; w < kWorkers; ++w) {
-    ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
-    calls.push_back(ProbeCalls(w, step));
-    reference.Step(step++);
-  }
+  const std::vector<int64_t> calls = ProbeEachWorker(
+      &step, &reference, [&] { AttachEverywhere(0, /*with_bias=*/true); });
+  ASSERT_FALSE(HasFatalFailure());
   // The exchange's calls come first in the step after an attachment.
   const int64_t plain = ProbeCalls(0, step);
   reference.Step(step++);
@@ -179,11 +190,7 @@ TEST_F(StepStallTest, AStallAtTheCommitPhasesCommitsOnceOrNowhere) {
   ASSERT_NO_FATAL_FAILURE(SetUpJob());
   ReferenceSteps reference;
   int64_t step = 0;
-  std::vector<int64_t> calls;
-  for (int w = 0; w < kWorkers; ++w) {
-    calls.push_back(ProbeCalls(w, step));
-    reference.Step(step++);
-  }
+  const std::vector<int64_t> calls = ProbeEachWorker(&step, &reference);
   // The last calls of a step are the commit phases': rank 0 receives two
   // votes, broadcasts the decision, receives two confirmations and
   // broadcasts that all confirmed; the others send and receive one each.

@@ -8,26 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "server/worker/digest.h"
 
 namespace muonps {
 namespace worker {
 namespace {
-
-// FNV-1a.
-class Digest {
- public:
-  void Mix(const void* data, size_t bytes) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < bytes; ++i) h_ = (h_ ^ p[i]) * 1099511628211ull;
-  }
-  void Mix(double v) { Mix(&v, sizeof(v)); }
-  void Mix(int64_t v) { Mix(&v, sizeof(v)); }
-  void Mix(const std::string& s) { Mix(s.data(), s.size() + 1); }
-  uint64_t value() const { return h_; }
-
- private:
-  uint64_t h_ = 1469598103934665603ull;
-};
 
 std::string Who(absl::Span<const std::string> ids, int rank) {
   return rank >= 0 && rank < static_cast<int>(ids.size())
