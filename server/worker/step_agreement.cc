@@ -375,14 +375,15 @@ absl::Status RoundAgreement::ExchangeWindows(absl::Span<const uint64_t> ids) {
   }
   MUONPS_RETURN_IF_ERROR(
       control_.Broadcast(writers.data(), writers.size() * sizeof(int32_t), 0));
-  const bool gradient_writes = writers[size] != 0;
-  writers.resize(size);
-  int writing = 0;
-  for (const int32_t w : writers) writing += w != 0 ? 1 : 0;
+  // Only where some owner takes gradients from a peer.
   bool landing_lent = false;
   for (int r = 0; r < size; ++r) {
     landing_lent = landing_lent || plan_.landing_layout.floats(r) > 0;
   }
+  const bool gradient_writes = landing_lent && writers[size] != 0;
+  writers.resize(size);
+  int writing = 0;
+  for (const int32_t w : writers) writing += w != 0 ? 1 : 0;
   spdlog::info(
       "plan version {} rank {}: {} of {} workers write updates into the "
       "trainers' staging (peer writes), the others' go by the transport; "

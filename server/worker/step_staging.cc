@@ -359,9 +359,9 @@ absl::Status StepStaging::AwaitGradients(const ComputeBatch& batch) {
   }
   if (!unreduced) return absl::OkStatus();
   const uint64_t value = LandingLayout::Value(plan_.windows.sequence(), last);
-  char* landing = static_cast<char*>(plan_.landing.at(0));
   for (int source = 0; source < trainers_; ++source) {
     if (source == plan_.rank) continue;
+    char* landing = static_cast<char*>(plan_.landing.at(0));
     awaiting_ = true;
     const absl::Status landed = plan_.lender->AwaitSignal(
         compute_, landing + LandingLayout::SignalBytes(source), value,
