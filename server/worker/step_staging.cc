@@ -62,10 +62,6 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
 
 absl::Status StepStaging::StageInOrder(const StepRequest& request) {
   if (trainer_ == nullptr) MUONPS_RETURN_IF_ERROR(PrepareFollowerBuffers());
-  position_.resize(plan_.matrices.size());
-  for (size_t m = 0; m < plan_.matrices.size(); ++m) {
-    position_[m].assign(plan_.matrices[m].experts, 0);
-  }
   // Every bucket's gradients to owners are issued first, in the
   // schedule's order, each followed by a mark; then the schedule's compute
   // and updates back. A stack waits for the mark of the bucket that
@@ -118,7 +114,6 @@ absl::Status StepStaging::StageInOrder(const StepRequest& request) {
       waited = needed;
     }
     const int batch = plan_.batch_of_stack[stack];
-    MUONPS_RETURN_IF_ERROR(AwaitGradients(plan_.batches[batch]));
     MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
     timeline_.AddMark("compute_begin", stack, began);
     MUONPS_RETURN_IF_ERROR(
@@ -253,8 +248,10 @@ bool StepStaging::FullParam(int32_t matrix) const {
 absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
                                    uint32_t position) {
   PeerWindows& windows = plan_.windows;
-  // Owners this worker wrote gradients to in this bucket (by rank).
+  // Owners this worker wrote gradients to in this bucket (by rank), and
+  // whether it takes some itself.
   std::vector<bool> wrote;
+  bool receives = false;
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.to_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
@@ -265,7 +262,6 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
     const bool mine = x.owner == plan_.rank;
     float* staged =
         mine ? plan_.StagedData(momentum_.slot(x.item.matrix, e)) : nullptr;
-    position_[x.item.matrix][e] = position;
     if (x.kind == scheduler::TransferKind::kReduceToOwner &&
         windows.GradientWrites()) {
       // The trainer's gradient into its slot in the owner's landing
@@ -274,6 +270,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
       // sends nothing (its part is zero).
       if (mine) {
         bytes_ += size * 4;
+        receives = true;
       } else if (b != nullptr) {
         const int64_t slot = plan_.landing_layout.SlotAt(
             x.item.matrix, x.item.expert, plan_.rank);
@@ -343,29 +340,20 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
             LandingLayout::SignalBytes(plan_.rank),
         value));
   }
-  return t_.GroupEnd();
-}
-
-absl::Status StepStaging::AwaitGradients(const ComputeBatch& batch) {
-  if (!plan_.windows.GradientWrites()) return absl::OkStatus();
-  bool unreduced = false;
-  uint32_t last = 0;
-  for (const scheduler::ItemRef& item : batch.items) {
-    if (plan_.matrices[item.matrix].layout != scheduler::Layout::kUnreduced) {
-      continue;
-    }
-    unreduced = true;
-    last = std::max(last, position_[item.matrix][item.expert]);
-  }
-  if (!unreduced) return absl::OkStatus();
-  const uint64_t value = LandingLayout::Value(plan_.windows.sequence(), last);
+  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+  if (!receives) return absl::OkStatus();
+  // The bucket has moved once every trainer's gradients landed here: the
+  // transfer stream waits for their signals, and the bucket's mark (Stage)
+  // follows, so a stack waits for its bucket as for a transport's. No wait
+  // goes on the compute stream.
   for (int source = 0; source < trainers_; ++source) {
     if (source == plan_.rank) continue;
-    char* landing = static_cast<char*>(plan_.landing.at(0));
     awaiting_ = true;
-    const absl::Status landed = plan_.lender->AwaitSignal(
-        compute_, landing + LandingLayout::SignalBytes(source), value,
-        timeout_);
+    const absl::Status landed =
+        plan_.lender->AwaitSignal(stream_,
+                                  static_cast<char*>(plan_.landing.at(0)) +
+                                      LandingLayout::SignalBytes(source),
+                                  value, timeout_);
     if (!landed.ok()) {
       return Annotate(
           landed, absl::StrCat("the gradients rank ", source,

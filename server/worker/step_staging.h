@@ -72,11 +72,8 @@ class StepStaging {
   // `position`: the bucket's place among the phases of gradients to
   // owners (the value of its gradient-write signals).
   absl::Status ToOwners(const scheduler::Bucket& bucket, uint32_t position);
-  // Gradient writes: makes the compute stream wait until every writer's
-  // gradients of `batch`'s unreduced items landed here.
-  absl::Status AwaitGradients(const ComputeBatch& batch);
-  // After a failed stage: lets the compute stream past every wait of this
-  // round whose writer may never signal.
+  // After a failed stage: lets the transfer stream past every wait of this
+  // round for gradient writes whose writer may never signal.
   void ReleaseGradientWaits();
   absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
@@ -110,10 +107,7 @@ class StepStaging {
   // A worker with no trainer: what the open run of updates-back phases
   // (one group) has landed in plan_.sink, in elements of the update dtype.
   int64_t landed_ = 0;
-  // Gradient writes: the position of the bucket that carries each item's
-  // gradients ([matrix][expert]), and whether the compute stream waits on
-  // a signal of this round.
-  std::vector<std::vector<uint32_t>> position_;
+  // Gradient writes: the transfer stream waits on a signal of this round.
   bool awaiting_ = false;
 };
 
