@@ -111,14 +111,6 @@ class DeviceOps {
   // data[i] <- data[i] * factor (fp32).
   virtual absl::Status Scale(float* data, int64_t count, float factor,
                              Stream stream) = 0;
-  // dst[i] <- (parts[0][i] + parts[1][i] + ...) * factor in fp32, added in
-  // the parts' order (a null part adds +0.0f), then scaled as Scale does:
-  // the same bits as summing the parts one after another and scaling the
-  // sum. `dst` may be one of the parts; at least one part.
-  virtual absl::Status ScaledSum(float* dst,
-                                 absl::Span<const float* const> parts,
-                                 int64_t count, float factor,
-                                 Stream stream) = 0;
   // param[i] <- param[i] * decay + step * float(update[i]), computed in fp32
   // in that order and rounded once to `param_dtype`. Parameters are lent
   // tensors (fp32 or bf16: INVALID_ARGUMENT naming `dtype` for another);

@@ -67,24 +67,6 @@ absl::Status CpuDeviceOps::Scale(float* data, int64_t count, float factor,
   return absl::OkStatus();
 }
 
-absl::Status CpuDeviceOps::ScaledSum(float* dst,
-                                     absl::Span<const float* const> parts,
-                                     int64_t count, float factor,
-                                     Stream stream) {
-  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
-  if (parts.empty()) {
-    return absl::InvalidArgumentError("ScaledSum: no parts");
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    float sum = parts[0] == nullptr ? 0.0f : parts[0][i];
-    for (size_t k = 1; k < parts.size(); ++k) {
-      sum += parts[k] == nullptr ? 0.0f : parts[k][i];
-    }
-    dst[i] = sum * factor;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CpuDeviceOps::ToFloat(float* dst, const void* src, DType src_dtype,
                                    int64_t count, Stream stream) {
   if (absl::Status s = HostOnly(stream); !s.ok()) return s;

@@ -33,8 +33,6 @@ class CpuDeviceOps final : public DeviceOps {
                          int64_t count, Stream stream) override;
   absl::Status Scale(float* data, int64_t count, float factor,
                      Stream stream) override;
-  absl::Status ScaledSum(float* dst, absl::Span<const float* const> parts,
-                         int64_t count, float factor, Stream stream) override;
   absl::Status ApplyScaled(void* param, DType param_dtype, const void* update,
                            DType update_dtype, int64_t count, float decay,
                            float step, Stream stream) override;

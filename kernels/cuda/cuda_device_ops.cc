@@ -138,32 +138,6 @@ absl::Status CudaDeviceOps::Scale(float* data, int64_t count, float factor,
   return CudaStatus(LaunchScale(data, count, factor, stream), "LaunchScale");
 }
 
-absl::Status CudaDeviceOps::ScaledSum(float* dst,
-                                      absl::Span<const float* const> parts,
-                                      int64_t count, float factor,
-                                      Stream stream) {
-  if (parts.empty()) {
-    return absl::InvalidArgumentError("ScaledSum: no parts");
-  }
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  // At most kSumParts a launch: each one after the first adds to the
-  // running sum in dst, so the order stays the parts' order.
-  size_t next = 0;
-  while (next < parts.size()) {
-    SumParts batch{};
-    int n = 0;
-    if (next > 0) batch.parts[n++] = dst;
-    while (n < kSumParts && next < parts.size()) {
-      batch.parts[n++] = parts[next++];
-    }
-    batch.count = n;
-    const float scale = next == parts.size() ? factor : 1.0f;
-    MUONPS_RETURN_IF_ERROR(CudaStatus(
-        LaunchScaledSum(dst, batch, count, scale, stream), "LaunchScaledSum"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CudaDeviceOps::ToFloat(float* dst, const void* src,
                                     DType src_dtype, int64_t count,
                                     Stream stream) {

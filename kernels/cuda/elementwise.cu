@@ -188,19 +188,6 @@ __global__ void ScaleKernel(float* data, int64_t count, float factor) {
   }
 }
 
-__global__ void ScaledSumKernel(float* dst, SumParts parts, int64_t count,
-                                float factor) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sum = parts.parts[0] == nullptr ? 0.0f : parts.parts[0][i];
-    for (int k = 1; k < parts.count; ++k) {
-      sum =
-          __fadd_rn(sum, parts.parts[k] == nullptr ? 0.0f : parts.parts[k][i]);
-    }
-    dst[i] = __fmul_rn(sum, factor);
-  }
-}
-
 __global__ void AdamWKernel(float* param, const float* grad, float* exp_avg,
                             float* exp_avg_sq, int64_t count, AdamWScalars s,
                             const unsigned long long* first_bad) {
@@ -289,14 +276,6 @@ cudaError_t LaunchScale(float* data, int64_t count, float factor,
                         cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   ScaleKernel<<<Blocks(count), kThreads, 0, stream>>>(data, count, factor);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchScaledSum(float* dst, const SumParts& parts, int64_t count,
-                            float factor, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  ScaledSumKernel<<<Blocks(count), kThreads, 0, stream>>>(dst, parts, count,
-                                                          factor);
   return cudaGetLastError();
 }
 

@@ -48,17 +48,6 @@ cudaError_t LaunchConvert(const void* src, cudaDataType src_type, void* dst,
 cudaError_t LaunchScale(float* data, int64_t count, float factor,
                         cudaStream_t stream);
 
-// Up to kSumParts fp32 arrays (null: +0.0f), summed in this order.
-constexpr int kSumParts = 8;
-struct SumParts {
-  const float* parts[kSumParts];
-  int count;
-};
-// dst <- (parts[0] + parts[1] + ...) * factor, each add and the product
-// rounded to nearest as on the CPU; dst may be one of the parts.
-cudaError_t LaunchScaledSum(float* dst, const SumParts& parts, int64_t count,
-                            float factor, cudaStream_t stream);
-
 // One torch.optim.AdamW step over `count` elements, operation for operation
 // as the CPU backend: param *= decay; exp_avg <- lerp(exp_avg, grad, keep1);
 // exp_avg_sq <- exp_avg_sq * beta2 + keep2 * grad^2;

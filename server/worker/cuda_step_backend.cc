@@ -8,7 +8,6 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
@@ -181,47 +180,9 @@ class CudaIpcLender final : public WindowLender {
     return std::unique_ptr<PeerWindow>(new CudaIpcWindow(std::move(map), data));
   }
 
-  // Stream memory operations (lending/cuda_ipc.h): a peer's window is
-  // device memory mapped here, so the write goes over NVLink after the
-  // stream's copies, and the wait takes no SMs.
-  absl::Status Signal(Stream stream, void* word, uint64_t value) override {
-    MUONPS_RETURN_IF_ERROR(UseDevice());
-    return StreamWriteValue(stream, word, value);
-  }
-
-  absl::Status AwaitSignal(Stream stream, const void* word, uint64_t at_least,
-                           absl::Duration /*timeout*/) override {
-    MUONPS_RETURN_IF_ERROR(UseDevice());
-    return StreamWaitAtLeast(stream, word, at_least);
-  }
-
-  absl::Status Release(void* word, uint64_t value) override {
-    MUONPS_RETURN_IF_ERROR(UseDevice());
-    absl::MutexLock lock(&mu_);
-    if (release_ == nullptr) {
-      MUONPS_RETURN_IF_ERROR(CudaStatus(
-          cudaStreamCreateWithFlags(&release_, cudaStreamNonBlocking),
-          "cudaStreamCreateWithFlags"));
-    }
-    MUONPS_RETURN_IF_ERROR(StreamWriteValue(release_, word, value));
-    return CudaStatus(cudaStreamSynchronize(release_), "cudaStreamSynchronize");
-  }
-
-  ~CudaIpcLender() override {
-    if (release_ != nullptr) cudaStreamDestroy(release_);
-  }
-
  private:
-  absl::Status UseDevice() const {
-    return CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
-  }
-
   kernels::DeviceOps* const ops_;
   const int device_;
-  absl::Mutex mu_;
-  // Where Release writes: a stream of its own, so that a step's stream
-  // stuck on a wait does not hold it.
-  cudaStream_t release_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace

@@ -194,10 +194,6 @@ class GatedOps : public kernels::DeviceOps {
                      Stream s) override {
     return ops_.Scale(data, count, factor, s);
   }
-  absl::Status ScaledSum(float* dst, absl::Span<const float* const> parts,
-                         int64_t count, float factor, Stream s) override {
-    return ops_.ScaledSum(dst, parts, count, factor, s);
-  }
   absl::Status ApplyScaled(void* param, DType dtype, const void* update,
                            DType update_dtype, int64_t count, float decay,
                            float step, Stream s) override {

@@ -4,8 +4,7 @@
 // updates are written there, counted to the byte, and the parameters equal
 // the same kernels in one process bit for bit, as they do when the updates
 // are broadcast instead; so does an owner with no trainer, and 16-bit
-// updates. The unreduced gradients go the other way, written into their
-// owners' landing windows and summed there in the reduce order.
+// updates.
 #include <cstdint>
 #include <vector>
 
@@ -54,34 +53,12 @@ class PeerWritesTest : public StepEngineTest {
     EXPECT_EQ(PeerWriteBytes(w), written * kSteps) << "worker " << w;
     EXPECT_EQ(PeerReceivedBytes(w), received * kSteps) << "worker " << w;
   }
-
-  // What worker w wrote and received by gradient writes after kSteps
-  // steps: its trainer's fp32 gradient of every unreduced matrix another
-  // worker owns, and every other trainer's of those it owns.
-  void ExpectEveryGradientWritten(const std::vector<int>& owners, int w) {
-    double written = 0, received = 0;
-    for (size_t m = 0; m < owners.size(); ++m) {
-      if (Matrices()[m].layout != v1::LAYOUT_UNREDUCED) continue;
-      const double bytes = UpdateBytes(static_cast<int>(m), 4);
-      if (owners[m] == w) {
-        received += bytes * (w < kWorkers ? kWorkers - 1 : kWorkers);
-      } else if (w < kWorkers) {
-        written += bytes;
-      }
-    }
-    EXPECT_GT(written + received, 0) << "worker " << w;
-    EXPECT_EQ(GradientWriteBytes(w), written * kSteps) << "worker " << w;
-    EXPECT_EQ(GradientReceivedBytes(w), received * kSteps) << "worker " << w;
-  }
 };
 
 TEST_F(PeerWritesTest, EveryUpdateIsWrittenIntoThePeersStagingBitForBit) {
   const std::vector<int> owners = {0, 1, 2, 0, 1};
   ASSERT_NO_FATAL_FAILURE(StepOn(owners, kWorkers, 0));
-  for (int w = 0; w < kWorkers; ++w) {
-    ExpectEveryUpdateWritten(owners, w, 4);
-    ExpectEveryGradientWritten(owners, w);
-  }
+  for (int w = 0; w < kWorkers; ++w) ExpectEveryUpdateWritten(owners, w, 4);
 }
 
 class BroadcastUpdatesTest : public PeerWritesTest {
@@ -94,8 +71,6 @@ TEST_F(BroadcastUpdatesTest, WithoutWindowsTheUpdatesAreBroadcastBitForBit) {
   for (int w = 0; w < kWorkers; ++w) {
     EXPECT_EQ(PeerWriteBytes(w), 0) << "worker " << w;
     EXPECT_EQ(PeerReceivedBytes(w), 0) << "worker " << w;
-    EXPECT_EQ(GradientWriteBytes(w), 0) << "worker " << w;
-    EXPECT_EQ(GradientReceivedBytes(w), 0) << "worker " << w;
   }
 }
 
@@ -118,16 +93,11 @@ class PeerWritesDedicatedTest : public PeerWritesBf16Test {
 TEST_F(PeerWritesDedicatedTest, AnOwnerWithNoTrainerWritesIntoEveryTrainer) {
   const std::vector<int> owners = {3, 0, 3, 1, 3};
   ASSERT_NO_FATAL_FAILURE(StepOn(owners, kWorkers + 1, 1));
-  for (int w = 0; w <= kWorkers; ++w) {
-    ExpectEveryUpdateWritten(owners, w, 2);
-    ExpectEveryGradientWritten(owners, w);
-  }
+  for (int w = 0; w <= kWorkers; ++w) ExpectEveryUpdateWritten(owners, w, 2);
 }
 
 // A trainer that keeps only its rows of a row-sharded parameter lends no
-// window, so nobody writes and every update travels by the transport; the
-// unreduced gradients still go by gradient writes (owners lend those
-// windows whatever the trainers keep).
+// window, so nobody writes and every update travels by the transport.
 class PeerWritesShardedParamsTest : public StepEngineTest {};
 
 TEST_F(PeerWritesShardedParamsTest, ShardedParametersKeepTheTransport) {
@@ -137,7 +107,6 @@ TEST_F(PeerWritesShardedParamsTest, ShardedParametersKeepTheTransport) {
   for (int w = 0; w < kWorkers; ++w) {
     EXPECT_EQ(PeerWriteBytes(w), 0) << "worker " << w;
   }
-  EXPECT_GT(GradientWriteBytes(0) + GradientWriteBytes(1), 0);
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/status.h"
 #include "lending/shared_memory.h"
 #include "server/worker/digest.h"
@@ -133,43 +132,6 @@ class SharedMemoryLender final : public WindowLender {
                             SharedMemorySegment::Open(name, record.bytes));
     return std::unique_ptr<PeerWindow>(new SegmentWindow(std::move(segment)));
   }
-
-  // The host's work is done when it is enqueued: a signal is a store after
-  // it, a wait a poll of the word before what follows.
-  absl::Status Signal(Stream stream, void* word, uint64_t value) override {
-    MUONPS_RETURN_IF_ERROR(HostStream(stream));
-    __atomic_store_n(static_cast<uint64_t*>(word), value, __ATOMIC_RELEASE);
-    return absl::OkStatus();
-  }
-
-  absl::Status AwaitSignal(Stream stream, const void* word, uint64_t at_least,
-                           absl::Duration timeout) override {
-    MUONPS_RETURN_IF_ERROR(HostStream(stream));
-    const auto* w = static_cast<const uint64_t*>(word);
-    const absl::Time deadline = absl::Now() + timeout;
-    absl::Duration pause = absl::Microseconds(20);
-    while (__atomic_load_n(w, __ATOMIC_ACQUIRE) < at_least) {
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("no signal within ", absl::FormatDuration(timeout)));
-      }
-      absl::SleepFor(pause);
-      pause = std::min(pause * 2, absl::Milliseconds(1));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Release(void* word, uint64_t value) override {
-    __atomic_store_n(static_cast<uint64_t*>(word), value, __ATOMIC_RELEASE);
-    return absl::OkStatus();
-  }
-
- private:
-  static absl::Status HostStream(Stream stream) {
-    if (stream == kHostStream) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        "shared memory windows signal on the host stream only");
-  }
 };
 
 }  // namespace
@@ -209,43 +171,6 @@ std::vector<int64_t> FullStagedAt(
     next += matrices[m].experts * matrices[m].rows * matrices[m].cols;
   }
   return at;
-}
-
-LandingLayout::LandingLayout(absl::Span<const scheduler::MatrixSpec> matrices,
-                             const scheduler::OwnershipPlan& ownership,
-                             int trainers)
-    : trainers_(trainers), owners_(ownership.owners) {
-  const int size = static_cast<int>(ownership.worker_ids.size());
-  // The signal words, rounded up to 256 bytes.
-  const int64_t header = (2 * int64_t{size} + 63) / 64 * 64;
-  floats_.assign(size, 0);
-  at_.resize(matrices.size());
-  sizes_.resize(matrices.size());
-  for (size_t m = 0; m < matrices.size(); ++m) {
-    const scheduler::MatrixSpec& spec = matrices[m];
-    sizes_[m] = spec.rows * spec.cols;
-    at_[m].assign(spec.experts, -1);
-    if (spec.layout != scheduler::Layout::kUnreduced || m >= owners_.size()) {
-      continue;
-    }
-    for (int32_t e = 0;
-         e < spec.experts && e < static_cast<int32_t>(owners_[m].size()); ++e) {
-      const int owner = owners_[m][e];
-      if (owner < 0 || owner >= size) continue;
-      const int sources = owner < trainers ? trainers - 1 : trainers;
-      if (sources <= 0) continue;
-      if (floats_[owner] == 0) floats_[owner] = header;
-      at_[m][e] = floats_[owner];
-      floats_[owner] += sources * sizes_[m];
-    }
-  }
-}
-
-int64_t LandingLayout::SlotAt(int32_t m, int32_t e, int source) const {
-  const int owner = owners_[m][e];
-  // The owner's own trainer has no slot: its gradient is read in place.
-  const int index = owner < trainers_ && source > owner ? source - 1 : source;
-  return at_[m][e] + index * sizes_[m];
 }
 
 uint64_t PeerWindows::Digest(absl::Span<const uint64_t> ids) {
@@ -293,48 +218,21 @@ bool PeerWindows::Open(absl::Span<const WindowRecord> records, int self,
   return true;
 }
 
-bool PeerWindows::OpenLanding(absl::Span<const WindowRecord> records, int self,
-                              bool has_trainer, const LandingLayout& layout,
-                              WindowLender* lender) {
-  gradient_writes_ = false;
-  landing_.clear();
-  landing_.resize(records.size());
-  const uint64_t host = HostIdentity();
-  bool all = true;
-  for (size_t r = 0; r < records.size(); ++r) {
-    const int rank = static_cast<int>(r);
-    if (rank == self || layout.floats(rank) == 0) continue;
-    const WindowRecord& record = records[r];
-    if (record.id == 0 || lender == nullptr || record.host != host) {
-      all = false;
-      continue;
-    }
-    absl::StatusOr<std::unique_ptr<PeerWindow>> window = lender->Open(record);
-    if (!window.ok()) {
-      spdlog::info(
-          "rank {}: rank {}'s gradient landing window not opened ({}); "
-          "gradients to owners travel by the transport",
-          self, r, window.status().ToString());
-      all = false;
-      continue;
-    }
-    landing_[r] = *std::move(window);
-  }
-  return all || !has_trainer;
-}
-
-void PeerWindows::SetWriters(std::vector<int32_t> writers, bool gradient_writes,
-                             uint64_t digest) {
+void PeerWindows::SetWriters(std::vector<int32_t> writers, uint64_t digest) {
   writers_ = std::move(writers);
-  gradient_writes_ = gradient_writes;
   known_ = digest;
 }
 
-void PeerWindows::Count(const char* op, int64_t bytes, bool sent) const {
-  if (sent && counters_.calls != nullptr) counters_.calls->Increment({op});
-  Counter* bytes_counter = sent ? counters_.sent : counters_.received;
-  if (bytes_counter != nullptr) {
-    bytes_counter->Increment({op}, static_cast<double>(bytes));
+void PeerWindows::CountWrite(int64_t bytes) const {
+  if (counters_.calls != nullptr) counters_.calls->Increment({"peer_write"});
+  if (counters_.sent != nullptr) {
+    counters_.sent->Increment({"peer_write"}, static_cast<double>(bytes));
+  }
+}
+
+void PeerWindows::CountReceived(int64_t bytes) const {
+  if (counters_.received != nullptr) {
+    counters_.received->Increment({"peer_write"}, static_cast<double>(bytes));
   }
 }
 

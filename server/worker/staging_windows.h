@@ -18,23 +18,7 @@
 // done; a round whose resolution commits a staged step from its staging
 // holds every rank at a barrier before anyone writes again (RoundAgreement).
 //
-// Gradient writes take the other direction for the unreduced layout: each
-// worker with a trainer copies its trainer's gradient of a matrix another
-// worker of its host owns into that owner's landing window (a slot per
-// trainer, LandingLayout), then signals it there (a 64-bit word per writer,
-// written after the copies on the same stream); the owner's compute stream
-// waits for the signals of the bucket that completes a stack and sums the
-// parts in the reduce order itself (DeviceOps::ScaledSum). No NCCL reduce
-// runs, so nothing spins on the SMs while Newton-Schulz computes. The
-// gradients are ready to copy once the round is agreed (every worker's
-// stream waited for its trainer before its header went out) and stay so
-// until the trainers are released after the commit; an owner reads its
-// slots before it votes, and the next step's copies come after the next
-// agreement. A signal's value is the round's sequence (one more than any
-// rank has seen, so a window never holds a later one) times 2^20 plus the
-// bucket's position: a wait never passes on an earlier round's copies.
-//
-
+// A worker publishes its window only when its trainer keeps the whole
 // parameter of every matrix, its staging laid out as FullStagedAt says, so
 // a writer finds every update's place in a peer's staging from the plan
 // alone. Which owners write (every other trainer's window opened) is agreed
@@ -49,9 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/device.h"
 #include "common/dtype.h"
 #include "common/metrics.h"
 #include "kernels/device_ops.h"
@@ -110,62 +92,6 @@ class WindowLender {
   // segment, another container's IPC namespace).
   virtual absl::StatusOr<std::unique_ptr<PeerWindow>> Open(
       const WindowRecord& record) = 0;
-
-  // Signals through windows (gradient writes): `word` is a 64-bit word of
-  // a window, this worker's or a peer's it opened.
-  // In `stream` order: *word <- value once the work enqueued before it is
-  // done, its writes visible to whoever sees the value.
-  virtual absl::Status Signal(Stream stream, void* word, uint64_t value) = 0;
-  // Work enqueued on `stream` after this call starts once *word >=
-  // at_least. On the host the call itself waits: DEADLINE_EXCEEDED after
-  // `timeout`. On a GPU it is enqueued and returns; a wait whose writer
-  // died stays until Release.
-  virtual absl::Status AwaitSignal(Stream stream, const void* word,
-                                   uint64_t at_least,
-                                   absl::Duration timeout) = 0;
-  // *word <- value now, ordered after no stream: releases the waits on a
-  // word of this worker's own window when the round failed.
-  virtual absl::Status Release(void* word, uint64_t value) = 0;
-};
-
-// Where gradient writes land: every owner of unreduced items has a window
-// of one header (a 64-bit signal word per rank) and, for each item it owns
-// in job order, a slot per trainer rank other than its own (ranks with a
-// trainer are the first ones). The same on every rank: a writer finds its
-// slot from the plan alone.
-class LandingLayout {
- public:
-  LandingLayout() = default;
-  // For `ownership` of `matrices`, the first `trainers` ranks holding a
-  // trainer.
-  LandingLayout(absl::Span<const scheduler::MatrixSpec> matrices,
-                const scheduler::OwnershipPlan& ownership, int trainers);
-
-  // Floats of rank `rank`'s window (0: it owns no unreduced item).
-  int64_t floats(int rank) const {
-    return rank >= 0 && rank < static_cast<int>(floats_.size()) ? floats_[rank]
-                                                                : 0;
-  }
-  // Where source rank `source`'s gradient of expert `e` of matrix `m` lands
-  // in its owner's window, in floats. `source` has a trainer and is not
-  // the owner.
-  int64_t SlotAt(int32_t m, int32_t e, int source) const;
-  // Where rank `source`'s signal word is in a window, in bytes.
-  static int64_t SignalBytes(int source) { return 8 * int64_t{source}; }
-  // The value of round `sequence`'s signal after its bucket at `position`
-  // (the order of the buckets' gradients to owners); kLastPosition: past
-  // every bucket.
-  static constexpr uint32_t kLastPosition = (1u << 20) - 2;
-  static uint64_t Value(uint64_t sequence, uint32_t position) {
-    return (sequence << 20) | (position + 1);
-  }
-
- private:
-  int trainers_ = 0;
-  std::vector<std::vector<int32_t>> owners_;  // [m][e]
-  std::vector<int64_t> sizes_;                // by matrix: rows * cols
-  std::vector<std::vector<int64_t>> at_;      // [m][e]; -1: not unreduced
-  std::vector<int64_t> floats_;               // by rank
 };
 
 // Where matrix m's update waits in the staging of a trainer that keeps
@@ -175,9 +101,8 @@ std::vector<int64_t> FullStagedAt(
     absl::Span<const scheduler::MatrixSpec> matrices);
 
 // Where peer writes are counted, as the transport counts its calls
-// (transport/counting_transport.h), under op "peer_write" (updates) or
-// "gradient_write": the writer's bytes sent and calls, the receiver's bytes
-// received. Null: not counted.
+// (transport/counting_transport.h), under op "peer_write": the writer's
+// bytes sent and calls, the receiver's bytes received. Null: not counted.
 struct WriteCounters {
   Counter* sent = nullptr;
   Counter* received = nullptr;
@@ -203,19 +128,8 @@ class PeerWindows {
   // with a trainer) but its own: each one published and opened.
   bool Open(absl::Span<const WindowRecord> records, int self,
             absl::Span<const int> targets, WindowLender* lender);
-  // Opens the landing windows of `records` (by rank) that lie on this host
-  // and are not `self`'s, with `lender`. Returns whether this rank can
-  // write its gradients into every window the plan's `layout` gives a
-  // rank other than `self` (true for a rank with no trainer, which writes
-  // none).
-  bool OpenLanding(absl::Span<const WindowRecord> records, int self,
-                   bool has_trainer, const LandingLayout& layout,
-                   WindowLender* lender);
-  // The agreed writers (by rank), whether every trainer's worker writes its
-  // unreduced gradients into the owners' landing windows, and the digest
-  // they were agreed for.
-  void SetWriters(std::vector<int32_t> writers, bool gradient_writes,
-                  uint64_t digest);
+  // The agreed writers (by rank) and the digest they were agreed for.
+  void SetWriters(std::vector<int32_t> writers, uint64_t digest);
 
   // Whether owner `rank` writes its updates into the trainers' windows.
   bool Writes(int rank) const {
@@ -226,39 +140,17 @@ class PeerWindows {
   void* At(int rank, int64_t bytes) const {
     return static_cast<char*>(open_[rank]->data()) + bytes;
   }
-  // Whether gradients go to their owners by gradient writes, and rank
-  // `rank`'s landing window (opened: GradientWrites()).
-  bool GradientWrites() const { return gradient_writes_; }
-  void* Landing(int rank) const { return landing_[rank]->data(); }
-  // The sequence of the round in progress (LandingLayout::Value), and the
-  // largest one this worker has seen.
-  uint64_t sequence() const { return sequence_; }
-  void set_sequence(uint64_t sequence) { sequence_ = sequence; }
 
   void set_counters(WriteCounters counters) { counters_ = counters; }
-  // An update of `bytes` written to a peer, and one received from a peer;
-  // the same for a gradient.
-  void CountWrite(int64_t bytes) const { Count(kUpdate, bytes, true); }
-  void CountReceived(int64_t bytes) const { Count(kUpdate, bytes, false); }
-  void CountGradientWrite(int64_t bytes) const {
-    Count(kGradient, bytes, true);
-  }
-  void CountGradientReceived(int64_t bytes) const {
-    Count(kGradient, bytes, false);
-  }
+  // A write of `bytes` to a peer, and one received from a peer.
+  void CountWrite(int64_t bytes) const;
+  void CountReceived(int64_t bytes) const;
 
  private:
-  std::vector<std::unique_ptr<PeerWindow>> open_;     // by rank; null: none
-  std::vector<std::unique_ptr<PeerWindow>> landing_;  // by rank; null: none
-  std::vector<int32_t> writers_;                      // by rank
-  bool gradient_writes_ = false;
-  uint64_t sequence_ = 0;
+  std::vector<std::unique_ptr<PeerWindow>> open_;  // by rank; null: none
+  std::vector<int32_t> writers_;                   // by rank
   uint64_t known_ = 0;
   WriteCounters counters_;
-
-  static constexpr const char* kUpdate = "peer_write";
-  static constexpr const char* kGradient = "gradient_write";
-  void Count(const char* op, int64_t bytes, bool sent) const;
 };
 
 // The CPU backend's lender: POSIX shared memory segments.

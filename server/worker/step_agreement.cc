@@ -22,52 +22,40 @@ struct FollowerInfoHeader {
 };
 
 // What rank 0 broadcasts after its decision, as int32 values: each rank's
-// trainer rank, each rank's staging window id and landing window id (two
-// values each), the round's gradient-write sequence (two values), then two
-// flags: the windows changed since some rank last exchanged them (every
-// rank exchanges them before the step's transfers), and some rank commits
-// a staged step from its staging in Resolve (every rank waits for every
+// trainer rank, each rank's window id (two values), then two flags: the
+// windows changed since some rank last exchanged them (every rank
+// exchanges them before the step's transfers), and some rank commits a
+// staged step from its staging in Resolve (every rank waits for every
 // other at its end: owners write the next step into the peers' staging
 // only after that).
 struct RoundRoster {
   std::vector<int32_t> trainer_rank_of;
-  // The staging window ids by rank, then the landing window ids.
   std::vector<uint64_t> windows;
-  uint64_t sequence = 0;
   bool exchange = false;
   bool barrier = false;
 
-  static size_t Ints(int size) { return 5 * static_cast<size_t>(size) + 4; }
+  static size_t Ints(int size) { return 3 * static_cast<size_t>(size) + 2; }
   void Write(int32_t* out) const {
     const size_t size = trainer_rank_of.size();
     std::memcpy(out, trainer_rank_of.data(), size * sizeof(int32_t));
-    std::memcpy(out + size, windows.data(), 2 * size * sizeof(uint64_t));
-    std::memcpy(out + 5 * size, &sequence, sizeof(uint64_t));
-    out[5 * size + 2] = exchange ? 1 : 0;
-    out[5 * size + 3] = barrier ? 1 : 0;
+    std::memcpy(out + size, windows.data(), size * sizeof(uint64_t));
+    out[3 * size] = exchange ? 1 : 0;
+    out[3 * size + 1] = barrier ? 1 : 0;
   }
   void Read(const int32_t* in, int size) {
     trainer_rank_of.assign(in, in + size);
-    windows.resize(2 * size);
-    std::memcpy(windows.data(), in + size, 2 * size * sizeof(uint64_t));
-    std::memcpy(&sequence, in + 5 * size, sizeof(uint64_t));
-    exchange = in[5 * size + 2] != 0;
-    barrier = in[5 * size + 3] != 0;
+    windows.resize(size);
+    std::memcpy(windows.data(), in + size, size * sizeof(uint64_t));
+    exchange = in[3 * size] != 0;
+    barrier = in[3 * size + 1] != 0;
   }
 };
 
-// What a rank lends the others of its host: its trainer's staging and its
-// gradient landing window.
-struct RankWindows {
-  WindowRecord staging;
-  WindowRecord landing;
-};
-
 // The vote of a window exchange: this rank writes into every trainer's
-// window, and its gradients into every owner's landing window.
+// window.
 struct WriterVote {
   int32_t writes;
-  int32_t gradients;
+  int32_t padding;
 };
 
 // What a barrier carries.
@@ -167,9 +155,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   mine.trainer_count = trainer_ == nullptr ? 0 : trainer_->count;
   mine.update_dtype = static_cast<int32_t>(plan_.update_dtype);
   mine.window = trainer_ == nullptr ? 0 : trainer_->window.id;
-  mine.landing = plan_.landing_record.id;
   mine.windows_known = plan_.windows.known();
-  mine.sequence = plan_.windows.sequence();
   mine.torn_step = -1;
   mine.record_decided = -1;
   if (trainer_ != nullptr) {
@@ -242,12 +228,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     for (const StepHeader& h : headers) {
       round.trainer_rank_of.push_back(h.trainer_rank);
       round.windows.push_back(h.window);
-      round.sequence = std::max(round.sequence, h.sequence);
     }
-    // Above every sequence a rank has seen: no window holds a signal of
-    // this round before its writers send it.
-    ++round.sequence;
-    for (const StepHeader& h : headers) round.windows.push_back(h.landing);
     const uint64_t digest = PeerWindows::Digest(round.windows);
     for (const StepHeader& h : headers) {
       round.exchange = round.exchange || h.windows_known != digest;
@@ -262,7 +243,6 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   std::memcpy(decision, told.data(), sizeof(RoundDecision));
   round.Read(told.data() + kDecisionInts, size);
   barrier_ = round.barrier;
-  plan_.windows.set_sequence(round.sequence);
   if (static_cast<RoundKind>(decision->kind) != RoundKind::kGo) {
     return absl::OkStatus();
   }
@@ -333,67 +313,42 @@ absl::Status RoundAgreement::ShareFollowerInfo() {
 }
 
 absl::Status RoundAgreement::ExchangeWindows(absl::Span<const uint64_t> ids) {
-  const int size = static_cast<int>(ids.size() / 2);
-  RankWindows mine{};
-  if (trainer_ != nullptr) mine.staging = trainer_->window;
-  mine.landing = plan_.landing_record;
-  std::vector<RankWindows> records;
+  const int size = static_cast<int>(ids.size());
+  const WindowRecord mine =
+      trainer_ == nullptr ? WindowRecord{} : trainer_->window;
+  std::vector<WindowRecord> records;
   MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &records, 0));
   records.resize(size);
   MUONPS_RETURN_IF_ERROR(control_.Broadcast(
-      records.data(), records.size() * sizeof(RankWindows), 0));
-  std::vector<WindowRecord> staging, landing;
+      records.data(), records.size() * sizeof(WindowRecord), 0));
   for (int r = 0; r < size; ++r) {
-    if (records[r].staging.id != ids[r] ||
-        records[r].landing.id != ids[size + r]) {
+    if (records[r].id != ids[r]) {
       return absl::InternalError(
-          absl::StrCat("rank ", r, " described other windows"));
+          absl::StrCat("rank ", r, " described another staging window"));
     }
-    staging.push_back(records[r].staging);
-    landing.push_back(records[r].landing);
   }
   std::vector<int> targets;
   for (int r = 0; r < size; ++r) {
     if (roster_.trainer_rank_of[r] >= 0) targets.push_back(r);
   }
   const bool writes =
-      plan_.windows.Open(staging, plan_.rank, targets, plan_.lender);
-  const bool gradients =
-      plan_.windows.OpenLanding(landing, plan_.rank, trainer_ != nullptr,
-                                plan_.landing_layout, plan_.lender);
+      plan_.windows.Open(records, plan_.rank, targets, plan_.lender);
   std::vector<WriterVote> votes;
-  MUONPS_RETURN_IF_ERROR(control_.Gather(
-      WriterVote{writes ? 1 : 0, gradients ? 1 : 0}, &votes, 0));
-  // The writers by rank, then whether every rank writes its gradients.
-  std::vector<int32_t> writers(size + 1, 0);
+  MUONPS_RETURN_IF_ERROR(
+      control_.Gather(WriterVote{writes ? 1 : 0, 0}, &votes, 0));
+  std::vector<int32_t> writers(size, 0);
   if (plan_.rank == 0) {
-    writers[size] = 1;
-    for (int r = 0; r < size; ++r) {
-      writers[r] = votes[r].writes;
-      if (votes[r].gradients == 0) writers[size] = 0;
-    }
+    for (int r = 0; r < size; ++r) writers[r] = votes[r].writes;
   }
   MUONPS_RETURN_IF_ERROR(
       control_.Broadcast(writers.data(), writers.size() * sizeof(int32_t), 0));
-  // Only where some owner takes gradients from a peer.
-  bool landing_lent = false;
-  for (int r = 0; r < size; ++r) {
-    landing_lent = landing_lent || plan_.landing_layout.floats(r) > 0;
-  }
-  const bool gradient_writes = landing_lent && writers[size] != 0;
-  writers.resize(size);
   int writing = 0;
   for (const int32_t w : writers) writing += w != 0 ? 1 : 0;
   spdlog::info(
       "plan version {} rank {}: {} of {} workers write updates into the "
-      "trainers' staging (peer writes), the others' go by the transport; "
-      "unreduced gradients go to their owners by {}",
-      plan_.version, plan_.rank, writing, size,
-      !landing_lent     ? "none (no unreduced matrix)"
-      : gradient_writes ? "gradient writes"
-                        : "the transport");
-  plan_.windows.SetWriters(std::move(writers), gradient_writes,
-                           PeerWindows::Digest(ids));
+      "trainers' staging (peer writes); the others' go by the transport",
+      plan_.version, plan_.rank, writing, size);
+  plan_.windows.SetWriters(std::move(writers), PeerWindows::Digest(ids));
   return absl::OkStatus();
 }
 

@@ -50,16 +50,6 @@ class StepAtomicityTest : public StepEngineTest {
     return calls;
   }
 
-  // Worker `w`'s calls in a step after the first (whose round exchanges
-  // the windows): runs step 0, probes step 1, both into `reference`.
-  int64_t ProbeSteadyCalls(int w, ReferenceSteps* reference) {
-    EXPECT_EQ(RunTrainerLoops(0, 0), std::vector<int>(kWorkers, 0));
-    reference->Step(0);
-    const int64_t calls = ProbeCalls(w, 1);
-    reference->Step(1);
-    return calls;
-  }
-
   // The last step's AdamW gradient on every trainer: the trainers' mean,
   // summed in trainer order, once.
   void ExpectBiasGradientIsTheMeanOf(int64_t step) {
@@ -98,7 +88,7 @@ class StepAtomicityTest : public StepEngineTest {
     int64_t step = 0;
     const std::vector<int64_t> calls = ProbeEachWorker(&step, &reference);
     for (int w = 0; w < kWorkers; ++w) {
-      ASSERT_GE(calls[w], 8) << "worker " << w;
+      ASSERT_GT(calls[w], 10) << "worker " << w;
     }
     int fired = 0;
     for (int w = 0; w < kWorkers; ++w) {
@@ -288,27 +278,28 @@ TEST_F(StepAtomicityTest, ACallCancelledBeforeTheVoteAbortsTheStepEverywhere) {
 TEST_F(StepAtomicityTest, AStepInDoubtSurvivesANewPlanVersion) {
   ASSERT_NO_FATAL_FAILURE(SetUpJob());
   ReferenceSteps reference;
-  const int64_t calls = ProbeSteadyCalls(1, &reference);
+  const int64_t calls = ProbeCalls(1, 0);
+  reference.Step(0);
   // Worker 1's decision broadcast (its third call from the end).
-  SetFault(1, {.step = 2, .call = calls - 3});
-  WriteGradients(2);
-  const std::vector<absl::StatusOr<StepResponse>> out = StepEverywhere(2);
+  SetFault(1, {.step = 1, .call = calls - 3});
+  WriteGradients(1);
+  const std::vector<absl::StatusOr<StepResponse>> out = StepEverywhere(1);
   ASSERT_FALSE(out[1].ok());
   EXPECT_TRUE(absl::StrContains(out[1].status().message(), "keeps the step"))
       << out[1].status();
-  EXPECT_EQ(engines_[1]->last_step(), 1);
-  EXPECT_EQ(engines_[0]->last_step(), 2);  // rank 0 decided and committed
+  EXPECT_EQ(engines_[1]->last_step(), 0);
+  EXPECT_EQ(engines_[0]->last_step(), 1);  // rank 0 decided and committed
   ASSERT_NO_FATAL_FAILURE(
       SetPlanEverywhere(PlanWithOwners(2, kWorkers), kSmallBuckets));
-  for (const auto& r : StepEverywhere(2)) {
+  for (const auto& r : StepEverywhere(1)) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->already_applied);
   }
-  EXPECT_EQ(engines_[1]->last_step(), 2);
+  EXPECT_EQ(engines_[1]->last_step(), 1);
+  reference.Step(1);
+  RunTrainerLoops(2, 3);
   reference.Step(2);
-  RunTrainerLoops(3, 4);
   reference.Step(3);
-  reference.Step(4);
   ExpectParamsMatch(reference);
 }
 
@@ -345,16 +336,17 @@ class StepPlanChangeTest : public StepAtomicityTest {
 TEST_F(StepPlanChangeTest, APlanDroppingAFrozenPeerFailsTheStepAtOnceNamingIt) {
   ASSERT_NO_FATAL_FAILURE(SetUpJob());
   ReferenceSteps reference;
-  const int64_t calls = ProbeSteadyCalls(2, &reference);
-  SetFault(2, {.step = 2, .call = calls / 2, .stall = absl::Seconds(3)});
+  const int64_t calls = ProbeCalls(2, 0);
+  reference.Step(0);
+  SetFault(2, {.step = 1, .call = calls / 2, .stall = absl::Seconds(3)});
   std::vector<int> owners;
   for (size_t m = 0; m < Matrices().size(); ++m)
     owners.push_back(static_cast<int>(m % 2));
   v1::Plan next = PlanWithOwnerList(2, owners, /*workers=*/2);
   next.set_reason("lease expired: w2");
-  WriteGradients(2);
+  WriteGradients(1);
   v1::StepRequest request;
-  request.set_step_id(2);
+  request.set_step_id(1);
   request.set_lr(-1);
   request.set_weight_decay(-1);
   request.set_adamw_lr(-1);
@@ -390,11 +382,11 @@ TEST_F(StepPlanChangeTest, APlanDroppingAFrozenPeerFailsTheStepAtOnceNamingIt) {
     EXPECT_TRUE(absl::StrContains(out[w].status().message(), reason))
         << out[w].status();
     EXPECT_TRUE(absl::StrContains(out[w].status().message(),
-                                  "step 2 was not applied on this worker"))
+                                  "step 1 was not applied on this worker"))
         << out[w].status();
   }
   EXPECT_FALSE(out[2].ok());
-  for (int w = 0; w < kWorkers; ++w) EXPECT_EQ(engines_[w]->last_step(), 1);
+  for (int w = 0; w < kWorkers; ++w) EXPECT_EQ(engines_[w]->last_step(), 0);
   ExpectParamsMatch(reference);
   // No step runs on the replaced plan's transport (its peer is gone).
   const absl::Time retried = absl::Now();

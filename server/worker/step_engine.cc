@@ -388,7 +388,6 @@ absl::Status StepEngine::SetPlan(
   // Allocated (and zero-filled) before the lock: Attach, heartbeats and
   // the momentum calls never wait for it; a step in progress goes on.
   MUONPS_RETURN_IF_ERROR(next.AllocateBuffers(*ops_));
-  next.AllocateLanding();
   MUONPS_ASSIGN_OR_RETURN(PreparedMomentum momentum,
                           momentum_.Prepare(next.MomentumLayout()));
   next.momentum = &momentum_;

@@ -372,14 +372,6 @@ double StepEngineTest::PeerReceivedBytes(int w) const {
   return write_counters_[w].received->Value({"peer_write"});
 }
 
-double StepEngineTest::GradientWriteBytes(int w) const {
-  return write_counters_[w].sent->Value({"gradient_write"});
-}
-
-double StepEngineTest::GradientReceivedBytes(int w) const {
-  return write_counters_[w].received->Value({"gradient_write"});
-}
-
 void StepEngineTest::ExpectParamsMatch(const ReferenceSteps& reference) {
   for (int w = 0; w < kWorkers; ++w) {
     for (const MatrixDecl& d : Matrices()) {

@@ -177,10 +177,6 @@ class StepEngineTest : public ::testing::Test {
   // Bytes engine w wrote into its peers' staging, and received so.
   double PeerWriteBytes(int w) const;
   double PeerReceivedBytes(int w) const;
-  // The same for unreduced gradients written into the owners' landing
-  // windows (op "gradient_write").
-  double GradientWriteBytes(int w) const;
-  double GradientReceivedBytes(int w) const;
   // Expects every trainer's parameters to equal `reference`'s, bit for bit.
   void ExpectParamsMatch(const ReferenceSteps& reference);
   // Steps every engine with a trainer `steps` times and checks their

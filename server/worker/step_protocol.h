@@ -30,14 +30,10 @@ struct StepHeader {
   uint64_t instance;        // this worker process (random at start)
   uint64_t hyper_hash;      // HyperHash of the trainer's request
   uint64_t tensors_hash;    // TensorsHash of the trainer's AdamW bindings
-  // Its trainer's staging window and its gradient landing window
-  // (WindowRecord::id; 0: none), the PeerWindows::Digest of the windows
-  // this rank last exchanged (0: none), and the largest gradient-write
-  // sequence it has seen (PeerWindows::sequence).
+  // Its trainer's staging window (WindowRecord::id; 0: none), and the
+  // PeerWindows::Digest of the windows this rank last exchanged (0: none).
   uint64_t window;
-  uint64_t landing;
   uint64_t windows_known;
-  uint64_t sequence;
   // What the trainer's step record (lending/step_record.h) held when it
   // attached, written by a worker before this one: a step whose writing
   // into the parameters stopped part-way (-1: none), and the highest step

@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
-#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
@@ -55,12 +54,6 @@ StepStaging::StepStaging(PlanState& plan, const AttachedTrainer* trainer,
 
 absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   step_id_ = step_id;
-  const absl::Status staged = StageInOrder(request);
-  if (!staged.ok()) ReleaseGradientWaits();
-  return staged;
-}
-
-absl::Status StepStaging::StageInOrder(const StepRequest& request) {
   if (trainer_ == nullptr) MUONPS_RETURN_IF_ERROR(PrepareFollowerBuffers());
   // Every bucket's gradients to owners are issued first, in the
   // schedule's order, each followed by a mark; then the schedule's compute
@@ -78,11 +71,10 @@ absl::Status StepStaging::StageInOrder(const StepRequest& request) {
   std::vector<int> bucket_mark(plan_.schedule.buckets.size(), begin);
   int moved = begin;
   bool first = true;
-  uint32_t position = 0;
   for (const scheduler::Phase& phase : plan_.schedule.order) {
     if (phase.kind != scheduler::PhaseKind::kToOwners) continue;
     const scheduler::Bucket& bucket = plan_.schedule.buckets[phase.index];
-    MUONPS_RETURN_IF_ERROR(ToOwners(bucket, position++));
+    MUONPS_RETURN_IF_ERROR(ToOwners(bucket));
     if (first && hook_) {
       hook_(StepPoint::kTransfer, step_id_, plan_.rank);
     }
@@ -113,9 +105,9 @@ absl::Status StepStaging::StageInOrder(const StepRequest& request) {
       MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, needed));
       waited = needed;
     }
-    const int batch = plan_.batch_of_stack[stack];
     MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
     timeline_.AddMark("compute_begin", stack, began);
+    const int batch = plan_.batch_of_stack[stack];
     MUONPS_RETURN_IF_ERROR(
         Compute(plan_.batches[batch], momentum_.stacks[batch]));
     MUONPS_ASSIGN_OR_RETURN(done_mark[issued], ops_.Mark(compute_));
@@ -245,13 +237,7 @@ bool StepStaging::FullParam(int32_t matrix) const {
                              : roster_.follower_full_param[matrix] != 0;
 }
 
-absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
-                                   uint32_t position) {
-  PeerWindows& windows = plan_.windows;
-  // Owners this worker wrote gradients to in this bucket (by rank), and
-  // whether it takes some itself.
-  std::vector<bool> wrote;
-  bool receives = false;
+absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.to_owners) {
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
@@ -262,28 +248,6 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
     const bool mine = x.owner == plan_.rank;
     float* staged =
         mine ? plan_.StagedData(momentum_.slot(x.item.matrix, e)) : nullptr;
-    if (x.kind == scheduler::TransferKind::kReduceToOwner &&
-        windows.GradientWrites()) {
-      // The trainer's gradient into its slot in the owner's landing
-      // window; the owner sums the slots (Compute). Every rank counts the
-      // item's bytes once, as a reduce's did; a rank with no trainer
-      // sends nothing (its part is zero).
-      if (mine) {
-        bytes_ += size * 4;
-        receives = true;
-      } else if (b != nullptr) {
-        const int64_t slot = plan_.landing_layout.SlotAt(
-            x.item.matrix, x.item.expert, plan_.rank);
-        MUONPS_RETURN_IF_ERROR(
-            ops_.CopyBytes(static_cast<float*>(windows.Landing(x.owner)) + slot,
-                           b->grad + e * size, size * 4, stream_));
-        windows.CountGradientWrite(size * 4);
-        bytes_ += size * 4;
-        wrote.resize(t_.size(), false);
-        wrote[x.owner] = true;
-      }
-      continue;
-    }
     if (x.kind == scheduler::TransferKind::kReduceToOwner) {
       const float* part =
           b == nullptr ? plan_.zeros->data() : b->grad + e * size;
@@ -329,55 +293,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
       }
     }
   }
-  // Each owner written to learns it once the copies are done (the signal
-  // follows them on the stream).
-  const uint64_t value = LandingLayout::Value(windows.sequence(), position);
-  for (size_t owner = 0; owner < wrote.size(); ++owner) {
-    if (!wrote[owner]) continue;
-    MUONPS_RETURN_IF_ERROR(plan_.lender->Signal(
-        stream_,
-        static_cast<char*>(windows.Landing(static_cast<int>(owner))) +
-            LandingLayout::SignalBytes(plan_.rank),
-        value));
-  }
-  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-  if (!receives) return absl::OkStatus();
-  // The bucket has moved once every trainer's gradients landed here: the
-  // transfer stream waits for their signals, and the bucket's mark (Stage)
-  // follows, so a stack waits for its bucket as for a transport's. No wait
-  // goes on the compute stream.
-  for (int source = 0; source < trainers_; ++source) {
-    if (source == plan_.rank) continue;
-    awaiting_ = true;
-    const absl::Status landed =
-        plan_.lender->AwaitSignal(stream_,
-                                  static_cast<char*>(plan_.landing.at(0)) +
-                                      LandingLayout::SignalBytes(source),
-                                  value, timeout_);
-    if (!landed.ok()) {
-      return Annotate(
-          landed, absl::StrCat("the gradients rank ", source,
-                               " writes to this owner (step ", step_id_, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-void StepStaging::ReleaseGradientWaits() {
-  if (!awaiting_) return;
-  awaiting_ = false;
-  const uint64_t value = LandingLayout::Value(plan_.windows.sequence(),
-                                              LandingLayout::kLastPosition);
-  char* landing = static_cast<char*>(plan_.landing.at(0));
-  for (int source = 0; source < trainers_; ++source) {
-    if (source == plan_.rank) continue;
-    const absl::Status released = plan_.lender->Release(
-        landing + LandingLayout::SignalBytes(source), value);
-    if (!released.ok()) {
-      spdlog::error("rank {}: releasing the wait for rank {}'s gradients: {}",
-                    plan_.rank, source, released.ToString());
-    }
-  }
+  return t_.GroupEnd();
 }
 
 absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
@@ -405,27 +321,6 @@ absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
     if (spec.layout == scheduler::Layout::kReplicated && trainer_ != nullptr) {
       // Momentum reads the trainer's gradient in place: no staging copy.
       source.data = trainer_->matrices[item.matrix].grad + item.expert * size;
-    } else if (spec.layout == scheduler::Layout::kUnreduced &&
-               plan_.windows.GradientWrites()) {
-      // The mean of the parts in the reduce order (a rank with no trainer
-      // adds zero), as the transport's reduce and the scaling give it.
-      std::vector<const float*> parts;
-      for (const int r : roster_.reduce_order) {
-        if (r == plan_.rank && trainer_ != nullptr) {
-          parts.push_back(trainer_->matrices[item.matrix].grad +
-                          item.expert * size);
-        } else if (r < trainers_ && r != plan_.rank) {
-          parts.push_back(
-              static_cast<const float*>(plan_.landing.at(0)) +
-              plan_.landing_layout.SlotAt(item.matrix, item.expert, r));
-          plan_.windows.CountGradientReceived(size * 4);
-        } else {
-          parts.push_back(nullptr);
-        }
-      }
-      MUONPS_RETURN_IF_ERROR(
-          ops_.ScaledSum(update.data, parts, size,
-                         1.0f / static_cast<float>(trainers_), compute_));
     } else if (spec.layout == scheduler::Layout::kUnreduced) {
       // The mean, as DDP: the fp32 sum times the fp32 inverse.
       MUONPS_RETURN_IF_ERROR(ops_.Scale(

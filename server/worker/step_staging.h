@@ -1,14 +1,13 @@
 // StepStaging: a round's stage (step_run.h, 3.), the data path of "One
 // step's data flow" in docs/architecture.md. In the schedule's order: each
 // bucket's gradients to their owners (replicated: none; unreduced: reduce, mean
-// in trainer order, or gradient writes into the owners' landing windows
-// within a host, staging_windows.h; row_sharded: gather rows), momentum and
-// Newton-Schulz of every stack this worker owns (the new momentum into its
-// MomentumStack's next_momentum, the old one untouched), the updates back in
-// the precision Newton-Schulz ran in (broadcast, or scatter rows) into the
-// trainer's staged updates, and the unreduced AdamW means into its staged
-// means, each recorded in the ledger's staged step for CommitStaged. Nothing
-// the trainer or a later step sees changes.
+// in trainer order; row_sharded: gather rows), momentum and Newton-Schulz of
+// every stack this worker owns (the new momentum into its MomentumStack's
+// next_momentum, the old one untouched), the updates back in the precision
+// Newton-Schulz ran in (broadcast, or scatter rows) into the trainer's
+// staged updates, and the unreduced AdamW means into its staged means, each
+// recorded in the ledger's staged step for CommitStaged. Nothing the trainer or
+// a later step sees changes.
 //
 // Streams: transfers on the ops' stream(), compute on compute_stream();
 // bucket k+1's gradients move while bucket k's stacks compute, and each
@@ -68,13 +67,7 @@ class StepStaging {
   int64_t bytes() const { return bytes_; }
 
  private:
-  absl::Status StageInOrder(const StepRequest& request);
-  // `position`: the bucket's place among the phases of gradients to
-  // owners (the value of its gradient-write signals).
-  absl::Status ToOwners(const scheduler::Bucket& bucket, uint32_t position);
-  // After a failed stage: lets the transfer stream past every wait of this
-  // round for gradient writes whose writer may never signal.
-  void ReleaseGradientWaits();
+  absl::Status ToOwners(const scheduler::Bucket& bucket);
   absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
                           const StepRequest& request);
@@ -107,8 +100,6 @@ class StepStaging {
   // A worker with no trainer: what the open run of updates-back phases
   // (one group) has landed in plan_.sink, in elements of the update dtype.
   int64_t landed_ = 0;
-  // Gradient writes: the transfer stream waits on a signal of this round.
-  bool awaiting_ = false;
 };
 
 }  // namespace worker

@@ -71,23 +71,6 @@ absl::Status PlanState::AllocateBuffers(kernels::DeviceOps& ops) {
   return absl::OkStatus();
 }
 
-void PlanState::AllocateLanding() {
-  landing_layout = LandingLayout(matrices, ownership, trainers());
-  const int64_t floats = landing_layout.floats(rank);
-  if (lender == nullptr || floats == 0) return;
-  absl::StatusOr<kernels::TypedBuffer> buffer = lender->Allocate(
-      DType::kFloat32, floats, "gradient landing", &landing_record);
-  if (!buffer.ok()) {
-    landing_record = WindowRecord{};
-    spdlog::warn(
-        "plan version {} rank {}: no gradient landing window ({}); the "
-        "job's unreduced gradients go to their owners by the transport",
-        version, rank, buffer.status().ToString());
-    return;
-  }
-  landing = *std::move(buffer);
-}
-
 MomentumStacks PlanState::MomentumLayout() const {
   MomentumStacks layout;
   layout.version = version;

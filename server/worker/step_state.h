@@ -87,12 +87,6 @@ struct PlanState {
   WindowLender* lender = nullptr;
   PeerWindows windows;
   std::vector<int64_t> window_at;
-  // Where every owner takes the unreduced gradients by gradient writes,
-  // and this worker's own landing window (lent: `landing_record`; empty
-  // when it owns no unreduced item or nothing lends).
-  LandingLayout landing_layout;
-  kernels::TypedBuffer landing;
-  WindowRecord landing_record{};
   // Control messages pass through it (ControlChannel; the largest matrix).
   std::unique_ptr<kernels::FloatBuffer> scratch;
   // A worker with no trainer: the zero parts it adds to every sum, and
@@ -119,10 +113,6 @@ struct PlanState {
   // it with no lock held).
   // RESOURCE_EXHAUSTED naming the buffer when the device is full.
   absl::Status AllocateBuffers(kernels::DeviceOps& ops);
-  // Lends this worker's landing window from `lender`, when it owns
-  // unreduced items; without one (RESOURCE_EXHAUSTED, logged) the job's
-  // gradients go by the transport.
-  void AllocateLanding();
   // What the version fixes of the momentum owned here: the layout
   // MomentumStore::Prepare allocates.
   MomentumStacks MomentumLayout() const;
