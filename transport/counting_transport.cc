@@ -40,7 +40,18 @@ TransportCounters AddTransportCounters(MetricsRegistry* registry) {
 
 CountingTransport::CountingTransport(std::unique_ptr<Transport> inner,
                                      TransportCounters counters)
-    : inner_(std::move(inner)), counters_(counters) {}
+    : owned_(std::move(inner)), inner_(owned_.get()), counters_(counters) {
+  Transport* control = inner_->control();
+  if (control != inner_) {
+    TransportCounters messages = counters;
+    messages.launches = nullptr;
+    control_.reset(new CountingTransport(control, messages));
+  }
+}
+
+CountingTransport::CountingTransport(Transport* inner,
+                                     TransportCounters counters)
+    : inner_(inner), counters_(counters) {}
 
 absl::Status CountingTransport::GroupStart() {
   absl::Status status = inner_->GroupStart();

@@ -24,6 +24,10 @@
 // call outside any group. Each launch costs the host tens of microseconds
 // with NCCL, whatever it moves: a step's launches are its fixed cost.
 //
+// A transport whose control messages go beside it (Transport::control())
+// has them counted by a CountingTransport of their own: bytes and calls,
+// no launches (a host transport launches nothing on the device).
+//
 // Thread-compatible like the Transport it wraps (one thread at a time);
 // Abort() may be called from any thread. The counters must outlive it.
 #ifndef MUONPS_TRANSPORT_COUNTING_TRANSPORT_H_
@@ -80,15 +84,22 @@ class CountingTransport : public Transport {
     return inner_->AwaitFrom(peer, count, dtype, timeout);
   }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+  Transport* control() override {
+    return control_ != nullptr ? control_.get() : this;
+  }
 
  private:
+  // Counts what `inner` (owned by another transport) carries.
+  CountingTransport(Transport* inner, TransportCounters counters);
   // An accepted call of `count` elements.
   void Count(const char* op, size_t count, double sent, double received);
   void Launched();
 
-  const std::unique_ptr<Transport> inner_;
+  const std::unique_ptr<Transport> owned_;  // null: `inner_` is not ours
+  Transport* const inner_;
   const TransportCounters counters_;
-  int depth_ = 0;             // open groups
+  std::unique_ptr<CountingTransport> control_;  // null: control() is this
+  int depth_ = 0;                               // open groups
   bool group_calls_ = false;  // the outermost open group holds a call
 };
 

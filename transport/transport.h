@@ -1,7 +1,9 @@
 // Moving tensor bytes among the workers of one plan version: point-to-point
 // sends and receives and the collectives a step needs, rooted at a matrix's
 // owner. Implementations: TcpTransport (host memory; this machine's CPU
-// path) and NcclTransport (device memory, one rank per GPU).
+// path) and NcclTransport (device memory, one rank per GPU), and
+// SplitTransport, which sends the control messages of a device transport
+// over a host one.
 //
 // Streams (NCCL's rule). Every data call names the stream it is ordered on.
 // A device transport (memory() is kCuda) enqueues the call on that stream
@@ -102,6 +104,11 @@ class Transport {
 
   // Breaks the transport: pending and later calls fail with `reason`.
   virtual void Abort(const absl::Status& reason) = 0;
+
+  // Where a step's control messages go (worker/step_control.h): this
+  // transport, or a host transport beside it (SplitTransport) that takes
+  // no device work and no SMs. Owned by this transport, aborted with it.
+  virtual Transport* control() { return this; }
 };
 
 }  // namespace transport

@@ -45,6 +45,7 @@
 #include "spdlog/spdlog.h"
 #include "transport/counting_transport.h"
 #include "transport/cuda_ipc_transport.h"
+#include "transport/split_transport.h"
 #include "transport/tcp_transport.h"
 
 namespace muonps {
@@ -231,13 +232,31 @@ int Run() {
         return std::unique_ptr<transport::Transport>(std::move(ipc));
       };
     } else {
-      make_transport = worker::NcclTransportFactory(
-          {.coordinator = options.coordinator_channel,
-           .job = options.job,
-           .worker_id = options.worker_id,
-           .credentials = options.credentials,
-           .cuda_device = device->ordinal,
-           .timeout = tcp.io_timeout});
+      // NCCL moves the tensors; the control messages go over the data
+      // plane's TCP mesh beside it (transport/split_transport.h), so none
+      // of them is a kernel spinning beside Newton-Schulz.
+      make_transport = [connect_tcp,
+                        nccl = worker::NcclTransportFactory(
+                            {.coordinator = options.coordinator_channel,
+                             .job = options.job,
+                             .worker_id = options.worker_id,
+                             .credentials = options.credentials,
+                             .cuda_device = device->ordinal,
+                             .timeout = tcp.io_timeout})](
+                           int rank, const std::vector<std::string>& addresses,
+                           uint64_t session, const std::string& secret)
+          -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+        MUONPS_ASSIGN_OR_RETURN(
+            std::unique_ptr<transport::TcpTransport> control,
+            connect_tcp(rank, addresses, session, secret));
+        MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> data,
+                                nccl(rank, addresses, session, secret));
+        MUONPS_ASSIGN_OR_RETURN(
+            std::unique_ptr<transport::SplitTransport> split,
+            transport::SplitTransport::Create(std::move(data),
+                                              std::move(control)));
+        return std::unique_ptr<transport::Transport>(std::move(split));
+      };
     }
   } else {
     const std::string named = absl::GetFlag(FLAGS_precision);

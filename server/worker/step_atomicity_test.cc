@@ -178,6 +178,19 @@ TEST_F(StepAtomicityPeerWritesTest,
   ExpectBiasGradientIsTheMeanOf(step - 1);
 }
 
+// The same sweep with the control messages on a transport of their own
+// beside the data's, as a GPU worker sends them over TCP beside NCCL: a
+// failure at every call of either leaves the failure-free parameters.
+class StepAtomicitySplitControlTest : public StepAtomicityTest {
+ protected:
+  bool SplitControl() const override { return true; }
+};
+
+TEST_F(StepAtomicitySplitControlTest,
+       AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
+  SweepEveryTransportCall();
+}
+
 class StepStallTest : public StepAtomicityTest {
  protected:
   absl::Duration IoTimeout() const override { return absl::Milliseconds(300); }

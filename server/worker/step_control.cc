@@ -13,14 +13,22 @@ absl::Status ControlChannel::Broadcast(void* message, size_t bytes, int root) {
   }
   const size_t floats = bytes / sizeof(float);
   return Exchange(message, floats, [&](void* data) {
-    return t_.Broadcast(data, floats, DType::kFloat32, root, ops_.stream());
+    return t_.Broadcast(data, floats, DType::kFloat32, root, stream_);
   });
 }
 
 absl::Status ControlChannel::Exchange(
     void* host, size_t count,
     const std::function<absl::Status(void* data)>& move) {
-  if (t_.memory() == MemoryKind::kHost) return move(host);
+  if (t_.memory() == MemoryKind::kHost) {
+    // After the stream's work, as a message on the stream would be.
+    // Bounded by the data transport: a stream stuck on a lost peer's
+    // transfer fails here within the timeout.
+    if (ops_.device().is_cuda()) {
+      MUONPS_RETURN_IF_ERROR(data_.Synchronize(ops_.stream(), timeout_));
+    }
+    return move(host);
+  }
   const int64_t floats = static_cast<int64_t>(count);
   std::unique_ptr<kernels::FloatBuffer> larger;
   float* device = scratch_->data();

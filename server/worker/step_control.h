@@ -1,8 +1,13 @@
 // ControlChannel: a step's small control messages (step_protocol.h) over the
-// data transport. They live in host memory; a device transport (NCCL, CUDA
-// IPC) gets them through a device buffer on the ops' stream(), and the call
-// returns once the message moved (a host wait, bounded by the timeout), so
-// the caller can read what arrived. Used by one thread (the step's).
+// transport's control() (the data transport itself, or a host transport
+// beside it: transport/split_transport.h). They live in host memory; a
+// device transport (NCCL, CUDA IPC) gets them through a device buffer on
+// the ops' stream(), and the call returns once the message moved (a host
+// wait, bounded by the timeout), so the caller can read what arrived.
+// Either way a message leaves only after the work enqueued on the ops'
+// stream() before it is done, as it would behind it on that stream: over
+// a host transport from a device, the call waits for the stream first.
+// Used by one thread (the step's).
 #ifndef MUONPS_SERVER_WORKER_STEP_CONTROL_H_
 #define MUONPS_SERVER_WORKER_STEP_CONTROL_H_
 
@@ -28,7 +33,13 @@ class ControlChannel {
   // host); a longer message gets its own.
   ControlChannel(transport::Transport* transport, kernels::DeviceOps* ops,
                  kernels::FloatBuffer* scratch, absl::Duration timeout)
-      : t_(*transport), ops_(*ops), scratch_(scratch), timeout_(timeout) {}
+      : data_(*transport),
+        t_(*transport->control()),
+        ops_(*ops),
+        scratch_(scratch),
+        timeout_(timeout),
+        stream_(t_.memory() == MemoryKind::kHost ? kHostStream
+                                                 : ops_.stream()) {}
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
 
@@ -53,14 +64,14 @@ class ControlChannel {
     constexpr size_t kFloats = FloatsOf<T>();
     T copy = message;
     return Exchange(&copy, kFloats, [&](void* data) {
-      return t_.Send(data, kFloats, DType::kFloat32, peer, ops_.stream());
+      return t_.Send(data, kFloats, DType::kFloat32, peer, stream_);
     });
   }
   template <typename T>
   absl::Status Recv(T* message, int peer) {
     constexpr size_t kFloats = FloatsOf<T>();
     return Exchange(message, kFloats, [&](void* data) {
-      return t_.Recv(data, kFloats, DType::kFloat32, peer, ops_.stream());
+      return t_.Recv(data, kFloats, DType::kFloat32, peer, stream_);
     });
   }
   // Every rank's `mine` to `root` in one transport group (one launch and
@@ -80,7 +91,7 @@ class ControlChannel {
       for (int r = 0; r < size && received.ok(); ++r) {
         if (r == root) continue;
         received = t_.Recv(static_cast<float*>(data) + r * kFloats, kFloats,
-                           DType::kFloat32, r, ops_.stream());
+                           DType::kFloat32, r, stream_);
       }
       // Closed also after a refused call (the transport is broken then).
       const absl::Status ended = t_.GroupEnd();
@@ -96,10 +107,14 @@ class ControlChannel {
   absl::Status Broadcast(void* message, size_t bytes, int root);
 
  private:
-  transport::Transport& t_;
+  transport::Transport& data_;  // what the stream waits on (bounded)
+  transport::Transport& t_;     // where the messages go
   kernels::DeviceOps& ops_;
   kernels::FloatBuffer* const scratch_;
   const absl::Duration timeout_;
+  // What the control transport's calls are ordered on: kHostStream for a
+  // host transport, the ops' stream() for a device one.
+  const Stream stream_;
 };
 
 }  // namespace worker

@@ -138,6 +138,9 @@ class StepEngineTest : public ::testing::Test {
   virtual bool WholeParams() const { return false; }
   // The engines lend and open staging windows (CpuStepBackend's lender).
   virtual bool PeerWrites() const { return true; }
+  // Control messages on a TCP mesh of their own beside the data's
+  // (transport/split_transport.h), as a GPU worker's beside NCCL.
+  virtual bool SplitControl() const { return false; }
 
   void SetUp() override;
   void TearDown() override;

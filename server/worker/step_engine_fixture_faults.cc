@@ -9,18 +9,29 @@
 #include "common/status.h"
 #include "server/worker/step_engine_fixture.h"
 #include "transport/loopback_ranks.h"
+#include "transport/split_transport.h"
 
 namespace muonps {
 namespace worker {
 namespace {
 
 // A transport that fails (or stalls at) the call its FaultState is armed
-// for; every other call goes through.
+// for; every other call goes through. Control messages on a transport of
+// their own (transport/split_transport.h) count in the same sequence, and a
+// fault at either aborts both, as a lost peer would.
 class FaultyTransport final : public transport::Transport {
  public:
   FaultyTransport(std::unique_ptr<transport::Transport> inner,
                   FaultState* state)
-      : inner_(std::move(inner)), state_(state) {}
+      : owned_(std::move(inner)),
+        inner_(owned_.get()),
+        state_(state),
+        broken_(owned_.get()) {
+    transport::Transport* control = inner_->control();
+    if (control != inner_) {
+      control_.reset(new FaultyTransport(control, state, owned_.get()));
+    }
+  }
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -55,8 +66,16 @@ class FaultyTransport final : public transport::Transport {
     return inner_->AwaitFrom(peer, count, dtype, timeout);
   }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+  transport::Transport* control() override {
+    return control_ != nullptr ? control_.get() : this;
+  }
 
  private:
+  // The control messages of `broken`, whose Abort a fault here calls.
+  FaultyTransport(transport::Transport* inner, FaultState* state,
+                  transport::Transport* broken)
+      : inner_(inner), state_(state), broken_(broken) {}
+
   absl::Status Count() {
     absl::Duration stall;
     {
@@ -72,12 +91,15 @@ class FaultyTransport final : public transport::Transport {
       return absl::OkStatus();
     }
     const absl::Status fault = absl::UnavailableError("injected fault");
-    inner_->Abort(fault);
+    broken_->Abort(fault);
     return fault;
   }
 
-  std::unique_ptr<transport::Transport> inner_;
+  const std::unique_ptr<transport::Transport> owned_;  // null: not ours
+  transport::Transport* const inner_;
   FaultState* const state_;
+  transport::Transport* const broken_;
+  std::unique_ptr<FaultyTransport> control_;
 };
 
 }  // namespace
@@ -86,9 +108,10 @@ TransportFactory StepEngineTest::Connector(int worker) {
   transport::TcpListener* listener = listeners_[worker].get();
   FaultState* state = faults_[worker].get();
   const absl::Duration timeout = IoTimeout();
-  return [listener, state, timeout](int rank,
-                                    const std::vector<std::string>& peers,
-                                    uint64_t session, const std::string& secret)
+  const bool split = SplitControl();
+  return [listener, state, timeout, split](
+             int rank, const std::vector<std::string>& peers, uint64_t session,
+             const std::string& secret)
              -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
     transport::TcpOptions options;
     options.data_plane_secret = secret;
@@ -100,8 +123,17 @@ TransportFactory StepEngineTest::Connector(int worker) {
     auto t = transport::TcpTransport::Connect(listener, rank, peers, session,
                                               options);
     if (!t.ok()) return t.status();
+    std::unique_ptr<transport::Transport> data = *std::move(t);
+    if (split) {
+      // The control messages on a mesh of their own (another session).
+      auto control = transport::TcpTransport::Connect(
+          listener, rank, peers, session | (uint64_t{1} << 62), options);
+      if (!control.ok()) return control.status();
+      MUONPS_ASSIGN_OR_RETURN(data, transport::SplitTransport::Create(
+                                        std::move(data), *std::move(control)));
+    }
     return std::unique_ptr<transport::Transport>(
-        new FaultyTransport(*std::move(t), state));
+        new FaultyTransport(std::move(data), state));
   };
 }
 
