@@ -34,9 +34,11 @@ class StepAtomicityTest : public StepEngineTest {
   // after this.
   absl::Duration IoTimeout() const override { return absl::Seconds(1); }
 
+  // The job's plan.
+  virtual v1::Plan JobPlan() const { return PlanWithOwners(1, 0); }
+
   void SetUpJob() {
-    ASSERT_NO_FATAL_FAILURE(
-        SetPlanEverywhere(PlanWithOwners(1, 0), kSmallBuckets));
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(JobPlan(), kSmallBuckets));
     ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
   }
 
@@ -138,6 +140,21 @@ TEST_F(StepAtomicityPeerWritesTest,
   for (int w = 0; w < kWorkers; ++w) {
     EXPECT_GT(PeerWriteBytes(w), 0) << "worker " << w;
   }
+}
+
+// The same where w0 owns both replicated matrices, whose stack it computes
+// while the ranks agree (StepStaging::ComputeAhead): a failure at any call,
+// the agreement's included, drops that stack with the rest of the staging.
+class StepAtomicityComputeAheadTest : public StepAtomicityPeerWritesTest {
+ protected:
+  v1::Plan JobPlan() const override {
+    return PlanWithOwnerList(1, {0, 0, 1, 1, 2});
+  }
+};
+
+TEST_F(StepAtomicityComputeAheadTest,
+       AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
+  SweepEveryTransportCall();
 }
 
 // A new attachment lends new windows, and the next step exchanges them

@@ -163,6 +163,37 @@ TEST_F(StepEngineTest, NonFiniteGradientOnOneTrainerRejectsTheStepEverywhere) {
   EXPECT_EQ(trainers_[0].param["rep.a"], before);
 }
 
+// A worker whose next stack needs nothing from its peers (w0 owns both
+// replicated matrices, one stack) computes it while the ranks agree
+// (StepStaging::ComputeAhead); the others' first stacks wait for gradients
+// of the peers. A round that then runs no step (a NaN on another trainer
+// rejects it) drops what w0 computed, and the steps after it, the retry
+// first, still equal the kernels in one process bit for bit.
+TEST_F(StepEngineTest, AStackComputedAheadOfARejectedRoundIsDropped) {
+  ASSERT_NO_FATAL_FAILURE(
+      SetPlanEverywhere(PlanWithOwnerList(1, {0, 0, 1, 1, 2})));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  ReferenceSteps reference;
+  for (int64_t step = 0; step < 6; ++step) {
+    WriteGradients(step);
+    if (step == 3) {
+      trainers_[2].grad["unr.b"][7] = NAN;
+      for (const auto& r : StepEverywhere(step)) {
+        ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+            << r.status();
+      }
+      WriteGradients(step);
+    }
+    const std::vector<absl::StatusOr<StepResponse>> out = StepEverywhere(step);
+    for (int w = 0; w < kWorkers; ++w) {
+      ASSERT_TRUE(out[w].ok()) << out[w].status();
+      EXPECT_EQ(out[w]->computed_ahead, w == 0) << "worker " << w;
+    }
+    reference.Step(step);
+  }
+  ExpectParamsMatch(reference);
+}
+
 // The engine hands the factory the secret it was last given: with none yet
 // (the worker is joining) a step is refused as a transient state, naming
 // the field; once the job's secret arrives the next step connects and runs.

@@ -58,6 +58,9 @@ struct StepResponse {
   // already_applied answer to a trainer that resumed after the step
   // before).
   bool repaired = false;
+  // The step's first stack here computed while the ranks agreed
+  // (StepStaging::ComputeAhead).
+  bool computed_ahead = false;
 };
 
 }  // namespace worker

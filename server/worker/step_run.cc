@@ -54,10 +54,36 @@ RoundResult StepRun::Run(const StepRequest& request) {
   }
   RoundAgreement agreement(plan_, trainer, ledger_, control_, *context_.ops,
                            context_.cancelled);
+  // The next step, on momentum as of the one before and with nothing in
+  // doubt: its first stack computes while the ranks agree, when it needs
+  // nothing from them. A round that runs anything else drops it.
+  std::unique_ptr<StepStaging> staging;
+  if (trainer != nullptr && intact.ok() && ledger_.staged.step_id < 0 &&
+      !ledger_.trainer_behind.has_value() &&
+      ledger_.last.load() == request.step_id - 1) {
+    staging = NewStaging(agreement.roster());
+    DropStaged(ledger_, plan_);
+    if (plan_.momentum != nullptr) {
+      plan_.momentum->CheckMomentumStep(request.step_id);
+    }
+    out.status = staging->ComputeAhead(request.step_id);
+    if (!out.status.ok()) {
+      DropStaged(ledger_, plan_);
+      out.transport_ok = true;  // nothing was sent yet
+      return out;
+    }
+  }
   RoundDecision decision;
   out.status = agreement.Agree(request, intact, &decision);
   timeline_.Agreed();
   if (out.status.ok()) out.status = agreement.Resolve(decision);
+  const bool go = out.status.ok() &&
+                  static_cast<RoundKind>(decision.kind) == RoundKind::kGo &&
+                  decision.step_id == request.step_id;
+  if (staging != nullptr && !go) {
+    DropStaged(ledger_, plan_);
+    staging.reset();
+  }
   if (!out.status.ok()) {
     out.transport_ok = false;
     return out;
@@ -74,7 +100,7 @@ RoundResult StepRun::Run(const StepRequest& request) {
                      : RoundResult::Kind::kAgain;
       return out;
     case RoundKind::kGo:
-      return Stage(request, decision, agreement.roster());
+      return Stage(request, decision, agreement.roster(), std::move(staging));
     case RoundKind::kRepair:
       out.status =
           RepairParameters(decision, plan_, trainer, *context_.transport,
@@ -98,25 +124,35 @@ RoundResult StepRun::Run(const StepRequest& request) {
   return out;
 }
 
+std::unique_ptr<StepStaging> StepRun::NewStaging(const StepRoster& roster) {
+  return std::make_unique<StepStaging>(
+      plan_, context_.trainer, *context_.transport, *context_.ops,
+      *context_.kernels, ledger_, roster, timeline_, context_.hook,
+      context_.timeout);
+}
+
 RoundResult StepRun::Stage(const StepRequest& request,
                            const RoundDecision& decision,
-                           const StepRoster& roster) {
+                           const StepRoster& roster,
+                           std::unique_ptr<StepStaging> ahead) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t step_id = decision.step_id;
   const AttachedTrainer* const trainer = context_.trainer;
   kernels::DeviceOps& ops = *context_.ops;
-  DropStaged(ledger_, plan_);  // a voted one was resolved in Agree's round
-  ledger_.means_step = -1;     // the staging is about to be overwritten
-  // The step stages on momentum as of the step before, nothing older.
-  if (plan_.momentum != nullptr) plan_.momentum->CheckMomentumStep(step_id);
+  ledger_.means_step = -1;  // the staging is about to be overwritten
+  if (ahead == nullptr) {
+    DropStaged(ledger_, plan_);  // a voted one was resolved in Agree's round
+    // The step stages on momentum as of the step before, nothing older.
+    if (plan_.momentum != nullptr) plan_.momentum->CheckMomentumStep(step_id);
+  }
   StagedStep& staged = ledger_.staged;
   staged.step_id = step_id;
   staged.decider = decision.decider;
-  StepStaging staging(plan_, trainer, *context_.transport, ops,
-                      *context_.kernels, ledger_, roster, timeline_,
-                      context_.hook, context_.timeout);
-  absl::Status ready = staging.Stage(step_id, request);
   RoundResult out;
+  out.response.computed_ahead = ahead != nullptr && ahead->ahead();
+  std::unique_ptr<StepStaging> staging =
+      ahead != nullptr ? std::move(ahead) : NewStaging(roster);
+  absl::Status ready = staging->Stage(step_id, request);
   if (!ready.ok()) {
     // Out of step with the peers: no vote can reach rank 0.
     DropStaged(ledger_, plan_);
@@ -135,7 +171,7 @@ RoundResult StepRun::Stage(const StepRequest& request,
   out.response.step_id = step_id;
   out.response.plan_version = plan_.version;
   out.response.seconds = SecondsSince(start);
-  out.response.bytes_moved = staging.bytes();
+  out.response.bytes_moved = staging->bytes();
   out.response.predicted_ns_seconds = PredictedComputeSeconds(plan_);
   if (commit.status.ok()) {
     // The marks are done: the stream waited for the compute stream.

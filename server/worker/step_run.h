@@ -32,8 +32,13 @@
 //     row_sharded: gather rows); momentum + Newton-Schulz of every stack
 //     this worker owns, the new momentum into the stack's next_momentum
 //     (the old one untouched); the updates back (broadcast, or scatter rows)
-//     into the trainer's staging buffer; the AdamW means into it too.
-//     Nothing the trainer or a later step sees has changed.
+//     into the trainer's staging buffer (peer writes: staging_windows.h);
+//     the AdamW means into it too. Nothing the trainer or a later step sees
+//     has changed. A worker whose trainer asks for the step after its last
+//     one, with nothing in doubt, computes its first stack before 1. when
+//     that stack needs nothing from the peers (StepStaging::ComputeAhead):
+//     it writes only the staging and the new momentum, which a round that
+//     does not run that step drops.
 //  4. Vote (RunCommitPhases). Each rank waits for its transfers, writes the
 //     new momentum it owns to its checkpoint when the step is due for one
 //     (so a step that commits anywhere is on disk at every owner), then
@@ -74,6 +79,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -84,6 +90,7 @@
 #include "server/worker/step_control.h"
 #include "server/worker/step_protocol.h"
 #include "server/worker/step_request.h"
+#include "server/worker/step_staging.h"
 #include "server/worker/step_state.h"
 #include "server/worker/step_timeline.h"
 #include "transport/transport.h"
@@ -139,9 +146,12 @@ class StepRun {
   RoundResult Run(const StepRequest& request);
 
  private:
-  // 3. (StepStaging), then 4. to 6. (RunCommitPhases).
+  // 3. (StepStaging, or `ahead`, the one whose first stack was computed
+  // ahead of the agreement), then 4. to 6. (RunCommitPhases).
   RoundResult Stage(const StepRequest& request, const RoundDecision& decision,
-                    const StepRoster& roster);
+                    const StepRoster& roster,
+                    std::unique_ptr<StepStaging> ahead);
+  std::unique_ptr<StepStaging> NewStaging(const StepRoster& roster);
 
   const StepContext context_;
   PlanState& plan_;

@@ -52,7 +52,46 @@ StepStaging::StepStaging(PlanState& plan, const AttachedTrainer* trainer,
       trainers_(plan.trainers()),
       momentum_(plan.momentum->installed()) {}
 
+absl::Status StepStaging::ComputeAhead(int64_t step_id) {
+  step_id_ = step_id;
+  int first = -1;  // this worker's first stack in the schedule's order
+  for (const scheduler::Phase& phase : plan_.schedule.order) {
+    if (phase.kind == scheduler::PhaseKind::kCompute &&
+        plan_.batch_of_stack[phase.index] >= 0) {
+      first = phase.index;
+      break;
+    }
+  }
+  if (first < 0 || trainer_ == nullptr) return absl::OkStatus();
+  // Ready at the step's first mark: every item's gradient is the trainer's
+  // own, read in place (replicated), so nothing has to move first.
+  const int batch = plan_.batch_of_stack[first];
+  for (const scheduler::ItemRef& item : plan_.batches[batch].items) {
+    if (plan_.matrices[item.matrix].layout != scheduler::Layout::kReplicated) {
+      return absl::OkStatus();
+    }
+  }
+  ops_.ClearMarks();
+  timeline_.ClearMarks();
+  MUONPS_ASSIGN_OR_RETURN(begin_mark_, ops_.Mark(stream_));
+  timeline_.AddMark("begin", -1, begin_mark_);
+  // The transfer stream waited for the trainer's gradients.
+  MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, begin_mark_));
+  MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
+  timeline_.AddMark("compute_begin", first, began);
+  MUONPS_RETURN_IF_ERROR(
+      Compute(plan_.batches[batch], momentum_.stacks[batch]));
+  MUONPS_ASSIGN_OR_RETURN(ahead_done_mark_, ops_.Mark(compute_));
+  timeline_.AddMark("compute", first, ahead_done_mark_);
+  ahead_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
+  if (ahead_ && step_id != step_id_) {
+    return absl::InternalError(
+        absl::StrCat("step ", step_id_, " was computed ahead, not ", step_id));
+  }
   step_id_ = step_id;
   if (trainer_ == nullptr) MUONPS_RETURN_IF_ERROR(PrepareFollowerBuffers());
   // Every bucket's gradients to owners are issued first, in the
@@ -62,10 +101,13 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   // slot, read from there into the trainer's staging), so no bucket is a
   // barrier among the workers, and gradients keep moving while stacks
   // compute. Every rank issues the same transfers in the same order.
-  ops_.ClearMarks();
-  timeline_.ClearMarks();
-  MUONPS_ASSIGN_OR_RETURN(const int begin, ops_.Mark(stream_));
-  timeline_.AddMark("begin", -1, begin);
+  int begin = begin_mark_;
+  if (!ahead_) {
+    ops_.ClearMarks();
+    timeline_.ClearMarks();
+    MUONPS_ASSIGN_OR_RETURN(begin, ops_.Mark(stream_));
+    timeline_.AddMark("begin", -1, begin);
+  }
   // bucket_mark[j]: the mark after the gradients of buckets up to j (in
   // arrival order) moved; a stack ready with j reads nothing later.
   std::vector<int> bucket_mark(plan_.schedule.buckets.size(), begin);
@@ -98,6 +140,11 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   size_t reached = 0;  // own stacks the walk of the order has passed
   size_t ordered = 0;  // own stacks stream_ waits for
   int waited = -1;     // the last mark compute_ waits for
+  if (ahead_) {        // the first one is (ComputeAhead)
+    done_mark[0] = ahead_done_mark_;
+    issued = 1;
+    waited = begin;
+  }
   const auto issue_next = [&]() -> absl::Status {
     const int stack = own[issued];
     const int needed = bucket_mark[plan_.schedule.stacks[stack].ready_bucket];

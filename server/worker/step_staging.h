@@ -57,14 +57,27 @@ class StepStaging {
   StepStaging(const StepStaging&) = delete;
   StepStaging& operator=(const StepStaging&) = delete;
 
+  // Before the round's agreement: issues this worker's first stack of step
+  // `step_id` when it needs nothing from the peers (every item replicated,
+  // its gradient read in place from the trainer), so
+  // its momentum and Newton-Schulz overlap the agreement's host work. They
+  // write only the staging and the new momentum beside the old: a round
+  // that runs another step or none drops them (DropStaged). The caller
+  // makes sure nothing is staged and the momentum is as of step_id - 1.
+  // Errors are the device's.
+  absl::Status ComputeAhead(int64_t step_id);
+
   // Stages step `step_id` with `request`'s hyperparameters (by group
   // index), and returns once the transport's work and the stream are done
-  // (a lost peer fails it within the timeout). Errors leave the ranks out
-  // of step: the caller drops the staging and the transport.
+  // (a lost peer fails it within the timeout); a stack ComputeAhead issued
+  // for the same step is not issued again. Errors leave the ranks out of
+  // step: the caller drops the staging and the transport.
   absl::Status Stage(int64_t step_id, const StepRequest& request);
 
   // Bytes this worker sent and received.
   int64_t bytes() const { return bytes_; }
+  // ComputeAhead issued a stack.
+  bool ahead() const { return ahead_; }
 
  private:
   absl::Status ToOwners(const scheduler::Bucket& bucket);
@@ -96,6 +109,11 @@ class StepStaging {
   // new momentum written beside it (momentum_store.h's device rule).
   MomentumStacks& momentum_;
   int64_t step_id_ = -1;
+  // ComputeAhead issued the first own stack: the step's first mark, and
+  // the mark after that stack.
+  bool ahead_ = false;
+  int begin_mark_ = -1;
+  int ahead_done_mark_ = -1;
   int64_t bytes_ = 0;
   // A worker with no trainer: what the open run of updates-back phases
   // (one group) has landed in plan_.sink, in elements of the update dtype.
