@@ -184,8 +184,8 @@ int Run() {
   transport::TcpListener* data_listener = listener->get();
   worker::StepBackend backend;
   worker::TransportFactory make_transport;
-  // The data plane's TCP mesh: a CPU worker's transport, and under CUDA IPC
-  // its control channel.
+  // The data plane's TCP mesh: a CPU worker's transport, and on a GPU the
+  // control messages' beside NCCL or the CUDA IPC transport.
   const auto connect_tcp =
       [data_listener, tcp](int rank, const std::vector<std::string>& addresses,
                            uint64_t session, const std::string& secret) {
@@ -194,6 +194,23 @@ int Run() {
         return transport::TcpTransport::Connect(data_listener, rank, addresses,
                                                 session, options);
       };
+  // A transport factory that connects the TCP mesh of the plan version and
+  // makes the version's transport of it with `build`.
+  using BuildOnTcp =
+      std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
+          std::unique_ptr<transport::TcpTransport> tcp, int rank,
+          const std::vector<std::string>& addresses, uint64_t session,
+          const std::string& secret)>;
+  const auto over_tcp = [connect_tcp](BuildOnTcp build) {
+    return [connect_tcp, build = std::move(build)](
+               int rank, const std::vector<std::string>& addresses,
+               uint64_t session, const std::string& secret)
+               -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+      MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<transport::TcpTransport> tcp,
+                              connect_tcp(rank, addresses, session, secret));
+      return build(std::move(tcp), rank, addresses, session, secret);
+    };
+  };
   if (device->is_cuda()) {
     const std::string named = absl::GetFlag(FLAGS_precision);
     absl::StatusOr<kernels::cuda::Precision> precision =
@@ -219,44 +236,39 @@ int Run() {
     }
     const int ordinal = device->ordinal;
     if (gpu_transport == "ipc") {
-      make_transport = [connect_tcp, ordinal](
-                           int rank, const std::vector<std::string>& addresses,
-                           uint64_t session, const std::string& secret)
-          -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-        MUONPS_ASSIGN_OR_RETURN(
-            std::unique_ptr<transport::TcpTransport> control,
-            connect_tcp(rank, addresses, session, secret));
-        MUONPS_ASSIGN_OR_RETURN(
-            std::unique_ptr<transport::CudaIpcTransport> ipc,
-            transport::CudaIpcTransport::Create(ordinal, std::move(control)));
-        return std::unique_ptr<transport::Transport>(std::move(ipc));
-      };
+      make_transport = over_tcp(
+          [ordinal](std::unique_ptr<transport::TcpTransport> tcp, int,
+                    const auto&, uint64_t, const std::string&)
+              -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+            MUONPS_ASSIGN_OR_RETURN(
+                std::unique_ptr<transport::CudaIpcTransport> ipc,
+                transport::CudaIpcTransport::Create(ordinal, std::move(tcp)));
+            return std::unique_ptr<transport::Transport>(std::move(ipc));
+          });
     } else {
       // NCCL moves the tensors; the control messages go over the data
       // plane's TCP mesh beside it (transport/split_transport.h), so none
       // of them is a kernel spinning beside Newton-Schulz.
-      make_transport = [connect_tcp,
-                        nccl = worker::NcclTransportFactory(
-                            {.coordinator = options.coordinator_channel,
-                             .job = options.job,
-                             .worker_id = options.worker_id,
-                             .credentials = options.credentials,
-                             .cuda_device = device->ordinal,
-                             .timeout = tcp.io_timeout})](
-                           int rank, const std::vector<std::string>& addresses,
-                           uint64_t session, const std::string& secret)
-          -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-        MUONPS_ASSIGN_OR_RETURN(
-            std::unique_ptr<transport::TcpTransport> control,
-            connect_tcp(rank, addresses, session, secret));
-        MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> data,
-                                nccl(rank, addresses, session, secret));
-        MUONPS_ASSIGN_OR_RETURN(
-            std::unique_ptr<transport::SplitTransport> split,
-            transport::SplitTransport::Create(std::move(data),
-                                              std::move(control)));
-        return std::unique_ptr<transport::Transport>(std::move(split));
-      };
+      make_transport = over_tcp(
+          [nccl = worker::NcclTransportFactory(
+               {.coordinator = options.coordinator_channel,
+                .job = options.job,
+                .worker_id = options.worker_id,
+                .credentials = options.credentials,
+                .cuda_device = device->ordinal,
+                .timeout = tcp.io_timeout})](
+              std::unique_ptr<transport::TcpTransport> control, int rank,
+              const std::vector<std::string>& addresses, uint64_t session,
+              const std::string& secret)
+              -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+            MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> data,
+                                    nccl(rank, addresses, session, secret));
+            MUONPS_ASSIGN_OR_RETURN(
+                std::unique_ptr<transport::SplitTransport> split,
+                transport::SplitTransport::Create(std::move(data),
+                                                  std::move(control)));
+            return std::unique_ptr<transport::Transport>(std::move(split));
+          });
     }
   } else {
     const std::string named = absl::GetFlag(FLAGS_precision);
@@ -268,15 +280,12 @@ int Run() {
     }
     backend = worker::CpuStepBackend(tcp.io_timeout,
                                      kernels::cuda::PrecisionDType(*precision));
-    make_transport = [connect_tcp](int rank,
-                                   const std::vector<std::string>& addresses,
-                                   uint64_t session, const std::string& secret)
-        -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-      MUONPS_ASSIGN_OR_RETURN(
-          std::unique_ptr<transport::TcpTransport> connected,
-          connect_tcp(rank, addresses, session, secret));
-      return std::unique_ptr<transport::Transport>(std::move(connected));
-    };
+    make_transport =
+        over_tcp([](std::unique_ptr<transport::TcpTransport> tcp, int,
+                    const auto&, uint64_t, const std::string&)
+                     -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
+          return std::unique_ptr<transport::Transport>(std::move(tcp));
+        });
   }
   if (!absl::GetFlag(FLAGS_peer_writes)) backend.windows.reset();
   // Declared before the engine, whose transports count into it.

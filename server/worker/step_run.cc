@@ -56,11 +56,14 @@ RoundResult StepRun::Run(const StepRequest& request) {
                            context_.cancelled);
   // The next step, on momentum as of the one before and with nothing in
   // doubt: its first stack computes while the ranks agree, when it needs
-  // nothing from them. A round that runs anything else drops it.
+  // nothing from them. A round that runs anything else drops it. Only
+  // under the plan version that committed the step before: after a plan
+  // change the momentum may still be on its way (a handover, a restore).
   std::unique_ptr<StepStaging> staging;
   if (trainer != nullptr && intact.ok() && ledger_.staged.step_id < 0 &&
       !ledger_.trainer_behind.has_value() &&
-      ledger_.last.load() == request.step_id - 1) {
+      ledger_.last.load() == request.step_id - 1 &&
+      ledger_.last_version.load() == plan_.version) {
     staging = NewStaging(agreement.roster());
     DropStaged(ledger_, plan_);
     if (plan_.momentum != nullptr) {
