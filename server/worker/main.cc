@@ -24,6 +24,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/device.h"
@@ -368,6 +369,15 @@ int Run() {
                options.device.name().empty() ? "host" : options.device.name(),
                options.data_address);
   spdlog::info("worker={} listening on unix:{}", options.worker_id, socket);
+  if (device->is_cuda() &&
+      absl::StartsWith(absl::GetFlag(FLAGS_host), "127.")) {
+    // Peers on other hosts could not reach it, and a GPU job's control
+    // messages go over TCP beside NCCL.
+    spdlog::info(
+        "worker={} data plane on loopback ({}): workers of this job on other "
+        "hosts need --host set to an address they reach",
+        options.worker_id, options.data_address);
+  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
