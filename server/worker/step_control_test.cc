@@ -1,12 +1,17 @@
 // ControlChannel's Gather over a real transport (TCP ranks as threads of
 // this process): every rank's message reaches the root by rank, in one
-// group, whichever rank is the root.
+// group, whichever rank is the root. And over a host transport beside a
+// device one (transport/split_transport.h): a message leaves only after
+// the device's stream is done, and not at all when that wait fails.
 #include "server/worker/step_control.h"
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_device_ops.h"
 #include "transport/loopback_ranks.h"
@@ -52,6 +57,138 @@ TEST(ControlChannelTest, GatherBringsEveryRanksMessageToTheRootByRank) {
       }
     }
   }
+}
+
+// What the calls of a step did, in order.
+using Log = std::vector<std::string>;
+
+// A transport that logs its calls and moves nothing: the data transport of
+// a device (Synchronize answers `sync`), or the host one beside it.
+class LoggingTransport : public transport::Transport {
+ public:
+  LoggingTransport(const char* name, MemoryKind memory, Log* log,
+                   absl::Status sync = absl::OkStatus(),
+                   transport::Transport* control = nullptr)
+      : name_(name),
+        memory_(memory),
+        log_(log),
+        sync_(std::move(sync)),
+        control_(control) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  MemoryKind memory() const override { return memory_; }
+  absl::Status GroupStart() override { return absl::OkStatus(); }
+  absl::Status GroupEnd() override { return absl::OkStatus(); }
+  absl::Status Send(const void*, size_t, DType, int peer,
+                    Stream stream) override {
+    log_->push_back(absl::StrCat(name_, " send to ", peer,
+                                 stream == kHostStream ? " (host)" : ""));
+    return absl::OkStatus();
+  }
+  absl::Status Recv(void*, size_t, DType, int, Stream) override {
+    return absl::OkStatus();
+  }
+  absl::Status ReduceSum(const float*, float*, size_t, int,
+                         absl::Span<const int>, Stream) override {
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(void*, size_t, DType, int, Stream) override {
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize(Stream, absl::Duration timeout) override {
+    log_->push_back(absl::StrCat(name_, " synchronize within ",
+                                 absl::FormatDuration(timeout)));
+    return sync_;
+  }
+  absl::Status AwaitFrom(int, size_t, DType, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  void Abort(const absl::Status&) override {}
+  transport::Transport* control() override {
+    return control_ != nullptr ? control_ : this;
+  }
+
+ private:
+  const char* const name_;
+  const MemoryKind memory_;
+  Log* const log_;
+  const absl::Status sync_;
+  transport::Transport* const control_;
+};
+
+// Device ops that say they are a GPU's (what ControlChannel asks) and
+// take no other call here: messages over a host transport touch no device
+// memory.
+class GpuLikeOps : public kernels::DeviceOps {
+ public:
+  Device device() const override { return Device{MemoryKind::kCuda, 0}; }
+  Stream stream() const override { return kStream; }
+  Stream compute_stream() const override { return kStream; }
+  absl::StatusOr<int> Mark(Stream) override { return Unused(); }
+  absl::Status WaitForMark(Stream, int) override { return Unused(); }
+  absl::StatusOr<std::vector<double>> MarkTimesMs() override {
+    return Unused();
+  }
+  void ClearMarks() override {}
+  absl::StatusOr<std::unique_ptr<kernels::FloatBuffer>> Allocate(
+      int64_t, const char*) override {
+    return Unused();
+  }
+  absl::Status Copy(float*, const float*, int64_t, Stream) override {
+    return Unused();
+  }
+  absl::Status CopyBytes(void*, const void*, int64_t, Stream) override {
+    return Unused();
+  }
+  absl::Status ToFloat(float*, const void*, DType, int64_t, Stream) override {
+    return Unused();
+  }
+  absl::Status FromFloat(void*, DType, const float*, int64_t, Stream) override {
+    return Unused();
+  }
+  absl::Status Scale(float*, int64_t, float, Stream) override {
+    return Unused();
+  }
+  absl::Status ApplyScaled(void*, DType, const void*, DType, int64_t, float,
+                           float, Stream) override {
+    return Unused();
+  }
+  absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
+      absl::Span<const kernels::FloatSpan>, Stream) override {
+    return Unused();
+  }
+  absl::Status Synchronize(Stream) override { return Unused(); }
+
+ private:
+  // A stream handle that is not the host's.
+  static inline Stream const kStream = reinterpret_cast<Stream>(uintptr_t{1});
+  static absl::Status Unused() {
+    return absl::UnimplementedError("not a call of a host-transport message");
+  }
+};
+
+TEST(ControlChannelTest, OverAHostTransportAMessageWaitsForTheStreamFirst) {
+  Log log;
+  LoggingTransport tcp("tcp", MemoryKind::kHost, &log);
+  LoggingTransport nccl("nccl", MemoryKind::kCuda, &log, absl::OkStatus(),
+                        &tcp);
+  GpuLikeOps ops;
+  ControlChannel control(&nccl, &ops, /*scratch=*/nullptr, absl::Seconds(3));
+  ASSERT_TRUE(control.Send(Message{1, 0, 1}, 1).ok());
+  EXPECT_EQ(log, (Log{"nccl synchronize within 3s", "tcp send to 1 (host)"}));
+}
+
+TEST(ControlChannelTest, AStreamThatDoesNotFinishSendsNoMessage) {
+  Log log;
+  LoggingTransport tcp("tcp", MemoryKind::kHost, &log);
+  LoggingTransport nccl(
+      "nccl", MemoryKind::kCuda, &log,
+      absl::DeadlineExceededError("rank 1's transfer did not finish"), &tcp);
+  GpuLikeOps ops;
+  ControlChannel control(&nccl, &ops, /*scratch=*/nullptr, absl::Seconds(3));
+  const absl::Status sent = control.Send(Message{1, 0, 1}, 1);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(sent)) << sent;
+  EXPECT_EQ(log, (Log{"nccl synchronize within 3s"}));
 }
 
 }  // namespace
