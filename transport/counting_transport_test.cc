@@ -4,46 +4,11 @@
 #include <utility>
 
 #include "gtest/gtest.h"
+#include "transport/accepting_transport.h"
 
 namespace muonps {
 namespace transport {
 namespace {
-
-// Accepts every call (or fails every data call) and moves nothing.
-class AcceptingTransport : public Transport {
- public:
-  AcceptingTransport(int rank, int size, absl::Status answer = {})
-      : rank_(rank), size_(size), answer_(std::move(answer)) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  MemoryKind memory() const override { return MemoryKind::kHost; }
-  absl::Status GroupStart() override { return absl::OkStatus(); }
-  absl::Status GroupEnd() override { return absl::OkStatus(); }
-  absl::Status Send(const void*, size_t, DType, int, Stream) override {
-    return answer_;
-  }
-  absl::Status Recv(void*, size_t, DType, int, Stream) override {
-    return answer_;
-  }
-  absl::Status ReduceSum(const float*, float*, size_t, int,
-                         absl::Span<const int>, Stream) override {
-    return answer_;
-  }
-  absl::Status Broadcast(void*, size_t, DType, int, Stream) override {
-    return answer_;
-  }
-  absl::Status Synchronize(Stream, absl::Duration) override {
-    return absl::OkStatus();
-  }
-  absl::Status AwaitFrom(int, size_t, DType, absl::Duration) override {
-    return absl::OkStatus();
-  }
-  void Abort(const absl::Status&) override {}
-
- private:
-  const int rank_, size_;
-  const absl::Status answer_;
-};
 
 struct Totals {
   double sent = 0, received = 0;

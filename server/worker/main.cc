@@ -185,8 +185,8 @@ int Run() {
   transport::TcpListener* data_listener = listener->get();
   worker::StepBackend backend;
   worker::TransportFactory make_transport;
-  // The data plane's TCP mesh: a CPU worker's transport, and on a GPU the
-  // control messages' beside NCCL or the CUDA IPC transport.
+  // The data plane's TCP mesh: a CPU worker's transport; on a GPU, where
+  // the control messages go beside NCCL or the CUDA IPC transport.
   const auto connect_tcp =
       [data_listener, tcp](int rank, const std::vector<std::string>& addresses,
                            uint64_t session, const std::string& secret) {

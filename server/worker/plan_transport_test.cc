@@ -10,39 +10,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "transport/accepting_transport.h"
 
 namespace muonps {
 namespace worker {
 namespace {
 
 // Accepts everything; remembers whether it was aborted and why.
-class RecordingTransport : public transport::Transport {
+class RecordingTransport : public transport::AcceptingTransport {
  public:
-  explicit RecordingTransport(absl::Status* aborted) : aborted_(aborted) {}
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  MemoryKind memory() const override { return MemoryKind::kHost; }
-  absl::Status GroupStart() override { return absl::OkStatus(); }
-  absl::Status GroupEnd() override { return absl::OkStatus(); }
-  absl::Status Send(const void*, size_t, DType, int, Stream) override {
-    return absl::OkStatus();
-  }
-  absl::Status Recv(void*, size_t, DType, int, Stream) override {
-    return absl::OkStatus();
-  }
-  absl::Status ReduceSum(const float*, float*, size_t, int,
-                         absl::Span<const int>, Stream) override {
-    return absl::OkStatus();
-  }
-  absl::Status Broadcast(void*, size_t, DType, int, Stream) override {
-    return absl::OkStatus();
-  }
-  absl::Status Synchronize(Stream, absl::Duration) override {
-    return absl::OkStatus();
-  }
-  absl::Status AwaitFrom(int, size_t, DType, absl::Duration) override {
-    return absl::OkStatus();
-  }
+  explicit RecordingTransport(absl::Status* aborted)
+      : AcceptingTransport(0, 2), aborted_(aborted) {}
   void Abort(const absl::Status& reason) override {
     absl::MutexLock lock(&mu_);
     *aborted_ = reason;

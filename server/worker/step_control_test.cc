@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_device_ops.h"
+#include "transport/accepting_transport.h"
 #include "transport/loopback_ranks.h"
 
 namespace muonps {
@@ -64,35 +65,20 @@ using Log = std::vector<std::string>;
 
 // A transport that logs its calls and moves nothing: the data transport of
 // a device (Synchronize answers `sync`), or the host one beside it.
-class LoggingTransport : public transport::Transport {
+class LoggingTransport : public transport::AcceptingTransport {
  public:
   LoggingTransport(const char* name, MemoryKind memory, Log* log,
                    absl::Status sync = absl::OkStatus(),
                    transport::Transport* control = nullptr)
-      : name_(name),
-        memory_(memory),
+      : AcceptingTransport(0, 2, absl::OkStatus(), memory),
+        name_(name),
         log_(log),
         sync_(std::move(sync)),
         control_(control) {}
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  MemoryKind memory() const override { return memory_; }
-  absl::Status GroupStart() override { return absl::OkStatus(); }
-  absl::Status GroupEnd() override { return absl::OkStatus(); }
   absl::Status Send(const void*, size_t, DType, int peer,
                     Stream stream) override {
     log_->push_back(absl::StrCat(name_, " send to ", peer,
                                  stream == kHostStream ? " (host)" : ""));
-    return absl::OkStatus();
-  }
-  absl::Status Recv(void*, size_t, DType, int, Stream) override {
-    return absl::OkStatus();
-  }
-  absl::Status ReduceSum(const float*, float*, size_t, int,
-                         absl::Span<const int>, Stream) override {
-    return absl::OkStatus();
-  }
-  absl::Status Broadcast(void*, size_t, DType, int, Stream) override {
     return absl::OkStatus();
   }
   absl::Status Synchronize(Stream, absl::Duration timeout) override {
@@ -100,17 +86,12 @@ class LoggingTransport : public transport::Transport {
                                  absl::FormatDuration(timeout)));
     return sync_;
   }
-  absl::Status AwaitFrom(int, size_t, DType, absl::Duration) override {
-    return absl::OkStatus();
-  }
-  void Abort(const absl::Status&) override {}
   transport::Transport* control() override {
     return control_ != nullptr ? control_ : this;
   }
 
  private:
   const char* const name_;
-  const MemoryKind memory_;
   Log* const log_;
   const absl::Status sync_;
   transport::Transport* const control_;

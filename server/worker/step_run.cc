@@ -64,11 +64,7 @@ RoundResult StepRun::Run(const StepRequest& request) {
       !ledger_.trainer_behind.has_value() &&
       ledger_.last.load() == request.step_id - 1 &&
       ledger_.last_version.load() == plan_.version) {
-    staging = NewStaging(agreement.roster());
-    DropStaged(ledger_, plan_);
-    if (plan_.momentum != nullptr) {
-      plan_.momentum->CheckMomentumStep(request.step_id);
-    }
+    staging = NewStaging(agreement.roster(), request.step_id);
     out.status = staging->ComputeAhead(request.step_id);
     if (!out.status.ok()) {
       DropStaged(ledger_, plan_);
@@ -127,7 +123,11 @@ RoundResult StepRun::Run(const StepRequest& request) {
   return out;
 }
 
-std::unique_ptr<StepStaging> StepRun::NewStaging(const StepRoster& roster) {
+std::unique_ptr<StepStaging> StepRun::NewStaging(const StepRoster& roster,
+                                                 int64_t step_id) {
+  DropStaged(ledger_, plan_);  // a voted one was resolved in Agree's round
+  // The step stages on momentum as of the step before, nothing older.
+  if (plan_.momentum != nullptr) plan_.momentum->CheckMomentumStep(step_id);
   return std::make_unique<StepStaging>(
       plan_, context_.trainer, *context_.transport, *context_.ops,
       *context_.kernels, ledger_, roster, timeline_, context_.hook,
@@ -143,18 +143,13 @@ RoundResult StepRun::Stage(const StepRequest& request,
   const AttachedTrainer* const trainer = context_.trainer;
   kernels::DeviceOps& ops = *context_.ops;
   ledger_.means_step = -1;  // the staging is about to be overwritten
-  if (ahead == nullptr) {
-    DropStaged(ledger_, plan_);  // a voted one was resolved in Agree's round
-    // The step stages on momentum as of the step before, nothing older.
-    if (plan_.momentum != nullptr) plan_.momentum->CheckMomentumStep(step_id);
-  }
-  StagedStep& staged = ledger_.staged;
-  staged.step_id = step_id;
-  staged.decider = decision.decider;
   RoundResult out;
   out.response.computed_ahead = ahead != nullptr && ahead->ahead();
   std::unique_ptr<StepStaging> staging =
-      ahead != nullptr ? std::move(ahead) : NewStaging(roster);
+      ahead != nullptr ? std::move(ahead) : NewStaging(roster, step_id);
+  StagedStep& staged = ledger_.staged;
+  staged.step_id = step_id;
+  staged.decider = decision.decider;
   absl::Status ready = staging->Stage(step_id, request);
   if (!ready.ok()) {
     // Out of step with the peers: no vote can reach rank 0.

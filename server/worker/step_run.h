@@ -151,7 +151,10 @@ class StepRun {
   RoundResult Stage(const StepRequest& request, const RoundDecision& decision,
                     const StepRoster& roster,
                     std::unique_ptr<StepStaging> ahead);
-  std::unique_ptr<StepStaging> NewStaging(const StepRoster& roster);
+  // A staging of step `step_id`: drops what was staged before and checks
+  // the momentum is as of the step before.
+  std::unique_ptr<StepStaging> NewStaging(const StepRoster& roster,
+                                          int64_t step_id);
 
   const StepContext context_;
   PlanState& plan_;
