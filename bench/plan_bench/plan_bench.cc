@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler/model_shapes.h"
 #include "scheduler/planner.h"
+#include "scheduler/step_clock.h"
 
 namespace muonps {
 namespace {
@@ -48,6 +49,22 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
                  plan.status().ToString().c_str());
     std::exit(1);
   }
+  // The coordinator's next part of a plan across nodes.
+  const scheduler::CostModel model(nullptr, scheduler::DeviceRates{}, 1.0, 5);
+  const std::vector<const scheduler::CostModel*> models(input.workers.size(),
+                                                        &model);
+  scheduler::ClockSettings settings;
+  settings.topology =
+      scheduler::Topology::Blocks(static_cast<int>(input.workers.size()), 8);
+  const auto grouping_start = std::chrono::steady_clock::now();
+  const absl::StatusOr<scheduler::StepGrouping> grouping =
+      scheduler::ChooseStepGrouping(input.matrices, *plan, models, settings);
+  const double grouping_ms = Ms(grouping_start);
+  if (!grouping.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(),
+                 grouping.status().ToString().c_str());
+    std::exit(1);
+  }
   const OwnershipPlan lpt = *scheduler::PlanFlopLpt(input);
   const OwnershipPlan rr = *scheduler::PlanRoundRobin(input);
   int64_t items = 0;
@@ -58,6 +75,9 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
   line["matrices"] = items;
   line["workers"] = input.workers.size();
   line["plan_ms"] = plan_ms;
+  line["grouping_ms"] = grouping_ms;
+  line["nodes"] = settings.topology.nodes();
+  line["bucket_bytes"] = grouping->bucket_bytes;
   line["max_ms"] = plan->max_seconds * 1e3;
   line["lower_bound_ms"] = plan->lower_bound * 1e3;
   line["max_over_lower_bound"] = plan->max_seconds / plan->lower_bound;

@@ -5,72 +5,12 @@
 // colocated workers; only time is simulated, from a measured cost table
 // (per shape, algorithm and batch seconds) and link figures.
 //
-// The clock model follows what a worker does (server/worker/step_run.cc,
-// StepRun::Stage):
-// - Two streams per worker. Every phase that moves data (a bucket's
-//   gradients to owners, or its updates back) is one grouped NCCL launch
-//   among all N workers, issued in the same order on every rank, so it
-//   starts on every worker at once (when the last rank reaches it) and
-//   ends at once: the transfer streams form one global timeline.
-// - Every bucket's gradients-to-owners phase is issued first, in the
-//   schedule's order, back to back from time 0 (gradients are all ready
-//   when the step starts, after backward). A bucket's gradients have
-//   landed when its phase ends (a bucket without such transfers: when the
-//   previous one's did; none at all, as with replicated gradients: at 0).
-// - A stack's momentum + Newton-Schulz runs on its owner's compute stream
-//   in the schedule's order, once the bucket that completes it
-//   (OwnerStack::ready_bucket) has landed; its Newton-Schulz takes one
-//   call per chunk (OwnerStack::chunks: the plan's batch split, if any).
-//   Compute never waits for updates going back, nor for other workers.
-//   While a transfer phase is in flight, a worker's compute runs
-//   1 + `transfer_contention` times slower: NCCL's kernels hold SMs and
-//   their copies HBM bandwidth that the GEMMs would use (the workers'
-//   muonps_worker_step_compute_seconds against the plan's prediction
-//   measures it).
-// - The updates-back phases follow on the transfer stream, after all the
-//   gradients. Before each, every worker's transfer stream waits for all
-//   compute that worker has issued so far (the stacks before the phase in
-//   the order); the collective starts when the last rank gets there, so it
-//   starts at max(previous phase's end, every worker's compute so far).
-// - The stage ends when the last update has landed and every compute
-//   stream is done. Then the commit, a fixed cost per step: the control
-//   rounds (agree, vote, confirm: `control_rounds_ms`) plus applying the
-//   staged updates to the trainer's fp32 parameters, memory bound at 8
-//   bytes of parameter read and written plus the update's bytes per
-//   parameter the worker's trainer holds (all of them; 1/N of a
-//   row-sharded matrix's rows) over `hbm_bytes_per_second`.
-//   Momentum, scaling and AdamW of non-matrix parameters are not timed
-//   (the cost table is Newton-Schulz only).
-// - Peer writes (server/worker/staging_windows.h): when every GPU is on
-//   one node and every trainer keeps every parameter whole (no
-//   row-sharded matrix), an owner copies each update into every other
-//   trainer's staging with the copy engines instead of a collective: its
-//   updates-back phases run on its own transfer stream, each after the
-//   owner's compute issued before it, at `copy_engine_gbs` per owner (its
-//   (N-1) copies one after another), and slow no compute. Otherwise the
-//   updates go by the collectives above.
-// - So the step is limited by one of: a worker's compute, its wait for
-//   its gradients (transfer bound), the updates still going back after the
-//   last compute ends (transfer bound), or the commit.
-//
-// Phase time = message latency + ring fill + bandwidth term:
-// - each collective (reduce, broadcast) or point-to-point batch of the
-//   phase costs `latency_us`; a phase with a ring collective (NCCL has
-//   only rings for reduce and broadcast) pays `hop_latency_us` per hop of
-//   the N-1 hop ring once (the group's collectives pipeline behind one
-//   another). Defaults are NCCL's own tuning model for ring/Simple.
-// - bytes on the wire are `wire_bytes_per_element` per element of a
-//   gradient (the worker widens bf16 gradients to fp32 before sending) and
-//   `update_bytes_per_element` of an update (it leaves the owner in the
-//   precision Newton-Schulz ran in: 2 for bf16). A reduce or broadcast
-//   moves the matrix's S bytes through every rank (ring): within one node
-//   over NVLink; across nodes S (G-1)/G over NVLink and S/G over each GPU's
-//   NIC (NCCL spreads its rings' node crossings over the G NICs). A row
-//   gather moves S/N from each rank to the owner (S (N-1)/N into it), a
-//   row scatter the reverse; off-node parts go over the owner's own NIC.
-//   The phase's bandwidth term is the slowest rank's
-//   max(NVLink bytes / nvlink rate, NIC bytes / NIC rate), with bytes per
-//   rank the larger of sent and received.
+// The clock is scheduler/step_clock.h's (what overlaps and what
+// serializes, and how a phase is timed); this adds the planner's input for
+// N colocated workers, `gpus_per_node` consecutive ranks per node, and the
+// AdamW and all-reduce references. The schedule's bucket bound is the one
+// the coordinator would choose for that topology
+// (scheduler::ChooseStepGrouping) unless `schedule.bucket_bytes` is set.
 //
 // Functions are thread-safe (they share no state).
 #ifndef MUONPS_BENCH_SCALE_SIM_SCALE_SIM_H_
@@ -85,28 +25,13 @@
 #include "absl/strings/string_view.h"
 #include "scheduler/cost_table.h"
 #include "scheduler/plan_types.h"
+#include "scheduler/step_clock.h"
 #include "scheduler/step_schedule.h"
 
 namespace muonps {
 namespace bench {
 
-// Link figures per GPU, per direction. Defaults: NVLink is the NCCL
-// all-to-all bus bandwidth measured among 4 H200s (shared/DEVICE.md); the
-// NIC is one 400 Gb/s port per GPU (not measured); latencies are NCCL's
-// tuning model for ring/Simple (not measured).
-struct LinkFigures {
-  double nvlink_gbs = 300;      // among the GPUs of one node
-  double inter_node_gbs = 50;   // each GPU's network port
-  double latency_us = 8.4;      // per collective or point-to-point batch
-  double hop_latency_us = 3.4;  // per ring hop, once per phase
-  // NVLink rate of a reduce's ring (NCCL also sums on the way); 0: the
-  // same as nvlink_gbs.
-  double reduce_gbs = 0;
-  // One stream of peer copies (copy engines) into another GPU of the
-  // node: 198 GB/s for the bf16 updates on 2 H200s
-  // (bench/results/2026-11-29-h200x2-transfer-paths.jsonl, peer_copy).
-  double copy_engine_gbs = 198;
-};
+using LinkFigures = scheduler::LinkFigures;
 
 struct SimConfig {
   std::string model;  // a name for the output only
@@ -125,7 +50,9 @@ struct SimConfig {
   int update_bytes_per_element = 2;
   int64_t gpu_memory_bytes = int64_t{140} << 30;
   scheduler::PlanOptions plan;
-  scheduler::ScheduleOptions schedule;
+  // bucket_bytes 0: chosen as the coordinator does (the result's
+  // bucket_bytes says which).
+  scheduler::ScheduleOptions schedule = {.bucket_bytes = 0};
   // Fused AdamW reference: `adamw_reference_ms` for
   // `adamw_reference_params` fp32 parameters on one GPU (H200, 14.2 ms for
   // 1.74 B, shared/DEVICE.md).
@@ -147,6 +74,10 @@ struct SimConfig {
 };
 
 struct SimResult {
+  // The schedule's bucket bound, and how the candidates clocked when it
+  // was chosen (empty when set).
+  int64_t bucket_bytes = 0;
+  std::vector<std::pair<int64_t, double>> bucket_candidates;
   // The step: stage_seconds + commit_seconds.
   double predicted_seconds = 0;
   // Every update has landed and every compute stream is done.

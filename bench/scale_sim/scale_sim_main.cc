@@ -108,7 +108,9 @@ ABSL_FLAG(int, update_bytes_per_element, 2,
           "Bytes per update element on the wire and in the apply (bf16: the "
           "precision Newton-Schulz ran in; 4 for --precision fp32).");
 ABSL_FLAG(double, gpu_memory_gib, 140, "Memory per GPU for the planner.");
-ABSL_FLAG(int, bucket_mib, 64, "Step schedule bucket size (MiB).");
+ABSL_FLAG(int, bucket_mib, 0,
+          "Step schedule bucket size (MiB); 0: chosen as the coordinator "
+          "does for the topology.");
 ABSL_FLAG(int, stack_mib, 1024, "Step schedule stack size (MiB, fp32).");
 ABSL_FLAG(double, adamw_reference_ms, 14.2,
           "Fused AdamW ms for --adamw_reference_params on one GPU.");
@@ -197,6 +199,15 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["layout"] = std::string(scheduler::LayoutName(layout));
   j["predicted_ms"] = r.predicted_seconds * 1e3;
   j["limited_by"] = r.limited_by;
+  j["bucket_bytes"] = r.bucket_bytes;
+  if (!r.bucket_candidates.empty()) {
+    nlohmann::ordered_json tried = nlohmann::ordered_json::array();
+    for (const auto& [bytes, seconds] : r.bucket_candidates) {
+      tried.push_back(
+          {{"bucket_bytes", bytes}, {"predicted_ms", seconds * 1e3}});
+    }
+    j["bucket_candidates"] = std::move(tried);
+  }
   j["stage_ms"] = r.stage_seconds * 1e3;
   j["commit_ms"] = r.commit_seconds * 1e3;
   j["apply_ms"] = r.apply_seconds * 1e3;

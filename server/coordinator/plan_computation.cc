@@ -5,7 +5,10 @@
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status.h"
 #include "scheduler/planner.h"
 #include "scheduler/step_schedule.h"
 
@@ -98,8 +101,7 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
   const MuonSettings& muon = job.spec->muon;
   s.ns_steps = muon.ns_steps > 0 ? muon.ns_steps : 5;
   s.algorithm = muon.ns_algorithm.value_or(scheduler::AlgorithmPolicy::kAuto);
-  s.bucket_bytes =
-      job.spec->bucket_bytes > 0 ? job.spec->bucket_bytes : int64_t{64} << 20;
+  s.bucket_bytes = job.spec->bucket_bytes;
   const std::vector<std::string> ranked = RankedMembers(job);
   for (const std::string& id : ranked) {
     const WorkerRecord& w = job.members.at(id);
@@ -113,6 +115,7 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
     spec.colocated = w.join.device.colocated;
     spec.owns_nothing = w.draining;
     s.workers.push_back(std::move(spec));
+    s.nodes.push_back(w.join.device.node);
   }
   const PlanVersion* newest = job.plans.newest();
   s.previous = newest == nullptr ? nullptr : newest->plan;
@@ -138,6 +141,53 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
   return s;
 }
 
+scheduler::Topology TopologyOf(const std::vector<std::string>& nodes) {
+  scheduler::Topology t;
+  if (std::all_of(nodes.begin(), nodes.end(),
+                  [](const std::string& n) { return n.empty(); })) {
+    return t;
+  }
+  absl::flat_hash_map<std::string, int32_t> index;
+  int32_t next = 0;
+  for (const std::string& name : nodes) {
+    if (name.empty()) {  // a node of its own
+      t.node.push_back(next++);
+      continue;
+    }
+    const auto [it, added] = index.try_emplace(name, next);
+    if (added) ++next;
+    t.node.push_back(it->second);
+  }
+  return t;
+}
+
+namespace {
+
+// The spec's bucket bound, or the one ChooseStepGrouping picks for the
+// ranks' topology (64 MiB on one node), with updates in bf16 (Newton-Schulz's
+// default precision) and the default link figures.
+absl::StatusOr<int64_t> BucketBytes(const PlanSnapshot& s,
+                                    const scheduler::OwnershipPlan& plan,
+                                    int32_t* nodes) {
+  scheduler::ClockSettings settings;
+  settings.topology = TopologyOf(s.nodes);
+  *nodes = settings.topology.nodes();
+  if (s.bucket_bytes > 0) return s.bucket_bytes;
+  std::vector<scheduler::CostModel> models;
+  models.reserve(s.workers.size());
+  for (const scheduler::WorkerSpec& w : s.workers) {
+    models.emplace_back(w.costs, w.rates, w.speed, s.ns_steps);
+  }
+  std::vector<const scheduler::CostModel*> pointers;
+  for (const scheduler::CostModel& m : models) pointers.push_back(&m);
+  MUONPS_ASSIGN_OR_RETURN(
+      const scheduler::StepGrouping grouping,
+      scheduler::ChooseStepGrouping(*s.matrices, plan, pointers, settings));
+  return grouping.bucket_bytes;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     const PlanSnapshot& s) {
   scheduler::PlanInput input;
@@ -161,9 +211,12 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
                       : scheduler::PlanAfresh(input, s.previous->ownership);
   if (!plan.ok()) return plan.status();
   plan->dedicated = s.dedicated;
+  int32_t nodes = 1;
+  const absl::StatusOr<int64_t> bucket_bytes = BucketBytes(s, *plan, &nodes);
+  if (!bucket_bytes.ok()) return bucket_bytes.status();
   absl::StatusOr<scheduler::StepSchedule> schedule =
       scheduler::BuildStepSchedule(*s.matrices, *plan,
-                                   {.bucket_bytes = s.bucket_bytes});
+                                   {.bucket_bytes = *bucket_bytes});
   const double plan_ms = std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - start)
                              .count();
@@ -176,6 +229,8 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   out->matrices = s.matrices;
   out->ownership = *std::move(plan);
   out->buckets = BucketsOf(*schedule);
+  out->bucket_bytes = *bucket_bytes;
+  out->nodes = nodes;
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/plan_types.h"
+#include "scheduler/step_clock.h"
 #include "server/coordinator/job_table.h"
 #include "server/coordinator/published_plan.h"
 
@@ -31,7 +32,11 @@ struct PlanSnapshot {
   int32_t dedicated = 0;
   int ns_steps = 5;
   scheduler::AlgorithmPolicy algorithm = scheduler::AlgorithmPolicy::kAuto;
+  // JobSpec.bucket_bytes; 0: chosen for the workers' nodes
+  // (scheduler::ChooseStepGrouping).
   int64_t bucket_bytes = 0;
+  // Per rank: its node (WorkerDevice::node; "" unknown).
+  std::vector<std::string> nodes;
   std::shared_ptr<const PublishedPlan> previous;  // null: the first plan
   // Re-plan from `previous` keeping owners (see JobRecord::stepped), or
   // afresh with moved bytes counted against it.
@@ -52,13 +57,19 @@ std::vector<std::string> RankedMembers(const JobRecord& job);
 // Whether the job's newest plan ranks RankedMembers (in any order).
 bool NewestPlanRanksMembers(const JobRecord& job);
 
-// What job `name`'s next plan is computed from: its members, the spec's
-// plan settings with their defaults (5 NS steps, auto, 64 MiB buckets),
+// What job `name`'s next plan is computed from: its members and their
+// nodes, the spec's plan settings with their defaults (5 NS steps, auto),
 // its newest plan and its pending reasons. Call with the JobTable's mutex
 // held; `job` must have members.
 PlanSnapshot SnapshotForPlanning(const std::string& name, const JobRecord& job);
 
-// The plan of `snapshot` (version, reason and planning time filled in), or
+// The ranks' topology: equal node names are one node; when no rank names
+// one, every rank is on one node; an unnamed one is a node of its own.
+scheduler::Topology TopologyOf(const std::vector<std::string>& nodes);
+
+// The plan of `snapshot` (version, reason and planning time filled in; its
+// bucket bound the spec's, or the one whose predicted step on the ranks'
+// topology is the shortest), or
 // the planner's or the step schedule's error (e.g. RESOURCE_EXHAUSTED when
 // the workers' memory cannot hold the matrices). Thread-safe; takes no
 // lock.

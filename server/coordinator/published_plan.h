@@ -36,6 +36,10 @@ struct PublishedPlan {
   // Owners, batches and predictions; ownership.worker_ids are the ranks.
   scheduler::OwnershipPlan ownership;
   std::vector<PlanBucket> buckets;
+  // The bucket bound that cut `buckets` (0 in a plan stored before it was
+  // recorded: the job's), and the ranks' distinct nodes.
+  int64_t bucket_bytes = 0;
+  int32_t nodes = 1;
 };
 
 }  // namespace coordinator

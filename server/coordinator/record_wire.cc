@@ -161,12 +161,14 @@ v1::Device DeviceToProto(const WorkerDevice& d) {
   out.set_uuid(d.uuid);
   out.set_memory_bytes(d.memory_bytes);
   out.set_colocated(d.colocated);
+  out.set_node(d.node);
   return out;
 }
 
 WorkerDevice DeviceFromProto(const v1::Device& d) {
   WorkerDevice out;
   out.host = d.host();
+  out.node = d.node();
   out.kind = d.kind();
   out.name = d.name();
   out.index = d.index();
@@ -252,6 +254,8 @@ v1::Plan PlanToProto(const PublishedPlan& published) {
   out.set_imbalance(plan.imbalance);
   out.set_lower_bound(plan.lower_bound);
   out.set_moved_bytes(plan.moved_bytes);
+  out.set_bucket_bytes(published.bucket_bytes);
+  out.set_nodes(published.nodes);
   return out;
 }
 
@@ -311,6 +315,8 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> PlanFromProto(
   out->version = plan.version();
   out->reason = plan.reason();
   out->plan_ms = plan.plan_ms();
+  out->bucket_bytes = plan.bucket_bytes();
+  out->nodes = plan.nodes();
   out->matrices = std::move(matrices);
   return out;
 }

@@ -205,6 +205,9 @@ absl::Status ValidateJoinJob(const JoinRequest& request, const Limits& limits) {
   if (request.data_address.size() > 256) {
     return InvalidField("data_address", "must be at most 256 bytes");
   }
+  if (request.device.node.size() > 256) {
+    return InvalidField("device.node", "must be at most 256 bytes");
+  }
   return absl::OkStatus();
 }
 

@@ -21,6 +21,8 @@ struct WorkerDevice {
   int64_t memory_bytes = 0;
   // Shares its GPU with a trainer rank (else a dedicated optimizer worker).
   bool colocated = false;
+  // The machine it is in (v1::Device.node); "": unknown.
+  std::string node;
 };
 
 // A worker asking to join a job (JoinJob). Checked by ValidateJoinJob

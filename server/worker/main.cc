@@ -29,6 +29,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/device.h"
 #include "common/logging.h"
+#include "common/machine.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "kernels/cuda/precision.h"
@@ -112,6 +113,8 @@ int Run() {
     return 2;
   }
   options.device.set_host(Hostname());
+  const std::string node = absl::GetFlag(FLAGS_node);
+  options.device.set_node(node.empty() ? MachineIdentity() : node);
   options.device.set_kind("cpu");
   options.device.set_memory_bytes(absl::GetFlag(FLAGS_memory_bytes));
   options.device.set_colocated(absl::GetFlag(FLAGS_colocated));

@@ -9,12 +9,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/machine.h"
 #include "common/status.h"
 #include "lending/shared_memory.h"
 #include "server/worker/digest.h"
@@ -137,15 +137,8 @@ class SharedMemoryLender final : public WindowLender {
 }  // namespace
 
 uint64_t HostIdentity() {
-  std::string id;
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  if (!std::getline(boot, id) || id.empty()) {
-    char name[256] = {};
-    gethostname(name, sizeof(name) - 1);
-    id = name;
-  }
   Digest digest;
-  digest.Mix(id);
+  digest.Mix(MachineIdentity());
   return digest.value();
 }
 

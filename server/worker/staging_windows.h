@@ -62,8 +62,8 @@ struct WindowRecord {
 static_assert(sizeof(WindowRecord) % 4 == 0,
               "a window record travels as floats");
 
-// This machine's identity (its boot id; the host name where there is
-// none): windows of another host are never opened.
+// A digest of this machine's identity (common/machine.h): windows of
+// another host are never opened.
 uint64_t HostIdentity();
 
 // A new window's record for a lender: a random id (never 0), this host,

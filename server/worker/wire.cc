@@ -114,7 +114,13 @@ absl::StatusOr<JobPlan> JobPlanFromProto(const v1::JobSpec& job,
   out.job.name = job.name();
   out.job.matrices = proto::MatricesFromJob(job);
   out.job.muon = proto::MuonFromProto(job.muon());
-  if (job.bucket_bytes() > 0) out.job.bucket_bytes = job.bucket_bytes();
+  // The plan's bound when it names one (every worker cuts the same
+  // buckets), else the job's.
+  if (plan.bucket_bytes() > 0) {
+    out.job.bucket_bytes = plan.bucket_bytes();
+  } else if (job.bucket_bytes() > 0) {
+    out.job.bucket_bytes = job.bucket_bytes();
+  }
   out.job.dedicated_workers = job.dedicated_workers();
   out.job.allow_momentum_reset = job.allow_momentum_reset();
   out.job.checkpoint_dir = job.checkpoint_dir();

@@ -1,5 +1,6 @@
 #include "server/worker/wire.h"
 
+#include <cstdint>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -117,6 +118,36 @@ TEST(WireTest, StepResponseRoundTrips) {
   EXPECT_EQ(out.bytes_moved(), 1 << 20);
   EXPECT_EQ(out.momentum_reset(), 2);
   EXPECT_EQ(out.plan_version(), 3);
+}
+
+// A one-matrix job and its one-worker plan; buckets cut at `plan_bound`
+// (0: a plan from before Plan.bucket_bytes) for a job asking `job_bound`.
+absl::StatusOr<JobPlan> BucketBound(int64_t job_bound, int64_t plan_bound) {
+  v1::JobSpec job;
+  job.set_name("x");
+  v1::Matrix* m = job.add_matrices();
+  m->set_name("w");
+  m->set_rows(4);
+  m->set_cols(8);
+  job.set_bucket_bytes(job_bound);
+  v1::Plan plan;
+  plan.set_version(1);
+  plan.add_workers("a");
+  v1::MatrixPlacement* placement = plan.add_matrices();
+  placement->set_name("w");
+  placement->set_rows(4);
+  placement->set_cols(8);
+  placement->add_owners("a");
+  plan.set_bucket_bytes(plan_bound);
+  return JobPlanFromProto(job, plan);
+}
+
+TEST(WireTest, TheStepScheduleCutsBucketsWhereThePlanSays) {
+  EXPECT_EQ(BucketBound(0, 256 << 20)->job.bucket_bytes, 256 << 20);
+  EXPECT_EQ(BucketBound(8 << 20, 8 << 20)->job.bucket_bytes, 8 << 20);
+  // A coordinator from before Plan.bucket_bytes: the job's, or 64 MiB.
+  EXPECT_EQ(BucketBound(8 << 20, 0)->job.bucket_bytes, 8 << 20);
+  EXPECT_EQ(BucketBound(0, 0)->job.bucket_bytes, 64 << 20);
 }
 
 }  // namespace

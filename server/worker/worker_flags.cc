@@ -30,6 +30,10 @@ ABSL_FLAG(std::string, allow_group, "",
           "to the socket; by default only this worker's user may.");
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address of the data-plane port (--data_port).");
+ABSL_FLAG(std::string, node, "",
+          "The machine this worker runs on, as the plan groups workers "
+          "(workers of one node share its NVLink); default: the kernel's "
+          "boot id, which every container of the machine shares.");
 ABSL_FLAG(std::string, device, "auto",
           "cpu, cuda:N, or auto (cuda:0 when a GPU is usable, else cpu). "
           "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "

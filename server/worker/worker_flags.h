@@ -20,6 +20,7 @@ ABSL_DECLARE_FLAG(std::string, worker_id);
 ABSL_DECLARE_FLAG(std::string, socket);
 ABSL_DECLARE_FLAG(std::string, allow_group);
 ABSL_DECLARE_FLAG(std::string, host);
+ABSL_DECLARE_FLAG(std::string, node);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gpu_transport);
 ABSL_DECLARE_FLAG(bool, peer_writes);

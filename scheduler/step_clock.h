@@ -1,0 +1,194 @@
+// A predicted clock for one step of a plan's schedule on a known network:
+// which node each worker is on and how fast the links within and between
+// nodes are. The planner's coordinator uses it to choose how transfers are
+// grouped (StepGrouping below); bench/scale_sim uses it to predict steps on
+// 1..1024 GPUs. Only time is modelled; the plan and the schedule are the
+// real ones.
+//
+// The model follows what a worker does (server/worker/step_run.cc):
+// - Two streams per worker. Every phase that moves data (a bucket's
+//   gradients to owners, or its updates back) is one grouped launch among
+//   all workers, issued in the same order on every rank, so it starts on
+//   every worker at once (when the last rank reaches it) and ends at once:
+//   the transfer streams form one global timeline.
+// - Every bucket's gradients-to-owners phase is issued first, in the
+//   schedule's order, back to back from time 0 (gradients are all ready
+//   when the step starts, after backward). A bucket's gradients have
+//   landed when its phase ends (a bucket without such transfers: when the
+//   previous one's did; none at all, as with replicated gradients: at 0).
+// - A stack's momentum + Newton-Schulz runs on its owner's compute stream
+//   in the schedule's order, once the bucket that completes it
+//   (OwnerStack::ready_bucket) has landed. Compute never waits for updates
+//   going back, nor for other workers. While a transfer phase is in
+//   flight, a worker's compute runs 1 + `transfer_contention` times slower
+//   (NCCL's kernels hold SMs and their copies HBM bandwidth).
+// - The updates-back phases follow on the transfer stream, after all the
+//   gradients. Before each, every worker's transfer stream waits for all
+//   compute that worker has issued so far; the collective starts when the
+//   last rank gets there: at max(previous phase's end, every worker's
+//   compute so far).
+// - The stage ends when the last update has landed and every compute
+//   stream is done. Then the commit, a fixed cost per step: the control
+//   rounds (`control_rounds_ms`) plus applying the staged updates to the
+//   trainer's fp32 parameters, memory bound at 8 bytes of parameter read
+//   and written plus the update's bytes per parameter the worker's trainer
+//   holds (all of them; 1/N of a row-sharded matrix's rows) over
+//   `hbm_bytes_per_second`.
+// - Peer writes (server/worker/staging_windows.h): when every worker is on
+//   one node and every trainer keeps every parameter whole, an owner copies
+//   each update into every other trainer's staging with the copy engines:
+//   its updates-back phases run on its own transfer stream, each after the
+//   owner's compute issued before it, at `copy_engine_gbs` per owner (its
+//   N-1 copies one after another), and slow no compute.
+//
+// Phase time = message latency + ring fill + bandwidth term:
+// - each collective or point-to-point batch of the phase costs
+//   `latency_us`; a phase with a ring collective (reduce, broadcast) pays
+//   `hop_latency_us` per hop of the N-1 hop ring once.
+// - bytes on the wire are `wire_bytes_per_element` per gradient element
+//   and `update_bytes_per_element` per update element. A reduce or
+//   broadcast moves the matrix's S bytes through every rank (ring): within
+//   one node over NVLink; across nodes S (G-1)/G over NVLink and S/G over
+//   each GPU's NIC, G the most workers on one node. A row gather moves S/N
+//   from each rank to the owner, a row scatter the reverse; parts between
+//   nodes go over the NICs.
+//   The phase's bandwidth term is the slowest rank's
+//   max(NVLink bytes / nvlink rate, NIC bytes / NIC rate), bytes per rank
+//   the larger of sent and received.
+//
+// Functions are thread-safe (they share no state).
+#ifndef MUONPS_SCHEDULER_STEP_CLOCK_H_
+#define MUONPS_SCHEDULER_STEP_CLOCK_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/cost_model.h"
+#include "scheduler/plan_types.h"
+#include "scheduler/step_schedule.h"
+
+namespace muonps {
+namespace scheduler {
+
+// Link figures per GPU, per direction. Defaults: NVLink is the NCCL
+// all-to-all bus bandwidth measured among 4 H200s; the NIC is one 400 Gb/s
+// port per GPU (not measured); latencies are NCCL's tuning model for
+// ring/Simple (not measured).
+struct LinkFigures {
+  double nvlink_gbs = 300;      // among the GPUs of one node
+  double inter_node_gbs = 50;   // each GPU's network port
+  double latency_us = 8.4;      // per collective or point-to-point batch
+  double hop_latency_us = 3.4;  // per ring hop, once per phase
+  // NVLink rate of a reduce's ring (NCCL also sums on the way); 0: the
+  // same as nvlink_gbs.
+  double reduce_gbs = 0;
+  // One stream of peer copies (copy engines) into another GPU of the node:
+  // 198 GB/s for bf16 updates on 2 H200s
+  // (bench/results/2026-11-29-h200x2-transfer-paths.jsonl, peer_copy).
+  double copy_engine_gbs = 198;
+};
+
+// Where the workers of a plan are and how they are linked.
+struct Topology {
+  // node[r]: the node (host) of rank r, numbered from 0. Empty: one node.
+  std::vector<int32_t> node;
+  LinkFigures links;
+
+  // `workers` ranks, `per_node` consecutive ranks on each node.
+  static Topology Blocks(int workers, int per_node);
+  // Distinct nodes (at least 1).
+  int nodes() const;
+  // The most ranks on one node (1 for no ranks).
+  int most_per_node() const;
+  bool SameNode(int a, int b) const {
+    return node.empty() || node[a] == node[b];
+  }
+};
+
+struct ClockSettings {
+  Topology topology;
+  int wire_bytes_per_element = 4;    // gradients (the worker sends fp32)
+  int update_bytes_per_element = 2;  // updates (bf16 Newton-Schulz)
+  double hbm_bytes_per_second = 4.3e12;
+  double control_rounds_ms = 4.0;
+  double transfer_contention = 0;
+  bool peer_writes = true;
+};
+
+struct StepClock {
+  // The step: stage_seconds + commit_seconds.
+  double predicted_seconds = 0;
+  // Every update has landed and every compute stream is done.
+  double stage_seconds = 0;
+  double commit_seconds = 0;  // control rounds + apply_seconds
+  double apply_seconds = 0;
+  // The last bucket's gradients have landed (0 with none to move).
+  double gradients_landed_seconds = 0;
+  // Per worker: the sum of its stack times, when its compute stream is
+  // done (0 for one that owns nothing), and the stacks it computes in
+  // order (StepSchedule::stacks indices).
+  std::vector<double> worker_compute_seconds;
+  std::vector<double> worker_compute_end_seconds;
+  std::vector<std::vector<int>> worker_stacks;
+  double compute_end_seconds_max = 0;
+  // The step's critical path, in four parts that add up to
+  // predicted_seconds: the compute of the worker whose compute ends last,
+  // the time its compute stream waited for gradients, the updates still
+  // going back after that, and the commit. `limited_by` names the largest:
+  // "compute", "gradients", "updates_back" or "commit".
+  double critical_compute_seconds = 0;
+  double critical_wait_seconds = 0;
+  double updates_tail_seconds = 0;
+  std::string limited_by;
+  // Busy time of the transfer timeline, and the latency part of it.
+  double transfer_seconds = 0;
+  double latency_seconds = 0;
+  // Largest per-GPU wire bytes of the step (max of sent and received).
+  int64_t bytes_per_gpu = 0;
+  int phases = 0;  // transfer phases with at least one transfer
+};
+
+// Seconds of each stack of `schedule`: one Newton-Schulz call per chunk,
+// on its owner's model (`models[owner]`).
+std::vector<double> StackSeconds(const StepSchedule& schedule,
+                                 const std::vector<const CostModel*>& models);
+
+// Clocks one step of `schedule` (of `matrices`, on `workers` ranks) whose
+// stacks take `stack_seconds`. `settings.topology.node` must be empty or
+// have `workers` entries.
+StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
+                    const StepSchedule& schedule,
+                    const std::vector<double>& stack_seconds, int workers,
+                    const ClockSettings& settings);
+
+// How a plan's transfers are grouped into phases: the schedule's bucket
+// bound. Within one node a step gains from many small phases (updates go
+// back while later stacks compute); across nodes every phase pays a ring's
+// fill over all ranks and a row gather is bound by its owners' NICs, so
+// fewer, larger phases win. The candidates are one bucket of everything,
+// then 64 MiB times 64, 16, 4 and 1 (those smaller than everything).
+struct StepGrouping {
+  int64_t bucket_bytes = int64_t{64} << 20;
+  double predicted_seconds = 0;  // of the chosen bound
+  // The candidates clocked, in the order tried, with their predicted step.
+  std::vector<std::pair<int64_t, double>> candidates;
+};
+
+// Clocks the candidates, largest first, until two in a row do not beat the
+// best so far (each costs a step schedule and a clock: ~0.4 s for 10^5
+// matrices), and returns the best (ties: the smaller bound). Within one
+// node: 64 MiB, the bound every 1-4 GPU measurement used, without clocking
+// (no candidates, predicted_seconds 0); the clock also prefers it there
+// for the Llama-3-8B sets. Errors: the step schedule's.
+absl::StatusOr<StepGrouping> ChooseStepGrouping(
+    const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
+    const std::vector<const CostModel*>& models, const ClockSettings& settings,
+    int64_t stack_bytes = int64_t{1} << 30);
+
+}  // namespace scheduler
+}  // namespace muonps
+
+#endif  // MUONPS_SCHEDULER_STEP_CLOCK_H_
