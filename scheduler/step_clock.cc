@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/status.h"
 
 namespace muonps {
 namespace scheduler {
@@ -400,34 +401,45 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
-    int64_t stack_bytes) {
+    const ScheduleOptions& options) {
   StepGrouping out;
-  if (settings.topology.nodes() == 1) return out;  // the measured bound
+  if (options.bucket_bytes > 0 || settings.topology.nodes() == 1) {
+    if (options.bucket_bytes > 0) out.bucket_bytes = options.bucket_bytes;
+    MUONPS_ASSIGN_OR_RETURN(
+        out.schedule, BuildStepSchedule(matrices, plan,
+                                        {.bucket_bytes = out.bucket_bytes,
+                                         .stack_bytes = options.stack_bytes}));
+    return out;
+  }
   int64_t everything = 0;
-  for (const MatrixSpec& m : matrices)
+  for (const MatrixSpec& m : matrices) {
     everything += PayloadBytes(m) * m.experts;
+  }
   constexpr int64_t kBase = int64_t{64} << 20;
-  std::vector<int64_t> bounds;
-  for (const int64_t times : {1, 4, 16, 64}) {
+  std::vector<int64_t> bounds;                    // largest first
+  bounds.push_back(std::max(everything, kBase));  // one bucket
+  for (const int64_t times : {64, 16, 4, 1}) {
     if (kBase * times < everything) bounds.push_back(kBase * times);
   }
-  bounds.push_back(std::max(everything, kBase));  // one bucket
   const int workers = static_cast<int>(plan.worker_ids.size());
   out.predicted_seconds = std::numeric_limits<double>::infinity();
-  // Largest first; two bounds in a row that do not beat the best end it.
+  // Two bounds in a row that do not beat the best end the search.
   int misses = 0;
-  for (auto bound = bounds.rbegin(); bound != bounds.rend() && misses < 2;
-       ++bound) {
-    absl::StatusOr<StepSchedule> schedule = BuildStepSchedule(
-        matrices, plan, {.bucket_bytes = *bound, .stack_bytes = stack_bytes});
-    if (!schedule.ok()) return schedule.status();
-    const StepClock clock =
-        ClockStep(matrices, *schedule, StackSeconds(*schedule, models), workers,
-                  settings);
-    out.candidates.emplace_back(*bound, clock.predicted_seconds);
-    if (clock.predicted_seconds <= out.predicted_seconds) {
-      out.predicted_seconds = clock.predicted_seconds;
-      out.bucket_bytes = *bound;
+  for (size_t i = 0; i < bounds.size() && misses < 2; ++i) {
+    MUONPS_ASSIGN_OR_RETURN(
+        StepSchedule schedule,
+        BuildStepSchedule(
+            matrices, plan,
+            {.bucket_bytes = bounds[i], .stack_bytes = options.stack_bytes}));
+    const double predicted =
+        ClockStep(matrices, schedule, StackSeconds(schedule, models), workers,
+                  settings)
+            .predicted_seconds;
+    out.candidates.emplace_back(bounds[i], predicted);
+    if (predicted <= out.predicted_seconds) {
+      out.predicted_seconds = predicted;
+      out.bucket_bytes = bounds[i];
+      out.schedule = std::move(schedule);
       misses = 0;
     } else {
       ++misses;

@@ -172,21 +172,23 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 // then 64 MiB times 64, 16, 4 and 1 (those smaller than everything).
 struct StepGrouping {
   int64_t bucket_bytes = int64_t{64} << 20;
-  double predicted_seconds = 0;  // of the chosen bound
+  double predicted_seconds = 0;  // of the chosen bound (0: not clocked)
   // The candidates clocked, in the order tried, with their predicted step.
   std::vector<std::pair<int64_t, double>> candidates;
+  StepSchedule schedule;  // cut at bucket_bytes
 };
 
-// Clocks the candidates, largest first, until two in a row do not beat the
-// best so far (each costs a step schedule and a clock: ~0.4 s for 10^5
-// matrices), and returns the best (ties: the smaller bound). Within one
-// node: 64 MiB, the bound every 1-4 GPU measurement used, without clocking
-// (no candidates, predicted_seconds 0); the clock also prefers it there
-// for the Llama-3-8B sets. Errors: the step schedule's.
+// The step schedule of `plan` with its bucket bound: `options.bucket_bytes`
+// when > 0 (not clocked); else on one node 64 MiB, the bound every 1-4 GPU
+// measurement used (not clocked; the clock also prefers it there for the
+// Llama-3-8B sets); else the candidates clocked largest first until two in
+// a row do not beat the best so far (each costs a step schedule and a
+// clock: ~0.15 s for 10^5 matrices on 10^3 workers), and the best (ties:
+// the smaller bound). Errors: the step schedule's.
 absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
-    int64_t stack_bytes = int64_t{1} << 30);
+    const ScheduleOptions& options = {.bucket_bytes = 0});
 
 }  // namespace scheduler
 }  // namespace muonps

@@ -1,12 +1,12 @@
 #include "scheduler/step_schedule.h"
 
 #include <algorithm>
-#include <map>
 #include <numeric>
-#include <set>
 #include <string>
 #include <tuple>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -30,14 +30,14 @@ std::string ShapeName(const ShapeKey& key) {
 absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
                           const OwnershipPlan& plan) {
   if (plan.batches.empty()) return absl::OkStatus();
-  std::map<ShapeKey, int64_t> owned;
+  absl::flat_hash_map<ShapeKey, int64_t> owned;
   for (size_t m = 0; m < matrices.size(); ++m) {
     for (const int32_t owner : plan.owners[m]) {
       ++owned[KeyOf(owner, matrices[m].rows, matrices[m].cols)];
     }
   }
   const int workers = static_cast<int>(plan.worker_ids.size());
-  std::set<ShapeKey> batched;
+  absl::flat_hash_set<ShapeKey> batched;
   for (size_t b = 0; b < plan.batches.size(); ++b) {
     const Batch& batch = plan.batches[b];
     const std::string field = absl::StrCat("plan.batches[", b, "]");
@@ -96,11 +96,12 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
 // Each stack's chunks: its plan batch's parts laid over the owner's stacks
 // of that shape in schedule order (see OwnerStack).
 void CutIntoChunks(const OwnershipPlan& plan, StepSchedule* schedule) {
-  std::map<ShapeKey, const Batch*> batch_of;
+  absl::flat_hash_map<ShapeKey, const Batch*> batch_of;
   for (const Batch& b : plan.batches) {
     batch_of[KeyOf(b.worker, b.rows, b.cols)] = &b;
   }
-  std::map<ShapeKey, int64_t> laid;  // items of the batch before this stack
+  // Items of the batch before this stack.
+  absl::flat_hash_map<ShapeKey, int64_t> laid;
   for (OwnerStack& stack : schedule->stacks) {
     const ShapeKey key = KeyOf(stack.owner, stack.rows, stack.cols);
     int64_t left = static_cast<int64_t>(stack.items.size());
@@ -175,15 +176,18 @@ void BuildStacksAndOrder(const std::vector<MatrixSpec>& matrices,
                          const ScheduleOptions& options,
                          StepSchedule* schedule) {
   // The open stack of each (owner, rows, cols).
-  std::map<std::tuple<int32_t, int64_t, int64_t>, int32_t> open;
-  // stack_of[m][e]: the stack item (m, e) is in.
-  std::vector<std::vector<int32_t>> stack_of(matrices.size());
+  absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t> open;
+  // stack_of[first[m] + e]: the stack item (m, e) is in.
+  std::vector<int64_t> first(matrices.size() + 1, 0);
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    first[m + 1] = first[m] + matrices[m].experts;
+  }
+  std::vector<int32_t> stack_of(first.back(), -1);
   const int32_t count = static_cast<int32_t>(schedule->buckets.size());
   for (int32_t k = 0; k < count; ++k) {
     for (const int32_t m : schedule->buckets[k].matrices) {
       const MatrixSpec& spec = matrices[m];
       const int64_t item_bytes = 4 * spec.rows * spec.cols;
-      stack_of[m].assign(spec.experts, -1);
       for (int32_t e = 0; e < spec.experts; ++e) {
         const int32_t owner = plan.owners[m][e];
         const auto key = std::make_tuple(owner, spec.rows, spec.cols);
@@ -204,7 +208,7 @@ void BuildStacksAndOrder(const std::vector<MatrixSpec>& matrices,
         OwnerStack& stack = schedule->stacks[it->second];
         stack.items.push_back({m, e});
         stack.ready_bucket = k;
-        stack_of[m][e] = it->second;
+        stack_of[first[m] + e] = it->second;
       }
     }
   }
@@ -219,8 +223,8 @@ void BuildStacksAndOrder(const std::vector<MatrixSpec>& matrices,
   for (int32_t k = 0; k < count; ++k) {
     int32_t ready = k;
     for (const int32_t m : schedule->buckets[k].matrices) {
-      for (const int32_t s : stack_of[m]) {
-        ready = std::max(ready, schedule->stacks[s].ready_bucket);
+      for (int64_t i = first[m]; i < first[m + 1]; ++i) {
+        ready = std::max(ready, schedule->stacks[stack_of[i]].ready_bucket);
       }
     }
     from_after[ready].push_back(k);

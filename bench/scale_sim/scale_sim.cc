@@ -88,19 +88,13 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   const std::vector<const scheduler::CostModel*> models(config.gpus, &model);
 
   SimResult result;
-  scheduler::ScheduleOptions options = config.schedule;
-  if (options.bucket_bytes == 0) {
-    absl::StatusOr<scheduler::StepGrouping> grouping =
-        scheduler::ChooseStepGrouping(config.matrices, *plan, models, settings,
-                                      options.stack_bytes);
-    if (!grouping.ok()) return Annotate(grouping.status(), "step grouping");
-    options.bucket_bytes = grouping->bucket_bytes;
-    result.bucket_candidates = grouping->candidates;
-  }
-  result.bucket_bytes = options.bucket_bytes;
-  absl::StatusOr<scheduler::StepSchedule> schedule =
-      scheduler::BuildStepSchedule(config.matrices, *plan, options);
-  if (!schedule.ok()) return Annotate(schedule.status(), "step schedule");
+  absl::StatusOr<scheduler::StepGrouping> grouping =
+      scheduler::ChooseStepGrouping(config.matrices, *plan, models, settings,
+                                    config.schedule);
+  if (!grouping.ok()) return Annotate(grouping.status(), "step schedule");
+  result.bucket_bytes = grouping->bucket_bytes;
+  result.bucket_candidates = grouping->candidates;
+  const scheduler::StepSchedule* schedule = &grouping->schedule;
   const std::vector<double> stack_seconds =
       scheduler::StackSeconds(*schedule, models);
   const int n = config.gpus;

@@ -163,16 +163,13 @@ scheduler::Topology TopologyOf(const std::vector<std::string>& nodes) {
 
 namespace {
 
-// The spec's bucket bound, or the one ChooseStepGrouping picks for the
-// ranks' topology (64 MiB on one node), with updates in bf16 (Newton-Schulz's
-// default precision) and the default link figures.
-absl::StatusOr<int64_t> BucketBytes(const PlanSnapshot& s,
-                                    const scheduler::OwnershipPlan& plan,
-                                    int32_t* nodes) {
-  scheduler::ClockSettings settings;
-  settings.topology = TopologyOf(s.nodes);
-  *nodes = settings.topology.nodes();
-  if (s.bucket_bytes > 0) return s.bucket_bytes;
+// The step schedule of `plan` cut at the spec's bucket bound, or at the
+// one ChooseStepGrouping picks for the ranks' topology (64 MiB on one
+// node), with updates in bf16 (Newton-Schulz's default precision) and the
+// default link figures.
+absl::StatusOr<scheduler::StepGrouping> ScheduleOf(
+    const PlanSnapshot& s, const scheduler::OwnershipPlan& plan,
+    const scheduler::ClockSettings& settings) {
   std::vector<scheduler::CostModel> models;
   models.reserve(s.workers.size());
   for (const scheduler::WorkerSpec& w : s.workers) {
@@ -180,10 +177,8 @@ absl::StatusOr<int64_t> BucketBytes(const PlanSnapshot& s,
   }
   std::vector<const scheduler::CostModel*> pointers;
   for (const scheduler::CostModel& m : models) pointers.push_back(&m);
-  MUONPS_ASSIGN_OR_RETURN(
-      const scheduler::StepGrouping grouping,
-      scheduler::ChooseStepGrouping(*s.matrices, plan, pointers, settings));
-  return grouping.bucket_bytes;
+  return scheduler::ChooseStepGrouping(*s.matrices, plan, pointers, settings,
+                                       {.bucket_bytes = s.bucket_bytes});
 }
 
 }  // namespace
@@ -211,12 +206,10 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
                       : scheduler::PlanAfresh(input, s.previous->ownership);
   if (!plan.ok()) return plan.status();
   plan->dedicated = s.dedicated;
-  int32_t nodes = 1;
-  const absl::StatusOr<int64_t> bucket_bytes = BucketBytes(s, *plan, &nodes);
-  if (!bucket_bytes.ok()) return bucket_bytes.status();
-  absl::StatusOr<scheduler::StepSchedule> schedule =
-      scheduler::BuildStepSchedule(*s.matrices, *plan,
-                                   {.bucket_bytes = *bucket_bytes});
+  scheduler::ClockSettings settings;
+  settings.topology = TopologyOf(s.nodes);
+  absl::StatusOr<scheduler::StepGrouping> schedule =
+      ScheduleOf(s, *plan, settings);
   const double plan_ms = std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - start)
                              .count();
@@ -228,9 +221,9 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   out->plan_ms = plan_ms;
   out->matrices = s.matrices;
   out->ownership = *std::move(plan);
-  out->buckets = BucketsOf(*schedule);
-  out->bucket_bytes = *bucket_bytes;
-  out->nodes = nodes;
+  out->buckets = BucketsOf(schedule->schedule);
+  out->bucket_bytes = schedule->bucket_bytes;
+  out->nodes = settings.topology.nodes();
   return out;
 }
 
