@@ -240,6 +240,10 @@ message naming the value. */}}
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
 - name: NCCL_NVLS_ENABLE
   value: {{ ternary "1" "0" .Values.workers.nccl.nvlsEnable | quote }}
 {{- with .Values.workers.nccl.socketIfname }}

@@ -146,6 +146,7 @@ worker start after it, so it has the GPU to itself. */}}
     - --precision={{ $v.workers.precision }}
     - --memory_bytes={{ int64 $s.memoryBytes }}
     - --host=$(POD_IP)
+    - --node=$(NODE_NAME)
     - --data_port={{ $v.workers.dataPort }}
     - --metrics_address=$(POD_IP):{{ $v.workers.metricsPort }}
     - --metrics_token_file=/var/run/muonps-metrics/token
