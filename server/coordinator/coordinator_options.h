@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "absl/time/time.h"
+#include "scheduler/step_clock.h"
 #include "server/coordinator/request_validation.h"
 
 namespace muonps {
@@ -17,6 +18,9 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Plan versions kept per job for GetPlan.
   int plan_history = 16;
+  // The links plans weigh between the workers of a node and across nodes
+  // (--nvlink_gbs, --network_gbs; the rest as scheduler::LinkFigures).
+  scheduler::LinkFigures links;
 };
 
 // The coordinator's time (leases, create and join times); tests pass a

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -39,6 +40,12 @@ ABSL_FLAG(int64_t, lease_ttl_ms, 6000,
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
           "How often workers are told to heartbeat.");
 ABSL_FLAG(int, plan_history, 16, "Plan versions kept per job.");
+ABSL_FLAG(double, nvlink_gbs, 300,
+          "GB/s per GPU per direction between the GPUs of one node, as plans "
+          "weigh it (NCCL's bus bandwidth there).");
+ABSL_FLAG(double, network_gbs, 50,
+          "GB/s per GPU per direction between nodes, as plans weigh it "
+          "(each GPU's share of its node's network ports).");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory of the durable state: jobs, members and their tokens, "
           "plan versions, NCCL ids (SQLite, fsynced before every change is "
@@ -89,6 +96,8 @@ coordinator::CoordinatorOptions OptionsFromFlags() {
   o.heartbeat_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   o.plan_history = absl::GetFlag(FLAGS_plan_history);
+  o.links.nvlink_gbs = absl::GetFlag(FLAGS_nvlink_gbs);
+  o.links.inter_node_gbs = absl::GetFlag(FLAGS_network_gbs);
   o.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.limits.max_matrices_per_job = absl::GetFlag(FLAGS_max_matrices_per_job);
   o.limits.max_parameters_per_job = absl::GetFlag(FLAGS_max_parameters_per_job);
@@ -113,6 +122,12 @@ int Run() {
       options.heartbeat_interval <= absl::ZeroDuration() ||
       options.heartbeat_interval >= options.lease_ttl) {
     spdlog::error("--heartbeat_interval_ms must be in (0, --lease_ttl_ms)");
+    return 2;
+  }
+  if (!(options.links.nvlink_gbs > 0) || !(options.links.inter_node_gbs > 0) ||
+      !std::isfinite(options.links.nvlink_gbs) ||
+      !std::isfinite(options.links.inter_node_gbs)) {
+    spdlog::error("--nvlink_gbs and --network_gbs must be finite and > 0");
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);

@@ -165,8 +165,7 @@ namespace {
 
 // The step schedule of `plan` cut at the spec's bucket bound, or at the
 // one ChooseStepGrouping picks for the ranks' topology (64 MiB on one
-// node), with updates in bf16 (Newton-Schulz's default precision) and the
-// default link figures.
+// node), with updates in bf16 (Newton-Schulz's default precision).
 absl::StatusOr<scheduler::StepGrouping> ScheduleOf(
     const PlanSnapshot& s, const scheduler::OwnershipPlan& plan,
     const scheduler::ClockSettings& settings) {
@@ -208,6 +207,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   plan->dedicated = s.dedicated;
   scheduler::ClockSettings settings;
   settings.topology = TopologyOf(s.nodes);
+  settings.topology.links = s.links;
   absl::StatusOr<scheduler::StepGrouping> schedule =
       ScheduleOf(s, *plan, settings);
   const double plan_ms = std::chrono::duration<double, std::milli>(

@@ -37,6 +37,8 @@ struct PlanSnapshot {
   int64_t bucket_bytes = 0;
   // Per rank: its node (WorkerDevice::node; "" unknown).
   std::vector<std::string> nodes;
+  // The links between them (CoordinatorOptions::links).
+  scheduler::LinkFigures links;
   std::shared_ptr<const PublishedPlan> previous;  // null: the first plan
   // Re-plan from `previous` keeping owners (see JobRecord::stepped), or
   // afresh with moved bytes counted against it.

@@ -11,8 +11,12 @@ namespace muonps {
 namespace coordinator {
 
 PlanPublisher::PlanPublisher(JobTable* table, StoreQueue* queue,
-                             int plan_history)
-    : table_(table), queue_(queue), plan_history_(plan_history) {}
+                             int plan_history,
+                             const scheduler::LinkFigures& links)
+    : table_(table),
+      queue_(queue),
+      plan_history_(plan_history),
+      links_(links) {}
 
 absl::StatusOr<int64_t> PlanPublisher::PlanAtLeast(const std::string& name,
                                                    uint64_t incarnation,
@@ -47,6 +51,7 @@ absl::StatusOr<int64_t> PlanPublisher::PlanAtLeast(const std::string& name,
         continue;
       }
       snapshot = SnapshotForPlanning(name, *job);
+      snapshot.links = links_;
       reasons = job->members.reasons().size();
       if (snapshot.unchanged) {
         spdlog::info(

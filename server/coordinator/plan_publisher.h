@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "scheduler/step_clock.h"
 #include "server/coordinator/job_table.h"
 #include "server/coordinator/published_plan.h"
 #include "server/coordinator/store_queue.h"
@@ -31,8 +32,9 @@ namespace coordinator {
 class PlanPublisher {
  public:
   // `table` and `queue` must outlive the publisher; each job keeps its
-  // newest `plan_history` versions for GetPlan.
-  PlanPublisher(JobTable* table, StoreQueue* queue, int plan_history);
+  // newest `plan_history` versions for GetPlan; plans weigh `links`.
+  PlanPublisher(JobTable* table, StoreQueue* queue, int plan_history,
+                const scheduler::LinkFigures& links = {});
   PlanPublisher(const PlanPublisher&) = delete;
   PlanPublisher& operator=(const PlanPublisher&) = delete;
 
@@ -74,6 +76,7 @@ class PlanPublisher {
   JobTable* const table_;
   StoreQueue* const queue_;
   const int plan_history_;
+  const scheduler::LinkFigures links_;
   // Signalled under the table's mutex whenever a plan, a plan error or a
   // planner's state changes, and when a job is deleted.
   absl::CondVar plan_changed_;

@@ -36,15 +36,14 @@ TEST(TopologyOfTest, EqualNamesAreOneNodeAndAnUnnamedRankOneOfItsOwn) {
   EXPECT_EQ(TopologyOf({"", "", ""}).nodes(), 1);
 }
 
-// 32 row-sharded 4096 x 4096 fp32 matrices (2 GiB of gradients) on
-// `workers` workers, `per_node` to a node.
+// 32 4096 x 4096 fp32 matrices (2 GiB of gradients; row-sharded unless
+// `layout` says) on `workers` workers, `per_node` to a node.
 class PlanTopologyTest : public CoordinatorTest {
  protected:
-  v1::Plan PlanOn(int workers, int per_node, int64_t bucket_bytes = 0) {
+  v1::Plan PlanOn(int workers, int per_node, int64_t bucket_bytes = 0,
+                  v1::Layout layout = v1::LAYOUT_ROW_SHARDED) {
     v1::JobSpec spec = Spec("x", 32, 4096, 4096);
-    for (v1::Matrix& m : *spec.mutable_matrices()) {
-      m.set_layout(v1::LAYOUT_ROW_SHARDED);
-    }
+    for (v1::Matrix& m : *spec.mutable_matrices()) m.set_layout(layout);
     spec.set_bucket_bytes(bucket_bytes);
     EXPECT_TRUE(state_->CreateJob(Create(spec)).ok());
     for (int w = 0; w < workers; ++w) {
@@ -75,6 +74,24 @@ TEST_F(PlanTopologyTest, AcrossNodesRowGathersGoInFewerLargerPhases) {
     largest = std::max(largest, b.bytes());
   }
   EXPECT_LE(largest, plan.bucket_bytes());
+}
+
+TEST_F(PlanTopologyTest, PlansWeighTheCoordinatorsLinks) {
+  // Replicated matrices over 16 nodes. With the default links (a ring's
+  // fill per phase) one phase of everything wins. On a network of 1 GB/s
+  // per GPU with no latency (--network_gbs=1) the updates are what costs:
+  // smaller buckets send them back while later stacks compute.
+  const v1::Plan fast = PlanOn(32, 2, 0, v1::LAYOUT_REPLICATED);
+  EXPECT_EQ(fast.bucket_bytes(), 2048 * kMiB);
+  EXPECT_EQ(fast.buckets_size(), 1);
+  CoordinatorOptions options = Options();
+  options.links.inter_node_gbs = 1;
+  options.links.latency_us = 0;
+  options.links.hop_latency_us = 0;
+  Reset(options);
+  const v1::Plan slow = PlanOn(32, 2, 0, v1::LAYOUT_REPLICATED);
+  EXPECT_LT(slow.bucket_bytes(), fast.bucket_bytes());
+  EXPECT_GT(slow.buckets_size(), 1);
 }
 
 TEST_F(PlanTopologyTest, AJobsOwnBoundStandsOnAnyTopology) {

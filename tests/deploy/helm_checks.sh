@@ -140,13 +140,20 @@ else
   fail "ServiceMonitor gated on monitoring.coreos.com/v1"
 fi
 # Workers name their Kubernetes node, which plans weigh and ListWorkers
-# shows: the pool's and a trainer's sidecar alike.
+# shows: the pool's and a trainer's sidecar alike; the coordinator gets the
+# links plans weigh.
 if grep -q -- '--node=$(NODE_NAME)' "$work/gpu-multi-node.yaml" &&
    grep -A3 'name: NODE_NAME' "$work/gpu-multi-node.yaml" | grep -q 'fieldPath: spec.nodeName' &&
    { ((!trainer_ok)) || grep -q -- '--node=$(NODE_NAME)' "$work/trainer-gpu.yaml"; }; then
   pass "workers pass their Kubernetes node as --node"
 else
   fail "workers pass their Kubernetes node as --node"
+fi
+if grep -q -- '--nvlink_gbs=300' "$work/default.yaml" &&
+   grep -q -- '--network_gbs=50' "$work/default.yaml"; then
+  pass "the coordinator weighs the links of coordinator.links"
+else
+  fail "the coordinator weighs the links of coordinator.links"
 fi
 if grep -A1 'name: NCCL_NVLS_ENABLE' "$work/gpu-pool.yaml" | grep -q 'value: "0"'; then
   pass "NCCL_NVLS_ENABLE=0 by default"
