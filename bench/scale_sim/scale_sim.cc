@@ -101,26 +101,9 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   scheduler::StepClock clock = scheduler::ClockStep(config.matrices, *schedule,
                                                     stack_seconds, n, settings);
 
-  result.predicted_seconds = clock.predicted_seconds;
-  result.stage_seconds = clock.stage_seconds;
-  result.commit_seconds = clock.commit_seconds;
-  result.apply_seconds = clock.apply_seconds;
-  result.gradients_landed_seconds = clock.gradients_landed_seconds;
-  result.worker_compute_end_seconds =
-      std::move(clock.worker_compute_end_seconds);
-  result.compute_end_seconds_max = clock.compute_end_seconds_max;
-  result.critical_compute_seconds = clock.critical_compute_seconds;
-  result.critical_wait_seconds = clock.critical_wait_seconds;
-  result.updates_tail_seconds = clock.updates_tail_seconds;
-  result.limited_by = clock.limited_by;
-  result.transfer_seconds = clock.transfer_seconds;
-  result.latency_seconds = clock.latency_seconds;
-  result.bytes_per_gpu = clock.bytes_per_gpu;
-  result.phases = clock.phases;
-  result.worker_compute_seconds = std::move(clock.worker_compute_seconds);
-  result.worker_stacks = std::move(clock.worker_stacks);
+  result.clock = std::move(clock);
 
-  const std::vector<double>& c = result.worker_compute_seconds;
+  const std::vector<double>& c = result.clock.worker_compute_seconds;
   result.compute_seconds_max = *std::max_element(c.begin(), c.end());
   result.compute_seconds_mean = std::accumulate(c.begin(), c.end(), 0.0) / n;
   result.imbalance =

@@ -74,51 +74,21 @@ struct SimConfig {
 };
 
 struct SimResult {
+  // The step as scheduler::ClockStep clocks it (predicted_seconds, its
+  // parts and critical path, per-worker compute, bytes and phases).
+  scheduler::StepClock clock;
   // The schedule's bucket bound, and how the candidates clocked when it
   // was chosen (empty when set).
   int64_t bucket_bytes = 0;
   std::vector<std::pair<int64_t, double>> bucket_candidates;
-  // The step: stage_seconds + commit_seconds.
-  double predicted_seconds = 0;
-  // Every update has landed and every compute stream is done.
-  double stage_seconds = 0;
-  // Control rounds + apply (apply_seconds).
-  double commit_seconds = 0;
-  double apply_seconds = 0;
-  // The last bucket's gradients have landed (0 with none to move).
-  double gradients_landed_seconds = 0;
   // Sum of each worker's stack times; max and mean over all N workers.
   double compute_seconds_max = 0;
   double compute_seconds_mean = 0;
-  double imbalance = 1;  // max / mean compute
-  // When each worker's compute stream is done (0 for a worker that owns
-  // nothing), and the latest of them.
-  std::vector<double> worker_compute_end_seconds;
-  double compute_end_seconds_max = 0;
-  // The step's critical path, in four parts that add up to
-  // predicted_seconds: the compute of the worker whose compute ends last,
-  // the time its compute stream waited for gradients, the updates still
-  // going back after that (stage_seconds - compute_end_seconds_max), and
-  // the commit. `limited_by` names the largest: "compute", "gradients",
-  // "updates_back" or "commit".
-  double critical_compute_seconds = 0;
-  double critical_wait_seconds = 0;
-  double updates_tail_seconds = 0;
-  std::string limited_by;
-  // Busy time of the transfer timeline, and the latency part of it.
-  double transfer_seconds = 0;
-  double latency_seconds = 0;
-  // Largest per-GPU wire bytes of the step (max of sent and received).
-  int64_t bytes_per_gpu = 0;
+  double imbalance = 1;    // max / mean compute
   int64_t parameters = 0;  // elements of all matrices
   int owning_workers = 0;  // workers that own at least one matrix
-  int phases = 0;          // transfer phases with at least one transfer
   // The planner's own prediction (max worker seconds) for comparison.
   double plan_max_seconds = 0;
-  std::vector<double> worker_compute_seconds;
-  // The stacks (StepSchedule::stacks indices) each worker computes, in
-  // the order it runs them.
-  std::vector<std::vector<int>> worker_stacks;
   // AdamW of the same parameters: data parallel (every GPU steps all of
   // them) and FSDP-style sharded (each GPU steps 1/N).
   double adamw_data_parallel_seconds = 0;

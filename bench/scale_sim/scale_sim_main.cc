@@ -197,8 +197,8 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["gpus"] = c.gpus;
   j["gpus_per_node"] = c.gpus_per_node;
   j["layout"] = std::string(scheduler::LayoutName(layout));
-  j["predicted_ms"] = r.predicted_seconds * 1e3;
-  j["limited_by"] = r.limited_by;
+  j["predicted_ms"] = r.clock.predicted_seconds * 1e3;
+  j["limited_by"] = r.clock.limited_by;
   j["bucket_bytes"] = r.bucket_bytes;
   if (!r.bucket_candidates.empty()) {
     nlohmann::ordered_json tried = nlohmann::ordered_json::array();
@@ -208,32 +208,34 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
     }
     j["bucket_candidates"] = std::move(tried);
   }
-  j["stage_ms"] = r.stage_seconds * 1e3;
-  j["commit_ms"] = r.commit_seconds * 1e3;
-  j["apply_ms"] = r.apply_seconds * 1e3;
-  j["critical_compute_ms"] = r.critical_compute_seconds * 1e3;
-  j["critical_wait_ms"] = r.critical_wait_seconds * 1e3;
-  j["updates_tail_ms"] = r.updates_tail_seconds * 1e3;
-  j["gradients_landed_ms"] = r.gradients_landed_seconds * 1e3;
-  j["compute_end_ms_max"] = r.compute_end_seconds_max * 1e3;
+  j["stage_ms"] = r.clock.stage_seconds * 1e3;
+  j["commit_ms"] = r.clock.commit_seconds * 1e3;
+  j["apply_ms"] = r.clock.apply_seconds * 1e3;
+  j["critical_compute_ms"] = r.clock.critical_compute_seconds * 1e3;
+  j["critical_wait_ms"] = r.clock.critical_wait_seconds * 1e3;
+  j["updates_tail_ms"] = r.clock.updates_tail_seconds * 1e3;
+  j["gradients_landed_ms"] = r.clock.gradients_landed_seconds * 1e3;
+  j["compute_end_ms_max"] = r.clock.compute_end_seconds_max * 1e3;
   j["compute_ms_max"] = r.compute_seconds_max * 1e3;
   j["compute_ms_mean"] = r.compute_seconds_mean * 1e3;
-  j["transfer_ms_max"] = r.transfer_seconds * 1e3;
-  j["latency_ms"] = r.latency_seconds * 1e3;
+  j["transfer_ms_max"] = r.clock.transfer_seconds * 1e3;
+  j["latency_ms"] = r.clock.latency_seconds * 1e3;
   j["imbalance"] = r.imbalance;
   j["owning_workers"] = r.owning_workers;
-  j["transfer_phases"] = r.phases;
+  j["transfer_phases"] = r.clock.phases;
   j["adamw_ms"] = r.adamw_data_parallel_seconds * 1e3;
-  j["ratio_vs_adamw"] = r.predicted_seconds / r.adamw_data_parallel_seconds;
+  j["ratio_vs_adamw"] =
+      r.clock.predicted_seconds / r.adamw_data_parallel_seconds;
   j["adamw_sharded_ms"] = r.adamw_sharded_seconds * 1e3;
-  j["ratio_vs_adamw_sharded"] = r.predicted_seconds / r.adamw_sharded_seconds;
+  j["ratio_vs_adamw_sharded"] =
+      r.clock.predicted_seconds / r.adamw_sharded_seconds;
   j["ddp_allreduce_ms"] = r.allreduce_seconds * 1e3;
   if (layout == scheduler::Layout::kUnreduced) {
     j["ratio_vs_adamw_plus_allreduce"] =
-        r.predicted_seconds /
+        r.clock.predicted_seconds /
         (r.adamw_data_parallel_seconds + r.allreduce_seconds);
   }
-  j["bytes_per_gpu"] = r.bytes_per_gpu;
+  j["bytes_per_gpu"] = r.clock.bytes_per_gpu;
   j["parameters"] = r.parameters;
   j["plan_max_ms"] = r.plan_max_seconds * 1e3;
   j["inter_node_gbs"] = c.links.inter_node_gbs;
@@ -271,10 +273,10 @@ absl::Status Validate(
     j["model"] = c.model;
     j["gpus"] = m.gpus;
     j["layout"] = layout;
-    j["predicted_ms"] = r.predicted_seconds * 1e3;
+    j["predicted_ms"] = r.clock.predicted_seconds * 1e3;
     j["measured_ms"] = m.ms;
-    j["error"] = Error(r.predicted_seconds * 1e3, m.ms);
-    j["limited_by"] = r.limited_by;
+    j["error"] = Error(r.clock.predicted_seconds * 1e3, m.ms);
+    j["limited_by"] = r.clock.limited_by;
     // Parts, predicted and measured (device ms since the stage began;
     // measured: the latest over the ranks' timelines).
     double landed = 0, compute_end = 0, stage = 0, outside = 0;
@@ -287,10 +289,10 @@ absl::Status Validate(
       stage = std::max({stage, t.compute_end_ms, t.updates_landed_ms});
       outside += t.agreed_ms + t.committed_ms - t.staged_ms;
     }
-    j["predicted_gradients_landed_ms"] = r.gradients_landed_seconds * 1e3;
-    j["predicted_compute_end_ms_max"] = r.compute_end_seconds_max * 1e3;
-    j["predicted_stage_ms"] = r.stage_seconds * 1e3;
-    j["predicted_commit_ms"] = r.commit_seconds * 1e3;
+    j["predicted_gradients_landed_ms"] = r.clock.gradients_landed_seconds * 1e3;
+    j["predicted_compute_end_ms_max"] = r.clock.compute_end_seconds_max * 1e3;
+    j["predicted_stage_ms"] = r.clock.stage_seconds * 1e3;
+    j["predicted_commit_ms"] = r.clock.commit_seconds * 1e3;
     if (ranks > 0) {
       j["measured_gradients_landed_ms"] = landed;
       j["measured_compute_end_ms_max"] = compute_end;
@@ -312,16 +314,16 @@ absl::Status Validate(
       w["gpus"] = m.gpus;
       w["layout"] = layout;
       w["rank"] = t.rank;
-      const double predicted = r.worker_compute_end_seconds[t.rank] * 1e3;
+      const double predicted = r.clock.worker_compute_end_seconds[t.rank] * 1e3;
       w["predicted_compute_end_ms"] = predicted;
       w["measured_compute_end_ms"] = t.compute_end_ms;
       if (t.compute_end_ms > 0) {
         w["error"] = Error(predicted, t.compute_end_ms);
       }
-      w["predicted_compute_ms"] = r.worker_compute_seconds[t.rank] * 1e3;
-      w["predicted_stacks"] = r.worker_stacks[t.rank];
+      w["predicted_compute_ms"] = r.clock.worker_compute_seconds[t.rank] * 1e3;
+      w["predicted_stacks"] = r.clock.worker_stacks[t.rank];
       w["measured_stacks"] = t.stacks;
-      w["same_stacks"] = r.worker_stacks[t.rank] == t.stacks;
+      w["same_stacks"] = r.clock.worker_stacks[t.rank] == t.stacks;
       w["measured_line"] = t.line;
       Print(w);
     }

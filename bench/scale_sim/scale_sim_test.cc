@@ -82,15 +82,16 @@ TEST(ScaleSimTest, SameInputGivesTheSameResultFieldForField) {
   const SimConfig c = Config("llama3_8b_8layers", 64);
   const SimResult a = *SimulateStep(c);
   const SimResult b = *SimulateStep(c);
-  EXPECT_EQ(a.predicted_seconds, b.predicted_seconds);
+  EXPECT_EQ(a.clock.predicted_seconds, b.clock.predicted_seconds);
   EXPECT_EQ(a.compute_seconds_max, b.compute_seconds_max);
-  EXPECT_EQ(a.transfer_seconds, b.transfer_seconds);
-  EXPECT_EQ(a.bytes_per_gpu, b.bytes_per_gpu);
-  EXPECT_EQ(a.worker_compute_seconds, b.worker_compute_seconds);
-  EXPECT_EQ(a.worker_compute_end_seconds, b.worker_compute_end_seconds);
-  EXPECT_EQ(a.worker_stacks, b.worker_stacks);
-  EXPECT_EQ(a.limited_by, b.limited_by);
-  EXPECT_GT(a.predicted_seconds, 0);
+  EXPECT_EQ(a.clock.transfer_seconds, b.clock.transfer_seconds);
+  EXPECT_EQ(a.clock.bytes_per_gpu, b.clock.bytes_per_gpu);
+  EXPECT_EQ(a.clock.worker_compute_seconds, b.clock.worker_compute_seconds);
+  EXPECT_EQ(a.clock.worker_compute_end_seconds,
+            b.clock.worker_compute_end_seconds);
+  EXPECT_EQ(a.clock.worker_stacks, b.clock.worker_stacks);
+  EXPECT_EQ(a.clock.limited_by, b.clock.limited_by);
+  EXPECT_GT(a.clock.predicted_seconds, 0);
 }
 
 // Infinite links and a free commit.
@@ -120,13 +121,15 @@ TEST(ScaleSimTest, FreeTransfersAndCommitPredictTheMaxWorkerCompute) {
       const SimResult r = *SimulateStep(c);
       // No worker waits: gradients land at 0 and compute never waits for
       // updates going back, which take no time.
-      EXPECT_EQ(r.predicted_seconds, r.compute_seconds_max) << gpus;
-      EXPECT_EQ(r.worker_compute_end_seconds, r.worker_compute_seconds) << gpus;
-      EXPECT_EQ(r.commit_seconds, 0) << gpus;
-      EXPECT_EQ(r.transfer_seconds, 0) << gpus;
-      EXPECT_EQ(r.limited_by, "compute") << gpus;
+      EXPECT_EQ(r.clock.predicted_seconds, r.compute_seconds_max) << gpus;
+      EXPECT_EQ(r.clock.worker_compute_end_seconds,
+                r.clock.worker_compute_seconds)
+          << gpus;
+      EXPECT_EQ(r.clock.commit_seconds, 0) << gpus;
+      EXPECT_EQ(r.clock.transfer_seconds, 0) << gpus;
+      EXPECT_EQ(r.clock.limited_by, "compute") << gpus;
       // The plan's max also counts transfers at 1e18 B/s: under 0.1 us.
-      EXPECT_NEAR(r.predicted_seconds, r.plan_max_seconds, 1e-7) << gpus;
+      EXPECT_NEAR(r.clock.predicted_seconds, r.plan_max_seconds, 1e-7) << gpus;
     }
   }
 }
@@ -135,7 +138,7 @@ TEST(ScaleSimTest, SplitOrientationsCostUnderOnePercentAgainstThePlan) {
   for (const int gpus : {1, 8, 64}) {
     const SimResult r =
         *SimulateStep(FreeTransfers(Config("llama3_8b_8layers", gpus)));
-    EXPECT_NEAR(r.predicted_seconds, r.plan_max_seconds,
+    EXPECT_NEAR(r.clock.predicted_seconds, r.plan_max_seconds,
                 1e-2 * r.plan_max_seconds)
         << gpus;
   }
@@ -146,9 +149,10 @@ TEST(ScaleSimTest, CostScaleMultipliesEveryStack) {
   const SimResult one = *SimulateStep(c);
   c.cost_scale = 2;
   const SimResult two = *SimulateStep(c);
-  EXPECT_EQ(two.worker_stacks, one.worker_stacks);
+  EXPECT_EQ(two.clock.worker_stacks, one.clock.worker_stacks);
   EXPECT_DOUBLE_EQ(two.compute_seconds_max, 2 * one.compute_seconds_max);
-  EXPECT_DOUBLE_EQ(two.predicted_seconds, 2 * one.predicted_seconds);
+  EXPECT_DOUBLE_EQ(two.clock.predicted_seconds,
+                   2 * one.clock.predicted_seconds);
 }
 
 TEST(ScaleSimTest, CommitIsControlRoundsPlusApplyingHeldParameters) {
@@ -157,12 +161,13 @@ TEST(ScaleSimTest, CommitIsControlRoundsPlusApplyingHeldParameters) {
   c.hbm_bytes_per_second = 3e12;
   const SimResult r = *SimulateStep(c);
   // 8 bytes of fp32 parameter and a bf16 update per parameter.
-  EXPECT_DOUBLE_EQ(r.apply_seconds, r.parameters * 10.0 / 3e12);
-  EXPECT_DOUBLE_EQ(r.commit_seconds, 4e-3 + r.apply_seconds);
-  EXPECT_DOUBLE_EQ(r.predicted_seconds, r.stage_seconds + r.commit_seconds);
+  EXPECT_DOUBLE_EQ(r.clock.apply_seconds, r.parameters * 10.0 / 3e12);
+  EXPECT_DOUBLE_EQ(r.clock.commit_seconds, 4e-3 + r.clock.apply_seconds);
+  EXPECT_DOUBLE_EQ(r.clock.predicted_seconds,
+                   r.clock.stage_seconds + r.clock.commit_seconds);
   // Each trainer holds 1/N of a row-sharded matrix's rows.
   c.matrices = *ModelMatrices("llama3_8b_8layers", Layout::kRowSharded);
-  EXPECT_DOUBLE_EQ(SimulateStep(c)->apply_seconds,
+  EXPECT_DOUBLE_EQ(SimulateStep(c)->clock.apply_seconds,
                    r.parameters * 10.0 / 3e12 / 8);
 }
 
@@ -172,14 +177,15 @@ TEST(ScaleSimTest, CriticalPathPartsAddUpToTheStep) {
     for (const int gpus : {2, 64, 512}) {
       const SimResult r =
           *SimulateStep(Config("llama3_8b_8layers", gpus, layout));
-      EXPECT_NEAR(r.critical_compute_seconds + r.critical_wait_seconds +
-                      r.updates_tail_seconds + r.commit_seconds,
-                  r.predicted_seconds, 1e-12)
+      EXPECT_NEAR(r.clock.critical_compute_seconds +
+                      r.clock.critical_wait_seconds +
+                      r.clock.updates_tail_seconds + r.clock.commit_seconds,
+                  r.clock.predicted_seconds, 1e-12)
           << gpus;
-      EXPECT_GE(r.critical_wait_seconds, 0) << gpus;
-      EXPECT_GE(r.updates_tail_seconds, 0) << gpus;
-      EXPECT_LE(r.compute_end_seconds_max, r.stage_seconds) << gpus;
-      EXPECT_FALSE(r.limited_by.empty()) << gpus;
+      EXPECT_GE(r.clock.critical_wait_seconds, 0) << gpus;
+      EXPECT_GE(r.clock.updates_tail_seconds, 0) << gpus;
+      EXPECT_LE(r.clock.compute_end_seconds_max, r.clock.stage_seconds) << gpus;
+      EXPECT_FALSE(r.clock.limited_by.empty()) << gpus;
     }
   }
 }
@@ -189,10 +195,10 @@ TEST(ScaleSimTest, ReplicatedComputeNeverWaitsWhateverTheLinks) {
   c.links.nvlink_gbs = 1;  // updates back take seconds
   c.links.inter_node_gbs = 1;
   const SimResult r = *SimulateStep(c);
-  EXPECT_EQ(r.gradients_landed_seconds, 0);
-  EXPECT_EQ(r.worker_compute_end_seconds, r.worker_compute_seconds);
-  EXPECT_EQ(r.limited_by, "updates_back");
-  EXPECT_GT(r.updates_tail_seconds, 1);
+  EXPECT_EQ(r.clock.gradients_landed_seconds, 0);
+  EXPECT_EQ(r.clock.worker_compute_end_seconds, r.clock.worker_compute_seconds);
+  EXPECT_EQ(r.clock.limited_by, "updates_back");
+  EXPECT_GT(r.clock.updates_tail_seconds, 1);
 }
 
 TEST(ScaleSimTest, AStackWaitsOnlyForItsOwnBucket) {
@@ -204,12 +210,12 @@ TEST(ScaleSimTest, AStackWaitsOnlyForItsOwnBucket) {
   c.schedule.bucket_bytes = kTinyWireBytes / 2;  // one matrix per bucket
   c.schedule.stack_bytes = 1;                    // one matrix per stack
   const SimResult r = *SimulateStep(c);
-  EXPECT_DOUBLE_EQ(r.gradients_landed_seconds, 2 * kTinyWireBytes / 1e9);
-  double first_start = r.stage_seconds;
+  EXPECT_DOUBLE_EQ(r.clock.gradients_landed_seconds, 2 * kTinyWireBytes / 1e9);
+  double first_start = r.clock.stage_seconds;
   for (int w = 0; w < 2; ++w) {
-    if (r.worker_compute_seconds[w] == 0) continue;
-    first_start = std::min(first_start, r.worker_compute_end_seconds[w] -
-                                            r.worker_compute_seconds[w]);
+    if (r.clock.worker_compute_seconds[w] == 0) continue;
+    first_start = std::min(first_start, r.clock.worker_compute_end_seconds[w] -
+                                            r.clock.worker_compute_seconds[w]);
   }
   EXPECT_DOUBLE_EQ(first_start, kTinyWireBytes / 1e9);
 }
@@ -227,30 +233,33 @@ TEST(ScaleSimTest, ComputeSlowsOnlyWhileATransferIsInFlight) {
   const SimResult free = *SimulateStep(c);
   c.transfer_contention = 1;  // half speed inside a phase
   const SimResult slowed = *SimulateStep(c);
-  ASSERT_EQ(slowed.worker_compute_seconds, free.worker_compute_seconds);
+  ASSERT_EQ(slowed.clock.worker_compute_seconds,
+            free.clock.worker_compute_seconds);
   int first = -1;
   for (int w = 0; w < 2; ++w) {
-    const double d = free.worker_compute_seconds[w];
-    if (d > 0 && std::abs(free.worker_compute_end_seconds[w] - d - t) < 1e-12) {
+    const double d = free.clock.worker_compute_seconds[w];
+    if (d > 0 &&
+        std::abs(free.clock.worker_compute_end_seconds[w] - d - t) < 1e-12) {
       first = w;
     }
   }
   ASSERT_GE(first, 0);
   // Inside [T, 2T) at half speed (T / 2 of its work), then full speed.
-  const double d = free.worker_compute_seconds[first];
-  EXPECT_DOUBLE_EQ(slowed.worker_compute_end_seconds[first],
+  const double d = free.clock.worker_compute_seconds[first];
+  EXPECT_DOUBLE_EQ(slowed.clock.worker_compute_end_seconds[first],
                    d <= t / 2 ? t + 2 * d : 2 * t + d - t / 2);
   for (int w = 0; w < 2; ++w) {
-    EXPECT_GE(slowed.worker_compute_end_seconds[w],
-              free.worker_compute_end_seconds[w]);
+    EXPECT_GE(slowed.clock.worker_compute_end_seconds[w],
+              free.clock.worker_compute_end_seconds[w]);
   }
-  EXPECT_GT(slowed.predicted_seconds, free.predicted_seconds);
+  EXPECT_GT(slowed.clock.predicted_seconds, free.clock.predicted_seconds);
   // Transfers that take no time slow nothing.
   SimConfig instant = FreeTransfers(Config("llama3_8b_8layers", 4));
   instant.peer_writes = false;
   const SimResult a = *SimulateStep(instant);
   instant.transfer_contention = 1;
-  EXPECT_EQ(SimulateStep(instant)->predicted_seconds, a.predicted_seconds);
+  EXPECT_EQ(SimulateStep(instant)->clock.predicted_seconds,
+            a.clock.predicted_seconds);
 }
 
 TEST(ScaleSimTest, DoublingGpusNeverRaisesComputeMaxByMoreThanOneMs) {
@@ -278,21 +287,22 @@ TEST(ScaleSimTest, UnreducedBytesPerGpuAreOneMatrixPerReduceAndBroadcast) {
   // Each reduce and broadcast moves the matrix through every rank of the
   // ring: 2 matrices x (the fp32 gradient's S + the bf16 update's S / 2),
   // on one node or across two.
-  EXPECT_EQ(
-      SimulateStep(Collectives(Tiny(4, 4, Layout::kUnreduced)))->bytes_per_gpu,
-      2 * (kTinyWireBytes + kTinyUpdateBytes));
-  EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kUnreduced))->bytes_per_gpu,
+  EXPECT_EQ(SimulateStep(Collectives(Tiny(4, 4, Layout::kUnreduced)))
+                ->clock.bytes_per_gpu,
+            2 * (kTinyWireBytes + kTinyUpdateBytes));
+  EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kUnreduced))->clock.bytes_per_gpu,
             2 * (kTinyWireBytes + kTinyUpdateBytes));
   // Replicated: only the updates come back.
-  EXPECT_EQ(
-      SimulateStep(Collectives(Tiny(4, 4, Layout::kReplicated)))->bytes_per_gpu,
-      2 * kTinyUpdateBytes);
+  EXPECT_EQ(SimulateStep(Collectives(Tiny(4, 4, Layout::kReplicated)))
+                ->clock.bytes_per_gpu,
+            2 * kTinyUpdateBytes);
   // fp32 updates (--precision fp32) move the gradient's bytes.
   SimConfig fp32 = Collectives(Tiny(4, 4, Layout::kReplicated));
   fp32.update_bytes_per_element = 4;
-  EXPECT_EQ(SimulateStep(fp32)->bytes_per_gpu, 2 * kTinyWireBytes);
+  EXPECT_EQ(SimulateStep(fp32)->clock.bytes_per_gpu, 2 * kTinyWireBytes);
   // One GPU moves nothing.
-  EXPECT_EQ(SimulateStep(Tiny(1, 8, Layout::kUnreduced))->bytes_per_gpu, 0);
+  EXPECT_EQ(SimulateStep(Tiny(1, 8, Layout::kUnreduced))->clock.bytes_per_gpu,
+            0);
 }
 
 TEST(ScaleSimTest, PeerWritesSendEachUpdateOnceToEveryOtherTrainer) {
@@ -300,14 +310,15 @@ TEST(ScaleSimTest, PeerWritesSendEachUpdateOnceToEveryOtherTrainer) {
   // update into the 3 other trainers' staging and receives the other one.
   const SimResult r = *SimulateStep(Tiny(4, 4, Layout::kReplicated));
   ASSERT_EQ(r.owning_workers, 2);
-  EXPECT_EQ(r.bytes_per_gpu, 3 * kTinyUpdateBytes);
+  EXPECT_EQ(r.clock.bytes_per_gpu, 3 * kTinyUpdateBytes);
   // Across nodes, or with row-sharded parameters, collectives carry them.
-  EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kReplicated))->bytes_per_gpu,
+  EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kReplicated))->clock.bytes_per_gpu,
             SimulateStep(Collectives(Tiny(4, 2, Layout::kReplicated)))
-                ->bytes_per_gpu);
-  EXPECT_EQ(SimulateStep(Tiny(4, 4, Layout::kRowSharded))->predicted_seconds,
-            SimulateStep(Collectives(Tiny(4, 4, Layout::kRowSharded)))
-                ->predicted_seconds);
+                ->clock.bytes_per_gpu);
+  EXPECT_EQ(
+      SimulateStep(Tiny(4, 4, Layout::kRowSharded))->clock.predicted_seconds,
+      SimulateStep(Collectives(Tiny(4, 4, Layout::kRowSharded)))
+          ->clock.predicted_seconds);
 }
 
 TEST(ScaleSimTest, PeerWritesRunOnTheOwnersStreamAndSlowNoCompute) {
@@ -321,20 +332,20 @@ TEST(ScaleSimTest, PeerWritesRunOnTheOwnersStreamAndSlowNoCompute) {
   const SimResult r = *SimulateStep(c);
   double last_write = 0;
   for (int w = 0; w < 2; ++w) {
-    EXPECT_DOUBLE_EQ(r.worker_compute_end_seconds[w],
-                     r.worker_compute_seconds[w]);
-    if (r.worker_compute_seconds[w] == 0) continue;
-    last_write = std::max(
-        last_write, r.worker_compute_end_seconds[w] + kTinyUpdateBytes / 1e9);
+    EXPECT_DOUBLE_EQ(r.clock.worker_compute_end_seconds[w],
+                     r.clock.worker_compute_seconds[w]);
+    if (r.clock.worker_compute_seconds[w] == 0) continue;
+    last_write = std::max(last_write, r.clock.worker_compute_end_seconds[w] +
+                                          kTinyUpdateBytes / 1e9);
   }
-  EXPECT_DOUBLE_EQ(r.stage_seconds, last_write);
+  EXPECT_DOUBLE_EQ(r.clock.stage_seconds, last_write);
 }
 
 TEST(ScaleSimTest, RowShardedOwnerReceivesAndSendsAllButItsOwnRows) {
   // One matrix on 4 GPUs: the owner gathers 3 of 4 row ranges and
   // scatters them back.
   const SimResult r = *SimulateStep(Tiny(4, 4, Layout::kRowSharded, 1));
-  EXPECT_EQ(r.bytes_per_gpu, 3 * kTinyWireBytes / 4);
+  EXPECT_EQ(r.clock.bytes_per_gpu, 3 * kTinyWireBytes / 4);
 }
 
 TEST(ScaleSimTest, TransferTimeIsBytesOverTheLinkPerPhase) {
@@ -343,28 +354,28 @@ TEST(ScaleSimTest, TransferTimeIsBytesOverTheLinkPerPhase) {
   const SimResult r = *SimulateStep(c);
   // One reduce phase of the gradient's bytes and one broadcast phase of
   // the update's, with the stack between them.
-  EXPECT_DOUBLE_EQ(r.transfer_seconds,
+  EXPECT_DOUBLE_EQ(r.clock.transfer_seconds,
                    (kTinyWireBytes + kTinyUpdateBytes) / 1e9);
-  EXPECT_DOUBLE_EQ(r.gradients_landed_seconds, kTinyWireBytes / 1e9);
-  EXPECT_DOUBLE_EQ(r.predicted_seconds,
-                   r.transfer_seconds + r.compute_seconds_max);
-  EXPECT_DOUBLE_EQ(r.critical_wait_seconds, kTinyWireBytes / 1e9);
-  EXPECT_NEAR(r.updates_tail_seconds, kTinyUpdateBytes / 1e9, 1e-15);
+  EXPECT_DOUBLE_EQ(r.clock.gradients_landed_seconds, kTinyWireBytes / 1e9);
+  EXPECT_DOUBLE_EQ(r.clock.predicted_seconds,
+                   r.clock.transfer_seconds + r.compute_seconds_max);
+  EXPECT_DOUBLE_EQ(r.clock.critical_wait_seconds, kTinyWireBytes / 1e9);
+  EXPECT_NEAR(r.clock.updates_tail_seconds, kTinyUpdateBytes / 1e9, 1e-15);
   // A reduce at half the rate takes twice as long; the broadcast does not
   // change, nor the bytes.
   c.links.reduce_gbs = 0.5;
   const SimResult slow_reduce = *SimulateStep(c);
-  EXPECT_DOUBLE_EQ(slow_reduce.gradients_landed_seconds,
+  EXPECT_DOUBLE_EQ(slow_reduce.clock.gradients_landed_seconds,
                    2 * kTinyWireBytes / 1e9);
-  EXPECT_DOUBLE_EQ(slow_reduce.transfer_seconds,
+  EXPECT_DOUBLE_EQ(slow_reduce.clock.transfer_seconds,
                    (2 * kTinyWireBytes + kTinyUpdateBytes) / 1e9);
-  EXPECT_EQ(slow_reduce.bytes_per_gpu, r.bytes_per_gpu);
+  EXPECT_EQ(slow_reduce.clock.bytes_per_gpu, r.clock.bytes_per_gpu);
   c.links.reduce_gbs = 0;
   // Across nodes the NIC carries S / G of each ring collective.
   c.gpus_per_node = 2;
   c.links.nvlink_gbs = 1000;
   c.links.inter_node_gbs = 1;
-  EXPECT_DOUBLE_EQ(SimulateStep(c)->transfer_seconds,
+  EXPECT_DOUBLE_EQ(SimulateStep(c)->clock.transfer_seconds,
                    (kTinyWireBytes / 2 + kTinyUpdateBytes / 2) / 1e9);
 }
 
@@ -376,9 +387,9 @@ TEST(ScaleSimTest, RingFillLatencyIsPaidOncePerPhase) {
   c.links.hop_latency_us = 2;
   c.schedule.bucket_bytes = int64_t{1} << 30;  // one bucket: two phases
   const SimResult r = *SimulateStep(c);
-  EXPECT_EQ(r.phases, 2);
+  EXPECT_EQ(r.clock.phases, 2);
   // Per phase: 2 collectives x 1 us + 15 hops x 2 us.
-  EXPECT_NEAR(r.latency_seconds, 2 * (2e-6 + 15 * 2e-6), 1e-12);
+  EXPECT_NEAR(r.clock.latency_seconds, 2 * (2e-6 + 15 * 2e-6), 1e-12);
 }
 
 TEST(ScaleSimTest, AdamWReferenceScalesWithParametersAndShards) {
