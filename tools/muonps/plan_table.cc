@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -28,6 +29,12 @@ std::string Bytes(int64_t bytes) {
                    : absl::StrFormat("%.1f %s", value, units[unit]);
 }
 
+// A worker's node (Device.node) in at most 12 characters: a boot id's
+// first 12 tell the machines of a job apart; "-" for none.
+std::string Node(const std::string& node) {
+  return node.empty() ? "-" : node.substr(0, 12);
+}
+
 // Owners of an expert stack, compressed: "w0 x12, w1 x12".
 std::string Owners(const v1::MatrixPlacement& m) {
   if (m.owners_size() == 1) return m.owners(0);
@@ -49,13 +56,17 @@ std::string PlanTable(const v1::Plan& plan) {
     matrices += m.owners_size();
   }
   std::string out = absl::StrFormat(
-      "%s  (%s)\n%d workers, %d tensors (%d matrices), %d buckets\n"
+      "%s  (%s)\n%d workers on %d %s, %d tensors (%d matrices), %d buckets "
+      "of at most %s\n"
       "predicted max %.3f ms, "
       "mean %.3f ms, imbalance %.4f, lower bound %.3f ms (max / bound %.4f)\n"
       "moved %s against the previous version; planned in %.1f ms\n\n",
-      plan.name(), plan.reason(), plan.workers_size(), plan.matrices_size(),
-      matrices, plan.buckets_size(), plan.max_seconds() * 1e3,
-      plan.mean_seconds() * 1e3, plan.imbalance(), plan.lower_bound() * 1e3,
+      plan.name(), plan.reason(), plan.workers_size(),
+      std::max(plan.nodes(), 1), plan.nodes() > 1 ? "nodes" : "node",
+      plan.matrices_size(), matrices, plan.buckets_size(),
+      plan.bucket_bytes() > 0 ? Bytes(plan.bucket_bytes()) : "the job's bound",
+      plan.max_seconds() * 1e3, plan.mean_seconds() * 1e3, plan.imbalance(),
+      plan.lower_bound() * 1e3,
       plan.lower_bound() > 0 ? plan.max_seconds() / plan.lower_bound() : 0.0,
       Bytes(plan.moved_bytes()), plan.plan_ms());
   absl::StrAppendFormat(&out, "%-5s %-24s %12s %12s %12s %12s\n", "RANK",
@@ -92,16 +103,17 @@ std::string JobsTable(const v1::ListJobsResponse& jobs) {
 
 std::string WorkersTable(const v1::ListWorkersResponse& workers) {
   std::string out = absl::StrFormat(
-      "%-16s %-24s %-6s %-20s %12s %10s %6s %8s %12s %12s %8s\n", "JOB",
-      "WORKER", "KIND", "HOST", "MEMORY", "LEASE", "PLAN", "STEP", "COMPUTE",
-      "PREDICTED", "ERROR");
+      "%-16s %-24s %-6s %-20s %-12s %12s %10s %6s %8s %12s %12s %8s\n", "JOB",
+      "WORKER", "KIND", "HOST", "NODE", "MEMORY", "LEASE", "PLAN", "STEP",
+      "COMPUTE", "PREDICTED", "ERROR");
   bool far_off = false;
   for (const v1::WorkerInfo& w : workers.workers()) {
     absl::StrAppendFormat(
-        &out, "%-16s %-24s %-6s %-20s %12s %7d ms %6d ", w.job(),
+        &out, "%-16s %-24s %-6s %-20s %-12s %12s %7d ms %6d ", w.job(),
         w.draining() ? w.worker_id() + "(draining)" : w.worker_id(),
-        w.device().kind(), w.device().host(), Bytes(w.device().memory_bytes()),
-        w.lease_remaining_ms(), w.plan_version());
+        w.device().kind(), w.device().host(), Node(w.device().node()),
+        Bytes(w.device().memory_bytes()), w.lease_remaining_ms(),
+        w.plan_version());
     if (!w.has_last_step()) {
       absl::StrAppendFormat(&out, "%8s %12s %12s %8s\n", "-", "-", "-", "-");
       continue;

@@ -1,7 +1,8 @@
 // The CLI's renderings. `muonps workers`: the table shows each worker's last
 // reported step beside the plan's prediction and the cost model's error
-// ("-" where there is none) and explains one far off, and --json carries
-// last_step's fields. `muonps plan` counts tensors and their matrices.
+// ("-" where there is none) and each worker's node, and explains one far
+// off, and --json carries last_step's fields. `muonps plan` counts tensors
+// and their matrices, the nodes and the bucket bound.
 #include "tools/muonps/plan_table.h"
 
 #include <optional>
@@ -28,6 +29,7 @@ v1::ListWorkersResponse TwoWorkers() {
     w->set_worker_id(id);
     w->mutable_device()->set_kind("cuda");
     w->mutable_device()->set_host("gpu-host");
+    w->mutable_device()->set_node("3f0c9d2e-5b7a-4c1e-9d8f-0a1b2c3d4e5f");
     w->mutable_device()->set_memory_bytes(int64_t{80} << 30);
     w->set_lease_remaining_ms(5500);
     w->set_plan_version(3);
@@ -66,18 +68,20 @@ TEST(WorkersTableTest, ShowsLastStepComputeBesidePredictionAndError) {
   const std::vector<std::vector<std::string>> lines =
       Cells(WorkersTable(TwoWorkers()));
   ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[0], (std::vector<std::string>{
-                          "JOB", "WORKER", "KIND", "HOST", "MEMORY", "LEASE",
-                          "PLAN", "STEP", "COMPUTE", "PREDICTED", "ERROR"}));
+  EXPECT_EQ(lines[0],
+            (std::vector<std::string>{"JOB", "WORKER", "KIND", "HOST", "NODE",
+                                      "MEMORY", "LEASE", "PLAN", "STEP",
+                                      "COMPUTE", "PREDICTED", "ERROR"}));
   // 41.25 / 37.5 - 1 = +10%.
-  EXPECT_EQ(lines[1],
-            (std::vector<std::string>{"demo", "w0", "cuda", "gpu-host", "80.0",
-                                      "GiB", "5500", "ms", "3", "42", "41.250",
-                                      "ms", "37.500", "ms", "+10.0%"}));
+  EXPECT_EQ(lines[1], (std::vector<std::string>{
+                          "demo", "w0", "cuda", "gpu-host", "3f0c9d2e-5b7",
+                          "80.0", "GiB", "5500", "ms", "3", "42", "41.250",
+                          "ms", "37.500", "ms", "+10.0%"}));
   // No step reported yet: dashes, not zeros.
-  EXPECT_EQ(lines[2], (std::vector<std::string>{
-                          "demo", "w1", "cuda", "gpu-host", "80.0", "GiB",
-                          "5500", "ms", "3", "-", "-", "-", "-"}));
+  EXPECT_EQ(lines[2],
+            (std::vector<std::string>{"demo", "w1", "cuda", "gpu-host",
+                                      "3f0c9d2e-5b7", "80.0", "GiB", "5500",
+                                      "ms", "3", "-", "-", "-", "-"}));
 }
 
 TEST(WorkersTableTest, MarksADrainingWorker) {
@@ -123,6 +127,18 @@ TEST(PlanTableTest, CountsTensorsAndTheirMatrices) {
   experts->set_name("experts");
   for (const char* owner : {"w0", "w1", "w0", "w1"}) experts->add_owners(owner);
   EXPECT_THAT(PlanTable(plan), HasSubstr("2 tensors (5 matrices)"));
+}
+
+TEST(PlanTableTest, SaysHowManyNodesAndTheBucketBound) {
+  v1::Plan plan;
+  plan.add_workers("w0");
+  plan.add_workers("w1");
+  EXPECT_THAT(PlanTable(plan), HasSubstr("2 workers on 1 node, "));
+  EXPECT_THAT(PlanTable(plan), HasSubstr("buckets of at most the job's bound"));
+  plan.set_nodes(2);
+  plan.set_bucket_bytes(int64_t{256} << 20);
+  EXPECT_THAT(PlanTable(plan), HasSubstr("2 workers on 2 nodes, "));
+  EXPECT_THAT(PlanTable(plan), HasSubstr("buckets of at most 256.0 MiB"));
 }
 
 TEST(WorkersJsonTest, CarriesLastStepFieldsOnlyWhereReported) {
