@@ -7,10 +7,12 @@
 // the mean (unreduced) or full (replicated, row_sharded) gradients within
 // 1e-5 relative, whichever worker the plan made the owner, and whether the
 // reference runs the Newton-Schulz variant the planner chose or plain NS5.
-// Also: hyperparameters that Client::Start accepts reach the steps (or are
-// refused), never silently replaced.
+// Also: workers on two nodes (--node) train the same; hyperparameters that
+// Client::Start accepts reach the steps (or are refused), never silently
+// replaced.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -119,6 +121,44 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DataPlaneTest,
                          [](const ::testing::TestParamInfo<LayoutCase>& info) {
                            return info.param.name;
                          });
+
+// Workers that say they run on two nodes (--node): the coordinator sees the
+// nodes (ListWorkers, Plan.nodes), cuts the step's buckets at the bound it
+// chose for them (Plan.bucket_bytes, which every worker follows), and the
+// steps still match the single-process reference.
+TEST_F(DataPlaneFixture, WorkersOnTwoNodesTrainAsTheReferenceDoes) {
+  const ModelDecl model = SmallModel(Layout::kUnreduced);
+  ASSERT_NO_FATAL_FAILURE(
+      StartJob(model, {.workers = 3,
+                       .worker_flags = {{0, {"--node=rack1-host1"}},
+                                        {1, {"--node=rack1-host1"}},
+                                        {2, {"--node=rack1-host2"}}}}));
+  EXPECT_EQ(plan().nodes(), 2);
+  // Everything fits one 64 MiB bucket: the bound chosen across nodes.
+  EXPECT_EQ(plan().bucket_bytes(), int64_t{64} << 20);
+  EXPECT_EQ(plan().buckets_size(), 1);
+  const absl::StatusOr<v1::ListWorkersResponse> workers = ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  std::map<std::string, std::string> node;
+  for (const v1::WorkerInfo& w : workers->workers()) {
+    node[w.worker_id()] = w.device().node();
+  }
+  ASSERT_EQ(node.size(), 3u);
+  EXPECT_EQ(node.begin()->second, "rack1-host1");
+  EXPECT_EQ(node.rbegin()->second, "rack1-host2");
+  ReferenceModel reference(model, 3, PlannedAlgorithms());
+  for (int64_t step = 1; step <= 10; ++step) {
+    const std::vector<std::optional<StepOutcome>> outcomes = RunStep(step);
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(outcomes[r].has_value());
+      ASSERT_TRUE(outcomes[r]->result.ok())
+          << "step " << step << " trainer " << r << ": "
+          << outcomes[r]->result.status();
+    }
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ExpectMatchesReference(reference, kTolerance);
+}
 
 // Hyperparameters that Client::Start accepts (they pass
 // ValidateMuonHyperparameters) must reach the workers' steps, or Start must
