@@ -96,34 +96,35 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
 // Each stack's chunks: its plan batch's parts laid over the owner's stacks
 // of that shape in schedule order (see OwnerStack).
 void CutIntoChunks(const OwnershipPlan& plan, StepSchedule* schedule) {
-  absl::flat_hash_map<ShapeKey, const Batch*> batch_of;
+  // Per (owner, shape): its batch, and where the owner's stacks so far have
+  // reached in it: `at` items laid, inside part `p`, which ends at item
+  // `end` (part p covers the batch's items [end - parts[p].count, end)).
+  struct Cursor {
+    const Batch* batch = nullptr;
+    int64_t at = 0;
+    size_t p = 0;
+    int64_t end = 0;
+  };
+  absl::flat_hash_map<ShapeKey, Cursor> cursors;
   for (const Batch& b : plan.batches) {
-    batch_of[KeyOf(b.worker, b.rows, b.cols)] = &b;
+    cursors[KeyOf(b.worker, b.rows, b.cols)] = {&b, 0, 0, b.parts[0].count};
   }
-  // Items of the batch before this stack.
-  absl::flat_hash_map<ShapeKey, int64_t> laid;
   for (OwnerStack& stack : schedule->stacks) {
-    const ShapeKey key = KeyOf(stack.owner, stack.rows, stack.cols);
     int64_t left = static_cast<int64_t>(stack.items.size());
-    auto it = batch_of.find(key);
-    if (it == batch_of.end()) {
+    auto it = cursors.find(KeyOf(stack.owner, stack.rows, stack.cols));
+    if (it == cursors.end()) {
       stack.chunks.push_back({left, NsAlgorithm::kNs5});
       continue;
     }
-    const std::vector<BatchPart>& parts = it->second->parts;
-    int64_t at = laid[key];
-    laid[key] += left;
-    // Part p covers the batch's items [end - parts[p].count, end).
-    size_t p = 0;
-    int64_t end = parts[0].count;
-    while (at >= end && p + 1 < parts.size()) end += parts[++p].count;
+    Cursor& c = it->second;
+    const std::vector<BatchPart>& parts = c.batch->parts;
     while (left > 0) {
-      const bool last = p + 1 == parts.size();
-      const int64_t take = last ? left : std::min(left, end - at);
-      stack.chunks.push_back({take, parts[p].algorithm});
-      at += take;
+      const bool last = c.p + 1 == parts.size();
+      const int64_t take = last ? left : std::min(left, c.end - c.at);
+      stack.chunks.push_back({take, parts[c.p].algorithm});
+      c.at += take;
       left -= take;
-      if (!last && at == end) end += parts[++p].count;
+      if (!last && c.at == c.end) c.end += parts[++c.p].count;
     }
   }
 }
