@@ -421,25 +421,23 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   for (const int64_t times : {64, 16, 4, 1}) {
     if (kBase * times < everything) bounds.push_back(kBase * times);
   }
+  MUONPS_ASSIGN_OR_RETURN(
+      std::vector<StepSchedule> schedules,
+      BuildStepSchedules(matrices, plan, bounds, options.stack_bytes));
   const int workers = static_cast<int>(plan.worker_ids.size());
   out.predicted_seconds = std::numeric_limits<double>::infinity();
   // Two bounds in a row that do not beat the best end the search.
   int misses = 0;
   for (size_t i = 0; i < bounds.size() && misses < 2; ++i) {
-    MUONPS_ASSIGN_OR_RETURN(
-        StepSchedule schedule,
-        BuildStepSchedule(
-            matrices, plan,
-            {.bucket_bytes = bounds[i], .stack_bytes = options.stack_bytes}));
     const double predicted =
-        ClockStep(matrices, schedule, StackSeconds(schedule, models), workers,
-                  settings)
+        ClockStep(matrices, schedules[i], StackSeconds(schedules[i], models),
+                  workers, settings)
             .predicted_seconds;
     out.candidates.emplace_back(bounds[i], predicted);
     if (predicted <= out.predicted_seconds) {
       out.predicted_seconds = predicted;
       out.bucket_bytes = bounds[i];
-      out.schedule = std::move(schedule);
+      out.schedule = std::move(schedules[i]);
       misses = 0;
     } else {
       ++misses;

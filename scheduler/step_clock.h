@@ -182,9 +182,9 @@ struct StepGrouping {
 // when > 0 (not clocked); else on one node 64 MiB, the bound every 1-4 GPU
 // measurement used (not clocked; the clock also prefers it there for the
 // Llama-3-8B sets); else the candidates clocked largest first until two in
-// a row do not beat the best so far (each costs a step schedule and a
-// clock: ~0.15 s for 10^5 matrices on 10^3 workers), and the best (ties:
-// the smaller bound). Errors: the step schedule's.
+// a row do not beat the best so far (the schedules of every candidate share
+// one check of the plan and one set of stacks: BuildStepSchedules), and the
+// best (ties: the smaller bound). Errors: the step schedule's.
 absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,

@@ -95,7 +95,7 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
 
 // Each stack's chunks: its plan batch's parts laid over the owner's stacks
 // of that shape in schedule order (see OwnerStack).
-void CutIntoChunks(const OwnershipPlan& plan, StepSchedule* schedule) {
+void CutIntoChunks(const OwnershipPlan& plan, std::vector<OwnerStack>* stacks) {
   // Per (owner, shape): its batch, and where the owner's stacks so far have
   // reached in it: `at` items laid, inside part `p`, which ends at item
   // `end` (part p covers the batch's items [end - parts[p].count, end)).
@@ -109,7 +109,7 @@ void CutIntoChunks(const OwnershipPlan& plan, StepSchedule* schedule) {
   for (const Batch& b : plan.batches) {
     cursors[KeyOf(b.worker, b.rows, b.cols)] = {&b, 0, 0, b.parts[0].count};
   }
-  for (OwnerStack& stack : schedule->stacks) {
+  for (OwnerStack& stack : *stacks) {
     int64_t left = static_cast<int64_t>(stack.items.size());
     auto it = cursors.find(KeyOf(stack.owner, stack.rows, stack.cols));
     if (it == cursors.end()) {
@@ -169,47 +169,113 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
   return CheckBatches(matrices, plan);
 }
 
-// Stacks per owner and shape in arrival order (closing at stack_bytes),
-// then the order: each bucket's gradients, the stacks they complete, and
-// the updates of every bucket whose stacks are then all computed.
-void BuildStacksAndOrder(const std::vector<MatrixSpec>& matrices,
-                         const OwnershipPlan& plan,
-                         const ScheduleOptions& options,
-                         StepSchedule* schedule) {
+// Where every item (m, e) is: stack_of[first[m] + e].
+struct StackIndex {
+  std::vector<int64_t> first;  // per matrix, then the total
+  std::vector<int32_t> stack_of;
+};
+
+// Stacks per owner and shape, items in arrival order, each closing before
+// it would exceed stack_bytes: the same whatever the bucket bound, since
+// buckets cut the same arrival order. ready_bucket is left for BuildOrder.
+StackIndex BuildStacks(const std::vector<MatrixSpec>& matrices,
+                       const OwnershipPlan& plan,
+                       const std::vector<int32_t>& arrival, int64_t stack_bytes,
+                       std::vector<OwnerStack>* stacks) {
   // The open stack of each (owner, rows, cols).
   absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t> open;
-  // stack_of[first[m] + e]: the stack item (m, e) is in.
-  std::vector<int64_t> first(matrices.size() + 1, 0);
+  StackIndex index;
+  index.first.assign(matrices.size() + 1, 0);
   for (size_t m = 0; m < matrices.size(); ++m) {
-    first[m + 1] = first[m] + matrices[m].experts;
+    index.first[m + 1] = index.first[m] + matrices[m].experts;
   }
-  std::vector<int32_t> stack_of(first.back(), -1);
+  index.stack_of.assign(index.first.back(), -1);
+  for (const int32_t m : arrival) {
+    const MatrixSpec& spec = matrices[m];
+    const int64_t item_bytes = 4 * spec.rows * spec.cols;
+    for (int32_t e = 0; e < spec.experts; ++e) {
+      const int32_t owner = plan.owners[m][e];
+      const auto key = std::make_tuple(owner, spec.rows, spec.cols);
+      auto it = open.find(key);
+      if (it == open.end() ||
+          static_cast<int64_t>((*stacks)[it->second].items.size() + 1) *
+                  item_bytes >
+              stack_bytes) {
+        OwnerStack stack;
+        stack.owner = owner;
+        stack.rows = spec.rows;
+        stack.cols = spec.cols;
+        stacks->push_back(std::move(stack));
+        it =
+            open.insert_or_assign(key, static_cast<int32_t>(stacks->size() - 1))
+                .first;
+      }
+      (*stacks)[it->second].items.push_back({m, e});
+      index.stack_of[index.first[m] + e] = it->second;
+    }
+  }
+  return index;
+}
+
+// The buckets of `arrival` under `bucket_bytes`, each with its transfers.
+std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
+                               const OwnershipPlan& plan,
+                               const std::vector<int32_t>& arrival,
+                               int64_t bucket_bytes) {
+  std::vector<Bucket> buckets;
+  const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
+  for (const int32_t m : arrival) {
+    const MatrixSpec& spec = matrices[m];
+    const int64_t bytes = PayloadBytes(spec) * spec.experts;
+    if (buckets.empty() || (!buckets.back().matrices.empty() &&
+                            buckets.back().bytes + bytes > bucket_bytes)) {
+      buckets.emplace_back();
+      buckets.back().first_layer = spec.layer;
+    }
+    Bucket& bucket = buckets.back();
+    bucket.matrices.push_back(m);
+    bucket.last_layer = spec.layer;
+    bucket.bytes += bytes;
+    for (int32_t e = 0; e < spec.experts; ++e) {
+      const int32_t owner = plan.owners[m][e];
+      const ItemRef item{m, e};
+      const int64_t payload = PayloadBytes(spec);
+      switch (spec.layout) {
+        case Layout::kReplicated:
+          if (owner >= workers - plan.dedicated) {
+            bucket.to_owners.push_back(
+                {TransferKind::kSendToOwner, item, owner, payload});
+          }
+          bucket.from_owners.push_back(
+              {TransferKind::kBroadcastFromOwner, item, owner, payload});
+          break;
+        case Layout::kUnreduced:
+          bucket.to_owners.push_back(
+              {TransferKind::kReduceToOwner, item, owner, payload});
+          bucket.from_owners.push_back(
+              {TransferKind::kBroadcastFromOwner, item, owner, payload});
+          break;
+        case Layout::kRowSharded:
+          bucket.to_owners.push_back(
+              {TransferKind::kGatherToOwner, item, owner, payload});
+          bucket.from_owners.push_back(
+              {TransferKind::kScatterFromOwner, item, owner, payload});
+          break;
+      }
+    }
+  }
+  return buckets;
+}
+
+// Each stack's ready bucket (the one that completes it), then the order:
+// each bucket's gradients, the stacks they complete, and the updates of
+// every bucket whose stacks are then all computed.
+void BuildOrder(const StackIndex& index, StepSchedule* schedule) {
   const int32_t count = static_cast<int32_t>(schedule->buckets.size());
   for (int32_t k = 0; k < count; ++k) {
     for (const int32_t m : schedule->buckets[k].matrices) {
-      const MatrixSpec& spec = matrices[m];
-      const int64_t item_bytes = 4 * spec.rows * spec.cols;
-      for (int32_t e = 0; e < spec.experts; ++e) {
-        const int32_t owner = plan.owners[m][e];
-        const auto key = std::make_tuple(owner, spec.rows, spec.cols);
-        auto it = open.find(key);
-        if (it == open.end() || static_cast<int64_t>(
-                                    schedule->stacks[it->second].items.size() +
-                                    1) * item_bytes >
-                                    options.stack_bytes) {
-          OwnerStack stack;
-          stack.owner = owner;
-          stack.rows = spec.rows;
-          stack.cols = spec.cols;
-          schedule->stacks.push_back(std::move(stack));
-          it = open.insert_or_assign(
-                       key, static_cast<int32_t>(schedule->stacks.size() - 1))
-                   .first;
-        }
-        OwnerStack& stack = schedule->stacks[it->second];
-        stack.items.push_back({m, e});
-        stack.ready_bucket = k;
-        stack_of[first[m] + e] = it->second;
+      for (int64_t i = index.first[m]; i < index.first[m + 1]; ++i) {
+        schedule->stacks[index.stack_of[i]].ready_bucket = k;
       }
     }
   }
@@ -224,8 +290,9 @@ void BuildStacksAndOrder(const std::vector<MatrixSpec>& matrices,
   for (int32_t k = 0; k < count; ++k) {
     int32_t ready = k;
     for (const int32_t m : schedule->buckets[k].matrices) {
-      for (int64_t i = first[m]; i < first[m + 1]; ++i) {
-        ready = std::max(ready, schedule->stacks[stack_of[i]].ready_bucket);
+      for (int64_t i = index.first[m]; i < index.first[m + 1]; ++i) {
+        ready =
+            std::max(ready, schedule->stacks[index.stack_of[i]].ready_bucket);
       }
     }
     from_after[ready].push_back(k);
@@ -259,15 +326,13 @@ absl::string_view TransferKindName(TransferKind kind) {
   return "unknown";
 }
 
-absl::StatusOr<StepSchedule> BuildStepSchedule(
+absl::StatusOr<std::vector<StepSchedule>> BuildStepSchedules(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
-    const ScheduleOptions& options) {
-  if (options.bucket_bytes <= 0) {
-    return InvalidField("bucket_bytes", "must be > 0");
+    const std::vector<int64_t>& bucket_bytes, int64_t stack_bytes) {
+  for (const int64_t bound : bucket_bytes) {
+    if (bound <= 0) return InvalidField("bucket_bytes", "must be > 0");
   }
-  if (options.stack_bytes <= 0) {
-    return InvalidField("stack_bytes", "must be > 0");
-  }
+  if (stack_bytes <= 0) return InvalidField("stack_bytes", "must be > 0");
   MUONPS_RETURN_IF_ERROR(CheckPlanMatches(matrices, plan));
   // Backward yields gradients from the last layer to the first, and within
   // a layer roughly in reverse registration order.
@@ -278,52 +343,27 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
                ? matrices[x].layer > matrices[y].layer
                : x > y;
   });
-  StepSchedule schedule;
-  const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
-  for (const int32_t m : arrival) {
-    const MatrixSpec& spec = matrices[m];
-    const int64_t bytes = PayloadBytes(spec) * spec.experts;
-    if (schedule.buckets.empty() ||
-        (!schedule.buckets.back().matrices.empty() &&
-         schedule.buckets.back().bytes + bytes > options.bucket_bytes)) {
-      schedule.buckets.emplace_back();
-      schedule.buckets.back().first_layer = spec.layer;
-    }
-    Bucket& bucket = schedule.buckets.back();
-    bucket.matrices.push_back(m);
-    bucket.last_layer = spec.layer;
-    bucket.bytes += bytes;
-    for (int32_t e = 0; e < spec.experts; ++e) {
-      const int32_t owner = plan.owners[m][e];
-      const ItemRef item{m, e};
-      const int64_t payload = PayloadBytes(spec);
-      switch (spec.layout) {
-        case Layout::kReplicated:
-          if (owner >= workers - plan.dedicated) {
-            bucket.to_owners.push_back(
-                {TransferKind::kSendToOwner, item, owner, payload});
-          }
-          bucket.from_owners.push_back(
-              {TransferKind::kBroadcastFromOwner, item, owner, payload});
-          break;
-        case Layout::kUnreduced:
-          bucket.to_owners.push_back(
-              {TransferKind::kReduceToOwner, item, owner, payload});
-          bucket.from_owners.push_back(
-              {TransferKind::kBroadcastFromOwner, item, owner, payload});
-          break;
-        case Layout::kRowSharded:
-          bucket.to_owners.push_back(
-              {TransferKind::kGatherToOwner, item, owner, payload});
-          bucket.from_owners.push_back(
-              {TransferKind::kScatterFromOwner, item, owner, payload});
-          break;
-      }
-    }
+  std::vector<OwnerStack> stacks;
+  const StackIndex index =
+      BuildStacks(matrices, plan, arrival, stack_bytes, &stacks);
+  CutIntoChunks(plan, &stacks);
+  std::vector<StepSchedule> out(bucket_bytes.size());
+  for (size_t i = 0; i < bucket_bytes.size(); ++i) {
+    out[i].buckets = CutBuckets(matrices, plan, arrival, bucket_bytes[i]);
+    out[i].stacks = i + 1 < bucket_bytes.size() ? stacks : std::move(stacks);
+    BuildOrder(index, &out[i]);
   }
-  BuildStacksAndOrder(matrices, plan, options, &schedule);
-  CutIntoChunks(plan, &schedule);
-  return schedule;
+  return out;
+}
+
+absl::StatusOr<StepSchedule> BuildStepSchedule(
+    const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
+    const ScheduleOptions& options) {
+  MUONPS_ASSIGN_OR_RETURN(
+      std::vector<StepSchedule> schedules,
+      BuildStepSchedules(matrices, plan, {options.bucket_bytes},
+                         options.stack_bytes));
+  return std::move(schedules[0]);
 }
 
 std::vector<Transfer> IssueOrder(const StepSchedule& schedule) {

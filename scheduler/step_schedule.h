@@ -124,6 +124,15 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const ScheduleOptions& options = {});
 
+// The schedules of `plan` for several bucket bounds, one per entry of
+// `bucket_bytes` in that order, each what BuildStepSchedule gives for its
+// bound (with `stack_bytes`); the plan is checked and the stacks built once
+// (they do not depend on the bound). Errors: BuildStepSchedule's.
+absl::StatusOr<std::vector<StepSchedule>> BuildStepSchedules(
+    const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
+    const std::vector<int64_t>& bucket_bytes,
+    int64_t stack_bytes = ScheduleOptions{}.stack_bytes);
+
 // Every transfer in issue order (the order without its compute phases):
 // what each worker walks through per step.
 std::vector<Transfer> IssueOrder(const StepSchedule& schedule);
