@@ -244,6 +244,24 @@ def is_hidden_matrix(name, param):
                                  ".layers." in name)
 
 
+def corpus_batches(cfg, tokens, data, device, seed=0):
+    """Endless batches of windows of `data` (a 1-D tensor of token ids
+    below cfg.vocab: a byte corpus), each (inputs, targets) of shape
+    (tokens / seq, seq), the windows' starts drawn from `seed`: the same
+    sequence for every optimizer of a seed."""
+    if tokens % cfg.seq:
+        raise ValueError(f"tokens per GPU {tokens} is not a multiple of the "
+                         f"sequence length {cfg.seq}")
+    batch = tokens // cfg.seq
+    g = torch.Generator(device="cpu").manual_seed(1000 + seed)
+    while True:
+        start = torch.randint(0, len(data) - cfg.seq - 1, (batch,),
+                              generator=g)
+        rows = torch.stack([data[s:s + cfg.seq + 1] for s in start.tolist()])
+        rows = rows.to(device=device, dtype=torch.long)
+        yield rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
 def random_batches(cfg, tokens, count, device, seed=0):
     """`count` batches of random token ids, each (inputs, targets) of shape
     (tokens / seq, seq): the micro-batch is tokens per GPU over the

@@ -3,7 +3,8 @@
 d_model 64, vocabulary 256, sequence 32) for 2 timed iterations with AdamW
 and with muonps.Muon (zero setup: it starts its own coordinator and worker
 from the checkout's bazel-bin/). Checks that each prints one JSON line that
-parses and holds the figures the GPU runs report.
+parses and holds the figures the GPU runs report, and that the loss-curve
+mode (--loss_iters on a corpus) starts every optimizer of a seed alike.
 
     /usr/bin/python3 -m pytest -q bench/train_step/smoke_test.py
     /usr/bin/python3 bench/train_step/smoke_test.py
@@ -81,6 +82,26 @@ def test_adamw_and_muonps_each_print_one_json_line_on_the_cpu():
     assert muonps["split"]["adamw_tensors"] == 2 + 5
     assert muonps["vs_adamw"]["adamw_iteration_ms"] == \
         lines[0]["iteration_ms_median"]
+
+
+def test_loss_curves_on_a_corpus_start_alike_and_learn(tmp_path):
+    # Every optimizer of a seed starts from the same weights on the same
+    # windows of the corpus: the first losses are equal, and both learn.
+    corpus = tmp_path / "corpus.bin"
+    corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
+    lines = run_bench("--optimizers", "adamw,muonps", "--loss_iters", "6",
+                      "--corpus", str(corpus), "--seeds", "0,1",
+                      timeout=120)
+    assert [(line["optimizer"], line["seed"]) for line in lines] == [
+        ("adamw", 0), ("muonps", 0), ("adamw", 1), ("muonps", 1)]
+    for line in lines:
+        assert line["what"] == "train_step_loss"
+        assert len(line["losses"]) == 6 == line["iters"]
+        assert all(math.isfinite(x) for x in line["losses"])
+        assert line["losses"][-1] < line["losses"][0]
+    assert lines[0]["losses"][0] == lines[1]["losses"][0]
+    assert lines[2]["losses"][0] == lines[3]["losses"][0]
+    assert lines[0]["losses"][0] != lines[2]["losses"][0]
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import limits  # noqa: E402
 import optimizers  # noqa: E402
-from llama_model import LlamaConfig, LlamaModel, random_batches  # noqa: E402
+from llama_model import (LlamaConfig, LlamaModel, corpus_batches,  # noqa: E402
+                         random_batches)
 from parallel import Ranks  # noqa: E402
 
 GIB = 2 ** 30
@@ -99,6 +100,14 @@ def parse_args(argv=None):
     p.add_argument("--no_gemm", action="store_true",
                    help="skip the bf16 GEMM measured as the ceiling")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loss_iters", type=int, default=0,
+                   help="instead of timing: train this many iterations on "
+                   "--corpus with each optimizer and seed, and print each "
+                   "one's loss per iteration")
+    p.add_argument("--corpus", help="a byte corpus (examples/train_gpt.py "
+                   "--prepare) for --loss_iters")
+    p.add_argument("--seeds", default=None,
+                   help="seeds for --loss_iters (default: --seed)")
     p.add_argument("--out", help="also append the JSON lines to this file")
     args = p.parse_args(argv)
     if args.back_to_back is None:
@@ -109,6 +118,10 @@ def parse_args(argv=None):
         p.error(f"--optimizers: unknown {unknown}; registered: "
                 f"{list(optimizers.FACTORIES)}")
     args.tokens = [int(t) for t in args.tokens.split(",") if t]
+    args.seeds = ([int(s) for s in args.seeds.split(",") if s]
+                  if args.seeds else [args.seed])
+    if args.loss_iters and not args.corpus:
+        p.error("--loss_iters needs --corpus")
     return args
 
 
@@ -245,6 +258,36 @@ def time_one(name, cfg, tokens, args, ranks, autocast):
             stepper.close()
 
 
+def loss_curve(name, cfg, tokens, args, ranks, autocast, data, seed):
+    """Trains optimizer `name` from seed `seed` (the model's initial
+    weights and the corpus windows) for --loss_iters iterations; the loss of
+    each, as this rank computed it on its batch."""
+    device = ranks.device
+    release(device)
+    torch.manual_seed(seed)
+    model = LlamaModel(cfg, device=device)
+    wrapped = ranks.wrap(model)
+    ctx = optimizers.Context(args=args, device=device, rank=ranks.rank,
+                             world=ranks.world, parallel=ranks.parallel,
+                             unwrapped=model)
+    stepper = None
+    try:
+        stepper = optimizers.FACTORIES[name](wrapped, ctx)
+        batches = corpus_batches(cfg, tokens, data, device,
+                                 seed=seed * 1000 + ranks.rank)
+        losses = []
+        for _ in range(args.loss_iters):
+            loss = iteration(wrapped, stepper, next(batches), autocast,
+                             cfg.vocab, _NoTimer())
+            losses.append(float(loss.detach().float().item()))
+        if stepper.synchronize is not None:
+            stepper.synchronize()
+        return losses
+    finally:
+        if stepper is not None:
+            stepper.close()
+
+
 def release(device):
     """Frees what the previous optimizer's run left (its frames are gone
     by now) and starts the peak memory afresh."""
@@ -341,6 +384,36 @@ def main(argv=None):
         except ImportError:  # the package in place, from the checkout
             sys.path.insert(0, str(REPO / "client" / "python"))
     failed = False
+    if args.loss_iters:
+        data = torch.frombuffer(bytearray(pathlib.Path(args.corpus)
+                                          .read_bytes()), dtype=torch.uint8)
+        cfg = LlamaConfig(layers=args.layers, d_model=args.d_model,
+                          heads=args.heads, kv_heads=args.kv_heads,
+                          ffn_hidden=args.ffn_hidden, vocab=args.vocab,
+                          seq=args.seq, rope=not args.no_rope, gqa=args.gqa)
+        tokens = args.tokens[0]
+        for seed in args.seeds:
+            for name in args.optimizers:
+                try:
+                    losses = loss_curve(name, cfg, tokens, args, ranks,
+                                        autocast, data, seed)
+                except optimizers.Unavailable as e:
+                    emit({"what": "train_step_loss", "optimizer": name,
+                          "seed": seed, "skipped": str(e)}, args, ranks)
+                    continue
+                finite = all(math.isfinite(x) for x in losses)
+                failed = failed or not finite
+                emit({"what": "train_step_loss", "optimizer": name,
+                      "seed": seed, "tokens_per_gpu": tokens,
+                      "gpus": ranks.world, "parallel": ranks.parallel,
+                      "iters": args.loss_iters, "loss_last": losses[-1],
+                      "losses": losses, "corpus": pathlib.Path(
+                          args.corpus).name, "machine": env["machine"],
+                      "config": {k: getattr(cfg, k) for k in (
+                          "layers", "d_model", "vocab", "seq")}},
+                     args, ranks)
+        ranks.close()
+        return 1 if failed else 0
     for tokens in args.tokens:
         cfg = LlamaConfig(layers=args.layers, d_model=args.d_model,
                           heads=args.heads, kv_heads=args.kv_heads,
