@@ -425,13 +425,14 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
       std::vector<StepSchedule> schedules,
       BuildStepSchedules(matrices, plan, bounds, options.stack_bytes));
   const int workers = static_cast<int>(plan.worker_ids.size());
+  // Every candidate has the same stacks: their seconds once.
+  const std::vector<double> stack_seconds = StackSeconds(schedules[0], models);
   out.predicted_seconds = std::numeric_limits<double>::infinity();
   // Two bounds in a row that do not beat the best end the search.
   int misses = 0;
   for (size_t i = 0; i < bounds.size() && misses < 2; ++i) {
     const double predicted =
-        ClockStep(matrices, schedules[i], StackSeconds(schedules[i], models),
-                  workers, settings)
+        ClockStep(matrices, schedules[i], stack_seconds, workers, settings)
             .predicted_seconds;
     out.candidates.emplace_back(bounds[i], predicted);
     if (predicted <= out.predicted_seconds) {

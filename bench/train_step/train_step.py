@@ -188,20 +188,32 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_one(name, cfg, tokens, args, ranks, autocast):
-    """Builds the model and optimizer `name`, times them; returns the
-    measured fields (raises optimizers.Unavailable when it cannot run)."""
+@contextlib.contextmanager
+def model_and_stepper(name, cfg, args, ranks, seed):
+    """The model, its weights drawn from `seed` and wrapped for the
+    parallelism, and optimizer `name` over it, closed on exit (raises
+    optimizers.Unavailable when it cannot run)."""
     device = ranks.device
     release(device)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     model = LlamaModel(cfg, device=device)
     wrapped = ranks.wrap(model)
     ctx = optimizers.Context(args=args, device=device, rank=ranks.rank,
                              world=ranks.world, parallel=ranks.parallel,
                              unwrapped=model)
-    stepper = None
+    stepper = optimizers.FACTORIES[name](wrapped, ctx)
     try:
-        stepper = optimizers.FACTORIES[name](wrapped, ctx)
+        yield wrapped, stepper
+    finally:
+        stepper.close()
+
+
+def time_one(name, cfg, tokens, args, ranks, autocast):
+    """Builds the model and optimizer `name`, times them; returns the
+    measured fields (raises optimizers.Unavailable when it cannot run)."""
+    device = ranks.device
+    with model_and_stepper(name, cfg, args, ranks, args.seed) as (wrapped,
+                                                                  stepper):
         batches = random_batches(cfg, tokens, 2, device, seed=args.seed +
                                  ranks.rank)
         for i in range(args.warmup):
@@ -253,27 +265,15 @@ def time_one(name, cfg, tokens, args, ranks, autocast):
         return dict(walls=walls, phases=phases, back_to_back=back_to_back,
                     loss=loss_value, memory=memory, notes=stepper.notes,
                     split=stepper.split)
-    finally:
-        if stepper is not None:
-            stepper.close()
 
 
 def loss_curve(name, cfg, tokens, args, ranks, autocast, data, seed):
     """Trains optimizer `name` from seed `seed` (the model's initial
     weights and the corpus windows) for --loss_iters iterations; the loss of
     each, as this rank computed it on its batch."""
-    device = ranks.device
-    release(device)
-    torch.manual_seed(seed)
-    model = LlamaModel(cfg, device=device)
-    wrapped = ranks.wrap(model)
-    ctx = optimizers.Context(args=args, device=device, rank=ranks.rank,
-                             world=ranks.world, parallel=ranks.parallel,
-                             unwrapped=model)
-    stepper = None
-    try:
-        stepper = optimizers.FACTORIES[name](wrapped, ctx)
-        batches = corpus_batches(cfg, tokens, data, device,
+    with model_and_stepper(name, cfg, args, ranks, seed) as (wrapped,
+                                                             stepper):
+        batches = corpus_batches(cfg, tokens, data, ranks.device,
                                  seed=seed * 1000 + ranks.rank)
         losses = []
         for _ in range(args.loss_iters):
@@ -283,9 +283,6 @@ def loss_curve(name, cfg, tokens, args, ranks, autocast, data, seed):
         if stepper.synchronize is not None:
             stepper.synchronize()
         return losses
-    finally:
-        if stepper is not None:
-            stepper.close()
 
 
 def release(device):
@@ -369,56 +366,40 @@ def emit(line, args, ranks):
             f.write(text + "\n")
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    ranks = Ranks(args.device, args.parallel, args.fsdp_bf16_params)
-    device = ranks.device
-    mode, autocast = autocast_for(args, device)
-    env = {"machine": limits.machine(device), "peaks": limits.datasheet(device),
-           "gemm": None, "autocast": mode}
-    if device.type == "cuda" and not args.no_gemm:
-        env["gemm"] = limits.measure_gemm_tflops(device)
-    if "muonps" in args.optimizers:
-        try:
-            import muonps  # noqa: F401
-        except ImportError:  # the package in place, from the checkout
-            sys.path.insert(0, str(REPO / "client" / "python"))
+def loss_curves(cfg, args, ranks, autocast, env):
+    """--loss_iters: a train_step_loss line per seed and optimizer; whether
+    any loss was not finite."""
+    data = torch.frombuffer(bytearray(pathlib.Path(args.corpus).read_bytes()),
+                            dtype=torch.uint8)
+    tokens = args.tokens[0]
     failed = False
-    if args.loss_iters:
-        data = torch.frombuffer(bytearray(pathlib.Path(args.corpus)
-                                          .read_bytes()), dtype=torch.uint8)
-        cfg = LlamaConfig(layers=args.layers, d_model=args.d_model,
-                          heads=args.heads, kv_heads=args.kv_heads,
-                          ffn_hidden=args.ffn_hidden, vocab=args.vocab,
-                          seq=args.seq, rope=not args.no_rope, gqa=args.gqa)
-        tokens = args.tokens[0]
-        for seed in args.seeds:
-            for name in args.optimizers:
-                try:
-                    losses = loss_curve(name, cfg, tokens, args, ranks,
-                                        autocast, data, seed)
-                except optimizers.Unavailable as e:
-                    emit({"what": "train_step_loss", "optimizer": name,
-                          "seed": seed, "skipped": str(e)}, args, ranks)
-                    continue
-                finite = all(math.isfinite(x) for x in losses)
-                failed = failed or not finite
+    for seed in args.seeds:
+        for name in args.optimizers:
+            try:
+                losses = loss_curve(name, cfg, tokens, args, ranks, autocast,
+                                    data, seed)
+            except optimizers.Unavailable as e:
                 emit({"what": "train_step_loss", "optimizer": name,
-                      "seed": seed, "tokens_per_gpu": tokens,
-                      "gpus": ranks.world, "parallel": ranks.parallel,
-                      "iters": args.loss_iters, "loss_last": losses[-1],
-                      "losses": losses, "corpus": pathlib.Path(
-                          args.corpus).name, "machine": env["machine"],
-                      "config": {k: getattr(cfg, k) for k in (
-                          "layers", "d_model", "vocab", "seq")}},
-                     args, ranks)
-        ranks.close()
-        return 1 if failed else 0
+                      "seed": seed, "skipped": str(e)}, args, ranks)
+                continue
+            failed = failed or not all(math.isfinite(x) for x in losses)
+            emit({"what": "train_step_loss", "optimizer": name, "seed": seed,
+                  "tokens_per_gpu": tokens, "gpus": ranks.world,
+                  "parallel": ranks.parallel, "iters": args.loss_iters,
+                  "loss_last": losses[-1], "losses": losses,
+                  "corpus": pathlib.Path(args.corpus).name,
+                  "machine": env["machine"],
+                  "config": {k: getattr(cfg, k) for k in (
+                      "layers", "d_model", "vocab", "seq")}},
+                 args, ranks)
+    return failed
+
+
+def timings(cfg, args, ranks, autocast, env):
+    """A train_step line per tokens per GPU and optimizer; whether any
+    failed."""
+    failed = False
     for tokens in args.tokens:
-        cfg = LlamaConfig(layers=args.layers, d_model=args.d_model,
-                          heads=args.heads, kv_heads=args.kv_heads,
-                          ffn_hidden=args.ffn_hidden, vocab=args.vocab,
-                          seq=args.seq, rope=not args.no_rope, gqa=args.gqa)
         adamw = None
         for name in args.optimizers:
             base = {"what": "train_step", "optimizer": name,
@@ -444,6 +425,29 @@ def main(argv=None):
                 line["error"] = "the loss is not finite"
                 failed = True
             emit(line, args, ranks)
+    return failed
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    ranks = Ranks(args.device, args.parallel, args.fsdp_bf16_params)
+    device = ranks.device
+    mode, autocast = autocast_for(args, device)
+    env = {"machine": limits.machine(device), "peaks": limits.datasheet(device),
+           "gemm": None, "autocast": mode}
+    if device.type == "cuda" and not args.no_gemm:
+        env["gemm"] = limits.measure_gemm_tflops(device)
+    if "muonps" in args.optimizers:
+        try:
+            import muonps  # noqa: F401
+        except ImportError:  # the package in place, from the checkout
+            sys.path.insert(0, str(REPO / "client" / "python"))
+    cfg = LlamaConfig(layers=args.layers, d_model=args.d_model,
+                      heads=args.heads, kv_heads=args.kv_heads,
+                      ffn_hidden=args.ffn_hidden, vocab=args.vocab,
+                      seq=args.seq, rope=not args.no_rope, gqa=args.gqa)
+    run = loss_curves if args.loss_iters else timings
+    failed = run(cfg, args, ranks, autocast, env)
     ranks.close()
     return 1 if failed else 0
 

@@ -6,9 +6,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status.h"
 #include "scheduler/planner.h"
 #include "scheduler/step_schedule.h"
 
