@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -144,7 +145,8 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
   cudaStream_t stream = nullptr;
   MUONPS_RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, every_ms;
+  std::vector<int64_t> versions;  // the plan each step ran under
   StepResult last;
   const int steps = o.warmup + o.repeats;
   for (int step = 0; step < steps; ++step) {
@@ -162,6 +164,8 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
         std::chrono::duration<double, std::milli>(seen - start).count();
     if (step == 0) progress.Say(absl::StrCat("first step: ", ms, " ms"));
     if (step >= o.warmup) step_ms.push_back(ms);
+    every_ms.push_back(std::round(ms * 1e3) / 1e3);
+    versions.push_back(last.plan_version);
   }
   const double ms = Median(step_ms);
   progress.Say(absl::StrCat(steps, " steps, median ", ms, " ms"));
@@ -194,7 +198,12 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
                {"worker0_step_seconds", last.seconds},
                {"worker0_step_bytes_moved", last.bytes_moved},
                {"warmup", o.warmup},
-               {"repeats", o.repeats}});
+               {"repeats", o.repeats},
+               // Every step, warm-up included, and its plan version: a
+               // re-plan (measured speeds, a lost worker) shows where it
+               // landed.
+               {"every_step_ms", every_ms},
+               {"plan_versions", versions}});
   }
   if (o.rank == 0)
     MUONPS_RETURN_IF_ERROR(PrintPlan(o.coordinator, o.job, layout, o.ranks));

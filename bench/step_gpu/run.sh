@@ -26,7 +26,9 @@
 #   AUTOTUNE_BATCHES (1,2,4,8,16, and the set's largest stack),
 #   WORKER_ARGS (more flags for the N workers, e.g. --peer_writes=false to
 #   broadcast updates over the transport instead of writing them into the
-#   peers' staging).
+#   peers' staging), COORDINATOR_ARGS (more flags for the coordinators,
+#   e.g. --rebalance_tolerance=0 to keep the plans of the cost table when
+#   the GPUs measure unequal).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
@@ -124,7 +126,9 @@ wait_for() {
 }
 # start_coordinator LOG: sets $coordinator to its HOST:PORT.
 start_coordinator() {
-  "$here/bin/muonps-coordinator" --port 0 --metrics_port -1 --insecure >"$1" 2>&1 &
+  # shellcheck disable=SC2086 # COORDINATOR_ARGS: several flags
+  "$here/bin/muonps-coordinator" --port 0 --metrics_port -1 --insecure \
+    ${COORDINATOR_ARGS:-} >"$1" 2>&1 &
   pids+=($!)
   wait_for "$1" "listening on" 20 "$!"
   coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$1" | head -1)"

@@ -22,7 +22,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options, Clock clock,
       jobs_(&options_, &clock_, &table_, &queue_, &plans_),
       membership_(&options_, &clock_, &table_, &queue_, &plans_),
       nccl_ids_(&table_, &queue_),
-      step_stats_(&table_) {}
+      step_stats_(&table_, options_.rebalance_tolerance) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(
     const CoordinatorOptions& options, std::unique_ptr<JobStore> store,

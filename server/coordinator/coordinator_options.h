@@ -21,6 +21,10 @@ struct CoordinatorOptions {
   // The links plans weigh between the workers of a node and across nodes
   // (--nvlink_gbs, --network_gbs; the rest as scheduler::LinkFigures).
   scheduler::LinkFigures links;
+  // How far above the mean the busiest rank's measured Newton-Schulz may
+  // run before the job re-plans with its ranks' measured speeds
+  // (--rebalance_tolerance; RebalanceByMeasurement). 0: never.
+  double rebalance_tolerance = 0.03;
 };
 
 // The coordinator's time (leases, create and join times); tests pass a

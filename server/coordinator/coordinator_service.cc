@@ -47,6 +47,10 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator,
       step_seconds_(
           metrics->AddHistogram("muonps_coordinator_reported_step_seconds",
                                 "Step wall times workers reported.")),
+      rebalances_(metrics->AddCounter(
+          "muonps_coordinator_rebalances_total",
+          "Re-plans asked for because a job's ranks measured unequal "
+          "speeds.")),
       gate_(std::move(token),
             [this](absl::string_view method, const absl::Status& status,
                    absl::Duration elapsed) {
@@ -261,9 +265,12 @@ grpc::Status CoordinatorService::ReportStepStats(
     grpc::ServerContext* context, const v1::ReportStepStatsRequest* r,
     v1::ReportStepStatsResponse*) {
   return gate_.Serve(*context, "ReportStepStats", [&]() -> absl::Status {
-    MUONPS_RETURN_IF_ERROR(coordinator_->step_stats().ReportStepStats(
-        WithCertificate(StepReportFromProto(*r), *context)));
+    MUONPS_ASSIGN_OR_RETURN(
+        const bool rebalanced,
+        coordinator_->step_stats().ReportStepStats(
+            WithCertificate(StepReportFromProto(*r), *context)));
     step_seconds_->Observe(r->step_seconds());
+    if (rebalanced) rebalances_->Increment();
     return absl::OkStatus();
   });
 }

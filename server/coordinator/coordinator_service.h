@@ -87,6 +87,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   Counter* plan_versions_;
   Counter* leases_lost_;
   Histogram* step_seconds_;
+  Counter* rebalances_;
   std::atomic<int64_t> published_versions_{0};
   std::atomic<bool> shutting_down_{false};
   PlanReplyCache plan_replies_;

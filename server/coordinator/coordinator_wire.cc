@@ -101,6 +101,7 @@ v1::ListWorkersResponse WorkerListToProto(
       *info->mutable_last_step() = StepStatsToProto(*w.last_step);
     }
     info->set_draining(w.draining);
+    info->set_speed_factor(w.speed_factor);
     info->set_standby(w.standby);
   }
   return out;

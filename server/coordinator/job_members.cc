@@ -116,6 +116,18 @@ void JobMembers::Touch(std::string reason) {
   reasons_.push_back(std::move(reason));
 }
 
+void JobMembers::SetMeasuredSpeeds(const std::vector<std::string>& ids,
+                                   const std::vector<double>& factors,
+                                   int64_t version, std::string reason) {
+  ++generation_;
+  for (size_t i = 0; i < ids.size() && i < factors.size(); ++i) {
+    WorkerRecord& worker = workers_.at(ids[i]);
+    worker.speed.Set(factors[i], version);
+    worker.generation = generation_;
+  }
+  reasons_.push_back(std::move(reason));
+}
+
 StoreOp JobMembers::SetDraining(const std::string& job,
                                 const std::string& worker_id, bool draining) {
   WorkerRecord& worker = workers_.at(worker_id);

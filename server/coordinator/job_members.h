@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "scheduler/cost_table.h"
 #include "server/coordinator/job_store.h"
+#include "server/coordinator/measured_speed.h"
 #include "server/coordinator/worker_types.h"
 
 namespace muonps {
@@ -41,6 +42,9 @@ struct WorkerRecord {
   int64_t generation = 0;
   // The newest step it reported (highest step id); nullopt until one.
   std::optional<StepStats> last_step;
+  // Its Newton-Schulz speed as its steps measure it (plans multiply
+  // join.speed by its factor). Live state, not stored, like last_step.
+  MeasuredSpeed speed;
   // Leaving (LeaveJob with drain): a rank of the job's plans that owns
   // nothing, so its momentum moves to the new owners at the next step.
   bool draining = false;
@@ -99,6 +103,12 @@ class JobMembers {
   // A change that needs a new plan and no store op (a standby's trainer):
   // a new generation with `reason`.
   void Touch(std::string reason);
+  // Members `ids` measured the speeds `factors` (RebalanceByMeasurement),
+  // for plans from `version` on: a new generation that changes them, with
+  // `reason`. No store op: measurements live in memory.
+  void SetMeasuredSpeeds(const std::vector<std::string>& ids,
+                         const std::vector<double>& factors, int64_t version,
+                         std::string reason);
   // Members whose lease ran out by `now`, by id.
   std::vector<std::string> Expired(absl::Time now) const;
 

@@ -46,6 +46,10 @@ ABSL_FLAG(double, nvlink_gbs, 300,
 ABSL_FLAG(double, network_gbs, 50,
           "GB/s per GPU per direction between nodes, as plans weigh it "
           "(each GPU's share of its node's network ports).");
+ABSL_FLAG(double, rebalance_tolerance, 0.03,
+          "How far above the mean (0.03: 3%) the busiest GPU worker's "
+          "measured Newton-Schulz may run before its job re-plans with the "
+          "speeds its workers measured; 0: plans use the cost tables only.");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory of the durable state: jobs, members and their tokens, "
           "plan versions, NCCL ids (SQLite, fsynced before every change is "
@@ -98,6 +102,7 @@ coordinator::CoordinatorOptions OptionsFromFlags() {
   o.plan_history = absl::GetFlag(FLAGS_plan_history);
   o.links.nvlink_gbs = absl::GetFlag(FLAGS_nvlink_gbs);
   o.links.inter_node_gbs = absl::GetFlag(FLAGS_network_gbs);
+  o.rebalance_tolerance = absl::GetFlag(FLAGS_rebalance_tolerance);
   o.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.limits.max_matrices_per_job = absl::GetFlag(FLAGS_max_matrices_per_job);
   o.limits.max_parameters_per_job = absl::GetFlag(FLAGS_max_parameters_per_job);
@@ -128,6 +133,11 @@ int Run() {
       !std::isfinite(options.links.nvlink_gbs) ||
       !std::isfinite(options.links.inter_node_gbs)) {
     spdlog::error("--nvlink_gbs and --network_gbs must be finite and > 0");
+    return 2;
+  }
+  if (!(options.rebalance_tolerance >= 0) ||
+      !std::isfinite(options.rebalance_tolerance)) {
+    spdlog::error("--rebalance_tolerance must be finite and >= 0");
     return 2;
   }
   const std::string host = absl::GetFlag(FLAGS_host);

@@ -301,6 +301,7 @@ absl::StatusOr<std::vector<WorkerView>> Membership::ListWorkers(
       view.plan_version = w.reported_version;
       view.join_time = w.join_time;
       view.last_step = w.last_step;
+      view.speed_factor = w.speed.factor();
       view.draining = w.draining;
       view.standby = newest == nullptr ||
                      std::find(newest->plan->ownership.worker_ids.begin(),

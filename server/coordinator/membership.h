@@ -83,6 +83,8 @@ struct WorkerView {
   int64_t plan_version = 0;  // of its last heartbeat
   absl::Time join_time;
   std::optional<StepStats> last_step;
+  // What plans multiply its speed by (MeasuredSpeed::factor).
+  double speed_factor = 1.0;
   bool draining = false;
   // Not a rank of the job's latest plan (JobSpec::trainers' standbys).
   bool standby = false;

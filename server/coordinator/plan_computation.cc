@@ -108,7 +108,8 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
     spec.id = id;
     spec.costs = w.costs;
     spec.rates = RatesFor(w.join.device);
-    spec.speed = w.join.speed > 0 ? w.join.speed : 1.0;
+    // As joined, times what its steps measured (MeasuredSpeed).
+    spec.speed = (w.join.speed > 0 ? w.join.speed : 1.0) * w.speed.factor();
     spec.memory_bytes = w.join.device.memory_bytes;
     spec.colocated = w.join.device.colocated;
     spec.owns_nothing = w.draining;

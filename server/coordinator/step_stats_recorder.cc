@@ -6,11 +6,39 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "server/coordinator/request_validation.h"
+#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace coordinator {
+namespace {
 
-absl::Status StepStatsRecorder::ReportStepStats(const StepReport& r) {
+// Asks for the next plan of `job` with its ranks' measured speeds when
+// they call for one (RebalanceByMeasurement); true if so.
+bool MaybeRebalance(const std::string& name, JobRecord& job, double tolerance) {
+  const PlanVersion* newest = job.plans.newest();
+  if (newest == nullptr) return false;
+  const scheduler::OwnershipPlan& plan = newest->plan->ownership;
+  std::vector<RankSpeed> ranks;
+  for (size_t r = 0; r < plan.worker_ids.size(); ++r) {
+    const WorkerRecord* w = job.members.Find(plan.worker_ids[r]);
+    if (w == nullptr) return false;  // a re-plan is on its way anyway
+    ranks.push_back({plan.worker_ids[r], &w->speed,
+                     r < plan.worker_momentum_bytes.size() &&
+                         plan.worker_momentum_bytes[r] > 0,
+                     w->join.device.kind == "cuda"});
+  }
+  std::optional<Rebalance> rebalance = RebalanceByMeasurement(ranks, tolerance);
+  if (!rebalance.has_value()) return false;
+  spdlog::info("job={} re-plans by {}", name, rebalance->reason);
+  job.members.SetMeasuredSpeeds(plan.worker_ids, rebalance->factors,
+                                job.plans.latest_version() + 1,
+                                std::move(rebalance->reason));
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> StepStatsRecorder::ReportStepStats(const StepReport& r) {
   const StepStats& s = r.stats;
   if (s.step < 0) return InvalidField("step", absl::StrCat(s.step, " < 0"));
   for (const auto& [value, field] :
@@ -42,11 +70,14 @@ absl::Status StepStatsRecorder::ReportStepStats(const StepReport& r) {
   }
   // A worker reports its steps in order; an id at or below the one held (a
   // trainer that resumed from an earlier step) leaves the newest in place.
+  bool rebalanced = false;
   if (!worker->last_step.has_value() || s.step > worker->last_step->step) {
     worker->last_step = s;
+    worker->speed.Add(s);
+    rebalanced = MaybeRebalance(r.job, *job, rebalance_tolerance_);
   }
   job->stepped = true;
-  return absl::OkStatus();
+  return rebalanced;
 }
 
 }  // namespace coordinator

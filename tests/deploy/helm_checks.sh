@@ -150,10 +150,11 @@ else
   fail "workers pass their Kubernetes node as --node"
 fi
 if grep -q -- '--nvlink_gbs=300' "$work/default.yaml" &&
-   grep -q -- '--network_gbs=50' "$work/default.yaml"; then
-  pass "the coordinator weighs the links of coordinator.links"
+   grep -q -- '--network_gbs=50' "$work/default.yaml" &&
+   grep -q -- '--rebalance_tolerance=0.03' "$work/default.yaml"; then
+  pass "the coordinator weighs coordinator.links and rebalances by measurement"
 else
-  fail "the coordinator weighs the links of coordinator.links"
+  fail "the coordinator weighs coordinator.links and rebalances by measurement"
 fi
 if grep -A1 'name: NCCL_NVLS_ENABLE' "$work/gpu-pool.yaml" | grep -q 'value: "0"'; then
   pass "NCCL_NVLS_ENABLE=0 by default"

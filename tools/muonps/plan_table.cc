@@ -103,17 +103,20 @@ std::string JobsTable(const v1::ListJobsResponse& jobs) {
 
 std::string WorkersTable(const v1::ListWorkersResponse& workers) {
   std::string out = absl::StrFormat(
-      "%-16s %-24s %-6s %-20s %-12s %12s %10s %6s %8s %12s %12s %8s\n", "JOB",
-      "WORKER", "KIND", "HOST", "NODE", "MEMORY", "LEASE", "PLAN", "STEP",
-      "COMPUTE", "PREDICTED", "ERROR");
+      "%-16s %-24s %-6s %-20s %-12s %12s %10s %6s %6s %8s %12s %12s %8s\n",
+      "JOB", "WORKER", "KIND", "HOST", "NODE", "MEMORY", "LEASE", "PLAN",
+      "SPEED", "STEP", "COMPUTE", "PREDICTED", "ERROR");
   bool far_off = false;
   for (const v1::WorkerInfo& w : workers.workers()) {
     absl::StrAppendFormat(
-        &out, "%-16s %-24s %-6s %-20s %-12s %12s %7d ms %6d ", w.job(),
+        &out, "%-16s %-24s %-6s %-20s %-12s %12s %7d ms %6d %6s ", w.job(),
         w.draining() ? w.worker_id() + "(draining)" : w.worker_id(),
         w.device().kind(), w.device().host(), Node(w.device().node()),
         Bytes(w.device().memory_bytes()), w.lease_remaining_ms(),
-        w.plan_version());
+        w.plan_version(),
+        // 0: a coordinator from before measured speeds.
+        w.speed_factor() > 0 ? absl::StrFormat("%.3f", w.speed_factor())
+                             : std::string("-"));
     if (!w.has_last_step()) {
       absl::StrAppendFormat(&out, "%8s %12s %12s %8s\n", "-", "-", "-", "-");
       continue;

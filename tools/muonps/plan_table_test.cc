@@ -20,7 +20,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// w0 reported step 42 (41.25 ms of compute against 37.5 predicted); w1 none.
+// w0 reported step 42 (41.25 ms of compute against 37.5 predicted) and
+// runs at a measured 0.87 of its cost table; w1 reported nothing, from a
+// coordinator that shows no speed.
 v1::ListWorkersResponse TwoWorkers() {
   v1::ListWorkersResponse workers;
   for (const char* id : {"w0", "w1"}) {
@@ -34,6 +36,7 @@ v1::ListWorkersResponse TwoWorkers() {
     w->set_lease_remaining_ms(5500);
     w->set_plan_version(3);
   }
+  workers.mutable_workers(0)->set_speed_factor(0.87);
   v1::WorkerStepStats* step = workers.mutable_workers(0)->mutable_last_step();
   step->set_step(42);
   step->set_plan_version(3);
@@ -69,19 +72,19 @@ TEST(WorkersTableTest, ShowsLastStepComputeBesidePredictionAndError) {
       Cells(WorkersTable(TwoWorkers()));
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0],
-            (std::vector<std::string>{"JOB", "WORKER", "KIND", "HOST", "NODE",
-                                      "MEMORY", "LEASE", "PLAN", "STEP",
-                                      "COMPUTE", "PREDICTED", "ERROR"}));
+            (std::vector<std::string>{
+                "JOB", "WORKER", "KIND", "HOST", "NODE", "MEMORY", "LEASE",
+                "PLAN", "SPEED", "STEP", "COMPUTE", "PREDICTED", "ERROR"}));
   // 41.25 / 37.5 - 1 = +10%.
   EXPECT_EQ(lines[1], (std::vector<std::string>{
                           "demo", "w0", "cuda", "gpu-host", "3f0c9d2e-5b7",
-                          "80.0", "GiB", "5500", "ms", "3", "42", "41.250",
-                          "ms", "37.500", "ms", "+10.0%"}));
+                          "80.0", "GiB", "5500", "ms", "3", "0.870", "42",
+                          "41.250", "ms", "37.500", "ms", "+10.0%"}));
   // No step reported yet: dashes, not zeros.
   EXPECT_EQ(lines[2],
             (std::vector<std::string>{"demo", "w1", "cuda", "gpu-host",
                                       "3f0c9d2e-5b7", "80.0", "GiB", "5500",
-                                      "ms", "3", "-", "-", "-", "-"}));
+                                      "ms", "3", "-", "-", "-", "-", "-"}));
 }
 
 TEST(WorkersTableTest, MarksADrainingWorker) {

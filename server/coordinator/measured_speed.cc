@@ -1,0 +1,91 @@
+#include "server/coordinator/measured_speed.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace muonps {
+namespace coordinator {
+namespace {
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace
+
+void MeasuredSpeed::Add(const StepStats& stats) {
+  if (stats.plan_version < since_version_ || !(stats.ns_seconds > 0) ||
+      !(stats.predicted_ns_seconds > 0)) {
+    return;
+  }
+  samples_.push_back({stats.ns_seconds, stats.predicted_ns_seconds});
+  if (static_cast<int>(samples_.size()) > kWindow) {
+    samples_.erase(samples_.begin());
+  }
+}
+
+double MeasuredSpeed::MedianSeconds() const {
+  std::vector<double> seconds;
+  for (const Sample& s : samples_) seconds.push_back(s.measured);
+  return seconds.empty() ? 0 : Median(std::move(seconds));
+}
+
+double MeasuredSpeed::Estimate() const {
+  std::vector<double> ratios;
+  for (const Sample& s : samples_) ratios.push_back(s.predicted / s.measured);
+  return ratios.empty() ? factor_ : factor_ * Median(std::move(ratios));
+}
+
+void MeasuredSpeed::Set(double factor, int64_t version) {
+  factor_ = factor;
+  since_version_ = version;
+  samples_.clear();
+}
+
+std::optional<Rebalance> RebalanceByMeasurement(
+    const std::vector<RankSpeed>& ranks, double tolerance) {
+  if (!(tolerance > 0)) return std::nullopt;
+  double sum = 0, busiest = 0;
+  int counted = 0;
+  bool moved = false;
+  for (const RankSpeed& r : ranks) {
+    if (!r.owns) continue;
+    if (!r.gpu || r.speed == nullptr || !r.speed->measured()) {
+      return std::nullopt;
+    }
+    const double seconds = r.speed->MedianSeconds();
+    sum += seconds;
+    busiest = std::max(busiest, seconds);
+    ++counted;
+    moved |= std::abs(r.speed->Estimate() / r.speed->factor() - 1) > tolerance;
+  }
+  if (counted < 2 || !(sum > 0)) return std::nullopt;
+  const double imbalance = busiest / (sum / counted) - 1;
+  if (imbalance <= tolerance || !moved) return std::nullopt;
+  Rebalance out;
+  out.imbalance = imbalance;
+  std::string speeds;
+  for (const RankSpeed& r : ranks) {
+    const bool measured = r.owns && r.speed != nullptr;
+    const double factor =
+        measured ? r.speed->Estimate() : (r.speed ? r.speed->factor() : 1.0);
+    out.factors.push_back(factor);
+    if (measured) {
+      absl::StrAppend(&speeds, speeds.empty() ? "" : ", ", r.worker_id, " ",
+                      absl::StrFormat("%.3f", factor));
+    }
+  }
+  out.reason = absl::StrFormat(
+      "measured speeds against the cost tables: %s (the busiest rank's "
+      "Newton-Schulz %.1f%% above the mean)",
+      speeds, 100 * imbalance);
+  return out;
+}
+
+}  // namespace coordinator
+}  // namespace muonps
