@@ -24,7 +24,7 @@ struct CoordinatorOptions {
   // How far above the mean the busiest rank's measured Newton-Schulz may
   // run before the job re-plans with its ranks' measured speeds
   // (--rebalance_tolerance; RebalanceByMeasurement). 0: never.
-  double rebalance_tolerance = 0.03;
+  double rebalance_tolerance = 0.05;
 };
 
 // The coordinator's time (leases, create and join times); tests pass a

@@ -57,6 +57,8 @@ struct JobRecord {
   // version would leave the join order's imbalance for the whole run. A
   // lost worker's re-plan keeps the survivors' owners either way.
   bool stepped = false;
+  // StepStatsRecorder's: re-plans by its ranks' measured speeds.
+  SpeedBalance speed_balance;
 };
 
 class JobTable {

@@ -46,8 +46,8 @@ ABSL_FLAG(double, nvlink_gbs, 300,
 ABSL_FLAG(double, network_gbs, 50,
           "GB/s per GPU per direction between nodes, as plans weigh it "
           "(each GPU's share of its node's network ports).");
-ABSL_FLAG(double, rebalance_tolerance, 0.03,
-          "How far above the mean (0.03: 3%) the busiest GPU worker's "
+ABSL_FLAG(double, rebalance_tolerance, 0.05,
+          "How far above the mean (0.05: 5%) the busiest GPU worker's "
           "measured Newton-Schulz may run before its job re-plans with the "
           "speeds its workers measured; 0: plans use the cost tables only.");
 ABSL_FLAG(std::string, state_dir, "",

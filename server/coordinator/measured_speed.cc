@@ -23,7 +23,8 @@ void MeasuredSpeed::Add(const StepStats& stats) {
       !(stats.predicted_ns_seconds > 0)) {
     return;
   }
-  samples_.push_back({stats.ns_seconds, stats.predicted_ns_seconds});
+  samples_.push_back(
+      {stats.ns_seconds, stats.predicted_ns_seconds, stats.step_seconds});
   if (static_cast<int>(samples_.size()) > kWindow) {
     samples_.erase(samples_.begin());
   }
@@ -33,6 +34,12 @@ double MeasuredSpeed::MedianSeconds() const {
   std::vector<double> seconds;
   for (const Sample& s : samples_) seconds.push_back(s.measured);
   return seconds.empty() ? 0 : Median(std::move(seconds));
+}
+
+std::vector<double> MeasuredSpeed::StepSeconds() const {
+  std::vector<double> out;
+  for (const Sample& s : samples_) out.push_back(s.step);
+  return out;
 }
 
 double MeasuredSpeed::Estimate() const {
@@ -84,6 +91,76 @@ std::optional<Rebalance> RebalanceByMeasurement(
       "measured speeds against the cost tables: %s (the busiest rank's "
       "Newton-Schulz %.1f%% above the mean)",
       speeds, 100 * imbalance);
+  return out;
+}
+
+namespace {
+
+// Whether every rank that owns matrices is a GPU with a full window.
+bool AllMeasured(const std::vector<RankSpeed>& ranks) {
+  for (const RankSpeed& r : ranks) {
+    if (r.owns && (!r.gpu || r.speed == nullptr || !r.speed->measured())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The median step time of the owners' windows, pooled.
+double MedianStepSeconds(const std::vector<RankSpeed>& ranks) {
+  std::vector<double> all;
+  for (const RankSpeed& r : ranks) {
+    if (!r.owns || r.speed == nullptr) continue;
+    const std::vector<double> mine = r.speed->StepSeconds();
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  return all.empty() ? 0 : Median(std::move(all));
+}
+
+std::vector<std::string> Ids(const std::vector<RankSpeed>& ranks) {
+  std::vector<std::string> out;
+  for (const RankSpeed& r : ranks) out.push_back(r.worker_id);
+  return out;
+}
+
+}  // namespace
+
+std::optional<Rebalance> SpeedBalance::Consider(
+    const std::vector<RankSpeed>& ranks, double tolerance) {
+  constexpr double kStepMargin = 0.01;
+  if (state_ != State::kOpen && Ids(ranks) != ids_) state_ = State::kOpen;
+  if (!(tolerance > 0) || state_ == State::kSettled || !AllMeasured(ranks)) {
+    return std::nullopt;
+  }
+  const double step = MedianStepSeconds(ranks);
+  if (state_ == State::kTrial) {
+    if (step > before_step_seconds_ * (1 + kStepMargin)) {
+      state_ = State::kSettled;
+      Rebalance undo;
+      undo.factors = before_factors_;
+      undo.reason = absl::StrFormat(
+          "measured speeds lengthened the step (%.1f ms against %.1f ms "
+          "before): the speeds before",
+          step * 1e3, before_step_seconds_ * 1e3);
+      return undo;
+    }
+    if (!(step < before_step_seconds_ * (1 - kStepMargin))) {
+      state_ = State::kSettled;
+      return std::nullopt;
+    }
+    state_ = State::kOpen;
+  }
+  std::optional<Rebalance> out = RebalanceByMeasurement(ranks, tolerance);
+  if (!out.has_value()) return std::nullopt;
+  state_ = State::kTrial;
+  ids_ = Ids(ranks);
+  before_factors_.clear();
+  for (const RankSpeed& r : ranks) {
+    before_factors_.push_back(r.speed != nullptr ? r.speed->factor() : 1.0);
+  }
+  before_step_seconds_ = step;
+  absl::StrAppend(&out->reason,
+                  absl::StrFormat("; step %.1f ms before", step * 1e3));
   return out;
 }
 

@@ -8,13 +8,21 @@
 // than the other's, stack for stack, step after step. Each step a worker
 // reports the device time its stacks took (ns_seconds) beside what the plan
 // predicted for them; the ratio is its speed against the cost table, the
-// same for any set of matrices it owns. Plans multiply the worker's speed
-// by `factor()`, so a job whose ranks measure unequal re-plans once with
-// the measured speeds (scheduler::Replan moves the cheapest momentum), and
-// the busiest rank comes within the plan's granularity of the mean.
+// about the same for any set of matrices it owns. Plans multiply the
+// worker's speed by `factor()`, so a job whose ranks measure unequal
+// re-plans with the measured speeds (scheduler::Replan moves the cheapest
+// momentum), and the busiest rank comes within the plan's granularity of
+// the mean.
 //
-// Thread-compatible (it lives in a WorkerRecord, under the JobTable's
-// mutex).
+// A re-plan is a trial (SpeedBalance): the speeds a GPU shows depend a
+// little on what it runs beside what (Newton-Schulz beside NCCL's kernels
+// runs ~12% slower), and a plan balanced on Newton-Schulz alone may end its
+// step on a larger transfer. So the step time the ranks report under the
+// new plan is compared with the one before it: a plan that did not shorten
+// the step by 1% ends the trials, and one that lengthened it by 1% is
+// undone.
+//
+// Thread-compatible (they live in the JobTable, under its mutex).
 #ifndef MUONPS_SERVER_COORDINATOR_MEASURED_SPEED_H_
 #define MUONPS_SERVER_COORDINATOR_MEASURED_SPEED_H_
 
@@ -47,6 +55,8 @@ class MeasuredSpeed {
   bool measured() const { return static_cast<int>(samples_.size()) >= kWindow; }
   // The median measured Newton-Schulz seconds of those steps.
   double MedianSeconds() const;
+  // Their step wall times (StepStats::step_seconds), oldest first.
+  std::vector<double> StepSeconds() const;
   // factor() times the median of predicted / measured: the factor under
   // which the plan would have predicted what the steps took.
   double Estimate() const;
@@ -58,6 +68,7 @@ class MeasuredSpeed {
   struct Sample {
     double measured = 0;
     double predicted = 0;
+    double step = 0;
   };
   double factor_ = 1.0;
   int64_t since_version_ = 0;
@@ -92,6 +103,29 @@ struct Rebalance {
 // tolerance <= 0.
 std::optional<Rebalance> RebalanceByMeasurement(
     const std::vector<RankSpeed>& ranks, double tolerance);
+
+// One job's re-plans by measured speeds, one trial at a time. Open: a
+// RebalanceByMeasurement starts a trial, remembering the factors and the
+// median step time of the window that asked for it. Trial: once every
+// owner measured its window under the new factors, a median step time 1%
+// shorter opens it again (another trial may follow); 1% longer undoes it
+// (the factors before, as the next plan's) and settles; anything between
+// settles. Settled: no more re-plans until the plan's ranks change.
+class SpeedBalance {
+ public:
+  // What the job's next plan should use for `ranks` (its newest plan's, in
+  // rank order), if anything.
+  std::optional<Rebalance> Consider(const std::vector<RankSpeed>& ranks,
+                                    double tolerance);
+
+ private:
+  enum class State { kOpen, kTrial, kSettled };
+  State state_ = State::kOpen;
+  // The ranks the trial or settlement is of.
+  std::vector<std::string> ids_;
+  std::vector<double> before_factors_;
+  double before_step_seconds_ = 0;
+};
 
 }  // namespace coordinator
 }  // namespace muonps

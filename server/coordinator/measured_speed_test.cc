@@ -23,11 +23,13 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-StepStats Stats(int64_t version, double measured, double predicted) {
+StepStats Stats(int64_t version, double measured, double predicted,
+                double step = 1.0) {
   StepStats s;
   s.plan_version = version;
   s.ns_seconds = measured;
   s.predicted_ns_seconds = predicted;
+  s.step_seconds = step;
   return s;
 }
 
@@ -138,6 +140,72 @@ TEST(RebalanceTest, WaitsForEveryOwnerAndSkipsCpusAndIdleRanks) {
   EXPECT_FALSE(RebalanceByMeasurement(ranks, 0.03).has_value());
 }
 
+// Windows of both ranks under `version`: rank r at ratios[r] of its
+// prediction and factor factors[r], every step taking `step` seconds.
+void Window(std::vector<MeasuredSpeed>& speeds, int64_t version,
+            const std::vector<double>& ratios, double step) {
+  for (size_t r = 0; r < speeds.size(); ++r) {
+    for (int i = 0; i < MeasuredSpeed::kWindow; ++i) {
+      speeds[r].Add(Stats(version, 0.1 * ratios[r], 0.1, step));
+    }
+  }
+}
+
+// What a coordinator does with a rebalance: the factors for `version`.
+void Apply(std::vector<MeasuredSpeed>& speeds, const Rebalance& r,
+           int64_t version) {
+  for (size_t i = 0; i < speeds.size(); ++i)
+    speeds[i].Set(r.factors[i], version);
+}
+
+TEST(SpeedBalanceTest, AShorterStepKeepsTheTrialOpenALongerOneUndoesIt) {
+  SpeedBalance balance;
+  std::vector<MeasuredSpeed> speeds(2);
+  Window(speeds, 1, {1.25, 1.0}, 0.100);
+  std::optional<Rebalance> r = balance.Consider(Ranks(speeds), 0.03);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_THAT(r->reason, HasSubstr("step 100.0 ms before"));
+  Apply(speeds, *r, 2);
+  // Not measured under version 2 yet: nothing.
+  EXPECT_FALSE(balance.Consider(Ranks(speeds), 0.03).has_value());
+  // 5% shorter, and unequal again: a second trial.
+  Window(speeds, 2, {1.0, 1.2}, 0.095);
+  r = balance.Consider(Ranks(speeds), 0.03);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_THAT(r->reason, HasSubstr("step 95.0 ms before"));
+  const std::vector<double> before = {speeds[0].factor(), speeds[1].factor()};
+  Apply(speeds, *r, 3);
+  // 3% longer than 95 ms: undone, back to the factors before.
+  Window(speeds, 3, {1.1, 1.0}, 0.098);
+  r = balance.Consider(Ranks(speeds), 0.03);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->factors, before);
+  EXPECT_THAT(r->reason,
+              HasSubstr("lengthened the step (98.0 ms against 95.0"));
+  Apply(speeds, *r, 4);
+  // Settled, however unequal.
+  Window(speeds, 4, {1.5, 1.0}, 0.090);
+  EXPECT_FALSE(balance.Consider(Ranks(speeds), 0.03).has_value());
+  // Until the ranks change.
+  std::vector<RankSpeed> others = Ranks(speeds);
+  others[1].worker_id = "w9";
+  EXPECT_TRUE(balance.Consider(others, 0.03).has_value());
+}
+
+TEST(SpeedBalanceTest, AStepNoShorterSettles) {
+  SpeedBalance balance;
+  std::vector<MeasuredSpeed> speeds(2);
+  Window(speeds, 1, {1.25, 1.0}, 0.100);
+  std::optional<Rebalance> r = balance.Consider(Ranks(speeds), 0.03);
+  ASSERT_TRUE(r.has_value());
+  Apply(speeds, *r, 2);
+  // Within 1% of the step before: kept, and no further trial.
+  Window(speeds, 2, {1.0, 1.3}, 0.0995);
+  EXPECT_FALSE(balance.Consider(Ranks(speeds), 0.03).has_value());
+  Window(speeds, 2, {1.0, 1.3}, 0.05);
+  EXPECT_FALSE(balance.Consider(Ranks(speeds), 0.03).has_value());
+}
+
 }  // namespace
 
 namespace coordinator_test {
@@ -175,9 +243,10 @@ class MeasuredSpeedCoordinatorTest : public CoordinatorTest {
   }
 
   // Steps `from`.. of both workers under the current plan, each measuring
-  // `slowness` times its prediction.
+  // `slowness` times its prediction, each step `step_seconds` long.
   void Steps(int64_t from, int count,
-             const std::map<std::string, double>& slowness) {
+             const std::map<std::string, double>& slowness,
+             double step_seconds = 1) {
     const v1::Plan plan = CurrentPlan("x");
     const std::map<std::string, double> predicted = Predicted(plan);
     for (int64_t step = from; step < from + count; ++step) {
@@ -187,7 +256,7 @@ class MeasuredSpeedCoordinatorTest : public CoordinatorTest {
         r.set_worker_id(id);
         r.set_step(step);
         r.set_plan_version(plan.version());
-        r.set_step_seconds(1);
+        r.set_step_seconds(step_seconds);
         r.set_predicted_ns_seconds(predicted.at(id));
         r.set_ns_seconds(predicted.at(id) * slow);
         ASSERT_TRUE(state_->ReportStepStats(r).ok());
@@ -239,6 +308,28 @@ TEST_F(MeasuredSpeedCoordinatorTest, ASlowGpuGetsLessOnceAndNoMoreReplans) {
   state_->ExpireLeases();
   EXPECT_EQ(CurrentPlan("x").version(), second.version());
   EXPECT_EQ(SpeedFactor("w1"), 0.5);
+}
+
+TEST_F(MeasuredSpeedCoordinatorTest, APlanThatLengthensTheStepIsUndone) {
+  TwoWorkers("cuda");
+  const v1::Plan first = CurrentPlan("x");
+  Steps(0, 5, {{"w1", 2.0}, {"w2", 1.0}}, 0.1);
+  state_->ExpireLeases();
+  const v1::Plan second = CurrentPlan("x");
+  ASSERT_EQ(second.version(), first.version() + 1);
+  EXPECT_THAT(second.reason(), HasSubstr("step 100.0 ms before"));
+  // Balanced by what w1 measured, but the step got longer: undone.
+  Steps(5, 5, {{"w1", 1.0}, {"w2", 1.0}}, 0.11);
+  state_->ExpireLeases();
+  const v1::Plan third = CurrentPlan("x");
+  ASSERT_EQ(third.version(), second.version() + 1);
+  EXPECT_THAT(third.reason(), HasSubstr("lengthened the step (110.0 ms"));
+  EXPECT_EQ(SpeedFactor("w1"), 1.0);
+  EXPECT_EQ(Owned(third).at("w1"), Owned(first).at("w1"));
+  // And no more trials.
+  Steps(10, 10, {{"w1", 2.0}, {"w2", 1.0}}, 0.1);
+  state_->ExpireLeases();
+  EXPECT_EQ(CurrentPlan("x").version(), third.version());
 }
 
 TEST_F(MeasuredSpeedCoordinatorTest, CpuWorkersKeepTheirCostTables) {

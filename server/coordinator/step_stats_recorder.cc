@@ -13,7 +13,7 @@ namespace coordinator {
 namespace {
 
 // Asks for the next plan of `job` with its ranks' measured speeds when
-// they call for one (RebalanceByMeasurement); true if so.
+// they call for one (SpeedBalance); true if so.
 bool MaybeRebalance(const std::string& name, JobRecord& job, double tolerance) {
   const PlanVersion* newest = job.plans.newest();
   if (newest == nullptr) return false;
@@ -27,7 +27,8 @@ bool MaybeRebalance(const std::string& name, JobRecord& job, double tolerance) {
                          plan.worker_momentum_bytes[r] > 0,
                      w->join.device.kind == "cuda"});
   }
-  std::optional<Rebalance> rebalance = RebalanceByMeasurement(ranks, tolerance);
+  std::optional<Rebalance> rebalance =
+      job.speed_balance.Consider(ranks, tolerance);
   if (!rebalance.has_value()) return false;
   spdlog::info("job={} re-plans by {}", name, rebalance->reason);
   job.members.SetMeasuredSpeeds(plan.worker_ids, rebalance->factors,

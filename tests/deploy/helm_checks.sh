@@ -151,7 +151,7 @@ else
 fi
 if grep -q -- '--nvlink_gbs=300' "$work/default.yaml" &&
    grep -q -- '--network_gbs=50' "$work/default.yaml" &&
-   grep -q -- '--rebalance_tolerance=0.03' "$work/default.yaml"; then
+   grep -q -- '--rebalance_tolerance=0.05' "$work/default.yaml"; then
   pass "the coordinator weighs coordinator.links and rebalances by measurement"
 else
   fail "the coordinator weighs coordinator.links and rebalances by measurement"
