@@ -23,11 +23,14 @@ namespace {
 OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
   const PlanInput& input = p.input();
   OwnershipPlan plan;
+  plan.matrix_names.reserve(input.matrices.size());
+  plan.owners.reserve(input.matrices.size());
   for (const MatrixSpec& m : input.matrices) {
     plan.matrix_names.push_back(m.name);
     plan.owners.emplace_back(m.experts, -1);
   }
   const int workers = p.num_workers();
+  plan.worker_ids.reserve(workers);
   for (const WorkerSpec& w : input.workers) plan.worker_ids.push_back(w.id);
   plan.worker_seconds.assign(workers, 0.0);
   plan.worker_memory_bytes.assign(workers, 0);
@@ -42,17 +45,35 @@ OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
     plan.worker_momentum_bytes[w] += p.momentum_bytes(i);
     plan.worker_link_bytes[w] += p.link_bytes(i);
   }
+  // Batches by worker, then shape (rows, cols): each worker's slots sorted
+  // on their own.
+  size_t slots = 0;
+  for (int w = 0; w < workers; ++w) slots += a.slots_on(w).size();
+  plan.batches.reserve(slots);
+  std::vector<int> order;
   for (int w = 0; w < workers; ++w) {
+    const int c = p.worker_class(w);
+    // Summed in the order the slots arrived, as the loads were.
     for (const int id : a.slots_on(w)) {
-      const int shape = a.slot(id).shape;
-      Batch batch;
+      plan.worker_seconds[w] +=
+          p.BatchSeconds(c, a.slot(id).shape, a.slot(id).count);
+    }
+    order = a.slots_on(w);
+    std::sort(order.begin(), order.end(), [&](int x, int y) {
+      const int sx = a.slot(x).shape, sy = a.slot(y).shape;
+      return std::make_pair(p.rows(sx), p.cols(sx)) <
+             std::make_pair(p.rows(sy), p.cols(sy));
+    });
+    for (const int id : order) {
+      const Assignment::Slot& slot = a.slot(id);
+      Batch& batch = plan.batches.emplace_back();
       batch.worker = w;
-      batch.rows = p.rows(shape);
-      batch.cols = p.cols(shape);
-      const int c = p.worker_class(w);
-      batch.parts = p.BatchParts(c, shape, a.slot(id).count);
-      batch.seconds = p.BatchSeconds(c, shape, a.slot(id).count);
-      for (int item = a.slot(id).newest; item >= 0; item = a.older_than(item)) {
+      batch.rows = p.rows(slot.shape);
+      batch.cols = p.cols(slot.shape);
+      batch.parts = p.BatchParts(c, slot.shape, slot.count);
+      batch.seconds = p.BatchSeconds(c, slot.shape, slot.count);
+      batch.items.reserve(slot.count);
+      for (int item = slot.newest; item >= 0; item = a.older_than(item)) {
         batch.items.push_back(p.item(item));
       }
       std::sort(batch.items.begin(), batch.items.end(),
@@ -60,15 +81,8 @@ OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
                   return x.matrix != y.matrix ? x.matrix < y.matrix
                                               : x.expert < y.expert;
                 });
-      plan.worker_seconds[w] += batch.seconds;
-      plan.batches.push_back(std::move(batch));
     }
   }
-  std::sort(plan.batches.begin(), plan.batches.end(),
-            [](const Batch& x, const Batch& y) {
-              return std::tie(x.worker, x.rows, x.cols) <
-                     std::tie(y.worker, y.rows, y.cols);
-            });
   plan.max_seconds =
       *std::max_element(plan.worker_seconds.begin(), plan.worker_seconds.end());
   plan.mean_seconds = std::accumulate(plan.worker_seconds.begin(),
@@ -92,15 +106,29 @@ void AssignAll(const std::vector<int>& owners, Assignment* a) {
 // had room for.
 std::vector<int> FlopLptOwners(const Problem& p, bool respect_memory) {
   const int n = p.num_items();
-  std::vector<double> flops(n);
-  for (int i = 0; i < n; ++i) {
-    const int s = p.shape_of(i);
-    flops[i] = Ns5DenseFlops(p.rows(s), p.cols(s), p.input().options.ns_steps);
+  std::vector<double> shape_flops(p.num_shapes());
+  for (int s = 0; s < p.num_shapes(); ++s) {
+    shape_flops[s] =
+        Ns5DenseFlops(p.rows(s), p.cols(s), p.input().options.ns_steps);
   }
+  // Items by FLOPs, largest first, in item order among equals: a counting
+  // sort over the distinct FLOP counts.
+  std::vector<double> values = shape_flops;
+  std::sort(values.begin(), values.end(), std::greater<double>());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  std::vector<int> rank(p.num_shapes());
+  for (int s = 0; s < p.num_shapes(); ++s) {
+    rank[s] = static_cast<int>(std::lower_bound(values.begin(), values.end(),
+                                                shape_flops[s],
+                                                std::greater<double>()) -
+                               values.begin());
+  }
+  std::vector<int> start(values.size() + 1, 0);
+  for (int i = 0; i < n; ++i) ++start[rank[p.shape_of(i)] + 1];
+  for (size_t r = 1; r < start.size(); ++r) start[r] += start[r - 1];
   std::vector<int> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&flops](int x, int y) { return flops[x] > flops[y]; });
+  for (int i = 0; i < n; ++i) order[start[rank[p.shape_of(i)]]++] = i;
+  auto flops_of = [&](int item) { return shape_flops[p.shape_of(item)]; };
   // Min-heap of (FLOPs so far, worker); workers without room for an item
   // are set aside and put back after it is placed.
   using Entry = std::pair<double, int>;
@@ -122,7 +150,7 @@ std::vector<int> FlopLptOwners(const Problem& p, bool respect_memory) {
       least.pop();
       owners[item] = e.second;
       used[e.second] += p.owned_bytes(item);
-      least.push({e.first + flops[item], e.second});
+      least.push({e.first + flops_of(item), e.second});
     }
     for (const Entry& e : full) least.push(e);
   }

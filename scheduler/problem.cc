@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <set>
 #include <tuple>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -17,50 +18,53 @@ constexpr int64_t kMaxDim = int64_t{1} << 31;
 constexpr int64_t kMaxExperts = int64_t{1} << 20;
 
 absl::Status ValidateMatrix(const MatrixSpec& m, size_t index) {
-  const std::string field = m.name.empty()
-                                ? absl::StrCat("matrices[", index, "]")
-                                : absl::StrCat("matrix ", Quoted(m.name));
-  if (m.name.empty()) return InvalidField(field, "name is empty");
+  // Built only for an error: planning checks every matrix.
+  auto field = [&] {
+    return m.name.empty() ? absl::StrCat("matrices[", index, "]")
+                          : absl::StrCat("matrix ", Quoted(m.name));
+  };
+  if (m.name.empty()) return InvalidField(field(), "name is empty");
   if (m.rows < 1 || m.cols < 1 || m.rows > kMaxDim || m.cols > kMaxDim) {
-    return InvalidField(field, absl::StrCat("shape [", m.rows, ", ", m.cols,
-                                            "]: dimensions must be in [1, "
-                                            "2^31]"));
+    return InvalidField(field(), absl::StrCat("shape [", m.rows, ", ", m.cols,
+                                              "]: dimensions must be in [1, "
+                                              "2^31]"));
   }
   if (m.experts < 1 || m.experts > kMaxExperts) {
     return InvalidField(
-        field, absl::StrCat("experts ", m.experts, " is not in [1, 2^20]"));
+        field(), absl::StrCat("experts ", m.experts, " is not in [1, 2^20]"));
   }
   if (m.layer < 0) {
-    return InvalidField(field, absl::StrCat("layer ", m.layer, " is < 0"));
+    return InvalidField(field(), absl::StrCat("layer ", m.layer, " is < 0"));
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateWorker(const WorkerSpec& w, size_t index,
                             int64_t workspace_bytes) {
-  const std::string field = w.id.empty()
-                                ? absl::StrCat("workers[", index, "]")
-                                : absl::StrCat("worker ", Quoted(w.id));
-  if (w.id.empty()) return InvalidField(field, "id is empty");
+  auto field = [&] {
+    return w.id.empty() ? absl::StrCat("workers[", index, "]")
+                        : absl::StrCat("worker ", Quoted(w.id));
+  };
+  if (w.id.empty()) return InvalidField(field(), "id is empty");
   if (!(w.speed > 0) || !std::isfinite(w.speed)) {
-    return InvalidField(
-        field, absl::StrCat("speed ", w.speed, " must be positive and finite"));
+    return InvalidField(field(), absl::StrCat("speed ", w.speed,
+                                              " must be positive and finite"));
   }
   if (!w.owns_nothing && w.memory_bytes <= workspace_bytes) {
-    return InvalidField(field, absl::StrCat("memory_bytes ", w.memory_bytes,
-                                            " must exceed the workspace of ",
-                                            workspace_bytes, " bytes"));
+    return InvalidField(field(), absl::StrCat("memory_bytes ", w.memory_bytes,
+                                              " must exceed the workspace of ",
+                                              workspace_bytes, " bytes"));
   }
   const DeviceRates& r = w.rates;
   for (const double rate : {r.flops_per_second, r.memory_bytes_per_second,
                             r.link_bytes_per_second}) {
     if (!(rate > 0) || !std::isfinite(rate)) {
-      return InvalidField(field, "device rates must be positive and finite");
+      return InvalidField(field(), "device rates must be positive and finite");
     }
   }
   if (!(r.call_overhead_seconds >= 0) ||
       !std::isfinite(r.call_overhead_seconds)) {
-    return InvalidField(field, "call_overhead_seconds must be >= 0");
+    return InvalidField(field(), "call_overhead_seconds must be >= 0");
   }
   return absl::OkStatus();
 }
@@ -83,7 +87,8 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   if (!(o.replan_tolerance >= 0) || !std::isfinite(o.replan_tolerance)) {
     return InvalidField("replan_tolerance", "must be finite and >= 0");
   }
-  std::set<absl::string_view> names;
+  absl::flat_hash_set<absl::string_view> names;
+  names.reserve(std::max(input.workers.size(), input.matrices.size()));
   int64_t largest_capacity = 0;
   std::string roomiest;
   for (size_t i = 0; i < input.workers.size(); ++i) {
@@ -126,7 +131,16 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
 }
 
 Problem::Problem(const PlanInput& input) : input_(input) {
-  std::map<std::pair<int64_t, int64_t>, int> shape_ids;
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int> shape_ids;
+  size_t items = 0;
+  for (const MatrixSpec& spec : input.matrices) {
+    items += static_cast<size_t>(spec.experts);
+  }
+  for (auto* v : {&owned_bytes_, &momentum_bytes_, &link_bytes_}) {
+    v->reserve(items);
+  }
+  items_.reserve(items);
+  item_shape_.reserve(items);
   for (size_t m = 0; m < input.matrices.size(); ++m) {
     const MatrixSpec& spec = input.matrices[m];
     // NS runs on the wide side: r x c and c x r batch together.

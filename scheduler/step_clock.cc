@@ -422,28 +422,36 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     if (kBase * times < everything) bounds.push_back(kBase * times);
   }
   MUONPS_ASSIGN_OR_RETURN(
-      std::vector<StepSchedule> schedules,
-      BuildStepSchedules(matrices, plan, bounds, options.stack_bytes));
+      StepScheduleCutter cutter,
+      StepScheduleCutter::Create(matrices, plan, options.stack_bytes));
+  // Every candidate has the same stacks: one schedule, cut again for each,
+  // and their seconds once.
+  StepSchedule schedule = cutter.TakeStacks();
   const int workers = static_cast<int>(plan.worker_ids.size());
-  // Every candidate has the same stacks: their seconds once.
-  const std::vector<double> stack_seconds = StackSeconds(schedules[0], models);
+  const std::vector<double> stack_seconds = StackSeconds(schedule, models);
   out.predicted_seconds = std::numeric_limits<double>::infinity();
   // Two bounds in a row that do not beat the best end the search.
   int misses = 0;
+  int64_t cut = 0;
   for (size_t i = 0; i < bounds.size() && misses < 2; ++i) {
+    MUONPS_RETURN_IF_ERROR(cutter.Cut(bounds[i], &schedule));
+    cut = bounds[i];
     const double predicted =
-        ClockStep(matrices, schedules[i], stack_seconds, workers, settings)
+        ClockStep(matrices, schedule, stack_seconds, workers, settings)
             .predicted_seconds;
     out.candidates.emplace_back(bounds[i], predicted);
     if (predicted <= out.predicted_seconds) {
       out.predicted_seconds = predicted;
       out.bucket_bytes = bounds[i];
-      out.schedule = std::move(schedules[i]);
       misses = 0;
     } else {
       ++misses;
     }
   }
+  if (cut != out.bucket_bytes) {
+    MUONPS_RETURN_IF_ERROR(cutter.Cut(out.bucket_bytes, &schedule));
+  }
+  out.schedule = std::move(schedule);
   return out;
 }
 

@@ -182,9 +182,10 @@ struct StepGrouping {
 // when > 0 (not clocked); else on one node 64 MiB, the bound every 1-4 GPU
 // measurement used (not clocked; the clock also prefers it there for the
 // Llama-3-8B sets); else the candidates clocked largest first until two in
-// a row do not beat the best so far (the schedules of every candidate share
-// one check of the plan and one set of stacks: BuildStepSchedules), and the
-// best (ties: the smaller bound). Errors: the step schedule's.
+// a row do not beat the best so far (every candidate is a cut of one
+// schedule: one check of the plan and one set of stacks,
+// StepScheduleCutter), and the best (ties: the smaller bound). Errors: the step
+// schedule's.
 absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,

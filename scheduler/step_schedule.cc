@@ -31,6 +31,7 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
                           const OwnershipPlan& plan) {
   if (plan.batches.empty()) return absl::OkStatus();
   absl::flat_hash_map<ShapeKey, int64_t> owned;
+  owned.reserve(plan.batches.size());
   for (size_t m = 0; m < matrices.size(); ++m) {
     for (const int32_t owner : plan.owners[m]) {
       ++owned[KeyOf(owner, matrices[m].rows, matrices[m].cols)];
@@ -38,16 +39,17 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
   }
   const int workers = static_cast<int>(plan.worker_ids.size());
   absl::flat_hash_set<ShapeKey> batched;
+  batched.reserve(plan.batches.size());
   for (size_t b = 0; b < plan.batches.size(); ++b) {
     const Batch& batch = plan.batches[b];
-    const std::string field = absl::StrCat("plan.batches[", b, "]");
+    auto field = [b] { return absl::StrCat("plan.batches[", b, "]"); };
     if (batch.worker < 0 || batch.worker >= workers) {
-      return InvalidField(field, absl::StrCat("worker ", batch.worker,
-                                              " is not a worker index"));
+      return InvalidField(field(), absl::StrCat("worker ", batch.worker,
+                                                " is not a worker index"));
     }
     const ShapeKey key = KeyOf(batch.worker, batch.rows, batch.cols);
     if (!batched.insert(key).second) {
-      return InvalidField(field,
+      return InvalidField(field(),
                           absl::StrCat("a second batch of ", ShapeName(key)));
     }
     for (const ItemRef& item : batch.items) {
@@ -55,30 +57,30 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
           item.matrix >= static_cast<int32_t>(matrices.size()) ||
           item.expert < 0 || item.expert >= matrices[item.matrix].experts) {
         return InvalidField(
-            field, absl::StrCat("item (", item.matrix, ", ", item.expert,
-                                ") is not a matrix expert"));
+            field(), absl::StrCat("item (", item.matrix, ", ", item.expert,
+                                  ") is not a matrix expert"));
       }
       const MatrixSpec& spec = matrices[item.matrix];
       if (KeyOf(plan.owners[item.matrix][item.expert], spec.rows, spec.cols) !=
           key) {
         return InvalidField(
-            field, absl::StrCat("matrix ", Quoted(spec.name), " expert ",
-                                item.expert, " is not of ", ShapeName(key)));
+            field(), absl::StrCat("matrix ", Quoted(spec.name), " expert ",
+                                  item.expert, " is not of ", ShapeName(key)));
       }
     }
     const int64_t items = static_cast<int64_t>(batch.items.size());
     if (items != owned[key]) {
       return InvalidField(
-          field, absl::StrCat("lists ", items, " matrices of ", ShapeName(key),
-                              "; it owns ", owned[key]));
+          field(), absl::StrCat("lists ", items, " matrices of ",
+                                ShapeName(key), "; it owns ", owned[key]));
     }
-    if (batch.parts.empty()) return InvalidField(field, "has no parts");
+    if (batch.parts.empty()) return InvalidField(field(), "has no parts");
     int64_t total = 0;
     for (size_t p = 0; p < batch.parts.size(); ++p) {
       const int64_t count = batch.parts[p].count;
       if (count < 1 || count > items - total) {
         return InvalidField(
-            absl::StrCat(field, ".parts[", p, "]"),
+            absl::StrCat(field(), ".parts[", p, "]"),
             absl::StrCat("count ", count, " is not in [1, ", items - total,
                          "] (the batch's ", items, " matrices less the ",
                          "earlier parts')"));
@@ -86,8 +88,8 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
       total += count;
     }
     if (total != items) {
-      return InvalidField(field, absl::StrCat("parts cover ", total, " of ",
-                                              items, " matrices"));
+      return InvalidField(field(), absl::StrCat("parts cover ", total, " of ",
+                                                items, " matrices"));
     }
   }
   return absl::OkStatus();
@@ -106,6 +108,7 @@ void CutIntoChunks(const OwnershipPlan& plan, std::vector<OwnerStack>* stacks) {
     int64_t end = 0;
   };
   absl::flat_hash_map<ShapeKey, Cursor> cursors;
+  cursors.reserve(plan.batches.size());
   for (const Batch& b : plan.batches) {
     cursors[KeyOf(b.worker, b.rows, b.cols)] = {&b, 0, 0, b.parts[0].count};
   }
@@ -148,48 +151,47 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
                                      " workers: at least one needs a trainer"));
   }
   for (size_t m = 0; m < matrices.size(); ++m) {
-    const std::string field = absl::StrCat("matrix ", Quoted(matrices[m].name));
+    auto field = [&] {
+      return absl::StrCat("matrix ", Quoted(matrices[m].name));
+    };
     if (plan.matrix_names[m] != matrices[m].name) {
       return InvalidField(
-          field, absl::StrCat("plan has ", Quoted(plan.matrix_names[m]),
-                              " in its place"));
+          field(), absl::StrCat("plan has ", Quoted(plan.matrix_names[m]),
+                                " in its place"));
     }
     if (static_cast<int64_t>(plan.owners[m].size()) != matrices[m].experts) {
-      return InvalidField(field,
+      return InvalidField(field(),
                           absl::StrCat("plan owns ", plan.owners[m].size(),
                                        " experts, not ", matrices[m].experts));
     }
     for (int32_t owner : plan.owners[m]) {
       if (owner < 0 || owner >= workers) {
         return InvalidField(
-            field, absl::StrCat("owner ", owner, " is not a worker index"));
+            field(), absl::StrCat("owner ", owner, " is not a worker index"));
       }
     }
   }
   return CheckBatches(matrices, plan);
 }
 
-// Where every item (m, e) is: stack_of[first[m] + e].
-struct StackIndex {
-  std::vector<int64_t> first;  // per matrix, then the total
-  std::vector<int32_t> stack_of;
-};
-
 // Stacks per owner and shape, items in arrival order, each closing before
 // it would exceed stack_bytes: the same whatever the bucket bound, since
 // buckets cut the same arrival order. ready_bucket is left for BuildOrder.
-StackIndex BuildStacks(const std::vector<MatrixSpec>& matrices,
-                       const OwnershipPlan& plan,
-                       const std::vector<int32_t>& arrival, int64_t stack_bytes,
-                       std::vector<OwnerStack>* stacks) {
+// `first` and `stack_of` say where every item (m, e) is:
+// stack_of[first[m] + e] (first: per matrix, then the total).
+void BuildStacks(const std::vector<MatrixSpec>& matrices,
+                 const OwnershipPlan& plan, const std::vector<int32_t>& arrival,
+                 int64_t stack_bytes, std::vector<OwnerStack>* stacks,
+                 std::vector<int64_t>* first, std::vector<int32_t>* stack_of) {
   // The open stack of each (owner, rows, cols).
   absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t> open;
-  StackIndex index;
-  index.first.assign(matrices.size() + 1, 0);
+  open.reserve(plan.batches.size());
+  stacks->reserve(plan.batches.size());
+  first->assign(matrices.size() + 1, 0);
   for (size_t m = 0; m < matrices.size(); ++m) {
-    index.first[m + 1] = index.first[m] + matrices[m].experts;
+    (*first)[m + 1] = (*first)[m] + matrices[m].experts;
   }
-  index.stack_of.assign(index.first.back(), -1);
+  stack_of->assign(first->back(), -1);
   for (const int32_t m : arrival) {
     const MatrixSpec& spec = matrices[m];
     const int64_t item_bytes = 4 * spec.rows * spec.cols;
@@ -211,10 +213,9 @@ StackIndex BuildStacks(const std::vector<MatrixSpec>& matrices,
                 .first;
       }
       (*stacks)[it->second].items.push_back({m, e});
-      index.stack_of[index.first[m] + e] = it->second;
+      (*stack_of)[(*first)[m] + e] = it->second;
     }
   }
-  return index;
 }
 
 // The buckets of `arrival` under `bucket_bytes`, each with its transfers.
@@ -270,12 +271,13 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
 // Each stack's ready bucket (the one that completes it), then the order:
 // each bucket's gradients, the stacks they complete, and the updates of
 // every bucket whose stacks are then all computed.
-void BuildOrder(const StackIndex& index, StepSchedule* schedule) {
+void BuildOrder(const std::vector<int64_t>& first,
+                const std::vector<int32_t>& stack_of, StepSchedule* schedule) {
   const int32_t count = static_cast<int32_t>(schedule->buckets.size());
   for (int32_t k = 0; k < count; ++k) {
     for (const int32_t m : schedule->buckets[k].matrices) {
-      for (int64_t i = index.first[m]; i < index.first[m + 1]; ++i) {
-        schedule->stacks[index.stack_of[i]].ready_bucket = k;
+      for (int64_t i = first[m]; i < first[m + 1]; ++i) {
+        schedule->stacks[stack_of[i]].ready_bucket = k;
       }
     }
   }
@@ -290,9 +292,8 @@ void BuildOrder(const StackIndex& index, StepSchedule* schedule) {
   for (int32_t k = 0; k < count; ++k) {
     int32_t ready = k;
     for (const int32_t m : schedule->buckets[k].matrices) {
-      for (int64_t i = index.first[m]; i < index.first[m + 1]; ++i) {
-        ready =
-            std::max(ready, schedule->stacks[index.stack_of[i]].ready_bucket);
+      for (int64_t i = first[m]; i < first[m + 1]; ++i) {
+        ready = std::max(ready, schedule->stacks[stack_of[i]].ready_bucket);
       }
     }
     from_after[ready].push_back(k);
@@ -326,44 +327,55 @@ absl::string_view TransferKindName(TransferKind kind) {
   return "unknown";
 }
 
-absl::StatusOr<std::vector<StepSchedule>> BuildStepSchedules(
+absl::StatusOr<StepScheduleCutter> StepScheduleCutter::Create(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
-    const std::vector<int64_t>& bucket_bytes, int64_t stack_bytes) {
-  for (const int64_t bound : bucket_bytes) {
-    if (bound <= 0) return InvalidField("bucket_bytes", "must be > 0");
-  }
+    int64_t stack_bytes) {
   if (stack_bytes <= 0) return InvalidField("stack_bytes", "must be > 0");
   MUONPS_RETURN_IF_ERROR(CheckPlanMatches(matrices, plan));
+  StepScheduleCutter cutter(matrices, plan);
   // Backward yields gradients from the last layer to the first, and within
   // a layer roughly in reverse registration order.
-  std::vector<int32_t> arrival(matrices.size());
+  std::vector<int32_t>& arrival = cutter.arrival_;
+  arrival.resize(matrices.size());
   std::iota(arrival.begin(), arrival.end(), 0);
   std::sort(arrival.begin(), arrival.end(), [&](int32_t x, int32_t y) {
     return matrices[x].layer != matrices[y].layer
                ? matrices[x].layer > matrices[y].layer
                : x > y;
   });
-  std::vector<OwnerStack> stacks;
-  const StackIndex index =
-      BuildStacks(matrices, plan, arrival, stack_bytes, &stacks);
-  CutIntoChunks(plan, &stacks);
-  std::vector<StepSchedule> out(bucket_bytes.size());
-  for (size_t i = 0; i < bucket_bytes.size(); ++i) {
-    out[i].buckets = CutBuckets(matrices, plan, arrival, bucket_bytes[i]);
-    out[i].stacks = i + 1 < bucket_bytes.size() ? stacks : std::move(stacks);
-    BuildOrder(index, &out[i]);
-  }
-  return out;
+  BuildStacks(matrices, plan, arrival, stack_bytes, &cutter.stacks_,
+              &cutter.first_, &cutter.stack_of_);
+  CutIntoChunks(plan, &cutter.stacks_);
+  return cutter;
+}
+
+StepSchedule StepScheduleCutter::TakeStacks() {
+  StepSchedule schedule;
+  schedule.stacks = std::move(stacks_);
+  return schedule;
+}
+
+absl::Status StepScheduleCutter::Cut(int64_t bucket_bytes,
+                                     StepSchedule* schedule) const {
+  if (bucket_bytes <= 0) return InvalidField("bucket_bytes", "must be > 0");
+  schedule->buckets = CutBuckets(*matrices_, *plan_, arrival_, bucket_bytes);
+  schedule->order.clear();
+  BuildOrder(first_, stack_of_, schedule);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepSchedule> BuildStepSchedule(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const ScheduleOptions& options) {
+  if (options.bucket_bytes <= 0) {
+    return InvalidField("bucket_bytes", "must be > 0");
+  }
   MUONPS_ASSIGN_OR_RETURN(
-      std::vector<StepSchedule> schedules,
-      BuildStepSchedules(matrices, plan, {options.bucket_bytes},
-                         options.stack_bytes));
-  return std::move(schedules[0]);
+      StepScheduleCutter cutter,
+      StepScheduleCutter::Create(matrices, plan, options.stack_bytes));
+  StepSchedule schedule = cutter.TakeStacks();
+  MUONPS_RETURN_IF_ERROR(cutter.Cut(options.bucket_bytes, &schedule));
+  return schedule;
 }
 
 std::vector<Transfer> IssueOrder(const StepSchedule& schedule) {

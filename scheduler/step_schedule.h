@@ -124,14 +124,42 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const ScheduleOptions& options = {});
 
-// The schedules of `plan` for several bucket bounds, one per entry of
-// `bucket_bytes` in that order, each what BuildStepSchedule gives for its
-// bound (with `stack_bytes`); the plan is checked and the stacks built once
-// (they do not depend on the bound). Errors: BuildStepSchedule's.
-absl::StatusOr<std::vector<StepSchedule>> BuildStepSchedules(
-    const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
-    const std::vector<int64_t>& bucket_bytes,
-    int64_t stack_bytes = ScheduleOptions{}.stack_bytes);
+// The schedules of one plan for several bucket bounds, cut one at a time:
+// the plan is checked and its stacks built once (they do not depend on the
+// bound); each Cut only cuts the buckets and orders the phases.
+// Thread-compatible; must not outlive the matrices and plan it was created
+// with.
+class StepScheduleCutter {
+ public:
+  // Errors: BuildStepSchedule's (the bound's aside).
+  static absl::StatusOr<StepScheduleCutter> Create(
+      const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
+      int64_t stack_bytes = ScheduleOptions{}.stack_bytes);
+
+  // The plan's stacks, with no buckets and no order yet: the schedule that
+  // Cut completes. Once only (they move out).
+  StepSchedule TakeStacks();
+
+  // Makes `schedule` (TakeStacks's, cut before or not) what
+  // BuildStepSchedule gives under `bucket_bytes`: its buckets, its stacks'
+  // ready buckets and its order. INVALID_ARGUMENT naming bucket_bytes when
+  // <= 0.
+  absl::Status Cut(int64_t bucket_bytes, StepSchedule* schedule) const;
+
+ private:
+  StepScheduleCutter(const std::vector<MatrixSpec>& matrices,
+                     const OwnershipPlan& plan)
+      : matrices_(&matrices), plan_(&plan) {}
+
+  const std::vector<MatrixSpec>* matrices_;
+  const OwnershipPlan* plan_;
+  // Gradients in the order backward yields them (matrix indices).
+  std::vector<int32_t> arrival_;
+  // Where every item (m, e) is: stack_of_[first_[m] + e].
+  std::vector<int64_t> first_;
+  std::vector<int32_t> stack_of_;
+  std::vector<OwnerStack> stacks_;
+};
 
 // Every transfer in issue order (the order without its compute phases):
 // what each worker walks through per step.

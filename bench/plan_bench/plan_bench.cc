@@ -7,6 +7,8 @@
 // coordinator adds to every plan: its step schedule, with the bucket bound
 // chosen by the predicted step when the workers span several nodes (8 to a
 // node here; scheduler/step_clock.h); bucket_bytes is the bound.
+// `plan_bench NAME` runs only the cases whose name contains NAME (for a
+// profiler); the re-plan case's name is llama3_8b_w64_lose_1.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -35,6 +37,9 @@ std::vector<scheduler::WorkerSpec> Workers(int count, int64_t memory_bytes,
   return out;
 }
 
+// Cases to run: those whose name contains it.
+std::string only;
+
 double Ms(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now() - start)
@@ -44,6 +49,7 @@ double Ms(std::chrono::steady_clock::time_point start) {
 // Plans `input` with muonps and both peers; prints the case line and
 // returns muonps's plan.
 OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
+  if (name.find(only) == std::string::npos) return OwnershipPlan();
   const auto start = std::chrono::steady_clock::now();
   const absl::StatusOr<OwnershipPlan> plan = scheduler::PlanOwnership(input);
   const double plan_ms = Ms(start);
@@ -111,6 +117,9 @@ void Run() {
           {scheduler::RandomShapes(100000, 7), Workers(1000, kH200), {}});
 
   // Re-plan after losing one of 64 workers.
+  if (std::string("llama3_8b_w64_lose_1").find(only) == std::string::npos) {
+    return;
+  }
   const PlanInput before{scheduler::Llama3_8B(), Workers(64, kH200), {}};
   const OwnershipPlan first = *scheduler::PlanOwnership(before);
   PlanInput after = before;
@@ -139,7 +148,8 @@ void Run() {
 }  // namespace
 }  // namespace muonps
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) muonps::only = argv[1];
   muonps::Run();
   return 0;
 }

@@ -2,7 +2,7 @@
 // planner needs of the job, copied under the JobTable's mutex (cheap:
 // matrices and the previous plan are shared, not copied), and ComputePlan
 // runs the planner and the step schedule on it without any lock (slow:
-// ~0.4 s for 10^5 matrices).
+// ~0.3 s for 10^5 matrices on 10^3 workers).
 #ifndef MUONPS_SERVER_COORDINATOR_PLAN_COMPUTATION_H_
 #define MUONPS_SERVER_COORDINATOR_PLAN_COMPUTATION_H_
 
