@@ -158,14 +158,21 @@ void Apply(std::vector<MeasuredSpeed>& speeds, const Rebalance& r,
     speeds[i].Set(r.factors[i], version);
 }
 
-TEST(SpeedBalanceTest, AShorterStepKeepsTheTrialOpenALongerOneUndoesIt) {
-  SpeedBalance balance;
-  std::vector<MeasuredSpeed> speeds(2);
+// The first trial of two ranks 1.25 and 1.0 times their prediction, steps
+// of 100 ms, applied as plan version 2.
+void FirstTrial(SpeedBalance& balance, std::vector<MeasuredSpeed>& speeds) {
   Window(speeds, 1, {1.25, 1.0}, 0.100);
-  std::optional<Rebalance> r = balance.Consider(Ranks(speeds), 0.03);
+  const std::optional<Rebalance> r = balance.Consider(Ranks(speeds), 0.03);
   ASSERT_TRUE(r.has_value());
   EXPECT_THAT(r->reason, HasSubstr("step 100.0 ms before"));
   Apply(speeds, *r, 2);
+}
+
+TEST(SpeedBalanceTest, AShorterStepKeepsTheTrialOpenALongerOneUndoesIt) {
+  SpeedBalance balance;
+  std::vector<MeasuredSpeed> speeds(2);
+  ASSERT_NO_FATAL_FAILURE(FirstTrial(balance, speeds));
+  std::optional<Rebalance> r;
   // Not measured under version 2 yet: nothing.
   EXPECT_FALSE(balance.Consider(Ranks(speeds), 0.03).has_value());
   // 5% shorter, and unequal again: a second trial.
@@ -195,10 +202,7 @@ TEST(SpeedBalanceTest, AShorterStepKeepsTheTrialOpenALongerOneUndoesIt) {
 TEST(SpeedBalanceTest, AStepNoShorterSettles) {
   SpeedBalance balance;
   std::vector<MeasuredSpeed> speeds(2);
-  Window(speeds, 1, {1.25, 1.0}, 0.100);
-  std::optional<Rebalance> r = balance.Consider(Ranks(speeds), 0.03);
-  ASSERT_TRUE(r.has_value());
-  Apply(speeds, *r, 2);
+  ASSERT_NO_FATAL_FAILURE(FirstTrial(balance, speeds));
   // Within 1% of the step before: kept, and no further trial.
   Window(speeds, 2, {1.0, 1.3}, 0.0995);
   EXPECT_FALSE(balance.Consider(Ranks(speeds), 0.03).has_value());
