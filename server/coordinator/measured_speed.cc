@@ -72,8 +72,11 @@ std::optional<Rebalance> RebalanceByMeasurement(
     moved |= std::abs(r.speed->Estimate() / r.speed->factor() - 1) > tolerance;
   }
   if (counted < 2 || !(sum > 0)) return std::nullopt;
-  const double imbalance = busiest / (sum / counted) - 1;
-  if (imbalance <= tolerance || !moved) return std::nullopt;
+  const double mean = sum / counted;
+  const double imbalance = busiest / mean - 1;
+  if (imbalance <= tolerance || busiest - mean <= kMinGainSeconds || !moved) {
+    return std::nullopt;
+  }
   Rebalance out;
   out.imbalance = imbalance;
   std::string speeds;

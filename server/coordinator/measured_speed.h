@@ -96,13 +96,18 @@ struct Rebalance {
 
 // A rebalance when every rank that owns matrices is a GPU measured over
 // kWindow steps (at least two of them), the busiest is more than `tolerance`
-// above the mean, and some rank's estimate differs from its factor by more than
-// `tolerance` (a plan that already used what they measure is as balanced as its
-// granularity lets it be: no re-plan until the speeds move). Ranks that
-// own nothing keep their factor. nullopt otherwise, and always for
-// tolerance <= 0.
+// and more than kMinGainSeconds above the mean, and some rank's estimate
+// differs from its factor by more than `tolerance` (a plan that already used
+// what they measure is as balanced as its granularity lets it be: no re-plan
+// until the speeds move). Ranks that own nothing keep their factor. nullopt
+// otherwise, and always for tolerance <= 0.
 std::optional<Rebalance> RebalanceByMeasurement(
     const std::vector<RankSpeed>& ranks, double tolerance);
+// A plan change costs one step of about a second (new communicators, the
+// momentum moved): a re-plan must be able to win at least this much a step.
+// Small models' steps (a few ms, their imbalance launch jitter) never
+// re-plan.
+inline constexpr double kMinGainSeconds = 1e-3;
 
 // One job's re-plans by measured speeds, one trial at a time. Open: a
 // RebalanceByMeasurement starts a trial, remembering the factors and the

@@ -111,6 +111,11 @@ TEST(RebalanceTest, WithinToleranceOrAlreadyPlannedSoNoRebalance) {
     speeds[1].Add(Stats(2, 0.10, 0.10));
   }
   EXPECT_FALSE(RebalanceByMeasurement(Ranks(speeds), 0.03).has_value());
+  // 20% apart, but 0.4 ms: a small model's step, not worth a plan change.
+  speeds = Measured({1.2, 1.0}, 0.004);
+  EXPECT_FALSE(RebalanceByMeasurement(Ranks(speeds), 0.03).has_value());
+  speeds = Measured({1.2, 1.0}, 0.012);
+  EXPECT_TRUE(RebalanceByMeasurement(Ranks(speeds), 0.03).has_value());
   // Tolerance 0: never.
   speeds = Measured({2.0, 1.0});
   EXPECT_FALSE(RebalanceByMeasurement(Ranks(speeds), 0).has_value());
@@ -219,9 +224,10 @@ using ::testing::HasSubstr;
 
 class MeasuredSpeedCoordinatorTest : public CoordinatorTest {
  protected:
-  // Job "x" of 16 matrices on two workers of `kind`.
+  // Job "x" of 16 matrices of 4096 x 4096 (each predicted at milliseconds)
+  // on two workers of `kind`.
   void TwoWorkers(const std::string& kind) {
-    ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 16))).ok());
+    ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 16, 4096, 4096))).ok());
     for (const char* id : {"w1", "w2"}) {
       v1::JoinJobRequest join = Join("x", id);
       join.mutable_device()->set_kind(kind);
