@@ -96,31 +96,33 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
 }
 
 // Each stack's chunks: its plan batch's parts laid over the owner's stacks
-// of that shape in schedule order (see OwnerStack).
-void CutIntoChunks(const OwnershipPlan& plan, std::vector<OwnerStack>* stacks) {
-  // Per (owner, shape): its batch, and where the owner's stacks so far have
-  // reached in it: `at` items laid, inside part `p`, which ends at item
-  // `end` (part p covers the batch's items [end - parts[p].count, end)).
+// of that shape in schedule order (see OwnerStack). `batch_of[g]` is group
+// g's batch (null: the plan has none), `group_of_stack[s]` stack s's group.
+void CutIntoChunks(const std::vector<const Batch*>& batch_of,
+                   const std::vector<int32_t>& group_of_stack,
+                   std::vector<OwnerStack>* stacks) {
+  // Per group: where the owner's stacks so far have reached in its batch:
+  // `at` items laid, inside part `p`, which ends at item `end` (part p
+  // covers the batch's items [end - parts[p].count, end)).
   struct Cursor {
-    const Batch* batch = nullptr;
     int64_t at = 0;
     size_t p = 0;
     int64_t end = 0;
   };
-  absl::flat_hash_map<ShapeKey, Cursor> cursors;
-  cursors.reserve(plan.batches.size());
-  for (const Batch& b : plan.batches) {
-    cursors[KeyOf(b.worker, b.rows, b.cols)] = {&b, 0, 0, b.parts[0].count};
+  std::vector<Cursor> cursors(batch_of.size());
+  for (size_t g = 0; g < batch_of.size(); ++g) {
+    if (batch_of[g] != nullptr) cursors[g].end = batch_of[g]->parts[0].count;
   }
-  for (OwnerStack& stack : *stacks) {
+  for (size_t s = 0; s < stacks->size(); ++s) {
+    OwnerStack& stack = (*stacks)[s];
     int64_t left = static_cast<int64_t>(stack.items.size());
-    auto it = cursors.find(KeyOf(stack.owner, stack.rows, stack.cols));
-    if (it == cursors.end()) {
+    const Batch* batch = batch_of[group_of_stack[s]];
+    if (batch == nullptr) {
       stack.chunks.push_back({left, NsAlgorithm::kNs5});
       continue;
     }
-    Cursor& c = it->second;
-    const std::vector<BatchPart>& parts = c.batch->parts;
+    Cursor& c = cursors[group_of_stack[s]];
+    const std::vector<BatchPart>& parts = batch->parts;
     while (left > 0) {
       const bool last = c.p + 1 == parts.size();
       const int64_t take = last ? left : std::min(left, c.end - c.at);
@@ -174,46 +176,88 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
   return CheckBatches(matrices, plan);
 }
 
+// Each item's group, one per (owner, shape up to orientation): the plan's
+// batch holding it (`batch_of` its batch), or, for a plan without batches
+// (from a coordinator before them), numbered as the items come (`batch_of`
+// null). Items are at first[m] + e. INVALID_ARGUMENT naming plan.batches
+// when an item is in none of its owner's batches.
+absl::StatusOr<std::vector<int32_t>> GroupItems(
+    const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
+    const std::vector<int64_t>& first, std::vector<const Batch*>* batch_of) {
+  std::vector<int32_t> group(first.back(), -1);
+  batch_of->clear();
+  if (!plan.batches.empty()) {
+    for (const Batch& b : plan.batches) {
+      const int32_t g = static_cast<int32_t>(batch_of->size());
+      batch_of->push_back(&b);
+      for (const ItemRef& item : b.items) {
+        group[first[item.matrix] + item.expert] = g;
+      }
+    }
+    for (size_t m = 0; m < matrices.size(); ++m) {
+      for (int64_t e = 0; e < matrices[m].experts; ++e) {
+        if (group[first[m] + e] < 0) {
+          return InvalidField(
+              "plan.batches",
+              absl::StrCat("matrix ", Quoted(matrices[m].name), " expert ", e,
+                           " is in no batch of its owner"));
+        }
+      }
+    }
+    return group;
+  }
+  absl::flat_hash_map<ShapeKey, int32_t> index;
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    const MatrixSpec& spec = matrices[m];
+    for (int64_t e = 0; e < spec.experts; ++e) {
+      const auto [it, added] =
+          index.try_emplace(KeyOf(plan.owners[m][e], spec.rows, spec.cols),
+                            static_cast<int32_t>(batch_of->size()));
+      if (added) batch_of->push_back(nullptr);
+      group[first[m] + e] = it->second;
+    }
+  }
+  return group;
+}
+
 // Stacks per owner and shape, items in arrival order, each closing before
 // it would exceed stack_bytes: the same whatever the bucket bound, since
 // buckets cut the same arrival order. ready_bucket is left for BuildOrder.
-// `first` and `stack_of` say where every item (m, e) is:
-// stack_of[first[m] + e] (first: per matrix, then the total).
+// `first[m] + e` is item (m, e)'s index into `group` (GroupItems) and into
+// `stack_of`, which says its stack; `group_of_stack` each stack's group.
 void BuildStacks(const std::vector<MatrixSpec>& matrices,
                  const OwnershipPlan& plan, const std::vector<int32_t>& arrival,
-                 int64_t stack_bytes, std::vector<OwnerStack>* stacks,
-                 std::vector<int64_t>* first, std::vector<int32_t>* stack_of) {
-  // The open stack of each (owner, rows, cols).
-  absl::flat_hash_map<std::tuple<int32_t, int64_t, int64_t>, int32_t> open;
-  open.reserve(plan.batches.size());
-  stacks->reserve(plan.batches.size());
-  first->assign(matrices.size() + 1, 0);
-  for (size_t m = 0; m < matrices.size(); ++m) {
-    (*first)[m + 1] = (*first)[m] + matrices[m].experts;
-  }
-  stack_of->assign(first->back(), -1);
+                 int64_t stack_bytes, const std::vector<int64_t>& first,
+                 const std::vector<int32_t>& group, int32_t groups,
+                 std::vector<OwnerStack>* stacks,
+                 std::vector<int32_t>* group_of_stack,
+                 std::vector<int32_t>* stack_of) {
+  // The open stack of each group in each orientation (a batch holds r x c
+  // and c x r alike; a stack holds one of them).
+  std::vector<int32_t> open(2 * static_cast<size_t>(groups), -1);
+  stacks->reserve(groups);
+  group_of_stack->reserve(groups);
+  stack_of->assign(first.back(), -1);
   for (const int32_t m : arrival) {
     const MatrixSpec& spec = matrices[m];
     const int64_t item_bytes = 4 * spec.rows * spec.cols;
+    const int transposed = spec.rows > spec.cols ? 1 : 0;
     for (int32_t e = 0; e < spec.experts; ++e) {
-      const int32_t owner = plan.owners[m][e];
-      const auto key = std::make_tuple(owner, spec.rows, spec.cols);
-      auto it = open.find(key);
-      if (it == open.end() ||
-          static_cast<int64_t>((*stacks)[it->second].items.size() + 1) *
-                  item_bytes >
+      const int32_t g = group[first[m] + e];
+      int32_t& at = open[2 * static_cast<size_t>(g) + transposed];
+      if (at < 0 ||
+          static_cast<int64_t>((*stacks)[at].items.size() + 1) * item_bytes >
               stack_bytes) {
         OwnerStack stack;
-        stack.owner = owner;
+        stack.owner = plan.owners[m][e];
         stack.rows = spec.rows;
         stack.cols = spec.cols;
         stacks->push_back(std::move(stack));
-        it =
-            open.insert_or_assign(key, static_cast<int32_t>(stacks->size() - 1))
-                .first;
+        group_of_stack->push_back(g);
+        at = static_cast<int32_t>(stacks->size() - 1);
       }
-      (*stacks)[it->second].items.push_back({m, e});
-      (*stack_of)[(*first)[m] + e] = it->second;
+      (*stacks)[at].items.push_back({m, e});
+      (*stack_of)[first[m] + e] = at;
     }
   }
 }
@@ -343,9 +387,19 @@ absl::StatusOr<StepScheduleCutter> StepScheduleCutter::Create(
                ? matrices[x].layer > matrices[y].layer
                : x > y;
   });
-  BuildStacks(matrices, plan, arrival, stack_bytes, &cutter.stacks_,
-              &cutter.first_, &cutter.stack_of_);
-  CutIntoChunks(plan, &cutter.stacks_);
+  std::vector<int64_t>& first = cutter.first_;
+  first.assign(matrices.size() + 1, 0);
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    first[m + 1] = first[m] + matrices[m].experts;
+  }
+  std::vector<const Batch*> batch_of;
+  MUONPS_ASSIGN_OR_RETURN(const std::vector<int32_t> group,
+                          GroupItems(matrices, plan, first, &batch_of));
+  std::vector<int32_t> group_of_stack;
+  BuildStacks(matrices, plan, arrival, stack_bytes, first, group,
+              static_cast<int32_t>(batch_of.size()), &cutter.stacks_,
+              &group_of_stack, &cutter.stack_of_);
+  CutIntoChunks(batch_of, group_of_stack, &cutter.stacks_);
   return cutter;
 }
 

@@ -140,6 +140,11 @@ TEST_F(StackChunksTest, BatchesThatDisagreeWithTheOwnersAreInvalidArgument) {
        "worker 2 is not a worker index"},
       {"bad item", [](OwnershipPlan* p) { p->batches[0].items[0].expert = 1; },
        "item (0, 1) is not a matrix expert"},
+      {"item twice, another in none",
+       [](OwnershipPlan* p) {
+         p->batches[0].items.back() = p->batches[0].items.front();
+       },
+       "plan.batches: matrix \"m4\" expert 0 is in no batch of its owner"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
