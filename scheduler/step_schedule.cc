@@ -177,43 +177,49 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
 }
 
 // Each item's group, one per (owner, shape up to orientation): the plan's
-// batch holding it (`batch_of` its batch), or, for a plan without batches
-// (from a coordinator before them), numbered as the items come (`batch_of`
-// null). Items are at first[m] + e. INVALID_ARGUMENT naming plan.batches
-// when an item is in none of its owner's batches.
+// batch holding it (`batch_of` its batch), or, where the plan has no batch
+// of the item's owner and shape (a plan from a coordinator before batches,
+// or one that leaves them to the default), a group numbered as the items
+// come (`batch_of` null). Items are at first[m] + e. INVALID_ARGUMENT
+// naming plan.batches when an item is missing from its owner's batch of
+// its shape (another listed twice in its place).
 absl::StatusOr<std::vector<int32_t>> GroupItems(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<int64_t>& first, std::vector<const Batch*>* batch_of) {
   std::vector<int32_t> group(first.back(), -1);
   batch_of->clear();
-  if (!plan.batches.empty()) {
-    for (const Batch& b : plan.batches) {
-      const int32_t g = static_cast<int32_t>(batch_of->size());
-      batch_of->push_back(&b);
-      for (const ItemRef& item : b.items) {
-        group[first[item.matrix] + item.expert] = g;
-      }
+  for (const Batch& b : plan.batches) {
+    const int32_t g = static_cast<int32_t>(batch_of->size());
+    batch_of->push_back(&b);
+    for (const ItemRef& item : b.items) {
+      group[first[item.matrix] + item.expert] = g;
     }
-    for (size_t m = 0; m < matrices.size(); ++m) {
-      for (int64_t e = 0; e < matrices[m].experts; ++e) {
-        if (group[first[m] + e] < 0) {
-          return InvalidField(
-              "plan.batches",
-              absl::StrCat("matrix ", Quoted(matrices[m].name), " expert ", e,
-                           " is in no batch of its owner"));
-        }
-      }
-    }
-    return group;
   }
+  // Items no batch lists, grouped by owner and shape (hashed only when
+  // there are any).
   absl::flat_hash_map<ShapeKey, int32_t> index;
   for (size_t m = 0; m < matrices.size(); ++m) {
     const MatrixSpec& spec = matrices[m];
     for (int64_t e = 0; e < spec.experts; ++e) {
+      if (group[first[m] + e] >= 0) continue;
+      if (index.empty()) {
+        for (size_t b = 0; b < plan.batches.size(); ++b) {
+          const Batch& batch = plan.batches[b];
+          index.emplace(KeyOf(batch.worker, batch.rows, batch.cols),
+                        static_cast<int32_t>(b));
+        }
+      }
       const auto [it, added] =
           index.try_emplace(KeyOf(plan.owners[m][e], spec.rows, spec.cols),
                             static_cast<int32_t>(batch_of->size()));
-      if (added) batch_of->push_back(nullptr);
+      if (added) {
+        batch_of->push_back(nullptr);
+      } else if ((*batch_of)[it->second] != nullptr) {
+        return InvalidField(
+            "plan.batches",
+            absl::StrCat("matrix ", Quoted(spec.name), " expert ", e,
+                         " is missing from its owner's batch of its shape"));
+      }
       group[first[m] + e] = it->second;
     }
   }

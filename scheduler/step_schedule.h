@@ -118,8 +118,8 @@ struct ScheduleOptions {
 // range), or a batch of the plan disagrees with its owners: worker out of
 // range, a second batch of one (worker, shape), an item that is not the
 // worker's or not of the batch's shape, fewer or more items than the worker
-// owns of that shape, an item in none of them (another listed twice), no
-// parts, a part of count < 1, or counts not summing to the items.
+// owns of that shape, an item missing from its batch (another listed twice),
+// no parts, a part of count < 1, or counts not summing to the items.
 absl::StatusOr<StepSchedule> BuildStepSchedule(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const ScheduleOptions& options = {});

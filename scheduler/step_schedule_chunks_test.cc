@@ -144,7 +144,8 @@ TEST_F(StackChunksTest, BatchesThatDisagreeWithTheOwnersAreInvalidArgument) {
        [](OwnershipPlan* p) {
          p->batches[0].items.back() = p->batches[0].items.front();
        },
-       "plan.batches: matrix \"m4\" expert 0 is in no batch of its owner"},
+       "plan.batches: matrix \"m4\" expert 0 is missing from its owner's "
+       "batch"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
