@@ -16,6 +16,16 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+// Whether every rank that owns matrices is a GPU with a full window.
+bool AllMeasured(const std::vector<RankSpeed>& ranks) {
+  for (const RankSpeed& r : ranks) {
+    if (r.owns && (!r.gpu || r.speed == nullptr || !r.speed->measured())) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void MeasuredSpeed::Add(const StepStats& stats) {
@@ -60,11 +70,9 @@ std::optional<Rebalance> RebalanceByMeasurement(
   double sum = 0, busiest = 0;
   int counted = 0;
   bool moved = false;
+  if (!AllMeasured(ranks)) return std::nullopt;
   for (const RankSpeed& r : ranks) {
     if (!r.owns) continue;
-    if (!r.gpu || r.speed == nullptr || !r.speed->measured()) {
-      return std::nullopt;
-    }
     const double seconds = r.speed->MedianSeconds();
     sum += seconds;
     busiest = std::max(busiest, seconds);
@@ -98,16 +106,6 @@ std::optional<Rebalance> RebalanceByMeasurement(
 }
 
 namespace {
-
-// Whether every rank that owns matrices is a GPU with a full window.
-bool AllMeasured(const std::vector<RankSpeed>& ranks) {
-  for (const RankSpeed& r : ranks) {
-    if (r.owns && (!r.gpu || r.speed == nullptr || !r.speed->measured())) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // The median step time of the owners' windows, pooled.
 double MedianStepSeconds(const std::vector<RankSpeed>& ranks) {
