@@ -42,6 +42,9 @@ struct TensorBinding {
   // CUDA IPC lending.
   CudaBufferRef grad_cuda;
   CudaBufferRef param_cuda;
+  // CUDA job matrices: the interprocess event the trainer records once this
+  // gradient is final (empty: none; the request's ready_event orders it).
+  std::string grad_ready_event;
   // Index of the tensor's parameter group in every StepRequest::groups;
   // -1: in no group (the step's own values apply).
   int group = -1;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
@@ -80,6 +81,11 @@ class CudaIpcBuffers final : public TrainerBuffers {
                               : absl::OkStatus();
   }
 
+  absl::Status WaitForGradient(int ready, Stream stream) override {
+    if (ready < 0) return WaitForTrainer(stream);
+    return gradient_ready_[ready].MakeStreamWait(stream);
+  }
+
   absl::Status SignalTrainer(Stream stream, int64_t step_id) override {
     if (done_ == nullptr) return absl::OkStatus();
     return StreamWriteValue(stream, done_, static_cast<uint64_t>(step_id + 1));
@@ -114,6 +120,16 @@ class CudaIpcBuffers final : public TrainerBuffers {
       }
       *pointer = *mapped;
     }
+    if (!t.grad_ready_event.empty()) {
+      absl::StatusOr<IpcEvent> ready =
+          IpcEvent::Open(t.grad_ready_event, device_);
+      if (!ready.ok()) {
+        return Annotate(ready.status(),
+                        absl::StrCat(field, ".grad_ready_event"));
+      }
+      out.ready = static_cast<int>(gradient_ready_.size());
+      gradient_ready_.push_back(*std::move(ready));
+    }
     return out;
   }
 
@@ -121,6 +137,8 @@ class CudaIpcBuffers final : public TrainerBuffers {
   const int device_;
   IpcMemoryMap map_;
   std::optional<IpcEvent> ready_;
+  // The gradients' own events (LentTensor::ready indexes them).
+  std::vector<IpcEvent> gradient_ready_;
   void* done_ = nullptr;
   uint64_t* record_ = nullptr;  // the step record; null: none lent
 };

@@ -1,8 +1,10 @@
 // RoundAgreement: the opening of a round of a step (step_run.h, 1. and 2.).
 // Every rank tells rank 0 what its trainer asks for and what it knows of
 // the job's steps (step_protocol.h's StepHeader, with any local problem:
-// a non-finite gradient or hyperparameter, lent memory no longer intact, a
-// cancelled call); rank 0 decides (DecideRound) and broadcasts the
+// a non-finite hyperparameter, lent memory no longer intact, a cancelled
+// call); it reads no gradient, so the ranks agree while backward still runs
+// (the gradients are checked before the vote: gradient_check.h); rank 0
+// decides (DecideRound) and broadcasts the
 // decision; on a kGo every rank learns the roster the step's transfers
 // follow. Resolve then commits or drops a step staged in doubt as rank 0
 // decided. Used once, by the step's thread, under the engine's lock.
@@ -67,8 +69,8 @@ class RoundAgreement {
  private:
   // Why this rank cannot step (OK: it can), with the code its rejection
   // carries: ABORTED for a call that was cancelled or passed its deadline
-  // (a retry runs the step), INVALID_ARGUMENT for a request or gradient no
-  // retry fixes, `intact`'s own for lent memory that is not whole.
+  // (a retry runs the step), INVALID_ARGUMENT for a request no retry
+  // fixes, `intact`'s own for lent memory that is not whole.
   absl::Status LocalProblem(const StepRequest& request,
                             const absl::Status& intact);
   // Rank 0 tells workers with no trainer what they need of the trainers'

@@ -36,11 +36,18 @@ absl::Status Unconfirmed(int64_t step, const absl::Status& why) {
       ", which reports it already applied once every worker has it"));
 }
 
-absl::Status Aborted(int64_t step, const std::string& why) {
-  return absl::AbortedError(absl::StrCat("step ", step,
-                                         " aborted on every worker, nothing "
-                                         "was applied: ",
-                                         why));
+// `code`: the refusing rank's. INVALID_ARGUMENT (a request or gradient no
+// retry fixes: a non-finite gradient) reaches every rank as it is; any other
+// refusal is ABORTED here (a retry may run the step).
+absl::Status Aborted(int64_t step, absl::StatusCode code,
+                     const std::string& why) {
+  return absl::Status(code == absl::StatusCode::kInvalidArgument
+                          ? code
+                          : absl::StatusCode::kAborted,
+                      absl::StrCat("step ", step,
+                                   " aborted on every worker, nothing "
+                                   "was applied: ",
+                                   why));
 }
 
 }  // namespace
@@ -227,7 +234,10 @@ CommitOutcome RunCommitPhases(
     DropStaged(ledger, plan);
     out.transport_ok = told.ok();
     out.status =
-        !refusal.ok() ? refusal : Aborted(step, ProblemText(decision.reason));
+        !refusal.ok()
+            ? refusal
+            : Aborted(step, static_cast<absl::StatusCode>(decision.code),
+                      ProblemText(decision.reason));
     return out;
   }
   // Phase two: commit (rank 0 whether or not its decision reached every

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/worker/gradient_check.h"
 #include "server/worker/momentum_store.h"
 #include "server/worker/param_repair.h"
 #include "server/worker/step_agreement.h"
@@ -31,24 +32,13 @@ StepRun::StepRun(const StepContext& context)
 RoundResult StepRun::Run(const StepRequest& request) {
   const AttachedTrainer* const trainer = context_.trainer;
   RoundResult out;
+  // Memory that is no longer whole is not read (the round is refused
+  // everywhere through the agreement). Nothing here waits for the
+  // trainer's gradients: the agreement reads none, so the ranks agree while
+  // backward still runs, and the stage waits for each bucket's gradients
+  // on the device (StepStaging).
   absl::Status intact;
-  if (trainer != nullptr) {
-    // The worker's stream waits for the trainer's gradients (CUDA: an
-    // event, no host waits). Memory that is no longer whole is not read
-    // (the round is refused everywhere through the agreement).
-    intact = trainer->buffers->CheckIntact();
-    if (intact.ok()) {
-      out.status = trainer->buffers->WaitForTrainer(context_.ops->stream());
-      if (out.status.ok()) {
-        out.status =
-            WidenGradients(*trainer, *context_.ops, context_.ops->stream());
-      }
-      if (!out.status.ok()) {
-        out.transport_ok = true;  // nothing was sent yet
-        return out;
-      }
-    }
-  }
+  if (trainer != nullptr) intact = trainer->buffers->CheckIntact();
   if (context_.hook && trainer != nullptr) {
     context_.hook(StepPoint::kExchange, request.step_id, plan_.rank);
   }
@@ -75,10 +65,17 @@ RoundResult StepRun::Run(const StepRequest& request) {
   RoundDecision decision;
   out.status = agreement.Agree(request, intact, &decision);
   timeline_.Agreed();
-  if (out.status.ok()) out.status = agreement.Resolve(decision);
   const bool go = out.status.ok() &&
                   static_cast<RoundKind>(decision.kind) == RoundKind::kGo &&
                   decision.step_id == request.step_id;
+  if (out.status.ok() && trainer != nullptr && intact.ok() &&
+      (!go || decision.resolve)) {
+    // What writes the trainer's memory outside a step's stage (a staged
+    // step resolved, a repair, means given again) comes after the trainer
+    // wrote its gradients, as the stage's own commit does.
+    out.status = trainer->buffers->WaitForTrainer(context_.ops->stream());
+  }
+  if (out.status.ok()) out.status = agreement.Resolve(decision);
   if (staging != nullptr && !go) {
     DropStaged(ledger_, plan_);
     staging.reset();
@@ -158,7 +155,12 @@ RoundResult StepRun::Stage(const StepRequest& request,
     out.transport_ok = false;
     return out;
   }
-  if (context_.persist) ready = context_.persist(step_id);
+  // Every gradient it read, checked before anything changes: a
+  // non-finite one votes no, naming it.
+  if (trainer != nullptr) {
+    ready = CheckGradientsFinite(plan_, *trainer, ops, ops.stream());
+  }
+  if (ready.ok() && context_.persist) ready = context_.persist(step_id);
   const CommitOutcome commit = RunCommitPhases(
       step_id, ready, control_, plan_.rank, context_.transport->size(),
       plan_.ownership.worker_ids, ledger_, plan_, trainer, ops,

@@ -12,8 +12,9 @@
 //     trainer asks for, its last committed step, the step it holds staged
 //     in doubt (and the instance of the rank 0 that ran it), digests of the
 //     hyperparameters (lr, weight decay, groups, AdamW lr) and of its AdamW
-//     tensors, and any local problem (a non-finite gradient or
-//     hyperparameter, memory no longer intact, a cancelled call). Workers
+//     tensors, and any local problem (a non-finite hyperparameter, memory
+//     no longer intact, a cancelled call). It reads no gradient: the ranks
+//     agree while the trainers' backward still runs on the device. Workers
 //     with no trainer send theirs once rank 0 opens the round for them.
 //  2. Decide (DecideRound). Rank 0 broadcasts: the highest step committed
 //     anywhere (C) and whether to resolve staged steps: a staged step <= C
@@ -27,7 +28,8 @@
 //     asks for a step <= C (those answer already_applied, the others open
 //     another round), a kReject naming any disagreement, or kGo with the
 //     step id.
-//  3. Stage. The schedule's order: each bucket's gradients to owners
+//  3. Stage. The schedule's order: each bucket's gradients, once the
+//     trainer's events say backward finished them (StepStaging), to owners
 //     (replicated: none; unreduced: reduce, mean in trainer order;
 //     row_sharded: gather rows); momentum + Newton-Schulz of every stack
 //     this worker owns, the new momentum into the stack's next_momentum
@@ -39,11 +41,13 @@
 //     that stack needs nothing from the peers (StepStaging::ComputeAhead):
 //     it writes only the staging and the new momentum, which a round that
 //     does not run that step drops.
-//  4. Vote (RunCommitPhases). Each rank waits for its transfers, writes the
-//     new momentum it owns to its checkpoint when the step is due for one
-//     (so a step that commits anywhere is on disk at every owner), then
-//     votes (no if its call was cancelled or passed its deadline, or the
-//     checkpoint failed); a yes makes it prepared before the vote leaves. Rank
+//  4. Vote (RunCommitPhases). Each rank waits for its transfers, checks
+//     every gradient it read (gradient_check.h), writes the new momentum it
+//     owns to its checkpoint when the step is due for one (so a step that
+//     commits anywhere is on disk at every owner), then votes (no, naming
+//     it, for a non-finite gradient: INVALID_ARGUMENT on every rank; no if
+//     its call was cancelled or passed its deadline, or the checkpoint
+//     failed); a yes makes it prepared before the vote leaves. Rank
 //     0 decides commit iff every vote arrived and was yes, and broadcasts it.
 //  5. Commit (CommitStaged): the staged updates into the parameters, the
 //     means into the AdamW gradients, next_momentum swapped in; last step

@@ -16,19 +16,10 @@ constexpr DType kF32 = DType::kFloat32;
 
 }  // namespace
 
-absl::Status WidenGradients(const AttachedTrainer& trainer,
-                            kernels::DeviceOps& ops, Stream stream) {
-  auto widen = [&](const Binding& b) {
-    if (b.dtype == DType::kFloat32) return absl::OkStatus();
-    return ops.ToFloat(b.grad, b.lent_grad, b.dtype, b.elements, stream);
-  };
-  for (const Binding& b : trainer.matrices) {
-    MUONPS_RETURN_IF_ERROR(widen(b));
-  }
-  for (const auto& [name, b] : trainer.adamw) {
-    MUONPS_RETURN_IF_ERROR(widen(b));
-  }
-  return absl::OkStatus();
+absl::Status WidenGradient(const Binding& b, kernels::DeviceOps& ops,
+                           Stream stream) {
+  if (b.dtype == DType::kFloat32) return absl::OkStatus();
+  return ops.ToFloat(b.grad, b.lent_grad, b.dtype, b.elements, stream);
 }
 
 StepStaging::StepStaging(PlanState& plan, const AttachedTrainer* trainer,
@@ -50,7 +41,43 @@ StepStaging::StepStaging(PlanState& plan, const AttachedTrainer* trainer,
       stream_(ops.stream()),
       compute_(ops.compute_stream()),
       trainers_(plan.trainers()),
-      momentum_(plan.momentum->installed()) {}
+      momentum_(plan.momentum->installed()),
+      ready_(trainer == nullptr ? 0 : trainer->matrices.size(), false) {}
+
+absl::Status StepStaging::ReadyGradients(absl::Span<const int32_t> matrices,
+                                         bool* enqueued) {
+  if (trainer_ == nullptr) return absl::OkStatus();
+  for (const int32_t m : matrices) {
+    if (ready_[m]) continue;
+    const Binding& b = trainer_->matrices[m];
+    // The step's own event orders every gradient that has none of its own:
+    // waited for once.
+    if (b.ready >= 0 || !waited_trainer_) {
+      MUONPS_RETURN_IF_ERROR(
+          trainer_->buffers->WaitForGradient(b.ready, stream_));
+      if (b.ready < 0) waited_trainer_ = true;
+    }
+    MUONPS_RETURN_IF_ERROR(WidenGradient(b, ops_, stream_));
+    ready_[m] = true;
+    *enqueued = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepStaging::ReadyEveryGradient() {
+  if (trainer_ == nullptr) return absl::OkStatus();
+  MUONPS_RETURN_IF_ERROR(trainer_->buffers->WaitForTrainer(stream_));
+  waited_trainer_ = true;
+  for (size_t m = 0; m < ready_.size(); ++m) {
+    if (ready_[m]) continue;
+    MUONPS_RETURN_IF_ERROR(WidenGradient(trainer_->matrices[m], ops_, stream_));
+    ready_[m] = true;
+  }
+  for (const auto& [name, b] : trainer_->adamw) {
+    MUONPS_RETURN_IF_ERROR(WidenGradient(b, ops_, stream_));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status StepStaging::ComputeAhead(int64_t step_id) {
   step_id_ = step_id;
@@ -75,8 +102,14 @@ absl::Status StepStaging::ComputeAhead(int64_t step_id) {
   timeline_.ClearMarks();
   MUONPS_ASSIGN_OR_RETURN(begin_mark_, ops_.Mark(stream_));
   timeline_.AddMark("begin", -1, begin_mark_);
-  // The transfer stream waited for the trainer's gradients.
-  MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, begin_mark_));
+  std::vector<int32_t> matrices;
+  for (const scheduler::ItemRef& item : plan_.batches[batch].items) {
+    matrices.push_back(item.matrix);
+  }
+  bool enqueued = false;
+  MUONPS_RETURN_IF_ERROR(ReadyGradients(matrices, &enqueued));
+  MUONPS_ASSIGN_OR_RETURN(const int ready, ops_.Mark(stream_));
+  MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, ready));
   MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
   timeline_.AddMark("compute_begin", first, began);
   MUONPS_RETURN_IF_ERROR(
@@ -116,13 +149,19 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   for (const scheduler::Phase& phase : plan_.schedule.order) {
     if (phase.kind != scheduler::PhaseKind::kToOwners) continue;
     const scheduler::Bucket& bucket = plan_.schedule.buckets[phase.index];
+    // The bucket's gradients as backward finishes them (the trainer's
+    // events for them), so its transfers and stacks start during backward.
+    bool readied = false;
+    MUONPS_RETURN_IF_ERROR(ReadyGradients(bucket.matrices, &readied));
     MUONPS_RETURN_IF_ERROR(ToOwners(bucket));
     if (first && hook_) {
       hook_(StepPoint::kTransfer, step_id_, plan_.rank);
     }
     first = false;
-    if (!bucket.to_owners.empty()) {
+    if (readied || !bucket.to_owners.empty()) {
       MUONPS_ASSIGN_OR_RETURN(moved, ops_.Mark(stream_));
+    }
+    if (!bucket.to_owners.empty()) {
       timeline_.AddMark("to_owners", phase.index, moved);
     }
     bucket_mark[phase.index] = moved;
@@ -223,6 +262,9 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   if (reached > ordered) {
     MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, done_mark[reached - 1]));
   }
+  // The trainer's step event: its AdamW gradients, and what the finite
+  // check reads after the stage.
+  MUONPS_RETURN_IF_ERROR(ReadyEveryGradient());
   MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
   // Staged when the transport's work and the stream are: a lost peer
   // fails here within the timeout instead of hanging.

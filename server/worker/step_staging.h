@@ -22,9 +22,11 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "scheduler/step_schedule.h"
@@ -39,10 +41,10 @@
 namespace muonps {
 namespace worker {
 
-// Widens the trainer's bf16 gradients into their fp32 copies, in `stream`
-// order (fp32 bindings are read in place).
-absl::Status WidenGradients(const AttachedTrainer& trainer,
-                            kernels::DeviceOps& ops, Stream stream);
+// Widens a bf16 gradient into its fp32 copy, in `stream` order (an fp32
+// binding is read in place: nothing to do).
+absl::Status WidenGradient(const Binding& b, kernels::DeviceOps& ops,
+                           Stream stream);
 
 class StepStaging {
  public:
@@ -80,6 +82,15 @@ class StepStaging {
   bool ahead() const { return ahead_; }
 
  private:
+  // Makes the transfer stream wait for the trainer's gradients of
+  // `matrices` not waited for yet this step (each one's own event where the
+  // trainer lends one, else the step's) and widens the bf16 ones; sets
+  // `*enqueued` when it enqueued anything.
+  absl::Status ReadyGradients(absl::Span<const int32_t> matrices,
+                              bool* enqueued);
+  // The step's own event, then every gradient not readied yet and the
+  // AdamW tensors' (widened).
+  absl::Status ReadyEveryGradient();
   absl::Status ToOwners(const scheduler::Bucket& bucket);
   absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
@@ -108,6 +119,9 @@ class StepStaging {
   // The version's momentum (the store's installed stacks): read, and the
   // new momentum written beside it (momentum_store.h's device rule).
   MomentumStacks& momentum_;
+  // By job matrix: the transfer stream waited for its gradient this step.
+  std::vector<bool> ready_;
+  bool waited_trainer_ = false;  // for the step's own event
   int64_t step_id_ = -1;
   // ComputeAhead issued the first own stack: the step's first mark, and
   // the mark after that stack.

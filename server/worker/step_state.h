@@ -148,7 +148,11 @@ struct Binding {
     lent_grad = lent.grad;
     param = lent.param;
     dtype = lent.dtype;
+    ready = lent.ready;
   }
+  // TrainerBuffers::WaitForGradient's index of its gradient's own event;
+  // -1: the step's ready event orders it.
+  int ready = -1;
   // Row-sharded gradient with the whole parameter on the trainer.
   bool full_param = false;
   scheduler::Layout layout = scheduler::Layout::kReplicated;

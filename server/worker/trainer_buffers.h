@@ -28,6 +28,9 @@ struct LentTensor {
   void* grad = nullptr;
   void* param = nullptr;
   DType dtype = DType::kFloat32;
+  // The event the trainer records once this gradient is final (CUDA job
+  // matrices that lend one: an index for WaitForGradient); -1: none.
+  int ready = -1;
 };
 
 // The element type a binding lends; INVALID_ARGUMENT naming the tensor
@@ -62,6 +65,12 @@ class TrainerBuffers {
   // trainer wrote them before its Step call).
   virtual absl::Status WaitForTrainer(Stream /*stream*/) {
     return absl::OkStatus();
+  }
+  // Makes `stream` wait until the gradient whose LentTensor::ready is
+  // `ready` is final (CUDA: the event the trainer records for it as
+  // backward produces it, before its Step call); -1: WaitForTrainer.
+  virtual absl::Status WaitForGradient(int ready, Stream stream) {
+    return ready < 0 ? WaitForTrainer(stream) : absl::OkStatus();
   }
   // Tells the trainer, in `stream` order, that step `step_id` is done
   // (CUDA: its done counter becomes step_id + 1). Host memory: the Step

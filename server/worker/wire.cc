@@ -37,6 +37,11 @@ absl::StatusOr<TensorBinding> BindingFromProto(const v1::TensorBinding& t) {
   out.param_offset = t.param_offset();
   out.grad_cuda = CudaBufferFromProto(t.grad_cuda());
   out.param_cuda = CudaBufferFromProto(t.param_cuda());
+  if (!t.grad_ready_event().empty() && !t.muon()) {
+    return InvalidField(absl::StrCat(tensor, ".grad_ready_event"),
+                        "only job matrices lend one");
+  }
+  out.grad_ready_event = t.grad_ready_event();
   if (t.group() < 0 || t.group() > kMaxParamGroups) {
     return InvalidField(absl::StrCat(tensor, ".group"),
                         absl::StrCat(t.group(), " is outside [0, ",

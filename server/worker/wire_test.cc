@@ -23,6 +23,7 @@ v1::AttachRequest OneTensor() {
   t->set_dtype(v1::DTYPE_BF16);
   t->set_group(3);
   t->mutable_grad_cuda()->set_offset(128);
+  t->set_grad_ready_event("event");
   return request;
 }
 
@@ -42,6 +43,7 @@ TEST(WireTest, AttachRequestBecomesTheDomainStructWithGroupIndices) {
   EXPECT_EQ(got->tensors[0].dtype, DType::kBFloat16);
   EXPECT_EQ(got->tensors[0].group, 2);  // 1 + index on the wire
   EXPECT_EQ(got->tensors[0].grad_cuda.offset, 128);
+  EXPECT_EQ(got->tensors[0].grad_ready_event, "event");
   EXPECT_EQ(got->tensors[1].dtype, DType::kFloat32);  // unspecified
   EXPECT_EQ(got->tensors[1].layout, scheduler::Layout::kUnreduced);
   EXPECT_EQ(got->tensors[1].group, -1);
@@ -62,6 +64,9 @@ TEST(WireTest, ValuesNoDomainTypeHoldsAreRefusedNamingTheField) {
             [](v1::TensorBinding* t) { t->set_group(-1); }},
            {"tensor \"layers.0.w\".group: 1025 is outside [0, 1024]",
             [](v1::TensorBinding* t) { t->set_group(1025); }},
+           {"tensor \"layers.0.w\".grad_ready_event: only job matrices lend "
+            "one",
+            [](v1::TensorBinding* t) { t->set_muon(false); }},
        }) {
     v1::AttachRequest request = OneTensor();
     edit(request.mutable_tensors(0));
