@@ -15,7 +15,8 @@
 // after writing the gradients, with each group's values by index. Errors
 // are absl::Status values naming the tensor or field.
 //
-// Not thread-safe: one trainer thread uses a Client. Not copyable. This
+// Not thread-safe: one trainer thread uses a Client, except that
+// GradientReady may run on another (a gradient hook's). Not copyable. This
 // header needs absl and the standard library only (the values it takes are
 // in client/client_types.h).
 #ifndef MUONPS_CLIENT_CLIENT_H_
@@ -159,6 +160,29 @@ class Client {
   // again) once. Nothing else is retried.
   absl::StatusOr<StepResult> Step(int64_t step_id,
                                   const StepOptions& options = {});
+
+  // CUDA trainers, after Start: the gradient of job matrix `name` (lent
+  // with LendCuda) is final for the next Step once `stream` (nullptr: the
+  // legacy default stream) gets here. Records that matrix's own
+  // interprocess event (TensorBinding.grad_ready_event) on `stream` and
+  // returns once it is enqueued, with no host wait for the device, so the
+  // worker moves and orthogonalizes the matrix while backward still
+  // produces the others. A trainer calls it once a matrix's gradient is
+  // final, e.g. from a post-accumulate-grad hook, and again after any later
+  // write of that gradient before the Step call (accumulation, clipping, a
+  // copy into it): the step reads the last record made before the call.
+  // Step also records, on its own stream, the event of every matrix not
+  // marked ready since the previous Step, so a trainer that never calls
+  // GradientReady, or a matrix with no gradient this iteration, is ordered
+  // by the step's stream as before. While the worker has yet to answer a
+  // step (an async Step), first waits on the host for that answer: a record
+  // made earlier could be taken as that step's. May run on another thread
+  // than Step and Wait (PyTorch runs gradient hooks on its autograd
+  // thread). FAILED_PRECONDITION for a host client; NOT_FOUND naming the
+  // matrix unless `name` is a declared job matrix (AdamW tensors have no
+  // event); INVALID_ARGUMENT before Start; CUDA's error naming the matrix
+  // when the record fails.
+  absl::Status GradientReady(const std::string& name, CUstream_st* stream);
 
   // The result of the step an async Step started (and OK with a default
   // result when none is pending). A failed step leaves the parameters as

@@ -1,8 +1,9 @@
 // Client::Start and the plan: lays out the trainer's buffers (a shared
-// segment, or the CUDA buffers lent with LendCuda), creates the job or
-// checks that an existing one matches, and attaches every tensor, with its
-// parameter group, to the local worker once it follows a plan; and
-// NsAlgorithms, the plan's algorithm per matrix.
+// segment, or the CUDA buffers lent with LendCuda and each job matrix's
+// gradient event), creates the job or checks that an existing one matches,
+// and attaches every tensor, with its parameter group, to the local worker
+// once it follows a plan; and NsAlgorithms, the plan's algorithm per
+// matrix.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -143,6 +144,14 @@ absl::Status Client::Impl::WaitAndAttach() {
           *b->mutable_param_cuda(),
           client_internal::ExportCudaBuffer(t.cuda_param, t.param_elements,
                                             t.dtype, device, field + " param"));
+      if (t.gradient_event >= 0 && signals != nullptr) {
+        absl::StatusOr<std::string> event =
+            signals->ExportGradientEvent(t.gradient_event);
+        if (!event.ok()) {
+          return Annotate(event.status(), field + " grad_ready_event");
+        }
+        b->set_grad_ready_event(*std::move(event));
+      }
     }
     b->set_grad_offset(t.offset);
     b->set_param_offset(t.offset + t.elements * 4);
@@ -199,15 +208,23 @@ absl::Status Client::Start(const MuonOptions& muon_options,
   bytes = s.step_record_offset + static_cast<int64_t>(kStepRecordBytes);
   s.adamw = adamw;
   if (s.device.is_cuda()) {
+    int gradient_events = 0;
     for (const Impl::Tensor& t : s.tensors) {
       if (t.cuda_grad == nullptr) {
         return FieldError(absl::StatusCode::kFailedPrecondition,
                           absl::StrCat("matrix ", Quoted(t.name)),
                           "was not lent (LendCuda) before Start");
       }
+      if (t.muon) ++gradient_events;
     }
-    MUONPS_ASSIGN_OR_RETURN(s.signals,
-                            client_internal::CudaStepSignals::Create(s.device));
+    MUONPS_ASSIGN_OR_RETURN(s.signals, client_internal::CudaStepSignals::Create(
+                                           s.device, gradient_events));
+    // Each job matrix's own event (the worker takes one for job matrices
+    // only).
+    int next = 0;
+    for (Impl::Tensor& t : s.tensors) {
+      if (t.muon) t.gradient_event = next++;
+    }
   } else {
     MUONPS_ASSIGN_OR_RETURN(
         SharedMemorySegment segment,

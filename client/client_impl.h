@@ -3,7 +3,8 @@
 // the shared segment or the CUDA step signals, the host AdamW state.
 // Private to the client target; one trainer thread uses it (an async
 // step's thread runs StepOnWorker while the trainer thread waits for it
-// before touching anything else).
+// before touching anything else), except GradientReady, which reads only
+// what Start fixed and records through the thread-safe CudaStepSignals.
 #ifndef MUONPS_CLIENT_CLIENT_IMPL_H_
 #define MUONPS_CLIENT_CLIENT_IMPL_H_
 
@@ -44,7 +45,10 @@ struct Client::Impl {
     int group = -1;              // SetGroup's index; -1: in no group
     void* cuda_grad = nullptr;   // LendCuda's buffers (CUDA trainers)
     void* cuda_param = nullptr;
-    DType dtype = DType::kFloat32;           // of the lent buffers
+    DType dtype = DType::kFloat32;  // of the lent buffers
+    // CUDA job matrices, from Start: the index of this gradient's event in
+    // `signals` (GradientReady); -1: none.
+    int gradient_event = -1;
     std::vector<float> exp_avg, exp_avg_sq;  // host AdamW tensors
   };
 

@@ -1,8 +1,9 @@
 // Client::Step and Wait: the step's values checked before anything is
 // sent, the step request (each parameter group's values by index), the
 // Step RPC to the local worker (attaching again to a worker that
-// restarted), and async steps of CUDA trainers. Host trainers' AdamW part
-// is in client_adamw.cc.
+// restarted), and async steps of CUDA trainers; and GradientReady, a CUDA
+// trainer's word that one gradient is final before its step. Host trainers'
+// AdamW part is in client_adamw.cc.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -103,14 +104,50 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
   // A previous async step first: its failure is this call's answer.
   if (s.pending.valid()) MUONPS_RETURN_IF_ERROR(s.pending.get().status());
   MUONPS_RETURN_IF_ERROR(s.signals->BeforeStep(options.stream, step_id));
-  if (!options.async) return s.StepOnWorker(request, adamw);
-  s.pending = std::async(std::launch::async, [&s, request = std::move(request),
-                                              adamw = std::move(adamw)] {
-    return s.StepOnWorker(request, adamw);
-  });
+  // Answered (or failed): the worker took this step's waits on the
+  // gradient events, and GradientReady may record them for the next one.
+  const auto answered = [&s](const v1::StepRequest& request,
+                             const Impl::AdamWValues& adamw) {
+    absl::StatusOr<StepResult> result = s.StepOnWorker(request, adamw);
+    s.signals->StepAnswered();
+    return result;
+  };
+  if (!options.async) return answered(request, adamw);
+  s.pending = std::async(
+      std::launch::async,
+      [answered, request = std::move(request), adamw = std::move(adamw)] {
+        return answered(request, adamw);
+      });
   StepResult enqueued;
   enqueued.pending = true;
   return enqueued;
+}
+
+absl::Status Client::GradientReady(const std::string& name,
+                                   CUstream_st* stream) {
+  Impl& s = *impl_;
+  const std::string field = absl::StrCat("matrix ", Quoted(name));
+  if (!s.device.is_cuda()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                      "GradientReady needs ClientOptions.device cuda:N (a "
+                      "host trainer's Step orders its gradients)");
+  }
+  const Impl::Tensor* t = s.Find(name);
+  if (t == nullptr) {
+    return FieldError(absl::StatusCode::kNotFound, field, "was not declared");
+  }
+  if (!t->muon) {
+    return FieldError(absl::StatusCode::kNotFound,
+                      absl::StrCat("tensor ", Quoted(name)),
+                      "is an AdamW tensor: only job matrices lent with "
+                      "LendCuda have a gradient event");
+  }
+  if (!s.started) {
+    return InvalidField(field,
+                        "GradientReady before Start (its event exists once "
+                        "Start has lent it)");
+  }
+  return Annotate(s.signals->GradientReady(t->gradient_event, stream), field);
 }
 
 absl::Status Client::ResumeAfter(int64_t step) {

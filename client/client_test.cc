@@ -264,6 +264,36 @@ TEST(ClientCreateTest, RefusesAnUnknownDeviceNamingIt) {
   EXPECT_THAT(client.status().message(), HasSubstr("device"));
 }
 
+// GradientReady records a CUDA job matrix's own event: a host client has
+// none (its Step orders the segment's gradients), and it is refused with
+// the code and the name before any CUDA call.
+TEST_F(ClientTest, GradientReadyIsRefusedOnAHostClientNamingTheMatrix) {
+  Start();
+  const absl::Status status = client_->GradientReady("w.a", nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("matrix \"w.a\""));
+}
+
+TEST(ClientCudaTest, GradientReadyNamesUndeclaredAdamWAndUnstartedTensors) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create({.coordinator = "127.0.0.1:1",
+                      .job = "job",
+                      .worker_socket = "/tmp/none.sock",
+                      .device = "cuda:0"});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->AddMatrix("w", 4, 8).ok());
+  ASSERT_TRUE((*client)->AddTensor("b", 8, TensorLayout::kUnreduced).ok());
+  absl::Status status = (*client)->GradientReady("nope", nullptr);
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("matrix \"nope\": was not declared"));
+  status = (*client)->GradientReady("b", nullptr);
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("tensor \"b\": is an AdamW tensor"));
+  status = (*client)->GradientReady("w", nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("before Start"));
+}
+
 // A tensor within the bounds whose AdamW moments this host cannot hold is
 // refused with RESOURCE_EXHAUSTED naming it, not an abort.
 TEST_F(ClientTest, AHugeTensorIsResourceExhaustedNamingIt) {

@@ -137,8 +137,10 @@ struct GroupHyperparameters {
 
 struct StepOptions {
   // CUDA trainers: the stream the gradients were produced on (nullptr: the
-  // legacy default stream). The worker's stream waits for it, and it waits
-  // for the worker's updates, on the device: no host waits.
+  // legacy default stream). The worker's stream waits for it (for each
+  // matrix Client::GradientReady did not mark ready since the previous
+  // step, and for everything else), and it waits for the worker's updates,
+  // on the device: no host waits.
   CUstream_st* stream = nullptr;
   // CUDA trainers: return once the step is enqueued (the trainer's stream
   // sees the updated parameters when it gets there); Wait() returns the

@@ -2,6 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
@@ -45,12 +49,18 @@ static_assert(kStepRecordOffset + kStepRecordBytes <= 256);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
-    const Device& device) {
+    const Device& device, int gradient_events) {
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaSetDevice(device.ordinal), "cudaSetDevice"));
   MUONPS_ASSIGN_OR_RETURN(IpcEvent ready, IpcEvent::Create(device.ordinal));
+  std::vector<IpcEvent> gradient_ready;
+  gradient_ready.reserve(gradient_events);
+  for (int i = 0; i < gradient_events; ++i) {
+    MUONPS_ASSIGN_OR_RETURN(IpcEvent event, IpcEvent::Create(device.ordinal));
+    gradient_ready.push_back(std::move(event));
+  }
   std::unique_ptr<CudaStepSignals> out(
-      new CudaStepSignals(device, std::move(ready)));
+      new CudaStepSignals(device, std::move(ready), std::move(gradient_ready)));
   // 256 bytes: an allocation of its own, so its IPC handle lends nothing
   // else. The done counter, then at 64 bytes the step record
   // (lending/step_record.h), zero-filled: no worker wrote it yet.
@@ -80,7 +90,10 @@ CudaStepSignals::~CudaStepSignals() {
 }
 
 absl::Status CudaStepSignals::Describe(v1::AttachRequest* request) const {
-  MUONPS_ASSIGN_OR_RETURN(*request->mutable_ready_event(), ready_.Export());
+  {
+    absl::MutexLock lock(&mu_);
+    MUONPS_ASSIGN_OR_RETURN(*request->mutable_ready_event(), ready_.Export());
+  }
   MUONPS_ASSIGN_OR_RETURN(IpcMemoryRef ref,
                           ExportDeviceMemory(done_, sizeof(uint64_t)));
   request->mutable_done_counter()->set_ipc_handle(ref.handle);
@@ -95,11 +108,44 @@ absl::Status CudaStepSignals::Describe(v1::AttachRequest* request) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> CudaStepSignals::ExportGradientEvent(
+    int index) const {
+  absl::MutexLock lock(&mu_);
+  return gradient_ready_[index].Export();
+}
+
+absl::Status CudaStepSignals::GradientReady(int index, Stream stream) {
+  // Held while recording: a BeforeStep on another thread then sees the
+  // record, or records after it.
+  absl::MutexLock lock(
+      &mu_, absl::Condition(this, &CudaStepSignals::NoStepUnanswered));
+  MUONPS_RETURN_IF_ERROR(gradient_ready_[index].Record(stream));
+  recorded_[index] = true;
+  return absl::OkStatus();
+}
+
 absl::Status CudaStepSignals::BeforeStep(Stream stream, int64_t step_id) {
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
+  absl::MutexLock lock(&mu_);
+  // The gradients the trainer did not say were final: ordered by this
+  // stream, as the step's own event orders them.
+  for (size_t i = 0; i < gradient_ready_.size(); ++i) {
+    if (!recorded_[i]) {
+      MUONPS_RETURN_IF_ERROR(gradient_ready_[i].Record(stream));
+    }
+  }
   MUONPS_RETURN_IF_ERROR(ready_.Record(stream));
-  return StreamWaitAtLeast(stream, done_, static_cast<uint64_t>(step_id + 1));
+  MUONPS_RETURN_IF_ERROR(
+      StreamWaitAtLeast(stream, done_, static_cast<uint64_t>(step_id + 1)));
+  recorded_.assign(recorded_.size(), false);
+  step_unanswered_ = true;
+  return absl::OkStatus();
+}
+
+void CudaStepSignals::StepAnswered() {
+  absl::MutexLock lock(&mu_);
+  step_unanswered_ = false;
 }
 
 absl::Status CudaStepSignals::Release(int64_t step_id) {

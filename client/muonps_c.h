@@ -5,8 +5,9 @@
  * values are the gRPC/absl status codes); after a failure
  * muonps_client_last_error() returns the message naming the field, valid
  * until the next call on the same handle. A handle is used by one thread at
- * a time. Strings passed in are copied; pointers returned by
- * muonps_client_buffers stay valid until muonps_client_destroy. */
+ * a time (muonps_client_gradient_ready excepted). Strings passed in are
+ * copied; pointers returned by muonps_client_buffers stay valid until
+ * muonps_client_destroy. */
 #ifndef MUONPS_CLIENT_MUONPS_C_H_
 #define MUONPS_CLIENT_MUONPS_C_H_
 
@@ -16,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 7
+#define MUONPS_C_ABI_VERSION 8
 
 /* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
 #define MUONPS_MAX_GROUPS 1024
@@ -178,6 +179,23 @@ int muonps_client_create_on(const char* coordinator, const char* job,
 int muonps_client_lend_cuda(muonps_client* client, const char* name,
                             uint64_t grad_ptr, uint64_t param_ptr,
                             const char* dtype);
+/* ABI 8: CUDA trainers, after start: the gradient of matrix `name` (lent
+ * with muonps_client_lend_cuda) is final for the next step once `stream`
+ * (a cudaStream_t; NULL: the legacy default stream) gets here
+ * (Client::GradientReady). Records that matrix's own event on `stream` and
+ * returns once it is enqueued, so the worker starts on it while backward
+ * still runs; call it again after any later write of the gradient before
+ * the step. A step records, on its own stream, the event of every matrix
+ * not marked ready since the previous step, so a trainer that never calls
+ * this stays correct. While the worker has yet to answer an async step,
+ * first waits for that answer. Unlike the other calls it may run on
+ * another thread while one of them runs (PyTorch's gradient hooks run on
+ * its autograd thread); it sets the handle's last error only when it
+ * fails. MUONPS_FAILED_PRECONDITION for a "cpu" client,
+ * MUONPS_NOT_FOUND naming `name` unless it is a declared matrix (AdamW
+ * tensors have no event), MUONPS_INVALID_ARGUMENT before start. */
+int muonps_client_gradient_ready(muonps_client* client, const char* name,
+                                 void* stream);
 /* Before start: the job expects `count` workers with no trainer
  * (muonps-worker --dedicated); start waits for a plan that has them. */
 int muonps_client_expect_dedicated_workers(muonps_client* client, int count);

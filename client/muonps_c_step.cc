@@ -1,6 +1,6 @@
 // The C ABI's steps (muonps_c.h): a step with the step's own values, one
-// with per-group values by index (and a CUDA trainer's stream), and the
-// end of an async step.
+// with per-group values by index (and a CUDA trainer's stream), the end of
+// an async step, and a CUDA trainer's word that one gradient is final.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +73,17 @@ int muonps_client_step_with(muonps_client* c, int64_t step_id,
     group.adamw_weight_decay = At(o->group_adamw_weight_decay, g);
   }
   return Finish(c, c->client->Step(step_id, options), result);
+}
+
+int muonps_client_gradient_ready(muonps_client* c, const char* name,
+                                 void* stream) {
+  if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
+  const absl::Status status =
+      c->client->GradientReady(name, static_cast<CUstream_st*>(stream));
+  // Success leaves the last error alone: this call may run beside another
+  // on the handle (a gradient hook's thread), which owns it.
+  if (status.ok()) return MUONPS_OK;
+  return Record(c, status);
 }
 
 int muonps_client_wait(muonps_client* c, muonps_step_result* result) {

@@ -156,6 +156,50 @@ TEST(MuonpsCTest, Abi6SetGroupTakesAdamWTensorsAndNamesTheBadName) {
   muonps_client_destroy(client);
 }
 
+// ABI 8: a gradient's own event exists for a CUDA client's job matrices
+// once started; every other call is refused with its code, naming the
+// tensor, before any CUDA call (this test needs no GPU).
+TEST(MuonpsCTest, Abi8GradientReadyIsForACudaClientsStartedMatrices) {
+  EXPECT_EQ(muonps_client_gradient_ready(nullptr, "w", nullptr),
+            MUONPS_INVALID_ARGUMENT);
+  muonps_client* host = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/none.sock", 0, 1,
+                                 0.5, &host),
+            MUONPS_OK);
+  ASSERT_EQ(
+      muonps_client_add_matrix(host, "w", 4, 8, 1, MUONPS_LAYOUT_REPLICATED, 0),
+      MUONPS_OK);
+  EXPECT_EQ(muonps_client_gradient_ready(host, nullptr, nullptr),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(muonps_client_gradient_ready(host, "w", nullptr),
+            MUONPS_FAILED_PRECONDITION);
+  EXPECT_THAT(std::string(muonps_client_last_error(host)),
+              HasSubstr("matrix \"w\""));
+  EXPECT_THAT(std::string(muonps_client_last_error(host)), HasSubstr("cuda"));
+  muonps_client_destroy(host);
+
+  muonps_client* cuda = nullptr;
+  ASSERT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/none.sock", 0,
+                                    1, 0.5, "cuda:0", &cuda),
+            MUONPS_OK)
+      << muonps_last_create_error();
+  ASSERT_EQ(
+      muonps_client_add_matrix(cuda, "w", 4, 8, 1, MUONPS_LAYOUT_REPLICATED, 0),
+      MUONPS_OK);
+  ASSERT_EQ(muonps_client_add_tensor(cuda, "b", 8, MUONPS_LAYOUT_UNREDUCED),
+            MUONPS_OK);
+  EXPECT_EQ(muonps_client_gradient_ready(cuda, "nope", nullptr),
+            MUONPS_NOT_FOUND);
+  EXPECT_THAT(std::string(muonps_client_last_error(cuda)),
+              HasSubstr("\"nope\""));
+  EXPECT_EQ(muonps_client_gradient_ready(cuda, "b", nullptr), MUONPS_NOT_FOUND);
+  EXPECT_THAT(std::string(muonps_client_last_error(cuda)), HasSubstr("AdamW"));
+  EXPECT_EQ(muonps_client_gradient_ready(cuda, "w", nullptr),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(cuda)), HasSubstr("Start"));
+  muonps_client_destroy(cuda);
+}
+
 // ABI 6, against an in-process worker: the four per-group arrays reach the
 // step request by index (a NULL array keeps the step's values: -1), and a
 // host client's AdamW steps each tensor with its group's lr and decay.

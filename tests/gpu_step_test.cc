@@ -9,7 +9,9 @@
 // non-finite gradient is rejected with nothing written, a killed worker
 // fails the trainer's step with an error instead of a hang, and a trainer
 // killed mid-step has its worker release the IPC mappings (its GPU memory
-// comes back). Two workers on one GPU: tests/gpu_two_workers_test.cc.
+// comes back), and gradients marked ready one matrix at a time
+// (Client::GradientReady) step as the step's own stream orders them. Two
+// workers on one GPU: tests/gpu_two_workers_test.cc.
 //
 // Needs a GPU: tagged gpu + manual; deploy/device/run_gpu_step_suite.sh
 // runs it on the GPU machine (MUONPS_BIN_DIR names the bundled binaries).
@@ -342,6 +344,111 @@ TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   const double median = return_ms[return_ms.size() / 2];
   std::printf("{\"what\":\"gpu_step_return\",\"median_ms\":%g}\n", median);
   EXPECT_LT(median, 1.0) << "Step(async) blocked the trainer's thread";
+}
+
+// Gradients marked ready one matrix at a time, as a trainer's backward
+// hooks do (Client::GradientReady on the stream that wrote each): every
+// other matrix is left to the step's own stream, one is marked, written
+// again and marked again (a gradient clipped after its hook), and each
+// step's gradients are written and marked while the previous async step
+// may still be unanswered. The parameters match the same kernels in one
+// process, and no step hangs on a mark.
+TEST_P(GpuStepTest, GradientsMarkedReadyOneByOneMatchTheSameKernels) {
+  if (GetParam().layout != "replicated" || GetParam().precision != "bf16") {
+    GTEST_SKIP() << "one case per dtype is enough";
+  }
+  kernels::MuonHyperparameters muon;
+  muon.lr = 0.02;
+  muon.weight_decay = 0.1;
+  ASSERT_NO_FATAL_FAILURE(StartTrainer(muon));
+  absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
+      testing::NsAlgorithmsOf(client_->NsAlgorithms());
+  ASSERT_TRUE(algorithms.ok()) << algorithms.status();
+  // Non-blocking: nothing on the legacy stream orders the trainer's work.
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            cudaSuccess);
+  const std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> stream_owner(
+      stream, &cudaStreamDestroy);
+  // Every step's gradients (and a wrong one for matrix 0) staged on the
+  // device first, so that the loop only enqueues copies on `stream`.
+  constexpr int kSteps = 10;
+  std::vector<int64_t> staged(Matrices().size());
+  int64_t per_step = 0;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const MatrixCase& c = Matrices()[m];
+    staged[m] = per_step;
+    per_step += (c.rows * c.cols * c.experts + 127) / 128 * 128;
+  }
+  char* staging = nullptr;
+  ASSERT_EQ(cudaMalloc(&staging, (kSteps + 1) * per_step * Width()),
+            cudaSuccess);
+  const std::unique_ptr<char, decltype(&cudaFree)> staging_owner(staging,
+                                                                 &cudaFree);
+  const auto staged_at = [&](int64_t step, size_t m) {
+    return staging + (step * per_step + staged[m]) * Width();
+  };
+  for (int64_t step = 0; step < kSteps; ++step) {
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixCase& c = Matrices()[m];
+      std::vector<float> g(c.rows * c.cols * c.experts);
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = GradValue(step, static_cast<int>(m), static_cast<int64_t>(i));
+      }
+      ASSERT_NO_FATAL_FAILURE(Upload(g, staged_at(step, m)));
+    }
+  }
+  const MatrixCase& first = Matrices()[0];
+  const int64_t first_n = first.rows * first.cols * first.experts;
+  ASSERT_NO_FATAL_FAILURE(
+      Upload(std::vector<float>(first_n, 1e3f), staged_at(kSteps, 0)));
+  for (int64_t step = 0; step < kSteps; ++step) {
+    // Matrix 0: a wrong gradient marked ready, then overwritten and marked
+    // again; the step must read the last mark's.
+    ASSERT_EQ(
+        cudaMemcpyAsync(GradAt(0), staged_at(kSteps, 0), first_n * Width(),
+                        cudaMemcpyDeviceToDevice, stream),
+        cudaSuccess);
+    absl::Status marked = client_->GradientReady(first.name, stream);
+    ASSERT_TRUE(marked.ok()) << marked;
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      const MatrixCase& c = Matrices()[m];
+      ASSERT_EQ(cudaMemcpyAsync(GradAt(m), staged_at(step, m),
+                                c.rows * c.cols * c.experts * Width(),
+                                cudaMemcpyDeviceToDevice, stream),
+                cudaSuccess);
+      if (m % 2 == 0) {
+        marked = client_->GradientReady(c.name, stream);
+        ASSERT_TRUE(marked.ok()) << "step " << step << ": " << marked;
+      }
+    }
+    absl::StatusOr<StepResult> result =
+        client_->Step(step, {.stream = stream, .async = true});
+    ASSERT_TRUE(result.ok()) << "step " << step << ": " << result.status();
+    ASSERT_TRUE(result->pending);
+  }
+  absl::StatusOr<StepResult> last = client_->Wait();
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  absl::StatusOr<std::vector<std::vector<float>>> wanted =
+      testing::ReferenceParams(
+          Dtype(), kSteps, *algorithms,
+          [&](size_t m, int64_t i) { return params_[m][i]; },
+          [&](int64_t step, size_t m, int64_t i) {
+            return testing::AsLent(Dtype(),
+                                   GradValue(step, static_cast<int>(m), i));
+          });
+  ASSERT_TRUE(wanted.ok()) << wanted.status();
+  double worst = 0;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const double err = RelativeError(DeviceParams(m), (*wanted)[m]);
+    worst = std::max(worst, err);
+    EXPECT_LE(err, 5e-3) << Matrices()[m].name;
+  }
+  std::printf(
+      "{\"what\":\"gpu_gradient_ready_parity\",\"dtype\":\"%s\","
+      "\"steps\":%d,\"max_rel_err\":%g}\n",
+      GetParam().dtype.c_str(), kSteps, worst);
 }
 
 TEST_P(GpuStepTest, NonFiniteGradientIsRejectedWithNothingWritten) {

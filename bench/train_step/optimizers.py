@@ -228,3 +228,26 @@ def _muonps(model, ctx):
                               else "once the step is done (CPU path)")}
     return Stepper([opt], notes=notes, synchronize=opt.synchronize,
                    split=split_counts(matrices, others), close=opt.close)
+
+
+@register("muonps_step_event")
+def _muonps_step_event(model, ctx):
+    """muonps.Muon with its gradient hooks removed after its first step:
+    every gradient reaches the worker through the step's own event, once
+    backward is done (how a trainer that marks no gradient runs), beside
+    "muonps" in the same run to show what handing gradients over during
+    backward gives."""
+    stepper = _muonps(model, ctx)
+    opt = stepper.optimizers[0]
+    first_step = opt.step
+
+    def step(*args, **kwargs):
+        out = first_step(*args, **kwargs)
+        cuda = getattr(opt, "_cuda", None)
+        if cuda is not None:
+            cuda.close()
+        return out
+
+    opt.step = step
+    stepper.notes["gradients"] = "through the step's event only (no hooks)"
+    return stepper

@@ -6,7 +6,7 @@ declarations and re-exports the public names.
 
 import ctypes
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 # Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
 MAX_GROUPS = 1024
 
@@ -131,4 +131,6 @@ _SIGNATURES = {
                                          ctypes.POINTER(_StepOptions),
                                          ctypes.POINTER(_StepResult)]),
     "muonps_client_wait": (_c_int, [_handle, ctypes.POINTER(_StepResult)]),
+    "muonps_client_gradient_ready": (_c_int, [_handle, _c_str,
+                                              ctypes.c_void_p]),
 }

@@ -7,14 +7,22 @@ place; a gradient that lands elsewhere is copied in at the step), fp32 or
 bf16 (the worker keeps fp32 momentum and rounds each bf16 update once). The
 trainer's current stream records an event the worker's stream waits on and
 then waits, on the device, for the worker's updates, so `step()` returns
-once the step is enqueued. Param groups are registered when the client
+once the step is enqueued. A post-accumulate-grad hook (torch >= 2.1)
+records each matrix's own event as backward finishes its gradient: each
+matrix's gradient is handed to the worker as backward finishes it, so the
+step's transfers and Newton-Schulz start during backward (a gradient
+written again after its hook, clipped or unscaled in place, is handed over
+again at the step; so is a replicated gradient under DDP, whose reduced
+value DDP writes back at the end of backward: layout "unreduced", where the
+workers reduce, keeps the overlap). Param groups are registered when the client
 starts and each step carries every group's lr and weight decay by index
 (no passes over the parameters in Python). Every other tensor is stepped
 by torch's own fused AdamW on the trainer's stream, the one AdamW of a
 CUDA trainer (the client steps none of its tensors). A DTensor
 (FSDP2) lends its local shard in place; its gradient, a DTensor FSDP2
 reduce-scatters anew each step, is copied into the lent buffer at the step
-(see muonps/_dtensor.py). Not thread-safe (the optimizer's thread only).
+(see muonps/_dtensor.py). Not thread-safe (the optimizer's thread only;
+the gradient hooks run on autograd's thread, during backward).
 """
 
 import torch
@@ -24,6 +32,12 @@ from ._dtensor import TorchAdamW, is_dtensor, local
 # What the worker takes: fp32 momentum either way; a bf16 parameter gets
 # each update rounded once.
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def _queue_callback(callback):
+    # Runs `callback` on autograd's thread once the current backward's graph
+    # is done (callbacks queued by a callback run after the ones before).
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 class CudaPath:
@@ -55,6 +69,17 @@ class CudaPath:
                 p.grad = buffer
             client.lend_cuda(name, buffer, shard, _DTYPES[p.dtype])
         self.data_ptrs = {name: local(p).data_ptr() for name, p, _ in self.lent}
+        # Matrices a gradient hook marked ready since the last step, with
+        # their buffer's version then; and the hooks' handles.
+        self.ready = {}
+        self.hooks = []
+        # Unreduced: each rank lends its own gradient, so what DDP writes
+        # back into it at the end of backward (muonps.ddp's hook returns
+        # the bucket unchanged) is the value marked, and the versions are
+        # taken once backward is done (_settle). Replicated: that write is
+        # DDP's reduced gradient, which the step marks again.
+        self.settle_after_backward = average_others
+        self.settling = False
         for index in range(len(param_groups)):
             client.set_group(index, [n for n, _, g in self.lent if g == index])
         self.adamw = None
@@ -62,6 +87,58 @@ class CudaPath:
             self.adamw = TorchAdamW(
                 others, param_groups, defaults,
                 fused=not any(is_dtensor(p) for _, p, _ in others))
+
+    def hook_gradients(self):
+        """Once the client started: a post-accumulate-grad hook per lent
+        matrix marks its gradient ready (client.gradient_ready) on the
+        stream backward accumulated it on, when that gradient is the lent
+        buffer. A DTensor's gradient (FSDP2 reduce-scatters a new one) and
+        a gradient that landed elsewhere are copied in at the step, whose
+        stream then orders them. Without the hook (torch < 2.1) the step's
+        stream orders every gradient, as for a trainer that never marks.
+        close() removes the hooks."""
+        if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+            return
+        for name, p, _ in self.matrices:
+            if is_dtensor(p):
+                continue
+            self.hooks.append(p.register_post_accumulate_grad_hook(
+                self._ready_hook(name)))
+
+    def _ready_hook(self, name):
+        # Runs on autograd's thread, with the accumulation's stream current.
+        client, device, ready = self.client, self.device, self.ready
+        buffer = self.grads[name]
+
+        def hook(p):
+            if p.grad is None or p.grad.data_ptr() != buffer.data_ptr():
+                return
+            client.gradient_ready(
+                name, torch.cuda.current_stream(device).cuda_stream)
+            ready[name] = buffer._version
+            if self.settle_after_backward and not self.settling:
+                self.settling = True
+                _queue_callback(self._after_backward)
+
+        return hook
+
+    def _after_backward(self):
+        # Queued again, so it runs after every callback queued during
+        # backward: DDP's copy of its buckets into the gradients.
+        _queue_callback(self._settle)
+
+    def _settle(self):
+        # The versions backward left: a write after this (clipping,
+        # unscaling) marks the gradient again at the step.
+        for name in self.ready:
+            self.ready[name] = self.grads[name]._version
+        self.settling = False
+
+    def close(self):
+        """Removes the gradient hooks (the client is going)."""
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks.clear()
 
     def step(self, step_id, values, check_first=False):
         """Enqueues one step with each param group's (lr, weight_decay,
@@ -84,7 +161,15 @@ class CudaPath:
             if not is_dtensor(p):
                 p.grad = buffer
         stream = torch.cuda.current_stream(self.device).cuda_stream
+        # The worker reads each matrix's last mark before the step: one
+        # written since its hook marked it (copied or zeroed above, clipped
+        # or unscaled in place) is marked again, after that write. The
+        # others the step itself marks on this stream.
+        for name, version in list(self.ready.items()):
+            if self.grads[name]._version != version:
+                self.client.gradient_ready(name, stream)
         self.client.step(step_id, values, stream=stream, async_=True)
+        self.ready.clear()
         outcome = None
         if check_first:
             outcome = self.client.wait()

@@ -3,7 +3,8 @@
 `load_library()` finds and loads libmuonps.so once per process; `NativeClient`
 owns one `muonps_client` handle and turns every non-zero muonps_code into a
 `MuonpsError` carrying the code and the library's message. A NativeClient is
-used by one thread at a time, like the handle it wraps. The ABI's
+used by one thread at a time, like the handle it wraps (`gradient_ready`
+excepted: gradient hooks call it from autograd's thread). The ABI's
 declarations (enums, codes, structs, signatures) live in `_abi`.
 """
 
@@ -209,6 +210,16 @@ class NativeClient:
         self._check(self._lib.muonps_client_lend_cuda(
             self._handle, name.encode(), grad.data_ptr(), param.data_ptr(),
             dtype.encode()))
+
+    def gradient_ready(self, name, stream):
+        """CUDA trainers, after start: matrix `name`'s gradient is final for
+        the next step once `stream` (a cudaStream_t as an int; 0: the legacy
+        default stream) gets here. Records the matrix's own event on it, so
+        the worker starts on it during backward; waits first for the answer
+        to an async step still unanswered. May run on another thread than
+        the other calls (a gradient hook's)."""
+        self._check(self._lib.muonps_client_gradient_ready(
+            self._handle, name.encode(), stream or None))
 
     def expect_dedicated_workers(self, count):
         """The job expects `count` workers with no trainer (before start)."""

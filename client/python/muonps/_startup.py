@@ -232,6 +232,7 @@ def _start_cuda(opt, device, lent, frozen, rank, world_size, layout):
         cuda = CudaPath(client, device, matrices, others,
                         opt.param_groups, d, average_others=average)
         _start_client(client, d, c)
+        cuda.hook_gradients()
         opt._cuda = cuda
     except _native.MuonpsError as e:
         client.close()
@@ -239,7 +240,7 @@ def _start_cuda(opt, device, lent, frozen, rank, world_size, layout):
                                   opt._socket, _worker_device(device)) from e
     opt._client, opt._frozen = client, frozen
     opt._finalizer = weakref.finalize(opt, _shut_down_cuda, client,
-                                      opt._service)
+                                      opt._service, cuda)
 
 
 def _create_client(opt, rank, world_size, device):
@@ -283,7 +284,9 @@ def _start_client(client, d, c):
                  d["ns_coefficients"])
 
 
-def _shut_down_cuda(client, service=None):
+def _shut_down_cuda(client, service=None, cuda=None):
+    if cuda is not None:
+        cuda.close()  # no gradient hook calls the client after this
     try:
         client.wait()
     except _native.MuonpsError:

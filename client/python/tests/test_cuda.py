@@ -239,3 +239,68 @@ def test_moe_experts_match_per_expert_torch_muon_with_qk_clip(cluster):
     opt.close()
     print(f'{{"what":"python_cuda_moe_qk_clip_vs_torch_muon","experts":8,'
           f'"steps":10,"max_rel_err":{worst:.3e}}}')
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"),
+    reason="needs torch >= 2.1 (post-accumulate-grad hooks)")
+def test_gradients_from_backward_follow_torch_when_clipped_after_it(cluster):
+    """Gradients from backward over two micro-batches: each matrix's hook
+    marks it ready as backward accumulates it, so the worker may start on
+    it during backward. On even steps clip_grad_norm_ rescales every
+    gradient in place after the hooks, late on the device (the step marks
+    them again). Steps are left in flight while the next backward marks
+    its gradients. torch.optim.Muon, on its own copy of the parameters, is
+    fed each step's final gradients (after the clip): after 10 steps the
+    parameters are within the golden tolerance of its (a step that read a
+    gradient before its clip would mix momentum at the wrong scale)."""
+    c = cluster(workers=1, device="cuda:0")
+
+    def matrices():
+        g = torch.Generator().manual_seed(29)
+        return {n: torch.nn.Parameter(
+            (torch.randn(shape, generator=g) * 0.05).cuda())
+            for n, shape in SHAPES.items()}
+
+    ours, theirs = matrices(), matrices()
+    # lr 0.01, as the first case's second group: the two bf16 Newton-Schulz
+    # implementations part in proportion to the lr.
+    opt = muonps.Muon(list(ours.items()), lr=0.01, weight_decay=0.1,
+                      **c.options())
+    assert len(opt._cuda.hooks) == len(SHAPES)
+    reference = torch.optim.Muon(list(theirs.values()), lr=0.01,
+                                 weight_decay=0.1)
+    g = torch.Generator().manual_seed(31)
+    # About half the gradients' norm (~310): each clip halves them.
+    max_norm, norms = 150.0, []
+    for step in range(10):
+        opt.zero_grad()
+        # Full-rank gradients, as in the other cases: on nearly singular
+        # ones two bf16 Newton-Schulz implementations part further.
+        for _ in range(2):
+            weights = {n: torch.randn(shape, generator=g).cuda()
+                       for n, shape in SHAPES.items()}
+            sum((ours[n] * weights[n]).sum() for n in SHAPES).backward()
+        if step % 2 == 0:
+            # The clip lands well after the hooks' marks on the device: a
+            # step that waited for those alone would read unclipped values.
+            torch.cuda._sleep(50_000_000)
+            norms.append(
+                torch.nn.utils.clip_grad_norm_(ours.values(), max_norm))
+        for n in SHAPES:
+            theirs[n].grad = ours[n].grad.detach().clone()
+        opt.step()
+        reference.step()
+    opt.synchronize()
+    torch.cuda.synchronize()
+    assert all(norm.item() > max_norm for norm in norms)  # clipped
+    worst = 0.0
+    for n in SHAPES:
+        error = relative_error(ours[n].detach().double().cpu(),
+                               theirs[n].detach().double().cpu())
+        worst = max(worst, error)
+        assert error <= 5e-3, f"{n}: {error:.2e}"
+    opt.close()
+    assert not opt._cuda.hooks
+    print(f'{{"what":"python_cuda_backward_hooks_vs_torch_muon","steps":10,'
+          f'"max_rel_err":{worst:.3e}}}')

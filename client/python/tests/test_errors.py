@@ -1,7 +1,8 @@
 """What a user sees when something is missing: the unreachable coordinator
 or worker (by address, with what to start), a job with fewer workers than
 trainers (after start waited for them), a library that cannot be found
-or exports nothing, and arguments the C ABI cannot honour."""
+or exports nothing, and arguments the C ABI cannot honour (a gradient
+marked ready on a CPU client among them)."""
 
 import os
 import pathlib
@@ -97,6 +98,20 @@ def test_library_without_the_c_abi_is_reported_with_the_fix():
         pytest.skip("no libz to stand in for an empty library")
     with pytest.raises(_native.LibraryNotFoundError, match="alwayslink"):
         _native.load_library(environ={"MUONPS_LIB": str(libz)})
+
+
+def test_gradient_ready_on_a_cpu_client_is_refused_naming_the_matrix():
+    # A host client's step orders its gradients: no matrix has an event of
+    # its own (the check needs no service and no GPU).
+    client = _native.NativeClient("127.0.0.1:1", "job",
+                                  "/tmp/muonps-none.sock", 0, 1, 1)
+    try:
+        client.add_matrix("w", 4, 8, 1, _native.LAYOUT_REPLICATED, 0)
+        with pytest.raises(_native.MuonpsError, match='matrix "w"') as raised:
+            client.gradient_ready("w", 0)
+        assert raised.value.code == _native.FAILED_PRECONDITION
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("kwargs, what", [
