@@ -215,10 +215,16 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   return absl::OkStatus();
 }
 
+bool RoundAgreement::ResolveCommits(const RoundDecision& decision) const {
+  const StagedStep& staged = ledger_.staged;
+  return decision.resolve && staged.voted && staged.step_id >= 0 &&
+         staged.step_id <= decision.committed;
+}
+
 absl::Status RoundAgreement::Resolve(const RoundDecision& decision) {
   if (!decision.resolve) return absl::OkStatus();
   StagedStep& staged = ledger_.staged;
-  if (staged.voted && staged.step_id <= decision.committed) {
+  if (ResolveCommits(decision)) {
     // Some rank committed it: so does this one, from its staging.
     MUONPS_RETURN_IF_ERROR(CommitStaged(ledger_, plan_, trainer_, ops_));
   } else if (staged.step_id >= 0) {

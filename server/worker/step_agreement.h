@@ -63,6 +63,9 @@ class RoundAgreement {
   // and drops any other (when the decision resolves), and records the
   // committed step as settled.
   absl::Status Resolve(const RoundDecision& decision);
+  // Resolve(decision) commits a staged step here (writing the trainer's
+  // parameters and AdamW gradients).
+  bool ResolveCommits(const RoundDecision& decision) const;
 
   const StepRoster& roster() const { return roster_; }
 

@@ -69,7 +69,7 @@ RoundResult StepRun::Run(const StepRequest& request) {
                   static_cast<RoundKind>(decision.kind) == RoundKind::kGo &&
                   decision.step_id == request.step_id;
   if (out.status.ok() && trainer != nullptr && intact.ok() &&
-      (!go || decision.resolve)) {
+      (!go || agreement.ResolveCommits(decision))) {
     // What writes the trainer's memory outside a step's stage (a staged
     // step resolved, a repair, means given again) comes after the trainer
     // wrote its gradients, as the stage's own commit does.
