@@ -120,10 +120,18 @@ class DeviceOps {
                                    const void* update, DType update_dtype,
                                    int64_t count, float decay, float step,
                                    Stream stream) = 0;
-  // For every span, the index of its first non-finite element, or -1.
-  // Waits for `stream` (one host synchronization for all spans).
-  virtual absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
-      absl::Span<const FloatSpan> spans, Stream stream) = 0;
+  // Finite checks that run beside other work, over spans numbered from 0,
+  // all on one stream: PrepareFiniteChecks makes room for `count` of them
+  // and clears them in `stream` order; CheckFinite enqueues the search of
+  // spans[k] as number first + k; FiniteResults gives, for numbers
+  // [0, count), the index of each span's first non-finite element, or -1
+  // for a finite span or one never checked, waiting for `stream` (one host
+  // synchronization for all).
+  virtual absl::Status PrepareFiniteChecks(int64_t count, Stream stream) = 0;
+  virtual absl::Status CheckFinite(absl::Span<const FloatSpan> spans,
+                                   int64_t first, Stream stream) = 0;
+  virtual absl::StatusOr<std::vector<int64_t>> FiniteResults(int64_t count,
+                                                             Stream stream) = 0;
   // Waits until everything enqueued on `stream` is done; returns any
   // asynchronous error of that work.
   virtual absl::Status Synchronize(Stream stream) = 0;

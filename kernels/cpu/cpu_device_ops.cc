@@ -114,19 +114,41 @@ absl::Status CpuDeviceOps::ApplyScaled(void* param, DType param_dtype,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> CpuDeviceOps::FirstNonFinite(
-    absl::Span<const FloatSpan> spans, Stream stream) {
+absl::Status CpuDeviceOps::PrepareFiniteChecks(int64_t count, Stream stream) {
   if (absl::Status s = HostOnly(stream); !s.ok()) return s;
-  std::vector<int64_t> out(spans.size(), -1);
+  if (count < 0) return absl::InvalidArgumentError("count: negative");
+  finite_.assign(count, -1);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDeviceOps::CheckFinite(absl::Span<const FloatSpan> spans,
+                                       int64_t first, Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  if (first < 0 || first + static_cast<int64_t>(spans.size()) >
+                       static_cast<int64_t>(finite_.size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("spans [", first, ", ", first + spans.size(),
+                     ") past the ", finite_.size(), " prepared"));
+  }
   for (size_t k = 0; k < spans.size(); ++k) {
     for (int64_t i = 0; i < spans[k].count; ++i) {
       if (!std::isfinite(spans[k].data[i])) {
-        out[k] = i;
+        finite_[first + k] = i;
         break;
       }
     }
   }
-  return out;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> CpuDeviceOps::FiniteResults(
+    int64_t count, Stream stream) {
+  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
+  if (count < 0 || count > static_cast<int64_t>(finite_.size())) {
+    return absl::OutOfRangeError(absl::StrCat("count: ", count, " of the ",
+                                              finite_.size(), " prepared"));
+  }
+  return std::vector<int64_t>(finite_.begin(), finite_.begin() + count);
 }
 
 absl::StatusOr<int> CpuDeviceOps::Mark(Stream stream) {

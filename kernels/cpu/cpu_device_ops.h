@@ -36,12 +36,16 @@ class CpuDeviceOps final : public DeviceOps {
   absl::Status ApplyScaled(void* param, DType param_dtype, const void* update,
                            DType update_dtype, int64_t count, float decay,
                            float step, Stream stream) override;
-  absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
-      absl::Span<const FloatSpan> spans, Stream stream) override;
+  absl::Status PrepareFiniteChecks(int64_t count, Stream stream) override;
+  absl::Status CheckFinite(absl::Span<const FloatSpan> spans, int64_t first,
+                           Stream stream) override;
+  absl::StatusOr<std::vector<int64_t>> FiniteResults(int64_t count,
+                                                     Stream stream) override;
   absl::Status Synchronize(Stream stream) override;
 
  private:
   std::vector<std::chrono::steady_clock::time_point> marks_;
+  std::vector<int64_t> finite_;  // by span number: the check's result
 };
 
 }  // namespace kernels

@@ -114,14 +114,26 @@ TEST(CpuDeviceOpsTest, RefusesFp16ParametersNamingTheDtype) {
   EXPECT_NE(s.message().find("dtype: fp16"), absl::string_view::npos);
 }
 
-TEST(CpuDeviceOpsTest, FirstNonFiniteFindsEachSpansFirstBadElement) {
+TEST(CpuDeviceOpsTest, FiniteChecksFindEachSpansFirstBadElement) {
   CpuDeviceOps ops;
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> good = {1, 2, 3}, bad = {1, NAN, inf};
-  absl::StatusOr<std::vector<int64_t>> found = ops.FirstNonFinite(
-      {{good.data(), 3}, {bad.data(), 3}, {bad.data() + 2, 1}}, kHostStream);
+  ASSERT_TRUE(ops.PrepareFiniteChecks(5, kHostStream).ok());
+  // Checked in two calls, out of order; span 3 is never checked.
+  ASSERT_TRUE(
+      ops.CheckFinite({{bad.data() + 2, 1}, {good.data(), 3}}, 2, kHostStream)
+          .ok());
+  ASSERT_TRUE(
+      ops.CheckFinite({{good.data(), 3}, {bad.data(), 3}}, 0, kHostStream)
+          .ok());
+  absl::StatusOr<std::vector<int64_t>> found =
+      ops.FiniteResults(5, kHostStream);
   ASSERT_TRUE(found.ok());
-  EXPECT_EQ(*found, (std::vector<int64_t>{-1, 1, 0}));
+  EXPECT_EQ(*found, (std::vector<int64_t>{-1, 1, 0, -1, -1}));
+  EXPECT_EQ(ops.CheckFinite({{good.data(), 3}}, 5, kHostStream).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ops.FiniteResults(6, kHostStream).status().code(),
+            absl::StatusCode::kOutOfRange);
 }
 
 TEST(CpuDeviceOpsTest, RefusesADeviceStream) {

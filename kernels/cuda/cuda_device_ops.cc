@@ -174,31 +174,57 @@ absl::Status CudaDeviceOps::ApplyScaled(void* param, DType param_dtype,
       "LaunchApplyUpdate");
 }
 
-absl::StatusOr<std::vector<int64_t>> CudaDeviceOps::FirstNonFinite(
-    absl::Span<const FloatSpan> spans, Stream stream) {
-  std::vector<int64_t> out(spans.size(), -1);
-  if (spans.empty()) return out;
+absl::Status CudaDeviceOps::PrepareFiniteChecks(int64_t count, Stream stream) {
+  if (count < 0) return absl::InvalidArgumentError("count: negative");
   MUONPS_RETURN_IF_ERROR(UseDevice());
-  const size_t bytes = spans.size() * sizeof(unsigned long long);
+  finite_count_ = count;
+  if (count == 0) return absl::OkStatus();
+  const size_t bytes = count * sizeof(unsigned long long);
   if (flags_.bytes() < bytes) {
-    // Earlier calls ended synchronized: nothing queued uses the old ones.
+    // Checks still queued on the old flags finish first.
+    MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     MUONPS_ASSIGN_OR_RETURN(flags_,
                             DeviceBuffer::Allocate(bytes, "finite flags"));
     if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
     host_flags_ = nullptr;
     MUONPS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host_flags_, bytes));
-    host_flag_count_ = spans.size();
   }
-  unsigned long long* flags = flags_.as<unsigned long long>();
-  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0xFF, bytes, stream));
+  MUONPS_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(flags_.as<unsigned long long>(), 0xFF, bytes, stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceOps::CheckFinite(absl::Span<const FloatSpan> spans,
+                                        int64_t first, Stream stream) {
+  if (first < 0 || first + static_cast<int64_t>(spans.size()) > finite_count_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("spans [", first, ", ", first + spans.size(),
+                     ") past the ", finite_count_, " prepared"));
+  }
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  unsigned long long* flags = flags_.as<unsigned long long>() + first;
   for (size_t k = 0; k < spans.size(); ++k) {
     MUONPS_CUDA_RETURN_IF_ERROR(
         LaunchFindNonFinite(spans[k].data, spans[k].count, flags + k, stream));
   }
-  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_flags_, flags, bytes,
-                                              cudaMemcpyDeviceToHost, stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> CudaDeviceOps::FiniteResults(
+    int64_t count, Stream stream) {
+  if (count < 0 || count > finite_count_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("count: ", count, " of the ", finite_count_, " prepared"));
+  }
+  std::vector<int64_t> out(count, -1);
+  if (count == 0) return out;
+  MUONPS_RETURN_IF_ERROR(UseDevice());
+  const size_t bytes = count * sizeof(unsigned long long);
+  MUONPS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_flags_, flags_.as<unsigned long long>(), bytes,
+                      cudaMemcpyDeviceToHost, stream));
   MUONPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  for (size_t k = 0; k < spans.size(); ++k) {
+  for (int64_t k = 0; k < count; ++k) {
     if (host_flags_[k] < static_cast<unsigned long long>(INT64_MAX)) {
       out[k] = static_cast<int64_t>(host_flags_[k]);
     }

@@ -50,8 +50,11 @@ class CudaDeviceOps final : public DeviceOps {
   absl::Status ApplyScaled(void* param, DType param_dtype, const void* update,
                            DType update_dtype, int64_t count, float decay,
                            float step, Stream stream) override;
-  absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
-      absl::Span<const FloatSpan> spans, Stream stream) override;
+  absl::Status PrepareFiniteChecks(int64_t count, Stream stream) override;
+  absl::Status CheckFinite(absl::Span<const FloatSpan> spans, int64_t first,
+                           Stream stream) override;
+  absl::StatusOr<std::vector<int64_t>> FiniteResults(int64_t count,
+                                                     Stream stream) override;
   absl::Status Synchronize(Stream stream) override;
 
  private:
@@ -69,8 +72,8 @@ class CudaDeviceOps final : public DeviceOps {
   std::vector<cudaEvent_t> marks_;
   size_t marks_used_ = 0;
   DeviceBuffer flags_;  // one unsigned long long per span, grown on demand
+  int64_t finite_count_ = 0;  // spans PrepareFiniteChecks made room for
   unsigned long long* host_flags_ = nullptr;  // pinned, same size
-  size_t host_flag_count_ = 0;
 };
 
 }  // namespace cuda

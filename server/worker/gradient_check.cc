@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -10,14 +9,15 @@
 namespace muonps {
 namespace worker {
 
-absl::Status CheckGradientsFinite(const PlanState& plan,
-                                  const AttachedTrainer& trainer,
-                                  kernels::DeviceOps& ops, Stream stream) {
-  // Each worker checks the gradients this step reads from its trainer, so
-  // every gradient the step reads is checked before anything changes. A
-  // replicated gradient is read only by its owner's worker (every trainer
-  // holds the same one), or, for an owner with no trainer, by trainer 0's
-  // worker, which sends it: checking it everywhere read it N times over.
+GradientCheck::GradientCheck(const PlanState& plan,
+                             const AttachedTrainer& trainer,
+                             kernels::DeviceOps& ops, Stream stream)
+    : plan_(plan),
+      trainer_(trainer),
+      ops_(ops),
+      stream_(stream),
+      number_(plan.matrices.size(), -1),
+      checked_(plan.matrices.size(), false) {
   const auto reads = [&](size_t m) {
     if (plan.matrices[m].layout != scheduler::Layout::kReplicated) {
       return true;  // every trainer's part or rows are read
@@ -28,33 +28,65 @@ absl::Status CheckGradientsFinite(const PlanState& plan,
     }
     return false;
   };
-  // Spans by job matrix, then the AdamW tensors; a name is looked up only
-  // for the span that is not finite.
-  std::vector<kernels::FloatSpan> spans;
-  std::vector<int> matrix_of;  // by span; -1 - i: AdamW tensor i
   for (size_t m = 0; m < plan.matrices.size(); ++m) {
-    if (!reads(m)) continue;
-    spans.push_back({trainer.matrices[m].grad, trainer.matrices[m].elements});
-    matrix_of.push_back(static_cast<int>(m));
+    if (reads(m)) number_[m] = count_++;
   }
-  for (size_t i = 0; i < trainer.adamw.size(); ++i) {
-    spans.push_back(
-        {trainer.adamw[i].second.grad, trainer.adamw[i].second.elements});
-    matrix_of.push_back(-1 - static_cast<int>(i));
+  adamw_first_ = count_;
+  count_ += static_cast<int64_t>(trainer.adamw.size());
+}
+
+absl::Status GradientCheck::Prepare() {
+  return Annotate(ops_.PrepareFiniteChecks(count_, stream_), "finite check");
+}
+
+absl::Status GradientCheck::Matrix(int32_t matrix) {
+  if (number_[matrix] < 0 || checked_[matrix]) return absl::OkStatus();
+  checked_[matrix] = true;
+  const Binding& b = trainer_.matrices[matrix];
+  const kernels::FloatSpan span{b.grad, b.elements};
+  return Annotate(ops_.CheckFinite({&span, 1}, number_[matrix], stream_),
+                  "finite check");
+}
+
+absl::Status GradientCheck::Rest() {
+  for (size_t m = 0; m < number_.size(); ++m) {
+    MUONPS_RETURN_IF_ERROR(Matrix(static_cast<int32_t>(m)));
   }
-  absl::StatusOr<std::vector<int64_t>> bad = ops.FirstNonFinite(spans, stream);
+  std::vector<kernels::FloatSpan> spans;
+  spans.reserve(trainer_.adamw.size());
+  for (const auto& [name, b] : trainer_.adamw) {
+    spans.push_back({b.grad, b.elements});
+  }
+  return Annotate(ops_.CheckFinite(spans, adamw_first_, stream_),
+                  "finite check");
+}
+
+absl::Status GradientCheck::Result() {
+  absl::StatusOr<std::vector<int64_t>> bad =
+      ops_.FiniteResults(count_, stream_);
   if (!bad.ok()) return Annotate(bad.status(), "finite check");
-  for (size_t k = 0; k < spans.size(); ++k) {
+  for (int64_t k = 0; k < count_; ++k) {
     if ((*bad)[k] < 0) continue;
+    // A name is looked up only for the span that is not finite.
+    const float* data = nullptr;
+    const std::string* name = nullptr;
+    if (k >= adamw_first_) {
+      const auto& [tensor, b] = trainer_.adamw[k - adamw_first_];
+      data = b.grad;
+      name = &tensor;
+    } else {
+      for (size_t m = 0; m < number_.size(); ++m) {
+        if (number_[m] != k) continue;
+        data = trainer_.matrices[m].grad;
+        name = &plan_.matrices[m].name;
+        break;
+      }
+    }
     float value = 0;
-    const bool read =
-        ops.Copy(&value, spans[k].data + (*bad)[k], 1, stream).ok() &&
-        ops.Synchronize(stream).ok();
-    const std::string& name = matrix_of[k] >= 0
-                                  ? plan.matrices[matrix_of[k]].name
-                                  : trainer.adamw[-1 - matrix_of[k]].first;
+    const bool read = ops_.Copy(&value, data + (*bad)[k], 1, stream_).ok() &&
+                      ops_.Synchronize(stream_).ok();
     return absl::InvalidArgumentError(
-        absl::StrCat("grad of ", Quoted(name), ": element ", (*bad)[k], " is ",
+        absl::StrCat("grad of ", Quoted(*name), ": element ", (*bad)[k], " is ",
                      !read               ? "not finite"
                      : std::isnan(value) ? "NaN"
                                          : "Inf"));

@@ -200,9 +200,16 @@ class GatedOps : public kernels::DeviceOps {
     return ops_.ApplyScaled(param, dtype, update, update_dtype, count, decay,
                             step, s);
   }
-  absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
-      absl::Span<const kernels::FloatSpan> spans, Stream s) override {
-    return ops_.FirstNonFinite(spans, s);
+  absl::Status PrepareFiniteChecks(int64_t count, Stream s) override {
+    return ops_.PrepareFiniteChecks(count, s);
+  }
+  absl::Status CheckFinite(absl::Span<const kernels::FloatSpan> spans,
+                           int64_t first, Stream s) override {
+    return ops_.CheckFinite(spans, first, s);
+  }
+  absl::StatusOr<std::vector<int64_t>> FiniteResults(int64_t count,
+                                                     Stream s) override {
+    return ops_.FiniteResults(count, s);
   }
   absl::Status Synchronize(Stream s) override { return ops_.Synchronize(s); }
 

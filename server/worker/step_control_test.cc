@@ -134,8 +134,14 @@ class GpuLikeOps : public kernels::DeviceOps {
                            float, Stream) override {
     return Unused();
   }
-  absl::StatusOr<std::vector<int64_t>> FirstNonFinite(
-      absl::Span<const kernels::FloatSpan>, Stream) override {
+  absl::Status PrepareFiniteChecks(int64_t, Stream) override {
+    return Unused();
+  }
+  absl::Status CheckFinite(absl::Span<const kernels::FloatSpan>, int64_t,
+                           Stream) override {
+    return Unused();
+  }
+  absl::StatusOr<std::vector<int64_t>> FiniteResults(int64_t, Stream) override {
     return Unused();
   }
   absl::Status Synchronize(Stream) override { return Unused(); }

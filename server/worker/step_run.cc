@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "server/worker/gradient_check.h"
 #include "server/worker/momentum_store.h"
 #include "server/worker/param_repair.h"
 #include "server/worker/step_agreement.h"
@@ -157,9 +156,7 @@ RoundResult StepRun::Stage(const StepRequest& request,
   }
   // Every gradient it read, checked before anything changes: a
   // non-finite one votes no, naming it.
-  if (trainer != nullptr) {
-    ready = CheckGradientsFinite(plan_, *trainer, ops, ops.stream());
-  }
+  ready = staging->GradientsFinite();
   if (ready.ok() && context_.persist) ready = context_.persist(step_id);
   const CommitOutcome commit = RunCommitPhases(
       step_id, ready, control_, plan_.rank, context_.transport->size(),

@@ -58,10 +58,21 @@ absl::Status StepStaging::ReadyGradients(absl::Span<const int32_t> matrices,
       if (b.ready < 0) waited_trainer_ = true;
     }
     MUONPS_RETURN_IF_ERROR(WidenGradient(b, ops_, stream_));
+    MUONPS_RETURN_IF_ERROR(check_->Matrix(m));
     ready_[m] = true;
     *enqueued = true;
   }
   return absl::OkStatus();
+}
+
+absl::Status StepStaging::PrepareCheck() {
+  if (trainer_ == nullptr || check_.has_value()) return absl::OkStatus();
+  check_.emplace(plan_, *trainer_, ops_, stream_);
+  return check_->Prepare();
+}
+
+absl::Status StepStaging::GradientsFinite() {
+  return check_.has_value() ? check_->Result() : absl::OkStatus();
 }
 
 absl::Status StepStaging::ReadyEveryGradient() {
@@ -76,7 +87,7 @@ absl::Status StepStaging::ReadyEveryGradient() {
   for (const auto& [name, b] : trainer_->adamw) {
     MUONPS_RETURN_IF_ERROR(WidenGradient(b, ops_, stream_));
   }
-  return absl::OkStatus();
+  return check_->Rest();
 }
 
 absl::Status StepStaging::ComputeAhead(int64_t step_id) {
@@ -102,6 +113,7 @@ absl::Status StepStaging::ComputeAhead(int64_t step_id) {
   timeline_.ClearMarks();
   MUONPS_ASSIGN_OR_RETURN(begin_mark_, ops_.Mark(stream_));
   timeline_.AddMark("begin", -1, begin_mark_);
+  MUONPS_RETURN_IF_ERROR(PrepareCheck());
   std::vector<int32_t> matrices;
   for (const scheduler::ItemRef& item : plan_.batches[batch].items) {
     matrices.push_back(item.matrix);
@@ -141,6 +153,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     MUONPS_ASSIGN_OR_RETURN(begin, ops_.Mark(stream_));
     timeline_.AddMark("begin", -1, begin);
   }
+  MUONPS_RETURN_IF_ERROR(PrepareCheck());
   // bucket_mark[j]: the mark after the gradients of buckets up to j (in
   // arrival order) moved; a stack ready with j reads nothing later.
   std::vector<int> bucket_mark(plan_.schedule.buckets.size(), begin);

@@ -21,6 +21,7 @@
 #define MUONPS_SERVER_WORKER_STEP_STAGING_H_
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "scheduler/step_schedule.h"
+#include "server/worker/gradient_check.h"
 #include "server/worker/momentum_store.h"
 #include "server/worker/step_agreement.h"
 #include "server/worker/step_commit.h"
@@ -76,6 +78,11 @@ class StepStaging {
   // step: the caller drops the staging and the transport.
   absl::Status Stage(int64_t step_id, const StepRequest& request);
 
+  // After Stage: OK when every gradient this worker read from its trainer
+  // is finite (GradientCheck::Result; OK without a trainer). Waits for the
+  // transfer stream.
+  absl::Status GradientsFinite();
+
   // Bytes this worker sent and received.
   int64_t bytes() const { return bytes_; }
   // ComputeAhead issued a stack.
@@ -89,8 +96,10 @@ class StepStaging {
   absl::Status ReadyGradients(absl::Span<const int32_t> matrices,
                               bool* enqueued);
   // The step's own event, then every gradient not readied yet and the
-  // AdamW tensors' (widened).
+  // AdamW tensors' (widened), and their finite checks.
   absl::Status ReadyEveryGradient();
+  // Clears the finite check, once a step (ComputeAhead or Stage).
+  absl::Status PrepareCheck();
   absl::Status ToOwners(const scheduler::Bucket& bucket);
   absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
@@ -121,6 +130,8 @@ class StepStaging {
   MomentumStacks& momentum_;
   // By job matrix: the transfer stream waited for its gradient this step.
   std::vector<bool> ready_;
+  // Each gradient checked as it is ready (empty without a trainer).
+  std::optional<GradientCheck> check_;
   bool waited_trainer_ = false;  // for the step's own event
   int64_t step_id_ = -1;
   // ComputeAhead issued the first own stack: the step's first mark, and
