@@ -230,13 +230,12 @@ def _muonps(model, ctx):
                    split=split_counts(matrices, others), close=opt.close)
 
 
-@register("muonps_step_event")
-def _muonps_step_event(model, ctx):
-    """muonps.Muon with its gradient hooks removed after its first step:
-    every gradient reaches the worker through the step's own event, once
-    backward is done (how a trainer that marks no gradient runs), beside
-    "muonps" in the same run to show what handing gradients over during
-    backward gives."""
+@register("muonps_backward_hooks")
+def _muonps_backward_hooks(model, ctx):
+    """muonps.Muon whose gradients are handed to the workers as backward
+    finishes each one (CudaPath.hook_gradients, from its second step on:
+    the client starts in the first), beside "muonps" in the same run, where
+    every gradient reaches the worker through the step's own event."""
     stepper = _muonps(model, ctx)
     opt = stepper.optimizers[0]
     first_step = opt.step
@@ -244,10 +243,11 @@ def _muonps_step_event(model, ctx):
     def step(*args, **kwargs):
         out = first_step(*args, **kwargs)
         cuda = getattr(opt, "_cuda", None)
-        if cuda is not None:
-            cuda.close()
+        if cuda is not None and not cuda.hooks:
+            cuda.hook_gradients()
         return out
 
     opt.step = step
-    stepper.notes["gradients"] = "through the step's event only (no hooks)"
+    stepper.notes["gradients"] = ("each matrix's as backward finishes it "
+                                  "(post-accumulate-grad hooks)")
     return stepper

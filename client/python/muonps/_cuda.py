@@ -7,14 +7,16 @@ place; a gradient that lands elsewhere is copied in at the step), fp32 or
 bf16 (the worker keeps fp32 momentum and rounds each bf16 update once). The
 trainer's current stream records an event the worker's stream waits on and
 then waits, on the device, for the worker's updates, so `step()` returns
-once the step is enqueued. A post-accumulate-grad hook (torch >= 2.1)
-records each matrix's own event as backward finishes its gradient: each
-matrix's gradient is handed to the worker as backward finishes it, so the
-step's transfers and Newton-Schulz start during backward (a gradient
-written again after its hook, clipped or unscaled in place, is handed over
-again at the step; so is a replicated gradient under DDP, whose reduced
-value DDP writes back at the end of backward: layout "unreduced", where the
-workers reduce, keeps the overlap). Param groups are registered when the client
+once the step is enqueued. hook_gradients() adds a post-accumulate-grad
+hook (torch >= 2.1) that records each matrix's own event as backward
+finishes its gradient, so the step's transfers and Newton-Schulz start
+during backward (a gradient written again after its hook, clipped or
+unscaled in place, is handed over again at the step; so is a replicated
+gradient under DDP, whose reduced value DDP writes back at the end of
+backward: layout "unreduced", where the workers reduce, keeps the overlap).
+It is not on by default: on 2 x H200 the worker's Newton-Schulz beside
+backward slowed backward by as much as it took off the step
+(bench/train_step's muonps_backward_hooks). Param groups are registered when the client
 starts and each step carries every group's lr and weight decay by index
 (no passes over the parameters in Python). Every other tensor is stepped
 by torch's own fused AdamW on the trainer's stream, the one AdamW of a
@@ -89,7 +91,8 @@ class CudaPath:
                 fused=not any(is_dtensor(p) for _, p, _ in others))
 
     def hook_gradients(self):
-        """Once the client started: a post-accumulate-grad hook per lent
+        """Once the client started (the bench's muonps_backward_hooks and
+        the tests call it): a post-accumulate-grad hook per lent
         matrix marks its gradient ready (client.gradient_ready) on the
         stream backward accumulated it on, when that gradient is the lent
         buffer. A DTensor's gradient (FSDP2 reduce-scatters a new one) and

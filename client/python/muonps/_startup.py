@@ -232,7 +232,6 @@ def _start_cuda(opt, device, lent, frozen, rank, world_size, layout):
         cuda = CudaPath(client, device, matrices, others,
                         opt.param_groups, d, average_others=average)
         _start_client(client, d, c)
-        cuda.hook_gradients()
         opt._cuda = cuda
     except _native.MuonpsError as e:
         client.close()
