@@ -85,7 +85,7 @@ absl::Status WriteMeans(const std::vector<int>& means,
 
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
-                          kernels::DeviceOps& ops) {
+                          kernels::DeviceOps& ops, int64_t release) {
   StagedStep& staged = ledger.staged;
   const Stream stream = ops.stream();
   if (trainer != nullptr) {
@@ -104,6 +104,11 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
     MUONPS_RETURN_IF_ERROR(WriteMeans(staged.means, *trainer, ops));
     MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
         stream, StepRecordWord::kApplied, StepRecordValue(staged.step_id)));
+    // The next forward needs only these writes: not the host's wait below,
+    // nor the confirmations (the engine signals again after the round).
+    if (release >= 0) {
+      MUONPS_RETURN_IF_ERROR(trainer->buffers->SignalTrainer(stream, release));
+    }
   }
   if (plan.momentum != nullptr) plan.momentum->CommitStaged();
   const int64_t step = staged.step_id;
@@ -242,7 +247,7 @@ CommitOutcome RunCommitPhases(
   }
   // Phase two: commit (rank 0 whether or not its decision reached every
   // rank: it made it), then confirm.
-  const absl::Status applied = CommitStaged(ledger, plan, trainer, ops);
+  const absl::Status applied = CommitStaged(ledger, plan, trainer, ops, step);
   if (!applied.ok()) {
     out.status = absl::DataLossError(
         absl::StrCat("step ", step,

@@ -42,10 +42,13 @@ using StepCancelled = std::function<bool()>;
 // means into the trainer's lent memory (`trainer` may be null: a worker
 // with no trainer, or one whose trainer is gone), the new momentum swapped
 // in (plan.momentum's CommitStaged); then sets ledger.last and clears the
-// staging. Waits for the stream. An error means the device failed mid-way.
+// staging. With `release` >= 0 (the step the trainer asked for, committed
+// by its own round), the trainer's stream is released (SignalTrainer) in
+// stream order right after the writes, before anything waits on the host.
+// Waits for the stream. An error means the device failed mid-way.
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
-                          kernels::DeviceOps& ops);
+                          kernels::DeviceOps& ops, int64_t release = -1);
 // Forgets the staged step (momentum and parameters stay as they were).
 void DropStaged(StepLedger& ledger, PlanState& plan);
 // A retry of step `step_id` answered already_applied: when the trainer's

@@ -270,15 +270,21 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
     round = RunRound(request, &*trainer_, cancelled);
     if (!round.status.ok() || round.kind != RoundResult::Kind::kAgain) break;
   }
-  // The trainer's stream waits for this (CUDA), whatever happened.
   kernels::DeviceOps& ops = *backend_.ops;
+  // The step's AdamW means again, before the trainer's stream goes on to
+  // step AdamW on them.
+  absl::Status redelivered;
+  if (round.status.ok() && round.kind == RoundResult::Kind::kAlreadyApplied) {
+    redelivered = RedeliverMeans(ledger_, request.step_id, *trainer_, ops);
+  }
+  // The trainer's stream waits for this (CUDA), whatever happened (a step
+  // this round committed signalled it already, after its writes).
   const absl::Status signaled =
       trainer_->buffers->SignalTrainer(ops.stream(), request.step_id);
   if (!round.status.ok()) return round.status;
+  MUONPS_RETURN_IF_ERROR(redelivered);
   if (!signaled.ok()) return signaled;
   if (round.kind == RoundResult::Kind::kAlreadyApplied) {
-    MUONPS_RETURN_IF_ERROR(
-        RedeliverMeans(ledger_, request.step_id, *trainer_, ops));
     StepResponse applied = AlreadyApplied(request.step_id);
     applied.repaired = round.repaired;
     return applied;
