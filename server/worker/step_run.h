@@ -51,7 +51,9 @@
 //     0 decides commit iff every vote arrived and was yes, and broadcasts it.
 //  5. Commit (CommitStaged): the staged updates into the parameters, the
 //     means into the AdamW gradients, next_momentum swapped in; last step
-//     advances. Rank 0 commits once it decided, whatever its broadcast did.
+//     advances; the trainer's stream is released right after these writes
+//     (the engine releases it again after the round, whatever happened).
+//     Rank 0 commits once it decided, whatever its broadcast did.
 //  6. Confirm. Every rank tells rank 0 it committed; rank 0 broadcasts
 //     that all did, and each rank records the step as settled: a retry of
 //     a settled step is answered locally (already_applied).
