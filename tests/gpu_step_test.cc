@@ -138,6 +138,19 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
     return GradAt(m) + (n + 127) / 128 * 128 * Width();
   }
 
+  // StartTrainer with lr 0.02 and weight decay 0.1 (`muon`), and the
+  // Newton-Schulz algorithm the plan chose for each matrix.
+  void StartWithAlgorithms(kernels::MuonHyperparameters* muon,
+                           std::map<std::string, NsAlgorithm>* algorithms) {
+    muon->lr = 0.02;
+    muon->weight_decay = 0.1;
+    ASSERT_NO_FATAL_FAILURE(StartTrainer(*muon));
+    absl::StatusOr<std::map<std::string, NsAlgorithm>> chosen =
+        testing::NsAlgorithmsOf(client_->NsAlgorithms());
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    *algorithms = *std::move(chosen);
+  }
+
   // Declares the matrices, lends sub-blocks of one allocation, starts
   // (with momentum checkpoints into `checkpoint_dir` every step, if set).
   void StartTrainer(const kernels::MuonHyperparameters& muon,
@@ -217,12 +230,8 @@ class GpuStepTest : public ::testing::TestWithParam<GpuCase> {
 
 TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   kernels::MuonHyperparameters muon;
-  muon.lr = 0.02;
-  muon.weight_decay = 0.1;
-  ASSERT_NO_FATAL_FAILURE(StartTrainer(muon));
-  absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
-      testing::NsAlgorithmsOf(client_->NsAlgorithms());
-  ASSERT_TRUE(algorithms.ok()) << algorithms.status();
+  std::map<std::string, NsAlgorithm> algorithms;
+  ASSERT_NO_FATAL_FAILURE(StartWithAlgorithms(&muon, &algorithms));
 
   // The reference: the same CUDA kernels and precision in this process.
   absl::StatusOr<kernels::cuda::Precision> precision =
@@ -287,7 +296,7 @@ TEST_P(GpuStepTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
     for (size_t m = 0; m < Matrices().size(); ++m) {
       const MatrixCase& c = Matrices()[m];
       kernels::MuonHyperparameters h = muon;
-      h.ns.algorithm = algorithms->at(c.name);
+      h.ns.algorithm = algorithms.at(c.name);
       kernels::MuonStack stack;
       stack.names = {c.name};
       stack.grad = {ref[m].grad, c.experts, c.rows, c.cols};
@@ -358,12 +367,8 @@ TEST_P(GpuStepTest, GradientsMarkedReadyOneByOneMatchTheSameKernels) {
     GTEST_SKIP() << "one case per dtype is enough";
   }
   kernels::MuonHyperparameters muon;
-  muon.lr = 0.02;
-  muon.weight_decay = 0.1;
-  ASSERT_NO_FATAL_FAILURE(StartTrainer(muon));
-  absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
-      testing::NsAlgorithmsOf(client_->NsAlgorithms());
-  ASSERT_TRUE(algorithms.ok()) << algorithms.status();
+  std::map<std::string, NsAlgorithm> algorithms;
+  ASSERT_NO_FATAL_FAILURE(StartWithAlgorithms(&muon, &algorithms));
   // Non-blocking: nothing on the legacy stream orders the trainer's work.
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
@@ -432,7 +437,7 @@ TEST_P(GpuStepTest, GradientsMarkedReadyOneByOneMatchTheSameKernels) {
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   absl::StatusOr<std::vector<std::vector<float>>> wanted =
       testing::ReferenceParams(
-          Dtype(), kSteps, *algorithms,
+          Dtype(), kSteps, algorithms,
           [&](size_t m, int64_t i) { return params_[m][i]; },
           [&](int64_t step, size_t m, int64_t i) {
             return testing::AsLent(Dtype(),
