@@ -7,6 +7,8 @@
 #include <cmath>
 #include <thread>
 
+#include "common/statistics.h"
+
 namespace muonps {
 namespace bench {
 namespace {
@@ -38,13 +40,6 @@ std::vector<double> StepSpansMs(const InterleavedRun& run,
 }
 
 }  // namespace
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return std::nan("");
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 nlohmann::ordered_json StepCpuLine(const InterleavedRun& run,
                                    const ReportContext& context) {

@@ -40,9 +40,6 @@ struct ReportContext {
   int warmup_steps = 0;
 };
 
-// The median of `values` (NaN when empty).
-double Median(std::vector<double> values);
-
 // One "step_cpu" line. `run` holds at least one rank, every rank as many
 // timed and probe steps, and final parameters as long as the peer's.
 nlohmann::ordered_json StepCpuLine(const InterleavedRun& run,

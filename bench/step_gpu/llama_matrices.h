@@ -107,12 +107,6 @@ inline MatrixSet MoeMatrices(int layers, int experts, int divisor) {
   return matrices;
 }
 
-// The median (the upper one of an even count); `v` must not be empty.
-inline double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // One JSON line on stdout, flushed.
 inline void PrintLine(const nlohmann::ordered_json& line) {
   std::printf("%s\n", line.dump().c_str());

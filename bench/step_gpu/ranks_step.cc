@@ -15,6 +15,7 @@
 #include "client/client.h"
 #include "common/cuda_status.h"
 #include "common/row_ranges.h"
+#include "common/statistics.h"
 #include "common/status.h"
 
 namespace muonps {

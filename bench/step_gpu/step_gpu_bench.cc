@@ -37,6 +37,7 @@
 #include "client/client.h"
 #include "common/cuda_status.h"
 #include "common/logging.h"
+#include "common/statistics.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_name.h"
@@ -80,7 +81,6 @@ ABSL_FLAG(std::string, precision, "bf16",
 namespace muonps {
 namespace {
 
-using bench::Median;
 using bench::Shape;
 
 void Line(const nlohmann::ordered_json& line) { bench::PrintLine(line); }

@@ -10,6 +10,7 @@
 #include "bench/ns_gpu/peer_results.h"
 #include "client/client.h"
 #include "common/cuda_status.h"
+#include "common/statistics.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/statistics.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/micro_benchmarks.h"
 #include "kernels/cuda/ns_engine.h"
@@ -138,11 +139,6 @@ struct Stack {
   StackSpec spec;
   DeviceBuffer in, out;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int Main() {
   cudaStream_t stream = nullptr;

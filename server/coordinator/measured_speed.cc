@@ -5,16 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/statistics.h"
 
 namespace muonps {
 namespace coordinator {
 namespace {
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 // Whether every rank that owns matrices is a GPU with a full window.
 bool AllMeasured(const std::vector<RankSpeed>& ranks) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/statistics.h"
 #include "common/status.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/cost_table.h"
@@ -72,12 +73,6 @@ absl::Status FillStack(kernels::DeviceOps& ops, const std::vector<float>& host,
     }
   }
   return absl::OkStatus();
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 }  // namespace
