@@ -16,8 +16,7 @@ GradientCheck::GradientCheck(const PlanState& plan,
       trainer_(trainer),
       ops_(ops),
       stream_(stream),
-      number_(plan.matrices.size(), -1),
-      checked_(plan.matrices.size(), false) {
+      number_(plan.matrices.size(), -1) {
   const auto reads = [&](size_t m) {
     if (plan.matrices[m].layout != scheduler::Layout::kReplicated) {
       return true;  // every trainer's part or rows are read
@@ -40,18 +39,14 @@ absl::Status GradientCheck::Prepare() {
 }
 
 absl::Status GradientCheck::Matrix(int32_t matrix) {
-  if (number_[matrix] < 0 || checked_[matrix]) return absl::OkStatus();
-  checked_[matrix] = true;
+  if (number_[matrix] < 0) return absl::OkStatus();
   const Binding& b = trainer_.matrices[matrix];
   const kernels::FloatSpan span{b.grad, b.elements};
   return Annotate(ops_.CheckFinite({&span, 1}, number_[matrix], stream_),
                   "finite check");
 }
 
-absl::Status GradientCheck::Rest() {
-  for (size_t m = 0; m < number_.size(); ++m) {
-    MUONPS_RETURN_IF_ERROR(Matrix(static_cast<int32_t>(m)));
-  }
+absl::Status GradientCheck::AdamW() {
   std::vector<kernels::FloatSpan> spans;
   spans.reserve(trainer_.adamw.size());
   for (const auto& [name, b] : trainer_.adamw) {

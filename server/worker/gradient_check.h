@@ -29,12 +29,11 @@ class GradientCheck {
 
   // Clears the check on the stream; first, before any other call.
   absl::Status Prepare();
-  // Enqueues the check of matrix `matrix`'s gradient once it is ready
-  // (nothing where this worker does not read it, or checked it already).
+  // Enqueues the check of matrix `matrix`'s gradient once it is ready, once
+  // a step (nothing where this worker does not read it).
   absl::Status Matrix(int32_t matrix);
-  // Enqueues the checks of the AdamW tensors and of every matrix not
-  // checked yet.
-  absl::Status Rest();
+  // Enqueues the checks of the AdamW tensors' gradients once they are ready.
+  absl::Status AdamW();
   // OK when every gradient checked is finite; INVALID_ARGUMENT naming the
   // tensor and the element ("grad of \"w\": element 3 is NaN") otherwise.
   // Waits for the stream; the device's error when it fails.
@@ -48,7 +47,6 @@ class GradientCheck {
   // By job matrix: its span's number, or -1 where this worker does not
   // read it; the AdamW tensors' follow, from adamw_first_.
   std::vector<int64_t> number_;
-  std::vector<bool> checked_;
   int64_t adamw_first_ = 0;
   int64_t count_ = 0;
 };

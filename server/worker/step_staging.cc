@@ -1,6 +1,7 @@
 #include "server/worker/step_staging.h"
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -79,15 +80,16 @@ absl::Status StepStaging::ReadyEveryGradient() {
   if (trainer_ == nullptr) return absl::OkStatus();
   MUONPS_RETURN_IF_ERROR(trainer_->buffers->WaitForTrainer(stream_));
   waited_trainer_ = true;
-  for (size_t m = 0; m < ready_.size(); ++m) {
-    if (ready_[m]) continue;
-    MUONPS_RETURN_IF_ERROR(WidenGradient(trainer_->matrices[m], ops_, stream_));
-    ready_[m] = true;
-  }
+  // Every matrix is in a bucket, so none should be left; any that is goes
+  // the buckets' way.
+  std::vector<int32_t> every(ready_.size());
+  std::iota(every.begin(), every.end(), 0);
+  bool enqueued = false;
+  MUONPS_RETURN_IF_ERROR(ReadyGradients(every, &enqueued));
   for (const auto& [name, b] : trainer_->adamw) {
     MUONPS_RETURN_IF_ERROR(WidenGradient(b, ops_, stream_));
   }
-  return check_->Rest();
+  return check_->AdamW();
 }
 
 absl::Status StepStaging::ComputeAhead(int64_t step_id) {
