@@ -208,23 +208,19 @@ absl::Status Client::Start(const MuonOptions& muon_options,
   bytes = s.step_record_offset + static_cast<int64_t>(kStepRecordBytes);
   s.adamw = adamw;
   if (s.device.is_cuda()) {
+    // Each job matrix gets its own gradient event (the worker takes one for
+    // job matrices only).
     int gradient_events = 0;
-    for (const Impl::Tensor& t : s.tensors) {
+    for (Impl::Tensor& t : s.tensors) {
       if (t.cuda_grad == nullptr) {
         return FieldError(absl::StatusCode::kFailedPrecondition,
                           absl::StrCat("matrix ", Quoted(t.name)),
                           "was not lent (LendCuda) before Start");
       }
-      if (t.muon) ++gradient_events;
+      if (t.muon) t.gradient_event = gradient_events++;
     }
     MUONPS_ASSIGN_OR_RETURN(s.signals, client_internal::CudaStepSignals::Create(
                                            s.device, gradient_events));
-    // Each job matrix's own event (the worker takes one for job matrices
-    // only).
-    int next = 0;
-    for (Impl::Tensor& t : s.tensors) {
-      if (t.muon) t.gradient_event = next++;
-    }
   } else {
     MUONPS_ASSIGN_OR_RETURN(
         SharedMemorySegment segment,
