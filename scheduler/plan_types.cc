@@ -1,6 +1,10 @@
 #include "scheduler/plan_types.h"
 
 #include <algorithm>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace muonps {
 namespace scheduler {
@@ -24,6 +28,120 @@ int64_t PayloadBytes(const MatrixSpec& matrix) {
 
 int64_t OwnedBytes(const MatrixSpec& matrix) {
   return 4 * matrix.rows * matrix.cols + 2 * PayloadBytes(matrix);
+}
+
+OwnerGroups::OwnerGroups(const OwnershipPlan& plan) {
+  const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
+  group_of_.assign(workers, 0);
+  position_.assign(workers, 0);
+  if (plan.groups.empty()) {
+    members_.emplace_back();
+    for (int32_t r = 0; r < workers; ++r) {
+      members_[0].push_back(r);
+      position_[r] = r;
+    }
+    return;
+  }
+  members_ = plan.groups;
+  for (size_t g = 0; g < members_.size(); ++g) {
+    for (size_t s = 0; s < members_[g].size(); ++s) {
+      group_of_[members_[g][s]] = static_cast<int32_t>(g);
+      position_[members_[g][s]] = static_cast<int32_t>(s);
+    }
+  }
+}
+
+absl::Status CheckOwnerGroups(const OwnershipPlan& plan) {
+  if (plan.groups.empty()) return absl::OkStatus();
+  const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
+  if (plan.dedicated != 0) {
+    return InvalidField("plan.groups",
+                        absl::StrCat("owner groups with ", plan.dedicated,
+                                     " dedicated workers: groups need a "
+                                     "trainer on every worker"));
+  }
+  std::vector<int32_t> group_of(workers, -1);
+  const size_t size = plan.groups[0].size();
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    const std::vector<int32_t>& group = plan.groups[g];
+    if (group.empty() || group.size() != size) {
+      return InvalidField(
+          absl::StrCat("plan.groups[", g, "]"),
+          absl::StrCat("has ", group.size(), " workers; the first has ", size,
+                       " (every group the same size, at least one)"));
+    }
+    for (const int32_t r : group) {
+      if (r < 0 || r >= workers) {
+        return InvalidField(absl::StrCat("plan.groups[", g, "]"),
+                            absl::StrCat(r, " is not a worker index"));
+      }
+      if (group_of[r] >= 0) {
+        return InvalidField(
+            absl::StrCat("plan.groups[", g, "]"),
+            absl::StrCat("worker ", r, " is also in group ", group_of[r]));
+      }
+      group_of[r] = static_cast<int32_t>(g);
+    }
+  }
+  for (int32_t r = 0; r < workers; ++r) {
+    if (group_of[r] < 0) {
+      return InvalidField("plan.groups",
+                          absl::StrCat("worker ", r, " is in no group"));
+    }
+  }
+  for (size_t m = 0; m < plan.owners.size(); ++m) {
+    for (const int32_t owner : plan.owners[m]) {
+      if (owner >= 0 && owner < workers && group_of[owner] != 0) {
+        return InvalidField(
+            "plan.groups",
+            absl::StrCat("matrix ", m, " is owned by worker ", owner,
+                         " of group ", group_of[owner],
+                         "; owners name the first group's workers"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+OwnershipPlan ReplicateOverGroups(
+    const OwnershipPlan& plan, const std::vector<std::vector<int32_t>>& ranks,
+    const std::vector<std::string>& worker_ids) {
+  OwnershipPlan out = plan;
+  out.worker_ids = worker_ids;
+  const size_t workers = worker_ids.size();
+  bool identity = ranks.size() == 1 && ranks[0].size() == workers;
+  for (size_t s = 0; identity && s < ranks[0].size(); ++s) {
+    identity = ranks[0][s] == static_cast<int32_t>(s);
+  }
+  if (!identity) out.groups = ranks;
+  for (std::vector<int32_t>& owners : out.owners) {
+    for (int32_t& owner : owners) owner = ranks[0][owner];
+  }
+  out.batches.clear();
+  for (const std::vector<int32_t>& group : ranks) {
+    for (const Batch& batch : plan.batches) {
+      out.batches.push_back(batch);
+      out.batches.back().worker = group[batch.worker];
+    }
+  }
+  std::sort(out.batches.begin(), out.batches.end(),
+            [](const Batch& a, const Batch& b) {
+              return std::tie(a.worker, a.rows, a.cols) <
+                     std::tie(b.worker, b.rows, b.cols);
+            });
+  const auto spread = [&](const auto& per_position, auto* per_worker) {
+    per_worker->assign(workers, {});
+    for (const std::vector<int32_t>& group : ranks) {
+      for (size_t s = 0; s < group.size() && s < per_position.size(); ++s) {
+        (*per_worker)[group[s]] = per_position[s];
+      }
+    }
+  };
+  spread(plan.worker_seconds, &out.worker_seconds);
+  spread(plan.worker_memory_bytes, &out.worker_memory_bytes);
+  spread(plan.worker_momentum_bytes, &out.worker_momentum_bytes);
+  spread(plan.worker_link_bytes, &out.worker_link_bytes);
+  return out;
 }
 
 }  // namespace scheduler

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/dtype.h"
 #include "newton_schulz/options.h"
 #include "scheduler/cost_model.h"
@@ -109,9 +110,22 @@ struct OwnershipPlan {
   // The last `dedicated` workers have no trainer: a replicated matrix they
   // own gets its gradient sent to them (TransferKind::kSendToOwner).
   int32_t dedicated = 0;
-  // owners[m][e]: index into worker_ids of the owner of expert e of matrix m.
+  // owners[m][e]: index into worker_ids of the owner of expert e of matrix m
+  // (in the first owner group, when there are groups).
   std::vector<std::vector<int32_t>> owners;
-  // Same-shape batches, sorted by worker, then shape.
+  // Owner groups: the workers split into groups of one size, each of which
+  // owns every matrix among its own members, the same way: the owner in
+  // group g is the member of g at the position the first group's owner has
+  // in the first group (OwnerGroups). Each group moves gradients and
+  // updates among its own members only, and each holds the momentum of
+  // every matrix: identical copies, since every group computes from the
+  // same gradients with the same kernels. What the coordinator plans across
+  // nodes for jobs whose trainers all hold every gradient whole, so that
+  // updates never cross a node's network ports. groups[g][s]: the worker
+  // index at position s of group g; every worker in exactly one group; no
+  // dedicated workers. Empty: one group of every worker.
+  std::vector<std::vector<int32_t>> groups;
+  // Same-shape batches, sorted by worker, then shape (every group's).
   std::vector<Batch> batches;
   // Per worker: predicted seconds (NS + transfers), bytes reserved for owned
   // matrices, fp32 momentum bytes, and bytes over its link per step.
@@ -127,6 +141,53 @@ struct OwnershipPlan {
   // Momentum bytes whose owner changed against the previous plan.
   int64_t moved_bytes = 0;
 };
+
+// A plan's owner groups, indexed: who owns an item in which group. Built
+// from a plan whose groups are valid (CheckOwnerGroups); thread-compatible.
+class OwnerGroups {
+ public:
+  // plan.groups over plan.worker_ids; one group of every worker when the
+  // plan has none.
+  explicit OwnerGroups(const OwnershipPlan& plan);
+
+  int count() const { return static_cast<int>(members_.size()); }
+  // The workers of group g, by position.
+  const std::vector<int32_t>& members(int g) const { return members_[g]; }
+  // The group of worker `rank`.
+  int32_t group_of(int32_t rank) const { return group_of_[rank]; }
+  // The owner in group g of what `owner` (a member of the first group, as
+  // OwnershipPlan::owners names it) owns.
+  int32_t OwnerIn(int32_t owner, int g) const {
+    return members_[g][position_[owner]];
+  }
+  // Whether `rank` owns, in its own group, what `owner` owns in the first.
+  bool Owns(int32_t rank, int32_t owner) const {
+    return OwnerIn(owner, group_of_[rank]) == rank;
+  }
+
+ private:
+  std::vector<std::vector<int32_t>> members_;
+  std::vector<int32_t> group_of_;  // by worker index
+  std::vector<int32_t> position_;  // by worker index: within its group
+};
+
+// INVALID_ARGUMENT naming plan.groups unless the plan's groups are empty
+// or: at least one, all of one size, every worker index in exactly one of
+// them, every owner (OwnershipPlan::owners) in the first, no dedicated
+// workers.
+absl::Status CheckOwnerGroups(const OwnershipPlan& plan);
+
+// `plan` (of the workers of one group, in the order of `ranks`) made the
+// plan of every worker: owners, batches and per-worker figures renumbered
+// from positions to `ranks[0]`'s members (the first group), batches and
+// figures copied to every group's member at the same position, worker_ids
+// the given `worker_ids` of every rank. `ranks[g][s]`: the worker index
+// (into worker_ids) at position s of group g; each as long as
+// plan.worker_ids. With one group of every worker in order, the plan stays
+// as it was (groups empty).
+OwnershipPlan ReplicateOverGroups(
+    const OwnershipPlan& plan, const std::vector<std::vector<int32_t>>& ranks,
+    const std::vector<std::string>& worker_ids);
 
 }  // namespace scheduler
 }  // namespace muonps

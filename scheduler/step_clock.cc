@@ -302,6 +302,28 @@ Topology Topology::Blocks(int workers, int per_node) {
   return t;
 }
 
+std::vector<std::vector<int32_t>> ChooseOwnerGroups(
+    const std::vector<MatrixSpec>& matrices, const Topology& topology,
+    int workers, int dedicated) {
+  if (dedicated != 0 || topology.node.size() != static_cast<size_t>(workers) ||
+      topology.nodes() < 2) {
+    return {};
+  }
+  for (const MatrixSpec& spec : matrices) {
+    if (spec.layout != Layout::kReplicated) return {};
+  }
+  std::vector<std::vector<int32_t>> groups(topology.nodes());
+  for (int r = 0; r < workers; ++r) {
+    const int32_t n = topology.node[r];
+    if (n < 0 || n >= static_cast<int32_t>(groups.size())) return {};
+    groups[n].push_back(r);
+  }
+  for (const std::vector<int32_t>& group : groups) {
+    if (group.size() != groups[0].size()) return {};
+  }
+  return groups;
+}
+
 int Topology::nodes() const {
   if (node.empty()) return 1;
   std::vector<int32_t> sorted = node;

@@ -108,6 +108,17 @@ struct Topology {
   }
 };
 
+// The owner groups (OwnershipPlan::groups) a job's plan gets on
+// `topology`: one group per node, each node's workers in rank order, when
+// the workers span more than one node, every node has as many, none is
+// dedicated (`dedicated` == 0) and every matrix is replicated (every
+// trainer holds every gradient whole, so each node's owners compute every
+// update from their own trainers' gradients, and updates never leave the
+// node). Otherwise none (empty): one group of every worker.
+std::vector<std::vector<int32_t>> ChooseOwnerGroups(
+    const std::vector<MatrixSpec>& matrices, const Topology& topology,
+    int workers, int dedicated);
+
 struct ClockSettings {
   Topology topology;
   int wire_bytes_per_element = 4;    // gradients (the worker sends fp32)

@@ -30,11 +30,15 @@ std::string ShapeName(const ShapeKey& key) {
 absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
                           const OwnershipPlan& plan) {
   if (plan.batches.empty()) return absl::OkStatus();
+  const OwnerGroups groups(plan);
   absl::flat_hash_map<ShapeKey, int64_t> owned;
   owned.reserve(plan.batches.size());
   for (size_t m = 0; m < matrices.size(); ++m) {
     for (const int32_t owner : plan.owners[m]) {
-      ++owned[KeyOf(owner, matrices[m].rows, matrices[m].cols)];
+      for (int g = 0; g < groups.count(); ++g) {
+        ++owned[KeyOf(groups.OwnerIn(owner, g), matrices[m].rows,
+                      matrices[m].cols)];
+      }
     }
   }
   const int workers = static_cast<int>(plan.worker_ids.size());
@@ -61,8 +65,9 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
                                   ") is not a matrix expert"));
       }
       const MatrixSpec& spec = matrices[item.matrix];
-      if (KeyOf(plan.owners[item.matrix][item.expert], spec.rows, spec.cols) !=
-          key) {
+      if (KeyOf(groups.OwnerIn(plan.owners[item.matrix][item.expert],
+                               groups.group_of(batch.worker)),
+                spec.rows, spec.cols) != key) {
         return InvalidField(
             field(), absl::StrCat("matrix ", Quoted(spec.name), " expert ",
                                   item.expert, " is not of ", ShapeName(key)));
@@ -173,6 +178,7 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
       }
     }
   }
+  MUONPS_RETURN_IF_ERROR(CheckOwnerGroups(plan));
   return CheckBatches(matrices, plan);
 }
 
@@ -188,7 +194,10 @@ absl::StatusOr<std::vector<int32_t>> GroupItems(
     const std::vector<int64_t>& first, std::vector<const Batch*>* batch_of) {
   std::vector<int32_t> group(first.back(), -1);
   batch_of->clear();
+  // The first owner group's batches: the other groups' are copies of them.
+  const OwnerGroups groups(plan);
   for (const Batch& b : plan.batches) {
+    if (groups.group_of(b.worker) != 0) continue;
     const int32_t g = static_cast<int32_t>(batch_of->size());
     batch_of->push_back(&b);
     for (const ItemRef& item : b.items) {
@@ -203,8 +212,8 @@ absl::StatusOr<std::vector<int32_t>> GroupItems(
     for (int64_t e = 0; e < spec.experts; ++e) {
       if (group[first[m] + e] >= 0) continue;
       if (index.empty()) {
-        for (size_t b = 0; b < plan.batches.size(); ++b) {
-          const Batch& batch = plan.batches[b];
+        for (size_t b = 0; b < batch_of->size(); ++b) {
+          const Batch& batch = *(*batch_of)[b];
           index.emplace(KeyOf(batch.worker, batch.rows, batch.cols),
                         static_cast<int32_t>(b));
         }
@@ -275,6 +284,7 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
                                int64_t bucket_bytes) {
   std::vector<Bucket> buckets;
   const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
+  const OwnerGroups groups(plan);
   for (const int32_t m : arrival) {
     const MatrixSpec& spec = matrices[m];
     const int64_t bytes = PayloadBytes(spec) * spec.experts;
@@ -287,31 +297,33 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
     bucket.matrices.push_back(m);
     bucket.last_layer = spec.layer;
     bucket.bytes += bytes;
-    for (int32_t e = 0; e < spec.experts; ++e) {
-      const int32_t owner = plan.owners[m][e];
-      const ItemRef item{m, e};
-      const int64_t payload = PayloadBytes(spec);
-      switch (spec.layout) {
-        case Layout::kReplicated:
-          if (owner >= workers - plan.dedicated) {
+    for (int32_t g = 0; g < groups.count(); ++g) {
+      for (int32_t e = 0; e < spec.experts; ++e) {
+        const int32_t owner = groups.OwnerIn(plan.owners[m][e], g);
+        const ItemRef item{m, e};
+        const int64_t payload = PayloadBytes(spec);
+        switch (spec.layout) {
+          case Layout::kReplicated:
+            if (owner >= workers - plan.dedicated) {
+              bucket.to_owners.push_back(
+                  {TransferKind::kSendToOwner, item, owner, payload, g});
+            }
+            bucket.from_owners.push_back(
+                {TransferKind::kBroadcastFromOwner, item, owner, payload, g});
+            break;
+          case Layout::kUnreduced:
             bucket.to_owners.push_back(
-                {TransferKind::kSendToOwner, item, owner, payload});
-          }
-          bucket.from_owners.push_back(
-              {TransferKind::kBroadcastFromOwner, item, owner, payload});
-          break;
-        case Layout::kUnreduced:
-          bucket.to_owners.push_back(
-              {TransferKind::kReduceToOwner, item, owner, payload});
-          bucket.from_owners.push_back(
-              {TransferKind::kBroadcastFromOwner, item, owner, payload});
-          break;
-        case Layout::kRowSharded:
-          bucket.to_owners.push_back(
-              {TransferKind::kGatherToOwner, item, owner, payload});
-          bucket.from_owners.push_back(
-              {TransferKind::kScatterFromOwner, item, owner, payload});
-          break;
+                {TransferKind::kReduceToOwner, item, owner, payload, g});
+            bucket.from_owners.push_back(
+                {TransferKind::kBroadcastFromOwner, item, owner, payload, g});
+            break;
+          case Layout::kRowSharded:
+            bucket.to_owners.push_back(
+                {TransferKind::kGatherToOwner, item, owner, payload, g});
+            bucket.from_owners.push_back(
+                {TransferKind::kScatterFromOwner, item, owner, payload, g});
+            break;
+        }
       }
     }
   }
@@ -322,12 +334,15 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
 // each bucket's gradients, the stacks they complete, and the updates of
 // every bucket whose stacks are then all computed.
 void BuildOrder(const std::vector<int64_t>& first,
-                const std::vector<int32_t>& stack_of, StepSchedule* schedule) {
+                const std::vector<int32_t>& stack_of, int32_t groups,
+                StepSchedule* schedule) {
   const int32_t count = static_cast<int32_t>(schedule->buckets.size());
   for (int32_t k = 0; k < count; ++k) {
     for (const int32_t m : schedule->buckets[k].matrices) {
       for (int64_t i = first[m]; i < first[m + 1]; ++i) {
-        schedule->stacks[stack_of[i]].ready_bucket = k;
+        for (int32_t g = 0; g < groups; ++g) {
+          schedule->stacks[stack_of[i] + g].ready_bucket = k;
+        }
       }
     }
   }
@@ -406,6 +421,22 @@ absl::StatusOr<StepScheduleCutter> StepScheduleCutter::Create(
               static_cast<int32_t>(batch_of.size()), &cutter.stacks_,
               &group_of_stack, &cutter.stack_of_);
   CutIntoChunks(batch_of, group_of_stack, &cutter.stacks_);
+  // Every owner group computes the first group's stacks on its own members:
+  // each stack followed by its copies, group after group.
+  const OwnerGroups groups(plan);
+  cutter.groups_ = groups.count();
+  if (cutter.groups_ > 1) {
+    std::vector<OwnerStack> copies;
+    copies.reserve(cutter.stacks_.size() * cutter.groups_);
+    for (OwnerStack& stack : cutter.stacks_) {
+      for (int g = 0; g < cutter.groups_; ++g) {
+        copies.push_back(stack);
+        copies.back().owner = groups.OwnerIn(stack.owner, g);
+      }
+    }
+    cutter.stacks_ = std::move(copies);
+    for (int32_t& s : cutter.stack_of_) s *= cutter.groups_;
+  }
   return cutter;
 }
 
@@ -420,7 +451,7 @@ absl::Status StepScheduleCutter::Cut(int64_t bucket_bytes,
   if (bucket_bytes <= 0) return InvalidField("bucket_bytes", "must be > 0");
   schedule->buckets = CutBuckets(*matrices_, *plan_, arrival_, bucket_bytes);
   schedule->order.clear();
-  BuildOrder(first_, stack_of_, schedule);
+  BuildOrder(first_, stack_of_, groups_, schedule);
   return absl::OkStatus();
 }
 

@@ -2,10 +2,13 @@
 // layer order, as backward produces gradients) and the one order in which
 // every worker issues the transfers of a step.
 //
-// Every transfer is a collective among all workers rooted at the matrix's
-// owner, so all workers must issue the same transfers in the same order or
-// NCCL deadlocks; the schedule is a pure function of the matrices and the
-// plan, so every worker computes the same one. Thread-compatible.
+// Every transfer is a collective among the workers of one owner group
+// (all workers, without groups) rooted at the matrix's owner in that group,
+// so all workers must issue the same transfers in the same order or NCCL
+// deadlocks; the schedule is a pure function of the matrices and the plan,
+// so every worker computes the same one. With owner groups
+// (OwnershipPlan::groups) every item has one owner, one stack and one
+// transfer of each kind per group, group after group. Thread-compatible.
 #ifndef MUONPS_SCHEDULER_STEP_SCHEDULE_H_
 #define MUONPS_SCHEDULER_STEP_SCHEDULE_H_
 
@@ -35,6 +38,8 @@ struct Transfer {
   ItemRef item;
   int32_t owner = 0;  // index into the plan's worker_ids
   int64_t bytes = 0;  // the whole matrix's payload
+  // The owner group it runs in (0 without groups): among its members only.
+  int32_t group = 0;
 };
 
 struct Bucket {
@@ -115,11 +120,12 @@ struct ScheduleOptions {
 
 // INVALID_ARGUMENT naming the field if bucket_bytes or stack_bytes <= 0 or
 // `plan` does not belong to `matrices` (names, expert counts, owners out of
-// range), or a batch of the plan disagrees with its owners: worker out of
-// range, a second batch of one (worker, shape), an item that is not the
-// worker's or not of the batch's shape, fewer or more items than the worker
-// owns of that shape, an item missing from its batch (another listed twice),
-// no parts, a part of count < 1, or counts not summing to the items.
+// range), its owner groups are not valid (CheckOwnerGroups), or a batch of the
+// plan disagrees with its owners: worker out of range, a second batch of one
+// (worker, shape), an item that is not the worker's or not of the batch's
+// shape, fewer or more items than the worker owns of that shape, an item
+// missing from its batch (another listed twice), no parts, a part of count < 1,
+// or counts not summing to the items.
 absl::StatusOr<StepSchedule> BuildStepSchedule(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const ScheduleOptions& options = {});
@@ -157,8 +163,11 @@ class StepScheduleCutter {
   std::vector<int32_t> arrival_;
   // Where every item (m, e) is: stack_of_[first_[m] + e].
   std::vector<int64_t> first_;
+  // stack_of_[i] is the first group's; its copies follow it, group after
+  // group.
   std::vector<int32_t> stack_of_;
   std::vector<OwnerStack> stacks_;
+  int32_t groups_ = 1;  // owner groups
 };
 
 // Every transfer in issue order (the order without its compute phases):
