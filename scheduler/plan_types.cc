@@ -30,11 +30,11 @@ int64_t OwnedBytes(const MatrixSpec& matrix) {
   return 4 * matrix.rows * matrix.cols + 2 * PayloadBytes(matrix);
 }
 
-OwnerGroups::OwnerGroups(const OwnershipPlan& plan) {
-  const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
+OwnerGroups::OwnerGroups(const std::vector<std::vector<int32_t>>& groups,
+                         int workers) {
   group_of_.assign(workers, 0);
   position_.assign(workers, 0);
-  if (plan.groups.empty()) {
+  if (groups.empty()) {
     members_.emplace_back();
     for (int32_t r = 0; r < workers; ++r) {
       members_[0].push_back(r);
@@ -42,7 +42,7 @@ OwnerGroups::OwnerGroups(const OwnershipPlan& plan) {
     }
     return;
   }
-  members_ = plan.groups;
+  members_ = groups;
   for (size_t g = 0; g < members_.size(); ++g) {
     for (size_t s = 0; s < members_[g].size(); ++s) {
       group_of_[members_[g][s]] = static_cast<int32_t>(g);

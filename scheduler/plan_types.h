@@ -148,7 +148,12 @@ class OwnerGroups {
  public:
   // plan.groups over plan.worker_ids; one group of every worker when the
   // plan has none.
-  explicit OwnerGroups(const OwnershipPlan& plan);
+  explicit OwnerGroups(const OwnershipPlan& plan)
+      : OwnerGroups(plan.groups, static_cast<int>(plan.worker_ids.size())) {}
+  // `groups` (OwnershipPlan::groups) of `workers` workers.
+  OwnerGroups(const std::vector<std::vector<int32_t>>& groups, int workers);
+  // No workers (count() 0): a plan not yet known.
+  OwnerGroups() = default;
 
   int count() const { return static_cast<int>(members_.size()); }
   // The workers of group g, by position.

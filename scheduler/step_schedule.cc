@@ -179,6 +179,17 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
     }
   }
   MUONPS_RETURN_IF_ERROR(CheckOwnerGroups(plan));
+  if (!plan.groups.empty()) {
+    // Each group computes from its own trainers' gradients: they must be
+    // whole on every trainer.
+    for (const MatrixSpec& spec : matrices) {
+      if (spec.layout == Layout::kReplicated) continue;
+      return InvalidField(
+          "plan.groups",
+          absl::StrCat("owner groups need every matrix replicated; ",
+                       Quoted(spec.name), " is ", LayoutName(spec.layout)));
+    }
+  }
   return CheckBatches(matrices, plan);
 }
 
@@ -443,6 +454,7 @@ absl::StatusOr<StepScheduleCutter> StepScheduleCutter::Create(
 StepSchedule StepScheduleCutter::TakeStacks() {
   StepSchedule schedule;
   schedule.stacks = std::move(stacks_);
+  schedule.groups = plan_->groups;
   return schedule;
 }
 

@@ -106,6 +106,10 @@ struct StepSchedule {
   // all been computed by then. So later gradients move while earlier
   // stacks compute, and updates go back as soon as their stacks are done.
   std::vector<Phase> order;
+  // The plan's owner groups (OwnershipPlan::groups): groups[g][s] the
+  // worker at position s of group g, whose members Transfer::group g runs
+  // among. Empty: one group of every worker.
+  std::vector<std::vector<int32_t>> groups;
 };
 
 struct ScheduleOptions {
@@ -120,7 +124,8 @@ struct ScheduleOptions {
 
 // INVALID_ARGUMENT naming the field if bucket_bytes or stack_bytes <= 0 or
 // `plan` does not belong to `matrices` (names, expert counts, owners out of
-// range), its owner groups are not valid (CheckOwnerGroups), or a batch of the
+// range), its owner groups are not valid (CheckOwnerGroups) or there are
+// groups and a matrix is not replicated, or a batch of the
 // plan disagrees with its owners: worker out of range, a second batch of one
 // (worker, shape), an item that is not the worker's or not of the batch's
 // shape, fewer or more items than the worker owns of that shape, an item
@@ -142,8 +147,8 @@ class StepScheduleCutter {
       const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
       int64_t stack_bytes = ScheduleOptions{}.stack_bytes);
 
-  // The plan's stacks, with no buckets and no order yet: the schedule that
-  // Cut completes. Once only (they move out).
+  // The plan's stacks and owner groups, with no buckets and no order yet:
+  // the schedule that Cut completes. Once only (they move out).
   StepSchedule TakeStacks();
 
   // Makes `schedule` (TakeStacks's, cut before or not) what

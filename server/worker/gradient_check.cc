@@ -22,7 +22,7 @@ GradientCheck::GradientCheck(const PlanState& plan,
       return true;  // every trainer's part or rows are read
     }
     for (const int32_t owner : plan.ownership.owners[m]) {
-      if (owner == plan.rank) return true;
+      if (plan.OwnsInGroup(owner)) return true;
       if (owner >= plan.trainers() && trainer.rank == 0) return true;
     }
     return false;

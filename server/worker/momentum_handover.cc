@@ -26,13 +26,17 @@ struct Unresolved {
   int64_t first = -1;
 };
 
-// The previous owner of an item as the ranks told it.
+// The previous owner of an item as the ranks told it: with owner groups,
+// one of several (the first that holds its momentum), and every rank that
+// holds it.
 struct PreviousOwner {
   int rank = -1;  // -1: none among the ranks
   bool has_momentum = false;
   bool lost = false;
   int64_t as_of = kAsOfAny;
-  int64_t outgoing_at = -1;  // on this rank, if it is the previous owner
+  int64_t outgoing_at = -1;  // on this rank, if it is a previous owner
+  std::vector<int> holders;  // ranks that hold its momentum, in rank order
+  bool older = false;        // held by ranks of an older version (see below)
 };
 
 }  // namespace
@@ -204,12 +208,17 @@ absl::Status HandOverMomentum(const HandoverContext& c,
               absl::StrCat("rank ", r, " announced item ", item.matrix, "/",
                            item.expert, ", which is not in the job")));
         }
+        // Several owner groups' owners report the same item: the first that
+        // holds its momentum answers for it.
         PreviousOwner& owner = previous[item.matrix][item.expert];
+        const bool has = item.has_momentum == HeldItem::kHasMomentum;
+        if (has) owner.holders.push_back(r);
+        if (r == stacks.rank) owner.outgoing_at = mine.outgoing_at[i];
+        if (owner.rank >= 0 && (owner.has_momentum || !has)) continue;
         owner.rank = r;
-        owner.has_momentum = item.has_momentum == HeldItem::kHasMomentum;
+        owner.has_momentum = has;
         owner.lost = item.has_momentum == HeldItem::kLostMomentum;
         owner.as_of = item.as_of;
-        if (r == stacks.rank) owner.outgoing_at = mine.outgoing_at[i];
       }
     }
     // An item the previous version holds no momentum of (lost, or reset
@@ -231,24 +240,31 @@ absl::Status HandOverMomentum(const HandoverContext& c,
           continue;
         }
         PreviousOwner& owner = previous[item.matrix][item.expert];
-        if (owner.has_momentum) continue;
-        owner = PreviousOwner{};
-        owner.rank = r;
-        owner.has_momentum = true;
-        owner.as_of = item.as_of;
+        if (owner.has_momentum && !owner.older) continue;
+        if (!owner.has_momentum) {
+          owner = PreviousOwner{};
+          owner.rank = r;
+          owner.has_momentum = true;
+          owner.older = true;
+          owner.as_of = item.as_of;
+        }
+        owner.holders.push_back(r);
         if (r == stacks.rank) owner.outgoing_at = mine.outgoing_at[i];
       }
     }
   }
 
-  // 3. The transfers, in (matrix, expert) order; then the lost items.
+  // 3. The transfers, in (matrix, expert, owner group) order; then the lost
+  // items. Each owner that does not hold an item's momentum gets it from a
+  // holder in its own owner group if there is one (on its node), else from
+  // the first holder.
+  const scheduler::OwnerGroups groups(stacks.groups, size);
   std::unique_ptr<kernels::FloatBuffer> discard, zeros;
   std::vector<ItemSlot> arrived;
   std::vector<std::pair<int, int64_t>> lost;
   for (size_t m = 0; m < stacks.matrices.size(); ++m) {
     const int64_t floats = stacks.matrices[m].rows * stacks.matrices[m].cols;
     for (int64_t e = 0; e < stacks.matrices[m].experts; ++e) {
-      const int owner = stacks.owners[m][e];
       const PreviousOwner& from = previous[m][e];
       if (from.rank < 0 || from.lost) {
         if (last_step >= 0 || from.lost) {
@@ -256,21 +272,43 @@ absl::Status HandOverMomentum(const HandoverContext& c,
         }
         continue;
       }
-      if (from.rank == owner || !from.has_momentum) continue;
-      if (from.rank == stacks.rank) {
-        if (mine.outgoing == nullptr || from.outgoing_at < 0) {
-          return absl::InternalError(absl::StrCat(
-              "momentum handover: matrix ", Quoted(stacks.matrices[m].name),
-              " expert ", e, " moved away but was not kept to hand over"));
+      if (!from.has_momentum) continue;
+      for (int g = 0; g < groups.count(); ++g) {
+        const int owner = groups.OwnerIn(stacks.owners[m][e], g);
+        if (std::find(from.holders.begin(), from.holders.end(), owner) !=
+            from.holders.end()) {
+          continue;  // it holds the momentum already
         }
-        if (absl::Status s =
-                t.Send(mine.outgoing->data() + from.outgoing_at, floats,
-                       DType::kFloat32, owner, ops.stream());
-            !s.ok()) {
-          return transport_failed(s);
+        int source = from.rank;
+        for (const int h : from.holders) {
+          if (groups.group_of(h) == g) {
+            source = h;
+            break;
+          }
         }
-        ++outcome->sent;
-      } else if (owner == stacks.rank) {
+        if (source == stacks.rank) {
+          // Still an owner here (of another group): from its own slot;
+          // else from what it kept to hand over.
+          const ItemSlot here = stacks.slot(static_cast<int>(m), e);
+          const float* data = nullptr;
+          if (here.batch >= 0) {
+            data = stacks.SlotData(here);
+          } else if (mine.outgoing != nullptr && from.outgoing_at >= 0) {
+            data = mine.outgoing->data() + from.outgoing_at;
+          } else {
+            return absl::InternalError(absl::StrCat(
+                "momentum handover: matrix ", Quoted(stacks.matrices[m].name),
+                " expert ", e, " moved away but was not kept to hand over"));
+          }
+          if (absl::Status s =
+                  t.Send(data, floats, DType::kFloat32, owner, ops.stream());
+              !s.ok()) {
+            return transport_failed(s);
+          }
+          ++outcome->sent;
+          continue;
+        }
+        if (owner != stacks.rank) continue;
         const ItemSlot slot = stacks.slots[m][e];
         MomentumStack& batch = stacks.stacks[slot.batch];
         float* into = stacks.SlotData(slot);
@@ -282,7 +320,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
           into = discard->data();
         }
         if (absl::Status s =
-                t.Recv(into, floats, DType::kFloat32, from.rank, ops.stream());
+                t.Recv(into, floats, DType::kFloat32, source, ops.stream());
             !s.ok()) {
           return transport_failed(s);
         }
@@ -316,7 +354,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
   if (c.first) {
     for (size_t i = 0; i < lost.size(); ++i) {
       const auto [m, e] = lost[i];
-      if (stacks.owners[m][e] != stacks.rank) continue;
+      if (!groups.Owns(stacks.rank, stacks.owners[m][e])) continue;
       const ItemSlot slot = stacks.slots[m][e];
       MomentumStack& batch = stacks.stacks[slot.batch];
       const int64_t floats = batch.floats();

@@ -32,6 +32,14 @@
 // order, so none deadlocks). A pure function of what the ranks broadcast, so
 // every rank computes the same transfers.
 //
+// Owner groups (scheduler::OwnershipPlan::groups). Each group's owners hold
+// a copy of every item's momentum, so several ranks report an item. In
+// (matrix, expert, group) order, each new owner that holds no copy gets one
+// from a holder in its own group (its node) if there is one, else from the
+// first holder, which sends it from its own slot if it still owns the item
+// in another group: a node that joins gets every item from the nodes that
+// stayed, and an item is lost only when every copy is.
+//
 // Lost items. An item with no previous owner among the ranks, in a job that
 // has stepped (some rank committed a step), lost its momentum (its owner
 // left or died); so did one its previous owner reports lost. Its new owner asks

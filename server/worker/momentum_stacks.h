@@ -66,8 +66,11 @@ struct MomentumStacks {
   int64_t version = -1;  // -1: none yet
   int rank = -1;         // this worker's rank; -1: not in the plan
   std::vector<scheduler::MatrixSpec> matrices;  // the job's, in job order
-  // Owner rank by matrix, expert (scheduler::OwnershipPlan::owners).
+  // Owner rank by matrix, expert (scheduler::OwnershipPlan::owners: the
+  // first owner group's), and the plan's owner groups (its groups; empty:
+  // one group of every rank).
   std::vector<std::vector<int32_t>> owners;
+  std::vector<std::vector<int32_t>> groups;
   std::vector<MomentumStack> stacks;  // the compute batches owned here
   // The job's: where momentum checkpoints go ("": none) and every how many
   // committed steps (0: only when asked); whether a matrix whose momentum

@@ -285,8 +285,9 @@ absl::Status RoundAgreement::ExchangeWindows(absl::Span<const uint64_t> ids) {
           absl::StrCat("rank ", r, " described another staging window"));
     }
   }
+  // An owner writes into the trainers of its own owner group.
   std::vector<int> targets;
-  for (int r = 0; r < size; ++r) {
+  for (const int r : plan_.group_members) {
     if (roster_.trainer_rank_of[r] >= 0) targets.push_back(r);
   }
   const bool writes =

@@ -344,6 +344,7 @@ bool StepStaging::FullParam(int32_t matrix) const {
 absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.to_owners) {
+    if (x.group != plan_.group) continue;  // another owner group's
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
     const Binding* b =
         trainer_ == nullptr ? nullptr : &trainer_->matrices[x.item.matrix];
@@ -465,6 +466,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
   // enqueued at once, ahead of the group's transfers, on the same stream.
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.from_owners) {
+    if (x.group != plan_.group) continue;  // another owner group's
     const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
     const Binding* b =
         trainer_ == nullptr ? nullptr : &trainer_->matrices[x.item.matrix];
@@ -543,7 +545,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
           MUONPS_RETURN_IF_ERROR(round_update());
         }
         const int64_t at = plan_.window_at[x.item.matrix] + e * size;
-        for (int r = 0; r < t_.size(); ++r) {
+        for (const int r : plan_.group_members) {
           if (r == plan_.rank || roster_.trainer_rank_of[r] < 0) continue;
           MUONPS_RETURN_IF_ERROR(ops_.CopyBytes(plan_.windows.At(r, at * width),
                                                 update, size * width, stream_));
@@ -567,8 +569,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
                  : kernels::ElementsPast(plan_.sink->data(), dtype, landed_);
         if (mine) MUONPS_RETURN_IF_ERROR(round_update());
         if (!mine) landed_ += size;
-        MUONPS_RETURN_IF_ERROR(
-            t_.Broadcast(landing, size, dtype, x.owner, stream_));
+        MUONPS_RETURN_IF_ERROR(BroadcastInGroup(landing, size, dtype, x.owner));
         continue;
       }
       apply.count = size;
@@ -579,12 +580,26 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         MUONPS_RETURN_IF_ERROR(
             ops_.FromFloat(staged, dtype, result, size, stream_));
       }
-      MUONPS_RETURN_IF_ERROR(
-          t_.Broadcast(staged, size, dtype, x.owner, stream_));
+      MUONPS_RETURN_IF_ERROR(BroadcastInGroup(staged, size, dtype, x.owner));
     }
     ledger_.staged.applies.push_back(apply);
   }
   return t_.GroupEnd();
+}
+
+absl::Status StepStaging::BroadcastInGroup(void* data, int64_t count,
+                                           DType dtype, int owner) {
+  if (plan_.group_members.size() == static_cast<size_t>(t_.size())) {
+    return t_.Broadcast(data, count, dtype, owner, stream_);
+  }
+  // An owner group of some ranks: the owner sends to each other member (on
+  // one node the peer writes above take this path's place).
+  if (plan_.rank != owner) return t_.Recv(data, count, dtype, owner, stream_);
+  for (const int r : plan_.group_members) {
+    if (r == owner) continue;
+    MUONPS_RETURN_IF_ERROR(t_.Send(data, count, dtype, r, stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StepStaging::AverageAdamWGradients() {

@@ -32,6 +32,10 @@ absl::StatusOr<PlanState> BuildPlanState(
     auto it = addresses.find(workers[r]);
     next.addresses.push_back(it == addresses.end() ? "" : it->second);
   }
+  MUONPS_RETURN_IF_ERROR(scheduler::CheckOwnerGroups(next.ownership));
+  next.groups = scheduler::OwnerGroups(next.ownership);
+  next.group = next.rank >= 0 ? next.groups.group_of(next.rank) : 0;
+  next.group_members = next.groups.members(next.group);
   MUONPS_ASSIGN_OR_RETURN(
       next.schedule,
       scheduler::BuildStepSchedule(next.matrices, next.ownership,
@@ -77,6 +81,7 @@ MomentumStacks PlanState::MomentumLayout() const {
   layout.rank = rank;
   layout.matrices = matrices;
   layout.owners = ownership.owners;
+  layout.groups = ownership.groups;
   for (const ComputeBatch& batch : batches) {
     MomentumStack stack;
     stack.rows = batch.rows;

@@ -71,6 +71,11 @@ struct PlanState {
   std::vector<std::string> addresses;  // data addresses by rank
   std::vector<scheduler::MatrixSpec> matrices;
   scheduler::OwnershipPlan ownership;
+  // The plan's owner groups; this worker's group (0 when not in the plan)
+  // and its members: its transfers run among them only.
+  scheduler::OwnerGroups groups;
+  int32_t group = 0;
+  std::vector<int32_t> group_members;
   scheduler::StepSchedule schedule;
   kernels::MuonHyperparameters muon;  // the job's, defaults filled in
   // The precision updates travel and wait in: the kernels' update_dtype()
@@ -103,6 +108,11 @@ struct PlanState {
     const ComputeBatch& b = batches[s.batch];
     const int64_t first = s.slot * b.rows * b.cols;
     return b.updates ? b.updates.at(first) : b.staged->data() + first;
+  }
+  // Whether this worker owns, in its group, what the first group's
+  // `owner` owns.
+  bool OwnsInGroup(int32_t owner) const {
+    return rank >= 0 && groups.Owns(rank, owner);
   }
   // Ranks with a trainer (the first ones).
   int trainers() const {
