@@ -42,6 +42,7 @@ OwnerGroups::OwnerGroups(const std::vector<std::vector<int32_t>>& groups,
     }
     return;
   }
+  grouped_ = true;
   members_ = groups;
   for (size_t g = 0; g < members_.size(); ++g) {
     for (size_t s = 0; s < members_[g].size(); ++s) {

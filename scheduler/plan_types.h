@@ -159,18 +159,21 @@ class OwnerGroups {
   // The workers of group g, by position.
   const std::vector<int32_t>& members(int g) const { return members_[g]; }
   // The group of worker `rank`.
-  int32_t group_of(int32_t rank) const { return group_of_[rank]; }
+  int32_t group_of(int32_t rank) const {
+    return grouped_ ? group_of_[rank] : 0;
+  }
   // The owner in group g of what `owner` (a member of the first group, as
   // OwnershipPlan::owners names it) owns.
   int32_t OwnerIn(int32_t owner, int g) const {
-    return members_[g][position_[owner]];
+    return grouped_ ? members_[g][position_[owner]] : owner;
   }
   // Whether `rank` owns, in its own group, what `owner` owns in the first.
   bool Owns(int32_t rank, int32_t owner) const {
-    return OwnerIn(owner, group_of_[rank]) == rank;
+    return grouped_ ? OwnerIn(owner, group_of_[rank]) == rank : rank == owner;
   }
 
  private:
+  bool grouped_ = false;  // the plan has groups (else one of every worker)
   std::vector<std::vector<int32_t>> members_;
   std::vector<int32_t> group_of_;  // by worker index
   std::vector<int32_t> position_;  // by worker index: within its group
