@@ -200,6 +200,20 @@ absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
       out.owners[m->second].push_back(r->second);
     }
   }
+  for (int g = 0; g < plan.owner_groups_size(); ++g) {
+    const v1::OwnerGroup& group = plan.owner_groups(g);
+    std::vector<int32_t>& to = out.groups.emplace_back();
+    for (int s = 0; s < group.workers_size(); ++s) {
+      auto r = rank_of.find(group.workers(s));
+      if (r == rank_of.end()) {
+        return InvalidField(
+            absl::StrCat("plan.owner_groups[", g, "].workers[", s, "]"),
+            absl::StrCat(Quoted(group.workers(s)),
+                         " is not a worker of the plan"));
+      }
+      to.push_back(r->second);
+    }
+  }
   for (size_t m = 0; m < matrices.size(); ++m) {
     if (static_cast<int64_t>(out.owners[m].size()) != matrices[m].experts) {
       return InvalidField(

@@ -1,7 +1,8 @@
 // The plan's batches through the one proto <-> C++ translation: parts
 // survive the round trip, a batch from before parts reads as one part, and
-// members or workers the job lacks are named; a declared matrix gets the
-// API's defaults and a value outside an enum is refused naming its field.
+// members or workers the job lacks are named; owner groups read as ranks;
+// a declared matrix gets the API's defaults and a value outside an enum is
+// refused naming its field.
 #include "proto/translate.h"
 
 #include <string>
@@ -134,6 +135,28 @@ TEST(TranslateBatchTest, MembersAndWorkersTheJobLacksAreNamed) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(std::string(status.message()),
               HasSubstr("plan.batches[0].worker_id: \"w9\""));
+}
+
+TEST(TranslateOwnerGroupsTest, GroupsReadAsRanksAndAnUnknownWorkerIsNamed) {
+  v1::Plan plan = PlacedPlan();
+  plan.add_workers("w2");
+  plan.add_workers("w3");
+  v1::OwnerGroup* first = plan.add_owner_groups();
+  first->add_workers("w0");
+  first->add_workers("w1");
+  v1::OwnerGroup* second = plan.add_owner_groups();
+  second->add_workers("w3");
+  second->add_workers("w2");
+  absl::StatusOr<scheduler::OwnershipPlan> got =
+      OwnershipFromPlan(plan, Matrices());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(got->groups, ElementsAre(ElementsAre(0, 1), ElementsAre(3, 2)));
+  EXPECT_TRUE(OwnershipFromPlan(PlacedPlan(), Matrices())->groups.empty());
+  plan.mutable_owner_groups(1)->set_workers(1, "w9");
+  const absl::Status status = OwnershipFromPlan(plan, Matrices()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("plan.owner_groups[1].workers[1]: \"w9\""));
 }
 
 TEST(TranslateMatrixTest, FillsTheApiDefaultsAndKeepsEveryOtherValue) {

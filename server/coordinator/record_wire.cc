@@ -241,6 +241,10 @@ v1::Plan PlanToProto(const PublishedPlan& published) {
   for (const scheduler::Batch& batch : plan.batches) {
     *out.add_batches() = proto::BatchToProto(batch, plan.worker_ids, matrices);
   }
+  for (const std::vector<int32_t>& group : plan.groups) {
+    v1::OwnerGroup* to = out.add_owner_groups();
+    for (const int32_t rank : group) to->add_workers(plan.worker_ids[rank]);
+  }
   for (size_t w = 0; w < plan.worker_ids.size(); ++w) {
     v1::WorkerLoad* load = out.add_loads();
     load->set_worker_id(plan.worker_ids[w]);

@@ -41,7 +41,8 @@ JoinRequest JoinRequestFromProto(const v1::JoinJobRequest& request);
 v1::JoinJobRequest JoinRequestToProto(const JoinRequest& request);
 
 // Named "jobs/JOB/plans/VERSION"; placements, batches and loads in the
-// order of the job's matrices and the plan's ranks.
+// order of the job's matrices and the plan's ranks, and the owner groups
+// (OwnershipPlan::groups) by worker id.
 v1::Plan PlanToProto(const PublishedPlan& plan);
 // `plan` for a job of `matrices` (shared into the result). INVALID_ARGUMENT
 // naming the plan field that names a matrix, expert or worker the job or

@@ -1,7 +1,8 @@
 // The coordinator's records through the edge (record_wire.h): a job spec
 // comes back byte for byte (unset fields stay unset), values outside the
-// enums are refused naming the field, a published plan reads back as it
-// was written, and a worker's step stats keep every figure.
+// enums are refused naming the field, a published plan (its owner groups
+// too) reads back as it was written, and a worker's step stats keep every
+// figure.
 #include "server/coordinator/record_wire.h"
 
 #include <memory>
@@ -15,6 +16,7 @@ namespace muonps {
 namespace coordinator {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 v1::JobSpec DeclaredSpec() {
@@ -143,6 +145,27 @@ TEST(RecordWireTest, APublishedPlanReadsBackAsItWasWritten) {
             written.SerializeAsString());
   EXPECT_EQ((*read)->ownership.worker_link_bytes[1], 2048);
   EXPECT_EQ((*read)->buckets[0].matrices, (std::vector<int32_t>{2, 1}));
+}
+
+TEST(RecordWireTest, OwnerGroupsReadBackAsTheyWereWritten) {
+  absl::StatusOr<JobSpec> spec = JobSpecFromProto(DeclaredSpec());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto matrices = std::make_shared<const std::vector<scheduler::MatrixSpec>>(
+      spec->matrices);
+  auto plan = std::make_shared<PublishedPlan>(*TwoWorkerPlan(matrices));
+  plan->ownership.dedicated = 0;
+  plan->ownership.owners = {{0}, {0, 0, 0, 0}, {0}};
+  plan->ownership.groups = {{0}, {1}};
+  const v1::Plan written = PlanToProto(*plan);
+  ASSERT_EQ(written.owner_groups_size(), 2);
+  EXPECT_THAT(written.owner_groups(0).workers(), ElementsAre("w0"));
+  EXPECT_THAT(written.owner_groups(1).workers(), ElementsAre("w1"));
+  absl::StatusOr<std::shared_ptr<const PublishedPlan>> read =
+      PlanFromProto(written, matrices);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ((*read)->ownership.groups, plan->ownership.groups);
+  EXPECT_EQ(PlanToProto(**read).SerializeAsString(),
+            written.SerializeAsString());
 }
 
 TEST(RecordWireTest, APlanOfAnotherJobIsRefusedNamingTheField) {
