@@ -2,8 +2,8 @@
 // coordinator opened again on the same directory has every job, member,
 // credential, plan and NCCL id it acknowledged, gives members a fresh
 // lease, never hands out a plan version it handed out before (also for a
-// job deleted and created again), and re-plans a job whose stored plan is
-// not of its stored members.
+// job deleted and created again), keeps a plan's owner groups, and
+// re-plans a job whose stored plan is not of its stored members.
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -179,6 +179,24 @@ TEST_F(CoordinatorDurabilityTest,
   EXPECT_TRUE(state_->DeleteJob(del).ok());
   ASSERT_NO_FATAL_FAILURE(Restart());
   EXPECT_EQ(state_->GetJob("x").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorDurabilityTest, RestartKeepsThePlansOwnerGroups) {
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  ASSERT_TRUE(state_->CreateJob(Create("x")).ok());  // replicated matrices
+  for (int w = 0; w < 4; ++w) {
+    v1::JoinJobRequest join = Join("x", absl::StrCat("w", w));
+    join.mutable_device()->set_node(w < 2 ? "node-a" : "node-b");
+    ASSERT_TRUE(state_->JoinJob(join).ok()) << w;
+  }
+  const v1::Plan before = Current("x");
+  ASSERT_EQ(before.owner_groups_size(), 2);
+  EXPECT_THAT(before.owner_groups(1).workers(), ElementsAre("w2", "w3"));
+
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  const v1::Plan after = Current("x");
+  EXPECT_EQ(after.version(), before.version());
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
 }
 
 TEST_F(CoordinatorDurabilityTest,

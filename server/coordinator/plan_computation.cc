@@ -179,17 +179,49 @@ absl::StatusOr<scheduler::StepGrouping> ScheduleOf(
                                        {.bucket_bytes = s.bucket_bytes});
 }
 
+// Whether `previous` has as many owner groups of as many workers as
+// `groups` (none in both included).
+bool SameGroupLayout(const scheduler::OwnershipPlan& previous,
+                     const std::vector<std::vector<int32_t>>& groups) {
+  return previous.groups.size() == groups.size() &&
+         (groups.empty() || previous.groups[0].size() == groups[0].size());
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     const PlanSnapshot& s) {
+  scheduler::ClockSettings settings;
+  settings.topology = TopologyOf(s.nodes);
+  settings.topology.links = s.links;
+  // Owner groups (one per node, for all-replicated jobs on nodes of as many
+  // workers each): the planner places the matrices on the first group's
+  // workers only, and every other group copies that placement position by
+  // position. The first group's WorkerSpecs (costs, speed, memory) stand for
+  // every group's: the nodes are assumed alike. A drain (a rank that must
+  // own nothing) plans without groups: its position would have to own
+  // nothing in every group.
+  std::vector<std::vector<int32_t>> groups = scheduler::ChooseOwnerGroups(
+      *s.matrices, settings.topology, static_cast<int>(s.workers.size()),
+      s.dedicated);
+  if (std::any_of(
+          s.workers.begin(), s.workers.end(),
+          [](const scheduler::WorkerSpec& w) { return w.owns_nothing; })) {
+    groups.clear();
+  }
   scheduler::PlanInput input;
   input.matrices = *s.matrices;
   input.options.ns_steps = s.ns_steps;
   input.options.algorithm = s.algorithm;
-  input.workers = s.workers;
+  if (groups.empty()) {
+    input.workers = s.workers;
+  } else {
+    for (const int32_t rank : groups[0]) {
+      input.workers.push_back(s.workers[rank]);
+    }
+  }
   int64_t smallest = 0;
-  for (const scheduler::WorkerSpec& w : s.workers) {
+  for (const scheduler::WorkerSpec& w : input.workers) {
     if (w.owns_nothing) continue;
     smallest =
         smallest == 0 ? w.memory_bytes : std::min(smallest, w.memory_bytes);
@@ -198,15 +230,28 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   input.options.workspace_bytes =
       std::min<int64_t>(int64_t{2} << 30, smallest / 8);
   const auto start = std::chrono::steady_clock::now();
+  // The planner matches the previous plan's owners by worker id, and a
+  // grouped plan's owners name its first group's workers. So owners are
+  // kept (Replan) only when the previous plan has as many groups of as
+  // many workers as this one (none in both included). Across a change of
+  // that layout, where every group must hold every matrix's momentum
+  // anyway, the plan is made afresh, its moved bytes counted against the
+  // owners the previous plan names.
   absl::StatusOr<scheduler::OwnershipPlan> plan =
       s.previous == nullptr ? scheduler::PlanOwnership(input)
-      : s.keep_owners       ? scheduler::Replan(input, s.previous->ownership)
-                      : scheduler::PlanAfresh(input, s.previous->ownership);
+      : s.keep_owners && SameGroupLayout(s.previous->ownership, groups)
+          ? scheduler::Replan(input, s.previous->ownership)
+          : scheduler::PlanAfresh(input, s.previous->ownership);
   if (!plan.ok()) return plan.status();
+  if (!groups.empty()) {
+    std::vector<std::string> ids;
+    ids.reserve(s.workers.size());
+    for (const scheduler::WorkerSpec& w : s.workers) ids.push_back(w.id);
+    *plan = scheduler::ReplicateOverGroups(*plan, groups, ids);
+    // Every group moves its own copy of what changed owner.
+    plan->moved_bytes *= static_cast<int64_t>(groups.size());
+  }
   plan->dedicated = s.dedicated;
-  scheduler::ClockSettings settings;
-  settings.topology = TopologyOf(s.nodes);
-  settings.topology.links = s.links;
   absl::StatusOr<scheduler::StepGrouping> schedule =
       ScheduleOf(s, *plan, settings);
   const double plan_ms = std::chrono::duration<double, std::milli>(

@@ -70,8 +70,10 @@ PlanSnapshot SnapshotForPlanning(const std::string& name, const JobRecord& job);
 scheduler::Topology TopologyOf(const std::vector<std::string>& nodes);
 
 // The plan of `snapshot` (version, reason and planning time filled in; its
-// bucket bound the spec's, or the one whose predicted step on the ranks'
-// topology is the shortest), or
+// owner groups scheduler::ChooseOwnerGroups' on the ranks' topology, none
+// while a rank drains, planned on the first group's workers and copied to
+// every group; its bucket bound the spec's, or the one whose predicted step
+// on the ranks' topology is the shortest), or
 // the planner's or the step schedule's error (e.g. RESOURCE_EXHAUSTED when
 // the workers' memory cannot hold the matrices). Thread-safe; takes no
 // lock.

@@ -1,15 +1,21 @@
 // Plans and the workers' nodes: every worker reports the machine it runs
-// on (Device.node), the plan counts the nodes its ranks span, and across
-// nodes it cuts the step's buckets by the predicted step
-// (scheduler::ChooseStepGrouping) unless the job names a bound.
+// on (Device.node), the plan counts the nodes its ranks span, across nodes
+// it cuts the step's buckets by the predicted step
+// (scheduler::ChooseStepGrouping) unless the job names a bound, and a job
+// whose gradients are all replicated on nodes of as many workers each gets
+// one owner group per node (scheduler::ChooseOwnerGroups).
 #include <algorithm>
 #include <cstdint>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/translate.h"
+#include "scheduler/step_schedule.h"
 #include "server/coordinator/coordinator_fixture.h"
 #include "server/coordinator/plan_computation.h"
 
@@ -21,8 +27,10 @@ using coordinator_test::CoordinatorTest;
 using coordinator_test::Create;
 using coordinator_test::Join;
 using coordinator_test::kGiB;
+using coordinator_test::Leave;
 using coordinator_test::Spec;
 using coordinator_test::StatusIs;
+using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
@@ -77,11 +85,13 @@ TEST_F(PlanTopologyTest, AcrossNodesRowGathersGoInFewerLargerPhases) {
 }
 
 TEST_F(PlanTopologyTest, PlansWeighTheCoordinatorsLinks) {
-  // Replicated matrices over 16 nodes. With the default links (a ring's
-  // fill per phase) one phase of everything wins. On a network of 1 GB/s
-  // per GPU with no latency (--network_gbs=1) the updates are what costs:
-  // smaller buckets send them back while later stacks compute.
-  const v1::Plan fast = PlanOn(32, 2, 0, v1::LAYOUT_REPLICATED);
+  // Replicated matrices over 17 nodes, the last with one worker (so no
+  // owner groups: updates cross the nodes). With the default links (a
+  // ring's fill per phase) one phase of everything wins. On a network of
+  // 1 GB/s per GPU with no latency (--network_gbs=1) the updates are what
+  // costs: smaller buckets send them back while later stacks compute.
+  const v1::Plan fast = PlanOn(33, 2, 0, v1::LAYOUT_REPLICATED);
+  EXPECT_EQ(fast.owner_groups_size(), 0);
   EXPECT_EQ(fast.bucket_bytes(), 2048 * kMiB);
   EXPECT_EQ(fast.buckets_size(), 1);
   CoordinatorOptions options = Options();
@@ -89,7 +99,7 @@ TEST_F(PlanTopologyTest, PlansWeighTheCoordinatorsLinks) {
   options.links.latency_us = 0;
   options.links.hop_latency_us = 0;
   Reset(options);
-  const v1::Plan slow = PlanOn(32, 2, 0, v1::LAYOUT_REPLICATED);
+  const v1::Plan slow = PlanOn(33, 2, 0, v1::LAYOUT_REPLICATED);
   EXPECT_LT(slow.bucket_bytes(), fast.bucket_bytes());
   EXPECT_GT(slow.buckets_size(), 1);
 }
@@ -99,6 +109,126 @@ TEST_F(PlanTopologyTest, AJobsOwnBoundStandsOnAnyTopology) {
   EXPECT_EQ(plan.nodes(), 16);
   EXPECT_EQ(plan.bucket_bytes(), 128 * kMiB);
   EXPECT_EQ(plan.buckets_size(), 16);
+}
+
+// Worker ids of `group`, in position order.
+std::vector<std::string> Members(const v1::OwnerGroup& group) {
+  return {group.workers().begin(), group.workers().end()};
+}
+
+TEST_F(PlanTopologyTest, ReplicatedOnEqualNodesGetsOneOwnerGroupPerNode) {
+  const v1::Plan plan = PlanOn(4, 2, 0, v1::LAYOUT_REPLICATED);
+  EXPECT_EQ(plan.nodes(), 2);
+  ASSERT_EQ(plan.owner_groups_size(), 2);
+  EXPECT_THAT(Members(plan.owner_groups(0)), ElementsAre("w0", "w1"));
+  EXPECT_THAT(Members(plan.owner_groups(1)), ElementsAre("w2", "w3"));
+  // One owner per matrix, in the first group.
+  ASSERT_EQ(plan.matrices_size(), 32);
+  std::set<std::string> owners;
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    ASSERT_EQ(m.owners_size(), 1) << m.name();
+    EXPECT_THAT(m.owners(0), AnyOf("w0", "w1")) << m.name();
+    owners.insert(m.owners(0));
+  }
+  EXPECT_EQ(owners.size(), 2u);
+  // Every worker computes its position's batches and has its load.
+  std::set<std::string> computing;
+  for (const v1::Batch& b : plan.batches()) computing.insert(b.worker_id());
+  EXPECT_THAT(computing, ElementsAre("w0", "w1", "w2", "w3"));
+  ASSERT_EQ(plan.loads_size(), 4);
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_GT(plan.loads(w).momentum_bytes(), 0) << w;
+    EXPECT_EQ(plan.loads(w).momentum_bytes(),
+              plan.loads(w % 2).momentum_bytes())
+        << w;
+  }
+  // What a worker reads of it makes a step schedule with both groups.
+  const std::vector<scheduler::MatrixSpec> matrices =
+      proto::MatricesFromJob(Spec("x", 32, 4096, 4096));  // replicated
+  absl::StatusOr<scheduler::OwnershipPlan> read =
+      proto::OwnershipFromPlan(plan, matrices);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_THAT(read->groups, ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3)));
+  absl::StatusOr<scheduler::StepSchedule> schedule =
+      scheduler::BuildStepSchedule(matrices, *read,
+                                   {.bucket_bytes = plan.bucket_bytes()});
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  EXPECT_EQ(schedule->groups, read->groups);
+}
+
+TEST_F(PlanTopologyTest, NoOwnerGroupsWithoutReplicatedGradientsOnEqualNodes) {
+  EXPECT_EQ(PlanOn(4, 2).owner_groups_size(), 0);  // row-sharded
+  Reset(Options());
+  EXPECT_EQ(PlanOn(4, 2, 0, v1::LAYOUT_UNREDUCED).owner_groups_size(), 0);
+  Reset(Options());
+  const v1::Plan unequal = PlanOn(4, 3, 0, v1::LAYOUT_REPLICATED);  // 3 + 1
+  EXPECT_EQ(unequal.nodes(), 2);
+  EXPECT_EQ(unequal.owner_groups_size(), 0);
+  Reset(Options());
+  const v1::Plan one_node = PlanOn(4, 4, 0, v1::LAYOUT_REPLICATED);
+  EXPECT_EQ(one_node.nodes(), 1);
+  EXPECT_EQ(one_node.owner_groups_size(), 0);
+}
+
+TEST_F(PlanTopologyTest, OneRowShardedMatrixAmongReplicatedOnesMeansNoGroups) {
+  v1::JobSpec spec = Spec("x", 4, 1024, 1024);
+  for (v1::Matrix& m : *spec.mutable_matrices()) {
+    m.set_layout(v1::LAYOUT_REPLICATED);
+  }
+  spec.mutable_matrices(2)->set_layout(v1::LAYOUT_ROW_SHARDED);
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  for (int w = 0; w < 4; ++w) {
+    v1::JoinJobRequest join = Join("x", absl::StrCat("w", w));
+    join.mutable_device()->set_node(absl::StrCat("node-", w / 2));
+    ASSERT_TRUE(state_->JoinJob(join).ok()) << w;
+  }
+  EXPECT_EQ(CurrentPlan("x").nodes(), 2);
+  EXPECT_EQ(CurrentPlan("x").owner_groups_size(), 0);
+}
+
+// Re-plans of a grouped job: a standby of the second node taking a rank
+// keeps the groups and every owner (the first group's did not change), a
+// drain plans without groups, and the drained worker's leave (3 + 1 nodes)
+// too.
+TEST_F(PlanTopologyTest, ReplansKeepOwnersWhileTheGroupsStay) {
+  v1::JobSpec spec = Spec("x", 8);
+  spec.set_trainers(4);
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  for (const auto& [worker, node] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"w0", "a"}, {"w1", "a"}, {"w2", "b"}, {"w3", "b"}, {"w4", "b"}}) {
+    v1::JoinJobRequest join = Join("x", worker);
+    join.mutable_device()->set_node(node);
+    ASSERT_TRUE(state_->JoinJob(join).ok()) << worker;
+  }
+  const v1::Plan before = CurrentPlan("x");
+  ASSERT_EQ(before.owner_groups_size(), 2);
+  EXPECT_THAT(Members(before.owner_groups(1)), ElementsAre("w2", "w3"));
+  ASSERT_TRUE(state_->LeaveJob(Leave("x", "w3")).ok());
+  const v1::Plan after = CurrentPlan("x");
+  EXPECT_GT(after.version(), before.version());
+  ASSERT_EQ(after.owner_groups_size(), 2);
+  EXPECT_THAT(Members(after.owner_groups(0)), ElementsAre("w0", "w1"));
+  EXPECT_THAT(Members(after.owner_groups(1)), ElementsAre("w2", "w4"));
+  ASSERT_EQ(after.matrices_size(), before.matrices_size());
+  for (int m = 0; m < after.matrices_size(); ++m) {
+    EXPECT_EQ(after.matrices(m).owners(0), before.matrices(m).owners(0)) << m;
+  }
+  EXPECT_EQ(after.moved_bytes(), 0);
+
+  v1::LeaveJobRequest drain = Leave("x", "w4");
+  drain.set_drain(true);
+  ASSERT_TRUE(state_->LeaveJob(drain).ok());
+  const v1::Plan drained = CurrentPlan("x");
+  EXPECT_EQ(drained.owner_groups_size(), 0);
+  EXPECT_EQ(drained.workers_size(), 4);
+  for (const v1::MatrixPlacement& m : drained.matrices()) {
+    EXPECT_NE(m.owners(0), "w4") << m.name();
+  }
+  ASSERT_TRUE(state_->LeaveJob(Leave("x", "w4")).ok());
+  const v1::Plan left = CurrentPlan("x");
+  EXPECT_EQ(left.workers_size(), 3);
+  EXPECT_EQ(left.owner_groups_size(), 0);
 }
 
 TEST_F(CoordinatorTest, ListWorkersShowsEachWorkersNode) {
