@@ -60,7 +60,7 @@ std::string PlanTable(const v1::Plan& plan) {
       "of at most %s\n"
       "predicted max %.3f ms, "
       "mean %.3f ms, imbalance %.4f, lower bound %.3f ms (max / bound %.4f)\n"
-      "moved %s against the previous version; planned in %.1f ms\n\n",
+      "moved %s against the previous version; planned in %.1f ms\n",
       plan.name(), plan.reason(), plan.workers_size(),
       std::max(plan.nodes(), 1), plan.nodes() > 1 ? "nodes" : "node",
       plan.matrices_size(), matrices, plan.buckets_size(),
@@ -69,7 +69,20 @@ std::string PlanTable(const v1::Plan& plan) {
       plan.lower_bound() * 1e3,
       plan.lower_bound() > 0 ? plan.max_seconds() / plan.lower_bound() : 0.0,
       Bytes(plan.moved_bytes()), plan.plan_ms());
-  absl::StrAppendFormat(&out, "%-5s %-24s %12s %12s %12s %12s\n", "RANK",
+  if (plan.owner_groups_size() > 0) {
+    // Each group owns every matrix among its own workers; the placements
+    // name the first group's owners.
+    std::vector<std::string> groups;
+    for (const v1::OwnerGroup& g : plan.owner_groups()) {
+      groups.push_back(absl::StrJoin(g.workers(), " "));
+    }
+    absl::StrAppendFormat(
+        &out,
+        "owner groups: %d x %d (%s); owners below are the first group's\n",
+        plan.owner_groups_size(), plan.owner_groups(0).workers_size(),
+        absl::StrJoin(groups, "; "));
+  }
+  absl::StrAppendFormat(&out, "\n%-5s %-24s %12s %12s %12s %12s\n", "RANK",
                         "WORKER", "PREDICTED", "MOMENTUM", "MEMORY",
                         "LINK/STEP");
   for (int i = 0; i < plan.loads_size(); ++i) {

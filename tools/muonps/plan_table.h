@@ -12,7 +12,8 @@
 namespace muonps {
 namespace cli {
 
-// Summary, per-worker loads, and one line per matrix (owner(s), bucket).
+// Summary (with the owner groups, when the plan has them), per-worker
+// loads, and one line per matrix (owner(s), bucket).
 std::string PlanTable(const v1::Plan& plan);
 std::string JobsTable(const v1::ListJobsResponse& jobs);
 // One line per worker: device, lease, plan version, and its last reported

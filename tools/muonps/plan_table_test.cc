@@ -2,13 +2,14 @@
 // reported step beside the plan's prediction and the cost model's error
 // ("-" where there is none) and each worker's node, and explains one far
 // off, and --json carries last_step's fields. `muonps plan` counts tensors
-// and their matrices, the nodes and the bucket bound.
+// and their matrices, the nodes, the bucket bound and the owner groups.
 #include "tools/muonps/plan_table.h"
 
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -142,6 +143,20 @@ TEST(PlanTableTest, SaysHowManyNodesAndTheBucketBound) {
   plan.set_bucket_bytes(int64_t{256} << 20);
   EXPECT_THAT(PlanTable(plan), HasSubstr("2 workers on 2 nodes, "));
   EXPECT_THAT(PlanTable(plan), HasSubstr("buckets of at most 256.0 MiB"));
+}
+
+TEST(PlanTableTest, ShowsTheOwnerGroupsWhenThePlanHasThem) {
+  v1::Plan plan;
+  for (const char* w : {"w0", "w1", "w2", "w3"}) plan.add_workers(w);
+  EXPECT_THAT(PlanTable(plan), Not(HasSubstr("owner groups")));
+  for (int g = 0; g < 2; ++g) {
+    v1::OwnerGroup* group = plan.add_owner_groups();
+    group->add_workers(absl::StrCat("w", 2 * g));
+    group->add_workers(absl::StrCat("w", 2 * g + 1));
+  }
+  EXPECT_THAT(PlanTable(plan),
+              HasSubstr("\nowner groups: 2 x 2 (w0 w1; w2 w3); owners below "
+                        "are the first group's\n\nRANK"));
 }
 
 TEST(WorkersJsonTest, CarriesLastStepFieldsOnlyWhereReported) {
