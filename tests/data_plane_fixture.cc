@@ -119,6 +119,10 @@ std::vector<std::string> DataPlaneFixture::WorkerArgv(
   argv.push_back("--host=" + (host != options.worker_host.end()
                                   ? host->second
                                   : options.host));
+  auto node = options.worker_node.find(index);
+  if (node != options.worker_node.end()) {
+    argv.push_back("--node=" + node->second);
+  }
   auto extra = options.worker_flags.find(index);
   if (extra != options.worker_flags.end()) {
     argv.insert(argv.end(), extra->second.begin(), extra->second.end());

@@ -151,6 +151,9 @@ struct ClusterOptions {
   // namespace), and the argv prefix its process starts under
   // (NetworkNamespace::Wrap's).
   std::map<int, std::string> worker_host;
+  // Worker i's --node (the machine it says it runs on), kept across its
+  // restarts.
+  std::map<int, std::string> worker_node;
   std::map<int, std::vector<std::string>> worker_wrapper;
   // The job's allow_momentum_reset (Client::AllowMomentumReset): tests
   // that lose a worker and train on without a checkpoint set it.
