@@ -19,40 +19,98 @@ struct RankBytes {
   double nic_sent = 0, nic_received = 0;
 };
 
-// What every phase of one clock shares: the topology's figures, each
-// rank's point-to-point bytes of the phase in flight (zero between
-// phases), and the step's totals. A ring moves the same bytes through every
-// rank, so ring bytes are totalled once for all ranks; point-to-point bytes
-// only for the ranks they touch, so a phase costs its transfers plus the
-// ranks they touch, not every rank.
+// One owner group as the clock sees it: its members, how they sit on the
+// nodes, and whether its updates go back by peer writes (see the header).
+struct GroupLinks {
+  std::vector<int32_t> members;
+  int n = 0;              // members
+  int g = 0;              // the most members on one node
+  bool one_node = true;   // every member on one node
+  bool writes = false;    // updates back by peer writes
+  RankBytes ring_totals;  // every member's ring bytes, every phase
+};
+
+// The groups of `schedule` (one of every worker when it has none) on
+// `settings.topology`.
+std::vector<GroupLinks> GroupsOf(const std::vector<MatrixSpec>& matrices,
+                                 const StepSchedule& schedule, int workers,
+                                 const ClockSettings& settings) {
+  std::vector<GroupLinks> out;
+  if (schedule.groups.empty()) {
+    out.emplace_back();
+    for (int r = 0; r < workers; ++r) out[0].members.push_back(r);
+  } else {
+    for (const std::vector<int32_t>& members : schedule.groups) {
+      out.emplace_back();
+      out.back().members = members;
+    }
+  }
+  // Trainers keep every parameter whole unless a matrix is row-sharded.
+  const bool whole = std::none_of(
+      matrices.begin(), matrices.end(),
+      [](const MatrixSpec& m) { return m.layout == Layout::kRowSharded; });
+  const std::vector<int32_t>& node = settings.topology.node;
+  for (GroupLinks& group : out) {
+    group.n = static_cast<int>(group.members.size());
+    if (node.empty()) {
+      group.g = std::numeric_limits<int>::max();
+    } else {
+      absl::flat_hash_map<int32_t, int> count;
+      group.g = 1;
+      for (const int32_t r : group.members) {
+        group.g = std::max(group.g, ++count[node[r]]);
+      }
+      group.one_node = count.size() <= 1;
+    }
+    group.writes =
+        settings.peer_writes && group.n >= 2 && group.one_node && whole;
+  }
+  return out;
+}
+
+// What every phase of one clock shares: the topology's figures, the owner
+// groups, each rank's point-to-point bytes of the phase in flight (zero
+// between phases), and the step's totals. A ring moves the same bytes
+// through every rank of its group, so ring bytes are totalled once per
+// group; point-to-point bytes only for the ranks they touch, so a phase
+// costs its transfers plus the ranks they touch, not every rank.
 struct PhaseState {
-  PhaseState(const ClockSettings& settings, int workers)
+  PhaseState(const std::vector<MatrixSpec>& matrices,
+             const StepSchedule& schedule, int workers,
+             const ClockSettings& settings)
       : settings(settings),
-        n(workers),
-        g(settings.topology.most_per_node()),
-        one_node(settings.topology.nodes() == 1),
+        groups(GroupsOf(matrices, schedule, workers, settings)),
+        group_of(workers, 0),
         phase(workers),
-        totals(workers) {}
+        totals(workers) {
+    for (size_t k = 0; k < groups.size(); ++k) {
+      for (const int32_t r : groups[k].members) {
+        group_of[r] = static_cast<int32_t>(k);
+      }
+    }
+  }
 
   const ClockSettings& settings;
-  const int n;
-  const int g;  // the most ranks on one node
-  const bool one_node;
+  std::vector<GroupLinks> groups;
+  std::vector<int32_t> group_of;  // by rank
   std::vector<RankBytes> phase;   // point-to-point, this phase
   std::vector<int> touched;       // ranks with phase bytes
   std::vector<RankBytes> totals;  // point-to-point, every phase
-  RankBytes ring_totals;          // every rank's, every phase
 };
 
 // Accumulates the transfers of one grouped phase (see the header's model)
-// and clocks it.
+// and clocks it: every owner group's part on its own members' links, all
+// at once, so the phase takes as long as its slowest group's part.
 class Phase {
  public:
-  explicit Phase(PhaseState* state) : s_(*state) {}
+  explicit Phase(PhaseState* state)
+      : s_(*state), parts_(state->groups.size()) {}
 
   void Add(const Transfer& x, const MatrixSpec& spec) {
-    if (s_.n == 1) return;  // NCCL with one rank moves nothing
-    ++messages_;
+    const GroupLinks& group = s_.groups[x.group];
+    if (group.n == 1) return;  // NCCL with one rank moves nothing
+    Part& part = parts_[x.group];
+    ++part.messages;
     const bool update = x.kind == TransferKind::kBroadcastFromOwner ||
                         x.kind == TransferKind::kScatterFromOwner;
     const double s =
@@ -62,58 +120,55 @@ class Phase {
     switch (x.kind) {
       case TransferKind::kReduceToOwner:
       case TransferKind::kBroadcastFromOwner: {
-        ring_ = true;
+        part.ring = true;
         // A reduce's NVLink part runs at its own rate (reduce_gbs).
         double& nvlink = x.kind == TransferKind::kReduceToOwner
-                             ? ring_reduce_nvlink_
-                             : ring_nvlink_;
-        if (s_.one_node) {
+                             ? part.ring_reduce_nvlink
+                             : part.ring_nvlink;
+        if (group.one_node) {
           nvlink += s;
         } else {
-          nvlink += s * (s_.g - 1) / s_.g;
-          ring_nic_ += s / s_.g;
+          nvlink += s * (group.g - 1) / group.g;
+          part.ring_nic += s / group.g;
         }
         break;
       }
       case TransferKind::kGatherToOwner:
       case TransferKind::kScatterFromOwner: {
         const bool in = x.kind == TransferKind::kGatherToOwner;
-        const double part = s / s_.n;
-        for (int r = 0; r < s_.n; ++r) {
-          if (r != x.owner) Move(in ? r : x.owner, in ? x.owner : r, part);
+        const double rows = s / group.n;
+        for (const int32_t r : group.members) {
+          if (r != x.owner) Move(in ? r : x.owner, in ? x.owner : r, rows);
         }
         break;
       }
       case TransferKind::kSendToOwner:
-        Move(0, x.owner, s);
+        Move(group.members[0], x.owner, s);
         break;
     }
   }
 
   // Seconds of the phase (0 with no transfers); adds its bytes to the
-  // totals and its latency to `*latency_seconds`. Leaves the state's
-  // phase bytes zero.
+  // totals and the latency of its slowest group to `*latency_seconds`.
+  // Leaves the state's phase bytes zero.
   double Finish(double* latency_seconds) {
-    if (messages_ == 0) return 0;
     const LinkFigures& l = s_.settings.topology.links;
-    double latency = messages_ * l.latency_us * 1e-6;
-    if (ring_) latency += (s_.n - 1) * l.hop_latency_us * 1e-6;
     const double reduce_gbs = l.reduce_gbs > 0 ? l.reduce_gbs : l.nvlink_gbs;
-    // A rank's time for `b` point-to-point bytes besides the ring's.
-    const auto seconds = [&](const RankBytes& b) {
+    // A rank's time for `b` point-to-point bytes besides its group's ring.
+    const auto seconds = [&](const Part& part, const RankBytes& b) {
       const double nvlink_seconds =
-          (ring_nvlink_ + std::max(b.nvlink_sent, b.nvlink_received)) /
+          (part.ring_nvlink + std::max(b.nvlink_sent, b.nvlink_received)) /
               (l.nvlink_gbs * 1e9) +
-          ring_reduce_nvlink_ / (reduce_gbs * 1e9);
-      const double nic = ring_nic_ + std::max(b.nic_sent, b.nic_received);
+          part.ring_reduce_nvlink / (reduce_gbs * 1e9);
+      const double nic = part.ring_nic + std::max(b.nic_sent, b.nic_received);
       return std::max(nvlink_seconds, nic / (l.inter_node_gbs * 1e9));
     };
-    // Ranks no transfer touched move only the ring's bytes.
-    double bandwidth_seconds =
-        static_cast<int>(s_.touched.size()) < s_.n ? seconds(RankBytes{}) : 0;
     for (const int r : s_.touched) {
       RankBytes& b = s_.phase[r];
-      bandwidth_seconds = std::max(bandwidth_seconds, seconds(b));
+      Part& part = parts_[s_.group_of[r]];
+      part.bandwidth_seconds =
+          std::max(part.bandwidth_seconds, seconds(part, b));
+      ++part.touched;
       RankBytes& t = s_.totals[r];
       t.nvlink_sent += b.nvlink_sent;
       t.nvlink_received += b.nvlink_received;
@@ -122,16 +177,44 @@ class Phase {
       b = RankBytes{};
     }
     s_.touched.clear();
-    const double ring = ring_nvlink_ + ring_reduce_nvlink_;
-    s_.ring_totals.nvlink_sent += ring;
-    s_.ring_totals.nvlink_received += ring;
-    s_.ring_totals.nic_sent += ring_nic_;
-    s_.ring_totals.nic_received += ring_nic_;
-    *latency_seconds += latency;
-    return latency + bandwidth_seconds;
+    double phase_seconds = 0, phase_latency = 0;
+    for (size_t k = 0; k < parts_.size(); ++k) {
+      Part& part = parts_[k];
+      if (part.messages == 0) continue;
+      GroupLinks& group = s_.groups[k];
+      double latency = part.messages * l.latency_us * 1e-6;
+      if (part.ring) latency += (group.n - 1) * l.hop_latency_us * 1e-6;
+      // Members no transfer touched move only the ring's bytes.
+      if (part.touched < group.n) {
+        part.bandwidth_seconds =
+            std::max(part.bandwidth_seconds, seconds(part, RankBytes{}));
+      }
+      if (latency + part.bandwidth_seconds > phase_seconds) {
+        phase_seconds = latency + part.bandwidth_seconds;
+        phase_latency = latency;
+      }
+      const double ring = part.ring_nvlink + part.ring_reduce_nvlink;
+      group.ring_totals.nvlink_sent += ring;
+      group.ring_totals.nvlink_received += ring;
+      group.ring_totals.nic_sent += part.ring_nic;
+      group.ring_totals.nic_received += part.ring_nic;
+    }
+    *latency_seconds += phase_latency;
+    return phase_seconds;
   }
 
  private:
+  // One owner group's share of the phase.
+  struct Part {
+    double ring_nvlink = 0;         // every member's ring bytes, each way
+    double ring_reduce_nvlink = 0;  // of them, reduces' (at reduce_gbs)
+    double ring_nic = 0;
+    bool ring = false;
+    int64_t messages = 0;
+    int touched = 0;  // members with point-to-point bytes
+    double bandwidth_seconds = 0;
+  };
+
   RankBytes& Touch(int r) {
     RankBytes& b = s_.phase[r];
     if (b.nvlink_sent == 0 && b.nvlink_received == 0 && b.nic_sent == 0 &&
@@ -153,11 +236,7 @@ class Phase {
   }
 
   PhaseState& s_;
-  double ring_nvlink_ = 0;         // every rank's ring bytes, each direction
-  double ring_reduce_nvlink_ = 0;  // of them, reduces' (at reduce_gbs)
-  double ring_nic_ = 0;
-  bool ring_ = false;
-  int64_t messages_ = 0;
+  std::vector<Part> parts_;  // by owner group
 };
 
 struct Clocked {
@@ -196,18 +275,6 @@ double ComputeEnd(double start, double seconds,
   return t + left;
 }
 
-// Whether owners write updates into the trainers' staging (see the
-// header): one node, every parameter whole on every trainer.
-bool PeerWrites(const std::vector<MatrixSpec>& matrices, int workers,
-                const ClockSettings& settings) {
-  if (!settings.peer_writes || workers < 2 || settings.topology.nodes() > 1) {
-    return false;
-  }
-  return std::none_of(
-      matrices.begin(), matrices.end(),
-      [](const MatrixSpec& m) { return m.layout == Layout::kRowSharded; });
-}
-
 // Clocks the schedule as the header's model says: every gradients-to-owners
 // phase first, then the order's compute (each stack after its ready
 // bucket's gradients) and updates back (each after all compute issued
@@ -244,31 +311,46 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
   std::vector<double>& compute_free = out.compute_end;
   compute_free.assign(workers, 0.0);
   double compute_so_far = 0;  // max of compute_free
-  // Peer writes: each owner's own transfer stream (see the header).
-  const bool writes = PeerWrites(matrices, workers, settings);
+  // Peer writes: each owner's own transfer stream (see the header), in the
+  // groups that write; the others' updates go back by collectives.
+  std::vector<GroupLinks>& groups = state->groups;
+  const bool all_write =
+      std::all_of(groups.begin(), groups.end(),
+                  [](const GroupLinks& g) { return g.writes; });
+  const bool none_write =
+      std::none_of(groups.begin(), groups.end(),
+                   [](const GroupLinks& g) { return g.writes; });
   std::vector<double> write_free(workers, 0.0);
   const double copy_rate = settings.topology.links.copy_engine_gbs * 1e9;
   const auto write = [&](const std::vector<Transfer>& transfers) {
-    const int n = workers;
-    std::vector<double> bytes(n, 0.0);
+    std::vector<double> bytes(workers, 0.0);
     for (const Transfer& x : transfers) {
       const MatrixSpec& spec = matrices[x.item.matrix];
       const double s = static_cast<double>(spec.rows * spec.cols *
                                            settings.update_bytes_per_element);
-      bytes[x.owner] += s * (n - 1);
-      // Every rank receives s, its owner sends (n - 1) s and none to itself.
-      state->ring_totals.nvlink_received += s;
+      GroupLinks& group = groups[x.group];
+      bytes[x.owner] += s * (group.n - 1);
+      // Every member receives s, its owner sends (n - 1) s and none to
+      // itself.
+      group.ring_totals.nvlink_received += s;
       state->totals[x.owner].nvlink_received -= s;
-      state->totals[x.owner].nvlink_sent += s * (n - 1);
+      state->totals[x.owner].nvlink_sent += s * (group.n - 1);
     }
-    for (int w = 0; w < n; ++w) {
+    // The groups write at once: the busiest one's writes count.
+    std::vector<double> group_seconds(groups.size(), 0.0);
+    std::vector<int> group_writes(groups.size(), 0);
+    for (int w = 0; w < workers; ++w) {
       if (bytes[w] == 0) continue;
       const double seconds = bytes[w] / copy_rate;
       write_free[w] = std::max(write_free[w], compute_free[w]) + seconds;
-      out.transfer += seconds;
-      ++out.phases;
+      group_seconds[state->group_of[w]] += seconds;
+      ++group_writes[state->group_of[w]];
     }
+    out.transfer +=
+        *std::max_element(group_seconds.begin(), group_seconds.end());
+    out.phases += *std::max_element(group_writes.begin(), group_writes.end());
   };
+  std::vector<Transfer> written, collective;  // of one bucket, when mixed
   for (const scheduler::Phase& p : schedule.order) {
     if (p.kind == PhaseKind::kCompute) {
       const OwnerStack& stack = schedule.stacks[p.index];
@@ -280,17 +362,45 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
                         settings.transfer_contention);
       compute_so_far = std::max(compute_so_far, free);
     } else if (p.kind == PhaseKind::kFromOwners) {
-      if (writes) {
-        write(schedule.buckets[p.index].from_owners);
+      const std::vector<Transfer>& from = schedule.buckets[p.index].from_owners;
+      const std::vector<Transfer>* by_collectives = &from;
+      if (all_write) {
+        write(from);
         continue;
       }
+      if (!none_write) {
+        written.clear();
+        collective.clear();
+        for (const Transfer& x : from) {
+          (groups[x.group].writes ? written : collective).push_back(x);
+        }
+        write(written);
+        by_collectives = &collective;
+      }
       timeline = std::max(timeline, compute_so_far);
-      run(schedule.buckets[p.index].from_owners);
+      run(*by_collectives);
     }
   }
   out.stage = std::max(timeline, compute_so_far);
   for (const double free : write_free) out.stage = std::max(out.stage, free);
   return out;
+}
+
+// Whether every owner group of `plan` (all its workers, without groups)
+// is on one node. False for ranks out of the topology's range: the
+// schedule reports those.
+bool GroupsWithinNodes(const OwnershipPlan& plan, const Topology& topology) {
+  if (topology.node.empty()) return true;
+  const int32_t workers = static_cast<int32_t>(topology.node.size());
+  const auto within = [&](const std::vector<int32_t>& members) {
+    for (const int32_t r : members) {
+      if (r < 0 || r >= workers) return false;
+      if (topology.node[r] != topology.node[members[0]]) return false;
+    }
+    return true;
+  };
+  if (plan.groups.empty()) return topology.nodes() == 1;
+  return std::all_of(plan.groups.begin(), plan.groups.end(), within);
 }
 
 }  // namespace
@@ -361,7 +471,7 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
                     const ClockSettings& settings) {
   StepClock r;
   const int n = workers;
-  PhaseState state(settings, workers);
+  PhaseState state(matrices, schedule, workers, settings);
   r.worker_compute_seconds.assign(n, 0.0);
   r.worker_stacks.assign(n, {});
   for (const scheduler::Phase& p : schedule.order) {
@@ -409,8 +519,9 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
                                   })
                      ->second;
   double bytes = 0;
-  const RankBytes& ring = state.ring_totals;
-  for (const RankBytes& t : state.totals) {
+  for (int w = 0; w < n; ++w) {
+    const RankBytes& ring = state.groups[state.group_of[w]].ring_totals;
+    const RankBytes& t = state.totals[w];
     bytes = std::max(
         {bytes, ring.nvlink_sent + ring.nic_sent + t.nvlink_sent + t.nic_sent,
          ring.nvlink_received + ring.nic_received + t.nvlink_received +
@@ -425,7 +536,7 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
     const ScheduleOptions& options) {
   StepGrouping out;
-  if (options.bucket_bytes > 0 || settings.topology.nodes() == 1) {
+  if (options.bucket_bytes > 0 || GroupsWithinNodes(plan, settings.topology)) {
     if (options.bucket_bytes > 0) out.bucket_bytes = options.bucket_bytes;
     MUONPS_ASSIGN_OR_RETURN(
         out.schedule, BuildStepSchedule(matrices, plan,

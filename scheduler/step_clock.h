@@ -11,6 +11,14 @@
 //   all workers, issued in the same order on every rank, so it starts on
 //   every worker at once (when the last rank reaches it) and ends at once:
 //   the transfer streams form one global timeline.
+// - Owner groups (OwnershipPlan::groups, StepSchedule::groups): each group
+//   owns every matrix among its own members, and each of its transfers
+//   (Transfer::group) runs among them only. A phase holds every group's
+//   transfers of its bucket; the groups' parts run at once on disjoint
+//   links (each member's NVLink and NIC), so the phase takes as long as
+//   its slowest group's part. Groups hold copies of one plan, so their
+//   parts match and one timeline still stands for all of them. Without
+//   groups: one group of every worker.
 // - Every bucket's gradients-to-owners phase is issued first, in the
 //   schedule's order, back to back from time 0 (gradients are all ready
 //   when the step starts, after backward). A bucket's gradients have
@@ -34,25 +42,30 @@
 //   and written plus the update's bytes per parameter the worker's trainer
 //   holds (all of them; 1/N of a row-sharded matrix's rows) over
 //   `hbm_bytes_per_second`.
-// - Peer writes (server/worker/staging_windows.h): when every worker is on
-//   one node and every trainer keeps every parameter whole, an owner copies
-//   each update into every other trainer's staging with the copy engines:
-//   its updates-back phases run on its own transfer stream, each after the
-//   owner's compute issued before it, at `copy_engine_gbs` per owner (its
-//   N-1 copies one after another), and slow no compute.
+// - Peer writes (server/worker/staging_windows.h): within an owner group
+//   whose workers are all on one node (without groups: every worker on one
+//   node), when every trainer keeps every parameter whole, an owner copies
+//   each update into every other member's trainer staging with the copy
+//   engines: its updates-back phases run on its own transfer stream, each
+//   after the owner's compute issued before it, at `copy_engine_gbs` per
+//   owner (its n-1 copies one after another, n the group's members), and
+//   slow no compute. So groups of one node each (ChooseOwnerGroups) send
+//   no update over a NIC: each node's step is the step of its workers
+//   alone.
 //
-// Phase time = message latency + ring fill + bandwidth term:
-// - each collective or point-to-point batch of the phase costs
-//   `latency_us`; a phase with a ring collective (reduce, broadcast) pays
-//   `hop_latency_us` per hop of the N-1 hop ring once.
+// Phase time = the slowest group's message latency + ring fill + bandwidth
+// term, with n the group's members (every worker without groups):
+// - each collective or point-to-point batch of the group's part costs
+//   `latency_us`; a part with a ring collective (reduce, broadcast) pays
+//   `hop_latency_us` per hop of the n-1 hop ring once.
 // - bytes on the wire are `wire_bytes_per_element` per gradient element
 //   and `update_bytes_per_element` per update element. A reduce or
-//   broadcast moves the matrix's S bytes through every rank (ring): within
-//   one node over NVLink; across nodes S (G-1)/G over NVLink and S/G over
-//   each GPU's NIC, G the most workers on one node. A row gather moves S/N
-//   from each rank to the owner, a row scatter the reverse; parts between
-//   nodes go over the NICs.
-//   The phase's bandwidth term is the slowest rank's
+//   broadcast moves the matrix's S bytes through every member (ring):
+//   within one node over NVLink; across nodes S (G-1)/G over NVLink and
+//   S/G over each GPU's NIC, G the most members on one node. A row gather
+//   moves S/n from each member to the owner, a row scatter the reverse;
+//   parts between nodes go over the NICs.
+//   The part's bandwidth term is its slowest member's
 //   max(NVLink bytes / nvlink rate, NIC bytes / NIC rate), bytes per rank
 //   the larger of sent and received.
 //
@@ -154,12 +167,16 @@ struct StepClock {
   double critical_wait_seconds = 0;
   double updates_tail_seconds = 0;
   std::string limited_by;
-  // Busy time of the transfer timeline, and the latency part of it.
+  // Busy time of the transfer timeline, and the latency part of it (of
+  // each phase, its slowest group's; peer writes: every owner's writes of
+  // the group that writes longest).
   double transfer_seconds = 0;
   double latency_seconds = 0;
   // Largest per-GPU wire bytes of the step (max of sent and received).
   int64_t bytes_per_gpu = 0;
-  int phases = 0;  // transfer phases with at least one transfer
+  // Transfer phases with at least one transfer (peer writes: each
+  // owner's writes of a bucket, in the group with the most writers).
+  int phases = 0;
 };
 
 // Seconds of each stack of `schedule`: one Newton-Schulz call per chunk,
@@ -167,9 +184,10 @@ struct StepClock {
 std::vector<double> StackSeconds(const StepSchedule& schedule,
                                  const std::vector<const CostModel*>& models);
 
-// Clocks one step of `schedule` (of `matrices`, on `workers` ranks) whose
-// stacks take `stack_seconds`. `settings.topology.node` must be empty or
-// have `workers` entries.
+// Clocks one step of `schedule` (of `matrices`, on `workers` ranks: its
+// plan's, whose owner groups StepSchedule::groups has) whose stacks take
+// `stack_seconds`. `settings.topology.node` must be empty or have
+// `workers` entries.
 StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
                     const StepSchedule& schedule,
                     const std::vector<double>& stack_seconds, int workers,
@@ -179,8 +197,10 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 // bound. Within one node a step gains from many small phases (updates go
 // back while later stacks compute); across nodes every phase pays a ring's
 // fill over all ranks and a row gather is bound by its owners' NICs, so
-// fewer, larger phases win. The candidates are one bucket of everything,
-// then 64 MiB times 64, 16, 4 and 1 (those smaller than everything).
+// fewer, larger phases win. A plan whose owner groups each lie on one node
+// counts as one node: each group's transfers stay on its node. The candidates
+// are one bucket of everything, then 64 MiB times 64, 16, 4 and 1 (those
+// smaller than everything).
 struct StepGrouping {
   int64_t bucket_bytes = int64_t{64} << 20;
   double predicted_seconds = 0;  // of the chosen bound (0: not clocked)
@@ -190,7 +210,8 @@ struct StepGrouping {
 };
 
 // The step schedule of `plan` with its bucket bound: `options.bucket_bytes`
-// when > 0 (not clocked); else on one node 64 MiB, the bound every 1-4 GPU
+// when > 0 (not clocked); else on one node (every worker, or every owner
+// group's workers, on one node) 64 MiB, the bound every 1-4 GPU
 // measurement used (not clocked; the clock also prefers it there for the
 // Llama-3-8B sets); else the candidates clocked largest first until two in
 // a row do not beat the best so far (every candidate is a cut of one

@@ -131,6 +131,201 @@ TEST(StepClockTest, RowsBetweenNodesGoOverTheNics) {
   EXPECT_EQ(one_node.bytes_per_gpu, four_nodes.bytes_per_gpu);
 }
 
+// `workers` on nodes of `per_node`, planned as the coordinator plans them:
+// one owner group's workers by the planner, then the plan copied to every
+// group (ChooseOwnerGroups; one group of every worker when it gives none).
+Job GroupedPlan(int workers, int per_node, Layout layout, int layers) {
+  std::vector<MatrixSpec> matrices = Llama3_8B(layers);
+  for (MatrixSpec& m : matrices) m.layout = layout;
+  std::vector<std::vector<int32_t>> groups = ChooseOwnerGroups(
+      matrices, Topology::Blocks(workers, per_node), workers, 0);
+  if (groups.empty()) {
+    groups.emplace_back();
+    for (int w = 0; w < workers; ++w) groups[0].push_back(w);
+  }
+  Job job = Plan(static_cast<int>(groups[0].size()), layout, layers);
+  std::vector<std::string> ids;
+  for (int w = 0; w < workers; ++w) ids.push_back("w" + std::to_string(w));
+  job.plan = ReplicateOverGroups(job.plan, groups, ids);
+  job.models.assign(workers, &job.model);
+  return job;
+}
+
+TEST(OwnerGroupsClockTest, ReplicatedGroupPerNodeClocksAsOneNodeAlone) {
+  // 16 workers on 2 nodes, all replicated: each node's 8 workers own every
+  // matrix, so each node's step is the 8-worker step of one node: the same
+  // stage, the same bytes per GPU (nothing over the NICs), the bound of
+  // one node without clocking.
+  ClockSettings one;
+  one.topology = Topology::Blocks(8, 8);
+  const Job alone = GroupedPlan(8, 8, Layout::kReplicated, 8);
+  ASSERT_THAT(alone.plan.groups, IsEmpty());
+  const StepGrouping a =
+      *ChooseStepGrouping(alone.matrices, alone.plan, alone.models, one);
+  const StepClock clock_alone =
+      ClockStep(alone.matrices, a.schedule,
+                StackSeconds(a.schedule, alone.models), 8, one);
+
+  ClockSettings two;
+  two.topology = Topology::Blocks(16, 8);
+  const Job grouped = GroupedPlan(16, 8, Layout::kReplicated, 8);
+  ASSERT_EQ(grouped.plan.groups.size(), 2u);
+  const StepGrouping g =
+      *ChooseStepGrouping(grouped.matrices, grouped.plan, grouped.models, two);
+  EXPECT_EQ(g.bucket_bytes, a.bucket_bytes);
+  EXPECT_THAT(g.candidates, IsEmpty());
+  EXPECT_EQ(g.schedule.groups, grouped.plan.groups);
+  const StepClock clock_grouped =
+      ClockStep(grouped.matrices, g.schedule,
+                StackSeconds(g.schedule, grouped.models), 16, two);
+  EXPECT_DOUBLE_EQ(clock_grouped.stage_seconds, clock_alone.stage_seconds);
+  EXPECT_DOUBLE_EQ(clock_grouped.predicted_seconds,
+                   clock_alone.predicted_seconds);
+  EXPECT_EQ(clock_grouped.bytes_per_gpu, clock_alone.bytes_per_gpu);
+  EXPECT_DOUBLE_EQ(clock_grouped.transfer_seconds,
+                   clock_alone.transfer_seconds);
+  EXPECT_EQ(clock_grouped.phases, clock_alone.phases);
+  EXPECT_EQ(clock_grouped.limited_by, clock_alone.limited_by);
+  // Both nodes compute the same stacks in the same time.
+  for (int w = 0; w < 8; ++w) {
+    EXPECT_DOUBLE_EQ(clock_grouped.worker_compute_end_seconds[w],
+                     clock_alone.worker_compute_end_seconds[w]);
+    EXPECT_DOUBLE_EQ(clock_grouped.worker_compute_end_seconds[w + 8],
+                     clock_alone.worker_compute_end_seconds[w]);
+  }
+}
+
+// The stage of `job` on `settings` with the bound ChooseStepGrouping picks.
+StepClock GroupedStage(const Job& job, const ClockSettings& settings) {
+  const StepGrouping g =
+      *ChooseStepGrouping(job.matrices, job.plan, job.models, settings);
+  return ClockStep(job.matrices, g.schedule,
+                   StackSeconds(g.schedule, job.models),
+                   static_cast<int>(job.plan.worker_ids.size()), settings);
+}
+
+TEST(OwnerGroupsClockTest, GroupsPerNodeTradeComputeSpreadForTheNics) {
+  // 8 layers on 64 workers (8 nodes). Grouped, each node's step is the
+  // step of its 8 workers alone, whatever the NICs: they carry nothing.
+  // Without groups, 64 owners split the compute but every update crosses
+  // the NICs: on 50 GB/s ports that wins (compute 1/8 of a node's, the
+  // updates' ring S/8 a port); on 6.25 GB/s (50 Gb/s) ports the updates
+  // take longer than a node's whole stage.
+  ClockSettings settings;
+  settings.topology = Topology::Blocks(64, 8);
+  const Job grouped = GroupedPlan(64, 8, Layout::kReplicated, 8);
+  ASSERT_EQ(grouped.plan.groups.size(), 8u);
+  ClockSettings one;
+  one.topology = Topology::Blocks(8, 8);
+  const StepClock alone = GroupedStage(Plan(8, Layout::kReplicated, 8), one);
+  const Job flat = Plan(64, Layout::kReplicated, 8);
+  for (const double nic_gbs : {50.0, 6.25}) {
+    settings.topology.links.inter_node_gbs = nic_gbs;
+    const StepClock with_groups = GroupedStage(grouped, settings);
+    EXPECT_DOUBLE_EQ(with_groups.stage_seconds, alone.stage_seconds) << nic_gbs;
+    EXPECT_EQ(with_groups.bytes_per_gpu, alone.bytes_per_gpu) << nic_gbs;
+    const StepClock without = GroupedStage(flat, settings);
+    EXPECT_EQ(without.limited_by, "updates_back") << nic_gbs;
+    EXPECT_LT(without.critical_compute_seconds,
+              0.25 * with_groups.critical_compute_seconds)
+        << nic_gbs;
+    if (nic_gbs == 50) {
+      EXPECT_LT(without.stage_seconds, with_groups.stage_seconds);
+    } else {
+      EXPECT_LT(with_groups.stage_seconds, 0.5 * without.stage_seconds);
+    }
+  }
+}
+
+// One replicated 1024 x 1024 matrix owned by rank 0 of 4, the plan copied
+// to groups {0, 1} and {2, 3}.
+struct TwoGroups {
+  std::vector<MatrixSpec> matrices;
+  OwnershipPlan plan;
+  StepSchedule schedule;
+};
+
+TwoGroups MakeTwoGroups() {
+  TwoGroups t;
+  t.matrices.resize(1);
+  t.matrices[0].name = "w";
+  t.matrices[0].rows = 1024;
+  t.matrices[0].cols = 1024;
+  OwnershipPlan half;
+  half.matrix_names = {"w"};
+  half.worker_ids = {"a", "b"};
+  half.owners = {{0}};
+  t.plan = ReplicateOverGroups(half, {{0, 1}, {2, 3}}, {"a", "b", "c", "d"});
+  t.schedule = *BuildStepSchedule(t.matrices, t.plan);
+  return t;
+}
+
+TEST(OwnerGroupsClockTest, APhaseTakesItsSlowestGroupsPart) {
+  // Group {0, 1} on one node broadcasts over NVLink; group {2, 3} spans
+  // two nodes and broadcasts over the NICs, 100x slower: the phase takes
+  // the NIC's time, and each rank moves its own group's update once.
+  const TwoGroups t = MakeTwoGroups();
+  ASSERT_EQ(t.schedule.buckets.size(), 1u);
+  ASSERT_EQ(t.schedule.buckets[0].from_owners.size(), 2u);
+  EXPECT_EQ(t.schedule.buckets[0].from_owners[1].group, 1);
+  EXPECT_EQ(t.schedule.buckets[0].from_owners[1].owner, 2);
+  ClockSettings settings;
+  settings.peer_writes = false;
+  LinkFigures& l = settings.topology.links;
+  l.latency_us = 0;
+  l.hop_latency_us = 0;
+  l.nvlink_gbs = 100;
+  l.inter_node_gbs = 1;
+  settings.topology.node = {0, 0, 1, 2};
+  const std::vector<double> no_compute(t.schedule.stacks.size(), 0.0);
+  const double update = 1024.0 * 1024 * 2;  // bf16
+  const StepClock clock =
+      ClockStep(t.matrices, t.schedule, no_compute, 4, settings);
+  EXPECT_DOUBLE_EQ(clock.transfer_seconds, update / 1e9);
+  EXPECT_DOUBLE_EQ(clock.stage_seconds, update / 1e9);
+  EXPECT_EQ(clock.phases, 1);
+  EXPECT_EQ(clock.bytes_per_gpu, static_cast<int64_t>(update));
+  // Both groups on one node each: NVLink only.
+  settings.topology.node = {0, 0, 1, 1};
+  EXPECT_DOUBLE_EQ(
+      ClockStep(t.matrices, t.schedule, no_compute, 4, settings).stage_seconds,
+      update / 100e9);
+  // Every latency once per group's part: the slowest part's counts.
+  l.latency_us = 1;
+  l.hop_latency_us = 2;
+  EXPECT_NEAR(ClockStep(t.matrices, t.schedule, no_compute, 4, settings)
+                  .latency_seconds,
+              1e-6 + 2e-6, 1e-15);
+}
+
+TEST(OwnerGroupsClockTest, PeerWritesWithinTheGroupsOnOneNode) {
+  // Group {0, 1} on one node writes its update with the copy engines;
+  // group {2, 3} spans two nodes and broadcasts it over the NICs.
+  const TwoGroups t = MakeTwoGroups();
+  ClockSettings settings;
+  LinkFigures& l = settings.topology.links;
+  l.latency_us = 0;
+  l.hop_latency_us = 0;
+  l.copy_engine_gbs = 10;
+  l.nvlink_gbs = 100;
+  l.inter_node_gbs = 1;
+  const std::vector<double> no_compute(t.schedule.stacks.size(), 0.0);
+  const double update = 1024.0 * 1024 * 2;
+  settings.topology.node = {0, 0, 1, 1};
+  const StepClock both =
+      ClockStep(t.matrices, t.schedule, no_compute, 4, settings);
+  // Each owner copies one update into its one other member's staging.
+  EXPECT_DOUBLE_EQ(both.stage_seconds, update / 10e9);
+  EXPECT_DOUBLE_EQ(both.transfer_seconds, update / 10e9);
+  EXPECT_EQ(both.phases, 1);
+  EXPECT_EQ(both.bytes_per_gpu, static_cast<int64_t>(update));
+  settings.topology.node = {0, 0, 1, 2};
+  const StepClock mixed =
+      ClockStep(t.matrices, t.schedule, no_compute, 4, settings);
+  EXPECT_DOUBLE_EQ(mixed.stage_seconds, update / 1e9);
+  EXPECT_EQ(mixed.bytes_per_gpu, static_cast<int64_t>(update));
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace muonps
