@@ -4,7 +4,9 @@
 #include <cmath>
 #include <iterator>
 #include <numeric>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -16,6 +18,8 @@ namespace bench {
 namespace {
 
 using scheduler::MatrixSpec;
+
+std::string WorkerId(int rank) { return absl::StrCat("gpu-", rank); }
 
 // Rates the planner accepts must be finite; an infinite link (a test's
 // "free transfers") becomes a very fast one.
@@ -42,17 +46,26 @@ double AllReduceSeconds(const SimConfig& config, int64_t collectives,
                   nic / (l.inter_node_gbs * 1e9));
 }
 
-scheduler::PlanInput MakePlanInput(const SimConfig& config) {
+// Every worker's device: the cost table's, linked at the NVLink rate.
+scheduler::DeviceRates RatesOf(const SimConfig& config) {
+  scheduler::DeviceRates rates;
+  rates.link_bytes_per_second =
+      std::min(config.links.nvlink_gbs * 1e9, kFastestLink);
+  return rates;
+}
+
+// The planner's input for the workers `ranks` (one owner group's).
+scheduler::PlanInput MakePlanInput(const SimConfig& config,
+                                   const std::vector<int32_t>& ranks) {
   scheduler::PlanInput input;
   input.matrices = config.matrices;
   input.options = config.plan;
-  for (int w = 0; w < config.gpus; ++w) {
+  for (const int32_t w : ranks) {
     scheduler::WorkerSpec spec;
-    spec.id = absl::StrCat("gpu-", w);
+    spec.id = WorkerId(w);
     spec.costs = config.costs;
     spec.speed = 1.0 / config.cost_scale;
-    spec.rates.link_bytes_per_second =
-        std::min(config.links.nvlink_gbs * 1e9, kFastestLink);
+    spec.rates = RatesOf(config);
     spec.memory_bytes = config.gpu_memory_bytes;
     input.workers.push_back(std::move(spec));
   }
@@ -72,24 +85,53 @@ scheduler::ClockSettings ClockSettingsOf(const SimConfig& config) {
   return s;
 }
 
+// The plan of every worker as the coordinator makes it (see the header):
+// the planner's plan of the first owner group's workers, copied to every
+// group; `*groups` the groups (one of every worker without any).
+absl::StatusOr<scheduler::OwnershipPlan> PlanOverGroups(
+    const SimConfig& config, const scheduler::Topology& topology,
+    std::vector<std::vector<int32_t>>* groups) {
+  *groups = config.owner_groups
+                ? scheduler::ChooseOwnerGroups(config.matrices, topology,
+                                               config.gpus, /*dedicated=*/0)
+                : std::vector<std::vector<int32_t>>{};
+  if (groups->empty()) {
+    groups->emplace_back(config.gpus);
+    std::iota(groups->front().begin(), groups->front().end(), 0);
+  }
+  absl::StatusOr<scheduler::OwnershipPlan> plan =
+      scheduler::PlanOwnership(MakePlanInput(config, groups->front()));
+  if (!plan.ok()) {
+    return Annotate(plan.status(),
+                    groups->size() == 1
+                        ? std::string("planner")
+                        : absl::StrCat("planner (one owner group of ",
+                                       groups->front().size(), " workers, ",
+                                       groups->size(), " groups)"));
+  }
+  std::vector<std::string> ids;
+  ids.reserve(config.gpus);
+  for (int w = 0; w < config.gpus; ++w) ids.push_back(WorkerId(w));
+  return scheduler::ReplicateOverGroups(*plan, *groups, ids);
+}
+
 }  // namespace
 
 absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   MUONPS_RETURN_IF_ERROR(ValidateSimConfig(config));
-  const scheduler::PlanInput input = MakePlanInput(config);
-  absl::StatusOr<scheduler::OwnershipPlan> plan =
-      scheduler::PlanOwnership(input);
-  if (!plan.ok()) return Annotate(plan.status(), "planner");
   const scheduler::ClockSettings settings = ClockSettingsOf(config);
+  std::vector<std::vector<int32_t>> groups;
+  MUONPS_ASSIGN_OR_RETURN(const scheduler::OwnershipPlan plan,
+                          PlanOverGroups(config, settings.topology, &groups));
   // Every worker has the same device.
-  const scheduler::CostModel model(config.costs, input.workers[0].rates,
+  const scheduler::CostModel model(config.costs, RatesOf(config),
                                    1.0 / config.cost_scale,
                                    config.plan.ns_steps);
   const std::vector<const scheduler::CostModel*> models(config.gpus, &model);
 
   SimResult result;
   absl::StatusOr<scheduler::StepGrouping> grouping =
-      scheduler::ChooseStepGrouping(config.matrices, *plan, models, settings,
+      scheduler::ChooseStepGrouping(config.matrices, plan, models, settings,
                                     config.schedule);
   if (!grouping.ok()) return Annotate(grouping.status(), "step schedule");
   result.bucket_bytes = grouping->bucket_bytes;
@@ -115,7 +157,9 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   }
   result.owning_workers = static_cast<int>(
       std::count_if(c.begin(), c.end(), [](double s) { return s > 0; }));
-  result.plan_max_seconds = plan->max_seconds;
+  result.owner_groups = static_cast<int>(groups.size());
+  result.group_size = static_cast<int>(groups.front().size());
+  result.plan_max_seconds = plan.max_seconds;
   result.adamw_data_parallel_seconds = config.adamw_reference_ms * 1e-3 *
                                        static_cast<double>(result.parameters) /
                                        config.adamw_reference_params;

@@ -5,6 +5,13 @@
 // colocated workers; only time is simulated, from a measured cost table
 // (per shape, algorithm and batch seconds) and link figures.
 //
+// The plan is made as the coordinator makes it: the owner groups of the
+// workers' nodes (scheduler::ChooseOwnerGroups: one group per node when
+// every matrix is replicated and the N workers span several nodes), the
+// planner run on the first group's workers, and its plan copied to every
+// group (scheduler::ReplicateOverGroups). Without groups that is the
+// planner on all N workers.
+//
 // The clock is scheduler/step_clock.h's (what overlaps and what
 // serializes, and how a phase is timed); this adds the planner's input for
 // N colocated workers, `gpus_per_node` consecutive ranks per node, and the
@@ -71,6 +78,9 @@ struct SimConfig {
   // Owners write updates into the trainers' staging within a node (see
   // the model above).
   bool peer_writes = true;
+  // Owner groups as the coordinator chooses them (see above); false: one
+  // group of every worker, whatever the layouts and nodes.
+  bool owner_groups = true;
 };
 
 struct SimResult {
@@ -87,7 +97,12 @@ struct SimResult {
   double imbalance = 1;    // max / mean compute
   int64_t parameters = 0;  // elements of all matrices
   int owning_workers = 0;  // workers that own at least one matrix
-  // The planner's own prediction (max worker seconds) for comparison.
+  // The plan's owner groups and the workers in each (1 and N without
+  // groups).
+  int owner_groups = 1;
+  int group_size = 0;
+  // The planner's own prediction (max worker seconds, of one group's
+  // workers) for comparison.
   double plan_max_seconds = 0;
   // AdamW of the same parameters: data parallel (every GPU steps all of
   // them) and FSDP-style sharded (each GPU steps 1/N).
@@ -110,7 +125,8 @@ struct SimResult {
 absl::Status ValidateSimConfig(const SimConfig& config);
 
 // Plans, schedules and clocks one step. Errors: those of
-// ValidateSimConfig, then the planner's and the schedule's (annotated).
+// ValidateSimConfig, then the planner's (annotated with the workers it
+// planned: one group's, with groups) and the schedule's (annotated).
 absl::StatusOr<SimResult> SimulateStep(const SimConfig& config);
 
 // Reads and parses a cost table file. INVALID_ARGUMENT naming

@@ -9,7 +9,7 @@
 //     --models=llama3_8b_8layers,llama3_8b --gpus=64,128,256,512,1024
 // prints one line per (model, layout, N):
 //   {"what":"sim_step","model":..,"gpus":N,"layout":..,"predicted_ms":..,
-//    "limited_by":..,"stage_ms":..,"commit_ms":..,"critical_compute_ms":..,
+//    "limited_by":..,"owner_groups":..,"group_size":..,"stage_ms":..,"commit_ms":..,"critical_compute_ms":..,
 //    "critical_wait_ms":..,"updates_tail_ms":..,"adamw_ms":..,
 //    "ratio_vs_adamw":..,"bytes_per_gpu":..,...}
 // predicted_ms = stage_ms + commit_ms (scale_sim.h's clock of the worker:
@@ -17,8 +17,13 @@
 // the compute issued before them); the critical path parts
 // (critical_compute_ms + critical_wait_ms + updates_tail_ms + commit_ms)
 // add up to it and limited_by names the largest.
-// transfer_ms_max: every worker takes part in every phase, so it is the
-// busy time of the one transfer timeline (latency_ms of it is latency).
+// transfer_ms_max: every worker takes part in every phase of its owner
+// group, so it is the busy time of the one transfer timeline (latency_ms
+// of it is latency).
+// owner_groups, group_size: the plan's owner groups and the workers in
+// each, chosen as the coordinator chooses them (one group per node when
+// every matrix is replicated and N spans several nodes; else 1 and N):
+// the planner plans one group's workers and each group owns every matrix.
 // adamw_ms: fused AdamW of the same parameters when every GPU steps all of
 // them (data parallel: 14.2 ms x parameters / 1.74e9, measured on one
 // H200); adamw_sharded_ms: FSDP-style, each GPU steps 1/N of them.
@@ -64,6 +69,8 @@
 //   --reduce_gbs      NVLink rate of a reduce's ring; default 0: nvlink_gbs
 //   --peer_writes     owners write updates into the trainers' staging
 //                     within a node (copy engines); default true
+//   --owner_groups    owner groups as the coordinator chooses them;
+//                     default true (false: one group of every worker)
 //   --copy_engine_gbs one stream of peer copies; default 198 (measured on
 //                     2 H200s, 2026-11-29 transfer_paths peer_copy)
 // Exits 2 with the error on stderr for bad flags (INVALID_ARGUMENT naming
@@ -98,6 +105,9 @@ ABSL_FLAG(double, reduce_gbs, 0,
           "NVLink GB/s of a reduce's ring (0: --nvlink_gbs).");
 ABSL_FLAG(bool, peer_writes, true,
           "Owners write updates into the trainers' staging within a node.");
+ABSL_FLAG(bool, owner_groups, true,
+          "Owner groups as the coordinator chooses them (one per node for "
+          "replicated jobs across nodes); false: one group of every worker.");
 ABSL_FLAG(double, copy_engine_gbs, 198,
           "GB/s of one stream of peer copies into another GPU of the node.");
 ABSL_FLAG(std::string, cost_table, "",
@@ -154,6 +164,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.links.reduce_gbs = absl::GetFlag(FLAGS_reduce_gbs);
   c.links.copy_engine_gbs = absl::GetFlag(FLAGS_copy_engine_gbs);
   c.peer_writes = absl::GetFlag(FLAGS_peer_writes);
+  c.owner_groups = absl::GetFlag(FLAGS_owner_groups);
   c.costs = std::move(costs);
   c.cost_scale = absl::GetFlag(FLAGS_cost_scale);
   c.hbm_bytes_per_second = absl::GetFlag(FLAGS_hbm_bw);
@@ -199,6 +210,8 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["layout"] = std::string(scheduler::LayoutName(layout));
   j["predicted_ms"] = r.clock.predicted_seconds * 1e3;
   j["limited_by"] = r.clock.limited_by;
+  j["owner_groups"] = r.owner_groups;
+  j["group_size"] = r.group_size;
   j["bucket_bytes"] = r.bucket_bytes;
   if (!r.bucket_candidates.empty()) {
     nlohmann::ordered_json tried = nlohmann::ordered_json::array();

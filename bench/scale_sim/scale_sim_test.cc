@@ -194,6 +194,7 @@ TEST(ScaleSimTest, ReplicatedComputeNeverWaitsWhateverTheLinks) {
   SimConfig c = Config("llama3_8b_8layers", 16, Layout::kReplicated);
   c.links.nvlink_gbs = 1;  // updates back take seconds
   c.links.inter_node_gbs = 1;
+  c.links.copy_engine_gbs = 1;
   const SimResult r = *SimulateStep(c);
   EXPECT_EQ(r.clock.gradients_landed_seconds, 0);
   EXPECT_EQ(r.clock.worker_compute_end_seconds, r.clock.worker_compute_seconds);
@@ -311,10 +312,16 @@ TEST(ScaleSimTest, PeerWritesSendEachUpdateOnceToEveryOtherTrainer) {
   const SimResult r = *SimulateStep(Tiny(4, 4, Layout::kReplicated));
   ASSERT_EQ(r.owning_workers, 2);
   EXPECT_EQ(r.clock.bytes_per_gpu, 3 * kTinyUpdateBytes);
-  // Across nodes, or with row-sharded parameters, collectives carry them.
+  // Across nodes each node's owner group writes its own updates, as on a
+  // node of its own.
   EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kReplicated))->clock.bytes_per_gpu,
-            SimulateStep(Collectives(Tiny(4, 2, Layout::kReplicated)))
-                ->clock.bytes_per_gpu);
+            SimulateStep(Tiny(2, 2, Layout::kReplicated))->clock.bytes_per_gpu);
+  // Across nodes without owner groups, or with row-sharded parameters,
+  // collectives carry them.
+  SimConfig across = Tiny(4, 2, Layout::kReplicated);
+  across.owner_groups = false;
+  const int64_t written = SimulateStep(across)->clock.bytes_per_gpu;
+  EXPECT_EQ(written, SimulateStep(Collectives(across))->clock.bytes_per_gpu);
   EXPECT_EQ(
       SimulateStep(Tiny(4, 4, Layout::kRowSharded))->clock.predicted_seconds,
       SimulateStep(Collectives(Tiny(4, 4, Layout::kRowSharded)))
@@ -339,6 +346,59 @@ TEST(ScaleSimTest, PeerWritesRunOnTheOwnersStreamAndSlowNoCompute) {
                                           kTinyUpdateBytes / 1e9);
   }
   EXPECT_DOUBLE_EQ(r.clock.stage_seconds, last_write);
+}
+
+TEST(ScaleSimTest, ReplicatedLlamaStepDoesNotGrowFrom8To1024Gpus) {
+  // One owner group per node of 8: each node's 8 workers own every matrix
+  // and write the updates to each other, so every node's step is the step
+  // of 8 GPUs alone, and nothing crosses a NIC.
+  const SimResult eight =
+      *SimulateStep(Config("llama3_8b_8layers", 8, Layout::kReplicated));
+  EXPECT_EQ(eight.owner_groups, 1);
+  EXPECT_EQ(eight.group_size, 8);
+  for (int gpus = 16; gpus <= 1024; gpus *= 2) {
+    const SimResult r =
+        *SimulateStep(Config("llama3_8b_8layers", gpus, Layout::kReplicated));
+    EXPECT_EQ(r.owner_groups, gpus / 8) << gpus;
+    EXPECT_EQ(r.group_size, 8) << gpus;
+    EXPECT_DOUBLE_EQ(r.clock.predicted_seconds, eight.clock.predicted_seconds)
+        << gpus;
+    EXPECT_EQ(r.clock.bytes_per_gpu, eight.clock.bytes_per_gpu) << gpus;
+    EXPECT_EQ(r.bucket_bytes, eight.bucket_bytes) << gpus;
+    EXPECT_EQ(r.owning_workers, gpus) << gpus;
+    EXPECT_EQ(r.clock.limited_by, eight.clock.limited_by) << gpus;
+  }
+}
+
+TEST(ScaleSimTest, OwnerGroupsOnlyForReplicatedJobsOnEqualNodes) {
+  const auto groups = [](SimConfig c) {
+    const SimResult r = *SimulateStep(c);
+    return std::make_pair(r.owner_groups, r.group_size);
+  };
+  using Groups = std::pair<int, int>;
+  EXPECT_EQ(groups(Tiny(16, 8, Layout::kReplicated)), Groups(2, 8));
+  EXPECT_EQ(groups(Tiny(16, 8, Layout::kUnreduced)), Groups(1, 16));
+  EXPECT_EQ(groups(Tiny(16, 8, Layout::kRowSharded)), Groups(1, 16));
+  EXPECT_EQ(groups(Tiny(8, 8, Layout::kReplicated)), Groups(1, 8));
+  // Nodes of 8 and 4.
+  EXPECT_EQ(groups(Tiny(12, 8, Layout::kReplicated)), Groups(1, 12));
+  SimConfig off = Tiny(16, 8, Layout::kReplicated);
+  off.owner_groups = false;
+  EXPECT_EQ(groups(off), Groups(1, 16));
+}
+
+TEST(ScaleSimTest, AGroupMustHoldEveryMatrixsMomentum) {
+  // 3.5 GiB a GPU, 2 GiB of it work buffers: the 8 layers' momentum and
+  // staging (8 bytes a parameter, 14 GB) fit 16 GPUs but not the 8 of one
+  // node, so one group per node cannot be planned.
+  SimConfig c = Config("llama3_8b_8layers", 16, Layout::kReplicated);
+  c.gpu_memory_bytes = int64_t{7} << 29;
+  const absl::StatusOr<SimResult> grouped = SimulateStep(c);
+  EXPECT_EQ(grouped.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(grouped.status().message(),
+              HasSubstr("one owner group of 8 workers"));
+  c.owner_groups = false;
+  EXPECT_TRUE(SimulateStep(c).ok());
 }
 
 TEST(ScaleSimTest, RowShardedOwnerReceivesAndSendsAllButItsOwnRows) {
