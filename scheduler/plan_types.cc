@@ -138,6 +138,8 @@ OwnershipPlan ReplicateOverGroups(
       }
     }
   };
+  // Every group moves its own copy of what changed owner.
+  out.moved_bytes = plan.moved_bytes * static_cast<int64_t>(ranks.size());
   spread(plan.worker_seconds, &out.worker_seconds);
   spread(plan.worker_memory_bytes, &out.worker_memory_bytes);
   spread(plan.worker_momentum_bytes, &out.worker_momentum_bytes);

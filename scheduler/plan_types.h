@@ -189,7 +189,8 @@ absl::Status CheckOwnerGroups(const OwnershipPlan& plan);
 // plan of every worker: owners, batches and per-worker figures renumbered
 // from positions to `ranks[0]`'s members (the first group), batches and
 // figures copied to every group's member at the same position, worker_ids
-// the given `worker_ids` of every rank. `ranks[g][s]`: the worker index
+// the given `worker_ids` of every rank, moved_bytes counted once per group
+// (each moves its own copy). `ranks[g][s]`: the worker index
 // (into worker_ids) at position s of group g; each as long as
 // plan.worker_ids. With one group of every worker in order, the plan stays
 // as it was (groups empty).

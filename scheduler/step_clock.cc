@@ -4,9 +4,11 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
+#include <numeric>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace muonps {
@@ -586,6 +588,71 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   }
   out.schedule = std::move(schedule);
   return out;
+}
+
+absl::StatusOr<TopologyPlan> PlanOnTopology(
+    const std::vector<MatrixSpec>& matrices,
+    const std::vector<std::string>& worker_ids, int dedicated,
+    const std::vector<const CostModel*>& models, const ClockSettings& settings,
+    const ScheduleOptions& options,
+    const std::vector<std::vector<int32_t>>& offered,
+    const PlanRanks& plan_ranks) {
+  const auto scheduled =
+      [&](OwnershipPlan plan) -> absl::StatusOr<TopologyPlan> {
+    plan.dedicated = dedicated;
+    TopologyPlan out;
+    MUONPS_ASSIGN_OR_RETURN(
+        out.grouping,
+        ChooseStepGrouping(matrices, plan, models, settings, options));
+    out.plan = std::move(plan);
+    return out;
+  };
+  // A step's prediction: the grouping's, else (a bound the job set, or one
+  // node) the schedule clocked once.
+  const auto predicted = [&](const TopologyPlan& p) {
+    if (p.grouping.predicted_seconds > 0) return p.grouping.predicted_seconds;
+    const std::vector<double> stacks =
+        StackSeconds(p.grouping.schedule, models);
+    return ClockStep(matrices, p.grouping.schedule, stacks,
+                     static_cast<int>(worker_ids.size()), settings)
+        .predicted_seconds;
+  };
+  std::vector<int32_t> all(worker_ids.size());
+  std::iota(all.begin(), all.end(), 0);
+  absl::StatusOr<TopologyPlan> grouped =
+      absl::FailedPreconditionError("no owner groups on offer");
+  if (!offered.empty()) {
+    absl::StatusOr<OwnershipPlan> one = plan_ranks(offered[0], true);
+    grouped =
+        one.ok()
+            ? scheduled(ReplicateOverGroups(*one, offered, worker_ids))
+            : absl::StatusOr<TopologyPlan>(Annotate(
+                  one.status(), absl::StrCat("one owner group of ",
+                                             offered[0].size(), " workers")));
+  }
+  absl::StatusOr<OwnershipPlan> every = plan_ranks(all, false);
+  if (!every.ok()) {
+    if (grouped.ok()) return grouped;  // the groups' plan stands alone
+    return every.status();
+  }
+  MUONPS_ASSIGN_OR_RETURN(TopologyPlan ungrouped, scheduled(*std::move(every)));
+  if (offered.empty()) return ungrouped;
+  ungrouped.groups_offered = true;
+  ungrouped.ungrouped_seconds = predicted(ungrouped);
+  if (!grouped.ok()) {
+    ungrouped.groups_declined = grouped.status().ToString();
+    return ungrouped;
+  }
+  grouped->groups_offered = true;
+  grouped->ungrouped_seconds = ungrouped.ungrouped_seconds;
+  grouped->grouped_seconds = predicted(*grouped);
+  ungrouped.grouped_seconds = grouped->grouped_seconds;
+  if (grouped->grouped_seconds <= ungrouped.ungrouped_seconds) return grouped;
+  ungrouped.groups_declined =
+      absl::StrCat("a step of ", grouped->grouped_seconds * 1e3, " ms with ",
+                   offered.size(), " owner groups against ",
+                   ungrouped.ungrouped_seconds * 1e3, " ms without");
+  return ungrouped;
 }
 
 }  // namespace scheduler

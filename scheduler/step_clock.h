@@ -74,6 +74,7 @@
 #define MUONPS_SCHEDULER_STEP_CLOCK_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -121,13 +122,14 @@ struct Topology {
   }
 };
 
-// The owner groups (OwnershipPlan::groups) a job's plan gets on
-// `topology`: one group per node, each node's workers in rank order, when
-// the workers span more than one node, every node has as many, none is
-// dedicated (`dedicated` == 0) and every matrix is replicated (every
-// trainer holds every gradient whole, so each node's owners compute every
-// update from their own trainers' gradients, and updates never leave the
-// node). Otherwise none (empty): one group of every worker.
+// The owner groups (OwnershipPlan::groups) a job's plan may get on
+// `topology` (PlanOnTopology weighs them): one group per node, each node's
+// workers in rank order, when the workers span more than one node, every
+// node has as many, none is dedicated (`dedicated` == 0) and every matrix
+// is replicated (every trainer holds every gradient whole, so each node's
+// owners compute every update from their own trainers' gradients, and
+// updates never leave the node). Otherwise none (empty): one group of
+// every worker.
 std::vector<std::vector<int32_t>> ChooseOwnerGroups(
     const std::vector<MatrixSpec>& matrices, const Topology& topology,
     int workers, int dedicated);
@@ -222,6 +224,43 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
     const ScheduleOptions& options = {.bucket_bytes = 0});
+
+// A plan of a job's workers on a topology, and its step schedule.
+struct TopologyPlan {
+  OwnershipPlan plan;
+  StepGrouping grouping;
+  // Where owner groups were offered: the predicted step of the grouped
+  // plan (0 if it could not be made) and of the plan of every worker, and
+  // why the groups were not taken ("" when they were).
+  bool groups_offered = false;
+  double grouped_seconds = 0;
+  double ungrouped_seconds = 0;
+  std::string groups_declined;
+};
+
+// Plans ranks `ranks` (indices into the job's workers, in order): the
+// planner's plan of those workers, their ids as worker_ids in that order;
+// `grouped` says it will be copied over owner groups.
+using PlanRanks = std::function<absl::StatusOr<OwnershipPlan>(
+    const std::vector<int32_t>& ranks, bool grouped)>;
+
+// The plan of `worker_ids.size()` workers (the last `dedicated` with no
+// trainer) and its schedule (ChooseStepGrouping with `models` by rank,
+// `settings` and `options`). Without `offered` owner groups (from
+// ChooseOwnerGroups, or none) every rank is planned at once. With groups
+// both ways: the first group's workers planned and copied over the groups
+// (ReplicateOverGroups), and every rank at once; the shorter predicted
+// step wins (ties: the groups, whose updates never leave a node). A
+// grouped plan that cannot be made (one group too small for the momentum)
+// or scheduled loses, saying why. Errors: the plan of every rank's, or its
+// schedule's.
+absl::StatusOr<TopologyPlan> PlanOnTopology(
+    const std::vector<MatrixSpec>& matrices,
+    const std::vector<std::string>& worker_ids, int dedicated,
+    const std::vector<const CostModel*>& models, const ClockSettings& settings,
+    const ScheduleOptions& options,
+    const std::vector<std::vector<int32_t>>& offered,
+    const PlanRanks& plan_ranks);
 
 }  // namespace scheduler
 }  // namespace muonps

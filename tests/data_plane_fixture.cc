@@ -62,6 +62,10 @@ void DataPlaneFixture::StartCoordinator(const ClusterOptions& options) {
   if (!options.state_dir.empty()) {
     coordinator_argv_.push_back("--state_dir=" + options.state_dir);
   }
+  if (options.network_gbs > 0) {
+    coordinator_argv_.push_back(
+        absl::StrCat("--network_gbs=", options.network_gbs));
+  }
   for (std::string& flag : SecuredCoordinatorFlags()) {
     coordinator_argv_.push_back(std::move(flag));
   }

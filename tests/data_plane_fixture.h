@@ -143,6 +143,9 @@ struct ClusterOptions {
   absl::Duration client_timeout = absl::Seconds(30);
   // The coordinator's --state_dir; empty: its state is in memory only.
   std::string state_dir;
+  // The coordinator's --network_gbs (the links its plans weigh across
+  // nodes); 0: its default.
+  double network_gbs = 0;
   // The address the coordinator and the workers listen on (--host); a
   // non-loopback one must be among the test certificate's names
   // (//tests/testdata:tls).

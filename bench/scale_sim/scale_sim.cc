@@ -85,58 +85,40 @@ scheduler::ClockSettings ClockSettingsOf(const SimConfig& config) {
   return s;
 }
 
-// The plan of every worker as the coordinator makes it (see the header):
-// the planner's plan of the first owner group's workers, copied to every
-// group; `*groups` the groups (one of every worker without any).
-absl::StatusOr<scheduler::OwnershipPlan> PlanOverGroups(
-    const SimConfig& config, const scheduler::Topology& topology,
-    std::vector<std::vector<int32_t>>* groups) {
-  *groups = config.owner_groups
-                ? scheduler::ChooseOwnerGroups(config.matrices, topology,
-                                               config.gpus, /*dedicated=*/0)
-                : std::vector<std::vector<int32_t>>{};
-  if (groups->empty()) {
-    groups->emplace_back(config.gpus);
-    std::iota(groups->front().begin(), groups->front().end(), 0);
-  }
-  absl::StatusOr<scheduler::OwnershipPlan> plan =
-      scheduler::PlanOwnership(MakePlanInput(config, groups->front()));
-  if (!plan.ok()) {
-    return Annotate(plan.status(),
-                    groups->size() == 1
-                        ? std::string("planner")
-                        : absl::StrCat("planner (one owner group of ",
-                                       groups->front().size(), " workers, ",
-                                       groups->size(), " groups)"));
-  }
-  std::vector<std::string> ids;
-  ids.reserve(config.gpus);
-  for (int w = 0; w < config.gpus; ++w) ids.push_back(WorkerId(w));
-  return scheduler::ReplicateOverGroups(*plan, *groups, ids);
-}
-
 }  // namespace
 
 absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   MUONPS_RETURN_IF_ERROR(ValidateSimConfig(config));
   const scheduler::ClockSettings settings = ClockSettingsOf(config);
-  std::vector<std::vector<int32_t>> groups;
-  MUONPS_ASSIGN_OR_RETURN(const scheduler::OwnershipPlan plan,
-                          PlanOverGroups(config, settings.topology, &groups));
   // Every worker has the same device.
   const scheduler::CostModel model(config.costs, RatesOf(config),
                                    1.0 / config.cost_scale,
                                    config.plan.ns_steps);
   const std::vector<const scheduler::CostModel*> models(config.gpus, &model);
+  // The plan as the coordinator makes it (see the header).
+  const std::vector<std::vector<int32_t>> offered =
+      config.owner_groups
+          ? scheduler::ChooseOwnerGroups(config.matrices, settings.topology,
+                                         config.gpus, /*dedicated=*/0)
+          : std::vector<std::vector<int32_t>>{};
+  std::vector<std::string> ids;
+  ids.reserve(config.gpus);
+  for (int w = 0; w < config.gpus; ++w) ids.push_back(WorkerId(w));
+  absl::StatusOr<scheduler::TopologyPlan> planned = scheduler::PlanOnTopology(
+      config.matrices, ids, /*dedicated=*/0, models, settings, config.schedule,
+      offered, [&](const std::vector<int32_t>& ranks, bool /*grouped*/) {
+        return scheduler::PlanOwnership(MakePlanInput(config, ranks));
+      });
+  if (!planned.ok()) return Annotate(planned.status(), "planner");
+  const scheduler::OwnershipPlan& plan = planned->plan;
 
   SimResult result;
-  absl::StatusOr<scheduler::StepGrouping> grouping =
-      scheduler::ChooseStepGrouping(config.matrices, plan, models, settings,
-                                    config.schedule);
-  if (!grouping.ok()) return Annotate(grouping.status(), "step schedule");
-  result.bucket_bytes = grouping->bucket_bytes;
-  result.bucket_candidates = grouping->candidates;
-  const scheduler::StepSchedule* schedule = &grouping->schedule;
+  result.bucket_bytes = planned->grouping.bucket_bytes;
+  result.bucket_candidates = planned->grouping.candidates;
+  result.groups_declined = planned->groups_declined;
+  result.grouped_seconds = planned->grouped_seconds;
+  result.ungrouped_seconds = planned->ungrouped_seconds;
+  const scheduler::StepSchedule* schedule = &planned->grouping.schedule;
   const std::vector<double> stack_seconds =
       scheduler::StackSeconds(*schedule, models);
   const int n = config.gpus;
@@ -157,8 +139,10 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   }
   result.owning_workers = static_cast<int>(
       std::count_if(c.begin(), c.end(), [](double s) { return s > 0; }));
-  result.owner_groups = static_cast<int>(groups.size());
-  result.group_size = static_cast<int>(groups.front().size());
+  result.owner_groups =
+      plan.groups.empty() ? 1 : static_cast<int>(plan.groups.size());
+  result.group_size =
+      plan.groups.empty() ? n : static_cast<int>(plan.groups.front().size());
   result.plan_max_seconds = plan.max_seconds;
   result.adamw_data_parallel_seconds = config.adamw_reference_ms * 1e-3 *
                                        static_cast<double>(result.parameters) /

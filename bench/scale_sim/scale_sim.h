@@ -5,12 +5,13 @@
 // colocated workers; only time is simulated, from a measured cost table
 // (per shape, algorithm and batch seconds) and link figures.
 //
-// The plan is made as the coordinator makes it: the owner groups of the
-// workers' nodes (scheduler::ChooseOwnerGroups: one group per node when
-// every matrix is replicated and the N workers span several nodes), the
-// planner run on the first group's workers, and its plan copied to every
-// group (scheduler::ReplicateOverGroups). Without groups that is the
-// planner on all N workers.
+// The plan is made as the coordinator makes it (scheduler::PlanOnTopology):
+// where the workers' nodes offer owner groups (scheduler::ChooseOwnerGroups:
+// one group per node when every matrix is replicated and the N workers span
+// several nodes), the planner runs both on the first group's workers, its
+// plan copied to every group (scheduler::ReplicateOverGroups), and on all N
+// workers, and the shorter predicted step wins. Without groups on offer,
+// the planner on all N workers.
 //
 // The clock is scheduler/step_clock.h's (what overlaps and what
 // serializes, and how a phase is timed); this adds the planner's input for
@@ -78,8 +79,8 @@ struct SimConfig {
   // Owners write updates into the trainers' staging within a node (see
   // the model above).
   bool peer_writes = true;
-  // Owner groups as the coordinator chooses them (see above); false: one
-  // group of every worker, whatever the layouts and nodes.
+  // Owner groups offered as the coordinator offers them (see above);
+  // false: none, whatever the layouts and nodes.
   bool owner_groups = true;
 };
 
@@ -101,6 +102,11 @@ struct SimResult {
   // groups).
   int owner_groups = 1;
   int group_size = 0;
+  // Where groups were offered: the predicted step with them (0: no plan)
+  // and without, and why they were declined ("" when taken).
+  double grouped_seconds = 0;
+  double ungrouped_seconds = 0;
+  std::string groups_declined;
   // The planner's own prediction (max worker seconds, of one group's
   // workers) for comparison.
   double plan_max_seconds = 0;

@@ -212,6 +212,11 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["limited_by"] = r.clock.limited_by;
   j["owner_groups"] = r.owner_groups;
   j["group_size"] = r.group_size;
+  if (r.ungrouped_seconds > 0) {
+    j["grouped_ms"] = r.grouped_seconds * 1e3;
+    j["ungrouped_ms"] = r.ungrouped_seconds * 1e3;
+    if (!r.groups_declined.empty()) j["groups_declined"] = r.groups_declined;
+  }
   j["bucket_bytes"] = r.bucket_bytes;
   if (!r.bucket_candidates.empty()) {
     nlohmann::ordered_json tried = nlohmann::ordered_json::array();

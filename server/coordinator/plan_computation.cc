@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "scheduler/planner.h"
 #include "scheduler/step_schedule.h"
+#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace coordinator {
@@ -162,23 +163,6 @@ scheduler::Topology TopologyOf(const std::vector<std::string>& nodes) {
 
 namespace {
 
-// The step schedule of `plan` cut at the spec's bucket bound, or at the
-// one ChooseStepGrouping picks for the ranks' topology (64 MiB on one
-// node), with updates in bf16 (Newton-Schulz's default precision).
-absl::StatusOr<scheduler::StepGrouping> ScheduleOf(
-    const PlanSnapshot& s, const scheduler::OwnershipPlan& plan,
-    const scheduler::ClockSettings& settings) {
-  std::vector<scheduler::CostModel> models;
-  models.reserve(s.workers.size());
-  for (const scheduler::WorkerSpec& w : s.workers) {
-    models.emplace_back(w.costs, w.rates, w.speed, s.ns_steps);
-  }
-  std::vector<const scheduler::CostModel*> pointers;
-  for (const scheduler::CostModel& m : models) pointers.push_back(&m);
-  return scheduler::ChooseStepGrouping(*s.matrices, plan, pointers, settings,
-                                       {.bucket_bytes = s.bucket_bytes});
-}
-
 // Whether `previous` has as many owner groups of as many workers as
 // `groups` (none in both included).
 bool SameGroupLayout(const scheduler::OwnershipPlan& previous,
@@ -195,12 +179,13 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   settings.topology = TopologyOf(s.nodes);
   settings.topology.links = s.links;
   // Owner groups (one per node, for all-replicated jobs on nodes of as many
-  // workers each): the planner places the matrices on the first group's
-  // workers only, and every other group copies that placement position by
-  // position. The first group's WorkerSpecs (costs, speed, memory) stand for
-  // every group's: the nodes are assumed alike. A drain (a rank that must
-  // own nothing) plans without groups: its position would have to own
-  // nothing in every group.
+  // workers each), taken where their predicted step is the shorter
+  // (scheduler::PlanOnTopology): the planner places the matrices on the
+  // first group's workers only, and every other group copies that placement
+  // position by position. The first group's WorkerSpecs (costs, speed,
+  // memory) stand for every group's: the nodes are assumed alike. A drain
+  // (a rank that must own nothing) plans without groups: its position
+  // would have to own nothing in every group.
   std::vector<std::vector<int32_t>> groups = scheduler::ChooseOwnerGroups(
       *s.matrices, settings.topology, static_cast<int>(s.workers.size()),
       s.dedicated);
@@ -209,64 +194,78 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
           [](const scheduler::WorkerSpec& w) { return w.owns_nothing; })) {
     groups.clear();
   }
-  scheduler::PlanInput input;
-  input.matrices = *s.matrices;
-  input.options.ns_steps = s.ns_steps;
-  input.options.algorithm = s.algorithm;
-  if (groups.empty()) {
-    input.workers = s.workers;
-  } else {
-    for (const int32_t rank : groups[0]) {
-      input.workers.push_back(s.workers[rank]);
-    }
-  }
-  int64_t smallest = 0;
-  for (const scheduler::WorkerSpec& w : input.workers) {
-    if (w.owns_nothing) continue;
-    smallest =
-        smallest == 0 ? w.memory_bytes : std::min(smallest, w.memory_bytes);
-  }
-  // Work buffers: 2 GiB, or an eighth of the smallest worker's memory.
-  input.options.workspace_bytes =
-      std::min<int64_t>(int64_t{2} << 30, smallest / 8);
-  const auto start = std::chrono::steady_clock::now();
   // The planner matches the previous plan's owners by worker id, and a
   // grouped plan's owners name its first group's workers. So owners are
   // kept (Replan) only when the previous plan has as many groups of as
-  // many workers as this one (none in both included). Across a change of
-  // that layout, where every group must hold every matrix's momentum
+  // many workers as the candidate (none in both included). Across a change
+  // of that layout, where every group must hold every matrix's momentum
   // anyway, the plan is made afresh, its moved bytes counted against the
   // owners the previous plan names.
-  absl::StatusOr<scheduler::OwnershipPlan> plan =
-      s.previous == nullptr ? scheduler::PlanOwnership(input)
-      : s.keep_owners && SameGroupLayout(s.previous->ownership, groups)
-          ? scheduler::Replan(input, s.previous->ownership)
-          : scheduler::PlanAfresh(input, s.previous->ownership);
-  if (!plan.ok()) return plan.status();
-  if (!groups.empty()) {
-    std::vector<std::string> ids;
-    ids.reserve(s.workers.size());
-    for (const scheduler::WorkerSpec& w : s.workers) ids.push_back(w.id);
-    *plan = scheduler::ReplicateOverGroups(*plan, groups, ids);
-    // Every group moves its own copy of what changed owner.
-    plan->moved_bytes *= static_cast<int64_t>(groups.size());
+  const scheduler::PlanRanks plan_ranks =
+      [&](const std::vector<int32_t>& ranks,
+          bool grouped) -> absl::StatusOr<scheduler::OwnershipPlan> {
+    scheduler::PlanInput input;
+    input.matrices = *s.matrices;
+    input.options.ns_steps = s.ns_steps;
+    input.options.algorithm = s.algorithm;
+    for (const int32_t rank : ranks) input.workers.push_back(s.workers[rank]);
+    int64_t smallest = 0;
+    for (const scheduler::WorkerSpec& w : input.workers) {
+      if (w.owns_nothing) continue;
+      smallest =
+          smallest == 0 ? w.memory_bytes : std::min(smallest, w.memory_bytes);
+    }
+    // Work buffers: 2 GiB, or an eighth of the smallest worker's memory.
+    input.options.workspace_bytes =
+        std::min<int64_t>(int64_t{2} << 30, smallest / 8);
+    static const std::vector<std::vector<int32_t>> kNone;
+    if (s.previous == nullptr) return scheduler::PlanOwnership(input);
+    if (s.keep_owners &&
+        SameGroupLayout(s.previous->ownership, grouped ? groups : kNone)) {
+      return scheduler::Replan(input, s.previous->ownership);
+    }
+    return scheduler::PlanAfresh(input, s.previous->ownership);
+  };
+  std::vector<std::string> ids;
+  ids.reserve(s.workers.size());
+  for (const scheduler::WorkerSpec& w : s.workers) ids.push_back(w.id);
+  // Each worker's Newton-Schulz times, for the step clock.
+  std::vector<scheduler::CostModel> models;
+  models.reserve(s.workers.size());
+  for (const scheduler::WorkerSpec& w : s.workers) {
+    models.emplace_back(w.costs, w.rates, w.speed, s.ns_steps);
   }
-  plan->dedicated = s.dedicated;
-  absl::StatusOr<scheduler::StepGrouping> schedule =
-      ScheduleOf(s, *plan, settings);
+  std::vector<const scheduler::CostModel*> pointers;
+  for (const scheduler::CostModel& m : models) pointers.push_back(&m);
+  const auto start = std::chrono::steady_clock::now();
+  // Updates in bf16 (Newton-Schulz's default precision); buckets cut at
+  // the spec's bound, or at the one ChooseStepGrouping picks for the
+  // ranks' topology (64 MiB on one node).
+  absl::StatusOr<scheduler::TopologyPlan> planned = scheduler::PlanOnTopology(
+      *s.matrices, ids, s.dedicated, pointers, settings,
+      {.bucket_bytes = s.bucket_bytes}, groups, plan_ranks);
   const double plan_ms = std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - start)
                              .count();
-  if (!schedule.ok()) return schedule.status();
+  if (!planned.ok()) return planned.status();
+  if (planned->groups_offered) {
+    spdlog::info(
+        "job {} plan version {}: {} owner groups, one per node, {} ({} ms "
+        "predicted with them, {} ms without){}{}",
+        s.job, s.version, groups.size(),
+        planned->plan.groups.empty() ? "declined" : "taken",
+        planned->grouped_seconds * 1e3, planned->ungrouped_seconds * 1e3,
+        planned->groups_declined.empty() ? "" : ": ", planned->groups_declined);
+  }
   auto out = std::make_shared<PublishedPlan>();
   out->job = s.job;
   out->version = s.version;
   out->reason = s.reason;
   out->plan_ms = plan_ms;
   out->matrices = s.matrices;
-  out->ownership = *std::move(plan);
-  out->buckets = BucketsOf(schedule->schedule);
-  out->bucket_bytes = schedule->bucket_bytes;
+  out->ownership = std::move(planned->plan);
+  out->buckets = BucketsOf(planned->grouping.schedule);
+  out->bucket_bytes = planned->grouping.bucket_bytes;
   out->nodes = settings.topology.nodes();
   return out;
 }
