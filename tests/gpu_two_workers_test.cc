@@ -55,8 +55,12 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     char socket_dir[] = "/tmp/muonps-g2-XXXXXX";
     ASSERT_NE(mkdtemp(socket_dir), nullptr);
     socket_dir_ = socket_dir;
-    absl::StatusOr<testing::RunningCoordinator> c =
-        testing::StartCoordinator(log_dir_ + "/coordinator.log", kStartTimeout);
+    // "/groups": the workers say they run on two nodes, linked by a network
+    // slow enough that the coordinator plans one owner group per node.
+    std::vector<std::string> coordinator_flags;
+    if (Groups()) coordinator_flags.push_back("--network_gbs=0.001");
+    absl::StatusOr<testing::RunningCoordinator> c = testing::StartCoordinator(
+        log_dir_ + "/coordinator.log", kStartTimeout, coordinator_flags);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(c->process);
     address_ = c->address;
@@ -68,7 +72,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
                absl::StrCat("--worker_id=w", w),
                absl::StrCat("--socket=", socket_dir_, "/w", w, ".sock"),
                "--metrics_port=-1", "--device=cuda:0", "--gpu_transport=ipc",
-               "--io_timeout_ms=10000"},
+               "--io_timeout_ms=10000",
+               Groups() ? absl::StrCat("--node=node-", w) : "--node=one"},
               absl::StrCat(log_dir_, "/worker", w, ".log"));
       ASSERT_TRUE(worker.ok()) << worker.status();
       workers_.push_back(*std::move(worker));
@@ -89,7 +94,11 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     coordinator_.reset();
   }
 
-  // The parameter: "<layout>" (fp32 buffers) or "<layout>/bf16".
+  // The parameter: "<layout>" (fp32 buffers) or "<layout>/bf16", and
+  // "/groups" for workers on two nodes (replicated only).
+  bool Groups() const {
+    return GetParam().find("/groups") != std::string::npos;
+  }
   std::string LayoutName() const {
     return GetParam().substr(0, GetParam().find('/'));
   }
@@ -247,6 +256,14 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
                        : lent(0);
           });
   ASSERT_TRUE(wanted.ok()) << wanted.status();
+  if (Groups()) {
+    // Each worker owned every matrix in its own group: nothing moved.
+    EXPECT_TRUE(coordinator_
+                    ->WaitForLog("2 owner groups, one per node, taken",
+                                 absl::Seconds(1))
+                    .ok())
+        << coordinator_->Log();
+  }
   double worst = 0;
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];
@@ -300,8 +317,9 @@ TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
 INSTANTIATE_TEST_SUITE_P(OneGpu, TwoWorkersOneGpuTest,
                          ::testing::Values("replicated", "unreduced",
                                            "row_sharded", "replicated/bf16",
-                                           "unreduced/bf16",
-                                           "row_sharded/bf16"));
+                                           "unreduced/bf16", "row_sharded/bf16",
+                                           "replicated/groups",
+                                           "replicated/bf16/groups"));
 
 }  // namespace
 }  // namespace muonps

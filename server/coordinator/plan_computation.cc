@@ -182,10 +182,11 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   // workers each), taken where their predicted step is the shorter
   // (scheduler::PlanOnTopology): the planner places the matrices on the
   // first group's workers only, and every other group copies that placement
-  // position by position. The first group's WorkerSpecs (costs, speed,
-  // memory) stand for every group's: the nodes are assumed alike. A drain
-  // (a rank that must own nothing) plans without groups: its position
-  // would have to own nothing in every group.
+  // position by position. The first group's WorkerSpecs (cost tables,
+  // rates) stand for every group's: the nodes are assumed alike, but each
+  // position takes the slowest speed and the least memory of its members.
+  // A drain (a rank that must own nothing) plans without groups: its
+  // position would have to own nothing in every group.
   std::vector<std::vector<int32_t>> groups = scheduler::ChooseOwnerGroups(
       *s.matrices, settings.topology, static_cast<int>(s.workers.size()),
       s.dedicated);
@@ -209,6 +210,19 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     input.options.ns_steps = s.ns_steps;
     input.options.algorithm = s.algorithm;
     for (const int32_t rank : ranks) input.workers.push_back(s.workers[rank]);
+    if (grouped) {
+      // Each position stands for its member of every group: the slowest
+      // speed (a measured one included) and the least memory among them.
+      for (const std::vector<int32_t>& group : groups) {
+        for (size_t p = 0; p < group.size(); ++p) {
+          const scheduler::WorkerSpec& w = s.workers[group[p]];
+          scheduler::WorkerSpec& position = input.workers[p];
+          position.speed = std::min(position.speed, w.speed);
+          position.memory_bytes =
+              std::min(position.memory_bytes, w.memory_bytes);
+        }
+      }
+    }
     int64_t smallest = 0;
     for (const scheduler::WorkerSpec& w : input.workers) {
       if (w.owns_nothing) continue;

@@ -172,6 +172,31 @@ TEST_F(PlanTopologyTest, ReplicatedOnEqualNodesGetsOneOwnerGroupPerNode) {
   EXPECT_EQ(schedule->groups, read->groups);
 }
 
+// A position stands for its member of every group: the second node's
+// worker with 2 GiB bounds what its position holds on the first node too.
+TEST_F(PlanTopologyTest, EachPositionFitsItsSmallestMember) {
+  CoordinatorOptions options = Options();
+  options.links.inter_node_gbs = 1;  // where the groups win
+  Reset(options);
+  v1::JobSpec spec = Spec("x", 32, 4096, 4096);
+  for (v1::Matrix& m : *spec.mutable_matrices()) {
+    m.set_layout(v1::LAYOUT_REPLICATED);
+  }
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  for (int w = 0; w < 4; ++w) {
+    v1::JoinJobRequest join =
+        Join("x", absl::StrCat("w", w), (w == 3 ? 2 : 64) * kGiB);
+    join.mutable_device()->set_node(absl::StrCat("node-", w / 2));
+    ASSERT_TRUE(state_->JoinJob(join).ok()) << w;
+  }
+  const v1::Plan plan = CurrentPlan("x");
+  ASSERT_EQ(plan.owner_groups_size(), 2);
+  ASSERT_EQ(plan.loads_size(), 4);
+  EXPECT_LE(plan.loads(3).memory_bytes(), 2 * kGiB);
+  EXPECT_EQ(plan.loads(1).memory_bytes(), plan.loads(3).memory_bytes());
+  EXPECT_GT(plan.loads(0).memory_bytes(), plan.loads(1).memory_bytes());
+}
+
 TEST_F(PlanTopologyTest, NoOwnerGroupsWithoutReplicatedGradientsOnEqualNodes) {
   EXPECT_EQ(PlanOn(4, 2).owner_groups_size(), 0);  // row-sharded
   Reset(Options());

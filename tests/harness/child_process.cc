@@ -154,13 +154,15 @@ std::shared_ptr<grpc::Channel> TestChannel(const std::string& target) {
   return *channel;
 }
 
-absl::StatusOr<RunningCoordinator> StartCoordinator(const std::string& log_path,
-                                                    absl::Duration timeout) {
+absl::StatusOr<RunningCoordinator> StartCoordinator(
+    const std::string& log_path, absl::Duration timeout,
+    const std::vector<std::string>& extra_flags) {
   RunningCoordinator out;
   std::vector<std::string> argv = {
       BinaryPath("server/coordinator/muonps-coordinator"), "--port=0",
       "--metrics_port=-1", "--lease_ttl_ms=3000",
       "--heartbeat_interval_ms=500"};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   for (std::string& flag : SecuredCoordinatorFlags()) {
     argv.push_back(std::move(flag));
   }

@@ -84,13 +84,15 @@ std::shared_ptr<grpc::Channel> TestChannel(const std::string& target);
 
 // A muonps-coordinator on a free loopback port, secured as above (no metrics
 // port; a 3 s lease renewed every 500 ms), logging to `log_path`, and the
-// address it listens on ("127.0.0.1:PORT") once it does, within `timeout`.
+// address it listens on ("127.0.0.1:PORT") once it does, within `timeout`;
+// `extra_flags` are added to its command line.
 struct RunningCoordinator {
   std::unique_ptr<ChildProcess> process;
   std::string address;
 };
-absl::StatusOr<RunningCoordinator> StartCoordinator(const std::string& log_path,
-                                                    absl::Duration timeout);
+absl::StatusOr<RunningCoordinator> StartCoordinator(
+    const std::string& log_path, absl::Duration timeout,
+    const std::vector<std::string>& extra_flags = {});
 
 // A fresh directory under TEST_TMPDIR (or /tmp), removed by the caller.
 std::string NewTempDir(const std::string& prefix);
