@@ -5,6 +5,7 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -619,33 +620,46 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
   };
   std::vector<int32_t> all(worker_ids.size());
   std::iota(all.begin(), all.end(), 0);
+  // The grouped plan on a thread of its own while this one plans every
+  // worker: the two are independent, and a coordinator has the cores.
   absl::StatusOr<TopologyPlan> grouped =
       absl::FailedPreconditionError("no owner groups on offer");
+  std::thread grouping;
   if (!offered.empty()) {
-    absl::StatusOr<OwnershipPlan> one = plan_ranks(offered[0], true);
-    grouped =
-        one.ok()
-            ? scheduled(ReplicateOverGroups(*one, offered, worker_ids))
-            : absl::StatusOr<TopologyPlan>(Annotate(
-                  one.status(), absl::StrCat("one owner group of ",
-                                             offered[0].size(), " workers")));
+    grouping = std::thread([&] {
+      absl::StatusOr<OwnershipPlan> one = plan_ranks(offered[0], true);
+      if (!one.ok()) {
+        grouped = Annotate(
+            one.status(),
+            absl::StrCat("one owner group of ", offered[0].size(), " workers"));
+        return;
+      }
+      grouped = scheduled(ReplicateOverGroups(*one, offered, worker_ids));
+      if (!grouped.ok()) return;
+      grouped->groups_offered = true;
+      grouped->grouped_seconds = predicted(*grouped);
+    });
   }
   absl::StatusOr<OwnershipPlan> every = plan_ranks(all, false);
-  if (!every.ok()) {
-    if (grouped.ok()) return grouped;  // the groups' plan stands alone
-    return every.status();
+  absl::StatusOr<TopologyPlan> scheduled_every =
+      every.ok() ? scheduled(*std::move(every))
+                 : absl::StatusOr<TopologyPlan>(every.status());
+  if (scheduled_every.ok() && !offered.empty()) {
+    scheduled_every->groups_offered = true;
+    scheduled_every->ungrouped_seconds = predicted(*scheduled_every);
   }
-  MUONPS_ASSIGN_OR_RETURN(TopologyPlan ungrouped, scheduled(*std::move(every)));
+  if (grouping.joinable()) grouping.join();
+  if (!scheduled_every.ok()) {
+    if (grouped.ok()) return grouped;  // the groups' plan stands alone
+    return scheduled_every.status();
+  }
+  TopologyPlan ungrouped = *std::move(scheduled_every);
   if (offered.empty()) return ungrouped;
-  ungrouped.groups_offered = true;
-  ungrouped.ungrouped_seconds = predicted(ungrouped);
   if (!grouped.ok()) {
     ungrouped.groups_declined = grouped.status().ToString();
     return ungrouped;
   }
-  grouped->groups_offered = true;
   grouped->ungrouped_seconds = ungrouped.ungrouped_seconds;
-  grouped->grouped_seconds = predicted(*grouped);
   ungrouped.grouped_seconds = grouped->grouped_seconds;
   if (grouped->grouped_seconds <= ungrouped.ungrouped_seconds) return grouped;
   ungrouped.groups_declined =

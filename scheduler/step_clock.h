@@ -252,8 +252,10 @@ using PlanRanks = std::function<absl::StatusOr<OwnershipPlan>(
 // (ReplicateOverGroups), and every rank at once; the shorter predicted
 // step wins (ties: the groups, whose updates never leave a node). A
 // grouped plan that cannot be made (one group too small for the momentum)
-// or scheduled loses, saying why. Errors: the plan of every rank's, or its
-// schedule's.
+// or scheduled loses, saying why. The grouped plan is made on a thread of
+// its own beside the other (`plan_ranks` is called from two threads at
+// once). Errors: the plan of every rank's, or its schedule's (where the
+// groups' plan could be made, it stands alone then).
 absl::StatusOr<TopologyPlan> PlanOnTopology(
     const std::vector<MatrixSpec>& matrices,
     const std::vector<std::string>& worker_ids, int dedicated,

@@ -7,6 +7,11 @@
 // coordinator adds to every plan: its step schedule, with the bucket bound
 // chosen by the predicted step when the workers span several nodes (8 to a
 // node here; scheduler/step_clock.h); bucket_bytes is the bound.
+// topology_ms is the whole of it as the coordinator now runs it
+// (scheduler::PlanOnTopology): where owner groups are on offer, the plan of
+// one node's workers copied over the nodes and the plan of every worker,
+// each scheduled and clocked (the first on a second thread);
+// owner_groups_offered / owner_groups_taken say what happened.
 // `plan_bench NAME` runs only the cases whose name contains NAME (for a
 // profiler); the re-plan case's name is llama3_8b_w64_lose_1.
 #include <chrono>
@@ -74,6 +79,33 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
                  grouping.status().ToString().c_str());
     std::exit(1);
   }
+  // The whole of what the coordinator does for these workers
+  // (scheduler::PlanOnTopology): where owner groups are on offer (every
+  // matrix replicated on several nodes of 8), both plans, each scheduled
+  // and clocked, the grouped one on a second thread.
+  const std::vector<std::vector<int32_t>> offered =
+      scheduler::ChooseOwnerGroups(input.matrices, settings.topology,
+                                   static_cast<int>(input.workers.size()),
+                                   /*dedicated=*/0);
+  std::vector<std::string> ids;
+  for (const scheduler::WorkerSpec& w : input.workers) ids.push_back(w.id);
+  const auto topology_start = std::chrono::steady_clock::now();
+  const absl::StatusOr<scheduler::TopologyPlan> planned =
+      scheduler::PlanOnTopology(
+          input.matrices, ids, /*dedicated=*/0, models, settings,
+          {.bucket_bytes = 0}, offered,
+          [&](const std::vector<int32_t>& ranks, bool /*grouped*/) {
+            PlanInput some{input.matrices, {}, input.options};
+            for (const int32_t r : ranks)
+              some.workers.push_back(input.workers[r]);
+            return scheduler::PlanOwnership(some);
+          });
+  const double topology_ms = Ms(topology_start);
+  if (!planned.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(),
+                 planned.status().ToString().c_str());
+    std::exit(1);
+  }
   const OwnershipPlan lpt = *scheduler::PlanFlopLpt(input);
   const OwnershipPlan rr = *scheduler::PlanRoundRobin(input);
   int64_t items = 0;
@@ -87,6 +119,9 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
   line["schedule_ms"] = schedule_ms;
   line["nodes"] = settings.topology.nodes();
   line["bucket_bytes"] = grouping->bucket_bytes;
+  line["topology_ms"] = topology_ms;
+  line["owner_groups_offered"] = !offered.empty();
+  line["owner_groups_taken"] = !planned->plan.groups.empty();
   line["max_ms"] = plan->max_seconds * 1e3;
   line["lower_bound_ms"] = plan->lower_bound * 1e3;
   line["max_over_lower_bound"] = plan->max_seconds / plan->lower_bound;
@@ -115,6 +150,15 @@ void Run() {
           {scheduler::DeepSeekV3Like(), Workers(64, kH200, true), {}});
   RunCase("random_1e5_matrices_w1000",
           {scheduler::RandomShapes(100000, 7), Workers(1000, kH200), {}});
+  // The same, every matrix replicated: 125 nodes of 8 offer owner groups,
+  // so the coordinator plans 8 workers and 1000.
+  std::vector<scheduler::MatrixSpec> replicated =
+      scheduler::RandomShapes(100000, 7);
+  for (scheduler::MatrixSpec& m : replicated) {
+    m.layout = scheduler::Layout::kReplicated;
+  }
+  RunCase("random_1e5_replicated_matrices_w1000",
+          {std::move(replicated), Workers(1000, kH200), {}});
 
   // Re-plan after losing one of 64 workers.
   if (std::string("llama3_8b_w64_lose_1").find(only) == std::string::npos) {
