@@ -9,16 +9,19 @@
 // owns from the other node's owners, with no checkpoint and no reset
 // allowed.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "tests/data_plane_fixture.h"
+#include "tests/harness/child_process.h"
 
 namespace muonps {
 namespace {
@@ -26,8 +29,10 @@ namespace {
 using testing::ClusterOptions;
 using testing::DataPlaneFixture;
 using testing::LoopOutcome;
+using testing::LoopProgress;
 using testing::ModelDecl;
 using testing::ReferenceModel;
+using testing::RetryingLoop;
 using testing::SmallModel;
 using testing::StepOutcome;
 
@@ -39,11 +44,13 @@ constexpr double kExact = 0;
 class OwnerGroupsProcessTest : public DataPlaneFixture {
  protected:
   // Workers 0 and 1 on node-a, 2 and 3 on node-b; `steps` steps.
-  void StartAndStep(int64_t steps) {
+  void StartAndStep(int64_t steps, const std::string& checkpoint_dir = "") {
     ClusterOptions cluster = {.workers = kWorkers,
                               .io_timeout_ms = 5000,
                               .lease_ttl_ms = 1500,
                               .heartbeat_interval_ms = 200};
+    cluster.checkpoint_dir = checkpoint_dir;
+    cluster.checkpoint_every = checkpoint_dir.empty() ? 0 : 1;
     // 1 MB/s a GPU between nodes: the small model's updates crossing it
     // would cost more than each node computing every one.
     cluster.network_gbs = 0.001;
@@ -85,14 +92,15 @@ TEST_F(OwnerGroupsProcessTest, EachNodeOwnsEveryMatrixAndTrainsAsTheReplay) {
   EXPECT_EQ(plan().nodes(), 2);
   const std::vector<std::vector<int>> groups = Groups();
   ASSERT_EQ(groups.size(), 2u) << plan().DebugString();
-  EXPECT_EQ(std::set<int>(groups[0].begin(), groups[0].end()),
-            (std::set<int>{0, 1}));
-  EXPECT_EQ(std::set<int>(groups[1].begin(), groups[1].end()),
-            (std::set<int>{2, 3}));
+  // One group per node, in the order the plan's ranks meet the nodes.
+  std::set<std::set<int>> nodes;
+  for (const std::vector<int>& g : groups) nodes.insert({g.begin(), g.end()});
+  EXPECT_EQ(nodes, (std::set<std::set<int>>{{0, 1}, {2, 3}}));
   // Owners name the first group's workers; every worker has its batches.
+  const std::set<int> first(groups[0].begin(), groups[0].end());
   for (const v1::MatrixPlacement& m : plan().matrices()) {
     for (const std::string& owner : m.owners()) {
-      EXPECT_LT(WorkerIndex(owner), 2) << m.name();
+      EXPECT_EQ(first.count(WorkerIndex(owner)), 1u) << m.name();
     }
   }
   std::set<std::string> batched;
@@ -145,6 +153,85 @@ TEST_F(OwnerGroupsProcessTest, AKilledWorkersMomentumComesFromTheOtherNode) {
   EXPECT_TRUE(absl::StrContains(log, "momentum handover: sent 0, received"))
       << log;
   EXPECT_FALSE(absl::StrContains(log, "lost their previous owner")) << log;
+}
+
+// Every copy of some matrices lost at once: both workers at one position
+// (one on each node) killed after step 3's checkpoint. Their restarted
+// processes restore those matrices from the job's checkpoint of step 3,
+// and training goes on exactly.
+TEST_F(OwnerGroupsProcessTest, EveryCopyLostIsRestoredFromTheCheckpoint) {
+  const std::string dir = testing::NewTempDir("owner-groups");
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(3, dir + "/ckpt"));
+  const std::vector<std::vector<int>> groups = Groups();
+  ASSERT_EQ(groups.size(), 2u) << plan().DebugString();
+  const int first = groups[0][1], second = groups[1][1];
+  for (const int w : {first, second}) {
+    ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(w, 3, /*restored=*/false));
+  }
+  for (const int w : {first, second}) ASSERT_NO_FATAL_FAILURE(KillWorker(w));
+  for (const int w : {first, second}) ASSERT_NO_FATAL_FAILURE(RestartWorker(w));
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  const std::vector<LoopOutcome> loops = RunTrainerLoops(4, 8, 3);
+  for (int r = 0; r < trainers(); ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
+    for (const StepOutcome& o : loops[r].attempts) {
+      if (o.result.ok()) {
+        EXPECT_EQ(o.result->momentum_reset, 0);
+      }
+    }
+  }
+  for (int64_t step = 4; step <= 8; ++step) {
+    ASSERT_TRUE(reference_->Step(step).ok());
+  }
+  ExpectMatchesReference(*reference_, kExact);
+}
+
+// A rolling restart (SIGTERM, one worker at a time) of a grouped job while
+// the trainers step as a user's loop does: each drain plans without groups
+// (a rank that owns nothing), the restart plans them again, and every
+// change hands the momentum over: to owners with no copy from a holder of
+// their group, or from one still owning it in another group. Strict, no
+// checkpoints: nothing is reset, and the run ends bit-identical.
+TEST_F(OwnerGroupsProcessTest, ARollingRestartOfAGroupedJobLosesNothing) {
+  constexpr int64_t kSteps = 120;
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(0));
+  ASSERT_EQ(Groups().size(), 2u) << plan().DebugString();
+  LoopProgress done(trainers());
+  std::vector<RetryingLoop> loops;
+  std::thread trainers_thread(
+      [&] { loops = RunRetryingLoops(1, kSteps, &done); });
+  int restarted = 0;
+  for (int w = 0; w < kWorkers; ++w) {
+    if (!done.WaitFor(15 + 25 * w, absl::Seconds(120))) break;
+    SignalWorker(w, SIGTERM);
+    const absl::StatusOr<int> exited = WaitForWorkerExit(w, absl::Seconds(30));
+    ASSERT_TRUE(exited.ok())
+        << "worker " << w << ": " << exited.status() << "\n"
+        << WorkerLog(w);
+    EXPECT_TRUE(absl::StrContains(WorkerLog(w), "drained: step"))
+        << WorkerLog(w);
+    ASSERT_NO_FATAL_FAILURE(RestartWorker(w));
+    ++restarted;
+  }
+  trainers_thread.join();
+  ASSERT_EQ(restarted, kWorkers) << "stalled at step " << done.Slowest();
+  int64_t resets = 0;
+  for (int r = 0; r < trainers(); ++r) {
+    EXPECT_TRUE(loops[r].finished)
+        << "trainer " << r << " stopped after step " << loops[r].last_done
+        << ": " << loops[r].last_failure;
+    resets += loops[r].resets;
+  }
+  EXPECT_EQ(resets, 0);
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    ASSERT_TRUE(reference_->Step(step).ok());
+  }
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  EXPECT_EQ(Groups().size(), 2u) << plan().DebugString();
+  ExpectMatchesReference(*reference_, kExact);
 }
 
 }  // namespace
