@@ -21,6 +21,17 @@ inline std::pair<int64_t, int64_t> TrainerRowRange(int64_t rows, int rank,
   return {begin, std::min(rows, begin + chunk)};
 }
 
+// The rows of trainer `rank` of `count` when the trainers form `replicas`
+// replica groups (HSDP: JobSpec.replicas; 0 or 1: none) of count / replicas
+// ranks each, ranks r*S .. r*S+S-1: a replica group splits the rows among
+// its S ranks, the rank holding shard rank % S. `count` must be a multiple
+// of `replicas`.
+inline std::pair<int64_t, int64_t> ReplicaRowRange(int64_t rows, int rank,
+                                                   int count, int replicas) {
+  const int shards = replicas > 1 ? count / replicas : count;
+  return TrainerRowRange(rows, rank % shards, shards);
+}
+
 }  // namespace muonps
 
 #endif  // MUONPS_COMMON_ROW_RANGES_H_
