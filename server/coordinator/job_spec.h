@@ -67,6 +67,11 @@ struct JobSpec {
   // The trainers (their world size); 0: as many as the workers that are
   // not dedicated. Plans rank that many such workers (RankedMembers).
   int32_t trainers = 0;
+  // HSDP's replica groups of the trainers: > 1, the trainers form this many
+  // groups of trainers / replicas consecutive ranks each, and the plans'
+  // owner groups are they once every rank's trainer rank is known
+  // (PlanSnapshot::replica_groups). 0 or 1: none.
+  int32_t replicas = 0;
   bool allow_momentum_reset = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;

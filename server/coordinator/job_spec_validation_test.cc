@@ -301,6 +301,44 @@ TEST(ValidateJobSpecTest, BucketBytesMustBeInZeroToOneTiB) {
   EXPECT_TRUE(SpecStatus([](v1::JobSpec* s) { s->set_bucket_bytes(0); }).ok());
 }
 
+TEST(ValidateJobSpecTest, ReplicasNeedTrainersInGroupsOfOneSizeAndNoUnreduced) {
+  // ValidSpec's experts are unreduced: a replicas spec makes them row-sharded.
+  const auto hsdp = [](int replicas, int trainers) {
+    return [=](v1::JobSpec* s) {
+      s->mutable_matrices(1)->set_layout(v1::LAYOUT_ROW_SHARDED);
+      s->set_replicas(replicas);
+      s->set_trainers(trainers);
+    };
+  };
+  EXPECT_TRUE(SpecStatus(hsdp(2, 4)).ok());
+  EXPECT_TRUE(SpecStatus(hsdp(4, 4)).ok());
+  // 0 and 1: no replica groups, whatever the trainers.
+  EXPECT_TRUE(SpecStatus(hsdp(1, 0)).ok());
+  EXPECT_TRUE(SpecStatus([](v1::JobSpec* s) { s->set_replicas(0); }).ok());
+  EXPECT_THAT(SpecStatus(hsdp(-1, 4)),
+              IsFieldError(absl::StatusCode::kInvalidArgument, "job.replicas"));
+  // The trainers unset, or not a multiple of the replicas.
+  EXPECT_THAT(SpecStatus(hsdp(2, 0)),
+              IsFieldError(absl::StatusCode::kInvalidArgument, "job.replicas"));
+  const absl::Status uneven = SpecStatus(hsdp(2, 3));
+  EXPECT_THAT(uneven,
+              IsFieldError(absl::StatusCode::kInvalidArgument, "job.replicas"));
+  EXPECT_THAT(uneven.message(), HasSubstr("job.trainers"));
+  EXPECT_THAT(SpecStatus([&](v1::JobSpec* s) {
+                hsdp(2, 4)(s);
+                s->set_dedicated_workers(1);
+              }),
+              IsFieldError(absl::StatusCode::kInvalidArgument, "job.replicas"));
+  const absl::Status unreduced =
+      SpecStatus([](v1::JobSpec* s) {  // ValidSpec's experts stay unreduced
+        s->set_replicas(2);
+        s->set_trainers(4);
+      });
+  EXPECT_THAT(unreduced,
+              IsFieldError(absl::StatusCode::kInvalidArgument, "job.replicas"));
+  EXPECT_THAT(unreduced.message(), HasSubstr("layers.0.moe.experts"));
+}
+
 TEST(ValidateCreateJobTest, RequestIdOver64BytesIsInvalidAndSpecIsChecked) {
   v1::CreateJobRequest request;
   *request.mutable_job() = ValidSpec();

@@ -122,6 +122,7 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& spec) {
   out.bucket_bytes = spec.bucket_bytes();
   out.dedicated_workers = spec.dedicated_workers();
   out.trainers = spec.trainers();
+  out.replicas = spec.replicas();
   out.allow_momentum_reset = spec.allow_momentum_reset();
   out.checkpoint_dir = spec.checkpoint_dir();
   out.checkpoint_every = spec.checkpoint_every();
@@ -146,6 +147,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& spec) {
   out.set_bucket_bytes(spec.bucket_bytes);
   out.set_dedicated_workers(spec.dedicated_workers);
   out.set_trainers(spec.trainers);
+  out.set_replicas(spec.replicas);
   out.set_allow_momentum_reset(spec.allow_momentum_reset);
   out.set_checkpoint_dir(spec.checkpoint_dir);
   out.set_checkpoint_every(spec.checkpoint_every);

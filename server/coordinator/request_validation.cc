@@ -68,6 +68,39 @@ absl::Status ValidateAdamW(const AdamWSettings& h) {
   return absl::OkStatus();
 }
 
+// HSDP's replica groups: the trainers split into groups of one size, each
+// trainer's worker in its group, every group holding the same gradients.
+absl::Status ValidateReplicas(const JobSpec& spec) {
+  if (spec.replicas < 0) {
+    return InvalidField("job.replicas", absl::StrCat(spec.replicas, " is < 0"));
+  }
+  if (spec.replicas <= 1) return absl::OkStatus();
+  if (spec.trainers <= 0 || spec.trainers % spec.replicas != 0) {
+    return InvalidField("job.replicas",
+                        absl::StrCat(spec.replicas,
+                                     " replica groups need job.trainers set to "
+                                     "a multiple of them, got ",
+                                     spec.trainers));
+  }
+  if (spec.dedicated_workers > 0) {
+    return InvalidField(
+        "job.replicas",
+        absl::StrCat("replica groups take no dedicated workers; "
+                     "job.dedicated_workers is ",
+                     spec.dedicated_workers));
+  }
+  for (size_t i = 0; i < spec.matrices.size(); ++i) {
+    const scheduler::MatrixSpec& m = spec.matrices[i];
+    if (m.layout != scheduler::Layout::kUnreduced) continue;
+    return InvalidField(
+        "job.replicas",
+        absl::StrCat("replica groups need every gradient reduced; "
+                     "job.matrices[",
+                     i, "] ", Quoted(m.name), " is unreduced"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateId(absl::string_view value, absl::string_view field) {
@@ -105,6 +138,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec, const Limits& limits) {
   MUONPS_RETURN_IF_ERROR(
       InRange(spec.dedicated_workers, 0, 1024, "job.dedicated_workers"));
   MUONPS_RETURN_IF_ERROR(InRange(spec.trainers, 0, 1024, "job.trainers"));
+  MUONPS_RETURN_IF_ERROR(ValidateReplicas(spec));
   MUONPS_RETURN_IF_ERROR(InRange(spec.checkpoint_every, 0, int64_t{1} << 40,
                                  "job.checkpoint_every"));
   if (!spec.checkpoint_dir.empty() &&

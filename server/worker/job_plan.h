@@ -22,6 +22,10 @@ struct JobSettings {
   kernels::MuonHyperparameters muon;            // defaults filled in
   int64_t bucket_bytes = int64_t{64} << 20;     // of the step schedule
   int dedicated_workers = 0;                    // workers with no trainer
+  // HSDP's replica groups of the trainers (JobSpec.replicas): > 1, the
+  // plan's owner groups are they, and a row-sharded matrix's rows are split
+  // over the trainers / replicas ranks of one. 0 or 1: none.
+  int replicas = 0;
   // A matrix whose owner left and whose momentum no checkpoint holds
   // starts from zero (true) or fails the step (false).
   bool allow_momentum_reset = false;

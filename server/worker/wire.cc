@@ -127,6 +127,7 @@ absl::StatusOr<JobPlan> JobPlanFromProto(const v1::JobSpec& job,
     out.job.bucket_bytes = job.bucket_bytes();
   }
   out.job.dedicated_workers = job.dedicated_workers();
+  out.job.replicas = job.replicas();
   out.job.allow_momentum_reset = job.allow_momentum_reset();
   out.job.checkpoint_dir = job.checkpoint_dir();
   out.job.checkpoint_every = job.checkpoint_every();
