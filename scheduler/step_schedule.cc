@@ -180,14 +180,16 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
   }
   MUONPS_RETURN_IF_ERROR(CheckOwnerGroups(plan));
   if (!plan.groups.empty()) {
-    // Each group computes from its own trainers' gradients: they must be
-    // whole on every trainer.
+    // Each group computes from its own trainers' gradients: whole on every
+    // trainer (replicated), or split over the group's trainers
+    // (row_sharded, HSDP's replica groups); never parts of a sum over all.
     for (const MatrixSpec& spec : matrices) {
-      if (spec.layout == Layout::kReplicated) continue;
+      if (spec.layout != Layout::kUnreduced) continue;
       return InvalidField(
           "plan.groups",
-          absl::StrCat("owner groups need every matrix replicated; ",
-                       Quoted(spec.name), " is ", LayoutName(spec.layout)));
+          absl::StrCat("owner groups need every gradient whole or split "
+                       "within a group; ",
+                       Quoted(spec.name), " is unreduced"));
     }
   }
   return CheckBatches(matrices, plan);

@@ -125,7 +125,7 @@ struct ScheduleOptions {
 // INVALID_ARGUMENT naming the field if bucket_bytes or stack_bytes <= 0 or
 // `plan` does not belong to `matrices` (names, expert counts, owners out of
 // range), its owner groups are not valid (CheckOwnerGroups) or there are
-// groups and a matrix is not replicated, or a batch of the
+// groups and a matrix is unreduced, or a batch of the
 // plan disagrees with its owners: worker out of range, a second batch of one
 // (worker, shape), an item that is not the worker's or not of the batch's
 // shape, fewer or more items than the worker owns of that shape, an item

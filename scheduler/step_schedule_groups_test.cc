@@ -160,10 +160,23 @@ TEST_F(OwnerGroupsTest, SchedulesRefuseGroupsThatDoNotHold) {
   plan.dedicated = 1;
   refused(plan, "plan.groups", "dedicated");
   std::vector<MatrixSpec> mixed = input_.matrices;
-  mixed[2].layout = Layout::kRowSharded;
+  mixed[2].layout = Layout::kUnreduced;
   const absl::Status s = BuildStepSchedule(mixed, plan_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(s.message(), HasSubstr("\"l1.b\" is row_sharded")) << s;
+  EXPECT_THAT(s.message(), HasSubstr("\"l1.b\" is unreduced")) << s;
+  // Row-sharded matrices split within each group (HSDP): gathered to and
+  // scattered from the group's owner.
+  mixed[2].layout = Layout::kRowSharded;
+  absl::StatusOr<StepSchedule> hsdp = BuildStepSchedule(mixed, plan_);
+  ASSERT_TRUE(hsdp.ok()) << hsdp.status();
+  int gathers = 0;
+  for (const Bucket& b : hsdp->buckets) {
+    for (const Transfer& t : b.to_owners) {
+      EXPECT_EQ(t.kind, TransferKind::kGatherToOwner);
+      ++gathers;
+    }
+  }
+  EXPECT_EQ(gathers, 2);  // one per group
 }
 
 TEST(ChooseOwnerGroupsTest, OneGroupPerNodeOnlyForReplicatedJobsOnEqualNodes) {

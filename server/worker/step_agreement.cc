@@ -91,6 +91,34 @@ absl::Status RoundAgreement::LocalProblem(const StepRequest& request,
   return absl::OkStatus();
 }
 
+std::string RoundAgreement::ReplicaGroupProblem(
+    absl::Span<const StepHeader> headers) const {
+  const int replicas = plan_.job.replicas;
+  if (replicas <= 1) return "";
+  if (plan_.groups.count() != replicas) {
+    return absl::StrCat(
+        "plan version ", plan_.version, " has ", plan_.groups.count(),
+        " owner group(s); a job of ", replicas,
+        " replica groups (JobSpec.replicas) steps on a plan of one owner group "
+        "per replica group, which the coordinator makes once every worker's "
+        "heartbeat names its trainer; retry");
+  }
+  const int shards = trainers_ / replicas;
+  for (size_t r = 0; r < headers.size(); ++r) {
+    const int32_t trainer = headers[r].trainer_rank;
+    if (trainer < 0) continue;
+    const int32_t group = plan_.groups.group_of(static_cast<int32_t>(r));
+    if (trainer / shards != group) {
+      return absl::StrCat(
+          "worker ", Quoted(plan_.ownership.worker_ids[r]), " serves trainer ",
+          trainer, " of replica group ", trainer / shards,
+          " but is in owner group ", group, " of plan version ", plan_.version,
+          "; the coordinator plans again from the workers' heartbeats; retry");
+    }
+  }
+  return "";
+}
+
 absl::Status RoundAgreement::Agree(const StepRequest& request,
                                    const absl::Status& intact,
                                    RoundDecision* decision) {
@@ -140,6 +168,18 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers, 0));
     *decision = DecideRound(headers, trainers_, plan_.ownership.worker_ids,
                             ledger_.instance);
+    if (static_cast<RoundKind>(decision->kind) == RoundKind::kGo) {
+      const std::string problem = ReplicaGroupProblem(headers);
+      if (!problem.empty()) {
+        const RoundDecision go = *decision;
+        *decision =
+            Rejected(absl::StatusCode::kUnavailable,
+                     absl::StrCat("step ", go.step_id,
+                                  " rejected, nothing was changed: ", problem),
+                     go.committed, go.resolve != 0);
+        decision->decider = go.decider;
+      }
+    }
     if (static_cast<RoundKind>(decision->kind) == RoundKind::kGo &&
         trainer_ != nullptr) {
       // Claimed before anyone stages the step: should this worker stop

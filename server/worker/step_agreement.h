@@ -70,6 +70,10 @@ class RoundAgreement {
   const StepRoster& roster() const { return roster_; }
 
  private:
+  // Rank 0, for a job of HSDP replica groups (JobSettings::replicas > 1):
+  // why the plan's owner groups do not follow the trainers' replica groups
+  // by the ranks' `headers` ("" when they do, or the job has none).
+  std::string ReplicaGroupProblem(absl::Span<const StepHeader> headers) const;
   // Why this rank cannot step (OK: it can), with the code its rejection
   // carries: ABORTED for a call that was cancelled or passed its deadline
   // (a retry runs the step), INVALID_ARGUMENT for a request no retry

@@ -427,10 +427,12 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
                         absl::StrCat(request.trainer_pid, " < 0"));
   }
   trainer_asked_ms_.store(absl::ToUnixMillis(absl::Now()));
+  trainer_rank_.store(request.trainer_rank);
   TrainerBuffersOpener open;
   kernels::DeviceOps* ops = nullptr;
   WindowLender* lender = nullptr;
   std::vector<scheduler::MatrixSpec> matrices;
+  int replicas = 0;
   {
     absl::MutexLock lock(&mu_);
     open = backend_.open_buffers;
@@ -452,6 +454,7 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
                                   request.trainer_rank, request.trainer_pid));
     }
     matrices = plan_.matrices;
+    replicas = plan_.job.replicas;
   }
   // Mapping (shm_open, cudaIpcOpenMemHandle), checking every binding and
   // allocating the work buffers are slow: outside the lock, against the
@@ -466,7 +469,7 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
                      DeviceName(device_)));
   }
   MUONPS_ASSIGN_OR_RETURN(AttachedTrainer trainer,
-                          BindTrainer(request, matrices, *buffers));
+                          BindTrainer(request, matrices, replicas, *buffers));
   // What a worker before this one wrote of the parameters' steps.
   absl::StatusOr<StepRecord> record = buffers->ReadRecord();
   if (record.ok()) {

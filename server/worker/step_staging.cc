@@ -333,7 +333,7 @@ absl::Status StepStaging::PrepareFollowerBuffers() {
 
 std::pair<int64_t, int64_t> StepStaging::RowsOfTrainer(int64_t rows,
                                                        int trainer) const {
-  return TrainerRowRange(rows, trainer, trainers_);
+  return ReplicaRowRange(rows, trainer, trainers_, plan_.job.replicas);
 }
 
 bool StepStaging::FullParam(int32_t matrix) const {
@@ -373,7 +373,8 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
       }
       continue;
     }
-    // kGatherToOwner: row ranges of every trainer onto the owner.
+    // kGatherToOwner: row ranges of every trainer of the owner's group
+    // onto the owner.
     if (!mine) {
       if (b == nullptr) continue;  // no trainer, no rows
       const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_->rank);
@@ -383,7 +384,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
       bytes_ += local * 4;
       continue;
     }
-    for (int r = 0; r < t_.size(); ++r) {
+    for (const int r : plan_.group_members) {
       if (roster_.trainer_rank_of[r] < 0) continue;  // no trainer, no rows
       const auto [rb, re] =
           RowsOfTrainer(spec.rows, roster_.trainer_rank_of[r]);
@@ -508,7 +509,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         !FullParam(x.item.matrix)) {
       if (mine) {
         MUONPS_RETURN_IF_ERROR(round_update());
-        for (int r = 0; r < t_.size(); ++r) {
+        for (const int r : plan_.group_members) {
           if (r == plan_.rank || roster_.trainer_rank_of[r] < 0) continue;
           const auto [rb, re] =
               RowsOfTrainer(spec.rows, roster_.trainer_rank_of[r]);

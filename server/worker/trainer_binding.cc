@@ -61,13 +61,19 @@ absl::Status CheckAdamWBinding(const TensorBinding& t,
 
 absl::StatusOr<AttachedTrainer> BindTrainer(
     const AttachRequest& request,
-    const std::vector<scheduler::MatrixSpec>& matrices,
+    const std::vector<scheduler::MatrixSpec>& matrices, int replicas,
     TrainerBuffers& buffers) {
   std::map<std::string, int> index;
   std::set<std::string> names, adamw_names;
   for (size_t m = 0; m < matrices.size(); ++m) {
     index[matrices[m].name] = static_cast<int>(m);
     names.insert(matrices[m].name);
+  }
+  if (replicas > 1 && request.trainer_count % replicas != 0) {
+    return InvalidField(
+        "trainer_count",
+        absl::StrCat(request.trainer_count, " trainers do not form the job's ",
+                     replicas, " replica groups (JobSpec.replicas)"));
   }
   AttachedTrainer trainer;
   trainer.rank = request.trainer_rank;
@@ -101,8 +107,8 @@ absl::StatusOr<AttachedTrainer> BindTrainer(
     }
     int64_t expected = full;
     if (spec.layout == scheduler::Layout::kRowSharded) {
-      const auto [begin, end] = TrainerRowRange(spec.rows, request.trainer_rank,
-                                                request.trainer_count);
+      const auto [begin, end] = ReplicaRowRange(
+          spec.rows, request.trainer_rank, request.trainer_count, replicas);
       expected = (end - begin) * spec.cols * spec.experts;
     }
     if (t.elements != expected || bound[it->second]) {

@@ -26,12 +26,13 @@ inline constexpr int64_t kMaxLentElements = int64_t{1} << 40;
 
 // The trainer's bindings checked against the job's `matrices` and mapped
 // from `buffers`, with their parameter groups and the digest the round's
-// agreement compares. INVALID_ARGUMENT naming the tensor (a bad binding,
-// one outside the lent memory); FAILED_PRECONDITION naming a job matrix
-// left unbound. The result is the caller's (its `buffers` still unset).
+// agreement compares; a row-sharded matrix's rows are the trainer's of the
+// job's `replicas` (ReplicaRowRange). INVALID_ARGUMENT naming the tensor (a bad
+// binding, one outside the lent memory); FAILED_PRECONDITION naming a job
+// matrix left unbound. The result is the caller's (its `buffers` still unset).
 absl::StatusOr<AttachedTrainer> BindTrainer(
     const AttachRequest& request,
-    const std::vector<scheduler::MatrixSpec>& matrices,
+    const std::vector<scheduler::MatrixSpec>& matrices, int replicas,
     TrainerBuffers& buffers);
 
 // Whether `a` and `b` are the same matrices (names, shapes, experts,
