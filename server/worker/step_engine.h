@@ -173,6 +173,9 @@ class StepEngine {
   // ranks this worker in place of one whose trainer never came). Never
   // waits.
   bool HasTrainer(absl::Duration recent) const;
+  // The rank the trainer that last asked to attach named (attached or
+  // refused: a standby's), -1 before any. Never waits.
+  int trainer_rank() const { return trainer_rank_.load(); }
 
   // Releases the attached trainer's buffers (unmapping its CUDA IPC or
   // shared memory, so its GPU memory can be freed) when its process is
@@ -310,6 +313,8 @@ class StepEngine {
   // When a trainer last asked to attach, or stepped while this worker was
   // not a rank (absl::ToUnixMillis), whatever the answer; 0: never.
   std::atomic<int64_t> trainer_asked_ms_{0};
+  // trainer_rank(), readable without mu_.
+  std::atomic<int> trainer_rank_{-1};
 };
 
 }  // namespace worker
