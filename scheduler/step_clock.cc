@@ -596,7 +596,7 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
     const std::vector<std::string>& worker_ids, int dedicated,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
     const ScheduleOptions& options,
-    const std::vector<std::vector<int32_t>>& offered,
+    const std::vector<std::vector<int32_t>>& offered, OwnerGroupsUse use,
     const PlanRanks& plan_ranks) {
   const auto scheduled =
       [&](OwnershipPlan plan) -> absl::StatusOr<TopologyPlan> {
@@ -618,6 +618,21 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
                      static_cast<int>(worker_ids.size()), settings)
         .predicted_seconds;
   };
+  // The first group's workers planned and copied over the groups.
+  const auto plan_grouped = [&]() -> absl::StatusOr<TopologyPlan> {
+    absl::StatusOr<OwnershipPlan> one = plan_ranks(offered[0], true);
+    if (!one.ok()) {
+      return Annotate(
+          one.status(),
+          absl::StrCat("one owner group of ", offered[0].size(), " workers"));
+    }
+    return scheduled(ReplicateOverGroups(*one, offered, worker_ids));
+  };
+  if (!offered.empty() && use == OwnerGroupsUse::kRequired) {
+    absl::StatusOr<TopologyPlan> out = plan_grouped();
+    if (out.ok()) out->grouped_seconds = out->grouping.predicted_seconds;
+    return out;
+  }
   std::vector<int32_t> all(worker_ids.size());
   std::iota(all.begin(), all.end(), 0);
   // The grouped plan on a thread of its own while this one plans every
@@ -627,14 +642,7 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
   std::thread grouping;
   if (!offered.empty()) {
     grouping = std::thread([&] {
-      absl::StatusOr<OwnershipPlan> one = plan_ranks(offered[0], true);
-      if (!one.ok()) {
-        grouped = Annotate(
-            one.status(),
-            absl::StrCat("one owner group of ", offered[0].size(), " workers"));
-        return;
-      }
-      grouped = scheduled(ReplicateOverGroups(*one, offered, worker_ids));
+      grouped = plan_grouped();
       if (!grouped.ok()) return;
       grouped->groups_offered = true;
       grouped->grouped_seconds = predicted(*grouped);

@@ -229,9 +229,11 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
 struct TopologyPlan {
   OwnershipPlan plan;
   StepGrouping grouping;
-  // Where owner groups were offered: the predicted step of the grouped
-  // plan (0 if it could not be made) and of the plan of every worker, and
-  // why the groups were not taken ("" when they were).
+  // Where owner groups were offered to be weighed: the predicted step of
+  // the grouped plan (0 if it could not be made) and of the plan of every
+  // worker, and why the groups were not taken ("" when they were). Where
+  // they were required: grouped_seconds is the grouping's prediction (0
+  // where it was not clocked), the rest stays unset.
   bool groups_offered = false;
   double grouped_seconds = 0;
   double ungrouped_seconds = 0;
@@ -244,24 +246,34 @@ struct TopologyPlan {
 using PlanRanks = std::function<absl::StatusOr<OwnershipPlan>(
     const std::vector<int32_t>& ranks, bool grouped)>;
 
+// What PlanOnTopology does with the owner groups it is given.
+enum class OwnerGroupsUse {
+  // Weighed against the plan of every worker (ChooseOwnerGroups' groups).
+  kWeighed,
+  // The plan has them (a job's own groups: HSDP's replica groups).
+  kRequired,
+};
+
 // The plan of `worker_ids.size()` workers (the last `dedicated` with no
 // trainer) and its schedule (ChooseStepGrouping with `models` by rank,
 // `settings` and `options`). Without `offered` owner groups (from
-// ChooseOwnerGroups, or none) every rank is planned at once. With groups
-// both ways: the first group's workers planned and copied over the groups
-// (ReplicateOverGroups), and every rank at once; the shorter predicted
-// step wins (ties: the groups, whose updates never leave a node). A
-// grouped plan that cannot be made (one group too small for the momentum)
-// or scheduled loses, saying why. The grouped plan is made on a thread of
-// its own beside the other (`plan_ranks` is called from two threads at
-// once). Errors: the plan of every rank's, or its schedule's (where the
-// groups' plan could be made, it stands alone then).
+// ChooseOwnerGroups, a job's own, or none) every rank is planned at once.
+// A grouped plan is the first group's workers planned and copied over the
+// groups (ReplicateOverGroups). Groups `kRequired` make the plan alone
+// (errors: its own, or its schedule's). Groups `kWeighed` are planned both
+// ways, grouped and every rank at once; the shorter predicted step wins
+// (ties: the groups, whose updates never leave a node). A grouped plan
+// that cannot be made (one group too small for the momentum) or scheduled
+// loses, saying why. The grouped plan is made on a thread of its own
+// beside the other (`plan_ranks` is called from two threads at once).
+// Errors: the plan of every rank's, or its schedule's (where the groups'
+// plan could be made, it stands alone then).
 absl::StatusOr<TopologyPlan> PlanOnTopology(
     const std::vector<MatrixSpec>& matrices,
     const std::vector<std::string>& worker_ids, int dedicated,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
     const ScheduleOptions& options,
-    const std::vector<std::vector<int32_t>>& offered,
+    const std::vector<std::vector<int32_t>>& offered, OwnerGroupsUse use,
     const PlanRanks& plan_ranks);
 
 }  // namespace scheduler

@@ -93,7 +93,7 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
   const absl::StatusOr<scheduler::TopologyPlan> planned =
       scheduler::PlanOnTopology(
           input.matrices, ids, /*dedicated=*/0, models, settings,
-          {.bucket_bytes = 0}, offered,
+          {.bucket_bytes = 0}, offered, scheduler::OwnerGroupsUse::kWeighed,
           [&](const std::vector<int32_t>& ranks, bool /*grouped*/) {
             PlanInput some{input.matrices, {}, input.options};
             for (const int32_t r : ranks)

@@ -106,7 +106,8 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   for (int w = 0; w < config.gpus; ++w) ids.push_back(WorkerId(w));
   absl::StatusOr<scheduler::TopologyPlan> planned = scheduler::PlanOnTopology(
       config.matrices, ids, /*dedicated=*/0, models, settings, config.schedule,
-      offered, [&](const std::vector<int32_t>& ranks, bool /*grouped*/) {
+      offered, scheduler::OwnerGroupsUse::kWeighed,
+      [&](const std::vector<int32_t>& ranks, bool /*grouped*/) {
         return scheduler::PlanOwnership(MakePlanInput(config, ranks));
       });
   if (!planned.ok()) return Annotate(planned.status(), "planner");

@@ -66,6 +66,7 @@ HeartbeatRequest HeartbeatRequestFromProto(const v1::HeartbeatRequest& r) {
   HeartbeatRequest out{r.job(), r.worker_id(), r.instance_id(),
                        r.plan_version(), r.worker_token()};
   out.has_trainer = r.has_trainer();
+  if (r.has_trainer_rank()) out.trainer_rank = r.trainer_rank();
   return out;
 }
 

@@ -111,6 +111,16 @@ bool JobMembers::SetHasTrainer(const std::string& worker_id, bool has_trainer) {
   return true;
 }
 
+bool JobMembers::SetTrainerRank(const std::string& worker_id,
+                                std::optional<int32_t> trainer_rank) {
+  WorkerRecord& worker = workers_.at(worker_id);
+  if (!trainer_rank.has_value() || worker.trainer_rank == trainer_rank) {
+    return false;
+  }
+  worker.trainer_rank = trainer_rank;
+  return true;
+}
+
 void JobMembers::Touch(std::string reason) {
   ++generation_;
   reasons_.push_back(std::move(reason));

@@ -52,6 +52,10 @@ struct WorkerRecord {
   // Live state, not stored: a restarted coordinator learns it again from
   // the next heartbeats, and keeps the ranks of its stored plan meanwhile.
   bool has_trainer = false;
+  // The rank of its trainer, as its heartbeats last named one; kept while
+  // they name none (a trainer attaching again mostly has the same rank).
+  // Live state, not stored, like has_trainer. nullopt: never named.
+  std::optional<int32_t> trainer_rank;
 };
 
 class JobMembers {
@@ -100,6 +104,11 @@ class JobMembers {
   // Records what `worker_id`'s heartbeat says of its trainer; true when
   // that changed (no generation: see Touch).
   bool SetHasTrainer(const std::string& worker_id, bool has_trainer);
+  // Records the trainer rank `worker_id`'s heartbeat names (nullopt: none,
+  // which keeps the one it named before); true when that changed it (no
+  // generation: see Touch).
+  bool SetTrainerRank(const std::string& worker_id,
+                      std::optional<int32_t> trainer_rank);
   // A change that needs a new plan and no store op (a standby's trainer):
   // a new generation with `reason`.
   void Touch(std::string reason);

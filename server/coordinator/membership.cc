@@ -140,6 +140,9 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
   if (r.plan_version < 0) {
     return InvalidField("plan_version", absl::StrCat(r.plan_version, " < 0"));
   }
+  if (r.trainer_rank.has_value() && *r.trainer_rank < 0) {
+    return InvalidField("trainer_rank", absl::StrCat(*r.trainer_rank, " < 0"));
+  }
   absl::MutexLock lock(table_->mutex());
   MUONPS_ASSIGN_OR_RETURN(JobRecord * job, table_->Find(r.job));
   MUONPS_ASSIGN_OR_RETURN(
@@ -157,6 +160,7 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
   }
   worker->lease_expiry = clock_() + options_.lease_ttl;
   worker->reported_version = r.plan_version;
+  bool touched = false;
   if (job->members.SetHasTrainer(r.worker_id, r.has_trainer) &&
       job->spec->trainers > 0) {
     // A standby whose trainer attached while a rank has none changes the
@@ -165,6 +169,19 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
       job->members.Touch(
           absl::StrCat("worker ", r.worker_id,
                        r.has_trainer ? " has a trainer" : " has no trainer"));
+      touched = true;
+    }
+  }
+  // A job of replica groups groups its ranks by their trainers' ranks
+  // (PlanSnapshot::replica_groups): a rank's new trainer rank may change
+  // them, planned by the lease monitor too (a plan whose groups it leaves
+  // as they are stands).
+  if (job->members.SetTrainerRank(r.worker_id, r.trainer_rank) &&
+      job->spec->replicas > 1 && !touched) {
+    const std::vector<std::string> ranked = RankedMembers(*job);
+    if (std::find(ranked.begin(), ranked.end(), r.worker_id) != ranked.end()) {
+      job->members.Touch(absl::StrCat("worker ", r.worker_id,
+                                      "'s trainer is rank ", *r.trainer_rank));
     }
   }
   return HeartbeatReply{options_.lease_ttl, latest, worker->draining};

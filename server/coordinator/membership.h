@@ -48,6 +48,8 @@ struct HeartbeatRequest {
   std::string certificate;  // the call's (JoinRequest::certificate)
   // A trainer is attached to the worker, or asked to attach lately.
   bool has_trainer = false;
+  // That trainer's rank; nullopt while none is known.
+  std::optional<int32_t> trainer_rank;
 };
 
 struct HeartbeatReply {

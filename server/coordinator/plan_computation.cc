@@ -75,6 +75,19 @@ std::vector<std::string> RankedMembers(const JobRecord& job) {
 
 namespace {
 
+// Owner groups by worker id: `groups[g][s]` indexes `ids`.
+std::vector<std::vector<std::string>> GroupIds(
+    const std::vector<std::vector<int32_t>>& groups,
+    const std::vector<std::string>& ids) {
+  std::vector<std::vector<std::string>> out;
+  out.reserve(groups.size());
+  for (const std::vector<int32_t>& group : groups) {
+    std::vector<std::string>& named = out.emplace_back();
+    for (const int32_t rank : group) named.push_back(ids.at(rank));
+  }
+  return out;
+}
+
 // Whether the job's newest plan ranks exactly `ranked` (in any order).
 bool NewestPlanRanks(const JobRecord& job,
                      const std::vector<std::string>& ranked) {
@@ -101,9 +114,12 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
   s.ns_steps = muon.ns_steps > 0 ? muon.ns_steps : 5;
   s.algorithm = muon.ns_algorithm.value_or(scheduler::AlgorithmPolicy::kAuto);
   s.bucket_bytes = job.spec->bucket_bytes;
+  s.replicas = job.spec->replicas;
   const std::vector<std::string> ranked = RankedMembers(job);
+  std::vector<std::optional<int32_t>> trainer_ranks;
   for (const std::string& id : ranked) {
     const WorkerRecord& w = job.members.at(id);
+    trainer_ranks.push_back(w.join.dedicated ? std::nullopt : w.trainer_rank);
     s.dedicated += w.join.dedicated ? 1 : 0;
     scheduler::WorkerSpec spec;
     spec.id = id;
@@ -135,10 +151,65 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
       s.unchanged = false;
     }
   }
+  if (s.replicas > 1) {
+    s.replica_groups = ReplicaGroups(s.replicas, job.spec->trainers,
+                                     trainer_ranks, &s.no_replica_groups);
+    // New replica groups make a new plan. Trainer ranks not (yet) all
+    // known leave the previous plan's groups as they were: its workers
+    // step once they are known again (restarted trainers, a restarted
+    // coordinator), with no momentum moved meanwhile.
+    if (!s.replica_groups.empty() &&
+        (s.previous == nullptr || GroupIds(s.previous->ownership.groups,
+                                           s.previous->ownership.worker_ids) !=
+                                      GroupIds(s.replica_groups, ranked))) {
+      s.unchanged = false;
+    }
+  }
   s.reason = job.members.reasons().empty()
                  ? std::string("re-plan")
                  : absl::StrJoin(job.members.reasons(), "; ");
   return s;
+}
+
+std::vector<std::vector<int32_t>> ReplicaGroups(
+    int replicas, int trainers,
+    const std::vector<std::optional<int32_t>>& trainer_ranks,
+    std::string* why) {
+  const int ranks = static_cast<int>(trainer_ranks.size());
+  if (replicas <= 1 || trainers % replicas != 0 || ranks != trainers) {
+    *why = absl::StrCat(ranks, " ranks of ", trainers, " trainers in ",
+                        replicas, " replica groups");
+    return {};
+  }
+  const int size = trainers / replicas;
+  std::vector<int32_t> rank_of(trainers, -1);  // by trainer rank
+  std::vector<std::string> unknown;
+  for (int r = 0; r < ranks; ++r) {
+    const std::optional<int32_t>& t = trainer_ranks[r];
+    if (!t.has_value()) {
+      unknown.push_back(absl::StrCat(r));
+      continue;
+    }
+    if (*t < 0 || *t >= trainers) {
+      *why = absl::StrCat("rank ", r, "'s trainer is rank ", *t,
+                          ", not one of the ", trainers, " trainers");
+      return {};
+    }
+    if (rank_of[*t] >= 0) {
+      *why = absl::StrCat("ranks ", rank_of[*t], " and ", r,
+                          " both name trainer rank ", *t);
+      return {};
+    }
+    rank_of[*t] = r;
+  }
+  if (!unknown.empty()) {
+    *why = absl::StrCat("the trainer ranks of ranks ",
+                        absl::StrJoin(unknown, ", "), " are not known yet");
+    return {};
+  }
+  std::vector<std::vector<int32_t>> groups(replicas);
+  for (int t = 0; t < trainers; ++t) groups[t / size].push_back(rank_of[t]);
+  return groups;
 }
 
 scheduler::Topology TopologyOf(const std::vector<std::string>& nodes) {
@@ -187,13 +258,32 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   // position takes the slowest speed and the least memory of its members.
   // A drain (a rank that must own nothing) plans without groups: its
   // position would have to own nothing in every group.
-  std::vector<std::vector<int32_t>> groups = scheduler::ChooseOwnerGroups(
-      *s.matrices, settings.topology, static_cast<int>(s.workers.size()),
-      s.dedicated);
-  if (std::any_of(
-          s.workers.begin(), s.workers.end(),
-          [](const scheduler::WorkerSpec& w) { return w.owns_nothing; })) {
-    groups.clear();
+  //
+  // A job of replica groups (HSDP) has its own: each replica group's
+  // trainers hold the same gradients, split over the group, so its owners
+  // are its own workers. They are required, not weighed, and a drain keeps
+  // them (the draining rank's position owns nothing in every group: the
+  // workers step no plan without them). Until every rank's trainer rank is
+  // known there are none, and the workers step no such plan.
+  const bool replicas = s.replicas > 1;
+  std::vector<std::vector<int32_t>> groups;
+  if (replicas) {
+    groups = s.replica_groups;
+    if (groups.empty()) {
+      spdlog::info(
+          "job {} plan version {}: no owner groups for its {} "
+          "replica groups yet: {}",
+          s.job, s.version, s.replicas, s.no_replica_groups);
+    }
+  } else {
+    groups = scheduler::ChooseOwnerGroups(*s.matrices, settings.topology,
+                                          static_cast<int>(s.workers.size()),
+                                          s.dedicated);
+    if (std::any_of(
+            s.workers.begin(), s.workers.end(),
+            [](const scheduler::WorkerSpec& w) { return w.owns_nothing; })) {
+      groups.clear();
+    }
   }
   // The planner matches the previous plan's owners by worker id, and a
   // grouped plan's owners name its first group's workers. So owners are
@@ -212,7 +302,8 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     for (const int32_t rank : ranks) input.workers.push_back(s.workers[rank]);
     if (grouped) {
       // Each position stands for its member of every group: the slowest
-      // speed (a measured one included) and the least memory among them.
+      // speed (a measured one included) and the least memory among them,
+      // and it owns nothing where one of them drains.
       for (const std::vector<int32_t>& group : groups) {
         for (size_t p = 0; p < group.size(); ++p) {
           const scheduler::WorkerSpec& w = s.workers[group[p]];
@@ -220,6 +311,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
           position.speed = std::min(position.speed, w.speed);
           position.memory_bytes =
               std::min(position.memory_bytes, w.memory_bytes);
+          position.owns_nothing = position.owns_nothing || w.owns_nothing;
         }
       }
     }
@@ -257,11 +349,20 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   // ranks' topology (64 MiB on one node).
   absl::StatusOr<scheduler::TopologyPlan> planned = scheduler::PlanOnTopology(
       *s.matrices, ids, s.dedicated, pointers, settings,
-      {.bucket_bytes = s.bucket_bytes}, groups, plan_ranks);
+      {.bucket_bytes = s.bucket_bytes}, groups,
+      replicas ? scheduler::OwnerGroupsUse::kRequired
+               : scheduler::OwnerGroupsUse::kWeighed,
+      plan_ranks);
   const double plan_ms = std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - start)
                              .count();
   if (!planned.ok()) return planned.status();
+  if (replicas && !groups.empty()) {
+    spdlog::info(
+        "job {} plan version {}: {} owner groups of {} workers, "
+        "the replica groups by trainer rank",
+        s.job, s.version, groups.size(), groups[0].size());
+  }
   if (planned->groups_offered) {
     spdlog::info(
         "job {} plan version {}: {} owner groups, one per node, {} ({} ms "

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,12 @@ struct PlanSnapshot {
   int64_t bucket_bytes = 0;
   // Per rank: its node (WorkerDevice::node; "" unknown).
   std::vector<std::string> nodes;
+  // JobSpec::replicas. > 1: the plan's owner groups are `replica_groups`
+  // (ReplicaGroups of the ranks' trainer ranks), none while those are
+  // empty, `no_replica_groups` saying why; no groups of nodes.
+  int32_t replicas = 0;
+  std::vector<std::vector<int32_t>> replica_groups;
+  std::string no_replica_groups;
   // The links between them (CoordinatorOptions::links).
   scheduler::LinkFigures links;
   std::shared_ptr<const PublishedPlan> previous;  // null: the first plan
@@ -65,15 +72,29 @@ bool NewestPlanRanksMembers(const JobRecord& job);
 // held; `job` must have members.
 PlanSnapshot SnapshotForPlanning(const std::string& name, const JobRecord& job);
 
+// HSDP's replica groups of a job's ranks (JobSpec::replicas `replicas` >
+// 1 of `trainers` trainers), from the rank of each rank's trainer
+// (`trainer_ranks`, by plan rank; nullopt: not known): group g holds the
+// ranks whose trainers are g*S .. g*S+S-1 (S = trainers / replicas), by
+// trainer rank (a rank's position in its group is its trainer's rank % S).
+// Empty, with `why` said, unless there are `trainers` ranks and their
+// trainer ranks are all known, distinct and below `trainers`.
+std::vector<std::vector<int32_t>> ReplicaGroups(
+    int replicas, int trainers,
+    const std::vector<std::optional<int32_t>>& trainer_ranks, std::string* why);
+
 // The ranks' topology: equal node names are one node; when no rank names
 // one, every rank is on one node; an unnamed one is a node of its own.
 scheduler::Topology TopologyOf(const std::vector<std::string>& nodes);
 
 // The plan of `snapshot` (version, reason and planning time filled in; its
-// owner groups scheduler::ChooseOwnerGroups' on the ranks' topology, none
-// while a rank drains, planned on the first group's workers and copied to
-// every group; its bucket bound the spec's, or the one whose predicted step
-// on the ranks' topology is the shortest), or
+// owner groups the job's replica groups where it has them (required, a
+// draining rank's position owning nothing in every group), else
+// scheduler::ChooseOwnerGroups' on the ranks' topology where they predict
+// the shorter step, none while a rank drains; a grouped plan is planned on
+// the first group's workers and copied to every group; its bucket bound
+// the spec's, or the one whose predicted step on the ranks' topology is the
+// shortest), or
 // the planner's or the step schedule's error (e.g. RESOURCE_EXHAUSTED when
 // the workers' memory cannot hold the matrices). Thread-safe; takes no
 // lock.
