@@ -149,6 +149,10 @@ void WorkerAgent::MembershipLoop() {
     request.set_has_trainer(
         engine_ != nullptr &&
         engine_->HasTrainer(std::max(interval * 3, absl::Seconds(1))));
+    // Its rank: a job of replica groups groups the plan's ranks by it.
+    if (request.has_trainer() && engine_->trainer_rank() >= 0) {
+      request.set_trainer_rank(engine_->trainer_rank());
+    }
     grpc::ClientContext context;
     context.set_deadline(Deadline(interval * 2));
     v1::HeartbeatResponse response;
