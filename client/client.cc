@@ -129,15 +129,16 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
   t.layout = client_internal::ToLayout(options.layout);
   int64_t local_rows = rows;
   if (t.layout == scheduler::Layout::kRowSharded) {
-    const auto [begin, end] =
-        TrainerRowRange(rows, s.options.trainer_rank, s.options.trainer_count);
+    const auto [begin, end] = s.RowRange(rows);
     local_rows = end - begin;
     if (local_rows < 1) {
       return InvalidField(
           field,
-          absl::StrCat(rows, " rows split over ", s.options.trainer_count,
-                       " trainers as torch.chunk splits them leave none to "
-                       "trainer ",
+          absl::StrCat(rows, " rows split over ", s.ShardCount(),
+                       s.ShardCount() == s.options.trainer_count
+                           ? " trainers"
+                           : " trainers of a replica group (replicas)",
+                       " as torch.chunk splits them leave none to trainer ",
                        s.options.trainer_rank));
     }
   }
@@ -246,6 +247,32 @@ absl::Status Client::ExpectDedicatedWorkers(int count) {
   return absl::OkStatus();
 }
 
+absl::Status Client::SetReplicas(int replicas) {
+  Impl& s = *impl_;
+  MUONPS_RETURN_IF_ERROR(s.CheckNotStarted("replicas", "set"));
+  if (replicas < 0) {
+    return InvalidField("replicas", absl::StrCat(replicas, " < 0"));
+  }
+  if (replicas > 1 && s.options.trainer_count % replicas != 0) {
+    return InvalidField(
+        "replicas",
+        absl::StrCat(replicas, " replica groups do not divide trainer_count ",
+                     s.options.trainer_count,
+                     " (each group needs trainer_count / replicas ranks)"));
+  }
+  for (const Impl::Tensor& t : s.tensors) {
+    if (t.muon && t.layout == scheduler::Layout::kRowSharded) {
+      return FieldError(
+          absl::StatusCode::kFailedPrecondition, "replicas",
+          absl::StrCat("set after row-sharded matrix ", Quoted(t.name),
+                       " was declared; set it before declaring matrices "
+                       "(their rows depend on it)"));
+    }
+  }
+  s.replicas = replicas;
+  return absl::OkStatus();
+}
+
 absl::Status Client::AllowMomentumReset(bool allow) {
   MUONPS_RETURN_IF_ERROR(impl_->CheckNotStarted("allow_momentum_reset", "set"));
   impl_->allow_momentum_reset = allow;
@@ -317,10 +344,19 @@ absl::StatusOr<TensorBuffers> Client::Impl::BuffersOf(const Tensor& t) const {
   out.row_begin = 0;
   out.row_end = t.rows;
   if (t.muon && t.layout == scheduler::Layout::kRowSharded) {
-    std::tie(out.row_begin, out.row_end) =
-        TrainerRowRange(t.rows, options.trainer_rank, options.trainer_count);
+    std::tie(out.row_begin, out.row_end) = RowRange(t.rows);
   }
   return out;
+}
+
+int Client::Impl::ShardCount() const {
+  return replicas > 1 ? options.trainer_count / replicas
+                      : options.trainer_count;
+}
+
+std::pair<int64_t, int64_t> Client::Impl::RowRange(int64_t rows) const {
+  const int shards = ShardCount();
+  return TrainerRowRange(rows, options.trainer_rank % shards, shards);
 }
 
 }  // namespace muonps

@@ -111,6 +111,18 @@ class Client {
   // INVALID_ARGUMENT naming the field for a relative dir or every < 0.
   absl::Status SetCheckpointing(const std::string& dir, int64_t every);
 
+  // Before Start, and before any row-sharded matrix is declared: HSDP (a
+  // 2-D device mesh, replicate x shard; JobSpec.replicas). The trainers
+  // form `replicas` replica groups of S = trainer_count / replicas ranks
+  // each, ranks r*S .. r*S+S-1 (the mesh's row-major order); a row-sharded
+  // matrix's rows are split over the S ranks of a group, this rank holding
+  // TrainerRowRange(rows, trainer_rank % S, S), and every group holds the
+  // same gradients. 0 or 1 (the default): none. The same on every rank.
+  // INVALID_ARGUMENT naming `replicas` below 0 or not dividing
+  // trainer_count; FAILED_PRECONDITION naming it after Start or once a
+  // row-sharded matrix is declared (its rows would change).
+  absl::Status SetReplicas(int replicas);
+
   // Creates the segment (host trainers) and the job (a job of the same name
   // must have the same matrices), waits for the local worker to follow a
   // plan, attaches every tensor with its group. INVALID_ARGUMENT naming the

@@ -40,6 +40,9 @@ absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
   // The plans rank this many workers with trainers; another worker that
   // joins is a standby, not a rank every step waits for.
   spec->set_trainers(options.trainer_count);
+  // HSDP's replica groups; 1 is none, sent as 0 so that the spec matches
+  // a job created without them.
+  spec->set_replicas(replicas > 1 ? replicas : 0);
   spec->set_allow_momentum_reset(allow_momentum_reset);
   spec->set_checkpoint_dir(checkpoint_dir);
   spec->set_checkpoint_every(checkpoint_every);

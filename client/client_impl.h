@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -74,6 +75,13 @@ struct Client::Impl {
   Tensor* Find(const std::string& name);
   const Tensor* Find(const std::string& name) const;
   absl::StatusOr<TensorBuffers> BuffersOf(const Tensor& t) const;
+  // The ranks a row-sharded matrix's rows are split over: trainer_count,
+  // or the S ranks of this rank's replica group (SetReplicas).
+  int ShardCount() const;
+  // This rank's rows [begin, end) of a row-sharded matrix of `rows` rows:
+  // its shard (trainer_rank % S) of the ShardCount() ranks, as torch.chunk
+  // splits them.
+  std::pair<int64_t, int64_t> RowRange(int64_t rows) const;
   // FAILED_PRECONDITION naming `field` once started.
   absl::Status CheckNotStarted(const std::string& field,
                                const std::string& what) const;
@@ -103,6 +111,7 @@ struct Client::Impl {
   const ClientOptions options;
   const Device device;
   int dedicated_workers = 0;
+  int replicas = 0;  // SetReplicas; 0 or 1: none
   bool allow_momentum_reset = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;

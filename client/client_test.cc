@@ -2,7 +2,9 @@
 // what they are sent (client/fake_service.h): parameter groups travel once,
 // at attach; every step carries each group's values by index; values that
 // are not finite are refused before anything is sent; the host AdamW steps
-// each tensor with its group's lr and weight decay, once per step id.
+// each tensor with its group's lr and weight decay, once per step id; with
+// HSDP's replica groups a row-sharded matrix's rows are the rank's shard of
+// its group, and the job carries them.
 #include "client/client.h"
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -292,6 +295,92 @@ TEST(ClientCudaTest, GradientReadyNamesUndeclaredAdamWAndUnstartedTensors) {
   status = (*client)->GradientReady("w", nullptr);
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr("before Start"));
+}
+
+// HSDP: with 2 replica groups of 2 ranks each, trainer 3 holds the rows of
+// shard 1 of 2 (TrainerRowRange(31, 1, 2) = [16, 31)), not of rank 3 of 4
+// ([24, 31)), in its declared elements and its buffers alike; the job
+// carries the replicas. Without them, the split over every trainer stays.
+TEST(ClientReplicasTest, RowsAreThoseOfTheRanksShardInItsReplicaGroup) {
+  for (const int replicas : {0, 1, 2, 4}) {
+    SCOPED_TRACE(replicas);
+    testing::FakeService service;
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Create({.coordinator = service.coordinator_target(),
+                        .job = "hsdp",
+                        .worker_socket = service.worker_socket(),
+                        .trainer_rank = 3,
+                        .trainer_count = 4,
+                        .timeout = absl::Seconds(5)});
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->SetReplicas(replicas).ok());
+    ASSERT_TRUE(
+        (*client)
+            ->AddMatrix("w", 31, 5, {.layout = TensorLayout::kRowSharded})
+            .ok());
+    ASSERT_TRUE((*client)->AddMatrix("r", 6, 5).ok());  // replicated
+    ASSERT_TRUE((*client)->Start(MuonOptions(), AdamWOptions()).ok());
+    absl::StatusOr<TensorBuffers> w = (*client)->Buffers("w");
+    ASSERT_TRUE(w.ok()) << w.status();
+    // S = 4 / replicas ranks a group; rank 3 is shard 3 % S.
+    const std::pair<int64_t, int64_t> want =
+        replicas == 2   ? std::pair<int64_t, int64_t>{16, 31}
+        : replicas == 4 ? std::pair<int64_t, int64_t>{0, 31}
+                        : std::pair<int64_t, int64_t>{24, 31};
+    EXPECT_EQ(w->row_begin, want.first);
+    EXPECT_EQ(w->row_end, want.second);
+    EXPECT_EQ(w->elements, (want.second - want.first) * 5);
+    EXPECT_EQ(w->param_elements, w->elements);
+    absl::StatusOr<TensorBuffers> r = (*client)->Buffers("r");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->row_begin, 0);
+    EXPECT_EQ(r->row_end, 6);
+    const std::vector<v1::JobSpec> jobs = service.jobs();
+    ASSERT_EQ(jobs.size(), 1u);
+    EXPECT_EQ(jobs[0].trainers(), 4);
+    EXPECT_EQ(jobs[0].replicas(), replicas > 1 ? replicas : 0);
+    const std::vector<v1::AttachRequest> attaches = service.attaches();
+    ASSERT_EQ(attaches.size(), 1u);
+    EXPECT_EQ(attaches[0].tensors(0).elements(), w->elements);
+  }
+}
+
+TEST(ClientReplicasTest, BadReplicasAreRefusedNamingTheOption) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create({.coordinator = "127.0.0.1:1",
+                      .job = "job",
+                      .worker_socket = "/tmp/none.sock",
+                      .trainer_rank = 1,
+                      .trainer_count = 6});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status s = (*client)->SetReplicas(-1);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("replicas: -1 < 0"));
+  s = (*client)->SetReplicas(4);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("replicas: 4 replica groups do not "
+                                     "divide trainer_count 6"));
+  s = (*client)->SetReplicas(7);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_TRUE((*client)->SetReplicas(3).ok());
+  EXPECT_TRUE((*client)->SetReplicas(6).ok());
+  EXPECT_TRUE((*client)->SetReplicas(1).ok());
+  EXPECT_TRUE((*client)->SetReplicas(0).ok());
+  // A replicated matrix's rows do not depend on them; a row-sharded one's do.
+  ASSERT_TRUE((*client)->AddMatrix("r", 4, 4).ok());
+  EXPECT_TRUE((*client)->SetReplicas(2).ok());
+  // 1 row over the 3 ranks of a group leaves none to shard 1 (rank 1).
+  s = (*client)->AddMatrix("tiny", 1, 4, {.layout = TensorLayout::kRowSharded});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr("1 rows split over 3 trainers of a replica group"));
+  ASSERT_TRUE((*client)
+                  ->AddMatrix("w", 12, 4, {.layout = TensorLayout::kRowSharded})
+                  .ok());
+  s = (*client)->SetReplicas(3);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("replicas"));
+  EXPECT_THAT(s.message(), HasSubstr("\"w\""));
 }
 
 // A tensor within the bounds whose AdamW moments this host cannot hold is

@@ -9,10 +9,23 @@ namespace muonps {
 namespace testing {
 
 class FakeService::Coordinator final : public v1::Coordinator::Service {
-  grpc::Status CreateJob(grpc::ServerContext*, const v1::CreateJobRequest*,
+ public:
+  grpc::Status CreateJob(grpc::ServerContext*,
+                         const v1::CreateJobRequest* request,
                          v1::Job*) override {
+    absl::MutexLock lock(&mu_);
+    jobs_.push_back(request->job());
     return grpc::Status::OK;
   }
+
+  std::vector<v1::JobSpec> jobs() const {
+    absl::MutexLock lock(&mu_);
+    return jobs_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<v1::JobSpec> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 class FakeService::Worker final : public v1::Worker::Service {
@@ -94,6 +107,10 @@ std::string FakeService::coordinator_target() const {
 }
 
 std::string FakeService::worker_socket() const { return dir_ + "/worker.sock"; }
+
+std::vector<v1::JobSpec> FakeService::jobs() const {
+  return coordinator_->jobs();
+}
 
 std::vector<v1::AttachRequest> FakeService::attaches() const {
   return worker_->attaches();

@@ -36,6 +36,8 @@ class FakeService {
   void StopCoordinator();
   void StartCoordinator();
 
+  // The job of every CreateJob call, in order.
+  std::vector<v1::JobSpec> jobs() const;
   std::vector<v1::AttachRequest> attaches() const;
   std::vector<v1::StepRequest> steps() const;
 

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 8
+#define MUONPS_C_ABI_VERSION 9
 
 /* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
 #define MUONPS_MAX_GROUPS 1024
@@ -199,6 +199,17 @@ int muonps_client_gradient_ready(muonps_client* client, const char* name,
 /* Before start: the job expects `count` workers with no trainer
  * (muonps-worker --dedicated); start waits for a plan that has them. */
 int muonps_client_expect_dedicated_workers(muonps_client* client, int count);
+/* ABI 9: before start and before any row-sharded matrix is added: HSDP
+ * (a 2-D device mesh, replicate x shard; JobSpec.replicas). The trainers
+ * form `replicas` replica groups of S = trainer_count / replicas ranks
+ * each, ranks r*S .. r*S+S-1 (row-major); a row-sharded matrix's rows are
+ * split over the S ranks of a group, this rank holding those of shard
+ * trainer_rank % S (muonps_client_buffers' row range), and every group
+ * holds the same gradients. 0 or 1 (the default): none. The same on every
+ * rank. MUONPS_INVALID_ARGUMENT naming `replicas` below 0 or not dividing
+ * trainer_count; MUONPS_FAILED_PRECONDITION after start or once a
+ * row-sharded matrix is added. */
+int muonps_client_set_replicas(muonps_client* client, int replicas);
 /* Before start: `allow` nonzero lets a matrix whose owner left (its
  * momentum in no checkpoint) start again from zero momentum, counted in
  * muonps_step_result.momentum_reset; 0 (the default) fails such a step

@@ -136,6 +136,11 @@ int muonps_client_expect_dedicated_workers(muonps_client* c, int count) {
   return Record(c, c->client->ExpectDedicatedWorkers(count));
 }
 
+int muonps_client_set_replicas(muonps_client* c, int replicas) {
+  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
+  return Record(c, c->client->SetReplicas(replicas));
+}
+
 int muonps_client_allow_momentum_reset(muonps_client* c, int allow) {
   if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
   return Record(c, c->client->AllowMomentumReset(allow != 0));

@@ -70,6 +70,53 @@ TEST(MuonpsCTest, AllowMomentumResetIsSetBeforeStart) {
   muonps_client_destroy(client);
 }
 
+// ABI 9: HSDP's replica groups, against an in-process service: the job
+// carries them and trainer 3 of 4 in 2 groups holds the rows of shard 1 of
+// 2; bad values name `replicas`, and a null client is refused.
+TEST(MuonpsCTest, Abi9SetReplicasSplitsRowsOverTheRanksOfAReplicaGroup) {
+  EXPECT_EQ(muonps_client_set_replicas(nullptr, 2), MUONPS_INVALID_ARGUMENT);
+  muonps::testing::FakeService service;
+  muonps_client* client = nullptr;
+  ASSERT_EQ(
+      muonps_client_create(service.coordinator_target().c_str(), "hsdp",
+                           service.worker_socket().c_str(), 3, 4, 5, &client),
+      MUONPS_OK)
+      << muonps_last_create_error();
+  EXPECT_EQ(muonps_client_set_replicas(client, -2), MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("replicas"));
+  EXPECT_EQ(muonps_client_set_replicas(client, 3), MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("replicas: 3 replica groups do not divide "
+                        "trainer_count 4"));
+  ASSERT_EQ(muonps_client_set_replicas(client, 2), MUONPS_OK);
+  ASSERT_EQ(muonps_client_add_matrix(client, "w", 31, 5, 1,
+                                     MUONPS_LAYOUT_ROW_SHARDED, 0),
+            MUONPS_OK);
+  EXPECT_EQ(muonps_client_set_replicas(client, 4), MUONPS_FAILED_PRECONDITION);
+  EXPECT_THAT(std::string(muonps_client_last_error(client)),
+              HasSubstr("replicas"));
+  muonps_muon_hyper muon{};
+  muon.lr = 0.02;
+  muon.weight_decay = 0.1;
+  muon.momentum = 0.95;
+  const muonps_adamw_hyper adamw{1e-3, 0.9, 0.999, 1e-8, 0.0};
+  ASSERT_EQ(muonps_client_start(client, &muon, &adamw), MUONPS_OK)
+      << muonps_client_last_error(client);
+  int64_t elements = 0, begin = -1, end = -1;
+  ASSERT_EQ(muonps_client_buffers(client, "w", nullptr, nullptr, &elements,
+                                  &begin, &end),
+            MUONPS_OK);
+  EXPECT_EQ(begin, 16);  // torch.chunk's shard 1 of 31 rows over 2
+  EXPECT_EQ(end, 31);
+  EXPECT_EQ(elements, 15 * 5);
+  const std::vector<muonps::v1::JobSpec> jobs = service.jobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].replicas(), 2);
+  EXPECT_EQ(muonps_client_set_replicas(client, 2), MUONPS_FAILED_PRECONDITION);
+  muonps_client_destroy(client);
+}
+
 TEST(MuonpsCTest, CreateRejectsBadArgumentsWithAMessage) {
   muonps_client* client = reinterpret_cast<muonps_client*>(0x1);
   EXPECT_EQ(muonps_client_create(nullptr, "job", "/tmp/s", 0, 1, 0, &client),

@@ -6,7 +6,7 @@ declarations and re-exports the public names.
 
 import ctypes
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 # Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
 MAX_GROUPS = 1024
 
@@ -117,6 +117,7 @@ _SIGNATURES = {
     "muonps_client_lend_cuda": (_c_int, [_handle, _c_str, ctypes.c_uint64,
                                          ctypes.c_uint64, _c_str]),
     "muonps_client_expect_dedicated_workers": (_c_int, [_handle, _c_int]),
+    "muonps_client_set_replicas": (_c_int, [_handle, _c_int]),
     "muonps_client_allow_momentum_reset": (_c_int, [_handle, _c_int]),
     "muonps_client_set_checkpointing": (_c_int, [_handle, _c_str, _c_i64]),
     "muonps_client_checkpoint": (_c_int, [_handle,

@@ -226,6 +226,15 @@ class NativeClient:
         self._check(self._lib.muonps_client_expect_dedicated_workers(
             self._handle, count))
 
+    def set_replicas(self, replicas):
+        """HSDP (before start and before any row-sharded matrix is
+        added): the ranks form `replicas` replica groups of world_size /
+        replicas ranks each (a row-major 2-D device mesh), a row-sharded
+        matrix's rows split over the ranks of a group (this rank's shard:
+        rank % (world_size / replicas)). 0 or 1: none."""
+        self._check(self._lib.muonps_client_set_replicas(
+            self._handle, replicas))
+
     def allow_momentum_reset(self, allow):
         """Whether the job may restart lost momentum at zero (before
         start; False by default: such a step raises)."""
