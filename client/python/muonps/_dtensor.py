@@ -7,12 +7,23 @@ matrix whose rows PyTorch has already split: muonps and DTensor both split
 rows as torch.chunk does (common/row_ranges.h), so each rank lends its own
 local shard and the gradient FSDP2 reduce-scattered into it, with no
 gather in Python. The workers gather the rows of each matrix on its owner
-and send each rank back the rows of its update. Any other placement of a
-matrix (a tensor-parallel Shard(1), a 2-D mesh as in HSDP, Replicate or
-Partial) and 3-D expert stacks sharded on the expert dimension are refused,
-naming the parameter and its placement. A DTensor that is not a matrix
-is stepped by the one AdamW of its trainer kind: on the host, the client's
-(its local shard lent padded to the largest shard, see
+and send each rank back the rows of its update.
+
+HSDP, as `fully_shard(mesh=...)` makes it on a 2-D mesh (replicate x
+shard, placements `(Replicate(), Shard(0))`), is taken too: the R =
+mesh.size(0) replica groups of S = mesh.size(1) ranks each (the mesh's
+ranks in row-major order, group r holding ranks r*S .. r*S+S-1) each split
+a matrix's rows over their S ranks, rank % S holding torch.chunk's shard
+of that index, and every group holds the same reduced gradients. The job
+is then created with `replicas` = R (JobSpec.replicas), which every matrix
+of the model must agree on.
+
+Any other placement of a matrix (a tensor-parallel Shard(1), on a 1-D or a
+2-D mesh, other 2-D placements, a mesh of more dimensions, Replicate or
+Partial) and 3-D expert stacks sharded on the expert dimension are
+refused, naming the parameter and its placement. A DTensor that is not a
+matrix is stepped by the one AdamW of its trainer kind: on the host, the
+client's (its local shard lent padded to the largest shard, see
 adamw_lent_elements); on a GPU, torch.optim.AdamW (TorchAdamW), which
 steps DTensors as they are.
 """
@@ -50,10 +61,37 @@ def chunk_rows(rows, rank, world_size):
     return begin, min(rows, begin + chunk)
 
 
+def _is_row_shard(placement):
+    """Shard(0) (of a matrix: also written Shard(-2))."""
+    return placement.is_shard() and placement.dim in (0, -2)
+
+
+def _refuse_placement(where, placements):
+    """The ValueError for a matrix whose placements are not FSDP2's."""
+    if any(p.is_shard() and not _is_row_shard(p) for p in placements):
+        kind = "tensor-parallel sharding on dimension 1"
+    elif len(placements) == 1:
+        kind = f"placement {placements[0]}"
+    else:
+        kind = f"placements {placements} on a {len(placements)}-D mesh"
+    return ValueError(
+        f"{where}: {kind} is not supported; muonps orthogonalizes whole "
+        "matrices from row shards only, Shard(0) as FSDP2's fully_shard "
+        "places them on a 1-D mesh, or (Replicate(), Shard(0)) as it "
+        "places them on a 2-D mesh (HSDP). Keep tensor-parallel layers out "
+        "of muonps (is_matrix) or shard them on dimension 0")
+
+
 def check_row_sharded(name, p, rank, world_size):
     """Raises ValueError naming `name` unless the DTensor `p` is a matrix
-    sharded as muonps's row_sharded layout: Shard(0) over a 1-D mesh of all
-    `world_size` ranks in rank order, this rank holding its chunk_rows."""
+    sharded as muonps's row_sharded layout, and returns its replicas R:
+
+    - 1 for Shard(0) over a 1-D mesh of all `world_size` ranks in rank
+      order, this rank holding its chunk_rows of world_size;
+    - mesh.size(0) for HSDP, (Replicate(), Shard(0)) over a 2-D mesh of
+      R x S = world_size ranks in row-major order, this rank holding its
+      chunk_rows of S as shard rank % S (mesh.get_local_rank(1)).
+    """
     mesh, placements = p.device_mesh, tuple(p.placements)
     where = f"muonps.Muon: {name!r} is a DTensor placed {placements} on {mesh}"
     if p.dim() != 2:
@@ -61,32 +99,65 @@ def check_row_sharded(name, p, rank, world_size):
             f"{where}; muonps takes sharded 2-D matrices only (a 3-D expert "
             "stack sharded on its expert dimension is not a row shard): "
             "leave it unsharded or route it to AdamW with is_matrix")
-    if mesh.ndim != 1:
+    if mesh.ndim == 1:
+        if not _is_row_shard(placements[0]):
+            raise _refuse_placement(where, placements)
+        if mesh.size() != world_size or mesh.get_local_rank() != rank or (
+                mesh.mesh.flatten().tolist() != list(range(world_size))):
+            raise ValueError(
+                f"{where}; its mesh must hold all {world_size} ranks in rank "
+                f"order, with this rank ({rank}) at its own index")
+        replicas, shards = 1, world_size
+    elif mesh.ndim == 2:
+        if not (placements[0].is_replicate() and
+                _is_row_shard(placements[1])):
+            raise _refuse_placement(where, placements)
+        replicas, shards = mesh.size(0), mesh.size(1)
+        if replicas * shards != world_size or (
+                mesh.mesh.flatten().tolist() != list(range(world_size))):
+            raise ValueError(
+                f"{where}, ranks {mesh.mesh.tolist()}; an HSDP mesh "
+                f"(replicate x shard) must hold all {world_size} ranks in "
+                f"row-major order: {replicas} replica groups of {shards} "
+                f"ranks, group r holding ranks r*{shards} .. "
+                f"r*{shards}+{shards - 1} (init_device_mesh's order)")
+        if mesh.get_local_rank(1) != rank % shards:
+            raise ValueError(
+                f"{where}; this rank ({rank}) is shard "
+                f"{mesh.get_local_rank(1)} of its replica group, where "
+                f"row-major order makes it shard {rank % shards}")
+    else:
         raise ValueError(
             f"{where}; muonps takes DTensors on a 1-D mesh of every rank "
-            "(FSDP2's fully_shard), not a 2-D mesh (HSDP or tensor "
-            "parallel with data parallel)")
-    placement = placements[0]
-    if not (placement.is_shard() and placement.dim in (0, -2)):
-        kind = ("tensor-parallel sharding on dimension 1" if
-                placement.is_shard() else f"placement {placement}")
-        raise ValueError(
-            f"{where}: {kind} is not supported; muonps orthogonalizes "
-            "whole matrices from row shards only, Shard(0) as FSDP2's "
-            "fully_shard places them. Keep tensor-parallel layers out of "
-            "muonps (is_matrix) or shard them on dimension 0")
-    if mesh.size() != world_size or mesh.get_local_rank() != rank or (
-            mesh.mesh.flatten().tolist() != list(range(world_size))):
-        raise ValueError(
-            f"{where}; its mesh must hold all {world_size} ranks in rank "
-            f"order, with this rank ({rank}) at its own index")
-    begin, end = chunk_rows(p.shape[0], rank, world_size)
+            "(FSDP2's fully_shard) or a 2-D replicate x shard mesh (HSDP), "
+            f"not a {mesh.ndim}-D mesh")
+    shard = rank % shards
+    begin, end = chunk_rows(p.shape[0], shard, shards)
     rows = p.to_local().shape[0]
     if rows != end - begin:
+        of = (f"shard {shard} of the {shards} ranks of its replica group"
+              if replicas > 1 else "it")
         raise ValueError(
             f"{where}: this rank holds {rows} rows, torch.chunk's split "
-            f"gives it rows [{begin}, {end}) of {p.shape[0]}; shard it "
+            f"gives {of} rows [{begin}, {end}) of {p.shape[0]}; shard it "
             "evenly (FSDP2's default shard_placement_fn)")
+    return replicas
+
+
+def job_replicas(replicas):
+    """The replicas of the job, from {matrix name: check_row_sharded's R}
+    (1 when there is none): raises ValueError naming two matrices whose
+    meshes disagree (the job has one replica group layout)."""
+    values = sorted(set(replicas.values()))
+    if len(values) > 1:
+        first = {r: n for n, r in reversed(list(replicas.items()))}
+        a, b = first[values[0]], first[values[1]]
+        raise ValueError(
+            f"muonps.Muon: {a!r} is sharded over {values[0]} replica "
+            f"group(s) of its mesh and {b!r} over {values[1]}; every matrix "
+            "of a muonps job must be on the same mesh (one fully_shard "
+            "mesh for the whole model)")
+    return values[0] if values else 1
 
 
 def adamw_lent_elements(name, p):
@@ -94,20 +165,23 @@ def adamw_lent_elements(name, p):
     its largest local shard on any rank (every rank lends the same count;
     a shorter shard leaves zero padding after it). Raises ValueError naming
     `name` unless `p` is Shard(0) (as FSDP2's fully_shard places it) or
-    Replicate on a 1-D mesh."""
+    Replicate on a 1-D mesh, or (Replicate(), Shard(0)) or Replicate on
+    both dimensions of a 2-D mesh (HSDP)."""
     mesh, placements = p.device_mesh, tuple(p.placements)
     where = f"muonps.Muon: {name!r} is a DTensor placed {placements} on {mesh}"
-    if mesh.ndim != 1:
+    if mesh.ndim not in (1, 2) or (
+            mesh.ndim == 2 and not placements[0].is_replicate()):
         raise ValueError(f"{where}; muonps takes DTensors on a 1-D mesh "
-                         "(FSDP2's fully_shard)")
-    placement = placements[0]
+                         "(FSDP2's fully_shard) or placed (Replicate(), "
+                         "Shard(0)) on a 2-D mesh (HSDP)")
+    placement = placements[-1]
     if placement.is_replicate():
         return p.numel()
     if not (placement.is_shard() and placement.dim in (0, -p.dim())):
         raise ValueError(f"{where}; an AdamW tensor must be Shard(0), as "
                          "FSDP2's fully_shard places it, or Replicate")
     rows = p.shape[0]
-    return -(-rows // mesh.size()) * (p.numel() // max(rows, 1))
+    return -(-rows // mesh.size(mesh.ndim - 1)) * (p.numel() // max(rows, 1))
 
 
 class TorchAdamW:

@@ -17,7 +17,8 @@ import torch
 from . import _native, _service, _state
 from ._binding import LentTensor, ShardLent, release
 from ._cuda import CudaPath
-from ._dtensor import adamw_lent_elements, check_row_sharded, is_dtensor
+from ._dtensor import (adamw_lent_elements, check_row_sharded, is_dtensor,
+                       job_replicas)
 from ._messages import explain_start_error
 from .routing import LOG
 
@@ -59,6 +60,7 @@ def start(opt):
         "MUONPS_WORKER_SOCKET") or (
         default_worker_socket(f"w{os.environ.get('LOCAL_RANK', rank)}"))
     lent, frozen, seen = [], [], set()
+    replicas = {}  # each DTensor matrix's replica groups (HSDP: > 1)
     opt._router.decisions = []
     for index, group in enumerate(opt.param_groups):
         for p in group["params"]:
@@ -83,7 +85,7 @@ def start(opt):
             if not is_dtensor(p):
                 lent.append(LentTensor(name, p, index, muon))
             elif muon:
-                check_row_sharded(name, p, rank, world_size)
+                replicas[name] = check_row_sharded(name, p, rank, world_size)
                 lent.append(ShardLent(name, p, index, muon))
             else:
                 lent.append(ShardLent(
@@ -112,6 +114,8 @@ def start(opt):
                 "theirs (row_sharded); "
                 + (f"{plain[0]!r} is not a DTensor" if plain else
                    f"layout={c['layout']!r} was given"))
+    # HSDP: the job's replica groups, one layout for every matrix.
+    opt._replicas = job_replicas(replicas)
     if c["coordinator"] is None or os.environ.get(
             "MUONPS_LOCAL_WORKERS") == "1":
         _start_private_service(opt, device, rank, world_size)
@@ -243,16 +247,26 @@ def _start_cuda(opt, device, lent, frozen, rank, world_size, layout):
 
 
 def _create_client(opt, rank, world_size, device):
-    """The client of `opt`'s job on `device` ("cpu" or "cuda:N"); a
-    MuonpsError says what is missing (unreadable credentials, say)."""
+    """The client of `opt`'s job on `device` ("cpu" or "cuda:N"), with
+    the job's HSDP replica groups (opt._replicas) set; a MuonpsError says
+    what is missing (unreadable credentials, say)."""
     c = opt._connection
     try:
-        return _native.NativeClient(c["coordinator"], c["job"], opt._socket,
-                                    rank, world_size, c["timeout"],
-                                    device=device)
+        client = _native.NativeClient(c["coordinator"], c["job"], opt._socket,
+                                      rank, world_size, c["timeout"],
+                                      device=device)
     except _native.MuonpsError as e:
         raise explain_start_error(e, c["coordinator"], c["job"],
                                   opt._socket, device) from e
+    # HSDP's replica groups decide a row-sharded matrix's rows: set before
+    # any matrix is added.
+    if opt._replicas > 1:
+        try:
+            client.set_replicas(opt._replicas)
+        except _native.MuonpsError:
+            client.close()
+            raise
+    return client
 
 
 def _worker_device(device):

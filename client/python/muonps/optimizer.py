@@ -69,7 +69,10 @@ class Muon(torch.optim.Optimizer):
         Parameters that are DTensors (FSDP2's fully_shard) need no layout:
         their matrices are "row_sharded" as PyTorch sharded them (each rank
         lends its own rows; see muonps/_dtensor.py) and their other tensors
-        go to torch.optim.AdamW.
+        go to torch.optim.AdamW. On HSDP's 2-D mesh (fully_shard(mesh=2-D
+        mesh), placements (Replicate(), Shard(0))) the rows are split over
+        the ranks of each replica group, and the job is created with the
+        mesh's replica groups.
     is_matrix(name, param) -> bool: which parameters Muon steps. By default
         the model decides (muonps/routing.py): Muon gets the hidden layers'
         2-D weights (3-D: expert stacks); embeddings, weights tied to them,
@@ -152,6 +155,8 @@ class Muon(torch.optim.Optimizer):
         self._loaded = False  # load_state_dict gave the momentum
         self._router = Router(model, is_matrix)
         self._peers = []  # the other ranks' workers (muonps/_state.py)
+        # HSDP's replica groups of the job (muonps/_dtensor.py); 1: none.
+        self._replicas = 1
         self._qk_clip = qk_clip
         if coordinator:
             _messages.check_address(coordinator, f"coordinator={coordinator!r}")

@@ -13,6 +13,11 @@ machine with torch 2.11; muonps's fp32 CPU path is 1e-6 from the float64
 run there). A tensor-parallel DTensor
 (Shard(1)) is refused, naming the parameter and its placement.
 
+HSDP (`fully_shard` on a 2-D replicate x shard mesh) runs the same model
+on four CPU ranks, two replica groups of two: each matrix's rows are split
+over the two ranks of a group, the job is created with replicas = 2, and
+every rank must match the one-process run as FSDP2's do.
+
 FSDP2 and a working torchrun need torch >= 2.4: the cases skip on
 Debian's torch 1.13 (CI) and run on the GPU machine's torch 2.11.
 """
@@ -91,10 +96,14 @@ SCRIPT = textwrap.dedent("""
     dtype = torch.bfloat16 if mode.endswith("_bf16") else torch.float32
     mode = mode.replace("_bf16", "")
     model = make_model().to(device=device, dtype=dtype)
-    if mode == "fsdp":
+    if mode in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.device_mesh import init_device_mesh
-        mesh = init_device_mesh(device_type, (world,))
+        # HSDP: 2 replica groups (replicate x shard), row-major; fully_shard
+        # wants a 2-D mesh's dimensions named.
+        mesh = (init_device_mesh(device_type, (world,)) if mode == "fsdp"
+                else init_device_mesh(device_type, (2, world // 2),
+                                      mesh_dim_names=("replicate", "shard")))
         fully_shard(model.up, mesh=mesh)
         fully_shard(model.mix, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -119,9 +128,10 @@ SCRIPT = textwrap.dedent("""
         v = p.full_tensor() if hasattr(p, "full_tensor") else p
         full[n] = v.detach().cpu().double().tolist()
     kinds = sorted({{type(p).__name__ for p in module.parameters()}})
+    replicas = opt._replicas  # the job's HSDP replica groups (1: none)
     opt.close()
     with open(f"{{out}}.{{rank}}", "w") as f:
-        json.dump({{"params": full, "kinds": kinds}}, f)
+        json.dump({{"params": full, "kinds": kinds, "replicas": replicas}}, f)
     dist.barrier()
     dist.destroy_process_group()
     """)
@@ -232,6 +242,20 @@ def test_two_cpu_ranks_match_one_process_torch_muon(tmp_path, mode):
     _, results = run_torchrun(tmp_path, mode, "cpu", 2)
     if mode == "fsdp":
         assert results[0]["kinds"] == ["DTensor"], results[0]["kinds"]
+    assert_matches(results, load_model(tmp_path), tolerance=1e-5)
+
+
+@needs_modern_torch
+def test_four_cpu_ranks_on_an_hsdp_mesh_match_one_process_torch_muon(
+        tmp_path):
+    # fully_shard on a (2, 2) mesh: placements (Replicate(), Shard(0)), each
+    # matrix's rows split over the 2 ranks of a replica group (31 rows:
+    # 16 + 15 on ranks 0 and 2, as on ranks 1 and 3), every group holding
+    # the same gradients; muonps.Muon creates the job with replicas = 2.
+    _, results = run_torchrun(tmp_path, "hsdp", "cpu", 4)
+    for result in results:
+        assert result["kinds"] == ["DTensor"], result["kinds"]
+        assert result["replicas"] == 2, result["replicas"]
     assert_matches(results, load_model(tmp_path), tolerance=1e-5)
 
 
