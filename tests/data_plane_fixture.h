@@ -161,6 +161,8 @@ struct ClusterOptions {
   // The job's allow_momentum_reset (Client::AllowMomentumReset): tests
   // that lose a worker and train on without a checkpoint set it.
   bool allow_momentum_reset = false;
+  // HSDP's replica groups of the trainers (Client::SetReplicas); 0: none.
+  int replicas = 0;
   // The job's momentum checkpoints (Client::SetCheckpointing); empty: none.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;

@@ -48,6 +48,9 @@ absl::StatusOr<std::unique_ptr<Client>> DataPlaneFixture::DeclareTrainer(
     MUONPS_RETURN_IF_ERROR(client->SetCheckpointing(options_.checkpoint_dir,
                                                     options_.checkpoint_every));
   }
+  if (options_.replicas > 0) {
+    MUONPS_RETURN_IF_ERROR(client->SetReplicas(options_.replicas));
+  }
   for (const MatrixDecl& m : model_.matrices) {
     MUONPS_RETURN_IF_ERROR(
         client->AddMatrix(m.name, m.rows, m.cols, ClientOptionsOf(m)));

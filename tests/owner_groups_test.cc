@@ -234,5 +234,52 @@ TEST_F(OwnerGroupsProcessTest, ARollingRestartOfAGroupedJobLosesNothing) {
   ExpectMatchesReference(*reference_, kExact);
 }
 
+// HSDP: four trainers in two replica groups of two (JobSpec.replicas),
+// each holding its shard of every row-sharded matrix (rank % 2 of 2), the
+// groups holding the same gradients. The coordinator plans one owner group
+// per replica group once the workers' heartbeats name their trainers; each
+// owner gathers its group's two shards, and the run matches the replay.
+TEST_F(OwnerGroupsProcessTest, HsdpReplicaGroupsTrainAsTheReplay) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kRowSharded);
+  ClusterOptions cluster = {.workers = kWorkers,
+                            .io_timeout_ms = 5000,
+                            .lease_ttl_ms = 1500,
+                            .heartbeat_interval_ms = 200};
+  cluster.replicas = 2;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, cluster));
+  ReferenceModel reference(model, kWorkers, PlannedAlgorithms());
+  // The first steps may meet a plan made before every heartbeat named its
+  // trainer: refused with UNAVAILABLE, retried as a training loop does.
+  const std::vector<RetryingLoop> loops =
+      RunRetryingLoops(1, 8, nullptr, absl::Seconds(20));
+  for (int r = 0; r < trainers(); ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << " stopped after step " << loops[r].last_done
+        << ": " << loops[r].last_failure;
+    EXPECT_EQ(loops[r].resets, 0);
+    for (const auto& [code, count] : loops[r].failures) {
+      EXPECT_EQ(code, absl::StatusCode::kUnavailable)
+          << count << " x " << loops[r].first.at(code);
+    }
+  }
+  for (int64_t step = 1; step <= 8; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  // plan() becomes the grouped plan every worker follows (the momentum is
+  // read from its owners).
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  const std::vector<std::vector<int>> groups = Groups();
+  ASSERT_EQ(groups.size(), 2u) << plan().DebugString();
+  // Replica group g is trainers 2g and 2g + 1, whose workers are w2g and
+  // w2g+1 here.
+  std::set<std::set<int>> replicas;
+  for (const std::vector<int>& g : groups) {
+    replicas.insert({g.begin(), g.end()});
+  }
+  EXPECT_EQ(replicas, (std::set<std::set<int>>{{0, 1}, {2, 3}}));
+  ExpectMatchesReference(reference, kExact);
+}
+
 }  // namespace
 }  // namespace muonps
