@@ -248,18 +248,13 @@ TEST_F(OwnerGroupsProcessTest, HsdpReplicaGroupsTrainAsTheReplay) {
   cluster.replicas = 2;
   ASSERT_NO_FATAL_FAILURE(StartJob(model, cluster));
   ReferenceModel reference(model, kWorkers, PlannedAlgorithms());
-  // The first steps may meet a plan made before every heartbeat named its
-  // trainer: refused with UNAVAILABLE, retried as a training loop does.
-  const std::vector<RetryingLoop> loops =
-      RunRetryingLoops(1, 8, nullptr, absl::Seconds(20));
-  for (int r = 0; r < trainers(); ++r) {
-    ASSERT_TRUE(loops[r].finished)
-        << "trainer " << r << " stopped after step " << loops[r].last_done
-        << ": " << loops[r].last_failure;
-    EXPECT_EQ(loops[r].resets, 0);
-    for (const auto& [code, count] : loops[r].failures) {
-      EXPECT_EQ(code, absl::StatusCode::kUnavailable)
-          << count << " x " << loops[r].first.at(code);
+  // The trainers' Start returned once their workers followed a plan of the
+  // replica groups (an attach waits for it): no step is refused.
+  for (int64_t step = 1; step <= 8; ++step) {
+    for (const auto& o : RunStep(step)) {
+      ASSERT_TRUE(o.has_value() && o->result.ok())
+          << "step " << step << ": " << o->result.status();
+      EXPECT_EQ(o->result->momentum_reset, 0);
     }
   }
   for (int64_t step = 1; step <= 8; ++step) {

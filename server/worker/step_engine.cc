@@ -147,6 +147,26 @@ bool StepEngine::ReleaseTrainerIfGone() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   return released;
 }
 
+absl::Status StepEngine::FollowsReplicaGroups(int trainer_rank) const {
+  const int replicas = plan_.job.replicas;
+  if (replicas <= 1) return absl::OkStatus();
+  const int shards = plan_.trainers() / replicas;
+  if (plan_.groups.count() == replicas && shards > 0 &&
+      plan_.groups.group_of(plan_.rank) == trainer_rank / shards) {
+    return absl::OkStatus();
+  }
+  // The client retries: the trainer's rank this call named reaches the
+  // coordinator with the next heartbeat, and once every rank's has, the
+  // plan it makes does.
+  return FieldError(
+      absl::StatusCode::kFailedPrecondition, "plan",
+      absl::StrCat("plan version ", plan_.version,
+                   " does not follow the job's ", replicas,
+                   " replica groups (JobSpec.replicas) yet: the coordinator "
+                   "makes one once every worker's heartbeat names its "
+                   "trainer; retry"));
+}
+
 absl::Status StepEngine::NoPlanYet() const {
   if (plan_.version <= 0) {
     return FieldError(
@@ -446,6 +466,7 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
                        "attach to the worker of your GPU"));
     }
     if (plan_.rank < 0) return NoPlanYet();
+    MUONPS_RETURN_IF_ERROR(FollowsReplicaGroups(request.trainer_rank));
     // A shared-memory segment is mapped only when it is named for this job
     // and the attaching trainer (lending/trainer_segment.h).
     if (!request.segment.empty()) {

@@ -242,6 +242,12 @@ class StepEngine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION naming `plan`: no plan yet, or not in it.
   absl::Status NoPlanYet() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a job of HSDP replica groups (JobSettings::replicas > 1): OK once
+  // the plan has one owner group per replica group and this worker is in
+  // the one of trainer `trainer_rank`; else FAILED_PRECONDITION naming
+  // `plan`, which an attaching client retries.
+  absl::Status FollowsReplicaGroups(int trainer_rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker that has committed nothing (it restarted) takes the last step
   // its trainer's step record says the parameters wholly hold as its last
   // committed one: its predecessor committed it into them.
