@@ -71,6 +71,25 @@ class OwnerGroupsProcessTest : public DataPlaneFixture {
       ASSERT_TRUE(reference_->Step(step).ok());
     }
   }
+  // Steps [first, last] as a training loop does (three calls at most
+  // each), none resetting momentum, then the replay: bit for bit.
+  void StepOnAsTheReplay(int64_t first, int64_t last) {
+    const std::vector<LoopOutcome> loops = RunTrainerLoops(first, last, 3);
+    for (int r = 0; r < trainers(); ++r) {
+      ASSERT_TRUE(loops[r].finished)
+          << "trainer " << r << ": "
+          << loops[r].attempts.back().result.status();
+      for (const StepOutcome& o : loops[r].attempts) {
+        if (o.result.ok()) {
+          EXPECT_EQ(o.result->momentum_reset, 0);
+        }
+      }
+    }
+    for (int64_t step = first; step <= last; ++step) {
+      ASSERT_TRUE(reference_->Step(step).ok());
+    }
+    ExpectMatchesReference(*reference_, kExact);
+  }
   // The plan's groups as worker indices (WorkerIndex), by position.
   std::vector<std::vector<int>> Groups() const {
     std::vector<std::vector<int>> out;
@@ -134,20 +153,7 @@ TEST_F(OwnerGroupsProcessTest, AKilledWorkersMomentumComesFromTheOtherNode) {
   const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
   ASSERT_TRUE(planned.ok()) << planned;
   ASSERT_EQ(Groups().size(), 2u) << plan().DebugString();
-  const std::vector<LoopOutcome> loops = RunTrainerLoops(4, 8, 3);
-  for (int r = 0; r < trainers(); ++r) {
-    ASSERT_TRUE(loops[r].finished)
-        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
-    for (const StepOutcome& o : loops[r].attempts) {
-      if (o.result.ok()) {
-        EXPECT_EQ(o.result->momentum_reset, 0);
-      }
-    }
-  }
-  for (int64_t step = 4; step <= 8; ++step) {
-    ASSERT_TRUE(reference_->Step(step).ok());
-  }
-  ExpectMatchesReference(*reference_, kExact);
+  ASSERT_NO_FATAL_FAILURE(StepOnAsTheReplay(4, 8));
   // The restarted process got what it owns by the handover.
   const std::string log = WorkerLog(1);
   EXPECT_TRUE(absl::StrContains(log, "momentum handover: sent 0, received"))
@@ -172,20 +178,7 @@ TEST_F(OwnerGroupsProcessTest, EveryCopyLostIsRestoredFromTheCheckpoint) {
   for (const int w : {first, second}) ASSERT_NO_FATAL_FAILURE(RestartWorker(w));
   const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
   ASSERT_TRUE(planned.ok()) << planned;
-  const std::vector<LoopOutcome> loops = RunTrainerLoops(4, 8, 3);
-  for (int r = 0; r < trainers(); ++r) {
-    ASSERT_TRUE(loops[r].finished)
-        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
-    for (const StepOutcome& o : loops[r].attempts) {
-      if (o.result.ok()) {
-        EXPECT_EQ(o.result->momentum_reset, 0);
-      }
-    }
-  }
-  for (int64_t step = 4; step <= 8; ++step) {
-    ASSERT_TRUE(reference_->Step(step).ok());
-  }
-  ExpectMatchesReference(*reference_, kExact);
+  ASSERT_NO_FATAL_FAILURE(StepOnAsTheReplay(4, 8));
 }
 
 // A rolling restart (SIGTERM, one worker at a time) of a grouped job while

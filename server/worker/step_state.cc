@@ -32,14 +32,14 @@ absl::StatusOr<PlanState> BuildPlanState(
     auto it = addresses.find(workers[r]);
     next.addresses.push_back(it == addresses.end() ? "" : it->second);
   }
-  MUONPS_RETURN_IF_ERROR(scheduler::CheckOwnerGroups(next.ownership));
-  next.groups = scheduler::OwnerGroups(next.ownership);
-  next.group = next.rank >= 0 ? next.groups.group_of(next.rank) : 0;
-  next.group_members = next.groups.members(next.group);
+  // The schedule checks the plan, its owner groups included.
   MUONPS_ASSIGN_OR_RETURN(
       next.schedule,
       scheduler::BuildStepSchedule(next.matrices, next.ownership,
                                    {.bucket_bytes = plan.job.bucket_bytes}));
+  next.groups = scheduler::OwnerGroups(next.ownership);
+  next.group = next.rank >= 0 ? next.groups.group_of(next.rank) : 0;
+  next.group_members = next.groups.members(next.group);
   // The schedule's stacks this worker owns become its compute batches.
   next.batch_of_stack.assign(next.schedule.stacks.size(), -1);
   for (size_t k = 0; k < next.schedule.stacks.size(); ++k) {
