@@ -21,6 +21,13 @@ class CpuDeviceOps final : public DeviceOps {
   absl::Status WaitForMark(Stream waiter, int mark) override;
   absl::StatusOr<std::vector<double>> MarkTimesMs() override;
   void ClearMarks() override { marks_.clear(); }
+  // Words are plain host memory (shared memory where another process
+  // watches): a release store, and an acquire load the host spins on.
+  absl::Status WriteWord(uint64_t* word, uint64_t value,
+                         Stream stream) override;
+  absl::Status WaitWord(const uint64_t* word, uint64_t value, Stream stream,
+                        absl::Duration timeout) override;
+  absl::Status ReleaseWord(uint64_t* word, uint64_t value) override;
   absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,

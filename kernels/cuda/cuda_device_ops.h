@@ -35,6 +35,14 @@ class CudaDeviceOps final : public DeviceOps {
   absl::Status WaitForMark(Stream waiter, int mark) override;
   absl::StatusOr<std::vector<double>> MarkTimesMs() override;
   void ClearMarks() override { marks_used_ = 0; }
+  // Stream memory operations (common/cuda_driver.h). WaitWord's device wait
+  // has no timeout. ReleaseWord copies the value on a stream of its own,
+  // created on first use, and waits for that stream alone.
+  absl::Status WriteWord(uint64_t* word, uint64_t value,
+                         Stream stream) override;
+  absl::Status WaitWord(const uint64_t* word, uint64_t value, Stream stream,
+                        absl::Duration timeout) override;
+  absl::Status ReleaseWord(uint64_t* word, uint64_t value) override;
   absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,
@@ -74,6 +82,8 @@ class CudaDeviceOps final : public DeviceOps {
   DeviceBuffer flags_;  // one unsigned long long per span, grown on demand
   int64_t finite_count_ = 0;  // spans PrepareFiniteChecks made room for
   unsigned long long* host_flags_ = nullptr;  // pinned, same size
+  // ReleaseWord's stream: none of the step's, which may be held by a wait.
+  cudaStream_t release_stream_ = nullptr;  // owned, non-blocking; lazy
 };
 
 }  // namespace cuda

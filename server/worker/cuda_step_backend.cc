@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_driver.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"

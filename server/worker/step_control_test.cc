@@ -111,6 +111,14 @@ class GpuLikeOps : public kernels::DeviceOps {
     return Unused();
   }
   void ClearMarks() override {}
+  absl::Status WriteWord(uint64_t*, uint64_t, Stream) override {
+    return Unused();
+  }
+  absl::Status WaitWord(const uint64_t*, uint64_t, Stream,
+                        absl::Duration) override {
+    return Unused();
+  }
+  absl::Status ReleaseWord(uint64_t*, uint64_t) override { return Unused(); }
   absl::StatusOr<std::unique_ptr<kernels::FloatBuffer>> Allocate(
       int64_t, const char*) override {
     return Unused();
