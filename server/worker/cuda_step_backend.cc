@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -198,10 +199,14 @@ class CudaIpcLender final : public WindowLender {
                                                 const char* what,
                                                 WindowRecord* record) override {
     *record = WindowRecord{};
+    WindowRecord lent = NewWindowRecord(WindowKind::kCudaIpc, dtype, count);
+    // One allocation (zero-filled) for the updates and the landed words.
+    MUONPS_ASSIGN_OR_RETURN(
+        std::unique_ptr<kernels::FloatBuffer> block,
+        ops_->Allocate(static_cast<int64_t>(lent.bytes / sizeof(float)), what));
     MUONPS_ASSIGN_OR_RETURN(
         kernels::TypedBuffer buffer,
-        kernels::TypedBuffer::Allocate(*ops_, dtype, count, what));
-    WindowRecord lent = NewWindowRecord(WindowKind::kCudaIpc, dtype, count);
+        kernels::TypedBuffer::Wrap(std::move(block), dtype, count));
     MUONPS_ASSIGN_OR_RETURN(IpcMemoryRef ref,
                             ExportDeviceMemory(buffer.at(0), lent.bytes));
     *record = lent;
