@@ -70,10 +70,12 @@ class DeviceOps {
   virtual Device device() const = 0;
   // The streams of a step: stream() carries transfers and the trainer's
   // signals, compute_stream() momentum and Newton-Schulz, so that one
-  // bucket's transfers overlap another's compute. kHostStream for both on
-  // the host.
+  // bucket's transfers overlap another's compute, and apply_stream() the
+  // writes of each update into the trainer's parameters as it lands, beside
+  // both. kHostStream for all three on the host.
   virtual Stream stream() const = 0;
   virtual Stream compute_stream() const = 0;
+  virtual Stream apply_stream() const = 0;
   // Marks: points in a stream's work that another stream waits for later,
   // and that time a step. Mark(stream) records mark number i (0, 1, ...
   // since the last ClearMarks) at the end of the work enqueued on `stream`

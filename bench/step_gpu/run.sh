@@ -24,9 +24,10 @@
 #   muonps-autotune measures one on GPU 0 first, for the set's shapes;
 #   AUTOTUNE=0 gives the workers none, so the planner uses its FLOP model),
 #   AUTOTUNE_BATCHES (1,2,4,8,16, and the set's largest stack),
-#   WORKER_ARGS (more flags for the N workers, e.g. --peer_writes=false to
+#   WORKER_ARGS (more flags for the workers, e.g. --peer_writes=false to
 #   broadcast updates over the transport instead of writing them into the
-#   peers' staging), COORDINATOR_ARGS (more flags for the coordinators,
+#   peers' staging, or --write_as_landed=false to write every update into
+#   the parameters at the commit), COORDINATOR_ARGS (more flags for the coordinators,
 #   e.g. --rebalance_tolerance=0 to keep the plans of the cost table when
 #   the GPUs measure unequal).
 set -euo pipefail
@@ -149,13 +150,16 @@ if [[ "${ONE_GPU:-1}" == 1 ]]; then
 start_coordinator "$logs/coordinator.log"
 "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu --worker_id w0 \
   --socket "$logs/w0.sock" --metrics_port -1 --device cuda:0 --io_timeout_ms 60000 \
-  "${cost_args[@]+"${cost_args[@]}"}" \
+  "${cost_args[@]+"${cost_args[@]}"}" --log_level debug ${WORKER_ARGS:-} \
   >"$logs/worker.log" 2>&1 &
 pids+=($!)
 wait_for "$logs/worker.log" "listening on unix" 60 "$!"
 timeout --kill-after=10 "$bench_timeout" \
   "$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" --layers "$layers" "${set_args[@]}" \
   --torch_results "$torch_results" | tee "$logs/one.jsonl" || { tail -20 "$logs/worker.log" >&2; exit 1; }
+# The worker's device timeline of its last step, as on N GPUs below.
+sed -n 's/.*step timeline \({.*}\)$/\1/p' "$logs/worker.log" | tail -1 |
+  sed 's/^{/{"what":"muonps_step_timeline","layout":"replicated","gpus":1,/'
 stop_all
 fi
 touch "$torch_results" "$logs/one.jsonl"

@@ -17,6 +17,7 @@ class CpuDeviceOps final : public DeviceOps {
   Device device() const override { return kHostDevice; }
   Stream stream() const override { return kHostStream; }
   Stream compute_stream() const override { return kHostStream; }
+  Stream apply_stream() const override { return kHostStream; }
   absl::StatusOr<int> Mark(Stream stream) override;
   absl::Status WaitForMark(Stream waiter, int mark) override;
   absl::StatusOr<std::vector<double>> MarkTimesMs() override;

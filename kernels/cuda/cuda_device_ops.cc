@@ -50,6 +50,8 @@ absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(
 absl::Status CudaDeviceOps::Init() {
   MUONPS_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&compute_stream_, cudaStreamNonBlocking));
+  MUONPS_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&apply_stream_, cudaStreamNonBlocking));
   return absl::OkStatus();
 }
 
@@ -92,6 +94,10 @@ CudaDeviceOps::~CudaDeviceOps() {
   if (compute_stream_ != nullptr) {
     cudaStreamSynchronize(compute_stream_);
     cudaStreamDestroy(compute_stream_);
+  }
+  if (apply_stream_ != nullptr) {
+    cudaStreamSynchronize(apply_stream_);
+    cudaStreamDestroy(apply_stream_);
   }
   for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   if (host_flags_ != nullptr) cudaFreeHost(host_flags_);

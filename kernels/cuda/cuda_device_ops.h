@@ -1,8 +1,8 @@
 // DeviceOps on one CUDA device: cudaMemcpyAsync and the fused elementwise
 // kernels of kernels/cuda/elementwise.h, enqueued on the stream each call
 // names (a stream of this device). stream() is one the object creates
-// (non-blocking) unless the caller hands one in; compute_stream() is always
-// its own.
+// (non-blocking) unless the caller hands one in; compute_stream() and
+// apply_stream() are always its own.
 //
 // Thread rule: one thread at a time; not copyable. Create returns
 // UNAVAILABLE without a usable GPU (never a crash on a CPU-only machine).
@@ -31,6 +31,7 @@ class CudaDeviceOps final : public DeviceOps {
   Device device() const override { return {MemoryKind::kCuda, device_}; }
   Stream stream() const override { return stream_; }
   Stream compute_stream() const override { return compute_stream_; }
+  Stream apply_stream() const override { return apply_stream_; }
   absl::StatusOr<int> Mark(Stream stream) override;
   absl::Status WaitForMark(Stream waiter, int mark) override;
   absl::StatusOr<std::vector<double>> MarkTimesMs() override;
@@ -75,6 +76,7 @@ class CudaDeviceOps final : public DeviceOps {
   cudaStream_t stream_;
   const bool owns_stream_;
   cudaStream_t compute_stream_ = nullptr;  // owned, non-blocking
+  cudaStream_t apply_stream_ = nullptr;    // owned, non-blocking
   // Mark events (timed), reused step after step: the first marks_used_
   // hold this step's marks.
   std::vector<cudaEvent_t> marks_;

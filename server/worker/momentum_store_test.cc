@@ -158,6 +158,7 @@ class GatedOps : public kernels::DeviceOps {
   Device device() const override { return ops_.device(); }
   Stream stream() const override { return ops_.stream(); }
   Stream compute_stream() const override { return ops_.compute_stream(); }
+  Stream apply_stream() const override { return ops_.apply_stream(); }
   absl::StatusOr<int> Mark(Stream s) override { return ops_.Mark(s); }
   absl::Status WaitForMark(Stream s, int mark) override {
     return ops_.WaitForMark(s, mark);

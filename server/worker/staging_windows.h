@@ -11,12 +11,14 @@
 // Why a step stays all-or-nothing (step_run.h): an owner writes a step's
 // updates only between the round's agreement and its own vote, on its
 // transfer stream, and its host waits for that stream before it votes yes;
-// a worker reads its trainer's staging only when it commits, after rank 0
-// decided from every vote. So a commit reads only updates that landed, and
-// a writer that dies mid-copy never voted. The next step's writes come after
-// the next round's agreement, which a rank joins only once its commit is
-// done; a round whose resolution commits a staged step from its staging
-// holds every rank at a barrier before anyone writes again (RoundAgreement).
+// a worker reads the updates peers copied into its trainer's staging only
+// when it commits, after rank 0 decided from every vote (those its own
+// stream landed it writes into the parameters at once: step_commit.h). So a
+// commit reads only updates that landed, and a writer that dies mid-copy never
+// voted. The next step's writes come after the next round's agreement, which a
+// rank joins only once its commit is done; a round whose resolution commits a
+// staged step from its staging holds every rank at a barrier before anyone
+// writes again (RoundAgreement).
 //
 // Landed words: a receiver writes each update into its trainer's parameters
 // as soon as it lands, so it must see when a peer's copies landed. After its

@@ -105,6 +105,7 @@ class GpuLikeOps : public kernels::DeviceOps {
   Device device() const override { return Device{MemoryKind::kCuda, 0}; }
   Stream stream() const override { return kStream; }
   Stream compute_stream() const override { return kStream; }
+  Stream apply_stream() const override { return kStream; }
   absl::StatusOr<int> Mark(Stream) override { return Unused(); }
   absl::Status WaitForMark(Stream, int) override { return Unused(); }
   absl::StatusOr<std::vector<double>> MarkTimesMs() override {
