@@ -11,7 +11,6 @@
 #include <random>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -23,7 +22,6 @@
 #include "common/status.h"
 #include "lending/step_record.h"
 #include "lending/trainer_segment.h"
-#include "lending/undo_area.h"
 #include "proto/grpc_status.h"
 #include "proto/translate.h"
 
@@ -123,14 +121,6 @@ absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
   return absl::OkStatus();
 }
 
-int64_t Client::Impl::UndoAreaBytes() const {
-  std::vector<int64_t> param_elements;
-  for (const Tensor& t : tensors) {
-    if (t.muon) param_elements.push_back(t.param_elements);
-  }
-  return UndoAreaLayout(param_elements).bytes;
-}
-
 absl::Status Client::Impl::WaitAndAttach() {
   v1::AttachRequest attach;
   attach.set_trainer_rank(options.trainer_rank);
@@ -140,8 +130,6 @@ absl::Status Client::Impl::WaitAndAttach() {
     attach.set_segment(segment->name());
     attach.set_segment_bytes(static_cast<int64_t>(segment->size()));
     attach.mutable_step_record()->set_segment_offset(step_record_offset);
-    attach.mutable_undo_area()->set_segment_offset(undo_offset);
-    attach.mutable_undo_area()->set_bytes(undo_bytes);
   } else {
     attach.set_device(DeviceName(device));
     if (signals != nullptr) MUONPS_RETURN_IF_ERROR(signals->Describe(&attach));
@@ -221,12 +209,6 @@ absl::Status Client::Start(const MuonOptions& muon_options,
   // (the record of parameters no worker has written).
   s.step_record_offset = (bytes + 63) / 64 * 64;
   bytes = s.step_record_offset + static_cast<int64_t>(kStepRecordBytes);
-  // The undo area after the record, zero-filled too (CUDA trainers lend an
-  // allocation of their own instead).
-  s.undo_bytes = s.UndoAreaBytes();
-  s.undo_offset = (bytes + kUndoSlotAlignment - 1) / kUndoSlotAlignment *
-                  kUndoSlotAlignment;
-  if (!s.device.is_cuda()) bytes = s.undo_offset + s.undo_bytes;
   s.adamw = adamw;
   if (s.device.is_cuda()) {
     // Each job matrix gets its own gradient event (the worker takes one for
@@ -240,9 +222,8 @@ absl::Status Client::Start(const MuonOptions& muon_options,
       }
       if (t.muon) t.gradient_event = gradient_events++;
     }
-    MUONPS_ASSIGN_OR_RETURN(s.signals,
-                            client_internal::CudaStepSignals::Create(
-                                s.device, gradient_events, s.undo_bytes));
+    MUONPS_ASSIGN_OR_RETURN(s.signals, client_internal::CudaStepSignals::Create(
+                                           s.device, gradient_events));
   } else {
     MUONPS_ASSIGN_OR_RETURN(
         SharedMemorySegment segment,

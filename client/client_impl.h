@@ -82,10 +82,6 @@ struct Client::Impl {
   // its shard (trainer_rank % S) of the ShardCount() ranks, as torch.chunk
   // splits them.
   std::pair<int64_t, int64_t> RowRange(int64_t rows) const;
-  // The bytes of the undo area (lending/undo_area.h) for the job matrices
-  // as declared: one slot per matrix, in job matrix order (the order
-  // EnsureJob sends them in), of its lent parameter's elements.
-  int64_t UndoAreaBytes() const;
   // FAILED_PRECONDITION naming `field` once started.
   absl::Status CheckNotStarted(const std::string& field,
                                const std::string& what) const;
@@ -128,11 +124,6 @@ struct Client::Impl {
   // Where the step record (lending/step_record.h) sits in the segment:
   // after the tensors.
   int64_t step_record_offset = 0;
-  // The undo area (lending/undo_area.h): UndoAreaLayout's bytes for the
-  // job matrices' parameters, and (host trainers) its offset in the
-  // segment, after the step record; CUDA trainers lend it in `signals`.
-  int64_t undo_offset = 0;
-  int64_t undo_bytes = 0;
   kernels::AdamWHyperparameters adamw;
   kernels::CpuKernels kernels;
   int64_t adamw_steps = 0;

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_driver.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc.h"
@@ -50,7 +49,7 @@ static_assert(kStepRecordOffset + kStepRecordBytes <= 256);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
-    const Device& device, int gradient_events, int64_t undo_bytes) {
+    const Device& device, int gradient_events) {
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaSetDevice(device.ordinal), "cudaSetDevice"));
   MUONPS_ASSIGN_OR_RETURN(IpcEvent ready, IpcEvent::Create(device.ordinal));
@@ -70,18 +69,6 @@ absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
                  "cudaMalloc done counter"));
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaMemset(out->done_, 0, 256), "cudaMemset"));
-  // The undo area: an allocation of its own too, of the layout's bytes,
-  // zero-filled like the record (cudaMalloc's base is 256-byte aligned).
-  if (undo_bytes > 0) {
-    MUONPS_RETURN_IF_ERROR(
-        CudaStatus(cudaMalloc(&out->undo_, static_cast<size_t>(undo_bytes)),
-                   absl::StrCat("cudaMalloc(the undo area, ", undo_bytes,
-                                " bytes of ", DeviceName(device), ")")));
-    out->undo_bytes_ = undo_bytes;
-    MUONPS_RETURN_IF_ERROR(
-        CudaStatus(cudaMemset(out->undo_, 0, static_cast<size_t>(undo_bytes)),
-                   "cudaMemset(the undo area)"));
-  }
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&out->host_value_),
                                 sizeof(uint64_t)),
@@ -100,7 +87,6 @@ CudaStepSignals::~CudaStepSignals() {
   if (release_stream_ != nullptr) cudaStreamDestroy(release_stream_);
   if (host_value_ != nullptr) cudaFreeHost(host_value_);
   if (done_ != nullptr) cudaFree(done_);
-  if (undo_ != nullptr) cudaFree(undo_);
 }
 
 absl::Status CudaStepSignals::Describe(v1::AttachRequest* request) const {
@@ -119,15 +105,6 @@ absl::Status CudaStepSignals::Describe(v1::AttachRequest* request) const {
   request->mutable_step_record()->mutable_cuda()->set_ipc_handle(record.handle);
   request->mutable_step_record()->mutable_cuda()->set_offset(
       static_cast<int64_t>(record.offset));
-  if (undo_ != nullptr) {
-    MUONPS_ASSIGN_OR_RETURN(
-        IpcMemoryRef undo,
-        ExportDeviceMemory(undo_, static_cast<uint64_t>(undo_bytes_)));
-    v1::UndoAreaLocation* area = request->mutable_undo_area();
-    area->mutable_cuda()->set_ipc_handle(undo.handle);
-    area->mutable_cuda()->set_offset(static_cast<int64_t>(undo.offset));
-    area->set_bytes(undo_bytes_);
-  }
   return absl::OkStatus();
 }
 

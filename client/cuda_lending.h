@@ -49,29 +49,20 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
 // complete. BeforeStep records, on the step's stream, every gradient event
 // not recorded since the previous step.
 //
-// The trainer's undo area (lending/undo_area.h) is an allocation of its
-// own on the same device, zero-filled and lent with the rest: the worker
-// copies the parameters there before it writes a step's updates, and it
-// outlives a worker that dies.
-//
 // Thread-safe: GradientReady may run on any thread (PyTorch runs gradient
 // hooks on its autograd thread) while a step is prepared or answered on
 // another (an async step's own).
 class CudaStepSignals {
  public:
   // Signals for a trainer on `device` with `gradient_events` gradient
-  // events (its lent job matrices), and an undo area of `undo_bytes`
-  // (UndoAreaLayout of its job matrices; 0: none). RESOURCE_EXHAUSTED
-  // naming the undo area when the device has no room for it; CUDA's error
-  // when CUDA fails otherwise. The object frees what it allocated.
+  // events (its lent job matrices).
   static absl::StatusOr<std::unique_ptr<CudaStepSignals>> Create(
-      const Device& device, int gradient_events, int64_t undo_bytes);
+      const Device& device, int gradient_events);
   ~CudaStepSignals();
   CudaStepSignals(const CudaStepSignals&) = delete;
   CudaStepSignals& operator=(const CudaStepSignals&) = delete;
 
-  // The event, the counter, the step record and the undo area, for the
-  // worker.
+  // The event, the counter and the step record, for the worker.
   absl::Status Describe(v1::AttachRequest* request) const;
   // The IPC handle of gradient event `index` (TensorBinding's
   // grad_ready_event); the same event on every attach.
@@ -109,9 +100,7 @@ class CudaStepSignals {
   // By gradient event: recorded by GradientReady since the last BeforeStep.
   std::vector<bool> recorded_ ABSL_GUARDED_BY(mu_);
   bool step_unanswered_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t* done_ = nullptr;  // device word
-  void* undo_ = nullptr;      // the undo area; null: none
-  int64_t undo_bytes_ = 0;
+  uint64_t* done_ = nullptr;        // device word
   uint64_t* host_value_ = nullptr;  // pinned
   CUstream_st* release_stream_ = nullptr;
 };

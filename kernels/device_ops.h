@@ -20,7 +20,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/device.h"
 #include "common/dtype.h"
@@ -70,12 +69,10 @@ class DeviceOps {
   virtual Device device() const = 0;
   // The streams of a step: stream() carries transfers and the trainer's
   // signals, compute_stream() momentum and Newton-Schulz, so that one
-  // bucket's transfers overlap another's compute, and apply_stream() the
-  // writes of each update into the trainer's parameters as it lands, beside
-  // both. kHostStream for all three on the host.
+  // bucket's transfers overlap another's compute. kHostStream for both on
+  // the host.
   virtual Stream stream() const = 0;
   virtual Stream compute_stream() const = 0;
-  virtual Stream apply_stream() const = 0;
   // Marks: points in a stream's work that another stream waits for later,
   // and that time a step. Mark(stream) records mark number i (0, 1, ...
   // since the last ClearMarks) at the end of the work enqueued on `stream`
@@ -88,26 +85,6 @@ class DeviceOps {
   virtual absl::Status WaitForMark(Stream waiter, int mark) = 0;
   virtual absl::StatusOr<std::vector<double>> MarkTimesMs() = 0;
   virtual void ClearMarks() = 0;
-  // Words: 64-bit values another process or device watches, so that its
-  // streams order on this one's work with no host waiting (a peer write
-  // landed: server/worker/staging_windows.h). 8-byte aligned.
-  //
-  // WriteWord sets *word = value once the work enqueued on `stream` so far
-  // is done, with that work's writes visible before the word (`word`: this
-  // device's memory, or a peer's window opened here).
-  virtual absl::Status WriteWord(uint64_t* word, uint64_t value,
-                                 Stream stream) = 0;
-  // Work enqueued on `stream` after this call starts only once *word ==
-  // value (`word`: this device's memory). The host (kHostStream) waits
-  // here, up to `timeout`, then returns DEADLINE_EXCEEDED naming the word's
-  // wait. A device's stream waits with no timeout (`timeout` unused):
-  // ReleaseWord is how the host lets it go.
-  virtual absl::Status WaitWord(const uint64_t* word, uint64_t value,
-                                Stream stream, absl::Duration timeout) = 0;
-  // Sets *word = value now, from the host, whatever the streams are doing,
-  // and returns once it is set: it releases a WaitWord that would never be
-  // satisfied (its writer died). Not ordered with any stream's work.
-  virtual absl::Status ReleaseWord(uint64_t* word, uint64_t value) = 0;
 
   // `count` zeroed floats; RESOURCE_EXHAUSTED naming `what` when the device
   // is full. Synchronous (allocation is not on the step's hot path).

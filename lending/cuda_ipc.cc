@@ -1,6 +1,6 @@
 // Lending device memory between processes: ExportDeviceMemory on the
-// exporting side and IpcMemoryMap on the importing one. IpcEvent is in
-// cuda_ipc_sync.cc.
+// exporting side and IpcMemoryMap on the importing one. IpcEvent and the
+// stream memory operations are in cuda_ipc_sync.cc.
 #include "lending/cuda_ipc.h"
 
 #include <cuda.h>
@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/cuda_driver.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc_internal.h"
@@ -21,6 +20,8 @@ namespace muonps {
 namespace {
 
 using cuda_ipc_internal::CheckDevice;
+using cuda_ipc_internal::DriverEntryPoint;
+using cuda_ipc_internal::DriverErrorText;
 using cuda_ipc_internal::OnDevice;
 
 static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes,

@@ -218,6 +218,22 @@ class IpcEvent {
   int device_ = 0;
 };
 
+// A step counter shared between a trainer and its worker: one 64-bit word
+// of device memory (the trainer's, lent to the worker like a buffer) that
+// streams wait on and write, so neither side's host waits for the other
+// (CUDA stream memory operations; cuStreamWaitValue64/WriteValue64).
+
+// Makes `stream` wait until the 64-bit word at `device_address` is >=
+// `value`. UNAVAILABLE when the driver lacks 64-bit stream memory ops.
+absl::Status StreamWaitAtLeast(Stream stream, const void* device_address,
+                               uint64_t value);
+
+// Enqueues the write of `value` to the word at `device_address` after the
+// work enqueued so far on `stream` (with a memory barrier: that work's
+// writes are visible to whoever sees the value).
+absl::Status StreamWriteValue(Stream stream, void* device_address,
+                              uint64_t value);
+
 }  // namespace muonps
 
 #endif  // MUONPS_LENDING_CUDA_IPC_H_

@@ -1,5 +1,8 @@
-// Ordering streams across processes without a host sync: IpcEvent (the
-// stream memory operations on a shared word are common/cuda_driver.h's).
+// Ordering streams across processes without a host sync: IpcEvent, and the
+// stream memory operations on a step counter a trainer shares with its
+// worker (StreamWaitAtLeast, StreamWriteValue).
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -16,6 +19,8 @@ namespace muonps {
 namespace {
 
 using cuda_ipc_internal::CheckDevice;
+using cuda_ipc_internal::DriverEntryPoint;
+using cuda_ipc_internal::DriverErrorText;
 using cuda_ipc_internal::OnDevice;
 
 static_assert(sizeof(cudaIpcEventHandle_t) == kCudaIpcHandleBytes,
@@ -120,6 +125,32 @@ absl::StatusOr<bool> IpcEvent::Done() {
   if (e == cudaErrorNotReady) return false;
   MUONPS_RETURN_IF_ERROR(CudaStatus(e, "cudaEventQuery"));
   return true;
+}
+
+absl::Status StreamWaitAtLeast(Stream stream, const void* device_address,
+                               uint64_t value) {
+  MUONPS_ASSIGN_OR_RETURN(
+      PFN_cuStreamWaitValue64_v11070 wait,
+      DriverEntryPoint<PFN_cuStreamWaitValue64_v11070>("cuStreamWaitValue64"));
+  const CUresult result = wait(reinterpret_cast<CUstream>(stream),
+                               reinterpret_cast<CUdeviceptr>(device_address),
+                               value, CU_STREAM_WAIT_VALUE_GEQ);
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cuStreamWaitValue64: ", DriverErrorText(result)));
+}
+
+absl::Status StreamWriteValue(Stream stream, void* device_address,
+                              uint64_t value) {
+  MUONPS_ASSIGN_OR_RETURN(PFN_cuStreamWriteValue64_v11070 write,
+                          DriverEntryPoint<PFN_cuStreamWriteValue64_v11070>(
+                              "cuStreamWriteValue64"));
+  const CUresult result = write(reinterpret_cast<CUstream>(stream),
+                                reinterpret_cast<CUdeviceptr>(device_address),
+                                value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cuStreamWriteValue64: ", DriverErrorText(result)));
 }
 
 }  // namespace muonps

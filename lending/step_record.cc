@@ -13,7 +13,6 @@ StepRecord StepRecordFromWords(const uint64_t* words) {
   out.applying = StepOf(words[static_cast<int>(StepRecordWord::kApplying)]);
   out.decided = StepOf(words[static_cast<int>(StepRecordWord::kDecided)]);
   out.decider = words[static_cast<int>(StepRecordWord::kDecider)];
-  out.undo = StepOf(words[static_cast<int>(StepRecordWord::kUndo)]);
   return out;
 }
 

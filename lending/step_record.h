@@ -6,7 +6,7 @@
 // nothing. One format for the client that lends it (zero-filled) and the
 // worker that writes it.
 //
-// Five 64-bit words, each a step id + 1 (0: none) except the instance:
+// Four 64-bit words, each a step id + 1 (0: none) except the instance:
 //   applied   the last step whose updates are wholly in the parameters
 //   applying  the last step whose updates started to be written (equal to
 //             applied once they are all written: more means the writing
@@ -18,13 +18,6 @@
 //             a step as rank 0 with this trainer, recorded before anyone
 //             hears of the step: a step that instance opened above
 //             `decided` was never decided to commit
-//   undo      the step whose writing the trainer's undo area can take back:
-//             the area (lending/undo_area.h) holds every Muon parameter as
-//             of the step before it (0 while the area is being rewritten).
-//             A step's updates are written into the parameters as they
-//             land, before the step is decided; one that is then not
-//             committed is taken back from the area, by this worker or by
-//             its successor when `applying` is above `applied`
 // The worker writes each word in its stream's order (host memory: at once;
 // CUDA: a stream memory operation), so a word is never ahead of the work
 // it describes. Plain data; thread-compatible.
@@ -44,7 +37,6 @@ enum class StepRecordWord : int {
   kApplying = 1,
   kDecided = 2,
   kDecider = 3,
-  kUndo = 4,
 };
 
 // The record as read, steps as step ids (-1: none).
@@ -53,14 +45,9 @@ struct StepRecord {
   int64_t applying = -1;
   int64_t decided = -1;
   uint64_t decider = 0;
-  int64_t undo = -1;
 
   // The step whose writing stopped part-way, or -1.
   int64_t torn() const { return applying > applied ? applying : -1; }
-  // The torn step, when the undo area can take it back; else -1.
-  int64_t undoable() const {
-    return torn() >= 0 && undo == torn() && applied == torn() - 1 ? undo : -1;
-  }
 };
 
 // The words of a record (kStepRecordBytes, 8-byte aligned) as a StepRecord.

@@ -26,8 +26,7 @@
 #   AUTOTUNE_BATCHES (1,2,4,8,16, and the set's largest stack),
 #   WORKER_ARGS (more flags for the workers, e.g. --peer_writes=false to
 #   broadcast updates over the transport instead of writing them into the
-#   peers' staging, or --write_as_landed=false to write every update into
-#   the parameters at the commit), COORDINATOR_ARGS (more flags for the coordinators,
+#   peers' staging), COORDINATOR_ARGS (more flags for the coordinators,
 #   e.g. --rebalance_tolerance=0 to keep the plans of the cost table when
 #   the GPUs measure unequal).
 set -euo pipefail

@@ -4,13 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <new>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 
 namespace muonps {
 namespace kernels {
@@ -177,45 +173,6 @@ absl::StatusOr<std::vector<double>> CpuDeviceOps::MarkTimesMs() {
         std::chrono::duration<double, std::milli>(t - marks_.front()).count());
   }
   return out;
-}
-
-absl::Status CpuDeviceOps::WriteWord(uint64_t* word, uint64_t value,
-                                     Stream stream) {
-  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
-  // Host work is done when its call returns: the word comes after it.
-  __atomic_store_n(word, value, __ATOMIC_RELEASE);
-  return absl::OkStatus();
-}
-
-absl::Status CpuDeviceOps::WaitWord(const uint64_t* word, uint64_t value,
-                                    Stream stream, absl::Duration timeout) {
-  if (absl::Status s = HostOnly(stream); !s.ok()) return s;
-  const absl::Time deadline = absl::Now() + timeout;
-  // A writer a few microseconds away is caught by yielding; a slower one is
-  // polled with short sleeps, so a long wait leaves the core to others.
-  constexpr int kYields = 1000;
-  constexpr absl::Duration kLongestSleep = absl::Microseconds(200);
-  absl::Duration sleep = absl::Microseconds(5);
-  for (int polls = 0;; ++polls) {
-    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == value) {
-      return absl::OkStatus();
-    }
-    if (absl::Now() >= deadline) break;
-    if (polls < kYields) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(sleep);
-      sleep = std::min(sleep * 2, kLongestSleep);
-    }
-  }
-  return absl::DeadlineExceededError(absl::StrFormat(
-      "wait for word %p to be %d: still %d after %s", word, value,
-      __atomic_load_n(word, __ATOMIC_ACQUIRE), absl::FormatDuration(timeout)));
-}
-
-absl::Status CpuDeviceOps::ReleaseWord(uint64_t* word, uint64_t value) {
-  __atomic_store_n(word, value, __ATOMIC_RELEASE);
-  return absl::OkStatus();
 }
 
 absl::Status CpuDeviceOps::Synchronize(Stream stream) {

@@ -17,18 +17,10 @@ class CpuDeviceOps final : public DeviceOps {
   Device device() const override { return kHostDevice; }
   Stream stream() const override { return kHostStream; }
   Stream compute_stream() const override { return kHostStream; }
-  Stream apply_stream() const override { return kHostStream; }
   absl::StatusOr<int> Mark(Stream stream) override;
   absl::Status WaitForMark(Stream waiter, int mark) override;
   absl::StatusOr<std::vector<double>> MarkTimesMs() override;
   void ClearMarks() override { marks_.clear(); }
-  // Words are plain host memory (shared memory where another process
-  // watches): a release store, and an acquire load the host spins on.
-  absl::Status WriteWord(uint64_t* word, uint64_t value,
-                         Stream stream) override;
-  absl::Status WaitWord(const uint64_t* word, uint64_t value, Stream stream,
-                        absl::Duration timeout) override;
-  absl::Status ReleaseWord(uint64_t* word, uint64_t value) override;
   absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,

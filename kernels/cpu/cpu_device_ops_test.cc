@@ -1,14 +1,9 @@
 #include "kernels/cpu/cpu_device_ops.h"
 
 #include <cmath>
-#include <cstdint>
 #include <limits>
-#include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace muonps {
@@ -147,55 +142,6 @@ TEST(CpuDeviceOpsTest, RefusesADeviceStream) {
   Stream device_stream = reinterpret_cast<Stream>(0x10);
   EXPECT_EQ(ops.Scale(&x, 1, 2.0f, device_stream).code(),
             absl::StatusCode::kInvalidArgument);
-  uint64_t word = 0;
-  EXPECT_EQ(ops.WriteWord(&word, 1, device_stream).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ops.WaitWord(&word, 0, device_stream, absl::Seconds(1)).code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
-TEST(CpuDeviceOpsTest, AWaitForAWrittenWordPassesAtOnce) {
-  CpuDeviceOps ops;
-  uint64_t word = 0;
-  ASSERT_TRUE(ops.WriteWord(&word, 42, kHostStream).ok());
-  EXPECT_EQ(word, 42u);
-  const absl::Time start = absl::Now();
-  EXPECT_TRUE(ops.WaitWord(&word, 42, kHostStream, absl::Seconds(10)).ok());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
-}
-
-TEST(CpuDeviceOpsTest, AWaitForAnotherValueEndsAtItsTimeoutNamingTheWord) {
-  CpuDeviceOps ops;
-  uint64_t word = 7;
-  const absl::Time start = absl::Now();
-  const absl::Status waited =
-      ops.WaitWord(&word, 8, kHostStream, absl::Milliseconds(50));
-  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
-  EXPECT_NE(waited.message().find("wait for word"), absl::string_view::npos)
-      << waited;
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
-  // A word past the value is not the value either (equality, not >=).
-  word = 9;
-  EXPECT_EQ(ops.WaitWord(&word, 8, kHostStream, absl::Milliseconds(1)).code(),
-            absl::StatusCode::kDeadlineExceeded);
-}
-
-TEST(CpuDeviceOpsTest, ReleasingAWordEndsAWaitOnAnotherThread) {
-  CpuDeviceOps waiter_ops, releaser_ops;
-  uint64_t word = 0;
-  absl::Notification started;
-  absl::Status waited = absl::UnknownError("never waited");
-  std::thread waiter([&] {
-    started.Notify();
-    waited = waiter_ops.WaitWord(&word, 3, kHostStream, absl::Seconds(30));
-  });
-  started.WaitForNotification();
-  absl::SleepFor(absl::Milliseconds(20));  // the waiter is sleeping by now
-  const absl::Time released = absl::Now();
-  ASSERT_TRUE(releaser_ops.ReleaseWord(&word, 3).ok());
-  waiter.join();
-  EXPECT_TRUE(waited.ok()) << waited;
-  EXPECT_LT(absl::Now() - released, absl::Seconds(5));
 }
 
 }  // namespace

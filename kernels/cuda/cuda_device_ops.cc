@@ -3,7 +3,6 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_driver.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/precision.h"
@@ -50,8 +49,6 @@ absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(
 absl::Status CudaDeviceOps::Init() {
   MUONPS_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&compute_stream_, cudaStreamNonBlocking));
-  MUONPS_CUDA_RETURN_IF_ERROR(
-      cudaStreamCreateWithFlags(&apply_stream_, cudaStreamNonBlocking));
   return absl::OkStatus();
 }
 
@@ -95,39 +92,9 @@ CudaDeviceOps::~CudaDeviceOps() {
     cudaStreamSynchronize(compute_stream_);
     cudaStreamDestroy(compute_stream_);
   }
-  if (apply_stream_ != nullptr) {
-    cudaStreamSynchronize(apply_stream_);
-    cudaStreamDestroy(apply_stream_);
-  }
   for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   if (host_flags_ != nullptr) cudaFreeHost(host_flags_);
   if (owns_stream_) cudaStreamDestroy(stream_);
-  if (release_stream_ != nullptr) cudaStreamDestroy(release_stream_);
-}
-
-absl::Status CudaDeviceOps::WriteWord(uint64_t* word, uint64_t value,
-                                      Stream stream) {
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  return StreamWriteValue(stream, word, value);
-}
-
-absl::Status CudaDeviceOps::WaitWord(const uint64_t* word, uint64_t value,
-                                     Stream stream,
-                                     absl::Duration /*timeout*/) {
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  return StreamWaitEqual(stream, word, value);
-}
-
-absl::Status CudaDeviceOps::ReleaseWord(uint64_t* word, uint64_t value) {
-  MUONPS_RETURN_IF_ERROR(UseDevice());
-  if (release_stream_ == nullptr) {
-    MUONPS_CUDA_RETURN_IF_ERROR(
-        cudaStreamCreateWithFlags(&release_stream_, cudaStreamNonBlocking));
-  }
-  MUONPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      word, &value, sizeof(value), cudaMemcpyDefault, release_stream_));
-  return CudaStatus(cudaStreamSynchronize(release_stream_),
-                    "cudaStreamSynchronize(the word release's stream)");
 }
 
 absl::Status CudaDeviceOps::UseDevice() const {

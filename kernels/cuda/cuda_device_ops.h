@@ -1,8 +1,8 @@
 // DeviceOps on one CUDA device: cudaMemcpyAsync and the fused elementwise
 // kernels of kernels/cuda/elementwise.h, enqueued on the stream each call
 // names (a stream of this device). stream() is one the object creates
-// (non-blocking) unless the caller hands one in; compute_stream() and
-// apply_stream() are always its own.
+// (non-blocking) unless the caller hands one in; compute_stream() is always
+// its own.
 //
 // Thread rule: one thread at a time; not copyable. Create returns
 // UNAVAILABLE without a usable GPU (never a crash on a CPU-only machine).
@@ -31,19 +31,10 @@ class CudaDeviceOps final : public DeviceOps {
   Device device() const override { return {MemoryKind::kCuda, device_}; }
   Stream stream() const override { return stream_; }
   Stream compute_stream() const override { return compute_stream_; }
-  Stream apply_stream() const override { return apply_stream_; }
   absl::StatusOr<int> Mark(Stream stream) override;
   absl::Status WaitForMark(Stream waiter, int mark) override;
   absl::StatusOr<std::vector<double>> MarkTimesMs() override;
   void ClearMarks() override { marks_used_ = 0; }
-  // Stream memory operations (common/cuda_driver.h). WaitWord's device wait
-  // has no timeout. ReleaseWord copies the value on a stream of its own,
-  // created on first use, and waits for that stream alone.
-  absl::Status WriteWord(uint64_t* word, uint64_t value,
-                         Stream stream) override;
-  absl::Status WaitWord(const uint64_t* word, uint64_t value, Stream stream,
-                        absl::Duration timeout) override;
-  absl::Status ReleaseWord(uint64_t* word, uint64_t value) override;
   absl::StatusOr<std::unique_ptr<FloatBuffer>> Allocate(
       int64_t count, const char* what) override;
   absl::Status Copy(float* dst, const float* src, int64_t count,
@@ -76,7 +67,6 @@ class CudaDeviceOps final : public DeviceOps {
   cudaStream_t stream_;
   const bool owns_stream_;
   cudaStream_t compute_stream_ = nullptr;  // owned, non-blocking
-  cudaStream_t apply_stream_ = nullptr;    // owned, non-blocking
   // Mark events (timed), reused step after step: the first marks_used_
   // hold this step's marks.
   std::vector<cudaEvent_t> marks_;
@@ -84,8 +74,6 @@ class CudaDeviceOps final : public DeviceOps {
   DeviceBuffer flags_;  // one unsigned long long per span, grown on demand
   int64_t finite_count_ = 0;  // spans PrepareFiniteChecks made room for
   unsigned long long* host_flags_ = nullptr;  // pinned, same size
-  // ReleaseWord's stream: none of the step's, which may be held by a wait.
-  cudaStream_t release_stream_ = nullptr;  // owned, non-blocking; lazy
 };
 
 }  // namespace cuda

@@ -70,12 +70,6 @@ struct AttachRequest {
   // none is lent.
   int64_t step_record_offset = -1;
   CudaBufferRef step_record_cuda;
-  // Where the trainer lends its undo area (lending/undo_area.h), and its
-  // size: a byte offset in the segment (a multiple of 256), or CUDA memory;
-  // -1 and an empty handle: none is lent.
-  int64_t undo_offset = -1;
-  int64_t undo_bytes = 0;
-  CudaBufferRef undo_cuda;
 };
 
 struct AttachResponse {

@@ -5,18 +5,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_driver.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "lending/cuda_ipc.h"
-#include "lending/undo_area.h"
 
 namespace muonps {
 namespace worker {
@@ -27,8 +24,7 @@ class CudaIpcBuffers final : public TrainerBuffers {
  public:
   explicit CudaIpcBuffers(int device) : device_(device) {}
 
-  // The request's ready event, done counter, step record and undo area, if
-  // it lends them.
+  // The request's ready event and done counter, if it lends them.
   absl::Status OpenSignals(const AttachRequest& request) {
     if (!request.ready_event.empty()) {
       absl::StatusOr<IpcEvent> ready =
@@ -62,34 +58,8 @@ class CudaIpcBuffers final : public TrainerBuffers {
       if (!mapped.ok()) return Annotate(mapped.status(), "step_record.cuda");
       record_ = static_cast<uint64_t*>(*mapped);
     }
-    if (!request.undo_cuda.ipc_handle.empty()) {
-      if (request.undo_cuda.offset < 0 ||
-          request.undo_cuda.offset % kUndoSlotAlignment != 0) {
-        return InvalidField(
-            "undo_area.cuda.offset",
-            absl::StrCat(request.undo_cuda.offset, " is not a multiple of ",
-                         kUndoSlotAlignment));
-      }
-      if (request.undo_bytes <= 0) {
-        return InvalidField(
-            "undo_area.bytes",
-            absl::StrCat(request.undo_bytes, " <= 0 with a CUDA buffer lent"));
-      }
-      IpcMemoryRef ref;
-      ref.handle = request.undo_cuda.ipc_handle;
-      ref.offset = static_cast<uint64_t>(request.undo_cuda.offset);
-      ref.bytes = static_cast<uint64_t>(request.undo_bytes);
-      ref.device = device_;
-      absl::StatusOr<void*> mapped = map_.Open(ref);
-      if (!mapped.ok()) return Annotate(mapped.status(), "undo_area.cuda");
-      undo_ = *mapped;
-      undo_bytes_ = request.undo_bytes;
-    }
     return absl::OkStatus();
   }
-
-  void* undo_area() const override { return undo_; }
-  int64_t undo_area_bytes() const override { return undo_bytes_; }
 
   absl::StatusOr<StepRecord> ReadRecord() override {
     if (record_ == nullptr) return absl::NotFoundError("no step record lent");
@@ -171,8 +141,6 @@ class CudaIpcBuffers final : public TrainerBuffers {
   std::vector<IpcEvent> gradient_ready_;
   void* done_ = nullptr;
   uint64_t* record_ = nullptr;  // the step record; null: none lent
-  void* undo_ = nullptr;        // the undo area; null: none lent
-  int64_t undo_bytes_ = 0;
 };
 
 // A peer's staging, mapped into this process by CUDA IPC.
@@ -199,14 +167,10 @@ class CudaIpcLender final : public WindowLender {
                                                 const char* what,
                                                 WindowRecord* record) override {
     *record = WindowRecord{};
-    WindowRecord lent = NewWindowRecord(WindowKind::kCudaIpc, dtype, count);
-    // One allocation (zero-filled) for the updates and the landed words.
-    MUONPS_ASSIGN_OR_RETURN(
-        std::unique_ptr<kernels::FloatBuffer> block,
-        ops_->Allocate(static_cast<int64_t>(lent.bytes / sizeof(float)), what));
     MUONPS_ASSIGN_OR_RETURN(
         kernels::TypedBuffer buffer,
-        kernels::TypedBuffer::Wrap(std::move(block), dtype, count));
+        kernels::TypedBuffer::Allocate(*ops_, dtype, count, what));
+    WindowRecord lent = NewWindowRecord(WindowKind::kCudaIpc, dtype, count);
     MUONPS_ASSIGN_OR_RETURN(IpcMemoryRef ref,
                             ExportDeviceMemory(buffer.at(0), lent.bytes));
     *record = lent;

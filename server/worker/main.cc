@@ -292,7 +292,6 @@ int Run() {
         });
   }
   if (!absl::GetFlag(FLAGS_peer_writes)) backend.windows.reset();
-  backend.write_as_landed = absl::GetFlag(FLAGS_write_as_landed);
   // Declared before the engine, whose transports count into it.
   MetricsRegistry metrics;
   // Every byte a step moves between workers, and every call and launch, is

@@ -158,7 +158,6 @@ class GatedOps : public kernels::DeviceOps {
   Device device() const override { return ops_.device(); }
   Stream stream() const override { return ops_.stream(); }
   Stream compute_stream() const override { return ops_.compute_stream(); }
-  Stream apply_stream() const override { return ops_.apply_stream(); }
   absl::StatusOr<int> Mark(Stream s) override { return ops_.Mark(s); }
   absl::Status WaitForMark(Stream s, int mark) override {
     return ops_.WaitForMark(s, mark);
@@ -167,16 +166,6 @@ class GatedOps : public kernels::DeviceOps {
     return ops_.MarkTimesMs();
   }
   void ClearMarks() override { ops_.ClearMarks(); }
-  absl::Status WriteWord(uint64_t* word, uint64_t value, Stream s) override {
-    return ops_.WriteWord(word, value, s);
-  }
-  absl::Status WaitWord(const uint64_t* word, uint64_t value, Stream s,
-                        absl::Duration timeout) override {
-    return ops_.WaitWord(word, value, s, timeout);
-  }
-  absl::Status ReleaseWord(uint64_t* word, uint64_t value) override {
-    return ops_.ReleaseWord(word, value);
-  }
   absl::StatusOr<std::unique_ptr<kernels::FloatBuffer>> Allocate(
       int64_t count, const char* what) override {
     if (armed && !entered.HasBeenNotified()) {

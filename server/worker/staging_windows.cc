@@ -142,29 +142,17 @@ uint64_t HostIdentity() {
   return digest.value();
 }
 
-int64_t LandedOffset(int64_t update_bytes) {
-  return (std::max<int64_t>(update_bytes, 0) + 255) / 256 * 256;
-}
-
 WindowRecord NewWindowRecord(WindowKind kind, DType dtype, int64_t count) {
   WindowRecord record{};
   record.id = RandomId();
   record.host = HostIdentity();
   record.kind = static_cast<int32_t>(kind);
-  // At least one element; the offset and the words are whole floats (the
-  // buffer is a FloatBuffer).
-  record.landed = static_cast<uint64_t>(LandedOffset(
-      std::max<int64_t>(count, 1) * static_cast<int64_t>(DTypeSize(dtype))));
-  record.bytes = record.landed + kLandedBytes;
+  // Whole floats (the buffer is a FloatBuffer), at least one element.
+  record.bytes =
+      (static_cast<uint64_t>(std::max<int64_t>(count, 1)) * DTypeSize(dtype) +
+       3) /
+      4 * 4;
   return record;
-}
-
-uint64_t* OwnLandedWord(const kernels::TypedBuffer& updates,
-                        const WindowRecord& window, int owner, int slot) {
-  if (window.id == 0 || !updates) return nullptr;
-  return reinterpret_cast<uint64_t*>(static_cast<char*>(updates.at(0)) +
-                                     window.landed) +
-         LandedIndex(owner, slot);
 }
 
 std::vector<int64_t> FullStagedAt(
@@ -196,28 +184,11 @@ bool PeerWindows::Open(absl::Span<const WindowRecord> records, int self,
   writers_.clear();
   open_.clear();
   open_.resize(records.size());
-  landed_.assign(records.size(), 0);
-  if (self >= kLandedOwners) {
-    spdlog::info(
-        "rank {}: only ranks below {} signal their staging window writes; "
-        "its updates travel by the transport",
-        self, kLandedOwners);
-    return false;
-  }
   const uint64_t host = HostIdentity();
   for (size_t r = 0; r < records.size(); ++r) {
     const WindowRecord& record = records[r];
     if (static_cast<int>(r) == self || record.id == 0 || lender == nullptr ||
         record.host != host) {
-      continue;
-    }
-    if (record.landed % alignof(uint64_t) != 0 ||
-        record.landed > record.bytes ||
-        record.bytes - record.landed < static_cast<uint64_t>(kLandedBytes)) {
-      spdlog::info(
-          "rank {}: rank {}'s staging window has no landed words at {} in "
-          "its {} bytes; its updates from here travel by the transport",
-          self, r, record.landed, record.bytes);
       continue;
     }
     absl::StatusOr<std::unique_ptr<PeerWindow>> window = lender->Open(record);
@@ -229,7 +200,6 @@ bool PeerWindows::Open(absl::Span<const WindowRecord> records, int self,
       continue;
     }
     open_[r] = *std::move(window);
-    landed_[r] = static_cast<int64_t>(record.landed);
   }
   for (const int target : targets) {
     if (target == self) continue;

@@ -137,16 +137,12 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   mine.window = trainer_ == nullptr ? 0 : trainer_->window.id;
   mine.windows_known = plan_.windows.known();
   mine.torn_step = -1;
-  mine.undo_step = ledger_.inherited_torn;
   mine.record_decided = -1;
   if (trainer_ != nullptr) {
     mine.tensors_hash = trainer_->tensors_hash;
     // What a worker before this one left in the trainer's step record.
     const StepRecord& inherited = trainer_->inherited;
-    if (inherited.torn() > mine.last_step &&
-        inherited.torn() != ledger_.undone) {
-      mine.torn_step = inherited.torn();
-    }
+    if (inherited.torn() > mine.last_step) mine.torn_step = inherited.torn();
     if (inherited.decider != ledger_.instance) {
       mine.record_decided = inherited.decided;
       mine.record_decider = inherited.decider;
@@ -267,16 +263,6 @@ bool RoundAgreement::ResolveCommits(const RoundDecision& decision) const {
 
 absl::Status RoundAgreement::Resolve(const RoundDecision& decision) {
   if (!decision.resolve) return absl::OkStatus();
-  if (ledger_.inherited_torn >= 0) {
-    // A predecessor's early writes: taken back when nobody committed the
-    // step; otherwise a repair brings the parameters to it.
-    const int64_t torn = ledger_.inherited_torn;
-    ledger_.inherited_torn = -1;
-    if (torn > decision.committed && WritesEarly(trainer_)) {
-      MUONPS_RETURN_IF_ERROR(UndoWrites(*trainer_, ops_, torn));
-      ledger_.undone = torn;
-    }
-  }
   StagedStep& staged = ledger_.staged;
   if (ResolveCommits(decision)) {
     // Some rank committed it: so does this one, from its staging.

@@ -28,10 +28,6 @@ struct StepBackend {
   // that owners write updates into them (staging_windows.h); null: every
   // update travels by the transport.
   std::shared_ptr<WindowLender> windows;
-  // Writes each update into the trainer's parameters as it lands, before
-  // the step is decided, where the trainer lends an undo area to take a
-  // step back from (step_commit.h); false: every update at the commit.
-  bool write_as_landed = true;
   // A step whose transfers do not progress for this long fails.
   absl::Duration timeout = absl::Seconds(10);
 };

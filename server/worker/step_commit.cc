@@ -17,12 +17,6 @@ std::string Who(const std::vector<std::string>& ids, int rank) {
              : absl::StrCat("rank ", rank);
 }
 
-// Matrix `matrix`'s slot in the trainer's undo area.
-float* UndoSlot(const AttachedTrainer& trainer, int matrix) {
-  return reinterpret_cast<float*>(static_cast<char*>(trainer.undo) +
-                                  trainer.undo_at[matrix]);
-}
-
 // This rank voted yes and did not hear the decision.
 absl::Status InDoubt(int64_t step, const absl::Status& why) {
   return absl::UnavailableError(absl::StrCat(
@@ -94,10 +88,6 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           kernels::DeviceOps& ops, int64_t release) {
   StagedStep& staged = ledger.staged;
   const Stream stream = ops.stream();
-  // What was written as it landed is done before the rest is recorded.
-  if (ledger.written_early >= 0) {
-    MUONPS_RETURN_IF_ERROR(ops.Synchronize(ops.apply_stream()));
-  }
   if (trainer != nullptr) {
     // The step record brackets the writes: a worker that dies part-way
     // leaves applying above applied for its successor to see.
@@ -105,7 +95,6 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
         stream, StepRecordWord::kApplying, StepRecordValue(staged.step_id)));
     const kernels::TypedBuffer& updates = trainer->updates;
     for (const ParamApply& a : staged.applies) {
-      if (a.written) continue;  // as it landed
       const Binding& b = trainer->matrices[a.matrix];
       MUONPS_RETURN_IF_ERROR(
           ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
@@ -125,7 +114,6 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
   const int64_t step = staged.step_id;
   staged = StagedStep{};
   MUONPS_RETURN_IF_ERROR(ops.Synchronize(stream));
-  ledger.written_early = -1;
   ledger.last_version.store(plan.version);
   ledger.last.store(step);
   ledger.means_step = trainer != nullptr ? step : -1;
@@ -138,93 +126,6 @@ absl::Status RedeliverMeans(const StepLedger& ledger, int64_t step_id,
   if (step_id != ledger.means_step) return absl::OkStatus();
   MUONPS_RETURN_IF_ERROR(WriteMeans(trainer.unreduced, trainer, ops));
   return ops.Synchronize(ops.stream());
-}
-
-bool WritesEarly(const AttachedTrainer* trainer) {
-  return trainer != nullptr && trainer->undo != nullptr;
-}
-
-absl::Status BeginEarlyWrites(StepLedger& ledger,
-                              const AttachedTrainer& trainer,
-                              kernels::DeviceOps& ops, int64_t step_id) {
-  const Stream s = ops.apply_stream();
-  TrainerBuffers& buffers = *trainer.buffers;
-  MUONPS_RETURN_IF_ERROR(buffers.WriteRecord(s, StepRecordWord::kUndo, 0));
-  for (size_t m = 0; m < trainer.matrices.size(); ++m) {
-    const Binding& b = trainer.matrices[m];
-    float* slot = UndoSlot(trainer, static_cast<int>(m));
-    MUONPS_RETURN_IF_ERROR(
-        b.dtype == DType::kFloat32
-            ? ops.Copy(slot, static_cast<const float*>(b.param),
-                       b.param_elements, s)
-            : ops.ToFloat(slot, b.param, b.dtype, b.param_elements, s));
-  }
-  MUONPS_RETURN_IF_ERROR(
-      buffers.WriteRecord(s, StepRecordWord::kUndo, StepRecordValue(step_id)));
-  // Backward reads the parameters until the trainer's step event.
-  MUONPS_RETURN_IF_ERROR(buffers.WaitForTrainer(s));
-  MUONPS_RETURN_IF_ERROR(buffers.WriteRecord(s, StepRecordWord::kApplying,
-                                             StepRecordValue(step_id)));
-  ledger.written_early = step_id;
-  return absl::OkStatus();
-}
-
-absl::Status WriteLanded(StepLedger& ledger, const AttachedTrainer& trainer,
-                         kernels::DeviceOps& ops, size_t first, int landed) {
-  std::vector<ParamApply>& applies = ledger.staged.applies;
-  const Stream s = ops.apply_stream();
-  bool waited = false;
-  for (size_t i = first; i < applies.size(); ++i) {
-    ParamApply& a = applies[i];
-    if (a.by_peer || a.written) continue;
-    if (!waited) MUONPS_RETURN_IF_ERROR(ops.WaitForMark(s, landed));
-    waited = true;
-    const Binding& b = trainer.matrices[a.matrix];
-    MUONPS_RETURN_IF_ERROR(
-        ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
-                        b.dtype, trainer.updates.at(a.staged_at),
-                        trainer.updates.dtype(), a.count, a.decay, a.step, s));
-    a.written = true;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status UndoWrites(const AttachedTrainer& trainer, kernels::DeviceOps& ops,
-                        int64_t step) {
-  const Stream s = ops.apply_stream();
-  MUONPS_RETURN_IF_ERROR(trainer.buffers->WaitForTrainer(s));
-  for (size_t m = 0; m < trainer.matrices.size(); ++m) {
-    const Binding& b = trainer.matrices[m];
-    const float* slot = UndoSlot(trainer, static_cast<int>(m));
-    MUONPS_RETURN_IF_ERROR(
-        b.dtype == DType::kFloat32
-            ? ops.Copy(static_cast<float*>(b.param), slot, b.param_elements, s)
-            : ops.FromFloat(b.param, b.dtype, slot, b.param_elements, s));
-  }
-  MUONPS_RETURN_IF_ERROR(trainer.buffers->WriteRecord(
-      s, StepRecordWord::kApplying, StepRecordValue(step - 1)));
-  return ops.Synchronize(s);
-}
-
-absl::Status UndoEarlyWrites(StepLedger& ledger, const AttachedTrainer* trainer,
-                             kernels::DeviceOps& ops) {
-  const int64_t step = ledger.written_early;
-  if (step < 0 || ledger.last.load() >= step) return absl::OkStatus();
-  if (WritesEarly(trainer)) {
-    const absl::Status undone = UndoWrites(*trainer, ops, step);
-    if (!undone.ok()) {
-      return absl::DataLossError(absl::StrCat(
-          "step ", step,
-          ": taking its early writes back from the trainer's undo area "
-          "failed: ",
-          undone.message(),
-          "; the parameters hold part of it (a worker started again takes "
-          "it back)"));
-    }
-  }
-  for (ParamApply& a : ledger.staged.applies) a.written = false;
-  ledger.written_early = -1;
-  return absl::OkStatus();
 }
 
 void DropStaged(StepLedger& ledger, PlanState& plan) {

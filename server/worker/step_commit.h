@@ -49,38 +49,8 @@ using StepCancelled = std::function<bool()>;
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
                           kernels::DeviceOps& ops, int64_t release = -1);
-// Forgets the staged step (momentum and parameters stay as they were, but
-// for its early writes, which UndoEarlyWrites takes back).
+// Forgets the staged step (momentum and parameters stay as they were).
 void DropStaged(StepLedger& ledger, PlanState& plan);
-
-// A step's updates go into the trainer's parameters as they land, before
-// the step is decided, when the trainer lends an undo area
-// (AttachedTrainer::undo); the commit then writes only what is left, and a
-// step that does not commit is taken back. All on ops.apply_stream(), each
-// record word after the work it describes:
-//  BeginEarlyWrites: every Muon parameter into its slot of the undo area
-//    (record: undo = 0 while it is rewritten, then `step_id`), then, once
-//    the trainer's backward is done with the parameters, applying =
-//    `step_id` (a successor that finds applying above applied takes the
-//    step back from the area: lending/step_record.h).
-//  WriteLanded: the staged applies from index `first` on, once mark
-//    `landed` of another stream is reached (the transfers that landed
-//    them), except those peers copy in (ParamApply::by_peer).
-//  UndoEarlyWrites: when the ledger's early-written step did not commit
-//    here, every parameter back from the area, applying back to the step
-//    before; waits for the stream. Called at the end of every round, so a
-//    trainer's stream, released whatever happened, never reads a torn step.
-//  UndoWrites: the same for `step` (a predecessor's torn one).
-bool WritesEarly(const AttachedTrainer* trainer);
-absl::Status BeginEarlyWrites(StepLedger& ledger,
-                              const AttachedTrainer& trainer,
-                              kernels::DeviceOps& ops, int64_t step_id);
-absl::Status WriteLanded(StepLedger& ledger, const AttachedTrainer& trainer,
-                         kernels::DeviceOps& ops, size_t first, int landed);
-absl::Status UndoEarlyWrites(StepLedger& ledger, const AttachedTrainer* trainer,
-                             kernels::DeviceOps& ops);
-absl::Status UndoWrites(const AttachedTrainer& trainer, kernels::DeviceOps& ops,
-                        int64_t step);
 // A retry of step `step_id` answered already_applied: when the trainer's
 // staging still holds that step's AdamW means (StepLedger::means_step),
 // writes them into the lent gradients again (the client steps AdamW on

@@ -105,21 +105,12 @@ class GpuLikeOps : public kernels::DeviceOps {
   Device device() const override { return Device{MemoryKind::kCuda, 0}; }
   Stream stream() const override { return kStream; }
   Stream compute_stream() const override { return kStream; }
-  Stream apply_stream() const override { return kStream; }
   absl::StatusOr<int> Mark(Stream) override { return Unused(); }
   absl::Status WaitForMark(Stream, int) override { return Unused(); }
   absl::StatusOr<std::vector<double>> MarkTimesMs() override {
     return Unused();
   }
   void ClearMarks() override {}
-  absl::Status WriteWord(uint64_t*, uint64_t, Stream) override {
-    return Unused();
-  }
-  absl::Status WaitWord(const uint64_t*, uint64_t, Stream,
-                        absl::Duration) override {
-    return Unused();
-  }
-  absl::Status ReleaseWord(uint64_t*, uint64_t) override { return Unused(); }
   absl::StatusOr<std::unique_ptr<kernels::FloatBuffer>> Allocate(
       int64_t, const char*) override {
     return Unused();

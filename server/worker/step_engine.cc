@@ -46,7 +46,6 @@ StepEngine::StepEngine(std::string worker_id, StepBackend backend,
       device_(backend.ops->device()),
       ops_(backend.ops.get()),
       update_dtype_(backend.kernels->update_dtype()),
-      write_as_landed_(backend.write_as_landed),
       backend_(std::move(backend)),
       momentum_(worker_id_, ops_),
       transport_(worker_id_, device_, std::move(make_transport)),
@@ -492,9 +491,6 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   }
   MUONPS_ASSIGN_OR_RETURN(AttachedTrainer trainer,
                           BindTrainer(request, matrices, replicas, *buffers));
-  if (write_as_landed_) {
-    MUONPS_RETURN_IF_ERROR(BindUndoArea(*buffers, &trainer));
-  }
   // What a worker before this one wrote of the parameters' steps.
   absl::StatusOr<StepRecord> record = buffers->ReadRecord();
   if (record.ok()) {
@@ -551,14 +547,6 @@ absl::StatusOr<AttachResponse> StepEngine::Attach(
   DropStaged(ledger_, plan_);
   ledger_.means_step = -1;
   AdoptRecordLocked(trainer.inherited);
-  // A step its predecessor wrote part of as it landed: taken back once a
-  // round says nobody committed it.
-  ledger_.written_early = -1;
-  ledger_.undone = -1;
-  ledger_.inherited_torn = ledger_.last.load() < trainer.inherited.undoable() &&
-                                   trainer.undo != nullptr
-                               ? trainer.inherited.undoable()
-                               : -1;
   if (means_step >= 0 && ledger_.last.load() == means_step) {
     ledger_.means_step = means_step;
   }

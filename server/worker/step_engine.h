@@ -294,8 +294,6 @@ class StepEngine {
   kernels::DeviceOps* const ops_;
   // The precision of backend_'s updates (MuonKernels::update_dtype).
   const DType update_dtype_;
-  // backend_'s write_as_landed.
-  const bool write_as_landed_;
   // One SetPlan at a time: each prepares its stacks against the installed
   // version before it takes mu_.
   absl::Mutex plan_change_mu_ ABSL_ACQUIRED_BEFORE(mu_);

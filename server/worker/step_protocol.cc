@@ -211,14 +211,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
   // Trainers whose parameters miss the last committed step (their
   // worker's predecessor stopped before applying it, or part-way; or they
   // resumed from state saved before it).
-  // A torn step nobody committed that the rank's undo area takes back
-  // (RoundAgreement::Resolve) leaves its parameters at the step before.
-  const auto torn_at = [&](int r) {
-    return h[r].torn_step >= 0 &&
-           !(h[r].undo_step == h[r].torn_step && h[r].torn_step > committed);
-  };
   for (int r = 0; r < trainers && r < n; ++r) {
-    const bool torn = torn_at(r);
+    const bool torn = h[r].torn_step >= 0;
     const bool fresh = h[r].last_step < 0 && h[r].staged_step < 0 && !torn;
     const bool resumed = h[r].params_step < h[r].last_step;
     const bool misses = !(fresh || h[r].staged_step == committed ||
@@ -249,8 +243,8 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
     }
     int source = -1;
     for (int s = 0; s < trainers && s < n && why_not.empty(); ++s) {
-      const bool holds = !torn_at(s) && (h[s].params_step == committed ||
-                                         h[s].staged_step == committed);
+      const bool holds = h[s].torn_step < 0 && (h[s].params_step == committed ||
+                                                h[s].staged_step == committed);
       const bool means = !h[s].has_unreduced || h[s].means_step == committed ||
                          h[s].staged_step == committed;
       if (s != r && holds && means && (!misses || h[s].full_params) &&

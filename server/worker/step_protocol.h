@@ -41,9 +41,6 @@ struct StepHeader {
   int64_t torn_step;
   int64_t record_decided;
   uint64_t record_decider;
-  // torn_step when the trainer's undo area can take it back (-1: it
-  // cannot): this rank does so once the round says nobody committed it.
-  int64_t undo_step;
   // What a repair from this rank could send (RoundKind::kRepair): the step
   // whose AdamW means its staging holds (-1: none), whether its trainer
   // keeps the whole parameter of every matrix, and whether it lends

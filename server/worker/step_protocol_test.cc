@@ -25,7 +25,6 @@ StepHeader Header(int rank, int64_t step, int64_t last, uint64_t instance = 0) {
   h.params_step = last;
   h.staged_step = -1;
   h.torn_step = -1;
-  h.undo_step = -1;
   h.record_decided = -1;
   h.means_step = last;
   h.full_params = 1;
@@ -214,33 +213,6 @@ TEST(DecideRoundTest, ParametersHoldingPartOfAStepAreRepairedOrNamed) {
                                 "the parameters of worker \"w1\"'s trainer "
                                 "hold part of step 5"))
       << Problem(d);
-}
-
-// A predecessor wrote part of step 5 as it landed and nobody committed it:
-// the undo area takes it back, so the step runs, even for a trainer that
-// keeps only its rows; had a peer committed it, the parameters are repaired
-// as any torn step's.
-TEST(DecideRoundTest, PartOfAStepNobodyCommittedIsTakenBackFromTheUndoArea) {
-  std::vector<StepHeader> h = {Header(0, 5, 4), Header(1, 5, 4, 777),
-                               Header(2, 5, 4)};
-  h[1].torn_step = 5;
-  h[1].undo_step = 5;
-  h[1].full_params = 0;
-  RoundDecision d = DecideRound(h, 3, kIds, 100);
-  EXPECT_EQ(KindOf(d), RoundKind::kGo) << Problem(d);
-  EXPECT_EQ(d.step_id, 5);
-  // Without the area it cannot be told apart from a torn committed step.
-  h[1].undo_step = -1;
-  d = DecideRound(h, 3, kIds, 100);
-  EXPECT_EQ(KindOf(d), RoundKind::kReject);
-  EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kDataLoss));
-  // Committed by the others: repaired from a peer.
-  h = {Header(0, 5, 5), Header(1, 5, 4, 777), Header(2, 5, 5)};
-  h[1].torn_step = 5;
-  h[1].undo_step = 5;
-  d = DecideRound(h, 3, kIds, 100);
-  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
-  EXPECT_EQ(d.target, 1);
 }
 
 TEST(DecideRoundTest, ARestartedWorkerRetryingACommittedStepIsDataLoss) {

@@ -29,19 +29,6 @@ StepRun::StepRun(const StepContext& context)
                context.timeout) {}
 
 RoundResult StepRun::Run(const StepRequest& request) {
-  RoundResult out = RunParts(request);
-  // Whatever happened, the trainer's parameters hold no part of a step
-  // that did not commit here once the round ends (its stream is released).
-  const absl::Status undone =
-      UndoEarlyWrites(ledger_, context_.trainer, *context_.ops);
-  if (!undone.ok()) {
-    out.status = undone;
-    out.transport_ok = false;
-  }
-  return out;
-}
-
-RoundResult StepRun::RunParts(const StepRequest& request) {
   const AttachedTrainer* const trainer = context_.trainer;
   RoundResult out;
   // Memory that is no longer whole is not read (the round is refused

@@ -35,15 +35,8 @@
 //     this worker owns, the new momentum into the stack's next_momentum
 //     (the old one untouched); the updates back (broadcast, or scatter rows)
 //     into the trainer's staging buffer (peer writes: staging_windows.h);
-//     the AdamW means into it too. Where the trainer lends an undo area,
-//     its Muon parameters are first copied there, and each update that
-//     lands by this worker's own transfers is written into them at once,
-//     on the apply stream (those peers copy in wait for the commit): the
-//     commit then writes only the rest, and a step that does not commit is
-//     taken back from the area at the end of the round (StepRun::Run), so
-//     the trainer's stream, released whatever happened, never reads a
-//     torn step; nothing else the trainer or a later step sees has
-//     changed. A worker whose trainer asks for the step after its last
+//     the AdamW means into it too. Nothing the trainer or a later step sees
+//     has changed. A worker whose trainer asks for the step after its last
 //     one, with nothing in doubt, computes its first stack before 1. when
 //     that stack needs nothing from the peers (StepStaging::ComputeAhead):
 //     it writes only the staging and the new momentum, which a round that
@@ -56,18 +49,16 @@
 //     its call was cancelled or passed its deadline, or the checkpoint
 //     failed); a yes makes it prepared before the vote leaves. Rank
 //     0 decides commit iff every vote arrived and was yes, and broadcasts it.
-//  5. Commit (CommitStaged): the staged updates not written yet into the
-//     parameters, the means into the AdamW gradients, next_momentum
-//     swapped in; last step advances; the trainer's stream is released
-//     right after these writes (the engine releases it again after the
-//     round, whatever happened). Rank 0 commits once it decided, whatever
-//     its broadcast did.
+//  5. Commit (CommitStaged): the staged updates into the parameters, the
+//     means into the AdamW gradients, next_momentum swapped in; last step
+//     advances; the trainer's stream is released right after these writes
+//     (the engine releases it again after the round, whatever happened).
+//     Rank 0 commits once it decided, whatever its broadcast did.
 //  6. Confirm. Every rank tells rank 0 it committed; rank 0 broadcasts
 //     that all did, and each rank records the step as settled: a retry of
 //     a settled step is answered locally (already_applied).
 // Failures: before a rank votes, its staging is dropped (nothing changed
-// anywhere once its early writes are taken back: the retry redoes the
-// step). A rank that voted and heard no
+// anywhere: the retry redoes the step). A rank that voted and heard no
 // decision is in doubt: it answers UNAVAILABLE saying so and keeps its
 // staging; the retry's round commits or drops it (2.). A rank that
 // committed but saw no confirmation answers UNAVAILABLE saying it applied
@@ -82,10 +73,7 @@
 // fail within the timeout, with nothing applied twice. A worker that
 // restarted learns what its trainer's parameters hold from the step record
 // the trainer lends (lending/step_record.h), written in stream order by its
-// predecessor: the steps it applied, and as rank 0 the steps it decided. A
-// step its predecessor wrote part of as it landed is taken back from the
-// undo area once the round's decision says nobody committed it (a repair
-// brings the parameters to it otherwise).
+// predecessor: the steps it applied, and as rank 0 the steps it decided.
 //
 // Streams: step_staging.h. The vote waits for the transport and the
 // stream, so a lost peer fails the step within the transport's timeout
@@ -164,9 +152,6 @@ class StepRun {
   RoundResult Run(const StepRequest& request);
 
  private:
-  // The round's parts; Run then takes back any early writes of a step that
-  // did not commit here.
-  RoundResult RunParts(const StepRequest& request);
   // 3. (StepStaging, or `ahead`, the one whose first stack was computed
   // ahead of the agreement), then 4. to 6. (RunCommitPhases).
   RoundResult Stage(const StepRequest& request, const RoundDecision& decision,

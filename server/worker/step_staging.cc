@@ -156,7 +156,6 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     timeline_.AddMark("begin", -1, begin);
   }
   MUONPS_RETURN_IF_ERROR(PrepareCheck());
-  const bool early = WritesEarly(trainer_);
   // bucket_mark[j]: the mark after the gradients of buckets up to j (in
   // arrival order) moved; a stack ready with j reads nothing later.
   std::vector<int> bucket_mark(plan_.schedule.buckets.size(), begin);
@@ -191,45 +190,15 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     }
   }
   std::vector<int> done_mark(own.size(), -1);
-  size_t issued = 0;    // own stacks issued on compute_
-  size_t reached = 0;   // own stacks the walk of the order has passed
-  size_t ordered = 0;   // own stacks stream_ waits for
-  int waited = -1;      // the last mark compute_ waits for
-  int last_began = -1;  // the mark where the last own stack starts
-  if (ahead_) {         // the first one is (ComputeAhead)
+  size_t issued = 0;   // own stacks issued on compute_
+  size_t reached = 0;  // own stacks the walk of the order has passed
+  size_t ordered = 0;  // own stacks stream_ waits for
+  int waited = -1;     // the last mark compute_ waits for
+  if (ahead_) {        // the first one is (ComputeAhead)
     done_mark[0] = ahead_done_mark_;
     issued = 1;
     waited = begin;
   }
-  // The updates that landed, written into the parameters beside the last
-  // own stack's Newton-Schulz: memory-bound writes beside the earlier
-  // stacks slow them by more than the writes take alone (H200, bench/
-  // step_gpu), and the last stack's compute takes them with little loss.
-  // Until it starts, the runs that landed wait here: (first apply, mark).
-  std::vector<std::pair<size_t, int>> landed;
-  bool begun = false;
-  const auto write_landed = [&]() -> absl::Status {
-    if (!early || issued < own.size() || landed.empty()) {
-      return absl::OkStatus();
-    }
-    if (!begun) {
-      if (last_began >= 0) {
-        MUONPS_RETURN_IF_ERROR(
-            ops_.WaitForMark(ops_.apply_stream(), last_began));
-      }
-      MUONPS_RETURN_IF_ERROR(
-          BeginEarlyWrites(ledger_, *trainer_, ops_, step_id));
-      begun = true;
-    }
-    for (const auto& [first, mark] : landed) {
-      MUONPS_RETURN_IF_ERROR(
-          WriteLanded(ledger_, *trainer_, ops_, first, mark));
-    }
-    MUONPS_ASSIGN_OR_RETURN(const int written, ops_.Mark(ops_.apply_stream()));
-    timeline_.AddMark("written", -1, written);
-    landed.clear();
-    return absl::OkStatus();
-  };
   const auto issue_next = [&]() -> absl::Status {
     const int stack = own[issued];
     const int needed = bucket_mark[plan_.schedule.stacks[stack].ready_bucket];
@@ -239,7 +208,6 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     }
     MUONPS_ASSIGN_OR_RETURN(const int began, ops_.Mark(compute_));
     timeline_.AddMark("compute_begin", stack, began);
-    if (issued + 1 == own.size()) last_began = began;
     const int batch = plan_.batch_of_stack[stack];
     MUONPS_RETURN_IF_ERROR(
         Compute(plan_.batches[batch], momentum_.stacks[batch]));
@@ -253,15 +221,11 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   // last stack goes as a single collective, not one per bucket). Their
   // marks follow the group.
   std::vector<int> run;
-  size_t run_applies = 0;  // the staged applies before the run's
   const auto end_run = [&]() -> absl::Status {
     if (run.empty()) return absl::OkStatus();
     MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
     MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(stream_));
     for (const int bucket : run) timeline_.AddMark("from_owners", bucket, done);
-    // Into the parameters once the run's transfers landed them.
-    if (early) landed.emplace_back(run_applies, done);
-    MUONPS_RETURN_IF_ERROR(write_landed());
     run.clear();
     landed_ = 0;
     return absl::OkStatus();
@@ -301,10 +265,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
               ops_.WaitForMark(stream_, done_mark[wanted - 1]));
           ordered = wanted;
         }
-        if (run.empty()) {
-          MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-          run_applies = ledger_.staged.applies.size();
-        }
+        if (run.empty()) MUONPS_RETURN_IF_ERROR(t_.GroupStart());
         run.push_back(phase.index);
         MUONPS_RETURN_IF_ERROR(
             FromOwners(plan_.schedule.buckets[phase.index], request));
@@ -313,7 +274,6 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     }
   }
   MUONPS_RETURN_IF_ERROR(end_run());
-  MUONPS_RETURN_IF_ERROR(write_landed());
   if (reached > ordered) {
     MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, done_mark[reached - 1]));
   }
@@ -325,7 +285,6 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   // fails here within the timeout instead of hanging.
   MUONPS_RETURN_IF_ERROR(t_.Synchronize(stream_, timeout_));
   MUONPS_RETURN_IF_ERROR(ops_.Synchronize(stream_));
-  if (early) MUONPS_RETURN_IF_ERROR(ops_.Synchronize(ops_.apply_stream()));
   timeline_.Staged();
   return absl::OkStatus();
 }
@@ -599,7 +558,6 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
       if (!mine) {
         plan_.windows.CountReceived(size * width);
         bytes_ += size * width;
-        apply.by_peer = true;
       }
       apply.count = size;
       apply.first = e * size;

@@ -120,8 +120,6 @@ absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
   const char* const what = "staged updates (one parameter-sized buffer)";
   const int64_t count = std::max<int64_t>(staged, 1);
   if (lender != nullptr && full_params) {
-    // The window's landed words follow the updates in its memory
-    // (OwnLandedWord finds them from `window`).
     absl::StatusOr<kernels::TypedBuffer> lent =
         lender->Allocate(update_dtype, count, what, &window);
     if (lent.ok()) {

@@ -198,12 +198,6 @@ struct AttachedTrainer {
   // What its step record (lending/step_record.h) held when it attached:
   // what a worker before this one wrote (all -1: none, or none lent).
   StepRecord inherited;
-  // Its undo area (lending/undo_area.h), mapped, and each job matrix's slot
-  // in it, in bytes: where a step's writes into the parameters before its
-  // decision are taken back from. Null: none lent, and a step's updates are
-  // written into the parameters only once it is decided.
-  void* undo = nullptr;
-  std::vector<int64_t> undo_at;
 
   // Points every bf16 binding's `grad` at its own range of a new `widened`
   // buffer from `ops`, and allocates `updates` (of `update_dtype`) and
@@ -224,12 +218,6 @@ struct ParamApply {
   int64_t staged_at = 0;
   float decay = 1;
   float step = 0;
-  // Lands by a peer's copy into this trainer's staging (peer writes), which
-  // only that owner's vote says is done: written at the commit.
-  bool by_peer = false;
-  // Written into the parameters already, as it landed (before the step
-  // was decided; the undo area holds what it overwrote).
-  bool written = false;
 };
 
 // A step computed here and not committed yet: its momentum in the
@@ -273,17 +261,6 @@ struct StepLedger {
   // `last` when the trainer attached: a step committed since went into its
   // parameters.
   int64_t last_at_attach = -1;
-  // A step not committed here whose updates were written, in part, into the
-  // trainer's parameters as they landed (its staged applies say which),
-  // before it was decided: taken back from the undo area at the end of the
-  // round (step_commit.h's UndoEarlyWrites). -1: none.
-  int64_t written_early = -1;
-  // Such a step a predecessor left in the trainer's parameters (its
-  // record's undoable()), until a round's decision says whether anybody
-  // committed it: taken back then if nobody did (`undone` says so after);
-  // if some rank did, a repair brings the parameters to it. -1: none.
-  int64_t inherited_torn = -1;
-  int64_t undone = -1;
 
   // The step the attached trainer's parameters hold.
   int64_t params_step() const { return trainer_behind.value_or(last.load()); }

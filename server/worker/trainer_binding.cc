@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
-#include "lending/undo_area.h"
 #include "server/worker/step_protocol.h"
 
 namespace muonps {
@@ -167,24 +165,6 @@ absl::StatusOr<AttachedTrainer> BindTrainer(
   }
   trainer.tensors_hash = TensorsHash(specs, matrix_groups);
   return trainer;
-}
-
-absl::Status BindUndoArea(TrainerBuffers& buffers, AttachedTrainer* trainer) {
-  if (buffers.undo_area() == nullptr) return absl::OkStatus();
-  std::vector<int64_t> elements;
-  for (const Binding& b : trainer->matrices) {
-    elements.push_back(b.param_elements);
-  }
-  UndoLayout layout = UndoAreaLayout(elements);
-  if (layout.bytes != buffers.undo_area_bytes()) {
-    return InvalidField(
-        "undo_area.bytes",
-        absl::StrCat(buffers.undo_area_bytes(), " bytes; the trainer's ",
-                     elements.size(), " matrices need ", layout.bytes));
-  }
-  trainer->undo = buffers.undo_area();
-  trainer->undo_at = std::move(layout.offsets);
-  return absl::OkStatus();
 }
 
 bool SameMatrices(const std::vector<scheduler::MatrixSpec>& a,

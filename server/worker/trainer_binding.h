@@ -35,12 +35,6 @@ absl::StatusOr<AttachedTrainer> BindTrainer(
     const std::vector<scheduler::MatrixSpec>& matrices, int replicas,
     TrainerBuffers& buffers);
 
-// Takes the undo area `buffers` lends (lending/undo_area.h), when it lends
-// one, into `trainer` (its matrices bound): each matrix's slot.
-// INVALID_ARGUMENT naming undo_area.bytes when its size is not the layout's
-// for the bound parameters.
-absl::Status BindUndoArea(TrainerBuffers& buffers, AttachedTrainer* trainer);
-
 // Whether `a` and `b` are the same matrices (names, shapes, experts,
 // layouts) in the same order: bindings checked against one hold for the
 // other.

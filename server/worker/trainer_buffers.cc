@@ -1,13 +1,11 @@
 #include "server/worker/trainer_buffers.h"
 
 #include <limits>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/device_ops.h"
 #include "lending/shared_memory.h"
-#include "lending/undo_area.h"
 
 namespace muonps {
 namespace worker {
@@ -15,14 +13,9 @@ namespace {
 
 class SharedMemoryBuffers final : public TrainerBuffers {
  public:
-  // `record` points at the step record in the segment, or is null; `undo`
-  // at the undo area of `undo_bytes`, or is null.
-  SharedMemoryBuffers(SharedMemorySegment segment, uint64_t* record, void* undo,
-                      int64_t undo_bytes)
-      : segment_(std::move(segment)),
-        record_(record),
-        undo_(undo),
-        undo_bytes_(undo_bytes) {}
+  // `record` points at the step record in the segment, or is null.
+  SharedMemoryBuffers(SharedMemorySegment segment, uint64_t* record)
+      : segment_(std::move(segment)), record_(record) {}
 
   Device device() const override { return kHostDevice; }
   absl::Status CheckIntact() const override { return segment_.CheckSize(); }
@@ -68,43 +61,10 @@ class SharedMemoryBuffers final : public TrainerBuffers {
     return absl::OkStatus();
   }
 
-  void* undo_area() const override { return undo_; }
-  int64_t undo_area_bytes() const override { return undo_bytes_; }
-
  private:
   SharedMemorySegment segment_;
   uint64_t* const record_;  // in the segment; null: none lent
-  void* const undo_;        // in the segment; null: none lent
-  const int64_t undo_bytes_;
 };
-
-// Where an undo area lies in the segment.
-struct UndoRange {
-  int64_t offset = -1;  // -1: none lent (or it has no bytes)
-  int64_t bytes = 0;
-};
-
-absl::StatusOr<UndoRange> UndoAreaInSegment(const AttachRequest& request) {
-  const int64_t offset = request.undo_offset;
-  const int64_t bytes = request.undo_bytes;
-  if (offset == -1 && bytes == 0) return UndoRange{};
-  if (offset < 0 || offset % kUndoSlotAlignment != 0 ||
-      offset > request.segment_bytes) {
-    return InvalidField(
-        "undo_area.segment_offset",
-        absl::StrCat(offset, " is not a multiple of ", kUndoSlotAlignment,
-                     " inside the ", request.segment_bytes, "-byte segment"));
-  }
-  // Compared without overflow: bytes <= segment_bytes - offset.
-  if (bytes < 0 || bytes > request.segment_bytes - offset) {
-    return InvalidField(
-        "undo_area.bytes",
-        absl::StrCat(bytes, " bytes at offset ", offset, " are not inside the ",
-                     request.segment_bytes, "-byte segment"));
-  }
-  if (bytes == 0) return UndoRange{};
-  return UndoRange{offset, bytes};
-}
 
 }  // namespace
 
@@ -131,7 +91,6 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
     return InvalidField("segment_bytes",
                         absl::StrCat(request.segment_bytes, " <= 0"));
   }
-  MUONPS_ASSIGN_OR_RETURN(const UndoRange undo, UndoAreaInSegment(request));
   MUONPS_ASSIGN_OR_RETURN(
       SharedMemorySegment segment,
       SharedMemorySegment::Open(request.segment,
@@ -148,22 +107,11 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
                        kStepRecordBytes, " bytes of the ",
                        request.segment_bytes, "-byte segment after it"));
     }
-    if (undo.offset >= 0 && offset < undo.offset + undo.bytes &&
-        undo.offset < offset + static_cast<int64_t>(kStepRecordBytes)) {
-      return InvalidField(
-          "undo_area.segment_offset",
-          absl::StrCat(undo.offset, " with ", undo.bytes,
-                       " bytes overlaps the step record at ", offset));
-    }
     record = reinterpret_cast<uint64_t*>(static_cast<char*>(segment.data()) +
                                          offset);
   }
-  void* undo_area = nullptr;
-  if (undo.offset >= 0) {
-    undo_area = static_cast<char*>(segment.data()) + undo.offset;
-  }
-  return std::unique_ptr<TrainerBuffers>(new SharedMemoryBuffers(
-      std::move(segment), record, undo_area, undo.bytes));
+  return std::unique_ptr<TrainerBuffers>(
+      new SharedMemoryBuffers(std::move(segment), record));
 }
 
 }  // namespace worker

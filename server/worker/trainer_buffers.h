@@ -90,13 +90,6 @@ class TrainerBuffers {
                                    uint64_t /*value*/) {
     return absl::OkStatus();
   }
-
-  // The trainer's undo area (lending/undo_area.h), mapped where the
-  // worker's ops reach it (host memory, or the trainer's device memory on
-  // device()): undo_area_bytes() bytes, owned by the trainer and valid as
-  // long as this object. Null (and 0 bytes) when none was lent.
-  virtual void* undo_area() const { return nullptr; }
-  virtual int64_t undo_area_bytes() const { return 0; }
 };
 
 // Opens what an AttachRequest lends (the worker's choice per device).
@@ -104,12 +97,8 @@ using TrainerBuffersOpener =
     std::function<absl::StatusOr<std::unique_ptr<TrainerBuffers>>(
         const AttachRequest& request)>;
 
-// The request's shared-memory segment, with the step record and the undo
-// area it lends. INVALID_ARGUMENT naming `segment` when the request lends
-// CUDA memory instead, `step_record.segment_offset` for a record outside
-// the segment, `undo_area.segment_offset` for an undo area not at a
-// multiple of 256 bytes inside the segment and `undo_area.bytes` for one
-// of a negative size or running past its end; NOT_FOUND or
+// The request's shared-memory segment. INVALID_ARGUMENT naming `segment`
+// when the request lends CUDA memory instead; NOT_FOUND or
 // FAILED_PRECONDITION (size) from opening the segment.
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> OpenSharedMemoryBuffers(
     const AttachRequest& request);

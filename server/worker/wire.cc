@@ -68,11 +68,6 @@ absl::StatusOr<AttachRequest> AttachRequestFromProto(
     out.step_record_offset = request.step_record().segment_offset();
     out.step_record_cuda = CudaBufferFromProto(request.step_record().cuda());
   }
-  if (request.has_undo_area()) {
-    out.undo_offset = request.undo_area().segment_offset();
-    out.undo_bytes = request.undo_area().bytes();
-    out.undo_cuda = CudaBufferFromProto(request.undo_area().cuda());
-  }
   out.tensors.reserve(request.tensors_size());
   for (const v1::TensorBinding& t : request.tensors()) {
     MUONPS_ASSIGN_OR_RETURN(TensorBinding binding, BindingFromProto(t));

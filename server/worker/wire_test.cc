@@ -49,35 +49,6 @@ TEST(WireTest, AttachRequestBecomesTheDomainStructWithGroupIndices) {
   EXPECT_EQ(got->tensors[1].group, -1);
 }
 
-TEST(WireTest, TheUndoAreaBecomesItsOffsetSizeAndCudaBuffer) {
-  v1::AttachRequest host;
-  host.mutable_undo_area()->set_segment_offset(4096);
-  host.mutable_undo_area()->set_bytes(1536);
-  absl::StatusOr<AttachRequest> got = AttachRequestFromProto(host);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->undo_offset, 4096);
-  EXPECT_EQ(got->undo_bytes, 1536);
-  EXPECT_TRUE(got->undo_cuda.ipc_handle.empty());
-
-  v1::AttachRequest cuda = OneTensor();
-  cuda.mutable_undo_area()->mutable_cuda()->set_ipc_handle("undo");
-  cuda.mutable_undo_area()->mutable_cuda()->set_offset(512);
-  cuda.mutable_undo_area()->set_bytes(256);
-  got = AttachRequestFromProto(cuda);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->undo_cuda.ipc_handle, "undo");
-  EXPECT_EQ(got->undo_cuda.offset, 512);
-  EXPECT_EQ(got->undo_bytes, 256);
-  EXPECT_EQ(got->undo_offset, 0);  // unset on the wire: the segment's start
-
-  // None lent: no offset, no bytes, no handle.
-  got = AttachRequestFromProto(OneTensor());
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->undo_offset, -1);
-  EXPECT_EQ(got->undo_bytes, 0);
-  EXPECT_TRUE(got->undo_cuda.ipc_handle.empty());
-}
-
 TEST(WireTest, ValuesNoDomainTypeHoldsAreRefusedNamingTheField) {
   for (const auto& [field, edit] :
        std::vector<std::pair<std::string, void (*)(v1::TensorBinding*)>>{

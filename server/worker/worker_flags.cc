@@ -48,11 +48,6 @@ ABSL_FLAG(bool, peer_writes, true,
           "trainers of their host (CUDA IPC peer copies on a GPU, shared "
           "memory on the CPU) instead of broadcasting them. Workers that "
           "cannot open each other's memory fall back to the transport.");
-ABSL_FLAG(bool, write_as_landed, true,
-          "Each update goes into the trainer's parameters as soon as it has "
-          "landed, beside the Newton-Schulz still running, and a step that "
-          "does not commit is taken back from the undo area the trainer "
-          "lends; false: every update at the commit, after the last stack.");
 ABSL_FLAG(std::string, precision, "",
           "Newton-Schulz precision: bf16 (as torch.optim.Muon), fp16 or fp32. "
           "On a GPU the GEMM inputs (accumulation is fp32); on the CPU, which "

@@ -24,7 +24,6 @@ ABSL_DECLARE_FLAG(std::string, node);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gpu_transport);
 ABSL_DECLARE_FLAG(bool, peer_writes);
-ABSL_DECLARE_FLAG(bool, write_as_landed);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(int64_t, memory_bytes);
 ABSL_DECLARE_FLAG(bool, colocated);
