@@ -133,6 +133,13 @@ start_coordinator() {
   wait_for "$1" "listening on" 20 "$!"
   coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$1" | head -1)"
 }
+# timeline LOG LAYOUT GPUS: the worker's device timeline of its last step
+# (its debug log, CUDA events: when each bucket's transfers and each stack's
+# compute were done) as a muonps_step_timeline line.
+timeline() {
+  sed -n 's/.*step timeline \({.*}\)$/\1/p' "$1" | tail -1 |
+    sed "s/^{/{\"what\":\"muonps_step_timeline\",\"layout\":\"$2\",\"gpus\":$3,/"
+}
 # tails FILE...: the last lines of each log, on stderr.
 tails() {
   local f
@@ -156,9 +163,7 @@ wait_for "$logs/worker.log" "listening on unix" 60 "$!"
 timeout --kill-after=10 "$bench_timeout" \
   "$here/bin/step_gpu_bench" --coordinator "$coordinator" --worker_socket "$logs/w0.sock" --layers "$layers" "${set_args[@]}" \
   --torch_results "$torch_results" | tee "$logs/one.jsonl" || { tail -20 "$logs/worker.log" >&2; exit 1; }
-# The worker's device timeline of its last step, as on N GPUs below.
-sed -n 's/.*step timeline \({.*}\)$/\1/p' "$logs/worker.log" | tail -1 |
-  sed 's/^{/{"what":"muonps_step_timeline","layout":"replicated","gpus":1,/'
+timeline "$logs/worker.log" replicated 1
 stop_all
 fi
 touch "$torch_results" "$logs/one.jsonl"
@@ -264,12 +269,8 @@ run_layout() {
   for ((r = 0; r < trainers; r++)); do
     sed "s/}\$/,\"workers\":$GPUS,\"transport\":\"$transport\"}/" "$dir/bench$r.jsonl"
   done
-  # Each worker's device timeline of its last step (debug log, CUDA events:
-  # when each bucket's transfers and each stack's compute were done).
-  for ((w = 0; w < GPUS; w++)); do
-    sed -n 's/.*step timeline \({.*}\)$/\1/p' "$dir/worker$w.log" | tail -1 |
-      sed "s/^{/{\"what\":\"muonps_step_timeline\",\"layout\":\"$layout\",\"gpus\":$GPUS,/"
-  done
+  # Each worker's device timeline of its last step.
+  for ((w = 0; w < GPUS; w++)); do timeline "$dir/worker$w.log" "$layout" "$GPUS"; done
   if ((bad)); then
     local files=("$dir/coordinator.log")
     for ((r = 0; r < trainers; r++)); do files+=("$dir/bench$r.err"); done
