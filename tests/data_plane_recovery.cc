@@ -67,6 +67,12 @@ std::vector<RetryingLoop> DataPlaneFixture::RunRetryingLoops(
                           &out] {
       RetryingLoop& loop = out[r];
       for (int64_t step = first; step <= last; ++step) {
+        if (clients_[r] == nullptr) {
+          // Its restart failed (after_step reports why): no trainer is left
+          // to step.
+          loop.last_failure = "the trainer's restart failed";
+          return;
+        }
         WriteGradients(r, step);
         const absl::Time give_up = absl::Now() + per_step;
         bool answered = false;

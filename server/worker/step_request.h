@@ -43,7 +43,8 @@ struct StepResponse {
   int64_t step_id = 0;
   // Committed before; nothing was computed by this call.
   bool already_applied = false;
-  // Wall time here, and how long this worker's stacks kept its compute
+  // Wall time here (from the first work, a stack computed ahead
+  // included), and how long this worker's stacks kept its compute
   // stream busy (device time on a GPU), and the plan's prediction of that.
   double seconds = 0;
   double ns_seconds = 0;

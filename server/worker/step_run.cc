@@ -1,5 +1,6 @@
 #include "server/worker/step_run.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -167,7 +168,9 @@ RoundResult StepRun::Stage(const StepRequest& request,
   out.kind = RoundResult::Kind::kStepped;
   out.response.step_id = step_id;
   out.response.plan_version = plan_.version;
-  out.response.seconds = SecondsSince(start);
+  // From the step's first work: a stack computed ahead of the round counts.
+  out.response.seconds =
+      SecondsSince(std::min(start, timeline_.FirstIssued(start)));
   out.response.bytes_moved = staging->bytes();
   out.response.predicted_ns_seconds = PredictedComputeSeconds(plan_);
   if (commit.status.ok()) {

@@ -35,6 +35,11 @@ class StepTimeline {
   }
   // The ranks agreed; the staged work was done.
   void Agreed() { agreed_ = Clock::now(); }
+  // When the stage issued its first mark ("begin"): before the round when a
+  // stack was computed ahead of it. `otherwise` when there is none.
+  Clock::time_point FirstIssued(Clock::time_point otherwise) const {
+    return marks_.empty() ? otherwise : marks_.front().issued;
+  }
   void Staged() { staged_ = Clock::now(); }
 
   // From the marks' times (DeviceOps::MarkTimesMs): the ms the compute
