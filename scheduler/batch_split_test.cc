@@ -44,8 +44,7 @@ std::shared_ptr<const CostTable> SixteenAt(double at16) {
                       {16, at16, 1.5 * at16}});
 }
 
-void ExpectParts(const std::vector<BatchPart>& got,
-                 const std::vector<BatchPart>& want) {
+void ExpectParts(const BatchParts& got, const std::vector<BatchPart>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE(i);
@@ -130,7 +129,7 @@ TEST(BatchSplitterTest, RooflineNeverSplits) {
         BatchSplitter splitter(*model, rows, cols, policy);
         for (int64_t n = 1; n <= 64; ++n) {
           SCOPED_TRACE(absl::StrCat(rows, "x", cols, " batch ", n));
-          const std::vector<BatchPart> parts = splitter.Parts(n);
+          const BatchParts parts = splitter.Parts(n);
           ASSERT_EQ(parts.size(), 1u);
           const CostModel::Choice best = model->Best(rows, cols, n, policy);
           EXPECT_EQ(parts[0].count, n);

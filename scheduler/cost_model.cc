@@ -151,11 +151,11 @@ double BatchSplitter::Seconds(int64_t n) {
   return Splits(entry) ? entry.optimum : entry.whole.seconds;
 }
 
-std::vector<BatchPart> BatchSplitter::Parts(int64_t n) {
+BatchParts BatchSplitter::Parts(int64_t n) {
   if (n <= 0) return {};
   At(n);
   if (!Splits(memo_[n])) return {memo_[n].whole};
-  std::vector<BatchPart> parts;
+  BatchParts parts;
   // The optimum's chain: its first part, then the rest's optimum.
   int64_t k = n;
   for (; memo_[k].first > 0; k -= memo_[k].first) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "newton_schulz/options.h"
 #include "scheduler/cost_table.h"
 
@@ -94,6 +95,9 @@ struct BatchPart {
   double seconds = 0;
 };
 
+// A batch's calls: one unless a split is measured faster, so held inline.
+using BatchParts = absl::InlinedVector<BatchPart, 1>;
+
 // A batch is split only when the split is predicted faster than its best
 // single call by more than this fraction, so that timing noise in a table
 // alone never splits one.
@@ -132,7 +136,7 @@ class BatchSplitter {
   // How to run n matrices: one part of n when not split, else the parts,
   // largest first (NS5 before Gram among equal sizes), their counts summing
   // to n. Empty for n <= 0.
-  std::vector<BatchPart> Parts(int64_t n);
+  BatchParts Parts(int64_t n);
 
  private:
   struct Entry {

@@ -150,7 +150,7 @@ void ExpectValidPlan(const PlanInput& input, const OwnershipPlan& plan) {
     BatchSplitter splitter(models[b.worker], b.rows, b.cols,
                            input.options.algorithm);
     const int64_t n = static_cast<int64_t>(b.items.size());
-    const std::vector<BatchPart> best = splitter.Parts(n);
+    const BatchParts best = splitter.Parts(n);
     ASSERT_EQ(b.parts.size(), best.size());
     int64_t counted = 0;
     for (size_t p = 0; p < best.size(); ++p) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "newton_schulz/options.h"
@@ -88,6 +89,10 @@ struct ItemRef {
   int32_t expert = 0;
 };
 
+// Items of one batch or stack: often a single one (a shape that one matrix
+// has), held inline then.
+using ItemRefs = absl::InlinedVector<ItemRef, 1>;
+
 // All same-shape matrices one worker owns (up to orientation: rows <= cols),
 // and how it runs their Newton-Schulz: as consecutive calls (parts), each of
 // `count` matrices with its own algorithm. A batch that is not split has
@@ -97,10 +102,10 @@ struct Batch {
   int32_t worker = 0;
   int64_t rows = 0;
   int64_t cols = 0;
-  std::vector<ItemRef> items;  // in matrix order
+  ItemRefs items;  // in matrix order
   // Largest first; counts sum to items.size(). How a worker lays them over
   // the stacks it computes: scheduler/step_schedule.h, OwnerStack.
-  std::vector<BatchPart> parts;
+  BatchParts parts;
   double seconds = 0;  // predicted NS time of the whole batch (all parts)
 };
 

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <queue>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -53,10 +54,10 @@ OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
   std::vector<int> order;
   for (int w = 0; w < workers; ++w) {
     const int c = p.worker_class(w);
-    // Summed in the order the slots arrived, as the loads were.
+    // Summed in the order the slots arrived, as the loads were; each slot
+    // keeps its batch's seconds at its count (Slot::now).
     for (const int id : a.slots_on(w)) {
-      plan.worker_seconds[w] +=
-          p.BatchSeconds(c, a.slot(id).shape, a.slot(id).count);
+      plan.worker_seconds[w] += a.slot(id).now;
     }
     order = a.slots_on(w);
     std::sort(order.begin(), order.end(), [&](int x, int y) {
@@ -71,7 +72,7 @@ OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
       batch.rows = p.rows(slot.shape);
       batch.cols = p.cols(slot.shape);
       batch.parts = p.BatchParts(c, slot.shape, slot.count);
-      batch.seconds = p.BatchSeconds(c, slot.shape, slot.count);
+      batch.seconds = slot.now;
       batch.items.reserve(slot.count);
       for (int item = slot.newest; item >= 0; item = a.older_than(item)) {
         batch.items.push_back(p.item(item));
@@ -255,10 +256,15 @@ absl::StatusOr<OwnershipPlan> PlanOwnership(const PlanInput& input) {
   MUONPS_RETURN_IF_ERROR(ValidatePlanInput(input));
   const Problem p(input);
   auto best = std::make_unique<Assignment>(p);
-  MUONPS_RETURN_IF_ERROR(Complete(p, best.get()));
   // DMuon's FLOP-LPT placement, judged by our cost model: where it beats
   // ours, search from it too, so the plan is never worse than that peer's.
-  const std::vector<int> flop_owners = FlopLptOwners(p, true);
+  // It reads no cost curve (whose memo Complete grows), so it is placed on
+  // a thread of its own meanwhile.
+  std::vector<int> flop_owners;
+  std::thread flops([&] { flop_owners = FlopLptOwners(p, true); });
+  const absl::Status completed = Complete(p, best.get());
+  flops.join();
+  MUONPS_RETURN_IF_ERROR(completed);
   if (std::find(flop_owners.begin(), flop_owners.end(), -1) ==
           flop_owners.end() &&
       MaxLoadOf(p, flop_owners) < best->MaxLoad()) {

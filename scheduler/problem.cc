@@ -193,11 +193,14 @@ Problem::Problem(const PlanInput& input) : input_(input) {
         w.owns_nothing ? -1 : w.memory_bytes - input.options.workspace_bytes);
   }
   splitters_.resize(models_.size());
+  one_seconds_.resize(models_.size());
   for (size_t c = 0; c < models_.size(); ++c) {
     splitters_[c].reserve(shapes_.size());
+    one_seconds_[c].reserve(shapes_.size());
     for (const Shape& shape : shapes_) {
       splitters_[c].emplace_back(models_[c], shape.rows, shape.cols,
                                  input.options.algorithm);
+      one_seconds_[c].push_back(splitters_[c].back().Seconds(1));
     }
   }
 }
@@ -209,7 +212,7 @@ double Problem::TransferSeconds(int c, int i) const {
 double Problem::BestStandalone(int i) const {
   double best = 0;
   for (int c = 0; c < num_classes(); ++c) {
-    const double t = BatchSeconds(c, item_shape_[i], 1) + TransferSeconds(c, i);
+    const double t = one_seconds_[c][item_shape_[i]] + TransferSeconds(c, i);
     if (c == 0 || t < best) best = t;
   }
   return best;
@@ -234,7 +237,7 @@ double Problem::LowerBound() const {
   for (int s = 0; s < num_shapes(); ++s) {
     double best = 0;
     for (int c = 0; c < num_classes(); ++c) {
-      double per_matrix = BatchSeconds(c, s, 1);
+      double per_matrix = one_seconds_[c][s];
       for (int64_t n = 2; n <= shape_count_[s]; ++n) {
         per_matrix = std::min(per_matrix, BatchSeconds(c, s, n) / n);
       }
@@ -265,7 +268,11 @@ Assignment::Assignment(const Problem& problem)
       load_(problem.num_workers(), 0.0),
       used_bytes_(problem.num_workers(), 0),
       slots_on_(problem.num_workers()),
-      holder_slots_(problem.num_shapes()) {}
+      holder_slots_(problem.num_shapes()) {
+  // At most a slot per item: sized once rather than grown while placing.
+  slots_.reserve(problem.num_items());
+  slot_index_.reserve(problem.num_items());
+}
 
 int Assignment::SlotOf(int w, int shape) const {
   auto it = slot_index_.find(Key(w, shape));

@@ -61,7 +61,7 @@ class Problem {
     return splitters_[c][shape].Seconds(n);
   }
   // The calls that achieve it (BatchSplitter::Parts).
-  std::vector<BatchPart> BatchParts(int c, int shape, int64_t n) const {
+  scheduler::BatchParts BatchParts(int c, int shape, int64_t n) const {
     return splitters_[c][shape].Parts(n);
   }
   // Transfer seconds of item `i` on a worker of class `c`.
@@ -89,6 +89,8 @@ class Problem {
   std::vector<int64_t> capacity_;
   // splitters_[c][shape]: memoized over the batch size, grown on demand.
   mutable std::vector<std::vector<BatchSplitter>> splitters_;
+  // one_seconds_[c][shape]: BatchSeconds(c, shape, 1), read densely.
+  std::vector<std::vector<double>> one_seconds_;
 };
 
 // Items on workers, grouped per (worker, shape) into slots, with every

@@ -542,9 +542,10 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   if (options.bucket_bytes > 0 || GroupsWithinNodes(plan, settings.topology)) {
     if (options.bucket_bytes > 0) out.bucket_bytes = options.bucket_bytes;
     MUONPS_ASSIGN_OR_RETURN(
-        out.schedule, BuildStepSchedule(matrices, plan,
-                                        {.bucket_bytes = out.bucket_bytes,
-                                         .stack_bytes = options.stack_bytes}));
+        StepScheduleCutter cutter,
+        StepScheduleCutter::Create(matrices, plan, options.stack_bytes));
+    out.schedule = cutter.TakeStacks();
+    MUONPS_RETURN_IF_ERROR(cutter.Cut(out.bucket_bytes, &out.schedule));
     return out;
   }
   int64_t everything = 0;
@@ -566,12 +567,15 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   const int workers = static_cast<int>(plan.worker_ids.size());
   const std::vector<double> stack_seconds = StackSeconds(schedule, models);
   out.predicted_seconds = std::numeric_limits<double>::infinity();
-  // Two bounds in a row that do not beat the best end the search.
+  // Two bounds in a row that do not beat the best end the search. The
+  // best cut so far is kept aside (its buckets, order and the stacks' ready
+  // buckets), not cut again.
   int misses = 0;
-  int64_t cut = 0;
+  std::vector<Bucket> best_buckets;
+  decltype(schedule.order) best_order;
+  std::vector<int32_t> best_ready(schedule.stacks.size());
   for (size_t i = 0; i < bounds.size() && misses < 2; ++i) {
     MUONPS_RETURN_IF_ERROR(cutter.Cut(bounds[i], &schedule));
-    cut = bounds[i];
     const double predicted =
         ClockStep(matrices, schedule, stack_seconds, workers, settings)
             .predicted_seconds;
@@ -579,13 +583,20 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     if (predicted <= out.predicted_seconds) {
       out.predicted_seconds = predicted;
       out.bucket_bytes = bounds[i];
+      best_buckets.swap(schedule.buckets);
+      best_order.swap(schedule.order);
+      for (size_t s = 0; s < schedule.stacks.size(); ++s) {
+        best_ready[s] = schedule.stacks[s].ready_bucket;
+      }
       misses = 0;
     } else {
       ++misses;
     }
   }
-  if (cut != out.bucket_bytes) {
-    MUONPS_RETURN_IF_ERROR(cutter.Cut(out.bucket_bytes, &schedule));
+  schedule.buckets = std::move(best_buckets);
+  schedule.order = std::move(best_order);
+  for (size_t s = 0; s < schedule.stacks.size(); ++s) {
+    schedule.stacks[s].ready_bucket = best_ready[s];
   }
   out.schedule = std::move(schedule);
   return out;

@@ -217,9 +217,9 @@ struct StepGrouping {
 // measurement used (not clocked; the clock also prefers it there for the
 // Llama-3-8B sets); else the candidates clocked largest first until two in
 // a row do not beat the best so far (every candidate is a cut of one
-// schedule: one check of the plan and one set of stacks,
-// StepScheduleCutter), and the best (ties: the smaller bound). Errors: the step
-// schedule's.
+// schedule: one set of stacks, StepScheduleCutter), and the best (ties: the
+// smaller bound). `plan` is the planner's (not checked again:
+// CheckStepPlan). Errors: StepScheduleCutter's.
 absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,

@@ -85,6 +85,32 @@ TEST(StepGroupingTest, ChoosesTheCandidateWhoseClockedStepIsShortest) {
       EXPECT_GE(bound, g.bucket_bytes) << "ties go to the smaller bound";
     }
   }
+  // The schedule it returns is the chosen bound's, though later candidates
+  // were cut after it: the same buckets, order and ready buckets.
+  ASSERT_NE(g.bucket_bytes, g.candidates.back().first)
+      << "the best is not the last candidate here";
+  const StepSchedule want = *BuildStepSchedule(
+      job.matrices, job.plan, {.bucket_bytes = g.bucket_bytes});
+  ASSERT_EQ(g.schedule.buckets.size(), want.buckets.size());
+  for (size_t k = 0; k < want.buckets.size(); ++k) {
+    EXPECT_EQ(g.schedule.buckets[k].matrices, want.buckets[k].matrices) << k;
+    EXPECT_EQ(g.schedule.buckets[k].to_owners.size(),
+              want.buckets[k].to_owners.size())
+        << k;
+    EXPECT_EQ(g.schedule.buckets[k].from_owners.size(),
+              want.buckets[k].from_owners.size())
+        << k;
+  }
+  ASSERT_EQ(g.schedule.order.size(), want.order.size());
+  for (size_t i = 0; i < want.order.size(); ++i) {
+    EXPECT_EQ(g.schedule.order[i].kind, want.order[i].kind) << i;
+    EXPECT_EQ(g.schedule.order[i].index, want.order[i].index) << i;
+  }
+  ASSERT_EQ(g.schedule.stacks.size(), want.stacks.size());
+  for (size_t s = 0; s < want.stacks.size(); ++s) {
+    EXPECT_EQ(g.schedule.stacks[s].ready_bucket, want.stacks[s].ready_bucket)
+        << s;
+  }
 }
 
 TEST(StepGroupingTest, ManyNodesGroupRowGathersIntoFewPhases) {

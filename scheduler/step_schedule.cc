@@ -127,7 +127,7 @@ void CutIntoChunks(const std::vector<const Batch*>& batch_of,
       continue;
     }
     Cursor& c = cursors[group_of_stack[s]];
-    const std::vector<BatchPart>& parts = batch->parts;
+    const BatchParts& parts = batch->parts;
     while (left > 0) {
       const bool last = c.p + 1 == parts.size();
       const int64_t take = last ? left : std::min(left, c.end - c.at);
@@ -139,8 +139,10 @@ void CutIntoChunks(const std::vector<const Batch*>& batch_of,
   }
 }
 
-absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
-                              const OwnershipPlan& plan) {
+}  // namespace
+
+absl::Status CheckStepPlan(const std::vector<MatrixSpec>& matrices,
+                           const OwnershipPlan& plan) {
   if (plan.owners.size() != matrices.size()) {
     return InvalidField("plan.owners",
                         absl::StrCat("covers ", plan.owners.size(),
@@ -194,6 +196,8 @@ absl::Status CheckPlanMatches(const std::vector<MatrixSpec>& matrices,
   }
   return CheckBatches(matrices, plan);
 }
+
+namespace {
 
 // Each item's group, one per (owner, shape up to orientation): the plan's
 // batch holding it (`batch_of` its batch), or, where the plan has no batch
@@ -276,11 +280,10 @@ void BuildStacks(const std::vector<MatrixSpec>& matrices,
       if (at < 0 ||
           static_cast<int64_t>((*stacks)[at].items.size() + 1) * item_bytes >
               stack_bytes) {
-        OwnerStack stack;
+        OwnerStack& stack = stacks->emplace_back();
         stack.owner = plan.owners[m][e];
         stack.rows = spec.rows;
         stack.cols = spec.cols;
-        stacks->push_back(std::move(stack));
         group_of_stack->push_back(g);
         at = static_cast<int32_t>(stacks->size() - 1);
       }
@@ -290,55 +293,92 @@ void BuildStacks(const std::vector<MatrixSpec>& matrices,
   }
 }
 
-// The buckets of `arrival` under `bucket_bytes`, each with its transfers.
+// The buckets of `arrival` under `bucket_bytes`, each with its transfers:
+// the bounds first, so that every vector is sized once.
 std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
                                const OwnershipPlan& plan,
                                const std::vector<int32_t>& arrival,
                                int64_t bucket_bytes) {
-  std::vector<Bucket> buckets;
   const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
   const OwnerGroups groups(plan);
-  for (const int32_t m : arrival) {
-    const MatrixSpec& spec = matrices[m];
+  // ends[k]: one past bucket k's last position in `arrival`.
+  std::vector<size_t> ends;
+  int64_t filled = 0;
+  for (size_t i = 0; i < arrival.size(); ++i) {
+    const MatrixSpec& spec = matrices[arrival[i]];
     const int64_t bytes = PayloadBytes(spec) * spec.experts;
-    if (buckets.empty() || (!buckets.back().matrices.empty() &&
-                            buckets.back().bytes + bytes > bucket_bytes)) {
-      buckets.emplace_back();
-      buckets.back().first_layer = spec.layer;
+    if (i > 0 && filled + bytes > bucket_bytes) {
+      ends.push_back(i);
+      filled = 0;
     }
-    Bucket& bucket = buckets.back();
-    bucket.matrices.push_back(m);
-    bucket.last_layer = spec.layer;
-    bucket.bytes += bytes;
-    for (int32_t g = 0; g < groups.count(); ++g) {
-      for (int32_t e = 0; e < spec.experts; ++e) {
-        const int32_t owner = groups.OwnerIn(plan.owners[m][e], g);
-        const ItemRef item{m, e};
-        const int64_t payload = PayloadBytes(spec);
-        switch (spec.layout) {
-          case Layout::kReplicated:
-            if (owner >= workers - plan.dedicated) {
-              bucket.to_owners.push_back(
-                  {TransferKind::kSendToOwner, item, owner, payload, g});
-            }
-            bucket.from_owners.push_back(
-                {TransferKind::kBroadcastFromOwner, item, owner, payload, g});
-            break;
-          case Layout::kUnreduced:
-            bucket.to_owners.push_back(
-                {TransferKind::kReduceToOwner, item, owner, payload, g});
-            bucket.from_owners.push_back(
-                {TransferKind::kBroadcastFromOwner, item, owner, payload, g});
-            break;
-          case Layout::kRowSharded:
-            bucket.to_owners.push_back(
-                {TransferKind::kGatherToOwner, item, owner, payload, g});
-            bucket.from_owners.push_back(
-                {TransferKind::kScatterFromOwner, item, owner, payload, g});
-            break;
+    filled += bytes;
+  }
+  if (!arrival.empty()) ends.push_back(arrival.size());
+  std::vector<Bucket> buckets(ends.size());
+  size_t begin = 0;
+  for (size_t k = 0; k < ends.size(); ++k) {
+    Bucket& bucket = buckets[k];
+    // Every item sends one update back per group; a gradient moves in
+    // unless the item is replicated and its owner has a trainer.
+    const size_t count = static_cast<size_t>(groups.count());
+    size_t items = 0, sent = 0;
+    for (size_t i = begin; i < ends[k]; ++i) {
+      const int32_t m = arrival[i];
+      const MatrixSpec& spec = matrices[m];
+      items += static_cast<size_t>(spec.experts);
+      if (spec.layout != Layout::kReplicated) {
+        sent += static_cast<size_t>(spec.experts) * count;
+      } else if (plan.dedicated > 0) {
+        for (int32_t g = 0; g < groups.count(); ++g) {
+          for (const int32_t owner : plan.owners[m]) {
+            if (groups.OwnerIn(owner, g) >= workers - plan.dedicated) ++sent;
+          }
         }
       }
     }
+    bucket.matrices.reserve(ends[k] - begin);
+    bucket.from_owners.reserve(items * count);
+    bucket.to_owners.reserve(sent);
+    if (begin < ends[k]) {
+      bucket.first_layer = matrices[arrival[begin]].layer;
+    }
+    for (size_t i = begin; i < ends[k]; ++i) {
+      const int32_t m = arrival[i];
+      const MatrixSpec& spec = matrices[m];
+      const int64_t payload = PayloadBytes(spec);
+      bucket.matrices.push_back(m);
+      bucket.last_layer = spec.layer;
+      bucket.bytes += payload * spec.experts;
+      for (int32_t g = 0; g < groups.count(); ++g) {
+        for (int32_t e = 0; e < spec.experts; ++e) {
+          const int32_t owner = groups.OwnerIn(plan.owners[m][e], g);
+          const ItemRef item{m, e};
+          switch (spec.layout) {
+            case Layout::kReplicated:
+              if (owner >= workers - plan.dedicated) {
+                bucket.to_owners.push_back(
+                    {TransferKind::kSendToOwner, item, owner, payload, g});
+              }
+              bucket.from_owners.push_back(
+                  {TransferKind::kBroadcastFromOwner, item, owner, payload, g});
+              break;
+            case Layout::kUnreduced:
+              bucket.to_owners.push_back(
+                  {TransferKind::kReduceToOwner, item, owner, payload, g});
+              bucket.from_owners.push_back(
+                  {TransferKind::kBroadcastFromOwner, item, owner, payload, g});
+              break;
+            case Layout::kRowSharded:
+              bucket.to_owners.push_back(
+                  {TransferKind::kGatherToOwner, item, owner, payload, g});
+              bucket.from_owners.push_back(
+                  {TransferKind::kScatterFromOwner, item, owner, payload, g});
+              break;
+          }
+        }
+      }
+    }
+    begin = ends[k];
   }
   return buckets;
 }
@@ -409,7 +449,6 @@ absl::StatusOr<StepScheduleCutter> StepScheduleCutter::Create(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     int64_t stack_bytes) {
   if (stack_bytes <= 0) return InvalidField("stack_bytes", "must be > 0");
-  MUONPS_RETURN_IF_ERROR(CheckPlanMatches(matrices, plan));
   StepScheduleCutter cutter(matrices, plan);
   // Backward yields gradients from the last layer to the first, and within
   // a layer roughly in reverse registration order.
@@ -475,6 +514,7 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
   if (options.bucket_bytes <= 0) {
     return InvalidField("bucket_bytes", "must be > 0");
   }
+  MUONPS_RETURN_IF_ERROR(CheckStepPlan(matrices, plan));
   MUONPS_ASSIGN_OR_RETURN(
       StepScheduleCutter cutter,
       StepScheduleCutter::Create(matrices, plan, options.stack_bytes));

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "newton_schulz/options.h"
 #include "scheduler/plan_types.h"
@@ -79,8 +80,9 @@ struct OwnerStack {
   int32_t owner = 0;  // index into the plan's worker_ids
   int64_t rows = 0;
   int64_t cols = 0;
-  std::vector<ItemRef> items;
-  std::vector<StackChunk> chunks;  // in stack order
+  ItemRefs items;
+  // In stack order; one unless the stack spans several of its batch's parts.
+  absl::InlinedVector<StackChunk, 1> chunks;
   // The bucket whose gradients to owners complete the stack.
   int32_t ready_bucket = 0;
 };
@@ -122,27 +124,36 @@ struct ScheduleOptions {
   int64_t stack_bytes = int64_t{1} << 30;
 };
 
-// INVALID_ARGUMENT naming the field if bucket_bytes or stack_bytes <= 0 or
-// `plan` does not belong to `matrices` (names, expert counts, owners out of
-// range), its owner groups are not valid (CheckOwnerGroups) or there are
+// INVALID_ARGUMENT naming the plan's field unless `plan` belongs to
+// `matrices`, as a plan that arrives from elsewhere is checked before it is
+// scheduled: not when the names, expert counts or owners (out of range)
+// disagree, its owner groups are not valid (CheckOwnerGroups) or there are
 // groups and a matrix is unreduced, or a batch of the
 // plan disagrees with its owners: worker out of range, a second batch of one
 // (worker, shape), an item that is not the worker's or not of the batch's
 // shape, fewer or more items than the worker owns of that shape, an item
 // missing from its batch (another listed twice), no parts, a part of count < 1,
-// or counts not summing to the items.
+// or counts not summing to the items. The planner's own plans pass.
+absl::Status CheckStepPlan(const std::vector<MatrixSpec>& matrices,
+                           const OwnershipPlan& plan);
+
+// The step schedule of `plan` (checked: CheckStepPlan's errors) under
+// `options`; INVALID_ARGUMENT naming bucket_bytes or stack_bytes if <= 0.
 absl::StatusOr<StepSchedule> BuildStepSchedule(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const ScheduleOptions& options = {});
 
 // The schedules of one plan for several bucket bounds, cut one at a time:
-// the plan is checked and its stacks built once (they do not depend on the
-// bound); each Cut only cuts the buckets and orders the phases.
+// the plan's stacks are built once (they do not depend on the bound); each
+// Cut only cuts the buckets and orders the phases. The plan is not checked
+// again: it must pass CheckStepPlan (the planner's own plans do).
 // Thread-compatible; must not outlive the matrices and plan it was created
 // with.
 class StepScheduleCutter {
  public:
-  // Errors: BuildStepSchedule's (the bound's aside).
+  // INVALID_ARGUMENT naming stack_bytes if <= 0; an item missing from its
+  // owner's batch of its shape (plan.batches), should a plan that was not
+  // checked lack it.
   static absl::StatusOr<StepScheduleCutter> Create(
       const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
       int64_t stack_bytes = ScheduleOptions{}.stack_bytes);

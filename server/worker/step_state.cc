@@ -49,8 +49,8 @@ absl::StatusOr<PlanState> BuildPlanState(
     ComputeBatch batch;
     batch.rows = stack.rows;
     batch.cols = stack.cols;
-    batch.items = stack.items;
-    batch.chunks = stack.chunks;
+    batch.items.assign(stack.items.begin(), stack.items.end());
+    batch.chunks.assign(stack.chunks.begin(), stack.chunks.end());
     next.batches.push_back(std::move(batch));
   }
   return next;

@@ -297,7 +297,7 @@ absl::StatusOr<ShapeSummary> Summarize(
                                     summary.shape.cols,
                                     scheduler::AlgorithmPolicy::kAuto);
   for (const auto& [batch, seconds] : best) {
-    const std::vector<scheduler::BatchPart> parts = splitter.Parts(batch);
+    const scheduler::BatchParts parts = splitter.Parts(batch);
     if (parts.size() < 2) continue;
     BatchSplit split{batch, {}, {}, seconds, splitter.Seconds(batch)};
     for (const scheduler::BatchPart& part : parts) {
