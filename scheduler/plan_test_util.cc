@@ -39,7 +39,7 @@ std::vector<CostModel> ModelsOf(const PlanInput& input) {
   return models;
 }
 
-using Owners = std::vector<std::vector<int32_t>>;
+using Owners = std::vector<ItemOwners>;
 
 // Each worker's seconds under `owners`, straight from CostModel: one batch
 // per (worker, shape) plus every item's transfer.

@@ -115,7 +115,7 @@ OwnershipPlan ReplicateOverGroups(
     identity = ranks[0][s] == static_cast<int32_t>(s);
   }
   if (!identity) out.groups = ranks;
-  for (std::vector<int32_t>& owners : out.owners) {
+  for (auto& owners : out.owners) {
     for (int32_t& owner : owners) owner = ranks[0][owner];
   }
   out.batches.clear();

@@ -93,6 +93,9 @@ struct ItemRef {
 // has), held inline then.
 using ItemRefs = absl::InlinedVector<ItemRef, 1>;
 
+// A matrix's owners by expert: inline for a matrix of one expert.
+using ItemOwners = absl::InlinedVector<int32_t, 1>;
+
 // All same-shape matrices one worker owns (up to orientation: rows <= cols),
 // and how it runs their Newton-Schulz: as consecutive calls (parts), each of
 // `count` matrices with its own algorithm. A batch that is not split has
@@ -117,7 +120,7 @@ struct OwnershipPlan {
   int32_t dedicated = 0;
   // owners[m][e]: index into worker_ids of the owner of expert e of matrix m
   // (in the first owner group, when there are groups).
-  std::vector<std::vector<int32_t>> owners;
+  std::vector<ItemOwners> owners;
   // Owner groups: the workers split into groups of one size, each of which
   // owns every matrix among its own members, the same way: the owner in
   // group g is the member of g at the position the first group's owner has

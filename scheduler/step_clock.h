@@ -218,8 +218,8 @@ struct StepGrouping {
 // Llama-3-8B sets); else the candidates clocked largest first until two in
 // a row do not beat the best so far (every candidate is a cut of one
 // schedule: one set of stacks, StepScheduleCutter), and the best (ties: the
-// smaller bound). `plan` is the planner's (not checked again:
-// CheckStepPlan). Errors: StepScheduleCutter's.
+// smaller bound). `plan` is the planner's: its batches are not checked
+// again (CheckStepPlan). Errors: StepScheduleCutter's.
 absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,

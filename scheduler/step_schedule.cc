@@ -141,8 +141,8 @@ void CutIntoChunks(const std::vector<const Batch*>& batch_of,
 
 }  // namespace
 
-absl::Status CheckStepPlan(const std::vector<MatrixSpec>& matrices,
-                           const OwnershipPlan& plan) {
+absl::Status CheckPlanLayout(const std::vector<MatrixSpec>& matrices,
+                             const OwnershipPlan& plan) {
   if (plan.owners.size() != matrices.size()) {
     return InvalidField("plan.owners",
                         absl::StrCat("covers ", plan.owners.size(),
@@ -194,6 +194,12 @@ absl::Status CheckStepPlan(const std::vector<MatrixSpec>& matrices,
                        Quoted(spec.name), " is unreduced"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckStepPlan(const std::vector<MatrixSpec>& matrices,
+                           const OwnershipPlan& plan) {
+  MUONPS_RETURN_IF_ERROR(CheckPlanLayout(matrices, plan));
   return CheckBatches(matrices, plan);
 }
 
@@ -267,8 +273,10 @@ void BuildStacks(const std::vector<MatrixSpec>& matrices,
   // The open stack of each group in each orientation (a batch holds r x c
   // and c x r alike; a stack holds one of them).
   std::vector<int32_t> open(2 * static_cast<size_t>(groups), -1);
-  stacks->reserve(groups);
-  group_of_stack->reserve(groups);
+  // At most a stack per item (a batch's two orientations, and stacks that
+  // close at stack_bytes, make more than one per batch).
+  stacks->reserve(first.back());
+  group_of_stack->reserve(first.back());
   stack_of->assign(first.back(), -1);
   for (const int32_t m : arrival) {
     const MatrixSpec& spec = matrices[m];
@@ -449,6 +457,7 @@ absl::StatusOr<StepScheduleCutter> StepScheduleCutter::Create(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     int64_t stack_bytes) {
   if (stack_bytes <= 0) return InvalidField("stack_bytes", "must be > 0");
+  MUONPS_RETURN_IF_ERROR(CheckPlanLayout(matrices, plan));
   StepScheduleCutter cutter(matrices, plan);
   // Backward yields gradients from the last layer to the first, and within
   // a layer roughly in reverse registration order.

@@ -126,16 +126,19 @@ struct ScheduleOptions {
 
 // INVALID_ARGUMENT naming the plan's field unless `plan` belongs to
 // `matrices`, as a plan that arrives from elsewhere is checked before it is
-// scheduled: not when the names, expert counts or owners (out of range)
-// disagree, its owner groups are not valid (CheckOwnerGroups) or there are
-// groups and a matrix is unreduced, or a batch of the
-// plan disagrees with its owners: worker out of range, a second batch of one
-// (worker, shape), an item that is not the worker's or not of the batch's
-// shape, fewer or more items than the worker owns of that shape, an item
-// missing from its batch (another listed twice), no parts, a part of count < 1,
-// or counts not summing to the items. The planner's own plans pass.
+// scheduled. Its layout (CheckPlanLayout): not when the names, expert
+// counts or owners (out of range) disagree, no worker has a trainer
+// (plan.dedicated), its owner groups are not valid (CheckOwnerGroups) or
+// there are groups and a matrix is unreduced. Its batches: not when a
+// batch of the plan disagrees with its owners: worker out of range, a second
+// batch of one (worker, shape), an item that is not the worker's or not of the
+// batch's shape, fewer or more items than the worker owns of that shape, an
+// item missing from its batch (another listed twice), no parts, a part of count
+// < 1, or counts not summing to the items. The planner's own plans pass.
 absl::Status CheckStepPlan(const std::vector<MatrixSpec>& matrices,
                            const OwnershipPlan& plan);
+absl::Status CheckPlanLayout(const std::vector<MatrixSpec>& matrices,
+                             const OwnershipPlan& plan);
 
 // The step schedule of `plan` (checked: CheckStepPlan's errors) under
 // `options`; INVALID_ARGUMENT naming bucket_bytes or stack_bytes if <= 0.
@@ -145,15 +148,15 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
 
 // The schedules of one plan for several bucket bounds, cut one at a time:
 // the plan's stacks are built once (they do not depend on the bound); each
-// Cut only cuts the buckets and orders the phases. The plan is not checked
-// again: it must pass CheckStepPlan (the planner's own plans do).
+// Cut only cuts the buckets and orders the phases. Only the plan's layout
+// is checked (CheckPlanLayout): its batches must agree with its owners
+// (CheckStepPlan; the planner's own plans do).
 // Thread-compatible; must not outlive the matrices and plan it was created
 // with.
 class StepScheduleCutter {
  public:
-  // INVALID_ARGUMENT naming stack_bytes if <= 0; an item missing from its
-  // owner's batch of its shape (plan.batches), should a plan that was not
-  // checked lack it.
+  // INVALID_ARGUMENT naming stack_bytes if <= 0, CheckPlanLayout's, or an
+  // item missing from its owner's batch of its shape (plan.batches).
   static absl::StatusOr<StepScheduleCutter> Create(
       const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
       int64_t stack_bytes = ScheduleOptions{}.stack_bytes);

@@ -69,7 +69,7 @@ struct MomentumStacks {
   // Owner rank by matrix, expert (scheduler::OwnershipPlan::owners: the
   // first owner group's), and the plan's owner groups (its groups; empty:
   // one group of every rank).
-  std::vector<std::vector<int32_t>> owners;
+  std::vector<scheduler::ItemOwners> owners;
   std::vector<std::vector<int32_t>> groups;
   std::vector<MomentumStack> stacks;  // the compute batches owned here
   // The job's: where momentum checkpoints go ("": none) and every how many
