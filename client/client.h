@@ -196,6 +196,18 @@ class Client {
   // when the record fails.
   absl::Status GradientReady(const std::string& name, CUstream_st* stream);
 
+  // CUDA trainers whose steps return with forward_waits: makes `stream`
+  // (nullptr: the legacy default stream) wait, on the device, until the
+  // last step enqueued has written the parameters of the first `matrices`
+  // job matrices this client declared (in declaration order), or wrote all
+  // it will; kAllParameters: the whole step. 0 orders what must follow the
+  // worker's last read of the step's gradients and its write of the AdamW
+  // means (zeroing or copying gradients, the trainer's AdamW). Returns once
+  // enqueued; OK when no step was enqueued yet. FAILED_PRECONDITION for a
+  // host client; INVALID_ARGUMENT for `matrices` < -1 or above the job's.
+  static constexpr int64_t kAllParameters = -1;
+  absl::Status WaitForParameters(CUstream_st* stream, int64_t matrices);
+
   // The result of the step an async Step started (and OK with a default
   // result when none is pending). A failed step leaves the parameters as
   // they were and has released the trainer's stream.

@@ -139,6 +139,9 @@ struct Client::Impl {
   // CUDA trainers.
   std::unique_ptr<client_internal::CudaStepSignals> signals;
   std::future<absl::StatusOr<StepResult>> pending;
+  // The last step whose BeforeStep was enqueued (-1: none), which
+  // WaitForParameters waits on.
+  int64_t enqueued_step = -1;
 };
 
 }  // namespace muonps

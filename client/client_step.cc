@@ -17,6 +17,7 @@
 #include "client/client_impl.h"
 #include "client/cuda_lending.h"
 #include "common/status.h"
+#include "lending/parameter_progress.h"
 #include "lending/trainer_segment.h"
 #include "proto/grpc_status.h"
 
@@ -103,7 +104,14 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
   if (!s.device.is_cuda()) return s.StepOnWorker(request, adamw);
   // A previous async step first: its failure is this call's answer.
   if (s.pending.valid()) MUONPS_RETURN_IF_ERROR(s.pending.get().status());
-  MUONPS_RETURN_IF_ERROR(s.signals->BeforeStep(options.stream, step_id));
+  if (options.forward_waits && !options.async) {
+    return InvalidField("forward_waits",
+                        "needs async (a step that returns once done has "
+                        "nothing left for the forward to wait for)");
+  }
+  MUONPS_RETURN_IF_ERROR(s.signals->BeforeStep(
+      options.stream, step_id, /*wait_for_step=*/!options.forward_waits));
+  s.enqueued_step = step_id;
   // Answered (or failed): the worker took this step's waits on the
   // gradient events, and GradientReady may record them for the next one.
   const auto answered = [&s](const v1::StepRequest& request,
@@ -148,6 +156,29 @@ absl::Status Client::GradientReady(const std::string& name,
                         "Start has lent it)");
   }
   return Annotate(s.signals->GradientReady(t->gradient_event, stream), field);
+}
+
+absl::Status Client::WaitForParameters(CUstream_st* stream, int64_t matrices) {
+  Impl& s = *impl_;
+  if (!s.device.is_cuda()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, "stream",
+                      "WaitForParameters needs ClientOptions.device cuda:N "
+                      "(a host trainer's Step returns once it is applied)");
+  }
+  int64_t declared = 0;
+  for (const Impl::Tensor& t : s.tensors) declared += t.muon ? 1 : 0;
+  if (matrices < kAllParameters || matrices > declared) {
+    return InvalidField("matrices",
+                        absl::StrCat(matrices,
+                                     " is neither -1 (all) nor in "
+                                     "[0, ",
+                                     declared, "], the job's matrices"));
+  }
+  if (s.enqueued_step < 0) return absl::OkStatus();
+  return s.signals->WaitForParameters(stream, s.enqueued_step,
+                                      matrices == kAllParameters
+                                          ? kAllMatrices
+                                          : static_cast<uint32_t>(matrices));
 }
 
 absl::Status Client::ResumeAfter(int64_t step) {

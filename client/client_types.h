@@ -146,6 +146,11 @@ struct StepOptions {
   // sees the updated parameters when it gets there); Wait() returns the
   // step's result, and the next Step waits for it first.
   bool async = false;
+  // CUDA trainers, with `async`: `stream` does not wait for the step's
+  // updates here; the trainer makes its streams wait where it reads the
+  // parameters (Client::WaitForParameters, e.g. per layer in its next
+  // forward), so that forward starts before the last update has landed.
+  bool forward_waits = false;
   // Muon lr and weight decay for this step; < 0 keeps the job's defaults.
   double lr = -1;
   double weight_decay = -1;

@@ -10,6 +10,7 @@
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc.h"
+#include "lending/parameter_progress.h"
 #include "lending/step_record.h"
 
 namespace muonps {
@@ -43,7 +44,9 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
 }
 
 namespace {
-// Where the step record sits in the done counter's allocation.
+// Where the parameters' progress word and the step record sit in the done
+// counter's allocation.
+constexpr size_t kProgressOffset = sizeof(uint64_t);
 constexpr size_t kStepRecordOffset = 64;
 static_assert(kStepRecordOffset + kStepRecordBytes <= 256);
 }  // namespace
@@ -62,8 +65,9 @@ absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
   std::unique_ptr<CudaStepSignals> out(
       new CudaStepSignals(device, std::move(ready), std::move(gradient_ready)));
   // 256 bytes: an allocation of its own, so its IPC handle lends nothing
-  // else. The done counter, then at 64 bytes the step record
-  // (lending/step_record.h), zero-filled: no worker wrote it yet.
+  // else. The done counter, the parameters' progress word, then at 64
+  // bytes the step record (lending/step_record.h), zero-filled: no worker
+  // wrote them yet.
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaMalloc(reinterpret_cast<void**>(&out->done_), 256),
                  "cudaMalloc done counter"));
@@ -71,7 +75,7 @@ absl::StatusOr<std::unique_ptr<CudaStepSignals>> CudaStepSignals::Create(
       CudaStatus(cudaMemset(out->done_, 0, 256), "cudaMemset"));
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&out->host_value_),
-                                sizeof(uint64_t)),
+                                2 * sizeof(uint64_t)),
                  "cudaMallocHost"));
   cudaStream_t stream = nullptr;
   MUONPS_RETURN_IF_ERROR(CudaStatus(
@@ -99,6 +103,12 @@ absl::Status CudaStepSignals::Describe(v1::AttachRequest* request) const {
   request->mutable_done_counter()->set_ipc_handle(ref.handle);
   request->mutable_done_counter()->set_offset(static_cast<int64_t>(ref.offset));
   MUONPS_ASSIGN_OR_RETURN(
+      IpcMemoryRef progress,
+      ExportDeviceMemory(progress_word(), sizeof(uint64_t)));
+  request->mutable_parameters_counter()->set_ipc_handle(progress.handle);
+  request->mutable_parameters_counter()->set_offset(
+      static_cast<int64_t>(progress.offset));
+  MUONPS_ASSIGN_OR_RETURN(
       IpcMemoryRef record,
       ExportDeviceMemory(reinterpret_cast<char*>(done_) + kStepRecordOffset,
                          kStepRecordBytes));
@@ -124,7 +134,8 @@ absl::Status CudaStepSignals::GradientReady(int index, Stream stream) {
   return absl::OkStatus();
 }
 
-absl::Status CudaStepSignals::BeforeStep(Stream stream, int64_t step_id) {
+absl::Status CudaStepSignals::BeforeStep(Stream stream, int64_t step_id,
+                                         bool wait_for_step) {
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
   absl::MutexLock lock(&mu_);
@@ -136,8 +147,10 @@ absl::Status CudaStepSignals::BeforeStep(Stream stream, int64_t step_id) {
     }
   }
   MUONPS_RETURN_IF_ERROR(ready_.Record(stream));
-  MUONPS_RETURN_IF_ERROR(
-      StreamWaitAtLeast(stream, done_, static_cast<uint64_t>(step_id + 1)));
+  if (wait_for_step) {
+    MUONPS_RETURN_IF_ERROR(
+        StreamWaitAtLeast(stream, done_, static_cast<uint64_t>(step_id + 1)));
+  }
   recorded_.assign(recorded_.size(), false);
   step_unanswered_ = true;
   return absl::OkStatus();
@@ -148,12 +161,23 @@ void CudaStepSignals::StepAnswered() {
   step_unanswered_ = false;
 }
 
+absl::Status CudaStepSignals::WaitForParameters(Stream stream, int64_t step_id,
+                                                uint32_t written) {
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
+  return StreamWaitAtLeast(stream, progress_word(),
+                           ParameterProgressValue(step_id, written));
+}
+
 absl::Status CudaStepSignals::Release(int64_t step_id) {
   MUONPS_RETURN_IF_ERROR(
       CudaStatus(cudaSetDevice(device_.ordinal), "cudaSetDevice"));
-  *host_value_ = static_cast<uint64_t>(step_id + 1);
+  // The done counter and the progress word, adjacent: one copy.
+  static_assert(kProgressOffset == sizeof(uint64_t));
+  host_value_[0] = static_cast<uint64_t>(step_id + 1);
+  host_value_[1] = ParameterProgressValue(step_id, kAllMatrices);
   MUONPS_RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpyAsync(done_, host_value_, sizeof(uint64_t),
+      CudaStatus(cudaMemcpyAsync(done_, host_value_, 2 * sizeof(uint64_t),
                                  cudaMemcpyHostToDevice, release_stream_),
                  "releasing the trainer's stream"));
   return CudaStatus(cudaStreamSynchronize(release_stream_),

@@ -33,8 +33,12 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
 // trainer records `ready` on its stream after the gradients and makes its
 // stream wait until the done counter (a word of its device memory) reaches
 // step_id + 1, which the worker's stream writes when the step is done or
-// refused. If the worker cannot (it died, the RPC failed), Release writes
-// the counter from here so the trainer's stream never hangs.
+// refused. A trainer whose forward waits per layer instead makes its
+// stream wait, where it reads a layer's parameters, on the parameters'
+// progress word beside the counter (lending/parameter_progress.h), which
+// the worker's stream advances as the step's updates land. If the worker
+// cannot (it died, the RPC failed), Release writes both words from here so
+// the trainer's stream never hangs.
 //
 // Each lent job matrix also has an interprocess event of its own (the
 // gradient events, by index), which the trainer records as soon as that
@@ -73,13 +77,21 @@ class CudaStepSignals {
   // for the answer.
   absl::Status GradientReady(int index, Stream stream);
   // On `stream`: records every gradient event not recorded since the last
-  // BeforeStep, then ready, then waits for the done counter. The step is
-  // unanswered from here until StepAnswered.
-  absl::Status BeforeStep(Stream stream, int64_t step_id);
+  // BeforeStep, then ready, then (`wait_for_step`) waits for the done
+  // counter. The step is unanswered from here until StepAnswered.
+  absl::Status BeforeStep(Stream stream, int64_t step_id, bool wait_for_step);
+  // On `stream`: waits until the parameters of the first `written` lent
+  // matrices (in the order the attach request binds them) hold step
+  // `step_id`'s updates, or that step wrote all it will (kAllMatrices:
+  // wrote all; 0: its AdamW means are in the gradients and the worker reads
+  // none of them any more). Thread-compatible with BeforeStep.
   // The worker answered the step BeforeStep prepared, or the call failed:
   // GradientReady records again.
   void StepAnswered();
-  // Sets the done counter to step_id + 1 from the host.
+  absl::Status WaitForParameters(Stream stream, int64_t step_id,
+                                 uint32_t written);
+  // Sets the done counter to step_id + 1 and the progress word to all of
+  // the step from the host.
   absl::Status Release(int64_t step_id);
 
  private:
@@ -92,6 +104,7 @@ class CudaStepSignals {
   bool NoStepUnanswered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !step_unanswered_;
   }
+  uint64_t* progress_word() const { return done_ + 1; }
 
   const Device device_;
   mutable absl::Mutex mu_;
@@ -101,7 +114,7 @@ class CudaStepSignals {
   std::vector<bool> recorded_ ABSL_GUARDED_BY(mu_);
   bool step_unanswered_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t* done_ = nullptr;        // device word
-  uint64_t* host_value_ = nullptr;  // pinned
+  uint64_t* host_value_ = nullptr;  // pinned, 2 words
   CUstream_st* release_stream_ = nullptr;
 };
 

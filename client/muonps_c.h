@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 9
+#define MUONPS_C_ABI_VERSION 10
 
 /* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
 #define MUONPS_MAX_GROUPS 1024
@@ -255,7 +255,11 @@ typedef struct {
   const double* group_lr;           /* Muon lr of the group's matrices */
   const double* group_weight_decay; /* Muon weight decay */
   uint64_t stream; /* CUDA trainers: the gradients' cudaStream_t (0: legacy) */
-  int async;       /* CUDA trainers: return once enqueued */
+  /* CUDA trainers: 1 returns once enqueued, the stream waiting on the
+   * device for the step's updates; ABI 10: 2 returns once enqueued and the
+   * stream waits only where muonps_client_wait_for_parameters says
+   * (StepOptions::forward_waits). */
+  int async;
   /* ABI 6: AdamW lr and weight decay of the group's other tensors (host
    * trainers: the client steps them with these; CUDA trainers step their
    * own and pass what they used, which the workers check agrees). */
@@ -268,6 +272,14 @@ int muonps_client_step_with(muonps_client* client, int64_t step_id,
                             muonps_step_result* result);
 /* The result of the step an async step enqueued (pending = 0 after). */
 int muonps_client_wait(muonps_client* client, muonps_step_result* result);
+/* ABI 10: CUDA trainers whose steps return with async = 2: makes `stream`
+ * (a cudaStream_t; NULL: the legacy default stream) wait, on the device,
+ * until the last step enqueued has written the parameters of the first
+ * `matrices` declared matrices (declaration order), or all it will (-1:
+ * the whole step; 0: the gradients are free to write and the AdamW means
+ * are in place) (Client::WaitForParameters). Returns once enqueued. */
+int muonps_client_wait_for_parameters(muonps_client* client, void* stream,
+                                      int64_t matrices);
 
 #ifdef __cplusplus
 }

@@ -58,12 +58,17 @@ int muonps_client_step_with(muonps_client* c, int64_t step_id,
                          "group_count: ", o->group_count, " is not in [0, ",
                          MUONPS_MAX_GROUPS, "]")));
   }
+  if (o->async < 0 || o->async > 2) {
+    return Record(c, absl::InvalidArgumentError(absl::StrCat(
+                         "async: ", o->async, " is not 0, 1 or 2")));
+  }
   muonps::StepOptions options;
   options.lr = o->lr;
   options.weight_decay = o->weight_decay;
   options.adamw_lr = o->adamw_lr;
   options.stream = reinterpret_cast<CUstream_st*>(o->stream);
   options.async = o->async != 0;
+  options.forward_waits = o->async == 2;
   options.groups.resize(o->group_count);
   for (int g = 0; g < o->group_count; ++g) {
     muonps::GroupHyperparameters& group = options.groups[g];
@@ -84,6 +89,14 @@ int muonps_client_gradient_ready(muonps_client* c, const char* name,
   // on the handle (a gradient hook's thread), which owns it.
   if (status.ok()) return MUONPS_OK;
   return Record(c, status);
+}
+
+int muonps_client_wait_for_parameters(muonps_client* c, void* stream,
+                                      int64_t matrices) {
+  if (c == nullptr) return MUONPS_INVALID_ARGUMENT;
+  const absl::Status status =
+      c->client->WaitForParameters(static_cast<CUstream_st*>(stream), matrices);
+  return status.ok() ? MUONPS_OK : Record(c, status);
 }
 
 int muonps_client_wait(muonps_client* c, muonps_step_result* result) {

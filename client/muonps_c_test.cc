@@ -247,6 +247,47 @@ TEST(MuonpsCTest, Abi8GradientReadyIsForACudaClientsStartedMatrices) {
   muonps_client_destroy(cuda);
 }
 
+// ABI 10: a forward's waits for the parameters are a CUDA client's; the
+// step's async mode is 0, 1 or 2, and a count of matrices is -1 (all) or
+// one of the declared ones; each refusal names what it refuses, before any
+// CUDA call (this test needs no GPU).
+TEST(MuonpsCTest, Abi10ForwardWaitsAreACudaClientsWithTheirCountChecked) {
+  EXPECT_EQ(muonps_client_wait_for_parameters(nullptr, nullptr, -1),
+            MUONPS_INVALID_ARGUMENT);
+  muonps_client* host = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/none.sock", 0, 1,
+                                 0.5, &host),
+            MUONPS_OK);
+  EXPECT_EQ(muonps_client_wait_for_parameters(host, nullptr, -1),
+            MUONPS_FAILED_PRECONDITION);
+  EXPECT_THAT(std::string(muonps_client_last_error(host)), HasSubstr("cuda"));
+  muonps_step_options options{};
+  options.async = 3;
+  EXPECT_EQ(muonps_client_step_with(host, 0, &options, nullptr),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(host)),
+              HasSubstr("async: 3"));
+  muonps_client_destroy(host);
+
+  muonps_client* cuda = nullptr;
+  ASSERT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/none.sock", 0,
+                                    1, 0.5, "cuda:0", &cuda),
+            MUONPS_OK)
+      << muonps_last_create_error();
+  ASSERT_EQ(
+      muonps_client_add_matrix(cuda, "w", 4, 8, 1, MUONPS_LAYOUT_REPLICATED, 0),
+      MUONPS_OK);
+  for (const int64_t bad : {int64_t{-2}, int64_t{2}}) {
+    EXPECT_EQ(muonps_client_wait_for_parameters(cuda, nullptr, bad),
+              MUONPS_INVALID_ARGUMENT);
+    EXPECT_THAT(std::string(muonps_client_last_error(cuda)),
+                HasSubstr("matrices: " + std::to_string(bad)));
+  }
+  // No step enqueued yet: nothing to wait for.
+  EXPECT_EQ(muonps_client_wait_for_parameters(cuda, nullptr, 1), MUONPS_OK);
+  muonps_client_destroy(cuda);
+}
+
 // ABI 6, against an in-process worker: the four per-group arrays reach the
 // step request by index (a NULL array keeps the step's values: -1), and a
 // host client's AdamW steps each tensor with its group's lr and decay.

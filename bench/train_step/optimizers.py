@@ -251,3 +251,18 @@ def _muonps_backward_hooks(model, ctx):
     stepper.notes["gradients"] = ("each matrix's as backward finishes it "
                                   "(post-accumulate-grad hooks)")
     return stepper
+
+
+@register("muonps_forward_waits")
+def _muonps_forward_waits(model, ctx):
+    """muonps.Muon whose next forward waits per layer for the step's
+    updates (Muon.hook_forward on the model) instead of the trainer's
+    stream waiting for the whole step, beside "muonps" in the same run."""
+    stepper = _muonps(model, ctx)
+    opt = stepper.optimizers[0]
+    if ctx.device.type == "cuda":
+        opt.hook_forward(ctx.unwrapped)
+        stepper.notes["step_returns"] = (
+            "once enqueued; each layer's forward waits on the device for "
+            "its own parameters (forward pre-hooks)")
+    return stepper

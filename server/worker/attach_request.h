@@ -64,6 +64,9 @@ struct AttachRequest {
   // step_id + 1 (empty handle: none).
   std::string ready_event;
   CudaBufferRef done_counter;
+  // CUDA trainers: the word the worker's stream advances as a step's
+  // updates land (lending/parameter_progress.h; empty handle: none).
+  CudaBufferRef parameters_counter;
   int64_t trainer_pid = 0;  // 0: not checked
   // Where the trainer lends its step record (lending/step_record.h): a
   // byte offset in the segment, or CUDA memory; -1 and an empty handle:

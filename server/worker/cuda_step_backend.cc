@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "lending/cuda_ipc.h"
+#include "lending/parameter_progress.h"
 
 namespace muonps {
 namespace worker {
@@ -41,6 +42,22 @@ class CudaIpcBuffers final : public TrainerBuffers {
       absl::StatusOr<void*> mapped = map_.Open(ref);
       if (!mapped.ok()) return Annotate(mapped.status(), "done_counter");
       done_ = *mapped;
+    }
+    if (!request.parameters_counter.ipc_handle.empty()) {
+      IpcMemoryRef ref;
+      ref.handle = request.parameters_counter.ipc_handle;
+      ref.offset = static_cast<uint64_t>(request.parameters_counter.offset);
+      ref.bytes = sizeof(uint64_t);
+      ref.device = device_;
+      if (request.parameters_counter.offset < 0 ||
+          request.parameters_counter.offset % sizeof(uint64_t) != 0) {
+        return InvalidField("parameters_counter.offset",
+                            absl::StrCat(request.parameters_counter.offset,
+                                         " is not a multiple of 8"));
+      }
+      absl::StatusOr<void*> mapped = map_.Open(ref);
+      if (!mapped.ok()) return Annotate(mapped.status(), "parameters_counter");
+      progress_ = *mapped;
     }
     if (!request.step_record_cuda.ipc_handle.empty()) {
       IpcMemoryRef ref;
@@ -87,8 +104,16 @@ class CudaIpcBuffers final : public TrainerBuffers {
   }
 
   absl::Status SignalTrainer(Stream stream, int64_t step_id) override {
+    MUONPS_RETURN_IF_ERROR(SignalParameters(stream, step_id, kAllMatrices));
     if (done_ == nullptr) return absl::OkStatus();
     return StreamWriteValue(stream, done_, static_cast<uint64_t>(step_id + 1));
+  }
+
+  absl::Status SignalParameters(Stream stream, int64_t step_id,
+                                uint32_t written) override {
+    if (progress_ == nullptr) return absl::OkStatus();
+    return StreamWriteValue(stream, progress_,
+                            ParameterProgressValue(step_id, written));
   }
 
   Device device() const override { return {MemoryKind::kCuda, device_}; }
@@ -140,6 +165,7 @@ class CudaIpcBuffers final : public TrainerBuffers {
   // The gradients' own events (LentTensor::ready indexes them).
   std::vector<IpcEvent> gradient_ready_;
   void* done_ = nullptr;
+  void* progress_ = nullptr;    // the parameters' progress word; null: none
   uint64_t* record_ = nullptr;  // the step record; null: none lent
 };
 

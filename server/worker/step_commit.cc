@@ -1,6 +1,8 @@
 #include "server/worker/step_commit.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -83,6 +85,43 @@ absl::Status WriteMeans(const std::vector<int>& means,
   return absl::OkStatus();
 }
 
+// Writes `staged`'s updates into the trainer's parameters in the order its
+// attach request bound the matrices. With `progress` (the trainer waits for
+// this step) the parameters' progress word follows, each time another
+// kProgressBytes or more of them were written and a matrix is whole.
+absl::Status WriteParameters(StagedStep& staged, const AttachedTrainer& trainer,
+                             kernels::DeviceOps& ops, bool progress) {
+  constexpr int64_t kProgressBytes = int64_t{4} << 20;
+  const Stream stream = ops.stream();
+  std::vector<ParamApply>& applies = staged.applies;
+  const std::vector<int>& position = trainer.bound_position;
+  std::sort(applies.begin(), applies.end(),
+            [&position](const ParamApply& a, const ParamApply& b) {
+              return std::make_pair(position[a.matrix], a.first) <
+                     std::make_pair(position[b.matrix], b.first);
+            });
+  const kernels::TypedBuffer& updates = trainer.updates;
+  int64_t unsignaled = 0;  // bytes written since the word last moved
+  for (size_t i = 0; i < applies.size(); ++i) {
+    const ParamApply& a = applies[i];
+    const Binding& b = trainer.matrices[a.matrix];
+    MUONPS_RETURN_IF_ERROR(
+        ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
+                        b.dtype, updates.at(a.staged_at), updates.dtype(),
+                        a.count, a.decay, a.step, stream));
+    unsignaled += a.count * static_cast<int64_t>(DTypeSize(b.dtype));
+    const bool whole =
+        i + 1 == applies.size() || applies[i + 1].matrix != a.matrix;
+    if (progress && whole && unsignaled >= kProgressBytes) {
+      MUONPS_RETURN_IF_ERROR(trainer.buffers->SignalParameters(
+          stream, staged.step_id,
+          static_cast<uint32_t>(position[a.matrix] + 1)));
+      unsignaled = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
                           kernels::DeviceOps& ops, int64_t release) {
@@ -93,15 +132,15 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
     // leaves applying above applied for its successor to see.
     MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
         stream, StepRecordWord::kApplying, StepRecordValue(staged.step_id)));
-    const kernels::TypedBuffer& updates = trainer->updates;
-    for (const ParamApply& a : staged.applies) {
-      const Binding& b = trainer->matrices[a.matrix];
-      MUONPS_RETURN_IF_ERROR(
-          ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
-                          b.dtype, updates.at(a.staged_at), updates.dtype(),
-                          a.count, a.decay, a.step, stream));
-    }
+    // The AdamW means first: the trainer's AdamW waits for them alone, and
+    // its next forward for the parameters it reads, layer by layer.
     MUONPS_RETURN_IF_ERROR(WriteMeans(staged.means, *trainer, ops));
+    if (release >= 0) {
+      MUONPS_RETURN_IF_ERROR(
+          trainer->buffers->SignalParameters(stream, staged.step_id, 0));
+    }
+    MUONPS_RETURN_IF_ERROR(
+        WriteParameters(staged, *trainer, ops, /*progress=*/release >= 0));
     MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
         stream, StepRecordWord::kApplied, StepRecordValue(staged.step_id)));
     // The next forward needs only these writes: not the host's wait below,

@@ -38,14 +38,17 @@ using StepHook =
 // True once the trainer's Step call was cancelled or passed its deadline.
 using StepCancelled = std::function<bool()>;
 
-// Applies `ledger`'s staged step: the parameters' updates and the AdamW
-// means into the trainer's lent memory (`trainer` may be null: a worker
-// with no trainer, or one whose trainer is gone), the new momentum swapped
-// in (plan.momentum's CommitStaged); then sets ledger.last and clears the
-// staging. With `release` >= 0 (the step the trainer asked for, committed
-// by its own round), the trainer's stream is released (SignalTrainer) in
-// stream order right after the writes, before anything waits on the host.
-// Waits for the stream. An error means the device failed mid-way.
+// Applies `ledger`'s staged step: the AdamW means, then the parameters'
+// updates in the order the trainer bound its matrices, into the trainer's
+// lent memory (`trainer` may be null: a worker with no trainer, or one
+// whose trainer is gone), the new momentum swapped in (plan.momentum's
+// CommitStaged); then sets ledger.last and clears the staging. With
+// `release` >= 0 (the step the trainer asked for, committed by its own
+// round), the parameters' progress word follows the writes
+// (SignalParameters: 0 after the means, then every few MiB of whole
+// matrices), and the trainer's stream is released (SignalTrainer) in
+// stream order right after them, before anything waits on the host. Waits
+// for the stream. An error means the device failed mid-way.
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
                           kernels::DeviceOps& ops, int64_t release = -1);

@@ -175,7 +175,11 @@ struct AttachedTrainer {
   std::unique_ptr<TrainerBuffers> buffers;
   int rank = 0;
   int count = 1;
-  std::vector<Binding> matrices;                       // by job matrix
+  std::vector<Binding> matrices;  // by job matrix
+  // By job matrix: its place among the matrices in the order the attach
+  // request bound them, the order a commit writes the parameters in (the
+  // parameters' progress word counts matrices in it).
+  std::vector<int> bound_position;
   std::vector<std::pair<std::string, Binding>> adamw;  // name order
   // Groups its tensors were attached in (1 + the largest index), and the
   // digest of its bindings the round's agreement compares (TensorsHash).

@@ -79,6 +79,8 @@ absl::StatusOr<AttachedTrainer> BindTrainer(
   trainer.rank = request.trainer_rank;
   trainer.count = request.trainer_count;
   trainer.matrices.resize(matrices.size());
+  trainer.bound_position.resize(matrices.size());
+  int bound_count = 0;
   std::vector<bool> bound(matrices.size(), false);
   for (const TensorBinding& t : request.tensors) {
     const std::string field = absl::StrCat("tensor ", Quoted(t.name));
@@ -131,6 +133,7 @@ absl::StatusOr<AttachedTrainer> BindTrainer(
                    param_elements == full && full != t.elements;
     b.layout = spec.layout;
     trainer.matrices[it->second] = b;
+    trainer.bound_position[it->second] = bound_count++;
     bound[it->second] = true;
   }
   for (size_t m = 0; m < matrices.size(); ++m) {

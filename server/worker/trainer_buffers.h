@@ -73,9 +73,18 @@ class TrainerBuffers {
     return ready < 0 ? WaitForTrainer(stream) : absl::OkStatus();
   }
   // Tells the trainer, in `stream` order, that step `step_id` is done
-  // (CUDA: its done counter becomes step_id + 1). Host memory: the Step
-  // response says it.
+  // (CUDA: its parameters' progress word says every matrix, then its done
+  // counter becomes step_id + 1). Host memory: the Step response says it.
   virtual absl::Status SignalTrainer(Stream /*stream*/, int64_t /*step_id*/) {
+    return absl::OkStatus();
+  }
+  // Tells the trainer, in `stream` order, that the parameters of the first
+  // `written` job matrices it bound (in its attach request's order) hold
+  // step `step_id`'s updates, 0: its AdamW means are written
+  // (lending/parameter_progress.h; CUDA trainers that lent the word). OK
+  // without writing otherwise.
+  virtual absl::Status SignalParameters(Stream /*stream*/, int64_t /*step_id*/,
+                                        uint32_t /*written*/) {
     return absl::OkStatus();
   }
 

@@ -63,6 +63,7 @@ absl::StatusOr<AttachRequest> AttachRequestFromProto(
   out.device = request.device();
   out.ready_event = request.ready_event();
   out.done_counter = CudaBufferFromProto(request.done_counter());
+  out.parameters_counter = CudaBufferFromProto(request.parameters_counter());
   out.trainer_pid = request.trainer_pid();
   if (request.has_step_record()) {
     out.step_record_offset = request.step_record().segment_offset();

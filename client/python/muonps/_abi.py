@@ -6,7 +6,7 @@ declarations and re-exports the public names.
 
 import ctypes
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 # Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
 MAX_GROUPS = 1024
 
@@ -134,4 +134,6 @@ _SIGNATURES = {
     "muonps_client_wait": (_c_int, [_handle, ctypes.POINTER(_StepResult)]),
     "muonps_client_gradient_ready": (_c_int, [_handle, _c_str,
                                               ctypes.c_void_p]),
+    "muonps_client_wait_for_parameters": (_c_int, [_handle, ctypes.c_void_p,
+                                                   _c_i64]),
 }

@@ -16,7 +16,13 @@ gradient under DDP, whose reduced value DDP writes back at the end of
 backward: layout "unreduced", where the workers reduce, keeps the overlap).
 It is not on by default: on 2 x H200 the worker's Newton-Schulz beside
 backward slowed backward by as much as it took off the step
-(bench/train_step's muonps_backward_hooks). Param groups are registered when the client
+(bench/train_step's muonps_backward_hooks). hook_forward(model) makes the
+next forward wait per layer instead of per step: the trainer's stream no
+longer waits for the step's updates after step(); each module's forward
+pre-hook waits, on the device, until the worker has written the
+parameters of the matrices it holds (the worker writes them in the order
+the matrices were lent, and advances a progress word as they land), so the
+first layers run while the last updates are still being written. Param groups are registered when the client
 starts and each step carries every group's lr and weight decay by index
 (no passes over the parameters in Python). Every other tensor is stepped
 by torch's own fused AdamW on the trainer's stream, the one AdamW of a
@@ -75,6 +81,11 @@ class CudaPath:
         # their buffer's version then; and the hooks' handles.
         self.ready = {}
         self.hooks = []
+        # hook_forward: the modules' pre-hooks wait for the parameters; the
+        # highest matrix count waited for since the last step (-1: none).
+        self.forward_hooks = []
+        self.forward_waits = False
+        self.waited = -1
         # Unreduced: each rank lends its own gradient, so what DDP writes
         # back into it at the end of backward (muonps.ddp's hook returns
         # the bucket unchanged) is the value marked, and the versions are
@@ -125,6 +136,65 @@ class CudaPath:
 
         return hook
 
+    def hook_forward(self, module):
+        """Makes the next forward of `module` (the model, or the DDP
+        wrapper of it) wait per layer for the step's updates instead of the
+        whole step after step(): each submodule holding lent matrices gets
+        a forward pre-hook that makes the current stream wait, on the
+        device, until the parameters of every matrix lent up to its own are
+        written (module.state_dict() waits for all of them). A lent matrix
+        no submodule holds raises ValueError naming it (nothing would order
+        its reads). A parameter read outside its module's forward (an
+        evaluation of it, an EMA) reads it after synchronize(). With DTensor
+        matrices (FSDP2 gathers the shards of the next layers ahead of
+        them) the model's own pre-hook waits for the whole step. Not for a
+        module under torch.compile (the hooks call into the client).
+        close() removes the hooks."""
+        position = {id(p): i for i, (_, p, _) in enumerate(self.matrices)}
+        hooks, held = [], set()
+        if any(is_dtensor(p) for _, p, _ in self.matrices):
+            held = set(position)
+            hooks.append(module.register_forward_pre_hook(
+                self._wait_hook(-1), prepend=True))
+        else:
+            for m in module.modules():
+                through = 0
+                for p in m._parameters.values():
+                    if p is not None and id(p) in position:
+                        through = max(through, position[id(p)] + 1)
+                        held.add(id(p))
+                if through:
+                    hooks.append(m.register_forward_pre_hook(
+                        self._wait_hook(through), prepend=True))
+        missing = [n for n, p, _ in self.matrices if id(p) not in held]
+        if missing:
+            for handle in hooks:
+                handle.remove()
+            raise ValueError(
+                f"muonps.Muon.hook_forward: no module of "
+                f"{type(module).__name__} holds {missing[:3]!r}"
+                f"{' and more' if len(missing) > 3 else ''}: its forward "
+                "would not wait for their updates")
+        if hasattr(module, "register_state_dict_pre_hook"):
+            hooks.append(module.register_state_dict_pre_hook(
+                lambda *args, **kwargs: self.wait_for_parameters(-1)))
+        self.forward_hooks.extend(hooks)
+        self.forward_waits = True
+
+    def _wait_hook(self, through):
+        def hook(module, args):
+            self.wait_for_parameters(through)
+        return hook
+
+    def wait_for_parameters(self, through):
+        """The current stream waits until the last step has written the
+        parameters of the first `through` lent matrices (-1: all; 0: the
+        lent gradients may be written and the AdamW means are in place)."""
+        if through == -1 or through > self.waited:
+            self.client.wait_for_parameters(
+                torch.cuda.current_stream(self.device).cuda_stream, through)
+            self.waited = len(self.matrices) + 1 if through == -1 else through
+
     def _after_backward(self):
         # Queued again, so it runs after every callback queued during
         # backward: DDP's copy of its buckets into the gradients.
@@ -139,9 +209,10 @@ class CudaPath:
 
     def close(self):
         """Removes the gradient hooks (the client is going)."""
-        for handle in self.hooks:
+        for handle in self.hooks + self.forward_hooks:
             handle.remove()
         self.hooks.clear()
+        self.forward_hooks.clear()
 
     def step(self, step_id, values, check_first=False):
         """Enqueues one step with each param group's (lr, weight_decay,
@@ -150,6 +221,9 @@ class CudaPath:
         step): waits for the step and returns its StepOutcome, enqueuing
         nothing more when the workers had applied this id before (an
         earlier run of the job); None otherwise."""
+        if self.forward_waits:
+            # The worker may still read the last step's gradients.
+            self.wait_for_parameters(0)
         for name, p, _ in self.lent:
             if local(p).data_ptr() != self.data_ptrs[name]:
                 raise RuntimeError(
@@ -171,16 +245,21 @@ class CudaPath:
         for name, version in list(self.ready.items()):
             if self.grads[name]._version != version:
                 self.client.gradient_ready(name, stream)
-        self.client.step(step_id, values, stream=stream, async_=True)
+        self.client.step(step_id, values, stream=stream, async_=True,
+                         forward_waits=self.forward_waits)
         self.ready.clear()
+        self.waited = -1
         outcome = None
         if check_first:
             outcome = self.client.wait()
             if outcome.already_applied:
                 return outcome
         # Enqueued after the workers' updates on the trainer's stream, once
-        # per call: the client steps none of these tensors.
+        # per call: the client steps none of these tensors. Under forward
+        # waits it needs only the AdamW means the workers averaged.
         if self.adamw is not None:
+            if self.forward_waits and self.settle_after_backward:
+                self.wait_for_parameters(0)
             self.adamw.step(values)
         return outcome
 
@@ -189,7 +268,10 @@ class CudaPath:
         return self.client.wait()
 
     def zero_grad(self):
-        """Lent gradients are zeroed in place (never set to None)."""
+        """Lent gradients are zeroed in place (never set to None), once the
+        worker read the last step's."""
+        if self.forward_waits:
+            self.wait_for_parameters(0)
         for name, p, _ in self.lent:
             buffer = self.grads[name]
             buffer.zero_()

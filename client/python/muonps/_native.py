@@ -181,18 +181,23 @@ class NativeClient:
         return (ctypes.cast(param, ctypes.c_void_p).value,
                 ctypes.cast(grad, ctypes.c_void_p).value, elements.value)
 
-    def step(self, step_id, groups, stream=0, async_=False):
+    def step(self, step_id, groups, stream=0, async_=False,
+             forward_waits=False):
         """One step with each param group's values by index: `groups` holds
         (lr, weight_decay, adamw_lr, adamw_weight_decay) per group (< 0
         keeps the job's default), the groups set_group filled. `stream`
         and `async_`: CUDA trainers (the gradients' cudaStream_t; return
-        once enqueued). Returns a StepOutcome."""
+        once enqueued); `forward_waits` (with async_): the stream does not
+        wait for the step, wait_for_parameters does where the parameters
+        are read. Returns a StepOutcome."""
         count = len(groups)
         columns = list(zip(*groups)) if groups else [(), (), (), ()]
         arrays = [(ctypes.c_double * max(1, count))(*map(float, column))
                   for column in columns]
         options = _StepOptions(-1.0, -1.0, -1.0, count, arrays[0], arrays[1],
-                               int(stream), int(bool(async_)), arrays[2],
+                               int(stream),
+                               2 if async_ and forward_waits
+                               else int(bool(async_)), arrays[2],
                                arrays[3])
         result = _StepResult()
         self._check(self._lib.muonps_client_step_with(
@@ -220,6 +225,15 @@ class NativeClient:
         the other calls (a gradient hook's)."""
         self._check(self._lib.muonps_client_gradient_ready(
             self._handle, name.encode(), stream or None))
+
+    def wait_for_parameters(self, stream, matrices=-1):
+        """CUDA trainers whose steps return with forward_waits: `stream`
+        (a cudaStream_t as an int) waits, on the device, until the last
+        step has written the parameters of the first `matrices` declared
+        matrices (-1: the whole step; 0: the gradients may be written
+        again and the AdamW means are in place). Returns once enqueued."""
+        self._check(self._lib.muonps_client_wait_for_parameters(
+            self._handle, stream or None, int(matrices)))
 
     def expect_dedicated_workers(self, count):
         """The job expects `count` workers with no trainer (before start)."""

@@ -413,6 +413,22 @@ class Muon(torch.optim.Optimizer):
         if self._cuda is not None:
             self._cuda.wait()
 
+    def hook_forward(self, module):
+        """GPU parameters: the next forward of `module` (the model, or its
+        DDP wrapper) waits per layer for the step's updates, not for the
+        whole step: step() returns with the trainer's stream free, and each
+        submodule that holds job matrices waits, on the device, for their
+        parameters before its forward (see muonps/_cuda.py's
+        CudaPath.hook_forward: a job matrix no submodule holds raises
+        ValueError; a parameter read outside its module's forward is read
+        after synchronize()). A no-op on the CPU path, whose steps finish
+        before step() returns."""
+        self._check_open()
+        if self._client is None:
+            self._start()
+        if self._cuda is not None:
+            self._cuda.hook_forward(module)
+
     def zero_grad(self, set_to_none=True):
         super().zero_grad(set_to_none=set_to_none)
         if self._cuda is not None:

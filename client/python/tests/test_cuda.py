@@ -307,3 +307,71 @@ def test_gradients_from_backward_follow_torch_when_clipped_after_it(cluster):
     assert not opt._cuda.hooks
     print(f'{{"what":"python_cuda_backward_hooks_vs_torch_muon","steps":10,'
           f'"max_rel_err":{worst:.3e}}}')
+
+
+class _Layers(torch.nn.Module):
+    """Eight bias-free linear layers with a tanh between them."""
+
+    def __init__(self, seed, width=1024):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Linear(width, width, bias=False) for _ in range(8))
+        for layer in self.layers:
+            layer.weight.data = torch.randn(width, width, generator=g) * 0.03
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
+    """The next forward waits per layer (hook_forward) instead of the
+    trainer's stream waiting for the whole step: step() returns with the
+    stream free, each layer's pre-hook waits on the device for the
+    parameters of its own matrix (the worker writes them in the order they
+    were lent), and zero_grad waits until the worker read the last step's
+    gradients. Trained 12 steps on the same batches from the same start,
+    the parameters and losses are bit for bit those of a model whose stream
+    waits for each whole step; a forward that read a layer before its
+    update landed would part from them at once. A model that does not hold
+    every lent matrix is refused, naming one."""
+    def train(forward_waits):
+        c = cluster(workers=1, device="cuda:0")
+        net = _Layers(seed=41).cuda()
+        # Named parameters, no model: every layer's matrix goes to Muon.
+        opt = muonps.Muon(list(net.named_parameters()), lr=0.02,
+                          weight_decay=0.1, **c.options())
+        assert len(opt._cuda.matrices) == 8
+        if forward_waits:
+            with pytest.raises(ValueError, match="holds"):
+                opt.hook_forward(net.layers[0])
+            assert not opt._cuda.forward_hooks
+            opt.hook_forward(net)
+            assert len(opt._cuda.forward_hooks) == 8 + 1  # + state_dict
+        g = torch.Generator().manual_seed(43)
+        losses = []
+        for _ in range(12):
+            x = torch.randn(64, 1024, generator=g).cuda()
+            opt.zero_grad()
+            loss = net(x).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        weights = {n: p.detach().clone() for n, p in net.state_dict().items()}
+        opt.synchronize()
+        torch.cuda.synchronize()
+        opt.close()
+        assert not opt._cuda.forward_hooks
+        return [l.item() for l in losses], weights
+
+    waited_losses, waited = train(forward_waits=False)
+    losses, weights = train(forward_waits=True)
+    assert losses == waited_losses
+    assert losses[-1] < losses[0]
+    for n in waited:
+        assert torch.equal(weights[n], waited[n]), n
+    print(f'{{"what":"python_cuda_forward_waits_vs_whole_step","steps":12,'
+          f'"first_loss":{losses[0]:.6f},"last_loss":{losses[-1]:.6f},'
+          f'"bit_identical":true}}')
