@@ -26,6 +26,28 @@
 #include "proto/translate.h"
 
 namespace muonps {
+namespace {
+
+// `call(context)` with wait_for_ready until `wait_until` (a coordinator not
+// up yet, or restarting, is waited for: the channel reconnects with
+// backoff), sent again while it fails UNAVAILABLE (the coordinator went down
+// during the call). DEADLINE_EXCEEDED once `wait_until` passed.
+template <typename Call>
+grpc::Status CallWhileDown(absl::Time wait_until, const Call& call) {
+  grpc::Status status(grpc::StatusCode::DEADLINE_EXCEEDED, "");
+  while (absl::Now() < wait_until) {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(absl::ToChronoTime(wait_until));
+    status = call(&context);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return status;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                      status.error_message());
+}
+
+}  // namespace
 
 absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
                                      const kernels::AdamWHyperparameters& adamw,
@@ -85,18 +107,18 @@ absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
   a->set_weight_decay(adamw.weight_decay);
   // A coordinator not up yet, or restarting, is waited for (the channel
   // reconnects with backoff) for all but the last 2 s of the client's
-  // timeout: trainers may start before it. Then one attempt that does not
-  // wait, whose error says why none answered (refused, a failed TLS
-  // handshake). CreateJob's request id makes a repeat harmless.
+  // timeout: trainers may start before it. A call cut short because the
+  // coordinator went down during it (UNAVAILABLE) is sent again meanwhile.
+  // Then one attempt that does not wait, whose error says why none
+  // answered (refused, a failed TLS handshake). CreateJob's request id
+  // makes a repeat harmless.
   constexpr absl::Duration kLastAttempt = absl::Seconds(2);
   v1::Job job;
-  grpc::Status status(grpc::StatusCode::DEADLINE_EXCEEDED, "");
-  if (options.timeout > kLastAttempt) {
-    grpc::ClientContext context;
-    context.set_wait_for_ready(true);
-    context.set_deadline(DeadlineIn(options.timeout - kLastAttempt));
-    status = coordinator->CreateJob(&context, request, &job);
-  }
+  grpc::Status status =
+      CallWhileDown(absl::Now() + options.timeout - kLastAttempt,
+                    [&](grpc::ClientContext* context) {
+                      return coordinator->CreateJob(context, request, &job);
+                    });
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(std::min(kLastAttempt, options.timeout)));
@@ -106,12 +128,14 @@ absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
     return FromGrpc(status, "CreateJob");
   }
   // A job of this name from another run: usable if its matrices match.
-  grpc::ClientContext get_context;
-  get_context.set_deadline(DeadlineIn(absl::Seconds(10)));
   v1::GetJobRequest get;
   get.set_job(options.job);
   MUONPS_RETURN_IF_ERROR(
-      FromGrpc(coordinator->GetJob(&get_context, get, &job), "GetJob"));
+      FromGrpc(CallWhileDown(absl::Now() + absl::Seconds(10),
+                             [&](grpc::ClientContext* context) {
+                               return coordinator->GetJob(context, get, &job);
+                             }),
+               "GetJob"));
   if (job.spec().SerializeAsString() != spec->SerializeAsString()) {
     return FieldError(absl::StatusCode::kFailedPrecondition, "job",
                       absl::StrCat(Quoted(options.job),

@@ -418,6 +418,21 @@ TEST_F(ClientTest, StartWaitsForACoordinatorThatIsDown) {
   EXPECT_TRUE(started.ok()) << started;
   EXPECT_GE(absl::Now() - start, absl::Seconds(1));
 
+  // A CreateJob cut short by a coordinator that went down during the call
+  // is sent again.
+  service_.FailCreateJobs(2);
+  absl::StatusOr<std::unique_ptr<Client>> cut =
+      Client::Create({.coordinator = service_.coordinator_target(),
+                      .job = "cut",
+                      .worker_socket = service_.worker_socket(),
+                      .timeout = absl::Seconds(10)});
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_TRUE((*cut)->AddMatrix("w", 4, 8).ok());
+  const size_t jobs_before = service_.jobs().size();
+  const absl::Status resent = (*cut)->Start(MuonOptions(), adamw);
+  EXPECT_TRUE(resent.ok()) << resent;
+  EXPECT_EQ(service_.jobs().size(), jobs_before + 3);
+
   service_.StopCoordinator();
   absl::StatusOr<std::unique_ptr<Client>> late =
       Client::Create({.coordinator = service_.coordinator_target(),

@@ -15,7 +15,16 @@ class FakeService::Coordinator final : public v1::Coordinator::Service {
                          v1::Job*) override {
     absl::MutexLock lock(&mu_);
     jobs_.push_back(request->job());
+    if (failing_ > 0) {
+      --failing_;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed");
+    }
     return grpc::Status::OK;
+  }
+
+  void Fail(int calls) {
+    absl::MutexLock lock(&mu_);
+    failing_ = calls;
   }
 
   std::vector<v1::JobSpec> jobs() const {
@@ -26,6 +35,7 @@ class FakeService::Coordinator final : public v1::Coordinator::Service {
  private:
   mutable absl::Mutex mu_;
   std::vector<v1::JobSpec> jobs_ ABSL_GUARDED_BY(mu_);
+  int failing_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class FakeService::Worker final : public v1::Worker::Service {
@@ -92,6 +102,8 @@ void FakeService::StopCoordinator() {
   coordinator_server_.reset();
   unlink((dir_ + "/coordinator.sock").c_str());
 }
+
+void FakeService::FailCreateJobs(int calls) { coordinator_->Fail(calls); }
 
 FakeService::~FakeService() {
   StopCoordinator();

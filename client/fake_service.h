@@ -35,6 +35,9 @@ class FakeService {
   // it up again on the same target, with what it was sent so far.
   void StopCoordinator();
   void StartCoordinator();
+  // The next `calls` CreateJob calls fail UNAVAILABLE, as one does whose
+  // coordinator died during the call ("Socket closed").
+  void FailCreateJobs(int calls);
 
   // The job of every CreateJob call, in order.
   std::vector<v1::JobSpec> jobs() const;
