@@ -42,6 +42,15 @@ from ._dtensor import TorchAdamW, is_dtensor, local
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
+def _first_pre_hook(module, hook):
+    # Before the module's other forward pre-hooks (FSDP2's gathers among
+    # them) where torch can (2.0 and later).
+    try:
+        return module.register_forward_pre_hook(hook, prepend=True)
+    except TypeError:
+        return module.register_forward_pre_hook(hook)
+
+
 def _queue_callback(callback):
     # Runs `callback` on autograd's thread once the current backward's graph
     # is done (callbacks queued by a callback run after the ones before).
@@ -154,8 +163,7 @@ class CudaPath:
         hooks, held = [], set()
         if any(is_dtensor(p) for _, p, _ in self.matrices):
             held = set(position)
-            hooks.append(module.register_forward_pre_hook(
-                self._wait_hook(-1), prepend=True))
+            hooks.append(_first_pre_hook(module, self._wait_hook(-1)))
         else:
             for m in module.modules():
                 through = 0
@@ -164,8 +172,7 @@ class CudaPath:
                         through = max(through, position[id(p)] + 1)
                         held.add(id(p))
                 if through:
-                    hooks.append(m.register_forward_pre_hook(
-                        self._wait_hook(through), prepend=True))
+                    hooks.append(_first_pre_hook(m, self._wait_hook(through)))
         missing = [n for n, p, _ in self.matrices if id(p) not in held]
         if missing:
             for handle in hooks:
