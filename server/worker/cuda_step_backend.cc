@@ -25,7 +25,8 @@ class CudaIpcBuffers final : public TrainerBuffers {
  public:
   explicit CudaIpcBuffers(int device) : device_(device) {}
 
-  // The request's ready event and done counter, if it lends them.
+  // The request's ready event, done counter, progress word and step
+  // record, each if it lends it.
   absl::Status OpenSignals(const AttachRequest& request) {
     if (!request.ready_event.empty()) {
       absl::StatusOr<IpcEvent> ready =
@@ -33,49 +34,37 @@ class CudaIpcBuffers final : public TrainerBuffers {
       if (!ready.ok()) return Annotate(ready.status(), "ready_event");
       ready_.emplace(*std::move(ready));
     }
-    if (!request.done_counter.ipc_handle.empty()) {
-      IpcMemoryRef ref;
-      ref.handle = request.done_counter.ipc_handle;
-      ref.offset = static_cast<uint64_t>(request.done_counter.offset);
-      ref.bytes = sizeof(uint64_t);
-      ref.device = device_;
-      absl::StatusOr<void*> mapped = map_.Open(ref);
-      if (!mapped.ok()) return Annotate(mapped.status(), "done_counter");
-      done_ = *mapped;
-    }
-    if (!request.parameters_counter.ipc_handle.empty()) {
-      IpcMemoryRef ref;
-      ref.handle = request.parameters_counter.ipc_handle;
-      ref.offset = static_cast<uint64_t>(request.parameters_counter.offset);
-      ref.bytes = sizeof(uint64_t);
-      ref.device = device_;
-      if (request.parameters_counter.offset < 0 ||
-          request.parameters_counter.offset % sizeof(uint64_t) != 0) {
-        return InvalidField("parameters_counter.offset",
-                            absl::StrCat(request.parameters_counter.offset,
-                                         " is not a multiple of 8"));
-      }
-      absl::StatusOr<void*> mapped = map_.Open(ref);
-      if (!mapped.ok()) return Annotate(mapped.status(), "parameters_counter");
-      progress_ = *mapped;
-    }
-    if (!request.step_record_cuda.ipc_handle.empty()) {
-      IpcMemoryRef ref;
-      ref.handle = request.step_record_cuda.ipc_handle;
-      ref.offset = static_cast<uint64_t>(request.step_record_cuda.offset);
-      ref.bytes = kStepRecordBytes;
-      ref.device = device_;
-      if (request.step_record_cuda.offset < 0 ||
-          request.step_record_cuda.offset % sizeof(uint64_t) != 0) {
-        return InvalidField("step_record.cuda.offset",
-                            absl::StrCat(request.step_record_cuda.offset,
-                                         " is not a multiple of 8"));
-      }
-      absl::StatusOr<void*> mapped = map_.Open(ref);
-      if (!mapped.ok()) return Annotate(mapped.status(), "step_record.cuda");
-      record_ = static_cast<uint64_t*>(*mapped);
-    }
+    MUONPS_ASSIGN_OR_RETURN(done_, MapWords(request.done_counter,
+                                            sizeof(uint64_t), "done_counter"));
+    MUONPS_ASSIGN_OR_RETURN(
+        progress_, MapWords(request.parameters_counter, sizeof(uint64_t),
+                            "parameters_counter"));
+    MUONPS_ASSIGN_OR_RETURN(void* record,
+                            MapWords(request.step_record_cuda, kStepRecordBytes,
+                                     "step_record.cuda"));
+    record_ = static_cast<uint64_t*>(record);
     return absl::OkStatus();
+  }
+
+  // `bytes` of 64-bit words the trainer lends at `buffer`, mapped; null
+  // when it lends none (an empty handle). INVALID_ARGUMENT naming `field`
+  // for an offset that is not a multiple of 8.
+  absl::StatusOr<void*> MapWords(const CudaBufferRef& buffer, size_t bytes,
+                                 const char* field) {
+    if (buffer.ipc_handle.empty()) return nullptr;
+    if (buffer.offset < 0 || buffer.offset % sizeof(uint64_t) != 0) {
+      return InvalidField(
+          absl::StrCat(field, ".offset"),
+          absl::StrCat(buffer.offset, " is not a multiple of 8"));
+    }
+    IpcMemoryRef ref;
+    ref.handle = buffer.ipc_handle;
+    ref.offset = static_cast<uint64_t>(buffer.offset);
+    ref.bytes = bytes;
+    ref.device = device_;
+    absl::StatusOr<void*> mapped = map_.Open(ref);
+    if (!mapped.ok()) return Annotate(mapped.status(), field);
+    return *mapped;
   }
 
   absl::StatusOr<StepRecord> ReadRecord() override {
