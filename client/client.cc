@@ -147,6 +147,7 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
       options.shard_params ? t.elements : rows * cols * options.experts;
   s.index[name] = s.tensors.size();
   s.tensors.push_back(std::move(t));
+  ++s.matrices;
   return absl::OkStatus();
 }
 

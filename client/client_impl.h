@@ -118,6 +118,7 @@ struct Client::Impl {
   std::unique_ptr<v1::Coordinator::Stub> coordinator;
   std::unique_ptr<v1::Worker::Stub> worker;
   std::vector<Tensor> tensors;
+  int64_t matrices = 0;  // of `tensors`, the job matrices (muon)
   std::map<std::string, size_t> index;
   int group_count = 0;  // 1 + the highest group a tensor is in
   std::optional<SharedMemorySegment> segment;

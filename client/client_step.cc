@@ -165,14 +165,12 @@ absl::Status Client::WaitForParameters(CUstream_st* stream, int64_t matrices) {
                       "WaitForParameters needs ClientOptions.device cuda:N "
                       "(a host trainer's Step returns once it is applied)");
   }
-  int64_t declared = 0;
-  for (const Impl::Tensor& t : s.tensors) declared += t.muon ? 1 : 0;
-  if (matrices < kAllParameters || matrices > declared) {
+  if (matrices < kAllParameters || matrices > s.matrices) {
     return InvalidField("matrices",
                         absl::StrCat(matrices,
                                      " is neither -1 (all) nor in "
                                      "[0, ",
-                                     declared, "], the job's matrices"));
+                                     s.matrices, "], the job's matrices"));
   }
   if (s.enqueued_step < 0) return absl::OkStatus();
   return s.signals->WaitForParameters(stream, s.enqueued_step,

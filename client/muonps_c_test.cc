@@ -16,6 +16,18 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A "cuda:0" client (no CUDA call yet: none needs a GPU) that declared the
+// 4 x 8 replicated matrix "w".
+void CudaClientOfMatrixW(muonps_client** cuda) {
+  ASSERT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/none.sock", 0,
+                                    1, 0.5, "cuda:0", cuda),
+            MUONPS_OK)
+      << muonps_last_create_error();
+  ASSERT_EQ(muonps_client_add_matrix(*cuda, "w", 4, 8, 1,
+                                     MUONPS_LAYOUT_REPLICATED, 0),
+            MUONPS_OK);
+}
+
 TEST(MuonpsCTest, VersionNamesTheAbi) {
   EXPECT_EQ(muonps_abi_version(), MUONPS_C_ABI_VERSION);
   EXPECT_THAT(std::string(muonps_version()),
@@ -226,13 +238,7 @@ TEST(MuonpsCTest, Abi8GradientReadyIsForACudaClientsStartedMatrices) {
   muonps_client_destroy(host);
 
   muonps_client* cuda = nullptr;
-  ASSERT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/none.sock", 0,
-                                    1, 0.5, "cuda:0", &cuda),
-            MUONPS_OK)
-      << muonps_last_create_error();
-  ASSERT_EQ(
-      muonps_client_add_matrix(cuda, "w", 4, 8, 1, MUONPS_LAYOUT_REPLICATED, 0),
-      MUONPS_OK);
+  ASSERT_NO_FATAL_FAILURE(CudaClientOfMatrixW(&cuda));
   ASSERT_EQ(muonps_client_add_tensor(cuda, "b", 8, MUONPS_LAYOUT_UNREDUCED),
             MUONPS_OK);
   EXPECT_EQ(muonps_client_gradient_ready(cuda, "nope", nullptr),
@@ -270,13 +276,7 @@ TEST(MuonpsCTest, Abi10ForwardWaitsAreACudaClientsWithTheirCountChecked) {
   muonps_client_destroy(host);
 
   muonps_client* cuda = nullptr;
-  ASSERT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/none.sock", 0,
-                                    1, 0.5, "cuda:0", &cuda),
-            MUONPS_OK)
-      << muonps_last_create_error();
-  ASSERT_EQ(
-      muonps_client_add_matrix(cuda, "w", 4, 8, 1, MUONPS_LAYOUT_REPLICATED, 0),
-      MUONPS_OK);
+  ASSERT_NO_FATAL_FAILURE(CudaClientOfMatrixW(&cuda));
   for (const int64_t bad : {int64_t{-2}, int64_t{2}}) {
     EXPECT_EQ(muonps_client_wait_for_parameters(cuda, nullptr, bad),
               MUONPS_INVALID_ARGUMENT);
