@@ -415,7 +415,7 @@ Topology Topology::Blocks(int workers, int per_node) {
   return t;
 }
 
-std::vector<std::vector<int32_t>> ChooseOwnerGroups(
+std::vector<OwnerGrouping> ChooseOwnerGroupings(
     const std::vector<MatrixSpec>& matrices, const Topology& topology,
     int workers, int dedicated) {
   if (dedicated != 0 || topology.node.size() != static_cast<size_t>(workers) ||
@@ -425,16 +425,31 @@ std::vector<std::vector<int32_t>> ChooseOwnerGroups(
   for (const MatrixSpec& spec : matrices) {
     if (spec.layout != Layout::kReplicated) return {};
   }
-  std::vector<std::vector<int32_t>> groups(topology.nodes());
-  for (int r = 0; r < workers; ++r) {
-    const int32_t n = topology.node[r];
-    if (n < 0 || n >= static_cast<int32_t>(groups.size())) return {};
-    groups[n].push_back(r);
+  // Each node's workers in rank order, the nodes by number.
+  absl::flat_hash_map<int32_t, std::vector<int32_t>> by_node;
+  for (int r = 0; r < workers; ++r) by_node[topology.node[r]].push_back(r);
+  std::vector<std::pair<int32_t, std::vector<int32_t>>> nodes(by_node.begin(),
+                                                              by_node.end());
+  std::sort(nodes.begin(), nodes.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [node, members] : nodes) {
+    if (members.size() != nodes[0].second.size()) return {};
   }
-  for (const std::vector<int32_t>& group : groups) {
-    if (group.size() != groups[0].size()) return {};
+  const int count = static_cast<int>(nodes.size());
+  std::vector<OwnerGrouping> out;
+  for (int k = 1; k < count; ++k) {
+    if (count % k != 0) continue;
+    OwnerGrouping grouping(count / k);
+    for (int n = 0; n < count; ++n) {
+      std::vector<int32_t>& group = grouping[n / k];
+      group.insert(group.end(), nodes[n].second.begin(), nodes[n].second.end());
+    }
+    for (std::vector<int32_t>& group : grouping) {
+      std::sort(group.begin(), group.end());
+    }
+    out.push_back(std::move(grouping));
   }
-  return groups;
+  return out;
 }
 
 int Topology::nodes() const {
@@ -606,85 +621,167 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
     const std::vector<MatrixSpec>& matrices,
     const std::vector<std::string>& worker_ids, int dedicated,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
-    const ScheduleOptions& options,
-    const std::vector<std::vector<int32_t>>& offered, OwnerGroupsUse use,
-    const PlanRanks& plan_ranks) {
+    const ScheduleOptions& options, const std::vector<OwnerGrouping>& offered,
+    OwnerGroupsUse use, const PlanRanks& plan_ranks) {
   const auto scheduled =
-      [&](OwnershipPlan plan) -> absl::StatusOr<TopologyPlan> {
+      [&](OwnershipPlan plan, const std::vector<const CostModel*>& by_rank,
+          const ClockSettings& on,
+          const ScheduleOptions& cut) -> absl::StatusOr<TopologyPlan> {
     plan.dedicated = dedicated;
     TopologyPlan out;
     MUONPS_ASSIGN_OR_RETURN(
-        out.grouping,
-        ChooseStepGrouping(matrices, plan, models, settings, options));
+        out.grouping, ChooseStepGrouping(matrices, plan, by_rank, on, cut));
     out.plan = std::move(plan);
     return out;
   };
   // A step's prediction: the grouping's, else (a bound the job set, or one
   // node) the schedule clocked once.
-  const auto predicted = [&](const TopologyPlan& p) {
+  const auto predicted = [&](const TopologyPlan& p,
+                             const std::vector<const CostModel*>& by_rank,
+                             const ClockSettings& on) {
     if (p.grouping.predicted_seconds > 0) return p.grouping.predicted_seconds;
     const std::vector<double> stacks =
-        StackSeconds(p.grouping.schedule, models);
+        StackSeconds(p.grouping.schedule, by_rank);
     return ClockStep(matrices, p.grouping.schedule, stacks,
-                     static_cast<int>(worker_ids.size()), settings)
+                     static_cast<int>(p.plan.worker_ids.size()), on)
         .predicted_seconds;
   };
-  // The first group's workers planned and copied over the groups.
-  const auto plan_grouped = [&]() -> absl::StatusOr<TopologyPlan> {
-    absl::StatusOr<OwnershipPlan> one = plan_ranks(offered[0], true);
-    if (!one.ok()) {
-      return Annotate(
-          one.status(),
-          absl::StrCat("one owner group of ", offered[0].size(), " workers"));
-    }
-    return scheduled(ReplicateOverGroups(*one, offered, worker_ids));
+  const auto annotate = [](const absl::Status& status,
+                           const OwnerGrouping& grouping) {
+    return Annotate(status, absl::StrCat("one owner group of ",
+                                         grouping[0].size(), " workers"));
   };
-  if (!offered.empty() && use == OwnerGroupsUse::kRequired) {
-    absl::StatusOr<TopologyPlan> out = plan_grouped();
+  if (use == OwnerGroupsUse::kRequired) {
+    if (offered.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("owner groups: ", offered.size(),
+                       " groupings required, where a plan takes one"));
+    }
+    absl::StatusOr<OwnershipPlan> one = plan_ranks(offered[0][0], &offered[0]);
+    if (!one.ok()) return annotate(one.status(), offered[0]);
+    absl::StatusOr<TopologyPlan> out =
+        scheduled(ReplicateOverGroups(*one, offered[0], worker_ids), models,
+                  settings, options);
     if (out.ok()) out->grouped_seconds = out->grouping.predicted_seconds;
     return out;
   }
+  // A grouping clocked as its first group alone on that group's nodes.
+  struct Grouped {
+    absl::StatusOr<TopologyPlan> first_group =
+        absl::FailedPreconditionError("no owner groups on offer");
+    const OwnerGrouping* grouping = nullptr;
+    double seconds = 0;
+  };
+  const auto plan_group = [&](const OwnerGrouping& grouping) {
+    Grouped out;
+    out.grouping = &grouping;
+    const std::vector<int32_t>& ranks = grouping[0];
+    absl::StatusOr<OwnershipPlan> one = plan_ranks(ranks, &grouping);
+    if (!one.ok()) {
+      out.first_group = annotate(one.status(), grouping);
+      return out;
+    }
+    std::vector<const CostModel*> by_rank;
+    ClockSettings alone = settings;
+    alone.topology.node.clear();
+    for (const int32_t r : ranks) {
+      by_rank.push_back(models[r]);
+      if (!settings.topology.node.empty()) {
+        alone.topology.node.push_back(settings.topology.node[r]);
+      }
+    }
+    out.first_group = scheduled(*std::move(one), by_rank, alone, options);
+    if (!out.first_group.ok()) {
+      out.first_group = annotate(out.first_group.status(), grouping);
+      return out;
+    }
+    out.seconds = predicted(*out.first_group, by_rank, alone);
+    return out;
+  };
   std::vector<int32_t> all(worker_ids.size());
   std::iota(all.begin(), all.end(), 0);
-  // The grouped plan on a thread of its own while this one plans every
+  // The groupings on a thread of their own while this one plans every
   // worker: the two are independent, and a coordinator has the cores.
-  absl::StatusOr<TopologyPlan> grouped =
-      absl::FailedPreconditionError("no owner groups on offer");
+  Grouped best;
+  std::vector<std::pair<int, double>> tried;
   std::thread grouping;
   if (!offered.empty()) {
     grouping = std::thread([&] {
-      grouped = plan_grouped();
-      if (!grouped.ok()) return;
-      grouped->groups_offered = true;
-      grouped->grouped_seconds = predicted(*grouped);
+      absl::Status first_failure;
+      int misses = 0;
+      for (size_t i = 0; i < offered.size() && misses < 2; ++i) {
+        Grouped next = plan_group(offered[i]);
+        tried.emplace_back(static_cast<int>(offered[i][0].size()),
+                           next.seconds);
+        if (!next.first_group.ok()) {
+          if (first_failure.ok()) first_failure = next.first_group.status();
+          continue;
+        }
+        if (!best.first_group.ok() || next.seconds < best.seconds) {
+          best = std::move(next);
+          misses = 0;
+        } else {
+          ++misses;
+        }
+      }
+      if (!best.first_group.ok() && !first_failure.ok()) {
+        best.first_group = first_failure;
+      }
     });
   }
-  absl::StatusOr<OwnershipPlan> every = plan_ranks(all, false);
+  absl::StatusOr<OwnershipPlan> every = plan_ranks(all, nullptr);
   absl::StatusOr<TopologyPlan> scheduled_every =
-      every.ok() ? scheduled(*std::move(every))
+      every.ok() ? scheduled(*std::move(every), models, settings, options)
                  : absl::StatusOr<TopologyPlan>(every.status());
   if (scheduled_every.ok() && !offered.empty()) {
-    scheduled_every->groups_offered = true;
-    scheduled_every->ungrouped_seconds = predicted(*scheduled_every);
+    scheduled_every->ungrouped_seconds =
+        predicted(*scheduled_every, models, settings);
   }
   if (grouping.joinable()) grouping.join();
+  // The best grouping's plan over all its groups, cut where its first
+  // group's was.
+  const auto whole = [&]() -> absl::StatusOr<TopologyPlan> {
+    TopologyPlan first = *std::move(best.first_group);
+    ScheduleOptions cut = options;
+    cut.bucket_bytes = first.grouping.bucket_bytes;
+    OwnershipPlan one = std::move(first.plan);
+    MUONPS_ASSIGN_OR_RETURN(
+        TopologyPlan out,
+        scheduled(ReplicateOverGroups(one, *best.grouping, worker_ids), models,
+                  settings, cut));
+    out.grouping.predicted_seconds = best.seconds;
+    out.grouping.candidates = std::move(first.grouping.candidates);
+    out.groups_offered = true;
+    out.grouped_seconds = best.seconds;
+    out.grouped_candidates = tried;
+    return out;
+  };
   if (!scheduled_every.ok()) {
-    if (grouped.ok()) return grouped;  // the groups' plan stands alone
+    if (best.first_group.ok()) return whole();  // a grouped plan stands alone
     return scheduled_every.status();
   }
   TopologyPlan ungrouped = *std::move(scheduled_every);
   if (offered.empty()) return ungrouped;
-  if (!grouped.ok()) {
-    ungrouped.groups_declined = grouped.status().ToString();
+  ungrouped.groups_offered = true;
+  ungrouped.grouped_candidates = tried;
+  if (!best.first_group.ok()) {
+    ungrouped.groups_declined = best.first_group.status().ToString();
     return ungrouped;
   }
-  grouped->ungrouped_seconds = ungrouped.ungrouped_seconds;
-  ungrouped.grouped_seconds = grouped->grouped_seconds;
-  if (grouped->grouped_seconds <= ungrouped.ungrouped_seconds) return grouped;
-  ungrouped.groups_declined =
-      absl::StrCat("a step of ", grouped->grouped_seconds * 1e3, " ms with ",
-                   offered.size(), " owner groups against ",
-                   ungrouped.ungrouped_seconds * 1e3, " ms without");
+  ungrouped.grouped_seconds = best.seconds;
+  if (best.seconds <= ungrouped.ungrouped_seconds) {
+    absl::StatusOr<TopologyPlan> out = whole();
+    if (out.ok()) {
+      out->ungrouped_seconds = ungrouped.ungrouped_seconds;
+      return out;
+    }
+    ungrouped.groups_declined = out.status().ToString();
+    return ungrouped;
+  }
+  ungrouped.groups_declined = absl::StrCat(
+      "a step of ", best.seconds * 1e3, " ms with ", best.grouping->size(),
+      " owner groups of ", (*best.grouping)[0].size(), " workers against ",
+      ungrouped.ungrouped_seconds * 1e3, " ms without");
   return ungrouped;
 }
 

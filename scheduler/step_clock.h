@@ -49,7 +49,7 @@
 //   engines: its updates-back phases run on its own transfer stream, each
 //   after the owner's compute issued before it, at `copy_engine_gbs` per
 //   owner (its n-1 copies one after another, n the group's members), and
-//   slow no compute. So groups of one node each (ChooseOwnerGroups) send
+//   slow no compute. So groups of one node each (ChooseOwnerGroupings) send
 //   no update over a NIC: each node's step is the step of its workers
 //   alone.
 //
@@ -122,15 +122,20 @@ struct Topology {
   }
 };
 
-// The owner groups (OwnershipPlan::groups) a job's plan may get on
-// `topology` (PlanOnTopology weighs them): one group per node, each node's
-// workers in rank order, when the workers span more than one node, every
-// node has as many, none is dedicated (`dedicated` == 0) and every matrix
-// is replicated (every trainer holds every gradient whole, so each node's
-// owners compute every update from their own trainers' gradients, and
-// updates never leave the node). Otherwise none (empty): one group of
-// every worker.
-std::vector<std::vector<int32_t>> ChooseOwnerGroups(
+// One way of splitting a job's ranks into owner groups
+// (OwnershipPlan::groups): grouping[g][s] is the s-th worker of group g.
+using OwnerGrouping = std::vector<std::vector<int32_t>>;
+
+// The owner groupings a job's plan may get on `topology` (PlanOnTopology
+// weighs them): for every k that divides the node count and is below it,
+// smallest first, groups of k whole nodes each (the nodes in the order of
+// their numbers, k at a time; a group's workers in rank order). Offered
+// when the workers span more than one node, every node has as many, none
+// is dedicated (`dedicated` == 0) and every matrix is replicated (every
+// trainer holds every gradient whole, so each group's owners compute
+// every update from their own trainers' gradients, and updates never leave
+// the group). Otherwise none (empty): one group of every worker.
+std::vector<OwnerGrouping> ChooseOwnerGroupings(
     const std::vector<MatrixSpec>& matrices, const Topology& topology,
     int workers, int dedicated);
 
@@ -229,52 +234,63 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
 struct TopologyPlan {
   OwnershipPlan plan;
   StepGrouping grouping;
-  // Where owner groups were offered to be weighed: the predicted step of
-  // the grouped plan (0 if it could not be made) and of the plan of every
-  // worker, and why the groups were not taken ("" when they were). Where
-  // they were required: grouped_seconds is the grouping's prediction (0
-  // where it was not clocked), the rest stays unset.
+  // Where owner groupings were offered to be weighed: the predicted step of
+  // the best grouped plan (0 if none could be made) and of the plan of
+  // every worker, each grouping tried (its workers per group and predicted
+  // step, 0 where its plan could not be made), and why the groups were not
+  // taken ("" when they were). Where they were required: grouped_seconds
+  // is the grouping's prediction (0 where it was not clocked), the rest
+  // stays unset.
   bool groups_offered = false;
   double grouped_seconds = 0;
   double ungrouped_seconds = 0;
+  std::vector<std::pair<int, double>> grouped_candidates;
   std::string groups_declined;
 };
 
 // Plans ranks `ranks` (indices into the job's workers, in order): the
-// planner's plan of those workers, their ids as worker_ids in that order;
-// `grouped` says it will be copied over owner groups.
+// planner's plan of those workers, their ids as worker_ids in that order.
+// `grouping` is null for the plan of every rank, else the grouping whose
+// first group `ranks` is: the plan will be copied over its groups.
 using PlanRanks = std::function<absl::StatusOr<OwnershipPlan>(
-    const std::vector<int32_t>& ranks, bool grouped)>;
+    const std::vector<int32_t>& ranks, const OwnerGrouping* grouping)>;
 
-// What PlanOnTopology does with the owner groups it is given.
+// What PlanOnTopology does with the owner groupings it is given.
 enum class OwnerGroupsUse {
-  // Weighed against the plan of every worker (ChooseOwnerGroups' groups).
+  // Weighed against each other and the plan of every worker
+  // (ChooseOwnerGroupings' groupings).
   kWeighed,
-  // The plan has them (a job's own groups: HSDP's replica groups).
+  // The plan has them (a job's own groups: HSDP's replica groups; exactly
+  // one grouping).
   kRequired,
 };
 
 // The plan of `worker_ids.size()` workers (the last `dedicated` with no
 // trainer) and its schedule (ChooseStepGrouping with `models` by rank,
-// `settings` and `options`). Without `offered` owner groups (from
-// ChooseOwnerGroups, a job's own, or none) every rank is planned at once.
-// A grouped plan is the first group's workers planned and copied over the
-// groups (ReplicateOverGroups). Groups `kRequired` make the plan alone
-// (errors: its own, or its schedule's). Groups `kWeighed` are planned both
-// ways, grouped and every rank at once; the shorter predicted step wins
-// (ties: the groups, whose updates never leave a node). A grouped plan
-// that cannot be made (one group too small for the momentum) or scheduled
-// loses, saying why. The grouped plan is made on a thread of its own
-// beside the other (`plan_ranks` is called from two threads at once).
-// Errors: the plan of every rank's, or its schedule's (where the groups'
-// plan could be made, it stands alone then).
+// `settings` and `options`). Without `offered` owner groupings (from
+// ChooseOwnerGroupings, a job's own, or none) every rank is planned at
+// once. A grouped plan is the first group's workers planned and copied
+// over the groups (ReplicateOverGroups). A grouping `kRequired` makes the
+// plan alone (errors: its own, or its schedule's; INVALID_ARGUMENT for
+// other than one grouping). Groupings `kWeighed` are planned beside the
+// plan of every rank: each is clocked as its first group alone on that
+// group's nodes (the groups are copies of one placement on alike nodes,
+// each on its own links, so the whole step takes as long as one group's),
+// smallest groups first, until two in a row do not beat the best so far;
+// the shortest predicted step wins (ties: the groups, whose updates cross
+// fewer links). The winner's schedule is cut at the bucket bound its group
+// chose. A grouped plan that cannot be made (one group too small for the
+// momentum) or scheduled is passed over, saying why. The groupings are
+// planned on a thread of their own beside the plan of every rank
+// (`plan_ranks` is called from two threads at once). Errors: the plan of
+// every rank's, or its schedule's (where a grouped plan could be made, it
+// stands alone then).
 absl::StatusOr<TopologyPlan> PlanOnTopology(
     const std::vector<MatrixSpec>& matrices,
     const std::vector<std::string>& worker_ids, int dedicated,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
-    const ScheduleOptions& options,
-    const std::vector<std::vector<int32_t>>& offered, OwnerGroupsUse use,
-    const PlanRanks& plan_ranks);
+    const ScheduleOptions& options, const std::vector<OwnerGrouping>& offered,
+    OwnerGroupsUse use, const PlanRanks& plan_ranks);
 
 }  // namespace scheduler
 }  // namespace muonps

@@ -159,12 +159,14 @@ TEST(StepClockTest, RowsBetweenNodesGoOverTheNics) {
 
 // `workers` on nodes of `per_node`, planned as the coordinator plans them:
 // one owner group's workers by the planner, then the plan copied to every
-// group (ChooseOwnerGroups; one group of every worker when it gives none).
+// group (ChooseOwnerGroupings' first, one node a group; one group of every
+// worker when it gives none).
 Job GroupedPlan(int workers, int per_node, Layout layout, int layers) {
   std::vector<MatrixSpec> matrices = Llama3_8B(layers);
   for (MatrixSpec& m : matrices) m.layout = layout;
-  std::vector<std::vector<int32_t>> groups = ChooseOwnerGroups(
+  const std::vector<OwnerGrouping> groupings = ChooseOwnerGroupings(
       matrices, Topology::Blocks(workers, per_node), workers, 0);
+  OwnerGrouping groups = groupings.empty() ? OwnerGrouping{} : groupings[0];
   if (groups.empty()) {
     groups.emplace_back();
     for (int w = 0; w < workers; ++w) groups[0].push_back(w);
@@ -350,6 +352,24 @@ TEST(OwnerGroupsClockTest, PeerWritesWithinTheGroupsOnOneNode) {
       ClockStep(t.matrices, t.schedule, no_compute, 4, settings);
   EXPECT_DOUBLE_EQ(mixed.stage_seconds, update / 1e9);
   EXPECT_EQ(mixed.bytes_per_gpu, static_cast<int64_t>(update));
+}
+
+TEST(PlanOnTopologyTest, RequiredGroupsAreOneGrouping) {
+  const Job job = Plan(4, Layout::kReplicated, 1);
+  ClockSettings settings;
+  settings.topology = Topology::Blocks(4, 2);
+  const std::vector<OwnerGrouping> two = ChooseOwnerGroupings(
+      job.matrices, Topology::Blocks(4, 1), 4, /*dedicated=*/0);
+  ASSERT_EQ(two.size(), 2u);  // groups of 1 and of 2 nodes of 1
+  const absl::StatusOr<TopologyPlan> planned =
+      PlanOnTopology(job.matrices, job.plan.worker_ids, 0, job.models, settings,
+                     {}, two, OwnerGroupsUse::kRequired,
+                     [&](const std::vector<int32_t>&, const OwnerGrouping*) {
+                       return absl::StatusOr<OwnershipPlan>(job.plan);
+                     });
+  EXPECT_EQ(planned.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(planned.status().message()),
+              ::testing::HasSubstr("2 groupings required"));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Owner groups (OwnershipPlan::groups): a plan of one group's workers made
 // the plan of every worker (ReplicateOverGroups), each group's stacks and
 // transfers in the step schedule, the plans a schedule refuses, and the
-// groups a job gets on its nodes (ChooseOwnerGroups).
+// groupings a job gets on its nodes (ChooseOwnerGroupings).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -179,26 +179,53 @@ TEST_F(OwnerGroupsTest, SchedulesRefuseGroupsThatDoNotHold) {
   EXPECT_EQ(gathers, 2);  // one per group
 }
 
-TEST(ChooseOwnerGroupsTest, OneGroupPerNodeOnlyForReplicatedJobsOnEqualNodes) {
+TEST(ChooseOwnerGroupingsTest, WholeNodesOnlyForReplicatedJobsOnEqualNodes) {
   const std::vector<MatrixSpec> replicated = ReplicatedMatrices();
-  EXPECT_THAT(ChooseOwnerGroups(replicated, Topology::Blocks(4, 2), 4, 0),
-              ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3)));
+  EXPECT_THAT(ChooseOwnerGroupings(replicated, Topology::Blocks(4, 2), 4, 0),
+              ElementsAre(ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3))));
   Topology interleaved;
   interleaved.node = {0, 1, 0, 1};
-  EXPECT_THAT(ChooseOwnerGroups(replicated, interleaved, 4, 0),
-              ElementsAre(ElementsAre(0, 2), ElementsAre(1, 3)));
+  EXPECT_THAT(ChooseOwnerGroupings(replicated, interleaved, 4, 0),
+              ElementsAre(ElementsAre(ElementsAre(0, 2), ElementsAre(1, 3))));
   // One node, unequal nodes, a dedicated worker, a matrix not replicated.
-  EXPECT_THAT(ChooseOwnerGroups(replicated, Topology::Blocks(4, 4), 4, 0),
+  EXPECT_THAT(ChooseOwnerGroupings(replicated, Topology::Blocks(4, 4), 4, 0),
               IsEmpty());
-  EXPECT_THAT(ChooseOwnerGroups(replicated, Topology::Blocks(3, 2), 3, 0),
+  EXPECT_THAT(ChooseOwnerGroupings(replicated, Topology::Blocks(3, 2), 3, 0),
               IsEmpty());
-  EXPECT_THAT(ChooseOwnerGroups(replicated, Topology::Blocks(4, 2), 4, 1),
+  EXPECT_THAT(ChooseOwnerGroupings(replicated, Topology::Blocks(4, 2), 4, 1),
               IsEmpty());
   std::vector<MatrixSpec> mixed = replicated;
   mixed[0].layout = Layout::kUnreduced;
-  EXPECT_THAT(ChooseOwnerGroups(mixed, Topology::Blocks(4, 2), 4, 0),
+  EXPECT_THAT(ChooseOwnerGroupings(mixed, Topology::Blocks(4, 2), 4, 0),
               IsEmpty());
-  EXPECT_THAT(ChooseOwnerGroups(replicated, Topology{}, 4, 0), IsEmpty());
+  EXPECT_THAT(ChooseOwnerGroupings(replicated, Topology{}, 4, 0), IsEmpty());
+}
+
+TEST(ChooseOwnerGroupingsTest, GroupsOfEveryDivisorOfTheNodesBelowAll) {
+  const std::vector<MatrixSpec> replicated = ReplicatedMatrices();
+  // 6 nodes of 2: groups of 1, 2 and 3 nodes, smallest first.
+  const std::vector<OwnerGrouping> six =
+      ChooseOwnerGroupings(replicated, Topology::Blocks(12, 2), 12, 0);
+  ASSERT_EQ(six.size(), 3u);
+  EXPECT_EQ(six[0].size(), 6u);
+  EXPECT_THAT(six[1],
+              ElementsAre(ElementsAre(0, 1, 2, 3), ElementsAre(4, 5, 6, 7),
+                          ElementsAre(8, 9, 10, 11)));
+  EXPECT_THAT(six[2], ElementsAre(ElementsAre(0, 1, 2, 3, 4, 5),
+                                  ElementsAre(6, 7, 8, 9, 10, 11)));
+  // Nodes numbered out of rank order: a group takes nodes by number, its
+  // workers in rank order.
+  Topology shuffled;
+  shuffled.node = {3, 0, 2, 1, 3, 0, 2, 1};
+  EXPECT_THAT(ChooseOwnerGroupings(replicated, shuffled, 8, 0),
+              ElementsAre(ElementsAre(ElementsAre(1, 5), ElementsAre(3, 7),
+                                      ElementsAre(2, 6), ElementsAre(0, 4)),
+                          ElementsAre(ElementsAre(1, 3, 5, 7),
+                                      ElementsAre(0, 2, 4, 6))));
+  // A prime number of nodes: one node a group only.
+  EXPECT_EQ(
+      ChooseOwnerGroupings(replicated, Topology::Blocks(10, 2), 10, 0).size(),
+      1u);
 }
 
 }  // namespace

@@ -9,9 +9,12 @@
 // node here; scheduler/step_clock.h); bucket_bytes is the bound.
 // topology_ms is the whole of it as the coordinator now runs it
 // (scheduler::PlanOnTopology): where owner groups are on offer, the plan of
-// one node's workers copied over the nodes and the plan of every worker,
-// each scheduled and clocked (the first on a second thread);
-// owner_groups_offered / owner_groups_taken say what happened.
+// one group's workers (groups of 1, 2, ... whole nodes) for each grouping
+// tried, clocked as that group alone, and the plan of every worker,
+// scheduled and clocked (the groupings on a second thread), the winner
+// scheduled over all its groups; owner_groups_offered /
+// owner_groups_taken say what happened, groupings_tried how many plans of
+// one group were made.
 // `plan_bench NAME` runs only the cases whose name contains NAME (for a
 // profiler); the re-plan case's name is llama3_8b_w64_lose_1.
 #include <chrono>
@@ -83,10 +86,10 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
   // (scheduler::PlanOnTopology): where owner groups are on offer (every
   // matrix replicated on several nodes of 8), both plans, each scheduled
   // and clocked, the grouped one on a second thread.
-  const std::vector<std::vector<int32_t>> offered =
-      scheduler::ChooseOwnerGroups(input.matrices, settings.topology,
-                                   static_cast<int>(input.workers.size()),
-                                   /*dedicated=*/0);
+  const std::vector<scheduler::OwnerGrouping> offered =
+      scheduler::ChooseOwnerGroupings(input.matrices, settings.topology,
+                                      static_cast<int>(input.workers.size()),
+                                      /*dedicated=*/0);
   std::vector<std::string> ids;
   for (const scheduler::WorkerSpec& w : input.workers) ids.push_back(w.id);
   const auto topology_start = std::chrono::steady_clock::now();
@@ -94,7 +97,8 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
       scheduler::PlanOnTopology(
           input.matrices, ids, /*dedicated=*/0, models, settings,
           {.bucket_bytes = 0}, offered, scheduler::OwnerGroupsUse::kWeighed,
-          [&](const std::vector<int32_t>& ranks, bool /*grouped*/) {
+          [&](const std::vector<int32_t>& ranks,
+              const scheduler::OwnerGrouping* /*grouping*/) {
             PlanInput some{input.matrices, {}, input.options};
             for (const int32_t r : ranks)
               some.workers.push_back(input.workers[r]);
@@ -122,6 +126,7 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
   line["topology_ms"] = topology_ms;
   line["owner_groups_offered"] = !offered.empty();
   line["owner_groups_taken"] = !planned->plan.groups.empty();
+  line["groupings_tried"] = planned->grouped_candidates.size();
   line["max_ms"] = plan->max_seconds * 1e3;
   line["lower_bound_ms"] = plan->lower_bound * 1e3;
   line["max_over_lower_bound"] = plan->max_seconds / plan->lower_bound;

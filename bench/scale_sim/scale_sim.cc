@@ -96,18 +96,19 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
                                    config.plan.ns_steps);
   const std::vector<const scheduler::CostModel*> models(config.gpus, &model);
   // The plan as the coordinator makes it (see the header).
-  const std::vector<std::vector<int32_t>> offered =
+  const std::vector<scheduler::OwnerGrouping> offered =
       config.owner_groups
-          ? scheduler::ChooseOwnerGroups(config.matrices, settings.topology,
-                                         config.gpus, /*dedicated=*/0)
-          : std::vector<std::vector<int32_t>>{};
+          ? scheduler::ChooseOwnerGroupings(config.matrices, settings.topology,
+                                            config.gpus, /*dedicated=*/0)
+          : std::vector<scheduler::OwnerGrouping>{};
   std::vector<std::string> ids;
   ids.reserve(config.gpus);
   for (int w = 0; w < config.gpus; ++w) ids.push_back(WorkerId(w));
   absl::StatusOr<scheduler::TopologyPlan> planned = scheduler::PlanOnTopology(
       config.matrices, ids, /*dedicated=*/0, models, settings, config.schedule,
       offered, scheduler::OwnerGroupsUse::kWeighed,
-      [&](const std::vector<int32_t>& ranks, bool /*grouped*/) {
+      [&](const std::vector<int32_t>& ranks,
+          const scheduler::OwnerGrouping* /*grouping*/) {
         return scheduler::PlanOwnership(MakePlanInput(config, ranks));
       });
   if (!planned.ok()) return Annotate(planned.status(), "planner");
@@ -119,6 +120,7 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   result.groups_declined = planned->groups_declined;
   result.grouped_seconds = planned->grouped_seconds;
   result.ungrouped_seconds = planned->ungrouped_seconds;
+  result.grouped_candidates = planned->grouped_candidates;
   const scheduler::StepSchedule* schedule = &planned->grouping.schedule;
   const std::vector<double> stack_seconds =
       scheduler::StackSeconds(*schedule, models);

@@ -6,12 +6,13 @@
 // (per shape, algorithm and batch seconds) and link figures.
 //
 // The plan is made as the coordinator makes it (scheduler::PlanOnTopology):
-// where the workers' nodes offer owner groups (scheduler::ChooseOwnerGroups:
-// one group per node when every matrix is replicated and the N workers span
-// several nodes), the planner runs both on the first group's workers, its
-// plan copied to every group (scheduler::ReplicateOverGroups), and on all N
-// workers, and the shorter predicted step wins. Without groups on offer,
-// the planner on all N workers.
+// where the workers' nodes offer owner groups
+// (scheduler::ChooseOwnerGroupings: groups of 1, 2, ... whole nodes when
+// every matrix is replicated and the N workers span several nodes), the
+// planner runs on each grouping's first group's workers, its plan copied to
+// every group (scheduler::ReplicateOverGroups), and on all N workers, and
+// the shortest predicted step wins. Without groups on offer, the planner on
+// all N workers.
 //
 // The clock is scheduler/step_clock.h's (what overlaps and what
 // serializes, and how a phase is timed); this adds the planner's input for
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -102,10 +104,12 @@ struct SimResult {
   // groups).
   int owner_groups = 1;
   int group_size = 0;
-  // Where groups were offered: the predicted step with them (0: no plan)
-  // and without, and why they were declined ("" when taken).
+  // Where groups were offered: the predicted step with the best grouping
+  // (0: no plan) and without, each grouping tried (workers per group,
+  // predicted step), and why they were declined ("" when taken).
   double grouped_seconds = 0;
   double ungrouped_seconds = 0;
+  std::vector<std::pair<int, double>> grouped_candidates;
   std::string groups_declined;
   // The planner's own prediction (max worker seconds, of one group's
   // workers) for comparison.

@@ -21,9 +21,11 @@
 // group, so it is the busy time of the one transfer timeline (latency_ms
 // of it is latency).
 // owner_groups, group_size: the plan's owner groups and the workers in
-// each, chosen as the coordinator chooses them (one group per node when
-// every matrix is replicated and N spans several nodes; else 1 and N):
-// the planner plans one group's workers and each group owns every matrix.
+// each, chosen as the coordinator chooses them (groups of 1, 2, ... whole
+// nodes when every matrix is replicated and N spans several nodes, each
+// clocked in group_candidates, the shortest step taken where it beats
+// ungrouped_ms; else 1 and N): the planner plans one group's workers and
+// each group owns every matrix.
 // adamw_ms: fused AdamW of the same parameters when every GPU steps all of
 // them (data parallel: 14.2 ms x parameters / 1.74e9, measured on one
 // H200); adamw_sharded_ms: FSDP-style, each GPU steps 1/N of them.
@@ -215,6 +217,12 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   if (r.ungrouped_seconds > 0) {
     j["grouped_ms"] = r.grouped_seconds * 1e3;
     j["ungrouped_ms"] = r.ungrouped_seconds * 1e3;
+    nlohmann::ordered_json tried = nlohmann::ordered_json::array();
+    for (const auto& [members, seconds] : r.grouped_candidates) {
+      tried.push_back(
+          {{"group_size", members}, {"predicted_ms", seconds * 1e3}});
+    }
+    j["group_candidates"] = tried;
     if (!r.groups_declined.empty()) j["groups_declined"] = r.groups_declined;
   }
   j["bucket_bytes"] = r.bucket_bytes;

@@ -349,29 +349,60 @@ TEST(ScaleSimTest, PeerWritesRunOnTheOwnersStreamAndSlowNoCompute) {
   EXPECT_DOUBLE_EQ(r.clock.stage_seconds, last_write);
 }
 
-TEST(ScaleSimTest, ReplicatedLlamaStepNeverExceedsOneNodesAcrossNodes) {
-  // One owner group per node of 8 is on offer from 16 GPUs: each node's 8
-  // workers own every matrix and write the updates to each other, so the
-  // grouped step is the step of 8 GPUs alone, nothing crossing a NIC. The
-  // shorter of it and the plan of every worker is taken.
+TEST(ScaleSimTest, ReplicatedStepNeverGrowsWithTheGpuCount) {
+  // Owner groups of 1, 2, 4, ... nodes of 8 are on offer from 16 GPUs: each
+  // group's workers own every matrix, so a grouped step is the step of one
+  // group's GPUs alone. Groupings are tried smallest first; the shortest
+  // step of them and of the plan of every worker is taken, so no count of
+  // GPUs takes longer than a smaller count that divides it.
+  for (const char* model : {"llama3_8b_8layers", "llama3_8b"}) {
+    const SimResult eight =
+        *SimulateStep(Config(model, 8, Layout::kReplicated));
+    EXPECT_EQ(eight.owner_groups, 1);
+    EXPECT_EQ(eight.group_size, 8);
+    EXPECT_EQ(eight.ungrouped_seconds, 0);  // none offered on one node
+    std::vector<double> steps = {eight.clock.predicted_seconds};
+    // The plan of every worker's step at 8, 16, 32, ... GPUs.
+    std::vector<double> alone = steps;
+    for (int gpus = 16; gpus <= 1024; gpus *= 2) {
+      const SimResult r =
+          *SimulateStep(Config(model, gpus, Layout::kReplicated));
+      ASSERT_FALSE(r.grouped_candidates.empty()) << model << " " << gpus;
+      EXPECT_EQ(r.grouped_candidates[0].first, 8);
+      EXPECT_NEAR(r.grouped_candidates[0].second, eight.clock.predicted_seconds,
+                  1e-12)
+          << model << " " << gpus;
+      // Each grouping clocks as the plan of its group's GPUs alone.
+      for (const auto& [members, seconds] : r.grouped_candidates) {
+        const int at = static_cast<int>(std::log2(members / 8));
+        ASSERT_LT(at, static_cast<int>(alone.size()));
+        EXPECT_NEAR(seconds, alone[at], 1e-9 * alone[at])
+            << model << " " << gpus << " groups of " << members;
+      }
+      EXPECT_GT(r.ungrouped_seconds, 0) << gpus;
+      EXPECT_DOUBLE_EQ(r.clock.predicted_seconds,
+                       std::min(r.grouped_seconds, r.ungrouped_seconds))
+          << model << " " << gpus;
+      EXPECT_LE(r.clock.predicted_seconds, steps.back() * (1 + 1e-9))
+          << model << " " << gpus;
+      if (r.owner_groups > 1) {
+        EXPECT_EQ(r.owner_groups * r.group_size, gpus);
+        EXPECT_TRUE(r.groups_declined.empty()) << r.groups_declined;
+      }
+      steps.push_back(r.clock.predicted_seconds);
+      alone.push_back(r.ungrouped_seconds);
+    }
+    // Past 64 GPUs the plan of every worker grows (each phase's ring fills
+    // over every rank); groups of one 64-GPU step's size hold it.
+    const SimResult most =
+        *SimulateStep(Config(model, 1024, Layout::kReplicated));
+    EXPECT_GT(most.owner_groups, 1) << model;
+    EXPECT_LT(most.clock.predicted_seconds, most.ungrouped_seconds) << model;
+  }
+  // On a network of 5 GB/s a GPU the groups of one node win everywhere:
+  // the step stays the 8 GPUs' exactly.
   const SimResult eight =
       *SimulateStep(Config("llama3_8b_8layers", 8, Layout::kReplicated));
-  EXPECT_EQ(eight.owner_groups, 1);
-  EXPECT_EQ(eight.group_size, 8);
-  EXPECT_EQ(eight.ungrouped_seconds, 0);  // none offered on one node
-  for (int gpus = 16; gpus <= 1024; gpus *= 2) {
-    const SimResult r =
-        *SimulateStep(Config("llama3_8b_8layers", gpus, Layout::kReplicated));
-    EXPECT_NEAR(r.grouped_seconds, eight.clock.predicted_seconds, 1e-12)
-        << gpus;
-    EXPECT_GT(r.ungrouped_seconds, 0) << gpus;
-    EXPECT_DOUBLE_EQ(r.clock.predicted_seconds,
-                     std::min(r.grouped_seconds, r.ungrouped_seconds))
-        << gpus;
-    EXPECT_LE(r.clock.predicted_seconds, eight.clock.predicted_seconds) << gpus;
-  }
-  // On a network of 5 GB/s a GPU the groups win everywhere: the step stays
-  // the 8 GPUs' exactly.
   for (int gpus = 16; gpus <= 1024; gpus *= 4) {
     SimConfig c = Config("llama3_8b_8layers", gpus, Layout::kReplicated);
     c.links.inter_node_gbs = 5;

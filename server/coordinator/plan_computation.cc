@@ -235,11 +235,12 @@ scheduler::Topology TopologyOf(const std::vector<std::string>& nodes) {
 namespace {
 
 // Whether `previous` has as many owner groups of as many workers as
-// `groups` (none in both included).
+// `groups` (none in both included; null: none).
 bool SameGroupLayout(const scheduler::OwnershipPlan& previous,
-                     const std::vector<std::vector<int32_t>>& groups) {
-  return previous.groups.size() == groups.size() &&
-         (groups.empty() || previous.groups[0].size() == groups[0].size());
+                     const scheduler::OwnerGrouping* groups) {
+  if (groups == nullptr) return previous.groups.empty();
+  return previous.groups.size() == groups->size() &&
+         (groups->empty() || previous.groups[0].size() == (*groups)[0].size());
 }
 
 }  // namespace
@@ -249,9 +250,10 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   scheduler::ClockSettings settings;
   settings.topology = TopologyOf(s.nodes);
   settings.topology.links = s.links;
-  // Owner groups (one per node, for all-replicated jobs on nodes of as many
-  // workers each), taken where their predicted step is the shorter
-  // (scheduler::PlanOnTopology): the planner places the matrices on the
+  // Owner groups (of 1, 2, ... whole nodes each, for all-replicated jobs on
+  // nodes of as many workers each), taken where their predicted step is
+  // the shortest (scheduler::PlanOnTopology): the planner places the
+  // matrices on the
   // first group's workers only, and every other group copies that placement
   // position by position. The first group's WorkerSpecs (cost tables,
   // rates) stand for every group's: the nodes are assumed alike, but each
@@ -266,23 +268,23 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   // workers step no plan without them). Until every rank's trainer rank is
   // known there are none, and the workers step no such plan.
   const bool replicas = s.replicas > 1;
-  std::vector<std::vector<int32_t>> groups;
+  std::vector<scheduler::OwnerGrouping> groupings;
   if (replicas) {
-    groups = s.replica_groups;
-    if (groups.empty()) {
+    if (!s.replica_groups.empty()) groupings.push_back(s.replica_groups);
+    if (groupings.empty()) {
       spdlog::info(
           "job {} plan version {}: no owner groups for its {} "
           "replica groups yet: {}",
           s.job, s.version, s.replicas, s.no_replica_groups);
     }
   } else {
-    groups = scheduler::ChooseOwnerGroups(*s.matrices, settings.topology,
-                                          static_cast<int>(s.workers.size()),
-                                          s.dedicated);
+    groupings = scheduler::ChooseOwnerGroupings(
+        *s.matrices, settings.topology, static_cast<int>(s.workers.size()),
+        s.dedicated);
     if (std::any_of(
             s.workers.begin(), s.workers.end(),
             [](const scheduler::WorkerSpec& w) { return w.owns_nothing; })) {
-      groups.clear();
+      groupings.clear();
     }
   }
   // The planner matches the previous plan's owners by worker id, and a
@@ -294,17 +296,18 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   // owners the previous plan names.
   const scheduler::PlanRanks plan_ranks =
       [&](const std::vector<int32_t>& ranks,
-          bool grouped) -> absl::StatusOr<scheduler::OwnershipPlan> {
+          const scheduler::OwnerGrouping* groups)
+      -> absl::StatusOr<scheduler::OwnershipPlan> {
     scheduler::PlanInput input;
     input.matrices = *s.matrices;
     input.options.ns_steps = s.ns_steps;
     input.options.algorithm = s.algorithm;
     for (const int32_t rank : ranks) input.workers.push_back(s.workers[rank]);
-    if (grouped) {
+    if (groups != nullptr) {
       // Each position stands for its member of every group: the slowest
       // speed (a measured one included) and the least memory among them,
       // and it owns nothing where one of them drains.
-      for (const std::vector<int32_t>& group : groups) {
+      for (const std::vector<int32_t>& group : *groups) {
         for (size_t p = 0; p < group.size(); ++p) {
           const scheduler::WorkerSpec& w = s.workers[group[p]];
           scheduler::WorkerSpec& position = input.workers[p];
@@ -324,10 +327,8 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     // Work buffers: 2 GiB, or an eighth of the smallest worker's memory.
     input.options.workspace_bytes =
         std::min<int64_t>(int64_t{2} << 30, smallest / 8);
-    static const std::vector<std::vector<int32_t>> kNone;
     if (s.previous == nullptr) return scheduler::PlanOwnership(input);
-    if (s.keep_owners &&
-        SameGroupLayout(s.previous->ownership, grouped ? groups : kNone)) {
+    if (s.keep_owners && SameGroupLayout(s.previous->ownership, groups)) {
       return scheduler::Replan(input, s.previous->ownership);
     }
     return scheduler::PlanAfresh(input, s.previous->ownership);
@@ -349,27 +350,35 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   // ranks' topology (64 MiB on one node).
   absl::StatusOr<scheduler::TopologyPlan> planned = scheduler::PlanOnTopology(
       *s.matrices, ids, s.dedicated, pointers, settings,
-      {.bucket_bytes = s.bucket_bytes}, groups,
-      replicas ? scheduler::OwnerGroupsUse::kRequired
-               : scheduler::OwnerGroupsUse::kWeighed,
+      {.bucket_bytes = s.bucket_bytes}, groupings,
+      replicas && !groupings.empty() ? scheduler::OwnerGroupsUse::kRequired
+                                     : scheduler::OwnerGroupsUse::kWeighed,
       plan_ranks);
   const double plan_ms = std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - start)
                              .count();
   if (!planned.ok()) return planned.status();
-  if (replicas && !groups.empty()) {
+  if (replicas && !groupings.empty()) {
     spdlog::info(
         "job {} plan version {}: {} owner groups of {} workers, "
         "the replica groups by trainer rank",
-        s.job, s.version, groups.size(), groups[0].size());
+        s.job, s.version, groupings[0].size(), groupings[0][0].size());
   }
   if (planned->groups_offered) {
+    std::string tried;
+    for (const auto& [members, seconds] : planned->grouped_candidates) {
+      absl::StrAppend(&tried, tried.empty() ? "" : ", ", members,
+                      " workers a group: ", seconds * 1e3, " ms");
+    }
+    const std::vector<std::vector<int32_t>>& taken = planned->plan.groups;
     spdlog::info(
-        "job {} plan version {}: {} owner groups, one per node, {} ({} ms "
-        "predicted with them, {} ms without){}{}",
-        s.job, s.version, groups.size(),
-        planned->plan.groups.empty() ? "declined" : "taken",
-        planned->grouped_seconds * 1e3, planned->ungrouped_seconds * 1e3,
+        "job {} plan version {}: owner groups {} ({} ms predicted with the "
+        "best, {} ms without; {}){}{}",
+        s.job, s.version,
+        taken.empty() ? std::string("declined")
+                      : absl::StrCat("taken: ", taken.size(), " of ",
+                                     taken[0].size(), " workers"),
+        planned->grouped_seconds * 1e3, planned->ungrouped_seconds * 1e3, tried,
         planned->groups_declined.empty() ? "" : ": ", planned->groups_declined);
   }
   auto out = std::make_shared<PublishedPlan>();

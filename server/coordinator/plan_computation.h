@@ -90,8 +90,10 @@ scheduler::Topology TopologyOf(const std::vector<std::string>& nodes);
 // The plan of `snapshot` (version, reason and planning time filled in; its
 // owner groups the job's replica groups where it has them (required, a
 // draining rank's position owning nothing in every group), else
-// scheduler::ChooseOwnerGroups' on the ranks' topology where they predict
-// the shorter step, none while a rank drains; a grouped plan is planned on
+// the one of scheduler::ChooseOwnerGroupings' (groups of 1, 2, ... whole
+// nodes) on the ranks' topology that predicts the shortest step, where it
+// beats the plan of every rank, none while a rank drains; a grouped plan is
+// planned on
 // the first group's workers and copied to every group; its bucket bound
 // the spec's, or the one whose predicted step on the ranks' topology is the
 // shortest), or

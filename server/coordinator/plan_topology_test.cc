@@ -3,7 +3,7 @@
 // it cuts the step's buckets by the predicted step
 // (scheduler::ChooseStepGrouping) unless the job names a bound, and a job
 // whose gradients are all replicated on nodes of as many workers each gets
-// one owner group per node (scheduler::ChooseOwnerGroups).
+// owner groups of whole nodes (scheduler::ChooseOwnerGroupings).
 #include <algorithm>
 #include <cstdint>
 #include <set>
@@ -270,6 +270,38 @@ TEST_F(PlanTopologyTest, ReplansKeepOwnersWhileTheGroupsStay) {
   const v1::Plan left = CurrentPlan("x");
   EXPECT_EQ(left.workers_size(), 3);
   EXPECT_EQ(left.owner_groups_size(), 0);
+}
+
+TEST_F(PlanTopologyTest, OwnerGroupsSpanSeveralNodesWhereThatStepIsShortest) {
+  // 16 nodes of one worker each, replicated, on a network whose every ring
+  // hop costs 1 ms: the plan of all 16 pays 15 hops a phase, one node a
+  // group computes all 32 updates on one GPU; groups of a few nodes each
+  // split the compute and keep their rings short.
+  CoordinatorOptions options = Options();
+  options.links.hop_latency_us = 1000;
+  Reset(options);
+  const v1::Plan plan = PlanOn(16, 1, 0, v1::LAYOUT_REPLICATED);
+  EXPECT_EQ(plan.nodes(), 16);
+  ASSERT_GT(plan.owner_groups_size(), 1);
+  ASSERT_LT(plan.owner_groups_size(), 16);
+  const int size = plan.owner_groups(0).workers_size();
+  std::set<std::string> seen;
+  for (int g = 0; g < plan.owner_groups_size(); ++g) {
+    const std::vector<std::string> members = Members(plan.owner_groups(g));
+    ASSERT_EQ(static_cast<int>(members.size()), size);
+    // Whole nodes by number: node-k's worker wk, k = g * size ...
+    for (int s = 0; s < size; ++s) {
+      EXPECT_EQ(members[s], absl::StrCat("w", g * size + s));
+      seen.insert(members[s]);
+    }
+  }
+  EXPECT_EQ(seen.size(), 16u);
+  // Every matrix's owners name the first group's workers.
+  const std::vector<std::string> first = Members(plan.owner_groups(0));
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    ASSERT_EQ(m.owners_size(), 1);
+    EXPECT_NE(std::find(first.begin(), first.end(), m.owners(0)), first.end());
+  }
 }
 
 TEST_F(CoordinatorTest, ListWorkersShowsEachWorkersNode) {
