@@ -1,6 +1,8 @@
 #include "transport/counting_transport.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 namespace muonps {
 namespace transport {
@@ -128,6 +130,27 @@ absl::Status CountingTransport::Broadcast(void* data, size_t count, DType dtype,
   const double b = Bytes(count, dtype);
   // The chain root -> ... -> root-1: its last rank forwards nothing.
   Count("broadcast", count, r != (root + n - 1) % n ? b : 0, r != root ? b : 0);
+  return status;
+}
+
+absl::Status CountingTransport::BroadcastInGroup(void* data, size_t count,
+                                                 DType dtype, int root,
+                                                 Stream stream) {
+  absl::Status status =
+      inner_->BroadcastInGroup(data, count, dtype, root, stream);
+  if (!status.ok()) return status;
+  // Positions in the group (ranks, without groups).
+  const std::vector<int>& members = group();
+  const auto position = [&](int rank) {
+    if (members.empty()) return rank;
+    return static_cast<int>(
+        std::lower_bound(members.begin(), members.end(), rank) -
+        members.begin());
+  };
+  const int n = members.empty() ? size() : static_cast<int>(members.size());
+  const int r = position(rank()), from = position(root);
+  const double b = Bytes(count, dtype);
+  Count("broadcast", count, r != (from + n - 1) % n ? b : 0, r != from ? b : 0);
   return status;
 }
 

@@ -34,6 +34,7 @@
 #define MUONPS_TRANSPORT_COUNTING_TRANSPORT_H_
 
 #include <memory>
+#include <vector>
 
 #include "common/metrics.h"
 #include "transport/transport.h"
@@ -76,6 +77,10 @@ class CountingTransport : public Transport {
                          absl::Span<const int> order, Stream stream) override;
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
+  // Counted as a chain over the group's members in ascending rank order,
+  // from the root's position, as Broadcast over every rank.
+  absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
+                                Stream stream) override;
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
   }
@@ -86,6 +91,12 @@ class CountingTransport : public Transport {
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
   Transport* control() override {
     return control_ != nullptr ? control_.get() : this;
+  }
+
+ protected:
+  absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
+                        int /*mine*/) override {
+    return inner_->FormGroups(groups);
   }
 
  private:

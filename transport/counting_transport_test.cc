@@ -79,6 +79,34 @@ TEST(CountingTransportTest, CollectivesMoveSizeMinusOneCopiesEachWay) {
   }
 }
 
+TEST(CountingTransportTest, AnOwnerGroupsBroadcastMovesItsMembersCopiesOnly) {
+  // 5 ranks in groups {1, 3, 4} and {0, 2}: a broadcast of 100 bytes from
+  // 3 in the first and from 0 in the second moves 2 and 1 copies each way,
+  // as chains over the members (3 -> 4 -> 1 and 0 -> 2).
+  const auto totals = RunOnWorld(5, [](Transport& t) {
+    ASSERT_TRUE(t.FormGroups({{4, 1, 3}, {2, 0}}).ok());
+    const int root = t.group().size() == 3 ? 3 : 0;
+    float x[25] = {};
+    ASSERT_TRUE(
+        t.BroadcastInGroup(x, 50, DType::kFloat16, root, kHostStream).ok());
+  });
+  const double sent[] = {100, 0, 0, 100, 100};
+  const double received[] = {0, 100, 100, 0, 100};
+  for (int r = 0; r < 5; ++r) {
+    EXPECT_EQ(totals[r].sent, sent[r]) << "rank " << r;
+    EXPECT_EQ(totals[r].received, received[r]) << "rank " << r;
+  }
+  // Without groups it is Broadcast over every rank.
+  const auto every = RunOnWorld(3, [](Transport& t) {
+    float x[25] = {};
+    ASSERT_TRUE(
+        t.BroadcastInGroup(x, 50, DType::kFloat16, 1, kHostStream).ok());
+  });
+  EXPECT_EQ(every[1].sent, 100);
+  EXPECT_EQ(every[0].sent, 0);  // the chain 1 -> 2 -> 0 ends at 0
+  EXPECT_EQ(every[0].received + every[2].received, 200);
+}
+
 TEST(CountingTransportTest, RefusedCallsCountNothing) {
   MetricsRegistry registry;
   const TransportCounters counters = AddTransportCounters(&registry);

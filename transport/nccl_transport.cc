@@ -168,19 +168,26 @@ NcclTransport::~NcclTransport() {
   // local state only.
   if (healthy) {
     const Clock::time_point deadline = DeadlineAfter(options_.timeout);
-    healthy = Accepted(ncclCommFinalize(comm_)) &&
+    if (group_comm_ != nullptr) {
+      healthy = Accepted(ncclCommFinalize(group_comm_)) &&
+                AwaitState(group_comm_, deadline) == ncclSuccess;
+    }
+    healthy = healthy && Accepted(ncclCommFinalize(comm_)) &&
               AwaitState(comm_, deadline) == ncclSuccess;
   }
   if (healthy) {
+    if (group_comm_ != nullptr) (void)ncclCommDestroy(group_comm_);
     (void)ncclCommDestroy(comm_);
   } else {
     spdlog::warn(
         "{} on cuda:{}: finalizing the communicator failed or took over {}; "
         "aborting it (ncclCommAbort)",
         Who(), cuda_device_, absl::FormatDuration(options_.timeout));
+    if (group_comm_ != nullptr) (void)ncclCommAbort(group_comm_);
     (void)ncclCommAbort(comm_);
   }
   comm_ = nullptr;
+  group_comm_ = nullptr;
   ReleaseAwait();
 }
 
@@ -235,8 +242,10 @@ void NcclTransport::AbortCommunicator() {
   spdlog::warn("{} on cuda:{}: aborting the communicator (ncclCommAbort): {}",
                Who(), cuda_device_, reason);
   const absl::Time start = absl::Now();
+  if (group_comm_ != nullptr) (void)ncclCommAbort(group_comm_);
   (void)ncclCommAbort(comm_);
   comm_ = nullptr;
+  group_comm_ = nullptr;
   spdlog::info("{} on cuda:{}: communicator aborted in {}", Who(), cuda_device_,
                absl::FormatDuration(absl::Now() - start));
 }
@@ -291,16 +300,22 @@ absl::Status NcclTransport::ReadState(int* state, std::string* text) {
   const bool gone = comm_ == nullptr;
   ncclResult_t async = ncclInProgress;
   ncclResult_t result = ncclSuccess;
-  if (!gone) {
-    result = ncclCommGetAsyncError(comm_, &async);
+  // This communicator, then the group's: the first error, else in
+  // progress where either is.
+  for (ncclComm_t comm : {comm_, group_comm_}) {
+    if (gone || comm == nullptr) break;
+    result = ncclCommGetAsyncError(comm, &async);
     const ncclResult_t read = result == ncclSuccess ? async : result;
-    *state = read;
     if (!Accepted(read)) {
-      *text = NcclText(read, comm_);
+      *state = read;
+      *text = NcclText(read, comm);
       if (result != ncclSuccess) {
         absl::StrAppend(text, " (from ncclCommGetAsyncError itself)");
       }
+      if (comm == group_comm_) absl::StrAppend(text, " (owner group)");
+      break;
     }
+    if (comm == comm_ || read == ncclInProgress) *state = read;
   }
   comm_mu_.Unlock();
   if (gone) return Gone();
@@ -327,6 +342,46 @@ absl::Status NcclTransport::WaitUntilReady(const char* what,
     }
     backoff.Pause();
   }
+}
+
+absl::Status NcclTransport::OnGroups(
+    const std::vector<std::vector<int>>& groups, int mine) {
+  MUONPS_RETURN_IF_ERROR(Usable());
+  if (group_.grouped()) {
+    return Fail(absl::FailedPreconditionError("FormGroups inside a group"));
+  }
+  // No NCCL call may start while AwaitFrom's receive is being enqueued.
+  MUONPS_RETURN_IF_ERROR(FinishAwaitEnqueue());
+  const Clock::time_point deadline = DeadlineAfter(options_.timeout);
+  const std::string what =
+      absl::StrCat("ncclCommSplit into owner group ", mine, " of ",
+                   groups.size(), " (", groups[mine].size(), " ranks)");
+  absl::Status split;
+  {
+    absl::MutexLock lock(&comm_mu_);
+    if (comm_ == nullptr) return Gone();
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    // The colour is the group's index, the key this rank: the group's
+    // ranks are its members in ascending order.
+    const ncclResult_t result =
+        ncclCommSplit(comm_, mine, rank_, &child, &config);
+    if (!Accepted(result)) {
+      split = NcclStatus(result, what, comm_);
+      if (child != nullptr) (void)ncclCommAbort(child);
+    } else if (child == nullptr) {
+      split = absl::InternalError(
+          absl::StrCat(what, ": NCCL returned no communicator"));
+    } else {
+      group_comm_ = child;
+      split_ = true;
+    }
+  }
+  if (!split.ok()) return Fail(split);
+  // Non-blocking: the group's ranks meet in NCCL's threads while this one
+  // polls both communicators.
+  return WaitUntilReady(what.c_str(), deadline);
 }
 
 }  // namespace transport

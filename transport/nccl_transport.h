@@ -26,6 +26,13 @@
 // ncclBfloat16 or ncclFloat16 (ReduceSum: ncclFloat32). Zero-count calls
 // are checked and do nothing (every rank skips them alike).
 //
+// Owner groups. FormGroups splits a communicator per group from this one
+// (ncclCommSplit, non-blocking like it: every rank of this communicator
+// takes part, each with its group's index as colour); BroadcastInGroup is
+// an ncclBroadcast on it, queued with this transport's calls and issued in
+// the same NCCL group. It is aborted, finalized and polled for errors with
+// this one. (One group of every rank gets a communicator of its own too.)
+//
 // Summation order. NCCL picks its own order (it depends on the topology
 // and the algorithm): ReduceSum checks `order` and otherwise ignores it, so
 // its results are not bit-identical to TcpTransport's.
@@ -137,6 +144,10 @@ class NcclTransport final : public Transport {
   // ncclBroadcast in place (`count` elements of `dtype`'s NCCL type).
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
+  // ncclBroadcast in place on the group's communicator (its rank: the
+  // root's position in the group).
+  absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
+                                Stream stream) override;
 
   // Polls `stream` (cudaStreamQuery) and the communicator's asynchronous
   // error every 0.1 to 1 ms until the stream has finished everything
@@ -168,6 +179,12 @@ class NcclTransport final : public Transport {
   // may block while NCCL tears the communicator down.
   void Abort(const absl::Status& reason) override;
 
+ protected:
+  // ncclCommSplit of this communicator; waits (up to options.timeout) for
+  // the group's communicator. FAILED_PRECONDITION inside a group.
+  absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
+                        int mine) override;
+
  private:
   using Clock = std::chrono::steady_clock;
 
@@ -181,6 +198,7 @@ class NcclTransport final : public Transport {
     DType dtype;       // kFloat32 for kReduce.
     int peer;          // The peer for kSend/kRecv, the root otherwise.
     Stream stream;
+    bool in_group = false;  // on the owner group's communicator
   };
 
   NcclTransport(int cuda_device, int rank, int size, const NcclOptions& options,
@@ -202,7 +220,8 @@ class NcclTransport final : public Transport {
   // aborts the communicator, drops the queue, and returns the annotated
   // status.
   absl::Status Fail(const absl::Status& status);
-  // ncclCommAbort once; the handle is gone afterwards.
+  // ncclCommAbort once (the group's communicator too); the handles are
+  // gone afterwards.
   void AbortCommunicator();
   absl::Status CheckPeer(int peer, const char* field, bool allow_self) const;
   // INVALID_ARGUMENT for kHostStream: NCCL work needs a CUDA stream.
@@ -220,8 +239,10 @@ class NcclTransport final : public Transport {
   // yet) and records its event: before any other NCCL call.
   absl::Status FinishAwaitEnqueue();
   absl::Status RecordAwaitEvent();
-  // The communicator's state (ncclCommGetAsyncError), an ncclResult_t:
-  // ncclSuccess, ncclInProgress or an error, whose NCCL text goes to *text.
+  // The communicators' state (ncclCommGetAsyncError of this one and the
+  // group's), an ncclResult_t: an error where either has one, else
+  // ncclInProgress where either is in progress, else ncclSuccess; an
+  // error's NCCL text goes to *text.
   // Fails only with Usable()'s status, at once after Abort() from any thread.
   absl::Status ReadState(int* state, std::string* text);
   // Polls ReadState until the communicator leaves ncclInProgress, up to
@@ -270,6 +291,10 @@ class NcclTransport final : public Transport {
   // for long (the communicator is non-blocking), except ncclCommAbort.
   absl::Mutex comm_mu_;
   ncclComm* comm_ ABSL_GUARDED_BY(comm_mu_);  // Null once aborted.
+  // The owner group's communicator (null: none, or aborted), and whether
+  // one was split (owner thread).
+  ncclComm* group_comm_ ABSL_GUARDED_BY(comm_mu_) = nullptr;
+  bool split_ = false;
 };
 
 }  // namespace transport

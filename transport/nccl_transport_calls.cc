@@ -65,7 +65,8 @@ std::string NcclTransport::Describe(const Call& call) {
                           " floats to root ", call.peer);
     case Call::Kind::kBroadcast:
       return absl::StrCat("ncclBroadcast of ", call.count, " ",
-                          DTypeName(call.dtype), " from root ", call.peer);
+                          DTypeName(call.dtype), " from root ", call.peer,
+                          call.in_group ? " of the owner group" : "");
   }
   return "unknown call";
 }
@@ -103,27 +104,34 @@ absl::Status NcclTransport::EnqueueQueue() {
       issued = NcclStatus(result, "ncclGroupStart", comm_);
     } else {
       for (const Call& call : calls) {
+        // The owner group's calls go to its communicator, in the same
+        // NCCL group (both are non-blocking).
+        ncclComm_t comm = call.in_group ? group_comm_ : comm_;
+        if (comm == nullptr) {
+          if (issued.ok()) issued = Gone();
+          continue;
+        }
         switch (call.kind) {
           case Call::Kind::kSend:
             result = ncclSend(call.send, call.count, NcclType(call.dtype),
-                              call.peer, comm_, call.stream);
+                              call.peer, comm, call.stream);
             break;
           case Call::Kind::kRecv:
             result = ncclRecv(call.recv, call.count, NcclType(call.dtype),
-                              call.peer, comm_, call.stream);
+                              call.peer, comm, call.stream);
             break;
           case Call::Kind::kReduce:
             result = ncclReduce(call.send, call.recv, call.count, ncclFloat32,
-                                ncclSum, call.peer, comm_, call.stream);
+                                ncclSum, call.peer, comm, call.stream);
             break;
           case Call::Kind::kBroadcast:
             result = ncclBroadcast(call.send, call.recv, call.count,
-                                   NcclType(call.dtype), call.peer, comm_,
+                                   NcclType(call.dtype), call.peer, comm,
                                    call.stream);
             break;
         }
         if (!Accepted(result) && issued.ok()) {
-          issued = NcclStatus(result, Describe(call), comm_);
+          issued = NcclStatus(result, Describe(call), comm);
         }
       }
       // Always closed, also after an error: NCCL's group state is per
@@ -272,6 +280,33 @@ absl::Status NcclTransport::Broadcast(void* data, size_t count, DType dtype,
   if (!valid.ok()) return Fail(valid);
   return Queue(
       {Call::Kind::kBroadcast, data, data, count, dtype, root, stream});
+}
+
+absl::Status NcclTransport::BroadcastInGroup(void* data, size_t count,
+                                             DType dtype, int root,
+                                             Stream stream) {
+  if (!split_) return Broadcast(data, count, dtype, root, stream);
+  MUONPS_RETURN_IF_ERROR(Usable());
+  const std::vector<int>& members = group();
+  const auto at = std::lower_bound(members.begin(), members.end(), root);
+  absl::Status valid = CheckStream(stream, "BroadcastInGroup");
+  if (valid.ok() && (at == members.end() || *at != root)) {
+    valid = absl::InvalidArgumentError(absl::StrCat(
+        "BroadcastInGroup: root ", root, " is not in this rank's owner group"));
+  }
+  if (valid.ok() && data == nullptr && count > 0) {
+    valid = absl::InvalidArgumentError("BroadcastInGroup: data is null");
+  }
+  if (!valid.ok()) return Fail(valid);
+  Call call{Call::Kind::kBroadcast,
+            data,
+            data,
+            count,
+            dtype,
+            static_cast<int>(at - members.begin()),
+            stream};
+  call.in_group = true;
+  return Queue(call);
 }
 
 absl::Status NcclTransport::AwaitFrom(int peer, size_t count, DType dtype,

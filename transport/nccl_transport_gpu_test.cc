@@ -651,6 +651,134 @@ TEST_F(NcclTransportGpuTest,
   });
 }
 
+// Owner groups on one rank: FormGroups splits a communicator of its own
+// (one group of every rank gets one too), BroadcastInGroup runs on it in the
+// same NCCL group as this communicator's calls, the values exact; groups
+// form once; a healthy transport with a group's communicator finalizes
+// both at once, and an aborted one aborts both.
+TEST_F(NcclTransportGpuTest, OneRankOwnerGroupBroadcastsOnASplitCommunicator) {
+  constexpr size_t kCount = 100000;
+  std::unique_ptr<NcclTransport> transport = OneRank();
+  ASSERT_NE(transport, nullptr);
+  EXPECT_TRUE(transport->group().empty());
+  const absl::Status formed = transport->FormGroups({{0}});
+  ASSERT_TRUE(formed.ok()) << formed;
+  EXPECT_THAT(transport->group(), ::testing::ElementsAre(0));
+  const absl::Status again = transport->FormGroups({{0}});
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  OwnedStream stream;
+  ASSERT_CUDA(stream.error());
+  DeviceFloats in_group(kCount), everyone(kCount);
+  ASSERT_CUDA(in_group.error());
+  ASSERT_CUDA(everyone.error());
+  const std::vector<float> a = Ramp(kCount, 3.0f, 0.5f);
+  const std::vector<float> b = Ramp(kCount, -1.0f, 0.25f);
+  ASSERT_CUDA(in_group.Upload(a));
+  ASSERT_CUDA(everyone.Upload(b));
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE(transport->GroupStart().ok());
+    absl::Status status = transport->BroadcastInGroup(
+        in_group.get(), kCount, DType::kFloat32, /*root=*/0, stream.get());
+    ASSERT_TRUE(status.ok()) << status;
+    status = transport->Broadcast(everyone.get(), kCount, DType::kFloat32,
+                                  /*root=*/0, stream.get());
+    ASSERT_TRUE(status.ok()) << status;
+    status = transport->GroupEnd();
+    ASSERT_TRUE(status.ok()) << status;
+    status = transport->Synchronize(stream.get(), absl::Seconds(10));
+    ASSERT_TRUE(status.ok()) << status;
+    std::vector<float> got;
+    ASSERT_CUDA(in_group.Download(&got));
+    EXPECT_EQ(got, a);
+    ASSERT_CUDA(everyone.Download(&got));
+    EXPECT_EQ(got, b);
+  }
+  // A root outside the group breaks the transport, naming the call.
+  const absl::Status outside = transport->BroadcastInGroup(
+      in_group.get(), kCount, DType::kFloat32, /*root=*/1, stream.get());
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument) << outside;
+  EXPECT_THAT(std::string(outside.message()),
+              ::testing::HasSubstr("BroadcastInGroup: root 1"));
+
+  // Healthy: destroyed (both communicators finalized) at once.
+  std::unique_ptr<NcclTransport> healthy = OneRank();
+  ASSERT_NE(healthy, nullptr);
+  ASSERT_TRUE(healthy->FormGroups({{0}}).ok());
+  Clock::time_point start = Clock::now();
+  healthy.reset();
+  EXPECT_LT(SecondsSince(start), 5.0) << "destroying a healthy transport";
+  // Aborted: later calls fail, quoting the reason; destroyed at once.
+  std::unique_ptr<NcclTransport> aborted = OneRank();
+  ASSERT_NE(aborted, nullptr);
+  ASSERT_TRUE(aborted->FormGroups({{0}}).ok());
+  aborted->Abort(absl::UnavailableError("plan replaced"));
+  const absl::Status after = aborted->BroadcastInGroup(
+      in_group.get(), kCount, DType::kFloat32, 0, stream.get());
+  EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
+  EXPECT_THAT(std::string(after.message()),
+              ::testing::HasSubstr("plan replaced"));
+  start = Clock::now();
+  aborted.reset();
+  EXPECT_LT(SecondsSince(start), 5.0) << "destroying an aborted transport";
+}
+
+// Two ranks on two GPUs in two owner groups of one: each broadcasts in its
+// own group (nothing crosses) while the two exchange in the same NCCL
+// group over the communicator of both.
+TEST_F(NcclTransportGpuTest, TwoOwnerGroupsOfOneBroadcastApartAndExchange) {
+  if (devices_ < 2) GTEST_SKIP() << "needs 2 GPUs, found " << devices_;
+  absl::StatusOr<std::string> id = NcclTransport::NewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  constexpr size_t kCount = size_t{1} << 20;
+  WithinOrExit(absl::Seconds(180), "two owner groups", [&] {
+    TwoRankBarrier before_teardown;
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.emplace_back([&, rank] {
+        NcclOptions options;
+        options.timeout = absl::Seconds(30);
+        absl::StatusOr<std::unique_ptr<NcclTransport>> created =
+            NcclTransport::Create(rank, rank, 2, *id, options);
+        ASSERT_TRUE(created.ok()) << created.status();
+        NcclTransport& t = **created;
+        // Listed in another order than the ranks: groups are by index.
+        absl::Status status = t.FormGroups({{1}, {0}});
+        ASSERT_TRUE(status.ok()) << status;
+        EXPECT_THAT(t.group(), ::testing::ElementsAre(rank));
+        OwnedStream stream;
+        ASSERT_CUDA(stream.error());
+        DeviceFloats own(kCount), out(kCount), in(kCount);
+        const std::vector<float> mine = Ramp(kCount, 100.0f * rank, 1);
+        ASSERT_CUDA(own.Upload(mine));
+        ASSERT_CUDA(out.Upload(mine));
+        ASSERT_CUDA(in.Upload(std::vector<float>(kCount, -1)));
+        ASSERT_TRUE(t.GroupStart().ok());
+        status = t.BroadcastInGroup(own.get(), kCount, DType::kFloat32, rank,
+                                    stream.get());
+        ASSERT_TRUE(status.ok()) << status;
+        ASSERT_TRUE(
+            t.Send(out.get(), kCount, DType::kFloat32, 1 - rank, stream.get())
+                .ok());
+        ASSERT_TRUE(
+            t.Recv(in.get(), kCount, DType::kFloat32, 1 - rank, stream.get())
+                .ok());
+        status = t.GroupEnd();
+        ASSERT_TRUE(status.ok()) << status;
+        status = t.Synchronize(stream.get(), absl::Seconds(30));
+        ASSERT_TRUE(status.ok()) << status;
+        std::vector<float> got;
+        ASSERT_CUDA(own.Download(&got));
+        EXPECT_EQ(got, mine);
+        ASSERT_CUDA(in.Download(&got));
+        EXPECT_EQ(got, Ramp(kCount, 100.0f * (1 - rank), 1));
+        before_teardown.Arrive();
+        created->reset();
+      });
+    }
+    for (std::thread& thread : ranks) thread.join();
+  });
+}
+
 }  // namespace
 }  // namespace transport
 }  // namespace muonps

@@ -13,6 +13,7 @@
 #define MUONPS_TRANSPORT_SPLIT_TRANSPORT_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "transport/transport.h"
@@ -48,6 +49,10 @@ class SplitTransport final : public Transport {
                          Stream stream) override {
     return data_->Broadcast(data, count, dtype, root, stream);
   }
+  absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
+                                Stream stream) override {
+    return data_->BroadcastInGroup(data, count, dtype, root, stream);
+  }
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return data_->Synchronize(stream, timeout);
   }
@@ -60,6 +65,13 @@ class SplitTransport final : public Transport {
     data_->Abort(reason);
   }
   Transport* control() override { return control_.get(); }
+
+ protected:
+  // The data's groups; control messages stay among every rank.
+  absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
+                        int /*mine*/) override {
+    return data_->FormGroups(groups);
+  }
 
  private:
   SplitTransport(std::unique_ptr<Transport> data,

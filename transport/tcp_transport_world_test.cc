@@ -1,12 +1,15 @@
 // Data-path tests of TcpTransport: worlds of 1 to 4 ranks as threads of one
 // process over loopback TCP (send/recv, ReduceSum, Broadcast, groups, and a
 // random schedule of mixed operations).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/loopback_ranks.h"
 #include "transport/tcp_transport.h"
@@ -14,6 +17,8 @@
 namespace muonps {
 namespace transport {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr size_t kMiB = size_t{1} << 20;
 
@@ -218,6 +223,55 @@ TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
       });
     }
   }
+}
+
+TEST_P(TcpTransportWorldTest, OwnerGroupsBroadcastAmongTheirMembersOnly) {
+  // Groups by parity (the odd ranks listed backwards); each group's
+  // highest rank broadcasts to its members only, both groups at once.
+  std::vector<int> evens, odds;
+  for (int r = 0; r < world(); ++r) (r % 2 == 0 ? evens : odds).push_back(r);
+  std::reverse(odds.begin(), odds.end());
+  std::vector<std::vector<int>> groups = {evens};
+  if (!odds.empty()) groups.push_back(odds);
+  // Groups that do not split the ranks are refused, naming what is wrong.
+  if (world() > 1) {
+    const absl::Status missing = at(0).FormGroups({evens});
+    EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(missing.message()),
+                HasSubstr("rank 1 is in no group"));
+  }
+  const absl::Status twice = at(0).FormGroups({evens, evens});
+  EXPECT_THAT(std::string(twice.message()),
+              HasSubstr("rank 0 is in groups[0] and groups[1]"));
+  const absl::Status outside = at(0).FormGroups({{world()}});
+  EXPECT_THAT(std::string(outside.message()),
+              HasSubstr(absl::StrCat("names rank ", world())));
+  constexpr size_t kCount = kMiB + 3;
+  RunOnEveryRank(world(), [&](int rank) {
+    ASSERT_TRUE(at(rank).FormGroups(groups).ok());
+    const std::vector<int>& mine = rank % 2 == 0 ? evens : odds;
+    std::vector<int> sorted = mine;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(at(rank).group(), sorted);
+    const int root = sorted.back();
+    const std::vector<unsigned char> data = BytePattern(kCount * 2, root + 11);
+    std::vector<unsigned char> buffer =
+        rank == root ? data : std::vector<unsigned char>(kCount * 2, 0);
+    ASSERT_TRUE(at(rank)
+                    .BroadcastInGroup(buffer.data(), kCount, DType::kBFloat16,
+                                      root, kHostStream)
+                    .ok());
+    EXPECT_TRUE(buffer == data) << "rank " << rank;
+    // Once per transport; a root of another group is refused.
+    EXPECT_EQ(at(rank).FormGroups(groups).code(),
+              absl::StatusCode::kFailedPrecondition);
+    if (world() > 1) {
+      const int other = (rank + 1) % 2;
+      const absl::Status refused = at(rank).BroadcastInGroup(
+          buffer.data(), kCount, DType::kBFloat16, other, kHostStream);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    }
+  });
 }
 
 // Every rank queues all its sends before any receive. The two socket

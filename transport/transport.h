@@ -23,6 +23,12 @@
 // until the group's work is done; within one group no call may read what
 // another writes. Messages between two ranks match up in call order.
 //
+// Owner groups. A plan may split the ranks into groups, each a step's
+// owners among themselves (scheduler's OwnershipPlan::groups): every rank
+// forms them once with FormGroups, and BroadcastInGroup then runs among the
+// members of its own group only. A transport whose library needs a
+// communicator per group (NCCL) makes it there, split from its own.
+//
 // Failure. A peer that disappears or stalls past the transport's timeout
 // makes a pending call (host) or Synchronize (device) fail with UNAVAILABLE
 // or DEADLINE_EXCEEDED naming the peer rank; Abort() makes every pending
@@ -33,6 +39,7 @@
 #define MUONPS_TRANSPORT_TRANSPORT_H_
 
 #include <cstddef>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -84,6 +91,27 @@ class Transport {
   virtual absl::Status Broadcast(void* data, size_t count, DType dtype,
                                  int root, Stream stream) = 0;
 
+  // Forms the owner groups: `groups` splits the ranks into groups (each
+  // rank in exactly one; a group's ranks in any order), every rank naming
+  // the same groups in the same order, at the same point of its calls (a
+  // collective: NCCL splits a communicator per group, ncclCommSplit, which
+  // lives and is aborted with this transport's). Once per transport.
+  // INVALID_ARGUMENT unless `groups` splits the ranks; FAILED_PRECONDITION
+  // when groups were formed already; the library's errors.
+  absl::Status FormGroups(const std::vector<std::vector<int>>& groups);
+  // This rank's group, its ranks in ascending order; empty until
+  // FormGroups (every rank is one group).
+  const std::vector<int>& group() const { return group_; }
+  // Copies `count` elements of `dtype` at `data` from `root`, a member of
+  // this rank's group, to every other member; only the group's members
+  // call it, in the same order (the other groups' calls are their own).
+  // Outside owner groups, Broadcast. By default the root sends to each
+  // member in turn (what a host transport's Broadcast does too); NCCL
+  // broadcasts on the group's communicator, a ring over its members.
+  // INVALID_ARGUMENT for a root outside the group.
+  virtual absl::Status BroadcastInGroup(void* data, size_t count, DType dtype,
+                                        int root, Stream stream);
+
   // Waits until the work this transport enqueued on `stream` is done,
   // failing (and aborting) if a peer is lost or nothing progresses for
   // `timeout`. Host transports return at once (their calls have finished).
@@ -109,6 +137,17 @@ class Transport {
   // transport, or a host transport beside it (SplitTransport) that takes
   // no device work and no SMs. Owned by this transport, aborted with it.
   virtual Transport* control() { return this; }
+
+ protected:
+  // What FormGroups does besides recording the groups, once they are
+  // checked: `mine` indexes this rank's group. Wrappers pass the groups on.
+  virtual absl::Status OnGroups(const std::vector<std::vector<int>>& /*groups*/,
+                                int /*mine*/) {
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<int> group_;  // this rank's, sorted; empty: every rank
 };
 
 }  // namespace transport

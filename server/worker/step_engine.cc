@@ -567,6 +567,25 @@ absl::Status StepEngine::EnsureTransport() {
       transport_.Ensure(plan_.rank, plan_.addresses, plan_.version,
                         momentum_.handover_failed(), &built));
   if (!built) return absl::OkStatus();
+  // The plan's owner groups, before any other call on the new transport
+  // (NCCL splits a communicator per group: every rank takes part).
+  if (plan_.groups.count() > 1) {
+    std::vector<std::vector<int>> groups;
+    for (int g = 0; g < plan_.groups.count(); ++g) {
+      const std::vector<int32_t>& members = plan_.groups.members(g);
+      groups.emplace_back(members.begin(), members.end());
+    }
+    const absl::Status formed = transport->FormGroups(groups);
+    if (!formed.ok()) {
+      const absl::Status failed =
+          Annotate(ExplainReplaced(formed, StepRequest(), nullptr),
+                   absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
+                                plan_.version, ": forming ", groups.size(),
+                                " owner groups"));
+      transport_.Drop(failed);
+      return failed;
+    }
+  }
   bool transport_ok = true;
   const absl::Status status =
       momentum_.HandOver(*transport, plan_.scratch.get(), ledger_.last.load(),

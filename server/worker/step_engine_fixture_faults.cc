@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -58,6 +59,11 @@ class FaultyTransport final : public transport::Transport {
     MUONPS_RETURN_IF_ERROR(Count());
     return inner_->Broadcast(data, count, dtype, root, stream);
   }
+  absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
+                                Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->BroadcastInGroup(data, count, dtype, root, stream);
+  }
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
   }
@@ -68,6 +74,12 @@ class FaultyTransport final : public transport::Transport {
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
   transport::Transport* control() override {
     return control_ != nullptr ? control_.get() : this;
+  }
+
+ protected:
+  absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
+                        int /*mine*/) override {
+    return inner_->FormGroups(groups);
   }
 
  private:

@@ -570,7 +570,8 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
                  : kernels::ElementsPast(plan_.sink->data(), dtype, landed_);
         if (mine) MUONPS_RETURN_IF_ERROR(round_update());
         if (!mine) landed_ += size;
-        MUONPS_RETURN_IF_ERROR(BroadcastInGroup(landing, size, dtype, x.owner));
+        MUONPS_RETURN_IF_ERROR(
+            t_.BroadcastInGroup(landing, size, dtype, x.owner, stream_));
         continue;
       }
       apply.count = size;
@@ -581,26 +582,12 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         MUONPS_RETURN_IF_ERROR(
             ops_.FromFloat(staged, dtype, result, size, stream_));
       }
-      MUONPS_RETURN_IF_ERROR(BroadcastInGroup(staged, size, dtype, x.owner));
+      MUONPS_RETURN_IF_ERROR(
+          t_.BroadcastInGroup(staged, size, dtype, x.owner, stream_));
     }
     ledger_.staged.applies.push_back(apply);
   }
   return t_.GroupEnd();
-}
-
-absl::Status StepStaging::BroadcastInGroup(void* data, int64_t count,
-                                           DType dtype, int owner) {
-  if (plan_.group_members.size() == static_cast<size_t>(t_.size())) {
-    return t_.Broadcast(data, count, dtype, owner, stream_);
-  }
-  // An owner group of some ranks: the owner sends to each other member (on
-  // one node the peer writes above take this path's place).
-  if (plan_.rank != owner) return t_.Recv(data, count, dtype, owner, stream_);
-  for (const int r : plan_.group_members) {
-    if (r == owner) continue;
-    MUONPS_RETURN_IF_ERROR(t_.Send(data, count, dtype, r, stream_));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status StepStaging::AverageAdamWGradients() {

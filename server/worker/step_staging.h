@@ -104,11 +104,6 @@ class StepStaging {
   absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
                           const StepRequest& request);
-  // `count` elements of `dtype` at `data` from `owner` to the other members
-  // of this worker's owner group: one broadcast when the group is every
-  // rank, else the owner's sends.
-  absl::Status BroadcastInGroup(void* data, int64_t count, DType dtype,
-                                int owner);
   absl::Status AverageAdamWGradients();
   // A worker with no trainer: its zero parts and a sink for the means.
   absl::Status PrepareFollowerBuffers();
