@@ -242,6 +242,8 @@ void NcclTransport::AbortCommunicator() {
   spdlog::warn("{} on cuda:{}: aborting the communicator (ncclCommAbort): {}",
                Who(), cuda_device_, reason);
   const absl::Time start = absl::Now();
+  if (splitting_ != nullptr) (void)ncclCommAbort(splitting_);
+  splitting_ = nullptr;
   if (group_comm_ != nullptr) (void)ncclCommAbort(group_comm_);
   (void)ncclCommAbort(comm_);
   comm_ = nullptr;
@@ -362,25 +364,28 @@ absl::Status NcclTransport::OnGroups(
     if (comm_ == nullptr) return Gone();
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclComm_t child = nullptr;
     // The colour is the group's index, the key this rank: the group's
-    // ranks are its members in ascending order.
+    // ranks are its members in ascending order. Non-blocking, NCCL makes
+    // the communicator on a thread of its own and writes its handle into
+    // splitting_ by the time this one leaves ncclInProgress.
     const ncclResult_t result =
-        ncclCommSplit(comm_, mine, rank_, &child, &config);
-    if (!Accepted(result)) {
-      split = NcclStatus(result, what, comm_);
-      if (child != nullptr) (void)ncclCommAbort(child);
-    } else if (child == nullptr) {
+        ncclCommSplit(comm_, mine, rank_, &splitting_, &config);
+    if (!Accepted(result)) split = NcclStatus(result, what, comm_);
+  }
+  if (!split.ok()) return Fail(split);
+  MUONPS_RETURN_IF_ERROR(WaitUntilReady(what.c_str(), deadline));
+  {
+    absl::MutexLock lock(&comm_mu_);
+    group_comm_ = splitting_;
+    splitting_ = nullptr;
+    if (group_comm_ == nullptr) {
       split = absl::InternalError(
-          absl::StrCat(what, ": NCCL returned no communicator"));
-    } else {
-      group_comm_ = child;
-      split_ = true;
+          absl::StrCat(what, ": NCCL made no communicator"));
     }
   }
   if (!split.ok()) return Fail(split);
-  // Non-blocking: the group's ranks meet in NCCL's threads while this one
-  // polls both communicators.
+  split_ = true;
+  // The group's communicator ready too (both polled).
   return WaitUntilReady(what.c_str(), deadline);
 }
 

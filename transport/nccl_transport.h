@@ -295,6 +295,9 @@ class NcclTransport final : public Transport {
   // one was split (owner thread).
   ncclComm* group_comm_ ABSL_GUARDED_BY(comm_mu_) = nullptr;
   bool split_ = false;
+  // Where a non-blocking ncclCommSplit writes the group's communicator
+  // (NCCL's thread) until OnGroups takes it.
+  ncclComm* splitting_ = nullptr;
 };
 
 }  // namespace transport
