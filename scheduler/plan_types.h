@@ -146,6 +146,10 @@ struct OwnershipPlan {
   double imbalance = 0;  // max / mean
   // max(total / capacity, largest single matrix), see planner.h.
   double lower_bound = 0;
+  // The least Newton-Schulz seconds of every matrix at speed 1
+  // (Problem::Work): no plan of workers of total speed S computes them in
+  // less than work_seconds / S.
+  double work_seconds = 0;
   // Momentum bytes whose owner changed against the previous plan.
   int64_t moved_bytes = 0;
 };

@@ -92,6 +92,7 @@ OwnershipPlan Finalize(const Problem& p, const Assignment& a) {
   plan.imbalance =
       plan.mean_seconds > 0 ? plan.max_seconds / plan.mean_seconds : 1.0;
   plan.lower_bound = p.LowerBound();
+  plan.work_seconds = p.Work();
   return plan;
 }
 

@@ -218,18 +218,7 @@ double Problem::BestStandalone(int i) const {
   return best;
 }
 
-double Problem::LowerBound() const {
-  // Compute in "seconds at speed 1" (a class's seconds times its speed):
-  // sum_w speed_w * compute_w >= the work below. Transfers do not speed up
-  // with the GPU: sum_w speed_w * transfer_w >= min speed * total transfer.
-  // So max load >= (work + min speed * transfers) / total speed.
-  double speed_total = 0;
-  double speed_min = 0;
-  for (const WorkerSpec& w : input_.workers) {
-    if (w.owns_nothing) continue;
-    speed_min = speed_total == 0 ? w.speed : std::min(speed_min, w.speed);
-    speed_total += w.speed;
-  }
+double Problem::Work() const {
   // Per shape: N items cost at least N times the cheapest per-matrix time
   // of any batch size up to N (for concave measured curves that is the
   // full batch; noisy curves may make a smaller batch cheaper per matrix).
@@ -246,6 +235,22 @@ double Problem::LowerBound() const {
     }
     work += best;
   }
+  return work;
+}
+
+double Problem::LowerBound() const {
+  // Compute in "seconds at speed 1" (a class's seconds times its speed):
+  // sum_w speed_w * compute_w >= the work below. Transfers do not speed up
+  // with the GPU: sum_w speed_w * transfer_w >= min speed * total transfer.
+  // So max load >= (work + min speed * transfers) / total speed.
+  double speed_total = 0;
+  double speed_min = 0;
+  for (const WorkerSpec& w : input_.workers) {
+    if (w.owns_nothing) continue;
+    speed_min = speed_total == 0 ? w.speed : std::min(speed_min, w.speed);
+    speed_total += w.speed;
+  }
+  const double work = Work();
   double transfers = 0;
   double largest = 0;
   for (int i = 0; i < num_items(); ++i) {

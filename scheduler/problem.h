@@ -71,6 +71,12 @@ class Problem {
 
   // max(total work / total speed, largest single item): see planner.h.
   double LowerBound() const;
+  // The least Newton-Schulz seconds of every item at speed 1 (a class's
+  // seconds times its speed): each shape's items at the cheapest
+  // per-matrix time of any batch up to their number, on the class where
+  // that is least. Workers of total speed S compute them in no less than
+  // Work() / S, however they are placed.
+  double Work() const;
 
  private:
   struct Shape {

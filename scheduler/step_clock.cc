@@ -705,22 +705,40 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
   Grouped best;
   std::vector<std::pair<int, double>> tried;
   std::thread grouping;
+  // No worker is faster than the fastest model: a group of m workers
+  // computes the Newton-Schulz set in no less than work / (m * fastest).
+  double fastest = 0;
+  for (const CostModel* m : models) fastest = std::max(fastest, m->speed());
   if (!offered.empty()) {
     grouping = std::thread([&] {
       absl::Status first_failure;
       int misses = 0;
-      for (size_t i = 0; i < offered.size() && misses < 2; ++i) {
+      double work = 0;  // of the last grouping planned (Problem::Work)
+      // Groups of one node first (their updates cross no network port, so
+      // they may win where every larger grouping loses), then the larger
+      // ones, largest first: each smaller one computes more per worker.
+      std::vector<size_t> order = {0};
+      for (size_t i = offered.size(); i-- > 1;) order.push_back(i);
+      for (size_t k = 0; k < order.size() && misses < 2; ++k) {
+        const size_t i = order[k];
+        const int members = static_cast<int>(offered[i][0].size());
+        if (k > 0 && best.first_group.ok() && work > 0 && fastest > 0 &&
+            work / (members * fastest) >= best.seconds) {
+          break;  // its compute alone outlasts the best: so do smaller ones
+        }
         Grouped next = plan_group(offered[i]);
-        tried.emplace_back(static_cast<int>(offered[i][0].size()),
-                           next.seconds);
+        tried.emplace_back(members, next.seconds);
         if (!next.first_group.ok()) {
           if (first_failure.ok()) first_failure = next.first_group.status();
+          // Smaller groups hold less memory: they fail alike.
+          if (k > 0) break;
           continue;
         }
+        work = next.first_group->plan.work_seconds;
         if (!best.first_group.ok() || next.seconds < best.seconds) {
           best = std::move(next);
-          misses = 0;
-        } else {
+          if (k > 0) misses = 0;
+        } else if (k > 0) {
           ++misses;
         }
       }

@@ -275,9 +275,13 @@ enum class OwnerGroupsUse {
 // other than one grouping). Groupings `kWeighed` are planned beside the
 // plan of every rank: each is clocked as its first group alone on that
 // group's nodes (the groups are copies of one placement on alike nodes,
-// each on its own links, so the whole step takes as long as one group's),
-// smallest groups first, until two in a row do not beat the best so far;
-// the shortest predicted step wins (ties: the groups, whose updates cross
+// each on its own links, so the whole step takes as long as one group's):
+// groups of one node first (no update crosses a network port), then the
+// larger groupings, largest first, until two in a row do not beat the best
+// so far, one cannot be planned (smaller groups hold less memory), or a
+// group's Newton-Schulz alone (OwnershipPlan::work_seconds over its workers
+// at the fastest model's speed) would outlast the best; the shortest
+// predicted step wins (ties: the groups, whose updates cross
 // fewer links). The winner's schedule is cut at the bucket bound its group
 // chose. A grouped plan that cannot be made (one group too small for the
 // momentum) or scheduled is passed over, saying why. The groupings are

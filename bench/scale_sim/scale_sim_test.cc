@@ -352,7 +352,8 @@ TEST(ScaleSimTest, PeerWritesRunOnTheOwnersStreamAndSlowNoCompute) {
 TEST(ScaleSimTest, ReplicatedStepNeverGrowsWithTheGpuCount) {
   // Owner groups of 1, 2, 4, ... nodes of 8 are on offer from 16 GPUs: each
   // group's workers own every matrix, so a grouped step is the step of one
-  // group's GPUs alone. Groupings are tried smallest first; the shortest
+  // group's GPUs alone. Groupings are tried one node first, then largest
+  // first; the shortest
   // step of them and of the plan of every worker is taken, so no count of
   // GPUs takes longer than a smaller count that divides it.
   for (const char* model : {"llama3_8b_8layers", "llama3_8b"}) {
@@ -368,10 +369,15 @@ TEST(ScaleSimTest, ReplicatedStepNeverGrowsWithTheGpuCount) {
       const SimResult r =
           *SimulateStep(Config(model, gpus, Layout::kReplicated));
       ASSERT_FALSE(r.grouped_candidates.empty()) << model << " " << gpus;
+      // Groups of one node first, then the largest.
       EXPECT_EQ(r.grouped_candidates[0].first, 8);
       EXPECT_NEAR(r.grouped_candidates[0].second, eight.clock.predicted_seconds,
                   1e-12)
           << model << " " << gpus;
+      if (gpus > 16) {
+        ASSERT_GT(r.grouped_candidates.size(), 1u);
+        EXPECT_EQ(r.grouped_candidates[1].first, gpus / 2);
+      }
       // Each grouping clocks as the plan of its group's GPUs alone.
       for (const auto& [members, seconds] : r.grouped_candidates) {
         const int at = static_cast<int>(std::log2(members / 8));
