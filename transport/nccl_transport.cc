@@ -242,8 +242,6 @@ void NcclTransport::AbortCommunicator() {
   spdlog::warn("{} on cuda:{}: aborting the communicator (ncclCommAbort): {}",
                Who(), cuda_device_, reason);
   const absl::Time start = absl::Now();
-  if (splitting_ != nullptr) (void)ncclCommAbort(splitting_);
-  splitting_ = nullptr;
   if (group_comm_ != nullptr) (void)ncclCommAbort(group_comm_);
   (void)ncclCommAbort(comm_);
   comm_ = nullptr;
@@ -375,12 +373,18 @@ absl::Status NcclTransport::OnGroups(
   if (!split.ok()) return Fail(split);
   MUONPS_RETURN_IF_ERROR(WaitUntilReady(what.c_str(), deadline));
   {
+    // NCCL is done writing splitting_: only this thread reads it.
     absl::MutexLock lock(&comm_mu_);
-    group_comm_ = splitting_;
+    ncclComm_t made = splitting_;
     splitting_ = nullptr;
-    if (group_comm_ == nullptr) {
+    if (made == nullptr) {
       split = absl::InternalError(
           absl::StrCat(what, ": NCCL made no communicator"));
+    } else if (comm_ == nullptr) {
+      (void)ncclCommAbort(made);  // aborted meanwhile: so is this one
+      split = Gone();
+    } else {
+      group_comm_ = made;
     }
   }
   if (!split.ok()) return Fail(split);

@@ -296,7 +296,8 @@ class NcclTransport final : public Transport {
   ncclComm* group_comm_ ABSL_GUARDED_BY(comm_mu_) = nullptr;
   bool split_ = false;
   // Where a non-blocking ncclCommSplit writes the group's communicator
-  // (NCCL's thread) until OnGroups takes it.
+  // (NCCL's thread) until OnGroups takes it, once the parent left
+  // ncclInProgress (owner thread only).
   ncclComm* splitting_ = nullptr;
 };
 
