@@ -1,8 +1,6 @@
 #include "transport/counting_transport.h"
 
-#include <algorithm>
 #include <utility>
-#include <vector>
 
 namespace muonps {
 namespace transport {
@@ -140,15 +138,8 @@ absl::Status CountingTransport::BroadcastInGroup(void* data, size_t count,
       inner_->BroadcastInGroup(data, count, dtype, root, stream);
   if (!status.ok()) return status;
   // Positions in the group (ranks, without groups).
-  const std::vector<int>& members = group();
-  const auto position = [&](int rank) {
-    if (members.empty()) return rank;
-    return static_cast<int>(
-        std::lower_bound(members.begin(), members.end(), rank) -
-        members.begin());
-  };
-  const int n = members.empty() ? size() : static_cast<int>(members.size());
-  const int r = position(rank()), from = position(root);
+  const int n = group().empty() ? size() : static_cast<int>(group().size());
+  const int r = PositionInGroup(rank()), from = PositionInGroup(root);
   const double b = Bytes(count, dtype);
   Count("broadcast", count, r != (from + n - 1) % n ? b : 0, r != from ? b : 0);
   return status;

@@ -388,7 +388,6 @@ absl::Status NcclTransport::OnGroups(
     }
   }
   if (!split.ok()) return Fail(split);
-  split_ = true;
   // The group's communicator ready too (both polled).
   return WaitUntilReady(what.c_str(), deadline);
 }

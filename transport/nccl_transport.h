@@ -291,10 +291,8 @@ class NcclTransport final : public Transport {
   // for long (the communicator is non-blocking), except ncclCommAbort.
   absl::Mutex comm_mu_;
   ncclComm* comm_ ABSL_GUARDED_BY(comm_mu_);  // Null once aborted.
-  // The owner group's communicator (null: none, or aborted), and whether
-  // one was split (owner thread).
+  // The owner group's communicator (null: none, or aborted).
   ncclComm* group_comm_ ABSL_GUARDED_BY(comm_mu_) = nullptr;
-  bool split_ = false;
   // Where a non-blocking ncclCommSplit writes the group's communicator
   // (NCCL's thread) until OnGroups takes it, once the parent left
   // ncclInProgress (owner thread only).

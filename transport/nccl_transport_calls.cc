@@ -285,12 +285,12 @@ absl::Status NcclTransport::Broadcast(void* data, size_t count, DType dtype,
 absl::Status NcclTransport::BroadcastInGroup(void* data, size_t count,
                                              DType dtype, int root,
                                              Stream stream) {
-  if (!split_) return Broadcast(data, count, dtype, root, stream);
+  // Groups formed: the split succeeded (FormGroups records them after it).
+  if (group().empty()) return Broadcast(data, count, dtype, root, stream);
   MUONPS_RETURN_IF_ERROR(Usable());
-  const std::vector<int>& members = group();
-  const auto at = std::lower_bound(members.begin(), members.end(), root);
+  const int position = PositionInGroup(root);
   absl::Status valid = CheckStream(stream, "BroadcastInGroup");
-  if (valid.ok() && (at == members.end() || *at != root)) {
+  if (valid.ok() && position < 0) {
     valid = absl::InvalidArgumentError(absl::StrCat(
         "BroadcastInGroup: root ", root, " is not in this rank's owner group"));
   }
@@ -298,13 +298,7 @@ absl::Status NcclTransport::BroadcastInGroup(void* data, size_t count,
     valid = absl::InvalidArgumentError("BroadcastInGroup: data is null");
   }
   if (!valid.ok()) return Fail(valid);
-  Call call{Call::Kind::kBroadcast,
-            data,
-            data,
-            count,
-            dtype,
-            static_cast<int>(at - members.begin()),
-            stream};
+  Call call{Call::Kind::kBroadcast, data, data, count, dtype, position, stream};
   call.in_group = true;
   return Queue(call);
 }

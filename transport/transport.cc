@@ -49,12 +49,19 @@ absl::Status Transport::FormGroups(
   return absl::OkStatus();
 }
 
+int Transport::PositionInGroup(int rank) const {
+  if (group_.empty()) return rank;
+  const auto at = std::lower_bound(group_.begin(), group_.end(), rank);
+  if (at == group_.end() || *at != rank) return -1;
+  return static_cast<int>(at - group_.begin());
+}
+
 absl::Status Transport::BroadcastInGroup(void* data, size_t count, DType dtype,
                                          int root, Stream stream) {
   if (group_.empty() || static_cast<int>(group_.size()) == size()) {
     return Broadcast(data, count, dtype, root, stream);
   }
-  if (!std::binary_search(group_.begin(), group_.end(), root)) {
+  if (PositionInGroup(root) < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "BroadcastInGroup: root ", root, " is not in this rank's owner group"));
   }

@@ -139,6 +139,9 @@ class Transport {
   virtual Transport* control() { return this; }
 
  protected:
+  // `rank`'s position in this rank's group (its rank within the group's
+  // own communicator); -1 for a rank outside it. Without groups, `rank`.
+  int PositionInGroup(int rank) const;
   // What FormGroups does besides recording the groups, once they are
   // checked: `mine` indexes this rank's group. Wrappers pass the groups on.
   virtual absl::Status OnGroups(const std::vector<std::vector<int>>& /*groups*/,
