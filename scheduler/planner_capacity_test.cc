@@ -133,6 +133,35 @@ TEST(PlannerCapacityTest, TooLittleTotalMemoryNamesMatrixWorkerAndShortfall) {
   }
 }
 
+// Where the owning workers hold less than the matrices together, the
+// input is refused before any placement runs, saying both sums; a leaving
+// worker's memory does not count.
+TEST(PlannerCapacityTest, TooLittleMemoryInAllIsSaidBeforePlacing) {
+  PlanInput input;
+  input.options.workspace_bytes = kGiB;
+  const int64_t owned = OwnedBytes(Square("x", 2048));
+  const int64_t capacity = owned + owned / 4;  // 2.5 matrices in all
+  for (int i = 0; i < 3; ++i) {
+    input.matrices.push_back(Square(absl::StrCat("m", i), 2048));
+  }
+  input.workers = {Worker("w0", kGiB + capacity), Worker("w1", kGiB + capacity),
+                   Worker("leaving", kGiB + 8 * capacity)};
+  input.workers[2].owns_nothing = true;
+  const std::string said =
+      absl::StrCat("matrices: need ", 3 * owned,
+                   " bytes to own; the 2 workers that may "
+                   "own hold ",
+                   2 * capacity, " together beside their workspaces");
+  for (const absl::StatusOr<OwnershipPlan>& plan :
+       {PlanOwnership(input), PlanFlopLpt(input), PlanRoundRobin(input),
+        Replan(input, OwnershipPlan{})}) {
+    ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted)
+        << plan.status();
+    EXPECT_NE(plan.status().message().find(said), absl::string_view::npos)
+        << plan.status() << " lacks " << said;
+  }
+}
+
 TEST(PlannerCapacityTest, MatrixLargerThanEveryWorkerIsNamed) {
   PlanInput input;
   input.options.workspace_bytes = kGiB;

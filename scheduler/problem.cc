@@ -90,6 +90,8 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   absl::flat_hash_set<absl::string_view> names;
   names.reserve(std::max(input.workers.size(), input.matrices.size()));
   int64_t largest_capacity = 0;
+  int64_t total_capacity = 0;
+  int owning = 0;
   std::string roomiest;
   for (size_t i = 0; i < input.workers.size(); ++i) {
     const WorkerSpec& w = input.workers[i];
@@ -98,8 +100,10 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       return InvalidField(absl::StrCat("worker ", Quoted(w.id)),
                           "id appears twice");
     }
-    if (!w.owns_nothing &&
-        w.memory_bytes - o.workspace_bytes > largest_capacity) {
+    if (w.owns_nothing) continue;
+    total_capacity += w.memory_bytes - o.workspace_bytes;
+    ++owning;
+    if (w.memory_bytes - o.workspace_bytes > largest_capacity) {
       largest_capacity = w.memory_bytes - o.workspace_bytes;
       roomiest = w.id;
     }
@@ -110,6 +114,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
                       "the matrices");
   }
   names.clear();
+  int64_t total_owned = 0;
   for (size_t i = 0; i < input.matrices.size(); ++i) {
     const MatrixSpec& m = input.matrices[i];
     MUONPS_RETURN_IF_ERROR(ValidateMatrix(m, i));
@@ -126,6 +131,16 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
                        Quoted(roomiest), ", has ", largest_capacity,
                        " beside its workspace"));
     }
+    total_owned += OwnedBytes(m) * m.experts;
+  }
+  // No placement fits more than every owning worker holds together: said
+  // at once, not after a placement ran out of room.
+  if (total_owned > total_capacity) {
+    return FieldError(
+        absl::StatusCode::kResourceExhausted, "matrices",
+        absl::StrCat("need ", total_owned, " bytes to own; the ", owning,
+                     " workers that may own hold ", total_capacity,
+                     " together beside their workspaces"));
   }
   return absl::OkStatus();
 }

@@ -26,7 +26,8 @@ struct PlanInput {
 // INVALID_ARGUMENT naming the matrix or worker: empty or duplicate names,
 // dimensions < 1 or > 2^31, experts < 1, no workers, speed <= 0, memory
 // <= 0, bad options; RESOURCE_EXHAUSTED naming a matrix that no worker has
-// the memory to own.
+// the memory to own, or (field "matrices") where the workers that may own
+// hold less than the matrices need together.
 absl::Status ValidatePlanInput(const PlanInput& input);
 
 class Problem {
