@@ -22,6 +22,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/huge_page_malloc.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "proto/credentials.h"
@@ -258,6 +259,8 @@ int Run() {
 }  // namespace muonps
 
 int main(int argc, char** argv) {
+  // Plans of many matrices first touch tens of megabytes: on huge pages.
+  muonps::RestartWithHugePageMalloc(argv);
   absl::SetProgramUsageMessage(
       "muonps-coordinator: jobs, worker leases and ownership plans.\n"
       "Usage: muonps-coordinator [--port N] [--metrics_address HOST:PORT] "
