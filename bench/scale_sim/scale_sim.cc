@@ -95,18 +95,30 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
                                    1.0 / config.cost_scale,
                                    config.plan.ns_steps);
   const std::vector<const scheduler::CostModel*> models(config.gpus, &model);
-  // The plan as the coordinator makes it (see the header).
-  const std::vector<scheduler::OwnerGrouping> offered =
-      config.owner_groups
-          ? scheduler::ChooseOwnerGroupings(config.matrices, settings.topology,
-                                            config.gpus, /*dedicated=*/0)
-          : std::vector<scheduler::OwnerGrouping>{};
+  // The plan as the coordinator makes it (see the header): a job of HSDP
+  // replica groups gets one owner group per replica group, required;
+  // others the groupings on offer, weighed.
+  const bool hsdp =
+      config.hsdp_shard_gpus > 0 && config.hsdp_shard_gpus < config.gpus;
+  std::vector<scheduler::OwnerGrouping> offered;
+  if (hsdp) {
+    scheduler::OwnerGrouping replicas(config.gpus / config.hsdp_shard_gpus);
+    for (int r = 0; r < config.gpus; ++r) {
+      replicas[r / config.hsdp_shard_gpus].push_back(r);
+    }
+    offered.push_back(std::move(replicas));
+  } else if (config.owner_groups) {
+    offered = scheduler::ChooseOwnerGroupings(
+        config.matrices, settings.topology, config.gpus, /*dedicated=*/0);
+  }
   std::vector<std::string> ids;
   ids.reserve(config.gpus);
   for (int w = 0; w < config.gpus; ++w) ids.push_back(WorkerId(w));
   absl::StatusOr<scheduler::TopologyPlan> planned = scheduler::PlanOnTopology(
       config.matrices, ids, /*dedicated=*/0, models, settings, config.schedule,
-      offered, scheduler::OwnerGroupsUse::kWeighed,
+      offered,
+      hsdp ? scheduler::OwnerGroupsUse::kRequired
+           : scheduler::OwnerGroupsUse::kWeighed,
       [&](const std::vector<int32_t>& ranks,
           const scheduler::OwnerGrouping* /*grouping*/) {
         return scheduler::PlanOwnership(MakePlanInput(config, ranks));

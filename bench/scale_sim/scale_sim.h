@@ -84,6 +84,14 @@ struct SimConfig {
   // Owner groups offered as the coordinator offers them (see above);
   // false: none, whatever the layouts and nodes.
   bool owner_groups = true;
+  // HSDP (a 2-D device mesh, replicate x shard, as FSDP2 takes it): where
+  // it is above 0 and below `gpus`, the GPUs form gpus / hsdp_shard_gpus
+  // replica groups of this many consecutive ranks, FSDP sharding rows
+  // within each. The coordinator plans such a job with one owner group per
+  // replica group (required, scheduler::OwnerGroupsUse::kRequired); FSDP
+  // reduces the replicas' gradients in backward, outside the step. 0 (or
+  // `gpus` and more): one shard group of every GPU.
+  int hsdp_shard_gpus = 0;
 };
 
 struct SimResult {

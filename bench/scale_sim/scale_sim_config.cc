@@ -62,6 +62,14 @@ absl::Status ValidateSimConfig(const SimConfig& config) {
   if (config.costs == nullptr) {
     return InvalidField("--cost_table", "required");
   }
+  if (config.hsdp_shard_gpus < 0 ||
+      (config.hsdp_shard_gpus > 0 && config.hsdp_shard_gpus < config.gpus &&
+       config.gpus % config.hsdp_shard_gpus != 0)) {
+    return InvalidField(
+        "--hsdp_shard_gpus",
+        absl::StrCat(config.hsdp_shard_gpus, " must be >= 0 and divide the ",
+                     config.gpus, " GPUs where it is below them"));
+  }
   if (config.wire_bytes_per_element < 1) {
     return InvalidField(
         "--wire_bytes_per_element",

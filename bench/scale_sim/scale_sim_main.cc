@@ -73,6 +73,10 @@
 //                     within a node (copy engines); default true
 //   --owner_groups    owner groups as the coordinator chooses them;
 //                     default true (false: one group of every worker)
+//   --hsdp_shard_gpus HSDP: GPUs per shard group; the GPUs form replica
+//                     groups of this many consecutive ranks, each planned
+//                     as one owner group (as the coordinator plans a job of
+//                     replica groups); default 0 (FSDP over every GPU)
 //   --copy_engine_gbs one stream of peer copies; default 198 (measured on
 //                     2 H200s, 2026-11-29 transfer_paths peer_copy)
 // Exits 2 with the error on stderr for bad flags (INVALID_ARGUMENT naming
@@ -110,6 +114,9 @@ ABSL_FLAG(bool, peer_writes, true,
 ABSL_FLAG(bool, owner_groups, true,
           "Owner groups as the coordinator chooses them (one per node for "
           "replicated jobs across nodes); false: one group of every worker.");
+ABSL_FLAG(int, hsdp_shard_gpus, 0,
+          "HSDP: GPUs per shard group (replica groups of this many "
+          "consecutive ranks, one owner group each); 0: FSDP over every GPU.");
 ABSL_FLAG(double, copy_engine_gbs, 198,
           "GB/s of one stream of peer copies into another GPU of the node.");
 ABSL_FLAG(std::string, cost_table, "",
@@ -167,6 +174,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.links.copy_engine_gbs = absl::GetFlag(FLAGS_copy_engine_gbs);
   c.peer_writes = absl::GetFlag(FLAGS_peer_writes);
   c.owner_groups = absl::GetFlag(FLAGS_owner_groups);
+  c.hsdp_shard_gpus = absl::GetFlag(FLAGS_hsdp_shard_gpus);
   c.costs = std::move(costs);
   c.cost_scale = absl::GetFlag(FLAGS_cost_scale);
   c.hbm_bytes_per_second = absl::GetFlag(FLAGS_hbm_bw);
@@ -214,6 +222,7 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["limited_by"] = r.clock.limited_by;
   j["owner_groups"] = r.owner_groups;
   j["group_size"] = r.group_size;
+  if (c.hsdp_shard_gpus > 0) j["hsdp_shard_gpus"] = c.hsdp_shard_gpus;
   if (r.ungrouped_seconds > 0) {
     j["grouped_ms"] = r.grouped_seconds * 1e3;
     j["ungrouped_ms"] = r.ungrouped_seconds * 1e3;

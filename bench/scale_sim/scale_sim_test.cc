@@ -518,6 +518,37 @@ TEST(ScaleSimTest, AdamWReferenceScalesWithParametersAndShards) {
               1e-12);
 }
 
+// HSDP: replica groups of a fixed shard size, each planned as one owner
+// group (required, as the coordinator plans a job of replica groups). Each
+// group gathers its own rows to its own owners, so past one shard group the
+// step is that group's alone, at every count.
+TEST(ScaleSimTest, HsdpStepIsItsShardGroupsAtEveryCount) {
+  for (const char* model : {"llama3_8b_8layers", "llama3_8b"}) {
+    const SimResult shard =
+        *SimulateStep(Config(model, 64, Layout::kRowSharded));
+    EXPECT_EQ(shard.owner_groups, 1);
+    double last = shard.clock.predicted_seconds;
+    for (int gpus = 128; gpus <= 1024; gpus *= 2) {
+      SimConfig c = Config(model, gpus, Layout::kRowSharded);
+      c.hsdp_shard_gpus = 64;
+      const SimResult r = *SimulateStep(c);
+      EXPECT_EQ(r.owner_groups, gpus / 64) << model << " " << gpus;
+      EXPECT_EQ(r.group_size, 64);
+      EXPECT_EQ(r.ungrouped_seconds, 0) << "required: nothing weighed";
+      EXPECT_NEAR(r.clock.predicted_seconds, shard.clock.predicted_seconds,
+                  0.01 * shard.clock.predicted_seconds)
+          << model << " " << gpus;
+      EXPECT_LE(r.clock.predicted_seconds, last * (1 + 1e-9))
+          << model << " " << gpus;
+      last = r.clock.predicted_seconds;
+    }
+  }
+  // Llama-3-8B on 1024 GPUs in shard groups of 128: within 40 ms.
+  SimConfig c = Config("llama3_8b", 1024, Layout::kRowSharded);
+  c.hsdp_shard_gpus = 128;
+  EXPECT_LT(SimulateStep(c)->clock.predicted_seconds, 40e-3);
+}
+
 TEST(ScaleSimTest, BadInputNamesTheFlag) {
   SimConfig c = Config("llama3_8b_8layers", 0);
   absl::StatusOr<SimResult> r = SimulateStep(c);
@@ -531,6 +562,12 @@ TEST(ScaleSimTest, BadInputNamesTheFlag) {
   EXPECT_THAT(r.status().message(), HasSubstr("--nvlink_gbs"));
 
   c.links.nvlink_gbs = 300;
+  c.hsdp_shard_gpus = 3;
+  r = SimulateStep(c);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("--hsdp_shard_gpus"));
+
+  c.hsdp_shard_gpus = 0;
   c.links.inter_node_gbs = -50;
   EXPECT_THAT(SimulateStep(c).status().message(),
               HasSubstr("--inter_node_gbs"));
