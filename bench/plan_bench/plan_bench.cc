@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/huge_page_malloc.h"
+#include "common/planner_malloc.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/model_shapes.h"
 #include "scheduler/planner.h"
@@ -199,9 +199,10 @@ void Run() {
 }  // namespace muonps
 
 int main(int argc, char** argv) {
-  // As the coordinator plans: glibc's malloc on huge pages
-  // (GLIBC_TUNABLES=glibc.malloc.hugetlb=0 measures without them).
-  muonps::RestartWithHugePageMalloc(argv);
+  // As the coordinator plans: glibc's malloc with one heap, on huge pages
+  // (GLIBC_TUNABLES=glibc.malloc.hugetlb=0:glibc.malloc.arena_max=0
+  // measures without either).
+  muonps::RestartWithPlannerMalloc(argv);
   if (argc > 1) muonps::only = argv[1];
   muonps::Run();
   return 0;

@@ -22,9 +22,9 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/huge_page_malloc.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/planner_malloc.h"
 #include "proto/credentials.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
@@ -259,8 +259,9 @@ int Run() {
 }  // namespace muonps
 
 int main(int argc, char** argv) {
-  // Plans of many matrices first touch tens of megabytes: on huge pages.
-  muonps::RestartWithHugePageMalloc(argv);
+  // Plans of many matrices first touch tens of megabytes: one heap, on
+  // huge pages (common/planner_malloc.h).
+  muonps::RestartWithPlannerMalloc(argv);
   absl::SetProgramUsageMessage(
       "muonps-coordinator: jobs, worker leases and ownership plans.\n"
       "Usage: muonps-coordinator [--port N] [--metrics_address HOST:PORT] "

@@ -16,11 +16,11 @@ namespace {
 std::string Probe() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir, "/", workspace, "/common/huge_page_malloc_probe");
+  return absl::StrCat(srcdir, "/", workspace, "/common/planner_malloc_probe");
 }
 
-// Runs the probe (common/huge_page_malloc_probe.cc, which calls
-// RestartWithHugePageMalloc) under env(1) with `env` as its arguments, and
+// Runs the probe (common/planner_malloc_probe.cc, which calls
+// RestartWithPlannerMalloc) under env(1) with `env` as its arguments, and
 // returns the probe's lines.
 std::vector<std::string> RunProbe(const std::string& env) {
   FILE* out = popen(absl::StrCat("env ", env, " ", Probe()).c_str(), "r");
@@ -45,7 +45,7 @@ bool TransparentHugePagesOn() {
   return in.good() && text.str().find("[never]") == std::string::npos;
 }
 
-TEST(HugePageMallocTest, RestartsOnceWithTheTunableAdded) {
+TEST(PlannerMallocTest, RestartsOnceWithTheTunablesAdded) {
   const std::vector<std::string> lines = RunProbe("-u GLIBC_TUNABLES");
   ASSERT_EQ(lines.size(), 3u) << absl::StrJoin(lines, "\n");
   const std::vector<std::string> first = absl::StrSplit(lines[0], ' ');
@@ -55,28 +55,33 @@ TEST(HugePageMallocTest, RestartsOnceWithTheTunableAdded) {
   EXPECT_EQ(first[0], "started");
   EXPECT_EQ(second, first) << "the same process, executed again";
   EXPECT_EQ(running[1], first[1]);
-  EXPECT_EQ(running[2], "glibc.malloc.hugetlb=1");
+  EXPECT_EQ(running[2], "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1");
   // ASan's malloc is not glibc's.
   if (TransparentHugePagesOn() && !kAddressSanitizer) {
     EXPECT_GT(std::stol(running[3]), 0) << "no huge pages: " << lines[2];
   }
 }
 
-TEST(HugePageMallocTest, KeepsTheOtherTunables) {
+TEST(PlannerMallocTest, KeepsTheOtherTunables) {
   const std::vector<std::string> lines =
       RunProbe("GLIBC_TUNABLES=glibc.malloc.arena_max=2");
   ASSERT_EQ(lines.size(), 3u) << absl::StrJoin(lines, "\n");
   EXPECT_EQ(std::vector<std::string>(absl::StrSplit(lines[2], ' '))[2],
             "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
+  const std::vector<std::string> off =
+      RunProbe("GLIBC_TUNABLES=glibc.malloc.hugetlb=0");
+  ASSERT_EQ(off.size(), 3u) << absl::StrJoin(off, "\n");
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(off[2], ' '))[2],
+            "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=1");
 }
 
-TEST(HugePageMallocTest, AnOwnSettingIsKeptAndNothingRestarts) {
-  const std::vector<std::string> lines =
-      RunProbe("GLIBC_TUNABLES=glibc.malloc.hugetlb=0");
+TEST(PlannerMallocTest, OwnSettingsAreKeptAndNothingRestarts) {
+  const std::vector<std::string> lines = RunProbe(
+      "GLIBC_TUNABLES=glibc.malloc.hugetlb=0:glibc.malloc.arena_max=4");
   ASSERT_EQ(lines.size(), 2u) << absl::StrJoin(lines, "\n");
   const std::vector<std::string> running = absl::StrSplit(lines[1], ' ');
   ASSERT_EQ(running.size(), 5u) << lines[1];
-  EXPECT_EQ(running[2], "glibc.malloc.hugetlb=0");
+  EXPECT_EQ(running[2], "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=4");
 }
 
 }  // namespace

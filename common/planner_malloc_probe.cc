@@ -1,6 +1,6 @@
-// Prints its process id before and after RestartWithHugePageMalloc, then
+// Prints its process id before and after RestartWithPlannerMalloc, then
 // GLIBC_TUNABLES and how many kB of its anonymous memory are on huge pages
-// once it touched a 64 MiB malloc: what huge_page_malloc_test reads.
+// once it touched a 64 MiB malloc: what planner_malloc_test reads.
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,12 +9,12 @@
 #include <fstream>
 #include <string>
 
-#include "common/huge_page_malloc.h"
+#include "common/planner_malloc.h"
 
 int main(int /*argc*/, char** argv) {
   std::printf("started %d\n", static_cast<int>(getpid()));
   std::fflush(stdout);
-  muonps::RestartWithHugePageMalloc(argv);
+  muonps::RestartWithPlannerMalloc(argv);
   constexpr size_t kBytes = size_t{64} << 20;
   char* block = static_cast<char*>(std::malloc(kBytes));
   std::memset(block, 1, kBytes);
