@@ -9,17 +9,15 @@ namespace muonps {
 
 void RestartWithPlannerMalloc(char** argv) {
   constexpr char kName[] = "GLIBC_TUNABLES";
+  constexpr char kTunables[] =
+      "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:"
+      "glibc.malloc.mmap_threshold=33554432:"
+      "glibc.malloc.trim_threshold=1073741824";
   const char* now = std::getenv(kName);
   const std::string before = now == nullptr ? "" : now;
-  std::string tunables = before;
-  for (const char* tunable :
-       {"glibc.malloc.hugetlb=1", "glibc.malloc.arena_max=1"}) {
-    const std::string name(tunable, std::string(tunable).find('='));
-    if (before.find(name + "=") != std::string::npos) continue;
-    if (!tunables.empty()) tunables += ':';
-    tunables += tunable;
-  }
-  if (tunables == before) return;
+  if (before.find("glibc.malloc.") != std::string::npos) return;
+  const std::string tunables =
+      before.empty() ? kTunables : before + ":" + kTunables;
   if (setenv(kName, tunables.c_str(), /*overwrite=*/1) != 0) return;
   execv("/proc/self/exe", argv);
   // The exec failed: run on as started, without the tunables in the

@@ -10,18 +10,26 @@ namespace muonps {
 // coordinator spent planning on its two threads. glibc's malloc reads two
 // tunables from the environment at the program's start that remove most
 // of them:
-//   glibc.malloc.hugetlb=1    its heap on transparent huge pages (2 MiB;
-//                             it madvises them; glibc 2.35 and later),
-//   glibc.malloc.arena_max=1  every thread allocates from that one heap.
+//   glibc.malloc.hugetlb=1           its heap on transparent huge pages
+//                                    (2 MiB; it madvises them; glibc 2.35
+//                                    and later),
+//   glibc.malloc.arena_max=1         every thread allocates from that heap,
+//   glibc.malloc.mmap_threshold=32M  blocks up to 32 MiB (a plan's vectors)
+//                                    come from the heap, not from mappings
+//                                    of their own that each free unmaps,
+//   glibc.malloc.trim_threshold=1G   the heap keeps up to 1 GiB freed for
+//                                    the next plan rather than handing it
+//                                    back at each free (the coordinator's
+//                                    memory stays at its largest plan's).
 // Older glibcs ignore what they do not know, and kernels with transparent
 // huge pages off ignore the advice.
 //
-// Call first thing in main: where the environment's GLIBC_TUNABLES lacks
-// either tunable, this adds it and executes the program again
-// (/proc/self/exe: same process id, arguments and descriptors). It returns
-// where both were already there (a setting of the environment's own is
-// kept) or where the exec failed; the program then runs on with its malloc
-// as it is.
+// Call first thing in main: where the environment's GLIBC_TUNABLES tunes
+// no glibc.malloc setting, this adds the four and executes the program
+// again (/proc/self/exe: same process id, arguments and descriptors). It
+// returns where the environment tunes glibc's malloc itself (left as it is:
+// GLIBC_TUNABLES=glibc.malloc.hugetlb=0 runs with glibc's defaults) or
+// where the exec failed; the program then runs on with its malloc as it is.
 void RestartWithPlannerMalloc(char** argv);
 
 }  // namespace muonps

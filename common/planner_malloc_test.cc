@@ -38,6 +38,12 @@ std::vector<std::string> RunProbe(const std::string& env) {
   return lines;
 }
 
+// What RestartWithPlannerMalloc adds.
+constexpr char kAdded[] =
+    "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:"
+    "glibc.malloc.mmap_threshold=33554432:"
+    "glibc.malloc.trim_threshold=1073741824";
+
 bool TransparentHugePagesOn() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
   std::stringstream text;
@@ -55,7 +61,7 @@ TEST(PlannerMallocTest, RestartsOnceWithTheTunablesAdded) {
   EXPECT_EQ(first[0], "started");
   EXPECT_EQ(second, first) << "the same process, executed again";
   EXPECT_EQ(running[1], first[1]);
-  EXPECT_EQ(running[2], "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1");
+  EXPECT_EQ(running[2], kAdded);
   // ASan's malloc is not glibc's.
   if (TransparentHugePagesOn() && !kAddressSanitizer) {
     EXPECT_GT(std::stol(running[3]), 0) << "no huge pages: " << lines[2];
@@ -64,24 +70,24 @@ TEST(PlannerMallocTest, RestartsOnceWithTheTunablesAdded) {
 
 TEST(PlannerMallocTest, KeepsTheOtherTunables) {
   const std::vector<std::string> lines =
-      RunProbe("GLIBC_TUNABLES=glibc.malloc.arena_max=2");
+      RunProbe("GLIBC_TUNABLES=glibc.rtld.optional_static_tls=2048");
   ASSERT_EQ(lines.size(), 3u) << absl::StrJoin(lines, "\n");
   EXPECT_EQ(std::vector<std::string>(absl::StrSplit(lines[2], ' '))[2],
-            "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
-  const std::vector<std::string> off =
-      RunProbe("GLIBC_TUNABLES=glibc.malloc.hugetlb=0");
-  ASSERT_EQ(off.size(), 3u) << absl::StrJoin(off, "\n");
-  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(off[2], ' '))[2],
-            "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=1");
+            absl::StrCat("glibc.rtld.optional_static_tls=2048:", kAdded));
 }
 
-TEST(PlannerMallocTest, OwnSettingsAreKeptAndNothingRestarts) {
-  const std::vector<std::string> lines = RunProbe(
-      "GLIBC_TUNABLES=glibc.malloc.hugetlb=0:glibc.malloc.arena_max=4");
-  ASSERT_EQ(lines.size(), 2u) << absl::StrJoin(lines, "\n");
-  const std::vector<std::string> running = absl::StrSplit(lines[1], ' ');
-  ASSERT_EQ(running.size(), 5u) << lines[1];
-  EXPECT_EQ(running[2], "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=4");
+// An environment that tunes glibc's malloc itself is left as it is.
+TEST(PlannerMallocTest, OwnMallocSettingsAreKeptAndNothingRestarts) {
+  for (const char* own :
+       {"glibc.malloc.hugetlb=0", "glibc.malloc.arena_max=4",
+        "glibc.rtld.optional_static_tls=2048:glibc.malloc.tcache_count=0"}) {
+    const std::vector<std::string> lines =
+        RunProbe(absl::StrCat("GLIBC_TUNABLES=", own));
+    ASSERT_EQ(lines.size(), 2u) << absl::StrJoin(lines, "\n");
+    const std::vector<std::string> running = absl::StrSplit(lines[1], ' ');
+    ASSERT_EQ(running.size(), 5u) << lines[1];
+    EXPECT_EQ(running[2], own);
+  }
 }
 
 }  // namespace

@@ -199,9 +199,9 @@ void Run() {
 }  // namespace muonps
 
 int main(int argc, char** argv) {
-  // As the coordinator plans: glibc's malloc with one heap, on huge pages
-  // (GLIBC_TUNABLES=glibc.malloc.hugetlb=0:glibc.malloc.arena_max=0
-  // measures without either).
+  // As the coordinator plans: glibc's malloc tuned as
+  // common/planner_malloc.h says (GLIBC_TUNABLES=glibc.malloc.hugetlb=0
+  // measures with glibc's defaults).
   muonps::RestartWithPlannerMalloc(argv);
   if (argc > 1) muonps::only = argv[1];
   muonps::Run();
