@@ -162,6 +162,19 @@ TEST(PlannerCapacityTest, TooLittleMemoryInAllIsSaidBeforePlacing) {
   }
 }
 
+// Memory sums that would overflow an int64 saturate: workers of nearly
+// the largest memory plan as any others.
+TEST(PlannerCapacityTest, HugeMemoriesDoNotOverflowTheSums) {
+  PlanInput input;
+  input.options.workspace_bytes = kGiB;
+  input.matrices = {Square("a", 64), Square("b", 64)};
+  const int64_t huge = std::numeric_limits<int64_t>::max() / 2;
+  input.workers = {Worker("w0", huge), Worker("w1", huge), Worker("w2", huge)};
+  const absl::StatusOr<OwnershipPlan> plan = PlanOwnership(input);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectValidPlan(input, *plan);
+}
+
 TEST(PlannerCapacityTest, MatrixLargerThanEveryWorkerIsNamed) {
   PlanInput input;
   input.options.workspace_bytes = kGiB;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -16,6 +17,14 @@ namespace {
 
 constexpr int64_t kMaxDim = int64_t{1} << 31;
 constexpr int64_t kMaxExperts = int64_t{1} << 20;
+
+// sum + each * times (each and times >= 0), or the largest int64 where that
+// is larger: the sums of bytes below stay ordered whatever the input.
+int64_t SaturatingAdd(int64_t sum, int64_t each, int64_t times) {
+  constexpr int64_t kMost = std::numeric_limits<int64_t>::max();
+  if (each > 0 && times > (kMost - sum) / each) return kMost;
+  return sum + each * times;
+}
 
 absl::Status ValidateMatrix(const MatrixSpec& m, size_t index) {
   // Built only for an error: planning checks every matrix.
@@ -101,7 +110,8 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
                           "id appears twice");
     }
     if (w.owns_nothing) continue;
-    total_capacity += w.memory_bytes - o.workspace_bytes;
+    total_capacity =
+        SaturatingAdd(total_capacity, w.memory_bytes - o.workspace_bytes, 1);
     ++owning;
     if (w.memory_bytes - o.workspace_bytes > largest_capacity) {
       largest_capacity = w.memory_bytes - o.workspace_bytes;
@@ -131,7 +141,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
                        Quoted(roomiest), ", has ", largest_capacity,
                        " beside its workspace"));
     }
-    total_owned += OwnedBytes(m) * m.experts;
+    total_owned = SaturatingAdd(total_owned, OwnedBytes(m), m.experts);
   }
   // No placement fits more than every owning worker holds together: said
   // at once, not after a placement ran out of room.
