@@ -110,11 +110,11 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
                           "id appears twice");
     }
     if (w.owns_nothing) continue;
-    total_capacity =
-        SaturatingAdd(total_capacity, w.memory_bytes - o.workspace_bytes, 1);
+    const int64_t capacity = w.memory_bytes - o.workspace_bytes;
+    total_capacity = SaturatingAdd(total_capacity, capacity, 1);
     ++owning;
-    if (w.memory_bytes - o.workspace_bytes > largest_capacity) {
-      largest_capacity = w.memory_bytes - o.workspace_bytes;
+    if (capacity > largest_capacity) {
+      largest_capacity = capacity;
       roomiest = w.id;
     }
   }
