@@ -274,6 +274,71 @@ TEST_P(TcpTransportWorldTest, OwnerGroupsBroadcastAmongTheirMembersOnly) {
   });
 }
 
+TEST_P(TcpTransportWorldTest, UnreducedSumsWithinGroupsThenAcrossThemKeepBits) {
+  // Two groups of alike size (the odd ones listed backwards): each sums its
+  // members' parts onto a root, in the order given, then the roots, one at
+  // one position of each group, add the sums in group order, all in one
+  // group of calls, as a step issues them; each gets the same bits.
+  if (world() % 2 != 0) GTEST_SKIP() << "groups of alike size";
+  std::vector<int> evens, odds;
+  for (int r = 0; r < world(); ++r) (r % 2 == 0 ? evens : odds).push_back(r);
+  std::reverse(odds.begin(), odds.end());
+  const std::vector<std::vector<int>> groups = {evens, odds};
+  constexpr size_t kCount = 4099;
+  // Values whose fp32 sums depend on the order they are added in.
+  const auto part = [](int rank, size_t i) {
+    return static_cast<float>((rank + 1) * 1e7 + (i % 97) * 0.37 - rank * 3.1);
+  };
+  const auto add_in = [&](const std::vector<int>& order, size_t i) {
+    float sum = 0;
+    for (const int r : order) sum += part(r, i);
+    return sum;
+  };
+  RunOnEveryRank(world(), [&](int rank) {
+    ASSERT_TRUE(at(rank).FormGroups(groups).ok());
+    const bool even = rank % 2 == 0;
+    const std::vector<int>& mine = even ? evens : odds;
+    const size_t position =
+        std::find(mine.begin(), mine.end(), rank) - mine.begin();
+    EXPECT_EQ(at(rank).group().size(), mine.size());
+    std::vector<float> send(kCount), sum(kCount, -1.0f);
+    for (size_t i = 0; i < kCount; ++i) send[i] = part(rank, i);
+    // Root: the group's first listed rank; order: the listing reversed.
+    const int root = mine[0];
+    const std::vector<int> order(mine.rbegin(), mine.rend());
+    ASSERT_TRUE(at(rank).GroupStart().ok());
+    ASSERT_TRUE(at(rank)
+                    .ReduceSumInGroup(send.data(), sum.data(), kCount, root,
+                                      order, kHostStream)
+                    .ok());
+    ASSERT_TRUE(at(rank).GroupEnd().ok());
+    if (rank == root) {
+      ASSERT_EQ(position, 0u);
+      for (size_t i = 0; i < kCount; i += 409) {
+        ASSERT_EQ(sum[i], add_in(order, i)) << "rank " << rank << " at " << i;
+      }
+      ASSERT_TRUE(
+          at(rank).SumAcrossGroups(sum.data(), kCount, kHostStream).ok());
+      const std::vector<int> even_order(evens.rbegin(), evens.rend());
+      const std::vector<int> odd_order(odds.rbegin(), odds.rend());
+      for (size_t i = 0; i < kCount; i += 409) {
+        // Group 0's sum first, then group 1's.
+        const float expected = add_in(even_order, i) + add_in(odd_order, i);
+        ASSERT_EQ(sum[i], expected) << "rank " << rank << " at " << i;
+      }
+    }
+    // A root of another group, an order of other ranks: refused.
+    if (world() > 2) {
+      const int other = even ? odds[0] : evens[0];
+      EXPECT_EQ(at(rank)
+                    .ReduceSumInGroup(send.data(), sum.data(), kCount, other,
+                                      {}, kHostStream)
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+    }
+  });
+}
+
 // Every rank queues all its sends before any receive. The two socket
 // buffers of a connection absorb about 16 MiB here, so each message is twice
 // that: run call by call this deadlocks (tcp_transport_failure_test checks).
