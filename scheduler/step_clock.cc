@@ -596,7 +596,15 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
     const ScheduleOptions& options) {
   StepGrouping out;
-  if (options.bucket_bytes > 0 || GroupsWithinNodes(plan, settings.topology)) {
+  // Owner groups within nodes still send the sums of unreduced gradients
+  // across the nodes: those are clocked.
+  const bool sums_across =
+      (settings.across_groups > 1 || plan.groups.size() > 1) &&
+      std::any_of(matrices.begin(), matrices.end(), [](const MatrixSpec& m) {
+        return m.layout == Layout::kUnreduced;
+      });
+  if (options.bucket_bytes > 0 ||
+      (!sums_across && GroupsWithinNodes(plan, settings.topology))) {
     if (options.bucket_bytes > 0) out.bucket_bytes = options.bucket_bytes;
     MUONPS_ASSIGN_OR_RETURN(
         StepScheduleCutter cutter,

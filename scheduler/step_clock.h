@@ -221,7 +221,9 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 // back while later stacks compute); across nodes every phase pays a ring's
 // fill over all ranks and a row gather is bound by its owners' NICs, so
 // fewer, larger phases win. A plan whose owner groups each lie on one node
-// counts as one node: each group's transfers stay on its node. The candidates
+// counts as one node: each group's transfers stay on its node, unless it
+// sums unreduced gradients across the groups (a bucket's sums across run
+// only on its few owners' NICs, so larger buckets spread them). The candidates
 // are one bucket of everything, then 64 MiB times 64, 16, 4 and 1 (those
 // smaller than everything).
 struct StepGrouping {
