@@ -110,8 +110,6 @@ class Phase {
       : s_(*state), parts_(state->groups.size()) {}
 
   void Add(const Transfer& x, const MatrixSpec& spec) {
-    // Clocked from the group sums' reduces (AddAcross), group or no group.
-    if (x.kind == TransferKind::kSumAcrossGroups) return;
     const GroupLinks& group = s_.groups[x.group];
     if (group.n == 1) return;  // NCCL with one rank moves nothing
     Part& part = parts_[x.group];
@@ -150,25 +148,7 @@ class Phase {
       case TransferKind::kSendToOwner:
         Move(group.members[0], x.owner, s);
         break;
-      case TransferKind::kSumAcrossGroups:
-        break;  // returned above
     }
-  }
-
-  // The sum of an unreduced gradient of `spec` summed onto owner `x.owner`
-  // (x a kReduceToOwner of the first group) with its owners in the other
-  // `groups` - 1 groups, each on other nodes: a ring all-reduce, 2 (G-1)/G
-  // of the bytes each way over the owner's NIC.
-  void AddAcross(const Transfer& x, const MatrixSpec& spec, int groups) {
-    Part& part = parts_[x.group];
-    ++part.messages;
-    part.across = std::max(part.across, groups);
-    const double s = static_cast<double>(spec.rows * spec.cols *
-                                         s_.settings.wire_bytes_per_element);
-    const double bytes = 2 * s * (groups - 1) / groups;
-    RankBytes& b = Touch(x.owner);
-    b.nic_sent += bytes;
-    b.nic_received += bytes;
   }
 
   // Seconds of the phase (0 with no transfers); adds its bytes to the
@@ -207,9 +187,6 @@ class Phase {
       GroupLinks& group = s_.groups[k];
       double latency = part.messages * l.latency_us * 1e-6;
       if (part.ring) latency += (group.n - 1) * l.hop_latency_us * 1e-6;
-      if (part.across > 1) {
-        latency += 2 * (part.across - 1) * l.hop_latency_us * 1e-6;
-      }
       // Members no transfer touched move only the ring's bytes.
       if (part.touched < group.n) {
         part.bandwidth_seconds =
@@ -236,7 +213,6 @@ class Phase {
     double ring_reduce_nvlink = 0;  // of them, reduces' (at reduce_gbs)
     double ring_nic = 0;
     bool ring = false;
-    int across = 0;  // groups of the all-reduce across them (AddAcross)
     int64_t messages = 0;
     int touched = 0;  // members with point-to-point bytes
     double bandwidth_seconds = 0;
@@ -313,7 +289,11 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
   Clocked out;
   double timeline = 0;  // end of the last phase on the transfer timeline
   std::vector<std::pair<double, double>> busy;  // the phases, in time order
-  const auto finish = [&](Phase& phase) {
+  auto run = [&](const std::vector<Transfer>& transfers) {
+    Phase phase(state);
+    for (const Transfer& x : transfers) {
+      phase.Add(x, matrices[x.item.matrix]);
+    }
     const double seconds = phase.Finish(&out.latency);
     if (seconds > 0) {
       ++out.phases;
@@ -322,33 +302,11 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
     out.transfer += seconds;
     timeline += seconds;
   };
-  auto run = [&](const std::vector<Transfer>& transfers) {
-    Phase phase(state);
-    for (const Transfer& x : transfers) {
-      phase.Add(x, matrices[x.item.matrix]);
-    }
-    finish(phase);
-  };
-  // Owner groups that sum unreduced gradients across them: the schedule's
-  // own, or those the clocked group stands for (settings.across_groups).
-  const int across = std::max(settings.across_groups,
-                              static_cast<int>(schedule.groups.size()));
   // A bucket without transfers lands with the one before it.
   std::vector<double> landed(schedule.buckets.size(), 0.0);
   for (const scheduler::Phase& p : schedule.order) {
     if (p.kind != PhaseKind::kToOwners) continue;
-    const std::vector<Transfer>& to = schedule.buckets[p.index].to_owners;
-    run(to);
-    if (across > 1) {
-      // The second launch: the first group's sums with their copies'.
-      Phase sums(state);
-      for (const Transfer& x : to) {
-        if (x.kind == TransferKind::kReduceToOwner && x.group == 0) {
-          sums.AddAcross(x, matrices[x.item.matrix], across);
-        }
-      }
-      finish(sums);
-    }
+    run(schedule.buckets[p.index].to_owners);
     landed[p.index] = timeline;
   }
   out.gradients_landed = timeline;
@@ -465,7 +423,7 @@ std::vector<OwnerGrouping> ChooseOwnerGroupings(
     return {};
   }
   for (const MatrixSpec& spec : matrices) {
-    if (spec.layout == Layout::kRowSharded) return {};
+    if (spec.layout != Layout::kReplicated) return {};
   }
   // Each node's workers in rank order, the nodes by number.
   absl::flat_hash_map<int32_t, std::vector<int32_t>> by_node;
@@ -596,15 +554,7 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
     const ScheduleOptions& options) {
   StepGrouping out;
-  // Owner groups within nodes still send the sums of unreduced gradients
-  // across the nodes: those are clocked.
-  const bool sums_across =
-      (settings.across_groups > 1 || plan.groups.size() > 1) &&
-      std::any_of(matrices.begin(), matrices.end(), [](const MatrixSpec& m) {
-        return m.layout == Layout::kUnreduced;
-      });
-  if (options.bucket_bytes > 0 ||
-      (!sums_across && GroupsWithinNodes(plan, settings.topology))) {
+  if (options.bucket_bytes > 0 || GroupsWithinNodes(plan, settings.topology)) {
     if (options.bucket_bytes > 0) out.bucket_bytes = options.bucket_bytes;
     MUONPS_ASSIGN_OR_RETURN(
         StepScheduleCutter cutter,
@@ -733,7 +683,6 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
     }
     std::vector<const CostModel*> by_rank;
     ClockSettings alone = settings;
-    alone.across_groups = static_cast<int>(grouping.size());
     alone.topology.node.clear();
     for (const int32_t r : ranks) {
       by_rank.push_back(models[r]);

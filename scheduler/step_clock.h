@@ -19,13 +19,6 @@
 //   its slowest group's part. Groups hold copies of one plan, so their
 //   parts match and one timeline still stands for all of them. Without
 //   groups: one group of every worker.
-// - Owner groups that sum unreduced gradients across them (the schedule's
-//   groups, or ClockSettings::across_groups where one group is clocked for
-//   all): after each bucket's sums within the groups, a second phase where
-//   each owner all-reduces its sums with its copies in the G - 1 other
-//   groups (on other nodes): 2 (G-1)/G of the bytes each way over its NIC,
-//   a latency per message and 2 (G-1) hops once; the owners' rings run at
-//   once, each on its own NIC.
 // - Every bucket's gradients-to-owners phase is issued first, in the
 //   schedule's order, back to back from time 0 (gradients are all ready
 //   when the step starts, after backward). A bucket's gradients have
@@ -138,14 +131,10 @@ using OwnerGrouping = std::vector<std::vector<int32_t>>;
 // smallest first, groups of k whole nodes each (the nodes in the order of
 // their numbers, k at a time; a group's workers in rank order). Offered
 // when the workers span more than one node, every node has as many, none
-// is dedicated (`dedicated` == 0) and every matrix is replicated or
-// unreduced. Replicated: every trainer holds every gradient whole, so each
-// group's owners compute every update from their own trainers' gradients, and
-// updates never leave the group. Unreduced: each group sums its trainers' parts
-// onto its owner, and the owners of one matrix, one per group, then add those
-// sums: a ring all-reduce across the groups, S 2 (G-1)/G over each owner's NIC;
-// only that sum leaves a group. Otherwise (a row-sharded matrix, say) none
-// (empty): one group of every worker.
+// is dedicated (`dedicated` == 0) and every matrix is replicated (every
+// trainer holds every gradient whole, so each group's owners compute
+// every update from their own trainers' gradients, and updates never leave
+// the group). Otherwise none (empty): one group of every worker.
 std::vector<OwnerGrouping> ChooseOwnerGroupings(
     const std::vector<MatrixSpec>& matrices, const Topology& topology,
     int workers, int dedicated);
@@ -158,11 +147,6 @@ struct ClockSettings {
   double control_rounds_ms = 4.0;
   double transfer_contention = 0;
   bool peer_writes = true;
-  // The clocked schedule's (first) group stands for this many alike owner
-  // groups on other nodes, whose owners sum each unreduced gradient across
-  // them after each bucket's sums within the group (a grouping clocked as
-  // its first group alone); a schedule with groups of its own counts them.
-  int across_groups = 1;
 };
 
 struct StepClock {
@@ -221,9 +205,7 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 // back while later stacks compute); across nodes every phase pays a ring's
 // fill over all ranks and a row gather is bound by its owners' NICs, so
 // fewer, larger phases win. A plan whose owner groups each lie on one node
-// counts as one node: each group's transfers stay on its node, unless it
-// sums unreduced gradients across the groups (a bucket's sums across run
-// only on its few owners' NICs, so larger buckets spread them). The candidates
+// counts as one node: each group's transfers stay on its node. The candidates
 // are one bucket of everything, then 64 MiB times 64, 16, 4 and 1 (those
 // smaller than everything).
 struct StepGrouping {

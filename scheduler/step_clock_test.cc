@@ -326,56 +326,6 @@ TEST(OwnerGroupsClockTest, APhaseTakesItsSlowestGroupsPart) {
               1e-6 + 2e-6, 1e-15);
 }
 
-TEST(OwnerGroupsClockTest, UnreducedSumsCrossTheNicsOnceAfterEachGroupsSum) {
-  // The matrix unreduced, each group on a node of its own: each group sums
-  // its parts over NVLink, then the two owners all-reduce their sums over
-  // their NICs (2 (G-1)/G = 1 times the bytes each way), then each group's
-  // update goes back over NVLink. One group clocked alone, standing for
-  // two (across_groups), takes the same time.
-  TwoGroups t = MakeTwoGroups();
-  t.matrices[0].layout = Layout::kUnreduced;
-  t.schedule = *BuildStepSchedule(t.matrices, t.plan);
-  ASSERT_EQ(t.schedule.buckets[0].to_owners.size(), 4u);
-  EXPECT_EQ(t.schedule.buckets[0].to_owners[2].kind,
-            TransferKind::kSumAcrossGroups);
-  ClockSettings settings;
-  settings.peer_writes = false;
-  LinkFigures& l = settings.topology.links;
-  l.latency_us = 0;
-  l.hop_latency_us = 0;
-  l.nvlink_gbs = 100;
-  l.inter_node_gbs = 1;
-  settings.topology.node = {0, 0, 1, 1};
-  const std::vector<double> no_compute(t.schedule.stacks.size(), 0.0);
-  const double gradient = 1024.0 * 1024 * 4;  // fp32 on the wire
-  const double update = 1024.0 * 1024 * 2;    // bf16
-  const StepClock clock =
-      ClockStep(t.matrices, t.schedule, no_compute, 4, settings);
-  EXPECT_DOUBLE_EQ(clock.gradients_landed_seconds,
-                   gradient / 100e9 + gradient / 1e9);
-  EXPECT_DOUBLE_EQ(clock.stage_seconds,
-                   gradient / 100e9 + gradient / 1e9 + update / 100e9);
-  EXPECT_EQ(clock.phases, 3);
-
-  OwnershipPlan half = t.plan;
-  half.groups.clear();
-  half.worker_ids = {"a", "b"};
-  const StepSchedule one = *BuildStepSchedule(t.matrices, half);
-  ClockSettings alone = settings;
-  alone.topology.node = {0, 0};
-  alone.across_groups = 2;
-  EXPECT_DOUBLE_EQ(
-      ClockStep(t.matrices, one, no_compute, 2, alone).stage_seconds,
-      clock.stage_seconds);
-  // Latencies: each group's sum, the sums across (a message and 2 (G-1)
-  // hops), the updates back.
-  l.latency_us = 1;
-  l.hop_latency_us = 2;
-  EXPECT_NEAR(ClockStep(t.matrices, t.schedule, no_compute, 4, settings)
-                  .latency_seconds,
-              (1e-6 + 2e-6) + (1e-6 + 2 * 2e-6) + (1e-6 + 2e-6), 1e-15);
-}
-
 TEST(OwnerGroupsClockTest, PeerWritesWithinTheGroupsOnOneNode) {
   // Group {0, 1} on one node writes its update with the copy engines;
   // group {2, 3} spans two nodes and broadcasts it over the NICs.

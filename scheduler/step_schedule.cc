@@ -181,6 +181,19 @@ absl::Status CheckPlanLayout(const std::vector<MatrixSpec>& matrices,
     }
   }
   MUONPS_RETURN_IF_ERROR(CheckOwnerGroups(plan));
+  if (!plan.groups.empty()) {
+    // Each group computes from its own trainers' gradients: whole on every
+    // trainer (replicated), or split over the group's trainers
+    // (row_sharded, HSDP's replica groups); never parts of a sum over all.
+    for (const MatrixSpec& spec : matrices) {
+      if (spec.layout != Layout::kUnreduced) continue;
+      return InvalidField(
+          "plan.groups",
+          absl::StrCat("owner groups need every gradient whole or split "
+                       "within a group; ",
+                       Quoted(spec.name), " is unreduced"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -314,17 +327,14 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
   for (size_t k = 0; k < ends.size(); ++k) {
     Bucket& bucket = buckets[k];
     // Every item sends one update back per group; a gradient moves in
-    // unless the item is replicated and its owner has a trainer, and an
-    // unreduced one's sums then go across the groups.
+    // unless the item is replicated and its owner has a trainer.
     const size_t count = static_cast<size_t>(groups.count());
     size_t items = 0, sent = 0;
     for (size_t i = begin; i < ends[k]; ++i) {
       const int32_t m = arrival[i];
       const MatrixSpec& spec = matrices[m];
       items += static_cast<size_t>(spec.experts);
-      if (spec.layout == Layout::kUnreduced && count > 1) {
-        sent += static_cast<size_t>(spec.experts) * count * 2;
-      } else if (spec.layout != Layout::kReplicated) {
+      if (spec.layout != Layout::kReplicated) {
         sent += static_cast<size_t>(spec.experts) * count;
       } else if (plan.dedicated > 0) {
         for (int32_t g = 0; g < groups.count(); ++g) {
@@ -372,23 +382,6 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
               bucket.from_owners.push_back(
                   {TransferKind::kScatterFromOwner, item, owner, payload, g});
               break;
-          }
-        }
-      }
-    }
-    // Then the groups' sums of unreduced gradients across the groups: a
-    // second launch, after every sum within a group has landed.
-    if (count > 1) {
-      for (size_t i = begin; i < ends[k]; ++i) {
-        const int32_t m = arrival[i];
-        const MatrixSpec& spec = matrices[m];
-        if (spec.layout != Layout::kUnreduced) continue;
-        const int64_t payload = PayloadBytes(spec);
-        for (int32_t g = 0; g < groups.count(); ++g) {
-          for (int32_t e = 0; e < spec.experts; ++e) {
-            bucket.to_owners.push_back(
-                {TransferKind::kSumAcrossGroups, ItemRef{m, e},
-                 groups.OwnerIn(plan.owners[m][e], g), payload, g});
           }
         }
       }
@@ -456,8 +449,6 @@ absl::string_view TransferKindName(TransferKind kind) {
       return "broadcast";
     case TransferKind::kScatterFromOwner:
       return "scatter";
-    case TransferKind::kSumAcrossGroups:
-      return "sum across groups";
   }
   return "unknown";
 }

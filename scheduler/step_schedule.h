@@ -8,10 +8,7 @@
 // deadlocks; the schedule is a pure function of the matrices and the plan,
 // so every worker computes the same one. With owner groups
 // (OwnershipPlan::groups) every item has one owner, one stack and one
-// transfer of each kind per group, group after group; an unreduced item's
-// gradients are summed within each group onto its owner there, and those
-// owners, one per group, then add their sums (kSumAcrossGroups, among the
-// ranks at one position of every group). Thread-compatible.
+// transfer of each kind per group, group after group. Thread-compatible.
 #ifndef MUONPS_SCHEDULER_STEP_SCHEDULE_H_
 #define MUONPS_SCHEDULER_STEP_SCHEDULE_H_
 
@@ -33,9 +30,6 @@ enum class TransferKind {
                         // (from the worker of trainer 0)
   kBroadcastFromOwner,  // the update, to every rank (replicated, unreduced)
   kScatterFromOwner,    // the update's row ranges back (row_sharded)
-  kSumAcrossGroups,     // with owner groups: an unreduced gradient's group
-                        // sums added by its owners, one in every group
-                        // (after every kReduceToOwner of the bucket)
 };
 
 absl::string_view TransferKindName(TransferKind kind);
@@ -55,8 +49,7 @@ struct Bucket {
   int32_t first_layer = 0;  // highest layer in the bucket
   int32_t last_layer = 0;   // lowest
   int64_t bytes = 0;        // gradient payload of the bucket
-  // Gradients to owners (none for replicated matrices; with owner groups
-  // the sums across the groups last), then updates back.
+  // Gradients to owners (none for replicated matrices), then updates back.
   std::vector<Transfer> to_owners;
   std::vector<Transfer> from_owners;
 };
@@ -135,13 +128,13 @@ struct ScheduleOptions {
 // `matrices`, as a plan that arrives from elsewhere is checked before it is
 // scheduled. Its layout (CheckPlanLayout): not when the names, expert
 // counts or owners (out of range) disagree, no worker has a trainer
-// (plan.dedicated) or its owner groups are not valid (CheckOwnerGroups). Its
-// batches: not when a batch of the plan disagrees with its owners: worker out
-// of range, a second batch of one (worker, shape), an item that is not the
-// worker's or not of the batch's shape, fewer or more items than the worker
-// owns of that shape, an item missing from its batch (another listed twice), no
-// parts, a part of count < 1, or counts not summing to the items. The planner's
-// own plans pass.
+// (plan.dedicated), its owner groups are not valid (CheckOwnerGroups) or
+// there are groups and a matrix is unreduced. Its batches: not when a
+// batch of the plan disagrees with its owners: worker out of range, a second
+// batch of one (worker, shape), an item that is not the worker's or not of the
+// batch's shape, fewer or more items than the worker owns of that shape, an
+// item missing from its batch (another listed twice), no parts, a part of count
+// < 1, or counts not summing to the items. The planner's own plans pass.
 absl::Status CheckStepPlan(const std::vector<MatrixSpec>& matrices,
                            const OwnershipPlan& plan);
 absl::Status CheckPlanLayout(const std::vector<MatrixSpec>& matrices,

@@ -160,6 +160,10 @@ TEST_F(OwnerGroupsTest, SchedulesRefuseGroupsThatDoNotHold) {
   plan.dedicated = 1;
   refused(plan, "plan.groups", "dedicated");
   std::vector<MatrixSpec> mixed = input_.matrices;
+  mixed[2].layout = Layout::kUnreduced;
+  const absl::Status s = BuildStepSchedule(mixed, plan_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("\"l1.b\" is unreduced")) << s;
   // Row-sharded matrices split within each group (HSDP): gathered to and
   // scattered from the group's owner.
   mixed[2].layout = Layout::kRowSharded;
@@ -175,46 +179,7 @@ TEST_F(OwnerGroupsTest, SchedulesRefuseGroupsThatDoNotHold) {
   EXPECT_EQ(gathers, 2);  // one per group
 }
 
-// An unreduced matrix in groups: each group sums its members' parts onto
-// its own owner, then those owners, one per group, add the sums in a
-// second part of the bucket's transfers; the updates go back within each
-// group.
-TEST_F(OwnerGroupsTest, UnreducedGradientsAreSummedInEachGroupThenAcross) {
-  std::vector<MatrixSpec> mixed = input_.matrices;
-  mixed[2].layout = Layout::kUnreduced;
-  absl::StatusOr<StepSchedule> both = BuildStepSchedule(mixed, plan_);
-  ASSERT_TRUE(both.ok()) << both.status();
-  int reduces = 0, sums = 0, broadcasts = 0;
-  for (const Bucket& b : both->buckets) {
-    bool summing = false;
-    for (const Transfer& t : b.to_owners) {
-      EXPECT_EQ(t.item.matrix, 2);
-      EXPECT_TRUE(plan_.groups[t.group][0] == t.owner ||
-                  plan_.groups[t.group][1] == t.owner)
-          << "the owner of group " << t.group;
-      if (t.kind == TransferKind::kReduceToOwner) {
-        EXPECT_FALSE(summing) << "a group's sum after the sums across";
-        ++reduces;
-      } else {
-        EXPECT_EQ(t.kind, TransferKind::kSumAcrossGroups);
-        summing = true;
-        ++sums;
-      }
-    }
-    for (const Transfer& t : b.from_owners) {
-      if (t.item.matrix == 2) {
-        EXPECT_EQ(t.kind, TransferKind::kBroadcastFromOwner);
-        ++broadcasts;
-      }
-    }
-  }
-  EXPECT_EQ(reduces, 2);  // one per group
-  EXPECT_EQ(sums, 2);     // each group's owner adds its sum
-  EXPECT_EQ(broadcasts, 2);
-}
-
-TEST(ChooseOwnerGroupingsTest,
-     WholeNodesOnlyForJobsOfWholeGradientsOnEqualNodes) {
+TEST(ChooseOwnerGroupingsTest, WholeNodesOnlyForReplicatedJobsOnEqualNodes) {
   const std::vector<MatrixSpec> replicated = ReplicatedMatrices();
   EXPECT_THAT(ChooseOwnerGroupings(replicated, Topology::Blocks(4, 2), 4, 0),
               ElementsAre(ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3))));
@@ -229,12 +194,8 @@ TEST(ChooseOwnerGroupingsTest,
               IsEmpty());
   EXPECT_THAT(ChooseOwnerGroupings(replicated, Topology::Blocks(4, 2), 4, 1),
               IsEmpty());
-  // Unreduced gradients are summed within the groups, then across them.
   std::vector<MatrixSpec> mixed = replicated;
   mixed[0].layout = Layout::kUnreduced;
-  EXPECT_THAT(ChooseOwnerGroupings(mixed, Topology::Blocks(4, 2), 4, 0),
-              ElementsAre(ElementsAre(ElementsAre(0, 1), ElementsAre(2, 3))));
-  mixed[1].layout = Layout::kRowSharded;
   EXPECT_THAT(ChooseOwnerGroupings(mixed, Topology::Blocks(4, 2), 4, 0),
               IsEmpty());
   EXPECT_THAT(ChooseOwnerGroupings(replicated, Topology{}, 4, 0), IsEmpty());

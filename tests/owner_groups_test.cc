@@ -7,8 +7,7 @@
 // and training matches the single-process replay bit for bit. A killed
 // worker's momentum is not lost: its restarted process gets every copy it
 // owns from the other node's owners, with no checkpoint and no reset
-// allowed. Unreduced gradients are summed within each node, then across
-// the nodes by the owners of each matrix, one per node.
+// allowed.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -46,10 +45,6 @@ class OwnerGroupsProcessTest : public DataPlaneFixture {
  protected:
   // Workers 0 and 1 on node-a, 2 and 3 on node-b; `steps` steps.
   void StartAndStep(int64_t steps, const std::string& checkpoint_dir = "") {
-    StartAndStepModel(model_, steps, checkpoint_dir);
-  }
-  void StartAndStepModel(const ModelDecl& model, int64_t steps,
-                         const std::string& checkpoint_dir = "") {
     ClusterOptions cluster = {.workers = kWorkers,
                               .io_timeout_ms = 5000,
                               .lease_ttl_ms = 1500,
@@ -62,8 +57,8 @@ class OwnerGroupsProcessTest : public DataPlaneFixture {
     for (int w = 0; w < kWorkers; ++w) {
       cluster.worker_node[w] = w < 2 ? "node-a" : "node-b";
     }
-    ASSERT_NO_FATAL_FAILURE(StartJob(model, cluster));
-    reference_.emplace(model, kWorkers, PlannedAlgorithms());
+    ASSERT_NO_FATAL_FAILURE(StartJob(model_, cluster));
+    reference_.emplace(model_, kWorkers, PlannedAlgorithms());
     ASSERT_NO_FATAL_FAILURE(Step(1, steps));
   }
   void Step(int64_t first, int64_t last) {
@@ -143,38 +138,6 @@ TEST_F(OwnerGroupsProcessTest, EachNodeOwnsEveryMatrixAndTrainsAsTheReplay) {
           Momentum(group[position], m.name, 0);
       ASSERT_TRUE(held.ok()) << m.name << ": " << held.status();
       EXPECT_EQ(*held, expected) << m.name << " on w" << group[position];
-    }
-  }
-}
-
-// Every matrix unreduced (DDP without its all-reduce): each node sums its
-// two trainers' gradients onto its own owner of the matrix, and the two
-// owners, one per node, add their nodes' sums across the network; only
-// those sums leave a node. Both nodes then hold the replay's momentum, and
-// training matches it bit for bit.
-TEST_F(OwnerGroupsProcessTest,
-       UnreducedSumsEachNodeThenAcrossAndTrainsAsTheReplay) {
-  const ModelDecl model = SmallModel(scheduler::Layout::kUnreduced);
-  ASSERT_NO_FATAL_FAILURE(StartAndStepModel(model, 8));
-  const std::vector<std::vector<int>> groups = Groups();
-  ASSERT_EQ(groups.size(), 2u) << plan().DebugString();
-  std::set<std::set<int>> nodes;
-  for (const std::vector<int>& g : groups) nodes.insert({g.begin(), g.end()});
-  EXPECT_EQ(nodes, (std::set<std::set<int>>{{0, 1}, {2, 3}}));
-  ExpectMatchesReference(*reference_, kExact);
-  for (const testing::MatrixDecl& m : model.matrices) {
-    for (int64_t e = 0; e < m.options.experts; ++e) {
-      const int owner = Owner(m.name, e);
-      int position = 0;
-      while (groups[0][position] != owner) ++position;
-      const std::vector<float> expected = reference_->momentum(m.name, e);
-      for (const std::vector<int>& group : groups) {
-        const absl::StatusOr<std::vector<float>> held =
-            Momentum(group[position], m.name, e);
-        ASSERT_TRUE(held.ok()) << m.name << ": " << held.status();
-        EXPECT_EQ(*held, expected)
-            << m.name << "[" << e << "] on w" << group[position];
-      }
     }
   }
 }

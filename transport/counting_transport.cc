@@ -145,31 +145,5 @@ absl::Status CountingTransport::BroadcastInGroup(void* data, size_t count,
   return status;
 }
 
-absl::Status CountingTransport::ReduceSumInGroup(const float* send, float* recv,
-                                                 size_t count, int root,
-                                                 absl::Span<const int> order,
-                                                 Stream stream) {
-  absl::Status status =
-      inner_->ReduceSumInGroup(send, recv, count, root, order, stream);
-  if (!status.ok()) return status;
-  // Positions in the group (ranks, without groups).
-  const int n = group().empty() ? size() : static_cast<int>(group().size());
-  const int r = PositionInGroup(rank()), to = PositionInGroup(root);
-  const double bytes = Bytes(count, DType::kFloat32);
-  Count("reduce", count, r != to ? bytes : 0,
-        n > 1 && r != (to + 1) % n ? bytes : 0);
-  return status;
-}
-
-absl::Status CountingTransport::SumAcrossGroups(float* data, size_t count,
-                                                Stream stream) {
-  absl::Status status = inner_->SumAcrossGroups(data, count, stream);
-  if (!status.ok() || across().size() < 2) return status;
-  const double g = static_cast<double>(across().size());
-  const double bytes = 2 * (g - 1) / g * Bytes(count, DType::kFloat32);
-  Count("all_reduce", count, bytes, bytes);
-  return status;
-}
-
 }  // namespace transport
 }  // namespace muonps

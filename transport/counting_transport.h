@@ -1,9 +1,9 @@
 // CountingTransport: a Transport that forwards every call to another one and
 // counts the bytes this rank sends and receives through it, the calls, and
 // the launches they take, into Prometheus counters (the first three
-// labelled by operation: send, recv, reduce, broadcast, all_reduce). The one
-// place a worker's step traffic (tensors and control messages alike) is
-// measured, whatever transport carries it.
+// labelled by operation: send, recv, reduce, broadcast). The one place a
+// worker's step traffic (tensors and control messages alike) is measured,
+// whatever transport carries it.
 //
 // What a collective counts is the share of one rank in a chain (ring)
 // schedule, the way NCCL runs a rooted collective and the way the bytes of
@@ -81,14 +81,6 @@ class CountingTransport : public Transport {
   // from the root's position, as Broadcast over every rank.
   absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
                                 Stream stream) override;
-  // Counted as ReduceSum over the group's members (positions).
-  absl::Status ReduceSumInGroup(const float* send, float* recv, size_t count,
-                                int root, absl::Span<const int> order,
-                                Stream stream) override;
-  // Counted as a ring all-reduce over the G groups' members at this
-  // position: 2 (G-1)/G of the bytes each way (op "all_reduce").
-  absl::Status SumAcrossGroups(float* data, size_t count,
-                               Stream stream) override;
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
   }

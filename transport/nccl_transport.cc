@@ -168,32 +168,26 @@ NcclTransport::~NcclTransport() {
   // local state only.
   if (healthy) {
     const Clock::time_point deadline = DeadlineAfter(options_.timeout);
-    for (ncclComm_t sub : {group_comm_, across_comm_}) {
-      if (sub == nullptr) continue;
-      healthy = healthy && Accepted(ncclCommFinalize(sub)) &&
-                AwaitState(sub, deadline) == ncclSuccess;
+    if (group_comm_ != nullptr) {
+      healthy = Accepted(ncclCommFinalize(group_comm_)) &&
+                AwaitState(group_comm_, deadline) == ncclSuccess;
     }
     healthy = healthy && Accepted(ncclCommFinalize(comm_)) &&
               AwaitState(comm_, deadline) == ncclSuccess;
   }
   if (healthy) {
-    for (ncclComm_t sub : {group_comm_, across_comm_}) {
-      if (sub != nullptr) (void)ncclCommDestroy(sub);
-    }
+    if (group_comm_ != nullptr) (void)ncclCommDestroy(group_comm_);
     (void)ncclCommDestroy(comm_);
   } else {
     spdlog::warn(
         "{} on cuda:{}: finalizing the communicator failed or took over {}; "
         "aborting it (ncclCommAbort)",
         Who(), cuda_device_, absl::FormatDuration(options_.timeout));
-    for (ncclComm_t sub : {group_comm_, across_comm_}) {
-      if (sub != nullptr) (void)ncclCommAbort(sub);
-    }
+    if (group_comm_ != nullptr) (void)ncclCommAbort(group_comm_);
     (void)ncclCommAbort(comm_);
   }
   comm_ = nullptr;
   group_comm_ = nullptr;
-  across_comm_ = nullptr;
   ReleaseAwait();
 }
 
@@ -248,13 +242,10 @@ void NcclTransport::AbortCommunicator() {
   spdlog::warn("{} on cuda:{}: aborting the communicator (ncclCommAbort): {}",
                Who(), cuda_device_, reason);
   const absl::Time start = absl::Now();
-  for (ncclComm_t sub : {group_comm_, across_comm_}) {
-    if (sub != nullptr) (void)ncclCommAbort(sub);
-  }
+  if (group_comm_ != nullptr) (void)ncclCommAbort(group_comm_);
   (void)ncclCommAbort(comm_);
   comm_ = nullptr;
   group_comm_ = nullptr;
-  across_comm_ = nullptr;
   spdlog::info("{} on cuda:{}: communicator aborted in {}", Who(), cuda_device_,
                absl::FormatDuration(absl::Now() - start));
 }
@@ -311,9 +302,8 @@ absl::Status NcclTransport::ReadState(int* state, std::string* text) {
   ncclResult_t result = ncclSuccess;
   // This communicator, then the group's: the first error, else in
   // progress where either is.
-  for (ncclComm_t comm : {comm_, group_comm_, across_comm_}) {
-    if (gone) break;
-    if (comm == nullptr) continue;
+  for (ncclComm_t comm : {comm_, group_comm_}) {
+    if (gone || comm == nullptr) break;
     result = ncclCommGetAsyncError(comm, &async);
     const ncclResult_t read = result == ncclSuccess ? async : result;
     if (!Accepted(read)) {
@@ -323,9 +313,6 @@ absl::Status NcclTransport::ReadState(int* state, std::string* text) {
         absl::StrAppend(text, " (from ncclCommGetAsyncError itself)");
       }
       if (comm == group_comm_) absl::StrAppend(text, " (owner group)");
-      if (comm == across_comm_) {
-        absl::StrAppend(text, " (one position of every owner group)");
-      }
       break;
     }
     if (comm == comm_ || read == ncclInProgress) *state = read;
@@ -366,44 +353,21 @@ absl::Status NcclTransport::OnGroups(
   // No NCCL call may start while AwaitFrom's receive is being enqueued.
   MUONPS_RETURN_IF_ERROR(FinishAwaitEnqueue());
   const Clock::time_point deadline = DeadlineAfter(options_.timeout);
-  // The colour is the group's index, the key this rank: the group's ranks
-  // are its members in ascending order.
-  MUONPS_RETURN_IF_ERROR(
-      Split(mine, rank_,
-            absl::StrCat("ncclCommSplit into owner group ", mine, " of ",
-                         groups.size(), " (", groups[mine].size(), " ranks)"),
-            deadline, &group_comm_));
-  // Groups alike in size pair up by position: the colour is this rank's
-  // position in its group, the key its group, so the communicator's ranks
-  // are the groups in order. Every rank takes part in both splits alike.
-  const bool alike = std::all_of(
-      groups.begin(), groups.end(),
-      [&](const std::vector<int>& g) { return g.size() == groups[0].size(); });
-  if (groups.size() < 2 || !alike) return absl::OkStatus();
-  const int position = static_cast<int>(
-      std::find(groups[mine].begin(), groups[mine].end(), rank_) -
-      groups[mine].begin());
-  return Split(
-      position, mine,
-      absl::StrCat("ncclCommSplit into position ", position,
-                   " of every owner group (", groups.size(), " ranks)"),
-      deadline, &across_comm_);
-}
-
-absl::Status NcclTransport::Split(int colour, int key, const std::string& what,
-                                  Clock::time_point deadline,
-                                  ncclComm** made_comm) {
+  const std::string what =
+      absl::StrCat("ncclCommSplit into owner group ", mine, " of ",
+                   groups.size(), " (", groups[mine].size(), " ranks)");
   absl::Status split;
   {
     absl::MutexLock lock(&comm_mu_);
     if (comm_ == nullptr) return Gone();
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    // Non-blocking, NCCL makes the communicator on a thread of its own and
-    // writes its handle into splitting_ by the time this one leaves
-    // ncclInProgress.
+    // The colour is the group's index, the key this rank: the group's
+    // ranks are its members in ascending order. Non-blocking, NCCL makes
+    // the communicator on a thread of its own and writes its handle into
+    // splitting_ by the time this one leaves ncclInProgress.
     const ncclResult_t result =
-        ncclCommSplit(comm_, colour, key, &splitting_, &config);
+        ncclCommSplit(comm_, mine, rank_, &splitting_, &config);
     if (!Accepted(result)) split = NcclStatus(result, what, comm_);
   }
   if (!split.ok()) return Fail(split);
@@ -420,11 +384,11 @@ absl::Status NcclTransport::Split(int colour, int key, const std::string& what,
       (void)ncclCommAbort(made);  // aborted meanwhile: so is this one
       split = Gone();
     } else {
-      *made_comm = made;
+      group_comm_ = made;
     }
   }
   if (!split.ok()) return Fail(split);
-  // The new communicator ready too (every one is polled).
+  // The group's communicator ready too (both polled).
   return WaitUntilReady(what.c_str(), deadline);
 }
 

@@ -28,13 +28,10 @@
 //
 // Owner groups. FormGroups splits a communicator per group from this one
 // (ncclCommSplit, non-blocking like it: every rank of this communicator
-// takes part, each with its group's index as colour); BroadcastInGroup and
-// ReduceSumInGroup run on it, queued with this transport's calls and issued
-// in the same NCCL group. Groups alike in size also get a communicator per
-// position (the colour the rank's position in its group), on which
-// SumAcrossGroups all-reduces. Both are aborted, finalized and polled for
-// errors with this one. (One group of every rank gets a communicator of its
-// own too.)
+// takes part, each with its group's index as colour); BroadcastInGroup is
+// an ncclBroadcast on it, queued with this transport's calls and issued in
+// the same NCCL group. It is aborted, finalized and polled for errors with
+// this one. (One group of every rank gets a communicator of its own too.)
 //
 // Summation order. NCCL picks its own order (it depends on the topology
 // and the algorithm): ReduceSum checks `order` and otherwise ignores it, so
@@ -151,16 +148,6 @@ class NcclTransport final : public Transport {
   // root's position in the group).
   absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
                                 Stream stream) override;
-  // ncclReduce (sum) on the group's communicator, the root its position
-  // there; `order` is checked and otherwise ignored.
-  absl::Status ReduceSumInGroup(const float* send, float* recv, size_t count,
-                                int root, absl::Span<const int> order,
-                                Stream stream) override;
-  // ncclAllReduce (sum) in place on the position's communicator: every
-  // rank of it gets the same bits (NCCL's all-reduce hands each element's
-  // one sum to every rank).
-  absl::Status SumAcrossGroups(float* data, size_t count,
-                               Stream stream) override;
 
   // Polls `stream` (cudaStreamQuery) and the communicator's asynchronous
   // error every 0.1 to 1 ms until the stream has finished everything
@@ -194,8 +181,7 @@ class NcclTransport final : public Transport {
 
  protected:
   // ncclCommSplit of this communicator; waits (up to options.timeout) for
-  // the group's communicator, then, for groups alike in size, one per
-  // position. FAILED_PRECONDITION inside a group.
+  // the group's communicator. FAILED_PRECONDITION inside a group.
   absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
                         int mine) override;
 
@@ -204,9 +190,7 @@ class NcclTransport final : public Transport {
 
   // One queued data call.
   struct Call {
-    enum class Kind { kSend, kRecv, kReduce, kBroadcast, kAllReduce };
-    // The communicator a call runs on.
-    enum class Comm { kPlan, kGroup, kAcross };
+    enum class Kind { kSend, kRecv, kReduce, kBroadcast };
     Kind kind;
     const void* send;  // kSend, kReduce, kBroadcast (== recv)
     void* recv;        // kRecv, kReduce (root only), kBroadcast
@@ -214,7 +198,7 @@ class NcclTransport final : public Transport {
     DType dtype;       // kFloat32 for kReduce.
     int peer;          // The peer for kSend/kRecv, the root otherwise.
     Stream stream;
-    Comm comm = Comm::kPlan;
+    bool in_group = false;  // on the owner group's communicator
   };
 
   NcclTransport(int cuda_device, int rank, int size, const NcclOptions& options,
@@ -222,12 +206,6 @@ class NcclTransport final : public Transport {
 
   // FAILED_PRECONDITION quoting the first failure once broken or aborted.
   absl::Status Usable() const;
-  // One non-blocking ncclCommSplit of this communicator (`colour`, `key`;
-  // `what` names it in errors), waited for up to `deadline`; the new
-  // communicator goes to *made (comm_mu_'s), aborted and polled with this
-  // one.
-  absl::Status Split(int colour, int key, const std::string& what,
-                     Clock::time_point deadline, ncclComm** made);
   // Polls the communicator's state and `done` (given that state,
   // ncclSuccess or ncclInProgress) every 0.1 to 1 ms until `done` says
   // true: OK. An asynchronous NCCL error: UNAVAILABLE naming `waiting_for`,
@@ -315,9 +293,6 @@ class NcclTransport final : public Transport {
   ncclComm* comm_ ABSL_GUARDED_BY(comm_mu_);  // Null once aborted.
   // The owner group's communicator (null: none, or aborted).
   ncclComm* group_comm_ ABSL_GUARDED_BY(comm_mu_) = nullptr;
-  // The communicator of this rank's position in every owner group, in group
-  // order (null: groups of one, groups unlike in size, or aborted).
-  ncclComm* across_comm_ ABSL_GUARDED_BY(comm_mu_) = nullptr;
   // Where a non-blocking ncclCommSplit writes the group's communicator
   // (NCCL's thread) until OnGroups takes it, once the parent left
   // ncclInProgress (owner thread only).

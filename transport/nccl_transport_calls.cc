@@ -61,17 +61,12 @@ std::string NcclTransport::Describe(const Call& call) {
       return absl::StrCat("ncclRecv of ", call.count, " ",
                           DTypeName(call.dtype), " from rank ", call.peer);
     case Call::Kind::kReduce:
-      return absl::StrCat(
-          "ncclReduce (sum) of ", call.count, " floats to root ", call.peer,
-          call.comm == Call::Comm::kGroup ? " of the owner group" : "");
+      return absl::StrCat("ncclReduce (sum) of ", call.count,
+                          " floats to root ", call.peer);
     case Call::Kind::kBroadcast:
-      return absl::StrCat(
-          "ncclBroadcast of ", call.count, " ", DTypeName(call.dtype),
-          " from root ", call.peer,
-          call.comm == Call::Comm::kGroup ? " of the owner group" : "");
-    case Call::Kind::kAllReduce:
-      return absl::StrCat("ncclAllReduce (sum) of ", call.count,
-                          " floats across the owner groups");
+      return absl::StrCat("ncclBroadcast of ", call.count, " ",
+                          DTypeName(call.dtype), " from root ", call.peer,
+                          call.in_group ? " of the owner group" : "");
   }
   return "unknown call";
 }
@@ -109,11 +104,9 @@ absl::Status NcclTransport::EnqueueQueue() {
       issued = NcclStatus(result, "ncclGroupStart", comm_);
     } else {
       for (const Call& call : calls) {
-        // The owner groups' calls go to their communicators, in the same
-        // NCCL group (all are non-blocking).
-        ncclComm_t comm = call.comm == Call::Comm::kGroup    ? group_comm_
-                          : call.comm == Call::Comm::kAcross ? across_comm_
-                                                             : comm_;
+        // The owner group's calls go to its communicator, in the same
+        // NCCL group (both are non-blocking).
+        ncclComm_t comm = call.in_group ? group_comm_ : comm_;
         if (comm == nullptr) {
           if (issued.ok()) issued = Gone();
           continue;
@@ -135,10 +128,6 @@ absl::Status NcclTransport::EnqueueQueue() {
             result = ncclBroadcast(call.send, call.recv, call.count,
                                    NcclType(call.dtype), call.peer, comm,
                                    call.stream);
-            break;
-          case Call::Kind::kAllReduce:
-            result = ncclAllReduce(call.send, call.recv, call.count,
-                                   ncclFloat32, ncclSum, comm, call.stream);
             break;
         }
         if (!Accepted(result) && issued.ok()) {
@@ -310,75 +299,7 @@ absl::Status NcclTransport::BroadcastInGroup(void* data, size_t count,
   }
   if (!valid.ok()) return Fail(valid);
   Call call{Call::Kind::kBroadcast, data, data, count, dtype, position, stream};
-  call.comm = Call::Comm::kGroup;
-  return Queue(call);
-}
-
-absl::Status NcclTransport::ReduceSumInGroup(const float* send, float* recv,
-                                             size_t count, int root,
-                                             absl::Span<const int> order,
-                                             Stream stream) {
-  if (group().empty()) {
-    return ReduceSum(send, recv, count, root, order, stream);
-  }
-  MUONPS_RETURN_IF_ERROR(Usable());
-  const int position = PositionInGroup(root);
-  const bool on_root = root == rank_;
-  absl::Status valid = CheckStream(stream, "ReduceSumInGroup");
-  if (valid.ok() && position < 0) {
-    valid = absl::InvalidArgumentError(absl::StrCat(
-        "ReduceSumInGroup: root ", root, " is not in this rank's owner group"));
-  } else if (valid.ok() &&
-             count > std::numeric_limits<size_t>::max() / sizeof(float)) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("ReduceSumInGroup: count ", count, " is too large"));
-  } else if (valid.ok() && count > 0 && send == nullptr) {
-    valid = absl::InvalidArgumentError("ReduceSumInGroup: send is null");
-  } else if (valid.ok() && on_root && count > 0 && recv == nullptr) {
-    valid = absl::InvalidArgumentError(
-        "ReduceSumInGroup: recv is null on the root");
-  } else if (valid.ok() && on_root && PartlyOverlap(send, recv, count)) {
-    valid = absl::InvalidArgumentError(
-        "ReduceSumInGroup: recv partly overlaps send (it may only be send "
-        "itself)");
-  } else if (valid.ok() && !OrdersRanks(order, group())) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("ReduceSumInGroup: order is not a permutation of the ",
-                     group().size(), " ranks of the owner group"));
-  }
-  if (!valid.ok()) return Fail(valid);
-  Call call{Call::Kind::kReduce,
-            send,
-            on_root ? recv : nullptr,
-            count,
-            DType::kFloat32,
-            position,
-            stream};
-  call.comm = Call::Comm::kGroup;
-  return Queue(call);
-}
-
-absl::Status NcclTransport::SumAcrossGroups(float* data, size_t count,
-                                            Stream stream) {
-  if (group().empty() || static_cast<int>(group().size()) == size_) {
-    return absl::OkStatus();
-  }
-  MUONPS_RETURN_IF_ERROR(Usable());
-  absl::Status valid = CheckStream(stream, "SumAcrossGroups");
-  if (valid.ok() && across().empty()) {
-    valid = absl::FailedPreconditionError(
-        "SumAcrossGroups: the owner groups differ in size");
-  } else if (valid.ok() &&
-             count > std::numeric_limits<size_t>::max() / sizeof(float)) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("SumAcrossGroups: count ", count, " is too large"));
-  } else if (valid.ok() && count > 0 && data == nullptr) {
-    valid = absl::InvalidArgumentError("SumAcrossGroups: data is null");
-  }
-  if (!valid.ok()) return Fail(valid);
-  Call call{Call::Kind::kAllReduce, data, data,  count,
-            DType::kFloat32,        -1,   stream};
-  call.comm = Call::Comm::kAcross;
+  call.in_group = true;
   return Queue(call);
 }
 

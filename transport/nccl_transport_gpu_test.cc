@@ -693,20 +693,6 @@ TEST_F(NcclTransportGpuTest, OneRankOwnerGroupBroadcastsOnASplitCommunicator) {
     ASSERT_CUDA(everyone.Download(&got));
     EXPECT_EQ(got, b);
   }
-  // A sum within the group of one is its own part; one group has nothing
-  // to add across.
-  DeviceFloats summed(kCount);
-  ASSERT_CUDA(summed.error());
-  absl::Status summing = transport->ReduceSumInGroup(
-      everyone.get(), summed.get(), kCount, /*root=*/0, {0}, stream.get());
-  ASSERT_TRUE(summing.ok()) << summing;
-  summing = transport->SumAcrossGroups(summed.get(), kCount, stream.get());
-  ASSERT_TRUE(summing.ok()) << summing;
-  summing = transport->Synchronize(stream.get(), absl::Seconds(10));
-  ASSERT_TRUE(summing.ok()) << summing;
-  std::vector<float> sum;
-  ASSERT_CUDA(summed.Download(&sum));
-  EXPECT_EQ(sum, b);
   // A root outside the group breaks the transport, naming the call.
   const absl::Status outside = transport->BroadcastInGroup(
       in_group.get(), kCount, DType::kFloat32, /*root=*/1, stream.get());
@@ -791,60 +777,6 @@ TEST_F(NcclTransportGpuTest, TwoOwnerGroupsOfOneBroadcastApartAndExchange) {
     }
     for (std::thread& thread : ranks) thread.join();
   });
-}
-
-// Two ranks on two GPUs in two owner groups of one, as an unreduced
-// gradient's step runs there: each sums its group (itself) onto its owner,
-// then the two owners add their sums on the communicator of their position
-// (ncclAllReduce): both end with the same bits, a + b.
-TEST_F(NcclTransportGpuTest, TwoOwnerGroupsOfOneSumTheirGroupsAcross) {
-  if (devices_ < 2) GTEST_SKIP() << "needs 2 GPUs, found " << devices_;
-  absl::StatusOr<std::string> id = NcclTransport::NewUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  constexpr size_t kCount = (size_t{1} << 20) + 3;
-  std::vector<std::vector<float>> sums(2);
-  WithinOrExit(absl::Seconds(180), "sums across two owner groups", [&] {
-    TwoRankBarrier before_teardown;
-    std::vector<std::thread> ranks;
-    for (int rank = 0; rank < 2; ++rank) {
-      ranks.emplace_back([&, rank] {
-        NcclOptions options;
-        options.timeout = absl::Seconds(30);
-        absl::StatusOr<std::unique_ptr<NcclTransport>> created =
-            NcclTransport::Create(rank, rank, 2, *id, options);
-        ASSERT_TRUE(created.ok()) << created.status();
-        NcclTransport& t = **created;
-        absl::Status status = t.FormGroups({{0}, {1}});
-        ASSERT_TRUE(status.ok()) << status;
-        OwnedStream stream;
-        ASSERT_CUDA(stream.error());
-        DeviceFloats part(kCount), sum(kCount);
-        ASSERT_CUDA(part.Upload(Ramp(kCount, 0.1f + rank, 0.37f * (rank + 1))));
-        ASSERT_TRUE(t.GroupStart().ok());
-        status = t.ReduceSumInGroup(part.get(), sum.get(), kCount, rank, {},
-                                    stream.get());
-        ASSERT_TRUE(status.ok()) << status;
-        ASSERT_TRUE(t.GroupEnd().ok());
-        ASSERT_TRUE(t.GroupStart().ok());
-        status = t.SumAcrossGroups(sum.get(), kCount, stream.get());
-        ASSERT_TRUE(status.ok()) << status;
-        ASSERT_TRUE(t.GroupEnd().ok());
-        status = t.Synchronize(stream.get(), absl::Seconds(30));
-        ASSERT_TRUE(status.ok()) << status;
-        ASSERT_CUDA(sum.Download(&sums[rank]));
-        before_teardown.Arrive();
-        created->reset();
-      });
-    }
-    for (std::thread& thread : ranks) thread.join();
-  });
-  ASSERT_EQ(sums[0].size(), kCount);
-  EXPECT_EQ(sums[0], sums[1]);
-  const std::vector<float> a = Ramp(kCount, 0.1f, 0.37f);
-  const std::vector<float> b = Ramp(kCount, 1.1f, 0.74f);
-  for (size_t i = 0; i < kCount; i += 4099) {
-    EXPECT_EQ(sums[0][i], a[i] + b[i]) << "at " << i;
-  }
 }
 
 }  // namespace

@@ -53,15 +53,6 @@ class SplitTransport final : public Transport {
                                 Stream stream) override {
     return data_->BroadcastInGroup(data, count, dtype, root, stream);
   }
-  absl::Status ReduceSumInGroup(const float* send, float* recv, size_t count,
-                                int root, absl::Span<const int> order,
-                                Stream stream) override {
-    return data_->ReduceSumInGroup(send, recv, count, root, order, stream);
-  }
-  absl::Status SumAcrossGroups(float* data, size_t count,
-                               Stream stream) override {
-    return data_->SumAcrossGroups(data, count, stream);
-  }
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return data_->Synchronize(stream, timeout);
   }

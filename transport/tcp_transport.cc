@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <numeric>
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
@@ -311,90 +310,30 @@ absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
                                      size_t count, int root,
                                      absl::Span<const int> order,
                                      Stream stream) {
-  std::vector<int> everyone(size());
-  std::iota(everyone.begin(), everyone.end(), 0);
-  return QueueSum("ReduceSum", send, recv, count, root, everyone, order,
-                  stream);
-}
-
-absl::Status TcpTransport::ReduceSumInGroup(const float* send, float* recv,
-                                            size_t count, int root,
-                                            absl::Span<const int> order,
-                                            Stream stream) {
-  if (group().empty()) {
-    return ReduceSum(send, recv, count, root, order, stream);
-  }
-  return QueueSum("ReduceSumInGroup", send, recv, count, root, group(), order,
-                  stream);
-}
-
-absl::Status TcpTransport::SumAcrossGroups(float* data, size_t count,
-                                           Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
-  if (group().empty() || static_cast<int>(group().size()) == size()) {
-    return absl::OkStatus();
-  }
-  absl::Status valid;
-  if (across().empty()) {
-    valid = absl::FailedPreconditionError(
-        "SumAcrossGroups: the owner groups differ in size");
-  } else if (count > std::numeric_limits<size_t>::max() / 4) {
-    valid = absl::InvalidArgumentError("SumAcrossGroups: count is too large");
-  } else if (count > 0 && data == nullptr) {
-    valid = absl::InvalidArgumentError("SumAcrossGroups: data is null");
-  }
-  if (!valid.ok()) return Fail(valid);
-  // Every member sends its part to every other and adds all of them in
-  // group order: each ends with the same bits.
-  const size_t bytes = count * sizeof(float);
-  PendingSum sum;
-  sum.recv = data;
-  sum.count = count;
-  for (const int peer : across()) {
-    if (peer == rank_) {
-      sum.parts.push_back(data);
-      continue;
-    }
-    QueueSend(peer, MessageKind::kReduce, data, bytes);
-    float* part = Scratch(count);
-    QueueRecv(peer, MessageKind::kReduce, part, bytes);
-    sum.parts.push_back(part);
-  }
-  sums_.push_back(std::move(sum));
-  return RunUnlessGrouped();
-}
-
-absl::Status TcpTransport::QueueSum(const char* call, const float* send,
-                                    float* recv, size_t count, int root,
-                                    const std::vector<int>& ranks,
-                                    absl::Span<const int> order,
-                                    Stream stream) {
-  MUONPS_RETURN_IF_ERROR(Usable());
-  MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
-  const std::string root_field = absl::StrCat(call, ": root");
-  absl::Status valid = CheckRank(root, root_field.c_str(), /*allow_self=*/true);
-  if (valid.ok() && !std::binary_search(ranks.begin(), ranks.end(), root)) {
-    valid = absl::InvalidArgumentError(absl::StrCat(
-        call, ": root ", root, " is not in this rank's owner group"));
-  } else if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
-    valid =
-        absl::InvalidArgumentError(absl::StrCat(call, ": count is too large"));
+  absl::Status valid = CheckRank(root, "ReduceSum: root", /*allow_self=*/true);
+  if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
+    valid = absl::InvalidArgumentError("ReduceSum: count is too large");
   } else if (valid.ok() && count > 0 && send == nullptr) {
-    valid = absl::InvalidArgumentError(absl::StrCat(call, ": send is null"));
+    valid = absl::InvalidArgumentError("ReduceSum: send is null");
   } else if (valid.ok() && root == rank_ && count > 0 && recv == nullptr) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat(call, ": recv is null on the root"));
+    valid = absl::InvalidArgumentError("ReduceSum: recv is null on the root");
   } else if (valid.ok() && root == rank_ && PartlyOverlap(send, recv, count)) {
-    valid = absl::InvalidArgumentError(absl::StrCat(
-        call, ": recv partly overlaps send (it may only be send itself)"));
-  }
-  if (valid.ok() && !OrdersRanks(order, ranks)) {
     valid = absl::InvalidArgumentError(
-        absl::StrCat(call, ": order is not a permutation of the ", ranks.size(),
-                     ranks.size() == static_cast<size_t>(size())
-                         ? " ranks"
-                         : " ranks of the owner group"));
+        "ReduceSum: recv partly overlaps send (it may only be send itself)");
+  }
+  if (valid.ok() && !order.empty()) {
+    std::vector<bool> seen(size(), false);
+    bool permutation = static_cast<int>(order.size()) == size();
+    for (int r : order) {
+      permutation = permutation && r >= 0 && r < size() && !seen[r];
+      if (permutation) seen[r] = true;
+    }
+    if (!permutation) {
+      valid = absl::InvalidArgumentError(absl::StrCat(
+          "ReduceSum: order is not a permutation of the ", size(), " ranks"));
+    }
   }
   if (!valid.ok()) return Fail(valid);
   const size_t bytes = count * sizeof(float);
@@ -403,28 +342,22 @@ absl::Status TcpTransport::QueueSum(const char* call, const float* send,
     return RunUnlessGrouped();
   }
   PendingSum sum;
+  std::vector<const float*> by_rank(sockets_.size());
   sum.recv = recv;
   sum.count = count;
-  // parts[i]: ranks[i]'s part.
-  std::vector<const float*> parts(ranks.size());
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const int peer = ranks[i];
+  for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank_) {
-      parts[i] = send;
+      by_rank[peer] = send;
       continue;
     }
     float* part = Scratch(count);
     QueueRecv(peer, MessageKind::kReduce, part, bytes);
-    parts[i] = part;
+    by_rank[peer] = part;
   }
   if (order.empty()) {
-    sum.parts = std::move(parts);
+    sum.parts = std::move(by_rank);
   } else {
-    for (const int r : order) {
-      sum.parts.push_back(
-          parts[std::lower_bound(ranks.begin(), ranks.end(), r) -
-                ranks.begin()]);
-    }
+    for (int r : order) sum.parts.push_back(by_rank[r]);
   }
   sums_.push_back(std::move(sum));
   return RunUnlessGrouped();

@@ -166,14 +166,6 @@ class TcpTransport final : public Transport {
   // `recv` may be `send` itself but must not partly overlap it.
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
                          absl::Span<const int> order, Stream stream) override;
-  // As ReduceSum, among the owner group's ranks.
-  absl::Status ReduceSumInGroup(const float* send, float* recv, size_t count,
-                                int root, absl::Span<const int> order,
-                                Stream stream) override;
-  // Every rank at this one's position sends its part to every other and
-  // adds all of them in group order.
-  absl::Status SumAcrossGroups(float* data, size_t count,
-                               Stream stream) override;
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
   // Calls have finished when they return: OK unless broken.
@@ -199,12 +191,6 @@ class TcpTransport final : public Transport {
 
   // FAILED_PRECONDITION quoting the first error once broken.
   absl::Status Usable() const;
-  // A sum of the parts of `ranks` (ascending) onto `root`, one of them:
-  // ReduceSum's and ReduceSumInGroup's checks and queueing; `call` names
-  // the call in errors.
-  absl::Status QueueSum(const char* call, const float* send, float* recv,
-                        size_t count, int root, const std::vector<int>& ranks,
-                        absl::Span<const int> order, Stream stream);
   // INVALID_ARGUMENT (breaking the transport) unless kHostStream.
   absl::Status HostStreamOnly(Stream stream);
   // Marks the transport broken by `status` (annotated with rank and

@@ -46,46 +46,7 @@ absl::Status Transport::FormGroups(
   if (!formed.ok()) return formed;
   group_ = groups[mine];
   std::sort(group_.begin(), group_.end());
-  across_.clear();
-  const bool alike = std::all_of(
-      groups.begin(), groups.end(),
-      [&](const std::vector<int>& g) { return g.size() == groups[0].size(); });
-  if (alike) {
-    const size_t position =
-        std::find(groups[mine].begin(), groups[mine].end(), rank()) -
-        groups[mine].begin();
-    for (const std::vector<int>& g : groups) across_.push_back(g[position]);
-  }
   return absl::OkStatus();
-}
-
-bool Transport::OrdersRanks(absl::Span<const int> order,
-                            const std::vector<int>& ranks) {
-  if (order.empty()) return true;
-  if (order.size() != ranks.size()) return false;
-  std::vector<int> sorted(order.begin(), order.end());
-  std::sort(sorted.begin(), sorted.end());
-  return sorted == ranks;
-}
-
-absl::Status Transport::ReduceSumInGroup(const float* send, float* recv,
-                                         size_t count, int root,
-                                         absl::Span<const int> order,
-                                         Stream stream) {
-  if (group_.empty() || static_cast<int>(group_.size()) == size()) {
-    return ReduceSum(send, recv, count, root, order, stream);
-  }
-  return absl::UnimplementedError(
-      "ReduceSumInGroup: this transport does not sum within owner groups");
-}
-
-absl::Status Transport::SumAcrossGroups(float* /*data*/, size_t /*count*/,
-                                        Stream /*stream*/) {
-  if (group_.empty() || static_cast<int>(group_.size()) == size()) {
-    return absl::OkStatus();
-  }
-  return absl::UnimplementedError(
-      "SumAcrossGroups: this transport does not sum across owner groups");
 }
 
 int Transport::PositionInGroup(int rank) const {

@@ -26,10 +26,8 @@
 // Owner groups. A plan may split the ranks into groups, each a step's
 // owners among themselves (scheduler's OwnershipPlan::groups): every rank
 // forms them once with FormGroups, and BroadcastInGroup then runs among the
-// members of its own group only, as ReduceSumInGroup does; SumAcrossGroups
-// adds among the ranks at one position of every group. A transport whose
-// library needs a communicator per group (NCCL) makes it there, split from
-// its own, and one per position.
+// members of its own group only. A transport whose library needs a
+// communicator per group (NCCL) makes it there, split from its own.
 //
 // Failure. A peer that disappears or stalls past the transport's timeout
 // makes a pending call (host) or Synchronize (device) fail with UNAVAILABLE
@@ -114,27 +112,6 @@ class Transport {
   virtual absl::Status BroadcastInGroup(void* data, size_t count, DType dtype,
                                         int root, Stream stream);
 
-  // Sum of the members' `send` into `recv` on `root`, a member of this
-  // rank's group: ReduceSum among the group's members only (only they call
-  // it, in the same order). `order` is empty (the group's ranks ascending)
-  // or a permutation of the group's ranks. Outside owner groups, ReduceSum.
-  // The default refuses groups (UNIMPLEMENTED); TCP sums as its ReduceSum
-  // does, NCCL reduces on the group's communicator.
-  virtual absl::Status ReduceSumInGroup(const float* send, float* recv,
-                                        size_t count, int root,
-                                        absl::Span<const int> order,
-                                        Stream stream);
-  // Adds `data` (`count` fp32 elements) in place over the ranks at this
-  // rank's position in every owner group (groups[g][p] of the groups
-  // FormGroups was given, p this rank's position there): each ends with
-  // the same sum, bit for bit, of the groups' parts. Only those ranks call
-  // it, in the same order. With one group (or none) there is nothing to add:
-  // OK. FAILED_PRECONDITION when the groups differ in size (positions do
-  // not pair up). The default refuses groups (UNIMPLEMENTED); TCP adds in
-  // group order, NCCL all-reduces on a communicator split by position.
-  virtual absl::Status SumAcrossGroups(float* data, size_t count,
-                                       Stream stream);
-
   // Waits until the work this transport enqueued on `stream` is done,
   // failing (and aborting) if a peer is lost or nothing progresses for
   // `timeout`. Host transports return at once (their calls have finished).
@@ -165,12 +142,6 @@ class Transport {
   // `rank`'s position in this rank's group (its rank within the group's
   // own communicator); -1 for a rank outside it. Without groups, `rank`.
   int PositionInGroup(int rank) const;
-  // The ranks at this rank's position of every group, in group order (this
-  // rank among them); empty without groups or when they differ in size.
-  const std::vector<int>& across() const { return across_; }
-  // Whether `order` is empty or a permutation of `ranks` (ascending).
-  static bool OrdersRanks(absl::Span<const int> order,
-                          const std::vector<int>& ranks);
   // What FormGroups does besides recording the groups, once they are
   // checked: `mine` indexes this rank's group. Wrappers pass the groups on.
   virtual absl::Status OnGroups(const std::vector<std::vector<int>>& /*groups*/,
@@ -179,8 +150,7 @@ class Transport {
   }
 
  private:
-  std::vector<int> group_;   // this rank's, sorted; empty: every rank
-  std::vector<int> across_;  // see across()
+  std::vector<int> group_;  // this rank's, sorted; empty: every rank
 };
 
 }  // namespace transport

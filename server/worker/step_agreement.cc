@@ -248,14 +248,6 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     if (trainer >= 0 && trainer < trainers_) roster_.reduce_order[trainer] = r;
     if (r >= trainers_) roster_.reduce_order[r] = r;
   }
-  roster_.group_reduce_order.clear();
-  if (plan_.groups.count() > 1) {
-    for (const int r : roster_.reduce_order) {
-      if (plan_.groups.group_of(r) == plan_.group) {
-        roster_.group_reduce_order.push_back(r);
-      }
-    }
-  }
   if (round.exchange) MUONPS_RETURN_IF_ERROR(ExchangeWindows(round.windows));
   if (plan_.ownership.dedicated > 0) {
     MUONPS_RETURN_IF_ERROR(ShareFollowerInfo());

@@ -34,10 +34,6 @@ struct StepRoster {
   // Worker ranks by trainer rank, then those with no trainer: the order
   // every sum adds the parts in (the trainers' parts alone keep their bits).
   std::vector<int> reduce_order;
-  // With owner groups: reduce_order's ranks of this rank's group, the order
-  // a sum within the group adds them in (the groups' sums are then added
-  // in group order). Empty without groups.
-  std::vector<int> group_reduce_order;
   // What a worker with no trainer learns from rank 0 (empty elsewhere):
   // the unreduced AdamW tensors' sizes (name order), and by job matrix
   // whether its trainers keep the whole parameter of a row-sharded

@@ -64,17 +64,6 @@ class FaultyTransport final : public transport::Transport {
     MUONPS_RETURN_IF_ERROR(Count());
     return inner_->BroadcastInGroup(data, count, dtype, root, stream);
   }
-  absl::Status ReduceSumInGroup(const float* send, float* recv, size_t count,
-                                int root, absl::Span<const int> order,
-                                Stream stream) override {
-    MUONPS_RETURN_IF_ERROR(Count());
-    return inner_->ReduceSumInGroup(send, recv, count, root, order, stream);
-  }
-  absl::Status SumAcrossGroups(float* data, size_t count,
-                               Stream stream) override {
-    MUONPS_RETURN_IF_ERROR(Count());
-    return inner_->SumAcrossGroups(data, count, stream);
-  }
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
   }

@@ -353,19 +353,11 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
     const bool mine = x.owner == plan_.rank;
     float* staged =
         mine ? plan_.StagedData(momentum_.slot(x.item.matrix, e)) : nullptr;
-    if (x.kind == scheduler::TransferKind::kSumAcrossGroups) {
-      continue;  // the second launch, below
-    }
     if (x.kind == scheduler::TransferKind::kReduceToOwner) {
       const float* part =
           b == nullptr ? plan_.zeros->data() : b->grad + e * size;
-      if (roster_.group_reduce_order.empty()) {
-        MUONPS_RETURN_IF_ERROR(t_.ReduceSum(part, staged, size, x.owner,
-                                            roster_.reduce_order, stream_));
-      } else {
-        MUONPS_RETURN_IF_ERROR(t_.ReduceSumInGroup(
-            part, staged, size, x.owner, roster_.group_reduce_order, stream_));
-      }
+      MUONPS_RETURN_IF_ERROR(t_.ReduceSum(part, staged, size, x.owner,
+                                          roster_.reduce_order, stream_));
       bytes_ += size * 4;
       continue;
     }
@@ -407,26 +399,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
       }
     }
   }
-  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-  // Owner groups: each unreduced gradient's group sums, added by its owners
-  // across the groups once they have landed (a launch of its own: it reads
-  // what the sums above write).
-  bool across = false;
-  for (const scheduler::Transfer& x : bucket.to_owners) {
-    if (x.kind != scheduler::TransferKind::kSumAcrossGroups ||
-        x.group != plan_.group || x.owner != plan_.rank) {
-      continue;
-    }
-    if (!across) MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-    across = true;
-    const scheduler::MatrixSpec& spec = plan_.matrices[x.item.matrix];
-    const int64_t size = spec.rows * spec.cols;
-    MUONPS_RETURN_IF_ERROR(t_.SumAcrossGroups(
-        plan_.StagedData(momentum_.slot(x.item.matrix, x.item.expert)), size,
-        stream_));
-    bytes_ += size * 4;
-  }
-  return across ? t_.GroupEnd() : absl::OkStatus();
+  return t_.GroupEnd();
 }
 
 absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
