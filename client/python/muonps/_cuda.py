@@ -95,12 +95,14 @@ class CudaPath:
         self.forward_hooks = []
         self.forward_waits = False
         self.waited = -1
-        # Unreduced: each rank lends its own gradient, so what DDP writes
-        # back into it at the end of backward (muonps.ddp's hook returns
-        # the bucket unchanged) is the value marked, and the versions are
-        # taken once backward is done (_settle). Replicated: that write is
-        # DDP's reduced gradient, which the step marks again.
-        self.settle_after_backward = average_others
+        # Unreduced: the workers average every gradient, the AdamW
+        # tensors' too (the means AdamW then reads). Each rank lends its own
+        # gradient, so what DDP writes back into it at the end of backward
+        # (muonps.ddp's hook returns the bucket unchanged) is the value
+        # marked, and the versions are taken once backward is done
+        # (_settle). Replicated: that write is DDP's reduced gradient, which
+        # the step marks again.
+        self.workers_average = average_others
         self.settling = False
         for index in range(len(param_groups)):
             client.set_group(index, [n for n, _, g in self.lent if g == index])
@@ -139,7 +141,7 @@ class CudaPath:
             client.gradient_ready(
                 name, torch.cuda.current_stream(device).cuda_stream)
             ready[name] = buffer._version
-            if self.settle_after_backward and not self.settling:
+            if self.workers_average and not self.settling:
                 self.settling = True
                 _queue_callback(self._after_backward)
 
@@ -265,7 +267,7 @@ class CudaPath:
         # per call: the client steps none of these tensors. Under forward
         # waits it needs only the AdamW means the workers averaged.
         if self.adamw is not None:
-            if self.forward_waits and self.settle_after_backward:
+            if self.forward_waits and self.workers_average:
                 self.wait_for_parameters(0)
             self.adamw.step(values)
         return outcome
