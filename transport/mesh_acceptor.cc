@@ -170,7 +170,11 @@ absl::Status HelloAcceptor::AcceptWaiting() {
           absl::StrCat("rank ", params_.rank,
                        " accepting peers: ", socket.status().message()));
     }
-    if (pending_.size() >= kMaxPendingHandshakes) {
+    // Every peer still missing may be in its handshake at once (a star's
+    // rank 0 takes every other rank together): the cap keeps room for them.
+    const size_t cap =
+        std::max(kMaxPendingHandshakes, static_cast<size_t>(missing_));
+    if (pending_.size() >= cap) {
       Drop(*pending_.front(), "evicted: too many connections in handshake");
       pending_.erase(pending_.begin());
     }

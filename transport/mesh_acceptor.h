@@ -9,7 +9,8 @@
 // moment they arrive, whatever else is pending. A pending connection that
 // does not complete its handshake within `handshake_timeout` of its accept
 // (capped by the mesh deadline) is closed. At most kMaxPendingHandshakes
-// connections are pending at once; a newer one evicts the oldest, so a
+// connections, or as many as peers are still missing where that is more,
+// are pending at once; a newer one evicts the oldest, so a
 // flood of idle connections cannot stop the listener from being drained
 // (a real peer finishes its handshake within a round trip and, if evicted
 // anyway, retries). No thread is started.

@@ -174,7 +174,7 @@ absl::StatusOr<Connection> ConnectToLowerRank(int peer, const HostPort& address,
 absl::StatusOr<std::vector<Connection>> ConnectMesh(
     const Socket& listener, int rank, const std::vector<HostPort>& addresses,
     uint64_t session, absl::string_view secret, absl::Duration connect_timeout,
-    absl::Duration handshake_timeout) {
+    absl::Duration handshake_timeout, MeshShape shape) {
   MeshParams params;
   params.rank = rank;
   params.world = static_cast<int>(addresses.size());
@@ -186,10 +186,13 @@ absl::StatusOr<std::vector<Connection>> ConnectMesh(
   std::vector<Connection> sockets(addresses.size());
   // Lower ranks first: each of them reaches its accepting phase only after
   // its own lower ranks accepted it, so the waits form a chain, not a cycle.
-  for (int peer = 0; peer < rank; ++peer) {
+  // A star: rank 0 accepts every other rank, which connects to it alone.
+  const int lower = shape == MeshShape::kStar ? std::min(rank, 1) : rank;
+  for (int peer = 0; peer < lower; ++peer) {
     MUONPS_ASSIGN_OR_RETURN(sockets[peer],
                             ConnectToLowerRank(peer, addresses[peer], params));
   }
+  if (shape == MeshShape::kStar && rank > 0) return sockets;
   MUONPS_RETURN_IF_ERROR(AcceptHigherRanks(listener, params, &sockets));
   return sockets;
 }

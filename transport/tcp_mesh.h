@@ -35,6 +35,15 @@
 namespace muonps {
 namespace transport {
 
+// Which pairs of ranks a mesh connects.
+enum class MeshShape {
+  kFull,  // every pair
+  // Rank 0 with every other rank, and no other pair: for messages that all
+  // have rank 0 at one end (a step's control rounds), N - 1 connections
+  // rather than N (N - 1) / 2, each rank but 0 opening one.
+  kStar,
+};
+
 // Connects `rank` to every other rank of `addresses` (index = rank, including
 // this one; its own entry is not used) for `session`, proving membership
 // with `secret` (the job's data-plane secret, already checked to be long
@@ -48,11 +57,13 @@ namespace transport {
 // was a handshake refused for disagreeing, the message saying which values
 // differ (for example "session 7, this rank is on session 8"), or one that
 // failed the job's membership proof; DEADLINE_EXCEEDED when a peer never
-// answered. Sockets opened before a failure are closed.
+// answered. Sockets opened before a failure are closed. With `shape`
+// kStar only rank 0 and each other rank are connected: the other entries
+// stay empty too.
 absl::StatusOr<std::vector<Connection>> ConnectMesh(
     const Socket& listener, int rank, const std::vector<HostPort>& addresses,
     uint64_t session, absl::string_view secret, absl::Duration connect_timeout,
-    absl::Duration handshake_timeout);
+    absl::Duration handshake_timeout, MeshShape shape);
 
 }  // namespace transport
 }  // namespace muonps

@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
       std::vector<Connection> sockets,
       ConnectMesh(listener->socket(), rank, addresses, session,
                   options.data_plane_secret, options.connect_timeout,
-                  options.io_timeout));
+                  options.io_timeout, options.shape));
   return absl::WrapUnique(
       new TcpTransport(rank, session, options, std::move(sockets)));
 }
@@ -139,6 +139,7 @@ absl::Status TcpTransport::AwaitFrom(int peer, size_t /*count*/,
                                      DType /*dtype*/, absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(CheckRank(peer, "peer", /*allow_self=*/false));
+  MUONPS_RETURN_IF_ERROR(CheckConnected(peer, "peer"));
   if (group_.grouped()) {
     return absl::FailedPreconditionError("AwaitFrom inside a group");
   }
@@ -215,6 +216,16 @@ absl::Status TcpTransport::CheckRank(int peer, const char* role,
       allow_self ? "" : absl::StrCat(" other than this rank (", rank_, ")")));
 }
 
+absl::Status TcpTransport::CheckConnected(int peer, const char* role) const {
+  if (options_.shape != MeshShape::kStar || rank_ == 0 || peer == 0 ||
+      peer == rank_) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(role, " ", peer, ": rank ", rank_,
+                   " of a star connects to rank 0 alone"));
+}
+
 void TcpTransport::QueueSend(int peer, MessageKind kind, const void* data,
                              size_t bytes) {
   OutgoingMessage message;
@@ -281,6 +292,9 @@ absl::Status TcpTransport::Send(const void* data, size_t count, DType dtype,
   if (valid.ok()) {
     valid = CheckRank(peer, "Send: peer", /*allow_self=*/false);
   }
+  if (valid.ok()) {
+    valid = CheckConnected(peer, "Send: peer");
+  }
   if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Send: data is null");
   }
@@ -298,6 +312,9 @@ absl::Status TcpTransport::Recv(void* data, size_t count, DType dtype, int peer,
   if (valid.ok()) {
     valid = CheckRank(peer, "Recv: peer", /*allow_self=*/false);
   }
+  if (valid.ok()) {
+    valid = CheckConnected(peer, "Recv: peer");
+  }
   if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Recv: data is null");
   }
@@ -313,7 +330,10 @@ absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
   absl::Status valid = CheckRank(root, "ReduceSum: root", /*allow_self=*/true);
-  if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
+  if (valid.ok() && options_.shape == MeshShape::kStar && root != 0) {
+    valid = absl::InvalidArgumentError(absl::StrCat(
+        "ReduceSum: root ", root, ": a star sums at rank 0 alone"));
+  } else if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
     valid = absl::InvalidArgumentError("ReduceSum: count is too large");
   } else if (valid.ok() && count > 0 && send == nullptr) {
     valid = absl::InvalidArgumentError("ReduceSum: send is null");
@@ -375,7 +395,17 @@ absl::Status TcpTransport::Broadcast(void* data, size_t count, DType dtype,
   if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Broadcast: data is null");
   }
+  if (valid.ok() && options_.shape == MeshShape::kStar && root != 0 &&
+      group_.grouped()) {
+    valid = absl::FailedPreconditionError(absl::StrCat(
+        "Broadcast from rank ", root,
+        " inside a group: a star relays it through rank 0, one hop after "
+        "the other"));
+  }
   if (!valid.ok()) return Fail(valid);
+  if (options_.shape == MeshShape::kStar && root != 0) {
+    return RelayBroadcast(data, *bytes, root);
+  }
   if (root != rank_) {
     QueueRecv(root, MessageKind::kBroadcast, data, *bytes);
   } else {
@@ -384,6 +414,23 @@ absl::Status TcpTransport::Broadcast(void* data, size_t count, DType dtype,
         QueueSend(peer, MessageKind::kBroadcast, data, *bytes);
       }
     }
+  }
+  return RunUnlessGrouped();
+}
+
+absl::Status TcpTransport::RelayBroadcast(void* data, size_t bytes, int root) {
+  if (rank_ == root) {
+    QueueSend(0, MessageKind::kBroadcast, data, bytes);
+    return RunUnlessGrouped();
+  }
+  if (rank_ != 0) {
+    QueueRecv(0, MessageKind::kBroadcast, data, bytes);
+    return RunUnlessGrouped();
+  }
+  QueueRecv(root, MessageKind::kBroadcast, data, bytes);
+  MUONPS_RETURN_IF_ERROR(RunUnlessGrouped());
+  for (int peer = 1; peer < size(); ++peer) {
+    if (peer != root) QueueSend(peer, MessageKind::kBroadcast, data, bytes);
   }
   return RunUnlessGrouped();
 }

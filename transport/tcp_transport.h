@@ -72,6 +72,7 @@
 #include "transport/group_nesting.h"
 #include "transport/message_transfer.h"
 #include "transport/socket_io.h"
+#include "transport/tcp_mesh.h"
 #include "transport/transport.h"
 
 namespace muonps {
@@ -92,6 +93,12 @@ struct TcpOptions {
   // The most one call (or one group, from its GroupEnd) may take in all,
   // however its bytes trickle, before failing with DEADLINE_EXCEEDED.
   absl::Duration call_timeout = absl::Seconds(60);
+  // Which pairs of ranks connect (tcp_mesh.h). In a star only rank 0 and
+  // each other rank exchange messages: a Send, Recv, AwaitFrom or sum
+  // between two other ranks is refused (INVALID_ARGUMENT), a ReduceSum must
+  // be rooted at 0, and a Broadcast from another root goes through rank 0
+  // (outside a group only; two hops, one after the other).
+  MeshShape shape = MeshShape::kFull;
 };
 
 // A worker's data port: a TCP socket listening on host:port. Bound once at
@@ -197,6 +204,11 @@ class TcpTransport final : public Transport {
   // session) and returns it.
   absl::Status Fail(const absl::Status& status);
   absl::Status CheckRank(int peer, const char* role, bool allow_self) const;
+  // INVALID_ARGUMENT unless this rank and `peer` are connected (every pair
+  // but in a star); `role` names the argument.
+  absl::Status CheckConnected(int peer, const char* role) const;
+  // A star's Broadcast from `root` (not 0): to rank 0, then on from it.
+  absl::Status RelayBroadcast(void* data, size_t bytes, int root);
   // Runs the queue unless inside a group.
   absl::Status RunUnlessGrouped();
   void QueueSend(int peer, MessageKind kind, const void* data, size_t bytes);

@@ -189,15 +189,18 @@ int Run() {
   worker::StepBackend backend;
   worker::TransportFactory make_transport;
   // The data plane's TCP mesh: a CPU worker's transport; on a GPU, where
-  // the control messages go beside NCCL or the CUDA IPC transport.
-  const auto connect_tcp =
-      [data_listener, tcp](int rank, const std::vector<std::string>& addresses,
-                           uint64_t session, const std::string& secret) {
-        transport::TcpOptions options = tcp;
-        options.data_plane_secret = secret;
-        return transport::TcpTransport::Connect(data_listener, rank, addresses,
-                                                session, options);
-      };
+  // the control messages go beside NCCL (a star around rank 0: every
+  // control message has rank 0 at one end) or the CUDA IPC transport.
+  const auto connect_tcp = [data_listener, tcp](
+                               transport::MeshShape shape, int rank,
+                               const std::vector<std::string>& addresses,
+                               uint64_t session, const std::string& secret) {
+    transport::TcpOptions options = tcp;
+    options.data_plane_secret = secret;
+    options.shape = shape;
+    return transport::TcpTransport::Connect(data_listener, rank, addresses,
+                                            session, options);
+  };
   // A transport factory that connects the TCP mesh of the plan version and
   // makes the version's transport of it with `build`.
   using BuildOnTcp =
@@ -205,13 +208,15 @@ int Run() {
           std::unique_ptr<transport::TcpTransport> tcp, int rank,
           const std::vector<std::string>& addresses, uint64_t session,
           const std::string& secret)>;
-  const auto over_tcp = [connect_tcp](BuildOnTcp build) {
-    return [connect_tcp, build = std::move(build)](
+  const auto over_tcp = [connect_tcp](transport::MeshShape shape,
+                                      BuildOnTcp build) {
+    return [connect_tcp, shape, build = std::move(build)](
                int rank, const std::vector<std::string>& addresses,
                uint64_t session, const std::string& secret)
                -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-      MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<transport::TcpTransport> tcp,
-                              connect_tcp(rank, addresses, session, secret));
+      MUONPS_ASSIGN_OR_RETURN(
+          std::unique_ptr<transport::TcpTransport> tcp,
+          connect_tcp(shape, rank, addresses, session, secret));
       return build(std::move(tcp), rank, addresses, session, secret);
     };
   };
@@ -241,6 +246,7 @@ int Run() {
     const int ordinal = device->ordinal;
     if (gpu_transport == "ipc") {
       make_transport = over_tcp(
+          transport::MeshShape::kFull,
           [ordinal](std::unique_ptr<transport::TcpTransport> tcp, int,
                     const auto&, uint64_t, const std::string&)
               -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
@@ -254,6 +260,7 @@ int Run() {
       // plane's TCP mesh beside it (transport/split_transport.h), so none
       // of them is a kernel spinning beside Newton-Schulz.
       make_transport = over_tcp(
+          transport::MeshShape::kStar,
           [nccl = worker::NcclTransportFactory(
                {.coordinator = options.coordinator_channel,
                 .job = options.job,
@@ -285,11 +292,12 @@ int Run() {
     backend = worker::CpuStepBackend(tcp.io_timeout,
                                      kernels::cuda::PrecisionDType(*precision));
     make_transport =
-        over_tcp([](std::unique_ptr<transport::TcpTransport> tcp, int,
+        over_tcp(transport::MeshShape::kFull,
+                 [](std::unique_ptr<transport::TcpTransport> tcp, int,
                     const auto&, uint64_t, const std::string&)
                      -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
-          return std::unique_ptr<transport::Transport>(std::move(tcp));
-        });
+                   return std::unique_ptr<transport::Transport>(std::move(tcp));
+                 });
   }
   if (!absl::GetFlag(FLAGS_peer_writes)) backend.windows.reset();
   // Declared before the engine, whose transports count into it.

@@ -137,9 +137,12 @@ TransportFactory StepEngineTest::Connector(int worker) {
     if (!t.ok()) return t.status();
     std::unique_ptr<transport::Transport> data = *std::move(t);
     if (split) {
-      // The control messages on a mesh of their own (another session).
+      // The control messages on a mesh of their own (another session), a
+      // star around rank 0 as a GPU worker's beside NCCL.
+      transport::TcpOptions star = options;
+      star.shape = transport::MeshShape::kStar;
       auto control = transport::TcpTransport::Connect(
-          listener, rank, peers, session | (uint64_t{1} << 62), options);
+          listener, rank, peers, session | (uint64_t{1} << 62), star);
       if (!control.ok()) return control.status();
       MUONPS_ASSIGN_OR_RETURN(data, transport::SplitTransport::Create(
                                         std::move(data), *std::move(control)));
