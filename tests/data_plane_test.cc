@@ -122,18 +122,22 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DataPlaneTest,
                            return info.param.name;
                          });
 
-// Workers that say they run on two nodes (--node): the coordinator sees the
-// nodes (ListWorkers, Plan.nodes), cuts the step's buckets at the bound it
-// chose for them (Plan.bucket_bytes, which every worker follows), and the
-// steps still match the single-process reference.
+// Workers that say they run on two nodes (--node) and how fast their
+// network is (--network_gbs): the coordinator sees the nodes and the links
+// (ListWorkers, Plan.nodes, Plan.network_gbs: the least reported), cuts the
+// step's buckets at the bound it chose for them (Plan.bucket_bytes, which
+// every worker follows), and the steps still match the single-process
+// reference.
 TEST_F(DataPlaneFixture, WorkersOnTwoNodesTrainAsTheReferenceDoes) {
   const ModelDecl model = SmallModel(Layout::kUnreduced);
-  ASSERT_NO_FATAL_FAILURE(
-      StartJob(model, {.workers = 3,
-                       .worker_flags = {{0, {"--node=rack1-host1"}},
-                                        {1, {"--node=rack1-host1"}},
-                                        {2, {"--node=rack1-host2"}}}}));
+  ASSERT_NO_FATAL_FAILURE(StartJob(
+      model,
+      {.workers = 3,
+       .worker_flags = {{0, {"--node=rack1-host1", "--network_gbs=25"}},
+                        {1, {"--node=rack1-host1", "--network_gbs=25"}},
+                        {2, {"--node=rack1-host2", "--network_gbs=12.5"}}}}));
   EXPECT_EQ(plan().nodes(), 2);
+  EXPECT_EQ(plan().network_gbs(), 12.5);
   // Everything fits one 64 MiB bucket: the bound chosen across nodes.
   EXPECT_EQ(plan().bucket_bytes(), int64_t{64} << 20);
   EXPECT_EQ(plan().buckets_size(), 1);
@@ -142,6 +146,9 @@ TEST_F(DataPlaneFixture, WorkersOnTwoNodesTrainAsTheReferenceDoes) {
   std::map<std::string, std::string> node;
   for (const v1::WorkerInfo& w : workers->workers()) {
     node[w.worker_id()] = w.device().node();
+    EXPECT_EQ(w.device().network_gbs(),
+              w.device().node() == "rack1-host2" ? 12.5 : 25)
+        << w.worker_id();
   }
   ASSERT_EQ(node.size(), 3u);
   EXPECT_EQ(node.begin()->second, "rack1-host1");

@@ -132,6 +132,7 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
     spec.owns_nothing = w.draining;
     s.workers.push_back(std::move(spec));
     s.nodes.push_back(w.join.device.node);
+    s.network_gbs.push_back(w.join.device.network_gbs);
   }
   const PlanVersion* newest = job.plans.newest();
   s.previous = newest == nullptr ? nullptr : newest->plan;
@@ -212,6 +213,16 @@ std::vector<std::vector<int32_t>> ReplicaGroups(
   return groups;
 }
 
+double ReportedNetworkGbs(const std::vector<double>& network_gbs) {
+  if (network_gbs.empty()) return 0;
+  double least = network_gbs[0];
+  for (const double gbs : network_gbs) {
+    if (!(gbs > 0)) return 0;
+    least = std::min(least, gbs);
+  }
+  return least;
+}
+
 scheduler::Topology TopologyOf(const std::vector<std::string>& nodes) {
   scheduler::Topology t;
   if (std::all_of(nodes.begin(), nodes.end(),
@@ -250,6 +261,12 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   scheduler::ClockSettings settings;
   settings.topology = TopologyOf(s.nodes);
   settings.topology.links = s.links;
+  // Across nodes, the links the workers reported, where every one did: the
+  // slowest port bounds every ring that crosses the network.
+  const double reported = ReportedNetworkGbs(s.network_gbs);
+  if (reported > 0 && settings.topology.nodes() > 1) {
+    settings.topology.links.inter_node_gbs = reported;
+  }
   // Owner groups (of 1, 2, ... whole nodes each, for all-replicated jobs on
   // nodes of as many workers each), taken where their predicted step is
   // the shortest (scheduler::PlanOnTopology): the planner places the
@@ -391,6 +408,8 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   out->buckets = BucketsOf(planned->grouping.schedule);
   out->bucket_bytes = planned->grouping.bucket_bytes;
   out->nodes = settings.topology.nodes();
+  out->network_gbs =
+      out->nodes > 1 ? settings.topology.links.inter_node_gbs : 0.0;
   return out;
 }
 

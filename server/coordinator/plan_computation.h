@@ -38,13 +38,17 @@ struct PlanSnapshot {
   int64_t bucket_bytes = 0;
   // Per rank: its node (WorkerDevice::node; "" unknown).
   std::vector<std::string> nodes;
+  // By rank: the network bandwidth each reported (WorkerDevice::network_gbs,
+  // 0: unknown).
+  std::vector<double> network_gbs;
   // JobSpec::replicas. > 1: the plan's owner groups are `replica_groups`
   // (ReplicaGroups of the ranks' trainer ranks), none while those are
   // empty, `no_replica_groups` saying why; no groups of nodes.
   int32_t replicas = 0;
   std::vector<std::vector<int32_t>> replica_groups;
   std::string no_replica_groups;
-  // The links between them (CoordinatorOptions::links).
+  // The links between them (CoordinatorOptions::links; across nodes, what
+  // the ranks reported where every one did: ReportedNetworkGbs).
   scheduler::LinkFigures links;
   std::shared_ptr<const PublishedPlan> previous;  // null: the first plan
   // Re-plan from `previous` keeping owners (see JobRecord::stepped), or
@@ -86,6 +90,11 @@ std::vector<std::vector<int32_t>> ReplicaGroups(
 // The ranks' topology: equal node names are one node; when no rank names
 // one, every rank is on one node; an unnamed one is a node of its own.
 scheduler::Topology TopologyOf(const std::vector<std::string>& nodes);
+
+// The network bandwidth a plan weighs from what its ranks reported
+// (PlanSnapshot::network_gbs): the least of them where every rank reported
+// one (> 0), else 0 (the coordinator's own figure stands).
+double ReportedNetworkGbs(const std::vector<double>& network_gbs);
 
 // The plan of `snapshot` (version, reason and planning time filled in; its
 // owner groups the job's replica groups where it has them (required, a

@@ -6,6 +6,7 @@
 // owner groups of whole nodes (scheduler::ChooseOwnerGroupings).
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <utility>
@@ -48,8 +49,11 @@ TEST(TopologyOfTest, EqualNamesAreOneNodeAndAnUnnamedRankOneOfItsOwn) {
 // `layout` says) on `workers` workers, `per_node` to a node.
 class PlanTopologyTest : public CoordinatorTest {
  protected:
+  // `network_gbs[w]`, where given, is what worker w reports
+  // (Device.network_gbs).
   v1::Plan PlanOn(int workers, int per_node, int64_t bucket_bytes = 0,
-                  v1::Layout layout = v1::LAYOUT_ROW_SHARDED) {
+                  v1::Layout layout = v1::LAYOUT_ROW_SHARDED,
+                  const std::vector<double>& network_gbs = {}) {
     v1::JobSpec spec = Spec("x", 32, 4096, 4096);
     for (v1::Matrix& m : *spec.mutable_matrices()) m.set_layout(layout);
     spec.set_bucket_bytes(bucket_bytes);
@@ -57,6 +61,9 @@ class PlanTopologyTest : public CoordinatorTest {
     for (int w = 0; w < workers; ++w) {
       v1::JoinJobRequest join = Join("x", absl::StrCat("w", w), 64 * kGiB);
       join.mutable_device()->set_node(absl::StrCat("node-", w / per_node));
+      if (w < static_cast<int>(network_gbs.size())) {
+        join.mutable_device()->set_network_gbs(network_gbs[w]);
+      }
       EXPECT_TRUE(state_->JoinJob(join).ok()) << w;
     }
     return CurrentPlan("x");
@@ -122,11 +129,35 @@ std::vector<std::string> Members(const v1::OwnerGroup& group) {
 // groups are declined; on a 1 GB/s network the updates crossing it are
 // what costs, and each node owns every matrix.
 TEST_F(PlanTopologyTest, OwnerGroupsAreTakenOnlyWhereTheStepIsShorter) {
-  EXPECT_EQ(PlanOn(4, 2, 0, v1::LAYOUT_REPLICATED).owner_groups_size(), 0);
+  const v1::Plan fast = PlanOn(4, 2, 0, v1::LAYOUT_REPLICATED);
+  EXPECT_EQ(fast.owner_groups_size(), 0);
+  EXPECT_EQ(fast.network_gbs(), 50);  // the coordinator's default
   CoordinatorOptions options = Options();
   options.links.inter_node_gbs = 1;
   Reset(options);
   EXPECT_EQ(PlanOn(4, 2, 0, v1::LAYOUT_REPLICATED).owner_groups_size(), 2);
+}
+
+// What the workers report of their network (Device.network_gbs) replaces
+// the coordinator's --network_gbs where every ranked worker reported: the
+// least of them, which the plan names. A worker that reports nothing
+// leaves the coordinator's figure; on one node none is weighed.
+TEST_F(PlanTopologyTest, PlansWeighTheLeastNetworkTheWorkersReported) {
+  const v1::Plan slow = PlanOn(4, 2, 0, v1::LAYOUT_REPLICATED, {50, 1, 50, 50});
+  EXPECT_EQ(slow.network_gbs(), 1);
+  EXPECT_EQ(slow.owner_groups_size(), 2);  // as on --network_gbs=1
+  Reset(Options());
+  const v1::Plan partly = PlanOn(4, 2, 0, v1::LAYOUT_REPLICATED, {1, 1, 1});
+  EXPECT_EQ(partly.network_gbs(), 50);
+  EXPECT_EQ(partly.owner_groups_size(), 0);
+  Reset(Options());
+  EXPECT_EQ(PlanOn(2, 2, 0, v1::LAYOUT_REPLICATED, {1, 1}).network_gbs(), 0);
+}
+
+TEST(ReportedNetworkGbsTest, TheLeastWhereEveryRankReported) {
+  EXPECT_EQ(ReportedNetworkGbs({50, 12.5, 25}), 12.5);
+  EXPECT_EQ(ReportedNetworkGbs({50, 0, 25}), 0);
+  EXPECT_EQ(ReportedNetworkGbs({}), 0);
 }
 
 TEST_F(PlanTopologyTest, ReplicatedOnEqualNodesGetsOneOwnerGroupPerNode) {
@@ -325,6 +356,29 @@ TEST_F(CoordinatorTest, ANodeNameOverTwoHundredFiftySixBytesIsRefused) {
   join.mutable_device()->set_node(std::string(257, 'n'));
   EXPECT_THAT(state_->JoinJob(join).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "device.node"));
+}
+
+TEST_F(CoordinatorTest, ANetworkRateThatIsNegativeOrNotFiniteIsRefused) {
+  ASSERT_TRUE(state_->CreateJob(Create(Spec("x", 2))).ok());
+  for (const double gbs : {-1.0, std::numeric_limits<double>::infinity(),
+                           std::numeric_limits<double>::quiet_NaN()}) {
+    v1::JoinJobRequest join = Join("x", "w1");
+    join.mutable_device()->set_network_gbs(gbs);
+    EXPECT_THAT(
+        state_->JoinJob(join).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument, "device.network_gbs"))
+        << gbs;
+  }
+  // ListWorkers shows what a worker reported.
+  v1::JoinJobRequest join = Join("x", "w1");
+  join.mutable_device()->set_network_gbs(12.5);
+  ASSERT_TRUE(state_->JoinJob(join).ok());
+  v1::ListWorkersRequest list;
+  list.set_job("x");
+  const absl::StatusOr<v1::ListWorkersResponse> workers =
+      state_->ListWorkers(list);
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  EXPECT_EQ(workers->workers(0).device().network_gbs(), 12.5);
 }
 
 }  // namespace

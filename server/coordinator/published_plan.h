@@ -40,6 +40,9 @@ struct PublishedPlan {
   // recorded: the job's), and the ranks' distinct nodes.
   int64_t bucket_bytes = 0;
   int32_t nodes = 1;
+  // Across nodes, the network bandwidth per worker the plan weighed (GB/s
+  // per direction); 0 on one node.
+  double network_gbs = 0;
 };
 
 }  // namespace coordinator

@@ -164,6 +164,7 @@ v1::Device DeviceToProto(const WorkerDevice& d) {
   out.set_memory_bytes(d.memory_bytes);
   out.set_colocated(d.colocated);
   out.set_node(d.node);
+  out.set_network_gbs(d.network_gbs);
   return out;
 }
 
@@ -171,6 +172,7 @@ WorkerDevice DeviceFromProto(const v1::Device& d) {
   WorkerDevice out;
   out.host = d.host();
   out.node = d.node();
+  out.network_gbs = d.network_gbs();
   out.kind = d.kind();
   out.name = d.name();
   out.index = d.index();
@@ -262,6 +264,7 @@ v1::Plan PlanToProto(const PublishedPlan& published) {
   out.set_moved_bytes(plan.moved_bytes);
   out.set_bucket_bytes(published.bucket_bytes);
   out.set_nodes(published.nodes);
+  out.set_network_gbs(published.network_gbs);
   return out;
 }
 
@@ -323,6 +326,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> PlanFromProto(
   out->plan_ms = plan.plan_ms();
   out->bucket_bytes = plan.bucket_bytes();
   out->nodes = plan.nodes();
+  out->network_gbs = plan.network_gbs();
   out->matrices = std::move(matrices);
   return out;
 }

@@ -242,6 +242,12 @@ absl::Status ValidateJoinJob(const JoinRequest& request, const Limits& limits) {
   if (request.device.node.size() > 256) {
     return InvalidField("device.node", "must be at most 256 bytes");
   }
+  if (!std::isfinite(request.device.network_gbs) ||
+      request.device.network_gbs < 0) {
+    return InvalidField(
+        "device.network_gbs",
+        absl::StrCat(request.device.network_gbs, ": must be finite and >= 0"));
+  }
   return absl::OkStatus();
 }
 

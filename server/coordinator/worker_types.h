@@ -23,6 +23,9 @@ struct WorkerDevice {
   bool colocated = false;
   // The machine it is in (v1::Device.node); "": unknown.
   std::string node;
+  // Its network bandwidth to other nodes, GB/s per direction
+  // (v1::Device.network_gbs); 0: unknown.
+  double network_gbs = 0;
 };
 
 // A worker asking to join a job (JoinJob). Checked by ValidateJoinJob

@@ -220,13 +220,17 @@ class CudaIpcLender final : public WindowLender {
 
 }  // namespace
 
-bool CudaDeviceUsable(int device) {
+int CudaDevices() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device" error
-    return false;
+    return 0;
   }
-  return device >= 0 && device < count;
+  return count;
+}
+
+bool CudaDeviceUsable(int device) {
+  return device >= 0 && device < CudaDevices();
 }
 
 absl::Status DescribeCudaDevice(int device, v1::Device* out) {

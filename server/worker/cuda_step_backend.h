@@ -27,6 +27,8 @@ absl::StatusOr<StepBackend> CudaStepBackend(const CudaBackendOptions& options);
 // True if a CUDA device with this ordinal can be used (never crashes on a
 // machine without a driver).
 bool CudaDeviceUsable(int device);
+// The CUDA devices this process sees; 0 without a driver.
+int CudaDevices();
 
 // Fills kind "cuda", name, index, uuid and (if unset) memory_bytes with the
 // device's free memory. UNAVAILABLE naming the device on failure.

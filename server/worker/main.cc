@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -31,6 +33,7 @@
 #include "common/logging.h"
 #include "common/machine.h"
 #include "common/metrics.h"
+#include "common/network_links.h"
 #include "common/status.h"
 #include "kernels/cuda/precision.h"
 #include "lending/trainer_segment.h"
@@ -128,6 +131,21 @@ int Run() {
   } else if (options.device.memory_bytes() <= 0) {
     options.device.set_memory_bytes(int64_t{8} << 30);
   }
+  const double network_gbs = absl::GetFlag(FLAGS_network_gbs);
+  if (!std::isfinite(network_gbs) || network_gbs < 0) {
+    spdlog::error("--network_gbs: {} must be finite and >= 0", network_gbs);
+    return 2;
+  }
+  // Its share of the host's ports: the GPUs it sees share them.
+  const int gpus = device->is_cuda() ? std::max(1, worker::CudaDevices()) : 1;
+  options.device.set_network_gbs(
+      network_gbs > 0 ? network_gbs : HostNetworkGbs("/sys") / gpus);
+  spdlog::info("network to other nodes: {} GB/s{}",
+               options.device.network_gbs(),
+               network_gbs > 0 ? " (--network_gbs)"
+               : options.device.network_gbs() > 0
+                   ? absl::StrCat(" (the host's ports over ", gpus, " GPUs)")
+                   : std::string(" unknown: the coordinator's figure"));
   options.speed = absl::GetFlag(FLAGS_speed);
   options.dedicated = absl::GetFlag(FLAGS_dedicated);
   // An operator's `muonps drain`: the same path as SIGTERM.

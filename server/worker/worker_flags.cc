@@ -34,6 +34,11 @@ ABSL_FLAG(std::string, node, "",
           "The machine this worker runs on, as the plan groups workers "
           "(workers of one node share its NVLink); default: the kernel's "
           "boot id, which every container of the machine shares.");
+ABSL_FLAG(double, network_gbs, 0,
+          "This worker's network bandwidth to other nodes, GB/s per "
+          "direction, as the plan weighs it; 0: its host's active "
+          "InfiniBand/RoCE ports (else its fastest Ethernet interface that "
+          "is up) over the GPUs it sees, from /sys.");
 ABSL_FLAG(std::string, device, "auto",
           "cpu, cuda:N, or auto (cuda:0 when a GPU is usable, else cpu). "
           "A GPU worker takes its trainer's CUDA buffers by CUDA IPC and "

@@ -21,6 +21,7 @@ ABSL_DECLARE_FLAG(std::string, socket);
 ABSL_DECLARE_FLAG(std::string, allow_group);
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(std::string, node);
+ABSL_DECLARE_FLAG(double, network_gbs);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gpu_transport);
 ABSL_DECLARE_FLAG(bool, peer_writes);

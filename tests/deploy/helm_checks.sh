@@ -149,6 +149,25 @@ if grep -q -- '--node=$(NODE_NAME)' "$work/gpu-multi-node.yaml" &&
 else
   fail "workers pass their Kubernetes node as --node"
 fi
+# Their network share, where set (else each reads its host's ports).
+sidecar_network=1
+if ((trainer_ok)); then
+  "$helm" template muonps "$work/trainer" --namespace ml "${smapi[@]}" \
+    -f "$work/trainer/values-gpu.yaml" \
+    --set-json 'muonps.workers.network.gbsPerWorker=6.25' \
+    >"$work/trainer-gpu-network.yaml" 2>"$work/template.log" &&
+    grep -q -- '--network_gbs=6.25$' "$work/trainer-gpu-network.yaml" ||
+    sidecar_network=0
+fi
+# (The coordinator's own --network_gbs=50 is in every rendering: the
+# example's pool adds one, the plain GPU pool none.)
+if [[ $(grep -c -- '--network_gbs=50$' "$work/gpu-multi-node.yaml") == 2 &&
+      $(grep -c -- '--network_gbs=' "$work/gpu-pool.yaml") == 1 ]] &&
+   ((sidecar_network)); then
+  pass "workers report workers.network.gbsPerWorker as --network_gbs where set"
+else
+  fail "workers report workers.network.gbsPerWorker as --network_gbs where set"
+fi
 if grep -q -- '--nvlink_gbs=300' "$work/default.yaml" &&
    grep -q -- '--network_gbs=50' "$work/default.yaml" &&
    grep -q -- '--rebalance_tolerance=0.05' "$work/default.yaml"; then

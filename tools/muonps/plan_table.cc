@@ -56,13 +56,17 @@ std::string PlanTable(const v1::Plan& plan) {
     matrices += m.owners_size();
   }
   std::string out = absl::StrFormat(
-      "%s  (%s)\n%d workers on %d %s, %d tensors (%d matrices), %d buckets "
+      "%s  (%s)\n%d workers on %d %s%s, %d tensors (%d matrices), %d buckets "
       "of at most %s\n"
       "predicted max %.3f ms, "
       "mean %.3f ms, imbalance %.4f, lower bound %.3f ms (max / bound %.4f)\n"
       "moved %s against the previous version; planned in %.1f ms\n",
       plan.name(), plan.reason(), plan.workers_size(),
       std::max(plan.nodes(), 1), plan.nodes() > 1 ? "nodes" : "node",
+      plan.network_gbs() > 0
+          ? absl::StrFormat(" (%g GB/s a worker between them)",
+                            plan.network_gbs())
+          : "",
       plan.matrices_size(), matrices, plan.buckets_size(),
       plan.bucket_bytes() > 0 ? Bytes(plan.bucket_bytes()) : "the job's bound",
       plan.max_seconds() * 1e3, plan.mean_seconds() * 1e3, plan.imbalance(),

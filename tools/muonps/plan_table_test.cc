@@ -143,6 +143,10 @@ TEST(PlanTableTest, SaysHowManyNodesAndTheBucketBound) {
   plan.set_bucket_bytes(int64_t{256} << 20);
   EXPECT_THAT(PlanTable(plan), HasSubstr("2 workers on 2 nodes, "));
   EXPECT_THAT(PlanTable(plan), HasSubstr("buckets of at most 256.0 MiB"));
+  plan.set_network_gbs(12.5);
+  EXPECT_THAT(PlanTable(plan),
+              HasSubstr("2 workers on 2 nodes (12.5 GB/s a worker between "
+                        "them), "));
 }
 
 TEST(PlanTableTest, ShowsTheOwnerGroupsWhenThePlanHasThem) {

@@ -147,6 +147,9 @@ worker start after it, so it has the GPU to itself. */}}
     - --memory_bytes={{ int64 $s.memoryBytes }}
     - --host=$(POD_IP)
     - --node=$(NODE_NAME)
+    {{- if gt (float64 $v.workers.network.gbsPerWorker) 0.0 }}
+    - --network_gbs={{ $v.workers.network.gbsPerWorker }}
+    {{- end }}
     - --data_port={{ $v.workers.dataPort }}
     - --metrics_address=$(POD_IP):{{ $v.workers.metricsPort }}
     - --metrics_token_file=/var/run/muonps-metrics/token
