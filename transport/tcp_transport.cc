@@ -139,7 +139,6 @@ absl::Status TcpTransport::AwaitFrom(int peer, size_t /*count*/,
                                      DType /*dtype*/, absl::Duration timeout) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(CheckRank(peer, "peer", /*allow_self=*/false));
-  MUONPS_RETURN_IF_ERROR(CheckConnected(peer, "peer"));
   if (group_.grouped()) {
     return absl::FailedPreconditionError("AwaitFrom inside a group");
   }
@@ -208,22 +207,19 @@ absl::Status TcpTransport::Fail(const absl::Status& status) {
 
 absl::Status TcpTransport::CheckRank(int peer, const char* role,
                                      bool allow_self) const {
-  if (peer >= 0 && peer < size() && (allow_self || peer != rank_)) {
-    return absl::OkStatus();
+  if (peer < 0 || peer >= size() || (!allow_self && peer == rank_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        role, " ", peer, ": must be a rank in [0, ", size(), ")",
+        allow_self ? "" : absl::StrCat(" other than this rank (", rank_, ")")));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      role, " ", peer, ": must be a rank in [0, ", size(), ")",
-      allow_self ? "" : absl::StrCat(" other than this rank (", rank_, ")")));
-}
-
-absl::Status TcpTransport::CheckConnected(int peer, const char* role) const {
-  if (options_.shape != MeshShape::kStar || rank_ == 0 || peer == 0 ||
-      peer == rank_) {
-    return absl::OkStatus();
+  // A peer this rank exchanges messages with must be connected to it.
+  if (!allow_self && options_.shape == MeshShape::kStar && rank_ != 0 &&
+      peer != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(role, " ", peer, ": rank ", rank_,
+                     " of a star connects to rank 0 alone"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(role, " ", peer, ": rank ", rank_,
-                   " of a star connects to rank 0 alone"));
+  return absl::OkStatus();
 }
 
 void TcpTransport::QueueSend(int peer, MessageKind kind, const void* data,
@@ -292,9 +288,6 @@ absl::Status TcpTransport::Send(const void* data, size_t count, DType dtype,
   if (valid.ok()) {
     valid = CheckRank(peer, "Send: peer", /*allow_self=*/false);
   }
-  if (valid.ok()) {
-    valid = CheckConnected(peer, "Send: peer");
-  }
   if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Send: data is null");
   }
@@ -311,9 +304,6 @@ absl::Status TcpTransport::Recv(void* data, size_t count, DType dtype, int peer,
   absl::Status valid = bytes.status();
   if (valid.ok()) {
     valid = CheckRank(peer, "Recv: peer", /*allow_self=*/false);
-  }
-  if (valid.ok()) {
-    valid = CheckConnected(peer, "Recv: peer");
   }
   if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Recv: data is null");
@@ -395,17 +385,15 @@ absl::Status TcpTransport::Broadcast(void* data, size_t count, DType dtype,
   if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Broadcast: data is null");
   }
-  if (valid.ok() && options_.shape == MeshShape::kStar && root != 0 &&
-      group_.grouped()) {
+  const bool relayed = options_.shape == MeshShape::kStar && root != 0;
+  if (valid.ok() && relayed && group_.grouped()) {
     valid = absl::FailedPreconditionError(absl::StrCat(
         "Broadcast from rank ", root,
         " inside a group: a star relays it through rank 0, one hop after "
         "the other"));
   }
   if (!valid.ok()) return Fail(valid);
-  if (options_.shape == MeshShape::kStar && root != 0) {
-    return RelayBroadcast(data, *bytes, root);
-  }
+  if (relayed) return RelayBroadcast(data, *bytes, root);
   if (root != rank_) {
     QueueRecv(root, MessageKind::kBroadcast, data, *bytes);
   } else {

@@ -203,10 +203,11 @@ class TcpTransport final : public Transport {
   // Marks the transport broken by `status` (annotated with rank and
   // session) and returns it.
   absl::Status Fail(const absl::Status& status);
+  // INVALID_ARGUMENT naming `role` unless `peer` is a rank (this one only
+  // with `allow_self`). Without `allow_self` it is a peer this rank
+  // exchanges messages with, so it must also be connected to this rank
+  // (every pair but in a star, where each other rank has only rank 0).
   absl::Status CheckRank(int peer, const char* role, bool allow_self) const;
-  // INVALID_ARGUMENT unless this rank and `peer` are connected (every pair
-  // but in a star); `role` names the argument.
-  absl::Status CheckConnected(int peer, const char* role) const;
   // A star's Broadcast from `root` (not 0): to rank 0, then on from it.
   absl::Status RelayBroadcast(void* data, size_t bytes, int root);
   // Runs the queue unless inside a group.
