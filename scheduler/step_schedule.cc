@@ -278,16 +278,22 @@ void BuildStacks(const std::vector<MatrixSpec>& matrices,
   stacks->reserve(first.back());
   group_of_stack->reserve(first.back());
   stack_of->assign(first.back(), -1);
+  // A stack whose gradients move to its owner (reduced or gathered) waits
+  // for the last of them: such stacks close at a quarter of the bound, so
+  // the first start computing while the later gradients still move.
+  const int64_t moving_stack_bytes = std::max<int64_t>(stack_bytes / 4, 1);
   for (const int32_t m : arrival) {
     const MatrixSpec& spec = matrices[m];
     const int64_t item_bytes = 4 * spec.rows * spec.cols;
+    const int64_t bound =
+        spec.layout == Layout::kReplicated ? stack_bytes : moving_stack_bytes;
     const int transposed = spec.rows > spec.cols ? 1 : 0;
     for (int32_t e = 0; e < spec.experts; ++e) {
       const int32_t g = group[first[m] + e];
       int32_t& at = open[2 * static_cast<size_t>(g) + transposed];
       if (at < 0 ||
           static_cast<int64_t>((*stacks)[at].items.size() + 1) * item_bytes >
-              stack_bytes) {
+              bound) {
         OwnerStack& stack = stacks->emplace_back();
         stack.owner = plan.owners[m][e];
         stack.rows = spec.rows;
@@ -297,6 +303,40 @@ void BuildStacks(const std::vector<MatrixSpec>& matrices,
       }
       (*stacks)[at].items.push_back({m, e});
       (*stack_of)[first[m] + e] = at;
+    }
+  }
+  // Where updates move (more than one worker), each (group,
+  // orientation)'s last stack tapers: its first half stays, the rest goes
+  // to a stack of its own, whose first half stays, down to one item or 16
+  // MiB (smaller pieces would cost more in calls than their updates take
+  // to move). Its owner computes the pieces as their gradients complete
+  // them, and the updates of each go back while the next computes, so the
+  // step's tail after the last Newton-Schulz call is one small piece's
+  // updates. One worker has nothing to overlap: its batches stay whole.
+  constexpr int64_t kTaperedBytes = int64_t{16} << 20;
+  if (plan.worker_ids.size() < 2) return;
+  const auto tapers = [stacks](int32_t at) {
+    const OwnerStack& stack = (*stacks)[at];
+    const int64_t count = static_cast<int64_t>(stack.items.size());
+    return count > 1 && 4 * stack.rows * stack.cols * count > kTaperedBytes;
+  };
+  for (const int32_t last : open) {
+    for (int32_t at = last; at >= 0 && tapers(at);) {
+      const size_t count = (*stacks)[at].items.size();
+      const size_t keep = (count + 1) / 2;
+      const int32_t piece = static_cast<int32_t>(stacks->size());
+      OwnerStack& rest = stacks->emplace_back();
+      OwnerStack& kept = (*stacks)[at];
+      rest.owner = kept.owner;
+      rest.rows = kept.rows;
+      rest.cols = kept.cols;
+      rest.items.assign(kept.items.begin() + keep, kept.items.end());
+      kept.items.resize(keep);
+      for (const ItemRef& item : rest.items) {
+        (*stack_of)[first[item.matrix] + item.expert] = piece;
+      }
+      group_of_stack->push_back((*group_of_stack)[at]);
+      at = piece;
     }
   }
 }

@@ -118,9 +118,15 @@ struct ScheduleOptions {
   // A bucket closes before it would exceed this many gradient bytes; a
   // single larger matrix gets a bucket of its own.
   int64_t bucket_bytes = int64_t{64} << 20;
-  // A stack closes before it would exceed this many fp32 bytes; a single
-  // larger item gets a stack of its own. Larger stacks run Newton-Schulz
-  // closer to the GPU's peak; smaller ones let updates go back sooner.
+  // A stack closes before it would exceed this many fp32 bytes (a quarter
+  // of it where the gradients move to their owner: unreduced and
+  // row_sharded matrices, whose stacks wait for every gradient to land); a
+  // single larger item gets a stack of its own. Larger stacks run
+  // Newton-Schulz closer to the GPU's peak; smaller ones start sooner and
+  // let updates go back sooner. Where updates move (more than one worker),
+  // each (owner, shape)'s last stack also tapers into halves down to one
+  // item or 16 MiB, so the step's tail after the last Newton-Schulz call is
+  // one small piece's updates.
   int64_t stack_bytes = int64_t{1} << 30;
 };
 

@@ -106,6 +106,28 @@ TEST_F(StackChunksTest, OneStackHoldingTheBatchRunsExactlyTheParts) {
   EXPECT_THAT(DescribeAll(*upright), ::testing::ElementsAre("2gram 3ns5"));
 }
 
+TEST_F(StackChunksTest, TaperedStacksRunTheirPartsInSmallerChunks) {
+  // 4096 x 8192 (128 MiB of fp32 each), all upright: the one stack of five
+  // tapers, on two workers, into 3, 1 and 1 matrices, the parts laid over
+  // them in compute order; one worker runs the parts themselves.
+  for (MatrixSpec& m : matrices_) {
+    m.rows = 4096;
+    m.cols = 8192;
+  }
+  plan_.batches[0].rows = 4096;
+  plan_.batches[0].cols = 8192;
+  const absl::StatusOr<StepSchedule> schedule =
+      BuildStepSchedule(matrices_, plan_);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  EXPECT_THAT(DescribeAll(*schedule),
+              ::testing::ElementsAre("2gram 1ns5", "1ns5", "1ns5"));
+  plan_.worker_ids = {"w0"};
+  const absl::StatusOr<StepSchedule> alone =
+      BuildStepSchedule(matrices_, plan_);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_THAT(DescribeAll(*alone), ::testing::ElementsAre("2gram 3ns5"));
+}
+
 TEST_F(StackChunksTest, StacksWithoutABatchAreOneNs5Chunk) {
   plan_.batches.clear();
   const absl::StatusOr<StepSchedule> schedule = Build();

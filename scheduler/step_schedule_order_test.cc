@@ -128,6 +128,90 @@ TEST_F(StepScheduleTest, SingleItemStacksSendEachBucketBackBeforeTheNext) {
   EXPECT_EQ(kinds, want);
 }
 
+// Eight replicated rows x cols matrices on layers 0..7, all owned by
+// worker 0 of `workers`, one bucket each.
+StepSchedule EightOfOneShape(int workers, int64_t rows = 4096,
+                             int64_t cols = 4096) {
+  std::vector<MatrixSpec> matrices;
+  OwnershipPlan plan;
+  for (int32_t m = 0; m < 8; ++m) {
+    matrices.push_back(schedule_test::Matrix(absl::StrCat("m", m), rows, cols,
+                                             DType::kFloat32,
+                                             Layout::kReplicated, m));
+    plan.matrix_names.push_back(matrices.back().name);
+    plan.owners.push_back({0});
+  }
+  for (int w = 0; w < workers; ++w) {
+    plan.worker_ids.push_back(absl::StrCat("w", w));
+  }
+  absl::StatusOr<StepSchedule> schedule =
+      BuildStepSchedule(matrices, plan, {.bucket_bytes = 1});
+  EXPECT_TRUE(schedule.ok()) << schedule.status();
+  return schedule.ok() ? *std::move(schedule) : StepSchedule();
+}
+
+TEST_F(StepScheduleTest, TheLastStackOfAShapeTapersWhereUpdatesMove) {
+  // Two workers: the stack of eight 4096 x 4096 (64 MiB of fp32 each)
+  // tapers into 4, 2, 1 and 1 items (in arrival order, layer 7 first), each
+  // computed once its last gradient is in, and the updates of each piece
+  // go back before the next computes: after the last Newton-Schulz call
+  // only one item's updates are left.
+  const StepSchedule schedule = EightOfOneShape(2);
+  ASSERT_EQ(schedule.stacks.size(), 4u);
+  std::vector<std::string> order;
+  for (const Phase& p : schedule.order) {
+    if (p.kind == PhaseKind::kCompute) {
+      std::string items;
+      for (const ItemRef& item : schedule.stacks[p.index].items) {
+        absl::StrAppend(&items, items.empty() ? "" : ",", "m", item.matrix);
+      }
+      order.push_back(absl::StrCat("compute ", items));
+    } else if (p.kind == PhaseKind::kFromOwners) {
+      order.push_back(absl::StrCat("from ", p.index));
+    }
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{
+                       "compute m7,m6,m5,m4", "from 0", "from 1", "from 2",
+                       "from 3", "compute m3,m2", "from 4", "from 5",
+                       "compute m1", "from 6", "compute m0", "from 7"}));
+  // One worker moves no updates: one stack of eight, as the batch runs.
+  const StepSchedule alone = EightOfOneShape(1);
+  ASSERT_EQ(alone.stacks.size(), 1u);
+  EXPECT_EQ(alone.stacks[0].items.size(), 8u);
+  // Eight 512 x 4096 (8 MiB each): halves down to 16 MiB, [4], [2], [2].
+  const StepSchedule small = EightOfOneShape(2, 512, 4096);
+  ASSERT_EQ(small.stacks.size(), 3u);
+  EXPECT_EQ(small.stacks[0].items.size(), 4u);
+  EXPECT_EQ(small.stacks[1].items.size(), 2u);
+  EXPECT_EQ(small.stacks[2].items.size(), 2u);
+}
+
+TEST_F(StepScheduleTest, StacksWhoseGradientsMoveCloseAtAQuarterOfTheBound) {
+  // Eight 4096 x 4096 (64 MiB each) on one worker, where nothing tapers:
+  // replicated, one stack; unreduced, whose gradients are reduced onto the
+  // owner, stacks of 256 MiB.
+  std::vector<MatrixSpec> matrices;
+  OwnershipPlan plan;
+  plan.worker_ids = {"w0"};
+  for (int32_t m = 0; m < 8; ++m) {
+    matrices.push_back(schedule_test::Matrix(absl::StrCat("m", m), 4096, 4096,
+                                             DType::kFloat32,
+                                             Layout::kUnreduced, m));
+    plan.matrix_names.push_back(matrices.back().name);
+    plan.owners.push_back({0});
+  }
+  const absl::StatusOr<StepSchedule> unreduced =
+      BuildStepSchedule(matrices, plan);
+  ASSERT_TRUE(unreduced.ok()) << unreduced.status();
+  ASSERT_EQ(unreduced->stacks.size(), 2u);
+  EXPECT_EQ(unreduced->stacks[0].items.size(), 4u);
+  for (MatrixSpec& m : matrices) m.layout = Layout::kReplicated;
+  const absl::StatusOr<StepSchedule> replicated =
+      BuildStepSchedule(matrices, plan);
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  EXPECT_EQ(replicated->stacks.size(), 1u);
+}
+
 TEST_F(StepScheduleTest, EveryWorkerComputesTheSameIssueOrder) {
   const std::vector<Transfer> first = IssueOrder(Build(plan_));
   const OwnershipPlan copy = plan_;

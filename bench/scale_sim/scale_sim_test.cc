@@ -104,7 +104,7 @@ SimConfig FreeTransfers(SimConfig c) {
   c.links.hop_latency_us = 0;
   c.control_rounds_ms = 0;
   c.hbm_bytes_per_second = std::numeric_limits<double>::infinity();
-  // One stack per owner and shape, as the planner batches.
+  // One stack per owner and shape (and, on more than one GPU, its taper).
   c.schedule.stack_bytes = int64_t{1} << 50;
   return c;
 }
@@ -129,8 +129,15 @@ TEST(ScaleSimTest, FreeTransfersAndCommitPredictTheMaxWorkerCompute) {
       EXPECT_EQ(r.clock.commit_seconds, 0) << gpus;
       EXPECT_EQ(r.clock.transfer_seconds, 0) << gpus;
       EXPECT_EQ(r.clock.limited_by, "compute") << gpus;
-      // The plan's max also counts transfers at 1e18 B/s: under 0.1 us.
-      EXPECT_NEAR(r.clock.predicted_seconds, r.plan_max_seconds, 1e-7) << gpus;
+      // The plan's max also counts transfers at 1e18 B/s: under 0.1 us. On
+      // one GPU the stacks are the plan's batches; on more, each shape's
+      // last stack tapers into smaller calls, which cost a little more.
+      if (gpus == 1) {
+        EXPECT_NEAR(r.clock.predicted_seconds, r.plan_max_seconds, 1e-7);
+      } else {
+        EXPECT_GT(r.clock.predicted_seconds, r.plan_max_seconds - 1e-7) << gpus;
+        EXPECT_LT(r.clock.predicted_seconds, 1.01 * r.plan_max_seconds) << gpus;
+      }
     }
   }
 }

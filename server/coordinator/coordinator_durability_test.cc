@@ -187,6 +187,8 @@ TEST_F(CoordinatorDurabilityTest, RestartKeepsThePlansOwnerGroups) {
   for (int w = 0; w < 4; ++w) {
     v1::JoinJobRequest join = Join("x", absl::StrCat("w", w));
     join.mutable_device()->set_node(w < 2 ? "node-a" : "node-b");
+    // A slow network between the nodes: groups of one node win.
+    join.mutable_device()->set_network_gbs(1);
     ASSERT_TRUE(state_->JoinJob(join).ok()) << w;
   }
   const v1::Plan before = Current("x");
