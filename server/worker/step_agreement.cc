@@ -136,6 +136,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   mine.update_dtype = static_cast<int32_t>(plan_.update_dtype);
   mine.window = trainer_ == nullptr ? 0 : trainer_->window.id;
   mine.windows_known = plan_.windows.known();
+  mine.schedule_digest = plan_.schedule_digest;
   mine.torn_step = -1;
   mine.record_decided = -1;
   if (trainer_ != nullptr) {

@@ -109,6 +109,51 @@ uint64_t TensorsHash(absl::Span<const AdamWTensorSpec> tensors,
   return d.value();
 }
 
+uint64_t ScheduleDigest(const scheduler::StepSchedule& schedule) {
+  Digest d;
+  const auto mix_item = [&d](const scheduler::ItemRef& item) {
+    d.Mix(static_cast<int64_t>(item.matrix));
+    d.Mix(static_cast<int64_t>(item.expert));
+  };
+  for (const scheduler::Phase& phase : schedule.order) {
+    d.Mix(static_cast<int64_t>(phase.kind));
+    d.Mix(static_cast<int64_t>(phase.index));
+  }
+  d.Mix("|", 1);
+  for (const scheduler::Bucket& bucket : schedule.buckets) {
+    for (const int32_t m : bucket.matrices) d.Mix(static_cast<int64_t>(m));
+    for (const auto* transfers : {&bucket.to_owners, &bucket.from_owners}) {
+      d.Mix("|", 1);
+      for (const scheduler::Transfer& t : *transfers) {
+        d.Mix(static_cast<int64_t>(t.kind));
+        mix_item(t.item);
+        d.Mix(static_cast<int64_t>(t.owner));
+        d.Mix(t.bytes);
+        d.Mix(static_cast<int64_t>(t.group));
+      }
+    }
+    d.Mix("/", 1);
+  }
+  for (const scheduler::OwnerStack& stack : schedule.stacks) {
+    d.Mix(static_cast<int64_t>(stack.owner));
+    d.Mix(stack.rows);
+    d.Mix(stack.cols);
+    d.Mix(static_cast<int64_t>(stack.ready_bucket));
+    for (const scheduler::ItemRef& item : stack.items) mix_item(item);
+    d.Mix("|", 1);
+    for (const scheduler::StackChunk& chunk : stack.chunks) {
+      d.Mix(chunk.count);
+      d.Mix(static_cast<int64_t>(chunk.algorithm));
+    }
+    d.Mix("/", 1);
+  }
+  for (const std::vector<int32_t>& group : schedule.groups) {
+    for (const int32_t w : group) d.Mix(static_cast<int64_t>(w));
+    d.Mix("/", 1);
+  }
+  return d.value();
+}
+
 std::string StepRequestProblem(const StepRequest& r, int group_count) {
   // Negative values select the default, but not -Inf (nor NaN).
   for (const auto& [field, value] : {std::pair<const char*, double>{"lr", r.lr},
@@ -369,6 +414,15 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
           ": every worker of a job runs Newton-Schulz in one precision "
           "(--precision)");
       code = absl::StatusCode::kFailedPrecondition;
+    } else if (h[r].schedule_digest != first.schedule_digest) {
+      // Retried: once every worker runs one build, the steps go on.
+      problem = absl::StrCat(
+          Who(ids, r), " and ", Who(ids, 0),
+          " cut this plan version's step schedule differently (their builds "
+          "differ, as while a rolling upgrade is under way): the workers "
+          "must issue the same transfers in the same order; retry once every "
+          "worker of the job runs one build");
+      code = absl::StatusCode::kUnavailable;
     }
   }
   if (!problem.empty()) {

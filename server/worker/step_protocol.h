@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "scheduler/plan_types.h"
+#include "scheduler/step_schedule.h"
 #include "server/worker/step_request.h"
 
 namespace muonps {
@@ -34,6 +35,9 @@ struct StepHeader {
   // PeerWindows::Digest of the windows this rank last exchanged (0: none).
   uint64_t window;
   uint64_t windows_known;
+  // ScheduleDigest of the step schedule this rank computed for the plan
+  // version: a step runs only when every rank's is the same.
+  uint64_t schedule_digest;
   // What the trainer's step record (lending/step_record.h) held when it
   // attached, written by a worker before this one: a step whose writing
   // into the parameters stopped part-way (-1: none), and the highest step
@@ -158,6 +162,13 @@ std::string ProblemText(const char* field);
 // (FNV-1a over their bytes): trainers that disagree about them would
 // update their replicas differently, so the step is refused instead.
 uint64_t HyperHash(const StepRequest& request);
+
+// A digest of a step schedule: its order, every bucket's transfers and
+// every stack with its chunks. Every worker must issue the same transfers
+// in the same order, so workers whose builds cut the schedule differently
+// (a rolling upgrade under way) must not step together. Computed once per
+// plan version.
+uint64_t ScheduleDigest(const scheduler::StepSchedule& schedule);
 
 // One AdamW tensor as a trainer lends it.
 struct AdamWTensorSpec {

@@ -74,6 +74,60 @@ TEST(DecideRoundTest, WorkersOfTwoPrecisionsAreRefusedNamingBoth) {
       << Problem(d);
 }
 
+// Workers must issue the same transfers in the same order: one whose build
+// cuts the plan's schedule differently (a rolling upgrade under way) is
+// refused, UNAVAILABLE so that the trainers retry until every worker runs
+// one build.
+TEST(DecideRoundTest, WorkersOfTwoSchedulesAreRefusedForARetry) {
+  std::vector<StepHeader> h = {Header(0, 5, 4), Header(1, 5, 4),
+                               Header(2, 5, 4)};
+  for (StepHeader& x : h) x.schedule_digest = 7;
+  EXPECT_EQ(KindOf(DecideRound(h, 3, kIds, 100)), RoundKind::kGo);
+  h[1].schedule_digest = 8;
+  const RoundDecision d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_EQ(static_cast<absl::StatusCode>(d.code),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "\"w1\" and worker \"w0\" cut"))
+      << Problem(d);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "one build")) << Problem(d);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "nothing was changed"))
+      << Problem(d);
+}
+
+TEST(ScheduleDigestTest, EqualForOneScheduleAndChangedByAnyCut) {
+  std::vector<scheduler::MatrixSpec> matrices(3);
+  scheduler::OwnershipPlan plan;
+  plan.worker_ids = {"w0", "w1"};
+  for (int m = 0; m < 3; ++m) {
+    matrices[m].name = "m" + std::to_string(m);
+    matrices[m].rows = 4096;
+    matrices[m].cols = 4096;
+    matrices[m].layer = m;
+    plan.matrix_names.push_back(matrices[m].name);
+    plan.owners.push_back({0});
+  }
+  const absl::StatusOr<scheduler::StepSchedule> one =
+      scheduler::BuildStepSchedule(matrices, plan, {});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(ScheduleDigest(*one),
+            ScheduleDigest(*scheduler::BuildStepSchedule(matrices, plan, {})));
+  // Stacks cut elsewhere, a chunk's algorithm, a transfer's owner, the
+  // order: each changes it.
+  scheduler::StepSchedule changed =
+      *scheduler::BuildStepSchedule(matrices, plan, {.stack_bytes = 1});
+  EXPECT_NE(ScheduleDigest(changed), ScheduleDigest(*one));
+  changed = *one;
+  changed.stacks[0].chunks[0].algorithm = NsAlgorithm::kGram;
+  EXPECT_NE(ScheduleDigest(changed), ScheduleDigest(*one));
+  changed = *one;
+  changed.buckets[0].from_owners[0].owner = 1;
+  EXPECT_NE(ScheduleDigest(changed), ScheduleDigest(*one));
+  changed = *one;
+  std::swap(changed.order[0], changed.order[1]);
+  EXPECT_NE(ScheduleDigest(changed), ScheduleDigest(*one));
+}
+
 TEST(DecideRoundTest, AStepStagedAndCommittedElsewhereCommitsFromStaging) {
   std::vector<StepHeader> h = {Header(0, 5, 5), Header(1, 5, 4),
                                Header(2, 5, 5)};

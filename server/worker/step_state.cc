@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "server/worker/step_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
@@ -37,6 +38,7 @@ absl::StatusOr<PlanState> BuildPlanState(
       next.schedule,
       scheduler::BuildStepSchedule(next.matrices, next.ownership,
                                    {.bucket_bytes = plan.job.bucket_bytes}));
+  next.schedule_digest = ScheduleDigest(next.schedule);
   next.groups = scheduler::OwnerGroups(next.ownership);
   next.group = next.rank >= 0 ? next.groups.group_of(next.rank) : 0;
   next.group_members = next.groups.members(next.group);

@@ -77,6 +77,7 @@ struct PlanState {
   int32_t group = 0;
   std::vector<int32_t> group_members;
   scheduler::StepSchedule schedule;
+  uint64_t schedule_digest = 0;       // ScheduleDigest(schedule)
   kernels::MuonHyperparameters muon;  // the job's, defaults filled in
   // The precision updates travel and wait in: the kernels' update_dtype()
   // (every rank of a round has the same, StepHeader::update_dtype).
