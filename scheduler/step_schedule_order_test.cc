@@ -128,16 +128,16 @@ TEST_F(StepScheduleTest, SingleItemStacksSendEachBucketBackBeforeTheNext) {
   EXPECT_EQ(kinds, want);
 }
 
-// Eight replicated rows x cols matrices on layers 0..7, all owned by
+// Eight rows x cols matrices of `layout` on layers 0..7, all owned by
 // worker 0 of `workers`, one bucket each.
 StepSchedule EightOfOneShape(int workers, int64_t rows = 4096,
-                             int64_t cols = 4096) {
+                             int64_t cols = 4096,
+                             Layout layout = Layout::kReplicated) {
   std::vector<MatrixSpec> matrices;
   OwnershipPlan plan;
   for (int32_t m = 0; m < 8; ++m) {
     matrices.push_back(schedule_test::Matrix(absl::StrCat("m", m), rows, cols,
-                                             DType::kFloat32,
-                                             Layout::kReplicated, m));
+                                             DType::kFloat32, layout, m));
     plan.matrix_names.push_back(matrices.back().name);
     plan.owners.push_back({0});
   }
@@ -190,26 +190,11 @@ TEST_F(StepScheduleTest, StacksWhoseGradientsMoveCloseAtAQuarterOfTheBound) {
   // Eight 4096 x 4096 (64 MiB each) on one worker, where nothing tapers:
   // replicated, one stack; unreduced, whose gradients are reduced onto the
   // owner, stacks of 256 MiB.
-  std::vector<MatrixSpec> matrices;
-  OwnershipPlan plan;
-  plan.worker_ids = {"w0"};
-  for (int32_t m = 0; m < 8; ++m) {
-    matrices.push_back(schedule_test::Matrix(absl::StrCat("m", m), 4096, 4096,
-                                             DType::kFloat32,
-                                             Layout::kUnreduced, m));
-    plan.matrix_names.push_back(matrices.back().name);
-    plan.owners.push_back({0});
-  }
-  const absl::StatusOr<StepSchedule> unreduced =
-      BuildStepSchedule(matrices, plan);
-  ASSERT_TRUE(unreduced.ok()) << unreduced.status();
-  ASSERT_EQ(unreduced->stacks.size(), 2u);
-  EXPECT_EQ(unreduced->stacks[0].items.size(), 4u);
-  for (MatrixSpec& m : matrices) m.layout = Layout::kReplicated;
-  const absl::StatusOr<StepSchedule> replicated =
-      BuildStepSchedule(matrices, plan);
-  ASSERT_TRUE(replicated.ok()) << replicated.status();
-  EXPECT_EQ(replicated->stacks.size(), 1u);
+  const StepSchedule unreduced =
+      EightOfOneShape(1, 4096, 4096, Layout::kUnreduced);
+  ASSERT_EQ(unreduced.stacks.size(), 2u);
+  EXPECT_EQ(unreduced.stacks[0].items.size(), 4u);
+  EXPECT_EQ(EightOfOneShape(1).stacks.size(), 1u);
 }
 
 TEST_F(StepScheduleTest, EveryWorkerComputesTheSameIssueOrder) {
