@@ -8,6 +8,10 @@
 //                       plan's algorithms, batched by shape, in this process
 //   muonps_step_1gpu    one trainer + one worker: from the Step call until
 //                       the trainer's stream sees the parameters updated
+//   muonps_step_1gpu_clock  each measured step's Step call, return and
+//                       parameters seen, in ms on the steady clock (the
+//                       worker's timeline lines say when each round began
+//                       on it: began_at_ms)
 //   muonps_step_return  how long Step blocks the trainer's host thread
 //   muonps_step_1gpu_2workers  (--worker_sockets A,B) two trainers and two
 //                       workers sharing the GPU over CUDA IPC peer copies
@@ -231,6 +235,14 @@ absl::Status Run() {
   MUONPS_RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   std::vector<double> step_ms, return_ms;
+  // Per measured step, on the steady clock (the workers' timelines say when
+  // each round began on it): the Step call, its return, and when the
+  // trainer's stream saw the parameters.
+  nlohmann::ordered_json on_clock = nlohmann::ordered_json::array();
+  const auto clock_ms = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t.time_since_epoch())
+        .count();
+  };
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int repeats = absl::GetFlag(FLAGS_repeats);
   for (int step = 0; step < warmup + repeats; ++step) {
@@ -247,6 +259,8 @@ absl::Status Run() {
         std::chrono::duration<double, std::milli>(seen - start).count());
     return_ms.push_back(
         std::chrono::duration<double, std::milli>(returned - start).count());
+    on_clock.push_back(
+        {step, clock_ms(start), clock_ms(returned), clock_ms(seen)});
   }
 
   // The kernels alone, in this process: the same stacks the worker runs.
@@ -333,6 +347,9 @@ absl::Status Run() {
         {"over_torch_muon_step", bench::Ratio(step, torch_muon)},
         {"over_adamw_fused_step", bench::Ratio(step, adamw)},
         {"targets", "<= 1.10 x muonps_ns_all, < 0.65 x torch_muon_step_1gpu"}});
+  // [step, Step called, returned, parameters seen] in ms on the steady
+  // clock, to set beside the worker's timelines (their began_at_ms).
+  Line({{"what", "muonps_step_1gpu_clock"}, {"steps", on_clock}});
   Line({{"what", "muonps_step_return"},
         {"ms", ret},
         {"target_ms", 1.0},

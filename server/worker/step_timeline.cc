@@ -59,10 +59,13 @@ void StepTimeline::Log(const std::vector<double>& ms, int64_t step_id,
   spdlog::debug(
       "step timeline {{\"step\":{},\"rank\":{},\"version\":{},"
       "\"host_ms\":{{\"agreed\":{:.3f},\"staged\":{:.3f},"
-      "\"committed\":{:.3f}}},\"marks\":[{}],\"issued_ms\":[{}],"
-      "\"stacks\":[{}]}}",
+      "\"committed\":{:.3f}}},\"began_at_ms\":{:.3f},\"marks\":[{}],"
+      "\"issued_ms\":[{}],\"stacks\":[{}]}}",
       step_id, plan.rank, plan.version, since(agreed_), since(staged_),
-      since(Clock::now()), line, issued, stacks);
+      since(Clock::now()),
+      std::chrono::duration<double, std::milli>(begin_.time_since_epoch())
+          .count(),
+      line, issued, stacks);
 }
 
 double PredictedComputeSeconds(const PlanState& plan) {

@@ -47,7 +47,9 @@ class StepTimeline {
   double ComputeBusyMs(const std::vector<double>& ms) const;
   // At debug level: the step's marks with their device times (ms after
   // "begin") and host times, the host's milestones (ms after the round
-  // began), and what each owned stack of `plan` holds (its schedule index,
+  // began), when the round began on the steady clock (CLOCK_MONOTONIC on
+  // Linux: the benches set it beside their trainers' own times), and what
+  // each owned stack of `plan` holds (its schedule index,
   // matrices, shape and each chunk's algorithm), as one JSON line.
   void Log(const std::vector<double>& ms, int64_t step_id,
            const PlanState& plan) const;
