@@ -15,7 +15,10 @@
 //   muonps_cost_model_worker  per worker: its last step's compute time
 //                       (muonps_worker_step_compute_seconds, CUDA events)
 //                       against the plan's prediction of it
-// every other rank a muonps_step_<N>gpu_rank line with its own median.
+// every other rank a muonps_step_<N>gpu_rank line with its own median, and
+// every rank a muonps_step_<N>gpu_clock line: each step's Step call and
+// parameters seen, in ms on the steady clock, to set beside the workers'
+// timelines (their began_at_ms).
 #ifndef MUONPS_BENCH_STEP_GPU_RANKS_STEP_H_
 #define MUONPS_BENCH_STEP_GPU_RANKS_STEP_H_
 
