@@ -181,6 +181,7 @@ if [[ "${ONE_GPU:-1}" == 1 ]] && { ((GPUS == 1)) || [[ "${IPC_VARIANT:-0}" == 1 
   done
   timeout --kill-after=10 "$bench_timeout" \
     "$here/bin/step_gpu_bench" --coordinator "$coordinator" --job step-gpu2 \
+    --layers "$layers" "${set_args[@]}" \
     --worker_sockets "$logs/v0.sock,$logs/v1.sock" --torch_results "$torch_results" \
     --one_worker_results "$logs/one.jsonl" || { tail -20 "$logs/worker-v0.log" >&2; exit 1; }
   stop_all
