@@ -6,6 +6,7 @@
 #define MUONPS_BENCH_STEP_GPU_LLAMA_MATRICES_H_
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -111,6 +112,13 @@ inline MatrixSet MoeMatrices(int layers, int experts, int divisor) {
 inline void PrintLine(const nlohmann::ordered_json& line) {
   std::printf("%s\n", line.dump().c_str());
   std::fflush(stdout);
+}
+
+// `t` in ms on the steady clock (CLOCK_MONOTONIC on Linux, which the
+// workers' timelines give their rounds' beginnings on: began_at_ms).
+inline double SteadyClockMs(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(t.time_since_epoch())
+      .count();
 }
 
 }  // namespace bench

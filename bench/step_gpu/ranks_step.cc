@@ -151,10 +151,6 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
   // Per step, [step, Step called, parameters seen] in ms on the steady
   // clock, to set beside the workers' timelines (their began_at_ms).
   nlohmann::ordered_json on_clock = nlohmann::ordered_json::array();
-  const auto clock_ms = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(t.time_since_epoch())
-        .count();
-  };
   StepResult last;
   const int steps = o.warmup + o.repeats;
   for (int step = 0; step < steps; ++step) {
@@ -174,7 +170,7 @@ absl::Status RunRanksStep(const RanksStepOptions& o) {
     if (step >= o.warmup) step_ms.push_back(ms);
     every_ms.push_back(std::round(ms * 1e3) / 1e3);
     versions.push_back(last.plan_version);
-    on_clock.push_back({step, clock_ms(start), clock_ms(seen)});
+    on_clock.push_back({step, SteadyClockMs(start), SteadyClockMs(seen)});
   }
   const double ms = Median(step_ms);
   progress.Say(absl::StrCat(steps, " steps, median ", ms, " ms"));

@@ -239,10 +239,6 @@ absl::Status Run() {
   // each round began on it): the Step call, its return, and when the
   // trainer's stream saw the parameters.
   nlohmann::ordered_json on_clock = nlohmann::ordered_json::array();
-  const auto clock_ms = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(t.time_since_epoch())
-        .count();
-  };
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int repeats = absl::GetFlag(FLAGS_repeats);
   for (int step = 0; step < warmup + repeats; ++step) {
@@ -259,8 +255,9 @@ absl::Status Run() {
         std::chrono::duration<double, std::milli>(seen - start).count());
     return_ms.push_back(
         std::chrono::duration<double, std::milli>(returned - start).count());
-    on_clock.push_back(
-        {step, clock_ms(start), clock_ms(returned), clock_ms(seen)});
+    on_clock.push_back({step, bench::SteadyClockMs(start),
+                        bench::SteadyClockMs(returned),
+                        bench::SteadyClockMs(seen)});
   }
 
   // The kernels alone, in this process: the same stacks the worker runs.
