@@ -9,6 +9,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "absl/synchronization/notification.h"
@@ -29,7 +31,10 @@ class ScratchDir {
     std::string pattern = "/tmp/muonps-listener-test-XXXXXX";
     path_ = mkdtemp(pattern.data());
   }
-  ~ScratchDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
   const std::string& path() const { return path_; }
 
  private:
@@ -268,7 +273,7 @@ TEST(LocalListenerTest, ReplacesAStaleSocketAndRefusesALiveOne) {
 TEST(LocalListenerTest, RefusesToReplaceAFileThatIsNotASocket) {
   ScratchDir dir;
   const std::string path = dir.path() + "/w.sock";
-  std::system(("touch '" + path + "'").c_str());
+  std::ofstream(path).put('x');
   absl::StatusOr<std::unique_ptr<LocalListener>> listener =
       LocalListener::Bind({.path = path, .policy = {.allowed_uid = getuid()}});
   EXPECT_EQ(listener.status().code(), absl::StatusCode::kFailedPrecondition);
