@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -74,7 +75,10 @@ class TrainingParityTest : public ::testing::TestWithParam<ParityCase> {
       }
     }
     processes_.clear();  // kills and reaps what still runs
-    std::system(absl::StrCat("rm -rf ", socket_dir_, " ", log_dir_).c_str());
+    for (const std::string& dir : {socket_dir_, log_dir_}) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
   }
 
   ChildProcess* Start(const std::vector<std::string>& argv,

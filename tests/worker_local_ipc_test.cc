@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -41,7 +42,8 @@ class WorkerLocalIpcTest : public ::testing::Test {
   }
   void TearDown() override {
     coordinator_.process.reset();
-    std::system(("rm -rf '" + dir_ + "'").c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
   }
 
   std::unique_ptr<ChildProcess> StartWorker(
