@@ -118,6 +118,25 @@ def _adamw(model, ctx):
                           "adamw_params": sum(p.numel() for p in params)})
 
 
+class _KeptGrads(Stepper):
+    def zero_grad(self):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=False)
+
+
+@register("adamw_kept_grads")
+def _adamw_kept_grads(model, ctx):
+    """Fused AdamW whose zero_grad zeroes the gradients in place rather
+    than dropping them, as muonps.Muon must for the gradients it lends its
+    worker: backward then adds into them instead of handing its results
+    over. Times that cost apart from any optimizer's."""
+    opt, kind = adamw(ctx.unwrapped.parameters(), ctx)
+    params = list(ctx.unwrapped.parameters())
+    return _KeptGrads([opt], notes={"adamw": kind, "zero_grad": "in place"},
+                      split={"adamw_tensors": len(params),
+                             "adamw_params": sum(p.numel() for p in params)})
+
+
 def muon_kwargs(args):
     return dict(lr=args.muon_lr, weight_decay=args.muon_weight_decay,
                 momentum=0.95, nesterov=True)
@@ -228,6 +247,26 @@ def _muonps(model, ctx):
                               else "once the step is done (CPU path)")}
     return Stepper([opt], notes=notes, synchronize=opt.synchronize,
                    split=split_counts(matrices, others), close=opt.close)
+
+
+@register("muonps_step_after_sync")
+def _muonps_step_after_sync(model, ctx):
+    """muonps.Muon whose step() is called only once the device has run
+    backward (torch.cuda.synchronize() first), so the worker's wait for
+    the trainer's gradients is never pending while backward runs: beside
+    "muonps", what such a pending wait costs backward."""
+    stepper = _muonps(model, ctx)
+    opt = stepper.optimizers[0]
+    step = opt.step
+
+    def synced_step(*args, **kwargs):
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        return step(*args, **kwargs)
+
+    opt.step = synced_step
+    stepper.notes["step_called"] = "after torch.cuda.synchronize()"
+    return stepper
 
 
 @register("muonps_backward_hooks")

@@ -37,6 +37,7 @@ import gc
 import json
 import math
 import pathlib
+import re
 import statistics
 import sys
 import time
@@ -108,6 +109,11 @@ def parse_args(argv=None):
                    "--prepare) for --loss_iters")
     p.add_argument("--seeds", default=None,
                    help="seeds for --loss_iters (default: --seed)")
+    p.add_argument("--kernel_split", type=int, default=0, metavar="N",
+                   help="after the timed iterations, N more with each phase "
+                   "profiled on its own (torch.profiler, the trainer's CUDA "
+                   "kernels only): kernels and device ms per phase, by kind "
+                   "(GPU only)")
     p.add_argument("--out", help="also append the JSON lines to this file")
     args = p.parse_args(argv)
     if args.back_to_back is None:
@@ -250,6 +256,10 @@ def time_one(name, cfg, tokens, args, ranks, autocast):
             total = (time.perf_counter() - start) * 1e3
             back_to_back = ranks.max_over_ranks([total])[0] / args.back_to_back
         loss_value = float(loss.detach().float().item())
+        kernels = None
+        if args.kernel_split and device.type == "cuda":
+            kernels = kernel_split(wrapped, stepper, batches, autocast,
+                                   cfg.vocab, args.kernel_split)
         memory = {}
         if device.type == "cuda":
             peak = ranks.max_over_ranks([
@@ -266,7 +276,80 @@ def time_one(name, cfg, tokens, args, ranks, autocast):
                       "device_total_gib": total_bytes / GIB}
         return dict(walls=walls, phases=phases, back_to_back=back_to_back,
                     loss=loss_value, memory=memory, notes=stepper.notes,
-                    split=stepper.split)
+                    split=stepper.split, kernels=kernels)
+
+
+KERNEL_KINDS = (
+    ("gemm", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|sm\d\d_", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|attn", re.I)),
+    ("memset_memcpy", re.compile(r"^mem(set|cpy)", re.I)),
+)
+
+
+def kernel_kind(name):
+    for kind, pattern in KERNEL_KINDS:
+        if pattern.search(name):
+            return kind
+    return "elementwise_and_other"
+
+
+def kernel_split(wrapped, stepper, batches, autocast, vocab, iters):
+    """--kernel_split: `iters` iterations, each phase alone under
+    torch.profiler (synchronized before and after, so each profile holds
+    that phase's kernels of this process only: a muonps worker's are in
+    its own). Per phase, per iteration: kernel count, device ms, ms by
+    kind, and the kernels that took longest."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.autograd.DeviceType.CUDA
+    split = {phase: {"kernels": 0, "device_ms": 0.0, "by_kind_ms": {},
+                     "by_name_ms": {}} for phase in PhaseTimer.PHASES}
+    tokens, targets = None, None
+
+    def zero_grad():
+        stepper.zero_grad()
+
+    def forward():
+        nonlocal loss
+        with autocast():
+            logits = wrapped(tokens)
+            loss = F.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+
+    def backward():
+        loss.backward()
+
+    def step():
+        stepper.step()
+        if stepper.synchronize is not None:
+            stepper.synchronize()
+
+    loss = None
+    for i in range(iters):
+        tokens, targets = batches[i % 2]
+        for phase, run in zip(PhaseTimer.PHASES,
+                              (zero_grad, forward, backward, step)):
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                run()
+                torch.cuda.synchronize()
+            out = split[phase]
+            for e in prof.events():
+                if e.device_type != cuda:
+                    continue
+                ms = e.time_range.elapsed_us() / 1e3
+                out["kernels"] += 1
+                out["device_ms"] += ms
+                kind = kernel_kind(e.name)
+                out["by_kind_ms"][kind] = out["by_kind_ms"].get(kind, 0) + ms
+                out["by_name_ms"][e.name] = (
+                    out["by_name_ms"].get(e.name, 0) + ms)
+    for out in split.values():
+        out["kernels"] /= iters
+        out["device_ms"] /= iters
+        out["by_kind_ms"] = {k: v / iters for k, v in
+                             sorted(out["by_kind_ms"].items())}
+        longest = sorted(out.pop("by_name_ms").items(), key=lambda kv: -kv[1])
+        out["longest"] = [[name[:100], ms / iters] for name, ms in longest[:6]]
+    return split
 
 
 def loss_curve(name, cfg, tokens, args, ranks, autocast, data, seed):
@@ -340,6 +423,8 @@ def summarize(name, cfg, tokens, args, ranks, measured, adamw, env):
     line["loss_last"] = measured["loss"]
     line["split"] = measured["split"]
     line["notes"] = measured["notes"]
+    if measured["kernels"] is not None:
+        line["kernel_split"] = measured["kernels"]
     line["config"] = {**{k: getattr(cfg, k) for k in (
         "layers", "d_model", "heads", "kv_heads", "ffn_hidden", "vocab",
         "seq", "rope", "gqa")}, "tokens_per_gpu": tokens,
