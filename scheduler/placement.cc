@@ -173,15 +173,15 @@ Change BestSwap(const Assignment& a, int top, bool fewest_bytes) {
 }  // namespace
 
 std::vector<int> LptOrder(const Problem& problem) {
-  std::vector<double> cost(problem.num_items());
+  // Sorted as (-cost, item) pairs, by value: largest cost first, then item
+  // order, with no lookup through the items in each comparison.
+  std::vector<std::pair<double, int>> keyed(problem.num_items());
   for (int i = 0; i < problem.num_items(); ++i) {
-    cost[i] = problem.BestStandalone(i);
+    keyed[i] = {-problem.BestStandalone(i), i};
   }
-  std::vector<int> order(problem.num_items());
-  for (int i = 0; i < problem.num_items(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&cost](int x, int y) {
-    return cost[x] != cost[y] ? cost[x] > cost[y] : x < y;
-  });
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<int> order(keyed.size());
+  for (size_t k = 0; k < keyed.size(); ++k) order[k] = keyed[k].second;
   return order;
 }
 

@@ -188,25 +188,42 @@ absl::Status Complete(const Problem& p, Assignment* a) {
 }
 
 // The predicted maximum load of `owners` (all >= 0), without building an
-// Assignment: counts per (worker, shape) by sorting.
+// Assignment. Each worker's load adds its items' transfers in item order,
+// then one batch per shape it holds, smallest shape id first: the items
+// are bucketed by worker (a counting sort, keeping item order) and each
+// worker's few shapes sorted on their own.
 double MaxLoadOf(const Problem& p, const std::vector<int>& owners) {
-  std::vector<double> load(p.num_workers(), 0.0);
-  std::vector<std::pair<int, int>> placed(owners.size());
-  for (size_t i = 0; i < owners.size(); ++i) {
-    const int w = owners[i];
-    placed[i] = {w, p.shape_of(static_cast<int>(i))};
-    load[w] += p.TransferSeconds(p.worker_class(w), static_cast<int>(i));
+  const int workers = p.num_workers();
+  std::vector<int> start(workers + 1, 0);
+  for (const int w : owners) ++start[w + 1];
+  for (int w = 0; w < workers; ++w) start[w + 1] += start[w];
+  std::vector<int> by_worker(owners.size());
+  {
+    std::vector<int> next(start.begin(), start.end() - 1);
+    for (size_t i = 0; i < owners.size(); ++i) {
+      by_worker[next[owners[i]]++] = static_cast<int>(i);
+    }
   }
-  std::sort(placed.begin(), placed.end());
-  for (size_t i = 0; i < placed.size();) {
-    size_t j = i;
-    while (j < placed.size() && placed[j] == placed[i]) ++j;
-    const int w = placed[i].first;
-    load[w] += p.BatchSeconds(p.worker_class(w), placed[i].second,
-                              static_cast<int64_t>(j - i));
-    i = j;
+  double most = 0;
+  std::vector<int> shapes;
+  for (int w = 0; w < workers; ++w) {
+    const int c = p.worker_class(w);
+    double load = 0;
+    shapes.clear();
+    for (int k = start[w]; k < start[w + 1]; ++k) {
+      load += p.TransferSeconds(c, by_worker[k]);
+      shapes.push_back(p.shape_of(by_worker[k]));
+    }
+    std::sort(shapes.begin(), shapes.end());
+    for (size_t i = 0; i < shapes.size();) {
+      size_t j = i;
+      while (j < shapes.size() && shapes[j] == shapes[i]) ++j;
+      load += p.BatchSeconds(c, shapes[i], static_cast<int64_t>(j - i));
+      i = j;
+    }
+    most = w == 0 ? load : std::max(most, load);
   }
-  return *std::max_element(load.begin(), load.end());
+  return most;
 }
 
 // Where each item of `p` lived in `previous` (its worker id), or null for
