@@ -26,16 +26,27 @@ namespace {
 // leaves the wait to the device alone.
 constexpr auto kHostWaitAtMost = std::chrono::seconds(2);
 
+// Whether this process's contexts on `device` are CUDA MPS clients (false
+// where the driver cannot say).
+bool UnderMps(int device) {
+  int enabled = 0;
+  return cudaDeviceGetAttribute(&enabled, cudaDevAttrMpsEnabled, device) ==
+             cudaSuccess &&
+         enabled != 0;
+}
+
 // Returns once the work `event` orders has run, or after kHostWaitAtMost
 // (the stream wait that follows then orders it, as it always does). A
 // step's request arrives once the trainer's host has enqueued backward,
-// which its GPU may still be running. A stream of this process waiting on
-// the trainer's event meanwhile cost that backward dearly where the two
-// processes time-slice the GPU (no CUDA MPS): on one H200, 126 ms instead
-// of 73 ms for an 8-layer Llama-3-8B-shaped model at 4 K tokens
-// (bench/train_step). So the host waits first, yielding for the first
-// millisecond and then sleeping from 20 us up to 200 us, and the stream
-// wait it enqueues next is already satisfied.
+// which its GPU may still be running. Where the trainer and the worker
+// time-slice the GPU (no CUDA MPS), a stream of this process waiting on
+// the trainer's event meanwhile cost that backward dearly: on one H200,
+// 126 ms instead of 73 ms for an 8-layer Llama-3-8B-shaped model at 4 K
+// tokens (bench/train_step). So the host waits first, yielding for the
+// first millisecond and then sleeping from 20 us up to 200 us, and the
+// stream wait it enqueues next is already satisfied. Under MPS the two
+// share the GPU's SMs, and the early stream wait cost nothing there (the
+// same iteration within 1 ms either way), so it is left to the device.
 absl::Status AwaitOnHost(IpcEvent& event) {
   const auto start = std::chrono::steady_clock::now();
   auto pause = std::chrono::microseconds(20);
@@ -56,7 +67,8 @@ absl::Status AwaitOnHost(IpcEvent& event) {
 // The trainer's allocations, mapped by CUDA IPC into this process.
 class CudaIpcBuffers final : public TrainerBuffers {
  public:
-  explicit CudaIpcBuffers(int device) : device_(device) {}
+  explicit CudaIpcBuffers(int device)
+      : device_(device), host_waits_(!UnderMps(device)) {}
 
   // The request's ready event, done counter, progress word and step
   // record, each if it lends it.
@@ -117,13 +129,15 @@ class CudaIpcBuffers final : public TrainerBuffers {
 
   absl::Status WaitForTrainer(Stream stream) override {
     if (!ready_.has_value()) return absl::OkStatus();
-    MUONPS_RETURN_IF_ERROR(AwaitOnHost(*ready_));
+    if (host_waits_) MUONPS_RETURN_IF_ERROR(AwaitOnHost(*ready_));
     return ready_->MakeStreamWait(stream);
   }
 
   absl::Status WaitForGradient(int ready, Stream stream) override {
     if (ready < 0) return WaitForTrainer(stream);
-    MUONPS_RETURN_IF_ERROR(AwaitOnHost(gradient_ready_[ready]));
+    if (host_waits_) {
+      MUONPS_RETURN_IF_ERROR(AwaitOnHost(gradient_ready_[ready]));
+    }
     return gradient_ready_[ready].MakeStreamWait(stream);
   }
 
@@ -184,6 +198,9 @@ class CudaIpcBuffers final : public TrainerBuffers {
 
  private:
   const int device_;
+  // Outside CUDA MPS: the host waits for the trainer's events before a
+  // stream does (AwaitOnHost).
+  const bool host_waits_;
   IpcMemoryMap map_;
   std::optional<IpcEvent> ready_;
   // The gradients' own events (LentTensor::ready indexes them).

@@ -61,17 +61,17 @@ class TrainerBuffers {
   virtual absl::Status CheckIntact() const { return absl::OkStatus(); }
 
   // Makes `stream` wait until the trainer's gradients of the step are
-  // written (CUDA: its ready event, which the host waits for first, for up
-  // to 2 s, so no stream of the worker's waits on the trainer's work while
-  // that runs). Host memory: nothing to wait for (the trainer wrote them
-  // before its Step call).
+  // written (CUDA: its ready event; without CUDA MPS the host waits for it
+  // first, for up to 2 s, so no stream of the worker's waits on the
+  // trainer's work while that runs). Host memory: nothing to wait for (the
+  // trainer wrote them before its Step call).
   virtual absl::Status WaitForTrainer(Stream /*stream*/) {
     return absl::OkStatus();
   }
   // Makes `stream` wait until the gradient whose LentTensor::ready is
   // `ready` is final (CUDA: the event the trainer records for it as
-  // backward produces it, before its Step call, waited for on the host
-  // first as above); -1: WaitForTrainer.
+  // backward produces it, before its Step call; without MPS waited for on
+  // the host first, as above); -1: WaitForTrainer.
   virtual absl::Status WaitForGradient(int ready, Stream stream) {
     return ready < 0 ? WaitForTrainer(stream) : absl::OkStatus();
   }
