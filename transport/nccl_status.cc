@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <string>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -51,18 +50,6 @@ absl::StatusCode CodeFor(ncclResult_t result) {
     default:
       return absl::StatusCode::kInternal;
   }
-}
-
-Backoff::Backoff()
-    : spin_until_(Clock::now() + absl::ToChronoNanoseconds(kSpinFor)) {}
-
-void Backoff::Pause() {
-  if (Clock::now() < spin_until_) {
-    std::this_thread::yield();
-    return;
-  }
-  absl::SleepFor(pause_);
-  pause_ = std::min(pause_ * 2, kLongestPause);
 }
 
 Clock::time_point DeadlineAfter(absl::Duration timeout) {

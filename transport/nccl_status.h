@@ -1,6 +1,6 @@
 // Helpers of NcclTransport's two source files (nccl_transport.cc: set-up,
 // state and abort; nccl_transport_calls.cc: the queued calls and waits):
-// polling pauses and deadlines, and NCCL results as absl::Status, in the
+// deadlines, and NCCL results as absl::Status, in the
 // form and codes of common/cuda_status.h (which converts their CUDA errors).
 // Internal to transport/. Thread-safe: pure functions, except that
 // NcclText reads the communicator's last error.
@@ -21,32 +21,6 @@ namespace transport {
 namespace nccl {
 
 using Clock = std::chrono::steady_clock;
-
-// How the host polls NCCL's state or a stream. A non-blocking
-// communicator's group launches from a thread of NCCL's and reports
-// ncclInProgress for some tens of microseconds, and a step's control
-// message arrives within about as long once its peer sends it: a sleep of
-// even 100 us there cost every NCCL call and control message of a step
-// twice what NCCL took (0.2 ms a call on an H200). So a wait yields the CPU
-// without sleeping for its first kSpinFor, then sleeps from kFirstPause,
-// doubling to kLongestPause, so a long wait (a peer's backward, a
-// stage's transfers) costs little CPU and overshoots by little.
-inline constexpr absl::Duration kSpinFor = absl::Milliseconds(1);
-inline constexpr absl::Duration kFirstPause = absl::Microseconds(20);
-inline constexpr absl::Duration kLongestPause = absl::Microseconds(200);
-
-// One wait's pacing: Pause() between two polls. Not thread-safe (one
-// waiting thread).
-class Backoff {
- public:
-  Backoff();
-  // Yields within kSpinFor of construction, sleeps afterwards.
-  void Pause();
-
- private:
-  std::chrono::steady_clock::time_point spin_until_;
-  absl::Duration pause_ = kFirstPause;
-};
 
 // Now plus `timeout`, clamped so an infinite timeout cannot overflow.
 Clock::time_point DeadlineAfter(absl::Duration timeout);

@@ -1,5 +1,5 @@
-// NcclStatus's codes and message form: those of common/cuda_status.h; the
-// polling Backoff. Needs no GPU.
+// NcclStatus's codes and message form: those of common/cuda_status.h.
+// Needs no GPU.
 #include "transport/nccl_status.h"
 
 #include <chrono>
@@ -41,40 +41,6 @@ TEST(NcclStatusTest, AcceptedMeansDoneOrStillRunning) {
   EXPECT_TRUE(Accepted(ncclSuccess));
   EXPECT_TRUE(Accepted(ncclInProgress));
   EXPECT_FALSE(Accepted(ncclSystemError));
-}
-
-// Within kSpinFor a wait only yields; past it, it sleeps at least the
-// pauses it promises (a lower bound: a loaded machine may sleep longer).
-// One yield can outlast the whole window when the machine is loaded (the
-// thread is not run again within kSpinFor), so the window is tried on fresh
-// Backoffs until one sees this thread run in it more than once.
-TEST(BackoffTest, YieldsFirstThenSleepsGrowingPausesUpToTheLongest) {
-  int spins = 0;
-  for (int attempt = 0; attempt < 50 && spins <= 1; ++attempt) {
-    Backoff fresh;
-    const Clock::time_point start = Clock::now();
-    spins = 0;
-    while (Clock::now() - start < absl::ToChronoNanoseconds(kSpinFor)) {
-      fresh.Pause();
-      ++spins;
-    }
-  }
-  EXPECT_GT(spins, 1);
-  Backoff backoff;
-  const Clock::time_point start = Clock::now();
-  while (Clock::now() - start < absl::ToChronoNanoseconds(kSpinFor)) {
-    backoff.Pause();
-  }
-  const Clock::time_point sleeping = Clock::now();
-  constexpr int kPauses = 8;
-  for (int i = 0; i < kPauses; ++i) backoff.Pause();
-  absl::Duration promised;
-  absl::Duration pause = kFirstPause;
-  for (int i = 0; i < kPauses; ++i) {
-    promised += pause;
-    pause = std::min(pause * 2, kLongestPause);
-  }
-  EXPECT_GE(absl::FromChrono(Clock::now() - sleeping), promised);
 }
 
 }  // namespace

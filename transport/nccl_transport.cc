@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/cuda_status.h"
+#include "common/poll_backoff.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "transport/nccl_status.h"
@@ -26,7 +27,6 @@ namespace transport {
 namespace {
 
 using nccl::Accepted;
-using nccl::Backoff;
 using nccl::Clock;
 using nccl::CodeFor;
 using nccl::DeadlineAfter;
@@ -42,7 +42,7 @@ static_assert(std::is_same<ncclComm*, ncclComm_t>::value,
 // destructor) to leave ncclInProgress: its final state, ncclInProgress if
 // `deadline` passed first, or the error of ncclCommGetAsyncError itself.
 ncclResult_t AwaitState(ncclComm_t comm, Clock::time_point deadline) {
-  Backoff backoff;
+  PollBackoff backoff;
   while (true) {
     ncclResult_t state = ncclInProgress;
     const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
@@ -324,7 +324,7 @@ absl::Status NcclTransport::ReadState(int* state, std::string* text) {
 
 absl::Status NcclTransport::WaitUntilReady(const char* what,
                                            Clock::time_point deadline) {
-  Backoff backoff;
+  PollBackoff backoff;
   while (true) {
     int state = ncclInProgress;
     std::string text;

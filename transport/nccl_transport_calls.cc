@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/cuda_status.h"
+#include "common/poll_backoff.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "transport/nccl_status.h"
@@ -26,7 +27,6 @@ namespace transport {
 namespace {
 
 using nccl::Accepted;
-using nccl::Backoff;
 using nccl::Clock;
 using nccl::DeadlineAfter;
 using nccl::NcclStatus;
@@ -381,7 +381,7 @@ absl::Status NcclTransport::AwaitFrom(int peer, size_t count, DType dtype,
 absl::Status NcclTransport::PollUntil(
     const std::function<absl::StatusOr<bool>(int state)>& done,
     Clock::time_point deadline, absl::string_view waiting_for) {
-  Backoff backoff;
+  PollBackoff backoff;
   while (true) {
     int state = ncclInProgress;
     std::string text;

@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/poll_backoff.h"
 #include "common/status.h"
 #include "kernels/cuda/cuda_device_ops.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -36,31 +36,26 @@ bool UnderMps(int device) {
 }
 
 // Returns once the work `event` orders has run, or after kHostWaitAtMost
-// (the stream wait that follows then orders it, as it always does). A
-// step's request arrives once the trainer's host has enqueued backward,
-// which its GPU may still be running. Where the trainer and the worker
-// time-slice the GPU (no CUDA MPS), a stream of this process waiting on
-// the trainer's event meanwhile cost that backward dearly: on one H200,
-// 126 ms instead of 73 ms for an 8-layer Llama-3-8B-shaped model at 4 K
-// tokens (bench/train_step). So the host waits first, yielding for the
-// first millisecond and then sleeping from 20 us up to 200 us, and the
-// stream wait it enqueues next is already satisfied. Under MPS the two
-// share the GPU's SMs, and the early stream wait cost nothing there (the
-// same iteration within 1 ms either way), so it is left to the device.
+// (the stream wait that follows then orders it, as it always does),
+// polling at common/poll_backoff.h's pace. A step's request arrives once
+// the trainer's host has enqueued backward, which its GPU may still be
+// running. Where the trainer and the worker time-slice the GPU (no CUDA
+// MPS), a stream of this process waiting on the trainer's event meanwhile
+// cost that backward dearly: on one H200, 126 ms instead of 73 ms for an
+// 8-layer Llama-3-8B-shaped model at 4 K tokens (bench/train_step). So the
+// host waits first, and the stream wait it enqueues next is already
+// satisfied. Under MPS the two share the GPU's SMs, and the early stream
+// wait cost nothing there (the same iteration within 1 ms either way), so
+// it is left to the device.
 absl::Status AwaitOnHost(IpcEvent& event) {
-  const auto start = std::chrono::steady_clock::now();
-  auto pause = std::chrono::microseconds(20);
+  const auto give_up = std::chrono::steady_clock::now() + kHostWaitAtMost;
+  PollBackoff backoff;
   while (true) {
     MUONPS_ASSIGN_OR_RETURN(const bool done, event.Done());
-    if (done) return absl::OkStatus();
-    const auto waited = std::chrono::steady_clock::now() - start;
-    if (waited >= kHostWaitAtMost) return absl::OkStatus();
-    if (waited < std::chrono::milliseconds(1)) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(2 * pause, std::chrono::microseconds(200));
+    if (done || std::chrono::steady_clock::now() >= give_up) {
+      return absl::OkStatus();
     }
+    backoff.Pause();
   }
 }
 
