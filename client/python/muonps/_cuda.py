@@ -120,7 +120,9 @@ class CudaPath:
         buffer. A DTensor's gradient (FSDP2 reduce-scatters a new one) and
         a gradient that landed elsewhere are copied in at the step, whose
         stream then orders them. Without the hook (torch < 2.1) the step's
-        stream orders every gradient, as for a trainer that never marks.
+        stream orders every gradient, as for a trainer that never marks. A
+        worker outside CUDA MPS leaves the marks unused and takes every
+        gradient at the step (the two processes would time-slice the GPU).
         close() removes the hooks."""
         if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
             return
