@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <queue>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -173,15 +175,36 @@ Change BestSwap(const Assignment& a, int top, bool fewest_bytes) {
 }  // namespace
 
 std::vector<int> LptOrder(const Problem& problem) {
-  // Sorted as (-cost, item) pairs, by value: largest cost first, then item
-  // order, with no lookup through the items in each comparison.
-  std::vector<std::pair<double, int>> keyed(problem.num_items());
-  for (int i = 0; i < problem.num_items(); ++i) {
-    keyed[i] = {-problem.BestStandalone(i), i};
+  // An item's cost depends only on its shape and its link bytes, and 10^5
+  // items have far fewer such pairs: the distinct costs are sorted, largest
+  // first, and the items counted into them in item order (a counting sort,
+  // the order of sorting (-cost, item) pairs).
+  const int n = problem.num_items();
+  absl::flat_hash_map<std::pair<int, int64_t>, int> kind_of;
+  std::vector<int> item_kind(n);
+  std::vector<double> kind_cost;
+  for (int i = 0; i < n; ++i) {
+    const auto [it, inserted] = kind_of.emplace(
+        std::make_pair(problem.shape_of(i), problem.link_bytes(i)),
+        static_cast<int>(kind_cost.size()));
+    if (inserted) kind_cost.push_back(problem.BestStandalone(i));
+    item_kind[i] = it->second;
   }
-  std::sort(keyed.begin(), keyed.end());
-  std::vector<int> order(keyed.size());
-  for (size_t k = 0; k < keyed.size(); ++k) order[k] = keyed[k].second;
+  std::vector<double> costs = kind_cost;
+  std::sort(costs.begin(), costs.end(), std::greater<double>());
+  costs.erase(std::unique(costs.begin(), costs.end()), costs.end());
+  std::vector<int> rank(kind_cost.size());
+  for (size_t k = 0; k < kind_cost.size(); ++k) {
+    rank[k] = static_cast<int>(std::lower_bound(costs.begin(), costs.end(),
+                                                kind_cost[k],
+                                                std::greater<double>()) -
+                               costs.begin());
+  }
+  std::vector<int> start(costs.size() + 1, 0);
+  for (int i = 0; i < n; ++i) ++start[rank[item_kind[i]] + 1];
+  for (size_t r = 1; r < start.size(); ++r) start[r] += start[r - 1];
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[start[rank[item_kind[i]]]++] = i;
   return order;
 }
 

@@ -2,15 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "scheduler/step_bound.h"
 
 namespace muonps {
 namespace scheduler {
@@ -704,16 +707,32 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
   // worker: the two are independent, and a coordinator has the cores.
   Grouped best;
   std::vector<std::pair<int, double>> tried;
+  std::string passed_over;  // why a grouping was passed over unplanned
   std::thread grouping;
   // No worker is faster than the fastest model: a group of m workers
   // computes the Newton-Schulz set in no less than work / (m * fastest).
   double fastest = 0;
   for (const CostModel* m : models) fastest = std::max(fastest, m->speed());
+  // The plan of every worker's predicted step and its Newton-Schulz work
+  // (no more than a group's: it may use every worker's model), told to the
+  // groupings' thread once known (an infinite step where it failed).
+  struct Every {
+    double seconds = std::numeric_limits<double>::infinity();
+    double work = 0;
+  };
+  std::promise<Every> every_known;
+  const std::shared_future<Every> every_done = every_known.get_future().share();
   if (!offered.empty()) {
     grouping = std::thread([&] {
       absl::Status first_failure;
       int misses = 0;
       double work = 0;  // of the last grouping planned (Problem::Work)
+      const StepBound bound(matrices, settings, options, dedicated);
+      const double every_transfers = bound.Seconds(all, 0);
+      // A grouping's transfers must save at least this fraction of the
+      // plan of every worker's bound for it to be planned before that plan
+      // is known.
+      constexpr double kWaitMargin = 0.01;
       // Groups of one node first (their updates cross no network port, so
       // they may win where every larger grouping loses), then the larger
       // ones, largest first: each smaller one computes more per worker.
@@ -725,6 +744,30 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
         if (k > 0 && best.first_group.ok() && work > 0 && fastest > 0 &&
             work / (members * fastest) >= best.seconds) {
           break;  // its compute alone outlasts the best: so do smaller ones
+        }
+        // A grouping whose transfers alone save less than kWaitMargin of
+        // the plan of every worker's bound computes several times more on
+        // each worker: it wins only where that plan turns out worse than
+        // its bound. So wait for that plan, and where the grouping's bound
+        // with its compute does not beat it, pass it over unplanned (a
+        // miss). Elsewhere it is planned at once, beside that plan.
+        const double transfers = bound.Seconds(offered[i][0], 0);
+        if (transfers > 0 && transfers >= every_transfers * (1 - kWaitMargin)) {
+          const Every every = every_done.get();
+          const double least = bound.Seconds(
+              offered[i][0],
+              fastest > 0 ? every.work / (members * fastest) : 0.0);
+          if (least > every.seconds) {
+            tried.emplace_back(members, 0.0);
+            if (passed_over.empty()) {
+              passed_over = absl::StrCat(
+                  "a step of at least ", least * 1e3, " ms with ",
+                  offered[i].size(), " owner groups of ", members,
+                  " workers against ", every.seconds * 1e3, " ms without");
+            }
+            if (k > 0) ++misses;
+            continue;
+          }
         }
         Grouped next = plan_group(offered[i]);
         tried.emplace_back(members, next.seconds);
@@ -755,6 +798,10 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
     scheduled_every->ungrouped_seconds =
         predicted(*scheduled_every, models, settings);
   }
+  every_known.set_value(scheduled_every.ok()
+                            ? Every{scheduled_every->ungrouped_seconds,
+                                    scheduled_every->plan.work_seconds}
+                            : Every{});
   if (grouping.joinable()) grouping.join();
   // The best grouping's plan over all its groups, cut where its first
   // group's was.
@@ -783,7 +830,9 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
   ungrouped.groups_offered = true;
   ungrouped.grouped_candidates = tried;
   if (!best.first_group.ok()) {
-    ungrouped.groups_declined = best.first_group.status().ToString();
+    ungrouped.groups_declined = passed_over.empty()
+                                    ? best.first_group.status().ToString()
+                                    : passed_over;
     return ungrouped;
   }
   ungrouped.grouped_seconds = best.seconds;

@@ -237,8 +237,9 @@ struct TopologyPlan {
   // Where owner groupings were offered to be weighed: the predicted step of
   // the best grouped plan (0 if none could be made) and of the plan of
   // every worker, each grouping tried (its workers per group and predicted
-  // step, 0 where its plan could not be made), and why the groups were not
-  // taken ("" when they were). Where they were required: grouped_seconds
+  // step, 0 where its plan could not be made or it was passed over
+  // unplanned), and why the groups were not taken ("" when they were).
+  // Where they were required: grouped_seconds
   // is the grouping's prediction (0 where it was not clocked), the rest
   // stays unset.
   bool groups_offered = false;
@@ -284,9 +285,16 @@ enum class OwnerGroupsUse {
 // predicted step wins (ties: the groups, whose updates cross
 // fewer links). The winner's schedule is cut at the bucket bound its group
 // chose. A grouped plan that cannot be made (one group too small for the
-// momentum) or scheduled is passed over, saying why. The groupings are
-// planned on a thread of their own beside the plan of every rank
-// (`plan_ranks` is called from two threads at once). Errors: the plan of
+// momentum) or scheduled is passed over, saying why. So is, unplanned
+// and counted as a miss, a grouping whose step cannot beat the plan of
+// every rank's: where its updates cross the nodes as that plan's do and
+// save less than 1% of that plan's least step on the wire while each
+// worker computes more, it waits for that plan's prediction and is passed
+// over where its lower bound (step_bound.h: the plan-free transfers, and
+// that plan's Newton-Schulz work on its fewer workers at the fastest
+// model's speed) exceeds it. The other groupings are planned on a thread
+// of their own beside the plan of every rank (`plan_ranks` is called from
+// two threads at once). Errors: the plan of
 // every rank's, or its schedule's (where a grouped plan could be made, it
 // stands alone then).
 absl::StatusOr<TopologyPlan> PlanOnTopology(

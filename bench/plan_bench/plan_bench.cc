@@ -13,10 +13,10 @@
 // tried, clocked as that group alone, and the plan of every worker,
 // scheduled and clocked (the groupings on a second thread), the winner
 // scheduled over all its groups; owner_groups_offered /
-// owner_groups_taken say what happened, groupings_tried how many plans of
-// one group were made. topology_again_ms is the same run again in the same
-// process (a running coordinator's next plan of the job, on the memory the
-// first one freed).
+// owner_groups_taken say what happened, groupings_tried how many groupings
+// were weighed (planned, or passed over by their step's lower bound).
+// topology_again_ms is the same run again in the same process (a running
+// coordinator's next plan of the job, on the memory the first one freed).
 // `plan_bench NAME` runs only the cases whose name contains NAME (for a
 // profiler); the re-plan case's name is llama3_8b_w64_lose_1.
 #include <chrono>

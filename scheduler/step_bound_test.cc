@@ -1,0 +1,164 @@
+#include "scheduler/step_bound.h"
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/model_shapes.h"
+#include "scheduler/planner.h"
+#include "scheduler/step_clock.h"
+
+namespace muonps {
+namespace scheduler {
+namespace {
+
+using ::testing::Contains;
+using ::testing::Not;
+using ::testing::Pair;
+
+// `count` random matrices, all replicated, and `workers` workers of 140 GiB
+// on nodes of 8, with one cost model.
+struct Job {
+  std::vector<MatrixSpec> matrices;
+  std::vector<WorkerSpec> workers;
+  CostModel model{nullptr, DeviceRates{}, 1.0, 5};
+  std::vector<const CostModel*> models;
+  ClockSettings settings;
+};
+
+Job Replicated(int count, int workers) {
+  Job job;
+  job.matrices = RandomShapes(count, 7);
+  for (MatrixSpec& m : job.matrices) m.layout = Layout::kReplicated;
+  for (int w = 0; w < workers; ++w) {
+    WorkerSpec spec;
+    spec.id = "w" + std::to_string(w);
+    spec.memory_bytes = int64_t{140} << 30;
+    job.workers.push_back(spec);
+  }
+  job.models.assign(workers, &job.model);
+  job.settings.topology = Topology::Blocks(workers, 8);
+  return job;
+}
+
+// The plan of `ranks` alone and the step ChooseStepGrouping predicts for
+// it on their nodes, cut as `options` says.
+struct Alone {
+  OwnershipPlan plan;
+  double predicted_seconds = 0;
+};
+
+Alone PlanAlone(const Job& job, const std::vector<int32_t>& ranks,
+                const ScheduleOptions& options) {
+  PlanInput input{job.matrices, {}, {}};
+  ClockSettings alone = job.settings;
+  alone.topology.node.clear();
+  std::vector<const CostModel*> models;
+  for (const int32_t r : ranks) {
+    input.workers.push_back(job.workers[r]);
+    alone.topology.node.push_back(job.settings.topology.node[r]);
+    models.push_back(job.models[r]);
+  }
+  Alone out;
+  out.plan = *PlanOwnership(input);
+  const StepGrouping g =
+      *ChooseStepGrouping(job.matrices, out.plan, models, alone, options);
+  out.predicted_seconds = g.predicted_seconds > 0
+                              ? g.predicted_seconds
+                              : ClockStep(job.matrices, g.schedule,
+                                          StackSeconds(g.schedule, models),
+                                          static_cast<int>(ranks.size()), alone)
+                                    .predicted_seconds;
+  return out;
+}
+
+std::vector<int32_t> FirstRanks(int count) {
+  std::vector<int32_t> ranks(count);
+  for (int r = 0; r < count; ++r) ranks[r] = r;
+  return ranks;
+}
+
+TEST(StepBoundTest, StaysBelowThePredictedStepOfEveryPlanAcrossNodes) {
+  const Job job = Replicated(3000, 64);
+  for (const ScheduleOptions options :
+       {ScheduleOptions{.bucket_bytes = 0},
+        ScheduleOptions{.bucket_bytes = int64_t{256} << 20}}) {
+    const StepBound bound(job.matrices, job.settings, options, 0);
+    for (const int workers : {16, 32, 64}) {
+      const std::vector<int32_t> ranks = FirstRanks(workers);
+      const Alone alone = PlanAlone(job, ranks, options);
+      const double with_compute =
+          bound.Seconds(ranks, alone.plan.work_seconds / workers);
+      // The transfers and the commit are the clock's own; only the compute
+      // overlapping them is left out.
+      EXPECT_LE(with_compute, alone.predicted_seconds) << workers;
+      EXPECT_GT(with_compute, 0.9 * alone.predicted_seconds) << workers;
+      EXPECT_LE(bound.Seconds(ranks, 0), with_compute) << workers;
+    }
+  }
+}
+
+TEST(StepBoundTest, NoneWhereTransfersDependOnThePlanOrStayOnOneNode) {
+  Job job = Replicated(100, 16);
+  EXPECT_GT(
+      StepBound(job.matrices, job.settings, {}, 0).Seconds(FirstRanks(16), 0),
+      0);
+  // One node: peer writes, not rings.
+  EXPECT_EQ(
+      StepBound(job.matrices, job.settings, {}, 0).Seconds(FirstRanks(8), 0),
+      0);
+  // A dedicated worker receives gradients.
+  EXPECT_EQ(
+      StepBound(job.matrices, job.settings, {}, 1).Seconds(FirstRanks(16), 0),
+      0);
+  // Unreduced gradients move to their owners.
+  job.matrices[0].layout = Layout::kUnreduced;
+  EXPECT_EQ(
+      StepBound(job.matrices, job.settings, {}, 0).Seconds(FirstRanks(16), 0),
+      0);
+}
+
+TEST(StepBoundTest, PlanOnTopologyPassesOverAGroupingThatCannotWin) {
+  // 8 nodes of 8. Groups of 4 nodes move the same bytes a port as the plan
+  // of every worker and compute twice as much each, so they are passed over
+  // unplanned; the plan is the one of every worker, as when they were
+  // planned (their own step is longer). One node cannot hold the momentum.
+  Job job = Replicated(20000, 64);
+  // Slow ring hops: many buckets cost every ring's fill over and over, so
+  // one bucket of everything is best, after all compute.
+  job.settings.topology.links.hop_latency_us = 200;
+  const std::vector<OwnerGrouping> offered = ChooseOwnerGroupings(
+      job.matrices, job.settings.topology, 64, /*dedicated=*/0);
+  ASSERT_EQ(offered.size(), 3u);  // groups of 1, 2 and 4 nodes
+  std::vector<std::string> ids;
+  for (const WorkerSpec& w : job.workers) ids.push_back(w.id);
+  std::vector<int> planned;  // workers of each plan made
+  std::mutex mu;
+  const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
+      job.matrices, ids, 0, job.models, job.settings, {.bucket_bytes = 0},
+      offered, OwnerGroupsUse::kWeighed,
+      [&](const std::vector<int32_t>& ranks, const OwnerGrouping*) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          planned.push_back(static_cast<int>(ranks.size()));
+        }
+        PlanInput input{job.matrices, {}, {}};
+        for (const int32_t r : ranks) input.workers.push_back(job.workers[r]);
+        return PlanOwnership(input);
+      });
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(planned, Not(Contains(32)));
+  EXPECT_THAT(out->grouped_candidates, Contains(Pair(32, 0.0)));
+  EXPECT_TRUE(out->plan.groups.empty());
+  PlanInput every{job.matrices, job.workers, {}};
+  EXPECT_EQ(out->plan.max_seconds, PlanOwnership(every)->max_seconds);
+  const Alone two_nodes = PlanAlone(job, FirstRanks(32), {.bucket_bytes = 0});
+  EXPECT_GT(two_nodes.predicted_seconds, out->ungrouped_seconds);
+}
+
+}  // namespace
+}  // namespace scheduler
+}  // namespace muonps
