@@ -280,6 +280,20 @@ def test_two_gpu_ranks_match_one_process_torch_muon(tmp_path, mode):
 
 
 @needs_modern_torch
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four GPUs")
+def test_four_gpu_ranks_on_an_hsdp_mesh_match_one_process_torch_muon(
+        tmp_path):
+    # The CPU case above on four GPUs, one rank a GPU (zero setup: each
+    # rank's worker on its own GPU, NCCL among the workers, the plan's two
+    # owner groups each on its own communicator), Newton-Schulz in bf16.
+    _, results = run_torchrun(tmp_path, "hsdp", "cuda", 4)
+    for result in results:
+        assert result["kinds"] == ["DTensor"], result["kinds"]
+        assert result["replicas"] == 2, result["replicas"]
+    assert_matches(results, load_model(tmp_path), tolerance=2e-2)
+
+
+@needs_modern_torch
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpu_ranks_with_bf16_parameters_drift_no_more_than_torch(
         tmp_path):
