@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 
 #include "absl/container/flat_hash_map.h"
 
@@ -20,61 +19,26 @@ StepBound::StepBound(const std::vector<MatrixSpec>& matrices,
       });
   if (!holds_) return;
   // The commit as ClockStep adds it: every trainer applies every matrix.
-  double applied = 0;
-  for (const MatrixSpec& m : matrices) {
-    applied += static_cast<double>(m.rows * m.cols * m.experts);
-  }
   commit_seconds_ = settings.control_rounds_ms * 1e-3 +
-                    applied * (2 * 4 + settings.update_bytes_per_element) /
-                        settings.hbm_bytes_per_second;
-  // The bucket bounds ChooseStepGrouping clocks (or the job's own).
-  int64_t everything = 0;
-  for (const MatrixSpec& m : matrices)
-    everything += PayloadBytes(m) * m.experts;
-  std::vector<int64_t> bounds;
-  if (options.bucket_bytes > 0) {
-    bounds.push_back(options.bucket_bytes);
-  } else {
-    constexpr int64_t kBase = int64_t{64} << 20;
-    bounds.push_back(std::max(everything, kBase));
-    for (const int64_t times : {64, 16, 4, 1}) {
-      if (kBase * times < everything) bounds.push_back(kBase * times);
-    }
-  }
-  // Gradients arrive from the last layer to the first, later matrices of a
-  // layer first (StepScheduleCutter): where layers never fall with the
-  // index, that is the reverse index order.
-  const int count = static_cast<int>(matrices.size());
-  std::vector<int32_t> arrival(count);
-  std::iota(arrival.rbegin(), arrival.rend(), 0);
-  bool by_index = true;
-  for (int m = 1; m < count && by_index; ++m) {
-    by_index = matrices[m - 1].layer <= matrices[m].layer;
-  }
-  if (!by_index) {
-    std::sort(arrival.begin(), arrival.end(), [&](int32_t x, int32_t y) {
-      return matrices[x].layer != matrices[y].layer
-                 ? matrices[x].layer > matrices[y].layer
-                 : x > y;
-    });
-  }
-  // Cut as CutBuckets cuts: a bucket closes before it would pass the bound.
+                    ApplySeconds(matrices, /*workers=*/1, settings);
+  const std::vector<int64_t> bounds =
+      options.bucket_bytes > 0 ? std::vector<int64_t>{options.bucket_bytes}
+                               : BucketBoundsTried(matrices);
+  const std::vector<int32_t> arrival = ArrivalOrder(matrices);
+  // Cut as the schedule cuts them (BucketEnds).
   for (const int64_t bound : bounds) {
     std::vector<BucketSum>& cut = cuts_.emplace_back();
-    int64_t filled = 0;
-    for (int i = 0; i < count; ++i) {
-      const MatrixSpec& m = matrices[arrival[i]];
-      const int64_t bytes = PayloadBytes(m) * m.experts;
-      if (i == 0 || filled + bytes > bound) {
-        cut.emplace_back();
-        filled = 0;
+    size_t begin = 0;
+    for (const size_t end : BucketEnds(matrices, arrival, bound)) {
+      BucketSum& sum = cut.emplace_back();
+      for (size_t i = begin; i < end; ++i) {
+        const MatrixSpec& m = matrices[arrival[i]];
+        sum.messages += m.experts;
+        sum.bytes += static_cast<double>(m.rows * m.cols *
+                                         settings.update_bytes_per_element) *
+                     static_cast<double>(m.experts);
       }
-      filled += bytes;
-      cut.back().messages += m.experts;
-      cut.back().bytes +=
-          static_cast<double>(m.rows * m.cols *
-                              settings.update_bytes_per_element) *
-          static_cast<double>(m.experts);
+      begin = end;
     }
   }
 }

@@ -511,14 +511,7 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   r.worker_compute_end_seconds = std::move(clock.compute_end);
 
   // The commit: every worker applies what its trainer holds.
-  double applied = 0;  // parameters per worker
-  for (const MatrixSpec& m : matrices) {
-    const double elements = static_cast<double>(m.rows * m.cols * m.experts);
-    applied += m.layout == Layout::kRowSharded ? elements / n : elements;
-  }
-  // The fp32 parameter read and written, the update read.
-  r.apply_seconds = applied * (2 * 4 + settings.update_bytes_per_element) /
-                    settings.hbm_bytes_per_second;
+  r.apply_seconds = ApplySeconds(matrices, n, settings);
   r.commit_seconds = settings.control_rounds_ms * 1e-3 + r.apply_seconds;
   r.predicted_seconds = r.stage_seconds + r.commit_seconds;
 
@@ -552,6 +545,33 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   return r;
 }
 
+double ApplySeconds(const std::vector<MatrixSpec>& matrices, int workers,
+                    const ClockSettings& settings) {
+  double applied = 0;  // parameters per worker
+  for (const MatrixSpec& m : matrices) {
+    const double elements = static_cast<double>(m.rows * m.cols * m.experts);
+    applied += m.layout == Layout::kRowSharded ? elements / workers : elements;
+  }
+  // The fp32 parameter read and written, the update read.
+  return applied * (2 * 4 + settings.update_bytes_per_element) /
+         settings.hbm_bytes_per_second;
+}
+
+std::vector<int64_t> BucketBoundsTried(
+    const std::vector<MatrixSpec>& matrices) {
+  int64_t everything = 0;
+  for (const MatrixSpec& m : matrices) {
+    everything += PayloadBytes(m) * m.experts;
+  }
+  constexpr int64_t kBase = int64_t{64} << 20;
+  std::vector<int64_t> bounds;                    // largest first
+  bounds.push_back(std::max(everything, kBase));  // one bucket
+  for (const int64_t times : {64, 16, 4, 1}) {
+    if (kBase * times < everything) bounds.push_back(kBase * times);
+  }
+  return bounds;
+}
+
 absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<MatrixSpec>& matrices, const OwnershipPlan& plan,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
@@ -566,16 +586,7 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     MUONPS_RETURN_IF_ERROR(cutter.Cut(out.bucket_bytes, &out.schedule));
     return out;
   }
-  int64_t everything = 0;
-  for (const MatrixSpec& m : matrices) {
-    everything += PayloadBytes(m) * m.experts;
-  }
-  constexpr int64_t kBase = int64_t{64} << 20;
-  std::vector<int64_t> bounds;                    // largest first
-  bounds.push_back(std::max(everything, kBase));  // one bucket
-  for (const int64_t times : {64, 16, 4, 1}) {
-    if (kBase * times < everything) bounds.push_back(kBase * times);
-  }
+  const std::vector<int64_t> bounds = BucketBoundsTried(matrices);
   MUONPS_ASSIGN_OR_RETURN(
       StepScheduleCutter cutter,
       StepScheduleCutter::Create(matrices, plan, options.stack_bytes));

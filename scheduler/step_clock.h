@@ -186,6 +186,18 @@ struct StepClock {
   int phases = 0;
 };
 
+// Seconds of the commit's apply on the busiest of `workers` trainers: the
+// fp32 parameter read and written and the update read, for every
+// parameter that trainer holds (all of a matrix, 1/workers of a
+// row-sharded one's rows), at `settings.hbm_bytes_per_second`.
+double ApplySeconds(const std::vector<MatrixSpec>& matrices, int workers,
+                    const ClockSettings& settings);
+
+// The bucket bounds ChooseStepGrouping clocks where it chooses, largest
+// first: one bucket of every matrix (at least 64 MiB), then 4 GiB, 1 GiB,
+// 256 MiB and 64 MiB, each where it is below the whole.
+std::vector<int64_t> BucketBoundsTried(const std::vector<MatrixSpec>& matrices);
+
 // Seconds of each stack of `schedule`: one Newton-Schulz call per chunk,
 // on its owner's model (`models[owner]`).
 std::vector<double> StackSeconds(const StepSchedule& schedule,

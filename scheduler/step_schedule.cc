@@ -349,19 +349,7 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
                                int64_t bucket_bytes) {
   const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
   const OwnerGroups groups(plan);
-  // ends[k]: one past bucket k's last position in `arrival`.
-  std::vector<size_t> ends;
-  int64_t filled = 0;
-  for (size_t i = 0; i < arrival.size(); ++i) {
-    const MatrixSpec& spec = matrices[arrival[i]];
-    const int64_t bytes = PayloadBytes(spec) * spec.experts;
-    if (i > 0 && filled + bytes > bucket_bytes) {
-      ends.push_back(i);
-      filled = 0;
-    }
-    filled += bytes;
-  }
-  if (!arrival.empty()) ends.push_back(arrival.size());
+  const std::vector<size_t> ends = BucketEnds(matrices, arrival, bucket_bytes);
   std::vector<Bucket> buckets(ends.size());
   size_t begin = 0;
   for (size_t k = 0; k < ends.size(); ++k) {
@@ -499,16 +487,8 @@ absl::StatusOr<StepScheduleCutter> StepScheduleCutter::Create(
   if (stack_bytes <= 0) return InvalidField("stack_bytes", "must be > 0");
   MUONPS_RETURN_IF_ERROR(CheckPlanLayout(matrices, plan));
   StepScheduleCutter cutter(matrices, plan);
-  // Backward yields gradients from the last layer to the first, and within
-  // a layer roughly in reverse registration order.
-  std::vector<int32_t>& arrival = cutter.arrival_;
-  arrival.resize(matrices.size());
-  std::iota(arrival.begin(), arrival.end(), 0);
-  std::sort(arrival.begin(), arrival.end(), [&](int32_t x, int32_t y) {
-    return matrices[x].layer != matrices[y].layer
-               ? matrices[x].layer > matrices[y].layer
-               : x > y;
-  });
+  cutter.arrival_ = ArrivalOrder(matrices);
+  const std::vector<int32_t>& arrival = cutter.arrival_;
   std::vector<int64_t>& first = cutter.first_;
   first.assign(matrices.size() + 1, 0);
   for (size_t m = 0; m < matrices.size(); ++m) {
@@ -570,6 +550,44 @@ absl::StatusOr<StepSchedule> BuildStepSchedule(
   StepSchedule schedule = cutter.TakeStacks();
   MUONPS_RETURN_IF_ERROR(cutter.Cut(options.bucket_bytes, &schedule));
   return schedule;
+}
+
+std::vector<int32_t> ArrivalOrder(const std::vector<MatrixSpec>& matrices) {
+  const int count = static_cast<int>(matrices.size());
+  std::vector<int32_t> arrival(count);
+  std::iota(arrival.rbegin(), arrival.rend(), 0);
+  // Where layers never fall with the index (a model's own order), that is
+  // the reverse index order already: 10^5 matrices need no sort.
+  bool by_index = true;
+  for (int m = 1; m < count && by_index; ++m) {
+    by_index = matrices[m - 1].layer <= matrices[m].layer;
+  }
+  if (!by_index) {
+    std::sort(arrival.begin(), arrival.end(), [&](int32_t x, int32_t y) {
+      return matrices[x].layer != matrices[y].layer
+                 ? matrices[x].layer > matrices[y].layer
+                 : x > y;
+    });
+  }
+  return arrival;
+}
+
+std::vector<size_t> BucketEnds(const std::vector<MatrixSpec>& matrices,
+                               const std::vector<int32_t>& arrival,
+                               int64_t bucket_bytes) {
+  std::vector<size_t> ends;
+  int64_t filled = 0;
+  for (size_t i = 0; i < arrival.size(); ++i) {
+    const MatrixSpec& spec = matrices[arrival[i]];
+    const int64_t bytes = PayloadBytes(spec) * spec.experts;
+    if (i > 0 && filled + bytes > bucket_bytes) {
+      ends.push_back(i);
+      filled = 0;
+    }
+    filled += bytes;
+  }
+  if (!arrival.empty()) ends.push_back(arrival.size());
+  return ends;
 }
 
 std::vector<Transfer> IssueOrder(const StepSchedule& schedule) {

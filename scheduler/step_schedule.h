@@ -199,6 +199,18 @@ class StepScheduleCutter {
 // what each worker walks through per step.
 std::vector<Transfer> IssueOrder(const StepSchedule& schedule);
 
+// The matrices (indices) in the order backward yields their gradients: from
+// the last layer to the first, and within a layer roughly in reverse
+// registration order (later indices first).
+std::vector<int32_t> ArrivalOrder(const std::vector<MatrixSpec>& matrices);
+
+// Where the buckets of `arrival` under `bucket_bytes` end: one past each
+// bucket's last position in `arrival`. A bucket closes before its gradient
+// payload would pass the bound (one larger matrix makes a bucket alone).
+std::vector<size_t> BucketEnds(const std::vector<MatrixSpec>& matrices,
+                               const std::vector<int32_t>& arrival,
+                               int64_t bucket_bytes);
+
 }  // namespace scheduler
 }  // namespace muonps
 
