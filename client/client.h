@@ -196,6 +196,21 @@ class Client {
   // when the record fails.
   absl::Status GradientReady(const std::string& name, CUstream_st* stream);
 
+  // CUDA trainers, after Start, for the next Step only: the gradient of job
+  // matrix `name` lies at `data` (device memory of this trainer's GPU, as
+  // many values of its lent dtype as its lent buffer) instead of the buffer
+  // lent with LendCuda, and the worker reads it there, in place: a gradient
+  // backward allocated goes to the step with no copy, and its lent buffer
+  // needs no zeroing. The memory must stay allocated and unwritten until
+  // the step is done, as the trainer's stream orders it after a Step without
+  // forward_waits (a step with forward_waits refuses placed gradients).
+  // Matrices not placed are read from their lent buffers. FAILED_PRECONDITION
+  // for a host client; NOT_FOUND naming the matrix unless it is a declared
+  // job matrix; INVALID_ARGUMENT naming it before Start, or for memory that
+  // is not this GPU's device memory or has no IPC handle (a stream-ordered
+  // pool, PyTorch's expandable segments).
+  absl::Status PlaceGradient(const std::string& name, const void* data);
+
   // CUDA trainers whose steps return with forward_waits: makes `stream`
   // (nullptr: the legacy default stream) wait, on the device, until the
   // last step enqueued has written the parameters of the first `matrices`

@@ -136,6 +136,9 @@ struct Client::Impl {
   // ResumeAfter's step, sent with every attempt of the next step until
   // one is answered.
   std::optional<int64_t> resumed_after;
+  // PlaceGradient's places for the next Step, by gradient event (the
+  // matrix's position among the bound ones).
+  std::map<int, v1::CudaBuffer> placed;
   bool started = false;
   // CUDA trainers.
   std::unique_ptr<client_internal::CudaStepSignals> signals;

@@ -109,6 +109,18 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
                         "needs async (a step that returns once done has "
                         "nothing left for the forward to wait for)");
   }
+  if (options.forward_waits && !s.placed.empty()) {
+    return InvalidField("forward_waits",
+                        "placed gradients (PlaceGradient) must stay unwritten "
+                        "until the whole step is done, which the trainer's "
+                        "stream then no longer waits for");
+  }
+  for (auto& [position, buffer] : s.placed) {
+    v1::GradientPlace* place = request.add_gradients();
+    place->set_matrix(position);
+    *place->mutable_buffer() = std::move(buffer);
+  }
+  s.placed.clear();
   MUONPS_RETURN_IF_ERROR(s.signals->BeforeStep(
       options.stream, step_id, /*wait_for_step=*/!options.forward_waits));
   s.enqueued_step = step_id;
@@ -156,6 +168,30 @@ absl::Status Client::GradientReady(const std::string& name,
                         "Start has lent it)");
   }
   return Annotate(s.signals->GradientReady(t->gradient_event, stream), field);
+}
+
+absl::Status Client::PlaceGradient(const std::string& name, const void* data) {
+  Impl& s = *impl_;
+  const std::string field = absl::StrCat("matrix ", Quoted(name));
+  if (!s.device.is_cuda()) {
+    return FieldError(absl::StatusCode::kFailedPrecondition, field,
+                      "PlaceGradient needs ClientOptions.device cuda:N (a "
+                      "host trainer's gradients stay in its segment)");
+  }
+  const Impl::Tensor* t = s.Find(name);
+  if (t == nullptr || !t->muon) {
+    return FieldError(absl::StatusCode::kNotFound, field,
+                      "is not a declared job matrix");
+  }
+  if (!s.started) {
+    return InvalidField(field, "PlaceGradient before Start");
+  }
+  MUONPS_ASSIGN_OR_RETURN(
+      v1::CudaBuffer buffer,
+      client_internal::ExportCudaBuffer(data, t->elements, t->dtype, s.device,
+                                        field + " gradient"));
+  s.placed[t->gradient_event] = std::move(buffer);
+  return absl::OkStatus();
 }
 
 absl::Status Client::WaitForParameters(CUstream_st* stream, int64_t matrices) {

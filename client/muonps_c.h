@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 10
+#define MUONPS_C_ABI_VERSION 11
 
 /* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
 #define MUONPS_MAX_GROUPS 1024
@@ -280,6 +280,17 @@ int muonps_client_wait(muonps_client* client, muonps_step_result* result);
  * are in place) (Client::WaitForParameters). Returns once enqueued. */
 int muonps_client_wait_for_parameters(muonps_client* client, void* stream,
                                       int64_t matrices);
+/* ABI 11: CUDA trainers, after start, for the next step only: the
+ * gradient of matrix `name` lies at `grad_ptr` (device memory of the
+ * client's GPU, as many values of the lent dtype as its lent buffer), and
+ * the worker reads it there instead of the lent buffer
+ * (Client::PlaceGradient). Keep it allocated and unwritten until the step
+ * is done; a step with async = 2 refuses placed gradients.
+ * MUONPS_FAILED_PRECONDITION for a "cpu" client, MUONPS_NOT_FOUND naming
+ * `name` unless it is a declared matrix, MUONPS_INVALID_ARGUMENT for
+ * memory that cannot be lent. */
+int muonps_client_place_gradient(muonps_client* client, const char* name,
+                                 uint64_t grad_ptr);
 
 #ifdef __cplusplus
 }

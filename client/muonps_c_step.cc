@@ -91,6 +91,13 @@ int muonps_client_gradient_ready(muonps_client* c, const char* name,
   return Record(c, status);
 }
 
+int muonps_client_place_gradient(muonps_client* c, const char* name,
+                                 uint64_t grad_ptr) {
+  if (c == nullptr || name == nullptr) return MUONPS_INVALID_ARGUMENT;
+  return Record(c, c->client->PlaceGradient(
+                       name, reinterpret_cast<const void*>(grad_ptr)));
+}
+
 int muonps_client_wait_for_parameters(muonps_client* c, void* stream,
                                       int64_t matrices) {
   if (c == nullptr) return MUONPS_INVALID_ARGUMENT;

@@ -253,6 +253,41 @@ TEST(MuonpsCTest, Abi8GradientReadyIsForACudaClientsStartedMatrices) {
   muonps_client_destroy(cuda);
 }
 
+// ABI 11: placing a gradient elsewhere is for a CUDA client's declared
+// job matrices once started; every refusal names what it refuses, before
+// any CUDA call (this test needs no GPU).
+TEST(MuonpsCTest, Abi11PlaceGradientIsForACudaClientsStartedMatrices) {
+  EXPECT_EQ(muonps_client_place_gradient(nullptr, "w", 0),
+            MUONPS_INVALID_ARGUMENT);
+  muonps_client* host = nullptr;
+  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/none.sock", 0, 1,
+                                 0.5, &host),
+            MUONPS_OK);
+  ASSERT_EQ(
+      muonps_client_add_matrix(host, "w", 4, 8, 1, MUONPS_LAYOUT_REPLICATED, 0),
+      MUONPS_OK);
+  EXPECT_EQ(muonps_client_place_gradient(host, nullptr, 0),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(muonps_client_place_gradient(host, "w", 0),
+            MUONPS_FAILED_PRECONDITION);
+  EXPECT_THAT(std::string(muonps_client_last_error(host)),
+              HasSubstr("matrix \"w\""));
+  muonps_client_destroy(host);
+
+  muonps_client* cuda = nullptr;
+  ASSERT_NO_FATAL_FAILURE(CudaClientOfMatrixW(&cuda));
+  ASSERT_EQ(muonps_client_add_tensor(cuda, "b", 8, MUONPS_LAYOUT_UNREDUCED),
+            MUONPS_OK);
+  EXPECT_EQ(muonps_client_place_gradient(cuda, "nope", 0), MUONPS_NOT_FOUND);
+  EXPECT_THAT(std::string(muonps_client_last_error(cuda)),
+              HasSubstr("\"nope\""));
+  EXPECT_EQ(muonps_client_place_gradient(cuda, "b", 0), MUONPS_NOT_FOUND);
+  EXPECT_EQ(muonps_client_place_gradient(cuda, "w", 0),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(cuda)), HasSubstr("Start"));
+  muonps_client_destroy(cuda);
+}
+
 // ABI 10: a forward's waits for the parameters are a CUDA client's; the
 // step's async mode is 0, 1 or 2, and a count of matrices is -1 (all) or
 // one of the declared ones; each refusal names what it refuses, before any

@@ -245,6 +245,9 @@ def _muonps(model, ctx):
              "step_returns": ("once enqueued (the trainer's stream waits on "
                               "the device for the worker's update)" if cuda
                               else "once the step is done (CPU path)")}
+    if cuda:
+        notes["gradients"] = ("allocated by backward; the worker reads them "
+                              "where they lie")
     return Stepper([opt], notes=notes, synchronize=opt.synchronize,
                    split=split_counts(matrices, others), close=opt.close)
 
@@ -290,6 +293,21 @@ def _muonps_backward_hooks(model, ctx):
     stepper.notes["gradients"] = ("each matrix's as backward finishes it "
                                   "(post-accumulate-grad hooks)")
     return stepper
+
+
+@register("muonps_lent_grads")
+def _muonps_lent_grads(model, ctx):
+    """muonps.Muon whose zero_grad keeps the gradients in place
+    (set_to_none=False), so backward adds into the lent buffers and the
+    worker reads those, beside "muonps" in the same run, whose gradients
+    backward allocates and the worker reads where they lie."""
+    stepper = _muonps(model, ctx)
+    kept = _KeptGrads(stepper.optimizers, notes=stepper.notes,
+                      synchronize=stepper.synchronize, split=stepper.split,
+                      close=stepper._close)
+    kept.notes["gradients"] = ("zeroed in place in the lent buffers; "
+                               "backward adds into them")
+    return kept
 
 
 @register("muonps_forward_waits")

@@ -208,6 +208,38 @@ class CudaIpcBuffers final : public TrainerBuffers {
     return out;
   }
 
+  absl::StatusOr<std::vector<void*>> MapPlaces(
+      const std::vector<GradientPlace>& places,
+      const std::vector<int64_t>& bytes) override {
+    std::vector<IpcMemoryRef> opened;
+    std::vector<void*> out;
+    opened.reserve(places.size());
+    out.reserve(places.size());
+    for (size_t i = 0; i < places.size(); ++i) {
+      IpcMemoryRef ref;
+      ref.handle = places[i].buffer.ipc_handle;
+      ref.offset = static_cast<uint64_t>(places[i].buffer.offset);
+      ref.bytes = static_cast<uint64_t>(bytes[i]);
+      ref.device = device_;
+      absl::StatusOr<void*> mapped =
+          places[i].buffer.offset < 0
+              ? InvalidField("offset",
+                             absl::StrCat(places[i].buffer.offset, " < 0"))
+              : map_.Open(ref);
+      if (!mapped.ok()) {
+        for (const IpcMemoryRef& undo : opened) map_.Close(undo).IgnoreError();
+        return Annotate(mapped.status(),
+                        absl::StrCat("gradients[", i, "].buffer"));
+      }
+      opened.push_back(std::move(ref));
+      out.push_back(*mapped);
+    }
+    // Opened again above first, a mapping this step still uses stays open.
+    for (const IpcMemoryRef& old : placed_) map_.Close(old).IgnoreError();
+    placed_ = std::move(opened);
+    return out;
+  }
+
  private:
   const int device_;
   // Outside CUDA MPS: the host waits for the trainer's events before a
@@ -215,6 +247,8 @@ class CudaIpcBuffers final : public TrainerBuffers {
   // (Map).
   const bool host_waits_;
   IpcMemoryMap map_;
+  // The last MapPlaces call's places, open in map_ until the next one.
+  std::vector<IpcMemoryRef> placed_;
   std::optional<IpcEvent> ready_;
   // The gradients' own events (LentTensor::ready indexes them).
   std::vector<IpcEvent> gradient_ready_;

@@ -277,6 +277,8 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
     return FieldError(absl::StatusCode::kFailedPrecondition, "step_id",
                       kNoTrainerAttached);
   }
+  // Before anything reads a gradient (a stack computed ahead included).
+  MUONPS_RETURN_IF_ERROR(trainer_->PlaceGradients(request.gradients));
   RoundResult round;
   for (int rounds = 0;; ++rounds) {
     if (rounds == kMaxRounds) {

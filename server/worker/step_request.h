@@ -11,6 +11,8 @@
 #include <optional>
 #include <vector>
 
+#include "server/worker/attach_request.h"
+
 namespace muonps {
 namespace worker {
 
@@ -22,6 +24,14 @@ struct GroupHyperparameters {
   // workers apply no AdamW, they check that every trainer agrees.
   double adamw_lr = -1;
   double adamw_weight_decay = -1;
+};
+
+// Where one job matrix's gradient lies for one step, instead of its lent
+// buffer (a CUDA trainer's gradient where backward allocated it).
+struct GradientPlace {
+  // Its position among the job matrices the attach request bound.
+  int matrix = 0;
+  CudaBufferRef buffer;
 };
 
 struct StepRequest {
@@ -37,6 +47,9 @@ struct StepRequest {
   // initial parameters), on its first step since; unset: its parameters
   // hold what its worker last wrote into them.
   std::optional<int64_t> resumed_after;
+  // Matrices whose gradient lies elsewhere this step; the others are read
+  // from their lent buffers.
+  std::vector<GradientPlace> gradients;
 };
 
 struct StepResponse {

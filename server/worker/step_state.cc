@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "server/worker/step_protocol.h"
 #include "spdlog/spdlog.h"
@@ -95,6 +96,44 @@ MomentumStacks PlanState::MomentumLayout() const {
   layout.checkpoint_every = job.checkpoint_every;
   layout.allow_momentum_reset = job.allow_momentum_reset;
   return layout;
+}
+
+absl::Status AttachedTrainer::PlaceGradients(
+    const std::vector<GradientPlace>& places) {
+  // By position in the attach request's order, the job matrix bound there.
+  std::vector<int> matrix_at(matrices.size(), -1);
+  for (size_t m = 0; m < bound_position.size(); ++m) {
+    matrix_at[bound_position[m]] = static_cast<int>(m);
+  }
+  std::vector<int64_t> bytes;
+  bytes.reserve(places.size());
+  std::vector<bool> placed(matrices.size(), false);
+  for (size_t i = 0; i < places.size(); ++i) {
+    const int position = places[i].matrix;
+    if (position < 0 || position >= static_cast<int>(matrices.size()) ||
+        placed[position]) {
+      return InvalidField(
+          absl::StrCat("gradients[", i, "].matrix"),
+          absl::StrCat(position,
+                       " is not the position of a bound matrix (0 to ",
+                       matrices.size(), " - 1) given once"));
+    }
+    placed[position] = true;
+    const Binding& b = matrices[matrix_at[position]];
+    bytes.push_back(b.elements * static_cast<int64_t>(DTypeSize(b.dtype)));
+  }
+  MUONPS_ASSIGN_OR_RETURN(const std::vector<void*> at,
+                          buffers->MapPlaces(places, bytes));
+  const auto point = [](Binding& b, void* gradient) {
+    b.lent_grad = gradient;
+    // A bf16 gradient is read through its widened copy.
+    if (b.dtype == DType::kFloat32) b.grad = static_cast<float*>(gradient);
+  };
+  for (Binding& b : matrices) point(b, b.home_grad);
+  for (size_t i = 0; i < places.size(); ++i) {
+    point(matrices[matrix_at[places[i].matrix]], at[i]);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,

@@ -140,10 +140,13 @@ absl::StatusOr<PlanState> BuildPlanState(
 
 // One lent tensor as the step uses it.
 struct Binding {
-  // The fp32 gradient the step reads: the lent buffer itself (fp32), or the
+  // The fp32 gradient the step reads: the trainer's itself (fp32), or the
   // worker's copy of it (bf16), widened at the start of every step.
   float* grad = nullptr;
+  // The trainer's gradient this step: its lent buffer (`home_grad`), or
+  // where the step request placed it (AttachedTrainer::PlaceGradients).
   void* lent_grad = nullptr;
+  void* home_grad = nullptr;
   void* param = nullptr;  // lent, of `dtype`
   DType dtype = DType::kFloat32;
   int64_t elements = 0;        // of grad
@@ -157,6 +160,7 @@ struct Binding {
   void Lend(const LentTensor& lent) {
     grad = static_cast<float*>(lent.grad);
     lent_grad = lent.grad;
+    home_grad = lent.grad;
     param = lent.param;
     dtype = lent.dtype;
     ready = lent.ready;
@@ -212,6 +216,12 @@ struct AttachedTrainer {
   // RESOURCE_EXHAUSTED naming the buffer when the device is full.
   absl::Status AllocateWorkBuffers(kernels::DeviceOps& ops, DType update_dtype,
                                    WindowLender* lender);
+  // Points every job matrix's gradient at where a step's request places it
+  // (StepRequest::gradients: by position among the bound matrices), and
+  // the others back at their lent buffers. INVALID_ARGUMENT naming
+  // `gradients[i]` for a position out of range or given twice, or a place
+  // `buffers` cannot map; nothing changes then.
+  absl::Status PlaceGradients(const std::vector<GradientPlace>& places);
 };
 
 // What the parameters get when a staged step commits: param[first, +count)

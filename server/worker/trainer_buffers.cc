@@ -68,6 +68,15 @@ class SharedMemoryBuffers final : public TrainerBuffers {
 
 }  // namespace
 
+absl::StatusOr<std::vector<void*>> TrainerBuffers::MapPlaces(
+    const std::vector<GradientPlace>& places,
+    const std::vector<int64_t>& /*bytes*/) {
+  if (places.empty()) return std::vector<void*>();
+  return InvalidField("gradients[0]",
+                      "a host trainer's gradients stay in its shared-memory "
+                      "segment (only a CUDA trainer places them elsewhere)");
+}
+
 absl::StatusOr<DType> LentDType(const TensorBinding& binding) {
   MUONPS_RETURN_IF_ERROR(
       Annotate(kernels::CheckLentDType(binding.dtype),

@@ -12,12 +12,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/device.h"
 #include "common/dtype.h"
 #include "lending/step_record.h"
 #include "server/worker/attach_request.h"
+#include "server/worker/step_request.h"
 
 namespace muonps {
 namespace worker {
@@ -90,6 +92,19 @@ class TrainerBuffers {
                                         uint32_t /*written*/) {
     return absl::OkStatus();
   }
+
+  // Where this step's gradients lie instead of their lent buffers
+  // (StepRequest::gradients; a CUDA trainer hands over the gradients
+  // backward allocated): `places[i]`, `bytes[i]` bytes of it, mapped into
+  // this process. The mappings of the previous call that this one does not
+  // reuse are released, so memory the trainer's allocator frees stays open
+  // here until the next step at most. INVALID_ARGUMENT naming
+  // `gradients[i]` for a place that cannot be mapped (nothing changes
+  // then). Host memory: none may be given (a host trainer's gradients stay
+  // in its segment).
+  virtual absl::StatusOr<std::vector<void*>> MapPlaces(
+      const std::vector<GradientPlace>& places,
+      const std::vector<int64_t>& bytes);
 
   // The trainer's step record (lending/step_record.h), read now (after
   // what the stream did so far); NOT_FOUND when the trainer lent none.

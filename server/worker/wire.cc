@@ -96,6 +96,10 @@ StepRequest StepRequestFromProto(const v1::StepRequest& request) {
     out.groups.push_back(
         {g.lr(), g.weight_decay(), g.adamw_lr(), g.adamw_weight_decay()});
   }
+  out.gradients.reserve(request.gradients_size());
+  for (const v1::GradientPlace& g : request.gradients()) {
+    out.gradients.push_back({g.matrix(), CudaBufferFromProto(g.buffer())});
+  }
   return out;
 }
 

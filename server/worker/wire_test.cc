@@ -102,6 +102,25 @@ TEST(WireTest, AStepOfAHundredGroupsIsUnderFourKibAndKeepsItsOrder) {
   EXPECT_EQ(got.groups[99].adamw_weight_decay, 0.01);
 }
 
+TEST(WireTest, AStepsGradientPlacesComeOutByPosition) {
+  v1::StepRequest request;
+  request.set_step_id(3);
+  for (int position : {4, 0}) {
+    v1::GradientPlace* place = request.add_gradients();
+    place->set_matrix(position);
+    place->mutable_buffer()->set_ipc_handle(std::string(64, 'a' + position));
+    place->mutable_buffer()->set_offset(512 * position);
+  }
+  const StepRequest got = StepRequestFromProto(request);
+  ASSERT_EQ(got.gradients.size(), 2u);
+  EXPECT_EQ(got.gradients[0].matrix, 4);
+  EXPECT_EQ(got.gradients[0].buffer.ipc_handle, std::string(64, 'e'));
+  EXPECT_EQ(got.gradients[0].buffer.offset, 2048);
+  EXPECT_EQ(got.gradients[1].matrix, 0);
+  EXPECT_EQ(got.gradients[1].buffer.offset, 0);
+  EXPECT_TRUE(StepRequestFromProto(v1::StepRequest()).gradients.empty());
+}
+
 TEST(WireTest, StepResponseRoundTrips) {
   StepResponse response;
   response.step_id = 7;

@@ -6,7 +6,7 @@ declarations and re-exports the public names.
 
 import ctypes
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 # Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
 MAX_GROUPS = 1024
 
@@ -136,4 +136,6 @@ _SIGNATURES = {
                                               ctypes.c_void_p]),
     "muonps_client_wait_for_parameters": (_c_int, [_handle, ctypes.c_void_p,
                                                    _c_i64]),
+    "muonps_client_place_gradient": (_c_int, [_handle, _c_str,
+                                              ctypes.c_uint64]),
 }

@@ -2,9 +2,15 @@
 
 Matrices are lent to the muonps-worker on the same GPU by CUDA IPC: the
 parameter's own storage (updated in place by the worker) and one gradient
-buffer per matrix that becomes `param.grad` (backward accumulates into it in
-place; a gradient that lands elsewhere is copied in at the step), fp32 or
-bf16 (the worker keeps fp32 momentum and rounds each bf16 update once). The
+buffer per matrix, fp32 or bf16 (the worker keeps fp32 momentum and rounds
+each bf16 update once). Each step hands the worker the gradient backward
+allocated, which it reads where it lies (Client::PlaceGradient): no copy,
+and zero_grad sets it to None as torch's optimizers do. That is safe because
+the trainer's stream waits for the whole step before anything reuses or
+writes that memory. Under hook_forward (the stream no longer waits for the
+whole step), for a DTensor, or for a gradient of another layout, the
+gradient goes into the lent buffer instead (backward adds into it in place;
+one that lands elsewhere is copied in at the step). The
 trainer's current stream records an event the worker's stream waits on and
 then waits, on the device, for the worker's updates, so `step()` returns
 once the step is enqueued. hook_gradients() adds a post-accumulate-grad
@@ -51,6 +57,19 @@ def _first_pre_hook(module, hook):
         return module.register_forward_pre_hook(hook)
 
 
+def _mark(grad):
+    # What a gradient hook's mark stands for: this tensor as written so far.
+    return grad.data_ptr(), grad._version
+
+
+def _placeable(grad, buffer):
+    # A gradient the worker can read in place of its lent buffer: the same
+    # values, layout and device, in memory CUDA can lend.
+    return (grad.device == buffer.device and grad.dtype == buffer.dtype and
+            grad.shape == buffer.shape and grad.is_contiguous() and
+            grad.storage_offset() * grad.element_size() % 4 == 0)
+
+
 def _queue_callback(callback):
     # Runs `callback` on autograd's thread once the current backward's graph
     # is done (callbacks queued by a callback run after the ones before).
@@ -71,6 +90,12 @@ class CudaPath:
         self.matrices = matrices
         self.others = list(others)
         self.lent = list(matrices) + (list(others) if average_others else [])
+        # Matrices whose gradient the worker may read where backward left it
+        # (placed at each step, unless the forward waits per layer); their
+        # lent buffers hold zeros for a step with no gradient, and `dirty`
+        # names the lent buffers written since they were zeroed.
+        self.placeable = {name for name, p, _ in matrices if not is_dtensor(p)}
+        self.dirty = set()
         self.grads = {}
         for name, p, _ in self.lent:
             shard = local(p)
@@ -79,15 +104,18 @@ class CudaPath:
                                 "the worker updates it in place")
             buffer = torch.zeros_like(shard,
                                       memory_format=torch.contiguous_format)
-            if p.grad is not None:
-                buffer.copy_(local(p.grad))
             self.grads[name] = buffer
-            if not is_dtensor(p):
-                p.grad = buffer
+            if name not in self.placeable:
+                if p.grad is not None:
+                    buffer.copy_(local(p.grad))
+                    self.dirty.add(name)
+                if not is_dtensor(p):
+                    p.grad = buffer
             client.lend_cuda(name, buffer, shard, _DTYPES[p.dtype])
         self.data_ptrs = {name: local(p).data_ptr() for name, p, _ in self.lent}
+        self.params = {name: p for name, p, _ in self.lent}
         # Matrices a gradient hook marked ready since the last step, with
-        # their buffer's version then; and the hooks' handles.
+        # their gradient's (data_ptr, version) then; and the hooks' handles.
         self.ready = {}
         self.hooks = []
         # hook_forward: the modules' pre-hooks wait for the parameters; the
@@ -138,11 +166,12 @@ class CudaPath:
         buffer = self.grads[name]
 
         def hook(p):
-            if p.grad is None or p.grad.data_ptr() != buffer.data_ptr():
+            if p.grad is None or (p.grad.data_ptr() != buffer.data_ptr() and
+                                  not self._places(name)):
                 return
             client.gradient_ready(
                 name, torch.cuda.current_stream(device).cuda_stream)
-            ready[name] = buffer._version
+            ready[name] = _mark(p.grad)
             if self.workers_average and not self.settling:
                 self.settling = True
                 _queue_callback(self._after_backward)
@@ -212,11 +241,19 @@ class CudaPath:
         _queue_callback(self._settle)
 
     def _settle(self):
-        # The versions backward left: a write after this (clipping,
-        # unscaling) marks the gradient again at the step.
+        # The gradients and versions backward left: a write after this
+        # (clipping, unscaling) marks the gradient again at the step.
         for name in self.ready:
-            self.ready[name] = self.grads[name]._version
+            grad = self.params[name].grad
+            self.ready[name] = None if grad is None else _mark(local(grad))
         self.settling = False
+
+    def _places(self, name):
+        # Whether the step hands this matrix's gradient over where it lies
+        # (the trainer's stream then waits for the whole step, so the
+        # memory is neither freed for reuse nor written before the worker
+        # read it).
+        return name in self.placeable and not self.forward_waits
 
     def close(self):
         """Removes the gradient hooks (the client is going)."""
@@ -235,6 +272,7 @@ class CudaPath:
         if self.forward_waits:
             # The worker may still read the last step's gradients.
             self.wait_for_parameters(0)
+        read = {}  # what the worker reads of each marked matrix
         for name, p, _ in self.lent:
             if local(p).data_ptr() != self.data_ptrs[name]:
                 raise RuntimeError(
@@ -242,19 +280,32 @@ class CudaPath:
                     "started; the worker updates the original storage (copy "
                     "values in with param.data.copy_(...) instead)")
             buffer = self.grads[name]
-            if p.grad is None:
-                buffer.zero_()
-            elif local(p.grad).data_ptr() != buffer.data_ptr():
-                buffer.copy_(local(p.grad))
-            if not is_dtensor(p):
-                p.grad = buffer
+            grad = None if p.grad is None else local(p.grad)
+            if grad is None:
+                if name in self.dirty:
+                    buffer.zero_()
+                    self.dirty.discard(name)
+                grad = buffer
+            elif grad.data_ptr() == buffer.data_ptr():
+                self.dirty.add(name)
+            elif self._places(name) and _placeable(grad, buffer):
+                # Read where backward left it: no copy, no zeroing.
+                self.client.place_gradient(name, grad)
+            else:
+                buffer.copy_(grad)
+                self.dirty.add(name)
+                grad = buffer
+                if not is_dtensor(p):
+                    p.grad = buffer
+            if name in self.ready:
+                read[name] = _mark(grad)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         # The worker reads each matrix's last mark before the step: one
         # written since its hook marked it (copied or zeroed above, clipped
-        # or unscaled in place) is marked again, after that write. The
-        # others the step itself marks on this stream.
-        for name, version in list(self.ready.items()):
-            if self.grads[name]._version != version:
+        # or unscaled in place, or another tensor now) is marked again,
+        # after that write. The others the step itself marks on this stream.
+        for name, mark in list(self.ready.items()):
+            if read[name] != mark:
                 self.client.gradient_ready(name, stream)
         self.client.step(step_id, values, stream=stream, async_=True,
                          forward_waits=self.forward_waits)
@@ -278,13 +329,19 @@ class CudaPath:
         """The last step's outcome (raises its error): a StepOutcome."""
         return self.client.wait()
 
-    def zero_grad(self):
-        """Lent gradients are zeroed in place (never set to None), once the
-        worker read the last step's."""
+    def zero_grad(self, set_to_none=True):
+        """After the optimizer's own zero_grad. A matrix whose gradient the
+        step hands over where it lies keeps what that did (None, or zeroed
+        in place): backward allocates the next one, which the worker reads
+        in place. The other lent gradients are zeroed in their lent buffers
+        (never set to None), once the worker read the last step's."""
         if self.forward_waits:
             self.wait_for_parameters(0)
         for name, p, _ in self.lent:
+            if self._places(name) and (set_to_none or p.grad is not None):
+                continue
             buffer = self.grads[name]
             buffer.zero_()
+            self.dirty.discard(name)
             if not is_dtensor(p):
                 p.grad = buffer

@@ -226,6 +226,14 @@ class NativeClient:
         self._check(self._lib.muonps_client_gradient_ready(
             self._handle, name.encode(), stream or None))
 
+    def place_gradient(self, name, grad):
+        """CUDA trainers, after start, for the next step only: matrix
+        `name`'s gradient is the CUDA tensor `grad` (contiguous, of the lent
+        dtype and size), which the worker reads in place instead of the lent
+        buffer. Keep it alive and unwritten until the step is done."""
+        self._check(self._lib.muonps_client_place_gradient(
+            self._handle, name.encode(), grad.data_ptr()))
+
     def wait_for_parameters(self, stream, matrices=-1):
         """CUDA trainers whose steps return with forward_waits: `stream`
         (a cudaStream_t as an int) waits, on the device, until the last

@@ -432,7 +432,7 @@ class Muon(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=True):
         super().zero_grad(set_to_none=set_to_none)
         if self._cuda is not None:
-            self._cuda.zero_grad()  # lent gradients stay in place
+            self._cuda.zero_grad(set_to_none)
 
     def checkpoint(self):
         """Asks this rank's worker to checkpoint the momentum it owns into

@@ -336,7 +336,10 @@ def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
     the parameters and losses are bit for bit those of a model whose stream
     waits for each whole step; a forward that read a layer before its
     update landed would part from them at once. A model that does not hold
-    every lent matrix is refused, naming one."""
+    every lent matrix is refused, naming one. The model whose stream waits
+    for the whole step hands the worker the gradients backward allocated
+    (placed, read in place); the one with forward waits has them copied
+    into the lent buffers: the two paths agree bit for bit too."""
     def train(forward_waits):
         c = cluster(workers=1, device="cuda:0")
         net = _Layers(seed=41).cuda()
@@ -362,6 +365,15 @@ def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
         weights = {n: p.detach().clone() for n, p in net.state_dict().items()}
         opt.synchronize()
         torch.cuda.synchronize()
+        lent = opt._cuda.grads
+        if forward_waits:
+            assert opt._cuda.dirty == set(lent)  # copied in every step
+        else:
+            # Read where backward left them: the lent buffers stayed zero.
+            assert not opt._cuda.dirty
+            assert all(not lent[n].any() for n in lent)
+            assert all(p.grad.data_ptr() != lent[n].data_ptr()
+                       for n, p in net.named_parameters())
         opt.close()
         assert not opt._cuda.forward_hooks
         return [l.item() for l in losses], weights
