@@ -39,8 +39,11 @@ reduce-scatters anew each step, is copied into the lent buffer at the step
 the gradient hooks run on autograd's thread, during backward).
 """
 
+import warnings
+
 import torch
 
+from ._abi import MuonpsError
 from ._dtensor import TorchAdamW, is_dtensor, local
 
 # What the worker takes: fp32 momentum either way; a bf16 parameter gets
@@ -248,6 +251,22 @@ class CudaPath:
             self.ready[name] = None if grad is None else _mark(local(grad))
         self.settling = False
 
+    def _place(self, name, grad):
+        # Hands `grad` over where it lies; False (a warning, once) where CUDA
+        # cannot lend its memory: PyTorch's expandable segments (or a
+        # stream-ordered pool) have no IPC handle. The step then copies it
+        # into the lent buffer, as every later step does for it.
+        try:
+            self.client.place_gradient(name, grad)
+            return True
+        except MuonpsError as e:
+            self.placeable.discard(name)
+            warnings.warn(f"muonps: {name!r}'s gradient cannot be read where "
+                          f"it lies ({e}); it is copied into its lent buffer "
+                          "at every step instead (expandable_segments:False "
+                          "in PYTORCH_CUDA_ALLOC_CONF avoids the copy)")
+            return False
+
     def _places(self, name):
         # Whether the step hands this matrix's gradient over where it lies
         # (the trainer's stream then waits for the whole step, so the
@@ -288,9 +307,9 @@ class CudaPath:
                 grad = buffer
             elif grad.data_ptr() == buffer.data_ptr():
                 self.dirty.add(name)
-            elif self._places(name) and _placeable(grad, buffer):
-                # Read where backward left it: no copy, no zeroing.
-                self.client.place_gradient(name, grad)
+            elif self._places(name) and _placeable(grad, buffer) and \
+                    self._place(name, grad):
+                pass  # read where backward left it: no copy, no zeroing
             else:
                 buffer.copy_(grad)
                 self.dirty.add(name)

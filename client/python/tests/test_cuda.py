@@ -9,6 +9,11 @@ relative: torch runs Newton-Schulz in bf16, as the worker does by
 default) of torch's own optimizers fed the same gradients.
 """
 
+import json
+import pathlib
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -326,6 +331,49 @@ class _Layers(torch.nn.Module):
         return x
 
 
+def _train_layers(options, forward_waits=False, expandable_after_start=False):
+    """12 steps of _Layers(41) on the same batches under muonps.Muon with
+    `options`: the losses, the weights, and which lent gradient buffers
+    were written (CudaPath.dirty) and are all zero. `expandable_after_start`:
+    once the optimizer lent its buffers, new memory comes from expandable
+    segments (in a process of its own: the setting stays)."""
+    net = _Layers(seed=41).cuda()
+    # Named parameters, no model: every layer's matrix goes to Muon.
+    opt = muonps.Muon(list(net.named_parameters()), lr=0.02,
+                      weight_decay=0.1, **options)
+    assert len(opt._cuda.matrices) == 8
+    if forward_waits:
+        with pytest.raises(ValueError, match="holds"):
+            opt.hook_forward(net.layers[0])
+        assert not opt._cuda.forward_hooks
+        opt.hook_forward(net)
+        assert len(opt._cuda.forward_hooks) == 8 + 1  # + state_dict
+    if expandable_after_start:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    g = torch.Generator().manual_seed(43)
+    losses = []
+    for _ in range(12):
+        x = torch.randn(64, 1024, generator=g).cuda()
+        opt.zero_grad()
+        loss = net(x).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    weights = {n: p.detach().clone() for n, p in net.state_dict().items()}
+    opt.synchronize()
+    torch.cuda.synchronize()
+    lent = opt._cuda.grads
+    zero = all(not lent[n].any() for n in lent)
+    in_place = all(p.grad.data_ptr() != lent[n].data_ptr()
+                   for n, p in net.named_parameters())
+    dirty = set(opt._cuda.dirty)
+    opt.close()
+    assert not opt._cuda.forward_hooks
+    return ([l.item() for l in losses], weights,
+            {"dirty": dirty, "zero": zero, "in_place": in_place,
+             "lent": set(lent)})
+
+
 def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
     """The next forward waits per layer (hook_forward) instead of the
     trainer's stream waiting for the whole step: step() returns with the
@@ -338,48 +386,15 @@ def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
     update landed would part from them at once. A model that does not hold
     every lent matrix is refused, naming one. The model whose stream waits
     for the whole step hands the worker the gradients backward allocated
-    (placed, read in place); the one with forward waits has them copied
-    into the lent buffers: the two paths agree bit for bit too."""
-    def train(forward_waits):
-        c = cluster(workers=1, device="cuda:0")
-        net = _Layers(seed=41).cuda()
-        # Named parameters, no model: every layer's matrix goes to Muon.
-        opt = muonps.Muon(list(net.named_parameters()), lr=0.02,
-                          weight_decay=0.1, **c.options())
-        assert len(opt._cuda.matrices) == 8
-        if forward_waits:
-            with pytest.raises(ValueError, match="holds"):
-                opt.hook_forward(net.layers[0])
-            assert not opt._cuda.forward_hooks
-            opt.hook_forward(net)
-            assert len(opt._cuda.forward_hooks) == 8 + 1  # + state_dict
-        g = torch.Generator().manual_seed(43)
-        losses = []
-        for _ in range(12):
-            x = torch.randn(64, 1024, generator=g).cuda()
-            opt.zero_grad()
-            loss = net(x).square().mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
-        weights = {n: p.detach().clone() for n, p in net.state_dict().items()}
-        opt.synchronize()
-        torch.cuda.synchronize()
-        lent = opt._cuda.grads
-        if forward_waits:
-            assert opt._cuda.dirty == set(lent)  # copied in every step
-        else:
-            # Read where backward left them: the lent buffers stayed zero.
-            assert not opt._cuda.dirty
-            assert all(not lent[n].any() for n in lent)
-            assert all(p.grad.data_ptr() != lent[n].data_ptr()
-                       for n, p in net.named_parameters())
-        opt.close()
-        assert not opt._cuda.forward_hooks
-        return [l.item() for l in losses], weights
-
-    waited_losses, waited = train(forward_waits=False)
-    losses, weights = train(forward_waits=True)
+    (placed: read in place, the lent buffers untouched); the one with
+    forward waits has them copied into the lent buffers: the two paths
+    agree bit for bit too."""
+    waited_losses, waited, placed = _train_layers(
+        cluster(workers=1, device="cuda:0").options())
+    assert not placed["dirty"] and placed["zero"] and placed["in_place"]
+    losses, weights, copied = _train_layers(
+        cluster(workers=1, device="cuda:0").options(), forward_waits=True)
+    assert copied["dirty"] == copied["lent"]  # copied in every step
     assert losses == waited_losses
     assert losses[-1] < losses[0]
     for n in waited:
@@ -387,3 +402,51 @@ def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
     print(f'{{"what":"python_cuda_forward_waits_vs_whole_step","steps":12,'
           f'"first_loss":{losses[0]:.6f},"last_loss":{losses[-1]:.6f},'
           f'"bit_identical":true}}')
+
+
+_EXPANDABLE = """
+import json, sys, warnings
+import torch
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]  # the tests, muonps
+from test_cuda import _train_layers
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    losses, weights, lent = _train_layers(json.loads(sys.argv[2]),
+                                          expandable_after_start=True)
+torch.save({"losses": losses, "weights": weights,
+            "dirty": sorted(lent["dirty"]), "lent": sorted(lent["lent"]),
+            "warnings": [str(w.message) for w in caught]}, sys.argv[3])
+"""
+
+
+def test_gradients_in_expandable_segments_are_copied_with_a_warning(
+        cluster, tmp_path):
+    """Memory of PyTorch's expandable segments has no CUDA IPC handle
+    (muonps.Muon cannot lend its buffers from it), so a trainer that turns
+    them on after the optimizer started cannot hand the worker the
+    gradients backward allocates there: each such matrix warns once,
+    naming it, and its gradient is copied into the lent buffer at every
+    step (a gradient that lands in a block cached before is still read in
+    place). It trains bit for bit as a trainer whose gradients are all
+    read in place."""
+    losses, weights, placed = _train_layers(
+        cluster(workers=1, device="cuda:0").options())
+    assert placed["in_place"]
+    options = {k: str(v) if isinstance(v, pathlib.PurePath) else v
+               for k, v in cluster(workers=1, device="cuda:0")
+               .options().items()}
+    out = tmp_path / "expandable.pt"
+    subprocess.run([sys.executable, "-c", _EXPANDABLE,
+                    str(pathlib.Path(__file__).parent), json.dumps(options),
+                    str(out)], check=True, timeout=180)
+    got = torch.load(out)
+    # Those whose gradient landed in an expandable segment (the others in
+    # blocks cached before), each warned once.
+    assert got["dirty"], got["warnings"]
+    warned = [w for w in got["warnings"] if "cannot be read where" in w]
+    assert sorted(n for n in got["lent"] if any(repr(n) in w for w in warned)
+                  ) == got["dirty"], got["warnings"]
+    assert len(warned) == len(got["dirty"]), got["warnings"]
+    assert got["losses"] == losses
+    for n in weights:
+        assert torch.equal(got["weights"][n].cpu(), weights[n].cpu()), n
