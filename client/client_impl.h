@@ -74,6 +74,12 @@ struct Client::Impl {
 
   Tensor* Find(const std::string& name);
   const Tensor* Find(const std::string& name) const;
+  // The job matrix `name` of a started CUDA client, for `call`
+  // (GradientReady, PlaceGradient), which `host` says a host trainer does
+  // instead: the refusals of both, naming the matrix.
+  absl::StatusOr<const Tensor*> StartedCudaMatrix(const std::string& name,
+                                                  const char* call,
+                                                  const char* host) const;
   absl::StatusOr<TensorBuffers> BuffersOf(const Tensor& t) const;
   // The ranks a row-sharded matrix's rows are split over: trainer_count,
   // or the S ranks of this rank's replica group (SetReplicas).

@@ -143,54 +143,54 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
   return enqueued;
 }
 
-absl::Status Client::GradientReady(const std::string& name,
-                                   CUstream_st* stream) {
-  Impl& s = *impl_;
+absl::StatusOr<const Client::Impl::Tensor*> Client::Impl::StartedCudaMatrix(
+    const std::string& name, const char* call, const char* host) const {
   const std::string field = absl::StrCat("matrix ", Quoted(name));
-  if (!s.device.is_cuda()) {
-    return FieldError(absl::StatusCode::kFailedPrecondition, field,
-                      "GradientReady needs ClientOptions.device cuda:N (a "
-                      "host trainer's Step orders its gradients)");
+  if (!device.is_cuda()) {
+    return FieldError(
+        absl::StatusCode::kFailedPrecondition, field,
+        absl::StrCat(call, " needs ClientOptions.device cuda:N (", host, ")"));
   }
-  const Impl::Tensor* t = s.Find(name);
+  const Tensor* t = Find(name);
   if (t == nullptr) {
     return FieldError(absl::StatusCode::kNotFound, field, "was not declared");
   }
   if (!t->muon) {
     return FieldError(absl::StatusCode::kNotFound,
                       absl::StrCat("tensor ", Quoted(name)),
-                      "is an AdamW tensor: only job matrices lent with "
-                      "LendCuda have a gradient event");
+                      absl::StrCat("is an AdamW tensor: ", call,
+                                   " takes job matrices lent with LendCuda"));
   }
-  if (!s.started) {
-    return InvalidField(field,
-                        "GradientReady before Start (its event exists once "
-                        "Start has lent it)");
+  if (!started) {
+    return InvalidField(field, absl::StrCat(call,
+                                            " before Start (which lends the "
+                                            "matrix's gradient event)"));
   }
-  return Annotate(s.signals->GradientReady(t->gradient_event, stream), field);
+  return t;
+}
+
+absl::Status Client::GradientReady(const std::string& name,
+                                   CUstream_st* stream) {
+  MUONPS_ASSIGN_OR_RETURN(
+      const Impl::Tensor* t,
+      impl_->StartedCudaMatrix(name, "GradientReady",
+                               "a host trainer's Step orders its gradients"));
+  return Annotate(impl_->signals->GradientReady(t->gradient_event, stream),
+                  absl::StrCat("matrix ", Quoted(name)));
 }
 
 absl::Status Client::PlaceGradient(const std::string& name, const void* data) {
-  Impl& s = *impl_;
-  const std::string field = absl::StrCat("matrix ", Quoted(name));
-  if (!s.device.is_cuda()) {
-    return FieldError(absl::StatusCode::kFailedPrecondition, field,
-                      "PlaceGradient needs ClientOptions.device cuda:N (a "
-                      "host trainer's gradients stay in its segment)");
-  }
-  const Impl::Tensor* t = s.Find(name);
-  if (t == nullptr || !t->muon) {
-    return FieldError(absl::StatusCode::kNotFound, field,
-                      "is not a declared job matrix");
-  }
-  if (!s.started) {
-    return InvalidField(field, "PlaceGradient before Start");
-  }
+  MUONPS_ASSIGN_OR_RETURN(
+      const Impl::Tensor* t,
+      impl_->StartedCudaMatrix(
+          name, "PlaceGradient",
+          "a host trainer's gradients stay in its segment"));
   MUONPS_ASSIGN_OR_RETURN(
       v1::CudaBuffer buffer,
-      client_internal::ExportCudaBuffer(data, t->elements, t->dtype, s.device,
-                                        field + " gradient"));
-  s.placed[t->gradient_event] = std::move(buffer);
+      client_internal::ExportCudaBuffer(
+          data, t->elements, t->dtype, impl_->device,
+          absl::StrCat("matrix ", Quoted(name), " gradient")));
+  impl_->placed[t->gradient_event] = std::move(buffer);
   return absl::OkStatus();
 }
 

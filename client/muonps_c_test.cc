@@ -18,14 +18,20 @@ using ::testing::HasSubstr;
 
 // A "cuda:0" client (no CUDA call yet: none needs a GPU) that declared the
 // 4 x 8 replicated matrix "w".
-void CudaClientOfMatrixW(muonps_client** cuda) {
+// A client on `device` ("cpu" or "cuda:0") with one 4 x 8 replicated
+// matrix "w" declared.
+void ClientOfMatrixW(const char* device, muonps_client** client) {
   ASSERT_EQ(muonps_client_create_on("127.0.0.1:1", "job", "/tmp/none.sock", 0,
-                                    1, 0.5, "cuda:0", cuda),
+                                    1, 0.5, device, client),
             MUONPS_OK)
       << muonps_last_create_error();
-  ASSERT_EQ(muonps_client_add_matrix(*cuda, "w", 4, 8, 1,
+  ASSERT_EQ(muonps_client_add_matrix(*client, "w", 4, 8, 1,
                                      MUONPS_LAYOUT_REPLICATED, 0),
             MUONPS_OK);
+}
+
+void CudaClientOfMatrixW(muonps_client** cuda) {
+  ClientOfMatrixW("cuda:0", cuda);
 }
 
 TEST(MuonpsCTest, VersionNamesTheAbi) {
@@ -222,12 +228,7 @@ TEST(MuonpsCTest, Abi8GradientReadyIsForACudaClientsStartedMatrices) {
   EXPECT_EQ(muonps_client_gradient_ready(nullptr, "w", nullptr),
             MUONPS_INVALID_ARGUMENT);
   muonps_client* host = nullptr;
-  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/none.sock", 0, 1,
-                                 0.5, &host),
-            MUONPS_OK);
-  ASSERT_EQ(
-      muonps_client_add_matrix(host, "w", 4, 8, 1, MUONPS_LAYOUT_REPLICATED, 0),
-      MUONPS_OK);
+  ASSERT_NO_FATAL_FAILURE(ClientOfMatrixW("cpu", &host));
   EXPECT_EQ(muonps_client_gradient_ready(host, nullptr, nullptr),
             MUONPS_INVALID_ARGUMENT);
   EXPECT_EQ(muonps_client_gradient_ready(host, "w", nullptr),
@@ -260,12 +261,7 @@ TEST(MuonpsCTest, Abi11PlaceGradientIsForACudaClientsStartedMatrices) {
   EXPECT_EQ(muonps_client_place_gradient(nullptr, "w", 0),
             MUONPS_INVALID_ARGUMENT);
   muonps_client* host = nullptr;
-  ASSERT_EQ(muonps_client_create("127.0.0.1:1", "job", "/tmp/none.sock", 0, 1,
-                                 0.5, &host),
-            MUONPS_OK);
-  ASSERT_EQ(
-      muonps_client_add_matrix(host, "w", 4, 8, 1, MUONPS_LAYOUT_REPLICATED, 0),
-      MUONPS_OK);
+  ASSERT_NO_FATAL_FAILURE(ClientOfMatrixW("cpu", &host));
   EXPECT_EQ(muonps_client_place_gradient(host, nullptr, 0),
             MUONPS_INVALID_ARGUMENT);
   EXPECT_EQ(muonps_client_place_gradient(host, "w", 0),
