@@ -8,9 +8,9 @@ allocated, which it reads where it lies (Client::PlaceGradient): no copy,
 and zero_grad sets it to None as torch's optimizers do. That is safe because
 the trainer's stream waits for the whole step before anything reuses or
 writes that memory. Under hook_forward (the stream no longer waits for the
-whole step), for a DTensor, or for a gradient of another layout, the
-gradient goes into the lent buffer instead (backward adds into it in place;
-one that lands elsewhere is copied in at the step). The
+whole step), or for a gradient of another dtype or layout, the gradient
+goes into the lent buffer instead (backward adds into it in place; one that
+lands elsewhere is copied in at the step). The
 trainer's current stream records an event the worker's stream waits on and
 then waits, on the device, for the worker's updates, so `step()` returns
 once the step is enqueued. hook_gradients() adds a post-accumulate-grad
@@ -34,7 +34,7 @@ starts and each step carries every group's lr and weight decay by index
 by torch's own fused AdamW on the trainer's stream, the one AdamW of a
 CUDA trainer (the client steps none of its tensors). A DTensor
 (FSDP2) lends its local shard in place; its gradient, a DTensor FSDP2
-reduce-scatters anew each step, is copied into the lent buffer at the step
+reduce-scatters anew each step, is read in its local shard, where it lies
 (see muonps/_dtensor.py). Not thread-safe (the optimizer's thread only;
 the gradient hooks run on autograd's thread, during backward).
 """
@@ -97,7 +97,7 @@ class CudaPath:
         # (placed at each step, unless the forward waits per layer); their
         # lent buffers hold zeros for a step with no gradient, and `dirty`
         # names the lent buffers written since they were zeroed.
-        self.placeable = {name for name, p, _ in matrices if not is_dtensor(p)}
+        self.placeable = {name for name, _, _ in matrices}
         self.dirty = set()
         self.grads = {}
         for name, p, _ in self.lent:
@@ -147,11 +147,12 @@ class CudaPath:
         """Once the client started (the bench's muonps_backward_hooks and
         the tests call it): a post-accumulate-grad hook per lent
         matrix marks its gradient ready (client.gradient_ready) on the
-        stream backward accumulated it on, when that gradient is the lent
-        buffer. A DTensor's gradient (FSDP2 reduce-scatters a new one) and
-        a gradient that landed elsewhere are copied in at the step, whose
-        stream then orders them. Without the hook (torch < 2.1) the step's
-        stream orders every gradient, as for a trainer that never marks. A
+        stream backward accumulated it on, when that gradient is the one
+        the step reads. A DTensor's gradient (FSDP2 reduce-scatters a new
+        one after backward) and a gradient copied into the lent buffer at
+        the step are ordered by the step's stream. Without the hook (torch
+        < 2.1) the step's stream orders every gradient, as for a trainer
+        that never marks. A
         worker outside CUDA MPS leaves the marks unused and takes every
         gradient at the step (the two processes would time-slice the GPU).
         close() removes the hooks."""
