@@ -307,9 +307,14 @@ absl::Status Client::LendCuda(const std::string& name, void* grad, void* param,
   if (t == nullptr) {
     return FieldError(absl::StatusCode::kNotFound, field, "was not declared");
   }
-  if (t->cuda_grad != nullptr) return InvalidField(field, "is lent twice");
-  if (grad == nullptr || param == nullptr) {
-    return InvalidField(field, "grad and param must be device buffers");
+  if (t->cuda_param != nullptr) return InvalidField(field, "is lent twice");
+  if (param == nullptr) {
+    return InvalidField(field, "param must be a device buffer");
+  }
+  if (grad == nullptr && !t->muon) {
+    return InvalidField(field,
+                        "is an AdamW tensor: it lends a gradient buffer (only "
+                        "a job matrix may place its gradient at every step)");
   }
   t->cuda_grad = grad;
   t->cuda_param = param;

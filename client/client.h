@@ -84,10 +84,13 @@ class Client {
   // Buffers()' element counts of `dtype` (the worker keeps fp32 momentum,
   // widens bf16 gradients and rounds each updated parameter once). The
   // trainer keeps them allocated and in place while attached; sub-blocks of
-  // larger allocations (PyTorch's caching allocator) are fine. Before
+  // larger allocations (PyTorch's caching allocator) are fine. A job matrix
+  // may lend no gradient (`grad` null): every Step then needs its gradient
+  // placed (PlaceGradient), and the trainer keeps no buffer for it. Before
   // Start; FAILED_PRECONDITION for a host client, NOT_FOUND for an
-  // undeclared name, INVALID_ARGUMENT naming the matrix for null buffers or
-  // one lent twice (memory of the wrong device is named by Start).
+  // undeclared name, INVALID_ARGUMENT naming the matrix for a null `param`
+  // (or `grad` of an AdamW tensor) or one lent twice (memory of the wrong
+  // device is named by Start).
   absl::Status LendCuda(const std::string& name, void* grad, void* param,
                         BufferDType dtype = BufferDType::kFloat32);
 
@@ -202,14 +205,29 @@ class Client {
   // lent with LendCuda, and the worker reads it there, in place: a gradient
   // backward allocated goes to the step with no copy, and its lent buffer
   // needs no zeroing. The memory must stay allocated and unwritten until
-  // the step is done, as the trainer's stream orders it after a Step without
-  // forward_waits (a step with forward_waits refuses placed gradients).
-  // Matrices not placed are read from their lent buffers. FAILED_PRECONDITION
+  // the worker read it: after a Step without forward_waits, until the
+  // trainer's stream passes the step's wait; with forward_waits, until
+  // WaitForParameters(stream, 0). Matrices not placed are read from their
+  // lent buffers; one that lent none refuses the Step, naming it
+  // (INVALID_ARGUMENT). FAILED_PRECONDITION
   // for a host client; NOT_FOUND naming the matrix unless it is a declared
   // job matrix; INVALID_ARGUMENT naming it before Start, or for memory that
   // is not this GPU's device memory or has no IPC handle (a stream-ordered
   // pool, PyTorch's expandable segments).
   absl::Status PlaceGradient(const std::string& name, const void* data);
+
+  // CUDA trainers, after Start: zeroed device memory of this GPU for matrix
+  // `name`'s gradient (as many values of its lent dtype), which
+  // PlaceGradient always takes, whatever allocator the trainer's framework
+  // uses (PyTorch's expandable segments have no IPC handle): a gradient
+  // buffer of the trainer's for the steps whose gradient does not lie
+  // where backward left it (a trainer whose forward waits per layer adds
+  // into it). The caller owns it and frees it with FreeCudaMemory once no
+  // step reads it, with or without this client. Errors as PlaceGradient's
+  // for `name`; RESOURCE_EXHAUSTED naming it when the GPU is full.
+  absl::StatusOr<void*> AllocateGradient(const std::string& name);
+  // Frees memory AllocateGradient returned (null: nothing).
+  static absl::Status FreeCudaMemory(void* data);
 
   // CUDA trainers whose steps return with forward_waits: makes `stream`
   // (nullptr: the legacy default stream) wait, on the device, until the

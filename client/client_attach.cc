@@ -163,10 +163,14 @@ absl::Status Client::Impl::WaitAndAttach() {
     b->set_name(t.name);
     if (device.is_cuda()) {
       const std::string field = absl::StrCat("matrix ", Quoted(t.name));
-      MUONPS_ASSIGN_OR_RETURN(
-          *b->mutable_grad_cuda(),
-          client_internal::ExportCudaBuffer(t.cuda_grad, t.elements, t.dtype,
-                                            device, field + " grad"));
+      // A job matrix that lends no gradient buffer places its gradient at
+      // every step (PlaceGradient).
+      if (t.cuda_grad != nullptr) {
+        MUONPS_ASSIGN_OR_RETURN(
+            *b->mutable_grad_cuda(),
+            client_internal::ExportCudaBuffer(t.cuda_grad, t.elements, t.dtype,
+                                              device, field + " grad"));
+      }
       MUONPS_ASSIGN_OR_RETURN(
           *b->mutable_param_cuda(),
           client_internal::ExportCudaBuffer(t.cuda_param, t.param_elements,
@@ -239,7 +243,7 @@ absl::Status Client::Start(const MuonOptions& muon_options,
     // job matrices only).
     int gradient_events = 0;
     for (Impl::Tensor& t : s.tensors) {
-      if (t.cuda_grad == nullptr) {
+      if (t.cuda_param == nullptr) {
         return FieldError(absl::StatusCode::kFailedPrecondition,
                           absl::StrCat("matrix ", Quoted(t.name)),
                           "was not lent (LendCuda) before Start");

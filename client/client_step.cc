@@ -109,11 +109,13 @@ absl::StatusOr<StepResult> Client::Step(int64_t step_id,
                         "needs async (a step that returns once done has "
                         "nothing left for the forward to wait for)");
   }
-  if (options.forward_waits && !s.placed.empty()) {
-    return InvalidField("forward_waits",
-                        "placed gradients (PlaceGradient) must stay unwritten "
-                        "until the whole step is done, which the trainer's "
-                        "stream then no longer waits for");
+  for (const Impl::Tensor& t : s.tensors) {
+    if (t.muon && t.cuda_grad == nullptr &&
+        s.placed.count(t.gradient_event) == 0) {
+      return InvalidField(absl::StrCat("matrix ", Quoted(t.name)),
+                          "lends no gradient buffer: PlaceGradient its "
+                          "gradient before every Step");
+    }
   }
   for (auto& [position, buffer] : s.placed) {
     v1::GradientPlace* place = request.add_gradients();
@@ -192,6 +194,21 @@ absl::Status Client::PlaceGradient(const std::string& name, const void* data) {
           absl::StrCat("matrix ", Quoted(name), " gradient")));
   impl_->placed[t->gradient_event] = std::move(buffer);
   return absl::OkStatus();
+}
+
+absl::StatusOr<void*> Client::AllocateGradient(const std::string& name) {
+  MUONPS_ASSIGN_OR_RETURN(
+      const Impl::Tensor* t,
+      impl_->StartedCudaMatrix(
+          name, "AllocateGradient",
+          "a host trainer's gradients stay in its segment"));
+  return client_internal::AllocateLendable(
+      impl_->device, t->elements * static_cast<int64_t>(DTypeSize(t->dtype)),
+      absl::StrCat("matrix ", Quoted(name), " gradient"));
+}
+
+absl::Status Client::FreeCudaMemory(void* data) {
+  return client_internal::FreeLendable(data);
 }
 
 absl::Status Client::WaitForParameters(CUstream_st* stream, int64_t matrices) {

@@ -277,6 +277,32 @@ TEST_F(ClientTest, GradientReadyIsRefusedOnAHostClientNamingTheMatrix) {
   EXPECT_THAT(status.message(), HasSubstr("matrix \"w.a\""));
 }
 
+// A job matrix may lend no gradient buffer (each step places its
+// gradient); an AdamW tensor must lend one, and nothing is lent twice.
+TEST(ClientCudaTest, OnlyJobMatricesLendNoGradientBuffer) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create({.coordinator = "127.0.0.1:1",
+                      .job = "job",
+                      .worker_socket = "/tmp/none.sock",
+                      .device = "cuda:0"});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->AddMatrix("w", 4, 8).ok());
+  ASSERT_TRUE((*client)->AddTensor("b", 8, TensorLayout::kUnreduced).ok());
+  // Any non-null pointer: nothing is exported before Start.
+  float param = 0;
+  EXPECT_TRUE(
+      (*client)->LendCuda("w", nullptr, &param, BufferDType::kFloat32).ok());
+  absl::Status status =
+      (*client)->LendCuda("w", nullptr, &param, BufferDType::kFloat32);
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("lent twice"));
+  status = (*client)->LendCuda("b", nullptr, &param, BufferDType::kFloat32);
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("AdamW tensor"));
+  status = (*client)->LendCuda("w", &param, nullptr, BufferDType::kFloat32);
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+}
+
 TEST(ClientCudaTest, GradientReadyNamesUndeclaredAdamWAndUnstartedTensors) {
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create({.coordinator = "127.0.0.1:1",

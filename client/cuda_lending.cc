@@ -43,6 +43,49 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
   return out;
 }
 
+absl::StatusOr<void*> AllocateLendable(const Device& device, int64_t bytes,
+                                       const std::string& what) {
+  if (bytes < 1) return InvalidField(what, "needs at least 1 byte");
+  int current = 0;
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&current), "cudaGetDevice"));
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(device.ordinal), "cudaSetDevice"));
+  void* data = nullptr;
+  const cudaError_t allocated = cudaMalloc(&data, static_cast<size_t>(bytes));
+  absl::Status out;
+  if (allocated == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    out = FieldError(
+        absl::StatusCode::kResourceExhausted, what,
+        absl::StrCat(bytes, " bytes do not fit on ", DeviceName(device)));
+  } else {
+    out = CudaStatus(allocated, "cudaMalloc");
+    // Synchronous: the memory is zeros before the caller hands it anywhere.
+    if (out.ok()) {
+      out = CudaStatus(cudaMemset(data, 0, static_cast<size_t>(bytes)),
+                       "cudaMemset");
+    }
+    if (!out.ok() && data != nullptr) cudaFree(data);
+  }
+  cudaSetDevice(current);
+  if (!out.ok()) return out;
+  return data;
+}
+
+absl::Status FreeLendable(void* data) {
+  if (data == nullptr) return absl::OkStatus();
+  cudaPointerAttributes attributes{};
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, data),
+                                    "cudaPointerGetAttributes"));
+  int current = 0;
+  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&current), "cudaGetDevice"));
+  MUONPS_RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(attributes.device), "cudaSetDevice"));
+  const absl::Status freed = CudaStatus(cudaFree(data), "cudaFree");
+  cudaSetDevice(current);
+  return freed;
+}
+
 namespace {
 // Where the parameters' progress word and the step record sit in the done
 // counter's allocation.

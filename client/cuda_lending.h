@@ -29,6 +29,17 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
                                                 const Device& device,
                                                 const std::string& what);
 
+// `bytes` (at least 1) of zeroed device memory of `device`, from cudaMalloc:
+// memory CUDA IPC can always lend, whatever allocator the trainer's
+// framework uses (PyTorch's expandable segments and stream-ordered pools
+// have no IPC handle). RESOURCE_EXHAUSTED naming `what` when the GPU is
+// full. Free it with FreeLendable.
+absl::StatusOr<void*> AllocateLendable(const Device& device, int64_t bytes,
+                                       const std::string& what);
+// Frees what AllocateLendable returned (null: nothing), on whichever device
+// holds it; the caller's current device stays as it was.
+absl::Status FreeLendable(void* data);
+
 // How a CUDA trainer and its worker order a step without host waits: the
 // trainer records `ready` on its stream after the gradients and makes its
 // stream wait until the done counter (a word of its device memory) reaches

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 11
+#define MUONPS_C_ABI_VERSION 12
 
 /* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
 #define MUONPS_MAX_GROUPS 1024
@@ -291,6 +291,19 @@ int muonps_client_wait_for_parameters(muonps_client* client, void* stream,
  * memory that cannot be lent. */
 int muonps_client_place_gradient(muonps_client* client, const char* name,
                                  uint64_t grad_ptr);
+/* ABI 12: CUDA trainers, after start: zeroed device memory of the client's
+ * GPU for matrix `name`'s gradient (as many values of its lent dtype), from
+ * cudaMalloc, which muonps_client_place_gradient always takes whatever
+ * allocator the trainer uses (Client::AllocateGradient): *out is its
+ * device pointer. The caller owns it: free it with muonps_free_cuda_memory
+ * once no step reads it (the client may be gone by then). Errors as
+ * muonps_client_place_gradient's; MUONPS_RESOURCE_EXHAUSTED when the GPU
+ * is full. */
+int muonps_client_allocate_gradient(muonps_client* client, const char* name,
+                                    uint64_t* out);
+/* ABI 12: frees memory muonps_client_allocate_gradient returned (0:
+ * nothing). MUONPS_INVALID_ARGUMENT for a pointer CUDA does not know. */
+int muonps_free_cuda_memory(uint64_t ptr);
 
 #ifdef __cplusplus
 }

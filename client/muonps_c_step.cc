@@ -98,6 +98,24 @@ int muonps_client_place_gradient(muonps_client* c, const char* name,
                        name, reinterpret_cast<const void*>(grad_ptr)));
 }
 
+int muonps_client_allocate_gradient(muonps_client* c, const char* name,
+                                    uint64_t* out) {
+  if (c == nullptr || name == nullptr || out == nullptr) {
+    return MUONPS_INVALID_ARGUMENT;
+  }
+  *out = 0;
+  absl::StatusOr<void*> memory = c->client->AllocateGradient(name);
+  if (!memory.ok()) return Record(c, memory.status());
+  *out = reinterpret_cast<uint64_t>(*memory);
+  return MUONPS_OK;
+}
+
+int muonps_free_cuda_memory(uint64_t ptr) {
+  const absl::Status freed =
+      muonps::Client::FreeCudaMemory(reinterpret_cast<void*>(ptr));
+  return freed.ok() ? MUONPS_OK : MUONPS_INVALID_ARGUMENT;
+}
+
 int muonps_client_wait_for_parameters(muonps_client* c, void* stream,
                                       int64_t matrices) {
   if (c == nullptr) return MUONPS_INVALID_ARGUMENT;

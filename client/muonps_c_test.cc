@@ -284,6 +284,39 @@ TEST(MuonpsCTest, Abi11PlaceGradientIsForACudaClientsStartedMatrices) {
   muonps_client_destroy(cuda);
 }
 
+// ABI 12: gradient memory of the client's own is for a CUDA client's
+// declared job matrices once started, refused as a place is, before any
+// CUDA call (this test needs no GPU); freeing nothing is fine.
+TEST(MuonpsCTest, Abi12AllocatedGradientsAreForACudaClientsStartedMatrices) {
+  uint64_t ptr = 7;
+  EXPECT_EQ(muonps_client_allocate_gradient(nullptr, "w", &ptr),
+            MUONPS_INVALID_ARGUMENT);
+  muonps_client* host = nullptr;
+  ASSERT_NO_FATAL_FAILURE(ClientOfMatrixW("cpu", &host));
+  EXPECT_EQ(muonps_client_allocate_gradient(host, "w", nullptr),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_EQ(muonps_client_allocate_gradient(host, "w", &ptr),
+            MUONPS_FAILED_PRECONDITION);
+  EXPECT_EQ(ptr, 0u);
+  EXPECT_THAT(std::string(muonps_client_last_error(host)),
+              HasSubstr("matrix \"w\""));
+  muonps_client_destroy(host);
+
+  muonps_client* cuda = nullptr;
+  ASSERT_NO_FATAL_FAILURE(CudaClientOfMatrixW(&cuda));
+  ASSERT_EQ(muonps_client_add_tensor(cuda, "b", 8, MUONPS_LAYOUT_UNREDUCED),
+            MUONPS_OK);
+  EXPECT_EQ(muonps_client_allocate_gradient(cuda, "nope", &ptr),
+            MUONPS_NOT_FOUND);
+  EXPECT_EQ(muonps_client_allocate_gradient(cuda, "b", &ptr), MUONPS_NOT_FOUND);
+  EXPECT_THAT(std::string(muonps_client_last_error(cuda)), HasSubstr("AdamW"));
+  EXPECT_EQ(muonps_client_allocate_gradient(cuda, "w", &ptr),
+            MUONPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(muonps_client_last_error(cuda)), HasSubstr("Start"));
+  muonps_client_destroy(cuda);
+  EXPECT_EQ(muonps_free_cuda_memory(0), MUONPS_OK);
+}
+
 // ABI 10: a forward's waits for the parameters are a CUDA client's; the
 // step's async mode is 0, 1 or 2, and a count of matrices is -1 (all) or
 // one of the declared ones; each refusal names what it refuses, before any

@@ -295,18 +295,19 @@ def _muonps_backward_hooks(model, ctx):
     return stepper
 
 
-@register("muonps_lent_grads")
-def _muonps_lent_grads(model, ctx):
+@register("muonps_kept_grads")
+def _muonps_kept_grads(model, ctx):
     """muonps.Muon whose zero_grad keeps the gradients in place
-    (set_to_none=False), so backward adds into the lent buffers and the
-    worker reads those, beside "muonps" in the same run, whose gradients
-    backward allocates and the worker reads where they lie."""
+    (set_to_none=False), so backward adds into the same buffers each
+    iteration and the worker reads them there, beside "muonps" in the same
+    run, whose gradients backward allocates anew (as adamw_kept_grads is
+    to adamw)."""
     stepper = _muonps(model, ctx)
     kept = _KeptGrads(stepper.optimizers, notes=stepper.notes,
                       synchronize=stepper.synchronize, split=stepper.split,
                       close=stepper._close)
-    kept.notes["gradients"] = ("zeroed in place in the lent buffers; "
-                               "backward adds into them")
+    kept.notes["gradients"] = ("zeroed in place; backward adds into them, "
+                               "and the worker reads them there")
     return kept
 
 

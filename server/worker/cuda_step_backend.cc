@@ -170,6 +170,11 @@ class CudaIpcBuffers final : public TrainerBuffers {
          {std::tuple<const CudaBufferRef*, int64_t, void**, const char*>{
               &t.grad_cuda, grad_elements, &out.grad, "grad_cuda"},
           {&t.param_cuda, param_elements, &out.param, "param_cuda"}}) {
+      // A job matrix may lend no gradient: every step places it
+      // (AttachedTrainer::PlaceGradients).
+      if (pointer == &out.grad && t.muon && buffer->ipc_handle.empty()) {
+        continue;
+      }
       if (buffer->ipc_handle.empty() || buffer->offset < 0 ||
           buffer->offset % width != 0 || elements < 1) {
         return InvalidField(absl::StrCat(field, ".", what),

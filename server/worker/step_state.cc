@@ -122,13 +122,23 @@ absl::Status AttachedTrainer::PlaceGradients(
     const Binding& b = matrices[matrix_at[position]];
     bytes.push_back(b.elements * static_cast<int64_t>(DTypeSize(b.dtype)));
   }
-  MUONPS_ASSIGN_OR_RETURN(const std::vector<void*> at,
-                          buffers->MapPlaces(places, bytes));
   const auto point = [](Binding& b, void* gradient) {
     b.lent_grad = gradient;
     // A bf16 gradient is read through its widened copy.
     if (b.dtype == DType::kFloat32) b.grad = static_cast<float*>(gradient);
   };
+  for (size_t position = 0; position < matrices.size(); ++position) {
+    if (!placed[position] &&
+        matrices[matrix_at[position]].home_grad == nullptr) {
+      return InvalidField(
+          "gradients",
+          absl::StrCat("the matrix bound at position ", position,
+                       " lends no gradient buffer: every step must place its "
+                       "gradient"));
+    }
+  }
+  MUONPS_ASSIGN_OR_RETURN(const std::vector<void*> at,
+                          buffers->MapPlaces(places, bytes));
   for (Binding& b : matrices) point(b, b.home_grad);
   for (size_t i = 0; i < places.size(); ++i) {
     point(matrices[matrix_at[places[i].matrix]], at[i]);

@@ -116,6 +116,20 @@ TEST_F(PlaceGradientsTest, BadPlacesAreRefusedNamingThemAndChangeNothing) {
   }
 }
 
+// A matrix that lends no gradient buffer is read only where each step
+// places its gradient: a step that places none is refused naming it.
+TEST_F(PlaceGradientsTest, AMatrixLendingNoGradientMustBePlacedEveryStep) {
+  trainer_.matrices[2].home_grad = nullptr;  // bound at position 0
+  const absl::Status status = trainer_.PlaceGradients({At(1, 0)});
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("position 0 lends no gradient buffer"),
+            std::string::npos)
+      << status;
+  EXPECT_TRUE(placing_->calls.empty());  // nothing mapped
+  ASSERT_TRUE(trainer_.PlaceGradients({At(0, 8)}).ok());
+  EXPECT_EQ(trainer_.matrices[2].lent_grad, &elsewhere_[8]);
+}
+
 }  // namespace
 }  // namespace worker
 }  // namespace muonps

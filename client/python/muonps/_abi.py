@@ -6,7 +6,7 @@ declarations and re-exports the public names.
 
 import ctypes
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 # Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
 MAX_GROUPS = 1024
 
@@ -138,4 +138,7 @@ _SIGNATURES = {
                                                    _c_i64]),
     "muonps_client_place_gradient": (_c_int, [_handle, _c_str,
                                               ctypes.c_uint64]),
+    "muonps_client_allocate_gradient": (
+        _c_int, [_handle, _c_str, ctypes.POINTER(ctypes.c_uint64)]),
+    "muonps_free_cuda_memory": (_c_int, [ctypes.c_uint64]),
 }

@@ -1,16 +1,18 @@
 """The GPU path of muonps.Muon: CUDA parameters stay where they are.
 
 Matrices are lent to the muonps-worker on the same GPU by CUDA IPC: the
-parameter's own storage (updated in place by the worker) and one gradient
-buffer per matrix, fp32 or bf16 (the worker keeps fp32 momentum and rounds
-each bf16 update once). Each step hands the worker the gradient backward
+parameter's own storage (updated in place by the worker), fp32 or bf16
+(the worker keeps fp32 momentum and rounds each bf16 update once), and no
+gradient buffer. Each step hands the worker the gradient backward
 allocated, which it reads where it lies (Client::PlaceGradient): no copy,
 and zero_grad sets it to None as torch's optimizers do. That is safe because
 the trainer's stream waits for the whole step before anything reuses or
 writes that memory. Under hook_forward (the stream no longer waits for the
-whole step), or for a gradient of another dtype or layout, the gradient
-goes into the lent buffer instead (backward adds into it in place; one that
-lands elsewhere is copied in at the step). The
+whole step), for no gradient (zeros), or for a gradient of another layout,
+the step places a buffer of the optimizer's own instead, made when first
+needed (backward adds into it in place under hook_forward; one that lands
+elsewhere is copied in at the step). Unreduced AdamW tensors lend a
+gradient buffer. The
 trainer's current stream records an event the worker's stream waits on and
 then waits, on the device, for the worker's updates, so `step()` returns
 once the step is enqueued. hook_gradients() adds a post-accumulate-grad
@@ -65,6 +67,24 @@ def _mark(grad):
     return grad.data_ptr(), grad._version
 
 
+class _Interface:
+    # Device memory as a CUDA array (__cuda_array_interface__, version 3),
+    # which keeps it: a tensor made over it holds this object.
+    def __init__(self, memory, nbytes):
+        self.memory = memory
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "version": 3,
+            "data": (memory.ptr, False), "stream": None}
+
+
+def _over(memory, like):
+    # A contiguous tensor of `like`'s shape and dtype over `memory` (zeros,
+    # as allocated), which lives as long as the tensor or a view of it.
+    nbytes = like.numel() * like.element_size()
+    raw = torch.as_tensor(_Interface(memory, nbytes), device=like.device)
+    return raw.view(like.dtype).view(like.shape)
+
+
 def _placeable(grad, buffer):
     # A gradient the worker can read in place of its lent buffer: the same
     # values, layout and device, in memory CUDA can lend.
@@ -93,11 +113,14 @@ class CudaPath:
         self.matrices = matrices
         self.others = list(others)
         self.lent = list(matrices) + (list(others) if average_others else [])
-        # Matrices whose gradient the worker may read where backward left it
-        # (placed at each step, unless the forward waits per layer); their
-        # lent buffers hold zeros for a step with no gradient, and `dirty`
-        # names the lent buffers written since they were zeroed.
+        # Matrices that lend no gradient buffer: every step places the
+        # gradient, read where backward left it, or (under forward waits, for
+        # no gradient, or for one CUDA cannot lend: `copied`) a spare buffer
+        # of the optimizer's, made when first needed. The others (unreduced
+        # AdamW tensors) lend one. `grads` holds both kinds;
+        # `dirty` names those written since they were zeroed.
         self.placeable = {name for name, _, _ in matrices}
+        self.copied = set()
         self.dirty = set()
         self.grads = {}
         for name, p, _ in self.lent:
@@ -105,15 +128,17 @@ class CudaPath:
             if not shard.is_contiguous():
                 raise TypeError(f"muonps.Muon: {name!r} is not contiguous; "
                                 "the worker updates it in place")
+            if name in self.placeable:
+                client.lend_cuda(name, None, shard, _DTYPES[p.dtype])
+                continue
             buffer = torch.zeros_like(shard,
                                       memory_format=torch.contiguous_format)
             self.grads[name] = buffer
-            if name not in self.placeable:
-                if p.grad is not None:
-                    buffer.copy_(local(p.grad))
-                    self.dirty.add(name)
-                if not is_dtensor(p):
-                    p.grad = buffer
+            if p.grad is not None:
+                buffer.copy_(local(p.grad))
+                self.dirty.add(name)
+            if not is_dtensor(p):
+                p.grad = buffer
             client.lend_cuda(name, buffer, shard, _DTYPES[p.dtype])
         self.data_ptrs = {name: local(p).data_ptr() for name, p, _ in self.lent}
         self.params = {name: p for name, p, _ in self.lent}
@@ -149,10 +174,9 @@ class CudaPath:
         matrix marks its gradient ready (client.gradient_ready) on the
         stream backward accumulated it on, when that gradient is the one
         the step reads. A DTensor's gradient (FSDP2 reduce-scatters a new
-        one after backward) and a gradient copied into the lent buffer at
-        the step are ordered by the step's stream. Without the hook (torch
-        < 2.1) the step's stream orders every gradient, as for a trainer
-        that never marks. A
+        one after backward) and a gradient copied into a spare buffer at
+        the step are ordered by the step's stream. Without the hook (torch < 2.1) the step's
+        stream orders every gradient, as for a trainer that never marks. A
         worker outside CUDA MPS leaves the marks unused and takes every
         gradient at the step (the two processes would time-slice the GPU).
         close() removes the hooks."""
@@ -167,11 +191,13 @@ class CudaPath:
     def _ready_hook(self, name):
         # Runs on autograd's thread, with the accumulation's stream current.
         client, device, ready = self.client, self.device, self.ready
-        buffer = self.grads[name]
 
         def hook(p):
-            if p.grad is None or (p.grad.data_ptr() != buffer.data_ptr() and
-                                  not self._places(name)):
+            spare = self.grads.get(name)
+            if p.grad is None or not (
+                    self._places(name) or
+                    (spare is not None and
+                     p.grad.data_ptr() == spare.data_ptr())):
                 return
             client.gradient_ready(
                 name, torch.cuda.current_stream(device).cuda_stream)
@@ -256,24 +282,38 @@ class CudaPath:
         # Hands `grad` over where it lies; False (a warning, once) where CUDA
         # cannot lend its memory: PyTorch's expandable segments (or a
         # stream-ordered pool) have no IPC handle. The step then copies it
-        # into the lent buffer, as every later step does for it.
+        # into the spare buffer, as every later step does for it.
         try:
             self.client.place_gradient(name, grad)
             return True
         except MuonpsError as e:
-            self.placeable.discard(name)
+            self.copied.add(name)
             warnings.warn(f"muonps: {name!r}'s gradient cannot be read where "
-                          f"it lies ({e}); it is copied into its lent buffer "
-                          "at every step instead (expandable_segments:False "
-                          "in PYTORCH_CUDA_ALLOC_CONF avoids the copy)")
+                          f"it lies ({e}); it is copied into a buffer of its "
+                          "own at every step instead (expandable_segments:"
+                          "False in PYTORCH_CUDA_ALLOC_CONF avoids the copy)")
             return False
 
     def _places(self, name):
-        # Whether the step hands this matrix's gradient over where it lies
-        # (the trainer's stream then waits for the whole step, so the
-        # memory is neither freed for reuse nor written before the worker
-        # read it).
-        return name in self.placeable and not self.forward_waits
+        # Whether the step hands this matrix's gradient over where backward
+        # left it (the trainer's stream then waits for the whole step, so
+        # the memory is neither freed for reuse nor written before the
+        # worker read it).
+        return (name in self.placeable and name not in self.copied and
+                not self.forward_waits)
+
+    def _spare(self, name):
+        # A placed matrix's own buffer, zeros, made the first time a step
+        # needs one and kept (the worker may read it until the step is
+        # done). Its memory is the client's (cudaMalloc), not PyTorch's
+        # allocator's, so CUDA can lend it even where expandable segments
+        # were turned on after the start.
+        buffer = self.grads.get(name)
+        if buffer is None:
+            buffer = _over(self.client.allocate_gradient(name),
+                           local(self.params[name]))
+            self.grads[name] = buffer
+        return buffer
 
     def close(self):
         """Removes the gradient hooks (the client is going)."""
@@ -299,24 +339,28 @@ class CudaPath:
                     f"muonps.Muon: {name!r}.data was replaced after the job "
                     "started; the worker updates the original storage (copy "
                     "values in with param.data.copy_(...) instead)")
-            buffer = self.grads[name]
             grad = None if p.grad is None else local(p.grad)
-            if grad is None:
-                if name in self.dirty:
-                    buffer.zero_()
-                    self.dirty.discard(name)
-                grad = buffer
-            elif grad.data_ptr() == buffer.data_ptr():
-                self.dirty.add(name)
-            elif self._places(name) and _placeable(grad, buffer) and \
-                    self._place(name, grad):
+            if grad is not None and self._places(name) and \
+                    _placeable(grad, local(p)) and self._place(name, grad):
                 pass  # read where backward left it: no copy, no zeroing
             else:
-                buffer.copy_(grad)
-                self.dirty.add(name)
-                grad = buffer
-                if not is_dtensor(p):
-                    p.grad = buffer
+                placed = name in self.placeable
+                buffer = self._spare(name) if placed else self.grads[name]
+                if grad is None:
+                    if name in self.dirty:
+                        buffer.zero_()
+                        self.dirty.discard(name)
+                    grad = buffer
+                elif grad.data_ptr() == buffer.data_ptr():
+                    self.dirty.add(name)
+                else:
+                    buffer.copy_(grad)
+                    self.dirty.add(name)
+                    grad = buffer
+                    if not is_dtensor(p):
+                        p.grad = buffer
+                if placed:
+                    self.client.place_gradient(name, buffer)
             if name in self.ready:
                 read[name] = _mark(grad)
         stream = torch.cuda.current_stream(self.device).cuda_stream
@@ -352,15 +396,19 @@ class CudaPath:
     def zero_grad(self, set_to_none=True):
         """After the optimizer's own zero_grad. A matrix whose gradient the
         step hands over where it lies keeps what that did (None, or zeroed
-        in place): backward allocates the next one, which the worker reads
-        in place. The other lent gradients are zeroed in their lent buffers
-        (never set to None), once the worker read the last step's."""
+        in place, or None left None as torch does): backward allocates the
+        next one, or adds into the kept one, which the worker reads in
+        place. The other gradients are zeroed in their buffers (never set
+        to None), once the worker read the last step's: lent ones, and under
+        forward waits (or for a gradient CUDA cannot lend) the optimizer's
+        own buffers of the placed matrices."""
         if self.forward_waits:
             self.wait_for_parameters(0)
         for name, p, _ in self.lent:
-            if self._places(name) and (set_to_none or p.grad is not None):
+            if self._places(name):
                 continue
-            buffer = self.grads[name]
+            buffer = (self._spare(name) if name in self.placeable else
+                      self.grads[name])
             buffer.zero_()
             self.dirty.discard(name)
             if not is_dtensor(p):

@@ -85,6 +85,21 @@ def _open(path):
     return lib
 
 
+class CudaMemory:
+    """Device memory the C ABI allocated (Client.allocate_gradient): its
+    device pointer, freed when this object goes. Wrap it in a tensor that
+    keeps it alive (muonps._cuda does, through __cuda_array_interface__)."""
+
+    def __init__(self, lib, ptr):
+        self._lib = lib
+        self.ptr = ptr
+
+    def __del__(self):
+        if self.ptr and self._lib is not None:
+            self._lib.muonps_free_cuda_memory(self.ptr)
+            self.ptr = 0
+
+
 def load_library(environ=None):
     """Loads libmuonps.so from the first candidate path that works.
 
@@ -211,10 +226,11 @@ class NativeClient:
 
     def lend_cuda(self, name, grad, param, dtype="fp32"):
         """Lends a matrix's CUDA gradient and parameter tensors, both of
-        `dtype` ("fp32" or "bf16")."""
+        `dtype` ("fp32" or "bf16"). `grad` None (job matrices): no gradient
+        buffer; every step places the gradient (place_gradient)."""
         self._check(self._lib.muonps_client_lend_cuda(
-            self._handle, name.encode(), grad.data_ptr(), param.data_ptr(),
-            dtype.encode()))
+            self._handle, name.encode(), 0 if grad is None else grad.data_ptr(),
+            param.data_ptr(), dtype.encode()))
 
     def gradient_ready(self, name, stream):
         """CUDA trainers, after start: matrix `name`'s gradient is final for
@@ -233,6 +249,17 @@ class NativeClient:
         buffer. Keep it alive and unwritten until the step is done."""
         self._check(self._lib.muonps_client_place_gradient(
             self._handle, name.encode(), grad.data_ptr()))
+
+    def allocate_gradient(self, name):
+        """CUDA trainers, after start: a CudaMemory of zeros for matrix
+        `name`'s gradient (as many bytes as its lent gradient), which
+        place_gradient always takes, whatever PyTorch's allocator settings
+        (expandable segments cannot be lent). Freed when the CudaMemory and
+        every tensor made over it are gone."""
+        ptr = ctypes.c_uint64(0)
+        self._check(self._lib.muonps_client_allocate_gradient(
+            self._handle, name.encode(), ctypes.byref(ptr)))
+        return CudaMemory(self._lib, ptr.value)
 
     def wait_for_parameters(self, stream, matrices=-1):
         """CUDA trainers whose steps return with forward_waits: `stream`

@@ -331,13 +331,17 @@ class _Layers(torch.nn.Module):
         return x
 
 
-def _train_layers(options, forward_waits=False, expandable_after_start=False):
+def _train_layers(options, forward_waits=False, expandable_after_start=False,
+                  wrap=None):
     """12 steps of _Layers(41) on the same batches under muonps.Muon with
-    `options`: the losses, the weights, and which lent gradient buffers
-    were written (CudaPath.dirty) and are all zero. `expandable_after_start`:
+    `options`: the losses, the weights, which gradient buffers the
+    optimizer made (none lent: CudaPath.grads) and which of them were
+    written (CudaPath.dirty). `expandable_after_start`:
     once the optimizer lent its buffers, new memory comes from expandable
-    segments (in a process of its own: the setting stays)."""
+    segments (in a process of its own: the setting stays). `wrap`: the
+    forward runs through wrap(net) (a DDP wrapper)."""
     net = _Layers(seed=41).cuda()
+    model = net if wrap is None else wrap(net)
     # Named parameters, no model: every layer's matrix goes to Muon.
     opt = muonps.Muon(list(net.named_parameters()), lr=0.02,
                       weight_decay=0.1, **options)
@@ -355,23 +359,23 @@ def _train_layers(options, forward_waits=False, expandable_after_start=False):
     for _ in range(12):
         x = torch.randn(64, 1024, generator=g).cuda()
         opt.zero_grad()
-        loss = net(x).square().mean()
+        loss = model(x).square().mean()
         loss.backward()
         opt.step()
         losses.append(loss.detach())
     weights = {n: p.detach().clone() for n, p in net.state_dict().items()}
     opt.synchronize()
     torch.cuda.synchronize()
-    lent = opt._cuda.grads
-    zero = all(not lent[n].any() for n in lent)
-    in_place = all(p.grad.data_ptr() != lent[n].data_ptr()
+    buffers = opt._cuda.grads
+    in_place = all(n not in buffers or
+                   p.grad.data_ptr() != buffers[n].data_ptr()
                    for n, p in net.named_parameters())
     dirty = set(opt._cuda.dirty)
     opt.close()
     assert not opt._cuda.forward_hooks
     return ([l.item() for l in losses], weights,
-            {"dirty": dirty, "zero": zero, "in_place": in_place,
-             "lent": set(lent)})
+            {"dirty": dirty, "buffers": set(buffers), "in_place": in_place,
+             "matrices": {n for n, _ in net.named_parameters()}})
 
 
 def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
@@ -386,15 +390,16 @@ def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
     update landed would part from them at once. A model that does not hold
     every lent matrix is refused, naming one. The model whose stream waits
     for the whole step hands the worker the gradients backward allocated
-    (placed: read in place, the lent buffers untouched); the one with
-    forward waits has them copied into the lent buffers: the two paths
-    agree bit for bit too."""
+    (placed: read in place, with no gradient buffer lent or made); the one
+    with forward waits adds them into buffers of the optimizer's, placed
+    at every step: the two paths agree bit for bit too."""
     waited_losses, waited, placed = _train_layers(
         cluster(workers=1, device="cuda:0").options())
-    assert not placed["dirty"] and placed["zero"] and placed["in_place"]
+    # No gradient buffer was lent or made: backward's gradients were read.
+    assert not placed["buffers"] and placed["in_place"]
     losses, weights, copied = _train_layers(
         cluster(workers=1, device="cuda:0").options(), forward_waits=True)
-    assert copied["dirty"] == copied["lent"]  # copied in every step
+    assert copied["dirty"] == copied["buffers"] == copied["matrices"]
     assert losses == waited_losses
     assert losses[-1] < losses[0]
     for n in waited:
@@ -402,6 +407,34 @@ def test_forward_waits_per_layer_give_what_whole_step_waits_give(cluster):
     print(f'{{"what":"python_cuda_forward_waits_vs_whole_step","steps":12,'
           f'"first_loss":{losses[0]:.6f},"last_loss":{losses[-1]:.6f},'
           f'"bit_identical":true}}')
+
+
+def test_gradients_under_ddp_are_read_in_place_as_without_it(
+        cluster, tmp_path):
+    """Under DDP (one rank here, with its buckets and reduction as on
+    many) the reduced gradient lands in each parameter's .grad, a tensor of
+    its own or a view into DDP's bucket (gradient_as_bucket_view): the step
+    reads it where it lies, and 12 steps give the losses and weights of the
+    same model without DDP, bit for bit."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    losses, weights, _ = _train_layers(
+        cluster(workers=1, device="cuda:0").options())
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store",
+                            rank=0, world_size=1)
+    try:
+        for view in (False, True):
+            got_losses, got, lent = _train_layers(
+                cluster(workers=1, device="cuda:0").options(),
+                wrap=lambda net: DistributedDataParallel(
+                    net, gradient_as_bucket_view=view))
+            assert lent["in_place"] and not lent["buffers"], view
+            assert got_losses == losses, view
+            for n in weights:
+                assert torch.equal(got[n], weights[n]), (view, n)
+    finally:
+        dist.destroy_process_group()
 
 
 _EXPANDABLE = """
@@ -414,8 +447,8 @@ with warnings.catch_warnings(record=True) as caught:
     losses, weights, lent = _train_layers(json.loads(sys.argv[2]),
                                           expandable_after_start=True)
 torch.save({"losses": losses, "weights": weights,
-            "dirty": sorted(lent["dirty"]), "lent": sorted(lent["lent"]),
-            "warnings": [str(w.message) for w in caught]}, sys.argv[3])
+            "dirty": sorted(lent["dirty"]), "lent": sorted(lent["matrices"]),
+            "buffers": sorted(lent["buffers"]), "warnings": [str(w.message) for w in caught]}, sys.argv[3])
 """
 
 
@@ -425,10 +458,11 @@ def test_gradients_in_expandable_segments_are_copied_with_a_warning(
     (muonps.Muon cannot lend its buffers from it), so a trainer that turns
     them on after the optimizer started cannot hand the worker the
     gradients backward allocates there: each such matrix warns once,
-    naming it, and its gradient is copied into the lent buffer at every
-    step (a gradient that lands in a block cached before is still read in
-    place). It trains bit for bit as a trainer whose gradients are all
-    read in place."""
+    naming it, and its gradient is copied at every step into a buffer the
+    optimizer makes for it then, of memory the client allocates itself,
+    which CUDA can lend (a gradient that lands in a block cached before is
+    still read in place). It trains bit for bit as a trainer whose
+    gradients are all read in place."""
     losses, weights, placed = _train_layers(
         cluster(workers=1, device="cuda:0").options())
     assert placed["in_place"]
@@ -447,6 +481,7 @@ def test_gradients_in_expandable_segments_are_copied_with_a_warning(
     assert sorted(n for n in got["lent"] if any(repr(n) in w for w in warned)
                   ) == got["dirty"], got["warnings"]
     assert len(warned) == len(got["dirty"]), got["warnings"]
+    assert got["buffers"] == got["dirty"]  # made for those alone
     assert got["losses"] == losses
     for n in weights:
         assert torch.equal(got["weights"][n].cpu(), weights[n].cpu()), n

@@ -6,6 +6,7 @@ refused."""
 import pytest
 import torch
 
+import muonps._cuda
 from muonps._cuda import CudaPath
 
 
@@ -24,6 +25,12 @@ class RecordingClient:
 
     def wait_for_parameters(self, stream, matrices):
         self.waits.append(matrices)
+
+    def allocate_gradient(self, name):
+        return name  # the fixture's _over makes the buffer
+
+    def place_gradient(self, name, grad):
+        pass
 
     def step(self, step_id, values, stream=0, async_=False,
              forward_waits=False):
@@ -53,6 +60,8 @@ def path(monkeypatch):
         cuda_stream = 0
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None:
                         Stream())
+    monkeypatch.setattr(muonps._cuda, "_over",
+                        lambda memory, like: torch.zeros_like(like))
     net = Net()
     client = RecordingClient()
     matrices = [(n, p, 0) for n, p in net.named_parameters()]
