@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "client/fake_service.h"
 #include "common/sanitizer.h"
+#include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -277,17 +278,24 @@ TEST_F(ClientTest, GradientReadyIsRefusedOnAHostClientNamingTheMatrix) {
   EXPECT_THAT(status.message(), HasSubstr("matrix \"w.a\""));
 }
 
+// A CUDA client (not started: no GPU needed) of job matrix "w" (4 x 8)
+// and unreduced AdamW tensor "b" (8).
+absl::StatusOr<std::unique_ptr<Client>> CudaClientOfWAndB() {
+  MUONPS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                          Client::Create({.coordinator = "127.0.0.1:1",
+                                          .job = "job",
+                                          .worker_socket = "/tmp/none.sock",
+                                          .device = "cuda:0"}));
+  MUONPS_RETURN_IF_ERROR(client->AddMatrix("w", 4, 8));
+  MUONPS_RETURN_IF_ERROR(client->AddTensor("b", 8, TensorLayout::kUnreduced));
+  return client;
+}
+
 // A job matrix may lend no gradient buffer (each step places its
 // gradient); an AdamW tensor must lend one, and nothing is lent twice.
 TEST(ClientCudaTest, OnlyJobMatricesLendNoGradientBuffer) {
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Create({.coordinator = "127.0.0.1:1",
-                      .job = "job",
-                      .worker_socket = "/tmp/none.sock",
-                      .device = "cuda:0"});
+  absl::StatusOr<std::unique_ptr<Client>> client = CudaClientOfWAndB();
   ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->AddMatrix("w", 4, 8).ok());
-  ASSERT_TRUE((*client)->AddTensor("b", 8, TensorLayout::kUnreduced).ok());
   // Any non-null pointer: nothing is exported before Start.
   float param = 0;
   EXPECT_TRUE(
@@ -304,14 +312,8 @@ TEST(ClientCudaTest, OnlyJobMatricesLendNoGradientBuffer) {
 }
 
 TEST(ClientCudaTest, GradientReadyNamesUndeclaredAdamWAndUnstartedTensors) {
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Create({.coordinator = "127.0.0.1:1",
-                      .job = "job",
-                      .worker_socket = "/tmp/none.sock",
-                      .device = "cuda:0"});
+  absl::StatusOr<std::unique_ptr<Client>> client = CudaClientOfWAndB();
   ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->AddMatrix("w", 4, 8).ok());
-  ASSERT_TRUE((*client)->AddTensor("b", 8, TensorLayout::kUnreduced).ok());
   absl::Status status = (*client)->GradientReady("nope", nullptr);
   EXPECT_TRUE(absl::IsNotFound(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr("matrix \"nope\": was not declared"));

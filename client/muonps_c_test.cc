@@ -5,7 +5,9 @@
 #include "client/muonps_c.h"
 
 #include <cmath>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "client/fake_service.h"
@@ -254,66 +256,50 @@ TEST(MuonpsCTest, Abi8GradientReadyIsForACudaClientsStartedMatrices) {
   muonps_client_destroy(cuda);
 }
 
-// ABI 11: placing a gradient elsewhere is for a CUDA client's declared
-// job matrices once started; every refusal names what it refuses, before
-// any CUDA call (this test needs no GPU).
-TEST(MuonpsCTest, Abi11PlaceGradientIsForACudaClientsStartedMatrices) {
-  EXPECT_EQ(muonps_client_place_gradient(nullptr, "w", 0),
-            MUONPS_INVALID_ARGUMENT);
-  muonps_client* host = nullptr;
-  ASSERT_NO_FATAL_FAILURE(ClientOfMatrixW("cpu", &host));
-  EXPECT_EQ(muonps_client_place_gradient(host, nullptr, 0),
-            MUONPS_INVALID_ARGUMENT);
-  EXPECT_EQ(muonps_client_place_gradient(host, "w", 0),
-            MUONPS_FAILED_PRECONDITION);
-  EXPECT_THAT(std::string(muonps_client_last_error(host)),
-              HasSubstr("matrix \"w\""));
-  muonps_client_destroy(host);
-
-  muonps_client* cuda = nullptr;
-  ASSERT_NO_FATAL_FAILURE(CudaClientOfMatrixW(&cuda));
-  ASSERT_EQ(muonps_client_add_tensor(cuda, "b", 8, MUONPS_LAYOUT_UNREDUCED),
-            MUONPS_OK);
-  EXPECT_EQ(muonps_client_place_gradient(cuda, "nope", 0), MUONPS_NOT_FOUND);
-  EXPECT_THAT(std::string(muonps_client_last_error(cuda)),
-              HasSubstr("\"nope\""));
-  EXPECT_EQ(muonps_client_place_gradient(cuda, "b", 0), MUONPS_NOT_FOUND);
-  EXPECT_EQ(muonps_client_place_gradient(cuda, "w", 0),
-            MUONPS_INVALID_ARGUMENT);
-  EXPECT_THAT(std::string(muonps_client_last_error(cuda)), HasSubstr("Start"));
-  muonps_client_destroy(cuda);
-}
-
-// ABI 12: gradient memory of the client's own is for a CUDA client's
-// declared job matrices once started, refused as a place is, before any
-// CUDA call (this test needs no GPU); freeing nothing is fine.
-TEST(MuonpsCTest, Abi12AllocatedGradientsAreForACudaClientsStartedMatrices) {
+// ABI 11 and 12: placing a gradient elsewhere, and gradient memory of the
+// client's own, are for a CUDA client's declared job matrices once
+// started; every refusal names what it refuses, before any CUDA call (this
+// test needs no GPU), and leaves no memory behind. Freeing nothing is fine.
+TEST(MuonpsCTest, Abi11And12GradientPlacesAreForACudaClientsStartedMatrices) {
   uint64_t ptr = 7;
-  EXPECT_EQ(muonps_client_allocate_gradient(nullptr, "w", &ptr),
-            MUONPS_INVALID_ARGUMENT);
-  muonps_client* host = nullptr;
-  ASSERT_NO_FATAL_FAILURE(ClientOfMatrixW("cpu", &host));
-  EXPECT_EQ(muonps_client_allocate_gradient(host, "w", nullptr),
-            MUONPS_INVALID_ARGUMENT);
-  EXPECT_EQ(muonps_client_allocate_gradient(host, "w", &ptr),
-            MUONPS_FAILED_PRECONDITION);
-  EXPECT_EQ(ptr, 0u);
-  EXPECT_THAT(std::string(muonps_client_last_error(host)),
-              HasSubstr("matrix \"w\""));
-  muonps_client_destroy(host);
+  const std::vector<
+      std::pair<std::string, std::function<int(muonps_client*, const char*)>>>
+      calls = {{"place",
+                [](muonps_client* c, const char* name) {
+                  return muonps_client_place_gradient(c, name, 0);
+                }},
+               {"allocate", [&ptr](muonps_client* c, const char* name) {
+                  return muonps_client_allocate_gradient(c, name, &ptr);
+                }}};
+  for (const auto& [what, call] : calls) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(call(nullptr, "w"), MUONPS_INVALID_ARGUMENT);
+    muonps_client* host = nullptr;
+    ASSERT_NO_FATAL_FAILURE(ClientOfMatrixW("cpu", &host));
+    EXPECT_EQ(call(host, nullptr), MUONPS_INVALID_ARGUMENT);
+    EXPECT_EQ(call(host, "w"), MUONPS_FAILED_PRECONDITION);
+    EXPECT_THAT(std::string(muonps_client_last_error(host)),
+                HasSubstr("matrix \"w\""));
+    muonps_client_destroy(host);
 
-  muonps_client* cuda = nullptr;
-  ASSERT_NO_FATAL_FAILURE(CudaClientOfMatrixW(&cuda));
-  ASSERT_EQ(muonps_client_add_tensor(cuda, "b", 8, MUONPS_LAYOUT_UNREDUCED),
-            MUONPS_OK);
-  EXPECT_EQ(muonps_client_allocate_gradient(cuda, "nope", &ptr),
-            MUONPS_NOT_FOUND);
-  EXPECT_EQ(muonps_client_allocate_gradient(cuda, "b", &ptr), MUONPS_NOT_FOUND);
-  EXPECT_THAT(std::string(muonps_client_last_error(cuda)), HasSubstr("AdamW"));
-  EXPECT_EQ(muonps_client_allocate_gradient(cuda, "w", &ptr),
-            MUONPS_INVALID_ARGUMENT);
-  EXPECT_THAT(std::string(muonps_client_last_error(cuda)), HasSubstr("Start"));
-  muonps_client_destroy(cuda);
+    muonps_client* cuda = nullptr;
+    ASSERT_NO_FATAL_FAILURE(CudaClientOfMatrixW(&cuda));
+    ASSERT_EQ(muonps_client_add_tensor(cuda, "b", 8, MUONPS_LAYOUT_UNREDUCED),
+              MUONPS_OK);
+    EXPECT_EQ(call(cuda, "nope"), MUONPS_NOT_FOUND);
+    EXPECT_THAT(std::string(muonps_client_last_error(cuda)),
+                HasSubstr("\"nope\""));
+    EXPECT_EQ(call(cuda, "b"), MUONPS_NOT_FOUND);
+    EXPECT_THAT(std::string(muonps_client_last_error(cuda)),
+                HasSubstr("AdamW"));
+    EXPECT_EQ(call(cuda, "w"), MUONPS_INVALID_ARGUMENT);
+    EXPECT_THAT(std::string(muonps_client_last_error(cuda)),
+                HasSubstr("Start"));
+    EXPECT_EQ(muonps_client_allocate_gradient(cuda, "w", nullptr),
+              MUONPS_INVALID_ARGUMENT);
+    muonps_client_destroy(cuda);
+  }
+  EXPECT_EQ(ptr, 0u);
   EXPECT_EQ(muonps_free_cuda_memory(0), MUONPS_OK);
 }
 
