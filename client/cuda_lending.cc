@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_device.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc.h"
@@ -46,30 +47,21 @@ absl::StatusOr<v1::CudaBuffer> ExportCudaBuffer(const void* data,
 absl::StatusOr<void*> AllocateLendable(const Device& device, int64_t bytes,
                                        const std::string& what) {
   if (bytes < 1) return InvalidField(what, "needs at least 1 byte");
-  int current = 0;
-  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&current), "cudaGetDevice"));
-  MUONPS_RETURN_IF_ERROR(
-      CudaStatus(cudaSetDevice(device.ordinal), "cudaSetDevice"));
-  void* data = nullptr;
-  const cudaError_t allocated = cudaMalloc(&data, static_cast<size_t>(bytes));
-  absl::Status out;
-  if (allocated == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    out = FieldError(
-        absl::StatusCode::kResourceExhausted, what,
-        absl::StrCat(bytes, " bytes do not fit on ", DeviceName(device)));
-  } else {
-    out = CudaStatus(allocated, "cudaMalloc");
+  return OnDevice(device.ordinal, [&]() -> absl::StatusOr<void*> {
+    void* data = nullptr;
+    // Out of memory is RESOURCE_EXHAUSTED (CudaStatus), naming `what`.
+    MUONPS_RETURN_IF_ERROR(
+        CudaStatus(cudaMalloc(&data, static_cast<size_t>(bytes)),
+                   absl::StrCat("cudaMalloc(", what, ")")));
     // Synchronous: the memory is zeros before the caller hands it anywhere.
-    if (out.ok()) {
-      out = CudaStatus(cudaMemset(data, 0, static_cast<size_t>(bytes)),
-                       "cudaMemset");
+    const absl::Status zeroed = CudaStatus(
+        cudaMemset(data, 0, static_cast<size_t>(bytes)), "cudaMemset");
+    if (!zeroed.ok()) {
+      (void)cudaFree(data);
+      return zeroed;
     }
-    if (!out.ok() && data != nullptr) cudaFree(data);
-  }
-  cudaSetDevice(current);
-  if (!out.ok()) return out;
-  return data;
+    return data;
+  });
 }
 
 absl::Status FreeLendable(void* data) {
@@ -77,13 +69,8 @@ absl::Status FreeLendable(void* data) {
   cudaPointerAttributes attributes{};
   MUONPS_RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, data),
                                     "cudaPointerGetAttributes"));
-  int current = 0;
-  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&current), "cudaGetDevice"));
-  MUONPS_RETURN_IF_ERROR(
-      CudaStatus(cudaSetDevice(attributes.device), "cudaSetDevice"));
-  const absl::Status freed = CudaStatus(cudaFree(data), "cudaFree");
-  cudaSetDevice(current);
-  return freed;
+  return OnDevice(attributes.device,
+                  [data] { return CudaStatus(cudaFree(data), "cudaFree"); });
 }
 
 namespace {

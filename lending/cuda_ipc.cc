@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cuda_device.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc_internal.h"
@@ -22,7 +23,6 @@ namespace {
 using cuda_ipc_internal::CheckDevice;
 using cuda_ipc_internal::DriverEntryPoint;
 using cuda_ipc_internal::DriverErrorText;
-using cuda_ipc_internal::OnDevice;
 
 static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes,
               "cudaIpcMemHandle_t changed size");

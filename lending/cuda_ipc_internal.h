@@ -53,22 +53,6 @@ std::string DriverErrorText(CUresult result);
 // process sees; UNAVAILABLE when CUDA cannot count the devices.
 absl::Status CheckDevice(int device);
 
-// Runs `body` with `device` current on this thread, then restores the
-// thread's previous current device. `body` returns a Status or StatusOr.
-// cudaSetDevice runs even when `device` is already the current one: it also
-// makes the device's primary context current on this thread, which the
-// driver calls (cuMemGetAddressRange) need and a fresh thread lacks.
-template <typename Body>
-auto OnDevice(int device, Body&& body) -> decltype(body()) {
-  int previous = 0;
-  MUONPS_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
-  MUONPS_RETURN_IF_ERROR(CudaStatus(
-      cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
-  auto result = body();
-  if (previous != device) (void)cudaSetDevice(previous);
-  return result;
-}
-
 }  // namespace cuda_ipc_internal
 }  // namespace muonps
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cuda_device.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "lending/cuda_ipc.h"
@@ -21,7 +22,6 @@ namespace {
 using cuda_ipc_internal::CheckDevice;
 using cuda_ipc_internal::DriverEntryPoint;
 using cuda_ipc_internal::DriverErrorText;
-using cuda_ipc_internal::OnDevice;
 
 static_assert(sizeof(cudaIpcEventHandle_t) == kCudaIpcHandleBytes,
               "cudaIpcEventHandle_t changed size");

@@ -315,6 +315,12 @@ class CudaPath:
             self.grads[name] = buffer
         return buffer
 
+    def _buffer(self, name):
+        # Where a step reads this tensor's gradient when not where backward
+        # left it: a matrix's spare buffer, an AdamW tensor's lent one.
+        return (self._spare(name) if name in self.placeable else
+                self.grads[name])
+
     def close(self):
         """Removes the gradient hooks (the client is going)."""
         for handle in self.hooks + self.forward_hooks:
@@ -345,7 +351,7 @@ class CudaPath:
                 pass  # read where backward left it: no copy, no zeroing
             else:
                 placed = name in self.placeable
-                buffer = self._spare(name) if placed else self.grads[name]
+                buffer = self._buffer(name)
                 if grad is None:
                     if name in self.dirty:
                         buffer.zero_()
@@ -407,8 +413,7 @@ class CudaPath:
         for name, p, _ in self.lent:
             if self._places(name):
                 continue
-            buffer = (self._spare(name) if name in self.placeable else
-                      self.grads[name])
+            buffer = self._buffer(name)
             buffer.zero_()
             self.dirty.discard(name)
             if not is_dtensor(p):
