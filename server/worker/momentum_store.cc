@@ -261,6 +261,13 @@ absl::StatusOr<int64_t> MomentumStore::RequestCheckpoint() {
   return checkpoints_.Request(stacks_->checkpoint_dir);
 }
 
+bool MomentumStore::CheckpointDue(int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  const MomentumStacks& now = *stacks_;
+  return checkpoints_.Due(now.checkpoint_dir, now.checkpoint_every, step,
+                          now.version);
+}
+
 absl::Status MomentumStore::PersistStaged(
     int64_t step, const std::function<absl::StatusOr<StagedMeans>()>& means) {
   CheckpointSnapshot snapshot;

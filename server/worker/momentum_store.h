@@ -167,6 +167,9 @@ class MomentumStore {
   absl::Status PersistStaged(
       int64_t step,
       const std::function<absl::StatusOr<StagedMeans>()>& means = {});
+  // Whether PersistStaged(step) would write a checkpoint (a step due for
+  // one must not commit before it is on disk). Never waits for a write.
+  bool CheckpointDue(int64_t step) const;
   // The AdamW means this worker's checkpoint of step `step` holds (none
   // for a trainer with no unreduced tensors). NOT_FOUND when no checkpoint
   // of that step is in this worker's directory (or the job keeps none);

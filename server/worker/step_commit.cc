@@ -100,15 +100,11 @@ absl::Status WriteParameters(StagedStep& staged, const AttachedTrainer& trainer,
               return std::make_pair(position[a.matrix], a.first) <
                      std::make_pair(position[b.matrix], b.first);
             });
-  const kernels::TypedBuffer& updates = trainer.updates;
   int64_t unsignaled = 0;  // bytes written since the word last moved
   for (size_t i = 0; i < applies.size(); ++i) {
     const ParamApply& a = applies[i];
     const Binding& b = trainer.matrices[a.matrix];
-    MUONPS_RETURN_IF_ERROR(
-        ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
-                        b.dtype, updates.at(a.staged_at), updates.dtype(),
-                        a.count, a.decay, a.step, stream));
+    MUONPS_RETURN_IF_ERROR(ApplyUpdates({a}, trainer, ops, stream));
     unsignaled += a.count * static_cast<int64_t>(DTypeSize(b.dtype));
     const bool whole =
         i + 1 == applies.size() || applies[i + 1].matrix != a.matrix;
@@ -118,6 +114,20 @@ absl::Status WriteParameters(StagedStep& staged, const AttachedTrainer& trainer,
           static_cast<uint32_t>(position[a.matrix] + 1)));
       unsignaled = 0;
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyUpdates(absl::Span<const ParamApply> applies,
+                          const AttachedTrainer& trainer,
+                          kernels::DeviceOps& ops, Stream stream) {
+  const kernels::TypedBuffer& updates = trainer.updates;
+  for (const ParamApply& a : applies) {
+    const Binding& b = trainer.matrices[a.matrix];
+    MUONPS_RETURN_IF_ERROR(
+        ops.ApplyScaled(kernels::ElementsPast(b.param, b.dtype, a.first),
+                        b.dtype, updates.at(a.staged_at), updates.dtype(),
+                        a.count, a.decay, a.step, stream));
   }
   return absl::OkStatus();
 }
@@ -139,8 +149,10 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
       MUONPS_RETURN_IF_ERROR(
           trainer->buffers->SignalParameters(stream, staged.step_id, 0));
     }
-    MUONPS_RETURN_IF_ERROR(
-        WriteParameters(staged, *trainer, ops, /*progress=*/release >= 0));
+    if (!staged.decided_early) {
+      MUONPS_RETURN_IF_ERROR(
+          WriteParameters(staged, *trainer, ops, /*progress=*/release >= 0));
+    }
     MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
         stream, StepRecordWord::kApplied, StepRecordValue(staged.step_id)));
     // The next forward needs only these writes: not the host's wait below,
@@ -179,7 +191,9 @@ CommitOutcome RunCommitPhases(
     const StepCancelled& cancelled, const StepHook& hook) {
   CommitOutcome out;
   absl::Status refusal = ready;
-  if (refusal.ok() && cancelled && cancelled()) {
+  // A step decided early was decided before the call could be cancelled.
+  if (refusal.ok() && !ledger.staged.decided_early && cancelled &&
+      cancelled()) {
     refusal = absl::CancelledError(absl::StrCat(
         "step ", step,
         ": the trainer's Step call was cancelled or passed its deadline "

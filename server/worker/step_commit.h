@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/device_ops.h"
 #include "server/worker/step_control.h"
 #include "server/worker/step_state.h"
@@ -39,7 +40,8 @@ using StepHook =
 using StepCancelled = std::function<bool()>;
 
 // Applies `ledger`'s staged step: the AdamW means, then the parameters'
-// updates in the order the trainer bound its matrices, into the trainer's
+// updates in the order the trainer bound its matrices (none for a step
+// decided early: they are in already), into the trainer's
 // lent memory (`trainer` may be null: a worker with no trainer, or one
 // whose trainer is gone), the new momentum swapped in (plan.momentum's
 // CommitStaged); then sets ledger.last and clears the staging. With
@@ -52,6 +54,11 @@ using StepCancelled = std::function<bool()>;
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
                           kernels::DeviceOps& ops, int64_t release = -1);
+// Writes `applies` (of `trainer`'s staged updates) into its parameters, in
+// `stream` order, and nothing else (no progress word).
+absl::Status ApplyUpdates(absl::Span<const ParamApply> applies,
+                          const AttachedTrainer& trainer,
+                          kernels::DeviceOps& ops, Stream stream);
 // Forgets the staged step (momentum and parameters stay as they were).
 void DropStaged(StepLedger& ledger, PlanState& plan);
 // A retry of step `step_id` answered already_applied: when the trainer's

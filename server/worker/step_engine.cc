@@ -383,6 +383,9 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
           return means;
         });
   };
+  context.checkpoint_due = [this](int64_t step_id) {
+    return momentum_.CheckpointDue(step_id);
+  };
   StepRun run(context);
   RoundResult out = run.Run(request);
   if (out.status.ok() || out.transport_ok) return out;

@@ -147,7 +147,22 @@ RoundResult StepRun::Stage(const StepRequest& request,
   StagedStep& staged = ledger_.staged;
   staged.step_id = step_id;
   staged.decider = decision.decider;
+  // Alone, with nothing to agree on once the gradients are checked: each
+  // stack's updates go into the parameters as they land.
+  if (trainer != nullptr && context_.transport->size() == 1 &&
+      !(context_.checkpoint_due && context_.checkpoint_due(step_id)) &&
+      !(context_.cancelled && context_.cancelled())) {
+    staging->ApplyAsLanded();
+  }
   absl::Status ready = staging->Stage(step_id, request);
+  if (!ready.ok() && staged.decided_early) {
+    DropStaged(ledger_, plan_);
+    out.status = absl::DataLossError(absl::StrCat(
+        "step ", step_id,
+        ": applying it failed part-way on this worker: ", ready.message()));
+    out.transport_ok = false;
+    return out;
+  }
   if (!ready.ok()) {
     // Out of step with the peers: no vote can reach rank 0.
     DropStaged(ledger_, plan_);

@@ -122,6 +122,10 @@ struct StepContext {
   // (MomentumStore::PersistStaged); called between stage and vote, a
   // failure votes no. May be null.
   std::function<absl::Status(int64_t step_id)> persist;
+  // Whether `persist` would write a checkpoint of the step (a step due for
+  // one is never decided early: StepStaging::ApplyAsLanded). May be null:
+  // none is ever due.
+  std::function<bool(int64_t step_id)> checkpoint_due;
 };
 
 // How a round ended.

@@ -77,7 +77,8 @@ absl::Status StepStaging::GradientsFinite() {
 }
 
 absl::Status StepStaging::ReadyEveryGradient() {
-  if (trainer_ == nullptr) return absl::OkStatus();
+  if (trainer_ == nullptr || every_ready_) return absl::OkStatus();
+  every_ready_ = true;
   MUONPS_RETURN_IF_ERROR(trainer_->buffers->WaitForTrainer(stream_));
   waited_trainer_ = true;
   // Every matrix is in a bucket, so none should be left; any that is goes
@@ -181,6 +182,32 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     }
     bucket_mark[phase.index] = moved;
   }
+  if (apply_as_landed_ && trainer_ != nullptr) {
+    // Decided once every gradient is checked, before any update lands.
+    MUONPS_RETURN_IF_ERROR(ReadyEveryGradient());
+    if (check_->Result().ok()) {
+      ledger_.staged.decided_early = true;
+      // As the commit records them: decided, then being applied.
+      for (const StepRecordWord word :
+           {StepRecordWord::kDecided, StepRecordWord::kApplying}) {
+        MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
+            stream_, word, StepRecordValue(step_id_)));
+      }
+    }
+  }
+  // The staged applies not enqueued yet, once a step decided early has
+  // them in its staging (on this stream, after their landing).
+  const auto apply_landed = [&]() -> absl::Status {
+    std::vector<ParamApply>& applies = ledger_.staged.applies;
+    if (!ledger_.staged.decided_early || applied_ == applies.size()) {
+      return absl::OkStatus();
+    }
+    MUONPS_RETURN_IF_ERROR(
+        ApplyUpdates(absl::MakeConstSpan(applies).subspan(applied_), *trainer_,
+                     ops_, stream_));
+    applied_ = applies.size();
+    return absl::OkStatus();
+  };
   // This worker's stacks, in the schedule's order.
   std::vector<int> own;
   for (const scheduler::Phase& phase : plan_.schedule.order) {
@@ -228,7 +255,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     for (const int bucket : run) timeline_.AddMark("from_owners", bucket, done);
     run.clear();
     landed_ = 0;
-    return absl::OkStatus();
+    return apply_landed();
   };
   for (const scheduler::Phase& phase : plan_.schedule.order) {
     if (phase.kind != scheduler::PhaseKind::kFromOwners) {

@@ -78,6 +78,17 @@ class StepStaging {
   // step: the caller drops the staging and the transport.
   absl::Status Stage(int64_t step_id, const StepRequest& request);
 
+  // Before Stage, for a step that needs no agreement once its gradients
+  // are checked (one worker, a trainer, no checkpoint due): Stage checks
+  // every gradient as soon as the trainer's step event says backward is
+  // done, and if all are finite decides the step there
+  // (StagedStep::decided_early, the step record saying it is being
+  // applied) and applies each run of updates to the parameters right after
+  // it lands, on the transfer stream, beside the next stack's
+  // Newton-Schulz. With a non-finite gradient nothing is applied and the
+  // step stages as any other (its vote says why).
+  void ApplyAsLanded() { apply_as_landed_ = true; }
+
   // After Stage: OK when every gradient this worker read from its trainer
   // is finite (GradientCheck::Result; OK without a trainer). Waits for the
   // transfer stream.
@@ -133,6 +144,10 @@ class StepStaging {
   // Each gradient checked as it is ready (empty without a trainer).
   std::optional<GradientCheck> check_;
   bool waited_trainer_ = false;  // for the step's own event
+  bool every_ready_ = false;     // ReadyEveryGradient ran
+  bool apply_as_landed_ = false;
+  // With the step decided early: its staged applies already enqueued.
+  size_t applied_ = 0;
   int64_t step_id_ = -1;
   // ComputeAhead issued the first own stack: the step's first mark, and
   // the mark after that stack.
