@@ -325,3 +325,49 @@ def test_state_dict_of_a_step_no_checkpoint_was_asked_for_raises(
     with pytest.raises(RuntimeError, match="checkpoint is of step 0, not"):
         opt.state_dict(checkpoint=True)
     opt.close()
+
+
+def test_steps_due_for_a_checkpoint_and_steps_applied_as_they_land_agree(
+        cluster, tmp_path):
+    """One worker decides a step once its gradients are checked and applies
+    each stack's updates as they land; a step due for a checkpoint commits
+    only once the checkpoint is on disk, so it applies them at the commit.
+    Every step one way (no checkpoints), every step the other
+    (checkpoint_every=1), and alternating (2) give the same parameters, bit
+    for bit."""
+    init, grads = toy.initial(seed=3), toy.gradients(5, seed=4)
+    results = {}
+    for every in (0, 1, 2):
+        params = toy.parameters(init)
+        extra = {} if every == 0 else dict(
+            checkpoint_dir=str(tmp_path / f"every{every}"),
+            checkpoint_every=every)
+        opt = muonps.Muon(list(params.items()), **HYPER,
+                          **cluster().options(), **extra)
+        run(opt, params, grads)
+        opt.close()
+        results[every] = snapshot(params)
+    for n in init:
+        assert torch.equal(results[1][n], results[0][n]), n
+        assert torch.equal(results[2][n], results[0][n]), n
+
+
+def test_a_non_finite_gradient_applies_nothing_on_one_worker(cluster):
+    """With one worker a step is decided as soon as its gradients are
+    checked: a NaN refuses it before any update lands, naming the tensor,
+    and the same step with finite gradients then runs."""
+    params = toy.parameters(toy.initial(seed=5))
+    grads = toy.gradients(2, seed=6)
+    opt = muonps.Muon(list(params.items()), **HYPER, **cluster().options())
+    run(opt, params, grads[:1])
+    before = snapshot(params)
+    toy.set_grads(params, grads[1])
+    params["w_wide"].grad[2, 5] = float("nan")
+    with pytest.raises(muonps.MuonpsError, match=r"w_wide.*NaN"):
+        opt.step()
+    for n in params:
+        assert torch.equal(params[n].detach(), before[n]), n
+    run(opt, params, grads[1:])
+    assert any(not torch.equal(params[n].detach(), before[n])
+               for n in toy.MATRICES)
+    opt.close()
