@@ -10,8 +10,10 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_device_ops.h"
+#include "server/worker/step_control.h"
 #include "server/worker/step_state.h"
 #include "server/worker/trainer_buffers.h"
+#include "transport/loopback_ranks.h"
 
 namespace muonps {
 namespace worker {
@@ -131,6 +133,50 @@ TEST_F(CommitOrderTest, AStepTheTrainerDoesNotWaitForMovesNoWord) {
   EXPECT_TRUE(recording_->signals.empty());
   EXPECT_TRUE(recording_->released.empty());
   EXPECT_EQ(params_[1].front(), 0.5f);
+}
+
+// A step decided early has its updates in the parameters already: the
+// commit writes none of them again, and says so to the trainer at once.
+TEST_F(CommitOrderTest, AStepDecidedEarlyWritesNoParameterAgain) {
+  ledger_.staged.decided_early = true;
+  ASSERT_TRUE(
+      CommitStaged(ledger_, plan_, &trainer_, ops_, /*release=*/7).ok());
+  for (const std::vector<float>& p : params_) EXPECT_EQ(p.front(), 1.0f);
+  ASSERT_EQ(recording_->signals.size(), 1u);
+  EXPECT_EQ(recording_->signals[0].written, 0u);  // the means
+  EXPECT_EQ(recording_->released, std::vector<int64_t>{7});
+  EXPECT_EQ(ledger_.last.load(), 7);
+}
+
+// The vote of one worker on a step it decided early: a call cancelled
+// since the decision still commits (the parameters hold the step), where
+// the same call on a step not decided yet votes no and applies nothing.
+TEST_F(CommitOrderTest, ACancelledCallCommitsAStepDecidedEarlyOnly) {
+  absl::StatusOr<std::vector<std::unique_ptr<transport::TcpTransport>>> world =
+      transport::ConnectLoopbackWorld(1, /*session=*/1,
+                                      transport::LoopbackOptions());
+  ASSERT_TRUE(world.ok()) << world.status();
+  absl::StatusOr<std::unique_ptr<kernels::FloatBuffer>> scratch =
+      ops_.Allocate(64, "scratch");
+  ASSERT_TRUE(scratch.ok()) << scratch.status();
+  ControlChannel control((*world)[0].get(), &ops_, scratch->get(),
+                         absl::Seconds(5));
+  const StepCancelled cancelled = [] { return true; };
+  CommitOutcome out =
+      RunCommitPhases(7, absl::OkStatus(), control, 0, 1, {"w0"}, ledger_,
+                      plan_, &trainer_, ops_, cancelled, nullptr);
+  EXPECT_EQ(out.status.code(), absl::StatusCode::kCancelled) << out.status;
+  EXPECT_FALSE(out.committed);
+  EXPECT_EQ(params_[0].front(), 1.0f);
+  EXPECT_EQ(ledger_.last.load(), -1);
+
+  ledger_.staged.step_id = 7;
+  ledger_.staged.decided_early = true;
+  out = RunCommitPhases(7, absl::OkStatus(), control, 0, 1, {"w0"}, ledger_,
+                        plan_, &trainer_, ops_, cancelled, nullptr);
+  EXPECT_TRUE(out.status.ok()) << out.status;
+  EXPECT_TRUE(out.committed);
+  EXPECT_EQ(ledger_.last.load(), 7);
 }
 
 }  // namespace
