@@ -35,7 +35,7 @@ run_one() {  # run_one INDEX ROUND
   wp=$!
   for _ in $(seq 600); do grep -q "listening on unix" "$logs/w.log" && break; sleep 0.1; done
   timeout --kill-after=10 "${BENCH_TIMEOUT:-150}" "$b/bin/step_gpu_bench" \
-    --coordinator "$coordinator" --worker_socket "$logs/w0.sock" --layers "${LAYERS:-8}" \
+    --coordinator "$coordinator" --job ab --worker_socket "$logs/w0.sock" --layers "${LAYERS:-8}" \
     --set "${SET:-llama}" 2>"$logs/bench.err" |
     python3 -c 'import json, sys
 for line in sys.stdin:
