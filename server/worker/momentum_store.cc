@@ -268,6 +268,15 @@ bool MomentumStore::CheckpointDue(int64_t step) const {
                           now.version);
 }
 
+bool MomentumStore::SurvivesAKill(int64_t step) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stacks_->allow_momentum_reset) return true;
+  }
+  return step >= 0 && (checkpoints_.last_written() == step ||
+                       checkpoints_.restored_step() == step);
+}
+
 absl::Status MomentumStore::PersistStaged(
     int64_t step, const std::function<absl::StatusOr<StagedMeans>()>& means) {
   CheckpointSnapshot snapshot;

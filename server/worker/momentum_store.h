@@ -185,6 +185,10 @@ class MomentumStore {
   absl::StatusOr<int64_t> PersistHeld(int64_t step);
   // The last step whose checkpoint was written durably (-1: none).
   int64_t last_checkpoint_step() const { return checkpoints_.last_written(); }
+  // Whether a restart of this worker would go on from its momentum as of
+  // `step`: the job's checkpoint of that step is on disk (written here, or
+  // the one restored here), or the job allows a momentum reset.
+  bool SurvivesAKill(int64_t step) const;
   // Waits for the checkpoint being written, if any; its status.
   absl::Status WaitForCheckpoint() { return checkpoints_.Wait(); }
   // Restores every owned expert with no momentum from the job's

@@ -41,8 +41,11 @@ TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
     store.installed().stacks[0].next_has_momentum[1] = false;
     ASSERT_TRUE(store.PersistStaged(3).ok());  // not due: nothing written
     EXPECT_EQ(store.last_checkpoint_step(), -1);
+    EXPECT_FALSE(store.SurvivesAKill(3));
     ASSERT_TRUE(store.PersistStaged(4).ok());  // written before it returns
     EXPECT_EQ(store.last_checkpoint_step(), 4);
+    EXPECT_TRUE(store.SurvivesAKill(4));
+    EXPECT_FALSE(store.SurvivesAKill(3));
     absl::StatusOr<LoadedCheckpoint> written = LoadCheckpoint(dir + "/w0", 4);
     ASSERT_TRUE(written.ok()) << written.status();
     ASSERT_EQ(written->tensors.size(), 2u);  // a/1 holds no momentum
@@ -69,6 +72,8 @@ TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
       Install(restarted, Layout(3, {{0, 0}, {0, 1}, {1, 0}}, dir)));
   ASSERT_TRUE(restarted.RestoreMissing(-1).ok());
   EXPECT_EQ(restarted.restored_step(), 5);
+  EXPECT_TRUE(restarted.SurvivesAKill(5));
+  EXPECT_FALSE(restarted.SurvivesAKill(6));
   EXPECT_EQ(*restarted.Get("a", 0), Values(6, 1));
   EXPECT_EQ(*restarted.Get("b", 0), Values(8, 3));
   EXPECT_FALSE(restarted.Get("a", 1).ok());  // in no checkpoint
@@ -89,6 +94,12 @@ TEST_F(MomentumStoreTest, CheckpointsAreTakenWhenDueAndRestoredAsOfTheirStep) {
   ASSERT_TRUE(later.RestoreMissing(7).ok());
   EXPECT_FALSE(later.Get("a", 0).ok());
   EXPECT_EQ(later.restored_step(), -1);
+  EXPECT_FALSE(later.SurvivesAKill(7));
+  // A job that allows a momentum reset goes on after a kill at any step.
+  MomentumStacks resettable = Layout(4, {{0, 0}}, dir);
+  resettable.allow_momentum_reset = true;
+  ASSERT_NO_FATAL_FAILURE(Install(later, std::move(resettable)));
+  EXPECT_TRUE(later.SurvivesAKill(7));
 }
 
 // Momentum as of an older step than the one before the step staged (handed

@@ -383,8 +383,9 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
           return means;
         });
   };
-  context.checkpoint_due = [this](int64_t step_id) {
-    return momentum_.CheckpointDue(step_id);
+  context.decide_early = [this](int64_t step_id) {
+    return !momentum_.CheckpointDue(step_id) &&
+           !momentum_.SurvivesAKill(step_id - 1);
   };
   StepRun run(context);
   RoundResult out = run.Run(request);

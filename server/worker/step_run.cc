@@ -150,7 +150,7 @@ RoundResult StepRun::Stage(const StepRequest& request,
   // Alone, with nothing to agree on once the gradients are checked: each
   // stack's updates go into the parameters as they land.
   if (trainer != nullptr && context_.transport->size() == 1 &&
-      !(context_.checkpoint_due && context_.checkpoint_due(step_id)) &&
+      context_.decide_early && context_.decide_early(step_id) &&
       !(context_.cancelled && context_.cancelled())) {
     staging->ApplyAsLanded();
   }

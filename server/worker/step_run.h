@@ -122,10 +122,14 @@ struct StepContext {
   // (MomentumStore::PersistStaged); called between stage and vote, a
   // failure votes no. May be null.
   std::function<absl::Status(int64_t step_id)> persist;
-  // Whether `persist` would write a checkpoint of the step (a step due for
-  // one is never decided early: StepStaging::ApplyAsLanded). May be null:
-  // none is ever due.
-  std::function<bool(int64_t step_id)> checkpoint_due;
+  // Whether a step alone on its worker may be decided as soon as its
+  // gradients are checked, its updates applied as they land
+  // (StepStaging::ApplyAsLanded). Not when a checkpoint of it is due (it
+  // commits only once that is on disk), nor when a kill of this worker
+  // part-way through it would otherwise lose nothing: a kill after the
+  // decision leaves the parameters part-way, which only a peer trainer's
+  // copy repairs. May be null: never.
+  std::function<bool(int64_t step_id)> decide_early;
 };
 
 // How a round ended.

@@ -244,12 +244,13 @@ struct StagedStep {
   // resolution) may commit or drop it. Until then it is in doubt.
   bool voted = false;
   uint64_t decider = 0;  // instance of the rank 0 that ran it
-  // Decided before its updates landed: one worker with no checkpoint due
-  // needs only its gradients checked, so each run of updates is applied to
-  // the parameters as it lands (StepStaging::ApplyAsLanded), beside the
-  // next stack's Newton-Schulz, and the commit writes the rest (the AdamW
-  // means, the step record, the momentum). A failure after the decision
-  // leaves the parameters part-way: DATA_LOSS.
+  // Decided before its updates landed: one worker alone (and where
+  // StepContext::decide_early allows it) needs only its gradients checked,
+  // so each run of updates is applied to the parameters as it lands
+  // (StepStaging::ApplyAsLanded), beside the next stack's Newton-Schulz,
+  // and the commit writes the rest (the AdamW means, the step record, the
+  // momentum). A failure after the decision leaves the parameters
+  // part-way: DATA_LOSS.
   bool decided_early = false;
   std::vector<ParamApply> applies;
   // Unreduced AdamW tensors (indices into AttachedTrainer::adamw) whose mean

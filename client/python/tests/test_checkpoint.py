@@ -332,12 +332,14 @@ def test_steps_due_for_a_checkpoint_and_steps_applied_as_they_land_agree(
     """One worker decides a step once its gradients are checked and applies
     each stack's updates as they land; a step due for a checkpoint commits
     only once the checkpoint is on disk, so it applies them at the commit.
-    Every step one way (no checkpoints), every step the other
-    (checkpoint_every=1), and alternating (2) give the same parameters, bit
-    for bit."""
+    A step right after a checkpoint applies them at the commit too (a kill
+    part-way through it must leave the parameters of the step before, which
+    the checkpoint goes on from). Every step one way (no checkpoints), every
+    step the other (checkpoint_every=1), and mixed (3: one due, one after
+    it, one applied as it lands) give the same parameters, bit for bit."""
     init, grads = toy.initial(seed=3), toy.gradients(5, seed=4)
     results = {}
-    for every in (0, 1, 2):
+    for every in (0, 1, 3):
         params = toy.parameters(init)
         extra = {} if every == 0 else dict(
             checkpoint_dir=str(tmp_path / f"every{every}"),
@@ -349,7 +351,7 @@ def test_steps_due_for_a_checkpoint_and_steps_applied_as_they_land_agree(
         results[every] = snapshot(params)
     for n in init:
         assert torch.equal(results[1][n], results[0][n]), n
-        assert torch.equal(results[2][n], results[0][n]), n
+        assert torch.equal(results[3][n], results[0][n]), n
 
 
 def test_a_non_finite_gradient_applies_nothing_on_one_worker(cluster):
