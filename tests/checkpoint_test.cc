@@ -352,6 +352,85 @@ TEST_F(CheckpointTest, BothWorkersKilledAfterTheCommitLoseNoAdamWMeans) {
   ExpectMatchesReference(reference, kTolerance);
 }
 
+// One worker decides a step early (its updates go into the parameters as
+// they land) only where a kill part-way through it would lose the step's
+// state anyway. Right after a step due for a checkpoint it does not: a kill
+// in the middle of step 3 (every vote in, nothing decided) leaves the
+// parameters of step 2, the restarted worker restores step 2's momentum,
+// and the retried steps land where an uninterrupted run does.
+TEST_F(CheckpointTest, OneWorkerKilledInTheStepAfterACheckpointGoesOnExactly) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 2;
+  options.worker_flags[0] = {"--test_pause_at=prepared@3"};
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  ReferenceModel reference(model, 1, PlannedAlgorithms());
+  for (int64_t step = 1; step < 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  Outcomes killed;
+  std::thread stepping([&] { killed = RunStep(3); });
+  const absl::Status stopped = WaitUntilStopped(0, absl::Seconds(30));
+  ASSERT_NO_FATAL_FAILURE(KillWorker(0));
+  stepping.join();
+  ASSERT_TRUE(stopped.ok()) << stopped;
+  ASSERT_TRUE(killed[0].has_value());
+  EXPECT_FALSE(killed[0]->result.ok());
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  const std::vector<RetryingLoop> loops =
+      RunRetryingLoops(3, 6, nullptr, absl::Seconds(60));
+  ASSERT_TRUE(loops[0].finished) << loops[0].last_failure;
+  EXPECT_EQ(loops[0].resets, 0);
+  for (int64_t step = 3; step <= 6; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ExpectMatchesReference(reference, kTolerance);
+}
+
+// One worker whose job keeps no checkpoints decides each step once its
+// gradients are checked. Killed right then (the step record says the
+// trainer's parameters are being written), its successor has neither the
+// momentum nor a way to know how much of step 3 the parameters hold: the
+// retry is refused naming both and the state to reload, never a step on
+// parameters part-way.
+TEST_F(CheckpointTest, OneWorkerKilledAfterDecidingEarlyNamesWhatToReload) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
+  options.worker_flags[0] = {"--test_pause_at=decided@3"};
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  for (int64_t step = 1; step < 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+  }
+  Outcomes killed;
+  std::thread stepping([&] { killed = RunStep(3); });
+  const absl::Status stopped = WaitUntilStopped(0, absl::Seconds(30));
+  ASSERT_NO_FATAL_FAILURE(KillWorker(0));
+  stepping.join();
+  ASSERT_TRUE(stopped.ok()) << stopped;
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  // The retry, once the restarted worker is planned in again.
+  absl::Status retried = absl::UnavailableError("not tried");
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline &&
+         (retried.code() == absl::StatusCode::kUnavailable ||
+          retried.code() == absl::StatusCode::kDeadlineExceeded)) {
+    const Outcomes again = RunStep(3);
+    ASSERT_TRUE(again[0].has_value());
+    retried = again[0]->result.status();
+    if (!retried.ok()) absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(retried.code(), absl::StatusCode::kFailedPrecondition) << retried;
+  EXPECT_TRUE(absl::StrContains(retried.message(), "lost its momentum"))
+      << retried;
+  EXPECT_TRUE(
+      absl::StrContains(retried.message(), "trainer hold part of step 3"))
+      << retried;
+  EXPECT_TRUE(absl::StrContains(retried.message(), "saved after step 2"))
+      << retried;
+}
+
 TEST_F(CheckpointTest, SurvivorNeverInstallsMomentumOfAnotherStep) {
   const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
   ClusterOptions options{.workers = 2, .lease_ttl_ms = 1500};

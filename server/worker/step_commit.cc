@@ -64,6 +64,8 @@ const char* StepPointName(StepPoint point) {
       return "prepared";
     case StepPoint::kCommitted:
       return "committed";
+    case StepPoint::kDecided:
+      return "decided";
   }
   return "?";
 }

@@ -29,6 +29,9 @@ enum class StepPoint {
   kTransfer,   // the first bucket's gradients moved
   kPrepared,   // staged and voted (rank 0: every vote received, undecided)
   kCommitted,  // committed here, not confirmed
+  // Decided before its updates landed (StagedStep::decided_early): the
+  // step record says applying, and no update is in the parameters yet.
+  kDecided,
 };
 const char* StepPointName(StepPoint point);
 // Called at each point with the step id (the request's at kExchange) and

@@ -288,7 +288,10 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
       break;
     }
     round.status = EnsureTransport();
-    if (!round.status.ok()) break;
+    if (!round.status.ok()) {
+      round.status = WithTornParameters(round.status);
+      break;
+    }
     round = RunRound(request, &*trainer_, cancelled);
     if (!round.status.ok() || round.kind != RoundResult::Kind::kAgain) break;
   }
@@ -603,6 +606,21 @@ absl::Status StepEngine::EnsureTransport() {
                             plan_.version));
   transport_.Drop(failed);
   return failed;
+}
+
+absl::Status StepEngine::WithTornParameters(const absl::Status& refused) const {
+  const int64_t torn = trainer_->inherited.torn();
+  if (torn < 0 || ledger_.last.load() >= torn ||
+      refused.code() != absl::StatusCode::kFailedPrecondition) {
+    return refused;
+  }
+  return absl::Status(
+      refused.code(),
+      absl::StrCat(refused.message(), "; and the parameters of worker ",
+                   Quoted(worker_id_), "'s trainer hold part of step ", torn,
+                   " (the worker before it stopped while writing them), which "
+                   "only a peer trainer's parameters repair; without one, ",
+                   ReloadFrom(torn - 1)));
 }
 
 absl::Status StepEngine::ExplainReplaced(const absl::Status& failed,

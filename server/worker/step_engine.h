@@ -281,6 +281,11 @@ class StepEngine {
   // The response for a step answered without running it.
   StepResponse AlreadyApplied(int64_t step_id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A step refused before its round (FAILED_PRECONDITION: momentum lost)
+  // on a trainer whose parameters hold part of a step since a worker before
+  // this one stopped writing them: says so too, and what to reload.
+  absl::Status WithTornParameters(const absl::Status& refused) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A failed round's status once AbortForPlan aborted its transport:
   // UNAVAILABLE with the reason first (DATA_LOSS stays DATA_LOSS).
   absl::Status ExplainReplaced(const absl::Status& failed,

@@ -20,22 +20,6 @@ std::string Who(absl::Span<const std::string> ids, int rank) {
              : absl::StrCat("rank ", rank);
 }
 
-// What a trainer must do when the job's state and its own parameters may
-// differ: reload what it saved after the job's last committed step.
-std::string ReloadFrom(int64_t committed) {
-  if (committed < 0) {
-    return "no step was committed: start every trainer again from its "
-           "initial parameters and first step";
-  }
-  return absl::StrCat(
-      "reload every trainer's parameters and optimizer state saved after "
-      "step ",
-      committed,
-      " (the workers' momentum: the job's checkpoint of "
-      "that step) and go on with step ",
-      committed + 1);
-}
-
 // Why trainer rank `r`'s header shows a plan still forming, or "".
 std::string PlanForming(const StepHeader& x, int r, int trainers,
                         absl::Span<const std::string> ids) {
@@ -58,6 +42,20 @@ std::string PlanForming(const StepHeader& x, int r, int trainers,
 }
 
 }  // namespace
+
+std::string ReloadFrom(int64_t committed) {
+  if (committed < 0) {
+    return "no step was committed: start every trainer again from its "
+           "initial parameters and first step";
+  }
+  return absl::StrCat(
+      "reload every trainer's parameters and optimizer state saved after "
+      "step ",
+      committed,
+      " (the workers' momentum: the job's checkpoint of "
+      "that step) and go on with step ",
+      committed + 1);
+}
 
 RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
                        int64_t committed, bool resolve) {

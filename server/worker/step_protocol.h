@@ -215,6 +215,11 @@ RoundDecision DecideRound(absl::Span<const StepHeader> headers, int trainers,
                           absl::Span<const std::string> worker_ids,
                           uint64_t decider);
 
+// What a trainer must do when the job's state and its own parameters may
+// differ: reload what it saved after the job's last committed step
+// (`committed`; -1: none, so start again from the initial parameters).
+std::string ReloadFrom(int64_t committed);
+
 // A kReject with `code` and `problem`; with `resolve`, staged steps at or
 // below `committed` still commit and others are dropped.
 RoundDecision Rejected(absl::StatusCode code, const std::string& problem,

@@ -193,6 +193,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
         MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
             stream_, word, StepRecordValue(step_id_)));
       }
+      if (hook_) hook_(StepPoint::kDecided, step_id_, plan_.rank);
     }
   }
   // The staged applies not enqueued yet, once a step decided early has

@@ -106,7 +106,8 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, test_pause_at, "",
           "Chaos tests only: POINT@STEP[@rankN] stops this process (SIGSTOP) "
           "at that point of that step id (with plan rank N): exchange, "
-          "transfer, prepared or committed (server/worker/step_commit.h).");
+          "transfer, prepared, committed or decided "
+          "(server/worker/step_commit.h).");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error.");
 ABSL_FLAG(std::string, log_file, "", "Also append logs to this file.");
 
@@ -129,7 +130,8 @@ absl::StatusOr<worker::StepHook> PauseHook(const std::string& flag) {
   }
   for (worker::StepPoint p :
        {worker::StepPoint::kExchange, worker::StepPoint::kTransfer,
-        worker::StepPoint::kPrepared, worker::StepPoint::kCommitted}) {
+        worker::StepPoint::kPrepared, worker::StepPoint::kCommitted,
+        worker::StepPoint::kDecided}) {
     if (parts[0] != worker::StepPointName(p)) continue;
     auto paused = std::make_shared<std::atomic<bool>>(false);
     return worker::StepHook(
