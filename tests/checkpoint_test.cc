@@ -87,6 +87,21 @@ class CheckpointTest : public DataPlaneFixture {
     }
   }
 
+  // One worker stopping itself (--test_pause_at) in step `step`: runs the
+  // step, kills the worker once it stopped, and starts it again; the
+  // step's call fails.
+  void KillTheOnlyWorkerInStep(int64_t step) {
+    Outcomes killed;
+    std::thread stepping([&] { killed = RunStep(step); });
+    const absl::Status stopped = WaitUntilStopped(0, absl::Seconds(30));
+    ASSERT_NO_FATAL_FAILURE(KillWorker(0));
+    stepping.join();
+    ASSERT_TRUE(stopped.ok()) << stopped;
+    ASSERT_TRUE(killed[0].has_value());
+    EXPECT_FALSE(killed[0]->result.ok());
+    ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  }
+
   static constexpr int64_t kKilledStep = 3;
   std::string dir_ = NewTempDir("checkpoints");
   std::optional<ReferenceModel> reference_;
@@ -370,15 +385,7 @@ TEST_F(CheckpointTest, OneWorkerKilledInTheStepAfterACheckpointGoesOnExactly) {
     ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
     ASSERT_TRUE(reference.Step(step).ok());
   }
-  Outcomes killed;
-  std::thread stepping([&] { killed = RunStep(3); });
-  const absl::Status stopped = WaitUntilStopped(0, absl::Seconds(30));
-  ASSERT_NO_FATAL_FAILURE(KillWorker(0));
-  stepping.join();
-  ASSERT_TRUE(stopped.ok()) << stopped;
-  ASSERT_TRUE(killed[0].has_value());
-  EXPECT_FALSE(killed[0]->result.ok());
-  ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  ASSERT_NO_FATAL_FAILURE(KillTheOnlyWorkerInStep(3));
   const std::vector<RetryingLoop> loops =
       RunRetryingLoops(3, 6, nullptr, absl::Seconds(60));
   ASSERT_TRUE(loops[0].finished) << loops[0].last_failure;
@@ -403,13 +410,7 @@ TEST_F(CheckpointTest, OneWorkerKilledAfterDecidingEarlyNamesWhatToReload) {
   for (int64_t step = 1; step < 3; ++step) {
     ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
   }
-  Outcomes killed;
-  std::thread stepping([&] { killed = RunStep(3); });
-  const absl::Status stopped = WaitUntilStopped(0, absl::Seconds(30));
-  ASSERT_NO_FATAL_FAILURE(KillWorker(0));
-  stepping.join();
-  ASSERT_TRUE(stopped.ok()) << stopped;
-  ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  ASSERT_NO_FATAL_FAILURE(KillTheOnlyWorkerInStep(3));
   // The retry, once the restarted worker is planned in again.
   absl::Status retried = absl::UnavailableError("not tried");
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
