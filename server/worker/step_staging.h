@@ -86,7 +86,9 @@ class StepStaging {
   // applied) and applies each run of updates to the parameters right after
   // it lands, on the transfer stream, beside the next stack's
   // Newton-Schulz. With a non-finite gradient nothing is applied and the
-  // step stages as any other (its vote says why).
+  // step stages as any other (its vote says why). The host waits for those
+  // checks, so the stacks after the first computed ahead are issued once
+  // backward has finished: none of them starts beside backward.
   void ApplyAsLanded() { apply_as_landed_ = true; }
 
   // After Stage: OK when every gradient this worker read from its trainer
