@@ -148,8 +148,12 @@ RoundResult StepRun::Stage(const StepRequest& request,
   staged.step_id = step_id;
   staged.decider = decision.decider;
   // Alone, with nothing to agree on once the gradients are checked: each
-  // stack's updates go into the parameters as they land.
+  // stack's updates go into the parameters as they land. Not when backward
+  // signals gradients one by one: their stacks start beside backward, where
+  // a decision would wait for all of it.
   if (trainer != nullptr && context_.transport->size() == 1 &&
+      std::all_of(trainer->matrices.begin(), trainer->matrices.end(),
+                  [](const Binding& b) { return b.ready < 0; }) &&
       context_.decide_early && context_.decide_early(step_id) &&
       !(context_.cancelled && context_.cancelled())) {
     staging->ApplyAsLanded();

@@ -88,7 +88,8 @@ class StepStaging {
   // Newton-Schulz. With a non-finite gradient nothing is applied and the
   // step stages as any other (its vote says why). The host waits for those
   // checks, so the stacks after the first computed ahead are issued once
-  // backward has finished: none of them starts beside backward.
+  // backward has finished (StepRun asks for this only where every gradient
+  // waits for the step's own event anyway, none for one of its own).
   void ApplyAsLanded() { apply_as_landed_ = true; }
 
   // After Stage: OK when every gradient this worker read from its trainer
