@@ -616,11 +616,12 @@ absl::Status StepEngine::WithTornParameters(const absl::Status& refused) const {
   }
   return absl::Status(
       refused.code(),
-      absl::StrCat(refused.message(), "; and the parameters of worker ",
-                   Quoted(worker_id_), "'s trainer hold part of step ", torn,
-                   " (the worker before it stopped while writing them), which "
-                   "only a peer trainer's parameters repair; without one, ",
-                   ReloadFrom(torn - 1)));
+      absl::StrCat(
+          refused.message(), "; and ",
+          TornParameters(absl::StrCat("worker ", Quoted(worker_id_)), torn),
+          ", which only a peer trainer's parameters repair; without "
+          "one, ",
+          ReloadFrom(torn - 1)));
 }
 
 absl::Status StepEngine::ExplainReplaced(const absl::Status& failed,

@@ -57,6 +57,12 @@ std::string ReloadFrom(int64_t committed) {
       committed + 1);
 }
 
+std::string TornParameters(const std::string& who, int64_t step) {
+  return absl::StrCat("the parameters of ", who,
+                      "'s trainer hold part of step ", step,
+                      " (the worker before it stopped while writing them)");
+}
+
 RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
                        int64_t committed, bool resolve) {
   RoundDecision d{};
@@ -308,10 +314,7 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                                  "retries step ",
                                  committed,
                                  ", whose AdamW means it no longer holds")
-          : torn  ? absl::StrCat("the parameters of ", Who(ids, r),
-                                 "'s trainer hold part of step ", h[r].torn_step,
-                                 " (the worker before it stopped while "
-                                  "writing them)")
+          : torn  ? TornParameters(Who(ids, r), h[r].torn_step)
           : resumed
               ? absl::StrCat(Who(ids, r),
                              "'s trainer resumed from state saved after step ",

@@ -220,6 +220,10 @@ RoundDecision DecideRound(absl::Span<const StepHeader> headers, int trainers,
 // (`committed`; -1: none, so start again from the initial parameters).
 std::string ReloadFrom(int64_t committed);
 
+// Says that the parameters of `who`'s trainer (as Who names a worker) hold
+// part of step `step`: the worker before stopped while writing them.
+std::string TornParameters(const std::string& who, int64_t step);
+
 // A kReject with `code` and `problem`; with `resolve`, staged steps at or
 // below `committed` still commit and others are dropped.
 RoundDecision Rejected(absl::StatusCode code, const std::string& problem,
