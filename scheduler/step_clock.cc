@@ -320,9 +320,6 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
   // Peer writes: each owner's own transfer stream (see the header), in the
   // groups that write; the others' updates go back by collectives.
   std::vector<GroupLinks>& groups = state->groups;
-  const bool all_write =
-      std::all_of(groups.begin(), groups.end(),
-                  [](const GroupLinks& g) { return g.writes; });
   const bool none_write =
       std::none_of(groups.begin(), groups.end(),
                    [](const GroupLinks& g) { return g.writes; });
@@ -370,17 +367,16 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
     } else if (p.kind == PhaseKind::kFromOwners) {
       const std::vector<Transfer>& from = schedule.buckets[p.index].from_owners;
       const std::vector<Transfer>* by_collectives = &from;
-      if (all_write) {
-        write(from);
-        continue;
-      }
       if (!none_write) {
         written.clear();
         collective.clear();
         for (const Transfer& x : from) {
-          (groups[x.group].writes ? written : collective).push_back(x);
+          const GroupLinks& group = groups[x.group];
+          (group.writes && !x.by_collective ? written : collective)
+              .push_back(x);
         }
         write(written);
+        if (collective.empty()) continue;
         by_collectives = &collective;
       }
       timeline = std::max(timeline, compute_so_far);

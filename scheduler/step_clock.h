@@ -49,7 +49,9 @@
 //   engines: its updates-back phases run on its own transfer stream, each
 //   after the owner's compute issued before it, at `copy_engine_gbs` per
 //   owner (its n-1 copies one after another, n the group's members), and
-//   slow no compute. So groups of one node each (ChooseOwnerGroupings) send
+//   slow no compute. The updates of each owner's last stack in a group of
+//   more than two (Transfer::by_collective) go by collective instead, as
+//   below. So groups of one node each (ChooseOwnerGroupings) send
 //   no update over a NIC: each node's step is the step of its workers
 //   alone.
 //

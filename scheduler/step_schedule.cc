@@ -424,7 +424,7 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
 // every bucket whose stacks are then all computed.
 void BuildOrder(const std::vector<int64_t>& first,
                 const std::vector<int32_t>& stack_of, int32_t groups,
-                StepSchedule* schedule) {
+                int32_t workers, StepSchedule* schedule) {
   const int32_t count = static_cast<int32_t>(schedule->buckets.size());
   for (int32_t k = 0; k < count; ++k) {
     for (const int32_t m : schedule->buckets[k].matrices) {
@@ -452,13 +452,34 @@ void BuildOrder(const std::vector<int64_t>& first,
     }
     from_after[ready].push_back(k);
   }
+  // last_of[w]: the stack worker w computes last (-1: none).
+  std::vector<int32_t> last_of;
   for (int32_t j = 0; j < count; ++j) {
     schedule->order.push_back({PhaseKind::kToOwners, j});
     for (const int32_t s : ready_with[j]) {
       schedule->order.push_back({PhaseKind::kCompute, s});
+      const int32_t owner = schedule->stacks[s].owner;
+      if (owner >= static_cast<int32_t>(last_of.size())) {
+        last_of.resize(owner + 1, -1);
+      }
+      last_of[owner] = s;
     }
     for (const int32_t k : from_after[j]) {
       schedule->order.push_back({PhaseKind::kFromOwners, k});
+    }
+  }
+  // Each owner's last stack's updates go by collective among more than two
+  // (Transfer::by_collective).
+  for (Bucket& bucket : schedule->buckets) {
+    for (Transfer& x : bucket.from_owners) {
+      const size_t members = schedule->groups.empty()
+                                 ? static_cast<size_t>(workers)
+                                 : schedule->groups[x.group].size();
+      const int32_t stack =
+          stack_of[first[x.item.matrix] + x.item.expert] + x.group;
+      x.by_collective = members > 2 &&
+                        x.owner < static_cast<int32_t>(last_of.size()) &&
+                        last_of[x.owner] == stack;
     }
   }
 }
@@ -533,7 +554,8 @@ absl::Status StepScheduleCutter::Cut(int64_t bucket_bytes,
   if (bucket_bytes <= 0) return InvalidField("bucket_bytes", "must be > 0");
   schedule->buckets = CutBuckets(*matrices_, *plan_, arrival_, bucket_bytes);
   schedule->order.clear();
-  BuildOrder(first_, stack_of_, groups_, schedule);
+  BuildOrder(first_, stack_of_, groups_,
+             static_cast<int32_t>(plan_->worker_ids.size()), schedule);
   return absl::OkStatus();
 }
 

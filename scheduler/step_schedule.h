@@ -41,6 +41,19 @@ struct Transfer {
   int64_t bytes = 0;  // the whole matrix's payload
   // The owner group it runs in (0 without groups): among its members only.
   int32_t group = 0;
+  // An update of its owner's last stack in the step's order, in a group of
+  // more than two workers: it goes back by a collective (a broadcast on the
+  // group's communicator) even where the owner writes its other updates
+  // into the trainers' staging with the copy engines (peer writes). The
+  // copy engines take no SMs from Newton-Schulz, so they carry the updates
+  // that go back while the owner still computes; the last ones go back
+  // after it, when the SMs are free, and one owner's copies to n - 1 peers
+  // go one after another from its own links (198 GB/s each on H200s),
+  // where a broadcast's ring passes the update on through every member at
+  // the link's rate. With one peer the copies are the faster (2 H200s: 198
+  // against 158-170 GB/s for a broadcast per matrix,
+  // bench/results/2026-11-29-h200x2-transfer-paths.jsonl).
+  bool by_collective = false;
 };
 
 struct Bucket {

@@ -2,6 +2,7 @@
 // owner stack computed once its gradients are in and before its updates go
 // out, single-item stacks sending each bucket back before the next, and
 // one issue order that every worker computes alike.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -184,6 +185,48 @@ TEST_F(StepScheduleTest, TheLastStackOfAShapeTapersWhereUpdatesMove) {
   EXPECT_EQ(small.stacks[0].items.size(), 4u);
   EXPECT_EQ(small.stacks[1].items.size(), 2u);
   EXPECT_EQ(small.stacks[2].items.size(), 2u);
+}
+
+TEST_F(StepScheduleTest, EachOwnersLastStackGoesBackByCollective) {
+  for (const int64_t bucket_bound : {kBucketBytes, int64_t{1}}) {
+    SCOPED_TRACE(absl::StrCat("bucket_bytes ", bucket_bound));
+    const StepSchedule schedule = Build(plan_, bucket_bound);
+    // The stack each owner computes last, in the order.
+    std::map<int32_t, int32_t> last;
+    for (const Phase& p : schedule.order) {
+      if (p.kind == PhaseKind::kCompute) {
+        last[schedule.stacks[p.index].owner] = p.index;
+      }
+    }
+    ASSERT_GT(last.size(), 1u);
+    std::map<int32_t, int64_t> marked;  // by owner
+    int64_t updates = 0;
+    for (const Bucket& bucket : schedule.buckets) {
+      for (const Transfer& x : bucket.from_owners) {
+        ++updates;
+        const ItemRefs& items = schedule.stacks[last.at(x.owner)].items;
+        const bool in_last =
+            std::any_of(items.begin(), items.end(), [&](const ItemRef& i) {
+              return i.matrix == x.item.matrix && i.expert == x.item.expert;
+            });
+        EXPECT_EQ(x.by_collective, in_last)
+            << "m" << x.item.matrix << " owner " << x.owner;
+        if (x.by_collective) ++marked[x.owner];
+      }
+    }
+    // Every owner's last stack, and nothing else: a tail, not the step.
+    EXPECT_EQ(marked.size(), last.size());
+    for (const auto& [owner, count] : marked) {
+      EXPECT_EQ(count, static_cast<int64_t>(
+                           schedule.stacks[last.at(owner)].items.size()));
+    }
+    EXPECT_LT(static_cast<int64_t>(last.size()) * 2, updates);
+  }
+  // Two workers: one peer, whose copies are the faster; nothing is marked.
+  const StepSchedule two = EightOfOneShape(2);
+  for (const Bucket& bucket : two.buckets) {
+    for (const Transfer& x : bucket.from_owners) EXPECT_FALSE(x.by_collective);
+  }
 }
 
 TEST_F(StepScheduleTest, StacksWhoseGradientsMoveCloseAtAQuarterOfTheBound) {

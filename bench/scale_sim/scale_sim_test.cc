@@ -315,11 +315,24 @@ TEST(ScaleSimTest, UnreducedBytesPerGpuAreOneMatrixPerReduceAndBroadcast) {
 }
 
 TEST(ScaleSimTest, PeerWritesSendEachUpdateOnceToEveryOtherTrainer) {
-  // Two owners of one matrix each on one node of 4: an owner writes its
-  // update into the 3 other trainers' staging and receives the other one.
+  // Two owners of one matrix each on one node of 4: the update of an
+  // owner's last stack goes by broadcast among more than two workers
+  // (scheduler::Transfer::by_collective), as collectives would carry it.
   const SimResult r = *SimulateStep(Tiny(4, 4, Layout::kReplicated));
   ASSERT_EQ(r.owning_workers, 2);
-  EXPECT_EQ(r.clock.bytes_per_gpu, 3 * kTinyUpdateBytes);
+  EXPECT_EQ(r.clock.bytes_per_gpu,
+            SimulateStep(Collectives(Tiny(4, 4, Layout::kReplicated)))
+                ->clock.bytes_per_gpu);
+  // Eight matrices in stacks of one: the owners write the others' updates
+  // into the 3 other trainers' staging.
+  SimConfig eight = Tiny(4, 4, Layout::kReplicated, 8);
+  eight.schedule.stack_bytes = 1;
+  EXPECT_NE(SimulateStep(eight)->clock.bytes_per_gpu,
+            SimulateStep(Collectives(eight))->clock.bytes_per_gpu);
+  // With one peer every update is written: each owner sends its update
+  // once and receives the other.
+  EXPECT_EQ(SimulateStep(Tiny(2, 2, Layout::kReplicated))->clock.bytes_per_gpu,
+            kTinyUpdateBytes);
   // Across nodes each node's owner group writes its own updates, as on a
   // node of its own.
   EXPECT_EQ(SimulateStep(Tiny(4, 2, Layout::kReplicated))->clock.bytes_per_gpu,

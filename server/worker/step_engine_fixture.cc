@@ -260,6 +260,24 @@ void StepEngineTest::SetPlanEverywhere(const v1::Plan& plan,
   }
 }
 
+std::set<int> StepEngineTest::UpdatesByBroadcast(const v1::Plan& plan,
+                                                 int64_t bucket_bytes) const {
+  const absl::StatusOr<JobPlan> job =
+      JobPlanFromProto(Job(Dedicated(), bucket_bytes), plan);
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return {};
+  const absl::StatusOr<PlanState> state = BuildPlanState(*job, {}, "w0");
+  EXPECT_TRUE(state.ok()) << state.status();
+  if (!state.ok()) return {};
+  std::set<int> out;
+  for (const scheduler::Bucket& bucket : state->schedule.buckets) {
+    for (const scheduler::Transfer& x : bucket.from_owners) {
+      if (x.by_collective) out.insert(x.item.matrix);
+    }
+  }
+  return out;
+}
+
 void StepEngineTest::UseBf16Everywhere() {
   for (Trainer& t : trainers_) {
     t.bf16 = true;

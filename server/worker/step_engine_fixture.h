@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -177,6 +178,11 @@ class StepEngineTest : public ::testing::Test {
   // Calls worker w's transports made in the first round of its last
   // armed step (a probe: arm with a call past the end).
   int64_t CallsCounted(int w);
+  // The matrices whose updates go back by broadcast under `plan` even
+  // where their owners write into the peers' staging: each owner's last
+  // stack's, among more than two workers (scheduler::Transfer::by_collective).
+  std::set<int> UpdatesByBroadcast(const v1::Plan& plan,
+                                   int64_t bucket_bytes = 0) const;
   // Bytes engine w wrote into its peers' staging, and received so.
   double PeerWriteBytes(int w) const;
   double PeerReceivedBytes(int w) const;

@@ -134,6 +134,8 @@ uint64_t ScheduleDigest(const scheduler::StepSchedule& schedule) {
         d.Mix(static_cast<int64_t>(t.owner));
         d.Mix(t.bytes);
         d.Mix(static_cast<int64_t>(t.group));
+        // Only where set: schedules without it digest as before.
+        if (t.by_collective) d.Mix("c", 1);
       }
     }
     d.Mix("/", 1);

@@ -562,9 +562,11 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
             t_.Recv(staged, apply.count, dtype, x.owner, stream_));
         bytes_ += apply.count * width;
       }
-    } else if (plan_.windows.Writes(x.owner)) {
+    } else if (plan_.windows.Writes(x.owner) && !x.by_collective) {
       // The owner writes the update into every trainer's staging (peer
-      // copies: staging_windows.h); the others receive nothing.
+      // copies: staging_windows.h); the others receive nothing. Not the
+      // updates of its last stack among more than two workers: those go by
+      // broadcast, below (Transfer::by_collective).
       if (mine) {
         if (b != nullptr) {  // its own trainer's staging is the source
           update = trainer_->updates.at(b->staged_at + e * size);
