@@ -6,6 +6,8 @@
 // steps gives, and the job resumes from there as if never interrupted; and
 // momentum far above gRPC's 4 MiB message limit moves in chunks.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -430,6 +432,40 @@ TEST_F(CheckpointTest, OneWorkerKilledAfterDecidingEarlyNamesWhatToReload) {
       << retried;
   EXPECT_TRUE(absl::StrContains(retried.message(), "saved after step 2"))
       << retried;
+}
+
+// The job's only worker told to stop between steps (SIGTERM: a rolling
+// update, a node drain) cannot hand its momentum to anyone: the coordinator
+// refuses its drain. It persists the momentum of its last step into the
+// job's checkpoint instead, though no checkpoint was due, and its
+// successor goes on from there exactly.
+TEST_F(CheckpointTest, TheOnlyWorkerStoppedBetweenStepsGoesOnExactly) {
+  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
+  options.checkpoint_dir = dir_ + "/ckpt";
+  options.checkpoint_every = 1000;
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+  ReferenceModel reference(model, 1, PlannedAlgorithms());
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(SignalWorker(0, SIGTERM));
+  const absl::StatusOr<int> exited = WaitForWorkerExit(0, absl::Seconds(30));
+  ASSERT_TRUE(exited.ok()) << exited.status();
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << *exited;
+  EXPECT_TRUE(absl::StrContains(WorkerLog(0), "persisted the momentum"))
+      << WorkerLog(0);
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(0));
+  const std::vector<RetryingLoop> loops =
+      RunRetryingLoops(4, 6, nullptr, absl::Seconds(60));
+  ASSERT_TRUE(loops[0].finished) << loops[0].last_failure;
+  EXPECT_EQ(loops[0].resets, 0);
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(0, 3, /*restored=*/true));
+  for (int64_t step = 4; step <= 6; ++step) {
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  ExpectMatchesReference(reference, kTolerance);
 }
 
 TEST_F(CheckpointTest, SurvivorNeverInstallsMomentumOfAnotherStep) {

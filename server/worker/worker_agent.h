@@ -86,8 +86,11 @@ class WorkerAgent {
   // `timeout` or once `cut_short` (may be null) is notified: the
   // coordinator unreachable (DEADLINE_EXCEEDED), no other worker to own the
   // matrices (FAILED_PRECONDITION), no step under the drained plan
-  // (DEADLINE_EXCEEDED); the momentum then survives only in checkpoints.
-  // Logs its progress.
+  // (DEADLINE_EXCEEDED); the momentum it holds then goes to the job's
+  // checkpoint of its last step, where the job keeps checkpoints, as it
+  // does when the worker leaves without a drain while its trainer goes on
+  // (--drain_timeout 0, or a drain refused: the job's last worker). Logs
+  // its progress.
   absl::Status Drain(absl::Duration timeout,
                      const absl::Notification* cut_short);
 

@@ -225,10 +225,35 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout,
   } else if (timeout <= absl::ZeroDuration()) {
     now = "--drain_timeout is 0";
   }
+  // Leaving with no step to carry the momentum to new owners while the
+  // trainer goes on: what this worker holds goes to the job's checkpoint of
+  // its last step (where the job keeps checkpoints), where its successor,
+  // or the new owners, find it as they would a lost owner's. Not when the
+  // trainer is gone: a restarted trainer resumes from a state of its own,
+  // whose checkpoint a newer one must not displace.
+  const auto persist_held = [&](const char* why) {
+    const absl::StatusOr<int64_t> persisted = engine_->PersistHeldMomentum();
+    if (persisted.ok()) {
+      spdlog::info(
+          "job={} worker={} {}: persisted the momentum of {} matrices as of "
+          "step {} into the job's checkpoint",
+          options_.job, options_.worker_id, why, *persisted,
+          engine_->last_step());
+    } else {
+      spdlog::warn(
+          "job={} worker={} {}: its momentum survives only in earlier "
+          "checkpoints: {}",
+          options_.job, options_.worker_id, why, persisted.status().ToString());
+    }
+  };
   if (now != nullptr) {
     if (engine_ != nullptr) engine_->StopStepping(leaving);
     spdlog::info("job={} worker={} leaves without draining: {}", options_.job,
                  options_.worker_id, now);
+    if (engine_ != nullptr && engine_->last_step() >= 0 &&
+        (options_.dedicated || engine_->TrainerAlive())) {
+      persist_held("leaving without draining");
+    }
     return absl::OkStatus();
   }
   // Ask, retrying while the coordinator is unreachable.
@@ -264,6 +289,7 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout,
   }
   if (version < 0) {
     engine_->StopStepping(leaving);
+    persist_held("leaving without draining");
     return refused;
   }
   spdlog::info(
