@@ -1,6 +1,7 @@
 // Two workers and two trainers sharing one GPU over the CUDA IPC transport
-// (NCCL refuses two ranks on one GPU), with real coordinator and worker
-// processes: 50-step parity per layout with the same kernels in one process,
+// (NCCL refuses two ranks on one GPU), and three in two cases, with real
+// coordinator and worker processes: 50-step parity per layout with the same
+// kernels in one process,
 // and a worker killed mid-step failing both trainers' steps without a hang.
 // Needs a GPU: tagged gpu + manual; run by deploy/device/run_gpu_step_suite.sh.
 #include <cuda_runtime.h>
@@ -64,7 +65,7 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(c->process);
     address_ = c->address;
-    for (int w = 0; w < 2; ++w) {
+    for (int w = 0; w < Workers(); ++w) {
       absl::StatusOr<std::unique_ptr<ChildProcess>> worker =
           ChildProcess::Start(
               {BinaryPath("server/worker/muonps-worker"),
@@ -95,7 +96,12 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   }
 
   // The parameter: "<layout>" (fp32 buffers) or "<layout>/bf16", and
-  // "/groups" for workers on two nodes (replicated only).
+  // "/groups" for workers on two nodes (replicated only), "/three" for
+  // three workers and trainers (each owner's last stack's updates then go
+  // by broadcast beside the others' peer writes: Transfer::by_collective).
+  int Workers() const {
+    return GetParam().find("/three") != std::string::npos ? 3 : 2;
+  }
   bool Groups() const {
     return GetParam().find("/groups") != std::string::npos;
   }
@@ -116,7 +122,7 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // Rows of matrix `m` that trainer `t` holds.
   std::pair<int64_t, int64_t> Rows(const MatrixCase& c, int t) const {
     if (Layout() != scheduler::Layout::kRowSharded) return {0, c.rows};
-    return TrainerRowRange(c.rows, t, 2);  // torch.chunk's split
+    return TrainerRowRange(c.rows, t, Workers());  // torch.chunk's split
   }
 
   // Starts both trainers (threads: each Start waits for the other's worker).
@@ -128,18 +134,18 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
       ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
                 cudaSuccess);
     }
-    clients_.resize(2);
-    grads_.assign(2, {});
-    params_.assign(2, {});
-    std::vector<absl::Status> started(2);
+    clients_.resize(Workers());
+    grads_.assign(Workers(), {});
+    params_.assign(Workers(), {});
+    std::vector<absl::Status> started(Workers());
     std::vector<std::thread> threads;
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < Workers(); ++t) {
       absl::StatusOr<std::unique_ptr<Client>> created = Client::Create(
           {.coordinator = address_,
            .job = "gpu2",
            .worker_socket = absl::StrCat(socket_dir_, "/w", t, ".sock"),
            .trainer_rank = t,
-           .trainer_count = 2,
+           .trainer_count = Workers(),
            .device = "cuda:0"});
       ASSERT_TRUE(created.ok()) << created.status();
       clients_[t] = *std::move(created);
@@ -177,7 +183,7 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     MuonOptions muon;
     muon.lr = 0.02;
     muon.weight_decay = 0.1;
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < Workers(); ++t) {
       threads.emplace_back(
           [&, t] { started[t] = clients_[t]->Start(muon, AdamWOptions()); });
     }
@@ -192,11 +198,24 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // The gradient trainer `t` holds of matrix `m` (whole-matrix index `i`).
   float Grad(int64_t step, size_t m, int t, int64_t i) const {
     const int source = Layout() == scheduler::Layout::kUnreduced ? t : 0;
-    return GradValue(step * 2 + source, static_cast<int>(m), i);
+    return GradValue(step * Workers() + source, static_cast<int>(m), i);
+  }
+
+  // Matrix m's gradient as the owner uses it: the mean of the trainers'
+  // (unreduced), as the workers take it (the fp32 sum of the parts as lent,
+  // in trainer order, times the fp32 inverse), or trainer 0's as lent.
+  float WholeGradient(int64_t step, size_t m, int64_t i) const {
+    const auto lent = [&](int t) {
+      return testing::AsLent(Dtype(), Grad(step, m, t, i));
+    };
+    if (Layout() != scheduler::Layout::kUnreduced) return lent(0);
+    float sum = 0;
+    for (int t = 0; t < Workers(); ++t) sum += lent(t);
+    return sum * (1.0f / static_cast<float>(Workers()));
   }
 
   void WriteGradients(int64_t step) {
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < Workers(); ++t) {
       for (size_t m = 0; m < Matrices().size(); ++m) {
         const MatrixCase& c = Matrices()[m];
         const auto [b, e] = Rows(c, t);
@@ -219,7 +238,7 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   std::vector<std::unique_ptr<Client>> clients_;
   std::vector<char*> blocks_;
   std::vector<std::vector<char*>> grads_, params_;  // by trainer, matrix
-  cudaStream_t streams_[2] = {nullptr, nullptr};
+  cudaStream_t streams_[3] = {nullptr, nullptr, nullptr};
 };
 
 TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
@@ -230,12 +249,12 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   constexpr int kSteps = 50;
   for (int64_t step = 0; step < kSteps; ++step) {
     ASSERT_NO_FATAL_FAILURE(WriteGradients(step));
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < Workers(); ++t) {
       absl::StatusOr<StepResult> r =
           clients_[t]->Step(step, {.stream = streams_[t], .async = true});
       ASSERT_TRUE(r.ok()) << r.status();
     }
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < Workers(); ++t) {
       absl::StatusOr<StepResult> r = clients_[t]->Wait();
       ASSERT_TRUE(r.ok()) << "step " << step << " trainer " << t << ": "
                           << r.status();
@@ -245,16 +264,10 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   // gradient as lent (rounded to bf16 for bf16 buffers); the gradients are
   // functions of the step, so the reference runs after the trainers' steps.
   absl::StatusOr<std::vector<std::vector<float>>> wanted =
-      testing::ReferenceParams(
-          Dtype(), kSteps, *algorithms, InitialParam,
-          [&](int64_t step, size_t m, int64_t i) {
-            auto lent = [&](int t) {
-              return testing::AsLent(Dtype(), Grad(step, m, t, i));
-            };
-            return Layout() == scheduler::Layout::kUnreduced
-                       ? (lent(0) + lent(1)) * 0.5f
-                       : lent(0);
-          });
+      testing::ReferenceParams(Dtype(), kSteps, *algorithms, InitialParam,
+                               [&](int64_t step, size_t m, int64_t i) {
+                                 return WholeGradient(step, m, i);
+                               });
   ASSERT_TRUE(wanted.ok()) << wanted.status();
   if (Groups()) {
     // Each worker owned every matrix in its own group: nothing moved.
@@ -267,7 +280,7 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   double worst = 0;
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < Workers(); ++t) {
       const auto [b, e] = Rows(c, t);
       const int64_t local = (e - b) * c.cols;
       absl::StatusOr<std::vector<float>> lent =
@@ -281,9 +294,9 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   }
   std::printf(
       "{\"what\":\"gpu_two_workers_parity\",\"layout\":\"%s\","
-      "\"dtype\":\"%s\",\"steps\":%d,\"max_rel_err\":%g}\n",
-      LayoutName().c_str(), std::string(DTypeName(Dtype())).c_str(), kSteps,
-      worst);
+      "\"dtype\":\"%s\",\"workers\":%d,\"steps\":%d,\"max_rel_err\":%g}\n",
+      LayoutName().c_str(), std::string(DTypeName(Dtype())).c_str(), Workers(),
+      kSteps, worst);
 }
 
 TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
@@ -314,12 +327,12 @@ TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
             cudaSuccess);
 }
 
-INSTANTIATE_TEST_SUITE_P(OneGpu, TwoWorkersOneGpuTest,
-                         ::testing::Values("replicated", "unreduced",
-                                           "row_sharded", "replicated/bf16",
-                                           "unreduced/bf16", "row_sharded/bf16",
-                                           "replicated/groups",
-                                           "replicated/bf16/groups"));
+INSTANTIATE_TEST_SUITE_P(
+    OneGpu, TwoWorkersOneGpuTest,
+    ::testing::Values("replicated", "unreduced", "row_sharded",
+                      "replicated/bf16", "unreduced/bf16", "row_sharded/bf16",
+                      "replicated/groups", "replicated/bf16/groups",
+                      "replicated/bf16/three", "unreduced/bf16/three"));
 
 }  // namespace
 }  // namespace muonps
