@@ -508,7 +508,7 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 
   // The commit: every worker applies what its trainer holds.
   r.apply_seconds = ApplySeconds(matrices, n, settings);
-  r.commit_seconds = settings.control_rounds_ms * 1e-3 + r.apply_seconds;
+  r.commit_seconds = ControlSeconds(n, settings) + r.apply_seconds;
   r.predicted_seconds = r.stage_seconds + r.commit_seconds;
 
   const std::vector<double>& ends = r.worker_compute_end_seconds;
@@ -539,6 +539,12 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   }
   r.bytes_per_gpu = std::llround(bytes);
   return r;
+}
+
+double ControlSeconds(int workers, const ClockSettings& settings) {
+  return settings.control_rounds_ms * 1e-3 +
+         kControlRoundsPerStep * 2.0 * std::max(workers - 1, 0) *
+             settings.control_message_us * 1e-6;
 }
 
 double ApplySeconds(const std::vector<MatrixSpec>& matrices, int workers,

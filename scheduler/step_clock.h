@@ -36,9 +36,10 @@
 //   last rank gets there: at max(previous phase's end, every worker's
 //   compute so far).
 // - The stage ends when the last update has landed and every compute
-//   stream is done. Then the commit, a fixed cost per step: the control
-//   rounds (`control_rounds_ms`) plus applying the staged updates to the
-//   trainer's fp32 parameters, memory bound at 8 bytes of parameter read
+//   stream is done. Then the commit: the control rounds
+//   (ControlSeconds: `control_rounds_ms`, and `control_message_us` for
+//   each message rank 0 sends or receives) plus applying the staged updates to
+//   the trainer's fp32 parameters, memory bound at 8 bytes of parameter read
 //   and written plus the update's bytes per parameter the worker's trainer
 //   holds (all of them; 1/N of a row-sharded matrix's rows) over
 //   `hbm_bytes_per_second`.
@@ -147,16 +148,33 @@ struct ClockSettings {
   int update_bytes_per_element = 2;  // updates (bf16 Newton-Schulz)
   double hbm_bytes_per_second = 4.3e12;
   double control_rounds_ms = 4.0;
+  // Rank 0's host time per control message: each of a step's
+  // kControlRoundsPerStep rounds gathers every rank's message at rank 0
+  // over the TCP star of the control messages and sends its answer to
+  // each, 2 (N - 1) messages one after another (bench/control_rounds), on
+  // top of control_rounds_ms. Only where the clocked workers are the job's
+  // ranks (a group clocked alone is not): the coordinator leaves it 0,
+  // since a term of the job's size does not change which plan wins.
+  double control_message_us = 0;
   double transfer_contention = 0;
   bool peer_writes = true;
 };
+
+// The rounds of a step that pass through rank 0: the agreement, the vote
+// and the confirmation (server/worker/step_run.h).
+inline constexpr int kControlRoundsPerStep = 3;
+
+// Seconds of a step's control rounds among `workers` ranks:
+// control_rounds_ms plus control_message_us for each of the
+// 2 (workers - 1) messages of each round at rank 0.
+double ControlSeconds(int workers, const ClockSettings& settings);
 
 struct StepClock {
   // The step: stage_seconds + commit_seconds.
   double predicted_seconds = 0;
   // Every update has landed and every compute stream is done.
   double stage_seconds = 0;
-  double commit_seconds = 0;  // control rounds + apply_seconds
+  double commit_seconds = 0;  // ControlSeconds + apply_seconds
   double apply_seconds = 0;
   // The last bucket's gradients have landed (0 with none to move).
   double gradients_landed_seconds = 0;

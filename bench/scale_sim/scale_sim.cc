@@ -137,8 +137,12 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   const std::vector<double> stack_seconds =
       scheduler::StackSeconds(*schedule, models);
   const int n = config.gpus;
-  scheduler::StepClock clock = scheduler::ClockStep(config.matrices, *schedule,
-                                                    stack_seconds, n, settings);
+  // The whole job's step: its control rounds pass through rank 0 (the
+  // plans above were weighed without them, as the coordinator weighs them).
+  scheduler::ClockSettings job = settings;
+  job.control_message_us = config.control_message_us;
+  scheduler::StepClock clock =
+      scheduler::ClockStep(config.matrices, *schedule, stack_seconds, n, job);
 
   result.clock = std::move(clock);
 

@@ -93,6 +93,8 @@ absl::Status ValidateSimConfig(const SimConfig& config) {
   MUONPS_RETURN_IF_ERROR(
       NonNegativeFinite(config.control_rounds_ms, "--control_rounds_ms"));
   MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(config.control_message_us, "--control_message_us"));
+  MUONPS_RETURN_IF_ERROR(
       NonNegativeFinite(config.transfer_contention, "--transfer_contention"));
   MUONPS_RETURN_IF_ERROR(
       Positive(config.links.copy_engine_gbs, "--copy_engine_gbs"));

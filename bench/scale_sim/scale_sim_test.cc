@@ -43,6 +43,9 @@ std::shared_ptr<const scheduler::CostTable> LlamaCosts() {
   return table;
 }
 
+// The step's data path: its control rounds' messages through rank 0, which
+// grow with the ranks, have a test of their own
+// (ControlMessagesThroughRankZeroGrowWithTheRanks).
 SimConfig Config(const std::string& model, int gpus,
                  Layout layout = Layout::kUnreduced) {
   SimConfig c;
@@ -50,6 +53,7 @@ SimConfig Config(const std::string& model, int gpus,
   c.matrices = *ModelMatrices(model, layout);
   c.gpus = gpus;
   c.costs = LlamaCosts();
+  c.control_message_us = 0;
   return c;
 }
 
@@ -72,6 +76,7 @@ SimConfig Tiny(int gpus, int per_node, Layout layout, int matrices = 2) {
   c.links.latency_us = 0;
   c.links.hop_latency_us = 0;
   c.control_rounds_ms = 0;
+  c.control_message_us = 0;
   c.hbm_bytes_per_second = std::numeric_limits<double>::infinity();
   return c;
 }
@@ -177,6 +182,38 @@ TEST(ScaleSimTest, CommitIsControlRoundsPlusApplyingHeldParameters) {
   c.matrices = *ModelMatrices("llama3_8b_8layers", Layout::kRowSharded);
   EXPECT_DOUBLE_EQ(SimulateStep(c)->clock.apply_seconds,
                    r.parameters * 10.0 / 3e12 / 8);
+}
+
+TEST(ScaleSimTest, ControlMessagesThroughRankZeroGrowWithTheRanks) {
+  // Each of the three rounds a step gathers every rank's message at rank 0
+  // and sends its answer to each: 2 (N - 1) messages a round, one after
+  // another, on top of the rounds' fixed cost. Only the whole job's clock
+  // counts them: the plans are weighed without (the coordinator's way).
+  for (const int gpus : {2, 64, 1024}) {
+    SimConfig c = Config("llama3_8b_8layers", gpus, Layout::kReplicated);
+    const SimResult without = *SimulateStep(c);
+    c.control_message_us = 5;
+    const SimResult with = *SimulateStep(c);
+    const double messages = 3 * 2.0 * (gpus - 1) * 5e-6;
+    EXPECT_NEAR(with.clock.commit_seconds,
+                without.clock.commit_seconds + messages, 1e-12)
+        << gpus;
+    EXPECT_NEAR(with.clock.predicted_seconds,
+                without.clock.predicted_seconds + messages, 1e-12)
+        << gpus;
+    EXPECT_EQ(with.owner_groups, without.owner_groups) << gpus;
+    EXPECT_EQ(with.bucket_bytes, without.bucket_bytes) << gpus;
+    scheduler::ClockSettings s;
+    s.control_rounds_ms = 4;
+    s.control_message_us = 5;
+    EXPECT_NEAR(scheduler::ControlSeconds(gpus, s), 4e-3 + messages, 1e-15);
+  }
+  // At 1024 ranks of the measured 6.3 us the messages take 38.7 ms a step:
+  // past 64 GPUs, more than the rest of the 8 layers' replicated step.
+  SimConfig c = Config("llama3_8b_8layers", 1024, Layout::kReplicated);
+  c.control_message_us = SimConfig{}.control_message_us;
+  const SimResult r = *SimulateStep(c);
+  EXPECT_EQ(r.clock.limited_by, "commit");
 }
 
 TEST(ScaleSimTest, CriticalPathPartsAddUpToTheStep) {
