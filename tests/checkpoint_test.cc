@@ -89,6 +89,25 @@ class CheckpointTest : public DataPlaneFixture {
     }
   }
 
+  // One worker, checkpointing every `every` steps (none for 0), with
+  // `flags`; steps 1 to `through` run on it and on reference_ (the replay).
+  void StartOneWorker(int64_t every, int64_t through,
+                      std::vector<std::string> flags = {}) {
+    const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
+    ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
+    if (every > 0) {
+      options.checkpoint_dir = dir_ + "/ckpt";
+      options.checkpoint_every = every;
+    }
+    options.worker_flags[0] = std::move(flags);
+    ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
+    reference_.emplace(model, 1, PlannedAlgorithms());
+    for (int64_t step = 1; step <= through; ++step) {
+      ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
+      ASSERT_TRUE(reference_->Step(step).ok());
+    }
+  }
+
   // One worker stopping itself (--test_pause_at) in step `step`: runs the
   // step, kills the worker once it stopped, and starts it again; the
   // step's call fails.
@@ -181,16 +200,8 @@ TEST_F(CheckpointTest, WorkersWriteWhatTheyOwnEveryNStepsAndWhenAsked) {
 }
 
 TEST_F(CheckpointTest, KilledWorkerRestoresItsCheckpointAndTheJobResumes) {
-  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
-  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
-  options.checkpoint_dir = dir_ + "/ckpt";
-  options.checkpoint_every = 2;
-  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
-  ReferenceModel reference(model, 1, PlannedAlgorithms());
-  for (int64_t step = 1; step <= 4; ++step) {
-    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
-    ASSERT_TRUE(reference.Step(step).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(StartOneWorker(/*every=*/2, /*through=*/4));
+  ReferenceModel& reference = *reference_;
   ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(0, 4, /*restored=*/false));
   std::map<std::pair<std::string, int64_t>, std::vector<float>> before;
   for (const auto& item : Experts()) {
@@ -376,17 +387,9 @@ TEST_F(CheckpointTest, BothWorkersKilledAfterTheCommitLoseNoAdamWMeans) {
 // parameters of step 2, the restarted worker restores step 2's momentum,
 // and the retried steps land where an uninterrupted run does.
 TEST_F(CheckpointTest, OneWorkerKilledInTheStepAfterACheckpointGoesOnExactly) {
-  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
-  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
-  options.checkpoint_dir = dir_ + "/ckpt";
-  options.checkpoint_every = 2;
-  options.worker_flags[0] = {"--test_pause_at=prepared@3"};
-  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
-  ReferenceModel reference(model, 1, PlannedAlgorithms());
-  for (int64_t step = 1; step < 3; ++step) {
-    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
-    ASSERT_TRUE(reference.Step(step).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(StartOneWorker(/*every=*/2, /*through=*/2,
+                                         {"--test_pause_at=prepared@3"}));
+  ReferenceModel& reference = *reference_;
   ASSERT_NO_FATAL_FAILURE(KillTheOnlyWorkerInStep(3));
   const std::vector<RetryingLoop> loops =
       RunRetryingLoops(3, 6, nullptr, absl::Seconds(60));
@@ -405,13 +408,8 @@ TEST_F(CheckpointTest, OneWorkerKilledInTheStepAfterACheckpointGoesOnExactly) {
 // retry is refused naming both and the state to reload, never a step on
 // parameters part-way.
 TEST_F(CheckpointTest, OneWorkerKilledAfterDecidingEarlyNamesWhatToReload) {
-  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
-  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
-  options.worker_flags[0] = {"--test_pause_at=decided@3"};
-  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
-  for (int64_t step = 1; step < 3; ++step) {
-    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
-  }
+  ASSERT_NO_FATAL_FAILURE(StartOneWorker(/*every=*/0, /*through=*/2,
+                                         {"--test_pause_at=decided@3"}));
   ASSERT_NO_FATAL_FAILURE(KillTheOnlyWorkerInStep(3));
   // The retry, once the restarted worker is planned in again.
   absl::Status retried = absl::UnavailableError("not tried");
@@ -440,16 +438,8 @@ TEST_F(CheckpointTest, OneWorkerKilledAfterDecidingEarlyNamesWhatToReload) {
 // job's checkpoint instead, though no checkpoint was due, and its
 // successor goes on from there exactly.
 TEST_F(CheckpointTest, TheOnlyWorkerStoppedBetweenStepsGoesOnExactly) {
-  const ModelDecl model = SmallModel(scheduler::Layout::kReplicated);
-  ClusterOptions options{.workers = 1, .lease_ttl_ms = 1500};
-  options.checkpoint_dir = dir_ + "/ckpt";
-  options.checkpoint_every = 1000;
-  ASSERT_NO_FATAL_FAILURE(StartJob(model, options));
-  ReferenceModel reference(model, 1, PlannedAlgorithms());
-  for (int64_t step = 1; step <= 3; ++step) {
-    ASSERT_NO_FATAL_FAILURE(ExpectAllStepped(RunStep(step), step));
-    ASSERT_TRUE(reference.Step(step).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(StartOneWorker(/*every=*/1000, /*through=*/3));
+  ReferenceModel& reference = *reference_;
   ASSERT_NO_FATAL_FAILURE(SignalWorker(0, SIGTERM));
   const absl::StatusOr<int> exited = WaitForWorkerExit(0, absl::Seconds(30));
   ASSERT_TRUE(exited.ok()) << exited.status();
