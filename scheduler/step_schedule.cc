@@ -453,16 +453,12 @@ void BuildOrder(const std::vector<int64_t>& first,
     from_after[ready].push_back(k);
   }
   // last_of[w]: the stack worker w computes last (-1: none).
-  std::vector<int32_t> last_of;
+  std::vector<int32_t> last_of(workers, -1);
   for (int32_t j = 0; j < count; ++j) {
     schedule->order.push_back({PhaseKind::kToOwners, j});
     for (const int32_t s : ready_with[j]) {
       schedule->order.push_back({PhaseKind::kCompute, s});
-      const int32_t owner = schedule->stacks[s].owner;
-      if (owner >= static_cast<int32_t>(last_of.size())) {
-        last_of.resize(owner + 1, -1);
-      }
-      last_of[owner] = s;
+      last_of[schedule->stacks[s].owner] = s;
     }
     for (const int32_t k : from_after[j]) {
       schedule->order.push_back({PhaseKind::kFromOwners, k});
@@ -477,9 +473,7 @@ void BuildOrder(const std::vector<int64_t>& first,
                                  : schedule->groups[x.group].size();
       const int32_t stack =
           stack_of[first[x.item.matrix] + x.item.expert] + x.group;
-      x.by_collective = members > 2 &&
-                        x.owner < static_cast<int32_t>(last_of.size()) &&
-                        last_of[x.owner] == stack;
+      x.by_collective = members > 2 && last_of[x.owner] == stack;
     }
   }
 }

@@ -193,6 +193,7 @@ TEST_F(StepAtomicityPeerWritesTest,
   reference.Step(step++);
   ASSERT_GT(calls[0], plain);
   for (int w = 0; w < kWorkers; ++w) {
+    const bool writes = WritesAny(w);
     for (int64_t call = 0; call < calls[w]; ++call) {
       ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
       SetFault(w, {.step = step, .call = call});
@@ -201,7 +202,7 @@ TEST_F(StepAtomicityPeerWritesTest,
       EXPECT_GT(failures[0] + failures[1] + failures[2], 0)
           << "the failure at call " << call << " of worker " << w
           << " went unnoticed";
-      if (WritesAny(w)) {
+      if (writes) {
         EXPECT_GT(PeerWriteBytes(w), written) << "worker " << w;
       }
       reference.Step(step);

@@ -218,12 +218,14 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout,
   };
   // Nothing to hand over, or no step can run to carry it: leave now.
   const char* now = nullptr;
+  bool persist_now = false;  // momentum held, and the trainer goes on
   if (engine_ == nullptr || engine_->last_step() < 0) {
     now = "no step committed here, no momentum to hand over";
   } else if (!options_.dedicated && !engine_->TrainerAlive()) {
     now = "its trainer is gone, so no step of the job can run";
   } else if (timeout <= absl::ZeroDuration()) {
     now = "--drain_timeout is 0";
+    persist_now = true;
   }
   // Leaving with no step to carry the momentum to new owners while the
   // trainer goes on: what this worker holds goes to the job's checkpoint of
@@ -250,10 +252,7 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout,
     if (engine_ != nullptr) engine_->StopStepping(leaving);
     spdlog::info("job={} worker={} leaves without draining: {}", options_.job,
                  options_.worker_id, now);
-    if (engine_ != nullptr && engine_->last_step() >= 0 &&
-        (options_.dedicated || engine_->TrainerAlive())) {
-      persist_held("leaving without draining");
-    }
+    if (persist_now) persist_held("leaving without draining");
     return absl::OkStatus();
   }
   // Ask, retrying while the coordinator is unreachable.
