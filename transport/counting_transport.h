@@ -92,6 +92,7 @@ class CountingTransport : public Transport {
   Transport* control() override {
     return control_ != nullptr ? control_.get() : this;
   }
+  RankTree tree() const override { return inner_->tree(); }
 
  protected:
   absl::Status OnGroups(const std::vector<std::vector<int>>& groups,

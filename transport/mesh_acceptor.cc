@@ -41,8 +41,9 @@ HandshakeVerdict Judge(const Handshake& hello, const MeshParams& params) {
   if (hello.world_size != params.world) {
     return HandshakeVerdict::kWrongWorldSize;
   }
-  if (hello.to_rank != params.rank || hello.from_rank <= params.rank ||
-      hello.from_rank >= params.world) {
+  if (hello.to_rank != params.rank ||
+      !std::binary_search(params.accepted.begin(), params.accepted.end(),
+                          hello.from_rank)) {
     return HandshakeVerdict::kWrongRank;
   }
   return HandshakeVerdict::kAccepted;
@@ -86,7 +87,7 @@ class HelloAcceptor {
   HelloAcceptor(const Socket& listener, const MeshParams& params,
                 std::vector<Connection>* connections)
       : listener_(listener), params_(params), sockets_(*connections) {
-    for (int peer = params.rank + 1; peer < params.world; ++peer) {
+    for (const int peer : params.accepted) {
       if (!sockets_[peer].valid()) ++missing_;
     }
   }
@@ -317,7 +318,7 @@ void HelloAcceptor::Drop(PendingHandshake& pending, const char* why) {
 absl::Status HelloAcceptor::Missing() const {
   if (missing_ == 0) return absl::OkStatus();
   std::vector<int> absent;
-  for (int peer = params_.rank + 1; peer < params_.world; ++peer) {
+  for (const int peer : params_.accepted) {
     if (!sockets_[peer].valid()) absent.push_back(peer);
   }
   return absl::Status(

@@ -1,5 +1,6 @@
 // The accepting half of ConnectMesh (tcp_mesh.h): a rank takes the
-// connections of every higher rank on its listener and runs the accepting
+// connections of the higher ranks it accepts (every one on a full mesh, its
+// children on a tree) on its listener and runs the accepting
 // side of the handshake on each (wire_format.h, membership_proof.h).
 //
 // Concurrency. One poll() loop on the calling thread watches the listener
@@ -51,13 +52,16 @@ struct MeshParams {
   absl::Duration connect_timeout;
   // Per accepted connection, from its accept to its confirmation.
   absl::Duration handshake_timeout;
+  // The higher ranks this rank accepts, ascending; a hello from any other
+  // is refused.
+  std::vector<int> accepted;
 };
 
-// Accepts ranks (params.rank, params.world) on `listener` until each has
+// Accepts params.accepted on `listener` until each has
 // completed the handshake, storing each connection (non-blocking) at
 // (*connections)[peer rank] with its frame keys (frame_auth.h);
 // `connections` has params.world entries. OK once every
-// higher rank is connected; when params.deadline passes first,
+// accepted rank is connected; when params.deadline passes first,
 // FAILED_PRECONDITION if a hello was refused or failed the membership proof
 // (the message says which, the last one seen), DEADLINE_EXCEEDED otherwise,
 // naming the missing ranks. UNAVAILABLE if the listener fails, INTERNAL if

@@ -65,6 +65,8 @@ class SplitTransport final : public Transport {
     data_->Abort(reason);
   }
   Transport* control() override { return control_.get(); }
+  // The control transport's, which the control messages pass along.
+  RankTree tree() const override { return control_->tree(); }
 
  protected:
   // The data's groups; control messages stay among every rank.

@@ -186,13 +186,17 @@ absl::StatusOr<std::vector<Connection>> ConnectMesh(
   std::vector<Connection> sockets(addresses.size());
   // Lower ranks first: each of them reaches its accepting phase only after
   // its own lower ranks accepted it, so the waits form a chain, not a cycle.
-  // A star: rank 0 accepts every other rank, which connects to it alone.
-  const int lower = shape == MeshShape::kStar ? std::min(rank, 1) : rank;
-  for (int peer = 0; peer < lower; ++peer) {
+  // On a tree a rank connects to its parent and accepts its children.
+  for (int peer = 0; peer < rank; ++peer) {
+    if (!shape.Connects(rank, peer, params.world)) continue;
     MUONPS_ASSIGN_OR_RETURN(sockets[peer],
                             ConnectToLowerRank(peer, addresses[peer], params));
   }
-  if (shape == MeshShape::kStar && rank > 0) return sockets;
+  for (int peer = rank + 1; peer < params.world; ++peer) {
+    if (shape.Connects(rank, peer, params.world)) {
+      params.accepted.push_back(peer);
+    }
+  }
   MUONPS_RETURN_IF_ERROR(AcceptHigherRanks(listener, params, &sockets));
   return sockets;
 }

@@ -30,18 +30,33 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "transport/frame_auth.h"
+#include "transport/rank_tree.h"
 #include "transport/socket_io.h"
 
 namespace muonps {
 namespace transport {
 
 // Which pairs of ranks a mesh connects.
-enum class MeshShape {
-  kFull,  // every pair
-  // Rank 0 with every other rank, and no other pair: for messages that all
-  // have rank 0 at one end (a step's control rounds), N - 1 connections
-  // rather than N (N - 1) / 2, each rank but 0 opening one.
-  kStar,
+struct MeshShape {
+  // Every pair.
+  static MeshShape Full() { return MeshShape{}; }
+  // Each rank with its parent and its children in a RankTree of `fanout`
+  // (rank_tree.h), and no other pair: for messages that pass along the tree
+  // (a step's control rounds), N - 1 connections rather than N (N - 1) / 2,
+  // each rank but 0 opening one, and at most fanout + 1 on any rank.
+  static MeshShape Tree(int fanout) { return MeshShape{fanout}; }
+
+  bool full() const { return tree_fanout == 0; }
+  // The tree a mesh of `size` ranks connects: a star on a full mesh.
+  RankTree tree(int size) const {
+    return full() ? RankTree::Star(size) : RankTree(size, tree_fanout);
+  }
+  // Whether ranks `a` and `b` of a mesh of `size` ranks are connected.
+  bool Connects(int a, int b, int size) const {
+    return full() || tree(size).Connects(a, b);
+  }
+
+  int tree_fanout = 0;  // 0: every pair
 };
 
 // Connects `rank` to every other rank of `addresses` (index = rank, including
@@ -57,9 +72,9 @@ enum class MeshShape {
 // was a handshake refused for disagreeing, the message saying which values
 // differ (for example "session 7, this rank is on session 8"), or one that
 // failed the job's membership proof; DEADLINE_EXCEEDED when a peer never
-// answered. Sockets opened before a failure are closed. With `shape`
-// kStar only rank 0 and each other rank are connected: the other entries
-// stay empty too.
+// answered. Sockets opened before a failure are closed. On a tree mesh
+// (`shape`) only parents and children are connected: the other entries stay
+// empty too.
 absl::StatusOr<std::vector<Connection>> ConnectMesh(
     const Socket& listener, int rank, const std::vector<HostPort>& addresses,
     uint64_t session, absl::string_view secret, absl::Duration connect_timeout,

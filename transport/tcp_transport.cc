@@ -94,6 +94,11 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Connect(
         "options: connect_timeout, io_timeout and call_timeout must be "
         "positive");
   }
+  if (options.shape.tree_fanout < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.shape: a tree's fanout must be positive, not ",
+                     options.shape.tree_fanout));
+  }
   MUONPS_RETURN_IF_ERROR(CheckDataPlaneSecret(options.data_plane_secret,
                                               "TcpOptions.data_plane_secret"));
   std::vector<HostPort> addresses;
@@ -213,13 +218,21 @@ absl::Status TcpTransport::CheckRank(int peer, const char* role,
         allow_self ? "" : absl::StrCat(" other than this rank (", rank_, ")")));
   }
   // A peer this rank exchanges messages with must be connected to it.
-  if (!allow_self && options_.shape == MeshShape::kStar && rank_ != 0 &&
-      peer != 0) {
+  if (!allow_self && !options_.shape.Connects(rank_, peer, size())) {
     return absl::InvalidArgumentError(
-        absl::StrCat(role, " ", peer, ": rank ", rank_,
-                     " of a star connects to rank 0 alone"));
+        absl::StrCat(role, " ", peer, ": rank ", rank_, " of a tree of fanout ",
+                     options_.shape.tree_fanout,
+                     " connects to its parent and children alone"));
   }
   return absl::OkStatus();
+}
+
+absl::Status TcpTransport::CheckCollective(const char* call) const {
+  if (options_.shape.full()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(call,
+                   ": a tree mesh connects neighbors alone; pass it "
+                   "from neighbor to neighbor"));
 }
 
 void TcpTransport::QueueSend(int peer, MessageKind kind, const void* data,
@@ -319,11 +332,11 @@ absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
                                      Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
-  absl::Status valid = CheckRank(root, "ReduceSum: root", /*allow_self=*/true);
-  if (valid.ok() && options_.shape == MeshShape::kStar && root != 0) {
-    valid = absl::InvalidArgumentError(absl::StrCat(
-        "ReduceSum: root ", root, ": a star sums at rank 0 alone"));
-  } else if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
+  absl::Status valid = CheckCollective("ReduceSum");
+  if (valid.ok()) {
+    valid = CheckRank(root, "ReduceSum: root", /*allow_self=*/true);
+  }
+  if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
     valid = absl::InvalidArgumentError("ReduceSum: count is too large");
   } else if (valid.ok() && count > 0 && send == nullptr) {
     valid = absl::InvalidArgumentError("ReduceSum: send is null");
@@ -379,21 +392,14 @@ absl::Status TcpTransport::Broadcast(void* data, size_t count, DType dtype,
   MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
   const absl::StatusOr<size_t> bytes = BytesOf("Broadcast", count, dtype);
   absl::Status valid = bytes.status();
+  if (valid.ok()) valid = CheckCollective("Broadcast");
   if (valid.ok()) {
     valid = CheckRank(root, "Broadcast: root", /*allow_self=*/true);
   }
   if (valid.ok() && data == nullptr && *bytes > 0) {
     valid = absl::InvalidArgumentError("Broadcast: data is null");
   }
-  const bool relayed = options_.shape == MeshShape::kStar && root != 0;
-  if (valid.ok() && relayed && group_.grouped()) {
-    valid = absl::FailedPreconditionError(absl::StrCat(
-        "Broadcast from rank ", root,
-        " inside a group: a star relays it through rank 0, one hop after "
-        "the other"));
-  }
   if (!valid.ok()) return Fail(valid);
-  if (relayed) return RelayBroadcast(data, *bytes, root);
   if (root != rank_) {
     QueueRecv(root, MessageKind::kBroadcast, data, *bytes);
   } else {
@@ -402,23 +408,6 @@ absl::Status TcpTransport::Broadcast(void* data, size_t count, DType dtype,
         QueueSend(peer, MessageKind::kBroadcast, data, *bytes);
       }
     }
-  }
-  return RunUnlessGrouped();
-}
-
-absl::Status TcpTransport::RelayBroadcast(void* data, size_t bytes, int root) {
-  if (rank_ == root) {
-    QueueSend(0, MessageKind::kBroadcast, data, bytes);
-    return RunUnlessGrouped();
-  }
-  if (rank_ != 0) {
-    QueueRecv(0, MessageKind::kBroadcast, data, bytes);
-    return RunUnlessGrouped();
-  }
-  QueueRecv(root, MessageKind::kBroadcast, data, bytes);
-  MUONPS_RETURN_IF_ERROR(RunUnlessGrouped());
-  for (int peer = 1; peer < size(); ++peer) {
-    if (peer != root) QueueSend(peer, MessageKind::kBroadcast, data, bytes);
   }
   return RunUnlessGrouped();
 }

@@ -93,12 +93,12 @@ struct TcpOptions {
   // The most one call (or one group, from its GroupEnd) may take in all,
   // however its bytes trickle, before failing with DEADLINE_EXCEEDED.
   absl::Duration call_timeout = absl::Seconds(60);
-  // Which pairs of ranks connect (tcp_mesh.h). In a star only rank 0 and
-  // each other rank exchange messages: a Send, Recv, AwaitFrom or sum
-  // between two other ranks is refused (INVALID_ARGUMENT), a ReduceSum must
-  // be rooted at 0, and a Broadcast from another root goes through rank 0
-  // (outside a group only; two hops, one after the other).
-  MeshShape shape = MeshShape::kFull;
+  // Which pairs of ranks connect (tcp_mesh.h). On a tree mesh only a
+  // parent and its children exchange messages: a Send, Recv or AwaitFrom
+  // between two other ranks is refused (INVALID_ARGUMENT), and so are
+  // ReduceSum and Broadcast (collectives pass along the tree in
+  // worker::ControlChannel, from neighbor to neighbor).
+  MeshShape shape = MeshShape::Full();
 };
 
 // A worker's data port: a TCP socket listening on host:port. Bound once at
@@ -184,6 +184,7 @@ class TcpTransport final : public Transport {
   // Shuts every connection down: a call blocked on a peer (in this or
   // another thread) fails at once, and so does every later call.
   void Abort(const absl::Status& reason) override;
+  RankTree tree() const override { return options_.shape.tree(size()); }
 
  private:
   // The root's share of one ReduceSum, summed once its transfers arrived.
@@ -206,10 +207,11 @@ class TcpTransport final : public Transport {
   // INVALID_ARGUMENT naming `role` unless `peer` is a rank (this one only
   // with `allow_self`). Without `allow_self` it is a peer this rank
   // exchanges messages with, so it must also be connected to this rank
-  // (every pair but in a star, where each other rank has only rank 0).
+  // (every pair but on a tree mesh, where only parents and children are).
   absl::Status CheckRank(int peer, const char* role, bool allow_self) const;
-  // A star's Broadcast from `root` (not 0): to rank 0, then on from it.
-  absl::Status RelayBroadcast(void* data, size_t bytes, int root);
+  // INVALID_ARGUMENT naming `call` on a tree mesh: a collective reaches
+  // every rank, and a tree connects only neighbors.
+  absl::Status CheckCollective(const char* call) const;
   // Runs the queue unless inside a group.
   absl::Status RunUnlessGrouped();
   void QueueSend(int peer, MessageKind kind, const void* data, size_t bytes);

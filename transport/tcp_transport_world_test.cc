@@ -81,7 +81,7 @@ class TcpTransportWorldTest : public ::testing::TestWithParam<int> {
 
   int world() const { return GetParam(); }
   Transport& at(int rank) { return *ranks_[rank]; }
-  virtual MeshShape Shape() const { return MeshShape::kFull; }
+  virtual MeshShape Shape() const { return MeshShape::Full(); }
 
   std::vector<std::unique_ptr<TcpTransport>> ranks_;
 };
@@ -434,86 +434,66 @@ TEST_P(TcpTransportWorldTest, HundredMixedOperationsMatchTheReference) {
   });
 }
 
-// A star (TcpOptions::shape): rank 0 and each other rank are connected,
-// no other pair. Every message with rank 0 at one end moves; a Broadcast
-// from another root reaches every rank through rank 0; calls between two
-// other ranks are refused naming the peer, and so is a sum rooted
-// elsewhere and a relayed Broadcast inside a group.
-class TcpStarWorldTest : public TcpTransportWorldTest {
+// A tree mesh (TcpOptions::shape) of fanout 2: each rank is connected to
+// its parent and children, no other pair. Every message between neighbors
+// moves, both ways; calls between two other ranks are refused naming the
+// peer, and so are the collectives.
+class TcpTreeWorldTest : public TcpTransportWorldTest {
  protected:
-  MeshShape Shape() const override { return MeshShape::kStar; }
+  MeshShape Shape() const override { return MeshShape::Tree(2); }
 };
 
-TEST_P(TcpStarWorldTest, RankZeroExchangesWithEveryRankAndRelaysBroadcasts) {
+TEST_P(TcpTreeWorldTest, NeighborsExchangeAndNoOtherPair) {
   constexpr size_t kCount = kMiB + 5;
+  const RankTree tree(world(), 2);
   RunOnEveryRank(world(), [&](int rank) {
-    // Every rank's message to 0, and 0's answer to each.
+    // Every rank's message to its parent, and the parent's answer.
     std::vector<float> mine(kCount, static_cast<float>(rank) + 0.5f);
-    if (rank == 0) {
-      for (int r = 1; r < world(); ++r) {
-        std::vector<float> got(kCount);
-        ASSERT_TRUE(
-            at(0)
-                .Recv(got.data(), kCount, DType::kFloat32, r, kHostStream)
-                .ok());
-        EXPECT_EQ(got, std::vector<float>(kCount, r + 0.5f));
-        ASSERT_TRUE(
-            at(0)
-                .Send(got.data(), kCount, DType::kFloat32, r, kHostStream)
-                .ok());
-      }
-    } else {
+    for (const int child : tree.Children(rank)) {
+      std::vector<float> got(kCount);
       ASSERT_TRUE(
           at(rank)
-              .Send(mine.data(), kCount, DType::kFloat32, 0, kHostStream)
+              .Recv(got.data(), kCount, DType::kFloat32, child, kHostStream)
               .ok());
-      std::vector<float> back(kCount);
+      EXPECT_EQ(got, std::vector<float>(kCount, child + 0.5f));
       ASSERT_TRUE(
           at(rank)
-              .Recv(back.data(), kCount, DType::kFloat32, 0, kHostStream)
+              .Send(got.data(), kCount, DType::kFloat32, child, kHostStream)
               .ok());
-      EXPECT_EQ(back, mine);
     }
-    // A sum at rank 0.
-    std::vector<float> sum(kCount, -1.0f);
+    if (rank == 0) return;
+    const int parent = tree.Parent(rank);
     ASSERT_TRUE(
         at(rank)
-            .ReduceSum(mine.data(), sum.data(), kCount, 0, {}, kHostStream)
+            .Send(mine.data(), kCount, DType::kFloat32, parent, kHostStream)
             .ok());
-    if (rank == 0) {
-      float expected = 0;
-      for (int r = 0; r < world(); ++r) expected += r + 0.5f;
-      EXPECT_EQ(sum[kCount - 1], expected);
-    }
-    // A Broadcast from every root, each after the last.
-    for (int root = 0; root < world(); ++root) {
-      const std::vector<unsigned char> data = BytePattern(kCount * 2, root + 7);
-      std::vector<unsigned char> buffer =
-          rank == root ? data : std::vector<unsigned char>(kCount * 2, 0);
-      ASSERT_TRUE(at(rank)
-                      .Broadcast(buffer.data(), kCount, DType::kBFloat16, root,
-                                 kHostStream)
-                      .ok())
-          << "root " << root << " on rank " << rank;
-      EXPECT_TRUE(buffer == data) << "root " << root << " on rank " << rank;
-    }
+    std::vector<float> back(kCount);
+    ASSERT_TRUE(
+        at(rank)
+            .Recv(back.data(), kCount, DType::kFloat32, parent, kHostStream)
+            .ok());
+    EXPECT_EQ(back, mine);
   });
-  if (world() < 3) return;
   float x = 0;
+  const absl::Status broadcast =
+      at(0).Broadcast(&x, 1, DType::kFloat32, 0, kHostStream);
+  EXPECT_EQ(broadcast.code(), absl::StatusCode::kInvalidArgument) << broadcast;
+  EXPECT_THAT(std::string(broadcast.message()),
+              HasSubstr("Broadcast: a tree mesh connects neighbors alone"));
+  if (world() < 4) return;
   const absl::Status send = at(1).Send(&x, 1, DType::kFloat32, 2, kHostStream);
   EXPECT_EQ(send.code(), absl::StatusCode::kInvalidArgument) << send;
   EXPECT_THAT(std::string(send.message()),
-              HasSubstr("Send: peer 2: rank 1 of a star connects to rank 0"));
+              HasSubstr("Send: peer 2: rank 1 of a tree of fanout 2 connects "
+                        "to its parent and children alone"));
   const absl::Status sum =
-      at(2).ReduceSum(&x, &x, 1, /*root=*/2, {}, kHostStream);
-  EXPECT_THAT(std::string(sum.message()), HasSubstr("a star sums at rank 0"));
-  ASSERT_TRUE(at(0).GroupStart().ok());
-  const absl::Status grouped =
-      at(0).Broadcast(&x, 1, DType::kFloat32, /*root=*/1, kHostStream);
-  EXPECT_EQ(grouped.code(), absl::StatusCode::kFailedPrecondition) << grouped;
+      at(3).ReduceSum(&x, &x, 1, /*root=*/1, {}, kHostStream);
+  EXPECT_THAT(std::string(sum.message()),
+              HasSubstr("ReduceSum: a tree mesh connects neighbors alone"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Stars, TcpStarWorldTest, ::testing::Values(1, 2, 3, 5),
+INSTANTIATE_TEST_SUITE_P(Trees, TcpTreeWorldTest,
+                         ::testing::Values(1, 2, 3, 5, 8),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "World" + std::to_string(info.param);
                          });

@@ -46,6 +46,7 @@
 #include "absl/types/span.h"
 #include "common/device.h"
 #include "common/dtype.h"
+#include "transport/rank_tree.h"
 
 namespace muonps {
 namespace transport {
@@ -137,6 +138,12 @@ class Transport {
   // transport, or a host transport beside it (SplitTransport) that takes
   // no device work and no SMs. Owned by this transport, aborted with it.
   virtual Transport* control() { return this; }
+
+  // The ranks this rank exchanges control messages with, as a tree rooted
+  // at rank 0 (rank_tree.h) along which worker::ControlChannel passes its
+  // gathers and broadcasts: a star (one hop) where every pair of ranks is
+  // connected, as by default; a tree mesh's own (TcpOptions::shape).
+  virtual RankTree tree() const { return RankTree::Star(size()); }
 
  protected:
   // `rank`'s position in this rank's group (its rank within the group's

@@ -1,7 +1,8 @@
 // bench/mesh_connect: how long the workers of one plan version take to
 // open their TCP mesh (transport/tcp_mesh.h): every pair of ranks (a CPU
-// worker's data plane, the CUDA IPC transport's) or a star around rank 0
-// (the control messages beside NCCL). Every rank is a thread of this
+// worker's data plane, the CUDA IPC transport's) or a tree rooted at rank 0
+// (the control messages beside NCCL; a star while the ranks are at most
+// --fanout + 1). Every rank is a thread of this
 // process with its own listener on loopback, all connecting at once, as
 // the workers of a new plan version do. One JSON line per shape, world
 // size and repeat: connect_ms (from the first rank's start to the last
@@ -20,7 +21,8 @@
 #include "transport/loopback_ranks.h"
 
 ABSL_FLAG(std::string, ranks, "8,32,64,128", "World sizes.");
-ABSL_FLAG(std::string, shapes, "full,star", "Mesh shapes: full, star.");
+ABSL_FLAG(std::string, shapes, "full,tree", "Mesh shapes: full, tree.");
+ABSL_FLAG(int, fanout, 16, "A tree's fanout (a GPU worker's control mesh's).");
 ABSL_FLAG(int, repeats, 3, "Connects per shape and world size.");
 
 int main(int argc, char** argv) {
@@ -29,13 +31,14 @@ int main(int argc, char** argv) {
   uint64_t session = 1;
   for (const absl::string_view shape_name :
        absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
-    if (shape_name != "full" && shape_name != "star") {
-      std::fprintf(stderr, "--shapes: \"%s\" is not full or star\n",
+    if (shape_name != "full" && shape_name != "tree") {
+      std::fprintf(stderr, "--shapes: \"%s\" is not full or tree\n",
                    std::string(shape_name).c_str());
       return 2;
     }
-    const MeshShape shape =
-        shape_name == "star" ? MeshShape::kStar : MeshShape::kFull;
+    const MeshShape shape = shape_name == "tree"
+                                ? MeshShape::Tree(absl::GetFlag(FLAGS_fanout))
+                                : MeshShape::Full();
     for (const absl::string_view n :
          absl::StrSplit(absl::GetFlag(FLAGS_ranks), ',')) {
       int world = 0;
@@ -45,9 +48,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       const int64_t connections =
-          shape == MeshShape::kStar
-              ? world - 1
-              : static_cast<int64_t>(world) * (world - 1) / 2;
+          shape.full() ? static_cast<int64_t>(world) * (world - 1) / 2
+                       : world - 1;
       for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
         muonps::transport::TcpOptions options =
             muonps::transport::LoopbackOptions();

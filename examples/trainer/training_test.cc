@@ -2,7 +2,7 @@
 // with the Newton-Schulz algorithm it is given (the plan's), and the
 // closed training loop it checks the service against is ill-conditioned
 // enough that only a bit-identical computation can meet a 1e-5 bound
-// after 50 steps (issue: a run left the reference at step 12 because the
+// after 50 steps (once seen: a run left the reference at step 12 because the
 // reference ran NS5 where the plan ran Gram NS).
 #include "examples/trainer/training.h"
 

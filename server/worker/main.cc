@@ -264,7 +264,7 @@ int Run() {
     const int ordinal = device->ordinal;
     if (gpu_transport == "ipc") {
       make_transport = over_tcp(
-          transport::MeshShape::kFull,
+          transport::MeshShape::Full(),
           [ordinal](std::unique_ptr<transport::TcpTransport> tcp, int,
                     const auto&, uint64_t, const std::string&)
               -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
@@ -278,7 +278,7 @@ int Run() {
       // plane's TCP mesh beside it (transport/split_transport.h), so none
       // of them is a kernel spinning beside Newton-Schulz.
       make_transport = over_tcp(
-          transport::MeshShape::kStar,
+          transport::MeshShape::Tree(worker::kControlTreeFanout),
           [nccl = worker::NcclTransportFactory(
                {.coordinator = options.coordinator_channel,
                 .job = options.job,
@@ -310,7 +310,7 @@ int Run() {
     backend = worker::CpuStepBackend(tcp.io_timeout,
                                      kernels::cuda::PrecisionDType(*precision));
     make_transport =
-        over_tcp(transport::MeshShape::kFull,
+        over_tcp(transport::MeshShape::Full(),
                  [](std::unique_ptr<transport::TcpTransport> tcp, int,
                     const auto&, uint64_t, const std::string&)
                      -> absl::StatusOr<std::unique_ptr<transport::Transport>> {

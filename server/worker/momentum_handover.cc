@@ -178,7 +178,7 @@ absl::Status HandOverMomentum(const HandoverContext& c,
     }
     held[r] = r == stacks.rank ? mine.held : std::vector<HeldItem>(h.held);
     if (h.held == 0) continue;
-    if (absl::Status s = control.Broadcast(
+    if (absl::Status s = control.BroadcastBytes(
             held[r].data(), held[r].size() * sizeof(HeldItem), r);
         !s.ok()) {
       return transport_failed(s);

@@ -57,6 +57,31 @@ TEST_F(MomentumHandoverTest, MovedMomentumFollowsItsOwnerBitForBit) {
   ExpectParamsMatch(reference);
 }
 
+// The same over control messages passed along a chain (a control tree of
+// fanout 1: 0 - 1 - 2): every rank's announcement is broadcast from it
+// through its neighbors, hop by hop.
+class MomentumHandoverControlChainTest : public MomentumHandoverTest {
+ protected:
+  bool SplitControl() const override { return true; }
+  int ControlTreeFanout() const override { return 1; }
+};
+
+TEST_F(MomentumHandoverControlChainTest,
+       MovedMomentumFollowsItsOwnerBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+  ReferenceSteps reference;
+  int64_t resets = 0;
+  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 0, 2, &resets));
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(2, 1)));
+  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 3, 3, &resets));
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(3, 2)));
+  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 4, 5, &resets));
+  EXPECT_EQ(resets, 0);
+  EXPECT_TRUE(engines_[2]->Momentum("rep.a", 0).ok());
+  ExpectParamsMatch(reference);
+}
+
 // Three workers with trainers and a dedicated fourth.
 class MomentumHandoverDedicatedTest : public MomentumHandoverTest {
  protected:

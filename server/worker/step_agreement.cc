@@ -160,13 +160,9 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   CopyProblem(std::string(problem.message()), mine.problem);
   *decision = RoundDecision{};
   std::vector<StepHeader> headers;
+  MUONPS_RETURN_IF_ERROR(OpenRound());
   if (plan_.rank == 0) {
-    // Workers with no trainer learn of the round from rank 0.
-    for (int r = trainers_; r < size; ++r) {
-      MUONPS_RETURN_IF_ERROR(
-          control_.Send(RoundOpening{kRoundOpeningMagic, 0}, r));
-    }
-    MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers, 0));
+    MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers));
     *decision = DecideRound(headers, trainers_, plan_.ownership.worker_ids,
                             ledger_.instance);
     if (static_cast<RoundKind>(decision->kind) == RoundKind::kGo) {
@@ -201,14 +197,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
       }
     }
   } else {
-    if (trainer_ == nullptr) {
-      RoundOpening opening{};
-      MUONPS_RETURN_IF_ERROR(control_.Recv(&opening, 0));
-      if (opening.magic != kRoundOpeningMagic) {
-        return absl::InternalError("rank 0 opened a round with another wire");
-      }
-    }
-    MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers, 0));
+    MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &headers));
   }
   // The decision and the round's roster (RoundRoster) in one broadcast.
   static_assert(sizeof(RoundDecision) % sizeof(int32_t) == 0,
@@ -232,7 +221,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     round.Write(told.data() + kDecisionInts);
   }
   MUONPS_RETURN_IF_ERROR(
-      control_.Broadcast(told.data(), told.size() * sizeof(int32_t), 0));
+      control_.BroadcastBytes(told.data(), told.size() * sizeof(int32_t), 0));
   std::memcpy(decision, told.data(), sizeof(RoundDecision));
   round.Read(told.data() + kDecisionInts, size);
   barrier_ = round.barrier;
@@ -252,6 +241,25 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   if (round.exchange) MUONPS_RETURN_IF_ERROR(ExchangeWindows(round.windows));
   if (plan_.ownership.dedicated > 0) {
     MUONPS_RETURN_IF_ERROR(ShareFollowerInfo());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RoundAgreement::OpenRound() {
+  const transport::RankTree& tree = control_.tree();
+  if (trainer_ == nullptr && plan_.rank != 0) {
+    const int parent = tree.Parent(plan_.rank);
+    RoundOpening opening{};
+    MUONPS_RETURN_IF_ERROR(control_.Recv(&opening, parent));
+    if (opening.magic != kRoundOpeningMagic) {
+      return absl::InternalError(
+          absl::StrCat("rank ", parent, " opened a round with another wire"));
+    }
+  }
+  for (const int child : tree.Children(plan_.rank)) {
+    if (child < trainers_) continue;
+    MUONPS_RETURN_IF_ERROR(
+        control_.Send(RoundOpening{kRoundOpeningMagic, 0}, child));
   }
   return absl::OkStatus();
 }
@@ -301,8 +309,8 @@ absl::Status RoundAgreement::ShareFollowerInfo() {
     return absl::InternalError("rank 0 described another job");
   }
   values.resize(header.adamw_count + header.matrix_count);
-  MUONPS_RETURN_IF_ERROR(
-      control_.Broadcast(values.data(), values.size() * sizeof(int64_t), 0));
+  MUONPS_RETURN_IF_ERROR(control_.BroadcastBytes(
+      values.data(), values.size() * sizeof(int64_t), 0));
   if (trainer_ != nullptr) return absl::OkStatus();
   roster_.follower_adamw.assign(values.begin(),
                                 values.begin() + header.adamw_count);
@@ -316,9 +324,9 @@ absl::Status RoundAgreement::ExchangeWindows(absl::Span<const uint64_t> ids) {
   const WindowRecord mine =
       trainer_ == nullptr ? WindowRecord{} : trainer_->window;
   std::vector<WindowRecord> records;
-  MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &records, 0));
+  MUONPS_RETURN_IF_ERROR(control_.Gather(mine, &records));
   records.resize(size);
-  MUONPS_RETURN_IF_ERROR(control_.Broadcast(
+  MUONPS_RETURN_IF_ERROR(control_.BroadcastBytes(
       records.data(), records.size() * sizeof(WindowRecord), 0));
   for (int r = 0; r < size; ++r) {
     if (records[r].id != ids[r]) {
@@ -335,13 +343,13 @@ absl::Status RoundAgreement::ExchangeWindows(absl::Span<const uint64_t> ids) {
       plan_.windows.Open(records, plan_.rank, targets, plan_.lender);
   std::vector<WriterVote> votes;
   MUONPS_RETURN_IF_ERROR(
-      control_.Gather(WriterVote{writes ? 1 : 0, 0}, &votes, 0));
+      control_.Gather(WriterVote{writes ? 1 : 0, 0}, &votes));
   std::vector<int32_t> writers(size, 0);
   if (plan_.rank == 0) {
     for (int r = 0; r < size; ++r) writers[r] = votes[r].writes;
   }
-  MUONPS_RETURN_IF_ERROR(
-      control_.Broadcast(writers.data(), writers.size() * sizeof(int32_t), 0));
+  MUONPS_RETURN_IF_ERROR(control_.BroadcastBytes(
+      writers.data(), writers.size() * sizeof(int32_t), 0));
   int writing = 0;
   for (const int32_t w : writers) writing += w != 0 ? 1 : 0;
   spdlog::info(
@@ -354,7 +362,7 @@ absl::Status RoundAgreement::ExchangeWindows(absl::Span<const uint64_t> ids) {
 
 absl::Status RoundAgreement::Barrier() {
   std::vector<BarrierMark> marks;
-  MUONPS_RETURN_IF_ERROR(control_.Gather(BarrierMark{1, 0}, &marks, 0));
+  MUONPS_RETURN_IF_ERROR(control_.Gather(BarrierMark{1, 0}, &marks));
   BarrierMark done{1, 0};
   return control_.Broadcast(&done, 0);
 }

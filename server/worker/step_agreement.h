@@ -80,6 +80,11 @@ class RoundAgreement {
   // fixes, `intact`'s own for lent memory that is not whole.
   absl::Status LocalProblem(const StepRequest& request,
                             const absl::Status& intact);
+  // Workers with no trainer learn of a round from their parent in the
+  // control tree (RoundOpening), which tells its children with no trainer
+  // once it is in the round itself: its trainer called, or its own parent
+  // told it.
+  absl::Status OpenRound();
   // Rank 0 tells workers with no trainer what they need of the trainers'
   // tensors (StepRoster's follower fields).
   absl::Status ShareFollowerInfo();

@@ -230,6 +230,22 @@ TEST_F(StepAtomicitySplitControlTest,
   SweepEveryTransportCall();
 }
 
+// And with the control messages passed along a chain (a control tree of
+// fanout 1: 0 - 1 - 2), as a GPU job's pass along a tree past 17 workers:
+// rank 1 passes every gather up and every broadcast on, and a failure at
+// any of its calls (or of the others') still leaves the failure-free
+// parameters.
+class StepAtomicityControlChainTest : public StepAtomicityTest {
+ protected:
+  bool SplitControl() const override { return true; }
+  int ControlTreeFanout() const override { return 1; }
+};
+
+TEST_F(StepAtomicityControlChainTest,
+       AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
+  SweepEveryTransportCall();
+}
+
 class StepStallTest : public StepAtomicityTest {
  protected:
   absl::Duration IoTimeout() const override { return absl::Milliseconds(300); }
@@ -263,7 +279,35 @@ TEST_F(StepStallTest, AStallAtTheCommitPhasesCommitsOnceOrNowhere) {
   ExpectBiasGradientIsTheMeanOf(step - 1);
 }
 
-// The wedge: rank 0 finished the step and a peer failed at its very
+// The same stalls on a chain of control messages (0 - 1 - 2), at rank 1,
+// which passes each of the four commit messages on: it receives and
+// sends one of each, eight calls. Its neighbors on either side time out
+// on it; the step still commits on every rank or on none.
+class StepStallControlChainTest : public StepStallTest {
+ protected:
+  bool SplitControl() const override { return true; }
+  int ControlTreeFanout() const override { return 1; }
+};
+
+TEST_F(StepStallControlChainTest, AStallOfTheMiddleRankCommitsOnceOrNowhere) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  int64_t step = 0;
+  const std::vector<int64_t> calls = ProbeEachWorker(&step, &reference);
+  for (int64_t call = calls[1] - 8; call < calls[1]; ++call) {
+    SetFault(1, {.step = step, .call = call, .stall = absl::Milliseconds(700)});
+    RunTrainerLoops(step, step + 1);
+    reference.Step(step);
+    reference.Step(step + 1);
+    step += 2;
+    SetFault(1, {});
+    ASSERT_FALSE(HasFailure()) << "stall at call " << call << " of 1";
+  }
+  ExpectParamsMatch(reference);
+  ExpectBiasGradientIsTheMeanOf(step - 1);
+}
+
+// A wedge once seen: rank 0 finished the step and a peer failed at its very
 // last call. The peer's retry finishes (already applied, nothing twice)
 // once rank 0's trainer goes on; before, rank 0 answered already_applied,
 // went on alone, and the two were refused at different steps for good.

@@ -217,11 +217,15 @@ CommitOutcome RunCommitPhases(
     // may commit, and this staging is what this rank then applies.
     ledger.staged.voted = vote.yes != 0;
     std::vector<StepVote> unused;
-    absl::Status sent = control.Gather(vote, &unused, 0);
+    absl::Status sent = control.Gather(vote, &unused);
     if (sent.ok()) at(StepPoint::kPrepared);
-    if (sent.ok()) sent = control.Broadcast(&decision, 0);
-    if (!sent.ok() || decision.step_id != step) {
-      if (sent.ok()) {
+    // Passed on to this rank's children in the control tree once it
+    // arrived: a rank that has it acts on it, as rank 0 does, even where
+    // passing it on failed.
+    bool arrived = false;
+    if (sent.ok()) sent = control.Broadcast(&decision, 0, &arrived);
+    if (!arrived || decision.step_id != step) {
+      if (arrived) {
         sent = absl::InternalError(absl::StrCat(
             "rank 0 decided step ", decision.step_id, ", not ", step));
       }
@@ -233,13 +237,14 @@ CommitOutcome RunCommitPhases(
       }
       return out;
     }
+    told = sent;
   } else {
     std::string why =
         refusal.ok() ? "" : absl::StrCat(Who(ids, 0), ": ", refusal.message());
     absl::StatusCode code = refusal.code();
     // Every vote in one launch.
     std::vector<StepVote> votes;
-    absl::Status heard = control.Gather(vote, &votes, 0);
+    absl::Status heard = control.Gather(vote, &votes);
     if (!heard.ok()) {
       // Unheard: the step cannot commit. The peers that voted yes are in
       // doubt until a retry's round tells them this rank did not commit it.
@@ -320,7 +325,7 @@ CommitOutcome RunCommitPhases(
   CommitConfirmation mine{step, 1, 0};
   absl::Status confirmed;
   std::vector<CommitConfirmation> confirmations;
-  confirmed = control.Gather(mine, &confirmations, 0);
+  confirmed = control.Gather(mine, &confirmations);
   for (int r = 1; r < size && rank == 0 && confirmed.ok(); ++r) {
     const CommitConfirmation& theirs = confirmations[r];
     if (theirs.step_id != step || !theirs.done) {

@@ -7,6 +7,13 @@
 // Either way a message leaves only after the work enqueued on the ops'
 // stream() before it is done, as it would behind it on that stream: over
 // a host transport from a device, the call waits for the stream first.
+//
+// Gathers and broadcasts pass along the control transport's tree
+// (Transport::tree(), transport/rank_tree.h), from neighbor to neighbor: a
+// star where every pair of ranks is connected (one hop, rank 0 exchanging
+// with every rank), and on a GPU worker's control mesh a tree of
+// kControlTreeFanout, so that no rank handles more than fanout + 1
+// messages a round however many ranks the job has.
 // Used by one thread (the step's).
 #ifndef MUONPS_SERVER_WORKER_STEP_CONTROL_H_
 #define MUONPS_SERVER_WORKER_STEP_CONTROL_H_
@@ -14,6 +21,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,10 +29,17 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/device_ops.h"
+#include "transport/rank_tree.h"
 #include "transport/transport.h"
 
 namespace muonps {
 namespace worker {
+
+// The fanout of a GPU worker's control mesh (transport::MeshShape::Tree).
+// Up to 17 ranks it is a star; at 1024 ranks a round passes 3 hops each
+// way, and rank 0 handles 32 messages instead of 2046 (each costs a rank
+// 5-7 us of host time: bench/control_rounds).
+constexpr int kControlTreeFanout = 16;
 
 class ControlChannel {
  public:
@@ -32,14 +47,7 @@ class ControlChannel {
   // the transport's memory that messages pass through (ignored on the
   // host); a longer message gets its own.
   ControlChannel(transport::Transport* transport, kernels::DeviceOps* ops,
-                 kernels::FloatBuffer* scratch, absl::Duration timeout)
-      : data_(*transport),
-        t_(*transport->control()),
-        ops_(*ops),
-        scratch_(scratch),
-        timeout_(timeout),
-        stream_(t_.memory() == MemoryKind::kHost ? kHostStream
-                                                 : ops_.stream()) {}
+                 kernels::FloatBuffer* scratch, absl::Duration timeout);
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
 
@@ -74,39 +82,50 @@ class ControlChannel {
       return t_.Recv(data, kFloats, DType::kFloat32, peer, stream_);
     });
   }
-  // Every rank's `mine` to `root` in one transport group (one launch and
-  // one host wait, whatever the number of ranks). On the root `all` holds
-  // them by rank, its own included; elsewhere it is left as it is. A
-  // failure does not say which peer's message is missing.
+  // Every rank's `mine` to rank 0 along the tree: each rank receives its
+  // children's subtrees in one transport group (one launch and one host
+  // wait, whatever their number), then passes its own subtree on to its
+  // parent as one message. On rank 0 `all` holds them by rank, its own
+  // included; elsewhere it is left as it is. A failure does not say which
+  // rank's message is missing.
   template <typename T>
-  absl::Status Gather(const T& mine, std::vector<T>* all, int root) {
+  absl::Status Gather(const T& mine, std::vector<T>* all) {
     constexpr size_t kFloats = FloatsOf<T>();
-    if (t_.rank() != root) return Send(mine, root);
-    const int size = t_.size();
-    all->assign(size, T{});
-    (*all)[root] = mine;
-    return Exchange(all->data(), kFloats * size, [&](void* data) {
-      MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-      absl::Status received;
-      for (int r = 0; r < size && received.ok(); ++r) {
-        if (r == root) continue;
-        received = t_.Recv(static_cast<float*>(data) + r * kFloats, kFloats,
-                           DType::kFloat32, r, stream_);
-      }
-      // Closed also after a refused call (the transport is broken then).
-      const absl::Status ended = t_.GroupEnd();
-      return received.ok() ? ended : received;
-    });
+    std::vector<T> subtree(subtree_.size());
+    subtree[0] = mine;
+    MUONPS_RETURN_IF_ERROR(GatherSubtree(subtree.data(), kFloats));
+    if (t_.rank() != 0) return absl::OkStatus();
+    all->assign(subtree.size(), T{});
+    for (size_t i = 0; i < subtree.size(); ++i) {
+      (*all)[subtree_[i]] = subtree[i];
+    }
+    return absl::OkStatus();
   }
+  // `root`'s message to every rank along the tree: each rank receives it
+  // from its neighbor toward `root` and passes it on to its other
+  // neighbors in one group. `arrived` (may be null) is set once it is in
+  // `message`, so a rank that failed to pass on what it received knows
+  // it has it.
   template <typename T>
-  absl::Status Broadcast(T* message, int root) {
-    return Broadcast(message, FloatsOf<T>() * sizeof(float), root);
+  absl::Status Broadcast(T* message, int root, bool* arrived = nullptr) {
+    return BroadcastBytes(message, FloatsOf<T>() * sizeof(float), root,
+                          arrived);
   }
   // `bytes` of host memory (an array of messages), a multiple of 4: they
-  // travel as bytes / 4 fp32 elements. INVALID_ARGUMENT otherwise.
-  absl::Status Broadcast(void* message, size_t bytes, int root);
+  // travel as bytes / 4 fp32 elements. INVALID_ARGUMENT otherwise, or for
+  // a root that is not a rank.
+  absl::Status BroadcastBytes(void* message, size_t bytes, int root,
+                              bool* arrived = nullptr);
+
+  // The tree the messages pass along.
+  const transport::RankTree& tree() const { return tree_; }
 
  private:
+  // `subtree` holds this rank's subtree's messages in preorder (its own
+  // first), `floats` each: its children's arrive, then it goes on to the
+  // parent.
+  absl::Status GatherSubtree(void* subtree, size_t floats);
+
   transport::Transport& data_;  // what the stream waits on (bounded)
   transport::Transport& t_;     // where the messages go
   kernels::DeviceOps& ops_;
@@ -115,6 +134,11 @@ class ControlChannel {
   // What the control transport's calls are ordered on: kHostStream for a
   // host transport, the ops' stream() for a device one.
   const Stream stream_;
+  const transport::RankTree tree_;
+  // This rank's subtree in preorder (transport::RankTree::Preorder), and
+  // where each child's begins in it.
+  const std::vector<int> subtree_;
+  std::vector<std::pair<int, size_t>> children_;  // {rank, first index}
 };
 
 }  // namespace worker

@@ -1,11 +1,13 @@
-// ControlChannel's Gather over a real transport (TCP ranks as threads of
-// this process): every rank's message reaches the root by rank, in one
-// group, whichever rank is the root. And over a host transport beside a
+// ControlChannel's Gather and Broadcast over real transports (TCP ranks as
+// threads of this process) of every shape, full meshes and trees: every
+// rank's message reaches rank 0 by rank, and a broadcast from any rank
+// reaches every rank. And over a host transport beside a
 // device one (transport/split_transport.h): a message leaves only after
 // the device's stream is done, and not at all when that wait fails.
 #include "server/worker/step_control.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,37 +29,132 @@ struct Message {
   int32_t yes;
 };
 
-TEST(ControlChannelTest, GatherBringsEveryRanksMessageToTheRootByRank) {
-  constexpr int kWorld = 3;
-  for (int root = 0; root < kWorld; ++root) {
-    auto world = transport::ConnectLoopbackWorld(kWorld, /*session=*/41 + root,
-                                                 transport::LoopbackOptions());
-    ASSERT_TRUE(world.ok()) << world.status();
-    std::vector<std::vector<Message>> got(kWorld);
-    std::vector<absl::Status> status(kWorld);
-    transport::RunOnEveryRank(kWorld, [&](int rank) {
-      kernels::CpuDeviceOps ops;
-      ControlChannel control((*world)[rank].get(), &ops, /*scratch=*/nullptr,
-                             absl::Seconds(10));
-      got[rank] = {Message{-7, -7, -7}};  // left as it is off the root
-      status[rank] =
-          control.Gather(Message{100 + rank, rank, rank % 2}, &got[rank], root);
-    });
-    for (int rank = 0; rank < kWorld; ++rank) {
+// Ranks of a real TCP mesh (threads of this process) of `shape`, `world`
+// of them, each with a ControlChannel, running `body` on every rank.
+void OnEveryChannel(
+    int world, transport::MeshShape shape, uint64_t session,
+    const std::function<void(int rank, ControlChannel& control)>& body) {
+  transport::TcpOptions options = transport::LoopbackOptions();
+  options.shape = shape;
+  auto ranks = transport::ConnectLoopbackWorld(world, session, options);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  transport::RunOnEveryRank(world, [&](int rank) {
+    kernels::CpuDeviceOps ops;
+    ControlChannel control((*ranks)[rank].get(), &ops, /*scratch=*/nullptr,
+                           absl::Seconds(10));
+    body(rank, control);
+  });
+}
+
+struct Shape {
+  int world;
+  transport::MeshShape mesh;
+};
+
+// A star of a full mesh, a star of a tree mesh, a chain and a tree of
+// depth 3.
+const Shape kShapes[] = {
+    {3, transport::MeshShape::Full()},
+    {5, transport::MeshShape::Tree(kControlTreeFanout)},
+    {4, transport::MeshShape::Tree(1)},
+    {11, transport::MeshShape::Tree(2)},
+};
+
+TEST(ControlChannelTest, GatherBringsEveryRanksMessageToRankZeroByRank) {
+  uint64_t session = 40;
+  for (const Shape& shape : kShapes) {
+    std::vector<std::vector<Message>> got(shape.world);
+    std::vector<absl::Status> status(shape.world);
+    OnEveryChannel(
+        shape.world, shape.mesh, ++session,
+        [&](int rank, ControlChannel& control) {
+          got[rank] = {Message{-7, -7, -7}};  // left as it is off rank 0
+          status[rank] =
+              control.Gather(Message{100 + rank, rank, rank % 2}, &got[rank]);
+        });
+    for (int rank = 0; rank < shape.world; ++rank) {
       ASSERT_TRUE(status[rank].ok()) << "rank " << rank << ": " << status[rank];
-      if (rank != root) {
+      if (rank != 0) {
         ASSERT_EQ(got[rank].size(), 1u);
         EXPECT_EQ(got[rank][0].step, -7);
         continue;
       }
-      ASSERT_EQ(got[rank].size(), static_cast<size_t>(kWorld));
-      for (int r = 0; r < kWorld; ++r) {
-        EXPECT_EQ(got[rank][r].step, 100 + r) << "root " << root;
+      ASSERT_EQ(got[rank].size(), static_cast<size_t>(shape.world));
+      for (int r = 0; r < shape.world; ++r) {
+        EXPECT_EQ(got[rank][r].step, 100 + r) << shape.world;
         EXPECT_EQ(got[rank][r].rank, r);
         EXPECT_EQ(got[rank][r].yes, r % 2);
       }
     }
   }
+}
+
+TEST(ControlChannelTest, BroadcastFromAnyRankReachesEveryRank) {
+  uint64_t session = 50;
+  for (const Shape& shape : kShapes) {
+    std::vector<absl::Status> status(shape.world);
+    OnEveryChannel(shape.world, shape.mesh, ++session,
+                   [&](int rank, ControlChannel& control) {
+                     for (int root = 0; root < shape.world; ++root) {
+                       Message m = rank == root ? Message{200 + root, root, 1}
+                                                : Message{-1, -1, -1};
+                       bool arrived = false;
+                       status[rank] = control.Broadcast(&m, root, &arrived);
+                       if (!status[rank].ok()) return;
+                       EXPECT_TRUE(arrived);
+                       EXPECT_EQ(m.step, 200 + root) << "rank " << rank;
+                       EXPECT_EQ(m.rank, root);
+                       // An array of them, as the handover's lists travel.
+                       std::vector<int32_t> list(5 + root,
+                                                 rank == root ? root : -1);
+                       status[rank] = control.BroadcastBytes(
+                           list.data(), list.size() * sizeof(int32_t), root);
+                       if (!status[rank].ok()) return;
+                       EXPECT_EQ(list, std::vector<int32_t>(5 + root, root));
+                     }
+                   });
+    for (int rank = 0; rank < shape.world; ++rank) {
+      EXPECT_TRUE(status[rank].ok()) << "rank " << rank << ": " << status[rank];
+    }
+  }
+}
+
+// A rank of a chain 0 - 1 - 2 whose child is gone: the broadcast arrived
+// (it says so, and the message is there) though passing it on failed.
+TEST(ControlChannelTest, ARankThatCouldNotPassItOnStillHasIt) {
+  transport::TcpOptions options = transport::LoopbackOptions();
+  options.shape = transport::MeshShape::Tree(1);
+  options.io_timeout = absl::Seconds(2);
+  auto ranks = transport::ConnectLoopbackWorld(3, /*session=*/61, options);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  (*ranks)[2].reset();  // closes its connection to rank 1
+  // Larger than the socket buffers: the write meets the closed connection.
+  constexpr size_t kInts = size_t{4} << 20;
+  std::vector<absl::Status> status(2);
+  std::vector<int32_t> got;
+  bool arrived = false;
+  transport::RunOnEveryRank(2, [&](int rank) {
+    kernels::CpuDeviceOps ops;
+    ControlChannel control((*ranks)[rank].get(), &ops, /*scratch=*/nullptr,
+                           absl::Seconds(2));
+    std::vector<int32_t> m(kInts, rank == 0 ? 7 : -1);
+    status[rank] = control.BroadcastBytes(m.data(), kInts * sizeof(int32_t), 0,
+                                          rank == 1 ? &arrived : nullptr);
+    if (rank == 1) got = std::move(m);
+  });
+  EXPECT_TRUE(status[0].ok()) << status[0];
+  EXPECT_FALSE(status[1].ok());
+  EXPECT_TRUE(arrived);
+  EXPECT_EQ(got, std::vector<int32_t>(kInts, 7));
+}
+
+TEST(ControlChannelTest, ABroadcastFromNoRankIsRefused) {
+  OnEveryChannel(2, transport::MeshShape::Full(), 70,
+                 [&](int, ControlChannel& control) {
+                   Message m{};
+                   const absl::Status s = control.Broadcast(&m, 2);
+                   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+                 });
 }
 
 // What the calls of a step did, in order.

@@ -336,10 +336,13 @@ absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowStep(
 absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowLocked(
     absl::Duration wait) {
   MUONPS_RETURN_IF_ERROR(EnsureTransport());
-  // Rank 0 has a trainer; its first message opens every round: a
-  // RoundOpening, which travels as fp32 elements (ControlChannel).
-  const absl::Status opened = transport_.get()->AwaitFrom(
-      0, ControlChannel::FloatsOf<RoundOpening>(), DType::kFloat32, wait);
+  // The first message from this rank's parent in the control tree opens
+  // every round: a RoundOpening, which travels as fp32 elements
+  // (ControlChannel, RoundAgreement::OpenRound).
+  transport::Transport* const t = transport_.get();
+  const absl::Status opened = t->AwaitFrom(
+      t->control()->tree().Parent(t->rank()),
+      ControlChannel::FloatsOf<RoundOpening>(), DType::kFloat32, wait);
   if (absl::IsDeadlineExceeded(opened)) return std::nullopt;
   if (!opened.ok()) {
     transport_.Drop(opened);

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "server/worker/step_control.h"
 #include "server/worker/step_engine.h"
 #include "server/worker/wire.h"
 #include "transport/tcp_transport.h"
@@ -140,8 +141,10 @@ class StepEngineTest : public ::testing::Test {
   // The engines lend and open staging windows (CpuStepBackend's lender).
   virtual bool PeerWrites() const { return true; }
   // Control messages on a TCP mesh of their own beside the data's
-  // (transport/split_transport.h), as a GPU worker's beside NCCL.
+  // (transport/split_transport.h), as a GPU worker's beside NCCL: a tree
+  // of ControlTreeFanout() (a star of the few ranks here unless smaller).
   virtual bool SplitControl() const { return false; }
+  virtual int ControlTreeFanout() const { return kControlTreeFanout; }
 
   void SetUp() override;
   void TearDown() override;

@@ -72,6 +72,7 @@ class FaultyTransport final : public transport::Transport {
     return inner_->AwaitFrom(peer, count, dtype, timeout);
   }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
+  transport::RankTree tree() const override { return inner_->tree(); }
   transport::Transport* control() override {
     return control_ != nullptr ? control_.get() : this;
   }
@@ -121,7 +122,8 @@ TransportFactory StepEngineTest::Connector(int worker) {
   FaultState* state = faults_[worker].get();
   const absl::Duration timeout = IoTimeout();
   const bool split = SplitControl();
-  return [listener, state, timeout, split](
+  const int fanout = ControlTreeFanout();
+  return [listener, state, timeout, split, fanout](
              int rank, const std::vector<std::string>& peers, uint64_t session,
              const std::string& secret)
              -> absl::StatusOr<std::unique_ptr<transport::Transport>> {
@@ -138,11 +140,11 @@ TransportFactory StepEngineTest::Connector(int worker) {
     std::unique_ptr<transport::Transport> data = *std::move(t);
     if (split) {
       // The control messages on a mesh of their own (another session), a
-      // star around rank 0 as a GPU worker's beside NCCL.
-      transport::TcpOptions star = options;
-      star.shape = transport::MeshShape::kStar;
+      // tree rooted at rank 0 as a GPU worker's beside NCCL.
+      transport::TcpOptions tree = options;
+      tree.shape = transport::MeshShape::Tree(fanout);
       auto control = transport::TcpTransport::Connect(
-          listener, rank, peers, session | (uint64_t{1} << 62), star);
+          listener, rank, peers, session | (uint64_t{1} << 62), tree);
       if (!control.ok()) return control.status();
       MUONPS_ASSIGN_OR_RETURN(data, transport::SplitTransport::Create(
                                         std::move(data), *std::move(control)));

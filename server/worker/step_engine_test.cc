@@ -439,6 +439,24 @@ TEST_F(StepEngineDedicatedTest, AWorkerWithNoTrainerOwnsMatricesOfEveryLayout) {
       << refused.status();
 }
 
+// The dedicated worker at the end of a chain of control messages (a
+// control tree of fanout 1: 0 - 1 - 2 - 3): rank 2, which has a trainer,
+// opens each round for it, and every gather and broadcast passes along
+// three hops.
+class StepEngineDedicatedControlChainTest : public StepEngineDedicatedTest {
+ protected:
+  bool SplitControl() const override { return true; }
+  int ControlTreeFanout() const override { return 1; }
+};
+
+TEST_F(StepEngineDedicatedControlChainTest,
+       AWorkerWithNoTrainerFollowsTheRoundsItsParentOpens) {
+  ASSERT_NO_FATAL_FAILURE(StepWithTheDedicatedOwner());
+  for (const char* owned : {"rep.a", "unr.a", "row.a"}) {
+    EXPECT_TRUE(engines_[3]->Momentum(owned, 0).ok()) << owned;
+  }
+}
+
 // Updates rounded to bf16, as Newton-Schulz in bf16 on a GPU makes them:
 // they move and wait in bf16 (broadcast, scattered rows, and an owner with
 // no trainer rounding its own into its stack's 16-bit buffer), and every
