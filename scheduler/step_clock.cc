@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <future>
 #include <iterator>
 #include <limits>
@@ -541,9 +542,22 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   return r;
 }
 
+double ControlMessagesOnPath(int workers, int fanout) {
+  if (workers <= 1) return 0;
+  if (fanout <= 0 || fanout >= workers - 1) return 2.0 * (workers - 1);
+  // Levels below rank 0 until every rank has a place.
+  int depth = 0;
+  for (int64_t placed = 1, level = 1; placed < workers; ++depth) {
+    level *= fanout;
+    placed += level;
+  }
+  return 2.0 * (fanout + (depth - 1) * (fanout + 1.0));
+}
+
 double ControlSeconds(int workers, const ClockSettings& settings) {
   return settings.control_rounds_ms * 1e-3 +
-         kControlRoundsPerStep * 2.0 * std::max(workers - 1, 0) *
+         kControlRoundsPerStep *
+             ControlMessagesOnPath(workers, settings.control_tree_fanout) *
              settings.control_message_us * 1e-6;
 }
 

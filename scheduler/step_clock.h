@@ -38,11 +38,11 @@
 // - The stage ends when the last update has landed and every compute
 //   stream is done. Then the commit: the control rounds
 //   (ControlSeconds: `control_rounds_ms`, and `control_message_us` for
-//   each message rank 0 sends or receives) plus applying the staged updates to
-//   the trainer's fp32 parameters, memory bound at 8 bytes of parameter read
-//   and written plus the update's bytes per parameter the worker's trainer
-//   holds (all of them; 1/N of a row-sharded matrix's rows) over
-//   `hbm_bytes_per_second`.
+//   each message on a round's busiest path through the control tree) plus
+//   applying the staged updates to the trainer's fp32 parameters, memory bound
+//   at 8 bytes of parameter read and written plus the update's bytes per
+//   parameter the worker's trainer holds (all of them; 1/N of a row-sharded
+//   matrix's rows) over `hbm_bytes_per_second`.
 // - Peer writes (server/worker/staging_windows.h): within an owner group
 //   whose workers are all on one node (without groups: every worker on one
 //   node), when every trainer keeps every parameter whole, an owner copies
@@ -148,14 +148,17 @@ struct ClockSettings {
   int update_bytes_per_element = 2;  // updates (bf16 Newton-Schulz)
   double hbm_bytes_per_second = 4.3e12;
   double control_rounds_ms = 4.0;
-  // Rank 0's host time per control message: each of a step's
-  // kControlRoundsPerStep rounds gathers every rank's message at rank 0
-  // over the TCP star of the control messages and sends its answer to
-  // each, 2 (N - 1) messages one after another (bench/control_rounds), on
-  // top of control_rounds_ms. Only where the clocked workers are the job's
-  // ranks (a group clocked alone is not): the coordinator leaves it 0,
-  // since a term of the job's size does not change which plan wins.
+  // A rank's host time per control message, and the fanout of the tree
+  // the messages pass along (server/worker/step_control.h; 0: a star).
+  // Each of a step's kControlRoundsPerStep rounds gathers every rank's
+  // message at rank 0 and broadcasts its answer, from neighbor to
+  // neighbor along the tree, one message after another on each rank: the
+  // busiest path has ControlMessagesOnPath of them (bench/control_rounds),
+  // on top of control_rounds_ms. Only where the clocked workers are the
+  // job's ranks (a group clocked alone is not): the coordinator leaves it
+  // 0, since a term of the job's size does not change which plan wins.
   double control_message_us = 0;
+  int control_tree_fanout = 0;
   double transfer_contention = 0;
   bool peer_writes = true;
 };
@@ -164,9 +167,17 @@ struct ClockSettings {
 // and the confirmation (server/worker/step_run.h).
 inline constexpr int kControlRoundsPerStep = 3;
 
+// The messages one round passes through one after another on its
+// busiest path among `workers` ranks on a tree of `fanout` (0: a star):
+// up the tree, each rank on the way receives its children's and sends its
+// parent one (rank 0 has none); down, the reverse. 2 (workers - 1) for a
+// star; 2 (k + (depth - 1)(k + 1)) for a tree of k children and `depth`
+// levels below rank 0.
+double ControlMessagesOnPath(int workers, int fanout);
+
 // Seconds of a step's control rounds among `workers` ranks:
-// control_rounds_ms plus control_message_us for each of the
-// 2 (workers - 1) messages of each round at rank 0.
+// control_rounds_ms plus control_message_us for each message on each
+// round's busiest path (ControlMessagesOnPath).
 double ControlSeconds(int workers, const ClockSettings& settings);
 
 struct StepClock {

@@ -141,6 +141,7 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   // plans above were weighed without them, as the coordinator weighs them).
   scheduler::ClockSettings job = settings;
   job.control_message_us = config.control_message_us;
+  job.control_tree_fanout = config.control_tree_fanout;
   scheduler::StepClock clock =
       scheduler::ClockStep(config.matrices, *schedule, stack_seconds, n, job);
 

@@ -75,12 +75,14 @@ struct SimConfig {
   // 4.3 ms) plus their vote and confirm.
   double hbm_bytes_per_second = 4.3e12;
   double control_rounds_ms = 4.0;
-  // Rank 0's host time per control message (ClockSettings::
+  // A rank's host time per control message (ClockSettings::
   // control_message_us), for the step of the whole job: 6.3 us, measured by
   // bench/control_rounds with 512 ranks on the 16 cores of an H200 host
   // (bench/results/2026-12-03-h200-host-control-rounds.jsonl; 12 us on 2
-  // cores).
+  // cores). The messages pass along a tree of control_tree_fanout (a GPU
+  // worker's: worker::kControlTreeFanout; 0: a star).
   double control_message_us = 6.3;
+  int control_tree_fanout = 16;
   // Compute slowdown while transfers are in flight (see the model above);
   // 0: none.
   double transfer_contention = 0;
@@ -143,7 +145,8 @@ struct SimResult {
 // --gpus_per_node, --nvlink_gbs, --inter_node_gbs, --latency_us,
 // --hop_latency_us, --reduce_gbs, --cost_table, --cost_scale,
 // --wire_bytes_per_element,
-// --hbm_bw, --control_rounds_ms, --control_message_us, --transfer_contention,
+// --hbm_bw, --control_rounds_ms, --control_message_us, --control_tree_fanout,
+// --transfer_contention,
 // --copy_engine_gbs,
 // --model) for
 // values out of range; OK otherwise.

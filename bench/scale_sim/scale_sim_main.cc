@@ -55,9 +55,12 @@
 //   --hbm_bw             B/s applying the updates (8 B of fp32 parameter
 //                        plus the update's bytes per parameter a trainer
 //                        holds); default 4.3e12 (H200; H100 3.0e12)
-//   --control_message_us rank 0's time per control message, on top:
-//                        2 (N - 1) a round, 3 rounds a step; default 6.3
-//                        (bench/control_rounds, 512 ranks on 16 cores)
+//   --control_message_us a rank's time per control message, on top: the
+//                        busiest path's messages a round, 3 rounds a step;
+//                        default 6.3 (bench/control_rounds, 512 ranks on
+//                        16 cores)
+//   --control_tree_fanout  the tree the control messages pass along; default
+//                        16 (a GPU worker's), 0 a star around rank 0
 //   --control_rounds_ms  agree + vote + confirm; default 4 (the H100
 //                        timelines' agree round, host_ms.agreed 2.3-4.3 ms,
 //                        plus vote and confirm)
@@ -146,8 +149,10 @@ ABSL_FLAG(double, hbm_bw, 4.3e12,
 ABSL_FLAG(double, control_rounds_ms, 4.0,
           "Agree + vote + confirm rounds per step (ms).");
 ABSL_FLAG(double, control_message_us, 6.3,
-          "Rank 0's host time per control message (us): each round sends "
-          "and receives 2 (N - 1) of them over the control star.");
+          "A rank's host time per control message (us): each round passes "
+          "those of its busiest path along the control tree.");
+ABSL_FLAG(int, control_tree_fanout, 16,
+          "Fanout of the tree the control messages pass along (0: a star).");
 ABSL_FLAG(double, transfer_contention, 0,
           "Compute runs 1 + this times slower while transfers are in flight.");
 ABSL_FLAG(std::string, measured, "",
@@ -186,6 +191,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.hbm_bytes_per_second = absl::GetFlag(FLAGS_hbm_bw);
   c.control_rounds_ms = absl::GetFlag(FLAGS_control_rounds_ms);
   c.control_message_us = absl::GetFlag(FLAGS_control_message_us);
+  c.control_tree_fanout = absl::GetFlag(FLAGS_control_tree_fanout);
   c.transfer_contention = absl::GetFlag(FLAGS_transfer_contention);
   c.wire_bytes_per_element = absl::GetFlag(FLAGS_wire_bytes_per_element);
   c.update_bytes_per_element = absl::GetFlag(FLAGS_update_bytes_per_element);
@@ -212,6 +218,7 @@ void AddSettings(const bench::SimConfig& c, nlohmann::ordered_json* j) {
   (*j)["hbm_bw"] = c.hbm_bytes_per_second;
   (*j)["control_rounds_ms"] = c.control_rounds_ms;
   (*j)["control_message_us"] = c.control_message_us;
+  (*j)["control_tree_fanout"] = c.control_tree_fanout;
   (*j)["transfer_contention"] = c.transfer_contention;
   (*j)["peer_writes"] = c.peer_writes;
   (*j)["copy_engine_gbs"] = c.links.copy_engine_gbs;

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/cost_table.h"
+#include "server/worker/step_control.h"
 
 namespace muonps {
 namespace bench {
@@ -184,13 +185,15 @@ TEST(ScaleSimTest, CommitIsControlRoundsPlusApplyingHeldParameters) {
                    r.parameters * 10.0 / 3e12 / 8);
 }
 
-TEST(ScaleSimTest, ControlMessagesThroughRankZeroGrowWithTheRanks) {
+TEST(ScaleSimTest, ControlMessagesThroughAStarGrowWithTheRanks) {
   // Each of the three rounds a step gathers every rank's message at rank 0
-  // and sends its answer to each: 2 (N - 1) messages a round, one after
-  // another, on top of the rounds' fixed cost. Only the whole job's clock
-  // counts them: the plans are weighed without (the coordinator's way).
+  // and sends its answer to each: on a star 2 (N - 1) messages a round, one
+  // after another, on top of the rounds' fixed cost. Only the whole job's
+  // clock counts them: the plans are weighed without (the coordinator's
+  // way).
   for (const int gpus : {2, 64, 1024}) {
     SimConfig c = Config("llama3_8b_8layers", gpus, Layout::kReplicated);
+    c.control_tree_fanout = 0;
     const SimResult without = *SimulateStep(c);
     c.control_message_us = 5;
     const SimResult with = *SimulateStep(c);
@@ -212,8 +215,33 @@ TEST(ScaleSimTest, ControlMessagesThroughRankZeroGrowWithTheRanks) {
   // past 64 GPUs, more than the rest of the 8 layers' replicated step.
   SimConfig c = Config("llama3_8b_8layers", 1024, Layout::kReplicated);
   c.control_message_us = SimConfig{}.control_message_us;
+  c.control_tree_fanout = 0;
   const SimResult r = *SimulateStep(c);
   EXPECT_EQ(r.clock.limited_by, "commit");
+}
+
+TEST(ScaleSimTest, ControlMessagesAlongATreeGrowWithItsDepth) {
+  // The workers' own fanout.
+  EXPECT_EQ(SimConfig{}.control_tree_fanout, worker::kControlTreeFanout);
+  // Up to fanout + 1 ranks the tree is a star.
+  EXPECT_EQ(scheduler::ControlMessagesOnPath(17, 16), 2.0 * 16);
+  EXPECT_EQ(scheduler::ControlMessagesOnPath(2, 16), 2.0);
+  EXPECT_EQ(scheduler::ControlMessagesOnPath(1, 16), 0.0);
+  // 18 to 273 ranks: two levels; 274 to 4369: three.
+  EXPECT_EQ(scheduler::ControlMessagesOnPath(18, 16), 2.0 * (16 + 17));
+  EXPECT_EQ(scheduler::ControlMessagesOnPath(273, 16), 2.0 * (16 + 17));
+  EXPECT_EQ(scheduler::ControlMessagesOnPath(1024, 16), 2.0 * (16 + 2 * 17));
+  // A chain: every rank passes each message on.
+  EXPECT_EQ(scheduler::ControlMessagesOnPath(5, 1), 2.0 * (1 + 3 * 2));
+  // At 1024 GPUs the 8 layers' replicated step is no longer the control
+  // rounds': 100 messages a round instead of 2046.
+  SimConfig c = Config("llama3_8b_8layers", 1024, Layout::kReplicated);
+  c.control_message_us = SimConfig{}.control_message_us;
+  const SimResult tree = *SimulateStep(c);
+  c.control_tree_fanout = 0;
+  const SimResult star = *SimulateStep(c);
+  EXPECT_NEAR(star.clock.commit_seconds - tree.clock.commit_seconds,
+              3 * (2046.0 - 100.0) * 6.3e-6, 1e-9);
 }
 
 TEST(ScaleSimTest, CriticalPathPartsAddUpToTheStep) {
