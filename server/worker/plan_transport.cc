@@ -90,6 +90,8 @@ void PlanTransport::Publish(int64_t version,
   if (version < published_version_) {
     replaced_by_ = -1;
     replaced_why_ = absl::OkStatus();
+    superseded_by_ = -1;
+    superseded_reason_.clear();
   }
   published_version_ = version;
   published_workers_ = workers;

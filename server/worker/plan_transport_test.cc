@@ -110,6 +110,30 @@ TEST_F(PlanTransportTest, APlanKeepingEveryWorkerLeavesARoundThatEndsInTime) {
   EXPECT_TRUE(transport_.Replaced().ok());
 }
 
+// A coordinator restarted without its state creates the job again, whose
+// versions start over below the old ones: what superseded the old job's
+// versions says nothing about the new job's, whose transport is not
+// aborted (it was, keep_for after it was built, naming the old job's
+// version).
+TEST_F(PlanTransportTest, VersionsGoingBackwardsForgetTheOldJobsNewerPlans) {
+  EXPECT_FALSE(transport_.AbortFor({4, {"w0", "w1"}, "worker w2 joined"}));
+  transport_.Drop(absl::CancelledError("plan version 5 replaced it"));
+  transport_.Publish(5, {"w0", "w1"});
+  transport_.Drop(absl::CancelledError("the job was created again"));
+  transport_.Publish(2, {"w0", "w1"});
+  {
+    absl::MutexLock lock(&RecordingTransport::mu_);
+    aborted_ = absl::OkStatus();
+  }
+  bool built = false;
+  ASSERT_TRUE(
+      transport_.Ensure(0, {"a:1", "b:1"}, 2, absl::OkStatus(), &built).ok());
+  EXPECT_TRUE(built);
+  absl::SleepFor(3 * kKeepFor);
+  EXPECT_TRUE(Aborted().ok()) << Aborted();
+  EXPECT_TRUE(transport_.Replaced().ok());
+}
+
 }  // namespace
 }  // namespace worker
 }  // namespace muonps
