@@ -28,33 +28,40 @@ class MomentumHandoverTest : public StepEngineTest {
       reference->Step(step);
     }
   }
+
+  // Plan versions that move every matrix to another owner and back, two
+  // of them with no step between: training goes on bit for bit, with no
+  // momentum reset.
+  void MoveEveryMatrixAndBack() {
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
+    ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
+    ReferenceSteps reference;
+    int64_t resets = 0;
+    ASSERT_NO_FATAL_FAILURE(Steps(&reference, 0, 2, &resets));
+    // A shift of 1 moves every matrix to another owner: rep.a to w1.
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(2, 1)));
+    ASSERT_NO_FATAL_FAILURE(Steps(&reference, 3, 3, &resets));
+    // And again, so a matrix comes back to an owner that handed it over.
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(3, 2)));
+    ASSERT_NO_FATAL_FAILURE(Steps(&reference, 4, 5, &resets));
+    // Two versions with no step between them: the second one's handover
+    // starts from what the workers held before the first.
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(4, 0)));
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(5, 2)));
+    ASSERT_NO_FATAL_FAILURE(Steps(&reference, 6, 6, &resets));
+    EXPECT_EQ(resets, 0);
+    EXPECT_EQ(engines_[0]->Momentum("rep.a", 0).status().code(),
+              absl::StatusCode::kNotFound);  // w2 owns it now
+    EXPECT_TRUE(engines_[2]->Momentum("rep.a", 0).ok());
+    for (const auto& engine : engines_) {
+      EXPECT_EQ(engine->momentum_resets_total(), 0);
+    }
+    ExpectParamsMatch(reference);
+  }
 };
 
 TEST_F(MomentumHandoverTest, MovedMomentumFollowsItsOwnerBitForBit) {
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
-  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
-  ReferenceSteps reference;
-  int64_t resets = 0;
-  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 0, 2, &resets));
-  // A shift of 1 moves every matrix to another owner: rep.a to w1.
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(2, 1)));
-  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 3, 3, &resets));
-  // And again, so a matrix comes back to an owner that handed it over.
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(3, 2)));
-  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 4, 5, &resets));
-  // Two versions with no step between them: the second one's handover
-  // starts from what the workers held before the first.
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(4, 0)));
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(5, 2)));
-  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 6, 6, &resets));
-  EXPECT_EQ(resets, 0);
-  EXPECT_EQ(engines_[0]->Momentum("rep.a", 0).status().code(),
-            absl::StatusCode::kNotFound);  // w2 owns it now
-  EXPECT_TRUE(engines_[2]->Momentum("rep.a", 0).ok());
-  for (const auto& engine : engines_) {
-    EXPECT_EQ(engine->momentum_resets_total(), 0);
-  }
-  ExpectParamsMatch(reference);
+  MoveEveryMatrixAndBack();
 }
 
 // The same over control messages passed along a chain (a control tree of
@@ -68,18 +75,7 @@ class MomentumHandoverControlChainTest : public MomentumHandoverTest {
 
 TEST_F(MomentumHandoverControlChainTest,
        MovedMomentumFollowsItsOwnerBitForBit) {
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(1, 0)));
-  ASSERT_NO_FATAL_FAILURE(AttachEverywhere());
-  ReferenceSteps reference;
-  int64_t resets = 0;
-  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 0, 2, &resets));
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(2, 1)));
-  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 3, 3, &resets));
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(PlanWithOwners(3, 2)));
-  ASSERT_NO_FATAL_FAILURE(Steps(&reference, 4, 5, &resets));
-  EXPECT_EQ(resets, 0);
-  EXPECT_TRUE(engines_[2]->Momentum("rep.a", 0).ok());
-  ExpectParamsMatch(reference);
+  MoveEveryMatrixAndBack();
 }
 
 // Three workers with trainers and a dedicated fourth.
