@@ -163,8 +163,8 @@ struct ClockSettings {
   bool peer_writes = true;
 };
 
-// The rounds of a step that pass through rank 0: the agreement, the vote
-// and the confirmation (server/worker/step_run.h).
+// The rounds of a step that gather at rank 0 and answer every rank: the
+// agreement, the vote and the confirmation (server/worker/step_run.h).
 inline constexpr int kControlRoundsPerStep = 3;
 
 // The messages one round passes through one after another on its

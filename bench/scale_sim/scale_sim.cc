@@ -137,8 +137,9 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   const std::vector<double> stack_seconds =
       scheduler::StackSeconds(*schedule, models);
   const int n = config.gpus;
-  // The whole job's step: its control rounds pass through rank 0 (the
-  // plans above were weighed without them, as the coordinator weighs them).
+  // The whole job's step: its control rounds pass along the control tree
+  // (the plans above were weighed without them, as the coordinator weighs
+  // them).
   scheduler::ClockSettings job = settings;
   job.control_message_us = config.control_message_us;
   job.control_tree_fanout = config.control_tree_fanout;

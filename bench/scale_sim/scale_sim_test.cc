@@ -44,9 +44,9 @@ std::shared_ptr<const scheduler::CostTable> LlamaCosts() {
   return table;
 }
 
-// The step's data path: its control rounds' messages through rank 0, which
-// grow with the ranks, have a test of their own
-// (ControlMessagesThroughRankZeroGrowWithTheRanks).
+// The step's data path: its control rounds' messages, which grow with the
+// ranks, have tests of their own (ControlMessagesThroughAStarGrowWithTheRanks,
+// ControlMessagesAlongATreeGrowWithItsDepth).
 SimConfig Config(const std::string& model, int gpus,
                  Layout layout = Layout::kUnreduced) {
   SimConfig c;
