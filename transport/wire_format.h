@@ -21,8 +21,10 @@ namespace transport {
 // record and parameter repair to the step's control messages
 // (server/worker/step_protocol.h), which travel in these frames; version 5
 // the step each handed-over momentum holds (server/worker/
-// momentum_handover.h's HeldItem).
-constexpr uint32_t kWireVersion = 5;
+// momentum_handover.h's HeldItem); version 6 control gathers and broadcasts
+// passed along a tree of the ranks (rank_tree.h) as point-to-point frames,
+// a rank's subtree in one message (server/worker/step_control.h).
+constexpr uint32_t kWireVersion = 6;
 
 // The stage or outcome a Handshake message carries. A connection opens with
 // three: the connecting rank's kHello, the accepting rank's verdict, and,
