@@ -127,14 +127,20 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
   t.experts = options.experts;
   t.layer = options.layer;
   t.layout = client_internal::ToLayout(options.layout);
-  int64_t local_rows = rows;
+  if (options.shard_experts && t.layout != scheduler::Layout::kRowSharded) {
+    return InvalidField(field + ".shard_experts",
+                        "splits the experts of a row_sharded stack");
+  }
+  t.shard_experts = options.shard_experts;
+  int64_t local_rows = rows * options.experts;
   if (t.layout == scheduler::Layout::kRowSharded) {
-    const auto [begin, end] = s.RowRange(rows);
-    local_rows = end - begin;
+    local_rows = s.ShardRows(t);
     if (local_rows < 1) {
       return InvalidField(
           field,
-          absl::StrCat(rows, " rows split over ", s.ShardCount(),
+          absl::StrCat(t.shard_experts ? options.experts : rows,
+                       t.shard_experts ? " experts" : " rows", " split over ",
+                       s.ShardCount(),
                        s.ShardCount() == s.options.trainer_count
                            ? " trainers"
                            : " trainers of a replica group (replicas)",
@@ -142,7 +148,7 @@ absl::Status Client::AddMatrix(const std::string& name, int64_t rows,
                        s.options.trainer_rank));
     }
   }
-  t.elements = local_rows * cols * options.experts;
+  t.elements = local_rows * cols;
   t.param_elements =
       options.shard_params ? t.elements : rows * cols * options.experts;
   s.index[name] = s.tensors.size();
@@ -349,8 +355,13 @@ absl::StatusOr<TensorBuffers> Client::Impl::BuffersOf(const Tensor& t) const {
   out.param_elements = t.param_elements;
   out.row_begin = 0;
   out.row_end = t.rows;
+  out.expert_end = t.experts;
   if (t.muon && t.layout == scheduler::Layout::kRowSharded) {
-    std::tie(out.row_begin, out.row_end) = RowRange(t.rows);
+    if (t.shard_experts) {
+      std::tie(out.expert_begin, out.expert_end) = RowRange(t.experts);
+    } else {
+      std::tie(out.row_begin, out.row_end) = RowRange(t.rows);
+    }
   }
   return out;
 }
@@ -363,6 +374,12 @@ int Client::Impl::ShardCount() const {
 std::pair<int64_t, int64_t> Client::Impl::RowRange(int64_t rows) const {
   const int shards = ShardCount();
   return TrainerRowRange(rows, options.trainer_rank % shards, shards);
+}
+
+int64_t Client::Impl::ShardRows(const Tensor& t) const {
+  const int shards = ShardCount();
+  return muonps::ShardRows(t.rows, t.experts, t.shard_experts,
+                           options.trainer_rank % shards, shards);
 }
 
 }  // namespace muonps

@@ -78,6 +78,7 @@ absl::Status Client::Impl::EnsureJob(const kernels::MuonHyperparameters& muon,
     m->set_dtype(proto::DTypeToProto(t.dtype));
     m->set_layout(proto::LayoutToProto(t.layout));
     m->set_layer(t.layer);
+    m->set_shard_experts(t.shard_experts);
   }
   v1::MuonHyperparameters* h = spec->mutable_muon();
   h->set_lr(muon.lr);

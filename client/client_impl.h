@@ -38,6 +38,7 @@ struct Client::Impl {
     std::string name;
     bool muon = false;
     int64_t rows = 0, cols = 0, experts = 1;  // matrices
+    bool shard_experts = false;               // row_sharded stacks
     int32_t layer = 0;
     scheduler::Layout layout = scheduler::Layout::kReplicated;
     int64_t elements = 0;        // this rank's gradient elements
@@ -88,6 +89,8 @@ struct Client::Impl {
   // its shard (trainer_rank % S) of the ShardCount() ranks, as torch.chunk
   // splits them.
   std::pair<int64_t, int64_t> RowRange(int64_t rows) const;
+  // This rank's rows of a row_sharded stack (common/row_ranges.h).
+  int64_t ShardRows(const Tensor& t) const;
   // FAILED_PRECONDITION naming `field` once started.
   absl::Status CheckNotStarted(const std::string& field,
                                const std::string& what) const;

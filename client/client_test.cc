@@ -373,6 +373,55 @@ TEST(ClientReplicasTest, RowsAreThoseOfTheRanksShardInItsReplicaGroup) {
   }
 }
 
+// A stack sharded on its experts (FSDP2's Shard(0) of a 3-D parameter):
+// rank 1 of 2 holds experts [3, 5) of 5 whole, as torch.chunk splits them;
+// the job carries shard_experts. Not on another layout, nor a rank left
+// with no expert.
+TEST(ClientShardExpertsTest, ARankHoldsWholeExpertsAsTorchChunkSplitsThem) {
+  testing::FakeService service;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create({.coordinator = service.coordinator_target(),
+                      .job = "moe",
+                      .worker_socket = service.worker_socket(),
+                      .trainer_rank = 1,
+                      .trainer_count = 2,
+                      .timeout = absl::Seconds(5)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status s = (*client)->AddMatrix("replicated", 6, 4,
+                                        {.experts = 2, .shard_experts = true});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("\"replicated\".shard_experts"));
+  s = (*client)->AddMatrix("one", 6, 4,
+                           {.layout = TensorLayout::kRowSharded,
+                            .experts = 1,
+                            .shard_experts = true});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("1 experts split over 2 trainers"));
+  ASSERT_TRUE((*client)
+                  ->AddMatrix("experts", 6, 4,
+                              {.layout = TensorLayout::kRowSharded,
+                               .experts = 5,
+                               .shard_experts = true})
+                  .ok());
+  ASSERT_TRUE((*client)->Start(MuonOptions(), AdamWOptions()).ok());
+  absl::StatusOr<TensorBuffers> b = (*client)->Buffers("experts");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->expert_begin, 3);
+  EXPECT_EQ(b->expert_end, 5);
+  EXPECT_EQ(b->row_begin, 0);
+  EXPECT_EQ(b->row_end, 6);
+  EXPECT_EQ(b->elements, 2 * 6 * 4);
+  EXPECT_EQ(b->param_elements, b->elements);
+  const std::vector<v1::JobSpec> jobs = service.jobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  ASSERT_EQ(jobs[0].matrices_size(), 1);
+  EXPECT_TRUE(jobs[0].matrices(0).shard_experts());
+  EXPECT_EQ(jobs[0].matrices(0).layout(), v1::LAYOUT_ROW_SHARDED);
+  const std::vector<v1::AttachRequest> attaches = service.attaches();
+  ASSERT_EQ(attaches.size(), 1u);
+  EXPECT_EQ(attaches[0].tensors(0).elements(), b->elements);
+}
+
 TEST(ClientReplicasTest, BadReplicasAreRefusedNamingTheOption) {
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create({.coordinator = "127.0.0.1:1",

@@ -65,6 +65,10 @@ struct MatrixOptions {
   // updates scattered), or false: the trainer keeps the whole parameter
   // (sharded gradients only; the full update is broadcast).
   bool shard_params = true;
+  // row_sharded stacks only: the ranks split the experts, this rank holding
+  // experts [expert_begin, expert_end) whole (torch.chunk of dimension 0,
+  // as FSDP2 shards a 3-D parameter), instead of its rows of each expert.
+  bool shard_experts = false;
 };
 
 // How the learning rate is scaled by a matrix's shape (torch.optim.Muon's
@@ -109,8 +113,9 @@ struct AdamWOptions {
 };
 
 // A tensor's lent buffers. For a row_sharded matrix the gradient holds this
-// rank's rows only: [row_begin, row_end) of every expert, expert-major; so
-// does the parameter unless shard_params is false.
+// rank's rows only: [row_begin, row_end) of every expert, expert-major, or,
+// with shard_experts, experts [expert_begin, expert_end) whole; so does the
+// parameter unless shard_params is false.
 struct TensorBuffers {
   // Of `dtype`: fp32 in the shared segment; a CUDA trainer's lent buffers
   // are of the dtype it lent them with (cast a bf16 one before use).
@@ -121,6 +126,8 @@ struct TensorBuffers {
   int64_t param_elements = 0;  // of param
   int64_t row_begin = 0;
   int64_t row_end = 0;
+  int64_t expert_begin = 0;
+  int64_t expert_end = 0;
 };
 
 // One parameter group's values for one step, for the tensors put in it

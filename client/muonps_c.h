@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define MUONPS_C_ABI_VERSION 12
+#define MUONPS_C_ABI_VERSION 13
 
 /* Parameter groups are numbered [0, MUONPS_MAX_GROUPS). */
 #define MUONPS_MAX_GROUPS 1024
@@ -41,11 +41,14 @@ typedef enum {
   MUONPS_DATA_LOSS = 15,
 } muonps_code;
 
-/* Layouts, as muonps.v1.Layout. */
+/* Layouts, as muonps.v1.Layout. ABI 13: MUONPS_LAYOUT_ROW_SHARDED_EXPERTS
+ * is row_sharded with the stack's experts split whole over the ranks
+ * (muonps.v1.Matrix.shard_experts; a matrix's layout only). */
 enum {
   MUONPS_LAYOUT_REPLICATED = 1,
   MUONPS_LAYOUT_UNREDUCED = 2,
   MUONPS_LAYOUT_ROW_SHARDED = 3,
+  MUONPS_LAYOUT_ROW_SHARDED_EXPERTS = 4,
 };
 
 /* LR adjustments, as muonps.v1.LrAdjustment. */
@@ -123,7 +126,9 @@ int muonps_client_add_tensor(muonps_client* client, const char* name,
 int muonps_client_start(muonps_client* client, const muonps_muon_hyper* muon,
                         const muonps_adamw_hyper* adamw);
 /* param, grad: fp32 buffers of `*elements` floats (this rank's rows of a
- * row_sharded matrix: [*row_begin, *row_end) of each expert). */
+ * row_sharded matrix: [*row_begin, *row_end) of each expert; of a stack
+ * added with MUONPS_LAYOUT_ROW_SHARDED_EXPERTS, its whole experts, as
+ * torch.chunk splits them, with *row_begin 0 and *row_end the rows). */
 int muonps_client_buffers(const muonps_client* client, const char* name,
                           float** param, float** grad, int64_t* elements,
                           int64_t* row_begin, int64_t* row_end);

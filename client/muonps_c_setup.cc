@@ -22,6 +22,7 @@ absl::StatusOr<muonps::TensorLayout> ToLayout(int layout) {
     case MUONPS_LAYOUT_UNREDUCED:
       return muonps::TensorLayout::kUnreduced;
     case MUONPS_LAYOUT_ROW_SHARDED:
+    case MUONPS_LAYOUT_ROW_SHARDED_EXPERTS:
       return muonps::TensorLayout::kRowSharded;
     default:
       return absl::InvalidArgumentError(
@@ -90,6 +91,7 @@ int muonps_client_add_matrix(muonps_client* c, const char* name, int64_t rows,
   options.layout = *parsed;
   options.layer = layer;
   options.experts = experts;
+  options.shard_experts = layout == MUONPS_LAYOUT_ROW_SHARDED_EXPERTS;
   return Record(c, c->client->AddMatrix(name, rows, cols, options));
 }
 

@@ -113,6 +113,13 @@ TEST(MuonpsCTest, Abi9SetReplicasSplitsRowsOverTheRanksOfAReplicaGroup) {
   ASSERT_EQ(muonps_client_add_matrix(client, "w", 31, 5, 1,
                                      MUONPS_LAYOUT_ROW_SHARDED, 0),
             MUONPS_OK);
+  // Experts split whole over the 2 ranks of a group: shard 1 holds 2 of 3.
+  ASSERT_EQ(muonps_client_add_matrix(client, "experts", 6, 4, 3,
+                                     MUONPS_LAYOUT_ROW_SHARDED_EXPERTS, 1),
+            MUONPS_OK);
+  EXPECT_EQ(muonps_client_add_tensor(client, "bias", 4,
+                                     MUONPS_LAYOUT_ROW_SHARDED_EXPERTS),
+            MUONPS_INVALID_ARGUMENT);
   EXPECT_EQ(muonps_client_set_replicas(client, 4), MUONPS_FAILED_PRECONDITION);
   EXPECT_THAT(std::string(muonps_client_last_error(client)),
               HasSubstr("replicas"));
@@ -130,9 +137,18 @@ TEST(MuonpsCTest, Abi9SetReplicasSplitsRowsOverTheRanksOfAReplicaGroup) {
   EXPECT_EQ(begin, 16);  // torch.chunk's shard 1 of 31 rows over 2
   EXPECT_EQ(end, 31);
   EXPECT_EQ(elements, 15 * 5);
+  ASSERT_EQ(muonps_client_buffers(client, "experts", nullptr, nullptr,
+                                  &elements, &begin, &end),
+            MUONPS_OK);
+  EXPECT_EQ(begin, 0);  // whole experts: every row of each
+  EXPECT_EQ(end, 6);
+  EXPECT_EQ(elements, 1 * 6 * 4);  // experts [2, 3) of torch.chunk's 2 + 1
   const std::vector<muonps::v1::JobSpec> jobs = service.jobs();
   ASSERT_EQ(jobs.size(), 1u);
   EXPECT_EQ(jobs[0].replicas(), 2);
+  ASSERT_EQ(jobs[0].matrices_size(), 2);
+  EXPECT_FALSE(jobs[0].matrices(0).shard_experts());
+  EXPECT_TRUE(jobs[0].matrices(1).shard_experts());
   EXPECT_EQ(muonps_client_set_replicas(client, 2), MUONPS_FAILED_PRECONDITION);
   muonps_client_destroy(client);
 }

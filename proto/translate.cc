@@ -110,6 +110,7 @@ scheduler::MatrixSpec MatrixOf(const v1::Matrix& m) {
   s.layer = m.layer();
   s.dtype = DTypeFromProto(m.dtype());
   s.layout = LayoutFromProto(m.layout());
+  s.shard_experts = m.shard_experts();
   return s;
 }
 
@@ -146,6 +147,7 @@ v1::Matrix MatrixToProto(const scheduler::MatrixSpec& matrix) {
   out.set_dtype(DTypeToProto(matrix.dtype));
   out.set_layout(LayoutToProto(matrix.layout));
   out.set_layer(matrix.layer);
+  out.set_shard_experts(matrix.shard_experts);
   return out;
 }
 

@@ -37,6 +37,9 @@ struct MatrixSpec {
   int64_t experts = 1;
   DType dtype = DType::kFloat32;  // of the trainer's gradient and param
   Layout layout = Layout::kReplicated;
+  // kRowSharded only: the trainers split the experts, each holding whole
+  // experts, rather than each expert's rows (common/row_ranges.h).
+  bool shard_experts = false;
   // Layer index in forward order; the step schedule walks layers backwards.
   int32_t layer = 0;
 };

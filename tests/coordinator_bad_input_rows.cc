@@ -174,6 +174,12 @@ std::vector<Row> CoordinatorBadInputTest::Rows() const {
        "job.matrices[0].experts"},
       {"negative layer", "CreateJob", c([&](auto& r) { m0(r)->set_layer(-1); }),
        kInvalid, "job.matrices[0].layer"},
+      {"experts split whole on a replicated matrix", "CreateJob",
+       c([&](auto& r) {
+         m0(r)->set_layout(v1::LAYOUT_REPLICATED);
+         m0(r)->set_shard_experts(true);
+       }),
+       kInvalid, "job.matrices[0].shard_experts"},
       {"unknown dtype 99", "CreateJob",
        c([&](auto& r) { m0(r)->set_dtype(static_cast<v1::DType>(99)); }),
        kInvalid, "job.matrices[0].dtype"},

@@ -173,9 +173,10 @@ void DataPlaneFixture::ExpectMatchesReference(const ReferenceModel& reference,
       const bool sharded = ShardedParam(m);
       const int64_t begin = sharded ? b.row_begin : 0;
       const int64_t end = sharded ? b.row_end : m.rows;
+      const int64_t first = sharded ? b.expert_begin : 0;
       std::vector<float> expected(b.param_elements);
       for (int64_t i = 0; i < b.param_elements; ++i) {
-        expected[i] = full[FullIndex(i, m.rows, m.cols, begin, end)];
+        expected[i] = full[FullIndex(i, m.rows, m.cols, begin, end, first)];
       }
       EXPECT_LE(MaxRelativeError(absl::MakeConstSpan(b.param, b.param_elements),
                                  expected),
@@ -242,6 +243,7 @@ AlgorithmMap DataPlaneFixture::PlannedAlgorithms() const {
     spec.cols = m.cols;
     spec.experts = m.options.experts;
     spec.layout = m.options.layout;
+    spec.shard_experts = m.options.shard_experts;
     spec.layer = m.options.layer;
   }
   AlgorithmMap out;

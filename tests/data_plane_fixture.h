@@ -46,6 +46,8 @@ struct MatrixDeclOptions {
   int32_t layer = 0;
   int64_t experts = 1;
   bool shard_params = true;
+  // row_sharded stacks: the trainers split the experts (whole), not rows.
+  bool shard_experts = false;
 };
 
 // A Muon matrix (or expert stack) as every trainer declares it.
@@ -76,7 +78,8 @@ struct ModelDecl {
 // tall 48x32, a wide 32x80 and a 3-expert stack of 40x24 (whose 40 rows do
 // not split evenly over 3 trainers); two AdamW tensors, one unreduced and
 // one replicated. Muon lr 0.02, weight decay 0.1, momentum 0.9, Nesterov.
-ModelDecl SmallModel(scheduler::Layout layout, bool shard_params = true);
+ModelDecl SmallModel(scheduler::Layout layout, bool shard_params = true,
+                     bool shard_experts = false);
 
 // The same shapes with every layout in one job (replicated, unreduced,
 // row_sharded with and without sharded parameters), no Nesterov and the

@@ -13,9 +13,10 @@ namespace muonps {
 namespace testing {
 
 // Index into the full tensor (experts x rows x cols) of element `i` of a
-// buffer that holds rows [begin, end) of every expert, expert-major.
+// buffer that holds rows [begin, end) of every expert from
+// `first_expert` on, expert-major.
 int64_t FullIndex(int64_t i, int64_t rows, int64_t cols, int64_t begin,
-                  int64_t end);
+                  int64_t end, int64_t first_expert);
 
 // Whether each trainer holds only its own rows of `m`'s parameter
 // (row_sharded with shard_params), not the whole of it.

@@ -30,22 +30,23 @@ uint64_t Hash(std::initializer_list<uint64_t> parts) {
 }  // namespace
 
 int64_t FullIndex(int64_t i, int64_t rows, int64_t cols, int64_t begin,
-                  int64_t end) {
+                  int64_t end, int64_t first_expert) {
   const int64_t local = (end - begin) * cols;
-  return (i / local) * rows * cols + begin * cols + i % local;
+  return (first_expert + i / local) * rows * cols + begin * cols + i % local;
 }
 
 bool ShardedParam(const MatrixDecl& m) {
   return m.options.layout == Layout::kRowSharded && m.options.shard_params;
 }
 
-ModelDecl SmallModel(Layout layout, bool shard_params) {
+ModelDecl SmallModel(Layout layout, bool shard_params, bool shard_experts) {
   ModelDecl model;
   const MatrixDeclOptions o{.layout = layout, .shard_params = shard_params};
-  auto with = [o](int32_t layer, int64_t experts) {
+  auto with = [o, shard_experts](int32_t layer, int64_t experts) {
     MatrixDeclOptions out = o;
     out.layer = layer;
     out.experts = experts;
+    out.shard_experts = shard_experts && experts > 1;
     return out;
   };
   model.matrices = {

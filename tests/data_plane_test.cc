@@ -7,6 +7,8 @@
 // the mean (unreduced) or full (replicated, row_sharded) gradients within
 // 1e-5 relative, whichever worker the plan made the owner, and whether the
 // reference runs the Newton-Schulz variant the planner chose or plain NS5.
+// A row_sharded stack of experts is split either by each expert's rows or
+// by whole experts (FSDP2's Shard(0) of a 3-D parameter).
 // Also: workers on two nodes (--node) train the same; hyperparameters that
 // Client::Start accepts reach the steps (or are refused), never silently
 // replaced.
@@ -43,6 +45,7 @@ struct LayoutCase {
   bool shard_params = true;
   bool mixed = false;  // every layout in one job instead of `layout`
   int workers = 1;
+  bool shard_experts = false;  // row_sharded stacks split whole experts
 };
 
 void PrintTo(const LayoutCase& c, std::ostream* os) { *os << c.name; }
@@ -53,7 +56,8 @@ class DataPlaneTest : public DataPlaneFixture,
 TEST_P(DataPlaneTest, FiftyStepsMatchTheSingleProcessReferenceOnEveryRank) {
   const LayoutCase& c = GetParam();
   const ModelDecl model =
-      c.mixed ? MixedModel() : SmallModel(c.layout, c.shard_params);
+      c.mixed ? MixedModel()
+              : SmallModel(c.layout, c.shard_params, c.shard_experts);
   ASSERT_NO_FATAL_FAILURE(StartJob(model, {.workers = c.workers}));
   // The reference runs the Newton-Schulz variant the planner chose for each
   // owner's batch (auto may pick Gram NS for rectangular shapes); Gram NS
@@ -110,7 +114,13 @@ std::vector<LayoutCase> AllCases() {
         {"RowShardedParams" + n, Layout::kRowSharded, true, false, workers});
     cases.push_back({"RowShardedGradsFullParams" + n, Layout::kRowSharded,
                      false, false, workers});
+    // The stack of three experts held whole, as torch.chunk splits them:
+    // 2 + 1 on two trainers, 1 + 1 + 1 on three.
+    cases.push_back({"RowShardedWholeExperts" + n, Layout::kRowSharded, true,
+                     false, workers, true});
   }
+  cases.push_back({"RowShardedGradsOfWholeExpertsFullParams_2Workers",
+                   Layout::kRowSharded, false, false, 2, true});
   cases.push_back(
       {"EveryLayoutInOneJob_3Workers", Layout::kReplicated, true, true, 3});
   return cases;

@@ -29,7 +29,8 @@ MatrixOptions ClientOptionsOf(const MatrixDecl& m) {
   return {.layout = ClientLayout(m.options.layout),
           .layer = m.options.layer,
           .experts = m.options.experts,
-          .shard_params = m.options.shard_params};
+          .shard_params = m.options.shard_params,
+          .shard_experts = m.options.shard_experts};
 }
 
 }  // namespace
@@ -143,8 +144,10 @@ void DataPlaneFixture::StartTrainers(absl::Status* start_status) {
       const bool sharded = ShardedParam(m);
       const int64_t begin = sharded ? b.row_begin : 0;
       const int64_t end = sharded ? b.row_end : m.rows;
+      const int64_t first = sharded ? b.expert_begin : 0;
       for (int64_t i = 0; i < b.param_elements; ++i) {
-        b.param[i] = InitialParam(t, FullIndex(i, m.rows, m.cols, begin, end));
+        b.param[i] =
+            InitialParam(t, FullIndex(i, m.rows, m.cols, begin, end, first));
       }
     }
     ++t;
@@ -167,7 +170,8 @@ void DataPlaneFixture::WriteGradients(int rank, int64_t step) {
     const int from = m.options.layout == Layout::kUnreduced ? rank : -1;
     for (int64_t i = 0; i < b.elements; ++i) {
       b.grad[i] = Gradient(
-          t, step, from, FullIndex(i, m.rows, m.cols, b.row_begin, b.row_end));
+          t, step, from,
+          FullIndex(i, m.rows, m.cols, b.row_begin, b.row_end, b.expert_begin));
     }
     ++t;
   }

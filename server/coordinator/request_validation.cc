@@ -177,6 +177,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec, const Limits& limits) {
     MUONPS_RETURN_IF_ERROR(
         InRange(m.experts, 0, limits.max_experts, field + ".experts"));
     MUONPS_RETURN_IF_ERROR(InRange(m.layer, 0, 1 << 20, field + ".layer"));
+    if (m.shard_experts && m.layout != scheduler::Layout::kRowSharded) {
+      return InvalidField(
+          field + ".shard_experts",
+          absl::StrCat("splits the experts of a row_sharded stack; ",
+                       Quoted(m.name), " is ",
+                       scheduler::LayoutName(m.layout)));
+    }
     // Each factor is bounded above, so the products cannot overflow; the
     // sums stop at their limits.
     items += m.experts;

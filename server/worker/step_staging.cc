@@ -359,9 +359,10 @@ absl::Status StepStaging::PrepareFollowerBuffers() {
   return absl::OkStatus();
 }
 
-std::pair<int64_t, int64_t> StepStaging::RowsOfTrainer(int64_t rows,
-                                                       int trainer) const {
-  return ReplicaRowRange(rows, trainer, trainers_, plan_.job.replicas);
+ExpertPart StepStaging::PartOfExpert(const scheduler::MatrixSpec& spec,
+                                     int64_t expert, int trainer) const {
+  return ReplicaPartOfExpert(spec.rows, spec.experts, spec.shard_experts,
+                             expert, trainer, trainers_, plan_.job.replicas);
 }
 
 bool StepStaging::FullParam(int32_t matrix) const {
@@ -402,25 +403,26 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
       continue;
     }
     // kGatherToOwner: row ranges of every trainer of the owner's group
-    // onto the owner.
+    // onto the owner (of an expert sharded whole, the one that holds it).
     if (!mine) {
       if (b == nullptr) continue;  // no trainer, no rows
-      const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_->rank);
-      const int64_t local = (end - begin) * spec.cols;
-      MUONPS_RETURN_IF_ERROR(
-          t_.Send(b->grad + e * local, local, kF32, x.owner, stream_));
+      const ExpertPart part = PartOfExpert(spec, e, trainer_->rank);
+      const int64_t local = part.rows() * spec.cols;
+      if (local == 0) continue;
+      MUONPS_RETURN_IF_ERROR(t_.Send(b->grad + part.first_row * spec.cols,
+                                     local, kF32, x.owner, stream_));
       bytes_ += local * 4;
       continue;
     }
     for (const int r : plan_.group_members) {
       if (roster_.trainer_rank_of[r] < 0) continue;  // no trainer, no rows
-      const auto [rb, re] =
-          RowsOfTrainer(spec.rows, roster_.trainer_rank_of[r]);
-      float* dst = staged + rb * spec.cols;
-      const int64_t count = (re - rb) * spec.cols;
+      const ExpertPart part = PartOfExpert(spec, e, roster_.trainer_rank_of[r]);
+      float* dst = staged + part.row_begin * spec.cols;
+      const int64_t count = part.rows() * spec.cols;
+      if (count == 0) continue;
       if (r == plan_.rank) {
-        MUONPS_RETURN_IF_ERROR(
-            ops_.Copy(dst, b->grad + e * count, count, stream_));
+        MUONPS_RETURN_IF_ERROR(ops_.Copy(
+            dst, b->grad + part.first_row * spec.cols, count, stream_));
       } else {
         MUONPS_RETURN_IF_ERROR(t_.Recv(dst, count, kF32, r, stream_));
         bytes_ += count * 4;
@@ -539,24 +541,27 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         MUONPS_RETURN_IF_ERROR(round_update());
         for (const int r : plan_.group_members) {
           if (r == plan_.rank || roster_.trainer_rank_of[r] < 0) continue;
-          const auto [rb, re] =
-              RowsOfTrainer(spec.rows, roster_.trainer_rank_of[r]);
-          const int64_t count = (re - rb) * spec.cols;
-          MUONPS_RETURN_IF_ERROR(
-              t_.Send(kernels::ElementsPast(update, dtype, rb * spec.cols),
-                      count, dtype, r, stream_));
+          const ExpertPart part =
+              PartOfExpert(spec, e, roster_.trainer_rank_of[r]);
+          const int64_t count = part.rows() * spec.cols;
+          if (count == 0) continue;
+          MUONPS_RETURN_IF_ERROR(t_.Send(
+              kernels::ElementsPast(update, dtype, part.row_begin * spec.cols),
+              count, dtype, r, stream_));
           bytes_ += count * width;
         }
       }
       if (b == nullptr) continue;  // no rows to apply here
-      const auto [begin, end] = RowsOfTrainer(spec.rows, trainer_->rank);
-      apply.count = (end - begin) * spec.cols;
-      apply.first = e * apply.count;
+      const ExpertPart part = PartOfExpert(spec, e, trainer_->rank);
+      if (part.rows() == 0) continue;  // an expert another trainer holds
+      apply.count = part.rows() * spec.cols;
+      apply.first = part.first_row * spec.cols;
       apply.staged_at = b->staged_at + apply.first;
       void* staged = trainer_->updates.at(apply.staged_at);
       if (mine) {
-        MUONPS_RETURN_IF_ERROR(ops_.FromFloat(
-            staged, dtype, result + begin * spec.cols, apply.count, stream_));
+        MUONPS_RETURN_IF_ERROR(
+            ops_.FromFloat(staged, dtype, result + part.row_begin * spec.cols,
+                           apply.count, stream_));
       } else {
         MUONPS_RETURN_IF_ERROR(
             t_.Recv(staged, apply.count, dtype, x.owner, stream_));

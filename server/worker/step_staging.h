@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/row_ranges.h"
 #include "kernels/device_ops.h"
 #include "kernels/muon_kernels.h"
 #include "scheduler/step_schedule.h"
@@ -124,7 +125,10 @@ class StepStaging {
   // Whether the trainers keep the whole parameter of `matrix` (row_sharded
   // gradients with replicated parameters: the update is broadcast).
   bool FullParam(int32_t matrix) const;
-  std::pair<int64_t, int64_t> RowsOfTrainer(int64_t rows, int trainer) const;
+  // What trainer `trainer` holds of expert `expert` of the row_sharded
+  // `spec` (common/row_ranges.h): possibly nothing, for whole experts.
+  ExpertPart PartOfExpert(const scheduler::MatrixSpec& spec, int64_t expert,
+                          int trainer) const;
 
   PlanState& plan_;
   const AttachedTrainer* const trainer_;  // null: no trainer

@@ -109,9 +109,11 @@ absl::StatusOr<AttachedTrainer> BindTrainer(
     }
     int64_t expected = full;
     if (spec.layout == scheduler::Layout::kRowSharded) {
-      const auto [begin, end] = ReplicaRowRange(
-          spec.rows, request.trainer_rank, request.trainer_count, replicas);
-      expected = (end - begin) * spec.cols * spec.experts;
+      const int shards = replicas > 1 ? request.trainer_count / replicas
+                                      : request.trainer_count;
+      expected = ShardRows(spec.rows, spec.experts, spec.shard_experts,
+                           request.trainer_rank % shards, shards) *
+                 spec.cols;
     }
     if (t.elements != expected || bound[it->second]) {
       return InvalidField(
@@ -176,7 +178,8 @@ bool SameMatrices(const std::vector<scheduler::MatrixSpec>& a,
   for (size_t m = 0; m < a.size(); ++m) {
     if (a[m].name != b[m].name || a[m].rows != b[m].rows ||
         a[m].cols != b[m].cols || a[m].experts != b[m].experts ||
-        a[m].layout != b[m].layout) {
+        a[m].layout != b[m].layout ||
+        a[m].shard_experts != b[m].shard_experts) {
       return false;
     }
   }

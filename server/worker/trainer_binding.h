@@ -36,8 +36,8 @@ absl::StatusOr<AttachedTrainer> BindTrainer(
     TrainerBuffers& buffers);
 
 // Whether `a` and `b` are the same matrices (names, shapes, experts,
-// layouts) in the same order: bindings checked against one hold for the
-// other.
+// layouts, how a stack is sharded) in the same order: bindings checked against
+// one hold for the other.
 bool SameMatrices(const std::vector<scheduler::MatrixSpec>& a,
                   const std::vector<scheduler::MatrixSpec>& b);
 

@@ -6,13 +6,15 @@ declarations and re-exports the public names.
 
 import ctypes
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 # Parameter groups are numbered [0, MAX_GROUPS) (MUONPS_MAX_GROUPS).
 MAX_GROUPS = 1024
 
 LAYOUT_REPLICATED = 1
 LAYOUT_UNREDUCED = 2
 LAYOUT_ROW_SHARDED = 3
+# row_sharded, the stack's experts split whole over the ranks.
+LAYOUT_ROW_SHARDED_EXPERTS = 4
 ADJUST_LR_ORIGINAL = 1
 ADJUST_LR_MATCH_RMS_ADAMW = 2
 NS_AUTO = 0

@@ -18,10 +18,15 @@ of that index, and every group holds the same reduced gradients. The job
 is then created with `replicas` = R (JobSpec.replicas), which every matrix
 of the model must agree on.
 
-Any other placement of a matrix (a tensor-parallel Shard(1), on a 1-D or a
-2-D mesh, other 2-D placements, a mesh of more dimensions, Replicate or
-Partial) and 3-D expert stacks sharded on the expert dimension are
-refused, naming the parameter and its placement. A DTensor that is not a
+A 3-D stack of experts is taken sharded on its experts (Shard(0), what
+FSDP2 does to a 3-D parameter by default: each rank holds whole experts,
+torch.chunk's split of dimension 0, and each expert's owner gathers it
+from the one rank that holds it) or on its rows (Shard(1): each expert's
+rows split as a matrix's are).
+
+Any other placement of a matrix (a tensor-parallel shard of the columns,
+on a 1-D or a 2-D mesh, other 2-D placements, a mesh of more dimensions,
+Replicate or Partial) is refused, naming the parameter and its placement. A DTensor that is not a
 matrix is stepped by the one AdamW of its trainer kind: on the host, the
 client's (its local shard lent padded to the largest shard, see
 adamw_lent_elements); on a GPU, torch.optim.AdamW (TorchAdamW), which
@@ -61,15 +66,18 @@ def chunk_rows(rows, rank, world_size):
     return begin, min(rows, begin + chunk)
 
 
-def _is_row_shard(placement):
-    """Shard(0) (of a matrix: also written Shard(-2))."""
-    return placement.is_shard() and placement.dim in (0, -2)
+def _is_row_shard(placement, ndim=2):
+    """A Shard of a matrix's rows (Shard(0) of a 2-D one, also written
+    Shard(-2)), or of a 3-D stack's experts or rows (Shard(0) or
+    Shard(1))."""
+    return placement.is_shard() and placement.dim % ndim in (
+        (0,) if ndim == 2 else (0, 1))
 
 
-def _refuse_placement(where, placements):
+def _refuse_placement(where, placements, ndim=2):
     """The ValueError for a matrix whose placements are not FSDP2's."""
-    if any(p.is_shard() and not _is_row_shard(p) for p in placements):
-        kind = "tensor-parallel sharding on dimension 1"
+    if any(p.is_shard() and not _is_row_shard(p, ndim) for p in placements):
+        kind = f"tensor-parallel sharding on dimension {ndim - 1}"
     elif len(placements) == 1:
         kind = f"placement {placements[0]}"
     else:
@@ -82,26 +90,38 @@ def _refuse_placement(where, placements):
         "of muonps (is_matrix) or shard them on dimension 0")
 
 
+def shards_experts(p):
+    """Whether the row-sharded DTensor `p` (check_row_sharded) is a 3-D
+    stack split on its experts (Shard(0)), each rank holding whole experts,
+    rather than on each expert's rows."""
+    return p.dim() == 3 and p.placements[-1].dim % 3 == 0
+
+
 def check_row_sharded(name, p, rank, world_size):
-    """Raises ValueError naming `name` unless the DTensor `p` is a matrix
-    sharded as muonps's row_sharded layout, and returns its replicas R:
+    """Raises ValueError naming `name` unless the DTensor `p` is a matrix,
+    or a 3-D stack of experts, sharded as muonps's row_sharded layout, and
+    returns its replicas R:
 
     - 1 for Shard(0) over a 1-D mesh of all `world_size` ranks in rank
       order, this rank holding its chunk_rows of world_size;
     - mesh.size(0) for HSDP, (Replicate(), Shard(0)) over a 2-D mesh of
       R x S = world_size ranks in row-major order, this rank holding its
       chunk_rows of S as shard rank % S (mesh.get_local_rank(1)).
+
+    A stack's shard is Shard(0) (its experts, split as chunk_rows splits
+    rows: shards_experts) or Shard(1) (each expert's rows).
     """
     mesh, placements = p.device_mesh, tuple(p.placements)
     where = f"muonps.Muon: {name!r} is a DTensor placed {placements} on {mesh}"
-    if p.dim() != 2:
+    ndim = p.dim()
+    if ndim not in (2, 3):
         raise ValueError(
-            f"{where}; muonps takes sharded 2-D matrices only (a 3-D expert "
-            "stack sharded on its expert dimension is not a row shard): "
-            "leave it unsharded or route it to AdamW with is_matrix")
+            f"{where}; muonps takes sharded 2-D matrices and 3-D expert "
+            "stacks only: leave it unsharded or route it to AdamW with "
+            "is_matrix")
     if mesh.ndim == 1:
-        if not _is_row_shard(placements[0]):
-            raise _refuse_placement(where, placements)
+        if not _is_row_shard(placements[0], ndim):
+            raise _refuse_placement(where, placements, ndim)
         if mesh.size() != world_size or mesh.get_local_rank() != rank or (
                 mesh.mesh.flatten().tolist() != list(range(world_size))):
             raise ValueError(
@@ -110,8 +130,8 @@ def check_row_sharded(name, p, rank, world_size):
         replicas, shards = 1, world_size
     elif mesh.ndim == 2:
         if not (placements[0].is_replicate() and
-                _is_row_shard(placements[1])):
-            raise _refuse_placement(where, placements)
+                _is_row_shard(placements[1], ndim)):
+            raise _refuse_placement(where, placements, ndim)
         replicas, shards = mesh.size(0), mesh.size(1)
         if replicas * shards != world_size or (
                 mesh.mesh.flatten().tolist() != list(range(world_size))):
@@ -132,15 +152,17 @@ def check_row_sharded(name, p, rank, world_size):
             "(FSDP2's fully_shard) or a 2-D replicate x shard mesh (HSDP), "
             f"not a {mesh.ndim}-D mesh")
     shard = rank % shards
-    begin, end = chunk_rows(p.shape[0], shard, shards)
-    rows = p.to_local().shape[0]
+    dim = placements[-1].dim % ndim
+    what = "experts" if ndim == 3 and dim == 0 else "rows"
+    begin, end = chunk_rows(p.shape[dim], shard, shards)
+    rows = p.to_local().shape[dim]
     if rows != end - begin:
         of = (f"shard {shard} of the {shards} ranks of its replica group"
               if replicas > 1 else "it")
         raise ValueError(
-            f"{where}: this rank holds {rows} rows, torch.chunk's split "
-            f"gives {of} rows [{begin}, {end}) of {p.shape[0]}; shard it "
-            "evenly (FSDP2's default shard_placement_fn)")
+            f"{where}: this rank holds {rows} {what}, torch.chunk's split "
+            f"gives {of} {what} [{begin}, {end}) of {p.shape[dim]}; shard "
+            "it evenly (FSDP2's default shard_placement_fn)")
     return replicas
 
 

@@ -18,7 +18,7 @@ from . import _native, _service, _state
 from ._binding import LentTensor, ShardLent, release
 from ._cuda import CudaPath
 from ._dtensor import (adamw_lent_elements, check_row_sharded, is_dtensor,
-                       job_replicas)
+                       job_replicas, shards_experts)
 from ._messages import explain_start_error
 from .routing import LOG
 
@@ -138,6 +138,12 @@ def start(opt):
             opt.state[p] = {}
 
 
+def _sharded_layout(p):
+    """The C ABI layout of the row-sharded DTensor matrix `p`."""
+    return (_native.LAYOUT_ROW_SHARDED_EXPERTS if shards_experts(p)
+            else _native.LAYOUT_ROW_SHARDED)
+
+
 def _start_cpu(opt, lent, frozen, rank, world_size, layout):
     """Every tensor moved into memory shared with the local worker (see
     muonps/_binding.py): the matrices for the workers' Muon, the others for
@@ -153,7 +159,7 @@ def _start_cpu(opt, lent, frozen, rank, world_size, layout):
                 rows, cols = t.shape[-2:]
                 client.add_matrix(
                     t.name, rows, cols, t.experts,
-                    _native.LAYOUT_ROW_SHARDED if sharded else layout, layer)
+                    _sharded_layout(t.param) if sharded else layout, layer)
                 layer += 1
             else:
                 # A shard's gradient is FSDP2's, already reduced.
@@ -224,7 +230,7 @@ def _start_cuda(opt, device, lent, frozen, rank, world_size, layout):
             rows, cols = p.shape[-2:]
             experts = p.shape[0] if p.dim() == 3 else 1
             client.add_matrix(name, rows, cols, experts,
-                              _native.LAYOUT_ROW_SHARDED if is_dtensor(p)
+                              _sharded_layout(p) if is_dtensor(p)
                               else layout, layer)
         # Unreduced: the workers average the AdamW tensors' gradients.
         average = c["layout"] == "unreduced"

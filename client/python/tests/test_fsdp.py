@@ -13,6 +13,10 @@ machine with torch 2.11; muonps's fp32 CPU path is 1e-6 from the float64
 run there). A tensor-parallel DTensor
 (Shard(1)) is refused, naming the parameter and its placement.
 
+A MoE layer's 3-D expert stack, which `fully_shard` shards on its experts
+(Shard(0): each rank holds whole experts), matches torch.optim.Muon run on
+the same experts as separate 2-D parameters, on two CPU ranks and on GPUs.
+
 HSDP (`fully_shard` on a 2-D replicate x shard mesh) runs the same model
 on four CPU ranks, two replica groups of two: each matrix's rows are split
 over the two ranks of a group, the job is created with replicas = 2, and
@@ -64,6 +68,31 @@ MODEL = textwrap.dedent("""
     def batch(step, size):
         g = torch.Generator().manual_seed(100 + step)
         return torch.randn(size, 12, generator=g), torch.randn(size, 6, generator=g)
+
+    # Five 16 x 31 experts as one 3-D stack (FSDP2 shards it on the
+    # experts: 3 + 2 over two ranks), or, `split`, as five 2-D parameters
+    # of the same values (what torch.optim.Muon can take).
+    class MoE(torch.nn.Module):
+        def __init__(self, split):
+            super().__init__()
+            self.up = torch.nn.Linear(12, 31)
+            experts = torch.randn(5, 16, 31) / 31 ** 0.5
+            self.split = split
+            self.experts = (
+                torch.nn.ParameterList(
+                    [torch.nn.Parameter(e.clone()) for e in experts])
+                if split else torch.nn.Parameter(experts))
+            self.head = torch.nn.Linear(16, 6)
+
+        def forward(self, x):
+            w = torch.stack(list(self.experts)) if self.split else self.experts
+            h = torch.tanh(self.up(x))
+            h = torch.tanh(torch.einsum("bi,eoi->beo", h, w)).mean(1)
+            return self.head(h)
+
+    def make_moe(split=False):
+        torch.manual_seed(1234)
+        return MoE(split)
     """)
 
 SCRIPT = textwrap.dedent("""
@@ -71,7 +100,7 @@ SCRIPT = textwrap.dedent("""
     sys.path[:0] = [{root!r}, {tests!r}]
     import torch, torch.distributed as dist
     import muonps
-    from model import make_model, batch
+    from model import make_model, make_moe, batch
 
     mode, device_type, out = sys.argv[1], sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo" if device_type == "cpu" else "nccl")
@@ -95,7 +124,13 @@ SCRIPT = textwrap.dedent("""
         sys.exit(0)
     dtype = torch.bfloat16 if mode.endswith("_bf16") else torch.float32
     mode = mode.replace("_bf16", "")
-    model = make_model().to(device=device, dtype=dtype)
+    if mode == "fsdp_moe":  # a 3-D expert stack, FSDP2's default Shard(0)
+        model = make_moe().to(device=device, dtype=dtype)
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.device_mesh import init_device_mesh
+        fully_shard(model, mesh=init_device_mesh(device_type, (world,)))
+    else:
+        model = make_model().to(device=device, dtype=dtype)
     if mode in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.device_mesh import init_device_mesh
@@ -107,7 +142,7 @@ SCRIPT = textwrap.dedent("""
         fully_shard(model.up, mesh=mesh)
         fully_shard(model.mix, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    else:
+    elif mode == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     module = model.module if mode == "ddp" else model
     opt = muonps.Muon(module.named_parameters(), adamw_lr=adamw["lr"],
@@ -128,10 +163,13 @@ SCRIPT = textwrap.dedent("""
         v = p.full_tensor() if hasattr(p, "full_tensor") else p
         full[n] = v.detach().cpu().double().tolist()
     kinds = sorted({{type(p).__name__ for p in module.parameters()}})
+    local = {{n: list(p.to_local().shape) for n, p in module.named_parameters()
+             if hasattr(p, "to_local")}}
     replicas = opt._replicas  # the job's HSDP replica groups (1: none)
     opt.close()
     with open(f"{{out}}.{{rank}}", "w") as f:
-        json.dump({{"params": full, "kinds": kinds, "replicas": replicas}}, f)
+        json.dump({{"params": full, "kinds": kinds, "replicas": replicas,
+                   "local": local}}, f)
     dist.barrier()
     dist.destroy_process_group()
     """)
@@ -182,12 +220,15 @@ def run_torchrun(tmp_path, mode, device, nproc):
                         for r in range(nproc)] if mode != "tp" else []
 
 
-def references(model_module, torch_dtype=torch.float32):
+def references(model_module, torch_dtype=torch.float32, moe=False):
     """(torch.optim.Muon + AdamW in `torch_dtype`, the formula in float64)
-    after STEPS steps on the whole batch, one process."""
+    after STEPS steps on the whole batch, one process. `moe`: the MoE
+    model, its experts as 2-D parameters (torch.optim.Muon takes no 3-D
+    one), stacked again as the 3-D parameter "experts" in the results."""
     results = []
     for dtype in (torch_dtype, torch.float64):
-        model = model_module.make_model().to(dtype)
+        model = (model_module.make_moe(split=True) if moe
+                 else model_module.make_model()).to(dtype)
         matrices = [(n, p) for n, p in model.named_parameters()
                     if p.dim() == 2 and not n.startswith("head.")]
         names = {n for n, _ in matrices}
@@ -211,14 +252,18 @@ def references(model_module, torch_dtype=torch.float32):
                         ref.step(n, p, p.grad, HYPER["lr"],
                                  HYPER["weight_decay"])
             adamw.step()
-        results.append({n: p.detach().double()
-                        for n, p in model.named_parameters()})
+        params = {n: p.detach().double() for n, p in model.named_parameters()}
+        experts = sorted((n for n in params if n.startswith("experts.")),
+                         key=lambda n: int(n.split(".")[1]))
+        if experts:
+            params["experts"] = torch.stack([params.pop(n) for n in experts])
+        results.append(params)
     return results
 
 
 def assert_matches(results, model_module, tolerance,
-                   torch_dtype=torch.float32):
-    torch_muon, exact = references(model_module, torch_dtype)
+                   torch_dtype=torch.float32, moe=False):
+    torch_muon, exact = references(model_module, torch_dtype, moe)
     for rank, result in enumerate(results):
         for name, want in exact.items():
             got = torch.tensor(result["params"][name], dtype=torch.float64)
@@ -243,6 +288,29 @@ def test_two_cpu_ranks_match_one_process_torch_muon(tmp_path, mode):
     if mode == "fsdp":
         assert results[0]["kinds"] == ["DTensor"], results[0]["kinds"]
     assert_matches(results, load_model(tmp_path), tolerance=1e-5)
+
+
+@needs_modern_torch
+@pytest.mark.parametrize("device,nproc,tolerance", [
+    ("cpu", 2, 1e-5),
+    pytest.param("cuda", 1, 2e-2, marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a GPU")),
+    pytest.param("cuda", 2, 2e-2, marks=pytest.mark.skipif(
+        torch.cuda.device_count() < 2, reason="needs two GPUs")),
+])
+def test_an_expert_stack_fsdp_shards_on_its_experts_matches_torch_muon(
+        tmp_path, device, nproc, tolerance):
+    # fully_shard's default Shard(0) of the [5, 16, 31] stack: whole experts,
+    # 3 on rank 0 and 2 on rank 1, each expert's gradient gathered from the
+    # one rank that holds it and its update sent back there.
+    _, results = run_torchrun(tmp_path, "fsdp_moe", device, nproc)
+    chunk = -(-5 // nproc)
+    for rank, result in enumerate(results):
+        assert result["kinds"] == ["DTensor"], result["kinds"]
+        held = min(5, chunk * (rank + 1)) - min(5, chunk * rank)
+        assert result["local"]["experts"] == [held, 16, 31], result["local"]
+    assert_matches(results, load_model(tmp_path), tolerance=tolerance,
+                   moe=True)
 
 
 @needs_modern_torch

@@ -59,13 +59,16 @@ class Mesh:
 
 
 class DTensor:
-    """A parameter of global `shape` holding `local_rows` rows here."""
+    """A parameter of global `shape` holding `local_rows` of its first
+    dimension here (or of dimension `dim`)."""
 
-    def __init__(self, shape, local_rows, mesh, placements):
+    def __init__(self, shape, local_rows, mesh, placements, dim=0):
         self.shape = torch.Size(shape)
         self.device_mesh = mesh
         self.placements = tuple(placements)
-        self._local = torch.zeros((local_rows,) + tuple(shape[1:]))
+        local = list(shape)
+        local[dim] = local_rows
+        self._local = torch.zeros(local)
 
     def dim(self):
         return len(self.shape)
@@ -156,6 +159,50 @@ def test_a_one_dimensional_tensor_parallel_matrix_is_still_refused():
     with pytest.raises(ValueError, match="tensor-parallel") as raised:
         _dtensor.check_row_sharded("attn.wo", p, 0, 2)
     assert "Shard(dim=1)" in str(raised.value)
+
+
+# A 3-D expert stack as FSDP2 shards it by default, Shard(0): 5 experts over
+# two ranks, 3 + 2 whole experts as torch.chunk splits them, taken with the
+# experts' layout; Shard(1) splits each expert's rows, the rows' layout.
+@pytest.mark.parametrize("rank,local", [(0, 3), (1, 2)])
+def test_a_stack_sharded_on_its_experts_is_taken_whole_experts(rank, local):
+    p = DTensor((5, 6, 4), local, Mesh([0, 1], rank), (Shard(0),))
+    assert _dtensor.check_row_sharded("moe.experts", p, rank, 2) == 1
+    assert _dtensor.shards_experts(p)
+    assert _startup._sharded_layout(p) == _native.LAYOUT_ROW_SHARDED_EXPERTS
+
+
+def test_a_stack_sharded_on_each_experts_rows_is_row_sharded():
+    p = DTensor((5, 7, 4), 3, Mesh([0, 1], 1), (Shard(1),), dim=1)
+    assert _dtensor.check_row_sharded("moe.experts", p, 1, 2) == 1
+    assert not _dtensor.shards_experts(p)
+    assert _startup._sharded_layout(p) == _native.LAYOUT_ROW_SHARDED
+    # Shard(-3) is Shard(0).
+    q = DTensor((5, 6, 4), 2, Mesh([0, 1], 1), (Shard(-3),))
+    assert _dtensor.shards_experts(q)
+
+
+def test_a_stack_in_hsdp_splits_its_experts_within_the_replica_group():
+    p = DTensor((5, 6, 4), 2, Mesh([[0, 1], [2, 3]], 3), HSDP)
+    assert _dtensor.check_row_sharded("moe.experts", p, 3, 4) == 2
+    assert _dtensor.shards_experts(p)
+
+
+def test_a_stack_with_another_split_of_its_experts_is_refused_naming_it():
+    p = DTensor((5, 6, 4), 1, Mesh([0, 1], 1), (Shard(0),))
+    with pytest.raises(ValueError) as raised:
+        _dtensor.check_row_sharded("moe.experts", p, 1, 2)
+    message = str(raised.value)
+    assert "'moe.experts'" in message and "holds 1 experts" in message
+    assert "experts [3, 5) of 5" in message, message
+
+
+def test_a_stack_sharded_on_its_columns_is_refused_as_tensor_parallel():
+    p = DTensor((5, 6, 4), 2, Mesh([0, 1], 0), (Shard(2),), dim=2)
+    with pytest.raises(ValueError, match="tensor-parallel sharding on "
+                       "dimension 2") as raised:
+        _dtensor.check_row_sharded("moe.experts", p, 0, 2)
+    assert "'moe.experts'" in str(raised.value)
 
 
 def test_a_three_dimensional_mesh_is_refused_naming_it():
