@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/rank_tree.h"
 #include "common/status.h"
 #include "scheduler/step_bound.h"
 
@@ -545,12 +546,7 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 double ControlMessagesOnPath(int workers, int fanout) {
   if (workers <= 1) return 0;
   if (fanout <= 0 || fanout >= workers - 1) return 2.0 * (workers - 1);
-  // Levels below rank 0 until every rank has a place.
-  int depth = 0;
-  for (int64_t placed = 1, level = 1; placed < workers; ++depth) {
-    level *= fanout;
-    placed += level;
-  }
+  const int depth = RankTree(workers, fanout).Depth();
   return 2.0 * (fanout + (depth - 1) * (fanout + 1.0));
 }
 

@@ -29,8 +29,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/rank_tree.h"
 #include "transport/frame_auth.h"
-#include "transport/rank_tree.h"
 #include "transport/socket_io.h"
 
 namespace muonps {

@@ -46,7 +46,7 @@
 #include "absl/types/span.h"
 #include "common/device.h"
 #include "common/dtype.h"
-#include "transport/rank_tree.h"
+#include "common/rank_tree.h"
 
 namespace muonps {
 namespace transport {

@@ -77,7 +77,7 @@ int Main() {
       transport::TcpOptions options = transport::LoopbackOptions();
       options.shape =
           transport::MeshShape::Tree(fanout > 0 ? fanout : world - 1);
-      const transport::RankTree tree = options.shape.tree(world);
+      const RankTree tree = options.shape.tree(world);
       absl::StatusOr<std::vector<std::unique_ptr<transport::TcpTransport>>>
           connected =
               transport::ConnectLoopbackWorld(world, ++session, options);

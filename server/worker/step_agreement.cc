@@ -246,7 +246,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
 }
 
 absl::Status RoundAgreement::OpenRound() {
-  const transport::RankTree& tree = control_.tree();
+  const RankTree& tree = control_.tree();
   if (trainer_ == nullptr && plan_.rank != 0) {
     const int parent = tree.Parent(plan_.rank);
     RoundOpening opening{};

@@ -27,9 +27,9 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/rank_tree.h"
 #include "common/status.h"
 #include "kernels/device_ops.h"
-#include "transport/rank_tree.h"
 #include "transport/transport.h"
 
 namespace muonps {
@@ -118,7 +118,7 @@ class ControlChannel {
                               bool* arrived = nullptr);
 
   // The tree the messages pass along.
-  const transport::RankTree& tree() const { return tree_; }
+  const RankTree& tree() const { return tree_; }
 
  private:
   // `subtree` holds this rank's subtree's messages in preorder (its own
@@ -134,8 +134,8 @@ class ControlChannel {
   // What the control transport's calls are ordered on: kHostStream for a
   // host transport, the ops' stream() for a device one.
   const Stream stream_;
-  const transport::RankTree tree_;
-  // This rank's subtree in preorder (transport::RankTree::Preorder), and
+  const RankTree tree_;
+  // This rank's subtree in preorder (RankTree::Preorder), and
   // where each child's begins in it.
   const std::vector<int> subtree_;
   std::vector<std::pair<int, size_t>> children_;  // {rank, first index}

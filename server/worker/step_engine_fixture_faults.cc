@@ -72,7 +72,7 @@ class FaultyTransport final : public transport::Transport {
     return inner_->AwaitFrom(peer, count, dtype, timeout);
   }
   void Abort(const absl::Status& reason) override { inner_->Abort(reason); }
-  transport::RankTree tree() const override { return inner_->tree(); }
+  RankTree tree() const override { return inner_->tree(); }
   transport::Transport* control() override {
     return control_ != nullptr ? control_.get() : this;
   }

@@ -1,4 +1,4 @@
-#include "transport/rank_tree.h"
+#include "common/rank_tree.h"
 
 #include <algorithm>
 #include <vector>
@@ -6,7 +6,6 @@
 #include "gtest/gtest.h"
 
 namespace muonps {
-namespace transport {
 namespace {
 
 TEST(RankTreeTest, ChildrenFollowTheirParentByFanout) {
@@ -88,5 +87,4 @@ TEST(RankTreeTest, DepthGrowsWithTheLogarithmOfTheRanks) {
 }
 
 }  // namespace
-}  // namespace transport
 }  // namespace muonps

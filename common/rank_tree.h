@@ -12,13 +12,12 @@
 // round grows with the fanout times the depth, not with the ranks.
 //
 // A value type; thread-compatible.
-#ifndef MUONPS_TRANSPORT_RANK_TREE_H_
-#define MUONPS_TRANSPORT_RANK_TREE_H_
+#ifndef MUONPS_COMMON_RANK_TREE_H_
+#define MUONPS_COMMON_RANK_TREE_H_
 
 #include <vector>
 
 namespace muonps {
-namespace transport {
 
 class RankTree {
  public:
@@ -51,7 +50,6 @@ class RankTree {
   int fanout_;
 };
 
-}  // namespace transport
 }  // namespace muonps
 
-#endif  // MUONPS_TRANSPORT_RANK_TREE_H_
+#endif  // MUONPS_COMMON_RANK_TREE_H_

@@ -1,10 +1,9 @@
-#include "transport/rank_tree.h"
+#include "common/rank_tree.h"
 
 #include <algorithm>
 #include <cstdint>
 
 namespace muonps {
-namespace transport {
 
 RankTree::RankTree(int size, int fanout)
     : size_(std::max(size, 1)), fanout_(std::max(fanout, 1)) {}
@@ -56,5 +55,4 @@ int RankTree::Depth() const {
   return depth;
 }
 
-}  // namespace transport
 }  // namespace muonps
