@@ -67,11 +67,7 @@ TEST_F(MomentumHandoverTest, MovedMomentumFollowsItsOwnerBitForBit) {
 // The same over control messages passed along a chain (a control tree of
 // fanout 1: 0 - 1 - 2): every rank's announcement is broadcast from it
 // through its neighbors, hop by hop.
-class MomentumHandoverControlChainTest : public MomentumHandoverTest {
- protected:
-  bool SplitControl() const override { return true; }
-  int ControlTreeFanout() const override { return 1; }
-};
+using MomentumHandoverControlChainTest = ControlChain<MomentumHandoverTest>;
 
 TEST_F(MomentumHandoverControlChainTest,
        MovedMomentumFollowsItsOwnerBitForBit) {

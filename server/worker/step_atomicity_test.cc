@@ -235,11 +235,7 @@ TEST_F(StepAtomicitySplitControlTest,
 // rank 1 passes every gather up and every broadcast on, and a failure at
 // any of its calls (or of the others') still leaves the failure-free
 // parameters.
-class StepAtomicityControlChainTest : public StepAtomicityTest {
- protected:
-  bool SplitControl() const override { return true; }
-  int ControlTreeFanout() const override { return 1; }
-};
+using StepAtomicityControlChainTest = ControlChain<StepAtomicityTest>;
 
 TEST_F(StepAtomicityControlChainTest,
        AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
@@ -283,11 +279,7 @@ TEST_F(StepStallTest, AStallAtTheCommitPhasesCommitsOnceOrNowhere) {
 // which passes each of the four commit messages on: it receives and
 // sends one of each, eight calls. Its neighbors on either side time out
 // on it; the step still commits on every rank or on none.
-class StepStallControlChainTest : public StepStallTest {
- protected:
-  bool SplitControl() const override { return true; }
-  int ControlTreeFanout() const override { return 1; }
-};
+using StepStallControlChainTest = ControlChain<StepStallTest>;
 
 TEST_F(StepStallControlChainTest, AStallOfTheMiddleRankCommitsOnceOrNowhere) {
   ASSERT_NO_FATAL_FAILURE(SetUpJob());

@@ -211,6 +211,17 @@ class StepEngineTest : public ::testing::Test {
   std::vector<std::thread> followers_;
 };
 
+// `Fixture` (a StepEngineTest) with its control messages on a TCP mesh of
+// their own, passed along a chain (a control tree of fanout 1: 0 - 1 -
+// 2 ...), as a GPU job's pass along a tree past kControlTreeFanout + 1
+// workers: each middle rank passes every gather up and every broadcast on.
+template <typename Fixture>
+class ControlChain : public Fixture {
+ protected:
+  bool SplitControl() const override { return true; }
+  int ControlTreeFanout() const override { return 1; }
+};
+
 }  // namespace worker
 }  // namespace muonps
 

@@ -443,11 +443,8 @@ TEST_F(StepEngineDedicatedTest, AWorkerWithNoTrainerOwnsMatricesOfEveryLayout) {
 // control tree of fanout 1: 0 - 1 - 2 - 3): rank 2, which has a trainer,
 // opens each round for it, and every gather and broadcast passes along
 // three hops.
-class StepEngineDedicatedControlChainTest : public StepEngineDedicatedTest {
- protected:
-  bool SplitControl() const override { return true; }
-  int ControlTreeFanout() const override { return 1; }
-};
+using StepEngineDedicatedControlChainTest =
+    ControlChain<StepEngineDedicatedTest>;
 
 TEST_F(StepEngineDedicatedControlChainTest,
        AWorkerWithNoTrainerFollowsTheRoundsItsParentOpens) {
