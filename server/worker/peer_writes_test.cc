@@ -40,6 +40,37 @@ class PeerWritesTest : public StepEngineTest {
 
   v1::Plan plan_;  // StepOn's
 
+  // Steps every engine kSteps times on `owners`, against the kernels in
+  // one process, expecting each worker to apply before its commit the
+  // updates its own stream orders: those it owns and those broadcast to it
+  // (all of them with `every`), and a peer's copies into its staging only
+  // at the commit (staging_windows.h).
+  void ExpectAppliedBeforeTheVotes(const std::vector<int>& owners, bool every) {
+    plan_ = PlanWithOwnerList(1, owners);
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(plan_));
+    ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+    const std::set<int> broadcast = UpdatesByBroadcast(plan_);
+    ReferenceSteps reference({}, UpdateDtype());
+    for (int64_t step = 0; step < kSteps; ++step) {
+      WriteGradients(step);
+      const std::vector<absl::StatusOr<StepResponse>> out =
+          StepEverywhere(step);
+      for (int w = 0; w < kWorkers; ++w) {
+        ASSERT_TRUE(out[w].ok()) << out[w].status();
+        int64_t expected = 0;
+        for (size_t m = 0; m < owners.size(); ++m) {
+          if (every || owners[m] == w || broadcast.count(m) > 0) {
+            expected += Matrices()[m].rows * Matrices()[m].cols;
+          }
+        }
+        EXPECT_EQ(out[w]->applied_early, expected)
+            << "worker " << w << " step " << step;
+      }
+      reference.Step(step);
+    }
+    ExpectParamsMatch(reference);
+  }
+
   // What worker w wrote and received by peer writes after kSteps steps:
   // each owned update once to every other trainer, each other update once,
   // but for each owner's last stack's, which go by broadcast
@@ -68,10 +99,18 @@ TEST_F(PeerWritesTest, EveryUpdateIsWrittenIntoThePeersStagingBitForBit) {
   for (int w = 0; w < kWorkers; ++w) ExpectEveryUpdateWritten(owners, w, 4);
 }
 
+TEST_F(PeerWritesTest, UpdatesOrderedByTheWorkersOwnStreamApplyBeforeTheVotes) {
+  ExpectAppliedBeforeTheVotes({0, 1, 2, 0, 1}, /*every=*/false);
+}
+
 class BroadcastUpdatesTest : public PeerWritesTest {
  protected:
   bool PeerWrites() const override { return false; }
 };
+
+TEST_F(BroadcastUpdatesTest, BroadcastUpdatesAllApplyBeforeTheVotes) {
+  ExpectAppliedBeforeTheVotes({0, 1, 2, 0, 1}, /*every=*/true);
+}
 
 TEST_F(BroadcastUpdatesTest, WithoutWindowsTheUpdatesAreBroadcastBitForBit) {
   ASSERT_NO_FATAL_FAILURE(StepOn({0, 1, 2, 0, 1}, kWorkers, 0));

@@ -361,6 +361,61 @@ TEST_F(StepAtomicityTest, ACallCancelledBeforeTheVoteAbortsTheStepEverywhere) {
   ExpectBiasGradientIsTheMeanOf(1);
 }
 
+// Among several workers, each step's updates go into the parameters as they
+// land, before the votes (those a worker's own stream orders: its stacks'
+// and the ones broadcast to it). A step that then aborts puts them back as
+// they were, bit for bit, and the retry applies it once.
+TEST_F(StepAtomicityTest, UpdatesAppliedBeforeTheVotesGoBackWhenTheStepAborts) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  WriteGradients(0);
+  for (const auto& r : StepEverywhere(0)) ASSERT_TRUE(r.ok()) << r.status();
+  reference.Step(0);
+  WriteGradients(1);
+  std::vector<std::map<std::string, std::vector<float>>> before;
+  for (const Trainer& t : trainers_) before.push_back(t.param);
+  std::map<std::string, std::vector<float>> at_votes;
+  engines_[0]->set_step_hook([&](StepPoint point, int64_t step, int) {
+    if (point == StepPoint::kPrepared && step == 1) {
+      at_votes = trainers_[0].param;
+    }
+  });
+  std::vector<absl::StatusOr<StepResponse>> out(kWorkers,
+                                                absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      v1::StepRequest request;
+      request.set_step_id(1);
+      request.set_lr(-1);
+      request.set_weight_decay(-1);
+      request.set_adamw_lr(-1);
+      // Worker 1's caller gives up once its updates are staged: it votes
+      // no.
+      int asked = 0;
+      out[w] = StepFromProto(
+          *engines_[w], request,
+          w != 1 ? StepCancelled() : [&asked] { return ++asked > 1; });
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  engines_[0]->set_step_hook(nullptr);
+  EXPECT_EQ(out[1].status().code(), absl::StatusCode::kCancelled)
+      << out[1].status();
+  ASSERT_FALSE(at_votes.empty());
+  int applied = 0;
+  for (const auto& [name, p] : at_votes) {
+    applied += p != before[0].at(name) ? 1 : 0;
+  }
+  EXPECT_GT(applied, 0) << "no update was in rank 0's parameters at the votes";
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(trainers_[w].param, before[w]) << "worker " << w;
+  }
+  for (const auto& r : StepEverywhere(1)) ASSERT_TRUE(r.ok()) << r.status();
+  reference.Step(1);
+  ExpectParamsMatch(reference);
+}
+
 // A worker that voted and lost the decision keeps the step staged through
 // a new plan version (same owners): the retry commits it from staging.
 TEST_F(StepAtomicityTest, AStepInDoubtSurvivesANewPlanVersion) {

@@ -106,8 +106,10 @@ absl::Status WriteParameters(StagedStep& staged, const AttachedTrainer& trainer,
   for (size_t i = 0; i < applies.size(); ++i) {
     const ParamApply& a = applies[i];
     const Binding& b = trainer.matrices[a.matrix];
-    MUONPS_RETURN_IF_ERROR(ApplyUpdates({a}, trainer, ops, stream));
-    unsignaled += a.count * static_cast<int64_t>(DTypeSize(b.dtype));
+    if (!a.applied) {  // else in place already: whole at every word
+      MUONPS_RETURN_IF_ERROR(ApplyUpdates({a}, trainer, ops, stream));
+      unsignaled += a.count * static_cast<int64_t>(DTypeSize(b.dtype));
+    }
     const bool whole =
         i + 1 == applies.size() || applies[i + 1].matrix != a.matrix;
     if (progress && whole && unsignaled >= kProgressBytes) {
@@ -134,6 +136,44 @@ absl::Status ApplyUpdates(absl::Span<const ParamApply> applies,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Copies each of `applies`' parameter ranges to (`keep`) or from its place
+// in `trainer.kept`.
+absl::Status CopyKept(absl::Span<const ParamApply> applies,
+                      const AttachedTrainer& trainer, kernels::DeviceOps& ops,
+                      Stream stream, bool keep) {
+  if (applies.empty()) return absl::OkStatus();
+  if (trainer.kept == nullptr) {
+    return absl::InternalError("no room kept for the parameters");
+  }
+  char* const kept = reinterpret_cast<char*>(trainer.kept->data());
+  for (const ParamApply& a : applies) {
+    const Binding& b = trainer.matrices[a.matrix];
+    const int64_t width = static_cast<int64_t>(DTypeSize(b.dtype));
+    void* param = kernels::ElementsPast(b.param, b.dtype, a.first);
+    void* saved = kept + b.kept_at + a.first * width;
+    MUONPS_RETURN_IF_ERROR(
+        keep ? ops.CopyBytes(saved, param, a.count * width, stream)
+             : ops.CopyBytes(param, saved, a.count * width, stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status KeepParameters(absl::Span<const ParamApply> applies,
+                            const AttachedTrainer& trainer,
+                            kernels::DeviceOps& ops, Stream stream) {
+  return CopyKept(applies, trainer, ops, stream, /*keep=*/true);
+}
+
+absl::Status RestoreParameters(absl::Span<const ParamApply> applies,
+                               const AttachedTrainer& trainer,
+                               kernels::DeviceOps& ops, Stream stream) {
+  return CopyKept(applies, trainer, ops, stream, /*keep=*/false);
+}
+
 absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           const AttachedTrainer* trainer,
                           kernels::DeviceOps& ops, int64_t release) {
@@ -151,10 +191,8 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
       MUONPS_RETURN_IF_ERROR(
           trainer->buffers->SignalParameters(stream, staged.step_id, 0));
     }
-    if (!staged.decided_early) {
-      MUONPS_RETURN_IF_ERROR(
-          WriteParameters(staged, *trainer, ops, /*progress=*/release >= 0));
-    }
+    MUONPS_RETURN_IF_ERROR(
+        WriteParameters(staged, *trainer, ops, /*progress=*/release >= 0));
     MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
         stream, StepRecordWord::kApplied, StepRecordValue(staged.step_id)));
     // The next forward needs only these writes: not the host's wait below,
@@ -194,7 +232,7 @@ CommitOutcome RunCommitPhases(
   CommitOutcome out;
   absl::Status refusal = ready;
   // A step decided early was decided before the call could be cancelled.
-  if (refusal.ok() && !ledger.staged.decided_early && cancelled &&
+  if (refusal.ok() && !ledger.staged.decided_early() && cancelled &&
       cancelled()) {
     refusal = absl::CancelledError(absl::StrCat(
         "step ", step,
@@ -307,6 +345,7 @@ CommitOutcome RunCommitPhases(
   }
   // Phase two: commit (rank 0 whether or not its decision reached every
   // rank: it made it), then confirm.
+  out.decided = true;
   const absl::Status applied = CommitStaged(ledger, plan, trainer, ops, step);
   if (!applied.ok()) {
     out.status = absl::DataLossError(

@@ -29,7 +29,7 @@ enum class StepPoint {
   kTransfer,   // the first bucket's gradients moved
   kPrepared,   // staged and voted (rank 0: every vote received, undecided)
   kCommitted,  // committed here, not confirmed
-  // Decided before its updates landed (StagedStep::decided_early): the
+  // Decided before its updates landed (EarlyApply::kDecided): the
   // step record says applying, and no update is in the parameters yet.
   kDecided,
 };
@@ -43,8 +43,8 @@ using StepHook =
 using StepCancelled = std::function<bool()>;
 
 // Applies `ledger`'s staged step: the AdamW means, then the parameters'
-// updates in the order the trainer bound its matrices (none for a step
-// decided early: they are in already), into the trainer's
+// updates in the order the trainer bound its matrices (not those applied
+// as they landed: ParamApply::applied), into the trainer's
 // lent memory (`trainer` may be null: a worker with no trainer, or one
 // whose trainer is gone), the new momentum swapped in (plan.momentum's
 // CommitStaged); then sets ledger.last and clears the staging. With
@@ -62,6 +62,16 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
 absl::Status ApplyUpdates(absl::Span<const ParamApply> applies,
                           const AttachedTrainer& trainer,
                           kernels::DeviceOps& ops, Stream stream);
+// Copies the parameter ranges `applies` will write into `trainer.kept`
+// (which must be allocated), in `stream` order.
+absl::Status KeepParameters(absl::Span<const ParamApply> applies,
+                            const AttachedTrainer& trainer,
+                            kernels::DeviceOps& ops, Stream stream);
+// Copies them back from `trainer.kept`, in `stream` order: the parameters
+// as KeepParameters found them.
+absl::Status RestoreParameters(absl::Span<const ParamApply> applies,
+                               const AttachedTrainer& trainer,
+                               kernels::DeviceOps& ops, Stream stream);
 // Forgets the staged step (momentum and parameters stay as they were).
 void DropStaged(StepLedger& ledger, PlanState& plan);
 // A retry of step `step_id` answered already_applied: when the trainer's
@@ -79,6 +89,9 @@ struct CommitOutcome {
   absl::Status status;
   // The step was applied here (confirmed or not).
   bool committed = false;
+  // This rank heard (or, as rank 0, made) the decision to commit it, so it
+  // applied the step or failed part-way: what it applied early stays.
+  bool decided = false;
   // The transport is still in step with the peers (an abort every rank
   // heard); false: it must be rebuilt.
   bool transport_ok = false;

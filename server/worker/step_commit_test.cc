@@ -77,6 +77,7 @@ class CommitOrderTest : public ::testing::Test {
       trainer_.matrices[m].param = params_[m].data();
       trainer_.matrices[m].param_elements = kElements;
       trainer_.matrices[m].elements = kElements;
+      trainer_.matrices[m].kept_at = m * kElements * 4;
       float* update = static_cast<float*>(trainer_.updates.at(m * kElements));
       for (int64_t i = 0; i < kElements; ++i) update[i] = 1.0f;
       // Each matrix in two row ranges, staged in job order.
@@ -138,7 +139,8 @@ TEST_F(CommitOrderTest, AStepTheTrainerDoesNotWaitForMovesNoWord) {
 // A step decided early has its updates in the parameters already: the
 // commit writes none of them again, and says so to the trainer at once.
 TEST_F(CommitOrderTest, AStepDecidedEarlyWritesNoParameterAgain) {
-  ledger_.staged.decided_early = true;
+  ledger_.staged.early = EarlyApply::kDecided;
+  for (ParamApply& a : ledger_.staged.applies) a.applied = true;
   ASSERT_TRUE(
       CommitStaged(ledger_, plan_, &trainer_, ops_, /*release=*/7).ok());
   for (const std::vector<float>& p : params_) EXPECT_EQ(p.front(), 1.0f);
@@ -146,6 +148,33 @@ TEST_F(CommitOrderTest, AStepDecidedEarlyWritesNoParameterAgain) {
   EXPECT_EQ(recording_->signals[0].written, 0u);  // the means
   EXPECT_EQ(recording_->released, std::vector<int64_t>{7});
   EXPECT_EQ(ledger_.last.load(), 7);
+}
+
+// Updates applied as they landed are skipped one by one: the commit writes
+// the others (a peer's copies) and advances the progress word past both.
+TEST_F(CommitOrderTest, TheCommitWritesOnlyWhatWasNotAppliedEarly) {
+  ledger_.staged.early = EarlyApply::kUndoable;
+  ledger_.staged.applies[0].applied = true;
+  ASSERT_TRUE(
+      CommitStaged(ledger_, plan_, &trainer_, ops_, /*release=*/7).ok());
+  EXPECT_EQ(params_[0].front(), 1.0f);  // applied before: left alone
+  EXPECT_EQ(params_[0].back(), 0.5f);
+  for (size_t m = 1; m < params_.size(); ++m) {
+    EXPECT_NE(params_[m].front(), 1.0f) << m;
+  }
+  EXPECT_EQ(ledger_.last.load(), 7);
+}
+
+// What a step applied early is put back exactly, range by range.
+TEST_F(CommitOrderTest, KeptParametersGoBackAsTheyWere) {
+  ASSERT_TRUE(trainer_.AllocateKept(ops_).ok());
+  const std::vector<std::vector<float>> before = params_;
+  const std::vector<ParamApply>& applies = ledger_.staged.applies;
+  ASSERT_TRUE(KeepParameters(applies, trainer_, ops_, ops_.stream()).ok());
+  ASSERT_TRUE(ApplyUpdates(applies, trainer_, ops_, ops_.stream()).ok());
+  EXPECT_NE(params_, before);
+  ASSERT_TRUE(RestoreParameters(applies, trainer_, ops_, ops_.stream()).ok());
+  EXPECT_EQ(params_, before);
 }
 
 // The vote of one worker on a step it decided early: a call cancelled
@@ -171,7 +200,7 @@ TEST_F(CommitOrderTest, ACancelledCallCommitsAStepDecidedEarlyOnly) {
   EXPECT_EQ(ledger_.last.load(), -1);
 
   ledger_.staged.step_id = 7;
-  ledger_.staged.decided_early = true;
+  ledger_.staged.early = EarlyApply::kDecided;
   out = RunCommitPhases(7, absl::OkStatus(), control, 0, 1, {"w0"}, ledger_,
                         plan_, &trainer_, ops_, cancelled, nullptr);
   EXPECT_TRUE(out.status.ok()) << out.status;

@@ -279,6 +279,19 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
   }
   // Before anything reads a gradient (a stack computed ahead included).
   MUONPS_RETURN_IF_ERROR(trainer_->PlaceGradients(request.gradients));
+  // Room to put back what a step applies early among several workers
+  // (EarlyApply::kUndoable); without it, their steps apply at the commit.
+  if (plan_.ownership.worker_ids.size() > 1 && trainer_->kept == nullptr &&
+      !trainer_->kept_refused) {
+    const absl::Status kept = trainer_->AllocateKept(*backend_.ops);
+    if (!kept.ok()) {
+      trainer_->kept_refused = true;
+      spdlog::warn(
+          "worker {}: steps apply their updates at the commit, not as they "
+          "land: {}",
+          worker_id_, kept.ToString());
+    }
+  }
   RoundResult round;
   for (int rounds = 0;; ++rounds) {
     if (rounds == kMaxRounds) {
@@ -389,7 +402,7 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
           return means;
         });
   };
-  context.decide_early = [this](int64_t step_id) {
+  context.apply_early = [this](int64_t step_id) {
     return !momentum_.CheckpointDue(step_id) &&
            !momentum_.SurvivesAKill(step_id - 1);
   };

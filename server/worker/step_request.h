@@ -75,6 +75,10 @@ struct StepResponse {
   // The step's first stack here computed while the ranks agreed
   // (StepStaging::ComputeAhead).
   bool computed_ahead = false;
+  // Parameter elements of the step this worker applied as their updates
+  // landed, before its commit (StepStaging::ApplyAsLanded); the commit
+  // wrote the rest.
+  int64_t applied_early = 0;
 };
 
 }  // namespace worker

@@ -20,6 +20,18 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+// What undoing `staging`'s early applies (StepStaging::UndoEarlyApplies)
+// leaves of the round's `status`: as it was, or DATA_LOSS when putting the
+// parameters back failed.
+absl::Status Undone(StepStaging& staging, const absl::Status& status) {
+  const absl::Status undone = staging.UndoEarlyApplies();
+  if (undone.ok()) return status;
+  return absl::DataLossError(
+      absl::StrCat("putting back the parameters this worker had updated "
+                   "before the step was decided failed (",
+                   undone.message(), "), after: ", status.message()));
+}
+
 }  // namespace
 
 StepRun::StepRun(const StepContext& context)
@@ -147,19 +159,24 @@ RoundResult StepRun::Stage(const StepRequest& request,
   StagedStep& staged = ledger_.staged;
   staged.step_id = step_id;
   staged.decider = decision.decider;
-  // Alone, with nothing to agree on once the gradients are checked: each
-  // stack's updates go into the parameters as they land. Not when backward
-  // signals gradients one by one: their stacks start beside backward, where
-  // a decision would wait for all of it.
-  if (trainer != nullptr && context_.transport->size() == 1 &&
-      std::all_of(trainer->matrices.begin(), trainer->matrices.end(),
-                  [](const Binding& b) { return b.ready < 0; }) &&
-      context_.decide_early && context_.decide_early(step_id) &&
+  // Each stack's updates go into the parameters as they land. Alone, with
+  // nothing to agree on once the gradients are checked, decided then; not
+  // when backward signals gradients one by one: their stacks start beside
+  // backward, where a decision would wait for all of it. Among several
+  // workers, before the votes, undone unless the step commits.
+  if (trainer != nullptr && context_.apply_early &&
+      context_.apply_early(step_id) &&
       !(context_.cancelled && context_.cancelled())) {
-    staging->ApplyAsLanded();
+    if (context_.transport->size() == 1 &&
+        std::all_of(trainer->matrices.begin(), trainer->matrices.end(),
+                    [](const Binding& b) { return b.ready < 0; })) {
+      staging->ApplyAsLanded(EarlyApply::kDecided);
+    } else if (context_.transport->size() > 1 && trainer->kept != nullptr) {
+      staging->ApplyAsLanded(EarlyApply::kUndoable);
+    }
   }
   absl::Status ready = staging->Stage(step_id, request);
-  if (!ready.ok() && staged.decided_early) {
+  if (!ready.ok() && staged.decided_early()) {
     DropStaged(ledger_, plan_);
     out.status = absl::DataLossError(absl::StrCat(
         "step ", step_id,
@@ -169,8 +186,8 @@ RoundResult StepRun::Stage(const StepRequest& request,
   }
   if (!ready.ok()) {
     // Out of step with the peers: no vote can reach rank 0.
+    out.status = Undone(*staging, ready);
     DropStaged(ledger_, plan_);
-    out.status = ready;
     out.transport_ok = false;
     return out;
   }
@@ -183,6 +200,8 @@ RoundResult StepRun::Stage(const StepRequest& request,
       plan_.ownership.worker_ids, ledger_, plan_, trainer, ops,
       context_.cancelled, context_.hook);
   out.status = commit.status;
+  // Not committed here, nor to be: the parameters as they were.
+  if (!commit.decided) out.status = Undone(*staging, out.status);
   out.transport_ok = commit.transport_ok;
   out.kind = RoundResult::Kind::kStepped;
   out.response.step_id = step_id;
@@ -191,6 +210,7 @@ RoundResult StepRun::Stage(const StepRequest& request,
   out.response.seconds =
       SecondsSince(std::min(start, timeline_.FirstIssued(start)));
   out.response.bytes_moved = staging->bytes();
+  out.response.applied_early = staging->applied_early();
   out.response.predicted_ns_seconds = PredictedComputeSeconds(plan_);
   if (commit.status.ok()) {
     // The marks are done: the stream waited for the compute stream.

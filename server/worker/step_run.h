@@ -36,8 +36,12 @@
 //     (the old one untouched); the updates back (broadcast, or scatter rows)
 //     into the trainer's staging buffer (peer writes: staging_windows.h);
 //     the AdamW means into it too. Nothing the trainer or a later step sees
-//     has changed. A worker whose trainer asks for the step after its last
-//     one, with nothing in doubt, computes its first stack before 1. when
+//     has changed, except where StepContext::apply_early allows the
+//     updates into the parameters as they land (StepStaging::ApplyAsLanded):
+//     decided there for one worker; among several, undone at the end of any
+//     round that does not commit the step here (what they overwrote is
+//     kept until then). A worker whose trainer asks for the step after its
+//     last one, with nothing in doubt, computes its first stack before 1. when
 //     that stack needs nothing from the peers (StepStaging::ComputeAhead):
 //     it writes only the staging and the new momentum, which a round that
 //     does not run that step drops.
@@ -122,14 +126,14 @@ struct StepContext {
   // (MomentumStore::PersistStaged); called between stage and vote, a
   // failure votes no. May be null.
   std::function<absl::Status(int64_t step_id)> persist;
-  // Whether a step alone on its worker may be decided as soon as its
-  // gradients are checked, its updates applied as they land
-  // (StepStaging::ApplyAsLanded). Not when a checkpoint of it is due (it
-  // commits only once that is on disk), nor when a kill of this worker
-  // part-way through it would otherwise lose nothing: a kill after the
-  // decision leaves the parameters part-way, which only a peer trainer's
-  // copy repairs. May be null: never.
-  std::function<bool(int64_t step_id)> decide_early;
+  // Whether a step's updates may go into the parameters as they land
+  // (StepStaging::ApplyAsLanded): decided as soon as its gradients are
+  // checked where the worker is alone, undoably before the votes among
+  // several. Not when a checkpoint of it is due (it commits only once that
+  // is on disk), nor when a kill of this worker part-way through it would
+  // otherwise lose nothing: a kill leaves the parameters part-way, which
+  // only a peer trainer's copy repairs. May be null: never.
+  std::function<bool(int64_t step_id)> apply_early;
 };
 
 // How a round ended.

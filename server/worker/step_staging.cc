@@ -182,11 +182,11 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     }
     bucket_mark[phase.index] = moved;
   }
-  if (apply_as_landed_ && trainer_ != nullptr) {
+  if (early_ == EarlyApply::kDecided && trainer_ != nullptr) {
     // Decided once every gradient is checked, before any update lands.
     MUONPS_RETURN_IF_ERROR(ReadyEveryGradient());
     if (check_->Result().ok()) {
-      ledger_.staged.decided_early = true;
+      ledger_.staged.early = EarlyApply::kDecided;
       // As the commit records them: decided, then being applied.
       for (const StepRecordWord word :
            {StepRecordWord::kDecided, StepRecordWord::kApplying}) {
@@ -195,20 +195,13 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
       }
       if (hook_) hook_(StepPoint::kDecided, step_id_, plan_.rank);
     }
+  } else if (early_ == EarlyApply::kUndoable && trainer_ != nullptr) {
+    // From here until the commit or the undo, the parameters may hold part
+    // of the step: a successor of this worker must not take them as whole.
+    ledger_.staged.early = EarlyApply::kUndoable;
+    MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
+        stream_, StepRecordWord::kApplying, StepRecordValue(step_id_)));
   }
-  // The staged applies not enqueued yet, once a step decided early has
-  // them in its staging (on this stream, after their landing).
-  const auto apply_landed = [&]() -> absl::Status {
-    std::vector<ParamApply>& applies = ledger_.staged.applies;
-    if (!ledger_.staged.decided_early || applied_ == applies.size()) {
-      return absl::OkStatus();
-    }
-    MUONPS_RETURN_IF_ERROR(
-        ApplyUpdates(absl::MakeConstSpan(applies).subspan(applied_), *trainer_,
-                     ops_, stream_));
-    applied_ = applies.size();
-    return absl::OkStatus();
-  };
   // This worker's stacks, in the schedule's order.
   std::vector<int> own;
   for (const scheduler::Phase& phase : plan_.schedule.order) {
@@ -227,6 +220,43 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     issued = 1;
     waited = begin;
   }
+  // The staged applies this worker's stream orders and not enqueued yet,
+  // once the step has them in its staging and `landing` (a mark of stream_)
+  // follows their landing. Not before stream_ waited for the trainer's
+  // step event: backward may still read a parameter whose gradient it has
+  // given. Decided (one worker): on stream_, beside the next stack's
+  // Newton-Schulz. Undoable (several): on compute_ once every stack of this
+  // worker is issued there, so after its last Newton-Schulz, beside the
+  // updates still going back (an apply beside the GEMMs slows them by more
+  // than it takes alone: bench/results/2026-12-03-h200x1-apply-beside-
+  // gemms.jsonl), what it overwrites kept first.
+  const auto apply_landed = [&](int landing) -> absl::Status {
+    std::vector<ParamApply>& applies = ledger_.staged.applies;
+    const EarlyApply how = ledger_.staged.early;
+    if (how == EarlyApply::kNone || !waited_trainer_ ||
+        (how == EarlyApply::kUndoable && issued < own.size())) {
+      return absl::OkStatus();
+    }
+    std::vector<ParamApply> landed;
+    for (; scanned_ < applies.size(); ++scanned_) {
+      ParamApply& a = applies[scanned_];
+      if (a.peer_written) continue;  // the commit's, after the votes
+      a.applied = true;
+      landed.push_back(a);
+    }
+    if (landed.empty()) return absl::OkStatus();
+    for (const ParamApply& a : landed) applied_early_ += a.count;
+    if (how == EarlyApply::kDecided) {
+      return ApplyUpdates(landed, *trainer_, ops_, stream_);
+    }
+    MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, landing));
+    MUONPS_RETURN_IF_ERROR(KeepParameters(landed, *trainer_, ops_, compute_));
+    undoable_.insert(undoable_.end(), landed.begin(), landed.end());
+    MUONPS_RETURN_IF_ERROR(ApplyUpdates(landed, *trainer_, ops_, compute_));
+    MUONPS_ASSIGN_OR_RETURN(applied_mark_, ops_.Mark(compute_));
+    timeline_.AddMark("applied_early", -1, applied_mark_);
+    return absl::OkStatus();
+  };
   const auto issue_next = [&]() -> absl::Status {
     const int stack = own[issued];
     const int needed = bucket_mark[plan_.schedule.stacks[stack].ready_bucket];
@@ -256,7 +286,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     for (const int bucket : run) timeline_.AddMark("from_owners", bucket, done);
     run.clear();
     landed_ = 0;
-    return apply_landed();
+    return apply_landed(done);
   };
   for (const scheduler::Phase& phase : plan_.schedule.order) {
     if (phase.kind != scheduler::PhaseKind::kFromOwners) {
@@ -308,6 +338,14 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   // The trainer's step event: its AdamW gradients, and what the finite
   // check reads after the stage.
   MUONPS_RETURN_IF_ERROR(ReadyEveryGradient());
+  if (ledger_.staged.early != EarlyApply::kNone) {
+    // Any left (for the step event, or for this worker's last stack).
+    MUONPS_ASSIGN_OR_RETURN(const int now, ops_.Mark(stream_));
+    MUONPS_RETURN_IF_ERROR(apply_landed(now));
+    if (applied_mark_ >= 0) {
+      MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, applied_mark_));
+    }
+  }
   MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
   // Staged when the transport's work and the stream are: a lost peer
   // fails here within the timeout instead of hanging.
@@ -315,6 +353,25 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   MUONPS_RETURN_IF_ERROR(ops_.Synchronize(stream_));
   timeline_.Staged();
   return absl::OkStatus();
+}
+
+absl::Status StepStaging::UndoEarlyApplies() {
+  if (undoable_.empty()) return absl::OkStatus();
+  // In reverse: where two applies wrote one range, the first one's kept
+  // values go back last.
+  std::vector<ParamApply> back(undoable_.rbegin(), undoable_.rend());
+  undoable_.clear();
+  applied_early_ = 0;
+  // After the applies on compute_.
+  MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, applied_mark_));
+  MUONPS_RETURN_IF_ERROR(RestoreParameters(back, *trainer_, ops_, stream_));
+  StagedStep& staged = ledger_.staged;
+  if (staged.step_id == step_id_) {  // in doubt: its commit applies all
+    for (ParamApply& a : staged.applies) a.applied = false;
+    staged.early = EarlyApply::kNone;
+  }
+  return trainer_->buffers->WriteRecord(stream_, StepRecordWord::kApplying,
+                                        StepRecordValue(ledger_.params_step()));
 }
 
 absl::Status StepStaging::PrepareFollowerBuffers() {
@@ -593,6 +650,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
       if (!mine) {
         plan_.windows.CountReceived(size * width);
         bytes_ += size * width;
+        apply.peer_written = true;
       }
       apply.count = size;
       apply.first = e * size;

@@ -79,19 +79,35 @@ class StepStaging {
   // step: the caller drops the staging and the transport.
   absl::Status Stage(int64_t step_id, const StepRequest& request);
 
-  // Before Stage, for a step that needs no agreement once its gradients
-  // are checked (one worker, a trainer, no checkpoint due): Stage checks
-  // every gradient as soon as the trainer's step event says backward is
-  // done, and if all are finite decides the step there
-  // (StagedStep::decided_early, the step record saying it is being
-  // applied) and applies each run of updates to the parameters right after
+  // Before Stage: each run of updates goes into the parameters right after
   // it lands, on the transfer stream, beside the next stack's
-  // Newton-Schulz. With a non-finite gradient nothing is applied and the
-  // step stages as any other (its vote says why). The host waits for those
-  // checks, so the stacks after the first computed ahead are issued once
-  // backward has finished (StepRun asks for this only where every gradient
-  // waits for the step's own event anyway, none for one of its own).
-  void ApplyAsLanded() { apply_as_landed_ = true; }
+  // Newton-Schulz (step_state.h's EarlyApply says when each is allowed):
+  // - kDecided, for a step that needs no agreement once its gradients are
+  //   checked (one worker, a trainer, no checkpoint due): Stage checks
+  //   every gradient as soon as the trainer's step event says backward is
+  //   done, and if all are finite decides the step there (the step record
+  //   saying it is being applied). With a non-finite gradient nothing is
+  //   applied and the step stages as any other (its vote says why). The
+  //   host waits for those checks, so the stacks after the first computed
+  //   ahead are issued once backward has finished (StepRun asks for this
+  //   only where every gradient waits for the step's own event anyway).
+  // - kUndoable, among several workers: the updates this worker's stream
+  //   orders (not a peer's copies, which only the owners' votes order: the
+  //   commit applies those), on the compute stream once this worker's last
+  //   stack is issued there (so beside the updates still going back, not
+  //   beside its Newton-Schulz), each run's parameters kept first
+  //   (AttachedTrainer::kept, which must be allocated), the step record
+  //   saying the step is being applied from the start. Nothing waits on
+  //   the host.
+  void ApplyAsLanded(EarlyApply how) { early_ = how; }
+
+  // After Stage, for a round that does not commit the step here: puts the
+  // parameters EarlyApply::kUndoable wrote back as they were, in the
+  // transfer stream's order (behind whatever the transport left there,
+  // which an abort ends), the step record saying so; a step still staged
+  // (in doubt) then applies all of its updates at its commit. OK with
+  // nothing to undo; else the device's error.
+  absl::Status UndoEarlyApplies();
 
   // After Stage: OK when every gradient this worker read from its trainer
   // is finite (GradientCheck::Result; OK without a trainer). Waits for the
@@ -100,6 +116,9 @@ class StepStaging {
 
   // Bytes this worker sent and received.
   int64_t bytes() const { return bytes_; }
+  // Parameter elements written before the commit (ApplyAsLanded) and not
+  // put back.
+  int64_t applied_early() const { return applied_early_; }
   // ComputeAhead issued a stack.
   bool ahead() const { return ahead_; }
 
@@ -152,9 +171,14 @@ class StepStaging {
   std::optional<GradientCheck> check_;
   bool waited_trainer_ = false;  // for the step's own event
   bool every_ready_ = false;     // ReadyEveryGradient ran
-  bool apply_as_landed_ = false;
-  // With the step decided early: its staged applies already enqueued.
-  size_t applied_ = 0;
+  EarlyApply early_ = EarlyApply::kNone;
+  // Of the staged applies, those looked at for an early apply.
+  size_t scanned_ = 0;
+  // Applied early and undoable (kUndoable), in order, and the mark of
+  // compute_ after the last of them (-1: none).
+  std::vector<ParamApply> undoable_;
+  int applied_mark_ = -1;
+  int64_t applied_early_ = 0;
   int64_t step_id_ = -1;
   // ComputeAhead issued the first own stack: the step's first mark, and
   // the mark after that stack.

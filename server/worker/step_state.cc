@@ -16,6 +16,14 @@ namespace {
 // Floats the control messages of a step need in transport memory.
 constexpr int64_t kControlFloats = 1024;
 
+// The room a binding's parameter takes in AttachedTrainer::kept: its bytes,
+// in whole floats.
+int64_t KeptBytes(const Binding& b) {
+  const int64_t bytes =
+      b.param_elements * static_cast<int64_t>(DTypeSize(b.dtype));
+  return (bytes + 3) / 4 * 4;
+}
+
 }  // namespace
 
 absl::StatusOr<PlanState> BuildPlanState(
@@ -152,10 +160,13 @@ absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
   std::vector<Binding*> narrow;
   int64_t total = 0;
   int64_t staged = 0, averaged = 0;
+  int64_t kept_bytes = 0;
   for (Binding& b : matrices) {
     if (b.dtype != DType::kFloat32) narrow.push_back(&b);
     b.staged_at = staged;
     staged += b.param_elements;
+    b.kept_at = kept_bytes;
+    kept_bytes += KeptBytes(b);
   }
   for (auto& [name, b] : adamw) {
     if (b.dtype != DType::kFloat32) narrow.push_back(&b);
@@ -165,6 +176,7 @@ absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
   }
   for (Binding* b : narrow) total += b->elements;
   widened.reset();
+  kept.reset();
   updates = kernels::TypedBuffer();
   means.reset();
   window = WindowRecord{};
@@ -198,6 +210,17 @@ absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
     b->grad = next;
     next += b->elements;
   }
+  return absl::OkStatus();
+}
+
+absl::Status AttachedTrainer::AllocateKept(kernels::DeviceOps& ops) {
+  if (kept != nullptr) return absl::OkStatus();
+  int64_t bytes = 0;
+  for (const Binding& b : matrices) bytes += KeptBytes(b);
+  MUONPS_ASSIGN_OR_RETURN(
+      kept, ops.Allocate(std::max<int64_t>(bytes / 4, 1),
+                         "parameters kept while a step applied early is "
+                         "undoable (one parameter-sized buffer)"));
   return absl::OkStatus();
 }
 

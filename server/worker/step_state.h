@@ -155,6 +155,9 @@ struct Binding {
   // mean gradient (unreduced AdamW tensors: AttachedTrainer::means) waits
   // until the step commits, in elements.
   int64_t staged_at = 0;
+  // Where AttachedTrainer::kept keeps its parameter's values while a step
+  // applied early is undoable, in bytes.
+  int64_t kept_at = 0;
   // Takes the lent buffers (`grad` reads the lent one until
   // AttachedTrainer::AllocateWidened gives a bf16 binding its fp32 copy).
   void Lend(const LentTensor& lent) {
@@ -204,6 +207,11 @@ struct AttachedTrainer {
   std::unique_ptr<kernels::FloatBuffer> means;
   // `updates` as lent to the workers of its host (id 0: not lent).
   WindowRecord window{};
+  // Room for every matrix's parameter (Binding::kept_at): what a step
+  // applied early overwrote, until it commits (EarlyApply::kUndoable).
+  // Null until AllocateKept.
+  std::unique_ptr<kernels::FloatBuffer> kept;
+  bool kept_refused = false;  // AllocateKept failed: not tried again
   // What its step record (lending/step_record.h) held when it attached:
   // what a worker before this one wrote (all -1: none, or none lent).
   StepRecord inherited;
@@ -216,6 +224,9 @@ struct AttachedTrainer {
   // RESOURCE_EXHAUSTED naming the buffer when the device is full.
   absl::Status AllocateWorkBuffers(kernels::DeviceOps& ops, DType update_dtype,
                                    WindowLender* lender);
+  // Allocates `kept` (once). RESOURCE_EXHAUSTED naming it when the device
+  // is full.
+  absl::Status AllocateKept(kernels::DeviceOps& ops);
   // Points every job matrix's gradient at where a step's request places it
   // (StepRequest::gradients: by position among the bound matrices), and
   // the others back at their lent buffers. INVALID_ARGUMENT naming
@@ -233,6 +244,30 @@ struct ParamApply {
   int64_t staged_at = 0;
   float decay = 1;
   float step = 0;
+  // Landed by a peer's copy into the staging (staging_windows.h): nothing
+  // in this worker's stream order says when, only the owners' votes.
+  bool peer_written = false;
+  // In the parameters already, applied as it landed
+  // (StepStaging::ApplyAsLanded): the commit skips it.
+  bool applied = false;
+};
+
+// How a staged step's updates reach the parameters before its commit.
+enum class EarlyApply {
+  kNone,  // at the commit, all at once
+  // One worker alone (and where StepContext::apply_early allows it) needs
+  // only its gradients checked: decided then, each run of updates applied
+  // as it lands, beside the next stack's Newton-Schulz; the commit writes
+  // the rest (the AdamW means, the step record, the momentum). A failure
+  // after the decision leaves the parameters part-way: DATA_LOSS.
+  kDecided,
+  // Several workers: each run of updates this worker's stream orders (its
+  // own, and those received by the transport; not a peer's copies) applied
+  // as it lands, before the votes, with what it overwrote kept first
+  // (AttachedTrainer::kept). The commit keeps them; any other end of the
+  // round puts the kept values back (StepStaging::UndoEarlyApplies), so a
+  // step not committed changed nothing, as before.
+  kUndoable,
 };
 
 // A step computed here and not committed yet: its momentum in the
@@ -244,14 +279,10 @@ struct StagedStep {
   // resolution) may commit or drop it. Until then it is in doubt.
   bool voted = false;
   uint64_t decider = 0;  // instance of the rank 0 that ran it
-  // Decided before its updates landed: one worker alone (and where
-  // StepContext::decide_early allows it) needs only its gradients checked,
-  // so each run of updates is applied to the parameters as it lands
-  // (StepStaging::ApplyAsLanded), beside the next stack's Newton-Schulz,
-  // and the commit writes the rest (the AdamW means, the step record, the
-  // momentum). A failure after the decision leaves the parameters
-  // part-way: DATA_LOSS.
-  bool decided_early = false;
+  // Whether its updates go into the parameters as they land, and how.
+  EarlyApply early = EarlyApply::kNone;
+  // Decided before its updates landed (EarlyApply::kDecided).
+  bool decided_early() const { return early == EarlyApply::kDecided; }
   std::vector<ParamApply> applies;
   // Unreduced AdamW tensors (indices into AttachedTrainer::adamw) whose mean
   // gradient is staged.
