@@ -131,7 +131,8 @@ struct StepContext {
   // checked where the worker is alone, undoably before the votes among
   // several. Not when a checkpoint of it is due (it commits only once that
   // is on disk), nor when a kill of this worker part-way through it would
-  // otherwise lose nothing: a kill leaves the parameters part-way, which
+  // otherwise lose nothing (its momentum on disk or resettable, or held by
+  // another owner group too): a kill leaves the parameters part-way, which
   // only a peer trainer's copy repairs. May be null: never.
   std::function<bool(int64_t step_id)> apply_early;
 };
