@@ -279,6 +279,10 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
     std::string why_not;
     if (!misses) {
       // Only the means.
+    } else if (torn && h[r].torn_step > committed) {
+      // Applied before the votes (EarlyApply), and its worker killed before
+      // it could put them back: the peers put theirs back.
+      why_not = absl::StrCat("step ", h[r].torn_step, " was never committed");
     } else if (h[r].params_step != committed - 1 ||
                (torn && h[r].torn_step != committed)) {
       why_not = absl::StrCat("they hold step ", h[r].params_step,

@@ -269,6 +269,26 @@ TEST(DecideRoundTest, ParametersHoldingPartOfAStepAreRepairedOrNamed) {
       << Problem(d);
 }
 
+// Part of a step nobody committed (applied before the votes, its worker
+// killed before it could put it back): named as such, with the step to
+// reload from.
+TEST(DecideRoundTest, ParametersHoldingPartOfAStepNeverCommittedAreNamed) {
+  std::vector<StepHeader> h = {Header(0, 6, 5), Header(1, 6, 5, 777),
+                               Header(2, 6, 5)};
+  h[1].torn_step = 6;
+  const RoundDecision d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kDataLoss));
+  EXPECT_TRUE(absl::StrContains(Problem(d),
+                                "the parameters of worker \"w1\"'s trainer "
+                                "hold part of step 6"))
+      << Problem(d);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "step 6 was never committed"))
+      << Problem(d);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "saved after step 5"))
+      << Problem(d);
+}
+
 TEST(DecideRoundTest, ARestartedWorkerRetryingACommittedStepIsDataLoss) {
   const RoundDecision d = DecideRound(
       {Header(0, 5, 5), Header(1, 5, -1), Header(2, 5, 5)}, 3, kIds, 100);
