@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -297,6 +298,92 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       "\"dtype\":\"%s\",\"workers\":%d,\"steps\":%d,\"max_rel_err\":%g}\n",
       LayoutName().c_str(), std::string(DTypeName(Dtype())).c_str(), Workers(),
       kSteps, worst);
+}
+
+// A step refused at the votes (a non-finite gradient of one matrix) after
+// the workers that did not read it applied what their streams order
+// (EarlyApply::kUndoable): every trainer's parameters are back bit for bit,
+// and the retry with clean gradients applies the step once.
+TEST_P(TwoWorkersOneGpuTest, ARefusedStepLeavesEveryParameterAsItWas) {
+  ASSERT_NO_FATAL_FAILURE(StartTrainers());
+  absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
+      testing::NsAlgorithmsOf(clients_[0]->NsAlgorithms());
+  ASSERT_TRUE(algorithms.ok()) << algorithms.status();
+  const auto step_all = [&](int64_t step) {
+    std::vector<absl::Status> out;
+    for (int t = 0; t < Workers(); ++t) {
+      absl::StatusOr<StepResult> r =
+          clients_[t]->Step(step, {.stream = streams_[t], .async = true});
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+    for (int t = 0; t < Workers(); ++t)
+      out.push_back(clients_[t]->Wait().status());
+    return out;
+  };
+  const auto params = [&]() {
+    std::vector<std::vector<float>> out;
+    for (int t = 0; t < Workers(); ++t) {
+      for (size_t m = 0; m < Matrices().size(); ++m) {
+        const MatrixCase& c = Matrices()[m];
+        const auto [b, e] = Rows(c, t);
+        absl::StatusOr<std::vector<float>> lent = testing::DownloadAs(
+            Dtype(), params_[t][m], (e - b) * c.cols * c.experts);
+        EXPECT_TRUE(lent.ok()) << lent.status();
+        out.push_back(lent.ok() ? *std::move(lent) : std::vector<float>());
+      }
+    }
+    return out;
+  };
+  constexpr int64_t kSteps = 4, kRefused = 2;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    ASSERT_NO_FATAL_FAILURE(WriteGradients(step));
+    if (step == kRefused) {
+      const std::vector<std::vector<float>> before = params();
+      // On every trainer: whichever copy the owner reads (replicated: its
+      // own trainer's) has it.
+      const MatrixCase& c = Matrices()[0];
+      for (int t = 0; t < Workers(); ++t) {
+        const auto [b, e] = Rows(c, t);
+        std::vector<float> bad((e - b) * c.cols * c.experts, 0.5f);
+        bad[bad.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+        ASSERT_TRUE(testing::UploadAs(Dtype(), bad, grads_[t][0]).ok());
+      }
+      for (const absl::Status& s : step_all(step)) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      }
+      EXPECT_TRUE(params() == before)
+          << "a refused step left parameters changed";
+      ASSERT_NO_FATAL_FAILURE(WriteGradients(step));
+    }
+    for (const absl::Status& s : step_all(step)) {
+      ASSERT_TRUE(s.ok()) << "step " << step << ": " << s;
+    }
+  }
+  absl::StatusOr<std::vector<std::vector<float>>> wanted =
+      testing::ReferenceParams(Dtype(), kSteps, *algorithms, InitialParam,
+                               [&](int64_t step, size_t m, int64_t i) {
+                                 return WholeGradient(step, m, i);
+                               });
+  ASSERT_TRUE(wanted.ok()) << wanted.status();
+  double worst = 0;
+  for (size_t m = 0; m < Matrices().size(); ++m) {
+    const MatrixCase& c = Matrices()[m];
+    for (int t = 0; t < Workers(); ++t) {
+      const auto [b, e] = Rows(c, t);
+      absl::StatusOr<std::vector<float>> lent = testing::DownloadAs(
+          Dtype(), params_[t][m], (e - b) * c.cols * c.experts);
+      ASSERT_TRUE(lent.ok()) << lent.status();
+      worst = std::max(worst, RelativeError(*lent, testing::ExpertRows(
+                                                       (*wanted)[m], c, b, e)));
+    }
+  }
+  EXPECT_EQ(worst, 0) << "against the same kernels in one process";
+  std::printf(
+      "{\"what\":\"gpu_two_workers_refused_step\",\"layout\":\"%s\","
+      "\"dtype\":\"%s\",\"workers\":%d,\"steps\":%lld,"
+      "\"refused_step_left_parameters\":\"unchanged\",\"max_rel_err\":%g}\n",
+      LayoutName().c_str(), std::string(DTypeName(Dtype())).c_str(), Workers(),
+      static_cast<long long>(kSteps), worst);
 }
 
 TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
