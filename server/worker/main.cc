@@ -318,6 +318,7 @@ int Run() {
                  });
   }
   if (!absl::GetFlag(FLAGS_peer_writes)) backend.windows.reset();
+  backend.apply_early = absl::GetFlag(FLAGS_apply_early);
   // Declared before the engine, whose transports count into it.
   MetricsRegistry metrics;
   // Every byte a step moves between workers, and every call and launch, is

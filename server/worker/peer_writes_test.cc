@@ -112,6 +112,28 @@ TEST_F(BroadcastUpdatesTest, BroadcastUpdatesAllApplyBeforeTheVotes) {
   ExpectAppliedBeforeTheVotes({0, 1, 2, 0, 1}, /*every=*/true);
 }
 
+// --apply_early=false: every update at the commit, bit for bit the same.
+class UpdatesAtTheCommitTest : public BroadcastUpdatesTest {
+ protected:
+  bool ApplyEarly() const override { return false; }
+};
+
+TEST_F(UpdatesAtTheCommitTest, NothingAppliesBeforeTheVotesWhenTurnedOff) {
+  plan_ = PlanWithOwnerList(1, {0, 1, 2, 0, 1});
+  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(plan_));
+  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+  ReferenceSteps reference({}, UpdateDtype());
+  for (int64_t step = 0; step < kSteps; ++step) {
+    WriteGradients(step);
+    for (const absl::StatusOr<StepResponse>& r : StepEverywhere(step)) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->applied_early, 0);
+    }
+    reference.Step(step);
+  }
+  ExpectParamsMatch(reference);
+}
+
 TEST_F(BroadcastUpdatesTest, WithoutWindowsTheUpdatesAreBroadcastBitForBit) {
   ASSERT_NO_FATAL_FAILURE(StepOn({0, 1, 2, 0, 1}, kWorkers, 0));
   for (int w = 0; w < kWorkers; ++w) {

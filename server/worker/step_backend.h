@@ -30,6 +30,9 @@ struct StepBackend {
   std::shared_ptr<WindowLender> windows;
   // A step whose transfers do not progress for this long fails.
   absl::Duration timeout = absl::Seconds(10);
+  // Updates may go into the trainer's parameters before the commit, where
+  // StepContext::apply_early allows; false: every update at the commit.
+  bool apply_early = true;
 };
 
 // The CPU backend: CpuKernels and CpuDeviceOps, shared-memory buffers;

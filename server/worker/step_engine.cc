@@ -281,8 +281,8 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
   MUONPS_RETURN_IF_ERROR(trainer_->PlaceGradients(request.gradients));
   // Room to put back what a step applies early among several workers
   // (EarlyApply::kUndoable); without it, their steps apply at the commit.
-  if (plan_.ownership.worker_ids.size() > 1 && trainer_->kept == nullptr &&
-      !trainer_->kept_refused) {
+  if (backend_.apply_early && plan_.ownership.worker_ids.size() > 1 &&
+      trainer_->kept == nullptr && !trainer_->kept_refused) {
     const absl::Status kept = trainer_->AllocateKept(*backend_.ops);
     if (!kept.ok()) {
       trainer_->kept_refused = true;
@@ -406,7 +406,7 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
   // otherwise (its momentum on disk or resettable, or every owner group
   // holding a copy of it), the parameters are not put at risk either.
   context.apply_early = [this](int64_t step_id) {
-    return !momentum_.CheckpointDue(step_id) &&
+    return backend_.apply_early && !momentum_.CheckpointDue(step_id) &&
            !momentum_.SurvivesAKill(step_id - 1) && plan_.groups.count() <= 1;
   };
   StepRun run(context);

@@ -199,6 +199,7 @@ void StepEngineTest::SetUp() {
     }
     StepBackend backend = CpuStepBackend(IoTimeout(), UpdateDtype());
     if (!PeerWrites()) backend.windows.reset();
+    backend.apply_early = ApplyEarly();
     Trainer* trainer = &trainers_[w];
     backend.open_buffers = [trainer](const AttachRequest&)
         -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {

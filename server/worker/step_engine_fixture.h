@@ -140,6 +140,8 @@ class StepEngineTest : public ::testing::Test {
   virtual bool WholeParams() const { return false; }
   // The engines lend and open staging windows (CpuStepBackend's lender).
   virtual bool PeerWrites() const { return true; }
+  // The engines may apply updates before the commit (StepBackend).
+  virtual bool ApplyEarly() const { return true; }
   // Control messages on a TCP mesh of their own beside the data's
   // (transport/split_transport.h), as a GPU worker's beside NCCL: a tree
   // of ControlTreeFanout() (a star of the few ranks here unless smaller).
