@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -41,6 +42,16 @@ class StepAtomicityTest : public StepEngineTest {
   void SetUpJob() {
     ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(JobPlan(), kSmallBuckets));
     ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+  }
+
+  // Worker `w`'s call gives up once it was asked whether it had; the
+  // others' never do.
+  static std::function<StepCancelled(int)> CancelledAfterOneAsk(int w) {
+    return [w](int worker) -> StepCancelled {
+      if (worker != w) return StepCancelled();
+      auto asked = std::make_shared<int>(0);
+      return [asked] { return ++*asked > 1; };
+    };
   }
 
   // Transport calls worker w makes in step `step` (run clean).
@@ -327,24 +338,9 @@ TEST_F(StepAtomicityTest, ACallCancelledBeforeTheVoteAbortsTheStepEverywhere) {
   reference.Step(0);
   WriteGradients(1);
   const std::vector<float> before = trainers_[0].param["rep.a"];
-  std::vector<absl::StatusOr<StepResponse>> out(kWorkers,
-                                                absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int w = 0; w < kWorkers; ++w) {
-    threads.emplace_back([&, w] {
-      v1::StepRequest request;
-      request.set_step_id(1);
-      request.set_lr(-1);
-      request.set_weight_decay(-1);
-      request.set_adamw_lr(-1);
-      // Worker 1's caller gives up after the round opened.
-      int asked = 0;
-      out[w] = StepFromProto(
-          *engines_[w], request,
-          w != 1 ? StepCancelled() : [&asked] { return ++asked > 1; });
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  // Worker 1's caller gives up after the round opened.
+  const std::vector<absl::StatusOr<StepResponse>> out =
+      StepEverywhere(1, nullptr, CancelledAfterOneAsk(1));
   EXPECT_EQ(out[1].status().code(), absl::StatusCode::kCancelled)
       << out[1].status();
   for (const int w : {0, 2}) {
@@ -380,25 +376,9 @@ TEST_F(StepAtomicityTest, UpdatesAppliedBeforeTheVotesGoBackWhenTheStepAborts) {
       at_votes = trainers_[0].param;
     }
   });
-  std::vector<absl::StatusOr<StepResponse>> out(kWorkers,
-                                                absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int w = 0; w < kWorkers; ++w) {
-    threads.emplace_back([&, w] {
-      v1::StepRequest request;
-      request.set_step_id(1);
-      request.set_lr(-1);
-      request.set_weight_decay(-1);
-      request.set_adamw_lr(-1);
-      // Worker 1's caller gives up once its updates are staged: it votes
-      // no.
-      int asked = 0;
-      out[w] = StepFromProto(
-          *engines_[w], request,
-          w != 1 ? StepCancelled() : [&asked] { return ++asked > 1; });
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  // Worker 1's caller gives up once its updates are staged: it votes no.
+  const std::vector<absl::StatusOr<StepResponse>> out =
+      StepEverywhere(1, nullptr, CancelledAfterOneAsk(1));
   engines_[0]->set_step_hook(nullptr);
   EXPECT_EQ(out[1].status().code(), absl::StatusCode::kCancelled)
       << out[1].status();

@@ -348,7 +348,8 @@ void StepEngineTest::WriteGradients(int64_t step) {
 }
 
 std::vector<absl::StatusOr<StepResponse>> StepEngineTest::StepEverywhere(
-    int64_t step, const std::function<void(int, v1::StepRequest*)>& edit) {
+    int64_t step, const std::function<void(int, v1::StepRequest*)>& edit,
+    const std::function<StepCancelled(int)>& cancelled) {
   std::vector<absl::StatusOr<StepResponse>> out(kWorkers,
                                                 absl::UnknownError("not run"));
   std::vector<std::thread> threads;
@@ -360,7 +361,8 @@ std::vector<absl::StatusOr<StepResponse>> StepEngineTest::StepEverywhere(
       request.set_weight_decay(-1);
       request.set_adamw_lr(-1);
       if (edit) edit(w, &request);
-      out[w] = StepFromProto(*engines_[w], request);
+      out[w] = StepFromProto(*engines_[w], request,
+                             cancelled ? cancelled(w) : StepCancelled());
     });
   }
   for (std::thread& t : threads) t.join();

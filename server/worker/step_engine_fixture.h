@@ -167,10 +167,12 @@ class StepEngineTest : public ::testing::Test {
   void WriteGradients(int64_t step);
   void WriteGradientsOf(int w, int64_t step);
   // Every engine steps `step` at once; the statuses by worker. `edit`
-  // changes worker w's request first.
+  // changes worker w's request first; `cancelled` gives worker w's call
+  // its StepCancelled.
   std::vector<absl::StatusOr<StepResponse>> StepEverywhere(
       int64_t step,
-      const std::function<void(int, v1::StepRequest*)>& edit = nullptr);
+      const std::function<void(int, v1::StepRequest*)>& edit = nullptr,
+      const std::function<StepCancelled(int)>& cancelled = nullptr);
   // Every trainer runs steps [first, last] as a training loop does: it
   // writes a step's gradients once, then calls Step until it succeeds (at
   // most `attempts` times) and goes on. Returns the number of failed calls
