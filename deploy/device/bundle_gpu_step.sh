@@ -20,6 +20,7 @@ BUNDLE_DIR=device_bundle deploy/device/bundle.sh \
   //bench/step_gpu:step_gpu_bench //client:libmuonps.so \
   //tools/autotune:muonps-autotune
 cp bench/step_gpu/run.sh device_bundle/run_step_gpu.sh
+cp bench/step_gpu/apply_early_ab.sh device_bundle/
 # The tests' TLS credentials (tests/harness finds them beside the binaries).
 bazel build //tests/testdata:tls
 cp bazel-bin/tests/testdata/tls/* device_bundle/bin/
