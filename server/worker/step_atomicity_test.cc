@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "lending/step_record.h"
 #include "server/worker/step_engine_fixture.h"
 #include "transport/loopback_ranks.h"
 
@@ -393,6 +394,65 @@ TEST_F(StepAtomicityTest, UpdatesAppliedBeforeTheVotesGoBackWhenTheStepAborts) {
   }
   for (const auto& r : StepEverywhere(1)) ASSERT_TRUE(r.ok()) << r.status();
   reference.Step(1);
+  ExpectParamsMatch(reference);
+}
+
+// With the trainers' step records lent, as a worker's successor reads them.
+class StepAtomicityRecordTest : public StepAtomicityTest {
+ protected:
+  bool LendsRecord() const override { return true; }
+
+  // No trainer's record says its parameters hold part of a step, and each
+  // says they hold step `applied` (or `applied` + 1 with `or_next`: a rank
+  // that committed a step its peers failed).
+  void ExpectWholeRecords(int64_t applied, bool or_next = false) {
+    for (int w = 0; w < kWorkers; ++w) {
+      const StepRecord r = StepRecordFromWords(trainers_[w].record.data());
+      EXPECT_EQ(r.torn(), -1) << "trainer " << w << " applying " << r.applying
+                              << ", applied " << r.applied;
+      if (!or_next || r.applied != applied + 1) {
+        EXPECT_EQ(r.applied, applied) << "trainer " << w;
+      }
+    }
+  }
+};
+
+// A step that fails anywhere (at each transport call of rank 0, at the
+// votes), whether or not a worker had applied updates early by then, leaves
+// no trainer's record saying its
+// parameters hold part of it: a successor of any worker would otherwise take
+// whole parameters for torn ones. The retries end bit for bit.
+TEST_F(StepAtomicityRecordTest, AFailedStepLeavesNoRecordOfPartOfIt) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob());
+  ReferenceSteps reference;
+  int64_t step = 0;
+  const int64_t calls = ProbeCalls(0, step);
+  reference.Step(step++);
+  ASSERT_NO_FATAL_FAILURE(ExpectWholeRecords(0));
+  for (int64_t call = 0; call < calls; ++call) {
+    SetFault(0, {.step = step, .call = call});
+    WriteGradients(step);
+    int failed = 0;
+    for (const auto& r : StepEverywhere(step)) failed += r.ok() ? 0 : 1;
+    SetFault(0, {});
+    EXPECT_GT(failed, 0) << "call " << call;
+    ASSERT_NO_FATAL_FAILURE(ExpectWholeRecords(step - 1, /*or_next=*/true))
+        << "call " << call;
+    // Retried until every trainer has it (a rank that committed answers
+    // already_applied).
+    RunTrainerLoops(step, step);
+    ASSERT_NO_FATAL_FAILURE(ExpectWholeRecords(step));
+    reference.Step(step++);
+  }
+  // Refused at the votes after the others applied theirs.
+  WriteGradients(step);
+  for (const auto& r : StepEverywhere(step, nullptr, CancelledAfterOneAsk(1))) {
+    EXPECT_FALSE(r.ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectWholeRecords(step - 1));
+  RunTrainerLoops(step, step);
+  reference.Step(step);
+  ASSERT_NO_FATAL_FAILURE(ExpectWholeRecords(step));
   ExpectParamsMatch(reference);
 }
 

@@ -16,9 +16,10 @@ namespace {
 
 class HostBuffers final : public TrainerBuffers {
  public:
+  // `record`: the trainer's step record's words, or null (none lent).
   HostBuffers(std::map<std::string, LentTensor> tensors,
-              const absl::Status* intact)
-      : tensors_(std::move(tensors)), intact_(intact) {}
+              const absl::Status* intact, uint64_t* record)
+      : tensors_(std::move(tensors)), intact_(intact), record_(record) {}
   Device device() const override { return kHostDevice; }
   absl::Status CheckIntact() const override { return *intact_; }
   absl::StatusOr<LentTensor> Map(const TensorBinding& t, int64_t,
@@ -27,10 +28,20 @@ class HostBuffers final : public TrainerBuffers {
     if (it == tensors_.end()) return absl::NotFoundError(t.name);
     return it->second;
   }
+  absl::StatusOr<StepRecord> ReadRecord() override {
+    if (record_ == nullptr) return absl::NotFoundError("no step record lent");
+    return StepRecordFromWords(record_);
+  }
+  absl::Status WriteRecord(Stream, StepRecordWord word,
+                           uint64_t value) override {
+    if (record_ != nullptr) record_[static_cast<int>(word)] = value;
+    return absl::OkStatus();
+  }
 
  private:
   std::map<std::string, LentTensor> tensors_;
   const absl::Status* intact_;  // the trainer's
+  uint64_t* const record_;
 };
 
 }  // namespace
@@ -201,7 +212,8 @@ void StepEngineTest::SetUp() {
     if (!PeerWrites()) backend.windows.reset();
     backend.apply_early = ApplyEarly();
     Trainer* trainer = &trainers_[w];
-    backend.open_buffers = [trainer](const AttachRequest&)
+    backend.open_buffers = [trainer,
+                            lends_record = LendsRecord()](const AttachRequest&)
         -> absl::StatusOr<std::unique_ptr<TrainerBuffers>> {
       std::map<std::string, LentTensor> lent;
       lent["bias"] = {trainer->bias_grad.data(), trainer->bias.data()};
@@ -213,7 +225,8 @@ void StepEngineTest::SetUp() {
         }
       }
       return std::unique_ptr<TrainerBuffers>(
-          new HostBuffers(lent, &trainer->intact));
+          new HostBuffers(lent, &trainer->intact,
+                          lends_record ? trainer->record.data() : nullptr));
     };
     engines_[w] = std::make_unique<StepEngine>(
         absl::StrCat("w", w), std::move(backend), Connector(w));

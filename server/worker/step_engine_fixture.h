@@ -8,6 +8,7 @@
 #ifndef MUONPS_SERVER_WORKER_STEP_ENGINE_FIXTURE_H_
 #define MUONPS_SERVER_WORKER_STEP_ENGINE_FIXTURE_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -24,6 +25,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "lending/step_record.h"
 #include "server/worker/step_control.h"
 #include "server/worker/step_engine.h"
 #include "server/worker/wire.h"
@@ -66,6 +68,9 @@ struct Trainer {
   bool bf16 = false;
   // What CheckIntact answers (a truncated segment, say).
   absl::Status intact;
+  // Its step record's words (lending/step_record.h), where the fixture
+  // lends one (StepEngineTest::LendsRecord).
+  std::array<uint64_t, kStepRecordBytes / 8> record{};
   std::map<std::string, std::vector<uint16_t>> grad16, param16;
 };
 
@@ -142,6 +147,8 @@ class StepEngineTest : public ::testing::Test {
   virtual bool PeerWrites() const { return true; }
   // The engines may apply updates before the commit (StepBackend).
   virtual bool ApplyEarly() const { return true; }
+  // Each trainer lends its step record (Trainer::record).
+  virtual bool LendsRecord() const { return false; }
   // Control messages on a TCP mesh of their own beside the data's
   // (transport/split_transport.h), as a GPU worker's beside NCCL: a tree
   // of ControlTreeFanout() (a star of the few ranks here unless smaller).

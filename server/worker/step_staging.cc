@@ -196,11 +196,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
       if (hook_) hook_(StepPoint::kDecided, step_id_, plan_.rank);
     }
   } else if (early_ == EarlyApply::kUndoable && trainer_ != nullptr) {
-    // From here until the commit or the undo, the parameters may hold part
-    // of the step: a successor of this worker must not take them as whole.
     ledger_.staged.early = EarlyApply::kUndoable;
-    MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
-        stream_, StepRecordWord::kApplying, StepRecordValue(step_id_)));
   }
   // This worker's stacks, in the schedule's order.
   std::vector<int> own;
@@ -250,6 +246,13 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
       return ApplyUpdates(landed, *trainer_, ops_, stream_);
     }
     MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, landing));
+    if (undoable_.empty()) {
+      // From here until the commit or the undo, the parameters may hold
+      // part of the step: a successor of this worker must not take them as
+      // whole.
+      MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
+          compute_, StepRecordWord::kApplying, StepRecordValue(step_id_)));
+    }
     MUONPS_RETURN_IF_ERROR(KeepParameters(landed, *trainer_, ops_, compute_));
     undoable_.insert(undoable_.end(), landed.begin(), landed.end());
     MUONPS_RETURN_IF_ERROR(ApplyUpdates(landed, *trainer_, ops_, compute_));

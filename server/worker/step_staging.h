@@ -97,8 +97,8 @@ class StepStaging {
   //   stack is issued there (so beside the updates still going back, not
   //   beside its Newton-Schulz), each run's parameters kept first
   //   (AttachedTrainer::kept, which must be allocated), the step record
-  //   saying the step is being applied from the start. Nothing waits on
-  //   the host.
+  //   saying the step is being applied from the first of them. Nothing
+  //   waits on the host.
   void ApplyAsLanded(EarlyApply how) { early_ = how; }
 
   // After Stage, for a round that does not commit the step here: puts the
