@@ -405,9 +405,10 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
   // Where a kill of this worker part-way through a step would lose nothing
   // otherwise (its momentum on disk or resettable, or every owner group
   // holding a copy of it), the parameters are not put at risk either.
-  context.apply_early = [this](int64_t step_id) {
-    return backend_.apply_early && !momentum_.CheckpointDue(step_id) &&
-           !momentum_.SurvivesAKill(step_id - 1) && plan_.groups.count() <= 1;
+  const bool may = backend_.apply_early && plan_.groups.count() <= 1;
+  context.apply_early = [this, may](int64_t step_id) {
+    return may && !momentum_.CheckpointDue(step_id) &&
+           !momentum_.SurvivesAKill(step_id - 1);
   };
   StepRun run(context);
   RoundResult out = run.Run(request);
