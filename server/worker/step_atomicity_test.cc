@@ -330,39 +330,11 @@ TEST_F(StepAtomicityTest, APeerThatFailedAfterRankZeroFinishedCatchesUp) {
 
 // A trainer's call cancelled (or past its deadline) before the vote: the
 // step aborts on every worker with nothing applied, naming why; the retry
-// runs it once.
+// runs it once. Among several workers each step's updates go into the
+// parameters as they land, before the votes (those a worker's own stream
+// orders: its stacks' and the ones broadcast to it), so the abort puts them
+// back as they were, bit for bit.
 TEST_F(StepAtomicityTest, ACallCancelledBeforeTheVoteAbortsTheStepEverywhere) {
-  ASSERT_NO_FATAL_FAILURE(SetUpJob());
-  ReferenceSteps reference;
-  WriteGradients(0);
-  for (const auto& r : StepEverywhere(0)) ASSERT_TRUE(r.ok()) << r.status();
-  reference.Step(0);
-  WriteGradients(1);
-  const std::vector<float> before = trainers_[0].param["rep.a"];
-  // Worker 1's caller gives up after the round opened.
-  const std::vector<absl::StatusOr<StepResponse>> out =
-      StepEverywhere(1, nullptr, CancelledAfterOneAsk(1));
-  EXPECT_EQ(out[1].status().code(), absl::StatusCode::kCancelled)
-      << out[1].status();
-  for (const int w : {0, 2}) {
-    EXPECT_EQ(out[w].status().code(), absl::StatusCode::kAborted)
-        << out[w].status();
-    EXPECT_TRUE(absl::StrContains(out[w].status().message(), "\"w1\""))
-        << out[w].status();
-  }
-  EXPECT_EQ(trainers_[0].param["rep.a"], before);
-  EXPECT_EQ(engines_[0]->last_step(), 0);
-  for (const auto& r : StepEverywhere(1)) ASSERT_TRUE(r.ok()) << r.status();
-  reference.Step(1);
-  ExpectParamsMatch(reference);
-  ExpectBiasGradientIsTheMeanOf(1);
-}
-
-// Among several workers, each step's updates go into the parameters as they
-// land, before the votes (those a worker's own stream orders: its stacks'
-// and the ones broadcast to it). A step that then aborts puts them back as
-// they were, bit for bit, and the retry applies it once.
-TEST_F(StepAtomicityTest, UpdatesAppliedBeforeTheVotesGoBackWhenTheStepAborts) {
   ASSERT_NO_FATAL_FAILURE(SetUpJob());
   ReferenceSteps reference;
   WriteGradients(0);
@@ -377,12 +349,19 @@ TEST_F(StepAtomicityTest, UpdatesAppliedBeforeTheVotesGoBackWhenTheStepAborts) {
       at_votes = trainers_[0].param;
     }
   });
-  // Worker 1's caller gives up once its updates are staged: it votes no.
+  // Worker 1's caller gives up after the round opened, once its updates are
+  // staged: it votes no.
   const std::vector<absl::StatusOr<StepResponse>> out =
       StepEverywhere(1, nullptr, CancelledAfterOneAsk(1));
   engines_[0]->set_step_hook(nullptr);
   EXPECT_EQ(out[1].status().code(), absl::StatusCode::kCancelled)
       << out[1].status();
+  for (const int w : {0, 2}) {
+    EXPECT_EQ(out[w].status().code(), absl::StatusCode::kAborted)
+        << out[w].status();
+    EXPECT_TRUE(absl::StrContains(out[w].status().message(), "\"w1\""))
+        << out[w].status();
+  }
   ASSERT_FALSE(at_votes.empty());
   int applied = 0;
   for (const auto& [name, p] : at_votes) {
@@ -392,9 +371,11 @@ TEST_F(StepAtomicityTest, UpdatesAppliedBeforeTheVotesGoBackWhenTheStepAborts) {
   for (int w = 0; w < kWorkers; ++w) {
     EXPECT_EQ(trainers_[w].param, before[w]) << "worker " << w;
   }
+  EXPECT_EQ(engines_[0]->last_step(), 0);
   for (const auto& r : StepEverywhere(1)) ASSERT_TRUE(r.ok()) << r.status();
   reference.Step(1);
   ExpectParamsMatch(reference);
+  ExpectBiasGradientIsTheMeanOf(1);
 }
 
 // With the trainers' step records lent, as a worker's successor reads them.
@@ -419,9 +400,9 @@ class StepAtomicityRecordTest : public StepAtomicityTest {
 
 // A step that fails anywhere (at each transport call of rank 0, at the
 // votes), whether or not a worker had applied updates early by then, leaves
-// no trainer's record saying its
-// parameters hold part of it: a successor of any worker would otherwise take
-// whole parameters for torn ones. The retries end bit for bit.
+// no trainer's record saying its parameters hold part of it: a successor of
+// any worker would otherwise take whole parameters for torn ones. The
+// retries end bit for bit.
 TEST_F(StepAtomicityRecordTest, AFailedStepLeavesNoRecordOfPartOfIt) {
   ASSERT_NO_FATAL_FAILURE(SetUpJob());
   ReferenceSteps reference;
