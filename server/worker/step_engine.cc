@@ -280,9 +280,11 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
   // Before anything reads a gradient (a stack computed ahead included).
   MUONPS_RETURN_IF_ERROR(trainer_->PlaceGradients(request.gradients));
   // Room to put back what a step applies early among several workers
-  // (EarlyApply::kUndoable); without it, their steps apply at the commit.
-  if (backend_.apply_early && plan_.ownership.worker_ids.size() > 1 &&
-      trainer_->kept == nullptr && !trainer_->kept_refused) {
+  // (EarlyApply::kUndoable), once a step may; without it, their steps apply
+  // at the commit.
+  if (plan_.ownership.worker_ids.size() > 1 && trainer_->kept == nullptr &&
+      !trainer_->kept_refused && MayApplyEarly() &&
+      StepMayApplyEarly(request.step_id)) {
     const absl::Status kept = trainer_->AllocateKept(*backend_.ops);
     if (!kept.ok()) {
       trainer_->kept_refused = true;
@@ -402,13 +404,8 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
           return means;
         });
   };
-  // Where a kill of this worker part-way through a step would lose nothing
-  // otherwise (its momentum on disk or resettable, or every owner group
-  // holding a copy of it), the parameters are not put at risk either.
-  const bool may = backend_.apply_early && plan_.groups.count() <= 1;
-  context.apply_early = [this, may](int64_t step_id) {
-    return may && !momentum_.CheckpointDue(step_id) &&
-           !momentum_.SurvivesAKill(step_id - 1);
+  context.apply_early = [this, may = MayApplyEarly()](int64_t step_id) {
+    return may && StepMayApplyEarly(step_id);
   };
   StepRun run(context);
   RoundResult out = run.Run(request);
@@ -427,6 +424,15 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
                    trainer == nullptr ? "" : absl::StrCat(request.step_id, " "),
                    "(plan version ", plan_.version, "; ranks ", ranks, ")"));
   return out;
+}
+
+bool StepEngine::MayApplyEarly() const {
+  return backend_.apply_early && plan_.groups.count() <= 1;
+}
+
+bool StepEngine::StepMayApplyEarly(int64_t step_id) const {
+  return !momentum_.CheckpointDue(step_id) &&
+         !momentum_.SurvivesAKill(step_id - 1);
 }
 
 absl::Status StepEngine::SetPlan(

@@ -278,6 +278,14 @@ class StepEngine {
                        const AttachedTrainer* trainer,
                        const StepCancelled& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether this worker's settings and plan let updates go into the
+  // parameters before the commit at all (StepContext::apply_early), and
+  // whether step `step_id` may: where a kill of this worker part-way through
+  // it would lose nothing otherwise (its momentum on disk or resettable, or
+  // every owner group holding a copy of it), the parameters are not put at
+  // risk either. A step applies early where both hold.
+  bool MayApplyEarly() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool StepMayApplyEarly(int64_t step_id) const;
   // The response for a step answered without running it.
   StepResponse AlreadyApplied(int64_t step_id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
