@@ -67,6 +67,16 @@ inline ExpertPart ShardPartOfExpert(int64_t rows, int64_t experts,
   return out;
 }
 
+// The shard of `shards` whose TrainerRowRange of the `experts` experts
+// holds expert `expert` whole (a stack sharded on its experts), or -1 for
+// an expert past every shard's range.
+inline int ShardHoldingExpert(int64_t experts, int64_t expert, int shards) {
+  if (shards < 1 || expert < 0 || expert >= experts) return -1;
+  const int64_t chunk = (experts + shards - 1) / shards;
+  const int64_t shard = expert / chunk;
+  return shard < shards ? static_cast<int>(shard) : -1;
+}
+
 // The rows (of `cols` elements) shard `shard` of `shards` lends of a
 // row_sharded stack: its rows of every expert, or its whole experts.
 inline int64_t ShardRows(int64_t rows, int64_t experts, bool shard_experts,

@@ -124,4 +124,21 @@ TEST(ShardPartOfExpertTest, PartsTileEachExpertAndEachBuffer) {
 }
 
 }  // namespace
+TEST(ShardHoldingExpertTest, TheShardWhoseRangeHoldsTheExpert) {
+  for (const int shards : {1, 2, 3, 4, 7, 300}) {
+    for (const int64_t experts : {1, 5, 8, 256}) {
+      for (int64_t e = 0; e < experts; ++e) {
+        const int s = ShardHoldingExpert(experts, e, shards);
+        ASSERT_GE(s, 0) << experts << " " << e << " " << shards;
+        const auto [begin, end] = TrainerRowRange(experts, s, shards);
+        EXPECT_TRUE(e >= begin && e < end) << experts << " " << e;
+        EXPECT_EQ(ShardPartOfExpert(3, experts, true, e, s, shards).rows(), 3);
+      }
+    }
+  }
+  EXPECT_EQ(ShardHoldingExpert(4, 4, 2), -1);
+  EXPECT_EQ(ShardHoldingExpert(4, -1, 2), -1);
+  EXPECT_EQ(ShardHoldingExpert(4, 0, 0), -1);
+}
+
 }  // namespace muonps

@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <queue>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -333,6 +334,78 @@ class ExactSearch {
 };
 
 }  // namespace
+
+int LeaveExpertsWithHolders(Assignment* a) {
+  const Problem& p = a->problem();
+  const PlanInput& input = p.input();
+  const TrainerShards& shards = input.trainer_shards;
+  if (!shards.known()) return 0;
+  std::vector<int32_t> workers(p.num_workers());
+  for (int w = 0; w < p.num_workers(); ++w) workers[w] = w;
+  const std::vector<int32_t> holder_of_shard = shards.HoldersAmong(workers);
+  // Per item: the worker holding it whole (-1: none), and its kind: items
+  // of one kind cost the same anywhere.
+  std::vector<int32_t> holder(p.num_items(), -1);
+  std::vector<int32_t> kind(p.num_items());
+  absl::flat_hash_map<std::tuple<int, int64_t, int64_t>, int32_t> kinds;
+  bool any = false;
+  for (int i = 0; i < p.num_items(); ++i) {
+    const ItemRef ref = p.item(i);
+    const int32_t s =
+        shards.ShardOfExpert(input.matrices[ref.matrix], ref.expert);
+    if (s >= 0) {
+      const int32_t h = holder_of_shard[s];
+      if (h >= 0 && !input.workers[h].owns_nothing) holder[i] = h;
+    }
+    any = any || holder[i] >= 0;
+    kind[i] =
+        kinds
+            .try_emplace({p.shape_of(i), p.owned_bytes(i), p.link_bytes(i)},
+                         static_cast<int32_t>(kinds.size()))
+            .first->second;
+  }
+  if (!any) return 0;
+  // What each worker could give away, by (worker, kind): items it owns and
+  // does not hold. Entries go stale as items move; checked when taken.
+  const auto key = [](int32_t w, int32_t k) {
+    return (static_cast<int64_t>(w) << 32) | static_cast<uint32_t>(k);
+  };
+  absl::flat_hash_map<int64_t, std::vector<int>> foreign;
+  for (int i = 0; i < p.num_items(); ++i) {
+    if (a->owner(i) != holder[i])
+      foreign[key(a->owner(i), kind[i])].push_back(i);
+  }
+  // Each swap brings one more item home (its partner may come home too),
+  // so passes end; a pass can give a holder an item to trade that an
+  // earlier item of the same pass found it without.
+  int swaps = 0;
+  for (int pass_swaps = -1; pass_swaps != 0;) {
+    pass_swaps = 0;
+    for (int i = 0; i < p.num_items(); ++i) {
+      const int32_t h = holder[i];
+      const int w = a->owner(i);
+      if (h < 0 || h == w) continue;
+      auto it = foreign.find(key(h, kind[i]));
+      if (it == foreign.end()) continue;
+      std::vector<int>& given = it->second;
+      int j = -1;
+      while (!given.empty() && j < 0) {
+        const int x = given.back();
+        given.pop_back();
+        if (x != i && a->owner(x) == h && holder[x] != h) j = x;
+      }
+      if (j < 0) continue;
+      a->Unassign(i);
+      a->Unassign(j);
+      a->Assign(i, h);
+      a->Assign(j, w);
+      ++pass_swaps;
+      if (holder[j] != w) foreign[key(w, kind[j])].push_back(j);
+    }
+    swaps += pass_swaps;
+  }
+  return swaps;
+}
 
 bool SolveExactly(int max_items, Assignment* a) {
   const Problem& p = a->problem();

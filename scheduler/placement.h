@@ -41,6 +41,15 @@ struct SearchLimits {
 // most loaded worker's load. Returns the number of changes made.
 int ImproveByLocalSearch(const SearchLimits& limits, Assignment* a);
 
+// Leaves each whole expert of a stack sharded on its experts with the
+// worker whose trainer holds it (PlanInput::trainer_shards), wherever that
+// costs nothing: the expert's owner swaps it for an item the holder owns
+// and does not hold, of the same shape, owned bytes and link bytes, so
+// every worker's batches, load and memory stay as they were. A holder that
+// owns nothing of that kind (or may own nothing) leaves the expert where it
+// is. Returns the number of swaps.
+int LeaveExpertsWithHolders(Assignment* a);
+
 // When the instance is small (items <= max_items, workers^items <= 2e5),
 // replaces `a` by an assignment minimizing the maximum load within memory,
 // found by branch and bound, and returns true. `a` may be complete (its

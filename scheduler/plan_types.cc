@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/row_ranges.h"
 #include "common/status.h"
 
 namespace muonps {
@@ -28,6 +29,43 @@ int64_t PayloadBytes(const MatrixSpec& matrix) {
 
 int64_t OwnedBytes(const MatrixSpec& matrix) {
   return 4 * matrix.rows * matrix.cols + 2 * PayloadBytes(matrix);
+}
+
+bool HoldsWholeExperts(const std::vector<MatrixSpec>& matrices) {
+  return std::any_of(matrices.begin(), matrices.end(), [](const MatrixSpec& m) {
+    return m.shard_experts && m.layout == Layout::kRowSharded;
+  });
+}
+
+int32_t TrainerShards::ShardOfExpert(const MatrixSpec& m,
+                                     int64_t expert) const {
+  if (!known() || !m.shard_experts || m.layout != Layout::kRowSharded) {
+    return -1;
+  }
+  return ShardHoldingExpert(m.experts, expert, shards);
+}
+
+std::vector<int32_t> TrainerShards::HoldersAmong(
+    const std::vector<int32_t>& workers) const {
+  std::vector<int32_t> holder(std::max(shards, 0), -1);
+  for (const int32_t w : workers) {
+    if (w < 0 || w >= static_cast<int32_t>(shard_of.size())) continue;
+    const int32_t s = shard_of[w];
+    if (s >= 0 && s < shards && holder[s] < 0) holder[s] = w;
+  }
+  return holder;
+}
+
+TrainerShards TrainerShards::Among(const std::vector<int32_t>& workers) const {
+  TrainerShards out;
+  if (!known()) return out;
+  out.shards = shards;
+  out.shard_of.reserve(workers.size());
+  for (const int32_t w : workers) {
+    out.shard_of.push_back(
+        w >= 0 && w < static_cast<int32_t>(shard_of.size()) ? shard_of[w] : -1);
+  }
+  return out;
 }
 
 OwnerGroups::OwnerGroups(const std::vector<std::vector<int32_t>>& groups,

@@ -44,6 +44,34 @@ struct MatrixSpec {
   int32_t layer = 0;
 };
 
+// Whether a matrix of `matrices` is a row_sharded stack sharded on its
+// experts (MatrixSpec::shard_experts): its trainers hold whole experts.
+bool HoldsWholeExperts(const std::vector<MatrixSpec>& matrices);
+
+// Which trainer shard each worker's trainer holds, so that a plan can leave
+// each whole expert of a stack sharded on its experts
+// (MatrixSpec::shard_experts) with the worker whose trainer holds it: that
+// expert's gradient and update then never move (common/row_ranges.h, the
+// one rule of who holds what). The trainers of a replica group (or of the
+// job, without replicas) split every row_sharded matrix into `shards`
+// shards; worker w's trainer holds shard shard_of[w], or -1 (no trainer,
+// or its rank not known). Default: not known.
+struct TrainerShards {
+  int32_t shards = 0;
+  std::vector<int32_t> shard_of;  // by worker index; empty: not known
+
+  bool known() const { return shards > 0 && !shard_of.empty(); }
+  // The shard holding expert `expert` of `m` whole, or -1 when `m` is not
+  // sharded on its experts (or nothing is known).
+  int32_t ShardOfExpert(const MatrixSpec& m, int64_t expert) const;
+  // By shard: the first of `workers` (worker indices) whose trainer holds
+  // it, or -1.
+  std::vector<int32_t> HoldersAmong(const std::vector<int32_t>& workers) const;
+  // The shards of `workers` (worker indices), in their order: what a plan
+  // of those workers alone takes (PlanRanks). Not known stays not known.
+  TrainerShards Among(const std::vector<int32_t>& workers) const;
+};
+
 struct WorkerSpec {
   std::string id;
   // Measured NS times of this worker's device; null: use `rates` only.

@@ -294,6 +294,7 @@ absl::StatusOr<OwnershipPlan> PlanOwnership(const PlanInput& input) {
     }
   }
   SolveExactly(input.options.exact_max_items, best.get());
+  LeaveExpertsWithHolders(best.get());
   return Finalize(p, *best);
 }
 
@@ -319,6 +320,7 @@ absl::StatusOr<OwnershipPlan> Replan(const PlanInput& input,
        .target = fresh.max_seconds * (1 + input.options.replan_tolerance),
        .fewest_bytes = true},
       &a);
+  LeaveExpertsWithHolders(&a);
   OwnershipPlan plan = Finalize(p, a);
   plan.moved_bytes = MovedBytes(p, before, plan);
   return plan;

@@ -96,6 +96,22 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   if (!(o.replan_tolerance >= 0) || !std::isfinite(o.replan_tolerance)) {
     return InvalidField("replan_tolerance", "must be finite and >= 0");
   }
+  const TrainerShards& t = input.trainer_shards;
+  if (!t.shard_of.empty()) {
+    if (t.shard_of.size() != input.workers.size()) {
+      return InvalidField("trainer_shards",
+                          absl::StrCat(t.shard_of.size(), " shards for ",
+                                       input.workers.size(), " workers"));
+    }
+    for (size_t w = 0; w < t.shard_of.size(); ++w) {
+      if (t.shard_of[w] < -1 || t.shard_of[w] >= t.shards) {
+        return InvalidField(absl::StrCat("trainer_shards of worker ",
+                                         Quoted(input.workers[w].id)),
+                            absl::StrCat("shard ", t.shard_of[w],
+                                         " is not in [-1, ", t.shards, ")"));
+      }
+    }
+  }
   absl::flat_hash_set<absl::string_view> names;
   names.reserve(std::max(input.workers.size(), input.matrices.size()));
   int64_t largest_capacity = 0;

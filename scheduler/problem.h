@@ -21,6 +21,11 @@ struct PlanInput {
   std::vector<MatrixSpec> matrices;
   std::vector<WorkerSpec> workers;
   PlanOptions options;
+  // What the workers' trainers hold (by worker index, as `workers`): where
+  // known, each whole expert of a stack sharded on its experts is left with
+  // the worker whose trainer holds it, wherever that costs nothing
+  // (LeaveExpertsWithHolders).
+  TrainerShards trainer_shards;
 };
 
 // INVALID_ARGUMENT naming the matrix or worker: empty or duplicate names,

@@ -36,6 +36,9 @@ struct GroupLinks {
   bool one_node = true;   // every member on one node
   bool writes = false;    // updates back by peer writes
   RankBytes ring_totals;  // every member's ring bytes, every phase
+  // By trainer shard: the member holding it (ClockSettings::trainer_shards),
+  // or -1.
+  std::vector<int32_t> holder_of_shard;
 };
 
 // The groups of `schedule` (one of every worker when it has none) on
@@ -72,6 +75,7 @@ std::vector<GroupLinks> GroupsOf(const std::vector<MatrixSpec>& matrices,
     }
     group.writes =
         settings.peer_writes && group.n >= 2 && group.one_node && whole;
+    group.holder_of_shard = settings.trainer_shards.HoldersAmong(group.members);
   }
   return out;
 }
@@ -118,13 +122,30 @@ class Phase {
     const GroupLinks& group = s_.groups[x.group];
     if (group.n == 1) return;  // NCCL with one rank moves nothing
     Part& part = parts_[x.group];
-    ++part.messages;
     const bool update = x.kind == TransferKind::kBroadcastFromOwner ||
                         x.kind == TransferKind::kScatterFromOwner;
     const double s =
         static_cast<double>(spec.rows * spec.cols *
                             (update ? s_.settings.update_bytes_per_element
                                     : s_.settings.wire_bytes_per_element));
+    // A whole expert moves between its owner and the one member whose
+    // trainer holds it, or not at all where that is its owner (or where no
+    // member holds it). Without the trainers' shards known, it is clocked
+    // as rows from every member, below.
+    const bool rows = x.kind == TransferKind::kGatherToOwner ||
+                      x.kind == TransferKind::kScatterFromOwner;
+    const int32_t shard =
+        rows ? s_.settings.trainer_shards.ShardOfExpert(spec, x.item.expert)
+             : -1;
+    if (shard >= 0) {
+      const int32_t holder = group.holder_of_shard[shard];
+      if (holder < 0 || holder == x.owner) return;
+      ++part.messages;
+      const bool in = x.kind == TransferKind::kGatherToOwner;
+      Move(in ? holder : x.owner, in ? x.owner : holder, s);
+      return;
+    }
+    ++part.messages;
     switch (x.kind) {
       case TransferKind::kReduceToOwner:
       case TransferKind::kBroadcastFromOwner: {

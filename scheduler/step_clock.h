@@ -66,8 +66,10 @@
 //   broadcast moves the matrix's S bytes through every member (ring):
 //   within one node over NVLink; across nodes S (G-1)/G over NVLink and
 //   S/G over each GPU's NIC, G the most members on one node. A row gather
-//   moves S/n from each member to the owner, a row scatter the reverse;
-//   parts between nodes go over the NICs.
+//   moves S/n from each member to the owner, a row scatter the reverse
+//   (a whole expert of a stack sharded on its experts: S from the member
+//   whose trainer holds it, ClockSettings::trainer_shards, and nothing
+//   where that member owns it); parts between nodes go over the NICs.
 //   The part's bandwidth term is its slowest member's
 //   max(NVLink bytes / nvlink rate, NIC bytes / NIC rate), bytes per rank
 //   the larger of sent and received.
@@ -161,6 +163,11 @@ struct ClockSettings {
   int control_tree_fanout = 0;
   double transfer_contention = 0;
   bool peer_writes = true;
+  // What the workers' trainers hold (by worker index): a whole expert of a
+  // stack sharded on its experts moves only between its owner and the
+  // member holding it (nothing where they are one). Not known: clocked as
+  // rows from every member.
+  TrainerShards trainer_shards;
 };
 
 // The rounds of a step that gather at rank 0 and answer every rank: the

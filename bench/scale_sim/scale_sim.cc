@@ -82,6 +82,14 @@ scheduler::ClockSettings ClockSettingsOf(const SimConfig& config) {
   s.control_rounds_ms = config.control_rounds_ms;
   s.transfer_contention = config.transfer_contention;
   s.peer_writes = config.peer_writes;
+  // Trainer r is the trainer of rank r: it holds shard r of its replica
+  // group.
+  const bool hsdp =
+      config.hsdp_shard_gpus > 0 && config.hsdp_shard_gpus < config.gpus;
+  s.trainer_shards.shards = hsdp ? config.hsdp_shard_gpus : config.gpus;
+  for (int r = 0; r < config.gpus; ++r) {
+    s.trainer_shards.shard_of.push_back(r % s.trainer_shards.shards);
+  }
   return s;
 }
 
@@ -121,7 +129,9 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
            : scheduler::OwnerGroupsUse::kWeighed,
       [&](const std::vector<int32_t>& ranks,
           const scheduler::OwnerGrouping* /*grouping*/) {
-        return scheduler::PlanOwnership(MakePlanInput(config, ranks));
+        scheduler::PlanInput input = MakePlanInput(config, ranks);
+        input.trainer_shards = settings.trainer_shards.Among(ranks);
+        return scheduler::PlanOwnership(input);
       });
   if (!planned.ok()) return Annotate(planned.status(), "planner");
   const scheduler::OwnershipPlan& plan = planned->plan;

@@ -162,7 +162,10 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config);
 absl::StatusOr<std::shared_ptr<const scheduler::CostTable>> LoadCostTable(
     const std::string& path);
 
-// The matrix sets the simulation knows, every matrix given `layout`:
+// The matrix sets the simulation knows, every matrix given `layout` (a
+// row_sharded stack of experts sharded on its experts, as FSDP2's
+// fully_shard shards a 3-D parameter; each GPU's trainer is the rank of
+// its worker, so rank r holds shard r, or r % hsdp_shard_gpus):
 //   llama3_8b_8layers  8 layers of Llama-3-8B (1.74 B parameters; the set
 //                      the H200 measurements used)
 //   llama3_8b          all 32 layers (6.98 B)

@@ -135,7 +135,12 @@ absl::StatusOr<std::vector<MatrixSpec>> ModelMatrices(
                                      " is not llama3_8b_8layers, llama3_8b or "
                                      "deepseek_v3_like"));
   }
-  for (MatrixSpec& m : out) m.layout = layout;
+  for (MatrixSpec& m : out) {
+    m.layout = layout;
+    // FSDP2's fully_shard shards a 3-D parameter on its first dimension:
+    // each rank holds whole experts.
+    m.shard_experts = layout == scheduler::Layout::kRowSharded && m.experts > 1;
+  }
   return out;
 }
 

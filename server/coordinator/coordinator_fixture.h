@@ -219,6 +219,23 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(plan.ok()) << plan.status();
     return plan.ok() ? *plan : v1::Plan();
   }
+  // A heartbeat of `worker` (following the current plan) whose trainer is
+  // `trainer_rank` (none: no trainer).
+  void BeatWithTrainer(const std::string& job, const std::string& worker,
+                       std::optional<int> trainer_rank,
+                       const std::string& token = "") {
+    v1::HeartbeatRequest r = Beat(job, worker, CurrentPlan(job).version());
+    r.set_worker_token(token);
+    r.set_has_trainer(trainer_rank.has_value());
+    if (trainer_rank.has_value()) r.set_trainer_rank(*trainer_rank);
+    const absl::StatusOr<v1::HeartbeatResponse> beat = state_->Heartbeat(r);
+    EXPECT_TRUE(beat.ok()) << worker << ": " << beat.status();
+  }
+  // What the lease monitor plans (a heartbeat's change).
+  v1::Plan Monitored(const std::string& job) {
+    state_->ExpireLeases();
+    return CurrentPlan(job);
+  }
 
   FakeClock clock_;
   std::unique_ptr<CredentialedState> state_;

@@ -173,11 +173,14 @@ absl::StatusOr<HeartbeatReply> Membership::Heartbeat(
     }
   }
   // A job of replica groups groups its ranks by their trainers' ranks
-  // (PlanSnapshot::replica_groups): a rank's new trainer rank may change
-  // them, planned by the lease monitor too (a plan whose groups it leaves
-  // as they are stands).
+  // (PlanSnapshot::replica_groups), and a job whose trainers hold whole
+  // experts leaves them with their holders (PlanSnapshot::trainer_shards):
+  // a rank's new trainer rank may change either, planned by the lease
+  // monitor too (a plan made with the same trainer ranks stands).
   if (job->members.SetTrainerRank(r.worker_id, r.trainer_rank) &&
-      job->spec->replicas > 1 && !touched) {
+      (job->spec->replicas > 1 ||
+       scheduler::HoldsWholeExperts(*job->matrices)) &&
+      !touched) {
     const std::vector<std::string> ranked = RankedMembers(*job);
     if (std::find(ranked.begin(), ranked.end(), r.worker_id) != ranked.end()) {
       job->members.Touch(absl::StrCat("worker ", r.worker_id,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -152,6 +153,23 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
       s.unchanged = false;
     }
   }
+  // A job whose trainers hold whole experts plans them where they are
+  // held: a plan made with other trainer ranks does not stand.
+  // A rank whose trainer's rank is not known now (a trainer attaching
+  // again) keeps the shard the previous plan assumed, as replica groups
+  // stand meanwhile.
+  s.trainer_shards = WholeExpertShards(*s.matrices, job.spec->trainers,
+                                       s.replicas, trainer_ranks);
+  if (s.previous != nullptr) {
+    s.trainer_shards = KeepKnownShards(std::move(s.trainer_shards), ranked,
+                                       s.previous->trainer_shards,
+                                       s.previous->ownership.worker_ids);
+  }
+  if (s.previous != nullptr &&
+      !(s.previous->trainer_shards.shards == s.trainer_shards.shards &&
+        s.previous->trainer_shards.shard_of == s.trainer_shards.shard_of)) {
+    s.unchanged = false;
+  }
   if (s.replicas > 1) {
     s.replica_groups = ReplicaGroups(s.replicas, job.spec->trainers,
                                      trainer_ranks, &s.no_replica_groups);
@@ -170,6 +188,53 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
                  ? std::string("re-plan")
                  : absl::StrJoin(job.members.reasons(), "; ");
   return s;
+}
+
+scheduler::TrainerShards WholeExpertShards(
+    const std::vector<scheduler::MatrixSpec>& matrices, int trainers,
+    int replicas, const std::vector<std::optional<int32_t>>& trainer_ranks) {
+  scheduler::TrainerShards out;
+  if (!scheduler::HoldsWholeExperts(matrices)) return out;
+  const int ranks = static_cast<int>(trainer_ranks.size());
+  const int count = trainers > 0 ? trainers : ranks;
+  const int groups = replicas > 1 ? replicas : 1;
+  if (count < 1 || count % groups != 0) return out;
+  out.shards = count / groups;
+  bool any = false;
+  for (const std::optional<int32_t>& t : trainer_ranks) {
+    const bool valid = t.has_value() && *t >= 0 && *t < count;
+    out.shard_of.push_back(valid ? *t % out.shards : -1);
+    any = any || valid;
+  }
+  if (!any) return {};
+  return out;
+}
+
+scheduler::TrainerShards KeepKnownShards(
+    scheduler::TrainerShards now, const std::vector<std::string>& ranked,
+    const scheduler::TrainerShards& before,
+    const std::vector<std::string>& before_ids) {
+  if (!before.known() || before.shard_of.size() != before_ids.size()) {
+    return now;
+  }
+  if (now.shards == 0) {
+    now.shards = before.shards;
+    now.shard_of.assign(ranked.size(), -1);
+  }
+  if (now.shards != before.shards) return now;
+  std::map<std::string, int32_t> shard_before;
+  for (size_t r = 0; r < before_ids.size(); ++r) {
+    shard_before[before_ids[r]] = before.shard_of[r];
+  }
+  bool any = false;
+  for (size_t r = 0; r < ranked.size(); ++r) {
+    if (now.shard_of[r] < 0) {
+      const auto it = shard_before.find(ranked[r]);
+      if (it != shard_before.end()) now.shard_of[r] = it->second;
+    }
+    any = any || now.shard_of[r] >= 0;
+  }
+  return any ? now : scheduler::TrainerShards{};
 }
 
 std::vector<std::vector<int32_t>> ReplicaGroups(
@@ -267,6 +332,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   if (reported > 0 && settings.topology.nodes() > 1) {
     settings.topology.links.inter_node_gbs = reported;
   }
+  settings.trainer_shards = s.trainer_shards;
   // Owner groups (of 1, 2, ... whole nodes each, for all-replicated jobs on
   // nodes of as many workers each), taken where their predicted step is
   // the shortest (scheduler::PlanOnTopology): the planner places the
@@ -320,6 +386,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     input.options.ns_steps = s.ns_steps;
     input.options.algorithm = s.algorithm;
     for (const int32_t rank : ranks) input.workers.push_back(s.workers[rank]);
+    input.trainer_shards = s.trainer_shards.Among(ranks);
     if (groups != nullptr) {
       // Each position stands for its member of every group: the slowest
       // speed (a measured one included) and the least memory among them,
@@ -404,6 +471,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   out->reason = s.reason;
   out->plan_ms = plan_ms;
   out->matrices = s.matrices;
+  out->trainer_shards = s.trainer_shards;
   out->ownership = std::move(planned->plan);
   out->buckets = BucketsOf(planned->grouping.schedule);
   out->bucket_bytes = planned->grouping.bucket_bytes;

@@ -47,6 +47,9 @@ struct PlanSnapshot {
   int32_t replicas = 0;
   std::vector<std::vector<int32_t>> replica_groups;
   std::string no_replica_groups;
+  // By rank, the shard its trainer holds (WholeExpertShards), for a job
+  // with stacks sharded on their experts; otherwise not known.
+  scheduler::TrainerShards trainer_shards;
   // The links between them (CoordinatorOptions::links; across nodes, what
   // the ranks reported where every one did: ReportedNetworkGbs).
   scheduler::LinkFigures links;
@@ -59,6 +62,25 @@ struct PlanSnapshot {
   bool unchanged = false;
   std::string reason;
 };
+
+// For a job with a stack of experts sharded on its experts
+// (MatrixSpec::shard_experts): by rank, the shard its trainer holds of
+// `trainers` trainers (0: as many as the ranks) in `replicas` replica
+// groups, -1 for a rank with no trainer or whose trainer rank is not known
+// or out of range; not known (TrainerShards{}) for other jobs, or when no
+// rank's trainer rank is known.
+scheduler::TrainerShards WholeExpertShards(
+    const std::vector<scheduler::MatrixSpec>& matrices, int trainers,
+    int replicas, const std::vector<std::optional<int32_t>>& trainer_ranks);
+
+// `now` (WholeExpertShards of the ranks `ranked`, by worker id) where a
+// rank's trainer rank is known; elsewhere the shard `before` (of a
+// previous plan's ranks `before_ids`) gave the same worker, when both split
+// the trainers alike. Not known where neither knows any.
+scheduler::TrainerShards KeepKnownShards(
+    scheduler::TrainerShards now, const std::vector<std::string>& ranked,
+    const scheduler::TrainerShards& before,
+    const std::vector<std::string>& before_ids);
 
 // The members of `job` its plans rank, in join order, the dedicated ones
 // last. Of the others, JobSpec::trainers (all when 0): first those whose

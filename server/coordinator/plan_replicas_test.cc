@@ -75,22 +75,11 @@ v1::JobSpec ReplicasSpec() {
 
 class PlanReplicasTest : public CoordinatorTest {
  protected:
-  // A heartbeat of `worker` (following the current plan) whose trainer is
-  // `trainer_rank` (none: no trainer).
   void BeatOk(const std::string& worker, std::optional<int> trainer_rank,
               const std::string& token = "") {
-    v1::HeartbeatRequest r = Beat("x", worker, CurrentPlan("x").version());
-    r.set_worker_token(token);
-    r.set_has_trainer(trainer_rank.has_value());
-    if (trainer_rank.has_value()) r.set_trainer_rank(*trainer_rank);
-    const absl::StatusOr<v1::HeartbeatResponse> beat = state_->Heartbeat(r);
-    EXPECT_TRUE(beat.ok()) << worker << ": " << beat.status();
+    BeatWithTrainer("x", worker, trainer_rank, token);
   }
-  // What the lease monitor plans (a heartbeat's change).
-  v1::Plan Monitored() {
-    state_->ExpireLeases();
-    return CurrentPlan("x");
-  }
+  v1::Plan Monitored() { return CoordinatorTest::Monitored("x"); }
   void JoinFour() {
     for (int w = 0; w < 4; ++w) JoinOk("x", absl::StrCat("w", w), 16 * kGiB);
   }

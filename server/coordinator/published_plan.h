@@ -33,6 +33,10 @@ struct PublishedPlan {
   double plan_ms = 0;
   // The job's matrices (shared with the job).
   std::shared_ptr<const std::vector<scheduler::MatrixSpec>> matrices;
+  // What it assumed of the ranks' trainers (PlanSnapshot::trainer_shards):
+  // where whole experts are held. Not stored: a plan restored from the
+  // store assumed nothing, and the next heartbeat's trainer ranks re-plan.
+  scheduler::TrainerShards trainer_shards;
   // Owners, batches and predictions; ownership.worker_ids are the ranks.
   scheduler::OwnershipPlan ownership;
   std::vector<PlanBucket> buckets;
