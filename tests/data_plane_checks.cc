@@ -4,6 +4,7 @@
 // owners' state, and the comparison of both with the reference.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,13 +58,31 @@ absl::StatusOr<v1::ListWorkersResponse> DataPlaneFixture::ListWorkers() {
   return listed;
 }
 
+bool DataPlaneFixture::KnowsWholeExpertHolders(const v1::Plan& plan) const {
+  // A job whose trainers hold whole experts re-plans once its heartbeats
+  // name every trainer's rank (docs/architecture.md).
+  const bool whole = std::any_of(
+      model_.matrices.begin(), model_.matrices.end(), [](const MatrixDecl& m) {
+        return m.options.shard_experts &&
+               m.options.layout == scheduler::Layout::kRowSharded;
+      });
+  if (!whole || workers() < 2) return true;
+  int known = 0;
+  for (const v1::WorkerLoad& load : plan.loads()) {
+    known += load.trainer_shard() >= 0 ? 1 : 0;
+  }
+  return plan.trainer_shards() > 0 &&
+         known == plan.workers_size() - plan.dedicated_workers();
+}
+
 absl::Status DataPlaneFixture::WaitForFullPlan(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status last = absl::DeadlineExceededError("no plan yet");
   while (absl::Now() < deadline) {
     const absl::StatusOr<v1::Plan> got = LatestPlan();
     const v1::Plan plan = got.ok() ? *got : v1::Plan();
-    bool ready = got.ok() && plan.workers_size() == workers();
+    bool ready = got.ok() && plan.workers_size() == workers() &&
+                 KnowsWholeExpertHolders(plan);
     last = got.ok()
                ? absl::DeadlineExceededError(absl::StrCat(
                      "latest plan: ", plan.ShortDebugString().substr(0, 300)))

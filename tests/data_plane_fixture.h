@@ -341,6 +341,9 @@ class DataPlaneFixture : public ::testing::Test {
   // Waits until every worker follows one plan of all of them; plan() is
   // then that plan.
   absl::Status WaitForFullPlan(absl::Duration timeout);
+  // Whether `plan` is one a job of model() settles on: for trainers that
+  // hold whole experts, one made with every trainer's rank.
+  bool KnowsWholeExpertHolders(const v1::Plan& plan) const;
   // The coordinator's latest plan of the job (GetPlan), and the job's
   // members (ListWorkers), each a call of 5 s at most.
   absl::StatusOr<v1::Plan> LatestPlan();

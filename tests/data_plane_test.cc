@@ -22,6 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/row_ranges.h"
 #include "kernels/muon_kernels.h"
 #include "tests/data_plane_fixture.h"
 
@@ -80,6 +81,25 @@ TEST_P(DataPlaneTest, FiftyStepsMatchTheSingleProcessReferenceOnEveryRank) {
   }
   ExpectMatchesReference(reference, kTolerance);
   ExpectMatchesReference(ns5_reference, kTolerance);
+  if (c.shard_experts && c.workers > 1) {
+    // The plan knew which trainer holds each expert, and left some with
+    // their holders (those parity covers: nothing moves for them).
+    ASSERT_EQ(plan().trainer_shards(), c.workers);
+    std::vector<std::string> holder(c.workers);
+    for (const v1::WorkerLoad& load : plan().loads()) {
+      ASSERT_GE(load.trainer_shard(), 0) << load.worker_id();
+      holder[load.trainer_shard()] = load.worker_id();
+    }
+    int home = 0;
+    for (const v1::MatrixPlacement& m : plan().matrices()) {
+      if (m.owners_size() < 2) continue;  // not a stack
+      for (int e = 0; e < m.owners_size(); ++e) {
+        const int shard = ShardHoldingExpert(m.owners_size(), e, c.workers);
+        home += shard >= 0 && m.owners(e) == holder[shard] ? 1 : 0;
+      }
+    }
+    EXPECT_GT(home, 0);
+  }
   // Trainers that keep every parameter whole lend their staging, and every
   // worker writes its updates into the others' (shared memory on the CPU);
   // where a trainer keeps only its rows, none lends a window, nothing is

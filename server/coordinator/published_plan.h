@@ -34,8 +34,8 @@ struct PublishedPlan {
   // The job's matrices (shared with the job).
   std::shared_ptr<const std::vector<scheduler::MatrixSpec>> matrices;
   // What it assumed of the ranks' trainers (PlanSnapshot::trainer_shards):
-  // where whole experts are held. Not stored: a plan restored from the
-  // store assumed nothing, and the next heartbeat's trainer ranks re-plan.
+  // where whole experts are held (Plan.trainer_shards and
+  // WorkerLoad.trainer_shard on the wire and in the store).
   scheduler::TrainerShards trainer_shards;
   // Owners, batches and predictions; ownership.worker_ids are the ranks.
   scheduler::OwnershipPlan ownership;

@@ -256,6 +256,12 @@ v1::Plan PlanToProto(const PublishedPlan& published) {
     load->set_memory_bytes(plan.worker_memory_bytes[w]);
     load->set_momentum_bytes(plan.worker_momentum_bytes[w]);
     load->set_link_bytes(plan.worker_link_bytes[w]);
+    if (published.trainer_shards.known()) {
+      load->set_trainer_shard(published.trainer_shards.shard_of[w]);
+    }
+  }
+  if (published.trainer_shards.known()) {
+    out.set_trainer_shards(published.trainer_shards.shards);
   }
   out.set_max_seconds(plan.max_seconds);
   out.set_mean_seconds(plan.mean_seconds);
@@ -282,6 +288,15 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> PlanFromProto(
   ownership.worker_memory_bytes.assign(workers, 0);
   ownership.worker_momentum_bytes.assign(workers, 0);
   ownership.worker_link_bytes.assign(workers, 0);
+  if (plan.trainer_shards() < 0) {
+    return InvalidField("plan.trainer_shards",
+                        absl::StrCat(plan.trainer_shards(), " < 0"));
+  }
+  scheduler::TrainerShards& shards = out->trainer_shards;
+  if (plan.trainer_shards() > 0) {
+    shards.shards = plan.trainer_shards();
+    shards.shard_of.assign(workers, -1);
+  }
   for (int i = 0; i < plan.loads_size(); ++i) {
     const v1::WorkerLoad& load = plan.loads(i);
     auto r = rank_of.find(load.worker_id());
@@ -289,6 +304,15 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> PlanFromProto(
       return InvalidField(absl::StrCat("plan.loads[", i, "].worker_id"),
                           absl::StrCat(Quoted(load.worker_id()),
                                        " is not a worker of the plan"));
+    }
+    if (shards.shards > 0) {
+      if (load.trainer_shard() < -1 || load.trainer_shard() >= shards.shards) {
+        return InvalidField(
+            absl::StrCat("plan.loads[", i, "].trainer_shard"),
+            absl::StrCat(load.trainer_shard(), " is not in [-1, ",
+                         shards.shards, ")"));
+      }
+      shards.shard_of[r->second] = load.trainer_shard();
     }
     ownership.worker_seconds[r->second] = load.predicted_seconds();
     ownership.worker_memory_bytes[r->second] = load.memory_bytes();

@@ -168,6 +168,36 @@ TEST(RecordWireTest, OwnerGroupsReadBackAsTheyWereWritten) {
             written.SerializeAsString());
 }
 
+TEST(RecordWireTest, TheTrainerShardsAPlanAssumedReadBack) {
+  absl::StatusOr<JobSpec> spec = JobSpecFromProto(DeclaredSpec());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto matrices = std::make_shared<const std::vector<scheduler::MatrixSpec>>(
+      spec->matrices);
+  auto plan = std::make_shared<PublishedPlan>(*TwoWorkerPlan(matrices));
+  plan->trainer_shards = {.shards = 2, .shard_of = {1, -1}};
+  const v1::Plan written = PlanToProto(*plan);
+  EXPECT_EQ(written.trainer_shards(), 2);
+  EXPECT_EQ(written.loads(0).trainer_shard(), 1);
+  EXPECT_EQ(written.loads(1).trainer_shard(), -1);
+  absl::StatusOr<std::shared_ptr<const PublishedPlan>> read =
+      PlanFromProto(written, matrices);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ((*read)->trainer_shards.shards, 2);
+  EXPECT_EQ((*read)->trainer_shards.shard_of, (std::vector<int32_t>{1, -1}));
+  // None assumed: none read back.
+  read = PlanFromProto(PlanToProto(*TwoWorkerPlan(matrices)), matrices);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE((*read)->trainer_shards.known());
+  v1::Plan bad = written;
+  bad.mutable_loads(1)->set_trainer_shard(2);
+  EXPECT_THAT(std::string(PlanFromProto(bad, matrices).status().message()),
+              HasSubstr("plan.loads[1].trainer_shard"));
+  bad = written;
+  bad.set_trainer_shards(-2);
+  EXPECT_THAT(std::string(PlanFromProto(bad, matrices).status().message()),
+              HasSubstr("plan.trainer_shards"));
+}
+
 TEST(RecordWireTest, APlanOfAnotherJobIsRefusedNamingTheField) {
   absl::StatusOr<JobSpec> spec = JobSpecFromProto(DeclaredSpec());
   ASSERT_TRUE(spec.ok()) << spec.status();
