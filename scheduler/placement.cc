@@ -335,36 +335,57 @@ class ExactSearch {
 
 }  // namespace
 
-int LeaveExpertsWithHolders(Assignment* a) {
-  const Problem& p = a->problem();
+std::vector<int32_t> WholeExpertHolders(const Problem& p) {
   const PlanInput& input = p.input();
   const TrainerShards& shards = input.trainer_shards;
-  if (!shards.known()) return 0;
+  std::vector<int32_t> holder(p.num_items(), -1);
+  if (!shards.known()) return holder;
   std::vector<int32_t> workers(p.num_workers());
   for (int w = 0; w < p.num_workers(); ++w) workers[w] = w;
   const std::vector<int32_t> holder_of_shard = shards.HoldersAmong(workers);
-  // Per item: the worker holding it whole (-1: none), and its kind: items
-  // of one kind cost the same anywhere.
-  std::vector<int32_t> holder(p.num_items(), -1);
-  std::vector<int32_t> kind(p.num_items());
-  absl::flat_hash_map<std::tuple<int, int64_t, int64_t>, int32_t> kinds;
-  bool any = false;
   for (int i = 0; i < p.num_items(); ++i) {
     const ItemRef ref = p.item(i);
     const int32_t s =
         shards.ShardOfExpert(input.matrices[ref.matrix], ref.expert);
-    if (s >= 0) {
-      const int32_t h = holder_of_shard[s];
-      if (h >= 0 && !input.workers[h].owns_nothing) holder[i] = h;
+    if (s < 0) continue;
+    const int32_t h = holder_of_shard[s];
+    if (h >= 0 && !input.workers[h].owns_nothing) holder[i] = h;
+  }
+  return holder;
+}
+
+int PinExpertsToHolders(Assignment* a) {
+  const std::vector<int32_t> holder = WholeExpertHolders(a->problem());
+  int pinned = 0;
+  for (size_t i = 0; i < holder.size(); ++i) {
+    const int item = static_cast<int>(i);
+    if (holder[i] < 0 || a->owner(item) >= 0 || !a->Fits(holder[i], item)) {
+      continue;
     }
-    any = any || holder[i] >= 0;
+    a->Assign(item, holder[i]);
+    ++pinned;
+  }
+  return pinned;
+}
+
+int LeaveExpertsWithHolders(Assignment* a) {
+  const Problem& p = a->problem();
+  // Per item: the worker holding it whole (-1: none), and its kind: items
+  // of one kind cost the same anywhere.
+  const std::vector<int32_t> holder = WholeExpertHolders(p);
+  if (std::all_of(holder.begin(), holder.end(),
+                  [](int32_t h) { return h < 0; })) {
+    return 0;
+  }
+  std::vector<int32_t> kind(p.num_items());
+  absl::flat_hash_map<std::tuple<int, int64_t, int64_t>, int32_t> kinds;
+  for (int i = 0; i < p.num_items(); ++i) {
     kind[i] =
         kinds
             .try_emplace({p.shape_of(i), p.owned_bytes(i), p.link_bytes(i)},
                          static_cast<int32_t>(kinds.size()))
             .first->second;
   }
-  if (!any) return 0;
   // What each worker could give away, by (worker, kind): items it owns and
   // does not hold. Entries go stale as items move; checked when taken.
   const auto key = [](int32_t w, int32_t k) {

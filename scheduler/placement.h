@@ -4,6 +4,7 @@
 #ifndef MUONPS_SCHEDULER_PLACEMENT_H_
 #define MUONPS_SCHEDULER_PLACEMENT_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +50,15 @@ int ImproveByLocalSearch(const SearchLimits& limits, Assignment* a);
 // owns nothing of that kind (or may own nothing) leaves the expert where it
 // is. Returns the number of swaps.
 int LeaveExpertsWithHolders(Assignment* a);
+
+// Per item of `problem`: the worker whose trainer holds it whole
+// (PlanInput::trainer_shards), or -1 (none, not known, or a worker that
+// may own nothing).
+std::vector<int32_t> WholeExpertHolders(const Problem& problem);
+
+// Assigns each unassigned item that a worker holds whole (WholeExpertHolders)
+// to that worker where it has the memory. Returns how many.
+int PinExpertsToHolders(Assignment* a);
 
 // When the instance is small (items <= max_items, workers^items <= 2e5),
 // replaces `a` by an assignment minimizing the maximum load within memory,

@@ -103,6 +103,13 @@ struct PlanOptions {
   // Stable re-planning: stop moving matrices once the predicted maximum is
   // within this fraction of a fresh plan's.
   double replan_tolerance = 0.02;
+  // With PlanInput::trainer_shards known: own every whole expert where its
+  // trainer holds it (where that worker has the memory), and place the
+  // rest around them, rather than only where that costs no worker more
+  // Newton-Schulz. The holders then compute more, and no whole expert
+  // moves: the faster where moving experts costs more than computing
+  // them (PlanOnTopology clocks both).
+  bool experts_at_holders = false;
 };
 
 // Bytes a worker sets aside to own one rows x cols matrix: the fp32

@@ -273,6 +273,14 @@ int64_t MovedBytes(const Problem& p,
 absl::StatusOr<OwnershipPlan> PlanOwnership(const PlanInput& input) {
   MUONPS_RETURN_IF_ERROR(ValidatePlanInput(input));
   const Problem p(input);
+  if (input.options.experts_at_holders && input.trainer_shards.known()) {
+    // The whole experts first, where they are held; the rest around them,
+    // greedily (a search would move the experts again).
+    Assignment a(p);
+    PinExpertsToHolders(&a);
+    MUONPS_RETURN_IF_ERROR(PlaceGreedily(LptOrder(p), &a));
+    return Finalize(p, a);
+  }
   auto best = std::make_unique<Assignment>(p);
   // DMuon's FLOP-LPT placement, judged by our cost model: where it beats
   // ours, search from it too, so the plan is never worse than that peer's.
@@ -308,12 +316,21 @@ absl::StatusOr<OwnershipPlan> Replan(const PlanInput& input,
   }
   const std::vector<const std::string*> before = PreviousOwners(p, previous);
   Assignment a(p);
+  const bool pinned =
+      input.options.experts_at_holders && input.trainer_shards.known();
+  if (pinned) PinExpertsToHolders(&a);
   for (int i = 0; i < p.num_items(); ++i) {
+    if (a.owner(i) >= 0) continue;
     if (before[i] == nullptr) continue;
     auto w = worker_index.find(*before[i]);
     if (w != worker_index.end() && a.Fits(w->second, i)) a.Assign(i, w->second);
   }
   MUONPS_RETURN_IF_ERROR(PlaceGreedily(LptOrder(p), &a));
+  if (pinned) {
+    OwnershipPlan plan = Finalize(p, a);
+    plan.moved_bytes = MovedBytes(p, before, plan);
+    return plan;
+  }
   MUONPS_ASSIGN_OR_RETURN(const OwnershipPlan fresh, PlanOwnership(input));
   ImproveByLocalSearch(
       {.max_improvements = input.options.max_improvements,

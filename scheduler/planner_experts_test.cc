@@ -239,6 +239,62 @@ TEST(PlannerExpertsTest, RandomInstancesKeepTheirLoads) {
   }
 }
 
+TEST(PlannerExpertsTest, ExpertsAtHoldersOwnsEveryExpertWhereItIsHeld) {
+  for (const int workers : {2, 3, 8}) {
+    PlanInput input = MoeInput(workers, /*experts=*/16);
+    input.trainer_shards = Shards(workers);
+    input.options.experts_at_holders = true;
+    auto plan = PlanOwnership(input);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ExpectValidPlan(input, *plan);
+    const Home home = CountHome(input, input.trainer_shards, *plan);
+    EXPECT_EQ(home.at_home, home.experts) << workers << " workers";
+    // Without the trainers' shards the option changes nothing.
+    PlanInput blind = input;
+    blind.trainer_shards = {};
+    auto free = PlanOwnership(blind);
+    blind.options.experts_at_holders = false;
+    auto plain = PlanOwnership(blind);
+    ASSERT_TRUE(free.ok() && plain.ok());
+    EXPECT_EQ(free->owners, plain->owners);
+  }
+}
+
+TEST(PlannerExpertsTest, ExpertsAtHoldersWithoutTheMemoryGoElsewhere) {
+  PlanInput input = MoeInput(4, 8);
+  input.trainer_shards = Shards(4);
+  input.options.experts_at_holders = true;
+  input.options.workspace_bytes = 0;
+  // Worker 0 has room for only some of the experts its trainer holds.
+  input.workers[0].memory_bytes = 3 * OwnedBytes(input.matrices[0]);
+  auto plan = PlanOwnership(input);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectValidPlan(input, *plan);
+  EXPECT_LE(plan_test::CountOn(*plan, 0), 3);
+  const Home home = CountHome(input, input.trainer_shards, *plan);
+  EXPECT_LT(home.at_home, home.experts);
+  EXPECT_GE(home.at_home, home.experts - 2 * 12 + 3);
+}
+
+TEST(PlannerExpertsTest, ReplanWithExpertsAtHoldersFollowsMovedRanks) {
+  PlanInput input = MoeInput(4, 8);
+  input.trainer_shards = Shards(4);
+  input.options.experts_at_holders = true;
+  auto first = PlanOwnership(input);
+  ASSERT_TRUE(first.ok());
+  auto same = Replan(input, *first);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->owners, first->owners);
+  EXPECT_EQ(same->moved_bytes, 0);
+  input.trainer_shards = Shards(4, {3, 1, 2, 0});
+  auto moved = Replan(input, *first);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  ExpectValidPlan(input, *moved);
+  const Home home = CountHome(input, input.trainer_shards, *moved);
+  EXPECT_EQ(home.at_home, home.experts);
+  EXPECT_GT(moved->moved_bytes, 0);
+}
+
 TEST(PlannerExpertsTest, TrainerShardsOfTheWrongSizeAreRefusedByName) {
   PlanInput input = MoeInput(4, 8);
   input.trainer_shards = Shards(4, {0, 1, 2});

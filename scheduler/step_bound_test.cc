@@ -140,7 +140,7 @@ TEST(StepBoundTest, PlanOnTopologyPassesOverAGroupingThatCannotWin) {
   const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
       job.matrices, ids, 0, job.models, job.settings, {.bucket_bytes = 0},
       offered, OwnerGroupsUse::kWeighed,
-      [&](const std::vector<int32_t>& ranks, const OwnerGrouping*) {
+      [&](const std::vector<int32_t>& ranks, const OwnerGrouping*, bool) {
         {
           std::lock_guard<std::mutex> lock(mu);
           planned.push_back(static_cast<int>(ranks.size()));

@@ -693,6 +693,30 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
                      static_cast<int>(p.plan.worker_ids.size()), on)
         .predicted_seconds;
   };
+  // Trainers that hold whole experts: the plan with every expert where it
+  // is held, against `free` (experts there only where that costs nothing),
+  // by the clock; the faster stands.
+  const bool holders =
+      HoldsWholeExperts(matrices) && settings.trainer_shards.known();
+  const auto weigh_holders = [&](TopologyPlan free,
+                                 const std::vector<int32_t>& ranks,
+                                 const OwnerGrouping* grouping) {
+    if (!holders) return free;
+    absl::StatusOr<OwnershipPlan> one = plan_ranks(ranks, grouping, true);
+    if (!one.ok()) return free;
+    absl::StatusOr<TopologyPlan> at = scheduled(
+        grouping == nullptr ? *std::move(one)
+                            : ReplicateOverGroups(*one, *grouping, worker_ids),
+        models, settings, options);
+    if (!at.ok()) return free;
+    const double free_seconds = predicted(free, models, settings);
+    const double at_seconds = predicted(*at, models, settings);
+    TopologyPlan out = at_seconds < free_seconds ? *std::move(at) : free;
+    out.experts_at_holders = at_seconds < free_seconds;
+    out.at_holders_seconds = at_seconds;
+    out.where_free_seconds = free_seconds;
+    return out;
+  };
   const auto annotate = [](const absl::Status& status,
                            const OwnerGrouping& grouping) {
     return Annotate(status, absl::StrCat("one owner group of ",
@@ -704,12 +728,15 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
           absl::StrCat("owner groups: ", offered.size(),
                        " groupings required, where a plan takes one"));
     }
-    absl::StatusOr<OwnershipPlan> one = plan_ranks(offered[0][0], &offered[0]);
+    absl::StatusOr<OwnershipPlan> one =
+        plan_ranks(offered[0][0], &offered[0], false);
     if (!one.ok()) return annotate(one.status(), offered[0]);
     absl::StatusOr<TopologyPlan> out =
         scheduled(ReplicateOverGroups(*one, offered[0], worker_ids), models,
                   settings, options);
-    if (out.ok()) out->grouped_seconds = out->grouping.predicted_seconds;
+    if (!out.ok()) return out;
+    out = weigh_holders(*std::move(out), offered[0][0], &offered[0]);
+    out->grouped_seconds = out->grouping.predicted_seconds;
     return out;
   }
   // A grouping clocked as its first group alone on that group's nodes.
@@ -723,7 +750,7 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
     Grouped out;
     out.grouping = &grouping;
     const std::vector<int32_t>& ranks = grouping[0];
-    absl::StatusOr<OwnershipPlan> one = plan_ranks(ranks, &grouping);
+    absl::StatusOr<OwnershipPlan> one = plan_ranks(ranks, &grouping, false);
     if (!one.ok()) {
       out.first_group = annotate(one.status(), grouping);
       return out;
@@ -834,10 +861,13 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
       }
     });
   }
-  absl::StatusOr<OwnershipPlan> every = plan_ranks(all, nullptr);
+  absl::StatusOr<OwnershipPlan> every = plan_ranks(all, nullptr, false);
   absl::StatusOr<TopologyPlan> scheduled_every =
       every.ok() ? scheduled(*std::move(every), models, settings, options)
                  : absl::StatusOr<TopologyPlan>(every.status());
+  if (scheduled_every.ok()) {
+    scheduled_every = weigh_holders(*std::move(scheduled_every), all, nullptr);
+  }
   if (scheduled_every.ok() && !offered.empty()) {
     scheduled_every->ungrouped_seconds =
         predicted(*scheduled_every, models, settings);

@@ -297,14 +297,27 @@ struct TopologyPlan {
   double ungrouped_seconds = 0;
   std::vector<std::pair<int, double>> grouped_candidates;
   std::string groups_declined;
+  // Where trainers hold whole experts and their shards are known
+  // (ClockSettings::trainer_shards): the predicted step of the plan with
+  // every whole expert owned where it is held (PlanOptions::
+  // experts_at_holders) and of the one that leaves them there only where
+  // that costs nothing, and whether the first was taken (it was the
+  // faster). 0 and false where not weighed.
+  double at_holders_seconds = 0;
+  double where_free_seconds = 0;
+  bool experts_at_holders = false;
 };
 
 // Plans ranks `ranks` (indices into the job's workers, in order): the
 // planner's plan of those workers, their ids as worker_ids in that order.
 // `grouping` is null for the plan of every rank, else the grouping whose
 // first group `ranks` is: the plan will be copied over its groups.
+// `experts_at_holders`: the plan's PlanOptions::experts_at_holders (its
+// PlanInput::trainer_shards those of `settings`, ClockSettings, among
+// `ranks`: TrainerShards::Among).
 using PlanRanks = std::function<absl::StatusOr<OwnershipPlan>(
-    const std::vector<int32_t>& ranks, const OwnerGrouping* grouping)>;
+    const std::vector<int32_t>& ranks, const OwnerGrouping* grouping,
+    bool experts_at_holders)>;
 
 // What PlanOnTopology does with the owner groupings it is given.
 enum class OwnerGroupsUse {
@@ -334,13 +347,16 @@ enum class OwnerGroupsUse {
 // at the fastest model's speed) would outlast the best; the shortest
 // predicted step wins (ties: the groups, whose updates cross
 // fewer links). The winner's schedule is cut at the bucket bound its group
-// chose. A grouped plan that cannot be made (one group too small for the
-// momentum) or scheduled is passed over, saying why. So is, unplanned
-// and counted as a miss, a grouping whose step cannot beat the plan of
-// every rank's: where its updates cross the nodes as that plan's do and
-// save less than 1% of that plan's least step on the wire while each
-// worker computes more, it waits for that plan's prediction and is passed
-// over where its lower bound (step_bound.h: the plan-free transfers, and
+// chose. Where trainers hold whole experts (ClockSettings::trainer_shards
+// known), the plan of every rank, or a required grouping's, is also made
+// with every expert owned where it is held, and the faster of the two by
+// the clock stands (TopologyPlan::experts_at_holders). A grouped plan that
+// cannot be made (one group too small for the momentum) or scheduled is passed
+// over, saying why. So is, unplanned and counted as a miss, a grouping whose
+// step cannot beat the plan of every rank's: where its updates cross the nodes
+// as that plan's do and save less than 1% of that plan's least step on the wire
+// while each worker computes more, it waits for that plan's prediction and is
+// passed over where its lower bound (step_bound.h: the plan-free transfers, and
 // that plan's Newton-Schulz work on its fewer workers at the fastest
 // model's speed) exceeds it. The other groupings are planned on a thread
 // of their own beside the plan of every rank (`plan_ranks` is called from

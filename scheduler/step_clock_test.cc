@@ -361,12 +361,12 @@ TEST(PlanOnTopologyTest, RequiredGroupsAreOneGrouping) {
   const std::vector<OwnerGrouping> two = ChooseOwnerGroupings(
       job.matrices, Topology::Blocks(4, 1), 4, /*dedicated=*/0);
   ASSERT_EQ(two.size(), 2u);  // groups of 1 and of 2 nodes of 1
-  const absl::StatusOr<TopologyPlan> planned =
-      PlanOnTopology(job.matrices, job.plan.worker_ids, 0, job.models, settings,
-                     {}, two, OwnerGroupsUse::kRequired,
-                     [&](const std::vector<int32_t>&, const OwnerGrouping*) {
-                       return absl::StatusOr<OwnershipPlan>(job.plan);
-                     });
+  const absl::StatusOr<TopologyPlan> planned = PlanOnTopology(
+      job.matrices, job.plan.worker_ids, 0, job.models, settings, {}, two,
+      OwnerGroupsUse::kRequired,
+      [&](const std::vector<int32_t>&, const OwnerGrouping*, bool) {
+        return absl::StatusOr<OwnershipPlan>(job.plan);
+      });
   EXPECT_EQ(planned.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(planned.status().message()),
               ::testing::HasSubstr("2 groupings required"));

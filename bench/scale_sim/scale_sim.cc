@@ -128,9 +128,11 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
       hsdp ? scheduler::OwnerGroupsUse::kRequired
            : scheduler::OwnerGroupsUse::kWeighed,
       [&](const std::vector<int32_t>& ranks,
-          const scheduler::OwnerGrouping* /*grouping*/) {
+          const scheduler::OwnerGrouping* /*grouping*/,
+          bool experts_at_holders) {
         scheduler::PlanInput input = MakePlanInput(config, ranks);
         input.trainer_shards = settings.trainer_shards.Among(ranks);
+        input.options.experts_at_holders = experts_at_holders;
         return scheduler::PlanOwnership(input);
       });
   if (!planned.ok()) return Annotate(planned.status(), "planner");
@@ -143,6 +145,9 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   result.grouped_seconds = planned->grouped_seconds;
   result.ungrouped_seconds = planned->ungrouped_seconds;
   result.grouped_candidates = planned->grouped_candidates;
+  result.at_holders_seconds = planned->at_holders_seconds;
+  result.where_free_seconds = planned->where_free_seconds;
+  result.experts_at_holders = planned->experts_at_holders;
   const scheduler::StepSchedule* schedule = &planned->grouping.schedule;
   const std::vector<double> stack_seconds =
       scheduler::StackSeconds(*schedule, models);

@@ -127,6 +127,13 @@ struct SimResult {
   double ungrouped_seconds = 0;
   std::vector<std::pair<int, double>> grouped_candidates;
   std::string groups_declined;
+  // Where trainers hold whole experts (row_sharded stacks): the predicted
+  // step with every expert owned where it is held and with experts there
+  // only where that costs nothing, and whether the first was taken
+  // (TopologyPlan).
+  double at_holders_seconds = 0;
+  double where_free_seconds = 0;
+  bool experts_at_holders = false;
   // The planner's own prediction (max worker seconds, of one group's
   // workers) for comparison.
   double plan_max_seconds = 0;

@@ -20,6 +20,11 @@
 // transfer_ms_max: every worker takes part in every phase of its owner
 // group, so it is the busy time of the one transfer timeline (latency_ms
 // of it is latency).
+// experts_at_holders, at_holders_ms, where_free_ms: with row_sharded
+// stacks of experts (each GPU's trainer holding whole experts, as FSDP2
+// shards a 3-D parameter), the step with every expert owned where it is
+// held and with experts there only where that costs no worker more
+// Newton-Schulz; the faster is taken.
 // owner_groups, group_size: the plan's owner groups and the workers in
 // each, chosen as the coordinator chooses them (groups of 1, 2, ... whole
 // nodes when every matrix is replicated and N spans several nodes, each
@@ -248,6 +253,11 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
     }
     j["group_candidates"] = tried;
     if (!r.groups_declined.empty()) j["groups_declined"] = r.groups_declined;
+  }
+  if (r.at_holders_seconds > 0) {
+    j["experts_at_holders"] = r.experts_at_holders;
+    j["at_holders_ms"] = r.at_holders_seconds * 1e3;
+    j["where_free_ms"] = r.where_free_seconds * 1e3;
   }
   j["bucket_bytes"] = r.bucket_bytes;
   if (!r.bucket_candidates.empty()) {

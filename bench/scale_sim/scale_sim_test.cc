@@ -634,6 +634,33 @@ TEST(ScaleSimTest, HsdpStepIsItsShardGroupsAtEveryCount) {
   EXPECT_LT(SimulateStep(c)->clock.predicted_seconds, 40e-3);
 }
 
+// The DeepSeek-V3-like set under FSDP2: each GPU's trainer holds whole
+// experts of every stack (256 of them: past 256 GPUs some hold none). The
+// plan owns every expert where it is held, so none moves, and the step
+// never grows with the GPU count, where experts gathered whole from their
+// holders (the plan that only swaps them home where that costs nothing)
+// grew from 256 GPUs on.
+TEST(ScaleSimTest, WholeExpertsOwnedWhereHeldKeepTheMoeStepShrinking) {
+  double last = 0;
+  for (const int gpus : {64, 256, 1024}) {
+    const SimResult r =
+        *SimulateStep(Config("deepseek_v3_like", gpus, Layout::kRowSharded));
+    EXPECT_TRUE(r.experts_at_holders) << gpus;
+    EXPECT_GT(r.where_free_seconds, r.at_holders_seconds) << gpus;
+    EXPECT_NEAR(r.clock.predicted_seconds, r.at_holders_seconds,
+                1e-9 * r.at_holders_seconds);
+    if (last > 0) {
+      EXPECT_LE(r.clock.predicted_seconds, last) << gpus;
+    }
+    last = r.clock.predicted_seconds;
+  }
+  // Sets without experts weigh nothing.
+  const SimResult dense =
+      *SimulateStep(Config("llama3_8b_8layers", 64, Layout::kRowSharded));
+  EXPECT_EQ(dense.at_holders_seconds, 0);
+  EXPECT_FALSE(dense.experts_at_holders);
+}
+
 TEST(ScaleSimTest, BadInputNamesTheFlag) {
   SimConfig c = Config("llama3_8b_8layers", 0);
   absl::StatusOr<SimResult> r = SimulateStep(c);

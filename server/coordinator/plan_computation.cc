@@ -379,12 +379,13 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   // owners the previous plan names.
   const scheduler::PlanRanks plan_ranks =
       [&](const std::vector<int32_t>& ranks,
-          const scheduler::OwnerGrouping* groups)
-      -> absl::StatusOr<scheduler::OwnershipPlan> {
+          const scheduler::OwnerGrouping* groups,
+          bool experts_at_holders) -> absl::StatusOr<scheduler::OwnershipPlan> {
     scheduler::PlanInput input;
     input.matrices = *s.matrices;
     input.options.ns_steps = s.ns_steps;
     input.options.algorithm = s.algorithm;
+    input.options.experts_at_holders = experts_at_holders;
     for (const int32_t rank : ranks) input.workers.push_back(s.workers[rank]);
     input.trainer_shards = s.trainer_shards.Among(ranks);
     if (groups != nullptr) {
@@ -464,6 +465,16 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
                                      taken[0].size(), " workers"),
         planned->grouped_seconds * 1e3, planned->ungrouped_seconds * 1e3, tried,
         planned->groups_declined.empty() ? "" : ": ", planned->groups_declined);
+  }
+  if (planned->at_holders_seconds > 0) {
+    spdlog::info(
+        "job {} plan version {}: whole experts {} ({} ms predicted with "
+        "every expert owned where it is held, {} ms with them there only "
+        "where that costs nothing)",
+        s.job, s.version,
+        planned->experts_at_holders ? "owned where they are held"
+                                    : "there where that costs nothing",
+        planned->at_holders_seconds * 1e3, planned->where_free_seconds * 1e3);
   }
   auto out = std::make_shared<PublishedPlan>();
   out->job = s.job;
