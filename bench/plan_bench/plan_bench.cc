@@ -100,7 +100,8 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
         input.matrices, ids, /*dedicated=*/0, models, settings,
         {.bucket_bytes = 0}, offered, scheduler::OwnerGroupsUse::kWeighed,
         [&](const std::vector<int32_t>& ranks,
-            const scheduler::OwnerGrouping* /*grouping*/) {
+            const scheduler::OwnerGrouping* /*grouping*/,
+            bool /*experts_at_holders: no trainer shards here*/) {
           PlanInput some{input.matrices, {}, input.options};
           for (const int32_t r : ranks)
             some.workers.push_back(input.workers[r]);

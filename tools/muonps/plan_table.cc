@@ -86,15 +86,28 @@ std::string PlanTable(const v1::Plan& plan) {
         plan.owner_groups_size(), plan.owner_groups(0).workers_size(),
         absl::StrJoin(groups, "; "));
   }
-  absl::StrAppendFormat(&out, "\n%-5s %-24s %12s %12s %12s %12s\n", "RANK",
+  // Trainers that hold whole experts: the shard each rank's trainer holds
+  // as the plan assumed it (its experts are owned there where possible).
+  const bool shards = plan.trainer_shards() > 0;
+  if (shards) {
+    absl::StrAppendFormat(&out,
+                          "trainers hold whole experts in %d shards; each "
+                          "rank's is under SHARD\n",
+                          plan.trainer_shards());
+  }
+  absl::StrAppendFormat(&out, "\n%-5s %-24s %12s %12s %12s %12s%s\n", "RANK",
                         "WORKER", "PREDICTED", "MOMENTUM", "MEMORY",
-                        "LINK/STEP");
+                        "LINK/STEP", shards ? "  SHARD" : "");
   for (int i = 0; i < plan.loads_size(); ++i) {
     const v1::WorkerLoad& l = plan.loads(i);
-    absl::StrAppendFormat(&out, "%-5d %-24s %9.3f ms %12s %12s %12s\n", i,
+    const std::string shard = !shards ? ""
+                              : l.trainer_shard() >= 0
+                                  ? absl::StrFormat("  %5d", l.trainer_shard())
+                                  : absl::StrFormat("  %5s", "-");
+    absl::StrAppendFormat(&out, "%-5d %-24s %9.3f ms %12s %12s %12s%s\n", i,
                           l.worker_id(), l.predicted_seconds() * 1e3,
                           Bytes(l.momentum_bytes()), Bytes(l.memory_bytes()),
-                          Bytes(l.link_bytes()));
+                          Bytes(l.link_bytes()), shard);
   }
   absl::StrAppendFormat(&out, "\n%-40s %-14s %-7s %s\n", "MATRIX", "SHAPE",
                         "BUCKET", "OWNER");

@@ -163,6 +163,23 @@ TEST(PlanTableTest, ShowsTheOwnerGroupsWhenThePlanHasThem) {
                         "are the first group's\n\nRANK"));
 }
 
+TEST(PlanTableTest, ShowsTheTrainerShardsOfWholeExperts) {
+  v1::Plan plan;
+  for (const char* w : {"w0", "w1"}) {
+    plan.add_workers(w);
+    plan.add_loads()->set_worker_id(w);
+  }
+  EXPECT_THAT(PlanTable(plan), Not(HasSubstr("SHARD")));
+  plan.set_trainer_shards(2);
+  plan.mutable_loads(0)->set_trainer_shard(1);
+  plan.mutable_loads(1)->set_trainer_shard(-1);
+  const std::string table = PlanTable(plan);
+  EXPECT_THAT(table, HasSubstr("trainers hold whole experts in 2 shards"));
+  EXPECT_THAT(table, HasSubstr("LINK/STEP  SHARD\n"));
+  EXPECT_THAT(table, HasSubstr("      1\n1     w1"));
+  EXPECT_THAT(table, HasSubstr("      -\n"));
+}
+
 TEST(WorkersJsonTest, CarriesLastStepFieldsOnlyWhereReported) {
   const std::string json = ToJson(TwoWorkers());
   for (const char* field :
