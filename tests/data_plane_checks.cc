@@ -60,7 +60,8 @@ absl::StatusOr<v1::ListWorkersResponse> DataPlaneFixture::ListWorkers() {
 
 bool DataPlaneFixture::KnowsWholeExpertHolders(const v1::Plan& plan) const {
   // A job whose trainers hold whole experts re-plans once its heartbeats
-  // name every trainer's rank (docs/architecture.md).
+  // name every trainer's rank (docs/architecture.md); one of one trainer
+  // does not.
   const bool whole = std::any_of(
       model_.matrices.begin(), model_.matrices.end(), [](const MatrixDecl& m) {
         return m.options.shard_experts &&

@@ -154,16 +154,21 @@ PlanSnapshot SnapshotForPlanning(const std::string& name,
     }
   }
   // A job whose trainers hold whole experts plans them where they are
-  // held: a plan made with other trainer ranks does not stand.
-  // A rank whose trainer's rank is not known now (a trainer attaching
-  // again) keeps the shard the previous plan assumed, as replica groups
-  // stand meanwhile.
+  // held: a plan made with other trainer ranks does not stand. A job
+  // starting up does so once every trainer's rank is known (one plan, not
+  // one per heartbeat). Afterwards a rank whose trainer's rank is not known
+  // now (a trainer attaching again) keeps the shard the previous plan
+  // assumed, as replica groups stand meanwhile.
   s.trainer_shards = WholeExpertShards(*s.matrices, job.spec->trainers,
                                        s.replicas, trainer_ranks);
-  if (s.previous != nullptr) {
+  const bool shards_before =
+      s.previous != nullptr && s.previous->trainer_shards.known();
+  if (shards_before) {
     s.trainer_shards = KeepKnownShards(std::move(s.trainer_shards), ranked,
                                        s.previous->trainer_shards,
                                        s.previous->ownership.worker_ids);
+  } else if (!CoversEveryTrainer(s.trainer_shards, s.dedicated)) {
+    s.trainer_shards = {};
   }
   if (s.previous != nullptr &&
       !(s.previous->trainer_shards.shards == s.trainer_shards.shards &&
@@ -198,7 +203,8 @@ scheduler::TrainerShards WholeExpertShards(
   const int ranks = static_cast<int>(trainer_ranks.size());
   const int count = trainers > 0 ? trainers : ranks;
   const int groups = replicas > 1 ? replicas : 1;
-  if (count < 1 || count % groups != 0) return out;
+  // One trainer holds every expert: nothing to place.
+  if (count < 2 || count % groups != 0) return out;
   out.shards = count / groups;
   bool any = false;
   for (const std::optional<int32_t>& t : trainer_ranks) {
@@ -208,6 +214,14 @@ scheduler::TrainerShards WholeExpertShards(
   }
   if (!any) return {};
   return out;
+}
+
+bool CoversEveryTrainer(const scheduler::TrainerShards& shards, int dedicated) {
+  if (!shards.known()) return false;
+  const int trainers = static_cast<int>(shards.shard_of.size()) - dedicated;
+  return std::all_of(shards.shard_of.begin(),
+                     shards.shard_of.begin() + std::max(trainers, 0),
+                     [](int32_t s) { return s >= 0; });
 }
 
 scheduler::TrainerShards KeepKnownShards(

@@ -67,11 +67,15 @@ struct PlanSnapshot {
 // (MatrixSpec::shard_experts): by rank, the shard its trainer holds of
 // `trainers` trainers (0: as many as the ranks) in `replicas` replica
 // groups, -1 for a rank with no trainer or whose trainer rank is not known
-// or out of range; not known (TrainerShards{}) for other jobs, or when no
-// rank's trainer rank is known.
+// or out of range; not known (TrainerShards{}) for other jobs, for one
+// trainer, or when no rank's trainer rank is known.
 scheduler::TrainerShards WholeExpertShards(
     const std::vector<scheduler::MatrixSpec>& matrices, int trainers,
     int replicas, const std::vector<std::optional<int32_t>>& trainer_ranks);
+
+// Whether `shards` (by rank) names a shard for every rank but the last
+// `dedicated` (which have no trainer).
+bool CoversEveryTrainer(const scheduler::TrainerShards& shards, int dedicated);
 
 // `now` (WholeExpertShards of the ranks `ranked`, by worker id) where a
 // rank's trainer rank is known; elsewhere the shard `before` (of a

@@ -97,14 +97,19 @@ TEST_F(PlanExpertsTest, ExpertsAreOwnedWhereTheirTrainersHoldThem) {
   ExpectExpertsWithHolders(after, moved);
 }
 
-TEST_F(PlanExpertsTest, RanksKnownInPartPlaceWhatTheyHold) {
+TEST_F(PlanExpertsTest, AStartingJobPlansItsExpertsOnceEveryRankIsKnown) {
+  const v1::Plan joined = CurrentPlan("x");
   BeatWithTrainer("x", "w2", 0);
-  const v1::Plan plan = Monitored("x");
-  // Shard 0 holds experts 0 and 1 of every stack.
-  for (const v1::MatrixPlacement& m : plan.matrices()) {
-    EXPECT_EQ(m.owners(0), "w2") << m.name();
-    EXPECT_EQ(m.owners(1), "w2") << m.name();
-  }
+  BeatWithTrainer("x", "w0", 1);
+  BeatWithTrainer("x", "w1", 2);
+  const v1::Plan some = Monitored("x");
+  EXPECT_EQ(some.version(), joined.version());
+  EXPECT_EQ(some.trainer_shards(), 0);
+  BeatWithTrainer("x", "w3", 3);
+  const v1::Plan all = Monitored("x");
+  EXPECT_GT(all.version(), joined.version());
+  EXPECT_EQ(all.trainer_shards(), kTrainers);
+  ExpectExpertsWithHolders(all, {{"w2", 0}, {"w0", 1}, {"w1", 2}, {"w3", 3}});
 }
 
 TEST(WholeExpertShardsTest, ShardsByTrainerRankForJobsOfWholeExperts) {
@@ -123,6 +128,12 @@ TEST(WholeExpertShardsTest, ShardsByTrainerRankForJobsOfWholeExperts) {
   EXPECT_EQ(t.shards, 2);
   EXPECT_EQ(t.shard_of, (std::vector<int32_t>{1, 0, 0, 1}));
   EXPECT_FALSE(WholeExpertShards(whole, 4, 0, {std::nullopt}).known());
+  EXPECT_FALSE(WholeExpertShards(whole, 1, 0, {0}).known());
+  EXPECT_FALSE(WholeExpertShards(whole, 0, 0, {0}).known());
+  EXPECT_FALSE(CoversEveryTrainer(
+      WholeExpertShards(whole, 4, 0, {3, std::nullopt, 1, 2}), 0));
+  EXPECT_TRUE(CoversEveryTrainer(
+      WholeExpertShards(whole, 3, 0, {2, 0, 1, std::nullopt}), 1));
   // A rank not known now keeps the shard the previous plan gave its worker.
   t = KeepKnownShards(WholeExpertShards(whole, 2, 0, {std::nullopt, 0}),
                       {"a", "b"}, {.shards = 2, .shard_of = {0, 1}},
