@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/row_ranges.h"
 #include "proto/grpc_status.h"
 #include "proto/translate.h"
 #include "scheduler/step_schedule.h"
@@ -74,6 +75,29 @@ bool DataPlaneFixture::KnowsWholeExpertHolders(const v1::Plan& plan) const {
   }
   return plan.trainer_shards() > 0 &&
          known == plan.workers_size() - plan.dedicated_workers();
+}
+
+int DataPlaneFixture::ExpertsOwnedByHolders(const v1::Plan& plan) {
+  std::vector<std::string> holder(std::max(plan.trainer_shards(), 0));
+  for (const v1::WorkerLoad& load : plan.loads()) {
+    const int32_t shard = load.trainer_shard();
+    if (shard >= 0 && shard < static_cast<int32_t>(holder.size())) {
+      holder[shard] = load.worker_id();
+    }
+  }
+  int home = 0;
+  for (const v1::MatrixPlacement& m : plan.matrices()) {
+    if (m.owners_size() < 2 || holder.empty()) continue;  // not a stack
+    for (int e = 0; e < m.owners_size(); ++e) {
+      const int shard = ShardHoldingExpert(m.owners_size(), e,
+                                           static_cast<int>(holder.size()));
+      home +=
+          shard >= 0 && !holder[shard].empty() && m.owners(e) == holder[shard]
+              ? 1
+              : 0;
+    }
+  }
+  return home;
 }
 
 absl::Status DataPlaneFixture::WaitForFullPlan(absl::Duration timeout) {

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -206,11 +207,21 @@ class LoopProgress {
   void Finished(int rank, int64_t step) { done_[rank].store(step); }
   // The step every trainer has finished.
   int64_t Slowest() const;
+  // The step some trainer has finished.
+  int64_t Fastest() const;
   // Waits until Slowest() >= step; false after `timeout`.
   bool WaitFor(int64_t step, absl::Duration timeout) const;
+  // Ends the loops after `steps` more steps than the fastest trainer has
+  // finished (a loop's own last step still bounds it): a test that injects
+  // failures until it is done, however far recoveries moved the trainers
+  // meanwhile, then lets them step a little further. Returns the last step.
+  int64_t EndAfter(int64_t steps);
+  // The last step a loop may start.
+  int64_t end() const { return end_.load(); }
 
  private:
   std::vector<std::atomic<int64_t>> done_;
+  std::atomic<int64_t> end_{std::numeric_limits<int64_t>::max()};
 };
 
 // How RunStep drives each trainer; the defaults write the clean gradients
@@ -344,6 +355,9 @@ class DataPlaneFixture : public ::testing::Test {
   // Whether `plan` is one a job of model() settles on: for trainers that
   // hold whole experts, one made with every trainer's rank.
   bool KnowsWholeExpertHolders(const v1::Plan& plan) const;
+  // How many experts of stacks held whole `plan` leaves with the worker
+  // whose trainer holds them (WorkerLoad::trainer_shard).
+  static int ExpertsOwnedByHolders(const v1::Plan& plan);
   // The coordinator's latest plan of the job (GetPlan), and the job's
   // members (ListWorkers), each a call of 5 s at most.
   absl::StatusOr<v1::Plan> LatestPlan();

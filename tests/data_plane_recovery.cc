@@ -47,6 +47,20 @@ int64_t LoopProgress::Slowest() const {
   return slowest;
 }
 
+int64_t LoopProgress::Fastest() const {
+  int64_t fastest = done_[0].load();
+  for (const auto& d : done_) fastest = std::max(fastest, d.load());
+  return fastest;
+}
+
+int64_t LoopProgress::EndAfter(int64_t steps) {
+  // A trainer starts a step only while it is at most the end, and no step
+  // completes without every trainer: none is past Fastest() + 1 now.
+  const int64_t last = Fastest() + 1 + steps;
+  end_.store(last);
+  return last;
+}
+
 bool LoopProgress::WaitFor(int64_t step, absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
   while (Slowest() < step) {
@@ -67,6 +81,7 @@ std::vector<RetryingLoop> DataPlaneFixture::RunRetryingLoops(
                           &out] {
       RetryingLoop& loop = out[r];
       for (int64_t step = first; step <= last; ++step) {
+        if (progress != nullptr && step > progress->end()) break;
         if (clients_[r] == nullptr) {
           // Its restart failed (after_step reports why): no trainer is left
           // to step.
