@@ -201,6 +201,54 @@ TEST_F(CoordinatorDurabilityTest, RestartKeepsThePlansOwnerGroups) {
   EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
 }
 
+// A job whose trainers hold whole experts: its plan, made once every
+// trainer's rank was known, says which shard each worker's trainer holds
+// (Plan.trainer_shards). A coordinator opened again has that plan, and the
+// same ranks heartbeating again, or not yet, keep it: no expert moves.
+TEST_F(CoordinatorDurabilityTest, RestartKeepsTheShardsOfWholeExperts) {
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  v1::CreateJobRequest create = Create("x");
+  for (v1::Matrix& m : *create.mutable_job()->mutable_matrices()) {
+    m.set_layout(v1::LAYOUT_ROW_SHARDED);
+    m.set_experts(4);
+    m.set_shard_experts(true);
+  }
+  create.mutable_job()->set_trainers(2);
+  ASSERT_TRUE(state_->CreateJob(create).ok());
+  const std::string tokens[] = {JoinOk("x", "w0").worker_token(),
+                                JoinOk("x", "w1").worker_token()};
+  const auto beat = [&](int w, bool with_rank) {
+    v1::HeartbeatRequest r;
+    r.set_job("x");
+    r.set_worker_id(absl::StrCat("w", w));
+    r.set_instance_id(absl::StrCat("i-w", w));
+    r.set_worker_token(tokens[w]);
+    r.set_plan_version(Current("x").version());
+    r.set_has_trainer(with_rank);
+    if (with_rank) r.set_trainer_rank(1 - w);  // w0's trainer is rank 1
+    const absl::StatusOr<v1::HeartbeatResponse> b = state_->Heartbeat(r);
+    EXPECT_TRUE(b.ok()) << w << ": " << b.status();
+  };
+  beat(0, true);
+  beat(1, true);
+  state_->ExpireLeases();  // the lease monitor plans what heartbeats changed
+  const v1::Plan before = Current("x");
+  ASSERT_EQ(before.trainer_shards(), 2);
+  for (const v1::WorkerLoad& load : before.loads()) {
+    EXPECT_EQ(load.trainer_shard(), load.worker_id() == "w0" ? 1 : 0);
+  }
+
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  EXPECT_EQ(Current("x").SerializeAsString(), before.SerializeAsString());
+  beat(0, false);  // its trainer attaching again
+  beat(1, true);
+  state_->ExpireLeases();
+  EXPECT_EQ(Current("x").SerializeAsString(), before.SerializeAsString());
+  beat(0, true);
+  state_->ExpireLeases();
+  EXPECT_EQ(Current("x").SerializeAsString(), before.SerializeAsString());
+}
+
 TEST_F(CoordinatorDurabilityTest,
        PlanVersionsNeverGoBackAcrossRestartsOrForAJobCreatedAgain) {
   ASSERT_NO_FATAL_FAILURE(Restart());
