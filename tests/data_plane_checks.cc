@@ -85,9 +85,10 @@ int DataPlaneFixture::ExpertsOwnedByHolders(const v1::Plan& plan) {
       holder[shard] = load.worker_id();
     }
   }
+  if (holder.empty()) return 0;  // planned without the trainers' shards
   int home = 0;
   for (const v1::MatrixPlacement& m : plan.matrices()) {
-    if (m.owners_size() < 2 || holder.empty()) continue;  // not a stack
+    if (m.owners_size() < 2) continue;  // not a stack
     for (int e = 0; e < m.owners_size(); ++e) {
       const int shard = ShardHoldingExpert(m.owners_size(), e,
                                            static_cast<int>(holder.size()));

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -94,16 +95,20 @@ class CoordinatorDurabilityTest : public ::testing::Test {
     return r.ok() ? *r : v1::JoinJobResponse();
   }
 
-  absl::StatusOr<v1::HeartbeatResponse> Beat(const std::string& job,
-                                             const std::string& worker,
-                                             const std::string& token,
-                                             int64_t version) {
+  // With `trainer_rank`, the worker's trainer is attached and has that
+  // rank; without, no trainer is attached (yet).
+  absl::StatusOr<v1::HeartbeatResponse> Beat(
+      const std::string& job, const std::string& worker,
+      const std::string& token, int64_t version,
+      std::optional<int> trainer_rank = std::nullopt) {
     v1::HeartbeatRequest r;
     r.set_job(job);
     r.set_worker_id(worker);
     r.set_instance_id("i-" + worker);
     r.set_worker_token(token);
     r.set_plan_version(version);
+    r.set_has_trainer(trainer_rank.has_value());
+    if (trainer_rank.has_value()) r.set_trainer_rank(*trainer_rank);
     return state_->Heartbeat(r);
   }
 
@@ -217,16 +222,11 @@ TEST_F(CoordinatorDurabilityTest, RestartKeepsTheShardsOfWholeExperts) {
   ASSERT_TRUE(state_->CreateJob(create).ok());
   const std::string tokens[] = {JoinOk("x", "w0").worker_token(),
                                 JoinOk("x", "w1").worker_token()};
+  // w0's trainer is rank 1, w1's rank 0.
   const auto beat = [&](int w, bool with_rank) {
-    v1::HeartbeatRequest r;
-    r.set_job("x");
-    r.set_worker_id(absl::StrCat("w", w));
-    r.set_instance_id(absl::StrCat("i-w", w));
-    r.set_worker_token(tokens[w]);
-    r.set_plan_version(Current("x").version());
-    r.set_has_trainer(with_rank);
-    if (with_rank) r.set_trainer_rank(1 - w);  // w0's trainer is rank 1
-    const absl::StatusOr<v1::HeartbeatResponse> b = state_->Heartbeat(r);
+    const absl::StatusOr<v1::HeartbeatResponse> b =
+        Beat("x", absl::StrCat("w", w), tokens[w], Current("x").version(),
+             with_rank ? std::optional<int>(1 - w) : std::nullopt);
     EXPECT_TRUE(b.ok()) << w << ": " << b.status();
   };
   beat(0, true);
