@@ -75,7 +75,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
                absl::StrCat("--socket=", socket_dir_, "/w", w, ".sock"),
                "--metrics_port=-1", "--device=cuda:0", "--gpu_transport=ipc",
                "--io_timeout_ms=10000",
-               Groups() ? absl::StrCat("--node=node-", w) : "--node=one"},
+               Groups() ? absl::StrCat("--node=node-", w) : "--node=one",
+               PauseAt()},
               absl::StrCat(log_dir_, "/worker", w, ".log"));
       ASSERT_TRUE(worker.ok()) << worker.status();
       workers_.push_back(*std::move(worker));
@@ -85,6 +86,9 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
           << w->Log();
     }
   }
+
+  // A worker flag of the subclass's (--test_pause_at); a harmless default.
+  virtual std::string PauseAt() const { return "--log_level=info"; }
 
   void TearDown() override {
     if (HasFailure()) {
@@ -441,6 +445,89 @@ TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
   EXPECT_EQ(cudaMemcpy(p.data(), params_[0][0], 64, cudaMemcpyDeviceToHost),
             cudaSuccess);
 }
+
+// A writer stopped before any of its copies (SIGSTOP on the host, at the
+// step's first transfer, as a frozen or dying process stops): the others
+// have enqueued, on their compute streams, waits for its landing words
+// behind their own early applies (staging_windows.h). Their steps fail
+// within the io timeout, the undo releases those waits, and their
+// trainers' parameters are as before the step, bit for bit; then the
+// stopped writer is killed and its trainer's step fails too.
+class PausedWriterOneGpuTest : public TwoWorkersOneGpuTest {
+ protected:
+  std::string PauseAt() const override {
+    return "--test_pause_at=transfer@1@rank1";
+  }
+};
+
+TEST_P(PausedWriterOneGpuTest, OthersReleaseTheirWaitsForItsLandingWords) {
+  ASSERT_NO_FATAL_FAILURE(StartTrainers());
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(0));
+  for (int t = 0; t < Workers(); ++t) {
+    ASSERT_TRUE(
+        clients_[t]->Step(0, {.stream = streams_[t], .async = true}).ok());
+  }
+  for (int t = 0; t < Workers(); ++t) ASSERT_TRUE(clients_[t]->Wait().ok());
+  std::vector<std::vector<std::vector<float>>> before(Workers());
+  for (int t = 0; t < Workers(); ++t) {
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      absl::StatusOr<std::vector<float>> p =
+          testing::DownloadAs(Dtype(), params_[t][m], Held(Matrices()[m], t));
+      ASSERT_TRUE(p.ok()) << p.status();
+      before[t].push_back(*std::move(p));
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(WriteGradients(1));
+  const absl::Time start = absl::Now();
+  for (int t = 0; t < Workers(); ++t) {
+    ASSERT_TRUE(
+        clients_[t]->Step(1, {.stream = streams_[t], .async = true}).ok());
+  }
+  int paused = -1;
+  while (paused < 0 && absl::Now() - start < absl::Seconds(30)) {
+    for (int w = 0; w < Workers(); ++w) {
+      if (workers_[w]->Log().find("paused at transfer") != std::string::npos) {
+        paused = w;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GE(paused, 0) << "no worker paused at step 1's first transfer";
+  for (int t = 0; t < Workers(); ++t) {
+    if (t == paused) continue;  // its worker serves trainer t
+    absl::StatusOr<StepResult> r = clients_[t]->Wait();
+    EXPECT_FALSE(r.ok()) << "trainer " << t;
+    std::printf("trainer %d: %s\n", t, r.status().ToString().c_str());
+    ASSERT_EQ(cudaStreamSynchronize(streams_[t]), cudaSuccess);
+    for (size_t m = 0; m < Matrices().size(); ++m) {
+      absl::StatusOr<std::vector<float>> p =
+          testing::DownloadAs(Dtype(), params_[t][m], Held(Matrices()[m], t));
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_EQ(*p, before[t][m]) << Matrices()[m].name << " of trainer " << t
+                                  << " changed by a step that failed";
+    }
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(40));
+  workers_[paused]->Signal(SIGKILL);
+  EXPECT_FALSE(clients_[paused]->Wait().ok());
+  // Every worker's streams were released: theirs and the trainers' memory
+  // is usable.
+  for (int t = 0; t < Workers(); ++t) {
+    if (t == paused) continue;
+    EXPECT_TRUE(workers_[t]->running()) << "worker " << t;
+  }
+  std::printf("{" what ":" gpu_two_workers_paused_writer "," case ":" % s
+                  ","
+                  "" workers ":%d," failed_step_left_parameters ":" unchanged
+                  ","
+                  "" seconds ":%.1f}\n",
+              GetParam().c_str(), Workers(),
+              absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+INSTANTIATE_TEST_SUITE_P(OneGpu, PausedWriterOneGpuTest,
+                         ::testing::Values("replicated",
+                                           "replicated/bf16/three"));
 
 INSTANTIATE_TEST_SUITE_P(
     OneGpu, TwoWorkersOneGpuTest,

@@ -286,10 +286,13 @@ class CudaIpcLender final : public WindowLender {
                                                 const char* what,
                                                 WindowRecord* record) override {
     *record = WindowRecord{};
+    WindowRecord lent = NewWindowRecord(WindowKind::kCudaIpc, dtype, count);
+    MUONPS_ASSIGN_OR_RETURN(
+        std::unique_ptr<kernels::FloatBuffer> block,
+        ops_->Allocate(static_cast<int64_t>(lent.bytes / sizeof(float)), what));
     MUONPS_ASSIGN_OR_RETURN(
         kernels::TypedBuffer buffer,
-        kernels::TypedBuffer::Allocate(*ops_, dtype, count, what));
-    WindowRecord lent = NewWindowRecord(WindowKind::kCudaIpc, dtype, count);
+        kernels::TypedBuffer::Wrap(std::move(block), dtype, count));
     MUONPS_ASSIGN_OR_RETURN(IpcMemoryRef ref,
                             ExportDeviceMemory(buffer.at(0), lent.bytes));
     *record = lent;
@@ -299,6 +302,16 @@ class CudaIpcLender final : public WindowLender {
     std::memcpy(record->handle, ref.handle.data(),
                 std::min(ref.handle.size(), sizeof(record->handle)));
     return buffer;
+  }
+
+  absl::Status Signal(Stream stream, uint64_t* word, uint64_t value) override {
+    return StreamWriteValue(stream, word, value);
+  }
+
+  // On the device, for as long as it takes: the deadline is the host's.
+  absl::Status AwaitSignal(Stream stream, const uint64_t* word, uint64_t value,
+                           absl::Time /*deadline*/) override {
+    return StreamWaitAtLeast(stream, word, value);
   }
 
   absl::StatusOr<std::unique_ptr<PeerWindow>> Open(

@@ -41,15 +41,14 @@ class PeerWritesTest : public StepEngineTest {
   v1::Plan plan_;  // StepOn's
 
   // Steps every engine kSteps times on `owners`, against the kernels in
-  // one process, expecting each worker to apply before its commit the
-  // updates its own stream orders: those it owns and those broadcast to it
-  // (all of them with `every`), and a peer's copies into its staging only
-  // at the commit (staging_windows.h).
-  void ExpectAppliedBeforeTheVotes(const std::vector<int>& owners, bool every) {
+  // one process, expecting each worker to apply every update before its
+  // commit: those it owns, those broadcast to it, and a peer's copies into
+  // its staging once the peer's landing word says they landed
+  // (staging_windows.h).
+  void ExpectAppliedBeforeTheVotes(const std::vector<int>& owners) {
     plan_ = PlanWithOwnerList(1, owners);
     ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(plan_));
     ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
-    const std::set<int> broadcast = UpdatesByBroadcast(plan_);
     ReferenceSteps reference({}, UpdateDtype());
     for (int64_t step = 0; step < kSteps; ++step) {
       WriteGradients(step);
@@ -59,9 +58,7 @@ class PeerWritesTest : public StepEngineTest {
         ASSERT_TRUE(out[w].ok()) << out[w].status();
         int64_t expected = 0;
         for (size_t m = 0; m < owners.size(); ++m) {
-          if (every || owners[m] == w || broadcast.count(m) > 0) {
-            expected += Matrices()[m].rows * Matrices()[m].cols;
-          }
+          expected += Matrices()[m].rows * Matrices()[m].cols;
         }
         EXPECT_EQ(out[w]->applied_early, expected)
             << "worker " << w << " step " << step;
@@ -99,8 +96,8 @@ TEST_F(PeerWritesTest, EveryUpdateIsWrittenIntoThePeersStagingBitForBit) {
   for (int w = 0; w < kWorkers; ++w) ExpectEveryUpdateWritten(owners, w, 4);
 }
 
-TEST_F(PeerWritesTest, UpdatesOrderedByTheWorkersOwnStreamApplyBeforeTheVotes) {
-  ExpectAppliedBeforeTheVotes({0, 1, 2, 0, 1}, /*every=*/false);
+TEST_F(PeerWritesTest, PeersCopiesApplyBeforeTheVotesOnceTheyLanded) {
+  ExpectAppliedBeforeTheVotes({0, 1, 2, 0, 1});
 }
 
 class BroadcastUpdatesTest : public PeerWritesTest {
@@ -109,7 +106,7 @@ class BroadcastUpdatesTest : public PeerWritesTest {
 };
 
 TEST_F(BroadcastUpdatesTest, BroadcastUpdatesAllApplyBeforeTheVotes) {
-  ExpectAppliedBeforeTheVotes({0, 1, 2, 0, 1}, /*every=*/true);
+  ExpectAppliedBeforeTheVotes({0, 1, 2, 0, 1});
 }
 
 // --apply_early=false: every update at the commit, bit for bit the same.

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/machine.h"
+#include "common/poll_backoff.h"
 #include "common/status.h"
 #include "lending/shared_memory.h"
 #include "server/worker/digest.h"
@@ -120,6 +121,27 @@ class SharedMemoryLender final : public WindowLender {
         std::make_unique<SegmentBuffer>(*std::move(segment)), dtype, count);
   }
 
+  absl::Status Signal(Stream /*stream*/, uint64_t* word,
+                      uint64_t value) override {
+    // The host's stream: everything before this call is done.
+    __atomic_store_n(word, value, __ATOMIC_RELEASE);
+    return absl::OkStatus();
+  }
+
+  absl::Status AwaitSignal(Stream /*stream*/, const uint64_t* word,
+                           uint64_t value, absl::Time deadline) override {
+    PollBackoff backoff;
+    while (static_cast<int64_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) -
+                                value) < 0) {
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("landing word at ", value, " not reached"));
+      }
+      backoff.Pause();
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::unique_ptr<PeerWindow>> Open(
       const WindowRecord& record) override {
     if (record.kind != static_cast<int32_t>(WindowKind::kSharedMemory)) {
@@ -147,11 +169,13 @@ WindowRecord NewWindowRecord(WindowKind kind, DType dtype, int64_t count) {
   record.id = RandomId();
   record.host = HostIdentity();
   record.kind = static_cast<int32_t>(kind);
-  // Whole floats (the buffer is a FloatBuffer), at least one element.
+  // Whole 64-bit words (the landing words' alignment; the buffer is a
+  // FloatBuffer), at least one element, then the landing words.
   record.bytes =
       (static_cast<uint64_t>(std::max<int64_t>(count, 1)) * DTypeSize(dtype) +
-       3) /
-      4 * 4;
+       7) /
+          8 * 8 +
+      kLandingWords * sizeof(uint64_t);
   return record;
 }
 
@@ -184,6 +208,7 @@ bool PeerWindows::Open(absl::Span<const WindowRecord> records, int self,
   writers_.clear();
   open_.clear();
   open_.resize(records.size());
+  landing_at_.assign(records.size(), 0);
   const uint64_t host = HostIdentity();
   for (size_t r = 0; r < records.size(); ++r) {
     const WindowRecord& record = records[r];
@@ -200,6 +225,7 @@ bool PeerWindows::Open(absl::Span<const WindowRecord> records, int self,
       continue;
     }
     open_[r] = *std::move(window);
+    landing_at_[r] = LandingWordsAt(record.bytes);
   }
   for (const int target : targets) {
     if (target == self) continue;
@@ -209,6 +235,13 @@ bool PeerWindows::Open(absl::Span<const WindowRecord> records, int self,
     }
   }
   return true;
+}
+
+int PeerWindows::LandingSlot(int rank) const {
+  if (!Writes(rank)) return -1;
+  int slot = 0;
+  for (int r = 0; r < rank; ++r) slot += writers_[r] != 0 ? 1 : 0;
+  return slot < kLandingWords ? slot : -1;
 }
 
 void PeerWindows::SetWriters(std::vector<int32_t> writers, uint64_t digest) {

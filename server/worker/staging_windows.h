@@ -18,6 +18,19 @@
 // done; a round whose resolution commits a staged step from its staging
 // holds every rank at a barrier before anyone writes again (RoundAgreement).
 //
+// Landing words: each window ends with kLandingWords 64-bit words, one per
+// writer (LandingSlot), that the writer advances in its stream's order
+// after each run of its copies (LandingValue: the round and the run), so
+// the receiver's compute stream can wait, on the device, for the updates it
+// applies before the votes (StepStaging::ApplyAsLanded) without its host
+// hearing from the writer. A writer that never writes its word (it died,
+// or its round failed) leaves that wait blocked until the receiver writes
+// the word itself (LandingReleased): every end of a round that does not
+// commit the step does, before it waits for the applies to undo them.
+// Values only grow from round to round (the round is rank 0's, above every
+// round any live rank took part in: RoundAgreement), so a word a failed
+// round left behind never satisfies a later wait.
+//
 // A worker publishes its window only when its trainer keeps the whole
 // parameter of every matrix, its staging laid out as FullStagedAt says, so
 // a writer finds every update's place in a peer's staging from the plan
@@ -33,7 +46,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/device.h"
 #include "common/dtype.h"
 #include "common/metrics.h"
 #include "kernels/device_ops.h"
@@ -62,13 +77,35 @@ struct WindowRecord {
 static_assert(sizeof(WindowRecord) % 4 == 0,
               "a window record travels as floats");
 
+// The landing words at the end of every window, and where they start in a
+// window of `bytes` bytes (WindowRecord::bytes).
+inline constexpr int kLandingWords = 64;
+inline uint64_t LandingWordsAt(uint64_t bytes) {
+  return bytes - kLandingWords * sizeof(uint64_t);
+}
+// What a writer's landing word holds once its copies of run `run` (the
+// step's runs of updates-back phases, numbered from 0 in the schedule's
+// order) of round `round` landed; runs past kMostLandingRuns - 1 are not
+// signalled (their updates wait for the commit). Compared as CUDA compares
+// a stream wait's "at least": the signed difference.
+inline constexpr int kMostLandingRuns = 0xFFFF;
+inline uint64_t LandingValue(uint64_t round, int run) {
+  return (round << 16) | static_cast<uint64_t>(run + 1);
+}
+// What the receiver writes to release its own waits of round `round`:
+// at least every run's value.
+inline uint64_t LandingReleased(uint64_t round) {
+  return (round << 16) | 0xFFFFu;
+}
+
 // A digest of this machine's identity (common/machine.h): windows of
 // another host are never opened.
 uint64_t HostIdentity();
 
 // A new window's record for a lender: a random id (never 0), this host,
-// `kind`, and the bytes of `count` elements of `dtype` in whole floats (at
-// least one element). The lender adds where to find it (handle, offset).
+// `kind`, and the bytes of `count` elements of `dtype` (at least one) in
+// whole 64-bit words, then the landing words. The lender adds where to find
+// it (handle, offset).
 WindowRecord NewWindowRecord(WindowKind kind, DType dtype, int64_t count);
 
 // A peer's window opened here; closed with the object.
@@ -84,9 +121,22 @@ class WindowLender {
  public:
   virtual ~WindowLender() = default;
   // `count` zero-filled elements of `dtype` a peer can open, described by
-  // `record`; RESOURCE_EXHAUSTED naming `what` when the memory is full.
+  // `record`, followed by its zero landing words (the buffer's block holds
+  // record->bytes); RESOURCE_EXHAUSTED naming `what` when the memory is
+  // full.
   virtual absl::StatusOr<kernels::TypedBuffer> Allocate(
       DType dtype, int64_t count, const char* what, WindowRecord* record) = 0;
+  // Sets the landing word `word` (of this worker's window or a peer's
+  // opened here) to `value` once the work enqueued on `stream` so far is
+  // done, that work's writes visible first.
+  virtual absl::Status Signal(Stream stream, uint64_t* word,
+                              uint64_t value) = 0;
+  // Work enqueued on `stream` after this call starts once the word at
+  // `word` is at least `value`. A GPU's stream waits on the device, for as
+  // long as it takes (Signal releases it); the host's stream is the
+  // calling thread, which polls until `deadline` (DEADLINE_EXCEEDED).
+  virtual absl::Status AwaitSignal(Stream stream, const uint64_t* word,
+                                   uint64_t value, absl::Time deadline) = 0;
   // Opens a peer's window: what the backend's memory system says when it
   // cannot (another process's GPU memory from the same process, a missing
   // segment, another container's IPC namespace).
@@ -140,6 +190,16 @@ class PeerWindows {
   void* At(int rank, int64_t bytes) const {
     return static_cast<char*>(open_[rank]->data()) + bytes;
   }
+  // Writer `rank`'s landing word in every window: its place among the
+  // agreed writers, or -1 for a rank that does not write or comes past the
+  // kLandingWords-th writer (its updates wait for the commit).
+  int LandingSlot(int rank) const;
+  // Landing word `slot` of rank `rank`'s window (opened: Writes(self)).
+  uint64_t* LandingWord(int rank, int slot) const {
+    return reinterpret_cast<uint64_t*>(
+               At(rank, static_cast<int64_t>(landing_at_[rank]))) +
+           slot;
+  }
 
   void set_counters(WriteCounters counters) { counters_ = counters; }
   // A write of `bytes` to a peer, and one received from a peer.
@@ -148,7 +208,8 @@ class PeerWindows {
 
  private:
   std::vector<std::unique_ptr<PeerWindow>> open_;  // by rank; null: none
-  std::vector<int32_t> writers_;                   // by rank
+  std::vector<uint64_t> landing_at_;  // by rank: LandingWordsAt its bytes
+  std::vector<int32_t> writers_;      // by rank
   uint64_t known_ = 0;
   WriteCounters counters_;
 };

@@ -27,20 +27,23 @@ struct FollowerInfoHeader {
 // exchanges them before the step's transfers), and some rank commits a
 // staged step from its staging in Resolve (every rank waits for every
 // other at its end: owners write the next step into the peers' staging
-// only after that).
+// only after that); then the round's number (two values), above every
+// rank's StepHeader::last_round.
 struct RoundRoster {
   std::vector<int32_t> trainer_rank_of;
   std::vector<uint64_t> windows;
   bool exchange = false;
   bool barrier = false;
+  uint64_t round = 0;
 
-  static size_t Ints(int size) { return 3 * static_cast<size_t>(size) + 2; }
+  static size_t Ints(int size) { return 3 * static_cast<size_t>(size) + 4; }
   void Write(int32_t* out) const {
     const size_t size = trainer_rank_of.size();
     std::memcpy(out, trainer_rank_of.data(), size * sizeof(int32_t));
     std::memcpy(out + size, windows.data(), size * sizeof(uint64_t));
     out[3 * size] = exchange ? 1 : 0;
     out[3 * size + 1] = barrier ? 1 : 0;
+    std::memcpy(out + 3 * size + 2, &round, sizeof(uint64_t));
   }
   void Read(const int32_t* in, int size) {
     trainer_rank_of.assign(in, in + size);
@@ -48,6 +51,7 @@ struct RoundRoster {
     std::memcpy(windows.data(), in + size, size * sizeof(uint64_t));
     exchange = in[3 * size] != 0;
     barrier = in[3 * size + 1] != 0;
+    std::memcpy(&round, in + 3 * size + 2, sizeof(uint64_t));
   }
 };
 
@@ -136,6 +140,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   mine.update_dtype = static_cast<int32_t>(plan_.update_dtype);
   mine.window = trainer_ == nullptr ? 0 : trainer_->window.id;
   mine.windows_known = plan_.windows.known();
+  mine.last_round = ledger_.round;
   mine.schedule_digest = plan_.schedule_digest;
   mine.torn_step = -1;
   mine.record_decided = -1;
@@ -210,7 +215,9 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
     for (const StepHeader& h : headers) {
       round.trainer_rank_of.push_back(h.trainer_rank);
       round.windows.push_back(h.window);
+      round.round = std::max(round.round, h.last_round);
     }
+    ++round.round;
     const uint64_t digest = PeerWindows::Digest(round.windows);
     for (const StepHeader& h : headers) {
       round.exchange = round.exchange || h.windows_known != digest;
@@ -225,6 +232,7 @@ absl::Status RoundAgreement::Agree(const StepRequest& request,
   std::memcpy(decision, told.data(), sizeof(RoundDecision));
   round.Read(told.data() + kDecisionInts, size);
   barrier_ = round.barrier;
+  ledger_.round = std::max(ledger_.round, round.round);
   if (static_cast<RoundKind>(decision->kind) != RoundKind::kGo) {
     return absl::OkStatus();
   }

@@ -179,6 +179,11 @@ absl::Status CommitStaged(StepLedger& ledger, PlanState& plan,
                           kernels::DeviceOps& ops, int64_t release) {
   StagedStep& staged = ledger.staged;
   const Stream stream = ops.stream();
+  if (staged.applied_mark >= 0) {
+    // The peers' copies applied on the compute stream before the votes:
+    // landed, since every writer voted yes once its copies were done.
+    MUONPS_RETURN_IF_ERROR(ops.WaitForMark(stream, staged.applied_mark));
+  }
   if (trainer != nullptr) {
     // The step record brackets the writes: a worker that dies part-way
     // leaves applying above applied for its successor to see.

@@ -44,7 +44,8 @@ using StepCancelled = std::function<bool()>;
 
 // Applies `ledger`'s staged step: the AdamW means, then the parameters'
 // updates in the order the trainer bound its matrices (not those applied
-// as they landed: ParamApply::applied), into the trainer's
+// as they landed: ParamApply::applied; it orders its writes after the
+// compute stream's StagedStep::applied_mark), into the trainer's
 // lent memory (`trainer` may be null: a worker with no trainer, or one
 // whose trainer is gone), the new momentum swapped in (plan.momentum's
 // CommitStaged); then sets ledger.last and clears the staging. With

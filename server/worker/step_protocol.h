@@ -35,6 +35,8 @@ struct StepHeader {
   // PeerWindows::Digest of the windows this rank last exchanged (0: none).
   uint64_t window;
   uint64_t windows_known;
+  // StepLedger::round: the highest round it took part in (0: none).
+  uint64_t last_round;
   // ScheduleDigest of the step schedule this rank computed for the plan
   // version: a step runs only when every rank's is the same.
   uint64_t schedule_digest;

@@ -1,7 +1,9 @@
 #include "server/worker/step_staging.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -289,6 +291,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     for (const int bucket : run) timeline_.AddMark("from_owners", bucket, done);
     run.clear();
     landed_ = 0;
+    MUONPS_RETURN_IF_ERROR(SignalLanded());
     return apply_landed(done);
   };
   for (const scheduler::Phase& phase : plan_.schedule.order) {
@@ -348,6 +351,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     if (applied_mark_ >= 0) {
       MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, applied_mark_));
     }
+    MUONPS_RETURN_IF_ERROR(ApplyPeerWritten());
   }
   MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
   // Staged when the transport's work and the stream are: a lost peer
@@ -358,20 +362,90 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   return absl::OkStatus();
 }
 
+absl::Status StepStaging::SignalLanded() {
+  const int slot = plan_.windows.LandingSlot(plan_.rank);
+  if (slot >= 0 && run_ < kMostLandingRuns) {
+    for (const int r : written_to_) {
+      MUONPS_RETURN_IF_ERROR(
+          plan_.lender->Signal(stream_, plan_.windows.LandingWord(r, slot),
+                               LandingValue(ledger_.round, run_)));
+    }
+  }
+  written_to_.clear();
+  ++run_;
+  return absl::OkStatus();
+}
+
+absl::Status StepStaging::ApplyPeerWritten() {
+  if (ledger_.staged.early != EarlyApply::kUndoable || trainer_ == nullptr ||
+      trainer_->landing == nullptr || plan_.lender == nullptr ||
+      peer_copies_.empty()) {
+    return absl::OkStatus();
+  }
+  // By run, then writer: the order they land in.
+  std::map<std::pair<int, int>, std::vector<size_t>> by_run;
+  for (const PeerCopy& c : peer_copies_) {
+    by_run[{c.run, c.writer}].push_back(c.apply);
+  }
+  std::vector<ParamApply>& applies = ledger_.staged.applies;
+  const absl::Time deadline = absl::Now() + timeout_;
+  bool any = false;
+  for (const auto& [key, indices] : by_run) {
+    const auto [run, writer] = key;
+    const int slot = plan_.windows.LandingSlot(writer);
+    if (slot < 0 || run >= kMostLandingRuns) continue;  // the commit's
+    if (std::find(awaited_slots_.begin(), awaited_slots_.end(), slot) ==
+        awaited_slots_.end()) {
+      awaited_slots_.push_back(slot);
+    }
+    MUONPS_RETURN_IF_ERROR(
+        plan_.lender->AwaitSignal(compute_, trainer_->landing + slot,
+                                  LandingValue(ledger_.round, run), deadline));
+    std::vector<ParamApply> landed;
+    for (const size_t i : indices) {
+      applies[i].applied = true;
+      landed.push_back(applies[i]);
+      applied_early_ += applies[i].count;
+    }
+    if (undoable_.empty()) {
+      MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
+          compute_, StepRecordWord::kApplying, StepRecordValue(step_id_)));
+    }
+    MUONPS_RETURN_IF_ERROR(KeepParameters(landed, *trainer_, ops_, compute_));
+    undoable_.insert(undoable_.end(), landed.begin(), landed.end());
+    MUONPS_RETURN_IF_ERROR(ApplyUpdates(landed, *trainer_, ops_, compute_));
+    any = true;
+  }
+  if (!any) return absl::OkStatus();
+  MUONPS_ASSIGN_OR_RETURN(ledger_.staged.applied_mark, ops_.Mark(compute_));
+  timeline_.AddMark("applied_early", -1, ledger_.staged.applied_mark);
+  return absl::OkStatus();
+}
+
 absl::Status StepStaging::UndoEarlyApplies() {
+  // The waits for landing words first, in the transfer stream's order
+  // ahead of its wait for the compute stream below: a writer that stopped
+  // before its word would hold both streams for good.
+  for (const int slot : awaited_slots_) {
+    MUONPS_RETURN_IF_ERROR(plan_.lender->Signal(
+        stream_, trainer_->landing + slot, LandingReleased(ledger_.round)));
+  }
+  awaited_slots_.clear();
   if (undoable_.empty()) return absl::OkStatus();
   // In reverse: where two applies wrote one range, the first one's kept
   // values go back last.
   std::vector<ParamApply> back(undoable_.rbegin(), undoable_.rend());
   undoable_.clear();
   applied_early_ = 0;
-  // After the applies on compute_.
-  MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, applied_mark_));
+  // After everything on compute_, the applies included.
+  MUONPS_ASSIGN_OR_RETURN(const int applied, ops_.Mark(compute_));
+  MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, applied));
   MUONPS_RETURN_IF_ERROR(RestoreParameters(back, *trainer_, ops_, stream_));
   StagedStep& staged = ledger_.staged;
   if (staged.step_id == step_id_) {  // in doubt: its commit applies all
     for (ParamApply& a : staged.applies) a.applied = false;
     staged.early = EarlyApply::kNone;
+    staged.applied_mark = -1;
   }
   return trainer_->buffers->WriteRecord(stream_, StepRecordWord::kApplying,
                                         StepRecordValue(ledger_.params_step()));
@@ -647,6 +721,10 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
                                                 update, size * width, stream_));
           plan_.windows.CountWrite(size * width);
           bytes_ += size * width;
+          if (std::find(written_to_.begin(), written_to_.end(), r) ==
+              written_to_.end()) {
+            written_to_.push_back(r);
+          }
         }
       }
       if (b == nullptr) continue;  // no parameter here
@@ -654,6 +732,7 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         plan_.windows.CountReceived(size * width);
         bytes_ += size * width;
         apply.peer_written = true;
+        peer_copies_.push_back({ledger_.staged.applies.size(), x.owner, run_});
       }
       apply.count = size;
       apply.first = e * size;

@@ -92,21 +92,28 @@ class StepStaging {
   //   ahead are issued once backward has finished (StepRun asks for this
   //   only where every gradient waits for the step's own event anyway).
   // - kUndoable, among several workers: the updates this worker's stream
-  //   orders (not a peer's copies, which only the owners' votes order: the
-  //   commit applies those), on the compute stream once this worker's last
-  //   stack is issued there (so beside the updates still going back, not
-  //   beside its Newton-Schulz), each run's parameters kept first
+  //   orders on the compute stream once this worker's last stack is issued
+  //   there (so beside the updates still going back, not beside its
+  //   Newton-Schulz), each run's parameters kept first
   //   (AttachedTrainer::kept, which must be allocated), the step record
-  //   saying the step is being applied from the first of them. Nothing
-  //   waits on the host.
+  //   saying the step is being applied from the first of them; then,
+  //   behind them on the compute stream, the peers' copies into its
+  //   window, each run of each writer once its landing word says it landed
+  //   (staging_windows.h). The transfer stream does not wait for those
+  //   (a writer that fails leaves them waiting until the undo releases
+  //   them): the commit does (StagedStep::applied_mark). On a GPU nothing
+  //   waits on the host; the host's stream (the CPU) polls each landing
+  //   word, within the timeout.
   void ApplyAsLanded(EarlyApply how) { early_ = how; }
 
-  // After Stage, for a round that does not commit the step here: puts the
-  // parameters EarlyApply::kUndoable wrote back as they were, in the
-  // transfer stream's order (behind whatever the transport left there,
-  // which an abort ends), the step record saying so; a step still staged
-  // (in doubt) then applies all of its updates at its commit. OK with
-  // nothing to undo; else the device's error.
+  // After Stage, for a round that does not commit the step here: releases
+  // the compute stream's waits for landing words (whether or not their
+  // writers wrote them), then puts the parameters EarlyApply::kUndoable
+  // wrote back as they were, in the transfer stream's order (behind
+  // whatever the transport left there, which an abort ends), the step
+  // record saying so; a step still staged (in doubt) then applies all of
+  // its updates at its commit. OK with nothing to undo; else the device's
+  // error.
   absl::Status UndoEarlyApplies();
 
   // After Stage: OK when every gradient this worker read from its trainer
@@ -138,6 +145,14 @@ class StepStaging {
   absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
   absl::Status FromOwners(const scheduler::Bucket& bucket,
                           const StepRequest& request);
+  // After a run of updates-back phases (FromOwners): sets this writer's
+  // landing word in the window of each peer it copied into during the run,
+  // in the transfer stream's order, and numbers the next run.
+  absl::Status SignalLanded();
+  // kUndoable, at the end of Stage: the peers' copies into this worker's
+  // window on the compute stream, each run of each writer after its
+  // landing word (ApplyAsLanded).
+  absl::Status ApplyPeerWritten();
   absl::Status AverageAdamWGradients();
   // A worker with no trainer: its zero parts and a sink for the means.
   absl::Status PrepareFollowerBuffers();
@@ -175,9 +190,24 @@ class StepStaging {
   // Of the staged applies, those looked at for an early apply.
   size_t scanned_ = 0;
   // Applied early and undoable (kUndoable), in order, and the mark of
-  // compute_ after the last of them (-1: none).
+  // compute_ after the last of them that stream_ waits for in the stage
+  // (-1: none).
   std::vector<ParamApply> undoable_;
   int applied_mark_ = -1;
+  // The runs of updates-back phases: the current one's number, and the
+  // peers this worker copied updates into during it.
+  int run_ = 0;
+  std::vector<int> written_to_;
+  // A peer's copy into this worker's window: the staged apply (an index
+  // into the ledger's), its writer and run.
+  struct PeerCopy {
+    size_t apply;
+    int writer;
+    int run;
+  };
+  std::vector<PeerCopy> peer_copies_;
+  // Landing words compute_ waits for: released by UndoEarlyApplies.
+  std::vector<int> awaited_slots_;
   int64_t applied_early_ = 0;
   int64_t step_id_ = -1;
   // ComputeAhead issued the first own stack: the step's first mark, and

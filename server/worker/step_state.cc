@@ -180,6 +180,7 @@ absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
   updates = kernels::TypedBuffer();
   means.reset();
   window = WindowRecord{};
+  landing = nullptr;
   const char* const what = "staged updates (one parameter-sized buffer)";
   const int64_t count = std::max<int64_t>(staged, 1);
   if (lender != nullptr && full_params) {
@@ -187,6 +188,8 @@ absl::Status AttachedTrainer::AllocateWorkBuffers(kernels::DeviceOps& ops,
         lender->Allocate(update_dtype, count, what, &window);
     if (lent.ok()) {
       updates = *std::move(lent);
+      landing = reinterpret_cast<uint64_t*>(static_cast<char*>(updates.at(0)) +
+                                            LandingWordsAt(window.bytes));
     } else {
       window = WindowRecord{};
       spdlog::info(

@@ -205,8 +205,10 @@ struct AttachedTrainer {
   // (Binding::staged_at).
   kernels::TypedBuffer updates;
   std::unique_ptr<kernels::FloatBuffer> means;
-  // `updates` as lent to the workers of its host (id 0: not lent).
+  // `updates` as lent to the workers of its host (id 0: not lent), and the
+  // window's landing words (staging_windows.h; null: not lent).
   WindowRecord window{};
+  uint64_t* landing = nullptr;
   // Room for every matrix's parameter (Binding::kept_at): what a step
   // applied early overwrote, until it commits (EarlyApply::kUndoable).
   // Null until AllocateKept.
@@ -284,6 +286,11 @@ struct StagedStep {
   // Decided before its updates landed (EarlyApply::kDecided).
   bool decided_early() const { return early == EarlyApply::kDecided; }
   std::vector<ParamApply> applies;
+  // A mark of the compute stream after the updates applied before the votes
+  // that the transfer stream did not wait for in the stage (the peers'
+  // copies, each waiting for its writer's landing word); -1: none. The
+  // commit orders its writes after it.
+  int applied_mark = -1;
   // Unreduced AdamW tensors (indices into AttachedTrainer::adamw) whose mean
   // gradient is staged.
   std::vector<int> means;
@@ -315,6 +322,12 @@ struct StepLedger {
   // `last` when the trainer attached: a step committed since went into its
   // parameters.
   int64_t last_at_attach = -1;
+
+  // The highest round rank 0 numbered that this worker took part in (0:
+  // none): rank 0 numbers each round above every rank's, so what a round
+  // writes into the peers' landing words (staging_windows.h) is above what
+  // any earlier round left there.
+  uint64_t round = 0;
 
   // The step the attached trainer's parameters hold.
   int64_t params_step() const { return trainer_behind.value_or(last.load()); }
