@@ -508,6 +508,22 @@ TEST_P(PausedWriterOneGpuTest, OthersReleaseTheirWaitsForItsLandingWords) {
     }
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(40));
+  // The peers' copies had been waited for on the device, and released.
+  // (Two workers: the survivor's stage ends, with nothing to send the
+  // paused one, and its step fails at the votes; with three, a broadcast
+  // of the paused one's may fail the stage before its waits are enqueued.)
+  int released = 0;
+  for (int w = 0; w < Workers(); ++w) {
+    if (w != paused &&
+        workers_[w]->Log().find("step 1: released the waits for") !=
+            std::string::npos) {
+      ++released;
+    }
+  }
+  if (Workers() == 2) {
+    EXPECT_EQ(released, 1) << "the survivor did not wait for the paused "
+                              "writer's landing words";
+  }
   workers_[paused]->Signal(SIGKILL);
   EXPECT_FALSE(clients_[paused]->Wait().ok());
   // Every worker's streams were released: theirs and the trainers' memory
@@ -516,13 +532,12 @@ TEST_P(PausedWriterOneGpuTest, OthersReleaseTheirWaitsForItsLandingWords) {
     if (t == paused) continue;
     EXPECT_TRUE(workers_[t]->running()) << "worker " << t;
   }
-  std::printf("{" what ":" gpu_two_workers_paused_writer "," case ":" % s
-                  ","
-                  "" workers ":%d," failed_step_left_parameters ":" unchanged
-                  ","
-                  "" seconds ":%.1f}\n",
-              GetParam().c_str(), Workers(),
-              absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf(
+      "{\"what\":\"gpu_two_workers_paused_writer\",\"case\":\"%s\","
+      "\"workers\":%d,\"released_waits\":%d,"
+      "\"failed_step_left_parameters\":\"unchanged\",\"seconds\":%.1f}\n",
+      GetParam().c_str(), Workers(), released,
+      absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 INSTANTIATE_TEST_SUITE_P(OneGpu, PausedWriterOneGpuTest,

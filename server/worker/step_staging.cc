@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 
 namespace muonps {
 namespace worker {
@@ -429,6 +430,12 @@ absl::Status StepStaging::UndoEarlyApplies() {
   for (const int slot : awaited_slots_) {
     MUONPS_RETURN_IF_ERROR(plan_.lender->Signal(
         stream_, trainer_->landing + slot, LandingReleased(ledger_.round)));
+  }
+  if (!awaited_slots_.empty()) {
+    spdlog::info(
+        "step {}: released the waits for {} writer(s)' landing words to put "
+        "the parameters back",
+        step_id_, awaited_slots_.size());
   }
   awaited_slots_.clear();
   if (undoable_.empty()) return absl::OkStatus();
