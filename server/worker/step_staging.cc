@@ -219,16 +219,18 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     issued = 1;
     waited = begin;
   }
-  // The staged applies this worker's stream orders and not enqueued yet,
-  // once the step has them in its staging and `landing` (a mark of stream_)
-  // follows their landing. Not before stream_ waited for the trainer's
-  // step event: backward may still read a parameter whose gradient it has
+  // The staged applies not enqueued yet, once the step has them in its
+  // staging: those this worker's stream orders after `landing` (a mark of
+  // stream_ that follows their landing), a peer's copies after its landing
+  // word for their run. Not before stream_ waited for the trainer's step
+  // event: backward may still read a parameter whose gradient it has
   // given. Decided (one worker): on stream_, beside the next stack's
   // Newton-Schulz. Undoable (several): on compute_ once every stack of this
   // worker is issued there, so after its last Newton-Schulz, beside the
   // updates still going back (an apply beside the GEMMs slows them by more
   // than it takes alone: bench/results/2026-12-03-h200x1-apply-beside-
-  // gemms.jsonl), what it overwrites kept first.
+  // gemms.jsonl), what it overwrites kept first; stream_ does not wait
+  // for them (StagedStep::applied_mark).
   const auto apply_landed = [&](int landing) -> absl::Status {
     std::vector<ParamApply>& applies = ledger_.staged.applies;
     const EarlyApply how = ledger_.staged.early;
@@ -237,30 +239,50 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
       return absl::OkStatus();
     }
     std::vector<ParamApply> landed;
+    // A peer's copies by run, then writer: the order they land in.
+    std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> copies;
     for (; scanned_ < applies.size(); ++scanned_) {
       ParamApply& a = applies[scanned_];
-      if (a.peer_written) continue;  // the commit's, after the votes
+      if (a.writer >= 0) {
+        if (how == EarlyApply::kUndoable && LandingSlot(a) >= 0) {
+          copies[{a.run, a.writer}].push_back(scanned_);
+        }
+        continue;  // else the commit's, after the votes
+      }
       a.applied = true;
       landed.push_back(a);
+      applied_early_ += a.count;
     }
-    if (landed.empty()) return absl::OkStatus();
-    for (const ParamApply& a : landed) applied_early_ += a.count;
     if (how == EarlyApply::kDecided) {
+      if (landed.empty()) return absl::OkStatus();
       return ApplyUpdates(landed, *trainer_, ops_, stream_);
     }
-    MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, landing));
-    if (undoable_.empty()) {
-      // From here until the commit or the undo, the parameters may hold
-      // part of the step: a successor of this worker must not take them as
-      // whole.
-      MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
-          compute_, StepRecordWord::kApplying, StepRecordValue(step_id_)));
+    if (landed.empty() && copies.empty()) return absl::OkStatus();
+    if (!landed.empty()) {
+      MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(compute_, landing));
+      MUONPS_RETURN_IF_ERROR(ApplyUndoably(landed));
     }
-    MUONPS_RETURN_IF_ERROR(KeepParameters(landed, *trainer_, ops_, compute_));
-    undoable_.insert(undoable_.end(), landed.begin(), landed.end());
-    MUONPS_RETURN_IF_ERROR(ApplyUpdates(landed, *trainer_, ops_, compute_));
-    MUONPS_ASSIGN_OR_RETURN(applied_mark_, ops_.Mark(compute_));
-    timeline_.AddMark("applied_early", -1, applied_mark_);
+    const absl::Time deadline = absl::Now() + timeout_;
+    for (const auto& [key, indices] : copies) {
+      const ParamApply& first = applies[indices[0]];
+      const int slot = LandingSlot(first);
+      if (std::find(awaited_slots_.begin(), awaited_slots_.end(), slot) ==
+          awaited_slots_.end()) {
+        awaited_slots_.push_back(slot);
+      }
+      MUONPS_RETURN_IF_ERROR(plan_.lender->AwaitSignal(
+          compute_, trainer_->landing + slot,
+          LandingValue(ledger_.round, first.run), deadline));
+      landed.clear();
+      for (const size_t i : indices) {
+        applies[i].applied = true;
+        landed.push_back(applies[i]);
+        applied_early_ += applies[i].count;
+      }
+      MUONPS_RETURN_IF_ERROR(ApplyUndoably(landed));
+    }
+    MUONPS_ASSIGN_OR_RETURN(ledger_.staged.applied_mark, ops_.Mark(compute_));
+    timeline_.AddMark("applied_early", -1, ledger_.staged.applied_mark);
     return absl::OkStatus();
   };
   const auto issue_next = [&]() -> absl::Status {
@@ -349,10 +371,6 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     // Any left (for the step event, or for this worker's last stack).
     MUONPS_ASSIGN_OR_RETURN(const int now, ops_.Mark(stream_));
     MUONPS_RETURN_IF_ERROR(apply_landed(now));
-    if (applied_mark_ >= 0) {
-      MUONPS_RETURN_IF_ERROR(ops_.WaitForMark(stream_, applied_mark_));
-    }
-    MUONPS_RETURN_IF_ERROR(ApplyPeerWritten());
   }
   MUONPS_RETURN_IF_ERROR(AverageAdamWGradients());
   // Staged when the transport's work and the stream are: a lost peer
@@ -377,50 +395,26 @@ absl::Status StepStaging::SignalLanded() {
   return absl::OkStatus();
 }
 
-absl::Status StepStaging::ApplyPeerWritten() {
-  if (ledger_.staged.early != EarlyApply::kUndoable || trainer_ == nullptr ||
-      trainer_->landing == nullptr || plan_.lender == nullptr ||
-      peer_copies_.empty()) {
-    return absl::OkStatus();
+int StepStaging::LandingSlot(const ParamApply& apply) const {
+  if (apply.writer < 0 || trainer_ == nullptr || trainer_->landing == nullptr ||
+      plan_.lender == nullptr || apply.run >= kMostLandingRuns) {
+    return -1;
   }
-  // By run, then writer: the order they land in.
-  std::map<std::pair<int, int>, std::vector<size_t>> by_run;
-  for (const PeerCopy& c : peer_copies_) {
-    by_run[{c.run, c.writer}].push_back(c.apply);
+  return plan_.windows.LandingSlot(apply.writer);
+}
+
+absl::Status StepStaging::ApplyUndoably(
+    const std::vector<ParamApply>& applies) {
+  if (undoable_.empty()) {
+    // From here until the commit or the undo, the parameters may hold
+    // part of the step: a successor of this worker must not take them as
+    // whole.
+    MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
+        compute_, StepRecordWord::kApplying, StepRecordValue(step_id_)));
   }
-  std::vector<ParamApply>& applies = ledger_.staged.applies;
-  const absl::Time deadline = absl::Now() + timeout_;
-  bool any = false;
-  for (const auto& [key, indices] : by_run) {
-    const auto [run, writer] = key;
-    const int slot = plan_.windows.LandingSlot(writer);
-    if (slot < 0 || run >= kMostLandingRuns) continue;  // the commit's
-    if (std::find(awaited_slots_.begin(), awaited_slots_.end(), slot) ==
-        awaited_slots_.end()) {
-      awaited_slots_.push_back(slot);
-    }
-    MUONPS_RETURN_IF_ERROR(
-        plan_.lender->AwaitSignal(compute_, trainer_->landing + slot,
-                                  LandingValue(ledger_.round, run), deadline));
-    std::vector<ParamApply> landed;
-    for (const size_t i : indices) {
-      applies[i].applied = true;
-      landed.push_back(applies[i]);
-      applied_early_ += applies[i].count;
-    }
-    if (undoable_.empty()) {
-      MUONPS_RETURN_IF_ERROR(trainer_->buffers->WriteRecord(
-          compute_, StepRecordWord::kApplying, StepRecordValue(step_id_)));
-    }
-    MUONPS_RETURN_IF_ERROR(KeepParameters(landed, *trainer_, ops_, compute_));
-    undoable_.insert(undoable_.end(), landed.begin(), landed.end());
-    MUONPS_RETURN_IF_ERROR(ApplyUpdates(landed, *trainer_, ops_, compute_));
-    any = true;
-  }
-  if (!any) return absl::OkStatus();
-  MUONPS_ASSIGN_OR_RETURN(ledger_.staged.applied_mark, ops_.Mark(compute_));
-  timeline_.AddMark("applied_early", -1, ledger_.staged.applied_mark);
-  return absl::OkStatus();
+  MUONPS_RETURN_IF_ERROR(KeepParameters(applies, *trainer_, ops_, compute_));
+  undoable_.insert(undoable_.end(), applies.begin(), applies.end());
+  return ApplyUpdates(applies, *trainer_, ops_, compute_);
 }
 
 absl::Status StepStaging::UndoEarlyApplies() {
@@ -738,8 +732,8 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
       if (!mine) {
         plan_.windows.CountReceived(size * width);
         bytes_ += size * width;
-        apply.peer_written = true;
-        peer_copies_.push_back({ledger_.staged.applies.size(), x.owner, run_});
+        apply.writer = x.owner;
+        apply.run = run_;
       }
       apply.count = size;
       apply.first = e * size;

@@ -91,19 +91,19 @@ class StepStaging {
   //   host waits for those checks, so the stacks after the first computed
   //   ahead are issued once backward has finished (StepRun asks for this
   //   only where every gradient waits for the step's own event anyway).
-  // - kUndoable, among several workers: the updates this worker's stream
-  //   orders on the compute stream once this worker's last stack is issued
-  //   there (so beside the updates still going back, not beside its
-  //   Newton-Schulz), each run's parameters kept first
+  // - kUndoable, among several workers: every update, on the compute
+  //   stream once this worker's last stack is issued there (so beside the
+  //   updates still going back, not beside its Newton-Schulz), run after
+  //   run: those this worker's stream orders after their landing mark, a
+  //   peer's copies into its window after that writer's landing word
+  //   (staging_windows.h); each run's parameters kept first
   //   (AttachedTrainer::kept, which must be allocated), the step record
-  //   saying the step is being applied from the first of them; then,
-  //   behind them on the compute stream, the peers' copies into its
-  //   window, each run of each writer once its landing word says it landed
-  //   (staging_windows.h). The transfer stream does not wait for those
-  //   (a writer that fails leaves them waiting until the undo releases
-  //   them): the commit does (StagedStep::applied_mark). On a GPU nothing
-  //   waits on the host; the host's stream (the CPU) polls each landing
-  //   word, within the timeout.
+  //   saying the step is being applied from the first of them. The
+  //   transfer stream does not wait for them (a writer that fails leaves
+  //   its words' waits blocked until the undo releases them): the commit
+  //   does (StagedStep::applied_mark). On a GPU nothing waits on the host;
+  //   the host's stream (the CPU) polls each landing word, within the
+  //   timeout.
   void ApplyAsLanded(EarlyApply how) { early_ = how; }
 
   // After Stage, for a round that does not commit the step here: releases
@@ -149,10 +149,13 @@ class StepStaging {
   // landing word in the window of each peer it copied into during the run,
   // in the transfer stream's order, and numbers the next run.
   absl::Status SignalLanded();
-  // kUndoable, at the end of Stage: the peers' copies into this worker's
-  // window on the compute stream, each run of each writer after its
-  // landing word (ApplyAsLanded).
-  absl::Status ApplyPeerWritten();
+  // kUndoable: `applies` into the parameters on the compute stream, in its
+  // order, what they overwrite kept first.
+  absl::Status ApplyUndoably(const std::vector<ParamApply>& applies);
+  // The landing word of writer `writer`'s copies here, or -1 where the
+  // commit applies them (no window lent, past kLandingWords writers or
+  // kMostLandingRuns runs).
+  int LandingSlot(const ParamApply& apply) const;
   absl::Status AverageAdamWGradients();
   // A worker with no trainer: its zero parts and a sink for the means.
   absl::Status PrepareFollowerBuffers();
@@ -189,23 +192,12 @@ class StepStaging {
   EarlyApply early_ = EarlyApply::kNone;
   // Of the staged applies, those looked at for an early apply.
   size_t scanned_ = 0;
-  // Applied early and undoable (kUndoable), in order, and the mark of
-  // compute_ after the last of them that stream_ waits for in the stage
-  // (-1: none).
+  // Applied early and undoable (kUndoable), in order.
   std::vector<ParamApply> undoable_;
-  int applied_mark_ = -1;
   // The runs of updates-back phases: the current one's number, and the
   // peers this worker copied updates into during it.
   int run_ = 0;
   std::vector<int> written_to_;
-  // A peer's copy into this worker's window: the staged apply (an index
-  // into the ledger's), its writer and run.
-  struct PeerCopy {
-    size_t apply;
-    int writer;
-    int run;
-  };
-  std::vector<PeerCopy> peer_copies_;
   // Landing words compute_ waits for: released by UndoEarlyApplies.
   std::vector<int> awaited_slots_;
   int64_t applied_early_ = 0;

@@ -246,9 +246,12 @@ struct ParamApply {
   int64_t staged_at = 0;
   float decay = 1;
   float step = 0;
-  // Landed by a peer's copy into the staging (staging_windows.h): nothing
-  // in this worker's stream order says when, only the owners' votes.
-  bool peer_written = false;
+  // Landed by rank `writer`'s copy into the staging (staging_windows.h)
+  // in run `run` of the step's updates-back phases: nothing in this
+  // worker's stream order says when, only that writer's landing word or
+  // its vote. -1: ordered by this worker's stream.
+  int32_t writer = -1;
+  int32_t run = -1;
   // In the parameters already, applied as it landed
   // (StepStaging::ApplyAsLanded): the commit skips it.
   bool applied = false;
@@ -286,10 +289,10 @@ struct StagedStep {
   // Decided before its updates landed (EarlyApply::kDecided).
   bool decided_early() const { return early == EarlyApply::kDecided; }
   std::vector<ParamApply> applies;
-  // A mark of the compute stream after the updates applied before the votes
-  // that the transfer stream did not wait for in the stage (the peers'
-  // copies, each waiting for its writer's landing word); -1: none. The
-  // commit orders its writes after it.
+  // A mark of the compute stream after the updates applied there before
+  // the votes (EarlyApply::kUndoable; the peers' copies each after its
+  // writer's landing word), which the transfer stream does not wait for in
+  // the stage; -1: none. The commit orders its writes after it.
   int applied_mark = -1;
   // Unreduced AdamW tensors (indices into AttachedTrainer::adamw) whose mean
   // gradient is staged.
