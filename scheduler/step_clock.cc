@@ -275,6 +275,11 @@ struct Clocked {
   double latency = 0;
   int phases = 0;
   std::vector<double> compute_end;  // per worker
+  // Each updates-back phase, in the schedule's order: its bucket, and when
+  // its last update has landed (its collective's end, or its last
+  // writer's copies).
+  std::vector<int> update_buckets;
+  std::vector<double> updates_landed;
 };
 
 // When compute of `seconds` started at `start` ends, running 1 + c times
@@ -399,16 +404,59 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
               .push_back(x);
         }
         write(written);
+        double landed_at = 0;
+        for (const Transfer& x : written) {
+          landed_at = std::max(landed_at, write_free[x.owner]);
+        }
+        out.update_buckets.push_back(p.index);
+        out.updates_landed.push_back(landed_at);
         if (collective.empty()) continue;
         by_collectives = &collective;
+      } else {
+        out.update_buckets.push_back(p.index);
+        out.updates_landed.push_back(0);
       }
       timeline = std::max(timeline, compute_so_far);
       run(*by_collectives);
+      out.updates_landed.back() = std::max(out.updates_landed.back(), timeline);
     }
   }
   out.stage = std::max(timeline, compute_so_far);
   for (const double free : write_free) out.stage = std::max(out.stage, free);
   return out;
+}
+
+// When the last worker's applies before the votes end (ClockSettings::
+// apply_early): each worker's compute stream, once its own stacks are done,
+// applies each bucket's updates once they have landed, in the schedule's
+// order, each parameter its trainer keeps copied aside first (as
+// ApplySeconds counts it, plus the copy's read and write).
+double EarlyApplyEnd(const std::vector<MatrixSpec>& matrices,
+                     const StepSchedule& schedule, const Clocked& clock,
+                     const std::vector<double>& compute_end, int workers,
+                     const ClockSettings& settings) {
+  const double bytes_per_element =
+      4 * 4 + settings.update_bytes_per_element;  // keep, then apply
+  std::vector<double> seconds(clock.update_buckets.size(), 0.0);
+  for (size_t k = 0; k < clock.update_buckets.size(); ++k) {
+    for (const Transfer& x :
+         schedule.buckets[clock.update_buckets[k]].from_owners) {
+      const MatrixSpec& spec = matrices[x.item.matrix];
+      const double elements = static_cast<double>(spec.rows * spec.cols);
+      seconds[k] +=
+          (spec.layout == Layout::kRowSharded ? elements / workers : elements) *
+          bytes_per_element / settings.hbm_bytes_per_second;
+    }
+  }
+  double end = 0;
+  for (int w = 0; w < workers; ++w) {
+    double t = compute_end[w];
+    for (size_t k = 0; k < seconds.size(); ++k) {
+      t = std::max(t, clock.updates_landed[k]) + seconds[k];
+    }
+    end = std::max(end, t);
+  }
+  return end;
 }
 
 // Whether every owner group of `plan` (all its workers, without groups)
@@ -529,8 +577,18 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   r.phases = clock.phases;
   r.worker_compute_end_seconds = std::move(clock.compute_end);
 
-  // The commit: every worker applies what its trainer holds.
+  // The commit: every worker applies what its trainer holds, or what is
+  // left of its applies before the votes.
   r.apply_seconds = ApplySeconds(matrices, n, settings);
+  if (settings.apply_early && n > 1 && state.groups.size() == 1) {
+    r.apply_at_commit_seconds = r.apply_seconds;
+    r.apply_left_seconds =
+        std::max(0.0, EarlyApplyEnd(matrices, schedule, clock,
+                                    r.worker_compute_end_seconds, n, settings) -
+                          r.stage_seconds);
+    r.applied_before_votes = r.apply_left_seconds < r.apply_at_commit_seconds;
+    if (r.applied_before_votes) r.apply_seconds = r.apply_left_seconds;
+  }
   r.commit_seconds = ControlSeconds(n, settings) + r.apply_seconds;
   r.predicted_seconds = r.stage_seconds + r.commit_seconds;
 
@@ -664,7 +722,11 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   return out;
 }
 
-absl::StatusOr<TopologyPlan> PlanOnTopology(
+namespace {
+
+// PlanOnTopology's choice of plan, groups and schedule (its comment), before
+// the applies are weighed.
+absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
     const std::vector<MatrixSpec>& matrices,
     const std::vector<std::string>& worker_ids, int dedicated,
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
@@ -758,6 +820,8 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
     std::vector<const CostModel*> by_rank;
     ClockSettings alone = settings;
     alone.topology.node.clear();
+    // A grouped plan's workers apply at the commit.
+    alone.apply_early = false;
     for (const int32_t r : ranks) {
       by_rank.push_back(models[r]);
       if (!settings.topology.node.empty()) {
@@ -924,6 +988,32 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
       " owner groups of ", (*best.grouping)[0].size(), " workers against ",
       ungrouped.ungrouped_seconds * 1e3, " ms without");
   return ungrouped;
+}
+
+}  // namespace
+
+absl::StatusOr<TopologyPlan> PlanOnTopology(
+    const std::vector<MatrixSpec>& matrices,
+    const std::vector<std::string>& worker_ids, int dedicated,
+    const std::vector<const CostModel*>& models, const ClockSettings& settings,
+    const ScheduleOptions& options, const std::vector<OwnerGrouping>& offered,
+    OwnerGroupsUse use, const PlanRanks& plan_ranks) {
+  MUONPS_ASSIGN_OR_RETURN(
+      TopologyPlan out,
+      ChoosePlanOnTopology(matrices, worker_ids, dedicated, models, settings,
+                           options, offered, use, plan_ranks));
+  const int workers = static_cast<int>(worker_ids.size());
+  if (!settings.apply_early || workers < 2 || !out.plan.groups.empty()) {
+    return out;
+  }
+  const StepClock clock =
+      ClockStep(matrices, out.grouping.schedule,
+                StackSeconds(out.grouping.schedule, models), workers, settings);
+  const double rest = clock.predicted_seconds - clock.apply_seconds;
+  out.at_commit_seconds = rest + clock.apply_at_commit_seconds;
+  out.before_votes_seconds = rest + clock.apply_left_seconds;
+  out.apply_at_commit = !clock.applied_before_votes;
+  return out;
 }
 
 }  // namespace scheduler

@@ -42,7 +42,9 @@
 //   applying the staged updates to the trainer's fp32 parameters, memory bound
 //   at 8 bytes of parameter read and written plus the update's bytes per
 //   parameter the worker's trainer holds (all of them; 1/N of a row-sharded
-//   matrix's rows) over `hbm_bytes_per_second`.
+//   matrix's rows) over `hbm_bytes_per_second`; or, where that is faster
+//   and ClockSettings::apply_early lets it, only what is left after the
+//   stage of the applies before the votes.
 // - Peer writes (server/worker/staging_windows.h): within an owner group
 //   whose workers are all on one node (without groups: every worker on one
 //   node), when every trainer keeps every parameter whole, an owner copies
@@ -163,6 +165,16 @@ struct ClockSettings {
   int control_tree_fanout = 0;
   double transfer_contention = 0;
   bool peer_writes = true;
+  // The workers may apply the updates before the votes where that is
+  // faster (server/worker/step_staging.h, EarlyApply::kUndoable; only
+  // several workers without owner groups): each on its compute stream once
+  // its own stacks are done, each bucket once it landed, what it overwrites
+  // copied aside first (8 more bytes a parameter), so the commit pays only
+  // what is left of them after the stage. ClockStep clocks both ways and
+  // takes the faster (StepClock::applied_before_votes). False: the commit
+  // applies every update (as the workers do with --apply_early=false, and
+  // as every measured multi-GPU step did).
+  bool apply_early = false;
   // What the workers' trainers hold (by worker index): a whole expert of a
   // stack sharded on its experts moves only between its owner and the
   // member holding it (nothing where they are one). Not known: clocked as
@@ -193,7 +205,15 @@ struct StepClock {
   // Every update has landed and every compute stream is done.
   double stage_seconds = 0;
   double commit_seconds = 0;  // ControlSeconds + apply_seconds
+  // The commit's apply, or what is left of the applies before the votes
+  // once the stage is done (applied_before_votes).
   double apply_seconds = 0;
+  // Where both ways were clocked (ClockSettings::apply_early): the
+  // commit's apply, what is left after the stage of the applies before the
+  // votes, and whether the second is less (then it is apply_seconds).
+  double apply_at_commit_seconds = 0;
+  double apply_left_seconds = 0;
+  bool applied_before_votes = false;
   // The last bucket's gradients have landed (0 with none to move).
   double gradients_landed_seconds = 0;
   // Per worker: the sum of its stack times, when its compute stream is
@@ -306,6 +326,14 @@ struct TopologyPlan {
   double at_holders_seconds = 0;
   double where_free_seconds = 0;
   bool experts_at_holders = false;
+  // Where `settings.apply_early` and the plan has several workers and no
+  // owner groups: the step predicted with every update applied before the
+  // votes and at the commit, and whether the workers apply them at the
+  // commit (the first was no faster). 0 and false where not weighed (one
+  // worker, or owner groups: those apply at the commit anyway).
+  double before_votes_seconds = 0;
+  double at_commit_seconds = 0;
+  bool apply_at_commit = false;
 };
 
 // Plans ranks `ranks` (indices into the job's workers, in order): the
@@ -350,7 +378,11 @@ enum class OwnerGroupsUse {
 // chose. Where trainers hold whole experts (ClockSettings::trainer_shards
 // known), the plan of every rank, or a required grouping's, is also made
 // with every expert owned where it is held, and the faster of the two by
-// the clock stands (TopologyPlan::experts_at_holders). A grouped plan that
+// the clock stands (TopologyPlan::experts_at_holders). With
+// `settings.apply_early` every plan without owner groups is clocked with
+// the faster of its updates applied before the votes and at the commit,
+// and the chosen one says which (TopologyPlan::apply_at_commit). A grouped
+// plan that
 // cannot be made (one group too small for the momentum) or scheduled is passed
 // over, saying why. So is, unplanned and counted as a miss, a grouping whose
 // step cannot beat the plan of every rank's: where its updates cross the nodes

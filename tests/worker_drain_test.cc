@@ -58,14 +58,25 @@ class WorkerDrainTest : public DataPlaneFixture {
                                               .heartbeat_interval_ms = 200}));
   }
 
-  // Replays kSteps in `reference` and expects every trainer's parameters and
-  // every owner's momentum (read from the owners of the current plan) equal
-  // to it, bit for bit.
+  // Steps once more under the plan every worker follows once the last one
+  // is made, replays kSteps + 1 in `reference`, and expects every trainer's
+  // parameters and every owner's momentum (read from the owners of that
+  // plan) equal to it, bit for bit. (A plan made after the loops' last step,
+  // once a restarted worker's trainer rank is heard, hands the momentum to
+  // its new owners with its first step.)
   void ExpectEqualToTheReplay(ReferenceModel& reference) {
-    for (int64_t step = 1; step <= kSteps; ++step) {
+    absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+    ASSERT_TRUE(planned.ok()) << planned;
+    const std::vector<testing::LoopOutcome> last =
+        RunTrainerLoops(kSteps + 1, kSteps + 1, 20);
+    for (size_t r = 0; r < last.size(); ++r) {
+      ASSERT_TRUE(last[r].finished)
+          << "trainer " << r << ": " << last[r].attempts.back().result.status();
+    }
+    for (int64_t step = 1; step <= kSteps + 1; ++step) {
       ASSERT_TRUE(reference.Step(step).ok());
     }
-    const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+    planned = WaitForFullPlan(absl::Seconds(20));
     ASSERT_TRUE(planned.ok()) << planned;
     ExpectMatchesReference(reference, kExact);
   }

@@ -82,6 +82,7 @@ scheduler::ClockSettings ClockSettingsOf(const SimConfig& config) {
   s.control_rounds_ms = config.control_rounds_ms;
   s.transfer_contention = config.transfer_contention;
   s.peer_writes = config.peer_writes;
+  s.apply_early = config.apply_early;
   // Trainer r is the trainer of rank r: it holds shard r of its replica
   // group.
   const bool hsdp =
@@ -148,6 +149,8 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   result.at_holders_seconds = planned->at_holders_seconds;
   result.where_free_seconds = planned->where_free_seconds;
   result.experts_at_holders = planned->experts_at_holders;
+  result.before_votes_seconds = planned->before_votes_seconds;
+  result.at_commit_seconds = planned->at_commit_seconds;
   const scheduler::StepSchedule* schedule = &planned->grouping.schedule;
   const std::vector<double> stack_seconds =
       scheduler::StackSeconds(*schedule, models);

@@ -89,6 +89,11 @@ struct SimConfig {
   // Owners write updates into the trainers' staging within a node (see
   // the model above).
   bool peer_writes = true;
+  // The workers may apply the updates before the votes, where the plan's
+  // clock says that is faster (scheduler::TopologyPlan::apply_at_commit),
+  // as they do by default; false: always at the commit, as every measured
+  // multi-GPU step so far did.
+  bool apply_early = true;
   // Owner groups offered as the coordinator offers them (see above);
   // false: none, whatever the layouts and nodes.
   bool owner_groups = true;
@@ -134,6 +139,11 @@ struct SimResult {
   double at_holders_seconds = 0;
   double where_free_seconds = 0;
   bool experts_at_holders = false;
+  // The plan's weighing of the applies (scheduler::TopologyPlan's
+  // before_votes_seconds, at_commit_seconds; 0: not weighed); the step
+  // below says which it took (StepClock::applied_before_votes).
+  double before_votes_seconds = 0;
+  double at_commit_seconds = 0;
   // The planner's own prediction (max worker seconds, of one group's
   // workers) for comparison.
   double plan_max_seconds = 0;

@@ -25,6 +25,11 @@
 // shards a 3-D parameter), the step with every expert owned where it is
 // held and with experts there only where that costs no worker more
 // Newton-Schulz; the faster is taken.
+// applied_before_votes, before_votes_ms, at_commit_ms: among several
+// workers without owner groups, the step with every update applied before
+// the votes and at the commit, as the plan weighs them (without the
+// control tree's messages), and whether the step above was clocked with
+// them before the votes (the faster, and --apply_early).
 // owner_groups, group_size: the plan's owner groups and the workers in
 // each, chosen as the coordinator chooses them (groups of 1, 2, ... whole
 // nodes when every matrix is replicated and N spans several nodes, each
@@ -82,6 +87,12 @@
 //   --reduce_gbs      NVLink rate of a reduce's ring; default 0: nvlink_gbs
 //   --peer_writes     owners write updates into the trainers' staging
 //                     within a node (copy engines); default true
+//   --apply_early     the workers may apply the updates before the votes,
+//                     on their compute streams once their stacks are done,
+//                     where the plan's clock says that is faster (their
+//                     default; not measured on several GPUs); default
+//                     true (false: always at the commit, as the measured
+//                     steps did)
 //   --owner_groups    owner groups as the coordinator chooses them;
 //                     default true (false: one group of every worker)
 //   --hsdp_shard_gpus HSDP: GPUs per shard group; the GPUs form replica
@@ -122,6 +133,10 @@ ABSL_FLAG(double, reduce_gbs, 0,
           "NVLink GB/s of a reduce's ring (0: --nvlink_gbs).");
 ABSL_FLAG(bool, peer_writes, true,
           "Owners write updates into the trainers' staging within a node.");
+ABSL_FLAG(bool, apply_early, true,
+          "The workers may apply the updates before the votes where the "
+          "plan's clock says that is faster (false: always at the commit, "
+          "as every measured multi-GPU step did).");
 ABSL_FLAG(bool, owner_groups, true,
           "Owner groups as the coordinator chooses them (one per node for "
           "replicated jobs across nodes); false: one group of every worker.");
@@ -189,6 +204,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.links.reduce_gbs = absl::GetFlag(FLAGS_reduce_gbs);
   c.links.copy_engine_gbs = absl::GetFlag(FLAGS_copy_engine_gbs);
   c.peer_writes = absl::GetFlag(FLAGS_peer_writes);
+  c.apply_early = absl::GetFlag(FLAGS_apply_early);
   c.owner_groups = absl::GetFlag(FLAGS_owner_groups);
   c.hsdp_shard_gpus = absl::GetFlag(FLAGS_hsdp_shard_gpus);
   c.costs = std::move(costs);
@@ -226,6 +242,7 @@ void AddSettings(const bench::SimConfig& c, nlohmann::ordered_json* j) {
   (*j)["control_tree_fanout"] = c.control_tree_fanout;
   (*j)["transfer_contention"] = c.transfer_contention;
   (*j)["peer_writes"] = c.peer_writes;
+  (*j)["apply_early"] = c.apply_early;
   (*j)["copy_engine_gbs"] = c.links.copy_engine_gbs;
 }
 
@@ -253,6 +270,11 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
     }
     j["group_candidates"] = tried;
     if (!r.groups_declined.empty()) j["groups_declined"] = r.groups_declined;
+  }
+  if (r.before_votes_seconds > 0) {
+    j["applied_before_votes"] = r.clock.applied_before_votes;
+    j["before_votes_ms"] = r.before_votes_seconds * 1e3;
+    j["at_commit_ms"] = r.at_commit_seconds * 1e3;
   }
   if (r.at_holders_seconds > 0) {
     j["experts_at_holders"] = r.experts_at_holders;

@@ -434,13 +434,25 @@ TEST(ScaleSimTest, PeerWritesRunOnTheOwnersStreamAndSlowNoCompute) {
   EXPECT_DOUBLE_EQ(r.clock.stage_seconds, last_write);
 }
 
+// Every update applied at the commit, as a grouped plan's workers apply
+// them (applies before the votes: below).
+SimConfig AtTheCommit(SimConfig c) {
+  c.apply_early = false;
+  return c;
+}
+
 TEST(ScaleSimTest, ReplicatedStepNeverGrowsWithTheGpuCount) {
   // Owner groups of 1, 2, 4, ... nodes of 8 are on offer from 16 GPUs: each
   // group's workers own every matrix, so a grouped step is the step of one
   // group's GPUs alone. Groupings are tried one node first, then largest
   // first; the shortest
   // step of them and of the plan of every worker is taken, so no count of
-  // GPUs takes longer than a smaller count that divides it.
+  // GPUs takes longer than a smaller count that divides it. (With the
+  // updates applied at the commit: a grouped plan's are, where the plan of
+  // every worker may apply them before the votes and dip below.)
+  const auto Config = [](const std::string& model, int gpus, Layout layout) {
+    return AtTheCommit(muonps::bench::Config(model, gpus, layout));
+  };
   for (const char* model : {"llama3_8b_8layers", "llama3_8b"}) {
     const SimResult eight =
         *SimulateStep(Config(model, 8, Layout::kReplicated));
@@ -506,6 +518,76 @@ TEST(ScaleSimTest, ReplicatedStepNeverGrowsWithTheGpuCount) {
     EXPECT_EQ(r.clock.bytes_per_gpu, eight.clock.bytes_per_gpu) << gpus;
     EXPECT_EQ(r.owning_workers, gpus) << gpus;
   }
+}
+
+// The plan of every worker applies its updates before the votes only where
+// the clock says that is faster: on one node, where Newton-Schulz ends the
+// stage and the applies (8 bytes a parameter more, for the copy aside)
+// would follow it, the commit keeps them; where the updates going back are
+// the stage's tail, they run beside it. Never slower than the commit's way,
+// and a grouped plan applies at the commit.
+TEST(ScaleSimTest, UpdatesApplyBeforeTheVotesOnlyWhereThatIsFaster) {
+  for (const char* model : {"llama3_8b_8layers", "llama3_8b"}) {
+    for (const Layout layout :
+         {Layout::kReplicated, Layout::kUnreduced, Layout::kRowSharded}) {
+      for (const int gpus : {2, 8, 64, 1024}) {
+        const SimResult either = *SimulateStep(Config(model, gpus, layout));
+        const SimResult commit =
+            *SimulateStep(AtTheCommit(Config(model, gpus, layout)));
+        EXPECT_FALSE(commit.clock.applied_before_votes);
+        EXPECT_LE(either.clock.predicted_seconds,
+                  commit.clock.predicted_seconds * (1 + 1e-9))
+            << model << " " << gpus;
+        if (either.owner_groups > 1) {
+          EXPECT_FALSE(either.clock.applied_before_votes) << model << gpus;
+          EXPECT_EQ(either.before_votes_seconds, 0) << model << gpus;
+          continue;
+        }
+        // Weighed: the plan's two ways, the faster taken.
+        ASSERT_GT(either.before_votes_seconds, 0) << model << " " << gpus;
+        EXPECT_EQ(either.clock.applied_before_votes,
+                  either.before_votes_seconds < either.at_commit_seconds)
+            << model << " " << gpus;
+      }
+    }
+  }
+  // One node, replicated: Newton-Schulz ends the stage; the commit's way.
+  const SimResult eight =
+      *SimulateStep(Config("llama3_8b_8layers", 8, Layout::kReplicated));
+  EXPECT_FALSE(eight.clock.applied_before_votes);
+  EXPECT_GT(eight.clock.apply_left_seconds,
+            eight.clock.apply_at_commit_seconds);
+  // Llama-3-8B replicated on 64 GPUs: the updates crossing the NICs are the
+  // tail, and the applies run beside them.
+  const SimResult wide =
+      *SimulateStep(Config("llama3_8b", 64, Layout::kReplicated));
+  EXPECT_EQ(wide.owner_groups, 1);
+  EXPECT_TRUE(wide.clock.applied_before_votes);
+  EXPECT_LT(wide.clock.apply_left_seconds,
+            0.5 * wide.clock.apply_at_commit_seconds);
+}
+
+// What is left of the applies before the votes: each worker's compute
+// stream, once its own stacks are done, applies each bucket once it
+// landed, 8 + 8 + 2 bytes a parameter (keep, apply with bf16 updates).
+TEST(ScaleSimTest, AppliesBeforeTheVotesFollowTheLandingsOnEachWorker) {
+  SimConfig c = Tiny(2, 8, Layout::kReplicated);
+  c.hbm_bytes_per_second = 1e6;  // slow enough to see
+  const SimResult r = *SimulateStep(c);
+  const double per_matrix = 64.0 * 32 * (16 + 2) / 1e6;
+  // Every worker applies both matrices after its stacks and both landings.
+  double last = 0;
+  for (const double end : r.clock.worker_compute_end_seconds) {
+    last = std::max(last, end);
+  }
+  EXPECT_NEAR(r.clock.apply_left_seconds,
+              std::max(0.0, std::max(last, r.clock.stage_seconds) +
+                                2 * per_matrix - r.clock.stage_seconds),
+              0.6 * per_matrix);
+  EXPECT_DOUBLE_EQ(r.clock.apply_at_commit_seconds,
+                   2 * 64.0 * 32 * (8 + 2) / 1e6);
+  EXPECT_EQ(r.clock.applied_before_votes,
+            r.clock.apply_left_seconds < r.clock.apply_at_commit_seconds);
 }
 
 TEST(ScaleSimTest, OwnerGroupsOnlyForReplicatedJobsOnEqualNodes) {

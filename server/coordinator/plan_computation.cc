@@ -347,6 +347,9 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     settings.topology.links.inter_node_gbs = reported;
   }
   settings.trainer_shards = s.trainer_shards;
+  // The workers apply the updates before the votes where the clock says
+  // that is faster (Plan.apply_at_commit says where it does not).
+  settings.apply_early = true;
   // Owner groups (of 1, 2, ... whole nodes each, for all-replicated jobs on
   // nodes of as many workers each), taken where their predicted step is
   // the shortest (scheduler::PlanOnTopology): the planner places the
@@ -490,6 +493,14 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
                                     : "there where that costs nothing",
         planned->at_holders_seconds * 1e3, planned->where_free_seconds * 1e3);
   }
+  if (planned->before_votes_seconds > 0) {
+    spdlog::info(
+        "job {} plan version {}: updates applied {} ({} ms predicted before "
+        "the votes, {} ms at the commit)",
+        s.job, s.version,
+        planned->apply_at_commit ? "at the commit" : "before the votes",
+        planned->before_votes_seconds * 1e3, planned->at_commit_seconds * 1e3);
+  }
   auto out = std::make_shared<PublishedPlan>();
   out->job = s.job;
   out->version = s.version;
@@ -503,6 +514,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   out->nodes = settings.topology.nodes();
   out->network_gbs =
       out->nodes > 1 ? settings.topology.links.inter_node_gbs : 0.0;
+  out->apply_at_commit = planned->apply_at_commit;
   return out;
 }
 

@@ -94,13 +94,17 @@ TEST_F(PlanTopologyTest, AcrossNodesRowGathersGoInFewerLargerPhases) {
 TEST_F(PlanTopologyTest, PlansWeighTheCoordinatorsLinks) {
   // Replicated matrices over 17 nodes, the last with one worker (so no
   // owner groups: updates cross the nodes). With the default links (a
-  // ring's fill per phase) one phase of everything wins. On a network of
-  // 1 GB/s per GPU with no latency (--network_gbs=1) the updates are what
-  // costs: smaller buckets send them back while later stacks compute.
+  // ring's fill per phase) few phases win: 256 MiB ones, whose updates land
+  // early enough for the workers to apply them before the votes beside the
+  // later ones (one phase of everything won while every update was applied
+  // at the commit). On a network of 1 GB/s per GPU with no latency
+  // (--network_gbs=1) the updates are what costs: smaller buckets send
+  // them back while later stacks compute.
   const v1::Plan fast = PlanOn(33, 2, 0, v1::LAYOUT_REPLICATED);
   EXPECT_EQ(fast.owner_groups_size(), 0);
-  EXPECT_EQ(fast.bucket_bytes(), 2048 * kMiB);
-  EXPECT_EQ(fast.buckets_size(), 1);
+  EXPECT_EQ(fast.bucket_bytes(), 256 * kMiB);
+  EXPECT_EQ(fast.buckets_size(), 8);
+  EXPECT_FALSE(fast.apply_at_commit());
   CoordinatorOptions options = Options();
   options.links.inter_node_gbs = 1;
   options.links.latency_us = 0;

@@ -47,6 +47,8 @@ struct PublishedPlan {
   // Across nodes, the network bandwidth per worker the plan weighed (GB/s
   // per direction); 0 on one node.
   double network_gbs = 0;
+  // The workers apply every update at the commit (Plan.apply_at_commit).
+  bool apply_at_commit = false;
 };
 
 }  // namespace coordinator

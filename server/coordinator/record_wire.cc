@@ -271,6 +271,7 @@ v1::Plan PlanToProto(const PublishedPlan& published) {
   out.set_bucket_bytes(published.bucket_bytes);
   out.set_nodes(published.nodes);
   out.set_network_gbs(published.network_gbs);
+  out.set_apply_at_commit(published.apply_at_commit);
   return out;
 }
 
@@ -351,6 +352,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> PlanFromProto(
   out->bucket_bytes = plan.bucket_bytes();
   out->nodes = plan.nodes();
   out->network_gbs = plan.network_gbs();
+  out->apply_at_commit = plan.apply_at_commit();
   out->matrices = std::move(matrices);
   return out;
 }

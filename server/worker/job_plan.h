@@ -21,7 +21,9 @@ struct JobSettings {
   std::vector<scheduler::MatrixSpec> matrices;  // job order
   kernels::MuonHyperparameters muon;            // defaults filled in
   int64_t bucket_bytes = int64_t{64} << 20;     // of the step schedule
-  int dedicated_workers = 0;                    // workers with no trainer
+  // The plan's: every update at the commit (Plan.apply_at_commit).
+  bool apply_at_commit = false;
+  int dedicated_workers = 0;  // workers with no trainer
   // HSDP's replica groups of the trainers (JobSpec.replicas): > 1, the
   // plan's owner groups are they, and a row-sharded matrix's rows are split
   // over the trainers / replicas ranks of one. 0 or 1: none.

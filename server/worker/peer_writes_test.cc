@@ -68,6 +68,25 @@ class PeerWritesTest : public StepEngineTest {
     ExpectParamsMatch(reference);
   }
 
+  // Steps every engine kSteps times on `plan`, against the kernels in one
+  // process, expecting every update at the commit: the worker's
+  // --apply_early=false, or a plan whose clock found the commit faster
+  // (Plan.apply_at_commit).
+  void ExpectNothingAppliedBeforeTheVotes(const v1::Plan& plan) {
+    ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(plan));
+    ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
+    ReferenceSteps reference({}, UpdateDtype());
+    for (int64_t step = 0; step < kSteps; ++step) {
+      WriteGradients(step);
+      for (const absl::StatusOr<StepResponse>& r : StepEverywhere(step)) {
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->applied_early, 0);
+      }
+      reference.Step(step);
+    }
+    ExpectParamsMatch(reference);
+  }
+
   // What worker w wrote and received by peer writes after kSteps steps:
   // each owned update once to every other trainer, each other update once,
   // but for each owner's last stack's, which go by broadcast
@@ -116,19 +135,13 @@ class UpdatesAtTheCommitTest : public BroadcastUpdatesTest {
 };
 
 TEST_F(UpdatesAtTheCommitTest, NothingAppliesBeforeTheVotesWhenTurnedOff) {
-  plan_ = PlanWithOwnerList(1, {0, 1, 2, 0, 1});
-  ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(plan_));
-  ASSERT_NO_FATAL_FAILURE(AttachEverywhere(0, /*with_bias=*/true));
-  ReferenceSteps reference({}, UpdateDtype());
-  for (int64_t step = 0; step < kSteps; ++step) {
-    WriteGradients(step);
-    for (const absl::StatusOr<StepResponse>& r : StepEverywhere(step)) {
-      ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_EQ(r->applied_early, 0);
-    }
-    reference.Step(step);
-  }
-  ExpectParamsMatch(reference);
+  ExpectNothingAppliedBeforeTheVotes(PlanWithOwnerList(1, {0, 1, 2, 0, 1}));
+}
+
+TEST_F(PeerWritesTest, NothingAppliesBeforeTheVotesWhereThePlanSaysSo) {
+  v1::Plan plan = PlanWithOwnerList(1, {0, 1, 2, 0, 1});
+  plan.set_apply_at_commit(true);
+  ExpectNothingAppliedBeforeTheVotes(plan);
 }
 
 TEST_F(BroadcastUpdatesTest, WithoutWindowsTheUpdatesAreBroadcastBitForBit) {

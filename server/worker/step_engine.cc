@@ -427,7 +427,8 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
 }
 
 bool StepEngine::MayApplyEarly() const {
-  return backend_.apply_early && plan_.groups.count() <= 1;
+  return backend_.apply_early && plan_.groups.count() <= 1 &&
+         !plan_.job.apply_at_commit;
 }
 
 bool StepEngine::StepMayApplyEarly(int64_t step_id) const {

@@ -279,7 +279,9 @@ class StepEngine {
                        const StepCancelled& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether this worker's settings and plan let updates go into the
-  // parameters before the commit at all (StepContext::apply_early), and
+  // parameters before the commit at all (StepContext::apply_early; the
+  // plan's clock may have found the commit faster: JobSettings::
+  // apply_at_commit), and
   // whether step `step_id` may: where a kill of this worker part-way through
   // it would lose nothing otherwise (its momentum on disk or resettable, or
   // every owner group holding a copy of it), the parameters are not put at

@@ -131,6 +131,7 @@ absl::StatusOr<JobPlan> JobPlanFromProto(const v1::JobSpec& job,
   } else if (job.bucket_bytes() > 0) {
     out.job.bucket_bytes = job.bucket_bytes();
   }
+  out.job.apply_at_commit = plan.apply_at_commit();
   out.job.dedicated_workers = job.dedicated_workers();
   out.job.replicas = job.replicas();
   out.job.allow_momentum_reset = job.allow_momentum_reset();

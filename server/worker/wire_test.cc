@@ -163,6 +163,7 @@ absl::StatusOr<JobPlan> BucketBound(int64_t job_bound, int64_t plan_bound) {
   placement->set_cols(8);
   placement->add_owners("a");
   plan.set_bucket_bytes(plan_bound);
+  plan.set_apply_at_commit(plan_bound == job_bound);
   return JobPlanFromProto(job, plan);
 }
 
@@ -172,6 +173,11 @@ TEST(WireTest, TheStepScheduleCutsBucketsWhereThePlanSays) {
   // A coordinator from before Plan.bucket_bytes: the job's, or 64 MiB.
   EXPECT_EQ(BucketBound(8 << 20, 0)->job.bucket_bytes, 8 << 20);
   EXPECT_EQ(BucketBound(0, 0)->job.bucket_bytes, 64 << 20);
+}
+
+TEST(WireTest, ThePlanSaysWhetherUpdatesWaitForTheCommit) {
+  EXPECT_TRUE(BucketBound(8 << 20, 8 << 20)->job.apply_at_commit);
+  EXPECT_FALSE(BucketBound(0, 256 << 20)->job.apply_at_commit);
 }
 
 }  // namespace

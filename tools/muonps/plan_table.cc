@@ -86,6 +86,11 @@ std::string PlanTable(const v1::Plan& plan) {
         plan.owner_groups_size(), plan.owner_groups(0).workers_size(),
         absl::StrJoin(groups, "; "));
   }
+  if (plan.apply_at_commit()) {
+    absl::StrAppend(&out,
+                    "updates applied at the commit (predicted no slower than "
+                    "before the votes)\n");
+  }
   // Trainers that hold whole experts: the shard each rank's trainer holds
   // as the plan assumed it (its experts are owned there where possible).
   const bool shards = plan.trainer_shards() > 0;
