@@ -696,12 +696,15 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   std::vector<int32_t> best_ready(schedule.stacks.size());
   for (size_t i = 0; i < bounds.size() && misses < 2; ++i) {
     MUONPS_RETURN_IF_ERROR(cutter.Cut(bounds[i], &schedule));
-    const double predicted =
-        ClockStep(matrices, schedule, stack_seconds, workers, settings)
-            .predicted_seconds;
+    const StepClock clock =
+        ClockStep(matrices, schedule, stack_seconds, workers, settings);
+    const double predicted = clock.predicted_seconds;
     out.candidates.emplace_back(bounds[i], predicted);
     if (predicted <= out.predicted_seconds) {
       out.predicted_seconds = predicted;
+      out.apply_at_commit_seconds = clock.apply_at_commit_seconds;
+      out.apply_left_seconds = clock.apply_left_seconds;
+      out.applied_before_votes = clock.applied_before_votes;
       out.bucket_bytes = bounds[i];
       best_buckets.swap(schedule.buckets);
       best_order.swap(schedule.order);
@@ -1006,13 +1009,28 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
   if (!settings.apply_early || workers < 2 || !out.plan.groups.empty()) {
     return out;
   }
-  const StepClock clock =
-      ClockStep(matrices, out.grouping.schedule,
-                StackSeconds(out.grouping.schedule, models), workers, settings);
-  const double rest = clock.predicted_seconds - clock.apply_seconds;
-  out.at_commit_seconds = rest + clock.apply_at_commit_seconds;
-  out.before_votes_seconds = rest + clock.apply_left_seconds;
-  out.apply_at_commit = !clock.applied_before_votes;
+  // The chosen bound's clock, or (a bound not clocked) one now.
+  StepGrouping clocked;
+  clocked.predicted_seconds = out.grouping.predicted_seconds;
+  clocked.apply_at_commit_seconds = out.grouping.apply_at_commit_seconds;
+  clocked.apply_left_seconds = out.grouping.apply_left_seconds;
+  clocked.applied_before_votes = out.grouping.applied_before_votes;
+  if (clocked.predicted_seconds <= 0) {
+    const StepClock clock = ClockStep(
+        matrices, out.grouping.schedule,
+        StackSeconds(out.grouping.schedule, models), workers, settings);
+    clocked.predicted_seconds = clock.predicted_seconds;
+    clocked.apply_at_commit_seconds = clock.apply_at_commit_seconds;
+    clocked.apply_left_seconds = clock.apply_left_seconds;
+    clocked.applied_before_votes = clock.applied_before_votes;
+  }
+  const double applied = clocked.applied_before_votes
+                             ? clocked.apply_left_seconds
+                             : clocked.apply_at_commit_seconds;
+  const double rest = clocked.predicted_seconds - applied;
+  out.at_commit_seconds = rest + clocked.apply_at_commit_seconds;
+  out.before_votes_seconds = rest + clocked.apply_left_seconds;
+  out.apply_at_commit = !clocked.applied_before_votes;
   return out;
 }
 

@@ -281,6 +281,11 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 struct StepGrouping {
   int64_t bucket_bytes = int64_t{64} << 20;
   double predicted_seconds = 0;  // of the chosen bound (0: not clocked)
+  // Its clock's apply_at_commit_seconds, apply_left_seconds and
+  // applied_before_votes (StepClock).
+  double apply_at_commit_seconds = 0;
+  double apply_left_seconds = 0;
+  bool applied_before_votes = false;
   // The candidates clocked, in the order tried, with their predicted step.
   std::vector<std::pair<int64_t, double>> candidates;
   StepSchedule schedule;  // cut at bucket_bytes
