@@ -75,6 +75,9 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
                absl::StrCat("--socket=", socket_dir_, "/w", w, ".sock"),
                "--metrics_port=-1", "--device=cuda:0", "--gpu_transport=ipc",
                "--io_timeout_ms=10000",
+               // Before the votes whatever the plan's clock chose, so the
+               // applies before the votes and their undo run here.
+               "--apply_early=always",
                Groups() ? absl::StrCat("--node=node-", w) : "--node=one",
                PauseAt()},
               absl::StrCat(log_dir_, "/worker", w, ".log"));

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The step on several GPUs with the workers applying updates before the
-# votes (--apply_early, the default) and at the commit (--apply_early=false),
+# votes (--apply_early=always, whatever the plan's clock chose) and at the
+# commit (--apply_early=never),
 # alternated in one lease, one build: for each of ROUNDS (2) rounds, run.sh
 # (in this folder as run_step_gpu.sh) once each way, on GPUS (every visible
 # GPU) and for each layout of LAYOUTS. One cost table measured first serves
 # every run (COST_TABLE, or muonps-autotune once); the torch peers run in the
 # first run only. JSON lines on stdout: run.sh's (the per-rank timelines
-# included), each with "apply_early" (true or false) and "round" added; logs
+# included), each with "apply_early" (always or never) and "round" added; logs
 # on stderr. Run on the GPU machine from a bundle of
 # deploy/device/bundle_gpu_step.sh:
 #   bash device_bundle/apply_early_ab.sh > ab.jsonl
@@ -28,9 +29,9 @@ if [[ -z "$cost_table" ]]; then
 fi
 failed=0
 for ((round = 0; round < ${ROUNDS:-2}; round++)); do
-  for early in true false; do
+  for early in always never; do
     peers=0
-    [[ "$round" == 0 && "$early" == true ]] && peers="${OWNER_PEERS:-1}"
+    [[ "$round" == 0 && "$early" == always ]] && peers="${OWNER_PEERS:-1}"
     echo "apply_early_ab.sh: round $round, --apply_early=$early" >&2
     ONE_GPU=0 OWNER_PEERS="$peers" COST_TABLE="$cost_table" \
       WORKER_ARGS="${WORKER_ARGS:-} --apply_early=$early" \
@@ -39,7 +40,7 @@ for ((round = 0; round < ${ROUNDS:-2}; round++)); do
 for line in sys.stdin:
     try: d = json.loads(line)
     except ValueError: continue
-    d.update(apply_early=sys.argv[1] == "true", round=int(sys.argv[2]))
+    d.update(apply_early=sys.argv[1], round=int(sys.argv[2]))
     print(json.dumps(d), flush=True)' "$early" "$round"
     ((PIPESTATUS[0] == 0)) || failed=1
   done

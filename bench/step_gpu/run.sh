@@ -26,7 +26,7 @@
 #   AUTOTUNE_BATCHES (1,2,4,8,16, and the set's largest stack),
 #   WORKER_ARGS (more flags for the workers, e.g. --peer_writes=false to
 #   broadcast updates over the transport instead of writing them into the
-#   peers' staging, or --apply_early=false to apply every update at the
+#   peers' staging, or --apply_early=never to apply every update at the
 #   commit), COORDINATOR_ARGS (more flags for the coordinators,
 #   e.g. --rebalance_tolerance=0 to keep the plans of the cost table when
 #   the GPUs measure unequal).

@@ -318,7 +318,13 @@ int Run() {
                  });
   }
   if (!absl::GetFlag(FLAGS_peer_writes)) backend.windows.reset();
-  backend.apply_early = absl::GetFlag(FLAGS_apply_early);
+  const absl::StatusOr<worker::EarlyApplyPolicy> apply_early =
+      worker::EarlyApplyPolicyFromName(absl::GetFlag(FLAGS_apply_early));
+  if (!apply_early.ok()) {
+    spdlog::error("{}", std::string(apply_early.status().message()));
+    return 2;
+  }
+  backend.apply_early = *apply_early;
   // Declared before the engine, whose transports count into it.
   MetricsRegistry metrics;
   // Every byte a step moves between workers, and every call and launch, is

@@ -70,7 +70,7 @@ class PeerWritesTest : public StepEngineTest {
 
   // Steps every engine kSteps times on `plan`, against the kernels in one
   // process, expecting every update at the commit: the worker's
-  // --apply_early=false, or a plan whose clock found the commit faster
+  // --apply_early=never, or a plan whose clock found the commit faster
   // (Plan.apply_at_commit).
   void ExpectNothingAppliedBeforeTheVotes(const v1::Plan& plan) {
     ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(plan));
@@ -128,7 +128,7 @@ TEST_F(BroadcastUpdatesTest, BroadcastUpdatesAllApplyBeforeTheVotes) {
   ExpectAppliedBeforeTheVotes({0, 1, 2, 0, 1});
 }
 
-// --apply_early=false: every update at the commit, bit for bit the same.
+// --apply_early=never: every update at the commit, bit for bit the same.
 class UpdatesAtTheCommitTest : public BroadcastUpdatesTest {
  protected:
   bool ApplyEarly() const override { return false; }

@@ -7,7 +7,9 @@
 #define MUONPS_SERVER_WORKER_STEP_BACKEND_H_
 
 #include <memory>
+#include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "kernels/device_ops.h"
@@ -17,6 +19,15 @@
 
 namespace muonps {
 namespace worker {
+
+// Where a worker's updates go into the trainer's parameters (--apply_early):
+// as the plan says (its clock chose: Plan.apply_at_commit), before the
+// commit wherever that is allowed, or always at the commit.
+enum class EarlyApplyPolicy { kAsPlanned, kAlways, kNever };
+// The flag's words: "plan", "always", "never"; INVALID_ARGUMENT naming the
+// flag for another.
+absl::StatusOr<EarlyApplyPolicy> EarlyApplyPolicyFromName(
+    const std::string& name);
 
 // A step passes its streams on every call: transfers on ops->stream(),
 // momentum and Newton-Schulz on ops->compute_stream().
@@ -30,9 +41,9 @@ struct StepBackend {
   std::shared_ptr<WindowLender> windows;
   // A step whose transfers do not progress for this long fails.
   absl::Duration timeout = absl::Seconds(10);
-  // Updates may go into the trainer's parameters before the commit, where
-  // StepContext::apply_early allows; false: every update at the commit.
-  bool apply_early = true;
+  // Whether updates may go into the trainer's parameters before the
+  // commit, where StepContext::apply_early allows (--apply_early).
+  EarlyApplyPolicy apply_early = EarlyApplyPolicy::kAsPlanned;
 };
 
 // The CPU backend: CpuKernels and CpuDeviceOps, shared-memory buffers;

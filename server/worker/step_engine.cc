@@ -427,8 +427,15 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
 }
 
 bool StepEngine::MayApplyEarly() const {
-  return backend_.apply_early && plan_.groups.count() <= 1 &&
-         !plan_.job.apply_at_commit;
+  switch (backend_.apply_early) {
+    case EarlyApplyPolicy::kNever:
+      return false;
+    case EarlyApplyPolicy::kAlways:
+      return plan_.groups.count() <= 1;
+    case EarlyApplyPolicy::kAsPlanned:
+      return plan_.groups.count() <= 1 && !plan_.job.apply_at_commit;
+  }
+  return false;
 }
 
 bool StepEngine::StepMayApplyEarly(int64_t step_id) const {

@@ -210,7 +210,8 @@ void StepEngineTest::SetUp() {
     }
     StepBackend backend = CpuStepBackend(IoTimeout(), UpdateDtype());
     if (!PeerWrites()) backend.windows.reset();
-    backend.apply_early = ApplyEarly();
+    backend.apply_early =
+        ApplyEarly() ? EarlyApplyPolicy::kAsPlanned : EarlyApplyPolicy::kNever;
     Trainer* trainer = &trainers_[w];
     backend.open_buffers = [trainer,
                             lends_record = LendsRecord()](const AttachRequest&)

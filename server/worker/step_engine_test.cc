@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
@@ -478,6 +479,15 @@ class StepEngineDedicatedBf16UpdatesTest : public StepEngineDedicatedTest {
 TEST_F(StepEngineDedicatedBf16UpdatesTest,
        AWorkerWithNoTrainerSendsItsUpdatesInBf16) {
   ASSERT_NO_FATAL_FAILURE(StepWithTheDedicatedOwner());
+}
+
+TEST(EarlyApplyPolicyTest, TheFlagsWordsAndOnlyThem) {
+  EXPECT_EQ(*EarlyApplyPolicyFromName("plan"), EarlyApplyPolicy::kAsPlanned);
+  EXPECT_EQ(*EarlyApplyPolicyFromName("always"), EarlyApplyPolicy::kAlways);
+  EXPECT_EQ(*EarlyApplyPolicyFromName("never"), EarlyApplyPolicy::kNever);
+  const absl::StatusOr<EarlyApplyPolicy> bad = EarlyApplyPolicyFromName("true");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "--apply_early"));
 }
 
 }  // namespace

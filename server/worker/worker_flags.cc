@@ -53,13 +53,14 @@ ABSL_FLAG(bool, peer_writes, true,
           "trainers of their host (CUDA IPC peer copies on a GPU, shared "
           "memory on the CPU) instead of broadcasting them. Workers that "
           "cannot open each other's memory fall back to the transport.");
-ABSL_FLAG(bool, apply_early, true,
-          "Muon updates go into the trainer's parameters before the commit "
-          "where a killed worker's step would be lost anyway (no checkpoint "
-          "due, no momentum reset allowed, no owner groups): a worker alone "
-          "as each one lands, several after their last Newton-Schulz, "
-          "undone unless the step commits. false: every update at the "
-          "commit, after the votes.");
+ABSL_FLAG(std::string, apply_early, "plan",
+          "Whether Muon updates go into the trainer's parameters before the "
+          "commit where a killed worker's step would be lost anyway (no "
+          "checkpoint due, no momentum reset allowed, no owner groups): a "
+          "worker alone as each one lands, several after their last "
+          "Newton-Schulz, undone unless the step commits. plan: where the "
+          "plan's clock found that faster (Plan.apply_at_commit); always; "
+          "never: every update at the commit, after the votes.");
 ABSL_FLAG(std::string, precision, "",
           "Newton-Schulz precision: bf16 (as torch.optim.Muon), fp16 or fp32. "
           "On a GPU the GEMM inputs (accumulation is fp32); on the CPU, which "

@@ -25,7 +25,7 @@ ABSL_DECLARE_FLAG(double, network_gbs);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gpu_transport);
 ABSL_DECLARE_FLAG(bool, peer_writes);
-ABSL_DECLARE_FLAG(bool, apply_early);
+ABSL_DECLARE_FLAG(std::string, apply_early);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(int64_t, memory_bytes);
 ABSL_DECLARE_FLAG(bool, colocated);
