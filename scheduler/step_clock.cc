@@ -448,15 +448,19 @@ double EarlyApplyEnd(const std::vector<MatrixSpec>& matrices,
           bytes_per_element / settings.hbm_bytes_per_second;
     }
   }
+  // A worker starting at c ends at max(c + every bucket's seconds, the
+  // latest over k of bucket k's landing + the seconds of k and after): the
+  // worker whose stacks end last ends last.
+  double after = 0;  // seconds of buckets k and after
   double end = 0;
-  for (int w = 0; w < workers; ++w) {
-    double t = compute_end[w];
-    for (size_t k = 0; k < seconds.size(); ++k) {
-      t = std::max(t, clock.updates_landed[k]) + seconds[k];
-    }
-    end = std::max(end, t);
+  for (size_t k = seconds.size(); k-- > 0;) {
+    after += seconds[k];
+    end = std::max(end, clock.updates_landed[k] + after);
   }
-  return end;
+  const double last =
+      workers > 0 ? *std::max_element(compute_end.begin(), compute_end.end())
+                  : 0.0;
+  return std::max(end, last + after);
 }
 
 // Whether every owner group of `plan` (all its workers, without groups)

@@ -224,6 +224,27 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     }
     for (auto& th : threads) th.join();
     for (const absl::Status& s : started) ASSERT_TRUE(s.ok()) << s;
+    if (std::any_of(Matrices().begin(), Matrices().end(),
+                    [&](const MatrixCase& c) { return ShardExperts(c); })) {
+      ASSERT_NO_FATAL_FAILURE(WaitForTheWholeExpertPlan());
+    }
+  }
+
+  // The coordinator plans again once every trainer's rank is known (its
+  // whole experts owned where they are held), a heartbeat after the
+  // trainers start: stepping before every worker follows that plan, a step
+  // would meet the change and fail, so the tests wait for it.
+  void WaitForTheWholeExpertPlan() {
+    absl::StatusOr<std::string> version = coordinator_->WaitForLog(
+        "plan version ([0-9]+): whole experts", absl::Seconds(30));
+    ASSERT_TRUE(version.ok()) << version.status();
+    for (auto& w : workers_) {
+      ASSERT_TRUE(
+          w->WaitForLog(absl::StrCat("plan_version=", *version, " rank="),
+                        absl::Seconds(30))
+              .ok())
+          << w->Log();
+    }
   }
 
   static float InitialParam(size_t m, int64_t i) {
