@@ -395,6 +395,8 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
     } else if (p.kind == PhaseKind::kFromOwners) {
       const std::vector<Transfer>& from = schedule.buckets[p.index].from_owners;
       const std::vector<Transfer>* by_collectives = &from;
+      out.update_buckets.push_back(p.index);
+      double& landed_at = out.updates_landed.emplace_back(0.0);
       if (!none_write) {
         written.clear();
         collective.clear();
@@ -404,21 +406,15 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
               .push_back(x);
         }
         write(written);
-        double landed_at = 0;
         for (const Transfer& x : written) {
           landed_at = std::max(landed_at, write_free[x.owner]);
         }
-        out.update_buckets.push_back(p.index);
-        out.updates_landed.push_back(landed_at);
         if (collective.empty()) continue;
         by_collectives = &collective;
-      } else {
-        out.update_buckets.push_back(p.index);
-        out.updates_landed.push_back(0);
       }
       timeline = std::max(timeline, compute_so_far);
       run(*by_collectives);
-      out.updates_landed.back() = std::max(out.updates_landed.back(), timeline);
+      landed_at = std::max(landed_at, timeline);
     }
   }
   out.stage = std::max(timeline, compute_so_far);
@@ -585,13 +581,14 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   // left of its applies before the votes.
   r.apply_seconds = ApplySeconds(matrices, n, settings);
   if (settings.apply_early && n > 1 && state.groups.size() == 1) {
-    r.apply_at_commit_seconds = r.apply_seconds;
-    r.apply_left_seconds =
+    ApplyWays& ways = r.applies;
+    ways.at_commit_seconds = r.apply_seconds;
+    ways.left_seconds =
         std::max(0.0, EarlyApplyEnd(matrices, schedule, clock,
                                     r.worker_compute_end_seconds, n, settings) -
                           r.stage_seconds);
-    r.applied_before_votes = r.apply_left_seconds < r.apply_at_commit_seconds;
-    if (r.applied_before_votes) r.apply_seconds = r.apply_left_seconds;
+    ways.before_votes = ways.left_seconds < ways.at_commit_seconds;
+    if (ways.before_votes) r.apply_seconds = ways.left_seconds;
   }
   r.commit_seconds = ControlSeconds(n, settings) + r.apply_seconds;
   r.predicted_seconds = r.stage_seconds + r.commit_seconds;
@@ -706,9 +703,7 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     out.candidates.emplace_back(bounds[i], predicted);
     if (predicted <= out.predicted_seconds) {
       out.predicted_seconds = predicted;
-      out.apply_at_commit_seconds = clock.apply_at_commit_seconds;
-      out.apply_left_seconds = clock.apply_left_seconds;
-      out.applied_before_votes = clock.applied_before_votes;
+      out.applies = clock.applies;
       out.bucket_bytes = bounds[i];
       best_buckets.swap(schedule.buckets);
       best_order.swap(schedule.order);
@@ -1014,27 +1009,20 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
     return out;
   }
   // The chosen bound's clock, or (a bound not clocked) one now.
-  StepGrouping clocked;
-  clocked.predicted_seconds = out.grouping.predicted_seconds;
-  clocked.apply_at_commit_seconds = out.grouping.apply_at_commit_seconds;
-  clocked.apply_left_seconds = out.grouping.apply_left_seconds;
-  clocked.applied_before_votes = out.grouping.applied_before_votes;
-  if (clocked.predicted_seconds <= 0) {
+  double predicted = out.grouping.predicted_seconds;
+  ApplyWays ways = out.grouping.applies;
+  if (predicted <= 0) {
     const StepClock clock = ClockStep(
         matrices, out.grouping.schedule,
         StackSeconds(out.grouping.schedule, models), workers, settings);
-    clocked.predicted_seconds = clock.predicted_seconds;
-    clocked.apply_at_commit_seconds = clock.apply_at_commit_seconds;
-    clocked.apply_left_seconds = clock.apply_left_seconds;
-    clocked.applied_before_votes = clock.applied_before_votes;
+    predicted = clock.predicted_seconds;
+    ways = clock.applies;
   }
-  const double applied = clocked.applied_before_votes
-                             ? clocked.apply_left_seconds
-                             : clocked.apply_at_commit_seconds;
-  const double rest = clocked.predicted_seconds - applied;
-  out.at_commit_seconds = rest + clocked.apply_at_commit_seconds;
-  out.before_votes_seconds = rest + clocked.apply_left_seconds;
-  out.apply_at_commit = !clocked.applied_before_votes;
+  const double rest = predicted - (ways.before_votes ? ways.left_seconds
+                                                     : ways.at_commit_seconds);
+  out.at_commit_seconds = rest + ways.at_commit_seconds;
+  out.before_votes_seconds = rest + ways.left_seconds;
+  out.apply_at_commit = !ways.before_votes;
   return out;
 }
 

@@ -171,7 +171,7 @@ struct ClockSettings {
   // its own stacks are done, each bucket once it landed, what it overwrites
   // copied aside first (8 more bytes a parameter), so the commit pays only
   // what is left of them after the stage. ClockStep clocks both ways and
-  // takes the faster (StepClock::applied_before_votes). False: the commit
+  // takes the faster (StepClock::applies). False: the commit
   // applies every update (as the workers do with --apply_early=false, and
   // as every measured multi-GPU step did).
   bool apply_early = false;
@@ -199,6 +199,16 @@ double ControlMessagesOnPath(int workers, int fanout);
 // round's busiest path (ControlMessagesOnPath).
 double ControlSeconds(int workers, const ClockSettings& settings);
 
+// A step clocked with its updates applied both ways (ClockSettings::
+// apply_early): the commit's apply, what is left after the stage of the
+// applies before the votes, and whether the second is less (then it is
+// StepClock::apply_seconds).
+struct ApplyWays {
+  double at_commit_seconds = 0;
+  double left_seconds = 0;
+  bool before_votes = false;
+};
+
 struct StepClock {
   // The step: stage_seconds + commit_seconds.
   double predicted_seconds = 0;
@@ -206,14 +216,10 @@ struct StepClock {
   double stage_seconds = 0;
   double commit_seconds = 0;  // ControlSeconds + apply_seconds
   // The commit's apply, or what is left of the applies before the votes
-  // once the stage is done (applied_before_votes).
+  // once the stage is done (applies.before_votes).
   double apply_seconds = 0;
-  // Where both ways were clocked (ClockSettings::apply_early): the
-  // commit's apply, what is left after the stage of the applies before the
-  // votes, and whether the second is less (then it is apply_seconds).
-  double apply_at_commit_seconds = 0;
-  double apply_left_seconds = 0;
-  bool applied_before_votes = false;
+  // Where both ways were clocked (ClockSettings::apply_early).
+  ApplyWays applies;
   // The last bucket's gradients have landed (0 with none to move).
   double gradients_landed_seconds = 0;
   // Per worker: the sum of its stack times, when its compute stream is
@@ -281,11 +287,8 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
 struct StepGrouping {
   int64_t bucket_bytes = int64_t{64} << 20;
   double predicted_seconds = 0;  // of the chosen bound (0: not clocked)
-  // Its clock's apply_at_commit_seconds, apply_left_seconds and
-  // applied_before_votes (StepClock).
-  double apply_at_commit_seconds = 0;
-  double apply_left_seconds = 0;
-  bool applied_before_votes = false;
+  // The chosen bound's clock's StepClock::applies.
+  ApplyWays applies;
   // The candidates clocked, in the order tried, with their predicted step.
   std::vector<std::pair<int64_t, double>> candidates;
   StepSchedule schedule;  // cut at bucket_bytes

@@ -67,20 +67,21 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     coordinator_ = std::move(c->process);
     address_ = c->address;
     for (int w = 0; w < Workers(); ++w) {
+      std::vector<std::string> argv = {
+          BinaryPath("server/worker/muonps-worker"),
+          "--coordinator=" + address_, "--job=gpu2",
+          absl::StrCat("--worker_id=w", w),
+          absl::StrCat("--socket=", socket_dir_, "/w", w, ".sock"),
+          "--metrics_port=-1", "--device=cuda:0", "--gpu_transport=ipc",
+          "--io_timeout_ms=10000",
+          // Before the votes whatever the plan's clock chose, so the
+          // applies before the votes and their undo run here.
+          "--apply_early=always",
+          Groups() ? absl::StrCat("--node=node-", w) : "--node=one"};
+      for (const std::string& flag : ExtraWorkerFlags()) argv.push_back(flag);
       absl::StatusOr<std::unique_ptr<ChildProcess>> worker =
-          ChildProcess::Start(
-              {BinaryPath("server/worker/muonps-worker"),
-               "--coordinator=" + address_, "--job=gpu2",
-               absl::StrCat("--worker_id=w", w),
-               absl::StrCat("--socket=", socket_dir_, "/w", w, ".sock"),
-               "--metrics_port=-1", "--device=cuda:0", "--gpu_transport=ipc",
-               "--io_timeout_ms=10000",
-               // Before the votes whatever the plan's clock chose, so the
-               // applies before the votes and their undo run here.
-               "--apply_early=always",
-               Groups() ? absl::StrCat("--node=node-", w) : "--node=one",
-               PauseAt()},
-              absl::StrCat(log_dir_, "/worker", w, ".log"));
+          ChildProcess::Start(argv,
+                              absl::StrCat(log_dir_, "/worker", w, ".log"));
       ASSERT_TRUE(worker.ok()) << worker.status();
       workers_.push_back(*std::move(worker));
     }
@@ -90,8 +91,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
-  // A worker flag of the subclass's (--test_pause_at); a harmless default.
-  virtual std::string PauseAt() const { return "--log_level=info"; }
+  // More flags for every worker (a subclass's --test_pause_at).
+  virtual std::vector<std::string> ExtraWorkerFlags() const { return {}; }
 
   void TearDown() override {
     if (HasFailure()) {
@@ -479,8 +480,8 @@ TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
 // stopped writer is killed and its trainer's step fails too.
 class PausedWriterOneGpuTest : public TwoWorkersOneGpuTest {
  protected:
-  std::string PauseAt() const override {
-    return "--test_pause_at=transfer@1@rank1";
+  std::vector<std::string> ExtraWorkerFlags() const override {
+    return {"--test_pause_at=transfer@1@rank1"};
   }
 };
 

@@ -141,7 +141,7 @@ struct SimResult {
   bool experts_at_holders = false;
   // The plan's weighing of the applies (scheduler::TopologyPlan's
   // before_votes_seconds, at_commit_seconds; 0: not weighed); the step
-  // below says which it took (StepClock::applied_before_votes).
+  // below says which it took (StepClock::applies).
   double before_votes_seconds = 0;
   double at_commit_seconds = 0;
   // The planner's own prediction (max worker seconds, of one group's

@@ -272,7 +272,7 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
     if (!r.groups_declined.empty()) j["groups_declined"] = r.groups_declined;
   }
   if (r.before_votes_seconds > 0) {
-    j["applied_before_votes"] = r.clock.applied_before_votes;
+    j["applied_before_votes"] = r.clock.applies.before_votes;
     j["before_votes_ms"] = r.before_votes_seconds * 1e3;
     j["at_commit_ms"] = r.at_commit_seconds * 1e3;
   }

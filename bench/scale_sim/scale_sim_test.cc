@@ -534,18 +534,18 @@ TEST(ScaleSimTest, UpdatesApplyBeforeTheVotesOnlyWhereThatIsFaster) {
         const SimResult either = *SimulateStep(Config(model, gpus, layout));
         const SimResult commit =
             *SimulateStep(AtTheCommit(Config(model, gpus, layout)));
-        EXPECT_FALSE(commit.clock.applied_before_votes);
+        EXPECT_FALSE(commit.clock.applies.before_votes);
         EXPECT_LE(either.clock.predicted_seconds,
                   commit.clock.predicted_seconds * (1 + 1e-9))
             << model << " " << gpus;
         if (either.owner_groups > 1) {
-          EXPECT_FALSE(either.clock.applied_before_votes) << model << gpus;
+          EXPECT_FALSE(either.clock.applies.before_votes) << model << gpus;
           EXPECT_EQ(either.before_votes_seconds, 0) << model << gpus;
           continue;
         }
         // Weighed: the plan's two ways, the faster taken.
         ASSERT_GT(either.before_votes_seconds, 0) << model << " " << gpus;
-        EXPECT_EQ(either.clock.applied_before_votes,
+        EXPECT_EQ(either.clock.applies.before_votes,
                   either.before_votes_seconds < either.at_commit_seconds)
             << model << " " << gpus;
       }
@@ -554,17 +554,17 @@ TEST(ScaleSimTest, UpdatesApplyBeforeTheVotesOnlyWhereThatIsFaster) {
   // One node, replicated: Newton-Schulz ends the stage; the commit's way.
   const SimResult eight =
       *SimulateStep(Config("llama3_8b_8layers", 8, Layout::kReplicated));
-  EXPECT_FALSE(eight.clock.applied_before_votes);
-  EXPECT_GT(eight.clock.apply_left_seconds,
-            eight.clock.apply_at_commit_seconds);
+  EXPECT_FALSE(eight.clock.applies.before_votes);
+  EXPECT_GT(eight.clock.applies.left_seconds,
+            eight.clock.applies.at_commit_seconds);
   // Llama-3-8B replicated on 64 GPUs: the updates crossing the NICs are the
   // tail, and the applies run beside them.
   const SimResult wide =
       *SimulateStep(Config("llama3_8b", 64, Layout::kReplicated));
   EXPECT_EQ(wide.owner_groups, 1);
-  EXPECT_TRUE(wide.clock.applied_before_votes);
-  EXPECT_LT(wide.clock.apply_left_seconds,
-            0.5 * wide.clock.apply_at_commit_seconds);
+  EXPECT_TRUE(wide.clock.applies.before_votes);
+  EXPECT_LT(wide.clock.applies.left_seconds,
+            0.5 * wide.clock.applies.at_commit_seconds);
 }
 
 // What is left of the applies before the votes: each worker's compute
@@ -580,14 +580,14 @@ TEST(ScaleSimTest, AppliesBeforeTheVotesFollowTheLandingsOnEachWorker) {
   for (const double end : r.clock.worker_compute_end_seconds) {
     last = std::max(last, end);
   }
-  EXPECT_NEAR(r.clock.apply_left_seconds,
+  EXPECT_NEAR(r.clock.applies.left_seconds,
               std::max(0.0, std::max(last, r.clock.stage_seconds) +
                                 2 * per_matrix - r.clock.stage_seconds),
               0.6 * per_matrix);
-  EXPECT_DOUBLE_EQ(r.clock.apply_at_commit_seconds,
+  EXPECT_DOUBLE_EQ(r.clock.applies.at_commit_seconds,
                    2 * 64.0 * 32 * (8 + 2) / 1e6);
-  EXPECT_EQ(r.clock.applied_before_votes,
-            r.clock.apply_left_seconds < r.clock.apply_at_commit_seconds);
+  EXPECT_EQ(r.clock.applies.before_votes,
+            r.clock.applies.left_seconds < r.clock.applies.at_commit_seconds);
 }
 
 TEST(ScaleSimTest, OwnerGroupsOnlyForReplicatedJobsOnEqualNodes) {

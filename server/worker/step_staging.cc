@@ -239,19 +239,20 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
       return absl::OkStatus();
     }
     std::vector<ParamApply> landed;
+    const auto take = [&](size_t i) {
+      applies[i].applied = true;
+      landed.push_back(applies[i]);
+      applied_early_ += applies[i].count;
+    };
     // A peer's copies by run, then writer: the order they land in.
     std::map<std::pair<int32_t, int32_t>, std::vector<size_t>> copies;
     for (; scanned_ < applies.size(); ++scanned_) {
-      ParamApply& a = applies[scanned_];
-      if (a.writer >= 0) {
-        if (how == EarlyApply::kUndoable && LandingSlot(a) >= 0) {
-          copies[{a.run, a.writer}].push_back(scanned_);
-        }
-        continue;  // else the commit's, after the votes
-      }
-      a.applied = true;
-      landed.push_back(a);
-      applied_early_ += a.count;
+      const ParamApply& a = applies[scanned_];
+      if (a.writer < 0) {
+        take(scanned_);
+      } else if (how == EarlyApply::kUndoable && LandingSlot(a) >= 0) {
+        copies[{a.run, a.writer}].push_back(scanned_);
+      }  // else the commit's, after the votes
     }
     if (how == EarlyApply::kDecided) {
       if (landed.empty()) return absl::OkStatus();
@@ -274,11 +275,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
           compute_, trainer_->landing + slot,
           LandingValue(ledger_.round, first.run), deadline));
       landed.clear();
-      for (const size_t i : indices) {
-        applies[i].applied = true;
-        landed.push_back(applies[i]);
-        applied_early_ += applies[i].count;
-      }
+      for (const size_t i : indices) take(i);
       MUONPS_RETURN_IF_ERROR(ApplyUndoably(landed));
     }
     MUONPS_ASSIGN_OR_RETURN(ledger_.staged.applied_mark, ops_.Mark(compute_));

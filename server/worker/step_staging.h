@@ -152,9 +152,10 @@ class StepStaging {
   // kUndoable: `applies` into the parameters on the compute stream, in its
   // order, what they overwrite kept first.
   absl::Status ApplyUndoably(const std::vector<ParamApply>& applies);
-  // The landing word of writer `writer`'s copies here, or -1 where the
-  // commit applies them (no window lent, past kLandingWords writers or
-  // kMostLandingRuns runs).
+  // The landing word of the peer's copy `apply` (ParamApply::writer) in
+  // this worker's window, or -1 where the commit applies it (no window
+  // lent, no peer's copy, past kLandingWords writers or kMostLandingRuns
+  // runs).
   int LandingSlot(const ParamApply& apply) const;
   absl::Status AverageAdamWGradients();
   // A worker with no trainer: its zero parts and a sink for the means.
