@@ -43,8 +43,10 @@ constexpr double kExact = 0;
 
 class OwnerGroupsProcessTest : public DataPlaneFixture {
  protected:
-  // Workers 0 and 1 on node-a, 2 and 3 on node-b; `steps` steps.
-  void StartAndStep(int64_t steps, const std::string& checkpoint_dir = "") {
+  // Workers 0 and 1 on node-a, 2 and 3 on node-b, each with `flags`;
+  // `steps` steps.
+  void StartAndStep(int64_t steps, const std::string& checkpoint_dir = "",
+                    const std::vector<std::string>& flags = {}) {
     ClusterOptions cluster = {.workers = kWorkers,
                               .io_timeout_ms = 5000,
                               .lease_ttl_ms = 1500,
@@ -56,6 +58,7 @@ class OwnerGroupsProcessTest : public DataPlaneFixture {
     cluster.network_gbs = 0.001;
     for (int w = 0; w < kWorkers; ++w) {
       cluster.worker_node[w] = w < 2 ? "node-a" : "node-b";
+      cluster.worker_flags[w] = flags;
     }
     ASSERT_NO_FATAL_FAILURE(StartJob(model_, cluster));
     reference_.emplace(model_, kWorkers, PlannedAlgorithms());
@@ -159,6 +162,50 @@ TEST_F(OwnerGroupsProcessTest, AKilledWorkersMomentumComesFromTheOtherNode) {
   EXPECT_TRUE(absl::StrContains(log, "momentum handover: sent 0, received"))
       << log;
   EXPECT_FALSE(absl::StrContains(log, "lost their previous owner")) << log;
+}
+
+// A worker killed with part of a step in its trainer's parameters: updates
+// applied as they landed, before the votes, and the plan's rank 0 killed
+// once every vote was in, nothing decided (every worker stops there once).
+// Nobody commits the step; the live workers go on and put their trainers'
+// parameters back. The restarted worker's trainer holds part of a step
+// nobody committed: its parameters of the step before come whole from a
+// peer's trainer (a repair round), its momentum from the other node's
+// owners, and training goes on exactly, with nothing reset and nothing to
+// reload.
+TEST_F(OwnerGroupsProcessTest, PartOfAStepNobodyCommittedIsRepairedFromAPeer) {
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(
+      3, "", {"--apply_early=always", "--test_pause_at=prepared@4"}));
+  ASSERT_EQ(Groups().size(), 2u) << plan().DebugString();
+  const int killed = WorkerAtPlanRank(0);
+  std::vector<std::optional<StepOutcome>> stepped;
+  std::thread stepping([&] { stepped = RunStep(4); });
+  absl::Status stopped = absl::OkStatus();
+  for (int w = 0; w < kWorkers && stopped.ok(); ++w) {
+    stopped = WaitUntilStopped(w, absl::Seconds(30));
+  }
+  ASSERT_NO_FATAL_FAILURE(KillWorker(killed));
+  for (int w = 0; w < kWorkers; ++w) {
+    if (w != killed) SignalWorker(w, SIGCONT);
+  }
+  stepping.join();
+  ASSERT_TRUE(stopped.ok()) << stopped;
+  for (const auto& o : stepped) {
+    ASSERT_TRUE(o.has_value());
+    EXPECT_FALSE(o->result.ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(killed));
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  ASSERT_NO_FATAL_FAILURE(StepOnAsTheReplay(4, 8));
+  const std::string log = WorkerLog(killed);
+  EXPECT_TRUE(absl::StrContains(log, "and part of step 4")) << log;
+  EXPECT_TRUE(absl::StrContains(log,
+                                "did not hold the step whole; repaired "
+                                "from rank"))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "momentum handover: sent 0, received"))
+      << log;
 }
 
 // Every copy of some matrices lost at once: both workers at one position

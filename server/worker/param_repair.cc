@@ -25,6 +25,7 @@ absl::Status RepairParameters(const RoundDecision& decision,
   const Stream stream = ops.stream();
   const int peer = source ? decision.target : decision.source;
   const bool params = decision.params != 0;
+  const bool means = decision.means != 0;
   if (target && params) {
     MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
         stream, StepRecordWord::kApplying, StepRecordValue(step)));
@@ -36,7 +37,8 @@ absl::Status RepairParameters(const RoundDecision& decision,
                : t.Recv(b.param, b.param_elements, b.dtype, peer, stream));
   }
   // The means sit in the source's staging since it committed the step.
-  for (const int i : trainer->unreduced) {
+  for (size_t k = 0; means && k < trainer->unreduced.size(); ++k) {
+    const int i = trainer->unreduced[k];
     const Binding& b = trainer->adamw[i].second;
     float* mean = trainer->means->data() + b.staged_at;
     MUONPS_RETURN_IF_ERROR(
@@ -47,8 +49,10 @@ absl::Status RepairParameters(const RoundDecision& decision,
   if (source) return absl::OkStatus();
   // The means into the lent gradients, as a commit writes them (the client
   // steps AdamW on them when the retry is answered already_applied).
-  ledger.means_step = step;
-  MUONPS_RETURN_IF_ERROR(RedeliverMeans(ledger, step, *trainer, ops));
+  if (means) {
+    ledger.means_step = step;
+    MUONPS_RETURN_IF_ERROR(RedeliverMeans(ledger, step, *trainer, ops));
+  }
   if (!params) return absl::OkStatus();
   MUONPS_RETURN_IF_ERROR(trainer->buffers->WriteRecord(
       stream, StepRecordWord::kApplied, StepRecordValue(step)));
@@ -57,8 +61,8 @@ absl::Status RepairParameters(const RoundDecision& decision,
   ledger.last.store(step);
   ledger.trainer_behind.reset();
   spdlog::warn(
-      "step={} plan_version={} rank={}: the trainer's parameters missed the "
-      "step; repaired from rank {}'s trainer",
+      "step={} plan_version={} rank={}: the trainer's parameters did not "
+      "hold the step whole; repaired from rank {}'s trainer",
       step, plan.version, plan.rank, decision.source);
   return absl::OkStatus();
 }

@@ -1,8 +1,11 @@
 // A round's repair (step_protocol.h's RoundKind::kRepair): the trainer of
 // one rank misses the job's last committed step, because the worker before
 // this one on that rank stopped before applying it or part-way (its
-// trainer's step record says which). Another rank whose trainer holds the
-// step sends that trainer's parameter of every job matrix, whole, and the
+// trainer's step record says which), or holds part of a later step that
+// nobody committed (that worker applied updates before the votes and was
+// killed before it could put them back). Another rank whose trainer holds
+// the committed step sends that trainer's parameter of every job matrix,
+// whole, and, where the target's trainer retries the committed step, the
 // step's AdamW means from its staging; the target writes them into its
 // trainer's lent memory, between the step record's applying and applied
 // words, and records the step as committed here. Exact: every trainer's

@@ -308,6 +308,11 @@ absl::StatusOr<StepResponse> StepEngine::StepLocked(
       break;
     }
     round = RunRound(request, &*trainer_, cancelled);
+    // The parameters hold the committed step whole now: what the worker
+    // before this one left written part-way is gone from them.
+    if (round.repaired) {
+      trainer_->inherited.applying = trainer_->inherited.applied;
+    }
     if (!round.status.ok() || round.kind != RoundResult::Kind::kAgain) break;
   }
   kernels::DeviceOps& ops = *backend_.ops;
@@ -427,13 +432,19 @@ RoundResult StepEngine::RunRound(const StepRequest& request,
 }
 
 bool StepEngine::MayApplyEarly() const {
+  // With owner groups a kill part-way loses no momentum (every group holds
+  // a copy), so it must lose no parameters either: a peer's trainer sends
+  // the committed step's (RoundKind::kRepair), where trainers keep the
+  // whole of every matrix.
+  const bool repairable = plan_.groups.count() <= 1 ||
+                          (trainer_.has_value() && trainer_->full_params);
   switch (backend_.apply_early) {
     case EarlyApplyPolicy::kNever:
       return false;
     case EarlyApplyPolicy::kAlways:
-      return plan_.groups.count() <= 1;
+      return repairable;
     case EarlyApplyPolicy::kAsPlanned:
-      return plan_.groups.count() <= 1 && !plan_.job.apply_at_commit;
+      return repairable && !plan_.job.apply_at_commit;
   }
   return false;
 }

@@ -283,9 +283,11 @@ class StepEngine {
   // plan's clock may have found the commit faster: JobSettings::
   // apply_at_commit), and
   // whether step `step_id` may: where a kill of this worker part-way through
-  // it would lose nothing otherwise (its momentum on disk or resettable, or
-  // every owner group holding a copy of it), the parameters are not put at
-  // risk either. A step applies early where both hold.
+  // it would lose nothing otherwise (its momentum on disk or resettable),
+  // the parameters are not put at risk either. With owner groups, whose
+  // copies of the momentum survive a kill, only where a peer's trainer can
+  // repair the parameters (whole matrices: not HSDP's rows). A step applies
+  // early where both hold.
   bool MayApplyEarly() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool StepMayApplyEarly(int64_t step_id) const;
   // The response for a step answered without running it.

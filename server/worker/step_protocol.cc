@@ -261,9 +261,13 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
   }
   // Trainers whose parameters miss the last committed step (their
   // worker's predecessor stopped before applying it, or part-way; or they
-  // resumed from state saved before it).
+  // resumed from state saved before it), or hold part of a step above it
+  // that nobody committed (applied before the votes, EarlyApply, and their
+  // worker killed before it could put them back: the peers put theirs
+  // back, so their trainers hold the committed step whole).
   for (int r = 0; r < trainers && r < n; ++r) {
     const bool torn = h[r].torn_step >= 0;
+    const bool uncommitted = torn && h[r].torn_step > committed;
     const bool fresh = h[r].last_step < 0 && h[r].staged_step < 0 && !torn;
     const bool resumed = h[r].params_step < h[r].last_step;
     const bool misses = !(fresh || h[r].staged_step == committed ||
@@ -276,13 +280,19 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
         !misses && !fresh && h[r].has_unreduced && h[r].step_id == committed &&
         h[r].means_step != committed && h[r].staged_step != committed;
     if (!misses && !needs_means) continue;
+    // A trainer that misses the committed step retries it (answered
+    // already_applied, it steps AdamW on the means); one that holds part of
+    // a later step has stepped AdamW on the committed one already.
+    const bool means = !uncommitted;
     std::string why_not;
     if (!misses) {
       // Only the means.
-    } else if (torn && h[r].torn_step > committed) {
-      // Applied before the votes (EarlyApply), and its worker killed before
-      // it could put them back: the peers put theirs back.
-      why_not = absl::StrCat("step ", h[r].torn_step, " was never committed");
+    } else if (uncommitted) {
+      if (h[r].params_step != committed) {
+        why_not =
+            absl::StrCat("under step ", h[r].torn_step, " they hold step ",
+                         h[r].params_step, ", more than one step behind");
+      }
     } else if (h[r].params_step != committed - 1 ||
                (torn && h[r].torn_step != committed)) {
       why_not = absl::StrCat("they hold step ", h[r].params_step,
@@ -293,16 +303,18 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
           "meanwhile), and with it that step's momentum";
     } else if (h[r].step_id != committed) {
       why_not = absl::StrCat("its trainer asks for step ", h[r].step_id);
-    } else if (!h[r].full_params) {
+    }
+    if (why_not.empty() && misses && !h[r].full_params) {
       why_not = "its trainer keeps only its rows of a row-sharded matrix";
     }
     int source = -1;
     for (int s = 0; s < trainers && s < n && why_not.empty(); ++s) {
       const bool holds = h[s].torn_step < 0 && (h[s].params_step == committed ||
                                                 h[s].staged_step == committed);
-      const bool means = !h[s].has_unreduced || h[s].means_step == committed ||
-                         h[s].staged_step == committed;
-      if (s != r && holds && means && (!misses || h[s].full_params) &&
+      const bool has_means = !means || !h[s].has_unreduced ||
+                             h[s].means_step == committed ||
+                             h[s].staged_step == committed;
+      if (s != r && holds && has_means && (!misses || h[s].full_params) &&
           h[s].tensors_hash == h[r].tensors_hash) {
         source = s;
         break;
@@ -310,8 +322,9 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
     }
     if (why_not.empty() && source < 0) {
       why_not = absl::StrCat("no trainer that holds step ", committed,
-                             misses ? " keeps whole parameters and" : "",
-                             " holds that step's AdamW means");
+                             misses ? " keeps whole parameters" : "",
+                             misses && means ? " and" : "",
+                             means ? " holds that step's AdamW means" : "");
     }
     if (!why_not.empty()) {
       const std::string what =
@@ -320,7 +333,10 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
                                  "retries step ",
                                  committed,
                                  ", whose AdamW means it no longer holds")
-          : torn  ? TornParameters(Who(ids, r), h[r].torn_step)
+          : uncommitted
+              ? absl::StrCat(TornParameters(Who(ids, r), h[r].torn_step),
+                             "; step ", h[r].torn_step, " was never committed")
+          : torn ? TornParameters(Who(ids, r), h[r].torn_step)
           : resumed
               ? absl::StrCat(Who(ids, r),
                              "'s trainer resumed from state saved after step ",
@@ -343,6 +359,7 @@ RoundDecision DecideRound(absl::Span<const StepHeader> h, int trainers,
     d.source = source;
     d.target = r;
     d.params = misses ? 1 : 0;
+    d.means = means ? 1 : 0;
     d.decider = decider;
     return d;
   }

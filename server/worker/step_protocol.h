@@ -107,7 +107,12 @@ struct RoundDecision {
   int32_t resolve;
   int32_t source;  // kRepair: the ranks that send and receive
   int32_t target;
-  int32_t params;    // kRepair: 1: the parameters and the means; 0: the means
+  // kRepair: what the source sends. `params`: the trainer's parameter of
+  // every job matrix (the target's miss the committed step, or hold part of
+  // a step above it that nobody committed); `means`: the committed step's
+  // AdamW means (the target's trainer retries that step).
+  int32_t params;
+  int32_t means;
   uint64_t decider;  // rank 0's instance
   char problem[kProblemBytes];
 };

@@ -217,6 +217,7 @@ TEST(DecideRoundTest, ParametersMissingTheLastStepAreRepairedFromAPeer) {
   EXPECT_EQ(d.source, 0);
   EXPECT_EQ(d.target, 1);
   EXPECT_EQ(d.params, 1);
+  EXPECT_EQ(d.means, 1);  // the trainer retries the committed step
   // With unreduced AdamW tensors, the source holds the step's means too.
   for (StepHeader& x : h) x.has_unreduced = 1;
   h[0].means_step = -1;  // w0 restarted after applying it: no means
@@ -270,22 +271,59 @@ TEST(DecideRoundTest, ParametersHoldingPartOfAStepAreRepairedOrNamed) {
 }
 
 // Part of a step nobody committed (applied before the votes, its worker
-// killed before it could put it back): named as such, with the step to
-// reload from.
-TEST(DecideRoundTest, ParametersHoldingPartOfAStepNeverCommittedAreNamed) {
+// killed before it could put it back; the peers put theirs back): the
+// parameters of the committed step come from a peer's trainer, without
+// that step's AdamW means (the trainer stepped AdamW on them already and
+// retries the next step). Named, with the step to reload from, where no
+// peer can send them.
+TEST(DecideRoundTest, ParametersHoldingPartOfAStepNeverCommittedAreRepaired) {
   std::vector<StepHeader> h = {Header(0, 6, 5), Header(1, 6, 5, 777),
                                Header(2, 6, 5)};
+  for (StepHeader& x : h) x.has_unreduced = 1;
   h[1].torn_step = 6;
-  const RoundDecision d = DecideRound(h, 3, kIds, 100);
+  h[0].means_step = -1;  // no means needed from the source
+  RoundDecision d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
+  EXPECT_EQ(d.committed, 5);
+  EXPECT_EQ(d.source, 0);
+  EXPECT_EQ(d.target, 1);
+  EXPECT_EQ(d.params, 1);
+  EXPECT_EQ(d.means, 0);
+  // A peer holding part of the step too is no source.
+  h[0].torn_step = 6;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kRepair) << Problem(d);
+  EXPECT_EQ(d.target, 0);
+  EXPECT_EQ(d.source, 2);
+  // Every trainer holding part of it: nobody holds step 5 whole.
+  h[2].torn_step = 6;
+  d = DecideRound(h, 3, kIds, 100);
   EXPECT_EQ(KindOf(d), RoundKind::kReject);
   EXPECT_EQ(d.code, static_cast<int32_t>(absl::StatusCode::kDataLoss));
   EXPECT_TRUE(absl::StrContains(Problem(d),
-                                "the parameters of worker \"w1\"'s trainer "
+                                "the parameters of worker \"w0\"'s trainer "
                                 "hold part of step 6"))
       << Problem(d);
   EXPECT_TRUE(absl::StrContains(Problem(d), "step 6 was never committed"))
       << Problem(d);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "no trainer that holds step 5"))
+      << Problem(d);
+  EXPECT_FALSE(absl::StrContains(Problem(d), "AdamW means")) << Problem(d);
   EXPECT_TRUE(absl::StrContains(Problem(d), "saved after step 5"))
+      << Problem(d);
+  // Rows of a row-sharded matrix (HSDP's): no peer holds the same whole.
+  h[0].torn_step = h[2].torn_step = -1;
+  h[1].full_params = 0;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "keeps only its rows"))
+      << Problem(d);
+  // Under the torn step, parameters older than the committed one.
+  h[1].full_params = 1;
+  h[1].params_step = 4;
+  d = DecideRound(h, 3, kIds, 100);
+  EXPECT_EQ(KindOf(d), RoundKind::kReject);
+  EXPECT_TRUE(absl::StrContains(Problem(d), "more than one step behind"))
       << Problem(d);
 }
 
