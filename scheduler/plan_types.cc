@@ -143,9 +143,18 @@ absl::Status CheckOwnerGroups(const OwnershipPlan& plan) {
 }
 
 OwnershipPlan ReplicateOverGroups(
-    const OwnershipPlan& plan, const std::vector<std::vector<int32_t>>& ranks,
+    OwnershipPlan plan, const std::vector<std::vector<int32_t>>& ranks,
     const std::vector<std::string>& worker_ids) {
-  OwnershipPlan out = plan;
+  // The batches are copied once per group, the rest moved.
+  const std::vector<Batch> batches = std::move(plan.batches);
+  const std::vector<double> worker_seconds = std::move(plan.worker_seconds);
+  const std::vector<int64_t> worker_memory_bytes =
+      std::move(plan.worker_memory_bytes);
+  const std::vector<int64_t> worker_momentum_bytes =
+      std::move(plan.worker_momentum_bytes);
+  const std::vector<int64_t> worker_link_bytes =
+      std::move(plan.worker_link_bytes);
+  OwnershipPlan out = std::move(plan);
   out.worker_ids = worker_ids;
   const size_t workers = worker_ids.size();
   bool identity = ranks.size() == 1 && ranks[0].size() == workers;
@@ -157,17 +166,22 @@ OwnershipPlan ReplicateOverGroups(
     for (int32_t& owner : owners) owner = ranks[0][owner];
   }
   out.batches.clear();
+  out.batches.reserve(batches.size() * ranks.size());
   for (const std::vector<int32_t>& group : ranks) {
-    for (const Batch& batch : plan.batches) {
+    for (const Batch& batch : batches) {
       out.batches.push_back(batch);
       out.batches.back().worker = group[batch.worker];
     }
   }
-  std::sort(out.batches.begin(), out.batches.end(),
-            [](const Batch& a, const Batch& b) {
-              return std::tie(a.worker, a.rows, a.cols) <
-                     std::tie(b.worker, b.rows, b.cols);
-            });
+  const auto by_worker_and_shape = [](const Batch& a, const Batch& b) {
+    return std::tie(a.worker, a.rows, a.cols) <
+           std::tie(b.worker, b.rows, b.cols);
+  };
+  // Already in order where the groups are runs of ascending ranks.
+  if (!std::is_sorted(out.batches.begin(), out.batches.end(),
+                      by_worker_and_shape)) {
+    std::sort(out.batches.begin(), out.batches.end(), by_worker_and_shape);
+  }
   const auto spread = [&](const auto& per_position, auto* per_worker) {
     per_worker->assign(workers, {});
     for (const std::vector<int32_t>& group : ranks) {
@@ -177,11 +191,11 @@ OwnershipPlan ReplicateOverGroups(
     }
   };
   // Every group moves its own copy of what changed owner.
-  out.moved_bytes = plan.moved_bytes * static_cast<int64_t>(ranks.size());
-  spread(plan.worker_seconds, &out.worker_seconds);
-  spread(plan.worker_memory_bytes, &out.worker_memory_bytes);
-  spread(plan.worker_momentum_bytes, &out.worker_momentum_bytes);
-  spread(plan.worker_link_bytes, &out.worker_link_bytes);
+  out.moved_bytes *= static_cast<int64_t>(ranks.size());
+  spread(worker_seconds, &out.worker_seconds);
+  spread(worker_memory_bytes, &out.worker_memory_bytes);
+  spread(worker_momentum_bytes, &out.worker_momentum_bytes);
+  spread(worker_link_bytes, &out.worker_link_bytes);
   return out;
 }
 

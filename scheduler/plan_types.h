@@ -245,7 +245,7 @@ absl::Status CheckOwnerGroups(const OwnershipPlan& plan);
 // plan.worker_ids. With one group of every worker in order, the plan stays
 // as it was (groups empty).
 OwnershipPlan ReplicateOverGroups(
-    const OwnershipPlan& plan, const std::vector<std::vector<int32_t>>& ranks,
+    OwnershipPlan plan, const std::vector<std::vector<int32_t>>& ranks,
     const std::vector<std::string>& worker_ids);
 
 }  // namespace scheduler

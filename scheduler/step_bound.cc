@@ -18,9 +18,21 @@ StepBound::StepBound(const std::vector<MatrixSpec>& matrices,
         return m.layout == Layout::kReplicated;
       });
   if (!holds_) return;
-  // The commit as ClockStep adds it: every trainer applies every matrix.
-  commit_seconds_ = settings.control_rounds_ms * 1e-3 +
-                    ApplySeconds(matrices, /*workers=*/1, settings);
+  // The commit as ClockStep adds it: its control rounds, and every trainer
+  // applies every matrix there or, with the applies before the votes, after
+  // its worker's own stacks, each parameter copied aside first.
+  control_seconds_ = settings.control_rounds_ms * 1e-3;
+  apply_at_commit_seconds_ = ApplySeconds(matrices, /*workers=*/1, settings);
+  if (settings.apply_early) {
+    double elements = 0;
+    for (const MatrixSpec& m : matrices) {
+      elements += static_cast<double>(m.rows * m.cols * m.experts);
+    }
+    apply_before_votes_seconds_ = elements *
+                                  (4 * 4 + settings.update_bytes_per_element) /
+                                  settings.hbm_bytes_per_second;
+    update_bytes_ = elements * settings.update_bytes_per_element;
+  }
   const std::vector<int64_t> bounds =
       options.bucket_bytes > 0 ? std::vector<int64_t>{options.bucket_bytes}
                                : BucketBoundsTried(matrices);
@@ -57,7 +69,9 @@ double StepBound::Seconds(const std::vector<int32_t>& ranks,
   for (const std::vector<BucketSum>& cut : cuts_) {
     double phases = 0;
     double shortest = std::numeric_limits<double>::infinity();
+    double least_bytes = std::numeric_limits<double>::infinity();
     for (const BucketSum& b : cut) {
+      least_bytes = std::min(least_bytes, b.bytes);
       // A ring broadcast: (g-1)/g of the bytes over NVLink, 1/g over each
       // member's NIC (Phase::Add).
       const double nvlink = b.bytes * (g - 1) / g / (l.nvlink_gbs * 1e9);
@@ -68,9 +82,20 @@ double StepBound::Seconds(const std::vector<int32_t>& ranks,
       phases += seconds;
       shortest = std::min(shortest, seconds);
     }
-    least = std::min(least, std::max(phases, compute_seconds + shortest));
+    // At the commit: the stage, then every apply. Before the votes: the
+    // stage and the applies of the bucket that lands last (at least the
+    // smallest's), or the busiest worker's stacks and then every apply.
+    least = std::min(least, std::max(phases, compute_seconds + shortest) +
+                                apply_at_commit_seconds_);
+    if (apply_before_votes_seconds_ >= 0) {
+      const double last_apply =
+          apply_before_votes_seconds_ * least_bytes / update_bytes_;
+      least = std::min(least,
+                       std::max(phases + last_apply,
+                                compute_seconds + apply_before_votes_seconds_));
+    }
   }
-  return (least + commit_seconds_) * (1 - 1e-9);
+  return (least + control_seconds_) * (1 - 1e-9);
 }
 
 }  // namespace scheduler

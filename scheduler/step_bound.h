@@ -10,9 +10,14 @@
 // what, and the buckets are cut from the matrices alone. Every phase runs
 // one after another on the transfer timeline, and the last one starts
 // after all compute, so the stage lasts at least the sum of the phases,
-// and at least the busiest worker's compute plus the shortest phase. The
-// bound is the least of that over the bucket bounds ChooseStepGrouping
-// may choose, plus the commit, less a relative 1e-9 for rounding.
+// and at least the busiest worker's compute plus the shortest phase; the
+// commit then applies every update. Where the workers may apply them
+// before the votes instead (ClockSettings::apply_early; with owner groups
+// too, every matrix being replicated), a worker applies them all after its
+// own stacks: the step then lasts at least the stage, and at least the
+// busiest worker's compute plus those applies. The bound is the least of
+// either over the bucket bounds ChooseStepGrouping may choose, plus the
+// control rounds, less a relative 1e-9 for rounding.
 //
 // Immutable after construction; safe to share between threads.
 #ifndef MUONPS_SCHEDULER_STEP_BOUND_H_
@@ -53,7 +58,12 @@ class StepBound {
 
   const ClockSettings& settings_;
   bool holds_ = false;
-  double commit_seconds_ = 0;
+  double control_seconds_ = 0;
+  double apply_at_commit_seconds_ = 0;
+  // Every update applied before the votes (ClockSettings::apply_early);
+  // -1: the applies are at the commit.
+  double apply_before_votes_seconds_ = -1;
+  double update_bytes_ = 0;  // of every matrix's update
   // Per bucket bound that ChooseStepGrouping may choose, its buckets.
   std::vector<std::vector<BucketSum>> cuts_;
 };

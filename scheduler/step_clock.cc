@@ -437,6 +437,9 @@ double EarlyApplyEnd(const std::vector<MatrixSpec>& matrices,
   for (size_t k = 0; k < clock.update_buckets.size(); ++k) {
     for (const Transfer& x :
          schedule.buckets[clock.update_buckets[k]].from_owners) {
+      // Each group sends every update to its own members: a worker applies
+      // one copy of each.
+      if (x.group != 0) continue;
       const MatrixSpec& spec = matrices[x.item.matrix];
       const double elements = static_cast<double>(spec.rows * spec.cols);
       seconds[k] +=
@@ -580,7 +583,8 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   // The commit: every worker applies what its trainer holds, or what is
   // left of its applies before the votes.
   r.apply_seconds = ApplySeconds(matrices, n, settings);
-  if (settings.apply_early && n > 1 && state.groups.size() == 1) {
+  if (settings.apply_early && n > 1 &&
+      MayApplyBeforeVotes(matrices, state.groups.size())) {
     ApplyWays& ways = r.applies;
     ways.at_commit_seconds = r.apply_seconds;
     ways.left_seconds =
@@ -621,6 +625,15 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   }
   r.bytes_per_gpu = std::llround(bytes);
   return r;
+}
+
+bool MayApplyBeforeVotes(const std::vector<MatrixSpec>& matrices,
+                         size_t groups) {
+  if (groups <= 1) return true;
+  for (const MatrixSpec& m : matrices) {
+    if (m.layout == Layout::kRowSharded) return false;
+  }
+  return true;
 }
 
 double ControlMessagesOnPath(int workers, int fanout) {
@@ -769,8 +782,9 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
     absl::StatusOr<OwnershipPlan> one = plan_ranks(ranks, grouping, true);
     if (!one.ok()) return free;
     absl::StatusOr<TopologyPlan> at = scheduled(
-        grouping == nullptr ? *std::move(one)
-                            : ReplicateOverGroups(*one, *grouping, worker_ids),
+        grouping == nullptr
+            ? *std::move(one)
+            : ReplicateOverGroups(*std::move(one), *grouping, worker_ids),
         models, settings, options);
     if (!at.ok()) return free;
     const double free_seconds = predicted(free, models, settings);
@@ -796,8 +810,8 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
         plan_ranks(offered[0][0], &offered[0], false);
     if (!one.ok()) return annotate(one.status(), offered[0]);
     absl::StatusOr<TopologyPlan> out =
-        scheduled(ReplicateOverGroups(*one, offered[0], worker_ids), models,
-                  settings, options);
+        scheduled(ReplicateOverGroups(*std::move(one), offered[0], worker_ids),
+                  models, settings, options);
     if (!out.ok()) return out;
     out = weigh_holders(*std::move(out), offered[0][0], &offered[0]);
     out->grouped_seconds = out->grouping.predicted_seconds;
@@ -822,8 +836,8 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
     std::vector<const CostModel*> by_rank;
     ClockSettings alone = settings;
     alone.topology.node.clear();
-    // A grouped plan's workers apply at the commit.
-    alone.apply_early = false;
+    alone.apply_early =
+        settings.apply_early && MayApplyBeforeVotes(matrices, grouping.size());
     for (const int32_t r : ranks) {
       by_rank.push_back(models[r]);
       if (!settings.topology.node.empty()) {
@@ -943,19 +957,16 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
                                     scheduled_every->plan.work_seconds}
                             : Every{});
   if (grouping.joinable()) grouping.join();
-  // The best grouping's plan over all its groups, cut where its first
-  // group's was.
+  // The best grouping's plan over all its groups. Its schedule stays the
+  // first group's, cut where that group's was: each group's is the same on
+  // its own members (the same buckets), and every worker builds its own.
   const auto whole = [&]() -> absl::StatusOr<TopologyPlan> {
-    TopologyPlan first = *std::move(best.first_group);
-    ScheduleOptions cut = options;
-    cut.bucket_bytes = first.grouping.bucket_bytes;
-    OwnershipPlan one = std::move(first.plan);
-    MUONPS_ASSIGN_OR_RETURN(
-        TopologyPlan out,
-        scheduled(ReplicateOverGroups(one, *best.grouping, worker_ids), models,
-                  settings, cut));
+    TopologyPlan out = *std::move(best.first_group);
+    out.plan =
+        ReplicateOverGroups(std::move(out.plan), *best.grouping, worker_ids);
+    out.plan.dedicated = dedicated;
+    MUONPS_RETURN_IF_ERROR(CheckPlanLayout(matrices, out.plan));
     out.grouping.predicted_seconds = best.seconds;
-    out.grouping.candidates = std::move(first.grouping.candidates);
     out.groups_offered = true;
     out.grouped_seconds = best.seconds;
     out.grouped_candidates = tried;
@@ -1005,7 +1016,8 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
       ChoosePlanOnTopology(matrices, worker_ids, dedicated, models, settings,
                            options, offered, use, plan_ranks));
   const int workers = static_cast<int>(worker_ids.size());
-  if (!settings.apply_early || workers < 2 || !out.plan.groups.empty()) {
+  if (!settings.apply_early || workers < 2 ||
+      !MayApplyBeforeVotes(matrices, out.plan.groups.size())) {
     return out;
   }
   // The chosen bound's clock, or (a bound not clocked) one now.

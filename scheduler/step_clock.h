@@ -167,7 +167,8 @@ struct ClockSettings {
   bool peer_writes = true;
   // The workers may apply the updates before the votes where that is
   // faster (server/worker/step_staging.h, EarlyApply::kUndoable; only
-  // several workers without owner groups): each on its compute stream once
+  // several workers, and with owner groups only where MayApplyBeforeVotes):
+  // each on its compute stream once
   // its own stacks are done, each bucket once it landed, what it overwrites
   // copied aside first (8 more bytes a parameter), so the commit pays only
   // what is left of them after the stage. ClockStep clocks both ways and
@@ -181,6 +182,15 @@ struct ClockSettings {
   // rows from every member.
   TrainerShards trainer_shards;
 };
+
+// Whether the workers of a plan of `groups` owner groups (0 or 1: none) may
+// apply a step's updates before its votes (the worker's StepEngine::
+// MayApplyEarly): without groups, yes; with them, whose copies of the
+// momentum survive a killed worker, only where a peer's trainer can repair
+// the parameters it left written part-way: no matrix is row-sharded
+// (HSDP's are), so every trainer keeps every matrix whole.
+bool MayApplyBeforeVotes(const std::vector<MatrixSpec>& matrices,
+                         size_t groups);
 
 // The rounds of a step that gather at rank 0 and answer every rank: the
 // agreement, the vote and the confirmation (server/worker/step_run.h).
@@ -311,6 +321,9 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
 // A plan of a job's workers on a topology, and its step schedule.
 struct TopologyPlan {
   OwnershipPlan plan;
+  // The plan's schedule; for an owner grouping weighed and taken, its first
+  // group's alone (each group's is that one on its own members: the same
+  // buckets), with that group's clock.
   StepGrouping grouping;
   // Where owner groupings were offered to be weighed: the predicted step of
   // the best grouped plan (0 if none could be made) and of the plan of
@@ -334,11 +347,12 @@ struct TopologyPlan {
   double at_holders_seconds = 0;
   double where_free_seconds = 0;
   bool experts_at_holders = false;
-  // Where `settings.apply_early` and the plan has several workers and no
-  // owner groups: the step predicted with every update applied before the
-  // votes and at the commit, and whether the workers apply them at the
-  // commit (the first was no faster). 0 and false where not weighed (one
-  // worker, or owner groups: those apply at the commit anyway).
+  // Where `settings.apply_early` and the plan has several workers that
+  // may apply before the votes (MayApplyBeforeVotes): the step predicted
+  // with every update applied before the votes and at the commit, and
+  // whether the workers apply them at the commit (the first was no
+  // faster). 0 and false where not weighed (one worker, or HSDP's owner
+  // groups: those apply at the commit anyway).
   double before_votes_seconds = 0;
   double at_commit_seconds = 0;
   bool apply_at_commit = false;
@@ -387,10 +401,11 @@ enum class OwnerGroupsUse {
 // known), the plan of every rank, or a required grouping's, is also made
 // with every expert owned where it is held, and the faster of the two by
 // the clock stands (TopologyPlan::experts_at_holders). With
-// `settings.apply_early` every plan without owner groups is clocked with
-// the faster of its updates applied before the votes and at the commit,
-// and the chosen one says which (TopologyPlan::apply_at_commit). A grouped
-// plan that
+// `settings.apply_early` every plan whose workers may
+// (MayApplyBeforeVotes; a grouping as its first group alone) is clocked
+// with the faster of its updates applied before the votes and at the
+// commit, and the chosen one says which (TopologyPlan::apply_at_commit). A
+// grouped plan that
 // cannot be made (one group too small for the momentum) or scheduled is passed
 // over, saying why. So is, unplanned and counted as a miss, a grouping whose
 // step cannot beat the plan of every rank's: where its updates cross the nodes

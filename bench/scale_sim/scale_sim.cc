@@ -151,7 +151,19 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   result.experts_at_holders = planned->experts_at_holders;
   result.before_votes_seconds = planned->before_votes_seconds;
   result.at_commit_seconds = planned->at_commit_seconds;
+  // A grouped plan's schedule is its first group's: the whole job's is
+  // clocked here, cut at the same bound.
   const scheduler::StepSchedule* schedule = &planned->grouping.schedule;
+  scheduler::StepSchedule whole;
+  if (!plan.groups.empty()) {
+    scheduler::ScheduleOptions cut = config.schedule;
+    cut.bucket_bytes = planned->grouping.bucket_bytes;
+    absl::StatusOr<scheduler::StepSchedule> built =
+        scheduler::BuildStepSchedule(config.matrices, plan, cut);
+    if (!built.ok()) return Annotate(built.status(), "the grouped schedule");
+    whole = *std::move(built);
+    schedule = &whole;
+  }
   const std::vector<double> stack_seconds =
       scheduler::StackSeconds(*schedule, models);
   const int n = config.gpus;

@@ -538,12 +538,7 @@ TEST(ScaleSimTest, UpdatesApplyBeforeTheVotesOnlyWhereThatIsFaster) {
         EXPECT_LE(either.clock.predicted_seconds,
                   commit.clock.predicted_seconds * (1 + 1e-9))
             << model << " " << gpus;
-        if (either.owner_groups > 1) {
-          EXPECT_FALSE(either.clock.applies.before_votes) << model << gpus;
-          EXPECT_EQ(either.before_votes_seconds, 0) << model << gpus;
-          continue;
-        }
-        // Weighed: the plan's two ways, the faster taken.
+        // Weighed, owner groups too: the plan's two ways, the faster taken.
         ASSERT_GT(either.before_votes_seconds, 0) << model << " " << gpus;
         EXPECT_EQ(either.clock.applies.before_votes,
                   either.before_votes_seconds < either.at_commit_seconds)
@@ -551,6 +546,14 @@ TEST(ScaleSimTest, UpdatesApplyBeforeTheVotesOnlyWhereThatIsFaster) {
       }
     }
   }
+  // HSDP's owner groups (row-sharded: no peer's trainer could repair a
+  // killed worker's rows) apply at the commit.
+  SimConfig hsdp = Config("llama3_8b", 256, Layout::kRowSharded);
+  hsdp.hsdp_shard_gpus = 64;
+  const SimResult sharded = *SimulateStep(hsdp);
+  EXPECT_EQ(sharded.owner_groups, 4);
+  EXPECT_FALSE(sharded.clock.applies.before_votes);
+  EXPECT_EQ(sharded.before_votes_seconds, 0);
   // One node, replicated: Newton-Schulz ends the stage; the commit's way.
   const SimResult eight =
       *SimulateStep(Config("llama3_8b_8layers", 8, Layout::kReplicated));
