@@ -57,15 +57,22 @@ StepBound::StepBound(const std::vector<MatrixSpec>& matrices,
 
 double StepBound::Seconds(const std::vector<int32_t>& ranks,
                           double compute_seconds) const {
+  std::vector<double> cuts = CutSeconds(ranks, compute_seconds);
+  return cuts.empty() ? 0 : *std::min_element(cuts.begin(), cuts.end());
+}
+
+std::vector<double> StepBound::CutSeconds(const std::vector<int32_t>& ranks,
+                                          double compute_seconds) const {
   const std::vector<int32_t>& node = settings_.topology.node;
-  if (!holds_ || ranks.size() < 2 || node.empty()) return 0;
+  if (!holds_ || ranks.size() < 2 || node.empty()) return {};
   absl::flat_hash_map<int32_t, int> on_node;
   int g = 1;
   for (const int32_t r : ranks) g = std::max(g, ++on_node[node[r]]);
-  if (on_node.size() < 2) return 0;  // one node: peer writes, not rings
+  if (on_node.size() < 2) return {};  // one node: peer writes, not rings
   const LinkFigures& l = settings_.topology.links;
   const double n = static_cast<double>(ranks.size());
-  double least = std::numeric_limits<double>::infinity();
+  std::vector<double> out;
+  out.reserve(cuts_.size());
   for (const std::vector<BucketSum>& cut : cuts_) {
     double phases = 0;
     double shortest = std::numeric_limits<double>::infinity();
@@ -85,8 +92,8 @@ double StepBound::Seconds(const std::vector<int32_t>& ranks,
     // At the commit: the stage, then every apply. Before the votes: the
     // stage and the applies of the bucket that lands last (at least the
     // smallest's), or the busiest worker's stacks and then every apply.
-    least = std::min(least, std::max(phases, compute_seconds + shortest) +
-                                apply_at_commit_seconds_);
+    double least =
+        std::max(phases, compute_seconds + shortest) + apply_at_commit_seconds_;
     if (apply_before_votes_seconds_ >= 0) {
       const double last_apply =
           apply_before_votes_seconds_ * least_bytes / update_bytes_;
@@ -94,8 +101,9 @@ double StepBound::Seconds(const std::vector<int32_t>& ranks,
                        std::max(phases + last_apply,
                                 compute_seconds + apply_before_votes_seconds_));
     }
+    out.push_back((least + control_seconds_) * (1 - 1e-9));
   }
-  return (least + control_seconds_) * (1 - 1e-9);
+  return out;
 }
 
 }  // namespace scheduler

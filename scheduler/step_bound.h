@@ -48,6 +48,11 @@ class StepBound {
   // above).
   double Seconds(const std::vector<int32_t>& ranks,
                  double compute_seconds) const;
+  // The same for each bucket bound ChooseStepGrouping may choose, in the
+  // order it tries them (BucketBoundsTried; the one bound of
+  // `options.bucket_bytes` where it was set); empty where none holds.
+  std::vector<double> CutSeconds(const std::vector<int32_t>& ranks,
+                                 double compute_seconds) const;
 
  private:
   // One bucket's updates back: its broadcasts and their bytes.

@@ -168,6 +168,47 @@ TEST(StepBoundTest, PlanOnTopologyPassesOverAGroupingThatCannotWin) {
   EXPECT_GT(two_nodes.predicted_seconds, out->ungrouped_seconds);
 }
 
+TEST(StepBoundTest, PlanOnTopologyPassesOverThePlanOfEveryWorkerThatCannotWin) {
+  // 8 nodes of 8 on a slow network, the updates applied before the votes:
+  // groups of one node, planned first beside the plan of every worker,
+  // predict a shorter step than that plan's least, so it is not made; the
+  // grouped plan is the one taken when both were made.
+  Job job = Replicated(2000, 64);
+  job.settings.topology.links.inter_node_gbs = 1;
+  job.settings.apply_early = true;
+  const std::vector<OwnerGrouping> offered = ChooseOwnerGroupings(
+      job.matrices, job.settings.topology, 64, /*dedicated=*/0);
+  std::vector<std::string> ids;
+  for (const WorkerSpec& w : job.workers) ids.push_back(w.id);
+  std::vector<int> planned;
+  std::mutex mu;
+  const PlanRanks plan_ranks = [&](const std::vector<int32_t>& ranks,
+                                   const OwnerGrouping*, bool) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      planned.push_back(static_cast<int>(ranks.size()));
+    }
+    PlanInput input{job.matrices, {}, {}};
+    for (const int32_t r : ranks) input.workers.push_back(job.workers[r]);
+    return PlanOwnership(input);
+  };
+  const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
+      job.matrices, ids, 0, job.models, job.settings, {.bucket_bytes = 0},
+      offered, OwnerGroupsUse::kWeighed, plan_ranks);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(planned, Not(Contains(64)));
+  EXPECT_TRUE(out->ungrouped_passed_over);
+  ASSERT_FALSE(out->plan.groups.empty());
+  EXPECT_LE(out->grouped_seconds, out->ungrouped_seconds);
+  // The plan of every worker, made: no shorter than the bound said.
+  const absl::StatusOr<TopologyPlan> every = PlanOnTopology(
+      job.matrices, ids, 0, job.models, job.settings, {.bucket_bytes = 0}, {},
+      OwnerGroupsUse::kWeighed, plan_ranks);
+  ASSERT_TRUE(every.ok()) << every.status();
+  EXPECT_GE(every->grouping.predicted_seconds, out->ungrouped_seconds);
+  EXPECT_EQ(out->plan.groups.size(), offered[0].size());
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace muonps

@@ -701,6 +701,19 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   const int workers = static_cast<int>(plan.worker_ids.size());
   const std::vector<double> stack_seconds = StackSeconds(schedule, models);
   out.predicted_seconds = std::numeric_limits<double>::infinity();
+  // Each bound's least step (StepBound, where it holds): one that cannot
+  // beat the best so far is neither cut nor clocked, and counts as a miss.
+  std::vector<double> least;
+  if (static_cast<int>(settings.topology.node.size()) == workers) {
+    std::vector<double> busy(workers, 0.0);
+    for (size_t s = 0; s < schedule.stacks.size(); ++s) {
+      busy[schedule.stacks[s].owner] += stack_seconds[s];
+    }
+    std::vector<int32_t> ranks(workers);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    least = StepBound(matrices, settings, {.bucket_bytes = 0}, plan.dedicated)
+                .CutSeconds(ranks, *std::max_element(busy.begin(), busy.end()));
+  }
   // Two bounds in a row that do not beat the best end the search. The
   // best cut so far is kept aside (its buckets, order and the stacks' ready
   // buckets), not cut again.
@@ -709,6 +722,10 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   decltype(schedule.order) best_order;
   std::vector<int32_t> best_ready(schedule.stacks.size());
   for (size_t i = 0; i < bounds.size() && misses < 2; ++i) {
+    if (i < least.size() && least[i] >= out.predicted_seconds) {
+      ++misses;
+      continue;
+    }
     MUONPS_RETURN_IF_ERROR(cutter.Cut(bounds[i], &schedule));
     const StepClock clock =
         ClockStep(matrices, schedule, stack_seconds, workers, settings);
@@ -873,12 +890,31 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
   };
   std::promise<Every> every_known;
   const std::shared_future<Every> every_done = every_known.get_future().share();
+  // What the groupings planned at once found (the best one's predicted
+  // step, infinite for none, and their Newton-Schulz work), told once the
+  // thread reaches a grouping that waits for the plan of every worker, or
+  // its end.
+  struct AtOnce {
+    double seconds = std::numeric_limits<double>::infinity();
+    double work = 0;
+  };
+  std::promise<AtOnce> at_once_known;
+  std::future<AtOnce> at_once_done = at_once_known.get_future();
+  const StepBound bound(matrices, settings, options, dedicated);
   if (!offered.empty()) {
     grouping = std::thread([&] {
       absl::Status first_failure;
       int misses = 0;
       double work = 0;  // of the last grouping planned (Problem::Work)
-      const StepBound bound(matrices, settings, options, dedicated);
+      bool told = false;
+      const auto tell = [&] {
+        if (told) return;
+        told = true;
+        at_once_known.set_value({best.first_group.ok()
+                                     ? best.seconds
+                                     : std::numeric_limits<double>::infinity(),
+                                 work});
+      };
       const double every_transfers = bound.Seconds(all, 0);
       // A grouping's transfers must save at least this fraction of the
       // plan of every worker's bound for it to be planned before that plan
@@ -904,6 +940,7 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
         // miss). Elsewhere it is planned at once, beside that plan.
         const double transfers = bound.Seconds(offered[i][0], 0);
         if (transfers > 0 && transfers >= every_transfers * (1 - kWaitMargin)) {
+          tell();
           const Every every = every_done.get();
           const double least = bound.Seconds(
               offered[i][0],
@@ -936,10 +973,55 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
           ++misses;
         }
       }
+      tell();
       if (!best.first_group.ok() && !first_failure.ok()) {
         best.first_group = first_failure;
       }
     });
+  }
+  // The best grouping's plan over all its groups (once the groupings'
+  // thread is done). Its schedule stays the first group's, cut where that
+  // group's was: each group's is the same on its own members (the same
+  // buckets), and every worker builds its own. Moves the best grouping's
+  // plan out (once only); where it fails, best.first_group says why.
+  const auto whole = [&]() -> absl::StatusOr<TopologyPlan> {
+    TopologyPlan out = *std::move(best.first_group);
+    out.plan =
+        ReplicateOverGroups(std::move(out.plan), *best.grouping, worker_ids);
+    out.plan.dedicated = dedicated;
+    if (const absl::Status checked = CheckPlanLayout(matrices, out.plan);
+        !checked.ok()) {
+      best.first_group = checked;
+      return checked;
+    }
+    out.grouping.predicted_seconds = best.seconds;
+    out.groups_offered = true;
+    out.grouped_seconds = best.seconds;
+    out.grouped_candidates = tried;
+    return out;
+  };
+  // The best grouping planned at once may already predict no more than the
+  // plan of every worker's least step (its bound, with their common
+  // Newton-Schulz work on every worker at the fastest model's speed): then
+  // that plan cannot win and is not made. Else it is made as below.
+  bool every_told = false;
+  if (grouping.joinable() && bound.Seconds(all, 0) > 0) {
+    const AtOnce found = at_once_done.get();
+    const double least =
+        found.work > 0 && fastest > 0
+            ? bound.Seconds(all, found.work / (all.size() * fastest))
+            : 0.0;
+    if (least > 0 && found.seconds <= least) {
+      every_known.set_value(Every{least, found.work});
+      every_told = true;
+      grouping.join();
+      absl::StatusOr<TopologyPlan> out = whole();
+      if (out.ok()) {
+        out->ungrouped_seconds = least;
+        out->ungrouped_passed_over = true;
+        return out;
+      }
+    }
   }
   absl::StatusOr<OwnershipPlan> every = plan_ranks(all, nullptr, false);
   absl::StatusOr<TopologyPlan> scheduled_every =
@@ -952,26 +1034,13 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
     scheduled_every->ungrouped_seconds =
         predicted(*scheduled_every, models, settings);
   }
-  every_known.set_value(scheduled_every.ok()
-                            ? Every{scheduled_every->ungrouped_seconds,
-                                    scheduled_every->plan.work_seconds}
-                            : Every{});
+  if (!every_told) {
+    every_known.set_value(scheduled_every.ok()
+                              ? Every{scheduled_every->ungrouped_seconds,
+                                      scheduled_every->plan.work_seconds}
+                              : Every{});
+  }
   if (grouping.joinable()) grouping.join();
-  // The best grouping's plan over all its groups. Its schedule stays the
-  // first group's, cut where that group's was: each group's is the same on
-  // its own members (the same buckets), and every worker builds its own.
-  const auto whole = [&]() -> absl::StatusOr<TopologyPlan> {
-    TopologyPlan out = *std::move(best.first_group);
-    out.plan =
-        ReplicateOverGroups(std::move(out.plan), *best.grouping, worker_ids);
-    out.plan.dedicated = dedicated;
-    MUONPS_RETURN_IF_ERROR(CheckPlanLayout(matrices, out.plan));
-    out.grouping.predicted_seconds = best.seconds;
-    out.groups_offered = true;
-    out.grouped_seconds = best.seconds;
-    out.grouped_candidates = tried;
-    return out;
-  };
   if (!scheduled_every.ok()) {
     if (best.first_group.ok()) return whole();  // a grouped plan stands alone
     return scheduled_every.status();

@@ -336,6 +336,10 @@ struct TopologyPlan {
   bool groups_offered = false;
   double grouped_seconds = 0;
   double ungrouped_seconds = 0;
+  // The plan of every worker was not made: a grouping planned beside it
+  // predicted no more than its least step (StepBound), which
+  // ungrouped_seconds is then.
+  bool ungrouped_passed_over = false;
   std::vector<std::pair<int, double>> grouped_candidates;
   std::string groups_declined;
   // Where trainers hold whole experts and their shards are known
@@ -415,9 +419,11 @@ enum class OwnerGroupsUse {
 // that plan's Newton-Schulz work on its fewer workers at the fastest
 // model's speed) exceeds it. The other groupings are planned on a thread
 // of their own beside the plan of every rank (`plan_ranks` is called from
-// two threads at once). Errors: the plan of
-// every rank's, or its schedule's (where a grouped plan could be made, it
-// stands alone then).
+// two threads at once). Where that bound holds, the plan of every rank
+// waits for them, and is not made at all where the best of them predicts
+// no more than its own least step (TopologyPlan::ungrouped_passed_over).
+// Errors: the plan of every rank's, or its schedule's (where a grouped plan
+// could be made, it stands alone then).
 absl::StatusOr<TopologyPlan> PlanOnTopology(
     const std::vector<MatrixSpec>& matrices,
     const std::vector<std::string>& worker_ids, int dedicated,
