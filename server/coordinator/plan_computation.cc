@@ -475,12 +475,13 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     const std::vector<std::vector<int32_t>>& taken = planned->plan.groups;
     spdlog::info(
         "job {} plan version {}: owner groups {} ({} ms predicted with the "
-        "best, {} ms without; {}){}{}",
+        "best, {} ms {}without; {}){}{}",
         s.job, s.version,
         taken.empty() ? std::string("declined")
                       : absl::StrCat("taken: ", taken.size(), " of ",
                                      taken[0].size(), " workers"),
-        planned->grouped_seconds * 1e3, planned->ungrouped_seconds * 1e3, tried,
+        planned->grouped_seconds * 1e3, planned->ungrouped_seconds * 1e3,
+        planned->ungrouped_passed_over ? "at least (not planned) " : "", tried,
         planned->groups_declined.empty() ? "" : ": ", planned->groups_declined);
   }
   if (planned->at_holders_seconds > 0) {
