@@ -145,6 +145,7 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   result.groups_declined = planned->groups_declined;
   result.grouped_seconds = planned->grouped_seconds;
   result.ungrouped_seconds = planned->ungrouped_seconds;
+  result.ungrouped_passed_over = planned->ungrouped_passed_over;
   result.grouped_candidates = planned->grouped_candidates;
   result.at_holders_seconds = planned->at_holders_seconds;
   result.where_free_seconds = planned->where_free_seconds;

@@ -130,6 +130,9 @@ struct SimResult {
   // predicted step), and why they were declined ("" when taken).
   double grouped_seconds = 0;
   double ungrouped_seconds = 0;
+  // The plan without groups was not made: ungrouped_seconds is its least
+  // step (scheduler::TopologyPlan::ungrouped_passed_over).
+  bool ungrouped_passed_over = false;
   std::vector<std::pair<int, double>> grouped_candidates;
   std::string groups_declined;
   // Where trainers hold whole experts (row_sharded stacks): the predicted

@@ -35,7 +35,9 @@
 // nodes when every matrix is replicated and N spans several nodes, each
 // clocked in group_candidates, the shortest step taken where it beats
 // ungrouped_ms; else 1 and N): the planner plans one group's workers and
-// each group owns every matrix.
+// each group owns every matrix. ungrouped_passed_over: that plan was not
+// made, since the best grouping predicted no more than its least step
+// (ungrouped_ms is that bound).
 // adamw_ms: fused AdamW of the same parameters when every GPU steps all of
 // them (data parallel: 14.2 ms x parameters / 1.74e9, measured on one
 // H200); adamw_sharded_ms: FSDP-style, each GPU steps 1/N of them.
@@ -263,6 +265,7 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   if (r.ungrouped_seconds > 0) {
     j["grouped_ms"] = r.grouped_seconds * 1e3;
     j["ungrouped_ms"] = r.ungrouped_seconds * 1e3;
+    if (r.ungrouped_passed_over) j["ungrouped_passed_over"] = true;
     nlohmann::ordered_json tried = nlohmann::ordered_json::array();
     for (const auto& [members, seconds] : r.grouped_candidates) {
       tried.push_back(
