@@ -28,10 +28,7 @@ StepBound::StepBound(const std::vector<MatrixSpec>& matrices,
     for (const MatrixSpec& m : matrices) {
       elements += static_cast<double>(m.rows * m.cols * m.experts);
     }
-    apply_before_votes_seconds_ = elements *
-                                  (4 * 4 + settings.update_bytes_per_element) /
-                                  settings.hbm_bytes_per_second;
-    update_bytes_ = elements * settings.update_bytes_per_element;
+    apply_before_votes_seconds_ = ApplyBeforeVotesSeconds(elements, settings);
   }
   const std::vector<int64_t> bounds =
       options.bucket_bytes > 0 ? std::vector<int64_t>{options.bucket_bytes}
@@ -95,8 +92,8 @@ std::vector<double> StepBound::CutSeconds(const std::vector<int32_t>& ranks,
     double least =
         std::max(phases, compute_seconds + shortest) + apply_at_commit_seconds_;
     if (apply_before_votes_seconds_ >= 0) {
-      const double last_apply =
-          apply_before_votes_seconds_ * least_bytes / update_bytes_;
+      const double last_apply = ApplyBeforeVotesSeconds(
+          least_bytes / settings_.update_bytes_per_element, settings_);
       least = std::min(least,
                        std::max(phases + last_apply,
                                 compute_seconds + apply_before_votes_seconds_));

@@ -68,7 +68,6 @@ class StepBound {
   // Every update applied before the votes (ClockSettings::apply_early);
   // -1: the applies are at the commit.
   double apply_before_votes_seconds_ = -1;
-  double update_bytes_ = 0;  // of every matrix's update
   // Per bucket bound that ChooseStepGrouping may choose, its buckets.
   std::vector<std::vector<BucketSum>> cuts_;
 };

@@ -431,8 +431,6 @@ double EarlyApplyEnd(const std::vector<MatrixSpec>& matrices,
                      const StepSchedule& schedule, const Clocked& clock,
                      const std::vector<double>& compute_end, int workers,
                      const ClockSettings& settings) {
-  const double bytes_per_element =
-      4 * 4 + settings.update_bytes_per_element;  // keep, then apply
   std::vector<double> seconds(clock.update_buckets.size(), 0.0);
   for (size_t k = 0; k < clock.update_buckets.size(); ++k) {
     for (const Transfer& x :
@@ -442,9 +440,9 @@ double EarlyApplyEnd(const std::vector<MatrixSpec>& matrices,
       if (x.group != 0) continue;
       const MatrixSpec& spec = matrices[x.item.matrix];
       const double elements = static_cast<double>(spec.rows * spec.cols);
-      seconds[k] +=
-          (spec.layout == Layout::kRowSharded ? elements / workers : elements) *
-          bytes_per_element / settings.hbm_bytes_per_second;
+      seconds[k] += ApplyBeforeVotesSeconds(
+          spec.layout == Layout::kRowSharded ? elements / workers : elements,
+          settings);
     }
   }
   // A worker starting at c ends at max(c + every bucket's seconds, the
@@ -648,6 +646,11 @@ double ControlSeconds(int workers, const ClockSettings& settings) {
          kControlRoundsPerStep *
              ControlMessagesOnPath(workers, settings.control_tree_fanout) *
              settings.control_message_us * 1e-6;
+}
+
+double ApplyBeforeVotesSeconds(double elements, const ClockSettings& settings) {
+  return elements * (4 * 4 + settings.update_bytes_per_element) /
+         settings.hbm_bytes_per_second;
 }
 
 double ApplySeconds(const std::vector<MatrixSpec>& matrices, int workers,

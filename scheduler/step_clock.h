@@ -260,6 +260,11 @@ struct StepClock {
   int phases = 0;
 };
 
+// Seconds to apply `elements` parameters before the votes: each copied
+// aside first (the fp32 parameter read and written), then applied as the
+// commit does, at `settings.hbm_bytes_per_second`.
+double ApplyBeforeVotesSeconds(double elements, const ClockSettings& settings);
+
 // Seconds of the commit's apply on the busiest of `workers` trainers: the
 // fp32 parameter read and written and the update read, for every
 // parameter that trainer holds (all of a matrix, 1/workers of a

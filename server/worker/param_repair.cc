@@ -37,13 +37,14 @@ absl::Status RepairParameters(const RoundDecision& decision,
                : t.Recv(b.param, b.param_elements, b.dtype, peer, stream));
   }
   // The means sit in the source's staging since it committed the step.
-  for (size_t k = 0; means && k < trainer->unreduced.size(); ++k) {
-    const int i = trainer->unreduced[k];
-    const Binding& b = trainer->adamw[i].second;
-    float* mean = trainer->means->data() + b.staged_at;
-    MUONPS_RETURN_IF_ERROR(
-        source ? t.Send(mean, b.elements, DType::kFloat32, peer, stream)
-               : t.Recv(mean, b.elements, DType::kFloat32, peer, stream));
+  if (means) {
+    for (const int i : trainer->unreduced) {
+      const Binding& b = trainer->adamw[i].second;
+      float* mean = trainer->means->data() + b.staged_at;
+      MUONPS_RETURN_IF_ERROR(
+          source ? t.Send(mean, b.elements, DType::kFloat32, peer, stream)
+                 : t.Recv(mean, b.elements, DType::kFloat32, peer, stream));
+    }
   }
   MUONPS_RETURN_IF_ERROR(t.Synchronize(stream, timeout));
   if (source) return absl::OkStatus();
