@@ -216,6 +216,20 @@ absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
       to.push_back(r->second);
     }
   }
+  for (int k = 0; k < plan.exchange_nodes_size(); ++k) {
+    const v1::NodeWorkers& node = plan.exchange_nodes(k);
+    std::vector<int32_t>& to = out.exchange_nodes.emplace_back();
+    for (int p = 0; p < node.workers_size(); ++p) {
+      auto r = rank_of.find(node.workers(p));
+      if (r == rank_of.end()) {
+        return InvalidField(
+            absl::StrCat("plan.exchange_nodes[", k, "].workers[", p, "]"),
+            absl::StrCat(Quoted(node.workers(p)),
+                         " is not a worker of the plan"));
+      }
+      to.push_back(r->second);
+    }
+  }
   for (size_t m = 0; m < matrices.size(); ++m) {
     if (static_cast<int64_t>(out.owners[m].size()) != matrices[m].experts) {
       return InvalidField(

@@ -52,12 +52,14 @@ kernels::MuonHyperparameters MuonFromProto(const v1::MuonHyperparameters& h);
 
 // Owners by matrix and expert (ranks = indices into plan.workers()), in
 // the order of `matrices`, the owner groups (OwnershipPlan::groups, by
-// rank), and the plan's batches (worker, shape, members, parts, predicted
+// rank), the exchange nodes (OwnershipPlan::exchange_nodes, by rank), and
+// the plan's batches (worker, shape, members, parts, predicted
 // seconds; a batch without parts, from a coordinator that predates them,
 // gets one part of every member with its `algorithm`). INVALID_ARGUMENT
 // naming the plan field when the plan names a matrix, expert or worker the
 // job does not have. Whether the batches agree with the owners, and the
-// groups with the workers and owners (scheduler::CheckOwnerGroups), is
+// groups with the workers and owners (scheduler::CheckOwnerGroups) and the
+// exchange nodes with the workers (scheduler::CheckExchangeNodes), is
 // scheduler::BuildStepSchedule's to check.
 absl::StatusOr<scheduler::OwnershipPlan> OwnershipFromPlan(
     const v1::Plan& plan, const std::vector<scheduler::MatrixSpec>& matrices);

@@ -1,6 +1,7 @@
 #include "scheduler/plan_types.h"
 
 #include <algorithm>
+#include <string>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -90,6 +91,47 @@ OwnerGroups::OwnerGroups(const std::vector<std::vector<int32_t>>& groups,
   }
 }
 
+namespace {
+
+// INVALID_ARGUMENT naming `field` unless `split` splits `workers` worker
+// indices into lists of one size (at least one each), each index in
+// exactly one; `what` names a list. On success `of[r]` is r's list.
+absl::Status CheckSplit(const std::vector<std::vector<int32_t>>& split,
+                        int32_t workers, absl::string_view field,
+                        absl::string_view what, std::vector<int32_t>* of) {
+  of->assign(workers, -1);
+  const size_t size = split[0].size();
+  for (size_t g = 0; g < split.size(); ++g) {
+    const std::vector<int32_t>& list = split[g];
+    const std::string at = absl::StrCat(field, "[", g, "]");
+    if (list.empty() || list.size() != size) {
+      return InvalidField(
+          at,
+          absl::StrCat("has ", list.size(), " workers; the first has ", size,
+                       " (every ", what, " the same size, at least one)"));
+    }
+    for (const int32_t r : list) {
+      if (r < 0 || r >= workers) {
+        return InvalidField(at, absl::StrCat(r, " is not a worker index"));
+      }
+      if ((*of)[r] >= 0) {
+        return InvalidField(at, absl::StrCat("worker ", r, " is also in ", what,
+                                             " ", (*of)[r]));
+      }
+      (*of)[r] = static_cast<int32_t>(g);
+    }
+  }
+  for (int32_t r = 0; r < workers; ++r) {
+    if ((*of)[r] < 0) {
+      return InvalidField(field,
+                          absl::StrCat("worker ", r, " is in no ", what));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckOwnerGroups(const OwnershipPlan& plan) {
   if (plan.groups.empty()) return absl::OkStatus();
   const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
@@ -99,35 +141,9 @@ absl::Status CheckOwnerGroups(const OwnershipPlan& plan) {
                                      " dedicated workers: groups need a "
                                      "trainer on every worker"));
   }
-  std::vector<int32_t> group_of(workers, -1);
-  const size_t size = plan.groups[0].size();
-  for (size_t g = 0; g < plan.groups.size(); ++g) {
-    const std::vector<int32_t>& group = plan.groups[g];
-    if (group.empty() || group.size() != size) {
-      return InvalidField(
-          absl::StrCat("plan.groups[", g, "]"),
-          absl::StrCat("has ", group.size(), " workers; the first has ", size,
-                       " (every group the same size, at least one)"));
-    }
-    for (const int32_t r : group) {
-      if (r < 0 || r >= workers) {
-        return InvalidField(absl::StrCat("plan.groups[", g, "]"),
-                            absl::StrCat(r, " is not a worker index"));
-      }
-      if (group_of[r] >= 0) {
-        return InvalidField(
-            absl::StrCat("plan.groups[", g, "]"),
-            absl::StrCat("worker ", r, " is also in group ", group_of[r]));
-      }
-      group_of[r] = static_cast<int32_t>(g);
-    }
-  }
-  for (int32_t r = 0; r < workers; ++r) {
-    if (group_of[r] < 0) {
-      return InvalidField("plan.groups",
-                          absl::StrCat("worker ", r, " is in no group"));
-    }
-  }
+  std::vector<int32_t> group_of;
+  MUONPS_RETURN_IF_ERROR(
+      CheckSplit(plan.groups, workers, "plan.groups", "group", &group_of));
   for (size_t m = 0; m < plan.owners.size(); ++m) {
     for (const int32_t owner : plan.owners[m]) {
       if (owner >= 0 && owner < workers && group_of[owner] != 0) {
@@ -140,6 +156,26 @@ absl::Status CheckOwnerGroups(const OwnershipPlan& plan) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckExchangeNodes(const OwnershipPlan& plan) {
+  if (plan.exchange_nodes.empty()) return absl::OkStatus();
+  const std::string field = "plan.exchange_nodes";
+  if (plan.exchange_nodes.size() < 2) {
+    return InvalidField(field, "one node: the rings sum within it");
+  }
+  if (!plan.groups.empty()) {
+    return InvalidField(field, "owner groups keep their gradients apart");
+  }
+  if (plan.dedicated != 0) {
+    return InvalidField(field, absl::StrCat(plan.dedicated,
+                                            " dedicated workers: every "
+                                            "worker adds its trainer's part"));
+  }
+  std::vector<int32_t> node_of;
+  return CheckSplit(plan.exchange_nodes,
+                    static_cast<int32_t>(plan.worker_ids.size()), field, "node",
+                    &node_of);
 }
 
 OwnershipPlan ReplicateOverGroups(

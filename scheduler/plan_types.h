@@ -171,6 +171,16 @@ struct OwnershipPlan {
   // index at position s of group g; every worker in exactly one group; no
   // dedicated workers. Empty: one group of every worker.
   std::vector<std::vector<int32_t>> groups;
+  // The nodes over which unreduced gradients are summed in two levels
+  // (NodeExchange, node_exchange.h): nodes[k][p] the worker index at
+  // position p of node k; every node as many, every worker in exactly one,
+  // at least two nodes; no owner groups and no dedicated workers. What the
+  // coordinator plans where it predicts the shorter step: each bucket's
+  // gradients summed within each node and then across the nodes among the
+  // workers of one position, and each matrix's segments then gathered to
+  // its owner, instead of a ring reduce over every rank per matrix (and
+  // the updates back the reverse way). Empty: the rings.
+  std::vector<std::vector<int32_t>> exchange_nodes;
   // Same-shape batches, sorted by worker, then shape (every group's).
   std::vector<Batch> batches;
   // Per worker: predicted seconds (NS + transfers), bytes reserved for owned
@@ -234,6 +244,11 @@ class OwnerGroups {
 // them, every owner (OwnershipPlan::owners) in the first, no dedicated
 // workers.
 absl::Status CheckOwnerGroups(const OwnershipPlan& plan);
+
+// INVALID_ARGUMENT naming plan.exchange_nodes unless they are empty or: at
+// least two nodes of one size (at least one worker each), every worker
+// index in exactly one, no owner groups and no dedicated workers.
+absl::Status CheckExchangeNodes(const OwnershipPlan& plan);
 
 // `plan` (of the workers of one group, in the order of `ranks`) made the
 // plan of every worker: owners, batches and per-worker figures renumbered

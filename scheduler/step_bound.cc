@@ -103,5 +103,69 @@ std::vector<double> StepBound::CutSeconds(const std::vector<int32_t>& ranks,
   return out;
 }
 
+ExchangeLevels ExchangeLevelsOf(int nodes, int per_node, double elements,
+                                double packed, bool update, bool within_nic,
+                                bool across_nic,
+                                const ClockSettings& settings) {
+  const LinkFigures& l = settings.topology.links;
+  const double e = update ? settings.update_bytes_per_element
+                          : settings.wire_bytes_per_element;
+  const int g = per_node;
+  int halving = 1;  // M'
+  int rounds = 0;
+  while (halving * 2 <= nodes) {
+    halving *= 2;
+    ++rounds;
+  }
+  const int fold = nodes > halving ? 1 : 0;
+  ExchangeLevels out;
+  // Within the nodes, the fold, the rounds, and the pieces across the
+  // nodes and then within them.
+  const int launches = (g > 1 ? 1 : 0) + fold + rounds + 1 + (g > 1 ? 1 : 0);
+  out.latency_seconds = launches * (l.latency_us + l.hop_latency_us) * 1e-6;
+  // Within each node every member sends its G - 1 other blocks and
+  // receives G - 1 of its own; across the nodes, the fold's block and the
+  // halving's halves, block (M' - 1) / M'.
+  const double block = packed / g;
+  out.within_bytes = block * e * (g - 1);
+  out.across_bytes = block * e * ((halving - 1.0) / halving + fold);
+  const double nvlink = l.nvlink_gbs * 1e9;
+  const double nic = l.inter_node_gbs * 1e9;
+  // HBM: each item copied into the pack (gradients) or out of it
+  // (updates), read and written; and each gradient element added, two fp32
+  // reads and a write: G - 1 blocks within the node, the fold's block and
+  // the halving's halves.
+  double hbm = 2.0 * elements * e;
+  if (!update) hbm += 12.0 * block * (g - 1 + (halving - 1.0) / halving + fold);
+  out.seconds = out.latency_seconds +
+                out.within_bytes / (within_nic ? nic : nvlink) +
+                out.across_bytes / (across_nic ? nic : nvlink) +
+                hbm / settings.hbm_bytes_per_second;
+  return out;
+}
+
+double ExchangeStepBound(const std::vector<MatrixSpec>& matrices, int workers,
+                         int nodes, int per_node,
+                         const ClockSettings& settings) {
+  double elements = 0;
+  for (const MatrixSpec& m : matrices) {
+    if (m.layout != Layout::kUnreduced) continue;
+    elements += static_cast<double>(m.rows * m.cols * m.experts);
+  }
+  if (elements == 0) return 0;
+  double least = 0;
+  for (const bool update : {false, true}) {
+    least +=
+        ExchangeLevelsOf(nodes, per_node, elements, elements, update,
+                         /*within_nic=*/false, /*across_nic=*/true, settings)
+            .seconds;
+  }
+  least += ControlSeconds(workers, settings);
+  if (!settings.apply_early || workers < 2) {
+    least += ApplySeconds(matrices, workers, settings);
+  }
+  return least * (1 - 1e-9);
+}
+
 }  // namespace scheduler
 }  // namespace muonps

@@ -1,14 +1,18 @@
-// Internal to the step clock: a lower bound on the step ChooseStepGrouping
-// predicts for a plan of some of a job's ranks, known before the plan is
-// made, so that PlanOnTopology can pass over an owner grouping that cannot
-// beat the plan of every worker without planning it.
+// Internal to the step clock: lower bounds on the step ChooseStepGrouping
+// predicts, known before a plan or its schedule is made, so that
+// PlanOnTopology can pass over an owner grouping that cannot beat the plan
+// of every worker without planning it (StepBound), and the exchange that
+// cannot beat the rings without scheduling it (ExchangeStepBound).
 //
-// It holds where every matrix is replicated, no worker is dedicated and
-// the ranks span more than one node: then every transfer is an update
+// StepBound holds where every matrix is replicated, no worker is dedicated
+// and the ranks span more than one node: then every transfer is an update
 // broadcast by a ring among all the ranks (no gradient moves, no peer
-// writes), whose bytes, messages and ring hops do not depend on who owns
-// what, and the buckets are cut from the matrices alone. Every phase runs
-// one after another on the transfer timeline, and the last one starts
+// writes; exchange nodes, OwnershipPlan::exchange_nodes, change nothing:
+// they carry only unreduced matrices), whose bytes, messages and ring hops
+// do not depend on who owns what, and the buckets are cut from the
+// matrices alone. Where some matrix is unreduced there is none: its
+// transfers, by rings or by the exchange, depend on the plan. Every phase
+// runs one after another on the transfer timeline, and the last one starts
 // after all compute, so the stage lasts at least the sum of the phases,
 // and at least the busiest worker's compute plus the shortest phase; the
 // commit then applies every update. Where the workers may apply them
@@ -19,7 +23,8 @@
 // either over the bucket bounds ChooseStepGrouping may choose, plus the
 // control rounds, less a relative 1e-9 for rounding.
 //
-// Immutable after construction; safe to share between threads.
+// StepBound is immutable after construction and safe to share between
+// threads; the functions are thread-safe.
 #ifndef MUONPS_SCHEDULER_STEP_BOUND_H_
 #define MUONPS_SCHEDULER_STEP_BOUND_H_
 
@@ -71,6 +76,38 @@ class StepBound {
   // Per bucket bound that ChooseStepGrouping may choose, its buckets.
   std::vector<std::vector<BucketSum>> cuts_;
 };
+
+// What one bucket's exchange (step_clock.h's model) costs whoever owns its
+// items: of `nodes` exchange nodes of `per_node` workers, `elements` items'
+// elements packed into `packed` (NodeExchange::packed()), gradients or
+// (`update`) updates, each level over the NICs or NVLink as told.
+struct ExchangeLevels {
+  double latency_seconds = 0;  // the launches'
+  double within_bytes = 0;     // each member, each way, within its node
+  double across_bytes = 0;     // each member, each way, across the nodes
+  // The launches' latency, the levels' and the HBM time: all of the
+  // exchange but its pieces.
+  double seconds = 0;
+};
+ExchangeLevels ExchangeLevelsOf(int nodes, int per_node, double elements,
+                                double packed, bool update, bool within_nic,
+                                bool across_nic, const ClockSettings& settings);
+
+// A lower bound on the step ClockStep predicts for a schedule of
+// `matrices` on `settings`' `workers` ranks with exchange nodes of
+// `per_node` workers on each of `nodes` hosts (the topology's nodes, as
+// ChooseExchangeNodes gives them), whatever its plan and bucket bound
+// (ChooseStepGrouping's choice among them): every phase runs one after
+// another on the transfer timeline, the stage lasts at least their sum,
+// and each bucket's exchange costs at least its ExchangeLevelsOf (its pack
+// at least its elements), which grow with its elements, so the buckets of
+// the unreduced matrices cost at least one bucket of all of them each way.
+// The commit adds the control rounds, and, where the workers may not apply
+// the updates before the votes, their apply. Less a relative 1e-9 for
+// rounding; 0 without unreduced matrices.
+double ExchangeStepBound(const std::vector<MatrixSpec>& matrices, int workers,
+                         int nodes, int per_node,
+                         const ClockSettings& settings);
 
 }  // namespace scheduler
 }  // namespace muonps

@@ -1,8 +1,10 @@
 #include "scheduler/step_bound.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -45,14 +47,15 @@ Job Replicated(int count, int workers) {
 }
 
 // The plan of `ranks` alone and the step ChooseStepGrouping predicts for
-// it on their nodes, cut as `options` says.
+// it on their nodes, cut as `options` says; with `exchange`, the plan's
+// exchange nodes are those nodes (ranks of one node in order).
 struct Alone {
   OwnershipPlan plan;
   double predicted_seconds = 0;
 };
 
 Alone PlanAlone(const Job& job, const std::vector<int32_t>& ranks,
-                const ScheduleOptions& options) {
+                const ScheduleOptions& options, bool exchange = false) {
   PlanInput input{job.matrices, {}, {}};
   ClockSettings alone = job.settings;
   alone.topology.node.clear();
@@ -64,6 +67,15 @@ Alone PlanAlone(const Job& job, const std::vector<int32_t>& ranks,
   }
   Alone out;
   out.plan = *PlanOwnership(input);
+  if (exchange) {
+    for (size_t p = 0; p < ranks.size(); ++p) {
+      const int32_t node = alone.topology.node[p];
+      if (p == 0 || node != alone.topology.node[p - 1]) {
+        out.plan.exchange_nodes.emplace_back();
+      }
+      out.plan.exchange_nodes.back().push_back(static_cast<int32_t>(p));
+    }
+  }
   const StepGrouping g =
       *ChooseStepGrouping(job.matrices, out.plan, models, alone, options);
   out.predicted_seconds = g.predicted_seconds > 0
@@ -105,9 +117,79 @@ TEST(StepBoundTest, StaysBelowThePredictedStepOfEveryPlanAcrossNodes) {
                   (apply_early ? 0.85 : 0.9) * alone.predicted_seconds)
             << workers << " apply_early " << apply_early;
         EXPECT_LE(bound.Seconds(ranks, 0), with_compute) << workers;
+        // Exchange nodes carry no replicated matrix: the same step.
+        const Alone exchange = PlanAlone(job, ranks, options, true);
+        ASSERT_EQ(exchange.plan.exchange_nodes.size(), workers / 8u);
+        EXPECT_DOUBLE_EQ(exchange.predicted_seconds, alone.predicted_seconds)
+            << workers;
+        EXPECT_LE(with_compute, exchange.predicted_seconds) << workers;
       }
     }
   }
+}
+
+TEST(StepBoundTest, NoneBelowAnExchangePlanOfUnreducedMatrices) {
+  // Some matrices unreduced: their transfers depend on the plan (rings or
+  // the exchange), so there is no bound, and it never exceeds either step.
+  Job job = Replicated(600, 32);
+  for (size_t m = 0; m < job.matrices.size(); m += 3) {
+    job.matrices[m].layout = Layout::kUnreduced;
+  }
+  for (const bool apply_early : {false, true}) {
+    job.settings.apply_early = apply_early;
+    const StepBound bound(job.matrices, job.settings, {}, 0);
+    const std::vector<int32_t> ranks = FirstRanks(32);
+    const Alone rings = PlanAlone(job, ranks, {.bucket_bytes = 0});
+    const Alone exchange = PlanAlone(job, ranks, {.bucket_bytes = 0}, true);
+    ASSERT_EQ(exchange.plan.exchange_nodes.size(), 4u);
+    EXPECT_GT(exchange.predicted_seconds, 0);
+    EXPECT_NE(exchange.predicted_seconds, rings.predicted_seconds);
+    EXPECT_THAT(bound.CutSeconds(ranks, exchange.plan.work_seconds / 32),
+                ::testing::IsEmpty());
+    EXPECT_LE(bound.Seconds(ranks, exchange.plan.work_seconds / 32),
+              std::min(rings.predicted_seconds, exchange.predicted_seconds));
+  }
+}
+
+TEST(StepBoundTest, ExchangeBoundStaysBelowEveryCutOfEveryPlan) {
+  // Unreduced (and some replicated and row-sharded) matrices on nodes of
+  // 8, 2 and 1, with a fold where the nodes are not a power of two: the
+  // exchange's least step is below the clock of every bucket bound.
+  for (const auto& [workers, per_node] :
+       std::vector<std::pair<int, int>>{{16, 8}, {24, 8}, {6, 2}, {5, 1}}) {
+    Job job = Replicated(400, workers);
+    job.settings.topology = Topology::Blocks(workers, per_node);
+    for (size_t m = 0; m < job.matrices.size(); ++m) {
+      job.matrices[m].layout = m % 5 == 0   ? Layout::kReplicated
+                               : m % 7 == 0 ? Layout::kRowSharded
+                                            : Layout::kUnreduced;
+    }
+    PlanInput input{job.matrices, job.workers, {}};
+    OwnershipPlan plan = *PlanOwnership(input);
+    plan.exchange_nodes = ChooseExchangeNodes(
+        job.matrices, job.settings.topology, workers, /*dedicated=*/0);
+    ASSERT_EQ(plan.exchange_nodes.size(),
+              static_cast<size_t>(workers / per_node));
+    for (const bool apply_early : {false, true}) {
+      job.settings.apply_early = apply_early;
+      const double least = ExchangeStepBound(
+          job.matrices, workers, workers / per_node, per_node, job.settings);
+      EXPECT_GT(least, 0);
+      for (const int64_t bound : BucketBoundsTried(job.matrices)) {
+        const StepSchedule schedule =
+            *BuildStepSchedule(job.matrices, plan, {.bucket_bytes = bound});
+        const StepClock clock = ClockStep(job.matrices, schedule,
+                                          StackSeconds(schedule, job.models),
+                                          workers, job.settings);
+        EXPECT_LE(least, clock.predicted_seconds)
+            << workers << " on nodes of " << per_node << ", bucket " << bound
+            << ", apply_early " << apply_early;
+      }
+    }
+  }
+  // No unreduced matrix: nothing moves by the exchange.
+  Job job = Replicated(10, 16);
+  EXPECT_EQ(ExchangeStepBound(job.matrices, 16, 2, 8, job.settings), 0);
 }
 
 TEST(StepBoundTest, NoneWhereTransfersDependOnThePlanOrStayOnOneNode) {

@@ -9,12 +9,14 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/rank_tree.h"
 #include "common/status.h"
+#include "scheduler/node_exchange.h"
 #include "scheduler/step_bound.h"
 
 namespace muonps {
@@ -31,11 +33,12 @@ struct RankBytes {
 // nodes, and whether its updates go back by peer writes (see the header).
 struct GroupLinks {
   std::vector<int32_t> members;
-  int n = 0;              // members
-  int g = 0;              // the most members on one node
-  bool one_node = true;   // every member on one node
-  bool writes = false;    // updates back by peer writes
-  RankBytes ring_totals;  // every member's ring bytes, every phase
+  int n = 0;             // members
+  int g = 0;             // the most members on one node
+  bool one_node = true;  // every member on one node
+  bool writes = false;   // updates back by peer writes
+  // Every member's ring bytes (and the exchange's levels'), every phase.
+  RankBytes ring_totals;
   // By trainer shard: the member holding it (ClockSettings::trainer_shards),
   // or -1.
   std::vector<int32_t> holder_of_shard;
@@ -93,6 +96,7 @@ struct PhaseState {
       : settings(settings),
         groups(GroupsOf(matrices, schedule, workers, settings)),
         group_of(workers, 0),
+        exchange_nodes(schedule.exchange_nodes),
         phase(workers),
         totals(workers) {
     for (size_t k = 0; k < groups.size(); ++k) {
@@ -100,11 +104,30 @@ struct PhaseState {
         group_of[r] = static_cast<int32_t>(k);
       }
     }
+    // Exchange nodes laid otherwise than the hosts: a level that crosses
+    // a host anywhere is clocked over the NICs.
+    const Topology& t = settings.topology;
+    if (!exchange_nodes.empty()) exchange_at.resize(workers);
+    for (size_t k = 0; k < exchange_nodes.size(); ++k) {
+      const std::vector<int32_t>& node = exchange_nodes[k];
+      for (size_t p = 0; p < node.size(); ++p) {
+        exchange_at[node[p]] = {static_cast<int>(k), static_cast<int>(p)};
+        node_level_nic = node_level_nic || !t.SameNode(node[p], node[0]);
+        across_level_nic =
+            across_level_nic || !t.SameNode(node[p], exchange_nodes[0][p]);
+      }
+    }
   }
 
   const ClockSettings& settings;
   std::vector<GroupLinks> groups;
   std::vector<int32_t> group_of;  // by rank
+  // StepSchedule::exchange_nodes, and whether the exchange's levels
+  // (within each node, across the nodes) cross the NICs.
+  const std::vector<std::vector<int32_t>>& exchange_nodes;
+  std::vector<NodePosition> exchange_at;  // by rank
+  bool node_level_nic = false;
+  bool across_level_nic = false;
   std::vector<RankBytes> phase;   // point-to-point, this phase
   std::vector<int> touched;       // ranks with phase bytes
   std::vector<RankBytes> totals;  // point-to-point, every phase
@@ -122,6 +145,14 @@ class Phase {
     const GroupLinks& group = s_.groups[x.group];
     if (group.n == 1) return;  // NCCL with one rank moves nothing
     Part& part = parts_[x.group];
+    if (x.kind == TransferKind::kExchangeToOwner ||
+        x.kind == TransferKind::kExchangeFromOwner) {
+      // Not a launch of its own: the bucket's exchange (FinishExchange).
+      exchange_update_ = x.kind == TransferKind::kExchangeFromOwner;
+      exchange_sizes_.push_back(spec.rows * spec.cols);
+      exchange_owners_.push_back(x.owner);
+      return;
+    }
     const bool update = x.kind == TransferKind::kBroadcastFromOwner ||
                         x.kind == TransferKind::kScatterFromOwner;
     const double s =
@@ -174,6 +205,9 @@ class Phase {
       case TransferKind::kSendToOwner:
         Move(group.members[0], x.owner, s);
         break;
+      case TransferKind::kExchangeToOwner:
+      case TransferKind::kExchangeFromOwner:
+        break;  // above
     }
   }
 
@@ -198,12 +232,7 @@ class Phase {
       part.bandwidth_seconds =
           std::max(part.bandwidth_seconds, seconds(part, b));
       ++part.touched;
-      RankBytes& t = s_.totals[r];
-      t.nvlink_sent += b.nvlink_sent;
-      t.nvlink_received += b.nvlink_received;
-      t.nic_sent += b.nic_sent;
-      t.nic_received += b.nic_received;
-      b = RankBytes{};
+      Retire(r);
     }
     s_.touched.clear();
     double phase_seconds = 0, phase_latency = 0;
@@ -228,6 +257,11 @@ class Phase {
       group.ring_totals.nic_sent += part.ring_nic;
       group.ring_totals.nic_received += part.ring_nic;
     }
+    if (!exchange_sizes_.empty()) {
+      double latency = 0;
+      phase_seconds += FinishExchange(&latency);
+      phase_latency += latency;
+    }
     *latency_seconds += phase_latency;
     return phase_seconds;
   }
@@ -243,6 +277,162 @@ class Phase {
     int touched = 0;  // members with point-to-point bytes
     double bandwidth_seconds = 0;
   };
+
+  // Seconds of the exchange's pieces (`x`, `e` bytes an element), in two
+  // launches one after the other (the reverse order for updates): across
+  // the nodes, each item's piece in each segment from the segment's holder
+  // to the worker at the segment's position on the item's owner's node
+  // (none where the holder is on that node); within that node, the item's
+  // part in each block from the worker at the block's position to the
+  // owner (none from the owner's own block). Each launch takes its busiest
+  // rank's time. The receivers across the nodes (the senders, for updates)
+  // are tallied per rank. A holder sends its one segment's pieces: a
+  // segment within one item goes whole to one rank, which takes it all in,
+  // so only the segments that items' ends fall in (shared by the items
+  // beside them) are tallied. Adds the bytes to the totals, every member's
+  // segment as a ring's bytes.
+  double Pieces(const NodeExchange& x, double e) {
+    const bool update = exchange_update_;
+    const int64_t segment = x.segment();
+    const int64_t block = x.block();
+    const int halving = x.halving_nodes();
+    const int g = x.per_node();
+    const double rate = LinkRate(s_.across_level_nic);
+    // Elements the busiest holder sends, and the segment the last piece
+    // was in and its elements sent.
+    double holder = 0, at_sum = 0;
+    int64_t at_segment = -1;
+    for (size_t i = 0; i < exchange_sizes_.size(); ++i) {
+      const NodePosition at = s_.exchange_at[exchange_owners_[i]];
+      const int64_t begin = x.offset(i);
+      const int64_t end = x.offset(i + 1);
+      // Elements of the item in [from, from + count) of the pack.
+      const auto in = [&](int64_t from, int64_t count) {
+        return std::max<int64_t>(
+            0, std::min(end, from + count) - std::max(begin, from));
+      };
+      // Block q's part, but for the segment already on the owner's node
+      // (segment q M' + node; none past M'), to position q there.
+      for (int q = 0; q < g; ++q) {
+        int64_t part = in(q * block, block);
+        if (part == 0) continue;
+        if (at.node < halving) {
+          part -= in((int64_t{q} * halving + at.node) * segment, segment);
+        }
+        Tally(x.worker(at.node, q), !update, s_.across_level_nic,
+              static_cast<double>(part) * e);
+      }
+      const auto piece = [&](int64_t k) {
+        if (k != at_segment) {
+          holder = std::max(holder, at_sum);
+          at_segment = k;
+          at_sum = 0;
+        }
+        if (k % halving != at.node) {
+          at_sum += static_cast<double>(in(k * segment, segment));
+        }
+      };
+      piece(begin / segment);
+      if ((end - 1) / segment != begin / segment) piece((end - 1) / segment);
+    }
+    holder = std::max(holder, at_sum);
+    double seconds = std::max(holder * e / rate, TakeTouched());
+    // Within the owners' nodes: each block's part to (from) the owner.
+    for (size_t i = 0; i < exchange_sizes_.size(); ++i) {
+      const int32_t owner = exchange_owners_[i];
+      const NodePosition at = s_.exchange_at[owner];
+      const int64_t begin = x.offset(i);
+      const int64_t end = x.offset(i + 1);
+      for (int q = 0; q < g; ++q) {
+        if (q == at.position) continue;
+        const double part = static_cast<double>(std::max<int64_t>(
+            0, std::min(end, (q + 1) * block) - std::max(begin, q * block)));
+        if (part == 0) continue;
+        Tally(x.worker(at.node, q), update, s_.node_level_nic, part * e);
+        Tally(owner, !update, s_.node_level_nic, part * e);
+      }
+    }
+    seconds += TakeTouched();
+    // Every member's segment, counted whole: sent (gradients) or received
+    // (updates).
+    RankBytes& every = s_.groups[0].ring_totals;
+    double& whole = s_.across_level_nic
+                        ? (update ? every.nic_received : every.nic_sent)
+                        : (update ? every.nvlink_received : every.nvlink_sent);
+    whole += static_cast<double>(segment) * e;
+    return seconds;
+  }
+
+  // NIC or NVLink bytes per second.
+  double LinkRate(bool nic) const {
+    const LinkFigures& l = s_.settings.topology.links;
+    return (nic ? l.inter_node_gbs : l.nvlink_gbs) * 1e9;
+  }
+
+  // `bytes` of this phase's point-to-point ones into (`in`) or out of rank
+  // `r`, over its NIC or NVLink.
+  void Tally(int r, bool in, bool nic, double bytes) {
+    RankBytes& b = Touch(r);
+    (nic ? (in ? b.nic_received : b.nic_sent)
+         : (in ? b.nvlink_received : b.nvlink_sent)) += bytes;
+  }
+
+  // Adds rank r's point-to-point bytes of the phase to its totals and
+  // zeroes them.
+  void Retire(int r) {
+    RankBytes& b = s_.phase[r];
+    RankBytes& t = s_.totals[r];
+    t.nvlink_sent += b.nvlink_sent;
+    t.nvlink_received += b.nvlink_received;
+    t.nic_sent += b.nic_sent;
+    t.nic_received += b.nic_received;
+    b = RankBytes{};
+  }
+
+  // The busiest touched rank's seconds for its point-to-point bytes, which
+  // go to the totals, leaving the phase's zero.
+  double TakeTouched() {
+    const double nvlink = LinkRate(false);
+    const double nic = LinkRate(true);
+    double seconds = 0;
+    for (const int r : s_.touched) {
+      RankBytes& b = s_.phase[r];
+      seconds = std::max({seconds,
+                          std::max(b.nvlink_sent, b.nvlink_received) / nvlink,
+                          std::max(b.nic_sent, b.nic_received) / nic});
+      Retire(r);
+    }
+    s_.touched.clear();
+    return seconds;
+  }
+
+  // Seconds of the bucket's exchange (the header's model), after its other
+  // transfers: its launches one after another, its HBM copies and adds.
+  // Sets `*latency_seconds` to its launches' latency (part of the seconds)
+  // and adds its bytes to the totals.
+  double FinishExchange(double* latency_seconds) {
+    const ClockSettings& c = s_.settings;
+    const NodeExchange x(s_.exchange_nodes, exchange_sizes_);
+    const ExchangeLevels levels = ExchangeLevelsOf(
+        x.nodes(), x.per_node(), static_cast<double>(x.elements()),
+        static_cast<double>(x.packed()), exchange_update_, s_.node_level_nic,
+        s_.across_level_nic, c);
+    *latency_seconds = levels.latency_seconds;
+    RankBytes& every = s_.groups[0].ring_totals;
+    const double within = levels.within_bytes;
+    const double across = levels.across_bytes;
+    (s_.node_level_nic ? every.nic_sent : every.nvlink_sent) += within;
+    (s_.node_level_nic ? every.nic_received : every.nvlink_received) += within;
+    (s_.across_level_nic ? every.nic_sent : every.nvlink_sent) += across;
+    (s_.across_level_nic ? every.nic_received : every.nvlink_received) +=
+        across;
+    const double pieces =
+        Pieces(x, exchange_update_ ? c.update_bytes_per_element
+                                   : c.wire_bytes_per_element);
+    exchange_sizes_.clear();
+    exchange_owners_.clear();
+    return levels.seconds + pieces;
+  }
 
   RankBytes& Touch(int r) {
     RankBytes& b = s_.phase[r];
@@ -266,6 +456,11 @@ class Phase {
 
   PhaseState& s_;
   std::vector<Part> parts_;  // by owner group
+  // The bucket's exchanged items (kExchangeToOwner or kExchangeFromOwner,
+  // in the bucket's order): their elements and owners.
+  std::vector<int64_t> exchange_sizes_;
+  std::vector<int32_t> exchange_owners_;
+  bool exchange_update_ = false;
 };
 
 struct Clocked {
@@ -402,7 +597,11 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
         collective.clear();
         for (const Transfer& x : from) {
           const GroupLinks& group = groups[x.group];
-          (group.writes && !x.by_collective ? written : collective)
+          // Updates the exchange carries never go by peer writes.
+          (group.writes && !x.by_collective &&
+                   x.kind != TransferKind::kExchangeFromOwner
+               ? written
+               : collective)
               .push_back(x);
         }
         write(written);
@@ -477,6 +676,30 @@ bool GroupsWithinNodes(const OwnershipPlan& plan, const Topology& topology) {
   return std::all_of(plan.groups.begin(), plan.groups.end(), within);
 }
 
+// The nodes of `topology`'s `workers` ranks, each node's ranks in rank
+// order, the nodes by number; none (empty) unless the ranks span at least
+// two nodes and every node has as many.
+std::vector<std::vector<int32_t>> EqualNodes(const Topology& topology,
+                                             int workers) {
+  if (topology.node.size() != static_cast<size_t>(workers)) return {};
+  absl::flat_hash_map<int32_t, std::vector<int32_t>> by_node;
+  for (int r = 0; r < workers; ++r) by_node[topology.node[r]].push_back(r);
+  if (by_node.size() < 2) return {};
+  std::vector<std::pair<int32_t, std::vector<int32_t>>> numbered(
+      std::make_move_iterator(by_node.begin()),
+      std::make_move_iterator(by_node.end()));
+  std::sort(numbered.begin(), numbered.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const size_t size = numbered[0].second.size();
+  std::vector<std::vector<int32_t>> nodes;
+  nodes.reserve(numbered.size());
+  for (auto& [number, members] : numbered) {
+    if (members.size() != size) return {};
+    nodes.push_back(std::move(members));
+  }
+  return nodes;
+}
+
 }  // namespace
 
 Topology Topology::Blocks(int workers, int per_node) {
@@ -489,23 +712,11 @@ Topology Topology::Blocks(int workers, int per_node) {
 std::vector<OwnerGrouping> ChooseOwnerGroupings(
     const std::vector<MatrixSpec>& matrices, const Topology& topology,
     int workers, int dedicated) {
-  if (dedicated != 0 || topology.node.size() != static_cast<size_t>(workers) ||
-      topology.nodes() < 2) {
-    return {};
-  }
+  if (dedicated != 0) return {};
   for (const MatrixSpec& spec : matrices) {
     if (spec.layout != Layout::kReplicated) return {};
   }
-  // Each node's workers in rank order, the nodes by number.
-  absl::flat_hash_map<int32_t, std::vector<int32_t>> by_node;
-  for (int r = 0; r < workers; ++r) by_node[topology.node[r]].push_back(r);
-  std::vector<std::pair<int32_t, std::vector<int32_t>>> nodes(by_node.begin(),
-                                                              by_node.end());
-  std::sort(nodes.begin(), nodes.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [node, members] : nodes) {
-    if (members.size() != nodes[0].second.size()) return {};
-  }
+  const std::vector<std::vector<int32_t>> nodes = EqualNodes(topology, workers);
   const int count = static_cast<int>(nodes.size());
   std::vector<OwnerGrouping> out;
   for (int k = 1; k < count; ++k) {
@@ -513,7 +724,7 @@ std::vector<OwnerGrouping> ChooseOwnerGroupings(
     OwnerGrouping grouping(count / k);
     for (int n = 0; n < count; ++n) {
       std::vector<int32_t>& group = grouping[n / k];
-      group.insert(group.end(), nodes[n].second.begin(), nodes[n].second.end());
+      group.insert(group.end(), nodes[n].begin(), nodes[n].end());
     }
     for (std::vector<int32_t>& group : grouping) {
       std::sort(group.begin(), group.end());
@@ -521,6 +732,18 @@ std::vector<OwnerGrouping> ChooseOwnerGroupings(
     out.push_back(std::move(grouping));
   }
   return out;
+}
+
+std::vector<std::vector<int32_t>> ChooseExchangeNodes(
+    const std::vector<MatrixSpec>& matrices, const Topology& topology,
+    int workers, int dedicated) {
+  if (dedicated != 0 ||
+      std::none_of(matrices.begin(), matrices.end(), [](const MatrixSpec& m) {
+        return m.layout == Layout::kUnreduced;
+      })) {
+    return {};
+  }
+  return EqualNodes(topology, workers);
 }
 
 int Topology::nodes() const {
@@ -1088,20 +1311,65 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
       ChoosePlanOnTopology(matrices, worker_ids, dedicated, models, settings,
                            options, offered, use, plan_ranks));
   const int workers = static_cast<int>(worker_ids.size());
+  // A schedule's predicted step and applies: its chosen bound's clock, or
+  // (a bound not clocked) one now.
+  const auto clocked = [&](const StepGrouping& g) {
+    if (g.predicted_seconds > 0) {
+      return std::make_pair(g.predicted_seconds, g.applies);
+    }
+    const StepClock clock =
+        ClockStep(matrices, g.schedule, StackSeconds(g.schedule, models),
+                  workers, settings);
+    return std::make_pair(clock.predicted_seconds, clock.applies);
+  };
+  double predicted = 0;
+  ApplyWays ways;
+  bool known = false;  // predicted and ways are out.grouping's
+  // The same plan with exchange nodes: only its schedule differs.
+  std::vector<std::vector<int32_t>> nodes;
+  if (settings.node_exchange && out.plan.groups.empty()) {
+    nodes =
+        ChooseExchangeNodes(matrices, settings.topology, workers, dedicated);
+  }
+  if (!nodes.empty()) {
+    std::tie(predicted, ways) = clocked(out.grouping);
+    known = true;
+    // Where the exchange cannot be shorter, its schedule is not made.
+    const double least =
+        ExchangeStepBound(matrices, workers, static_cast<int>(nodes.size()),
+                          static_cast<int>(nodes[0].size()), settings);
+    if (least >= predicted) {
+      out.exchange_offered = true;
+      out.exchange_passed_over = true;
+      out.exchange_seconds = least;
+      out.rings_seconds = predicted;
+      nodes.clear();
+    }
+  }
+  if (!nodes.empty()) {
+    out.plan.exchange_nodes = std::move(nodes);
+    absl::StatusOr<StepGrouping> exchange =
+        ChooseStepGrouping(matrices, out.plan, models, settings, options);
+    bool taken = false;
+    if (exchange.ok()) {
+      const auto [seconds, applies] = clocked(*exchange);
+      out.exchange_offered = true;
+      out.exchange_seconds = seconds;
+      out.rings_seconds = predicted;
+      taken = seconds < predicted;
+      if (taken) {
+        out.grouping = *std::move(exchange);
+        predicted = seconds;
+        ways = applies;
+      }
+    }
+    if (!taken) out.plan.exchange_nodes.clear();
+  }
   if (!settings.apply_early || workers < 2 ||
       !MayApplyBeforeVotes(matrices, out.plan.groups.size())) {
     return out;
   }
-  // The chosen bound's clock, or (a bound not clocked) one now.
-  double predicted = out.grouping.predicted_seconds;
-  ApplyWays ways = out.grouping.applies;
-  if (predicted <= 0) {
-    const StepClock clock = ClockStep(
-        matrices, out.grouping.schedule,
-        StackSeconds(out.grouping.schedule, models), workers, settings);
-    predicted = clock.predicted_seconds;
-    ways = clock.applies;
-  }
+  if (!known) std::tie(predicted, ways) = clocked(out.grouping);
   const double rest = predicted - (ways.before_votes ? ways.left_seconds
                                                      : ways.at_commit_seconds);
   out.at_commit_seconds = rest + ways.at_commit_seconds;

@@ -76,6 +76,42 @@
 //   max(NVLink bytes / nvlink rate, NIC bytes / NIC rate), bytes per rank
 //   the larger of sent and received.
 //
+// Exchange nodes (StepSchedule::exchange_nodes: M nodes of G workers, no
+// owner groups): a bucket's unreduced gradients and their updates move by
+// the two-level exchange (node_exchange.h) instead of a reduce and a
+// broadcast per matrix, after the bucket's other transfers (timed as
+// above), its launches one after another. None of them is a per-matrix
+// message, and none fills a ring over every rank. With M' the largest
+// power of two <= M, [M > M'] 1 where M is not one (else 0), S the bytes
+// of the bucket's exchanged items packed and padded (E elements unpadded,
+// b bytes each: wire_bytes_per_element for gradients,
+// update_bytes_per_element for updates), each way:
+// - launches: 1 within the nodes (where G > 1), [M > M'] for the fold,
+//   log2 M' halving (doubling) rounds and 2 of pieces (1 where G = 1),
+//   each latency_us + hop_latency_us (one hop);
+// - within each node every member sends and receives S (G-1)/G, over
+//   NVLink: / nvlink_gbs (no reduce_gbs: the adds are their own, below);
+// - across the nodes among the members of one position,
+//   (S/G) ((M'-1)/M' + [M > M']) over each NIC: / inter_node_gbs;
+// - the pieces, two launches one after the other, each timed by its
+//   busiest rank as a row gather is: across the nodes, each item's piece
+//   in each segment from the segment's holder to the worker at the
+//   segment's position on the item's owner's node (none where the holder
+//   is on it), over the NICs; within that node, the item's part in each
+//   block from the worker at the block's position to the owner (none from
+//   its own block), over NVLink. So an item's bytes cross the network
+//   spread over the G ports of its owner's node, at most about S_m/G
+//   each, as a ring's do; each holder sends about S/n. Updates go the
+//   reverse way;
+// - HBM at hbm_bytes_per_second: the items copied into the pack
+//   (gradients) or out of it (updates), 2 E b bytes; and for gradients the
+//   adds, two fp32 reads and a write (12 bytes) for each of
+//   (E'/G) (G-1 + (M'-1)/M' + [M > M']) elements, E' the padded pack's.
+// A level laid across hosts (exchange nodes that are not the topology's)
+// is clocked over the NICs, and so are the pieces that go as it does.
+// Towards bytes_per_gpu every member moves the levels' bytes and its whole
+// segment (as a ring's bytes), the pieces' other ranks theirs.
+//
 // Functions are thread-safe (they share no state).
 #ifndef MUONPS_SCHEDULER_STEP_CLOCK_H_
 #define MUONPS_SCHEDULER_STEP_CLOCK_H_
@@ -146,6 +182,15 @@ std::vector<OwnerGrouping> ChooseOwnerGroupings(
     const std::vector<MatrixSpec>& matrices, const Topology& topology,
     int workers, int dedicated);
 
+// The exchange nodes (OwnershipPlan::exchange_nodes) a job's plan may get
+// on `topology` (PlanOnTopology weighs them): the topology's nodes, node k
+// the k-th by number, its ranks in rank order. Offered when the workers
+// span more than one node, every node has as many, none is dedicated
+// (`dedicated` == 0) and some matrix is unreduced. Otherwise none (empty).
+std::vector<std::vector<int32_t>> ChooseExchangeNodes(
+    const std::vector<MatrixSpec>& matrices, const Topology& topology,
+    int workers, int dedicated);
+
 struct ClockSettings {
   Topology topology;
   int wire_bytes_per_element = 4;    // gradients (the worker sends fp32)
@@ -176,6 +221,10 @@ struct ClockSettings {
   // applies every update (as the workers do with --apply_early=false, and
   // as every measured multi-GPU step did).
   bool apply_early = false;
+  // The workers may sum unreduced gradients by the two-level exchange
+  // (OwnershipPlan::exchange_nodes) where PlanOnTopology predicts it
+  // shorter than the rings. False: always the rings.
+  bool node_exchange = true;
   // What the workers' trainers hold (by worker index): a whole expert of a
   // stack sharded on its experts moves only between its owner and the
   // member holding it (nothing where they are one). Not known: clocked as
@@ -249,8 +298,8 @@ struct StepClock {
   double updates_tail_seconds = 0;
   std::string limited_by;
   // Busy time of the transfer timeline, and the latency part of it (of
-  // each phase, its slowest group's; peer writes: every owner's writes of
-  // the group that writes longest).
+  // each phase, its slowest group's, and its exchange's launches; peer
+  // writes: every owner's writes of the group that writes longest).
   double transfer_seconds = 0;
   double latency_seconds = 0;
   // Largest per-GPU wire bytes of the step (max of sent and received).
@@ -365,6 +414,18 @@ struct TopologyPlan {
   double before_votes_seconds = 0;
   double at_commit_seconds = 0;
   bool apply_at_commit = false;
+  // Where exchange nodes were offered (ChooseExchangeNodes, for a plan
+  // without owner groups): the predicted step of the plan's schedule with
+  // them (its own bucket bound) and with the rings. The plan has them
+  // (plan.exchange_nodes) where the first was shorter. 0 and false where
+  // not weighed.
+  bool exchange_offered = false;
+  double exchange_seconds = 0;
+  double rings_seconds = 0;
+  // The schedule with them was not made: its least step
+  // (ExchangeStepBound, step_bound.h), which exchange_seconds is then, was
+  // no shorter than the rings'.
+  bool exchange_passed_over = false;
 };
 
 // Plans ranks `ranks` (indices into the job's workers, in order): the
@@ -427,6 +488,15 @@ enum class OwnerGroupsUse {
 // two threads at once). Where that bound holds, the plan of every rank
 // waits for them, and is not made at all where the best of them predicts
 // no more than its own least step (TopologyPlan::ungrouped_passed_over).
+// Where the chosen plan has no owner groups and exchange nodes are on offer
+// (`settings.node_exchange`, and ChooseExchangeNodes: several nodes of as
+// many workers, none dedicated, some matrix unreduced), the same plan is also
+// scheduled with them (ChooseStepGrouping, its own bucket bound; not planned
+// again) and clocked, and the shorter step is taken (ties: the rings), with its
+// schedule and its applies (TopologyPlan::exchange_offered); unless the
+// exchange's least step (step_bound.h: its levels and HBM time for every
+// unreduced element, whoever owns it) is no shorter than the rings' step:
+// then it is passed over unscheduled (TopologyPlan::exchange_passed_over).
 // Errors: the plan of every rank's, or its schedule's (where a grouped plan
 // could be made, it stands alone then).
 absl::StatusOr<TopologyPlan> PlanOnTopology(

@@ -1,12 +1,16 @@
 #include "scheduler/step_clock.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/model_shapes.h"
+#include "scheduler/node_exchange.h"
 #include "scheduler/planner.h"
 
 namespace muonps {
@@ -352,6 +356,326 @@ TEST(OwnerGroupsClockTest, PeerWritesWithinTheGroupsOnOneNode) {
       ClockStep(t.matrices, t.schedule, no_compute, 4, settings);
   EXPECT_DOUBLE_EQ(mixed.stage_seconds, update / 1e9);
   EXPECT_EQ(mixed.bytes_per_gpu, static_cast<int64_t>(update));
+}
+
+// One unreduced 1024 x 1024 matrix owned by rank 0 of `nodes` nodes of 2,
+// its gradients summed by the exchange over those nodes.
+struct OneExchanged {
+  std::vector<MatrixSpec> matrices;
+  OwnershipPlan plan;
+  StepSchedule schedule;
+};
+
+OneExchanged MakeOneExchanged(int nodes) {
+  OneExchanged t;
+  t.matrices.resize(1);
+  t.matrices[0].name = "w";
+  t.matrices[0].rows = 1024;
+  t.matrices[0].cols = 1024;
+  t.matrices[0].layout = Layout::kUnreduced;
+  t.plan.matrix_names = {"w"};
+  t.plan.owners = {{0}};
+  for (int k = 0; k < nodes; ++k) {
+    t.plan.worker_ids.push_back("a" + std::to_string(k));
+    t.plan.worker_ids.push_back("b" + std::to_string(k));
+    t.plan.exchange_nodes.push_back({2 * k, 2 * k + 1});
+  }
+  t.schedule = *BuildStepSchedule(t.matrices, t.plan);
+  return t;
+}
+
+TEST(ExchangeClockTest, PhaseCostsItsLaunchesLevelsPiecesAndAdds) {
+  // Two nodes of two: segments of 2^18 elements held by ranks 0, 2, 1, 3
+  // (blocks of 2^19). Each way: 4 launches (within the nodes, one halving
+  // round, the pieces across the nodes and then within them); a block's
+  // other half within each node, half a block across; the pieces: the
+  // segments of node 1 to the same positions on node 0 over the NICs,
+  // then block 1 from rank 1 to the owner over NVLink.
+  const OneExchanged t = MakeOneExchanged(2);
+  ASSERT_EQ(t.schedule.buckets.size(), 1u);
+  EXPECT_EQ(t.schedule.buckets[0].to_owners[0].kind,
+            TransferKind::kExchangeToOwner);
+  EXPECT_EQ(t.schedule.buckets[0].from_owners[0].kind,
+            TransferKind::kExchangeFromOwner);
+  ClockSettings settings;
+  settings.topology = Topology::Blocks(4, 2);
+  LinkFigures& l = settings.topology.links;
+  l.latency_us = 1;
+  l.hop_latency_us = 2;
+  l.nvlink_gbs = 100;
+  l.inter_node_gbs = 10;
+  settings.hbm_bytes_per_second = 1e12;
+  const std::vector<double> no_compute(t.schedule.stacks.size(), 0.0);
+  const StepClock clock =
+      ClockStep(t.matrices, t.schedule, no_compute, 4, settings);
+  const double e = 1024.0 * 1024;  // elements
+  const double block = e / 2;
+  const double gradients = 4 * 3e-6 + block * 4 / 100e9 + block * 4 / 2 / 10e9 +
+                           block * 4 / 2 / 10e9 + block * 4 / 100e9 +
+                           (2 * e * 4 + 12 * block * 1.5) / 1e12;
+  const double updates = 4 * 3e-6 + block * 2 / 100e9 + block * 2 / 2 / 10e9 +
+                         block * 2 / 2 / 10e9 + block * 2 / 100e9 +
+                         2 * e * 2 / 1e12;
+  EXPECT_NEAR(clock.gradients_landed_seconds, gradients, 1e-15);
+  EXPECT_NEAR(clock.stage_seconds, gradients + updates, 1e-15);
+  EXPECT_NEAR(clock.transfer_seconds, gradients + updates, 1e-15);
+  EXPECT_NEAR(clock.latency_seconds, 2 * 4 * 3e-6, 1e-15);
+  EXPECT_EQ(clock.phases, 2);
+  // Every member's levels (4.5 MiB each way) and its segment (1 MiB of
+  // gradients out, 0.5 MiB of updates in); the owner takes in 1 MiB of
+  // gradients across the nodes and 2 MiB within.
+  EXPECT_EQ(clock.bytes_per_gpu, int64_t{1} << 23);
+  // Three nodes: node 2 first folds its block into node 0 (one launch
+  // more each way, a block more across).
+  const OneExchanged three = MakeOneExchanged(3);
+  settings.topology.node = Topology::Blocks(6, 2).node;
+  EXPECT_NEAR(ClockStep(three.matrices, three.schedule, no_compute, 6, settings)
+                  .latency_seconds,
+              2 * 5 * 3e-6, 1e-15);
+}
+
+TEST(ExchangeClockTest, PiecesAsEachRankMovesThem) {
+  // Random buckets of small matrices on M nodes of G: each phase is its
+  // levels, its HBM time and its two launches of pieces, each its busiest
+  // rank's, the pieces moved one by one (NodeExchange::Pieces, then
+  // NodeExchange::Parts) as the workers move them.
+  std::mt19937 rng(11);
+  for (int round = 0; round < 1000; ++round) {
+    const int m = std::uniform_int_distribution<int>(2, 5)(rng);
+    const int g = std::uniform_int_distribution<int>(1, 3)(rng);
+    const int n = m * g;
+    const int count = std::uniform_int_distribution<int>(1, 12)(rng);
+    std::vector<MatrixSpec> matrices(count);
+    OwnershipPlan plan;
+    for (int w = 0; w < n; ++w) plan.worker_ids.push_back(absl::StrCat(w));
+    for (int k = 0; k < m; ++k) {
+      plan.exchange_nodes.emplace_back();
+      for (int p = 0; p < g; ++p) plan.exchange_nodes[k].push_back(k * g + p);
+    }
+    for (int i = 0; i < count; ++i) {
+      matrices[i].name = absl::StrCat("m", i);
+      matrices[i].rows = std::uniform_int_distribution<int>(1, 40)(rng);
+      matrices[i].cols = 1;
+      matrices[i].layout = Layout::kUnreduced;
+      plan.matrix_names.push_back(matrices[i].name);
+      plan.owners.push_back(
+          {std::uniform_int_distribution<int>(0, n - 1)(rng)});
+    }
+    const StepSchedule schedule =
+        *BuildStepSchedule(matrices, plan, {.bucket_bytes = int64_t{1} << 40});
+    ASSERT_EQ(schedule.buckets.size(), 1u);
+    ClockSettings settings;
+    settings.topology = Topology::Blocks(n, g);
+    LinkFigures& l = settings.topology.links;
+    l.latency_us = 0;
+    l.hop_latency_us = 0;
+    l.nvlink_gbs = 7;
+    l.inter_node_gbs = 2;
+    settings.hbm_bytes_per_second = 1e12;
+    const std::vector<double> no_compute(schedule.stacks.size(), 0.0);
+    const StepClock clock =
+        ClockStep(matrices, schedule, no_compute, n, settings);
+    std::vector<int64_t> sizes;
+    std::vector<int32_t> owners;
+    for (const Transfer& x : schedule.buckets[0].to_owners) {
+      sizes.push_back(matrices[x.item.matrix].rows);
+      owners.push_back(x.owner);
+    }
+    const NodeExchange x(plan.exchange_nodes, sizes);
+    const int halving = x.halving_nodes();
+    const double fold = m > halving ? 1 : 0;
+    const auto phase = [&](double e, bool update) {
+      // Each launch of pieces: by rank, bytes in and out.
+      const auto busiest = [&](const std::vector<double>& in,
+                               const std::vector<double>& out, double rate) {
+        double seconds = 0;
+        for (int r = 0; r < n; ++r) {
+          seconds = std::max(seconds, std::max(in[r], out[r]) / rate);
+        }
+        return seconds;
+      };
+      std::vector<double> nic_in(n), nic_out(n), nvlink_in(n), nvlink_out(n);
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const int node = owners[i] / g;
+        for (const ExchangePiece& piece : x.Pieces(i)) {
+          if (piece.node == node) continue;
+          const int holder = x.worker(piece.node, piece.position);
+          const int there = x.worker(node, piece.position);
+          nic_out[update ? there : holder] += piece.count * e;
+          nic_in[update ? holder : there] += piece.count * e;
+        }
+        for (const ExchangePiece& part : x.Parts(i)) {
+          if (part.position == owners[i] % g) continue;
+          const int from = x.worker(node, part.position);
+          nvlink_out[update ? owners[i] : from] += part.count * e;
+          nvlink_in[update ? from : owners[i]] += part.count * e;
+        }
+      }
+      const double pieces =
+          busiest(nic_in, nic_out, 2e9) + busiest(nvlink_in, nvlink_out, 7e9);
+      const double block = static_cast<double>(x.block());
+      const double hbm =
+          2.0 * x.elements() * e +
+          (update ? 0
+                  : 12 * block * (g - 1 + (halving - 1.0) / halving + fold));
+      return block * e * (g - 1) / 7e9 +
+             block * e * ((halving - 1.0) / halving + fold) / 2e9 + pieces +
+             hbm / 1e12;
+    };
+    SCOPED_TRACE(absl::StrCat(m, " nodes of ", g, ", ", count, " matrices"));
+    EXPECT_NEAR(clock.gradients_landed_seconds, phase(4, false), 1e-18);
+    EXPECT_NEAR(clock.stage_seconds - clock.gradients_landed_seconds,
+                phase(2, true), 1e-18);
+  }
+}
+
+TEST(ExchangeClockTest, FewerHopsThanTheRingsAcrossManyNodes) {
+  // 1024 ranks in 128 nodes of 8, one bucket of a layer's seven matrices:
+  // a ring per matrix pays a message each and 1023 hops a phase; the
+  // exchange 10 launches of one hop each (within the nodes, 7 halving
+  // rounds, the pieces across the nodes and within them).
+  Job job = Plan(1024, Layout::kUnreduced, 1);
+  ClockSettings settings;
+  settings.topology = Topology::Blocks(1024, 8);
+  const LinkFigures& l = settings.topology.links;
+  const ScheduleOptions one_bucket = {.bucket_bytes = int64_t{1} << 40};
+  const StepSchedule rings =
+      *BuildStepSchedule(job.matrices, job.plan, one_bucket);
+  job.plan.exchange_nodes = ChooseExchangeNodes(job.matrices, settings.topology,
+                                                1024, /*dedicated=*/0);
+  ASSERT_EQ(job.plan.exchange_nodes.size(), 128u);
+  const StepSchedule exchange =
+      *BuildStepSchedule(job.matrices, job.plan, one_bucket);
+  const StepClock by_rings = ClockStep(
+      job.matrices, rings, StackSeconds(rings, job.models), 1024, settings);
+  const StepClock by_exchange =
+      ClockStep(job.matrices, exchange, StackSeconds(exchange, job.models),
+                1024, settings);
+  EXPECT_EQ(by_rings.phases, 2);
+  EXPECT_EQ(by_exchange.phases, 2);
+  EXPECT_NEAR(by_rings.latency_seconds,
+              2 * (7 * l.latency_us + 1023 * l.hop_latency_us) * 1e-6, 1e-12);
+  EXPECT_NEAR(by_exchange.latency_seconds,
+              2 * 10 * (l.latency_us + l.hop_latency_us) * 1e-6, 1e-12);
+  EXPECT_LT(25 * by_exchange.latency_seconds, by_rings.latency_seconds);
+  // Each GPU's bytes are of the same order: the levels carry about what
+  // the rings do, the pieces add one matrix at its owner.
+  EXPECT_GT(by_exchange.bytes_per_gpu, by_rings.bytes_per_gpu / 2);
+  EXPECT_LT(by_exchange.bytes_per_gpu, 3 * by_rings.bytes_per_gpu);
+}
+
+TEST(ChooseExchangeNodesTest, EqualNodesOfJobsWithUnreducedMatrices) {
+  std::vector<MatrixSpec> matrices = Llama3_8B(1);
+  // Node k by number, its ranks in rank order.
+  const Topology shuffled{{1, 0, 1, 0}, {}};
+  EXPECT_EQ(ChooseExchangeNodes(matrices, shuffled, 4, 0),
+            (std::vector<std::vector<int32_t>>{{1, 3}, {0, 2}}));
+  EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(4, 4), 4, 0),
+              IsEmpty());
+  EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(3, 2), 3, 0),
+              IsEmpty());
+  EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(4, 2), 4, 1),
+              IsEmpty());
+  EXPECT_THAT(ChooseExchangeNodes(matrices, Topology{}, 4, 0), IsEmpty());
+  matrices[0].layout = Layout::kReplicated;
+  EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(4, 2), 4, 0),
+              Not(IsEmpty()));
+  for (MatrixSpec& m : matrices) m.layout = Layout::kRowSharded;
+  EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(4, 2), 4, 0),
+              IsEmpty());
+}
+
+TEST(PlanOnTopologyTest, TakesTheExchangeWhereItsStepIsShorter) {
+  // Two layers on 2 nodes of 8. The exchange pays 4 hops a phase where a
+  // ring pays 15, but moves its levels one after another, and spends HBM
+  // time on its adds and copies: with NCCL's hop latency the rings win, so
+  // clearly that the exchange's least step says so; with a hop of 1 ms the
+  // exchange wins. On 2 nodes of 2 a ring pays fewer hops (3) than the
+  // exchange has launches (4): the rings win either way (by less than the
+  // bound tells). Each time the plan is made once: only its schedule
+  // differs.
+  struct Case {
+    int per_node = 8;
+    double hop_us = 3.4;
+    bool exchange = false;
+    bool passed_over = false;  // by the exchange's least step
+  };
+  for (const Case c :
+       {Case{8, 3.4, false, true}, Case{8, 1000, true, false},
+        Case{2, 3.4, false, false}, Case{2, 1000, false, false}}) {
+    SCOPED_TRACE(absl::StrCat("2 nodes of ", c.per_node, ", hop ", c.hop_us));
+    const int workers = 2 * c.per_node;
+    const Job job = Plan(workers, Layout::kUnreduced, 2);
+    ClockSettings settings;
+    settings.topology = Topology::Blocks(workers, c.per_node);
+    settings.topology.links.hop_latency_us = c.hop_us;
+    settings.apply_early = true;
+    int planned = 0;
+    const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
+        job.matrices, job.plan.worker_ids, 0, job.models, settings,
+        {.bucket_bytes = 0}, {}, OwnerGroupsUse::kWeighed,
+        [&](const std::vector<int32_t>&, const OwnerGrouping*, bool) {
+          ++planned;
+          return absl::StatusOr<OwnershipPlan>(job.plan);
+        });
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(planned, 1);
+    EXPECT_TRUE(out->exchange_offered);
+    EXPECT_EQ(out->exchange_passed_over, c.passed_over);
+    EXPECT_GT(out->rings_seconds, 0);
+    // The exchange's step, or (passed over) its least, below it.
+    OwnershipPlan with = job.plan;
+    with.exchange_nodes = ChooseExchangeNodes(job.matrices, settings.topology,
+                                              workers, /*dedicated=*/0);
+    const double exchange_step =
+        ChooseStepGrouping(job.matrices, with, job.models, settings)
+            ->predicted_seconds;
+    if (c.passed_over) {
+      EXPECT_GE(out->exchange_seconds, out->rings_seconds);
+      EXPECT_LE(out->exchange_seconds, exchange_step);
+    } else {
+      EXPECT_DOUBLE_EQ(out->exchange_seconds, exchange_step);
+    }
+    const bool exchange = c.exchange;
+    EXPECT_EQ(out->exchange_seconds < out->rings_seconds, exchange);
+    EXPECT_EQ(out->plan.exchange_nodes.empty(), !exchange);
+    EXPECT_EQ(out->grouping.schedule.exchange_nodes, out->plan.exchange_nodes);
+    const Transfer& first = out->grouping.schedule.buckets[0].to_owners[0];
+    EXPECT_EQ(first.kind, exchange ? TransferKind::kExchangeToOwner
+                                   : TransferKind::kReduceToOwner);
+    // The taken schedule's clock, its applies weighed from it.
+    const double taken = exchange ? out->exchange_seconds : out->rings_seconds;
+    EXPECT_DOUBLE_EQ(out->grouping.predicted_seconds, taken);
+    EXPECT_DOUBLE_EQ(
+        std::min(out->before_votes_seconds, out->at_commit_seconds), taken);
+    const StepClock clock = ClockStep(
+        job.matrices, out->grouping.schedule,
+        StackSeconds(out->grouping.schedule, job.models), workers, settings);
+    EXPECT_DOUBLE_EQ(clock.predicted_seconds, taken);
+  }
+}
+
+TEST(PlanOnTopologyTest, NoExchangeOnOneNodeOrWithoutUnreducedMatrices) {
+  for (const Layout layout : {Layout::kUnreduced, Layout::kRowSharded}) {
+    const Job job = Plan(8, layout, 1);
+    for (const int per_node : {8, 4}) {
+      ClockSettings settings;
+      settings.topology = Topology::Blocks(8, per_node);
+      const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
+          job.matrices, job.plan.worker_ids, 0, job.models, settings,
+          {.bucket_bytes = 0}, {}, OwnerGroupsUse::kWeighed,
+          [&](const std::vector<int32_t>&, const OwnerGrouping*, bool) {
+            return absl::StatusOr<OwnershipPlan>(job.plan);
+          });
+      ASSERT_TRUE(out.ok()) << out.status();
+      const bool offered = layout == Layout::kUnreduced && per_node == 4;
+      EXPECT_EQ(out->exchange_offered, offered) << per_node;
+      if (!offered) {
+        EXPECT_THAT(out->plan.exchange_nodes, IsEmpty());
+        EXPECT_EQ(out->exchange_seconds, 0);
+      }
+    }
+  }
 }
 
 TEST(PlanOnTopologyTest, RequiredGroupsAreOneGrouping) {

@@ -181,6 +181,7 @@ absl::Status CheckPlanLayout(const std::vector<MatrixSpec>& matrices,
     }
   }
   MUONPS_RETURN_IF_ERROR(CheckOwnerGroups(plan));
+  MUONPS_RETURN_IF_ERROR(CheckExchangeNodes(plan));
   if (!plan.groups.empty()) {
     // Each group computes from its own trainers' gradients: whole on every
     // trainer (replicated), or split over the group's trainers
@@ -349,6 +350,7 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
                                int64_t bucket_bytes) {
   const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
   const OwnerGroups groups(plan);
+  const bool exchange = !plan.exchange_nodes.empty();
   const std::vector<size_t> ends = BucketEnds(matrices, arrival, bucket_bytes);
   std::vector<Bucket> buckets(ends.size());
   size_t begin = 0;
@@ -399,10 +401,14 @@ std::vector<Bucket> CutBuckets(const std::vector<MatrixSpec>& matrices,
                   {TransferKind::kBroadcastFromOwner, item, owner, payload, g});
               break;
             case Layout::kUnreduced:
-              bucket.to_owners.push_back(
-                  {TransferKind::kReduceToOwner, item, owner, payload, g});
+              bucket.to_owners.push_back({exchange
+                                              ? TransferKind::kExchangeToOwner
+                                              : TransferKind::kReduceToOwner,
+                                          item, owner, payload, g});
               bucket.from_owners.push_back(
-                  {TransferKind::kBroadcastFromOwner, item, owner, payload, g});
+                  {exchange ? TransferKind::kExchangeFromOwner
+                            : TransferKind::kBroadcastFromOwner,
+                   item, owner, payload, g});
               break;
             case Layout::kRowSharded:
               bucket.to_owners.push_back(
@@ -465,7 +471,7 @@ void BuildOrder(const std::vector<int64_t>& first,
     }
   }
   // Each owner's last stack's updates go by collective among more than two
-  // (Transfer::by_collective).
+  // (Transfer::by_collective); the exchange's go by the exchange.
   for (Bucket& bucket : schedule->buckets) {
     for (Transfer& x : bucket.from_owners) {
       const size_t members = schedule->groups.empty()
@@ -473,7 +479,8 @@ void BuildOrder(const std::vector<int64_t>& first,
                                  : schedule->groups[x.group].size();
       const int32_t stack =
           stack_of[first[x.item.matrix] + x.item.expert] + x.group;
-      x.by_collective = members > 2 && last_of[x.owner] == stack;
+      x.by_collective = x.kind != TransferKind::kExchangeFromOwner &&
+                        members > 2 && last_of[x.owner] == stack;
     }
   }
 }
@@ -492,6 +499,10 @@ absl::string_view TransferKindName(TransferKind kind) {
       return "broadcast";
     case TransferKind::kScatterFromOwner:
       return "scatter";
+    case TransferKind::kExchangeToOwner:
+      return "exchange_in";
+    case TransferKind::kExchangeFromOwner:
+      return "exchange_out";
   }
   return "unknown";
 }
@@ -540,6 +551,7 @@ StepSchedule StepScheduleCutter::TakeStacks() {
   StepSchedule schedule;
   schedule.stacks = std::move(stacks_);
   schedule.groups = plan_->groups;
+  schedule.exchange_nodes = plan_->exchange_nodes;
   return schedule;
 }
 

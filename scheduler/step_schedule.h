@@ -30,6 +30,13 @@ enum class TransferKind {
                         // (from the worker of trainer 0)
   kBroadcastFromOwner,  // the update, to every rank (replicated, unreduced)
   kScatterFromOwner,    // the update's row ranges back (row_sharded)
+  // Where the plan has exchange nodes (OwnershipPlan::exchange_nodes):
+  // unreduced gradients summed in two levels with the bucket's others and
+  // gathered to the owner, and the update back the reverse way to every
+  // rank (NodeExchange, node_exchange.h), instead of kReduceToOwner and
+  // kBroadcastFromOwner.
+  kExchangeToOwner,
+  kExchangeFromOwner,
 };
 
 absl::string_view TransferKindName(TransferKind kind);
@@ -52,7 +59,8 @@ struct Transfer {
   // where a broadcast's ring passes the update on through every member at
   // the link's rate. With one peer the copies are the faster (2 H200s: 198
   // against 158-170 GB/s for a broadcast per matrix,
-  // bench/results/2026-11-29-h200x2-transfer-paths.jsonl).
+  // bench/results/2026-11-29-h200x2-transfer-paths.jsonl). Never an
+  // exchange's (kExchangeFromOwner): those go by the exchange.
   bool by_collective = false;
 };
 
@@ -125,6 +133,9 @@ struct StepSchedule {
   // worker at position s of group g, whose members Transfer::group g runs
   // among. Empty: one group of every worker.
   std::vector<std::vector<int32_t>> groups;
+  // The plan's exchange nodes (OwnershipPlan::exchange_nodes), over which
+  // the kExchange* transfers run. Empty: none.
+  std::vector<std::vector<int32_t>> exchange_nodes;
 };
 
 struct ScheduleOptions {

@@ -66,6 +66,10 @@ void DataPlaneFixture::StartCoordinator(const ClusterOptions& options) {
     coordinator_argv_.push_back(
         absl::StrCat("--network_gbs=", options.network_gbs));
   }
+  if (options.network_hop_us >= 0) {
+    coordinator_argv_.push_back(
+        absl::StrCat("--network_hop_us=", options.network_hop_us));
+  }
   for (std::string& flag : SecuredCoordinatorFlags()) {
     coordinator_argv_.push_back(std::move(flag));
   }

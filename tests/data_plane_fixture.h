@@ -119,10 +119,18 @@ class ReferenceModel {
   // Zeroes one expert's momentum, as a new owner with nothing to restore
   // starts it.
   void ResetMomentum(const std::string& name, int64_t expert);
+  // Sums the unreduced matrices' gradients as a plan's exchange nodes
+  // (scheduler/node_exchange.h) do: each node's trainers left to right in
+  // the order given, then the nodes' sums (scheduler::SumAcrossNodes).
+  // Empty: every trainer left to right, as the rings.
+  void SumOverNodes(std::vector<std::vector<int>> trainers_by_node) {
+    nodes_ = std::move(trainers_by_node);
+  }
 
  private:
   const ModelDecl model_;
   const int trainers_;
+  std::vector<std::vector<int>> nodes_;
   const AlgorithmMap algorithms_;
   std::map<std::string, std::vector<float>> params_;
   std::map<std::string, std::vector<float>> momentum_;  // whole stacks
@@ -150,6 +158,8 @@ struct ClusterOptions {
   // The coordinator's --network_gbs (the links its plans weigh across
   // nodes); 0: its default.
   double network_gbs = 0;
+  // The coordinator's --network_hop_us; < 0: its default.
+  double network_hop_us = -1;
   // The address the coordinator and the workers listen on (--host); a
   // non-loopback one must be among the test certificate's names
   // (//tests/testdata:tls).

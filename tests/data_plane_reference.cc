@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "scheduler/node_exchange.h"
 #include "tests/data_plane_fixture.h"
 
 namespace muonps {
@@ -81,9 +82,24 @@ std::vector<float> ReferenceModel::MeanGradient(int tensor,
     for (int64_t i = 0; i < n; ++i) mean[i] = Gradient(tensor, step, -1, i);
     return mean;
   }
-  // As the workers: an fp32 sum in rank order, times the fp32 inverse.
-  for (int r = 0; r < trainers_; ++r) {
-    for (int64_t i = 0; i < n; ++i) mean[i] += Gradient(tensor, step, r, i);
+  if (tensor < matrices && !nodes_.empty()) {
+    // As the two-level exchange: each node's sum, then across the nodes.
+    std::vector<float> parts(nodes_.size());
+    for (int64_t i = 0; i < n; ++i) {
+      for (size_t k = 0; k < nodes_.size(); ++k) {
+        float sum = Gradient(tensor, step, nodes_[k][0], i);
+        for (size_t p = 1; p < nodes_[k].size(); ++p) {
+          sum = sum + Gradient(tensor, step, nodes_[k][p], i);
+        }
+        parts[k] = sum;
+      }
+      mean[i] = scheduler::SumAcrossNodes(parts);
+    }
+  } else {
+    // As the workers: an fp32 sum in rank order, times the fp32 inverse.
+    for (int r = 0; r < trainers_; ++r) {
+      for (int64_t i = 0; i < n; ++i) mean[i] += Gradient(tensor, step, r, i);
+    }
   }
   const float inverse = 1.0f / static_cast<float>(trainers_);
   for (float& g : mean) g *= inverse;

@@ -83,6 +83,7 @@ scheduler::ClockSettings ClockSettingsOf(const SimConfig& config) {
   s.transfer_contention = config.transfer_contention;
   s.peer_writes = config.peer_writes;
   s.apply_early = config.apply_early;
+  s.node_exchange = config.node_exchange;
   // Trainer r is the trainer of rank r: it holds shard r of its replica
   // group.
   const bool hsdp =
@@ -152,6 +153,30 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   result.experts_at_holders = planned->experts_at_holders;
   result.before_votes_seconds = planned->before_votes_seconds;
   result.at_commit_seconds = planned->at_commit_seconds;
+  result.exchange_offered = planned->exchange_offered;
+  result.exchange_taken = !plan.exchange_nodes.empty();
+  result.exchange_seconds = planned->exchange_seconds;
+  result.rings_seconds = planned->rings_seconds;
+  result.exchange_passed_over = planned->exchange_passed_over;
+  if (result.exchange_passed_over) {
+    // Passed over by its least step: the step it would have taken.
+    result.exchange_least_seconds = planned->exchange_seconds;
+    scheduler::OwnershipPlan with = plan;
+    with.exchange_nodes = scheduler::ChooseExchangeNodes(
+        config.matrices, settings.topology, config.gpus, /*dedicated=*/0);
+    absl::StatusOr<scheduler::StepGrouping> exchange =
+        scheduler::ChooseStepGrouping(config.matrices, with, models, settings,
+                                      config.schedule);
+    if (!exchange.ok()) return Annotate(exchange.status(), "the exchange");
+    result.exchange_seconds =
+        exchange->predicted_seconds > 0
+            ? exchange->predicted_seconds
+            : scheduler::ClockStep(
+                  config.matrices, exchange->schedule,
+                  scheduler::StackSeconds(exchange->schedule, models),
+                  config.gpus, settings)
+                  .predicted_seconds;
+  }
   // A grouped plan's schedule is its first group's: the whole job's is
   // clocked here, cut at the same bound.
   const scheduler::StepSchedule* schedule = &planned->grouping.schedule;

@@ -12,7 +12,9 @@
 // planner runs on each grouping's first group's workers, its plan copied to
 // every group (scheduler::ReplicateOverGroups), and on all N workers, and
 // the shortest predicted step wins. Without groups on offer, the planner on
-// all N workers.
+// all N workers. With unreduced matrices on several nodes, the plan's
+// schedule with the two-level exchange (scheduler/node_exchange.h) is
+// weighed against its rings, the shorter taken.
 //
 // The clock is scheduler/step_clock.h's (what overlaps and what
 // serializes, and how a phase is timed); this adds the planner's input for
@@ -97,6 +99,10 @@ struct SimConfig {
   // Owner groups offered as the coordinator offers them (see above);
   // false: none, whatever the layouts and nodes.
   bool owner_groups = true;
+  // Unreduced gradients summed by the two-level exchange where the plan
+  // predicts it shorter than the rings (scheduler::ClockSettings::
+  // node_exchange); false: always the rings.
+  bool node_exchange = true;
   // HSDP (a 2-D device mesh, replicate x shard, as FSDP2 takes it): where
   // it is above 0 and below `gpus`, the GPUs form gpus / hsdp_shard_gpus
   // replica groups of this many consecutive ranks, FSDP sharding rows
@@ -147,6 +153,18 @@ struct SimResult {
   // below says which it took (StepClock::applies).
   double before_votes_seconds = 0;
   double at_commit_seconds = 0;
+  // Where exchange nodes were offered (unreduced matrices on several
+  // nodes): the predicted step with them and with the rings, and whether
+  // the plan took them (scheduler::TopologyPlan::exchange_offered). Where
+  // the plan passed them over by their least step (exchange_least_seconds,
+  // no shorter than the rings'), the step with them is clocked here all
+  // the same.
+  bool exchange_offered = false;
+  bool exchange_taken = false;
+  double exchange_seconds = 0;
+  double rings_seconds = 0;
+  bool exchange_passed_over = false;
+  double exchange_least_seconds = 0;
   // The planner's own prediction (max worker seconds, of one group's
   // workers) for comparison.
   double plan_max_seconds = 0;

@@ -30,6 +30,15 @@
 // the votes and at the commit, as the plan weighs them (without the
 // control tree's messages), and whether the step above was clocked with
 // them before the votes (the faster, and --apply_early).
+// exchange_taken, exchange_ms, rings_ms: with unreduced matrices on
+// several nodes of as many GPUs, the plan's step with its gradients summed
+// by the two-level exchange (within each node, then across the nodes among
+// the GPUs of one position, scheduler/node_exchange.h) and with a ring per
+// matrix, each with its own bucket bound, and whether the exchange was
+// taken (the shorter). exchange_passed_over, exchange_least_ms: the plan
+// did not schedule the exchange, its least step (the levels and HBM time
+// of every unreduced element) being no shorter than the rings' step;
+// exchange_ms is then clocked by this program alone.
 // owner_groups, group_size: the plan's owner groups and the workers in
 // each, chosen as the coordinator chooses them (groups of 1, 2, ... whole
 // nodes when every matrix is replicated and N spans several nodes, each
@@ -97,6 +106,9 @@
 //                     steps did)
 //   --owner_groups    owner groups as the coordinator chooses them;
 //                     default true (false: one group of every worker)
+//   --node_exchange   unreduced gradients by the two-level exchange where
+//                     the plan predicts it shorter; default true (false:
+//                     always the rings)
 //   --hsdp_shard_gpus HSDP: GPUs per shard group; the GPUs form replica
 //                     groups of this many consecutive ranks, each planned
 //                     as one owner group (as the coordinator plans a job of
@@ -142,6 +154,10 @@ ABSL_FLAG(bool, apply_early, true,
 ABSL_FLAG(bool, owner_groups, true,
           "Owner groups as the coordinator chooses them (one per node for "
           "replicated jobs across nodes); false: one group of every worker.");
+ABSL_FLAG(bool, node_exchange, true,
+          "Unreduced gradients summed within each node, then across the "
+          "nodes, where the plan predicts it shorter than the rings; false: "
+          "always the rings.");
 ABSL_FLAG(int, hsdp_shard_gpus, 0,
           "HSDP: GPUs per shard group (replica groups of this many "
           "consecutive ranks, one owner group each); 0: FSDP over every GPU.");
@@ -208,6 +224,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.peer_writes = absl::GetFlag(FLAGS_peer_writes);
   c.apply_early = absl::GetFlag(FLAGS_apply_early);
   c.owner_groups = absl::GetFlag(FLAGS_owner_groups);
+  c.node_exchange = absl::GetFlag(FLAGS_node_exchange);
   c.hsdp_shard_gpus = absl::GetFlag(FLAGS_hsdp_shard_gpus);
   c.costs = std::move(costs);
   c.cost_scale = absl::GetFlag(FLAGS_cost_scale);
@@ -245,6 +262,7 @@ void AddSettings(const bench::SimConfig& c, nlohmann::ordered_json* j) {
   (*j)["transfer_contention"] = c.transfer_contention;
   (*j)["peer_writes"] = c.peer_writes;
   (*j)["apply_early"] = c.apply_early;
+  (*j)["node_exchange"] = c.node_exchange;
   (*j)["copy_engine_gbs"] = c.links.copy_engine_gbs;
 }
 
@@ -278,6 +296,15 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
     j["applied_before_votes"] = r.clock.applies.before_votes;
     j["before_votes_ms"] = r.before_votes_seconds * 1e3;
     j["at_commit_ms"] = r.at_commit_seconds * 1e3;
+  }
+  if (r.exchange_offered) {
+    j["exchange_taken"] = r.exchange_taken;
+    j["exchange_ms"] = r.exchange_seconds * 1e3;
+    j["rings_ms"] = r.rings_seconds * 1e3;
+    if (r.exchange_passed_over) {
+      j["exchange_passed_over"] = true;
+      j["exchange_least_ms"] = r.exchange_least_seconds * 1e3;
+    }
   }
   if (r.at_holders_seconds > 0) {
     j["experts_at_holders"] = r.experts_at_holders;

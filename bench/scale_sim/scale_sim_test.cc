@@ -673,10 +673,20 @@ TEST(ScaleSimTest, RingFillLatencyIsPaidOncePerPhase) {
   c.links.latency_us = 1;
   c.links.hop_latency_us = 2;
   c.schedule.bucket_bytes = int64_t{1} << 30;  // one bucket: two phases
+  c.node_exchange = false;                     // the rings
   const SimResult r = *SimulateStep(c);
   EXPECT_EQ(r.clock.phases, 2);
   // Per phase: 2 collectives x 1 us + 15 hops x 2 us.
   EXPECT_NEAR(r.clock.latency_seconds, 2 * (2e-6 + 15 * 2e-6), 1e-12);
+  // The exchange on offer: 4 launches of one hop each a phase (within the
+  // nodes, one halving round, the pieces across the nodes and within
+  // them), taken on these free links.
+  c.node_exchange = true;
+  const SimResult exchange = *SimulateStep(c);
+  EXPECT_TRUE(exchange.exchange_taken);
+  EXPECT_NEAR(exchange.rings_seconds - exchange.exchange_seconds,
+              r.clock.latency_seconds - 2 * 4 * 3e-6, 1e-12);
+  EXPECT_NEAR(exchange.clock.latency_seconds, 2 * 4 * 3e-6, 1e-12);
 }
 
 TEST(ScaleSimTest, AdamWReferenceScalesWithParametersAndShards) {

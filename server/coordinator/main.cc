@@ -47,6 +47,11 @@ ABSL_FLAG(double, nvlink_gbs, 300,
 ABSL_FLAG(double, network_gbs, 50,
           "GB/s per GPU per direction between nodes, as plans weigh it "
           "(each GPU's share of its node's network ports).");
+ABSL_FLAG(double, network_hop_us, 3.4,
+          "Microseconds a message takes across one network hop, as plans "
+          "weigh it: each ring a step runs over every rank pays one per rank, "
+          "which is what the two-level sum of unreduced gradients across "
+          "nodes saves (Plan.exchange_nodes).");
 ABSL_FLAG(double, rebalance_tolerance, 0.05,
           "How far above the mean (0.05: 5%) the busiest GPU worker's "
           "measured Newton-Schulz may run before its job re-plans with the "
@@ -103,6 +108,7 @@ coordinator::CoordinatorOptions OptionsFromFlags() {
   o.plan_history = absl::GetFlag(FLAGS_plan_history);
   o.links.nvlink_gbs = absl::GetFlag(FLAGS_nvlink_gbs);
   o.links.inter_node_gbs = absl::GetFlag(FLAGS_network_gbs);
+  o.links.hop_latency_us = absl::GetFlag(FLAGS_network_hop_us);
   o.rebalance_tolerance = absl::GetFlag(FLAGS_rebalance_tolerance);
   o.limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   o.limits.max_matrices_per_job = absl::GetFlag(FLAGS_max_matrices_per_job);
@@ -134,6 +140,11 @@ int Run() {
       !std::isfinite(options.links.nvlink_gbs) ||
       !std::isfinite(options.links.inter_node_gbs)) {
     spdlog::error("--nvlink_gbs and --network_gbs must be finite and > 0");
+    return 2;
+  }
+  if (!(options.links.hop_latency_us >= 0) ||
+      !std::isfinite(options.links.hop_latency_us)) {
+    spdlog::error("--network_hop_us must be finite and >= 0");
     return 2;
   }
   if (!(options.rebalance_tolerance >= 0) ||

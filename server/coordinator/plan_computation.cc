@@ -502,6 +502,17 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
         planned->apply_at_commit ? "at the commit" : "before the votes",
         planned->before_votes_seconds * 1e3, planned->at_commit_seconds * 1e3);
   }
+  if (planned->exchange_offered) {
+    spdlog::info(
+        "job {} plan version {}: unreduced gradients {} ({} ms predicted "
+        "summed in two levels over {} nodes, {} ms by a ring over every "
+        "rank)",
+        s.job, s.version,
+        planned->plan.exchange_nodes.empty() ? "by rings"
+                                             : "summed in two levels",
+        planned->exchange_seconds * 1e3, settings.topology.nodes(),
+        planned->rings_seconds * 1e3);
+  }
   auto out = std::make_shared<PublishedPlan>();
   out->job = s.job;
   out->version = s.version;

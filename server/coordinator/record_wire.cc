@@ -249,6 +249,10 @@ v1::Plan PlanToProto(const PublishedPlan& published) {
     v1::OwnerGroup* to = out.add_owner_groups();
     for (const int32_t rank : group) to->add_workers(plan.worker_ids[rank]);
   }
+  for (const std::vector<int32_t>& node : plan.exchange_nodes) {
+    v1::NodeWorkers* to = out.add_exchange_nodes();
+    for (const int32_t rank : node) to->add_workers(plan.worker_ids[rank]);
+  }
   for (size_t w = 0; w < plan.worker_ids.size(); ++w) {
     v1::WorkerLoad* load = out.add_loads();
     load->set_worker_id(plan.worker_ids[w]);

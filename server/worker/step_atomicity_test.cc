@@ -37,8 +37,10 @@ class StepAtomicityTest : public StepEngineTest {
   // after this.
   absl::Duration IoTimeout() const override { return absl::Seconds(1); }
 
-  // The job's plan.
+  // The job's plan, and the trainers by node of its exchange nodes
+  // (none: the rings).
   virtual v1::Plan JobPlan() const { return PlanWithOwners(1, 0); }
+  virtual std::vector<std::vector<int>> ExchangeNodes() const { return {}; }
 
   void SetUpJob() {
     ASSERT_NO_FATAL_FAILURE(SetPlanEverywhere(JobPlan(), kSmallBuckets));
@@ -99,7 +101,7 @@ class StepAtomicityTest : public StepEngineTest {
   // parameters are the failure-free run's, bit for bit.
   void SweepEveryTransportCall() {
     ASSERT_NO_FATAL_FAILURE(SetUpJob());
-    ReferenceSteps reference;
+    ReferenceSteps reference({}, DType::kFloat32, ExchangeNodes());
     int64_t step = 0;
     const std::vector<int64_t> calls = ProbeEachWorker(&step, &reference);
     for (int w = 0; w < kWorkers; ++w) {
@@ -134,6 +136,29 @@ class StepAtomicityTest : public StepEngineTest {
 // retry applied them again (or was refused: one rank already at the next
 // step).
 TEST_F(StepAtomicityTest,
+       AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
+  SweepEveryTransportCall();
+}
+
+// The same with the unreduced gradients summed in two levels over three
+// nodes of one worker each (node_exchange_transfers.h): the third node
+// folds into the first, the two halve, and a failure at any of the
+// exchange's calls leaves the failure-free parameters too.
+class StepAtomicityNodeExchangeTest : public StepAtomicityTest {
+ protected:
+  v1::Plan JobPlan() const override {
+    v1::Plan plan = PlanWithOwners(1, 0);
+    for (int w = 0; w < kWorkers; ++w) {
+      plan.add_exchange_nodes()->add_workers(absl::StrCat("w", w));
+    }
+    return plan;
+  }
+  std::vector<std::vector<int>> ExchangeNodes() const override {
+    return {{0}, {1}, {2}};
+  }
+};
+
+TEST_F(StepAtomicityNodeExchangeTest,
        AFailureAtEveryTransportCallLeavesTheFailureFreeParameters) {
   SweepEveryTransportCall();
 }

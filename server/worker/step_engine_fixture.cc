@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "scheduler/node_exchange.h"
 #include "transport/loopback_ranks.h"
 
 namespace muonps {
@@ -149,9 +150,11 @@ v1::Plan PairOnW0(const std::vector<std::pair<int64_t, v1::NsAlgorithm>>& parts,
 }
 
 ReferenceSteps::ReferenceSteps(std::map<std::string, NsAlgorithm> algorithms,
-                               DType update_dtype)
+                               DType update_dtype,
+                               std::vector<std::vector<int>> nodes)
     : kernels_(kernels::CpuKernelOptions{.update_dtype = update_dtype}),
-      algorithms_(std::move(algorithms)) {
+      algorithms_(std::move(algorithms)),
+      nodes_(std::move(nodes)) {
   for (const MatrixDecl& d : Matrices()) {
     param_[d.name].assign(d.rows * d.cols, 0.5f);
     momentum_[d.name].assign(d.rows * d.cols, 0.0f);
@@ -164,7 +167,8 @@ void ReferenceSteps::Step(int64_t step) {
     kernels::MuonHyperparameters h = MuonFromJob();
     auto chosen = algorithms_.find(d.name);
     if (chosen != algorithms_.end()) h.ns.algorithm = chosen->second;
-    std::vector<float> g = WholeGradient(step, static_cast<int>(m), false);
+    std::vector<float> g =
+        WholeGradient(step, static_cast<int>(m), false, nodes_);
     kernels::MuonStack stack;
     stack.names = {d.name};
     stack.grad = {g.data(), 1, d.rows, d.cols};
@@ -383,14 +387,30 @@ std::vector<absl::StatusOr<StepResponse>> StepEngineTest::StepEverywhere(
   return out;
 }
 
-std::vector<float> WholeGradient(int64_t step, int m, bool bf16) {
+std::vector<float> WholeGradient(int64_t step, int m, bool bf16,
+                                 const std::vector<std::vector<int>>& nodes) {
   const MatrixDecl& d = Matrices()[m];
   std::vector<float> g(d.rows * d.cols, 0.0f);
   const int sources = d.layout == v1::LAYOUT_UNREDUCED ? kWorkers : 1;
-  for (int s = 0; s < sources; ++s) {
+  const auto value = [&](int s, size_t i) {
+    const float v = GradValue(step, m, s, i);
+    return bf16 ? BFloat16ToFloat(FloatToBFloat16(v)) : v;
+  };
+  if (sources > 1 && !nodes.empty()) {
+    std::vector<float> parts(nodes.size());
     for (size_t i = 0; i < g.size(); ++i) {
-      const float v = GradValue(step, m, s, i);
-      g[i] += bf16 ? BFloat16ToFloat(FloatToBFloat16(v)) : v;
+      for (size_t k = 0; k < nodes.size(); ++k) {
+        float sum = value(nodes[k][0], i);
+        for (size_t p = 1; p < nodes[k].size(); ++p) {
+          sum = sum + value(nodes[k][p], i);
+        }
+        parts[k] = sum;
+      }
+      g[i] = scheduler::SumAcrossNodes(parts);
+    }
+  } else {
+    for (int s = 0; s < sources; ++s) {
+      for (size_t i = 0; i < g.size(); ++i) g[i] += value(s, i);
     }
   }
   if (sources > 1) {

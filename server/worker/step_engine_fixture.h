@@ -112,14 +112,20 @@ struct FaultState {
 // Matrix m's whole gradient of `step` as the owner uses it: the trainers'
 // mean summed in trainer order (unreduced), else trainer 0's; `bf16`: each
 // part as lent in bf16, widened.
-std::vector<float> WholeGradient(int64_t step, int m, bool bf16);
+// `nodes`: the trainers by node of a plan's exchange nodes, whose sum
+// adds as scheduler/node_exchange.h says; empty: trainer order.
+std::vector<float> WholeGradient(
+    int64_t step, int m, bool bf16,
+    const std::vector<std::vector<int>>& nodes = {});
 
 // The trainers' parameters as the kernels make them in one process, each
 // matrix orthogonalized with its entry in `algorithms` (NS5 if none).
 class ReferenceSteps {
  public:
+  // `nodes`: WholeGradient's.
   explicit ReferenceSteps(std::map<std::string, NsAlgorithm> algorithms = {},
-                          DType update_dtype = DType::kFloat32);
+                          DType update_dtype = DType::kFloat32,
+                          std::vector<std::vector<int>> nodes = {});
   // One step of every matrix with the trainers' gradients of `step`.
   void Step(int64_t step);
   const std::vector<float>& param(const std::string& name) const {
@@ -129,6 +135,7 @@ class ReferenceSteps {
  private:
   kernels::CpuKernels kernels_;
   const std::map<std::string, NsAlgorithm> algorithms_;
+  const std::vector<std::vector<int>> nodes_;
   std::map<std::string, std::vector<float>> param_, momentum_;
 };
 

@@ -307,6 +307,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   const auto end_run = [&]() -> absl::Status {
     if (run.empty()) return absl::OkStatus();
     MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+    MUONPS_RETURN_IF_ERROR(GatherExchanged());
     MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(stream_));
     for (const int bucket : run) timeline_.AddMark("from_owners", bucket, done);
     run.clear();
@@ -502,7 +503,15 @@ bool StepStaging::FullParam(int32_t matrix) const {
                              : roster_.follower_full_param[matrix] != 0;
 }
 
+NodeExchangeTransfers StepStaging::Exchange() {
+  return NodeExchangeTransfers(plan_.schedule.exchange_nodes, plan_.rank, t_,
+                               ops_, plan_.exchange, stream_);
+}
+
 absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
+  // Unreduced gradients summed in two levels: after the bucket's other
+  // transfers, in launches of their own.
+  std::vector<ExchangeItem> exchanged;
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.to_owners) {
     if (x.group != plan_.group) continue;  // another owner group's
@@ -514,6 +523,14 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
     const bool mine = x.owner == plan_.rank;
     float* staged =
         mine ? plan_.StagedData(momentum_.slot(x.item.matrix, e)) : nullptr;
+    if (x.kind == scheduler::TransferKind::kExchangeToOwner) {
+      ExchangeItem& item = exchanged.emplace_back();
+      item.size = size;
+      item.owner = x.owner;
+      item.part = b == nullptr ? plan_.zeros->data() : b->grad + e * size;
+      item.sum = staged;
+      continue;
+    }
     if (x.kind == scheduler::TransferKind::kReduceToOwner) {
       const float* part =
           b == nullptr ? plan_.zeros->data() : b->grad + e * size;
@@ -561,7 +578,8 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
       }
     }
   }
-  return t_.GroupEnd();
+  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+  return Exchange().Sum(exchanged, &bytes_);
 }
 
 absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
@@ -627,6 +645,11 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
   // costs the host tens of microseconds: per matrix, that was what a small
   // model's step spent sending them back). The owner's own copies are
   // enqueued at once, ahead of the group's transfers, on the same stream.
+  // Updates of unreduced matrices summed in two levels go back the
+  // reverse way after the run's group, in launches of their own
+  // (GatherExchanged).
+  std::vector<ExchangeItem> exchanged;
+  std::vector<ParamApply> exchange_applies;
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.from_owners) {
     if (x.group != plan_.group) continue;  // another owner group's
@@ -667,6 +690,22 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     apply.decay = static_cast<float>(1.0 - lr * wd);
     apply.step = static_cast<float>(
         -kernels::AdjustedLr(lr, h.lr_adjustment, spec.rows, spec.cols));
+    if (x.kind == scheduler::TransferKind::kExchangeFromOwner) {
+      ExchangeItem& item = exchanged.emplace_back();
+      item.size = size;
+      item.owner = x.owner;
+      if (mine) {
+        MUONPS_RETURN_IF_ERROR(round_update());
+        item.update = update;
+      }
+      if (b == nullptr) continue;  // no parameter here
+      apply.count = size;
+      apply.first = e * size;
+      apply.staged_at = b->staged_at + apply.first;
+      item.landing = trainer_->updates.at(apply.staged_at);
+      exchange_applies.push_back(apply);
+      continue;
+    }
     if (x.kind == scheduler::TransferKind::kScatterFromOwner &&
         !FullParam(x.item.matrix)) {
       if (mine) {
@@ -760,7 +799,22 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     }
     ledger_.staged.applies.push_back(apply);
   }
+  if (!exchanged.empty()) {
+    gathers_.push_back({std::move(exchanged), std::move(exchange_applies)});
+  }
   return t_.GroupEnd();
+}
+
+absl::Status StepStaging::GatherExchanged() {
+  for (ExchangeGather& g : gathers_) {
+    MUONPS_RETURN_IF_ERROR(
+        Exchange().Gather(g.items, plan_.update_dtype, &bytes_));
+    for (const ParamApply& apply : g.applies) {
+      ledger_.staged.applies.push_back(apply);
+    }
+  }
+  gathers_.clear();
+  return absl::OkStatus();
 }
 
 absl::Status StepStaging::AverageAdamWGradients() {

@@ -1,7 +1,9 @@
 // StepStaging: a round's stage (step_run.h, 3.), the data path of "One
 // step's data flow" in docs/architecture.md. In the schedule's order: each
 // bucket's gradients to their owners (replicated: none; unreduced: reduce, mean
-// in trainer order; row_sharded: gather rows), momentum and Newton-Schulz of
+// in trainer order, or across nodes summed in two levels,
+// node_exchange_transfers.h; row_sharded: gather rows), momentum and
+// Newton-Schulz of
 // every stack this worker owns (the new momentum into its MomentumStack's
 // next_momentum, the old one untouched), the updates back in the precision
 // Newton-Schulz ran in (broadcast, or scatter rows) into the trainer's
@@ -34,6 +36,7 @@
 #include "scheduler/step_schedule.h"
 #include "server/worker/gradient_check.h"
 #include "server/worker/momentum_store.h"
+#include "server/worker/node_exchange_transfers.h"
 #include "server/worker/step_agreement.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_request.h"
@@ -141,8 +144,13 @@ class StepStaging {
   absl::Status ReadyEveryGradient();
   // Clears the finite check, once a step (ComputeAhead or Stage).
   absl::Status PrepareCheck();
+  // The two-level exchange of this plan's buckets (node_exchange_transfers.h).
+  NodeExchangeTransfers Exchange();
   absl::Status ToOwners(const scheduler::Bucket& bucket);
   absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
+  // The run's updates of unreduced matrices summed in two levels, after
+  // the run's group: each bucket's gathered back and its applies staged.
+  absl::Status GatherExchanged();
   absl::Status FromOwners(const scheduler::Bucket& bucket,
                           const StepRequest& request);
   // After a run of updates-back phases (FromOwners): sets this writer's
@@ -199,6 +207,12 @@ class StepStaging {
   // peers this worker copied updates into during it.
   int run_ = 0;
   std::vector<int> written_to_;
+  // FromOwners's exchanged updates of the run in flight, by bucket.
+  struct ExchangeGather {
+    std::vector<ExchangeItem> items;
+    std::vector<ParamApply> applies;
+  };
+  std::vector<ExchangeGather> gathers_;
   // Landing words compute_ waits for: released by UndoEarlyApplies.
   std::vector<int> awaited_slots_;
   int64_t applied_early_ = 0;

@@ -34,6 +34,7 @@
 #include "scheduler/step_schedule.h"
 #include "server/worker/job_plan.h"
 #include "server/worker/momentum_stacks.h"
+#include "server/worker/node_exchange_transfers.h"
 #include "server/worker/staging_windows.h"
 #include "server/worker/trainer_buffers.h"
 
@@ -98,6 +99,9 @@ struct PlanState {
   // A worker with no trainer: the zero parts it adds to every sum, and
   // where it receives means it does not keep (grown as needed).
   std::unique_ptr<kernels::FloatBuffer> zeros, sink;
+  // The two-level exchange's packs (schedule.exchange_nodes; grown as
+  // needed).
+  ExchangeState exchange;
 
   // The staged gradient of an owned item's slot (momentum_stacks.h).
   float* StagedData(const ItemSlot& s) const {
@@ -120,8 +124,8 @@ struct PlanState {
     return static_cast<int>(ownership.worker_ids.size()) - ownership.dedicated;
   }
   // Allocates the owned stacks' staged gradients, their 16-bit updates
-  // (update_dtype) and `scratch` (zero-filled: slow for large stacks, call
-  // it with no lock held).
+  // (update_dtype), `scratch` and the exchange's packs (zero-filled: slow
+  // for large stacks, call it with no lock held).
   // RESOURCE_EXHAUSTED naming the buffer when the device is full.
   absl::Status AllocateBuffers(kernels::DeviceOps& ops);
   // What the version fixes of the momentum owned here: the layout

@@ -86,6 +86,19 @@ std::string PlanTable(const v1::Plan& plan) {
         plan.owner_groups_size(), plan.owner_groups(0).workers_size(),
         absl::StrJoin(groups, "; "));
   }
+  if (plan.exchange_nodes_size() > 0) {
+    // Unreduced gradients summed within each node, then across the nodes.
+    std::vector<std::string> nodes;
+    for (const v1::NodeWorkers& n : plan.exchange_nodes()) {
+      nodes.push_back(absl::StrJoin(n.workers(), " "));
+    }
+    absl::StrAppendFormat(&out,
+                          "unreduced gradients summed in two levels over %d "
+                          "nodes of %d (%s)\n",
+                          plan.exchange_nodes_size(),
+                          plan.exchange_nodes(0).workers_size(),
+                          absl::StrJoin(nodes, "; "));
+  }
   if (plan.apply_at_commit()) {
     absl::StrAppend(&out,
                     "updates applied at the commit (predicted no slower than "

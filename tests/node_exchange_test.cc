@@ -1,0 +1,136 @@
+// The two-level sum of unreduced gradients across nodes with real
+// processes (a coordinator, CPU workers over TCP, the trainers' clients):
+// workers that say they run on several nodes of as many each, on a network
+// whose hops the coordinator weighs as slow (where a ring over every rank
+// per matrix costs more than the exchange's few launches), get a plan with
+// exchange nodes; each bucket's gradients are summed within each node,
+// then across the nodes, each matrix's sum gathered to its owner, and the
+// updates gathered back; training matches the single-process replay bit
+// for bit, and a killed worker's restart from the checkpoint trains on
+// exactly.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "tests/data_plane_fixture.h"
+#include "tests/harness/child_process.h"
+
+namespace muonps {
+namespace {
+
+using testing::ClusterOptions;
+using testing::DataPlaneFixture;
+using testing::ModelDecl;
+using testing::ReferenceModel;
+
+constexpr int kWorkers = 6;
+constexpr double kExact = 0;
+
+class NodeExchangeProcessTest : public DataPlaneFixture {
+ protected:
+  // Worker w on node `node_of[w]`, 1 ms a network hop; `steps` steps.
+  void StartAndStep(const ModelDecl& model, const std::vector<int>& node_of,
+                    int64_t steps, const std::string& checkpoint_dir = "") {
+    ClusterOptions cluster = {.workers = kWorkers,
+                              .io_timeout_ms = 5000,
+                              .lease_ttl_ms = 1500,
+                              .heartbeat_interval_ms = 200};
+    cluster.network_hop_us = 1000;
+    cluster.checkpoint_dir = checkpoint_dir;
+    cluster.checkpoint_every = checkpoint_dir.empty() ? 0 : 1;
+    for (int w = 0; w < kWorkers; ++w) {
+      cluster.worker_node[w] = absl::StrCat("node-", node_of[w]);
+    }
+    ASSERT_NO_FATAL_FAILURE(StartJob(model, cluster));
+    reference_.emplace(model, kWorkers, PlannedAlgorithms());
+    ASSERT_NO_FATAL_FAILURE(ExpectExchangeNodes(node_of));
+    ASSERT_NO_FATAL_FAILURE(Step(1, steps));
+  }
+  // The plan sums over the nodes of `node_of` (each node's workers, by
+  // position); the replay adds as it does.
+  void ExpectExchangeNodes(const std::vector<int>& node_of) {
+    ASSERT_GT(plan().exchange_nodes_size(), 0) << plan().DebugString();
+    std::vector<std::vector<int>> nodes;
+    for (const v1::NodeWorkers& node : plan().exchange_nodes()) {
+      std::vector<int>& workers = nodes.emplace_back();
+      for (const std::string& id : node.workers()) {
+        workers.push_back(WorkerIndex(id));
+      }
+      for (const int w : workers) {
+        EXPECT_EQ(node_of[w], node_of[workers[0]]) << plan().DebugString();
+      }
+      EXPECT_EQ(workers.size(), nodes[0].size());
+    }
+    std::map<int, int> count;
+    for (const int n : node_of) ++count[n];
+    EXPECT_EQ(nodes.size(), count.size());
+    // Trainer r steps with worker r.
+    reference_->SumOverNodes(nodes);
+  }
+  void Step(int64_t first, int64_t last) {
+    for (int64_t step = first; step <= last; ++step) {
+      for (const auto& o : RunStep(step)) {
+        ASSERT_TRUE(o.has_value() && o->result.ok())
+            << "step " << step << ": " << o->result.status();
+        EXPECT_EQ(o->result->momentum_reset, 0) << "step " << step;
+      }
+      ASSERT_TRUE(reference_->Step(step).ok());
+    }
+  }
+
+  std::optional<ReferenceModel> reference_;
+};
+
+// Two nodes of three: three positions within each node, one halving round
+// across them.
+TEST_F(NodeExchangeProcessTest, TwoNodesOfThreeTrainAsTheReplay) {
+  const ModelDecl model = testing::SmallModel(scheduler::Layout::kUnreduced);
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(model, {0, 0, 0, 1, 1, 1}, 10));
+  EXPECT_EQ(plan().nodes(), 2);
+  ExpectMatchesReference(*reference_, kExact);
+}
+
+// Three nodes of two, their workers not in rank order: the third node
+// folds into the first before the halving. (A job with replicated
+// matrices too pays their broadcasts' rings in the same phases, and the
+// coordinator keeps the rings for it here; step_atomicity_test runs the
+// exchange beside every layout.)
+TEST_F(NodeExchangeProcessTest, ThreeNodesFoldAndTrainAsTheReplay) {
+  const ModelDecl model = testing::SmallModel(scheduler::Layout::kUnreduced);
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(model, {0, 1, 2, 0, 1, 2}, 8));
+  EXPECT_EQ(plan().nodes(), 3);
+  ExpectMatchesReference(*reference_, kExact);
+}
+
+// A worker killed after step 3's checkpoint: its restarted process
+// restores what it owns from the checkpoint, the plan sums over the same
+// nodes again, and training goes on exactly.
+TEST_F(NodeExchangeProcessTest, AKilledWorkerRestoresAndTrainsOnAsTheReplay) {
+  const std::string dir = testing::NewTempDir("node-exchange");
+  const std::vector<int> node_of = {0, 0, 0, 1, 1, 1};
+  const ModelDecl model = testing::SmallModel(scheduler::Layout::kUnreduced);
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(model, node_of, 3, dir + "/ckpt"));
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(4, 3, /*restored=*/false));
+  ASSERT_NO_FATAL_FAILURE(KillWorker(4));
+  ASSERT_NO_FATAL_FAILURE(RestartWorker(4));
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  ASSERT_NO_FATAL_FAILURE(ExpectExchangeNodes(node_of));
+  const std::vector<testing::LoopOutcome> loops = RunTrainerLoops(4, 8, 3);
+  for (int r = 0; r < trainers(); ++r) {
+    ASSERT_TRUE(loops[r].finished)
+        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
+  }
+  for (int64_t step = 4; step <= 8; ++step) {
+    ASSERT_TRUE(reference_->Step(step).ok());
+  }
+  ExpectMatchesReference(*reference_, kExact);
+}
+
+}  // namespace
+}  // namespace muonps
