@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 
@@ -103,44 +104,51 @@ std::vector<double> StepBound::CutSeconds(const std::vector<int32_t>& ranks,
   return out;
 }
 
-ExchangeLevels ExchangeLevelsOf(int nodes, int per_node, double elements,
-                                double packed, bool update, bool within_nic,
-                                bool across_nic,
-                                const ClockSettings& settings) {
-  const LinkFigures& l = settings.topology.links;
+std::vector<ExchangeStep> ExchangeStepsOf(int nodes, int per_node,
+                                          double elements, double packed,
+                                          bool update,
+                                          const ClockSettings& settings) {
   const double e = update ? settings.update_bytes_per_element
                           : settings.wire_bytes_per_element;
+  const double hbm = settings.hbm_bytes_per_second;
   const int g = per_node;
   int halving = 1;  // M'
-  int rounds = 0;
-  while (halving * 2 <= nodes) {
-    halving *= 2;
-    ++rounds;
-  }
-  const int fold = nodes > halving ? 1 : 0;
-  ExchangeLevels out;
-  // Within the nodes, the fold, the rounds, and the pieces across the
-  // nodes and then within them.
-  const int launches = (g > 1 ? 1 : 0) + fold + rounds + 1 + (g > 1 ? 1 : 0);
-  out.latency_seconds = launches * (l.latency_us + l.hop_latency_us) * 1e-6;
-  // Within each node every member sends its G - 1 other blocks and
-  // receives G - 1 of its own; across the nodes, the fold's block and the
-  // halving's halves, block (M' - 1) / M'.
+  while (halving * 2 <= nodes) halving *= 2;
+  // Elements of a block; each gradient element added is two fp32 reads
+  // and a write.
   const double block = packed / g;
-  out.within_bytes = block * e * (g - 1);
-  out.across_bytes = block * e * ((halving - 1.0) / halving + fold);
-  const double nvlink = l.nvlink_gbs * 1e9;
-  const double nic = l.inter_node_gbs * 1e9;
-  // HBM: each item copied into the pack (gradients) or out of it
-  // (updates), read and written; and each gradient element added, two fp32
-  // reads and a write: G - 1 blocks within the node, the fold's block and
-  // the halving's halves.
-  double hbm = 2.0 * elements * e;
-  if (!update) hbm += 12.0 * block * (g - 1 + (halving - 1.0) / halving + fold);
-  out.seconds = out.latency_seconds +
-                out.within_bytes / (within_nic ? nic : nvlink) +
-                out.across_bytes / (across_nic ? nic : nvlink) +
-                hbm / settings.hbm_bytes_per_second;
+  std::vector<ExchangeStep> out;
+  // Within each node every member sends its G - 1 other blocks and
+  // receives G - 1 of its own, and adds them.
+  if (g > 1) {
+    out.push_back({.bytes = block * e * (g - 1),
+                   .hbm_after_seconds = 12.0 * block * (g - 1) / hbm});
+  }
+  // The fold's block, then the halving's halves: half a block, a quarter,
+  // ..., 1 / M'.
+  if (nodes > halving) {
+    out.push_back({.across = true,
+                   .bytes = block * e,
+                   .hbm_after_seconds = 12.0 * block / hbm});
+  }
+  for (int d = halving / 2; d >= 1; d /= 2) {
+    const double part = block * d / halving;
+    out.push_back({.across = true,
+                   .bytes = part * e,
+                   .hbm_after_seconds = 12.0 * part / hbm});
+  }
+  out.push_back({.across = true, .pieces = true});
+  if (g > 1) out.push_back({.pieces = true});
+  // The items copied into the pack (gradients) or out of it (updates),
+  // read and written.
+  const double copies = 2.0 * elements * e / hbm;
+  if (update) {
+    std::reverse(out.begin(), out.end());
+    for (ExchangeStep& step : out) step.hbm_after_seconds = 0;
+    out.back().hbm_after_seconds = copies;
+  } else {
+    out.front().hbm_before_seconds = copies;
+  }
   return out;
 }
 
@@ -153,12 +161,21 @@ double ExchangeStepBound(const std::vector<MatrixSpec>& matrices, int workers,
     elements += static_cast<double>(m.rows * m.cols * m.experts);
   }
   if (elements == 0) return 0;
+  const LinkFigures& l = settings.topology.links;
   double least = 0;
   for (const bool update : {false, true}) {
-    least +=
-        ExchangeLevelsOf(nodes, per_node, elements, elements, update,
-                         /*within_nic=*/false, /*across_nic=*/true, settings)
-            .seconds;
+    const std::vector<ExchangeStep> steps =
+        ExchangeStepsOf(nodes, per_node, elements, elements, update, settings);
+    double within = 0, across = 0, hbm = 0;
+    for (const ExchangeStep& step : steps) {
+      (step.across ? across : within) += step.bytes;
+      hbm += step.hbm_before_seconds + step.hbm_after_seconds;
+    }
+    least += static_cast<double>(steps.size()) *
+                 (l.latency_us + l.hop_latency_us) * 1e-6 +
+             std::max(within / (l.nvlink_gbs * 1e9),
+                      across / (l.inter_node_gbs * 1e9)) +
+             hbm;
   }
   least += ControlSeconds(workers, settings);
   if (!settings.apply_early || workers < 2) {

@@ -77,33 +77,51 @@ class StepBound {
   std::vector<std::vector<BucketSum>> cuts_;
 };
 
-// What one bucket's exchange (step_clock.h's model) costs whoever owns its
-// items: of `nodes` exchange nodes of `per_node` workers, `elements` items'
-// elements packed into `packed` (NodeExchange::packed()), gradients or
-// (`update`) updates, each level over the NICs or NVLink as told.
-struct ExchangeLevels {
-  double latency_seconds = 0;  // the launches'
-  double within_bytes = 0;     // each member, each way, within its node
-  double across_bytes = 0;     // each member, each way, across the nodes
-  // The launches' latency, the levels' and the HBM time: all of the
-  // exchange but its pieces.
-  double seconds = 0;
+// One launch of one bucket's exchange, one way (step_clock.h's model),
+// whoever owns its items: a level's, whose bytes each member moves (sends
+// and receives), or one of the pieces', whose bytes depend on who owns what
+// (none here); within the nodes or across them. And the HBM seconds on the
+// transfer stream before the launch (the gradients' pack copies, before the
+// first) and after it (the adds that follow the node level, the fold and
+// each halving round; the updates' copies out of the pack, after the last).
+struct ExchangeStep {
+  bool across = false;  // between the nodes (else within each node)
+  bool pieces = false;
+  double bytes = 0;
+  double hbm_before_seconds = 0;
+  double hbm_after_seconds = 0;
 };
-ExchangeLevels ExchangeLevelsOf(int nodes, int per_node, double elements,
-                                double packed, bool update, bool within_nic,
-                                bool across_nic, const ClockSettings& settings);
+
+// The launches of one bucket's exchange in their order: of `nodes` exchange
+// nodes of `per_node` workers, `elements` items' elements packed into
+// `packed` (NodeExchange::packed()), gradients or (`update`) updates.
+// Gradients: within the nodes (where per_node > 1), the fold (where
+// `nodes` is not a power of two), the halving rounds (half a block first),
+// the pieces across the nodes, then within the owner's node (where
+// per_node > 1); updates the reverse.
+std::vector<ExchangeStep> ExchangeStepsOf(int nodes, int per_node,
+                                          double elements, double packed,
+                                          bool update,
+                                          const ClockSettings& settings);
 
 // A lower bound on the step ClockStep predicts for a schedule of
 // `matrices` on `settings`' `workers` ranks with exchange nodes of
 // `per_node` workers on each of `nodes` hosts (the topology's nodes, as
 // ChooseExchangeNodes gives them), whatever its plan and bucket bound
-// (ChooseStepGrouping's choice among them): every phase runs one after
-// another on the transfer timeline, the stage lasts at least their sum,
-// and each bucket's exchange costs at least its ExchangeLevelsOf (its pack
-// at least its elements), which grow with its elements, so the buckets of
-// the unreduced matrices cost at least one bucket of all of them each way.
-// The commit adds the control rounds, and, where the workers may not apply
-// the updates before the votes, their apply. Less a relative 1e-9 for
+// (ChooseStepGrouping's choice among them). The transfer timeline runs one
+// launch after another, the updates' after the gradients', so the stage
+// lasts at least the sum of the launches. Each way, some sequence holds a
+// bucket's exchange: at least as many launches as it has
+// (ExchangeStepsOf), each latency_us + hop_latency_us at least. A launch
+// lasts at least the larger of its NVLink and its NIC seconds, so a way's
+// launches last at least the larger of its buckets' levels within the
+// nodes (over NVLink) and across them (over the NICs), each added up; and
+// the HBM seconds of their pack copies and adds, which take turns with the
+// launches on the transfer stream. Levels and HBM grow with a bucket's
+// elements (its pack at least its elements), so the buckets of the
+// unreduced matrices cost at least one bucket of all of them. The commit
+// adds the control rounds, and, where the workers may not apply the
+// updates before the votes, their apply. Less a relative 1e-9 for
 // rounding; 0 without unreduced matrices.
 double ExchangeStepBound(const std::vector<MatrixSpec>& matrices, int workers,
                          int nodes, int per_node,

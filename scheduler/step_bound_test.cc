@@ -154,9 +154,10 @@ TEST(StepBoundTest, NoneBelowAnExchangePlanOfUnreducedMatrices) {
 TEST(StepBoundTest, ExchangeBoundStaysBelowEveryCutOfEveryPlan) {
   // Unreduced (and some replicated and row-sharded) matrices on nodes of
   // 8, 2 and 1, with a fold where the nodes are not a power of two: the
-  // exchange's least step is below the clock of every bucket bound.
-  for (const auto& [workers, per_node] :
-       std::vector<std::pair<int, int>>{{16, 8}, {24, 8}, {6, 2}, {5, 1}}) {
+  // exchange's least step is below the clock of every bucket bound, down
+  // to buckets of 16 MiB, whose sequences pipeline many buckets' steps.
+  for (const auto& [workers, per_node] : std::vector<std::pair<int, int>>{
+           {16, 8}, {24, 8}, {6, 2}, {5, 1}, {64, 8}, {40, 8}}) {
     Job job = Replicated(400, workers);
     job.settings.topology = Topology::Blocks(workers, per_node);
     for (size_t m = 0; m < job.matrices.size(); ++m) {
@@ -175,7 +176,9 @@ TEST(StepBoundTest, ExchangeBoundStaysBelowEveryCutOfEveryPlan) {
       const double least = ExchangeStepBound(
           job.matrices, workers, workers / per_node, per_node, job.settings);
       EXPECT_GT(least, 0);
-      for (const int64_t bound : BucketBoundsTried(job.matrices)) {
+      std::vector<int64_t> bounds = BucketBoundsTried(job.matrices);
+      bounds.push_back(int64_t{16} << 20);
+      for (const int64_t bound : bounds) {
         const StepSchedule schedule =
             *BuildStepSchedule(job.matrices, plan, {.bucket_bytes = bound});
         const StepClock clock = ClockStep(job.matrices, schedule,
@@ -184,6 +187,11 @@ TEST(StepBoundTest, ExchangeBoundStaysBelowEveryCutOfEveryPlan) {
         EXPECT_LE(least, clock.predicted_seconds)
             << workers << " on nodes of " << per_node << ", bucket " << bound
             << ", apply_early " << apply_early;
+        if (bound == bounds.back()) {
+          // Each way at least one sequence of many buckets.
+          EXPECT_GT(schedule.buckets.size(), 100u);
+          EXPECT_GT(clock.exchange_launches, 2 * 100);
+        }
       }
     }
   }

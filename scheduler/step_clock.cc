@@ -133,6 +133,30 @@ struct PhaseState {
   std::vector<RankBytes> totals;  // point-to-point, every phase
 };
 
+// One step of a bucket's exchange as the pipeline launches it: its busiest
+// rank's seconds over each link, and its HBM seconds on the transfer
+// stream before and after its launch (ExchangeStep).
+struct LaunchStep {
+  double nvlink = 0;
+  double nic = 0;
+  double hbm_before = 0;
+  double hbm_after = 0;
+};
+
+// A bucket's phase as the exchange's pipeline launches it (Pipeline): its
+// other transfers, which go in the launch of its exchange's first step,
+// and that exchange's steps, one a launch.
+struct PhaseLaunch {
+  bool moves = false;  // some transfer
+  // The other transfers as a phase of their own (Phase::Finish), its
+  // latency, and its slowest group's bandwidth time on each link.
+  double seconds = 0;
+  double latency = 0;
+  double nvlink = 0;
+  double nic = 0;
+  std::vector<LaunchStep> steps;  // none without the exchange
+};
+
 // Accumulates the transfers of one grouped phase (see the header's model)
 // and clocks it: every owner group's part on its own members' links, all
 // at once, so the phase takes as long as its slowest group's part.
@@ -147,7 +171,7 @@ class Phase {
     Part& part = parts_[x.group];
     if (x.kind == TransferKind::kExchangeToOwner ||
         x.kind == TransferKind::kExchangeFromOwner) {
-      // Not a launch of its own: the bucket's exchange (FinishExchange).
+      // Not a launch of its own: the bucket's exchange (Launch).
       exchange_update_ = x.kind == TransferKind::kExchangeFromOwner;
       exchange_sizes_.push_back(spec.rows * spec.cols);
       exchange_owners_.push_back(x.owner);
@@ -213,57 +237,25 @@ class Phase {
 
   // Seconds of the phase (0 with no transfers); adds its bytes to the
   // totals and the latency of its slowest group to `*latency_seconds`.
-  // Leaves the state's phase bytes zero.
+  // Leaves the state's phase bytes zero. Not for the exchange's transfers
+  // (Launch).
   double Finish(double* latency_seconds) {
-    const LinkFigures& l = s_.settings.topology.links;
-    const double reduce_gbs = l.reduce_gbs > 0 ? l.reduce_gbs : l.nvlink_gbs;
-    // A rank's time for `b` point-to-point bytes besides its group's ring.
-    const auto seconds = [&](const Part& part, const RankBytes& b) {
-      const double nvlink_seconds =
-          (part.ring_nvlink + std::max(b.nvlink_sent, b.nvlink_received)) /
-              (l.nvlink_gbs * 1e9) +
-          part.ring_reduce_nvlink / (reduce_gbs * 1e9);
-      const double nic = part.ring_nic + std::max(b.nic_sent, b.nic_received);
-      return std::max(nvlink_seconds, nic / (l.inter_node_gbs * 1e9));
-    };
-    for (const int r : s_.touched) {
-      RankBytes& b = s_.phase[r];
-      Part& part = parts_[s_.group_of[r]];
-      part.bandwidth_seconds =
-          std::max(part.bandwidth_seconds, seconds(part, b));
-      ++part.touched;
-      Retire(r);
-    }
-    s_.touched.clear();
-    double phase_seconds = 0, phase_latency = 0;
-    for (size_t k = 0; k < parts_.size(); ++k) {
-      Part& part = parts_[k];
-      if (part.messages == 0) continue;
-      GroupLinks& group = s_.groups[k];
-      double latency = part.messages * l.latency_us * 1e-6;
-      if (part.ring) latency += (group.n - 1) * l.hop_latency_us * 1e-6;
-      // Members no transfer touched move only the ring's bytes.
-      if (part.touched < group.n) {
-        part.bandwidth_seconds =
-            std::max(part.bandwidth_seconds, seconds(part, RankBytes{}));
-      }
-      if (latency + part.bandwidth_seconds > phase_seconds) {
-        phase_seconds = latency + part.bandwidth_seconds;
-        phase_latency = latency;
-      }
-      const double ring = part.ring_nvlink + part.ring_reduce_nvlink;
-      group.ring_totals.nvlink_sent += ring;
-      group.ring_totals.nvlink_received += ring;
-      group.ring_totals.nic_sent += part.ring_nic;
-      group.ring_totals.nic_received += part.ring_nic;
-    }
+    PhaseLaunch launch;
+    FinishParts(&launch);
+    *latency_seconds += launch.latency;
+    return launch.seconds;
+  }
+
+  // The phase as the exchange's pipeline launches it (the header's model);
+  // adds its bytes to the totals. Leaves the state's phase bytes zero.
+  PhaseLaunch Launch() {
+    PhaseLaunch out;
+    FinishParts(&out);
     if (!exchange_sizes_.empty()) {
-      double latency = 0;
-      phase_seconds += FinishExchange(&latency);
-      phase_latency += latency;
+      out.moves = true;
+      ExchangeSteps(&out.steps);
     }
-    *latency_seconds += phase_latency;
-    return phase_seconds;
+    return out;
   }
 
  private:
@@ -275,23 +267,77 @@ class Phase {
     bool ring = false;
     int64_t messages = 0;
     int touched = 0;  // members with point-to-point bytes
+    // Its busiest member's seconds over NVLink and over its NIC, and the
+    // larger.
+    double nvlink_seconds = 0;
+    double nic_seconds = 0;
     double bandwidth_seconds = 0;
   };
 
-  // Seconds of the exchange's pieces (`x`, `e` bytes an element), in two
-  // launches one after the other (the reverse order for updates): across
-  // the nodes, each item's piece in each segment from the segment's holder
-  // to the worker at the segment's position on the item's owner's node
-  // (none where the holder is on that node); within that node, the item's
-  // part in each block from the worker at the block's position to the
-  // owner (none from the owner's own block). Each launch takes its busiest
+  // Clocks the phase's transfers but the exchange's into `*out` (seconds,
+  // latency and the slowest group's time on each link; moves where any)
+  // and adds their bytes to the totals.
+  void FinishParts(PhaseLaunch* out) {
+    const LinkFigures& l = s_.settings.topology.links;
+    const double reduce_gbs = l.reduce_gbs > 0 ? l.reduce_gbs : l.nvlink_gbs;
+    // A rank's time on each link for `b` point-to-point bytes besides its
+    // group's ring.
+    const auto seconds = [&](Part& part, const RankBytes& b) {
+      const double nvlink_seconds =
+          (part.ring_nvlink + std::max(b.nvlink_sent, b.nvlink_received)) /
+              (l.nvlink_gbs * 1e9) +
+          part.ring_reduce_nvlink / (reduce_gbs * 1e9);
+      const double nic = part.ring_nic + std::max(b.nic_sent, b.nic_received);
+      const double nic_seconds = nic / (l.inter_node_gbs * 1e9);
+      part.nvlink_seconds = std::max(part.nvlink_seconds, nvlink_seconds);
+      part.nic_seconds = std::max(part.nic_seconds, nic_seconds);
+      part.bandwidth_seconds = std::max(part.bandwidth_seconds,
+                                        std::max(nvlink_seconds, nic_seconds));
+    };
+    for (const int r : s_.touched) {
+      Part& part = parts_[s_.group_of[r]];
+      seconds(part, s_.phase[r]);
+      ++part.touched;
+      Retire(r);
+    }
+    s_.touched.clear();
+    for (size_t k = 0; k < parts_.size(); ++k) {
+      Part& part = parts_[k];
+      if (part.messages == 0) continue;
+      out->moves = true;
+      GroupLinks& group = s_.groups[k];
+      double latency = part.messages * l.latency_us * 1e-6;
+      if (part.ring) latency += (group.n - 1) * l.hop_latency_us * 1e-6;
+      // Members no transfer touched move only the ring's bytes.
+      if (part.touched < group.n) seconds(part, RankBytes{});
+      if (latency + part.bandwidth_seconds > out->seconds) {
+        out->seconds = latency + part.bandwidth_seconds;
+        out->latency = latency;
+        out->nvlink = part.nvlink_seconds;
+        out->nic = part.nic_seconds;
+      }
+      const double ring = part.ring_nvlink + part.ring_reduce_nvlink;
+      group.ring_totals.nvlink_sent += ring;
+      group.ring_totals.nvlink_received += ring;
+      group.ring_totals.nic_sent += part.ring_nic;
+      group.ring_totals.nic_received += part.ring_nic;
+    }
+  }
+
+  // Seconds of the exchange's pieces (`x`, `e` bytes an element) in each
+  // of their two launches (for updates the second goes first): across the
+  // nodes, each item's piece in each segment from the segment's holder to
+  // the worker at the segment's position on the item's owner's node (none
+  // where the holder is on that node); within that node, the item's part
+  // in each block from the worker at the block's position to the owner
+  // (none from the owner's own block). Each launch takes its busiest
   // rank's time. The receivers across the nodes (the senders, for updates)
   // are tallied per rank. A holder sends its one segment's pieces: a
   // segment within one item goes whole to one rank, which takes it all in,
   // so only the segments that items' ends fall in (shared by the items
   // beside them) are tallied. Adds the bytes to the totals, every member's
   // segment as a ring's bytes.
-  double Pieces(const NodeExchange& x, double e) {
+  std::pair<double, double> Pieces(const NodeExchange& x, double e) {
     const bool update = exchange_update_;
     const int64_t segment = x.segment();
     const int64_t block = x.block();
@@ -336,7 +382,7 @@ class Phase {
       if ((end - 1) / segment != begin / segment) piece((end - 1) / segment);
     }
     holder = std::max(holder, at_sum);
-    double seconds = std::max(holder * e / rate, TakeTouched());
+    const double across = std::max(holder * e / rate, TakeTouched());
     // Within the owners' nodes: each block's part to (from) the owner.
     for (size_t i = 0; i < exchange_sizes_.size(); ++i) {
       const int32_t owner = exchange_owners_[i];
@@ -352,7 +398,7 @@ class Phase {
         Tally(owner, !update, s_.node_level_nic, part * e);
       }
     }
-    seconds += TakeTouched();
+    const double within = TakeTouched();
     // Every member's segment, counted whole: sent (gradients) or received
     // (updates).
     RankBytes& every = s_.groups[0].ring_totals;
@@ -360,7 +406,7 @@ class Phase {
                         ? (update ? every.nic_received : every.nic_sent)
                         : (update ? every.nvlink_received : every.nvlink_sent);
     whole += static_cast<double>(segment) * e;
-    return seconds;
+    return {across, within};
   }
 
   // NIC or NVLink bytes per second.
@@ -406,32 +452,35 @@ class Phase {
     return seconds;
   }
 
-  // Seconds of the bucket's exchange (the header's model), after its other
-  // transfers: its launches one after another, its HBM copies and adds.
-  // Sets `*latency_seconds` to its launches' latency (part of the seconds)
-  // and adds its bytes to the totals.
-  double FinishExchange(double* latency_seconds) {
+  // The bucket's exchange's steps into `*out`, in their launch order (the
+  // header's model; ExchangeStepsOf), each on the link its level takes;
+  // adds their bytes to the totals, every member's levels as a ring's.
+  void ExchangeSteps(std::vector<LaunchStep>* out) {
     const ClockSettings& c = s_.settings;
+    const bool update = exchange_update_;
     const NodeExchange x(s_.exchange_nodes, exchange_sizes_);
-    const ExchangeLevels levels = ExchangeLevelsOf(
-        x.nodes(), x.per_node(), static_cast<double>(x.elements()),
-        static_cast<double>(x.packed()), exchange_update_, s_.node_level_nic,
-        s_.across_level_nic, c);
-    *latency_seconds = levels.latency_seconds;
+    const auto [across_pieces, within_pieces] = Pieces(
+        x, update ? c.update_bytes_per_element : c.wire_bytes_per_element);
     RankBytes& every = s_.groups[0].ring_totals;
-    const double within = levels.within_bytes;
-    const double across = levels.across_bytes;
-    (s_.node_level_nic ? every.nic_sent : every.nvlink_sent) += within;
-    (s_.node_level_nic ? every.nic_received : every.nvlink_received) += within;
-    (s_.across_level_nic ? every.nic_sent : every.nvlink_sent) += across;
-    (s_.across_level_nic ? every.nic_received : every.nvlink_received) +=
-        across;
-    const double pieces =
-        Pieces(x, exchange_update_ ? c.update_bytes_per_element
-                                   : c.wire_bytes_per_element);
+    for (const ExchangeStep& step : ExchangeStepsOf(
+             x.nodes(), x.per_node(), static_cast<double>(x.elements()),
+             static_cast<double>(x.packed()), update, c)) {
+      const bool nic = step.across ? s_.across_level_nic : s_.node_level_nic;
+      double seconds = 0;
+      if (step.pieces) {
+        seconds = step.across ? across_pieces : within_pieces;
+      } else {
+        seconds = step.bytes / LinkRate(nic);
+        (nic ? every.nic_sent : every.nvlink_sent) += step.bytes;
+        (nic ? every.nic_received : every.nvlink_received) += step.bytes;
+      }
+      LaunchStep& launch = out->emplace_back();
+      (nic ? launch.nic : launch.nvlink) = seconds;
+      launch.hbm_before = step.hbm_before_seconds;
+      launch.hbm_after = step.hbm_after_seconds;
+    }
     exchange_sizes_.clear();
     exchange_owners_.clear();
-    return levels.seconds + pieces;
   }
 
   RankBytes& Touch(int r) {
@@ -469,6 +518,7 @@ struct Clocked {
   double transfer = 0;          // busy time of the transfer timeline
   double latency = 0;
   int phases = 0;
+  int exchange_launches = 0;
   std::vector<double> compute_end;  // per worker
   // Each updates-back phase, in the schedule's order: its bucket, and when
   // its last update has landed (its collective's end, or its last
@@ -507,7 +557,9 @@ double ComputeEnd(double start, double seconds,
 // Clocks the schedule as the header's model says: every gradients-to-owners
 // phase first, then the order's compute (each stack after its ready
 // bucket's gradients) and updates back (each after all compute issued
-// before it, on every worker).
+// before it, on every worker). With exchange nodes, each sequence of phases
+// issued back to back (every gradients-to-owners phase; each run of
+// consecutive updates-back phases in the order) is pipelined.
 Clocked Clock(const std::vector<MatrixSpec>& matrices,
               const StepSchedule& schedule,
               const std::vector<double>& stack_seconds, int workers,
@@ -528,12 +580,102 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
     out.transfer += seconds;
     timeline += seconds;
   };
+  const bool pipelined = !state->exchange_nodes.empty();
+  const auto launch = [&](const std::vector<Transfer>& transfers) {
+    Phase phase(state);
+    for (const Transfer& x : transfers) {
+      phase.Add(x, matrices[x.item.matrix]);
+    }
+    return phase.Launch();
+  };
+  // Launches `phases`, issued back to back from `timeline`, as the
+  // exchange's pipeline (see the header): launch t holds step t - j of the
+  // j-th phase that moves something, and that phase's other transfers go
+  // in the launch of its step 0. `*landed`: when each phase's last launch
+  // ends (one that moves nothing: with the one before it, or at the start).
+  const auto pipeline = [&](const std::vector<PhaseLaunch>& phases,
+                            std::vector<double>* landed) {
+    const LinkFigures& l = settings.topology.links;
+    const double step_latency = (l.latency_us + l.hop_latency_us) * 1e-6;
+    std::vector<size_t> moving;  // the j-th phase that moves something
+    size_t launches = 0, longest = 1;
+    const auto steps_of = [&](size_t j) {
+      return std::max<size_t>(1, phases[moving[j]].steps.size());
+    };
+    for (size_t i = 0; i < phases.size(); ++i) {
+      if (!phases[i].moves) continue;
+      moving.push_back(i);
+      const size_t j = moving.size() - 1;
+      longest = std::max(longest, steps_of(j));
+      launches = std::max(launches, j + steps_of(j));
+    }
+    const double start = timeline;
+    std::vector<double> ends(moving.size(), start);
+    for (size_t t = 0; t < launches; ++t) {
+      const size_t first = t + 1 > longest ? t + 1 - longest : 0;
+      const size_t last = std::min(t + 1, moving.size());
+      double seconds = 0, latency = 0, nvlink = 0, nic = 0, hbm = 0;
+      bool steps = false;
+      for (size_t j = first; j < last; ++j) {
+        const PhaseLaunch& p = phases[moving[j]];
+        const size_t k = t - j;
+        if (k == 0) {
+          seconds = p.seconds;
+          latency = p.latency;
+          nvlink += p.nvlink;
+          nic += p.nic;
+        }
+        if (k < p.steps.size()) {
+          const LaunchStep& step = p.steps[k];
+          steps = true;
+          nvlink += step.nvlink;
+          nic += step.nic;
+          hbm += step.hbm_before + step.hbm_after;
+        }
+      }
+      // One launch of the steps with the other transfers: different links
+      // overlap, one link's bytes add up; the HBM copies and adds run on
+      // the transfer stream around it.
+      if (steps) {
+        latency += step_latency;
+        seconds = latency + std::max(nvlink, nic) + hbm;
+      }
+      if (seconds > 0) busy.emplace_back(timeline, timeline + seconds);
+      out.transfer += seconds;
+      out.latency += latency;
+      timeline += seconds;
+      ++out.exchange_launches;
+      for (size_t j = first; j < last; ++j) {
+        if (j + steps_of(j) == t + 1) ends[j] = timeline;
+      }
+    }
+    out.phases += static_cast<int>(moving.size());
+    landed->resize(phases.size());
+    double before = start;
+    for (size_t i = 0, j = 0; i < phases.size(); ++i) {
+      if (j < moving.size() && moving[j] == i) before = ends[j++];
+      (*landed)[i] = before;
+    }
+  };
   // A bucket without transfers lands with the one before it.
   std::vector<double> landed(schedule.buckets.size(), 0.0);
-  for (const scheduler::Phase& p : schedule.order) {
-    if (p.kind != PhaseKind::kToOwners) continue;
-    run(schedule.buckets[p.index].to_owners);
-    landed[p.index] = timeline;
+  if (pipelined) {
+    std::vector<PhaseLaunch> phases;
+    std::vector<int32_t> buckets;
+    for (const scheduler::Phase& p : schedule.order) {
+      if (p.kind != PhaseKind::kToOwners) continue;
+      phases.push_back(launch(schedule.buckets[p.index].to_owners));
+      buckets.push_back(p.index);
+    }
+    std::vector<double> at;
+    pipeline(phases, &at);
+    for (size_t k = 0; k < buckets.size(); ++k) landed[buckets[k]] = at[k];
+  } else {
+    for (const scheduler::Phase& p : schedule.order) {
+      if (p.kind != PhaseKind::kToOwners) continue;
+      run(schedule.buckets[p.index].to_owners);
+      landed[p.index] = timeline;
+    }
   }
   out.gradients_landed = timeline;
   // Compute issued so far ends by `compute_free[w]` on worker w.
@@ -577,7 +719,33 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
     out.phases += *std::max_element(group_writes.begin(), group_writes.end());
   };
   std::vector<Transfer> written, collective;  // of one bucket, when mixed
-  for (const scheduler::Phase& p : schedule.order) {
+  // Writes the updates of `from` that go by peer writes, where a group
+  // writes, noting when they have landed in `*landed_at`; returns the
+  // others, which go by collectives (null for none).
+  const auto by_collectives =
+      [&](const std::vector<Transfer>& from,
+          double* landed_at) -> const std::vector<Transfer>* {
+    if (none_write) return &from;
+    written.clear();
+    collective.clear();
+    for (const Transfer& x : from) {
+      const GroupLinks& group = groups[x.group];
+      // Updates the exchange carries never go by peer writes.
+      (group.writes && !x.by_collective &&
+               x.kind != TransferKind::kExchangeFromOwner
+           ? written
+           : collective)
+          .push_back(x);
+    }
+    write(written);
+    for (const Transfer& x : written) {
+      *landed_at = std::max(*landed_at, write_free[x.owner]);
+    }
+    return collective.empty() ? nullptr : &collective;
+  };
+  const std::vector<scheduler::Phase>& order = schedule.order;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const scheduler::Phase& p = order[i];
     if (p.kind == PhaseKind::kCompute) {
       const OwnerStack& stack = schedule.stacks[p.index];
       double& free = compute_free[stack.owner];
@@ -587,32 +755,40 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
                         stack_seconds[p.index], busy,
                         settings.transfer_contention);
       compute_so_far = std::max(compute_so_far, free);
+    } else if (p.kind == PhaseKind::kFromOwners && pipelined) {
+      // The run of updates-back phases from here (consecutive in the
+      // order), one pipeline.
+      const size_t first = out.updates_landed.size();
+      std::vector<PhaseLaunch> phases;
+      std::vector<bool> collectives;  // by phase: some update goes by one
+      bool moves = none_write;
+      for (; i < order.size() && order[i].kind == PhaseKind::kFromOwners; ++i) {
+        out.update_buckets.push_back(order[i].index);
+        out.updates_landed.push_back(0.0);
+        const std::vector<Transfer>* from =
+            by_collectives(schedule.buckets[order[i].index].from_owners,
+                           &out.updates_landed.back());
+        collectives.push_back(from != nullptr);
+        phases.push_back(from != nullptr ? launch(*from) : PhaseLaunch{});
+        moves = moves || from != nullptr;
+      }
+      --i;
+      if (!moves) continue;
+      timeline = std::max(timeline, compute_so_far);
+      std::vector<double> at;
+      pipeline(phases, &at);
+      for (size_t k = 0; k < phases.size(); ++k) {
+        double& landed_at = out.updates_landed[first + k];
+        if (collectives[k]) landed_at = std::max(landed_at, at[k]);
+      }
     } else if (p.kind == PhaseKind::kFromOwners) {
-      const std::vector<Transfer>& from = schedule.buckets[p.index].from_owners;
-      const std::vector<Transfer>* by_collectives = &from;
       out.update_buckets.push_back(p.index);
       double& landed_at = out.updates_landed.emplace_back(0.0);
-      if (!none_write) {
-        written.clear();
-        collective.clear();
-        for (const Transfer& x : from) {
-          const GroupLinks& group = groups[x.group];
-          // Updates the exchange carries never go by peer writes.
-          (group.writes && !x.by_collective &&
-                   x.kind != TransferKind::kExchangeFromOwner
-               ? written
-               : collective)
-              .push_back(x);
-        }
-        write(written);
-        for (const Transfer& x : written) {
-          landed_at = std::max(landed_at, write_free[x.owner]);
-        }
-        if (collective.empty()) continue;
-        by_collectives = &collective;
-      }
+      const std::vector<Transfer>* from =
+          by_collectives(schedule.buckets[p.index].from_owners, &landed_at);
+      if (from == nullptr) continue;
       timeline = std::max(timeline, compute_so_far);
-      run(*by_collectives);
+      run(*from);
       landed_at = std::max(landed_at, timeline);
     }
   }
@@ -799,6 +975,7 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   r.transfer_seconds = clock.transfer;
   r.latency_seconds = clock.latency;
   r.phases = clock.phases;
+  r.exchange_launches = clock.exchange_launches;
   r.worker_compute_end_seconds = std::move(clock.compute_end);
 
   // The commit: every worker applies what its trainer holds, or what is

@@ -8,9 +8,11 @@
 // The model follows what a worker does (server/worker/step_run.cc):
 // - Two streams per worker. Every phase that moves data (a bucket's
 //   gradients to owners, or its updates back) is one grouped launch among
-//   all workers, issued in the same order on every rank, so it starts on
-//   every worker at once (when the last rank reaches it) and ends at once:
-//   the transfer streams form one global timeline.
+//   all workers (with exchange nodes, the exchange's launches, pipelined
+//   with the phases beside it: see below), issued in the same order on
+//   every rank, so it starts on every worker at once (when the last rank
+//   reaches it) and ends at once: the transfer streams form one global
+//   timeline.
 // - Owner groups (OwnershipPlan::groups, StepSchedule::groups): each group
 //   owns every matrix among its own members, and each of its transfers
 //   (Transfer::group) runs among them only. A phase holds every group's
@@ -22,8 +24,9 @@
 // - Every bucket's gradients-to-owners phase is issued first, in the
 //   schedule's order, back to back from time 0 (gradients are all ready
 //   when the step starts, after backward). A bucket's gradients have
-//   landed when its phase ends (a bucket without such transfers: when the
-//   previous one's did; none at all, as with replicated gradients: at 0).
+//   landed when its phase ends (with exchange nodes, its last launch; a
+//   bucket without such transfers: when the previous one's did; none at
+//   all, as with replicated gradients: at 0).
 // - A stack's momentum + Newton-Schulz runs on its owner's compute stream
 //   in the schedule's order, once the bucket that completes it
 //   (OwnerStack::ready_bucket) has landed. Compute never waits for updates
@@ -79,34 +82,53 @@
 // Exchange nodes (StepSchedule::exchange_nodes: M nodes of G workers, no
 // owner groups): a bucket's unreduced gradients and their updates move by
 // the two-level exchange (node_exchange.h) instead of a reduce and a
-// broadcast per matrix, after the bucket's other transfers (timed as
-// above), its launches one after another. None of them is a per-matrix
-// message, and none fills a ring over every rank. With M' the largest
-// power of two <= M, [M > M'] 1 where M is not one (else 0), S the bytes
-// of the bucket's exchanged items packed and padded (E elements unpadded,
-// b bytes each: wire_bytes_per_element for gradients,
-// update_bytes_per_element for updates), each way:
-// - launches: 1 within the nodes (where G > 1), [M > M'] for the fold,
-//   log2 M' halving (doubling) rounds and 2 of pieces (1 where G = 1),
-//   each latency_us + hop_latency_us (one hop);
+// broadcast per matrix. None of its launches is a per-matrix message, and
+// none fills a ring over every rank. With M' the largest power of two
+// <= M, [M > M'] 1 where M is not one (else 0), S the bytes of the
+// bucket's exchanged items packed and padded (E elements unpadded, b bytes
+// each: wire_bytes_per_element for gradients, update_bytes_per_element for
+// updates), each way the bucket's exchange is L dependent steps, one a
+// launch: for gradients 1 within the nodes (where G > 1), [M > M'] for the
+// fold, log2 M' halving rounds, then the pieces across the nodes and
+// within the owner's node (1 where G = 1); for updates the same in reverse
+// (doubling rounds, the unfold). Each step's time on its link:
 // - within each node every member sends and receives S (G-1)/G, over
 //   NVLink: / nvlink_gbs (no reduce_gbs: the adds are their own, below);
-// - across the nodes among the members of one position,
-//   (S/G) ((M'-1)/M' + [M > M']) over each NIC: / inter_node_gbs;
-// - the pieces, two launches one after the other, each timed by its
-//   busiest rank as a row gather is: across the nodes, each item's piece
-//   in each segment from the segment's holder to the worker at the
-//   segment's position on the item's owner's node (none where the holder
-//   is on it), over the NICs; within that node, the item's part in each
-//   block from the worker at the block's position to the owner (none from
-//   its own block), over NVLink. So an item's bytes cross the network
-//   spread over the G ports of its owner's node, at most about S_m/G
-//   each, as a ring's do; each holder sends about S/n. Updates go the
-//   reverse way;
-// - HBM at hbm_bytes_per_second: the items copied into the pack
-//   (gradients) or out of it (updates), 2 E b bytes; and for gradients the
-//   adds, two fp32 reads and a write (12 bytes) for each of
-//   (E'/G) (G-1 + (M'-1)/M' + [M > M']) elements, E' the padded pack's.
+// - across the nodes among the members of one position, S/G for the fold
+//   and S/(2G), S/(4G), ..., S/(M'G) for the halving rounds, over each
+//   NIC: / inter_node_gbs;
+// - the pieces, two steps, each timed by its busiest rank as a row
+//   gather is: across the nodes, each item's piece in each segment from
+//   the segment's holder to the worker at the segment's position on the
+//   item's owner's node (none where the holder is on it), over the NICs;
+//   within that node, the item's part in each block from the worker at the
+//   block's position to the owner (none from its own block), over NVLink.
+//   So an item's bytes cross the network spread over the G ports of its
+//   owner's node, at most about S_m/G each, as a ring's do; each holder
+//   sends about S/n. Updates go the reverse way;
+// - HBM at hbm_bytes_per_second, on the transfer stream around the
+//   launches: the items copied into the pack before the first step
+//   (gradients) or out of it after the last (updates), 2 E b bytes; and
+//   after each step of a gradient level its adds, two fp32 reads and a
+//   write (12 bytes) for each element received: (E'/G) (G-1) within the
+//   nodes, E'/G for the fold, E'/(2G), ..., E'/(M'G) for the rounds, E'
+//   the padded pack's.
+// The exchange is pipelined over each sequence of phases issued back to
+// back (every gradients-to-owners phase; each run of consecutive
+// updates-back phases in the schedule's order). The j-th phase of
+// a sequence that moves something (from 0) takes its step k in launch
+// j + k, and its other transfers go in launch j, with its step 0 (a phase
+// without the exchange is that one launch). Launch t lasts
+//   its other transfers' latency (as above) + latency_us + hop_latency_us
+//   + max(NVLink seconds, NIC seconds) + its steps' HBM seconds,
+// the seconds on a link being its other transfers' (their slowest group's
+// busiest rank's, as above) and its steps' on that link added up: one
+// latency a launch, however many buckets' steps it holds; different links
+// overlap, one link's steps take turns. A launch without a step is the
+// phase of its other transfers, timed as above. So B phases of L steps take
+// B + L - 1 launches; a phase has landed (its gradients, for the compute
+// waiting on them; its updates) when its last launch ends (a phase that
+// moves nothing: with the one before it, or at the sequence's start).
 // A level laid across hosts (exchange nodes that are not the topology's)
 // is clocked over the NICs, and so are the pieces that go as it does.
 // Towards bytes_per_gpu every member moves the levels' bytes and its whole
@@ -298,8 +320,9 @@ struct StepClock {
   double updates_tail_seconds = 0;
   std::string limited_by;
   // Busy time of the transfer timeline, and the latency part of it (of
-  // each phase, its slowest group's, and its exchange's launches; peer
-  // writes: every owner's writes of the group that writes longest).
+  // each phase, its slowest group's; of each launch of the exchange's
+  // pipelines, its own and its other transfers'; peer writes: every
+  // owner's writes of the group that writes longest).
   double transfer_seconds = 0;
   double latency_seconds = 0;
   // Largest per-GPU wire bytes of the step (max of sent and received).
@@ -307,6 +330,9 @@ struct StepClock {
   // Transfer phases with at least one transfer (peer writes: each
   // owner's writes of a bucket, in the group with the most writers).
   int phases = 0;
+  // With exchange nodes: the launches of the exchange's pipelines, each
+  // sequence's B + L - 1 (0 without).
+  int exchange_launches = 0;
 };
 
 // Seconds to apply `elements` parameters before the votes: each copied
@@ -494,9 +520,10 @@ enum class OwnerGroupsUse {
 // scheduled with them (ChooseStepGrouping, its own bucket bound; not planned
 // again) and clocked, and the shorter step is taken (ties: the rings), with its
 // schedule and its applies (TopologyPlan::exchange_offered); unless the
-// exchange's least step (step_bound.h: its levels and HBM time for every
-// unreduced element, whoever owns it) is no shorter than the rings' step:
-// then it is passed over unscheduled (TopologyPlan::exchange_passed_over).
+// exchange's least step (step_bound.h: its launches, its busier link's
+// levels and its HBM time for every unreduced element, whoever owns it) is
+// no shorter than the rings' step: then it is passed over unscheduled
+// (TopologyPlan::exchange_passed_over).
 // Errors: the plan of every rank's, or its schedule's (where a grouped plan
 // could be made, it stands alone then).
 absl::StatusOr<TopologyPlan> PlanOnTopology(

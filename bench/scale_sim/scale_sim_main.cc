@@ -36,9 +36,10 @@
 // the GPUs of one position, scheduler/node_exchange.h) and with a ring per
 // matrix, each with its own bucket bound, and whether the exchange was
 // taken (the shorter). exchange_passed_over, exchange_least_ms: the plan
-// did not schedule the exchange, its least step (the levels and HBM time
-// of every unreduced element) being no shorter than the rings' step;
-// exchange_ms is then clocked by this program alone.
+// did not schedule the exchange, its least step (its launches, its busier
+// link's levels and its HBM time for every unreduced element) being no
+// shorter than the rings' step; exchange_ms is then clocked by this program
+// alone.
 // owner_groups, group_size: the plan's owner groups and the workers in
 // each, chosen as the coordinator chooses them (groups of 1, 2, ... whole
 // nodes when every matrix is replicated and N spans several nodes, each

@@ -1,8 +1,8 @@
 #include "server/worker/node_exchange_transfers.h"
 
 #include <algorithm>
+#include <utility>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -12,20 +12,29 @@ namespace {
 
 constexpr DType kF32 = DType::kFloat32;
 
-// The exchanged items' sizes of `bucket`, in its order: those of `kind`.
-std::vector<int64_t> SizesOf(const scheduler::Bucket& bucket,
-                             const std::vector<scheduler::MatrixSpec>& matrices,
-                             scheduler::TransferKind kind) {
+// M': the largest power of two <= `nodes`.
+int HalvingNodes(int nodes) {
+  int halving = 1;
+  while (halving * 2 <= nodes) halving *= 2;
+  return halving;
+}
+
+std::vector<int64_t> SizesOf(const std::vector<ExchangeItem>& items) {
   std::vector<int64_t> sizes;
-  for (const scheduler::Transfer& x : bucket.to_owners) {
-    if (x.kind != kind) continue;
-    const scheduler::MatrixSpec& spec = matrices[x.item.matrix];
-    sizes.push_back(spec.rows * spec.cols);
-  }
+  sizes.reserve(items.size());
+  for (const ExchangeItem& item : items) sizes.push_back(item.size);
   return sizes;
 }
 
 }  // namespace
+
+int ExchangeSteps(const std::vector<std::vector<int32_t>>& nodes) {
+  const int count = static_cast<int>(nodes.size());
+  const int halving = HalvingNodes(count);
+  int rounds = 0;
+  for (int d = halving / 2; d >= 1; d /= 2) ++rounds;
+  return 1 + (count > halving ? 1 : 0) + rounds + 2;
+}
 
 absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
                              const std::vector<scheduler::MatrixSpec>& matrices,
@@ -42,32 +51,66 @@ absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
       state->at[node[p]] = {static_cast<int>(k), static_cast<int>(p)};
     }
   }
-  int64_t packed = 1, incoming = 1;
+  int64_t packed = 1, parts = 1;
+  int buckets = 0;
   for (const scheduler::Bucket& bucket : schedule.buckets) {
-    const std::vector<int64_t> sizes =
-        SizesOf(bucket, matrices, scheduler::TransferKind::kExchangeToOwner);
+    std::vector<int64_t> sizes;
+    for (const scheduler::Transfer& x : bucket.to_owners) {
+      if (x.kind != scheduler::TransferKind::kExchangeToOwner) continue;
+      const scheduler::MatrixSpec& spec = matrices[x.item.matrix];
+      sizes.push_back(spec.rows * spec.cols);
+    }
     if (sizes.empty()) continue;
+    ++buckets;
     const scheduler::NodeExchange x(schedule.exchange_nodes, sizes);
     packed = std::max(packed, x.packed());
-    incoming = std::max(incoming, x.block() * x.per_node());
+    parts = std::max(parts, x.block() * x.per_node());
   }
-  if (state->pack == nullptr || state->pack->size() < packed) {
-    state->pack.reset();
-    MUONPS_ASSIGN_OR_RETURN(state->pack,
-                            ops.Allocate(packed, "exchanged gradients"));
-  }
-  if (state->incoming == nullptr || state->incoming->size() < incoming) {
-    state->incoming.reset();
-    MUONPS_ASSIGN_OR_RETURN(state->incoming,
-                            ops.Allocate(incoming, "exchanged parts"));
+  // A bucket holds its buffers for its steps' launches, and one joins a
+  // launch: no more than that many are in flight.
+  const size_t slots = static_cast<size_t>(
+      std::min(buckets, ExchangeSteps(schedule.exchange_nodes)));
+  if (state->packs.size() < slots) state->packs.resize(slots);
+  if (state->parts.size() < slots) state->parts.resize(slots);
+  for (size_t s = 0; s < slots; ++s) {
+    if (state->packs[s] == nullptr || state->packs[s]->size() < packed) {
+      state->packs[s].reset();
+      MUONPS_ASSIGN_OR_RETURN(state->packs[s],
+                              ops.Allocate(packed, "exchanged gradients"));
+    }
+    if (state->parts[s] == nullptr || state->parts[s]->size() < parts) {
+      state->parts[s].reset();
+      MUONPS_ASSIGN_OR_RETURN(state->parts[s],
+                              ops.Allocate(parts, "exchanged parts"));
+    }
   }
   return absl::OkStatus();
 }
 
-NodeExchangeTransfers::NodeExchangeTransfers(
+// One bucket's exchange in flight.
+struct ExchangePipeline::Flight {
+  Flight(int id, std::vector<ExchangeItem> items,
+         const std::vector<std::vector<int32_t>>& nodes)
+      : id(id), items(std::move(items)), x(nodes, SizesOf(this->items)) {}
+
+  const int id;
+  const std::vector<ExchangeItem> items;
+  const scheduler::NodeExchange x;
+  float* pack = nullptr;   // packed() elements (kGather: of the dtype)
+  float* parts = nullptr;  // per_node() blocks
+  size_t step = 0;         // the next of steps_
+  // kSum: this worker's block summed within the node (from kNode on).
+  float* mine = nullptr;
+  // The first segment of the range of this worker's block it sums
+  // (halving) or holds (doubling).
+  int64_t lo = 0;
+  bool received = false;  // kSum: the fold brought a block
+};
+
+ExchangePipeline::ExchangePipeline(
     const std::vector<std::vector<int32_t>>& nodes, int rank,
     transport::Transport& transport, kernels::DeviceOps& ops,
-    ExchangeState& state, Stream stream)
+    ExchangeState& state, Stream stream, Way way, DType dtype)
     : nodes_(nodes),
       rank_(rank),
       t_(transport),
@@ -76,261 +119,310 @@ NodeExchangeTransfers::NodeExchangeTransfers(
       me_(rank >= 0 && rank < static_cast<int>(state.at.size())
               ? state.at[rank]
               : scheduler::NodePosition{}),
-      stream_(stream) {}
-
-scheduler::NodeExchange NodeExchangeTransfers::Layout(
-    const std::vector<ExchangeItem>& items) const {
-  std::vector<int64_t> sizes;
-  sizes.reserve(items.size());
-  for (const ExchangeItem& item : items) sizes.push_back(item.size);
-  return scheduler::NodeExchange(nodes_, sizes);
+      stream_(stream),
+      way_(way),
+      dtype_(way == Way::kSum ? kF32 : dtype) {
+  const int count = static_cast<int>(nodes.size());
+  const int halving = HalvingNodes(count);
+  if (way == Way::kSum) {
+    steps_.push_back({Step::kNode});
+    if (count > halving) steps_.push_back({Step::kFold});
+    for (int d = halving / 2; d >= 1; d /= 2) {
+      steps_.push_back({Step::kRound, d});
+    }
+    steps_.push_back({Step::kRail});
+    steps_.push_back({Step::kParts});
+  } else {
+    steps_.push_back({Step::kParts});
+    steps_.push_back({Step::kRail});
+    for (int d = 1; d < halving; d *= 2) steps_.push_back({Step::kRound, d});
+    if (count > halving) steps_.push_back({Step::kFold});
+    steps_.push_back({Step::kNode});
+  }
 }
 
-absl::Status NodeExchangeTransfers::AddInto(float* acc, const float* part,
-                                            int64_t count) {
-  // acc * 1 + 1 * part: both products exact, so one fp32 rounding of the
-  // sum, fused or not.
-  return ops_.ApplyScaled(acc, kF32, part, kF32, count, 1.0f, 1.0f, stream_);
+ExchangePipeline::~ExchangePipeline() = default;
+
+absl::Status ExchangePipeline::Push(int id, std::vector<ExchangeItem> items,
+                                    int64_t* bytes) {
+  if (!items.empty()) {
+    if (me_.node < 0) {
+      return absl::InternalError(
+          absl::StrCat("rank ", rank_, " is on none of the exchange's nodes"));
+    }
+    auto f = std::make_unique<Flight>(id, std::move(items), nodes_);
+    const size_t slots = state_.packs.size();
+    const size_t slot = slots == 0 ? 0 : static_cast<size_t>(joined_) % slots;
+    if (slots == 0 || state_.packs[slot]->size() < f->x.packed() ||
+        state_.parts[slot]->size() < f->x.block() * f->x.per_node()) {
+      return absl::InternalError("the exchange's buffers were not prepared");
+    }
+    f->pack = state_.packs[slot]->data();
+    f->parts = state_.parts[slot]->data();
+    f->lo = way_ == Way::kSum ? 0 : me_.node;
+    if (way_ == Way::kSum) {
+      for (size_t i = 0; i < f->items.size(); ++i) {
+        MUONPS_RETURN_IF_ERROR(ops_.Copy(f->pack + f->x.offset(i),
+                                         f->items[i].part, f->items[i].size,
+                                         stream_));
+      }
+    }
+    flights_.push_back(std::move(f));
+    ++joined_;
+  }
+  return Launch(bytes);
 }
 
-absl::Status NodeExchangeTransfers::RailPieces(
-    const scheduler::NodeExchange& x, const std::vector<ExchangeItem>& items,
-    DType dtype, bool inward, absl::FunctionRef<void*(int64_t)> at,
-    int64_t* bytes) {
+absl::Status ExchangePipeline::Drain(int64_t* bytes) {
+  while (!flights_.empty()) MUONPS_RETURN_IF_ERROR(Launch(bytes));
+  return absl::OkStatus();
+}
+
+std::vector<int> ExchangePipeline::TakeDone() {
+  std::vector<int> out;
+  out.swap(done_);
+  return out;
+}
+
+absl::Status ExchangePipeline::Launch(int64_t* bytes) {
+  if (flights_.empty()) return absl::OkStatus();
+  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
+  for (const std::unique_ptr<Flight>& f : flights_) {
+    MUONPS_RETURN_IF_ERROR(Issue(*f, bytes));
+  }
+  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+  for (const std::unique_ptr<Flight>& f : flights_) {
+    MUONPS_RETURN_IF_ERROR(Finish(*f));
+    ++f->step;
+  }
+  // Every bucket has as many steps, so they end in the order they joined.
+  while (!flights_.empty() && flights_.front()->step == steps_.size()) {
+    done_.push_back(flights_.front()->id);
+    flights_.erase(flights_.begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExchangePipeline::Issue(Flight& f, int64_t* bytes) {
+  const Step step = steps_[f.step];
+  const scheduler::NodeExchange& x = f.x;
+  const int k = me_.node;
+  const int p = me_.position;
+  const int count = x.nodes();
+  const int halving = x.halving_nodes();
+  const int64_t block = x.block();
+  const int64_t c = x.segment();
+  const int64_t width = static_cast<int64_t>(DTypeSize(dtype_));
+  const int64_t base = p * block;  // this worker's block, in elements
+  float* spare = f.parts + (x.per_node() - 1) * block;
+  // kGather: the pack, of dtype_.
+  const auto at = [&](int64_t element) {
+    return kernels::ElementsPast(f.pack, dtype_, element);
+  };
+  const auto send = [&](const void* data, int64_t n, int peer) {
+    *bytes += n * width;
+    return t_.Send(data, n, dtype_, peer, stream_);
+  };
+  const auto recv = [&](void* data, int64_t n, int peer) {
+    return t_.Recv(data, n, dtype_, peer, stream_);
+  };
+  if (way_ == Way::kSum) {
+    const auto in_block = [&](int64_t element) -> void* {
+      return f.mine + (element - base);
+    };
+    switch (step.kind) {
+      case Step::kNode:
+        // Block q to position q; the node's parts of block p in, each in
+        // a slot of its own.
+        for (int q = 0; q < x.per_node(); ++q) {
+          if (q == p) continue;
+          MUONPS_RETURN_IF_ERROR(
+              send(f.pack + q * block, block, x.worker(k, q)));
+          MUONPS_RETURN_IF_ERROR(recv(f.parts + (q < p ? q : q - 1) * block,
+                                      block, x.worker(k, q)));
+        }
+        return absl::OkStatus();
+      case Step::kFold:
+        if (k >= halving) return send(f.mine, block, x.worker(k - halving, p));
+        if (k + halving < count) {
+          f.received = true;
+          return recv(spare, block, x.worker(k + halving, p));
+        }
+        return absl::OkStatus();
+      case Step::kRound: {
+        if (k >= halving) return absl::OkStatus();
+        const int d = step.distance;
+        const int64_t give = (k & d) == 0 ? f.lo + d : f.lo;
+        MUONPS_RETURN_IF_ERROR(
+            send(f.mine + give * c, d * c, x.worker(k ^ d, p)));
+        return recv(spare, d * c, x.worker(k ^ d, p));
+      }
+      case Step::kRail:
+        return RailPieces(f, kF32, /*inward=*/true, in_block, bytes);
+      case Step::kParts:
+        return NodeParts(f, kF32, /*to_owner=*/true, in_block, bytes);
+    }
+    return absl::OkStatus();
+  }
+  switch (step.kind) {
+    case Step::kParts:
+      return NodeParts(f, dtype_, /*to_owner=*/false, at, bytes);
+    case Step::kRail:
+      return RailPieces(f, dtype_, /*inward=*/false, at, bytes);
+    case Step::kRound: {
+      if (k >= halving) return absl::OkStatus();
+      const int d = step.distance;
+      const int64_t theirs = f.lo ^ d;
+      MUONPS_RETURN_IF_ERROR(
+          send(at(base + f.lo * c), d * c, x.worker(k ^ d, p)));
+      return recv(at(base + theirs * c), d * c, x.worker(k ^ d, p));
+    }
+    case Step::kFold:
+      // The folded nodes get their block whole.
+      if (k >= halving) return recv(at(base), block, x.worker(k - halving, p));
+      if (k + halving < count) {
+        return send(at(base), block, x.worker(k + halving, p));
+      }
+      return absl::OkStatus();
+    case Step::kNode:
+      for (int q = 0; q < x.per_node(); ++q) {
+        if (q == p) continue;
+        MUONPS_RETURN_IF_ERROR(send(at(base), block, x.worker(k, q)));
+        MUONPS_RETURN_IF_ERROR(recv(at(q * block), block, x.worker(k, q)));
+      }
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExchangePipeline::Finish(Flight& f) {
+  const Step step = steps_[f.step];
+  const scheduler::NodeExchange& x = f.x;
+  const int k = me_.node;
+  const int p = me_.position;
+  const int64_t block = x.block();
+  const int64_t c = x.segment();
+  float* spare = f.parts + (x.per_node() - 1) * block;
+  if (way_ == Way::kGather) {
+    if (step.kind == Step::kRound && k < x.halving_nodes()) {
+      f.lo = std::min(f.lo, f.lo ^ step.distance);  // the range doubled
+    }
+    if (f.step + 1 < steps_.size()) return absl::OkStatus();
+    const int64_t width = static_cast<int64_t>(DTypeSize(dtype_));
+    for (size_t i = 0; i < f.items.size(); ++i) {
+      if (f.items[i].landing == nullptr) continue;
+      MUONPS_RETURN_IF_ERROR(
+          ops_.CopyBytes(f.items[i].landing,
+                         kernels::ElementsPast(f.pack, dtype_, x.offset(i)),
+                         f.items[i].size * width, stream_));
+    }
+    return absl::OkStatus();
+  }
+  switch (step.kind) {
+    case Step::kNode: {
+      // Added in position order into the first part.
+      const auto part_of = [&](int q) {
+        return q == p ? f.pack + p * block
+                      : f.parts + (q < p ? q : q - 1) * block;
+      };
+      f.mine = part_of(0);
+      for (int q = 1; q < x.per_node(); ++q) {
+        MUONPS_RETURN_IF_ERROR(AddInto(f.mine, part_of(q), block));
+      }
+      return absl::OkStatus();
+    }
+    case Step::kFold:
+      if (!f.received) return absl::OkStatus();
+      return AddInto(f.mine, spare, block);
+    case Step::kRound: {
+      if (k >= x.halving_nodes()) return absl::OkStatus();
+      const int d = step.distance;
+      const int64_t keep = (k & d) == 0 ? f.lo : f.lo + d;
+      MUONPS_RETURN_IF_ERROR(AddInto(f.mine + keep * c, spare, d * c));
+      f.lo = keep;
+      return absl::OkStatus();
+    }
+    case Step::kRail:
+    case Step::kParts:
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExchangePipeline::RailPieces(const Flight& f, DType dtype,
+                                          bool inward,
+                                          absl::FunctionRef<void*(int64_t)> at,
+                                          int64_t* bytes) {
   const int k = me_.node;
   const int p = me_.position;
   const int64_t width = static_cast<int64_t>(DTypeSize(dtype));
-  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-  for (size_t i = 0; i < items.size(); ++i) {
-    const scheduler::NodePosition o = state_.at[items[i].owner];
-    for (const scheduler::ExchangePiece& piece : x.Pieces(i)) {
+  for (size_t i = 0; i < f.items.size(); ++i) {
+    const scheduler::NodePosition o = state_.at[f.items[i].owner];
+    for (const scheduler::ExchangePiece& piece : f.x.Pieces(i)) {
       if (piece.node == o.node || piece.position != p) continue;
       // From the holder inward, or back from the owner's node.
       const int from = inward ? piece.node : o.node;
       const int to = inward ? o.node : piece.node;
       if (k == from) {
         MUONPS_RETURN_IF_ERROR(t_.Send(at(piece.in_pack), piece.count, dtype,
-                                       x.worker(to, p), stream_));
+                                       f.x.worker(to, p), stream_));
         *bytes += piece.count * width;
       } else if (k == to) {
         MUONPS_RETURN_IF_ERROR(t_.Recv(at(piece.in_pack), piece.count, dtype,
-                                       x.worker(from, p), stream_));
+                                       f.x.worker(from, p), stream_));
       }
     }
   }
-  return t_.GroupEnd();
+  return absl::OkStatus();
 }
 
-absl::Status NodeExchangeTransfers::Sum(const std::vector<ExchangeItem>& items,
-                                        int64_t* bytes) {
-  if (items.empty()) return absl::OkStatus();
-  if (me_.node < 0) {
-    return absl::InternalError(
-        absl::StrCat("rank ", rank_, " is on none of the exchange's nodes"));
-  }
-  const scheduler::NodeExchange x = Layout(items);
-  if (state_.pack == nullptr || state_.pack->size() < x.packed() ||
-      state_.incoming == nullptr ||
-      state_.incoming->size() < x.block() * x.per_node()) {
-    return absl::InternalError("the exchange's buffers were not prepared");
-  }
-  const int k = me_.node;
-  const int p = me_.position;
-  const int per_node = x.per_node();
-  const int64_t block = x.block();
-  const int64_t c = x.segment();
-  float* pack = state_.pack->data();
-  float* incoming = state_.incoming->data();
-  // Slots 0..per_node-2 of `incoming` take the node's other parts of this
-  // worker's block; the last takes what the rounds across the nodes bring.
-  float* spare = incoming + (per_node - 1) * block;
-  for (size_t i = 0; i < items.size(); ++i) {
-    MUONPS_RETURN_IF_ERROR(
-        ops_.Copy(pack + x.offset(i), items[i].part, items[i].size, stream_));
-  }
-  // 1. Within the node: block q to position q, the node's parts of block p
-  // in, added in position order into the first of them.
-  const auto slot = [&](int q) { return q < p ? q : q - 1; };
-  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-  for (int q = 0; q < per_node; ++q) {
-    if (q == p) continue;
-    const int32_t peer = x.worker(k, q);
-    MUONPS_RETURN_IF_ERROR(
-        t_.Send(pack + q * block, block, kF32, peer, stream_));
-    MUONPS_RETURN_IF_ERROR(
-        t_.Recv(incoming + slot(q) * block, block, kF32, peer, stream_));
-    *bytes += block * 4;
-  }
-  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-  const auto part_of = [&](int q) {
-    return q == p ? pack + p * block : incoming + slot(q) * block;
-  };
-  float* mine = part_of(0);
-  for (int q = 1; q < per_node; ++q) {
-    MUONPS_RETURN_IF_ERROR(AddInto(mine, part_of(q), block));
-  }
-  // 2. Across the nodes, among position p: the fold, then halving.
-  const int nodes = x.nodes();
-  const int halving = x.halving_nodes();
-  if (k >= halving) {
-    MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-    MUONPS_RETURN_IF_ERROR(
-        t_.Send(mine, block, kF32, x.worker(k - halving, p), stream_));
-    MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-    *bytes += block * 4;
-  } else {
-    if (k + halving < nodes) {
-      MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-      MUONPS_RETURN_IF_ERROR(
-          t_.Recv(spare, block, kF32, x.worker(k + halving, p), stream_));
-      MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-      MUONPS_RETURN_IF_ERROR(AddInto(mine, spare, block));
-    }
-    int64_t lo = 0;  // in segments of block p
-    for (int d = halving / 2; d >= 1; d /= 2) {
-      const int32_t partner = x.worker(k ^ d, p);
-      const int64_t keep = (k & d) == 0 ? lo : lo + d;
-      const int64_t give = (k & d) == 0 ? lo + d : lo;
-      MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-      MUONPS_RETURN_IF_ERROR(
-          t_.Send(mine + give * c, d * c, kF32, partner, stream_));
-      MUONPS_RETURN_IF_ERROR(t_.Recv(spare, d * c, kF32, partner, stream_));
-      MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-      *bytes += d * c * 4;
-      MUONPS_RETURN_IF_ERROR(AddInto(mine + keep * c, spare, d * c));
-      lo = keep;
-    }
-  }
-  // 3. Each item's sum to its owner in two hops: each segment's piece to
-  // the segment's position on the owner's node, into the same place of
-  // that worker's block (over the network), then each block's part on to
-  // the owner (within the node).
-  const auto in_block = [&](const scheduler::ExchangePiece& piece) {
-    return mine + (piece.in_pack - piece.position * block);
-  };
-  MUONPS_RETURN_IF_ERROR(RailPieces(
-      x, items, kF32, /*inward=*/true,
-      [&](int64_t e) -> void* { return mine + (e - p * block); }, bytes));
-  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-  for (size_t i = 0; i < items.size(); ++i) {
-    const ExchangeItem& item = items[i];
-    const scheduler::NodePosition o = state_.at[item.owner];
-    if (k != o.node) continue;
-    for (const scheduler::ExchangePiece& part : x.Parts(i)) {
-      float* sum = item.sum + part.in_item;
-      if (part.position == p && p == o.position) {
-        MUONPS_RETURN_IF_ERROR(
-            ops_.Copy(sum, in_block(part), part.count, stream_));
-      } else if (part.position == p) {
-        MUONPS_RETURN_IF_ERROR(
-            t_.Send(in_block(part), part.count, kF32, item.owner, stream_));
-        *bytes += part.count * 4;
-      } else if (p == o.position) {
-        MUONPS_RETURN_IF_ERROR(t_.Recv(sum, part.count, kF32,
-                                       x.worker(k, part.position), stream_));
-      }
-    }
-  }
-  return t_.GroupEnd();
-}
-
-absl::Status NodeExchangeTransfers::Gather(
-    const std::vector<ExchangeItem>& items, DType dtype, int64_t* bytes) {
-  if (items.empty()) return absl::OkStatus();
-  if (me_.node < 0) {
-    return absl::InternalError(
-        absl::StrCat("rank ", rank_, " is on none of the exchange's nodes"));
-  }
-  const scheduler::NodeExchange x = Layout(items);
-  if (state_.pack == nullptr || state_.pack->size() < x.packed()) {
-    return absl::InternalError("the exchange's buffers were not prepared");
-  }
+absl::Status ExchangePipeline::NodeParts(const Flight& f, DType dtype,
+                                         bool to_owner,
+                                         absl::FunctionRef<void*(int64_t)> at,
+                                         int64_t* bytes) {
   const int k = me_.node;
   const int p = me_.position;
   const int64_t width = static_cast<int64_t>(DTypeSize(dtype));
-  const int64_t block = x.block();
-  const int64_t c = x.segment();
-  const int halving = x.halving_nodes();
-  // The updates, packed as the gradients were, in `dtype`.
-  void* pack = state_.pack->data();
-  const auto at = [&](int64_t element) {
-    return kernels::ElementsPast(pack, dtype, element);
-  };
-  // 1. Each item's update from its owner in two hops: each block's part
-  // to the block's position on the owner's node (within the node), then
-  // each segment's piece on to the segment's holder (over the network),
-  // into the same place of the pack.
-  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-  for (size_t i = 0; i < items.size(); ++i) {
-    const ExchangeItem& item = items[i];
+  for (size_t i = 0; i < f.items.size(); ++i) {
+    const ExchangeItem& item = f.items[i];
     const scheduler::NodePosition o = state_.at[item.owner];
     if (k != o.node) continue;
-    for (const scheduler::ExchangePiece& part : x.Parts(i)) {
-      void* into = at(part.in_pack);
-      if (part.position == p && p == o.position) {
-        MUONPS_RETURN_IF_ERROR(ops_.CopyBytes(
-            into, kernels::ElementsPast(item.update, dtype, part.in_item),
-            part.count * width, stream_));
-      } else if (p == o.position) {
+    for (const scheduler::ExchangePiece& part : f.x.Parts(i)) {
+      const bool held = part.position == p;  // the block is this worker's
+      const bool owned = p == o.position;
+      if (!held && !owned) continue;
+      // The owner's side: where the sum goes, or where the update is.
+      float* sum = owned && to_owner ? item.sum + part.in_item : nullptr;
+      const void* update =
+          owned && !to_owner
+              ? kernels::ElementsPast(item.update, dtype, part.in_item)
+              : nullptr;
+      const int peer = held ? item.owner : f.x.worker(k, part.position);
+      if (held && owned) {
         MUONPS_RETURN_IF_ERROR(
-            t_.Send(kernels::ElementsPast(item.update, dtype, part.in_item),
-                    part.count, dtype, x.worker(k, part.position), stream_));
+            to_owner ? ops_.CopyBytes(sum, at(part.in_pack), part.count * width,
+                                      stream_)
+                     : ops_.CopyBytes(at(part.in_pack), update,
+                                      part.count * width, stream_));
+      } else if (held == to_owner) {
+        // The block's worker to the owner, or the owner to it.
+        MUONPS_RETURN_IF_ERROR(t_.Send(held ? at(part.in_pack) : update,
+                                       part.count, dtype, peer, stream_));
         *bytes += part.count * width;
-      } else if (part.position == p) {
-        MUONPS_RETURN_IF_ERROR(
-            t_.Recv(into, part.count, dtype, item.owner, stream_));
+      } else {
+        MUONPS_RETURN_IF_ERROR(t_.Recv(held ? at(part.in_pack) : sum,
+                                       part.count, dtype, peer, stream_));
       }
     }
   }
-  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-  MUONPS_RETURN_IF_ERROR(
-      RailPieces(x, items, dtype, /*inward=*/false, at, bytes));
-  // 2. Across the nodes, among position p: doubling, then the fold's nodes
-  // get their block whole.
-  const int64_t base = p * block;  // block p, in elements
-  if (k < halving) {
-    int64_t lo = k;  // in segments of block p
-    for (int d = 1; d < halving; d *= 2) {
-      const int32_t partner = x.worker(k ^ d, p);
-      const int64_t theirs = lo ^ d;
-      MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-      MUONPS_RETURN_IF_ERROR(
-          t_.Send(at(base + lo * c), d * c, dtype, partner, stream_));
-      MUONPS_RETURN_IF_ERROR(
-          t_.Recv(at(base + theirs * c), d * c, dtype, partner, stream_));
-      MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-      *bytes += d * c * width;
-      lo = std::min(lo, theirs);
-    }
-    if (k + halving < x.nodes()) {
-      MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-      MUONPS_RETURN_IF_ERROR(
-          t_.Send(at(base), block, dtype, x.worker(k + halving, p), stream_));
-      MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-      *bytes += block * width;
-    }
-  } else {
-    MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-    MUONPS_RETURN_IF_ERROR(
-        t_.Recv(at(base), block, dtype, x.worker(k - halving, p), stream_));
-    MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-  }
-  // 3. Within the node: block p to every other position, theirs in.
-  MUONPS_RETURN_IF_ERROR(t_.GroupStart());
-  for (int q = 0; q < x.per_node(); ++q) {
-    if (q == p) continue;
-    const int32_t peer = x.worker(k, q);
-    MUONPS_RETURN_IF_ERROR(t_.Send(at(base), block, dtype, peer, stream_));
-    MUONPS_RETURN_IF_ERROR(t_.Recv(at(q * block), block, dtype, peer, stream_));
-    *bytes += block * width;
-  }
-  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (items[i].landing == nullptr) continue;
-    MUONPS_RETURN_IF_ERROR(ops_.CopyBytes(items[i].landing, at(x.offset(i)),
-                                          items[i].size * width, stream_));
-  }
   return absl::OkStatus();
+}
+
+absl::Status ExchangePipeline::AddInto(float* acc, const float* part,
+                                       int64_t count) {
+  // acc * 1 + 1 * part: both products exact, so one fp32 rounding of the
+  // sum, fused or not.
+  return ops_.ApplyScaled(acc, kF32, part, kF32, count, 1.0f, 1.0f, stream_);
 }
 
 }  // namespace worker

@@ -1,17 +1,23 @@
-// One bucket's two-level exchange on one worker (scheduler/node_exchange.h
-// says what is summed where): its unreduced gradients summed within the
-// node and then across the nodes, each matrix's sum gathered to its owner,
-// and the updates back the reverse way onto every rank. Built from
-// point-to-point calls and fp32 adds of this worker's own, so the sums have
-// the same bits on every transport (NCCL included) and the replay can add
-// as it does (scheduler::SumAcrossNodes).
+// The two-level exchange of a step's unreduced gradients on one worker
+// (scheduler/node_exchange.h says what is summed where): each bucket's
+// gradients summed within the node and then across the nodes, each
+// matrix's sum brought to its owner, and the updates back the reverse way
+// onto every rank. Built from point-to-point calls and fp32 adds of this
+// worker's own, so the sums have the same bits on every transport (NCCL
+// included) and the replay can add as it does (scheduler::SumAcrossNodes).
 //
-// Streams: every call is ordered on the one transfer stream it is given,
-// each launch (a transport group) after the adds that feed it. Launches per
-// bucket, each way: one within the node, a fold where the node count is not
-// a power of two, one per halving round, and two of the pieces to or from
-// the owners (across the nodes, then within the owner's node).
-// Thread-compatible; used by the step's thread.
+// A bucket's exchange is a fixed sequence of dependent launches (steps,
+// ExchangeSteps: within the node, a fold where the node count is not a
+// power of two, one per halving or doubling round, and two of pieces to or
+// from the owners). Consecutive buckets' exchanges are pipelined: each
+// launch (one transport group) carries the next step of every bucket in
+// flight, so one bucket's sums cross the network while the next one's are
+// summed within the node. Every rank pushes the same buckets in the same
+// order, so launch t carries step t - j of bucket j everywhere.
+//
+// Streams: every call is ordered on the one transfer stream given; the
+// adds a step needs follow its launch there, and a bucket's pack copies
+// precede its first. Thread-compatible; used by the step's thread.
 #ifndef MUONPS_SERVER_WORKER_NODE_EXCHANGE_TRANSFERS_H_
 #define MUONPS_SERVER_WORKER_NODE_EXCHANGE_TRANSFERS_H_
 
@@ -45,49 +51,76 @@ struct ExchangeItem {
   void* landing = nullptr;
 };
 
-// What a plan version fixes of its exchanges: where each rank is among
-// the exchange nodes, and the buffers, sized for its largest bucket.
+// The launches of one bucket's exchange, each way, over `nodes`
+// (OwnershipPlan::exchange_nodes): within the node, the fold where the
+// node count is not a power of two, a round for each halving, and two of
+// pieces.
+int ExchangeSteps(const std::vector<std::vector<int32_t>>& nodes);
+
+// What a plan version fixes of its exchanges: where each rank is among the
+// exchange nodes, and the buffers of the buckets in flight at once (at most
+// ExchangeSteps of them), each for the largest bucket: a pack, and
+// per_node() blocks of parts.
 struct ExchangeState {
-  std::vector<scheduler::NodePosition> at;         // by rank
-  std::unique_ptr<kernels::FloatBuffer> pack;      // packed() elements
-  std::unique_ptr<kernels::FloatBuffer> incoming;  // per_node() blocks
+  std::vector<scheduler::NodePosition> at;  // by rank
+  std::vector<std::unique_ptr<kernels::FloatBuffer>> packs, parts;
 };
 
 // Sets `state` up for `schedule`: the ranks' positions, and the buffers
-// (grown only) for every bucket with exchange transfers:
+// (grown only) for its buckets with exchange transfers:
 // RESOURCE_EXHAUSTED naming them when the device is full. Synchronous.
 absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
                              const std::vector<scheduler::MatrixSpec>& matrices,
                              kernels::DeviceOps& ops, ExchangeState* state);
 
-class NodeExchangeTransfers {
+class ExchangePipeline {
  public:
-  // `nodes`: the plan's exchange nodes; `rank`: this worker's. Everything
-  // must outlive the object.
-  NodeExchangeTransfers(const std::vector<std::vector<int32_t>>& nodes,
-                        int rank, transport::Transport& transport,
-                        kernels::DeviceOps& ops, ExchangeState& state,
-                        Stream stream);
+  enum class Way {
+    kSum,     // gradients summed, each matrix's sum to its owner
+    kGather,  // each update from its owner to every rank
+  };
 
-  // Sums every rank's parts of `items` and leaves each item's sum in its
-  // owner's `sum`. Adds the bytes this rank sent to `*bytes`.
-  absl::Status Sum(const std::vector<ExchangeItem>& items, int64_t* bytes);
-  // Sends each item's `update` (on its owner) to every rank's `landing`,
-  // `dtype` elements. Adds the bytes this rank sent to `*bytes`.
-  absl::Status Gather(const std::vector<ExchangeItem>& items, DType dtype,
-                      int64_t* bytes);
+  // `nodes`: the plan's exchange nodes; `rank`: this worker's; `dtype`:
+  // the updates' (kGather). Everything must outlive the pipeline.
+  ExchangePipeline(const std::vector<std::vector<int32_t>>& nodes, int rank,
+                   transport::Transport& transport, kernels::DeviceOps& ops,
+                   ExchangeState& state, Stream stream, Way way,
+                   DType dtype = DType::kFloat32);
+  ~ExchangePipeline();
+  ExchangePipeline(const ExchangePipeline&) = delete;
+  ExchangePipeline& operator=(const ExchangePipeline&) = delete;
+
+  // Bucket `id`'s exchange joins (its items in the bucket's order; none:
+  // nothing joins) and one launch runs: the next step of every bucket in
+  // flight. Adds the bytes this rank sent to `*bytes`.
+  absl::Status Push(int id, std::vector<ExchangeItem> items, int64_t* bytes);
+  // Launches until every bucket's exchange is done.
+  absl::Status Drain(int64_t* bytes);
+  // The buckets whose exchange is done (their sums at their owners, or
+  // their updates landed, in stream order) since the last call, in order.
+  std::vector<int> TakeDone();
 
  private:
-  scheduler::NodeExchange Layout(const std::vector<ExchangeItem>& items) const;
+  struct Step {
+    enum Kind { kNode, kFold, kRound, kRail, kParts } kind;
+    int distance = 0;  // kRound: the partner's
+  };
+  struct Flight;
+
+  // One launch: the next step of every bucket in flight, then their adds.
+  absl::Status Launch(int64_t* bytes);
+  absl::Status Issue(Flight& f, int64_t* bytes);
+  absl::Status Finish(Flight& f);
   // Each item's pieces between their segments' holders and the worker at
   // the segment's position on the item's owner's node (none where the
-  // holder is on that node), `inward` (toward the owner's node) or back,
-  // in `dtype`, from and into `at(element of the pack)` on either side: one
-  // launch.
-  absl::Status RailPieces(const scheduler::NodeExchange& x,
-                          const std::vector<ExchangeItem>& items, DType dtype,
-                          bool inward, absl::FunctionRef<void*(int64_t)> at,
-                          int64_t* bytes);
+  // holder is on that node), `inward` (toward the owner's node) or back, in
+  // `dtype`, from and into `at(element of the pack)` on either side.
+  absl::Status RailPieces(const Flight& f, DType dtype, bool inward,
+                          absl::FunctionRef<void*(int64_t)> at, int64_t* bytes);
+  // Each item's part in each block between the worker at the block's
+  // position on the owner's node and the owner, `to_owner` or back.
+  absl::Status NodeParts(const Flight& f, DType dtype, bool to_owner,
+                         absl::FunctionRef<void*(int64_t)> at, int64_t* bytes);
   // acc[i] <- acc[i] + part[i] (fp32, one rounding: the replay's add).
   absl::Status AddInto(float* acc, const float* part, int64_t count);
 
@@ -98,6 +131,12 @@ class NodeExchangeTransfers {
   ExchangeState& state_;
   const scheduler::NodePosition me_;
   const Stream stream_;
+  const Way way_;
+  const DType dtype_;
+  std::vector<Step> steps_;
+  std::vector<std::unique_ptr<Flight>> flights_;  // in flight, oldest first
+  int64_t joined_ = 0;                            // buckets that had items
+  std::vector<int> done_;
 };
 
 }  // namespace worker

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -30,12 +31,15 @@ float PartOf(int rank, size_t item, int64_t i) {
 struct Case {
   int nodes;
   int per_node;
-  std::vector<int64_t> sizes;
+  // Buckets of items (sizes); an empty one joins nothing.
+  std::vector<std::vector<int64_t>> buckets;
   DType dtype;
 };
 
 class NodeExchangeTransfersTest : public ::testing::TestWithParam<Case> {};
 
+// Every bucket pushed in turn, then drained, each way; every owner's sum
+// has the replay's bits and every rank lands every update.
 TEST_P(NodeExchangeTransfersTest, SumsAsTheReplayAndLandsEveryUpdate) {
   const Case& c = GetParam();
   const int world = c.nodes * c.per_node;
@@ -45,84 +49,118 @@ TEST_P(NodeExchangeTransfersTest, SumsAsTheReplayAndLandsEveryUpdate) {
   auto transports =
       transport::ConnectLoopbackWorld(world, 7, transport::LoopbackOptions());
   ASSERT_TRUE(transports.ok()) << transports.status();
-  const size_t count = c.sizes.size();
-  std::vector<int32_t> owners(count);
-  for (size_t i = 0; i < count; ++i) owners[i] = (3 * i + 1) % world;
+  // Item i of bucket b: its matrix index, and its owner.
+  std::vector<std::vector<int32_t>> matrix(c.buckets.size());
+  std::vector<int64_t> sizes;
+  std::vector<int32_t> owners;
+  for (size_t b = 0; b < c.buckets.size(); ++b) {
+    for (const int64_t size : c.buckets[b]) {
+      matrix[b].push_back(static_cast<int32_t>(sizes.size()));
+      owners.push_back((3 * sizes.size() + 1) % world);
+      sizes.push_back(size);
+    }
+  }
+  const size_t count = sizes.size();
+  const int64_t width = static_cast<int64_t>(DTypeSize(c.dtype));
   std::vector<std::vector<std::vector<float>>> sums(
       world, std::vector<std::vector<float>>(count));
   std::vector<std::vector<std::vector<uint16_t>>> landed(
       world, std::vector<std::vector<uint16_t>>(count));
-  const int64_t width = static_cast<int64_t>(DTypeSize(c.dtype));
+  std::vector<std::vector<int>> done(world);
   std::vector<absl::Status> status(world);
   transport::RunOnEveryRank(world, [&](int rank) {
     kernels::CpuDeviceOps ops;
-    ExchangeState buffers;
+    ExchangeState state;
     scheduler::StepSchedule schedule;
     schedule.exchange_nodes = nodes;
-    std::vector<scheduler::MatrixSpec> matrices;
-    scheduler::Bucket& bucket = schedule.buckets.emplace_back();
-    for (size_t i = 0; i < count; ++i) {
-      scheduler::MatrixSpec& spec = matrices.emplace_back();
-      spec.rows = c.sizes[i];
-      spec.cols = 1;
-      scheduler::Transfer x;
-      x.kind = scheduler::TransferKind::kExchangeToOwner;
-      x.item = {static_cast<int32_t>(i), 0};
-      x.owner = owners[i];
-      bucket.to_owners.push_back(x);
+    std::vector<scheduler::MatrixSpec> matrices(count);
+    for (size_t b = 0; b < c.buckets.size(); ++b) {
+      scheduler::Bucket& bucket = schedule.buckets.emplace_back();
+      for (const int32_t m : matrix[b]) {
+        matrices[m].rows = sizes[m];
+        matrices[m].cols = 1;
+        scheduler::Transfer x;
+        x.kind = scheduler::TransferKind::kExchangeToOwner;
+        x.item = {m, 0};
+        x.owner = owners[m];
+        bucket.to_owners.push_back(x);
+      }
     }
-    status[rank] = PrepareExchange(schedule, matrices, ops, &buffers);
+    status[rank] = PrepareExchange(schedule, matrices, ops, &state);
     if (!status[rank].ok()) return;
-    NodeExchangeTransfers exchange(nodes, rank, *(*transports)[rank], ops,
-                                   buffers, kHostStream);
     std::vector<std::vector<float>> parts(count);
     std::vector<std::vector<uint16_t>> updates(count);
-    std::vector<ExchangeItem> items(count);
-    for (size_t i = 0; i < count; ++i) {
-      parts[i].resize(c.sizes[i]);
-      for (int64_t e = 0; e < c.sizes[i]; ++e) parts[i][e] = PartOf(rank, i, e);
-      items[i].size = c.sizes[i];
-      items[i].owner = owners[i];
-      items[i].part = parts[i].data();
-      if (owners[i] == rank) {
-        sums[rank][i].assign(c.sizes[i], 0.0f);
-        items[i].sum = sums[rank][i].data();
+    const auto items_of = [&](size_t b) {
+      std::vector<ExchangeItem> items;
+      for (const int32_t m : matrix[b]) {
+        ExchangeItem& item = items.emplace_back();
+        item.size = sizes[m];
+        item.owner = owners[m];
+        item.part = parts[m].data();
+        if (owners[m] == rank) item.sum = sums[rank][m].data();
+        if (owners[m] == rank) item.update = updates[m].data();
+        item.landing = landed[rank][m].data();
       }
+      return items;
+    };
+    for (size_t m = 0; m < count; ++m) {
+      parts[m].resize(sizes[m]);
+      for (int64_t e = 0; e < sizes[m]; ++e) parts[m][e] = PartOf(rank, m, e);
+      if (owners[m] == rank) sums[rank][m].assign(sizes[m], 0.0f);
+      updates[m].assign(sizes[m] * width / 2, 0);
+      landed[rank][m].assign(sizes[m] * width / 2, 0xffff);
     }
     int64_t bytes = 0;
-    status[rank] = exchange.Sum(items, &bytes);
-    if (!status[rank].ok()) return;
-    for (size_t i = 0; i < count; ++i) {
-      // The update: the owner's sum, in the exchange's dtype.
-      updates[i].assign(c.sizes[i] * width / 2, 0);
-      if (owners[i] == rank) {
-        FromFloat(c.dtype, sums[rank][i].data(), c.sizes[i], updates[i].data());
-        items[i].update = updates[i].data();
+    {
+      ExchangePipeline sum(nodes, rank, *(*transports)[rank], ops, state,
+                           kHostStream, ExchangePipeline::Way::kSum);
+      for (size_t b = 0; b < c.buckets.size() && status[rank].ok(); ++b) {
+        status[rank] = sum.Push(static_cast<int>(b), items_of(b), &bytes);
+        for (const int d : sum.TakeDone()) done[rank].push_back(d);
       }
-      landed[rank][i].assign(c.sizes[i] * width / 2, 0xffff);
-      items[i].landing = landed[rank][i].data();
+      if (!status[rank].ok()) return;
+      status[rank] = sum.Drain(&bytes);
+      for (const int d : sum.TakeDone()) done[rank].push_back(d);
+      if (!status[rank].ok()) return;
     }
-    status[rank] = exchange.Gather(items, c.dtype, &bytes);
+    // The update: the owner's sum, in the exchange's dtype.
+    for (size_t m = 0; m < count; ++m) {
+      if (owners[m] != rank) continue;
+      FromFloat(c.dtype, sums[rank][m].data(), sizes[m], updates[m].data());
+    }
+    ExchangePipeline gather(nodes, rank, *(*transports)[rank], ops, state,
+                            kHostStream, ExchangePipeline::Way::kGather,
+                            c.dtype);
+    for (size_t b = 0; b < c.buckets.size() && status[rank].ok(); ++b) {
+      status[rank] = gather.Push(static_cast<int>(b), items_of(b), &bytes);
+    }
+    if (status[rank].ok()) status[rank] = gather.Drain(&bytes);
   });
   for (int r = 0; r < world; ++r) ASSERT_TRUE(status[r].ok()) << status[r];
-  for (size_t i = 0; i < count; ++i) {
-    const std::vector<float>& sum = sums[owners[i]][i];
-    for (int64_t e = 0; e < c.sizes[i]; ++e) {
+  // Buckets with items are done in order, each once.
+  std::vector<int> joined;
+  for (size_t b = 0; b < c.buckets.size(); ++b) {
+    if (!c.buckets[b].empty()) joined.push_back(static_cast<int>(b));
+  }
+  for (int r = 0; r < world; ++r) EXPECT_EQ(done[r], joined) << "rank " << r;
+  for (size_t m = 0; m < count; ++m) {
+    const std::vector<float>& sum = sums[owners[m]][m];
+    for (int64_t e = 0; e < sizes[m]; ++e) {
       std::vector<float> node_sums;
       for (const std::vector<int32_t>& node : nodes) {
-        float s = PartOf(node[0], i, e);
-        for (size_t p = 1; p < node.size(); ++p) s = s + PartOf(node[p], i, e);
+        float s = PartOf(node[0], m, e);
+        for (size_t p = 1; p < node.size(); ++p) s = s + PartOf(node[p], m, e);
         node_sums.push_back(s);
       }
       const float want = scheduler::SumAcrossNodes(node_sums);
       ASSERT_EQ(std::memcmp(&sum[e], &want, 4), 0)
-          << "item " << i << " element " << e << ": " << sum[e] << " vs "
+          << "item " << m << " element " << e << ": " << sum[e] << " vs "
           << want;
     }
-    std::vector<uint16_t> want(c.sizes[i] * width / 2);
-    FromFloat(c.dtype, sum.data(), c.sizes[i], want.data());
+    std::vector<uint16_t> want(sizes[m] * width / 2);
+    FromFloat(c.dtype, sum.data(), sizes[m], want.data());
     for (int r = 0; r < world; ++r) {
-      EXPECT_EQ(landed[r][i], want) << "item " << i << " on rank " << r;
+      EXPECT_EQ(landed[r][m], want) << "item " << m << " on rank " << r;
     }
   }
 }
@@ -131,15 +169,20 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, NodeExchangeTransfersTest,
     ::testing::Values(
         // Two nodes of two: one halving round.
-        Case{2, 2, {5, 7, 3}, DType::kFloat32},
-        // Three nodes: node 2 folds into node 0.
-        Case{3, 2, {5, 7, 3, 1}, DType::kBFloat16},
+        Case{2, 2, {{5, 7, 3}}, DType::kFloat32},
+        // Three nodes: node 2 folds into node 0; several buckets in flight
+        // at once, one with nothing to exchange.
+        Case{3, 2, {{5, 7, 3, 1}, {}, {9}, {2, 2}}, DType::kBFloat16},
         // Four nodes of one: two halving rounds, no node level.
-        Case{4, 1, {9, 2}, DType::kFloat32},
-        // Five nodes of two, items smaller and larger than a segment.
-        Case{5, 2, {1, 40, 2, 17}, DType::kBFloat16},
+        Case{4, 1, {{9, 2}, {4}}, DType::kFloat32},
+        // Five nodes of two, items smaller and larger than a segment, more
+        // buckets than the pipeline's steps.
+        Case{5,
+             2,
+             {{1, 40, 2, 17}, {3}, {8, 8}, {1}, {30}, {6, 1}, {2}, {11}},
+             DType::kBFloat16},
         // Fewer elements than holders.
-        Case{2, 3, {2}, DType::kFloat32}));
+        Case{2, 3, {{2}}, DType::kFloat32}));
 
 }  // namespace
 }  // namespace worker

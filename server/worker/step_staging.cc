@@ -1,6 +1,7 @@
 #include "server/worker/step_staging.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <numeric>
 #include <utility>
@@ -165,6 +166,24 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   std::vector<int> bucket_mark(plan_.schedule.buckets.size(), begin);
   int moved = begin;
   bool first = true;
+  // Unreduced gradients summed in two levels: each bucket's exchange joins
+  // the pipeline after its other transfers, and its mark waits for the
+  // exchange's last launch (`unsummed`: the buckets whose mark does, in
+  // order; `summing`: those whose exchange is in flight).
+  std::optional<ExchangePipeline> sums;
+  if (!plan_.schedule.exchange_nodes.empty()) {
+    sums.emplace(plan_.schedule.exchange_nodes, plan_.rank, t_, ops_,
+                 plan_.exchange, stream_, ExchangePipeline::Way::kSum);
+  }
+  std::deque<int> unsummed;
+  std::vector<bool> summing(plan_.schedule.buckets.size(), false);
+  const auto settle = [&](int mark) {
+    for (const int done : sums->TakeDone()) summing[done] = false;
+    while (!unsummed.empty() && !summing[unsummed.front()]) {
+      bucket_mark[unsummed.front()] = mark;
+      unsummed.pop_front();
+    }
+  };
   for (const scheduler::Phase& phase : plan_.schedule.order) {
     if (phase.kind != scheduler::PhaseKind::kToOwners) continue;
     const scheduler::Bucket& bucket = plan_.schedule.buckets[phase.index];
@@ -172,18 +191,35 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
     // events for them), so its transfers and stacks start during backward.
     bool readied = false;
     MUONPS_RETURN_IF_ERROR(ReadyGradients(bucket.matrices, &readied));
-    MUONPS_RETURN_IF_ERROR(ToOwners(bucket));
+    std::vector<ExchangeItem> exchanged;
+    MUONPS_RETURN_IF_ERROR(ToOwners(bucket, &exchanged));
+    summing[phase.index] = !exchanged.empty();
+    if (sums) {
+      MUONPS_RETURN_IF_ERROR(
+          sums->Push(phase.index, std::move(exchanged), &bytes_));
+    }
     if (first && hook_) {
       hook_(StepPoint::kTransfer, step_id_, plan_.rank);
     }
     first = false;
-    if (readied || !bucket.to_owners.empty()) {
+    if (readied || !bucket.to_owners.empty() || sums) {
       MUONPS_ASSIGN_OR_RETURN(moved, ops_.Mark(stream_));
     }
     if (!bucket.to_owners.empty()) {
       timeline_.AddMark("to_owners", phase.index, moved);
     }
-    bucket_mark[phase.index] = moved;
+    if (!sums) {
+      bucket_mark[phase.index] = moved;
+      continue;
+    }
+    unsummed.push_back(phase.index);
+    settle(moved);
+  }
+  if (sums) {
+    MUONPS_RETURN_IF_ERROR(sums->Drain(&bytes_));
+    MUONPS_ASSIGN_OR_RETURN(moved, ops_.Mark(stream_));
+    timeline_.AddMark("summed", -1, moved);
+    settle(moved);
   }
   if (early_ == EarlyApply::kDecided && trainer_ != nullptr) {
     // Decided once every gradient is checked, before any update lands.
@@ -503,15 +539,8 @@ bool StepStaging::FullParam(int32_t matrix) const {
                              : roster_.follower_full_param[matrix] != 0;
 }
 
-NodeExchangeTransfers StepStaging::Exchange() {
-  return NodeExchangeTransfers(plan_.schedule.exchange_nodes, plan_.rank, t_,
-                               ops_, plan_.exchange, stream_);
-}
-
-absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
-  // Unreduced gradients summed in two levels: after the bucket's other
-  // transfers, in launches of their own.
-  std::vector<ExchangeItem> exchanged;
+absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
+                                   std::vector<ExchangeItem>* exchanged) {
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.to_owners) {
     if (x.group != plan_.group) continue;  // another owner group's
@@ -524,7 +553,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
     float* staged =
         mine ? plan_.StagedData(momentum_.slot(x.item.matrix, e)) : nullptr;
     if (x.kind == scheduler::TransferKind::kExchangeToOwner) {
-      ExchangeItem& item = exchanged.emplace_back();
+      ExchangeItem& item = exchanged->emplace_back();
       item.size = size;
       item.owner = x.owner;
       item.part = b == nullptr ? plan_.zeros->data() : b->grad + e * size;
@@ -578,8 +607,7 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket) {
       }
     }
   }
-  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
-  return Exchange().Sum(exchanged, &bytes_);
+  return t_.GroupEnd();
 }
 
 absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
@@ -806,9 +834,16 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
 }
 
 absl::Status StepStaging::GatherExchanged() {
+  if (gathers_.empty()) return absl::OkStatus();
+  ExchangePipeline pipeline(plan_.schedule.exchange_nodes, plan_.rank, t_, ops_,
+                            plan_.exchange, stream_,
+                            ExchangePipeline::Way::kGather, plan_.update_dtype);
+  for (size_t g = 0; g < gathers_.size(); ++g) {
+    MUONPS_RETURN_IF_ERROR(pipeline.Push(
+        static_cast<int>(g), std::move(gathers_[g].items), &bytes_));
+  }
+  MUONPS_RETURN_IF_ERROR(pipeline.Drain(&bytes_));
   for (ExchangeGather& g : gathers_) {
-    MUONPS_RETURN_IF_ERROR(
-        Exchange().Gather(g.items, plan_.update_dtype, &bytes_));
     for (const ParamApply& apply : g.applies) {
       ledger_.staged.applies.push_back(apply);
     }

@@ -144,9 +144,10 @@ class StepStaging {
   absl::Status ReadyEveryGradient();
   // Clears the finite check, once a step (ComputeAhead or Stage).
   absl::Status PrepareCheck();
-  // The two-level exchange of this plan's buckets (node_exchange_transfers.h).
-  NodeExchangeTransfers Exchange();
-  absl::Status ToOwners(const scheduler::Bucket& bucket);
+  // The bucket's gradients to their owners, but for those summed in two
+  // levels (node_exchange_transfers.h), which it lists in `exchanged`.
+  absl::Status ToOwners(const scheduler::Bucket& bucket,
+                        std::vector<ExchangeItem>* exchanged);
   absl::Status Compute(ComputeBatch& batch, MomentumStack& stack);
   // The run's updates of unreduced matrices summed in two levels, after
   // the run's group: each bucket's gathered back and its applies staged.
