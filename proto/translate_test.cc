@@ -159,6 +159,29 @@ TEST(TranslateOwnerGroupsTest, GroupsReadAsRanksAndAnUnknownWorkerIsNamed) {
               HasSubstr("plan.owner_groups[1].workers[1]: \"w9\""));
 }
 
+TEST(TranslateExchangeNodesTest, NodesReadAsRanksAndAnUnknownWorkerIsNamed) {
+  v1::Plan plan = PlacedPlan();
+  plan.add_workers("w2");
+  plan.add_workers("w3");
+  for (const auto& workers : {std::vector<std::string>{"w0", "w2"},
+                              std::vector<std::string>{"w1", "w3"}}) {
+    v1::NodeWorkers* node = plan.add_exchange_nodes();
+    for (const std::string& w : workers) node->add_workers(w);
+  }
+  absl::StatusOr<scheduler::OwnershipPlan> got =
+      OwnershipFromPlan(plan, Matrices());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_THAT(got->exchange_nodes,
+              ElementsAre(ElementsAre(0, 2), ElementsAre(1, 3)));
+  EXPECT_TRUE(
+      OwnershipFromPlan(PlacedPlan(), Matrices())->exchange_nodes.empty());
+  plan.mutable_exchange_nodes(0)->set_workers(1, "w9");
+  const absl::Status status = OwnershipFromPlan(plan, Matrices()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("plan.exchange_nodes[0].workers[1]: \"w9\""));
+}
+
 TEST(TranslateMatrixTest, FillsTheApiDefaultsAndKeepsEveryOtherValue) {
   v1::Matrix bare;
   bare.set_name("w");

@@ -4,6 +4,8 @@
 // model's empty schedule.
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -102,6 +104,34 @@ TEST_F(StepScheduleTest, OwnerOutsideTheWorkersIsInvalidArgumentNamingIt) {
     EXPECT_THAT(std::string(status.message()),
                 HasSubstr(std::to_string(owner)));
   }
+}
+
+TEST_F(StepScheduleTest, ExchangeNodesMustSplitTheWorkersEvenly) {
+  OwnershipPlan nodes = plan_;
+  nodes.exchange_nodes = {{0}, {1}, {2}};
+  absl::StatusOr<StepSchedule> built =
+      BuildStepSchedule(input_.matrices, nodes);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->exchange_nodes, nodes.exchange_nodes);
+  const std::vector<std::pair<std::vector<std::vector<int32_t>>, std::string>>
+      wrong = {{{{0, 1, 2}}, "one node"},
+               {{{0, 1}, {2}}, "has 1 workers; the first has 2"},
+               {{{0}, {0}, {2}}, "worker 0 is also in node 0"},
+               {{{0}, {1}}, "worker 2 is in no node"},
+               {{{0}, {1}, {5}}, "5 is not a worker index"}};
+  for (const auto& [split, why] : wrong) {
+    SCOPED_TRACE(why);
+    nodes.exchange_nodes = split;
+    const absl::Status status = BuildStatus(nodes);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("plan.exchange_nodes"));
+    EXPECT_THAT(std::string(status.message()), HasSubstr(why));
+  }
+  nodes.exchange_nodes = {{0}, {1}, {2}};
+  nodes.dedicated = 1;
+  EXPECT_THAT(std::string(BuildStatus(nodes).message()),
+              HasSubstr("dedicated workers"));
 }
 
 TEST(StepScheduleEmptyTest, NoMatricesGiveNoBucketsAndAnEmptyOrder) {

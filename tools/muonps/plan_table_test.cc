@@ -163,6 +163,20 @@ TEST(PlanTableTest, ShowsTheOwnerGroupsWhenThePlanHasThem) {
                         "are the first group's\n\nRANK"));
 }
 
+TEST(PlanTableTest, ShowsTheExchangeNodesWhenThePlanHasThem) {
+  v1::Plan plan;
+  for (const char* w : {"w0", "w1", "w2", "w3"}) plan.add_workers(w);
+  EXPECT_THAT(PlanTable(plan), Not(HasSubstr("two levels")));
+  for (int k = 0; k < 2; ++k) {
+    v1::NodeWorkers* node = plan.add_exchange_nodes();
+    node->add_workers(absl::StrCat("w", k));
+    node->add_workers(absl::StrCat("w", k + 2));
+  }
+  EXPECT_THAT(PlanTable(plan),
+              HasSubstr("\nunreduced gradients summed in two levels over 2 "
+                        "nodes of 2 (w0 w2; w1 w3)\n"));
+}
+
 TEST(PlanTableTest, ShowsTheTrainerShardsOfWholeExperts) {
   v1::Plan plan;
   for (const char* w : {"w0", "w1"}) {
