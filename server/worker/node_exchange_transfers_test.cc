@@ -1,7 +1,8 @@
 // The two-level exchange over real TCP ranks (threads of this process) with
 // the CPU ops: every owner's sum has the bits of the replay's association
 // (position order within a node, then scheduler::SumAcrossNodes), and every
-// rank lands every update, for node counts with and without a fold.
+// rank lands every update, for node counts with and without a fold and
+// with several buckets in flight at once.
 #include "server/worker/node_exchange_transfers.h"
 
 #include <gtest/gtest.h>
@@ -36,11 +37,11 @@ struct Case {
   DType dtype;
 };
 
-class NodeExchangeTransfersTest : public ::testing::TestWithParam<Case> {};
+class ExchangePipelineTest : public ::testing::TestWithParam<Case> {};
 
 // Every bucket pushed in turn, then drained, each way; every owner's sum
 // has the replay's bits and every rank lands every update.
-TEST_P(NodeExchangeTransfersTest, SumsAsTheReplayAndLandsEveryUpdate) {
+TEST_P(ExchangePipelineTest, SumsAsTheReplayAndLandsEveryUpdate) {
   const Case& c = GetParam();
   const int world = c.nodes * c.per_node;
   // Node k holds ranks k, k + nodes, ... : positions not in rank order.
@@ -166,7 +167,7 @@ TEST_P(NodeExchangeTransfersTest, SumsAsTheReplayAndLandsEveryUpdate) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Layouts, NodeExchangeTransfersTest,
+    Layouts, ExchangePipelineTest,
     ::testing::Values(
         // Two nodes of two: one halving round.
         Case{2, 2, {{5, 7, 3}}, DType::kFloat32},
