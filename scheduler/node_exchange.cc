@@ -1,6 +1,7 @@
 #include "scheduler/node_exchange.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace muonps {
 namespace scheduler {
@@ -42,16 +43,18 @@ std::vector<ExchangePiece> NodeExchange::Parts(size_t i) const {
   return Cut(i, block(), /*blocks=*/true);
 }
 
-NodePosition PositionOf(const std::vector<std::vector<int32_t>>& nodes,
-                        int32_t rank) {
+std::vector<NodePosition> PositionsOf(
+    const std::vector<std::vector<int32_t>>& nodes, int workers) {
+  for (const std::vector<int32_t>& node : nodes) {
+    for (const int32_t r : node) workers = std::max(workers, r + 1);
+  }
+  std::vector<NodePosition> at(workers);
   for (size_t k = 0; k < nodes.size(); ++k) {
     for (size_t p = 0; p < nodes[k].size(); ++p) {
-      if (nodes[k][p] == rank) {
-        return {static_cast<int>(k), static_cast<int>(p)};
-      }
+      at[nodes[k][p]] = {static_cast<int>(k), static_cast<int>(p)};
     }
   }
-  return {};
+  return at;
 }
 
 float SumAcrossNodes(std::vector<float> parts) {
@@ -64,6 +67,18 @@ float SumAcrossNodes(std::vector<float> parts) {
     for (int k = 0; k < d; ++k) parts[k] = parts[k] + parts[k + d];
   }
   return parts[0];
+}
+
+float SumOverNodes(const std::vector<std::vector<int32_t>>& nodes,
+                   absl::FunctionRef<float(int32_t)> part) {
+  std::vector<float> sums;
+  sums.reserve(nodes.size());
+  for (const std::vector<int32_t>& node : nodes) {
+    float sum = part(node[0]);
+    for (size_t p = 1; p < node.size(); ++p) sum = sum + part(node[p]);
+    sums.push_back(sum);
+  }
+  return SumAcrossNodes(std::move(sums));
 }
 
 }  // namespace scheduler

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/types/span.h"
 
 namespace muonps {
@@ -96,18 +97,26 @@ class NodeExchange {
   std::vector<int64_t> offsets_;  // items' first elements, then the total
 };
 
-// Where worker `rank` is among `nodes` (OwnershipPlan::exchange_nodes).
+// Where each worker is among `nodes` (OwnershipPlan::exchange_nodes), by
+// worker index: `workers` entries (at least every index the nodes name),
+// {-1, -1} for a worker on none.
 struct NodePosition {
   int node = -1;
   int position = -1;
 };
-NodePosition PositionOf(const std::vector<std::vector<int32_t>>& nodes,
-                        int32_t rank);
+std::vector<NodePosition> PositionsOf(
+    const std::vector<std::vector<int32_t>>& nodes, int workers = 0);
 
 // The sum across `parts.size()` nodes' sums of one element, as the exchange
 // adds them: the fold, then the pairwise halving tree (see above). What a
 // single-process replay of the exchange adds; `parts` is consumed.
 float SumAcrossNodes(std::vector<float> parts);
+
+// The sum of one element over every worker of `nodes`, `part(w)` being
+// worker w's, as the exchange adds them: each node's parts left to right in
+// position order, then SumAcrossNodes of the nodes' sums.
+float SumOverNodes(const std::vector<std::vector<int32_t>>& nodes,
+                   absl::FunctionRef<float(int32_t)> part);
 
 }  // namespace scheduler
 }  // namespace muonps

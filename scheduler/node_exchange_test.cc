@@ -76,10 +76,13 @@ TEST(NodeExchangeTest, TinyBucketsHaveSegmentsOfOne) {
 }
 
 TEST(NodeExchangeTest, PositionsOfWorkers) {
-  EXPECT_EQ(PositionOf(kNodes, 3).node, 1);
-  EXPECT_EQ(PositionOf(kNodes, 3).position, 1);
-  EXPECT_EQ(PositionOf(kNodes, 4).node, 2);
-  EXPECT_EQ(PositionOf(kNodes, 9).node, -1);
+  const std::vector<NodePosition> at = PositionsOf(kNodes, 8);
+  ASSERT_EQ(at.size(), 8u);
+  EXPECT_EQ(at[3].node, 1);
+  EXPECT_EQ(at[3].position, 1);
+  EXPECT_EQ(at[4].node, 2);
+  EXPECT_EQ(at[7].node, -1);
+  EXPECT_EQ(PositionsOf(kNodes).size(), 6u);
 }
 
 TEST(NodeExchangeTest, SumsAcrossNodesFoldThenHalve) {

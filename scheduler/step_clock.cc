@@ -107,11 +107,12 @@ struct PhaseState {
     // Exchange nodes laid otherwise than the hosts: a level that crosses
     // a host anywhere is clocked over the NICs.
     const Topology& t = settings.topology;
-    if (!exchange_nodes.empty()) exchange_at.resize(workers);
+    if (!exchange_nodes.empty()) {
+      exchange_at = PositionsOf(exchange_nodes, workers);
+    }
     for (size_t k = 0; k < exchange_nodes.size(); ++k) {
       const std::vector<int32_t>& node = exchange_nodes[k];
       for (size_t p = 0; p < node.size(); ++p) {
-        exchange_at[node[p]] = {static_cast<int>(k), static_cast<int>(p)};
         node_level_nic = node_level_nic || !t.SameNode(node[p], node[0]);
         across_level_nic =
             across_level_nic || !t.SameNode(node[p], exchange_nodes[0][p]);

@@ -84,16 +84,9 @@ std::vector<float> ReferenceModel::MeanGradient(int tensor,
   }
   if (tensor < matrices && !nodes_.empty()) {
     // As the two-level exchange: each node's sum, then across the nodes.
-    std::vector<float> parts(nodes_.size());
     for (int64_t i = 0; i < n; ++i) {
-      for (size_t k = 0; k < nodes_.size(); ++k) {
-        float sum = Gradient(tensor, step, nodes_[k][0], i);
-        for (size_t p = 1; p < nodes_[k].size(); ++p) {
-          sum = sum + Gradient(tensor, step, nodes_[k][p], i);
-        }
-        parts[k] = sum;
-      }
-      mean[i] = scheduler::SumAcrossNodes(parts);
+      mean[i] = scheduler::SumOverNodes(
+          nodes_, [&](int32_t r) { return Gradient(tensor, step, r, i); });
     }
   } else {
     // As the workers: an fp32 sum in rank order, times the fp32 inverse.

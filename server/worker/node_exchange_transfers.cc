@@ -40,17 +40,7 @@ absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
                              const std::vector<scheduler::MatrixSpec>& matrices,
                              kernels::DeviceOps& ops, ExchangeState* state) {
   if (schedule.exchange_nodes.empty()) return absl::OkStatus();
-  int workers = 0;
-  for (const std::vector<int32_t>& node : schedule.exchange_nodes) {
-    for (const int32_t r : node) workers = std::max(workers, r + 1);
-  }
-  state->at.assign(workers, scheduler::NodePosition{});
-  for (size_t k = 0; k < schedule.exchange_nodes.size(); ++k) {
-    const std::vector<int32_t>& node = schedule.exchange_nodes[k];
-    for (size_t p = 0; p < node.size(); ++p) {
-      state->at[node[p]] = {static_cast<int>(k), static_cast<int>(p)};
-    }
-  }
+  state->at = scheduler::PositionsOf(schedule.exchange_nodes);
   int64_t packed = 1, parts = 1;
   int buckets = 0;
   for (const scheduler::Bucket& bucket : schedule.buckets) {

@@ -1,8 +1,8 @@
 // The two-level exchange over real TCP ranks (threads of this process) with
 // the CPU ops: every owner's sum has the bits of the replay's association
-// (position order within a node, then scheduler::SumAcrossNodes), and every
-// rank lands every update, for node counts with and without a fold and
-// with several buckets in flight at once.
+// (scheduler::SumOverNodes), and every rank lands every update, for node
+// counts with and without a fold and with several buckets in flight at
+// once.
 #include "server/worker/node_exchange_transfers.h"
 
 #include <gtest/gtest.h>
@@ -147,13 +147,8 @@ TEST_P(ExchangePipelineTest, SumsAsTheReplayAndLandsEveryUpdate) {
   for (size_t m = 0; m < count; ++m) {
     const std::vector<float>& sum = sums[owners[m]][m];
     for (int64_t e = 0; e < sizes[m]; ++e) {
-      std::vector<float> node_sums;
-      for (const std::vector<int32_t>& node : nodes) {
-        float s = PartOf(node[0], m, e);
-        for (size_t p = 1; p < node.size(); ++p) s = s + PartOf(node[p], m, e);
-        node_sums.push_back(s);
-      }
-      const float want = scheduler::SumAcrossNodes(node_sums);
+      const float want = scheduler::SumOverNodes(
+          nodes, [&](int32_t r) { return PartOf(r, m, e); });
       ASSERT_EQ(std::memcmp(&sum[e], &want, 4), 0)
           << "item " << m << " element " << e << ": " << sum[e] << " vs "
           << want;

@@ -397,16 +397,9 @@ std::vector<float> WholeGradient(int64_t step, int m, bool bf16,
     return bf16 ? BFloat16ToFloat(FloatToBFloat16(v)) : v;
   };
   if (sources > 1 && !nodes.empty()) {
-    std::vector<float> parts(nodes.size());
     for (size_t i = 0; i < g.size(); ++i) {
-      for (size_t k = 0; k < nodes.size(); ++k) {
-        float sum = value(nodes[k][0], i);
-        for (size_t p = 1; p < nodes[k].size(); ++p) {
-          sum = sum + value(nodes[k][p], i);
-        }
-        parts[k] = sum;
-      }
-      g[i] = scheduler::SumAcrossNodes(parts);
+      g[i] = scheduler::SumOverNodes(nodes,
+                                     [&](int32_t s) { return value(s, i); });
     }
   } else {
     for (int s = 0; s < sources; ++s) {
