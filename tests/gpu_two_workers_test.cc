@@ -1,8 +1,9 @@
 // Two workers and two trainers sharing one GPU over the CUDA IPC transport
-// (NCCL refuses two ranks on one GPU), and three in two cases, with real
+// (NCCL refuses two ranks on one GPU), three in two cases and six on two or
+// three nodes summing their unreduced gradients in two levels, with real
 // coordinator and worker processes: 50-step parity per layout with the same
 // kernels in one process,
-// and a worker killed mid-step failing both trainers' steps without a hang.
+// and a worker killed mid-step failing every trainer's step without a hang.
 // Needs a GPU: tagged gpu + manual; run by deploy/device/run_gpu_step_suite.sh.
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -18,13 +19,16 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/dtype.h"
 #include "common/row_ranges.h"
 #include "gtest/gtest.h"
+#include "muonps/v1/coordinator.grpc.pb.h"
 #include "newton_schulz/options.h"
+#include "scheduler/node_exchange.h"
 #include "scheduler/plan_types.h"
 #include "tests/client_options.h"
 #include "tests/gpu_test_support.h"
@@ -59,8 +63,11 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     socket_dir_ = socket_dir;
     // "/groups": the workers say they run on two nodes, linked by a network
     // slow enough that the coordinator plans one owner group per node.
+    // "/nodes*": on several nodes whose hops the coordinator weighs as slow
+    // (1 ms), so that it sums the unreduced gradients in two levels.
     std::vector<std::string> coordinator_flags;
     if (Groups()) coordinator_flags.push_back("--network_gbs=0.001");
+    if (!NodeOf().empty()) coordinator_flags.push_back("--network_hop_us=1000");
     absl::StatusOr<testing::RunningCoordinator> c = testing::StartCoordinator(
         log_dir_ + "/coordinator.log", kStartTimeout, coordinator_flags);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -77,7 +84,9 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
           // Before the votes whatever the plan's clock chose, so the
           // applies before the votes and their undo run here.
           "--apply_early=always",
-          Groups() ? absl::StrCat("--node=node-", w) : "--node=one"};
+          Groups()           ? absl::StrCat("--node=node-", w)
+          : NodeOf().empty() ? std::string("--node=one")
+                             : absl::StrCat("--node=node-", NodeOf()[w])};
       for (const std::string& flag : ExtraWorkerFlags()) argv.push_back(flag);
       absl::StatusOr<std::unique_ptr<ChildProcess>> worker =
           ChildProcess::Start(argv,
@@ -108,10 +117,23 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // "/groups" for workers on two nodes (replicated only), "/three" for
   // three workers and trainers (each owner's last stack's updates then go
   // by broadcast beside the others' peer writes: Transfer::by_collective),
+  // "/nodes2x3" and "/nodes3x2" for six on two nodes of three or three of
+  // two, out of rank order (unreduced only: the two-level exchange),
   // "/experts" for a row_sharded stack whose trainers hold whole experts
   // (FSDP2's Shard(0) of a 3-D parameter; the plan owns them where held).
   int Workers() const {
+    if (!NodeOf().empty()) return static_cast<int>(NodeOf().size());
     return GetParam().find("/three") != std::string::npos ? 3 : 2;
+  }
+  // Each worker's node where the case puts them on several; else empty.
+  std::vector<int> NodeOf() const {
+    if (GetParam().find("/nodes2x3") != std::string::npos) {
+      return {0, 0, 0, 1, 1, 1};
+    }
+    if (GetParam().find("/nodes3x2") != std::string::npos) {
+      return {0, 1, 2, 0, 1, 2};
+    }
+    return {};
   }
   bool Groups() const {
     return GetParam().find("/groups") != std::string::npos;
@@ -167,6 +189,7 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // one shared stream the second trainer's ready event would queue behind
   // the first one's wait for its step, which needs the second's gradients.
   void StartTrainers() {
+    streams_.assign(Workers(), nullptr);
     for (cudaStream_t& s : streams_) {
       ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
                 cudaSuccess);
@@ -229,6 +252,40 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
                     [&](const MatrixCase& c) { return ShardExperts(c); })) {
       ASSERT_NO_FATAL_FAILURE(WaitForTheWholeExpertPlan());
     }
+    if (!NodeOf().empty()) {
+      ASSERT_NO_FATAL_FAILURE(ReadExchangeNodes());
+    }
+  }
+
+  // The plan's exchange nodes (GetPlan, as grpcurl reads it), by trainer
+  // (worker "w<t>" serves trainer t): one per node of NodeOf(), each of
+  // that node's workers, in the positions the replay adds them in.
+  void ReadExchangeNodes() {
+    std::unique_ptr<v1::Coordinator::Stub> stub =
+        v1::Coordinator::NewStub(testing::TestChannel(address_));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::GetPlanRequest request;
+    request.set_job("gpu2");
+    v1::Plan plan;
+    const grpc::Status got = stub->GetPlan(&context, request, &plan);
+    ASSERT_TRUE(got.ok()) << got.error_message();
+    const std::vector<int> node_of = NodeOf();
+    ASSERT_EQ(plan.exchange_nodes_size(),
+              *std::max_element(node_of.begin(), node_of.end()) + 1)
+        << plan.DebugString();
+    nodes_.clear();
+    for (const v1::NodeWorkers& node : plan.exchange_nodes()) {
+      std::vector<int32_t>& trainers = nodes_.emplace_back();
+      for (const std::string& id : node.workers()) {
+        int32_t t = -1;
+        ASSERT_TRUE(id.size() > 1 && absl::SimpleAtoi(id.substr(1), &t)) << id;
+        ASSERT_TRUE(t >= 0 && t < Workers()) << id;
+        trainers.push_back(t);
+        EXPECT_EQ(node_of[t], node_of[trainers[0]]) << plan.DebugString();
+      }
+    }
   }
 
   // The coordinator plans again once every trainer's rank is known (its
@@ -260,14 +317,19 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
 
   // Matrix m's gradient as the owner uses it: the mean of the trainers'
   // (unreduced), as the workers take it (the fp32 sum of the parts as lent,
-  // in trainer order, times the fp32 inverse), or trainer 0's as lent.
+  // in trainer order or as the exchange adds them over its nodes, times the
+  // fp32 inverse), or trainer 0's as lent.
   float WholeGradient(int64_t step, size_t m, int64_t i) const {
-    const auto lent = [&](int t) {
+    const auto lent = [&](int32_t t) {
       return testing::AsLent(Dtype(), Grad(step, m, t, i));
     };
     if (Layout() != scheduler::Layout::kUnreduced) return lent(0);
     float sum = 0;
-    for (int t = 0; t < Workers(); ++t) sum += lent(t);
+    if (!nodes_.empty()) {
+      sum = scheduler::SumOverNodes(nodes_, lent);
+    } else {
+      for (int t = 0; t < Workers(); ++t) sum += lent(t);
+    }
     return sum * (1.0f / static_cast<float>(Workers()));
   }
 
@@ -292,7 +354,10 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   std::vector<std::unique_ptr<Client>> clients_;
   std::vector<char*> blocks_;
   std::vector<std::vector<char*>> grads_, params_;  // by trainer, matrix
-  cudaStream_t streams_[3] = {nullptr, nullptr, nullptr};
+  std::vector<cudaStream_t> streams_;               // by trainer
+  // The plan's exchange nodes by trainer (ReadExchangeNodes); empty where
+  // the case has one node.
+  std::vector<std::vector<int32_t>> nodes_;
 };
 
 TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
@@ -342,6 +407,15 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       worst = std::max(worst, err);
       EXPECT_LE(err, 5e-3) << c.name << " trainer " << t;
     }
+  }
+  if (!nodes_.empty()) {
+    // Summed as the replay sums them: the same bits.
+    EXPECT_EQ(worst, 0) << "against the same kernels in one process";
+    EXPECT_TRUE(coordinator_
+                    ->WaitForLog("unreduced gradients summed in two levels",
+                                 absl::Seconds(1))
+                    .ok())
+        << coordinator_->Log();
   }
   if (std::any_of(Matrices().begin(), Matrices().end(),
                   [&](const MatrixCase& c) { return ShardExperts(c); })) {
@@ -443,23 +517,26 @@ TEST_P(TwoWorkersOneGpuTest, ARefusedStepLeavesEveryParameterAsItWas) {
       static_cast<long long>(kSteps), worst);
 }
 
-TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsBothTrainersStepsWithoutAHang) {
-  if (GetParam() != "unreduced/bf16") GTEST_SKIP() << "one case is enough";
+TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsEveryTrainersStepWithoutAHang) {
+  if (GetParam() != "unreduced/bf16" &&
+      GetParam() != "unreduced/bf16/nodes3x2") {
+    GTEST_SKIP() << "two cases are enough";
+  }
   ASSERT_NO_FATAL_FAILURE(StartTrainers());
   ASSERT_NO_FATAL_FAILURE(WriteGradients(0));
-  for (int t = 0; t < 2; ++t) {
+  for (int t = 0; t < Workers(); ++t) {
     ASSERT_TRUE(
         clients_[t]->Step(0, {.stream = streams_[t], .async = true}).ok());
   }
-  for (int t = 0; t < 2; ++t) ASSERT_TRUE(clients_[t]->Wait().ok());
+  for (int t = 0; t < Workers(); ++t) ASSERT_TRUE(clients_[t]->Wait().ok());
   ASSERT_NO_FATAL_FAILURE(WriteGradients(1));
   const absl::Time start = absl::Now();
-  for (int t = 0; t < 2; ++t) {
+  for (int t = 0; t < Workers(); ++t) {
     ASSERT_TRUE(
         clients_[t]->Step(1, {.stream = streams_[t], .async = true}).ok());
   }
   workers_[1]->Signal(SIGKILL);  // mid-step
-  for (int t = 0; t < 2; ++t) {
+  for (int t = 0; t < Workers(); ++t) {
     absl::StatusOr<StepResult> r = clients_[t]->Wait();
     EXPECT_FALSE(r.ok()) << "trainer " << t;
     std::printf("trainer %d: %s\n", t, r.status().ToString().c_str());
@@ -575,7 +652,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "replicated/bf16", "unreduced/bf16", "row_sharded/bf16",
                       "replicated/groups", "replicated/bf16/groups",
                       "replicated/bf16/three", "unreduced/bf16/three",
-                      "row_sharded/experts", "row_sharded/bf16/experts/three"));
+                      "row_sharded/experts", "row_sharded/bf16/experts/three",
+                      "unreduced/nodes2x3", "unreduced/bf16/nodes3x2"));
 
 }  // namespace
 }  // namespace muonps
