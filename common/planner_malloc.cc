@@ -11,7 +11,7 @@ void RestartWithPlannerMalloc(char** argv) {
   constexpr char kName[] = "GLIBC_TUNABLES";
   constexpr char kTunables[] =
       "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:"
-      "glibc.malloc.mmap_threshold=33554432:"
+      "glibc.malloc.mmap_max=0:"
       "glibc.malloc.trim_threshold=1073741824";
   const char* now = std::getenv(kName);
   const std::string before = now == nullptr ? "" : now;

@@ -14,9 +14,13 @@ namespace muonps {
 //                                    (2 MiB; it madvises them; glibc 2.35
 //                                    and later),
 //   glibc.malloc.arena_max=1         every thread allocates from that heap,
-//   glibc.malloc.mmap_threshold=32M  blocks up to 32 MiB (a plan's vectors)
-//                                    come from the heap, not from mappings
-//                                    of their own that each free unmaps,
+//   glibc.malloc.mmap_max=0          every block comes from the heap, not
+//                                    from a mapping of its own that its
+//                                    free unmaps (mmap_threshold stops at
+//                                    32 MiB: a grouped plan's batches, 41
+//                                    MiB at 10^5 matrices in five groups,
+//                                    were mapped afresh, page by page, at
+//                                    each plan made while one was held),
 //   glibc.malloc.trim_threshold=1G   the heap keeps up to 1 GiB freed for
 //                                    the next plan rather than handing it
 //                                    back at each free (the coordinator's

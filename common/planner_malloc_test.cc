@@ -41,7 +41,7 @@ std::vector<std::string> RunProbe(const std::string& env) {
 // What RestartWithPlannerMalloc adds.
 constexpr char kAdded[] =
     "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:"
-    "glibc.malloc.mmap_threshold=33554432:"
+    "glibc.malloc.mmap_max=0:"
     "glibc.malloc.trim_threshold=1073741824";
 
 bool TransparentHugePagesOn() {

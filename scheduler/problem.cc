@@ -112,8 +112,11 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       }
     }
   }
-  absl::flat_hash_set<absl::string_view> names;
-  names.reserve(std::max(input.workers.size(), input.matrices.size()));
+  // Worker ids and matrix names are checked for repeats in sets of their
+  // own, each sized once: a set cleared and refilled gives back its table
+  // (absl frees any over 127 slots) and grows again through every rehash.
+  absl::flat_hash_set<absl::string_view> worker_ids;
+  worker_ids.reserve(input.workers.size());
   int64_t largest_capacity = 0;
   int64_t total_capacity = 0;
   int owning = 0;
@@ -121,7 +124,7 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
   for (size_t i = 0; i < input.workers.size(); ++i) {
     const WorkerSpec& w = input.workers[i];
     MUONPS_RETURN_IF_ERROR(ValidateWorker(w, i, o.workspace_bytes));
-    if (!names.insert(w.id).second) {
+    if (!worker_ids.insert(w.id).second) {
       return InvalidField(absl::StrCat("worker ", Quoted(w.id)),
                           "id appears twice");
     }
@@ -139,12 +142,13 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
                       "every worker is leaving (owns_nothing): none can own "
                       "the matrices");
   }
-  names.clear();
+  absl::flat_hash_set<absl::string_view> matrix_names;
+  matrix_names.reserve(input.matrices.size());
   int64_t total_owned = 0;
   for (size_t i = 0; i < input.matrices.size(); ++i) {
     const MatrixSpec& m = input.matrices[i];
     MUONPS_RETURN_IF_ERROR(ValidateMatrix(m, i));
-    if (!names.insert(m.name).second) {
+    if (!matrix_names.insert(m.name).second) {
       return InvalidField(absl::StrCat("matrix ", Quoted(m.name)),
                           "name appears twice");
     }
@@ -279,7 +283,7 @@ double Problem::Work() const {
   return work;
 }
 
-double Problem::LowerBound() const {
+double Problem::LowerBound(double work) const {
   // Compute in "seconds at speed 1" (a class's seconds times its speed):
   // sum_w speed_w * compute_w >= the work below. Transfers do not speed up
   // with the GPU: sum_w speed_w * transfer_w >= min speed * total transfer.
@@ -291,7 +295,6 @@ double Problem::LowerBound() const {
     speed_min = speed_total == 0 ? w.speed : std::min(speed_min, w.speed);
     speed_total += w.speed;
   }
-  const double work = Work();
   double transfers = 0;
   double largest = 0;
   for (int i = 0; i < num_items(); ++i) {

@@ -76,7 +76,9 @@ class Problem {
   double BestStandalone(int i) const;
 
   // max(total work / total speed, largest single item): see planner.h.
-  double LowerBound() const;
+  // `work` is Work(), which the caller has (it prices every shape at every
+  // count up to its number, on every class: not to be done twice).
+  double LowerBound(double work) const;
   // The least Newton-Schulz seconds of every item at speed 1 (a class's
   // seconds times its speed): each shape's items at the cheapest
   // per-matrix time of any batch up to their number, on the class where
