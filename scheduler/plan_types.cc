@@ -181,8 +181,7 @@ absl::Status CheckExchangeNodes(const OwnershipPlan& plan) {
 OwnershipPlan ReplicateOverGroups(
     OwnershipPlan plan, const std::vector<std::vector<int32_t>>& ranks,
     const std::vector<std::string>& worker_ids) {
-  // The batches are copied once per group, the rest moved.
-  const std::vector<Batch> batches = std::move(plan.batches);
+  // The figures are copied once per group, the rest moved.
   const std::vector<double> worker_seconds = std::move(plan.worker_seconds);
   const std::vector<int64_t> worker_memory_bytes =
       std::move(plan.worker_memory_bytes);
@@ -201,19 +200,12 @@ OwnershipPlan ReplicateOverGroups(
   for (auto& owners : out.owners) {
     for (int32_t& owner : owners) owner = ranks[0][owner];
   }
-  out.batches.clear();
-  out.batches.reserve(batches.size() * ranks.size());
-  for (const std::vector<int32_t>& group : ranks) {
-    for (const Batch& batch : batches) {
-      out.batches.push_back(batch);
-      out.batches.back().worker = group[batch.worker];
-    }
-  }
+  for (Batch& batch : out.batches) batch.worker = ranks[0][batch.worker];
   const auto by_worker_and_shape = [](const Batch& a, const Batch& b) {
     return std::tie(a.worker, a.rows, a.cols) <
            std::tie(b.worker, b.rows, b.cols);
   };
-  // Already in order where the groups are runs of ascending ranks.
+  // Already in order where the first group's ranks ascend.
   if (!std::is_sorted(out.batches.begin(), out.batches.end(),
                       by_worker_and_shape)) {
     std::sort(out.batches.begin(), out.batches.end(), by_worker_and_shape);

@@ -181,7 +181,10 @@ struct OwnershipPlan {
   // its owner, instead of a ring reduce over every rank per matrix (and
   // the updates back the reverse way). Empty: the rings.
   std::vector<std::vector<int32_t>> exchange_nodes;
-  // Same-shape batches, sorted by worker, then shape (every group's).
+  // Same-shape batches, sorted by worker, then shape: the first owner
+  // group's (every worker's without groups). Each other group's worker at
+  // the same position runs the same batches (OwnerGroups::OwnerIn), so a
+  // plan of G groups lists them once, not G times.
   std::vector<Batch> batches;
   // Per worker: predicted seconds (NS + transfers), bytes reserved for owned
   // matrices, fp32 momentum bytes, and bytes over its link per step.
@@ -231,6 +234,11 @@ class OwnerGroups {
   bool Owns(int32_t rank, int32_t owner) const {
     return grouped_ ? OwnerIn(owner, group_of_[rank]) == rank : rank == owner;
   }
+  // The member of the first group at `rank`'s position: the worker whose
+  // owners and batches (OwnershipPlan) `rank`'s are copies of.
+  int32_t InFirstGroup(int32_t rank) const {
+    return grouped_ ? members_[0][position_[rank]] : rank;
+  }
 
  private:
   bool grouped_ = false;  // the plan has groups (else one of every worker)
@@ -252,8 +260,8 @@ absl::Status CheckExchangeNodes(const OwnershipPlan& plan);
 
 // `plan` (of the workers of one group, in the order of `ranks`) made the
 // plan of every worker: owners, batches and per-worker figures renumbered
-// from positions to `ranks[0]`'s members (the first group), batches and
-// figures copied to every group's member at the same position, worker_ids
+// from positions to `ranks[0]`'s members (the first group), the figures
+// copied to every group's member at the same position, worker_ids
 // the given `worker_ids` of every rank, moved_bytes counted once per group
 // (each moves its own copy). `ranks[g][s]`: the worker index
 // (into worker_ids) at position s of group g; each as long as

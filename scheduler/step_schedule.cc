@@ -30,15 +30,13 @@ std::string ShapeName(const ShapeKey& key) {
 absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
                           const OwnershipPlan& plan) {
   if (plan.batches.empty()) return absl::OkStatus();
+  // The first owner group's (OwnershipPlan::batches), as the owners are.
   const OwnerGroups groups(plan);
   absl::flat_hash_map<ShapeKey, int64_t> owned;
   owned.reserve(plan.batches.size());
   for (size_t m = 0; m < matrices.size(); ++m) {
     for (const int32_t owner : plan.owners[m]) {
-      for (int g = 0; g < groups.count(); ++g) {
-        ++owned[KeyOf(groups.OwnerIn(owner, g), matrices[m].rows,
-                      matrices[m].cols)];
-      }
+      ++owned[KeyOf(owner, matrices[m].rows, matrices[m].cols)];
     }
   }
   const int workers = static_cast<int>(plan.worker_ids.size());
@@ -50,6 +48,12 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
     if (batch.worker < 0 || batch.worker >= workers) {
       return InvalidField(field(), absl::StrCat("worker ", batch.worker,
                                                 " is not a worker index"));
+    }
+    if (groups.group_of(batch.worker) != 0) {
+      return InvalidField(
+          field(), absl::StrCat("worker ", batch.worker,
+                                " is not in the first owner group (the "
+                                "other groups run copies of its batches)"));
     }
     const ShapeKey key = KeyOf(batch.worker, batch.rows, batch.cols);
     if (!batched.insert(key).second) {
@@ -65,9 +69,8 @@ absl::Status CheckBatches(const std::vector<MatrixSpec>& matrices,
                                   ") is not a matrix expert"));
       }
       const MatrixSpec& spec = matrices[item.matrix];
-      if (KeyOf(groups.OwnerIn(plan.owners[item.matrix][item.expert],
-                               groups.group_of(batch.worker)),
-                spec.rows, spec.cols) != key) {
+      if (KeyOf(plan.owners[item.matrix][item.expert], spec.rows, spec.cols) !=
+          key) {
         return InvalidField(
             field(), absl::StrCat("matrix ", Quoted(spec.name), " expert ",
                                   item.expert, " is not of ", ShapeName(key)));
@@ -218,10 +221,8 @@ absl::StatusOr<std::vector<int32_t>> GroupItems(
     const std::vector<int64_t>& first, std::vector<const Batch*>* batch_of) {
   std::vector<int32_t> group(first.back(), -1);
   batch_of->clear();
-  // The first owner group's batches: the other groups' are copies of them.
-  const OwnerGroups groups(plan);
+  // The first owner group's batches (OwnershipPlan::batches).
   for (const Batch& b : plan.batches) {
-    if (groups.group_of(b.worker) != 0) continue;
     const int32_t g = static_cast<int32_t>(batch_of->size());
     batch_of->push_back(&b);
     for (const ItemRef& item : b.items) {

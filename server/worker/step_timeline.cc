@@ -69,9 +69,13 @@ void StepTimeline::Log(const std::vector<double>& ms, int64_t step_id,
 }
 
 double PredictedComputeSeconds(const PlanState& plan) {
+  if (plan.rank < 0) return 0;
+  // The plan lists the first owner group's batches: this worker runs those
+  // of the first group's member at its position.
+  const int32_t as = plan.groups.InFirstGroup(plan.rank);
   double seconds = 0;
   for (const scheduler::Batch& b : plan.ownership.batches) {
-    if (b.worker == plan.rank) seconds += b.seconds;
+    if (b.worker == as) seconds += b.seconds;
   }
   return seconds;
 }
