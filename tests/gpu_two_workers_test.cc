@@ -122,15 +122,16 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // "/experts" for a row_sharded stack whose trainers hold whole experts
   // (FSDP2's Shard(0) of a 3-D parameter; the plan owns them where held).
   int Workers() const {
-    if (!NodeOf().empty()) return static_cast<int>(NodeOf().size());
+    if (!node_of_.empty()) return static_cast<int>(node_of_.size());
     return GetParam().find("/three") != std::string::npos ? 3 : 2;
   }
   // Each worker's node where the case puts them on several; else empty.
-  std::vector<int> NodeOf() const {
-    if (GetParam().find("/nodes2x3") != std::string::npos) {
+  const std::vector<int>& NodeOf() const { return node_of_; }
+  static std::vector<int> NodesOfCase(const std::string& param) {
+    if (param.find("/nodes2x3") != std::string::npos) {
       return {0, 0, 0, 1, 1, 1};
     }
-    if (GetParam().find("/nodes3x2") != std::string::npos) {
+    if (param.find("/nodes3x2") != std::string::npos) {
       return {0, 1, 2, 0, 1, 2};
     }
     return {};
@@ -271,7 +272,7 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     v1::Plan plan;
     const grpc::Status got = stub->GetPlan(&context, request, &plan);
     ASSERT_TRUE(got.ok()) << got.error_message();
-    const std::vector<int> node_of = NodeOf();
+    const std::vector<int>& node_of = NodeOf();
     ASSERT_EQ(plan.exchange_nodes_size(),
               *std::max_element(node_of.begin(), node_of.end()) + 1)
         << plan.DebugString();
@@ -355,6 +356,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   std::vector<char*> blocks_;
   std::vector<std::vector<char*>> grads_, params_;  // by trainer, matrix
   std::vector<cudaStream_t> streams_;               // by trainer
+  // Read once: Workers() is asked for every gradient element.
+  const std::vector<int> node_of_ = NodesOfCase(GetParam());
   // The plan's exchange nodes by trainer (ReadExchangeNodes); empty where
   // the case has one node.
   std::vector<std::vector<int32_t>> nodes_;
