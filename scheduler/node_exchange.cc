@@ -1,7 +1,6 @@
 #include "scheduler/node_exchange.h"
 
 #include <algorithm>
-#include <utility>
 
 namespace muonps {
 namespace scheduler {
@@ -9,38 +8,24 @@ namespace scheduler {
 NodeExchange::NodeExchange(const std::vector<std::vector<int32_t>>& nodes,
                            absl::Span<const int64_t> sizes)
     : nodes_(&nodes) {
-  while (halving_ * 2 <= static_cast<int>(nodes.size())) halving_ *= 2;
   offsets_.reserve(sizes.size() + 1);
   offsets_.push_back(0);
   for (const int64_t size : sizes) offsets_.push_back(offsets_.back() + size);
-  const int64_t holders = static_cast<int64_t>(halving_) * per_node();
-  segment_ = std::max<int64_t>(1, (elements() + holders - 1) / holders);
+  const int64_t g = per_node();
+  const int64_t a = kBlockAlignment;
+  block_ = std::max<int64_t>(1, ((elements() + g - 1) / g + a - 1) / a) * a;
 }
 
-std::vector<ExchangePiece> NodeExchange::Cut(size_t i, int64_t unit,
-                                             bool blocks) const {
-  std::vector<ExchangePiece> pieces;
+std::vector<ExchangePart> NodeExchange::Parts(size_t i) const {
+  std::vector<ExchangePart> parts;
   const int64_t begin = offsets_[i];
   const int64_t end = offsets_[i + 1];
-  for (int64_t s = begin / unit; s * unit < end; ++s) {
-    const int64_t from = std::max(begin, s * unit);
-    const int64_t to = std::min(end, (s + 1) * unit);
-    ExchangePiece& piece = pieces.emplace_back();
-    piece.node = blocks ? -1 : static_cast<int32_t>(s % halving_);
-    piece.position = static_cast<int32_t>(blocks ? s : s / halving_);
-    piece.in_pack = from;
-    piece.in_item = from - begin;
-    piece.count = to - from;
+  for (int64_t p = begin / block_; p * block_ < end; ++p) {
+    const int64_t from = std::max(begin, p * block_);
+    const int64_t to = std::min(end, (p + 1) * block_);
+    parts.push_back({static_cast<int32_t>(p), from, from - begin, to - from});
   }
-  return pieces;
-}
-
-std::vector<ExchangePiece> NodeExchange::Pieces(size_t i) const {
-  return Cut(i, segment_, /*blocks=*/false);
-}
-
-std::vector<ExchangePiece> NodeExchange::Parts(size_t i) const {
-  return Cut(i, block(), /*blocks=*/true);
+  return parts;
 }
 
 std::vector<NodePosition> PositionsOf(
@@ -57,28 +42,25 @@ std::vector<NodePosition> PositionsOf(
   return at;
 }
 
-float SumAcrossNodes(std::vector<float> parts) {
-  int halving = 1;
-  while (halving * 2 <= static_cast<int>(parts.size())) halving *= 2;
-  for (size_t k = halving; k < parts.size(); ++k) {
-    parts[k - halving] = parts[k - halving] + parts[k];
+std::vector<std::vector<int>> RailsOf(
+    const std::vector<std::vector<int32_t>>& nodes) {
+  std::vector<std::vector<int>> rails(nodes.empty() ? 0 : nodes[0].size());
+  for (size_t p = 0; p < rails.size(); ++p) {
+    rails[p].reserve(nodes.size());
+    for (const std::vector<int32_t>& node : nodes) rails[p].push_back(node[p]);
   }
-  for (int d = halving / 2; d >= 1; d /= 2) {
-    for (int k = 0; k < d; ++k) parts[k] = parts[k] + parts[k + d];
-  }
-  return parts[0];
+  return rails;
 }
 
 float SumOverNodes(const std::vector<std::vector<int32_t>>& nodes,
                    absl::FunctionRef<float(int32_t)> part) {
-  std::vector<float> sums;
-  sums.reserve(nodes.size());
-  for (const std::vector<int32_t>& node : nodes) {
-    float sum = part(node[0]);
-    for (size_t p = 1; p < node.size(); ++p) sum = sum + part(node[p]);
-    sums.push_back(sum);
+  float total = 0;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    float sum = part(nodes[k][0]);
+    for (size_t p = 1; p < nodes[k].size(); ++p) sum = sum + part(nodes[k][p]);
+    total = k == 0 ? sum : total + sum;
   }
-  return SumAcrossNodes(std::move(sums));
+  return total;
 }
 
 }  // namespace scheduler

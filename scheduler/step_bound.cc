@@ -112,10 +112,8 @@ std::vector<ExchangeStep> ExchangeStepsOf(int nodes, int per_node,
                           : settings.wire_bytes_per_element;
   const double hbm = settings.hbm_bytes_per_second;
   const int g = per_node;
-  int halving = 1;  // M'
-  while (halving * 2 <= nodes) halving *= 2;
-  // Elements of a block; each gradient element added is two fp32 reads
-  // and a write.
+  // Elements of a block; each gradient element added in HBM is two fp32
+  // reads and a write.
   const double block = packed / g;
   std::vector<ExchangeStep> out;
   // Within each node every member sends its G - 1 other blocks and
@@ -124,21 +122,15 @@ std::vector<ExchangeStep> ExchangeStepsOf(int nodes, int per_node,
     out.push_back({.bytes = block * e * (g - 1),
                    .hbm_after_seconds = 12.0 * block * (g - 1) / hbm});
   }
-  // The fold's block, then the halving's halves: half a block, a quarter,
-  // ..., 1 / M'.
-  if (nodes > halving) {
+  // Along each rail a ring over the M nodes: its block through every
+  // member's NIC, the reduce adding as it moves.
+  if (nodes > 1) {
     out.push_back({.across = true,
-                   .bytes = block * e,
-                   .hbm_after_seconds = 12.0 * block / hbm});
+                   .reduce = !update,
+                   .hops = nodes - 1,
+                   .bytes = block * e});
   }
-  for (int d = halving / 2; d >= 1; d /= 2) {
-    const double part = block * d / halving;
-    out.push_back({.across = true,
-                   .bytes = part * e,
-                   .hbm_after_seconds = 12.0 * part / hbm});
-  }
-  out.push_back({.across = true, .pieces = true});
-  if (g > 1) out.push_back({.pieces = true});
+  if (g > 1) out.push_back({.parts = true});
   // The items copied into the pack (gradients) or out of it (updates),
   // read and written.
   const double copies = 2.0 * elements * e / hbm;
@@ -166,13 +158,13 @@ double ExchangeStepBound(const std::vector<MatrixSpec>& matrices, int workers,
   for (const bool update : {false, true}) {
     const std::vector<ExchangeStep> steps =
         ExchangeStepsOf(nodes, per_node, elements, elements, update, settings);
-    double within = 0, across = 0, hbm = 0;
+    double latency = 0, within = 0, across = 0, hbm = 0;
     for (const ExchangeStep& step : steps) {
+      latency += (l.latency_us + step.hops * l.hop_latency_us) * 1e-6;
       (step.across ? across : within) += step.bytes;
       hbm += step.hbm_before_seconds + step.hbm_after_seconds;
     }
-    least += static_cast<double>(steps.size()) *
-                 (l.latency_us + l.hop_latency_us) * 1e-6 +
+    least += latency +
              std::max(within / (l.nvlink_gbs * 1e9),
                       across / (l.inter_node_gbs * 1e9)) +
              hbm;

@@ -79,14 +79,19 @@ class StepBound {
 
 // One launch of one bucket's exchange, one way (step_clock.h's model),
 // whoever owns its items: a level's, whose bytes each member moves (sends
-// and receives), or one of the pieces', whose bytes depend on who owns what
-// (none here); within the nodes or across them. And the HBM seconds on the
-// transfer stream before the launch (the gradients' pack copies, before the
-// first) and after it (the adds that follow the node level, the fold and
-// each halving round; the updates' copies out of the pack, after the last).
+// and receives): within each node, or along the rails across the nodes (a
+// ring over the nodes, whose launch fills `hops` = M - 1 hops; for
+// gradients a reduce, which adds as it moves); or the parts within the
+// owner's node, whose bytes depend on who owns what (none here). And the
+// HBM seconds on the transfer stream before the launch (the gradients'
+// pack copies, before the first) and after it (the adds that follow the
+// level within the nodes; the updates' copies out of the pack, after the
+// last).
 struct ExchangeStep {
-  bool across = false;  // between the nodes (else within each node)
-  bool pieces = false;
+  bool across = false;  // along the rails, between the nodes
+  bool parts = false;   // within the owner's node
+  bool reduce = false;  // a ring reduce (the gradients' rails)
+  int hops = 1;         // ring hops its launch fills
   double bytes = 0;
   double hbm_before_seconds = 0;
   double hbm_after_seconds = 0;
@@ -95,10 +100,9 @@ struct ExchangeStep {
 // The launches of one bucket's exchange in their order: of `nodes` exchange
 // nodes of `per_node` workers, `elements` items' elements packed into
 // `packed` (NodeExchange::packed()), gradients or (`update`) updates.
-// Gradients: within the nodes (where per_node > 1), the fold (where
-// `nodes` is not a power of two), the halving rounds (half a block first),
-// the pieces across the nodes, then within the owner's node (where
-// per_node > 1); updates the reverse.
+// Gradients: within the nodes (where per_node > 1), along the rails (where
+// nodes > 1), then the parts within the owner's node (where per_node > 1);
+// updates the reverse.
 std::vector<ExchangeStep> ExchangeStepsOf(int nodes, int per_node,
                                           double elements, double packed,
                                           bool update,
@@ -111,18 +115,18 @@ std::vector<ExchangeStep> ExchangeStepsOf(int nodes, int per_node,
 // (ChooseStepGrouping's choice among them). The transfer timeline runs one
 // launch after another, the updates' after the gradients', so the stage
 // lasts at least the sum of the launches. Each way, some sequence holds a
-// bucket's exchange: at least as many launches as it has
-// (ExchangeStepsOf), each latency_us + hop_latency_us at least. A launch
-// lasts at least the larger of its NVLink and its NIC seconds, so a way's
-// launches last at least the larger of its buckets' levels within the
-// nodes (over NVLink) and across them (over the NICs), each added up; and
-// the HBM seconds of their pack copies and adds, which take turns with the
-// launches on the transfer stream. Levels and HBM grow with a bucket's
-// elements (its pack at least its elements), so the buckets of the
-// unreduced matrices cost at least one bucket of all of them. The commit
-// adds the control rounds, and, where the workers may not apply the
-// updates before the votes, their apply. Less a relative 1e-9 for
-// rounding; 0 without unreduced matrices.
+// bucket's exchange, each of its steps (ExchangeStepsOf) in a launch of
+// its own that lasts at least latency_us + hops hop_latency_us: the rails'
+// M - 1 hops, one for the others. A launch lasts at least the larger of
+// its NVLink and its NIC seconds, so a way's launches last at least the
+// larger of its buckets' levels within the nodes (over NVLink) and along
+// the rails (over the NICs), each added up; and the HBM seconds of their
+// pack copies and adds, which take turns with the launches on the
+// transfer stream. Levels and HBM grow with a bucket's elements (its pack
+// at least its elements), so the buckets of the unreduced matrices cost
+// at least one bucket of all of them. The commit adds the control rounds,
+// and, where the workers may not apply the updates before the votes, their
+// apply. Less a relative 1e-9 for rounding; 0 without unreduced matrices.
 double ExchangeStepBound(const std::vector<MatrixSpec>& matrices, int workers,
                          int nodes, int per_node,
                          const ClockSettings& settings);

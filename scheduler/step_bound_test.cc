@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -153,13 +154,23 @@ TEST(StepBoundTest, NoneBelowAnExchangePlanOfUnreducedMatrices) {
 
 TEST(StepBoundTest, ExchangeBoundStaysBelowEveryCutOfEveryPlan) {
   // Unreduced (and some replicated and row-sharded) matrices on nodes of
-  // 8, 2 and 1, with a fold where the nodes are not a power of two: the
-  // exchange's least step is below the clock of every bucket bound, down
-  // to buckets of 16 MiB, whose sequences pipeline many buckets' steps.
-  for (const auto& [workers, per_node] : std::vector<std::pair<int, int>>{
-           {16, 8}, {24, 8}, {6, 2}, {5, 1}, {64, 8}, {40, 8}}) {
+  // 8, 2 and 1, 2 to 8 of them, with NCCL's hop latency and with hops of
+  // a millisecond (the rails' M - 1 hops weigh): the exchange's least step
+  // is below the clock of every bucket bound, down to buckets of 16 MiB,
+  // whose sequences pipeline many buckets' steps.
+  for (const auto& [workers, per_node, hop_us] :
+       std::vector<std::tuple<int, int, double>>{{16, 8, 3.4},
+                                                 {24, 8, 3.4},
+                                                 {6, 2, 3.4},
+                                                 {5, 1, 3.4},
+                                                 {64, 8, 3.4},
+                                                 {40, 8, 3.4},
+                                                 {64, 8, 1000},
+                                                 {6, 2, 1000},
+                                                 {5, 1, 1000}}) {
     Job job = Replicated(400, workers);
     job.settings.topology = Topology::Blocks(workers, per_node);
+    job.settings.topology.links.hop_latency_us = hop_us;
     for (size_t m = 0; m < job.matrices.size(); ++m) {
       job.matrices[m].layout = m % 5 == 0   ? Layout::kReplicated
                                : m % 7 == 0 ? Layout::kRowSharded
@@ -185,8 +196,8 @@ TEST(StepBoundTest, ExchangeBoundStaysBelowEveryCutOfEveryPlan) {
                                           StackSeconds(schedule, job.models),
                                           workers, job.settings);
         EXPECT_LE(least, clock.predicted_seconds)
-            << workers << " on nodes of " << per_node << ", bucket " << bound
-            << ", apply_early " << apply_early;
+            << workers << " on nodes of " << per_node << ", hop " << hop_us
+            << ", bucket " << bound << ", apply_early " << apply_early;
         if (bound == bounds.back()) {
           // Each way at least one sequence of many buckets.
           EXPECT_GT(schedule.buckets.size(), 100u);
@@ -198,6 +209,70 @@ TEST(StepBoundTest, ExchangeBoundStaysBelowEveryCutOfEveryPlan) {
   // No unreduced matrix: nothing moves by the exchange.
   Job job = Replicated(10, 16);
   EXPECT_EQ(ExchangeStepBound(job.matrices, 16, 2, 8, job.settings), 0);
+}
+
+TEST(StepBoundTest, ExchangeStepsAreTheLevelsRailsAndParts) {
+  // M nodes of G, a pack of 2^20 elements (1000 of them the items'):
+  // gradients within the nodes (the adds after), along the rails (M - 1
+  // hops, a block each way over each NIC, no adds), the parts; updates the
+  // reverse, the copies out of the pack after the last.
+  ClockSettings settings;
+  settings.hbm_bytes_per_second = 1e12;
+  const double packed = 1 << 20;
+  for (const int g : {1, 2, 8}) {
+    const double block = packed / g;
+    const std::vector<ExchangeStep> gradients =
+        ExchangeStepsOf(5, g, 1000, packed, false, settings);
+    const std::vector<ExchangeStep> updates =
+        ExchangeStepsOf(5, g, 1000, packed, true, settings);
+    ASSERT_EQ(gradients.size(), g > 1 ? 3u : 1u) << g;
+    ASSERT_EQ(updates.size(), gradients.size()) << g;
+    const ExchangeStep& rail = gradients[g > 1 ? 1 : 0];
+    EXPECT_TRUE(rail.across);
+    EXPECT_TRUE(rail.reduce);
+    EXPECT_EQ(rail.hops, 4);
+    EXPECT_DOUBLE_EQ(rail.bytes, block * 4);
+    EXPECT_EQ(rail.hbm_after_seconds, 0);
+    EXPECT_DOUBLE_EQ(gradients.front().hbm_before_seconds, 2 * 1000 * 4 / 1e12);
+    EXPECT_DOUBLE_EQ(updates.back().hbm_after_seconds, 2 * 1000 * 2 / 1e12);
+    const ExchangeStep& back = updates[g > 1 ? 1 : 0];
+    EXPECT_TRUE(back.across);
+    EXPECT_FALSE(back.reduce);
+    EXPECT_EQ(back.hops, 4);
+    EXPECT_DOUBLE_EQ(back.bytes, block * 2);
+    if (g == 1) continue;
+    EXPECT_FALSE(gradients[0].across);
+    EXPECT_EQ(gradients[0].hops, 1);
+    EXPECT_DOUBLE_EQ(gradients[0].bytes, block * 4 * (g - 1));
+    EXPECT_DOUBLE_EQ(gradients[0].hbm_after_seconds,
+                     12 * block * (g - 1) / 1e12);
+    EXPECT_TRUE(gradients[2].parts);
+    EXPECT_TRUE(updates[0].parts);
+    EXPECT_DOUBLE_EQ(updates[2].bytes, block * 2 * (g - 1));
+  }
+  // One node: no rail.
+  EXPECT_EQ(ExchangeStepsOf(1, 8, 1000, packed, false, settings).size(), 2u);
+}
+
+TEST(StepBoundTest, ExchangeBoundPaysTheRailsHops) {
+  // Each way every step's launch: latency_us and its hops, M - 1 for the
+  // rails: the bound grows by 2 ((M - 1) + 2) hops on nodes of 8, by
+  // 2 (M - 1) on nodes of 1.
+  Job job = Replicated(50, 64);
+  for (MatrixSpec& m : job.matrices) m.layout = Layout::kUnreduced;
+  for (const auto& [nodes, per_node] :
+       std::vector<std::pair<int, int>>{{8, 8}, {2, 8}, {16, 1}}) {
+    ClockSettings settings = job.settings;
+    settings.topology = Topology::Blocks(nodes * per_node, per_node);
+    settings.topology.links.hop_latency_us = 0;
+    const double base = ExchangeStepBound(job.matrices, nodes * per_node, nodes,
+                                          per_node, settings);
+    settings.topology.links.hop_latency_us = 1000;
+    const double with_hops = ExchangeStepBound(job.matrices, nodes * per_node,
+                                               nodes, per_node, settings);
+    const double hops = 2.0 * ((nodes - 1) + (per_node > 1 ? 2 : 0));
+    EXPECT_NEAR(with_hops - base, hops * 1e-3, 1e-9) << nodes;
+  }
 }
 
 TEST(StepBoundTest, NoneWhereTransfersDependOnThePlanOrStayOnOneNode) {

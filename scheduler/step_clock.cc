@@ -135,11 +135,13 @@ struct PhaseState {
 };
 
 // One step of a bucket's exchange as the pipeline launches it: its busiest
-// rank's seconds over each link, and its HBM seconds on the transfer
-// stream before and after its launch (ExchangeStep).
+// rank's seconds over each link, the ring hops its launch fills, and its
+// HBM seconds on the transfer stream before and after its launch
+// (ExchangeStep).
 struct LaunchStep {
   double nvlink = 0;
   double nic = 0;
+  int hops = 1;
   double hbm_before = 0;
   double hbm_after = 0;
 };
@@ -325,89 +327,25 @@ class Phase {
     }
   }
 
-  // Seconds of the exchange's pieces (`x`, `e` bytes an element) in each
-  // of their two launches (for updates the second goes first): across the
-  // nodes, each item's piece in each segment from the segment's holder to
-  // the worker at the segment's position on the item's owner's node (none
-  // where the holder is on that node); within that node, the item's part
-  // in each block from the worker at the block's position to the owner
-  // (none from the owner's own block). Each launch takes its busiest
-  // rank's time. The receivers across the nodes (the senders, for updates)
-  // are tallied per rank. A holder sends its one segment's pieces: a
-  // segment within one item goes whole to one rank, which takes it all in,
-  // so only the segments that items' ends fall in (shared by the items
-  // beside them) are tallied. Adds the bytes to the totals, every member's
-  // segment as a ring's bytes.
-  std::pair<double, double> Pieces(const NodeExchange& x, double e) {
+  // Seconds of the exchange's parts within the owners' nodes (`x`, `e`
+  // bytes an element): each item's part in each block from the worker at
+  // the block's position on the owner's node to the owner (none from the
+  // owner's own block); for updates the reverse. Its busiest rank's time;
+  // adds the bytes to the totals.
+  double Parts(const NodeExchange& x, double e) {
     const bool update = exchange_update_;
-    const int64_t segment = x.segment();
-    const int64_t block = x.block();
-    const int halving = x.halving_nodes();
-    const int g = x.per_node();
-    const double rate = LinkRate(s_.across_level_nic);
-    // Elements the busiest holder sends, and the segment the last piece
-    // was in and its elements sent.
-    double holder = 0, at_sum = 0;
-    int64_t at_segment = -1;
-    for (size_t i = 0; i < exchange_sizes_.size(); ++i) {
-      const NodePosition at = s_.exchange_at[exchange_owners_[i]];
-      const int64_t begin = x.offset(i);
-      const int64_t end = x.offset(i + 1);
-      // Elements of the item in [from, from + count) of the pack.
-      const auto in = [&](int64_t from, int64_t count) {
-        return std::max<int64_t>(
-            0, std::min(end, from + count) - std::max(begin, from));
-      };
-      // Block q's part, but for the segment already on the owner's node
-      // (segment q M' + node; none past M'), to position q there.
-      for (int q = 0; q < g; ++q) {
-        int64_t part = in(q * block, block);
-        if (part == 0) continue;
-        if (at.node < halving) {
-          part -= in((int64_t{q} * halving + at.node) * segment, segment);
-        }
-        Tally(x.worker(at.node, q), !update, s_.across_level_nic,
-              static_cast<double>(part) * e);
-      }
-      const auto piece = [&](int64_t k) {
-        if (k != at_segment) {
-          holder = std::max(holder, at_sum);
-          at_segment = k;
-          at_sum = 0;
-        }
-        if (k % halving != at.node) {
-          at_sum += static_cast<double>(in(k * segment, segment));
-        }
-      };
-      piece(begin / segment);
-      if ((end - 1) / segment != begin / segment) piece((end - 1) / segment);
-    }
-    holder = std::max(holder, at_sum);
-    const double across = std::max(holder * e / rate, TakeTouched());
-    // Within the owners' nodes: each block's part to (from) the owner.
     for (size_t i = 0; i < exchange_sizes_.size(); ++i) {
       const int32_t owner = exchange_owners_[i];
       const NodePosition at = s_.exchange_at[owner];
-      const int64_t begin = x.offset(i);
-      const int64_t end = x.offset(i + 1);
-      for (int q = 0; q < g; ++q) {
-        if (q == at.position) continue;
-        const double part = static_cast<double>(std::max<int64_t>(
-            0, std::min(end, (q + 1) * block) - std::max(begin, q * block)));
-        if (part == 0) continue;
-        Tally(x.worker(at.node, q), update, s_.node_level_nic, part * e);
-        Tally(owner, !update, s_.node_level_nic, part * e);
+      for (const ExchangePart& part : x.Parts(i)) {
+        if (part.position == at.position) continue;
+        const double bytes = static_cast<double>(part.count) * e;
+        Tally(x.worker(at.node, part.position), update, s_.node_level_nic,
+              bytes);
+        Tally(owner, !update, s_.node_level_nic, bytes);
       }
     }
-    const double within = TakeTouched();
-    // Every member's segment, counted whole: sent (gradients) or received
-    // (updates).
-    RankBytes& every = s_.groups[0].ring_totals;
-    double& whole = s_.across_level_nic
-                        ? (update ? every.nic_received : every.nic_sent)
-                        : (update ? every.nvlink_received : every.nvlink_sent);
-    whole += static_cast<double>(segment) * e;
-    return {across, within};
+    return TakeTouched();
   }
 
   // NIC or NVLink bytes per second.
@@ -458,25 +396,30 @@ class Phase {
   // adds their bytes to the totals, every member's levels as a ring's.
   void ExchangeSteps(std::vector<LaunchStep>* out) {
     const ClockSettings& c = s_.settings;
+    const LinkFigures& l = c.topology.links;
     const bool update = exchange_update_;
     const NodeExchange x(s_.exchange_nodes, exchange_sizes_);
-    const auto [across_pieces, within_pieces] = Pieces(
+    const double parts = Parts(
         x, update ? c.update_bytes_per_element : c.wire_bytes_per_element);
     RankBytes& every = s_.groups[0].ring_totals;
     for (const ExchangeStep& step : ExchangeStepsOf(
              x.nodes(), x.per_node(), static_cast<double>(x.elements()),
              static_cast<double>(x.packed()), update, c)) {
       const bool nic = step.across ? s_.across_level_nic : s_.node_level_nic;
-      double seconds = 0;
-      if (step.pieces) {
-        seconds = step.across ? across_pieces : within_pieces;
-      } else {
-        seconds = step.bytes / LinkRate(nic);
+      double seconds = parts;
+      if (!step.parts) {
+        // A ring reduce over NVLink runs at reduce_gbs, as a flat ring's
+        // NVLink part does; over the NICs at their rate.
+        const double rate = !nic && step.reduce && l.reduce_gbs > 0
+                                ? l.reduce_gbs * 1e9
+                                : LinkRate(nic);
+        seconds = step.bytes / rate;
         (nic ? every.nic_sent : every.nvlink_sent) += step.bytes;
         (nic ? every.nic_received : every.nvlink_received) += step.bytes;
       }
       LaunchStep& launch = out->emplace_back();
       (nic ? launch.nic : launch.nvlink) = seconds;
+      launch.hops = step.hops;
       launch.hbm_before = step.hbm_before_seconds;
       launch.hbm_after = step.hbm_after_seconds;
     }
@@ -597,7 +540,6 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
   const auto pipeline = [&](const std::vector<PhaseLaunch>& phases,
                             std::vector<double>* landed) {
     const LinkFigures& l = settings.topology.links;
-    const double step_latency = (l.latency_us + l.hop_latency_us) * 1e-6;
     std::vector<size_t> moving;  // the j-th phase that moves something
     size_t launches = 0, longest = 1;
     const auto steps_of = [&](size_t j) {
@@ -617,6 +559,7 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
       const size_t last = std::min(t + 1, moving.size());
       double seconds = 0, latency = 0, nvlink = 0, nic = 0, hbm = 0;
       bool steps = false;
+      int hops = 0;  // the most of its steps'
       for (size_t j = first; j < last; ++j) {
         const PhaseLaunch& p = phases[moving[j]];
         const size_t k = t - j;
@@ -629,16 +572,18 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
         if (k < p.steps.size()) {
           const LaunchStep& step = p.steps[k];
           steps = true;
+          hops = std::max(hops, step.hops);
           nvlink += step.nvlink;
           nic += step.nic;
           hbm += step.hbm_before + step.hbm_after;
         }
       }
-      // One launch of the steps with the other transfers: different links
-      // overlap, one link's bytes add up; the HBM copies and adds run on
-      // the transfer stream around it.
+      // One launch of the steps with the other transfers: one latency and
+      // its longest ring's fill; different links overlap, one link's bytes
+      // add up; the HBM copies and adds run on the transfer stream around
+      // it.
       if (steps) {
-        latency += step_latency;
+        latency += (l.latency_us + hops * l.hop_latency_us) * 1e-6;
         seconds = latency + std::max(nvlink, nic) + hbm;
       }
       if (seconds > 0) busy.emplace_back(timeline, timeline + seconds);

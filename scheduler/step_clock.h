@@ -81,47 +81,52 @@
 //
 // Exchange nodes (StepSchedule::exchange_nodes: M nodes of G workers, no
 // owner groups): a bucket's unreduced gradients and their updates move by
-// the two-level exchange (node_exchange.h) instead of a reduce and a
-// broadcast per matrix. None of its launches is a per-matrix message, and
-// none fills a ring over every rank. With M' the largest power of two
-// <= M, [M > M'] 1 where M is not one (else 0), S the bytes of the
-// bucket's exchanged items packed and padded (E elements unpadded, b bytes
-// each: wire_bytes_per_element for gradients, update_bytes_per_element for
-// updates), each way the bucket's exchange is L dependent steps, one a
-// launch: for gradients 1 within the nodes (where G > 1), [M > M'] for the
-// fold, log2 M' halving rounds, then the pieces across the nodes and
-// within the owner's node (1 where G = 1); for updates the same in reverse
-// (doubling rounds, the unfold). Each step's time on its link:
-// - within each node every member sends and receives S (G-1)/G, over
-//   NVLink: / nvlink_gbs (no reduce_gbs: the adds are their own, below);
-// - across the nodes among the members of one position, S/G for the fold
-//   and S/(2G), S/(4G), ..., S/(M'G) for the halving rounds, over each
-//   NIC: / inter_node_gbs;
-// - the pieces, two steps, each timed by its busiest rank as a row
-//   gather is: across the nodes, each item's piece in each segment from
-//   the segment's holder to the worker at the segment's position on the
-//   item's owner's node (none where the holder is on it), over the NICs;
-//   within that node, the item's part in each block from the worker at the
-//   block's position to the owner (none from its own block), over NVLink.
-//   So an item's bytes cross the network spread over the G ports of its
-//   owner's node, at most about S_m/G each, as a ring's do; each holder
-//   sends about S/n. Updates go the reverse way;
-// - HBM at hbm_bytes_per_second, on the transfer stream around the
-//   launches: the items copied into the pack before the first step
-//   (gradients) or out of it after the last (updates), 2 E b bytes; and
-//   after each step of a gradient level its adds, two fp32 reads and a
-//   write (12 bytes) for each element received: (E'/G) (G-1) within the
-//   nodes, E'/G for the fold, E'/(2G), ..., E'/(M'G) for the rounds, E'
-//   the padded pack's.
+// the exchange (node_exchange.h) instead of a reduce and a broadcast per
+// matrix over every rank: within each node, and across the nodes along
+// the rails (rail p: the workers at position p of every node), whose rings
+// have M members. With S the bytes of the bucket's exchanged items packed
+// and padded, cut into G blocks of S/G (E elements unpadded, E' padded, b
+// bytes each: wire_bytes_per_element for gradients,
+// update_bytes_per_element for updates), each way the bucket's exchange is
+// L = [G > 1] + [M > 1] + [G > 1] dependent steps, one a launch. For
+// gradients:
+// 1. within each node (where G > 1): the worker at position p receives
+//    block p from the node's G - 1 other workers, each member sending and
+//    receiving S (G-1)/G over NVLink (/ nvlink_gbs; no reduce_gbs: the
+//    adds are their own, in HBM, below);
+// 2. along the rails (where M > 1): each item's part of block p is reduced
+//    by a ring over rail p onto the worker at position p of the item's
+//    owner's node, adding as it moves (no adds in HBM). The ring moves the
+//    block through every member: S/G sent and received over each NIC
+//    (/ inter_node_gbs, as a flat ring's NIC share; a rail laid within one
+//    host: over NVLink, / reduce_gbs as a ring reduce's), and its launch
+//    fills M - 1 hops;
+// 3. within the owner's node (where G > 1): each item's part in each block
+//    from the worker at the block's position to the owner (none from its
+//    own block), over NVLink, timed by its busiest rank as a row gather is.
+// Updates take the reverse steps: the parts from the owner to the positions
+// of its node (its busiest rank), a ring broadcast along each rail from the
+// worker at that position on the owner's node to every node (S/G over each
+// NIC, M - 1 hops), then every block to the node's other positions (S
+// (G-1)/G each way over NVLink). So each element of a matrix crosses the
+// network once each way, spread over the G ports of every node as a flat
+// ring's bytes are, and no ring fills more than M - 1 hops. HBM, at
+// hbm_bytes_per_second, runs on the transfer stream around the launches:
+// the items copied into the pack before the first step (gradients) or out
+// of it after the last (updates), 2 E b bytes; and after the gradients'
+// step within the nodes, its adds, two fp32 reads and a write (12 bytes)
+// for each element received: (E'/G) (G-1).
 // The exchange is pipelined over each sequence of phases issued back to
 // back (every gradients-to-owners phase; each run of consecutive
 // updates-back phases in the schedule's order). The j-th phase of
 // a sequence that moves something (from 0) takes its step k in launch
 // j + k, and its other transfers go in launch j, with its step 0 (a phase
 // without the exchange is that one launch). Launch t lasts
-//   its other transfers' latency (as above) + latency_us + hop_latency_us
-//   + max(NVLink seconds, NIC seconds) + its steps' HBM seconds,
-// the seconds on a link being its other transfers' (their slowest group's
+//   its other transfers' latency (as above) + latency_us
+//   + h hop_latency_us + max(NVLink seconds, NIC seconds)
+//   + its steps' HBM seconds,
+// h the most hops of its steps (M - 1 for a rail's, 1 for the others), the
+// seconds on a link being its other transfers' (their slowest group's
 // busiest rank's, as above) and its steps' on that link added up: one
 // latency a launch, however many buckets' steps it holds; different links
 // overlap, one link's steps take turns. A launch without a step is the
@@ -129,10 +134,10 @@
 // B + L - 1 launches; a phase has landed (its gradients, for the compute
 // waiting on them; its updates) when its last launch ends (a phase that
 // moves nothing: with the one before it, or at the sequence's start).
-// A level laid across hosts (exchange nodes that are not the topology's)
-// is clocked over the NICs, and so are the pieces that go as it does.
-// Towards bytes_per_gpu every member moves the levels' bytes and its whole
-// segment (as a ring's bytes), the pieces' other ranks theirs.
+// A step laid across hosts (exchange nodes that are not the topology's)
+// is clocked over the NICs. Towards bytes_per_gpu every member moves the
+// levels' bytes within the nodes and along the rails (as a ring's bytes),
+// and the ranks of the parts within the owners' nodes theirs.
 //
 // Functions are thread-safe (they share no state).
 #ifndef MUONPS_SCHEDULER_STEP_CLOCK_H_

@@ -121,7 +121,8 @@ class ReferenceModel {
   void ResetMomentum(const std::string& name, int64_t expert);
   // Sums the unreduced matrices' gradients as a plan's exchange nodes
   // (scheduler/node_exchange.h) do: each node's trainers left to right in
-  // the order given, then the nodes' sums (scheduler::SumAcrossNodes).
+  // the order given, then the nodes' sums left to right
+  // (scheduler::SumOverNodes).
   // Empty: every trainer left to right, as the rings.
   void SumOverNodes(std::vector<std::vector<int>> trainers_by_node) {
     nodes_ = std::move(trainers_by_node);

@@ -86,7 +86,7 @@ class NodeExchangeProcessTest : public DataPlaneFixture {
   std::optional<ReferenceModel> reference_;
 };
 
-// Two nodes of three: three positions within each node, one halving round
+// Two nodes of three: three positions within each node, three rails of two
 // across them.
 TEST_F(NodeExchangeProcessTest, TwoNodesOfThreeTrainAsTheReplay) {
   const ModelDecl model = testing::SmallModel(scheduler::Layout::kUnreduced);
@@ -95,12 +95,12 @@ TEST_F(NodeExchangeProcessTest, TwoNodesOfThreeTrainAsTheReplay) {
   ExpectMatchesReference(*reference_, kExact);
 }
 
-// Three nodes of two, their workers not in rank order: the third node
-// folds into the first before the halving. (A job with replicated
-// matrices too pays their broadcasts' rings in the same phases, and the
-// coordinator keeps the rings for it here; step_atomicity_test runs the
+// Three nodes of two, their workers not in rank order: two rails of three,
+// each adding the nodes' sums in node order, not rank order. (A job with
+// replicated matrices too pays their broadcasts' rings in the same phases, and
+// the coordinator keeps the rings for it here; step_atomicity_test runs the
 // exchange beside every layout.)
-TEST_F(NodeExchangeProcessTest, ThreeNodesFoldAndTrainAsTheReplay) {
+TEST_F(NodeExchangeProcessTest, ThreeNodesOutOfRankOrderTrainAsTheReplay) {
   const ModelDecl model = testing::SmallModel(scheduler::Layout::kUnreduced);
   ASSERT_NO_FATAL_FAILURE(StartAndStep(model, {0, 1, 2, 0, 1, 2}, 8));
   EXPECT_EQ(plan().nodes(), 3);

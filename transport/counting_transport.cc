@@ -104,44 +104,66 @@ absl::Status CountingTransport::Recv(void* data, size_t count, DType dtype,
   return status;
 }
 
+void CountingTransport::CountReduce(size_t count, int n, int at, int root) {
+  const double bytes = Bytes(count, DType::kFloat32);
+  // The chain root+1 -> ... -> root: its first rank receives nothing, the
+  // root sends nothing.
+  Count("reduce", count, at != root ? bytes : 0,
+        n > 1 && at != (root + 1) % n ? bytes : 0);
+}
+
+void CountingTransport::CountBroadcast(size_t count, DType dtype, int n, int at,
+                                       int root) {
+  const double bytes = Bytes(count, dtype);
+  // The chain root -> ... -> root-1: its last rank forwards nothing.
+  Count("broadcast", count, at != (root + n - 1) % n ? bytes : 0,
+        at != root ? bytes : 0);
+}
+
+int CountingTransport::Members(Split split) const {
+  const std::vector<int>& members = group(split);
+  return members.empty() ? size() : static_cast<int>(members.size());
+}
+
 absl::Status CountingTransport::ReduceSum(const float* send, float* recv,
                                           size_t count, int root,
                                           absl::Span<const int> order,
                                           Stream stream) {
   absl::Status status =
       inner_->ReduceSum(send, recv, count, root, order, stream);
-  if (!status.ok()) return status;
-  const int n = size(), r = rank();
-  const double bytes = Bytes(count, DType::kFloat32);
-  // The chain root+1 -> ... -> root: its first rank receives nothing, the
-  // root sends nothing.
-  Count("reduce", count, r != root ? bytes : 0,
-        n > 1 && r != (root + 1) % n ? bytes : 0);
+  if (status.ok()) CountReduce(count, size(), rank(), root);
   return status;
 }
 
 absl::Status CountingTransport::Broadcast(void* data, size_t count, DType dtype,
                                           int root, Stream stream) {
   absl::Status status = inner_->Broadcast(data, count, dtype, root, stream);
-  if (!status.ok()) return status;
-  const int n = size(), r = rank();
-  const double b = Bytes(count, dtype);
-  // The chain root -> ... -> root-1: its last rank forwards nothing.
-  Count("broadcast", count, r != (root + n - 1) % n ? b : 0, r != root ? b : 0);
+  if (status.ok()) CountBroadcast(count, dtype, size(), rank(), root);
   return status;
 }
 
-absl::Status CountingTransport::BroadcastInGroup(void* data, size_t count,
-                                                 DType dtype, int root,
-                                                 Stream stream) {
+absl::Status CountingTransport::BroadcastIn(Split split, void* data,
+                                            size_t count, DType dtype, int root,
+                                            Stream stream) {
   absl::Status status =
-      inner_->BroadcastInGroup(data, count, dtype, root, stream);
-  if (!status.ok()) return status;
-  // Positions in the group (ranks, without groups).
-  const int n = group().empty() ? size() : static_cast<int>(group().size());
-  const int r = PositionInGroup(rank()), from = PositionInGroup(root);
-  const double b = Bytes(count, dtype);
-  Count("broadcast", count, r != (from + n - 1) % n ? b : 0, r != from ? b : 0);
+      inner_->BroadcastIn(split, data, count, dtype, root, stream);
+  if (status.ok()) {
+    CountBroadcast(count, dtype, Members(split), PositionIn(split, rank()),
+                   PositionIn(split, root));
+  }
+  return status;
+}
+
+absl::Status CountingTransport::ReduceSumIn(Split split, const float* send,
+                                            float* recv, size_t count, int root,
+                                            absl::Span<const int> order,
+                                            Stream stream) {
+  absl::Status status =
+      inner_->ReduceSumIn(split, send, recv, count, root, order, stream);
+  if (status.ok()) {
+    CountReduce(count, Members(split), PositionIn(split, rank()),
+                PositionIn(split, root));
+  }
   return status;
 }
 

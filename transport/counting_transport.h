@@ -14,10 +14,14 @@
 // every rank but the root receives S (ranks mod size). Whatever tree or
 // ring the library picks, the totals over the ranks are the same ((size-1)
 // S each way); only which rank forwards may differ. With two ranks every
-// figure is exact. Send and Recv count their bytes. Calls name counts of
+// figure is exact. ReduceSumIn and BroadcastIn count as ReduceSum and
+// Broadcast (ops reduce and broadcast) over the members of this rank's group
+// of their split, a chain over the group's positions (its members in
+// ascending rank order) from the root's; before the split is formed, over
+// every rank. Send and Recv count their bytes. Calls name counts of
 // elements; the counters stay in bytes (count * DTypeSize(dtype), fp32 for
-// ReduceSum). A call counts once it
-// was accepted (returned OK), when it is enqueued, not when it completes.
+// ReduceSum and ReduceSumIn). A call counts once it was accepted (returned
+// OK), when it is enqueued, not when it completes.
 //
 // Launches: what the library runs the calls as, one per outermost group
 // that holds a call (GroupStart ... GroupEnd: one NCCL launch), and one per
@@ -77,10 +81,13 @@ class CountingTransport : public Transport {
                          absl::Span<const int> order, Stream stream) override;
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
-  // Counted as a chain over the group's members in ascending rank order,
-  // from the root's position, as Broadcast over every rank.
-  absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
-                                Stream stream) override;
+  // Counted as Broadcast and ReduceSum are, over the members of this
+  // rank's group of `split` (see the file comment).
+  absl::Status BroadcastIn(Split split, void* data, size_t count, DType dtype,
+                           int root, Stream stream) override;
+  absl::Status ReduceSumIn(Split split, const float* send, float* recv,
+                           size_t count, int root, absl::Span<const int> order,
+                           Stream stream) override;
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
   }
@@ -95,9 +102,9 @@ class CountingTransport : public Transport {
   RankTree tree() const override { return inner_->tree(); }
 
  protected:
-  absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
-                        int /*mine*/) override {
-    return inner_->FormGroups(groups);
+  absl::Status OnSplit(Split split, const std::vector<std::vector<int>>& groups,
+                       int /*mine*/) override {
+    return inner_->FormSplit(split, groups);
   }
 
  private:
@@ -105,6 +112,13 @@ class CountingTransport : public Transport {
   CountingTransport(Transport* inner, TransportCounters counters);
   // An accepted call of `count` elements.
   void Count(const char* op, size_t count, double sent, double received);
+  // An accepted ReduceSum of `count` floats among `n` ranks at positions
+  // [0, n), this one at `at`, to the one at `root`: its share of the chain.
+  void CountReduce(size_t count, int n, int at, int root);
+  // An accepted Broadcast of `count` elements of `dtype`, likewise.
+  void CountBroadcast(size_t count, DType dtype, int n, int at, int root);
+  // How many ranks a call on `split` runs among (every rank until formed).
+  int Members(Split split) const;
   void Launched();
 
   const std::unique_ptr<Transport> owned_;  // null: `inner_` is not ours

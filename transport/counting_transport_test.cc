@@ -84,11 +84,12 @@ TEST(CountingTransportTest, AnOwnerGroupsBroadcastMovesItsMembersCopiesOnly) {
   // 3 in the first and from 0 in the second moves 2 and 1 copies each way,
   // as chains over the members (3 -> 4 -> 1 and 0 -> 2).
   const auto totals = RunOnWorld(5, [](Transport& t) {
-    ASSERT_TRUE(t.FormGroups({{4, 1, 3}, {2, 0}}).ok());
-    const int root = t.group().size() == 3 ? 3 : 0;
+    ASSERT_TRUE(t.FormSplit(Split::kOwnerGroups, {{4, 1, 3}, {2, 0}}).ok());
+    const int root = t.group(Split::kOwnerGroups).size() == 3 ? 3 : 0;
     float x[25] = {};
-    ASSERT_TRUE(
-        t.BroadcastInGroup(x, 50, DType::kFloat16, root, kHostStream).ok());
+    ASSERT_TRUE(t.BroadcastIn(Split::kOwnerGroups, x, 50, DType::kFloat16, root,
+                              kHostStream)
+                    .ok());
   });
   const double sent[] = {100, 0, 0, 100, 100};
   const double received[] = {0, 100, 100, 0, 100};
@@ -96,15 +97,52 @@ TEST(CountingTransportTest, AnOwnerGroupsBroadcastMovesItsMembersCopiesOnly) {
     EXPECT_EQ(totals[r].sent, sent[r]) << "rank " << r;
     EXPECT_EQ(totals[r].received, received[r]) << "rank " << r;
   }
-  // Without groups it is Broadcast over every rank.
+  // Without the split formed it is Broadcast over every rank.
   const auto every = RunOnWorld(3, [](Transport& t) {
     float x[25] = {};
     ASSERT_TRUE(
-        t.BroadcastInGroup(x, 50, DType::kFloat16, 1, kHostStream).ok());
+        t.BroadcastIn(Split::kRails, x, 50, DType::kFloat16, 1, kHostStream)
+            .ok());
   });
   EXPECT_EQ(every[1].sent, 100);
   EXPECT_EQ(every[0].sent, 0);  // the chain 1 -> 2 -> 0 ends at 0
   EXPECT_EQ(every[0].received + every[2].received, 200);
+}
+
+TEST(CountingTransportTest, ARailsSumMovesItsMembersCopiesOnly) {
+  // 5 ranks with owner groups {0, 1, 2, 3, 4} and rails {1, 3, 4} and
+  // {0, 2}: a sum of 25 floats (100 bytes) onto 3 in the first rail and
+  // onto 0 in the second moves 2 and 1 copies each way, as chains over
+  // the members ending at the root (4 -> 1 -> 3 and 2 -> 0).
+  const auto totals = RunOnWorld(5, [](Transport& t) {
+    ASSERT_TRUE(t.FormSplit(Split::kOwnerGroups, {{0, 1, 2, 3, 4}}).ok());
+    ASSERT_TRUE(t.FormSplit(Split::kRails, {{4, 1, 3}, {2, 0}}).ok());
+    const int root = t.group(Split::kRails).size() == 3 ? 3 : 0;
+    const int order[] = {3, 1, 4};
+    float x[25] = {};
+    ASSERT_TRUE(t.ReduceSumIn(Split::kRails, x, x, 25, root,
+                              root == 3 ? absl::Span<const int>(order)
+                                        : absl::Span<const int>(),
+                              kHostStream)
+                    .ok());
+  });
+  const double sent[] = {0, 100, 100, 0, 100};
+  const double received[] = {100, 100, 0, 100, 0};
+  for (int r = 0; r < 5; ++r) {
+    EXPECT_EQ(totals[r].sent, sent[r]) << "rank " << r;
+    EXPECT_EQ(totals[r].received, received[r]) << "rank " << r;
+  }
+  // Without the split formed it is ReduceSum over every rank, counted as
+  // one call and one launch.
+  MetricsRegistry registry;
+  const TransportCounters counters = AddTransportCounters(&registry);
+  CountingTransport t(std::make_unique<AcceptingTransport>(1, 3), counters);
+  float x[25] = {};
+  ASSERT_TRUE(t.ReduceSumIn(Split::kRails, x, x, 25, 0, {}, kHostStream).ok());
+  EXPECT_EQ(counters.calls->Value({"reduce"}), 1);
+  EXPECT_EQ(counters.launches->Value(), 1);
+  EXPECT_EQ(counters.sent->Value({"reduce"}), 100);
+  EXPECT_EQ(counters.received->Value({"reduce"}), 0);  // the chain's first
 }
 
 TEST(CountingTransportTest, RefusedCallsCountNothing) {
@@ -116,6 +154,7 @@ TEST(CountingTransportTest, RefusedCallsCountNothing) {
   float x[4] = {};
   EXPECT_FALSE(t.Send(x, 4, DType::kFloat32, 0, kHostStream).ok());
   EXPECT_FALSE(t.ReduceSum(x, x, 4, 0, {}, kHostStream).ok());
+  EXPECT_FALSE(t.ReduceSumIn(Split::kRails, x, x, 4, 0, {}, kHostStream).ok());
   EXPECT_FALSE(t.Broadcast(x, 4, DType::kFloat32, 1, kHostStream).ok());
   EXPECT_EQ(counters.sent->Value({"send"}), 0);
   EXPECT_EQ(counters.sent->Value({"reduce"}), 0);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
@@ -180,43 +181,48 @@ absl::Status CudaIpcTransport::ReduceSum(const float* send, float* recv,
                                          size_t count, int root,
                                          absl::Span<const int> order,
                                          Stream stream) {
+  return Sum("ReduceSum", EveryRank(), send, recv, count, root, order, stream);
+}
+
+absl::Status CudaIpcTransport::ReduceSumIn(Split split, const float* send,
+                                           float* recv, size_t count, int root,
+                                           absl::Span<const int> order,
+                                           Stream stream) {
+  return Sum(CallIn("ReduceSumIn", split), MembersOf(split), send, recv, count,
+             root, order, stream);
+}
+
+absl::Status CudaIpcTransport::Sum(absl::string_view call,
+                                   const std::vector<int>& members,
+                                   const float* send, float* recv, size_t count,
+                                   int root, absl::Span<const int> order,
+                                   Stream stream) {
   if (!broken_.ok()) return broken_;
-  if (root < 0 || root >= size()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("ReduceSum: root ", root, " of ", size())));
-  }
-  std::vector<int> sum_order(order.begin(), order.end());
-  if (sum_order.empty()) {
-    for (int r = 0; r < size(); ++r) sum_order.push_back(r);
-  }
-  std::set<int> seen(sum_order.begin(), sum_order.end());
-  if (static_cast<int>(sum_order.size()) != size() ||
-      static_cast<int>(seen.size()) != size() || *seen.begin() != 0 ||
-      *seen.rbegin() != size() - 1) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "ReduceSum: order is not a permutation of the ", size(), " ranks")));
-  }
+  absl::StatusOr<std::vector<int>> sum_order =
+      CheckSum(call, members, send, recv, count, root, order);
+  if (!sum_order.ok()) return Fail(sum_order.status());
   const size_t bytes = count * sizeof(float);
   if (rank() != root) {
     ops_.push_back({Op::Kind::kSend, root, send, nullptr, bytes, stream});
   } else {
     PendingSum sum;
-    sum.order = std::move(sum_order);
     sum.out = recv;
     sum.count = count;
     sum.stream = stream;
-    sum.parts.assign(size(), nullptr);
-    sum.parts[rank()] = send;
-    // Scratch slots [base, base + size()] are this sum's: a part per peer,
-    // then the total. Earlier sums of the group hold the slots before.
-    const size_t base = sums_.size() * (static_cast<size_t>(size()) + 1);
-    for (int r = 0; r < size(); ++r) {
-      if (r == rank()) continue;
-      MUONPS_ASSIGN_OR_RETURN(float* part, Scratch(base + r, bytes));
-      sum.parts[r] = part;
-      ops_.push_back({Op::Kind::kRecv, r, nullptr, part, bytes, stream});
+    // This sum's scratch slots follow those of the group's earlier sums
+    // (each takes one per part but its own, and one for the total).
+    size_t slot = 0;
+    for (const PendingSum& earlier : sums_) slot += earlier.parts.size();
+    for (const int member : *sum_order) {
+      if (member == rank()) {
+        sum.parts.push_back(send);
+        continue;
+      }
+      MUONPS_ASSIGN_OR_RETURN(float* part, Scratch(slot++, bytes));
+      sum.parts.push_back(part);
+      ops_.push_back({Op::Kind::kRecv, member, nullptr, part, bytes, stream});
     }
-    MUONPS_ASSIGN_OR_RETURN(sum.total, Scratch(base + size(), bytes));
+    MUONPS_ASSIGN_OR_RETURN(sum.total, Scratch(slot, bytes));
     sums_.push_back(std::move(sum));
   }
   if (group_.grouped()) return absl::OkStatus();
@@ -313,15 +319,15 @@ absl::Status CudaIpcTransport::Run() {
   // 4. The root's sums, in the caller's order.
   for (const PendingSum& sum : sums) {
     const size_t bytes = sum.count * sizeof(float);
+    if (bytes == 0) continue;
     cudaStream_t s = AsCuda(sum.stream);
     MUONPS_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(sum.total, sum.parts[sum.order[0]], bytes,
+        CudaStatus(cudaMemcpyAsync(sum.total, sum.parts[0], bytes,
                                    cudaMemcpyDeviceToDevice, s),
                    "ReduceSum"));
-    for (size_t i = 1; i < sum.order.size(); ++i) {
+    for (size_t i = 1; i < sum.parts.size(); ++i) {
       MUONPS_RETURN_IF_ERROR(CudaStatus(
-          LaunchAddInto(sum.total, sum.parts[sum.order[i]], sum.count, s),
-          "ReduceSum"));
+          LaunchAddInto(sum.total, sum.parts[i], sum.count, s), "ReduceSum"));
     }
     MUONPS_RETURN_IF_ERROR(CudaStatus(
         cudaMemcpyAsync(sum.out, sum.total, bytes, cudaMemcpyDeviceToDevice, s),

@@ -11,7 +11,9 @@
 // acknowledgement of the group. Collectives are sends and receives rooted
 // at the owner: Broadcast sends to each rank, ReduceSum receives each part
 // into a scratch buffer and adds them in fp32 in the caller's order (so
-// results are bit-identical to the TCP transport's for the same order).
+// results are bit-identical to the TCP transport's for the same order);
+// BroadcastIn and ReduceSumIn do the same among the members of a split's
+// group.
 //
 // Unlike NCCL, a call here (or a group, at GroupEnd) waits on the host for
 // its stream and its peers before it returns; nothing on the GPU ever waits
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "lending/cuda_ipc.h"
 #include "transport/group_nesting.h"
 #include "transport/tcp_transport.h"
@@ -56,6 +59,11 @@ class CudaIpcTransport final : public Transport {
                     Stream stream) override;
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
                          absl::Span<const int> order, Stream stream) override;
+  // ReduceSum's sends and receives among the members of this rank's group
+  // of `split`, added in the same order.
+  absl::Status ReduceSumIn(Split split, const float* send, float* recv,
+                           size_t count, int root, absl::Span<const int> order,
+                           Stream stream) override;
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
   // Waits for `stream` (bounded by `timeout`).
@@ -75,11 +83,11 @@ class CudaIpcTransport final : public Transport {
     size_t bytes = 0;
     Stream stream = kHostStream;
   };
-  // A ReduceSum's root share: the peers' parts land in scratch, summed at
-  // the end into `total` (a scratch of its own: `out` may be the own part).
+  // A ReduceSum's (or ReduceSumIn's) root share: the other members' parts
+  // land in scratch, summed at the end into `total` (a scratch of its own:
+  // `out` may be the own part).
   struct PendingSum {
-    std::vector<int> order;
-    std::vector<const float*> parts;  // by rank; the root's is its send
+    std::vector<const float*> parts;  // in summation order; the root's: send
     float* total = nullptr;
     float* out = nullptr;
     size_t count = 0;
@@ -88,6 +96,12 @@ class CudaIpcTransport final : public Transport {
 
   CudaIpcTransport(int cuda_device, std::unique_ptr<TcpTransport> control)
       : device_(cuda_device), control_(std::move(control)) {}
+  // ReduceSum and ReduceSumIn among `members` (ascending, this rank among
+  // them), `call` naming it in messages: the others send their parts to the
+  // root, which adds them in the checked order.
+  absl::Status Sum(absl::string_view call, const std::vector<int>& members,
+                   const float* send, float* recv, size_t count, int root,
+                   absl::Span<const int> order, Stream stream);
   absl::Status Run();  // the queued group
   absl::StatusOr<char*> Arena(size_t bytes);
   absl::StatusOr<float*> Scratch(size_t index, size_t bytes);

@@ -168,26 +168,31 @@ NcclTransport::~NcclTransport() {
   // local state only.
   if (healthy) {
     const Clock::time_point deadline = DeadlineAfter(options_.timeout);
-    if (group_comm_ != nullptr) {
-      healthy = Accepted(ncclCommFinalize(group_comm_)) &&
-                AwaitState(group_comm_, deadline) == ncclSuccess;
+    for (ncclComm_t split : split_comms_) {
+      if (split == nullptr) continue;
+      healthy = healthy && Accepted(ncclCommFinalize(split)) &&
+                AwaitState(split, deadline) == ncclSuccess;
     }
     healthy = healthy && Accepted(ncclCommFinalize(comm_)) &&
               AwaitState(comm_, deadline) == ncclSuccess;
   }
   if (healthy) {
-    if (group_comm_ != nullptr) (void)ncclCommDestroy(group_comm_);
+    for (ncclComm_t split : split_comms_) {
+      if (split != nullptr) (void)ncclCommDestroy(split);
+    }
     (void)ncclCommDestroy(comm_);
   } else {
     spdlog::warn(
         "{} on cuda:{}: finalizing the communicator failed or took over {}; "
         "aborting it (ncclCommAbort)",
         Who(), cuda_device_, absl::FormatDuration(options_.timeout));
-    if (group_comm_ != nullptr) (void)ncclCommAbort(group_comm_);
+    for (ncclComm_t split : split_comms_) {
+      if (split != nullptr) (void)ncclCommAbort(split);
+    }
     (void)ncclCommAbort(comm_);
   }
   comm_ = nullptr;
-  group_comm_ = nullptr;
+  for (ncclComm_t& split : split_comms_) split = nullptr;
   ReleaseAwait();
 }
 
@@ -242,10 +247,12 @@ void NcclTransport::AbortCommunicator() {
   spdlog::warn("{} on cuda:{}: aborting the communicator (ncclCommAbort): {}",
                Who(), cuda_device_, reason);
   const absl::Time start = absl::Now();
-  if (group_comm_ != nullptr) (void)ncclCommAbort(group_comm_);
+  for (ncclComm_t& split : split_comms_) {
+    if (split != nullptr) (void)ncclCommAbort(split);
+    split = nullptr;
+  }
   (void)ncclCommAbort(comm_);
   comm_ = nullptr;
-  group_comm_ = nullptr;
   spdlog::info("{} on cuda:{}: communicator aborted in {}", Who(), cuda_device_,
                absl::FormatDuration(absl::Now() - start));
 }
@@ -283,7 +290,8 @@ absl::Status NcclTransport::CheckPeer(int peer, const char* field,
       allow_self ? "" : absl::StrCat(" other than this rank (", rank_, ")")));
 }
 
-absl::Status NcclTransport::CheckStream(Stream stream, const char* call) const {
+absl::Status NcclTransport::CheckStream(Stream stream,
+                                        absl::string_view call) const {
   if (stream != kHostStream) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(call, ": stream must be a CUDA stream of device ",
@@ -300,10 +308,11 @@ absl::Status NcclTransport::ReadState(int* state, std::string* text) {
   const bool gone = comm_ == nullptr;
   ncclResult_t async = ncclInProgress;
   ncclResult_t result = ncclSuccess;
-  // This communicator, then the group's: the first error, else in
-  // progress where either is.
-  for (ncclComm_t comm : {comm_, group_comm_}) {
-    if (gone || comm == nullptr) break;
+  // This communicator, then the splits': the first error, else in
+  // progress where any is.
+  for (int split = -1; split < kSplits && !gone; ++split) {
+    ncclComm_t comm = CommOf(split);
+    if (comm == nullptr) continue;
     result = ncclCommGetAsyncError(comm, &async);
     const ncclResult_t read = result == ncclSuccess ? async : result;
     if (!Accepted(read)) {
@@ -312,10 +321,12 @@ absl::Status NcclTransport::ReadState(int* state, std::string* text) {
       if (result != ncclSuccess) {
         absl::StrAppend(text, " (from ncclCommGetAsyncError itself)");
       }
-      if (comm == group_comm_) absl::StrAppend(text, " (owner group)");
+      if (split >= 0) {
+        absl::StrAppend(text, " (", SplitName(static_cast<Split>(split)), ")");
+      }
       break;
     }
-    if (comm == comm_ || read == ncclInProgress) *state = read;
+    if (split < 0 || read == ncclInProgress) *state = read;
   }
   comm_mu_.Unlock();
   if (gone) return Gone();
@@ -344,19 +355,25 @@ absl::Status NcclTransport::WaitUntilReady(const char* what,
   }
 }
 
-absl::Status NcclTransport::OnGroups(
-    const std::vector<std::vector<int>>& groups, int mine) {
+ncclComm* NcclTransport::CommOf(int split) {
+  return split < 0 ? comm_ : split_comms_[split];
+}
+
+absl::Status NcclTransport::OnSplit(Split split,
+                                    const std::vector<std::vector<int>>& groups,
+                                    int mine) {
   MUONPS_RETURN_IF_ERROR(Usable());
   if (group_.grouped()) {
-    return Fail(absl::FailedPreconditionError("FormGroups inside a group"));
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat(CallIn("FormSplit", split), " inside a group")));
   }
   // No NCCL call may start while AwaitFrom's receive is being enqueued.
   MUONPS_RETURN_IF_ERROR(FinishAwaitEnqueue());
   const Clock::time_point deadline = DeadlineAfter(options_.timeout);
-  const std::string what =
-      absl::StrCat("ncclCommSplit into owner group ", mine, " of ",
-                   groups.size(), " (", groups[mine].size(), " ranks)");
-  absl::Status split;
+  const std::string what = absl::StrCat(
+      "ncclCommSplit into group ", mine, " of ", groups.size(), " of ",
+      SplitName(split), " (", groups[mine].size(), " ranks)");
+  absl::Status made_split;
   {
     absl::MutexLock lock(&comm_mu_);
     if (comm_ == nullptr) return Gone();
@@ -368,9 +385,9 @@ absl::Status NcclTransport::OnGroups(
     // splitting_ by the time this one leaves ncclInProgress.
     const ncclResult_t result =
         ncclCommSplit(comm_, mine, rank_, &splitting_, &config);
-    if (!Accepted(result)) split = NcclStatus(result, what, comm_);
+    if (!Accepted(result)) made_split = NcclStatus(result, what, comm_);
   }
-  if (!split.ok()) return Fail(split);
+  if (!made_split.ok()) return Fail(made_split);
   MUONPS_RETURN_IF_ERROR(WaitUntilReady(what.c_str(), deadline));
   {
     // NCCL is done writing splitting_: only this thread reads it.
@@ -378,17 +395,17 @@ absl::Status NcclTransport::OnGroups(
     ncclComm_t made = splitting_;
     splitting_ = nullptr;
     if (made == nullptr) {
-      split = absl::InternalError(
+      made_split = absl::InternalError(
           absl::StrCat(what, ": NCCL made no communicator"));
     } else if (comm_ == nullptr) {
       (void)ncclCommAbort(made);  // aborted meanwhile: so is this one
-      split = Gone();
+      made_split = Gone();
     } else {
-      group_comm_ = made;
+      split_comms_[static_cast<int>(split)] = made;
     }
   }
-  if (!split.ok()) return Fail(split);
-  // The group's communicator ready too (both polled).
+  if (!made_split.ok()) return Fail(made_split);
+  // The split's communicator ready too (all polled).
   return WaitUntilReady(what.c_str(), deadline);
 }
 

@@ -23,19 +23,22 @@
 // the communicator's GPU; `stream` is a CUDA stream created on that GPU
 // (kHostStream, the null stream, is refused: host memory has no place here).
 // Counts are elements of the call's DType, passed to NCCL as ncclFloat32,
-// ncclBfloat16 or ncclFloat16 (ReduceSum: ncclFloat32). Zero-count calls
-// are checked and do nothing (every rank skips them alike).
+// ncclBfloat16 or ncclFloat16 (ReduceSum and ReduceSumIn: ncclFloat32).
+// Zero-count calls are checked and do nothing (every rank skips them
+// alike).
 //
-// Owner groups. FormGroups splits a communicator per group from this one
+// Splits. FormSplit splits a communicator per group from this one
 // (ncclCommSplit, non-blocking like it: every rank of this communicator
-// takes part, each with its group's index as colour); BroadcastInGroup is
-// an ncclBroadcast on it, queued with this transport's calls and issued in
-// the same NCCL group. It is aborted, finalized and polled for errors with
-// this one. (One group of every rank gets a communicator of its own too.)
+// takes part, each with its group's index as colour), one communicator per
+// kind of Split (owner groups and rails may both be formed); BroadcastIn
+// and ReduceSumIn are an ncclBroadcast and an ncclReduce on the split's
+// communicator, queued with this transport's calls and issued in the same
+// NCCL group. Each is aborted, finalized and polled for errors with this
+// one. (One group of every rank gets a communicator of its own too.)
 //
 // Summation order. NCCL picks its own order (it depends on the topology
-// and the algorithm): ReduceSum checks `order` and otherwise ignores it, so
-// its results are not bit-identical to TcpTransport's.
+// and the algorithm): ReduceSum and ReduceSumIn check `order` and otherwise
+// ignore it, so their results are not bit-identical to TcpTransport's.
 //
 // Errors. INVALID_ARGUMENT for a bad argument (the message names it), errors
 // of NCCL calls as UNAVAILABLE (system or remote errors: a lost peer) or
@@ -144,10 +147,18 @@ class NcclTransport final : public Transport {
   // ncclBroadcast in place (`count` elements of `dtype`'s NCCL type).
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
-  // ncclBroadcast in place on the group's communicator (its rank: the
-  // root's position in the group).
-  absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
-                                Stream stream) override;
+  // ncclBroadcast in place on the split's communicator (its rank: the
+  // root's position in the group). Broadcast while `split` is not formed.
+  absl::Status BroadcastIn(Split split, void* data, size_t count, DType dtype,
+                           int root, Stream stream) override;
+  // ncclReduce(ncclFloat, ncclSum) on the split's communicator (its root:
+  // the root's position in the group), checked as ReduceSum; `order` is
+  // checked (empty or a permutation of the group's members) and otherwise
+  // ignored: NCCL picks its own summation order. While `split` is not
+  // formed, ReduceSum over every rank.
+  absl::Status ReduceSumIn(Split split, const float* send, float* recv,
+                           size_t count, int root, absl::Span<const int> order,
+                           Stream stream) override;
 
   // Polls `stream` (cudaStreamQuery) and the communicator's asynchronous
   // error every 0.1 to 1 ms until the stream has finished everything
@@ -181,9 +192,10 @@ class NcclTransport final : public Transport {
 
  protected:
   // ncclCommSplit of this communicator; waits (up to options.timeout) for
-  // the group's communicator. FAILED_PRECONDITION inside a group.
-  absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
-                        int mine) override;
+  // the group's communicator, kept as the split's. FAILED_PRECONDITION
+  // inside a group.
+  absl::Status OnSplit(Split split, const std::vector<std::vector<int>>& groups,
+                       int mine) override;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -198,7 +210,9 @@ class NcclTransport final : public Transport {
     DType dtype;       // kFloat32 for kReduce.
     int peer;          // The peer for kSend/kRecv, the root otherwise.
     Stream stream;
-    bool in_group = false;  // on the owner group's communicator
+    // The Split whose communicator runs it (its value; `peer` is then a
+    // position in the group), or -1: this transport's own.
+    int split = -1;
   };
 
   NcclTransport(int cuda_device, int rank, int size, const NcclOptions& options,
@@ -220,12 +234,23 @@ class NcclTransport final : public Transport {
   // aborts the communicator, drops the queue, and returns the annotated
   // status.
   absl::Status Fail(const absl::Status& status);
-  // ncclCommAbort once (the group's communicator too); the handles are
+  // ncclCommAbort once (the splits' communicators too); the handles are
   // gone afterwards.
   void AbortCommunicator();
   absl::Status CheckPeer(int peer, const char* field, bool allow_self) const;
   // INVALID_ARGUMENT for kHostStream: NCCL work needs a CUDA stream.
-  absl::Status CheckStream(Stream stream, const char* call) const;
+  absl::Status CheckStream(Stream stream, absl::string_view call) const;
+  // ReduceSum and ReduceSumIn: checks the sum over `members` (ascending,
+  // this rank among them), `call` naming it in messages, and queues an
+  // ncclReduce on `split`'s communicator (-1: this one's) rooted at the
+  // root's position among `members`.
+  absl::Status Reduce(absl::string_view call, int split,
+                      const std::vector<int>& members, const float* send,
+                      float* recv, size_t count, int root,
+                      absl::Span<const int> order, Stream stream);
+  // The communicator a call on `split` runs on (-1: this one); null when
+  // gone.
+  ncclComm* CommOf(int split) ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_);
   // Queues `call` (unless it moves nothing), then issues the queue unless
   // inside a group.
   absl::Status Queue(const Call& call);
@@ -240,9 +265,9 @@ class NcclTransport final : public Transport {
   absl::Status FinishAwaitEnqueue();
   absl::Status RecordAwaitEvent();
   // The communicators' state (ncclCommGetAsyncError of this one and the
-  // group's), an ncclResult_t: an error where either has one, else
-  // ncclInProgress where either is in progress, else ncclSuccess; an
-  // error's NCCL text goes to *text.
+  // splits'), an ncclResult_t: an error where any has one, else
+  // ncclInProgress where any is in progress, else ncclSuccess; an error's
+  // NCCL text goes to *text.
   // Fails only with Usable()'s status, at once after Abort() from any thread.
   absl::Status ReadState(int* state, std::string* text);
   // Polls ReadState until the communicator leaves ncclInProgress, up to
@@ -291,10 +316,11 @@ class NcclTransport final : public Transport {
   // for long (the communicator is non-blocking), except ncclCommAbort.
   absl::Mutex comm_mu_;
   ncclComm* comm_ ABSL_GUARDED_BY(comm_mu_);  // Null once aborted.
-  // The owner group's communicator (null: none, or aborted).
-  ncclComm* group_comm_ ABSL_GUARDED_BY(comm_mu_) = nullptr;
+  // Each Split's communicator, indexed by its value (null: not formed, or
+  // aborted).
+  ncclComm* split_comms_[kSplits] ABSL_GUARDED_BY(comm_mu_) = {};
   // Where a non-blocking ncclCommSplit writes the group's communicator
-  // (NCCL's thread) until OnGroups takes it, once the parent left
+  // (NCCL's thread) until OnSplit takes it, once the parent left
   // ncclInProgress (owner thread only).
   ncclComm* splitting_ = nullptr;
 };

@@ -31,13 +31,6 @@ using nccl::Clock;
 using nccl::DeadlineAfter;
 using nccl::NcclStatus;
 
-bool PartlyOverlap(const float* a, const float* b, size_t count) {
-  const auto x = reinterpret_cast<uintptr_t>(a);
-  const auto y = reinterpret_cast<uintptr_t>(b);
-  const uintptr_t bytes = count * sizeof(float);
-  return x != y && x < y + bytes && y < x + bytes;
-}
-
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
@@ -53,6 +46,12 @@ ncclDataType_t NcclType(DType dtype) {
 }  // namespace
 
 std::string NcclTransport::Describe(const Call& call) {
+  // A split's root is a position in this rank's group of it.
+  const std::string root =
+      call.split < 0
+          ? absl::StrCat("root ", call.peer)
+          : absl::StrCat("position ", call.peer, " of this rank's group of ",
+                         SplitName(static_cast<Split>(call.split)));
   switch (call.kind) {
     case Call::Kind::kSend:
       return absl::StrCat("ncclSend of ", call.count, " ",
@@ -61,12 +60,11 @@ std::string NcclTransport::Describe(const Call& call) {
       return absl::StrCat("ncclRecv of ", call.count, " ",
                           DTypeName(call.dtype), " from rank ", call.peer);
     case Call::Kind::kReduce:
-      return absl::StrCat("ncclReduce (sum) of ", call.count,
-                          " floats to root ", call.peer);
+      return absl::StrCat("ncclReduce (sum) of ", call.count, " floats to ",
+                          root);
     case Call::Kind::kBroadcast:
       return absl::StrCat("ncclBroadcast of ", call.count, " ",
-                          DTypeName(call.dtype), " from root ", call.peer,
-                          call.in_group ? " of the owner group" : "");
+                          DTypeName(call.dtype), " from ", root);
   }
   return "unknown call";
 }
@@ -104,9 +102,9 @@ absl::Status NcclTransport::EnqueueQueue() {
       issued = NcclStatus(result, "ncclGroupStart", comm_);
     } else {
       for (const Call& call : calls) {
-        // The owner group's calls go to its communicator, in the same
-        // NCCL group (both are non-blocking).
-        ncclComm_t comm = call.in_group ? group_comm_ : comm_;
+        // A split's calls go to its communicator, in the same NCCL group
+        // (all are non-blocking).
+        ncclComm_t comm = CommOf(call.split);
         if (comm == nullptr) {
           if (issued.ok()) issued = Gone();
           continue;
@@ -231,40 +229,38 @@ absl::Status NcclTransport::ReduceSum(const float* send, float* recv,
                                       size_t count, int root,
                                       absl::Span<const int> order,
                                       Stream stream) {
+  return Reduce("ReduceSum", /*split=*/-1, EveryRank(), send, recv, count, root,
+                order, stream);
+}
+
+absl::Status NcclTransport::ReduceSumIn(Split split, const float* send,
+                                        float* recv, size_t count, int root,
+                                        absl::Span<const int> order,
+                                        Stream stream) {
+  // Formed: the split succeeded (FormSplit records it after).
+  const bool formed = !group(split).empty();
+  return Reduce(CallIn("ReduceSumIn", split),
+                formed ? static_cast<int>(split) : -1, MembersOf(split), send,
+                recv, count, root, order, stream);
+}
+
+absl::Status NcclTransport::Reduce(absl::string_view call, int split,
+                                   const std::vector<int>& members,
+                                   const float* send, float* recv, size_t count,
+                                   int root, absl::Span<const int> order,
+                                   Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
-  absl::Status valid = CheckStream(stream, "ReduceSum");
+  absl::Status valid = CheckStream(stream, call);
   if (valid.ok()) {
-    valid = CheckPeer(root, "ReduceSum: root", /*allow_self=*/true);
-  }
-  const bool on_root = root == rank_;
-  if (valid.ok() &&
-      count > std::numeric_limits<size_t>::max() / sizeof(float)) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("ReduceSum: count ", count, " is too large"));
-  } else if (valid.ok() && count > 0 && send == nullptr) {
-    valid = absl::InvalidArgumentError("ReduceSum: send is null");
-  } else if (valid.ok() && on_root && count > 0 && recv == nullptr) {
-    valid = absl::InvalidArgumentError("ReduceSum: recv is null on the root");
-  } else if (valid.ok() && on_root && PartlyOverlap(send, recv, count)) {
-    valid = absl::InvalidArgumentError(
-        "ReduceSum: recv partly overlaps send (it may only be send itself)");
-  }
-  if (valid.ok() && !order.empty()) {
-    std::vector<bool> seen(size_, false);
-    bool permutation = static_cast<int>(order.size()) == size_;
-    for (int r : order) {
-      permutation = permutation && r >= 0 && r < size_ && !seen[r];
-      if (permutation) seen[r] = true;
-    }
-    if (!permutation) {
-      valid = absl::InvalidArgumentError(absl::StrCat(
-          "ReduceSum: order is not a permutation of the ", size_, " ranks"));
-    }
+    valid = CheckSum(call, members, send, recv, count, root, order).status();
   }
   if (!valid.ok()) return Fail(valid);
+  const bool on_root = root == rank_;
+  const int position = static_cast<int>(
+      std::lower_bound(members.begin(), members.end(), root) - members.begin());
   // `order` is not passed on: NCCL sums in its own order.
   return Queue({Call::Kind::kReduce, send, on_root ? recv : nullptr, count,
-                DType::kFloat32, root, stream});
+                DType::kFloat32, position, stream, split});
 }
 
 absl::Status NcclTransport::Broadcast(void* data, size_t count, DType dtype,
@@ -282,25 +278,20 @@ absl::Status NcclTransport::Broadcast(void* data, size_t count, DType dtype,
       {Call::Kind::kBroadcast, data, data, count, dtype, root, stream});
 }
 
-absl::Status NcclTransport::BroadcastInGroup(void* data, size_t count,
-                                             DType dtype, int root,
-                                             Stream stream) {
-  // Groups formed: the split succeeded (FormGroups records them after it).
-  if (group().empty()) return Broadcast(data, count, dtype, root, stream);
+absl::Status NcclTransport::BroadcastIn(Split split, void* data, size_t count,
+                                        DType dtype, int root, Stream stream) {
+  // Formed: the split succeeded (FormSplit records it after).
+  if (group(split).empty()) return Broadcast(data, count, dtype, root, stream);
   MUONPS_RETURN_IF_ERROR(Usable());
-  const int position = PositionInGroup(root);
-  absl::Status valid = CheckStream(stream, "BroadcastInGroup");
-  if (valid.ok() && position < 0) {
-    valid = absl::InvalidArgumentError(absl::StrCat(
-        "BroadcastInGroup: root ", root, " is not in this rank's owner group"));
-  }
+  const std::string call = CallIn("BroadcastIn", split);
+  absl::Status valid = CheckStream(stream, call);
+  if (valid.ok()) valid = CheckRoot(call, group(split), root);
   if (valid.ok() && data == nullptr && count > 0) {
-    valid = absl::InvalidArgumentError("BroadcastInGroup: data is null");
+    valid = absl::InvalidArgumentError(absl::StrCat(call, ": data is null"));
   }
   if (!valid.ok()) return Fail(valid);
-  Call call{Call::Kind::kBroadcast, data, data, count, dtype, position, stream};
-  call.in_group = true;
-  return Queue(call);
+  return Queue({Call::Kind::kBroadcast, data, data, count, dtype,
+                PositionIn(split, root), stream, static_cast<int>(split)});
 }
 
 absl::Status NcclTransport::AwaitFrom(int peer, size_t count, DType dtype,

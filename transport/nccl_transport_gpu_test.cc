@@ -2,9 +2,10 @@
 // device buffers on a stream, refuses bad arguments, ends a waiting
 // Synchronize when aborted from another thread or when its timeout passes,
 // can be rebuilt with a fresh unique id after an abort, and Create gives
-// DEADLINE_EXCEEDED instead of hanging when a rank never joins; with two
-// GPUs, two ranks exchange Send/Recv, ReduceSum and Broadcast. Nothing may
-// hang: every case that could runs under a watchdog that ends the process.
+// DEADLINE_EXCEEDED instead of hanging when a rank never joins; both splits
+// (owner groups, rails) get communicators of their own; with two GPUs, two
+// ranks exchange Send/Recv, ReduceSum, Broadcast and the splits' calls. Nothing
+// may hang: every case that could runs under a watchdog that ends the process.
 // Needs a GPU: tagged manual, run on the GPU machine by deploy/device.
 #include <cuda_runtime.h>
 
@@ -651,81 +652,130 @@ TEST_F(NcclTransportGpuTest,
   });
 }
 
-// Owner groups on one rank: FormGroups splits a communicator of its own
-// (one group of every rank gets one too), BroadcastInGroup runs on it in the
-// same NCCL group as this communicator's calls, the values exact; groups
-// form once; a healthy transport with a group's communicator finalizes
-// both at once, and an aborted one aborts both.
-TEST_F(NcclTransportGpuTest, OneRankOwnerGroupBroadcastsOnASplitCommunicator) {
+// Both splits on one rank: FormSplit splits a communicator of its own for
+// each (one group of every rank gets one too), BroadcastIn and ReduceSumIn
+// run on them in the same NCCL group as this communicator's calls, the
+// values exact; each split forms once; a healthy transport with the
+// splits' communicators finalizes them all at once, and an aborted one
+// aborts them all.
+TEST_F(NcclTransportGpuTest, OneRankSplitsBroadcastAndSumOnSplitCommunicators) {
   constexpr size_t kCount = 100000;
   std::unique_ptr<NcclTransport> transport = OneRank();
   ASSERT_NE(transport, nullptr);
-  EXPECT_TRUE(transport->group().empty());
-  const absl::Status formed = transport->FormGroups({{0}});
+  EXPECT_TRUE(transport->group(Split::kOwnerGroups).empty());
+  EXPECT_TRUE(transport->group(Split::kRails).empty());
+  absl::Status formed = transport->FormSplit(Split::kOwnerGroups, {{0}});
   ASSERT_TRUE(formed.ok()) << formed;
-  EXPECT_THAT(transport->group(), ::testing::ElementsAre(0));
-  const absl::Status again = transport->FormGroups({{0}});
+  EXPECT_THAT(transport->group(Split::kOwnerGroups), ::testing::ElementsAre(0));
+  EXPECT_TRUE(transport->group(Split::kRails).empty());
+  formed = transport->FormSplit(Split::kRails, {{0}});
+  ASSERT_TRUE(formed.ok()) << formed;
+  EXPECT_THAT(transport->group(Split::kRails), ::testing::ElementsAre(0));
+  const absl::Status again = transport->FormSplit(Split::kRails, {{0}});
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_THAT(std::string(again.message()),
+              HasSubstr("FormSplit(rails): formed already"));
   OwnedStream stream;
   ASSERT_CUDA(stream.error());
-  DeviceFloats in_group(kCount), everyone(kCount);
-  ASSERT_CUDA(in_group.error());
+  DeviceFloats among_owners(kCount), everyone(kCount), on_rail(kCount),
+      summed(kCount), send(kCount);
+  ASSERT_CUDA(among_owners.error());
   ASSERT_CUDA(everyone.error());
+  ASSERT_CUDA(on_rail.error());
+  ASSERT_CUDA(summed.error());
+  ASSERT_CUDA(send.error());
   const std::vector<float> a = Ramp(kCount, 3.0f, 0.5f);
   const std::vector<float> b = Ramp(kCount, -1.0f, 0.25f);
-  ASSERT_CUDA(in_group.Upload(a));
+  const std::vector<float> c = Ramp(kCount, 5.0f, -0.75f);
+  const std::vector<float> d = Ramp(kCount, 0.5f, 2.0f);
+  ASSERT_CUDA(among_owners.Upload(a));
   ASSERT_CUDA(everyone.Upload(b));
+  ASSERT_CUDA(on_rail.Upload(c));
+  ASSERT_CUDA(send.Upload(d));
   for (int round = 0; round < 2; ++round) {
+    ASSERT_CUDA(summed.Upload(std::vector<float>(kCount, -7.0f)));
     ASSERT_TRUE(transport->GroupStart().ok());
-    absl::Status status = transport->BroadcastInGroup(
-        in_group.get(), kCount, DType::kFloat32, /*root=*/0, stream.get());
+    absl::Status status =
+        transport->BroadcastIn(Split::kOwnerGroups, among_owners.get(), kCount,
+                               DType::kFloat32, /*root=*/0, stream.get());
     ASSERT_TRUE(status.ok()) << status;
     status = transport->Broadcast(everyone.get(), kCount, DType::kFloat32,
                                   /*root=*/0, stream.get());
+    ASSERT_TRUE(status.ok()) << status;
+    // A sum over a group of one: its own part, in place and into another
+    // buffer.
+    status = transport->ReduceSumIn(Split::kRails, on_rail.get(), on_rail.get(),
+                                    kCount, /*root=*/0,
+                                    /*order=*/{}, stream.get());
+    ASSERT_TRUE(status.ok()) << status;
+    const int order[] = {0};
+    status = transport->ReduceSumIn(Split::kRails, send.get(), summed.get(),
+                                    kCount, /*root=*/0, order, stream.get());
     ASSERT_TRUE(status.ok()) << status;
     status = transport->GroupEnd();
     ASSERT_TRUE(status.ok()) << status;
     status = transport->Synchronize(stream.get(), absl::Seconds(10));
     ASSERT_TRUE(status.ok()) << status;
     std::vector<float> got;
-    ASSERT_CUDA(in_group.Download(&got));
+    ASSERT_CUDA(among_owners.Download(&got));
     EXPECT_EQ(got, a);
     ASSERT_CUDA(everyone.Download(&got));
     EXPECT_EQ(got, b);
+    ASSERT_CUDA(on_rail.Download(&got));
+    EXPECT_EQ(got, c);
+    ASSERT_CUDA(summed.Download(&got));
+    EXPECT_EQ(got, d);
   }
   // A root outside the group breaks the transport, naming the call.
-  const absl::Status outside = transport->BroadcastInGroup(
-      in_group.get(), kCount, DType::kFloat32, /*root=*/1, stream.get());
+  const absl::Status outside =
+      transport->BroadcastIn(Split::kOwnerGroups, among_owners.get(), kCount,
+                             DType::kFloat32, /*root=*/1, stream.get());
   EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument) << outside;
   EXPECT_THAT(std::string(outside.message()),
-              ::testing::HasSubstr("BroadcastInGroup: root 1"));
+              HasSubstr("BroadcastIn(owner groups): root 1"));
 
-  // Healthy: destroyed (both communicators finalized) at once.
+  // An order that is not a permutation of the rail's members, too.
+  std::unique_ptr<NcclTransport> disordered = OneRank();
+  ASSERT_NE(disordered, nullptr);
+  ASSERT_TRUE(disordered->FormSplit(Split::kRails, {{0}}).ok());
+  const int wrong[] = {0, 0};
+  const absl::Status order =
+      disordered->ReduceSumIn(Split::kRails, send.get(), summed.get(), kCount,
+                              /*root=*/0, wrong, stream.get());
+  EXPECT_EQ(order.code(), absl::StatusCode::kInvalidArgument) << order;
+  EXPECT_THAT(std::string(order.message()),
+              AllOf(HasSubstr("ReduceSumIn(rails): order is not a permutation"),
+                    HasSubstr("NCCL rank 0 of 1")));
+
+  // Healthy: destroyed (every communicator finalized) at once.
   std::unique_ptr<NcclTransport> healthy = OneRank();
   ASSERT_NE(healthy, nullptr);
-  ASSERT_TRUE(healthy->FormGroups({{0}}).ok());
+  ASSERT_TRUE(healthy->FormSplit(Split::kOwnerGroups, {{0}}).ok());
+  ASSERT_TRUE(healthy->FormSplit(Split::kRails, {{0}}).ok());
   Clock::time_point start = Clock::now();
   healthy.reset();
   EXPECT_LT(SecondsSince(start), 5.0) << "destroying a healthy transport";
   // Aborted: later calls fail, quoting the reason; destroyed at once.
   std::unique_ptr<NcclTransport> aborted = OneRank();
   ASSERT_NE(aborted, nullptr);
-  ASSERT_TRUE(aborted->FormGroups({{0}}).ok());
+  ASSERT_TRUE(aborted->FormSplit(Split::kOwnerGroups, {{0}}).ok());
+  ASSERT_TRUE(aborted->FormSplit(Split::kRails, {{0}}).ok());
   aborted->Abort(absl::UnavailableError("plan replaced"));
-  const absl::Status after = aborted->BroadcastInGroup(
-      in_group.get(), kCount, DType::kFloat32, 0, stream.get());
+  const absl::Status after = aborted->ReduceSumIn(
+      Split::kRails, send.get(), summed.get(), kCount, 0, {}, stream.get());
   EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
-  EXPECT_THAT(std::string(after.message()),
-              ::testing::HasSubstr("plan replaced"));
+  EXPECT_THAT(std::string(after.message()), HasSubstr("plan replaced"));
   start = Clock::now();
   aborted.reset();
   EXPECT_LT(SecondsSince(start), 5.0) << "destroying an aborted transport";
 }
 
-// Two ranks on two GPUs in two owner groups of one: each broadcasts in its
-// own group (nothing crosses) while the two exchange in the same NCCL
-// group over the communicator of both.
-TEST_F(NcclTransportGpuTest, TwoOwnerGroupsOfOneBroadcastApartAndExchange) {
+// Two ranks on two GPUs in two owner groups of one and one rail of both:
+// each broadcasts in its own group (nothing crosses) while the two exchange
+// in the same NCCL group over the communicator of both, and sum their
+// parts onto rank 1 over the rail's communicator (in NCCL's order; the
+// integers make every order exact).
+TEST_F(NcclTransportGpuTest, TwoOwnerGroupsOfOneBroadcastApartAndSumOnARail) {
   if (devices_ < 2) GTEST_SKIP() << "needs 2 GPUs, found " << devices_;
   absl::StatusOr<std::string> id = NcclTransport::NewUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
@@ -742,19 +792,25 @@ TEST_F(NcclTransportGpuTest, TwoOwnerGroupsOfOneBroadcastApartAndExchange) {
         ASSERT_TRUE(created.ok()) << created.status();
         NcclTransport& t = **created;
         // Listed in another order than the ranks: groups are by index.
-        absl::Status status = t.FormGroups({{1}, {0}});
+        absl::Status status = t.FormSplit(Split::kOwnerGroups, {{1}, {0}});
         ASSERT_TRUE(status.ok()) << status;
-        EXPECT_THAT(t.group(), ::testing::ElementsAre(rank));
+        EXPECT_THAT(t.group(Split::kOwnerGroups), ::testing::ElementsAre(rank));
+        status = t.FormSplit(Split::kRails, {{1, 0}});
+        ASSERT_TRUE(status.ok()) << status;
+        EXPECT_THAT(t.group(Split::kRails), ::testing::ElementsAre(0, 1));
         OwnedStream stream;
         ASSERT_CUDA(stream.error());
-        DeviceFloats own(kCount), out(kCount), in(kCount);
+        DeviceFloats own(kCount), out(kCount), in(kCount), part(kCount),
+            sum(kCount);
         const std::vector<float> mine = Ramp(kCount, 100.0f * rank, 1);
         ASSERT_CUDA(own.Upload(mine));
         ASSERT_CUDA(out.Upload(mine));
+        ASSERT_CUDA(part.Upload(mine));
         ASSERT_CUDA(in.Upload(std::vector<float>(kCount, -1)));
+        ASSERT_CUDA(sum.Upload(std::vector<float>(kCount, -1)));
         ASSERT_TRUE(t.GroupStart().ok());
-        status = t.BroadcastInGroup(own.get(), kCount, DType::kFloat32, rank,
-                                    stream.get());
+        status = t.BroadcastIn(Split::kOwnerGroups, own.get(), kCount,
+                               DType::kFloat32, rank, stream.get());
         ASSERT_TRUE(status.ok()) << status;
         ASSERT_TRUE(
             t.Send(out.get(), kCount, DType::kFloat32, 1 - rank, stream.get())
@@ -762,6 +818,10 @@ TEST_F(NcclTransportGpuTest, TwoOwnerGroupsOfOneBroadcastApartAndExchange) {
         ASSERT_TRUE(
             t.Recv(in.get(), kCount, DType::kFloat32, 1 - rank, stream.get())
                 .ok());
+        const int order[] = {1, 0};
+        status = t.ReduceSumIn(Split::kRails, part.get(), sum.get(), kCount,
+                               /*root=*/1, order, stream.get());
+        ASSERT_TRUE(status.ok()) << status;
         status = t.GroupEnd();
         ASSERT_TRUE(status.ok()) << status;
         status = t.Synchronize(stream.get(), absl::Seconds(30));
@@ -771,6 +831,13 @@ TEST_F(NcclTransportGpuTest, TwoOwnerGroupsOfOneBroadcastApartAndExchange) {
         EXPECT_EQ(got, mine);
         ASSERT_CUDA(in.Download(&got));
         EXPECT_EQ(got, Ramp(kCount, 100.0f * (1 - rank), 1));
+        if (rank == 1) {
+          std::vector<float> expected = Ramp(kCount, 0.0f, 1);
+          const std::vector<float> other = Ramp(kCount, 100.0f, 1);
+          for (size_t i = 0; i < kCount; ++i) expected[i] += other[i];
+          ASSERT_CUDA(sum.Download(&got));
+          EXPECT_EQ(got, expected);
+        }
         before_teardown.Arrive();
         created->reset();
       });

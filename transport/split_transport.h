@@ -49,9 +49,14 @@ class SplitTransport final : public Transport {
                          Stream stream) override {
     return data_->Broadcast(data, count, dtype, root, stream);
   }
-  absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
-                                Stream stream) override {
-    return data_->BroadcastInGroup(data, count, dtype, root, stream);
+  absl::Status BroadcastIn(Split split, void* data, size_t count, DType dtype,
+                           int root, Stream stream) override {
+    return data_->BroadcastIn(split, data, count, dtype, root, stream);
+  }
+  absl::Status ReduceSumIn(Split split, const float* send, float* recv,
+                           size_t count, int root, absl::Span<const int> order,
+                           Stream stream) override {
+    return data_->ReduceSumIn(split, send, recv, count, root, order, stream);
   }
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return data_->Synchronize(stream, timeout);
@@ -69,10 +74,10 @@ class SplitTransport final : public Transport {
   RankTree tree() const override { return control_->tree(); }
 
  protected:
-  // The data's groups; control messages stay among every rank.
-  absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
-                        int /*mine*/) override {
-    return data_->FormGroups(groups);
+  // The data's splits; control messages stay among every rank.
+  absl::Status OnSplit(Split split, const std::vector<std::vector<int>>& groups,
+                       int /*mine*/) override {
+    return data_->FormSplit(split, groups);
   }
 
  private:

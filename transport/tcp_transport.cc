@@ -24,6 +24,7 @@ namespace {
 // one of the parts (the root's own send buffer) without changing the result.
 void SumInOrder(const std::vector<const float*>& parts, float* out,
                 size_t count) {
+  if (parts.size() == 1 && parts[0] == out) return;  // in place, alone
   constexpr size_t kBlock = 1024;
   float block[kBlock];
   for (size_t begin = 0; begin < count; begin += kBlock) {
@@ -41,13 +42,6 @@ void SumInOrder(const std::vector<const float*>& parts, float* out,
 TcpOptions WithoutSecret(TcpOptions options) {
   options.data_plane_secret.clear();
   return options;
-}
-
-bool PartlyOverlap(const float* a, const float* b, size_t count) {
-  const auto x = reinterpret_cast<uintptr_t>(a);
-  const auto y = reinterpret_cast<uintptr_t>(b);
-  const uintptr_t bytes = count * sizeof(float);
-  return x != y && x < y + bytes && y < x + bytes;
 }
 
 // count * DTypeSize(dtype), or INVALID_ARGUMENT naming `call` when that
@@ -227,7 +221,7 @@ absl::Status TcpTransport::CheckRank(int peer, const char* role,
   return absl::OkStatus();
 }
 
-absl::Status TcpTransport::CheckCollective(const char* call) const {
+absl::Status TcpTransport::CheckCollective(absl::string_view call) const {
   if (options_.shape.full()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(call,
@@ -330,57 +324,47 @@ absl::Status TcpTransport::ReduceSum(const float* send, float* recv,
                                      size_t count, int root,
                                      absl::Span<const int> order,
                                      Stream stream) {
+  return Sum("ReduceSum", EveryRank(), send, recv, count, root, order, stream);
+}
+
+absl::Status TcpTransport::ReduceSumIn(Split split, const float* send,
+                                       float* recv, size_t count, int root,
+                                       absl::Span<const int> order,
+                                       Stream stream) {
+  return Sum(CallIn("ReduceSumIn", split), MembersOf(split), send, recv, count,
+             root, order, stream);
+}
+
+absl::Status TcpTransport::Sum(absl::string_view call,
+                               const std::vector<int>& members,
+                               const float* send, float* recv, size_t count,
+                               int root, absl::Span<const int> order,
+                               Stream stream) {
   MUONPS_RETURN_IF_ERROR(Usable());
   MUONPS_RETURN_IF_ERROR(HostStreamOnly(stream));
-  absl::Status valid = CheckCollective("ReduceSum");
-  if (valid.ok()) {
-    valid = CheckRank(root, "ReduceSum: root", /*allow_self=*/true);
-  }
-  if (valid.ok() && count > std::numeric_limits<size_t>::max() / 4) {
-    valid = absl::InvalidArgumentError("ReduceSum: count is too large");
-  } else if (valid.ok() && count > 0 && send == nullptr) {
-    valid = absl::InvalidArgumentError("ReduceSum: send is null");
-  } else if (valid.ok() && root == rank_ && count > 0 && recv == nullptr) {
-    valid = absl::InvalidArgumentError("ReduceSum: recv is null on the root");
-  } else if (valid.ok() && root == rank_ && PartlyOverlap(send, recv, count)) {
-    valid = absl::InvalidArgumentError(
-        "ReduceSum: recv partly overlaps send (it may only be send itself)");
-  }
-  if (valid.ok() && !order.empty()) {
-    std::vector<bool> seen(size(), false);
-    bool permutation = static_cast<int>(order.size()) == size();
-    for (int r : order) {
-      permutation = permutation && r >= 0 && r < size() && !seen[r];
-      if (permutation) seen[r] = true;
-    }
-    if (!permutation) {
-      valid = absl::InvalidArgumentError(absl::StrCat(
-          "ReduceSum: order is not a permutation of the ", size(), " ranks"));
-    }
-  }
-  if (!valid.ok()) return Fail(valid);
+  const absl::Status collective = CheckCollective(call);
+  if (!collective.ok()) return Fail(collective);
+  const absl::StatusOr<std::vector<int>> sum_order =
+      CheckSum(call, members, send, recv, count, root, order);
+  if (!sum_order.ok()) return Fail(sum_order.status());
   const size_t bytes = count * sizeof(float);
   if (root != rank_) {
     QueueSend(root, MessageKind::kReduce, send, bytes);
     return RunUnlessGrouped();
   }
+  // Every other member's part lands in scratch; the parts are summed in
+  // `sum_order` once the group's transfers have arrived.
   PendingSum sum;
-  std::vector<const float*> by_rank(sockets_.size());
   sum.recv = recv;
   sum.count = count;
-  for (int peer = 0; peer < size(); ++peer) {
-    if (peer == rank_) {
-      by_rank[peer] = send;
+  for (const int member : *sum_order) {
+    if (member == rank_) {
+      sum.parts.push_back(send);
       continue;
     }
     float* part = Scratch(count);
-    QueueRecv(peer, MessageKind::kReduce, part, bytes);
-    by_rank[peer] = part;
-  }
-  if (order.empty()) {
-    sum.parts = std::move(by_rank);
-  } else {
-    for (int r : order) sum.parts.push_back(by_rank[r]);
+    QueueRecv(member, MessageKind::kReduce, part, bytes);
+    sum.parts.push_back(part);
   }
   sums_.push_back(std::move(sum));
   return RunUnlessGrouped();

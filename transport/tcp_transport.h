@@ -33,17 +33,20 @@
 // order, so both must queue their shared calls in the same order. Every
 // buffer of a queued call must stay valid and unchanged until GroupEnd()
 // returns, and no call of a group may read what another call of the same
-// group writes; ReduceSum results are summed after all transfers of the
-// group have arrived. Outside a group each call is a group of one and has
-// completed when it returns (a sent message may still sit in kernel buffers).
+// group writes; ReduceSum and ReduceSumIn results are summed after all
+// transfers of the group have arrived. Outside a group each call is a group
+// of one and has completed when it returns (a sent message may still sit in
+// kernel buffers).
 //
 // Collectives. ReduceSum is a star: the root receives every other rank's
 // buffer (concurrently, into a scratch buffer per peer, kept between calls
 // for reuse) and sums in float in the caller's order (rank order 0, 1, 2,
 // ... by default) whoever the root is, so results are bit-identical from
-// run to run. Broadcast: the root
-// sends to every other rank. With a single rank, ReduceSum copies and
-// Broadcast does nothing.
+// run to run. ReduceSumIn is the same star among the members of a split's
+// group (in ascending rank order by default), BroadcastIn the root sending
+// to each member. Broadcast: the root sends to every other rank. With a
+// single rank (or member), ReduceSum (ReduceSumIn) copies and Broadcast
+// does nothing.
 //
 // Errors. A call waiting on a peer past io_timeout with no byte moving, or
 // not finished call_timeout after it began (a peer trickling bytes cannot
@@ -67,6 +70,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "transport/group_nesting.h"
@@ -96,8 +100,8 @@ struct TcpOptions {
   // Which pairs of ranks connect (tcp_mesh.h). On a tree mesh only a
   // parent and its children exchange messages: a Send, Recv or AwaitFrom
   // between two other ranks is refused (INVALID_ARGUMENT), and so are
-  // ReduceSum and Broadcast (collectives pass along the tree in
-  // worker::ControlChannel, from neighbor to neighbor).
+  // ReduceSum, ReduceSumIn and Broadcast (collectives pass along the tree
+  // in worker::ControlChannel, from neighbor to neighbor).
   MeshShape shape = MeshShape::Full();
 };
 
@@ -173,6 +177,10 @@ class TcpTransport final : public Transport {
   // `recv` may be `send` itself but must not partly overlap it.
   absl::Status ReduceSum(const float* send, float* recv, size_t count, int root,
                          absl::Span<const int> order, Stream stream) override;
+  // ReduceSum's star among the members of this rank's group of `split`.
+  absl::Status ReduceSumIn(Split split, const float* send, float* recv,
+                           size_t count, int root, absl::Span<const int> order,
+                           Stream stream) override;
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
                          Stream stream) override;
   // Calls have finished when they return: OK unless broken.
@@ -211,7 +219,14 @@ class TcpTransport final : public Transport {
   absl::Status CheckRank(int peer, const char* role, bool allow_self) const;
   // INVALID_ARGUMENT naming `call` on a tree mesh: a collective reaches
   // every rank, and a tree connects only neighbors.
-  absl::Status CheckCollective(const char* call) const;
+  absl::Status CheckCollective(absl::string_view call) const;
+  // The star of ReduceSum and ReduceSumIn among `members` (ascending, this
+  // rank among them), `call` naming it in messages: the root queues a
+  // receive of every other member's part into scratch and sums the parts in
+  // the checked order once they have arrived; the others send theirs.
+  absl::Status Sum(absl::string_view call, const std::vector<int>& members,
+                   const float* send, float* recv, size_t count, int root,
+                   absl::Span<const int> order, Stream stream);
   // Runs the queue unless inside a group.
   absl::Status RunUnlessGrouped();
   void QueueSend(int peer, MessageKind kind, const void* data, size_t bytes);

@@ -1,6 +1,7 @@
 // Data-path tests of TcpTransport: worlds of 1 to 4 ranks as threads of one
 // process over loopback TCP (send/recv, ReduceSum, Broadcast, groups, and a
-// random schedule of mixed operations).
+// random schedule of mixed operations), and six ranks with two splits
+// (owner groups and rails) formed at once.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -227,9 +228,11 @@ TEST_P(TcpTransportWorldTest, BroadcastFromEveryRootReachesEveryRank) {
   }
 }
 
-TEST_P(TcpTransportWorldTest, OwnerGroupsBroadcastAmongTheirMembersOnly) {
+TEST_P(TcpTransportWorldTest, OwnerGroupsBroadcastAndSumAmongTheirMembers) {
   // Groups by parity (the odd ranks listed backwards); each group's
-  // highest rank broadcasts to its members only, both groups at once.
+  // highest rank broadcasts to its members only, and its members' parts
+  // are summed onto it, both groups at once. With three ranks the odd
+  // group is rank 1 alone, whose sum is its own part.
   std::vector<int> evens, odds;
   for (int r = 0; r < world(); ++r) (r % 2 == 0 ? evens : odds).push_back(r);
   std::reverse(odds.begin(), odds.end());
@@ -237,43 +240,274 @@ TEST_P(TcpTransportWorldTest, OwnerGroupsBroadcastAmongTheirMembersOnly) {
   if (!odds.empty()) groups.push_back(odds);
   // Groups that do not split the ranks are refused, naming what is wrong.
   if (world() > 1) {
-    const absl::Status missing = at(0).FormGroups({evens});
+    const absl::Status missing = at(0).FormSplit(Split::kOwnerGroups, {evens});
     EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(missing.message()),
-                HasSubstr("rank 1 is in no group"));
+                HasSubstr("FormSplit(owner groups): rank 1 is in no group"));
   }
-  const absl::Status twice = at(0).FormGroups({evens, evens});
+  const absl::Status twice =
+      at(0).FormSplit(Split::kOwnerGroups, {evens, evens});
   EXPECT_THAT(std::string(twice.message()),
               HasSubstr("rank 0 is in groups[0] and groups[1]"));
-  const absl::Status outside = at(0).FormGroups({{world()}});
+  const absl::Status outside =
+      at(0).FormSplit(Split::kOwnerGroups, {{world()}});
   EXPECT_THAT(std::string(outside.message()),
               HasSubstr(absl::StrCat("names rank ", world())));
   constexpr size_t kCount = kMiB + 3;
   RunOnEveryRank(world(), [&](int rank) {
-    ASSERT_TRUE(at(rank).FormGroups(groups).ok());
+    ASSERT_TRUE(at(rank).FormSplit(Split::kOwnerGroups, groups).ok());
     const std::vector<int>& mine = rank % 2 == 0 ? evens : odds;
     std::vector<int> sorted = mine;
     std::sort(sorted.begin(), sorted.end());
-    EXPECT_EQ(at(rank).group(), sorted);
+    EXPECT_EQ(at(rank).group(Split::kOwnerGroups), sorted);
+    EXPECT_TRUE(at(rank).group(Split::kRails).empty());
     const int root = sorted.back();
     const std::vector<unsigned char> data = BytePattern(kCount * 2, root + 11);
     std::vector<unsigned char> buffer =
         rank == root ? data : std::vector<unsigned char>(kCount * 2, 0);
     ASSERT_TRUE(at(rank)
-                    .BroadcastInGroup(buffer.data(), kCount, DType::kBFloat16,
-                                      root, kHostStream)
+                    .BroadcastIn(Split::kOwnerGroups, buffer.data(), kCount,
+                                 DType::kBFloat16, root, kHostStream)
                     .ok());
     EXPECT_TRUE(buffer == data) << "rank " << rank;
-    // Once per transport; a root of another group is refused.
-    EXPECT_EQ(at(rank).FormGroups(groups).code(),
-              absl::StatusCode::kFailedPrecondition);
+    const std::vector<float> part = IntegerValues(kCount, rank, 5);
+    std::vector<float> sum(kCount, -1.0f);
+    ASSERT_TRUE(at(rank)
+                    .ReduceSumIn(Split::kOwnerGroups, part.data(), sum.data(),
+                                 kCount, root, {}, kHostStream)
+                    .ok());
+    if (rank == root) {
+      std::vector<float> expected(kCount, 0.0f);
+      for (const int member : sorted) {
+        const std::vector<float> values = IntegerValues(kCount, member, 5);
+        for (size_t i = 0; i < kCount; ++i) expected[i] += values[i];
+      }
+      EXPECT_TRUE(sum == expected) << "root " << root;
+    }
+    // Once per split; a root of another group is refused.
+    const absl::Status again = at(rank).FormSplit(Split::kOwnerGroups, groups);
+    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(again.message()),
+                HasSubstr("FormSplit(owner groups): formed already"));
     if (world() > 1) {
       const int other = (rank + 1) % 2;
-      const absl::Status refused = at(rank).BroadcastInGroup(
-          buffer.data(), kCount, DType::kBFloat16, other, kHostStream);
+      const absl::Status refused =
+          at(rank).BroadcastIn(Split::kOwnerGroups, buffer.data(), kCount,
+                               DType::kBFloat16, other, kHostStream);
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(
+          std::string(refused.message()),
+          HasSubstr(absl::StrCat("BroadcastIn(owner groups): root ", other,
+                                 " is not in rank ", rank, "'s group")));
     }
   });
+}
+
+// Six ranks on three nodes of two, {0, 1}, {2, 3}, {4, 5}, with both splits
+// formed on one transport: owner groups {0, 1, 2} and {3, 4, 5}, and the
+// rails {0, 2, 4} and {1, 3, 5} (the ranks at one position of every node).
+class TcpTransportSplitsTest : public ::testing::Test {
+ protected:
+  static constexpr int kWorld = 6;
+
+  void SetUp() override {
+    TcpOptions options = LoopbackOptions();
+    options.io_timeout = absl::Seconds(30);
+    absl::StatusOr<std::vector<std::unique_ptr<TcpTransport>>> ranks =
+        ConnectLoopbackWorld(kWorld, /*session=*/43, options);
+    ASSERT_TRUE(ranks.ok()) << ranks.status();
+    ranks_ = *std::move(ranks);
+  }
+
+  Transport& at(int rank) { return *ranks_[rank]; }
+
+  const std::vector<std::vector<int>> owner_groups_ = {{2, 0, 1}, {3, 4, 5}};
+  const std::vector<std::vector<int>> rails_ = {{4, 2, 0}, {1, 3, 5}};
+  std::vector<std::unique_ptr<TcpTransport>> ranks_;
+};
+
+// A part whose fp32 sum depends on the order it is added in: a large value
+// on a rail's first node, a small one on its second, the large one negated
+// on its third.
+std::vector<float> RailPart(int rank, size_t count) {
+  std::vector<float> part(count);
+  for (size_t i = 0; i < count; ++i) {
+    const float big = 1e8f * static_cast<float>(1 + i % 3);
+    const float small = 1.0f + static_cast<float>(i % 5);
+    part[i] = rank / 2 == 0 ? big : rank / 2 == 1 ? small : -big;
+  }
+  return part;
+}
+
+// acc = part[order[0]]; acc += part[order[1]]; ... in fp32.
+std::vector<float> SumInOrder(const std::vector<int>& order, size_t count) {
+  std::vector<float> sum = RailPart(order[0], count);
+  for (size_t k = 1; k < order.size(); ++k) {
+    const std::vector<float> part = RailPart(order[k], count);
+    for (size_t i = 0; i < count; ++i) sum[i] += part[i];
+  }
+  return sum;
+}
+
+TEST_F(TcpTransportSplitsTest,
+       RefusesGroupsThatDoNotSplitTheRanksNamingTheSplit) {
+  const absl::Status outside =
+      at(0).FormSplit(Split::kRails, {{0, 2, 4}, {1, 3, 7}});
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(outside.message()),
+              HasSubstr("FormSplit(rails): groups[1] names rank 7, outside "
+                        "[0, 6)"));
+  const absl::Status empty = at(0).FormSplit(Split::kOwnerGroups, {{}, {0}});
+  EXPECT_THAT(std::string(empty.message()),
+              HasSubstr("FormSplit(owner groups): groups[0] is empty"));
+  EXPECT_TRUE(at(0).group(Split::kRails).empty());
+  EXPECT_TRUE(at(0).group(Split::kOwnerGroups).empty());
+}
+
+TEST_F(TcpTransportSplitsTest, BothSplitsBroadcastAndSumAmongTheirMembers) {
+  constexpr size_t kCount = 100003;
+  // The rails' sums in an order of the caller's, which changes the bits.
+  const std::vector<int> orders[] = {{4, 0, 2}, {5, 1, 3}};
+  for (const std::vector<int>& order : orders) {
+    std::vector<int> ascending = order;
+    std::sort(ascending.begin(), ascending.end());
+    ASSERT_NE(SumInOrder(order, kCount), SumInOrder(ascending, kCount));
+  }
+  RunOnEveryRank(kWorld, [&](int rank) {
+    Transport& t = at(rank);
+    // Not formed yet: ReduceSumIn is ReduceSum over every rank.
+    {
+      std::vector<float> part = IntegerValues(kCount, rank, 1);
+      ASSERT_TRUE(t.ReduceSumIn(Split::kRails, part.data(), part.data(), kCount,
+                                /*root=*/3, {}, kHostStream)
+                      .ok());
+      if (rank == 3) {
+        EXPECT_TRUE(part == SumInRankOrder(kWorld, kCount, 1, IntegerValues));
+      }
+    }
+    ASSERT_TRUE(t.FormSplit(Split::kOwnerGroups, owner_groups_).ok());
+    ASSERT_TRUE(t.FormSplit(Split::kRails, rails_).ok());
+    const std::vector<int> group =
+        rank < 3 ? std::vector<int>{0, 1, 2} : std::vector<int>{3, 4, 5};
+    const std::vector<int> rail =
+        rank % 2 == 0 ? std::vector<int>{0, 2, 4} : std::vector<int>{1, 3, 5};
+    EXPECT_EQ(t.group(Split::kOwnerGroups), group);
+    EXPECT_EQ(t.group(Split::kRails), rail);
+    const absl::Status again = t.FormSplit(Split::kRails, rails_);
+    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(again.message()),
+                HasSubstr("FormSplit(rails): formed already"));
+
+    // A broadcast in each split, from the group's first and the rail's
+    // last member.
+    const size_t bytes = kCount * DTypeSize(DType::kFloat16);
+    std::vector<unsigned char> among_owners(bytes, 0), on_rail(bytes, 0);
+    if (rank == group.front()) among_owners = BytePattern(bytes, group.front());
+    if (rank == rail.back()) on_rail = BytePattern(bytes, 100 + rail.back());
+    ASSERT_TRUE(t.BroadcastIn(Split::kOwnerGroups, among_owners.data(), kCount,
+                              DType::kFloat16, group.front(), kHostStream)
+                    .ok());
+    ASSERT_TRUE(t.BroadcastIn(Split::kRails, on_rail.data(), kCount,
+                              DType::kFloat16, rail.back(), kHostStream)
+                    .ok());
+    EXPECT_TRUE(among_owners == BytePattern(bytes, group.front()))
+        << "rank " << rank;
+    EXPECT_TRUE(on_rail == BytePattern(bytes, 100 + rail.back()))
+        << "rank " << rank;
+
+    // In one group with point-to-point calls around the ring of every
+    // rank: each rail's sum in the caller's order, in place on the rail's
+    // middle member and into another buffer on its first, bit for bit.
+    const std::vector<int>& order = orders[rank % 2];
+    std::vector<float> in_place = RailPart(rank, kCount);
+    const std::vector<float> send = RailPart(rank, kCount);
+    std::vector<float> separate(kCount, -1.0f);
+    const std::vector<float> out = IntegerValues(kCount, rank, 2);
+    std::vector<float> in(kCount, 0.0f);
+    ASSERT_TRUE(t.GroupStart().ok());
+    ASSERT_TRUE(t.Send(out.data(), kCount, DType::kFloat32, (rank + 1) % kWorld,
+                       kHostStream)
+                    .ok());
+    ASSERT_TRUE(t.ReduceSumIn(Split::kRails, in_place.data(), in_place.data(),
+                              kCount, rail[1], order, kHostStream)
+                    .ok());
+    ASSERT_TRUE(t.ReduceSumIn(Split::kRails, send.data(), separate.data(),
+                              kCount, rail[0], order, kHostStream)
+                    .ok());
+    ASSERT_TRUE(t.Recv(in.data(), kCount, DType::kFloat32,
+                       (rank + kWorld - 1) % kWorld, kHostStream)
+                    .ok());
+    const absl::Status ended = t.GroupEnd();
+    ASSERT_TRUE(ended.ok()) << ended;
+    const std::vector<float> expected = SumInOrder(order, kCount);
+    if (rank == rail[1]) {
+      EXPECT_EQ(std::memcmp(in_place.data(), expected.data(), kCount * 4), 0)
+          << "rank " << rank;
+    } else {
+      EXPECT_TRUE(in_place == RailPart(rank, kCount)) << "rank " << rank;
+    }
+    if (rank == rail[0]) {
+      EXPECT_EQ(std::memcmp(separate.data(), expected.data(), kCount * 4), 0)
+          << "rank " << rank;
+    }
+    EXPECT_TRUE(in == IntegerValues(kCount, (rank + kWorld - 1) % kWorld, 2))
+        << "rank " << rank;
+    // And in the owner groups, in ascending rank order by default.
+    std::vector<float> part = IntegerValues(kCount, rank, 3);
+    ASSERT_TRUE(t.ReduceSumIn(Split::kOwnerGroups, part.data(), part.data(),
+                              kCount, group.back(), {}, kHostStream)
+                    .ok());
+    if (rank == group.back()) {
+      std::vector<float> sum = IntegerValues(kCount, group[0], 3);
+      for (const int member : {group[1], group[2]}) {
+        const std::vector<float> values = IntegerValues(kCount, member, 3);
+        for (size_t i = 0; i < kCount; ++i) sum[i] += values[i];
+      }
+      EXPECT_TRUE(part == sum) << "rank " << rank;
+    }
+  });
+}
+
+TEST_F(TcpTransportSplitsTest, ReduceSumInRefusesARootOrOrderOutsideTheGroup) {
+  RunOnEveryRank(kWorld, [&](int rank) {
+    ASSERT_TRUE(at(rank).FormSplit(Split::kOwnerGroups, owner_groups_).ok());
+    ASSERT_TRUE(at(rank).FormSplit(Split::kRails, rails_).ok());
+  });
+  // Each refusal breaks the rank that made it (its peers expected the
+  // call): one rank each. The other rail's members are not this rail's.
+  float x[4] = {};
+  const absl::Status root = at(0).ReduceSumIn(Split::kRails, x, x, 4,
+                                              /*root=*/1, {}, kHostStream);
+  EXPECT_EQ(root.code(), absl::StatusCode::kInvalidArgument) << root;
+  EXPECT_THAT(std::string(root.message()),
+              HasSubstr("ReduceSumIn(rails): root 1 is not in rank 0's group "
+                        "(ranks 0, 2, 4)"));
+  const int across[] = {0, 2, 5};  // rank 5 is on the other rail
+  const absl::Status order = at(2).ReduceSumIn(Split::kRails, x, x, 4,
+                                               /*root=*/2, across, kHostStream);
+  EXPECT_EQ(order.code(), absl::StatusCode::kInvalidArgument) << order;
+  EXPECT_THAT(std::string(order.message()),
+              HasSubstr("ReduceSumIn(rails): order is not a permutation of "
+                        "rank 2's group (ranks 0, 2, 4)"));
+  const int repeated[] = {3, 3, 4};
+  const absl::Status twice = at(3).ReduceSumIn(
+      Split::kOwnerGroups, x, x, 4, /*root=*/3, repeated, kHostStream);
+  EXPECT_THAT(std::string(twice.message()),
+              HasSubstr("ReduceSumIn(owner groups): order is not a "
+                        "permutation of rank 3's group (ranks 3, 4, 5)"));
+  const absl::Status null = at(4).ReduceSumIn(Split::kOwnerGroups, nullptr, x,
+                                              4, /*root=*/4, {}, kHostStream);
+  EXPECT_THAT(std::string(null.message()),
+              HasSubstr("ReduceSumIn(owner groups): send is null"));
+  const absl::Status overlap = at(5).ReduceSumIn(
+      Split::kOwnerGroups, x, x + 1, 3, /*root=*/5, {}, kHostStream);
+  EXPECT_THAT(std::string(overlap.message()),
+              HasSubstr("ReduceSumIn(owner groups): recv partly overlaps"));
+  // Broken: later calls fail, quoting the first error.
+  const absl::Status later =
+      at(2).BroadcastIn(Split::kRails, x, 4, DType::kFloat32, 2, kHostStream);
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+  EXPECT_THAT(std::string(later.message()), HasSubstr("order is not"));
 }
 
 // Every rank queues all its sends before any receive. The two socket

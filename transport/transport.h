@@ -13,8 +13,9 @@
 // kHostStream only and has finished a call, or a group, when it returns.
 //
 // Counts. Every data call counts elements, not bytes, as NCCL does: Send,
-// Recv, Broadcast and AwaitFrom take a count of elements of a DType (a call
-// moves count * DTypeSize(dtype) bytes); ReduceSum adds fp32 elements only.
+// Recv, Broadcast, BroadcastIn and AwaitFrom take a count of elements of a
+// DType (a call moves count * DTypeSize(dtype) bytes); ReduceSum and
+// ReduceSumIn add fp32 elements only.
 //
 // Order. Every rank issues the same calls in the same order (the step
 // schedule fixes it); calls between GroupStart() and GroupEnd() may progress
@@ -23,11 +24,14 @@
 // until the group's work is done; within one group no call may read what
 // another writes. Messages between two ranks match up in call order.
 //
-// Owner groups. A plan may split the ranks into groups, each a step's
-// owners among themselves (scheduler's OwnershipPlan::groups): every rank
-// forms them once with FormGroups, and BroadcastInGroup then runs among the
-// members of its own group only. A transport whose library needs a
-// communicator per group (NCCL) makes it there, split from its own.
+// Splits. Besides every rank, a data call may run among the members of one
+// group of a split of the ranks (enum Split: owner groups, rails), which
+// each rank forms once (FormSplit): BroadcastIn and ReduceSumIn then run
+// among the members of its own group of that split only, every group's
+// members in the same order (other groups' calls are their own). Both
+// splits may be formed at once, each independent of the other. A transport
+// whose library needs a communicator per group (NCCL) makes it there, split
+// from its own.
 //
 // Failure. A peer that disappears or stalls past the transport's timeout
 // makes a pending call (host) or Synchronize (device) fail with UNAVAILABLE
@@ -39,9 +43,12 @@
 #define MUONPS_TRANSPORT_TRANSPORT_H_
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/device.h"
@@ -50,6 +57,24 @@
 
 namespace muonps {
 namespace transport {
+
+// The two ways a plan splits the ranks into groups, each formed at most once
+// per transport (Transport::FormSplit) and independent of the other.
+enum class Split {
+  // The owner groups (scheduler's OwnershipPlan::groups): each group's
+  // owners among themselves, to whom an owner broadcasts its updates.
+  kOwnerGroups,
+  // The rails of the exchange nodes (scheduler's OwnershipPlan::
+  // exchange_nodes): the workers at one position of every node, among
+  // which a bucket's node sums are reduced and its updates broadcast
+  // (scheduler/node_exchange.h).
+  kRails,
+};
+// How many kinds of Split there are; a Split's value indexes [0, kSplits).
+constexpr int kSplits = 2;
+
+// "owner groups" or "rails", for messages.
+const char* SplitName(Split split);
 
 class Transport {
  public:
@@ -92,26 +117,48 @@ class Transport {
   virtual absl::Status Broadcast(void* data, size_t count, DType dtype,
                                  int root, Stream stream) = 0;
 
-  // Forms the owner groups: `groups` splits the ranks into groups (each
-  // rank in exactly one; a group's ranks in any order), every rank naming
-  // the same groups in the same order, at the same point of its calls (a
-  // collective: NCCL splits a communicator per group, ncclCommSplit, which
-  // lives and is aborted with this transport's). Once per transport.
-  // INVALID_ARGUMENT unless `groups` splits the ranks; FAILED_PRECONDITION
-  // when groups were formed already; the library's errors.
-  absl::Status FormGroups(const std::vector<std::vector<int>>& groups);
-  // This rank's group, its ranks in ascending order; empty until
-  // FormGroups (every rank is one group).
-  const std::vector<int>& group() const { return group_; }
+  // Forms `split`: `groups` splits the ranks into groups (each rank in
+  // exactly one; a group's ranks in any order), every rank naming the same
+  // groups in the same order, at the same point of its calls (a collective:
+  // every rank forms the same splits in the same order; NCCL splits a
+  // communicator per group, ncclCommSplit, which lives and is aborted with
+  // this transport's). Once per split per transport. INVALID_ARGUMENT
+  // unless `groups` splits the ranks; FAILED_PRECONDITION when `split` was
+  // formed already; the library's errors. Messages name the split:
+  // "FormSplit(rails): groups[1] names rank 7, outside [0, 6)".
+  absl::Status FormSplit(Split split,
+                         const std::vector<std::vector<int>>& groups);
+  // This rank's group of `split`, its ranks in ascending order; empty until
+  // FormSplit(split) (every rank is one group).
+  const std::vector<int>& group(Split split) const {
+    return groups_[static_cast<int>(split)];
+  }
   // Copies `count` elements of `dtype` at `data` from `root`, a member of
-  // this rank's group, to every other member; only the group's members
-  // call it, in the same order (the other groups' calls are their own).
-  // Outside owner groups, Broadcast. By default the root sends to each
-  // member in turn (what a host transport's Broadcast does too); NCCL
-  // broadcasts on the group's communicator, a ring over its members.
-  // INVALID_ARGUMENT for a root outside the group.
-  virtual absl::Status BroadcastInGroup(void* data, size_t count, DType dtype,
-                                        int root, Stream stream);
+  // this rank's group of `split`, to every other member; only the group's
+  // members call it, in the same order (the other groups' calls are their
+  // own). With `split` not formed, or its group being every rank,
+  // Broadcast. By default the root sends to each member in turn (what a
+  // host transport's Broadcast does too); NCCL broadcasts on the group's
+  // communicator, a ring over its members. INVALID_ARGUMENT for a root
+  // outside the group, naming the call and split ("BroadcastIn(rails)").
+  virtual absl::Status BroadcastIn(Split split, void* data, size_t count,
+                                   DType dtype, int root, Stream stream);
+  // ReduceSum among the members of this rank's group of `split`: the sum of
+  // every member's `send` into `recv` on `root`, a member of the group;
+  // only the group's members call it, in the same order. `order` is empty
+  // (the members in ascending rank order) or a permutation of the group's
+  // members (ranks, not positions), and fixes the fp32 summation order as
+  // ReduceSum's does: acc = part[order[0]]; acc += part[order[1]]; ...
+  // `recv` may alias `send` on the root (in place). With `split` not
+  // formed, or its group being every rank, ReduceSum; a group of one member
+  // copies `send` to `recv` (nothing when they alias). INVALID_ARGUMENT for
+  // a root outside the group, an order that is not a permutation of its
+  // members, null buffers or a partial overlap, naming the call and split
+  // ("ReduceSumIn(rails)").
+  virtual absl::Status ReduceSumIn(Split split, const float* send, float* recv,
+                                   size_t count, int root,
+                                   absl::Span<const int> order,
+                                   Stream stream) = 0;
 
   // Waits until the work this transport enqueued on `stream` is done,
   // failing (and aborting) if a peer is lost or nothing progresses for
@@ -146,18 +193,46 @@ class Transport {
   virtual RankTree tree() const { return RankTree::Star(size()); }
 
  protected:
-  // `rank`'s position in this rank's group (its rank within the group's
-  // own communicator); -1 for a rank outside it. Without groups, `rank`.
-  int PositionInGroup(int rank) const;
-  // What FormGroups does besides recording the groups, once they are
-  // checked: `mine` indexes this rank's group. Wrappers pass the groups on.
-  virtual absl::Status OnGroups(const std::vector<std::vector<int>>& /*groups*/,
-                                int /*mine*/) {
+  // `rank`'s position in this rank's group of `split` (its rank within the
+  // group's own communicator); -1 for a rank outside it. With `split` not
+  // formed, `rank`.
+  int PositionIn(Split split, int rank) const;
+  // The ranks a call on `split` runs among, ascending: group(split), or
+  // every rank while `split` is not formed.
+  std::vector<int> MembersOf(Split split) const;
+  // Every rank, ascending.
+  std::vector<int> EveryRank() const;
+  // What every transport checks of a rooted fp32 sum over `members` (its
+  // ranks ascending, this one among them: ReduceSum's every rank,
+  // ReduceSumIn's group), `call` naming it in messages: `root` is a member;
+  // `order` is empty or a permutation of the members; count * sizeof(float)
+  // fits a size_t; with count > 0 `send` is not null, nor `recv` on the
+  // root; on the root `recv` is `send` itself or does not overlap it.
+  // Returns the summation order (`order`, or the members where it is
+  // empty); INVALID_ARGUMENT naming what is wrong.
+  absl::StatusOr<std::vector<int>> CheckSum(absl::string_view call,
+                                            const std::vector<int>& members,
+                                            const float* send,
+                                            const float* recv, size_t count,
+                                            int root,
+                                            absl::Span<const int> order) const;
+  // INVALID_ARGUMENT naming `call` unless `root` is one of `members` (ranks
+  // ascending; every rank: a rank in [0, size())).
+  absl::Status CheckRoot(absl::string_view call,
+                         const std::vector<int>& members, int root) const;
+  // "ReduceSumIn(rails)": `call` on `split`, for messages.
+  static std::string CallIn(absl::string_view call, Split split);
+  // What FormSplit does besides recording the groups, once they are
+  // checked: `mine` indexes this rank's group. Wrappers pass the split on.
+  virtual absl::Status OnSplit(Split /*split*/,
+                               const std::vector<std::vector<int>>& /*groups*/,
+                               int /*mine*/) {
     return absl::OkStatus();
   }
 
  private:
-  std::vector<int> group_;  // this rank's, sorted; empty: every rank
+  // This rank's group of each split, sorted; empty: not formed.
+  std::vector<int> groups_[kSplits];
 };
 
 }  // namespace transport

@@ -678,15 +678,15 @@ TEST(ScaleSimTest, RingFillLatencyIsPaidOncePerPhase) {
   EXPECT_EQ(r.clock.phases, 2);
   // Per phase: 2 collectives x 1 us + 15 hops x 2 us.
   EXPECT_NEAR(r.clock.latency_seconds, 2 * (2e-6 + 15 * 2e-6), 1e-12);
-  // The exchange on offer: 4 launches of one hop each a phase (within the
-  // nodes, one halving round, the pieces across the nodes and within
-  // them), taken on these free links.
+  // The exchange on offer: 3 launches of one hop each a phase (within the
+  // nodes, along the rails of 2 nodes, the parts within the owner's node),
+  // taken on these free links.
   c.node_exchange = true;
   const SimResult exchange = *SimulateStep(c);
   EXPECT_TRUE(exchange.exchange_taken);
   EXPECT_NEAR(exchange.rings_seconds - exchange.exchange_seconds,
-              r.clock.latency_seconds - 2 * 4 * 3e-6, 1e-12);
-  EXPECT_NEAR(exchange.clock.latency_seconds, 2 * 4 * 3e-6, 1e-12);
+              r.clock.latency_seconds - 2 * 3 * 3e-6, 1e-12);
+  EXPECT_NEAR(exchange.clock.latency_seconds, 2 * 3 * 3e-6, 1e-12);
 }
 
 TEST(ScaleSimTest, AdamWReferenceScalesWithParametersAndShards) {

@@ -12,13 +12,6 @@ namespace {
 
 constexpr DType kF32 = DType::kFloat32;
 
-// M': the largest power of two <= `nodes`.
-int HalvingNodes(int nodes) {
-  int halving = 1;
-  while (halving * 2 <= nodes) halving *= 2;
-  return halving;
-}
-
 std::vector<int64_t> SizesOf(const std::vector<ExchangeItem>& items) {
   std::vector<int64_t> sizes;
   sizes.reserve(items.size());
@@ -28,19 +21,18 @@ std::vector<int64_t> SizesOf(const std::vector<ExchangeItem>& items) {
 
 }  // namespace
 
-int ExchangeSteps(const std::vector<std::vector<int32_t>>& nodes) {
-  const int count = static_cast<int>(nodes.size());
-  const int halving = HalvingNodes(count);
-  int rounds = 0;
-  for (int d = halving / 2; d >= 1; d /= 2) ++rounds;
-  return 1 + (count > halving ? 1 : 0) + rounds + 2;
-}
-
 absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
                              const std::vector<scheduler::MatrixSpec>& matrices,
-                             kernels::DeviceOps& ops, ExchangeState* state) {
+                             int rank, kernels::DeviceOps& ops,
+                             ExchangeState* state) {
   if (schedule.exchange_nodes.empty()) return absl::OkStatus();
   state->at = scheduler::PositionsOf(schedule.exchange_nodes);
+  state->rail.clear();
+  if (rank >= 0 && rank < static_cast<int>(state->at.size()) &&
+      state->at[rank].position >= 0) {
+    state->rail =
+        scheduler::RailsOf(schedule.exchange_nodes)[state->at[rank].position];
+  }
   int64_t packed = 1, parts = 1;
   int buckets = 0;
   for (const scheduler::Bucket& bucket : schedule.buckets) {
@@ -54,12 +46,11 @@ absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
     ++buckets;
     const scheduler::NodeExchange x(schedule.exchange_nodes, sizes);
     packed = std::max(packed, x.packed());
-    parts = std::max(parts, x.block() * x.per_node());
+    parts = std::max(parts, x.block() * (x.per_node() - 1));
   }
   // A bucket holds its buffers for its steps' launches, and one joins a
   // launch: no more than that many are in flight.
-  const size_t slots = static_cast<size_t>(
-      std::min(buckets, ExchangeSteps(schedule.exchange_nodes)));
+  const size_t slots = static_cast<size_t>(std::min(buckets, kExchangeSteps));
   if (state->packs.size() < slots) state->packs.resize(slots);
   if (state->parts.size() < slots) state->parts.resize(slots);
   for (size_t s = 0; s < slots; ++s) {
@@ -87,14 +78,10 @@ struct ExchangePipeline::Flight {
   const std::vector<ExchangeItem> items;
   const scheduler::NodeExchange x;
   float* pack = nullptr;   // packed() elements (kGather: of the dtype)
-  float* parts = nullptr;  // per_node() blocks
+  float* parts = nullptr;  // per_node() - 1 blocks
   size_t step = 0;         // the next of steps_
   // kSum: this worker's block summed within the node (from kNode on).
   float* mine = nullptr;
-  // The first segment of the range of this worker's block it sums
-  // (halving) or holds (doubling).
-  int64_t lo = 0;
-  bool received = false;  // kSum: the fold brought a block
 };
 
 ExchangePipeline::ExchangePipeline(
@@ -112,22 +99,10 @@ ExchangePipeline::ExchangePipeline(
       stream_(stream),
       way_(way),
       dtype_(way == Way::kSum ? kF32 : dtype) {
-  const int count = static_cast<int>(nodes.size());
-  const int halving = HalvingNodes(count);
   if (way == Way::kSum) {
-    steps_.push_back({Step::kNode});
-    if (count > halving) steps_.push_back({Step::kFold});
-    for (int d = halving / 2; d >= 1; d /= 2) {
-      steps_.push_back({Step::kRound, d});
-    }
-    steps_.push_back({Step::kRail});
-    steps_.push_back({Step::kParts});
+    steps_ = {Step::kNode, Step::kRail, Step::kParts};
   } else {
-    steps_.push_back({Step::kParts});
-    steps_.push_back({Step::kRail});
-    for (int d = 1; d < halving; d *= 2) steps_.push_back({Step::kRound, d});
-    if (count > halving) steps_.push_back({Step::kFold});
-    steps_.push_back({Step::kNode});
+    steps_ = {Step::kParts, Step::kRail, Step::kNode};
   }
 }
 
@@ -144,12 +119,13 @@ absl::Status ExchangePipeline::Push(int id, std::vector<ExchangeItem> items,
     const size_t slots = state_.packs.size();
     const size_t slot = slots == 0 ? 0 : static_cast<size_t>(joined_) % slots;
     if (slots == 0 || state_.packs[slot]->size() < f->x.packed() ||
-        state_.parts[slot]->size() < f->x.block() * f->x.per_node()) {
+        state_.parts[slot]->size() < f->x.block() * (f->x.per_node() - 1)) {
       return absl::InternalError("the exchange's buffers were not prepared");
     }
     f->pack = state_.packs[slot]->data();
     f->parts = state_.parts[slot]->data();
-    f->lo = way_ == Way::kSum ? 0 : me_.node;
+    // Until the node's parts are added in: this worker's own.
+    f->mine = f->pack + me_.position * f->x.block();
     if (way_ == Way::kSum) {
       for (size_t i = 0; i < f->items.size(); ++i) {
         MUONPS_RETURN_IF_ERROR(ops_.Copy(f->pack + f->x.offset(i),
@@ -198,105 +174,46 @@ absl::Status ExchangePipeline::Issue(Flight& f, int64_t* bytes) {
   const scheduler::NodeExchange& x = f.x;
   const int k = me_.node;
   const int p = me_.position;
-  const int count = x.nodes();
-  const int halving = x.halving_nodes();
   const int64_t block = x.block();
-  const int64_t c = x.segment();
   const int64_t width = static_cast<int64_t>(DTypeSize(dtype_));
   const int64_t base = p * block;  // this worker's block, in elements
-  float* spare = f.parts + (x.per_node() - 1) * block;
   // kGather: the pack, of dtype_.
   const auto at = [&](int64_t element) {
     return kernels::ElementsPast(f.pack, dtype_, element);
   };
-  const auto send = [&](const void* data, int64_t n, int peer) {
-    *bytes += n * width;
-    return t_.Send(data, n, dtype_, peer, stream_);
+  // kSum: this worker's block, as summed so far.
+  const auto in_block = [&](int64_t element) -> void* {
+    return f.mine + (element - base);
   };
-  const auto recv = [&](void* data, int64_t n, int peer) {
-    return t_.Recv(data, n, dtype_, peer, stream_);
-  };
-  if (way_ == Way::kSum) {
-    const auto in_block = [&](int64_t element) -> void* {
-      return f.mine + (element - base);
-    };
-    switch (step.kind) {
-      case Step::kNode:
-        // Block q to position q; the node's parts of block p in, each in
-        // a slot of its own.
-        for (int q = 0; q < x.per_node(); ++q) {
-          if (q == p) continue;
-          MUONPS_RETURN_IF_ERROR(
-              send(f.pack + q * block, block, x.worker(k, q)));
-          MUONPS_RETURN_IF_ERROR(recv(f.parts + (q < p ? q : q - 1) * block,
-                                      block, x.worker(k, q)));
-        }
-        return absl::OkStatus();
-      case Step::kFold:
-        if (k >= halving) return send(f.mine, block, x.worker(k - halving, p));
-        if (k + halving < count) {
-          f.received = true;
-          return recv(spare, block, x.worker(k + halving, p));
-        }
-        return absl::OkStatus();
-      case Step::kRound: {
-        if (k >= halving) return absl::OkStatus();
-        const int d = step.distance;
-        const int64_t give = (k & d) == 0 ? f.lo + d : f.lo;
-        MUONPS_RETURN_IF_ERROR(
-            send(f.mine + give * c, d * c, x.worker(k ^ d, p)));
-        return recv(spare, d * c, x.worker(k ^ d, p));
-      }
-      case Step::kRail:
-        return RailPieces(f, kF32, /*inward=*/true, in_block, bytes);
-      case Step::kParts:
-        return NodeParts(f, kF32, /*to_owner=*/true, in_block, bytes);
-    }
-    return absl::OkStatus();
-  }
-  switch (step.kind) {
-    case Step::kParts:
-      return NodeParts(f, dtype_, /*to_owner=*/false, at, bytes);
-    case Step::kRail:
-      return RailPieces(f, dtype_, /*inward=*/false, at, bytes);
-    case Step::kRound: {
-      if (k >= halving) return absl::OkStatus();
-      const int d = step.distance;
-      const int64_t theirs = f.lo ^ d;
-      MUONPS_RETURN_IF_ERROR(
-          send(at(base + f.lo * c), d * c, x.worker(k ^ d, p)));
-      return recv(at(base + theirs * c), d * c, x.worker(k ^ d, p));
-    }
-    case Step::kFold:
-      // The folded nodes get their block whole.
-      if (k >= halving) return recv(at(base), block, x.worker(k - halving, p));
-      if (k + halving < count) {
-        return send(at(base), block, x.worker(k + halving, p));
-      }
-      return absl::OkStatus();
+  const bool sum = way_ == Way::kSum;
+  switch (step) {
     case Step::kNode:
+      // Gradients: block q to position q, the node's parts of block p in,
+      // each in a slot of its own. Updates: block p to every position, the
+      // others' blocks in.
       for (int q = 0; q < x.per_node(); ++q) {
         if (q == p) continue;
-        MUONPS_RETURN_IF_ERROR(send(at(base), block, x.worker(k, q)));
-        MUONPS_RETURN_IF_ERROR(recv(at(q * block), block, x.worker(k, q)));
+        const int peer = x.worker(k, q);
+        MUONPS_RETURN_IF_ERROR(
+            t_.Send(at(sum ? q * block : base), block, dtype_, peer, stream_));
+        *bytes += block * width;
+        MUONPS_RETURN_IF_ERROR(
+            t_.Recv(sum ? f.parts + (q < p ? q : q - 1) * block : at(q * block),
+                    block, dtype_, peer, stream_));
       }
       return absl::OkStatus();
+    case Step::kRail:
+      return sum ? Rail(f, in_block, bytes) : Rail(f, at, bytes);
+    case Step::kParts:
+      return sum ? NodeParts(f, kF32, /*to_owner=*/true, in_block, bytes)
+                 : NodeParts(f, dtype_, /*to_owner=*/false, at, bytes);
   }
   return absl::OkStatus();
 }
 
 absl::Status ExchangePipeline::Finish(Flight& f) {
-  const Step step = steps_[f.step];
   const scheduler::NodeExchange& x = f.x;
-  const int k = me_.node;
-  const int p = me_.position;
-  const int64_t block = x.block();
-  const int64_t c = x.segment();
-  float* spare = f.parts + (x.per_node() - 1) * block;
   if (way_ == Way::kGather) {
-    if (step.kind == Step::kRound && k < x.halving_nodes()) {
-      f.lo = std::min(f.lo, f.lo ^ step.distance);  // the range doubled
-    }
     if (f.step + 1 < steps_.size()) return absl::OkStatus();
     const int64_t width = static_cast<int64_t>(DTypeSize(dtype_));
     for (size_t i = 0; i < f.items.size(); ++i) {
@@ -308,58 +225,40 @@ absl::Status ExchangePipeline::Finish(Flight& f) {
     }
     return absl::OkStatus();
   }
-  switch (step.kind) {
-    case Step::kNode: {
-      // Added in position order into the first part.
-      const auto part_of = [&](int q) {
-        return q == p ? f.pack + p * block
-                      : f.parts + (q < p ? q : q - 1) * block;
-      };
-      f.mine = part_of(0);
-      for (int q = 1; q < x.per_node(); ++q) {
-        MUONPS_RETURN_IF_ERROR(AddInto(f.mine, part_of(q), block));
-      }
-      return absl::OkStatus();
-    }
-    case Step::kFold:
-      if (!f.received) return absl::OkStatus();
-      return AddInto(f.mine, spare, block);
-    case Step::kRound: {
-      if (k >= x.halving_nodes()) return absl::OkStatus();
-      const int d = step.distance;
-      const int64_t keep = (k & d) == 0 ? f.lo : f.lo + d;
-      MUONPS_RETURN_IF_ERROR(AddInto(f.mine + keep * c, spare, d * c));
-      f.lo = keep;
-      return absl::OkStatus();
-    }
-    case Step::kRail:
-    case Step::kParts:
-      return absl::OkStatus();
+  if (steps_[f.step] != Step::kNode) return absl::OkStatus();
+  // Added in position order into the first part.
+  const int p = me_.position;
+  const int64_t block = x.block();
+  const auto part_of = [&](int q) {
+    return q == p ? f.pack + p * block : f.parts + (q < p ? q : q - 1) * block;
+  };
+  f.mine = part_of(0);
+  for (int q = 1; q < x.per_node(); ++q) {
+    MUONPS_RETURN_IF_ERROR(AddInto(f.mine, part_of(q), block));
   }
   return absl::OkStatus();
 }
 
-absl::Status ExchangePipeline::RailPieces(const Flight& f, DType dtype,
-                                          bool inward,
-                                          absl::FunctionRef<void*(int64_t)> at,
-                                          int64_t* bytes) {
-  const int k = me_.node;
+absl::Status ExchangePipeline::Rail(const Flight& f,
+                                    absl::FunctionRef<void*(int64_t)> at,
+                                    int64_t* bytes) {
   const int p = me_.position;
-  const int64_t width = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t width = static_cast<int64_t>(DTypeSize(dtype_));
   for (size_t i = 0; i < f.items.size(); ++i) {
-    const scheduler::NodePosition o = state_.at[f.items[i].owner];
-    for (const scheduler::ExchangePiece& piece : f.x.Pieces(i)) {
-      if (piece.node == o.node || piece.position != p) continue;
-      // From the holder inward, or back from the owner's node.
-      const int from = inward ? piece.node : o.node;
-      const int to = inward ? o.node : piece.node;
-      if (k == from) {
-        MUONPS_RETURN_IF_ERROR(t_.Send(at(piece.in_pack), piece.count, dtype,
-                                       f.x.worker(to, p), stream_));
-        *bytes += piece.count * width;
-      } else if (k == to) {
-        MUONPS_RETURN_IF_ERROR(t_.Recv(at(piece.in_pack), piece.count, dtype,
-                                       f.x.worker(from, p), stream_));
+    const int32_t root = f.x.worker(state_.at[f.items[i].owner].node, p);
+    for (const scheduler::ExchangePart& part : f.x.Parts(i)) {
+      if (part.position != p) continue;
+      void* data = at(part.in_pack);
+      if (way_ == Way::kSum) {
+        float* sums = static_cast<float*>(data);
+        MUONPS_RETURN_IF_ERROR(t_.ReduceSumIn(transport::Split::kRails, sums,
+                                              sums, part.count, root,
+                                              state_.rail, stream_));
+        if (rank_ != root) *bytes += part.count * width;
+      } else {
+        MUONPS_RETURN_IF_ERROR(t_.BroadcastIn(
+            transport::Split::kRails, data, part.count, dtype_, root, stream_));
+        if (rank_ == root) *bytes += part.count * width;
       }
     }
   }
@@ -377,7 +276,7 @@ absl::Status ExchangePipeline::NodeParts(const Flight& f, DType dtype,
     const ExchangeItem& item = f.items[i];
     const scheduler::NodePosition o = state_.at[item.owner];
     if (k != o.node) continue;
-    for (const scheduler::ExchangePiece& part : f.x.Parts(i)) {
+    for (const scheduler::ExchangePart& part : f.x.Parts(i)) {
       const bool held = part.position == p;  // the block is this worker's
       const bool owned = p == o.position;
       if (!held && !owned) continue;

@@ -1,19 +1,21 @@
 // The two-level exchange of a step's unreduced gradients on one worker
 // (scheduler/node_exchange.h says what is summed where): each bucket's
-// gradients summed within the node and then across the nodes, each
-// matrix's sum brought to its owner, and the updates back the reverse way
-// onto every rank. Built from point-to-point calls and fp32 adds of this
-// worker's own, so the sums have the same bits on every transport (NCCL
-// included) and the replay can add as it does (scheduler::SumAcrossNodes).
+// gradients summed within the node and then along each rail across the
+// nodes, each matrix's sum brought to its owner, and the updates back the
+// reverse way onto every rank. Within the nodes, point-to-point calls and
+// fp32 adds of this worker's own; along the rails, the transport's reduce
+// and broadcast among the rail's members (transport::Split::kRails, formed
+// on the transport from scheduler::RailsOf before its first step), told to
+// add the nodes in node order: TCP and CUDA IPC add as the replay does
+// (scheduler::SumOverNodes); NCCL rings add in its own order.
 //
-// A bucket's exchange is a fixed sequence of dependent launches (steps,
-// ExchangeSteps: within the node, a fold where the node count is not a
-// power of two, one per halving or doubling round, and two of pieces to or
-// from the owners). Consecutive buckets' exchanges are pipelined: each
-// launch (one transport group) carries the next step of every bucket in
-// flight, so one bucket's sums cross the network while the next one's are
-// summed within the node. Every rank pushes the same buckets in the same
-// order, so launch t carries step t - j of bucket j everywhere.
+// A bucket's exchange is three dependent launches (steps) each way: within
+// the node, along the rails, and within the owner's node. Consecutive
+// buckets' exchanges are pipelined: each launch (one transport group)
+// carries the next step of every bucket in flight, so one bucket's sums
+// cross the network while the next one's are summed within the node.
+// Every rank pushes the same buckets in the same order, so launch t
+// carries step t - j of bucket j everywhere.
 //
 // Streams: every call is ordered on the one transfer stream given; the
 // adds a step needs follow its launch there, and a bucket's pack copies
@@ -51,27 +53,28 @@ struct ExchangeItem {
   void* landing = nullptr;
 };
 
-// The launches of one bucket's exchange, each way, over `nodes`
-// (OwnershipPlan::exchange_nodes): within the node, the fold where the
-// node count is not a power of two, a round for each halving, and two of
-// pieces.
-int ExchangeSteps(const std::vector<std::vector<int32_t>>& nodes);
+// The launches of one bucket's exchange, each way: within the node, along
+// the rails, within the owner's node.
+constexpr int kExchangeSteps = 3;
 
 // What a plan version fixes of its exchanges: where each rank is among the
-// exchange nodes, and the buffers of the buckets in flight at once (at most
-// ExchangeSteps of them), each for the largest bucket: a pack, and
-// per_node() blocks of parts.
+// exchange nodes and its rail's members in node order, and the buffers of
+// the buckets in flight at once (at most kExchangeSteps of them), each for
+// the largest bucket: a pack, and per_node() - 1 blocks of parts.
 struct ExchangeState {
   std::vector<scheduler::NodePosition> at;  // by rank
+  std::vector<int> rail;                    // this rank's
   std::vector<std::unique_ptr<kernels::FloatBuffer>> packs, parts;
 };
 
-// Sets `state` up for `schedule`: the ranks' positions, and the buffers
-// (grown only) for its buckets with exchange transfers:
+// Sets `state` up for `schedule` and this worker's `rank`: the ranks'
+// positions, its rail, and the buffers (grown only) for the buckets with
+// exchange transfers:
 // RESOURCE_EXHAUSTED naming them when the device is full. Synchronous.
 absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
                              const std::vector<scheduler::MatrixSpec>& matrices,
-                             kernels::DeviceOps& ops, ExchangeState* state);
+                             int rank, kernels::DeviceOps& ops,
+                             ExchangeState* state);
 
 class ExchangePipeline {
  public:
@@ -101,22 +104,18 @@ class ExchangePipeline {
   std::vector<int> TakeDone();
 
  private:
-  struct Step {
-    enum Kind { kNode, kFold, kRound, kRail, kParts } kind;
-    int distance = 0;  // kRound: the partner's
-  };
+  enum class Step { kNode, kRail, kParts };
   struct Flight;
 
   // One launch: the next step of every bucket in flight, then their adds.
   absl::Status Launch(int64_t* bytes);
   absl::Status Issue(Flight& f, int64_t* bytes);
   absl::Status Finish(Flight& f);
-  // Each item's pieces between their segments' holders and the worker at
-  // the segment's position on the item's owner's node (none where the
-  // holder is on that node), `inward` (toward the owner's node) or back, in
-  // `dtype`, from and into `at(element of the pack)` on either side.
-  absl::Status RailPieces(const Flight& f, DType dtype, bool inward,
-                          absl::FunctionRef<void*(int64_t)> at, int64_t* bytes);
+  // Each item's part of this worker's block along its rail, onto (kSum,
+  // reduced) or from (kGather, broadcast) the worker at this position on
+  // the item's owner's node, at `at(element of the pack)`.
+  absl::Status Rail(const Flight& f, absl::FunctionRef<void*(int64_t)> at,
+                    int64_t* bytes);
   // Each item's part in each block between the worker at the block's
   // position on the owner's node and the owner, `to_owner` or back.
   absl::Status NodeParts(const Flight& f, DType dtype, bool to_owner,
@@ -133,7 +132,7 @@ class ExchangePipeline {
   const Stream stream_;
   const Way way_;
   const DType dtype_;
-  std::vector<Step> steps_;
+  std::vector<Step> steps_;                       // in launch order
   std::vector<std::unique_ptr<Flight>> flights_;  // in flight, oldest first
   int64_t joined_ = 0;                            // buckets that had items
   std::vector<int> done_;

@@ -1,8 +1,8 @@
 // The two-level exchange over real TCP ranks (threads of this process) with
 // the CPU ops: every owner's sum has the bits of the replay's association
-// (scheduler::SumOverNodes), and every rank lands every update, for node
-// counts with and without a fold and with several buckets in flight at
-// once.
+// (scheduler::SumOverNodes), and every rank lands every update, for nodes
+// of one and of several workers, items within one block and across
+// several, and several buckets in flight at once.
 #include "server/worker/node_exchange_transfers.h"
 
 #include <gtest/gtest.h>
@@ -87,7 +87,10 @@ TEST_P(ExchangePipelineTest, SumsAsTheReplayAndLandsEveryUpdate) {
         bucket.to_owners.push_back(x);
       }
     }
-    status[rank] = PrepareExchange(schedule, matrices, ops, &state);
+    status[rank] = (*transports)[rank]->FormSplit(transport::Split::kRails,
+                                                  scheduler::RailsOf(nodes));
+    if (!status[rank].ok()) return;
+    status[rank] = PrepareExchange(schedule, matrices, rank, ops, &state);
     if (!status[rank].ok()) return;
     std::vector<std::vector<float>> parts(count);
     std::vector<std::vector<uint16_t>> updates(count);
@@ -164,20 +167,22 @@ TEST_P(ExchangePipelineTest, SumsAsTheReplayAndLandsEveryUpdate) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ExchangePipelineTest,
     ::testing::Values(
-        // Two nodes of two: one halving round.
-        Case{2, 2, {{5, 7, 3}}, DType::kFloat32},
-        // Three nodes: node 2 folds into node 0; several buckets in flight
-        // at once, one with nothing to exchange.
-        Case{3, 2, {{5, 7, 3, 1}, {}, {9}, {2, 2}}, DType::kBFloat16},
-        // Four nodes of one: two halving rounds, no node level.
+        // Two nodes of two; an item across both blocks.
+        Case{2, 2, {{50, 170, 30}}, DType::kFloat32},
+        // Three nodes; several buckets in flight at once, one with nothing
+        // to exchange.
+        Case{3, 2, {{5, 7, 300, 1}, {}, {9}, {2, 200}}, DType::kBFloat16},
+        // Four nodes of one: no node level.
         Case{4, 1, {{9, 2}, {4}}, DType::kFloat32},
-        // Five nodes of two, items smaller and larger than a segment, more
+        // Five nodes of two, items smaller and larger than a block, more
         // buckets than the pipeline's steps.
         Case{5,
              2,
-             {{1, 40, 2, 17}, {3}, {8, 8}, {1}, {30}, {6, 1}, {2}, {11}},
+             {{1, 400, 2, 170}, {3}, {80, 80}, {1}, {300}, {6, 1}, {2}, {11}},
              DType::kBFloat16},
-        // Fewer elements than holders.
+        // Three nodes of three: items spanning three blocks.
+        Case{3, 3, {{500, 70}, {130}}, DType::kFloat32},
+        // Fewer elements than workers.
         Case{2, 3, {{2}}, DType::kFloat32}));
 
 }  // namespace

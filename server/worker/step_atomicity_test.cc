@@ -141,9 +141,9 @@ TEST_F(StepAtomicityTest,
 }
 
 // The same with the unreduced gradients summed in two levels over three
-// nodes of one worker each (node_exchange_transfers.h): the third node
-// folds into the first, the two halve, and a failure at any of the
-// exchange's calls leaves the failure-free parameters too.
+// nodes of one worker each (node_exchange_transfers.h): one rail of three,
+// and a failure at any of the exchange's calls leaves the failure-free
+// parameters too.
 class StepAtomicityNodeExchangeTest : public StepAtomicityTest {
  protected:
   v1::Plan JobPlan() const override {

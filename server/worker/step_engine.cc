@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "lending/trainer_segment.h"
+#include "scheduler/node_exchange.h"
 #include "server/worker/step_control.h"
 #include "server/worker/step_protocol.h"
 #include "server/worker/trainer_binding.h"
@@ -621,21 +622,28 @@ absl::Status StepEngine::EnsureTransport() {
       transport_.Ensure(plan_.rank, plan_.addresses, plan_.version,
                         momentum_.handover_failed(), &built));
   if (!built) return absl::OkStatus();
-  // The plan's owner groups, before any other call on the new transport
-  // (NCCL splits a communicator per group: every rank takes part).
+  // The plan's splits, before any other call on the new transport (each a
+  // collective: NCCL splits a communicator per group, every rank taking
+  // part): its owner groups, or the rails of its exchange nodes.
+  std::vector<std::vector<int>> groups;
+  transport::Split split = transport::Split::kOwnerGroups;
   if (plan_.groups.count() > 1) {
-    std::vector<std::vector<int>> groups;
     for (int g = 0; g < plan_.groups.count(); ++g) {
       const std::vector<int32_t>& members = plan_.groups.members(g);
       groups.emplace_back(members.begin(), members.end());
     }
-    const absl::Status formed = transport->FormGroups(groups);
+  } else if (!plan_.schedule.exchange_nodes.empty()) {
+    split = transport::Split::kRails;
+    groups = scheduler::RailsOf(plan_.schedule.exchange_nodes);
+  }
+  if (!groups.empty()) {
+    const absl::Status formed = transport->FormSplit(split, groups);
     if (!formed.ok()) {
       const absl::Status failed =
           Annotate(ExplainReplaced(formed, StepRequest(), nullptr),
                    absl::StrCat("worker ", Quoted(worker_id_), " plan version ",
-                                plan_.version, ": forming ", groups.size(),
-                                " owner groups"));
+                                plan_.version, ": forming ", groups.size(), " ",
+                                transport::SplitName(split)));
       transport_.Drop(failed);
       return failed;
     }

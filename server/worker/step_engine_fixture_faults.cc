@@ -59,10 +59,17 @@ class FaultyTransport final : public transport::Transport {
     MUONPS_RETURN_IF_ERROR(Count());
     return inner_->Broadcast(data, count, dtype, root, stream);
   }
-  absl::Status BroadcastInGroup(void* data, size_t count, DType dtype, int root,
-                                Stream stream) override {
+  absl::Status BroadcastIn(transport::Split split, void* data, size_t count,
+                           DType dtype, int root, Stream stream) override {
     MUONPS_RETURN_IF_ERROR(Count());
-    return inner_->BroadcastInGroup(data, count, dtype, root, stream);
+    return inner_->BroadcastIn(split, data, count, dtype, root, stream);
+  }
+  absl::Status ReduceSumIn(transport::Split split, const float* send,
+                           float* recv, size_t count, int root,
+                           absl::Span<const int> order,
+                           Stream stream) override {
+    MUONPS_RETURN_IF_ERROR(Count());
+    return inner_->ReduceSumIn(split, send, recv, count, root, order, stream);
   }
   absl::Status Synchronize(Stream stream, absl::Duration timeout) override {
     return inner_->Synchronize(stream, timeout);
@@ -78,9 +85,10 @@ class FaultyTransport final : public transport::Transport {
   }
 
  protected:
-  absl::Status OnGroups(const std::vector<std::vector<int>>& groups,
-                        int /*mine*/) override {
-    return inner_->FormGroups(groups);
+  absl::Status OnSplit(transport::Split split,
+                       const std::vector<std::vector<int>>& groups,
+                       int /*mine*/) override {
+    return inner_->FormSplit(split, groups);
   }
 
  private:

@@ -810,8 +810,9 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
                  : kernels::ElementsPast(plan_.sink->data(), dtype, landed_);
         if (mine) MUONPS_RETURN_IF_ERROR(round_update());
         if (!mine) landed_ += size;
-        MUONPS_RETURN_IF_ERROR(
-            t_.BroadcastInGroup(landing, size, dtype, x.owner, stream_));
+        MUONPS_RETURN_IF_ERROR(t_.BroadcastIn(transport::Split::kOwnerGroups,
+                                              landing, size, dtype, x.owner,
+                                              stream_));
         continue;
       }
       apply.count = size;
@@ -822,8 +823,9 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         MUONPS_RETURN_IF_ERROR(
             ops_.FromFloat(staged, dtype, result, size, stream_));
       }
-      MUONPS_RETURN_IF_ERROR(
-          t_.BroadcastInGroup(staged, size, dtype, x.owner, stream_));
+      MUONPS_RETURN_IF_ERROR(t_.BroadcastIn(transport::Split::kOwnerGroups,
+                                            staged, size, dtype, x.owner,
+                                            stream_));
     }
     ledger_.staged.applies.push_back(apply);
   }

@@ -83,7 +83,7 @@ absl::Status PlanState::AllocateBuffers(kernels::DeviceOps& ops) {
                                                       "16-bit updates"));
   }
   MUONPS_ASSIGN_OR_RETURN(scratch, ops.Allocate(largest, "scratch"));
-  return PrepareExchange(schedule, matrices, ops, &exchange);
+  return PrepareExchange(schedule, matrices, rank, ops, &exchange);
 }
 
 MomentumStacks PlanState::MomentumLayout() const {
