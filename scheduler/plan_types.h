@@ -176,10 +176,10 @@ struct OwnershipPlan {
   // position p of node k; every node as many, every worker in exactly one,
   // at least two nodes; no owner groups and no dedicated workers. What the
   // coordinator plans where it predicts the shorter step: each bucket's
-  // gradients summed within each node and then across the nodes among the
-  // workers of one position, and each matrix's segments then gathered to
-  // its owner, instead of a ring reduce over every rank per matrix (and
-  // the updates back the reverse way). Empty: the rings.
+  // gradients summed within each node, then along each rail (the workers
+  // of one position) onto the owner's node, and each matrix's parts then
+  // gathered to its owner, instead of a ring reduce over every rank per
+  // matrix (and the updates back the reverse way). Empty: the rings.
   std::vector<std::vector<int32_t>> exchange_nodes;
   // Same-shape batches, sorted by worker, then shape: the first owner
   // group's (every worker's without groups). Each other group's worker at
