@@ -325,12 +325,12 @@ TEST(StepBoundTest, PlanOnTopologyPassesOverAGroupingThatCannotWin) {
       });
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_THAT(planned, Not(Contains(32)));
-  EXPECT_THAT(out->grouped_candidates, Contains(Pair(32, 0.0)));
+  EXPECT_THAT(out->weighed.grouped_candidates, Contains(Pair(32, 0.0)));
   EXPECT_TRUE(out->plan.groups.empty());
   PlanInput every{job.matrices, job.workers, {}};
   EXPECT_EQ(out->plan.max_seconds, PlanOwnership(every)->max_seconds);
   const Alone two_nodes = PlanAlone(job, FirstRanks(32), {.bucket_bytes = 0});
-  EXPECT_GT(two_nodes.predicted_seconds, out->ungrouped_seconds);
+  EXPECT_GT(two_nodes.predicted_seconds, out->weighed.ungrouped_seconds);
 }
 
 TEST(StepBoundTest, PlanOnTopologyPassesOverThePlanOfEveryWorkerThatCannotWin) {
@@ -362,15 +362,15 @@ TEST(StepBoundTest, PlanOnTopologyPassesOverThePlanOfEveryWorkerThatCannotWin) {
       offered, OwnerGroupsUse::kWeighed, plan_ranks);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_THAT(planned, Not(Contains(64)));
-  EXPECT_TRUE(out->ungrouped_passed_over);
+  EXPECT_TRUE(out->weighed.ungrouped_passed_over);
   ASSERT_FALSE(out->plan.groups.empty());
-  EXPECT_LE(out->grouped_seconds, out->ungrouped_seconds);
+  EXPECT_LE(out->weighed.grouped_seconds, out->weighed.ungrouped_seconds);
   // The plan of every worker, made: no shorter than the bound said.
   const absl::StatusOr<TopologyPlan> every = PlanOnTopology(
       job.matrices, ids, 0, job.models, job.settings, {.bucket_bytes = 0}, {},
       OwnerGroupsUse::kWeighed, plan_ranks);
   ASSERT_TRUE(every.ok()) << every.status();
-  EXPECT_GE(every->grouping.predicted_seconds, out->ungrouped_seconds);
+  EXPECT_GE(every->grouping.predicted_seconds, out->weighed.ungrouped_seconds);
   EXPECT_EQ(out->plan.groups.size(), offered[0].size());
 }
 

@@ -1156,9 +1156,9 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
     const double free_seconds = predicted(free, models, settings);
     const double at_seconds = predicted(*at, models, settings);
     TopologyPlan out = at_seconds < free_seconds ? *std::move(at) : free;
-    out.experts_at_holders = at_seconds < free_seconds;
-    out.at_holders_seconds = at_seconds;
-    out.where_free_seconds = free_seconds;
+    out.weighed.experts_at_holders = at_seconds < free_seconds;
+    out.weighed.at_holders_seconds = at_seconds;
+    out.weighed.where_free_seconds = free_seconds;
     return out;
   };
   const auto annotate = [](const absl::Status& status,
@@ -1180,7 +1180,7 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
                   models, settings, options);
     if (!out.ok()) return out;
     out = weigh_holders(*std::move(out), offered[0][0], &offered[0]);
-    out->grouped_seconds = out->grouping.predicted_seconds;
+    out->weighed.grouped_seconds = out->grouping.predicted_seconds;
     return out;
   }
   // A grouping clocked as its first group alone on that group's nodes.
@@ -1344,9 +1344,9 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
       return checked;
     }
     out.grouping.predicted_seconds = best.seconds;
-    out.groups_offered = true;
-    out.grouped_seconds = best.seconds;
-    out.grouped_candidates = tried;
+    out.weighed.groups_offered = true;
+    out.weighed.grouped_seconds = best.seconds;
+    out.weighed.grouped_candidates = tried;
     return out;
   };
   // The best grouping planned at once may already predict no more than the
@@ -1366,8 +1366,8 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
       grouping.join();
       absl::StatusOr<TopologyPlan> out = whole();
       if (out.ok()) {
-        out->ungrouped_seconds = least;
-        out->ungrouped_passed_over = true;
+        out->weighed.ungrouped_seconds = least;
+        out->weighed.ungrouped_passed_over = true;
         return out;
       }
     }
@@ -1380,14 +1380,14 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
     scheduled_every = weigh_holders(*std::move(scheduled_every), all, nullptr);
   }
   if (scheduled_every.ok() && !offered.empty()) {
-    scheduled_every->ungrouped_seconds =
+    scheduled_every->weighed.ungrouped_seconds =
         predicted(*scheduled_every, models, settings);
   }
   if (!every_told) {
-    every_known.set_value(scheduled_every.ok()
-                              ? Every{scheduled_every->ungrouped_seconds,
-                                      scheduled_every->plan.work_seconds}
-                              : Every{});
+    every_known.set_value(
+        scheduled_every.ok() ? Every{scheduled_every->weighed.ungrouped_seconds,
+                                     scheduled_every->plan.work_seconds}
+                             : Every{});
   }
   if (grouping.joinable()) grouping.join();
   if (!scheduled_every.ok()) {
@@ -1396,28 +1396,28 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
   }
   TopologyPlan ungrouped = *std::move(scheduled_every);
   if (offered.empty()) return ungrouped;
-  ungrouped.groups_offered = true;
-  ungrouped.grouped_candidates = tried;
+  ungrouped.weighed.groups_offered = true;
+  ungrouped.weighed.grouped_candidates = tried;
   if (!best.first_group.ok()) {
-    ungrouped.groups_declined = passed_over.empty()
-                                    ? best.first_group.status().ToString()
-                                    : passed_over;
+    ungrouped.weighed.groups_declined =
+        passed_over.empty() ? best.first_group.status().ToString()
+                            : passed_over;
     return ungrouped;
   }
-  ungrouped.grouped_seconds = best.seconds;
-  if (best.seconds <= ungrouped.ungrouped_seconds) {
+  ungrouped.weighed.grouped_seconds = best.seconds;
+  if (best.seconds <= ungrouped.weighed.ungrouped_seconds) {
     absl::StatusOr<TopologyPlan> out = whole();
     if (out.ok()) {
-      out->ungrouped_seconds = ungrouped.ungrouped_seconds;
+      out->weighed.ungrouped_seconds = ungrouped.weighed.ungrouped_seconds;
       return out;
     }
-    ungrouped.groups_declined = out.status().ToString();
+    ungrouped.weighed.groups_declined = out.status().ToString();
     return ungrouped;
   }
-  ungrouped.groups_declined = absl::StrCat(
+  ungrouped.weighed.groups_declined = absl::StrCat(
       "a step of ", best.seconds * 1e3, " ms with ", best.grouping->size(),
       " owner groups of ", (*best.grouping)[0].size(), " workers against ",
-      ungrouped.ungrouped_seconds * 1e3, " ms without");
+      ungrouped.weighed.ungrouped_seconds * 1e3, " ms without");
   return ungrouped;
 }
 
@@ -1462,10 +1462,10 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
         ExchangeStepBound(matrices, workers, static_cast<int>(nodes.size()),
                           static_cast<int>(nodes[0].size()), settings);
     if (least >= predicted) {
-      out.exchange_offered = true;
-      out.exchange_passed_over = true;
-      out.exchange_seconds = least;
-      out.rings_seconds = predicted;
+      out.weighed.exchange_offered = true;
+      out.weighed.exchange_passed_over = true;
+      out.weighed.exchange_seconds = least;
+      out.weighed.rings_seconds = predicted;
       nodes.clear();
     }
   }
@@ -1476,9 +1476,9 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
     bool taken = false;
     if (exchange.ok()) {
       const auto [seconds, applies] = clocked(*exchange);
-      out.exchange_offered = true;
-      out.exchange_seconds = seconds;
-      out.rings_seconds = predicted;
+      out.weighed.exchange_offered = true;
+      out.weighed.exchange_seconds = seconds;
+      out.weighed.rings_seconds = predicted;
       taken = seconds < predicted;
       if (taken) {
         out.grouping = *std::move(exchange);
@@ -1495,9 +1495,9 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
   if (!known) std::tie(predicted, ways) = clocked(out.grouping);
   const double rest = predicted - (ways.before_votes ? ways.left_seconds
                                                      : ways.at_commit_seconds);
-  out.at_commit_seconds = rest + ways.at_commit_seconds;
-  out.before_votes_seconds = rest + ways.left_seconds;
-  out.apply_at_commit = !ways.before_votes;
+  out.weighed.at_commit_seconds = rest + ways.at_commit_seconds;
+  out.weighed.before_votes_seconds = rest + ways.left_seconds;
+  out.weighed.apply_at_commit = !ways.before_votes;
   return out;
 }
 

@@ -403,13 +403,9 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
     const std::vector<const CostModel*>& models, const ClockSettings& settings,
     const ScheduleOptions& options = {.bucket_bytes = 0});
 
-// A plan of a job's workers on a topology, and its step schedule.
-struct TopologyPlan {
-  OwnershipPlan plan;
-  // The plan's schedule; for an owner grouping weighed and taken, its first
-  // group's alone (each group's is that one on its own members: the same
-  // buckets), with that group's clock.
-  StepGrouping grouping;
+// How PlanOnTopology weighed a plan against the alternatives it clocked
+// beside it (TopologyPlan::weighed).
+struct PlanWeighing {
   // Where owner groupings were offered to be weighed: the predicted step of
   // the best grouped plan (0 if none could be made) and of the plan of
   // every worker, each grouping tried (its workers per group and predicted
@@ -448,8 +444,8 @@ struct TopologyPlan {
   // Where exchange nodes were offered (ChooseExchangeNodes, for a plan
   // without owner groups): the predicted step of the plan's schedule with
   // them (its own bucket bound) and with the rings. The plan has them
-  // (plan.exchange_nodes) where the first was shorter. 0 and false where
-  // not weighed.
+  // (TopologyPlan::plan's exchange_nodes) where the first was shorter. 0 and
+  // false where not weighed.
   bool exchange_offered = false;
   double exchange_seconds = 0;
   double rings_seconds = 0;
@@ -457,6 +453,17 @@ struct TopologyPlan {
   // (ExchangeStepBound, step_bound.h), which exchange_seconds is then, was
   // no shorter than the rings'.
   bool exchange_passed_over = false;
+};
+
+// A plan of a job's workers on a topology, its step schedule, and how
+// PlanOnTopology weighed it.
+struct TopologyPlan {
+  OwnershipPlan plan;
+  // The plan's schedule; for an owner grouping weighed and taken, its first
+  // group's alone (each group's is that one on its own members: the same
+  // buckets), with that group's clock.
+  StepGrouping grouping;
+  PlanWeighing weighed;
 };
 
 // Plans ranks `ranks` (indices into the job's workers, in order): the
@@ -501,11 +508,11 @@ enum class OwnerGroupsUse {
 // chose. Where trainers hold whole experts (ClockSettings::trainer_shards
 // known), the plan of every rank, or a required grouping's, is also made
 // with every expert owned where it is held, and the faster of the two by
-// the clock stands (TopologyPlan::experts_at_holders). With
+// the clock stands (PlanWeighing::experts_at_holders). With
 // `settings.apply_early` every plan whose workers may
 // (MayApplyBeforeVotes; a grouping as its first group alone) is clocked
 // with the faster of its updates applied before the votes and at the
-// commit, and the chosen one says which (TopologyPlan::apply_at_commit). A
+// commit, and the chosen one says which (PlanWeighing::apply_at_commit). A
 // grouped plan that
 // cannot be made (one group too small for the momentum) or scheduled is passed
 // over, saying why. So is, unplanned and counted as a miss, a grouping whose
@@ -518,17 +525,17 @@ enum class OwnerGroupsUse {
 // of their own beside the plan of every rank (`plan_ranks` is called from
 // two threads at once). Where that bound holds, the plan of every rank
 // waits for them, and is not made at all where the best of them predicts
-// no more than its own least step (TopologyPlan::ungrouped_passed_over).
+// no more than its own least step (PlanWeighing::ungrouped_passed_over).
 // Where the chosen plan has no owner groups and exchange nodes are on offer
 // (`settings.node_exchange`, and ChooseExchangeNodes: several nodes of as
 // many workers, none dedicated, some matrix unreduced), the same plan is also
 // scheduled with them (ChooseStepGrouping, its own bucket bound; not planned
 // again) and clocked, and the shorter step is taken (ties: the rings), with its
-// schedule and its applies (TopologyPlan::exchange_offered); unless the
+// schedule and its applies (PlanWeighing::exchange_offered); unless the
 // exchange's least step (step_bound.h: its launches, its busier link's
 // levels and its HBM time for every unreduced element, whoever owns it) is
 // no shorter than the rings' step: then it is passed over unscheduled
-// (TopologyPlan::exchange_passed_over).
+// (PlanWeighing::exchange_passed_over).
 // Errors: the plan of every rank's, or its schedule's (where a grouped plan
 // could be made, it stands alone then).
 absl::StatusOr<TopologyPlan> PlanOnTopology(

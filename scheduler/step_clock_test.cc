@@ -993,9 +993,9 @@ TEST(PlanOnTopologyTest, TakesTheExchangeWhereItsStepIsShorter) {
         });
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(planned, 1);
-    EXPECT_TRUE(out->exchange_offered);
-    EXPECT_EQ(out->exchange_passed_over, c.passed_over);
-    EXPECT_GT(out->rings_seconds, 0);
+    EXPECT_TRUE(out->weighed.exchange_offered);
+    EXPECT_EQ(out->weighed.exchange_passed_over, c.passed_over);
+    EXPECT_GT(out->weighed.rings_seconds, 0);
     // The exchange's step, or (passed over) its least, below it.
     OwnershipPlan with = job.plan;
     with.exchange_nodes = ChooseExchangeNodes(job.matrices, settings.topology,
@@ -1004,23 +1004,26 @@ TEST(PlanOnTopologyTest, TakesTheExchangeWhereItsStepIsShorter) {
         ChooseStepGrouping(job.matrices, with, job.models, settings)
             ->predicted_seconds;
     if (c.passed_over) {
-      EXPECT_GE(out->exchange_seconds, out->rings_seconds);
-      EXPECT_LE(out->exchange_seconds, exchange_step);
+      EXPECT_GE(out->weighed.exchange_seconds, out->weighed.rings_seconds);
+      EXPECT_LE(out->weighed.exchange_seconds, exchange_step);
     } else {
-      EXPECT_DOUBLE_EQ(out->exchange_seconds, exchange_step);
+      EXPECT_DOUBLE_EQ(out->weighed.exchange_seconds, exchange_step);
     }
     const bool exchange = c.exchange;
-    EXPECT_EQ(out->exchange_seconds < out->rings_seconds, exchange);
+    EXPECT_EQ(out->weighed.exchange_seconds < out->weighed.rings_seconds,
+              exchange);
     EXPECT_EQ(out->plan.exchange_nodes.empty(), !exchange);
     EXPECT_EQ(out->grouping.schedule.exchange_nodes, out->plan.exchange_nodes);
     const Transfer& first = out->grouping.schedule.buckets[0].to_owners[0];
     EXPECT_EQ(first.kind, exchange ? TransferKind::kExchangeToOwner
                                    : TransferKind::kReduceToOwner);
     // The taken schedule's clock, its applies weighed from it.
-    const double taken = exchange ? out->exchange_seconds : out->rings_seconds;
+    const double taken =
+        exchange ? out->weighed.exchange_seconds : out->weighed.rings_seconds;
     EXPECT_DOUBLE_EQ(out->grouping.predicted_seconds, taken);
-    EXPECT_DOUBLE_EQ(
-        std::min(out->before_votes_seconds, out->at_commit_seconds), taken);
+    EXPECT_DOUBLE_EQ(std::min(out->weighed.before_votes_seconds,
+                              out->weighed.at_commit_seconds),
+                     taken);
     const StepClock clock = ClockStep(
         job.matrices, out->grouping.schedule,
         StackSeconds(out->grouping.schedule, job.models), workers, settings);
@@ -1042,10 +1045,10 @@ TEST(PlanOnTopologyTest, NoExchangeOnOneNodeOrWithoutUnreducedMatrices) {
           });
       ASSERT_TRUE(out.ok()) << out.status();
       const bool offered = layout == Layout::kUnreduced && per_node == 4;
-      EXPECT_EQ(out->exchange_offered, offered) << per_node;
+      EXPECT_EQ(out->weighed.exchange_offered, offered) << per_node;
       if (!offered) {
         EXPECT_THAT(out->plan.exchange_nodes, IsEmpty());
-        EXPECT_EQ(out->exchange_seconds, 0);
+        EXPECT_EQ(out->weighed.exchange_seconds, 0);
       }
     }
   }

@@ -145,18 +145,18 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
   line["topology_again_ms"] = topology_again_ms;
   line["owner_groups_offered"] = !offered.empty();
   line["owner_groups_taken"] = !planned->plan.groups.empty();
-  line["groupings_tried"] = planned->grouped_candidates.size();
+  line["groupings_tried"] = planned->weighed.grouped_candidates.size();
   // The predicted steps weighed: each grouping's (0: passed over by its
   // bound, unplanned), the plan of every worker's, and the chosen one's
   // applies (before the votes, or at the commit).
   nlohmann::ordered_json tried = nlohmann::ordered_json::array();
-  for (const auto& [members, seconds] : planned->grouped_candidates) {
+  for (const auto& [members, seconds] : planned->weighed.grouped_candidates) {
     tried.push_back({{"group_size", members}, {"predicted_ms", seconds * 1e3}});
   }
   line["grouped_candidates"] = tried;
-  line["ungrouped_ms"] = planned->ungrouped_seconds * 1e3;
-  line["applied_before_votes"] =
-      !planned->apply_at_commit && planned->before_votes_seconds > 0;
+  line["ungrouped_ms"] = planned->weighed.ungrouped_seconds * 1e3;
+  line["applied_before_votes"] = !planned->weighed.apply_at_commit &&
+                                 planned->weighed.before_votes_seconds > 0;
   line["max_ms"] = plan->max_seconds * 1e3;
   line["lower_bound_ms"] = plan->lower_bound * 1e3;
   line["max_over_lower_bound"] = plan->max_seconds / plan->lower_bound;

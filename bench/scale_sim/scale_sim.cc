@@ -143,24 +143,10 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
   SimResult result;
   result.bucket_bytes = planned->grouping.bucket_bytes;
   result.bucket_candidates = planned->grouping.candidates;
-  result.groups_declined = planned->groups_declined;
-  result.grouped_seconds = planned->grouped_seconds;
-  result.ungrouped_seconds = planned->ungrouped_seconds;
-  result.ungrouped_passed_over = planned->ungrouped_passed_over;
-  result.grouped_candidates = planned->grouped_candidates;
-  result.at_holders_seconds = planned->at_holders_seconds;
-  result.where_free_seconds = planned->where_free_seconds;
-  result.experts_at_holders = planned->experts_at_holders;
-  result.before_votes_seconds = planned->before_votes_seconds;
-  result.at_commit_seconds = planned->at_commit_seconds;
-  result.exchange_offered = planned->exchange_offered;
+  result.weighed = planned->weighed;
   result.exchange_taken = !plan.exchange_nodes.empty();
-  result.exchange_seconds = planned->exchange_seconds;
-  result.rings_seconds = planned->rings_seconds;
-  result.exchange_passed_over = planned->exchange_passed_over;
-  if (result.exchange_passed_over) {
+  if (result.weighed.exchange_passed_over) {
     // Passed over by its least step: the step it would have taken.
-    result.exchange_least_seconds = planned->exchange_seconds;
     scheduler::OwnershipPlan with = plan;
     with.exchange_nodes = scheduler::ChooseExchangeNodes(
         config.matrices, settings.topology, config.gpus, /*dedicated=*/0);
@@ -168,7 +154,7 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
         scheduler::ChooseStepGrouping(config.matrices, with, models, settings,
                                       config.schedule);
     if (!exchange.ok()) return Annotate(exchange.status(), "the exchange");
-    result.exchange_seconds =
+    result.exchange_clocked_seconds =
         exchange->predicted_seconds > 0
             ? exchange->predicted_seconds
             : scheduler::ClockStep(

@@ -92,7 +92,7 @@ struct SimConfig {
   // the model above).
   bool peer_writes = true;
   // The workers may apply the updates before the votes, where the plan's
-  // clock says that is faster (scheduler::TopologyPlan::apply_at_commit),
+  // clock says that is faster (scheduler::PlanWeighing::apply_at_commit),
   // as they do by default; false: always at the commit, as every measured
   // multi-GPU step so far did.
   bool apply_early = true;
@@ -131,40 +131,19 @@ struct SimResult {
   // groups).
   int owner_groups = 1;
   int group_size = 0;
-  // Where groups were offered: the predicted step with the best grouping
-  // (0: no plan) and without, each grouping tried (workers per group,
-  // predicted step), and why they were declined ("" when taken).
-  double grouped_seconds = 0;
-  double ungrouped_seconds = 0;
-  // The plan without groups was not made: ungrouped_seconds is its least
-  // step (scheduler::TopologyPlan::ungrouped_passed_over).
-  bool ungrouped_passed_over = false;
-  std::vector<std::pair<int, double>> grouped_candidates;
-  std::string groups_declined;
-  // Where trainers hold whole experts (row_sharded stacks): the predicted
-  // step with every expert owned where it is held and with experts there
-  // only where that costs nothing, and whether the first was taken
-  // (TopologyPlan).
-  double at_holders_seconds = 0;
-  double where_free_seconds = 0;
-  bool experts_at_holders = false;
-  // The plan's weighing of the applies (scheduler::TopologyPlan's
-  // before_votes_seconds, at_commit_seconds; 0: not weighed); the step
-  // below says which it took (StepClock::applies).
-  double before_votes_seconds = 0;
-  double at_commit_seconds = 0;
-  // Where exchange nodes were offered (unreduced matrices on several
-  // nodes): the predicted step with them and with the rings, and whether
-  // the plan took them (scheduler::TopologyPlan::exchange_offered). Where
-  // the plan passed them over by their least step (exchange_least_seconds,
-  // no shorter than the rings'), the step with them is clocked here all
-  // the same.
-  bool exchange_offered = false;
+  // How the plan was weighed (scheduler::PlanOnTopology's): owner groups
+  // against the plan of every worker, experts where they are held against
+  // where that is free, the applies before the votes against at the commit,
+  // and exchange nodes against the rings; the step below says which applies
+  // it took (StepClock::applies).
+  scheduler::PlanWeighing weighed;
+  // Where exchange nodes were offered (weighed.exchange_offered), whether
+  // the plan took them; where it passed them over by their least step
+  // (weighed.exchange_passed_over; weighed.exchange_seconds is that bound,
+  // no shorter than the rings'), the step with them clocked here all the
+  // same.
   bool exchange_taken = false;
-  double exchange_seconds = 0;
-  double rings_seconds = 0;
-  bool exchange_passed_over = false;
-  double exchange_least_seconds = 0;
+  double exchange_clocked_seconds = 0;
   // The planner's own prediction (max worker seconds, of one group's
   // workers) for comparison.
   double plan_max_seconds = 0;

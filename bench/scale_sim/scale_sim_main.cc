@@ -281,36 +281,41 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
   j["owner_groups"] = r.owner_groups;
   j["group_size"] = r.group_size;
   if (c.hsdp_shard_gpus > 0) j["hsdp_shard_gpus"] = c.hsdp_shard_gpus;
-  if (r.ungrouped_seconds > 0) {
-    j["grouped_ms"] = r.grouped_seconds * 1e3;
-    j["ungrouped_ms"] = r.ungrouped_seconds * 1e3;
-    if (r.ungrouped_passed_over) j["ungrouped_passed_over"] = true;
+  const scheduler::PlanWeighing& w = r.weighed;
+  if (w.ungrouped_seconds > 0) {
+    j["grouped_ms"] = w.grouped_seconds * 1e3;
+    j["ungrouped_ms"] = w.ungrouped_seconds * 1e3;
+    if (w.ungrouped_passed_over) j["ungrouped_passed_over"] = true;
     nlohmann::ordered_json tried = nlohmann::ordered_json::array();
-    for (const auto& [members, seconds] : r.grouped_candidates) {
+    for (const auto& [members, seconds] : w.grouped_candidates) {
       tried.push_back(
           {{"group_size", members}, {"predicted_ms", seconds * 1e3}});
     }
     j["group_candidates"] = tried;
-    if (!r.groups_declined.empty()) j["groups_declined"] = r.groups_declined;
+    if (!w.groups_declined.empty()) j["groups_declined"] = w.groups_declined;
   }
-  if (r.before_votes_seconds > 0) {
+  if (w.before_votes_seconds > 0) {
     j["applied_before_votes"] = r.clock.applies.before_votes;
-    j["before_votes_ms"] = r.before_votes_seconds * 1e3;
-    j["at_commit_ms"] = r.at_commit_seconds * 1e3;
+    j["before_votes_ms"] = w.before_votes_seconds * 1e3;
+    j["at_commit_ms"] = w.at_commit_seconds * 1e3;
   }
-  if (r.exchange_offered) {
+  if (w.exchange_offered) {
     j["exchange_taken"] = r.exchange_taken;
-    j["exchange_ms"] = r.exchange_seconds * 1e3;
-    j["rings_ms"] = r.rings_seconds * 1e3;
-    if (r.exchange_passed_over) {
+    // Passed over: the plan's exchange_seconds is the least step, and the
+    // step with the exchange is the one clocked here.
+    j["exchange_ms"] = (w.exchange_passed_over ? r.exchange_clocked_seconds
+                                               : w.exchange_seconds) *
+                       1e3;
+    j["rings_ms"] = w.rings_seconds * 1e3;
+    if (w.exchange_passed_over) {
       j["exchange_passed_over"] = true;
-      j["exchange_least_ms"] = r.exchange_least_seconds * 1e3;
+      j["exchange_least_ms"] = w.exchange_seconds * 1e3;
     }
   }
-  if (r.at_holders_seconds > 0) {
-    j["experts_at_holders"] = r.experts_at_holders;
-    j["at_holders_ms"] = r.at_holders_seconds * 1e3;
-    j["where_free_ms"] = r.where_free_seconds * 1e3;
+  if (w.at_holders_seconds > 0) {
+    j["experts_at_holders"] = w.experts_at_holders;
+    j["at_holders_ms"] = w.at_holders_seconds * 1e3;
+    j["where_free_ms"] = w.where_free_seconds * 1e3;
   }
   j["bucket_bytes"] = r.bucket_bytes;
   if (!r.bucket_candidates.empty()) {

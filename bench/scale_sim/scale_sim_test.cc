@@ -458,49 +458,53 @@ TEST(ScaleSimTest, ReplicatedStepNeverGrowsWithTheGpuCount) {
         *SimulateStep(Config(model, 8, Layout::kReplicated));
     EXPECT_EQ(eight.owner_groups, 1);
     EXPECT_EQ(eight.group_size, 8);
-    EXPECT_EQ(eight.ungrouped_seconds, 0);  // none offered on one node
+    EXPECT_EQ(eight.weighed.ungrouped_seconds, 0);  // none offered on one node
     std::vector<double> steps = {eight.clock.predicted_seconds};
     // The plan of every worker's step at 8, 16, 32, ... GPUs.
     std::vector<double> alone = steps;
     for (int gpus = 16; gpus <= 1024; gpus *= 2) {
       const SimResult r =
           *SimulateStep(Config(model, gpus, Layout::kReplicated));
-      ASSERT_FALSE(r.grouped_candidates.empty()) << model << " " << gpus;
+      ASSERT_FALSE(r.weighed.grouped_candidates.empty())
+          << model << " " << gpus;
       // Groups of one node first, then the largest.
-      EXPECT_EQ(r.grouped_candidates[0].first, 8);
-      EXPECT_NEAR(r.grouped_candidates[0].second, eight.clock.predicted_seconds,
-                  1e-12)
+      EXPECT_EQ(r.weighed.grouped_candidates[0].first, 8);
+      EXPECT_NEAR(r.weighed.grouped_candidates[0].second,
+                  eight.clock.predicted_seconds, 1e-12)
           << model << " " << gpus;
       if (gpus > 16) {
-        ASSERT_GT(r.grouped_candidates.size(), 1u);
-        EXPECT_EQ(r.grouped_candidates[1].first, gpus / 2);
+        ASSERT_GT(r.weighed.grouped_candidates.size(), 1u);
+        EXPECT_EQ(r.weighed.grouped_candidates[1].first, gpus / 2);
       }
       // Each grouping clocks as the plan of its group's GPUs alone.
-      for (const auto& [members, seconds] : r.grouped_candidates) {
+      for (const auto& [members, seconds] : r.weighed.grouped_candidates) {
         const int at = static_cast<int>(std::log2(members / 8));
         ASSERT_LT(at, static_cast<int>(alone.size()));
         EXPECT_NEAR(seconds, alone[at], 1e-9 * alone[at])
             << model << " " << gpus << " groups of " << members;
       }
-      EXPECT_GT(r.ungrouped_seconds, 0) << gpus;
-      EXPECT_DOUBLE_EQ(r.clock.predicted_seconds,
-                       std::min(r.grouped_seconds, r.ungrouped_seconds))
+      EXPECT_GT(r.weighed.ungrouped_seconds, 0) << gpus;
+      EXPECT_DOUBLE_EQ(
+          r.clock.predicted_seconds,
+          std::min(r.weighed.grouped_seconds, r.weighed.ungrouped_seconds))
           << model << " " << gpus;
       EXPECT_LE(r.clock.predicted_seconds, steps.back() * (1 + 1e-9))
           << model << " " << gpus;
       if (r.owner_groups > 1) {
         EXPECT_EQ(r.owner_groups * r.group_size, gpus);
-        EXPECT_TRUE(r.groups_declined.empty()) << r.groups_declined;
+        EXPECT_TRUE(r.weighed.groups_declined.empty())
+            << r.weighed.groups_declined;
       }
       steps.push_back(r.clock.predicted_seconds);
-      alone.push_back(r.ungrouped_seconds);
+      alone.push_back(r.weighed.ungrouped_seconds);
     }
     // Past 64 GPUs the plan of every worker grows (each phase's ring fills
     // over every rank); groups of one 64-GPU step's size hold it.
     const SimResult most =
         *SimulateStep(Config(model, 1024, Layout::kReplicated));
     EXPECT_GT(most.owner_groups, 1) << model;
-    EXPECT_LT(most.clock.predicted_seconds, most.ungrouped_seconds) << model;
+    EXPECT_LT(most.clock.predicted_seconds, most.weighed.ungrouped_seconds)
+        << model;
   }
   // On a network of 5 GB/s a GPU the groups of one node win everywhere:
   // the step stays the 8 GPUs' exactly.
@@ -512,7 +516,7 @@ TEST(ScaleSimTest, ReplicatedStepNeverGrowsWithTheGpuCount) {
     const SimResult r = *SimulateStep(c);
     EXPECT_EQ(r.owner_groups, gpus / 8) << gpus;
     EXPECT_EQ(r.group_size, 8) << gpus;
-    EXPECT_TRUE(r.groups_declined.empty()) << r.groups_declined;
+    EXPECT_TRUE(r.weighed.groups_declined.empty()) << r.weighed.groups_declined;
     EXPECT_DOUBLE_EQ(r.clock.predicted_seconds, eight.clock.predicted_seconds)
         << gpus;
     EXPECT_EQ(r.clock.bytes_per_gpu, eight.clock.bytes_per_gpu) << gpus;
@@ -539,9 +543,11 @@ TEST(ScaleSimTest, UpdatesApplyBeforeTheVotesOnlyWhereThatIsFaster) {
                   commit.clock.predicted_seconds * (1 + 1e-9))
             << model << " " << gpus;
         // Weighed, owner groups too: the plan's two ways, the faster taken.
-        ASSERT_GT(either.before_votes_seconds, 0) << model << " " << gpus;
+        ASSERT_GT(either.weighed.before_votes_seconds, 0)
+            << model << " " << gpus;
         EXPECT_EQ(either.clock.applies.before_votes,
-                  either.before_votes_seconds < either.at_commit_seconds)
+                  either.weighed.before_votes_seconds <
+                      either.weighed.at_commit_seconds)
             << model << " " << gpus;
       }
     }
@@ -553,7 +559,7 @@ TEST(ScaleSimTest, UpdatesApplyBeforeTheVotesOnlyWhereThatIsFaster) {
   const SimResult sharded = *SimulateStep(hsdp);
   EXPECT_EQ(sharded.owner_groups, 4);
   EXPECT_FALSE(sharded.clock.applies.before_votes);
-  EXPECT_EQ(sharded.before_votes_seconds, 0);
+  EXPECT_EQ(sharded.weighed.before_votes_seconds, 0);
   // One node, replicated: Newton-Schulz ends the stage; the commit's way.
   const SimResult eight =
       *SimulateStep(Config("llama3_8b_8layers", 8, Layout::kReplicated));
@@ -599,7 +605,7 @@ TEST(ScaleSimTest, OwnerGroupsOnlyForReplicatedJobsOnEqualNodes) {
   const auto groups = [](SimConfig c) {
     c.links.inter_node_gbs = 0.5;
     const SimResult r = *SimulateStep(c);
-    return std::make_tuple(r.ungrouped_seconds > 0, r.owner_groups,
+    return std::make_tuple(r.weighed.ungrouped_seconds > 0, r.owner_groups,
                            r.group_size);
   };
   using Groups = std::tuple<bool, int, int>;
@@ -623,9 +629,10 @@ TEST(ScaleSimTest, AGroupTooSmallForTheMomentumLosesToThePlanOfEveryWorker) {
   const absl::StatusOr<SimResult> r = SimulateStep(c);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->owner_groups, 1);
-  EXPECT_EQ(r->grouped_seconds, 0);
-  EXPECT_THAT(r->groups_declined, HasSubstr("RESOURCE_EXHAUSTED"));
-  EXPECT_THAT(r->groups_declined, HasSubstr("one owner group of 8 workers"));
+  EXPECT_EQ(r->weighed.grouped_seconds, 0);
+  EXPECT_THAT(r->weighed.groups_declined, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(r->weighed.groups_declined,
+              HasSubstr("one owner group of 8 workers"));
 }
 
 TEST(ScaleSimTest, RowShardedOwnerReceivesAndSendsAllButItsOwnRows) {
@@ -684,8 +691,9 @@ TEST(ScaleSimTest, RingFillLatencyIsPaidOncePerPhase) {
   c.node_exchange = true;
   const SimResult exchange = *SimulateStep(c);
   EXPECT_TRUE(exchange.exchange_taken);
-  EXPECT_NEAR(exchange.rings_seconds - exchange.exchange_seconds,
-              r.clock.latency_seconds - 2 * 3 * 3e-6, 1e-12);
+  EXPECT_NEAR(
+      exchange.weighed.rings_seconds - exchange.weighed.exchange_seconds,
+      r.clock.latency_seconds - 2 * 3 * 3e-6, 1e-12);
   EXPECT_NEAR(exchange.clock.latency_seconds, 2 * 3 * 3e-6, 1e-12);
 }
 
@@ -714,7 +722,7 @@ TEST(ScaleSimTest, HsdpStepIsItsShardGroupsAtEveryCount) {
       const SimResult r = *SimulateStep(c);
       EXPECT_EQ(r.owner_groups, gpus / 64) << model << " " << gpus;
       EXPECT_EQ(r.group_size, 64);
-      EXPECT_EQ(r.ungrouped_seconds, 0) << "required: nothing weighed";
+      EXPECT_EQ(r.weighed.ungrouped_seconds, 0) << "required: nothing weighed";
       EXPECT_NEAR(r.clock.predicted_seconds, shard.clock.predicted_seconds,
                   0.01 * shard.clock.predicted_seconds)
           << model << " " << gpus;
@@ -740,10 +748,11 @@ TEST(ScaleSimTest, WholeExpertsOwnedWhereHeldKeepTheMoeStepShrinking) {
   for (const int gpus : {64, 256, 1024}) {
     const SimResult r =
         *SimulateStep(Config("deepseek_v3_like", gpus, Layout::kRowSharded));
-    EXPECT_TRUE(r.experts_at_holders) << gpus;
-    EXPECT_GT(r.where_free_seconds, r.at_holders_seconds) << gpus;
-    EXPECT_NEAR(r.clock.predicted_seconds, r.at_holders_seconds,
-                1e-9 * r.at_holders_seconds);
+    EXPECT_TRUE(r.weighed.experts_at_holders) << gpus;
+    EXPECT_GT(r.weighed.where_free_seconds, r.weighed.at_holders_seconds)
+        << gpus;
+    EXPECT_NEAR(r.clock.predicted_seconds, r.weighed.at_holders_seconds,
+                1e-9 * r.weighed.at_holders_seconds);
     if (last > 0) {
       EXPECT_LE(r.clock.predicted_seconds, last) << gpus;
     }
@@ -752,8 +761,8 @@ TEST(ScaleSimTest, WholeExpertsOwnedWhereHeldKeepTheMoeStepShrinking) {
   // Sets without experts weigh nothing.
   const SimResult dense =
       *SimulateStep(Config("llama3_8b_8layers", 64, Layout::kRowSharded));
-  EXPECT_EQ(dense.at_holders_seconds, 0);
-  EXPECT_FALSE(dense.experts_at_holders);
+  EXPECT_EQ(dense.weighed.at_holders_seconds, 0);
+  EXPECT_FALSE(dense.weighed.experts_at_holders);
 }
 
 TEST(ScaleSimTest, BadInputNamesTheFlag) {

@@ -466,9 +466,9 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
         "the replica groups by trainer rank",
         s.job, s.version, groupings[0].size(), groupings[0][0].size());
   }
-  if (planned->groups_offered) {
+  if (planned->weighed.groups_offered) {
     std::string tried;
-    for (const auto& [members, seconds] : planned->grouped_candidates) {
+    for (const auto& [members, seconds] : planned->weighed.grouped_candidates) {
       absl::StrAppend(&tried, tried.empty() ? "" : ", ", members,
                       " workers a group: ", seconds * 1e3, " ms");
     }
@@ -480,29 +480,33 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
         taken.empty() ? std::string("declined")
                       : absl::StrCat("taken: ", taken.size(), " of ",
                                      taken[0].size(), " workers"),
-        planned->grouped_seconds * 1e3, planned->ungrouped_seconds * 1e3,
-        planned->ungrouped_passed_over ? "at least (not planned) " : "", tried,
-        planned->groups_declined.empty() ? "" : ": ", planned->groups_declined);
+        planned->weighed.grouped_seconds * 1e3,
+        planned->weighed.ungrouped_seconds * 1e3,
+        planned->weighed.ungrouped_passed_over ? "at least (not planned) " : "",
+        tried, planned->weighed.groups_declined.empty() ? "" : ": ",
+        planned->weighed.groups_declined);
   }
-  if (planned->at_holders_seconds > 0) {
+  if (planned->weighed.at_holders_seconds > 0) {
     spdlog::info(
         "job {} plan version {}: whole experts {} ({} ms predicted with "
         "every expert owned where it is held, {} ms with them there only "
         "where that costs nothing)",
         s.job, s.version,
-        planned->experts_at_holders ? "owned where they are held"
-                                    : "there where that costs nothing",
-        planned->at_holders_seconds * 1e3, planned->where_free_seconds * 1e3);
+        planned->weighed.experts_at_holders ? "owned where they are held"
+                                            : "there where that costs nothing",
+        planned->weighed.at_holders_seconds * 1e3,
+        planned->weighed.where_free_seconds * 1e3);
   }
-  if (planned->before_votes_seconds > 0) {
+  if (planned->weighed.before_votes_seconds > 0) {
     spdlog::info(
         "job {} plan version {}: updates applied {} ({} ms predicted before "
         "the votes, {} ms at the commit)",
         s.job, s.version,
-        planned->apply_at_commit ? "at the commit" : "before the votes",
-        planned->before_votes_seconds * 1e3, planned->at_commit_seconds * 1e3);
+        planned->weighed.apply_at_commit ? "at the commit" : "before the votes",
+        planned->weighed.before_votes_seconds * 1e3,
+        planned->weighed.at_commit_seconds * 1e3);
   }
-  if (planned->exchange_offered) {
+  if (planned->weighed.exchange_offered) {
     spdlog::info(
         "job {} plan version {}: unreduced gradients {} ({} ms predicted "
         "summed in two levels over {} nodes, {} ms by a ring over every "
@@ -510,8 +514,8 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
         s.job, s.version,
         planned->plan.exchange_nodes.empty() ? "by rings"
                                              : "summed in two levels",
-        planned->exchange_seconds * 1e3, settings.topology.nodes(),
-        planned->rings_seconds * 1e3);
+        planned->weighed.exchange_seconds * 1e3, settings.topology.nodes(),
+        planned->weighed.rings_seconds * 1e3);
   }
   auto out = std::make_shared<PublishedPlan>();
   out->job = s.job;
@@ -526,7 +530,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   out->nodes = settings.topology.nodes();
   out->network_gbs =
       out->nodes > 1 ? settings.topology.links.inter_node_gbs : 0.0;
-  out->apply_at_commit = planned->apply_at_commit;
+  out->apply_at_commit = planned->weighed.apply_at_commit;
   return out;
 }
 
