@@ -34,9 +34,10 @@ absl::Status UploadAs(DType dtype, const std::vector<float>& values,
                       void* device) {
   std::vector<char> narrow(values.size() * DTypeSize(dtype));
   FromFloat(dtype, values.data(), values.size(), narrow.data());
-  const cudaError_t e =
-      cudaMemcpy(device, narrow.data(), narrow.size(), cudaMemcpyHostToDevice);
-  return CudaStatus(e, "upload");
+  MUONPS_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpy(device, narrow.data(), narrow.size(), cudaMemcpyHostToDevice),
+      "upload"));
+  return CudaStatus(cudaDeviceSynchronize(), "upload (landing)");
 }
 
 absl::StatusOr<std::vector<float>> DownloadAs(DType dtype, const void* device,

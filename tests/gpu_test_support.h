@@ -40,8 +40,10 @@ const std::vector<MatrixCase>& Matrices();
 float GradValue(int64_t step, int matrix, int64_t i);
 
 // `values` rounded to `dtype` (fp32 or bf16), copied to device memory at
-// `device`; and `count` values of `dtype` at `device`, widened to float.
-// INTERNAL with the CUDA error otherwise.
+// `device` and landed there (a pageable copy may return before its DMA
+// does, and a worker reads them behind an event of another stream); and
+// `count` values of `dtype` at `device`, widened to float. INTERNAL with
+// the CUDA error otherwise.
 absl::Status UploadAs(DType dtype, const std::vector<float>& values,
                       void* device);
 absl::StatusOr<std::vector<float>> DownloadAs(DType dtype, const void* device,

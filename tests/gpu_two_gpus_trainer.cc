@@ -130,9 +130,6 @@ class Trainer {
       MUONPS_RETURN_IF_ERROR(
           client_->LendCuda(c.name, block, param, ClientDType(config_.dtype)));
     }
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      return absl::InternalError("cudaDeviceSynchronize after the uploads");
-    }
     MuonOptions muon;
     muon.lr = 0.02;
     muon.weight_decay = 0.1;
@@ -193,6 +190,11 @@ class Trainer {
 
   // Count then values (float), per matrix; written aside, then renamed.
   absl::Status WriteParams() {
+    // As this trainer's next kernels would read them: after its stream's
+    // wait for the worker's done counter.
+    if (cudaStreamSynchronize(stream_) != cudaSuccess) {
+      return absl::InternalError("cudaStreamSynchronize before the download");
+    }
     const std::string temp = config_.params_out + ".tmp";
     {
       std::ofstream out(temp, std::ios::binary | std::ios::trunc);
@@ -232,11 +234,6 @@ class Trainer {
         }
       }
       MUONPS_RETURN_IF_ERROR(UploadAs(config_.dtype, g, grads_[m]));
-    }
-    // A pageable cudaMemcpy may return before its DMA lands; the step's
-    // ready event is recorded on another stream.
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      return absl::InternalError("cudaDeviceSynchronize after the gradients");
     }
     return absl::OkStatus();
   }

@@ -334,6 +334,17 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     return sum * (1.0f / static_cast<float>(Workers()));
   }
 
+  // Trainer t's parameter of matrix m as its next kernels see it: after
+  // its stream's wait for the worker's done counter (the worker answers
+  // with the step's writes, or a refused step's undo, still in flight on
+  // its own stream).
+  absl::StatusOr<std::vector<float>> LentParam(int t, size_t m) const {
+    if (cudaStreamSynchronize(streams_[t]) != cudaSuccess) {
+      return absl::InternalError("the trainer's stream failed");
+    }
+    return testing::DownloadAs(Dtype(), params_[t][m], Held(Matrices()[m], t));
+  }
+
   void WriteGradients(int64_t step) {
     for (int t = 0; t < Workers(); ++t) {
       for (size_t m = 0; m < Matrices().size(); ++m) {
@@ -403,8 +414,7 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];
     for (int t = 0; t < Workers(); ++t) {
-      absl::StatusOr<std::vector<float>> lent =
-          testing::DownloadAs(Dtype(), params_[t][m], Held(c, t));
+      absl::StatusOr<std::vector<float>> lent = LentParam(t, m);
       ASSERT_TRUE(lent.ok()) << lent.status();
       const double err = RelativeError(*lent, HeldOf((*wanted)[m], c, t));
       worst = std::max(worst, err);
@@ -460,9 +470,7 @@ TEST_P(TwoWorkersOneGpuTest, ARefusedStepLeavesEveryParameterAsItWas) {
     std::vector<std::vector<float>> out;
     for (int t = 0; t < Workers(); ++t) {
       for (size_t m = 0; m < Matrices().size(); ++m) {
-        const MatrixCase& c = Matrices()[m];
-        absl::StatusOr<std::vector<float>> lent =
-            testing::DownloadAs(Dtype(), params_[t][m], Held(c, t));
+        absl::StatusOr<std::vector<float>> lent = LentParam(t, m);
         EXPECT_TRUE(lent.ok()) << lent.status();
         out.push_back(lent.ok() ? *std::move(lent) : std::vector<float>());
       }
@@ -503,8 +511,7 @@ TEST_P(TwoWorkersOneGpuTest, ARefusedStepLeavesEveryParameterAsItWas) {
   for (size_t m = 0; m < Matrices().size(); ++m) {
     const MatrixCase& c = Matrices()[m];
     for (int t = 0; t < Workers(); ++t) {
-      absl::StatusOr<std::vector<float>> lent =
-          testing::DownloadAs(Dtype(), params_[t][m], Held(c, t));
+      absl::StatusOr<std::vector<float>> lent = LentParam(t, m);
       ASSERT_TRUE(lent.ok()) << lent.status();
       worst = std::max(worst, RelativeError(*lent, HeldOf((*wanted)[m], c, t)));
     }
@@ -576,8 +583,7 @@ TEST_P(PausedWriterOneGpuTest, OthersReleaseTheirWaitsForItsLandingWords) {
   std::vector<std::vector<std::vector<float>>> before(Workers());
   for (int t = 0; t < Workers(); ++t) {
     for (size_t m = 0; m < Matrices().size(); ++m) {
-      absl::StatusOr<std::vector<float>> p =
-          testing::DownloadAs(Dtype(), params_[t][m], Held(Matrices()[m], t));
+      absl::StatusOr<std::vector<float>> p = LentParam(t, m);
       ASSERT_TRUE(p.ok()) << p.status();
       before[t].push_back(*std::move(p));
     }
@@ -603,10 +609,8 @@ TEST_P(PausedWriterOneGpuTest, OthersReleaseTheirWaitsForItsLandingWords) {
     absl::StatusOr<StepResult> r = clients_[t]->Wait();
     EXPECT_FALSE(r.ok()) << "trainer " << t;
     std::printf("trainer %d: %s\n", t, r.status().ToString().c_str());
-    ASSERT_EQ(cudaStreamSynchronize(streams_[t]), cudaSuccess);
     for (size_t m = 0; m < Matrices().size(); ++m) {
-      absl::StatusOr<std::vector<float>> p =
-          testing::DownloadAs(Dtype(), params_[t][m], Held(Matrices()[m], t));
+      absl::StatusOr<std::vector<float>> p = LentParam(t, m);
       ASSERT_TRUE(p.ok()) << p.status();
       EXPECT_EQ(*p, before[t][m]) << Matrices()[m].name << " of trainer " << t
                                   << " changed by a step that failed";
