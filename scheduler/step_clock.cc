@@ -989,7 +989,7 @@ double ControlMessagesOnPath(int workers, int fanout) {
 
 double ControlSeconds(int workers, const ClockSettings& settings) {
   return settings.control_rounds_ms * 1e-3 +
-         kControlRoundsPerStep *
+         kControlRoundsAwaited *
              ControlMessagesOnPath(workers, settings.control_tree_fanout) *
              settings.control_message_us * 1e-6;
 }

@@ -226,7 +226,7 @@ struct ClockSettings {
   double control_rounds_ms = 4.0;
   // A rank's host time per control message, and the fanout of the tree
   // the messages pass along (server/worker/step_control.h; 0: a star).
-  // Each of a step's kControlRoundsPerStep rounds gathers every rank's
+  // Each of a step's kControlRoundsAwaited rounds gathers every rank's
   // message at rank 0 and broadcasts its answer, from neighbor to
   // neighbor along the tree, one message after another on each rank: the
   // busiest path has ControlMessagesOnPath of them (bench/control_rounds),
@@ -268,9 +268,15 @@ struct ClockSettings {
 bool MayApplyBeforeVotes(const std::vector<MatrixSpec>& matrices,
                          size_t groups);
 
-// The rounds of a step that gather at rank 0 and answer every rank: the
-// agreement, the vote and the confirmation (server/worker/step_run.h).
-inline constexpr int kControlRoundsPerStep = 3;
+// The rounds of a step that gather at rank 0 and answer every rank before
+// the trainer's stream may go on: the agreement and the vote
+// (server/worker/step_run.h). The third, the confirmation, follows the
+// commit's writes and the done counter that releases the trainer's stream
+// (step_commit.h), so the next forward does not wait for it, nor does a
+// step timed as bench/step_gpu times one (until the trainer's stream saw
+// the parameters); the next step's agreement waits for it, but that comes
+// a forward and a backward later.
+inline constexpr int kControlRoundsAwaited = 2;
 
 // The messages one round passes through one after another on its
 // busiest path among `workers` ranks on a tree of `fanout` (0: a star):

@@ -73,8 +73,8 @@ struct SimConfig {
   // The commit (see the model above). HBM bytes per second for applying
   // the updates: 4.3e12 (H200; 3.0e12 on H100), nominal bandwidth less
   // what a streaming kernel reaches (not measured here). Control rounds:
-  // 4 ms, the agree round the H100 timelines show (host_ms.agreed, 2.3 to
-  // 4.3 ms) plus their vote and confirm.
+  // 4 ms of fixed host cost, fitted to the agree round the H100 timelines
+  // show (host_ms.agreed, 2.3 to 4.3 ms) and the vote.
   double hbm_bytes_per_second = 4.3e12;
   double control_rounds_ms = 4.0;
   // A rank's host time per control message (ClockSettings::

@@ -78,14 +78,18 @@
 //                        plus the update's bytes per parameter a trainer
 //                        holds); default 4.3e12 (H200; H100 3.0e12)
 //   --control_message_us a rank's time per control message, on top: the
-//                        busiest path's messages a round, 3 rounds a step;
+//                        busiest path's messages a round, for the 2 rounds
+//                        the trainer waits for (agree, vote; the confirm
+//                        follows its release: scheduler::
+//                        kControlRoundsAwaited);
 //                        default 6.3 (bench/control_rounds, 512 ranks on
 //                        16 cores)
 //   --control_tree_fanout  the tree the control messages pass along; default
 //                        16 (a GPU worker's), 0 a star around rank 0
-//   --control_rounds_ms  agree + vote + confirm; default 4 (the H100
-//                        timelines' agree round, host_ms.agreed 2.3-4.3 ms,
-//                        plus vote and confirm)
+//   --control_rounds_ms  the rounds' fixed host cost a step; default 4
+//                        (fitted: the H100 timelines' agree round,
+//                        host_ms.agreed 2.3-4.3 ms, and the vote; the 2-GPU
+//                        validations hold with 2.5 to 4)
 //   --cost_scale         multiplies the cost table's times; default 1
 //   --transfer_contention  compute runs 1 + this times slower while a
 //                        transfer phase is in flight; default 0
@@ -186,7 +190,7 @@ ABSL_FLAG(double, cost_scale, 1.0,
 ABSL_FLAG(double, hbm_bw, 4.3e12,
           "HBM bytes/s for applying updates (H200 4.3e12; H100 3.0e12).");
 ABSL_FLAG(double, control_rounds_ms, 4.0,
-          "Agree + vote + confirm rounds per step (ms).");
+          "The control rounds' fixed host cost per step (ms).");
 ABSL_FLAG(double, control_message_us, 6.3,
           "A rank's host time per control message (us): each round passes "
           "those of its busiest path along the control tree.");
