@@ -10,8 +10,8 @@
 #     time: the launcher starts each again, it resumes from the state it
 #     saved after its last answered step, and a step its worker committed
 #     after that save is repaired from the other trainer.
-# Each run finishes its steps (300; 1000 for the third) with parameters
-# equal to a single-process run of the same kernels (parity 0). About three
+# Each run finishes its steps (300; 2500 for the third) with parameters
+# equal to a single-process run of the same kernels (parity 0). About six
 # minutes on 2 cores once the binaries are built. Prints PASS/FAIL lines and ends with "N passed, M
 # failed".
 set -uo pipefail
@@ -105,11 +105,12 @@ check_parity "a rolling restart"
 # 3. Trainers killed at random moments, one fault at a time: a kill only
 # once every trainer has run for 3 s, so the one killed before has resumed.
 # The kills stall the job, but a fast machine runs the steps between them
-# quickly: 600 steps ended after 19 kills once, so 1000. (Two trainers of an
+# quickly: 600 steps ended after 19 kills once, and 1000 after 18 (108 s on
+# 2 cores), so 2500. (Two trainers of an
 # unreduced job killed within a step of each other can take that step's
 # AdamW means with them: their workers then refuse the next step with
 # DATA_LOSS, saying which state to reload; step_protocol_test covers it.)
-launch 1000
+launch 2500
 wait_for_step 10
 RANDOM=29
 kills=0
