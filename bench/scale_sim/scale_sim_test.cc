@@ -189,9 +189,8 @@ TEST(ScaleSimTest, ControlMessagesThroughAStarGrowWithTheRanks) {
   // Each of the rounds a trainer waits for (the agreement and the vote)
   // gathers every rank's message at rank 0 and sends its answer to each:
   // on a star 2 (N - 1) messages a round, one after another, on top of the
-  // rounds' fixed cost. Only the whole job's
-  // clock counts them: the plans are weighed without (the coordinator's
-  // way).
+  // rounds' fixed cost. Only the whole job's clock counts them: the plans
+  // are weighed without (the coordinator's way).
   for (const int gpus : {2, 64, 1024}) {
     SimConfig c = Config("llama3_8b_8layers", gpus, Layout::kReplicated);
     c.control_tree_fanout = 0;

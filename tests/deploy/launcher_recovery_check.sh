@@ -106,10 +106,10 @@ check_parity "a rolling restart"
 # once every trainer has run for 3 s, so the one killed before has resumed.
 # The kills stall the job, but a fast machine runs the steps between them
 # quickly: 600 steps ended after 19 kills once, and 1000 after 18 (108 s on
-# 2 cores), so 2500. (Two trainers of an
-# unreduced job killed within a step of each other can take that step's
-# AdamW means with them: their workers then refuse the next step with
-# DATA_LOSS, saying which state to reload; step_protocol_test covers it.)
+# 2 cores), so 2500. (Two trainers of an unreduced job killed within a step
+# of each other can take that step's AdamW means with them: their workers
+# then refuse the next step with DATA_LOSS, saying which state to reload;
+# step_protocol_test covers it.)
 launch 2500
 wait_for_step 10
 RANDOM=29
