@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
@@ -35,6 +36,26 @@ class Generations {
   std::map<uint64_t, int64_t> next_ ABSL_GUARDED_BY(mu_);
 };
 
+// The coordinator's answer that `version` is no longer the job's plan
+// (FAILED_PRECONDITION on its plan_version: a worker joined or left, or a
+// restarted one rejoined, while this one built the version's
+// communicator). Nothing of a step ran on it and this worker's agent is
+// about to take the new plan, so the step is retried on that:
+// UNAVAILABLE, as for a worker that is out, not a refusal that no retry
+// fixes.
+bool PlanReplaced(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+         absl::StartsWith(status.error_message(), "plan_version: ");
+}
+
+absl::Status Replaced(const grpc::Status& status, absl::string_view call,
+                      uint64_t version) {
+  return absl::UnavailableError(absl::StrCat(
+      call, " for plan version ", version, ": ", status.error_message(),
+      ": the job's plan changed while this worker built its NCCL "
+      "communicator; the step ran nothing: retry it on the new plan"));
+}
+
 absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
                                        v1::Coordinator::Stub& stub, int rank,
                                        uint64_t version,
@@ -53,9 +74,12 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
     grpc::ClientContext context;
     context.set_deadline(DeadlineIn(o.timeout));
     v1::PutNcclIdResponse response;
-    MUONPS_RETURN_IF_ERROR(
-        FromGrpc(stub.PutNcclId(&context, put, &response),
-                 absl::StrCat("PutNcclId for plan version ", version)));
+    const grpc::Status put_status = stub.PutNcclId(&context, put, &response);
+    if (PlanReplaced(put_status)) {
+      return Replaced(put_status, "PutNcclId", version);
+    }
+    MUONPS_RETURN_IF_ERROR(FromGrpc(
+        put_status, absl::StrCat("PutNcclId for plan version ", version)));
     generations.Used(version, generation);
     return id;
   }
@@ -85,6 +109,7 @@ absl::StatusOr<std::string> ExchangeId(const NcclBootstrapOptions& o,
       absl::SleepFor(absl::Milliseconds(20));
       continue;
     }
+    if (PlanReplaced(status)) return Replaced(status, "GetNcclId", version);
     last = status.error_message();
     if (status.error_code() != grpc::StatusCode::NOT_FOUND &&
         status.error_code() != grpc::StatusCode::UNAVAILABLE) {

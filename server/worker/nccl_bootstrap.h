@@ -30,7 +30,9 @@ struct NcclBootstrapOptions {
 };
 
 // A TransportFactory building NcclTransports. Its errors name the plan
-// version and, when the id never arrives, rank 0's worker.
+// version and, when the id never arrives, rank 0's worker. A version the
+// coordinator has replaced meanwhile is UNAVAILABLE: the step ran nothing,
+// and its retry runs on the new plan.
 TransportFactory NcclTransportFactory(NcclBootstrapOptions options);
 
 // Whether a rank other than 0 should start on an id rank 0 put `age` ago
