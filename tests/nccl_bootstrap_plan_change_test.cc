@@ -9,6 +9,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +58,11 @@ class NcclBootstrapPlanChangeTest : public ::testing::Test {
     v1::Job job;
     const grpc::Status status = stub_->CreateJob(&context, create, &job);
     ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
+  void TearDown() override {
+    coordinator_.process.reset();  // killed and reaped
+    std::filesystem::remove_all(dir_);
   }
 
   // Joins `worker` as a GPU worker; returns the plan version it was given.
