@@ -79,12 +79,13 @@ Alone PlanAlone(const Job& job, const std::vector<int32_t>& ranks,
   }
   const StepGrouping g =
       *ChooseStepGrouping(job.matrices, out.plan, models, alone, options);
-  out.predicted_seconds = g.predicted_seconds > 0
-                              ? g.predicted_seconds
-                              : ClockStep(job.matrices, g.schedule,
-                                          StackSeconds(g.schedule, models),
-                                          static_cast<int>(ranks.size()), alone)
-                                    .predicted_seconds;
+  out.predicted_seconds =
+      g.predicted_seconds > 0
+          ? g.predicted_seconds
+          : ClockStep(job.matrices, g.schedule,
+                      StackSeconds(job.matrices, g.schedule, models, alone),
+                      static_cast<int>(ranks.size()), alone)
+                .predicted_seconds;
   return out;
 }
 
@@ -192,9 +193,10 @@ TEST(StepBoundTest, ExchangeBoundStaysBelowEveryCutOfEveryPlan) {
       for (const int64_t bound : bounds) {
         const StepSchedule schedule =
             *BuildStepSchedule(job.matrices, plan, {.bucket_bytes = bound});
-        const StepClock clock = ClockStep(job.matrices, schedule,
-                                          StackSeconds(schedule, job.models),
-                                          workers, job.settings);
+        const StepClock clock = ClockStep(
+            job.matrices, schedule,
+            StackSeconds(job.matrices, schedule, job.models, job.settings),
+            workers, job.settings);
         EXPECT_LE(least, clock.predicted_seconds)
             << workers << " on nodes of " << per_node << ", hop " << hop_us
             << ", bucket " << bound << ", apply_early " << apply_early;

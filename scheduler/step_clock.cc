@@ -884,17 +884,28 @@ int Topology::most_per_node() const {
   return most;
 }
 
-std::vector<double> StackSeconds(const StepSchedule& schedule,
-                                 const std::vector<const CostModel*>& models) {
+std::vector<double> StackSeconds(const std::vector<MatrixSpec>& matrices,
+                                 const StepSchedule& schedule,
+                                 const std::vector<const CostModel*>& models,
+                                 const ClockSettings& settings) {
   std::vector<double> out;
   out.reserve(schedule.stacks.size());
   for (const OwnerStack& s : schedule.stacks) {
+    const CostModel& model = *models[s.owner];
     double seconds = 0;
     for (const StackChunk& chunk : s.chunks) {
-      seconds += models[s.owner]->NsSeconds(s.rows, s.cols, chunk.count,
-                                            chunk.algorithm);
+      seconds += model.NsSeconds(s.rows, s.cols, chunk.count, chunk.algorithm);
     }
-    out.push_back(seconds);
+    double bytes = 0;
+    for (const ItemRef& item : s.items) {
+      bytes += kMomentumBytesPerElement +
+               (matrices[item.matrix].layout == Layout::kUnreduced
+                    ? kMeanBytesPerElement
+                    : 0);
+    }
+    bytes *= static_cast<double>(s.rows * s.cols);
+    out.push_back(seconds +
+                  bytes / settings.hbm_bytes_per_second / model.speed());
   }
   return out;
 }
@@ -988,6 +999,7 @@ double ControlMessagesOnPath(int workers, int fanout) {
 }
 
 double ControlSeconds(int workers, const ClockSettings& settings) {
+  if (workers <= 1) return 0;
   return settings.control_rounds_ms * 1e-3 +
          kControlRoundsAwaited *
              ControlMessagesOnPath(workers, settings.control_tree_fanout) *
@@ -1048,7 +1060,8 @@ absl::StatusOr<StepGrouping> ChooseStepGrouping(
   // and their seconds once.
   StepSchedule schedule = cutter.TakeStacks();
   const int workers = static_cast<int>(plan.worker_ids.size());
-  const std::vector<double> stack_seconds = StackSeconds(schedule, models);
+  const std::vector<double> stack_seconds =
+      StackSeconds(matrices, schedule, models, settings);
   out.predicted_seconds = std::numeric_limits<double>::infinity();
   // Each bound's least step (StepBound, where it holds): one that cannot
   // beat the best so far is neither cut nor clocked, and counts as a miss.
@@ -1131,7 +1144,7 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
                              const ClockSettings& on) {
     if (p.grouping.predicted_seconds > 0) return p.grouping.predicted_seconds;
     const std::vector<double> stacks =
-        StackSeconds(p.grouping.schedule, by_rank);
+        StackSeconds(matrices, p.grouping.schedule, by_rank, on);
     return ClockStep(matrices, p.grouping.schedule, stacks,
                      static_cast<int>(p.plan.worker_ids.size()), on)
         .predicted_seconds;
@@ -1441,8 +1454,9 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
       return std::make_pair(g.predicted_seconds, g.applies);
     }
     const StepClock clock =
-        ClockStep(matrices, g.schedule, StackSeconds(g.schedule, models),
-                  workers, settings);
+        ClockStep(matrices, g.schedule,
+                  StackSeconds(matrices, g.schedule, models, settings), workers,
+                  settings);
     return std::make_pair(clock.predicted_seconds, clock.applies);
   };
   double predicted = 0;

@@ -288,7 +288,11 @@ double ControlMessagesOnPath(int workers, int fanout);
 
 // Seconds of a step's control rounds among `workers` ranks:
 // control_rounds_ms plus control_message_us for each message on each
-// round's busiest path (ControlMessagesOnPath).
+// round's busiest path (ControlMessagesOnPath). 0 for one worker: a step
+// alone on its worker runs no rounds between ranks (it is decided once
+// its gradients are checked; server/worker/step_run.cc), and its applies,
+// which then run beside its Newton-Schulz and slow it by about their own
+// time, stay counted in the commit.
 double ControlSeconds(int workers, const ClockSettings& settings);
 
 // A step clocked with its updates applied both ways (ClockSettings::
@@ -363,10 +367,25 @@ double ApplySeconds(const std::vector<MatrixSpec>& matrices, int workers,
 // 256 MiB and 64 MiB, each where it is below the whole.
 std::vector<int64_t> BucketBoundsTried(const std::vector<MatrixSpec>& matrices);
 
-// Seconds of each stack of `schedule`: one Newton-Schulz call per chunk,
-// on its owner's model (`models[owner]`).
-std::vector<double> StackSeconds(const StepSchedule& schedule,
-                                 const std::vector<const CostModel*>& models);
+// Bytes a worker's compute stream moves through memory per element of a
+// stack before its Newton-Schulz (StepStaging::Compute): the momentum
+// kernel reads the gradient and the previous momentum and writes the new
+// momentum and the Newton-Schulz input, all fp32. An unreduced matrix's
+// summed gradient is first scaled to the mean in place (one more read and
+// write). The cost table times Newton-Schulz alone (muonps-autotune).
+inline constexpr int kMomentumBytesPerElement = 4 * 4;
+inline constexpr int kMeanBytesPerElement = 2 * 4;
+
+// Seconds of each stack of `schedule` (of `matrices`): one Newton-Schulz
+// call per chunk on its owner's model (`models[owner]`), and the momentum's
+// pass over memory before them (kMomentumBytesPerElement, and
+// kMeanBytesPerElement for an unreduced matrix, per element at
+// `settings.hbm_bytes_per_second`), divided by the owner's speed as the
+// model divides Newton-Schulz.
+std::vector<double> StackSeconds(const std::vector<MatrixSpec>& matrices,
+                                 const StepSchedule& schedule,
+                                 const std::vector<const CostModel*>& models,
+                                 const ClockSettings& settings);
 
 // Clocks one step of `schedule` (of `matrices`, on `workers` ranks: its
 // plan's, whose owner groups StepSchedule::groups has) whose stacks take

@@ -57,6 +57,62 @@ Job Plan(int workers, Layout layout, int layers) {
   return job;
 }
 
+TEST(StackSecondsTest, NewtonSchulzAndTheMomentumPassOverMemory) {
+  // Every stack: its Newton-Schulz calls by its owner's model, and the
+  // momentum's fp32 reads and writes (16 bytes an element; 8 more for the
+  // mean of an unreduced gradient) at the HBM rate, over the owner's speed.
+  for (const Layout layout : {Layout::kReplicated, Layout::kUnreduced}) {
+    const Job job = Plan(2, layout, 2);
+    const CostModel slow(nullptr, DeviceRates{}, 0.5, 5);
+    const std::vector<const CostModel*> models = {&job.model, &slow};
+    ClockSettings settings;
+    settings.hbm_bytes_per_second = 2e12;
+    const StepSchedule schedule = *BuildStepSchedule(job.matrices, job.plan);
+    const std::vector<double> seconds =
+        StackSeconds(job.matrices, schedule, models, settings);
+    ASSERT_EQ(seconds.size(), schedule.stacks.size());
+    const double bytes = layout == Layout::kUnreduced ? 24 : 16;
+    for (size_t i = 0; i < seconds.size(); ++i) {
+      const OwnerStack& stack = schedule.stacks[i];
+      const CostModel& model = *models[stack.owner];
+      double ns = 0;
+      for (const StackChunk& chunk : stack.chunks) {
+        ns += model.NsSeconds(stack.rows, stack.cols, chunk.count,
+                              chunk.algorithm);
+      }
+      const double elements =
+          static_cast<double>(stack.items.size() * stack.rows * stack.cols);
+      EXPECT_NEAR(seconds[i], ns + elements * bytes / 2e12 / model.speed(),
+                  1e-12 * seconds[i])
+          << i;
+    }
+  }
+}
+
+TEST(StepClockTest, OneWorkerRunsNoControlRounds) {
+  // A step alone on its worker is decided once its gradients are checked:
+  // its commit is the applies alone; two workers add the rounds.
+  ClockSettings settings;
+  settings.control_rounds_ms = 4;
+  settings.control_message_us = 6.3;
+  settings.control_tree_fanout = 16;
+  EXPECT_EQ(ControlSeconds(1, settings), 0);
+  EXPECT_DOUBLE_EQ(ControlSeconds(2, settings), 4e-3 + 2 * 2 * 6.3e-6);
+  const Job job = Plan(1, Layout::kReplicated, 2);
+  const StepSchedule schedule = *BuildStepSchedule(job.matrices, job.plan);
+  const std::vector<double> stacks =
+      StackSeconds(job.matrices, schedule, job.models, settings);
+  const StepClock clock =
+      ClockStep(job.matrices, schedule, stacks, 1, settings);
+  double compute = 0;
+  for (const double s : stacks) compute += s;
+  EXPECT_DOUBLE_EQ(clock.stage_seconds, compute);
+  EXPECT_DOUBLE_EQ(clock.commit_seconds,
+                   ApplySeconds(job.matrices, 1, settings));
+  EXPECT_DOUBLE_EQ(clock.predicted_seconds,
+                   compute + ApplySeconds(job.matrices, 1, settings));
+}
+
 TEST(StepGroupingTest, OneNodeKeepsTheMeasuredBoundWithoutClocking) {
   const Job job = Plan(8, Layout::kReplicated, 2);
   ClockSettings settings;
@@ -81,7 +137,8 @@ TEST(StepGroupingTest, ChoosesTheCandidateWhoseClockedStepIsShortest) {
     const StepSchedule schedule =
         *BuildStepSchedule(job.matrices, job.plan, {.bucket_bytes = bound});
     const StepClock clock =
-        ClockStep(job.matrices, schedule, StackSeconds(schedule, job.models),
+        ClockStep(job.matrices, schedule,
+                  StackSeconds(job.matrices, schedule, job.models, settings),
                   32, settings);
     EXPECT_DOUBLE_EQ(clock.predicted_seconds, predicted) << bound;
     EXPECT_GE(predicted, g.predicted_seconds) << bound;
@@ -194,9 +251,9 @@ TEST(OwnerGroupsClockTest, ReplicatedGroupPerNodeClocksAsOneNodeAlone) {
   ASSERT_THAT(alone.plan.groups, IsEmpty());
   const StepGrouping a =
       *ChooseStepGrouping(alone.matrices, alone.plan, alone.models, one);
-  const StepClock clock_alone =
-      ClockStep(alone.matrices, a.schedule,
-                StackSeconds(a.schedule, alone.models), 8, one);
+  const StepClock clock_alone = ClockStep(
+      alone.matrices, a.schedule,
+      StackSeconds(alone.matrices, a.schedule, alone.models, one), 8, one);
 
   ClockSettings two;
   two.topology = Topology::Blocks(16, 8);
@@ -207,9 +264,9 @@ TEST(OwnerGroupsClockTest, ReplicatedGroupPerNodeClocksAsOneNodeAlone) {
   EXPECT_EQ(g.bucket_bytes, a.bucket_bytes);
   EXPECT_THAT(g.candidates, IsEmpty());
   EXPECT_EQ(g.schedule.groups, grouped.plan.groups);
-  const StepClock clock_grouped =
-      ClockStep(grouped.matrices, g.schedule,
-                StackSeconds(g.schedule, grouped.models), 16, two);
+  const StepClock clock_grouped = ClockStep(
+      grouped.matrices, g.schedule,
+      StackSeconds(grouped.matrices, g.schedule, grouped.models, two), 16, two);
   EXPECT_DOUBLE_EQ(clock_grouped.stage_seconds, clock_alone.stage_seconds);
   EXPECT_DOUBLE_EQ(clock_grouped.predicted_seconds,
                    clock_alone.predicted_seconds);
@@ -232,7 +289,7 @@ StepClock GroupedStage(const Job& job, const ClockSettings& settings) {
   const StepGrouping g =
       *ChooseStepGrouping(job.matrices, job.plan, job.models, settings);
   return ClockStep(job.matrices, g.schedule,
-                   StackSeconds(g.schedule, job.models),
+                   StackSeconds(job.matrices, g.schedule, job.models, settings),
                    static_cast<int>(job.plan.worker_ids.size()), settings);
 }
 
@@ -912,9 +969,11 @@ TEST(ExchangeClockTest, FewerHopsThanTheRingsAcrossManyNodes) {
   const StepSchedule exchange =
       *BuildStepSchedule(job.matrices, job.plan, one_bucket);
   const StepClock by_rings = ClockStep(
-      job.matrices, rings, StackSeconds(rings, job.models), 1024, settings);
+      job.matrices, rings,
+      StackSeconds(job.matrices, rings, job.models, settings), 1024, settings);
   const StepClock by_exchange =
-      ClockStep(job.matrices, exchange, StackSeconds(exchange, job.models),
+      ClockStep(job.matrices, exchange,
+                StackSeconds(job.matrices, exchange, job.models, settings),
                 1024, settings);
   EXPECT_EQ(by_rings.phases, 2);
   EXPECT_EQ(by_exchange.phases, 2);
@@ -1024,9 +1083,11 @@ TEST(PlanOnTopologyTest, TakesTheExchangeWhereItsStepIsShorter) {
     EXPECT_DOUBLE_EQ(std::min(out->weighed.before_votes_seconds,
                               out->weighed.at_commit_seconds),
                      taken);
-    const StepClock clock = ClockStep(
-        job.matrices, out->grouping.schedule,
-        StackSeconds(out->grouping.schedule, job.models), workers, settings);
+    const StepClock clock =
+        ClockStep(job.matrices, out->grouping.schedule,
+                  StackSeconds(job.matrices, out->grouping.schedule, job.models,
+                               settings),
+                  workers, settings);
     EXPECT_DOUBLE_EQ(clock.predicted_seconds, taken);
   }
 }

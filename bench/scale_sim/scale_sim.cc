@@ -159,7 +159,8 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
             ? exchange->predicted_seconds
             : scheduler::ClockStep(
                   config.matrices, exchange->schedule,
-                  scheduler::StackSeconds(exchange->schedule, models),
+                  scheduler::StackSeconds(config.matrices, exchange->schedule,
+                                          models, settings),
                   config.gpus, settings)
                   .predicted_seconds;
   }
@@ -177,7 +178,7 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
     schedule = &whole;
   }
   const std::vector<double> stack_seconds =
-      scheduler::StackSeconds(*schedule, models);
+      scheduler::StackSeconds(config.matrices, *schedule, models, settings);
   const int n = config.gpus;
   // The whole job's step: its control rounds pass along the control tree
   // (the plans above were weighed without them, as the coordinator weighs

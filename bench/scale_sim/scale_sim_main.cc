@@ -86,7 +86,8 @@
 //                        16 cores)
 //   --control_tree_fanout  the tree the control messages pass along; default
 //                        16 (a GPU worker's), 0 a star around rank 0
-//   --control_rounds_ms  the rounds' fixed host cost a step; default 4
+//   --control_rounds_ms  the rounds' fixed host cost a step (none for one
+//                        GPU: scheduler::ControlSeconds); default 4
 //                        (fitted: the H100 timelines' agree round,
 //                        host_ms.agreed 2.3-4.3 ms, and the vote; the 2-GPU
 //                        validations hold with 2.5 to 4)
