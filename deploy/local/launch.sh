@@ -194,15 +194,29 @@ for ((r = 0; r < trainers; r++)); do
   start_trainer "$r"
 done
 
-# Progress: trainer 0 prints one JSON object per step.
+# Progress: trainer 0 prints one JSON object per step; each pass shows the
+# new ones with one python3, so the loop below gets back to the processes
+# within a fraction of a second however fast the steps go. It must: a
+# trainer that ended has to be waited for before the kernel hands its pid to
+# another child of this shell (pids wrap at 32768, in minutes on a busy
+# machine), or bash forgets its exit status and the run ends as failed.
 shown=0
 show_progress() {
-  local lines
-  mapfile -t lines < <(grep '^{"step"' "$log_dir/trainer-0.log" 2>/dev/null || true)
-  while ((shown < ${#lines[@]})); do
-    echo "${lines[$shown]}" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("step %4d  loss after it %.6f  %7.1f ms  moved %d bytes" % (d["step"], d["loss"], d["step_ms"], d["bytes_moved"]))'
-    shown=$((shown + 1))
-  done
+  local total
+  total="$(grep -c '^{"step"' "$log_dir/trainer-0.log" 2>/dev/null || true)"
+  total="${total:-0}"
+  ((total > shown)) || return 0
+  # sed reads to the end (a reader that stops early would fail grep with
+  # SIGPIPE); a line still being written is shown as it is.
+  grep '^{"step"' "$log_dir/trainer-0.log" | sed -n "$((shown + 1)),${total}p" |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    try:
+        d = json.loads(line)
+        print("step %4d  loss after it %.6f  %7.1f ms  moved %d bytes" % (d["step"], d["loss"], d["step_ms"], d["bytes_moved"]))
+    except (ValueError, KeyError, TypeError):
+        print(line.rstrip())'
+  shown=$total
 }
 while ((trainers_left > 0 && !trainer_failed)); do
   show_progress
