@@ -2,7 +2,8 @@
 // and w1 (cuda:1) over NCCL, trainer processes (gpu_two_gpus_trainer.h),
 // and the waits the cases use, every one bounded. Logs of a case go to a
 // temp dir, printed whole (tails of long ones) when the case fails and
-// kept; removed otherwise. Skips on a machine of fewer than two GPUs.
+// kept; removed otherwise. On a machine of one GPU everything runs on
+// cuda:0, each worker a NCCL host of its own; skips without a GPU.
 // Test-only; thread-compatible.
 #ifndef MUONPS_TESTS_GPU_TWO_GPUS_FIXTURE_H_
 #define MUONPS_TESTS_GPU_TWO_GPUS_FIXTURE_H_
@@ -58,7 +59,7 @@ class TwoGpusTest : public ::testing::Test {
   std::string Socket(int w) const;
   // A coordinator whose leases last `lease_ms` (renewed every 500 ms).
   void StartCoordinator(int64_t lease_ms);
-  // Worker `w` on cuda:w over NCCL, serving its socket.
+  // Worker `w` on cuda:GpuOf(w) over NCCL, serving its socket.
   void StartWorker(int w, const std::vector<std::string>& extra_flags,
                    const std::string& log_name);
   // Trainer `rank`, stepping first..last of the case's layout and dtype.

@@ -6,8 +6,10 @@
 // dtype match the same kernels in one process (testing::ReferenceParams)
 // within 5e-3 relative. gpu_two_gpus_failures.cc kills a worker and a
 // trainer mid-step; gpu_two_gpus_rolling.cc restarts both workers, one at a
-// time, during training. Needs two GPUs (skips with fewer): tagged gpu +
-// manual; bundled by deploy/device/bundle_gpu_step.sh.
+// time, during training. On a machine of one GPU both workers and trainers
+// share cuda:0, each worker a NCCL host of its own (NCCL's network
+// transport on loopback: the same calls, slower links). Needs a GPU: tagged
+// gpu + manual; bundled by deploy/device/bundle_gpu_step.sh.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

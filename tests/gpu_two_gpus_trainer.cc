@@ -72,14 +72,25 @@ absl::Status AwaitStream(cudaStream_t stream) {
   }
 }
 
+}  // namespace
+
+int GpuOf(int rank) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return -1;
+  return count >= 2 ? rank : 0;
+}
+
+namespace {
+
 class Trainer {
  public:
   explicit Trainer(const TrainerConfig& config)
       : config_(config), layout_(LayoutOf(config.layout)) {}
 
   absl::Status Start() {
-    if (cudaSetDevice(config_.rank) != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("cudaSetDevice(", config_.rank,
+    if (cudaSetDevice(GpuOf(config_.rank)) != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("cudaSetDevice(",
+                                              GpuOf(config_.rank),
                                               ") in trainer ", config_.rank));
     }
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) !=
@@ -92,7 +103,7 @@ class Trainer {
                         .worker_socket = config_.socket,
                         .trainer_rank = config_.rank,
                         .trainer_count = config_.trainers,
-                        .device = absl::StrCat("cuda:", config_.rank)});
+                        .device = absl::StrCat("cuda:", GpuOf(config_.rank))});
     if (!created.ok()) return created.status();
     client_ = *std::move(created);
     // The failure tests restart a killed worker with no checkpoint: its
@@ -135,7 +146,7 @@ class Trainer {
     muon.weight_decay = 0.1;
     MUONPS_RETURN_IF_ERROR(client_->Start(muon, AdamWOptions()));
     Say("trainer=%d started pid=%d on cuda:%d", config_.rank, getpid(),
-        config_.rank);
+        GpuOf(config_.rank));
     if (config_.rank == 0) {
       absl::StatusOr<std::map<std::string, NsAlgorithm>> algorithms =
           NsAlgorithmsOf(client_->NsAlgorithms());

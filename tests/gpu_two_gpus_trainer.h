@@ -1,7 +1,7 @@
 // The trainer processes of gpu_two_gpus_test, and what the test reads back
 // from them. A trainer is the test binary run again as
 // `/proc/self/exe --gpu2_trainer KEY=VALUE...` (main() hands it to
-// RunTrainer before GoogleTest starts): trainer rank r of 2 on cuda:r
+// RunTrainer before GoogleTest starts): trainer rank r of 2 on GpuOf(r)
 // (muonps::Client), lending its buffers to the worker on its GPU, writing
 // deterministic gradients each step (the scheme of gpu_two_workers_test),
 // retrying a failed step until it is answered or retry_for passes, and at
@@ -36,7 +36,7 @@ struct TrainerConfig {
   std::string coordinator;  // host:port
   std::string job;
   std::string socket;  // its worker's Unix socket
-  int rank = 0;        // trainer rank of `trainers`, and its GPU (cuda:rank)
+  int rank = 0;        // trainer rank of `trainers`; its GPU is GpuOf(rank)
   int trainers = kTrainers;
   // Workers with no trainer the job expects (muonps-worker --dedicated).
   int dedicated = 0;
@@ -49,6 +49,11 @@ struct TrainerConfig {
   // trainer gives up (exit status 1); zero: not retried.
   absl::Duration retry_for = absl::ZeroDuration();
 };
+
+// The GPU of trainer and worker `rank`: cuda:rank, or cuda:0 for all on a
+// machine of one GPU (each worker then a NCCL host of its own:
+// TwoGpusTest::StartWorker). -1 without a GPU.
+int GpuOf(int rank);
 
 // The argv of a trainer process for `config` (after the executable).
 std::vector<std::string> TrainerArgs(const TrainerConfig& config);

@@ -1,9 +1,12 @@
-// Two workers and two trainers sharing one GPU over the CUDA IPC transport
-// (NCCL refuses two ranks on one GPU), three in two cases and six on two or
-// three nodes summing their unreduced gradients in two levels, with real
-// coordinator and worker processes: 50-step parity per layout with the same
-// kernels in one process,
-// and a worker killed mid-step failing every trainer's step without a hang.
+// Two workers and two trainers sharing one GPU over the CUDA IPC transport,
+// three in two cases and six on two or three nodes summing their unreduced
+// gradients in two levels, with real coordinator and worker processes:
+// 50-step parity per layout with the same kernels in one process, and a
+// worker killed mid-step failing every trainer's step without a hang. The
+// "/nccl" cases run the workers over NCCL instead: NCCL refuses two ranks
+// of one host on one GPU, so each worker process names a host of its own
+// (NCCL_HOSTID) and NCCL joins them through its network transport, sockets
+// on loopback, as ranks on different machines.
 // Needs a GPU: tagged gpu + manual; run by deploy/device/run_gpu_step_suite.sh.
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -47,9 +50,9 @@ using testing::RelativeError;
 constexpr absl::Duration kStartTimeout = testing::kGpuStartTimeout;
 
 // Two workers and two trainers sharing one GPU over the CUDA IPC transport
-// (NCCL refuses two ranks on one GPU): the trainers (two clients of this
-// process) lend their buffers to their own workers; parity per layout with
-// the same kernels in one process on the mean or whole gradients.
+// or NCCL ("/nccl"): the trainers (two clients of this process) lend their
+// buffers to their own workers; parity per layout with the same kernels in
+// one process on the mean or whole gradients.
 class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -79,7 +82,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
           "--coordinator=" + address_, "--job=gpu2",
           absl::StrCat("--worker_id=w", w),
           absl::StrCat("--socket=", socket_dir_, "/w", w, ".sock"),
-          "--metrics_port=-1", "--device=cuda:0", "--gpu_transport=ipc",
+          "--metrics_port=-1", "--device=cuda:0",
+          Nccl() ? "--gpu_transport=nccl" : "--gpu_transport=ipc",
           "--io_timeout_ms=10000",
           // Before the votes whatever the plan's clock chose, so the
           // applies before the votes and their undo run here.
@@ -90,7 +94,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
       for (const std::string& flag : ExtraWorkerFlags()) argv.push_back(flag);
       absl::StatusOr<std::unique_ptr<ChildProcess>> worker =
           ChildProcess::Start(argv,
-                              absl::StrCat(log_dir_, "/worker", w, ".log"));
+                              absl::StrCat(log_dir_, "/worker", w, ".log"),
+                              NcclEnvironment(w));
       ASSERT_TRUE(worker.ok()) << worker.status();
       workers_.push_back(*std::move(worker));
     }
@@ -103,6 +108,42 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // More flags for every worker (a subclass's --test_pause_at).
   virtual std::vector<std::string> ExtraWorkerFlags() const { return {}; }
 
+  // "/nccl": the workers' GPU transport is NCCL.
+  bool Nccl() const { return GetParam().find("/nccl") != std::string::npos; }
+  // Worker w's NCCL host and interface in the "/nccl" cases: a host of its
+  // own (NCCL's duplicate-GPU check compares host and bus id), reached over
+  // loopback (the device machine reaches nothing else).
+  std::vector<std::string> NcclEnvironment(int w) const {
+    if (!Nccl()) return {};
+    return {absl::StrCat("NCCL_HOSTID=muonps-gpu2-w", w, "-", getpid()),
+            "NCCL_SOCKET_IFNAME=lo"};
+  }
+  // In the "/nccl" cases every worker formed its NCCL rank of Workers(),
+  // and on several nodes its rail's communicator, a rank for each node.
+  void ExpectNcclRanks() {
+    if (!Nccl()) return;
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      EXPECT_TRUE(workers_[w]
+                      ->WaitForLog(absl::StrCat("NCCL rank [0-9]+ of ",
+                                                Workers(), " on cuda:0"),
+                                   absl::Seconds(1))
+                      .ok())
+          << "worker " << w << " formed no NCCL rank:\n"
+          << workers_[w]->Log();
+      if (nodes_.empty()) continue;
+      EXPECT_TRUE(
+          workers_[w]
+              ->WaitForLog(absl::StrCat("ncclCommSplit into group [0-9]+ "
+                                        "of [0-9]+ of rails \\(",
+                                        nodes_.size(), " ranks\\) formed"),
+                           absl::Seconds(1))
+              .ok())
+          << "worker " << w << " formed no rail of " << nodes_.size()
+          << " NCCL ranks:\n"
+          << workers_[w]->Log();
+    }
+  }
+
   void TearDown() override {
     if (HasFailure()) {
       for (auto& w : workers_) std::cerr << "== worker\n" << w->Log();
@@ -113,7 +154,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     coordinator_.reset();
   }
 
-  // The parameter: "<layout>" (fp32 buffers) or "<layout>/bf16", and
+  // The parameter: "<layout>" (fp32 buffers) or "<layout>/bf16", "/nccl"
+  // for workers over NCCL (each its own NCCL host), and
   // "/groups" for workers on two nodes (replicated only), "/three" for
   // three workers and trainers (each owner's last stack's updates then go
   // by broadcast beside the others' peer writes: Transfer::by_collective),
@@ -421,6 +463,13 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
       EXPECT_LE(err, 5e-3) << c.name << " trainer " << t;
     }
   }
+  ExpectNcclRanks();
+  if (Nccl()) {
+    // NCCL adds in an order of its own, but no sum here has more than two
+    // parts (two trainers, or two nodes along a rail), which every order
+    // adds alike: the same bits.
+    EXPECT_EQ(worst, 0) << "against the same kernels in one process";
+  }
   if (!nodes_.empty()) {
     // Summed as the replay sums them: the same bits.
     EXPECT_EQ(worst, 0) << "against the same kernels in one process";
@@ -441,9 +490,11 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
   std::printf(
       "{\"what\":\"gpu_two_workers_parity\",\"case\":\"%s\","
       "\"layout\":\"%s\","
-      "\"dtype\":\"%s\",\"workers\":%d,\"steps\":%d,\"max_rel_err\":%g}\n",
+      "\"dtype\":\"%s\",\"workers\":%d,\"transport\":\"%s\","
+      "\"steps\":%d,\"max_rel_err\":%g}\n",
       GetParam().c_str(), LayoutName().c_str(),
-      std::string(DTypeName(Dtype())).c_str(), Workers(), kSteps, worst);
+      std::string(DTypeName(Dtype())).c_str(), Workers(),
+      Nccl() ? "nccl" : "ipc", kSteps, worst);
 }
 
 // A step refused at the votes (a non-finite gradient of one matrix) after
@@ -531,8 +582,10 @@ TEST_P(TwoWorkersOneGpuTest, ARefusedStepLeavesEveryParameterAsItWas) {
 
 TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsEveryTrainersStepWithoutAHang) {
   if (GetParam() != "unreduced/bf16" &&
-      GetParam() != "unreduced/bf16/nodes3x2") {
-    GTEST_SKIP() << "two cases are enough";
+      GetParam() != "unreduced/bf16/nodes3x2" &&
+      GetParam() != "unreduced/bf16/nccl" &&
+      GetParam() != "unreduced/nodes2x3/nccl") {
+    GTEST_SKIP() << "two cases a transport are enough";
   }
   ASSERT_NO_FATAL_FAILURE(StartTrainers());
   ASSERT_NO_FATAL_FAILURE(WriteGradients(0));
@@ -660,12 +713,16 @@ INSTANTIATE_TEST_SUITE_P(OneGpu, PausedWriterOneGpuTest,
 
 INSTANTIATE_TEST_SUITE_P(
     OneGpu, TwoWorkersOneGpuTest,
-    ::testing::Values("replicated", "unreduced", "row_sharded",
-                      "replicated/bf16", "unreduced/bf16", "row_sharded/bf16",
-                      "replicated/groups", "replicated/bf16/groups",
-                      "replicated/bf16/three", "unreduced/bf16/three",
-                      "row_sharded/experts", "row_sharded/bf16/experts/three",
-                      "unreduced/nodes2x3", "unreduced/bf16/nodes3x2"));
+    ::testing::Values(
+        "replicated", "unreduced", "row_sharded", "replicated/bf16",
+        "unreduced/bf16", "row_sharded/bf16", "replicated/groups",
+        "replicated/bf16/groups", "replicated/bf16/three",
+        "unreduced/bf16/three", "row_sharded/experts",
+        "row_sharded/bf16/experts/three", "unreduced/nodes2x3",
+        "unreduced/bf16/nodes3x2", "replicated/nccl", "unreduced/nccl",
+        "unreduced/bf16/nccl", "row_sharded/bf16/nccl",
+        "replicated/bf16/groups/nccl", "replicated/bf16/three/nccl",
+        "row_sharded/bf16/experts/three/nccl", "unreduced/nodes2x3/nccl"));
 
 }  // namespace
 }  // namespace muonps

@@ -406,7 +406,9 @@ absl::Status NcclTransport::OnSplit(Split split,
   }
   if (!made_split.ok()) return Fail(made_split);
   // The split's communicator ready too (all polled).
-  return WaitUntilReady(what.c_str(), deadline);
+  MUONPS_RETURN_IF_ERROR(WaitUntilReady(what.c_str(), deadline));
+  spdlog::info("{} on cuda:{}: {} formed", Who(), cuda_device_, what);
+  return absl::OkStatus();
 }
 
 }  // namespace transport

@@ -16,14 +16,37 @@
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "proto/credentials.h"
 
 namespace muonps {
 namespace testing {
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
-    const std::vector<std::string>& argv, const std::string& log_path) {
+    const std::vector<std::string>& argv, const std::string& log_path,
+    const std::vector<std::string>& env) {
+  // The child's environment, built before fork (the child only execs):
+  // this process's, less each name `env` sets, then `env`.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const bool replaced =
+        std::any_of(env.begin(), env.end(), [&](const std::string& set) {
+          const size_t eq = set.find('=');
+          return absl::StartsWith(entry, set.substr(0, eq + 1));
+        });
+    if (!replaced) envp.push_back(*e);
+  }
+  for (const std::string& set : env) {
+    if (set.find('=') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("env: \"", set, "\" is not NAME=value"));
+    }
+    envp.push_back(const_cast<char*>(set.c_str()));
+  }
+  envp.push_back(nullptr);
   const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) {
     return absl::InternalError(absl::StrCat("cannot open ", log_path));
@@ -43,7 +66,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
     dup2(fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);
     close(fd);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     _exit(127);
   }
   close(fd);

@@ -20,10 +20,12 @@ namespace testing {
 
 class ChildProcess {
  public:
-  // Starts argv[0] (a path) with the given arguments; stdout and stderr go
-  // to `log_path` (appended). INTERNAL if fork/exec fails.
+  // Starts argv[0] (a path) with the given arguments and this process's
+  // environment, each of `env` ("NAME=value") set over it; stdout and stderr
+  // go to `log_path` (appended). INTERNAL if fork/exec fails.
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(
-      const std::vector<std::string>& argv, const std::string& log_path);
+      const std::vector<std::string>& argv, const std::string& log_path,
+      const std::vector<std::string>& env = {});
 
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

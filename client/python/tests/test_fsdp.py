@@ -20,7 +20,10 @@ the same experts as separate 2-D parameters, on two CPU ranks and on GPUs.
 HSDP (`fully_shard` on a 2-D replicate x shard mesh) runs the same model
 on four CPU ranks, two replica groups of two: each matrix's rows are split
 over the two ranks of a group, the job is created with replicas = 2, and
-every rank must match the one-process run as FSDP2's do.
+every rank must match the one-process run as FSDP2's do. On a machine of
+one GPU the same mesh (and FSDP2 on two ranks) runs with every rank and its
+worker on that GPU, each process its own NCCL host, so that NCCL's ranks
+are real on both sides (over its network transport on loopback).
 
 FSDP2 and a working torchrun need torch >= 2.4: the cases skip on
 Debian's torch 1.13 (CI) and run on the GPU machine's torch 2.11.
@@ -103,9 +106,20 @@ SCRIPT = textwrap.dedent("""
     from model import make_model, make_moe, batch
 
     mode, device_type, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    environ = __import__("os").environ
+    # "cuda_shared": every rank, and the worker it starts, on cuda:0, each
+    # process a host of its own to NCCL (NCCL_HOSTID, which NCCL reads once,
+    # at its first call), so that NCCL, which refuses two ranks of one host
+    # on one GPU, joins them through its network transport on loopback.
+    shared = device_type == "cuda_shared"
+    if shared:
+        device_type = "cuda"
+        environ["NCCL_HOSTID"] = "muonps-test-rank{{}}-{{}}".format(
+            environ["RANK"], __import__("os").getpid())
+        environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo" if device_type == "cpu" else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    local = int(__import__("os").environ.get("LOCAL_RANK", "0"))
+    local = 0 if shared else int(environ.get("LOCAL_RANK", "0"))
     device = torch.device("cpu" if device_type == "cpu" else f"cuda:{{local}}")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -333,6 +347,26 @@ def test_four_ranks_on_an_hsdp_mesh_match_one_process_torch_muon(
         assert result["kinds"] == ["DTensor"], result["kinds"]
         assert result["replicas"] == 2, result["replicas"]
     assert_matches(results, load_model(tmp_path), tolerance=tolerance)
+
+
+@needs_modern_torch
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("mode,nproc,replicas", [("hsdp", 4, 2),
+                                                 ("fsdp", 2, 1)])
+def test_ranks_sharing_one_gpu_as_nccl_hosts_match_one_process_torch_muon(
+        tmp_path, mode, nproc, replicas):
+    # The 2 x 2 HSDP mesh (and FSDP2 on two ranks) with every trainer and
+    # its worker on cuda:0: each process names its own NCCL host, so the
+    # trainers' NCCL (FSDP2's all-gathers and reduce-scatters) and the
+    # workers' (their communicator and the owner groups' splits) run with
+    # 4 (2) real ranks, over NCCL's network transport on loopback instead
+    # of NVLink. Zero setup: rank 0 starts the coordinator, each rank its
+    # worker, whose NCCL host is its trainer's.
+    _, results = run_torchrun(tmp_path, mode, "cuda_shared", nproc)
+    for result in results:
+        assert result["kinds"] == ["DTensor"], result["kinds"]
+        assert result["replicas"] == replicas, result["replicas"]
+    assert_matches(results, load_model(tmp_path), tolerance=2e-2)
 
 
 @needs_modern_torch
