@@ -118,6 +118,14 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     return {absl::StrCat("NCCL_HOSTID=muonps-gpu2-w", w, "-", getpid()),
             "NCCL_SOCKET_IFNAME=lo"};
   }
+  // Whether NCCL adds a sum of more than two parts in its own order (an
+  // unreduced gradient of three trainers, or along a rail of three nodes),
+  // which the replay's order need not match bit for bit.
+  bool NcclOrdersASum() const {
+    if (!Nccl() || Layout() != scheduler::Layout::kUnreduced) return false;
+    return nodes_.empty() ? Workers() > 2 : nodes_.size() > 2;
+  }
+
   // In the "/nccl" cases every worker formed its NCCL rank of Workers(),
   // and on several nodes its rail's communicator, a rank for each node.
   void ExpectNcclRanks() {
@@ -464,13 +472,13 @@ TEST_P(TwoWorkersOneGpuTest, FiftyStepsMatchTheSameKernelsInOneProcess) {
     }
   }
   ExpectNcclRanks();
-  if (Nccl()) {
+  if (Nccl() && !NcclOrdersASum()) {
     // NCCL adds in an order of its own, but no sum here has more than two
     // parts (two trainers, or two nodes along a rail), which every order
     // adds alike: the same bits.
     EXPECT_EQ(worst, 0) << "against the same kernels in one process";
   }
-  if (!nodes_.empty()) {
+  if (!nodes_.empty() && !NcclOrdersASum()) {
     // Summed as the replay sums them: the same bits.
     EXPECT_EQ(worst, 0) << "against the same kernels in one process";
     EXPECT_TRUE(coordinator_
@@ -568,7 +576,11 @@ TEST_P(TwoWorkersOneGpuTest, ARefusedStepLeavesEveryParameterAsItWas) {
       worst = std::max(worst, RelativeError(*lent, HeldOf((*wanted)[m], c, t)));
     }
   }
-  EXPECT_EQ(worst, 0) << "against the same kernels in one process";
+  if (NcclOrdersASum()) {
+    EXPECT_LE(worst, 5e-3) << "against the same kernels in one process";
+  } else {
+    EXPECT_EQ(worst, 0) << "against the same kernels in one process";
+  }
   std::printf(
       "{\"what\":\"gpu_two_workers_refused_step\",\"case\":\"%s\","
       "\"layout\":\"%s\","
@@ -709,7 +721,8 @@ TEST_P(PausedWriterOneGpuTest, OthersReleaseTheirWaitsForItsLandingWords) {
 
 INSTANTIATE_TEST_SUITE_P(OneGpu, PausedWriterOneGpuTest,
                          ::testing::Values("replicated",
-                                           "replicated/bf16/three"));
+                                           "replicated/bf16/three",
+                                           "replicated/bf16/three/nccl"));
 
 INSTANTIATE_TEST_SUITE_P(
     OneGpu, TwoWorkersOneGpuTest,
@@ -722,7 +735,8 @@ INSTANTIATE_TEST_SUITE_P(
         "unreduced/bf16/nodes3x2", "replicated/nccl", "unreduced/nccl",
         "unreduced/bf16/nccl", "row_sharded/bf16/nccl",
         "replicated/bf16/groups/nccl", "replicated/bf16/three/nccl",
-        "row_sharded/bf16/experts/three/nccl", "unreduced/nodes2x3/nccl"));
+        "row_sharded/bf16/experts/three/nccl", "unreduced/nodes2x3/nccl",
+        "unreduced/bf16/three/nccl", "unreduced/bf16/nodes3x2/nccl"));
 
 }  // namespace
 }  // namespace muonps

@@ -31,6 +31,7 @@ Debian's torch 1.13 (CI) and run on the GPU machine's torch 2.11.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -180,10 +181,14 @@ SCRIPT = textwrap.dedent("""
     local = {{n: list(p.to_local().shape) for n, p in module.named_parameters()
              if hasattr(p, "to_local")}}
     replicas = opt._replicas  # the job's HSDP replica groups (1: none)
+    # What the worker this rank started says of its NCCL communicators.
+    nccl = [line for p in getattr(opt._service, "_processes", [])
+            for line in p.log_path.read_text(errors="replace").splitlines()
+            if "NCCL rank" in line or "ncclCommSplit" in line]
     opt.close()
     with open(f"{{out}}.{{rank}}", "w") as f:
         json.dump({{"params": full, "kinds": kinds, "replicas": replicas,
-                   "local": local}}, f)
+                   "local": local, "nccl": nccl}}, f)
     dist.barrier()
     dist.destroy_process_group()
     """)
@@ -363,9 +368,13 @@ def test_ranks_sharing_one_gpu_as_nccl_hosts_match_one_process_torch_muon(
     # of NVLink. Zero setup: rank 0 starts the coordinator, each rank its
     # worker, whose NCCL host is its trainer's.
     _, results = run_torchrun(tmp_path, mode, "cuda_shared", nproc)
-    for result in results:
+    for rank, result in enumerate(results):
         assert result["kinds"] == ["DTensor"], result["kinds"]
         assert result["replicas"] == replicas, result["replicas"]
+        # Its worker joined the job's NCCL communicator as one of nproc.
+        assert any(re.search(rf"NCCL rank \d of {nproc} on cuda:0", line)
+                   for line in result["nccl"]), (rank, result["nccl"])
+        print(f"rank {rank}'s worker:", *result["nccl"], sep="\n  ")
     assert_matches(results, load_model(tmp_path), tolerance=2e-2)
 
 
