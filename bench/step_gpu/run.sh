@@ -134,12 +134,15 @@ start_coordinator() {
   wait_for "$1" "listening on" 20 "$!"
   coordinator="$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$1" | head -1)"
 }
-# timeline LOG LAYOUT GPUS: the worker's device timeline of its last step
-# (its debug log, CUDA events: when each bucket's transfers and each stack's
-# compute were done) as a muonps_step_timeline line.
+# timeline LOG LAYOUT GPUS [WORKERS]: the worker's device timeline of its
+# last step (its debug log, CUDA events: when each bucket's transfers and
+# each stack's compute were done) as a muonps_step_timeline line; WORKERS
+# where several share the GPUS.
 timeline() {
+  local workers=""
+  [[ -n "${4:-}" ]] && workers="\"workers\":$4,"
   sed -n 's/.*step timeline \({.*}\)$/\1/p' "$1" | tail -1 |
-    sed "s/^{/{\"what\":\"muonps_step_timeline\",\"layout\":\"$2\",\"gpus\":$3,/"
+    sed "s/^{/{\"what\":\"muonps_step_timeline\",\"layout\":\"$2\",\"gpus\":$3,$workers/"
 }
 # tails FILE...: the last lines of each log, on stderr.
 tails() {
@@ -175,7 +178,7 @@ if [[ "${ONE_GPU:-1}" == 1 ]] && { ((GPUS == 1)) || [[ "${IPC_VARIANT:-0}" == 1 
   for w in 0 1; do
     "$here/bin/muonps-worker" --coordinator "$coordinator" --job step-gpu2 --worker_id "v$w" \
       --socket "$logs/v$w.sock" --metrics_port -1 --device cuda:0 --gpu_transport ipc \
-      "${cost_args[@]+"${cost_args[@]}"}" \
+      "${cost_args[@]+"${cost_args[@]}"}" --log_level debug \
       --io_timeout_ms 60000 >"$logs/worker-v$w.log" 2>&1 &
     pids+=($!)
     wait_for "$logs/worker-v$w.log" "listening on unix" 60 "$!"
@@ -185,6 +188,7 @@ if [[ "${ONE_GPU:-1}" == 1 ]] && { ((GPUS == 1)) || [[ "${IPC_VARIANT:-0}" == 1 
     --layers "$layers" "${set_args[@]}" \
     --worker_sockets "$logs/v0.sock,$logs/v1.sock" --torch_results "$torch_results" \
     --one_worker_results "$logs/one.jsonl" || { tail -20 "$logs/worker-v0.log" >&2; exit 1; }
+  for w in 0 1; do timeline "$logs/worker-v$w.log" replicated 1 2; done
   stop_all
 fi
 ((GPUS > 1)) || exit 0
