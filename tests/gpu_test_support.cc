@@ -1,6 +1,7 @@
 #include "tests/gpu_test_support.h"
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -194,6 +195,11 @@ double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
     ref += static_cast<double>(b[i]) * b[i];
   }
   return std::sqrt(diff / std::max(ref, 1e-30));
+}
+
+std::vector<std::string> OwnNcclHostEnvironment(const std::string& name) {
+  return {absl::StrCat("NCCL_HOSTID=muonps-", name, "-", getpid()),
+          "NCCL_SOCKET_IFNAME=lo"};
 }
 
 }  // namespace testing

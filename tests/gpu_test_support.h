@@ -27,6 +27,14 @@ namespace testing {
 
 inline constexpr absl::Duration kGpuStartTimeout = absl::Seconds(60);
 
+// The environment (for ChildProcess::Start) of a process that joins NCCL
+// from a GPU another rank also uses: NCCL refuses two ranks of one host on
+// one GPU (its duplicate-GPU check compares host hash and bus id), so the
+// process names a host of its own (`name` and this process's pid), and
+// NCCL joins it to the others over its network transport on loopback (the
+// device machine reaches nothing else).
+std::vector<std::string> OwnNcclHostEnvironment(const std::string& name);
+
 struct MatrixCase {
   std::string name;
   int64_t rows, cols, experts;

@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "tests/gpu_test_support.h"
 
 namespace muonps {
 namespace testing {
@@ -197,13 +198,10 @@ void TwoGpusTest::StartWorker(int w,
       "--gpu_transport=nccl",
       absl::StrCat("--io_timeout_ms=", kIoTimeoutMs)};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  // Workers sharing a GPU: NCCL refuses two ranks of one host on one GPU
-  // (its duplicate-GPU check compares host and bus id), so each names a
-  // host of its own and NCCL joins them over its network transport.
+  // Workers sharing a GPU: each a NCCL host of its own.
   std::vector<std::string> env;
   if (GpuOf(1) == GpuOf(0)) {
-    env = {absl::StrCat("NCCL_HOSTID=muonps-gpu2x-w", w, "-", getpid()),
-           "NCCL_SOCKET_IFNAME=lo"};
+    env = OwnNcclHostEnvironment(absl::StrCat("gpu2x-w", w));
   }
   absl::StatusOr<std::unique_ptr<ChildProcess>> started =
       ChildProcess::Start(argv, absl::StrCat(log_dir_, "/", log_name), env);

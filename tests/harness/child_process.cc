@@ -29,21 +29,25 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
     const std::vector<std::string>& env) {
   // The child's environment, built before fork (the child only execs):
   // this process's, less each name `env` sets, then `env`.
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const absl::string_view entry(*e);
-    const bool replaced =
-        std::any_of(env.begin(), env.end(), [&](const std::string& set) {
-          const size_t eq = set.find('=');
-          return absl::StartsWith(entry, set.substr(0, eq + 1));
-        });
-    if (!replaced) envp.push_back(*e);
-  }
+  std::vector<absl::string_view> names;  // "NAME=" of each entry of `env`
   for (const std::string& set : env) {
-    if (set.find('=') == std::string::npos) {
+    const size_t eq = set.find('=');
+    if (eq == std::string::npos) {
       return absl::InvalidArgumentError(
           absl::StrCat("env: \"", set, "\" is not NAME=value"));
     }
+    names.push_back(absl::string_view(set).substr(0, eq + 1));
+  }
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    if (std::none_of(names.begin(), names.end(), [&](absl::string_view name) {
+          return absl::StartsWith(entry, name);
+        })) {
+      envp.push_back(*e);
+    }
+  }
+  for (const std::string& set : env) {
     envp.push_back(const_cast<char*>(set.c_str()));
   }
   envp.push_back(nullptr);
