@@ -19,10 +19,12 @@ StepBound::StepBound(const std::vector<MatrixSpec>& matrices,
         return m.layout == Layout::kReplicated;
       });
   if (!holds_) return;
-  // The commit as ClockStep adds it: its control rounds, and every trainer
-  // applies every matrix there or, with the applies before the votes, after
-  // its worker's own stacks, each parameter copied aside first.
-  control_seconds_ = settings.control_rounds_ms * 1e-3;
+  // The agreement before every transfer, and the commit as ClockStep adds
+  // it: the vote, and every trainer applies every matrix there or, with
+  // the applies before the votes, after its worker's own stacks, each
+  // parameter copied aside first.
+  agreement_seconds_ = settings.agreement_ms * 1e-3;
+  vote_seconds_ = (settings.control_rounds_ms - settings.agreement_ms) * 1e-3;
   apply_at_commit_seconds_ = ApplySeconds(matrices, /*workers=*/1, settings);
   if (settings.apply_early) {
     double elements = 0;
@@ -87,19 +89,22 @@ std::vector<double> StepBound::CutSeconds(const std::vector<int32_t>& ranks,
       phases += seconds;
       shortest = std::min(shortest, seconds);
     }
-    // At the commit: the stage, then every apply. Before the votes: the
-    // stage and the applies of the bucket that lands last (at least the
-    // smallest's), or the busiest worker's stacks and then every apply.
-    double least =
-        std::max(phases, compute_seconds + shortest) + apply_at_commit_seconds_;
+    // At the commit: the stage (its phases after the agreement; the
+    // busiest worker's stacks, which may begin before it, then the
+    // shortest phase), then every apply. Before the votes: the stage and
+    // the applies of the bucket that lands last (at least the smallest's),
+    // or the busiest worker's stacks and then every apply.
+    const double transfers = agreement_seconds_ + phases;
+    double least = std::max(transfers, compute_seconds + shortest) +
+                   apply_at_commit_seconds_;
     if (apply_before_votes_seconds_ >= 0) {
       const double last_apply = ApplyBeforeVotesSeconds(
           least_bytes / settings_.update_bytes_per_element, settings_);
       least = std::min(least,
-                       std::max(phases + last_apply,
+                       std::max(transfers + last_apply,
                                 compute_seconds + apply_before_votes_seconds_));
     }
-    out.push_back((least + control_seconds_) * (1 - 1e-9));
+    out.push_back((least + vote_seconds_) * (1 - 1e-9));
   }
   return out;
 }

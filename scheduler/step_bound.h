@@ -12,16 +12,19 @@
 // do not depend on who owns what, and the buckets are cut from the
 // matrices alone. Where some matrix is unreduced there is none: its
 // transfers, by rings or by the exchange, depend on the plan. Every phase
-// runs one after another on the transfer timeline, and the last one starts
-// after all compute, so the stage lasts at least the sum of the phases,
-// and at least the busiest worker's compute plus the shortest phase; the
+// runs one after another on the transfer timeline from the agreement's
+// end, and the last one starts after all compute (whose first stack may
+// run during the agreement), so the stage lasts at least the agreement
+// plus the sum of the phases, and at least the busiest worker's compute
+// plus the shortest phase; the
 // commit then applies every update. Where the workers may apply them
 // before the votes instead (ClockSettings::apply_early; with owner groups
 // too, every matrix being replicated), a worker applies them all after its
 // own stacks: the step then lasts at least the stage, and at least the
 // busiest worker's compute plus those applies. The bound is the least of
 // either over the bucket bounds ChooseStepGrouping may choose, plus the
-// control rounds, less a relative 1e-9 for rounding.
+// vote, less a relative 1e-9 for rounding. The rounds' messages
+// (ClockSettings::control_message_us) are left out, which only lowers it.
 //
 // StepBound is immutable after construction and safe to share between
 // threads; the functions are thread-safe.
@@ -68,7 +71,10 @@ class StepBound {
 
   const ClockSettings& settings_;
   bool holds_ = false;
-  double control_seconds_ = 0;
+  // The control rounds' fixed parts (without their messages): every
+  // transfer waits for the agreement, the commit for the vote.
+  double agreement_seconds_ = 0;
+  double vote_seconds_ = 0;
   double apply_at_commit_seconds_ = 0;
   // Every update applied before the votes (ClockSettings::apply_early);
   // -1: the applies are at the commit.
@@ -124,9 +130,10 @@ std::vector<ExchangeStep> ExchangeStepsOf(int nodes, int per_node,
 // pack copies and adds, which take turns with the launches on the
 // transfer stream. Levels and HBM grow with a bucket's elements (its pack
 // at least its elements), so the buckets of the unreduced matrices cost
-// at least one bucket of all of them. The commit adds the control rounds,
-// and, where the workers may not apply the updates before the votes, their
-// apply. Less a relative 1e-9 for rounding; 0 without unreduced matrices.
+// at least one bucket of all of them. The control rounds add (the
+// agreement before every launch, the vote after the stage), and, where the
+// workers may not apply the updates before the votes, their apply. Less a
+// relative 1e-9 for rounding; 0 without unreduced matrices.
 double ExchangeStepBound(const std::vector<MatrixSpec>& matrices, int workers,
                          int nodes, int per_node,
                          const ClockSettings& settings);

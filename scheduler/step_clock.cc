@@ -457,6 +457,7 @@ class Phase {
 };
 
 struct Clocked {
+  double agreed = 0;            // the agreement ends
   double gradients_landed = 0;  // the last gradients-to-owners phase ends
   double stage = 0;             // every update landed, compute done
   double transfer = 0;          // busy time of the transfer timeline
@@ -464,6 +465,7 @@ struct Clocked {
   int phases = 0;
   int exchange_launches = 0;
   std::vector<double> compute_end;  // per worker
+  std::vector<double> stage_begin;  // per worker: 0 or `agreed`
   // Each updates-back phase, in the schedule's order: its bucket, and when
   // its last update has landed (its collective's end, or its last
   // writer's copies).
@@ -498,6 +500,33 @@ double ComputeEnd(double start, double seconds,
   return t + left;
 }
 
+// Per worker, the stack (StepSchedule::stacks index) it computes ahead of
+// the agreement, or -1: its first in the order, where every item of it is
+// replicated and the worker has a trainer (no gradient is sent to it).
+std::vector<int> StacksAhead(const std::vector<MatrixSpec>& matrices,
+                             const StepSchedule& schedule, int workers) {
+  std::vector<bool> trainer(workers, true);
+  for (const Bucket& b : schedule.buckets) {
+    for (const Transfer& x : b.to_owners) {
+      if (x.kind == TransferKind::kSendToOwner) trainer[x.owner] = false;
+    }
+  }
+  std::vector<int> out(workers, -1);
+  std::vector<bool> seen(workers, false);
+  for (const scheduler::Phase& p : schedule.order) {
+    if (p.kind != PhaseKind::kCompute) continue;
+    const OwnerStack& stack = schedule.stacks[p.index];
+    if (seen[stack.owner]) continue;
+    seen[stack.owner] = true;
+    const bool in_place = std::all_of(
+        stack.items.begin(), stack.items.end(), [&](const ItemRef& item) {
+          return matrices[item.matrix].layout == Layout::kReplicated;
+        });
+    if (in_place && trainer[stack.owner]) out[stack.owner] = p.index;
+  }
+  return out;
+}
+
 // Clocks the schedule as the header's model says: every gradients-to-owners
 // phase first, then the order's compute (each stack after its ready
 // bucket's gradients) and updates back (each after all compute issued
@@ -509,7 +538,12 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
               const std::vector<double>& stack_seconds, int workers,
               const ClockSettings& settings, PhaseState* state) {
   Clocked out;
-  double timeline = 0;  // end of the last phase on the transfer timeline
+  // Every transfer, and every stack but those computed ahead, waits for
+  // the agreement.
+  out.agreed = AgreementSeconds(workers, settings);
+  const std::vector<int> ahead = StacksAhead(matrices, schedule, workers);
+  // End of the last phase on the transfer timeline.
+  double timeline = out.agreed;
   std::vector<std::pair<double, double>> busy;  // the phases, in time order
   auto run = [&](const std::vector<Transfer>& transfers) {
     Phase phase(state);
@@ -604,7 +638,7 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
     }
   };
   // A bucket without transfers lands with the one before it.
-  std::vector<double> landed(schedule.buckets.size(), 0.0);
+  std::vector<double> landed(schedule.buckets.size(), out.agreed);
   if (pipelined) {
     std::vector<PhaseLaunch> phases;
     std::vector<int32_t> buckets;
@@ -626,7 +660,11 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
   out.gradients_landed = timeline;
   // Compute issued so far ends by `compute_free[w]` on worker w.
   std::vector<double>& compute_free = out.compute_end;
-  compute_free.assign(workers, 0.0);
+  compute_free.assign(workers, out.agreed);
+  out.stage_begin.assign(workers, out.agreed);
+  for (int w = 0; w < workers; ++w) {
+    if (ahead[w] >= 0) out.stage_begin[w] = 0;
+  }
   double compute_so_far = 0;  // max of compute_free
   // Peer writes: each owner's own transfer stream (see the header), in the
   // groups that write; the others' updates go back by collectives.
@@ -634,7 +672,7 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
   const bool none_write =
       std::none_of(groups.begin(), groups.end(),
                    [](const GroupLinks& g) { return g.writes; });
-  std::vector<double> write_free(workers, 0.0);
+  std::vector<double> write_free(workers, out.agreed);
   const double copy_rate = settings.topology.links.copy_engine_gbs * 1e9;
   const auto write = [&](const std::vector<Transfer>& transfers) {
     std::vector<double> bytes(workers, 0.0);
@@ -697,8 +735,10 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
       double& free = compute_free[stack.owner];
       // Phases issued later wait for this compute: `busy` has every phase
       // it can overlap.
-      free = ComputeEnd(std::max(free, landed[stack.ready_bucket]),
-                        stack_seconds[p.index], busy,
+      const double start = p.index == ahead[stack.owner]
+                               ? 0.0
+                               : std::max(free, landed[stack.ready_bucket]);
+      free = ComputeEnd(start, stack_seconds[p.index], busy,
                         settings.transfer_contention);
       compute_so_far = std::max(compute_so_far, free);
     } else if (p.kind == PhaseKind::kFromOwners && pipelined) {
@@ -934,6 +974,8 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
   r.phases = clock.phases;
   r.exchange_launches = clock.exchange_launches;
   r.worker_compute_end_seconds = std::move(clock.compute_end);
+  r.agreement_seconds = clock.agreed;
+  r.worker_stage_begin_seconds = std::move(clock.stage_begin);
 
   // The commit: every worker applies what its trainer holds, or what is
   // left of its applies before the votes.
@@ -949,7 +991,7 @@ StepClock ClockStep(const std::vector<MatrixSpec>& matrices,
     ways.before_votes = ways.left_seconds < ways.at_commit_seconds;
     if (ways.before_votes) r.apply_seconds = ways.left_seconds;
   }
-  r.commit_seconds = ControlSeconds(n, settings) + r.apply_seconds;
+  r.commit_seconds = VoteSeconds(n, settings) + r.apply_seconds;
   r.predicted_seconds = r.stage_seconds + r.commit_seconds;
 
   const std::vector<double>& ends = r.worker_compute_end_seconds;
@@ -998,12 +1040,29 @@ double ControlMessagesOnPath(int workers, int fanout) {
   return 2.0 * (fanout + (depth - 1) * (fanout + 1.0));
 }
 
-double ControlSeconds(int workers, const ClockSettings& settings) {
+namespace {
+
+// One round among `workers` ranks whose fixed part is `ms`.
+double RoundSeconds(double ms, int workers, const ClockSettings& settings) {
   if (workers <= 1) return 0;
-  return settings.control_rounds_ms * 1e-3 +
-         kControlRoundsAwaited *
-             ControlMessagesOnPath(workers, settings.control_tree_fanout) *
+  return ms * 1e-3 +
+         ControlMessagesOnPath(workers, settings.control_tree_fanout) *
              settings.control_message_us * 1e-6;
+}
+
+}  // namespace
+
+double AgreementSeconds(int workers, const ClockSettings& settings) {
+  return RoundSeconds(settings.agreement_ms, workers, settings);
+}
+
+double VoteSeconds(int workers, const ClockSettings& settings) {
+  return RoundSeconds(settings.control_rounds_ms - settings.agreement_ms,
+                      workers, settings);
+}
+
+double ControlSeconds(int workers, const ClockSettings& settings) {
+  return AgreementSeconds(workers, settings) + VoteSeconds(workers, settings);
 }
 
 double ApplyBeforeVotesSeconds(double elements, const ClockSettings& settings) {

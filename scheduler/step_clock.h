@@ -38,10 +38,14 @@
 //   compute that worker has issued so far; the collective starts when the
 //   last rank gets there: at max(previous phase's end, every worker's
 //   compute so far).
+// - The step begins with the agreement (AgreementSeconds): every transfer
+//   and every stack waits for it, but one. A worker whose trainer holds
+//   every gradient of its first stack in the schedule's order (all its
+//   items replicated, none sent to it: it has a trainer) computes that
+//   stack from time 0, while the ranks agree (StepStaging::ComputeAhead,
+//   as a step after the last one under the same plan does).
 // - The stage ends when the last update has landed and every compute
-//   stream is done. Then the commit: the control rounds
-//   (ControlSeconds: `control_rounds_ms`, and `control_message_us` for
-//   each message on a round's busiest path through the control tree) plus
+//   stream is done. Then the commit: the vote (VoteSeconds) plus
 //   applying the staged updates to the trainer's fp32 parameters, memory bound
 //   at 8 bytes of parameter read and written plus the update's bytes per
 //   parameter the worker's trainer holds (all of them; 1/N of a row-sharded
@@ -223,7 +227,16 @@ struct ClockSettings {
   int wire_bytes_per_element = 4;    // gradients (the worker sends fp32)
   int update_bytes_per_element = 2;  // updates (bf16 Newton-Schulz)
   double hbm_bytes_per_second = 4.3e12;
+  // The fixed host cost of a step's two awaited control rounds, and of it
+  // the agreement's (the rest the vote's): fitted to two H200s' timelines
+  // over TCP of the 8-layer Llama set, where the agreement took 2.3-2.8 ms
+  // (host_ms.agreed, median 2.5, of the steps that compute nothing ahead
+  // of it,
+  // bench/results/2026-11-30-h200x2-step-control-over-tcp-and-compute-ahead.jsonl)
+  // and the commit about 1.5 ms more than its apply; the 2-GPU
+  // validations hold with 2.5 to 4 for both.
   double control_rounds_ms = 4.0;
+  double agreement_ms = 2.5;
   // A rank's host time per control message, and the fanout of the tree
   // the messages pass along (server/worker/step_control.h; 0: a star).
   // Each of a step's kControlRoundsAwaited rounds gathers every rank's
@@ -286,13 +299,16 @@ inline constexpr int kControlRoundsAwaited = 2;
 // levels below rank 0.
 double ControlMessagesOnPath(int workers, int fanout);
 
-// Seconds of a step's control rounds among `workers` ranks:
-// control_rounds_ms plus control_message_us for each message on each
-// round's busiest path (ControlMessagesOnPath). 0 for one worker: a step
+// Seconds of a step's agreement and of its vote among `workers` ranks:
+// each its part of control_rounds_ms (agreement_ms, and the rest) plus
+// control_message_us for each message on its busiest path
+// (ControlMessagesOnPath). ControlSeconds: both. 0 for one worker: a step
 // alone on its worker runs no rounds between ranks (it is decided once
 // its gradients are checked; server/worker/step_run.cc), and its applies,
 // which then run beside its Newton-Schulz and slow it by about their own
 // time, stay counted in the commit.
+double AgreementSeconds(int workers, const ClockSettings& settings);
+double VoteSeconds(int workers, const ClockSettings& settings);
 double ControlSeconds(int workers, const ClockSettings& settings);
 
 // A step clocked with its updates applied both ways (ClockSettings::
@@ -309,25 +325,33 @@ struct StepClock {
   // The step: stage_seconds + commit_seconds.
   double predicted_seconds = 0;
   // Every update has landed and every compute stream is done.
+  // (from the step's start: the agreement's end or before, see below).
   double stage_seconds = 0;
-  double commit_seconds = 0;  // ControlSeconds + apply_seconds
+  double commit_seconds = 0;  // VoteSeconds + apply_seconds
+  // When the agreement ends (AgreementSeconds), and per worker when its
+  // stage began: 0 where it computes its first stack ahead of the
+  // agreement, else the agreement's end (as a worker's timeline counts).
+  double agreement_seconds = 0;
+  std::vector<double> worker_stage_begin_seconds;
   // The commit's apply, or what is left of the applies before the votes
   // once the stage is done (applies.before_votes).
   double apply_seconds = 0;
   // Where both ways were clocked (ClockSettings::apply_early).
   ApplyWays applies;
-  // The last bucket's gradients have landed (0 with none to move).
+  // The last bucket's gradients have landed (the agreement's end with
+  // none to move).
   double gradients_landed_seconds = 0;
   // Per worker: the sum of its stack times, when its compute stream is
-  // done (0 for one that owns nothing), and the stacks it computes in
-  // order (StepSchedule::stacks indices).
+  // done (its stage's begin for one that owns nothing), and the stacks it
+  // computes in order (StepSchedule::stacks indices).
   std::vector<double> worker_compute_seconds;
   std::vector<double> worker_compute_end_seconds;
   std::vector<std::vector<int>> worker_stacks;
   double compute_end_seconds_max = 0;
   // The step's critical path, in four parts that add up to
   // predicted_seconds: the compute of the worker whose compute ends last,
-  // the time its compute stream waited for gradients, the updates still
+  // the time its compute stream waited for gradients (and the agreement
+  // where it waited for it), the updates still
   // going back after that, and the commit. `limited_by` names the largest:
   // "compute", "gradients", "updates_back" or "commit".
   double critical_compute_seconds = 0;

@@ -113,6 +113,85 @@ TEST(StepClockTest, OneWorkerRunsNoControlRounds) {
                    compute + ApplySeconds(job.matrices, 1, settings));
 }
 
+// Clocks `job`'s schedule on `workers` of one node with the control rounds'
+// fixed part `control_ms`, of which `agreement_ms` the agreement's.
+StepClock ClockWithRounds(const Job& job, int workers, double control_ms,
+                          double agreement_ms) {
+  ClockSettings settings;
+  settings.control_rounds_ms = control_ms;
+  settings.agreement_ms = agreement_ms;
+  const StepSchedule schedule = *BuildStepSchedule(job.matrices, job.plan);
+  const std::vector<double> stacks =
+      StackSeconds(job.matrices, schedule, job.models, settings);
+  return ClockStep(job.matrices, schedule, stacks, workers, settings);
+}
+
+TEST(StepClockTest, EverythingWaitsForTheAgreementOfUnreducedGradients) {
+  // Every transfer and stack waits for the agreement: the stage moves by
+  // it, and the commit is the vote alone.
+  const Job job = Plan(2, Layout::kUnreduced, 2);
+  const StepClock none = ClockWithRounds(job, 2, 4, 0);
+  const StepClock agreed = ClockWithRounds(job, 2, 4, 2.5);
+  EXPECT_DOUBLE_EQ(none.agreement_seconds, 0);
+  EXPECT_DOUBLE_EQ(agreed.agreement_seconds, 2.5e-3);
+  EXPECT_THAT(agreed.worker_stage_begin_seconds, ElementsAre(2.5e-3, 2.5e-3));
+  EXPECT_NEAR(agreed.gradients_landed_seconds,
+              none.gradients_landed_seconds + 2.5e-3, 1e-12);
+  EXPECT_NEAR(agreed.stage_seconds, none.stage_seconds + 2.5e-3, 1e-12);
+  EXPECT_NEAR(agreed.commit_seconds, none.commit_seconds - 2.5e-3, 1e-12);
+  EXPECT_NEAR(agreed.predicted_seconds, none.predicted_seconds, 1e-12);
+  EXPECT_EQ(agreed.limited_by, none.limited_by);
+}
+
+TEST(StepClockTest,
+     AFirstStackOfReplicatedGradientsComputesWhileTheRanksAgree) {
+  // Each worker's first stack reads its trainer's gradients in place and
+  // starts at 0; an agreement shorter than it costs nothing, and the
+  // commit is the vote alone.
+  const Job job = Plan(2, Layout::kReplicated, 2);
+  const StepClock none = ClockWithRounds(job, 2, 1.5, 0);
+  const StepClock agreed = ClockWithRounds(job, 2, 4, 2.5);
+  EXPECT_THAT(agreed.worker_stage_begin_seconds, ElementsAre(0, 0));
+  ASSERT_GT(agreed.compute_end_seconds_max, 2.5e-3);
+  EXPECT_DOUBLE_EQ(agreed.stage_seconds, none.stage_seconds);
+  EXPECT_DOUBLE_EQ(agreed.commit_seconds, none.commit_seconds);
+  EXPECT_DOUBLE_EQ(agreed.predicted_seconds, none.predicted_seconds);
+  // An agreement longer than every first stack: the rest of each worker's
+  // stacks wait for it, the first does not.
+  const StepClock longer = ClockWithRounds(job, 2, 1001.5, 1000);
+  const StepSchedule schedule = *BuildStepSchedule(job.matrices, job.plan);
+  const std::vector<double> stacks =
+      StackSeconds(job.matrices, schedule, job.models, ClockSettings{});
+  for (int w = 0; w < 2; ++w) {
+    double rest = 0;
+    const std::vector<int>& own = longer.worker_stacks[w];
+    ASSERT_GE(own.size(), 2u) << w;
+    for (size_t k = 1; k < own.size(); ++k) rest += stacks[own[k]];
+    ASSERT_LT(stacks[own[0]], 1.0) << w;
+    EXPECT_NEAR(longer.worker_compute_end_seconds[w], 1.0 + rest, 1e-9) << w;
+  }
+  EXPECT_NEAR(longer.commit_seconds, none.commit_seconds, 1e-12);
+}
+
+TEST(StepClockTest, AWorkerWithoutATrainerComputesNothingAheadOfTheAgreement) {
+  // A dedicated worker's replicated gradients are sent to it after the
+  // agreement: its stage begins there, the trainers' workers' at 0.
+  Job job = Plan(3, Layout::kReplicated, 2);
+  job.plan.dedicated = 1;
+  const StepClock clock = ClockWithRounds(job, 3, 4, 2.5);
+  const StepSchedule schedule = *BuildStepSchedule(job.matrices, job.plan);
+  bool sent = false;
+  for (const Bucket& b : schedule.buckets) {
+    for (const Transfer& x : b.to_owners) {
+      sent = sent || (x.kind == TransferKind::kSendToOwner && x.owner == 2);
+    }
+  }
+  ASSERT_TRUE(sent);
+  EXPECT_THAT(clock.worker_stage_begin_seconds, ElementsAre(0, 0, 2.5e-3));
+  EXPECT_GE(clock.worker_compute_end_seconds[2],
+            2.5e-3 + clock.worker_compute_seconds[2]);
+}
+
 TEST(StepGroupingTest, OneNodeKeepsTheMeasuredBoundWithoutClocking) {
   const Job job = Plan(8, Layout::kReplicated, 2);
   ClockSettings settings;
@@ -201,6 +280,7 @@ TEST(StepClockTest, RowsBetweenNodesGoOverTheNics) {
   plan.owners = {{0}};
   const StepSchedule schedule = *BuildStepSchedule(matrices, plan);
   ClockSettings settings;
+  settings.agreement_ms = 0;  // the phases alone
   settings.topology.links.latency_us = 0;
   settings.topology.links.hop_latency_us = 0;
   settings.topology.links.nvlink_gbs = 100;
@@ -359,6 +439,7 @@ TEST(OwnerGroupsClockTest, APhaseTakesItsSlowestGroupsPart) {
   EXPECT_EQ(t.schedule.buckets[0].from_owners[1].group, 1);
   EXPECT_EQ(t.schedule.buckets[0].from_owners[1].owner, 2);
   ClockSettings settings;
+  settings.agreement_ms = 0;  // the phases alone
   settings.peer_writes = false;
   LinkFigures& l = settings.topology.links;
   l.latency_us = 0;
@@ -392,6 +473,7 @@ TEST(OwnerGroupsClockTest, PeerWritesWithinTheGroupsOnOneNode) {
   // group {2, 3} spans two nodes and broadcasts it over the NICs.
   const TwoGroups t = MakeTwoGroups();
   ClockSettings settings;
+  settings.agreement_ms = 0;  // the phases alone
   LinkFigures& l = settings.topology.links;
   l.latency_us = 0;
   l.hop_latency_us = 0;
@@ -454,6 +536,7 @@ TEST(ExchangeClockTest, PhaseCostsItsLaunchesLevelsPartsAndAdds) {
   EXPECT_EQ(t.schedule.buckets[0].from_owners[0].kind,
             TransferKind::kExchangeFromOwner);
   ClockSettings settings;
+  settings.agreement_ms = 0;  // the phases alone
   settings.topology = Topology::Blocks(4, 2);
   LinkFigures& l = settings.topology.links;
   l.latency_us = 1;
@@ -514,6 +597,7 @@ TEST(ExchangeClockTest, PartsAsEachRankMovesThem) {
         *BuildStepSchedule(matrices, plan, {.bucket_bytes = int64_t{1} << 40});
     ASSERT_EQ(schedule.buckets.size(), 1u);
     ClockSettings settings;
+    settings.agreement_ms = 0;  // the phases alone
     settings.topology = Topology::Blocks(n, g);
     LinkFigures& l = settings.topology.links;
     l.latency_us = 0;
@@ -627,6 +711,7 @@ TEST(ExchangeClockTest, TheRailLaunchPaysItsHopsAndNoAdds) {
   // nodes, whatever M. On nodes of 1 the rail is the whole exchange: one
   // launch each way, its bytes over the NICs and only the copies in HBM.
   ClockSettings settings;
+  settings.agreement_ms = 0;  // the phases alone
   LinkFigures& l = settings.topology.links;
   l.latency_us = 1;
   l.hop_latency_us = 2;
@@ -696,6 +781,7 @@ TEST(ExchangeClockTest, PipelinesTheBucketsOfASequence) {
   const Exchanged t = MakeExchanged(owners, 4, 2);
   ASSERT_EQ(t.schedule.buckets.size(), owners.size());
   ClockSettings settings;
+  settings.agreement_ms = 0;  // the phases alone
   settings.topology = Topology::Blocks(8, 2);
   LinkFigures& l = settings.topology.links;
   l.latency_us = 1;
@@ -796,6 +882,7 @@ TEST(ExchangeClockTest, PipelinesEachRunOfUpdatesBack) {
                        Case{5, 1, 1}, Case{6, 2, 3}}) {
     const int workers = c.nodes * c.per_node;
     ClockSettings settings;
+    settings.agreement_ms = 0;  // the phases alone
     settings.topology = Topology::Blocks(workers, c.per_node);
     settings.topology.links.inter_node_gbs = 30;
     settings.topology.links.nvlink_gbs = 40;
@@ -926,6 +1013,7 @@ TEST(ExchangeClockTest, ABucketWithoutTheExchangeTakesOneLaunch) {
   ASSERT_EQ(schedule.buckets[schedule.order[0].index].matrices,
             std::vector<int32_t>{0});
   ClockSettings settings;
+  settings.agreement_ms = 0;  // the phases alone
   settings.topology = Topology::Blocks(8, 2);
   LinkFigures& l = settings.topology.links;
   l.latency_us = 1;

@@ -80,6 +80,7 @@ scheduler::ClockSettings ClockSettingsOf(const SimConfig& config) {
   s.update_bytes_per_element = config.update_bytes_per_element;
   s.hbm_bytes_per_second = config.hbm_bytes_per_second;
   s.control_rounds_ms = config.control_rounds_ms;
+  s.agreement_ms = config.agreement_ms;
   s.transfer_contention = config.transfer_contention;
   s.peer_writes = config.peer_writes;
   s.apply_early = config.apply_early;

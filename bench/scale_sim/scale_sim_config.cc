@@ -93,6 +93,15 @@ absl::Status ValidateSimConfig(const SimConfig& config) {
   MUONPS_RETURN_IF_ERROR(
       NonNegativeFinite(config.control_rounds_ms, "--control_rounds_ms"));
   MUONPS_RETURN_IF_ERROR(
+      NonNegativeFinite(config.agreement_ms, "--agreement_ms"));
+  if (config.agreement_ms > config.control_rounds_ms) {
+    return InvalidField(
+        "--agreement_ms",
+        absl::StrCat(config.agreement_ms,
+                     " must be at most --control_rounds_ms (",
+                     config.control_rounds_ms, "), of which it is a part"));
+  }
+  MUONPS_RETURN_IF_ERROR(
       NonNegativeFinite(config.control_message_us, "--control_message_us"));
   MUONPS_RETURN_IF_ERROR(
       NonNegativeFinite(config.transfer_contention, "--transfer_contention"));

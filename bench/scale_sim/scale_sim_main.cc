@@ -9,12 +9,15 @@
 //     --models=llama3_8b_8layers,llama3_8b --gpus=64,128,256,512,1024
 // prints one line per (model, layout, N):
 //   {"what":"sim_step","model":..,"gpus":N,"layout":..,"predicted_ms":..,
-//    "limited_by":..,"owner_groups":..,"group_size":..,"stage_ms":..,"commit_ms":..,"critical_compute_ms":..,
+//    "limited_by":..,"owner_groups":..,"group_size":..,"agreed_ms":..,
+//    "stage_ms":..,"commit_ms":..,"critical_compute_ms":..,
 //    "critical_wait_ms":..,"updates_tail_ms":..,"adamw_ms":..,
 //    "ratio_vs_adamw":..,"bytes_per_gpu":..,...}
 // predicted_ms = stage_ms + commit_ms (scale_sim.h's clock of the worker:
-// all gradients first, each stack after its own bucket, updates back after
-// the compute issued before them); the critical path parts
+// the agreement, ending at agreed_ms, which a worker's first stack of
+// replicated gradients may compute beside; all gradients first, each stack
+// after its own bucket, updates back after the compute issued before them;
+// the stage ends at stage_ms from the step's start); the critical path parts
 // (critical_compute_ms + critical_wait_ms + updates_tail_ms + commit_ms)
 // add up to it and limited_by names the largest.
 // transfer_ms_max: every worker takes part in every phase of its owner
@@ -63,9 +66,11 @@
 //   {"what":"sim_validation","gpus":N,"layout":..,"predicted_ms":..,
 //    "measured_ms":..,"error":(predicted - measured) / measured,
 //    "predicted_gradients_landed_ms":..,"measured_gradients_landed_ms":..,
-//    ... compute_end_ms_max, stage_ms, commit_ms likewise}
+//    ... compute_end_ms_max, stage_ms, agreed_ms, commit_ms likewise}
 // (measured parts from the file's muonps_step_timeline lines: the latest
-// mark over the ranks; commit_ms is the host's agree + vote/apply/confirm),
+// mark over the ranks, since each rank's stage began; agreed_ms is the
+// host's agreement from the step's start, commit_ms its vote, apply and
+// release after the stage),
 // then per timeline line
 //   {"what":"sim_validation_worker","rank":..,"predicted_compute_end_ms":..,
 //    "measured_compute_end_ms":..,"error":..,"same_stacks":..}
@@ -87,10 +92,15 @@
 //   --control_tree_fanout  the tree the control messages pass along; default
 //                        16 (a GPU worker's), 0 a star around rank 0
 //   --control_rounds_ms  the rounds' fixed host cost a step (none for one
-//                        GPU: scheduler::ControlSeconds); default 4
-//                        (fitted: the H100 timelines' agree round,
-//                        host_ms.agreed 2.3-4.3 ms, and the vote; the 2-GPU
-//                        validations hold with 2.5 to 4)
+//                        GPU: scheduler::ControlSeconds); default 4 (the
+//                        2-GPU validations hold with 2.5 to 4)
+//   --agreement_ms       of it, the agreement's, before the stage: every
+//                        transfer and stack waits for it, but a stack
+//                        computed ahead of it (a worker's first, of
+//                        replicated gradients read in place); the vote's,
+//                        the rest, is in the commit; default 2.5 (two
+//                        H200s over TCP, host_ms.agreed 2.3-2.8 ms where
+//                        nothing computes ahead, median 2.5)
 //   --cost_scale         multiplies the cost table's times; default 1
 //   --transfer_contention  compute runs 1 + this times slower while a
 //                        transfer phase is in flight; default 0
@@ -192,6 +202,10 @@ ABSL_FLAG(double, hbm_bw, 4.3e12,
           "HBM bytes/s for applying updates (H200 4.3e12; H100 3.0e12).");
 ABSL_FLAG(double, control_rounds_ms, 4.0,
           "The control rounds' fixed host cost per step (ms).");
+ABSL_FLAG(double, agreement_ms, 2.5,
+          "Of --control_rounds_ms, the agreement's (ms): before the stage, "
+          "where stacks computed ahead of it may hide it; the rest is the "
+          "vote's, in the commit.");
 ABSL_FLAG(double, control_message_us, 6.3,
           "A rank's host time per control message (us): each round passes "
           "those of its busiest path along the control tree.");
@@ -236,6 +250,7 @@ bench::SimConfig BaseConfig(std::shared_ptr<const scheduler::CostTable> costs) {
   c.cost_scale = absl::GetFlag(FLAGS_cost_scale);
   c.hbm_bytes_per_second = absl::GetFlag(FLAGS_hbm_bw);
   c.control_rounds_ms = absl::GetFlag(FLAGS_control_rounds_ms);
+  c.agreement_ms = absl::GetFlag(FLAGS_agreement_ms);
   c.control_message_us = absl::GetFlag(FLAGS_control_message_us);
   c.control_tree_fanout = absl::GetFlag(FLAGS_control_tree_fanout);
   c.transfer_contention = absl::GetFlag(FLAGS_transfer_contention);
@@ -263,6 +278,7 @@ void AddSettings(const bench::SimConfig& c, nlohmann::ordered_json* j) {
   (*j)["cost_scale"] = c.cost_scale;
   (*j)["hbm_bw"] = c.hbm_bytes_per_second;
   (*j)["control_rounds_ms"] = c.control_rounds_ms;
+  (*j)["agreement_ms"] = c.agreement_ms;
   (*j)["control_message_us"] = c.control_message_us;
   (*j)["control_tree_fanout"] = c.control_tree_fanout;
   (*j)["transfer_contention"] = c.transfer_contention;
@@ -331,6 +347,7 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
     }
     j["bucket_candidates"] = std::move(tried);
   }
+  j["agreed_ms"] = r.clock.agreement_seconds * 1e3;
   j["stage_ms"] = r.clock.stage_seconds * 1e3;
   j["commit_ms"] = r.clock.commit_seconds * 1e3;
   j["apply_ms"] = r.clock.apply_seconds * 1e3;
@@ -400,9 +417,12 @@ absl::Status Validate(
     j["measured_ms"] = m.ms;
     j["error"] = Error(r.clock.predicted_seconds * 1e3, m.ms);
     j["limited_by"] = r.clock.limited_by;
-    // Parts, predicted and measured (device ms since the stage began;
-    // measured: the latest over the ranks' timelines).
-    double landed = 0, compute_end = 0, stage = 0, outside = 0;
+    // Parts, predicted and measured: device ms since the stage began (a
+    // worker's first mark: before the agreement where it computes a stack
+    // ahead of it, else after it; measured: the latest over the ranks'
+    // timelines), and the host's agreement (from the step's start) and
+    // commit (from the stage's end: the vote, the apply, the release).
+    double landed = 0, compute_end = 0, stage = 0, agreed = 0, commit = 0;
     int ranks = 0;
     for (const bench::MeasuredTimeline& t : timelines) {
       if (t.gpus != m.gpus || t.layout != m.layout) continue;
@@ -410,18 +430,24 @@ absl::Status Validate(
       landed = std::max(landed, t.gradients_landed_ms);
       compute_end = std::max(compute_end, t.compute_end_ms);
       stage = std::max({stage, t.compute_end_ms, t.updates_landed_ms});
-      outside += t.agreed_ms + t.committed_ms - t.staged_ms;
+      agreed += t.agreed_ms;
+      commit += t.committed_ms - t.staged_ms;
     }
-    j["predicted_gradients_landed_ms"] = r.clock.gradients_landed_seconds * 1e3;
-    j["predicted_compute_end_ms_max"] = r.clock.compute_end_seconds_max * 1e3;
-    j["predicted_stage_ms"] = r.clock.stage_seconds * 1e3;
+    const std::vector<double>& begins = r.clock.worker_stage_begin_seconds;
+    const double begin = *std::min_element(begins.begin(), begins.end());
+    j["predicted_gradients_landed_ms"] =
+        (r.clock.gradients_landed_seconds - begin) * 1e3;
+    j["predicted_compute_end_ms_max"] =
+        (r.clock.compute_end_seconds_max - begin) * 1e3;
+    j["predicted_stage_ms"] = (r.clock.stage_seconds - begin) * 1e3;
+    j["predicted_agreed_ms"] = r.clock.agreement_seconds * 1e3;
     j["predicted_commit_ms"] = r.clock.commit_seconds * 1e3;
     if (ranks > 0) {
       j["measured_gradients_landed_ms"] = landed;
       j["measured_compute_end_ms_max"] = compute_end;
       j["measured_stage_ms"] = stage;
-      // host: agree before the stage, vote + apply + confirm after it
-      j["measured_commit_ms"] = outside / ranks;
+      j["measured_agreed_ms"] = agreed / ranks;
+      j["measured_commit_ms"] = commit / ranks;
       j["timeline_ranks"] = ranks;
     }
     if (m.predicted_ms) j["bench_predicted_ms"] = *m.predicted_ms;
@@ -437,7 +463,9 @@ absl::Status Validate(
       w["gpus"] = m.gpus;
       w["layout"] = layout;
       w["rank"] = t.rank;
-      const double predicted = r.clock.worker_compute_end_seconds[t.rank] * 1e3;
+      const double predicted = (r.clock.worker_compute_end_seconds[t.rank] -
+                                r.clock.worker_stage_begin_seconds[t.rank]) *
+                               1e3;
       w["predicted_compute_end_ms"] = predicted;
       w["measured_compute_end_ms"] = t.compute_end_ms;
       if (t.compute_end_ms > 0) {

@@ -77,6 +77,7 @@ SimConfig Tiny(int gpus, int per_node, Layout layout, int matrices = 2) {
   c.links.latency_us = 0;
   c.links.hop_latency_us = 0;
   c.control_rounds_ms = 0;
+  c.agreement_ms = 0;
   c.control_message_us = 0;
   c.hbm_bytes_per_second = std::numeric_limits<double>::infinity();
   return c;
@@ -109,6 +110,7 @@ SimConfig FreeTransfers(SimConfig c) {
   c.links.latency_us = 0;
   c.links.hop_latency_us = 0;
   c.control_rounds_ms = 0;
+  c.agreement_ms = 0;
   c.hbm_bytes_per_second = std::numeric_limits<double>::infinity();
   // One stack per owner and shape (and, on more than one GPU, its taper).
   c.schedule.stack_bytes = int64_t{1} << 50;
@@ -169,14 +171,16 @@ TEST(ScaleSimTest, CostScaleMultipliesEveryStack) {
                    2 * one.clock.predicted_seconds);
 }
 
-TEST(ScaleSimTest, CommitIsControlRoundsPlusApplyingHeldParameters) {
+TEST(ScaleSimTest, CommitIsTheVotePlusApplyingHeldParameters) {
   SimConfig c = FreeTransfers(Config("llama3_8b_8layers", 8));
   c.control_rounds_ms = 4;
+  c.agreement_ms = 2.5;
   c.hbm_bytes_per_second = 3e12;
   const SimResult r = *SimulateStep(c);
   // 8 bytes of fp32 parameter and a bf16 update per parameter.
   EXPECT_DOUBLE_EQ(r.clock.apply_seconds, r.parameters * 10.0 / 3e12);
-  EXPECT_DOUBLE_EQ(r.clock.commit_seconds, 4e-3 + r.clock.apply_seconds);
+  EXPECT_DOUBLE_EQ(r.clock.agreement_seconds, 2.5e-3);
+  EXPECT_DOUBLE_EQ(r.clock.commit_seconds, 1.5e-3 + r.clock.apply_seconds);
   EXPECT_DOUBLE_EQ(r.clock.predicted_seconds,
                    r.clock.stage_seconds + r.clock.commit_seconds);
   // Each trainer holds 1/N of a row-sharded matrix's rows.
@@ -189,21 +193,33 @@ TEST(ScaleSimTest, ControlMessagesThroughAStarGrowWithTheRanks) {
   // Each of the rounds a trainer waits for (the agreement and the vote)
   // gathers every rank's message at rank 0 and sends its answer to each:
   // on a star 2 (N - 1) messages a round, one after another, on top of the
-  // rounds' fixed cost. Only the whole job's clock counts them: the plans
-  // are weighed without (the coordinator's way).
+  // rounds' fixed cost. The vote's are in the commit; the agreement's in
+  // the stage, where a stack computed ahead may hide them. Only the whole
+  // job's clock counts them: the plans are weighed without (the
+  // coordinator's way).
   for (const int gpus : {2, 64, 1024}) {
     SimConfig c = Config("llama3_8b_8layers", gpus, Layout::kReplicated);
     c.control_tree_fanout = 0;
     const SimResult without = *SimulateStep(c);
     c.control_message_us = 5;
     const SimResult with = *SimulateStep(c);
-    const double messages =
-        scheduler::kControlRoundsAwaited * 2.0 * (gpus - 1) * 5e-6;
-    EXPECT_NEAR(with.clock.commit_seconds,
-                without.clock.commit_seconds + messages, 1e-12)
+    const double round = 2.0 * (gpus - 1) * 5e-6;
+    const double messages = scheduler::kControlRoundsAwaited * round;
+    // (The commit's apply may move with the stage, where it is what is
+    // left of the applies before the votes.)
+    EXPECT_NEAR(
+        with.clock.commit_seconds - with.clock.apply_seconds,
+        without.clock.commit_seconds - without.clock.apply_seconds + round,
+        1e-12)
         << gpus;
-    EXPECT_NEAR(with.clock.predicted_seconds,
-                without.clock.predicted_seconds + messages, 1e-12)
+    EXPECT_NEAR(with.clock.agreement_seconds,
+                without.clock.agreement_seconds + round, 1e-12)
+        << gpus;
+    EXPECT_GE(with.clock.predicted_seconds,
+              without.clock.predicted_seconds + round - 1e-12)
+        << gpus;
+    EXPECT_LE(with.clock.predicted_seconds,
+              without.clock.predicted_seconds + messages + 1e-12)
         << gpus;
     EXPECT_EQ(with.owner_groups, without.owner_groups) << gpus;
     EXPECT_EQ(with.bucket_bytes, without.bucket_bytes) << gpus;
@@ -241,9 +257,11 @@ TEST(ScaleSimTest, ControlMessagesAlongATreeGrowWithItsDepth) {
   const SimResult tree = *SimulateStep(c);
   c.control_tree_fanout = 0;
   const SimResult star = *SimulateStep(c);
-  EXPECT_NEAR(star.clock.commit_seconds - tree.clock.commit_seconds,
-              scheduler::kControlRoundsAwaited * (2046.0 - 100.0) * 6.3e-6,
-              1e-9);
+  EXPECT_NEAR(star.clock.commit_seconds - star.clock.apply_seconds -
+                  tree.clock.commit_seconds + tree.clock.apply_seconds,
+              (2046.0 - 100.0) * 6.3e-6, 1e-9);
+  EXPECT_NEAR(star.clock.agreement_seconds - tree.clock.agreement_seconds,
+              (2046.0 - 100.0) * 6.3e-6, 1e-9);
 }
 
 TEST(ScaleSimTest, CriticalPathPartsAddUpToTheStep) {
@@ -270,6 +288,7 @@ TEST(ScaleSimTest, ReplicatedComputeNeverWaitsWhateverTheLinks) {
   c.links.nvlink_gbs = 1;  // updates back take seconds
   c.links.inter_node_gbs = 1;
   c.links.copy_engine_gbs = 1;
+  c.agreement_ms = 0;  // the links alone
   const SimResult r = *SimulateStep(c);
   EXPECT_EQ(r.clock.gradients_landed_seconds, 0);
   EXPECT_EQ(r.clock.worker_compute_end_seconds, r.clock.worker_compute_seconds);
@@ -801,6 +820,14 @@ TEST(ScaleSimTest, BadInputNamesTheFlag) {
   EXPECT_THAT(SimulateStep(c).status().message(),
               HasSubstr("--control_rounds_ms"));
   c.control_rounds_ms = 4;
+  for (const double agreement : {-1.0, 4.5}) {
+    c.agreement_ms = agreement;
+    EXPECT_THAT(SimulateStep(c).status().message(),
+                HasSubstr("--agreement_ms"));
+  }
+  c.agreement_ms = 4;  // all of the rounds' fixed cost: allowed
+  EXPECT_TRUE(SimulateStep(c).ok());
+  c.agreement_ms = 2.5;
   c.costs = nullptr;
   r = SimulateStep(c);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
