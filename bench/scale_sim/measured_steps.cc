@@ -56,6 +56,12 @@ absl::StatusOr<MeasuredTimeline> ParseTimeline(const nlohmann::json& j,
     return InvalidField(field, "rank must be an integer >= 0");
   }
   t.rank = j["rank"].get<int>();
+  if (j.contains("workers")) {
+    if (!j["workers"].is_number_integer() || j["workers"].get<int>() < 1) {
+      return InvalidField(field, "workers must be an integer >= 1");
+    }
+    t.workers = j["workers"].get<int>();
+  }
   if (j.contains("layout")) {
     if (!j["layout"].is_string()) {
       return InvalidField(field, "layout must be a string");

@@ -34,6 +34,10 @@ struct MeasuredStep {
 // line lacks reads 0.
 struct MeasuredTimeline {
   int gpus = 0;
+  // Workers sharing the `gpus` ("workers", bench/step_gpu's workers that
+  // share one GPU; 1 where the line has none): only a timeline of one
+  // worker per GPU is a muonps_step_<N>gpu step's.
+  int workers = 1;
   scheduler::Layout layout = scheduler::Layout::kReplicated;
   int rank = 0;
   double agreed_ms = 0, staged_ms = 0, committed_ms = 0;  // host, from 0
@@ -57,7 +61,8 @@ absl::StatusOr<std::vector<MeasuredStep>> LoadMeasuredSteps(
 
 // The muonps_step_timeline lines; INVALID_ARGUMENT naming "--measured line
 // N" and the field for one without gpus >= 1, rank >= 0, host_ms or marks
-// of [string, number, number], or with an unknown layout (other lines are
+// of [string, number, number], or with workers < 1 or an unknown layout
+// (other lines are
 // skipped as by ParseMeasuredSteps).
 absl::StatusOr<std::vector<MeasuredTimeline>> ParseMeasuredTimelines(
     absl::string_view text);

@@ -74,6 +74,20 @@ TEST(MeasuredStepsTest, TimelinesGiveEachRanksLastMarks) {
   EXPECT_EQ(t.updates_landed_ms, 31);
   EXPECT_EQ(t.stacks, (std::vector<int>{3, 1}));
   EXPECT_EQ(t.line, 2);
+  EXPECT_EQ(t.workers, 1);
+  // Workers sharing the GPUs say how many.
+  const auto shared = ParseMeasuredTimelines(
+      "{\"what\":\"muonps_step_timeline\",\"gpus\":1,\"workers\":2,"
+      "\"rank\":1,\"host_ms\":{\"agreed\":1,\"staged\":2,"
+      "\"committed\":3},\"marks\":[]}");
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ((*shared)[0].workers, 2);
+  EXPECT_THAT(
+      ParseMeasuredTimelines("{\"what\":\"muonps_step_timeline\",\"gpus\":1,"
+                             "\"workers\":0,\"rank\":0}")
+          .status()
+          .message(),
+      HasSubstr("workers"));
   EXPECT_THAT(
       ParseMeasuredTimelines("{\"what\":\"muonps_step_timeline\",\"gpus\":2,"
                              "\"rank\":0,\"host_ms\":{},\"marks\":[]}")

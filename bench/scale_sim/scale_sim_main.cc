@@ -70,7 +70,7 @@
 // (measured parts from the file's muonps_step_timeline lines: the latest
 // mark over the ranks, since each rank's stage began; agreed_ms is the
 // host's agreement from the step's start, commit_ms its vote, apply and
-// release after the stage),
+// release from the last rank's stage: each the latest rank's),
 // then per timeline line
 //   {"what":"sim_validation_worker","rank":..,"predicted_compute_end_ms":..,
 //    "measured_compute_end_ms":..,"error":..,"same_stacks":..}
@@ -420,18 +420,23 @@ absl::Status Validate(
     // Parts, predicted and measured: device ms since the stage began (a
     // worker's first mark: before the agreement where it computes a stack
     // ahead of it, else after it; measured: the latest over the ranks'
-    // timelines), and the host's agreement (from the step's start) and
-    // commit (from the stage's end: the vote, the apply, the release).
-    double landed = 0, compute_end = 0, stage = 0, agreed = 0, commit = 0;
+    // timelines), and the host's agreement (from the step's start, the
+    // latest rank's) and commit (from the last rank's stage to the last
+    // rank's commit: the vote, the apply, the release).
+    double landed = 0, compute_end = 0, stage = 0, agreed = 0, staged = 0,
+           committed = 0;
     int ranks = 0;
     for (const bench::MeasuredTimeline& t : timelines) {
-      if (t.gpus != m.gpus || t.layout != m.layout) continue;
+      if (t.gpus != m.gpus || t.workers != 1 || t.layout != m.layout) {
+        continue;
+      }
       ++ranks;
       landed = std::max(landed, t.gradients_landed_ms);
       compute_end = std::max(compute_end, t.compute_end_ms);
       stage = std::max({stage, t.compute_end_ms, t.updates_landed_ms});
-      agreed += t.agreed_ms;
-      commit += t.committed_ms - t.staged_ms;
+      agreed = std::max(agreed, t.agreed_ms);
+      staged = std::max(staged, t.staged_ms);
+      committed = std::max(committed, t.committed_ms);
     }
     const std::vector<double>& begins = r.clock.worker_stage_begin_seconds;
     const double begin = *std::min_element(begins.begin(), begins.end());
@@ -446,8 +451,8 @@ absl::Status Validate(
       j["measured_gradients_landed_ms"] = landed;
       j["measured_compute_end_ms_max"] = compute_end;
       j["measured_stage_ms"] = stage;
-      j["measured_agreed_ms"] = agreed / ranks;
-      j["measured_commit_ms"] = commit / ranks;
+      j["measured_agreed_ms"] = agreed;
+      j["measured_commit_ms"] = committed - staged;
       j["timeline_ranks"] = ranks;
     }
     if (m.predicted_ms) j["bench_predicted_ms"] = *m.predicted_ms;
@@ -455,7 +460,8 @@ absl::Status Validate(
     AddSettings(c, &j);
     Print(j);
     for (const bench::MeasuredTimeline& t : timelines) {
-      if (t.gpus != m.gpus || t.layout != m.layout || t.rank >= m.gpus) {
+      if (t.gpus != m.gpus || t.workers != 1 || t.layout != m.layout ||
+          t.rank >= m.gpus) {
         continue;
       }
       nlohmann::ordered_json w;
