@@ -6,9 +6,10 @@
 # every libFuzzer target for 30 s (fuzz/run_fuzzers.sh), the Helm chart, the
 # local cluster through a coordinator kill and the container images. Installs what it needs first; prints each stage's
 # time. About 45 minutes on a cold 2-core machine, a few once Bazel's caches
-# are warm. Ends with "N passed, M failed" (GoogleTest cases plus golden
-# cases plus fuzz targets plus the other checks) and exits non-zero if
-# anything failed.
+# are warm. Ends with "N passed, M failed" (GoogleTest cases, plus one
+# failure for each test target that failed outside its cases, as a leak
+# found at exit; plus golden cases plus fuzz targets plus the other checks)
+# and exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh || exit 1
@@ -46,17 +47,36 @@ stage "clang-format"
 mapfile -t sources < <(git ls-files '*.h' '*.cc' '*.cu')
 if clang-format --dry-run --Werror "${sources[@]}"; then count 1 0; else count 0 1; fi
 
-# Sums the GoogleTest totals of every test.xml under a testlogs folder.
+# Sums the GoogleTest totals of every test.xml under a testlogs folder
+# ($1), and counts one failure more for each target Bazel failed (its
+# "FAIL: //... (see .../test.log)" lines in the file $2) whose test.xml
+# shows none: a target can fail after its cases passed (LeakSanitizer at
+# exit, a crash in a destructor).
 gtest_totals() {
-  python3 - "$1" <<'PY'
-import pathlib, sys, xml.etree.ElementTree as ET
-tests = bad = 0
-for xml in pathlib.Path(sys.argv[1]).rglob("test.xml"):
+  python3 - "$1" "$2" <<'PY'
+import pathlib, re, sys, xml.etree.ElementTree as ET
+def totals(xml):
+    tests = bad = 0
     root = ET.parse(xml).getroot()
     suites = [root] if root.tag == "testsuite" else root.iter("testsuites")
     for s in suites:
         tests += int(s.get("tests", 0)) - int(s.get("disabled", 0))
         bad += int(s.get("failures", 0)) + int(s.get("errors", 0))
+    return tests, bad
+tests = bad = 0
+for xml in pathlib.Path(sys.argv[1]).rglob("test.xml"):
+    t, b = totals(xml)
+    tests += t
+    bad += b
+for line in pathlib.Path(sys.argv[2]).read_text(errors="replace").splitlines():
+    m = re.match(r"FAIL: (//\S+) \(see (\S+)/test\.log\)", line)
+    if not m:
+        continue
+    xml = pathlib.Path(m.group(2)) / "test.xml"
+    if not xml.exists() or totals(xml)[1] == 0:
+        print(f"{m.group(1)} failed outside its cases", file=sys.stderr)
+        tests += 1
+        bad += 1
 print(tests - bad, bad)
 PY
 }
@@ -72,16 +92,20 @@ run_bazel_tests() {  # run_bazel_tests LABEL [bazel startup flags] -- [flags]
   logs="$(bazel ${startup[@]+"${startup[@]}"} info "$@" bazel-testlogs 2>/dev/null)"
   rm -rf "$logs"
   # gold's warnings about ASan's local symbols say nothing.
+  local out
+  out="$(mktemp)"
   bazel ${startup[@]+"${startup[@]}"} test "$@" --test_summary=short \
-    "${packages[@]}" 2>&1 | grep -v "Cannot export local symbol"
+    "${packages[@]}" 2>&1 | grep -v "Cannot export local symbol" | tee "$out"
   local rc=${PIPESTATUS[0]}
   if [[ $rc -ne 0 && $rc -ne 3 ]]; then
     echo "bazel test $label: build failed (exit $rc)"
     count 0 1
+    rm -f "$out"
     return
   fi
   # shellcheck disable=SC2046
-  count $(gtest_totals "$logs")
+  count $(gtest_totals "$logs" "$out")
+  rm -f "$out"
 }
 
 # Every package, named from the BUILD files git tracks (//... would also walk
