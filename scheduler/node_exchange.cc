@@ -63,5 +63,27 @@ float SumOverNodes(const std::vector<std::vector<int32_t>>& nodes,
   return total;
 }
 
+bool RelaysRows(const std::vector<std::vector<int32_t>>& nodes,
+                const MatrixSpec& spec) {
+  return !nodes.empty() && spec.layout == Layout::kRowSharded &&
+         !spec.shard_experts;
+}
+
+bool SumsOverNodes(const std::vector<std::vector<int32_t>>& nodes,
+                   const std::vector<MatrixSpec>& matrices) {
+  return !nodes.empty() &&
+         std::any_of(matrices.begin(), matrices.end(), [](const MatrixSpec& m) {
+           return m.layout == Layout::kUnreduced;
+         });
+}
+
+int RelayOf(const std::vector<std::vector<int32_t>>& nodes,
+            const std::vector<NodePosition>& at, int source, int owner) {
+  const NodePosition& s = at[source];
+  const NodePosition& o = at[owner];
+  if (s.node == o.node || s.position == o.position) return owner;
+  return nodes[o.node][s.position];
+}
+
 }  // namespace scheduler
 }  // namespace muonps

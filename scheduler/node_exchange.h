@@ -37,6 +37,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/types/span.h"
+#include "scheduler/plan_types.h"
 
 namespace muonps {
 namespace scheduler {
@@ -94,6 +95,32 @@ std::vector<NodePosition> PositionsOf(
 // node, in node order (the order its reduce adds the nodes' sums in).
 std::vector<std::vector<int>> RailsOf(
     const std::vector<std::vector<int32_t>>& nodes);
+
+// Whether the rows of `spec` go through relays in a plan with `nodes` (its
+// exchange nodes; empty: none): a row_sharded matrix sharded by rows (not
+// whole experts). Its gradient's rows (kGatherToOwner) then reach the owner
+// in two launches: a rank's rows go straight to the owner where the rank is
+// on the owner's node or at the owner's position of another node (on the
+// owner's rail); the others cross the network on their own rail to the
+// relay, the worker at their position on the owner's node (RelayOf), which
+// passes them on to the owner over the node's links in the second launch.
+// So a matrix's rows enter the owner's node through every port of that
+// node, not the owner's alone. Its update's rows (kScatterFromOwner) go
+// back the reverse way. Rows are copied, never added.
+bool RelaysRows(const std::vector<std::vector<int32_t>>& nodes,
+                const MatrixSpec& spec);
+
+// Whether a plan with `nodes` (its exchange nodes) sums some of `matrices`
+// over them: some matrix is unreduced. Only then do its workers form the
+// rails and pipeline the exchange (relayed rows go point to point).
+bool SumsOverNodes(const std::vector<std::vector<int32_t>>& nodes,
+                   const std::vector<MatrixSpec>& matrices);
+
+// The rank through which `source`'s rows reach `owner` (and its update's
+// rows come back): `owner` itself where they go straight (RelaysRows).
+// `at`: PositionsOf(nodes), naming both.
+int RelayOf(const std::vector<std::vector<int32_t>>& nodes,
+            const std::vector<NodePosition>& at, int source, int owner);
 
 // The sum of one element over every worker of `nodes`, `part(w)` being
 // worker w's, as the exchange adds them: each node's parts left to right in

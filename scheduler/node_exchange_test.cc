@@ -54,6 +54,25 @@ TEST(NodeExchangeTest, TinyBucketsHaveOneBlockOfTheAlignment) {
   EXPECT_EQ(x.Parts(0)[0].position, 0);
 }
 
+TEST(NodeExchangeTest, RowsGoThroughTheRelayAtTheirPositionOnTheOwnersNode) {
+  const std::vector<NodePosition> at = PositionsOf(kNodes);
+  // Owner 2 (node 1, position 0).
+  EXPECT_EQ(RelayOf(kNodes, at, 3, 2), 2);  // its node: straight
+  EXPECT_EQ(RelayOf(kNodes, at, 0, 2), 2);  // its position: straight
+  EXPECT_EQ(RelayOf(kNodes, at, 4, 2), 2);
+  EXPECT_EQ(RelayOf(kNodes, at, 1, 2), 3);  // position 1 of node 1
+  EXPECT_EQ(RelayOf(kNodes, at, 5, 2), 3);
+  MatrixSpec spec;
+  spec.layout = Layout::kRowSharded;
+  EXPECT_TRUE(RelaysRows(kNodes, spec));
+  EXPECT_FALSE(RelaysRows({}, spec));
+  spec.shard_experts = true;
+  EXPECT_FALSE(RelaysRows(kNodes, spec));
+  spec.shard_experts = false;
+  spec.layout = Layout::kUnreduced;
+  EXPECT_FALSE(RelaysRows(kNodes, spec));
+}
+
 TEST(NodeExchangeTest, PositionsAndRailsOfWorkers) {
   const std::vector<NodePosition> at = PositionsOf(kNodes, 8);
   ASSERT_EQ(at.size(), 8u);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <queue>
 #include <tuple>
 #include <utility>
@@ -426,6 +427,69 @@ int LeaveExpertsWithHolders(Assignment* a) {
     swaps += pass_swaps;
   }
   return swaps;
+}
+
+std::vector<int> SpreadOverNodes(const Assignment& a) {
+  const Problem& p = a.problem();
+  std::vector<int> owners(p.num_items());
+  for (int i = 0; i < p.num_items(); ++i) owners[i] = a.owner(i);
+  // The nodes numbered densely, in the order of their numbers.
+  std::vector<int32_t> numbers = p.input().nodes;
+  std::sort(numbers.begin(), numbers.end());
+  numbers.erase(std::unique(numbers.begin(), numbers.end()), numbers.end());
+  if (numbers.size() < 2) return owners;
+  const std::vector<int32_t> holder = WholeExpertHolders(p);
+  if (std::any_of(holder.begin(), holder.end(),
+                  [](int32_t h) { return h >= 0; })) {
+    return owners;
+  }
+  const int workers = p.num_workers();
+  const int node_count = static_cast<int>(numbers.size());
+  std::vector<int> node_of(workers);
+  for (int w = 0; w < workers; ++w) {
+    node_of[w] = static_cast<int>(
+        std::lower_bound(numbers.begin(), numbers.end(), p.input().nodes[w]) -
+        numbers.begin());
+  }
+  std::vector<int64_t> link(workers, 0);
+  for (int i = 0; i < p.num_items(); ++i) {
+    if (owners[i] >= 0) link[owners[i]] += p.link_bytes(i);
+  }
+  // The sets of interchangeable workers, and each one's free indices by
+  // node, the lowest last (taken from the back).
+  std::map<std::tuple<int, int64_t, bool>, int> sets;
+  std::vector<int> set_of(workers);
+  for (int w = 0; w < workers; ++w) {
+    set_of[w] = sets.try_emplace({p.worker_class(w), p.capacity(w),
+                                  p.input().workers[w].colocated},
+                                 static_cast<int>(sets.size()))
+                    .first->second;
+  }
+  std::vector<std::vector<std::vector<int>>> free(
+      sets.size(), std::vector<std::vector<int>>(node_count));
+  for (int w = workers; w-- > 0;) free[set_of[w]][node_of[w]].push_back(w);
+  std::vector<int> order(workers);
+  for (int w = 0; w < workers; ++w) order[w] = w;
+  std::stable_sort(order.begin(), order.end(),
+                   [&link](int x, int y) { return link[x] > link[y]; });
+  std::vector<int64_t> node_link(node_count, 0);
+  std::vector<int> to(workers);
+  for (const int w : order) {
+    std::vector<std::vector<int>>& set = free[set_of[w]];
+    int best = -1;
+    for (int n = 0; n < node_count; ++n) {
+      if (!set[n].empty() && (best < 0 || node_link[n] < node_link[best])) {
+        best = n;
+      }
+    }
+    to[w] = set[best].back();
+    set[best].pop_back();
+    node_link[best] += link[w];
+  }
+  for (int& owner : owners) {
+    if (owner >= 0) owner = to[owner];
+  }
+  return owners;
 }
 
 bool SolveExactly(int max_items, Assignment* a) {

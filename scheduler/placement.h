@@ -60,6 +60,22 @@ std::vector<int32_t> WholeExpertHolders(const Problem& problem);
 // to that worker where it has the memory. Returns how many.
 int PinExpertsToHolders(Assignment* a);
 
+// Where the workers span several nodes (PlanInput::nodes): the owners of
+// `a` relabelled so that each node's workers own about as many link bytes
+// as another's. Workers are interchangeable where they share a class, a
+// capacity and colocation (WorkerSpec::colocated); among each such set,
+// the workers by owned link bytes, most first (ties: by index), each take
+// the lowest free index of its set on the node that owns the fewest link
+// bytes so far (ties: the lowest node number). Every worker keeps its
+// items, batches and load, only under another index: the plan's
+// Newton-Schulz is the same, and its transfers cross the nodes' network
+// ports spread over the nodes rather than through the ports of the first
+// nodes, which the greedy placement fills first (its ties go to the lowest
+// index). By item, the new owner; `a`'s owners where the workers share one
+// node, or where an item is held whole by a worker's trainer
+// (WholeExpertHolders: its owner is where it is).
+std::vector<int> SpreadOverNodes(const Assignment& a);
+
 // When the instance is small (items <= max_items, workers^items <= 2e5),
 // replaces `a` by an assignment minimizing the maximum load within memory,
 // found by branch and bound, and returns true. `a` may be complete (its

@@ -172,14 +172,18 @@ struct OwnershipPlan {
   // dedicated workers. Empty: one group of every worker.
   std::vector<std::vector<int32_t>> groups;
   // The nodes over which unreduced gradients are summed in two levels
-  // (NodeExchange, node_exchange.h): nodes[k][p] the worker index at
-  // position p of node k; every node as many, every worker in exactly one,
-  // at least two nodes; no owner groups and no dedicated workers. What the
-  // coordinator plans where it predicts the shorter step: each bucket's
-  // gradients summed within each node, then along each rail (the workers
-  // of one position) onto the owner's node, and each matrix's parts then
-  // gathered to its owner, instead of a ring reduce over every rank per
-  // matrix (and the updates back the reverse way). Empty: the rings.
+  // (NodeExchange, node_exchange.h) and row_sharded rows relayed
+  // (RelaysRows): nodes[k][p] the worker index at position p of node k;
+  // every node as many, every worker in exactly one, at least two nodes; no
+  // owner groups and no dedicated workers. What the coordinator plans where
+  // it predicts the shorter step: each bucket's gradients summed within
+  // each node, then along each rail (the workers of one position) onto the
+  // owner's node, and each matrix's parts then gathered to its owner,
+  // instead of a ring reduce over every rank per matrix (and the updates
+  // back the reverse way); and the rows of a row_sharded matrix from
+  // another node and position through the relay at their position on the
+  // owner's node, instead of straight into the owner's own port. Empty:
+  // the rings, and rows straight to their owners.
   std::vector<std::vector<int32_t>> exchange_nodes;
   // Same-shape batches, sorted by worker, then shape: the first owner
   // group's (every worker's without groups). Each other group's worker at

@@ -115,6 +115,18 @@ void AssignAll(const std::vector<int>& owners, Assignment* a) {
   }
 }
 
+// The plan of `a` with its owners dealt over the nodes (SpreadOverNodes).
+OwnershipPlan FinalizeOverNodes(const Problem& p, const Assignment& a) {
+  const std::vector<int> spread = SpreadOverNodes(a);
+  for (int i = 0; i < p.num_items(); ++i) {
+    if (spread[i] == a.owner(i)) continue;
+    Assignment relabelled(p);
+    AssignAll(spread, &relabelled);
+    return Finalize(p, relabelled);
+  }
+  return Finalize(p, a);
+}
+
 // DMuon's rule: items by dense NS5 FLOPs, largest first, each to the worker
 // with the fewest FLOPs so far. With `respect_memory`, workers without room
 // are skipped (for use as a local-search start); -1 marks an item no worker
@@ -316,7 +328,7 @@ absl::StatusOr<OwnershipPlan> PlanOwnership(const PlanInput& input) {
   }
   SolveExactly(input.options.exact_max_items, best.get());
   LeaveExpertsWithHolders(best.get());
-  return Finalize(p, *best);
+  return FinalizeOverNodes(p, *best);
 }
 
 absl::StatusOr<OwnershipPlan> Replan(const PlanInput& input,

@@ -112,6 +112,20 @@ absl::Status ValidatePlanInput(const PlanInput& input) {
       }
     }
   }
+  if (!input.nodes.empty()) {
+    if (input.nodes.size() != input.workers.size()) {
+      return InvalidField("nodes",
+                          absl::StrCat(input.nodes.size(), " nodes for ",
+                                       input.workers.size(), " workers"));
+    }
+    for (size_t w = 0; w < input.nodes.size(); ++w) {
+      if (input.nodes[w] < 0) {
+        return InvalidField(
+            absl::StrCat("nodes of worker ", Quoted(input.workers[w].id)),
+            absl::StrCat("node ", input.nodes[w], " is negative"));
+      }
+    }
+  }
   // Worker ids and matrix names are checked for repeats in sets of their
   // own, each sized once: a set cleared and refilled gives back its table
   // (absl frees any over 127 slots) and grows again through every rehash.

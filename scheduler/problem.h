@@ -26,6 +26,10 @@ struct PlanInput {
   // the worker whose trainer holds it, wherever that costs nothing
   // (LeaveExpertsWithHolders).
   TrainerShards trainer_shards;
+  // The node (host) of each worker (by worker index, as `workers`),
+  // numbered from 0. Empty: one node. Across nodes a fresh plan deals the
+  // loads of interchangeable workers over the nodes (SpreadOverNodes).
+  std::vector<int32_t> nodes;
 };
 
 // INVALID_ARGUMENT naming the matrix or worker: empty or duplicate names,

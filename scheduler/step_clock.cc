@@ -158,6 +158,10 @@ struct PhaseLaunch {
   double nvlink = 0;
   double nic = 0;
   std::vector<LaunchStep> steps;  // none without the exchange
+  // The relays' second launch (RelaysRows), after the phase's first: its
+  // latency and its busiest rank's seconds; 0 for none.
+  double after = 0;
+  double after_latency = 0;
 };
 
 // Accumulates the transfers of one grouped phase (see the header's model)
@@ -224,8 +228,25 @@ class Phase {
       case TransferKind::kScatterFromOwner: {
         const bool in = x.kind == TransferKind::kGatherToOwner;
         const double rows = s / group.n;
+        const bool relayed = RelaysRows(s_.exchange_nodes, spec);
         for (const int32_t r : group.members) {
-          if (r != x.owner) Move(in ? r : x.owner, in ? x.owner : r, rows);
+          if (r == x.owner) continue;
+          const int via =
+              relayed ? RelayOf(s_.exchange_nodes, s_.exchange_at, r, x.owner)
+                      : x.owner;
+          if (via == x.owner) {
+            Move(in ? r : x.owner, in ? x.owner : r, rows);
+            continue;
+          }
+          // The network hop in one launch, the node's in the next: a
+          // gather's rows to the relay first, a scatter's from it last.
+          if (in) {
+            Move(r, via, rows);
+            Forward(via, x.owner, rows);
+          } else {
+            Move(x.owner, via, rows);
+            Forward(via, r, rows);
+          }
         }
         break;
       }
@@ -245,8 +266,8 @@ class Phase {
   double Finish(double* latency_seconds) {
     PhaseLaunch launch;
     FinishParts(&launch);
-    *latency_seconds += launch.latency;
-    return launch.seconds;
+    *latency_seconds += launch.latency + launch.after_latency;
+    return launch.seconds + launch.after;
   }
 
   // The phase as the exchange's pipeline launches it (the header's model);
@@ -282,6 +303,7 @@ class Phase {
   // and adds their bytes to the totals.
   void FinishParts(PhaseLaunch* out) {
     const LinkFigures& l = s_.settings.topology.links;
+    FinishForwards(out);
     const double reduce_gbs = l.reduce_gbs > 0 ? l.reduce_gbs : l.nvlink_gbs;
     // A rank's time on each link for `b` point-to-point bytes besides its
     // group's ring.
@@ -427,6 +449,38 @@ class Phase {
     exchange_owners_.clear();
   }
 
+  // `bytes` a relay passes on from `from` to `to` in the second launch.
+  void Forward(int from, int to, double bytes) {
+    if (bytes <= 0) return;
+    const bool nic = !s_.settings.topology.SameNode(from, to);
+    RankBytes& f = forwards_[from];
+    RankBytes& t = forwards_[to];
+    (nic ? f.nic_sent : f.nvlink_sent) += bytes;
+    (nic ? t.nic_received : t.nvlink_received) += bytes;
+  }
+
+  // The relays' second launch into `*out` (after, after_latency): one
+  // launch, its busiest rank's seconds; its bytes to the totals.
+  void FinishForwards(PhaseLaunch* out) {
+    if (forwards_.empty()) return;
+    double seconds = 0;
+    for (const auto& [r, b] : forwards_) {
+      seconds = std::max(
+          {seconds,
+           std::max(b.nvlink_sent, b.nvlink_received) / LinkRate(false),
+           std::max(b.nic_sent, b.nic_received) / LinkRate(true)});
+      RankBytes& t = s_.totals[r];
+      t.nvlink_sent += b.nvlink_sent;
+      t.nvlink_received += b.nvlink_received;
+      t.nic_sent += b.nic_sent;
+      t.nic_received += b.nic_received;
+    }
+    forwards_.clear();
+    out->moves = true;
+    out->after_latency = s_.settings.topology.links.latency_us * 1e-6;
+    out->after = out->after_latency + seconds;
+  }
+
   RankBytes& Touch(int r) {
     RankBytes& b = s_.phase[r];
     if (b.nvlink_sent == 0 && b.nvlink_received == 0 && b.nic_sent == 0 &&
@@ -454,6 +508,8 @@ class Phase {
   std::vector<int64_t> exchange_sizes_;
   std::vector<int32_t> exchange_owners_;
   bool exchange_update_ = false;
+  // By rank: the bytes relays pass on in the phase's second launch.
+  absl::flat_hash_map<int, RankBytes> forwards_;
 };
 
 struct Clocked {
@@ -592,6 +648,7 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
       const size_t first = t + 1 > longest ? t + 1 - longest : 0;
       const size_t last = std::min(t + 1, moving.size());
       double seconds = 0, latency = 0, nvlink = 0, nic = 0, hbm = 0;
+      double after = 0, after_latency = 0;  // relays' second launches
       bool steps = false;
       int hops = 0;  // the most of its steps'
       for (size_t j = first; j < last; ++j) {
@@ -602,6 +659,8 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
           latency = p.latency;
           nvlink += p.nvlink;
           nic += p.nic;
+          after += p.after;
+          after_latency += p.after_latency;
         }
         if (k < p.steps.size()) {
           const LaunchStep& step = p.steps[k];
@@ -620,6 +679,9 @@ Clocked Clock(const std::vector<MatrixSpec>& matrices,
         latency += (l.latency_us + hops * l.hop_latency_us) * 1e-6;
         seconds = latency + std::max(nvlink, nic) + hbm;
       }
+      // The relays' second launches follow the launch's group.
+      seconds += after;
+      latency += after_latency;
       if (seconds > 0) busy.emplace_back(timeline, timeline + seconds);
       out.transfer += seconds;
       out.latency += latency;
@@ -899,13 +961,25 @@ std::vector<OwnerGrouping> ChooseOwnerGroupings(
 std::vector<std::vector<int32_t>> ChooseExchangeNodes(
     const std::vector<MatrixSpec>& matrices, const Topology& topology,
     int workers, int dedicated) {
+  // Matrices whose transfers the nodes change: unreduced ones (summed in
+  // two levels) and those sharded by rows (relayed).
   if (dedicated != 0 ||
       std::none_of(matrices.begin(), matrices.end(), [](const MatrixSpec& m) {
-        return m.layout == Layout::kUnreduced;
+        return m.layout == Layout::kUnreduced ||
+               (m.layout == Layout::kRowSharded && !m.shard_experts);
       })) {
     return {};
   }
   return EqualNodes(topology, workers);
+}
+
+std::vector<int32_t> Topology::NodesOf(
+    const std::vector<int32_t>& ranks) const {
+  std::vector<int32_t> out;
+  if (node.empty()) return out;
+  out.reserve(ranks.size());
+  for (const int32_t r : ranks) out.push_back(node[r]);
+  return out;
 }
 
 int Topology::nodes() const {

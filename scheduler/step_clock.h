@@ -79,6 +79,13 @@
 //   (a whole expert of a stack sharded on its experts: S from the member
 //   whose trainer holds it, ClockSettings::trainer_shards, and nothing
 //   where that member owns it); parts between nodes go over the NICs.
+//   With exchange nodes, the rows of a matrix sharded by rows go through
+//   relays (RelaysRows, node_exchange.h): a member on the owner's node or
+//   at the owner's position sends straight; another sends its S/n to the
+//   relay at its position on the owner's node, and the relays pass them
+//   on in a second launch after the phase's (one latency_us, and its
+//   busiest rank's seconds over the link each pass crosses); a scatter
+//   the reverse.
 //   The part's bandwidth term is its slowest member's
 //   max(NVLink bytes / nvlink rate, NIC bytes / NIC rate), bytes per rank
 //   the larger of sent and received.
@@ -191,6 +198,9 @@ struct Topology {
   int nodes() const;
   // The most ranks on one node (1 for no ranks).
   int most_per_node() const;
+  // The nodes of `ranks`, in their order: what a plan of those ranks
+  // alone takes (PlanInput::nodes). Empty for one node.
+  std::vector<int32_t> NodesOf(const std::vector<int32_t>& ranks) const;
   bool SameNode(int a, int b) const {
     return node.empty() || node[a] == node[b];
   }
@@ -261,9 +271,10 @@ struct ClockSettings {
   // applies every update (as the workers do with --apply_early=false, and
   // as every measured multi-GPU step did).
   bool apply_early = false;
-  // The workers may sum unreduced gradients by the two-level exchange
-  // (OwnershipPlan::exchange_nodes) where PlanOnTopology predicts it
-  // shorter than the rings. False: always the rings.
+  // The workers may sum unreduced gradients by the two-level exchange and
+  // relay the rows of row_sharded ones (OwnershipPlan::exchange_nodes)
+  // where PlanOnTopology predicts it shorter than the rings and the
+  // straight gathers. False: never.
   bool node_exchange = true;
   // What the workers' trainers hold (by worker index): a whole expert of a
   // stack sharded on its experts moves only between its owner and the
@@ -577,7 +588,8 @@ enum class OwnerGroupsUse {
 // no more than its own least step (PlanWeighing::ungrouped_passed_over).
 // Where the chosen plan has no owner groups and exchange nodes are on offer
 // (`settings.node_exchange`, and ChooseExchangeNodes: several nodes of as
-// many workers, none dedicated, some matrix unreduced), the same plan is also
+// many workers, none dedicated, some matrix unreduced or sharded by rows),
+// the same plan is also
 // scheduled with them (ChooseStepGrouping, its own bucket bound; not planned
 // again) and clocked, and the shorter step is taken (ties: the rings), with its
 // schedule and its applies (PlanWeighing::exchange_offered); unless the

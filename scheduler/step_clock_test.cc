@@ -298,6 +298,96 @@ TEST(StepClockTest, RowsBetweenNodesGoOverTheNics) {
   EXPECT_EQ(one_node.bytes_per_gpu, four_nodes.bytes_per_gpu);
 }
 
+TEST(StepClockTest, RowsFromOtherPositionsGoThroughRelays) {
+  // One matrix, owner 0, two nodes of two ({0, 1}, {2, 3}). Rank 1 (the
+  // owner's node) and rank 2 (the owner's position on node 1) send
+  // straight; rank 3 sends to its relay, rank 1, which passes the rows on
+  // in a second launch. So the owner's NIC takes one rank's rows, not two:
+  // the first launch's busiest NIC carries a quarter of the matrix (into
+  // the owner, and into the relay), and the second a quarter over NVLink.
+  // The updates' rows come back the reverse way.
+  std::vector<MatrixSpec> matrices(1);
+  matrices[0].name = "w";
+  matrices[0].rows = 1024;
+  matrices[0].cols = 1024;
+  matrices[0].layout = Layout::kRowSharded;
+  OwnershipPlan plan;
+  plan.matrix_names = {"w"};
+  plan.worker_ids = {"a", "b", "c", "d"};
+  plan.owners = {{0}};
+  const StepSchedule direct = *BuildStepSchedule(matrices, plan);
+  plan.exchange_nodes = {{0, 1}, {2, 3}};
+  const StepSchedule relayed = *BuildStepSchedule(matrices, plan);
+  EXPECT_EQ(relayed.buckets[0].to_owners[0].kind, TransferKind::kGatherToOwner);
+  ClockSettings settings;
+  settings.agreement_ms = 0;  // the phases alone
+  settings.topology = Topology{{0, 0, 1, 1}, {}};
+  settings.topology.links.latency_us = 0;
+  settings.topology.links.hop_latency_us = 0;
+  settings.topology.links.nvlink_gbs = 100;
+  settings.topology.links.inter_node_gbs = 1;
+  const std::vector<double> no_compute(direct.stacks.size(), 0.0);
+  const StepClock straight =
+      ClockStep(matrices, direct, no_compute, 4, settings);
+  const StepClock through =
+      ClockStep(matrices, relayed, no_compute, 4, settings);
+  const double rank_rows = 1024.0 * 1024 * 4 / 4;  // one rank's fp32 rows
+  EXPECT_DOUBLE_EQ(straight.gradients_landed_seconds, 2 * rank_rows / 1e9);
+  EXPECT_DOUBLE_EQ(through.gradients_landed_seconds,
+                   rank_rows / 1e9 + rank_rows / 100e9);
+  // Each launch pays its latency.
+  settings.topology.links.latency_us = 10;
+  const StepClock with_latency =
+      ClockStep(matrices, relayed, no_compute, 4, settings);
+  EXPECT_NEAR(
+      with_latency.gradients_landed_seconds - through.gradients_landed_seconds,
+      20e-6, 1e-12);
+}
+
+TEST(PlanOnTopologyTest, RelaysRowsWhereTheOwnersPortsAreTheBottleneck) {
+  // Two layers sharded by rows on 2 nodes of 8, planned with the nodes
+  // known (owners dealt over them). Where the NICs are much slower than
+  // NVLink the rows through the relays' ports win; where they run at
+  // NVLink's rate the second launch only costs.
+  for (const double nic_gbs : {50.0, 328.0}) {
+    SCOPED_TRACE(absl::StrCat("NIC ", nic_gbs, " GB/s"));
+    const int workers = 16;
+    Job job;
+    job.matrices = Llama3_8B(2);
+    for (MatrixSpec& m : job.matrices) m.layout = Layout::kRowSharded;
+    PlanInput input;
+    input.matrices = job.matrices;
+    for (int w = 0; w < workers; ++w) {
+      WorkerSpec spec;
+      spec.id = "w" + std::to_string(w);
+      spec.memory_bytes = int64_t{140} << 30;
+      input.workers.push_back(spec);
+    }
+    ClockSettings settings;
+    settings.topology = Topology::Blocks(workers, 8);
+    settings.topology.links.nvlink_gbs = 328;
+    settings.topology.links.inter_node_gbs = nic_gbs;
+    input.nodes = settings.topology.NodesOf(
+        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+    job.plan = *PlanOwnership(input);
+    job.models.assign(workers, &job.model);
+    const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
+        job.matrices, job.plan.worker_ids, 0, job.models, settings,
+        {.bucket_bytes = 0}, {}, OwnerGroupsUse::kWeighed,
+        [&](const std::vector<int32_t>&, const OwnerGrouping*, bool) {
+          return absl::StatusOr<OwnershipPlan>(job.plan);
+        });
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE(out->weighed.exchange_offered);
+    const bool relays = nic_gbs < 100;
+    EXPECT_EQ(out->plan.exchange_nodes.empty(), !relays)
+        << out->weighed.exchange_seconds << " against "
+        << out->weighed.rings_seconds;
+    EXPECT_EQ(out->weighed.exchange_seconds < out->weighed.rings_seconds,
+              relays);
+  }
+}
+
 // `workers` on nodes of `per_node`, planned as the coordinator plans them:
 // one owner group's workers by the planner, then the plan copied to every
 // group (ChooseOwnerGroupings' first, one node a group; one group of every
@@ -985,11 +1075,13 @@ TEST(ExchangeClockTest, ABucketWithoutTheExchangeTakesOneLaunch) {
   // An unreduced matrix owned by rank 0, then (a layer below, a bucket of
   // its own) a row-sharded one owned by rank 1, on 4 nodes of 2. The
   // gradients: the second bucket's row gather (a message; its owner takes
-  // in a member's rows over NVLink and six over its NIC) goes in launch 1
-  // with the first bucket's rails (3 hops, a block over each NIC), and has
-  // landed when that launch ends; the first bucket's exchange when launch
-  // 2 does. 3 launches for the gradients, then 3 and 1 for the updates,
-  // each bucket's after its own stack.
+  // in a member's rows over NVLink and three over its NIC, from the ranks
+  // at its position; the other three cross to their relay, rank 0) goes in
+  // launch 1 with the first bucket's rails (3 hops, a block over each NIC),
+  // followed by the relay's second launch (a message, three ranks' rows
+  // over NVLink), and has landed when that ends; the first bucket's
+  // exchange when launch 2 does. 3 launches for the gradients, then 3 and
+  // 1 for the updates, each bucket's after its own stack.
   std::vector<MatrixSpec> matrices(2);
   OwnershipPlan plan;
   for (int i = 0; i < 2; ++i) {
@@ -1027,7 +1119,8 @@ TEST(ExchangeClockTest, ABucketWithoutTheExchangeTakesOneLaunch) {
   const double e = 1024.0 * 1024;  // elements; fp32 gradients: 4e bytes
   const double launches[] = {
       3e-6 + e * 2 / 40e9 + (2 * e * 4 + 12 * e / 2) / 1e12,
-      (1 + 7) * 1e-6 + std::max(e / 2 / 40e9, 3 * e / 30e9 + e * 2 / 30e9),
+      (1 + 7) * 1e-6 + std::max(e / 2 / 40e9, 1.5 * e / 30e9 + e * 2 / 30e9) +
+          1e-6 + 1.5 * e / 40e9,
       3e-6 + e * 2 / 40e9};
   EXPECT_NEAR(clock.worker_compute_end_seconds[1], launches[0] + launches[1],
               1e-15);
@@ -1078,7 +1171,8 @@ TEST(ExchangeClockTest, FewerHopsThanTheRingsAcrossManyNodes) {
   EXPECT_LT(by_exchange.bytes_per_gpu, 3 * by_rings.bytes_per_gpu);
 }
 
-TEST(ChooseExchangeNodesTest, EqualNodesOfJobsWithUnreducedMatrices) {
+TEST(ChooseExchangeNodesTest,
+     EqualNodesOfJobsWithUnreducedOrRowShardedMatrices) {
   std::vector<MatrixSpec> matrices = Llama3_8B(1);
   // Node k by number, its ranks in rank order.
   const Topology shuffled{{1, 0, 1, 0}, {}};
@@ -1094,7 +1188,15 @@ TEST(ChooseExchangeNodesTest, EqualNodesOfJobsWithUnreducedMatrices) {
   matrices[0].layout = Layout::kReplicated;
   EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(4, 2), 4, 0),
               Not(IsEmpty()));
+  // Rows sharded by rows go through relays; whole experts and replicated
+  // gradients change nothing.
   for (MatrixSpec& m : matrices) m.layout = Layout::kRowSharded;
+  EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(4, 2), 4, 0),
+              Not(IsEmpty()));
+  for (MatrixSpec& m : matrices) m.shard_experts = true;
+  EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(4, 2), 4, 0),
+              IsEmpty());
+  for (MatrixSpec& m : matrices) m.layout = Layout::kReplicated;
   EXPECT_THAT(ChooseExchangeNodes(matrices, Topology::Blocks(4, 2), 4, 0),
               IsEmpty());
 }
@@ -1180,8 +1282,9 @@ TEST(PlanOnTopologyTest, TakesTheExchangeWhereItsStepIsShorter) {
   }
 }
 
-TEST(PlanOnTopologyTest, NoExchangeOnOneNodeOrWithoutUnreducedMatrices) {
-  for (const Layout layout : {Layout::kUnreduced, Layout::kRowSharded}) {
+TEST(PlanOnTopologyTest, NoExchangeOnOneNodeOrForReplicatedMatrices) {
+  for (const Layout layout :
+       {Layout::kUnreduced, Layout::kRowSharded, Layout::kReplicated}) {
     const Job job = Plan(8, layout, 1);
     for (const int per_node : {8, 4}) {
       ClockSettings settings;
@@ -1193,7 +1296,7 @@ TEST(PlanOnTopologyTest, NoExchangeOnOneNodeOrWithoutUnreducedMatrices) {
             return absl::StatusOr<OwnershipPlan>(job.plan);
           });
       ASSERT_TRUE(out.ok()) << out.status();
-      const bool offered = layout == Layout::kUnreduced && per_node == 4;
+      const bool offered = layout != Layout::kReplicated && per_node == 4;
       EXPECT_EQ(out->weighed.exchange_offered, offered) << per_node;
       if (!offered) {
         EXPECT_THAT(out->plan.exchange_nodes, IsEmpty());

@@ -24,12 +24,15 @@ namespace muonps {
 namespace scheduler {
 
 enum class TransferKind {
-  kReduceToOwner,       // unreduced gradients: sum (mean) onto the owner
-  kGatherToOwner,       // row-sharded gradients: row ranges onto the owner
+  kReduceToOwner,  // unreduced gradients: sum (mean) onto the owner
+  // Row-sharded gradients: row ranges onto the owner (with exchange nodes,
+  // through relays: RelaysRows, node_exchange.h).
+  kGatherToOwner,
   kSendToOwner,         // a replicated gradient to an owner with no trainer
                         // (from the worker of trainer 0)
   kBroadcastFromOwner,  // the update, to every rank (replicated, unreduced)
-  kScatterFromOwner,    // the update's row ranges back (row_sharded)
+  kScatterFromOwner,    // the update's row ranges back (row_sharded; relayed
+                        // as they came)
   // Where the plan has exchange nodes (OwnershipPlan::exchange_nodes):
   // unreduced gradients summed in two levels with the bucket's others and
   // gathered to the owner, and the update back the reverse way to every

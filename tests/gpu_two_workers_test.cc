@@ -67,10 +67,15 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
     // "/groups": the workers say they run on two nodes, linked by a network
     // slow enough that the coordinator plans one owner group per node.
     // "/nodes*": on several nodes whose hops the coordinator weighs as slow
-    // (1 ms), so that it sums the unreduced gradients in two levels.
+    // (1 ms), so that it sums the unreduced gradients in two levels; for
+    // row_sharded ones on a network so slow (1 MB/s) that it relays the
+    // rows through the owners' nodes' ports.
     std::vector<std::string> coordinator_flags;
     if (Groups()) coordinator_flags.push_back("--network_gbs=0.001");
     if (!NodeOf().empty()) coordinator_flags.push_back("--network_hop_us=1000");
+    if (!NodeOf().empty() && Layout() == scheduler::Layout::kRowSharded) {
+      coordinator_flags.push_back("--network_gbs=0.001");
+    }
     absl::StatusOr<testing::RunningCoordinator> c = testing::StartCoordinator(
         log_dir_ + "/coordinator.log", kStartTimeout, coordinator_flags);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -124,7 +129,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   }
 
   // In the "/nccl" cases every worker formed its NCCL rank of Workers(),
-  // and on several nodes its rail's communicator, a rank for each node.
+  // and on several nodes for unreduced gradients its rail's communicator, a
+  // rank for each node (rows relayed between them need none).
   void ExpectNcclRanks() {
     if (!Nccl()) return;
     for (size_t w = 0; w < workers_.size(); ++w) {
@@ -135,7 +141,9 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
                       .ok())
           << "worker " << w << " formed no NCCL rank:\n"
           << workers_[w]->Log();
-      if (nodes_.empty()) continue;
+      if (nodes_.empty() || Layout() != scheduler::Layout::kUnreduced) {
+        continue;
+      }
       EXPECT_TRUE(
           workers_[w]
               ->WaitForLog(absl::StrCat("ncclCommSplit into group [0-9]+ "
@@ -165,7 +173,8 @@ class TwoWorkersOneGpuTest : public ::testing::TestWithParam<std::string> {
   // three workers and trainers (each owner's last stack's updates then go
   // by broadcast beside the others' peer writes: Transfer::by_collective),
   // "/nodes2x3" and "/nodes3x2" for six on two nodes of three or three of
-  // two, out of rank order (unreduced only: the two-level exchange),
+  // two, out of rank order (unreduced: the two-level exchange; row_sharded:
+  // rows through relays),
   // "/experts" for a row_sharded stack whose trainers hold whole experts
   // (FSDP2's Shard(0) of a 3-D parameter; the plan owns them where held).
   int Workers() const {
@@ -591,7 +600,8 @@ TEST_P(TwoWorkersOneGpuTest, KilledWorkerFailsEveryTrainersStepWithoutAHang) {
   if (GetParam() != "unreduced/bf16" &&
       GetParam() != "unreduced/bf16/nodes3x2" &&
       GetParam() != "unreduced/bf16/nccl" &&
-      GetParam() != "unreduced/nodes2x3/nccl") {
+      GetParam() != "unreduced/nodes2x3/nccl" &&
+      GetParam() != "row_sharded/bf16/nodes3x2/nccl") {
     GTEST_SKIP() << "two cases a transport are enough";
   }
   ASSERT_NO_FATAL_FAILURE(StartTrainers());
@@ -731,7 +741,9 @@ INSTANTIATE_TEST_SUITE_P(
         "unreduced/bf16/nccl", "row_sharded/bf16/nccl",
         "replicated/bf16/groups/nccl", "replicated/bf16/three/nccl",
         "row_sharded/bf16/experts/three/nccl", "unreduced/nodes2x3/nccl",
-        "unreduced/bf16/three/nccl", "unreduced/bf16/nodes3x2/nccl"));
+        "unreduced/bf16/three/nccl", "unreduced/bf16/nodes3x2/nccl",
+        "row_sharded/nodes2x3", "row_sharded/bf16/nodes3x2/nccl",
+        "row_sharded/nodes2x3/nccl"));
 
 }  // namespace
 }  // namespace muonps

@@ -1,13 +1,14 @@
-// The two-level sum of unreduced gradients across nodes with real
-// processes (a coordinator, CPU workers over TCP, the trainers' clients):
-// workers that say they run on several nodes of as many each, on a network
-// whose hops the coordinator weighs as slow (where a ring over every rank
-// per matrix costs more than the exchange's few launches), get a plan with
-// exchange nodes; each bucket's gradients are summed within each node,
-// then across the nodes, each matrix's sum gathered to its owner, and the
-// updates gathered back; training matches the single-process replay bit
-// for bit, and a killed worker's restart from the checkpoint trains on
-// exactly.
+// The exchange nodes across nodes with real processes (a coordinator, CPU
+// workers over TCP, the trainers' clients): workers that say they run on
+// several nodes of as many each get a plan with exchange nodes where the
+// coordinator weighs the network as slow. Unreduced gradients (where a ring
+// over every rank per matrix costs more than the exchange's few launches)
+// are summed within each node, then across the nodes, each matrix's sum
+// gathered to its owner, and the updates gathered back; row_sharded rows
+// (where the owners' own ports are the bottleneck) cross the network to a
+// relay on the owner's node, which passes them on. Training matches the
+// single-process replay bit for bit, and a killed worker's restart from
+// the checkpoint trains on exactly.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -34,13 +35,16 @@ constexpr double kExact = 0;
 class NodeExchangeProcessTest : public DataPlaneFixture {
  protected:
   // Worker w on node `node_of[w]`, 1 ms a network hop; `steps` steps.
+  // `network_gbs` > 0: the coordinator's weighing of the network's links.
   void StartAndStep(const ModelDecl& model, const std::vector<int>& node_of,
-                    int64_t steps, const std::string& checkpoint_dir = "") {
+                    int64_t steps, const std::string& checkpoint_dir = "",
+                    double network_gbs = 0) {
     ClusterOptions cluster = {.workers = kWorkers,
                               .io_timeout_ms = 5000,
                               .lease_ttl_ms = 1500,
                               .heartbeat_interval_ms = 200};
     cluster.network_hop_us = 1000;
+    cluster.network_gbs = network_gbs;
     cluster.checkpoint_dir = checkpoint_dir;
     cluster.checkpoint_every = checkpoint_dir.empty() ? 0 : 1;
     for (int w = 0; w < kWorkers; ++w) {
@@ -104,6 +108,19 @@ TEST_F(NodeExchangeProcessTest, ThreeNodesOutOfRankOrderTrainAsTheReplay) {
   const ModelDecl model = testing::SmallModel(scheduler::Layout::kUnreduced);
   ASSERT_NO_FATAL_FAILURE(StartAndStep(model, {0, 1, 2, 0, 1, 2}, 8));
   EXPECT_EQ(plan().nodes(), 3);
+  ExpectMatchesReference(*reference_, kExact);
+}
+
+// Row_sharded gradients on two nodes of three, on a network so slow that
+// every owner's own port would carry most of its matrix: the rows from the
+// other node go through the relays at their positions on the owner's node,
+// and the updates' rows back; the same bits as the replay.
+TEST_F(NodeExchangeProcessTest, RowsRelayedAcrossTwoNodesTrainAsTheReplay) {
+  const ModelDecl model = testing::SmallModel(scheduler::Layout::kRowSharded);
+  ASSERT_NO_FATAL_FAILURE(StartAndStep(model, {0, 0, 0, 1, 1, 1}, 8,
+                                       /*checkpoint_dir=*/"",
+                                       /*network_gbs=*/0.001));
+  EXPECT_EQ(plan().nodes(), 2);
   ExpectMatchesReference(*reference_, kExact);
 }
 

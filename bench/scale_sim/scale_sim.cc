@@ -135,6 +135,7 @@ absl::StatusOr<SimResult> SimulateStep(const SimConfig& config) {
           bool experts_at_holders) {
         scheduler::PlanInput input = MakePlanInput(config, ranks);
         input.trainer_shards = settings.trainer_shards.Among(ranks);
+        input.nodes = settings.topology.NodesOf(ranks);
         input.options.experts_at_holders = experts_at_holders;
         return scheduler::PlanOwnership(input);
       });

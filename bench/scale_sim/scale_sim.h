@@ -12,9 +12,11 @@
 // planner runs on each grouping's first group's workers, its plan copied to
 // every group (scheduler::ReplicateOverGroups), and on all N workers, and
 // the shortest predicted step wins. Without groups on offer, the planner on
-// all N workers. With unreduced matrices on several nodes, the plan's
-// schedule with the two-level exchange (scheduler/node_exchange.h) is
-// weighed against its rings, the shorter taken.
+// all N workers, its owners dealt over the nodes (scheduler::PlanInput::
+// nodes). With unreduced or row_sharded matrices on several nodes, the
+// plan's schedule with exchange nodes (unreduced gradients summed in two
+// levels, row_sharded rows relayed: scheduler/node_exchange.h) is weighed
+// against its rings and straight gathers, the shorter taken.
 //
 // The clock is scheduler/step_clock.h's (what overlaps and what
 // serializes, and how a phase is timed); this adds the planner's input for
@@ -101,9 +103,9 @@ struct SimConfig {
   // Owner groups offered as the coordinator offers them (see above);
   // false: none, whatever the layouts and nodes.
   bool owner_groups = true;
-  // Unreduced gradients summed by the two-level exchange where the plan
-  // predicts it shorter than the rings (scheduler::ClockSettings::
-  // node_exchange); false: always the rings.
+  // Exchange nodes (unreduced gradients summed in two levels, row_sharded
+  // rows relayed) where the plan predicts them shorter
+  // (scheduler::ClockSettings::node_exchange); false: never.
   bool node_exchange = true;
   // HSDP (a 2-D device mesh, replicate x shard, as FSDP2 takes it): where
   // it is above 0 and below `gpus`, the GPUs form gpus / hsdp_shard_gpus

@@ -33,11 +33,13 @@
 // the votes and at the commit, as the plan weighs them (without the
 // control tree's messages), and whether the step above was clocked with
 // them before the votes (the faster, and --apply_early).
-// exchange_taken, exchange_ms, rings_ms: with unreduced matrices on
-// several nodes of as many GPUs, the plan's step with its gradients summed
-// by the two-level exchange (within each node, then across the nodes among
-// the GPUs of one position, scheduler/node_exchange.h) and with a ring per
-// matrix, each with its own bucket bound, and whether the exchange was
+// exchange_taken, exchange_ms, rings_ms: with unreduced or row_sharded
+// matrices on several nodes of as many GPUs, the plan's step with exchange
+// nodes (unreduced gradients summed within each node, then across the
+// nodes among the GPUs of one position; row_sharded rows through the relay
+// at their position on the owner's node: scheduler/node_exchange.h) and
+// without (a ring per unreduced matrix, rows straight to their owner),
+// each with its own bucket bound, and whether the exchange nodes were
 // taken (the shorter). exchange_passed_over, exchange_least_ms: the plan
 // did not schedule the exchange, its least step (its launches, its busier
 // link's levels and its HBM time for every unreduced element) being no
@@ -122,9 +124,10 @@
 //                     steps did)
 //   --owner_groups    owner groups as the coordinator chooses them;
 //                     default true (false: one group of every worker)
-//   --node_exchange   unreduced gradients by the two-level exchange where
-//                     the plan predicts it shorter; default true (false:
-//                     always the rings)
+//   --node_exchange   unreduced gradients by the two-level exchange and
+//                     row_sharded rows through relays, where the plan
+//                     predicts it shorter; default true (false: always
+//                     the rings and straight gathers)
 //   --hsdp_shard_gpus HSDP: GPUs per shard group; the GPUs form replica
 //                     groups of this many consecutive ranks, each planned
 //                     as one owner group (as the coordinator plans a job of
@@ -172,8 +175,9 @@ ABSL_FLAG(bool, owner_groups, true,
           "replicated jobs across nodes); false: one group of every worker.");
 ABSL_FLAG(bool, node_exchange, true,
           "Unreduced gradients summed within each node, then across the "
-          "nodes, where the plan predicts it shorter than the rings; false: "
-          "always the rings.");
+          "nodes, and row_sharded rows relayed through the owners' nodes, "
+          "where the plan predicts it shorter; false: always the rings and "
+          "straight gathers.");
 ABSL_FLAG(int, hsdp_shard_gpus, 0,
           "HSDP: GPUs per shard group (replica groups of this many "
           "consecutive ranks, one owner group each); 0: FSDP over every GPU.");

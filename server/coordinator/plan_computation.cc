@@ -405,6 +405,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     input.options.experts_at_holders = experts_at_holders;
     for (const int32_t rank : ranks) input.workers.push_back(s.workers[rank]);
     input.trainer_shards = s.trainer_shards.Among(ranks);
+    input.nodes = settings.topology.NodesOf(ranks);
     if (groups != nullptr) {
       // Each position stands for its member of every group: the slowest
       // speed (a measured one included) and the least memory among them,
@@ -508,12 +509,13 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   }
   if (planned->weighed.exchange_offered) {
     spdlog::info(
-        "job {} plan version {}: unreduced gradients {} ({} ms predicted "
-        "summed in two levels over {} nodes, {} ms by a ring over every "
-        "rank)",
+        "job {} plan version {}: {} ({} ms predicted with exchange nodes "
+        "over {} nodes, {} ms without)",
         s.job, s.version,
-        planned->plan.exchange_nodes.empty() ? "by rings"
-                                             : "summed in two levels",
+        planned->plan.exchange_nodes.empty()
+            ? "no exchange nodes"
+            : "exchange nodes (unreduced gradients summed in two levels, "
+              "row_sharded rows relayed)",
         planned->weighed.exchange_seconds * 1e3, settings.topology.nodes(),
         planned->weighed.rings_seconds * 1e3);
   }

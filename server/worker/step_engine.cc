@@ -624,7 +624,8 @@ absl::Status StepEngine::EnsureTransport() {
   if (!built) return absl::OkStatus();
   // The plan's splits, before any other call on the new transport (each a
   // collective: NCCL splits a communicator per group, every rank taking
-  // part): its owner groups, or the rails of its exchange nodes.
+  // part): its owner groups, or the rails of its exchange nodes where they
+  // sum unreduced gradients (rows relayed between them go point to point).
   std::vector<std::vector<int>> groups;
   transport::Split split = transport::Split::kOwnerGroups;
   if (plan_.groups.count() > 1) {
@@ -632,7 +633,8 @@ absl::Status StepEngine::EnsureTransport() {
       const std::vector<int32_t>& members = plan_.groups.members(g);
       groups.emplace_back(members.begin(), members.end());
     }
-  } else if (!plan_.schedule.exchange_nodes.empty()) {
+  } else if (scheduler::SumsOverNodes(plan_.schedule.exchange_nodes,
+                                      plan_.matrices)) {
     split = transport::Split::kRails;
     groups = scheduler::RailsOf(plan_.schedule.exchange_nodes);
   }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/row_ranges.h"
 #include "common/status.h"
+#include "server/worker/row_relay.h"
 #include "spdlog/spdlog.h"
 
 namespace muonps {
@@ -171,7 +172,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   // exchange's last launch (`unsummed`: the buckets whose mark does, in
   // order; `summing`: those whose exchange is in flight).
   std::optional<ExchangePipeline> sums;
-  if (!plan_.schedule.exchange_nodes.empty()) {
+  if (scheduler::SumsOverNodes(plan_.schedule.exchange_nodes, plan_.matrices)) {
     sums.emplace(plan_.schedule.exchange_nodes, plan_.rank, t_, ops_,
                  plan_.exchange, stream_, ExchangePipeline::Way::kSum);
   }
@@ -343,6 +344,7 @@ absl::Status StepStaging::Stage(int64_t step_id, const StepRequest& request) {
   const auto end_run = [&]() -> absl::Status {
     if (run.empty()) return absl::OkStatus();
     MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+    MUONPS_RETURN_IF_ERROR(ForwardRelayed());
     MUONPS_RETURN_IF_ERROR(GatherExchanged());
     MUONPS_ASSIGN_OR_RETURN(const int done, ops_.Mark(stream_));
     for (const int bucket : run) timeline_.AddMark("from_owners", bucket, done);
@@ -534,6 +536,17 @@ ExpertPart StepStaging::PartOfExpert(const scheduler::MatrixSpec& spec,
                              expert, trainer, trainers_, plan_.job.replicas);
 }
 
+std::unique_ptr<RowRelay> StepStaging::Relay() {
+  return std::make_unique<RowRelay>(
+      plan_.schedule.exchange_nodes, plan_.exchange.at, plan_.rank,
+      roster_.trainer_rank_of,
+      [this](const scheduler::MatrixSpec& spec, int64_t expert, int trainer) {
+        return PartOfExpert(spec, expert, trainer);
+      },
+      t_, plan_.relay == nullptr ? nullptr : plan_.relay->data(),
+      plan_.relay == nullptr ? 0 : plan_.relay->size() * 4, stream_);
+}
+
 bool StepStaging::FullParam(int32_t matrix) const {
   return trainer_ != nullptr ? trainer_->matrices[matrix].full_param
                              : roster_.follower_full_param[matrix] != 0;
@@ -541,6 +554,7 @@ bool StepStaging::FullParam(int32_t matrix) const {
 
 absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
                                    std::vector<ExchangeItem>* exchanged) {
+  const std::unique_ptr<RowRelay> relay = Relay();
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.to_owners) {
     if (x.group != plan_.group) continue;  // another owner group's
@@ -581,7 +595,25 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
       continue;
     }
     // kGatherToOwner: row ranges of every trainer of the owner's group
-    // onto the owner (of an expert sharded whole, the one that holds it).
+    // onto the owner (of an expert sharded whole, the one that holds it);
+    // across nodes, through relays (row_relay.h).
+    if (scheduler::RelaysRows(plan_.schedule.exchange_nodes, spec)) {
+      const float* rows = nullptr;
+      if (b != nullptr) {
+        const ExpertPart part = PartOfExpert(spec, e, trainer_->rank);
+        if (part.rows() > 0) {
+          rows = b->grad + part.first_row * spec.cols;
+          if (mine) {
+            MUONPS_RETURN_IF_ERROR(
+                ops_.Copy(staged + part.row_begin * spec.cols, rows,
+                          part.rows() * spec.cols, stream_));
+          }
+        }
+      }
+      MUONPS_RETURN_IF_ERROR(
+          relay->Gather(spec, e, x.owner, rows, staged, &bytes_));
+      continue;
+    }
     if (!mine) {
       if (b == nullptr) continue;  // no trainer, no rows
       const ExpertPart part = PartOfExpert(spec, e, trainer_->rank);
@@ -607,7 +639,8 @@ absl::Status StepStaging::ToOwners(const scheduler::Bucket& bucket,
       }
     }
   }
-  return t_.GroupEnd();
+  MUONPS_RETURN_IF_ERROR(t_.GroupEnd());
+  return relay->Forward(&bytes_);
 }
 
 absl::Status StepStaging::Compute(ComputeBatch& batch, MomentumStack& stack) {
@@ -678,6 +711,10 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
   // (GatherExchanged).
   std::vector<ExchangeItem> exchanged;
   std::vector<ParamApply> exchange_applies;
+  // The run's relays (its group is inside the run's: they pass the rows on
+  // after it, ForwardRelayed).
+  if (relayed_updates_ == nullptr) relayed_updates_ = Relay();
+  RowRelay& relay = *relayed_updates_;
   MUONPS_RETURN_IF_ERROR(t_.GroupStart());
   for (const scheduler::Transfer& x : bucket.from_owners) {
     if (x.group != plan_.group) continue;  // another owner group's
@@ -736,8 +773,11 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     }
     if (x.kind == scheduler::TransferKind::kScatterFromOwner &&
         !FullParam(x.item.matrix)) {
-      if (mine) {
-        MUONPS_RETURN_IF_ERROR(round_update());
+      // Across nodes, through relays (row_relay.h): every rank takes part.
+      const bool relayed =
+          scheduler::RelaysRows(plan_.schedule.exchange_nodes, spec);
+      if (mine) MUONPS_RETURN_IF_ERROR(round_update());
+      if (mine && !relayed) {
         for (const int r : plan_.group_members) {
           if (r == plan_.rank || roster_.trainer_rank_of[r] < 0) continue;
           const ExpertPart part =
@@ -750,9 +790,18 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
           bytes_ += count * width;
         }
       }
-      if (b == nullptr) continue;  // no rows to apply here
-      const ExpertPart part = PartOfExpert(spec, e, trainer_->rank);
-      if (part.rows() == 0) continue;  // an expert another trainer holds
+      const ExpertPart part =
+          b == nullptr ? ExpertPart{} : PartOfExpert(spec, e, trainer_->rank);
+      // No rows to apply here (no trainer, or an expert another trainer
+      // holds): a relay's part only.
+      if (part.rows() == 0) {
+        if (relayed) {
+          MUONPS_RETURN_IF_ERROR(relay.Scatter(spec, e, x.owner, dtype,
+                                               mine ? update : nullptr, nullptr,
+                                               &bytes_));
+        }
+        continue;
+      }
       apply.count = part.rows() * spec.cols;
       apply.first = part.first_row * spec.cols;
       apply.staged_at = b->staged_at + apply.first;
@@ -761,7 +810,12 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
         MUONPS_RETURN_IF_ERROR(
             ops_.FromFloat(staged, dtype, result + part.row_begin * spec.cols,
                            apply.count, stream_));
-      } else {
+      }
+      if (relayed) {
+        MUONPS_RETURN_IF_ERROR(relay.Scatter(spec, e, x.owner, dtype,
+                                             mine ? update : nullptr,
+                                             mine ? nullptr : staged, &bytes_));
+      } else if (!mine) {
         MUONPS_RETURN_IF_ERROR(
             t_.Recv(staged, apply.count, dtype, x.owner, stream_));
         bytes_ += apply.count * width;
@@ -833,6 +887,13 @@ absl::Status StepStaging::FromOwners(const scheduler::Bucket& bucket,
     gathers_.push_back({std::move(exchanged), std::move(exchange_applies)});
   }
   return t_.GroupEnd();
+}
+
+absl::Status StepStaging::ForwardRelayed() {
+  if (relayed_updates_ == nullptr) return absl::OkStatus();
+  const absl::Status forwarded = relayed_updates_->Forward(&bytes_);
+  relayed_updates_.reset();
+  return forwarded;
 }
 
 absl::Status StepStaging::GatherExchanged() {

@@ -23,6 +23,7 @@
 #define MUONPS_SERVER_WORKER_STEP_STAGING_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "server/worker/gradient_check.h"
 #include "server/worker/momentum_store.h"
 #include "server/worker/node_exchange_transfers.h"
+#include "server/worker/row_relay.h"
 #include "server/worker/step_agreement.h"
 #include "server/worker/step_commit.h"
 #include "server/worker/step_request.h"
@@ -169,6 +171,11 @@ class StepStaging {
   absl::Status AverageAdamWGradients();
   // A worker with no trainer: its zero parts and a sink for the means.
   absl::Status PrepareFollowerBuffers();
+  // A relay of row_sharded rows across the exchange nodes (row_relay.h) in
+  // the plan's relay buffer: a bucket's gradients', or a run's updates'.
+  std::unique_ptr<RowRelay> Relay();
+  // After a run's group: its relays pass the updates' rows on.
+  absl::Status ForwardRelayed();
   // Whether the trainers keep the whole parameter of `matrix` (row_sharded
   // gradients with replicated parameters: the update is broadcast).
   bool FullParam(int32_t matrix) const;
@@ -214,6 +221,9 @@ class StepStaging {
     std::vector<ParamApply> applies;
   };
   std::vector<ExchangeGather> gathers_;
+  // The relays of the run of updates-back phases being issued (null: none
+  // yet).
+  std::unique_ptr<RowRelay> relayed_updates_;
   // Landing words compute_ waits for: released by UndoEarlyApplies.
   std::vector<int> awaited_slots_;
   int64_t applied_early_ = 0;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/worker/row_relay.h"
 #include "server/worker/step_protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -83,7 +84,19 @@ absl::Status PlanState::AllocateBuffers(kernels::DeviceOps& ops) {
                                                       "16-bit updates"));
   }
   MUONPS_ASSIGN_OR_RETURN(scratch, ops.Allocate(largest, "scratch"));
-  return PrepareExchange(schedule, matrices, rank, ops, &exchange);
+  MUONPS_RETURN_IF_ERROR(
+      PrepareExchange(schedule, matrices, rank, ops, &exchange));
+  // Rows relayed across the nodes (row_relay.h): none without exchange
+  // nodes.
+  if (schedule.exchange_nodes.empty()) return absl::OkStatus();
+  const int64_t relayed =
+      RelayElements(schedule, matrices, rank, trainers(),
+                    static_cast<int>(DTypeSize(update_dtype)));
+  if (relay == nullptr || relay->size() < relayed) {
+    relay.reset();
+    MUONPS_ASSIGN_OR_RETURN(relay, ops.Allocate(relayed, "relayed rows"));
+  }
+  return absl::OkStatus();
 }
 
 MomentumStacks PlanState::MomentumLayout() const {

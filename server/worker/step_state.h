@@ -102,6 +102,9 @@ struct PlanState {
   // The two-level exchange's packs (schedule.exchange_nodes; grown as
   // needed).
   ExchangeState exchange;
+  // With exchange nodes: where this worker keeps the row_sharded rows it
+  // relays between the nodes in one launch (row_relay.h; RelayElements).
+  std::unique_ptr<kernels::FloatBuffer> relay;
 
   // The staged gradient of an owned item's slot (momentum_stacks.h).
   float* StagedData(const ItemSlot& s) const {
@@ -124,8 +127,8 @@ struct PlanState {
     return static_cast<int>(ownership.worker_ids.size()) - ownership.dedicated;
   }
   // Allocates the owned stacks' staged gradients, their 16-bit updates
-  // (update_dtype), `scratch` and the exchange's packs (zero-filled: slow
-  // for large stacks, call it with no lock held).
+  // (update_dtype), `scratch`, the exchange's packs and the relay buffer
+  // (zero-filled: slow for large stacks, call it with no lock held).
   // RESOURCE_EXHAUSTED naming the buffer when the device is full.
   absl::Status AllocateBuffers(kernels::DeviceOps& ops);
   // What the version fixes of the momentum owned here: the layout

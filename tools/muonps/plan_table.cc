@@ -87,13 +87,15 @@ std::string PlanTable(const v1::Plan& plan) {
         absl::StrJoin(groups, "; "));
   }
   if (plan.exchange_nodes_size() > 0) {
-    // Unreduced gradients summed within each node, then across the nodes.
+    // Unreduced gradients summed within each node, then across the nodes;
+    // row_sharded rows relayed through the owners' nodes.
     std::vector<std::string> nodes;
     for (const v1::NodeWorkers& n : plan.exchange_nodes()) {
       nodes.push_back(absl::StrJoin(n.workers(), " "));
     }
     absl::StrAppendFormat(&out,
-                          "unreduced gradients summed in two levels over %d "
+                          "exchange nodes (unreduced gradients summed in two "
+                          "levels, row_sharded rows relayed): %d "
                           "nodes of %d (%s)\n",
                           plan.exchange_nodes_size(),
                           plan.exchange_nodes(0).workers_size(),

@@ -173,8 +173,9 @@ TEST(PlanTableTest, ShowsTheExchangeNodesWhenThePlanHasThem) {
     node->add_workers(absl::StrCat("w", k + 2));
   }
   EXPECT_THAT(PlanTable(plan),
-              HasSubstr("\nunreduced gradients summed in two levels over 2 "
-                        "nodes of 2 (w0 w2; w1 w3)\n"));
+              HasSubstr("\nexchange nodes (unreduced gradients summed in "
+                        "two levels, row_sharded rows relayed): 2 nodes of 2 "
+                        "(w0 w2; w1 w3)\n"));
 }
 
 TEST(PlanTableTest, ShowsTheTrainerShardsOfWholeExperts) {
