@@ -107,6 +107,8 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
           PlanInput some{input.matrices, {}, input.options};
           for (const int32_t r : ranks)
             some.workers.push_back(input.workers[r]);
+          // As the coordinator plans: the ranks' nodes known.
+          some.nodes = settings.topology.NodesOf(ranks);
           return scheduler::PlanOwnership(some);
         });
   };
@@ -155,6 +157,11 @@ OwnershipPlan RunCase(const std::string& name, const PlanInput& input) {
   }
   line["grouped_candidates"] = tried;
   line["ungrouped_ms"] = planned->weighed.ungrouped_seconds * 1e3;
+  // Exchange nodes: weighed (unreduced or row_sharded matrices across
+  // nodes), passed over by their least step, taken.
+  line["exchange_offered"] = planned->weighed.exchange_offered;
+  line["exchange_passed_over"] = planned->weighed.exchange_passed_over;
+  line["exchange_taken"] = !planned->plan.exchange_nodes.empty();
   line["applied_before_votes"] = !planned->weighed.apply_at_commit &&
                                  planned->weighed.before_votes_seconds > 0;
   line["max_ms"] = plan->max_seconds * 1e3;
