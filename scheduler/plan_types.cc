@@ -164,18 +164,31 @@ absl::Status CheckExchangeNodes(const OwnershipPlan& plan) {
   if (plan.exchange_nodes.size() < 2) {
     return InvalidField(field, "one node: the rings sum within it");
   }
-  if (!plan.groups.empty()) {
-    return InvalidField(field, "owner groups keep their gradients apart");
-  }
   if (plan.dedicated != 0) {
     return InvalidField(field, absl::StrCat(plan.dedicated,
                                             " dedicated workers: every "
                                             "worker adds its trainer's part"));
   }
+  const int32_t workers = static_cast<int32_t>(plan.worker_ids.size());
   std::vector<int32_t> node_of;
-  return CheckSplit(plan.exchange_nodes,
-                    static_cast<int32_t>(plan.worker_ids.size()), field, "node",
-                    &node_of);
+  MUONPS_RETURN_IF_ERROR(
+      CheckSplit(plan.exchange_nodes, workers, field, "node", &node_of));
+  if (plan.groups.empty()) return absl::OkStatus();
+  // Owner groups (checked before) move rows within themselves: each node
+  // in one group, so that a relay is of its owner's group.
+  const OwnerGroups groups(plan);
+  for (size_t k = 0; k < plan.exchange_nodes.size(); ++k) {
+    const std::vector<int32_t>& node = plan.exchange_nodes[k];
+    for (const int32_t w : node) {
+      if (groups.group_of(w) != groups.group_of(node[0])) {
+        return InvalidField(field,
+                            absl::StrCat("node ", k, " spans owner groups ",
+                                         groups.group_of(node[0]), " and ",
+                                         groups.group_of(w)));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 OwnershipPlan ReplicateOverGroups(

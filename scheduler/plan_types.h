@@ -175,7 +175,8 @@ struct OwnershipPlan {
   // (NodeExchange, node_exchange.h) and row_sharded rows relayed
   // (RelaysRows): nodes[k][p] the worker index at position p of node k;
   // every node as many, every worker in exactly one, at least two nodes; no
-  // owner groups and no dedicated workers. What the coordinator plans where
+  // dedicated workers; with owner groups (which never hold unreduced
+  // gradients) every node within one group, whose rows it relays. What the coordinator plans where
   // it predicts the shorter step: each bucket's gradients summed within
   // each node, then along each rail (the workers of one position) onto the
   // owner's node, and each matrix's parts then gathered to its owner,
@@ -259,7 +260,8 @@ absl::Status CheckOwnerGroups(const OwnershipPlan& plan);
 
 // INVALID_ARGUMENT naming plan.exchange_nodes unless they are empty or: at
 // least two nodes of one size (at least one worker each), every worker
-// index in exactly one, no owner groups and no dedicated workers.
+// index in exactly one, no dedicated workers, and with owner groups (valid:
+// CheckOwnerGroups first) every node within one group.
 absl::Status CheckExchangeNodes(const OwnershipPlan& plan);
 
 // `plan` (of the workers of one group, in the order of `ranks`) made the

@@ -1597,7 +1597,7 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
   bool known = false;  // predicted and ways are out.grouping's
   // The same plan with exchange nodes: only its schedule differs.
   std::vector<std::vector<int32_t>> nodes;
-  if (settings.node_exchange && out.plan.groups.empty()) {
+  if (settings.node_exchange) {
     nodes =
         ChooseExchangeNodes(matrices, settings.topology, workers, dedicated);
   }

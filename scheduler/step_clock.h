@@ -586,12 +586,13 @@ enum class OwnerGroupsUse {
 // two threads at once). Where that bound holds, the plan of every rank
 // waits for them, and is not made at all where the best of them predicts
 // no more than its own least step (PlanWeighing::ungrouped_passed_over).
-// Where the chosen plan has no owner groups and exchange nodes are on offer
-// (`settings.node_exchange`, and ChooseExchangeNodes: several nodes of as
-// many workers, none dedicated, some matrix unreduced or sharded by rows),
-// the same plan is also
+// Where exchange nodes are on offer (`settings.node_exchange`, and
+// ChooseExchangeNodes: several nodes of as many workers, none dedicated,
+// some matrix unreduced or sharded by rows), the same plan is also
 // scheduled with them (ChooseStepGrouping, its own bucket bound; not planned
-// again) and clocked, and the shorter step is taken (ties: the rings), with its
+// again; where the plan has owner groups, only if every node lies within
+// one: CheckExchangeNodes) and clocked, and the shorter step is taken
+// (ties: the rings), with its
 // schedule and its applies (PlanWeighing::exchange_offered); unless the
 // exchange's least step (step_bound.h: its launches, its busier link's
 // levels and its HBM time for every unreduced element, whoever owns it) is

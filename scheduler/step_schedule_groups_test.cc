@@ -192,6 +192,15 @@ TEST_F(OwnerGroupsTest, SchedulesRefuseGroupsThatDoNotHold) {
     }
   }
   EXPECT_EQ(gathers, 2);  // one per group
+  // Exchange nodes with groups: each node within one group (its rows
+  // relayed within the group), not across two.
+  OwnershipPlan nodes = plan_;
+  nodes.exchange_nodes = {{3}, {0}, {1}, {2}};
+  EXPECT_TRUE(BuildStepSchedule(mixed, nodes).ok());
+  nodes.exchange_nodes = {{3, 0}, {1, 2}};
+  EXPECT_TRUE(BuildStepSchedule(mixed, nodes).ok());
+  nodes.exchange_nodes = {{0, 1}, {2, 3}};
+  refused(nodes, "plan.exchange_nodes", "node 0 spans owner groups 0 and 1");
 }
 
 TEST(ChooseOwnerGroupingsTest, WholeNodesOnlyForReplicatedJobsOnEqualNodes) {

@@ -124,6 +124,39 @@ TEST_F(NodeExchangeProcessTest, RowsRelayedAcrossTwoNodesTrainAsTheReplay) {
   ExpectMatchesReference(*reference_, kExact);
 }
 
+// HSDP: eight trainers in two replica groups of four (JobSpec.replicas),
+// each group on two nodes of two, on a network so slow that the owners'
+// own ports would carry most of their group's rows: each group's owners
+// take the rows from its other node through the relays of their own node,
+// within the group, and train as the replay does.
+TEST_F(NodeExchangeProcessTest, HsdpReplicaGroupsRelayWithinThemselves) {
+  const ModelDecl model = testing::SmallModel(scheduler::Layout::kRowSharded);
+  constexpr int kEight = 8;
+  ClusterOptions cluster = {.workers = kEight,
+                            .io_timeout_ms = 5000,
+                            .lease_ttl_ms = 1500,
+                            .heartbeat_interval_ms = 200};
+  cluster.replicas = 2;
+  cluster.network_gbs = 0.001;
+  for (int w = 0; w < kEight; ++w) {
+    cluster.worker_node[w] = absl::StrCat("node-", w / 2);
+  }
+  ASSERT_NO_FATAL_FAILURE(StartJob(model, cluster));
+  testing::ReferenceModel reference(model, kEight, PlannedAlgorithms());
+  for (int64_t step = 1; step <= 6; ++step) {
+    for (const auto& o : RunStep(step)) {
+      ASSERT_TRUE(o.has_value() && o->result.ok())
+          << "step " << step << ": " << o->result.status();
+    }
+    ASSERT_TRUE(reference.Step(step).ok());
+  }
+  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+  ASSERT_TRUE(planned.ok()) << planned;
+  EXPECT_EQ(plan().owner_groups_size(), 2) << plan().DebugString();
+  EXPECT_EQ(plan().exchange_nodes_size(), 4) << plan().DebugString();
+  ExpectMatchesReference(reference, kExact);
+}
+
 // A worker killed after step 3's checkpoint: its restarted process
 // restores what it owns from the checkpoint, the plan sums over the same
 // nodes again, and training goes on exactly.

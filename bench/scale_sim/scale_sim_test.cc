@@ -729,15 +729,16 @@ TEST(ScaleSimTest, AdamWReferenceScalesWithParametersAndShards) {
 
 // HSDP: replica groups of a fixed shard size, each planned as one owner
 // group (required, as the coordinator plans a job of replica groups). Each
-// group gathers its own rows to its own owners, so past one shard group the
-// step is that group's alone, at every count. (The groups gather their rows
-// straight to the owners: one shard group's job alone relays them across
-// its nodes, which the reference here leaves out.)
+// group gathers its own rows to its own owners (through relays on its own
+// nodes, as one shard group's job alone does), so past one shard group the
+// step is that group's alone, at every count. (Owner groups apply their
+// updates at the commit: so does the shard group's job here.)
 TEST(ScaleSimTest, HsdpStepIsItsShardGroupsAtEveryCount) {
   for (const char* model : {"llama3_8b_8layers", "llama3_8b"}) {
     SimConfig alone = Config(model, 64, Layout::kRowSharded);
-    alone.node_exchange = false;
+    alone.apply_early = false;
     const SimResult shard = *SimulateStep(alone);
+    EXPECT_TRUE(shard.exchange_taken) << model;
     EXPECT_EQ(shard.owner_groups, 1);
     double last = shard.clock.predicted_seconds;
     for (int gpus = 128; gpus <= 1024; gpus *= 2) {
@@ -747,6 +748,7 @@ TEST(ScaleSimTest, HsdpStepIsItsShardGroupsAtEveryCount) {
       EXPECT_EQ(r.owner_groups, gpus / 64) << model << " " << gpus;
       EXPECT_EQ(r.group_size, 64);
       EXPECT_EQ(r.weighed.ungrouped_seconds, 0) << "required: nothing weighed";
+      EXPECT_TRUE(r.exchange_taken) << model << " " << gpus;
       EXPECT_NEAR(r.clock.predicted_seconds, shard.clock.predicted_seconds,
                   0.01 * shard.clock.predicted_seconds)
           << model << " " << gpus;

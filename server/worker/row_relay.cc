@@ -21,22 +21,25 @@ int64_t Aligned(int64_t bytes) {
 
 int64_t RelayElements(const scheduler::StepSchedule& schedule,
                       const std::vector<scheduler::MatrixSpec>& matrices,
-                      int rank, int trainers, int update_bytes) {
+                      int rank, int32_t group,
+                      const std::vector<int32_t>& members, int shards,
+                      int update_bytes) {
   const std::vector<std::vector<int32_t>>& nodes = schedule.exchange_nodes;
-  if (nodes.empty() || rank < 0 || trainers < 1) return 1;
+  if (nodes.empty() || rank < 0 || shards < 1) return 1;
   const std::vector<scheduler::NodePosition> at = scheduler::PositionsOf(nodes);
   if (rank >= static_cast<int>(at.size())) return 1;
-  const int ranks = static_cast<int>(at.size());
-  // Bytes of the rows `x` relays through `rank`: every rank's at most one
-  // trainer's share of the rows.
+  // Bytes of the rows `x` relays through `rank`: every member's at most one
+  // shard of the rows.
   const auto relayed = [&](const scheduler::Transfer& x, int width) {
     const scheduler::MatrixSpec& spec = matrices[x.item.matrix];
-    if (!scheduler::RelaysRows(nodes, spec)) return int64_t{0};
-    const int64_t chunk = (spec.rows + trainers - 1) / trainers;
+    if (x.group != group || !scheduler::RelaysRows(nodes, spec) ||
+        rank == x.owner) {
+      return int64_t{0};
+    }
+    const int64_t chunk = (spec.rows + shards - 1) / shards;
     int64_t bytes = 0;
-    for (int r = 0; r < ranks && r < trainers; ++r) {
-      if (r == x.owner || scheduler::RelayOf(nodes, at, r, x.owner) != rank ||
-          rank == x.owner) {
+    for (const int32_t r : members) {
+      if (r == x.owner || scheduler::RelayOf(nodes, at, r, x.owner) != rank) {
         continue;
       }
       bytes += Aligned(chunk * spec.cols * width);
@@ -72,12 +75,14 @@ int64_t RelayElements(const scheduler::StepSchedule& schedule,
 
 RowRelay::RowRelay(const std::vector<std::vector<int32_t>>& nodes,
                    const std::vector<scheduler::NodePosition>& at, int rank,
+                   const std::vector<int32_t>& members,
                    const std::vector<int32_t>& trainer_rank_of, PartOf part_of,
                    transport::Transport& transport, void* buffer,
                    int64_t buffer_bytes, Stream stream)
     : nodes_(nodes),
       at_(at),
       rank_(rank),
+      members_(members),
       trainer_rank_of_(trainer_rank_of),
       part_of_(std::move(part_of)),
       t_(transport),
@@ -96,8 +101,7 @@ void* RowRelay::Take(int64_t count, DType dtype) {
 absl::Status RowRelay::Gather(const scheduler::MatrixSpec& spec, int64_t expert,
                               int owner, const float* rows, float* staged,
                               int64_t* bytes) {
-  const int ranks = static_cast<int>(trainer_rank_of_.size());
-  for (int r = 0; r < ranks; ++r) {
+  for (const int r : members_) {
     if (r == owner || trainer_rank_of_[r] < 0) continue;
     const ExpertPart part = part_of_(spec, expert, trainer_rank_of_[r]);
     const int64_t count = part.rows() * spec.cols;
@@ -140,8 +144,7 @@ absl::Status RowRelay::Scatter(const scheduler::MatrixSpec& spec,
                                const void* update, void* landing,
                                int64_t* bytes) {
   const int64_t width = static_cast<int64_t>(DTypeSize(dtype));
-  const int ranks = static_cast<int>(trainer_rank_of_.size());
-  for (int r = 0; r < ranks; ++r) {
+  for (const int r : members_) {
     if (r == owner || trainer_rank_of_[r] < 0) continue;
     const ExpertPart part = part_of_(spec, expert, trainer_rank_of_[r]);
     const int64_t count = part.rows() * spec.cols;

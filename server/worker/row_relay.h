@@ -36,11 +36,14 @@ namespace worker {
 // The fp32 elements `rank`'s relay buffer takes for `schedule`: the most
 // of one bucket's gradients (a group of their own) or of one run of
 // updates-back phases (consecutive in the order: one group) in
-// `update_bytes` an element, each of `trainers` trainers holding at most
-// its TrainerRowRange of every relayed matrix. At least 1.
+// `update_bytes` an element, of the transfers of `rank`'s owner group
+// `group` (its ranks `members`), each rank's trainer holding at most one of
+// `shards` TrainerRowRanges of every relayed matrix. At least 1.
 int64_t RelayElements(const scheduler::StepSchedule& schedule,
                       const std::vector<scheduler::MatrixSpec>& matrices,
-                      int rank, int trainers, int update_bytes);
+                      int rank, int32_t group,
+                      const std::vector<int32_t>& members, int shards,
+                      int update_bytes);
 
 class RowRelay {
  public:
@@ -50,11 +53,13 @@ class RowRelay {
                                           int64_t expert, int trainer)>;
 
   // `nodes`: the plan's exchange nodes, `at` their positions by rank;
-  // `trainer_rank_of`: by rank, its trainer's rank (-1: none); `buffer` of
-  // `buffer_bytes` bytes: the relay's (RelayElements). Everything must
-  // outlive the relay.
+  // `members`: this rank's owner group's ranks (every rank without
+  // groups), among whom its transfers run; `trainer_rank_of`: by rank, its
+  // trainer's rank (-1: none); `buffer` of `buffer_bytes` bytes: the
+  // relay's (RelayElements). Everything must outlive the relay.
   RowRelay(const std::vector<std::vector<int32_t>>& nodes,
            const std::vector<scheduler::NodePosition>& at, int rank,
+           const std::vector<int32_t>& members,
            const std::vector<int32_t>& trainer_rank_of, PartOf part_of,
            transport::Transport& transport, void* buffer, int64_t buffer_bytes,
            Stream stream);
@@ -96,6 +101,7 @@ class RowRelay {
   const std::vector<std::vector<int32_t>>& nodes_;
   const std::vector<scheduler::NodePosition>& at_;
   const int rank_;
+  const std::vector<int32_t>& members_;
   const std::vector<int32_t>& trainer_rank_of_;
   const PartOf part_of_;
   transport::Transport& t_;

@@ -54,6 +54,8 @@ TEST_P(RowRelayTest, OwnersStageEveryRowAndRanksLandTheirRowsBack) {
     matrices[m].layout = scheduler::Layout::kRowSharded;
   }
   const int owners[3] = {world - 1, 1, c.per_node};
+  std::vector<int32_t> members(world);
+  for (int r = 0; r < world; ++r) members[r] = r;
   std::vector<int32_t> trainer_rank_of(world);
   for (int r = 0; r < world; ++r) trainer_rank_of[r] = (r + 2) % world;
   const RowRelay::PartOf part_of = [&](const scheduler::MatrixSpec& spec,
@@ -89,14 +91,14 @@ TEST_P(RowRelayTest, OwnersStageEveryRowAndRanksLandTheirRowsBack) {
   transport::RunOnEveryRank(world, [&](int rank) {
     kernels::CpuDeviceOps ops;
     transport::Transport& t = *(*transports)[rank];
-    const int64_t elements =
-        RelayElements(schedule, matrices, rank, world, static_cast<int>(width));
+    const int64_t elements = RelayElements(schedule, matrices, rank, 0, members,
+                                           world, static_cast<int>(width));
     std::vector<float> buffer(elements);
     std::vector<std::vector<float>> grads(3);
     std::vector<std::vector<char>> updates(3);
     absl::Status s;
-    RowRelay gather(nodes, at, rank, trainer_rank_of, part_of, t, buffer.data(),
-                    elements * 4, kHostStream);
+    RowRelay gather(nodes, at, rank, members, trainer_rank_of, part_of, t,
+                    buffer.data(), elements * 4, kHostStream);
     int64_t bytes = 0;
     s = t.GroupStart();
     for (int m = 0; m < 3 && s.ok(); ++m) {
@@ -123,7 +125,7 @@ TEST_P(RowRelayTest, OwnersStageEveryRowAndRanksLandTheirRowsBack) {
     if (s.ok()) s = t.GroupEnd();
     if (s.ok()) s = gather.Forward(&bytes);
     // The updates: the owner's staged matrix, in the dtype, back.
-    RowRelay scatter(nodes, at, rank, trainer_rank_of, part_of, t,
+    RowRelay scatter(nodes, at, rank, members, trainer_rank_of, part_of, t,
                      buffer.data(), elements * 4, kHostStream);
     if (s.ok()) s = t.GroupStart();
     for (int m = 0; m < 3 && s.ok(); ++m) {

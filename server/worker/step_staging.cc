@@ -539,7 +539,7 @@ ExpertPart StepStaging::PartOfExpert(const scheduler::MatrixSpec& spec,
 std::unique_ptr<RowRelay> StepStaging::Relay() {
   return std::make_unique<RowRelay>(
       plan_.schedule.exchange_nodes, plan_.exchange.at, plan_.rank,
-      roster_.trainer_rank_of,
+      plan_.group_members, roster_.trainer_rank_of,
       [this](const scheduler::MatrixSpec& spec, int64_t expert, int trainer) {
         return PartOfExpert(spec, expert, trainer);
       },

@@ -89,8 +89,9 @@ absl::Status PlanState::AllocateBuffers(kernels::DeviceOps& ops) {
   // Rows relayed across the nodes (row_relay.h): none without exchange
   // nodes.
   if (schedule.exchange_nodes.empty()) return absl::OkStatus();
+  const int shards = job.replicas > 1 ? trainers() / job.replicas : trainers();
   const int64_t relayed =
-      RelayElements(schedule, matrices, rank, trainers(),
+      RelayElements(schedule, matrices, rank, group, group_members, shards,
                     static_cast<int>(DTypeSize(update_dtype)));
   if (relay == nullptr || relay->size() < relayed) {
     relay.reset();
