@@ -176,12 +176,12 @@ struct OwnershipPlan {
   // (RelaysRows): nodes[k][p] the worker index at position p of node k;
   // every node as many, every worker in exactly one, at least two nodes; no
   // dedicated workers; with owner groups (which never hold unreduced
-  // gradients) every node within one group, whose rows it relays. What the coordinator plans where
-  // it predicts the shorter step: each bucket's gradients summed within
-  // each node, then along each rail (the workers of one position) onto the
-  // owner's node, and each matrix's parts then gathered to its owner,
-  // instead of a ring reduce over every rank per matrix (and the updates
-  // back the reverse way); and the rows of a row_sharded matrix from
+  // gradients) every node within one group, whose rows it relays. What the
+  // coordinator plans where it predicts the shorter step: each bucket's
+  // gradients summed within each node, then along each rail (the workers of one
+  // position) onto the owner's node, and each matrix's parts then gathered to
+  // its owner, instead of a ring reduce over every rank per matrix (and the
+  // updates back the reverse way); and the rows of a row_sharded matrix from
   // another node and position through the relay at their position on the
   // owner's node, instead of straight into the owner's own port. Empty:
   // the rings, and rows straight to their owners.
