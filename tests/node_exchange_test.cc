@@ -87,6 +87,34 @@ class NodeExchangeProcessTest : public DataPlaneFixture {
     }
   }
 
+  // Two nodes of three, `layout` with `network_gbs` (StartAndStep): a
+  // worker killed after step 3's checkpoint restarts, its process restores
+  // what it owns from the checkpoint, the plan takes the same exchange
+  // nodes again, and training goes on exactly.
+  void KillRestoreAndTrainOn(scheduler::Layout layout, double network_gbs = 0) {
+    const std::string dir = testing::NewTempDir("node-exchange");
+    const std::vector<int> node_of = {0, 0, 0, 1, 1, 1};
+    const ModelDecl model = testing::SmallModel(layout);
+    ASSERT_NO_FATAL_FAILURE(
+        StartAndStep(model, node_of, 3, dir + "/ckpt", network_gbs));
+    ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(4, 3, /*restored=*/false));
+    ASSERT_NO_FATAL_FAILURE(KillWorker(4));
+    ASSERT_NO_FATAL_FAILURE(RestartWorker(4));
+    const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
+    ASSERT_TRUE(planned.ok()) << planned;
+    ASSERT_NO_FATAL_FAILURE(ExpectExchangeNodes(node_of));
+    const std::vector<testing::LoopOutcome> loops = RunTrainerLoops(4, 8, 3);
+    for (int r = 0; r < trainers(); ++r) {
+      ASSERT_TRUE(loops[r].finished)
+          << "trainer " << r << ": "
+          << loops[r].attempts.back().result.status();
+    }
+    for (int64_t step = 4; step <= 8; ++step) {
+      ASSERT_TRUE(reference_->Step(step).ok());
+    }
+    ExpectMatchesReference(*reference_, kExact);
+  }
+
   std::optional<ReferenceModel> reference_;
 };
 
@@ -161,25 +189,14 @@ TEST_F(NodeExchangeProcessTest, HsdpReplicaGroupsRelayWithinThemselves) {
 // restores what it owns from the checkpoint, the plan sums over the same
 // nodes again, and training goes on exactly.
 TEST_F(NodeExchangeProcessTest, AKilledWorkerRestoresAndTrainsOnAsTheReplay) {
-  const std::string dir = testing::NewTempDir("node-exchange");
-  const std::vector<int> node_of = {0, 0, 0, 1, 1, 1};
-  const ModelDecl model = testing::SmallModel(scheduler::Layout::kUnreduced);
-  ASSERT_NO_FATAL_FAILURE(StartAndStep(model, node_of, 3, dir + "/ckpt"));
-  ASSERT_NO_FATAL_FAILURE(WaitForCheckpointStatus(4, 3, /*restored=*/false));
-  ASSERT_NO_FATAL_FAILURE(KillWorker(4));
-  ASSERT_NO_FATAL_FAILURE(RestartWorker(4));
-  const absl::Status planned = WaitForFullPlan(absl::Seconds(20));
-  ASSERT_TRUE(planned.ok()) << planned;
-  ASSERT_NO_FATAL_FAILURE(ExpectExchangeNodes(node_of));
-  const std::vector<testing::LoopOutcome> loops = RunTrainerLoops(4, 8, 3);
-  for (int r = 0; r < trainers(); ++r) {
-    ASSERT_TRUE(loops[r].finished)
-        << "trainer " << r << ": " << loops[r].attempts.back().result.status();
-  }
-  for (int64_t step = 4; step <= 8; ++step) {
-    ASSERT_TRUE(reference_->Step(step).ok());
-  }
-  ExpectMatchesReference(*reference_, kExact);
+  ASSERT_NO_FATAL_FAILURE(KillRestoreAndTrainOn(scheduler::Layout::kUnreduced));
+}
+
+// The same with row_sharded rows relayed (the killed worker a relay or an
+// owner of rows from the other node).
+TEST_F(NodeExchangeProcessTest, AKilledRelayRestoresAndTrainsOnAsTheReplay) {
+  ASSERT_NO_FATAL_FAILURE(
+      KillRestoreAndTrainOn(scheduler::Layout::kRowSharded, 0.001));
 }
 
 }  // namespace
