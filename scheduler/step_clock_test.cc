@@ -265,33 +265,45 @@ TEST(StepGroupingTest, ManyNodesGroupRowGathersIntoFewPhases) {
   EXPECT_LT(g.predicted_seconds, 0.5 * g.candidates.back().second);
 }
 
-TEST(StepClockTest, RowsBetweenNodesGoOverTheNics) {
-  // One matrix, owner 0, four ranks: rows from ranks 1-3 to the owner.
-  // Same node: NVLink only; rank r alone on node r: NICs, at 1/100 the
-  // rate here, so the gather takes 100x as long.
-  std::vector<MatrixSpec> matrices(1);
-  matrices[0].name = "w";
-  matrices[0].rows = 1024;
-  matrices[0].cols = 1024;
-  matrices[0].layout = Layout::kRowSharded;
+// One 1024 x 1024 row_sharded matrix owned by rank 0 of four, and a clock
+// of the phases alone (no agreement, no latencies) with NVLink at 100 GB/s
+// and the NICs at 1.
+struct OneGather {
+  OneGather() {
+    matrices[0].name = "w";
+    matrices[0].rows = 1024;
+    matrices[0].cols = 1024;
+    matrices[0].layout = Layout::kRowSharded;
+    plan.matrix_names = {"w"};
+    plan.worker_ids = {"a", "b", "c", "d"};
+    plan.owners = {{0}};
+    settings.agreement_ms = 0;
+    settings.topology.links.latency_us = 0;
+    settings.topology.links.hop_latency_us = 0;
+    settings.topology.links.nvlink_gbs = 100;
+    settings.topology.links.inter_node_gbs = 1;
+  }
+  // The step of the plan's schedule on ranks at `nodes`.
+  StepClock Clock(const std::vector<int32_t>& nodes) {
+    const StepSchedule schedule = *BuildStepSchedule(matrices, plan);
+    settings.topology = Topology{nodes, settings.topology.links};
+    return ClockStep(matrices, schedule,
+                     std::vector<double>(schedule.stacks.size(), 0.0), 4,
+                     settings);
+  }
+
+  std::vector<MatrixSpec> matrices = std::vector<MatrixSpec>(1);
   OwnershipPlan plan;
-  plan.matrix_names = {"w"};
-  plan.worker_ids = {"a", "b", "c", "d"};
-  plan.owners = {{0}};
-  const StepSchedule schedule = *BuildStepSchedule(matrices, plan);
   ClockSettings settings;
-  settings.agreement_ms = 0;  // the phases alone
-  settings.topology.links.latency_us = 0;
-  settings.topology.links.hop_latency_us = 0;
-  settings.topology.links.nvlink_gbs = 100;
-  settings.topology.links.inter_node_gbs = 1;
-  const std::vector<double> no_compute(schedule.stacks.size(), 0.0);
-  settings.topology = Topology{{0, 0, 0, 0}, settings.topology.links};
-  const StepClock one_node =
-      ClockStep(matrices, schedule, no_compute, 4, settings);
-  settings.topology = Topology{{0, 1, 2, 3}, settings.topology.links};
-  const StepClock four_nodes =
-      ClockStep(matrices, schedule, no_compute, 4, settings);
+};
+
+TEST(StepClockTest, RowsBetweenNodesGoOverTheNics) {
+  // Rows from ranks 1-3 to the owner. Same node: NVLink only; rank r alone
+  // on node r: NICs, at 1/100 the rate here, so the gather takes 100x as
+  // long.
+  OneGather g;
+  const StepClock one_node = g.Clock({0, 0, 0, 0});
+  const StepClock four_nodes = g.Clock({0, 1, 2, 3});
   const double rows_in = 1024.0 * 1024 * 4 * 3 / 4;  // fp32 gradient rows
   EXPECT_DOUBLE_EQ(one_node.gradients_landed_seconds, rows_in / 100e9);
   EXPECT_DOUBLE_EQ(four_nodes.gradients_landed_seconds, rows_in / 1e9);
@@ -299,46 +311,26 @@ TEST(StepClockTest, RowsBetweenNodesGoOverTheNics) {
 }
 
 TEST(StepClockTest, RowsFromOtherPositionsGoThroughRelays) {
-  // One matrix, owner 0, two nodes of two ({0, 1}, {2, 3}). Rank 1 (the
-  // owner's node) and rank 2 (the owner's position on node 1) send
-  // straight; rank 3 sends to its relay, rank 1, which passes the rows on
-  // in a second launch. So the owner's NIC takes one rank's rows, not two:
-  // the first launch's busiest NIC carries a quarter of the matrix (into
-  // the owner, and into the relay), and the second a quarter over NVLink.
-  // The updates' rows come back the reverse way.
-  std::vector<MatrixSpec> matrices(1);
-  matrices[0].name = "w";
-  matrices[0].rows = 1024;
-  matrices[0].cols = 1024;
-  matrices[0].layout = Layout::kRowSharded;
-  OwnershipPlan plan;
-  plan.matrix_names = {"w"};
-  plan.worker_ids = {"a", "b", "c", "d"};
-  plan.owners = {{0}};
-  const StepSchedule direct = *BuildStepSchedule(matrices, plan);
-  plan.exchange_nodes = {{0, 1}, {2, 3}};
-  const StepSchedule relayed = *BuildStepSchedule(matrices, plan);
-  EXPECT_EQ(relayed.buckets[0].to_owners[0].kind, TransferKind::kGatherToOwner);
-  ClockSettings settings;
-  settings.agreement_ms = 0;  // the phases alone
-  settings.topology = Topology{{0, 0, 1, 1}, {}};
-  settings.topology.links.latency_us = 0;
-  settings.topology.links.hop_latency_us = 0;
-  settings.topology.links.nvlink_gbs = 100;
-  settings.topology.links.inter_node_gbs = 1;
-  const std::vector<double> no_compute(direct.stacks.size(), 0.0);
-  const StepClock straight =
-      ClockStep(matrices, direct, no_compute, 4, settings);
-  const StepClock through =
-      ClockStep(matrices, relayed, no_compute, 4, settings);
+  // Two nodes of two ({0, 1}, {2, 3}). Rank 1 (the owner's node) and rank
+  // 2 (the owner's position on node 1) send straight; rank 3 sends to its
+  // relay, rank 1, which passes the rows on in a second launch. So the
+  // owner's NIC takes one rank's rows, not two: the first launch's busiest
+  // NIC carries a quarter of the matrix (into the owner, and into the
+  // relay), and the second a quarter over NVLink. The updates' rows come
+  // back the reverse way.
+  OneGather g;
+  const StepClock straight = g.Clock({0, 0, 1, 1});
+  g.plan.exchange_nodes = {{0, 1}, {2, 3}};
+  EXPECT_EQ(BuildStepSchedule(g.matrices, g.plan)->buckets[0].to_owners[0].kind,
+            TransferKind::kGatherToOwner);
+  const StepClock through = g.Clock({0, 0, 1, 1});
   const double rank_rows = 1024.0 * 1024 * 4 / 4;  // one rank's fp32 rows
   EXPECT_DOUBLE_EQ(straight.gradients_landed_seconds, 2 * rank_rows / 1e9);
   EXPECT_DOUBLE_EQ(through.gradients_landed_seconds,
                    rank_rows / 1e9 + rank_rows / 100e9);
   // Each launch pays its latency.
-  settings.topology.links.latency_us = 10;
-  const StepClock with_latency =
-      ClockStep(matrices, relayed, no_compute, 4, settings);
+  g.settings.topology.links.latency_us = 10;
+  const StepClock with_latency = g.Clock({0, 0, 1, 1});
   EXPECT_NEAR(
       with_latency.gradients_landed_seconds - through.gradients_landed_seconds,
       20e-6, 1e-12);

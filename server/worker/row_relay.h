@@ -21,7 +21,10 @@
 #include <functional>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/device.h"
 #include "common/dtype.h"
 #include "common/row_ranges.h"
@@ -97,6 +100,19 @@ class RowRelay {
   };
   // A place in the buffer for `count` elements of `dtype`, or null.
   void* Take(int64_t count, DType dtype);
+  // Each member but `owner` whose trainer holds rows of `spec`'s expert,
+  // in member order: `visit(its part, elements, the member, its relay)`
+  // (RelayOf: `owner` where the rows go straight); the first error.
+  absl::Status ForEachSource(
+      const scheduler::MatrixSpec& spec, int64_t expert, int owner,
+      absl::FunctionRef<absl::Status(const ExpertPart& part, int64_t count,
+                                     int source, int via)>
+          visit);
+  // On a relay: `count` elements of `dtype` from `from` received into the
+  // buffer in the first launch, where they wait for the second.
+  // FAILED_PRECONDITION naming `what` when they outgrow the buffer.
+  absl::StatusOr<void*> Keep(int64_t count, DType dtype, int from,
+                             absl::string_view what, int64_t* bytes);
 
   const std::vector<std::vector<int32_t>>& nodes_;
   const std::vector<scheduler::NodePosition>& at_;
