@@ -40,12 +40,16 @@ struct Job {
   std::vector<const CostModel*> models;
 };
 
-Job Plan(int workers, Layout layout, int layers) {
+// `nodes` (by rank; empty: one node): the planner knows them, as the
+// coordinator's does (PlanInput::nodes).
+Job Plan(int workers, Layout layout, int layers,
+         const std::vector<int32_t>& nodes = {}) {
   Job job;
   job.matrices = Llama3_8B(layers);
   for (MatrixSpec& m : job.matrices) m.layout = layout;
   PlanInput input;
   input.matrices = job.matrices;
+  input.nodes = nodes;
   for (int w = 0; w < workers; ++w) {
     WorkerSpec spec;
     spec.id = "w" + std::to_string(w);
@@ -344,25 +348,12 @@ TEST(PlanOnTopologyTest, RelaysRowsWhereTheOwnersPortsAreTheBottleneck) {
   for (const double nic_gbs : {50.0, 328.0}) {
     SCOPED_TRACE(absl::StrCat("NIC ", nic_gbs, " GB/s"));
     const int workers = 16;
-    Job job;
-    job.matrices = Llama3_8B(2);
-    for (MatrixSpec& m : job.matrices) m.layout = Layout::kRowSharded;
-    PlanInput input;
-    input.matrices = job.matrices;
-    for (int w = 0; w < workers; ++w) {
-      WorkerSpec spec;
-      spec.id = "w" + std::to_string(w);
-      spec.memory_bytes = int64_t{140} << 30;
-      input.workers.push_back(spec);
-    }
     ClockSettings settings;
     settings.topology = Topology::Blocks(workers, 8);
     settings.topology.links.nvlink_gbs = 328;
     settings.topology.links.inter_node_gbs = nic_gbs;
-    input.nodes = settings.topology.NodesOf(
-        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
-    job.plan = *PlanOwnership(input);
-    job.models.assign(workers, &job.model);
+    const Job job =
+        Plan(workers, Layout::kRowSharded, 2, settings.topology.node);
     const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
         job.matrices, job.plan.worker_ids, 0, job.models, settings,
         {.bucket_bytes = 0}, {}, OwnerGroupsUse::kWeighed,
