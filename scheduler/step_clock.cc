@@ -453,9 +453,12 @@ class Phase {
   void Forward(int from, int to, double bytes) {
     if (bytes <= 0) return;
     const bool nic = !s_.settings.topology.SameNode(from, to);
-    RankBytes& f = forwards_[from];
+    // One lookup at a time: an insertion may move the map's entries.
+    {
+      RankBytes& f = forwards_[from];
+      (nic ? f.nic_sent : f.nvlink_sent) += bytes;
+    }
     RankBytes& t = forwards_[to];
-    (nic ? f.nic_sent : f.nvlink_sent) += bytes;
     (nic ? t.nic_received : t.nvlink_received) += bytes;
   }
 

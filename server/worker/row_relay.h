@@ -125,7 +125,6 @@ class RowRelay {
   const int64_t buffer_bytes_;
   const Stream stream_;
   int64_t used_ = 0;
-  bool outgrown_ = false;
   std::vector<Pass> second_;  // the second launch's calls, in order
 };
 
