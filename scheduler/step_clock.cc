@@ -964,16 +964,16 @@ std::vector<OwnerGrouping> ChooseOwnerGroupings(
 std::vector<std::vector<int32_t>> ChooseExchangeNodes(
     const std::vector<MatrixSpec>& matrices, const Topology& topology,
     int workers, int dedicated) {
-  // Matrices whose transfers the nodes change: unreduced ones (summed in
-  // two levels) and those sharded by rows (relayed).
-  if (dedicated != 0 ||
-      std::none_of(matrices.begin(), matrices.end(), [](const MatrixSpec& m) {
-        return m.layout == Layout::kUnreduced ||
-               (m.layout == Layout::kRowSharded && !m.shard_experts);
-      })) {
-    return {};
+  if (dedicated != 0) return {};
+  std::vector<std::vector<int32_t>> nodes = EqualNodes(topology, workers);
+  // Only where they change some matrix's transfers: unreduced ones summed
+  // in two levels, or rows relayed.
+  if (SumsOverNodes(nodes, matrices) ||
+      std::any_of(matrices.begin(), matrices.end(),
+                  [&](const MatrixSpec& m) { return RelaysRows(nodes, m); })) {
+    return nodes;
   }
-  return EqualNodes(topology, workers);
+  return {};
 }
 
 std::vector<int32_t> Topology::NodesOf(

@@ -61,6 +61,18 @@ Job Plan(int workers, Layout layout, int layers,
   return job;
 }
 
+// PlanOnTopology of `job`'s plan (its plan of every rank, as it is) on
+// `settings`, no owner groups offered.
+absl::StatusOr<TopologyPlan> OnTopology(const Job& job,
+                                        const ClockSettings& settings) {
+  return PlanOnTopology(
+      job.matrices, job.plan.worker_ids, 0, job.models, settings,
+      {.bucket_bytes = 0}, {}, OwnerGroupsUse::kWeighed,
+      [&](const std::vector<int32_t>&, const OwnerGrouping*, bool) {
+        return absl::StatusOr<OwnershipPlan>(job.plan);
+      });
+}
+
 TEST(StackSecondsTest, NewtonSchulzAndTheMomentumPassOverMemory) {
   // Every stack: its Newton-Schulz calls by its owner's model, and the
   // momentum's fp32 reads and writes (16 bytes an element; 8 more for the
@@ -354,12 +366,7 @@ TEST(PlanOnTopologyTest, RelaysRowsWhereTheOwnersPortsAreTheBottleneck) {
     settings.topology.links.inter_node_gbs = nic_gbs;
     const Job job =
         Plan(workers, Layout::kRowSharded, 2, settings.topology.node);
-    const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
-        job.matrices, job.plan.worker_ids, 0, job.models, settings,
-        {.bucket_bytes = 0}, {}, OwnerGroupsUse::kWeighed,
-        [&](const std::vector<int32_t>&, const OwnerGrouping*, bool) {
-          return absl::StatusOr<OwnershipPlan>(job.plan);
-        });
+    const absl::StatusOr<TopologyPlan> out = OnTopology(job, settings);
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_TRUE(out->weighed.exchange_offered);
     const bool relays = nic_gbs < 100;
@@ -1272,12 +1279,7 @@ TEST(PlanOnTopologyTest, NoExchangeOnOneNodeOrForReplicatedMatrices) {
     for (const int per_node : {8, 4}) {
       ClockSettings settings;
       settings.topology = Topology::Blocks(8, per_node);
-      const absl::StatusOr<TopologyPlan> out = PlanOnTopology(
-          job.matrices, job.plan.worker_ids, 0, job.models, settings,
-          {.bucket_bytes = 0}, {}, OwnerGroupsUse::kWeighed,
-          [&](const std::vector<int32_t>&, const OwnerGrouping*, bool) {
-            return absl::StatusOr<OwnershipPlan>(job.plan);
-          });
+      const absl::StatusOr<TopologyPlan> out = OnTopology(job, settings);
       ASSERT_TRUE(out.ok()) << out.status();
       const bool offered = layout != Layout::kReplicated && per_node == 4;
       EXPECT_EQ(out->weighed.exchange_offered, offered) << per_node;
