@@ -158,6 +158,15 @@ absl::Status PlanTransport::Replaced() const {
   return replaced_why_;
 }
 
+bool PlanTransport::AwaitPublished(absl::Duration timeout) const {
+  absl::MutexLock lock(&abort_mu_);
+  const auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(abort_mu_) {
+    return stopping_ || superseded_by_ <= published_version_ ||
+           replaced_by_ > published_version_;
+  };
+  return abort_mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
+}
+
 void PlanTransport::Drop(const absl::Status& reason) {
   if (transport_ == nullptr) return;
   {

@@ -86,6 +86,15 @@ class PlanTransport {
   bool AbortFor(const PlanMembership& next);
   // Why the published version can no longer step; OK if it can.
   absl::Status Replaced() const;
+  // Waits, at most `timeout`, while a plan newer than the published version
+  // that keeps every worker has arrived (AbortFor saw it) and is not
+  // published yet: a step about to start runs on that plan once it is
+  // installed, rather than on the version it replaces, whose peers may
+  // have moved on (and whose transport the install drops). Returns at once
+  // when none is pending, or when a newer plan dropped workers (Replaced()
+  // refuses the step then, naming them); true unless the timeout passed.
+  // Never call it holding a lock the install takes.
+  bool AwaitPublished(absl::Duration timeout) const;
 
   // The transport of version `version` (this worker is `rank` among
   // `addresses`), built if there is none: OK with *built set when it is

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -132,6 +133,32 @@ TEST_F(PlanTransportTest, VersionsGoingBackwardsForgetTheOldJobsNewerPlans) {
   absl::SleepFor(3 * kKeepFor);
   EXPECT_TRUE(Aborted().ok()) << Aborted();
   EXPECT_TRUE(transport_.Replaced().ok());
+}
+
+// A step that comes while a newer plan keeping every worker is on its way
+// in waits for it to be published; one that comes with none pending, or
+// after a plan that drops a worker (refused at once, naming it), does not
+// wait.
+TEST_F(PlanTransportTest, AStepWaitsForAPlanKeepingEveryWorkerToBePublished) {
+  EXPECT_TRUE(transport_.AwaitPublished(absl::ZeroDuration()));
+  const PlanMembership next{3, {"w0", "w1"}, "worker w2 joined"};
+  EXPECT_FALSE(transport_.AbortFor(next));
+  EXPECT_FALSE(transport_.AwaitPublished(absl::Milliseconds(20)));
+  const absl::Time start = absl::Now();
+  std::thread install([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    transport_.Drop(absl::CancelledError("plan version 3 replaced it"));
+    transport_.Publish(next.version, next.workers);
+  });
+  EXPECT_TRUE(transport_.AwaitPublished(absl::Seconds(30)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+  install.join();
+  EXPECT_TRUE(transport_.Replaced().ok()) << transport_.Replaced();
+  EXPECT_TRUE(transport_.AwaitPublished(absl::ZeroDuration()));
+
+  EXPECT_TRUE(transport_.AbortFor({4, {"w0"}, "lease expired: w1"}));
+  EXPECT_TRUE(transport_.AwaitPublished(absl::ZeroDuration()));
+  EXPECT_TRUE(absl::IsUnavailable(transport_.Replaced()));
 }
 
 }  // namespace

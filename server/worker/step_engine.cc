@@ -47,6 +47,7 @@ StepEngine::StepEngine(std::string worker_id, StepBackend backend,
       device_(backend.ops->device()),
       ops_(backend.ops.get()),
       update_dtype_(backend.kernels->update_dtype()),
+      io_timeout_(backend.timeout),
       backend_(std::move(backend)),
       momentum_(worker_id_, ops_),
       transport_(worker_id_, device_, std::move(make_transport)),
@@ -232,6 +233,9 @@ StepResponse StepEngine::AlreadyApplied(int64_t step_id) const {
 
 absl::StatusOr<StepResponse> StepEngine::Step(const StepRequest& request,
                                               const StepCancelled& cancelled) {
+  // A plan that arrived is installed first (SetPlan takes mu_), so the step
+  // runs on it rather than dialling the version it replaces.
+  transport_.AwaitPublished(io_timeout_);
   absl::MutexLock lock(&mu_);
   return StepLocked(request, cancelled);
 }
@@ -343,6 +347,7 @@ absl::StatusOr<std::optional<StepResponse>> StepEngine::FollowStep(
     absl::Duration wait) {
   absl::StatusOr<std::optional<StepResponse>> out = std::nullopt;
   bool dedicated = false;
+  transport_.AwaitPublished(io_timeout_);
   {
     absl::MutexLock lock(&mu_);
     const int size = static_cast<int>(plan_.ownership.worker_ids.size());

@@ -125,7 +125,11 @@ class StepEngine {
   // below the last one this worker knows every worker committed answers
   // already_applied at once; a retry of a step that may be in doubt
   // somewhere runs a round with the peers, which commits it from staging or
-  // redoes it cleanly. Errors: INVALID_ARGUMENT naming the field for a bad
+  // redoes it cleanly. A step that comes while a plan newer than the
+  // installed one, keeping every worker, is on its way in (AbortForPlan saw
+  // it) waits for its SetPlan, up to the transport's timeout, and runs on
+  // it (one that drops a worker refuses the step at once). Errors:
+  // INVALID_ARGUMENT naming the field for a bad
   // request (rejected everywhere, nothing changed); FAILED_PRECONDITION
   // with no plan or trainer; UNAVAILABLE or DEADLINE_EXCEEDED for a lost
   // peer, saying whether this worker applied the step; ABORTED or
@@ -311,6 +315,9 @@ class StepEngine {
   kernels::DeviceOps* const ops_;
   // The precision of backend_'s updates (MuonKernels::update_dtype).
   const DType update_dtype_;
+  // backend_'s timeout, for what waits outside mu_: how long a step waits
+  // for a plan that arrived to be installed.
+  const absl::Duration io_timeout_;
   // One SetPlan at a time: each prepares its stacks against the installed
   // version before it takes mu_.
   absl::Mutex plan_change_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -50,7 +50,13 @@ WorkerAgent::WorkerAgent(AgentOptions options, MetricsRegistry* metrics,
           "muonps_worker_step_compute_predicted_seconds",
           "The plan's prediction of muonps_worker_step_compute_seconds (the "
           "workers' cost tables or the FLOP model).")),
-      engine_(engine) {}
+      engine_(engine),
+      delivery_(
+          absl::StrCat("job=", options_.job, " worker=", options_.worker_id),
+          [this](const v1::Plan& plan) { return DeliverPlan(plan); },
+          [this](const v1::Plan& plan, int64_t epoch) {
+            TakePlan(plan, epoch);
+          }) {}
 
 WorkerAgent::~WorkerAgent() { Stop(); }
 
@@ -106,11 +112,19 @@ void WorkerAgent::Stop() {
   }
   if (membership_thread_.joinable()) membership_thread_.join();
   if (watch_thread_.joinable()) watch_thread_.join();
+  delivery_.Stop();
   if (follow_thread_.joinable()) follow_thread_.join();
 }
 
 absl::Status WorkerAgent::CheckPlanCurrent() const {
+  const std::optional<PlanDelivery::Refusal> refused = delivery_.Refused();
   absl::MutexLock lock(&mu_);
+  if (lost_at_epoch_ < 0 && refused.has_value()) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker \"", options_.worker_id, "\" of job \"", options_.job,
+        "\" has not taken plan version ", refused->version,
+        " yet (it retries): ", refused->why.message(), "; retry the step"));
+  }
   if (lost_at_epoch_ < 0) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
       "worker \"", options_.worker_id, "\" lost its lease in job \"",
@@ -148,12 +162,17 @@ v1::WorkerStatus WorkerAgent::Status() const {
   const int64_t checkpointed =
       engine_ != nullptr ? engine_->last_checkpoint_step() : -1;
   const int64_t restored = engine_ != nullptr ? engine_->restored_step() : -1;
+  const std::optional<PlanDelivery::Refusal> refused = delivery_.Refused();
   absl::MutexLock lock(&mu_);
   v1::WorkerStatus out;
   out.set_worker_id(options_.worker_id);
   out.set_job(options_.job);
   out.set_coordinator(options_.coordinator);
-  out.set_state(state_);
+  out.set_state(refused.has_value() && state_ == "ready" ? "behind" : state_);
+  if (refused.has_value()) {
+    out.set_plan_error(absl::StrCat("plan version ", refused->version, ": ",
+                                    refused->why.message()));
+  }
   out.set_rank(-1);
   out.set_last_step(last_step);
   out.set_last_checkpoint_step(checkpointed);

@@ -1,6 +1,10 @@
 // A worker's membership in a job: joins through the coordinator, keeps its
 // lease alive with heartbeats (re-joining if the lease was lost), and
-// follows WatchPlan so it always knows the current plan version.
+// follows WatchPlan so it always knows the current plan version. Each plan
+// goes to the engine from a thread of its own, retried until the engine
+// takes it (the coordinator's calls it needs may fail, the engine may
+// refuse it) or a newer one arrives; meanwhile Status says "behind" and
+// CheckPlanCurrent refuses steps, naming why.
 //
 // A coordinator that is down (UNAVAILABLE, DEADLINE_EXCEEDED) changes
 // nothing: heartbeats and the watch retry with backoff while steps go on,
@@ -13,7 +17,7 @@
 // CheckPlanCurrent refuses steps, so no step runs on a plan the
 // coordinator no longer has. The heartbeat thread never waits on a step.
 //
-// Start() spawns the two background threads; Stop() leaves the job and
+// Start() spawns the background threads; Stop() leaves the job and
 // joins them. Accessors are thread-safe.
 #ifndef MUONPS_SERVER_WORKER_WORKER_AGENT_H_
 #define MUONPS_SERVER_WORKER_WORKER_AGENT_H_
@@ -34,6 +38,7 @@
 #include "muonps/v1/coordinator.grpc.pb.h"
 #include "muonps/v1/worker.pb.h"
 #include "server/worker/join_credentials.h"
+#include "server/worker/plan_delivery.h"
 #include "server/worker/step_engine.h"
 
 namespace muonps {
@@ -94,9 +99,10 @@ class WorkerAgent {
   absl::Status Drain(absl::Duration timeout,
                      const absl::Notification* cut_short);
 
-  // The worker's view for the local control service.
+  // The worker's view for the local control service: state "behind" (and
+  // plan_error) while the engine could not take the newest plan received.
   v1::WorkerStatus Status() const;
-  // The latest plan received, if any.
+  // The plan the engine follows, if any.
   std::optional<v1::Plan> plan() const;
   const std::string& instance_id() const { return instance_id_; }
 
@@ -111,9 +117,11 @@ class WorkerAgent {
   void ReportStep(const StepResponse& step);
 
   // OK unless the lease was lost and the coordinator's current plan has not
-  // arrived since: then UNAVAILABLE naming the worker, the job and why (a
-  // step would run on a plan the coordinator no longer has; the trainer
-  // retries it once the agent has joined again). Never waits.
+  // arrived since, or the engine could not take the newest plan received:
+  // then UNAVAILABLE naming the worker, the job (or the plan version) and
+  // why (a step would run on a plan the coordinator no longer has; the
+  // trainer retries it once the agent has joined again, or the plan is
+  // taken). Never waits.
   absl::Status CheckPlanCurrent() const;
 
  private:
@@ -127,8 +135,12 @@ class WorkerAgent {
   // The coordinator no longer knows this membership (`why`): refuse steps
   // until the plan of the next join arrives, and restart the watch.
   void LoseLease(const std::string& why);
-  // Hands `plan` to the engine (fetching the job spec and addresses).
-  void DeliverPlan(const v1::Plan& plan);
+  // Hands `plan` to the engine (fetching the job spec and addresses): the
+  // coordinator's error (a call that failed) or the engine's (SetPlan).
+  // PlanDelivery's thread calls it, and TakePlan once it succeeded (the
+  // watch opened in join `epoch` brought the plan).
+  absl::Status DeliverPlan(const v1::Plan& plan);
+  void TakePlan(const v1::Plan& plan, int64_t epoch);
   void FlushStepStats();
 
   const AgentOptions options_;
@@ -141,7 +153,11 @@ class WorkerAgent {
 
   mutable absl::Mutex mu_;
   std::string state_ ABSL_GUARDED_BY(mu_) = "joining";
+  // The plan the engine follows (the last one it took).
   std::optional<v1::Plan> plan_ ABSL_GUARDED_BY(mu_);
+  // The newest version the watch received (0: none), which a reopened
+  // watch names as known.
+  int64_t received_version_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   std::optional<v1::JobSpec> job_spec_ ABSL_GUARDED_BY(mu_);
@@ -169,6 +185,8 @@ class WorkerAgent {
   Gauge* step_compute_seconds_;
   Gauge* step_compute_predicted_seconds_;
   StepEngine* engine_;
+  // Last: its thread calls DeliverPlan and TakePlan, which use the rest.
+  PlanDelivery delivery_;
 };
 
 }  // namespace worker

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "proto/grpc_status.h"
+#include "server/worker/backoff.h"
 #include "server/worker/wire.h"
 #include "server/worker/worker_agent.h"
 #include "spdlog/spdlog.h"
@@ -20,23 +22,6 @@ namespace {
 std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
 }
-
-// Exponential backoff with +-25% jitter (so restarted workers do not all
-// knock at once), from 100 ms up to 2 s.
-class Backoff {
- public:
-  absl::Duration Next() {
-    const absl::Duration out =
-        current_ * std::uniform_real_distribution<double>(0.75, 1.25)(random_);
-    current_ = std::min(current_ * 2, absl::Seconds(2));
-    return out;
-  }
-  void Reset() { current_ = absl::Milliseconds(100); }
-
- private:
-  absl::Duration current_ = absl::Milliseconds(100);
-  std::minstd_rand random_{std::random_device()()};
-};
 
 // A heartbeat answer that says the coordinator no longer knows this
 // membership (as opposed to one that is down or slow: those are retried).
@@ -341,8 +326,7 @@ void WorkerAgent::WatchLoop() {
       absl::MutexLock lock(&mu_);
       // A stale plan's version means nothing to the coordinator: ask for
       // its current plan, whatever its version.
-      request.set_known_version(plan_ && lost_at_epoch_ < 0 ? plan_->version()
-                                                            : 0);
+      request.set_known_version(lost_at_epoch_ < 0 ? received_version_ : 0);
       epoch = join_epoch_;
       watch_context_ = &context;
     }
@@ -365,22 +349,15 @@ void WorkerAgent::WatchLoop() {
       spdlog::info("job={} worker={} plan_version={} rank={} ({})",
                    options_.job, options_.worker_id, plan.version(), rank,
                    plan.reason());
-      plan_version_->Set(static_cast<double>(plan.version()));
-      // At once, not behind DeliverPlan's calls and SetPlan's wait for the
+      // At once, not behind the delivery's calls and SetPlan's wait for the
       // step lock: a step waiting on a worker this plan dropped fails now,
       // naming it, instead of at the transport's timeout.
       if (engine_ != nullptr) engine_->AbortForPlan(MembershipFromProto(plan));
-      DeliverPlan(plan);
-      absl::MutexLock lock(&mu_);
-      plan_ = plan;
-      if (lost_at_epoch_ >= 0 && join_epoch_ == epoch) {
-        lost_at_epoch_ = -1;  // the coordinator's current plan: step again
-        state_ = "ready";
-        spdlog::info(
-            "job={} worker={} follows the coordinator's plan_version={}"
-            " again",
-            options_.job, options_.worker_id, plan.version());
+      {
+        absl::MutexLock lock(&mu_);
+        received_version_ = plan.version();
       }
+      delivery_.Arrived(std::move(plan), epoch);
     }
     const grpc::Status status = reader->Finish();
     {
@@ -393,8 +370,21 @@ void WorkerAgent::WatchLoop() {
   }
 }
 
-void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
-  if (engine_ == nullptr) return;
+void WorkerAgent::TakePlan(const v1::Plan& plan, int64_t epoch) {
+  plan_version_->Set(static_cast<double>(plan.version()));
+  absl::MutexLock lock(&mu_);
+  plan_ = plan;
+  if (lost_at_epoch_ >= 0 && join_epoch_ == epoch) {
+    lost_at_epoch_ = -1;  // the coordinator's current plan: step again
+    state_ = "ready";
+    spdlog::info(
+        "job={} worker={} follows the coordinator's plan_version={} again",
+        options_.job, options_.worker_id, plan.version());
+  }
+}
+
+absl::Status WorkerAgent::DeliverPlan(const v1::Plan& plan) {
+  if (engine_ == nullptr) return absl::OkStatus();
   std::optional<v1::JobSpec> spec;
   {
     absl::MutexLock lock(&mu_);
@@ -406,12 +396,8 @@ void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
     v1::GetJobRequest request;
     request.set_job(options_.job);
     v1::Job job;
-    const grpc::Status status = stub_->GetJob(&context, request, &job);
-    if (!status.ok()) {
-      spdlog::error("job={} worker={} cannot fetch the job: {}", options_.job,
-                    options_.worker_id, status.error_message());
-      return;
-    }
+    MUONPS_RETURN_IF_ERROR(FromGrpc(stub_->GetJob(&context, request, &job),
+                                    "fetching the job's spec"));
     spec = job.spec();
     absl::MutexLock lock(&mu_);
     job_spec_ = spec;
@@ -421,29 +407,24 @@ void WorkerAgent::DeliverPlan(const v1::Plan& plan) {
   v1::ListWorkersRequest request;
   request.set_job(options_.job);
   v1::ListWorkersResponse workers;
-  const grpc::Status status = stub_->ListWorkers(&context, request, &workers);
-  if (!status.ok()) {
-    spdlog::error("job={} worker={} cannot list workers: {}", options_.job,
-                  options_.worker_id, status.error_message());
-    return;
-  }
+  MUONPS_RETURN_IF_ERROR(
+      FromGrpc(stub_->ListWorkers(&context, request, &workers),
+               "listing the workers' data addresses"));
   std::map<std::string, std::string> addresses;
   for (const v1::WorkerInfo& w : workers.workers()) {
     addresses[w.worker_id()] = w.data_address();
   }
-  absl::StatusOr<JobPlan> next = JobPlanFromProto(*spec, plan);
-  const absl::Status set =
-      next.ok() ? engine_->SetPlan(*next, addresses) : next.status();
-  if (!set.ok()) {
-    spdlog::error("job={} worker={} plan_version={} rejected: {}", options_.job,
-                  options_.worker_id, plan.version(), set.ToString());
-  } else if (const absl::Status restored = engine_->RestoreMissingMomentum();
-             !restored.ok()) {
+  MUONPS_ASSIGN_OR_RETURN(const JobPlan next, JobPlanFromProto(*spec, plan));
+  MUONPS_RETURN_IF_ERROR(engine_->SetPlan(next, addresses));
+  if (const absl::Status restored = engine_->RestoreMissingMomentum();
+      !restored.ok()) {
+    // The plan stands; a step names the matrices without momentum.
     spdlog::error(
         "job={} worker={} plan_version={} restoring momentum from "
         "checkpoints failed: {}",
         options_.job, options_.worker_id, plan.version(), restored.ToString());
   }
+  return absl::OkStatus();
 }
 
 void WorkerAgent::FlushStepStats() {
