@@ -38,6 +38,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/types/span.h"
 #include "scheduler/plan_types.h"
+#include "scheduler/step_schedule.h"
 
 namespace muonps {
 namespace scheduler {
@@ -121,6 +122,47 @@ bool SumsOverNodes(const std::vector<std::vector<int32_t>>& nodes,
 // `at`: PositionsOf(nodes), naming both.
 int RelayOf(const std::vector<std::vector<int32_t>>& nodes,
             const std::vector<NodePosition>& at, int source, int owner);
+
+// The launches of one bucket's exchange, each way: within the node, along
+// the rails, within the owner's node. The workers keep at most this many
+// buckets' exchanges in flight (one step of each a launch).
+inline constexpr int kExchangeSteps = 3;
+
+// Relayed rows are placed in a relay's buffer at this alignment: `bytes`
+// rounded up to it.
+inline constexpr int64_t kRelayAlignment = 256;
+int64_t RelayAligned(int64_t bytes);
+
+// What each worker of a plan with exchange nodes allocates for them when it
+// installs the plan, beside its owned matrices (OwnedBytes) and its
+// Newton-Schulz workspace (PlanOptions::workspace_bytes):
+// - the exchange's buffers, the same on every rank: `slots` buckets of
+//   unreduced gradients in flight at once (at most kExchangeSteps), each a
+//   pack of `packed` fp32 elements (the largest such bucket's, padded:
+//   NodeExchange::packed) and `parts` more (its per_node() - 1 blocks);
+// - the relay buffer, `relay[rank]` fp32 elements (at least 1): the most
+//   of one bucket's gradient rows, or of one run of updates-back phases'
+//   update rows (consecutive in the order: the worker forwards a run's at
+//   once), relayed through `rank` (RelaysRows, RelayOf).
+struct ExchangeBuffers {
+  int slots = 0;
+  int64_t packed = 1;
+  int64_t parts = 1;
+  std::vector<int64_t> relay;  // by rank
+
+  // Bytes of both on `rank`.
+  int64_t Bytes(int rank) const;
+};
+
+// ExchangeBuffers for `schedule` (with its exchange_nodes; none: no slots
+// and a relay of 1 element on each rank) of `matrices` among `workers`
+// ranks in owner groups `groups` (each node within one group), each
+// trainer holding at most one of `shards` TrainerRowRanges of a relayed
+// matrix, the updates `update_bytes` an element. O(transfers x node size).
+ExchangeBuffers ExchangeBuffersOf(const StepSchedule& schedule,
+                                  const std::vector<MatrixSpec>& matrices,
+                                  int workers, const OwnerGroups& groups,
+                                  int shards, int update_bytes);
 
 // The sum of one element over every worker of `nodes`, `part(w)` being
 // worker w's, as the exchange adds them: each node's parts left to right in

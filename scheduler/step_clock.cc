@@ -1570,6 +1570,37 @@ absl::StatusOr<TopologyPlan> ChoosePlanOnTopology(
   return ungrouped;
 }
 
+// Why some worker of `plan` has no room for the buffers of `schedule`'s
+// exchange nodes (ExchangeBuffersOf) beside its owned matrices, by
+// settings.capacity_bytes: the first such worker, its bytes; "" where
+// every one has (or capacities are not given).
+std::string ExchangeRoomLacking(const std::vector<MatrixSpec>& matrices,
+                                const OwnershipPlan& plan,
+                                const StepSchedule& schedule,
+                                const ClockSettings& settings) {
+  const int workers = static_cast<int>(plan.worker_ids.size());
+  if (settings.capacity_bytes.size() != plan.worker_ids.size()) return "";
+  const OwnerGroups groups(plan);
+  const ExchangeBuffers buffers = ExchangeBuffersOf(
+      schedule, matrices, workers, groups, workers / groups.count(),
+      settings.update_bytes_per_element);
+  for (int r = 0; r < workers; ++r) {
+    const int64_t owned = r < static_cast<int>(plan.worker_memory_bytes.size())
+                              ? plan.worker_memory_bytes[r]
+                              : 0;
+    const int64_t needed = owned + buffers.Bytes(r);
+    if (needed <= settings.capacity_bytes[r]) continue;
+    return absl::StrCat(
+        "worker \"", plan.worker_ids[r], "\" would need ", buffers.Bytes(r),
+        " bytes for the exchange's buffers "
+        "beside its ",
+        owned, " bytes of owned matrices, ",
+        needed - settings.capacity_bytes[r], " more than the ",
+        settings.capacity_bytes[r], " it has beside its workspace");
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<TopologyPlan> PlanOnTopology(
@@ -1630,6 +1661,11 @@ absl::StatusOr<TopologyPlan> PlanOnTopology(
       out.weighed.exchange_seconds = seconds;
       out.weighed.rings_seconds = predicted;
       taken = seconds < predicted;
+      if (taken) {
+        out.weighed.exchange_declined = ExchangeRoomLacking(
+            matrices, out.plan, exchange->schedule, settings);
+        taken = out.weighed.exchange_declined.empty();
+      }
       if (taken) {
         out.grouping = *std::move(exchange);
         predicted = seconds;

@@ -281,6 +281,13 @@ struct ClockSettings {
   // member holding it (nothing where they are one). Not known: clocked as
   // rows from every member.
   TrainerShards trainer_shards;
+  // By rank: the bytes each worker may allocate beside its Newton-Schulz
+  // workspace (WorkerSpec::memory_bytes less PlanOptions::workspace_bytes;
+  // a draining worker's are not checked: give it the most). PlanOnTopology
+  // takes exchange nodes only where every worker also holds their buffers
+  // (ExchangeBuffersOf) beside its owned matrices
+  // (OwnershipPlan::worker_memory_bytes). Empty: not checked.
+  std::vector<int64_t> capacity_bytes;
 };
 
 // Whether the workers of a plan of `groups` owner groups (0 or 1: none) may
@@ -513,6 +520,10 @@ struct PlanWeighing {
   // (ExchangeStepBound, step_bound.h), which exchange_seconds is then, was
   // no shorter than the rings'.
   bool exchange_passed_over = false;
+  // Why the exchange was not taken although it was predicted the shorter:
+  // some worker has no room for its buffers (ClockSettings::
+  // capacity_bytes), named with the bytes it lacks. "" otherwise.
+  std::string exchange_declined;
 };
 
 // A plan of a job's workers on a topology, its step schedule, and how
@@ -592,7 +603,9 @@ enum class OwnerGroupsUse {
 // scheduled with them (ChooseStepGrouping, its own bucket bound; not planned
 // again; where the plan has owner groups, only if every node lies within
 // one: CheckExchangeNodes) and clocked, and the shorter step is taken
-// (ties: the rings), with its
+// (ties: the rings) where every worker has room for its buffers
+// (ClockSettings::capacity_bytes; else PlanWeighing::exchange_declined
+// says who lacks how much), with its
 // schedule and its applies (PlanWeighing::exchange_offered); unless the
 // exchange's least step (step_bound.h: its launches, its busier link's
 // levels and its HBM time for every unreduced element, whoever owns it) is

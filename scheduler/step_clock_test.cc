@@ -18,6 +18,7 @@ namespace scheduler {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
 
@@ -376,6 +377,52 @@ TEST(PlanOnTopologyTest, RelaysRowsWhereTheOwnersPortsAreTheBottleneck) {
     EXPECT_EQ(out->weighed.exchange_seconds < out->weighed.rings_seconds,
               relays);
   }
+}
+
+// The relays' buffers are taken only where every worker has room for them
+// beside its owned matrices: one byte short on one worker declines them,
+// naming it and the bytes it lacks, and the plan keeps the straight
+// gathers.
+TEST(PlanOnTopologyTest, RelaysOnlyWhereEveryWorkerHasRoomForTheirBuffers) {
+  const int workers = 16;
+  ClockSettings settings;
+  settings.topology = Topology::Blocks(workers, 8);
+  settings.topology.links.nvlink_gbs = 328;
+  settings.topology.links.inter_node_gbs = 50;
+  const Job job = Plan(workers, Layout::kRowSharded, 2, settings.topology.node);
+  settings.capacity_bytes.assign(workers, int64_t{1} << 50);
+  const absl::StatusOr<TopologyPlan> roomy = OnTopology(job, settings);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  ASSERT_FALSE(roomy->plan.exchange_nodes.empty());
+  EXPECT_EQ(roomy->weighed.exchange_declined, "");
+  const ExchangeBuffers buffers = ExchangeBuffersOf(
+      roomy->grouping.schedule, job.matrices, workers, OwnerGroups(roomy->plan),
+      workers, settings.update_bytes_per_element);
+  // The worker that relays the most.
+  int busiest = 0;
+  for (int r = 0; r < workers; ++r) {
+    if (buffers.relay[r] > buffers.relay[busiest]) busiest = r;
+  }
+  ASSERT_GT(buffers.Bytes(busiest), 4);
+  const int64_t needed =
+      job.plan.worker_memory_bytes[busiest] + buffers.Bytes(busiest);
+  settings.capacity_bytes[busiest] = needed;
+  const absl::StatusOr<TopologyPlan> just = OnTopology(job, settings);
+  ASSERT_TRUE(just.ok()) << just.status();
+  EXPECT_FALSE(just->plan.exchange_nodes.empty());
+  settings.capacity_bytes[busiest] = needed - 1;
+  const absl::StatusOr<TopologyPlan> short_of = OnTopology(job, settings);
+  ASSERT_TRUE(short_of.ok()) << short_of.status();
+  EXPECT_TRUE(short_of->plan.exchange_nodes.empty());
+  EXPECT_TRUE(short_of->weighed.exchange_offered);
+  EXPECT_LT(short_of->weighed.exchange_seconds,
+            short_of->weighed.rings_seconds);
+  EXPECT_THAT(short_of->weighed.exchange_declined,
+              HasSubstr(absl::StrCat("worker \"", job.plan.worker_ids[busiest],
+                                     "\" would need ", buffers.Bytes(busiest),
+                                     " bytes")));
+  EXPECT_THAT(short_of->weighed.exchange_declined, HasSubstr(", 1 more than"));
+  EXPECT_TRUE(short_of->grouping.schedule.exchange_nodes.empty());
 }
 
 // `workers` on nodes of `per_node`, planned as the coordinator plans them:

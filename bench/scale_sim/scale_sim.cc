@@ -85,6 +85,8 @@ scheduler::ClockSettings ClockSettingsOf(const SimConfig& config) {
   s.peer_writes = config.peer_writes;
   s.apply_early = config.apply_early;
   s.node_exchange = config.node_exchange;
+  s.capacity_bytes.assign(
+      config.gpus, config.gpu_memory_bytes - config.plan.workspace_bytes);
   // Trainer r is the trainer of rank r: it holds shard r of its replica
   // group.
   const bool hsdp =

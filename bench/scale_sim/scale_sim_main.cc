@@ -336,6 +336,9 @@ nlohmann::ordered_json StepLine(const bench::SimConfig& c,
       j["exchange_passed_over"] = true;
       j["exchange_least_ms"] = w.exchange_seconds * 1e3;
     }
+    if (!w.exchange_declined.empty()) {
+      j["exchange_declined"] = w.exchange_declined;
+    }
   }
   if (w.at_holders_seconds > 0) {
     j["experts_at_holders"] = w.experts_at_holders;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -75,6 +76,19 @@ std::vector<std::string> RankedMembers(const JobRecord& job) {
 }
 
 namespace {
+
+// The Newton-Schulz work buffers every worker of a plan sets aside: 2 GiB,
+// or an eighth of the least memory of `workers` (those that own
+// something).
+int64_t WorkspaceBytes(const std::vector<scheduler::WorkerSpec>& workers) {
+  int64_t smallest = 0;
+  for (const scheduler::WorkerSpec& w : workers) {
+    if (w.owns_nothing) continue;
+    smallest =
+        smallest == 0 ? w.memory_bytes : std::min(smallest, w.memory_bytes);
+  }
+  return std::min<int64_t>(int64_t{2} << 30, smallest / 8);
+}
 
 // Owner groups by worker id: `groups[g][s]` indexes `ids`.
 std::vector<std::vector<std::string>> GroupIds(
@@ -347,6 +361,14 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
     settings.topology.links.inter_node_gbs = reported;
   }
   settings.trainer_shards = s.trainer_shards;
+  // What each worker holds beside its workspace, for the buffers of
+  // exchange nodes (a draining one owns nothing: not checked).
+  const int64_t workspace = WorkspaceBytes(s.workers);
+  for (const scheduler::WorkerSpec& w : s.workers) {
+    settings.capacity_bytes.push_back(w.owns_nothing
+                                          ? std::numeric_limits<int64_t>::max()
+                                          : w.memory_bytes - workspace);
+  }
   // The workers apply the updates before the votes where the clock says
   // that is faster (Plan.apply_at_commit says where it does not).
   settings.apply_early = true;
@@ -421,15 +443,7 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
         }
       }
     }
-    int64_t smallest = 0;
-    for (const scheduler::WorkerSpec& w : input.workers) {
-      if (w.owns_nothing) continue;
-      smallest =
-          smallest == 0 ? w.memory_bytes : std::min(smallest, w.memory_bytes);
-    }
-    // Work buffers: 2 GiB, or an eighth of the smallest worker's memory.
-    input.options.workspace_bytes =
-        std::min<int64_t>(int64_t{2} << 30, smallest / 8);
+    input.options.workspace_bytes = WorkspaceBytes(input.workers);
     if (s.previous == nullptr) return scheduler::PlanOwnership(input);
     if (s.keep_owners && SameGroupLayout(s.previous->ownership, groups)) {
       return scheduler::Replan(input, s.previous->ownership);
@@ -510,14 +524,18 @@ absl::StatusOr<std::shared_ptr<const PublishedPlan>> ComputePlan(
   if (planned->weighed.exchange_offered) {
     spdlog::info(
         "job {} plan version {}: {} ({} ms predicted with exchange nodes "
-        "over {} nodes, {} ms without)",
+        "over {} nodes, {} ms without){}",
         s.job, s.version,
         planned->plan.exchange_nodes.empty()
             ? "no exchange nodes"
             : "exchange nodes (unreduced gradients summed in two levels, "
               "row_sharded rows relayed)",
         planned->weighed.exchange_seconds * 1e3, settings.topology.nodes(),
-        planned->weighed.rings_seconds * 1e3);
+        planned->weighed.rings_seconds * 1e3,
+        planned->weighed.exchange_declined.empty()
+            ? ""
+            : absl::StrCat("; not taken: ",
+                           planned->weighed.exchange_declined));
   }
   auto out = std::make_shared<PublishedPlan>();
   out->job = s.job;

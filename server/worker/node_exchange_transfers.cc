@@ -22,9 +22,8 @@ std::vector<int64_t> SizesOf(const std::vector<ExchangeItem>& items) {
 }  // namespace
 
 absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
-                             const std::vector<scheduler::MatrixSpec>& matrices,
-                             int rank, kernels::DeviceOps& ops,
-                             ExchangeState* state) {
+                             const scheduler::ExchangeBuffers& sizes, int rank,
+                             kernels::DeviceOps& ops, ExchangeState* state) {
   if (schedule.exchange_nodes.empty()) return absl::OkStatus();
   state->at = scheduler::PositionsOf(schedule.exchange_nodes);
   state->rail.clear();
@@ -33,24 +32,10 @@ absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
     state->rail =
         scheduler::RailsOf(schedule.exchange_nodes)[state->at[rank].position];
   }
-  int64_t packed = 1, parts = 1;
-  int buckets = 0;
-  for (const scheduler::Bucket& bucket : schedule.buckets) {
-    std::vector<int64_t> sizes;
-    for (const scheduler::Transfer& x : bucket.to_owners) {
-      if (x.kind != scheduler::TransferKind::kExchangeToOwner) continue;
-      const scheduler::MatrixSpec& spec = matrices[x.item.matrix];
-      sizes.push_back(spec.rows * spec.cols);
-    }
-    if (sizes.empty()) continue;
-    ++buckets;
-    const scheduler::NodeExchange x(schedule.exchange_nodes, sizes);
-    packed = std::max(packed, x.packed());
-    parts = std::max(parts, x.block() * (x.per_node() - 1));
-  }
+  const int64_t packed = sizes.packed, parts = sizes.parts;
   // A bucket holds its buffers for its steps' launches, and one joins a
   // launch: no more than that many are in flight.
-  const size_t slots = static_cast<size_t>(std::min(buckets, kExchangeSteps));
+  const size_t slots = static_cast<size_t>(sizes.slots);
   if (state->packs.size() < slots) state->packs.resize(slots);
   if (state->parts.size() < slots) state->parts.resize(slots);
   for (size_t s = 0; s < slots; ++s) {

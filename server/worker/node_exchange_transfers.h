@@ -53,13 +53,10 @@ struct ExchangeItem {
   void* landing = nullptr;
 };
 
-// The launches of one bucket's exchange, each way: within the node, along
-// the rails, within the owner's node.
-constexpr int kExchangeSteps = 3;
-
 // What a plan version fixes of its exchanges: where each rank is among the
 // exchange nodes and its rail's members in node order, and the buffers of
-// the buckets in flight at once (at most kExchangeSteps of them), each for
+// the buckets in flight at once (at most scheduler::kExchangeSteps of
+// them), each for
 // the largest bucket: a pack, and per_node() - 1 blocks of parts.
 struct ExchangeState {
   std::vector<scheduler::NodePosition> at;  // by rank
@@ -68,13 +65,12 @@ struct ExchangeState {
 };
 
 // Sets `state` up for `schedule` and this worker's `rank`: the ranks'
-// positions, its rail, and the buffers (grown only) for the buckets with
-// exchange transfers:
-// RESOURCE_EXHAUSTED naming them when the device is full. Synchronous.
+// positions, its rail, and the buffers (grown only) of `sizes`
+// (scheduler::ExchangeBuffersOf the schedule): RESOURCE_EXHAUSTED naming
+// them when the device is full. Synchronous.
 absl::Status PrepareExchange(const scheduler::StepSchedule& schedule,
-                             const std::vector<scheduler::MatrixSpec>& matrices,
-                             int rank, kernels::DeviceOps& ops,
-                             ExchangeState* state);
+                             const scheduler::ExchangeBuffers& sizes, int rank,
+                             kernels::DeviceOps& ops, ExchangeState* state);
 
 class ExchangePipeline {
  public:

@@ -90,7 +90,12 @@ TEST_P(ExchangePipelineTest, SumsAsTheReplayAndLandsEveryUpdate) {
     status[rank] = (*transports)[rank]->FormSplit(transport::Split::kRails,
                                                   scheduler::RailsOf(nodes));
     if (!status[rank].ok()) return;
-    status[rank] = PrepareExchange(schedule, matrices, rank, ops, &state);
+    status[rank] = PrepareExchange(
+        schedule,
+        scheduler::ExchangeBuffersOf(schedule, matrices, world,
+                                     scheduler::OwnerGroups({}, world), world,
+                                     static_cast<int>(width)),
+        rank, ops, &state);
     if (!status[rank].ok()) return;
     std::vector<std::vector<float>> parts(count);
     std::vector<std::vector<uint16_t>> updates(count);

@@ -79,6 +79,19 @@ PlanDelivery DeliveryTo(Engine* engine) {
       });
 }
 
+// What `delivery` says once its plan was first refused; nullopt if it was
+// not within 30 s.
+std::optional<PlanDelivery::Refusal> FirstRefusal(
+    const PlanDelivery& delivery) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  std::optional<PlanDelivery::Refusal> refused = delivery.Refused();
+  while (!refused.has_value() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+    refused = delivery.Refused();
+  }
+  return refused;
+}
+
 TEST(PlanDeliveryTest, APlanTakenAtOnceIsNeverRefused) {
   Engine engine(std::map<int64_t, int>{});
   PlanDelivery delivery = DeliveryTo(&engine);
@@ -96,12 +109,7 @@ TEST(PlanDeliveryTest, ARefusedPlanIsTriedAgainUntilTaken) {
   Engine engine(std::map<int64_t, int>{{2, 3}});
   PlanDelivery delivery = DeliveryTo(&engine);
   delivery.Arrived(PlanOf(2), 1);
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  std::optional<PlanDelivery::Refusal> refused;
-  while (!refused.has_value() && absl::Now() < deadline) {
-    refused = delivery.Refused();
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  const std::optional<PlanDelivery::Refusal> refused = FirstRefusal(delivery);
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->version, 2);
   EXPECT_TRUE(absl::IsUnavailable(refused->why)) << refused->why;
@@ -118,11 +126,7 @@ TEST(PlanDeliveryTest, ANewerPlanReplacesOneStillRefused) {
   Engine engine(std::map<int64_t, int>{{3, 1000}});
   PlanDelivery delivery = DeliveryTo(&engine);
   delivery.Arrived(PlanOf(3), 1);
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (!delivery.Refused().has_value() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  ASSERT_TRUE(delivery.Refused().has_value());
+  ASSERT_TRUE(FirstRefusal(delivery).has_value());
   delivery.Arrived(PlanOf(4), 2);
   EXPECT_FALSE(delivery.Refused().has_value()) << "not tried yet";
   ASSERT_TRUE(engine.WaitTaken(4));

@@ -8,71 +8,6 @@
 
 namespace muonps {
 namespace worker {
-namespace {
-
-// Each relayed part starts this aligned in the buffer.
-constexpr int64_t kAlignment = 256;
-
-int64_t Aligned(int64_t bytes) {
-  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
-}
-
-}  // namespace
-
-int64_t RelayElements(const scheduler::StepSchedule& schedule,
-                      const std::vector<scheduler::MatrixSpec>& matrices,
-                      int rank, int32_t group,
-                      const std::vector<int32_t>& members, int shards,
-                      int update_bytes) {
-  const std::vector<std::vector<int32_t>>& nodes = schedule.exchange_nodes;
-  if (nodes.empty() || rank < 0 || shards < 1) return 1;
-  const std::vector<scheduler::NodePosition> at = scheduler::PositionsOf(nodes);
-  if (rank >= static_cast<int>(at.size())) return 1;
-  // Bytes of the rows `x` relays through `rank`: every member's at most one
-  // shard of the rows.
-  const auto relayed = [&](const scheduler::Transfer& x, int width) {
-    const scheduler::MatrixSpec& spec = matrices[x.item.matrix];
-    if (x.group != group || !scheduler::RelaysRows(nodes, spec) ||
-        rank == x.owner) {
-      return int64_t{0};
-    }
-    const int64_t chunk = (spec.rows + shards - 1) / shards;
-    int64_t bytes = 0;
-    for (const int32_t r : members) {
-      if (r == x.owner || scheduler::RelayOf(nodes, at, r, x.owner) != rank) {
-        continue;
-      }
-      bytes += Aligned(chunk * spec.cols * width);
-    }
-    return bytes;
-  };
-  // A bucket's gradients go in a group of their own; a run of
-  // updates-back phases (consecutive in the order) in one.
-  int64_t most = 0, run = 0;
-  for (const scheduler::Phase& phase : schedule.order) {
-    if (phase.kind != scheduler::PhaseKind::kFromOwners) run = 0;
-    if (phase.kind == scheduler::PhaseKind::kToOwners) {
-      int64_t in = 0;
-      for (const scheduler::Transfer& x :
-           schedule.buckets[phase.index].to_owners) {
-        if (x.kind == scheduler::TransferKind::kGatherToOwner) {
-          in += relayed(x, 4);
-        }
-      }
-      most = std::max(most, in);
-    } else if (phase.kind == scheduler::PhaseKind::kFromOwners) {
-      for (const scheduler::Transfer& x :
-           schedule.buckets[phase.index].from_owners) {
-        if (x.kind == scheduler::TransferKind::kScatterFromOwner) {
-          run += relayed(x, update_bytes);
-        }
-      }
-      most = std::max(most, run);
-    }
-  }
-  return std::max<int64_t>(1, (most + 3) / 4);
-}
-
 RowRelay::RowRelay(const std::vector<std::vector<int32_t>>& nodes,
                    const std::vector<scheduler::NodePosition>& at, int rank,
                    const std::vector<int32_t>& members,
@@ -91,7 +26,8 @@ RowRelay::RowRelay(const std::vector<std::vector<int32_t>>& nodes,
       stream_(stream) {}
 
 void* RowRelay::Take(int64_t count, DType dtype) {
-  const int64_t bytes = Aligned(count * static_cast<int64_t>(DTypeSize(dtype)));
+  const int64_t bytes =
+      scheduler::RelayAligned(count * static_cast<int64_t>(DTypeSize(dtype)));
   if (buffer_ == nullptr || used_ + bytes > buffer_bytes_) return nullptr;
   void* at = buffer_ + used_;
   used_ += bytes;

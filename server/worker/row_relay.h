@@ -36,18 +36,6 @@
 namespace muonps {
 namespace worker {
 
-// The fp32 elements `rank`'s relay buffer takes for `schedule`: the most
-// of one bucket's gradients (a group of their own) or of one run of
-// updates-back phases (consecutive in the order: one group) in
-// `update_bytes` an element, of the transfers of `rank`'s owner group
-// `group` (its ranks `members`), each rank's trainer holding at most one of
-// `shards` TrainerRowRanges of every relayed matrix. At least 1.
-int64_t RelayElements(const scheduler::StepSchedule& schedule,
-                      const std::vector<scheduler::MatrixSpec>& matrices,
-                      int rank, int32_t group,
-                      const std::vector<int32_t>& members, int shards,
-                      int update_bytes);
-
 class RowRelay {
  public:
   // The rows of trainer rank `trainer` of `spec`'s expert: what
@@ -59,7 +47,8 @@ class RowRelay {
   // `members`: this rank's owner group's ranks (every rank without
   // groups), among whom its transfers run; `trainer_rank_of`: by rank, its
   // trainer's rank (-1: none); `buffer` of `buffer_bytes` bytes: the
-  // relay's (RelayElements). Everything must outlive the relay.
+  // relay's (scheduler::ExchangeBuffers::relay). Everything must outlive
+  // the relay.
   RowRelay(const std::vector<std::vector<int32_t>>& nodes,
            const std::vector<scheduler::NodePosition>& at, int rank,
            const std::vector<int32_t>& members,

@@ -91,8 +91,11 @@ TEST_P(RowRelayTest, OwnersStageEveryRowAndRanksLandTheirRowsBack) {
   transport::RunOnEveryRank(world, [&](int rank) {
     kernels::CpuDeviceOps ops;
     transport::Transport& t = *(*transports)[rank];
-    const int64_t elements = RelayElements(schedule, matrices, rank, 0, members,
-                                           world, static_cast<int>(width));
+    const int64_t elements =
+        scheduler::ExchangeBuffersOf(schedule, matrices, world,
+                                     scheduler::OwnerGroups({}, world), world,
+                                     static_cast<int>(width))
+            .relay[rank];
     std::vector<float> buffer(elements);
     std::vector<std::vector<float>> grads(3);
     std::vector<std::vector<char>> updates(3);

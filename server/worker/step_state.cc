@@ -84,15 +84,19 @@ absl::Status PlanState::AllocateBuffers(kernels::DeviceOps& ops) {
                                                       "16-bit updates"));
   }
   MUONPS_ASSIGN_OR_RETURN(scratch, ops.Allocate(largest, "scratch"));
-  MUONPS_RETURN_IF_ERROR(
-      PrepareExchange(schedule, matrices, rank, ops, &exchange));
-  // Rows relayed across the nodes (row_relay.h): none without exchange
-  // nodes.
+  // The exchange's buckets in flight and the rows relayed across the nodes
+  // (row_relay.h): none without exchange nodes.
   if (schedule.exchange_nodes.empty()) return absl::OkStatus();
   const int shards = job.replicas > 1 ? trainers() / job.replicas : trainers();
+  const scheduler::ExchangeBuffers sizes = scheduler::ExchangeBuffersOf(
+      schedule, matrices, static_cast<int>(ownership.worker_ids.size()), groups,
+      shards, static_cast<int>(DTypeSize(update_dtype)));
+  MUONPS_RETURN_IF_ERROR(
+      PrepareExchange(schedule, sizes, rank, ops, &exchange));
   const int64_t relayed =
-      RelayElements(schedule, matrices, rank, group, group_members, shards,
-                    static_cast<int>(DTypeSize(update_dtype)));
+      rank >= 0 && rank < static_cast<int>(sizes.relay.size())
+          ? sizes.relay[rank]
+          : 1;
   if (relay == nullptr || relay->size() < relayed) {
     relay.reset();
     MUONPS_ASSIGN_OR_RETURN(relay, ops.Allocate(relayed, "relayed rows"));

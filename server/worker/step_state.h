@@ -103,7 +103,8 @@ struct PlanState {
   // needed).
   ExchangeState exchange;
   // With exchange nodes: where this worker keeps the row_sharded rows it
-  // relays between the nodes in one launch (row_relay.h; RelayElements).
+  // relays between the nodes in one launch (row_relay.h;
+  // scheduler::ExchangeBuffers::relay).
   std::unique_ptr<kernels::FloatBuffer> relay;
 
   // The staged gradient of an owned item's slot (momentum_stacks.h).
