@@ -144,6 +144,8 @@ class Muon(torch.optim.Optimizer):
         self._cuda = None  # CudaPath when the parameters are on a GPU
         self._lent = []
         self._frozen = []
+        # Names already warned of stepping with no gradient (once each).
+        self._gradless = set()
         self._finalizer = None
         self._service = None  # a private LocalService (zero setup)
         self._step_id = 0
@@ -219,6 +221,25 @@ class Muon(torch.optim.Optimizer):
             raise ValueError("muonps.Muon: max_logits without qk_clip")
         return loss
 
+    def _warn_gradless(self):
+        """Says, once per parameter, that one of the job's parameters has no
+        gradient this step: torch.optim.Muon and AdamW leave such a parameter
+        and its state alone, while the job steps every parameter with what
+        its trainers lend, zeros for none, so its momentum and weight decay
+        still move it."""
+        frozen = {id(p) for p in self._frozen}
+        for p, name in self._names.items():
+            if p.grad is not None or id(p) in frozen or name in self._gradless:
+                continue
+            self._gradless.add(name)
+            warnings.warn(
+                f"muonps.Muon: {name!r} has no gradient this step; "
+                "torch.optim.Muon (or AdamW) would leave it and its state as "
+                "they are, while muonps steps it with a zero gradient (its "
+                "momentum and weight decay still change it). Give it a "
+                "gradient (zeros, if it took no part), or leave it out of "
+                "the optimizer, to keep the two equal", stacklevel=4)
+
     def _step(self, closure):
         loss = None
         if closure is not None:
@@ -232,6 +253,7 @@ class Muon(torch.optim.Optimizer):
                 raise RuntimeError(
                     f"muonps.Muon: {self._names[p]!r} has a gradient but did "
                     "not require one when the job started, so it is not in it")
+        self._warn_gradless()
         values = [_group_values(g) for g in self.param_groups]
         if self._cuda is not None:
             try:

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -172,6 +173,28 @@ def test_a_committed_step_sent_again_applies_nothing_twice(cluster):
     assert outcome.momentum_reset == 0
     for n, p in params.items():
         assert torch.equal(p.detach(), after[n]), n
+    opt.close()
+
+
+def test_a_parameter_without_a_gradient_is_named_once(cluster):
+    # torch's optimizers leave a parameter with no gradient alone; the job
+    # steps it with zeros. Said once per parameter, never for the others.
+    c = cluster()
+    params = dict(model())
+    opt = muonps.Muon(list(params.items()), lr=0.02, **c.options())
+    for step in range(2):
+        params["w"].grad = torch.ones_like(params["w"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        said = [str(w.message) for w in caught
+                if "has no gradient" in str(w.message)]
+        if step == 0:
+            assert len(said) == 1, said
+            assert said[0].startswith("muonps.Muon: 'b' has no gradient")
+            assert "leave it out of the optimizer" in said[0]
+        else:
+            assert said == []
     opt.close()
 
 
