@@ -17,8 +17,9 @@
 // CheckPlanCurrent refuses steps, so no step runs on a plan the
 // coordinator no longer has. The heartbeat thread never waits on a step.
 //
-// Start() spawns the background threads; Stop() leaves the job and
-// joins them. Accessors are thread-safe.
+// Start() spawns the membership and watch threads (the delivery's waits
+// from construction for the watch's first plan); Stop() leaves the job and
+// joins them all. Accessors are thread-safe.
 #ifndef MUONPS_SERVER_WORKER_WORKER_AGENT_H_
 #define MUONPS_SERVER_WORKER_WORKER_AGENT_H_
 
