@@ -1588,14 +1588,13 @@ std::string ExchangeRoomLacking(const std::vector<MatrixSpec>& matrices,
     const int64_t owned = r < static_cast<int>(plan.worker_memory_bytes.size())
                               ? plan.worker_memory_bytes[r]
                               : 0;
-    const int64_t needed = owned + buffers.Bytes(r);
-    if (needed <= settings.capacity_bytes[r]) continue;
+    const int64_t exchange = buffers.Bytes(r);
+    const int64_t lacking = owned + exchange - settings.capacity_bytes[r];
+    if (lacking <= 0) continue;
     return absl::StrCat(
-        "worker \"", plan.worker_ids[r], "\" would need ", buffers.Bytes(r),
-        " bytes for the exchange's buffers "
-        "beside its ",
-        owned, " bytes of owned matrices, ",
-        needed - settings.capacity_bytes[r], " more than the ",
+        "worker \"", plan.worker_ids[r], "\" would need ", exchange,
+        " bytes for the exchange's buffers beside its ", owned,
+        " bytes of owned matrices, ", lacking, " more than the ",
         settings.capacity_bytes[r], " it has beside its workspace");
   }
   return "";
