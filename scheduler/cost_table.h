@@ -52,6 +52,11 @@ class CostTable {
   // The table in the text format, one line per measurement, sorted.
   std::string Serialize() const;
 
+  // The same device and measurements (two workers' tables parsed apart).
+  friend bool operator==(const CostTable& a, const CostTable& b) {
+    return a.device_ == b.device_ && a.curves_ == b.curves_;
+  }
+
  private:
   using Key = std::tuple<int64_t, int64_t, int>;  // (min dim, max dim, alg)
   std::string device_;

@@ -457,13 +457,14 @@ std::vector<int> SpreadOverNodes(const Assignment& a) {
   }
   // The sets of interchangeable workers, and each one's free indices by
   // node, the lowest last (taken from the back).
-  std::map<std::tuple<int, int64_t, bool>, int> sets;
+  std::map<std::tuple<int, bool, bool>, int> sets;
   std::vector<int> set_of(workers);
   for (int w = 0; w < workers; ++w) {
-    set_of[w] = sets.try_emplace({p.worker_class(w), p.capacity(w),
-                                  p.input().workers[w].colocated},
-                                 static_cast<int>(sets.size()))
-                    .first->second;
+    set_of[w] =
+        sets.try_emplace({p.worker_class(w), p.input().workers[w].colocated,
+                          p.capacity(w) < 0},
+                         static_cast<int>(sets.size()))
+            .first->second;
   }
   std::vector<std::vector<std::vector<int>>> free(
       sets.size(), std::vector<std::vector<int>>(node_count));
@@ -476,14 +477,28 @@ std::vector<int> SpreadOverNodes(const Assignment& a) {
   std::vector<int> to(workers);
   for (const int w : order) {
     std::vector<std::vector<int>>& set = free[set_of[w]];
-    int best = -1;
+    // The lowest free index of w's set on node n with room for w's items
+    // (capacities differ by what each device had free), or -1.
+    const auto room_on = [&](int n) {
+      for (size_t k = set[n].size(); k-- > 0;) {
+        if (p.capacity(set[n][k]) >= a.used_bytes(w))
+          return static_cast<int>(k);
+      }
+      return -1;
+    };
+    int best = -1, best_k = -1;
     for (int n = 0; n < node_count; ++n) {
-      if (!set[n].empty() && (best < 0 || node_link[n] < node_link[best])) {
+      if (best >= 0 && node_link[n] >= node_link[best]) continue;
+      const int k = room_on(n);
+      if (k >= 0) {
         best = n;
+        best_k = k;
       }
     }
-    to[w] = set[best].back();
-    set[best].pop_back();
+    // The greedy left no index with room: the owners stay as placed.
+    if (best < 0) return owners;
+    to[w] = set[best][best_k];
+    set[best].erase(set[best].begin() + best_k);
     node_link[best] += link[w];
   }
   for (int& owner : owners) {

@@ -62,12 +62,14 @@ int PinExpertsToHolders(Assignment* a);
 
 // Where the workers span several nodes (PlanInput::nodes): the owners of
 // `a` relabelled so that each node's workers own about as many link bytes
-// as another's. Workers are interchangeable where they share a class, a
-// capacity and colocation (WorkerSpec::colocated); among each such set,
-// the workers by owned link bytes, most first (ties: by index), each take
-// the lowest free index of its set on the node that owns the fewest link
-// bytes so far (ties: the lowest node number). Every worker keeps its
-// items, batches and load, only under another index: the plan's
+// as another's. Workers are interchangeable where they share a class (the
+// same cost table, rates and speed), colocation (WorkerSpec::colocated) and
+// whether they may own anything, whatever memory each had free; among each
+// such set, the workers by owned link bytes, most first (ties: by index),
+// each take the lowest free index of its set with room for its items on
+// the node that owns the fewest link bytes so far (ties: the lowest node
+// number). Where no index left has room, nothing is relabelled. Every worker
+// keeps its items, batches and load, only under another index: the plan's
 // Newton-Schulz is the same, and its transfers cross the nodes' network
 // ports spread over the nodes rather than through the ports of the first
 // nodes, which the greedy placement fills first (its ties go to the lowest

@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "scheduler/cost_table.h"
 #include "scheduler/plan_test_util.h"
 #include "scheduler/planner.h"
 
@@ -89,6 +91,72 @@ TEST(PlannerNodesTest, OwnersAreDealtOverTheNodes) {
   for (const ItemOwners& o : spread->owners) owners.push_back(o[0]);
   std::sort(owners.begin(), owners.end());
   EXPECT_EQ(owners, (std::vector<int32_t>{0, 1, 8, 9}));
+}
+
+// Workers report the memory their device had free, which differs by what
+// else each device holds (a trainer, its peers' workers): they are dealt
+// over the nodes all the same.
+TEST(PlannerNodesTest, WorkersOfDifferentFreeMemoryAreDealtOverTheNodes) {
+  PlanInput input = EqualMatrices(4, 16);
+  for (int w = 0; w < 16; ++w) {
+    input.workers[w].memory_bytes -= int64_t{w} * 3 << 20;
+  }
+  const absl::StatusOr<OwnershipPlan> flat = PlanOwnership(input);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  input.nodes = Blocks(16, 8);
+  const absl::StatusOr<OwnershipPlan> spread = PlanOwnership(input);
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  ExpectValidPlan(input, *spread);
+  ExpectSameWorkersRelabelled(*flat, *spread);
+  const std::map<int32_t, int64_t> bytes = LinkBytesByNode(input, *spread);
+  ASSERT_EQ(bytes.size(), 2u);
+  EXPECT_EQ(bytes.at(0), bytes.at(1));
+}
+
+// Each worker's cost table is parsed from its own join: equal tables make
+// one class (one memoized cost curve), and the workers are dealt over the
+// nodes as without tables.
+TEST(PlannerNodesTest, WorkersWithEqualCostTablesAreDealtOverTheNodes) {
+  PlanInput input = EqualMatrices(4, 16);
+  for (WorkerSpec& w : input.workers) {
+    absl::StatusOr<CostTable> table = CostTable::Parse(
+        R"({"rows": 4096, "cols": 4096, "algorithm": "gram", "batch": 1, )"
+        R"("seconds": 0.004})");
+    ASSERT_TRUE(table.ok()) << table.status();
+    w.costs = std::make_shared<const CostTable>(*std::move(table));
+  }
+  const absl::StatusOr<OwnershipPlan> flat = PlanOwnership(input);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  input.nodes = Blocks(16, 8);
+  const absl::StatusOr<OwnershipPlan> spread = PlanOwnership(input);
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  ExpectValidPlan(input, *spread);
+  ExpectSameWorkersRelabelled(*flat, *spread);
+  const std::map<int32_t, int64_t> bytes = LinkBytesByNode(input, *spread);
+  ASSERT_EQ(bytes.size(), 2u);
+  EXPECT_EQ(bytes.at(0), bytes.at(1));
+}
+
+// A worker's items go only to an index with room for them: where the
+// other node's workers cannot hold a matrix, the owners stay where the
+// placement put them.
+TEST(PlannerNodesTest, OwnersMoveOnlyWhereTheyFit) {
+  PlanInput input = EqualMatrices(2, 4);
+  input.options.workspace_bytes = 0;
+  const int64_t one = OwnedBytes(input.matrices[0]);
+  input.workers[0].memory_bytes = 2 * one;
+  input.workers[1].memory_bytes = 2 * one;
+  input.workers[2].memory_bytes = one - 1;
+  input.workers[3].memory_bytes = one - 1;
+  const absl::StatusOr<OwnershipPlan> flat = PlanOwnership(input);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  input.nodes = Blocks(4, 2);
+  const absl::StatusOr<OwnershipPlan> spread = PlanOwnership(input);
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  ExpectValidPlan(input, *spread);
+  for (const ItemOwners& o : spread->owners) {
+    EXPECT_LT(o[0], 2) << "on node 1, which has no room for it";
+  }
 }
 
 // Node numbers need not be dense or in rank order.

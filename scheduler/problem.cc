@@ -226,13 +226,18 @@ Problem::Problem(const PlanInput& input) : input_(input) {
     }
   }
   // Workers with the same table, rates and speed share a class (and a
-  // memoized cost curve).
+  // memoized cost curve). Tables compare by what they hold: each worker's
+  // is parsed from its own join.
+  const auto same_costs = [](const std::shared_ptr<const CostTable>& a,
+                             const std::shared_ptr<const CostTable>& b) {
+    return a == b || (a != nullptr && b != nullptr && *a == *b);
+  };
   std::vector<const WorkerSpec*> class_spec;
   for (const WorkerSpec& w : input.workers) {
     int c = 0;
     for (; c < static_cast<int>(class_spec.size()); ++c) {
       const WorkerSpec& o = *class_spec[c];
-      if (o.costs == w.costs && o.speed == w.speed &&
+      if (same_costs(o.costs, w.costs) && o.speed == w.speed &&
           o.rates.flops_per_second == w.rates.flops_per_second &&
           o.rates.memory_bytes_per_second == w.rates.memory_bytes_per_second &&
           o.rates.call_overhead_seconds == w.rates.call_overhead_seconds &&

@@ -10,6 +10,7 @@
 // Needs a GPU: tagged gpu + manual; run by deploy/device/run_gpu_step_suite.sh.
 #include <cuda_runtime.h>
 #include <signal.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,6 +49,22 @@ using testing::MatrixCase;
 using testing::NewTempDir;
 using testing::RelativeError;
 constexpr absl::Duration kStartTimeout = testing::kGpuStartTimeout;
+
+// The trainers of a case share this process, each waiting on the GPU for
+// its own step on a stream of its own. Under CUDA MPS a client that does
+// not ask (CUDA_DEVICE_MAX_CONNECTIONS, read when the process creates its
+// context, and inherited by the workers it starts) gets fewer hardware
+// queues than the 8 it gets alone: with three trainers or more their
+// streams share queues, a trainer's gradient event can wait behind another
+// trainer's wait for a step that needs it, and every step stalls until its
+// I/O timeout (on one H100, 2026-12-06: three and six workers stalled under
+// MPS, and passed asking for 8; six asking for 4 stalled). A trainer in a
+// process of its own has one such stream. Asking for 8 changes nothing
+// without MPS.
+[[maybe_unused]] const bool kQueueEachStream = [] {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8", /*overwrite=*/0);
+  return true;
+}();
 
 // Two workers and two trainers sharing one GPU over the CUDA IPC transport
 // or NCCL ("/nccl"): the trainers (two clients of this process) lend their
