@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -206,6 +208,37 @@ TEST_F(PlanTopologyTest, ReplicatedOnEqualNodesGetsOneOwnerGroupPerNode) {
                                    {.bucket_bytes = plan.bucket_bytes()});
   ASSERT_TRUE(schedule.ok()) << schedule.status();
   EXPECT_EQ(schedule->groups, read->groups);
+}
+
+// Each worker reports what its device had free, which differs with what
+// else the device holds, and sends its own copy of the cost table: the
+// owners of a row_sharded job are still dealt over both nodes.
+TEST_F(PlanTopologyTest, OwnersAreDealtOverNodesWhateverMemoryEachHadFree) {
+  v1::JobSpec spec = Spec("x", 4, 4096, 4096);
+  for (v1::Matrix& m : *spec.mutable_matrices()) {
+    m.set_layout(v1::LAYOUT_ROW_SHARDED);
+  }
+  ASSERT_TRUE(state_->CreateJob(Create(spec)).ok());
+  for (int w = 0; w < 16; ++w) {
+    v1::JoinJobRequest join =
+        Join("x", absl::StrCat("w", w), 64 * kGiB - int64_t{w} * 5 * kMiB);
+    join.mutable_device()->set_node(absl::StrCat("node-", w / 8));
+    join.set_cost_table(
+        R"({"rows": 4096, "cols": 4096, "algorithm": "gram", "batch": 1, )"
+        R"("seconds": 0.004})");
+    ASSERT_TRUE(state_->JoinJob(join).ok()) << w;
+  }
+  const v1::Plan plan = CurrentPlan("x");
+  ASSERT_EQ(plan.nodes(), 2);
+  std::map<int, int64_t> link_by_node;
+  for (const v1::WorkerLoad& load : plan.loads()) {
+    int w = -1;
+    ASSERT_TRUE(absl::SimpleAtoi(load.worker_id().substr(1), &w))
+        << load.worker_id();
+    link_by_node[w / 8] += load.link_bytes();
+  }
+  EXPECT_GT(link_by_node[0], 0);
+  EXPECT_EQ(link_by_node[0], link_by_node[1]) << plan.DebugString();
 }
 
 // A position stands for its member of every group: the second node's
