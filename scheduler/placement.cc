@@ -481,8 +481,9 @@ std::vector<int> SpreadOverNodes(const Assignment& a) {
     // (capacities differ by what each device had free), or -1.
     const auto room_on = [&](int n) {
       for (size_t k = set[n].size(); k-- > 0;) {
-        if (p.capacity(set[n][k]) >= a.used_bytes(w))
+        if (p.capacity(set[n][k]) >= a.used_bytes(w)) {
           return static_cast<int>(k);
+        }
       }
       return -1;
     };

@@ -93,14 +93,9 @@ TEST(PlannerNodesTest, OwnersAreDealtOverTheNodes) {
   EXPECT_EQ(owners, (std::vector<int32_t>{0, 1, 8, 9}));
 }
 
-// Workers report the memory their device had free, which differs by what
-// else each device holds (a trainer, its peers' workers): they are dealt
-// over the nodes all the same.
-TEST(PlannerNodesTest, WorkersOfDifferentFreeMemoryAreDealtOverTheNodes) {
-  PlanInput input = EqualMatrices(4, 16);
-  for (int w = 0; w < 16; ++w) {
-    input.workers[w].memory_bytes -= int64_t{w} * 3 << 20;
-  }
+// `input`'s 16 workers planned flat and then on two nodes of eight: the
+// same loads relabelled, each node owning as many link bytes.
+void ExpectDealtEvenlyOverTwoNodes(PlanInput input) {
   const absl::StatusOr<OwnershipPlan> flat = PlanOwnership(input);
   ASSERT_TRUE(flat.ok()) << flat.status();
   input.nodes = Blocks(16, 8);
@@ -111,6 +106,17 @@ TEST(PlannerNodesTest, WorkersOfDifferentFreeMemoryAreDealtOverTheNodes) {
   const std::map<int32_t, int64_t> bytes = LinkBytesByNode(input, *spread);
   ASSERT_EQ(bytes.size(), 2u);
   EXPECT_EQ(bytes.at(0), bytes.at(1));
+}
+
+// Workers report the memory their device had free, which differs by what
+// else each device holds (a trainer, its peers' workers): they are dealt
+// over the nodes all the same.
+TEST(PlannerNodesTest, WorkersOfDifferentFreeMemoryAreDealtOverTheNodes) {
+  PlanInput input = EqualMatrices(4, 16);
+  for (int w = 0; w < 16; ++w) {
+    input.workers[w].memory_bytes -= int64_t{w} * 3 << 20;
+  }
+  ExpectDealtEvenlyOverTwoNodes(input);
 }
 
 // Each worker's cost table is parsed from its own join: equal tables make
@@ -125,16 +131,7 @@ TEST(PlannerNodesTest, WorkersWithEqualCostTablesAreDealtOverTheNodes) {
     ASSERT_TRUE(table.ok()) << table.status();
     w.costs = std::make_shared<const CostTable>(*std::move(table));
   }
-  const absl::StatusOr<OwnershipPlan> flat = PlanOwnership(input);
-  ASSERT_TRUE(flat.ok()) << flat.status();
-  input.nodes = Blocks(16, 8);
-  const absl::StatusOr<OwnershipPlan> spread = PlanOwnership(input);
-  ASSERT_TRUE(spread.ok()) << spread.status();
-  ExpectValidPlan(input, *spread);
-  ExpectSameWorkersRelabelled(*flat, *spread);
-  const std::map<int32_t, int64_t> bytes = LinkBytesByNode(input, *spread);
-  ASSERT_EQ(bytes.size(), 2u);
-  EXPECT_EQ(bytes.at(0), bytes.at(1));
+  ExpectDealtEvenlyOverTwoNodes(input);
 }
 
 // A worker's items go only to an index with room for them: where the
